@@ -1,0 +1,1 @@
+"""GPU backends: NVML for real nodes, a simulator for everything else."""

@@ -1,0 +1,34 @@
+"""The one small interface every GPU backend implements; everything above it is shared."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from exporter.model import GpuIdentity, GpuProcess, GpuReading, XidEvent
+
+
+class Backend(Protocol):
+    """A source of GPU telemetry.
+
+    `open` raises BackendUnavailable when the backend cannot be used at all (the poller
+    retries); `read` and `processes` raise GpuError for one GPU without affecting the others.
+    A field the GPU does not support is left out of the reading, never reported as zero.
+    """
+
+    name: str
+
+    def open(self) -> None: ...
+
+    def driver_version(self) -> str: ...
+
+    def devices(self) -> Sequence[GpuIdentity]: ...
+
+    def read(self, gpu: GpuIdentity) -> GpuReading: ...
+
+    def processes(self, gpu: GpuIdentity) -> Sequence[GpuProcess]: ...
+
+    def xid_events(self) -> Sequence[XidEvent]:
+        """XID events since the last call; never blocks."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,236 @@
+"""The simulated backend: N GPUs of a named model driven by a scenario.
+
+It answers the same questions as the NVML backend, so everything above the backend (poller,
+mapping, rendering) runs unchanged on a machine with no GPU. Values are derived from the
+scenario's traces and the model's envelope; a field the real board would not report is left out.
+
+Live control: when the scenario names a `control_dir`, a file `<control_dir>/<index>.toml`
+overrides that GPU's utilization and processes while it exists, e.g.
+
+    utilization = 0
+    processes = [ { pid = 1234, used_memory_mib = 20000 } ]
+
+so a Slurm job script in a test can make "its" GPU busy, idle, or held with no process.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import tomllib
+import uuid
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gpufleet.config import ConfigError
+
+from exporter.backends.sim_scenario import Scenario, SimGpuSpec, SimProcess, _Reader
+from exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, XidEvent
+
+log = logging.getLogger(__name__)
+
+_IDLE_REASON = 0x1  # nvmlClocksEventReasonGpuIdle
+_SW_THERMAL = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
+
+
+def _uuid(prefix: str, *parts: object) -> str:
+    return prefix + str(uuid.uuid5(uuid.NAMESPACE_OID, "/".join(map(str, parts))))
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.time):
+        self.scenario = scenario
+        self.clock = clock
+        self.hostname = scenario.hostname or socket.gethostname()
+        self._start = 0.0
+        self._devices: list[GpuIdentity] = []
+        self._energy_mj: dict[int, float] = {}
+        self._last_read: dict[int, float] = {}
+        self._last_xid: dict[int, int] = {}
+        self._xid_cursor = 0.0
+        self._bad_control: dict[Path, str] = {}
+
+    def open(self) -> None:
+        self._start = self.clock()
+        self._xid_cursor = -1.0
+        sc = self.scenario
+        self._devices = []
+        for i in range(sc.gpus):
+            spec = sc.spec(i)
+            migs = tuple(
+                MigInstance(gpu_instance_id=_gi_id(k), profile=m.profile, uuid=_uuid("MIG-", self.hostname, i, k))
+                for k, m in enumerate(spec.mig)
+            )
+            self._devices.append(
+                GpuIdentity(
+                    index=i,
+                    uuid=_uuid("GPU-", self.hostname, i),
+                    model=sc.model.name,
+                    minor_number=sc.minor(i),
+                    pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0" if i < 14 else f"00000001:{i:02X}:00.0",
+                    mig_instances=migs,
+                )
+            )
+            self._energy_mj[i] = 1.0e9  # energy "since boot", as a real counter starts
+            self._last_xid[i] = 0
+
+    def driver_version(self) -> str:
+        return self.scenario.driver_version
+
+    def devices(self) -> Sequence[GpuIdentity]:
+        return list(self._devices)
+
+    def elapsed(self) -> float:
+        return self.clock() - self._start
+
+    def _check_alive(self, gpu: GpuIdentity, t: float) -> SimGpuSpec:
+        spec = self.scenario.spec(gpu.index)
+        if spec.lost_at_s is not None and t >= spec.lost_at_s:
+            raise GpuError("gpu_lost", f"GPU {gpu.index} ({gpu.uuid}) is lost: it fell off the bus (simulated)")
+        return spec
+
+    def _control(self, index: int) -> tuple[float | None, tuple[SimProcess, ...] | None]:
+        """Live override from the control directory, or (None, None)."""
+        if not self.scenario.control_dir:
+            return None, None
+        path = Path(self.scenario.control_dir) / f"{index}.toml"
+        try:
+            text = path.read_text()
+        except OSError:
+            return None, None
+        try:
+            doc = tomllib.loads(text)
+            r = _Reader(str(path))
+            util = r.number(doc, "utilization", "utilization", None, minimum=0)
+            procs = doc.get("processes")
+            parsed = None if procs is None else tuple(r.process(p, f"processes[{i}]") for i, p in enumerate(procs))
+        except (tomllib.TOMLDecodeError, ConfigError, AttributeError, TypeError) as e:
+            if self._bad_control.get(path) != text:
+                self._bad_control[path] = text
+                log.warning("ignoring simulator control file %s: %s", path, e)
+            return None, None
+        return util, parsed
+
+    def _utilization(self, spec: SimGpuSpec, t: float) -> float:
+        override, _ = self._control(spec.index)
+        if override is not None:
+            return min(100.0, override)
+        return _clip(spec.utilization.at(t), 0, 100) if spec.utilization else 0.0
+
+    def _live_processes(self, spec: SimGpuSpec, t: float) -> list[SimProcess]:
+        _, override = self._control(spec.index)
+        procs = override if override is not None else spec.processes
+        return [p for p in procs if p.alive(t)]
+
+    def read(self, gpu: GpuIdentity) -> GpuReading:
+        t = self.elapsed()
+        spec = self._check_alive(gpu, t)
+        m = self.scenario.model
+        util = self._utilization(spec, t)
+        if gpu.mig_instances:
+            inst_utils = {
+                inst.gpu_instance_id: (_clip(mig.utilization.at(t), 0, 100) if mig.utilization else util)
+                for inst, mig in zip(gpu.mig_instances, spec.mig)
+            }
+            util = sum(inst_utils.values()) / len(inst_utils)
+        procs = self._live_processes(spec, t)
+        power = m.idle_w + (m.tdp_w - m.idle_w) * 0.9 * util / 100
+        temp = 30 + util * 0.45
+        dt = max(0.0, t - self._last_read.get(gpu.index, t))
+        self._last_read[gpu.index] = t
+        self._energy_mj[gpu.index] += power * dt * 1000
+        reserved = round(m.memory_mib * 0.006)
+        used = sum(p.used_memory_mib for p in procs) + (spec.memory_used_mib.at(t) if spec.memory_used_mib else 0)
+        used = _clip(round(used), 0, m.memory_mib - reserved)
+        f: dict[str, float] = {
+            "DCGM_FI_DEV_SM_CLOCK": m.max_sm_mhz if util > 0 else m.idle_sm_mhz,
+            "DCGM_FI_DEV_MEM_CLOCK": m.mem_mhz,
+            "DCGM_FI_DEV_GPU_TEMP": round(temp),
+            "DCGM_FI_DEV_POWER_USAGE": round(power, 3),
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": round(self._energy_mj[gpu.index]),
+            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
+            "DCGM_FI_DEV_XID_ERRORS": self._last_xid.get(gpu.index, 0),
+            "DCGM_FI_DEV_POWER_VIOLATION": 0,
+            "DCGM_FI_DEV_THERMAL_VIOLATION": 0,
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": (_IDLE_REASON if util == 0 else 0) | (_SW_THERMAL if temp >= 85 else 0),
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 0,
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0,
+            "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": 0,
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": 0,
+        }
+        if m.supports_memory_temp:
+            f["DCGM_FI_DEV_MEMORY_TEMP"] = round(temp + 4)
+        if m.supports_row_remap:
+            f.update({"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0, "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0})
+        instance_fields: dict[int, dict[str, float]] = {}
+        if gpu.mig_instances:
+            for inst, mig in zip(gpu.mig_instances, spec.mig):
+                total = m.mig_profiles[inst.profile]
+                inst_used = sum(p.used_memory_mib for p in procs if p.gpu_instance_id == inst.gpu_instance_id)
+                inst_used = _clip(round(inst_used), 0, total)
+                instance_fields[inst.gpu_instance_id] = {
+                    "DCGM_FI_DEV_FB_TOTAL": total,
+                    "DCGM_FI_DEV_FB_USED": inst_used,
+                    "DCGM_FI_DEV_FB_FREE": total - inst_used,
+                    "DCGM_FI_DEV_FB_RESERVED": 0,
+                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(inst_utils[inst.gpu_instance_id] / 100, 6),
+                }
+        else:
+            f.update({
+                "DCGM_FI_DEV_GPU_UTIL": round(util),
+                "DCGM_FI_DEV_MEM_COPY_UTIL": round(util * 0.4),
+                "DCGM_FI_DEV_ENC_UTIL": 0,
+                "DCGM_FI_DEV_DEC_UTIL": 0,
+                "DCGM_FI_DEV_FB_TOTAL": m.memory_mib,
+                "DCGM_FI_DEV_FB_USED": used,
+                "DCGM_FI_DEV_FB_RESERVED": reserved,
+                "DCGM_FI_DEV_FB_FREE": m.memory_mib - reserved - used,
+            })
+            if spec.tensor_active is not None:
+                tensor = _clip(spec.tensor_active.at(t), 0, 1)
+                f["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] = round(tensor, 6)
+                f["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] = round(util / 100, 6)
+                f["DCGM_FI_PROF_SM_ACTIVE"] = round(util / 100 * 0.9, 6)
+                f["DCGM_FI_PROF_DRAM_ACTIVE"] = round(util / 100 * 0.3, 6)
+        for name, trace in spec.fields:
+            f[name] = trace.at(t)
+        return GpuReading(fields=f, instance_fields=instance_fields)
+
+    def processes(self, gpu: GpuIdentity) -> Sequence[GpuProcess]:
+        t = self.elapsed()
+        spec = self._check_alive(gpu, t)
+        return [
+            GpuProcess(
+                pid=p.pid,
+                used_memory_bytes=int(p.used_memory_mib * 1024 * 1024),
+                gpu_instance_id=p.gpu_instance_id,
+                sm_utilization=p.sm_util,
+            )
+            for p in self._live_processes(spec, t)
+        ]
+
+    def xid_events(self) -> Sequence[XidEvent]:
+        t = self.elapsed()
+        events = []
+        for spec in self.scenario.gpu_specs:
+            for at, code in spec.xid:
+                if self._xid_cursor < at <= t:
+                    events.append(XidEvent(gpu_index=spec.index, xid=code, timestamp=self._start + at))
+                    self._last_xid[spec.index] = code
+        self._xid_cursor = t
+        return sorted(events, key=lambda e: e.timestamp)
+
+    def close(self) -> None:
+        self._devices = []
+
+
+def _gi_id(position: int) -> int:
+    """GPU instance ids as NVIDIA hands them out for the first placements (1, 2, 3, ...)."""
+    return position + 1
+
+
+def _clip(v: float, lo: float, hi: float) -> float:
+    return max(lo, min(hi, v))

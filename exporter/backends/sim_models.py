@@ -1,0 +1,64 @@
+"""Physical envelopes of the GPU models the simulator can play.
+
+These are nominal board figures (memory, TDP, clocks) used only to make simulated telemetry
+plausible; they are not used by any analytics. `supports` lists which optional NVML readings
+the real board gives, so the simulator leaves out what the real GPU would not report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SimModel:
+    name: str
+    memory_mib: int
+    tdp_w: float
+    idle_w: float
+    max_sm_mhz: int
+    idle_sm_mhz: int
+    mem_mhz: int
+    mig_profiles: dict[str, int] = field(default_factory=dict)  # profile -> memory MiB
+    supports_memory_temp: bool = True
+    supports_row_remap: bool = True
+
+
+MODELS: dict[str, SimModel] = {
+    m.name: m
+    for m in (
+        SimModel(
+            "NVIDIA H100 80GB HBM3", 81559, 700, 70, 1980, 345, 2619,
+            {"1g.10gb": 9856, "1g.20gb": 19968, "2g.20gb": 19968, "3g.40gb": 40192, "4g.40gb": 40192, "7g.80gb": 80384},
+        ),
+        SimModel(
+            "NVIDIA A100-SXM4-80GB", 81920, 400, 55, 1410, 210, 1593,
+            {"1g.10gb": 9728, "2g.20gb": 19968, "3g.40gb": 40192, "4g.40gb": 40192, "7g.80gb": 80896},
+        ),
+        SimModel(
+            "NVIDIA A100-SXM4-40GB", 40960, 400, 50, 1410, 210, 1215,
+            {"1g.5gb": 4864, "2g.10gb": 9856, "3g.20gb": 19968, "4g.20gb": 19968, "7g.40gb": 40192},
+        ),
+        SimModel("NVIDIA L4", 23034, 72, 16, 2040, 210, 6251, supports_memory_temp=False, supports_row_remap=False),
+        SimModel("Tesla T4", 15360, 70, 10, 1590, 300, 5000, supports_memory_temp=False, supports_row_remap=False),
+    )
+}
+
+ALIASES = {"h100": "NVIDIA H100 80GB HBM3", "a100": "NVIDIA A100-SXM4-80GB", "a100-40gb": "NVIDIA A100-SXM4-40GB", "l4": "NVIDIA L4", "t4": "Tesla T4"}
+
+
+def lookup(name: str) -> SimModel | None:
+    """Find a model by its NVML name or a short alias (case-insensitive)."""
+    if name in MODELS:
+        return MODELS[name]
+    full = ALIASES.get(name.lower())
+    if full:
+        return MODELS[full]
+    for m in MODELS.values():
+        if m.name.lower() == name.lower():
+            return m
+    return None
+
+
+def known_names() -> str:
+    return ", ".join(sorted(ALIASES)) + " or " + ", ".join(repr(n) for n in MODELS)

@@ -1,0 +1,61 @@
+"""Prometheus text exposition (format 0.0.4), written by hand for one reason.
+
+prometheus_client's writer renames a counter family `X` to `X_total` in its HELP/TYPE lines,
+but dcgm-exporter publishes counters such as `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` without the
+suffix, and every rule and dashboard in the ecosystem uses those names. So families are written
+here exactly as named; tests check the output with prometheus_client's parser and
+`promtool check metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Family:
+    name: str
+    kind: str  # "gauge" | "counter" | "info"-as-gauge
+    help: str
+    samples: list[tuple[Labels, float]] = field(default_factory=list)
+
+    def add(self, labels: Labels, value: float) -> None:
+        self.samples.append((labels, value))
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(v: float) -> str:
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) < 2**63):
+        return str(int(v))
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def render(families: Iterable[Family]) -> bytes:
+    """Text exposition of the families that have samples (empty families are left out)."""
+    out: list[str] = []
+    for fam in families:
+        if not fam.samples:
+            continue
+        out.append(f"# HELP {fam.name} {_escape_help(fam.help)}\n# TYPE {fam.name} {fam.kind}\n")
+        for labels, value in fam.samples:
+            if labels:
+                body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
+                out.append(f"{fam.name}{{{body}}} {format_value(value)}\n")
+            else:
+                out.append(f"{fam.name} {format_value(value)}\n")
+    return "".join(out).encode()

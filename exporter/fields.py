@@ -1,0 +1,74 @@
+"""The DCGM field catalogue: every dcgm-exporter metric this exporter can publish, named once.
+
+Names, types, units and help texts follow dcgm-exporter's `etc/default-counters.csv` and
+`dcp-metrics-included.csv` (see ../shared/data/dcgm-exporter/), so a node running this exporter
+and a node running dcgm-exporter feed the same rules and dashboards.
+
+`scope` says where a field lives on a MIG-enabled GPU: "device" fields are repeated on every
+GPU-instance row (as dcgm-exporter does), "instance" fields differ per instance, and
+"non_mig" fields are absent for MIG GPUs (NVML reports no GPU utilization there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # "gauge" | "counter"
+    help: str
+    scope: str = "device"  # "device" | "instance" | "non_mig"
+
+
+_FIELDS = (
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", "non_mig"),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", "non_mig"),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", "non_mig"),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", "non_mig"),
+    Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    Field("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints (in ns)."),
+    Field("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in ns)."),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event (throttle) reasons, a bitmask of NVML clocksEventReason flags."),
+    Field("DCGM_FI_DEV_FB_TOTAL", "gauge", "Framebuffer memory total (in MiB).", "instance"),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", "instance"),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", "instance"),
+    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", "instance"),
+    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
+    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
+    Field("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors."),
+    Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors."),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors"),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors"),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+    # Profiling fields: NVML has no DCP counters, so only backends that can measure them
+    # (the simulator; GPM on Hopper via NVML is future work) publish these.
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.", "instance"),
+    Field("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.", "instance"),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.", "instance"),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active sending or receiving data.", "instance"),
+)
+
+FIELDS: dict[str, Field] = {f.name: f for f in _FIELDS}
+
+# dcgm-exporter's label order: fixed labels, MIG labels, Hostname, then label-type fields.
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName")
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+HOST_LABEL = "Hostname"
+DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
+
+# DCGM reports "blank" (not available) as values near 2**63; such values are not data.
+DCGM_BLANK_THRESHOLD = 9223372036854775792
+
+
+def is_blank(value: float) -> bool:
+    """True when a value is one of DCGM's int64 blank sentinels rather than a measurement."""
+    return value >= DCGM_BLANK_THRESHOLD

@@ -1,0 +1,1 @@
+"""Scenario files shipped with the exporter (read with importlib.resources)."""

@@ -1,0 +1,107 @@
+"""The one TOML configuration file: each package owns a section and declares its options here.
+
+Validation happens at start and every error names the key, the value and what was expected, so
+an operator can fix a typo without reading code.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+
+class ConfigError(Exception):
+    """A configuration value is wrong. The message says where, what and what was expected."""
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    default: Any
+    expected: str  # human description, e.g. "a number of seconds > 0"
+    check: Callable[[Any], bool]
+
+
+def number(minimum: float = 0.0, *, inclusive: bool = False) -> Callable[[Any], bool]:
+    def check(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        return v >= minimum if inclusive else v > minimum
+
+    return check
+
+
+def integer(minimum: int = 0) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def string(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def boolean(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def one_of(*choices: str) -> Callable[[Any], bool]:
+    return lambda v: v in choices
+
+
+def host_port(v: Any) -> bool:
+    """'HOST:PORT' or ':PORT' with a port in 0..65535 (0 picks a free port)."""
+    if not isinstance(v, str) or ":" not in v:
+        return False
+    port = v.rsplit(":", 1)[1]
+    return port.isdigit() and 0 <= int(port) <= 65535
+
+
+def load_file(path: str | Path | None, what: str = "config file") -> dict[str, Any]:
+    """Parse a TOML file; None means "no file" (all defaults)."""
+    if path is None:
+        return {}
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p} not found: expected a TOML file path") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {p} is not valid TOML: {e}") from None
+
+
+def validate(
+    values: Mapping[str, Any],
+    options: Sequence[Option],
+    where: str,
+) -> dict[str, Any]:
+    """Check `values` against `options`, fill defaults, and reject unknown keys.
+
+    `where` names the place for messages, e.g. "config /etc/gpufleet.toml [exporter]".
+    """
+    known = {o.key: o for o in options}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r}: expected one of {', '.join(sorted(known))}"
+        )
+    out: dict[str, Any] = {}
+    for opt in options:
+        if opt.key not in values:
+            out[opt.key] = opt.default
+            continue
+        value = values[opt.key]
+        if not opt.check(value):
+            raise ConfigError(f"{where}: {opt.key} = {value!r}: expected {opt.expected}")
+        out[opt.key] = value
+    return out
+
+
+def section(doc: Mapping[str, Any], name: str, options: Sequence[Option], path: Any) -> dict[str, Any]:
+    """Validate one package's section of the loaded file."""
+    raw = doc.get(name, {})
+    where = f"config {path or '(defaults)'} [{name}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table, got {raw!r}")
+    return validate(raw, options, where)
