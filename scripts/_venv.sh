@@ -1,0 +1,18 @@
+# Sourced by the scripts: make .venv with the project installed (extras in $1), once per pyproject change.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+EXTRAS="${1:-all}"
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "gpufleet needs Python >= 3.11 (found: $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+    exit 2
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+STAMP="$VENV/.gpufleet-installed-$EXTRAS"
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$EXTRAS]"
+    touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
