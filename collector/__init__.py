@@ -1,0 +1,1 @@
+"""The collector: scrapes exporters or reads Prometheus, pulls scheduler accounting, writes the store."""

@@ -1,0 +1,196 @@
+"""The canonical store schema: every table, column and metric-name mapping, named once.
+
+Samples are *wide*: one row per (time, GPU or MIG instance) with a typed column per field, so
+timestamps and GPU keys are stored once per row and each field column compresses on its own
+(utilization as small floats, counters as integers). They live in date-partitioned Parquet that
+DuckDB, Spark or Trino read as-is. Mutable, small tables (jobs, allocations, inventory) live in
+the writer's DuckDB state and are published as Parquet snapshots. All times are UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SampleField:
+    column: str
+    type: pa.DataType
+    names: tuple[str, ...]  # exposition names (DCGM 2.x+, gpufleet) this column is read from
+    legacy: tuple[str, ...] = ()  # dcgm-exporter 1.x lowercase names
+    scale: float = 1.0  # legacy unit -> canonical unit
+
+
+F32, I64 = pa.float32(), pa.int64()
+
+SAMPLE_FIELDS: tuple[SampleField, ...] = (
+    SampleField("gpu_util", F32, ("DCGM_FI_DEV_GPU_UTIL",), ("dcgm_gpu_utilization",)),
+    SampleField("mem_copy_util", F32, ("DCGM_FI_DEV_MEM_COPY_UTIL",), ("dcgm_mem_copy_utilization",)),
+    SampleField("enc_util", F32, ("DCGM_FI_DEV_ENC_UTIL",), ("dcgm_enc_utilization",)),
+    SampleField("dec_util", F32, ("DCGM_FI_DEV_DEC_UTIL",), ("dcgm_dec_utilization",)),
+    SampleField("fb_used_mib", F32, ("DCGM_FI_DEV_FB_USED",), ("dcgm_fb_used",)),
+    SampleField("fb_free_mib", F32, ("DCGM_FI_DEV_FB_FREE",), ("dcgm_fb_free",)),
+    SampleField("fb_reserved_mib", F32, ("DCGM_FI_DEV_FB_RESERVED",)),
+    SampleField("fb_total_mib", F32, ("DCGM_FI_DEV_FB_TOTAL",)),
+    SampleField("power_w", F32, ("DCGM_FI_DEV_POWER_USAGE",), ("dcgm_power_usage",)),
+    SampleField("energy_mj", I64, ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",), ("dcgm_total_energy_consumption",)),
+    SampleField("gpu_temp_c", F32, ("DCGM_FI_DEV_GPU_TEMP",), ("dcgm_gpu_temp",)),
+    SampleField("mem_temp_c", F32, ("DCGM_FI_DEV_MEMORY_TEMP",), ("dcgm_memory_temp",)),
+    SampleField("sm_clock_mhz", F32, ("DCGM_FI_DEV_SM_CLOCK",), ("dcgm_sm_clock",)),
+    SampleField("mem_clock_mhz", F32, ("DCGM_FI_DEV_MEM_CLOCK",), ("dcgm_memory_clock",)),
+    SampleField("pcie_replay", I64, ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), ("dcgm_pcie_replay_counter",)),
+    SampleField("xid_last", I64, ("DCGM_FI_DEV_XID_ERRORS",), ("dcgm_xid_errors",)),
+    SampleField("ecc_sbe_vol", I64, ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), ("dcgm_ecc_sbe_volatile_total",)),
+    SampleField("ecc_dbe_vol", I64, ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",), ("dcgm_ecc_dbe_volatile_total",)),
+    SampleField("ecc_sbe_agg", I64, ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",), ("dcgm_ecc_sbe_aggregate_total",)),
+    SampleField("ecc_dbe_agg", I64, ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",), ("dcgm_ecc_dbe_aggregate_total",)),
+    SampleField("remap_correctable", I64, ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",)),
+    SampleField("remap_uncorrectable", I64, ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",)),
+    SampleField("remap_failure", I64, ("DCGM_FI_DEV_ROW_REMAP_FAILURE",)),
+    SampleField("clocks_event_reasons", I64, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")),
+    # DCGM reports violation time in ns; dcgm-exporter 1.x documented (and reported) microseconds
+    SampleField("power_violation_ns", I64, ("DCGM_FI_DEV_POWER_VIOLATION",), ("dcgm_power_violation",), 1000.0),
+    SampleField("thermal_violation_ns", I64, ("DCGM_FI_DEV_THERMAL_VIOLATION",), ("dcgm_thermal_violation",), 1000.0),
+    SampleField("gr_engine_active", F32, ("DCGM_FI_PROF_GR_ENGINE_ACTIVE",)),
+    SampleField("sm_active", F32, ("DCGM_FI_PROF_SM_ACTIVE",)),
+    SampleField("sm_occupancy", F32, ("DCGM_FI_PROF_SM_OCCUPANCY",)),
+    SampleField("tensor_active", F32, ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",)),
+    SampleField("dram_active", F32, ("DCGM_FI_PROF_DRAM_ACTIVE",)),
+    SampleField("fp64_active", F32, ("DCGM_FI_PROF_PIPE_FP64_ACTIVE",)),
+    SampleField("fp32_active", F32, ("DCGM_FI_PROF_PIPE_FP32_ACTIVE",)),
+    SampleField("fp16_active", F32, ("DCGM_FI_PROF_PIPE_FP16_ACTIVE",)),
+    SampleField("pcie_tx_bytes_per_s", F32, ("DCGM_FI_PROF_PCIE_TX_BYTES",)),
+    SampleField("pcie_rx_bytes_per_s", F32, ("DCGM_FI_PROF_PCIE_RX_BYTES",)),
+    SampleField("nvlink_bandwidth_total", I64, ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",)),
+    SampleField("compute_processes", F32, ("gpufleet_gpu_compute_processes",)),
+    SampleField("gpu_up", F32, ("gpufleet_gpu_up",)),
+)
+
+# exposition metric name -> (column, scale). Lower-cased DCGM names (dcgm-exporter's
+# --use-old-namespace, e.g. dcgm_fi_prof_gr_engine_active) map like the upper-case ones.
+METRIC_TO_COLUMN: dict[str, tuple[str, float]] = {}
+for _f in SAMPLE_FIELDS:
+    for _n in _f.names:
+        METRIC_TO_COLUMN[_n] = (_f.column, 1.0)
+        if _n.startswith("DCGM_"):
+            METRIC_TO_COLUMN[_n.lower()] = (_f.column, 1.0)
+    for _n in _f.legacy:
+        METRIC_TO_COLUMN[_n] = (_f.column, _f.scale)
+
+# The key of a sample row: at most one row per key (per source).
+SAMPLE_KEY_COLUMNS = ("ts", "cluster", "host", "gpu_uuid", "gpu_instance")
+
+SAMPLE_SCHEMA = pa.schema(
+    [
+        pa.field("ts", pa.timestamp("ms")),  # UTC
+        pa.field("cluster", pa.string()),
+        pa.field("host", pa.string()),
+        pa.field("gpu", pa.int16()),  # NVML index, dcgm-exporter's `gpu` label
+        pa.field("gpu_uuid", pa.string()),  # the parent GPU's UUID for MIG rows
+        pa.field("gpu_instance", pa.int16()),  # MIG GPU_I_ID, null for a whole GPU
+        pa.field("mig_profile", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("source", pa.string()),  # "scrape" | "prometheus"
+    ]
+    + [pa.field(f.column, f.type) for f in SAMPLE_FIELDS]
+)
+
+# Who held which GPU, as seen by the exporters' job mapping (gpufleet_gpu_job_info, dcgm-exporter
+# pod/hpc_job labels) or scontrol: one row per job and GPU, widened as observations arrive.
+ALLOCATIONS_DDL = """
+CREATE TABLE IF NOT EXISTS allocations (
+    cluster VARCHAR NOT NULL,
+    scheduler VARCHAR NOT NULL,          -- slurm | kubernetes
+    job_key VARCHAR NOT NULL,            -- slurm: raw job id; kubernetes: namespace/pod
+    host VARCHAR NOT NULL,
+    gpu_uuid VARCHAR NOT NULL,
+    gpu_instance SMALLINT NOT NULL DEFAULT -1,   -- -1: the whole GPU
+    gpu SMALLINT,
+    first_seen TIMESTAMP NOT NULL,
+    last_seen TIMESTAMP NOT NULL,
+    source VARCHAR NOT NULL,             -- exporter | scontrol
+    PRIMARY KEY (cluster, scheduler, job_key, host, gpu_uuid, gpu_instance)
+)"""
+
+JOBS_DDL = """
+CREATE TABLE IF NOT EXISTS jobs (
+    cluster VARCHAR NOT NULL,
+    scheduler VARCHAR NOT NULL,
+    job_key VARCHAR NOT NULL,            -- slurm: JobIDRaw; kubernetes: namespace/pod
+    job_id VARCHAR NOT NULL,             -- as people write it: 123, 123_4, 123+0
+    array_job_id VARCHAR,
+    array_task_id VARCHAR,
+    het_job_id VARCHAR,
+    het_job_offset INTEGER,
+    name VARCHAR,
+    user_name VARCHAR,
+    account VARCHAR,                     -- kubernetes: the team label, else the namespace
+    partition VARCHAR,                   -- kubernetes: the namespace
+    qos VARCHAR,
+    submit TIMESTAMP,
+    eligible TIMESTAMP,
+    start TIMESTAMP,
+    "end" TIMESTAMP,
+    state VARCHAR,                       -- normalised: COMPLETED, FAILED, CANCELLED, ...
+    state_raw VARCHAR,                   -- as reported: "CANCELLED by 1000"
+    exit_code VARCHAR,
+    gpus INTEGER,                        -- GPUs allocated (AllocTRES gres/gpu), else requested
+    gpu_type VARCHAR,
+    node_count INTEGER,
+    nodes VARCHAR,
+    alloc_tres VARCHAR,
+    source VARCHAR NOT NULL,             -- sacct | slurmrestd | kubernetes
+    updated_at TIMESTAMP NOT NULL,
+    PRIMARY KEY (cluster, scheduler, job_key)
+)"""
+
+GPUS_DDL = """
+CREATE TABLE IF NOT EXISTS gpus (
+    cluster VARCHAR NOT NULL,
+    host VARCHAR NOT NULL,
+    gpu_uuid VARCHAR NOT NULL,
+    gpu_instance SMALLINT NOT NULL DEFAULT -1,
+    gpu SMALLINT,
+    mig_profile VARCHAR,
+    model VARCHAR,
+    fb_total_mib FLOAT,
+    driver_version VARCHAR,
+    first_seen TIMESTAMP NOT NULL,
+    last_seen TIMESTAMP NOT NULL,
+    PRIMARY KEY (cluster, host, gpu_uuid, gpu_instance)
+)"""
+
+# Published tables: name -> DDL. Each is snapshotted to Parquet for readers.
+TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL}
+
+# Writer-only bookkeeping.
+STATE_DDL = (
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS watermarks (source VARCHAR PRIMARY KEY, value VARCHAR NOT NULL, updated_at TIMESTAMP NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS batches (
+        batch_key VARCHAR PRIMARY KEY,   -- deterministic: the same input window gives the same key
+        file VARCHAR NOT NULL,           -- relative path of the Parquet file holding its rows
+        rows BIGINT NOT NULL,
+        checksum VARCHAR NOT NULL,
+        min_ts TIMESTAMP,
+        max_ts TIMESTAMP,
+        written_at TIMESTAMP NOT NULL
+    )""",
+    "CREATE TABLE IF NOT EXISTS retired_files (file VARCHAR PRIMARY KEY, retired_at TIMESTAMP NOT NULL)",
+)
+
+# version -> statements, applied in order by the writer at start. Version 1 is the base schema.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: STATE_DDL + tuple(TABLES.values()),
+}
+
+JOB_COLUMNS = (
+    "cluster", "scheduler", "job_key", "job_id", "array_job_id", "array_task_id", "het_job_id",
+    "het_job_offset", "name", "user_name", "account", "partition", "qos", "submit", "eligible",
+    "start", "end", "state", "state_raw", "exit_code", "gpus", "gpu_type", "node_count", "nodes",
+    "alloc_tres", "source", "updated_at",
+)

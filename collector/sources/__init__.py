@@ -1,0 +1,1 @@
+"""Collector sources, one file each, behind the small interface in base.py."""

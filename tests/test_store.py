@@ -1,0 +1,170 @@
+"""The store's promises: readers see whole batches only, re-ingesting is a no-op, a crash loses
+at most the batch in flight, one writer at a time, versioned schema."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pyarrow as pa
+import pytest
+
+from collector import schema
+from collector.sources.base import Batch
+from collector.store import StoreError, StoreWriter, open_reader
+
+T0 = datetime(2026, 11, 16, 23, 59, 30)
+
+
+def samples(ts: list[datetime], util: list[float], host="n1", uuid="GPU-a") -> pa.Table:
+    n = len(ts)
+    cols = {f.name: [None] * n for f in schema.SAMPLE_SCHEMA}
+    cols.update(ts=ts, cluster=["c"] * n, host=[host] * n, gpu=[0] * n, gpu_uuid=[uuid] * n, model=["H100"] * n, source=["scrape"] * n, gpu_util=util)
+    return pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA)
+
+
+def job(job_key: str, state: str, **kw) -> dict:
+    row = {c: None for c in schema.JOB_COLUMNS}
+    row.update(cluster="c", scheduler="slurm", job_key=job_key, job_id=job_key, state=state, source="sacct", updated_at=T0, gpus=2, account="physics")
+    row.update(kw)
+    return row
+
+
+def dump(root) -> dict:
+    con = open_reader(root)
+    return {
+        "samples": con.execute("SELECT ts, host, gpu_uuid, gpu_util FROM gpu_samples ORDER BY ALL").fetchall(),
+        "jobs": con.execute("SELECT * FROM jobs ORDER BY job_key").fetchall(),
+        "allocations": con.execute("SELECT * FROM allocations ORDER BY ALL").fetchall(),
+    }
+
+
+def test_commit_publish_and_read(tmp_path):
+    w = StoreWriter(tmp_path)
+    r = w.commit(Batch(key="scrape:n1:1", samples=samples([T0, T0 + timedelta(seconds=45)], [10, 20]), jobs=[job("5", "RUNNING")]))
+    assert (r.samples_written, r.jobs_written, r.duplicate) == (2, 1, False)
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT gpu_util FROM gpu_samples ORDER BY ts").fetchall() == [(10.0,), (20.0,)]
+    assert con.execute("SELECT job_key, state, gpus FROM jobs").fetchall() == [("5", "RUNNING", 2)]
+    # the two samples straddle midnight: two date partitions, both listed
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert sorted(f.split("/")[1] for f in manifest["samples"]) == ["date=2026-11-16", "date=2026-11-17"]
+    w.close()
+
+
+def test_reingesting_the_same_window_changes_nothing(tmp_path):
+    w = StoreWriter(tmp_path, clock=lambda: T0)
+    batch = lambda: Batch(key="prom:0-60", samples=samples([T0], [42]), jobs=[job("5", "COMPLETED")],  # noqa: E731
+                          allocations=[{"ts": T0, "cluster": "c", "scheduler": "slurm", "job_key": "5", "host": "n1", "gpu_uuid": "GPU-a", "gpu_instance": -1, "gpu": 0, "source": "exporter"}])
+    w.commit(batch())
+    w.publish()
+    before = dump(tmp_path)
+    files_before = sorted(p.name for p in (tmp_path / "samples").rglob("*.parquet"))
+    w.clock = lambda: T0 + timedelta(hours=1)  # later re-ingest
+    r = w.commit(batch())
+    w.publish()
+    assert r.duplicate and r.samples_written == 0
+    assert dump(tmp_path) == before
+    assert sorted(p.name for p in (tmp_path / "samples").rglob("*.parquet")) == files_before
+
+
+def test_conflicting_rows_under_a_known_key_are_refused(tmp_path):
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="k", samples=samples([T0], [1])))
+    r = w.commit(Batch(key="k", samples=samples([T0], [99])))
+    w.publish()
+    assert r.conflict and not r.duplicate
+    assert dump(tmp_path)["samples"] == [(T0, "n1", "GPU-a", 1.0)]
+
+
+def test_job_updates_and_allocation_intervals(tmp_path):
+    w = StoreWriter(tmp_path)
+    obs = lambda ts: {"ts": ts, "cluster": "c", "scheduler": "slurm", "job_key": "7", "host": "n1", "gpu_uuid": "GPU-a", "gpu_instance": -1, "gpu": 0, "source": "exporter"}  # noqa: E731
+    w.commit(Batch(key="a", jobs=[job("7", "RUNNING")], allocations=[obs(T0)]))
+    w.commit(Batch(key="b", jobs=[job("7", "COMPLETED", end=T0 + timedelta(hours=1))], allocations=[obs(T0 + timedelta(minutes=30)), obs(T0 + timedelta(minutes=10))]))
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute('SELECT state, "end" FROM jobs').fetchall() == [("COMPLETED", T0 + timedelta(hours=1))]
+    assert con.execute("SELECT first_seen, last_seen FROM allocations").fetchall() == [(T0, T0 + timedelta(minutes=30))]
+
+
+def test_unchanged_job_keeps_its_updated_at(tmp_path):
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="a", jobs=[job("7", "RUNNING", updated_at=T0)]))
+    w.commit(Batch(key="b", jobs=[job("7", "RUNNING", updated_at=T0 + timedelta(hours=1))]))
+    w.commit(Batch(key="c", jobs=[job("7", "COMPLETED", updated_at=T0 + timedelta(hours=2))]))
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT updated_at FROM jobs").fetchall() == [(T0 + timedelta(hours=2),)]
+    w.commit(Batch(key="d", jobs=[job("7", "COMPLETED", updated_at=T0 + timedelta(hours=3))]))
+    w.publish()
+    assert open_reader(tmp_path).execute("SELECT updated_at FROM jobs").fetchall() == [(T0 + timedelta(hours=2),)]
+
+
+def test_watermark_commits_with_the_batch(tmp_path):
+    w = StoreWriter(tmp_path)
+    assert w.watermark("prom") is None
+    w.commit(Batch(key="x", samples=samples([T0], [1]), watermark=("prom", "2026-11-17T00:00:00")))
+    assert w.watermark("prom") == "2026-11-17T00:00:00"
+    w.close()
+    assert StoreWriter(tmp_path).watermark("prom") == "2026-11-17T00:00:00"
+
+
+def test_second_writer_is_refused_readers_are_not(tmp_path):
+    import subprocess
+    import sys
+
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="x", samples=samples([T0], [5])))
+    w.publish()
+    code = f"from collector.store import StoreWriter; StoreWriter({str(tmp_path)!r})"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "locked by another writer" in r.stderr
+    code = f"from collector.store import open_reader; print(open_reader({str(tmp_path)!r}).execute('select gpu_util from gpu_samples').fetchall())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[(5.0,)]", r.stderr
+
+
+def test_leftovers_of_an_uncommitted_batch_are_removed_at_start(tmp_path):
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="x", samples=samples([T0], [5])))
+    w.publish()
+    w.close()
+    part = tmp_path / "samples" / "date=2026-11-16"
+    (part / "orphan-abc.parquet").write_bytes(b"PAR1 half written")
+    (part / ".tmpfile.parquet.tmp").write_bytes(b"junk")
+    w = StoreWriter(tmp_path)
+    remaining = sorted(p.name for p in part.iterdir())
+    assert len(remaining) == 1 and remaining[0].startswith("x-") and remaining[0].endswith(".parquet")
+    assert dump(tmp_path)["samples"] == [(T0, "n1", "GPU-a", 5.0)]
+
+
+def test_schema_version_recorded_and_newer_store_refused(tmp_path):
+    w = StoreWriter(tmp_path)
+    assert w.schema_version() == schema.SCHEMA_VERSION
+    w.db.execute("INSERT INTO schema_version VALUES (?, ?)", [schema.SCHEMA_VERSION + 1, T0])
+    w.close()
+    with pytest.raises(StoreError, match="newer than this gpufleet"):
+        StoreWriter(tmp_path)
+
+
+def test_empty_store_reads_as_empty_views_and_missing_store_is_clear(tmp_path):
+    StoreWriter(tmp_path / "s").close()
+    con = open_reader(tmp_path / "s")
+    assert con.execute("SELECT count(*) FROM gpu_samples").fetchone() == (0,)
+    assert con.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    with pytest.raises(StoreError, match="no store at"):
+        open_reader(tmp_path / "nothing")
+
+
+def test_samples_are_plain_parquet_another_engine_reads(tmp_path):
+    """The growth path: the partition files are ordinary Parquet with hive-style date folders."""
+    import pyarrow.dataset as ds
+
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="x", samples=samples([T0, T0 + timedelta(minutes=1)], [5, 6])))
+    w.publish()
+    dataset = ds.dataset(tmp_path / "samples", format="parquet", partitioning="hive")
+    table = dataset.to_table(columns=["date", "gpu_util"]).sort_by("gpu_util")
+    assert table.to_pydict() == {"date": ["2026-11-16", "2026-11-17"], "gpu_util": [5.0, 6.0]}
