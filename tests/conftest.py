@@ -1,0 +1,70 @@
+"""Shared fixtures. Real components (Prometheus, Alertmanager, Slurm) come from tests/realstack/:
+when one is unavailable a test skips with the reason, or fails under CI=true (realstack.policy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.realstack import prometheus as prom
+from tests.realstack.slurm import SlurmCluster, start_slurm
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> str:
+    return prom.prometheus_path()
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    return prom.promtool_path()
+
+
+@pytest.fixture(scope="session")
+def alertmanager_bin() -> str:
+    return prom.alertmanager_path()
+
+
+@pytest.fixture(scope="session")
+def amtool() -> str:
+    return prom.amtool_path()
+
+
+@pytest.fixture
+def prometheus_factory(prometheus_bin, tmp_path_factory):
+    """Call with (config_text=None, rule_files=(), port=None, extra_args=()) -> a running Prometheus."""
+    started: list[prom.Prometheus] = []
+
+    def start(config_text=None, rule_files=(), **kwargs) -> prom.Prometheus:
+        server = prom.start_prometheus(tmp_path_factory.mktemp("prometheus"), config_text, rule_files, **kwargs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def alertmanager_factory(alertmanager_bin, tmp_path_factory):
+    """Call with (config_text=None, port=None, extra_args=()) -> a running Alertmanager."""
+    started: list[prom.Alertmanager] = []
+
+    def start(config_text=None, **kwargs) -> prom.Alertmanager:
+        server = prom.start_alertmanager(tmp_path_factory.mktemp("alertmanager"), config_text, **kwargs)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request, tmp_path_factory) -> SlurmCluster:
+    """One real Slurm (+slurmdbd, MariaDB, munge, 8 fake GPUs) for the whole session.
+
+    Tests share it: submit your own jobs, add prolog hooks with add_hook() and remove them after.
+    """
+    cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
+    request.addfinalizer(cluster.stop)
+    return cluster
