@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,8 @@ STATE_DDL = (
 # version -> statements, applied in order by the writer at start. Version 1 is the base schema.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: STATE_DDL + tuple(TABLES.values()),
+    # 2: 5-minute rollups of each compacted hour, for dashboards
+    2: ("CREATE TABLE IF NOT EXISTS rollups (hour TIMESTAMP PRIMARY KEY, file VARCHAR NOT NULL)",),
 }
 
 JOB_COLUMNS = (

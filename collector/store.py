@@ -141,14 +141,13 @@ class StoreWriter:
     # --- crash recovery ---
 
     def _remove_uncommitted_files(self) -> None:
-        known = {r[0] for r in self.db.execute("SELECT file FROM batches UNION SELECT file FROM retired_files").fetchall()}
-        for path in (self.root / "samples").rglob("*"):
-            if not path.is_file():
-                continue
-            rel = str(path.relative_to(self.root))
-            if path.name.startswith(".") or (rel not in known and not path.name.startswith("compact-")):
-                log.warning("removing %s: left by a batch that was not committed", rel)
-                path.unlink()
+        known = {r[0] for r in self.db.execute(
+            "SELECT file FROM batches UNION SELECT file FROM retired_files UNION SELECT file FROM rollups").fetchall()}
+        for top in ("samples", "rollup_5m"):
+            for path in (self.root / top).rglob("*"):
+                if path.is_file() and str(path.relative_to(self.root)) not in known:
+                    log.warning("removing %s: left by work that was not committed", path.relative_to(self.root))
+                    path.unlink()
 
     # --- watermarks ---
 
@@ -190,7 +189,9 @@ class StoreWriter:
             self._upsert_gpus(batch.gpus)
             if batch.watermark:
                 self.db.execute(
-                    "INSERT INTO watermarks VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                    # watermarks only move forward: a backfill of an old window must not rewind them
+                    "INSERT INTO watermarks VALUES (?, ?, ?) ON CONFLICT (source) DO UPDATE SET "
+                    "value = greatest(watermarks.value, excluded.value), updated_at = excluded.updated_at",
                     [batch.watermark[0], batch.watermark[1], now],
                 )
             self.db.execute("COMMIT")
@@ -300,11 +301,13 @@ class StoreWriter:
             tables[name] = str(path.relative_to(self.root))
         self._dirty_tables.clear()
         samples = [r[0] for r in self.db.execute("SELECT DISTINCT file FROM batches WHERE file <> '' ORDER BY 1").fetchall()]
+        rollups = [r[0] for r in self.db.execute("SELECT file FROM rollups ORDER BY hour").fetchall()]
         manifest = {
             "version": seq,
             "schema_version": self.schema_version(),
             "published_at": self.clock().isoformat(),
             "samples": samples,
+            "rollup_5m": rollups,
             "tables": tables,
         }
         _fsync_write(self.root / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest)))
@@ -333,7 +336,8 @@ _JOB_TYPES = {c: _JOB_TYPES.get(c, "VARCHAR") for c in schema.JOB_COLUMNS}
 def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with views over the store's current manifest: never locks the writer.
 
-    Views: gpu_samples, jobs, allocations, gpus. An empty store gives empty views.
+    Views: gpu_samples, gpu_rollup_5m (once an hour is compacted), jobs, allocations, gpus.
+    An empty store gives empty views.
     """
     root = Path(root)
     try:
@@ -348,6 +352,9 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM read_parquet({_sql_list(files)}, hive_partitioning = false)")
     else:
         con.register("gpu_samples", schema.SAMPLE_SCHEMA.empty_table())
+    rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
+    if rollups:
+        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT * FROM read_parquet({_sql_list(rollups)})")
     for name, ddl in schema.TABLES.items():
         rel = manifest.get("tables", {}).get(name)
         if rel:

@@ -168,3 +168,51 @@ def test_samples_are_plain_parquet_another_engine_reads(tmp_path):
     dataset = ds.dataset(tmp_path / "samples", format="parquet", partitioning="hive")
     table = dataset.to_table(columns=["date", "gpu_util"]).sort_by("gpu_util")
     assert table.to_pydict() == {"date": ["2026-11-16", "2026-11-17"], "gpu_util": [5.0, 6.0]}
+
+
+def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
+    from collector.maintenance import compact
+
+    t = datetime(2026, 11, 16, 10, 0, 0)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    # 8 rounds at 15 s in the 10:00 hour (two 5-minute buckets: 10:00 and 10:05) and one at 11:00
+    for i in range(8):
+        ts = t + timedelta(seconds=15 * i + (240 if i >= 4 else 0))
+        w.commit(Batch(key=f"scrape:{i}", samples=samples([ts], [10.0 * i])))
+    w.commit(Batch(key="scrape:late", samples=samples([t + timedelta(hours=1)], [99])))
+    w.publish()
+    before = dump(tmp_path)["samples"]
+    assert compact(w, now=t + timedelta(hours=1, minutes=1)) == 0  # 10:00 not settled yet
+    assert compact(w, now=t + timedelta(hours=1, minutes=6)) == 1
+    after = open_reader(tmp_path)
+    assert dump(tmp_path)["samples"] == before  # same rows, fewer files
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert len([f for f in manifest["samples"] if "compact-10" in f]) == 1
+    assert len(manifest["samples"]) == 2  # the compacted 10:00 hour and the open 11:00 round
+    # 10:00 bucket: rounds 0-3 (utils 0, 10, 20, 30) -> mean 15; 10:05 bucket: 40..70 -> mean 55
+    rows = after.execute("SELECT bucket, samples, gpu_util_avg, gpu_util_max FROM gpu_rollup_5m ORDER BY bucket").fetchall()
+    assert rows == [(t, 4, 15.0, 30.0), (t + timedelta(minutes=5), 4, 55.0, 70.0)]
+    # re-ingesting a compacted window is still a no-op
+    r = w.commit(Batch(key="scrape:3", samples=samples([t + timedelta(seconds=45)], [30.0])))
+    assert r.duplicate
+    # a reader holding the old manifest can still read retired files during the grace period
+    old_files = [f for f in json.loads(json.dumps(manifest))["samples"]]
+    assert all((tmp_path / f).exists() for f in old_files)
+
+
+def test_retention_retires_old_files_but_remembers_their_keys(tmp_path):
+    from collector.maintenance import apply_retention
+
+    t = datetime(2026, 11, 1)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    w.commit(Batch(key="old", samples=samples([t], [1])))
+    w.commit(Batch(key="new", samples=samples([t + timedelta(days=30)], [2])))
+    w.publish()
+    now = t + timedelta(days=31)
+    w.clock = lambda: now
+    assert apply_retention(w, now, raw_days=7, rollup_days=400) == 1
+    assert [r[3] for r in dump(tmp_path)["samples"]] == [2.0]
+    assert w.commit(Batch(key="old", samples=samples([t], [1]))).duplicate
+    w.clock = lambda: now + timedelta(hours=1)  # past the grace period: the file is deleted
+    w.publish()
+    assert len(list((tmp_path / "samples").rglob("*.parquet"))) == 1

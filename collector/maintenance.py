@@ -1,0 +1,111 @@
+"""Store upkeep run by the collector: compaction, 5-minute rollups, retention.
+
+- Compaction: once an hour is closed, its many small per-round files are merged into one file
+  sorted by GPU and time (which is what makes a field-sample cost a few bytes), and the hour's
+  5-minute rollup is (re)computed from it. Late data for a compacted hour is merged on the next
+  pass. Superseded files are retired, not deleted, so readers holding an older manifest still
+  read them for the grace period.
+- Retention: sample files older than `raw_days` are retired; rollups older than `rollup_days`
+  too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import datetime, timedelta
+
+from collector.store import StoreWriter, _sql_list, write_parquet
+
+log = logging.getLogger(__name__)
+
+SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
+
+ROLLUP_SQL = """
+SELECT time_bucket(INTERVAL 5 MINUTE, ts) AS bucket, cluster, host, gpu, gpu_uuid, gpu_instance,
+       any_value(mig_profile) AS mig_profile, any_value(model) AS model, source,
+       count(*) AS samples,
+       avg(gpu_util) AS gpu_util_avg, max(gpu_util) AS gpu_util_max,
+       max(fb_used_mib) AS fb_used_mib_max, avg(power_w) AS power_w_avg,
+       max(gpu_temp_c) AS gpu_temp_c_max, max(mem_temp_c) AS mem_temp_c_max,
+       avg(tensor_active) AS tensor_active_avg, avg(gr_engine_active) AS gr_engine_active_avg,
+       max(compute_processes) AS compute_processes_max, min(gpu_up) AS gpu_up_min,
+       max(xid_last) AS xid_last_max
+FROM read_parquet({files})
+GROUP BY ALL
+ORDER BY host, gpu_uuid, gpu_instance, bucket
+"""
+
+
+def compact(w: StoreWriter, now: datetime) -> int:
+    """Merge each closed hour's files into one and roll it up; returns hours compacted."""
+    rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
+    groups = w.db.execute(
+        """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
+           FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY 1 ORDER BY 1"""
+    ).fetchall()
+    groups = [
+        (hour, files) for hour, files in groups
+        if hour + timedelta(hours=1) + SETTLE < now
+        and (len(files) > 1 or "/compact-" not in files[0] or hour not in rolled)
+    ]
+    done = 0
+    for hour, files in groups:
+        _compact_hour(w, hour, files, now)
+        done += 1
+    if done:
+        w.publish()
+    return done
+
+
+def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:
+    paths = [str(w.root / f) for f in files]
+    date = hour.strftime("%Y-%m-%d")
+    tag = hashlib.blake2b("\n".join(files).encode(), digest_size=6).hexdigest()
+    target = f"samples/date={date}/compact-{hour:%H}-{tag}.parquet"
+    rollup = f"rollup_5m/date={date}/hour-{hour:%H}-{tag}.parquet"
+    if len(files) > 1 or "/compact-" not in files[0]:
+        table = w.db.sql(f"SELECT * FROM read_parquet({_sql_list(paths)}) ORDER BY host, gpu_uuid, gpu_instance, ts").to_arrow_table()
+        (w.root / target).parent.mkdir(parents=True, exist_ok=True)
+        write_parquet(table, w.root / target)
+    else:
+        target = files[0]
+    (w.root / rollup).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(w.db.sql(ROLLUP_SQL.format(files=_sql_list([str(w.root / target)]))).to_arrow_table(), w.root / rollup)
+    w.db.execute("BEGIN")
+    try:
+        for f in files:
+            if f != target:
+                w.db.execute("UPDATE batches SET file = ? WHERE file = ?", [target, f])
+                w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+        old = w.db.execute("SELECT file FROM rollups WHERE hour = ?", [hour]).fetchone()
+        if old and old[0] != rollup:
+            w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [old[0], now])
+        w.db.execute("INSERT OR REPLACE INTO rollups VALUES (?, ?)", [hour, rollup])
+        w.db.execute("COMMIT")
+    except Exception:
+        w.db.execute("ROLLBACK")
+        raise
+    log.info("compacted %d files of %s into %s", len(files), hour.isoformat(), target)
+
+
+def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int) -> int:
+    """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`."""
+    cutoff = now - timedelta(days=raw_days)
+    old = [r[0] for r in w.db.execute(
+        "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
+    old_rollups = [r[0] for r in w.db.execute(
+        "SELECT file FROM rollups WHERE hour < ?", [now - timedelta(days=rollup_days)]).fetchall()]
+    if not old and not old_rollups:
+        return 0
+    w.db.execute("BEGIN")
+    for f in old:
+        w.db.execute("UPDATE batches SET file = '' WHERE file = ?", [f])
+        w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+    for f in old_rollups:
+        w.db.execute("DELETE FROM rollups WHERE file = ?", [f])
+        w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+    w.db.execute("COMMIT")
+    w.publish()
+    log.info("retention: retired %d sample files and %d rollup files", len(old), len(old_rollups))
+    return len(old) + len(old_rollups)
