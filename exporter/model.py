@@ -18,8 +18,9 @@ class MigInstance:
 class GpuIdentity:
     """What never changes while a GPU is present.
 
-    `index` is NVML's enumeration order (dcgm-exporter's `gpu` label); `minor_number` is the
-    /dev/nvidiaN number that Slurm's gres.conf and SLURM_JOB_GPUS use. They can differ.
+    `index` is NVML's enumeration order (dcgm-exporter's `gpu` label); `minor_number` is the N of
+    /dev/nvidiaN, the device gres.conf lists. They can differ, and both differ from the GRES index
+    in SLURM_JOB_GPUS (the device's position in gres.conf); the Slurm prolog translates.
     """
 
     index: int

@@ -252,7 +252,8 @@ def _with_instance(g: GpuIdentity, b: JobBinding) -> JobBinding:
 
 
 def write_device_map(path: Path, devices: Sequence[GpuIdentity]) -> None:
-    """Publish index/minor/UUID for the Slurm prolog, which knows GPUs only by minor number.
+    """Publish index/minor/UUID for the Slurm prolog, which reaches GPUs through their device files
+    (minor numbers) and needs the NVML index the job-mapping files are named by.
 
     Written atomically (temp file + rename) so a prolog never reads half a file.
     """

@@ -1,6 +1,10 @@
 #!/bin/bash
 # gpufleet Slurm epilog: remove the ending job from every GPU's job-mapping file (see prolog.sh).
-# Always exits 0.
+# It needs no GPU translation: it drops the job id from whichever files hold it. Always exits 0.
+
+# Slurm runs the epilog with no PATH at all.
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
 . "$(dirname "$0")/jobmap-lib.sh"
 
 job="${SLURM_JOB_ID:-}"
