@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable
 
 Labels = tuple[tuple[str, str], ...]
@@ -45,6 +46,14 @@ def format_value(v: float) -> str:
     return repr(float(v))
 
 
+@lru_cache(maxsize=65536)
+def _label_text(labels: Labels) -> str:
+    """`{k="v",...}` for a label set; cached because each GPU's labels repeat in every family."""
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels) + "}"
+
+
 def render(families: Iterable[Family]) -> bytes:
     """Text exposition of the families that have samples (empty families are left out)."""
     out: list[str] = []
@@ -53,9 +62,5 @@ def render(families: Iterable[Family]) -> bytes:
             continue
         out.append(f"# HELP {fam.name} {_escape_help(fam.help)}\n# TYPE {fam.name} {fam.kind}\n")
         for labels, value in fam.samples:
-            if labels:
-                body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
-                out.append(f"{fam.name}{{{body}}} {format_value(value)}\n")
-            else:
-                out.append(f"{fam.name} {format_value(value)}\n")
+            out.append(f"{fam.name}{_label_text(labels)} {format_value(value)}\n")
     return "".join(out).encode()

@@ -153,6 +153,9 @@ def make_server(listen: str, exposition: Callable[[], bytes], web: WebConfig | N
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body go out as two writes; without TCP_NODELAY, Nagle holds a small body
+        # until the client's delayed ACK (~40 ms) - every back-to-back scrape would pay it
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             if not auth.check(self.headers.get("Authorization")):

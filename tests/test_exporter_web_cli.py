@@ -150,3 +150,25 @@ def test_exporter_process_serves_simulated_node_and_stops_on_sigterm(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+def test_accepted_connections_set_tcp_nodelay():
+    """Regression: without TCP_NODELAY each small response waited ~40 ms for the client's delayed
+    ACK (measured in bench/exporter.py: p99 44 ms -> 0.6 ms). Checked on the server's own socket."""
+    import socket as socketlib
+
+    seen = []
+    server, port = serve(b"x 1\n")
+    handler = server.RequestHandlerClass
+    original = handler.setup
+
+    def setup(self):
+        original(self)
+        seen.append(self.connection.getsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY))
+
+    handler.setup = setup
+    try:
+        assert get(f"http://127.0.0.1:{port}/metrics")[0] == 200
+        assert seen and all(v != 0 for v in seen)
+    finally:
+        server.shutdown()

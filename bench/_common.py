@@ -1,0 +1,224 @@
+"""Shared pieces of the benchmarks: result tables, percentiles, child processes, /proc readings."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --- results ---
+
+
+@dataclass
+class Row:
+    figure: str
+    measured: str
+    goal: str = ""
+    ok: bool | None = None  # None: a reference/context row with no goal
+
+    @property
+    def verdict(self) -> str:
+        return "" if self.ok is None else ("PASS" if self.ok else "FAIL")
+
+
+@dataclass
+class Table:
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, figure: str, measured: str, goal: str = "", ok: bool | None = None) -> None:
+        self.rows.append(Row(figure, measured, goal, ok))
+
+    @property
+    def failed(self) -> bool:
+        return any(r.ok is False for r in self.rows)
+
+    def render(self) -> str:
+        head = ("figure", "measured", "goal", "result")
+        cells = [head] + [(r.figure, r.measured, r.goal, r.verdict) for r in self.rows]
+        widths = [max(len(c[i]) for c in cells) for i in range(4)]
+        line = lambda c: "  ".join(s.ljust(w) for s, w in zip(c, widths)).rstrip()  # noqa: E731
+        rule = "  ".join("-" * w for w in widths)
+        out = [f"== {self.title} ==", line(head), rule] + [line(c) for c in cells[1:]]
+        out += [f"  * {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of an already sorted sequence."""
+    if not sorted_values:
+        return float("nan")
+    k = (len(sorted_values) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r}: expected a number") from None
+
+
+def progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# --- /proc ---
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all threads), in seconds, from /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / CLK_TCK
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        out[key] = value.strip()
+    return out
+
+
+def proc_kib(pid: int, key: str) -> int:
+    return int(proc_status(pid)[key].split()[0])
+
+
+# --- child processes ---
+
+_children: list[subprocess.Popen] = []
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)  # own session: reaches anything it spawned too
+    except ProcessLookupError:
+        return
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=5)
+
+
+def stop_all_children() -> None:
+    while _children:
+        _stop(_children.pop())
+
+
+class Child:
+    """A child process in its own session that prints one line naming its port when ready.
+
+    Used as a context manager; it is stopped (SIGTERM, then SIGKILL) on exit whatever happens.
+    stderr goes to a temp file, shown when the child fails to start.
+    """
+
+    def __init__(self, argv: list[str], ready: str, *, timeout: float = 30.0, cwd: Path | None = None):
+        self.argv, self.ready, self.timeout, self.cwd = argv, re.compile(ready), timeout, cwd
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self._err = tempfile.TemporaryFile()
+
+    def __enter__(self) -> Child:
+        self.proc = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=self._err, stdin=subprocess.DEVNULL,
+            cwd=self.cwd, start_new_session=True,
+        )
+        _children.append(self.proc)
+        try:
+            self.port = self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self) -> int:
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + self.timeout
+        buf = b""
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if r:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                buf += chunk
+                m = self.ready.search(buf.decode(errors="replace"))
+                if m:
+                    return int(m.group("port"))
+                if not chunk and self.proc.poll() is not None:
+                    break
+            elif self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"{' '.join(self.argv)} did not get ready (exit {self.proc.poll()}):\n{self.stderr_tail()}\nstdout: {buf!r}")
+
+    def stderr_tail(self, n: int = 20) -> str:
+        self._err.seek(0)
+        return "\n".join(self._err.read().decode(errors="replace").splitlines()[-n:])
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            if self.proc in _children:
+                _children.remove(self.proc)
+            if self.proc.stdout:
+                self.proc.stdout.close()
+        self._err.close()
+
+
+# A same-stack reference: Python's http.server serving static files over keep-alive HTTP/1.1.
+# With nodelay, the handler sets TCP_NODELAY (StreamRequestHandler.disable_nagle_algorithm).
+STATIC_SERVER = r"""
+import functools, http.server, sys
+class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = sys.argv[2] == "nodelay"
+    def log_message(self, *a): pass
+class S(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+srv = S(("127.0.0.1", 0), functools.partial(H, directory=sys.argv[1]))
+print(f"static server on port {srv.server_address[1]}", flush=True)
+srv.serve_forever()
+"""
+
+
+def static_server(directory: Path, *, nodelay: bool = False) -> Child:
+    return Child([sys.executable, "-c", STATIC_SERVER, str(directory), "nodelay" if nodelay else "stock"], r"port (?P<port>\d+)")
+
+
+def exporter(args: list[str], workdir: Path) -> Child:
+    """`gpufleet exporter ARGS --listen 127.0.0.1:0`; the port comes from its "metrics at" line."""
+    exe = Path(sys.executable).with_name("gpufleet")
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpufleet.cli"]
+    if os.environ.get("GPUFLEET_BENCH_EXPORTER"):
+        argv = shlex.split(os.environ["GPUFLEET_BENCH_EXPORTER"])
+    return Child(argv + ["exporter", *args, "--listen", "127.0.0.1:0"], r"metrics at http://[^:]+:(?P<port>\d+)/metrics", cwd=workdir)
