@@ -172,3 +172,23 @@ def test_accepted_connections_set_tcp_nodelay():
         assert seen and all(v != 0 for v in seen)
     finally:
         server.shutdown()
+
+
+def test_real_nvml_backend_without_a_driver_serves_health_and_says_why():
+    """This machine has no NVIDIA driver: the real pynvml fails to load libnvidia-ml, and the
+    exporter must still serve its own health metrics with a clear log line."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.cli", "exporter", "--backend", "nvml", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = proc.stdout.readline().split(" at ")[1].strip()
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert 'gpufleet_collector_success{collector="nvml"} 0' in body
+        assert 'gpufleet_build_info{version="0.1.0",backend="nvml"' in body
+        assert "DCGM_FI_" not in body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    err = proc.stderr.read()
+    assert "NVML library not found (libnvidia-ml.so.1)" in err and "retrying" in err

@@ -437,3 +437,47 @@ def test_wire_bytes_through_grpc(kubelet, source):
 
 def test_method_name():
     assert LIST_METHOD == "/v1.PodResourcesLister/List"
+
+
+# --- wired into a running exporter ------------------------------------------------------------
+
+
+def test_exporter_process_publishes_pod_job_info_from_the_kubelet(tmp_path, sock, kubelet):
+    """The real exporter process, sim backend, kubelet socket served by the fake: the pod holding
+    GPU 1 (by UUID) and the pod holding MIG instance 2 of GPU 0 appear in gpufleet_gpu_job_info."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exporter.backends import sim_scenario
+    from exporter.backends.sim import SimBackend
+
+    scenario = tmp_path / "node.toml"
+    scenario.write_text('hostname = "k8s-node"\nmodel = "a100"\ngpus = 2\n[[gpu]]\nindex = 0\nmig = ["3g.40gb", "3g.40gb"]\n')
+    ids = SimBackend(sim_scenario.load(scenario))
+    ids.open()
+    gpu0, gpu1 = ids.devices()
+    kubelet(response(
+        pod("train", "ml", container("main", devs("nvidia.com/gpu", gpu1.uuid))),
+        pod("infer", "serving", container("srv", devs("nvidia.com/mig-3g.40gb", gpu0.mig_instances[1].uuid))),
+    ))
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[exporter]\nkubelet_socket = "{sock}"\ndevice_map_file = ""\ncgroup_mapping = false\nprocess_interval = 0.5\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.cli", "exporter", "--config", str(cfg), "--backend", "sim", "--sim-scenario", str(scenario), "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        url = proc.stdout.readline().split(" at ")[1].strip()
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        info = sorted(
+            (s.labels["gpu"], s.labels.get("GPU_I_ID"), s.labels["namespace"], s.labels["pod"], s.labels["container"])
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name == "gpufleet_gpu_job_info"
+        )
+        assert info == [("0", "2", "serving", "infer", "srv"), ("1", None, "ml", "train", "main")]
+        assert 'gpufleet_collector_success{collector="kubelet"} 1' in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
