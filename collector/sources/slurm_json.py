@@ -1,0 +1,138 @@
+"""Slurm's JSON job records: slurmrestd and `sacct --json`, data_parser v0.0.37 to v0.0.44.
+
+A second way in beside sacct's text. The shapes drift across versions (see shared/data
+FORMATS.md section 5): numbers become {set, infinite, number} objects in v0.0.40, job_state
+becomes a list, het jobs carry het_job_id/het_job_offset objects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from collector.sources.slurm_parse import (
+    _NO_VAL,
+    OPEN_STATES,
+    _Bad,
+    _blank_row,
+    _Problems,
+    _utcnow,
+    gres_gpus,
+    normalise_state,
+    tres_gpus,
+)
+
+
+def _num(v: Any) -> Any:
+    """v0.0.40+ {set, infinite, number} or a plain number -> the number, None when unset."""
+    if isinstance(v, dict):
+        if not v.get("set", True) or v.get("infinite"):
+            return None
+        v = v.get("number")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v >= _NO_VAL:
+        return None
+    return v
+
+
+def _epoch(v: Any) -> datetime | None:
+    n = _num(v)
+    return datetime.fromtimestamp(n, timezone.utc).replace(tzinfo=None) if n else None
+
+
+def _tres_list(items: Any) -> str | None:
+    """dbv0.0.37+ tres.allocated [{type, name, count}] -> 'gres/gpu=2,cpu=4' for tres_gpus()."""
+    if not isinstance(items, list):
+        return None
+    parts = [
+        f"{t.get('type')}{'/' + t['name'] if t.get('name') else ''}={_num(t.get('count'))}"
+        for t in items if isinstance(t, dict)
+    ]
+    return ",".join(parts) or None
+
+
+def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[dict, str | None]:
+    if j.get("job_id") is None:
+        raise _Bad("job without job_id")
+    if _num(j["job_id"]) is None:
+        raise _Bad(f"bad job_id {j['job_id']!r}")
+    key = str(_num(j["job_id"]))
+    if "job_state" in j:  # slurmctld (/slurm/ jobs, scontrol --json)
+        state_v, user, node_count = j.get("job_state"), j.get("user_name"), j.get("node_count")
+        aj, task, task_str = j.get("array_job_id"), j.get("array_task_id"), j.get("array_task_string")
+        hj, off = j.get("het_job_id"), j.get("het_job_offset")
+        when = [j.get(f"{n}_time") for n in ("submit", "eligible", "start", "end")]
+    else:  # slurmdbd (/slurmdb/ jobs, sacct --json): state.current, time.*, array.*, het.*
+        state_v, user, node_count = (j.get("state") or {}).get("current"), j.get("user"), j.get("allocation_nodes")
+        arr, het, t = j.get("array") or {}, j.get("het") or {}, j.get("time") or {}
+        aj, task, task_str = arr.get("job_id"), arr.get("task_id"), arr.get("task")
+        hj, off = het.get("job_id"), het.get("job_offset")
+        when = [t.get(n) for n in ("submission", "eligible", "start", "end")]
+    aj, task, hj, off = _num(aj), _num(task), _num(hj), _num(off)
+    states = [str(s) for s in (state_v if isinstance(state_v, list) else [state_v]) if s]
+    state = states[0] if states else None  # the base state comes first, flags follow
+    norm, known = normalise_state(state)
+    tres = j.get("tres") or {}
+    alloc = j.get("tres_alloc_str") or _tres_list(tres.get("allocated"))
+    gpus, gpu_type = tres_gpus(alloc)
+    for fallback in (j.get("tres_req_str"), _tres_list(tres.get("requested"))):
+        if gpus is None and fallback:
+            gpus, gpu_type = tres_gpus(fallback)
+    if gpus is None and j.get("gres_detail"):
+        gpus, gpu_type, _ = gres_gpus(",".join(j["gres_detail"]))
+    if gpus is None and (alloc or j.get("tres_req_str") or tres):
+        gpus = 0  # TRES were reported and name no GPU, as in parse_sacct
+    ec = j.get("exit_code")
+    if isinstance(ec, dict):
+        sig = _num(((ec.get("signal") or {}).get("id"))) or 0
+        exit_code = f"{_num(ec.get('return_code')) or 0}:{sig}"
+    else:
+        exit_code = None if _num(ec) is None else f"{_num(ec)}:0"
+    times = dict(zip(("submit", "eligible", "start", "end"), map(_epoch, when)))
+    if norm in OPEN_STATES:  # slurmctld fills in the *expected* start/end of a job not started/ended
+        times["end"] = None
+        times["start"] = None if norm == "PENDING" else times["start"]
+    row = _blank_row(
+        cluster=cluster or j.get("cluster") or "default", scheduler="slurm", job_key=key, job_id=key,
+        name=j.get("name") or None, user_name=user or None, account=j.get("account") or None,
+        partition=j.get("partition") or None, qos=j.get("qos") or None, state=norm if states else None,
+        state_raw=",".join(states) or None, exit_code=exit_code, gpus=gpus, gpu_type=gpu_type,
+        node_count=_num(node_count),
+        nodes=j.get("nodes") or None, alloc_tres=alloc or None, source="slurmrestd", updated_at=now,
+        **times,
+    )
+    if aj:
+        if task is not None:
+            row.update(job_id=f"{aj}_{task}", array_job_id=str(aj), array_task_id=str(task))
+        elif task_str:
+            row.update(job_id=f"{aj}_[{task_str}]", array_job_id=str(aj), array_task_id=str(task_str))
+    elif hj:
+        row.update(job_id=f"{hj}+{int(off or 0)}", het_job_id=str(hj), het_job_offset=int(off or 0))
+    return row, None if known or not states else f"unknown state {state!r} for job {key}, kept as UNKNOWN"
+
+
+def parse_slurmrestd_jobs(
+    doc: dict[str, Any], cluster: str | None = None, now: datetime | None = None
+) -> tuple[list[dict[str, Any]], int, list[str]]:
+    """slurmrestd /slurm/ or /slurmdb/ job list (or `sacct --json`) -> (rows, rejected, problems).
+
+    Handles data_parser v0.0.40+ ({set, infinite, number} numbers, job_state lists) and the older
+    dbv0.0.37 / v0.0.38 shapes (plain numbers, state strings, tres.allocated lists).
+    """
+    now = now or _utcnow()
+    problems, jobs, rejected = _Problems(), [], 0
+    items = doc.get("jobs") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return [], 1, [f"no 'jobs' list in the document (keys: {sorted(doc)[:8] if isinstance(doc, dict) else type(doc).__name__})"]
+    for i, j in enumerate(items):
+        try:
+            if not isinstance(j, dict):
+                raise _Bad(f"not an object: {type(j).__name__}")
+            row, note = _restd_row(j, cluster, now)
+        except (_Bad, TypeError, ValueError, AttributeError, OverflowError) as e:
+            rejected += 1
+            problems.add(f"jobs[{i}]: {e}")
+            continue
+        if note:
+            problems.add(f"jobs[{i}]: {note}")
+        jobs.append(row)
+    return jobs, rejected, problems.done()
