@@ -1,0 +1,1 @@
+"""gpufleet analytics: pure functions over the store (DuckDB SQL + polars)."""

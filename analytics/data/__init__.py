@@ -1,0 +1,1 @@
+"""Data files: prices, GPU peak FLOPS."""

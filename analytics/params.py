@@ -1,0 +1,85 @@
+"""What an analysis is asked: a window, filters, and the thresholds that give numbers meaning.
+
+Defaults, and why:
+- `max_gap` 30 s (2x a 15 s scrape): a sample stands for the time until the next one, but a
+  missing scrape is "no data", never idle and never busy; beyond 2x the interval a gap is real.
+- `idle_threshold` 5 % GPU utilization: 0 % misses GPUs that a monitoring sidecar or a stray
+  kernel touches now and then; jobs doing useful work sit far above 5 %.
+- `idle_min_duration` 30 min: data loading, checkpointing and a paused notebook cell are short;
+  half an hour of nothing is a held GPU, not a pause. (jobstats alerts after 1 h at 0 %.)
+- prices: $/GPU-hour by model (analytics/data/prices.csv, editable in config); a model without a
+  price gives money "unknown", never $0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+from gpufleet.config import ConfigError, Option, number, section, string
+
+DIMENSIONS = ("gpu", "host", "model", "cluster", "partition", "account", "user_name", "job", "fleet")
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Optional narrowing; None means everything. Values reach SQL only as bound parameters."""
+
+    cluster: str | None = None
+    account: str | None = None
+    user_name: str | None = None
+    model: str | None = None
+    partition: str | None = None
+
+
+@dataclass(frozen=True)
+class Params:
+    start: datetime  # naive UTC, inclusive
+    end: datetime  # naive UTC, exclusive
+    filters: Filters = field(default_factory=Filters)
+    max_gap: timedelta = timedelta(seconds=30)
+    idle_threshold: float = 5.0  # percent
+    idle_min_duration: timedelta = timedelta(minutes=30)
+    prices: Mapping[str, float] = field(default_factory=dict)  # model -> $/GPU-hour (overrides)
+    mfu_dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.end <= self.start:
+            raise ValueError(f"window end {self.end.isoformat()} must be after start {self.start.isoformat()}")
+
+    @property
+    def seconds(self) -> float:
+        return (self.end - self.start).total_seconds()
+
+    def previous(self) -> "Params":
+        """The window of the same length just before this one (for trends)."""
+        length = self.end - self.start
+        return replace(self, start=self.start - length, end=self.start)
+
+
+OPTIONS = (
+    Option("max_gap_seconds", 30.0, "a number of seconds > 0", number(0)),
+    Option("idle_threshold_percent", 5.0, "a percentage from 0 to 100", lambda v: number(0, inclusive=True)(v) and v <= 100),
+    Option("idle_min_duration_seconds", 1800.0, "a number of seconds >= 0", number(0, inclusive=True)),
+    Option("mfu_dtype", "bf16", "one of bf16, fp16, tf32, fp8, fp64", lambda v: v in ("bf16", "fp16", "tf32", "fp8", "fp64")),
+    Option("prices", {}, "a table of GPU model -> $ per GPU-hour", lambda v: isinstance(v, dict) and all(number(0, inclusive=True)(x) for x in v.values())),
+    Option("store", "", "the store directory (default: [collector] store)", string),
+)
+
+
+def from_config(doc: Mapping[str, Any], path: Any, start: datetime, end: datetime, filters: Filters | None = None) -> Params:
+    opts = section(doc, "analytics", OPTIONS, path)
+    try:
+        return Params(
+            start=start,
+            end=end,
+            filters=filters or Filters(),
+            max_gap=timedelta(seconds=opts["max_gap_seconds"]),
+            idle_threshold=float(opts["idle_threshold_percent"]),
+            idle_min_duration=timedelta(seconds=opts["idle_min_duration_seconds"]),
+            prices={str(k): float(v) for k, v in opts["prices"].items()},
+            mfu_dtype=opts["mfu_dtype"],
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
