@@ -15,6 +15,7 @@ import sys
 # subcommand -> (module with add_arguments/run, help)
 SUBCOMMANDS = {
     "exporter": ("exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping"),
+    "collect": ("collector.cli", "collect metrics and scheduler accounting into the store"),
     "demo": ("gpufleet.demo", "run the product on a simulated node, no GPU or root needed"),
 }
 

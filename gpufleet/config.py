@@ -41,6 +41,14 @@ def string(v: Any) -> bool:
     return isinstance(v, str)
 
 
+def strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def table(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
 def boolean(v: Any) -> bool:
     return isinstance(v, bool)
 
@@ -98,10 +106,10 @@ def validate(
     return out
 
 
-def section(doc: Mapping[str, Any], name: str, options: Sequence[Option], path: Any) -> dict[str, Any]:
-    """Validate one package's section of the loaded file."""
+def section(doc: Mapping[str, Any], name: str, options: Sequence[Option], path: Any, parent: str = "") -> dict[str, Any]:
+    """Validate one package's section of the loaded file (`parent` names an enclosing table)."""
     raw = doc.get(name, {})
-    where = f"config {path or '(defaults)'} [{name}]"
+    where = f"config {path or '(defaults)'} [{parent + '.' if parent else ''}{name}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a table, got {raw!r}")
     return validate(raw, options, where)

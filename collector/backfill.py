@@ -1,0 +1,49 @@
+"""`gpufleet collect --backfill START END`: fill a past window, chunk by chunk, with a progress bar.
+
+Only sources that can read the past take part (Prometheus API, sacct); scraping cannot. Each
+chunk is committed on its own, so an interrupted backfill keeps what it finished, and re-running
+it skips the chunks already stored (their batch keys are known).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import TextIO
+
+from collector.service import Collector
+from collector.sources.base import SourceError
+
+log = logging.getLogger(__name__)
+
+
+def progress_bar(done: int, total: int, label: str, started: float, width: int = 30) -> str:
+    frac = done / total if total else 1.0
+    filled = int(round(frac * width))
+    elapsed = time.monotonic() - started
+    eta = f", {elapsed / done * (total - done):.0f}s left" if done and done < total else ""
+    return f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} ({frac:.0%}{eta})"
+
+
+def backfill(collector: Collector, start: datetime, end: datetime, *, out: TextIO) -> bool:
+    able = [s.source for s in collector.sources if hasattr(s.source, "backfill_windows")]
+    if not able:
+        log.error("no configured source can backfill (scraping reads only the present): configure [collector.prometheus] url or [collector.sacct]")
+        return False
+    ok = True
+    for source in able:
+        windows = list(source.backfill_windows(start, end))
+        started = time.monotonic()
+        for i, (lo, hi) in enumerate(windows, 1):
+            try:
+                collector.commit(source.name, [source.read_window(lo, hi)])
+            except SourceError as e:
+                out.write("\n")
+                log.error("backfill of %s failed at %s..%s: %s", source.name, lo.isoformat(), hi.isoformat(), e)
+                ok = False
+                break
+            out.write(progress_bar(i, len(windows), f"backfill {source.name}", started))
+            out.flush()
+        out.write("\n")
+    return ok

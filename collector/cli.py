@@ -1,0 +1,107 @@
+"""`gpufleet collect`: the long-running service, a single pass (--once), or a backfill."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+from gpufleet.config import ConfigError, load_file
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML configuration file ([collector] section)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="run every source once and exit")
+    mode.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="fill a past window (ISO 8601 times, UTC unless an offset is given)")
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601 -> naive UTC; a time without an offset is UTC."""
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"time {text!r}: expected ISO 8601, e.g. 2026-11-16T00:00:00Z") from None
+    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+
+
+def build(opts: dict[str, Any]):
+    """Writer, collector and scheduled sources from validated options."""
+    from collector.service import Collector, ScheduledSource
+    from collector.store import StoreWriter
+
+    sources = []
+    sc = opts["scrape"]
+    if sc["targets"] or sc["file_sd"]:
+        from collector.sources.scrape import ScrapeSource
+
+        sources.append(ScheduledSource(ScrapeSource(cluster=opts["cluster"], static_targets=sc["targets"], file_sd=sc["file_sd"], timeout=sc["timeout"]), sc["interval"]))
+    pr = opts["prometheus"]
+    if pr["url"]:
+        from collector.sources.prometheus_api import PrometheusApiSource
+
+        src = PrometheusApiSource(
+            url=pr["url"], cluster=opts["cluster"], chunk_seconds=pr["chunk_seconds"], lag_seconds=pr["lag_seconds"],
+            initial_lookback_seconds=pr["initial_lookback_seconds"], timeout=pr["timeout"], selector=pr["selector"],
+        )
+        sources.append(ScheduledSource(src, pr["interval"]))
+    sa = opts["sacct"]
+    if sa["enabled"]:
+        from collector.sources.slurm import SacctSource
+
+        sources.append(ScheduledSource(SacctSource.from_options(opts["cluster"], sa), sa["interval"]))
+    k8s = opts["kubernetes"]
+    if k8s["enabled"]:
+        from collector.sources.kubernetes import KubernetesSource
+
+        sources.append(ScheduledSource(KubernetesSource.from_options(opts["cluster"], k8s), k8s["interval"]))
+    if not sources:
+        raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled or kubernetes.enabled")
+    return Collector(StoreWriter(opts["store"]), sources)
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    from collector import config
+    from collector.store import StoreError
+
+    try:
+        opts = config.load(load_file(args.config), args.config)
+        window = [parse_time(t) for t in args.backfill] if args.backfill else None
+        if window and window[0] >= window[1]:
+            raise ConfigError(f"--backfill {args.backfill[0]} {args.backfill[1]}: START must be before END")
+        collector = build(opts)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    except StoreError as e:
+        log.error("%s", e)
+        return 1
+    if args.once:
+        ok = collector.run_once()
+        collector.writer.close()
+        return 0 if ok else 1
+    if window:
+        from collector.backfill import backfill
+
+        ok = backfill(collector, *window, out=out or sys.stderr)
+        collector.writer.close()
+        return 0 if ok else 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if opts["listen"]:
+        from prometheus_client import start_http_server
+
+        host, _, port = opts["listen"].rpartition(":")
+        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=collector.metrics.registry)
+        if out is not None:
+            out.write(f"gpufleet collect: metrics at http://{host or '0.0.0.0'}:{server.server_port}/metrics, store {opts['store']}\n")
+            out.flush()
+    collector.serve(stop)
+    return 0

@@ -1,0 +1,92 @@
+"""The [collector] section of the configuration file and its sub-tables, validated at start.
+
+    [collector]
+    store = "/var/lib/gpufleet/store"   # the store directory (one collector writes it)
+    cluster = "default"
+    listen = "127.0.0.1:9403"          # the collector's own /metrics; "" disables
+
+    [collector.scrape]                  # scrape exporters directly
+    interval = 15
+    targets = ["gpu-node-1:9400", "gpu-node-2:9402"]
+    file_sd = ["/etc/gpufleet/targets/*.json"]
+
+    [collector.prometheus]              # or read Prometheus / Thanos / Mimir / VictoriaMetrics
+    url = "http://prometheus:9090"
+
+    [collector.sacct]                   # Slurm accounting
+    enabled = true
+
+    [collector.kubernetes]              # pods requesting GPUs
+    enabled = true
+
+    [collector.retention]
+    raw_days = 35
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from gpufleet.config import ConfigError, Option, boolean, host_port, integer, number, section, string, strings
+
+TOP = (
+    Option("store", "/var/lib/gpufleet/store", "a directory path", string),
+    Option("cluster", "default", "a cluster name", string),
+    Option("listen", "127.0.0.1:9403", 'HOST:PORT for the collector\'s /metrics, or ""', lambda v: v == "" or host_port(v)),
+    Option("scrape", {}, "a table", lambda v: isinstance(v, dict)),
+    Option("prometheus", {}, "a table", lambda v: isinstance(v, dict)),
+    Option("sacct", {}, "a table", lambda v: isinstance(v, dict)),
+    Option("kubernetes", {}, "a table", lambda v: isinstance(v, dict)),
+    Option("retention", {}, "a table", lambda v: isinstance(v, dict)),
+)
+
+SCRAPE = (
+    Option("interval", 15.0, "a number of seconds > 0", number(0)),
+    Option("timeout", 10.0, "a number of seconds > 0", number(0)),
+    Option("targets", [], "a list of HOST:PORT or URL strings", strings),
+    Option("file_sd", [], "a list of file paths or glob patterns", strings),
+)
+
+PROMETHEUS = (
+    Option("url", "", "an http(s) URL of a Prometheus-compatible API, or \"\"", string),
+    Option("interval", 60.0, "a number of seconds > 0", number(0)),
+    Option("chunk_seconds", 900, "an integer >= 60", integer(60)),
+    Option("lag_seconds", 120, "an integer >= 0", integer(0)),
+    Option("initial_lookback_seconds", 86400, "an integer >= 0", integer(0)),
+    Option("selector", "", 'label matchers, e.g. cluster="a"', string),
+    Option("timeout", 60.0, "a number of seconds > 0", number(0)),
+)
+
+SACCT = (
+    Option("enabled", False, "true or false", boolean),
+    Option("interval", 300.0, "a number of seconds > 0", number(0)),
+    Option("command", "sacct", "the sacct executable", string),
+    Option("overlap_seconds", 3600, "an integer >= 0", integer(0)),
+    Option("initial_lookback_seconds", 7 * 86400, "an integer >= 0", integer(0)),
+    Option("timezone", "UTC", "an IANA time zone name (sacct prints the cluster's local time)", string),
+    Option("timeout", 120.0, "a number of seconds > 0", number(0)),
+    Option("slurm_conf", "", "a slurm.conf path for SLURM_CONF, or \"\"", string),
+)
+
+KUBERNETES = (
+    Option("enabled", False, "true or false", boolean),
+    Option("interval", 60.0, "a number of seconds > 0", number(0)),
+    Option("kubeconfig", "", 'a kubeconfig path, or "" for in-cluster config', string),
+    Option("team_labels", ["team", "gpufleet.io/team"], "a list of pod label keys", strings),
+)
+
+RETENTION = (
+    Option("raw_days", 35, "an integer >= 1", integer(1)),
+    Option("compact_interval", 600.0, "a number of seconds > 0", number(0)),
+)
+
+
+def load(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
+    """Validated collector options: top-level keys plus one dict per sub-table."""
+    top = section(doc, "collector", TOP, path)
+    sub = {"collector": top}
+    for name, options in (("scrape", SCRAPE), ("prometheus", PROMETHEUS), ("sacct", SACCT), ("kubernetes", KUBERNETES), ("retention", RETENTION)):
+        top[name] = section(sub["collector"], name, options, path, parent="collector")
+    if top["prometheus"]["url"] and not top["prometheus"]["url"].startswith(("http://", "https://")):
+        raise ConfigError(f"config {path} [collector.prometheus]: url = {top['prometheus']['url']!r}: expected an http:// or https:// URL")
+    return top

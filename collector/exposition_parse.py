@@ -1,0 +1,371 @@
+"""One scraped exposition (dcgm-exporter of any version, or the gpufleet exporter) -> canonical rows.
+
+Pure: text in, a ParsedScrape out. What it tolerates is listed in shared/data/FORMATS.md §1-2:
+metric names of every dcgm-exporter generation (collector.schema.METRIC_TO_COLUMN), labels read
+by name in any order, `UUID`/`uuid`, `Hostname`/`hostname`, MIG rows keyed by (parent UUID,
+GPU_I_ID), DCGM's blank sentinels, and three spellings of the Kubernetes workload labels.
+
+Lines are read by collector.exposition_fast, which pivots samples straight into the columns
+built here. What depends only on a label set (host, row key, workload, hpc_job) is worked out
+once per distinct label set, because dcgm-exporter repeats each GPU's labels on every family.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from itertools import chain
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+
+from collector.exposition_fast import DROP_ROW, KEEP, KEEP_ROW, MAX_PROBLEMS, SKIP, Pivot, scan
+from collector.schema import METRIC_TO_COLUMN, SAMPLE_FIELDS, SAMPLE_SCHEMA
+
+# DCGM reports "blank" (no value) as int64s near 2**63. Same as exporter.fields.DCGM_BLANK_THRESHOLD
+# (a test keeps them equal); the collector does not import the exporter package.
+DCGM_BLANK_THRESHOLD = 9223372036854775792
+
+JOB_INFO = "gpufleet_gpu_job_info"
+# Series of these entities are not per-GPU values even when they carry a `gpu` label.
+ENTITY_LABELS = ("nvlink", "nvswitch", "cpu", "cpucore")
+# Workload label spellings, most specific first: after a Prometheus scrape with honorLabels
+# false the workload's labels are renamed exported_*, and pod/namespace describe the exporter.
+WORKLOAD_LABELS = (
+    ("exported_namespace", "exported_pod"),
+    ("namespace", "pod"),
+    ("pod_namespace", "pod_name"),  # dcgm-exporter 1.x and --use-old-namespace
+)
+# dcgm-exporter's own pod labels, which leak onto idle GPUs' series: not a workload.
+EXPORTER_NAMESPACE = "gpu-operator"
+EXPORTER_POD_PREFIXES = ("nvidia-dcgm-exporter", "dcgm-exporter")
+
+_INT_MIN = -(2**63)
+_FLOAT_COLUMNS = tuple(f.column for f in SAMPLE_FIELDS if not pa.types.is_integer(f.type))
+_INT_COLUMNS = tuple(f.column for f in SAMPLE_FIELDS if pa.types.is_integer(f.type))
+_I16_MAX = 2**15 - 1
+
+
+@dataclass
+class ParsedScrape:
+    samples: pa.Table  # collector.schema.SAMPLE_SCHEMA, one row per (host, gpu_uuid, gpu_instance)
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # inventory observations
+    allocations: list[dict[str, Any]] = field(default_factory=list)  # job <-> GPU observations
+    rejected: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def parse_exposition(
+    text: str,
+    *,
+    ts: datetime,
+    cluster: str,
+    target: str,
+    target_labels: Mapping[str, str] = {},
+    source: str = "scrape",
+) -> ParsedScrape:
+    """Parse one scrape of `target` taken at `ts` (UTC; an aware time is converted, naive is UTC;
+    kept to the millisecond, the samples' precision, in every output).
+
+    Host: target_labels["node"] when set (operators set it when Hostname is a pod name), else
+    the Hostname/hostname label, else the target's host part. Bad lines are counted in
+    `rejected` and described (the first few) in `problems`; they never lose the good lines.
+    """
+    if ts.tzinfo is not None:
+        ts = ts.astimezone(timezone.utc).replace(tzinfo=None)
+    ts = ts.replace(microsecond=ts.microsecond // 1000 * 1000)
+    b = _Builder(ts, cluster, host=target_labels.get("node") or None, default_host=target_host(target))
+    lines = scan(text, pivot=Pivot(b.column_of, b.row_of))
+    b.rejected, b.problems = lines.rejected, lines.problems
+    for lineno, name, key, labels, value in lines.samples:  # what the pivot kept for us
+        if name == JOB_INFO:
+            b.job_info(lineno, labels, value)
+        else:
+            b.reject(lineno, b.reasons[key])
+    b.problems.sort(key=lambda p: int(p.split(":", 1)[0].removeprefix("line ")))
+    order = b.merge_parent_rows()
+    return ParsedScrape(
+        samples=b.table(order, source),
+        gpus=b.inventory(order),
+        allocations=list(b.allocations.values()),
+        rejected=b.rejected,
+        problems=b.problems,
+    )
+
+
+def target_host(target: str) -> str:
+    """The host part of a scrape target: "10.0.0.5:9400" -> "10.0.0.5", "http://n1:9400/metrics" -> "n1"."""
+    try:
+        host = urlsplit(target if "://" in target else "//" + target).hostname
+    except ValueError:
+        host = None
+    return host or target
+
+
+@dataclass
+class _Row:
+    """The identity of one sample row, filled from whichever label sets name it."""
+
+    host: str
+    uuid: str
+    instance: int | None
+    gpu: int
+    mig_profile: str | None = None
+    model: str | None = None
+    driver: str | None = None
+
+    def absorb(self, labels: Mapping[str, str]) -> None:
+        if self.mig_profile is None:
+            self.mig_profile = labels.get("GPU_I_PROFILE") or None
+        if self.model is None:
+            self.model = labels.get("modelName") or None
+        if self.driver is None:
+            self.driver = labels.get("DCGM_FI_DRIVER_VERSION") or None
+
+
+class _Builder:
+    """The state of one parse: rows, their columns, allocations, problems."""
+
+    def __init__(self, ts: datetime, cluster: str, host: str | None, default_host: str):
+        self.ts, self.cluster = ts, cluster
+        self.host = host  # wins over the Hostname label
+        self.default_host = default_host  # when there is no Hostname label
+        self.rows: dict[tuple[str, str, int | None], int] = {}  # (host, uuid, instance) -> index
+        self.row_info: list[_Row] = []
+        self.values: dict[str, dict[int, Any]] = {}  # column -> row index -> value as parsed
+        self.allocations: dict[tuple, dict[str, Any]] = {}
+        self.reasons: dict[object, str] = {}  # label-set key -> why its series are rejected
+        self.rejected = 0
+        self.problems: list[str] = []
+
+    def reject(self, lineno: int, reason: str) -> None:
+        self.rejected += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"line {lineno}: {reason}")
+
+    # --- the pivot's questions ---
+
+    def column_of(self, name: str) -> tuple[dict[int, Any] | None, float] | None:
+        if name == JOB_INFO:
+            return KEEP
+        mapped = METRIC_TO_COLUMN.get(name)
+        if mapped is None:
+            return SKIP  # a family the schema does not store: ignored, not rejected
+        column, scale = mapped
+        return self.values.setdefault(column, {}), scale
+
+    def row_of(self, label_key: object, labels: Mapping[str, str]) -> int:
+        """The row of a GPU series' label set, noting the workload or Slurm job it names.
+
+        Series without a `gpu` label (NVSwitch, NVLink, CPU entities) are not GPU rows; an empty
+        label counts as absent, as in Prometheus.
+        """
+        if not labels.get("gpu") or any(k in labels for k in ENTITY_LABELS):
+            return DROP_ROW
+        key = self._gpu_key(labels)
+        if isinstance(key, str):
+            self.reasons[label_key] = key
+            return KEEP_ROW  # parse_exposition rejects each of its lines
+        host, uuid, gpu, instance = key
+        index = self.rows.get((host, uuid, instance))
+        if index is None:
+            index = self.rows[(host, uuid, instance)] = len(self.row_info)
+            self.row_info.append(_Row(host, uuid, instance, gpu))
+        self.row_info[index].absorb(labels)
+        workload = _workload(labels)
+        if workload is not None and not _is_exporter_pod(*workload):
+            self.allocate("kubernetes", "/".join(workload), host, uuid, instance, gpu)
+        job = labels.get("hpc_job")  # one series per job id; "0" is what some prologs write when idle
+        if job and job != "0":
+            self.allocate("slurm", job, host, uuid, instance, gpu)
+        return index
+
+    def _gpu_key(self, labels: Mapping[str, str]) -> tuple[str, str, int, int | None] | str:
+        """(host, uuid, gpu, instance) of a GPU series, or why it cannot have one."""
+        gpu = _small_int(labels["gpu"])
+        if gpu is None:
+            return f"bad gpu label {labels['gpu']!r}"
+        uuid = labels.get("UUID") or labels.get("uuid")
+        if not uuid:
+            return "GPU series without a UUID label"
+        instance = None
+        if labels.get("GPU_I_ID"):  # MIG: the row is the instance, UUID is the parent's
+            instance = _small_int(labels["GPU_I_ID"])
+            if instance is None:
+                return f"bad GPU_I_ID label {labels['GPU_I_ID']!r}"
+        host = self.host or labels.get("Hostname") or labels.get("hostname") or self.default_host
+        for text in (host, uuid, labels.get("modelName"), labels.get("GPU_I_PROFILE"), labels.get("DCGM_FI_DRIVER_VERSION")):
+            if text and not _utf8(text):
+                return "label value is not valid UTF-8"
+        return host, uuid, gpu, instance
+
+    # --- allocations ---
+
+    def job_info(self, lineno: int, labels: Mapping[str, str], value: float) -> None:
+        """gpufleet_gpu_job_info{gpu,UUID,[GPU_I_ID],Hostname,scheduler,job_id|namespace,pod} 1."""
+        if not value > 0:  # 0 or NaN: not a holder
+            return
+        if not labels.get("gpu"):
+            self.reject(lineno, "gpufleet_gpu_job_info without a gpu label")
+            return
+        key = self._gpu_key(labels)
+        if isinstance(key, str):
+            self.reject(lineno, key)
+            return
+        host, uuid, gpu, instance = key
+        scheduler = labels.get("scheduler") or ""
+        job_id = labels.get("job_id")
+        if scheduler == "kubernetes" or (not scheduler and not job_id):
+            workload = _workload(labels)
+            if workload is None:
+                self.reject(lineno, "gpufleet_gpu_job_info without job_id or namespace/pod")
+            elif not _is_exporter_pod(*workload):
+                self.allocate("kubernetes", "/".join(workload), host, uuid, instance, gpu)
+        elif job_id:
+            self.allocate(scheduler or "slurm", job_id, host, uuid, instance, gpu)
+        else:
+            self.reject(lineno, f"gpufleet_gpu_job_info scheduler={scheduler!r} without job_id")
+
+    def allocate(self, scheduler: str, job_key: str, host: str, uuid: str, instance: int | None, gpu: int) -> None:
+        if not _utf8(job_key):
+            return
+        gi = -1 if instance is None else instance
+        key = (scheduler, job_key, host, uuid, gi)
+        if key not in self.allocations:  # one observation per job and GPU per scrape
+            self.allocations[key] = {
+                "ts": self.ts, "cluster": self.cluster, "scheduler": scheduler, "job_key": job_key,
+                "host": host, "gpu_uuid": uuid, "gpu_instance": gi, "gpu": gpu, "source": "exporter",
+            }
+
+    # --- output ---
+
+    def merge_parent_rows(self) -> list[int]:
+        """Row indexes to publish, after folding whole-GPU rows into that GPU's MIG instance rows.
+
+        gpufleet publishes device-level series (gpufleet_gpu_up) once per GPU, without GPU_I_ID,
+        while a MIG GPU's DCGM series are per instance. Like dcgm-exporter, which repeats device
+        values on every instance row, copy them onto the instance rows instead of keeping a
+        second, mostly empty row that would count the GPU twice.
+        """
+        instances: dict[tuple[str, str], list[int]] = {}
+        for (host, uuid, instance), index in self.rows.items():
+            if instance is not None:
+                instances.setdefault((host, uuid), []).append(index)
+        dropped: set[int] = set()
+        for (host, uuid), children in instances.items():
+            parent = self.rows.get((host, uuid, None))
+            if parent is None:
+                continue
+            dropped.add(parent)
+            for column in self.values.values():
+                if parent in column:
+                    v = column.pop(parent)
+                    for child in children:
+                        column.setdefault(child, v)
+            p = self.row_info[parent]
+            for child in children:
+                c = self.row_info[child]
+                c.model = c.model or p.model
+                c.driver = c.driver or p.driver
+        return [i for i in range(len(self.row_info)) if i not in dropped]
+
+    def table(self, order: list[int], source: str) -> pa.Table:
+        """The sample rows, built column by column (few pyarrow calls: each costs microseconds,
+        which adds up for a scrape of 8 GPUs)."""
+        n = len(order)
+        info = [self.row_info[i] for i in order]
+        host, uuid, mig_profile, model = _arrays(pa.string(), [
+            [r.host for r in info], [r.uuid for r in info], [r.mig_profile for r in info], [r.model for r in info]])
+        gpu, instance = _arrays(pa.int16(), [[r.gpu for r in info], [r.instance for r in info]])
+        fields: dict[str, pa.Array] = {}
+        for type_, columns, convert in ((pa.float32(), _FLOAT_COLUMNS, _floats), (pa.int64(), _INT_COLUMNS, _ints)):
+            present = [c for c in columns if self.values.get(c)]
+            raw = [convert([self.values[c].get(i) for i in order]) for c in present]
+            fields.update(zip(present, _arrays(type_, raw)))
+            nulls = pa.nulls(n, type_)  # one all-null array, shared by every absent column
+            fields.update((c, nulls) for c in columns if c not in fields)
+        arrays = [
+            pa.repeat(pa.scalar(self.ts, pa.timestamp("ms")), n), pa.repeat(pa.scalar(self.cluster, pa.string()), n),
+            host, gpu, uuid, instance, mig_profile, model, pa.repeat(pa.scalar(source, pa.string()), n),
+        ] + [fields[f.column] for f in SAMPLE_FIELDS]
+        return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)
+
+    def inventory(self, order: list[int]) -> list[dict[str, Any]]:
+        def value(column: str, index: int) -> float | None:
+            return _floats([self.values.get(column, {}).get(index)])[0]
+
+        out = []
+        for i in order:
+            r = self.row_info[i]
+            fb_total = value("fb_total_mib", i)
+            if fb_total is None:
+                parts = [value(c, i) for c in ("fb_used_mib", "fb_free_mib", "fb_reserved_mib")]
+                fb_total = sum(parts) if None not in parts else None
+            out.append({
+                "ts": self.ts, "cluster": self.cluster, "host": r.host, "gpu_uuid": r.uuid,
+                "gpu_instance": -1 if r.instance is None else r.instance, "gpu": r.gpu,
+                "mig_profile": r.mig_profile, "model": r.model, "fb_total_mib": fb_total,
+                "driver_version": r.driver,
+            })
+        return out
+
+
+def _arrays(type_: pa.DataType, columns: list[list[Any]]) -> list[pa.Array]:
+    """Equal-length lists -> arrays, with one conversion for all (a slice each): every pa.array
+    call costs microseconds, which adds up when a scrape has 8 GPUs and 40 columns."""
+    if not columns:
+        return []
+    n = len(columns[0])
+    flat = pa.array(list(chain.from_iterable(columns)), type_)
+    return [flat.slice(i * n, n) for i in range(len(columns))]
+
+
+def _workload(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(namespace, pod) named by the first workload-label spelling present; empty values are none."""
+    for ns_key, pod_key in WORKLOAD_LABELS:
+        pod = labels.get(pod_key)
+        namespace = labels.get(ns_key)
+        if pod and namespace:
+            return namespace, pod
+    return None
+
+
+def _is_exporter_pod(namespace: str, pod: str) -> bool:
+    return namespace == EXPORTER_NAMESPACE and pod.startswith(EXPORTER_POD_PREFIXES)
+
+
+def _small_int(text: str) -> int | None:
+    """A non-negative int16 label value (GPU index, GPU instance id), else None."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    v = int(text)
+    return v if v <= _I16_MAX else None
+
+
+def _utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates, from bytes decoded with surrogateescape
+        return False
+    return True
+
+
+def _floats(raw: list[Any]) -> list[float | None]:
+    """Parsed values -> floats; DCGM blanks (and NaN) -> None."""
+    return [None if v is None or v != v or v >= DCGM_BLANK_THRESHOLD else float(v) for v in raw]
+
+
+def _ints(raw: list[Any]) -> list[int | None]:
+    """Parsed values -> int64s; DCGM blanks, NaN, infinities and out-of-range values -> None."""
+    return [v if type(v) is int and _INT_MIN <= v < DCGM_BLANK_THRESHOLD else _to_int(v) for v in raw]
+
+
+def _to_int(v: Any) -> int | None:
+    if v is None or type(v) is int or v != v or v in (math.inf, -math.inf):
+        return None  # an int here is out of range
+    v = round(v)
+    return v if _INT_MIN <= v < DCGM_BLANK_THRESHOLD else None

@@ -1,0 +1,141 @@
+"""Scrape targets directly: dcgm-exporter (any version) and gpufleet exporters, in one schema.
+
+Targets come from a static list and Prometheus `file_sd`-style files (JSON or YAML lists of
+`{targets: [...], labels: {...}}`, re-read every round, so the same files can drive Prometheus
+and the collector). A round scrapes all targets concurrently with a timeout each; a target that
+is down or returns garbage is reported and the others are stored. One round is one batch.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable
+
+import httpx
+import pyarrow as pa
+
+from collector.exposition_parse import parse_exposition
+from collector.schema import SAMPLE_SCHEMA
+from collector.sources.base import Batch, SourceError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    address: str  # host:port or a full URL
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def url(self) -> str:
+        return self.address if "://" in self.address else f"http://{self.address}/metrics"
+
+
+@dataclass
+class TargetStatus:
+    up: bool = False
+    duration_seconds: float = 0.0
+    error: str = ""
+    samples: int = 0
+
+
+@dataclass
+class ScrapeSource:
+    cluster: str
+    static_targets: list[str] = field(default_factory=list)
+    file_sd: list[str] = field(default_factory=list)
+    timeout: float = 10.0
+    max_workers: int = 16
+    name: str = "scrape"
+    status: dict[str, TargetStatus] = field(default_factory=dict)
+
+    def targets(self) -> tuple[list[Target], list[str]]:
+        """The current target list, and problems with the file_sd files (those files are skipped)."""
+        out = [Target(t) for t in self.static_targets]
+        problems = []
+        for pattern in self.file_sd:
+            for path in sorted(glob.glob(pattern)) or []:
+                try:
+                    out.extend(_read_file_sd(Path(path)))
+                except (OSError, ValueError, TypeError) as e:
+                    problems.append(f"file_sd {path}: {e}")
+        seen, unique = set(), []
+        for t in out:
+            if t.address not in seen:
+                seen.add(t.address)
+                unique.append(t)
+        return unique, problems
+
+    def run(self, now: datetime) -> Iterable[Batch]:
+        targets, problems = self.targets()
+        if not targets:
+            raise SourceError("no scrape targets: set [collector.scrape] targets or file_sd")
+        with httpx.Client(timeout=self.timeout, headers={"Accept-Encoding": "gzip"}) as client:
+            with ThreadPoolExecutor(max_workers=min(self.max_workers, len(targets))) as pool:
+                results = list(pool.map(lambda t: self._scrape(client, t), targets))
+        tables, gpus, allocations, rejected = [], [], [], 0
+        for target, (status, body) in zip(targets, results):
+            self.status[target.address] = status
+            if body is None:
+                problems.append(f"{target.address}: {status.error}")
+                continue
+            parsed = parse_exposition(body, ts=now, cluster=self.cluster, target=target.address, target_labels=dict(target.labels))
+            status.samples = parsed.samples.num_rows
+            tables.append(parsed.samples)
+            gpus += parsed.gpus
+            allocations += parsed.allocations
+            rejected += parsed.rejected
+            problems += [f"{target.address}: {p}" for p in parsed.problems[:5]]
+        if not tables and all(not s.up for s in self.status.values()):
+            raise SourceError(f"all {len(targets)} scrape targets failed; first: {problems[0] if problems else '?'}")
+        samples = pa.concat_tables(tables) if tables else SAMPLE_SCHEMA.empty_table()
+        yield Batch(
+            key=f"scrape:{self.cluster}:{now.isoformat()}",
+            samples=samples,
+            gpus=gpus,
+            allocations=allocations,
+            rejected=rejected,
+            problems=problems,
+        )
+
+    def _scrape(self, client: httpx.Client, target: Target) -> tuple[TargetStatus, str | None]:
+        status = TargetStatus()
+        try:
+            r = client.get(target.url)
+            status.duration_seconds = r.elapsed.total_seconds()
+            if r.status_code != 200:
+                status.error = f"HTTP {r.status_code} from {target.url}"
+                return status, None
+            status.up = True
+            return status, r.text
+        except httpx.HTTPError as e:
+            status.error = f"{type(e).__name__} scraping {target.url}: {e}"
+            return status, None
+
+
+def _read_file_sd(path: Path) -> list[Target]:
+    text = path.read_text()
+    if path.suffix in (".yml", ".yaml"):
+        import yaml
+
+        doc = yaml.safe_load(text)
+    else:
+        doc = json.loads(text)
+    if not isinstance(doc, list):
+        raise ValueError("expected a list of {targets: [...], labels: {...}} groups")
+    out = []
+    for i, group in enumerate(doc):
+        if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
+            raise ValueError(f"group {i}: expected {{targets: [...], labels: {{...}}}}")
+        labels = group.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise ValueError(f"group {i}: labels must be a mapping")
+        for t in group["targets"]:
+            out.append(Target(str(t), tuple(sorted((str(k), str(v)) for k, v in labels.items()))))
+    return out
