@@ -190,7 +190,8 @@ class Analysis:
         if idle.is_empty():
             return idle
         jobs = self.q(f"SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h FROM ({sql.JOB_ALLOCATED})")
-        return idle.join(jobs, on=["cluster", "scheduler", "job_key"], how="left").sort("idle_gpu_h", descending=True).head(n)
+        ranked = idle.join(jobs, on=["cluster", "scheduler", "job_key"], how="left")
+        return ranked.sort(["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True).head(n)
 
     def totals(self) -> Totals:
         g = self.per_gpu()

@@ -123,11 +123,14 @@ def islands(pred: str) -> str:
 # Allocated GPU-seconds from scheduler accounting: GPUs x the job's run time inside the window
 # (a running job counts until $as_of: the window end, or now if the window reaches the future).
 _RUN = clip_seconds("start", 'coalesce("end", $as_of)')
+# a pod holding MIG instances (gpu_type "mig-3g.40gb") holds 3/7 of a GPU per instance
+_JOB_EQUIV = """(CASE WHEN gpu_type LIKE 'mig-%' AND gpu_type NOT LIKE '%,%'
+      THEN coalesce(try_cast(regexp_extract(gpu_type, '^mig-(\\d+)g\\.', 1) AS DOUBLE) / 7.0, 1.0) ELSE 1.0 END)"""
 JOB_ALLOCATED = f"""
 SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type,
        submit, start, "end",
        {_RUN} AS run_s,
-       coalesce(gpus, 0) * {_RUN} AS alloc_gpu_s
+       coalesce(gpus, 0) * {_JOB_EQUIV} * {_RUN} AS alloc_gpu_s
 FROM jobs
 WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
   AND ($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)

@@ -44,11 +44,12 @@ class Fleet:
 
     def job(self, job_key: str, *, account: str, user: str, start: datetime, end: datetime | None, gpus: int,
             placements: list[tuple[str, str]] | list[tuple[str, str, int]], job_id: str | None = None, scheduler: str = "slurm",
-            partition: str = "gpu", submit: datetime | None = None, state: str | None = None, name: str = "job") -> None:
+            partition: str = "gpu", submit: datetime | None = None, state: str | None = None, name: str = "job",
+            gpu_type: str | None = None) -> None:
         row = {c: None for c in schema.JOB_COLUMNS}
         row.update(cluster=self.cluster, scheduler=scheduler, job_key=job_key, job_id=job_id or job_key, name=name, user_name=user,
                    account=account, partition=partition, submit=submit or start, start=start, end=end,
-                   state=state or ("RUNNING" if end is None else "COMPLETED"), gpus=gpus, source="test", updated_at=start)
+                   state=state or ("RUNNING" if end is None else "COMPLETED"), gpus=gpus, gpu_type=gpu_type, source="test", updated_at=start)
         self._jobs.append(row)
         for place in placements:
             host, uuid, gi = (place + (-1,))[:3] if len(place) == 2 else place
