@@ -66,7 +66,9 @@ def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> floa
 
 class Analysis:
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None):
-        self.con = con
+        # a cursor of its own: the temp tables below are private to this analysis, so two
+        # analyses (this window and the previous one) can share one reader connection
+        self.con = con.cursor()
         self.p = params
         now = now or datetime.now(timezone.utc).replace(tzinfo=None)
         reach = params.idle_min_duration + params.max_gap
@@ -79,7 +81,7 @@ class Analysis:
             "cluster": f.cluster, "model": f.model, "account": f.account, "user_name": f.user_name, "partition": f.partition,
         }
         self.prices = price_table(params.prices)
-        con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
+        self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
         for stmt in (sql.INTERVALS, sql.CAPACITY, sql.ALLOCATIONS, sql.PIECES):
             self._exec(stmt)
 
@@ -89,7 +91,7 @@ class Analysis:
 
     def q(self, query: str) -> pl.DataFrame:
         names = {k: v for k, v in self.bind.items() if f"${k}" in query}
-        return pl.from_arrow(self.con.execute(query, names).to_arrow_table())
+        return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
 
     # --- per GPU ---
 

@@ -351,7 +351,9 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     if files:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM read_parquet({_sql_list(files)}, hive_partitioning = false)")
     else:
-        con.register("gpu_samples", schema.SAMPLE_SCHEMA.empty_table())
+        con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
+        con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
+        con.unregister("_empty_samples")
     rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
     if rollups:
         con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT * FROM read_parquet({_sql_list(rollups)})")

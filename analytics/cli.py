@@ -1,0 +1,175 @@
+"""`gpufleet analyze`: the window's figures as a table for people or stable JSON for programs.
+
+JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
+filters, totals, trend, utilization {by, rows}, top_wasteful_jobs, and job (with --job).
+Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
+money is US dollars or null when a GPU model has no price.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from dataclasses import asdict
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import polars as pl
+
+from gpufleet.config import ConfigError, load_file
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "gpufleet.analyze/v1"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML configuration file ([analytics] and [collector] sections)")
+    p.add_argument("--store", help="store directory (default: [analytics] store, else [collector] store)")
+    p.add_argument("--from", dest="start", required=True, help="window start, ISO 8601 (UTC unless an offset is given)")
+    p.add_argument("--to", dest="end", required=True, help="window end, ISO 8601, exclusive")
+    p.add_argument("--by", default="account", help="utilization by: gpu, host, model, cluster, partition, account, user_name, job, fleet")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--top", type=int, default=10, help="how many wasteful jobs to list")
+    p.add_argument("--job", help="also print the efficiency report of this job id")
+    for name in ("cluster", "account", "user", "model", "partition"):
+        p.add_argument(f"--{name}", help=f"only this {name}")
+
+
+def store_path(args: argparse.Namespace, doc: dict) -> Path:
+    from collector import config as collector_config
+
+    if args.store:
+        return Path(args.store)
+    analytics_store = (doc.get("analytics") or {}).get("store")
+    if analytics_store:
+        return Path(analytics_store)
+    return Path(collector_config.load(doc, args.config)["store"])
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (datetime, date)):
+        return v.isoformat()
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
+    return [{k: _plain(v) for k, v in r.items()} for r in df.to_dicts()]
+
+
+def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None) -> dict[str, Any]:
+    from analytics.core import Analysis
+    from analytics.jobs import job_report
+    from analytics.trends import compare, previous_totals
+
+    a = Analysis(con, params, now=now)
+    totals = a.totals()
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "window": {"from": params.start.isoformat(), "to": params.end.isoformat(), "hours": params.seconds / 3600},
+        "parameters": {
+            "max_gap_s": params.max_gap.total_seconds(), "idle_threshold_pct": params.idle_threshold,
+            "idle_min_duration_s": params.idle_min_duration.total_seconds(), "prices_usd_per_gpu_hour": a.prices,
+        },
+        "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
+        "totals": {k: _plain(v) for k, v in asdict(totals).items()},
+        "trend": rows(compare(totals, previous_totals(con, params, now=now))),
+        "utilization": {"by": by, "rows": rows(a.utilization(by))},
+        "top_wasteful_jobs": rows(a.top_wasteful_jobs(top).drop(["scheduler"], strict=False)),
+    }
+    if job:
+        r = job_report(a, job)
+        report["job"] = None if r is None else {
+            "job": {k: _plain(v) for k, v in r.job.items()}, "runtime_h": r.runtime_h, "allocated_gpu_h": r.allocated_gpu_h,
+            "mean_utilization_pct": r.mean_utilization_pct, "idle_gpu_h": r.idle_gpu_h, "no_process_gpu_h": r.no_process_gpu_h,
+            "verdict": r.verdict, "rule": r.rule, "per_gpu": rows(r.per_gpu), "idle_stretches": rows(r.idle_stretches),
+        }
+    return report
+
+
+def fmt(v: Any, key: str = "") -> str:
+    if v is None:
+        return "unknown" if key.endswith("cost") or key.endswith("pct") else "-"
+    if isinstance(v, float):
+        if key.endswith("cost") or key.startswith("usd"):
+            return f"${v:,.2f}"
+        if key.endswith("pct"):
+            return f"{v:.1f}%"
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def table(title: str, data: list[dict[str, Any]], out: TextIO, columns: list[str] | None = None) -> None:
+    out.write(f"\n{title}\n")
+    if not data:
+        out.write("  (none in this window)\n")
+        return
+    cols = columns or list(data[0])
+    cells = [[fmt(r.get(c), c) for c in cols] for r in data]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    out.write("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)) + "\n")
+    for row in cells:
+        out.write("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) + "\n")
+
+
+def print_table(report: dict[str, Any], out: TextIO) -> None:
+    w = report["window"]
+    out.write(f"gpufleet analysis {w['from']} .. {w['to']} ({w['hours']:.1f} h)\n")
+    if report["filters"]:
+        out.write("filters: " + ", ".join(f"{k}={v}" for k, v in report["filters"].items()) + "\n")
+    table("Headline (vs the previous window)", report["trend"], out, ["label", "current", "previous", "change", "change_pct"])
+    u = report["utilization"]
+    cols = [c for c in (u["rows"][0] if u["rows"] else {}) if c not in ("cluster", "scheduler", "gpu_uuid")]
+    table(f"Utilization by {u['by']}", u["rows"], out, cols or None)
+    table("Most wasteful jobs (idle allocated GPU-hours)", report["top_wasteful_jobs"], out,
+          ["job_id", "user_name", "account", "gpus", "runtime_h", "idle_gpu_h", "idle_cost"])
+    t = report["totals"]
+    if t["unpriced_models"]:
+        out.write(f"\nno price for: {', '.join(t['unpriced_models'])} (set [analytics.prices]); their money is unknown\n")
+    if "job" in report:
+        j = report["job"]
+        if j is None:
+            out.write("\njob not found in this window\n")
+        else:
+            out.write(f"\nJob {j['job']['job_id']}: {j['verdict']} - {j['rule']}\n")
+            table("  per GPU", j["per_gpu"], out)
+    p = report["parameters"]
+    out.write(f"\nmethod: samples hold {p['max_gap_s']:g} s at most; idle = utilization < {p['idle_threshold_pct']:g}% "
+              f"for >= {p['idle_min_duration_s'] / 60:g} min; no-data time is neither idle nor busy\n")
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    import sys
+
+    from analytics.params import DIMENSIONS, Filters, from_config
+    from collector.cli import parse_time
+    from collector.store import StoreError, open_reader
+
+    out = out or sys.stdout
+    try:
+        doc = load_file(args.config)
+        if args.by not in DIMENSIONS:
+            raise ConfigError(f"--by {args.by!r}: expected one of {', '.join(DIMENSIONS)}")
+        filters = Filters(cluster=args.cluster, account=args.account, user_name=args.user, model=args.model, partition=args.partition)
+        params = from_config(doc, args.config, parse_time(args.start), parse_time(args.end), filters)
+        root = store_path(args, doc)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    try:
+        con = open_reader(root)
+    except StoreError as e:
+        log.error("%s", e)
+        return 1
+    report = build_report(con, params, args.by, args.top, args.job)
+    if args.format == "json":
+        json.dump(report, out, indent=2, default=_plain)
+        out.write("\n")
+    else:
+        print_table(report, out)
+    return 0

@@ -1,0 +1,120 @@
+"""Per-job efficiency report: what jobstats tells a user, plus the rule behind the verdict.
+
+For each job in the window: GPUs, runtime, mean and per-GPU utilization, memory high-water,
+idle stretches, no-process time, and a verdict. The rules run in order; the first that matches
+gives the verdict, and its text says which rule and which numbers:
+
+  no_data        the job held GPUs but no sample covers them
+  no_process     a GPU was held with no compute process for >= idle_min_duration
+  idle           mean utilization below idle_threshold
+  idle_stretches stretches >= idle_min_duration below idle_threshold (the waste figure)
+  unused_gpus    some GPUs below idle_threshold while the job's mean is not
+  low            mean utilization below LOW_UTILIZATION_PCT
+  ok             none of the above
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from analytics import sql
+from analytics.core import Analysis
+
+LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
+
+
+@dataclass
+class JobReport:
+    job: dict  # the job row: job_id, user_name, account, partition, state, gpus, start, end, ...
+    runtime_h: float
+    allocated_gpu_h: float
+    mean_utilization_pct: float | None
+    per_gpu: pl.DataFrame  # host, gpu, gpu_uuid, gi, model, data_h, utilization_pct, fb_used_max_mib
+    idle_stretches: pl.DataFrame
+    no_process_gpu_h: float
+    idle_gpu_h: float
+    verdict: str
+    rule: str
+    mfu: dict | None = field(default=None)
+
+
+def per_job_gpu(a: Analysis) -> pl.DataFrame:
+    """Per job and GPU: data hours, utilization and memory high-water inside the window."""
+    clip = sql.clip_seconds("p0", "p1")
+    return a.q(f"""
+        SELECT cluster, scheduler, job_key, host, any_value(gpu) AS gpu, gpu_uuid, gi, any_value(model) AS model,
+               sum({clip} * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_h,
+               sum(util * {clip} * equiv) / nullif(sum({clip} * equiv) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
+               max(fb_used_mib) FILTER (WHERE {clip} > 0) AS fb_used_max_mib
+        FROM pc GROUP BY cluster, scheduler, job_key, host, gpu_uuid, gi
+        ORDER BY cluster, job_key, host, gpu, gi""")
+
+
+def rule(verdict: str, row: dict, a: Analysis) -> str:
+    """The sentence that says which rule gave the verdict, with the job's numbers."""
+    p = a.p
+    mean = row.get("mean_utilization_pct")
+    return {
+        "no_data": lambda: f"no samples cover this job's {row['allocated_gpu_h']:.2f} allocated GPU-hours",
+        "no_process": lambda: f"{row['no_process_gpu_h']:.2f} GPU-hours held with no compute process, in stretches >= {p.idle_min_duration}",
+        "idle": lambda: f"mean GPU utilization {mean:.1f}% < idle threshold {p.idle_threshold:g}%",
+        "idle_stretches": lambda: f"{row['idle_gpu_h']:.2f} GPU-hours below {p.idle_threshold:g}% in stretches >= {p.idle_min_duration} (mean {mean:.1f}%)",
+        "unused_gpus": lambda: f"{row['low_gpus']} of {row['gpus_seen']} GPUs below {p.idle_threshold:g}% while the job averages {mean:.1f}%",
+        "low": lambda: f"mean GPU utilization {mean:.1f}% < {LOW_UTILIZATION_PCT:g}%",
+        "ok": lambda: f"mean GPU utilization {mean:.1f}% >= {LOW_UTILIZATION_PCT:g}%, no idle stretch, no empty GPU",
+    }[verdict]()
+
+
+def job_summaries(a: Analysis) -> pl.DataFrame:
+    """One row per job in the window with its verdict (the searchable job list)."""
+    jobs = a.q(f"SELECT * FROM ({sql.JOB_ALLOCATED})")
+    if jobs.is_empty():
+        return jobs
+    key = ["cluster", "scheduler", "job_key"]
+    gpu = per_job_gpu(a)
+    mean = gpu.group_by(key).agg(
+        (pl.col("utilization_pct") * pl.col("data_h")).sum().alias("_busy"), pl.sum("data_h"),
+        pl.min("utilization_pct").alias("min_gpu_utilization_pct"), pl.max("fb_used_max_mib"),
+        pl.len().alias("gpus_seen"),
+        (pl.col("utilization_pct") < a.p.idle_threshold).sum().alias("low_gpus"),
+    ).with_columns(pl.when(pl.col("data_h") > 0).then(pl.col("_busy") / pl.col("data_h")).otherwise(None).alias("mean_utilization_pct"))
+    idle = a.waste_by("job", "idle").select(*key, pl.col("gpu_h").alias("idle_gpu_h"))
+    nop = a.waste_by("job", "no_process").select(*key, pl.col("gpu_h").alias("no_process_gpu_h"))
+    out = jobs.join(mean, on=key, how="left").join(idle, on=key, how="left").join(nop, on=key, how="left").with_columns(
+        pl.col("idle_gpu_h").fill_null(0.0), pl.col("no_process_gpu_h").fill_null(0.0),
+        (pl.col("run_s") / 3600).alias("runtime_h"), (pl.col("alloc_gpu_s") / 3600).alias("allocated_gpu_h"),
+    )
+    p = a.p
+    out = out.with_columns(
+        pl.when(pl.col("mean_utilization_pct").is_null()).then(pl.lit("no_data"))
+        .when(pl.col("no_process_gpu_h") > 0).then(pl.lit("no_process"))
+        .when(pl.col("mean_utilization_pct") < p.idle_threshold).then(pl.lit("idle"))
+        .when(pl.col("idle_gpu_h") > 0).then(pl.lit("idle_stretches"))
+        .when(pl.col("low_gpus") > 0).then(pl.lit("unused_gpus"))
+        .when(pl.col("mean_utilization_pct") < LOW_UTILIZATION_PCT).then(pl.lit("low"))
+        .otherwise(pl.lit("ok")).alias("verdict")
+    )
+    return out.drop("_busy", "run_s", "alloc_gpu_s").sort(["idle_gpu_h", "job_key"], descending=[True, False])
+
+
+def job_report(a: Analysis, job: str) -> JobReport | None:
+    """The report of one job, by job id as people write it (123, 123_4) or by job key."""
+    summary = job_summaries(a)
+    if summary.is_empty():
+        return None
+    match = summary.filter((pl.col("job_id") == job) | (pl.col("job_key") == job))
+    if match.is_empty():
+        return None
+    j = match.row(0, named=True)
+    is_job = (pl.col("cluster") == j["cluster"]) & (pl.col("scheduler") == j["scheduler"]) & (pl.col("job_key") == j["job_key"])
+    gpu = per_job_gpu(a).filter(is_job)
+    stretches = a.idle_stretches("idle").filter(is_job)
+    return JobReport(
+        job=j, runtime_h=j["runtime_h"], allocated_gpu_h=j["allocated_gpu_h"], mean_utilization_pct=j["mean_utilization_pct"],
+        per_gpu=gpu.select("host", "gpu", "gpu_uuid", "gi", "model", "data_h", "utilization_pct", "fb_used_max_mib"),
+        idle_stretches=stretches.select("host", "gpu", "gpu_uuid", "gi", "s0", "s1", "gpu_h", "cost"),
+        no_process_gpu_h=j["no_process_gpu_h"], idle_gpu_h=j["idle_gpu_h"],
+        verdict=j["verdict"], rule=rule(j["verdict"], j, a),
+    )

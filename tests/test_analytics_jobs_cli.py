@@ -1,0 +1,113 @@
+"""Per-job efficiency reports (verdict + rule), trends, and the `gpufleet analyze` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analytics.core import Analysis
+from analytics.jobs import job_report, job_summaries
+from analytics.params import Params
+from analytics.trends import compare, previous_totals
+from tests.support.fleet import Fleet
+from tests.test_analytics_golden import MIG, T, fleet  # noqa: F401 - the golden store fixture
+
+
+@pytest.fixture(scope="module")
+def a(fleet):  # noqa: F811
+    return Analysis(fleet.reader(), Params(T(10), T(12)), now=T(20))
+
+
+def test_verdicts_of_the_golden_jobs(a):
+    v = {r["job_id"]: r["verdict"] for r in job_summaries(a).to_dicts()}
+    assert v == {
+        "101": "idle_stretches",  # mean (0 x 45 + 80 x 15) / 60 = 20 %, but a 45 min idle stretch
+        "103": "no_process",
+        "104": "idle",  # 0 % inside the window
+        "p1": "ok",  # 60 %
+        "p2": "idle",
+        "106": "ok",  # 90 %
+        "200_1": "idle",
+        "200_2": "idle",
+    }
+
+
+def test_job_report_numbers_and_rule(a):
+    r = job_report(a, "101")
+    assert r.verdict == "idle_stretches"
+    assert r.mean_utilization_pct == pytest.approx((0 * 45 + 80 * 15) / 60)
+    assert r.idle_gpu_h == pytest.approx(0.75)
+    assert r.rule == "0.75 GPU-hours below 5% in stretches >= 0:30:00 (mean 20.0%)"
+    assert r.per_gpu["gpu_uuid"].to_list() == ["GPU-A"]
+    assert r.idle_stretches.select("s0", "s1").rows() == [(T(10, 30), T(11, 15))]
+    multi = job_report(a, "106")
+    assert sorted(multi.per_gpu["gpu_uuid"].to_list()) == ["GPU-G1", "GPU-G2"]
+    assert multi.allocated_gpu_h == pytest.approx(4.0)
+    assert job_report(a, "200_2").job["job_key"] == "202"  # found by array id as people write it
+    assert job_report(a, "nope") is None
+
+
+def test_unused_gpus_low_and_no_data_verdicts(tmp_path):
+    f = Fleet(tmp_path)
+    f.gpu_series("u1", "GPU-U1", T(10), T(12), util=60.0)
+    f.gpu_series("u1", "GPU-U2", T(10), T(12), util=1.0, gpu=1)  # one of two GPUs never used
+    f.gpu_series("l1", "GPU-L", T(10), T(12), util=12.0)
+    f.job("1", account="a", user="u", start=T(10), end=T(12), gpus=2, placements=[("u1", "GPU-U1"), ("u1", "GPU-U2")])
+    f.job("2", account="a", user="u", start=T(10), end=T(12), gpus=1, placements=[("l1", "GPU-L")])
+    f.job("3", account="a", user="u", start=T(10), end=T(12), gpus=1, placements=[("x9", "GPU-X")])  # no samples
+    f.write()
+    a = Analysis(f.reader(), Params(T(10), T(12)), now=T(20))
+    v = {r["job_id"]: (r["verdict"]) for r in job_summaries(a).to_dicts()}
+    # job 1: a GPU at 1 % for 2 h is also a 2 h idle stretch, which ranks first
+    assert v == {"1": "idle_stretches", "2": "low", "3": "no_data"}
+    assert job_report(a, "2").rule == "mean GPU utilization 12.0% < 25%"
+    assert job_report(a, "3").rule == "no samples cover this job's 2.00 allocated GPU-hours"
+
+
+def test_trend_against_the_previous_window(fleet):  # noqa: F811
+    con = fleet.reader()
+    cur = Analysis(con, Params(T(11), T(12)), now=T(20)).totals()
+    prev = previous_totals(con, Params(T(11), T(12)), now=T(20))  # [10:00, 11:00)
+    t = {r["figure"]: r for r in compare(cur, prev).to_dicts()}
+    # allocated 11-12: 101 30 min, p1 3/7, 106 2, 202 15 min; 10-11: 101 30, 103 60, 104 40, p1 3/7, p2 3/7, 106 2, 201 45, 202 15
+    cur_alloc = 0.5 + MIG + 2 + 0.25
+    prev_alloc = 0.5 + 1 + 40 / 60 + MIG + MIG + 2 + 0.75 + 0.25
+    assert t["allocated_gpu_h"]["current"] == pytest.approx(cur_alloc)
+    assert t["allocated_gpu_h"]["previous"] == pytest.approx(prev_alloc)
+    assert t["allocated_gpu_h"]["change"] == pytest.approx(cur_alloc - prev_alloc)
+    assert t["allocated_gpu_h"]["change_pct"] == pytest.approx((cur_alloc - prev_alloc) / prev_alloc * 100)
+
+
+def analyze(*args):
+    return subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_json_matches_the_analytics(fleet):  # noqa: F811
+    r = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T13:00:00+01:00", "--format", "json", "--job", "101")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "gpufleet.analyze/v1"
+    assert doc["window"] == {"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00", "hours": 2.0}  # +01:00 -> UTC
+    a = Analysis(fleet.reader(), Params(T(10), T(12)))
+    t = a.totals()
+    assert doc["totals"]["idle_allocated_gpu_h"] == pytest.approx(t.idle_allocated_gpu_h)
+    assert doc["totals"]["allocated_gpu_h"] == pytest.approx(t.allocated_gpu_h)
+    assert {r["account"]: r["allocated_gpu_h"] for r in doc["utilization"]["rows"]} == pytest.approx(
+        {r["account"]: r["allocated_gpu_h"] for r in a.utilization("account").to_dicts()})
+    assert [j["job_id"] for j in doc["top_wasteful_jobs"]][:3] == ["103", "101", "200_1"]
+    assert doc["job"]["verdict"] == "idle_stretches"
+
+
+def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811
+    r = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "user_name")
+    assert r.returncode == 0, r.stderr
+    assert "Utilization by user_name" in r.stdout and "alice" in r.stdout and "$3.00" in r.stdout
+    assert analyze("--store", str(fleet.root), "--from", "2026-11-16T12:00:00", "--to", "2026-11-16T10:00:00").returncode == 2
+    assert analyze("--store", str(fleet.root), "--from", "x", "--to", "y").returncode == 2
+    bad = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "rack")
+    assert bad.returncode == 2 and "--by 'rack': expected one of" in bad.stderr
+    missing = analyze("--store", str(tmp_path / "none"), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
+    assert missing.returncode == 1 and "no store at" in missing.stderr
