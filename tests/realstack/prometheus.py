@@ -227,21 +227,21 @@ def start_prometheus(
         text = text.rstrip("\n") + "\nrule_files:\n" + "".join(f"  - '{r}'\n" for r in rules)
     config = workdir / "prometheus.yml"
     config.write_text(text)
-    daemon = Daemon(
-        "prometheus",
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address={address}",
-            "--web.enable-lifecycle",
-            *extra_args,
-        ],
-        workdir / "prometheus.log",
-        env=base_env(),
-        cwd=workdir,
-    ).start()
-    server = Prometheus(daemon, port, workdir)
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address={address}",
+        "--web.enable-lifecycle",
+        *extra_args,
+    ]
+    return _start(Prometheus, "prometheus", argv, workdir, port, timeout)
+
+
+def _start(cls, name: str, argv: list[str], workdir: Path, port: int, timeout: float):
+    """Start the daemon, wait until it answers /-/ready, and stop it again if it never does."""
+    daemon = Daemon(name, argv, workdir / f"{name}.log", env=base_env(), cwd=workdir).start()
+    server = cls(daemon, port, workdir)
     try:
         server._wait_ready(timeout)
     except BaseException:
@@ -265,24 +265,12 @@ def start_alertmanager(
     port = port or free_port()
     config = workdir / "alertmanager.yml"
     config.write_text(config_text if config_text is not None else NULL_ALERTMANAGER_CONFIG)
-    daemon = Daemon(
-        "alertmanager",
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.path={workdir / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            *extra_args,
-        ],
-        workdir / "alertmanager.log",
-        env=base_env(),
-        cwd=workdir,
-    ).start()
-    server = Alertmanager(daemon, port, workdir)
-    try:
-        server._wait_ready(timeout)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.path={workdir / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+        *extra_args,
+    ]
+    return _start(Alertmanager, "alertmanager", argv, workdir, port, timeout)
