@@ -1,7 +1,7 @@
 """`gpufleet analyze`: the window's figures as a table for people or stable JSON for programs.
 
 JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
-filters, totals, trend, utilization {by, rows}, top_wasteful_jobs, and job (with --job).
+filters, totals, trend, utilization {by, rows}, top_wasteful_jobs, fairness, and job (with --job).
 Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
 money is US dollars or null when a GPU model has no price.
 """
@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from dataclasses import asdict
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -62,8 +62,10 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
     return [{k: _plain(v) for k, v in r.items()} for r in df.to_dicts()]
 
 
-def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None) -> dict[str, Any]:
+def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
+                 shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7)) -> dict[str, Any]:
     from analytics.core import Analysis
+    from analytics.fairness import fairness
     from analytics.jobs import job_report
     from analytics.trends import compare, previous_totals
 
@@ -81,6 +83,12 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "trend": rows(compare(totals, previous_totals(con, params, now=now))),
         "utilization": {"by": by, "rows": rows(a.utilization(by))},
         "top_wasteful_jobs": rows(a.top_wasteful_jobs(top).drop(["scheduler"], strict=False)),
+    }
+    fair = fairness(a, shares, half_life)
+    report["fairness"] = {
+        "half_life_days": half_life.total_seconds() / 86400, "jain_index": fair.jain_index, "gini_users": fair.gini_users,
+        "per_account": rows(fair.per_account), "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
+        "without_share": list(fair.without_share),
     }
     if job:
         r = job_report(a, job)
@@ -128,6 +136,9 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     table(f"Utilization by {u['by']}", u["rows"], out, cols or None)
     table("Most wasteful jobs (idle allocated GPU-hours)", report["top_wasteful_jobs"], out,
           ["job_id", "user_name", "account", "gpus", "runtime_h", "idle_gpu_h", "idle_cost"])
+    f = report["fairness"]
+    table(f"Fair share (Jain's index {fmt(f['jain_index'])}, Gini over users {fmt(f['gini_users'])})", f["per_account"], out,
+          ["account", "entitled_share", "used_gpu_h", "used_share", "ratio", "fairshare_factor", "wait_p50_s", "wait_p95_s"])
     t = report["totals"]
     if t["unpriced_models"]:
         out.write(f"\nno price for: {', '.join(t['unpriced_models'])} (set [analytics.prices]); their money is unknown\n")
@@ -146,7 +157,8 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
 def run(args: argparse.Namespace, out=None) -> int:
     import sys
 
-    from analytics.params import DIMENSIONS, Filters, from_config
+    from analytics.fairness import settings
+    from analytics.params import DIMENSIONS, Filters, analytics_options, from_config
     from collector.cli import parse_time
     from collector.store import StoreError, open_reader
 
@@ -157,6 +169,7 @@ def run(args: argparse.Namespace, out=None) -> int:
             raise ConfigError(f"--by {args.by!r}: expected one of {', '.join(DIMENSIONS)}")
         filters = Filters(cluster=args.cluster, account=args.account, user_name=args.user, model=args.model, partition=args.partition)
         params = from_config(doc, args.config, parse_time(args.start), parse_time(args.end), filters)
+        shares, half_life = settings(analytics_options(doc, args.config))
         root = store_path(args, doc)
     except ConfigError as e:
         log.error("%s", e)
@@ -166,7 +179,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     except StoreError as e:
         log.error("%s", e)
         return 1
-    report = build_report(con, params, args.by, args.top, args.job)
+    report = build_report(con, params, args.by, args.top, args.job, shares=shares, half_life=half_life)
     if args.format == "json":
         json.dump(report, out, indent=2, default=_plain)
         out.write("\n")

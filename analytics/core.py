@@ -86,11 +86,11 @@ class Analysis:
             self._exec(stmt)
 
     def _exec(self, query: str) -> None:
-        names = {k: v for k, v in self.bind.items() if f"${k}" in query}
-        self.con.execute(query, names)
+        self.con.execute(query, {k: v for k, v in self.bind.items() if f"${k}" in query})
 
-    def q(self, query: str) -> pl.DataFrame:
-        names = {k: v for k, v in self.bind.items() if f"${k}" in query}
+    def q(self, query: str, **extra: Any) -> pl.DataFrame:
+        """Run a query with this analysis' bound parameters (plus `extra` ones)."""
+        names = {k: v for k, v in {**self.bind, **extra}.items() if f"${k}" in query}
         return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
 
     # --- per GPU ---

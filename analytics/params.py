@@ -68,8 +68,15 @@ OPTIONS = (
 )
 
 
+def analytics_options(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
+    """The validated [analytics] section: these options plus each figure module's own."""
+    from analytics import fairness
+
+    return section(doc, "analytics", OPTIONS + fairness.OPTIONS, path)
+
+
 def from_config(doc: Mapping[str, Any], path: Any, start: datetime, end: datetime, filters: Filters | None = None) -> Params:
-    opts = section(doc, "analytics", OPTIONS, path)
+    opts = analytics_options(doc, path)
     try:
         return Params(
             start=start,

@@ -120,6 +120,10 @@ def islands(pred: str) -> str:
     return ISLANDS.format(pred=pred, clip=clip_seconds("p0", "p1"))
 
 
+# The job filters every job query applies (bound parameters; NULL means no filter).
+JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
+  AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
+
 # Allocated GPU-seconds from scheduler accounting: GPUs x the job's run time inside the window
 # (a running job counts until $as_of: the window end, or now if the window reaches the future).
 _RUN = clip_seconds("start", 'coalesce("end", $as_of)')
@@ -133,6 +137,5 @@ SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition,
        coalesce(gpus, 0) * {_JOB_EQUIV} * {_RUN} AS alloc_gpu_s
 FROM jobs
 WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
-  AND ($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
-  AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)
+  AND {JOB_FILTERS}
 """

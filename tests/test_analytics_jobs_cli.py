@@ -99,6 +99,12 @@ def test_cli_json_matches_the_analytics(fleet):  # noqa: F811
         {r["account"]: r["allocated_gpu_h"] for r in a.utilization("account").to_dicts()})
     assert [j["job_id"] for j in doc["top_wasteful_jobs"]][:3] == ["103", "101", "200_1"]
     assert doc["job"]["verdict"] == "idle_stretches"
+    from analytics.fairness import fairness
+
+    fair = fairness(a, None)
+    assert doc["fairness"]["jain_index"] == pytest.approx(fair.jain_index)
+    assert {r["account"]: r["used_gpu_h"] for r in doc["fairness"]["per_account"]} == pytest.approx(
+        {r["account"]: r["used_gpu_h"] for r in fair.per_account.to_dicts()})
 
 
 def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811

@@ -42,14 +42,17 @@ class Fleet:
                                mig_profile=mig_profile, model=model, fb_total_mib=None, driver_version=None))
         self._gpus.append(dict(self._gpus[-1], ts=t - timedelta(seconds=step)))
 
-    def job(self, job_key: str, *, account: str, user: str, start: datetime, end: datetime | None, gpus: int,
+    def job(self, job_key: str, *, account: str, user: str, start: datetime | None, end: datetime | None, gpus: int,
             placements: list[tuple[str, str]] | list[tuple[str, str, int]], job_id: str | None = None, scheduler: str = "slurm",
             partition: str = "gpu", submit: datetime | None = None, state: str | None = None, name: str = "job",
             gpu_type: str | None = None) -> None:
+        if start is None and placements:
+            raise ValueError("a job that has not started holds no GPUs: give no placements")
         row = {c: None for c in schema.JOB_COLUMNS}
         row.update(cluster=self.cluster, scheduler=scheduler, job_key=job_key, job_id=job_id or job_key, name=name, user_name=user,
                    account=account, partition=partition, submit=submit or start, start=start, end=end,
-                   state=state or ("RUNNING" if end is None else "COMPLETED"), gpus=gpus, gpu_type=gpu_type, source="test", updated_at=start)
+                   state=state or ("PENDING" if start is None else "RUNNING" if end is None else "COMPLETED"),
+                   gpus=gpus, gpu_type=gpu_type, source="test", updated_at=start or submit)
         self._jobs.append(row)
         for place in placements:
             host, uuid, gi = (place + (-1,))[:3] if len(place) == 2 else place

@@ -1,0 +1,257 @@
+"""Fairness of one window: who was entitled to the GPUs, who got them, and who waited for them.
+
+Contract 4. The definitions, each a choice that could be made differently, so written down:
+- GPU jobs only (gpus > 0): CPU-only jobs neither demand nor wait for GPUs.
+- Demand: a GPU job whose life - submit to end, or to as_of while pending or running - overlaps
+  the window. Only accounts with demand get a ratio: an account that asked for nothing cannot
+  have been treated unfairly, so it is left out of Jain's index.
+- Used: allocated GPU-hours in the window from scheduler accounting (sql.JOB_ALLOCATED).
+- Entitled share: the account's share weight over all weights (what sshare calls NormShares).
+  The ratio compares the used share with the entitled share renormalised over the accounts with
+  demand (`active_share`): 1.0 = got exactly its share of the contended GPUs, and an idle
+  account's share goes to the others, as Slurm's fair share does. Jain's index is scale-free, so
+  this choice does not change it. Without shares (None) every account with demand is entitled
+  equally; an account with demand but no share gets no ratio and is named in `without_share`.
+- Queue wait: start - submit of the jobs that STARTED in the window. Percentiles interpolate
+  linearly between closest ranks (Hyndman-Fan type 7: position (n-1)p), the same as DuckDB's
+  quantile_cont on doubles and numpy's default. Jobs still pending at as_of (the window end, or
+  now) are listed in `pending` with their wait so far: leaving them out would flatter a stuck queue.
+- Accounts and users are compared across whatever Filters select; filter by cluster for a
+  per-cluster view. A job without an account or user is grouped under "".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterable, Mapping
+
+import polars as pl
+
+from analytics import sql
+from gpufleet.config import Option, number
+
+OPTIONS = (
+    Option("shares", {}, "a table of account -> share weight > 0 (empty: equal shares)",
+           lambda v: isinstance(v, dict) and all(isinstance(k, str) and number(0)(x) for k, x in v.items())),
+    Option("half_life_days", 7.0, "a number of days > 0 (Slurm's PriorityDecayHalfLife)", number(0)),
+)
+
+
+def settings(opts: Mapping[str, Any]) -> tuple[dict[str, float] | None, timedelta]:
+    """Validated [analytics] options -> (shares or None for equal shares, decay half-life)."""
+    shares = {str(k): float(v) for k, v in opts["shares"].items()} or None
+    return shares, timedelta(days=opts["half_life_days"])
+
+
+# --- the measures ---
+
+
+def jain_index(xs: Iterable[float]) -> float | None:
+    """(sum x)^2 / (n sum x^2): 1 when all equal, 1/n when one takes everything."""
+    xs = list(xs)
+    sq = sum(x * x for x in xs)
+    return sum(xs) ** 2 / (len(xs) * sq) if xs and sq > 0 else None
+
+
+def gini(xs: Iterable[float]) -> float | None:
+    """Sorted formula sum_i (2i - n - 1) x_i / (n sum x), i from 1: 0 = equal, (n-1)/n = one has all."""
+    xs = sorted(xs)
+    n, total = len(xs), sum(xs)
+    if not n or total <= 0:
+        return None
+    return sum((2 * i - n - 1) * x for i, x in enumerate(xs, 1)) / (n * total)
+
+
+def fairshare_factor(usage: float, share: float | None) -> float | None:
+    """Slurm's classic fair-share factor F = 2^(-U/S).
+
+    U: the account's share of all accounts' decayed usage; S: its normalised share. 1 = no recent
+    usage, 0.5 = used exactly its share, towards 0 = far over it; no share at all gives 0, as in
+    Slurm (priority_p_calc_fs_factor, FairShareDampeningFactor=1). This is the formula of
+    priority/multifactor before Fair Tree became the default (19.05; PriorityFlags=NO_FAIR_TREE
+    today). On a flat account tree under NO_FAIR_TREE, sshare's FairShare of an account row is
+    this F with Slurm's RawUsage (billing-weighted TRES-seconds over all history) where we use
+    GPU-seconds from the store. Under Fair Tree the FairShare column is a rank within the tree and
+    not comparable in value - compare orderings only.
+    """
+    if share is None:
+        return None
+    return 2.0 ** (-usage / share) if share > 0 else 0.0
+
+
+# --- sshare ---
+
+
+@dataclass(frozen=True)
+class SshareRow:
+    account: str
+    user: str  # "" on an account row
+    depth: int  # sshare indents names by one space per level of the association tree
+    raw_shares: str  # a number, or "parent"
+    norm_shares: float | None
+    raw_usage: float | None
+    effective_usage: float | None
+    fairshare: float | None  # empty on account rows under Fair Tree
+
+
+def _num(v: str) -> float | None:
+    try:
+        return float(v) if v.strip() else None
+    except ValueError:
+        return None
+
+
+def parse_sshare(text: str) -> list[SshareRow]:
+    """`sshare -P -a -o Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare` (or -p).
+
+    Columns are found by the header (so keep it: no -n), so another -o order works; lines without
+    '|' (e.g. -M's "CLUSTER: name") are skipped.
+    """
+    rows: list[SshareRow] = []
+    cols: list[str] | None = None
+    for line in text.splitlines():
+        if "|" not in line:
+            continue
+        if cols is None:
+            cols = [c.strip() for c in line.split("|")]
+            continue
+        f = dict(zip(cols, line.split("|")))
+        name = f.get("Account", "")
+        rows.append(SshareRow(account=name.strip(), user=f.get("User", "").strip(), depth=len(name) - len(name.lstrip(" ")),
+                              raw_shares=f.get("RawShares", "").strip(), norm_shares=_num(f.get("NormShares", "")),
+                              raw_usage=_num(f.get("RawUsage", "")), effective_usage=_num(f.get("EffectvUsage", "")),
+                              fairshare=_num(f.get("FairShare", ""))))
+    return rows
+
+
+def sshare_shares(rows: list[SshareRow]) -> dict[str, float]:
+    """Entitled share of each leaf account (User empty): the product of NormShares down its path,
+    since NormShares is relative to siblings. Jobs are charged to leaf accounts, and a parent's
+    share is the sum of its children's, so parents are left out. fairness() renormalises."""
+    accounts = [r for r in rows if not r.user and r.depth > 0]  # depth 0: root
+    path: list[float] = []
+    out: dict[str, float] = {}
+    for i, r in enumerate(accounts):
+        path = path[: r.depth - 1] + [r.norm_shares or 0.0]
+        leaf = i + 1 == len(accounts) or accounts[i + 1].depth <= r.depth
+        if leaf:
+            out[r.account] = math.prod(path)
+    return out
+
+
+# --- one window ---
+
+_GPU_JOBS = f"coalesce(gpus, 0) > 0 AND {sql.JOB_FILTERS}"
+
+BUCKETS = ("1", "2-4", "5-8", "9+")
+_BUCKET = "CASE WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' WHEN gpus <= 8 THEN '5-8' ELSE '9+' END"
+
+USERS = f"""
+WITH d AS (
+    SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, count(*) AS jobs
+    FROM jobs WHERE {_GPU_JOBS} AND coalesce(submit, start) < $end AND coalesce("end", $as_of) > $start
+    GROUP BY ALL
+), u AS (
+    SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, sum(alloc_gpu_s) / 3600 AS used_gpu_h
+    FROM ({sql.JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0 GROUP BY ALL
+)
+SELECT account, user_name, coalesce(d.jobs, 0) AS jobs, coalesce(u.used_gpu_h, 0.0) AS used_gpu_h
+FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
+
+# GPU-seconds weighted 2^(-age/h), age from the window end, integrated exactly over each run:
+# the integral of 2^(-(W-t)/h) dt from t0 to t1 is h/ln2 * (2^(-(W-t1)/h) - 2^(-(W-t0)/h)).
+_T1 = 'greatest(start, least(coalesce("end", $as_of), $end))'
+DECAYED = f"""
+SELECT coalesce(account, '') AS account,
+       sum(gpus * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_T1})) / $half_life)
+                                        - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
+FROM jobs WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
+GROUP BY ALL"""
+
+STARTED = f"""
+SELECT coalesce(account, '') AS account, gpus, {_BUCKET} AS gpus_bucket,
+       (epoch(start) - epoch(coalesce(submit, start)))::DOUBLE AS wait_s
+FROM jobs WHERE {_GPU_JOBS} AND start >= $start AND start < $end"""
+
+PENDING = f"""
+SELECT cluster, scheduler, job_key, job_id, coalesce(account, '') AS account, coalesce(user_name, '') AS user_name,
+       gpus, {_BUCKET} AS gpus_bucket, submit, (epoch($as_of) - epoch(submit))::DOUBLE AS wait_s
+FROM jobs WHERE {_GPU_JOBS} AND submit < $as_of AND coalesce(start, "end", $as_of) >= $as_of
+ORDER BY wait_s DESC, cluster, job_key"""
+
+
+def _waits(df: pl.DataFrame, key: str) -> pl.DataFrame:
+    return df.group_by(key).agg(
+        pl.len().cast(pl.Int64).alias("started_jobs"),
+        pl.col("wait_s").quantile(0.5, "linear").alias("wait_p50_s"),
+        pl.col("wait_s").quantile(0.95, "linear").alias("wait_p95_s"),
+    )
+
+
+@dataclass(frozen=True)
+class FairnessReport:
+    per_account: pl.DataFrame  # ACCOUNT_SCHEMA, one row per account with a share, demand or past usage
+    jain_index: float | None  # over `ratio` of the accounts with demand and a share
+    gini_users: float | None  # allocated GPU-hours of the users with demand
+    wait_by_size: pl.DataFrame  # gpus_bucket, started_jobs, wait_p50_s, wait_p95_s, pending_jobs
+    pending: pl.DataFrame  # one row per job still pending at as_of, with its wait so far
+    without_share: tuple[str, ...]  # accounts with demand that no share entitles
+
+
+ACCOUNT_SCHEMA = {
+    "account": pl.Utf8, "entitled_share": pl.Float64, "active_share": pl.Float64, "used_gpu_h": pl.Float64,
+    "used_share": pl.Float64, "ratio": pl.Float64, "decayed_gpu_h": pl.Float64, "fairshare_factor": pl.Float64,
+    "wait_p50_s": pl.Float64, "wait_p95_s": pl.Float64, "jobs": pl.Int64, "started_jobs": pl.Int64, "pending_jobs": pl.Int64,
+}
+
+
+def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timedelta = timedelta(days=7)) -> FairnessReport:
+    """Fairness figures of the analysis' window (see the module docstring for definitions)."""
+    if half_life <= timedelta(0):
+        raise ValueError(f"half_life {half_life} must be positive")
+    users = analysis.q(USERS)
+    decayed = dict(analysis.q(DECAYED, half_life=half_life.total_seconds()).iter_rows())
+    started, pending = analysis.q(STARTED), analysis.q(PENDING)
+
+    acct = users.group_by("account").agg(pl.sum("jobs"), pl.sum("used_gpu_h"))
+    jobs, used = dict(acct.select("account", "jobs").iter_rows()), dict(acct.select("account", "used_gpu_h").iter_rows())
+    demand = {a for a, n in jobs.items() if n > 0}
+    weights = {a: float(w) for a, w in shares.items() if w > 0} if shares else {a: 1.0 for a in demand}
+    total_w = sum(weights.values())
+    active_w = sum(w for a, w in weights.items() if a in demand)
+    total_used, total_decayed = sum(used.values()), sum(decayed.values())
+    waits = {r["account"]: r for r in _waits(started, "account").iter_rows(named=True)}
+    pend = dict(pending.group_by("account").len().iter_rows())
+
+    rows = []
+    for a in sorted(set(weights) | demand | set(decayed)):
+        w, u, has_demand = weights.get(a), used.get(a, 0.0), a in demand
+        entitled = w / total_w if w and total_w else (0.0 if shares else None)
+        active = w / active_w if w and has_demand else None
+        used_share = u / total_used if has_demand and total_used > 0 else None
+        wt = waits.get(a, {})
+        rows.append(dict(
+            account=a, entitled_share=entitled, active_share=active, used_gpu_h=u, used_share=used_share,
+            ratio=used_share / active if used_share is not None and active else None,
+            decayed_gpu_h=decayed.get(a, 0.0),
+            fairshare_factor=fairshare_factor(decayed.get(a, 0.0) / total_decayed if total_decayed > 0 else 0.0, entitled),
+            wait_p50_s=wt.get("wait_p50_s"), wait_p95_s=wt.get("wait_p95_s"),
+            jobs=jobs.get(a, 0), started_jobs=wt.get("started_jobs", 0), pending_jobs=pend.get(a, 0),
+        ))
+    per_account = pl.DataFrame(rows, schema=ACCOUNT_SCHEMA)
+
+    by_size = pl.DataFrame({"gpus_bucket": BUCKETS}).join(_waits(started, "gpus_bucket"), on="gpus_bucket", how="left").join(
+        pending.group_by("gpus_bucket").agg(pl.len().cast(pl.Int64).alias("pending_jobs")), on="gpus_bucket", how="left",
+    ).with_columns(pl.col("started_jobs", "pending_jobs").fill_null(0))
+
+    demand_users = users.filter(pl.col("jobs") > 0)
+    return FairnessReport(
+        per_account=per_account,
+        jain_index=jain_index(per_account["ratio"].drop_nulls().to_list()),
+        gini_users=gini(demand_users.group_by("user_name").agg(pl.sum("used_gpu_h"))["used_gpu_h"].to_list()),
+        wait_by_size=by_size.select("gpus_bucket", "started_jobs", "wait_p50_s", "wait_p95_s", "pending_jobs"),
+        pending=pending,
+        without_share=tuple(sorted(a for a in demand if a not in weights)),
+    )
