@@ -29,6 +29,10 @@ from collector.schema import METRIC_TO_COLUMN, SAMPLE_FIELDS, SAMPLE_SCHEMA
 DCGM_BLANK_THRESHOLD = 9223372036854775792
 
 JOB_INFO = "gpufleet_gpu_job_info"
+# Throughput a job reported about itself (exporter/jobreports.py), per job and exporter host.
+JOB_REPORTED_FLOPS = "gpufleet_job_reported_flops"
+JOB_REPORTED_GPUS = "gpufleet_job_reported_gpus"
+JOB_REPORT_METRICS = (JOB_REPORTED_FLOPS, JOB_REPORTED_GPUS)
 # Series of these entities are not per-GPU values even when they carry a `gpu` label.
 ENTITY_LABELS = ("nvlink", "nvswitch", "cpu", "cpucore")
 # Workload label spellings, most specific first: after a Prometheus scrape with honorLabels
@@ -53,6 +57,7 @@ class ParsedScrape:
     samples: pa.Table  # collector.schema.SAMPLE_SCHEMA, one row per (host, gpu_uuid, gpu_instance)
     gpus: list[dict[str, Any]] = field(default_factory=list)  # inventory observations
     allocations: list[dict[str, Any]] = field(default_factory=list)  # job <-> GPU observations
+    throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s observations
     rejected: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -82,6 +87,8 @@ def parse_exposition(
     for lineno, name, key, labels, value in lines.samples:  # what the pivot kept for us
         if name == JOB_INFO:
             b.job_info(lineno, labels, value)
+        elif name in JOB_REPORT_METRICS:
+            b.job_report(lineno, name, labels, value)
         else:
             b.reject(lineno, b.reasons[key])
     b.problems.sort(key=lambda p: int(p.split(":", 1)[0].removeprefix("line ")))
@@ -90,6 +97,7 @@ def parse_exposition(
         samples=b.table(order, source),
         gpus=b.inventory(order),
         allocations=list(b.allocations.values()),
+        throughput=[r for r in b.reports.values() if r["flops"] is not None],
         rejected=b.rejected,
         problems=b.problems,
     )
@@ -136,6 +144,7 @@ class _Builder:
         self.row_info: list[_Row] = []
         self.values: dict[str, dict[int, Any]] = {}  # column -> row index -> value as parsed
         self.allocations: dict[tuple, dict[str, Any]] = {}
+        self.reports: dict[tuple[str, str, str], dict[str, Any]] = {}  # (scheduler, job_key, host) -> observation
         self.reasons: dict[object, str] = {}  # label-set key -> why its series are rejected
         self.rejected = 0
         self.problems: list[str] = []
@@ -148,7 +157,7 @@ class _Builder:
     # --- the pivot's questions ---
 
     def column_of(self, name: str) -> tuple[dict[int, Any] | None, float] | None:
-        if name == JOB_INFO:
+        if name == JOB_INFO or name in JOB_REPORT_METRICS:
             return KEEP
         mapped = METRIC_TO_COLUMN.get(name)
         if mapped is None:
@@ -227,6 +236,28 @@ class _Builder:
             self.allocate(scheduler or "slurm", job_id, host, uuid, instance, gpu)
         else:
             self.reject(lineno, f"gpufleet_gpu_job_info scheduler={scheduler!r} without job_id")
+
+    def job_report(self, lineno: int, name: str, labels: Mapping[str, str], value: float) -> None:
+        """gpufleet_job_reported_flops{Hostname,scheduler,job_id|namespace,pod,basis} FLOP/s and
+        gpufleet_job_reported_gpus{...} (the GPUs that figure covers), paired by job and host."""
+        scheduler = labels.get("scheduler") or "slurm"
+        workload = _workload(labels) if scheduler == "kubernetes" else None
+        job_key = "/".join(workload) if workload else ("" if scheduler == "kubernetes" else labels.get("job_id") or "")
+        if not job_key or not _utf8(job_key):
+            self.reject(lineno, f"{name} without a usable job_id or namespace/pod")
+            return
+        if not (value >= 0 and value != math.inf) or (name == JOB_REPORTED_GPUS and (value < 1 or value != int(value))):
+            self.reject(lineno, f"{name} value {value!r} is not a {'FLOP/s figure' if name == JOB_REPORTED_FLOPS else 'GPU count'}")
+            return
+        host = self.host or labels.get("Hostname") or labels.get("hostname") or self.default_host
+        obs = self.reports.setdefault((scheduler, job_key, host), {
+            "ts": self.ts, "cluster": self.cluster, "scheduler": scheduler, "job_key": job_key, "host": host,
+            "flops": None, "gpus": None, "basis": None,
+        })
+        if name == JOB_REPORTED_FLOPS:
+            obs["flops"], obs["basis"] = float(value), labels.get("basis") or None
+        else:
+            obs["gpus"] = int(value)
 
     def allocate(self, scheduler: str, job_key: str, host: str, uuid: str, instance: int | None, gpu: int) -> None:
         if not _utf8(job_key):

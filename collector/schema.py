@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,25 @@ CREATE TABLE IF NOT EXISTS gpus (
     PRIMARY KEY (cluster, host, gpu_uuid, gpu_instance)
 )"""
 
+# Throughput jobs report about themselves (exporter/jobreport.py -> gpufleet_job_reported_flops),
+# the input of MFU method 1. One row per job, host and hour: the mean of that hour's reports and
+# their count (a batch already stored is not counted twice), so the table stays small.
+JOB_THROUGHPUT_DDL = """
+CREATE TABLE IF NOT EXISTS job_throughput (
+    ts TIMESTAMP NOT NULL,               -- the hour of the reports (UTC)
+    cluster VARCHAR NOT NULL,
+    scheduler VARCHAR NOT NULL,
+    job_key VARCHAR NOT NULL,
+    host VARCHAR NOT NULL,               -- the exporter that published them
+    reports INTEGER NOT NULL,            -- observations (scrapes) folded into this row
+    flops DOUBLE NOT NULL,               -- mean achieved model FLOP/s over `gpus` GPUs
+    gpus INTEGER,                        -- GPUs the figure covers; NULL: the job's GPUs
+    basis VARCHAR,                       -- flops (reported as FLOP/s) | 6N_tokens (6 x parameters x tokens/s)
+    PRIMARY KEY (cluster, scheduler, job_key, host, ts)
+)"""
+
 # Published tables: name -> DDL. Each is snapshotted to Parquet for readers.
-TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL}
+TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL}
 
 # Writer-only bookkeeping.
 STATE_DDL = (
@@ -185,9 +202,11 @@ STATE_DDL = (
 
 # version -> statements, applied in order by the writer at start. Version 1 is the base schema.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: STATE_DDL + tuple(TABLES.values()),
+    1: STATE_DDL + (JOBS_DDL, ALLOCATIONS_DDL, GPUS_DDL),
     # 2: 5-minute rollups of each compacted hour, for dashboards
     2: ("CREATE TABLE IF NOT EXISTS rollups (hour TIMESTAMP PRIMARY KEY, file VARCHAR NOT NULL)",),
+    # 3: job-reported throughput, for MFU
+    3: (JOB_THROUGHPUT_DDL,),
 }
 
 JOB_COLUMNS = (

@@ -24,6 +24,8 @@ OPTIONS = (
     Option("process_interval", 15.0, "a number of seconds > 0 (process lists and job mapping)", number(0)),
     Option("hostname", "", "a string (default: $NODE_NAME, else the host name)", string),
     Option("job_map_dir", "", "a directory path, or \"\" to disable Slurm mapping files", string),
+    Option("job_report_dir", "/run/gpufleet/job-reports", "a directory path (exporter/jobreport.py writes it), or \"\" to disable", string),
+    Option("job_report_max_age", 120.0, "a number of seconds > 0 (older job reports are dropped)", number(0)),
     Option("device_map_file", "/run/gpufleet/gpu-devices.tsv", "a file path, or \"\" not to write one", string),
     Option("cgroup_mapping", True, "true or false", boolean),
     Option("kubelet_socket", "auto", "a socket path, \"auto\" (use it if it exists) or \"\" to disable", string),
@@ -89,9 +91,15 @@ def build(opts: dict[str, Any]):
         from exporter.jobmap.kubelet import KubeletPodResourcesSource
 
         sources.append(KubeletPodResourcesSource(sock, timeout=opts["kubelet_timeout"]))
+    job_reports = None
+    if opts["job_report_dir"]:
+        from exporter.jobreports import JobReportSource
+
+        job_reports = JobReportSource(opts["job_report_dir"], max_age=opts["job_report_max_age"])
     return Poller(
         backend,
         sources,
+        job_reports=job_reports,
         hostname=hostname,
         poll_interval=opts["poll_interval"],
         process_interval=opts["process_interval"],

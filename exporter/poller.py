@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from exporter.backends.base import Backend
 from exporter.exposition import render
 from exporter.jobmap.base import JobBinding, MappingSource
+from exporter.jobreports import JobReport, JobReportSource
 from exporter.model import BackendUnavailable, GpuError, GpuIdentity
 from exporter.snapshot import GpuState, Snapshot, SourceStatus, families
 
@@ -39,9 +40,11 @@ class Poller:
         device_map_file: str | Path | None = None,
         clock: Callable[[], float] = time.time,
         retry_max: float = 60.0,
+        job_reports: JobReportSource | None = None,
     ):
         self.backend = backend
         self.sources = list(sources)
+        self.job_reports = job_reports  # throughput jobs report about themselves (MFU)
         self.poll_interval = poll_interval
         self.process_interval = process_interval
         self.device_map_file = Path(device_map_file) if device_map_file else None
@@ -140,10 +143,26 @@ class Poller:
                 log.warning("%s: %s", source.name, p)
             (allocations if source.name in ALLOCATION_SOURCES else process_jobs).extend(resolved)
             self._record(source.name, True, time.perf_counter() - t0, len(problems))
+        reports = self._read_job_reports()
         with self._lock:
             self.snapshot.allocations = allocations
             self.snapshot.process_jobs = process_jobs
+            self.snapshot.job_reports = reports
         self._publish()
+
+    def _read_job_reports(self) -> list[JobReport]:
+        if self.job_reports is None:
+            return []
+        t0 = time.perf_counter()
+        try:
+            reports = self.job_reports.read()
+        except Exception as e:  # noqa: BLE001 - an unreadable directory is reported, not raised
+            self._source_failed(self.job_reports.name, e, time.perf_counter() - t0)
+            return []
+        for p in self.job_reports.problems[:5]:
+            log.warning("%s: %s", self.job_reports.name, p)
+        self._record(self.job_reports.name, True, time.perf_counter() - t0, len(self.job_reports.problems))
+        return reports
 
     # --- helpers ---
 

@@ -13,6 +13,7 @@ from typing import Sequence
 from exporter.exposition import Family, Labels
 from exporter.fields import DRIVER_LABEL, FIELDS, is_blank
 from exporter.jobmap.base import JobBinding
+from exporter.jobreports import JobReport
 from exporter.model import GpuIdentity, GpuProcess, GpuReading
 
 VERSION = "0.1.0"
@@ -46,6 +47,7 @@ class Snapshot:
     process_jobs: list[tuple[GpuIdentity, JobBinding]] = field(default_factory=list)
     allocation_sources_enabled: bool = False
     sources: dict[str, SourceStatus] = field(default_factory=dict)
+    job_reports: list[JobReport] = field(default_factory=list)
 
 
 def _gpu_labels(s: Snapshot, g: GpuIdentity, gi: int | None = None) -> Labels:
@@ -171,6 +173,23 @@ def _gpufleet_families(s: Snapshot) -> list[Family]:
     return [up, procs, xids, info, job_util, job_mem, foreign]
 
 
+def _job_report_families(s: Snapshot) -> list[Family]:
+    """What jobs report about their own throughput (exporter/jobreport.py): the input of MFU."""
+    flops = Family(
+        "gpufleet_job_reported_flops", "gauge",
+        "Model FLOP/s a job reports achieving, over gpufleet_job_reported_gpus GPUs (else the job's allocation); "
+        "basis: flops (reported) or 6N_tokens (6 x parameters x tokens/s, attention excluded).",
+    )
+    gpus = Family("gpufleet_job_reported_gpus", "gauge", "GPUs the job's reported FLOP/s covers (absent: the job's allocation).")
+    for r in s.job_reports:
+        labels: Labels = (("Hostname", s.hostname), ("scheduler", r.scheduler))
+        labels += (("job_id", r.job_id),) if r.scheduler == "slurm" else (("namespace", r.namespace), ("pod", r.pod))
+        flops.add(labels + (("basis", r.basis),), r.flops)
+        if r.gpus is not None:
+            gpus.add(labels, r.gpus)
+    return [flops, gpus]
+
+
 def _health_families(s: Snapshot) -> list[Family]:
     ok = Family("gpufleet_collector_success", "gauge", "1 if the source's last run succeeded.")
     dur = Family("gpufleet_collector_duration_seconds", "gauge", "How long the source's last run took.")
@@ -189,4 +208,4 @@ def _health_families(s: Snapshot) -> list[Family]:
 
 
 def families(s: Snapshot) -> list[Family]:
-    return _dcgm_families(s) + _gpufleet_families(s) + _health_families(s)
+    return _dcgm_families(s) + _gpufleet_families(s) + _job_report_families(s) + _health_families(s)

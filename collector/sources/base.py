@@ -24,6 +24,7 @@ class Batch:
     jobs: list[dict[str, Any]] = field(default_factory=list)  # JOB_COLUMNS
     allocations: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + ALLOCATIONS key
     gpus: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + GPUS columns
+    throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s: ts + job_throughput columns
     rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)
     problems: list[str] = field(default_factory=list)  # what was rejected, for the log (first few)
     watermark: tuple[str, str] | None = None  # (watermark name, new value)

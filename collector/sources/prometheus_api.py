@@ -20,15 +20,15 @@ from typing import Iterable, Iterator
 import httpx
 import pyarrow as pa
 
-from collector.exposition_parse import parse_exposition
+from collector.exposition_parse import JOB_REPORT_METRICS, parse_exposition
 from collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
 from collector.sources.base import Batch, SourceError
 from exporter.exposition import Family, render
 
 log = logging.getLogger(__name__)
 
-# What to fetch: every metric the canonical schema reads, plus the job mapping.
-DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_"))} | {"gpufleet_gpu_job_info"}))
+# What to fetch: every metric the canonical schema reads, plus the job mapping and job reports.
+DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_"))} | {"gpufleet_gpu_job_info", *JOB_REPORT_METRICS}))
 
 
 def _epoch(dt: datetime) -> float:
@@ -114,7 +114,7 @@ class PrometheusApiSource:
                 fams = scrapes.setdefault((instance, float(t)), {})
                 fam = fams.setdefault(name, Family(name, "gauge", ""))
                 fam.add(tuple(labels.items()), float(v))
-        tables, gpus, allocations, rejected, problems = [], [], [], 0, []
+        tables, gpus, allocations, throughput, rejected, problems = [], [], [], [], 0, []
         for (instance, t), fams in sorted(scrapes.items()):
             parsed = parse_exposition(
                 render(fams.values()).decode(), ts=_from_epoch(t), cluster=self.cluster, target=instance, source="prometheus"
@@ -122,6 +122,7 @@ class PrometheusApiSource:
             tables.append(parsed.samples)
             gpus += parsed.gpus
             allocations += parsed.allocations
+            throughput += parsed.throughput
             rejected += parsed.rejected
             problems += parsed.problems[:3]
         return Batch(
@@ -129,6 +130,7 @@ class PrometheusApiSource:
             samples=pa.concat_tables(tables) if tables else SAMPLE_SCHEMA.empty_table(),
             gpus=gpus,
             allocations=allocations,
+            throughput=throughput,
             rejected=rejected,
             problems=problems,
             watermark=(self.watermark_name, end.isoformat()),

@@ -42,7 +42,8 @@ class TargetStatus:
     up: bool = False
     duration_seconds: float = 0.0
     error: str = ""
-    samples: int = 0
+    samples: int = 0  # GPU rows parsed from the last answer
+    rejected: int = 0  # malformed lines in the last answer
 
 
 @dataclass
@@ -53,7 +54,8 @@ class ScrapeSource:
     timeout: float = 10.0
     max_workers: int = 16
     name: str = "scrape"
-    status: dict[str, TargetStatus] = field(default_factory=dict)
+    status: dict[str, TargetStatus] = field(default_factory=dict)  # the current targets' last round
+    rejected_total: dict[str, int] = field(default_factory=dict)  # malformed lines per target, ever
 
     def targets(self) -> tuple[list[Target], list[str]]:
         """The current target list, and problems with the file_sd files (those files are skipped)."""
@@ -79,27 +81,36 @@ class ScrapeSource:
         with httpx.Client(timeout=self.timeout, headers={"Accept-Encoding": "gzip"}) as client:
             with ThreadPoolExecutor(max_workers=min(self.max_workers, len(targets))) as pool:
                 results = list(pool.map(lambda t: self._scrape(client, t), targets))
-        tables, gpus, allocations, rejected = [], [], [], 0
-        for target, (status, body) in zip(targets, results):
-            self.status[target.address] = status
+        yield self.round_batch(now, [(t, status, body) for t, (status, body) in zip(targets, results)], problems)
+
+    def round_batch(self, now: datetime, answers: list[tuple[Target, TargetStatus, str | None]], problems: list[str] | None = None) -> Batch:
+        """One round's answers (target, its status, the body or None) -> the round's batch."""
+        problems = list(problems or [])
+        tables, gpus, allocations, throughput, rejected = [], [], [], [], 0
+        self.status = {target.address: status for target, status, _ in answers}  # targets dropped from file_sd go
+        for target, status, body in answers:
             if body is None:
                 problems.append(f"{target.address}: {status.error}")
                 continue
             parsed = parse_exposition(body, ts=now, cluster=self.cluster, target=target.address, target_labels=dict(target.labels))
             status.samples = parsed.samples.num_rows
+            status.rejected = parsed.rejected
+            self.rejected_total[target.address] = self.rejected_total.get(target.address, 0) + parsed.rejected
             tables.append(parsed.samples)
             gpus += parsed.gpus
             allocations += parsed.allocations
+            throughput += parsed.throughput
             rejected += parsed.rejected
             problems += [f"{target.address}: {p}" for p in parsed.problems[:5]]
-        if not tables and all(not s.up for s in self.status.values()):
-            raise SourceError(f"all {len(targets)} scrape targets failed; first: {problems[0] if problems else '?'}")
+        if not any(status.up for _, status, _ in answers):
+            raise SourceError(f"all {len(answers)} scrape targets failed; first: {problems[0] if problems else '?'}")
         samples = pa.concat_tables(tables) if tables else SAMPLE_SCHEMA.empty_table()
-        yield Batch(
+        return Batch(
             key=f"scrape:{self.cluster}:{now.isoformat()}",
             samples=samples,
             gpus=gpus,
             allocations=allocations,
+            throughput=throughput,
             rejected=rejected,
             problems=problems,
         )

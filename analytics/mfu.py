@@ -1,0 +1,255 @@
+"""MFU (model FLOPs utilization) per job and per account, always with the method that gave it.
+
+MFU = achieved model FLOP/s / (GPUs x dense peak FLOP/s of the GPU model for a dtype). A figure
+is only as good as its method, so every row says which one it came from, tried in this order:
+
+1. reported: the job published its throughput (exporter/jobreport.py -> job_throughput).
+   MFU = sum(FLOP/s x reports) / sum(GPUs x reports) / peak, over the job's reports in the
+   window (hourly rows; a row counts if its hour overlaps the window). GPUs are what the report
+   says it covers, else the job's GPU-equivalents (MIG slices count as their share). tokens/s
+   reports became FLOP/s as 6 x N x tokens/s: attention FLOPs excluded, so MFU is understated
+   for long sequences.
+2. estimate: from DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, the fraction of cycles the tensor pipe is
+   busy. Achieved FLOP/s ~ tensor_active x (SM clock / spec boost clock) x dense peak, so the MFU
+   estimate is the time-weighted mean of tensor_active x SM clock / boost clock over the job's
+   GPU time. The clock factor is used only where both clocks are known (else 1, and the method
+   says so). The counter does not know the dtype: the estimate is against the configured one
+   (`[analytics] mfu_dtype`, default bf16), and a job running FP8 reads as up to 2x its MFU.
+3. unknown, with the reason (no tensor activity data, a GPU model without a peak, no mapping).
+
+Never from GPU_UTIL: a one-thread kernel reads 100 % utilization and 0 % MFU.
+Peaks: analytics/data/gpu_peaks.csv, dense TFLOPS (no sparsity) with a source for every row.
+"""
+
+from __future__ import annotations
+
+import csv
+from functools import cache
+from importlib import resources
+
+import polars as pl
+
+from analytics import sql
+from analytics.core import Analysis
+
+DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp64")
+NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or NVML-only exporter)"
+NO_MAPPING = "no GPU of this job in the store (no exporter job mapping in the window)"
+COLUMNS = ("cluster", "job_key", "job_id", "account", "user_name", "model", "gpus", "mfu", "method", "reason")
+
+
+@cache
+def gpu_peaks() -> pl.DataFrame:
+    """gpu_peaks.csv: model, dtype, dense_tflops, boost_clock_mhz (null: unknown), source."""
+    with resources.files("analytics.data").joinpath("gpu_peaks.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    return pl.DataFrame(
+        {
+            "model": [r["model"] for r in rows],
+            "dtype": [r["dtype"] for r in rows],
+            "dense_tflops": [float(r["dense_tflops"]) for r in rows],
+            "boost_clock_mhz": [float(r["boost_clock_mhz"]) if r["boost_clock_mhz"] else None for r in rows],
+            "source": [r["source"] for r in rows],
+        },
+        schema={"model": pl.Utf8, "dtype": pl.Utf8, "dense_tflops": pl.Float64, "boost_clock_mhz": pl.Float64, "source": pl.Utf8},
+    )
+
+
+def peaks_for(dtype: str) -> pl.DataFrame:
+    """One row per model in the table: peak_tflops for `dtype` (null when it has none), boost clock."""
+    if dtype not in DTYPES:
+        raise ValueError(f"mfu dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    p = gpu_peaks()
+    return (
+        p.group_by("model")
+        .agg(
+            pl.col("dense_tflops").filter(pl.col("dtype") == dtype).first().alias("peak_tflops"),
+            pl.col("boost_clock_mhz").drop_nulls().first().alias("boost_clock_mhz"),
+        )
+        .sort("model")
+    )
+
+
+# Per job: the GPUs it held in the window (allocations joined with the inventory for the model),
+# tensor activity over its pieces, its reports, and scheduler accounting; one row per job.
+_JOBS = f"""
+WITH acct AS (
+    SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
+    FROM ({sql.JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0
+), h AS (
+    SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.account, al.user_name, g.model,
+           {sql.gpu_equiv("g")} AS equiv, {sql.clip_seconds("al.a0", "al.a1")} AS held_s
+    FROM al LEFT JOIN gpus g
+      ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi
+), held AS (
+    SELECT h.cluster, h.scheduler, h.job_key, any_value(h.job_id) AS job_id, any_value(h.account) AS account,
+           any_value(h.user_name) AS user_name, count(*) AS mapped_gpus, sum(h.equiv) AS gpu_equiv,
+           sum(h.held_s * h.equiv) AS held_gpu_s,
+           string_agg(DISTINCT h.model, ', ' ORDER BY h.model) AS model,
+           bool_or(h.model IS NULL) AS model_missing,
+           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.peak_tflops IS NULL) AS no_peak,
+           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.model IS NULL) AS not_listed,
+           sum(pk.peak_tflops * h.held_s * h.equiv) / nullif(sum(h.held_s * h.equiv), 0) AS peak_tflops
+    FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
+    WHERE h.held_s > 0
+    GROUP BY h.cluster, h.scheduler, h.job_key
+), t AS (
+    SELECT cluster, scheduler, job_key,
+           sum(w) AS tensor_s,
+           sum(tensor_active * coalesce(sm_clock_mhz / boost_clock_mhz, 1.0) * w) AS est_s,
+           sum(w) FILTER (WHERE sm_clock_mhz IS NOT NULL AND boost_clock_mhz IS NOT NULL) AS scaled_s,
+           bool_or(boost_clock_mhz IS NULL) AS boost_missing,
+           list(DISTINCT model ORDER BY model) FILTER (WHERE boost_clock_mhz IS NULL) AS no_boost
+    FROM (SELECT pc.*, {sql.clip_seconds("pc.p0", "pc.p1")} * pc.equiv AS w, pk.boost_clock_mhz
+          FROM pc LEFT JOIN mfu_peaks pk ON pk.model = pc.model)
+    WHERE tensor_active IS NOT NULL AND w > 0
+    GROUP BY cluster, scheduler, job_key
+), d AS (
+    SELECT cluster, scheduler, job_key, sum({sql.clip_seconds("p0", "p1")} * equiv) AS data_s
+    FROM pc GROUP BY cluster, scheduler, job_key
+), r AS (
+    SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
+    FROM job_throughput
+    WHERE ts < $end AND ts + INTERVAL 1 HOUR > $start AND ($cluster IS NULL OR cluster = $cluster)
+), keys AS (
+    SELECT cluster, scheduler, job_key FROM acct
+    UNION SELECT cluster, scheduler, job_key FROM held
+    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r
+), rep AS (
+    SELECT r.cluster, r.scheduler, r.job_key, sum(r.reports) AS reports,
+           sum(r.flops * r.reports) / nullif(sum(coalesce(r.gpus, held.gpu_equiv, acct.gpus) * r.reports), 0) AS flops_per_gpu,
+           bool_and(coalesce(r.gpus, held.gpu_equiv, acct.gpus) IS NOT NULL) AS gpus_known,
+           string_agg(DISTINCT r.basis, ',' ORDER BY r.basis) AS basis
+    FROM r LEFT JOIN held USING (cluster, scheduler, job_key) LEFT JOIN acct USING (cluster, scheduler, job_key)
+    GROUP BY r.cluster, r.scheduler, r.job_key
+)
+SELECT k.cluster, k.scheduler, k.job_key,
+       coalesce(acct.job_id, held.job_id, k.job_key) AS job_id,
+       coalesce(acct.account, held.account) AS account, coalesce(acct.user_name, held.user_name) AS user_name,
+       held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
+       coalesce(acct.alloc_gpu_s, held.held_gpu_s, 0) / 3600 AS gpu_h,
+       held.job_key IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
+       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, d.data_s,
+       rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis
+FROM keys k
+LEFT JOIN acct USING (cluster, scheduler, job_key)
+LEFT JOIN held USING (cluster, scheduler, job_key)
+LEFT JOIN t USING (cluster, scheduler, job_key)
+LEFT JOIN d USING (cluster, scheduler, job_key)
+LEFT JOIN rep USING (cluster, scheduler, job_key)
+ORDER BY k.cluster, k.scheduler, k.job_key
+"""
+
+
+def job_mfu(a: Analysis) -> pl.DataFrame:
+    """One row per job that held GPUs in the window: COLUMNS, then scheduler, gpu_h (allocated
+    GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
+    `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown"."""
+    dtype = a.p.mfu_dtype
+    a.con.register("mfu_peaks", peaks_for(dtype).to_arrow())
+    raw = a.q(_JOBS)
+    f = a.p.filters
+    for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
+        if want is not None:
+            raw = raw.filter(pl.col(col) == want)
+    rows = [_decide(r, dtype) for r in raw.iter_rows(named=True)]
+    schema = {
+        "cluster": pl.Utf8, "job_key": pl.Utf8, "job_id": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8, "model": pl.Utf8,
+        "gpus": pl.Int64, "mfu": pl.Float64, "method": pl.Utf8, "reason": pl.Utf8,
+        "scheduler": pl.Utf8, "gpu_h": pl.Float64, "peak_tflops": pl.Float64, "tflops_per_gpu": pl.Float64,
+    }
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _decide(r: dict, dtype: str) -> tuple:
+    """Pick the method for one job and say why."""
+    base = (r["cluster"], r["job_key"], r["job_id"], r["account"], r["user_name"], r["model"], r["gpus"])
+    tail = (r["scheduler"], r["gpu_h"])
+    peak_problems = _peak_problems(r, dtype)
+    peak = r["peak_tflops"]
+
+    def known(mfu: float, method: str, reason: str | None) -> tuple:
+        return base + (mfu, method, reason) + tail + (peak, mfu * peak)
+
+    def unknown(reasons: list[str]) -> tuple:
+        return base + (None, "unknown", "; ".join(reasons)) + tail + (peak, None)
+
+    if r["reports"]:
+        if peak_problems:
+            return unknown([f"the job reports its throughput, but {p}" for p in peak_problems])
+        if not r["gpus_known"] or r["flops_per_gpu"] is None:
+            return unknown(["the job reports its throughput but its GPU count is unknown"])
+        basis = {"flops": "FLOP/s", "6N_tokens": "6N x tokens/s"}.get(r["basis"], "mixed bases")
+        note = "6N FLOPs per token: attention FLOPs excluded" if r["basis"] and "6N_tokens" in r["basis"] else None
+        return known(r["flops_per_gpu"] / (peak * 1e12), f"reported ({basis}, dtype={dtype})", note)
+    if not r["mapped"]:
+        return unknown([NO_MAPPING + ", and no job-reported throughput"])
+    if not r["tensor_s"]:
+        return unknown([NO_TENSOR] + peak_problems)
+    if peak_problems:
+        return unknown(peak_problems)
+    notes = []
+    scaled = (r["scaled_s"] or 0) / r["tensor_s"]
+    if scaled >= 0.999:
+        method = f"estimate (tensor_active x clock / boost, dtype={dtype})"
+    elif scaled == 0:
+        method = f"estimate (tensor_active, no clock scaling, dtype={dtype})"
+        notes.append(
+            f"no clock scaling: no spec boost clock for {', '.join(repr(m) for m in r['no_boost'])} in gpu_peaks.csv"
+            if r["no_boost"] else "no clock scaling: no SM clock samples"
+        )
+    else:
+        method = f"estimate (tensor_active x clock / boost, dtype={dtype})"
+        notes.append(f"clock scaling on {scaled:.0%} of the time (SM or boost clock missing on the rest)")
+    if r["data_s"] and r["tensor_s"] < 0.99 * r["data_s"]:
+        notes.append(f"tensor activity data on {r['tensor_s'] / r['data_s']:.0%} of the job's sampled GPU time")
+    return known(r["est_s"] / r["tensor_s"], method, "; ".join(notes) or None)
+
+
+def _peak_problems(r: dict, dtype: str) -> list[str]:
+    if not r["mapped"]:
+        return ["its GPU model is unknown (no GPU of this job in the store)"]
+    out = []
+    if r["model_missing"]:
+        out.append("a GPU of the job has no model in the inventory")
+    for m in r["not_listed"] or []:
+        out.append(f"unknown GPU model {m!r} for dtype {dtype}: no peak in gpu_peaks.csv")
+    for m in r["no_peak"] or []:
+        if m not in (r["not_listed"] or []):
+            out.append(f"GPU model {m!r} has no dense {dtype} peak in gpu_peaks.csv (the GPU lacks {dtype} tensor cores, or it is not recorded)")
+    return out
+
+
+def account_mfu(a: Analysis, jobs: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per cluster and account: MFU weighted by the jobs' GPU-hours, over jobs with a known MFU.
+
+    method: the jobs' method when they all share one, "mixed" when they differ, "unknown" when
+    no job has an MFU; unknown_jobs / unknown_gpu_h say how much the figure leaves out.
+    """
+    jobs = job_mfu(a) if jobs is None else jobs
+    schema = {"cluster": pl.Utf8, "account": pl.Utf8, "jobs": pl.UInt32, "unknown_jobs": pl.UInt32, "gpu_h": pl.Float64,
+              "unknown_gpu_h": pl.Float64, "mfu": pl.Float64, "method": pl.Utf8}
+    if jobs.is_empty():
+        return pl.DataFrame(schema=schema)
+    known = pl.col("mfu").is_not_null()
+    out = (
+        jobs.with_columns(pl.col("gpu_h").fill_null(0.0))
+        .group_by("cluster", "account")
+        .agg(
+            pl.len().alias("jobs"),
+            (~known).sum().alias("unknown_jobs"),
+            pl.sum("gpu_h"),
+            pl.col("gpu_h").filter(~known).sum().alias("unknown_gpu_h"),
+            ((pl.col("mfu") * pl.col("gpu_h")).filter(known).sum() / pl.col("gpu_h").filter(known).sum()).alias("mfu"),
+            pl.col("method").filter(known).unique().alias("_methods"),
+        )
+        .with_columns(
+            pl.when(pl.col("_methods").list.len() == 0).then(pl.lit("unknown"))
+            .when(pl.col("_methods").list.len() == 1).then(pl.col("_methods").list.first())
+            .otherwise(pl.lit("mixed")).alias("method"),
+            pl.when(pl.col("mfu").is_nan()).then(None).otherwise(pl.col("mfu")).alias("mfu"),
+        )
+        .drop("_methods")
+        .sort("cluster", "account", nulls_last=True)
+    )
+    return out.select(list(schema)).cast(schema)

@@ -1,0 +1,413 @@
+"""MFU: the three methods (reported, tensor-activity estimate, unknown), the peak table, and the
+path a job's report takes: jobreport.report() -> exporter -> exposition -> collector -> store.
+
+Golden numbers, worked out here (window [10:00, 12:00), every job runs the whole window):
+- job 1, H100, tensor_active 0.45, SM clock 1980 MHz = boost:  0.45 x 1980/1980 = 0.45
+- job 2, H100, tensor_active 0.45, SM clock 1485 MHz:          0.45 x 1485/1980 = 0.3375
+- job 3, 8 x H100 bf16, reports 3000 tokens/s of a 7e9-parameter model (gpus=8):
+         6 x 7e9 x 3000 / (8 x 989e12) = 1.26e14 / 7.912e15 = 0.015925...
+         (its tensor_active 0.9 is ignored: a report wins over the estimate)
+- job 4, unknown model, tensor_active 0.5:                     unknown (no peak)
+- job 5, H100 with GPU_UTIL 95 % only:                         unknown (no tensor data), never 0.95
+- job 6, 2 x H100, reports 989e12 FLOP/s without a GPU count:  989e12 / (2 x 989e12) = 0.5
+- job 7, H100 PCIe (no boost clock recorded), tensor 0.3:      0.3, without clock scaling
+- job 8, V100 SXM2 (no bf16 on Volta), tensor 0.4:             unknown for bf16; 0.4 x 1377/1530 = 0.36 for fp16
+Accounts, weighted by GPU-hours (1 GPU x 2 h = 2 GPU-h):
+- physics: jobs 1, 2 (2 GPU-h each): (0.45 x 2 + 0.3375 x 2) / 4 = 0.39375, one method
+- bio: job 3 (16 GPU-h, reported) + job 5 (2 GPU-h, unknown): 0.015925..., 1 unknown job
+- chem: job 6 (4 GPU-h, 0.5) + job 7 (2 GPU-h, 0.3): (2 + 0.6) / 6 = 0.4333..., "mixed"
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from analytics.core import Analysis
+from analytics.mfu import DTYPES, NO_TENSOR, account_mfu, gpu_peaks, job_mfu
+from analytics.params import Filters, Params
+from collector.exposition_parse import parse_exposition
+from collector.sources.base import Batch
+from collector.store import StoreWriter
+from exporter import jobreport
+from exporter.backends import sim_scenario
+from exporter.backends.sim import SimBackend
+from exporter.jobreports import JobReportSource
+from exporter.poller import Poller
+from tests.support.fleet import Fleet
+
+H100, H100_PCIE, V100 = "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "Tesla V100-SXM2-16GB"
+MYSTERY = "NVIDIA Imaginary X1"
+JOB3 = 6 * 7e9 * 3000 / (8 * 989e12)
+
+
+def T(h: int, m: int = 0) -> datetime:
+    return datetime(2026, 11, 16, h, m)
+
+
+# --- the peak table ---
+
+
+def peak_rows() -> list[dict]:
+    with resources.files("analytics.data").joinpath("gpu_peaks.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_peak_has_a_source_and_sane_values():
+    rows = peak_rows()
+    assert rows
+    for r in rows:
+        assert r["source"].strip(), r
+        assert r["dtype"] in DTYPES, r
+        assert 0 < float(r["dense_tflops"]) < 10000, r
+        assert "~" not in r["dense_tflops"]
+    assert len({(r["model"], r["dtype"]) for r in rows}) == len(rows)  # one peak per model and dtype
+    boosts: dict[str, set[str]] = {}
+    for r in rows:
+        boosts.setdefault(r["model"], set()).add(r["boost_clock_mhz"])
+    assert all(len(b) == 1 for b in boosts.values())  # a model has one boost clock (or none)
+
+
+def test_peaks_hold_the_reference_figures():
+    p = {(r["model"], r["dtype"]): (r["dense_tflops"], r["boost_clock_mhz"]) for r in gpu_peaks().iter_rows(named=True)}
+    assert p[(H100, "bf16")] == (989.0, 1980.0)
+    assert p[(H100, "fp8")] == (1979.0, 1980.0)
+    assert p[("NVIDIA A100-SXM4-80GB", "bf16")] == (312.0, 1410.0)
+    assert p[("NVIDIA L4", "bf16")] == (121.0, 2040.0)
+    assert p[("Tesla T4", "fp16")] == (65.0, 1590.0)
+    assert p[(H100_PCIE, "bf16")] == (756.0, None)  # boost clock not recorded: no clock scaling
+    assert (V100, "bf16") not in p  # Volta has no bf16 tensor cores
+    assert ("NVIDIA A10G", "bf16") not in p  # unverified figure: left out
+
+
+# --- analytics over a store ---
+
+
+def report_batch(key: str, job_key: str, flops: float, gpus: int | None, basis: str, times, host: str = "n3") -> Batch:
+    return Batch(key=key, throughput=[
+        dict(ts=t, cluster="c1", scheduler="slurm", job_key=job_key, host=host, flops=flops, gpus=gpus, basis=basis) for t in times
+    ])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    f = Fleet(tmp_path_factory.mktemp("mfu"))
+    f.gpu_series("n1", "GPU-1", T(10), T(12), util=90.0, tensor=0.45, sm_clock=1980)
+    f.gpu_series("n1", "GPU-2", T(10), T(12), util=90.0, tensor=0.45, sm_clock=1485, gpu=1)
+    for i in range(8):
+        f.gpu_series("n3", f"GPU-3{i}", T(10), T(12), util=99.0, tensor=0.9, sm_clock=1980, gpu=i)
+    f.gpu_series("n4", "GPU-4", T(10), T(12), util=90.0, tensor=0.5, sm_clock=1500, model=MYSTERY)
+    f.gpu_series("n5", "GPU-5", T(10), T(12), util=95.0)  # NVML-only: GPU_UTIL, no tensor activity
+    f.gpu_series("n6", "GPU-60", T(10), T(12), util=80.0)
+    f.gpu_series("n6", "GPU-61", T(10), T(12), util=80.0, gpu=1)
+    f.gpu_series("n7", "GPU-7", T(10), T(12), util=70.0, tensor=0.3, sm_clock=1500, model=H100_PCIE)
+    f.gpu_series("n8", "GPU-8", T(10), T(12), util=70.0, tensor=0.4, sm_clock=1377, model=V100)
+    job = lambda key, account, gpus, placements: f.job(key, account=account, user="u" + key, start=T(10), end=T(12), gpus=gpus, placements=placements)  # noqa: E731
+    job("1", "physics", 1, [("n1", "GPU-1")])
+    job("2", "physics", 1, [("n1", "GPU-2")])
+    job("3", "bio", 8, [("n3", f"GPU-3{i}") for i in range(8)])
+    job("4", "other", 1, [("n4", "GPU-4")])
+    job("5", "bio", 1, [("n5", "GPU-5")])
+    job("6", "chem", 2, [("n6", "GPU-60"), ("n6", "GPU-61")])
+    job("7", "chem", 1, [("n7", "GPU-7")])
+    job("8", "other", 1, [("n8", "GPU-8")])
+    f.write()
+    w = StoreWriter(f.root)
+    times = [T(10, m) for m in range(0, 60, 5)] + [T(11, m) for m in range(0, 60, 5)]
+    w.commit(report_batch("r3", "3", 6 * 7e9 * 3000, 8, "6N_tokens", times))
+    w.commit(report_batch("r6", "6", 989e12, None, "flops", times, host="n6"))
+    w.commit(report_batch("r9", "9", 1e15, 8, "flops", times, host="n9"))  # a report from a job the store has no GPU of
+    w.publish()
+    w.close()
+    return f
+
+
+def analysis(store, dtype: str = "bf16") -> Analysis:
+    return Analysis(store.reader(), Params(T(10), T(12), mfu_dtype=dtype), now=T(20))
+
+
+@pytest.fixture(scope="module")
+def jobs(store):
+    return {r["job_id"]: r for r in job_mfu(analysis(store)).to_dicts()}
+
+
+def test_estimate_from_tensor_activity_at_boost_clock(jobs):
+    j = jobs["1"]
+    assert j["mfu"] == pytest.approx(0.45)
+    assert j["method"] == "estimate (tensor_active x clock / boost, dtype=bf16)"
+    assert j["reason"] is None
+    assert j["model"] == H100 and j["gpus"] == 1 and j["gpu_h"] == pytest.approx(2.0)
+    assert j["tflops_per_gpu"] == pytest.approx(0.45 * 989)
+
+
+def test_estimate_scales_by_sm_clock_over_boost(jobs):
+    assert jobs["2"]["mfu"] == pytest.approx(0.45 * 1485 / 1980)
+    assert jobs["2"]["mfu"] == pytest.approx(0.3375)
+
+
+def test_reported_tokens_per_second_wins_over_the_estimate(jobs):
+    j = jobs["3"]
+    assert j["mfu"] == pytest.approx(JOB3) and j["mfu"] == pytest.approx(0.0159, abs=5e-5)
+    assert j["method"] == "reported (6N x tokens/s, dtype=bf16)"
+    assert "attention FLOPs excluded" in j["reason"]
+    assert j["gpus"] == 8 and j["account"] == "bio"
+
+
+def test_reported_flops_without_gpu_count_uses_the_jobs_gpus(jobs):
+    assert jobs["6"]["mfu"] == pytest.approx(0.5)
+    assert jobs["6"]["method"] == "reported (FLOP/s, dtype=bf16)"
+
+
+def test_unknown_model_is_unknown_with_reason(jobs):
+    j = jobs["4"]
+    assert j["mfu"] is None and j["method"] == "unknown"
+    assert j["reason"] == f"unknown GPU model '{MYSTERY}' for dtype bf16: no peak in gpu_peaks.csv"
+
+
+def test_gpu_util_alone_never_gives_an_mfu(jobs):
+    j = jobs["5"]
+    assert j["mfu"] is None and j["method"] == "unknown"
+    assert j["reason"] == NO_TENSOR
+
+
+def test_missing_boost_clock_skips_clock_scaling_and_says_so(jobs):
+    j = jobs["7"]
+    assert j["mfu"] == pytest.approx(0.3)
+    assert j["method"] == "estimate (tensor_active, no clock scaling, dtype=bf16)"
+    assert j["reason"] == f"no clock scaling: no spec boost clock for '{H100_PCIE}' in gpu_peaks.csv"
+
+
+def test_dtype_the_gpu_lacks_is_unknown_and_the_configured_dtype_is_used(store, jobs):
+    assert jobs["8"]["method"] == "unknown" and "no dense bf16 peak" in jobs["8"]["reason"]
+    fp16 = {r["job_id"]: r for r in job_mfu(analysis(store, "fp16")).to_dicts()}
+    assert fp16["8"]["mfu"] == pytest.approx(0.4 * 1377 / 1530)
+    assert fp16["8"]["method"] == "estimate (tensor_active x clock / boost, dtype=fp16)"
+    assert fp16["3"]["mfu"] == pytest.approx(JOB3)  # same peak for fp16 on H100
+    fp8 = {r["job_id"]: r for r in job_mfu(analysis(store, "fp8")).to_dicts()}
+    assert fp8["3"]["mfu"] == pytest.approx(6 * 7e9 * 3000 / (8 * 1979e12))
+
+
+def test_report_for_a_job_without_gpus_in_the_store_is_unknown(jobs):
+    j = jobs["9"]
+    assert j["method"] == "unknown" and "GPU model is unknown" in j["reason"]
+
+
+def test_columns(store):
+    df = job_mfu(analysis(store))
+    assert df.columns[:10] == ["cluster", "job_key", "job_id", "account", "user_name", "model", "gpus", "mfu", "method", "reason"]
+    assert df["method"].null_count() == 0
+
+
+def test_account_rollup_weighted_by_gpu_hours(store):
+    acc = {r["account"]: r for r in account_mfu(analysis(store)).to_dicts()}
+    assert acc["physics"]["mfu"] == pytest.approx((0.45 * 2 + 0.3375 * 2) / 4)
+    assert acc["physics"]["method"] == "estimate (tensor_active x clock / boost, dtype=bf16)"
+    assert acc["physics"]["unknown_jobs"] == 0
+    assert acc["bio"]["mfu"] == pytest.approx(JOB3)
+    assert acc["bio"]["method"] == "reported (6N x tokens/s, dtype=bf16)"
+    assert (acc["bio"]["jobs"], acc["bio"]["unknown_jobs"], acc["bio"]["unknown_gpu_h"]) == (2, 1, pytest.approx(2.0))
+    assert acc["chem"]["mfu"] == pytest.approx((0.5 * 4 + 0.3 * 2) / 6)
+    assert acc["chem"]["method"] == "mixed"
+    assert acc["other"]["mfu"] is None and acc["other"]["method"] == "unknown" and acc["other"]["unknown_jobs"] == 2
+
+
+def test_account_filter(store):
+    a = Analysis(store.reader(), Params(T(10), T(12), filters=Filters(account="chem")), now=T(20))
+    assert sorted(job_mfu(a)["job_id"].to_list()) == ["6", "7"]
+
+
+# --- the store: hourly rows, idempotent ---
+
+
+def test_throughput_rows_are_hourly_means_and_a_batch_counts_once(tmp_path):
+    w = StoreWriter(tmp_path)
+    w.commit(report_batch("a", "1", 100.0, 4, "flops", [T(10, 0), T(10, 30)]))
+    w.commit(report_batch("a", "1", 100.0, 4, "flops", [T(10, 0), T(10, 30)]))  # the same batch again
+    w.commit(report_batch("b", "1", 400.0, None, "flops", [T(10, 45), T(11, 5)]))
+    rows = w.db.execute("SELECT ts, reports, flops, gpus, basis FROM job_throughput ORDER BY ts").fetchall()
+    w.close()
+    # 10:00 hour: 100, 100, 400 -> mean 200 over 3 reports (not 5); gpus kept from the reports that said
+    assert rows == [(T(10), 3, pytest.approx(200.0), 4, "flops"), (T(11), 1, pytest.approx(400.0), None, "flops")]
+
+
+# --- the job's side: writing reports ---
+
+
+def test_report_writes_one_json_file_per_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_JOB_REPORT_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    path = jobreport.report(tokens_per_second=3000, parameters=7e9, gpus=8)
+    assert path == tmp_path / "4242.json"
+    doc = json.loads(path.read_text())
+    assert (doc["scheduler"], doc["job_id"], doc["tokens_per_second"], doc["parameters"], doc["gpus"]) == ("slurm", "4242", 3000.0, 7e9, 8)
+    assert jobreport.report(tokens_per_second=1, parameters=1) is None  # within min_interval: skipped
+    assert json.loads(path.read_text())["tokens_per_second"] == 3000.0
+    assert jobreport.report(flops_per_second=5e14, min_interval=0) == path
+    assert json.loads(path.read_text())["flops_per_second"] == 5e14
+    assert [p.name for p in tmp_path.iterdir()] == ["4242.json"]  # no temporary files left
+
+
+def test_report_knows_a_kubernetes_pod(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("POD_NAME", "trainer-0")
+    monkeypatch.setenv("POD_NAMESPACE", "ml")
+    path = jobreport.report(flops_per_second=1e15, directory=tmp_path)
+    assert path.name == "ml_trainer-0.json"
+    doc = json.loads(path.read_text())
+    assert (doc["scheduler"], doc["namespace"], doc["pod"]) == ("kubernetes", "ml", "trainer-0")
+
+
+def test_report_refuses_bad_arguments_and_survives_a_missing_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    for kwargs in ({}, {"tokens_per_second": 10}, {"flops_per_second": 1.0, "parameters": 5},
+                   {"flops_per_second": float("nan")}, {"flops_per_second": -1.0}, {"flops_per_second": 1.0, "gpus": 0},
+                   {"flops_per_second": 1.0, "job_id": "../../etc/passwd"}):
+        with pytest.raises(ValueError):
+            jobreport.report(directory=tmp_path, **kwargs)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("POD_NAME", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ValueError, match="cannot tell which job"):
+        jobreport.report(flops_per_second=1.0, directory=tmp_path)
+    assert jobreport.report(flops_per_second=1.0, job_id="7", directory=tmp_path / "missing") is None  # logged, not raised
+
+
+def test_report_cli(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "exporter.jobreport", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=Path(__file__).resolve().parents[1], env={**os.environ, "SLURM_JOB_ID": ""})
+    ok = run("--tokens-per-second", "3000", "--parameters", "7e9", "--job-id", "55", "--dir", str(tmp_path))
+    assert ok.returncode == 0 and ok.stdout.strip() == str(tmp_path / "55.json")
+    assert json.loads((tmp_path / "55.json").read_text())["parameters"] == 7e9
+    bad = run("--tokens-per-second", "3000", "--job-id", "55", "--dir", str(tmp_path))
+    assert bad.returncode == 2 and "tokens_per_second and parameters" in bad.stderr
+    assert run("--flops-per-second", "1e15", "--job-id", "55", "--dir", str(tmp_path / "nope")).returncode == 1
+
+
+# --- the exporter publishes, the collector stores ---
+
+
+def make_poller(directory: Path) -> Poller:
+    return Poller(SimBackend(sim_scenario.parse({"hostname": "node-a", "gpus": 1})), hostname="node-a",
+                  job_reports=JobReportSource(directory))
+
+
+def published(p: Poller) -> list[tuple[str, dict, float]]:
+    return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(p.exposition().decode()) for s in fam.samples]
+
+
+def test_exporter_publishes_reported_flops_and_gpus(tmp_path):
+    jobreport.report(tokens_per_second=3000, parameters=7e9, gpus=8, job_id="42", directory=tmp_path)
+    jobreport.report(flops_per_second=2e15, job_id="ml/trainer-0", directory=tmp_path)
+    p = make_poller(tmp_path)
+    p.poll_telemetry()
+    p.poll_processes_and_jobs()
+    ss = published(p)
+    flops = {(lab.get("job_id"), lab.get("pod")): (lab, v) for n, lab, v in ss if n == "gpufleet_job_reported_flops"}
+    lab, v = flops[("42", None)]
+    assert v == pytest.approx(6 * 7e9 * 3000) and lab == {"Hostname": "node-a", "scheduler": "slurm", "job_id": "42", "basis": "6N_tokens"}
+    lab, v = flops[(None, "trainer-0")]
+    assert v == 2e15 and lab == {"Hostname": "node-a", "scheduler": "kubernetes", "namespace": "ml", "pod": "trainer-0", "basis": "flops"}
+    assert [(lab["job_id"], v) for n, lab, v in ss if n == "gpufleet_job_reported_gpus"] == [("42", 8)]  # the pod gave no count
+    assert [v for n, lab, v in ss if n == "gpufleet_collector_success" and lab["collector"] == "job_reports"] == [1]
+
+
+def test_stale_and_garbled_reports_are_dropped_and_counted(tmp_path):
+    jobreport.report(flops_per_second=1e15, job_id="1", directory=tmp_path)
+    old = jobreport.report(flops_per_second=1e15, job_id="2", directory=tmp_path)
+    os.utime(old, (time.time() - 300, time.time() - 300))  # 5 minutes old: the job stopped reporting
+    (tmp_path / "3.json").write_text("{not json")
+    (tmp_path / "4.json").write_text(json.dumps({"version": 1, "scheduler": "slurm", "job_id": "4", "flops_per_second": "fast"}))
+    (tmp_path / ".5.json.tmp").write_text("{half")  # a write in flight
+    p = make_poller(tmp_path)
+    p.poll_telemetry()
+    p.poll_processes_and_jobs()
+    ss = published(p)
+    assert [lab["job_id"] for n, lab, v in ss if n == "gpufleet_job_reported_flops"] == ["1"]
+    assert [v for n, lab, v in ss if n == "gpufleet_collector_problems_total" and lab["collector"] == "job_reports"] == [2]
+    assert [v for n, lab, v in ss if n == "gpufleet_collector_success" and lab["collector"] == "job_reports"] == [1]
+
+
+def test_missing_report_directory_is_no_reports_not_a_failure(tmp_path):
+    p = make_poller(tmp_path / "nobody-reported-yet")
+    p.poll_telemetry()
+    p.poll_processes_and_jobs()
+    ss = published(p)
+    assert not [1 for n, *_ in ss if n.startswith("gpufleet_job_reported")]
+    assert [v for n, lab, v in ss if n == "gpufleet_collector_success" and lab["collector"] == "job_reports"] == [1]
+
+
+def test_collector_parses_reports_into_throughput_rows():
+    text = (
+        'gpufleet_job_reported_flops{Hostname="n3",scheduler="slurm",job_id="42",basis="6N_tokens"} 1.26e+14\n'
+        'gpufleet_job_reported_gpus{Hostname="n3",scheduler="slurm",job_id="42"} 8\n'
+        'gpufleet_job_reported_flops{Hostname="n3",scheduler="kubernetes",namespace="ml",pod="p",basis="flops"} 2e15\n'
+        'gpufleet_job_reported_gpus{Hostname="n3",scheduler="slurm",job_id="43"} 2\n'  # no flops: nothing to store
+        'gpufleet_job_reported_flops{Hostname="n3",scheduler="slurm"} 1\n'  # no job
+        'gpufleet_job_reported_flops{Hostname="n3",scheduler="slurm",job_id="44"} NaN\n'
+        'gpufleet_job_reported_gpus{Hostname="n3",scheduler="slurm",job_id="45"} 1.5\n'
+    )
+    parsed = parse_exposition(text, ts=T(10), cluster="c1", target="n3:9402")
+    assert sorted((r["scheduler"], r["job_key"], r["host"], r["flops"], r["gpus"], r["basis"]) for r in parsed.throughput) == [
+        ("kubernetes", "ml/p", "n3", 2e15, None, "flops"),
+        ("slurm", "42", "n3", 1.26e14, 8, "6N_tokens"),
+    ]
+    assert parsed.rejected == 3 and parsed.samples.num_rows == 0
+
+
+def test_a_report_travels_from_the_job_to_the_mfu(tmp_path):
+    """report() -> exporter -> exposition -> collector parse -> store -> analytics: 8 H100s at
+    3000 tokens/s of a 7e9-parameter model give MFU 6 x 7e9 x 3000 / (8 x 989e12)."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    jobreport.report(tokens_per_second=3000, parameters=7e9, gpus=8, job_id="42", directory=reports)
+    p = make_poller(reports)
+    p.poll_telemetry()
+    p.poll_processes_and_jobs()
+    text = p.exposition().decode()
+    f = Fleet(tmp_path / "store")
+    for i in range(8):
+        f.gpu_series("node-a", f"GPU-{i}", T(10), T(11), util=99.0, gpu=i)  # no tensor data: only the report can tell
+    f.job("42", account="bio", user="u", start=T(10), end=T(11), gpus=8, placements=[("node-a", f"GPU-{i}") for i in range(8)])
+    f.write()
+    w = StoreWriter(f.root)
+    for m in range(0, 60, 15):
+        parsed = parse_exposition(text, ts=T(10, m), cluster="c1", target="node-a:9402")
+        w.commit(Batch(key=f"scrape:{m}", samples=None, throughput=parsed.throughput))
+    w.publish()
+    w.close()
+    [row] = job_mfu(Analysis(f.reader(), Params(T(10), T(11)), now=T(20))).to_dicts()
+    assert row["mfu"] == pytest.approx(JOB3)
+    assert row["method"] == "reported (6N x tokens/s, dtype=bf16)"
+
+
+def test_empty_window_gives_empty_frames(tmp_path):
+    f = Fleet(tmp_path)
+    f.write()
+    a = Analysis(f.reader(), Params(T(10), T(12)), now=T(20))
+    jobs = job_mfu(a)
+    assert jobs.is_empty() and jobs.columns[:10] == ["cluster", "job_key", "job_id", "account", "user_name", "model", "gpus", "mfu", "method", "reason"]
+    assert account_mfu(a, jobs).is_empty()
+
+
+def test_exporter_config_wires_the_report_directory(tmp_path):
+    import argparse
+
+    from exporter.cli import build, resolve_options
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[exporter]\nbackend = "sim"\ndevice_map_file = ""\nkubelet_socket = ""\njob_report_dir = "{tmp_path}"\njob_report_max_age = 30\n')
+    opts = resolve_options(argparse.Namespace(config=str(cfg)))
+    p = build(opts)
+    assert p.job_reports.directory == tmp_path and p.job_reports.max_age == 30
+    cfg.write_text('[exporter]\nbackend = "sim"\ndevice_map_file = ""\nkubelet_socket = ""\njob_report_dir = ""\n')
+    assert build(resolve_options(argparse.Namespace(config=str(cfg)))).job_reports is None
