@@ -1,0 +1,435 @@
+"""Gather the report's figures from the analytics: the figure model the templates render.
+
+Nothing here computes a figure of its own. Every number is taken from analytics.core.Analysis,
+analytics.trends, analytics.jobs and analytics.fairness for the report's window (or, for the
+daily trend, for each day of it); the per-team table adds up the analytics' per-(cluster, account)
+rows by account, so a team spread over two clusters is one row. What this module adds is
+judgement about what is *known*: a figure that needs GPU samples is "no data" when the window
+has none, a figure that needs process counts is "not measured" when no exporter reports them,
+and a window with neither samples nor jobs is a "no data" report, never a page of zeros.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field, replace
+from datetime import date, datetime, timedelta, timezone
+from typing import Any, Mapping
+
+import duckdb
+import polars as pl
+
+from analytics.core import Analysis, Totals
+from analytics.jobs import job_summaries
+from analytics.params import Filters, Params
+from analytics.report.window import Window
+from analytics.trends import compare, previous_totals
+
+log = logging.getLogger(__name__)
+
+# headline figures that need GPU samples (utilization, idle, stranded) or process counts
+NEEDS_SAMPLES = {"busy_gpu_h", "utilization_pct", "idle_allocated_gpu_h", "idle_allocated_cost", "no_process_gpu_h",
+                 "stranded_gpu_h", "stranded_cost"}
+NEEDS_PROCESSES = {"no_process_gpu_h"}
+LABELS = {"allocated_gpu_h": "GPU-hours allocated", "busy_gpu_h": "GPU-hours used (busy)", "utilization_pct": "Fleet utilization",
+          "idle_allocated_gpu_h": "Idle allocated GPU-hours", "idle_allocated_cost": "Cost of idle allocated GPUs",
+          "no_process_gpu_h": "GPU-hours held with no process", "stranded_gpu_h": "Stranded GPU-hours (no job held them)",
+          "stranded_cost": "Cost of stranded capacity", "no_data_gpu_h": "GPU-hours with no data"}
+UNITS = {"allocated_gpu_h": "gpu_h", "busy_gpu_h": "gpu_h", "utilization_pct": "pct", "idle_allocated_gpu_h": "gpu_h",
+         "idle_allocated_cost": "usd", "no_process_gpu_h": "gpu_h", "stranded_gpu_h": "gpu_h", "stranded_cost": "usd",
+         "no_data_gpu_h": "gpu_h"}
+LOW_COVERAGE = 0.9  # below this share of capacity with samples, the report warns that figures undercount
+NO_PROCESS_LIST = 20  # jobs listed under "held GPUs with no process"
+
+
+@dataclass(frozen=True)
+class Headline:
+    figure: str  # Totals field
+    label: str
+    unit: str  # gpu_h | pct | usd
+    current: float | None
+    previous: float | None
+    change: float | None
+    change_pct: float | None
+    missing: str | None = None  # why current is not shown: "no data", "not measured", "no price"
+    previous_missing: str | None = None
+
+
+@dataclass(frozen=True)
+class TeamRow:
+    account: str
+    entitled_share: float | None
+    used_share: float | None
+    ratio: float | None
+    fairshare_factor: float | None
+    allocated_gpu_h: float
+    busy_gpu_h: float
+    data_gpu_h: float
+    utilization_pct: float | None
+    idle_gpu_h: float
+    idle_cost: float | None
+    no_process_gpu_h: float
+    wait_p50_s: float | None
+    wait_p95_s: float | None
+    started_jobs: int | None
+    pending_jobs: int | None
+
+
+@dataclass(frozen=True)
+class JobRow:
+    cluster: str
+    job_id: str
+    name: str | None
+    user_name: str | None
+    account: str | None
+    gpus: int | None
+    runtime_h: float | None
+    allocated_gpu_h: float | None
+    gpu_h: float  # idle (wasteful jobs) or no-process (no-process jobs) GPU-hours in the window
+    cost: float | None
+    verdict: str | None
+
+
+@dataclass(frozen=True)
+class DailyPoint:
+    day: date
+    utilization_pct: float | None
+    busy_gpu_h: float
+    data_gpu_h: float
+    idle_allocated_gpu_h: float
+    allocated_gpu_h: float
+    future: bool = False  # the day had not begun when the report was made
+
+
+@dataclass(frozen=True)
+class MfuRow:
+    """analytics.mfu.account_mfu(): one (cluster, account)."""
+    cluster: str
+    account: str
+    mfu_pct: float | None  # None: unknown for every job of the team
+    method: str
+    jobs: int
+    unknown_jobs: int
+    gpu_h: float
+    unknown_gpu_h: float
+    reason: str | None  # why MFU is unknown (the most common reason among the team's unknown jobs)
+
+
+@dataclass
+class Method:
+    max_gap_s: float
+    idle_threshold_pct: float
+    idle_min_duration_s: float
+    prices: list[tuple[str, float | None, bool]]  # (model seen in the window, $/GPU-h or None, set in config)
+    unpriced_models: tuple[str, ...]
+    capacity_gpu_h: float
+    data_gpu_h: float
+    no_data_gpu_h: float
+    no_data_hosts: list[tuple[str, float]]  # (host, no-data GPU-hours), most first
+    process_counts: bool
+    shares_source: str  # "config", "equal" or "unavailable"
+    half_life_days: float | None
+    filters: dict[str, str]
+
+
+@dataclass
+class Report:
+    window: Window
+    generated_at: datetime  # naive UTC
+    as_of: datetime  # naive UTC: window end, or now if the window is not over
+    status: str  # "ok" | "no_data"
+    notices: list[str]
+    totals: Totals
+    previous: Totals | None
+    headline: list[Headline]
+    teams: list[TeamRow]
+    wasteful_jobs: list[JobRow]
+    no_process_jobs: list[JobRow]
+    no_process_more: int  # jobs beyond the listed ones
+    daily: list[DailyPoint]
+    mfu: list[MfuRow]
+    mfu_note: str
+    jain_index: float | None
+    gini_users: float | None
+    method: Method
+    team: str | None = None  # a team's own report
+    top_n: int = 10
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_data(self) -> bool:
+        return self.status != "no_data"
+
+
+def _empty(t: Totals) -> bool:
+    return t.capacity_gpu_h == 0 and t.allocated_gpu_h == 0
+
+
+def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_processes: bool) -> list[Headline]:
+    """analytics.trends.compare() rows, with the reason a figure is not shown where it is not."""
+    prev_t = prev if prev is not None else cur
+
+    def why(key: str, t: Totals, procs: bool) -> str | None:
+        if _empty(t):
+            return "no data"
+        if key in NEEDS_SAMPLES and t.data_gpu_h == 0:
+            return "no data"
+        if key in NEEDS_PROCESSES and not procs:
+            return "not measured"
+        if getattr(t, key) is None:
+            return "no price" if key.endswith("cost") else "no data"
+        return None
+
+    rows = []
+    for r in compare(cur, prev_t).to_dicts():
+        key = r["figure"]
+        missing = why(key, cur, processes)
+        pmissing = "no data" if prev is None else why(key, prev, prev_processes)
+        known = missing is None and pmissing is None
+        rows.append(Headline(
+            figure=key, label=LABELS.get(key, r["label"]), unit=UNITS.get(key, "gpu_h"),
+            current=None if missing else r["current"], previous=None if pmissing else r["previous"],
+            change=r["change"] if known else None, change_pct=r["change_pct"] if known else None,
+            missing=missing, previous_missing=pmissing,
+        ))
+    return rows
+
+
+def _process_counts(a: Analysis) -> bool:
+    """Does any sample in the window carry a compute-process count (gpufleet exporter)?"""
+    return bool(a.q("SELECT count(*) AS n FROM iv WHERE procs IS NOT NULL AND t1 > $start AND t0 < $end")["n"][0])
+
+
+def _by_account(df: pl.DataFrame, sums: list[str], cost: str | None = None) -> dict[str, dict[str, Any]]:
+    """Per-(cluster, account) analytics rows added up by account; money unknown if any part is."""
+    if df.is_empty():
+        return {}
+    aggs = [pl.sum(c) for c in sums]
+    if cost:
+        aggs.append(pl.when(pl.col(cost).is_null().any()).then(None).otherwise(pl.sum(cost)).alias(cost))
+    g = df.with_columns(pl.col("account").fill_null("")).group_by("account").agg(aggs)
+    return {r["account"]: r for r in g.to_dicts()}
+
+
+def _fairness(a: Analysis, shares: Mapping[str, float] | None, half_life: timedelta):
+    try:
+        from analytics.fairness import fairness
+    except ImportError:  # pragma: no cover - fairness ships with analytics
+        return None
+    return fairness(a, shares, half_life)
+
+
+def team_rows(a: Analysis, fair) -> list[TeamRow]:
+    util = _by_account(a.utilization("account"), ["allocated_gpu_h", "data_gpu_h", "busy_gpu_h"])
+    idle = _by_account(a.waste_by("account", "idle"), ["gpu_h"], "cost")
+    nop = _by_account(a.waste_by("account", "no_process"), ["gpu_h"])
+    fr = {r["account"]: r for r in fair.per_account.to_dicts()} if fair is not None else {}
+    rows = []
+    for acct in sorted(set(util) | set(idle) | set(fr)):
+        u, i, f = util.get(acct, {}), idle.get(acct), fr.get(acct, {})
+        data, busy = u.get("data_gpu_h", 0.0), u.get("busy_gpu_h", 0.0)
+        rows.append(TeamRow(
+            account=acct, entitled_share=f.get("entitled_share"), used_share=f.get("used_share"), ratio=f.get("ratio"),
+            fairshare_factor=f.get("fairshare_factor"),
+            allocated_gpu_h=u.get("allocated_gpu_h", 0.0), busy_gpu_h=busy, data_gpu_h=data,
+            utilization_pct=busy / data * 100 if data > 0 else None,
+            idle_gpu_h=i["gpu_h"] if i else 0.0, idle_cost=i["cost"] if i else 0.0,
+            no_process_gpu_h=nop[acct]["gpu_h"] if acct in nop else 0.0,
+            wait_p50_s=f.get("wait_p50_s"), wait_p95_s=f.get("wait_p95_s"),
+            started_jobs=f.get("started_jobs"), pending_jobs=f.get("pending_jobs"),
+        ))
+    # sorted by cost of idle time, most first; unknown cost (unpriced model) after the known ones
+    rows.sort(key=lambda r: (r.idle_cost is None, -(r.idle_cost or 0.0), -r.idle_gpu_h, -r.allocated_gpu_h, r.account))
+    return rows
+
+
+def _job_info(a: Analysis) -> dict[tuple, dict[str, Any]]:
+    s = job_summaries(a)
+    return {} if s.is_empty() else {(r["cluster"], r["scheduler"], r["job_key"]): r for r in s.to_dicts()}
+
+
+def wasteful_jobs(a: Analysis, n: int, info: dict[tuple, dict[str, Any]]) -> list[JobRow]:
+    out = []
+    for r in a.top_wasteful_jobs(n).to_dicts():
+        j = info.get((r["cluster"], r["scheduler"], r["job_key"]), {})
+        out.append(JobRow(cluster=r["cluster"], job_id=r["job_id"], name=j.get("name"), user_name=r["user_name"], account=r["account"],
+                          gpus=r.get("gpus"), runtime_h=r.get("runtime_h"), allocated_gpu_h=r.get("allocated_gpu_h"),
+                          gpu_h=r["idle_gpu_h"], cost=r["idle_cost"], verdict=j.get("verdict")))
+    return out
+
+
+def no_process_jobs(a: Analysis, info: dict[tuple, dict[str, Any]]) -> list[JobRow]:
+    w = a.waste_by("job", "no_process")
+    if w.is_empty():
+        return []
+    w = w.sort(["gpu_h", "job_key"], descending=[True, False])
+    out = []
+    for r in w.to_dicts():
+        j = info.get((r["cluster"], r["scheduler"], r["job_key"]), {})
+        out.append(JobRow(cluster=r["cluster"], job_id=r["job_id"], name=j.get("name"), user_name=r["user_name"], account=r["account"],
+                          gpus=j.get("gpus"), runtime_h=j.get("runtime_h"), allocated_gpu_h=j.get("allocated_gpu_h"),
+                          gpu_h=r["gpu_h"], cost=r["cost"], verdict=j.get("verdict")))
+    return out
+
+
+def daily_points(con: duckdb.DuckDBPyConnection, params: Params, window: Window, now: datetime | None) -> list[DailyPoint]:
+    out = []
+    for day, s, e in window.days():
+        if now is not None and s >= now:
+            out.append(DailyPoint(day=day, utilization_pct=None, busy_gpu_h=0.0, data_gpu_h=0.0, idle_allocated_gpu_h=0.0,
+                                  allocated_gpu_h=0.0, future=True))
+            continue
+        t = Analysis(con, replace(params, start=s, end=e), now=now).totals()
+        out.append(DailyPoint(day=day, utilization_pct=t.utilization_pct, busy_gpu_h=t.busy_gpu_h, data_gpu_h=t.data_gpu_h,
+                              idle_allocated_gpu_h=t.idle_allocated_gpu_h, allocated_gpu_h=t.allocated_gpu_h))
+    return out
+
+
+MFU_UNAVAILABLE = "MFU is not available in this version of gpufleet (analytics/mfu.py is missing)."
+
+
+def mfu_rows(a: Analysis, team: str | None = None) -> tuple[list[MfuRow], str]:
+    """MFU by team with its method (analytics.mfu.account_mfu), and a note when there is none."""
+    try:
+        from analytics.mfu import account_mfu, job_mfu
+    except ImportError:
+        return [], MFU_UNAVAILABLE
+    jobs = job_mfu(a)
+    if team is not None and not jobs.is_empty():
+        jobs = jobs.filter(pl.col("account").fill_null("") == team)
+    acct = account_mfu(a, jobs)
+    reasons: dict[tuple, str] = {}
+    unknown = jobs.filter(pl.col("mfu").is_null() & pl.col("reason").is_not_null()) if not jobs.is_empty() else jobs
+    if not unknown.is_empty():
+        top = unknown.group_by("cluster", "account", "reason").agg(pl.len().alias("n")).sort(["n", "reason"], descending=[True, False])
+        for r in top.to_dicts():
+            reasons.setdefault((r["cluster"], r["account"]), r["reason"])
+    rows = [MfuRow(cluster=r["cluster"], account=r["account"] or "", mfu_pct=None if r["mfu"] is None else r["mfu"] * 100,
+                   method=r["method"], jobs=int(r["jobs"]), unknown_jobs=int(r["unknown_jobs"]), gpu_h=r["gpu_h"],
+                   unknown_gpu_h=r["unknown_gpu_h"], reason=reasons.get((r["cluster"], r["account"])) if r["unknown_jobs"] else None)
+            for r in acct.to_dicts()]
+    rows.sort(key=lambda r: (r.mfu_pct is None, -r.gpu_h, r.account, r.cluster))
+    if not rows:
+        return [], "No GPU job in this window: no MFU."
+    if all(r.mfu_pct is None for r in rows):
+        return rows, "MFU is unknown for every team this week: no job reported its throughput and no exporter reported tensor-core activity."
+    return rows, ""
+
+
+def _method(a: Analysis, t: Totals, processes: bool, shares_source: str, half_life: timedelta | None) -> Method:
+    g = a.per_gpu()
+    models = sorted({m for m in g["model"].to_list() if m}) if not g.is_empty() else []
+    prices = [(m, a.prices.get(m), m in a.p.prices) for m in models]
+    hosts = a.utilization("host")
+    gaps = [] if hosts.is_empty() else [(r["host"], r["no_data_gpu_h"]) for r in
+                                         hosts.filter(pl.col("no_data_gpu_h") > 0).sort(["no_data_gpu_h", "host"], descending=[True, False]).head(10).to_dicts()]
+    return Method(
+        max_gap_s=a.p.max_gap.total_seconds(), idle_threshold_pct=a.p.idle_threshold, idle_min_duration_s=a.p.idle_min_duration.total_seconds(),
+        prices=prices, unpriced_models=t.unpriced_models, capacity_gpu_h=t.capacity_gpu_h, data_gpu_h=t.data_gpu_h,
+        no_data_gpu_h=t.no_data_gpu_h, no_data_hosts=gaps, process_counts=processes, shares_source=shares_source,
+        half_life_days=half_life.total_seconds() / 86400 if half_life else None,
+        filters={k: v for k, v in asdict(a.p.filters).items() if v is not None},
+    )
+
+
+def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, shares: Mapping[str, float] | None = None,
+           half_life: timedelta = timedelta(days=7), top_n: int = 10, now: datetime | None = None) -> Report:
+    """The whole fleet's report for `window` (params.start/end must be the window's)."""
+    if (params.start, params.end) != (window.start, window.end):
+        raise ValueError("params and window disagree on the window")
+    now_utc = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    a = Analysis(con, params, now=now_utc)
+    cur = a.totals()
+    prev_params = replace(params, start=window.prev_start, end=window.prev_end)
+    if prev_params == params.previous():
+        prev = previous_totals(con, params, now=now_utc)
+    else:  # a week across a daylight-saving change: the previous calendar week
+        prev = Analysis(con, prev_params, now=now_utc).totals()
+    prev_a = None
+    processes = _process_counts(a)
+    if not _empty(prev):
+        prev_a = Analysis(con, prev_params, now=now_utc)
+    prev_processes = _process_counts(prev_a) if prev_a is not None else False
+    notices: list[str] = []
+    as_of = min(params.end, now_utc)
+
+    if _empty(cur):
+        status = "no_data"
+        if now_utc <= params.start:
+            notices.append(f"{window.label} has not begun yet ({window.span}): there is nothing to report.")
+        else:
+            notices.append(f"No data for {window.label}: the store has no GPU samples and no jobs in "
+                           f"{window.span}. Nothing here is a measurement of this week; check that the collector ran.")
+    else:
+        status = "ok"
+        if now_utc < params.end:
+            notices.append(f"This window is not over: figures cover it up to {window.local(now_utc):%a %Y-%m-%d %H:%M} ({window.tz}).")
+        if cur.data_gpu_h == 0:
+            notices.append("No GPU samples in this window: utilization, idle, no-process and stranded figures are unknown "
+                           "(shown as \"no data\"), not zero. Allocated GPU-hours come from scheduler accounting.")
+        elif cur.capacity_gpu_h > 0 and cur.data_gpu_h / cur.capacity_gpu_h < LOW_COVERAGE:
+            notices.append(f"Samples cover {cur.data_gpu_h / cur.capacity_gpu_h * 100:.0f}% of the fleet's GPU time this week; "
+                           f"{cur.no_data_gpu_h:,.1f} GPU-hours have no data and are counted as neither idle nor busy, "
+                           "so idle and busy figures are lower bounds (see Data gaps).")
+        if cur.unpriced_models:
+            notices.append(f"No price for {', '.join(cur.unpriced_models)}: money on those GPUs is unknown, not $0 "
+                           "(set it under [analytics.prices]).")
+        if cur.data_gpu_h > 0 and not processes:
+            notices.append("No exporter reported compute-process counts (dcgm-exporter does not; the gpufleet exporter does): "
+                           "GPUs held with no process are not measured this week.")
+    if _empty(prev) and status == "ok":
+        notices.append(f"No data for last week ({window.previous_label}): changes against it are not shown.")
+
+    fair = None
+    shares_source = "unavailable"
+    if status == "ok":
+        fair = _fairness(a, shares, half_life)
+        if fair is not None:
+            shares_source = "config" if shares else "equal"
+    info = _job_info(a) if status == "ok" else {}
+    nop = no_process_jobs(a, info) if status == "ok" and processes else []
+    mfu, mfu_note = mfu_rows(a) if status == "ok" else ([], "")
+    return Report(
+        window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
+        previous=None if _empty(prev) else prev,
+        headline=headline_rows(cur, None if _empty(prev) else prev, processes=processes, prev_processes=prev_processes),
+        teams=team_rows(a, fair) if status == "ok" else [],
+        wasteful_jobs=wasteful_jobs(a, top_n, info) if status == "ok" else [],
+        no_process_jobs=nop[:NO_PROCESS_LIST], no_process_more=max(0, len(nop) - NO_PROCESS_LIST),
+        daily=daily_points(con, params, window, now_utc) if status == "ok" else [],
+        mfu=mfu, mfu_note=mfu_note,
+        jain_index=fair.jain_index if fair is not None else None, gini_users=fair.gini_users if fair is not None else None,
+        method=_method(a, cur, processes, shares_source, half_life if fair is not None else None),
+        top_n=top_n,
+        extra={"analysis": a, "processes": processes},
+    )
+
+
+def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report:
+    """A team's own report: the fleet headline for context, then only that team's row, jobs and MFU.
+
+    The team's jobs come from an analysis filtered to its account, which gives the same per-job
+    figures as the fleet's analysis (an account filter narrows which jobs are seen, not how).
+    """
+    a_fleet: Analysis = fleet.extra["analysis"]
+    rows = [r for r in fleet.teams if r.account == team]
+    notices = list(fleet.notices)
+    wasteful: list[JobRow] = []
+    nop: list[JobRow] = []
+    mfu: list[MfuRow] = []
+    mfu_note = fleet.mfu_note
+    if fleet.has_data:
+        a = Analysis(con, replace(a_fleet.p, filters=replace(a_fleet.p.filters, account=team)), now=fleet.generated_at)
+        info = _job_info(a)
+        wasteful = wasteful_jobs(a, fleet.top_n, info)
+        nop = no_process_jobs(a, info) if fleet.extra.get("processes") else []
+        mfu, mfu_note = mfu_rows(a_fleet, team)
+        if not rows:
+            notices.append(f"Team {team} ran no GPU jobs in this window and has no share configured.")
+    return replace(
+        fleet, team=team, notices=notices, teams=rows, wasteful_jobs=wasteful, no_process_jobs=nop[:NO_PROCESS_LIST],
+        no_process_more=max(0, len(nop) - NO_PROCESS_LIST), mfu=mfu, mfu_note=mfu_note,
+    )
+
+
+__all__ = ["Report", "Headline", "TeamRow", "JobRow", "DailyPoint", "MfuRow", "Method", "gather", "for_team", "Filters"]

@@ -1,0 +1,106 @@
+"""Render the figure model: self-contained HTML (inline CSS and SVG, nothing fetched when it is
+viewed), a plain-text summary, and the mail subject.
+
+The HTML template is autoescaped (Jinja2): a job called `<script>` is printed as text. The only
+markup inserted unescaped is the SVG from analytics.report.charts, which escapes its own text.
+Every figure cell carries `data-fig="<section>.<key>.<field>"` so a test (or a curious reader with
+the browser's inspector) can tie a printed number to the analytics figure it came from.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from analytics.report import charts, fmt
+from analytics.report.model import Report
+
+VERDICTS = {
+    "no_data": "no samples", "no_process": "held with no process", "idle": "idle", "idle_stretches": "long idle stretches",
+    "unused_gpus": "some GPUs unused", "low": "low utilization", "ok": "ok",
+}
+
+
+@cache
+def environment():
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("analytics.report", "templates"),
+        autoescape=lambda name: bool(name) and name.endswith(".html.j2"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        hours=fmt.hours, usd=fmt.usd, pct=fmt.pct, share=fmt.share, ratio=fmt.ratio, duration=fmt.duration,
+        value=fmt.value, change=fmt.change, change_pct=fmt.change_pct, plain=fmt.plain, clip=fmt.clip,
+        verdict=lambda v: VERDICTS.get(v or "", v or "\u2013"),
+        ljust=lambda s, n: str(s).ljust(n), rjust=lambda s, n: str(s).rjust(n),
+    )
+    env.globals["table"] = text_table
+    return env
+
+
+def text_table(header: list[str], rows: list[list[object]], indent: str = "  ") -> str:
+    """Columns padded to their widest cell; a column whose header ends in '>' is right-aligned."""
+    right = [h.endswith(">") for h in header]
+    head = [h.rstrip(">") for h in header]
+    cells = [[fmt.clip(c, 40) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(head)]
+
+    def line(cols: list[str]) -> str:
+        return indent + "  ".join(c.rjust(wd) if r else c.ljust(wd) for c, wd, r in zip(cols, widths, right)).rstrip()
+
+    return "\n".join([line(head)] + [line(r) for r in cells])
+
+
+def chart_svgs(report: Report) -> dict[str, str]:
+    """SVG per chart: daily, waste (fleet report only), shares; "" where there is none."""
+    out = {"daily": "", "waste": "", "shares": ""}
+    if not report.has_data:
+        return out
+    if report.daily:
+        out["daily"] = charts.daily_utilization(report.daily, report.totals.utilization_pct)
+    if report.team is None:
+        out["waste"] = charts.waste_by_team(report.teams)
+    out["shares"] = charts.share_vs_entitlement(report.teams)
+    return out
+
+
+def title(report: Report) -> str:
+    t = f"GPU waste report {report.window.label}"
+    return t + (f" \u2014 team {fmt.clip(report.team or '(no account)', 60)}" if report.team is not None else "")
+
+
+def subject(report: Report) -> str:
+    """One line, no control characters: the mail subject."""
+    if not report.has_data:
+        return f"{title(report)}: no data"
+    t = report.totals
+    parts = []
+    if report.team is not None and report.teams:
+        r = report.teams[0]
+        parts.append(f"{fmt.usd(r.idle_cost)} idle")
+        parts.append(f"utilization {fmt.pct(r.utilization_pct)}")
+    else:
+        h = {row.figure: row for row in report.headline}
+        idle = h["idle_allocated_cost"]
+        parts.append(f"{fmt.usd(idle.current)} idle" if idle.missing is None else f"idle cost {idle.missing}")
+        util = h["utilization_pct"]
+        parts.append(f"utilization {fmt.pct(util.current)}" if util.missing is None else f"utilization {util.missing}")
+        if t.allocated_gpu_h:
+            parts.append(f"{fmt.hours(t.allocated_gpu_h)} GPU-h allocated")
+    return fmt.plain(f"{title(report)}: " + ", ".join(parts))
+
+
+def _context(report: Report) -> dict:
+    return {"r": report, "title": title(report), "charts": chart_svgs(report)}
+
+
+def html(report: Report) -> str:
+    return environment().get_template("report.html.j2").render(**_context(report))
+
+
+def text(report: Report) -> str:
+    return environment().get_template("report.txt.j2").render(**_context(report))

@@ -1,0 +1,505 @@
+"""The weekly waste report (issue #7): every printed figure is the analytics' figure, hostile names
+are escaped, no data is said as such, configuration errors name key, value and expectation.
+
+The store: weeks 2026-W46 and 2026-W47 (UTC), samples every 15 s (H100 $3.00, A100 $1.80):
+
+W47, Monday 2026-11-16
+GPU        host  samples                                   holder
+GPU-A      n1    09-13 h: 80 %, 0 % in [10:30, 11:15); 1 proc  job 101 physics/alice [10:30, 11:30)  name <script>...
+GPU-C      n2    10-12 h: 0 %, no process                   job 103 "<b>bio</b> & co"/'"><img ...>' [10, 11)
+GPU-F/1    n4    10-12 h: 60 % (A100 MIG 3g.40gb)           pod ml/p1 [10, 12)
+GPU-G1     n5    10-12 h: 90 %, tensor active 0.4, 2 procs  job 106 physics/alice [10, 12), submitted 09:30
+GPU-H      n7    10-12 h: 0 %, 1 proc                       job 107 physics/"eve\r\nBcc: ..." [10, 12)
+W46, Monday 2026-11-09
+GPU-A      n1    10-12 h: 30 %, 1 proc                      job 90 physics/alice [10, 12)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+from dataclasses import replace
+from datetime import datetime, timedelta
+from html.parser import HTMLParser
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analytics.core import Analysis
+from analytics.jobs import job_summaries
+from analytics.params import Params
+from analytics.report import fmt, pipeline, render
+from analytics.report.config import load as load_report_config
+from analytics.report.model import gather
+from analytics.report.window import last_complete_week, parse_week, span_window, week_window
+from analytics.trends import compare, previous_totals
+from gpufleet.config import ConfigError
+from tests.support.fleet import Fleet
+
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+NOW = datetime(2026, 11, 30, 12)  # after both weeks
+HOSTILE_JOB = "<script>alert('x')</script>"
+HOSTILE_USER = '"><img src=x onerror=alert(1)>'
+HOSTILE_ACCOUNT = "<b>bio</b> & co"
+CRLF_USER = "eve\r\nBcc: victim@evil.example"
+
+
+def T(h: int, m: int = 0, day: int = 16) -> datetime:
+    return datetime(2026, 11, day, h, m)
+
+
+def between(a, b, inside, outside):
+    return lambda t: inside if a <= t < b else outside
+
+
+def build_store(root: Path) -> Fleet:
+    f = Fleet(root)
+    f.gpu_series("n1", "GPU-A", T(9), T(13), util=between(T(10, 30), T(11, 15), 0.0, 80.0), procs=1)
+    f.gpu_series("n2", "GPU-C", T(10), T(12), util=0.0, procs=0, gpu=1)
+    f.gpu_series("n4", "GPU-F", T(10), T(12), util=60.0, model=A100, gi=1, mig_profile="3g.40gb", procs=1)
+    f.gpu_series("n5", "GPU-G1", T(10), T(12), util=90.0, procs=2, tensor=0.4)
+    f.gpu_series("n7", "GPU-H", T(10), T(12), util=0.0, procs=1)
+    f.job("101", account="physics", user="alice", start=T(10, 30), end=T(11, 30), gpus=1, placements=[("n1", "GPU-A")], name=HOSTILE_JOB)
+    f.job("103", account=HOSTILE_ACCOUNT, user=HOSTILE_USER, start=T(10), end=T(11), gpus=1, placements=[("n2", "GPU-C")])
+    f.job("ml/p1", account="ml", user="", start=T(10), end=T(12), gpus=1, gpu_type="mig-3g.40gb", scheduler="kubernetes",
+          partition="ml", job_id="p1", placements=[("n4", "GPU-F", 1)])
+    f.job("106", account="physics", user="alice", start=T(10), end=T(12), gpus=1, placements=[("n5", "GPU-G1")], submit=T(9, 30), name="train")
+    f.job("107", account="physics", user=CRLF_USER, start=T(10), end=T(12), gpus=1, placements=[("n7", "GPU-H")], name="notebook")
+    f.gpu_series("n1", "GPU-A", T(10, day=9), T(12, day=9), util=30.0, procs=1)
+    f.job("90", account="physics", user="alice", start=T(10, day=9), end=T(12, day=9), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    return f
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Fleet:
+    return build_store(tmp_path_factory.mktemp("report-store"))
+
+
+def settings_for(root, **report) -> pipeline.Settings:
+    return pipeline.load_settings({"collector": {"store": str(root)}, "report": report}, "test.toml")
+
+
+@pytest.fixture(scope="module")
+def w47():
+    return week_window(2026, 47, "UTC")
+
+
+@pytest.fixture(scope="module")
+def outputs(store, w47):
+    s = settings_for(store.root, team_recipients={"physics": ["lead@physics.example.org"]})
+    return pipeline.make(s, w47, now=NOW, pdf=False)
+
+
+class Figures(HTMLParser):
+    """Collects the text of every element with data-fig, all start tags and attributes, and text."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.figs: dict[str, list[str]] = {}
+        self.tags: set[str] = set()
+        self.attrs: list[tuple[str, str | None]] = []
+        self.text: list[str] = []
+        self._open: list[list] = []  # [key, depth, parts]
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.attrs.extend(attrs)
+        for o in self._open:
+            o[1] += 1
+        key = dict(attrs).get("data-fig")
+        if key is not None:
+            self._open.append([key, 0, []])
+
+    def handle_endtag(self, tag):
+        for o in list(self._open):
+            o[1] -= 1
+            if o[1] < 0:
+                self._open.remove(o)
+                self.figs.setdefault(o[0], []).append("".join(o[2]).strip())
+
+    def handle_data(self, data):
+        self.text.append(data)
+        for o in self._open:
+            o[2].append(data)
+
+    def one(self, key: str) -> str:
+        vals = self.figs.get(key)
+        assert vals, f"no figure {key!r} in the HTML; have {sorted(self.figs)[:40]}"
+        assert len(set(vals)) == 1, (key, vals)
+        return vals[0]
+
+
+# --- every figure is the analytics' figure ---
+
+
+def test_headline_equals_analytics_trend(store, w47, outputs):
+    con = store.reader()
+    params = Params(w47.start, w47.end)
+    a = Analysis(con, params, now=NOW)
+    cur = a.totals()
+    expected = compare(cur, previous_totals(con, params, now=NOW)).to_dicts()
+    report = outputs[0].report
+    figs = Figures(outputs[0].html)
+    text = outputs[0].text
+    units = {h.figure: h.unit for h in report.headline}
+    assert [h.figure for h in report.headline] == [r["figure"] for r in expected]
+    for r, h in zip(expected, report.headline):
+        key, unit = r["figure"], units[r["figure"]]
+        assert h.missing is None and h.previous_missing is None, key
+        assert h.current == pytest.approx(r["current"]) and h.previous == pytest.approx(r["previous"]), key
+        assert h.change == pytest.approx(r["change"]), key
+        assert figs.one(f"headline.{key}.current") == fmt.value(r["current"], unit)
+        assert figs.one(f"headline.{key}.previous") == fmt.value(r["previous"], unit)
+        assert figs.one(f"headline.{key}.change") == fmt.change(r["change"], unit)
+        assert figs.one(f"headline.{key}.change_pct") == fmt.change_pct(r["change_pct"])
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(h.label))
+        assert fmt.value(r["current"], unit) in line and fmt.value(r["previous"], unit) in line, line
+    # the cards repeat four of them
+    for key in ("idle_allocated_cost", "idle_allocated_gpu_h", "utilization_pct", "stranded_gpu_h"):
+        assert figs.one(f"card.{key}") == fmt.value(getattr(cur, key), units[key])
+    # worked by hand, so the formatter is not checking itself: idle = 101's 45 min + 103's 1 h + 107's 2 h
+    assert cur.idle_allocated_gpu_h == pytest.approx(0.75 + 1 + 2)
+    assert figs.one("headline.idle_allocated_gpu_h.current") == "3.75"
+    assert figs.one("headline.idle_allocated_cost.current") == "$11.25"
+    assert figs.one("headline.allocated_gpu_h.previous") == "2.00"  # job 90: 2 h on one GPU
+    assert figs.one("headline.utilization_pct.previous") == "30.0%"
+
+
+def test_team_table_equals_analytics_by_account(store, w47, outputs):
+    from analytics.fairness import fairness
+
+    a = Analysis(store.reader(), Params(w47.start, w47.end), now=NOW)
+    util = {r["account"]: r for r in a.utilization("account").to_dicts()}
+    idle = {r["account"]: r for r in a.waste_by("account", "idle").to_dicts()}
+    fair = {r["account"]: r for r in fairness(a, None).per_account.to_dicts()}
+    figs = Figures(outputs[0].html)
+    teams = outputs[0].report.teams
+    assert {t.account for t in teams} == {"physics", HOSTILE_ACCOUNT, "ml"}
+    # sorted by cost of idle time: physics (101 + 107: 2.75 h x $3) > bio (1 h x $3) > ml ($0)
+    assert [t.account for t in teams] == ["physics", HOSTILE_ACCOUNT, "ml"]
+    for t in teams:
+        k = f"team.{t.account}"
+        u, f = util[t.account], fair[t.account]
+        i = idle.get(t.account, {"gpu_h": 0.0, "cost": 0.0})
+        assert t.allocated_gpu_h == pytest.approx(u["allocated_gpu_h"]) and t.utilization_pct == pytest.approx(u["utilization_pct"])
+        assert t.idle_gpu_h == pytest.approx(i["gpu_h"]) and t.idle_cost == pytest.approx(i["cost"])
+        assert figs.one(f"{k}.allocated_gpu_h") == fmt.hours(u["allocated_gpu_h"])
+        assert figs.one(f"{k}.utilization_pct") == fmt.pct(u["utilization_pct"])
+        assert figs.one(f"{k}.idle_gpu_h") == fmt.hours(i["gpu_h"])
+        assert figs.one(f"{k}.idle_cost") == fmt.usd(i["cost"])
+        assert figs.one(f"{k}.entitled_share") == fmt.share(f["entitled_share"])
+        assert figs.one(f"{k}.used_share") == fmt.share(f["used_share"])
+        assert figs.one(f"{k}.ratio") == fmt.ratio(f["ratio"])
+        assert figs.one(f"{k}.wait_p50_s") == fmt.duration(f["wait_p50_s"])
+        assert figs.one(f"{k}.wait_p95_s") == fmt.duration(f["wait_p95_s"])
+    assert figs.one("team.physics.idle_cost") == "$8.25"
+    assert figs.one("team.physics.wait_p95_s") == fmt.duration(fair["physics"]["wait_p95_s"]) != "\u2013"
+    assert figs.one("fairness.jain_index") == fmt.ratio(fairness(a, None).jain_index)
+
+
+def test_wasteful_and_no_process_jobs_equal_analytics(store, w47, outputs):
+    a = Analysis(store.reader(), Params(w47.start, w47.end), now=NOW)
+    top = a.top_wasteful_jobs(10).to_dicts()
+    names = {r["job_id"]: r["name"] for r in job_summaries(a).to_dicts()}
+    report, figs = outputs[0].report, Figures(outputs[0].html)
+    assert [j.job_id for j in report.wasteful_jobs] == [r["job_id"] for r in top] == ["107", "103", "101"]
+    for r, j in zip(top, report.wasteful_jobs):
+        k = f"job.c1/{r['job_id']}"
+        assert (j.gpu_h, j.cost, j.gpus, j.user_name, j.account, j.name) == (r["idle_gpu_h"], r["idle_cost"], r["gpus"], r["user_name"], r["account"], names[r["job_id"]])
+        assert figs.one(f"{k}.idle_gpu_h") == fmt.hours(r["idle_gpu_h"])
+        assert figs.one(f"{k}.idle_cost") == fmt.usd(r["idle_cost"])
+        assert figs.one(f"{k}.gpus") == str(r["gpus"])
+        assert figs.one(f"{k}.runtime_h") == fmt.duration(r["runtime_h"] * 3600)
+    assert figs.one("job.c1/103.idle_cost") == "$3.00"
+    nop = a.waste_by("job", "no_process").to_dicts()
+    assert [j.job_id for j in report.no_process_jobs] == [r["job_id"] for r in nop] == ["103"]
+    assert figs.one("noproc.c1/103.gpu_h") == fmt.hours(nop[0]["gpu_h"]) == "1.00"
+    assert figs.one("noproc.c1/103.cost") == "$3.00"
+    # the text summary lists the same jobs with the same figures
+    text = outputs[0].text
+    for r in top:
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(r["job_id"] + " "))
+        assert fmt.hours(r["idle_gpu_h"]) in line and fmt.usd(r["idle_cost"]) in line
+
+
+def test_mfu_daily_and_method_equal_analytics(store, w47, outputs):
+    from analytics.mfu import account_mfu
+
+    a = Analysis(store.reader(), Params(w47.start, w47.end), now=NOW)
+    report, figs = outputs[0].report, Figures(outputs[0].html)
+    acct = {(r["cluster"], r["account"]): r for r in account_mfu(a).to_dicts()}
+    assert {(m.cluster, m.account) for m in report.mfu} == set(acct)
+    known = [m for m in report.mfu if m.mfu_pct is not None]
+    assert [m.account for m in known] == ["physics"]  # only job 106 has tensor activity
+    for m in report.mfu:
+        r = acct[(m.cluster, m.account)]
+        assert m.method == r["method"] and m.gpu_h == pytest.approx(r["gpu_h"])
+        if r["mfu"] is not None:
+            assert figs.one(f"mfu.{m.cluster}/{m.account}.mfu_pct") == fmt.pct(r["mfu"] * 100)
+            assert r["method"] in outputs[0].html
+    # daily trend: each day is the analytics' figure of that day
+    assert [p.day.isoformat() for p in report.daily] == [f"2026-11-{d}" for d in range(16, 23)]
+    monday = Analysis(store.reader(), Params(T(0), T(0, day=17)), now=NOW).totals()
+    assert report.daily[0].utilization_pct == pytest.approx(monday.utilization_pct)
+    assert all(p.utilization_pct is None for p in report.daily[1:])
+    assert f"{monday.utilization_pct:.1f}% of" in outputs[0].html  # the bar's tooltip
+    # method notes: thresholds, prices, data gaps
+    t = a.totals()
+    assert figs.one("method.no_data_gpu_h") == fmt.hours(t.no_data_gpu_h)
+    assert figs.one("method.capacity_gpu_h") == fmt.hours(t.capacity_gpu_h)
+    assert figs.one("method.idle_threshold_pct") == "5%"
+    assert figs.one("method.idle_min_duration_s") == "30 min"
+    assert figs.one(f"price.{H100}") == "$3.00" and figs.one(f"price.{A100}") == "$1.80"
+    gaps = {r["host"]: r["no_data_gpu_h"] for r in a.utilization("host").to_dicts() if r["no_data_gpu_h"] > 0}
+    for host, h in gaps.items():
+        assert figs.one(f"gap.{host}") == fmt.hours(h)
+
+
+def test_every_tagged_figure_was_checked_somewhere(outputs):
+    """The HTML has no figure kinds the tests above do not know about."""
+    kinds = {re.sub(r"^(\w+)\..*$", r"\1", k) for k in Figures(outputs[0].html).figs}
+    assert kinds == {"card", "headline", "team", "fairness", "job", "noproc", "mfu", "method", "price", "gap"}
+
+
+def test_team_report_has_only_its_team(store, w47, outputs):
+    team = outputs[1]
+    assert team.report.team == "physics"
+    figs = Figures(team.html)
+    assert {k.split(".")[1] for k in figs.figs if k.startswith("team.")} == {"physics"}
+    assert HOSTILE_ACCOUNT not in "".join(figs.text) and "ml" not in {m.account for m in team.report.mfu}
+    # its jobs: the team's own, with the same figures as in the fleet report
+    fleet_jobs = {j.job_id: j for j in outputs[0].report.wasteful_jobs}
+    assert [j.job_id for j in team.report.wasteful_jobs] == ["107", "101"]
+    for j in team.report.wasteful_jobs:
+        assert (j.gpu_h, j.cost) == (fleet_jobs[j.job_id].gpu_h, fleet_jobs[j.job_id].cost)
+    # the fleet headline for context, identical to the fleet report's
+    assert figs.one("headline.idle_allocated_cost.current") == Figures(outputs[0].html).one("headline.idle_allocated_cost.current")
+    assert team.subject.startswith("GPU waste report 2026-W47 \u2014 team physics: $8.25 idle")
+    assert team.name == "gpufleet-report-2026-W47-team-physics"
+
+
+# --- hostile names ---
+
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "footer", "h1", "h2", "h3", "div", "span", "strong", "em",
+                "p", "ul", "li", "code", "table", "thead", "tbody", "tr", "th", "td", "svg", "rect", "line", "text"}
+
+
+def test_html_escapes_hostile_job_user_and_account_names(outputs):
+    for o in outputs:
+        html = o.html
+        parsed = Figures(html)
+        assert parsed.tags <= ALLOWED_TAGS, parsed.tags - ALLOWED_TAGS
+        assert not [k for k, _ in parsed.attrs if k.lower().startswith("on")]
+        assert "<script" not in html.lower() and "<img" not in html.lower() and "<b>bio" not in html
+        text = "".join(parsed.text)
+        assert HOSTILE_JOB in text  # shown, as text
+    fleet = "".join(Figures(outputs[0].html).text)
+    assert HOSTILE_USER in fleet and HOSTILE_ACCOUNT in fleet
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in outputs[0].html
+    # the SVG charts name teams too, escaped the same way
+    svg = re.findall(r"<svg.*?</svg>", outputs[0].html, re.S)
+    assert len(svg) == 3 and any("&lt;b&gt;bio&lt;/b&gt; &amp; co" in s for s in svg)
+
+
+def test_text_and_subject_carry_no_control_characters(outputs):
+    for o in outputs:
+        assert not any(ln.startswith("Bcc:") for ln in o.text.splitlines())
+        assert "\r" not in o.text and "\x1b" not in o.text
+        assert "\n" not in o.subject and "\r" not in o.subject
+    assert "eve\ufffd\ufffdBcc: victim@evil.example" in outputs[0].text  # still legible, on its own line
+
+
+def test_hostile_team_name_in_mail_headers_and_file_names(store, w47):
+    team = "ops\r\nBcc: victim@evil.example"
+    s = settings_for(store.root, team_recipients={team: ["ops@example.org"]})
+    outs = pipeline.make(s, w47, now=NOW, pdf=False)
+    assert outs[1].report.team == team
+    assert "\n" not in outs[1].subject and "/" not in outs[1].name and "\r" not in outs[1].name
+    msgs = pipeline.messages(outs, s.report)
+    assert len(msgs) == 1 and msgs[0]["To"] == "ops@example.org"
+    assert "victim" not in msgs[0].get_all("To")[0] and msgs[0].get_all("Bcc") is None
+    assert "ran no GPU jobs" in outs[1].text
+
+
+# --- no data, unreachable store ---
+
+
+def test_week_without_data_says_so_and_shows_no_zeros(store):
+    outs = pipeline.make(settings_for(store.root), week_window(2026, 49), now=NOW, pdf=False)
+    r = outs[0]
+    assert r.report.status == "no_data"
+    assert "No data for this week" in r.html and "NO DATA FOR THIS WEEK" in r.text
+    figs = Figures(r.html)
+    assert not [k for k in figs.figs if k.startswith(("headline.", "card.", "team.", "job."))]
+    assert "$0.00" not in r.html and "0.0%" not in r.html
+    assert r.subject == "GPU waste report 2026-W49: no data"
+
+
+def test_jobs_without_samples_give_no_data_not_zero(tmp_path):
+    f = Fleet(tmp_path)
+    f.job("1", account="a", user="u", start=T(10), end=T(12), gpus=2, placements=[("x1", "GPU-X")])
+    f.write()
+    r = pipeline.make(settings_for(tmp_path), week_window(2026, 47), now=NOW, pdf=False)[0]
+    figs = Figures(r.html)
+    assert figs.one("headline.allocated_gpu_h.current") == "4.00"
+    for key in ("utilization_pct", "idle_allocated_gpu_h", "idle_allocated_cost", "stranded_gpu_h"):
+        assert figs.one(f"headline.{key}.current") == "no data", key
+    assert figs.one("card.utilization_pct") == "no data"
+    assert "No GPU samples in this window" in r.text
+    assert figs.one("headline.allocated_gpu_h.previous") == "no data"  # nothing in W46 either
+
+
+def test_first_week_has_no_changes_against_an_empty_last_week(store):
+    r = pipeline.make(settings_for(store.root), week_window(2026, 46), now=NOW, pdf=False)[0]
+    assert r.report.status == "ok"
+    figs = Figures(r.html)
+    assert figs.one("headline.allocated_gpu_h.current") == "2.00"
+    assert figs.one("headline.allocated_gpu_h.previous") == "no data"
+    assert figs.one("headline.allocated_gpu_h.change") == "\u2013"
+    assert "No data for last week (2026-W45)" in r.text
+
+
+def cli(argv: list[str]) -> tuple[int, str]:
+    from analytics import report_cli
+
+    p = argparse.ArgumentParser()
+    report_cli.add_arguments(p)
+    out = io.StringIO()
+    return report_cli.run(p.parse_args(argv), out=out), out.getvalue()
+
+
+def test_cli_writes_files_and_reports_errors_with_exit_codes(store, tmp_path, caplog):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[collector]\nstore = "{store.root}"\n[report]\ntop_jobs = 2\n')
+    rc, out = cli(["--config", str(cfg), "--week", "2026-W47", "--out", str(tmp_path / "r"), "--no-pdf", "--team", "ml"])
+    assert rc == 0, out
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
+        "gpufleet-report-2026-W47-team-ml.html", "gpufleet-report-2026-W47-team-ml.txt",
+        "gpufleet-report-2026-W47.html", "gpufleet-report-2026-W47.txt"]
+    assert "THE 2 MOST WASTEFUL JOBS" in out
+    rc, out = cli(["--config", str(cfg), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z", "--out", str(tmp_path / "s"), "--no-pdf", "--quiet"])
+    assert rc == 0 and "gpufleet-report-20261116T1000-20261116T1200.html" in out
+    assert cli(["--config", str(cfg), "--week", "2026-W54", "--no-pdf"])[0] == 2
+    assert "2026 has no week 54" in caplog.text
+    assert cli(["--config", str(cfg), "--week", "2026-W47", "--from", "2026-11-16", "--no-pdf"])[0] == 2
+    assert cli(["--config", str(cfg), "--no-pdf"])[0] == 2
+    assert cli(["--config", str(cfg), "--week", "2026-W47", "--send", "--no-pdf"])[0] == 2  # no recipients
+    assert "has no recipients" in caplog.text
+    caplog.clear()
+    rc, _ = cli(["--config", str(cfg), "--store", str(tmp_path / "nowhere"), "--week", "2026-W47", "--out", str(tmp_path / "t"), "--no-pdf"])
+    assert rc == 1 and "store is unreachable" in caplog.text and "no store at" in caplog.text
+    assert not (tmp_path / "t").exists()
+
+
+# --- configuration and windows ---
+
+
+@pytest.mark.parametrize("report, expect", [
+    ({"recipients": ["not an address"]}, "[report]: recipients = ['not an address']: expected a list of e-mail addresses"),
+    ({"recipients": ["a@b.org\r\nBcc: x@y.org"]}, "recipients"),
+    ({"from_address": "x"}, "from_address = 'x': expected an e-mail address"),
+    ({"team_recipients": {"physics": "lead@x.org"}}, "[report.team_recipients]: physics = 'lead@x.org': expected a list of e-mail addresses"),
+    ({"schedule": {"weekday": "monday"}}, "[report.schedule]: weekday = 'monday': expected one of mon, tue"),
+    ({"schedule": {"hour": 24}}, "hour = 24: expected an integer hour 0..23"),
+    ({"schedule": {"timezone": "Mars/Olympus"}}, "timezone = 'Mars/Olympus': expected an IANA time zone name"),
+    ({"smtp": {"port": 0}}, "[report.smtp]: port = 0: expected a port number 1..65535"),
+    ({"smtp": {"starttls": "yes"}}, "starttls = 'yes': expected true or false"),
+    ({"smtp": {"starttls": True, "ssl": True}}, "expected at most one of them"),
+    ({"smtp": {"username": "bot"}}, "username = 'bot' but password_file = \"\": expected a password_file"),
+    ({"top_jobs": 0}, "top_jobs = 0: expected an integer >= 1"),
+    ({"colour": "blue"}, "unknown key 'colour'"),
+])
+def test_config_errors_name_key_value_and_expectation(report, expect):
+    with pytest.raises(ConfigError) as e:
+        load_report_config({"report": report}, "g.toml")
+    assert expect in str(e.value)
+    assert "g.toml" in str(e.value)
+
+
+def test_config_defaults_and_password_file(tmp_path):
+    c = load_report_config({}, None)
+    assert (c.schedule.weekday, c.schedule.hour, c.schedule.timezone, c.top_jobs, c.smtp.port) == ("mon", 7, "UTC", 10, 25)
+    assert not c.has_recipients
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    c = load_report_config({"report": {"smtp": {"username": "bot", "password_file": str(pw)}}}, None)
+    assert c.smtp.password() == "s3cret"
+    c = replace(c, smtp=replace(c.smtp, password_file=str(tmp_path / "missing")))
+    with pytest.raises(ConfigError, match=r"password_file = '.*missing': cannot read it"):
+        c.smtp.password()
+
+
+def test_analytics_section_with_fairness_keys_feeds_the_report(store, w47):
+    doc = {"collector": {"store": str(store.root)},
+           "analytics": {"idle_threshold_percent": 5, "shares": {"physics": 3, "ml": 1}, "half_life_days": 7}}
+    s = pipeline.load_settings(doc, "g.toml")
+    assert s.shares == {"physics": 3.0, "ml": 1.0}
+    r = pipeline.make(s, w47, now=NOW, pdf=False)[0]
+    entitled = {t.account: t.entitled_share for t in r.report.teams}
+    assert entitled["physics"] == pytest.approx(0.75) and entitled["ml"] == pytest.approx(0.25)
+    assert entitled[HOSTILE_ACCOUNT] == 0.0  # demand but no share
+    assert "share weights from" in r.html
+
+
+def test_iso_weeks_in_a_time_zone():
+    w = week_window(*parse_week("2026-W46"))
+    assert (w.start, w.end, w.prev_start) == (datetime(2026, 11, 9), datetime(2026, 11, 16), datetime(2026, 11, 2))
+    b = week_window(2026, 47, "Europe/Berlin")
+    assert (b.start, b.end) == (datetime(2026, 11, 15, 23), datetime(2026, 11, 22, 23))
+    dst = week_window(2026, 13, "Europe/Berlin")  # summer time starts Sunday 2026-03-29
+    assert dst.hours == 167 and len(dst.days()) == 7 and dst.previous_label == "2026-W12"
+    assert dst.prev_end - dst.prev_start == timedelta(hours=168)
+    assert parse_week("2026W01") == (2026, 1)
+    assert week_window(2026, 1).start == datetime(2025, 12, 29)  # ISO week 1 starts in the old year
+    with pytest.raises(ConfigError, match="expected an ISO week YYYY-Www"):
+        parse_week("2026-46")
+    assert last_complete_week(datetime(2026, 11, 23, 6)) == (2026, 47)  # Monday 06:00 UTC
+    assert last_complete_week(datetime(2026, 11, 22, 23, 30), "Europe/Berlin") == (2026, 47)  # already Monday in Berlin
+    assert last_complete_week(datetime(2026, 11, 22, 23, 30), "UTC") == (2026, 46)
+    s = span_window(datetime(2026, 11, 16, 10), datetime(2026, 11, 16, 12))
+    assert (s.prev_start, s.prev_end) == (datetime(2026, 11, 16, 8), datetime(2026, 11, 16, 10))
+
+
+def test_dst_week_compares_with_the_previous_calendar_week(store):
+    """A report over a 167 h week takes last week's figures from that calendar week, via Analysis."""
+    w = week_window(2026, 13, "Europe/Berlin")
+    params = Params(w.start, w.end)
+    r = gather(store.reader(), params, w, now=NOW)
+    assert r.status == "no_data"  # nothing in March; the point is that it runs
+    assert params.previous() != replace(params, start=w.prev_start, end=w.prev_end)
+
+
+def test_unpriced_model_money_is_unknown_not_zero(tmp_path):
+    f = Fleet(tmp_path)
+    f.gpu_series("z1", "GPU-Z", T(10), T(12), util=0.0, model="NVIDIA Z9000", procs=1)
+    f.job("900", account="physics", user="zed", start=T(10), end=T(11), gpus=1, placements=[("z1", "GPU-Z")])
+    f.write()
+    r = pipeline.make(settings_for(tmp_path), week_window(2026, 47), now=NOW, pdf=False)[0]
+    figs = Figures(r.html)
+    assert figs.one("headline.idle_allocated_cost.current") == "no price"
+    assert figs.one("headline.idle_allocated_gpu_h.current") == "1.00"
+    assert figs.one("team.physics.idle_cost") == "unknown"
+    assert figs.one("price.NVIDIA Z9000") == "no price"
+    assert "No price for NVIDIA Z9000" in r.text
+
+
+def test_render_is_deterministic_for_the_same_figures(outputs):
+    again = render.html(outputs[0].report)
+    assert again == outputs[0].html
+    assert isinstance(outputs[0].report.teams[0].idle_cost, float)
+    assert pl.__version__  # polars is the analytics' frame library; the model holds plain values
+
+
+def test_a_week_not_over_says_so_and_leaves_the_coming_days_blank(store, w47):
+    r = pipeline.make(settings_for(store.root), w47, now=T(13), pdf=False)[0]
+    assert [p.future for p in r.report.daily] == [False] + [True] * 6
+    assert r.report.as_of == T(13)
+    assert "This window is not over: figures cover it up to Mon 2026-11-16 13:00 (UTC)" in r.text
+    assert r.html.count(">to come</text>") == 6
+    a = Analysis(store.reader(), Params(w47.start, w47.end), now=T(13))
+    assert Figures(r.html).one("headline.allocated_gpu_h.current") == fmt.hours(a.totals().allocated_gpu_h)
