@@ -71,11 +71,17 @@ def run(args: argparse.Namespace, out=None) -> int:
     from collector.store import StoreError
 
     try:
-        opts = config.load(load_file(args.config), args.config)
+        doc = load_file(args.config)
+        opts = config.load(doc, args.config)
         window = [parse_time(t) for t in args.backfill] if args.backfill else None
         if window and window[0] >= window[1]:
             raise ConfigError(f"--backfill {args.backfill[0]} {args.backfill[1]}: START must be before END")
         collector = build(opts)
+        weekly = None
+        if not (args.once or window):
+            from collector import report_job
+
+            weekly = report_job.prepare(doc, args.config)
     except ConfigError as e:
         log.error("%s", e)
         return 2
@@ -103,5 +109,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         if out is not None:
             out.write(f"gpufleet collect: metrics at http://{host or '0.0.0.0'}:{server.server_port}/metrics, store {opts['store']}\n")
             out.flush()
-    collector.serve(stop)
+    ret = opts["retention"]
+    collector.serve(stop, maintenance_interval=ret["compact_interval"], raw_days=ret["raw_days"], rollup_days=ret["rollup_days"],
+                    extra_jobs=[weekly.add_to] if weekly else [])
     return 0

@@ -77,7 +77,8 @@ KUBERNETES = (
 
 RETENTION = (
     Option("raw_days", 35, "an integer >= 1", integer(1)),
-    Option("compact_interval", 600.0, "a number of seconds > 0", number(0)),
+    Option("rollup_days", 400, "an integer >= 1", integer(1)),
+    Option("compact_interval", 600.0, "a number of seconds > 0 (compaction, rollups and retention)", number(0)),
 )
 
 

@@ -50,10 +50,12 @@ def compact(w: StoreWriter, now: datetime) -> int:
         and (len(files) > 1 or "/compact-" not in files[0] or hour not in rolled)
     ]
     done = 0
-    for hour, files in groups:
-        _compact_hour(w, hour, files, now)
-        done += 1
+    with w.parallel():
+        for hour, files in groups:
+            _compact_hour(w, hour, files, now)
+            done += 1
     if done:
+        w.invalidate()
         w.publish()
     return done
 
@@ -106,6 +108,7 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
         w.db.execute("DELETE FROM rollups WHERE file = ?", [f])
         w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
     w.db.execute("COMMIT")
+    w.invalidate()
     w.publish()
     log.info("retention: retired %d sample files and %d rollup files", len(old), len(old_rollups))
     return len(old) + len(old_rollups)

@@ -12,9 +12,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from collector.sources.base import Batch, Source, SourceError
@@ -40,6 +42,11 @@ class CollectorMetrics:
         self.duplicates = Counter("gpufleet_collect_batches_duplicate", "Batches skipped because the same window was already stored.", ["source"], registry=r)
         self.failures = Counter("gpufleet_collect_source_failures", "Source runs that failed.", ["source"], registry=r)
         self.target_up = Gauge("gpufleet_collect_target_up", "1 if the scrape target answered the last round.", ["target"], registry=r)
+        self.target_rejected = Counter("gpufleet_collect_target_lines_rejected", "Malformed exposition lines skipped, per scrape target.", ["target"], registry=r)
+        self.clock_skew = Counter(
+            "gpufleet_collect_clock_skew",
+            "Records dated more than max_future_skew after the collector's clock: samples and inventory/allocation "
+            "observations (dropped) and jobs (kept).", ["source"], registry=r)
 
 
 @dataclass
@@ -49,12 +56,27 @@ class ScheduledSource:
 
 
 class Collector:
-    def __init__(self, writer: StoreWriter, sources: list[ScheduledSource], *, clock: Callable[[], datetime] = utcnow):
+    """Runs the sources and commits what they produce.
+
+    `max_future_skew`: how far after the collector's own clock a record may be dated. Samples
+    (and inventory/allocation observations) dated later are dropped before the commit: a source
+    whose clock runs ahead (a Prometheus, an exporter that stamps its own samples) would
+    otherwise store rows "from the future" that the window arithmetic of the analytics cannot
+    place and that would keep a GPU looking alive after it stopped reporting. Scraped rows carry
+    the collector's own clock, so the check costs them nothing. Jobs dated later are kept (their
+    other fields are right) but reported. All are counted in gpufleet_collect_clock_skew_total.
+    """
+
+    def __init__(self, writer: StoreWriter, sources: list[ScheduledSource], *, clock: Callable[[], datetime] = utcnow,
+                 max_future_skew: timedelta = timedelta(minutes=5)):
         self.writer = writer
         self.sources = sources
         self.clock = clock
+        self.max_future_skew = max_future_skew
         self.metrics = CollectorMetrics()
         self._commit_lock = threading.Lock()
+        self._targets: dict[str, set[str]] = {}  # source -> targets with series in the metrics
+        self._rejected_seen: dict[str, int] = {}  # target -> its rejected_total already counted
 
     def _watermark_kwargs(self, source: Any) -> dict[str, Any]:
         name = getattr(source, "watermark_name", None)
@@ -67,6 +89,7 @@ class Collector:
         """Commit batches one by one (each whole or not at all) and publish; returns rows written."""
         written = 0
         for batch in batches:
+            self._drop_future(source_name, batch)
             with self._commit_lock:
                 result = self.writer.commit(batch)
                 self.writer.publish()
@@ -84,6 +107,50 @@ class Collector:
             if batch.watermark:
                 self._set_lag(source_name, batch.watermark[1])
         return written
+
+    def _drop_future(self, source_name: str, batch: Batch) -> None:
+        """Enforce max_future_skew on `batch` in place (see the class docstring)."""
+        limit = self.clock() + self.max_future_skew
+        skewed = 0
+        samples = batch.samples
+        if samples is not None and samples.num_rows:
+            ts = samples["ts"].cast(pa.timestamp("us"))
+            latest = pc.max(ts).as_py()
+            if latest is not None and latest > limit:
+                future = pc.greater(ts, pa.scalar(limit, pa.timestamp("us")))
+                dropped = samples.filter(future)
+                batch.samples = samples.filter(pc.invert(future))
+                n = dropped.num_rows
+                hosts = sorted(set(dropped["host"].to_pylist()) - {None})
+                ahead = (latest - (limit - self.max_future_skew)).total_seconds()
+                named = ", ".join(hosts[:5]) + (f" and {len(hosts) - 5} more" if len(hosts) > 5 else "")
+                batch.rejected += n
+                batch.problems.insert(0, f"{n} samples dated up to {ahead:.0f} s in the future (clock skew on {named or 'the source'}?)")
+                skewed += n
+        for attr, what in (("gpus", "inventory"), ("allocations", "allocation")):
+            rows = getattr(batch, attr)
+            late = [o for o in rows if isinstance(o.get("ts"), datetime) and o["ts"] > limit]
+            if late:
+                setattr(batch, attr, [o for o in rows if not (isinstance(o.get("ts"), datetime) and o["ts"] > limit)])
+                hosts = sorted({str(o.get("host")) for o in late})
+                batch.problems.append(f"{len(late)} {what} observations dated in the future dropped (clock skew on {', '.join(hosts[:5])}?)")
+                skewed += len(late)
+        jobs: list[tuple[str, str, datetime]] = []  # (job key, column, time)
+        for j in batch.jobs:
+            # a pending job's start may be the scheduler's estimate, which is rightly in the future
+            cols = ("end",) if j.get("state") == "PENDING" else ("start", "end")
+            late = [(c, j[c]) for c in cols if isinstance(j.get(c), datetime) and j[c] > limit]
+            if late:
+                jobs.append((str(j.get("job_key")), *max(late, key=lambda x: x[1])))
+        if jobs:
+            ahead = (max(t for *_, t in jobs) - (limit - self.max_future_skew)).total_seconds()
+            first = "; ".join(f"job {k} {c}={t.isoformat()}" for k, c, t in jobs[:3])
+            msg = f"{len(jobs)} jobs dated up to {ahead:.0f} s in the future, kept (clock skew on the scheduler?); {first}"
+            batch.problems.append(msg)
+            log.warning("%s: %s", source_name, msg)
+            skewed += len(jobs)
+        if skewed:
+            self.metrics.clock_skew.labels(source_name).inc(skewed)
 
     def _set_lag(self, source_name: str, watermark: str) -> None:
         try:
@@ -115,21 +182,57 @@ class Collector:
                 m.lag.labels(name).set(0)
         else:
             m.failures.labels(name).inc()
-        for target, status in getattr(source, "status", {}).items():
-            m.target_up.labels(target).set(1 if status.up else 0)
+        self._report_targets(source)
         return ok
+
+    def _report_targets(self, source: Any) -> None:
+        """Per-target series of a scrape source; the series of targets it no longer has go."""
+        m = self.metrics
+        status = getattr(source, "status", {})
+        totals = getattr(source, "rejected_total", {})
+        for target in self._targets.get(source.name, set()) - set(status):
+            m.target_up.remove(target)
+            m.target_rejected.remove(target)
+            self._rejected_seen.pop(target, None)
+        self._targets[source.name] = set(status)
+        for target, st in status.items():
+            m.target_up.labels(target).set(1 if st.up else 0)
+            total = totals.get(target, 0)
+            m.target_rejected.labels(target).inc(max(0, total - self._rejected_seen.get(target, 0)))  # inc(0) exports the series
+            self._rejected_seen[target] = total
 
     def run_once(self) -> bool:
         """Every source once, in order; True if all succeeded."""
         results = [self.run_source(s.source) for s in self.sources]
         return all(results)
 
-    def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1) -> None:
-        """Run every source on its schedule until `stop` is set."""
+    def maintain(self, raw_days: int, rollup_days: int) -> None:
+        """Compaction, rollups and retention; holds the commit lock (one writer). Never raises."""
+        from collector.maintenance import apply_retention, compact
+
+        t0 = time.monotonic()
+        try:
+            with self._commit_lock:
+                now = self.clock()
+                compact(self.writer, now)
+                apply_retention(self.writer, now, raw_days, rollup_days)
+            ok = True
+        except Exception:  # noqa: BLE001 - upkeep failing must not stop collection
+            log.exception("store maintenance failed")
+            ok = False
+        self.metrics.duration.labels("maintenance").set(time.monotonic() - t0)
+        self.metrics.success.labels("maintenance").set(1 if ok else 0)
+
+    def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
+              raw_days: int = 35, rollup_days: int = 400, extra_jobs: Iterable[Callable[[Any], None]] = ()) -> None:
+        """Run every source on its schedule, store upkeep every `maintenance_interval` seconds, and
+        each of `extra_jobs` (a callable that adds its own job, e.g. the weekly report), until `stop`."""
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.schedulers.background import BackgroundScheduler
 
-        scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max(2, len(self.sources)))}, timezone="UTC")
+        extra_jobs = list(extra_jobs)
+        workers = max(2, len(self.sources) + len(extra_jobs) + 1)
+        scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(workers)}, timezone="UTC")
         for s in self.sources:
             scheduler.add_job(
                 self.run_source,
@@ -143,6 +246,11 @@ class Collector:
                 misfire_grace_time=max(1, int(s.interval)),
                 next_run_time=datetime.now(timezone.utc),
             )
+        if maintenance_interval:
+            scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days], seconds=maintenance_interval,
+                              id="maintenance", max_instances=1, coalesce=True, misfire_grace_time=int(maintenance_interval))
+        for add in extra_jobs:
+            add(scheduler)
         scheduler.start()
         log.info("collector running %d sources: %s", len(self.sources), ", ".join(f"{s.source.name} every {s.interval:g}s" for s in self.sources))
         try:

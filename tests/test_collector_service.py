@@ -127,3 +127,36 @@ def test_times_are_utc_unless_an_offset_is_given(when, expected):
     from collector.cli import parse_time
 
     assert parse_time(when) == expected
+
+
+def test_per_target_series_count_each_round_once_and_go_with_their_target(tmp_path):
+    from collector.sources.scrape import TargetStatus
+
+    src = FakeSource("scrape", [Batch(key="k", samples=samples([T0], [1]))])
+    src.status, src.rejected_total = {"a:9400": TargetStatus(up=True, rejected=3), "b:9400": TargetStatus()}, {"a:9400": 3}
+    c = Collector(StoreWriter(tmp_path), [ScheduledSource(src, 1)], clock=lambda: T0)
+    c.run_once()
+    c.run_once()  # the same round's status read again (a failed run leaves it as it was): counted once
+    assert metric(c, "gpufleet_collect_target_lines_rejected_total", target="a:9400") == 3
+    assert metric(c, "gpufleet_collect_target_lines_rejected_total", target="b:9400") == 0
+    assert metric(c, "gpufleet_collect_target_up", target="b:9400") == 0
+    src.status, src.rejected_total = {"a:9400": TargetStatus(up=True, rejected=2)}, {"a:9400": 5, "b:9400": 0}
+    c.run_once()
+    assert metric(c, "gpufleet_collect_target_lines_rejected_total", target="a:9400") == 5
+    assert metric(c, "gpufleet_collect_target_up", target="b:9400") is None  # b left the target list
+
+
+def test_service_upkeep_compacts_closed_hours_and_reports_itself(tmp_path):
+    """serve() schedules maintain(); here it is called directly with the clock 2 h after the data."""
+    import json
+
+    rounds = [Batch(key=f"r{i}", samples=samples([T0 + timedelta(seconds=15 * i)], [float(i)])) for i in range(4)]
+    c = Collector(StoreWriter(tmp_path), [ScheduledSource(FakeSource("src", rounds), 1)], clock=lambda: T0 + timedelta(hours=2))
+    c.run_once()
+    assert len(json.loads((tmp_path / "manifest.json").read_text())["samples"]) == 4
+    c.maintain(raw_days=35, rollup_days=400)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert len(manifest["samples"]) == 1 and "compact-12" in manifest["samples"][0]
+    assert len(manifest["rollup_5m"]) == 1
+    assert open_reader(tmp_path).execute("SELECT samples, gpu_util_avg FROM gpu_rollup_5m").fetchall() == [(4, 1.5)]  # (0+1+2+3)/4
+    assert metric(c, "gpufleet_collect_source_success", source="maintenance") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -216,3 +217,136 @@ def test_retention_retires_old_files_but_remembers_their_keys(tmp_path):
     w.clock = lambda: now + timedelta(hours=1)  # past the grace period: the file is deleted
     w.publish()
     assert len(list((tmp_path / "samples").rglob("*.parquet"))) == 1
+
+
+def gpu_obs(ts, uuid="GPU-a", host="n1", **kw) -> dict:
+    row = {"ts": ts, "cluster": "c", "host": host, "gpu_uuid": uuid, "gpu_instance": -1, "gpu": 0, "mig_profile": None,
+           "model": "H100", "fb_total_mib": 81559.0, "driver_version": "550.54.15"}
+    row.update(kw)
+    return row
+
+
+def alloc_obs(ts, job_key="5", uuid="GPU-a", **kw) -> dict:
+    row = {"ts": ts, "cluster": "c", "scheduler": "slurm", "job_key": job_key, "host": "n1", "gpu_uuid": uuid,
+           "gpu_instance": -1, "gpu": 0, "source": "exporter"}
+    row.update(kw)
+    return row
+
+
+def test_repeated_observations_widen_inventory_and_allocations_like_the_full_upsert(tmp_path):
+    """Observations of known rows take the writer's fast lane; the tables must read exactly as if
+    every observation had gone through the full upsert, whatever the order they come in."""
+    w = StoreWriter(tmp_path, clock=lambda: T0)
+    rounds = [T0 + timedelta(seconds=15 * i) for i in range(6)]
+    for i, ts in enumerate(rounds):
+        gpus = [gpu_obs(ts), gpu_obs(ts, uuid="GPU-b", gpu=1, fb_total_mib=40536.5)]
+        allocs = [alloc_obs(ts)] + ([alloc_obs(ts, job_key="6", uuid="GPU-b", gpu=1)] if i >= 3 else [])
+        if i >= 4:
+            gpus[0]["driver_version"] = "560.1"  # an attribute changes (the driver was upgraded): the full upsert
+        if i == 4:
+            gpus[1]["model"] = None  # an attribute missing: the stored one stays
+        w.commit(Batch(key=f"r{i}", gpus=gpus, allocations=allocs))
+    late = gpu_obs(T0 - timedelta(minutes=1), driver_version=None)  # first_seen moves back
+    w.commit(Batch(key="late", gpus=[late], allocations=[alloc_obs(rounds[2])]))
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT gpu_uuid, gpu, model, fb_total_mib, driver_version, first_seen, last_seen FROM gpus ORDER BY 1").fetchall() == [
+        ("GPU-a", 0, "H100", 81559.0, "560.1", T0 - timedelta(minutes=1), rounds[-1]),
+        ("GPU-b", 1, "H100", 40536.5, "550.54.15", T0, rounds[-1]),
+    ]
+    assert con.execute("SELECT job_key, gpu_uuid, gpu, first_seen, last_seen FROM allocations ORDER BY 1").fetchall() == [
+        ("5", "GPU-a", 0, T0, rounds[-1]), ("6", "GPU-b", 1, rounds[3], rounds[-1])]
+    # a writer opened later (empty mirror) continues from the stored rows
+    w.close()
+    w = StoreWriter(tmp_path, clock=lambda: T0)
+    w.commit(Batch(key="next", gpus=[gpu_obs(T0 + timedelta(hours=1))], allocations=[alloc_obs(T0 + timedelta(hours=1))]))
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT last_seen FROM gpus WHERE gpu_uuid = 'GPU-a'").fetchone() == (T0 + timedelta(hours=1),)
+    assert con.execute("SELECT last_seen FROM allocations WHERE job_key = '5'").fetchone() == (T0 + timedelta(hours=1),)
+
+
+def test_a_rolled_back_commit_leaves_no_trace_in_the_fast_lane(tmp_path):
+    w = StoreWriter(tmp_path, clock=lambda: T0)
+    w.commit(Batch(key="a", gpus=[gpu_obs(T0)]))
+    bad = Batch(key="b", gpus=[gpu_obs(T0 + timedelta(minutes=1))], jobs=[{"cluster": "c"}])  # a job without its key: the commit fails
+    with pytest.raises(Exception):
+        w.commit(bad)
+    w.commit(Batch(key="c", gpus=[gpu_obs(T0 + timedelta(seconds=30))]))
+    w.publish()
+    assert open_reader(tmp_path).execute("SELECT last_seen FROM gpus").fetchall() == [(T0 + timedelta(seconds=30),)]
+
+
+def test_nothing_new_republishes_nothing_and_replaced_snapshots_go_after_the_grace_period(tmp_path):
+    now = [T0]
+    w = StoreWriter(tmp_path, clock=lambda: now[0])
+    w.commit(Batch(key="a", gpus=[gpu_obs(T0)]))
+    w.publish()
+    first = json.loads((tmp_path / "manifest.json").read_text())["tables"]["gpus"]
+    w.commit(Batch(key="a2", gpus=[gpu_obs(T0)]))  # the same observation again: nothing changes
+    w.publish()
+    assert json.loads((tmp_path / "manifest.json").read_text())["tables"]["gpus"] == first
+    w.commit(Batch(key="b", gpus=[gpu_obs(T0 + timedelta(seconds=15))]))
+    w.publish()
+    second = json.loads((tmp_path / "manifest.json").read_text())["tables"]["gpus"]
+    assert second != first and (tmp_path / first).exists()  # a reader of the older manifest still reads it
+    now[0] = T0 + timedelta(minutes=11)
+    w.publish()
+    assert not (tmp_path / first).exists() and (tmp_path / second).exists()
+    # snapshots a crash left behind (named by no manifest) are swept by the next writer, after
+    # the grace period, as a reader may have opened the manifest that named them
+    w.close()
+    stale = tmp_path / "tables" / "gpus-000000001.parquet"
+    stale.write_bytes(b"PAR1 from before a crash")
+    (tmp_path / "tables" / ".gpus-000000009.parquet.tmp").write_bytes(b"half written")
+    w = StoreWriter(tmp_path, clock=lambda: now[0])
+    assert stale.exists() and not (tmp_path / "tables" / ".gpus-000000009.parquet.tmp").exists()
+    now[0] += timedelta(minutes=11)
+    w.publish()
+    w.close()
+    assert not stale.exists()
+    assert sorted(p.name for p in (tmp_path / "tables").iterdir()) == sorted(
+        Path(f).name for f in json.loads((tmp_path / "manifest.json").read_text())["tables"].values())
+    assert open_reader(tmp_path).execute("SELECT last_seen FROM gpus").fetchall() == [(T0 + timedelta(seconds=15),)]
+
+
+def test_sample_files_use_the_tuned_encodings(tmp_path):
+    import pyarrow.parquet as pq
+
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="x", samples=samples([T0, T0 + timedelta(seconds=15)], [5, 6])))
+    w.publish()
+    (path,) = [tmp_path / f for f in json.loads((tmp_path / "manifest.json").read_text())["samples"]]
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    enc = {meta.column(i).path_in_schema: set(meta.column(i).encodings) for i in range(meta.num_columns)}
+    assert "DELTA_BINARY_PACKED" in enc["ts"] and "DELTA_BINARY_PACKED" in enc["energy_mj"]
+    assert "BYTE_STREAM_SPLIT" in enc["gpu_util"]
+    assert "RLE_DICTIONARY" in enc["host"] and "RLE_DICTIONARY" in enc["gpu"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_lane_and_full_upsert_agree_on_random_observations(tmp_path, seed):
+    import random
+
+    from collector.store import _Mirror
+
+    rng = random.Random(seed)
+    fast, full = StoreWriter(tmp_path / "fast", clock=lambda: T0), StoreWriter(tmp_path / "full", clock=lambda: T0)
+    full._mirror = lambda table: _Mirror()  # an empty mirror: every observation through the full upsert
+    for i in range(40):
+        gpus, allocs = [], []
+        for _ in range(rng.randint(0, 6)):
+            ts = T0 + timedelta(seconds=15 * rng.randint(-20, 60))
+            uuid = rng.choice(["GPU-a", "GPU-b", "GPU-c"])
+            gpus.append(gpu_obs(ts, uuid=uuid, gpu=rng.choice([0, 1, None]), model=rng.choice(["H100", "A100", None]),
+                                fb_total_mib=rng.choice([81559.0, 40536.5, 0.1, None]), driver_version=rng.choice(["550", "560", None])))
+            allocs.append(alloc_obs(ts, job_key=rng.choice(["5", "6"]), uuid=uuid, gpu=rng.choice([0, 1, None]), gpu_instance=rng.choice([-1, None, 2])))
+        batch = lambda: Batch(key=f"b{i}", gpus=[dict(g) for g in gpus], allocations=[dict(a) for a in allocs])  # noqa: E731
+        fast.commit(batch())
+        full.commit(batch())
+    for w in (fast, full):
+        w.publish()
+        w.close()
+    for table in ("gpus", "allocations"):
+        q = f"SELECT * FROM {table} ORDER BY ALL"
+        assert open_reader(tmp_path / "fast").execute(q).fetchall() == open_reader(tmp_path / "full").execute(q).fetchall(), table
