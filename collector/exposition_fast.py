@@ -60,6 +60,13 @@ _COMMENT_RE = re.compile(
     f"|TYPE {_NAME} (?:counter|gauge|histogram|summary|untyped|unknown|info|stateset|gaugehistogram))"
 )
 
+# Label blocks and comment lines repeat from scrape to scrape (a target's label sets change only
+# when its jobs or GPUs do), so what they mean is kept across scans, up to this many of each
+# (then forgotten at once and relearned: the caches are an optimization only).
+MAX_CACHED = 1 << 16
+_BLOCK_CACHE: dict[str, Optional[dict[str, str]]] = {}  # label block text -> _parse_block(text)
+_GOOD_COMMENTS: set[str] = set()  # comment lines _COMMENT_RE accepts
+
 # Pivot.column_of answers, besides (column, scale):
 SKIP = None  # the caller has no use for this metric: drop its samples
 KEEP: tuple[None, float] = (None, 1.0)  # keep its samples in Scan.samples for the caller
@@ -143,7 +150,7 @@ def _scan_fast(body: str, out: Scan, pivot: Pivot) -> None:
     blocks: dict[str, dict[str, str] | None] = {}  # label block text -> labels (None: not fast-path)
     values: dict[str, Value | None] = {}  # "value [ts]" text -> value (None: not fast-path)
     targets, rows, column_of, row_of = pivot.targets, pivot.rows, pivot.column_of, pivot.row_of
-    comment_ok = _COMMENT_RE.fullmatch
+    good_comments = _GOOD_COMMENTS
     lines: list[str] | None = None  # the body split into lines, made on the first slow line
     n = 0
     for name, block, rest, other in _LINE_RE.findall(body):
@@ -152,7 +159,7 @@ def _scan_fast(body: str, out: Scan, pivot: Pivot) -> None:
             try:
                 labels = blocks[block]
             except KeyError:
-                labels = blocks[block] = _parse_block(block)
+                labels = blocks[block] = _labels_of(block)
             if labels is not None:
                 try:
                     value = values[rest]
@@ -179,11 +186,33 @@ def _scan_fast(body: str, out: Scan, pivot: Pivot) -> None:
                     elif row == KEEP_ROW:
                         keep((n, name, block, labels, value))
                     continue
-        elif not other or comment_ok(other):
+        elif not other or other in good_comments or _comment_ok(other):
             continue
         if lines is None:
             lines = body.split("\n")
         _scan_reference_line(n, lines[n - 1], out, pivot)
+
+
+def _labels_of(block: str) -> dict[str, str] | None:
+    """_parse_block(block), from the cross-scan cache when it can (a new dict for each scan)."""
+    try:
+        labels = _BLOCK_CACHE[block]
+    except KeyError:
+        labels = _parse_block(block)
+        if len(_BLOCK_CACHE) >= MAX_CACHED:
+            _BLOCK_CACHE.clear()
+        _BLOCK_CACHE[block] = labels
+    return None if labels is None else labels.copy()
+
+
+def _comment_ok(line: str) -> bool:
+    """A HELP or TYPE line the fast path may skip (remembered across scans)."""
+    if _COMMENT_RE.fullmatch(line) is None:
+        return False
+    if len(_GOOD_COMMENTS) >= MAX_CACHED:
+        _GOOD_COMMENTS.clear()
+    _GOOD_COMMENTS.add(line)
+    return True
 
 
 def _parse_block(block: str) -> dict[str, str] | None:
@@ -207,6 +236,9 @@ def _unescape(m: re.Match[str]) -> str:
 def _parse_value(rest: str) -> Value | None:
     if rest.isdigit() and rest.isascii() and len(rest) < 19:  # most DCGM values: a plain int, no timestamp
         return int(rest)  # what the regex below gives for it (group 1), at half the cost
+    head, dot, tail = rest.partition(".")
+    if dot and (head.isdigit() or not head) and (tail.isdigit() or not tail) and (head or tail) and rest.isascii():
+        return float(rest)  # a plain decimal like "12.5", ".5" or "5.": the regex's group 2, unchanged
     m = _VALUE_RE.fullmatch(rest)
     if m is None:
         return None

@@ -311,16 +311,17 @@ class _Builder:
             [r.host for r in info], [r.uuid for r in info], [r.mig_profile for r in info], [r.model for r in info]])
         gpu, instance = _arrays(pa.int16(), [[r.gpu for r in info], [r.instance for r in info]])
         fields: dict[str, pa.Array] = {}
+        values = self.values
         for type_, columns, convert in ((pa.float32(), _FLOAT_COLUMNS, _floats), (pa.int64(), _INT_COLUMNS, _ints)):
-            present = [c for c in columns if self.values.get(c)]
-            raw = [convert([self.values[c].get(i) for i in order]) for c in present]
-            fields.update(zip(present, _arrays(type_, raw)))
+            present = [c for c in columns if values.get(c)]
+            flat: list[Any] = []  # the present columns one after the other, converted in one pass
+            for c in present:
+                flat.extend(map(values[c].get, order))
+            fields.update(zip(present, _slices(type_, convert(flat), n, len(present))))
             nulls = pa.nulls(n, type_)  # one all-null array, shared by every absent column
             fields.update((c, nulls) for c in columns if c not in fields)
-        arrays = [
-            pa.repeat(pa.scalar(self.ts, pa.timestamp("ms")), n), pa.repeat(pa.scalar(self.cluster, pa.string()), n),
-            host, gpu, uuid, instance, mig_profile, model, pa.repeat(pa.scalar(source, pa.string()), n),
-        ] + [fields[f.column] for f in SAMPLE_FIELDS]
+        ts, cluster, source_ = _constant_columns(self.ts, self.cluster, source, n)
+        arrays = [ts, cluster, host, gpu, uuid, instance, mig_profile, model, source_] + [fields[f.column] for f in SAMPLE_FIELDS]
         return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)
 
     def inventory(self, order: list[int]) -> list[dict[str, Any]]:
@@ -343,14 +344,37 @@ class _Builder:
         return out
 
 
+_CONSTANTS: dict[tuple[datetime, str, str, int], tuple[pa.Array, pa.Array, pa.Array]] = {}
+
+
+def _constant_columns(ts: datetime, cluster: str, source: str, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """The ts, cluster and source columns of n rows; the scrapes of one round share them (arrays
+    are immutable), so they are made once per round rather than once per target."""
+    key = (ts, cluster, source, n)
+    arrays = _CONSTANTS.get(key)
+    if arrays is None:
+        if len(_CONSTANTS) >= 64:
+            _CONSTANTS.clear()
+        arrays = _CONSTANTS[key] = (
+            pa.repeat(pa.scalar(ts, pa.timestamp("ms")), n), pa.repeat(pa.scalar(cluster, pa.string()), n),
+            pa.repeat(pa.scalar(source, pa.string()), n))
+    return arrays
+
+
 def _arrays(type_: pa.DataType, columns: list[list[Any]]) -> list[pa.Array]:
     """Equal-length lists -> arrays, with one conversion for all (a slice each): every pa.array
     call costs microseconds, which adds up when a scrape has 8 GPUs and 40 columns."""
     if not columns:
         return []
-    n = len(columns[0])
-    flat = pa.array(list(chain.from_iterable(columns)), type_)
-    return [flat.slice(i * n, n) for i in range(len(columns))]
+    return _slices(type_, list(chain.from_iterable(columns)), len(columns[0]), len(columns))
+
+
+def _slices(type_: pa.DataType, flat: list[Any], n: int, k: int) -> list[pa.Array]:
+    """k columns of n values each, laid end to end in `flat` -> k arrays (one conversion)."""
+    if not k:
+        return []
+    array = pa.array(flat, type_)
+    return [array.slice(i * n, n) for i in range(k)]
 
 
 def _workload(labels: Mapping[str, str]) -> tuple[str, str] | None:
