@@ -84,6 +84,10 @@ class Analysis:
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
         for stmt in (sql.INTERVALS, sql.CAPACITY, sql.ALLOCATIONS, sql.PIECES):
             self._exec(stmt)
+        # per_gpu() and idle_stretches() read only the tables above, which never change after
+        # this point: computed once each, then handed out as copies (totals, utilization by GPU
+        # dimensions, waste and the top jobs all start from them)
+        self._memo: dict[tuple[str, ...], pl.DataFrame] = {}
 
     def _exec(self, query: str) -> None:
         self.con.execute(query, {k: v for k, v in self.bind.items() if f"${k}" in query})
@@ -97,18 +101,36 @@ class Analysis:
 
     def per_gpu(self) -> pl.DataFrame:
         """Capacity, data, busy, allocated and stranded GPU-hours per GPU (or MIG instance)."""
+        if ("per_gpu",) not in self._memo:
+            self._memo[("per_gpu",)] = self._per_gpu()
+        return self._memo[("per_gpu",)].clone()
+
+    def _per_gpu(self) -> pl.DataFrame:
         clip = sql.clip_seconds("t0", "t1")
-        pclip = sql.clip_seconds("p0", "p1")
         return self.q(f"""
             WITH u AS (
                 SELECT cluster, host, gpu_uuid, gi,
                        sum({clip} * equiv) FILTER (WHERE util IS NOT NULL) AS data_s,
                        sum(util / 100 * {clip} * equiv) AS busy_s
                 FROM iv GROUP BY ALL
+            ), held AS (
+                -- when any job held the GPU: overlapping holders (a shared GPU, a mapping that
+                -- outlives its job by max_gap) merged, so a second holder is not counted twice
+                SELECT cluster, host, gpu_uuid, gi, min(a0) AS a0, max(a1) AS a1 FROM (
+                    SELECT *, sum(starts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1 ROWS UNBOUNDED PRECEDING) AS grp
+                    FROM (SELECT cluster, host, gpu_uuid, gi, a0, a1,
+                                 CASE WHEN a0 <= max(a1) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1
+                                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts
+                          FROM al))
+                GROUP BY cluster, host, gpu_uuid, gi, grp
             ), a AS (
-                SELECT cluster, host, gpu_uuid, gi,
-                       sum({pclip} * equiv) FILTER (WHERE util IS NOT NULL) AS alloc_data_s
-                FROM pc GROUP BY ALL
+                SELECT iv.cluster, iv.host, iv.gpu_uuid, iv.gi,
+                       sum({sql.clip_seconds("greatest(iv.t0, held.a0)", "least(iv.t1, held.a1)")} * iv.equiv)
+                           FILTER (WHERE iv.util IS NOT NULL) AS alloc_data_s
+                FROM iv JOIN (SELECT *, {sql.range_hours("a0", "a1")} AS hour FROM held) held
+                  ON iv.cluster = held.cluster AND iv.host = held.host AND iv.gpu_uuid = held.gpu_uuid
+                 AND iv.gi = held.gi AND {sql.iv_hour()} = held.hour AND iv.t1 > held.a0 AND iv.t0 < held.a1
+                GROUP BY ALL
             )
             SELECT cap.cluster, cap.host, cap.gpu, cap.gpu_uuid, cap.gi, cap.model, cap.mig_profile,
                    cap.capacity_s * cap.equiv / 3600 AS capacity_gpu_h,
@@ -164,6 +186,11 @@ class Analysis:
         (kind "idle": utilization below the threshold) or held with no compute process
         (kind "no_process"), with their in-window GPU-hours and cost."""
         pred = {"idle": sql.IDLE_PRED, "no_process": sql.NO_PROCESS_PRED}[kind]
+        if ("idle_stretches", kind) not in self._memo:
+            self._memo[("idle_stretches", kind)] = self._islands(pred)
+        return self._memo[("idle_stretches", kind)].clone()
+
+    def _islands(self, pred: str) -> pl.DataFrame:
         return self.q(f"""
             SELECT i.*, i.in_window_s * i.equiv / 3600 AS gpu_h, p.usd_per_gpu_hour,
                    i.in_window_s * i.equiv / 3600 * p.usd_per_gpu_hour AS cost

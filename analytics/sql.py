@@ -78,15 +78,33 @@ WHERE ($cluster IS NULL OR a.cluster = $cluster)
   AND least(coalesce(j."end", a.last_seen + to_seconds($max_gap)), $xend) > greatest(coalesce(j.start, a.first_seen), $xstart)
 """
 
-PIECES = """
+# Joining iv with time ranges [r0, r1) of the same GPU on "iv.t1 > r0 AND iv.t0 < r1" alone is a
+# hash join on the GPU that then compares every sample of a GPU with every range of it: for a
+# week of 15 s samples and hundreds of jobs per GPU, billions of comparisons. An iv interval is at
+# most max_gap long, so one overlapping [r0, r1) starts in an hour from hour(r0 - max_gap) to
+# hour(r1): list each range once per such hour (range_hours) and add "hour of iv.t0 = that hour"
+# (iv_hour) to the join keys, and every overlapping pair is found exactly once.
+HOUR_US = 3_600_000_000
+
+
+def iv_hour(t0: str = "iv.t0") -> str:
+    return f"(epoch_us({t0}) // {HOUR_US})"
+
+
+def range_hours(r0: str, r1: str) -> str:
+    return f"unnest(range(epoch_us({r0} - to_seconds($max_gap)) // {HOUR_US}, epoch_us({r1}) // {HOUR_US} + 1))"
+
+
+PIECES = f"""
 CREATE OR REPLACE TEMP TABLE pc AS
+WITH ah AS (SELECT *, {range_hours("a0", "a1")} AS hour FROM al)
 SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.name, al.user_name, al.account, al.partition, al.state,
        al.host, al.gpu_uuid, al.gi, iv.gpu, iv.model, iv.mig_profile, iv.equiv,
        iv.util, iv.procs, iv.tensor_active, iv.sm_clock_mhz, iv.fb_used_mib,
        greatest(iv.t0, al.a0) AS p0, least(iv.t1, al.a1) AS p1
-FROM iv JOIN al
+FROM iv JOIN ah al
   ON iv.cluster = al.cluster AND iv.host = al.host AND iv.gpu_uuid = al.gpu_uuid AND iv.gi = al.gi
- AND iv.t1 > al.a0 AND iv.t0 < al.a1
+ AND {iv_hour()} = al.hour AND iv.t1 > al.a0 AND iv.t0 < al.a1
 """
 
 # Stretches ("islands") of consecutive pieces of one job on one GPU where `pred` holds, with no
