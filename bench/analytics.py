@@ -1,0 +1,367 @@
+"""Analytics: a synthetic week of 1,024 GPUs and 50,000 jobs; the full weekly analysis, and the per-GPU weekly mean vs PromQL.
+
+1. A synthetic fleet (bench/_analytics_data.py) written into a real store through StoreWriter:
+   1,024 H100s (128 hosts x 8) sampled every 15 s for 7 days (~41M GPU-samples), 50,000 Slurm
+   jobs with their GPU allocations, and the 5-minute rollups compaction would write. Generated
+   once per scale and kept under GPUFLEET_BENCH_CACHE.
+2. The full weekly analysis in a process of its own (bench/_analytics_measure.py), so its wall
+   time, CPU time and peak RSS (VmHWM) are the analysis' own: open_reader, Analysis for the week,
+   totals(), utilization by fleet / host / account / user_name, top_wasteful_jobs(), per_gpu().
+3. The per-GPU weekly mean of GPU utilization from Prometheus - the same samples loaded with
+   `promtool tsdb create-blocks-from openmetrics`, `avg_over_time(DCGM_FI_DEV_GPU_UTIL[7d])` as an
+   instant query at the window end - against ours on the same GPUs: over the raw samples and over
+   the 5-minute rollups. Both sides are warm; the median of GPUFLEET_BENCH_QUERY_RUNS runs counts.
+
+Knobs (environment):
+  GPUFLEET_BENCH_GPUS=1024         GPUs in the fleet (a multiple of 8: hosts of 8 GPUs)
+  GPUFLEET_BENCH_DAYS=7            days of samples; the analysed window is all of them
+  GPUFLEET_BENCH_JOBS=50000        jobs over the window
+  GPUFLEET_BENCH_PROM_GPUS=all     GPUs loaded into Prometheus: the whole fleet, or fewer (whole hosts
+                                   spread over the fleet, the whole window) for a quicker first run;
+                                   0 skips the comparison
+  GPUFLEET_BENCH_QUERY_RUNS=5      timed runs of each per-GPU-mean query
+  GPUFLEET_BENCH_MEMORY_LIMIT=3GB  DuckDB memory_limit in the analysis process ("" = DuckDB's default,
+                                   80 % of RAM); beyond it DuckDB spills to a temp directory
+  GPUFLEET_BENCH_THREADS=0         DuckDB threads in the analysis process (0 = DuckDB's default: all cores)
+  GPUFLEET_BENCH_CACHE=bench/results/analytics   generated stores and Prometheus TSDBs, reused
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from bench._analytics_data import STEP, Scale, ensure_store, host_name
+from bench._common import ROOT, Table, _children, _stop, env_number, progress
+
+SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
+PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
+RUNS = max(1, int(env_number("GPUFLEET_BENCH_QUERY_RUNS", 5)))
+MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
+THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
+CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
+
+WALL_GOAL_S = 10.0
+RSS_GOAL_GIB = 4.0
+SPEEDUP_GOAL = 10.0
+METRIC = "DCGM_FI_DEV_GPU_UTIL"
+EPOCH = datetime(1970, 1, 1)  # the store's times are naive UTC
+
+
+# --- 2: the full weekly analysis ---
+
+
+def measure_analysis(store: Path) -> dict:
+    argv = [sys.executable, "-m", "bench._analytics_measure", str(store), SCALE.start.isoformat(), SCALE.end.isoformat()]
+    if MEMORY_LIMIT:
+        argv += ["--memory-limit", MEMORY_LIMIT]
+    if THREADS:
+        argv += ["--threads", str(THREADS)]
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-spill-") as spill:
+        argv += ["--temp-dir", spill]
+        load0 = os.getloadavg()[0]
+        r = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=3600)
+        load1 = os.getloadavg()[0]
+    if r.returncode != 0:
+        raise RuntimeError(f"the analysis process exited {r.returncode}")
+    # DuckDB may draw a progress bar on stdout too: the result is the line marked RESULT
+    out = json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1].removeprefix("RESULT "))
+    out["load"] = (load0, load1)
+    return out
+
+
+def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
+    t = Table(f"analytics: full weekly analysis, {SCALE.describe()}")
+    wall, cpu, hwm = m["wall_s"], m["cpu_s"], m["vmhwm_kib"] / 1024 / 1024
+    t.add("wall time: open_reader .. per_gpu (imports excluded)", f"{wall:.1f} s", f"<= {WALL_GOAL_S:g} s", wall <= WALL_GOAL_S)
+    t.add("    CPU time of the process (user + sys)", f"{cpu:.1f} s  ({m['cpu_user_s']:.1f} user + {m['cpu_sys_s']:.1f} sys; {cpu / wall:.2f} cores busy on average)")
+    t.add("    python imports before it (analytics, duckdb, polars)", f"{m['imports_s']:.2f} s")
+    t.add("peak RSS of the analysis process (VmHWM)", f"{hwm:.2f} GiB", f"<= {RSS_GOAL_GIB:g} GiB", hwm <= RSS_GOAL_GIB)
+    for name, (wall_s, cpu_s) in m["steps"].items():
+        t.add(f"    {name}", f"{wall_s:.2f} s (CPU {cpu_s:.2f} s)")
+    f = m["figures"]
+    money = lambda v: "unknown" if v is None else f"${v:,.0f}"  # noqa: E731
+    t.add("figures: capacity / data / no data", f"{f['capacity_gpu_h']:,.0f} / {f['data_gpu_h']:,.0f} / {f['no_data_gpu_h']:,.0f} GPU-h")
+    t.add("figures: fleet utilization / allocated (sacct)", f"{f['utilization_pct']:.1f} % / {f['allocated_gpu_h']:,.0f} GPU-h")
+    t.add("figures: idle allocated / no process / stranded",
+          f"{f['idle_allocated_gpu_h']:,.0f} GPU-h ({money(f['idle_allocated_cost'])}) / {f['no_process_gpu_h']:,.0f} / {f['stranded_gpu_h']:,.0f} GPU-h")
+    t.add("figures: rows (GPUs / hosts / accounts / users)", f"{f['gpus']} / {f['hosts']} / {f['accounts']} / {f['users']}; "
+          f"top wasteful job {f['top_job']} ({f['top_job_idle_gpu_h']:.0f} idle GPU-h)")
+    r = m["rows"]
+    t.notes += [
+        f"the analysis' tables: iv {r['iv'] / 1e6:.1f}M sample intervals, al {r['al']:,} job-GPU allocations, pc {r['pc'] / 1e6:.1f}M pieces "
+        "(iv x al); totals() computes per_gpu() and both kinds of idle stretches (two window passes over pc each), "
+        "which the later calls reuse",
+        f"one process (python -m bench._analytics_measure), DuckDB threads = {m['threads']}, memory_limit = {m['memory_limit']} "
+        f"(spills to a temp directory beyond it); machine: {os.cpu_count()} cores, load average {m['load'][0]:.1f} before / {m['load'][1]:.1f} after",
+        "wall time is what a user waits on a shared machine; CPU time is the steadier figure when other work competes for the cores",
+        f"store: {'generated in this run' if generated else 'reused'} ({gen_s:.0f} s), {CACHE.relative_to(ROOT) if CACHE.is_relative_to(ROOT) else CACHE}/store-{SCALE.key}; "
+        "set GPUFLEET_BENCH_GPUS / _DAYS / _JOBS for another scale",
+    ]
+    return t
+
+
+# --- 3: per-GPU weekly mean, Prometheus vs ours ---
+
+
+def prom_hosts() -> list[int]:
+    """Whole hosts spread over the fleet: every pool (host % 8) and every sample file is represented."""
+    n = min(SCALE.hosts, max(1, PROM_GPUS // 8))
+    if n >= SCALE.hosts:
+        return list(range(SCALE.hosts))
+    stride = SCALE.hosts / n
+    m = max(1, min(8, int(stride)))
+    return [int(i * stride) + i % m for i in range(n)]
+
+
+def _openmetrics(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select(pl.format(
+        METRIC + '{{gpu="{}",UUID="{}",device="nvidia{}",modelName="{}",Hostname="{}",instance="{}:9400",job="dcgm"}} {} {}.{}',
+        "gpu", "gpu_uuid", "gpu", "model", "host", "host", "v", pl.col("ms") // 1000, (pl.col("ms") % 1000).cast(pl.String).str.zfill(3),
+    ))
+
+
+def build_tsdb(store: Path, hosts: list[int], root: Path) -> None:
+    """The same samples as OpenMetrics, one file per 2 h block (promtool reads its whole input once per block)."""
+    from collector.store import open_reader
+
+    promtool = shutil.which("promtool")
+    if not promtool:
+        raise FileNotFoundError("promtool")
+    tmp = root.with_name(root.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "data").mkdir(parents=True)
+    con = open_reader(store)
+    names = [host_name(h) for h in hosts]
+    om = tmp / "window.om"
+    for day in range(SCALE.days):
+        d0 = SCALE.start + timedelta(days=day)
+        df = pl.from_arrow(con.sql(
+            "SELECT host, gpu, gpu_uuid, model, epoch_ms(ts) AS ms, gpu_util AS v FROM gpu_samples "
+            "WHERE ts >= $d0 AND ts < $d1 AND host IN (SELECT unnest($hosts::VARCHAR[])) AND gpu_util IS NOT NULL ORDER BY host, gpu, ts",
+            params={"d0": d0, "d1": d0 + timedelta(days=1), "hosts": names}).to_arrow_table())
+        start_ms = int((d0 - EPOCH).total_seconds() * 1000)
+        for w in range(12):
+            part = df.filter((pl.col("ms") >= start_ms + w * 7_200_000) & (pl.col("ms") < start_ms + (w + 1) * 7_200_000))
+            if part.is_empty():
+                continue
+            with open(om, "w") as f:
+                f.write(f"# TYPE {METRIC} gauge\n")
+                _openmetrics(part).write_csv(f, include_header=False, quote_style="never")
+                f.write("# EOF\n")
+            r = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(om), str(tmp / "data")],
+                               capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                raise RuntimeError(f"promtool failed on {d0:%Y-%m-%d} window {w}: {r.stderr[-2000:]}")
+        progress(f"  TSDB: day {day + 1}/{SCALE.days} loaded")
+    om.unlink(missing_ok=True)
+    # let Prometheus compact the 2 h blocks as it would a week it had scraped, so the timed
+    # queries read compacted blocks and no compaction runs while they are timed
+    with Prometheus(tmp / "data", tmp) as p:
+        before = p.blocks()
+        p.wait_compacted(before)
+        progress(f"  TSDB: {before} blocks compacted into {p.blocks()}")
+    tmp.rename(root)
+
+
+class Prometheus:
+    """A Prometheus of our own on 127.0.0.1 over a TSDB directory, no scrape jobs."""
+
+    def __init__(self, data: Path, workdir: Path):
+        self.data, self.workdir = data, workdir
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Prometheus:
+        exe = shutil.which("prometheus")
+        if not exe:
+            raise FileNotFoundError("prometheus")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cfg = self.workdir / "prometheus.yml"
+        cfg.write_text("global:\n  scrape_interval: 1h\n")
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(self.workdir / "prometheus.log", "ab")
+        self.proc = subprocess.Popen(
+            [exe, f"--config.file={cfg}", f"--storage.tsdb.path={self.data}", f"--web.listen-address=127.0.0.1:{port}",
+             "--storage.tsdb.retention.time=10y", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        _children.append(self.proc)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError(f"prometheus did not get ready; see {self.workdir / 'prometheus.log'}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            if self.proc in _children:
+                _children.remove(self.proc)
+            self.proc = None
+        self.log.close()
+
+    def blocks(self) -> int:
+        return sum(1 for d in self.data.iterdir() if (d / "meta.json").exists())
+
+    def wait_compacted(self, before: int, timeout: float = 600) -> None:
+        """Prometheus compacts a minute after start; wait until the block count has dropped and settled."""
+        t0 = time.monotonic()
+        last, since = self.blocks(), time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            time.sleep(2)
+            n = self.blocks()
+            if n != last:
+                last, since = n, time.monotonic()
+            elif (n < before or time.monotonic() - t0 > 150) and time.monotonic() - since > 20:
+                return
+
+    def query(self, promql: str, at: float) -> tuple[float, dict]:
+        """Client-side wall seconds of one instant query (HTTP + JSON), and the response document."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}", "stats": "all"})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=300) as r:
+            doc = json.loads(r.read())
+        dt = time.perf_counter() - t0
+        if doc.get("status") != "success":
+            raise RuntimeError(f"{promql}: {doc}")
+        return dt, doc
+
+
+# per GPU (a UUID names one GPU fleet-wide; gpu_instance separates MIG instances)
+RAW_MEAN = """
+SELECT any_value(cluster) AS cluster, any_value(host) AS host, gpu_uuid, gpu_instance, avg(gpu_util) AS mean_util
+FROM gpu_samples
+WHERE ts >= $start AND ts < $end {hosts}
+GROUP BY gpu_uuid, gpu_instance
+"""
+# the rollup keeps avg and count per 5 minutes: their count-weighted mean is the mean of the samples
+# (exact while no sample lacks gpu_util, as here: the rollup counts rows, avg skips nulls)
+ROLLUP_MEAN = """
+SELECT any_value(cluster) AS cluster, any_value(host) AS host, gpu_uuid, gpu_instance,
+       sum(gpu_util_avg * samples) / sum(samples) AS mean_util
+FROM gpu_rollup_5m
+WHERE bucket >= $start AND bucket < $end {hosts}
+GROUP BY gpu_uuid, gpu_instance
+"""
+
+
+def compare_prometheus(store: Path) -> Table:
+    from collector.store import open_reader
+
+    hosts = prom_hosts()
+    gpus = len(hosts) * 8
+    samples = gpus * SCALE.seconds // STEP
+    t = Table(f"analytics: per-GPU mean utilization over {SCALE.days} d, {gpus} GPUs ({samples / 1e6:.1f}M samples): PromQL vs gpufleet")
+    if PROM_GPUS <= 0:
+        t.notes.append("skipped: GPUFLEET_BENCH_PROM_GPUS=0")
+        return t
+    if not (shutil.which("prometheus") and shutil.which("promtool")):
+        t.add("Prometheus comparison", "not run: prometheus/promtool not installed (apt-get install prometheus)", f">= {SPEEDUP_GOAL:g}x", False)
+        return t
+    root = CACHE / f"prom-{SCALE.key}-{len(hosts)}hosts"
+    built = 0.0
+    if not (root / "data").exists():
+        progress(f"building a Prometheus TSDB of {gpus} GPUs x {SCALE.days} d with promtool (once; kept in {root})")
+        t0 = time.monotonic()
+        build_tsdb(store, hosts, root)
+        built = time.monotonic() - t0
+
+    names = [host_name(h) for h in hosts]
+    promql = f"avg_over_time({METRIC}[{SCALE.days}d])"
+    at = (SCALE.end - EPOCH).total_seconds() - 1  # range [start - 1 s, end - 1 s]: the window's samples
+    con = open_reader(store)
+    con.execute("SET enable_progress_bar = false")
+    subset = len(hosts) < SCALE.hosts
+    bind = {"start": SCALE.start, "end": SCALE.end} | ({"hosts": names} if subset else {})
+    where = "AND host IN (SELECT unnest($hosts::VARCHAR[]))" if subset else ""
+
+    def ours(query: str) -> tuple[float, pl.DataFrame]:
+        query = query.format(hosts=where)
+        t0 = time.perf_counter()
+        df = pl.from_arrow(con.sql(query, params=bind).to_arrow_table())
+        return time.perf_counter() - t0, df
+
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-prom-") as work, Prometheus(root / "data", Path(work)) as prom:
+        blocks = prom.blocks()
+        progress(f"per-GPU mean: PromQL vs DuckDB raw samples vs 5-minute rollups, {RUNS} runs each (after a warm-up)")
+        _, doc = prom.query(promql, at)  # warm-up: pages the blocks in, as they would be on a Prometheus in use
+        ours(RAW_MEAN)
+        ours(ROLLUP_MEAN)
+        times: dict[str, list[float]] = {"prom": [], "prom_exec": [], "raw": [], "rollup": []}
+        for _ in range(RUNS):  # interleaved, so machine noise hits all three alike
+            dt, doc = prom.query(promql, at)
+            times["prom"].append(dt)
+            times["prom_exec"].append(doc["data"].get("stats", {}).get("timings", {}).get("execTotalTime", float("nan")))
+            dt, raw = ours(RAW_MEAN)
+            times["raw"].append(dt)
+            dt, rollup = ours(ROLLUP_MEAN)
+            times["rollup"].append(dt)
+        loaded = doc["data"].get("stats", {}).get("samples", {}).get("totalQueryableSamples")
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    prom_means = {r["metric"]["UUID"]: float(r["value"][1]) for r in doc["data"]["result"]}
+    diff = lambda df: max((abs(prom_means[u] - m) for u, m in zip(df["gpu_uuid"], df["mean_util"])), default=float("nan"))  # noqa: E731
+    ms = lambda s: f"{s * 1000:.0f} ms" if s >= 0.1 else f"{s * 1000:.1f} ms"  # noqa: E731
+    spread = lambda k: f"{ms(min(times[k]))} .. {ms(max(times[k]))}"  # noqa: E731
+    t.add(f"Prometheus: {promql} @ window end", f"{ms(med['prom'])} (runs {spread('prom')}; server execTotalTime {ms(med['prom_exec'])})")
+    t.add("gpufleet: raw samples, avg(gpu_util) per GPU (DuckDB)", f"{ms(med['raw'])} (runs {spread('raw')})")
+    t.add("    speed-up over PromQL, raw samples", f"{med['prom'] / med['raw']:.1f}x", f">= {SPEEDUP_GOAL:g}x", med["prom"] / med["raw"] >= SPEEDUP_GOAL)
+    t.add("gpufleet: 5-minute rollups, count-weighted mean per GPU", f"{ms(med['rollup'])} (runs {spread('rollup')})")
+    t.add("    speed-up over PromQL, rollups", f"{med['prom'] / med['rollup']:.1f}x", f">= {SPEEDUP_GOAL:g}x", med["prom"] / med["rollup"] >= SPEEDUP_GOAL)
+    t.add("same answer? GPUs answered; largest difference from PromQL",
+          f"{len(prom_means)} PromQL, {raw.height} raw, {rollup.height} rollup; raw {diff(raw):.1g}, rollup {diff(rollup):.1g} percentage points")
+    t.notes += [
+        f"Prometheus {_version('prometheus')}: TSDB from `promtool tsdb create-blocks-from openmetrics` (one file per 2 h block), "
+        f"then compacted by Prometheus itself ({blocks} blocks{'; built in this run in %.0f s' % built if built else '; reused'}); "
+        f"{loaded if loaded is not None else '?'} samples read by the query",
+        f"times are client-side: HTTP request to parsed JSON for Prometheus, execute to Arrow to polars for DuckDB (a fresh open_reader "
+        f"over the whole {SCALE.gpus}-GPU store{f', filtered to the same {len(hosts)} hosts' if subset else ''}); "
+        f"median of {RUNS} interleaved warm runs",
+        "the rollups are what compaction writes for every closed hour (collector.maintenance.ROLLUP_SQL: per GPU and 5 minutes, "
+        "avg and count), the store's own pre-aggregate for dashboards; the raw row reads every sample like PromQL does",
+    ]
+    return t
+
+
+def _version(exe: str) -> str:
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout or ""
+        return out.split()[2] if len(out.split()) > 2 else "?"
+    except OSError:
+        return "?"
+
+
+def run() -> list[Table]:
+    progress(f"scale: {SCALE.describe()}")
+    t0 = time.monotonic()
+    store, generated = ensure_store(SCALE, CACHE, progress)
+    gen_s = time.monotonic() - t0
+    progress(f"store {'generated' if generated else 'reused'}: {store} ({gen_s:.0f} s)")
+    progress("full weekly analysis in its own process")
+    m = measure_analysis(store)
+    tables = [analysis_table(m, generated, gen_s)]
+    tables.append(compare_prometheus(store))
+    return tables
