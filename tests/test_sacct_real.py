@@ -96,7 +96,13 @@ def test_sacct_source_says_what_sacct_says(slurm_cluster):
         assert c.wait_job(fail) == "FAILED"
         assert c.wait_job(cancel).startswith("CANCELLED")
 
-        # while the het job is pending or running: its two components, GPUs requested or allocated
+        # while the het job is pending or running: its two components, GPUs requested or allocated.
+        # slurmdbd records a pending job a moment after sbatch (later still on a loaded machine):
+        # wait until sacct itself lists both components before comparing with it
+        deadline = time.monotonic() + 60
+        while c.sacct("-X", "-n", "-P", "-o", "JobID", "-j", str(het)).split().count(f"{het}+1") == 0:
+            assert time.monotonic() < deadline, "sacct never listed the het job"
+            time.sleep(0.5)
         src = SacctSource(cluster="gpufleet", env=c.env, tz=TZ, initial_lookback=timedelta(hours=2))
         rows = assert_same(*run_stable(c, src, utcnow()))
         het_rows = sorted((r["job_id"], r["het_job_id"], r["het_job_offset"], r["account"], r["gpus"])
