@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "exporter": ("exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping"),
     "collect": ("collector.cli", "collect metrics and scheduler accounting into the store"),
     "analyze": ("analytics.cli", "print a window's utilization, waste and cost (table or JSON)"),
+    "dashboard": ("dashboards.cli", "serve the operators' Streamlit dashboards over the store"),
     "report": ("analytics.report_cli", "write the weekly waste report (HTML, PDF, text) and mail it"),
     "demo": ("gpufleet.demo", "run the product on a simulated node, no GPU or root needed"),
 }

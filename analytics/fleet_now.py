@@ -1,0 +1,282 @@
+"""The fleet at one moment: each GPU's latest sample, who holds it, and how fresh the data is.
+
+Pure functions over a reader connection (collector.store.open_reader) and an "as of" time: the
+dashboards' "Fleet now" and "Health" pages ask them with as_of = now, and any past moment works
+the same way. Definitions, and why:
+
+- Latest sample: the newest sample of each GPU (or MIG instance) at or before as_of, looked for
+  within `lookback` (default 6 h: bounded so the query reads hours, not the whole store).
+- Stale: a latest sample older than `stale_after` (default 5 min) is not the GPU's state now.
+  5 min covers the Prometheus-API source (120 s lag + a 60 s interval) with room; a scrape every
+  15 s is far inside it. A stale GPU shows as "no data", never as idle or busy (contract 4).
+- Known GPUs: the inventory (`gpus`) rows seen within `forget_after` (default 24 h) of as_of, so
+  a GPU whose exporter went quiet an hour ago still shows, as "no data", and a GPU retired
+  yesterday drops off.
+- Status, first match wins: "lost" (gpufleet_gpu_up = 0 in a fresh sample), "no data" (stale or
+  never sampled), "error" (a fresh sample with an XID code, a volatile double-bit ECC error or a
+  row-remap failure), "ok".
+- Holder: a job whose allocation covers as_of: from its scheduler start (else the first time
+  the exporter saw it on the GPU) to its scheduler end; a job the scheduler started and has not
+  ended (RUNNING, a running pod) holds until it does; a job the scheduler does not know (yet)
+  holds until the exporter last saw it + stale_after.
+- Idle allocated now: held, fresh, utilization below the idle threshold. `idle_since` is the start
+  of the current run of below-threshold samples (a gap longer than max_gap ends a run: no data is
+  not idle); a run reaching back to the lookback's start is capped there (`idle_since_capped`).
+  Its cost per hour is the GPUs' $/GPU-hour (MIG instances their slice share); unknown (None)
+  if any of those GPUs has no price.
+
+Every user-supplied value (filters, times) is a bound parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from analytics import sql
+from analytics.core import price_table
+from analytics.params import Params
+
+STALE_AFTER = timedelta(minutes=5)
+LOOKBACK = timedelta(hours=6)
+FORGET_AFTER = timedelta(hours=24)
+
+STATUSES = ("ok", "error", "lost", "no data")
+
+# XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
+ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
+
+GPUS = f"""
+WITH inv AS (
+    SELECT cluster, host, gpu_uuid, gpu_instance AS gi, gpu AS inv_gpu, model AS inv_model, mig_profile AS inv_mig, fb_total_mib
+    FROM gpus
+    WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+), s AS (
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
+           coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
+           gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
+           xid_last, gpu_up::DOUBLE AS gpu_up, compute_processes::DOUBLE AS compute_processes, clocks_event_reasons,
+           ecc_dbe_vol, remap_failure, sm_clock_mhz::DOUBLE AS sm_clock_mhz
+    FROM gpu_samples
+    WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+), o AS (
+    SELECT *, lag(ts) OVER w AS prev_ts, lag(util) OVER w AS prev_util,
+           row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn
+    FROM s WINDOW w AS (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)
+), runs AS (
+    SELECT cluster, host, gpu_uuid, gi, min(ts) AS first_ts,
+           max(ts) FILTER (WHERE util < $thr AND (prev_ts IS NULL OR prev_util IS NULL OR prev_util >= $thr
+                                                  OR epoch(ts) - epoch(prev_ts) > $max_gap)) AS run_start
+    FROM o GROUP BY ALL
+), latest AS (
+    SELECT * EXCLUDE (rn, prev_ts, prev_util) FROM o WHERE rn = 1
+), h AS (
+    SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
+           j.name, j.user_name, j.account, j.partition
+    FROM allocations a
+    LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    WHERE coalesce(j.start, a.first_seen) <= $as_of
+      AND $as_of < CASE WHEN j.start IS NOT NULL THEN coalesce(j."end", 'infinity'::TIMESTAMP)
+                        ELSE a.last_seen + to_seconds($stale_after) END
+      AND ($cluster IS NULL OR a.cluster = $cluster)
+      AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
+      AND ($partition IS NULL OR j.partition = $partition)
+), hg AS (
+    SELECT cluster, host, gpu_uuid, gi, count(*) AS jobs,
+           string_agg(job_id, ', ' ORDER BY job_id) AS job_ids,
+           string_agg(DISTINCT name, ', ' ORDER BY name) AS job_names,
+           string_agg(DISTINCT user_name, ', ' ORDER BY user_name) AS user_names,
+           string_agg(DISTINCT account, ', ' ORDER BY account) AS accounts,
+           string_agg(DISTINCT scheduler, ', ' ORDER BY scheduler) AS schedulers
+    FROM h GROUP BY ALL
+), g AS (
+    SELECT cluster, host, gpu_uuid, gi, coalesce(inv_gpu, s_gpu) AS gpu, coalesce(inv_model, s_model) AS model,
+           coalesce(inv_mig, s_mig) AS mig_profile, fb_total_mib,
+           latest.* EXCLUDE (cluster, host, gpu_uuid, gi, s_gpu, s_model, s_mig),
+           runs.first_ts, runs.run_start,
+           coalesce(hg.jobs, 0) AS jobs, hg.job_ids, hg.job_names, hg.user_names, hg.accounts, hg.schedulers
+    FROM inv
+    FULL JOIN latest USING (cluster, host, gpu_uuid, gi)
+    LEFT JOIN runs USING (cluster, host, gpu_uuid, gi)
+    LEFT JOIN hg USING (cluster, host, gpu_uuid, gi)
+), f AS (
+    SELECT *, {sql.gpu_equiv()} AS equiv,
+           epoch($as_of) - epoch(ts) AS age_s,
+           coalesce(epoch($as_of) - epoch(ts) <= $stale_after, false) AS fresh,
+           jobs > 0 AS held
+    FROM g
+)
+SELECT cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts, age_s, fresh,
+       util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last, gpu_up, compute_processes,
+       clocks_event_reasons, ecc_dbe_vol, remap_failure, sm_clock_mhz,
+       CASE WHEN NOT fresh THEN 'no data' WHEN gpu_up = 0 THEN 'lost' WHEN {ERROR_PRED} THEN 'error' ELSE 'ok' END AS status,
+       CASE WHEN fresh AND util < $thr THEN run_start END AS idle_since,
+       coalesce(fresh AND util < $thr AND run_start = first_ts
+                AND first_ts <= $as_of - to_seconds($lookback) + to_seconds($max_gap), false) AS idle_since_capped,
+       held, jobs, job_ids, job_names, user_names, accounts, schedulers,
+       coalesce(held AND fresh AND util < $thr, false) AS idle_allocated,
+       coalesce(held AND fresh AND compute_processes = 0, false) AS no_process
+FROM f
+"""
+
+
+def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:
+    cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions
+    try:
+        names = {k: v for k, v in binds.items() if f"${k}" in query}
+        return pl.from_arrow(cur.sql(query, params=names).to_arrow_table())
+    finally:
+        cur.close()
+
+
+def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: timedelta, forget_after: timedelta) -> dict[str, Any]:
+    f = params.filters
+    return {
+        "as_of": as_of, "stale_after": stale_after.total_seconds(), "lookback": lookback.total_seconds(),
+        "forget_after": forget_after.total_seconds(), "max_gap": params.max_gap.total_seconds(), "thr": params.idle_threshold,
+        "cluster": f.cluster, "model": f.model, "account": f.account, "user_name": f.user_name, "partition": f.partition,
+    }
+
+
+def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, *, stale_after: timedelta = STALE_AFTER,
+               lookback: timedelta = LOOKBACK, forget_after: timedelta = FORGET_AFTER) -> pl.DataFrame:
+    """One row per known GPU (or MIG instance) at `as_of`: its latest sample, status and holders.
+
+    Columns: cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts (latest sample),
+    age_s, fresh, util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last,
+    gpu_up, compute_processes, clocks_event_reasons, ecc_dbe_vol, remap_failure, status,
+    idle_since, idle_since_capped, held, jobs (count), job_ids, job_names, user_names, accounts,
+    schedulers, idle_allocated, no_process, usd_per_gpu_hour.
+    Filters: cluster and model narrow the GPUs; account, user and partition keep only the GPUs
+    held now by a matching job.
+    """
+    b = _binds(params, as_of, stale_after, lookback, forget_after)
+    df = _q(con, GPUS, b)
+    prices = price_table(params.prices)
+    df = df.with_columns(
+        pl.col("model").replace_strict(prices, default=None, return_dtype=pl.Float64).alias("usd_per_gpu_hour"),
+    )
+    job_filter = any(v is not None for v in (params.filters.account, params.filters.user_name, params.filters.partition))
+    if job_filter:
+        df = df.filter(pl.col("held"))
+    return df.sort(["cluster", "host", "gpu", "gi"], nulls_last=True)
+
+
+@dataclass(frozen=True)
+class FleetNow:
+    """Headline counts of gpu_states()."""
+
+    as_of: datetime
+    gpus: int
+    reporting: int  # fresh data
+    no_data: int
+    lost: int
+    error: int
+    held: int
+    free: int  # reporting and not held
+    held_no_process: int  # held, fresh, zero compute processes
+    idle_allocated: int  # held, fresh, utilization below the idle threshold
+    idle_allocated_long: int  # ... for at least idle_min_duration
+    idle_allocated_usd_per_h: float | None  # None: a GPU among them has no price
+    idle_allocated_gpus: float  # GPU equivalents (MIG instances count as their share)
+    mean_utilization_pct: float | None  # over reporting GPUs, weighted by GPU equivalents
+    unpriced_models: tuple[str, ...]
+
+
+def summarize(states: pl.DataFrame, params: Params, as_of: datetime) -> FleetNow:
+    n = lambda expr: int(states.filter(expr).height) if not states.is_empty() else 0  # noqa: E731
+    idle = states.filter(pl.col("idle_allocated")) if not states.is_empty() else states
+    cost: float | None
+    if idle.is_empty():
+        cost = 0.0
+    elif idle["usd_per_gpu_hour"].is_null().any():
+        cost = None
+    else:
+        cost = float((idle["usd_per_gpu_hour"] * idle["equiv"]).sum())
+    fresh = states.filter(pl.col("fresh") & pl.col("util").is_not_null()) if not states.is_empty() else states
+    mean = float((fresh["util"] * fresh["equiv"]).sum() / fresh["equiv"].sum()) if not fresh.is_empty() and fresh["equiv"].sum() > 0 else None
+    long_cut = as_of - params.idle_min_duration
+    return FleetNow(
+        as_of=as_of,
+        gpus=states.height,
+        reporting=n(pl.col("fresh")),
+        no_data=n(pl.col("status") == "no data"),
+        lost=n(pl.col("status") == "lost"),
+        error=n(pl.col("status") == "error"),
+        held=n(pl.col("held")),
+        free=n(pl.col("fresh") & ~pl.col("held")),
+        held_no_process=n(pl.col("no_process")),
+        idle_allocated=idle.height,
+        idle_allocated_long=int(idle.filter(pl.col("idle_since") <= long_cut).height) if not idle.is_empty() else 0,
+        idle_allocated_usd_per_h=cost,
+        idle_allocated_gpus=float(idle["equiv"].sum()) if not idle.is_empty() else 0.0,
+        mean_utilization_pct=mean,
+        unpriced_models=tuple(sorted({m for m in states.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m})) if not states.is_empty() else (),
+    )
+
+
+def host_freshness(states: pl.DataFrame) -> pl.DataFrame:
+    """Per host (one exporter each) from gpu_states(): GPUs known, GPUs reporting, the newest
+    sample and its age; `fresh` when any GPU of the host has a fresh sample. Stalest first."""
+    if states.is_empty():
+        return pl.DataFrame(schema={"cluster": pl.Utf8, "host": pl.Utf8, "gpus": pl.UInt32, "reporting": pl.UInt32,
+                                    "last_sample": pl.Datetime("us"), "age_s": pl.Float64, "fresh": pl.Boolean})
+    return (
+        states.group_by("cluster", "host")
+        .agg(pl.len().alias("gpus"), pl.col("fresh").sum().cast(pl.UInt32).alias("reporting"),
+             pl.col("ts").max().alias("last_sample"), pl.col("age_s").min().alias("age_s"), pl.col("fresh").any().alias("fresh"))
+        .sort(["fresh", "age_s", "cluster", "host"], descending=[False, True, False, False], nulls_last=False)
+    )
+
+
+def collector_status(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
+    """What the store's manifest says about the collector: last publish, its age, version.
+
+    The collector publishes after every commit, so the age of the last publish is how long ago
+    the collector last wrote anything. Returns {"published_at": None, ...} for a missing store.
+    """
+    from collector.store import MANIFEST
+
+    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    try:
+        m = json.loads((Path(root) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0}
+    try:
+        published = datetime.fromisoformat(m["published_at"])
+    except (KeyError, TypeError, ValueError):
+        published = None
+    if published is not None and published.tzinfo is not None:
+        published = published.astimezone(timezone.utc).replace(tzinfo=None)
+    return {
+        "published_at": published,
+        "age_s": (now - published).total_seconds() if published else None,
+        "version": m.get("version"),
+        "sample_files": len(m.get("samples", [])),
+    }
+
+
+_OPTIONS = {
+    "cluster": "SELECT DISTINCT cluster FROM gpus WHERE cluster IS NOT NULL UNION SELECT DISTINCT cluster FROM jobs WHERE cluster IS NOT NULL ORDER BY 1",
+    "model": "SELECT DISTINCT model FROM gpus WHERE model IS NOT NULL ORDER BY 1",
+    "account": "SELECT DISTINCT account FROM jobs WHERE account IS NOT NULL ORDER BY 1",
+    "user": "SELECT DISTINCT user_name FROM jobs WHERE user_name IS NOT NULL ORDER BY 1",
+    "partition": "SELECT DISTINCT partition FROM jobs WHERE partition IS NOT NULL ORDER BY 1",
+}
+
+
+def filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """The values a filter can take: clusters, GPU models, accounts, users, partitions."""
+    cur = con.cursor()
+    try:
+        return {name: [r[0] for r in cur.execute(q).fetchall()] for name, q in _OPTIONS.items()}
+    finally:
+        cur.close()

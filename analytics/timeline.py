@@ -1,0 +1,194 @@
+"""Utilization over time: the figures of analytics.core, per time bucket.
+
+`utilization_timeline(analysis, by, bucket)` splits the window [start, end) into buckets and gives,
+per bucket and group, the same quantities as Analysis.utilization() - so the buckets of a
+column add up to the window's figure exactly:
+
+  capacity_gpu_h   GPU dimensions only (fleet, cluster, model): inventory capacity
+  data_gpu_h       time with samples; busy_gpu_h: utilization-weighted data time
+  no_data_gpu_h    capacity (GPU dimensions) or allocated time (job dimensions) without samples
+  allocated_gpu_h  scheduler accounting (GPUs x run time), where the dimension is a job's
+                   (fleet, cluster, partition, account, user_name); null for model
+  held_data_gpu_h  time jobs held GPUs with samples (from the exporters' job mapping)
+  utilization_pct  busy / data, null where there is no data
+
+Intervals are split at bucket edges (a sample interval is at most max_gap long, so it falls in
+at most two buckets when the bucket is at least max_gap; longer spans, like capacity and job
+runs, are split over every bucket they cross).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import polars as pl
+
+from analytics import sql
+
+TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
+_GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}
+_JOB_KEYS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name")}
+
+BUCKETS = (
+    (timedelta(hours=3), timedelta(minutes=5)),
+    (timedelta(hours=12), timedelta(minutes=15)),
+    (timedelta(days=2), timedelta(hours=1)),
+    (timedelta(days=15), timedelta(hours=3)),
+    (timedelta(days=62), timedelta(hours=12)),
+)
+
+
+def default_bucket(length: timedelta) -> timedelta:
+    """A bucket giving 30-200 points over a window of this length."""
+    for upto, bucket in BUCKETS:
+        if length <= upto:
+            return bucket
+    return timedelta(days=1)
+
+
+_E0 = "epoch($start)"
+
+
+def _short_split(src: str, a: str, b: str, cols: str) -> str:
+    """Rows of `src` with [a, b) clipped to the window and split at bucket edges, for spans no
+    longer than a bucket: the part in a's bucket and, if b crosses an edge, the part after it.
+    Yields cols, k (bucket index), s (seconds in the bucket)."""
+    return f"""
+    WITH x AS (
+        SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
+        FROM {src} WHERE {b} > $start AND {a} < $end
+    ), y AS (
+        SELECT *, floor((ea - {_E0}) / $bucket)::BIGINT AS k0, floor((eb - {_E0}) / $bucket)::BIGINT AS k1 FROM x WHERE eb > ea
+    )
+    SELECT {cols}, k0 AS k, least(eb, {_E0} + (k0 + 1) * $bucket) - ea AS s FROM y
+    UNION ALL
+    SELECT {cols}, k1 AS k, eb - ({_E0} + k1 * $bucket) AS s FROM y WHERE k1 > k0 AND eb > {_E0} + k1 * $bucket"""
+
+
+def _long_split(src: str, a: str, b: str, cols: str) -> str:
+    """Like _short_split for spans of any length (one row per bucket crossed)."""
+    return f"""
+    WITH x AS (
+        SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
+        FROM {src} WHERE {b} > $start AND {a} < $end
+    ), y AS (
+        SELECT *, unnest(range(floor((ea - {_E0}) / $bucket)::BIGINT, ceil((eb - {_E0}) / $bucket)::BIGINT)) AS k FROM x WHERE eb > ea
+    )
+    SELECT {cols}, k, least(eb, {_E0} + (k + 1) * $bucket) - greatest(ea, {_E0} + k * $bucket) AS s FROM y"""
+
+
+def utilization_timeline(a, by: str = "fleet", bucket: timedelta | None = None) -> pl.DataFrame:
+    """Per bucket (its start time) and group of `by`; see the module docstring."""
+    return utilization_timelines(a, (by,), bucket)[by]
+
+
+def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
+    """utilization_timeline() for several dimensions at once: the samples are split into buckets
+    once, at the finest grouping any of them needs, and each dimension sums those (exactly the
+    same figures: sums of sums)."""
+    for by in dims:
+        if by not in TIMELINE_DIMS:
+            raise ValueError(f"unknown dimension {by!r} for a timeline: expected one of {', '.join(TIMELINE_DIMS)}")
+    p = a.p
+    bucket = bucket or default_bucket(p.end - p.start)
+    if bucket < p.max_gap:
+        bucket = p.max_gap
+    bsec = bucket.total_seconds()
+    n_buckets = int(-(-p.seconds // bsec))
+    extra = {"bucket": bsec}
+    split = _short_split if p.max_gap <= bucket else _long_split
+
+    def q(query: str) -> pl.DataFrame:
+        names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
+        return pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
+
+    gpu_cols, job_cols = "cluster, model, ", "cluster, partition, account, user_name, "
+    base: dict[str, pl.DataFrame] = {}
+    if any(d in _GPU_KEYS for d in dims):
+        base["iv"] = q(f"""
+            SELECT {gpu_cols} k, sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_gpu_h,
+                   sum(util / 100 * s * equiv) / 3600 AS busy_gpu_h
+            FROM ({split('iv', 't0', 't1', gpu_cols + 'util, equiv')}) GROUP BY ALL""")
+        cap_src = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, g.last_seen + to_seconds($max_gap) AS c1, {sql.gpu_equiv('g')} AS equiv
+                       FROM gpus g WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model = $model))"""
+        base["cap"] = q(f"SELECT {gpu_cols} k, sum(s * equiv) / 3600 AS capacity_gpu_h FROM ({_long_split(cap_src, 'c0', 'c1', gpu_cols + 'equiv')}) GROUP BY ALL")
+    pc_cols = "cluster, model, partition, account, user_name, "
+    base["pc"] = q(f"""
+        SELECT {pc_cols} k, sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_gpu_h,
+               sum(util / 100 * s * equiv) / 3600 AS busy_gpu_h
+        FROM ({split('pc', 'p0', 'p1', pc_cols + 'util, equiv')}) GROUP BY ALL""")
+    if any(d != "model" for d in dims):
+        # a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs
+        job_src = f'(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ({sql.JOB_ALLOCATED}))'
+        base["alloc"] = q(f"""
+            SELECT {job_cols} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
+            FROM ({_long_split(job_src, 'start', 'run_end', job_cols + 'rate')}) GROUP BY ALL""")
+
+    def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.DataFrame:
+        df = base[name].with_columns(pl.col("k").cast(pl.Int64))
+        out = df.group_by([*keys, "k"]).agg([pl.col(c).sum() for c in cols])
+        return out.rename(rename) if rename else out
+
+    result: dict[str, pl.DataFrame] = {}
+    for by in dims:
+        gpu_dim = by in _GPU_KEYS
+        keys = list(_GPU_KEYS[by] if gpu_dim else _JOB_KEYS[by])
+        if gpu_dim:
+            frames = [total("iv", keys, ["data_gpu_h", "busy_gpu_h"]), total("cap", keys, ["capacity_gpu_h"]),
+                      total("pc", keys, ["data_gpu_h"], {"data_gpu_h": "held_data_gpu_h"})]
+        else:
+            used = total("pc", keys, ["data_gpu_h", "busy_gpu_h"])
+            frames = [used, used.select(*keys, "k", pl.col("data_gpu_h").alias("held_data_gpu_h"))]
+        if by != "model":
+            frames.append(total("alloc", keys, ["allocated_gpu_h"]))
+        result[by] = _assemble(frames, keys, gpu_dim, n_buckets, bsec, p.start)
+    return result
+
+
+def _assemble(frames: list[pl.DataFrame], keys: list[str], gpu_dim: bool, n_buckets: int, bsec: float, start) -> pl.DataFrame:
+    # every bucket of every group present, so gaps read as zero (or no data), not as missing points
+    groups = pl.concat([f.select(keys) for f in frames], how="vertical").unique() if keys else pl.DataFrame({"_": [0]})
+    grid = groups.join(pl.DataFrame({"k": pl.int_range(0, n_buckets, eager=True).cast(pl.Int64)}), how="cross")
+    if not keys:
+        grid = grid.drop("_")
+    out = grid
+    for f in frames:
+        out = out.join(f, on=[*keys, "k"], how="left", nulls_equal=True)
+    for col in ("capacity_gpu_h", "data_gpu_h", "busy_gpu_h", "allocated_gpu_h", "held_data_gpu_h"):
+        if col in out.columns:
+            out = out.with_columns(pl.col(col).fill_null(0.0))
+        else:
+            out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))
+    basis = "capacity_gpu_h" if gpu_dim else "allocated_gpu_h"
+    out = out.with_columns(
+        (pl.col(basis) - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"),
+        pl.when(pl.col("data_gpu_h") > 0).then(pl.col("busy_gpu_h") / pl.col("data_gpu_h") * 100).otherwise(None).alias("utilization_pct"),
+        (pl.lit(start) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"),
+    )
+    cols = ["bucket", *keys, "capacity_gpu_h", "allocated_gpu_h", "held_data_gpu_h", "data_gpu_h", "busy_gpu_h", "no_data_gpu_h", "utilization_pct"]
+    return out.select(cols).sort([*keys, "bucket"], nulls_last=True)
+
+
+def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: timedelta | None = None) -> pl.DataFrame:
+    """One job's GPUs over time: per GPU and bucket, time-weighted utilization (null: no data),
+    the memory high-water mark and the hours with data. bucket, host, gpu, gpu_uuid, gi,
+    utilization_pct, fb_used_max_mib, data_h."""
+    p = a.p
+    bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
+    extra = {"bucket": bucket.total_seconds(), "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
+    src = "(SELECT * FROM pc WHERE cluster = $job_cluster AND scheduler = $job_scheduler AND job_key = $job_key)"
+    split = _short_split if p.max_gap <= bucket else _long_split
+    query = f"""
+        SELECT k, host, any_value(gpu) AS gpu, gpu_uuid, gi,
+               sum(util * s * equiv) / nullif(sum(s * equiv) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
+               max(fb_used_mib) AS fb_used_max_mib,
+               sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_h
+        FROM ({split(src, 'p0', 'p1', 'host, gpu, gpu_uuid, gi, util, fb_used_mib, equiv')})
+        GROUP BY k, host, gpu_uuid, gi"""
+    names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
+    df = pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
+    if df.is_empty():
+        return pl.DataFrame(schema={"bucket": pl.Datetime("us"), "host": pl.Utf8, "gpu": pl.Int16, "gpu_uuid": pl.Utf8, "gi": pl.Int16,
+                                    "utilization_pct": pl.Float64, "fb_used_max_mib": pl.Float64, "data_h": pl.Float64})
+    return df.with_columns((pl.lit(p.start) + pl.duration(seconds=pl.col("k") * bucket.total_seconds())).alias("bucket")).select(
+        "bucket", "host", "gpu", "gpu_uuid", "gi", "utilization_pct", "fb_used_max_mib", "data_h").sort("host", "gpu", "gi", "bucket")

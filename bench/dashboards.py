@@ -1,0 +1,155 @@
+"""Dashboards: time for each page to render over the 1,024-GPU week, first load and warm cache.
+
+The store is the analytics benchmark's synthetic fleet (bench/_analytics_data.py: 1,024 H100s
+sampled every 15 s for 7 days, 50,000 jobs), generated once and shared with bench/analytics.py.
+Each page of dashboards/app.py is run by Streamlit's own script runner (streamlit.testing
+AppTest: the router, the sidebar filters, the cached loaders, the page) in a process of its own,
+with the window set to the whole week in the URL's query parameters, as a user would share it:
+
+- first load: the pages visited once each in menu order, caches empty at the start. Utilization
+  pays for the window's figures that Jobs, Teams and MFU then reuse (one Analysis per window and
+  filters: data.window_bundle); Waste adds the previous week's totals, Health its own queries,
+  Jobs one job's report (the most wasteful job, by the job-id box).
+- warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
+What is timed is the page's script run on the server (what grows with the data); the browser's
+drawing of the elements is not (tests/test_dashboard_browser.py loads every page in Chromium).
+
+Knobs (environment):
+  GPUFLEET_BENCH_GPUS / _DAYS / _JOBS / _CACHE   the fleet, as bench/analytics.py (1024 / 7 / 50000)
+  GPUFLEET_BENCH_DASH_DAYS=0       analyse only the last N days of the data (0: the whole window)
+  GPUFLEET_BENCH_DASH_RUNS=5       warm runs per page
+  GPUFLEET_BENCH_MEMORY_LIMIT=3GB  the dashboard's DuckDB memory_limit ([dashboard] memory_limit)
+  GPUFLEET_BENCH_THREADS=0         the dashboard's DuckDB threads ([dashboard] threads; 0: all cores)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from bench._common import ROOT, Table, env_number, progress
+
+GOAL_S = 2.0
+RUNS = max(1, int(env_number("GPUFLEET_BENCH_DASH_RUNS", 5)))
+DASH_DAYS = int(env_number("GPUFLEET_BENCH_DASH_DAYS", 0))
+MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
+THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
+PAGES = (("fleet_now", "Fleet now"), ("utilization", "Utilization"), ("jobs", "Jobs"), ("teams", "Teams and fairness"),
+         ("waste", "Waste and cost"), ("health", "Health"), ("mfu", "MFU"))
+
+
+def _vmhwm_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(store: str, start: str, end: str, config: str) -> dict:
+    """In the child: run every page cold, then warm; one JSON object."""
+    os.environ["GPUFLEET_DASHBOARD_STORE"] = store
+    os.environ["GPUFLEET_CONFIG"] = config
+    t0 = time.perf_counter()
+    from streamlit.testing.v1 import AppTest
+
+    import_s = time.perf_counter() - t0
+    app = ROOT / "dashboards" / "app.py"
+    at = AppTest.from_file(str(app), default_timeout=6 * 3600)
+    at.query_params.update({"from": start, "to": end})
+    out: dict = {"import_s": import_s, "first": {}, "warm": {}, "problems": [], "job": None}
+
+    def visit(page: str) -> float:
+        if page != "fleet_now" or out["first"]:
+            at.switch_page(f"views/{page}.py")
+        t = time.perf_counter()
+        at.run()
+        dt = time.perf_counter() - t
+        if at.exception or at.error:
+            out["problems"].append(f"{page}: " + "; ".join(str(e.value)[:200] for e in [*at.exception, *at.error]))
+        titles = [t.value for t in at.title]
+        if not titles:
+            out["problems"].append(f"{page}: no title rendered")
+        return dt
+
+    for page, _ in PAGES:
+        progress(f"  first load: {page}")
+        out["first"][page] = visit(page)
+        if page == "jobs":  # a job's report too: the most wasteful job of the week
+            jobs = at.container("jobs_list").dataframe
+            if jobs:
+                job = str(jobs[0].value["job_id"].iloc[0])
+                out["job"] = job
+                t = time.perf_counter()
+                at.text_input(key="job").set_value(job).run()
+                out["first"]["jobs+report"] = time.perf_counter() - t
+    for page, _ in PAGES:
+        runs = [visit(page) for _ in range(RUNS)]
+        out["warm"][page] = runs
+        progress(f"  warm: {page} median {statistics.median(runs):.3f} s")
+    out["vmhwm_mib"] = _vmhwm_mib()
+    return out
+
+
+def run() -> list[Table]:
+    from bench._analytics_data import Scale, ensure_store
+
+    scale = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)),
+                  int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
+    cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
+    progress(f"store: {scale.describe()} (generated once under {cache})")
+    t0 = time.monotonic()
+    store, generated = ensure_store(scale, cache, progress)
+    gen_s = time.monotonic() - t0
+    start = scale.start if not DASH_DAYS else scale.end - timedelta(days=DASH_DAYS)
+    end = scale.end
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-dash-") as tmp:
+        cfg = Path(tmp) / "gpufleet.toml"
+        cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n')
+        progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} in a child process (first load, then {RUNS} warm runs each)")
+        proc = subprocess.run([sys.executable, "-m", "bench.dashboards", "--measure", str(store), start.isoformat(), end.isoformat(), str(cfg)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=12 * 3600)
+    sys.stderr.write("".join(line + "\n" for line in proc.stderr.splitlines() if line.startswith("[bench]")))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the measuring process failed (exit {proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-30:]))
+    m = json.loads(lines[-1])
+
+    days = (end - start).days
+    t = Table(f"dashboards: page render, {scale.gpus:,} GPUs x {days} d window ({scale.describe()})")
+    for page, title in PAGES:
+        warm = statistics.median(m["warm"][page])
+        label = f"{title} (list + job {m['job']}'s report)" if page == "jobs" and m.get("job") else title
+        t.add(f"{label}: warm cache (median of {RUNS})", f"{warm:.3f} s", f"< {GOAL_S:g} s", warm < GOAL_S)
+    for page, title in PAGES:
+        t.add(f"{title}: first load", f"{m['first'][page]:.1f} s")
+        if page == "jobs" and "jobs+report" in m["first"]:
+            t.add(f"    + job {m['job']}'s report, first load", f"{m['first']['jobs+report']:.1f} s")
+    t.add("peak RSS of the dashboard process (VmHWM)", f"{m['vmhwm_mib']:,.0f} MiB")
+    if m["problems"]:
+        t.add("pages with an error or exception", "; ".join(m["problems"])[:300], "none", False)
+    t.notes += [
+        "first load in menu order from empty caches: Utilization computes the window's figures (one Analysis) that Jobs, Teams and "
+        "MFU reuse; Waste adds the previous window's totals; Health and Fleet now run their own queries",
+        "the synthetic store holds no data before its first day, so Waste's previous-window totals are cheap here; on a real "
+        "store they cost about one more window analysis",
+        f"a relative window is recomputed once per period (dashboards/data.py step_for: 30 min for 7 days), warm in between; "
+        f"DuckDB memory_limit {MEMORY_LIMIT or 'default'}, threads {THREADS or 'all cores'}; "
+        f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s)",
+        "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
+    ]
+    return [t]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "--measure":
+        print(json.dumps(measure(*sys.argv[2:])), flush=True)
+    else:
+        for table in run():
+            print(table.render())

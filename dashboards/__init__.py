@@ -1,0 +1,1 @@
+"""Streamlit dashboards for operators: `gpufleet dashboard` (see dashboards/app.py)."""

@@ -1,0 +1,382 @@
+"""Cached data access for the pages: every figure comes from analytics, computed once per window.
+
+- The reader connection (collector.store.open_reader: views over the store's current manifest,
+  never the writer's file) is a st.cache_resource keyed by store path and manifest version, so
+  a new publish by the collector is picked up and a reader never sees a half-written batch.
+- One analytics.core.Analysis per window and filters computes everything the Utilization, Jobs,
+  Teams, Waste and MFU pages show (`window_bundle`), kept with st.cache_data; the Analysis
+  itself (large temporary tables) is dropped as soon as the bundle is made.
+- Cache keys are plain tuples holding every input of a figure: store, window, filters and a
+  fingerprint of the configuration. A relative window ("the last 24 h", `Window`) also carries
+  the number of its reuse period (step_for: longer for longer windows): its figures are computed
+  with the window ending at the moment they are first asked for, and reused until the period
+  ends. What they were computed for travels with them (`Resolved`), so the job report and the
+  previous window's totals are asked for exactly the same window.
+
+Nothing here computes a figure: it calls analytics and caches what comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import streamlit as st
+
+from analytics.core import Analysis
+from analytics.params import Filters, Params, from_config
+from dashboards import config as dconfig
+
+log = logging.getLogger(__name__)
+
+TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
+UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+# --- settings and the store ---
+
+
+@st.cache_resource(show_spinner=False)
+def settings(config_path: str | None, store: str | None) -> dconfig.Settings:
+    """Validated once per (config, store): a ConfigError reaches the app, which shows it."""
+    return dconfig.resolve(config_path, store)
+
+
+def current_settings() -> dconfig.Settings:
+    return settings(*dconfig.app_arguments())
+
+
+def manifest_version(root: str | Path) -> int | None:
+    """The store's publish counter (None: no store yet). Cheap: one small file."""
+    from collector.store import MANIFEST
+
+    try:
+        return int(json.loads((Path(root) / MANIFEST).read_text()).get("version", 0))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _reader(root: str, version: int, memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
+    from collector.store import open_reader
+
+    con = open_reader(root)
+    if memory_limit:  # validated by dashboards/config.py: digits and a unit
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    return con
+
+
+def reader(root: str | Path) -> duckdb.DuckDBPyConnection:
+    """The reader connection for the store's current manifest. Raises collector.store.StoreError
+    when there is no store. Queries use cursors of their own (analytics does), so sessions
+    share the connection safely."""
+    from collector.store import StoreError
+
+    version = manifest_version(root)
+    if version is None:
+        raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)")
+    d = current_settings().dashboard
+    return _reader(str(root), version, d["memory_limit"], d["threads"])
+
+
+# --- the window ---
+
+
+def step_for(length: timedelta) -> timedelta:
+    """How long the figures of a relative window of this length are reused before they are
+    computed again (about 1/300 of the window: a 24 h view moves on every 5 minutes)."""
+    if length <= timedelta(hours=6):
+        return timedelta(minutes=1)
+    if length <= timedelta(days=2):
+        return timedelta(minutes=5)
+    if length <= timedelta(days=8):
+        return timedelta(minutes=30)
+    return timedelta(hours=2)
+
+
+def floor_time(t: datetime, step: timedelta) -> datetime:
+    s = step.total_seconds()
+    epoch = datetime(1970, 1, 1)
+    return epoch + timedelta(seconds=(t - epoch).total_seconds() // s * s)
+
+
+def _epoch_s(t: datetime) -> float:
+    return (t - datetime(1970, 1, 1)).total_seconds()
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a page asked for: the store, "the last 24 h" (preset) or a fixed window, the filters.
+
+    `epoch` numbers the reuse period of a window that follows now (see step_for): part of the
+    cache key, so figures are computed afresh - with the window ending at that moment - once per
+    period, and reused within it."""
+
+    root: str
+    preset: str | None
+    start: datetime | None
+    end: datetime | None
+    filters: Filters
+    fingerprint: str
+    epoch: int | None
+
+    @property
+    def relative(self) -> bool:
+        return self.preset is not None
+
+    @property
+    def length(self) -> timedelta:
+        return dconfig.WINDOWS[self.preset] if self.preset else self.end - self.start  # type: ignore[operator]
+
+    @property
+    def key(self) -> tuple:
+        f = self.filters
+        return ("req", self.root, self.preset, self.start.isoformat() if self.start else None, self.end.isoformat() if self.end else None,
+                f.cluster, f.account, f.user_name, f.model, f.partition, self.fingerprint, self.epoch)
+
+    def resolve(self, now: datetime) -> "Resolved":
+        now = now.replace(microsecond=0)
+        if self.preset:
+            return Resolved(self.root, now - self.length, now, now, self.filters, self.fingerprint, True)
+        assert self.start is not None and self.end is not None
+        return Resolved(self.root, self.start, self.end, min(self.end, now), self.filters, self.fingerprint, False)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A window with its times fixed: what one set of figures was computed for."""
+
+    root: str
+    start: datetime
+    end: datetime
+    as_of: datetime  # min(end, now): a running job counts until then
+    filters: Filters
+    fingerprint: str
+    relative: bool
+
+    @property
+    def key(self) -> tuple:
+        f = self.filters
+        return ("win", self.root, self.start.isoformat(), self.end.isoformat(), self.as_of.isoformat(),
+                f.cluster, f.account, f.user_name, f.model, f.partition, self.fingerprint, self.relative)
+
+    @property
+    def length(self) -> timedelta:
+        return self.end - self.start
+
+
+def make_window(s: dconfig.Settings, *, preset: str | None, start: datetime | None, end: datetime | None,
+                filters: Filters, now: datetime | None = None) -> Window:
+    now = now or utcnow()
+    if preset and preset in dconfig.WINDOWS:
+        epoch = int(_epoch_s(now) // step_for(dconfig.WINDOWS[preset]).total_seconds())
+        return Window(str(s.store), preset, None, None, filters, s.fingerprint, epoch)
+    assert start is not None and end is not None
+    # a fixed window reaching past now is recomputed every minute while it does
+    epoch = int(_epoch_s(now) // 60) if end > now else None
+    return Window(str(s.store), None, start, end, filters, s.fingerprint, epoch)
+
+
+def params_for(s: dconfig.Settings, start: datetime, end: datetime, filters: Filters) -> Params:
+    return from_config(s.doc, s.config_path, start, end, filters)
+
+
+def _filters(values: tuple) -> Filters:
+    cluster, account, user_name, model, partition = values
+    return Filters(cluster=cluster, account=account, user_name=user_name, model=model, partition=partition)
+
+
+def _request(key: tuple) -> tuple[dconfig.Settings, Resolved, Params]:
+    """The settings, the window resolved now, and its Params, from a Window.key."""
+    s = current_settings()
+    _, root, preset, start, end, *filters, fp, epoch = key
+    w = Window(root, preset, datetime.fromisoformat(start) if start else None, datetime.fromisoformat(end) if end else None,
+               _filters(tuple(filters)), fp, epoch)
+    r = w.resolve(utcnow())
+    return s, r, params_for(s, r.start, r.end, r.filters)
+
+
+def _resolved(key: tuple) -> tuple[dconfig.Settings, Resolved, Params]:
+    """The settings, the window and its Params, from a Resolved.key."""
+    s = current_settings()
+    _, root, start, end, as_of, *filters, fp, relative = key
+    r = Resolved(root, datetime.fromisoformat(start), datetime.fromisoformat(end), datetime.fromisoformat(as_of), _filters(tuple(filters)),
+                 fp, relative)
+    return s, r, params_for(s, r.start, r.end, r.filters)
+
+
+def _optional(module: str):
+    try:
+        return __import__(f"analytics.{module}", fromlist=["_"])
+    except ImportError:
+        return None
+
+
+@dataclass
+class Bundle:
+    """The figures of one window, as analytics computed them."""
+
+    totals: Any
+    utilization: dict[str, pl.DataFrame]
+    timeline: dict[str, pl.DataFrame]
+    waste: dict[tuple[str, str], pl.DataFrame]  # (by, kind) -> waste_by
+    top_jobs: pl.DataFrame
+    jobs: pl.DataFrame  # analytics.jobs.job_summaries
+    fairness: Any | None  # analytics.fairness.FairnessReport, None if not available
+    fairness_error: str | None
+    mfu: dict[str, pl.DataFrame] | None
+    mfu_error: str | None
+    prices: dict[str, float]
+    computed_s: float
+    window: Resolved  # the times these figures are for
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
+def window_bundle(key: tuple) -> Bundle:
+    """Everything the Utilization, Jobs, Teams, Waste and MFU pages show (`key`: a Window.key)."""
+    import time
+
+    from analytics import jobs as ajobs
+    from analytics import timeline
+
+    t0 = time.monotonic()
+    s, w, p = _request(key)
+    a = Analysis(reader(w.root), p, now=w.as_of)
+    try:
+        totals = a.totals()
+        util = {by: a.utilization(by) for by in UTILIZATION_BY}
+        tl = timeline.utilization_timelines(a, TIMELINE_BY)
+        waste = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
+        top = a.top_wasteful_jobs(25)
+        summaries = ajobs.job_summaries(a)
+        fair, fair_err = None, None
+        fmod = _optional("fairness")
+        if fmod is None or not hasattr(fmod, "fairness"):
+            fair_err = "analytics/fairness.py is not available yet"
+        else:
+            try:
+                fair = fmod.fairness(a, s.shares, s.half_life)
+            except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+                log.exception("fairness failed")
+                fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
+        mfu, mfu_err = _mfu(a)
+        return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
+                      fairness=fair, fairness_error=fair_err, mfu=mfu, mfu_error=mfu_err, prices=dict(a.prices),
+                      computed_s=time.monotonic() - t0, window=w)
+    finally:
+        _close(a)
+
+
+def _close(a: Analysis) -> None:
+    """Drop the analysis' temporary tables (they go with its cursor) as soon as it is done."""
+    try:
+        a.con.close()
+    except duckdb.Error:
+        pass
+
+
+def _mfu(a: Analysis) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
+    """Per-job and per-account MFU (analytics/mfu.py), each row with its method."""
+    mod = _optional("mfu")
+    if mod is None or not hasattr(mod, "job_mfu"):
+        return None, "analytics/mfu.py is not available yet"
+    try:
+        jobs = mod.job_mfu(a)
+        return {"jobs": jobs, "accounts": mod.account_mfu(a, jobs)}, None
+    except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+        log.exception("MFU failed")
+        return None, f"MFU could not be computed: {type(e).__name__}: {e}"
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the previous window (analytics)...")
+def previous_totals(key: tuple):
+    """Totals of the window of the same length just before (`key`: a Resolved.key)."""
+    from analytics.trends import previous_totals as prev
+
+    s, w, p = _resolved(key)
+    return prev(reader(w.root), p, now=w.as_of)
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")
+def job_report(key: tuple, job: dict) -> dict | None:
+    """analytics.jobs.job_report for one job, on the window narrowed to the job's run and its
+    cluster, account and user: the same figures (a job's figures depend only on its own
+    allocation inside the window, and idle stretches are still judged by their whole length
+    through the analysis' reach), at a fraction of the cost. Also the per-GPU timelines."""
+    from analytics import jobs as ajobs
+    from analytics import timeline
+
+    s, w, p = _resolved(key)
+    start = max(w.start, job["start"]) if job.get("start") else w.start
+    end = min(w.end, job["end"]) if job.get("end") else w.end
+    if end <= start:
+        return None
+    f = Filters(cluster=job["cluster"], account=job.get("account"), user_name=job.get("user_name"), model=w.filters.model,
+                partition=job.get("partition"))
+    narrowed = params_for(s, start, end, f)
+    a = Analysis(reader(w.root), narrowed, now=w.as_of)
+    try:
+        r = ajobs.job_report(a, job["job_key"])
+        if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
+            return None
+        tl = timeline.job_gpu_timeline(a, job["cluster"], job["scheduler"], job["job_key"])
+        return {"report": r, "timeline": tl}
+    finally:
+        _close(a)
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Reading GPU health (analytics)...")
+def health(key: tuple, bucket_s: float) -> dict:
+    """GPU health of the window (`key`: a Window.key), with the times it was computed for."""
+    from analytics import health as ahealth
+
+    s, w, p = _request(key)
+    con = reader(w.root)
+    return {"gpus": ahealth.gpu_health(con, p), "events": ahealth.events(con, p),
+            "temperature": ahealth.temperature(con, p, timedelta(seconds=bucket_s)), "window": w}
+
+
+@st.cache_data(ttl=timedelta(seconds=30), max_entries=32, show_spinner=False)
+def fleet_now(key: tuple, as_of: datetime | None, version: int | None, tick: int | None = None) -> dict:
+    """GPU states at as_of (analytics.fleet_now); as_of None: now, at the first ask within the
+    10-second `tick`. `version` (the manifest's) makes a new publish a new key, so "now" is as
+    fresh as the store."""
+    from analytics import fleet_now as fn
+
+    s, w, p = _request(key)
+    at = as_of or utcnow().replace(microsecond=0)
+    states = fn.gpu_states(reader(w.root), p, at, stale_after=s.stale_after)
+    return {"states": states, "summary": fn.summarize(states, p, at), "hosts": fn.host_freshness(states), "as_of": at}
+
+
+def fleet_now_for(ctx_window: Window, now: datetime, version: int | None) -> dict:
+    """Fleet now for a page: live (now) for a window that follows now, else at the window's end."""
+    if ctx_window.relative:
+        return fleet_now(ctx_window.key, None, version, int(_epoch_s(now) // 10))
+    return fleet_now(ctx_window.key, ctx_window.resolve(now).as_of, version)
+
+
+def collector_status(root: str) -> dict:
+    from analytics.fleet_now import collector_status as cs
+
+    return cs(root)
+
+
+@st.cache_data(ttl=timedelta(minutes=5), max_entries=8, show_spinner=False)
+def filter_options(root: str, version: int | None) -> dict[str, list[str]]:
+    """Values the filters offer (analytics.fleet_now.filter_values)."""
+    from analytics.fleet_now import filter_values
+
+    return filter_values(reader(root))

@@ -1,0 +1,320 @@
+"""Shared UI pieces: number formats for people, safe tables and text, the common filters, the
+page frame (messages instead of tracebacks), sign-in and auto-refresh.
+
+Safety rule: anything that came from the store (job names, users, accounts, labels, exception
+text) is shown with st.dataframe, st.text or st.code, or inside an Altair chart - never with
+st.markdown, st.write, a title, an alert body or a metric label, which interpret Markdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Callable
+
+import polars as pl
+import streamlit as st
+
+from analytics.params import Filters
+from dashboards import config as dconfig
+from dashboards import data
+
+log = logging.getLogger(__name__)
+
+ALL = "(all)"
+CUSTOM = "custom"
+FILTERS = (("cluster", "Cluster"), ("account", "Account / team"), ("user", "User"), ("model", "GPU model"), ("partition", "Partition / namespace"))
+
+
+# --- numbers for people ---
+
+
+def _bad(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))
+
+
+def gpu_h(x: float | None) -> str:
+    if _bad(x):
+        return "no data"
+    if abs(x) < 100:
+        return f"{x:,.2f} GPU-h"
+    if abs(x) < 10_000:
+        return f"{x:,.1f} GPU-h"
+    return f"{x:,.0f} GPU-h"
+
+
+def usd(x: float | None) -> str:
+    if _bad(x):
+        return "unknown"
+    return f"${x:,.2f}" if abs(x) < 1000 else f"${x:,.0f}"
+
+
+def pct(x: float | None) -> str:
+    return "no data" if _bad(x) else f"{x:.1f} %"
+
+
+def count(n: int | float | None) -> str:
+    return "–" if _bad(n) else f"{int(n):,}"
+
+
+def gpus(x: float | None) -> str:
+    """GPU equivalents (MIG instances are fractions)."""
+    if _bad(x):
+        return "–"
+    return f"{x:,.0f}" if abs(x - round(x)) < 1e-9 else f"{x:,.2f}"
+
+
+def duration(seconds: float | None) -> str:
+    if _bad(seconds):
+        return "–"
+    s = int(round(seconds))
+    if s < 90:
+        return f"{s} s"
+    m = s // 60
+    if m < 90:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def when(t: datetime | None) -> str:
+    return "–" if t is None else t.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def change(cur: float | None, prev: float | None, fmt: Callable[[float | None], str]) -> str | None:
+    """Metric delta text: "+1.25 GPU-h vs previous window" (None when unchanged or either is unknown)."""
+    if _bad(cur) or _bad(prev):
+        return None
+    d = cur - prev
+    if abs(d) < 1e-9:
+        return None  # unchanged: no arrow
+    sign = "+" if d >= 0 else "-"
+    return f"{sign}{fmt(abs(d))} vs previous window"
+
+
+# --- tables ---
+
+_FORMATS = (
+    (("mfu",), "percent"),
+    (("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price"), "dollar"),
+    (("_gpu_h", "gpu_h", "_h"), "%,.2f"),
+    (("_pct",), "%.1f%%"),
+    (("_share",), "percent"),
+    (("_s",), "duration"),
+    (("_mib",), "%,.0f"),
+)
+
+
+def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """People's formats by column name: GPU-hours, dollars, percentages, counts; text as text."""
+    cfg: dict[str, Any] = {}
+    labels = labels or {}
+    for name, dtype in df.schema.items():
+        label = labels.get(name, name.replace("_", " "))
+        if dtype.is_numeric():
+            fmt = next((f for suffixes, f in _FORMATS if any(name.endswith(s) or name == s.strip("_") for s in suffixes)), None)
+            if fmt is None and dtype.is_integer():
+                fmt = "localized"
+            cfg[name] = st.column_config.NumberColumn(label, format=fmt or "%,.2f")
+        elif dtype == pl.Datetime or isinstance(dtype, pl.Datetime):
+            cfg[name] = st.column_config.DatetimeColumn(label, format="YYYY-MM-DD HH:mm:ss")
+        elif dtype == pl.Boolean:
+            cfg[name] = st.column_config.CheckboxColumn(label)
+        else:
+            cfg[name] = st.column_config.TextColumn(label)  # plain text: no HTML, no Markdown
+    return cfg
+
+
+def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, empty: str = "Nothing in this window.",
+          height: int | None = None, **kwargs: Any):
+    """st.dataframe with formats for people (in a container keyed `key`, so tests find it), or
+    a plain message when there is nothing."""
+    with st.container(key=key):
+        if df is None or df.is_empty():
+            st.caption(empty)
+            return None
+        # list columns (e.g. XID codes) as text
+        df = df.with_columns([pl.col(c).cast(pl.List(pl.Utf8)).list.join(", ") for c, t in df.schema.items() if isinstance(t, pl.List)])
+        return st.dataframe(df, hide_index=True, column_config=column_config(df, labels), height=height or "auto", **kwargs)
+
+
+def text(label: str, value: Any) -> None:
+    """A label and a value from the store, the value shown verbatim as plain text."""
+    st.text(f"{label}: {'' if value is None else value}")
+
+
+# --- the page frame ---
+
+
+@dataclass
+class Context:
+    settings: dconfig.Settings
+    window: data.Window
+    version: int | None
+    now: datetime
+
+
+def set_context(ctx: Context) -> None:
+    st.session_state["_gpufleet_ctx"] = ctx
+
+
+def context() -> Context:
+    ctx = st.session_state.get("_gpufleet_ctx")
+    if ctx is None:  # a page run on its own (not through app.py)
+        ctx = sidebar()
+    return ctx
+
+
+def no_store_message(root: Any) -> None:
+    st.info("No store to read yet. Start the collector (`gpufleet collect`) or point the dashboard at a store with "
+            "`gpufleet dashboard --store DIR`. The store directory this dashboard reads:")
+    st.code(str(root), language=None)
+
+
+def run_page(title: str, body: Callable[[Context], None], caption: str | None = None) -> None:
+    """Title, then the page body; a missing store or an empty window is a message, and an
+    unexpected failure is a short error (details in the server log), never a traceback."""
+    from collector.store import StoreError
+    from gpufleet.config import ConfigError
+
+    st.title(title)
+    if caption:
+        st.caption(caption)
+    try:
+        ctx = context()
+        if ctx.version is None:
+            no_store_message(ctx.settings.store)
+            return
+        body(ctx)
+    except StoreError as e:
+        st.info("The store cannot be read right now:")
+        st.code(str(e), language=None)
+    except ConfigError as e:
+        st.error("The configuration is not valid:")
+        st.code(str(e), language=None)
+    except Exception as e:  # noqa: BLE001 - a page must never show a traceback
+        log.exception("page %s failed", title)
+        st.error("This page failed to render. The dashboard's log has the details.")
+        st.code(f"{type(e).__name__}: {e}", language=None)
+
+
+def window_caption(w: data.Resolved) -> None:
+    """The window the figures on the page are for, and the filters (plain text: values are data)."""
+    f = w.filters
+    parts = [f"{k}={v}" for k, v in (("cluster", f.cluster), ("account", f.account), ("user", f.user_name), ("model", f.model), ("partition", f.partition)) if v]
+    st.text(f"Window {when(w.start)} to {when(w.end)}" + (" (the last " + duration(w.length.total_seconds()) + ", moving with now)" if w.relative else "")
+            + (f"; filters: {', '.join(parts)}" if parts else ""))
+
+
+def empty_window(what: str = "data") -> None:
+    st.info(f"No {what} in this window. Widen the time window or clear the filters in the sidebar.")
+
+
+# --- the sidebar: common filters, carried across pages and in the URL ---
+
+
+def _parse_time(text: str) -> datetime | None:
+    from collector.cli import parse_time
+    from gpufleet.config import ConfigError
+
+    try:
+        return parse_time(text.strip())
+    except (ConfigError, ValueError):
+        return None
+
+
+def sidebar() -> Context:
+    """The common filters (bound to query parameters, so the URL is shareable and the filters
+    follow the user from page to page); returns this run's context."""
+    s = data.current_settings()
+    root = str(s.store)
+    version = data.manifest_version(root)
+    opts: dict[str, list[str]] = {}
+    if version is not None:
+        try:
+            opts = data.filter_options(root, version)
+        except Exception:  # noqa: BLE001 - filters without choices still work
+            log.exception("reading filter values failed")
+    sb = st.sidebar
+    sb.header("Filters")
+    presets = [*dconfig.WINDOWS, CUSTOM]
+    if "window" not in st.session_state and "window" not in st.query_params and "from" in st.query_params:
+        st.session_state["window"] = CUSTOM  # a shared URL with from/to and no window
+    default = {} if "window" in st.session_state else {"index": presets.index(s.dashboard["default_window"])}
+    # options are their own labels: a bound widget writes its label into the URL
+    preset = sb.selectbox("Time window (the last ...)", presets, key="window", bind="query-params", **default)
+    now = data.utcnow()
+    start = end = None
+    if preset == CUSTOM:
+        sb.text_input("From (ISO 8601, UTC)", key="from", bind="query-params", placeholder="2026-11-16T00:00")
+        sb.text_input("To (ISO 8601, UTC)", key="to", bind="query-params", placeholder="2026-11-17T00:00")
+        start, end = _parse_time(st.session_state.get("from") or ""), _parse_time(st.session_state.get("to") or "")
+        if start is None or end is None or end <= start:
+            sb.warning("Enter From and To as ISO 8601 times, From before To. Showing the default window meanwhile.")
+            preset, start, end = s.dashboard["default_window"], None, None
+    values: dict[str, str | None] = {}
+    for key, label in FILTERS:
+        choices = [ALL, *opts.get(key, [])]
+        v = sb.selectbox(label, choices, key=key, bind="query-params")
+        values[key] = None if v in (None, ALL) else v
+    filters = Filters(cluster=values["cluster"], account=values["account"], user_name=values["user"], model=values["model"],
+                      partition=values["partition"])
+    window = data.make_window(s, preset=None if preset == CUSTOM else preset, start=start, end=end, filters=filters, now=now)
+    sb.caption(f"Store: {root}")
+    ctx = Context(settings=s, window=window, version=version, now=now)
+    set_context(ctx)
+    return ctx
+
+
+# --- sign-in ---
+
+
+def sign_in_gate(s: dconfig.Settings) -> bool:
+    """With [dashboard.auth] configured: True once the user has signed in (and is allowed)."""
+    if not s.auth_enabled:
+        return True
+    user = st.user
+    if not user.get("is_logged_in"):
+        st.title("gpufleet")
+        st.write("Sign in to see the GPU fleet.")
+        st.button("Sign in", on_click=st.login, type="primary")
+        return False
+    email = str(user.get("email") or "")
+    emails = [e.lower() for e in s.dashboard["allowed_emails"]]
+    domains = [d.lower().lstrip("@") for d in s.dashboard["allowed_domains"]]
+    if (emails or domains) and email.lower() not in emails and email.lower().rpartition("@")[2] not in domains:
+        st.title("gpufleet")
+        st.warning("This account may not see the dashboard. Ask its operators to add it to [dashboard] allowed_emails or allowed_domains.")
+        st.text(f"Signed in as: {email}")
+        st.button("Sign out", on_click=st.logout)
+        return False
+    st.sidebar.text(f"Signed in as {email}")
+    st.sidebar.button("Sign out", on_click=st.logout)
+    return True
+
+
+# --- auto-refresh ---
+
+
+def auto_refresh(ctx: Context) -> None:
+    """Rerun the page when the store has a new publish or a relative window's reuse period
+    ended (data.step_for), checked every refresh_seconds. Cached figures make a rerun cheap
+    when nothing changed for them."""
+    seconds = ctx.settings.refresh_seconds
+    if seconds <= 0:
+        return
+
+    @st.fragment(run_every=timedelta(seconds=seconds))
+    def _watch() -> None:
+        w = ctx.window
+        version = data.manifest_version(ctx.settings.store)
+        epoch = data.make_window(ctx.settings, preset=w.preset, start=w.start, end=w.end, filters=w.filters).epoch
+        if version != ctx.version or epoch != w.epoch:
+            st.rerun(scope="app")
+
+    _watch()

@@ -1,0 +1,1 @@
+"""The dashboard pages, one script each, run by dashboards/app.py through st.navigation."""

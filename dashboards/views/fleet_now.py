@@ -1,0 +1,114 @@
+"""Fleet now: every node and GPU at a glance, who holds each GPU, and what idles right now."""
+
+from __future__ import annotations
+
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboards import data, ui
+
+MARKS = {"lost": "✕", "error": "!", "no data": "?"}
+LEGEND = "✕ lost (gpu_up = 0)   ! XID / ECC / row-remap error   ? no recent data   ○ held with no process   · held by a job"
+
+
+def grid(states: pl.DataFrame) -> alt.LayerChart:
+    df = states.with_columns(
+        pl.when(pl.col("gi") >= 0).then(pl.format("{}/{}", pl.col("gpu"), pl.col("gi"))).otherwise(pl.col("gpu").cast(pl.Utf8)).alias("slot"),
+        pl.when(pl.col("fresh")).then(pl.col("util")).otherwise(None).alias("shown_util"),
+        pl.when(pl.col("status") != "ok").then(pl.col("status").replace_strict(MARKS, default=""))
+        .when(pl.col("no_process")).then(pl.lit("○")).when(pl.col("held")).then(pl.lit("·")).otherwise(pl.lit("")).alias("mark"),
+        pl.col("job_ids").fill_null(""), pl.col("user_names").fill_null(""), pl.col("accounts").fill_null(""), pl.col("job_names").fill_null(""),
+    ).select("cluster", "host", "slot", "gpu", "gi", "model", "status", "shown_util", "util", "mark", "job_ids", "job_names",
+             "user_names", "accounts", "gpu_temp_c", "power_w", "fb_used_mib", "compute_processes", "age_s")
+    hosts = df.select("cluster", "host").unique().sort("cluster", "host")
+    y_order = hosts["host"].to_list()
+    tooltip = [alt.Tooltip("host:N"), alt.Tooltip("slot:N", title="GPU"), alt.Tooltip("status:N"),
+               alt.Tooltip("util:Q", title="utilization %", format=".0f"), alt.Tooltip("job_ids:N", title="job"),
+               alt.Tooltip("job_names:N", title="job name"), alt.Tooltip("user_names:N", title="user"),
+               alt.Tooltip("accounts:N", title="account"), alt.Tooltip("gpu_temp_c:Q", title="temperature °C", format=".0f"),
+               alt.Tooltip("power_w:Q", title="power W", format=".0f"), alt.Tooltip("fb_used_mib:Q", title="memory used MiB", format=",.0f"),
+               alt.Tooltip("compute_processes:Q", title="processes"), alt.Tooltip("model:N")]
+    base = alt.Chart(df).encode(
+        x=alt.X("slot:O", title="GPU (index / MIG instance)", sort=alt.EncodingSortField("gpu"), axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("host:N", sort=y_order, title=None, axis=alt.Axis(labelOverlap=False)),
+    ).properties(height=max(120, 22 * len(y_order)))
+    background = base.mark_rect(color="#d0d0d0", stroke="white", strokeWidth=1).encode(tooltip=tooltip)
+    colored = base.transform_filter("isValid(datum.shown_util)").mark_rect(stroke="white", strokeWidth=1).encode(
+        color=alt.Color("shown_util:Q", title="utilization %", scale=alt.Scale(domain=[0, 100], scheme="viridis")), tooltip=tooltip)
+    marks = base.mark_text(fontSize=13, fontWeight="bold", color="#d62728").encode(text="mark:N", tooltip=tooltip)
+    return alt.layer(background, colored, marks)
+
+
+def body(ctx: ui.Context) -> None:
+    w = ctx.window
+    now = data.fleet_now_for(w, ctx.now, ctx.version)
+    as_of = now["as_of"]
+    states, summary = now["states"], now["summary"]
+    st.text(f"As of {ui.when(as_of)}" + ("" if w.relative else " (the end of the chosen window)"))
+    if states.is_empty():
+        ui.empty_window("GPU seen in the last 24 hours before this moment")
+        return
+
+    c = st.columns(4)
+    c[0].metric("GPUs reporting", f"{ui.count(summary.reporting)} of {ui.count(summary.gpus)}",
+                help="GPUs with a sample in the last few minutes (stale_after_seconds)")
+    c[1].metric("Held by jobs", ui.count(summary.held))
+    c[2].metric("Free (reporting, not held)", ui.count(summary.free))
+    c[3].metric("Mean utilization", ui.pct(summary.mean_utilization_pct), help="Over the GPUs reporting now")
+    c = st.columns(4)
+    c[0].metric("Idle allocated now", ui.count(summary.idle_allocated),
+                help="Held by a job, reporting, utilization below the idle threshold")
+    c[1].metric("Idle allocated cost", f"{ui.usd(summary.idle_allocated_usd_per_h)}/h",
+                help="$/GPU-hour of the idle allocated GPUs (MIG instances at their share); unknown if a model has no price")
+    c[2].metric("Held with no process", ui.count(summary.held_no_process))
+    c[3].metric("Lost / error / no data", f"{summary.lost} / {summary.error} / {summary.no_data}")
+    if summary.unpriced_models:
+        st.caption("No price for some GPU models ([analytics.prices] in the configuration); their cost is unknown:")
+        st.text(", ".join(summary.unpriced_models))
+
+    st.subheader("Every GPU")
+    st.caption("Colour: utilization of the latest sample; grey: no recent data. " + LEGEND)
+    st.altair_chart(grid(states), width="stretch")
+
+    idle = states.filter(pl.col("idle_allocated")).with_columns(
+        ((pl.lit(as_of) - pl.col("idle_since")).dt.total_seconds()).alias("idle_for_s"),
+        (pl.col("usd_per_gpu_hour") * pl.col("equiv")).alias("cost_usd_per_h"),
+    ).sort("idle_since", nulls_last=True)
+    st.subheader("Idle allocated GPUs now")
+    st.caption("Held by a job and below the idle threshold in the latest sample; idle since = start of the current run of idle samples"
+               " (≥ when the run reaches back to the start of the look-back).")
+    ui.table(idle.select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts", "util", "compute_processes",
+                         "idle_since", "idle_since_capped", "idle_for_s", "cost_usd_per_h"),
+             key="fleet_idle", empty="No GPU is idle while allocated right now.",
+             labels={"idle_for_s": "idle for (s)", "idle_since_capped": "idle since ≥", "cost_usd_per_h": "$ per hour"})
+
+    st.subheader("Held with no compute process")
+    ui.table(states.filter(pl.col("no_process")).select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts",
+                                                        "util", "fb_used_mib"),
+             key="fleet_no_process", empty="Every held GPU has a process on it.")
+
+    st.subheader("Down, erroring or silent GPUs")
+    ui.table(states.filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "xid_last",
+                                                            "ecc_dbe_vol", "remap_failure", "job_ids", "user_names"),
+             key="fleet_problems", empty="All GPUs are up and reporting.", labels={"ts": "last sample", "age_s": "age (s)"})
+
+    with st.expander("All GPUs (table)"):
+        ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", "util", "fb_used_mib", "gpu_temp_c",
+                               "power_w", "compute_processes", "held", "job_ids", "job_names", "user_names", "accounts", "schedulers",
+                               "ts", "age_s"),
+                 key="fleet_gpus", labels={"ts": "last sample", "age_s": "age (s)"})
+
+    hosts = now["hosts"]
+    stale = hosts.filter(~pl.col("fresh"))
+    st.subheader("Freshness")
+    cs = data.collector_status(w.root)
+    c = st.columns(3)
+    c[0].metric("Collector last wrote", ui.duration(cs["age_s"]) + " ago" if cs["age_s"] is not None else "never")
+    c[1].metric("Exporters silent", f"{stale.height} of {hosts.height}", help="Hosts with no fresh sample from any GPU")
+    c[2].metric("Store version", ui.count(cs["version"]))
+    ui.table(stale, key="fleet_stale_hosts", empty="Every exporter reported recently.", labels={"age_s": "age (s)"})
+
+
+ui.run_page("Fleet now", body)

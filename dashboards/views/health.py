@@ -1,0 +1,86 @@
+"""Health: temperatures, XID/ECC/row-remap events, throttling, lost GPUs, exporter and collector
+freshness."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboards import data, ui
+
+
+def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
+    hosts = df.select("cluster", "host").unique().sort("cluster", "host")["host"].to_list()
+    df = df.with_columns((pl.col("bucket") + bucket).alias("bucket_end"))
+    return alt.Chart(df).mark_rect().encode(
+        x=alt.X("bucket:T", title=None), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None),
+        color=alt.Color("gpu_temp_max_c:Q", title="hottest GPU °C", scale=alt.Scale(scheme="orangered", domainMin=30)),
+        tooltip=["host:N", alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("gpu_temp_max_c:Q", title="max °C", format=".0f"),
+                 alt.Tooltip("gpu_temp_avg_c:Q", title="mean °C", format=".1f"), alt.Tooltip("mem_temp_max_c:Q", title="memory max °C", format=".0f")],
+    ).properties(height=max(120, 18 * len(hosts) + 40))
+
+
+def body(ctx: ui.Context) -> None:
+    from analytics.timeline import default_bucket
+
+    w = ctx.window
+    st.caption("Health is about GPUs: the cluster and GPU model filters apply, the account, user and partition filters do not.")
+    bucket = default_bucket(w.length)
+    h = data.health(w.key, bucket.total_seconds())
+    ui.window_caption(h["window"])
+    now = data.fleet_now_for(w, ctx.now, ctx.version)
+    as_of = now["as_of"]
+    gpus, events, summary = h["gpus"], h["events"], now["summary"]
+    cs = data.collector_status(w.root)
+    stale_hosts = now["hosts"].filter(~pl.col("fresh"))
+    if gpus.is_empty():
+        ui.empty_window("GPU sample")
+
+    c = st.columns(4)
+    c[0].metric("Lost now", ui.count(summary.lost), help=f"gpufleet_gpu_up = 0 in the latest sample, as of {ui.when(as_of)}")
+    c[1].metric("Erroring now", ui.count(summary.error), help="XID code, volatile double-bit ECC errors or a row-remap failure in the latest sample")
+    c[2].metric("Silent now (no data)", ui.count(summary.no_data))
+    c[3].metric("Events in window", ui.count(events.height))
+    c = st.columns(4)
+    hottest = gpus["gpu_temp_max_c"].max() if not gpus.is_empty() else None
+    c[0].metric("Hottest GPU", "no data" if hottest is None else f"{hottest:.0f} °C")
+    throttled = gpus.filter((pl.col("thermal_throttle_pct") > 0) | (pl.col("power_throttle_pct") > 0) | (pl.col("hw_slowdown_pct") > 0)) if not gpus.is_empty() else gpus
+    c[1].metric("GPUs throttled", ui.count(throttled.height), help="Any sample with a thermal, power or HW-slowdown clock-event reason")
+    c[2].metric("Exporters silent", f"{stale_hosts.height} of {now['hosts'].height}")
+    c[3].metric("Collector last wrote", (ui.duration(cs["age_s"]) + " ago") if cs["age_s"] is not None else "never")
+
+    st.subheader("Events")
+    st.caption("XID codes, new ECC errors, row remapping and lost GPUs in the window, newest first.")
+    ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.")
+
+    st.subheader("Lost, erroring or silent GPUs now")
+    ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "xid_last",
+                                                                   "ecc_dbe_vol", "remap_failure", "job_ids"),
+             key="health_now", empty="Every GPU is up and reporting.", labels={"ts": "last sample", "age_s": "age"})
+
+    st.subheader("Temperatures")
+    temp = h["temperature"]
+    if temp.is_empty():
+        st.caption("No temperature samples in this window.")
+    else:
+        st.caption(f"Hottest GPU of each host per {ui.duration(bucket.total_seconds())}.")
+        st.altair_chart(temp_heatmap(temp, bucket), width="stretch")
+
+    st.subheader("Throttling")
+    ui.table(throttled.select("host", "gpu", "gi", "model", "thermal_throttle_pct", "power_throttle_pct", "hw_slowdown_pct",
+                              "thermal_violation_s", "power_violation_s", "gpu_temp_max_c", "power_max_w") if not throttled.is_empty() else throttled,
+             key="health_throttle", empty="No clock throttling reported in this window.",
+             labels={"thermal_throttle_pct": "thermal % of samples", "power_throttle_pct": "power % of samples", "hw_slowdown_pct": "HW slowdown % of samples"})
+
+    st.subheader("Freshness")
+    st.text(f"Collector: last publish {ui.when(cs['published_at'])}, store version {cs['version']}, {cs['sample_files']} sample files")
+    ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
+
+    with st.expander("Every GPU over the window"):
+        ui.table(gpus, key="health_gpus")
+
+
+ui.run_page("Health", body)

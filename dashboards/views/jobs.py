@@ -1,0 +1,124 @@
+"""Jobs: search by job id, name, user or account; the per-job efficiency report (per-GPU
+utilization and memory over time, idle periods, MFU if known, the verdict and its rule)."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboards import data, ui
+
+VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
+LIST_COLUMNS = ("job_id", "name", "user_name", "account", "partition", "state", "gpus", "start", "end", "runtime_h",
+                "allocated_gpu_h", "mean_utilization_pct", "idle_gpu_h", "no_process_gpu_h", "verdict")
+MAX_ROWS = 5000
+
+
+def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
+    """Rows whose job id, key, name, user or account contain `q` (case-insensitive, literal)."""
+    out = jobs
+    if q:
+        needle = q.lower()
+        cols = [c for c in ("job_id", "job_key", "name", "user_name", "account") if c in jobs.columns]
+        out = out.filter(pl.any_horizontal([pl.col(c).fill_null("").str.to_lowercase().str.contains(needle, literal=True) for c in cols]))
+    if verdicts:
+        out = out.filter(pl.col("verdict").is_in(verdicts))
+    return out
+
+
+def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | None = None) -> alt.Chart:
+    df = tl.with_columns(pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")).alias("gpu_label"))
+    y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined)
+    return alt.Chart(df).mark_line(point=True, interpolate="step-after").encode(
+        x=alt.X("bucket:T", title=None), y=y, color=alt.Color("gpu_label:N", title="GPU"),
+        tooltip=[alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), "gpu_label:N", alt.Tooltip(f"{field}:Q", format=",.1f")],
+    ).properties(height=240)
+
+
+def report(window, job: dict, mfu: pl.DataFrame | None, mfu_note: str | None) -> None:
+    st.subheader("Job report")
+    ui.text("Job", job["job_id"])
+    ui.text("Name", job.get("name"))
+    ui.text("User / account / partition", f"{job.get('user_name') or ''} / {job.get('account') or ''} / {job.get('partition') or ''}")
+    ui.text("State, GPUs", f"{job.get('state') or ''}, {job.get('gpus')}")
+    ui.text("Run", f"{ui.when(job.get('start'))} to {ui.when(job.get('end')) if job.get('end') else 'still running'}")
+    res = data.job_report(window.key, {k: job.get(k) for k in ("cluster", "scheduler", "job_key", "job_id", "account", "user_name",
+                                                                   "partition", "start", "end")})
+    if res is None:
+        st.info("This job held no GPU inside the window.")
+        return
+    r = res["report"]
+    c = st.columns(3)
+    c[0].metric("Verdict", r.verdict)
+    c[1].metric("Runtime in window", ui.duration(r.runtime_h * 3600))
+    c[2].metric("Allocated", ui.gpu_h(r.allocated_gpu_h))
+    c = st.columns(3)
+    c[0].metric("Mean utilization", ui.pct(r.mean_utilization_pct))
+    c[1].metric("Idle (stretches)", ui.gpu_h(r.idle_gpu_h))
+    c[2].metric("Held with no process", ui.gpu_h(r.no_process_gpu_h))
+    st.text(f"Rule: {r.rule}")
+    if mfu is not None:
+        key_cols = [c for c in ("cluster", "job_key") if c in mfu.columns] or [c for c in ("job_id",) if c in mfu.columns]
+        row = mfu
+        for kc in key_cols:
+            row = row.filter(pl.col(kc) == job[kc])
+        if row.is_empty():
+            st.text("MFU: unknown for this job (not in the MFU figures of this window)")
+        else:
+            m = row.row(0, named=True)
+            st.text(f"MFU: {ui.pct(m['mfu'] * 100) if m.get('mfu') is not None else 'unknown'}; method: {m.get('method')}"
+                    + (f"; {m['reason']}" if m.get("reason") else ""))
+    else:
+        st.text(f"MFU: {mfu_note or 'unknown'}")
+
+    tl = res["timeline"]
+    st.subheader("Per GPU")
+    ui.table(r.per_gpu, key="job_gpus", labels={"data_h": "hours with data", "fb_used_max_mib": "memory high-water MiB"})
+    if not tl.is_empty():
+        st.caption("Utilization and memory per GPU over time (points: buckets with data; a missing point is no data).")
+        st.altair_chart(gpu_chart(tl.drop_nulls("utilization_pct"), "utilization_pct", "utilization %", [0, 100]), width="stretch")
+        if tl["fb_used_max_mib"].is_not_null().any():
+            st.altair_chart(gpu_chart(tl.drop_nulls("fb_used_max_mib"), "fb_used_max_mib", "memory used, MiB (max)"), width="stretch")
+        else:
+            st.caption("No memory samples for this job's GPUs.")
+    st.subheader("Idle periods")
+    ui.table(r.idle_stretches, key="job_idle", empty="No idle stretch as long as the idle minimum.",
+             labels={"s0": "from", "s1": "to"})
+
+
+def body(ctx: ui.Context) -> None:
+    w = ctx.window
+    b = data.window_bundle(w.key)
+    ui.window_caption(b.window)
+    jobs = b.jobs
+    if jobs.is_empty():
+        ui.empty_window("job")
+        return
+    c = st.columns([2, 2, 1])
+    q = c[0].text_input("Search (job id, name, user, account)", key="q", bind="query-params")
+    verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params")
+    found = search(jobs, q or "", verdicts or [])
+    c[2].metric("Jobs", f"{found.height:,} of {jobs.height:,}")
+    shown = found.head(MAX_ROWS)
+    if found.height > MAX_ROWS:
+        st.caption(f"The first {MAX_ROWS:,} of {found.height:,} (most idle GPU-hours first); narrow the search to see others.")
+    event = None
+    event = ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select="rerun", selection_mode="single-row")
+    picked = st.text_input("Job id for the report (or select a row)", key="job", bind="query-params")
+    job = None
+    rows = (event.selection.rows if event is not None and getattr(event, "selection", None) else []) or []
+    if rows:
+        job = shown.row(rows[0], named=True)
+    elif picked:
+        match = jobs.filter((pl.col("job_id") == picked.strip()) | (pl.col("job_key") == picked.strip()))
+        if match.is_empty():
+            st.info("No job with that id in this window.")
+        else:
+            job = match.row(0, named=True)
+    if job is not None:
+        mfu = b.mfu.get("jobs") if b.mfu else None
+        report(b.window, job, mfu, b.mfu_error)
+
+
+ui.run_page("Jobs", body)

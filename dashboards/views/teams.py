@@ -1,0 +1,65 @@
+"""Teams and fairness: entitled vs used share per account, Jain's index, the fair-share factor,
+the Gini of GPU-hours over users, and queue wait."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboards import data, ui
+
+SHARE_LABELS = {"active_share": "entitled (among accounts with demand)", "used_share": "used"}
+
+
+def share_chart(acc: pl.DataFrame) -> alt.Chart:
+    df = acc.filter(pl.col("active_share").is_not_null() | pl.col("used_share").is_not_null()).select(
+        "account", "active_share", "used_share").unpivot(index="account", variable_name="share", value_name="value").with_columns(
+        pl.col("share").replace_strict(SHARE_LABELS), (pl.col("value") * 100).alias("percent"))
+    return alt.Chart(df).mark_bar().encode(
+        y=alt.Y("account:N", title=None), x=alt.X("percent:Q", title="% of the GPU-hours"), yOffset=alt.YOffset("share:N"),
+        color=alt.Color("share:N", title=None),
+        tooltip=["account:N", "share:N", alt.Tooltip("percent:Q", format=".1f")],
+    ).properties(height=max(120, 36 * df["account"].n_unique() + 40))
+
+
+def body(ctx: ui.Context) -> None:
+    w = ctx.window
+    b = data.window_bundle(w.key)
+    ui.window_caption(b.window)
+    if b.fairness is None:
+        st.info("Fairness figures are not available yet.")
+        st.text(b.fairness_error or "")
+        st.subheader("Used GPU-hours by account")
+        ui.table(b.utilization["account"], key="fair_usage")
+        return
+    f = b.fairness
+    acc = f.per_account
+    if acc.is_empty():
+        ui.empty_window("GPU job")
+        return
+    s = ctx.settings
+    c = st.columns(4)
+    c[0].metric("Jain's index", "no data" if f.jain_index is None else f"{f.jain_index:.3f}",
+                help="Over used share / entitled share of the accounts with demand: 1 = everyone got their share")
+    c[1].metric("Gini of GPU-hours over users", "no data" if f.gini_users is None else f"{f.gini_users:.3f}",
+                help="0 = every user used the same, towards 1 = one user used everything")
+    c[2].metric("Accounts with demand", ui.count(acc.filter(pl.col("jobs") > 0).height))
+    c[3].metric("Jobs pending now", ui.count(f.pending.height))
+    st.caption("Entitled shares: " + ("[analytics] shares in the configuration" if s.shares else "equal for every account with demand (no [analytics] shares configured)")
+               + f"; fair-share factor with a decay half-life of {ui.duration(s.half_life.total_seconds())}.")
+    if f.without_share:
+        st.caption("Accounts with demand but no configured share (no ratio):")
+        st.text(", ".join(f.without_share))
+
+    st.subheader("Entitled vs used share")
+    st.altair_chart(share_chart(acc), width="stretch")
+    ui.table(acc, key="fair_accounts", labels={"ratio": "used / entitled", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"})
+
+    st.subheader("Queue wait by job size (GPUs)")
+    ui.table(f.wait_by_size, key="fair_wait", labels={"gpus_bucket": "GPUs", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"})
+    st.subheader("Pending now")
+    ui.table(f.pending, key="fair_pending", empty="No GPU job is waiting.", labels={"wait_s": "waiting for"})
+
+
+ui.run_page("Teams and fairness", body)

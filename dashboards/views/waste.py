@@ -1,0 +1,79 @@
+"""Waste and cost: idle allocated GPU-hours and money by team and user, the worst jobs, stranded
+capacity, and the trend against the previous window of the same length."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from dashboards import data, ui
+
+TOP = 15
+
+
+def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
+    top = df.sort(value, descending=True, nulls_last=True).head(TOP).with_columns(pl.col(key).fill_null("(none)"))
+    return alt.Chart(top).mark_bar().encode(
+        y=alt.Y(f"{key}:N", sort="-x", title=None), x=alt.X(f"{value}:Q", title=title),
+        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f"), alt.Tooltip("cost:Q", title="$", format=",.2f"),
+                 alt.Tooltip("gpus:Q", title="GPUs")],
+    ).properties(height=max(120, 24 * top.height + 30))
+
+
+def body(ctx: ui.Context) -> None:
+    from analytics.trends import compare
+
+    w = ctx.window
+    b = data.window_bundle(w.key)
+    ui.window_caption(b.window)
+    t = b.totals
+    if t.capacity_gpu_h <= 0 and t.allocated_gpu_h <= 0:
+        ui.empty_window("GPU or job")
+        return
+    prev = data.previous_totals(b.window.key)
+    c = st.columns(3)
+    c[0].metric("Idle allocated", ui.gpu_h(t.idle_allocated_gpu_h), ui.change(t.idle_allocated_gpu_h, prev.idle_allocated_gpu_h, ui.gpu_h),
+                delta_color="inverse", help="Allocated time below the idle threshold, in stretches at least the idle minimum long")
+    c[1].metric("Idle allocated cost", ui.usd(t.idle_allocated_cost), ui.change(t.idle_allocated_cost, prev.idle_allocated_cost, ui.usd),
+                delta_color="inverse")
+    c[2].metric("Share of allocated", ui.pct(t.idle_allocated_gpu_h / t.allocated_gpu_h * 100 if t.allocated_gpu_h > 0 else None))
+    c = st.columns(3)
+    c[0].metric("Held with no process", ui.gpu_h(t.no_process_gpu_h), ui.change(t.no_process_gpu_h, prev.no_process_gpu_h, ui.gpu_h),
+                delta_color="inverse")
+    c[1].metric("No-process cost", ui.usd(t.no_process_cost), ui.change(t.no_process_cost, prev.no_process_cost, ui.usd), delta_color="inverse")
+    c[2].metric("Stranded (unallocated)", ui.gpu_h(t.stranded_gpu_h), ui.change(t.stranded_gpu_h, prev.stranded_gpu_h, ui.gpu_h),
+                delta_color="inverse", help="GPU time with data that no job held")
+    c = st.columns(3)
+    c[0].metric("Stranded cost", ui.usd(t.stranded_cost), ui.change(t.stranded_cost, prev.stranded_cost, ui.usd), delta_color="inverse")
+    if t.unpriced_models:
+        st.caption("No price for these GPU models ([analytics.prices]); money on them is unknown:")
+        st.text(", ".join(t.unpriced_models))
+
+    st.subheader("Against the previous window")
+    st.text(f"Previous window: {ui.when(b.window.start - b.window.length)} to {ui.when(b.window.start)}")
+    ui.table(compare(t, prev).drop("figure"), key="waste_trend", labels={"change_pct": "change %"})
+
+    st.subheader("Idle allocated by account / team")
+    acct = b.waste[("account", "idle")]
+    if not acct.is_empty():
+        st.altair_chart(bars(acct, "account", "gpu_h", "idle allocated GPU-hours"), width="stretch")
+    ui.table(acct, key="waste_by_account", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"})
+    st.subheader("Idle allocated by user")
+    ui.table(b.waste[("user_name", "idle")], key="waste_by_user", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"})
+    with st.expander("Held with no compute process, by account and by user"):
+        ui.table(b.waste[("account", "no_process")], key="waste_np_account", labels={"gpu_h": "no-process GPU-h"})
+        ui.table(b.waste[("user_name", "no_process")], key="waste_np_user", labels={"gpu_h": "no-process GPU-h"})
+
+    st.subheader("Most wasteful jobs")
+    ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.")
+
+    st.subheader("Stranded capacity")
+    st.caption("GPU time with data that no job held, by GPU model and by host.")
+    by_model = b.utilization["model"].select("model", "capacity_gpu_h", "stranded_gpu_h", "data_gpu_h").sort("stranded_gpu_h", descending=True)
+    ui.table(by_model, key="waste_stranded_model")
+    by_host = b.utilization["host"].select("cluster", "host", "capacity_gpu_h", "stranded_gpu_h").sort("stranded_gpu_h", descending=True)
+    ui.table(by_host, key="waste_stranded_host")
+
+
+ui.run_page("Waste and cost", body)

@@ -1,0 +1,225 @@
+"""The analytics the dashboards added: the fleet at a moment (analytics/fleet_now.py), GPU
+health over a window (analytics/health.py) and utilization over time (analytics/timeline.py).
+
+Scenario (also used by tests/test_dashboard_pages.py), window W = [10:00, 12:00) on 2026-11-16,
+samples every 15 s, H100 $3.00/GPU-h and A100-SXM4-80GB $1.80/GPU-h (analytics/data/prices.csv):
+
+GPU    host gpu model  samples                                         holder
+A      n1   0   H100   10:00-12:00: 80 %, 1 process, 40 GiB used       job 101 physics/alice [10:00, 13:00)
+B      n1   1   H100   10:00-12:00: 0 %, no process                    job 102 biology/bob [10:00, running)
+C      n2   0   H100   10:00-11:00: 50 % (exporter silent after)       job 103 physics/carol [10:00, 11:30)
+D      n2   1   H100   60 % to 10:40, then lost (gpu_up 0, no util);   -
+                       XID 79 and 2 double-bit ECC errors from 10:30;
+                       85 °C with HW thermal slowdown 10:10-10:20
+E      n3   0   A100   10:00-12:00: 30 %, 1 process                    job 105 'acct"quote'' / eve [10:00, running)
+F/1    n4   0   A100   MIG 3g.40gb 10:00-12:00: 60 %                   pod ml/p1 [10:00, 13:00)
+Job names are hostile on purpose: HTML, SQL, pipes, newlines and Markdown.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import polars as pl
+import pytest
+
+from analytics import fleet_now as fn
+from analytics import health, timeline
+from analytics.core import Analysis
+from analytics.params import Filters, Params
+from collector.store import StoreWriter, open_reader
+from tests.support.fleet import Fleet
+
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+MIG = 3 / 7
+
+HOSTILE = {
+    "101": '<script>alert("pwned")</script><img src=x onerror=alert(1)>',
+    "102": "'; DROP TABLE jobs; --",
+    "103": "a|b|c\nsecond line\twith a tab",
+    "105": "| pipe | table |\n# heading **bold** [link](javascript:alert(1))",
+}
+EVE = "eve **bold** <b>x</b>"
+QUOTE_ACCOUNT = "acct\"quote'"
+
+
+def T(h: int, m: int = 0, s: int = 0) -> datetime:
+    return datetime(2026, 11, 16, h, m, s)
+
+
+def build(root) -> Fleet:
+    f = Fleet(root)
+    f.gpu_series("n1", "GPU-A", T(10), T(12), util=80.0, procs=1, fb_used=40960.0)
+    f.gpu_series("n1", "GPU-B", T(10), T(12), util=0.0, procs=0, gpu=1)
+    f.gpu_series("n2", "GPU-C", T(10), T(11), util=50.0, procs=1)
+    f.gpu_series("n2", "GPU-D", T(10), T(12), util=lambda t: 60.0 if t < T(10, 40) else None, gpu=1)
+    f.gpu_series("n3", "GPU-E", T(10), T(12), util=30.0, procs=1, model=A100)
+    f.gpu_series("n4", "GPU-F", T(10), T(12), util=60.0, model=A100, gi=1, mig_profile="3g.40gb")
+    for s in f._samples:  # health fields, straight into the sample rows
+        s.update(gpu_temp_c=50.0, power_w=300.0, gpu_up=1.0, xid_last=0, ecc_dbe_vol=0, clocks_event_reasons=0)
+        if s["gpu_uuid"] == "GPU-D":
+            t = s["ts"]
+            if T(10, 10) <= t < T(10, 20):
+                s.update(gpu_temp_c=85.0, clocks_event_reasons=0x40)
+            if t >= T(10, 30):
+                s.update(xid_last=79, ecc_dbe_vol=2)
+            if t >= T(10, 40):
+                s.update(gpu_up=0.0, gpu_temp_c=None, power_w=None)
+    f.job("101", account="physics", user="alice", start=T(10), end=T(13), gpus=1, placements=[("n1", "GPU-A")], name=HOSTILE["101"])
+    f.job("102", account="biology", user="bob", start=T(10), end=None, gpus=1, placements=[("n1", "GPU-B")], name=HOSTILE["102"])
+    f.job("103", account="physics", user="carol", start=T(10), end=T(11, 30), gpus=1, placements=[("n2", "GPU-C")], name=HOSTILE["103"])
+    f.job("105", account=QUOTE_ACCOUNT, user=EVE, start=T(10), end=None, gpus=1, placements=[("n3", "GPU-E")], name=HOSTILE["105"],
+          partition="a100")
+    f.job("ml/p1", account="ml", user="", start=T(10), end=T(13), gpus=1, gpu_type="mig-3g.40gb", scheduler="kubernetes",
+          partition="ml", job_id="p1", placements=[("n4", "GPU-F", 1)], name="trainer")
+    # running jobs: the exporters kept seeing them on their GPUs to the end of the samples
+    for a in [x for x in f._allocs if x["job_key"] in ("102", "105")]:
+        f._allocs.append(dict(a, ts=T(11, 59, 45)))
+    f.write()
+    return f
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("dash-fleet"))
+
+
+@pytest.fixture(scope="module")
+def con(fleet):
+    return open_reader(fleet.root)
+
+
+W = Params(T(10), T(12))
+
+
+def states_at(con, as_of, params=W):
+    return {(r["host"], r["gpu_uuid"], r["gi"]): r for r in fn.gpu_states(con, params, as_of).to_dicts()}
+
+
+def test_fleet_now_at_the_window_end(con):
+    s = states_at(con, T(12))
+    a, b, c, d, e, f1 = (s[k] for k in [("n1", "GPU-A", -1), ("n1", "GPU-B", -1), ("n2", "GPU-C", -1), ("n2", "GPU-D", -1),
+                                         ("n3", "GPU-E", -1), ("n4", "GPU-F", 1)])
+    assert a["status"] == "ok" and a["held"] and a["job_ids"] == "101" and a["job_names"] == HOSTILE["101"] and a["util"] == 80
+    assert a["age_s"] == 15 and a["fresh"] and not a["idle_allocated"]
+    assert b["held"] and b["idle_allocated"] and b["no_process"] and b["idle_since"] == T(10) and not b["idle_since_capped"]
+    assert c["status"] == "no data" and not c["fresh"] and c["age_s"] == 3600 + 15 and not c["held"]  # job 103 ended 11:30
+    assert d["status"] == "lost" and d["fresh"] and not d["held"]
+    assert e["held"] and e["accounts"] == QUOTE_ACCOUNT and e["user_names"] == EVE and e["usd_per_gpu_hour"] == 1.80
+    assert f1["held"] and f1["job_ids"] == "p1" and f1["schedulers"] == "kubernetes" and f1["equiv"] == pytest.approx(MIG)
+    summary = fn.summarize(fn.gpu_states(con, W, T(12)), W, T(12))
+    assert (summary.gpus, summary.reporting, summary.no_data, summary.lost, summary.error) == (6, 5, 1, 1, 0)
+    assert (summary.held, summary.free, summary.held_no_process, summary.idle_allocated) == (4, 1, 1, 1)
+    assert summary.idle_allocated_usd_per_h == pytest.approx(3.00)  # GPU B, an H100
+    assert summary.idle_allocated_long == 1  # idle since 10:00, the minimum is 30 min
+    # mean over reporting GPUs (D is lost: no utilization), MIG at its share
+    assert summary.mean_utilization_pct == pytest.approx((80 + 0 + 30 + 60 * MIG) / (3 + MIG))
+
+
+def test_fleet_now_earlier_moments_and_filters(con):
+    s = states_at(con, T(10, 35))
+    assert s[("n2", "GPU-D", -1)]["status"] == "error"  # XID 79 and ECC errors, still up
+    assert s[("n2", "GPU-C", -1)]["held"] and s[("n2", "GPU-C", -1)]["status"] == "ok"
+    # the account filter keeps only GPUs its jobs hold; quotes in the value are data, not SQL
+    only = fn.gpu_states(con, Params(T(10), T(12), filters=Filters(account=QUOTE_ACCOUNT)), T(12))
+    assert only["gpu_uuid"].to_list() == ["GPU-E"]
+    assert fn.gpu_states(con, Params(T(10), T(12), filters=Filters(account="x' OR '1'='1")), T(12)).is_empty()
+    hosts = fn.host_freshness(fn.gpu_states(con, W, T(12)))
+    assert hosts.row(0, named=True)["host"] == "n2" or hosts.filter(~pl.col("fresh")).is_empty()
+    assert hosts.filter(pl.col("host") == "n2").row(0, named=True)["reporting"] == 1  # D still reports (lost), C is silent
+    # before anything was seen: nothing known
+    assert fn.gpu_states(con, W, T(9)).is_empty()
+
+
+def test_fleet_now_idle_run_is_broken_by_a_gap(tmp_path):
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-X", T(10), T(10, 20), util=0.0)
+    f.gpu_series("n1", "GPU-X", T(10, 30), T(11), util=0.0)  # 10 min without data in between
+    f.job("1", account="a", user="u", start=T(10), end=None, gpus=1, placements=[("n1", "GPU-X")])
+    f.write()
+    r = fn.gpu_states(f.reader(), W, T(10, 59, 45)).row(0, named=True)
+    assert r["idle_since"] == T(10, 30) and r["idle_allocated"]
+
+
+def test_collector_status_and_filter_values(fleet, con, tmp_path):
+    st = fn.collector_status(fleet.root)
+    assert st["version"] >= 1 and st["published_at"] is not None and st["age_s"] >= 0
+    assert fn.collector_status(tmp_path / "nothing")["published_at"] is None
+    v = fn.filter_values(con)
+    assert v["cluster"] == ["c1"] and v["model"] == [A100, H100]
+    assert QUOTE_ACCOUNT in v["account"] and EVE in v["user"] and v["partition"] == ["a100", "gpu", "ml"]
+
+
+def test_health_per_gpu_and_events(con):
+    g = {r["gpu_uuid"]: r for r in health.gpu_health(con, W).to_dicts() if r["gi"] == -1}
+    d = g["GPU-D"]
+    assert d["gpu_temp_max_c"] == 85 and d["xids"] == [79] and d["first_xid"] == T(10, 30)
+    assert d["ecc_dbe_new"] == 2 and d["lost_samples"] == 80 * 4 and d["first_lost"] == T(10, 40)
+    assert d["thermal_throttle_pct"] == pytest.approx(40 / 480 * 100)  # 10 min of 2 h of samples
+    assert d["power_throttle_pct"] == 0 and g["GPU-A"]["thermal_throttle_pct"] == 0
+    ev = health.events(con, W)
+    got = {(r["kind"], r["gpu_uuid"]): r for r in ev.to_dicts()}
+    assert set(got) == {("xid", "GPU-D"), ("ecc_dbe", "GPU-D"), ("gpu_lost", "GPU-D")}
+    assert got[("xid", "GPU-D")]["ts"] == T(10, 30) and got[("xid", "GPU-D")]["code"] == 79
+    assert got[("ecc_dbe", "GPU-D")]["ts"] == T(10, 30) and got[("ecc_dbe", "GPU-D")]["detail"].endswith("+2")
+    assert got[("gpu_lost", "GPU-D")]["ts"] == T(10, 40)
+    assert ev["ts"].to_list() == sorted(ev["ts"].to_list(), reverse=True)
+    temp = health.temperature(con, W, timedelta(hours=1))
+    # n2 after 11:00: C is silent and D, lost, reports no temperature - no row, not a 0
+    assert temp.filter(pl.col("host") == "n2")["gpu_temp_max_c"].to_list() == [85.0]
+    assert temp.filter(pl.col("host") == "n1")["bucket"].to_list() == [T(10), T(11)]
+    # the cluster filter is a bound value too
+    assert health.events(con, Params(T(10), T(12), filters=Filters(cluster="c1' --"))).is_empty()
+
+
+@pytest.mark.parametrize("by", timeline.TIMELINE_DIMS)
+@pytest.mark.parametrize("bucket", [None, timedelta(minutes=7), timedelta(hours=1)])
+def test_timeline_buckets_add_up_to_the_window(con, by, bucket):
+    a = Analysis(con, W, now=T(20))
+    tl = timeline.utilization_timeline(a, by, bucket)
+    u = a.utilization(by)
+    keys = [k for k in ("cluster", "model", "partition", "account", "user_name") if k in u.columns and k in tl.columns]
+    cols = [c for c in ("data_gpu_h", "busy_gpu_h", "allocated_gpu_h", "capacity_gpu_h") if c in u.columns and tl[c].is_not_null().any()]
+    sums = tl.group_by(keys).agg([pl.sum(c) for c in cols]) if keys else tl.select([pl.sum(c) for c in cols])
+    joined = u.join(sums, on=keys, suffix="_tl", nulls_equal=True) if keys else pl.concat([u, sums.rename(lambda c: c + "_tl")], how="horizontal")
+    assert joined.height == u.height
+    for c in cols:
+        assert joined[c].to_list() == pytest.approx(joined[c + "_tl"].to_list(), abs=1e-9), (by, c)
+    n = int(-(-7200 // (bucket or timeline.default_bucket(timedelta(hours=2))).total_seconds()))
+    assert tl.height == n * max(1, u.height)  # every bucket of every group, empty ones as 0
+
+
+def test_timeline_fleet_series(con):
+    a = Analysis(con, W, now=T(20))
+    tl = timeline.utilization_timeline(a, "fleet", timedelta(hours=1))
+    t = a.totals()
+    assert tl["allocated_gpu_h"].sum() == pytest.approx(t.allocated_gpu_h)
+    assert tl["capacity_gpu_h"].sum() == pytest.approx(t.capacity_gpu_h)
+    assert tl["no_data_gpu_h"].sum() == pytest.approx(t.no_data_gpu_h)
+    # 10:00-11:00 every GPU reports except D after 10:40 (lost: no utilization); 11:00-12:00 D again.
+    # (C's capacity ends with its last sighting in the inventory, 10:59:45 + max_gap: analytics.core)
+    first, second = tl.row(0, named=True), tl.row(1, named=True)
+    assert first["no_data_gpu_h"] == pytest.approx(20 / 60)
+    assert second["no_data_gpu_h"] == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        timeline.utilization_timeline(a, "gpu")
+
+
+def test_job_gpu_timeline(con):
+    a = Analysis(con, W, now=T(20))
+    tl = timeline.job_gpu_timeline(a, "c1", "slurm", "101", timedelta(minutes=30))
+    assert tl["bucket"].to_list() == [T(10), T(10, 30), T(11), T(11, 30)]
+    assert tl["utilization_pct"].to_list() == pytest.approx([80.0] * 4)
+    assert tl["fb_used_max_mib"].to_list() == [40960.0] * 4
+    assert tl["data_h"].sum() == pytest.approx(2.0)
+    assert timeline.job_gpu_timeline(a, "c1", "slurm", "nope").is_empty()
+
+
+def test_empty_store(tmp_path):
+    StoreWriter(tmp_path).close()
+    con = open_reader(tmp_path)
+    assert fn.gpu_states(con, W, T(12)).is_empty()
+    assert fn.summarize(fn.gpu_states(con, W, T(12)), W, T(12)).gpus == 0
+    assert health.gpu_health(con, W).is_empty() and health.events(con, W).is_empty()
+    a = Analysis(con, W, now=T(20))
+    assert timeline.utilization_timeline(a, "fleet")["capacity_gpu_h"].sum() == 0

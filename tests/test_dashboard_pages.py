@@ -1,0 +1,411 @@
+"""Every dashboard page under streamlit.testing's AppTest: no exception, no error, and the figures
+shown are the analytics' figures for the same window (values asserted, not just "it renders").
+
+The store is the scenario of tests/test_dashboard_analytics.py (window 10:00-12:00, hostile job
+names); the dashboard reads it through its real path (settings from the environment, the reader
+connection, the cached loaders).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import polars as pl
+import pytest
+
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from analytics import fleet_now as fn  # noqa: E402
+from analytics import health as ahealth  # noqa: E402
+from analytics.core import Analysis  # noqa: E402
+from analytics.jobs import job_report, job_summaries  # noqa: E402
+from analytics.params import Filters, Params  # noqa: E402
+from analytics.timeline import utilization_timeline  # noqa: E402
+from analytics.trends import compare, previous_totals  # noqa: E402
+from collector.store import StoreWriter, open_reader  # noqa: E402
+from dashboards import ui  # noqa: E402
+from tests.test_dashboard_analytics import EVE, HOSTILE, QUOTE_ACCOUNT, T, W, build  # noqa: E402
+
+APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+WINDOW = {"from": "2026-11-16T10:00", "to": "2026-11-16T12:00"}
+PAGES = ("fleet_now", "utilization", "jobs", "teams", "waste", "health", "mfu")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return Path(build(tmp_path_factory.mktemp("dash-pages")).root)
+
+
+@pytest.fixture(scope="module")
+def con(store):
+    return open_reader(store)
+
+
+@pytest.fixture(scope="module")
+def a(con):
+    return Analysis(con, W, now=T(12))
+
+
+@pytest.fixture
+def use_store(monkeypatch):
+    def use(path, config: Path | None = None) -> None:
+        monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(path))
+        if config is None:
+            monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+        else:
+            monkeypatch.setenv("GPUFLEET_CONFIG", str(config))
+    return use
+
+
+# --- helpers ---
+
+
+def clean(at: AppTest) -> AppTest:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def open_app(**query) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params.update({**WINDOW, **query})
+    return clean(at.run())
+
+
+def goto(at: AppTest, page: str) -> AppTest:
+    return clean(at.switch_page(f"views/{page}.py").run())
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def frame(at: AppTest, key: str) -> pd.DataFrame:
+    block = at.container(key)
+    assert len(block.dataframe) == 1, f"table {key} not shown: {[c.value for c in block.caption]}"
+    return block.dataframe[0].value
+
+
+def same(x, y) -> bool:
+    nx = x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NaT
+    ny = y is None or (isinstance(y, float) and math.isnan(y)) or y is pd.NaT
+    if nx or ny:
+        return nx and ny
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        return math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(x, pd.Timestamp):
+        x = x.to_pydatetime()
+    if isinstance(y, pd.Timestamp):
+        y = y.to_pydatetime()
+    return x == y
+
+
+def assert_table(shown: pd.DataFrame, expected: pl.DataFrame, columns: list[str] | None = None) -> None:
+    """The shown table holds the analytics frame's values, row for row, column for column."""
+    columns = columns or expected.columns
+    assert len(shown) == expected.height, (len(shown), expected.height)
+    for col in columns:
+        got, want = shown[col].tolist(), expected[col].to_list()
+        bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if not same(g, w)]
+        assert not bad, f"column {col}: (row, shown, analytics) {bad[:5]}"
+
+
+# --- every page shows the analytics' figures ---
+
+
+def test_fleet_now(store, con, use_store):
+    use_store(store)
+    at = open_app()
+    states = fn.gpu_states(con, W, T(12))
+    s = fn.summarize(states, W, T(12))
+    m = metrics(at)
+    assert m["GPUs reporting"] == f"{s.reporting} of {s.gpus}" == "5 of 6"
+    assert m["Held by jobs"] == ui.count(s.held) == "4"
+    assert m["Free (reporting, not held)"] == ui.count(s.free)
+    assert m["Mean utilization"] == ui.pct(s.mean_utilization_pct)
+    assert m["Idle allocated now"] == "1" and m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
+    assert m["Held with no process"] == "1"
+    assert m["Lost / error / no data"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
+    assert_table(frame(at, "fleet_gpus"), states, ["host", "gpu", "gi", "status", "util", "job_ids", "job_names", "user_names", "accounts", "held"])
+    idle = frame(at, "fleet_idle")
+    assert idle["host"].tolist() == ["n1"] and idle["job_ids"].tolist() == ["102"] and idle["cost_usd_per_h"].tolist() == [3.0]
+    assert idle["idle_for_s"].tolist() == [7200.0]
+    assert frame(at, "fleet_no_process")["job_ids"].tolist() == ["102"]
+    problems = frame(at, "fleet_problems")
+    assert sorted(zip(problems["host"], problems["gpu"], problems["status"])) == [("n2", 0, "no data"), ("n2", 1, "lost")]
+    assert m["Exporters silent"] == "0 of 4"  # n2's D is lost but still reporting
+
+
+def test_utilization(store, a, use_store):
+    use_store(store)
+    at = goto(open_app(), "utilization")
+    t = a.totals()
+    m = metrics(at)
+    assert m["Utilization"] == ui.pct(t.utilization_pct)
+    assert m["Used (busy)"] == ui.gpu_h(t.busy_gpu_h)
+    assert m["Allocated"] == ui.gpu_h(t.allocated_gpu_h)
+    assert m["Capacity"] == ui.gpu_h(t.capacity_gpu_h)
+    assert m["With data"] == ui.gpu_h(t.data_gpu_h)
+    assert m["No data"] == ui.gpu_h(t.no_data_gpu_h)
+    assert_table(frame(at, "util_by"), a.utilization("fleet"))
+    assert_table(frame(at, "util_timeline"), utilization_timeline(a, "fleet"))
+    for choice, by in (("account", "account"), ("user", "user_name"), ("model", "model"), ("partition", "partition")):
+        at.button_group(key="by").set_value(choice).run()
+        clean(at)
+        u = a.utilization(by)
+        rank = "capacity_gpu_h" if "capacity_gpu_h" in u.columns else "allocated_gpu_h"
+        assert_table(frame(at, "util_by"), u.sort(rank, descending=True))
+        assert_table(frame(at, "util_timeline"), utilization_timeline(a, by))
+
+
+def test_jobs_list_and_reports(store, con, a, use_store):
+    use_store(store)
+    at = goto(open_app(), "jobs")
+    jobs = job_summaries(a)
+    assert_table(frame(at, "jobs_list"), jobs, ["job_id", "name", "user_name", "account", "runtime_h", "allocated_gpu_h",
+                                                "mean_utilization_pct", "idle_gpu_h", "no_process_gpu_h", "verdict"])
+    assert metrics(at)["Jobs"] == f"{jobs.height} of {jobs.height}"
+    full = Analysis(con, W, now=T(12))  # the report on the whole window; the page narrows it to the job
+    for job_id in ("102", "101", "103", "105", "p1"):
+        at.text_input(key="job").set_value(job_id).run()
+        clean(at)
+        r = job_report(full, job_id)
+        m = metrics(at)
+        assert m["Verdict"] == r.verdict
+        assert m["Allocated"] == ui.gpu_h(r.allocated_gpu_h)
+        assert m["Mean utilization"] == ui.pct(r.mean_utilization_pct)
+        assert m["Idle (stretches)"] == ui.gpu_h(r.idle_gpu_h)
+        assert m["Held with no process"] == ui.gpu_h(r.no_process_gpu_h)
+        assert m["Runtime in window"] == ui.duration(r.runtime_h * 3600)
+        assert f"Rule: {r.rule}" in [t.value for t in at.text]
+        assert_table(frame(at, "job_gpus"), r.per_gpu)
+        if r.idle_stretches.is_empty():
+            assert not at.container("job_idle").dataframe
+        else:
+            assert_table(frame(at, "job_idle"), r.idle_stretches)
+
+
+def test_teams_and_fairness(store, a, use_store):
+    fairness = pytest.importorskip("analytics.fairness")
+    use_store(store)
+    at = goto(open_app(), "teams")
+    f = fairness.fairness(a, None)
+    m = metrics(at)
+    assert m["Jain's index"] == f"{f.jain_index:.3f}"
+    assert m["Gini of GPU-hours over users"] == f"{f.gini_users:.3f}"
+    assert m["Jobs pending now"] == ui.count(f.pending.height)
+    assert_table(frame(at, "fair_accounts"), f.per_account)
+    assert_table(frame(at, "fair_wait"), f.wait_by_size)
+
+
+def test_waste_and_cost(store, con, a, use_store):
+    use_store(store)
+    at = goto(open_app(), "waste")
+    t, prev = a.totals(), previous_totals(con, W)
+    m = metrics(at)
+    assert m["Idle allocated"] == ui.gpu_h(t.idle_allocated_gpu_h)
+    assert m["Idle allocated cost"] == ui.usd(t.idle_allocated_cost)
+    assert m["Held with no process"] == ui.gpu_h(t.no_process_gpu_h)
+    assert m["No-process cost"] == ui.usd(t.no_process_cost)
+    assert m["Stranded (unallocated)"] == ui.gpu_h(t.stranded_gpu_h)
+    assert m["Stranded cost"] == ui.usd(t.stranded_cost)
+    deltas = {x.label: x.delta for x in at.metric}
+    assert deltas["Idle allocated"] == ui.change(t.idle_allocated_gpu_h, prev.idle_allocated_gpu_h, ui.gpu_h)
+    assert_table(frame(at, "waste_trend"), compare(t, prev).drop("figure"))
+    assert_table(frame(at, "waste_by_account"), a.waste_by("account", "idle"))
+    assert_table(frame(at, "waste_by_user"), a.waste_by("user_name", "idle"))
+    assert_table(frame(at, "waste_np_account"), a.waste_by("account", "no_process"))
+    assert_table(frame(at, "waste_top_jobs"), a.top_wasteful_jobs(25).drop(["scheduler"], strict=False))
+    assert frame(at, "waste_top_jobs")["job_id"].tolist()[0] == "102"  # 2 h idle with no process
+
+
+def test_health(store, con, use_store):
+    use_store(store)
+    at = goto(open_app(), "health")
+    s = fn.summarize(fn.gpu_states(con, W, T(12)), W, T(12))
+    ev = ahealth.events(con, W)
+    m = metrics(at)
+    assert m["Lost now"] == ui.count(s.lost) == "1"
+    assert m["Erroring now"] == ui.count(s.error)
+    assert m["Silent now (no data)"] == ui.count(s.no_data) == "1"
+    assert m["Events in window"] == ui.count(ev.height) == "3"
+    assert m["Hottest GPU"] == "85 °C"
+    assert m["GPUs throttled"] == "1"
+    shown = frame(at, "health_events")
+    assert_table(shown, ev, ["ts", "host", "gpu", "kind", "code", "samples", "detail"])
+    assert frame(at, "health_throttle")["host"].tolist() == ["n2"]
+    assert_table(frame(at, "health_gpus"), ahealth.gpu_health(con, W).with_columns(
+        pl.col("xids").cast(pl.List(pl.Utf8)).list.join(", ")))
+
+
+def test_mfu(store, a, use_store):
+    use_store(store)
+    at = goto(open_app(), "mfu")
+    try:
+        from analytics import mfu
+    except ImportError:
+        assert "MFU figures are not available yet." in [i.value for i in at.info]
+        return
+    jobs = mfu.job_mfu(a)
+    assert_table(frame(at, "mfu_jobs"), jobs, ["job_id", "account", "mfu", "method", "reason"])
+    assert_table(frame(at, "mfu_accounts"), mfu.account_mfu(a, jobs), ["account", "jobs", "mfu", "method"])
+
+
+# --- hostile text ---
+
+MARKDOWN_LIKE = ("title", "header", "subheader", "markdown", "caption", "info", "warning", "success")
+
+
+def markdown_texts(at: AppTest) -> list[str]:
+    out = []
+    for kind in MARKDOWN_LIKE:
+        out += [str(e.value) for e in getattr(at, kind)]
+    return out + [m.label for m in at.metric] + [str(m.value) for m in at.metric]
+
+
+def test_hostile_names_are_shown_verbatim_and_harmless(store, use_store):
+    use_store(store)
+    at = goto(open_app(), "jobs")
+    names = dict(zip(frame(at, "jobs_list")["job_id"], frame(at, "jobs_list")["name"]))
+    for job_id, name in HOSTILE.items():
+        assert names[job_id] == name  # exactly: quotes, pipes, newline, tab, HTML
+    users = frame(at, "jobs_list")["user_name"].tolist()
+    assert EVE in users and QUOTE_ACCOUNT in frame(at, "jobs_list")["account"].tolist()
+    # the report puts the name in plain text (st.text), never in Markdown
+    for job_id in ("101", "103", "105"):
+        at.text_input(key="job").set_value(job_id).run()
+        clean(at)
+        assert f"Name: {HOSTILE[job_id]}" in [t.value for t in at.text]
+    at.text_input(key="job").set_value("102").run()
+    texts = [t.value for t in at.text]
+    assert f"Name: {HOSTILE['102']}" in texts
+    for text in markdown_texts(at):
+        for needle in ("<script", "DROP TABLE", "**bold**", "onerror", "javascript:", "second line"):
+            assert needle not in text, (needle, text)
+    # searching for SQL finds the job whose name it is, and nothing else happens
+    at.text_input(key="q").set_value("'; DROP TABLE").run()
+    clean(at)
+    assert frame(at, "jobs_list")["job_id"].tolist() == ["102"]
+    at.text_input(key="q").set_value("<script>").run()
+    assert frame(at, "jobs_list")["job_id"].tolist() == ["101"]
+
+
+def test_hostile_filter_values_are_bound_parameters(store, con, a, use_store):
+    use_store(store)
+    at = open_app(account=QUOTE_ACCOUNT)
+    assert at.selectbox(key="account").value == QUOTE_ACCOUNT
+    states = frame(at, "fleet_gpus")
+    assert states["gpu_uuid"].tolist() == ["GPU-E"] and states["accounts"].tolist() == [QUOTE_ACCOUNT]
+    goto(at, "jobs")
+    assert frame(at, "jobs_list")["job_id"].tolist() == ["105"]
+    at = open_app(user=EVE)
+    goto(at, "utilization")
+    filtered = Analysis(con, Params(T(10), T(12), filters=Filters(user_name=EVE)), now=T(12))
+    assert metrics(at)["Allocated"] == ui.gpu_h(filtered.totals().allocated_gpu_h) == "2.00 GPU-h"
+    # a value that is in no list: the URL value is dropped, never reaches SQL as text
+    at = open_app(account="x' OR '1'='1")
+    assert at.selectbox(key="account").value == ui.ALL
+
+
+# --- filters carried across pages, in the URL ---
+
+
+def test_filters_follow_the_user_across_pages(store, use_store):
+    use_store(store)
+    at = open_app(cluster="c1", account="physics")
+    for page in PAGES[1:]:
+        goto(at, page)
+        assert at.query_params["account"] == "physics" and at.query_params["cluster"] == "c1"
+        assert at.query_params["from"] == WINDOW["from"] and at.query_params["to"] == WINDOW["to"]
+        assert any("filters: cluster=c1, account=physics" in t.value for t in at.text), page
+    goto(at, "jobs")
+    assert set(frame(at, "jobs_list")["account"]) == {"physics"}
+    # (the browser writes a bound widget's new value into the URL; AppTest has no browser)
+    at.selectbox(key="account").set_value(ui.ALL).run()
+    assert set(frame(at, "jobs_list")["account"]) == {"physics", "biology", QUOTE_ACCOUNT, "ml"}
+
+
+# --- empty stores and windows: messages, never tracebacks ---
+
+
+def test_empty_store_every_page(tmp_path, use_store):
+    StoreWriter(tmp_path / "empty").close()
+    use_store(tmp_path / "empty")
+    at = open_app()
+    assert any("No GPU" in i.value for i in at.info)
+    for page in PAGES[1:]:
+        goto(at, page)
+        assert at.info, page
+
+
+def test_no_store_every_page(tmp_path, use_store):
+    use_store(tmp_path / "nothing-here")
+    at = open_app()
+    assert any("No store to read yet" in i.value for i in at.info)
+    for page in PAGES[1:]:
+        goto(at, page)
+        assert any("No store to read yet" in i.value for i in at.info), page
+
+
+def test_window_without_data_every_page(store, use_store):
+    use_store(store)
+    at = open_app(**{"from": "2020-01-01T00:00", "to": "2020-01-02T00:00"})
+    assert at.info
+    for page in PAGES[1:]:
+        goto(at, page)
+        assert at.info, page
+
+
+def test_bad_custom_window_falls_back_with_a_warning(store, use_store):
+    use_store(store)
+    at = open_app(**{"from": "yesterday", "to": "2026-11-16T12:00"})
+    assert any("ISO 8601" in w.value for w in at.warning)
+
+
+# --- configuration and sign-in ---
+
+
+def test_config_error_is_a_message(tmp_path, store, use_store):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[dashboard]\nrefresh_seconds = "often"\n')
+    use_store(store, cfg)
+    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The dashboard's configuration is not valid:"]
+    assert "refresh_seconds = 'often': expected an integer number of seconds >= 0" in at.code[0].value
+
+
+AUTH = """
+[dashboard]
+allowed_domains = ["example.org"]
+[dashboard.auth]
+redirect_uri = "http://localhost:8501/oauth2callback"
+cookie_secret = "not-a-real-secret-but-long-enough-0123456789"
+client_id = "gpufleet"
+client_secret = "secret"
+server_metadata_url = "https://id.example.org/.well-known/openid-configuration"
+"""
+
+
+def test_sign_in_gate(tmp_path, store, use_store):
+    cfg = tmp_path / "auth.toml"
+    cfg.write_text(AUTH)
+    use_store(store, cfg)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.user = {"is_logged_in": False}
+    at.run()
+    assert not at.exception and [b.label for b in at.button] == ["Sign in"] and not at.metric
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.user = {"is_logged_in": True, "email": "mallory@elsewhere.net"}
+    at.run()
+    assert at.warning and not at.metric and "Signed in as: mallory@elsewhere.net" in [t.value for t in at.text]
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.user = {"is_logged_in": True, "email": "ops@example.org"}
+    at.query_params.update(WINDOW)
+    at.run()
+    clean(at)
+    assert metrics(at)["GPUs reporting"] == "5 of 6"
+    assert "Signed in as ops@example.org" in [t.value for t in at.sidebar.text]
