@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.realstack.process import free_port, wait_for
+from tests.realstack.process import wait_for
+from tests.support.exporter import start_exporter, stop
 from tests.test_alerts_alertmanager import config_for_test, webhook  # noqa: F401 (webhook: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,25 +43,9 @@ IDLE_FOR = "10s"
 
 @pytest.fixture
 def exporter(tmp_path):
-    (tmp_path / "node.toml").write_text(SCENARIO)
-    jobmap = tmp_path / "jobmap"
-    jobmap.mkdir()
-    (jobmap / "0").write_text("7001\n")
-    (jobmap / "1").write_text("7002\n")
-    cfg = tmp_path / "gpufleet.toml"
-    cfg.write_text(
-        '[exporter]\npoll_interval = 1.0\nprocess_interval = 1.0\ndevice_map_file = ""\n'
-        f'kubelet_socket = ""\ncgroup_mapping = false\njob_map_dir = "{jobmap}"\n'
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet.cli", "exporter", "--config", str(cfg), "--backend", "sim",
-         "--sim-scenario", str(tmp_path / "node.toml"), "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    proc, port = start_exporter(tmp_path, SCENARIO, {0: "7001", 1: "7002"})
     yield f"127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop(proc)
 
 
 @pytest.mark.realstack

@@ -28,6 +28,7 @@ from collector.sources.scrape import ScrapeSource
 from collector.store import StoreWriter, open_reader
 from tests.realstack.process import free_port, wait_for
 from tests.realstack.prometheus import start_prometheus
+from tests.support.exporter import start_exporter, stop
 from tests.test_collector_service import FakeSource, metric
 from tests.test_store import job, samples
 
@@ -38,49 +39,6 @@ COUNTERS = {"energy_mj"}
 
 
 # --- helpers ---
-
-
-def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str]) -> tuple[subprocess.Popen, int]:
-    """`gpufleet exporter` (sim backend, 1 s polls) on a free port, with a Slurm job-map dir."""
-    (tmp / "scenario.toml").write_text(scenario)
-    jobmap = tmp / "jobmap"
-    jobmap.mkdir()
-    for gpu, job_id in jobs.items():
-        (jobmap / str(gpu)).write_text(f"{job_id}\n")
-    cfg = tmp / "exporter.toml"
-    cfg.write_text(
-        "[exporter]\npoll_interval = 1.0\nprocess_interval = 1.0\ndevice_map_file = \"\"\nkubelet_socket = \"\"\n"
-        f"cgroup_mapping = false\njob_map_dir = \"{jobmap}\"\n"
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet.cli", "exporter", "--config", str(cfg), "--backend", "sim",
-         "--sim-scenario", str(tmp / "scenario.toml"), "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp / "exporter.log", "wb"),
-    )
-
-    def answers() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"exporter exited {proc.returncode}: {(tmp / 'exporter.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                return b"gpufleet_gpu_up" in r.read()
-        except OSError:
-            return False
-
-    wait_for("the exporter to answer", answers, timeout=30)
-    return proc, port
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 # --- a: Prometheus-API source == direct scraping ---
 
