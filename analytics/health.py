@@ -64,6 +64,22 @@ WHERE {_WINDOW}
 GROUP BY cluster, host, gpu_uuid, coalesce(gpu_instance, -1)
 """
 
+# Counters whose rise in the window is an event: (kind, column, its first value in base, label).
+_COUNTERS = (
+    ("ecc_dbe", "ecc_dbe_vol", "dbe0", "double-bit ECC errors"),
+    ("ecc_sbe", "ecc_sbe_vol", "sbe0", "single-bit ECC errors"),
+    ("row_remap", "remap_uncorrectable", "unc0", "uncorrectable remapped rows"),
+)
+_COUNTER_EVENTS = "".join(
+    f"""UNION ALL
+SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, any_value(s.model),
+       '{kind}', NULL, count(*), '{label}: +' || (max(s.{col}) - coalesce(any_value(b.{base}), 0))::BIGINT
+FROM s JOIN base b USING (cluster, host, gpu_uuid, gi)
+WHERE s.{col} > coalesce(b.{base}, 0) GROUP BY s.cluster, s.host, s.gpu_uuid, s.gi
+"""
+    for kind, col, base, label in _COUNTERS
+)
+
 # One row per event: XID codes (first sample showing each), new volatile ECC errors (first
 # sample above the window's first value), row-remap failures, lost GPUs (first gpu_up = 0).
 EVENTS = f"""
@@ -82,21 +98,7 @@ WITH s AS (
 SELECT min(ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, any_value(model) AS model,
        'xid' AS kind, xid_last AS code, count(*) AS samples, 'XID ' || xid_last AS detail
 FROM s WHERE xid_last > 0 GROUP BY cluster, host, gpu_uuid, gi, xid_last
-UNION ALL
-SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, any_value(s.model),
-       'ecc_dbe', NULL, count(*), 'double-bit ECC errors: +' || (max(s.ecc_dbe_vol) - coalesce(any_value(b.dbe0), 0))::BIGINT
-FROM s JOIN base b USING (cluster, host, gpu_uuid, gi)
-WHERE s.ecc_dbe_vol > coalesce(b.dbe0, 0) GROUP BY s.cluster, s.host, s.gpu_uuid, s.gi
-UNION ALL
-SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, any_value(s.model),
-       'ecc_sbe', NULL, count(*), 'single-bit ECC errors: +' || (max(s.ecc_sbe_vol) - coalesce(any_value(b.sbe0), 0))::BIGINT
-FROM s JOIN base b USING (cluster, host, gpu_uuid, gi)
-WHERE s.ecc_sbe_vol > coalesce(b.sbe0, 0) GROUP BY s.cluster, s.host, s.gpu_uuid, s.gi
-UNION ALL
-SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, any_value(s.model),
-       'row_remap', NULL, count(*), 'uncorrectable remapped rows: +' || (max(s.remap_uncorrectable) - coalesce(any_value(b.unc0), 0))::BIGINT
-FROM s JOIN base b USING (cluster, host, gpu_uuid, gi)
-WHERE s.remap_uncorrectable > coalesce(b.unc0, 0) GROUP BY s.cluster, s.host, s.gpu_uuid, s.gi
+{_COUNTER_EVENTS}
 UNION ALL
 SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
        'row_remap_failure', NULL, count(*), 'row remapping failed'
