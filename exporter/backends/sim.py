@@ -9,8 +9,11 @@ overrides that GPU's utilization and processes while it exists, e.g.
 
     utilization = 0
     processes = [ { pid = 1234, used_memory_mib = 20000 } ]
+    tensor_active = 0.45                      # optional, 0..1
+    instances = { 1 = 30, 2 = 0 }             # optional: MIG GPU_I_ID -> utilization
 
-so a Slurm job script in a test can make "its" GPU busy, idle, or held with no process.
+so a Slurm job script in a test can make "its" GPU busy, idle, or held with no process, and the
+demo's simulated fleet can drive every GPU (and MIG slice) from its workload plan.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import socket
 import time
 import tomllib
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,6 +40,29 @@ _SW_THERMAL = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
 
 def _uuid(prefix: str, *parts: object) -> str:
     return prefix + str(uuid.uuid5(uuid.NAMESPACE_OID, "/".join(map(str, parts))))
+
+
+def gpu_uuid(hostname: str, index: int) -> str:
+    """The UUID the simulator gives GPU `index` of `hostname` (stable across runs)."""
+    return _uuid("GPU-", hostname, index)
+
+
+def mig_uuid(hostname: str, index: int, position: int) -> str:
+    """The UUID of the MIG instance at `position` (0-based) on GPU `index` of `hostname`."""
+    return _uuid("MIG-", hostname, index, position)
+
+
+@dataclass(frozen=True)
+class _Control:
+    """A control file's overrides; None (or no instance key) leaves the scenario in charge."""
+
+    utilization: float | None = None
+    processes: tuple[SimProcess, ...] | None = None
+    tensor_active: float | None = None
+    instances: dict[int, float] = field(default_factory=dict)
+
+
+_NO_CONTROL = _Control()
 
 
 class SimBackend:
@@ -61,13 +88,13 @@ class SimBackend:
         for i in range(sc.gpus):
             spec = sc.spec(i)
             migs = tuple(
-                MigInstance(gpu_instance_id=_gi_id(k), profile=m.profile, uuid=_uuid("MIG-", self.hostname, i, k))
+                MigInstance(gpu_instance_id=_gi_id(k), profile=m.profile, uuid=mig_uuid(self.hostname, i, k))
                 for k, m in enumerate(spec.mig)
             )
             self._devices.append(
                 GpuIdentity(
                     index=i,
-                    uuid=_uuid("GPU-", self.hostname, i),
+                    uuid=gpu_uuid(self.hostname, i),
                     model=sc.model.name,
                     minor_number=sc.minor(i),
                     pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0" if i < 14 else f"00000001:{i:02X}:00.0",
@@ -92,51 +119,53 @@ class SimBackend:
             raise GpuError("gpu_lost", f"GPU {gpu.index} ({gpu.uuid}) is lost: it fell off the bus (simulated)")
         return spec
 
-    def _control(self, index: int) -> tuple[float | None, tuple[SimProcess, ...] | None]:
-        """Live override from the control directory, or (None, None)."""
+    def _control(self, index: int) -> _Control:
+        """Live override from the control directory (all None when there is none)."""
         if not self.scenario.control_dir:
-            return None, None
+            return _NO_CONTROL
         path = Path(self.scenario.control_dir) / f"{index}.toml"
         try:
             text = path.read_text()
         except OSError:
-            return None, None
+            return _NO_CONTROL
         try:
             doc = tomllib.loads(text)
             r = _Reader(str(path))
             util = r.number(doc, "utilization", "utilization", None, minimum=0)
+            tensor = r.number(doc, "tensor_active", "tensor_active", None, minimum=0)
             procs = doc.get("processes")
             parsed = None if procs is None else tuple(r.process(p, f"processes[{i}]") for i, p in enumerate(procs))
-        except (tomllib.TOMLDecodeError, ConfigError, AttributeError, TypeError) as e:
+            instances = {int(k): r.number(doc["instances"], k, "instances", None, minimum=0) for k in doc.get("instances", {})}
+        except (tomllib.TOMLDecodeError, ConfigError, AttributeError, TypeError, ValueError) as e:
             if self._bad_control.get(path) != text:
                 self._bad_control[path] = text
                 log.warning("ignoring simulator control file %s: %s", path, e)
-            return None, None
-        return util, parsed
+            return _NO_CONTROL
+        return _Control(util, parsed, tensor, instances)
 
-    def _utilization(self, spec: SimGpuSpec, t: float) -> float:
-        override, _ = self._control(spec.index)
-        if override is not None:
-            return min(100.0, override)
+    def _utilization(self, spec: SimGpuSpec, t: float, control: _Control) -> float:
+        if control.utilization is not None:
+            return min(100.0, control.utilization)
         return _clip(spec.utilization.at(t), 0, 100) if spec.utilization else 0.0
 
-    def _live_processes(self, spec: SimGpuSpec, t: float) -> list[SimProcess]:
-        _, override = self._control(spec.index)
-        procs = override if override is not None else spec.processes
+    def _live_processes(self, spec: SimGpuSpec, t: float, control: _Control) -> list[SimProcess]:
+        procs = control.processes if control.processes is not None else spec.processes
         return [p for p in procs if p.alive(t)]
 
     def read(self, gpu: GpuIdentity) -> GpuReading:
         t = self.elapsed()
         spec = self._check_alive(gpu, t)
         m = self.scenario.model
-        util = self._utilization(spec, t)
+        control = self._control(spec.index)
+        util = self._utilization(spec, t, control)
         if gpu.mig_instances:
             inst_utils = {
-                inst.gpu_instance_id: (_clip(mig.utilization.at(t), 0, 100) if mig.utilization else util)
+                inst.gpu_instance_id: _clip(control.instances[inst.gpu_instance_id], 0, 100) if inst.gpu_instance_id in control.instances
+                else (_clip(mig.utilization.at(t), 0, 100) if mig.utilization else util)
                 for inst, mig in zip(gpu.mig_instances, spec.mig)
             }
             util = sum(inst_utils.values()) / len(inst_utils)
-        procs = self._live_processes(spec, t)
+        procs = self._live_processes(spec, t, control)
         power = m.idle_w + (m.tdp_w - m.idle_w) * 0.9 * util / 100
         temp = 30 + util * 0.45
         dt = max(0.0, t - self._last_read.get(gpu.index, t))
@@ -189,8 +218,8 @@ class SimBackend:
                 "DCGM_FI_DEV_FB_RESERVED": reserved,
                 "DCGM_FI_DEV_FB_FREE": m.memory_mib - reserved - used,
             })
-            if spec.tensor_active is not None:
-                tensor = _clip(spec.tensor_active.at(t), 0, 1)
+            if control.tensor_active is not None or spec.tensor_active is not None:
+                tensor = _clip(control.tensor_active if control.tensor_active is not None else spec.tensor_active.at(t), 0, 1)
                 f["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] = round(tensor, 6)
                 f["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] = round(util / 100, 6)
                 f["DCGM_FI_PROF_SM_ACTIVE"] = round(util / 100 * 0.9, 6)
@@ -209,7 +238,7 @@ class SimBackend:
                 gpu_instance_id=p.gpu_instance_id,
                 sm_utilization=p.sm_util,
             )
-            for p in self._live_processes(spec, t)
+            for p in self._live_processes(spec, t, self._control(spec.index))
         ]
 
     def xid_events(self) -> Sequence[XidEvent]:
