@@ -1,0 +1,214 @@
+"""A week of the simulated fleet's past, written into a real store the way the collector would.
+
+Scraping cannot reach into the past, so the backfill computes what the exporters would have
+published at every 15 s scrape (load.py, vectorised a day at a time) and commits it through the
+store's own writer: one batch per hour (its key makes a re-run a no-op), the scheduler's jobs
+as sacct/Kubernetes would report them at "now", the job-to-GPU observations the exporters'
+mapping would have given, the GPU inventory, then the collector's own compaction and 5-minute
+rollups. What the demo shows afterwards is the product's analytics over these rows.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Callable
+
+import polars as pl
+import pyarrow as pa
+
+from collector import schema
+from collector.maintenance import compact
+from collector.sources.base import Batch
+from collector.store import StoreWriter
+from exporter.backends.sim_models import MODELS
+from gpufleet.demo import load
+from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job, Slot
+
+EPOCH = datetime(1970, 1, 1)
+
+
+def epoch(t: datetime) -> int:
+    return int((t - EPOCH).total_seconds())
+
+
+def slot_frame(fleet: Fleet) -> pl.DataFrame:
+    """One row per device with its identity and the power/clock envelope of its model."""
+    rows = []
+    for i, s in enumerate(fleet.slots()):
+        m = MODELS[s.node.model]
+        total = m.mig_profiles[s.mig_profile] if s.mig_profile else m.memory_mib
+        rows.append(dict(slot=i, cluster=s.node.cluster, host=s.node.host, gpu=s.gpu, gpu_uuid=s.gpu_uuid,
+                         gpu_instance=s.gpu_instance, mig_profile=s.mig_profile, model=m.name, fb_total=float(total),
+                         idle_w=m.idle_w, tdp_w=m.tdp_w, max_sm=float(m.max_sm_mhz), idle_sm=float(m.idle_sm_mhz),
+                         mem_mhz=float(m.mem_mhz)))
+    return pl.DataFrame(rows, schema_overrides={"gpu": pl.Int16, "gpu_instance": pl.Int16, "mig_profile": pl.String}, infer_schema_length=None)
+
+
+def segments(fleet: Fleet, slots: pl.DataFrame) -> pl.DataFrame:
+    """Who holds each device when: (slot, s0, s1, prof, shape) sorted by start."""
+    index = {(r["host"], r["gpu"], r["gpu_instance"] or 0): r["slot"] for r in slots.iter_rows(named=True)}
+    rows = [
+        dict(slot=index[s.key], s0=epoch(j.start), s1=epoch(j.end), prof=PROFILE_CODE[j.profile],
+             a=j.params[0], b=j.params[1], c=j.params[2], off=j.params[3], seed=j.seed)
+        for j in fleet.jobs for s in j.slots
+    ]
+    return pl.DataFrame(rows, schema_overrides={"prof": pl.Int8}).sort("s0")
+
+
+def device_values(fleet: Fleet, slots: pl.DataFrame, segs: pl.DataFrame, t0: int, t1: int) -> pl.DataFrame:
+    """Every scrape from t0 to t1 (epoch s) of every device, with load and derived telemetry."""
+    times = pl.DataFrame({"t": pl.int_range(t0, t1, STEP_S, eager=True, dtype=pl.Int64)})
+    df = times.join(slots.select("slot"), how="cross").sort("t")
+    df = df.join_asof(segs, left_on="t", right_on="s0", by="slot", check_sortedness=False)
+    df = df.with_columns(prof=pl.when(pl.col("t") < pl.col("s1")).then(pl.col("prof")))
+    df = load.evaluate(df).join(slots, on="slot")
+    # the simulated exporter's envelope (exporter/backends/sim.py), so history and live agree
+    power = pl.col("idle_w") + (pl.col("tdp_w") - pl.col("idle_w")) * 0.9 * pl.col("util") / 100
+    mig = pl.col("gpu_instance").is_not_null()
+    return df.with_columns(
+        power_w=power.round(3),
+        gpu_temp_c=(30 + pl.col("util") * 0.45).round(),
+        sm_clock_mhz=pl.when(pl.col("util") > 0).then(pl.col("max_sm")).otherwise(pl.col("idle_sm")),
+        gpu_util=pl.when(mig).then(None).otherwise(pl.col("util")),
+        gr_engine_active=pl.col("util") / 100,
+        fb_used_mib=pl.min_horizontal("fb_mib", pl.col("fb_total") * 0.99).round(),
+    )
+
+
+def _health(fleet: Fleet, df: pl.DataFrame) -> pl.DataFrame:
+    """The lost GPU's XIDs and its fall off the bus; the outage host's missing scrapes."""
+    host, gpu = fleet.lost_gpu
+    on_lost = (pl.col("host") == host) & (pl.col("gpu") == gpu)
+    (x1, code1), (x2, code2) = fleet.xids
+    t = pl.col("t")
+    xid = pl.when(t >= epoch(x2)).then(code2).when(t >= epoch(x1)).then(code1).otherwise(0)
+    df = df.with_columns(
+        xid_last=pl.when(on_lost).then(xid).otherwise(0),
+        ecc_dbe_vol=pl.when(on_lost & (t >= epoch(x1))).then(1).otherwise(0),
+        gpu_up=pl.lit(1.0),
+    )
+    lost = on_lost & (t >= epoch(fleet.lost_at))
+    keep = [c for c in ("t", "slot", "host", "gpu", "gpu_uuid", "gpu_instance", "cluster")]
+    df = df.with_columns(
+        [pl.when(lost).then(None).otherwise(pl.col(c)).alias(c) for c in df.columns if c not in keep and c != "gpu_up"]
+        + [pl.when(lost).then(0.0).otherwise(pl.col("gpu_up")).alias("gpu_up")]
+    )
+    o_host, o0, o1 = fleet.outage
+    return df.filter(~((pl.col("host") == o_host) & (t >= epoch(o0)) & (t < epoch(o1))))
+
+
+def sample_table(df: pl.DataFrame) -> pa.Table:
+    """The rows as collector.schema.SAMPLE_SCHEMA; fields the simulator does not model stay null."""
+    out = df.select(
+        ts=(pl.col("t") * 1000).cast(pl.Datetime("ms")), cluster="cluster", host="host", gpu="gpu", gpu_uuid="gpu_uuid",
+        gpu_instance="gpu_instance", mig_profile="mig_profile", model="model", source=pl.lit("scrape"),
+        gpu_util="gpu_util", fb_used_mib="fb_used_mib", fb_total_mib=pl.when(pl.col("gpu_up") > 0).then(pl.col("fb_total")),
+        power_w="power_w", gpu_temp_c="gpu_temp_c", sm_clock_mhz="sm_clock_mhz",
+        mem_clock_mhz=pl.when(pl.col("gpu_up") > 0).then(pl.col("mem_mhz")),
+        xid_last="xid_last", ecc_dbe_vol="ecc_dbe_vol", gr_engine_active="gr_engine_active",
+        tensor_active=pl.when(pl.col("gpu_instance").is_null()).then(pl.col("tensor")),
+        compute_processes="procs", gpu_up="gpu_up",
+    ).sort("host", "gpu_uuid", "gpu_instance", "ts").to_arrow()
+    n = out.num_rows
+    cols = [out[f.name].cast(f.type) if f.name in out.column_names else pa.nulls(n, f.type) for f in schema.SAMPLE_SCHEMA]
+    return pa.Table.from_arrays(cols, schema=schema.SAMPLE_SCHEMA)
+
+
+def job_rows(fleet: Fleet, now: datetime) -> list[dict]:
+    """The jobs table as the scheduler reports it at `now` (sacct -X, Kubernetes pods)."""
+    rows = []
+    for j in fleet.jobs:
+        state = j.state_at(now)
+        if state is not None:
+            rows.append(job_row(j, state, now))
+    return rows
+
+
+def job_row(j: Job, state: str, now: datetime) -> dict:
+    row = {c: None for c in schema.JOB_COLUMNS}
+    hosts = sorted({s.node.host for s in j.slots})
+    started = state != "PENDING"
+    ended = state not in ("PENDING", "RUNNING")
+    row.update(
+        cluster=j.cluster, scheduler=j.scheduler, job_key=j.job_key, job_id=j.job_id, name=j.name, user_name=j.user,
+        account=j.account, partition=j.partition, qos="normal" if j.scheduler == "slurm" else None,
+        submit=j.submit, eligible=j.submit, start=j.start if started else None, end=j.end if ended else None,
+        state=state, state_raw=state, exit_code=("0:0" if state in ("COMPLETED", "RUNNING", "PENDING") else "1:0"),
+        gpus=len(j.slots), gpu_type="h100" if j.cluster == "hpc" else "a100", node_count=len(hosts),
+        nodes=",".join(hosts) if started else None,
+        alloc_tres=f"cpu={16 * len(j.slots)},gres/gpu={len(j.slots)},node={len(hosts)}" if j.scheduler == "slurm" and started else None,
+        source="sacct" if j.scheduler == "slurm" else "kubernetes", updated_at=now,
+    )
+    return row
+
+
+def observations(fleet: Fleet, lo: datetime, hi: datetime) -> tuple[list[dict], list[dict]]:
+    """What the exporters' job mapping and inventory would have shown between lo and hi:
+    (allocation observations, GPU inventory observations)."""
+    lost_host, lost_gpu = fleet.lost_gpu
+    allocs = []
+    for j in fleet.jobs:
+        a, b = max(j.start, lo), min(j.end, hi)
+        if a >= b:
+            continue
+        first = _ceil_scrape(a)
+        last = _ceil_scrape(b) - timedelta(seconds=STEP_S)
+        if last < first:
+            continue
+        for s in j.slots:
+            obs = dict(cluster=j.cluster, scheduler=j.scheduler, job_key=j.job_key, host=s.node.host, gpu_uuid=s.gpu_uuid,
+                       gpu_instance=s.gpu_instance if s.gpu_instance is not None else -1, gpu=s.gpu, source="exporter")
+            allocs += [dict(obs, ts=first), dict(obs, ts=last)]
+    inventory = []
+    for s in fleet.slots():
+        m = MODELS[s.node.model]
+        last = hi - timedelta(seconds=STEP_S)
+        if (s.node.host, s.gpu) == (lost_host, lost_gpu):
+            last = fleet.lost_at - timedelta(seconds=STEP_S)
+        obs = dict(cluster=s.node.cluster, host=s.node.host, gpu_uuid=s.gpu_uuid,
+                   gpu_instance=s.gpu_instance if s.gpu_instance is not None else -1, gpu=s.gpu, mig_profile=s.mig_profile,
+                   model=m.name, fb_total_mib=float(m.mig_profiles[s.mig_profile] if s.mig_profile else m.memory_mib),
+                   driver_version="550.54.15")
+        inventory += [dict(obs, ts=lo), dict(obs, ts=last)]
+    return allocs, inventory
+
+
+def _aligned(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
+    """[lo, hi) cut at multiples of `step` (epoch seconds): whole days or clock hours."""
+    cuts = [lo] + list(range((lo // step + 1) * step, hi, step)) + [hi]
+    return list(zip(cuts, cuts[1:]))
+
+
+def _ceil_scrape(t: datetime) -> datetime:
+    s = epoch(t)
+    return EPOCH + timedelta(seconds=-(-s // STEP_S) * STEP_S)
+
+
+def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
+    """Write [fleet.start, fleet.now) into the store at `store`; returns counts.
+
+    Each hour is its own batch, keyed by the fleet's start and the hour, so running it twice
+    for the same fleet stores nothing new."""
+    slots = slot_frame(fleet)
+    segs = segments(fleet, slots)
+    lo, hi = epoch(fleet.start), epoch(fleet.now)
+    days = _aligned(lo, hi, 86400)
+    total = len(days) + 1
+    w = StoreWriter(store, clock=lambda: fleet.now)
+    written = 0
+    try:
+        for i, (d0, d1) in enumerate(days):
+            day = _health(fleet, device_values(fleet, slots, segs, d0, d1))
+            for h0, h1 in _aligned(d0, d1, 3600):  # one batch per clock hour, as compaction groups them
+                hour = day.filter((pl.col("t") >= h0) & (pl.col("t") < h1))
+                key = f"demo-history:{fleet.start.isoformat()}:{EPOCH + timedelta(seconds=h0):%Y-%m-%dT%H:%M}"
+                written += w.commit(Batch(key=key, samples=sample_table(hour))).samples_written
+            progress(i + 1, total)
+        allocs, inventory = observations(fleet, fleet.start, fleet.now)
+        w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=job_rows(fleet, fleet.now),
+                       allocations=allocs, gpus=inventory))
+        compact(w, fleet.now)
+        progress(total, total)
+    finally:
+        w.close()
+    return {"samples": written, "jobs": len(job_rows(fleet, fleet.now)), "devices": slots.height}
