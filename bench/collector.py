@@ -1,8 +1,8 @@
 """Collector: ingest throughput for a 1,024-GPU fleet, and bytes per stored field-sample after a week.
 
 1. Ingest: 128 simulated 8-GPU nodes rendered by the gpufleet exporter's own renderer, taken
-   through the scrape path minus HTTP - ScrapeSource.round_batch (parse_exposition per body,
-   concat) -> Collector.commit (clock-skew check, StoreWriter.commit, publish) - and timed with
+   through the scrape path minus HTTP - ScrapeSource.round_batch (parse_rows per body, one
+   samples table) -> Collector.commit (clock-skew check, StoreWriter.commit, publish) - and timed with
    time.process_time (all threads of this process, DuckDB's included). Context, same run: promtool
    turning the same samples, as OpenMetrics with timestamps, into TSDB blocks.
 2. Storage: a simulated week at 15 s for a sample of GPUs with realistic dynamics, written
@@ -244,7 +244,7 @@ def ingest_throughput() -> Table:
     per_gpu = res["values"] / res["rows"]
     fleet = lambda r: r * SCRAPE_S / per_gpu  # noqa: E731 - GPUs sustained at a 15 s scrape
     t.add("field-samples per CPU-second, whole path", f"{rate:,.0f}", f">= {INGEST_GOAL:,}", rate >= INGEST_GOAL)
-    t.add("    per round: parse + concat | commit + publish", f"{res['parse'] / n * 1000:.1f} | {res['store'] / n * 1000:.1f} ms  (total {cpu / n * 1000:.1f} ms)")
+    t.add("    per round: parse + table | commit + publish", f"{res['parse'] / n * 1000:.1f} | {res['store'] / n * 1000:.1f} ms  (total {cpu / n * 1000:.1f} ms)")
     t.add("    per round: GPU rows, field-samples", f"{res['rows'] / n:,.0f} rows, {res['values'] / n:,.0f} values ({per_gpu:.0f} fields per GPU)")
     t.add("    parse alone | store alone (field-samples/s)", f"{res['values'] / res['parse']:,.0f} | {res['values'] / res['store']:,.0f}")
     t.add("    first round's commit + publish (every GPU and job new)", f"{res['first_store'] * 1000:.1f} ms")
@@ -259,7 +259,7 @@ def ingest_throughput() -> Table:
     t.notes += [
         f"{n} timed rounds after {WARMUP} warm-up rounds; bodies from the exporter's renderer ({len(body) / 1000:.0f} kB, "
         f"{body.count(chr(10))} lines per node), 7 of 8 GPUs per node mapped to a Slurm job",
-        "CPU = time.process_time over ScrapeSource.round_batch (parse_exposition x 128, concat) and Collector.commit "
+        "CPU = time.process_time over ScrapeSource.round_batch (parse_rows x 128, one samples table) and Collector.commit "
         "(skew check, StoreWriter.commit: Parquet file + fsync, ledger, inventory and allocation upserts; publish: "
         "table snapshots, manifest + fsync); HTTP is not included; the process's other threads (DuckDB) are",
         "a field-sample = one non-null field value stored (one GPU, one field, one time)",

@@ -60,12 +60,15 @@ _COMMENT_RE = re.compile(
     f"|TYPE {_NAME} (?:counter|gauge|histogram|summary|untyped|unknown|info|stateset|gaugehistogram))"
 )
 
-# Label blocks and comment lines repeat from scrape to scrape (a target's label sets change only
-# when its jobs or GPUs do), so what they mean is kept across scans, up to this many of each
-# (then forgotten at once and relearned: the caches are an optimization only).
+# Label blocks, comment lines and many values repeat from scrape to scrape (a target's label
+# sets change only when its jobs or GPUs do; clocks, zeros and totals hardly ever), so what they
+# mean is kept across scans, up to this many of each (then forgotten at once and relearned: the
+# caches are an optimization only).
 MAX_CACHED = 1 << 16
 _BLOCK_CACHE: dict[str, Optional[dict[str, str]]] = {}  # label block text -> _parse_block(text)
 _GOOD_COMMENTS: set[str] = set()  # comment lines _COMMENT_RE accepts
+_VALUE_CACHE: dict[str, Optional[Value]] = {}  # "value [ts]" text -> _parse_value(text)
+_UNASKED = object()  # a label block's row before Pivot.row_of is asked
 
 # Pivot.column_of answers, besides (column, scale):
 SKIP = None  # the caller has no use for this metric: drop its samples
@@ -147,9 +150,11 @@ def scan(text: str, *, fast: bool = True, pivot: Pivot | None = None) -> Scan:
 
 def _scan_fast(body: str, out: Scan, pivot: Pivot) -> None:
     keep = out.samples.append
-    blocks: dict[str, dict[str, str] | None] = {}  # label block text -> labels (None: not fast-path)
-    values: dict[str, Value | None] = {}  # "value [ts]" text -> value (None: not fast-path)
-    targets, rows, column_of, row_of = pivot.targets, pivot.rows, pivot.column_of, pivot.row_of
+    # label block text -> [labels (None: not fast-path), its row or _UNASKED]: every field of a
+    # GPU repeats its block, so one lookup gives both (the block is hashed and compared once)
+    blocks: dict[str, list[Any]] = {}
+    values = _VALUE_CACHE  # "value [ts]" text -> value (None: not fast-path)
+    targets, column_of, row_of = pivot.targets, pivot.column_of, pivot.row_of
     good_comments = _GOOD_COMMENTS
     lines: list[str] | None = None  # the body split into lines, made on the first slow line
     n = 0
@@ -157,14 +162,15 @@ def _scan_fast(body: str, out: Scan, pivot: Pivot) -> None:
         n += 1
         if name:
             try:
-                labels = blocks[block]
+                entry = blocks[block]
             except KeyError:
-                labels = blocks[block] = _labels_of(block)
+                entry = blocks[block] = [_labels_of(block), _UNASKED]
+            labels = entry[0]
             if labels is not None:
                 try:
                     value = values[rest]
                 except KeyError:
-                    value = values[rest] = _parse_value(rest)
+                    value = _value_of(rest)
                 if value is not None:
                     # the sample is good; route it (as Pivot.route does)
                     try:
@@ -177,10 +183,9 @@ def _scan_fast(body: str, out: Scan, pivot: Pivot) -> None:
                     if column is None:
                         keep((n, name, block, labels, value))
                         continue
-                    try:
-                        row = rows[block]
-                    except KeyError:
-                        row = rows[block] = row_of(block, labels)
+                    row = entry[1]
+                    if row is _UNASKED:
+                        row = entry[1] = row_of(block, labels)
                     if row >= 0:
                         column[row] = value if scale == 1.0 else value * scale
                     elif row == KEEP_ROW:
@@ -191,6 +196,14 @@ def _scan_fast(body: str, out: Scan, pivot: Pivot) -> None:
         if lines is None:
             lines = body.split("\n")
         _scan_reference_line(n, lines[n - 1], out, pivot)
+
+
+def _value_of(rest: str) -> Value | None:
+    """_parse_value(rest), remembered across scans (many values repeat: clocks, zeros, totals)."""
+    if len(_VALUE_CACHE) >= MAX_CACHED:
+        _VALUE_CACHE.clear()
+    value = _VALUE_CACHE[rest] = _parse_value(rest)
+    return value
 
 
 def _labels_of(block: str) -> dict[str, str] | None:

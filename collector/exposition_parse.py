@@ -16,12 +16,12 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import chain
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from collector.exposition_fast import DROP_ROW, KEEP, KEEP_ROW, MAX_PROBLEMS, SKIP, Pivot, scan
+from collector.exposition_fast import DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot, scan
 from collector.schema import METRIC_TO_COLUMN, SAMPLE_FIELDS, SAMPLE_SCHEMA
 
 # DCGM reports "blank" (no value) as int64s near 2**63. Same as exporter.fields.DCGM_BLANK_THRESHOLD
@@ -62,6 +62,25 @@ class ParsedScrape:
     problems: list[str] = field(default_factory=list)
 
 
+@dataclass
+class ScrapeRows:
+    """A ParsedScrape whose sample rows are not an Arrow table yet: a scrape round turns all its
+    targets' rows into one table (samples_table), since a table per target costs ~0.2 ms."""
+
+    builder: _Builder
+    order: list[int]  # the builder's rows to publish, in order
+    source: str
+    gpus: list[dict[str, Any]]
+    allocations: list[dict[str, Any]]
+    throughput: list[dict[str, Any]]
+    rejected: int
+    problems: list[str]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.order)
+
+
 def parse_exposition(
     text: str,
     *,
@@ -78,6 +97,21 @@ def parse_exposition(
     the Hostname/hostname label, else the target's host part. Bad lines are counted in
     `rejected` and described (the first few) in `problems`; they never lose the good lines.
     """
+    r = parse_rows(text, ts=ts, cluster=cluster, target=target, target_labels=target_labels, source=source)
+    return ParsedScrape(samples=samples_table([r]), gpus=r.gpus, allocations=r.allocations,
+                        throughput=r.throughput, rejected=r.rejected, problems=r.problems)
+
+
+def parse_rows(
+    text: str,
+    *,
+    ts: datetime,
+    cluster: str,
+    target: str,
+    target_labels: Mapping[str, str] = {},
+    source: str = "scrape",
+) -> ScrapeRows:
+    """parse_exposition without the table: for callers that parse many scrapes into one."""
     if ts.tzinfo is not None:
         ts = ts.astimezone(timezone.utc).replace(tzinfo=None)
     ts = ts.replace(microsecond=ts.microsecond // 1000 * 1000)
@@ -86,21 +120,51 @@ def parse_exposition(
     b.rejected, b.problems = lines.rejected, lines.problems
     for lineno, name, key, labels, value in lines.samples:  # what the pivot kept for us
         if name == JOB_INFO:
-            b.job_info(lineno, labels, value)
+            b.job_info(lineno, key, labels, value)
         elif name in JOB_REPORT_METRICS:
             b.job_report(lineno, name, labels, value)
         else:
             b.reject(lineno, b.reasons[key])
     b.problems.sort(key=lambda p: int(p.split(":", 1)[0].removeprefix("line ")))
     order = b.merge_parent_rows()
-    return ParsedScrape(
-        samples=b.table(order, source),
+    return ScrapeRows(
+        builder=b,
+        order=order,
+        source=source,
         gpus=b.inventory(order),
         allocations=list(b.allocations.values()),
         throughput=[r for r in b.reports.values() if r["flops"] is not None],
         rejected=b.rejected,
         problems=b.problems,
     )
+
+
+def samples_table(parts: list[ScrapeRows]) -> pa.Table:
+    """The sample rows of one or more parsed scrapes, in order, as one SAMPLE_SCHEMA table.
+
+    Built column by column over all the scrapes at once: every pyarrow call costs microseconds,
+    which adds up to milliseconds when each of 128 scrapes of 8 GPUs makes its own 49 arrays.
+    """
+    sizes = [p.num_rows for p in parts]
+    n = sum(sizes)
+    info = [p.builder.row_info[i] for p in parts for i in p.order]
+    host, uuid, mig_profile, model = _arrays(pa.string(), [
+        [r.host for r in info], [r.uuid for r in info], [r.mig_profile for r in info], [r.model for r in info]])
+    gpu, instance = _arrays(pa.int16(), [[r.gpu for r in info], [r.instance for r in info]])
+    fields: dict[str, pa.Array] = {}
+    for type_, columns, convert in ((pa.float32(), _FLOAT_COLUMNS, _floats), (pa.int64(), _INT_COLUMNS, _ints)):
+        present = [c for c in columns if any(p.builder.values.get(c) for p in parts)]
+        flat: list[Any] = []  # the present columns one after the other, converted in one pass
+        for c in present:
+            for p, size in zip(parts, sizes):
+                column = p.builder.values.get(c)
+                flat.extend(map(column.get, p.order) if column else [None] * size)
+        fields.update(zip(present, _slices(type_, convert(flat), n, len(present))))
+        nulls = pa.nulls(n, type_)  # one all-null array, shared by every absent column
+        fields.update((c, nulls) for c in columns if c not in fields)
+    ts, cluster, source = _constant_columns([(p.builder.ts, p.builder.cluster, p.source, size) for p, size in zip(parts, sizes)])
+    arrays = [ts, cluster, host, gpu, uuid, instance, mig_profile, model, source] + [fields[f.column] for f in SAMPLE_FIELDS]
+    return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)
 
 
 def target_host(target: str) -> str:
@@ -124,13 +188,45 @@ class _Row:
     model: str | None = None
     driver: str | None = None
 
-    def absorb(self, labels: Mapping[str, str]) -> None:
+    def absorb(self, series: _Series) -> None:
         if self.mig_profile is None:
-            self.mig_profile = labels.get("GPU_I_PROFILE") or None
+            self.mig_profile = series.mig_profile
         if self.model is None:
-            self.model = labels.get("modelName") or None
+            self.model = series.model
         if self.driver is None:
-            self.driver = labels.get("DCGM_FI_DRIVER_VERSION") or None
+            self.driver = series.driver
+
+
+@dataclass(frozen=True)
+class _Series:
+    """What a GPU series' label set says about its row: worked out once per label set and kept
+    across scrapes (_LABEL_SETS), because every scrape repeats the same few label sets per GPU."""
+
+    host: str
+    uuid: str
+    gpu: int
+    instance: int | None
+    mig_profile: str | None
+    model: str | None
+    driver: str | None
+    jobs: tuple[tuple[str, str], ...]  # (scheduler, job key) the labels name as holding the GPU
+
+
+# What a label set means to the builder, which depends only on it and on the scrape's host
+# override and default host: (label-set key, host, default host) -> row_of's reading (_series),
+# and (JOB_INFO, label-set key, host, default host) -> job_info's (_holder). Forgotten all at
+# once past MAX_CACHED, like exposition_fast's caches.
+_LABEL_SETS: dict[tuple[Any, ...], Any] = {}
+
+
+def _remember(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """_LABEL_SETS[key], made on first use."""
+    value = _LABEL_SETS.get(key)
+    if value is None:
+        if len(_LABEL_SETS) >= MAX_CACHED:
+            _LABEL_SETS.clear()
+        value = _LABEL_SETS[key] = make()
+    return value
 
 
 class _Builder:
@@ -171,25 +267,38 @@ class _Builder:
         Series without a `gpu` label (NVSwitch, NVLink, CPU entities) are not GPU rows; an empty
         label counts as absent, as in Prometheus.
         """
+        series = _remember((label_key, self.host, self.default_host), lambda: self._series(labels))
+        if type(series) is int:
+            return series  # DROP_ROW
+        if type(series) is str:
+            self.reasons[label_key] = series
+            return KEEP_ROW  # parse_exposition rejects each of its lines
+        key = (series.host, series.uuid, series.instance)
+        index = self.rows.get(key)
+        if index is None:
+            index = self.rows[key] = len(self.row_info)
+            self.row_info.append(_Row(series.host, series.uuid, series.instance, series.gpu))
+        self.row_info[index].absorb(series)
+        for scheduler, job in series.jobs:
+            self.allocate(scheduler, job, series.host, series.uuid, series.instance, series.gpu)
+        return index
+
+    def _series(self, labels: Mapping[str, str]) -> _Series | int | str:
+        """row_of's reading of a label set: DROP_ROW, a reason to reject it, or its _Series."""
         if not labels.get("gpu") or any(k in labels for k in ENTITY_LABELS):
             return DROP_ROW
         key = self._gpu_key(labels)
         if isinstance(key, str):
-            self.reasons[label_key] = key
-            return KEEP_ROW  # parse_exposition rejects each of its lines
-        host, uuid, gpu, instance = key
-        index = self.rows.get((host, uuid, instance))
-        if index is None:
-            index = self.rows[(host, uuid, instance)] = len(self.row_info)
-            self.row_info.append(_Row(host, uuid, instance, gpu))
-        self.row_info[index].absorb(labels)
+            return key
+        jobs = []
         workload = _workload(labels)
         if workload is not None and not _is_exporter_pod(*workload):
-            self.allocate("kubernetes", "/".join(workload), host, uuid, instance, gpu)
+            jobs.append(("kubernetes", "/".join(workload)))
         job = labels.get("hpc_job")  # one series per job id; "0" is what some prologs write when idle
         if job and job != "0":
-            self.allocate("slurm", job, host, uuid, instance, gpu)
-        return index
+            jobs.append(("slurm", job))
+        return _Series(*key, mig_profile=labels.get("GPU_I_PROFILE") or None, model=labels.get("modelName") or None,
+                       driver=labels.get("DCGM_FI_DRIVER_VERSION") or None, jobs=tuple(jobs))
 
     def _gpu_key(self, labels: Mapping[str, str]) -> tuple[str, str, int, int | None] | str:
         """(host, uuid, gpu, instance) of a GPU series, or why it cannot have one."""
@@ -212,30 +321,35 @@ class _Builder:
 
     # --- allocations ---
 
-    def job_info(self, lineno: int, labels: Mapping[str, str], value: float) -> None:
+    def job_info(self, lineno: int, label_key: object, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_gpu_job_info{gpu,UUID,[GPU_I_ID],Hostname,scheduler,job_id|namespace,pod} 1."""
         if not value > 0:  # 0 or NaN: not a holder
             return
+        holder = _remember((JOB_INFO, label_key, self.host, self.default_host), lambda: self._holder(labels))
+        if type(holder) is str:
+            self.reject(lineno, holder)
+        elif holder:
+            self.allocate(*holder)
+
+    def _holder(self, labels: Mapping[str, str]) -> tuple[Any, ...] | str:
+        """job_info's reading of a label set: allocate()'s arguments, () when the holder is the
+        exporter's own pod, or why the line is rejected."""
         if not labels.get("gpu"):
-            self.reject(lineno, "gpufleet_gpu_job_info without a gpu label")
-            return
+            return "gpufleet_gpu_job_info without a gpu label"
         key = self._gpu_key(labels)
         if isinstance(key, str):
-            self.reject(lineno, key)
-            return
+            return key
         host, uuid, gpu, instance = key
         scheduler = labels.get("scheduler") or ""
         job_id = labels.get("job_id")
         if scheduler == "kubernetes" or (not scheduler and not job_id):
             workload = _workload(labels)
             if workload is None:
-                self.reject(lineno, "gpufleet_gpu_job_info without job_id or namespace/pod")
-            elif not _is_exporter_pod(*workload):
-                self.allocate("kubernetes", "/".join(workload), host, uuid, instance, gpu)
-        elif job_id:
-            self.allocate(scheduler or "slurm", job_id, host, uuid, instance, gpu)
-        else:
-            self.reject(lineno, f"gpufleet_gpu_job_info scheduler={scheduler!r} without job_id")
+                return "gpufleet_gpu_job_info without job_id or namespace/pod"
+            return () if _is_exporter_pod(*workload) else ("kubernetes", "/".join(workload), host, uuid, instance, gpu)
+        if job_id:
+            return (scheduler or "slurm", job_id, host, uuid, instance, gpu)
+        return f"gpufleet_gpu_job_info scheduler={scheduler!r} without job_id"
 
     def job_report(self, lineno: int, name: str, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_job_reported_flops{Hostname,scheduler,job_id|namespace,pod,basis} FLOP/s and
@@ -302,28 +416,6 @@ class _Builder:
                 c.driver = c.driver or p.driver
         return [i for i in range(len(self.row_info)) if i not in dropped]
 
-    def table(self, order: list[int], source: str) -> pa.Table:
-        """The sample rows, built column by column (few pyarrow calls: each costs microseconds,
-        which adds up for a scrape of 8 GPUs)."""
-        n = len(order)
-        info = [self.row_info[i] for i in order]
-        host, uuid, mig_profile, model = _arrays(pa.string(), [
-            [r.host for r in info], [r.uuid for r in info], [r.mig_profile for r in info], [r.model for r in info]])
-        gpu, instance = _arrays(pa.int16(), [[r.gpu for r in info], [r.instance for r in info]])
-        fields: dict[str, pa.Array] = {}
-        values = self.values
-        for type_, columns, convert in ((pa.float32(), _FLOAT_COLUMNS, _floats), (pa.int64(), _INT_COLUMNS, _ints)):
-            present = [c for c in columns if values.get(c)]
-            flat: list[Any] = []  # the present columns one after the other, converted in one pass
-            for c in present:
-                flat.extend(map(values[c].get, order))
-            fields.update(zip(present, _slices(type_, convert(flat), n, len(present))))
-            nulls = pa.nulls(n, type_)  # one all-null array, shared by every absent column
-            fields.update((c, nulls) for c in columns if c not in fields)
-        ts, cluster, source_ = _constant_columns(self.ts, self.cluster, source, n)
-        arrays = [ts, cluster, host, gpu, uuid, instance, mig_profile, model, source_] + [fields[f.column] for f in SAMPLE_FIELDS]
-        return pa.Table.from_arrays(arrays, schema=SAMPLE_SCHEMA)
-
     def inventory(self, order: list[int]) -> list[dict[str, Any]]:
         def value(column: str, index: int) -> float | None:
             return _floats([self.values.get(column, {}).get(index)])[0]
@@ -347,17 +439,23 @@ class _Builder:
 _CONSTANTS: dict[tuple[datetime, str, str, int], tuple[pa.Array, pa.Array, pa.Array]] = {}
 
 
-def _constant_columns(ts: datetime, cluster: str, source: str, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """The ts, cluster and source columns of n rows; the scrapes of one round share them (arrays
-    are immutable), so they are made once per round rather than once per target."""
-    key = (ts, cluster, source, n)
+def _constant_columns(runs: list[tuple[datetime, str, str, int]]) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """The ts, cluster and source columns of runs of (ts, cluster, source, rows). A scrape round
+    is one run (its targets share them): made once with pa.repeat and kept, arrays being
+    immutable; mixed runs (scrapes of different times) are converted value by value."""
+    if len({r[:3] for r in runs}) > 1:
+        return (pa.array([r[0] for r in runs for _ in range(r[3])], pa.timestamp("ms")),
+                pa.array([r[1] for r in runs for _ in range(r[3])], pa.string()),
+                pa.array([r[2] for r in runs for _ in range(r[3])], pa.string()))
+    ts, cluster, source = runs[0][:3] if runs else (datetime(1970, 1, 1), "", "")
+    key = (ts, cluster, source, sum(r[3] for r in runs))
     arrays = _CONSTANTS.get(key)
     if arrays is None:
         if len(_CONSTANTS) >= 64:
             _CONSTANTS.clear()
         arrays = _CONSTANTS[key] = (
-            pa.repeat(pa.scalar(ts, pa.timestamp("ms")), n), pa.repeat(pa.scalar(cluster, pa.string()), n),
-            pa.repeat(pa.scalar(source, pa.string()), n))
+            pa.repeat(pa.scalar(ts, pa.timestamp("ms")), key[3]), pa.repeat(pa.scalar(cluster, pa.string()), key[3]),
+            pa.repeat(pa.scalar(source, pa.string()), key[3]))
     return arrays
 
 

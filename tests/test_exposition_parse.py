@@ -667,3 +667,30 @@ def test_fast_path_reads_a_1024_gpu_exposition_without_falling_back(monkeypatch)
     assert r.samples.num_rows == 128 * 10 + 5 and r.rejected == 0
     a800_power = 78.174 * 2 + 78.446 + 55.942 + 53.752 + 56.990 + 58.643 + 54.581 + 57.145 + 55.011
     assert math.isclose(sum(x["power_w"] for x in rows(r) if x["host"] == "node-127"), a800_power, rel_tol=1e-5)
+
+
+def test_a_label_set_seen_in_an_earlier_scrape_is_read_with_this_scrapes_target():
+    """What a label set means is cached across scrapes; the host it gets must still be this scrape's."""
+    labels = {k: v for k, v in gpu_labels(hpc_job="42").items() if k != "Hostname"}
+    text = sample_line("DCGM_FI_DEV_GPU_UTIL", labels, "7")
+    for target, extra, host in (("n1:9400", {}, "n1"), ("n2:9400", {}, "n2"), ("n2:9400", {"target_labels": {"node": "x"}}, "x"),
+                                ("n1:9400", {}, "n1")):
+        r = parse(text, target=target, **extra)
+        assert [(x["host"], x["gpu_util"]) for x in rows(r)] == [(host, 7)]
+        assert allocs(r) == {("slurm", "42", host, "GPU-aaaa", -1, 0)}  # every scrape observes its jobs
+
+
+def test_one_table_for_many_scrapes_is_their_tables_end_to_end():
+    """samples_table (a scrape round's one table) equals the per-scrape tables concatenated,
+    for scrapes of one time and of several."""
+    import pyarrow as pa
+
+    from collector.exposition_parse import parse_rows, samples_table
+
+    texts = [fixture(f.name) for f in FIXTURES[:4]] + [gpufleet_exposition()[0], "", "junk\n"]
+    for times in ([TS] * len(texts), [TS + timedelta(seconds=15 * i) for i in range(len(texts))]):
+        kw = [dict(ts=t, cluster="c1", target=f"n{i}:9400") for i, t in enumerate(times)]
+        one = samples_table([parse_rows(text, **k) for text, k in zip(texts, kw)])
+        each = pa.concat_tables([parse_exposition(text, **k).samples for text, k in zip(texts, kw)])
+        assert one.schema == SAMPLE_SCHEMA and one.num_rows > 10
+        assert one.to_pylist() == each.to_pylist()
