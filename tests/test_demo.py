@@ -203,7 +203,13 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
         wait_for("the demo to print its URLs", lambda: "Ctrl-C stops the demo" in log.read_text(), timeout=240)
         out = log.read_text()
         assert f"dashboard          http://127.0.0.1:{port}/" in out and "backfilling a week of history" in out
-        wait_for("the dashboard", lambda: httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=5).status_code == 200, timeout=90)
+        def dashboard_up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for("the dashboard", dashboard_up, timeout=90)
         store = open_reader(tmp_path / "w" / "store")
         history_end = store.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
 
