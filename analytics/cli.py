@@ -132,7 +132,8 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in report["filters"].items()) + "\n")
     table("Headline (vs the previous window)", report["trend"], out, ["label", "current", "previous", "change", "change_pct"])
     u = report["utilization"]
-    cols = [c for c in (u["rows"][0] if u["rows"] else {}) if c not in ("cluster", "scheduler", "gpu_uuid")]
+    hidden = ("scheduler", "gpu_uuid") if u["by"] == "cluster" else ("cluster", "scheduler", "gpu_uuid")  # the key of --by stays
+    cols = [c for c in (u["rows"][0] if u["rows"] else {}) if c not in hidden]
     table(f"Utilization by {u['by']}", u["rows"], out, cols or None)
     table("Most wasteful jobs (idle allocated GPU-hours)", report["top_wasteful_jobs"], out,
           ["job_id", "user_name", "account", "gpus", "runtime_h", "idle_gpu_h", "idle_cost"])

@@ -53,7 +53,7 @@ shares = {{ {share_items} }}
 [dashboard]
 listen = "{listen}"
 refresh_seconds = 30
-default_window = "7d"
+default_window = "24h"
 
 [report]
 out_dir = "{workdir / 'reports'}"
