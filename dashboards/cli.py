@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpufleet.config import ConfigError, host_port
+from gpufleet.procs import terminate
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +151,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        terminate(child)
         tmp.cleanup()
     if stop["signal"] is not None:
         return 0

@@ -13,7 +13,6 @@ import sys
 import time
 from collections import Counter
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import httpx
 import pytest

@@ -22,7 +22,7 @@ from collector.sources.base import Batch
 from collector.store import StoreWriter
 from exporter.backends.sim_models import MODELS
 from gpufleet.demo import load
-from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job, Slot
+from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job
 
 EPOCH = datetime(1970, 1, 1)
 

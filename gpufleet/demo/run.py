@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from gpufleet.config import ConfigError, host_port
+from gpufleet.procs import terminate
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +69,8 @@ def _child(argv: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def _stop_child(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if proc is not None:
+        terminate(proc, timeout=15)
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -7,6 +7,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from gpufleet.procs import terminate
 from tests.realstack.process import free_port, wait_for
 
 
@@ -43,10 +44,4 @@ def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str]) -> tuple[subp
 
 
 def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    terminate(proc)
