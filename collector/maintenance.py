@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
 
-ROLLUP_SQL = """
+# {source}: a table expression of samples (read_parquet([...]) at compaction, gpu_samples in a reader)
+ROLLUP_SELECT = """
 SELECT time_bucket(INTERVAL 5 MINUTE, ts) AS bucket, cluster, host, gpu, gpu_uuid, gpu_instance,
        any_value(mig_profile) AS mig_profile, any_value(model) AS model, source,
        count(*) AS samples,
@@ -31,10 +32,11 @@ SELECT time_bucket(INTERVAL 5 MINUTE, ts) AS bucket, cluster, host, gpu, gpu_uui
        avg(tensor_active) AS tensor_active_avg, avg(gr_engine_active) AS gr_engine_active_avg,
        max(compute_processes) AS compute_processes_max, min(gpu_up) AS gpu_up_min,
        max(xid_last) AS xid_last_max
-FROM read_parquet({files})
+FROM {source}
 GROUP BY ALL
 ORDER BY host, gpu_uuid, gpu_instance, bucket
 """
+ROLLUP_SQL = ROLLUP_SELECT.replace("{source}", "read_parquet({files})")
 
 
 def compact(w: StoreWriter, now: datetime) -> int:

@@ -579,8 +579,8 @@ _JOB_TYPES = {c: _JOB_TYPES.get(c, "VARCHAR") for c in schema.JOB_COLUMNS}
 def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with views over the store's current manifest: never locks the writer.
 
-    Views: gpu_samples, gpu_rollup_5m (once an hour is compacted), jobs, allocations, gpus.
-    An empty store gives empty views.
+    Views: gpu_samples, gpu_rollup_5m, jobs, allocations, gpus. An empty store, or one whose
+    first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
     root = Path(root)
     try:
@@ -600,6 +600,10 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
     if rollups:
         con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT * FROM read_parquet({_sql_list(rollups)})")
+    else:
+        from collector.maintenance import ROLLUP_SELECT  # (maintenance imports this module)
+
+        con.execute(f"CREATE TABLE gpu_rollup_5m AS {ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
     for name, ddl in schema.TABLES.items():
         rel = manifest.get("tables", {}).get(name)
         if rel:

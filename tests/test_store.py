@@ -171,6 +171,18 @@ def test_samples_are_plain_parquet_another_engine_reads(tmp_path):
     assert table.to_pydict() == {"date": ["2026-11-16", "2026-11-17"], "gpu_util": [5.0, 6.0]}
 
 
+def test_rollup_view_exists_before_the_first_compaction(tmp_path):
+    """Dashboards and reports may query gpu_rollup_5m on a store whose first hour is still open:
+    empty, with the columns compaction will give it, not "table does not exist"."""
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="x", samples=samples([T0], [5])))
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT count(*) FROM gpu_rollup_5m").fetchone() == (0,)
+    cols = [r[0] for r in con.execute("DESCRIBE gpu_rollup_5m").fetchall()]
+    assert cols[:3] == ["bucket", "cluster", "host"] and "gpu_util_avg" in cols and "xid_last_max" in cols
+
+
 def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
     from collector.maintenance import compact
 
