@@ -47,14 +47,13 @@ SCRAPE_S = 15
 INGEST_GOAL = 300_000  # field-samples per CPU-second
 BYTES_GOAL = 4.0  # bytes per stored field-sample
 PROFILE = os.environ.get("GPUFLEET_BENCH_PROFILE", "") not in ("", "0")
-# The store side before this round of work, for the before/after note: the same rounds through
-# the parent commit's collector (parse, concat, StoreWriter.commit, publish), A/B back to back
-# with the current code on this 2-core machine while other jobs kept it at load average 2-3.
-BEFORE = ("before/after, same rounds, A/B back to back: commit + publish 56-73 -> 29-38 ms per round, "
-          "whole path 162-212k -> 204-256k field-samples/s (parse unchanged but for a fast path for plain "
-          "integer values); see collector/store.py: one-chunk batches, a fast lane for inventory and "
-          "allocation observations, cached manifest listings, snapshot retirement without a DuckDB write, "
-          "a single-threaded DuckDB for the writer's small transactions")
+# The last round of work on this figure (issue #3, second pass), for the before/after note: the
+# same rounds through the parent commit's collector and the current one, alternating run by run
+# (6 pairs) on this 2-core machine while other jobs kept it at load average 3.
+BEFORE = ("before/after, same rounds, alternating runs: commit + publish 28.6-33.6 -> 21.9-23.9 ms per round "
+          "(one run at 42 under a load spike), whole path 318-371k -> 380-390k field-samples/s (the spiked run: "
+          "282k); parse + table unchanged at 57-66 ms; see StoreWriter._extend_last_seen: a round's last_seen "
+          "moves are matched on the old last_seen instead of joined on the key columns")
 
 
 def _utcnow() -> datetime:

@@ -321,10 +321,10 @@ class StoreWriter:
         Every scrape round observes every GPU again, and almost always the only news is a later
         last_seen. Those observations take a fast lane: the writer mirrors the tables' recent
         rows in memory, and observations of a known row with the same attributes become one
-        UPDATE of last_seen (for 1,024 GPUs ~4 ms all told, against ~12 ms for the upsert). The
-        rest (new rows, changed or missing attributes, anything unusual) take the full upsert,
-        with every other observation of their row, so the table ends up exactly as the upsert
-        alone makes it. Nothing changed: the table is not even republished.
+        UPDATE of last_seen (see _extend_last_seen; for 1,024 GPUs ~3 ms all told, against
+        ~12 ms for the upsert). The rest (new rows, changed or missing attributes, anything
+        unusual) take the full upsert, with every other observation of their row, so the table
+        ends up exactly as the upsert alone makes it. Nothing changed: the table is not even republished.
         """
         if not obs:
             return
@@ -355,13 +355,49 @@ class StoreWriter:
                 self._upsert_allocations(slow)
             self._refresh_mirror(table, slow)
         if extend:
-            columns = list(zip(*extend))  # the identities, column by column
-            staged = pa.table({**{k: columns[i] for i, k in enumerate(keys)}, "ts": list(extend.values())})
-            match = " AND ".join(f"t.{k} = rows.{k}" for k in keys)
-            self._run_staged(staged, f"UPDATE {table} AS t SET last_seen = greatest(t.last_seen, rows.ts) FROM rows WHERE {match}")
+            self._extend_last_seen(table, extend, rows)
             for ident, ts in extend.items():
                 rows[ident][1] = ts  # later than the mirrored last_seen, or it would not be here
             self._dirty_tables.add(table)
+
+    def _extend_last_seen(self, table: str, extend: dict[tuple, datetime], rows: dict[tuple, list[datetime]]) -> None:
+        """Move the mirrored rows' last_seen to the later times in `extend` (identity -> time).
+
+        A scrape round moves every row it saw from one last_seen (the previous round's) to one
+        time (this round's). When no other row has that old last_seen, matching on it alone
+        names exactly those rows, which spares the join on the key columns (~3 ms per table and
+        round for 1,024 GPUs). The mirror holds each row's stored last_seen, so counting the rows
+        with it is the whole check; a group that fails it (say a job that just ended, its row
+        left behind) is joined on the keys instead.
+        """
+        groups: dict[tuple[datetime, datetime], int] = {}
+        for ident, ts in extend.items():
+            group = (rows[ident][1], ts)
+            groups[group] = groups.get(group, 0) + 1
+        if len(groups) > MAX_SHORTCUT_GROUPS:
+            joined = set(groups)
+        else:
+            joined = {group for group, n in groups.items() if not self._shift_last_seen(table, *group, n)}
+        if joined:
+            self._join_last_seen(table, {i: ts for i, ts in extend.items() if (rows[i][1], ts) in joined})
+
+    def _shift_last_seen(self, table: str, old: datetime, new: datetime, n: int) -> bool:
+        """Set last_seen = new where it is old, if exactly n rows have it; whether it did."""
+        updated = self.db.execute(
+            # one statement: the subquery counts the rows before any of them changes
+            f"UPDATE {table} SET last_seen = $new WHERE last_seen = $old "
+            f"AND (SELECT count(*) FROM {table} WHERE last_seen = $old) = $n",
+            {"new": new, "old": old, "n": n},
+        ).fetchone()[0]
+        return updated == n
+
+    def _join_last_seen(self, table: str, extend: dict[tuple, datetime]) -> None:
+        """The general way of _extend_last_seen: an UPDATE joined with the rows on the key columns."""
+        keys = _INTERVAL_TABLES[table][0]
+        columns = list(zip(*extend))  # the identities, column by column
+        staged = pa.table({**{k: columns[i] for i, k in enumerate(keys)}, "ts": list(extend.values())})
+        match = " AND ".join(f"t.{k} = rows.{k}" for k in keys)
+        self._run_staged(staged, f"UPDATE {table} AS t SET last_seen = greatest(t.last_seen, rows.ts) FROM rows WHERE {match}")
 
     def _mirror(self, table: str) -> _Mirror:
         """The table's rows seen lately (within MIRROR_KEEP_HOURS of the newest)."""
@@ -549,6 +585,7 @@ _INTERVAL_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 _IDENTITY = {name: itemgetter(*keys, *attrs) for name, (keys, attrs) in _INTERVAL_TABLES.items()}
 MIRROR_KEEP_HOURS = 48  # rows last seen this long before the newest are left out of the mirror
 MIRROR_MAX_ROWS = 500_000  # beyond this the mirror is reloaded (and so pruned to the recent rows)
+MAX_SHORTCUT_GROUPS = 4  # _extend_last_seen: more (old, new) last_seen pairs than this go straight to the join
 
 
 def _row_key(ident: tuple | None, nk: int) -> tuple | None:

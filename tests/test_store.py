@@ -362,3 +362,30 @@ def test_fast_lane_and_full_upsert_agree_on_random_observations(tmp_path, seed):
     for table in ("gpus", "allocations"):
         q = f"SELECT * FROM {table} ORDER BY ALL"
         assert open_reader(tmp_path / "fast").execute(q).fetchall() == open_reader(tmp_path / "full").execute(q).fetchall(), table
+
+
+def test_scrape_rounds_with_jobs_ending_read_as_the_full_upsert(tmp_path):
+    """Rounds that move every row from one last_seen to the next take the shortcut of matching
+    on last_seen alone; a row left behind (a job that ended, a GPU gone) must not move with them."""
+    from collector.store import _Mirror
+
+    fast, full = StoreWriter(tmp_path / "fast", clock=lambda: T0), StoreWriter(tmp_path / "full", clock=lambda: T0)
+    full._mirror = lambda table: _Mirror()
+    shifts = []
+    shift = fast._shift_last_seen
+    fast._shift_last_seen = lambda *a: shifts.append(ok := shift(*a)) or ok
+    for i in range(8):
+        ts = T0 + timedelta(seconds=15 * i)
+        uuids = ["GPU-a", "GPU-b", "GPU-c"] if i not in (3, 4) else ["GPU-a", "GPU-b"]  # GPU-c missed two rounds
+        jobs = {"GPU-a": "5" if i < 5 else "7", "GPU-b": "6", "GPU-c": "6"}  # job 5 ends, 7 starts on GPU-a
+        batch = lambda: Batch(key=f"r{i}", gpus=[gpu_obs(ts, uuid=u) for u in uuids],  # noqa: E731
+                              allocations=[alloc_obs(ts, job_key=jobs[u], uuid=u) for u in uuids])
+        fast.commit(batch())
+        full.commit(batch())
+    assert True in shifts and False in shifts  # both ways were taken
+    for w in (fast, full):
+        w.publish()
+        w.close()
+    for table in ("gpus", "allocations"):
+        q = f"SELECT * FROM {table} ORDER BY ALL"
+        assert open_reader(tmp_path / "fast").execute(q).fetchall() == open_reader(tmp_path / "full").execute(q).fetchall(), table

@@ -18,9 +18,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterable, Iterator
 
 import httpx
-import pyarrow as pa
 
-from collector.exposition_parse import JOB_REPORT_METRICS, parse_exposition
+from collector.exposition_parse import JOB_REPORT_METRICS, parse_rows, samples_table
 from collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
 from collector.sources.base import Batch, SourceError
 from exporter.exposition import Family, render
@@ -114,12 +113,12 @@ class PrometheusApiSource:
                 fams = scrapes.setdefault((instance, float(t)), {})
                 fam = fams.setdefault(name, Family(name, "gauge", ""))
                 fam.add(tuple(labels.items()), float(v))
-        tables, gpus, allocations, throughput, rejected, problems = [], [], [], [], 0, []
+        parts, gpus, allocations, throughput, rejected, problems = [], [], [], [], 0, []
         for (instance, t), fams in sorted(scrapes.items()):
-            parsed = parse_exposition(
+            parsed = parse_rows(
                 render(fams.values()).decode(), ts=_from_epoch(t), cluster=self.cluster, target=instance, source="prometheus"
             )
-            tables.append(parsed.samples)
+            parts.append(parsed)
             gpus += parsed.gpus
             allocations += parsed.allocations
             throughput += parsed.throughput
@@ -127,7 +126,7 @@ class PrometheusApiSource:
             problems += parsed.problems[:3]
         return Batch(
             key=f"prometheus:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
-            samples=pa.concat_tables(tables) if tables else SAMPLE_SCHEMA.empty_table(),
+            samples=samples_table(parts) if parts else SAMPLE_SCHEMA.empty_table(),  # one table for the window, as scrape.py
             gpus=gpus,
             allocations=allocations,
             throughput=throughput,
