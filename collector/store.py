@@ -254,6 +254,8 @@ class StoreWriter:
             if len(files) > 1:  # a batch spanning dates: one ledger row per file, plus the key itself
                 self.db.execute("INSERT INTO batches VALUES (?, ?, 0, ?, NULL, NULL, ?)", [batch.key, "", checksum, now])
             result.jobs_written = self._upsert_jobs(batch.jobs, now)
+            if batch.jobs_complete:
+                result.jobs_written += self._close_vanished_jobs(batch.jobs_complete, batch.jobs)
             self._observe("allocations", batch.allocations)
             self._observe("gpus", batch.gpus)
             if not (result.duplicate or result.conflict):  # a batch stored before: its reports are counted
@@ -314,6 +316,22 @@ class StoreWriter:
         )
         self._dirty_tables.add("jobs")
         return len(jobs)
+
+    def _close_vanished_jobs(self, scope: tuple[str, str, datetime], jobs: list[dict[str, Any]]) -> int:
+        """Close the scope's PENDING/RUNNING jobs missing from a complete listing (see Batch).
+
+        The scheduler no longer knows them, so their real end is unknown: it lies between the
+        last listing that had them and `as_of`; `as_of` is recorded, with state_raw DELETED."""
+        cluster, scheduler, as_of = scope
+        keys = [j["job_key"] for j in jobs if j.get("cluster") == cluster and j.get("scheduler") == scheduler]
+        n = self.db.execute(
+            """UPDATE jobs SET state = 'CANCELLED', state_raw = 'DELETED', "end" = coalesce("end", ?), updated_at = ?
+               WHERE cluster = ? AND scheduler = ? AND state IN ('PENDING', 'RUNNING') AND NOT list_contains(?::VARCHAR[], job_key)""",
+            [as_of, as_of, cluster, scheduler, keys],
+        ).fetchone()[0]
+        if n:
+            self._dirty_tables.add("jobs")
+        return n
 
     def _observe(self, table: str, obs: list[dict[str, Any]]) -> None:
         """Apply inventory or allocation observations (one per GPU or job/GPU and scrape).

@@ -428,3 +428,34 @@ def test_unreadable_kubeconfig_is_a_source_error(tmp_path):
         KubernetesSource("c", kubeconfig=str(bad)).run(NOW)
     with pytest.raises(SourceError, match=r"cannot load kubeconfig"):
         KubernetesSource("c", kubeconfig=str(tmp_path / "missing")).run(NOW)
+
+
+def test_pod_deleted_between_listings_is_closed_in_the_store(api, tmp_path):
+    """A running pod that vanishes from the API (deleted, evicted and garbage-collected) must not
+    stay RUNNING forever: the next complete listing closes it as of that listing."""
+    from datetime import timedelta
+
+    from collector.store import StoreWriter, open_reader
+
+    w = StoreWriter(tmp_path, clock=lambda: NOW)
+    api.pages, _ = paged([[P_RUNNING, P_PENDING, P_SUCCEEDED_MIG]])
+    (first,) = source(api.url).run(NOW)
+    assert first.jobs_complete == ("prod-east", "kubernetes", NOW)
+    w.commit(first)
+    later = NOW + timedelta(minutes=1)
+    api.pages, _ = paged([[P_SUCCEEDED_MIG]])  # the running and the pending pod are gone
+    (second,) = source(api.url).run(later)
+    w.commit(second)
+    w.publish()
+    rows = {r[0]: r[1:] for r in open_reader(tmp_path).execute(
+        'SELECT job_key, state, state_raw, "end", start FROM jobs ORDER BY job_key').fetchall()}
+    running, pending = P_RUNNING["metadata"], P_PENDING["metadata"]
+    assert rows[f"{running['namespace']}/{running['name']}"][:3] == ("CANCELLED", "DELETED", later)
+    assert rows[f"{pending['namespace']}/{pending['name']}"] == ("CANCELLED", "DELETED", later, None)
+    assert {r[0] for r in rows.values()} == {"CANCELLED", "COMPLETED"}
+
+
+def test_listing_with_an_unreadable_pod_closes_nothing(api):
+    api.pages, _ = paged(PAGES_ITEMS)  # holds two malformed pods
+    (batch,) = source(api.url).run(NOW)
+    assert batch.rejected == 2 and batch.jobs_complete is None

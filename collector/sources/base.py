@@ -28,6 +28,10 @@ class Batch:
     rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)
     problems: list[str] = field(default_factory=list)  # what was rejected, for the log (first few)
     watermark: tuple[str, str] | None = None  # (watermark name, new value)
+    # (cluster, scheduler, as of): `jobs` holds every job of that scope the scheduler still
+    # knows, so a job the store has as PENDING or RUNNING that is not among them is gone (a pod
+    # deleted between two listings) and is closed as of that time
+    jobs_complete: tuple[str, str, datetime] | None = None
 
 
 class SourceError(Exception):

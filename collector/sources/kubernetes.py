@@ -86,6 +86,8 @@ class KubernetesSource:
             if row is not None:
                 jobs[row["job_key"]] = row
         batch.jobs = list(jobs.values())
+        if not batch.rejected:  # a pod we could not read may still be running: then claim nothing
+            batch.jobs_complete = (self.cluster, "kubernetes", now)
         return [batch]
 
     # -- API access -------------------------------------------------------------------------
