@@ -5,8 +5,8 @@
   5-minute rollup is (re)computed from it. Late data for a compacted hour is merged on the next
   pass. Superseded files are retired, not deleted, so readers holding an older manifest still
   read them for the grace period.
-- Retention: sample files older than `raw_days` are retired; rollups older than `rollup_days`
-  too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
+- Retention: sample files older than `raw_days` are retired; rollups and job-reported
+  throughput rows older than `rollup_days` too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
 """
 
 from __future__ import annotations
@@ -94,15 +94,21 @@ def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetim
 
 
 def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int) -> int:
-    """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`."""
+    """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`, and
+    delete job throughput rows older than `rollup_days`; returns files retired + rows deleted."""
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
     old_rollups = [r[0] for r in w.db.execute(
         "SELECT file FROM rollups WHERE hour < ?", [now - timedelta(days=rollup_days)]).fetchall()]
-    if not old and not old_rollups:
+    reports_cutoff = now - timedelta(days=rollup_days)  # job-reported throughput is hourly: kept like rollups
+    old_reports = w.db.execute("SELECT count(*) FROM job_throughput WHERE ts < ?", [reports_cutoff]).fetchone()[0]
+    if not old and not old_rollups and not old_reports:
         return 0
     w.db.execute("BEGIN")
+    if old_reports:
+        w.db.execute("DELETE FROM job_throughput WHERE ts < ?", [reports_cutoff])
+        w._dirty_tables.add("job_throughput")
     for f in old:
         w.db.execute("UPDATE batches SET file = '' WHERE file = ?", [f])
         w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
@@ -112,5 +118,5 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     w.db.execute("COMMIT")
     w.invalidate()
     w.publish()
-    log.info("retention: retired %d sample files and %d rollup files", len(old), len(old_rollups))
-    return len(old) + len(old_rollups)
+    log.info("retention: retired %d sample files and %d rollup files, deleted %d job throughput rows", len(old), len(old_rollups), old_reports)
+    return len(old) + len(old_rollups) + old_reports

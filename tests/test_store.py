@@ -231,6 +231,21 @@ def test_retention_retires_old_files_but_remembers_their_keys(tmp_path):
     assert len(list((tmp_path / "samples").rglob("*.parquet"))) == 1
 
 
+def test_retention_deletes_old_job_throughput_rows(tmp_path):
+    from collector.maintenance import apply_retention
+
+    t = datetime(2026, 11, 1)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    row = dict(cluster="c", scheduler="slurm", job_key="5", host="n1", flops=1e15, gpus=8, basis="flops")
+    w.commit(Batch(key="r1", throughput=[dict(row, ts=t)]))
+    w.commit(Batch(key="r2", throughput=[dict(row, ts=t + timedelta(days=10))]))
+    w.publish()
+    now = t + timedelta(days=12)
+    assert apply_retention(w, now, raw_days=35, rollup_days=11) == 1  # 12 days old > 11: gone; 2 days old stays
+    w.publish()
+    assert open_reader(tmp_path).execute("SELECT ts FROM job_throughput").fetchall() == [(t + timedelta(days=10),)]
+
+
 def gpu_obs(ts, uuid="GPU-a", host="n1", **kw) -> dict:
     row = {"ts": ts, "cluster": "c", "host": host, "gpu_uuid": uuid, "gpu_instance": -1, "gpu": 0, "mig_profile": None,
            "model": "H100", "fb_total_mib": 81559.0, "driver_version": "550.54.15"}
