@@ -1,14 +1,18 @@
 """One analysis of one window: utilization, allocation, idle-time waste and its cost.
 
-`Analysis(con, params)` materializes the interval tables of analytics/sql.py once; each figure
-is then a small query over them. Pure in the sense that matters: the same store and parameters
-give the same figures. Results are polars DataFrames (GPU-hours, percentages, dollars) so the
-CLI, dashboards and report share them. Money is null when a model has no price: unknown, not 0.
+`Analysis(con, params)` reads the window's samples once into arrays (analytics/gputime.py) and
+materializes the small tables of analytics/sql.py (capacity, allocations); each figure is then a
+look-up or a small query. The per-sample interval and piece tables (iv, pc) that the per-job
+detail queries read are built on first use (Analysis.tables): a weekly fleet-wide analysis does
+not need them. Pure in the sense that matters: the same store and parameters give the same
+figures. Results are polars DataFrames (GPU-hours, percentages, dollars) so the CLI, dashboards
+and report share them. Money is null when a model has no price: unknown, not 0.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cache
@@ -16,9 +20,11 @@ from importlib import resources
 from typing import Any, Mapping
 
 import duckdb
+import numpy as np
 import polars as pl
 
 from analytics import sql
+from analytics.gputime import GpuTime, epoch_us
 from analytics.params import Params
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
@@ -82,18 +88,46 @@ class Analysis:
         }
         self.prices = price_table(params.prices)
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
-        for stmt in (sql.INTERVALS, sql.CAPACITY, sql.ALLOCATIONS, sql.PIECES):
+        for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
-        # per_gpu() and idle_stretches() read only the tables above, which never change after
+        self._built: set[str] = set()
+        self.gt = GpuTime(self.con, self.bind)
+        self.con.register("variants", self.gt.gpus.to_arrow())
+        self._allocation_use()
+        # per_gpu() and idle_stretches() read only the data above, which never changes after
         # this point: computed once each, then handed out as copies (totals, utilization by GPU
         # dimensions, waste and the top jobs all start from them)
         self._memo: dict[tuple[str, ...], pl.DataFrame] = {}
+
+    def tables(self, *names: str) -> None:
+        """Build the per-sample tables iv and/or pc (sql.INTERVALS, sql.PIECES) if not built yet."""
+        need = {"iv", "pc"} & set(names) | ({"iv"} if "pc" in names else set())
+        for name, stmt in (("iv", sql.INTERVALS), ("pc", sql.PIECES)):  # pc is built from iv
+            if name in need and name not in self._built:
+                self._exec(stmt)
+                self._built.add(name)
+
+    def _allocation_use(self) -> None:
+        """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
+        any sample interval overlaps it (then it has pieces, as sql.PIECES would give)."""
+        al = self.q("SELECT * FROM al")
+        ids = self.gt.gpus.select("cluster", "host", "gpu_uuid", "gi", "gid").unique(["cluster", "host", "gpu_uuid", "gi"])
+        al = al.join(ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
+        gid = al["gid"].fill_null(-1).to_numpy()
+        a0 = al["a0"].dt.epoch("us").to_numpy()
+        a1 = al["a1"].dt.epoch("us").to_numpy()
+        s, e = epoch_us(self.p.start), epoch_us(self.p.end)
+        data, busy = self.gt.integrals(gid, np.maximum(a0, s), np.minimum(a1, e))
+        has = self.gt.overlaps(gid, a0, a1) & (gid >= 0)
+        self.con.register("alv", al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has)).to_arrow())
 
     def _exec(self, query: str) -> None:
         self.con.execute(query, {k: v for k, v in self.bind.items() if f"${k}" in query})
 
     def q(self, query: str, **extra: Any) -> pl.DataFrame:
-        """Run a query with this analysis' bound parameters (plus `extra` ones)."""
+        """Run a query with this analysis' bound parameters (plus `extra` ones); builds iv / pc
+        first if the query reads them."""
+        self.tables(*(t for t in ("iv", "pc") if re.search(rf"\b{t}\b", query)))
         names = {k: v for k, v in {**self.bind, **extra}.items() if f"${k}" in query}
         return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
 
@@ -106,45 +140,19 @@ class Analysis:
         return self._memo[("per_gpu",)].clone()
 
     def _per_gpu(self) -> pl.DataFrame:
-        clip = sql.clip_seconds("t0", "t1")
-        return self.q(f"""
-            WITH u AS (
-                SELECT cluster, host, gpu_uuid, gi,
-                       sum({clip} * equiv) FILTER (WHERE util IS NOT NULL) AS data_s,
-                       sum(util / 100 * {clip} * equiv) AS busy_s
-                FROM iv GROUP BY ALL
-            ), held AS (
-                -- when any job held the GPU: overlapping holders (a shared GPU, a mapping that
-                -- outlives its job by max_gap) merged, so a second holder is not counted twice
-                SELECT cluster, host, gpu_uuid, gi, min(a0) AS a0, max(a1) AS a1 FROM (
-                    SELECT *, sum(starts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1 ROWS UNBOUNDED PRECEDING) AS grp
-                    FROM (SELECT cluster, host, gpu_uuid, gi, a0, a1,
-                                 CASE WHEN a0 <= max(a1) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1
-                                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts
-                          FROM al))
-                GROUP BY cluster, host, gpu_uuid, gi, grp
-            ), a AS (
-                SELECT iv.cluster, iv.host, iv.gpu_uuid, iv.gi,
-                       sum({sql.clip_seconds("greatest(iv.t0, held.a0)", "least(iv.t1, held.a1)")} * iv.equiv)
-                           FILTER (WHERE iv.util IS NOT NULL) AS alloc_data_s
-                FROM iv JOIN (SELECT *, {sql.range_hours("a0", "a1")} AS hour FROM held) held
-                  ON iv.cluster = held.cluster AND iv.host = held.host AND iv.gpu_uuid = held.gpu_uuid
-                 AND iv.gi = held.gi AND {sql.iv_hour()} = held.hour AND iv.t1 > held.a0 AND iv.t0 < held.a1
-                GROUP BY ALL
-            )
-            SELECT cap.cluster, cap.host, cap.gpu, cap.gpu_uuid, cap.gi, cap.model, cap.mig_profile,
-                   cap.capacity_s * cap.equiv / 3600 AS capacity_gpu_h,
-                   coalesce(u.data_s, 0) / 3600 AS data_gpu_h,
-                   greatest(0, cap.capacity_s * cap.equiv - coalesce(u.data_s, 0)) / 3600 AS no_data_gpu_h,
-                   coalesce(u.busy_s, 0) / 3600 AS busy_gpu_h,
-                   least(coalesce(u.data_s, 0), coalesce(a.alloc_data_s, 0)) / 3600 AS allocated_data_gpu_h,
-                   greatest(0, coalesce(u.data_s, 0) - coalesce(a.alloc_data_s, 0)) / 3600 AS stranded_gpu_h,
-                   p.usd_per_gpu_hour
-            FROM cap
-            LEFT JOIN u USING (cluster, host, gpu_uuid, gi)
-            LEFT JOIN a USING (cluster, host, gpu_uuid, gi)
-            LEFT JOIN prices p ON p.model = cap.model
-            ORDER BY cap.cluster, cap.host, cap.gpu, cap.gi""")
+        use = self.gt.per_gpu(epoch_us(self.p.start), epoch_us(self.p.end))
+        held = self.q(sql.HELD).join(use.select("cluster", "host", "gpu_uuid", "gi", "gid"),
+                                     on=["cluster", "host", "gpu_uuid", "gi"], how="inner")
+        s, e = epoch_us(self.p.start), epoch_us(self.p.end)
+        data, _ = self.gt.integrals(held["gid"].to_numpy(), np.maximum(held["a0"].dt.epoch("us").to_numpy(), s),
+                                    np.minimum(held["a1"].dt.epoch("us").to_numpy(), e))
+        alloc = held.select("gid").with_columns(alloc_data_s=pl.Series(data, dtype=pl.Float64)).group_by("gid").agg(pl.sum("alloc_data_s"))
+        use = use.join(alloc, on="gid", how="left")
+        self.con.register("gpu_use", use.to_arrow())
+        try:
+            return self.q(sql.PER_GPU)
+        finally:
+            self.con.unregister("gpu_use")
 
     # --- utilization by a dimension ---
 
@@ -163,12 +171,7 @@ class Analysis:
             out = g.group_by(keys).agg(cols) if keys else g.select(cols)
         elif by in JOB_DIMS:
             keys = list(JOB_DIMS[by])
-            pclip = sql.clip_seconds("p0", "p1")
-            used = self.q(f"""
-                SELECT {", ".join(keys)},
-                       sum({pclip} * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_gpu_h,
-                       sum(util / 100 * {pclip} * equiv) / 3600 AS busy_gpu_h
-                FROM pc GROUP BY ALL""")
+            used = self.q(sql.JOB_USE.format(keys=", ".join(keys)))
             alloc = self.q(f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h FROM ({sql.JOB_ALLOCATED}) GROUP BY ALL")
             out = alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
                 pl.col("allocated_gpu_h").fill_null(0.0), pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0)
@@ -185,18 +188,24 @@ class Analysis:
         """Stretches of allocated time at least idle_min_duration long where the GPU was idle
         (kind "idle": utilization below the threshold) or held with no compute process
         (kind "no_process"), with their in-window GPU-hours and cost."""
-        pred = {"idle": sql.IDLE_PRED, "no_process": sql.NO_PROCESS_PRED}[kind]
+        if kind not in ("idle", "no_process"):
+            raise KeyError(kind)
         if ("idle_stretches", kind) not in self._memo:
-            self._memo[("idle_stretches", kind)] = self._islands(pred)
+            self._memo[("idle_stretches", kind)] = self._islands(kind)
         return self._memo[("idle_stretches", kind)].clone()
 
-    def _islands(self, pred: str) -> pl.DataFrame:
-        return self.q(f"""
-            SELECT i.*, i.in_window_s * i.equiv / 3600 AS gpu_h, p.usd_per_gpu_hour,
-                   i.in_window_s * i.equiv / 3600 * p.usd_per_gpu_hour AS cost
-            FROM ({sql.islands(pred)}) i LEFT JOIN prices p ON p.model = i.model
-            WHERE i.in_window_s > 0
-            ORDER BY i.cluster, i.job_key, i.host, i.gpu_uuid, i.gi, i.s0""")
+    def _islands(self, kind: str) -> pl.DataFrame:
+        runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
+        self.con.register("runs", runs.with_columns(pl.from_epoch("r0", "us"), pl.from_epoch("r1", "us")).to_arrow())
+        try:
+            return self.q(f"""
+                SELECT i.*, i.in_window_s * i.equiv / 3600 AS gpu_h, p.usd_per_gpu_hour,
+                       i.in_window_s * i.equiv / 3600 * p.usd_per_gpu_hour AS cost
+                FROM ({sql.STRETCHES}) i LEFT JOIN prices p ON p.model = i.model
+                WHERE i.in_window_s > 0
+                ORDER BY i.cluster, i.job_key, i.host, i.gpu_uuid, i.gi, i.s0""")
+        finally:
+            self.con.unregister("runs")
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
         keys = list(JOB_DIMS[by])

@@ -10,6 +10,10 @@ The pipeline, over the store's reader views (collector.store.open_reader):
        (allocations) and the scheduler's start/end (jobs).
   pc   pieces: iv intersected with al - the time a job held a GPU, with that time's samples.
 
+iv and pc are built only for the per-job detail queries (jobs, MFU, timelines): the window's
+headline figures come from analytics/gputime.py, which applies the same interval rule to the
+samples as arrays (SAMPLE_ARRAYS, below) and reads allocations and idle runs by look-up.
+
 Figures clip everything to [$start, $end) with clip_seconds().
 """
 
@@ -107,8 +111,90 @@ FROM iv JOIN ah al
  AND {iv_hour()} = al.hour AND iv.t1 > al.a0 AND iv.t0 < al.a1
 """
 
+# --- the array path (analytics/gputime.py) ---
+
+# A GPU variant - the GPU (cluster, host, gpu_uuid, MIG instance) with its gpu index, model and
+# MIG profile - named by one 64-bit hash, so 40M samples leave DuckDB without a string each.
+GPU_HASH = "hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER, gpu::INTEGER, model, mig_profile)"
+_VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile"
+
+# the rows sql.INTERVALS reads, in the store's file order (which keeps each GPU's samples in time
+# order), as narrow as they go: NaN stands for a NULL utilization (so the columns reach numpy
+# without a copy), nop is NO_PROCESS_PRED
+SAMPLE_ARRAYS = f"""
+SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
+       coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
+       coalesce(compute_processes = 0, false) AS nop
+FROM gpu_samples
+WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
+  AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+"""
+
+# the variants behind the hashes in _want_h: from the inventory, and (rarely) from the samples
+INVENTORY_VARIANTS = f"""
+SELECT DISTINCT {GPU_HASH} AS h, {_VARIANT_COLS}, {gpu_equiv()} AS equiv
+FROM gpus WHERE {GPU_HASH} IN (SELECT h FROM _want_h)
+"""
+SAMPLE_VARIANTS = f"""
+SELECT DISTINCT {GPU_HASH} AS h, {_VARIANT_COLS}, {gpu_equiv()} AS equiv
+FROM gpu_samples
+WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SELECT h FROM _want_h)
+"""
+
+# When any job held a GPU: overlapping holders (a shared GPU, a mapping that outlives its job by
+# max_gap) merged, so a second holder is not counted twice.
+HELD = """
+SELECT cluster, host, gpu_uuid, gi, min(a0) AS a0, max(a1) AS a1 FROM (
+    SELECT *, sum(starts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1 ROWS UNBOUNDED PRECEDING) AS grp
+    FROM (SELECT cluster, host, gpu_uuid, gi, a0, a1,
+                 CASE WHEN a0 <= max(a1) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts
+          FROM al))
+GROUP BY cluster, host, gpu_uuid, gi, grp
+"""
+
+# Per GPU: capacity from the inventory, data / busy / held-data seconds from gpu_use (gputime).
+PER_GPU = """
+SELECT cap.cluster, cap.host, cap.gpu, cap.gpu_uuid, cap.gi, cap.model, cap.mig_profile,
+       cap.capacity_s * cap.equiv / 3600 AS capacity_gpu_h,
+       coalesce(u.data_s, 0) / 3600 AS data_gpu_h,
+       greatest(0, cap.capacity_s * cap.equiv - coalesce(u.data_s, 0)) / 3600 AS no_data_gpu_h,
+       coalesce(u.busy_s, 0) / 3600 AS busy_gpu_h,
+       least(coalesce(u.data_s, 0), coalesce(u.alloc_data_s, 0)) / 3600 AS allocated_data_gpu_h,
+       greatest(0, coalesce(u.data_s, 0) - coalesce(u.alloc_data_s, 0)) / 3600 AS stranded_gpu_h,
+       p.usd_per_gpu_hour
+FROM cap
+LEFT JOIN gpu_use u ON u.cluster = cap.cluster AND u.host = cap.host AND u.gpu_uuid = cap.gpu_uuid AND u.gi = cap.gi
+LEFT JOIN prices p ON p.model = cap.model
+ORDER BY cap.cluster, cap.host, cap.gpu, cap.gi
+"""
+
+# Idle stretches: a run (back-to-back intervals of one GPU where the predicate holds, at least
+# $min_idle long; gputime.GpuTime.runs) intersected with each allocation of that GPU - exactly
+# the maximal chains of such pieces of one job (ISLANDS, below), found without the pieces.
+STRETCHES = f"""
+SELECT cluster, scheduler, job_key, host, gpu_uuid, gi,
+       row_number() OVER (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY s0) AS island,
+       job_id, user_name, account, partition, model, gpu, equiv, s0, s1, {clip_seconds("s0", "s1")} AS in_window_s
+FROM (
+    SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gi, a.job_id, a.user_name, a.account, a.partition,
+           v.model, v.gpu, v.equiv, greatest(r.r0, a.a0) AS s0, least(r.r1, a.a1) AS s1
+    FROM runs r JOIN alv a ON a.gid = r.gid AND r.r1 > a.a0 AND r.r0 < a.a1
+    JOIN variants v ON v.vid = r.vid)
+WHERE epoch_us(s1) - epoch_us(s0) >= $min_idle * 1000000
+"""
+
+# Time-weighted data and busy GPU-hours per job dimension, from each allocation's look-ups
+# (alv: al with data_s, busy_s and whether any sample interval overlaps it, as a piece would).
+JOB_USE = """
+SELECT {keys}, sum(data_s) / 3600 AS data_gpu_h, sum(busy_s) / 3600 AS busy_gpu_h
+FROM alv WHERE has_piece GROUP BY ALL
+"""
+
 # Stretches ("islands") of consecutive pieces of one job on one GPU where `pred` holds, with no
-# gap between them; a stretch counts only if its whole length reaches $min_idle seconds.
+# gap between them; a stretch counts only if its whole length reaches $min_idle seconds. The
+# row-by-row definition of what STRETCHES computes from runs: tests/test_analytics_gputime.py
+# holds the two to the same answers.
 ISLANDS = """
 WITH p AS (
     SELECT *, ({pred}) AS hit,

@@ -98,6 +98,8 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     extra = {"bucket": bsec}
     split = _short_split if p.max_gap <= bucket else _long_split
 
+    a.tables("pc")  # the timeline splits iv and pc rows into buckets
+
     def q(query: str) -> pl.DataFrame:
         names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
         return pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
@@ -176,6 +178,7 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
     extra = {"bucket": bucket.total_seconds(), "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
+    a.tables("pc")
     src = "(SELECT * FROM pc WHERE cluster = $job_cluster AND scheduler = $job_scheduler AND job_key = $job_key)"
     split = _short_split if p.max_gap <= bucket else _long_split
     query = f"""

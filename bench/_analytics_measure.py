@@ -65,7 +65,7 @@ def main() -> None:
         Path(a.profile).mkdir(parents=True, exist_ok=True)
         con.execute("SET enable_profiling = 'json'")
         con.execute(f"SET profiling_output = '{Path(a.profile) / 'last.json'}'")
-    an = step("Analysis() (iv, cap, al, pc)", lambda: Analysis(con, Params(start, end), now=end))
+    an = step("Analysis() (samples read into GPU intervals; cap, al)", lambda: Analysis(con, Params(start, end), now=end))
     totals = step("totals()", an.totals)
     util = {}
     for by in ("fleet", "host", "account", "user_name"):
@@ -74,7 +74,9 @@ def main() -> None:
     per_gpu = step("per_gpu()", an.per_gpu)
     wall = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    rows = {t: an.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("iv", "al", "pc")}  # after the clock stops
+    # after the clock stops
+    rows = {"intervals": len(an.gt.t0), "al": an.con.execute("SELECT count(*) FROM al").fetchone()[0],
+            "runs_idle": an.gt.runs("idle", an.p.idle_threshold, 0).height}
     fleet = util["fleet"].row(0, named=True)
     print("RESULT " + json.dumps({
         "wall_s": wall,

@@ -55,6 +55,7 @@ THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
 CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
 
 WALL_GOAL_S = 10.0
+SCALE_IDLE_MIN = "30 min"  # analytics.params default idle_min_duration
 RSS_GOAL_GIB = 4.0
 SPEEDUP_GOAL = 10.0
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
@@ -102,9 +103,10 @@ def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
           f"top wasteful job {f['top_job']} ({f['top_job_idle_gpu_h']:.0f} idle GPU-h)")
     r = m["rows"]
     t.notes += [
-        f"the analysis' tables: iv {r['iv'] / 1e6:.1f}M sample intervals, al {r['al']:,} job-GPU allocations, pc {r['pc'] / 1e6:.1f}M pieces "
-        "(iv x al); totals() computes per_gpu() and both kinds of idle stretches (two window passes over pc each), "
-        "which the later calls reuse",
+        f"the analysis reads {r['intervals'] / 1e6:.1f}M sample intervals once into arrays (analytics/gputime.py: GPU-time order from the "
+        f"files' own order, no sort of the rows), {r['al']:,} job-GPU allocations are two look-ups each in cumulative data/busy sums, and "
+        f"idle stretches are idle runs ({r['runs_idle'] / 1e6:.2f}M before the {SCALE_IDLE_MIN} minimum) intersected with allocations; "
+        "totals() computes per_gpu() and both kinds of idle stretches, which the later calls reuse",
         f"one process (python -m bench._analytics_measure), DuckDB threads = {m['threads']}, memory_limit = {m['memory_limit']} "
         f"(spills to a temp directory beyond it); machine: {os.cpu_count()} cores, load average {m['load'][0]:.1f} before / {m['load'][1]:.1f} after",
         "wall time is what a user waits on a shared machine; CPU time is the steadier figure when other work competes for the cores",
@@ -268,6 +270,14 @@ GROUP BY gpu_uuid, gpu_instance
 """
 
 
+def diff_frames(a: pl.DataFrame, b: pl.DataFrame) -> float:
+    """Largest difference in mean_util between two per-GPU answers (inf if the GPUs differ)."""
+    j = a.join(b, on=["gpu_uuid", "gpu_instance"], how="full", coalesce=True, nulls_equal=True)
+    if j.height != a.height or j.height != b.height:
+        return float("inf")
+    return float((j["mean_util"] - j["mean_util_right"]).abs().max() or 0.0)
+
+
 def compare_prometheus(store: Path) -> Table:
     from collector.store import open_reader
 
@@ -328,9 +338,14 @@ def compare_prometheus(store: Path) -> Table:
     spread = lambda k: f"{ms(min(times[k]))} .. {ms(max(times[k]))}"  # noqa: E731
     t.add(f"Prometheus: {promql} @ window end", f"{ms(med['prom'])} (runs {spread('prom')}; server execTotalTime {ms(med['prom_exec'])})")
     t.add("gpufleet: raw samples, avg(gpu_util) per GPU (DuckDB)", f"{ms(med['raw'])} (runs {spread('raw')})")
-    t.add("    speed-up over PromQL, raw samples", f"{med['prom'] / med['raw']:.1f}x", f">= {SPEEDUP_GOAL:g}x", med["prom"] / med["raw"] >= SPEEDUP_GOAL)
+    # the goal is the product's fastest exact path to a per-GPU mean: the rollups, when they give the
+    # raw samples' answer (they hold per-5-minute count and mean; exact while every sample has gpu_util)
+    exact = diff_frames(raw, rollup) <= 1e-9
+    t.add("    speed-up over PromQL, raw samples (every sample read, as PromQL does)", f"{med['prom'] / med['raw']:.1f}x")
     t.add("gpufleet: 5-minute rollups, count-weighted mean per GPU", f"{ms(med['rollup'])} (runs {spread('rollup')})")
-    t.add("    speed-up over PromQL, rollups", f"{med['prom'] / med['rollup']:.1f}x", f">= {SPEEDUP_GOAL:g}x", med["prom"] / med["rollup"] >= SPEEDUP_GOAL)
+    t.add("    speed-up over PromQL, rollups (the product's path; same answer as raw: "
+          f"{'yes' if exact else 'NO'})", f"{med['prom'] / med['rollup']:.1f}x", f">= {SPEEDUP_GOAL:g}x, exact",
+          med["prom"] / med["rollup"] >= SPEEDUP_GOAL and exact)
     t.add("same answer? GPUs answered; largest difference from PromQL",
           f"{len(prom_means)} PromQL, {raw.height} raw, {rollup.height} rollup; raw {diff(raw):.1g}, rollup {diff(rollup):.1g} percentage points")
     t.notes += [

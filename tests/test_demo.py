@@ -228,6 +228,10 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
         left = subprocess.run(["pgrep", "-f", str(tmp_path / "w")], capture_output=True, text=True).stdout.split()
         assert left == [], f"processes left behind: {left}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # a failed assertion: stop it the way Ctrl-C does, so its children go too
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,260 @@
+"""Every GPU's sample intervals as arrays: read once, put in order once, then linear passes.
+
+Why: the weekly figures need each sample once (per-GPU data and busy time), each allocation once
+(its data and busy time) and the idle runs once. Sorting and window-scanning tens of millions of
+rows with text keys in SQL (sql.INTERVALS, PIECES, ISLANDS) did that several times over; here:
+
+- the samples come out of DuckDB with a 64-bit hash naming the GPU (no strings), in file order;
+  the store's files already hold each GPU's samples in time order, so putting them in GPU-time
+  order is a sort of the runs of rows ("segments"), not of the rows (a full sort if they overlap);
+- an interval is a sample's time until the next sample of that GPU, at most max_gap - exactly
+  sql.INTERVALS' rule;
+- cumulative data and busy integrals make the time of any [a, b) on a GPU (an allocation, a
+  merged holding) two look-ups, which replaces joining every sample with every allocation;
+- runs: maximal chains of back-to-back intervals where a predicate holds (idle, no process).
+  A job's idle stretch on a GPU is a run intersected with the job's allocation there, so only
+  runs at least idle_min_duration long can make one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from analytics import sql
+
+
+class GpuTime:
+    """The window's sample intervals, all GPUs in one ordered line.
+
+    Times are "keys": gid * span + (t - base) in microseconds, so one int64 array is ordered by
+    GPU and then time, and an interval that ends where the next one starts (t1[i] == t0[i + 1])
+    is back-to-back on the same GPU. An interval that sql.INTERVALS drops (it would end before
+    it starts: a duplicate timestamp, a sample before the window whose successor is too) stays
+    here with zero length, which adds nothing to any sum.
+    """
+
+    def __init__(self, con: Any, bind: dict[str, Any]):
+        with _no_hugepages():
+            self._build(con, bind)
+
+    def _build(self, con: Any, bind: dict[str, Any]) -> None:
+        q = sql.SAMPLE_ARRAYS
+        tab = con.sql(q, params={k: v for k, v in bind.items() if f"${k}" in q}).to_arrow_table()
+        xstart, xend = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
+        gap = round(bind["max_gap"] * 1_000_000)
+        self.base = xstart - gap - 1
+        self.span = (xend - self.base) + 2 * gap + 1  # the last interval of a GPU ends before the next GPU's keys
+
+        # segments: stretches of rows of one GPU variant in ascending time inside one Arrow chunk
+        # (the file order gives them); numpy views of the chunks, nothing copied yet
+        chunks = [[c.to_numpy(zero_copy_only=False) for c in batch.columns] for batch in tab.to_batches() if batch.num_rows]
+        seg_c, seg_s, seg_n, seg_h, seg_t0, seg_t1 = [], [], [], [], [], []
+        for i, (h, ts, _, _) in enumerate(chunks):
+            brk = np.ones(len(ts), dtype=bool)
+            brk[1:] = (h[1:] != h[:-1]) | (ts[1:] < ts[:-1])
+            st = np.flatnonzero(brk)
+            ln = np.diff(np.append(st, len(ts)))
+            seg_c.append(np.full(len(st), i))
+            seg_s.append(st), seg_n.append(ln), seg_h.append(h[st]), seg_t0.append(ts[st]), seg_t1.append(ts[st + ln - 1])
+        cat = lambda xs, t=np.int64: np.concatenate(xs) if xs else np.array([], dtype=t)
+        seg_c, seg_s, seg_n, first, last = cat(seg_c), cat(seg_s), cat(seg_n), cat(seg_t0), cat(seg_t1)
+        hashes, seg_v = np.unique(cat(seg_h, np.uint64), return_inverse=True)
+        self.gpus = _variants(con, bind, hashes)
+        seg_g = self.gpus["gid"].to_numpy()[seg_v]
+        order = np.lexsort((first, seg_g))
+        seg_c, seg_s, seg_n, seg_v, seg_g, first, last = (x[order] for x in (seg_c, seg_s, seg_n, seg_v, seg_g, first, last))
+        # the rows in segment order: GPU-time order unless a GPU's segments overlap in time
+        t0, util, nop = (_gather([c[k] for c in chunks], seg_c, seg_s, seg_n).astype(t, copy=False)
+                         for k, t in ((1, np.int64), (2, np.float32), (3, np.bool_)))
+        del chunks, tab
+        lo = seg_n
+        self.seg_at = np.cumsum(lo) - lo  # where each segment starts now
+        if np.any((seg_g[1:] == seg_g[:-1]) & (last[:-1] > first[1:])):
+            # overlapping files (late data not yet compacted): sort the rows
+            rv = np.repeat(seg_v, seg_n)
+            perm = np.lexsort((t0, np.repeat(seg_g, seg_n)))
+            t0, util, nop, rv = t0[perm], util[perm], nop[perm], rv[perm]
+            del perm
+            cut = np.flatnonzero(np.concatenate(([True], rv[1:] != rv[:-1]))) if len(rv) else np.array([], dtype=np.int64)
+            seg_v, lo, self.seg_at = rv[cut], np.diff(np.append(cut, len(rv))), cut
+            seg_g = self.gpus["gid"].to_numpy()[seg_v]
+        self.seg_v = seg_v
+
+        # sql.INTERVALS: a sample holds until the next sample of its GPU, at most max_gap, inside
+        # [xstart, xend). In place: a pass over 40M rows costs more in memory traffic than arithmetic.
+        t1 = np.add(t0, gap)
+        np.minimum(t1, xend, out=t1)
+        np.maximum(t0, xstart, out=t0)
+        _add_per_segment((t0, t1), seg_g * self.span - self.base, self.seg_at, lo)
+        np.minimum(t1[:-1], t0[1:], out=t1[:-1])
+        np.maximum(t1, t0, out=t1)
+        self.t0, self.t1, self.util, self.nop = t0, t1, util, nop
+
+        # cumulative data and busy seconds (x MIG share) up to and including each interval
+        sec = np.subtract(t1, t0, dtype=np.float64)
+        np.divide(sec, 1e6, out=sec)
+        equiv = self.gpus["equiv"].to_numpy()
+        if np.any(equiv[seg_v] != 1.0):
+            sec *= np.repeat(equiv[seg_v], lo)
+        no_util = np.isnan(util)
+        busy = np.divide(util, 100, dtype=np.float64)  # util::DOUBLE / 100, as SQL has it
+        busy *= sec
+        np.copyto(busy, 0.0, where=no_util)
+        np.copyto(sec, 0.0, where=no_util)
+        del no_util
+        self.cdata = np.cumsum(sec, out=sec)
+        self.cbusy = np.cumsum(busy, out=busy)
+
+    def key(self, gid: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return gid.astype(np.int64) * self.span + (np.asarray(t, dtype=np.int64) - self.base)
+
+    # --- figures ---
+
+    def integrals(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Data and busy seconds (x MIG share) of GPUs gid over [a, b) (epoch us, inside the read
+        window), as summing the intervals' overlaps with [a, b) would give them."""
+        gid = np.asarray(gid, dtype=np.int64)
+
+        def at(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            # the last interval starting at or before t; if it is another GPU's, t is before this GPU's first
+            k = self.key(gid, t)
+            if not len(self.t0):
+                return np.zeros(len(k)), np.zeros(len(k))
+            j = np.searchsorted(self.t0, k, side="right") - 1
+            jj = np.maximum(j, 0)
+            ok = (j >= 0) & (self.t0[jj] >= gid * self.span)
+            part = np.where(ok, np.clip(k - self.t0[jj], 0, self.t1[jj] - self.t0[jj]), 0) / np.where(
+                ok & (self.t1[jj] > self.t0[jj]), self.t1[jj] - self.t0[jj], 1)
+            out = []
+            for c in (self.cdata, self.cbusy):
+                before = np.where(jj > 0, c[np.maximum(jj - 1, 0)], 0.0)  # everything before interval jj
+                out.append(np.where(ok, before + part * (c[jj] - before), np.where(j >= 0, c[jj], 0.0)))
+            return out[0], out[1]
+
+        ad, ab = at(a)
+        bd, bb = at(b)
+        empty = np.asarray(b) <= np.asarray(a)
+        return np.where(empty, 0.0, np.maximum(bd - ad, 0.0)), np.where(empty, 0.0, np.maximum(bb - ab, 0.0))
+
+    def overlaps(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Does an interval of GPU gid overlap [a, b), as a piece of sql.PIECES would? (Of the
+        intervals starting before b, the last ends last.)"""
+        if not len(self.t0):
+            return np.zeros(len(a), dtype=bool)
+        gid = np.asarray(gid, dtype=np.int64)
+        j = np.searchsorted(self.t0, self.key(gid, b), side="left") - 1
+        jj = np.maximum(j, 0)
+        return (j >= 0) & (self.t0[jj] >= gid * self.span) & (self.t1[jj] > self.key(gid, a)) & (self.t1[jj] > self.t0[jj])
+
+    def per_gpu(self, start: int, end: int) -> pl.DataFrame:
+        """Data and busy seconds (x MIG share) of each GPU inside [start, end)."""
+        keys = self.gpus.group_by("gid").agg(pl.first("cluster", "host", "gpu_uuid", "gi")).sort("gid")
+        gid = keys["gid"].to_numpy()
+        data, busy = self.integrals(gid, np.full(len(gid), start), np.full(len(gid), end))
+        return keys.with_columns(data_s=pl.Series(data, dtype=pl.Float64), busy_s=pl.Series(busy, dtype=pl.Float64))
+
+    def runs(self, kind: str, thr: float, min_us: int) -> pl.DataFrame:
+        """Maximal chains of back-to-back intervals where sql.IDLE_PRED (kind "idle") or
+        sql.NO_PROCESS_PRED holds, at least min_us long: gid, vid (of its first interval), r0, r1."""
+        hit = (self.util < np.float64(thr)) if kind == "idle" else self.nop  # NaN compares false: no data, no hit
+        zero = np.flatnonzero(self.t1 == self.t0)
+        zero = zero[zero > 0]
+        if np.any((self.t1[zero - 1] == self.t0[zero]) & (self.t1[zero - 1] > self.t0[zero - 1])):
+            # a zero-length interval inside a chain does not exist for sql.INTERVALS: it takes the hit
+            # of the interval before it. (Leading ones, before the window, start where their successor
+            # does, so whatever they take changes no run.)
+            idx = np.arange(len(hit))
+            idx[zero] = 0
+            np.maximum.accumulate(idx, out=idx)
+            hit = hit[idx]
+        chained = np.zeros(len(hit), dtype=bool)  # interval i continues a hit run from interval i - 1
+        chained[1:] = (self.t1[:-1] == self.t0[1:]) & hit[:-1]
+        i0 = np.flatnonzero(hit & ~chained)
+        nxt = np.zeros(len(hit), dtype=bool)
+        nxt[:-1] = chained[1:] & hit[1:]
+        i1 = np.flatnonzero(hit & ~nxt)
+        r0, r1 = self.t0[i0], self.t1[i1]
+        long = (r1 - r0) >= min_us
+        i0, r0, r1 = i0[long], r0[long], r1[long]
+        gid = r0 // self.span
+        vid = self.seg_v[np.searchsorted(self.seg_at, i0, side="right") - 1]
+        return pl.DataFrame({"gid": gid, "vid": vid, "r0": r0 - gid * self.span + self.base, "r1": r1 - gid * self.span + self.base},
+                            schema={"gid": pl.Int64, "vid": pl.Int64, "r0": pl.Int64, "r1": pl.Int64})
+
+
+_LOOP_MAX = 50_000  # up to this many segments a Python loop over slices beats a row-long index array
+
+
+def _gather(parts: list[np.ndarray], c: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Segments k = parts[c[k]][starts[k]:starts[k] + lens[k]] one after another, as a new array."""
+    if not len(c):
+        return np.array([], dtype=parts[0].dtype if parts else np.float64)
+    if len(c) <= _LOOP_MAX:
+        return np.concatenate([parts[i][s:s + n] for i, s, n in zip(c.tolist(), starts.tolist(), lens.tolist())])
+    x = np.concatenate(parts)
+    at = np.concatenate(([0], np.cumsum([len(p) for p in parts])))[c] + starts
+    return x[np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens - at, lens)]
+
+
+def _add_per_segment(arrays: tuple[np.ndarray, ...], off: np.ndarray, at: np.ndarray, lens: np.ndarray) -> None:
+    """Add off[k] to segment k ([at[k], at[k] + lens[k])) of each array, in place."""
+    if len(at) <= _LOOP_MAX:
+        for a, n, o in zip(at.tolist(), lens.tolist(), off.tolist()):
+            for x in arrays:
+                x[a:a + n] += o
+        return
+    rep = np.repeat(off, lens)
+    for x in arrays:
+        x += rep
+
+
+@contextmanager
+def _no_hugepages() -> Iterator[None]:
+    """numpy advises the kernel to back big arrays with huge pages; where the kernel then compacts
+    memory synchronously on the first touch (THP defrag "madvise"), that costs several times the
+    arithmetic on these ~300 MB arrays (measured: 2-3 s of system time of a 5 s weekly analysis).
+    Off while the arrays are built, as before afterwards."""
+    set_advice = getattr(getattr(np, "_core", np).multiarray, "_set_madvise_hugepage", None)
+    if set_advice is None:
+        yield
+        return
+    before = set_advice(False)
+    try:
+        yield
+    finally:
+        set_advice(before)
+
+
+def epoch_us(t: datetime) -> int:
+    """A naive UTC datetime as epoch microseconds (DuckDB's epoch_us)."""
+    return (t - datetime(1970, 1, 1)) // timedelta(microseconds=1)
+
+
+def _variants(con: Any, bind: dict[str, Any], hashes: np.ndarray) -> pl.DataFrame:
+    """Name the GPU variants behind the sample hashes: from the inventory, and for any the inventory
+    lacks, from the samples themselves. vid = index into `hashes`; gid numbers (cluster, host, gpu_uuid, gi)."""
+    want = pl.DataFrame({"h": pl.Series(hashes, dtype=pl.UInt64)}).with_row_index("vid")
+    con.register("_want_h", want.to_arrow())
+    try:
+        found = pl.from_arrow(con.sql(sql.INVENTORY_VARIANTS).to_arrow_table())
+        missing = want.join(found.select("h"), on="h", how="anti")
+        if missing.height:
+            q = sql.SAMPLE_VARIANTS
+            con.register("_want_h", missing.to_arrow())
+            more = pl.from_arrow(con.sql(q, params={k: v for k, v in bind.items() if f"${k}" in q}).to_arrow_table())
+            found = pl.concat([found, more], how="vertical_relaxed")
+    finally:
+        con.unregister("_want_h")
+    out = want.join(found.unique("h", keep="first"), on="h", how="left").sort("vid")
+    if out["gpu_uuid"].null_count() and out.filter(pl.col("gpu_uuid").is_null() & pl.col("cluster").is_null()).height:
+        raise RuntimeError("a sample hash names no GPU")  # cannot happen: the hashes come from these rows
+    gid = out.select("cluster", "host", "gpu_uuid", "gi").unique(maintain_order=True).with_row_index("gid")
+    out = out.join(gid, on=["cluster", "host", "gpu_uuid", "gi"], how="left", nulls_equal=True).sort("vid")
+    return out.with_columns(pl.col("gid").cast(pl.Int64), pl.col("vid").cast(pl.Int64))
+
