@@ -259,11 +259,12 @@ FROM gpu_samples
 WHERE ts >= $start AND ts < $end {hosts}
 GROUP BY gpu_uuid, gpu_instance
 """
-# the rollup keeps avg and count per 5 minutes: their count-weighted mean is the mean of the samples
-# (exact while no sample lacks gpu_util, as here: the rollup counts rows, avg skips nulls)
+# the rollup keeps avg and count of gpu_util per 5 minutes: their count-weighted mean is the mean of
+# the samples, exactly (rollups written before gpu_util_samples existed count rows: exact only while
+# no sample lacks gpu_util - the bench checks it against the raw answer every run)
 ROLLUP_MEAN = """
 SELECT any_value(cluster) AS cluster, any_value(host) AS host, gpu_uuid, gpu_instance,
-       sum(gpu_util_avg * samples) / sum(samples) AS mean_util
+       sum(gpu_util_avg * coalesce(gpu_util_samples, samples)) / sum(coalesce(gpu_util_samples, samples)) AS mean_util
 FROM gpu_rollup_5m
 WHERE bucket >= $start AND bucket < $end {hosts}
 GROUP BY gpu_uuid, gpu_instance

@@ -25,7 +25,7 @@ SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is consid
 ROLLUP_SELECT = """
 SELECT time_bucket(INTERVAL 5 MINUTE, ts) AS bucket, cluster, host, gpu, gpu_uuid, gpu_instance,
        any_value(mig_profile) AS mig_profile, any_value(model) AS model, source,
-       count(*) AS samples,
+       count(*) AS samples, count(gpu_util) AS gpu_util_samples,  -- MIG rows and blanks have no gpu_util
        avg(gpu_util) AS gpu_util_avg, max(gpu_util) AS gpu_util_max,
        max(fb_used_mib) AS fb_used_mib_max, avg(power_w) AS power_w_avg,
        max(gpu_temp_c) AS gpu_temp_c_max, max(mem_temp_c) AS mem_temp_c_max,

@@ -654,7 +654,8 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.unregister("_empty_samples")
     rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
     if rollups:
-        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT * FROM read_parquet({_sql_list(rollups)})")
+        # union_by_name: files written before a column was added read it as NULL
+        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT * FROM read_parquet({_sql_list(rollups)}, union_by_name = true)")
     else:
         from collector.maintenance import ROLLUP_SELECT  # (maintenance imports this module)
 

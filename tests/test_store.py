@@ -183,6 +183,22 @@ def test_rollup_view_exists_before_the_first_compaction(tmp_path):
     assert cols[:3] == ["bucket", "cluster", "host"] and "gpu_util_avg" in cols and "xid_last_max" in cols
 
 
+def test_rollup_counts_the_samples_that_have_utilization(tmp_path):
+    """A blank gpu_util (dcgm-exporter's sentinel, a MIG row) is no sample of utilization: the
+    rollup's count-weighted mean must equal the mean of the samples that have one."""
+    from collector.maintenance import compact
+
+    t = datetime(2026, 11, 16, 10, 0, 0)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    # one 5-minute bucket: utils 10, blank, 40, blank -> samples 4, with utilization 2, mean (10 + 40) / 2 = 25
+    w.commit(Batch(key="r", samples=samples([t + timedelta(seconds=15 * i) for i in range(4)], [10.0, None, 40.0, None])))
+    compact(w, now=t + timedelta(hours=1, minutes=6))
+    row = open_reader(tmp_path).execute("SELECT samples, gpu_util_samples, gpu_util_avg FROM gpu_rollup_5m").fetchall()
+    assert row == [(4, 2, 25.0)]
+    # so sum(avg x gpu_util_samples) / sum(gpu_util_samples) = (25 x 2) / 2 = 25, the samples' mean; with
+    # `samples` as the weight it would be the same here only by luck of a single bucket
+
+
 def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
     from collector.maintenance import compact
 
