@@ -653,12 +653,17 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
         con.unregister("_empty_samples")
     rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
-    if rollups:
-        # union_by_name: files written before a column was added read it as NULL
-        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT * FROM read_parquet({_sql_list(rollups)}, union_by_name = true)")
-    else:
-        from collector.maintenance import ROLLUP_SELECT  # (maintenance imports this module)
+    from collector.maintenance import ROLLUP_SELECT  # (maintenance imports this module)
 
+    want = con.execute(f"DESCRIBE {ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
+    if rollups:
+        # files written before a column was added read it as NULL (union_by_name, or added here
+        # when no file has it yet)
+        source = f"read_parquet({_sql_list(rollups)}, union_by_name = true)"
+        have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        extra = "".join(f', NULL::{r[1]} AS "{r[0]}"' for r in want if r[0] not in have)
+        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT *{extra} FROM {source}")
+    else:
         con.execute(f"CREATE TABLE gpu_rollup_5m AS {ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
     for name, ddl in schema.TABLES.items():
         rel = manifest.get("tables", {}).get(name)

@@ -197,6 +197,12 @@ def test_rollup_counts_the_samples_that_have_utilization(tmp_path):
     assert row == [(4, 2, 25.0)]
     # so sum(avg x gpu_util_samples) / sum(gpu_util_samples) = (25 x 2) / 2 = 25, the samples' mean; with
     # `samples` as the weight it would be the same here only by luck of a single bucket
+    # a rollup file written before gpu_util_samples existed reads it as NULL, not as an error
+    import pyarrow.parquet as pq
+
+    (rel,) = json.loads((tmp_path / "manifest.json").read_text())["rollup_5m"]
+    pq.write_table(pq.read_table(tmp_path / rel).drop(["gpu_util_samples"]), tmp_path / rel)
+    assert open_reader(tmp_path).execute("SELECT samples, gpu_util_samples FROM gpu_rollup_5m").fetchall() == [(4, None)]
 
 
 def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
