@@ -77,6 +77,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "parameters": {
             "max_gap_s": params.max_gap.total_seconds(), "idle_threshold_pct": params.idle_threshold,
             "idle_min_duration_s": params.idle_min_duration.total_seconds(), "prices_usd_per_gpu_hour": a.prices,
+            "gpu_retire_after_s": params.retire_after.total_seconds(),
         },
         "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
         "totals": {k: _plain(v) for k, v in asdict(totals).items()},

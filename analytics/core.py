@@ -82,7 +82,8 @@ class Analysis:
         self.bind: dict[str, Any] = {
             "start": params.start, "end": params.end, "as_of": min(params.end, now),
             "xstart": params.start - reach, "xend": params.end + reach,
-            "max_gap": params.max_gap.total_seconds(), "thr": params.idle_threshold,
+            "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds(),
+            "thr": params.idle_threshold,
             "min_idle": params.idle_min_duration.total_seconds(),
             "cluster": f.cluster, "model": f.model, "account": f.account, "user_name": f.user_name, "partition": f.partition,
         }

@@ -7,6 +7,9 @@ Defaults, and why:
   kernel touches now and then; jobs doing useful work sit far above 5 %.
 - `idle_min_duration` 30 min: data loading, checkpointing and a paused notebook cell are short;
   half an hour of nothing is a held GPU, not a pause. (jobstats alerts after 1 h at 0 %.)
+- `retire_after` 7 days: a GPU no longer seen still counts as capacity (with no data: lost, or
+  its exporter down) until then; the inventory cannot tell a silent GPU from a removed one, and a
+  week keeps a silent GPU visible for a whole weekly report.
 - prices: $/GPU-hour by model (analytics/data/prices.csv, editable in config); a model without a
   price gives money "unknown", never $0.
 """
@@ -41,6 +44,7 @@ class Params:
     max_gap: timedelta = timedelta(seconds=30)
     idle_threshold: float = 5.0  # percent
     idle_min_duration: timedelta = timedelta(minutes=30)
+    retire_after: timedelta = timedelta(days=7)
     prices: Mapping[str, float] = field(default_factory=dict)  # model -> $/GPU-hour (overrides)
     mfu_dtype: str = "bf16"
 
@@ -62,6 +66,7 @@ OPTIONS = (
     Option("max_gap_seconds", 30.0, "a number of seconds > 0", number(0)),
     Option("idle_threshold_percent", 5.0, "a percentage from 0 to 100", lambda v: number(0, inclusive=True)(v) and v <= 100),
     Option("idle_min_duration_seconds", 1800.0, "a number of seconds >= 0", number(0, inclusive=True)),
+    Option("gpu_retire_after_hours", 168.0, "a number of hours > 0 (a GPU unseen this long is no longer capacity)", number(0)),
     Option("mfu_dtype", "bf16", "one of bf16, fp16, tf32, fp8, fp64", lambda v: v in ("bf16", "fp16", "tf32", "fp8", "fp64")),
     Option("prices", {}, "a table of GPU model -> $ per GPU-hour", lambda v: isinstance(v, dict) and all(number(0, inclusive=True)(x) for x in v.values())),
     Option("store", "", "the store directory (default: [collector] store)", string),
@@ -85,6 +90,7 @@ def from_config(doc: Mapping[str, Any], path: Any, start: datetime, end: datetim
             max_gap=timedelta(seconds=opts["max_gap_seconds"]),
             idle_threshold=float(opts["idle_threshold_percent"]),
             idle_min_duration=timedelta(seconds=opts["idle_min_duration_seconds"]),
+            retire_after=timedelta(hours=opts["gpu_retire_after_hours"]),
             prices={str(k): float(v) for k, v in opts["prices"].items()},
             mfu_dtype=opts["mfu_dtype"],
         )

@@ -56,16 +56,20 @@ FROM o
 WHERE least(coalesce(next_ts, ts + to_seconds($max_gap)), ts + to_seconds($max_gap), $xend) > greatest(ts, $xstart)
 """
 
-# Capacity: a GPU counts from its first to its last sighting (+max_gap) in the inventory, so a
-# GPU that is lost or whose exporter is down still counts, as "no data".
+# Capacity: a GPU counts from its first sighting in the inventory until it has not been seen for
+# $retire_after (then it is taken as removed), but never past $as_of (now, or the window end): so a
+# GPU that is lost, or whose exporter is down - also until the end of the window - still counts,
+# as "no data", and a decommissioned one stops counting a while after it went.
+CAPACITY_END = "greatest(g.last_seen + to_seconds($max_gap), least(g.last_seen + to_seconds($retire_after), $as_of))"
+
 CAPACITY = f"""
 CREATE OR REPLACE TEMP TABLE cap AS
 SELECT g.cluster, g.host, g.gpu_uuid, g.gpu_instance AS gi, g.gpu, g.model, g.mig_profile,
-       {clip_seconds("g.first_seen", "g.last_seen + to_seconds($max_gap)")} AS capacity_s,
+       {clip_seconds("g.first_seen", CAPACITY_END)} AS capacity_s,
        {gpu_equiv("g")} AS equiv
 FROM gpus g
 WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model = $model)
-  AND g.first_seen < $end AND g.last_seen + to_seconds($max_gap) > $start
+  AND g.first_seen < $end AND {CAPACITY_END} > $start
 """
 
 ALLOCATIONS = """

@@ -111,7 +111,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
             SELECT {gpu_cols} k, sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_gpu_h,
                    sum(util / 100 * s * equiv) / 3600 AS busy_gpu_h
             FROM ({split('iv', 't0', 't1', gpu_cols + 'util, equiv')}) GROUP BY ALL""")
-        cap_src = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, g.last_seen + to_seconds($max_gap) AS c1, {sql.gpu_equiv('g')} AS equiv
+        cap_src = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, {sql.CAPACITY_END} AS c1, {sql.gpu_equiv('g')} AS equiv
                        FROM gpus g WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model = $model))"""
         base["cap"] = q(f"SELECT {gpu_cols} k, sum(s * equiv) / 3600 AS capacity_gpu_h FROM ({_long_split(cap_src, 'c0', 'c1', gpu_cols + 'equiv')}) GROUP BY ALL")
     pc_cols = "cluster, model, partition, account, user_name, "

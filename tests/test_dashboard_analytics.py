@@ -196,13 +196,25 @@ def test_timeline_fleet_series(con):
     assert tl["allocated_gpu_h"].sum() == pytest.approx(t.allocated_gpu_h)
     assert tl["capacity_gpu_h"].sum() == pytest.approx(t.capacity_gpu_h)
     assert tl["no_data_gpu_h"].sum() == pytest.approx(t.no_data_gpu_h)
-    # 10:00-11:00 every GPU reports except D after 10:40 (lost: no utilization); 11:00-12:00 D again.
-    # (C's capacity ends with its last sighting in the inventory, 10:59:45 + max_gap: analytics.core)
+    # 10:00-11:00 every GPU reports except D after 10:40 (lost: no utilization); 11:00-12:00 D again,
+    # and C, last seen 10:59:45: its sample holds to 11:00:15 (max_gap 30 s), then it is silent until
+    # the window end but still capacity (retire_after 7 d): 12:00 - 11:00:15 = 59.75 min of no data
     first, second = tl.row(0, named=True), tl.row(1, named=True)
     assert first["no_data_gpu_h"] == pytest.approx(20 / 60)
-    assert second["no_data_gpu_h"] == pytest.approx(1.0)
+    assert second["no_data_gpu_h"] == pytest.approx(1.0 + 59.75 / 60)
     with pytest.raises(ValueError):
         timeline.utilization_timeline(a, "gpu")
+
+
+def test_silent_gpu_counts_as_no_data_until_retired(con):
+    """C, last seen 10:59:45, holds its last sample to 11:00:15; with retire_after = 10 min it is
+    capacity (no data) until 11:09:45, then taken as removed: 9.5 min of no data in 11:00-12:00."""
+    from dataclasses import replace
+
+    a = Analysis(con, replace(W, retire_after=timedelta(minutes=10)), now=T(20))
+    second = timeline.utilization_timeline(a, "fleet", timedelta(hours=1)).row(1, named=True)
+    assert second["no_data_gpu_h"] == pytest.approx(1.0 + 9.5 / 60)  # D's hour + C's 9.5 min
+    assert a.totals().no_data_gpu_h == pytest.approx(20 / 60 + 1.0 + 9.5 / 60)
 
 
 def test_job_gpu_timeline(con):
