@@ -393,6 +393,11 @@ def test_fast_lane_and_full_upsert_agree_on_random_observations(tmp_path, seed):
         batch = lambda: Batch(key=f"b{i}", gpus=[dict(g) for g in gpus], allocations=[dict(a) for a in allocs])  # noqa: E731
         fast.commit(batch())
         full.commit(batch())
+    assert_same_tables(fast, full, tmp_path)
+
+
+def assert_same_tables(fast: StoreWriter, full: StoreWriter, tmp_path) -> None:
+    """The shortcut writer (`fast`) and the full-upsert one published the same gpus and allocations."""
     for w in (fast, full):
         w.publish()
         w.close()
@@ -420,9 +425,4 @@ def test_scrape_rounds_with_jobs_ending_read_as_the_full_upsert(tmp_path):
         fast.commit(batch())
         full.commit(batch())
     assert True in shifts and False in shifts  # both ways were taken
-    for w in (fast, full):
-        w.publish()
-        w.close()
-    for table in ("gpus", "allocations"):
-        q = f"SELECT * FROM {table} ORDER BY ALL"
-        assert open_reader(tmp_path / "fast").execute(q).fetchall() == open_reader(tmp_path / "full").execute(q).fetchall(), table
+    assert_same_tables(fast, full, tmp_path)
