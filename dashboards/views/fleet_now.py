@@ -14,30 +14,41 @@ LEGEND = "✕ lost (gpu_up = 0)   ! XID / ECC / row-remap error   ? no recent da
 
 
 def grid(states: pl.DataFrame) -> alt.LayerChart:
+    """One row per host, one column per GPU index; a MIG GPU's column is split into its instances,
+    so slices sit inside their GPU instead of widening the grid for every node."""
     df = states.with_columns(
         pl.when(pl.col("gi") >= 0).then(pl.format("{}/{}", pl.col("gpu"), pl.col("gi"))).otherwise(pl.col("gpu").cast(pl.Utf8)).alias("slot"),
         pl.when(pl.col("fresh")).then(pl.col("util")).otherwise(None).alias("shown_util"),
         pl.when(pl.col("status") != "ok").then(pl.col("status").replace_strict(MARKS, default=""))
         .when(pl.col("no_process")).then(pl.lit("○")).when(pl.col("held")).then(pl.lit("·")).otherwise(pl.lit("")).alias("mark"),
         pl.col("job_ids").fill_null(""), pl.col("user_names").fill_null(""), pl.col("accounts").fill_null(""), pl.col("job_names").fill_null(""),
-    ).select("cluster", "host", "slot", "gpu", "gi", "model", "status", "shown_util", "util", "mark", "job_ids", "job_names",
-             "user_names", "accounts", "gpu_temp_c", "power_w", "fb_used_mib", "compute_processes", "age_s")
+        pl.len().over("host", "gpu").alias("_parts"),
+        (pl.col("gi").rank("ordinal").over("host", "gpu") - 1).alias("_part"),
+    ).with_columns(
+        (pl.col("gpu") + pl.col("_part") / pl.col("_parts")).alias("x0"),
+        (pl.col("gpu") + (pl.col("_part") + 1) / pl.col("_parts")).alias("x1"),
+    ).with_columns(((pl.col("x0") + pl.col("x1")) / 2).alias("xc")).select(
+        "cluster", "host", "slot", "gpu", "gi", "x0", "x1", "xc", "model", "status", "shown_util", "util", "mark", "job_ids",
+        "job_names", "user_names", "accounts", "gpu_temp_c", "power_w", "fb_used_mib", "compute_processes", "age_s")
     hosts = df.select("cluster", "host").unique().sort("cluster", "host")
     y_order = hosts["host"].to_list()
+    columns = int(df["gpu"].max()) + 1 if df.height else 1
     tooltip = [alt.Tooltip("host:N"), alt.Tooltip("slot:N", title="GPU"), alt.Tooltip("status:N"),
                alt.Tooltip("util:Q", title="utilization %", format=".0f"), alt.Tooltip("job_ids:N", title="job"),
                alt.Tooltip("job_names:N", title="job name"), alt.Tooltip("user_names:N", title="user"),
                alt.Tooltip("accounts:N", title="account"), alt.Tooltip("gpu_temp_c:Q", title="temperature °C", format=".0f"),
                alt.Tooltip("power_w:Q", title="power W", format=".0f"), alt.Tooltip("fb_used_mib:Q", title="memory used MiB", format=",.0f"),
                alt.Tooltip("compute_processes:Q", title="processes"), alt.Tooltip("model:N")]
-    base = alt.Chart(df).encode(
-        x=alt.X("slot:O", title="GPU (index / MIG instance)", sort=alt.EncodingSortField("gpu"), axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("host:N", sort=y_order, title=None, axis=alt.Axis(labelOverlap=False)),
-    ).properties(height=max(120, 22 * len(y_order)))
-    background = base.mark_rect(color="#d0d0d0", stroke="white", strokeWidth=1).encode(tooltip=tooltip)
-    colored = base.transform_filter("isValid(datum.shown_util)").mark_rect(stroke="white", strokeWidth=1).encode(
+    x_axis = alt.Axis(values=[g + 0.5 for g in range(columns)], labelExpr="floor(datum.value)", grid=False, ticks=False)
+    base = alt.Chart(df).encode(y=alt.Y("host:N", sort=y_order, title=None, axis=alt.Axis(labelOverlap=False))).properties(
+        height=max(120, 22 * len(y_order)))
+    cells = base.encode(x=alt.X("x0:Q", title="GPU (MIG GPUs split into their instances)", scale=alt.Scale(domain=[0, columns], nice=False),
+                                axis=x_axis), x2="x1")
+    background = cells.mark_rect(color="#d0d0d0", stroke="white", strokeWidth=1).encode(tooltip=tooltip)
+    colored = cells.transform_filter("isValid(datum.shown_util)").mark_rect(stroke="white", strokeWidth=1).encode(
         color=alt.Color("shown_util:Q", title="utilization %", scale=alt.Scale(domain=[0, 100], scheme="viridis")), tooltip=tooltip)
-    marks = base.mark_text(fontSize=13, fontWeight="bold", color="#d62728").encode(text="mark:N", tooltip=tooltip)
+    marks = base.mark_text(fontSize=13, fontWeight="bold", color="#d62728").encode(
+        x=alt.X("xc:Q", scale=alt.Scale(domain=[0, columns], nice=False), axis=x_axis), text="mark:N", tooltip=tooltip)
     return alt.layer(background, colored, marks)
 
 
