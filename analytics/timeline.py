@@ -24,6 +24,7 @@ from datetime import timedelta
 import polars as pl
 
 from analytics import sql
+from analytics.gputime import epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
 _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}
@@ -77,6 +78,25 @@ def _long_split(src: str, a: str, b: str, cols: str) -> str:
     SELECT {cols}, k, least(eb, {_E0} + (k + 1) * $bucket) - greatest(ea, {_E0} + k * $bucket) AS s FROM y"""
 
 
+def _bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.DataFrame:
+    """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
+    the span is cut at bucket edges and each part is two look-ups in the analysis' cumulative
+    sums (analytics.gputime), so no sample is joined with anything."""
+    start, end = epoch_us(a.p.start), epoch_us(a.p.end)
+    b_us = round(bsec * 1_000_000)
+    df = spans.with_columns(
+        pl.max_horizontal(pl.col("a0").dt.epoch("us"), pl.lit(start)).alias("_a"),
+        pl.min_horizontal(pl.col("a1").dt.epoch("us"), pl.lit(end)).alias("_b"),
+    ).filter(pl.col("_b") > pl.col("_a"))
+    df = df.with_columns(pl.int_ranges((pl.col("_a") - start) // b_us, (pl.col("_b") - start - 1) // b_us + 1).alias("k")).explode("k")
+    df = df.with_columns(
+        pl.max_horizontal("_a", pl.col("k") * b_us + start).alias("_a"),
+        pl.min_horizontal("_b", (pl.col("k") + 1) * b_us + start).alias("_b"),
+    )
+    data, busy = a.gt.integrals(df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy())
+    return df.select(*keys, "k", data_gpu_h=pl.Series(data) / 3600, busy_gpu_h=pl.Series(busy) / 3600)
+
+
 def utilization_timeline(a, by: str = "fleet", bucket: timedelta | None = None) -> pl.DataFrame:
     """Per bucket (its start time) and group of `by`; see the module docstring."""
     return utilization_timelines(a, (by,), bucket)[by]
@@ -96,9 +116,6 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     bsec = bucket.total_seconds()
     n_buckets = int(-(-p.seconds // bsec))
     extra = {"bucket": bsec}
-    split = _short_split if p.max_gap <= bucket else _long_split
-
-    a.tables("pc")  # the timeline splits iv and pc rows into buckets
 
     def q(query: str) -> pl.DataFrame:
         names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
@@ -106,19 +123,18 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
 
     gpu_cols, job_cols = "cluster, model, ", "cluster, partition, account, user_name, "
     base: dict[str, pl.DataFrame] = {}
+    # which model each GPU id is, as per_gpu() (and so utilization()) groups it
+    ids = a.gt.gpus.select("cluster", "host", "gpu_uuid", "gi", "gid").unique(["cluster", "host", "gpu_uuid", "gi"])
+    models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(ids, on=["cluster", "host", "gpu_uuid", "gi"])
     if any(d in _GPU_KEYS for d in dims):
-        base["iv"] = q(f"""
-            SELECT {gpu_cols} k, sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_gpu_h,
-                   sum(util / 100 * s * equiv) / 3600 AS busy_gpu_h
-            FROM ({split('iv', 't0', 't1', gpu_cols + 'util, equiv')}) GROUP BY ALL""")
+        whole = models.select("cluster", "model", "gid", a0=pl.lit(p.start), a1=pl.lit(p.end))
+        base["iv"] = _bucket_use(a, whole, ["cluster", "model"], bsec)
         cap_src = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, {sql.CAPACITY_END} AS c1, {sql.gpu_equiv('g')} AS equiv
                        FROM gpus g WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model = $model))"""
         base["cap"] = q(f"SELECT {gpu_cols} k, sum(s * equiv) / 3600 AS capacity_gpu_h FROM ({_long_split(cap_src, 'c0', 'c1', gpu_cols + 'equiv')}) GROUP BY ALL")
-    pc_cols = "cluster, model, partition, account, user_name, "
-    base["pc"] = q(f"""
-        SELECT {pc_cols} k, sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_gpu_h,
-               sum(util / 100 * s * equiv) / 3600 AS busy_gpu_h
-        FROM ({split('pc', 'p0', 'p1', pc_cols + 'util, equiv')}) GROUP BY ALL""")
+    held = pl.from_arrow(a.con.sql("SELECT cluster, host, gpu_uuid, gi, partition, account, user_name, a0, a1 FROM alv").to_arrow_table())
+    held = held.join(models, on=["cluster", "host", "gpu_uuid", "gi"])  # allocations of GPUs without samples hold no data
+    base["pc"] = _bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
     if any(d != "model" for d in dims):
         # a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs
         job_src = f'(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ({sql.JOB_ALLOCATED}))'
