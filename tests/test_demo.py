@@ -64,8 +64,9 @@ def test_fleet_is_the_promised_mix(fleet):
     assert [code for _, code in fleet.xids] == [48, 79]
     assert max(j.start for j in on_it) < fleet.lost_at
     assert [j.final_state for j in on_it if j.end == fleet.lost_at] == ["NODE_FAIL"]
-    # same inputs, same plan
+    # same inputs, same plan; times in whole seconds, as schedulers record them
     assert fleet_mod.build(NOW).jobs == fleet.jobs
+    assert all(t.microsecond == 0 for j in fleet.jobs for t in (j.submit, j.start, j.end))
 
 
 def test_no_device_is_double_booked(fleet):

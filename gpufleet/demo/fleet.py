@@ -252,7 +252,7 @@ class _Planner:
             hours = 0.05 + rng.uniform(0, 0.3) if profile == "failing" else min(72.0, rng.lognormvariate(0, sigma) * median_h)
             if profile == "notebook":
                 hours = max(hours, 3.0)  # notebooks are left open for hours
-            start, end = t, t + timedelta(hours=hours)
+            start, end = _whole(t), _whole(t + timedelta(hours=hours))
             state = "FAILED" if profile == "failing" else rng.choices(("COMPLETED", "CANCELLED", "TIMEOUT", "FAILED"), (0.85, 0.07, 0.04, 0.04))[0]
             if self._lost_lane(slots) and start < self.lost_at:
                 if end > self.lost_at:
@@ -264,7 +264,7 @@ class _Planner:
             user = rng.choice(SLURM_ACCOUNTS[account][1])
             name = rng.choice(NAMES[profile])
             self.slurm.append((start, slots, partition, "train" if profile == "failing" else profile, end, state,
-                               start - timedelta(hours=wait_h), account, user, name, _params(rng, profile, hours), rng.randrange(1 << 30)))
+                               _whole(start - timedelta(hours=wait_h)), account, user, name, _params(rng, profile, hours), rng.randrange(1 << 30)))
             gap_h = rng.expovariate(1 / (0.25 * median_h))
             t = end + timedelta(hours=gap_h, seconds=rng.randrange(60))
 
@@ -278,7 +278,7 @@ class _Planner:
             profile = kind
             if kind == "train" and rng.random() < 0.1:
                 profile = "held"  # a pod that waits on a data loader that never comes
-            start, end = t, t + timedelta(hours=hours)
+            start, end = _whole(t), _whole(t + timedelta(hours=hours))
             base = {"inference": "serve-llm", "train": "ctr-train" if namespace == "recsys" else "research-train",
                     "dev": "dev", "notebook": "jupyter"}[kind]
             pod = f"{base}-{rng.randrange(16 ** 5):05x}"
@@ -295,6 +295,11 @@ class _Planner:
             jobs.append(Job("hpc", "slurm", job_id, job_id, name, user, account, partition, profile, slots,
                             submit, start, end, state, params, seed))
         return tuple(sorted(jobs, key=lambda j: (j.start, j.job_key)))
+
+
+def _whole(t: datetime) -> datetime:
+    """Schedulers record whole seconds."""
+    return t.replace(microsecond=0)
 
 
 def _params(rng: random.Random, profile: str, hours: float) -> tuple[float, float, float, float]:
