@@ -120,7 +120,28 @@ class Analysis:
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
         data, busy = self.gt.integrals(gid, np.maximum(a0, s), np.minimum(a1, e))
         has = self.gt.overlaps(gid, a0, a1) & (gid >= 0)
-        self.con.register("alv", al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has)).to_arrow())
+        self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
+        self.con.register("alv", self._alv.to_arrow())
+
+    def allocation_detail(self) -> pl.DataFrame:
+        """alv with what each allocation's pieces add up to (GpuTime.allocation_detail: pieces,
+        util_n, fb_max, any_s, tensor_s, clocked_s, tclock, tw_clocked, tnoclock) and its GPU's gpu index and
+        model. The first call re-reads the window with the detail columns (same intervals, ids)."""
+        if ("detail",) not in self._memo:
+            if self.gt.fb is None:
+                self.gt = None  # the plain arrays go first: the detail ones are a superset
+                self.gt = GpuTime(self.con, self.bind, detail=True)
+            g = self.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
+                pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"))
+            al = self._alv.drop("gid").join(
+                self.gt.gpus.select("cluster", "host", "gpu_uuid", "gi", "gid").unique(["cluster", "host", "gpu_uuid", "gi"]),
+                on=["cluster", "host", "gpu_uuid", "gi"], how="left").join(g, on="gid", how="left")
+            d = self.gt.allocation_detail(
+                al["gid"].fill_null(-1).to_numpy(), al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy(),
+                al["equiv"].fill_null(1.0).to_numpy(), epoch_us(self.p.start), epoch_us(self.p.end))
+            self._memo[("detail",)] = al.with_columns([pl.Series(k, v) for k, v in d.items()]).with_columns(
+                pl.col("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock").fill_nan(None))
+        return self._memo[("detail",)].clone()
 
     def _exec(self, query: str) -> None:
         self.con.execute(query, {k: v for k, v in self.bind.items() if f"${k}" in query})

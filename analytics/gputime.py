@@ -39,12 +39,15 @@ class GpuTime:
     here with zero length, which adds nothing to any sum.
     """
 
-    def __init__(self, con: Any, bind: dict[str, Any]):
+    def __init__(self, con: Any, bind: dict[str, Any], detail: bool = False):
+        """`detail`: also keep memory, tensor activity and SM clock per interval (for
+        allocation_detail: the per-job report and MFU), which costs three more arrays."""
+        self.fb = self.tensor = self.clock = None
         with _no_hugepages():
-            self._build(con, bind)
+            self._build(con, bind, detail)
 
-    def _build(self, con: Any, bind: dict[str, Any]) -> None:
-        q = sql.SAMPLE_ARRAYS
+    def _build(self, con: Any, bind: dict[str, Any], detail: bool) -> None:
+        q = sql.SAMPLE_ARRAYS_DETAIL if detail else sql.SAMPLE_ARRAYS
         tab = con.sql(q, params={k: v for k, v in bind.items() if f"${k}" in q}).to_arrow_table()
         xstart, xend = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
@@ -55,7 +58,7 @@ class GpuTime:
         # (the file order gives them); numpy views of the chunks, nothing copied yet
         chunks = [[c.to_numpy(zero_copy_only=False) for c in batch.columns] for batch in tab.to_batches() if batch.num_rows]
         seg_c, seg_s, seg_n, seg_h, seg_t0, seg_t1 = [], [], [], [], [], []
-        for i, (h, ts, _, _) in enumerate(chunks):
+        for i, (h, ts, *_) in enumerate(chunks):
             brk = np.ones(len(ts), dtype=bool)
             brk[1:] = (h[1:] != h[:-1]) | (ts[1:] < ts[:-1])
             st = np.flatnonzero(brk)
@@ -70,8 +73,8 @@ class GpuTime:
         order = np.lexsort((first, seg_g))
         seg_c, seg_s, seg_n, seg_v, seg_g, first, last = (x[order] for x in (seg_c, seg_s, seg_n, seg_v, seg_g, first, last))
         # the rows in segment order: GPU-time order unless a GPU's segments overlap in time
-        t0, util, nop = (_gather([c[k] for c in chunks], seg_c, seg_s, seg_n).astype(t, copy=False)
-                         for k, t in ((1, np.int64), (2, np.float32), (3, np.bool_)))
+        columns = ((1, np.int64), (2, np.float32), (3, np.bool_)) + (((4, np.float32), (5, np.float32), (6, np.float32)) if detail else ())
+        t0, util, nop, *extra = (_gather([c[k] for c in chunks], seg_c, seg_s, seg_n).astype(t, copy=False) for k, t in columns)
         del chunks, tab
         lo = seg_n
         self.seg_at = np.cumsum(lo) - lo  # where each segment starts now
@@ -80,6 +83,7 @@ class GpuTime:
             rv = np.repeat(seg_v, seg_n)
             perm = np.lexsort((t0, np.repeat(seg_g, seg_n)))
             t0, util, nop, rv = t0[perm], util[perm], nop[perm], rv[perm]
+            extra = [x[perm] for x in extra]
             del perm
             cut = np.flatnonzero(np.concatenate(([True], rv[1:] != rv[:-1]))) if len(rv) else np.array([], dtype=np.int64)
             seg_v, lo, self.seg_at = rv[cut], np.diff(np.append(cut, len(rv))), cut
@@ -95,6 +99,8 @@ class GpuTime:
         np.minimum(t1[:-1], t0[1:], out=t1[:-1])
         np.maximum(t1, t0, out=t1)
         self.t0, self.t1, self.util, self.nop = t0, t1, util, nop
+        if detail:
+            self.fb, self.tensor, self.clock = extra
 
         # cumulative data and busy seconds (x MIG share) up to and including each interval
         sec = np.subtract(t1, t0, dtype=np.float64)
@@ -151,6 +157,57 @@ class GpuTime:
         j = np.searchsorted(self.t0, self.key(gid, b), side="left") - 1
         jj = np.maximum(j, 0)
         return (j >= 0) & (self.t0[jj] >= gid * self.span) & (self.t1[jj] > self.key(gid, a)) & (self.t1[jj] > self.t0[jj])
+
+    def allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
+                          start: int, end: int) -> dict[str, np.ndarray]:
+        """What sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to,
+        per allocation, with w = the piece's seconds inside [start, end) x equiv:
+
+          pieces    intervals (of positive length) overlapping [a0, a1)
+          util_n    of them with a utilization; data_s / busy_s are in alv already
+          fb_max    max memory used over pieces with w > 0 (NaN: none)
+          any_s     sum of w (MFU's sampled time)
+          tensor_s  sum of w where tensor activity is known (NaN: no such piece with w > 0)
+          clocked_s sum of w over those with an SM clock too
+          tclock    sum of tensor x clock x w over those, tw_clocked of tensor x w over those;
+          tnoclock  sum of tensor x w over the pieces with tensor activity but no clock
+
+        Needs detail=True. One small slice per allocation: no sample is copied per job."""
+        n = len(gid)
+        out = {k: np.full(n, np.nan) for k in ("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")}
+        out.update(pieces=np.zeros(n, dtype=np.int64), util_n=np.zeros(n, dtype=np.int64), any_s=np.zeros(n))
+        if not len(self.t0):
+            return out
+        ka, kb = self.key(gid, a0), self.key(gid, a1)
+        ws, we = self.key(gid, np.full(n, start)), self.key(gid, np.full(n, end))
+        j0 = np.searchsorted(self.t1, ka, side="right")  # t1 never decreases along the line
+        j1 = np.searchsorted(self.t0, kb, side="left")
+        for i in np.flatnonzero((j1 > j0) & (gid >= 0)).tolist():
+            s = slice(j0[i], j1[i])
+            t0, t1 = self.t0[s], self.t1[s]
+            real = t1 > t0
+            if not real.any():
+                continue
+            w = np.clip(np.minimum(np.minimum(t1, kb[i]), we[i]) - np.maximum(np.maximum(t0, ka[i]), ws[i]), 0, None) * (equiv[i] / 1e6)
+            w[~real] = 0.0
+            out["pieces"][i] = int(real.sum())
+            out["util_n"][i] = int((real & ~np.isnan(self.util[s])).sum())
+            pos = w > 0
+            out["any_s"][i] = w.sum()
+            fb = self.fb[s][pos]
+            if fb.size and not np.isnan(fb).all():
+                out["fb_max"][i] = np.nanmax(fb)
+            tensor = self.tensor[s]
+            has_t = pos & ~np.isnan(tensor)
+            if has_t.any():
+                clock, tw, wt = self.clock[s][has_t], tensor[has_t] * w[has_t], w[has_t]
+                clocked = ~np.isnan(clock)
+                out["tensor_s"][i] = wt.sum()
+                out["clocked_s"][i] = wt[clocked].sum()
+                out["tclock"][i] = (tw[clocked] * clock[clocked]).sum()
+                out["tw_clocked"][i] = tw[clocked].sum()
+                out["tnoclock"][i] = tw[~clocked].sum()
+        return out
 
     def per_gpu(self, start: int, end: int) -> pl.DataFrame:
         """Data and busy seconds (x MIG share) of each GPU inside [start, end)."""

@@ -41,15 +41,15 @@ class JobReport:
 
 
 def per_job_gpu(a: Analysis) -> pl.DataFrame:
-    """Per job and GPU: data hours, utilization and memory high-water inside the window."""
-    clip = sql.clip_seconds("p0", "p1")
-    return a.q(f"""
-        SELECT cluster, scheduler, job_key, host, any_value(gpu) AS gpu, gpu_uuid, gi, any_value(model) AS model,
-               sum({clip} * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_h,
-               sum(util * {clip} * equiv) / nullif(sum({clip} * equiv) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
-               max(fb_used_mib) FILTER (WHERE {clip} > 0) AS fb_used_max_mib
-        FROM pc GROUP BY cluster, scheduler, job_key, host, gpu_uuid, gi
-        ORDER BY cluster, job_key, host, gpu, gi""")
+    """Per job and GPU: data hours, utilization and memory high-water inside the window (what
+    sql.PIECES rows of each allocation add up to; Analysis.allocation_detail)."""
+    d = a.allocation_detail().filter(pl.col("pieces") > 0)
+    return d.select(
+        "cluster", "scheduler", "job_key", "host", pl.col("gpu").cast(pl.Int16), "gpu_uuid", pl.col("gi").cast(pl.Int16), "model",
+        pl.when(pl.col("util_n") > 0).then(pl.col("data_s") / 3600).alias("data_h"),
+        pl.when(pl.col("data_s") > 0).then(pl.col("busy_s") / pl.col("data_s") * 100).alias("utilization_pct"),
+        pl.col("fb_max").cast(pl.Float64).alias("fb_used_max_mib"),
+    ).sort("cluster", "job_key", "host", "gpu", "gi")
 
 
 def rule(verdict: str, row: dict, a: Analysis) -> str:

@@ -94,19 +94,7 @@ WITH acct AS (
     WHERE h.held_s > 0
     GROUP BY h.cluster, h.scheduler, h.job_key
 ), t AS (
-    SELECT cluster, scheduler, job_key,
-           sum(w) AS tensor_s,
-           sum(tensor_active * coalesce(sm_clock_mhz / boost_clock_mhz, 1.0) * w) AS est_s,
-           sum(w) FILTER (WHERE sm_clock_mhz IS NOT NULL AND boost_clock_mhz IS NOT NULL) AS scaled_s,
-           bool_or(boost_clock_mhz IS NULL) AS boost_missing,
-           list(DISTINCT model ORDER BY model) FILTER (WHERE boost_clock_mhz IS NULL) AS no_boost
-    FROM (SELECT pc.*, {sql.clip_seconds("pc.p0", "pc.p1")} * pc.equiv AS w, pk.boost_clock_mhz
-          FROM pc LEFT JOIN mfu_peaks pk ON pk.model = pc.model)
-    WHERE tensor_active IS NOT NULL AND w > 0
-    GROUP BY cluster, scheduler, job_key
-), d AS (
-    SELECT cluster, scheduler, job_key, sum({sql.clip_seconds("p0", "p1")} * equiv) AS data_s
-    FROM pc GROUP BY cluster, scheduler, job_key
+    SELECT cluster, scheduler, job_key, tensor_s, est_s, scaled_s, no_boost, data_s FROM mfu_use
 ), r AS (
     SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
     FROM job_throughput
@@ -129,13 +117,12 @@ SELECT k.cluster, k.scheduler, k.job_key,
        held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
        coalesce(acct.alloc_gpu_s, held.held_gpu_s, 0) / 3600 AS gpu_h,
        held.job_key IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
-       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, d.data_s,
+       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, t.data_s,
        rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis
 FROM keys k
 LEFT JOIN acct USING (cluster, scheduler, job_key)
 LEFT JOIN held USING (cluster, scheduler, job_key)
 LEFT JOIN t USING (cluster, scheduler, job_key)
-LEFT JOIN d USING (cluster, scheduler, job_key)
 LEFT JOIN rep USING (cluster, scheduler, job_key)
 ORDER BY k.cluster, k.scheduler, k.job_key
 """
@@ -146,7 +133,9 @@ def job_mfu(a: Analysis) -> pl.DataFrame:
     GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
     `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown"."""
     dtype = a.p.mfu_dtype
-    a.con.register("mfu_peaks", peaks_for(dtype).to_arrow())
+    peaks = peaks_for(dtype)
+    a.con.register("mfu_peaks", peaks.to_arrow())
+    a.con.register("mfu_use", _tensor_use(a, peaks).to_arrow())
     raw = a.q(_JOBS)
     f = a.p.filters
     for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
@@ -159,6 +148,32 @@ def job_mfu(a: Analysis) -> pl.DataFrame:
         "scheduler": pl.Utf8, "gpu_h": pl.Float64, "peak_tflops": pl.Float64, "tflops_per_gpu": pl.Float64,
     }
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def _tensor_use(a: Analysis, peaks: pl.DataFrame) -> pl.DataFrame:
+    """Per job, over its pieces inside the window (w = seconds x MIG share): tensor_s (time with
+    tensor activity), est_s (sum of tensor activity x SM clock / boost clock x w, or x 1 where
+    either clock is unknown), scaled_s (time with both clocks), no_boost (models without a boost
+    clock), data_s (all its sampled time; null for a job with no piece). From
+    Analysis.allocation_detail."""
+    boost = peaks.select("model", pl.col("boost_clock_mhz").cast(pl.Float64).alias("boost"))
+    d = a.allocation_detail().filter(pl.col("pieces") > 0).join(boost, on="model", how="left")
+    has_t, known = pl.col("tensor_s").is_not_null(), pl.col("boost").is_not_null()
+    d = d.with_columns(
+        pl.when(known).then(pl.col("tclock") / pl.col("boost")).otherwise(pl.col("tw_clocked")).add(pl.col("tnoclock")).alias("est_s"),
+        pl.when(known).then(pl.col("clocked_s")).alias("scaled_s"),
+    )
+    key = ["cluster", "scheduler", "job_key"]
+    return d.group_by(key).agg(
+        pl.col("tensor_s").sum(), pl.col("est_s").filter(has_t).sum(),
+        pl.col("scaled_s").filter(has_t).sum(),
+        pl.col("model").filter(has_t & ~known).drop_nulls().unique().sort().alias("no_boost"),
+        pl.col("any_s").sum().alias("data_s"), has_t.any().alias("_t"), (has_t & known).any().alias("_scaled"),
+    ).with_columns(
+        *[pl.when(pl.col("_t")).then(pl.col(c)).alias(c) for c in ("tensor_s", "est_s")],
+        pl.when(pl.col("_scaled")).then(pl.col("scaled_s")).alias("scaled_s"),
+        pl.when(pl.col("no_boost").list.len() > 0).then(pl.col("no_boost")).alias("no_boost"),
+    ).drop("_t", "_scaled")
 
 
 def _decide(r: dict, dtype: str) -> tuple:

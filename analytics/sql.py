@@ -115,6 +115,16 @@ FROM iv JOIN ah al
  AND {iv_hour()} = al.hour AND iv.t1 > al.a0 AND iv.t0 < al.a1
 """
 
+# Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
+# one, dcgm-exporter does not)? A sample holds at most max_gap, so earlier ones cannot reach in.
+HAS_PROCESS_COUNTS = """
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM gpu_samples
+    WHERE compute_processes IS NOT NULL AND ts > $start - to_seconds($max_gap) AND ts < $end
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+    LIMIT 1)
+"""
+
 # --- the array path (analytics/gputime.py) ---
 
 # A GPU variant - the GPU (cluster, host, gpu_uuid, MIG instance) with its gpu index, model and
@@ -133,6 +143,11 @@ FROM gpu_samples
 WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
   AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
 """
+# ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
+SAMPLE_ARRAYS_DETAIL = SAMPLE_ARRAYS.replace(
+    "AS nop\n",
+    "AS nop,\n       coalesce(fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,\n"
+    "       coalesce(sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock\n")
 
 # the variants behind the hashes in _want_h: from the inventory, and (rarely) from the samples
 INVENTORY_VARIANTS = f"""

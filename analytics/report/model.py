@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import duckdb
 import polars as pl
 
+from analytics import sql
 from analytics.core import Analysis, Totals
 from analytics.jobs import job_summaries
 from analytics.params import Filters, Params
@@ -197,7 +198,7 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
 
 def _process_counts(a: Analysis) -> bool:
     """Does any sample in the window carry a compute-process count (gpufleet exporter)?"""
-    return bool(a.q("SELECT count(*) AS n FROM iv WHERE procs IS NOT NULL AND t1 > $start AND t0 < $end")["n"][0])
+    return bool(a.q(sql.HAS_PROCESS_COUNTS)["n"][0])
 
 
 def _by_account(df: pl.DataFrame, sums: list[str], cost: str | None = None) -> dict[str, dict[str, Any]]:
