@@ -300,9 +300,7 @@ def chunk(scale: Scale, day: int, group: int, segments: pl.DataFrame, gpus: pl.D
         fb_used_mib=pl.col("fb_used_mib").cast(pl.Float32), power_w=pl.col("power_w").cast(pl.Float32),
     )
     arrow = df.to_arrow()
-    n = arrow.num_rows
-    cols = [arrow[f.name].cast(f.type) if f.name in arrow.column_names else pa.nulls(n, f.type) for f in schema.SAMPLE_SCHEMA]
-    return pa.Table.from_arrays(cols, schema=schema.SAMPLE_SCHEMA)
+    return schema.conform_samples(arrow)
 
 
 def gpu_frame(scale: Scale) -> pl.DataFrame:

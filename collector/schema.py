@@ -99,6 +99,13 @@ SAMPLE_SCHEMA = pa.schema(
     + [pa.field(f.column, f.type) for f in SAMPLE_FIELDS]
 )
 
+
+def conform_samples(table: pa.Table) -> pa.Table:
+    """`table` as SAMPLE_SCHEMA: its columns cast, the ones it lacks all null (unknown, not 0)."""
+    n = table.num_rows
+    cols = [table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type) for f in SAMPLE_SCHEMA]
+    return pa.Table.from_arrays(cols, schema=SAMPLE_SCHEMA)
+
 # Who held which GPU, as seen by the exporters' job mapping (gpufleet_gpu_job_info, dcgm-exporter
 # pod/hpc_job labels) or scontrol: one row per job and GPU, widened as observations arrive.
 ALLOCATIONS_DDL = """

@@ -22,7 +22,7 @@ from collector.sources.base import Batch
 from collector.store import StoreWriter
 from exporter.backends.sim_models import MODELS
 from gpufleet.demo import load
-from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job
+from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job, Slot
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -31,14 +31,19 @@ def epoch(t: datetime) -> int:
     return int((t - EPOCH).total_seconds())
 
 
+def fb_total_mib(s: Slot) -> float:
+    """The framebuffer the device reports: the MIG profile's share, or the whole board's."""
+    m = MODELS[s.node.model]
+    return float(m.mig_profiles[s.mig_profile] if s.mig_profile else m.memory_mib)
+
+
 def slot_frame(fleet: Fleet) -> pl.DataFrame:
     """One row per device with its identity and the power/clock envelope of its model."""
     rows = []
     for i, s in enumerate(fleet.slots()):
         m = MODELS[s.node.model]
-        total = m.mig_profiles[s.mig_profile] if s.mig_profile else m.memory_mib
         rows.append(dict(slot=i, cluster=s.node.cluster, host=s.node.host, gpu=s.gpu, gpu_uuid=s.gpu_uuid,
-                         gpu_instance=s.gpu_instance, mig_profile=s.mig_profile, model=m.name, fb_total=float(total),
+                         gpu_instance=s.gpu_instance, mig_profile=s.mig_profile, model=m.name, fb_total=fb_total_mib(s),
                          idle_w=m.idle_w, tdp_w=m.tdp_w, max_sm=float(m.max_sm_mhz), idle_sm=float(m.idle_sm_mhz),
                          mem_mhz=float(m.mem_mhz)))
     return pl.DataFrame(rows, schema_overrides={"gpu": pl.Int16, "gpu_instance": pl.Int16, "mig_profile": pl.String}, infer_schema_length=None)
@@ -88,7 +93,7 @@ def _health(fleet: Fleet, df: pl.DataFrame) -> pl.DataFrame:
         gpu_up=pl.lit(1.0),
     )
     lost = on_lost & (t >= epoch(fleet.lost_at))
-    keep = [c for c in ("t", "slot", "host", "gpu", "gpu_uuid", "gpu_instance", "cluster")]
+    keep = ("t", "slot", "host", "gpu", "gpu_uuid", "gpu_instance", "cluster")
     df = df.with_columns(
         [pl.when(lost).then(None).otherwise(pl.col(c)).alias(c) for c in df.columns if c not in keep and c != "gpu_up"]
         + [pl.when(lost).then(0.0).otherwise(pl.col("gpu_up")).alias("gpu_up")]
@@ -109,9 +114,7 @@ def sample_table(df: pl.DataFrame) -> pa.Table:
         tensor_active=pl.when(pl.col("gpu_instance").is_null()).then(pl.col("tensor")),
         compute_processes="procs", gpu_up="gpu_up",
     ).sort("host", "gpu_uuid", "gpu_instance", "ts").to_arrow()
-    n = out.num_rows
-    cols = [out[f.name].cast(f.type) if f.name in out.column_names else pa.nulls(n, f.type) for f in schema.SAMPLE_SCHEMA]
-    return pa.Table.from_arrays(cols, schema=schema.SAMPLE_SCHEMA)
+    return schema.conform_samples(out)
 
 
 def job_rows(fleet: Fleet, now: datetime) -> list[dict]:
@@ -161,13 +164,12 @@ def observations(fleet: Fleet, lo: datetime, hi: datetime) -> tuple[list[dict], 
             allocs += [dict(obs, ts=first), dict(obs, ts=last)]
     inventory = []
     for s in fleet.slots():
-        m = MODELS[s.node.model]
         last = hi - timedelta(seconds=STEP_S)
         if (s.node.host, s.gpu) == (lost_host, lost_gpu):
             last = fleet.lost_at - timedelta(seconds=STEP_S)
         obs = dict(cluster=s.node.cluster, host=s.node.host, gpu_uuid=s.gpu_uuid,
                    gpu_instance=s.gpu_instance if s.gpu_instance is not None else -1, gpu=s.gpu, mig_profile=s.mig_profile,
-                   model=m.name, fb_total_mib=float(m.mig_profiles[s.mig_profile] if s.mig_profile else m.memory_mib),
+                   model=MODELS[s.node.model].name, fb_total_mib=fb_total_mib(s),
                    driver_version="550.54.15")
         inventory += [dict(obs, ts=lo), dict(obs, ts=last)]
     return allocs, inventory
@@ -205,10 +207,11 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
                 written += w.commit(Batch(key=key, samples=sample_table(hour))).samples_written
             progress(i + 1, total)
         allocs, inventory = observations(fleet, fleet.start, fleet.now)
-        w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=job_rows(fleet, fleet.now),
+        jobs = job_rows(fleet, fleet.now)
+        w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=jobs,
                        allocations=allocs, gpus=inventory))
         compact(w, fleet.now)
         progress(total, total)
     finally:
         w.close()
-    return {"samples": written, "jobs": len(job_rows(fleet, fleet.now)), "devices": slots.height}
+    return {"samples": written, "jobs": len(jobs), "devices": slots.height}
