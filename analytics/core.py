@@ -112,8 +112,7 @@ class Analysis:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
         any sample interval overlaps it (then it has pieces, as sql.PIECES would give)."""
         al = self.q("SELECT * FROM al")
-        ids = self.gt.gpus.select("cluster", "host", "gpu_uuid", "gi", "gid").unique(["cluster", "host", "gpu_uuid", "gi"])
-        al = al.join(ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
+        al = al.join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
         gid = al["gid"].fill_null(-1).to_numpy()
         a0 = al["a0"].dt.epoch("us").to_numpy()
         a1 = al["a1"].dt.epoch("us").to_numpy()
@@ -133,9 +132,7 @@ class Analysis:
                 self.gt = GpuTime(self.con, self.bind, detail=True)
             g = self.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
                 pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"))
-            al = self._alv.drop("gid").join(
-                self.gt.gpus.select("cluster", "host", "gpu_uuid", "gi", "gid").unique(["cluster", "host", "gpu_uuid", "gi"]),
-                on=["cluster", "host", "gpu_uuid", "gi"], how="left").join(g, on="gid", how="left")
+            al = self._alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left").join(g, on="gid", how="left")
             d = self.gt.allocation_detail(
                 al["gid"].fill_null(-1).to_numpy(), al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy(),
                 al["equiv"].fill_null(1.0).to_numpy(), epoch_us(self.p.start), epoch_us(self.p.end))

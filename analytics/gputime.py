@@ -117,6 +117,11 @@ class GpuTime:
         self.cdata = np.cumsum(sec, out=sec)
         self.cbusy = np.cumsum(busy, out=busy)
 
+    @property
+    def ids(self) -> pl.DataFrame:
+        """cluster, host, gpu_uuid, gi -> gid: one row per GPU (its variants share the gid)."""
+        return self.gpus.select("cluster", "host", "gpu_uuid", "gi", "gid").unique(["cluster", "host", "gpu_uuid", "gi"])
+
     def key(self, gid: np.ndarray, t: np.ndarray) -> np.ndarray:
         return gid.astype(np.int64) * self.span + (np.asarray(t, dtype=np.int64) - self.base)
 

@@ -93,8 +93,6 @@ WITH acct AS (
     FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
     WHERE h.held_s > 0
     GROUP BY h.cluster, h.scheduler, h.job_key
-), t AS (
-    SELECT cluster, scheduler, job_key, tensor_s, est_s, scaled_s, no_boost, data_s FROM mfu_use
 ), r AS (
     SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
     FROM job_throughput
@@ -122,7 +120,7 @@ SELECT k.cluster, k.scheduler, k.job_key,
 FROM keys k
 LEFT JOIN acct USING (cluster, scheduler, job_key)
 LEFT JOIN held USING (cluster, scheduler, job_key)
-LEFT JOIN t USING (cluster, scheduler, job_key)
+LEFT JOIN mfu_use t USING (cluster, scheduler, job_key)  -- tensor activity over its pieces (_tensor_use)
 LEFT JOIN rep USING (cluster, scheduler, job_key)
 ORDER BY k.cluster, k.scheduler, k.job_key
 """

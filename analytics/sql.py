@@ -135,19 +135,19 @@ _VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT A
 # the rows sql.INTERVALS reads, in the store's file order (which keeps each GPU's samples in time
 # order), as narrow as they go: NaN stands for a NULL utilization (so the columns reach numpy
 # without a copy), nop is NO_PROCESS_PRED
-SAMPLE_ARRAYS = f"""
+_SAMPLE_ARRAYS = f"""
 SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
        coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
-       coalesce(compute_processes = 0, false) AS nop
+       coalesce(compute_processes = 0, false) AS nop{{detail}}
 FROM gpu_samples
 WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
   AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
 """
+SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="")
 # ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
-SAMPLE_ARRAYS_DETAIL = SAMPLE_ARRAYS.replace(
-    "AS nop\n",
-    "AS nop,\n       coalesce(fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,\n"
-    "       coalesce(sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock\n")
+SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=""",
+       coalesce(fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
+       coalesce(sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock""")
 
 # the variants behind the hashes in _want_h: from the inventory, and (rarely) from the samples
 INVENTORY_VARIANTS = f"""

@@ -124,8 +124,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     gpu_cols, job_cols = "cluster, model, ", "cluster, partition, account, user_name, "
     base: dict[str, pl.DataFrame] = {}
     # which model each GPU id is, as per_gpu() (and so utilization()) groups it
-    ids = a.gt.gpus.select("cluster", "host", "gpu_uuid", "gi", "gid").unique(["cluster", "host", "gpu_uuid", "gi"])
-    models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(ids, on=["cluster", "host", "gpu_uuid", "gi"])
+    models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
     if any(d in _GPU_KEYS for d in dims):
         whole = models.select("cluster", "model", "gid", a0=pl.lit(p.start), a1=pl.lit(p.end))
         base["iv"] = _bucket_use(a, whole, ["cluster", "model"], bsec)
