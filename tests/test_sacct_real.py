@@ -92,7 +92,7 @@ def test_sacct_source_says_what_sacct_says(slurm_cluster):
     try:
         c.wait_running(cancel)
         c.run("scancel", str(cancel))
-        assert c.wait_job(arr) == "COMPLETED"
+        assert c.wait_job(arr, array_tasks=3) == "COMPLETED"
         assert c.wait_job(fail) == "FAILED"
         assert c.wait_job(cancel).startswith("CANCELLED")
 

@@ -20,7 +20,9 @@ How it calls sacct, and why:
   ends, and its final state is read by the run whose window holds its end. Jobs not yet
   eligible (held, --begin in the future) are in no window until they are (seen on 22.05); they
   hold no GPU meanwhile. The overlap covers accounting records that reach slurmdbd late (a job
-  shows up about a second after it starts; slurmctld queues records while slurmdbd is down): a
+  shows up about a second after it starts; the tasks slurmctld splits off an array record reach
+  it 2-5 s after they end, and until then the array's last task reads as a plain job id under the
+  same JobIDRaw, which the next read corrects; slurmctld queues records while slurmdbd is down): a
   record later than `overlap` leaves that job RUNNING in the store, so raise `overlap` if your
   slurmdbd has long outages. Long windows (first run, a gap) are read in `max_window` chunks,
   one batch and watermark each, so progress survives a crash.

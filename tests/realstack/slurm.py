@@ -271,21 +271,32 @@ class SlurmCluster:
         wait_for(f"job {job_id} RUNNING", running, timeout=timeout, daemons=self.daemons, interval=0.1)
 
     def sacct_states(self, job_id: int) -> list[str]:
-        out = self.sacct("-X", "-n", "-P", "-j", str(job_id), "-o", "State")
-        return [line.split()[0] for line in out.splitlines() if line.strip()]
+        return [state for _, state in self.sacct_records(job_id)]
 
-    def wait_job(self, job_id: int, timeout: float = 60) -> str:
+    def sacct_records(self, job_id: int) -> list[tuple[str, str]]:
+        """(JobID, first word of State) of each allocation record accounting holds for the job."""
+        out = self.sacct("-X", "-n", "-P", "-j", str(job_id), "-o", "JobID,State")
+        return [(jid, state.split()[0]) for jid, state in (line.split("|", 1) for line in out.splitlines() if line.strip())]
+
+    def wait_job(self, job_id: int, timeout: float = 60, *, array_tasks: int | None = None) -> str:
         """Wait until accounting shows the job (every task of an array) finished; return State.
 
+        For an array pass `array_tasks` (how many it has): slurmdbd learns of the tasks that
+        slurmctld split off the array record seconds after they ended (2-5 s measured on an idle
+        machine), so until then sacct lists only the last task, or the array as a plain job id.
         For an array whose tasks ended differently the distinct states are joined with ','.
         """
         states: list[str] = []
+        task = re.compile(rf"{job_id}_\d+")
 
         def finished() -> bool:
             nonlocal states
             if self.job_state(job_id) in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
                 return False
-            states = self.sacct_states(job_id)
+            records = self.sacct_records(job_id)
+            if array_tasks is not None and sum(bool(task.fullmatch(jid)) for jid, _ in records) != array_tasks:
+                return False
+            states = [state for _, state in records]
             return bool(states) and all(s in TERMINAL_STATES for s in states)
 
         wait_for(f"job {job_id} to finish", finished, timeout=timeout, daemons=self.daemons, interval=0.2)
