@@ -339,7 +339,7 @@ def cpu_and_memory() -> Table:
         f"per-cycle figures: median of {POLLS} interleaved in-process cycles (time.process_time), exporter.cli.build() with the same options",
         f"whole-process window opens {lead:g} s after the exporter is ready (startup and imports excluded); "
         f"simulator estimate = {cycles} cycles x {c8['backend'] * 1000:.2f} ms",
-        f"set GPUFLEET_BENCH_CPU_SECONDS for a longer window (more polls, less tick quantization)",
+        "set GPUFLEET_BENCH_CPU_SECONDS for a longer window (more polls, less tick quantization)",
     ]
     return t
 

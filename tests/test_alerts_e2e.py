@@ -49,7 +49,7 @@ def exporter(tmp_path):
 
 
 @pytest.mark.realstack
-def test_idle_allocated_gpu_is_delivered_to_the_webhook(tmp_path, exporter, webhook, prometheus_factory, alertmanager_factory):
+def test_idle_allocated_gpu_is_delivered_to_the_webhook(tmp_path, exporter, webhook, prometheus_factory, alertmanager_factory):  # noqa: F811 (pytest fixture)
     rules = tmp_path / "rules"
     r = subprocess.run(
         [sys.executable, str(ROOT / "alerts" / "build.py"), "--out", str(rules),

@@ -17,7 +17,7 @@ H1    n7   0   H100         10:00-12:00: 0                                   arr
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import pytest
 

@@ -14,7 +14,6 @@ import threading
 import time
 import urllib.request
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pyarrow as pa
 import pytest

@@ -8,10 +8,8 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import bcrypt
 import pytest

@@ -602,7 +602,6 @@ class NvmlBackend:
 
     def processes(self, gpu: GpuIdentity) -> Sequence[GpuProcess]:
         """Compute processes with memory, GPU instance and (when NVML has samples) SM util."""
-        nv = self._nv
         index = gpu.index
         h = self._handle(index)
         st = self._state(index)
