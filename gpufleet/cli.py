@@ -12,6 +12,8 @@ import importlib
 import logging
 import sys
 
+from gpufleet.procs import exit_with_parent
+
 # subcommand -> (module with add_arguments/run, help)
 SUBCOMMANDS = {
     "exporter": ("exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping"),
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     module = importlib.import_module(args._module)
+    exit_with_parent()
     try:
         return module.run(args, out=sys.stdout)
     except KeyboardInterrupt:

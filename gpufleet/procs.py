@@ -1,8 +1,12 @@
-"""Child processes: stop one politely, then firmly."""
+"""Child processes: stop one politely, then firmly; and let one die with its parent."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import subprocess
+import sys
 
 
 def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -15,3 +19,27 @@ def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+PARENT_PID_ENV = "GPUFLEET_EXIT_WITH_PARENT"
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a gpufleet child that should stop when this process dies, even by SIGKILL
+    (see exit_with_parent); start it from the main thread: Linux ties the signal to the thread."""
+    return {**os.environ, PARENT_PID_ENV: str(os.getpid()), **extra}
+
+
+def exit_with_parent() -> bool:
+    """If started by child_env(): ask Linux for SIGTERM when the parent dies (prctl
+    PR_SET_PDEATHSIG), and stop now if it is already gone. True when the request is in place."""
+    wanted = os.environ.pop(PARENT_PID_ENV, None)
+    if not wanted or not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return False
+    if str(os.getppid()) != wanted:  # the parent died before the request: nobody will signal us
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from gpufleet.config import ConfigError, host_port
-from gpufleet.procs import terminate
+from gpufleet.procs import child_env, terminate
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,10 @@ pdf = {'true' if pdf else 'false'}
 
 
 def _child(argv: list[str], log_path: Path) -> subprocess.Popen:
-    """A gpufleet command in its own process group, so Ctrl-C reaches it only through us."""
+    """A gpufleet command in its own process group, so Ctrl-C reaches it only through us; it
+    stops when we die, even by SIGKILL (child_env)."""
     return subprocess.Popen([sys.executable, "-m", "gpufleet.cli", *argv], stdout=open(log_path, "ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, env=child_env())
 
 
 def _stop_child(proc: subprocess.Popen | None) -> None:

@@ -1,0 +1,70 @@
+"""gpufleet.procs: a child started with child_env() stops when its parent dies, even by SIGKILL,
+which no signal handler of the parent can forward (the demo's dashboard and report children)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import httpx
+
+from gpufleet.procs import PARENT_PID_ENV, exit_with_parent
+from tests.realstack.process import free_port, wait_for
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited already
+    except FileNotFoundError:
+        return False
+
+
+def test_dashboard_and_its_streamlit_stop_when_the_parent_is_killed(tmp_path):
+    port = free_port()
+    cfg = tmp_path / "gpufleet.toml"
+    cfg.write_text(f'[collector]\nstore = "{tmp_path / "store"}"\n')
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import subprocess, sys, time
+        from gpufleet.procs import child_env
+        child = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "dashboard", "--config", {str(cfg)!r},
+                                  "--listen", "127.0.0.1:{port}"], start_new_session=True, env=child_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(child.pid, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        dashboard = int(parent.stdout.readline())
+
+        def health() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for("the dashboard", health, timeout=90)
+        streamlit = [int(p) for p in subprocess.run(["pgrep", "-P", str(dashboard)], capture_output=True, text=True).stdout.split()]
+        assert len(streamlit) == 1 and alive(streamlit[0])
+        parent.kill()  # SIGKILL: nothing in the parent runs any more
+        parent.wait()
+        wait_for("the dashboard and its streamlit to stop", lambda: not alive(dashboard) and not alive(streamlit[0]), timeout=30)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        subprocess.run(["pkill", "-f", str(cfg)], check=False)
+
+
+def test_a_process_not_started_by_child_env_is_left_alone(monkeypatch):
+    monkeypatch.delenv(PARENT_PID_ENV, raising=False)
+    assert exit_with_parent() is False
+
+
+def test_a_child_whose_parent_is_already_gone_stops_at_once(tmp_path):
+    """The parent can die between fork and prctl: the child then sees another parent pid."""
+    env = {**os.environ, PARENT_PID_ENV: "1"}  # pid 1 is never our parent here
+    code = "from gpufleet.procs import exit_with_parent; import time; exit_with_parent(); time.sleep(30)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=20)
+    assert proc.returncode == -signal.SIGTERM
