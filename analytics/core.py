@@ -2,9 +2,9 @@
 
 `Analysis(con, params)` reads the window's samples once into arrays (analytics/gputime.py) and
 materializes the small tables of analytics/sql.py (capacity, allocations); each figure is then a
-look-up or a small query. The per-sample interval and piece tables (iv, pc) that the per-job
-detail queries read are built on first use (Analysis.tables): a weekly fleet-wide analysis does
-not need them. Pure in the sense that matters: the same store and parameters give the same
+look-up or a small query. The per-sample interval and piece tables (iv, pc: the row-by-row
+definitions the tests hold the arrays to) are built only on use (Analysis.tables); no figure
+reads them any more. Pure in the sense that matters: the same store and parameters give the same
 figures. Results are polars DataFrames (GPU-hours, percentages, dollars) so the CLI, dashboards
 and report share them. Money is null when a model has no price: unknown, not 0.
 """
@@ -122,14 +122,27 @@ class Analysis:
         self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
         self.con.register("alv", self._alv.to_arrow())
 
+    def detail_time(self) -> GpuTime:
+        """The window's arrays with the detail columns (memory, tensor activity, SM clock): the
+        first call re-reads the window with them (same intervals, ids), later ones hand out the
+        same arrays, so the per-job report, MFU and the job's GPU timeline read it once."""
+        if self.gt.fb is None:
+            self.gt = None  # the plain arrays go first: the detail ones are a superset
+            self.gt = GpuTime(self.con, self.bind, detail=True)
+        return self.gt
+
+    def job_allocations(self, cluster: str, scheduler: str, job_key: str) -> pl.DataFrame:
+        """One job's allocations in the window (alv's rows) with the GPU ids of the current arrays
+        (gid null: a GPU with no sample in the window)."""
+        is_job = (pl.col("cluster") == cluster) & (pl.col("scheduler") == scheduler) & (pl.col("job_key") == job_key)
+        return self._alv.filter(is_job).drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
+
     def allocation_detail(self) -> pl.DataFrame:
         """alv with what each allocation's pieces add up to (GpuTime.allocation_detail: pieces,
         util_n, fb_max, any_s, tensor_s, clocked_s, tclock, tw_clocked, tnoclock) and its GPU's gpu index and
         model. The first call re-reads the window with the detail columns (same intervals, ids)."""
         if ("detail",) not in self._memo:
-            if self.gt.fb is None:
-                self.gt = None  # the plain arrays go first: the detail ones are a superset
-                self.gt = GpuTime(self.con, self.bind, detail=True)
+            self.detail_time()
             g = self.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
                 pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"))
             al = self._alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left").join(g, on="gid", how="left")

@@ -214,6 +214,60 @@ class GpuTime:
                 out["tnoclock"][i] = tw[~clocked].sum()
         return out
 
+    def bucket_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, start: int, end: int, bucket: int) -> dict[str, np.ndarray]:
+        """What sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to
+        per time bucket, once clipped to [start, end) and cut at the bucket edges start + k x bucket
+        (us): one row per allocation and bucket it has a piece in, with w = the part's seconds x
+        its sample's MIG share (equiv of the interval's variant, as sql.INTERVALS has it):
+
+          row     the allocation (an index into gid)
+          k       the bucket
+          vid     the variant of its first piece (gpu index, model)
+          data_s  sum of w over the parts with a utilization; util_n: how many
+          busy    sum of utilization (%) x w over those
+          fb_max  max memory used over its parts (NaN: none known)
+
+        Rows come by allocation, then k. Needs detail=True. One slice per allocation, as
+        allocation_detail: no sample is copied for the whole window."""
+        names = ("row", "k", "vid", "data_s", "busy", "util_n", "fb_max")
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
+        n = len(gid)
+        if n and len(self.t0):
+            gid = np.asarray(gid, dtype=np.int64)
+            lo_t, hi_t = np.maximum(np.asarray(a0, dtype=np.int64), start), np.minimum(np.asarray(a1, dtype=np.int64), end)
+            ka, kb = self.key(gid, lo_t), self.key(gid, hi_t)
+            j0 = np.searchsorted(self.t1, ka, side="right")  # t1 never decreases along the line
+            j1 = np.searchsorted(self.t0, kb, side="left")
+            equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
+            for i in np.flatnonzero((j1 > j0) & (gid >= 0) & (hi_t > lo_t)).tolist():
+                lo = np.maximum(self.t0[j0[i]:j1[i]], ka[i])
+                hi = np.minimum(self.t1[j0[i]:j1[i]], kb[i])
+                idx = np.flatnonzero(hi > lo)  # zero-length intervals are no piece
+                if not len(idx):
+                    continue
+                lo, hi, idx = lo[idx], hi[idx], idx + j0[i]
+                # bucket edges on this GPU's keys; each piece is cut into the cnt buckets it crosses
+                # (one or two: a piece is at most max_gap long, a bucket at least that)
+                origin = int(gid[i]) * self.span + (start - self.base)
+                k0, k1 = (lo - origin) // bucket, (hi - 1 - origin) // bucket
+                cnt = k1 - k0 + 1
+                rep = np.repeat(np.arange(len(lo)), cnt)
+                k = np.repeat(k0, cnt) + (np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+                vid = self.seg_v[np.searchsorted(self.seg_at, idx, side="right") - 1][rep]
+                w = (np.minimum(hi[rep], origin + (k + 1) * bucket) - np.maximum(lo[rep], origin + k * bucket)) / 1e6 * equiv[vid]
+                util = self.util[idx][rep].astype(np.float64)
+                has = ~np.isnan(util)
+                first = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
+                parts["row"].append(np.full(len(first), i, dtype=np.int64))
+                parts["k"].append(k[first])
+                parts["vid"].append(vid[first])
+                parts["data_s"].append(np.add.reduceat(np.where(has, w, 0.0), first))
+                parts["busy"].append(np.add.reduceat(np.where(has, util * w, 0.0), first))
+                parts["util_n"].append(np.add.reduceat(has.astype(np.int64), first))
+                parts["fb_max"].append(np.fmax.reduceat(self.fb[idx][rep].astype(np.float64), first))
+        types = (np.int64, np.int64, np.int64, np.float64, np.float64, np.int64, np.float64)
+        return {k: np.concatenate(parts[k]) if parts[k] else np.array([], dtype=t) for k, t in zip(names, types)}
+
     def per_gpu(self, start: int, end: int) -> pl.DataFrame:
         """Data and busy seconds (x MIG share) of each GPU inside [start, end)."""
         keys = self.gpus.group_by("gid").agg(pl.first("cluster", "host", "gpu_uuid", "gi")).sort("gid")

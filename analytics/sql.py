@@ -10,9 +10,9 @@ The pipeline, over the store's reader views (collector.store.open_reader):
        (allocations) and the scheduler's start/end (jobs).
   pc   pieces: iv intersected with al - the time a job held a GPU, with that time's samples.
 
-iv and pc are built only for the per-job detail queries (jobs, MFU, timelines): the window's
-headline figures come from analytics/gputime.py, which applies the same interval rule to the
-samples as arrays (SAMPLE_ARRAYS, below) and reads allocations and idle runs by look-up.
+iv and pc state the rules row by row; no figure reads them any more (the tests hold the arrays to
+them): every figure comes from analytics/gputime.py, which applies the same interval rule to the
+samples as arrays (SAMPLE_ARRAYS, below) and reads allocations, pieces and idle runs by look-up.
 
 Figures clip everything to [$start, $end) with clip_seconds().
 """

@@ -50,24 +50,9 @@ def default_bucket(length: timedelta) -> timedelta:
 _E0 = "epoch($start)"
 
 
-def _short_split(src: str, a: str, b: str, cols: str) -> str:
-    """Rows of `src` with [a, b) clipped to the window and split at bucket edges, for spans no
-    longer than a bucket: the part in a's bucket and, if b crosses an edge, the part after it.
-    Yields cols, k (bucket index), s (seconds in the bucket)."""
-    return f"""
-    WITH x AS (
-        SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
-        FROM {src} WHERE {b} > $start AND {a} < $end
-    ), y AS (
-        SELECT *, floor((ea - {_E0}) / $bucket)::BIGINT AS k0, floor((eb - {_E0}) / $bucket)::BIGINT AS k1 FROM x WHERE eb > ea
-    )
-    SELECT {cols}, k0 AS k, least(eb, {_E0} + (k0 + 1) * $bucket) - ea AS s FROM y
-    UNION ALL
-    SELECT {cols}, k1 AS k, eb - ({_E0} + k1 * $bucket) AS s FROM y WHERE k1 > k0 AND eb > {_E0} + k1 * $bucket"""
-
-
 def _long_split(src: str, a: str, b: str, cols: str) -> str:
-    """Like _short_split for spans of any length (one row per bucket crossed)."""
+    """Rows of `src` with [a, b) clipped to the window and split at bucket edges, one row per bucket
+    crossed. Yields cols, k (bucket index), s (seconds in the bucket)."""
     return f"""
     WITH x AS (
         SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
@@ -186,27 +171,40 @@ def _assemble(frames: list[pl.DataFrame], keys: list[str], gpu_dim: bool, n_buck
     return out.select(cols).sort([*keys, "bucket"], nulls_last=True)
 
 
+JOB_TIMELINE_SCHEMA = {"bucket": pl.Datetime("us"), "host": pl.Utf8, "gpu": pl.Int16, "gpu_uuid": pl.Utf8, "gi": pl.Int16,
+                       "utilization_pct": pl.Float64, "fb_used_max_mib": pl.Float64, "data_h": pl.Float64}
+
+
 def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: timedelta | None = None) -> pl.DataFrame:
     """One job's GPUs over time: per GPU and bucket, time-weighted utilization (null: no data),
-    the memory high-water mark and the hours with data. bucket, host, gpu, gpu_uuid, gi,
-    utilization_pct, fb_used_max_mib, data_h."""
+    the memory high-water mark and the hours with data (null: no data). bucket, host, gpu,
+    gpu_uuid, gi, utilization_pct, fb_used_max_mib, data_h; by host, gpu, gi, bucket.
+
+    What the job's sql.PIECES rows add up to, each clipped to the window and cut at bucket edges
+    (w = seconds x MIG share): utilization sum(util x w) / sum(w) and data_h sum(w) / 3600 over
+    the parts with a utilization, memory the max over all parts. From the detail arrays
+    (GpuTime.bucket_detail: one slice per allocation), which the job's report has read already."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
-    extra = {"bucket": bucket.total_seconds(), "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
-    a.tables("pc")
-    src = "(SELECT * FROM pc WHERE cluster = $job_cluster AND scheduler = $job_scheduler AND job_key = $job_key)"
-    split = _short_split if p.max_gap <= bucket else _long_split
-    query = f"""
-        SELECT k, host, any_value(gpu) AS gpu, gpu_uuid, gi,
-               sum(util * s * equiv) / nullif(sum(s * equiv) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
-               max(fb_used_mib) AS fb_used_max_mib,
-               sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_h
-        FROM ({split(src, 'p0', 'p1', 'host, gpu, gpu_uuid, gi, util, fb_used_mib, equiv')})
-        GROUP BY k, host, gpu_uuid, gi"""
-    names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
-    df = pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
-    if df.is_empty():
-        return pl.DataFrame(schema={"bucket": pl.Datetime("us"), "host": pl.Utf8, "gpu": pl.Int16, "gpu_uuid": pl.Utf8, "gi": pl.Int16,
-                                    "utilization_pct": pl.Float64, "fb_used_max_mib": pl.Float64, "data_h": pl.Float64})
-    return df.with_columns((pl.lit(p.start) + pl.duration(seconds=pl.col("k") * bucket.total_seconds())).alias("bucket")).select(
-        "bucket", "host", "gpu", "gpu_uuid", "gi", "utilization_pct", "fb_used_max_mib", "data_h").sort("host", "gpu", "gi", "bucket")
+    bsec = bucket.total_seconds()
+    if a.job_allocations(cluster, scheduler, job_key)["gid"].is_not_null().sum() == 0:
+        return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)  # no such job, or no sample of its GPUs: no need of the detail arrays
+    gt = a.detail_time()
+    al = a.job_allocations(cluster, scheduler, job_key)  # the ids of the arrays now read
+    d = gt.bucket_detail(al["gid"].fill_null(-1).to_numpy(), al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy(),
+                         epoch_us(p.start), epoch_us(p.end), round(bsec * 1_000_000))
+    if not len(d["row"]):
+        return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)
+    rows = al.select("host", "gpu_uuid", pl.col("gi").cast(pl.Int16))[d["row"]].with_columns(
+        k=pl.Series(d["k"]), gpu=gt.gpus["gpu"].cast(pl.Int16).gather(d["vid"]),  # gpus: one row per vid, in order
+        data_s=pl.Series(d["data_s"]), busy=pl.Series(d["busy"]), util_n=pl.Series(d["util_n"]),
+        fb=pl.Series(d["fb_max"]).fill_nan(None))
+    # a job holding a GPU twice (two allocations): its parts add up in the same rows, as in SQL
+    out = rows.group_by("k", "host", "gpu_uuid", "gi", maintain_order=True).agg(
+        pl.first("gpu"), pl.sum("data_s"), pl.sum("busy"), pl.sum("util_n"), pl.max("fb"))
+    return out.select(
+        (pl.lit(p.start) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"), "host", "gpu", "gpu_uuid", "gi",
+        pl.when((pl.col("util_n") > 0) & (pl.col("data_s") > 0)).then(pl.col("busy") / pl.col("data_s")).alias("utilization_pct"),
+        pl.col("fb").alias("fb_used_max_mib"),
+        pl.when(pl.col("util_n") > 0).then(pl.col("data_s") / 3600).alias("data_h"),
+    ).cast(JOB_TIMELINE_SCHEMA).sort("host", "gpu", "gi", "bucket", "gpu_uuid")

@@ -105,16 +105,25 @@ def fleets(draw):
     return {"gpus": gpus, "jobs": jobs, "cuts": cuts, "now": now, "idle_min": idle_min}
 
 
-def batches(fleet) -> list[Batch]:
-    """The fleet as the collector would commit it: one sample batch per GPU, then one for jobs."""
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def whole_h100(g) -> dict:
+    """Where a fleet GPU sits: by default a whole H100 (other tests place some in MIG slices)."""
+    return dict(host=g["host"], gpu=g["gpu"], gpu_uuid=g["uuid"], gpu_instance=None, mig_profile=None, model=H100)
+
+
+def batches(fleet, placement=whole_h100, fields=lambda g, t: {}) -> list[Batch]:
+    """The fleet as the collector would commit it: one sample batch per GPU, then one for jobs.
+    `placement(g)`: the GPU's sample labels; `fields(g, t)`: more sample fields at time t."""
     out = []
     for g in fleet["gpus"]:
-        rows = [dict(ts=at(t), cluster=CLUSTER, host=g["host"], gpu=g["gpu"], gpu_uuid=g["uuid"], gpu_instance=None,
-                     mig_profile=None, model="NVIDIA H100 80GB HBM3", source="scrape", gpu_util=u, compute_processes=p)
+        where = placement(g)
+        rows = [dict(ts=at(t), cluster=CLUSTER, source="scrape", gpu_util=u, compute_processes=p, **fields(g, t), **where)
                 for t, u, p in g["samples"]]
         table = pa.Table.from_pydict({f.name: [r.get(f.name) for r in rows] for f in schema.SAMPLE_SCHEMA}, schema=schema.SAMPLE_SCHEMA)
-        seen = [dict(ts=at(t), cluster=CLUSTER, host=g["host"], gpu_uuid=g["uuid"], gpu_instance=-1, gpu=g["gpu"], mig_profile=None,
-                     model="NVIDIA H100 80GB HBM3", fb_total_mib=None, driver_version=None) for t in (g["samples"][0][0], g["samples"][-1][0])]
+        inv = dict(where, gpu_instance=-1 if where["gpu_instance"] is None else where["gpu_instance"])
+        seen = [dict(ts=at(t), cluster=CLUSTER, fb_total_mib=None, driver_version=None, **inv) for t in (g["samples"][0][0], g["samples"][-1][0])]
         out.append(Batch(key=f"samples:{g['uuid']}", samples=table, gpus=seen))
     jobs, allocs = [], []
     for j in fleet["jobs"]:
@@ -124,10 +133,11 @@ def batches(fleet) -> list[Batch]:
                    state="RUNNING" if j["end"] is None else "COMPLETED", gpus=j["gpus"], source="test", updated_at=at(j["start"]))
         jobs.append(row)
         for g in j["held"]:
-            gpu = fleet["gpus"][g]
+            where = placement(fleet["gpus"][g])
+            gi = -1 if where["gpu_instance"] is None else where["gpu_instance"]
             for t in (j["start"], j["seen_until"]):
-                allocs.append(dict(ts=at(t), cluster=CLUSTER, scheduler="slurm", job_key=j["key"], host=gpu["host"],
-                                   gpu_uuid=gpu["uuid"], gpu_instance=-1, gpu=None, source="exporter"))
+                allocs.append(dict(ts=at(t), cluster=CLUSTER, scheduler="slurm", job_key=j["key"], host=where["host"],
+                                   gpu_uuid=where["gpu_uuid"], gpu_instance=gi, gpu=None, source="exporter"))
     out.append(Batch(key="jobs", jobs=jobs, allocations=allocs))
     return out
 
@@ -140,9 +150,10 @@ def scratch():
     return tempfile.TemporaryDirectory(prefix="gpufleet-prop-", dir=SCRATCH)
 
 
-def build(root, fleet):
+def build(root, fleet, **how):
+    """A store of the fleet (batches(fleet, **how)), published; its reader."""
     w = StoreWriter(root)
-    for b in batches(fleet):
+    for b in batches(fleet, **how):
         w.commit(b)
     w.publish()
     w.close()
