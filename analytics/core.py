@@ -71,7 +71,9 @@ def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> floa
 
 
 class Analysis:
-    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None):
+    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False):
+        """`detail`: read the samples' detail columns (memory, tensor activity, clock) at once, for
+        an analysis that will ask for per-job detail anyway (one read of the window, not two)."""
         # a cursor of its own: the temp tables below are private to this analysis, so two
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
@@ -92,7 +94,7 @@ class Analysis:
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
         self._built: set[str] = set()
-        self.gt = GpuTime(self.con, self.bind)
+        self.gt = GpuTime(self.con, self.bind, detail=detail)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()
         # per_gpu() and idle_stretches() read only the data above, which never changes after

@@ -209,3 +209,16 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "nope").is_empty() and alone.gt.fb is None  # nothing to read
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
         assert alone.gt.fb is not None and not alone._built
+
+        # the dashboard's job page reads the detail columns at once (detail=True): the arrays it
+        # walks are the same intervals, so every figure is the same, and it never reads twice
+        upfront = Analysis(con, p, now=at(5000), detail=True)
+        gt = upfront.gt
+        assert gt.fb is not None
+        r1, r2 = ajobs.job_report(upfront, "100"), ajobs.job_report(alone, "100")
+        frames = ("per_gpu", "idle_stretches")
+        assert {k: v for k, v in vars(r1).items() if k not in frames} == {k: v for k, v in vars(r2).items() if k not in frames}
+        assert all(getattr(r1, k).equals(getattr(r2, k)) for k in frames) and not r1.per_gpu.is_empty()
+        assert timeline.job_gpu_timeline(upfront, CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
+        assert upfront.totals() == alone.totals() and upfront.per_gpu().equals(alone.per_gpu())
+        assert upfront.gt is gt
