@@ -253,7 +253,7 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    a = Analysis(reader(w.root), p, now=w.as_of)
+    a = Analysis(reader(w.root), p, now=w.as_of, detail=True)  # the job list and MFU read the detail
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}

@@ -339,7 +339,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     if (params.start, params.end) != (window.start, window.end):
         raise ValueError("params and window disagree on the window")
     now_utc = now or datetime.now(timezone.utc).replace(tzinfo=None)
-    a = Analysis(con, params, now=now_utc)
+    a = Analysis(con, params, now=now_utc, detail=True)  # the job list and MFU read the detail
     cur = a.totals()
     prev_params = replace(params, start=window.prev_start, end=window.prev_end)
     if prev_params == params.previous():
