@@ -177,42 +177,56 @@ class GpuTime:
           tclock    sum of tensor x clock x w over those, tw_clocked of tensor x w over those;
           tnoclock  sum of tensor x w over the pieces with tensor activity but no clock
 
-        Needs detail=True. One small slice per allocation: no sample is copied per job."""
+        Needs detail=True. The allocations' slices side by side, a chunk at a time: no loop per job."""
         n = len(gid)
         out = {k: np.full(n, np.nan) for k in ("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")}
         out.update(pieces=np.zeros(n, dtype=np.int64), util_n=np.zeros(n, dtype=np.int64), any_s=np.zeros(n))
         if not len(self.t0):
             return out
+        gid = np.asarray(gid, dtype=np.int64)
         ka, kb = self.key(gid, a0), self.key(gid, a1)
         ws, we = self.key(gid, np.full(n, start)), self.key(gid, np.full(n, end))
         j0 = np.searchsorted(self.t1, ka, side="right")  # t1 never decreases along the line
         j1 = np.searchsorted(self.t0, kb, side="left")
-        for i in np.flatnonzero((j1 > j0) & (gid >= 0)).tolist():
-            s = slice(j0[i], j1[i])
-            t0, t1 = self.t0[s], self.t1[s]
-            real = t1 > t0
-            if not real.any():
-                continue
-            w = np.clip(np.minimum(np.minimum(t1, kb[i]), we[i]) - np.maximum(np.maximum(t0, ka[i]), ws[i]), 0, None) * (equiv[i] / 1e6)
-            w[~real] = 0.0
-            out["pieces"][i] = int(real.sum())
-            out["util_n"][i] = int((real & ~np.isnan(self.util[s])).sum())
-            pos = w > 0
-            out["any_s"][i] = w.sum()
-            fb = self.fb[s][pos]
-            if fb.size and not np.isnan(fb).all():
-                out["fb_max"][i] = np.nanmax(fb)
-            tensor = self.tensor[s]
-            has_t = pos & ~np.isnan(tensor)
-            if has_t.any():
-                clock, tw, wt = self.clock[s][has_t], tensor[has_t] * w[has_t], w[has_t]
-                clocked = ~np.isnan(clock)
-                out["tensor_s"][i] = wt.sum()
-                out["clocked_s"][i] = wt[clocked].sum()
-                out["tclock"][i] = (tw[clocked] * clock[clocked]).sum()
-                out["tw_clocked"][i] = tw[clocked].sum()
-                out["tnoclock"][i] = tw[~clocked].sum()
+        rows = np.flatnonzero((j1 > j0) & (gid >= 0))
+        # all allocations' slices at once, in chunks of about _PIECES_CHUNK intervals (memory)
+        ends = np.cumsum(j1[rows] - j0[rows])
+        cuts = np.searchsorted(ends, np.arange(_PIECES_CHUNK, ends[-1], _PIECES_CHUNK), side="left") + 1 if len(rows) else np.zeros(0, np.int64)
+        equiv = np.asarray(equiv, dtype=np.float64)
+        for chunk in np.split(rows, np.unique(cuts)):
+            if len(chunk):
+                self._detail_chunk(chunk, j0[chunk], j1[chunk], np.minimum(kb, we)[chunk], np.maximum(ka, ws)[chunk], equiv[chunk], out)
         return out
+
+    def _detail_chunk(self, rows: np.ndarray, j0: np.ndarray, j1: np.ndarray, hi: np.ndarray, lo: np.ndarray,
+                      equiv: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """allocation_detail for allocations `rows`: their slices [j0, j1) side by side, each piece's
+        w clipped to [lo, hi), then summed per allocation (reduceat on the slice starts)."""
+        lens = j1 - j0
+        at = np.cumsum(lens) - lens
+        owner = np.repeat(np.arange(len(rows)), lens)
+        idx = np.repeat(j0 - at, lens) + np.arange(int(lens.sum()))
+        t0, t1 = self.t0[idx], self.t1[idx]
+        real = t1 > t0
+        w = np.clip(np.minimum(t1, hi[owner]) - np.maximum(t0, lo[owner]), 0, None) * (equiv[owner] / 1e6)
+        w[~real] = 0.0
+        pos = w > 0
+        tensor, clock = self.tensor[idx], self.clock[idx]
+        has_t = pos & ~np.isnan(tensor)
+        clocked = has_t & ~np.isnan(clock)
+        tw = tensor * w
+        total = lambda x: np.add.reduceat(x, at)  # noqa: E731 - one sum per allocation
+        out["pieces"][rows] = total(real.astype(np.int64))
+        out["util_n"][rows] = total((real & ~np.isnan(self.util[idx])).astype(np.int64))
+        out["any_s"][rows] = total(w)
+        out["fb_max"][rows] = np.fmax.reduceat(np.where(pos, self.fb[idx], np.nan), at)  # NaN: no memory known
+        t_rows = rows[total(has_t.astype(np.int64)) > 0]  # the others keep NaN: no tensor activity known
+        sums = {"tensor_s": np.where(has_t, w, 0.0), "clocked_s": np.where(clocked, w, 0.0),
+                "tclock": np.where(clocked, tw * clock, 0.0), "tw_clocked": np.where(clocked, tw, 0.0),
+                "tnoclock": np.where(has_t & ~clocked, tw, 0.0)}
+        with_t = np.isin(rows, t_rows)
+        for k, x in sums.items():
+            out[k][t_rows] = total(x)[with_t]
 
     def bucket_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, start: int, end: int, bucket: int) -> dict[str, np.ndarray]:
         """What sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to
@@ -304,6 +318,7 @@ class GpuTime:
                             schema={"gid": pl.Int64, "vid": pl.Int64, "r0": pl.Int64, "r1": pl.Int64})
 
 
+_PIECES_CHUNK = 2_000_000  # intervals per allocation_detail step: ~0.2 GB of temporaries
 _LOOP_MAX = 50_000  # up to this many segments a Python loop over slices beats a row-long index array
 
 

@@ -222,3 +222,25 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         assert timeline.job_gpu_timeline(upfront, CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
         assert upfront.totals() == alone.totals() and upfront.per_gpu().equals(alone.per_gpu())
         assert upfront.gt is gt
+
+
+def test_allocation_detail_is_the_same_in_chunks_of_any_size(monkeypatch):
+    """GpuTime.allocation_detail sums the allocations' slices a chunk at a time: a chunk of 3
+    intervals (allocations split across many steps, one slice longer than a chunk) gives the
+    same figures as one step."""
+    import analytics.gputime as gputime
+
+    def fields(g, t):  # memory as elsewhere here; tensor activity with gaps, SM clock on some GPUs only
+        return {"fb_used_mib": fb_of(g["fb"], t), "tensor_active": None if (t // 40) % 4 == 0 else ((t // 20) % 9) / 10,
+                "sm_clock_mhz": 1980.0 if g["gpu"] % 2 == 0 else None}
+
+    fleet = EDGES["fleet"]
+    with scratch() as tmp:
+        con = build(tmp, fleet, placement=placement, fields=fields)
+        p = Params(at(50), at(1450), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=60))
+        whole = Analysis(con, p, now=at(5000), detail=True).allocation_detail()
+        monkeypatch.setattr(gputime, "_PIECES_CHUNK", 3)
+        chunked = Analysis(con, p, now=at(5000), detail=True).allocation_detail()
+    assert whole["pieces"].sum() > 3 and whole["fb_max"].is_not_null().any()
+    assert whole["tclock"].is_not_null().any() and whole["tnoclock"].fill_null(0).gt(0).any()  # both tensor paths taken
+    assert chunked.equals(whole)
