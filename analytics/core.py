@@ -137,7 +137,11 @@ class Analysis:
         """One job's allocations in the window (alv's rows) with the GPU ids of the current arrays
         (gid null: a GPU with no sample in the window)."""
         is_job = (pl.col("cluster") == cluster) & (pl.col("scheduler") == scheduler) & (pl.col("job_key") == job_key)
-        return self._alv.filter(is_job).drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
+        return self._current_ids(self._alv.filter(is_job))
+
+    def _current_ids(self, alv: pl.DataFrame) -> pl.DataFrame:
+        """Rows of alv with the gid of the arrays now held (detail_time may have re-read them)."""
+        return alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
 
     def allocation_detail(self) -> pl.DataFrame:
         """alv with what each allocation's pieces add up to (GpuTime.allocation_detail: pieces,
@@ -147,7 +151,7 @@ class Analysis:
             self.detail_time()
             g = self.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
                 pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"))
-            al = self._alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left").join(g, on="gid", how="left")
+            al = self._current_ids(self._alv).join(g, on="gid", how="left")
             d = self.gt.allocation_detail(
                 al["gid"].fill_null(-1).to_numpy(), al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy(),
                 al["equiv"].fill_null(1.0).to_numpy(), epoch_us(self.p.start), epoch_us(self.p.end))
@@ -174,10 +178,10 @@ class Analysis:
         return self._memo[("per_gpu",)].clone()
 
     def _per_gpu(self) -> pl.DataFrame:
-        use = self.gt.per_gpu(epoch_us(self.p.start), epoch_us(self.p.end))
+        s, e = epoch_us(self.p.start), epoch_us(self.p.end)
+        use = self.gt.per_gpu(s, e)
         held = self.q(sql.HELD).join(use.select("cluster", "host", "gpu_uuid", "gi", "gid"),
                                      on=["cluster", "host", "gpu_uuid", "gi"], how="inner")
-        s, e = epoch_us(self.p.start), epoch_us(self.p.end)
         data, _ = self.gt.integrals(held["gid"].to_numpy(), np.maximum(held["a0"].dt.epoch("us").to_numpy(), s),
                                     np.minimum(held["a1"].dt.epoch("us").to_numpy(), e))
         alloc = held.select("gid").with_columns(alloc_data_s=pl.Series(data, dtype=pl.Float64)).group_by("gid").agg(pl.sum("alloc_data_s"))

@@ -163,6 +163,14 @@ class GpuTime:
         jj = np.maximum(j, 0)
         return (j >= 0) & (self.t0[jj] >= gid * self.span) & (self.t1[jj] > self.key(gid, a)) & (self.t1[jj] > self.t0[jj])
 
+    def _slices(self, ka: np.ndarray, kb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[j0, j1): the intervals overlapping each key range [ka, kb) (empty when j1 <= j0)."""
+        return np.searchsorted(self.t1, ka, side="right"), np.searchsorted(self.t0, kb, side="left")  # t1 never decreases along the line
+
+    def _vid_of(self, i: np.ndarray) -> np.ndarray:
+        """The GPU variant of intervals i (the segment each lies in)."""
+        return self.seg_v[np.searchsorted(self.seg_at, i, side="right") - 1]
+
     def allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
                           start: int, end: int) -> dict[str, np.ndarray]:
         """What sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to,
@@ -186,8 +194,7 @@ class GpuTime:
         gid = np.asarray(gid, dtype=np.int64)
         ka, kb = self.key(gid, a0), self.key(gid, a1)
         ws, we = self.key(gid, np.full(n, start)), self.key(gid, np.full(n, end))
-        j0 = np.searchsorted(self.t1, ka, side="right")  # t1 never decreases along the line
-        j1 = np.searchsorted(self.t0, kb, side="left")
+        j0, j1 = self._slices(ka, kb)
         rows = np.flatnonzero((j1 > j0) & (gid >= 0))
         # all allocations' slices at once, in chunks of about _PIECES_CHUNK intervals (memory)
         ends = np.cumsum(j1[rows] - j0[rows])
@@ -220,13 +227,12 @@ class GpuTime:
         out["util_n"][rows] = total((real & ~np.isnan(self.util[idx])).astype(np.int64))
         out["any_s"][rows] = total(w)
         out["fb_max"][rows] = np.fmax.reduceat(np.where(pos, self.fb[idx], np.nan), at)  # NaN: no memory known
-        t_rows = rows[total(has_t.astype(np.int64)) > 0]  # the others keep NaN: no tensor activity known
+        with_t = total(has_t.astype(np.int64)) > 0  # the others keep NaN: no tensor activity known
         sums = {"tensor_s": np.where(has_t, w, 0.0), "clocked_s": np.where(clocked, w, 0.0),
                 "tclock": np.where(clocked, tw * clock, 0.0), "tw_clocked": np.where(clocked, tw, 0.0),
                 "tnoclock": np.where(has_t & ~clocked, tw, 0.0)}
-        with_t = np.isin(rows, t_rows)
         for k, x in sums.items():
-            out[k][t_rows] = total(x)[with_t]
+            out[k][rows[with_t]] = total(x)[with_t]
 
     def bucket_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, start: int, end: int, bucket: int) -> dict[str, np.ndarray]:
         """What sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to
@@ -250,8 +256,7 @@ class GpuTime:
             gid = np.asarray(gid, dtype=np.int64)
             lo_t, hi_t = np.maximum(np.asarray(a0, dtype=np.int64), start), np.minimum(np.asarray(a1, dtype=np.int64), end)
             ka, kb = self.key(gid, lo_t), self.key(gid, hi_t)
-            j0 = np.searchsorted(self.t1, ka, side="right")  # t1 never decreases along the line
-            j1 = np.searchsorted(self.t0, kb, side="left")
+            j0, j1 = self._slices(ka, kb)
             equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
             for i in np.flatnonzero((j1 > j0) & (gid >= 0) & (hi_t > lo_t)).tolist():
                 lo = np.maximum(self.t0[j0[i]:j1[i]], ka[i])
@@ -267,7 +272,7 @@ class GpuTime:
                 cnt = k1 - k0 + 1
                 rep = np.repeat(np.arange(len(lo)), cnt)
                 k = np.repeat(k0, cnt) + (np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-                vid = self.seg_v[np.searchsorted(self.seg_at, idx, side="right") - 1][rep]
+                vid = self._vid_of(idx)[rep]
                 w = (np.minimum(hi[rep], origin + (k + 1) * bucket) - np.maximum(lo[rep], origin + k * bucket)) / 1e6 * equiv[vid]
                 util = self.util[idx][rep].astype(np.float64)
                 has = ~np.isnan(util)
@@ -313,7 +318,7 @@ class GpuTime:
         long = (r1 - r0) >= min_us
         i0, r0, r1 = i0[long], r0[long], r1[long]
         gid = r0 // self.span
-        vid = self.seg_v[np.searchsorted(self.seg_at, i0, side="right") - 1]
+        vid = self._vid_of(i0)
         return pl.DataFrame({"gid": gid, "vid": vid, "r0": r0 - gid * self.span + self.base, "r1": r1 - gid * self.span + self.base},
                             schema={"gid": pl.Int64, "vid": pl.Int64, "r0": pl.Int64, "r1": pl.Int64})
 
