@@ -32,6 +32,7 @@ import pytest
 from tests.realstack.debian import ensure_packages
 from tests.realstack.policy import unavailable
 from tests.realstack.process import Daemon, HarnessError, free_port, tail, wait_for
+from tests.support.dashboard import dashboard_healthy
 
 pytestmark = pytest.mark.realstack
 
@@ -231,8 +232,7 @@ refresh_seconds = 15
 
         wait_for("the collector to store samples, jobs and allocations", collected, timeout=120, daemons=daemons[:2])
         daemons[2].start()
-        wait_for("the dashboard's /_stcore/health", lambda: urllib.request.urlopen(
-            f"http://127.0.0.1:{dashboard_port}/_stcore/health", timeout=2).read() == b"ok", timeout=90, daemons=daemons)
+        wait_for("the dashboard's /_stcore/health", lambda: dashboard_healthy(dashboard_port), timeout=90, daemons=daemons)
         yield {"url": f"http://127.0.0.1:{dashboard_port}", "daemons": daemons, "tmp": tmp, "binary": binary, "store": store}
     finally:
         for d in reversed(daemons):

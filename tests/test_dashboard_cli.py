@@ -9,9 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tomllib
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,8 @@ import pytest
 from dashboards import cli
 from dashboards import config as dconfig
 from gpufleet.config import ConfigError
-from tests.realstack.process import free_port
+from tests.realstack.process import free_port, wait_for
+from tests.support.dashboard import dashboard_healthy
 
 
 def args(**kw) -> argparse.Namespace:
@@ -99,15 +98,8 @@ def test_serves_and_stops_on_sigterm(tmp_path):
     try:
         first = proc.stdout.readline()
         assert first.startswith(f"gpufleet dashboard: serving at http://127.0.0.1:{port}/"), first
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.3)
+        wait_for("the dashboard", lambda: dashboard_healthy(port) or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, "the dashboard exited before it served"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

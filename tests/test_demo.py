@@ -25,6 +25,7 @@ from gpufleet.demo import fleet as fleet_mod
 from gpufleet.demo import history
 from gpufleet.demo.fleet import STEP_S
 from tests.realstack.process import free_port, wait_for
+from tests.support.dashboard import dashboard_healthy
 
 NOW = datetime(2026, 11, 21, 9, 30, 7)  # a Saturday morning; rounds down to 09:30:00
 
@@ -203,13 +204,7 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
         wait_for("the demo to print its URLs", lambda: "Ctrl-C stops the demo" in log.read_text(), timeout=240)
         out = log.read_text()
         assert f"dashboard          http://127.0.0.1:{port}/" in out and "backfilling a week of history" in out
-        def dashboard_up() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for("the dashboard", dashboard_up, timeout=90)
+        wait_for("the dashboard", lambda: dashboard_healthy(port, timeout=5), timeout=90)
         store = open_reader(tmp_path / "w" / "store")
         history_end = store.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
 

@@ -9,10 +9,10 @@ import subprocess
 import sys
 import textwrap
 
-import httpx
 
 from gpufleet.procs import PARENT_PID_ENV, exit_with_parent
 from tests.realstack.process import free_port, wait_for
+from tests.support.dashboard import dashboard_healthy
 
 
 def alive(pid: int) -> bool:
@@ -38,14 +38,7 @@ def test_dashboard_and_its_streamlit_stop_when_the_parent_is_killed(tmp_path):
     """)], stdout=subprocess.PIPE, text=True)
     try:
         dashboard = int(parent.stdout.readline())
-
-        def health() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for("the dashboard", health, timeout=90)
+        wait_for("the dashboard", lambda: dashboard_healthy(port), timeout=90)
         streamlit = [int(p) for p in subprocess.run(["pgrep", "-P", str(dashboard)], capture_output=True, text=True).stdout.split()]
         assert len(streamlit) == 1 and alive(streamlit[0])
         parent.kill()  # SIGKILL: nothing in the parent runs any more
