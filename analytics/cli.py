@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def store_path(args: argparse.Namespace, doc: dict) -> Path:
-    from collector import config as collector_config
+    from gpufleet.collector import config as collector_config
 
     if args.store:
         return Path(args.store)
@@ -64,10 +64,10 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
 
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
                  shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7)) -> dict[str, Any]:
-    from analytics.core import Analysis
-    from analytics.fairness import fairness
-    from analytics.jobs import job_report
-    from analytics.trends import compare, previous_totals
+    from gpufleet.analytics.core import Analysis
+    from gpufleet.analytics.fairness import fairness
+    from gpufleet.analytics.jobs import job_report
+    from gpufleet.analytics.trends import compare, previous_totals
 
     a = Analysis(con, params, now=now)
     totals = a.totals()
@@ -159,10 +159,10 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
 def run(args: argparse.Namespace, out=None) -> int:
     import sys
 
-    from analytics.fairness import settings
-    from analytics.params import DIMENSIONS, Filters, analytics_options, from_config
-    from collector.cli import parse_time
-    from collector.store import StoreError, open_reader
+    from gpufleet.analytics.fairness import settings
+    from gpufleet.analytics.params import DIMENSIONS, Filters, analytics_options, from_config
+    from gpufleet.collector.cli import parse_time
+    from gpufleet.collector.store import StoreError, open_reader
 
     out = out or sys.stdout
     try:

@@ -23,9 +23,9 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analytics import sql
-from analytics.gputime import GpuTime, epoch_us
-from analytics.params import Params
+from gpufleet.analytics import sql
+from gpufleet.analytics.gputime import GpuTime, epoch_us
+from gpufleet.analytics.params import Params
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
@@ -34,7 +34,7 @@ JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "accou
 
 @cache
 def default_prices() -> dict[str, float]:
-    with resources.files("analytics.data").joinpath("prices.csv").open() as f:
+    with resources.files("gpufleet.analytics.data").joinpath("prices.csv").open() as f:
         return {row["model"]: float(row["usd_per_gpu_hour"]) for row in csv.DictReader(f)}
 
 
@@ -195,7 +195,7 @@ class Analysis:
     # --- utilization by a dimension ---
 
     def utilization(self, by: str = "fleet") -> pl.DataFrame:
-        """Time-weighted utilization grouped by one of analytics.params.DIMENSIONS.
+        """Time-weighted utilization grouped by one of gpufleet.analytics.params.DIMENSIONS.
 
         GPU dimensions (gpu, host, model, cluster, fleet) cover all capacity; job dimensions
         (partition, account, user_name, job) cover the time jobs held GPUs.

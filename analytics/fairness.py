@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import polars as pl
 
-from analytics import sql
+from gpufleet.analytics import sql
 from gpufleet.config import Option, number
 
 OPTIONS = (

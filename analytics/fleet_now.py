@@ -1,6 +1,6 @@
 """The fleet at one moment: each GPU's latest sample, who holds it, and how fresh the data is.
 
-Pure functions over a reader connection (collector.store.open_reader) and an "as of" time: the
+Pure functions over a reader connection (gpufleet.collector.store.open_reader) and an "as of" time: the
 dashboards' "Fleet now" and "Health" pages ask them with as_of = now, and any past moment works
 the same way. Definitions, and why:
 
@@ -39,9 +39,9 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from analytics import sql
-from analytics.core import price_table
-from analytics.params import Params
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import price_table
+from gpufleet.analytics.params import Params
 
 STALE_AFTER = timedelta(minutes=5)
 LOOKBACK = timedelta(hours=6)
@@ -243,7 +243,7 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
     The collector publishes after every commit, so the age of the last publish is how long ago
     the collector last wrote anything. Returns {"published_at": None, ...} for a missing store.
     """
-    from collector.store import MANIFEST
+    from gpufleet.collector.store import MANIFEST
 
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
     try:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analytics import sql
+from gpufleet.analytics import sql
 
 
 class GpuTime:

@@ -1,6 +1,6 @@
 """GPU health over a window: temperatures, XID codes, ECC errors, row remapping, throttling, lost GPUs.
 
-Pure functions over a reader connection and analytics.params.Params (window, cluster and model
+Pure functions over a reader connection and gpufleet.analytics.params.Params (window, cluster and model
 filters; health is about GPUs, so account/user/partition filters do not apply). Definitions:
 
 - XID: DCGM_FI_DEV_XID_ERRORS holds the code of the last XID the GPU raised (0: none). Each code
@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from analytics.params import Params
+from gpufleet.analytics.params import Params
 
 THERMAL_BITS = 0x20 | 0x40
 POWER_BITS = 0x04 | 0x80

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from analytics import sql
-from analytics.core import Analysis
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import Analysis
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
 

@@ -29,8 +29,8 @@ from importlib import resources
 
 import polars as pl
 
-from analytics import sql
-from analytics.core import Analysis
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import Analysis
 
 DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp64")
 NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or NVML-only exporter)"
@@ -41,7 +41,7 @@ COLUMNS = ("cluster", "job_key", "job_id", "account", "user_name", "model", "gpu
 @cache
 def gpu_peaks() -> pl.DataFrame:
     """gpu_peaks.csv: model, dtype, dense_tflops, boost_clock_mhz (null: unknown), source."""
-    with resources.files("analytics.data").joinpath("gpu_peaks.csv").open() as f:
+    with resources.files("gpufleet.analytics.data").joinpath("gpu_peaks.csv").open() as f:
         rows = list(csv.DictReader(f))
     return pl.DataFrame(
         {

@@ -75,7 +75,7 @@ OPTIONS = (
 
 def analytics_options(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     """The validated [analytics] section: these options plus each figure module's own."""
-    from analytics import fairness
+    from gpufleet.analytics import fairness
 
     return section(doc, "analytics", OPTIONS + fairness.OPTIONS, path)
 

@@ -1,6 +1,6 @@
 """Every analytics query, named once. Parameters are bound ($name), never formatted in.
 
-The pipeline, over the store's reader views (collector.store.open_reader):
+The pipeline, over the store's reader views (gpufleet.collector.store.open_reader):
 
   iv   GPU intervals: each sample holds from its time until the next sample of the same GPU (or
        MIG instance), for at most max_gap; beyond that the time is "no data". Read over the

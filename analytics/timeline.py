@@ -1,4 +1,4 @@
-"""Utilization over time: the figures of analytics.core, per time bucket.
+"""Utilization over time: the figures of gpufleet.analytics.core, per time bucket.
 
 `utilization_timeline(analysis, by, bucket)` splits the window [start, end) into buckets and gives,
 per bucket and group, the same quantities as Analysis.utilization() - so the buckets of a
@@ -23,8 +23,8 @@ from datetime import timedelta
 
 import polars as pl
 
-from analytics import sql
-from analytics.gputime import epoch_us
+from gpufleet.analytics import sql
+from gpufleet.analytics.gputime import epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
 _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}
@@ -66,7 +66,7 @@ def _long_split(src: str, a: str, b: str, cols: str) -> str:
 def _bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.DataFrame:
     """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
     the span is cut at bucket edges and each part is two look-ups in the analysis' cumulative
-    sums (analytics.gputime), so no sample is joined with anything."""
+    sums (gpufleet.analytics.gputime), so no sample is joined with anything."""
     start, end = epoch_us(a.p.start), epoch_us(a.p.end)
     b_us = round(bsec * 1_000_000)
     df = spans.with_columns(

@@ -7,8 +7,8 @@ from dataclasses import asdict
 import duckdb
 import polars as pl
 
-from analytics.core import Analysis, Totals
-from analytics.params import Params
+from gpufleet.analytics.core import Analysis, Totals
+from gpufleet.analytics.params import Params
 
 HEADLINES = (
     ("allocated_gpu_h", "GPU-hours allocated"),

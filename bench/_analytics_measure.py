@@ -19,9 +19,9 @@ from pathlib import Path
 t_start = time.perf_counter()
 c_start = time.process_time()
 
-from analytics.core import Analysis  # noqa: E402 - import time is part of the measured run
-from analytics.params import Params  # noqa: E402
-from collector.store import open_reader  # noqa: E402
+from gpufleet.analytics.core import Analysis  # noqa: E402 - import time is part of the measured run
+from gpufleet.analytics.params import Params  # noqa: E402
+from gpufleet.collector.store import open_reader  # noqa: E402
 
 
 def kib(key: str) -> int:

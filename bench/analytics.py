@@ -55,7 +55,7 @@ THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
 CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
 
 WALL_GOAL_S = 10.0
-SCALE_IDLE_MIN = "30 min"  # analytics.params default idle_min_duration
+SCALE_IDLE_MIN = "30 min"  # gpufleet.analytics.params default idle_min_duration
 RSS_GOAL_GIB = 4.0
 SPEEDUP_GOAL = 10.0
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
@@ -138,7 +138,7 @@ def _openmetrics(df: pl.DataFrame) -> pl.DataFrame:
 
 def build_tsdb(store: Path, hosts: list[int], root: Path) -> None:
     """The same samples as OpenMetrics, one file per 2 h block (promtool reads its whole input once per block)."""
-    from collector.store import open_reader
+    from gpufleet.collector.store import open_reader
 
     promtool = shutil.which("promtool")
     if not promtool:
@@ -280,7 +280,7 @@ def diff_frames(a: pl.DataFrame, b: pl.DataFrame) -> float:
 
 
 def compare_prometheus(store: Path) -> Table:
-    from collector.store import open_reader
+    from gpufleet.collector.store import open_reader
 
     hosts = prom_hosts()
     gpus = len(hosts) * 8
@@ -356,7 +356,7 @@ def compare_prometheus(store: Path) -> Table:
         f"times are client-side: HTTP request to parsed JSON for Prometheus, execute to Arrow to polars for DuckDB (a fresh open_reader "
         f"over the whole {SCALE.gpus}-GPU store{f', filtered to the same {len(hosts)} hosts' if subset else ''}); "
         f"median of {RUNS} interleaved warm runs",
-        "the rollups are what compaction writes for every closed hour (collector.maintenance.ROLLUP_SQL: per GPU and 5 minutes, "
+        "the rollups are what compaction writes for every closed hour (gpufleet.collector.maintenance.ROLLUP_SQL: per GPU and 5 minutes, "
         "avg and count), the store's own pre-aggregate for dashboards; the raw row reads every sample like PromQL does",
     ]
     return t

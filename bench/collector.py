@@ -6,7 +6,7 @@
    time.process_time (all threads of this process, DuckDB's included). Context, same run: promtool
    turning the same samples, as OpenMetrics with timestamps, into TSDB blocks.
 2. Storage: a simulated week at 15 s for a sample of GPUs with realistic dynamics, written
-   through StoreWriter in hourly batches and compacted by collector.maintenance.compact; the
+   through StoreWriter in hourly batches and compacted by gpufleet.collector.maintenance.compact; the
    live Parquet bytes under samples/ divided by the non-null field values they hold.
 
 Knobs (environment):
@@ -61,7 +61,7 @@ def _utcnow() -> datetime:
 
 
 def _field_values(table: pa.Table) -> int:
-    from collector.schema import SAMPLE_FIELDS
+    from gpufleet.collector.schema import SAMPLE_FIELDS
 
     return sum(len(table[f.column]) - table[f.column].null_count for f in SAMPLE_FIELDS)
 
@@ -84,7 +84,7 @@ class _Jobs:
     problems: list[str] = []
 
     def __init__(self, node: int) -> None:
-        from exporter.jobmap.base import JobBinding
+        from gpufleet.exporter.jobmap.base import JobBinding
 
         self.bindings = [JobBinding(scheduler="slurm", source="bench", job_id=str(100000 + node * 4 + g // 2), gpu_index=g)
                          for g in range(GPUS_PER_NODE - 1)]
@@ -95,9 +95,9 @@ class _Jobs:
 
 def _node(i: int, clock: _Clock):
     """A loaded node: 6 GPUs training (noisy utilization, tensor activity), 1 serving (daily sine), 1 idle."""
-    from exporter.backends import sim_scenario
-    from exporter.backends.sim import SimBackend
-    from exporter.poller import Poller
+    from gpufleet.exporter.backends import sim_scenario
+    from gpufleet.exporter.backends.sim import SimBackend
+    from gpufleet.exporter.poller import Poller
 
     gpus = []
     for g in range(GPUS_PER_NODE):
@@ -134,9 +134,9 @@ def _render_rounds(n: int) -> list[list[str]]:
 
 def _ingest(rounds: list[list[str]], root: Path) -> dict:
     """Take every round through the scrape path into a fresh store; CPU seconds per stage."""
-    from collector.service import Collector
-    from collector.sources.scrape import ScrapeSource, Target, TargetStatus
-    from collector.store import StoreWriter
+    from gpufleet.collector.service import Collector
+    from gpufleet.collector.sources.scrape import ScrapeSource, Target, TargetStatus
+    from gpufleet.collector.store import StoreWriter
 
     targets = [Target(f"node-{i:04d}:9400") for i in range(NODES)]
     source = ScrapeSource(cluster="bench", static_targets=[t.address for t in targets])
@@ -180,7 +180,7 @@ def _ingest(rounds: list[list[str]], root: Path) -> dict:
 def _openmetrics(rounds: list[list[str]], path: Path) -> int:
     """The stored families of every round, as OpenMetrics with timestamps (family by family,
     series by series, in time order, as promtool wants); returns the number of samples."""
-    from collector.schema import METRIC_TO_COLUMN
+    from gpufleet.collector.schema import METRIC_TO_COLUMN
 
     t0 = int(_utcnow().timestamp()) // 3600 * 3600 - 4 * 3600  # whole hours, safely in the past
     series: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -356,10 +356,10 @@ def _week(root: Path) -> dict:
     """Write the week hour by hour through StoreWriter, compact it; sizes and counts."""
     import numpy as np
 
-    from collector import schema
-    from collector.maintenance import compact
-    from collector.sources.base import Batch
-    from collector.store import StoreWriter
+    from gpufleet.collector import schema
+    from gpufleet.collector.maintenance import compact
+    from gpufleet.collector.sources.base import Batch
+    from gpufleet.collector.store import StoreWriter
 
     n = int(WEEK_DAYS * 86400 / SCRAPE_S)
     per_hour = 3600 // SCRAPE_S
@@ -420,7 +420,7 @@ def _week(root: Path) -> dict:
 
 def _variants(path: Path) -> list[tuple[str, int]]:
     """The same compacted hour written with other Parquet settings, for the tuning note."""
-    from collector.store import parquet_encodings, write_parquet
+    from gpufleet.collector.store import parquet_encodings, write_parquet
 
     table = pq.read_table(path)
     dictionary, encoding = parquet_encodings(table.schema)

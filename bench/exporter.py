@@ -240,9 +240,9 @@ def _time_interleaved(fns: dict[str, Callable[[], None]], n: int) -> dict[str, l
 
 def per_poll_cost(gpus: int, tmp: Path) -> dict[str, float]:
     """In-process CPU per 15 s cycle (one telemetry poll + one process/job poll), split into parts."""
-    from exporter.cli import OPTIONS, build
-    from exporter.exposition import render
-    from exporter.snapshot import families
+    from gpufleet.exporter.cli import OPTIONS, build
+    from gpufleet.exporter.exposition import render
+    from gpufleet.exporter.snapshot import families
     from gpufleet.config import load_file, section
 
     cfg, args = _setup(tmp, gpus, poll=CPU_INTERVAL, process=CPU_INTERVAL)
@@ -336,7 +336,7 @@ def cpu_and_memory() -> Table:
     t.add(f"GET /metrics at a {CPU_INTERVAL:g} s cadence (idle keep-alive connection)", " ".join(_ms(x) for x in spaced) + " ms")
     t.add("context: dcgm-exporter (user reports)", f"{DCGM_CPU}, {DCGM_RSS}")
     t.notes += [
-        f"per-cycle figures: median of {POLLS} interleaved in-process cycles (time.process_time), exporter.cli.build() with the same options",
+        f"per-cycle figures: median of {POLLS} interleaved in-process cycles (time.process_time), gpufleet.exporter.cli.build() with the same options",
         f"whole-process window opens {lead:g} s after the exporter is ready (startup and imports excluded); "
         f"simulator estimate = {cycles} cycles x {c8['backend'] * 1000:.2f} ms",
         "set GPUFLEET_BENCH_CPU_SECONDS for a longer window (more polls, less tick quantization)",

@@ -12,8 +12,8 @@ import time
 from datetime import datetime
 from typing import TextIO
 
-from collector.service import Collector
-from collector.sources.base import SourceError
+from gpufleet.collector.service import Collector
+from gpufleet.collector.sources.base import SourceError
 
 log = logging.getLogger(__name__)
 

@@ -33,18 +33,18 @@ def parse_time(text: str) -> datetime:
 
 def build(opts: dict[str, Any]):
     """Writer, collector and scheduled sources from validated options."""
-    from collector.service import Collector, ScheduledSource
-    from collector.store import StoreWriter
+    from gpufleet.collector.service import Collector, ScheduledSource
+    from gpufleet.collector.store import StoreWriter
 
     sources = []
     sc = opts["scrape"]
     if sc["targets"] or sc["file_sd"]:
-        from collector.sources.scrape import ScrapeSource
+        from gpufleet.collector.sources.scrape import ScrapeSource
 
         sources.append(ScheduledSource(ScrapeSource(cluster=opts["cluster"], static_targets=sc["targets"], file_sd=sc["file_sd"], timeout=sc["timeout"]), sc["interval"]))
     pr = opts["prometheus"]
     if pr["url"]:
-        from collector.sources.prometheus_api import PrometheusApiSource
+        from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 
         src = PrometheusApiSource(
             url=pr["url"], cluster=opts["cluster"], chunk_seconds=pr["chunk_seconds"], lag_seconds=pr["lag_seconds"],
@@ -53,12 +53,12 @@ def build(opts: dict[str, Any]):
         sources.append(ScheduledSource(src, pr["interval"]))
     sa = opts["sacct"]
     if sa["enabled"]:
-        from collector.sources.slurm import SacctSource
+        from gpufleet.collector.sources.slurm import SacctSource
 
         sources.append(ScheduledSource(SacctSource.from_options(opts["cluster"], sa), sa["interval"]))
     k8s = opts["kubernetes"]
     if k8s["enabled"]:
-        from collector.sources.kubernetes import KubernetesSource
+        from gpufleet.collector.sources.kubernetes import KubernetesSource
 
         sources.append(ScheduledSource(KubernetesSource.from_options(opts["cluster"], k8s), k8s["interval"]))
     if not sources:
@@ -67,8 +67,8 @@ def build(opts: dict[str, Any]):
 
 
 def run(args: argparse.Namespace, out=None) -> int:
-    from collector import config
-    from collector.store import StoreError
+    from gpufleet.collector import config
+    from gpufleet.collector.store import StoreError
 
     try:
         doc = load_file(args.config)
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         collector = build(opts)
         weekly = None
         if not (args.once or window):
-            from collector import report_job
+            from gpufleet.report import job as report_job
 
             weekly = report_job.prepare(doc, args.config)
     except ConfigError as e:
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         collector.writer.close()
         return 0 if ok else 1
     if window:
-        from collector.backfill import backfill
+        from gpufleet.collector.backfill import backfill
 
         ok = backfill(collector, *window, out=out or sys.stderr)
         collector.writer.close()

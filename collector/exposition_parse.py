@@ -1,11 +1,11 @@
 """One scraped exposition (dcgm-exporter of any version, or the gpufleet exporter) -> canonical rows.
 
 Pure: text in, a ParsedScrape out. What it tolerates is listed in shared/data/FORMATS.md §1-2:
-metric names of every dcgm-exporter generation (collector.schema.METRIC_TO_COLUMN), labels read
+metric names of every dcgm-exporter generation (gpufleet.collector.schema.METRIC_TO_COLUMN), labels read
 by name in any order, `UUID`/`uuid`, `Hostname`/`hostname`, MIG rows keyed by (parent UUID,
 GPU_I_ID), DCGM's blank sentinels, and three spellings of the Kubernetes workload labels.
 
-Lines are read by collector.exposition_fast, which pivots samples straight into the columns
+Lines are read by gpufleet.collector.exposition_fast, which pivots samples straight into the columns
 built here. What depends only on a label set (host, row key, workload, hpc_job) is worked out
 once per distinct label set, because dcgm-exporter repeats each GPU's labels on every family.
 """
@@ -21,10 +21,10 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from collector.exposition_fast import DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot, scan
-from collector.schema import METRIC_TO_COLUMN, SAMPLE_FIELDS, SAMPLE_SCHEMA
+from gpufleet.collector.exposition_fast import DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot, scan
+from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_FIELDS, SAMPLE_SCHEMA
 
-# DCGM reports "blank" (no value) as int64s near 2**63. Same as exporter.fields.DCGM_BLANK_THRESHOLD
+# DCGM reports "blank" (no value) as int64s near 2**63. Same as gpufleet.exporter.fields.DCGM_BLANK_THRESHOLD
 # (a test keeps them equal); the collector does not import the exporter package.
 DCGM_BLANK_THRESHOLD = 9223372036854775792
 
@@ -54,7 +54,7 @@ _I16_MAX = 2**15 - 1
 
 @dataclass
 class ParsedScrape:
-    samples: pa.Table  # collector.schema.SAMPLE_SCHEMA, one row per (host, gpu_uuid, gpu_instance)
+    samples: pa.Table  # gpufleet.collector.schema.SAMPLE_SCHEMA, one row per (host, gpu_uuid, gpu_instance)
     gpus: list[dict[str, Any]] = field(default_factory=list)  # inventory observations
     allocations: list[dict[str, Any]] = field(default_factory=list)  # job <-> GPU observations
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s observations

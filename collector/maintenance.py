@@ -15,7 +15,7 @@ import hashlib
 import logging
 from datetime import datetime, timedelta
 
-from collector.store import StoreWriter, _sql_list, write_parquet
+from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 
 log = logging.getLogger(__name__)
 

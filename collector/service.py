@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from collector.sources.base import Batch, Source, SourceError
-from collector.store import StoreWriter
+from gpufleet.collector.sources.base import Batch, Source, SourceError
+from gpufleet.collector.store import StoreWriter
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class Collector:
 
     def maintain(self, raw_days: int, rollup_days: int) -> None:
         """Compaction, rollups and retention; holds the commit lock (one writer). Never raises."""
-        from collector.maintenance import apply_retention, compact
+        from gpufleet.collector.maintenance import apply_retention, compact
 
         t0 = time.monotonic()
         try:

@@ -38,8 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collector import schema
-from collector.sources.base import Batch
+from gpufleet.collector import schema
+from gpufleet.collector.sources.base import Batch
 
 log = logging.getLogger(__name__)
 
@@ -587,7 +587,7 @@ class StoreWriter:
         self.db.close()
 
 
-# One job-reported throughput observation (collector.exposition_parse emits them).
+# One job-reported throughput observation (gpufleet.collector.exposition_parse emits them).
 _THROUGHPUT_OBS = pa.schema([
     ("ts", pa.timestamp("ms")), ("cluster", pa.string()), ("scheduler", pa.string()), ("job_key", pa.string()),
     ("host", pa.string()), ("flops", pa.float64()), ("gpus", pa.int32()), ("basis", pa.string()),
@@ -653,7 +653,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
         con.unregister("_empty_samples")
     rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
-    from collector.maintenance import ROLLUP_SELECT  # (maintenance imports this module)
+    from gpufleet.collector.maintenance import ROLLUP_SELECT  # (maintenance imports this module)
 
     want = con.execute(f"DESCRIBE {ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
     if rollups:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 from gpufleet.config import ConfigError
 
 HERE = Path(__file__).resolve().parent

@@ -88,7 +88,7 @@ def command(host: str, port: int, config: str | None, store: str | None, secrets
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from dashboards import config as dconfig
+    from gpufleet.dashboards import config as dconfig
 
     out = out or sys.stdout
     try:
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dashboards.cli`: the same as `gpufleet dashboard`."""
+    """`python -m gpufleet.dashboards.cli`: the same as `gpufleet dashboard`."""
     p = argparse.ArgumentParser(prog="gpufleet dashboard", description="serve the Streamlit dashboards")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_arguments(p)

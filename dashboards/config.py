@@ -93,23 +93,23 @@ def store_path(doc: Mapping[str, Any], path: Any, override: str | None = None) -
         value = (doc.get(name) or {}).get("store") if isinstance(doc.get(name), dict) else None
         if value:
             return Path(value)
-    from collector import config as collector_config
+    from gpufleet.collector import config as collector_config
 
     return Path(collector_config.load(doc, path)["store"])
 
 
 def analytics_options(doc: Mapping[str, Any], path: Any) -> tuple[dict[str, Any], tuple[dict[str, float] | None, timedelta]]:
-    """([analytics] as analytics.params.from_config reads it, (fairness shares, half-life)).
+    """([analytics] as gpufleet.analytics.params.from_config reads it, (fairness shares, half-life)).
 
     The section is validated as one against the options of params and fairness (when
     analytics/fairness.py is present), so a typo is still an error naming the key."""
-    from analytics import params
+    from gpufleet.analytics import params
 
     raw = doc.get("analytics", {})
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path or '(defaults)'} [analytics]: expected a table, got {raw!r}")
     try:
-        from analytics import fairness
+        from gpufleet.analytics import fairness
     except ImportError:
         fairness = None  # type: ignore[assignment]
     fair_opts: Sequence[Option] = getattr(fairness, "OPTIONS", ()) if fairness else ()

@@ -1,9 +1,9 @@
 """Cached data access for the pages: every figure comes from analytics, computed once per window.
 
-- The reader connection (collector.store.open_reader: views over the store's current manifest,
+- The reader connection (gpufleet.collector.store.open_reader: views over the store's current manifest,
   never the writer's file) is a st.cache_resource keyed by store path and manifest version, so
   a new publish by the collector is picked up and a reader never sees a half-written batch.
-- One analytics.core.Analysis per window and filters computes everything the Utilization, Jobs,
+- One gpufleet.analytics.core.Analysis per window and filters computes everything the Utilization, Jobs,
   Teams, Waste and MFU pages show (`window_bundle`), kept with st.cache_data; the Analysis
   itself (large temporary tables) is dropped as soon as the bundle is made.
 - Cache keys are plain tuples holding every input of a figure: store, window, filters and a
@@ -29,9 +29,9 @@ import duckdb
 import polars as pl
 import streamlit as st
 
-from analytics.core import Analysis
-from analytics.params import Filters, Params, from_config
-from dashboards import config as dconfig
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Filters, Params, from_config
+from gpufleet.dashboards import config as dconfig
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def current_settings() -> dconfig.Settings:
 
 def manifest_version(root: str | Path) -> int | None:
     """The store's publish counter (None: no store yet). Cheap: one small file."""
-    from collector.store import MANIFEST
+    from gpufleet.collector.store import MANIFEST
 
     try:
         return int(json.loads((Path(root) / MANIFEST).read_text()).get("version", 0))
@@ -68,7 +68,7 @@ def manifest_version(root: str | Path) -> int | None:
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def _reader(root: str, version: int, memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
-    from collector.store import open_reader
+    from gpufleet.collector.store import open_reader
 
     con = open_reader(root)
     if memory_limit:  # validated by dashboards/config.py: digits and a unit
@@ -79,10 +79,10 @@ def _reader(root: str, version: int, memory_limit: str, threads: int) -> duckdb.
 
 
 def reader(root: str | Path) -> duckdb.DuckDBPyConnection:
-    """The reader connection for the store's current manifest. Raises collector.store.StoreError
+    """The reader connection for the store's current manifest. Raises gpufleet.collector.store.StoreError
     when there is no store. Queries use cursors of their own (analytics does), so sessions
     share the connection safely."""
-    from collector.store import StoreError
+    from gpufleet.collector.store import StoreError
 
     version = manifest_version(root)
     if version is None:
@@ -233,8 +233,8 @@ class Bundle:
     timeline: dict[str, pl.DataFrame]
     waste: dict[tuple[str, str], pl.DataFrame]  # (by, kind) -> waste_by
     top_jobs: pl.DataFrame
-    jobs: pl.DataFrame  # analytics.jobs.job_summaries
-    fairness: Any | None  # analytics.fairness.FairnessReport, None if not available
+    jobs: pl.DataFrame  # gpufleet.analytics.jobs.job_summaries
+    fairness: Any | None  # gpufleet.analytics.fairness.FairnessReport, None if not available
     fairness_error: str | None
     mfu: dict[str, pl.DataFrame] | None
     mfu_error: str | None
@@ -248,8 +248,8 @@ def window_bundle(key: tuple) -> Bundle:
     """Everything the Utilization, Jobs, Teams, Waste and MFU pages show (`key`: a Window.key)."""
     import time
 
-    from analytics import jobs as ajobs
-    from analytics import timeline
+    from gpufleet.analytics import jobs as ajobs
+    from gpufleet.analytics import timeline
 
     t0 = time.monotonic()
     s, w, p = _request(key)
@@ -303,7 +303,7 @@ def _mfu(a: Analysis) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the previous window (analytics)...")
 def previous_totals(key: tuple):
     """Totals of the window of the same length just before (`key`: a Resolved.key)."""
-    from analytics.trends import previous_totals as prev
+    from gpufleet.analytics.trends import previous_totals as prev
 
     s, w, p = _resolved(key)
     return prev(reader(w.root), p, now=w.as_of)
@@ -311,12 +311,12 @@ def previous_totals(key: tuple):
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")
 def job_report(key: tuple, job: dict) -> dict | None:
-    """analytics.jobs.job_report for one job, on the window narrowed to the job's run and its
+    """gpufleet.analytics.jobs.job_report for one job, on the window narrowed to the job's run and its
     cluster, account and user: the same figures (a job's figures depend only on its own
     allocation inside the window, and idle stretches are still judged by their whole length
     through the analysis' reach), at a fraction of the cost. Also the per-GPU timelines."""
-    from analytics import jobs as ajobs
-    from analytics import timeline
+    from gpufleet.analytics import jobs as ajobs
+    from gpufleet.analytics import timeline
 
     s, w, p = _resolved(key)
     start = max(w.start, job["start"]) if job.get("start") else w.start
@@ -340,7 +340,7 @@ def job_report(key: tuple, job: dict) -> dict | None:
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Reading GPU health (analytics)...")
 def health(key: tuple, bucket_s: float) -> dict:
     """GPU health of the window (`key`: a Window.key), with the times it was computed for."""
-    from analytics import health as ahealth
+    from gpufleet.analytics import health as ahealth
 
     s, w, p = _request(key)
     con = reader(w.root)
@@ -350,10 +350,10 @@ def health(key: tuple, bucket_s: float) -> dict:
 
 @st.cache_data(ttl=timedelta(seconds=30), max_entries=32, show_spinner=False)
 def fleet_now(key: tuple, as_of: datetime | None, version: int | None, tick: int | None = None) -> dict:
-    """GPU states at as_of (analytics.fleet_now); as_of None: now, at the first ask within the
+    """GPU states at as_of (gpufleet.analytics.fleet_now); as_of None: now, at the first ask within the
     10-second `tick`. `version` (the manifest's) makes a new publish a new key, so "now" is as
     fresh as the store."""
-    from analytics import fleet_now as fn
+    from gpufleet.analytics import fleet_now as fn
 
     s, w, p = _request(key)
     at = as_of or utcnow().replace(microsecond=0)
@@ -369,14 +369,14 @@ def fleet_now_for(ctx_window: Window, now: datetime, version: int | None) -> dic
 
 
 def collector_status(root: str) -> dict:
-    from analytics.fleet_now import collector_status as cs
+    from gpufleet.analytics.fleet_now import collector_status as cs
 
     return cs(root)
 
 
 @st.cache_data(ttl=timedelta(minutes=5), max_entries=8, show_spinner=False)
 def filter_options(root: str, version: int | None) -> dict[str, list[str]]:
-    """Values the filters offer (analytics.fleet_now.filter_values)."""
-    from analytics.fleet_now import filter_values
+    """Values the filters offer (gpufleet.analytics.fleet_now.filter_values)."""
+    from gpufleet.analytics.fleet_now import filter_values
 
     return filter_values(reader(root))

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import polars as pl
 import streamlit as st
 
-from analytics.params import Filters
-from dashboards import config as dconfig
-from dashboards import data
+from gpufleet.analytics.params import Filters
+from gpufleet.dashboards import config as dconfig
+from gpufleet.dashboards import data
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def no_store_message(root: Any) -> None:
 def run_page(title: str, body: Callable[[Context], None], caption: str | None = None) -> None:
     """Title, then the page body; a missing store or an empty window is a message, and an
     unexpected failure is a short error (details in the server log), never a traceback."""
-    from collector.store import StoreError
+    from gpufleet.collector.store import StoreError
     from gpufleet.config import ConfigError
 
     st.title(title)
@@ -219,7 +219,7 @@ def empty_window(what: str = "data") -> None:
 
 
 def _parse_time(text: str) -> datetime | None:
-    from collector.cli import parse_time
+    from gpufleet.collector.cli import parse_time
     from gpufleet.config import ConfigError
 
     try:

@@ -63,18 +63,18 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def build(opts: dict[str, Any]):
     """Construct backend, mapping sources and poller from validated options."""
-    from exporter.jobmap.cgroup import CgroupProcessSource
-    from exporter.jobmap.slurm_dir import SlurmMappingDirSource
-    from exporter.poller import Poller
+    from gpufleet.exporter.jobmap.cgroup import CgroupProcessSource
+    from gpufleet.exporter.jobmap.slurm_dir import SlurmMappingDirSource
+    from gpufleet.exporter.poller import Poller
 
     if opts["backend"] == "sim":
-        from exporter.backends import sim, sim_scenario
+        from gpufleet.exporter.backends import sim, sim_scenario
 
         scenario = sim_scenario.load(opts["sim_scenario"] or None, model=opts["sim_model"] if not opts["sim_scenario"] else None, gpus=opts["sim_gpus"] if not opts["sim_scenario"] else None)
         backend = sim.SimBackend(scenario)
         default_host = scenario.hostname
     else:
-        from exporter.backends.nvml import NvmlBackend
+        from gpufleet.exporter.backends.nvml import NvmlBackend
 
         backend = NvmlBackend()
         default_host = ""
@@ -88,12 +88,12 @@ def build(opts: dict[str, Any]):
     if sock == "auto":
         sock = DEFAULT_KUBELET_SOCKET if Path(DEFAULT_KUBELET_SOCKET).exists() else ""
     if sock:
-        from exporter.jobmap.kubelet import KubeletPodResourcesSource
+        from gpufleet.exporter.jobmap.kubelet import KubeletPodResourcesSource
 
         sources.append(KubeletPodResourcesSource(sock, timeout=opts["kubelet_timeout"]))
     job_reports = None
     if opts["job_report_dir"]:
-        from exporter.jobreports import JobReportSource
+        from gpufleet.exporter.jobreports import JobReportSource
 
         job_reports = JobReportSource(opts["job_report_dir"], max_age=opts["job_report_max_age"])
     return Poller(
@@ -108,7 +108,7 @@ def build(opts: dict[str, Any]):
 
 
 def run(args: argparse.Namespace, out=None) -> int:
-    from exporter.web import load_web_config, make_server
+    from gpufleet.exporter.web import load_web_config, make_server
 
     try:
         opts = resolve_options(args)

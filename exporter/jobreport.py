@@ -5,13 +5,13 @@ Only the job knows its model FLOP/s: GPU counters cannot tell (GPU_UTIL says a k
 how much it computed). A training script calls `report()` every few steps; the exporter publishes
 the figure as `gpufleet_job_reported_flops` and analytics/mfu.py divides it by the peak.
 
-    from exporter.jobreport import report
+    from gpufleet.exporter.jobreport import report
     report(tokens_per_second=3000, parameters=7e9)      # a dense transformer: FLOP/s = 6 x N x tokens/s
     report(flops_per_second=1.9e15)                      # or the job's own model FLOP/s count
 
 From any other language or a shell:
 
-    python -m exporter.jobreport --tokens-per-second 3000 --parameters 7e9
+    python -m gpufleet.exporter.jobreport --tokens-per-second 3000 --parameters 7e9
 
 What to report:
 - The whole job's throughput, from one process (rank 0: the figure training loops log). The GPU
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python -m exporter.jobreport",
+        prog="python -m gpufleet.exporter.jobreport",
         description="Report a job's achieved throughput to the gpufleet exporter (for MFU). "
         "Give --flops-per-second, or --tokens-per-second with --parameters (FLOP/s = 6 x parameters x tokens/s, "
         "attention FLOPs excluded).",

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from exporter.jobmap.base import MappingError
-from exporter.jobreport import FORMAT_VERSION, JOB_ID_RE, K8S_NAME_RE
+from gpufleet.exporter.jobmap.base import MappingError
+from gpufleet.exporter.jobreport import FORMAT_VERSION, JOB_ID_RE, K8S_NAME_RE
 
 MAX_FILE_BYTES = 64 * 1024
 MAX_FILES = 4096  # more than this is not a node's jobs: read the newest

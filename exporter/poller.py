@@ -15,12 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from exporter.backends.base import Backend
-from exporter.exposition import render
-from exporter.jobmap.base import JobBinding, MappingSource
-from exporter.jobreports import JobReport, JobReportSource
-from exporter.model import BackendUnavailable, GpuError, GpuIdentity
-from exporter.snapshot import GpuState, Snapshot, SourceStatus, families
+from gpufleet.exporter.backends.base import Backend
+from gpufleet.exporter.exposition import render
+from gpufleet.exporter.jobmap.base import JobBinding, MappingSource
+from gpufleet.exporter.jobreports import JobReport, JobReportSource
+from gpufleet.exporter.model import BackendUnavailable, GpuError, GpuIdentity
+from gpufleet.exporter.snapshot import GpuState, Snapshot, SourceStatus, families
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import platform
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from exporter.exposition import Family, Labels
-from exporter.fields import DRIVER_LABEL, FIELDS, is_blank
-from exporter.jobmap.base import JobBinding
-from exporter.jobreports import JobReport
-from exporter.model import GpuIdentity, GpuProcess, GpuReading
+from gpufleet.exporter.exposition import Family, Labels
+from gpufleet.exporter.fields import DRIVER_LABEL, FIELDS, is_blank
+from gpufleet.exporter.jobmap.base import JobBinding
+from gpufleet.exporter.jobreports import JobReport
+from gpufleet.exporter.model import GpuIdentity, GpuProcess, GpuReading
 
 VERSION = "0.1.0"
 

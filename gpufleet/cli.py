@@ -16,11 +16,11 @@ from gpufleet.procs import exit_with_parent
 
 # subcommand -> (module with add_arguments/run, help)
 SUBCOMMANDS = {
-    "exporter": ("exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping"),
-    "collect": ("collector.cli", "collect metrics and scheduler accounting into the store"),
-    "analyze": ("analytics.cli", "print a window's utilization, waste and cost (table or JSON)"),
-    "dashboard": ("dashboards.cli", "serve the operators' Streamlit dashboards over the store"),
-    "report": ("analytics.report_cli", "write the weekly waste report (HTML, PDF, text) and mail it"),
+    "exporter": ("gpufleet.exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping"),
+    "collect": ("gpufleet.collector.cli", "collect metrics and scheduler accounting into the store"),
+    "analyze": ("gpufleet.analytics.cli", "print a window's utilization, waste and cost (table or JSON)"),
+    "dashboard": ("gpufleet.dashboards.cli", "serve the operators' Streamlit dashboards over the store"),
+    "report": ("gpufleet.report.cli", "write the weekly waste report (HTML, PDF, text) and mail it"),
     "demo": ("gpufleet.demo", "run the product on a simulated node, no GPU or root needed"),
 }
 

@@ -107,7 +107,7 @@ def test_templates_hold_no_literal_thresholds_or_windows():
 
 
 def test_idle_threshold_is_the_one_the_waste_report_uses():
-    from analytics.params import Params
+    from gpufleet.analytics.params import Params
 
     thresholds = yaml.safe_load((ALERTS / "thresholds.yml").read_text())
     default = Params.__dataclass_fields__["idle_threshold"].default

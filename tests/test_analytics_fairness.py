@@ -8,9 +8,9 @@ from math import log
 import duckdb
 import pytest
 
-from analytics import params
-from analytics.core import Analysis
-from analytics.fairness import (
+from gpufleet.analytics import params
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.fairness import (
     ACCOUNT_SCHEMA, BUCKETS, OPTIONS, fairness, gini, jain_index, parse_sshare, settings, sshare_shares,
 )
 from gpufleet.config import ConfigError, section

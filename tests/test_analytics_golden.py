@@ -21,8 +21,8 @@ from datetime import datetime
 
 import pytest
 
-from analytics.core import Analysis
-from analytics.params import Params
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
 from tests.support.fleet import Fleet
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
@@ -186,7 +186,7 @@ def test_split_window_adds_up(fleet):
 
 
 def test_filters_narrow_to_an_account_and_a_model(fleet):
-    from analytics.params import Filters
+    from gpufleet.analytics.params import Filters
 
     bio = Analysis(fleet.reader(), Params(T(10), T(12), filters=Filters(account="biology")), now=T(20)).totals()
     assert bio.allocated_gpu_h == pytest.approx(40 / 60 + 0.75 + 0.5)

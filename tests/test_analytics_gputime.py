@@ -25,10 +25,10 @@ from test_analytics_properties import (
     scratch,
 )
 
-from analytics import sql
-from analytics.core import Analysis
-from analytics.params import Params
-from collector.store import StoreWriter, open_reader
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
+from gpufleet.collector.store import StoreWriter, open_reader
 
 REF_PER_GPU = f"""
 WITH u AS (

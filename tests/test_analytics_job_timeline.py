@@ -1,4 +1,4 @@
-"""One job's per-GPU timeline (analytics.timeline.job_gpu_timeline) from the interval arrays gives
+"""One job's per-GPU timeline (gpufleet.analytics.timeline.job_gpu_timeline) from the interval arrays gives
 what its SQL definition gives, on random fleets.
 
 The definition (reference_job_gpu_timeline, below: the implementation before the arrays) reads
@@ -33,11 +33,11 @@ from test_analytics_properties import (
     uuid,
 )
 
-from analytics import jobs as ajobs
-from analytics import timeline
-from analytics.core import Analysis
-from analytics.params import Filters, Params
-from analytics.timeline import _E0, _long_split, default_bucket
+from gpufleet.analytics import jobs as ajobs
+from gpufleet.analytics import timeline
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.timeline import _E0, _long_split, default_bucket
 
 A100 = "NVIDIA A100-SXM4-80GB"
 TOL = dict(rel=1e-9, abs=1e-12)
@@ -228,7 +228,7 @@ def test_allocation_detail_is_the_same_in_chunks_of_any_size(monkeypatch):
     """GpuTime.allocation_detail sums the allocations' slices a chunk at a time: a chunk of 3
     intervals (allocations split across many steps, one slice longer than a chunk) gives the
     same figures as one step."""
-    import analytics.gputime as gputime
+    import gpufleet.analytics.gputime as gputime
 
     def fields(g, t):  # memory as elsewhere here; tensor activity with gaps, SM clock on some GPUs only
         return {"fb_used_mib": fb_of(g["fb"], t), "tensor_active": None if (t // 40) % 4 == 0 else ((t // 20) % 9) / 10,

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from analytics.core import Analysis
-from analytics.jobs import job_report, job_summaries
-from analytics.params import Params
-from analytics.trends import compare, previous_totals
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.jobs import job_report, job_summaries
+from gpufleet.analytics.params import Params
+from gpufleet.analytics.trends import compare, previous_totals
 from tests.support.fleet import Fleet
 from tests.test_analytics_golden import MIG, T, fleet  # noqa: F401 - the golden store fixture
 
@@ -99,7 +99,7 @@ def test_cli_json_matches_the_analytics(fleet):  # noqa: F811
         {r["account"]: r["allocated_gpu_h"] for r in a.utilization("account").to_dicts()})
     assert [j["job_id"] for j in doc["top_wasteful_jobs"]][:3] == ["103", "101", "200_1"]
     assert doc["job"]["verdict"] == "idle_stretches"
-    from analytics.fairness import fairness
+    from gpufleet.analytics.fairness import fairness
 
     fair = fairness(a, None)
     assert doc["fairness"]["jain_index"] == pytest.approx(fair.jain_index)
@@ -123,7 +123,7 @@ def test_table_by_cluster_names_each_cluster():
     """The key of --by is printed (a by-cluster table without the cluster says nothing)."""
     import io
 
-    from analytics.cli import print_table
+    from gpufleet.analytics.cli import print_table
 
     rows = [{"cluster": "hpc", "capacity_gpu_h": 10.0, "utilization_pct": 40.0},
             {"cluster": "k8s", "capacity_gpu_h": 5.0, "utilization_pct": 20.0}]

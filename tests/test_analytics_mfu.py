@@ -33,17 +33,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from analytics.core import Analysis
-from analytics.mfu import DTYPES, NO_TENSOR, account_mfu, gpu_peaks, job_mfu
-from analytics.params import Filters, Params
-from collector.exposition_parse import parse_exposition
-from collector.sources.base import Batch
-from collector.store import StoreWriter
-from exporter import jobreport
-from exporter.backends import sim_scenario
-from exporter.backends.sim import SimBackend
-from exporter.jobreports import JobReportSource
-from exporter.poller import Poller
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.mfu import DTYPES, NO_TENSOR, account_mfu, gpu_peaks, job_mfu
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.collector.exposition_parse import parse_exposition
+from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.store import StoreWriter
+from gpufleet.exporter import jobreport
+from gpufleet.exporter.backends import sim_scenario
+from gpufleet.exporter.backends.sim import SimBackend
+from gpufleet.exporter.jobreports import JobReportSource
+from gpufleet.exporter.poller import Poller
 from tests.support.fleet import Fleet
 
 H100, H100_PCIE, V100 = "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "Tesla V100-SXM2-16GB"
@@ -59,7 +59,7 @@ def T(h: int, m: int = 0) -> datetime:
 
 
 def peak_rows() -> list[dict]:
-    with resources.files("analytics.data").joinpath("gpu_peaks.csv").open() as f:
+    with resources.files("gpufleet.analytics.data").joinpath("gpu_peaks.csv").open() as f:
         return list(csv.DictReader(f))
 
 
@@ -283,7 +283,7 @@ def test_report_refuses_bad_arguments_and_survives_a_missing_directory(tmp_path,
 
 
 def test_report_cli(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "exporter.jobreport", *a], capture_output=True, text=True,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpufleet.exporter.jobreport", *a], capture_output=True, text=True,  # noqa: E731
                                     cwd=Path(__file__).resolve().parents[1], env={**os.environ, "SLURM_JOB_ID": ""})
     ok = run("--tokens-per-second", "3000", "--parameters", "7e9", "--job-id", "55", "--dir", str(tmp_path))
     assert ok.returncode == 0 and ok.stdout.strip() == str(tmp_path / "55.json")
@@ -402,7 +402,7 @@ def test_empty_window_gives_empty_frames(tmp_path):
 def test_exporter_config_wires_the_report_directory(tmp_path):
     import argparse
 
-    from exporter.cli import build, resolve_options
+    from gpufleet.exporter.cli import build, resolve_options
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[exporter]\nbackend = "sim"\ndevice_map_file = ""\nkubelet_socket = ""\njob_report_dir = "{tmp_path}"\njob_report_max_age = 30\n')

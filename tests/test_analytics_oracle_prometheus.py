@@ -30,8 +30,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from analytics.core import Analysis
-from analytics.params import Params
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
 from tests.realstack.prometheus import start_prometheus
 from tests.support.fleet import Fleet
 
@@ -175,7 +175,7 @@ def test_collected_through_the_prometheus_api_gives_the_same_figures(loaded, tmp
     its per-GPU figures equal those of the store written directly."""
     import sys
 
-    from collector.store import open_reader
+    from gpufleet.collector.store import open_reader
 
     con, prom, series = loaded
     store = tmp_path / "store"

@@ -39,11 +39,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from analytics.core import Analysis
-from analytics.params import Params
-from collector.service import Collector, ScheduledSource
-from collector.sources.slurm import SacctSource
-from collector.store import StoreWriter, open_reader
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
+from gpufleet.collector.service import Collector, ScheduledSource
+from gpufleet.collector.sources.slurm import SacctSource
+from gpufleet.collector.store import StoreWriter, open_reader
 
 pytestmark = pytest.mark.realstack
 

@@ -40,11 +40,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from analytics.core import Analysis
-from analytics.params import Params
-from collector import schema
-from collector.sources.base import Batch
-from collector.store import StoreWriter, open_reader
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
+from gpufleet.collector import schema
+from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.store import StoreWriter, open_reader
 
 BASE = datetime(2026, 3, 1, 0, 0, 0)
 MAX_GAP = 30

@@ -44,7 +44,7 @@ def write_openmetrics(path: Path) -> int:
 
 READER = r"""
 import json, os, sys, time
-from collector.store import open_reader
+from gpufleet.collector.store import open_reader
 root, per_chunk, stop_file, total = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 seen, errors, last = 0, [], 0
 deadline = time.time() + 900
@@ -101,7 +101,7 @@ def test_sigkill_during_backfill_loses_nothing_and_duplicates_nothing(tmp_path):
         stop_file.touch()
     assert kills >= 5, f"the ingest finished before it could be killed often enough ({kills} kills)"
 
-    from collector.store import open_reader
+    from gpufleet.collector.store import open_reader
 
     con = open_reader(store)
     total, distinct = con.execute("SELECT count(*), count(DISTINCT (ts, gpu_uuid)) FROM gpu_samples").fetchone()

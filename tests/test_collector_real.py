@@ -19,12 +19,12 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector import schema
-from collector.service import Collector, ScheduledSource, utcnow
-from collector.sources.base import Batch
-from collector.sources.prometheus_api import PrometheusApiSource
-from collector.sources.scrape import ScrapeSource
-from collector.store import StoreWriter, open_reader
+from gpufleet.collector import schema
+from gpufleet.collector.service import Collector, ScheduledSource, utcnow
+from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
+from gpufleet.collector.sources.scrape import ScrapeSource
+from gpufleet.collector.store import StoreWriter, open_reader
 from tests.realstack.process import free_port, wait_for
 from tests.realstack.prometheus import start_prometheus
 from tests.support.exporter import start_exporter, stop

@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 import pytest
 from prometheus_client import generate_latest
 
-from collector.service import Collector, ScheduledSource
-from collector.sources.base import Batch, SourceError
-from collector.store import StoreWriter, open_reader
+from gpufleet.collector.service import Collector, ScheduledSource
+from gpufleet.collector.sources.base import Batch, SourceError
+from gpufleet.collector.store import StoreWriter, open_reader
 from tests.test_store import job, samples
 
 T0 = datetime(2026, 11, 20, 12, 0, 0)
@@ -124,13 +124,13 @@ def test_cli_once_with_unreachable_source_exits_1_and_keeps_the_store(tmp_path):
 
 @pytest.mark.parametrize("when, expected", [("2026-11-16T00:00:00Z", datetime(2026, 11, 16)), ("2026-11-16T01:00:00+01:00", datetime(2026, 11, 16)), ("2026-11-16", datetime(2026, 11, 16))])
 def test_times_are_utc_unless_an_offset_is_given(when, expected):
-    from collector.cli import parse_time
+    from gpufleet.collector.cli import parse_time
 
     assert parse_time(when) == expected
 
 
 def test_per_target_series_count_each_round_once_and_go_with_their_target(tmp_path):
-    from collector.sources.scrape import TargetStatus
+    from gpufleet.collector.sources.scrape import TargetStatus
 
     src = FakeSource("scrape", [Batch(key="k", samples=samples([T0], [1]))])
     src.status, src.rejected_total = {"a:9400": TargetStatus(up=True, rejected=3), "b:9400": TargetStatus()}, {"a:9400": 3}

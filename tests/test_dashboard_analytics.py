@@ -23,11 +23,11 @@ from datetime import datetime, timedelta
 import polars as pl
 import pytest
 
-from analytics import fleet_now as fn
-from analytics import health, timeline
-from analytics.core import Analysis
-from analytics.params import Filters, Params
-from collector.store import StoreWriter, open_reader
+from gpufleet.analytics import fleet_now as fn
+from gpufleet.analytics import health, timeline
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.fleet import Fleet
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"

@@ -163,7 +163,7 @@ def gpufleet(*args: str) -> list[str]:
     from gpufleet.cli import SUBCOMMANDS
 
     if args[0] == "dashboard" and "dashboard" not in SUBCOMMANDS:
-        return [sys.executable, "-m", "dashboards.cli", *args[1:]]  # not registered in gpufleet/cli.py yet
+        return [sys.executable, "-m", "gpufleet.dashboards.cli", *args[1:]]  # not registered in gpufleet/cli.py yet
     return [sys.executable, "-m", "gpufleet.cli", *args]
 
 
@@ -220,7 +220,7 @@ refresh_seconds = 15
         daemons[1].start()
 
         def collected() -> bool:
-            from collector.store import open_reader
+            from gpufleet.collector.store import open_reader
 
             if not (store / "manifest.json").exists():
                 return False

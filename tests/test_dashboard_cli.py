@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboards import cli
-from dashboards import config as dconfig
+from gpufleet.dashboards import cli
+from gpufleet.dashboards import config as dconfig
 from gpufleet.config import ConfigError
 from tests.realstack.process import free_port, wait_for
 from tests.support.dashboard import dashboard_healthy
@@ -57,9 +57,9 @@ def test_store_resolution(tmp_path):
 
 
 def test_fairness_options_share_the_analytics_section(tmp_path):
-    fairness = pytest.importorskip("analytics.fairness")
+    fairness = pytest.importorskip("gpufleet.analytics.fairness")
     if not hasattr(fairness, "OPTIONS"):
-        pytest.skip("analytics.fairness has no OPTIONS")
+        pytest.skip("gpufleet.analytics.fairness has no OPTIONS")
     cfg = tmp_path / "g.toml"
     cfg.write_text('[analytics]\nidle_threshold_percent = 7\nhalf_life_days = 3\n[analytics.shares]\nphysics = 2\nbiology = 1\n')
     s = dconfig.resolve(str(cfg), str(tmp_path))
@@ -93,7 +93,7 @@ def test_command_line_of_streamlit(tmp_path):
 
 def test_serves_and_stops_on_sigterm(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dashboards.cli", "--store", str(tmp_path), "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpufleet.dashboards.cli", "--store", str(tmp_path), "--listen", f"127.0.0.1:{port}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         first = proc.stdout.readline()

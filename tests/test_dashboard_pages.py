@@ -18,15 +18,15 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from analytics import fleet_now as fn  # noqa: E402
-from analytics import health as ahealth  # noqa: E402
-from analytics.core import Analysis  # noqa: E402
-from analytics.jobs import job_report, job_summaries  # noqa: E402
-from analytics.params import Filters, Params  # noqa: E402
-from analytics.timeline import utilization_timeline  # noqa: E402
-from analytics.trends import compare, previous_totals  # noqa: E402
-from collector.store import StoreWriter, open_reader  # noqa: E402
-from dashboards import ui  # noqa: E402
+from gpufleet.analytics import fleet_now as fn  # noqa: E402
+from gpufleet.analytics import health as ahealth  # noqa: E402
+from gpufleet.analytics.core import Analysis  # noqa: E402
+from gpufleet.analytics.jobs import job_report, job_summaries  # noqa: E402
+from gpufleet.analytics.params import Filters, Params  # noqa: E402
+from gpufleet.analytics.timeline import utilization_timeline  # noqa: E402
+from gpufleet.analytics.trends import compare, previous_totals  # noqa: E402
+from gpufleet.collector.store import StoreWriter, open_reader  # noqa: E402
+from gpufleet.dashboards import ui  # noqa: E402
 from tests.test_dashboard_analytics import EVE, HOSTILE, QUOTE_ACCOUNT, T, W, build  # noqa: E402
 
 APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
@@ -189,7 +189,7 @@ def test_jobs_list_and_reports(store, con, a, use_store):
 
 
 def test_teams_and_fairness(store, a, use_store):
-    fairness = pytest.importorskip("analytics.fairness")
+    fairness = pytest.importorskip("gpufleet.analytics.fairness")
     use_store(store)
     at = goto(open_app(), "teams")
     f = fairness.fairness(a, None)
@@ -245,7 +245,7 @@ def test_mfu(store, a, use_store):
     use_store(store)
     at = goto(open_app(), "mfu")
     try:
-        from analytics import mfu
+        from gpufleet.analytics import mfu
     except ImportError:
         assert "MFU figures are not available yet." in [i.value for i in at.info]
         return

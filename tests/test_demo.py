@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 import httpx
 import pytest
 
-from analytics.core import Analysis
-from analytics.jobs import job_summaries
-from analytics.params import Params
-from collector.store import open_reader
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.jobs import job_summaries
+from gpufleet.analytics.params import Params
+from gpufleet.collector.store import open_reader
 from gpufleet.demo import fleet as fleet_mod
 from gpufleet.demo import history
 from gpufleet.demo.fleet import STEP_S

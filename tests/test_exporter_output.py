@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.backends import sim_scenario
-from exporter.backends.sim import SimBackend
-from exporter.exposition import Family, format_value, render
-from exporter.fields import FIELDS
-from exporter.jobmap.base import JobBinding, MappingError
-from exporter.model import BackendUnavailable
-from exporter.poller import Poller, write_device_map
+from gpufleet.exporter.backends import sim_scenario
+from gpufleet.exporter.backends.sim import SimBackend
+from gpufleet.exporter.exposition import Family, format_value, render
+from gpufleet.exporter.fields import FIELDS
+from gpufleet.exporter.jobmap.base import JobBinding, MappingError
+from gpufleet.exporter.model import BackendUnavailable
+from gpufleet.exporter.poller import Poller, write_device_map
 
 DCGM_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dcgm-exporter"
 

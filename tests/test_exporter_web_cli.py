@@ -14,7 +14,7 @@ import urllib.request
 import bcrypt
 import pytest
 
-from exporter.web import load_web_config, make_server
+from gpufleet.exporter.web import load_web_config, make_server
 from gpufleet.config import ConfigError
 
 

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-import collector.exposition_fast as fast_mod
-import collector.exposition_parse as parse_mod
-from collector.exposition_fast import MAX_LINE_CHARS, MAX_PROBLEMS, scan
-from collector.exposition_parse import DCGM_BLANK_THRESHOLD, parse_exposition, target_host
-from collector.schema import SAMPLE_SCHEMA
-from exporter.fields import DCGM_BLANK_THRESHOLD as EXPORTER_BLANK_THRESHOLD
-from exporter.jobmap.base import JobBinding
+import gpufleet.collector.exposition_fast as fast_mod
+import gpufleet.collector.exposition_parse as parse_mod
+from gpufleet.collector.exposition_fast import MAX_LINE_CHARS, MAX_PROBLEMS, scan
+from gpufleet.collector.exposition_parse import DCGM_BLANK_THRESHOLD, parse_exposition, target_host
+from gpufleet.collector.schema import SAMPLE_SCHEMA
+from gpufleet.exporter.fields import DCGM_BLANK_THRESHOLD as EXPORTER_BLANK_THRESHOLD
+from gpufleet.exporter.jobmap.base import JobBinding
 from tests.test_exporter_output import StaticSource, make_poller
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -685,7 +685,7 @@ def test_one_table_for_many_scrapes_is_their_tables_end_to_end():
     for scrapes of one time and of several."""
     import pyarrow as pa
 
-    from collector.exposition_parse import parse_rows, samples_table
+    from gpufleet.collector.exposition_parse import parse_rows, samples_table
 
     texts = [fixture(f.name) for f in FIXTURES[:4]] + [gpufleet_exposition()[0], "", "junk\n"]
     for times in ([TS] * len(texts), [TS + timedelta(seconds=15 * i) for i in range(len(texts))]):

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from exporter.jobmap.base import MappingError
-from exporter.jobmap.cgroup import CgroupProcessSource, job_from_cgroup
-from exporter.jobmap.slurm_dir import SlurmMappingDirSource
-from exporter.model import GpuIdentity, GpuProcess
+from gpufleet.exporter.jobmap.base import MappingError
+from gpufleet.exporter.jobmap.cgroup import CgroupProcessSource, job_from_cgroup
+from gpufleet.exporter.jobmap.slurm_dir import SlurmMappingDirSource
+from gpufleet.exporter.model import GpuIdentity, GpuProcess
 
 GPUS = [GpuIdentity(index=i, uuid=f"GPU-{i}", model="m") for i in range(4)]
 

@@ -15,9 +15,9 @@ from concurrent import futures
 import grpc
 import pytest
 
-from exporter.jobmap.base import JobBinding, MappingError
-from exporter.jobmap.kubelet import KubeletPodResourcesSource, parse_device_id
-from exporter.jobmap.podresources_proto import LIST_METHOD, messages
+from gpufleet.exporter.jobmap.base import JobBinding, MappingError
+from gpufleet.exporter.jobmap.kubelet import KubeletPodResourcesSource, parse_device_id
+from gpufleet.exporter.jobmap.podresources_proto import LIST_METHOD, messages
 
 M = messages()
 GPU0 = "GPU-8a3d5b0e-1c2f-4e6a-9b7d-0f1e2d3c4b5a"
@@ -451,8 +451,8 @@ def test_exporter_process_publishes_pod_job_info_from_the_kubelet(tmp_path, sock
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.backends import sim_scenario
-    from exporter.backends.sim import SimBackend
+    from gpufleet.exporter.backends import sim_scenario
+    from gpufleet.exporter.backends.sim import SimBackend
 
     scenario = tmp_path / "node.toml"
     scenario.write_text('hostname = "k8s-node"\nmodel = "a100"\ngpus = 2\n[[gpu]]\nindex = 0\nmig = ["3g.40gb", "3g.40gb"]\n')

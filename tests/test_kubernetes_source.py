@@ -19,9 +19,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from collector.schema import JOB_COLUMNS
-from collector.sources.base import SourceError
-from collector.sources.kubernetes import KubernetesSource, pod_gpus, pod_to_job
+from gpufleet.collector.schema import JOB_COLUMNS
+from gpufleet.collector.sources.base import SourceError
+from gpufleet.collector.sources.kubernetes import KubernetesSource, pod_gpus, pod_to_job
 
 NOW = datetime(2024, 5, 6, 10, 0, 0)
 TOKEN = "eyJhbGciOiJSUzI1NiIsImtpZCI6InRlc3QifQ.collector-sa-token"
@@ -377,7 +377,7 @@ def test_missing_client_package_says_what_to_install(monkeypatch):
 
 
 def test_module_import_does_not_import_the_client():
-    code = "import sys, collector.sources.kubernetes; sys.exit('kubernetes' in sys.modules)"
+    code = "import sys, gpufleet.collector.sources.kubernetes; sys.exit('kubernetes' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=str(__import__("pathlib").Path(__file__).parents[1])).returncode == 0
 
 
@@ -435,7 +435,7 @@ def test_pod_deleted_between_listings_is_closed_in_the_store(api, tmp_path):
     stay RUNNING forever: the next complete listing closes it as of that listing."""
     from datetime import timedelta
 
-    from collector.store import StoreWriter, open_reader
+    from gpufleet.collector.store import StoreWriter, open_reader
 
     w = StoreWriter(tmp_path, clock=lambda: NOW)
     api.pages, _ = paged([[P_RUNNING, P_PENDING, P_SUCCEEDED_MIG]])

@@ -8,9 +8,9 @@ import sys
 import pynvml
 import pytest
 
-from exporter.backends.nvml import NvmlBackend, mig_profile_from_name, normalize_pci_bus_id
-from exporter.fields import FIELDS
-from exporter.model import BackendUnavailable, GpuError, GpuIdentity, GpuProcess
+from gpufleet.exporter.backends.nvml import NvmlBackend, mig_profile_from_name, normalize_pci_bus_id
+from gpufleet.exporter.fields import FIELDS
+from gpufleet.exporter.model import BackendUnavailable, GpuError, GpuIdentity, GpuProcess
 from tests.fakes.fake_pynvml import GIB, MIB, FakeGpu, FakeMig, FakeNvml, process  # noqa: E402
 
 UUID0 = "GPU-1f027ee8-6e1e-2b8c-0108-3d370e5f0418"
@@ -95,7 +95,7 @@ def test_module_imports_without_pynvml(monkeypatch):
     """Importing the backend module must not need pynvml (nor a driver): only open() does."""
     import importlib
 
-    import exporter.backends.nvml as mod
+    import gpufleet.exporter.backends.nvml as mod
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     importlib.reload(mod)
@@ -565,7 +565,7 @@ def test_xid_event_resolves_ctypes_handles_by_address():
     """Real handles are ctypes pointers; the event's handle is a new object for the same device."""
     import ctypes
 
-    from exporter.backends.nvml import _handle_key
+    from gpufleet.exporter.backends.nvml import _handle_key
 
     a = pynvml.c_nvmlDevice_t(ctypes.cast(0x1234, pynvml.c_nvmlDevice_t).contents)
     a2 = ctypes.cast(0x1234, pynvml.c_nvmlDevice_t)

@@ -27,14 +27,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analytics.core import Analysis
-from analytics.jobs import job_summaries
-from analytics.params import Params
-from analytics.report import fmt, pipeline, render
-from analytics.report.config import load as load_report_config
-from analytics.report.model import gather
-from analytics.report.window import last_complete_week, parse_week, span_window, week_window
-from analytics.trends import compare, previous_totals
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.jobs import job_summaries
+from gpufleet.analytics.params import Params
+from gpufleet.report import fmt, pipeline, render
+from gpufleet.report.config import load as load_report_config
+from gpufleet.report.model import gather
+from gpufleet.report.window import last_complete_week, parse_week, span_window, week_window
+from gpufleet.analytics.trends import compare, previous_totals
 from gpufleet.config import ConfigError
 from tests.support.fleet import Fleet
 
@@ -171,7 +171,7 @@ def test_headline_equals_analytics_trend(store, w47, outputs):
 
 
 def test_team_table_equals_analytics_by_account(store, w47, outputs):
-    from analytics.fairness import fairness
+    from gpufleet.analytics.fairness import fairness
 
     a = Analysis(store.reader(), Params(w47.start, w47.end), now=NOW)
     util = {r["account"]: r for r in a.utilization("account").to_dicts()}
@@ -228,7 +228,7 @@ def test_wasteful_and_no_process_jobs_equal_analytics(store, w47, outputs):
 
 
 def test_mfu_daily_and_method_equal_analytics(store, w47, outputs):
-    from analytics.mfu import account_mfu
+    from gpufleet.analytics.mfu import account_mfu
 
     a = Analysis(store.reader(), Params(w47.start, w47.end), now=NOW)
     report, figs = outputs[0].report, Figures(outputs[0].html)
@@ -365,7 +365,7 @@ def test_first_week_has_no_changes_against_an_empty_last_week(store):
 
 
 def cli(argv: list[str]) -> tuple[int, str]:
-    from analytics import report_cli
+    from gpufleet.report import cli as report_cli
 
     p = argparse.ArgumentParser()
     report_cli.add_arguments(p)

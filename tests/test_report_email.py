@@ -23,13 +23,13 @@ import aiosmtpd.controller as aiosmtpd_controller  # the test extra: missing is 
 import pytest
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-from analytics.core import Analysis
-from analytics.params import Params
-from analytics.report import fmt
-from analytics.report.config import Smtp
-from analytics.report.mail import MailError, send
-from analytics.report.window import week_window
-from collector import report_job
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
+from gpufleet.report import fmt
+from gpufleet.report.config import Smtp
+from gpufleet.report.mail import MailError, send
+from gpufleet.report.window import week_window
+from gpufleet.report import job as report_job
 from gpufleet.config import ConfigError, load_file
 from tests.realstack.debian import ensure_packages, which
 from tests.realstack.policy import unavailable
@@ -263,6 +263,6 @@ def test_a_failing_run_never_raises_into_the_scheduler(store, monkeypatch):  # n
     def boom(*a, **k):
         raise RuntimeError("template bug")
 
-    monkeypatch.setattr("analytics.report.pipeline.make", boom)
+    monkeypatch.setattr("gpufleet.report.pipeline.make", boom)
     assert job() is False and job.last_result is False
     assert HOSTILE_ACCOUNT  # the shared store fixture is the report tests' one

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from analytics.core import Analysis
-from analytics.params import Params
-from analytics.report import fmt, pipeline
-from analytics.report.pdf import PdfError, find_chromium
-from analytics.report.window import week_window
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
+from gpufleet.report import fmt, pipeline
+from gpufleet.report.pdf import PdfError, find_chromium
+from gpufleet.report.window import week_window
 from tests.realstack.debian import ensure_packages, which
 from tests.realstack.policy import unavailable
 from tests.test_report import HOSTILE_JOB, NOW, settings_for, store  # noqa: F401 - the report store fixture
@@ -108,7 +108,7 @@ def test_pdf_text_carries_the_figures_and_the_hostile_name_as_text(tools, store,
 def test_missing_chromium_is_a_clear_error_and_html_is_still_written(store, tmp_path, caplog):  # noqa: F811
     with pytest.raises(PdfError, match=r"\[report\] chromium = 'no-such-browser': not found"):
         find_chromium("no-such-browser")
-    from analytics import report_cli
+    from gpufleet.report import cli as report_cli
 
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[collector]\nstore = "{store.root}"\n[report]\nchromium = "no-such-browser"\n')

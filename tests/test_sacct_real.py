@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from collector.sources.slurm import SacctSource
+from gpufleet.collector.sources.slurm import SacctSource
 
 pytestmark = pytest.mark.realstack
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.sources.base import SourceError
-from collector.sources.slurm import DEFAULT_FIELDS, UNIT_SEPARATOR, SacctSource
+from gpufleet.collector.sources.base import SourceError
+from gpufleet.collector.sources.slurm import DEFAULT_FIELDS, UNIT_SEPARATOR, SacctSource
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "slurm"
 NOW = datetime(2026, 11, 20, 12, 0, 0, 123456)
@@ -231,7 +231,7 @@ def test_hang_times_out_and_kills_the_process_group(fake):
 
 
 def test_batches_commit_to_the_store_and_rereading_changes_nothing(fake, tmp_path):
-    from collector.store import StoreWriter, open_reader
+    from gpufleet.collector.store import StoreWriter, open_reader
 
     store = StoreWriter(tmp_path / "store", clock=lambda: NOW)
     src = SacctSource(cluster="gpufleet", command=fake.command, watermark_of=store.watermark, initial_lookback=timedelta(hours=2))
@@ -285,9 +285,9 @@ def test_from_options():
 def test_through_the_collector_service_and_backfill(fake, tmp_path):
     import io
 
-    from collector.backfill import backfill
-    from collector.service import Collector, ScheduledSource
-    from collector.store import StoreWriter, open_reader
+    from gpufleet.collector.backfill import backfill
+    from gpufleet.collector.service import Collector, ScheduledSource
+    from gpufleet.collector.store import StoreWriter, open_reader
 
     store = StoreWriter(tmp_path / "store", clock=lambda: NOW)
     src = SacctSource(cluster="gpufleet", command=fake.command, initial_lookback=timedelta(hours=2))

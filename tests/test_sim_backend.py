@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.backends import sim_scenario
-from exporter.backends.sim import SimBackend
-from exporter.model import GpuError
+from gpufleet.exporter.backends import sim_scenario
+from gpufleet.exporter.backends.sim import SimBackend
+from gpufleet.exporter.model import GpuError
 from gpufleet.config import ConfigError
 
 
@@ -157,7 +157,7 @@ def test_scenario_file_errors(tmp_path):
 def test_shipped_demo_scenario_loads():
     from importlib import resources
 
-    with resources.as_file(resources.files("exporter.scenarios") / "demo-node.toml") as p:
+    with resources.as_file(resources.files("gpufleet.exporter.scenarios") / "demo-node.toml") as p:
         sc = sim_scenario.load(p)
     assert sc.gpus == 8 and sc.minor_numbers == (1, 0, 3, 2, 5, 4, 7, 6)
     assert sc.spec(7).lost_at_s == 240

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.schema import JOB_COLUMNS
-from collector.sources.slurm_parse import (
+from gpufleet.collector.schema import JOB_COLUMNS
+from gpufleet.collector.sources.slurm_parse import (
     MAX_PROBLEMS,
     alloc_tres_gpu_count,
     expand_hostlist,
@@ -23,7 +23,7 @@ from collector.sources.slurm_parse import (
     parse_time,
     tres_gpus,
 )
-from collector.sources.slurm_json import parse_slurmrestd_jobs
+from gpufleet.collector.sources.slurm_json import parse_slurmrestd_jobs
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "slurm"
 NOW = datetime(2026, 11, 20, 12, 0, 0)

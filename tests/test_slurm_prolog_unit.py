@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.jobmap.slurm_dir import SlurmMappingDirSource
-from exporter.model import GpuIdentity
+from gpufleet.exporter.jobmap.slurm_dir import SlurmMappingDirSource
+from gpufleet.exporter.model import GpuIdentity
 from tests.realstack.policy import unavailable
 
 KIT = Path(__file__).resolve().parents[1] / "compose" / "node" / "slurm"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from collector import schema
-from collector.sources.base import Batch
-from collector.store import StoreError, StoreWriter, open_reader
+from gpufleet.collector import schema
+from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.store import StoreError, StoreWriter, open_reader
 
 T0 = datetime(2026, 11, 16, 23, 59, 30)
 
@@ -119,10 +119,10 @@ def test_second_writer_is_refused_readers_are_not(tmp_path):
     w = StoreWriter(tmp_path)
     w.commit(Batch(key="x", samples=samples([T0], [5])))
     w.publish()
-    code = f"from collector.store import StoreWriter; StoreWriter({str(tmp_path)!r})"
+    code = f"from gpufleet.collector.store import StoreWriter; StoreWriter({str(tmp_path)!r})"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "locked by another writer" in r.stderr
-    code = f"from collector.store import open_reader; print(open_reader({str(tmp_path)!r}).execute('select gpu_util from gpu_samples').fetchall())"
+    code = f"from gpufleet.collector.store import open_reader; print(open_reader({str(tmp_path)!r}).execute('select gpu_util from gpu_samples').fetchall())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[(5.0,)]", r.stderr
 
@@ -186,7 +186,7 @@ def test_rollup_view_exists_before_the_first_compaction(tmp_path):
 def test_rollup_counts_the_samples_that_have_utilization(tmp_path):
     """A blank gpu_util (dcgm-exporter's sentinel, a MIG row) is no sample of utilization: the
     rollup's count-weighted mean must equal the mean of the samples that have one."""
-    from collector.maintenance import compact
+    from gpufleet.collector.maintenance import compact
 
     t = datetime(2026, 11, 16, 10, 0, 0)
     w = StoreWriter(tmp_path, clock=lambda: t)
@@ -206,7 +206,7 @@ def test_rollup_counts_the_samples_that_have_utilization(tmp_path):
 
 
 def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
-    from collector.maintenance import compact
+    from gpufleet.collector.maintenance import compact
 
     t = datetime(2026, 11, 16, 10, 0, 0)
     w = StoreWriter(tmp_path, clock=lambda: t)
@@ -236,7 +236,7 @@ def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
 
 
 def test_retention_retires_old_files_but_remembers_their_keys(tmp_path):
-    from collector.maintenance import apply_retention
+    from gpufleet.collector.maintenance import apply_retention
 
     t = datetime(2026, 11, 1)
     w = StoreWriter(tmp_path, clock=lambda: t)
@@ -254,7 +254,7 @@ def test_retention_retires_old_files_but_remembers_their_keys(tmp_path):
 
 
 def test_retention_deletes_old_job_throughput_rows(tmp_path):
-    from collector.maintenance import apply_retention
+    from gpufleet.collector.maintenance import apply_retention
 
     t = datetime(2026, 11, 1)
     w = StoreWriter(tmp_path, clock=lambda: t)
@@ -377,7 +377,7 @@ def test_sample_files_use_the_tuned_encodings(tmp_path):
 def test_fast_lane_and_full_upsert_agree_on_random_observations(tmp_path, seed):
     import random
 
-    from collector.store import _Mirror
+    from gpufleet.collector.store import _Mirror
 
     rng = random.Random(seed)
     fast, full = StoreWriter(tmp_path / "fast", clock=lambda: T0), StoreWriter(tmp_path / "full", clock=lambda: T0)
@@ -409,7 +409,7 @@ def assert_same_tables(fast: StoreWriter, full: StoreWriter, tmp_path) -> None:
 def test_scrape_rounds_with_jobs_ending_read_as_the_full_upsert(tmp_path):
     """Rounds that move every row from one last_seen to the next take the shortcut of matching
     on last_seen alone; a row left behind (a job that ended, a GPU gone) must not move with them."""
-    from collector.store import _Mirror
+    from gpufleet.collector.store import _Mirror
 
     fast, full = StoreWriter(tmp_path / "fast", clock=lambda: T0), StoreWriter(tmp_path / "full", clock=lambda: T0)
     full._mirror = lambda table: _Mirror()

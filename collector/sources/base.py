@@ -16,11 +16,11 @@ class Batch:
     `key` identifies the input window deterministically (the same window read twice gives the
     same key), which is what makes re-ingesting idempotent. `watermark` is committed in the same
     transaction, so a crash never advances a watermark past data that was not stored.
-    Row dicts use the column names of collector.schema.
+    Row dicts use the column names of gpufleet.collector.schema.
     """
 
     key: str
-    samples: pa.Table | None = None  # collector.schema.SAMPLE_SCHEMA
+    samples: pa.Table | None = None  # gpufleet.collector.schema.SAMPLE_SCHEMA
     jobs: list[dict[str, Any]] = field(default_factory=list)  # JOB_COLUMNS
     allocations: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + ALLOCATIONS key
     gpus: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + GPUS columns

@@ -19,7 +19,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
-from collector.sources.base import Batch, SourceError
+from gpufleet.collector.sources.base import Batch, SourceError
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"  # the device plugin's "mixed" MIG strategy: nvidia.com/mig-1g.10gb
@@ -172,7 +172,7 @@ def _status_message(body: str | None) -> str:
 
 def pod_to_job(pod: Any, cluster: str, now: datetime, team_labels: Sequence[str] = ("team", "gpufleet.io/team"),
                user_label: str = "user") -> dict[str, Any] | None:
-    """One canonical job row (collector.schema.JOB_COLUMNS), None for a pod without GPUs."""
+    """One canonical job row (gpufleet.collector.schema.JOB_COLUMNS), None for a pod without GPUs."""
     if not isinstance(pod, dict):
         raise Malformed(f"pod list item is not an object: {str(pod)[:80]!r}")
     meta, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status") or {}

@@ -19,10 +19,10 @@ from typing import Iterable, Iterator
 
 import httpx
 
-from collector.exposition_parse import JOB_REPORT_METRICS, parse_rows, samples_table
-from collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
-from collector.sources.base import Batch, SourceError
-from exporter.exposition import Family, render
+from gpufleet.collector.exposition_parse import JOB_REPORT_METRICS, parse_rows, samples_table
+from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
+from gpufleet.collector.sources.base import Batch, SourceError
+from gpufleet.exporter.exposition import Family, render
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Iterable
 
 import httpx
 
-from collector.exposition_parse import parse_rows, samples_table
-from collector.schema import SAMPLE_SCHEMA
-from collector.sources.base import Batch, SourceError
+from gpufleet.collector.exposition_parse import parse_rows, samples_table
+from gpufleet.collector.schema import SAMPLE_SCHEMA
+from gpufleet.collector.sources.base import Batch, SourceError
 
 log = logging.getLogger(__name__)
 

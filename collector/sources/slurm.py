@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from collector.sources.base import Batch, SourceError
-from collector.sources.slurm_parse import as_tz, parse_sacct
+from gpufleet.collector.sources.base import Batch, SourceError
+from gpufleet.collector.sources.slurm_parse import as_tz, parse_sacct
 
 UNIT_SEPARATOR = "\x1f"
 DEFAULT_FIELDS = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from collector.sources.slurm_parse import (
+from gpufleet.collector.sources.slurm_parse import (
     _NO_VAL,
     OPEN_STATES,
     _Bad,

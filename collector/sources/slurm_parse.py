@@ -1,7 +1,7 @@
 """Parsers for what Slurm says about jobs: sacct text, `scontrol show job -d`, slurmrestd JSON.
 
 Pure functions (text or dict in, rows out) so every quirk is testable without a Slurm. Job rows
-carry exactly collector.schema.JOB_COLUMNS. A bad record is counted and described, never raised:
+carry exactly gpufleet.collector.schema.JOB_COLUMNS. A bad record is counted and described, never raised:
 one garbled line must not lose the good ones around it (DESIGN contract 6). The quirks handled
 are listed in shared/data/FORMATS.md sections 4-6.
 """
@@ -14,7 +14,7 @@ from datetime import datetime, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from collector.schema import JOB_COLUMNS
+from gpufleet.collector.schema import JOB_COLUMNS
 
 # Base job states (first word of sacct's State) plus the flags Slurm can print in their place.
 KNOWN_STATES = frozenset({

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 
 MARKS = {"lost": "✕", "error": "!", "no data": "?"}
 LEGEND = "✕ lost (gpu_up = 0)   ! XID / ECC / row-remap error   ? no recent data   ○ held with no process   · held by a job"

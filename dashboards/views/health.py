@@ -9,7 +9,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 
 
 def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
@@ -24,7 +24,7 @@ def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
 
 
 def body(ctx: ui.Context) -> None:
-    from analytics.timeline import default_bucket
+    from gpufleet.analytics.timeline import default_bucket
 
     w = ctx.window
     st.caption("Health is about GPUs: the cluster and GPU model filters apply, the account, user and partition filters do not.")

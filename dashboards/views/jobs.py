@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 
 VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
 LIST_COLUMNS = ("job_id", "name", "user_name", "account", "partition", "state", "gpus", "start", "end", "runtime_h",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 
 
 def body(ctx: ui.Context) -> None:

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 
 SHARE_LABELS = {"active_share": "entitled (among accounts with demand)", "used_share": "used"}
 

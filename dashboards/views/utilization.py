@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 
 BY = {"fleet": "whole fleet", "cluster": "cluster", "partition": "partition / namespace", "account": "account / team",
       "user_name": "user", "model": "GPU model"}

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from dashboards import data, ui
+from gpufleet.dashboards import data, ui
 
 TOP = 15
 
@@ -22,7 +22,7 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
 
 
 def body(ctx: ui.Context) -> None:
-    from analytics.trends import compare
+    from gpufleet.analytics.trends import compare
 
     w = ctx.window
     b = data.window_bundle(w.key)

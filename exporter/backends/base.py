@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from exporter.model import GpuIdentity, GpuProcess, GpuReading, XidEvent
+from gpufleet.exporter.model import GpuIdentity, GpuProcess, GpuReading, XidEvent
 
 
 class Backend(Protocol):

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from exporter.model import (
+from gpufleet.exporter.model import (
     BackendUnavailable,
     GpuError,
     GpuIdentity,

@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 
 from gpufleet.config import ConfigError
 
-from exporter.backends.sim_scenario import Scenario, SimGpuSpec, SimProcess, _Reader
-from exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, XidEvent
+from gpufleet.exporter.backends.sim_scenario import Scenario, SimGpuSpec, SimProcess, _Reader
+from gpufleet.exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, XidEvent
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from typing import Any
 
 from gpufleet.config import ConfigError, load_file
 
-from exporter.backends import sim_models
-from exporter.fields import FIELDS
+from gpufleet.exporter.backends import sim_models
+from gpufleet.exporter.fields import FIELDS
 
 TRACE_KINDS = ("constant", "steps", "sine", "random")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
-from exporter.model import GpuIdentity, GpuProcess
+from gpufleet.exporter.model import GpuIdentity, GpuProcess
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from exporter.jobmap.base import JobBinding
-from exporter.model import GpuIdentity, GpuProcess
+from gpufleet.exporter.jobmap.base import JobBinding
+from gpufleet.exporter.model import GpuIdentity, GpuProcess
 
 _JOB_IN_PATH = re.compile(r"/job_(\d+)(?:/|$)")
 

@@ -16,8 +16,8 @@ import re
 import stat
 from typing import Mapping, Sequence
 
-from exporter.jobmap.base import JobBinding, MappingError
-from exporter.model import GpuIdentity, GpuProcess
+from gpufleet.exporter.jobmap.base import JobBinding, MappingError
+from gpufleet.exporter.model import GpuIdentity, GpuProcess
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class KubeletPodResourcesSource:
             raise MappingError(
                 "kubelet mapping needs grpcio and protobuf: pip install 'gpufleet[kubernetes]'"
             ) from e
-        from exporter.jobmap import podresources_proto as proto
+        from gpufleet.exporter.jobmap import podresources_proto as proto
 
         msgs = proto.messages()
         if self._channel is None:

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from exporter.jobmap.base import JobBinding, MappingError
-from exporter.model import GpuIdentity, GpuProcess
+from gpufleet.exporter.jobmap.base import JobBinding, MappingError
+from gpufleet.exporter.model import GpuIdentity, GpuProcess
 
 _NAME = re.compile(r"^(\d+)(?:\.(\d+))?$")
 _JOB_ID = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")  # 123, 123_4 (array task), 123+0 (het)

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from exporter.backends import sim
+from gpufleet.exporter.backends import sim
 
 STEP_S = 15  # the exporters' scrape interval
 HISTORY = timedelta(days=7)
@@ -35,7 +35,7 @@ PROFILE_CODE = {p: i for i, p in enumerate(PROFILES)}
 class Node:
     cluster: str
     host: str
-    model: str  # an NVML model name known to exporter.backends.sim_models
+    model: str  # an NVML model name known to gpufleet.exporter.backends.sim_models
     gpus: int
     mig: dict[int, tuple[str, ...]] = field(default_factory=dict)  # GPU index -> MIG profiles
     partition: str = ""

@@ -16,11 +16,11 @@ from typing import Callable
 import polars as pl
 import pyarrow as pa
 
-from collector import schema
-from collector.maintenance import compact
-from collector.sources.base import Batch
-from collector.store import StoreWriter
-from exporter.backends.sim_models import MODELS
+from gpufleet.collector import schema
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.store import StoreWriter
+from gpufleet.exporter.backends.sim_models import MODELS
 from gpufleet.demo import load
 from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job, Slot
 
@@ -103,7 +103,7 @@ def _health(fleet: Fleet, df: pl.DataFrame) -> pl.DataFrame:
 
 
 def sample_table(df: pl.DataFrame) -> pa.Table:
-    """The rows as collector.schema.SAMPLE_SCHEMA; fields the simulator does not model stay null."""
+    """The rows as gpufleet.collector.schema.SAMPLE_SCHEMA; fields the simulator does not model stay null."""
     out = df.select(
         ts=(pl.col("t") * 1000).cast(pl.Datetime("ms")), cluster="cluster", host="host", gpu="gpu", gpu_uuid="gpu_uuid",
         gpu_instance="gpu_instance", mig_profile="mig_profile", model="model", source=pl.lit("scrape"),

@@ -12,7 +12,7 @@ from concurrent import futures
 
 import grpc
 
-from exporter.jobmap.podresources_proto import messages
+from gpufleet.exporter.jobmap.podresources_proto import messages
 
 
 class PodResourcesServer:

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import polars as pl
 
-from exporter.backends import sim, sim_scenario
-from exporter.jobmap.kubelet import KubeletPodResourcesSource
-from exporter.jobmap.slurm_dir import SlurmMappingDirSource
-from exporter.poller import Poller
-from exporter.web import make_server
+from gpufleet.exporter.backends import sim, sim_scenario
+from gpufleet.exporter.jobmap.kubelet import KubeletPodResourcesSource
+from gpufleet.exporter.jobmap.slurm_dir import SlurmMappingDirSource
+from gpufleet.exporter.poller import Poller
+from gpufleet.exporter.web import make_server
 from gpufleet.demo import load
 from gpufleet.demo.fleet import PROFILE_CODE, Fleet, Job, Node, Slot, node_slots
 from gpufleet.demo.history import EPOCH, epoch

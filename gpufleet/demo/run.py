@@ -79,12 +79,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if not host_port(args.listen):
         log.error("--listen %r: expected HOST:PORT", args.listen)
         return 2
-    from collector.backfill import progress_bar
+    from gpufleet.collector.backfill import progress_bar
     from gpufleet.demo import fleet as fleet_mod
     from gpufleet.demo import history
 
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # gRPC's C core logs every kubelet channel closing
-    for noisy in ("httpx", "apscheduler", "collector.store", "collector.maintenance", "exporter.poller"):
+    for noisy in ("httpx", "apscheduler", "gpufleet.collector.store", "gpufleet.collector.maintenance", "gpufleet.exporter.poller"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # one line per scrape, job run, migration
     workdir = Path(args.workdir).expanduser()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -107,9 +107,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def _serve(args: argparse.Namespace, fleet, workdir: Path, config: Path, out: TextIO) -> int:
     from prometheus_client import start_http_server
 
-    from collector.service import Collector, ScheduledSource
-    from collector.sources.scrape import ScrapeSource
-    from collector.store import StoreWriter
+    from gpufleet.collector.service import Collector, ScheduledSource
+    from gpufleet.collector.sources.scrape import ScrapeSource
+    from gpufleet.collector.store import StoreWriter
     from gpufleet.demo.live import LiveFleet
     from gpufleet.demo.scheduler import SimSchedulerSource
 

@@ -1,5 +1,5 @@
 """The demo's scheduler accounting source: the simulated fleet's jobs as sacct and Kubernetes
-would report them, for the collector (the collector.sources.base.Source interface).
+would report them, for the collector (the gpufleet.collector.sources.base.Source interface).
 
 A real site runs collector/sources/slurm.py (sacct) and kubernetes.py; the demo has no Slurm
 or API server, so this source reads the plan instead and reports each job when its state
@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable
 
-from collector.sources.base import Batch
+from gpufleet.collector.sources.base import Batch
 from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.history import job_row
 

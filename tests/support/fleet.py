@@ -11,9 +11,9 @@ from typing import Callable
 
 import pyarrow as pa
 
-from collector import schema
-from collector.sources.base import Batch
-from collector.store import StoreWriter, open_reader
+from gpufleet.collector import schema
+from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.store import StoreWriter, open_reader
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The report's window: an ISO week (Monday 00:00 to Monday 00:00 in the report's time zone) or an
 explicit [from, to), its previous window ("last week"), and its calendar days for the trend chart.
 
-All times handed to analytics are naive UTC (analytics.params). A week in a zone with daylight
+All times handed to analytics are naive UTC (gpufleet.analytics.params). A week in a zone with daylight
 saving time is 167 or 169 hours long once a year; "last week" is then the previous calendar
 week, not the 168 hours before.
 """

@@ -2,7 +2,7 @@
 viewed), a plain-text summary, and the mail subject.
 
 The HTML template is autoescaped (Jinja2): a job called `<script>` is printed as text. The only
-markup inserted unescaped is the SVG from analytics.report.charts, which escapes its own text.
+markup inserted unescaped is the SVG from gpufleet.report.charts, which escapes its own text.
 Every figure cell carries `data-fig="<section>.<key>.<field>"` so a test (or a curious reader with
 the browser's inspector) can tie a printed number to the analytics figure it came from.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from analytics.report import charts, fmt
-from analytics.report.model import Report
+from gpufleet.report import charts, fmt
+from gpufleet.report.model import Report
 
 VERDICTS = {
     "no_data": "no samples", "no_process": "held with no process", "idle": "idle", "idle_stretches": "long idle stretches",
@@ -25,7 +25,7 @@ def environment():
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("analytics.report", "templates"),
+        loader=jinja2.PackageLoader("gpufleet.report", "templates"),
         autoescape=lambda name: bool(name) and name.endswith(".html.j2"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

@@ -1,7 +1,7 @@
 """Gather the report's figures from the analytics: the figure model the templates render.
 
-Nothing here computes a figure of its own. Every number is taken from analytics.core.Analysis,
-analytics.trends, analytics.jobs and analytics.fairness for the report's window (or, for the
+Nothing here computes a figure of its own. Every number is taken from gpufleet.analytics.core.Analysis,
+gpufleet.analytics.trends, gpufleet.analytics.jobs and gpufleet.analytics.fairness for the report's window (or, for the
 daily trend, for each day of it); the per-team table adds up the analytics' per-(cluster, account)
 rows by account, so a team spread over two clusters is one row. What this module adds is
 judgement about what is *known*: a figure that needs GPU samples is "no data" when the window
@@ -19,12 +19,12 @@ from typing import Any, Mapping
 import duckdb
 import polars as pl
 
-from analytics import sql
-from analytics.core import Analysis, Totals
-from analytics.jobs import job_summaries
-from analytics.params import Filters, Params
-from analytics.report.window import Window
-from analytics.trends import compare, previous_totals
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import Analysis, Totals
+from gpufleet.analytics.jobs import job_summaries
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.report.window import Window
+from gpufleet.analytics.trends import compare, previous_totals
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class DailyPoint:
 
 @dataclass(frozen=True)
 class MfuRow:
-    """analytics.mfu.account_mfu(): one (cluster, account)."""
+    """gpufleet.analytics.mfu.account_mfu(): one (cluster, account)."""
     cluster: str
     account: str
     mfu_pct: float | None  # None: unknown for every job of the team
@@ -167,7 +167,7 @@ def _empty(t: Totals) -> bool:
 
 
 def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_processes: bool) -> list[Headline]:
-    """analytics.trends.compare() rows, with the reason a figure is not shown where it is not."""
+    """gpufleet.analytics.trends.compare() rows, with the reason a figure is not shown where it is not."""
     prev_t = prev if prev is not None else cur
 
     def why(key: str, t: Totals, procs: bool) -> str | None:
@@ -214,7 +214,7 @@ def _by_account(df: pl.DataFrame, sums: list[str], cost: str | None = None) -> d
 
 def _fairness(a: Analysis, shares: Mapping[str, float] | None, half_life: timedelta):
     try:
-        from analytics.fairness import fairness
+        from gpufleet.analytics.fairness import fairness
     except ImportError:  # pragma: no cover - fairness ships with analytics
         return None
     return fairness(a, shares, half_life)
@@ -290,9 +290,9 @@ MFU_UNAVAILABLE = "MFU is not available in this version of gpufleet (analytics/m
 
 
 def mfu_rows(a: Analysis, team: str | None = None) -> tuple[list[MfuRow], str]:
-    """MFU by team with its method (analytics.mfu.account_mfu), and a note when there is none."""
+    """MFU by team with its method (gpufleet.analytics.mfu.account_mfu), and a note when there is none."""
     try:
-        from analytics.mfu import account_mfu, job_mfu
+        from gpufleet.analytics.mfu import account_mfu, job_mfu
     except ImportError:
         return [], MFU_UNAVAILABLE
     jobs = job_mfu(a)

@@ -1,7 +1,7 @@
 """From configuration to delivered report: settings, figures, renderings, files, mail.
 
-Used by `gpufleet report` (analytics/report_cli.py) and the collector's weekly job
-(collector/report_job.py), so a scheduled report is exactly the one the command writes.
+Used by `gpufleet report` (dashboards/report/cli.py) and the collector's weekly job
+(dashboards/report/job.py), so a scheduled report is exactly the one the command writes.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from analytics.report import config as report_config
-from analytics.report import fmt, render
-from analytics.report.mail import message
-from analytics.report.model import Report, for_team, gather
-from analytics.report.window import Window
+from gpufleet.report import config as report_config
+from gpufleet.report import fmt, render
+from gpufleet.report.mail import message
+from gpufleet.report.model import Report, for_team, gather
+from gpufleet.report.window import Window
 from gpufleet.config import ConfigError, section
 
 log = logging.getLogger(__name__)
@@ -34,23 +34,23 @@ class Settings:
     half_life: timedelta = timedelta(days=7)
 
     def params(self, start: datetime, end: datetime):
-        from analytics.params import from_config
+        from gpufleet.analytics.params import from_config
 
         return from_config(_params_doc(self.doc), self.path, start, end)
 
 
 def _fairness_options() -> tuple:
     try:
-        from analytics.fairness import OPTIONS
+        from gpufleet.analytics.fairness import OPTIONS
     except ImportError:  # pragma: no cover
         return ()
     return OPTIONS
 
 
 def _params_doc(doc: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The document as analytics.params.from_config reads it: [analytics] without the fairness
+    """The document as gpufleet.analytics.params.from_config reads it: [analytics] without the fairness
     keys (shares, half_life_days) if params does not declare them itself."""
-    from analytics import params
+    from gpufleet.analytics import params
 
     known = {o.key for o in params.OPTIONS}
     extra = {o.key for o in _fairness_options()} - known
@@ -64,7 +64,7 @@ def load_settings(doc: Mapping[str, Any], path: Any, store: str | None = None) -
     """Validate [report], [analytics] (with its fairness keys) and find the store. ConfigError."""
     import importlib.util
 
-    from analytics import params
+    from gpufleet.analytics import params
 
     if importlib.util.find_spec("jinja2") is None:
         raise ConfigError("the report needs Jinja2, which is not installed: pip install 'gpufleet[report]'")
@@ -72,7 +72,7 @@ def load_settings(doc: Mapping[str, Any], path: Any, store: str | None = None) -
     opts = section(doc, "analytics", params.OPTIONS + tuple(o for o in _fairness_options() if o.key not in {p.key for p in params.OPTIONS}), path)
     shares, half_life = None, timedelta(days=7)
     if _fairness_options():
-        from analytics.fairness import settings as fairness_settings
+        from gpufleet.analytics.fairness import settings as fairness_settings
 
         shares, half_life = fairness_settings(opts)
     if store:
@@ -80,7 +80,7 @@ def load_settings(doc: Mapping[str, Any], path: Any, store: str | None = None) -
     elif opts.get("store"):
         root = Path(opts["store"])
     else:
-        from collector import config as collector_config
+        from gpufleet.collector import config as collector_config
 
         root = Path(collector_config.load(doc, path)["store"])
     return Settings(doc=doc, path=path, report=cfg, store=root, shares=shares, half_life=half_life)
@@ -112,7 +112,7 @@ def render_output(report: Report, *, pdf: bool = True, chromium: str = "") -> Ou
     if pdf:
         import tempfile
 
-        from analytics.report.pdf import PdfError, html_to_pdf
+        from gpufleet.report.pdf import PdfError, html_to_pdf
 
         try:
             with tempfile.TemporaryDirectory() as tmp:
@@ -127,9 +127,9 @@ def make(settings: Settings, window: Window, *, now: datetime | None = None, pdf
          teams: Iterable[str] | None = None, con=None) -> list[Output]:
     """The fleet's report, then one per team in `teams` (default: the teams with recipients).
 
-    Raises collector.store.StoreError when the store cannot be opened.
+    Raises gpufleet.collector.store.StoreError when the store cannot be opened.
     """
-    from collector.store import open_reader
+    from gpufleet.collector.store import open_reader
 
     if con is None:
         con = open_reader(settings.store)

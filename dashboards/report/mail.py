@@ -11,7 +11,7 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from typing import Iterable, Sequence
 
-from analytics.report.config import Smtp
+from gpufleet.report.config import Smtp
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def window_from_args(args: argparse.Namespace, tz: str):
-    from analytics.report.window import parse_week, span_window, week_window
-    from collector.cli import parse_time
+    from gpufleet.report.window import parse_week, span_window, week_window
+    from gpufleet.collector.cli import parse_time
 
     if args.week and (args.start or args.end):
         raise ConfigError("--week and --from/--to: expected one of them, not both")
@@ -48,9 +48,9 @@ def window_from_args(args: argparse.Namespace, tz: str):
 
 
 def run(args: argparse.Namespace, out=None) -> int:
-    from analytics.report import pipeline
-    from analytics.report.mail import MailError, send
-    from collector.store import StoreError
+    from gpufleet.report import pipeline
+    from gpufleet.report.mail import MailError, send
+    from gpufleet.collector.store import StoreError
 
     out = out or sys.stdout
     try:

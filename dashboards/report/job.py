@@ -32,7 +32,7 @@ def utcnow() -> datetime:
 
 class ReportJob:
     def __init__(self, settings: Any, clock: Callable[[], datetime] = utcnow):
-        self.settings = settings  # analytics.report.pipeline.Settings
+        self.settings = settings  # gpufleet.report.pipeline.Settings
         self.clock = clock
         self.last_result: bool | None = None
 
@@ -65,10 +65,10 @@ class ReportJob:
     def run(self) -> bool:
         from pathlib import Path
 
-        from analytics.report import pipeline
-        from analytics.report.mail import MailError, send
-        from analytics.report.window import last_complete_week, week_window
-        from collector.store import StoreError
+        from gpufleet.report import pipeline
+        from gpufleet.report.mail import MailError, send
+        from gpufleet.report.window import last_complete_week, week_window
+        from gpufleet.collector.store import StoreError
         from gpufleet.config import ConfigError
 
         now = self.clock()
@@ -106,7 +106,7 @@ def prepare(doc: Mapping[str, Any], path: Any, *, clock: Callable[[], datetime] 
     or None when no report is scheduled (no [report] section, schedule disabled, or no recipients)."""
     if not isinstance(doc.get("report"), dict):
         return None
-    from analytics.report import pipeline
+    from gpufleet.report import pipeline
 
     settings = pipeline.load_settings(doc, path)
     cfg = settings.report

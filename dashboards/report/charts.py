@@ -11,8 +11,8 @@ from __future__ import annotations
 from html import escape
 from typing import Iterable, Sequence
 
-from analytics.report.fmt import usd
-from analytics.report.model import DailyPoint, TeamRow
+from gpufleet.report.fmt import usd
+from gpufleet.report.model import DailyPoint, TeamRow
 
 FONT = "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\""
 INK, MUTED, GRID = "#1f2933", "#616e7c", "#e4e7eb"
