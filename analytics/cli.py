@@ -14,12 +14,11 @@ import logging
 import math
 from dataclasses import asdict
 from datetime import date, datetime, timedelta
-from pathlib import Path
 from typing import Any, TextIO
 
 import polars as pl
 
-from gpufleet.config import ConfigError, load_file
+from gpufleet.config import ConfigError, load_config
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", help="also print the efficiency report of this job id")
     for name in ("cluster", "account", "user", "model", "partition"):
         p.add_argument(f"--{name}", help=f"only this {name}")
-
-
-def store_path(args: argparse.Namespace, doc: dict) -> Path:
-    from gpufleet.collector import config as collector_config
-
-    if args.store:
-        return Path(args.store)
-    analytics_store = (doc.get("analytics") or {}).get("store")
-    if analytics_store:
-        return Path(analytics_store)
-    return Path(collector_config.load(doc, args.config)["store"])
 
 
 def _plain(v: Any) -> Any:
@@ -160,19 +148,19 @@ def run(args: argparse.Namespace, out=None) -> int:
     import sys
 
     from gpufleet.analytics.fairness import settings
-    from gpufleet.analytics.params import DIMENSIONS, Filters, analytics_options, from_config
-    from gpufleet.collector.cli import parse_time
+    from gpufleet.analytics.params import DIMENSIONS, Filters, analytics_options, from_config, store_path
+    from gpufleet.times import parse_time
     from gpufleet.collector.store import StoreError, open_reader
 
     out = out or sys.stdout
     try:
-        doc = load_file(args.config)
+        doc = load_config(args.config)
         if args.by not in DIMENSIONS:
             raise ConfigError(f"--by {args.by!r}: expected one of {', '.join(DIMENSIONS)}")
         filters = Filters(cluster=args.cluster, account=args.account, user_name=args.user, model=args.model, partition=args.partition)
         params = from_config(doc, args.config, parse_time(args.start), parse_time(args.end), filters)
         shares, half_life = settings(analytics_options(doc, args.config))
-        root = store_path(args, doc)
+        root = store_path(doc, args.config, args.store)
     except ConfigError as e:
         log.error("%s", e)
         return 2

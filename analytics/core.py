@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from functools import cache
 from importlib import resources
 from typing import Any, Mapping
@@ -26,6 +26,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime, epoch_us
 from gpufleet.analytics.params import Params
+from gpufleet.times import utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
@@ -78,7 +79,7 @@ class Analysis:
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
         self.p = params
-        now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+        now = now or utcnow()
         reach = params.idle_min_duration + params.max_gap
         f = params.filters
         self.bind: dict[str, Any] = {

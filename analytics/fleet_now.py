@@ -42,6 +42,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.core import price_table
 from gpufleet.analytics.params import Params
+from gpufleet.times import utcnow
 
 STALE_AFTER = timedelta(minutes=5)
 LOOKBACK = timedelta(hours=6)
@@ -245,7 +246,7 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
     """
     from gpufleet.collector.store import MANIFEST
 
-    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    now = now or utcnow()
     try:
         m = json.loads((Path(root) / MANIFEST).read_text())
     except (OSError, ValueError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Mapping
 
 from gpufleet.config import ConfigError, Option, number, section, string
@@ -78,6 +79,15 @@ def analytics_options(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     from gpufleet.analytics import fairness
 
     return section(doc, "analytics", OPTIONS + fairness.OPTIONS, path)
+
+
+def store_path(doc: Mapping[str, Any], path: Any, *preferred: str | None) -> Path:
+    """The store the readers open, decided in one place: the first of `preferred` that is set (a
+    --store flag, [dashboard] store), else [analytics] store, else [collector] store."""
+    from gpufleet.collector import config as collector_config
+
+    chosen = next((p for p in preferred if p), None) or analytics_options(doc, path)["store"]
+    return Path(chosen or collector_config.load(doc, path)["store"])
 
 
 def from_config(doc: Mapping[str, Any], path: Any, start: datetime, end: datetime, filters: Filters | None = None) -> Params:

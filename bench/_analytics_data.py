@@ -38,8 +38,8 @@ import polars as pl
 import pyarrow as pa
 
 from gpufleet.collector import schema
-from gpufleet.collector.sources.base import Batch
-from gpufleet.collector.maintenance import ROLLUP_SQL
+from gpufleet.collector.schema import Batch
+from gpufleet.collector.schema import ROLLUP_SQL
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 
 GEN_VERSION = 2  # bump when the generated data changes: the cache key includes it
@@ -341,7 +341,7 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
 
 
 def rollups(w: StoreWriter, day: int) -> None:
-    """The 5-minute rollups compaction would write (gpufleet.collector.maintenance.ROLLUP_SQL), one file per hour."""
+    """The 5-minute rollups compaction would write (gpufleet.collector.schema.ROLLUP_SQL), one file per hour."""
     date = f"{START + timedelta(days=day):%Y-%m-%d}"
     files = [r[0] for r in w.db.execute("SELECT file FROM batches WHERE file LIKE ? ORDER BY file", [f"samples/date={date}/%"]).fetchall()]
     table = w.db.sql(ROLLUP_SQL.format(files=_sql_list([str(w.root / f) for f in files]))).to_arrow_table()

@@ -356,7 +356,7 @@ def compare_prometheus(store: Path) -> Table:
         f"times are client-side: HTTP request to parsed JSON for Prometheus, execute to Arrow to polars for DuckDB (a fresh open_reader "
         f"over the whole {SCALE.gpus}-GPU store{f', filtered to the same {len(hosts)} hosts' if subset else ''}); "
         f"median of {RUNS} interleaved warm runs",
-        "the rollups are what compaction writes for every closed hour (gpufleet.collector.maintenance.ROLLUP_SQL: per GPU and 5 minutes, "
+        "the rollups are what compaction writes for every closed hour (gpufleet.collector.schema.ROLLUP_SQL: per GPU and 5 minutes, "
         "avg and count), the store's own pre-aggregate for dashboards; the raw row reads every sample like PromQL does",
     ]
     return t

@@ -358,7 +358,7 @@ def _week(root: Path) -> dict:
 
     from gpufleet.collector import schema
     from gpufleet.collector.maintenance import compact
-    from gpufleet.collector.sources.base import Batch
+    from gpufleet.collector.schema import Batch
     from gpufleet.collector.store import StoreWriter
 
     n = int(WEEK_DAYS * 86400 / SCRAPE_S)

@@ -241,7 +241,7 @@ def _time_interleaved(fns: dict[str, Callable[[], None]], n: int) -> dict[str, l
 def per_poll_cost(gpus: int, tmp: Path) -> dict[str, float]:
     """In-process CPU per 15 s cycle (one telemetry poll + one process/job poll), split into parts."""
     from gpufleet.exporter.cli import OPTIONS, build
-    from gpufleet.exporter.exposition import render
+    from gpufleet.exposition import render
     from gpufleet.exporter.snapshot import families
     from gpufleet.config import load_file, section
 

@@ -7,12 +7,15 @@ import logging
 import signal
 import sys
 import threading
-from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
-from gpufleet.config import ConfigError, load_file
+from gpufleet.config import ConfigError, gather, load_config
+from gpufleet.times import parse_time
 
 log = logging.getLogger(__name__)
+
+# (config document, config path) -> a callable that adds a job to the APScheduler, or None
+ScheduledJob = Callable[[Mapping[str, Any], Any], "Callable[[Any], Any] | None"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,15 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="run every source once and exit")
     mode.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="fill a past window (ISO 8601 times, UTC unless an offset is given)")
-
-
-def parse_time(text: str) -> datetime:
-    """ISO 8601 -> naive UTC; a time without an offset is UTC."""
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"time {text!r}: expected ISO 8601, e.g. 2026-11-16T00:00:00Z") from None
-    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
 def build(opts: dict[str, Any]):
@@ -66,22 +60,22 @@ def build(opts: dict[str, Any]):
     return Collector(StoreWriter(opts["store"]), sources)
 
 
-def run(args: argparse.Namespace, out=None) -> int:
+def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJob] = ()) -> int:
+    """`scheduled_jobs`: each is given the config document and path at start (so it can reject a bad
+    section then) and returns a callable that adds its job to the service's scheduler, or None.
+    The shell passes the weekly report's here: the collector imports nothing above itself."""
     from gpufleet.collector import config
     from gpufleet.collector.store import StoreError
 
     try:
-        doc = load_file(args.config)
-        opts = config.load(doc, args.config)
+        doc = load_config(args.config)
         window = [parse_time(t) for t in args.backfill] if args.backfill else None
         if window and window[0] >= window[1]:
             raise ConfigError(f"--backfill {args.backfill[0]} {args.backfill[1]}: START must be before END")
+        service = not (args.once or window)
+        opts, extra_jobs = gather(lambda: config.load(doc, args.config),
+                                  lambda: [add for make in scheduled_jobs if (add := make(doc, args.config))] if service else [])
         collector = build(opts)
-        weekly = None
-        if not (args.once or window):
-            from gpufleet.report import job as report_job
-
-            weekly = report_job.prepare(doc, args.config)
     except ConfigError as e:
         log.error("%s", e)
         return 2
@@ -111,5 +105,5 @@ def run(args: argparse.Namespace, out=None) -> int:
             out.flush()
     ret = opts["retention"]
     collector.serve(stop, maintenance_interval=ret["compact_interval"], raw_days=ret["raw_days"], rollup_days=ret["rollup_days"],
-                    extra_jobs=[weekly.add_to] if weekly else [])
+                    extra_jobs=extra_jobs)
     return 0

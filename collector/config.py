@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from gpufleet.config import ConfigError, Option, boolean, host_port, integer, number, section, string, strings
+from gpufleet.config import ConfigError, Option, boolean, gather, host_port, integer, number, section, string, strings
 
 TOP = (
     Option("store", "/var/lib/gpufleet/store", "a directory path", string),
@@ -84,10 +84,12 @@ RETENTION = (
 
 def load(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     """Validated collector options: top-level keys plus one dict per sub-table."""
-    top = section(doc, "collector", TOP, path)
-    sub = {"collector": top}
-    for name, options in (("scrape", SCRAPE), ("prometheus", PROMETHEUS), ("sacct", SACCT), ("kubernetes", KUBERNETES), ("retention", RETENTION)):
-        top[name] = section(sub["collector"], name, options, path, parent="collector")
+    raw = doc.get("collector", {})
+    raw = raw if isinstance(raw, dict) else {}  # section() below says what is wrong with it
+    tables = (("scrape", SCRAPE), ("prometheus", PROMETHEUS), ("sacct", SACCT), ("kubernetes", KUBERNETES), ("retention", RETENTION))
+    top, *validated = gather(lambda: section(doc, "collector", TOP, path),
+                             *(lambda name=name, options=options: section(raw, name, options, path, parent="collector") for name, options in tables))
+    top.update({name: opts for (name, _), opts in zip(tables, validated)})
     if top["prometheus"]["url"] and not top["prometheus"]["url"].startswith(("http://", "https://")):
         raise ConfigError(f"config {path} [collector.prometheus]: url = {top['prometheus']['url']!r}: expected an http:// or https:// URL")
     return top

@@ -23,10 +23,8 @@ import pyarrow as pa
 
 from gpufleet.collector.exposition_fast import DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot, scan
 from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_FIELDS, SAMPLE_SCHEMA
+from gpufleet.exposition import DCGM_BLANK_THRESHOLD  # blank DCGM values are not data
 
-# DCGM reports "blank" (no value) as int64s near 2**63. Same as gpufleet.exporter.fields.DCGM_BLANK_THRESHOLD
-# (a test keeps them equal); the collector does not import the exporter package.
-DCGM_BLANK_THRESHOLD = 9223372036854775792
 
 JOB_INFO = "gpufleet_gpu_job_info"
 # Throughput a job reported about itself (exporter/jobreports.py), per job and exporter host.

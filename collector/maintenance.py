@@ -15,28 +15,12 @@ import hashlib
 import logging
 from datetime import datetime, timedelta
 
+from gpufleet.collector.schema import ROLLUP_SQL
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 
 log = logging.getLogger(__name__)
 
 SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
-
-# {source}: a table expression of samples (read_parquet([...]) at compaction, gpu_samples in a reader)
-ROLLUP_SELECT = """
-SELECT time_bucket(INTERVAL 5 MINUTE, ts) AS bucket, cluster, host, gpu, gpu_uuid, gpu_instance,
-       any_value(mig_profile) AS mig_profile, any_value(model) AS model, source,
-       count(*) AS samples, count(gpu_util) AS gpu_util_samples,  -- MIG rows and blanks have no gpu_util
-       avg(gpu_util) AS gpu_util_avg, max(gpu_util) AS gpu_util_max,
-       max(fb_used_mib) AS fb_used_mib_max, avg(power_w) AS power_w_avg,
-       max(gpu_temp_c) AS gpu_temp_c_max, max(mem_temp_c) AS mem_temp_c_max,
-       avg(tensor_active) AS tensor_active_avg, avg(gr_engine_active) AS gr_engine_active_avg,
-       max(compute_processes) AS compute_processes_max, min(gpu_up) AS gpu_up_min,
-       max(xid_last) AS xid_last_max
-FROM {source}
-GROUP BY ALL
-ORDER BY host, gpu_uuid, gpu_instance, bucket
-"""
-ROLLUP_SQL = ROLLUP_SELECT.replace("{source}", "read_parquet({files})")
 
 
 def compact(w: StoreWriter, now: datetime) -> int:

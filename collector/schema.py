@@ -9,7 +9,9 @@ the writer's DuckDB state and are published as Parquet snapshots. All times are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 import pyarrow as pa
 
@@ -222,3 +224,46 @@ JOB_COLUMNS = (
     "start", "end", "state", "state_raw", "exit_code", "gpus", "gpu_type", "node_count", "nodes",
     "alloc_tres", "source", "updated_at",
 )
+
+# The 5-minute rollup, one definition for compaction (which writes it) and readers (which describe it).
+# {source}: a table expression of samples (read_parquet([...]) at compaction, gpu_samples in a reader)
+ROLLUP_SELECT = """
+SELECT time_bucket(INTERVAL 5 MINUTE, ts) AS bucket, cluster, host, gpu, gpu_uuid, gpu_instance,
+       any_value(mig_profile) AS mig_profile, any_value(model) AS model, source,
+       count(*) AS samples, count(gpu_util) AS gpu_util_samples,  -- MIG rows and blanks have no gpu_util
+       avg(gpu_util) AS gpu_util_avg, max(gpu_util) AS gpu_util_max,
+       max(fb_used_mib) AS fb_used_mib_max, avg(power_w) AS power_w_avg,
+       max(gpu_temp_c) AS gpu_temp_c_max, max(mem_temp_c) AS mem_temp_c_max,
+       avg(tensor_active) AS tensor_active_avg, avg(gr_engine_active) AS gr_engine_active_avg,
+       max(compute_processes) AS compute_processes_max, min(gpu_up) AS gpu_up_min,
+       max(xid_last) AS xid_last_max
+FROM {source}
+GROUP BY ALL
+ORDER BY host, gpu_uuid, gpu_instance, bucket
+"""
+ROLLUP_SQL = ROLLUP_SELECT.replace("{source}", "read_parquet({files})")
+
+
+@dataclass
+class Batch:
+    """What one source run produced; the store commits a batch whole or not at all.
+
+    `key` identifies the input window deterministically (the same window read twice gives the
+    same key), which is what makes re-ingesting idempotent. `watermark` is committed in the same
+    transaction, so a crash never advances a watermark past data that was not stored.
+    Row dicts use the column names of gpufleet.collector.schema.
+    """
+
+    key: str
+    samples: pa.Table | None = None  # gpufleet.collector.schema.SAMPLE_SCHEMA
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # JOB_COLUMNS
+    allocations: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + ALLOCATIONS key
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + GPUS columns
+    throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s: ts + job_throughput columns
+    rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)
+    problems: list[str] = field(default_factory=list)  # what was rejected, for the log (first few)
+    watermark: tuple[str, str] | None = None  # (watermark name, new value)
+    # (cluster, scheduler, as of): `jobs` holds every job of that scope the scheduler still
+    # knows, so a job the store has as PENDING or RUNNING that is not among them is gone (a pod
+    # deleted between two listings) and is closed as of that time
+    jobs_complete: tuple[str, str, datetime] | None = None

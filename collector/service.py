@@ -19,14 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpufleet.collector.sources.base import Batch, Source, SourceError
+from gpufleet.collector.schema import Batch
+
+from gpufleet.collector.sources.base import Source, SourceError
 from gpufleet.collector.store import StoreWriter
+from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 class CollectorMetrics:

@@ -39,7 +39,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpufleet.collector import schema
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.schema import Batch
+from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def write_parquet(table: pa.Table, path: Path) -> None:
 class StoreWriter:
     """The single writer. Open it once per process; a second writer gets a clear StoreError."""
 
-    def __init__(self, root: str | Path, *, clock=datetime.utcnow):
+    def __init__(self, root: str | Path, *, clock=utcnow):
         self.root = Path(root)
         self.clock = clock
         self.root.mkdir(parents=True, exist_ok=True)
@@ -653,9 +654,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
         con.unregister("_empty_samples")
     rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
-    from gpufleet.collector.maintenance import ROLLUP_SELECT  # (maintenance imports this module)
-
-    want = con.execute(f"DESCRIBE {ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
+    want = con.execute(f"DESCRIBE {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
     if rollups:
         # files written before a column was added read it as NULL (union_by_name, or added here
         # when no file has it yet)
@@ -664,7 +663,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         extra = "".join(f', NULL::{r[1]} AS "{r[0]}"' for r in want if r[0] not in have)
         con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT *{extra} FROM {source}")
     else:
-        con.execute(f"CREATE TABLE gpu_rollup_5m AS {ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
+        con.execute(f"CREATE TABLE gpu_rollup_5m AS {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
     for name, ddl in schema.TABLES.items():
         rel = manifest.get("tables", {}).get(name)
         if rel:

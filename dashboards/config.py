@@ -35,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gpufleet.config import ConfigError, Option, host_port, integer, load_file, one_of, section, strings
+from gpufleet.config import ConfigError, Option, gather, host_port, integer, load_config, one_of, section, strings
 
 WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 AUTH_REQUIRED = ("redirect_uri", "cookie_secret")
@@ -85,50 +85,13 @@ def load(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     return opts
 
 
-def store_path(doc: Mapping[str, Any], path: Any, override: str | None = None) -> Path:
-    """--store, else [dashboard] store, else [analytics] store, else [collector] store."""
-    if override:
-        return Path(override)
-    for name in ("dashboard", "analytics"):
-        value = (doc.get(name) or {}).get("store") if isinstance(doc.get(name), dict) else None
-        if value:
-            return Path(value)
-    from gpufleet.collector import config as collector_config
-
-    return Path(collector_config.load(doc, path)["store"])
-
-
-def analytics_options(doc: Mapping[str, Any], path: Any) -> tuple[dict[str, Any], tuple[dict[str, float] | None, timedelta]]:
-    """([analytics] as gpufleet.analytics.params.from_config reads it, (fairness shares, half-life)).
-
-    The section is validated as one against the options of params and fairness (when
-    analytics/fairness.py is present), so a typo is still an error naming the key."""
-    from gpufleet.analytics import params
-
-    raw = doc.get("analytics", {})
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config {path or '(defaults)'} [analytics]: expected a table, got {raw!r}")
-    try:
-        from gpufleet.analytics import fairness
-    except ImportError:
-        fairness = None  # type: ignore[assignment]
-    fair_opts: Sequence[Option] = getattr(fairness, "OPTIONS", ()) if fairness else ()
-    opts = section(doc, "analytics", tuple(params.OPTIONS) + tuple(fair_opts), path)
-    fair_keys = {o.key for o in fair_opts}
-    core_doc = {**doc, "analytics": {k: v for k, v in raw.items() if k not in fair_keys}}
-    shares: tuple[dict[str, float] | None, timedelta] = (None, timedelta(days=7))
-    if fairness is not None and hasattr(fairness, "settings"):
-        shares = fairness.settings(opts)
-    return core_doc, shares
-
-
 @dataclass(frozen=True)
 class Settings:
     """Everything the app reads at start: validated once, then shared by every session."""
 
     config_path: str | None
     store: Path
-    doc: dict = field(repr=False)  # the whole file, with [analytics] as from_config reads it
+    doc: dict = field(repr=False)  # the whole file
     dashboard: dict = field(repr=False)
     shares: dict[str, float] | None = None
     half_life: timedelta = timedelta(days=7)
@@ -154,11 +117,14 @@ class Settings:
 
 
 def resolve(config_path: str | None, store: str | None) -> Settings:
-    doc = load_file(config_path)
-    dash = load(doc, config_path)
-    core_doc, (shares, half_life) = analytics_options(doc, config_path)
-    root = store_path(doc, config_path, store or dash["store"] or None)
-    return Settings(config_path=config_path, store=root, doc=core_doc, dashboard=dash, shares=shares, half_life=half_life)
+    from gpufleet.analytics import params
+    from gpufleet.analytics.fairness import settings as fairness_settings
+
+    doc = load_config(config_path)
+    dash, opts = gather(lambda: load(doc, config_path), lambda: params.analytics_options(doc, config_path))
+    shares, half_life = fairness_settings(opts)
+    root = params.store_path(doc, config_path, store, dash["store"])
+    return Settings(config_path=config_path, store=root, doc=doc, dashboard=dash, shares=shares, half_life=half_life)
 
 
 def app_arguments(argv: Sequence[str] | None = None) -> tuple[str | None, str | None]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,12 @@ import streamlit as st
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params, from_config
 from gpufleet.dashboards import config as dconfig
+from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
 
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
 UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 # --- settings and the store ---

@@ -219,7 +219,7 @@ def empty_window(what: str = "data") -> None:
 
 
 def _parse_time(text: str) -> datetime | None:
-    from gpufleet.collector.cli import parse_time
+    from gpufleet.times import parse_time
     from gpufleet.config import ConfigError
 
     try:

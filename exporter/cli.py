@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpufleet.config import ConfigError, Option, boolean, host_port, integer, load_file, number, one_of, section, string
+from gpufleet.config import ConfigError, Option, boolean, host_port, integer, load_config, number, one_of, section, string
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     """Config file section, then command-line flags on top; validated as one."""
-    doc = load_file(args.config)
+    doc = load_config(args.config)
     raw = dict(doc.get("exporter", {})) if isinstance(doc.get("exporter", {}), dict) else doc.get("exporter")
     for key in ("backend", "sim_gpus", "sim_model", "sim_scenario", "listen", "web_config", "job_map_dir", "poll_interval", "hostname"):
         value = getattr(args, key, None)

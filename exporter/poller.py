@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gpufleet.exporter.backends.base import Backend
-from gpufleet.exporter.exposition import render
+from gpufleet.exposition import render
 from gpufleet.exporter.jobmap.base import JobBinding, MappingSource
 from gpufleet.exporter.jobreports import JobReport, JobReportSource
 from gpufleet.exporter.model import BackendUnavailable, GpuError, GpuIdentity

@@ -10,13 +10,13 @@ import platform
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from gpufleet.exporter.exposition import Family, Labels
+from gpufleet.exposition import Family, Labels
 from gpufleet.exporter.fields import DRIVER_LABEL, FIELDS, is_blank
 from gpufleet.exporter.jobmap.base import JobBinding
 from gpufleet.exporter.jobreports import JobReport
 from gpufleet.exporter.model import GpuIdentity, GpuProcess, GpuReading
+from gpufleet.version import version
 
-VERSION = "0.1.0"
 
 
 @dataclass
@@ -203,7 +203,7 @@ def _health_families(s: Snapshot) -> list[Family]:
             last.add(labels, round(st.last_success, 3))
         problems.add(labels, st.problems_total)
     build = Family("gpufleet_build_info", "gauge", "Build information of the gpufleet exporter.")
-    build.add((("version", VERSION), ("backend", s.backend), ("python_version", platform.python_version())), 1)
+    build.add((("version", version()), ("backend", s.backend), ("python_version", platform.python_version())), 1)
     return [ok, dur, last, problems, build]
 
 

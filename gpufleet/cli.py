@@ -1,7 +1,8 @@
 """The `gpufleet` console script: one entry point, one subcommand per job.
 
-Subcommand modules are imported only when chosen, so `gpufleet exporter` runs on a GPU node
-that has only prometheus-client and nvidia-ml-py installed.
+Only the chosen subcommand's module is imported, and only after its extra is known to be installed,
+so `gpufleet exporter` runs on a GPU node that has only prometheus-client and nvidia-ml-py, and
+`gpufleet collect` there says in one line what to install.
 Exit status: 0 success, 2 bad usage or configuration, 1 runtime failure.
 """
 
@@ -10,44 +11,110 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable
 
 from gpufleet.procs import exit_with_parent
+from gpufleet.version import DISTRIBUTION, version
 
-# subcommand -> (module with add_arguments/run, help)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _collect_hooks() -> dict[str, Any]:
+    """The collector service also runs the weekly report. The report sits above the collector, so
+    the shell, which sees both, hands the report's job in (imported lazily: no [report], no cost)."""
+    from gpufleet.report import job
+
+    return {"scheduled_jobs": (job.scheduled,)}
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    module: str  # has add_arguments(parser) and run(args, out, **hooks)
+    help: str
+    extra: str | None  # the pip extra it needs beyond the exporter's two dependencies
+    hooks: Callable[[], dict[str, Any]] | None = None
+
+
 SUBCOMMANDS = {
-    "exporter": ("gpufleet.exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping"),
-    "collect": ("gpufleet.collector.cli", "collect metrics and scheduler accounting into the store"),
-    "analyze": ("gpufleet.analytics.cli", "print a window's utilization, waste and cost (table or JSON)"),
-    "dashboard": ("gpufleet.dashboards.cli", "serve the operators' Streamlit dashboards over the store"),
-    "report": ("gpufleet.report.cli", "write the weekly waste report (HTML, PDF, text) and mail it"),
-    "demo": ("gpufleet.demo", "run the product on a simulated node, no GPU or root needed"),
+    "exporter": Subcommand("gpufleet.exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping", None),
+    "collect": Subcommand("gpufleet.collector.cli", "collect metrics and scheduler accounting into the store", "collector", _collect_hooks),
+    "analyze": Subcommand("gpufleet.analytics.cli", "print a window's utilization, waste and cost (table or JSON)", "collector"),
+    "dashboard": Subcommand("gpufleet.dashboards.cli", "serve the operators' Streamlit dashboards over the store", "dashboards"),
+    "report": Subcommand("gpufleet.report.cli", "write the weekly waste report (HTML, PDF, text) and mail it", "report"),
+    "demo": Subcommand("gpufleet.demo", "run the product on a simulated fleet, no GPU or root needed", "all"),
 }
 
 
-def parser() -> argparse.ArgumentParser:
+def missing_for_extra(extra: str) -> list[str]:
+    """Distributions that `pip install 'gpufleet[extra]'` would add, as the installed metadata lists
+    them (pyproject.toml is the one place they are named). [] when all are there, or when gpufleet
+    runs from a source tree without metadata (nothing to check against)."""
+    try:
+        requires = metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        return []
+    missing: list[str] = []
+    for req in requires:
+        marker = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
+        if not marker or marker.group(1) != extra:
+            continue
+        name, nested = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?", req).groups()
+        if name.lower() == DISTRIBUTION:  # e.g. dashboards = ["gpufleet[collector]", ...]
+            for sub in (nested or "").split(","):
+                missing += [m for m in missing_for_extra(sub.strip()) if m not in missing]
+            continue
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            if name not in missing:
+                missing.append(name)
+    return missing
+
+
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (options before it take no subcommand names)."""
+    return next((a for a in argv if a in SUBCOMMANDS), None)
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; only `command`'s module is imported for its options."""
     p = argparse.ArgumentParser(prog="gpufleet", description="GPU fleet observability and utilization analytics")
-    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.add_argument("--version", action="version", version=f"gpufleet {version()}")
+    p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
-        sp.set_defaults(_module=module)
-        sp.add_argument("--log-level", default=argparse.SUPPRESS, choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-        importlib.import_module(module).add_arguments(sp)
+    for name, cmd in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        sp.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS)
+        if name == command:
+            importlib.import_module(cmd.module).add_arguments(sp)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = _chosen(argv)
+    if command and SUBCOMMANDS[command].extra:
+        missing = missing_for_extra(SUBCOMMANDS[command].extra)
+        if missing:
+            extra = SUBCOMMANDS[command].extra
+            sys.stderr.write(f"gpufleet {command} needs the '{extra}' extra (missing: {', '.join(missing)}): "
+                             f"pip install '{DISTRIBUTION}[{extra}]'\n")
+            return 2
+    p = parser(command)
     args = p.parse_args(argv)
     if not getattr(args, "command", None):
         p.print_help(sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    module = importlib.import_module(args._module)
+    cmd = SUBCOMMANDS[args.command]
+    module = importlib.import_module(cmd.module)
     exit_with_parent()
     try:
-        return module.run(args, out=sys.stdout)
+        return module.run(args, out=sys.stdout, **(cmd.hooks() if cmd.hooks else {}))
     except KeyboardInterrupt:
         return 0
 

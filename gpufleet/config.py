@@ -9,11 +9,37 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+T = TypeVar("T")
+
+# The file's top-level tables, each owned by one package; anything else is a typo to report.
+SECTIONS = ("exporter", "collector", "analytics", "dashboard", "report")
 
 
 class ConfigError(Exception):
-    """A configuration value is wrong. The message says where, what and what was expected."""
+    """A configuration value is wrong. Each problem says where, what and what was expected; one
+    error carries every problem found, so an operator fixes the file in one pass."""
+
+    def __init__(self, *problems: str):
+        super().__init__("\n".join(problems))
+        self.problems: tuple[str, ...] = problems
+
+
+def gather(*steps: Callable[[], T]) -> list[T]:
+    """Run every validation step and raise one ConfigError with all their problems (not only the
+    first); otherwise return their results in order."""
+    results: list[Any] = []
+    problems: list[str] = []
+    for step in steps:
+        try:
+            results.append(step())
+        except ConfigError as e:
+            problems.extend(e.problems)
+            results.append(None)
+    if problems:
+        raise ConfigError(*problems)
+    return results
 
 
 @dataclass(frozen=True)
@@ -79,6 +105,17 @@ def load_file(path: str | Path | None, what: str = "config file") -> dict[str, A
         raise ConfigError(f"{what} {p} is not valid TOML: {e}") from None
 
 
+def load_config(path: str | Path | None) -> dict[str, Any]:
+    """The configuration file (None: all defaults), with its top-level tables checked against
+    SECTIONS, so a misspelt `[analytic]` is an error instead of silently ignored settings."""
+    doc = load_file(path)
+    unknown = sorted(set(doc) - set(SECTIONS))
+    if unknown:
+        known = ", ".join(f"[{name}]" for name in SECTIONS)
+        raise ConfigError(*(f"config {path}: unknown section [{name}]: expected one of {known}" for name in unknown))
+    return doc
+
+
 def validate(
     values: Mapping[str, Any],
     options: Sequence[Option],
@@ -89,11 +126,8 @@ def validate(
     `where` names the place for messages, e.g. "config /etc/gpufleet.toml [exporter]".
     """
     known = {o.key: o for o in options}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key {unknown[0]!r}: expected one of {', '.join(sorted(known))}"
-        )
+    problems = [f"{where}: unknown key {key!r}: expected one of {', '.join(sorted(known))}"
+                for key in sorted(set(values) - set(known))]
     out: dict[str, Any] = {}
     for opt in options:
         if opt.key not in values:
@@ -101,8 +135,10 @@ def validate(
             continue
         value = values[opt.key]
         if not opt.check(value):
-            raise ConfigError(f"{where}: {opt.key} = {value!r}: expected {opt.expected}")
+            problems.append(f"{where}: {opt.key} = {value!r}: expected {opt.expected}")
         out[opt.key] = value
+    if problems:
+        raise ConfigError(*problems)
     return out
 
 

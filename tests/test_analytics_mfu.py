@@ -37,7 +37,7 @@ from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.mfu import DTYPES, NO_TENSOR, account_mfu, gpu_peaks, job_mfu
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.collector.exposition_parse import parse_exposition
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter
 from gpufleet.exporter import jobreport
 from gpufleet.exporter.backends import sim_scenario

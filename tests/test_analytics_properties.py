@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Params
 from gpufleet.collector import schema
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
 
 BASE = datetime(2026, 3, 1, 0, 0, 0)

@@ -20,8 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.collector import schema
-from gpufleet.collector.service import Collector, ScheduledSource, utcnow
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.service import Collector, ScheduledSource
+from gpufleet.times import utcnow
+from gpufleet.collector.schema import Batch
 from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 from gpufleet.collector.sources.scrape import ScrapeSource
 from gpufleet.collector.store import StoreWriter, open_reader

@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from gpufleet.collector.service import Collector, ScheduledSource
-from gpufleet.collector.sources.base import Batch, SourceError
+from gpufleet.collector.schema import Batch
+from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.test_store import job, samples
 
@@ -124,7 +125,7 @@ def test_cli_once_with_unreachable_source_exits_1_and_keeps_the_store(tmp_path):
 
 @pytest.mark.parametrize("when, expected", [("2026-11-16T00:00:00Z", datetime(2026, 11, 16)), ("2026-11-16T01:00:00+01:00", datetime(2026, 11, 16)), ("2026-11-16", datetime(2026, 11, 16))])
 def test_times_are_utc_unless_an_offset_is_given(when, expected):
-    from gpufleet.collector.cli import parse_time
+    from gpufleet.times import parse_time
 
     assert parse_time(when) == expected
 

@@ -49,7 +49,7 @@ import sys
 import time
 import urllib.request
 from contextlib import ExitStack
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -58,6 +58,7 @@ import pytest
 from tests.realstack.process import free_port, wait_for
 from tests.realstack.prometheus import start_prometheus
 from tests.realstack.slurm import MARKER_KEY, start_slurm
+from gpufleet.times import utcnow
 
 pytestmark = pytest.mark.realstack
 log = logging.getLogger(__name__)
@@ -107,10 +108,6 @@ done
 echo "gres=$CUDA_VISIBLE_DEVICES nvml=${{mine[*]}}"
 while [ ! -e "{release}" ] && [ "$SECONDS" -lt 600 ]; do sleep 0.5; done
 """
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 def iso(t: datetime) -> str:

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.exporter.backends import sim_scenario
 from gpufleet.exporter.backends.sim import SimBackend
-from gpufleet.exporter.exposition import Family, format_value, render
+from gpufleet.exposition import Family, format_value, render
 from gpufleet.exporter.fields import FIELDS
 from gpufleet.exporter.jobmap.base import JobBinding, MappingError
 from gpufleet.exporter.model import BackendUnavailable

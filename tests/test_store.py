@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from gpufleet.collector import schema
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreError, StoreWriter, open_reader
 
 T0 = datetime(2026, 11, 16, 23, 59, 30)

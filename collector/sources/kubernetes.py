@@ -19,7 +19,9 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
-from gpufleet.collector.sources.base import Batch, SourceError
+from gpufleet.collector.schema import Batch
+
+from gpufleet.collector.sources.base import SourceError
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"  # the device plugin's "mixed" MIG strategy: nvidia.com/mig-1g.10gb

@@ -21,8 +21,9 @@ import httpx
 
 from gpufleet.collector.exposition_parse import JOB_REPORT_METRICS, parse_rows, samples_table
 from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
-from gpufleet.collector.sources.base import Batch, SourceError
-from gpufleet.exporter.exposition import Family, render
+from gpufleet.collector.schema import Batch
+from gpufleet.collector.sources.base import SourceError
+from gpufleet.exposition import Family, render
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ import httpx
 
 from gpufleet.collector.exposition_parse import parse_rows, samples_table
 from gpufleet.collector.schema import SAMPLE_SCHEMA
-from gpufleet.collector.sources.base import Batch, SourceError
+from gpufleet.collector.schema import Batch
+from gpufleet.collector.sources.base import SourceError
 
 log = logging.getLogger(__name__)
 

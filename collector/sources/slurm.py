@@ -46,8 +46,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from gpufleet.collector.sources.base import Batch, SourceError
+from gpufleet.collector.schema import Batch
+
+from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm_parse import as_tz, parse_sacct
+from gpufleet.times import utcnow
 
 UNIT_SEPARATOR = "\x1f"
 DEFAULT_FIELDS = (
@@ -139,7 +142,7 @@ class SacctSource:
         """The jobs sacct lists for [start, end]. No watermark: a backfill of the past must not
         move the live watermark back (run() sets it on its own batches)."""
         text = self.sacct(start, end)
-        now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+        now = now or utcnow()
         jobs, rejected, problems = parse_sacct(
             text, fields=self.fields, delimiter=self.delimiter, cluster=self.cluster, now=now, tz=self.tz
         )

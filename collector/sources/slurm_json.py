@@ -16,11 +16,11 @@ from gpufleet.collector.sources.slurm_parse import (
     _Bad,
     _blank_row,
     _Problems,
-    _utcnow,
     gres_gpus,
     normalise_state,
     tres_gpus,
 )
+from gpufleet.times import utcnow
 
 
 def _num(v: Any) -> Any:
@@ -118,7 +118,7 @@ def parse_slurmrestd_jobs(
     Handles data_parser v0.0.40+ ({set, infinite, number} numbers, job_state lists) and the older
     dbv0.0.37 / v0.0.38 shapes (plain numbers, state strings, tres.allocated lists).
     """
-    now = now or _utcnow()
+    now = now or utcnow()
     problems, jobs, rejected = _Problems(), [], 0
     items = doc.get("jobs") if isinstance(doc, dict) else None
     if not isinstance(items, list):

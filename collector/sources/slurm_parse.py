@@ -15,6 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from gpufleet.collector.schema import JOB_COLUMNS
+from gpufleet.times import utcnow
 
 # Base job states (first word of sacct's State) plus the flags Slurm can print in their place.
 KNOWN_STATES = frozenset({
@@ -56,10 +57,6 @@ class _Problems(list):
 
 
 # ---- small value parsers -------------------------------------------------------------------
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 def as_tz(tz: str | tzinfo | None) -> tzinfo:
@@ -285,7 +282,7 @@ def parse_sacct(
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    now = now or _utcnow()
+    now = now or utcnow()
     zone = as_tz(tz)
     problems, jobs, rejected = _Problems(), [], 0
     lines = [(n, line.rstrip("\r")) for n, line in enumerate(text.split("\n"), 1)]

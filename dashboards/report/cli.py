@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from gpufleet.config import ConfigError, load_file
+from gpufleet.config import ConfigError, load_config
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def window_from_args(args: argparse.Namespace, tz: str):
     from gpufleet.report.window import parse_week, span_window, week_window
-    from gpufleet.collector.cli import parse_time
+    from gpufleet.times import parse_time
 
     if args.week and (args.start or args.end):
         raise ConfigError("--week and --from/--to: expected one of them, not both")
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
     out = out or sys.stdout
     try:
-        doc = load_file(args.config)
+        doc = load_config(args.config)
         settings = pipeline.load_settings(doc, args.config, args.store)
         window = window_from_args(args, settings.report.schedule.timezone)
         settings.params(window.start, window.end)  # validates [analytics]

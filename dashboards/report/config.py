@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gpufleet.config import ConfigError, Option, boolean, integer, number, section, string
+from gpufleet.config import ConfigError, Option, boolean, gather, integer, number, section, string
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
@@ -152,19 +152,19 @@ class ReportConfig:
 def load(doc: Mapping[str, Any], path: Any) -> ReportConfig:
     """Validate [report] and its sub-tables; raises ConfigError naming key, value and expectation."""
     top = section(doc, "report", TOP, path)
-    smtp = section(top, "smtp", SMTP, path, parent="report")
-    sched = section(top, "schedule", SCHEDULE, path, parent="report")
+    smtp, sched = gather(lambda: section(top, "smtp", SMTP, path, parent="report"),
+                         lambda: section(top, "schedule", SCHEDULE, path, parent="report"))
     where = f"config {path or '(defaults)'} [report.team_recipients]"
-    teams: dict[str, tuple[str, ...]] = {}
-    for team, addrs in top["team_recipients"].items():
-        if not addresses(addrs):
-            raise ConfigError(f"{where}: {team} = {addrs!r}: expected a list of e-mail addresses")
-        teams[str(team)] = tuple(addrs)
+    problems = [f"{where}: {team} = {addrs!r}: expected a list of e-mail addresses"
+                for team, addrs in top["team_recipients"].items() if not addresses(addrs)]
+    teams = {str(team): tuple(addrs) for team, addrs in top["team_recipients"].items()}
     if smtp["ssl"] and smtp["starttls"]:
-        raise ConfigError(f"config {path or '(defaults)'} [report.smtp]: ssl = true and starttls = true: expected at most one of them")
+        problems.append(f"config {path or '(defaults)'} [report.smtp]: ssl = true and starttls = true: expected at most one of them")
     if smtp["username"] and not smtp["password_file"]:
-        raise ConfigError(f"config {path or '(defaults)'} [report.smtp]: username = {smtp['username']!r} but password_file = \"\": "
-                          "expected a password_file for the user")
+        problems.append(f"config {path or '(defaults)'} [report.smtp]: username = {smtp['username']!r} but password_file = \"\": "
+                        "expected a password_file for the user")
+    if problems:
+        raise ConfigError(*problems)
     return ReportConfig(
         recipients=tuple(top["recipients"]), team_recipients=teams, from_address=top["from_address"], out_dir=top["out_dir"],
         top_jobs=top["top_jobs"], pdf=top["pdf"], chromium=top["chromium"], smtp=Smtp(**smtp), schedule=Schedule(**sched),

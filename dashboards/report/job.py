@@ -10,8 +10,10 @@ own report to its team_recipients, and keeps a copy under [report] out_dir if se
 raises: if the store cannot be read, every recipient gets a short "not available" note with the
 reason instead of a silent gap, and the failure is logged.
 
-This module is the collector's one call into analytics (imported lazily, only when a [report]
-schedule is configured), so a collector without the report extra still runs.
+The collector service runs it through the hook the shell hands in (`scheduled`, wired by
+gpufleet/cli.py): the report sits above the collector, which imports nothing of it. The report's
+own modules are imported only when a [report] section exists, so a collector without the report
+extra still runs, and one with a [report] but without the extra says so at start.
 """
 
 from __future__ import annotations
@@ -20,14 +22,13 @@ import logging
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
+from gpufleet.config import ConfigError
+from gpufleet.times import utcnow
+
 log = logging.getLogger(__name__)
 
 JOB_ID = "weekly-report"
 MISFIRE_GRACE_S = 6 * 3600  # a run delayed up to 6 h (busy executor, suspended host) still goes
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class ReportJob:
@@ -69,7 +70,6 @@ class ReportJob:
         from gpufleet.report.mail import MailError, send
         from gpufleet.report.window import last_complete_week, week_window
         from gpufleet.collector.store import StoreError
-        from gpufleet.config import ConfigError
 
         now = self.clock()
         now = now if now.tzinfo else now.replace(tzinfo=timezone.utc)
@@ -106,7 +106,11 @@ def prepare(doc: Mapping[str, Any], path: Any, *, clock: Callable[[], datetime] 
     or None when no report is scheduled (no [report] section, schedule disabled, or no recipients)."""
     if not isinstance(doc.get("report"), dict):
         return None
-    from gpufleet.report import pipeline
+    try:
+        from gpufleet.report import pipeline
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"config {path} [report]: a weekly report is configured but {e.name} is not installed: "
+                          "pip install 'gpufleet[report]'") from None
 
     settings = pipeline.load_settings(doc, path)
     cfg = settings.report
@@ -118,3 +122,10 @@ def prepare(doc: Mapping[str, Any], path: Any, *, clock: Callable[[], datetime] 
         return None
     cfg.smtp.password()  # an unreadable password file is found at start, not next Monday
     return ReportJob(settings, clock)
+
+
+def scheduled(doc: Mapping[str, Any], path: Any) -> Callable[[Any], Any] | None:
+    """The collector service's hook (gpufleet collect, wired by the shell): the weekly job's
+    `add_to`, or None when no report is scheduled."""
+    job = prepare(doc, path)
+    return job.add_to if job else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, replace
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta
 from typing import Any, Mapping
 
 import duckdb
@@ -25,6 +25,7 @@ from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.report.window import Window
 from gpufleet.analytics.trends import compare, previous_totals
+from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     """The whole fleet's report for `window` (params.start/end must be the window's)."""
     if (params.start, params.end) != (window.start, window.end):
         raise ValueError("params and window disagree on the window")
-    now_utc = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    now_utc = now or utcnow()
     a = Analysis(con, params, now=now_utc, detail=True)  # the job list and MFU read the detail
     cur = a.totals()
     prev_params = replace(params, start=window.prev_start, end=window.prev_end)

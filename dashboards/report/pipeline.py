@@ -19,7 +19,8 @@ from gpufleet.report import fmt, render
 from gpufleet.report.mail import message
 from gpufleet.report.model import Report, for_team, gather
 from gpufleet.report.window import Window
-from gpufleet.config import ConfigError, section
+from gpufleet.config import ConfigError
+from gpufleet.config import gather as gather_config
 
 log = logging.getLogger(__name__)
 
@@ -36,28 +37,7 @@ class Settings:
     def params(self, start: datetime, end: datetime):
         from gpufleet.analytics.params import from_config
 
-        return from_config(_params_doc(self.doc), self.path, start, end)
-
-
-def _fairness_options() -> tuple:
-    try:
-        from gpufleet.analytics.fairness import OPTIONS
-    except ImportError:  # pragma: no cover
-        return ()
-    return OPTIONS
-
-
-def _params_doc(doc: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The document as gpufleet.analytics.params.from_config reads it: [analytics] without the fairness
-    keys (shares, half_life_days) if params does not declare them itself."""
-    from gpufleet.analytics import params
-
-    known = {o.key for o in params.OPTIONS}
-    extra = {o.key for o in _fairness_options()} - known
-    an = doc.get("analytics")
-    if not isinstance(an, dict) or not extra & set(an):
-        return doc
-    return {**doc, "analytics": {k: v for k, v in an.items() if k not in extra}}
+        return from_config(self.doc, self.path, start, end)
 
 
 def load_settings(doc: Mapping[str, Any], path: Any, store: str | None = None) -> Settings:
@@ -65,24 +45,13 @@ def load_settings(doc: Mapping[str, Any], path: Any, store: str | None = None) -
     import importlib.util
 
     from gpufleet.analytics import params
+    from gpufleet.analytics.fairness import settings as fairness_settings
 
     if importlib.util.find_spec("jinja2") is None:
         raise ConfigError("the report needs Jinja2, which is not installed: pip install 'gpufleet[report]'")
-    cfg = report_config.load(doc, path)
-    opts = section(doc, "analytics", params.OPTIONS + tuple(o for o in _fairness_options() if o.key not in {p.key for p in params.OPTIONS}), path)
-    shares, half_life = None, timedelta(days=7)
-    if _fairness_options():
-        from gpufleet.analytics.fairness import settings as fairness_settings
-
-        shares, half_life = fairness_settings(opts)
-    if store:
-        root = Path(store)
-    elif opts.get("store"):
-        root = Path(opts["store"])
-    else:
-        from gpufleet.collector import config as collector_config
-
-        root = Path(collector_config.load(doc, path)["store"])
+    cfg, opts = gather_config(lambda: report_config.load(doc, path), lambda: params.analytics_options(doc, path))
+    shares, half_life = fairness_settings(opts)
+    root = params.store_path(doc, path, store)
     return Settings(doc=doc, path=path, report=cfg, store=root, shares=shares, half_life=half_life)
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from gpufleet.collector import schema
 from gpufleet.collector.maintenance import compact
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter
 from gpufleet.exporter.backends.sim_models import MODELS
 from gpufleet.demo import load

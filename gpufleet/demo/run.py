@@ -21,12 +21,12 @@ import sys
 import threading
 import time
 import webbrowser
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
 from gpufleet.config import ConfigError, host_port
 from gpufleet.procs import child_env, terminate
+from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     workdir = Path(args.workdir).expanduser()
     shutil.rmtree(workdir, ignore_errors=True)
     (workdir / "logs").mkdir(parents=True)
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    now = utcnow()
     fleet = fleet_mod.build(now, seed=args.seed)
     slurm_gpus = sum(n.gpus for n in fleet.nodes if n.cluster == "hpc")
     k8s_gpus = sum(n.gpus for n in fleet.nodes if n.cluster == "k8s")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable
 
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.schema import Batch
 from gpufleet.demo.fleet import Fleet
 from gpufleet.demo.history import job_row
 

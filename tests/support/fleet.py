@@ -12,7 +12,7 @@ from typing import Callable
 import pyarrow as pa
 
 from gpufleet.collector import schema
-from gpufleet.collector.sources.base import Batch
+from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
 
 

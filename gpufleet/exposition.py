@@ -1,4 +1,5 @@
-"""Prometheus text exposition (format 0.0.4), written by hand for one reason.
+"""Prometheus text exposition (format 0.0.4): the vocabulary the exporter writes and the collector
+reads, kept in the kernel so neither imports the other. Written by hand for one reason.
 
 prometheus_client's writer renames a counter family `X` to `X_total` in its HELP/TYPE lines,
 but dcgm-exporter publishes counters such as `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` without the
@@ -15,6 +16,9 @@ from functools import lru_cache
 from typing import Iterable
 
 Labels = tuple[tuple[str, str], ...]
+
+# DCGM reports "blank" (not available) as int64 values near 2**63; such values are not data.
+DCGM_BLANK_THRESHOLD = 9223372036854775792
 
 
 @dataclass
