@@ -29,6 +29,7 @@ import duckdb
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import fairness, mfu
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params, from_config
 from gpufleet.dashboards import config as dconfig
@@ -101,12 +102,6 @@ def step_for(length: timedelta) -> timedelta:
     if length <= timedelta(days=8):
         return timedelta(minutes=30)
     return timedelta(hours=2)
-
-
-def floor_time(t: datetime, step: timedelta) -> datetime:
-    s = step.total_seconds()
-    epoch = datetime(1970, 1, 1)
-    return epoch + timedelta(seconds=(t - epoch).total_seconds() // s * s)
 
 
 def _epoch_s(t: datetime) -> float:
@@ -214,13 +209,6 @@ def _resolved(key: tuple) -> tuple[dconfig.Settings, Resolved, Params]:
     return s, r, params_for(s, r.start, r.end, r.filters)
 
 
-def _optional(module: str):
-    try:
-        return __import__(f"analytics.{module}", fromlist=["_"])
-    except ImportError:
-        return None
-
-
 @dataclass
 class Bundle:
     """The figures of one window, as analytics computed them."""
@@ -231,7 +219,7 @@ class Bundle:
     waste: dict[tuple[str, str], pl.DataFrame]  # (by, kind) -> waste_by
     top_jobs: pl.DataFrame
     jobs: pl.DataFrame  # gpufleet.analytics.jobs.job_summaries
-    fairness: Any | None  # gpufleet.analytics.fairness.FairnessReport, None if not available
+    fairness: Any | None  # gpufleet.analytics.fairness.FairnessReport; None when it failed (fairness_error says why)
     fairness_error: str | None
     mfu: dict[str, pl.DataFrame] | None
     mfu_error: str | None
@@ -259,18 +247,14 @@ def window_bundle(key: tuple) -> Bundle:
         top = a.top_wasteful_jobs(25)
         summaries = ajobs.job_summaries(a)
         fair, fair_err = None, None
-        fmod = _optional("fairness")
-        if fmod is None or not hasattr(fmod, "fairness"):
-            fair_err = "analytics/fairness.py is not available yet"
-        else:
-            try:
-                fair = fmod.fairness(a, s.shares, s.half_life)
-            except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
-                log.exception("fairness failed")
-                fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
-        mfu, mfu_err = _mfu(a)
+        try:
+            fair = fairness.fairness(a, s.shares, s.half_life)
+        except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+            log.exception("fairness failed")
+            fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
+        mfu_figures, mfu_err = _mfu(a)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
-                      fairness=fair, fairness_error=fair_err, mfu=mfu, mfu_error=mfu_err, prices=dict(a.prices),
+                      fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
                       computed_s=time.monotonic() - t0, window=w)
     finally:
         _close(a)
@@ -286,12 +270,9 @@ def _close(a: Analysis) -> None:
 
 def _mfu(a: Analysis) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
     """Per-job and per-account MFU (analytics/mfu.py), each row with its method."""
-    mod = _optional("mfu")
-    if mod is None or not hasattr(mod, "job_mfu"):
-        return None, "analytics/mfu.py is not available yet"
     try:
-        jobs = mod.job_mfu(a)
-        return {"jobs": jobs, "accounts": mod.account_mfu(a, jobs)}, None
+        jobs = mfu.job_mfu(a)
+        return {"jobs": jobs, "accounts": mfu.account_mfu(a, jobs)}, None
     except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
         log.exception("MFU failed")
         return None, f"MFU could not be computed: {type(e).__name__}: {e}"

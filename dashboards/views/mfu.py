@@ -13,7 +13,7 @@ def body(ctx: ui.Context) -> None:
     b = data.window_bundle(w.key)
     ui.window_caption(b.window)
     if b.mfu is None:
-        st.info("MFU figures are not available yet.")
+        st.error("The MFU figures could not be computed for this window. The dashboard's log has the details.")
         st.text(b.mfu_error or "")
         return
     if all(df.is_empty() for df in b.mfu.values()):
@@ -21,12 +21,10 @@ def body(ctx: ui.Context) -> None:
         return
     st.caption("Each figure says its method: from the job's reported throughput over the GPUs' dense peak for the dtype, an estimate "
                "from DCGM tensor-pipe activity (labelled as one), or unknown. GPU utilization is never used as MFU.")
-    if "accounts" in b.mfu:
-        st.subheader("Per account / team")
-        ui.table(b.mfu["accounts"], key="mfu_accounts", empty="No MFU figure in this window.")
-    if "jobs" in b.mfu:
-        st.subheader("Per job")
-        ui.table(b.mfu["jobs"], key="mfu_jobs", empty="No MFU figure in this window.")
+    st.subheader("Per account / team")
+    ui.table(b.mfu["accounts"], key="mfu_accounts", empty="No MFU figure in this window.")
+    st.subheader("Per job")
+    ui.table(b.mfu["jobs"], key="mfu_jobs", empty="No MFU figure in this window.")
 
 
 ui.run_page("MFU", body)

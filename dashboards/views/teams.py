@@ -28,7 +28,7 @@ def body(ctx: ui.Context) -> None:
     b = data.window_bundle(w.key)
     ui.window_caption(b.window)
     if b.fairness is None:
-        st.info("Fairness figures are not available yet.")
+        st.error("The fairness figures could not be computed for this window. The dashboard's log has the details.")
         st.text(b.fairness_error or "")
         st.subheader("Used GPU-hours by account")
         ui.table(b.utilization["account"], key="fair_usage")
