@@ -94,6 +94,12 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """A whole command line, parsed with the chosen subcommand's options (argparse's exit 2 and
+    message on a bad one)."""
+    return parser(_chosen(argv)).parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = _chosen(argv)
@@ -104,10 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"gpufleet {command} needs the '{extra}' extra (missing: {', '.join(missing)}): "
                              f"pip install '{DISTRIBUTION}[{extra}]'\n")
             return 2
-    p = parser(command)
-    args = p.parse_args(argv)
+    args = parse_args(argv)
     if not getattr(args, "command", None):
-        p.print_help(sys.stderr)
+        parser().print_help(sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     cmd = SUBCOMMANDS[args.command]

@@ -340,20 +340,19 @@ def _exporter_options(path: Path, text: str | None = None) -> dict:
 
 def test_gpufleet_configs_pass_gpufleet_validation_and_commands_parse():
     from gpufleet.collector import config as collector_config
-    from gpufleet.cli import SUBCOMMANDS, parser
+    from gpufleet.cli import SUBCOMMANDS, parse_args
 
     stack = COMPOSE / "gpufleet" / "gpufleet.toml"
     assert _exporter_options(stack)["backend"] == "nvml"
     assert collector_config.load(tomllib.loads(stack.read_text()), stack)["prometheus"]["url"]
     assert _exporter_options(COMPOSE / "sim" / "exporter.toml")["backend"] == "sim"
     assert _exporter_options(NODE / "gpufleet.toml")["backend"] == "nvml"
-    p = parser()
     for name, svc in services().items():
         if svc["image"] != GPUFLEET_IMAGE:
             continue
         args = command(svc)
         if args[0] in SUBCOMMANDS:
-            ns = p.parse_args(args)
+            ns = parse_args(args)
             assert ns.command == args[0], name
         else:  # a subcommand still being built: its flags are fixed by the design's Contract 5
             given = {a.split("=")[0] for a in args[1:] if a.startswith("--")}
@@ -401,12 +400,12 @@ def _unit(path: Path) -> configparser.ConfigParser:
 
 
 def test_systemd_unit_runs_the_exporter_on_the_node_config():
-    from gpufleet.cli import parser
+    from gpufleet.cli import parse_args
 
     unit = _unit(NODE / "systemd" / "gpufleet-exporter.service")
     exec_start = unit["Service"]["ExecStart"].split()
     assert exec_start[0].endswith("/bin/gpufleet")
-    ns = parser().parse_args(exec_start[1:])
+    ns = parse_args(exec_start[1:])
     assert ns.command == "exporter" and ns.config == "/etc/gpufleet/gpufleet.toml"
     assert "compose/node/gpufleet.toml /etc/gpufleet/gpufleet.toml" in (NODE / "systemd" / "gpufleet-exporter.service").read_text()
     # the unit owns /run/gpufleet, where the node config keeps the job mapping and the device map
@@ -502,6 +501,6 @@ def test_kubernetes_daemonset_service_and_servicemonitor_fit_together(tmp_path):
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert "nvidia.com/gpu" not in str(container.get("resources", {}))  # watches GPUs, takes none
-    from gpufleet.cli import parser
+    from gpufleet.cli import parse_args
 
-    assert parser().parse_args(args).command == "exporter"
+    assert parse_args(args).command == "exporter"
