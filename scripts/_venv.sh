@@ -12,7 +12,10 @@ fi
 STAMP="$VENV/.gpufleet-installed-$EXTRAS"
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$EXTRAS]"
+    # setuptools warns on every editable install that a folder named like the package (gpufleet/)
+    # may take precedence: here that folder IS the package's root, so the notice is only noise.
+    PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$EXTRAS]"
     touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
