@@ -158,3 +158,11 @@ def test_the_exporter_installs_and_runs_alone(wheel, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_job_api_is_standard_library_only():
+    """Jobs import (or copy) gpufleet/exporter/jobreport.py into their own environments: it may
+    import nothing but the standard library, not even the rest of gpufleet."""
+    path = ROOT / "exporter" / "jobreport.py"
+    foreign = sorted({name for _, name in _imports(path) if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}})
+    assert foreign == []
