@@ -12,12 +12,12 @@ from typing import Any
 
 from gpufleet.collector.sources.slurm_parse import (
     _NO_VAL,
-    OPEN_STATES,
     _Bad,
     _blank_row,
     _Problems,
     gres_gpus,
     normalise_state,
+    settle_times,
     tres_gpus,
 )
 from gpufleet.times import utcnow
@@ -61,12 +61,14 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
         aj, task, task_str = j.get("array_job_id"), j.get("array_task_id"), j.get("array_task_string")
         hj, off = j.get("het_job_id"), j.get("het_job_offset")
         when = [j.get(f"{n}_time") for n in ("submit", "eligible", "start", "end")]
+        elapsed, end_reported = None, "end_time" in j  # slurmctld gives no elapsed time
     else:  # slurmdbd (/slurmdb/ jobs, sacct --json): state.current, time.*, array.*, het.*
         state_v, user, node_count = (j.get("state") or {}).get("current"), j.get("user"), j.get("allocation_nodes")
         arr, het, t = j.get("array") or {}, j.get("het") or {}, j.get("time") or {}
         aj, task, task_str = arr.get("job_id"), arr.get("task_id"), arr.get("task")
         hj, off = het.get("job_id"), het.get("job_offset")
         when = [t.get(n) for n in ("submission", "eligible", "start", "end")]
+        elapsed, end_reported = _num(t.get("elapsed")), "end" in t
     aj, task, hj, off = _num(aj), _num(task), _num(hj), _num(off)
     states = [str(s) for s in (state_v if isinstance(state_v, list) else [state_v]) if s]
     state = states[0] if states else None  # the base state comes first, flags follow
@@ -88,9 +90,9 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
     else:
         exit_code = None if _num(ec) is None else f"{_num(ec)}:0"
     times = dict(zip(("submit", "eligible", "start", "end"), map(_epoch, when)))
-    if norm in OPEN_STATES:  # slurmctld fills in the *expected* start/end of a job not started/ended
-        times["end"] = None
-        times["start"] = None if norm == "PENDING" else times["start"]
+    # slurmctld fills in the *expected* start/end of a job not started/ended; slurmdbd writes
+    # end 0 for a record that ended without an end (NODE_FAIL): Start + time.elapsed
+    settled = settle_times(times, norm, elapsed, key, end_reported) if states else None
     row = _blank_row(
         cluster=cluster or j.get("cluster") or "default", scheduler="slurm", job_key=key, job_id=key,
         name=j.get("name") or None, user_name=user or None, account=j.get("account") or None,
@@ -107,7 +109,7 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
             row.update(job_id=f"{aj}_[{task_str}]", array_job_id=str(aj), array_task_id=str(task_str))
     elif hj:
         row.update(job_id=f"{hj}+{int(off or 0)}", het_job_id=str(hj), het_job_offset=int(off or 0))
-    return row, None if known or not states else f"unknown state {state!r} for job {key}, kept as UNKNOWN"
+    return row, settled or (None if known or not states else f"unknown state {state!r} for job {key}, kept as UNKNOWN")
 
 
 def parse_slurmrestd_jobs(
