@@ -183,7 +183,7 @@ def test_slurmdb_ended_record_with_no_evidence_is_reported():
                         "end left unknown, so it reads as not ended"]
 
 
-# ---- slurmctld (/slurm/ jobs, scontrol --json) -------------------------------------------------
+# ---- slurmctld (/slurm/ jobs, scontrol --json): GPUs from tres_per_job / tres_per_node --------
 
 
 def ctld(job_id: int, state: str = "COMPLETED", **kw) -> dict:
@@ -196,6 +196,27 @@ def ctld(job_id: int, state: str = "COMPLETED", **kw) -> dict:
            "tres_per_job": "", "tres_per_node": "", "tres_per_task": "", "requeue": False, "restart_cnt": n(0)}
     job.update(kw)
     return job
+
+
+def test_gpus_from_tres_per_job_and_per_node():
+    n = lambda v: {"set": True, "infinite": False, "number": v}  # noqa: E731
+    doc = {"jobs": [
+        ctld(5141, tres_per_node="gres/gpu:4"),  # 25.11 job 5141: 4 per node x 1 node = 4 (was 0)
+        ctld(5142, tres_per_job="gres/gpu:a100:2"),  # per job: 2 a100
+        ctld(5143, tres_per_node="gres:gpu:4", node_count=n(2), nodes="g[1-2]"),  # 23.02 spelling: 4 x 2 nodes = 8
+        ctld(5144, tres_per_node="gres/gpu:h100:2,gres/shard:1", node_count=n(0), nodes="g[1-3]"),  # 2 x 3 hosts = 6
+        ctld(5145, tres_per_node="gres/gpu:4", node_count=n(0), nodes=""),  # GPUs, but how many nodes: unknown
+        ctld(5146, tres_per_node="gres/shard:2"),  # no GPU asked for: TRES say none -> 0
+        ctld(5147, tres_alloc_str="cpu=8,gres/gpu=1,node=1", tres_per_node="gres/gpu:4"),  # accounting wins: 1
+    ]}
+    jobs, rejected, problems = parse_slurmrestd_jobs(doc, now=NOW)
+    assert (rejected, problems) == (0, [])
+    assert [(j["job_id"], j["gpus"], j["gpu_type"]) for j in jobs] == [
+        ("5141", 4, None), ("5142", 2, "a100"), ("5143", 8, None), ("5144", 6, "h100"), ("5145", None, None),
+        ("5146", 0, None), ("5147", 1, None)]
+    # job 5141: COMPLETED T0 .. T0 + 3600 with 4 GPUs = 4 GPU-h (it was stored with 0)
+    j = jobs[0]
+    assert (j["state"], (j["end"] - j["start"]).total_seconds() * j["gpus"] / 3600) == ("COMPLETED", 4.0)
 
 
 def test_slurmctld_times_follow_the_state():

@@ -15,6 +15,7 @@ from gpufleet.collector.sources.slurm_parse import (
     _Bad,
     _blank_row,
     _Problems,
+    expand_hostlist,
     gres_gpus,
     normalise_state,
     settle_times,
@@ -50,6 +51,27 @@ def _tres_list(items: Any) -> str | None:
     return ",".join(parts) or None
 
 
+def _node_count(count: Any, nodes: Any) -> int | None:
+    """The job's node count, else the hosts in its node list; None when neither is known."""
+    if isinstance(count, int) and count > 0:
+        return count
+    if not isinstance(nodes, str):
+        return None
+    try:
+        return len(expand_hostlist(nodes)) or None
+    except ValueError:
+        return None
+
+
+def _tres_per_gpus(text: Any) -> tuple[int | None, str | None]:
+    """slurmctld's tres_per_job / tres_per_node (`gres/gpu:4`, `gres:gpu:4`, `gres/gpu:a100:2`,
+    `gres/gpu=2`, comma lists with other gres) -> (GPUs, type); (None, None) when it names no GPU."""
+    if not isinstance(text, str) or not text.strip():
+        return None, None
+    count, gpu_type, _ = gres_gpus(text.replace("=", ":"))
+    return (count, gpu_type) if count is not None else (None, None)
+
+
 def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[dict, str | None]:
     if j.get("job_id") is None:
         raise _Bad("job without job_id")
@@ -81,7 +103,16 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
             gpus, gpu_type = tres_gpus(fallback)
     if gpus is None and j.get("gres_detail"):
         gpus, gpu_type, _ = gres_gpus(",".join(j["gres_detail"]))
-    if gpus is None and (alloc or j.get("tres_req_str") or tres):
+    # Accounting TRES without gres/gpu (not in AccountingStorageTRES): what the job asked for,
+    # per job, else per node x nodes. Per node with no node count known: GPUs, how many unknown.
+    per_node = None
+    if gpus is None:
+        gpus, gpu_type = _tres_per_gpus(j.get("tres_per_job"))
+    if gpus is None:
+        per_node, gpu_type = _tres_per_gpus(j.get("tres_per_node"))
+        nodes_n = _node_count(_num(node_count), j.get("nodes"))
+        gpus = per_node * nodes_n if per_node is not None and nodes_n else None
+    if gpus is None and per_node is None and (alloc or j.get("tres_req_str") or tres):
         gpus = 0  # TRES were reported and name no GPU, as in parse_sacct
     ec = j.get("exit_code")
     if isinstance(ec, dict):
