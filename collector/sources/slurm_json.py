@@ -12,12 +12,13 @@ from typing import Any
 
 from gpufleet.collector.sources.slurm_parse import (
     _NO_VAL,
-    OPEN_STATES,
     _Bad,
     _blank_row,
     _Problems,
+    expand_hostlist,
     gres_gpus,
     normalise_state,
+    settle_times,
     tres_gpus,
 )
 from gpufleet.times import utcnow
@@ -50,6 +51,27 @@ def _tres_list(items: Any) -> str | None:
     return ",".join(parts) or None
 
 
+def _node_count(count: Any, nodes: Any) -> int | None:
+    """The job's node count, else the hosts in its node list; None when neither is known."""
+    if isinstance(count, int) and count > 0:
+        return count
+    if not isinstance(nodes, str):
+        return None
+    try:
+        return len(expand_hostlist(nodes)) or None
+    except ValueError:
+        return None
+
+
+def _tres_per_gpus(text: Any) -> tuple[int | None, str | None]:
+    """slurmctld's tres_per_job / tres_per_node (`gres/gpu:4`, `gres:gpu:4`, `gres/gpu:a100:2`,
+    `gres/gpu=2`, comma lists with other gres) -> (GPUs, type); (None, None) when it names no GPU."""
+    if not isinstance(text, str) or not text.strip():
+        return None, None
+    count, gpu_type, _ = gres_gpus(text.replace("=", ":"))
+    return (count, gpu_type) if count is not None else (None, None)
+
+
 def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[dict, str | None]:
     if j.get("job_id") is None:
         raise _Bad("job without job_id")
@@ -61,12 +83,14 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
         aj, task, task_str = j.get("array_job_id"), j.get("array_task_id"), j.get("array_task_string")
         hj, off = j.get("het_job_id"), j.get("het_job_offset")
         when = [j.get(f"{n}_time") for n in ("submit", "eligible", "start", "end")]
+        elapsed, end_reported = None, "end_time" in j  # slurmctld gives no elapsed time
     else:  # slurmdbd (/slurmdb/ jobs, sacct --json): state.current, time.*, array.*, het.*
         state_v, user, node_count = (j.get("state") or {}).get("current"), j.get("user"), j.get("allocation_nodes")
         arr, het, t = j.get("array") or {}, j.get("het") or {}, j.get("time") or {}
         aj, task, task_str = arr.get("job_id"), arr.get("task_id"), arr.get("task")
         hj, off = het.get("job_id"), het.get("job_offset")
         when = [t.get(n) for n in ("submission", "eligible", "start", "end")]
+        elapsed, end_reported = _num(t.get("elapsed")), "end" in t
     aj, task, hj, off = _num(aj), _num(task), _num(hj), _num(off)
     states = [str(s) for s in (state_v if isinstance(state_v, list) else [state_v]) if s]
     state = states[0] if states else None  # the base state comes first, flags follow
@@ -79,7 +103,16 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
             gpus, gpu_type = tres_gpus(fallback)
     if gpus is None and j.get("gres_detail"):
         gpus, gpu_type, _ = gres_gpus(",".join(j["gres_detail"]))
-    if gpus is None and (alloc or j.get("tres_req_str") or tres):
+    # Accounting TRES without gres/gpu (not in AccountingStorageTRES): what the job asked for,
+    # per job, else per node x nodes. Per node with no node count known: GPUs, how many unknown.
+    per_node = None
+    if gpus is None:
+        gpus, gpu_type = _tres_per_gpus(j.get("tres_per_job"))
+    if gpus is None:
+        per_node, gpu_type = _tres_per_gpus(j.get("tres_per_node"))
+        nodes_n = _node_count(_num(node_count), j.get("nodes"))
+        gpus = per_node * nodes_n if per_node is not None and nodes_n else None
+    if gpus is None and per_node is None and (alloc or j.get("tres_req_str") or tres):
         gpus = 0  # TRES were reported and name no GPU, as in parse_sacct
     ec = j.get("exit_code")
     if isinstance(ec, dict):
@@ -88,9 +121,9 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
     else:
         exit_code = None if _num(ec) is None else f"{_num(ec)}:0"
     times = dict(zip(("submit", "eligible", "start", "end"), map(_epoch, when)))
-    if norm in OPEN_STATES:  # slurmctld fills in the *expected* start/end of a job not started/ended
-        times["end"] = None
-        times["start"] = None if norm == "PENDING" else times["start"]
+    # slurmctld fills in the *expected* start/end of a job not started/ended; slurmdbd writes
+    # end 0 for a record that ended without an end (NODE_FAIL): Start + time.elapsed
+    settled = settle_times(times, norm, elapsed, key, end_reported) if states else None
     row = _blank_row(
         cluster=cluster or j.get("cluster") or "default", scheduler="slurm", job_key=key, job_id=key,
         name=j.get("name") or None, user_name=user or None, account=j.get("account") or None,
@@ -107,7 +140,7 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
             row.update(job_id=f"{aj}_[{task_str}]", array_job_id=str(aj), array_task_id=str(task_str))
     elif hj:
         row.update(job_id=f"{hj}+{int(off or 0)}", het_job_id=str(hj), het_job_offset=int(off or 0))
-    return row, None if known or not states else f"unknown state {state!r} for job {key}, kept as UNKNOWN"
+    return row, settled or (None if known or not states else f"unknown state {state!r} for job {key}, kept as UNKNOWN")
 
 
 def parse_slurmrestd_jobs(

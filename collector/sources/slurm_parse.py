@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -24,9 +24,18 @@ KNOWN_STATES = frozenset({
     "SPECIAL_EXIT", "COMPLETING", "CONFIGURING", "STOPPED", "SIGNALING", "STAGE_OUT",
     "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "LAUNCH_FAILED",
 })
-# States of a job that has not ended: its End is not a fact yet.
-OPEN_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING", "CONFIGURING",
-                         "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "STOPPED"})
+# States of a record that is over: it has an end, even when Slurm did not write it down. A
+# REQUEUED record is a finished attempt (sacct --duplicates, slurmdbd's state.current): the job
+# went back to the queue as a new record with its own start.
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+    "OUT_OF_MEMORY", "REQUEUED", "REVOKED", "SPECIAL_EXIT", "LAUNCH_FAILED",
+})
+# States of a job that has not ended: its End is not a fact yet, whatever Slurm prints there
+# (End = Start or Unknown in sacct, 0 or a forecast in JSON).
+OPEN_STATES = KNOWN_STATES - TERMINAL_STATES
+# ... and of those, a job that has not started: a Start is only the scheduler's plan.
+NOT_STARTED_STATES = frozenset({"PENDING", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 MAX_PROBLEMS = 50
 _NULLS = frozenset({"", "unknown", "none", "n/a", "(null)", "none assigned", "invalid"})
 _NO_VAL = 0xFFFFFFFE  # Slurm's NO_VAL/INFINITE in old JSON: "not set", never a real number
@@ -205,6 +214,37 @@ def normalise_state(raw: str | None) -> tuple[str, bool]:
     return (word, True) if word in KNOWN_STATES else ("UNKNOWN", False)
 
 
+def settle_times(times: dict[str, Any], state: str, elapsed: float | None, job: str,
+                 end_reported: bool = True) -> str | None:
+    """Make `times` (start, end: naive UTC or None) follow the job's state; a problem or None.
+
+    - Not ended (RUNNING, SUSPENDED, ...): end None, whatever Slurm printed (sacct shows End =
+      Start or Unknown for a running job, JSON 0 or the time limit's forecast). Not started
+      (PENDING, REQUEUE_HOLD, ...): start None as well, it is only the planned start.
+    - Ended (TERMINAL_STATES): an End that is missing, or equal to Start while Elapsed says the
+      job ran, is Start + Elapsed (slurmdbd writes no end for a NODE_FAIL record, time.end 0).
+      With no End and no Start + Elapsed to derive it, the end stays unknown and that is
+      reported: the store and analytics read a job without an end as still running.
+    - Anything else (UNKNOWN): left as Slurm said.
+    `end_reported`: the input had an end field at all (a format without End reports nothing).
+    """
+    if state in OPEN_STATES:
+        times["end"] = None
+        if state in NOT_STARTED_STATES:
+            times["start"] = None
+        return None
+    if state not in TERMINAL_STATES:
+        return None
+    start, end = times.get("start"), times.get("end")
+    if end is None or (end == start and elapsed):
+        if start is not None and elapsed is not None:
+            times["end"] = start + timedelta(seconds=elapsed)
+        elif end is None and end_reported:
+            return (f"job {job} is {state} but has no end time and no Start + Elapsed to derive it: "
+                    "end left unknown, so it reads as not ended")
+    return None
+
+
 def _blank_row(**kw: Any) -> dict[str, Any]:
     row = dict.fromkeys(JOB_COLUMNS)
     row.update(kw)
@@ -227,7 +267,7 @@ def _sacct_row(v: dict[str, str], cluster: str | None, tz: tzinfo, now: datetime
         raise _Bad(f"bad JobIDRaw {raw[:40]!r}")
     try:
         times = {c: parse_time(v.get(c), tz) for c in ("submit", "eligible", "start", "end")}
-        parse_elapsed(v.get("elapsed"))
+        elapsed = parse_elapsed(v.get("elapsed"))
     except ValueError as e:
         raise _Bad(str(e)) from None
     exit_code = (v.get("exitcode") or "").strip() or None
@@ -239,6 +279,7 @@ def _sacct_row(v: dict[str, str], cluster: str | None, tz: tzinfo, now: datetime
     state_raw = (v.get("state") or "").strip() or None
     state, known = normalise_state(state_raw)
     note = None if known else f"unknown state {state_raw!r} for job {jid}, kept as UNKNOWN"
+    note = settle_times(times, state, elapsed, jid, end_reported="end" in v) or note
 
     # Allocated beats requested; TRES beats the pre-19.05 GRES columns.
     gpus = gpu_type = None
