@@ -2,17 +2,16 @@
 
 `Analysis(con, params)` reads the window's samples once into arrays (analytics/gputime.py) and
 materializes the small tables of analytics/sql.py (capacity, allocations); each figure is then a
-look-up or a small query. The per-sample interval and piece tables (iv, pc: the row-by-row
-definitions the tests hold the arrays to) are built only on use (Analysis.tables); no figure
-reads them any more. Pure in the sense that matters: the same store and parameters give the same
-figures. Results are polars DataFrames (GPU-hours, percentages, dollars) so the CLI, dashboards
-and report share them. Money is null when a model has no price: unknown, not 0.
+look-up or a small query. (The row-by-row interval and piece tables the arrays are held to live
+with the tests: tests/support/oracle_sql.py.) Pure in the sense that matters: the same store and
+parameters give the same figures. Results are polars DataFrames (GPU-hours, percentages,
+dollars) so the CLI, dashboards and report share them. Money is null when a model has no price:
+unknown, not 0.
 """
 
 from __future__ import annotations
 
 import csv
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cache
@@ -93,7 +92,6 @@ class Analysis:
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
-        self._built: set[str] = set()
         self.gt = GpuTime(self.con, self.bind, detail=detail)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()
@@ -102,17 +100,9 @@ class Analysis:
         # dimensions, waste and the top jobs all start from them)
         self._memo: dict[tuple[str, ...], pl.DataFrame] = {}
 
-    def tables(self, *names: str) -> None:
-        """Build the per-sample tables iv and/or pc (sql.INTERVALS, sql.PIECES) if not built yet."""
-        need = {"iv", "pc"} & set(names) | ({"iv"} if "pc" in names else set())
-        for name, stmt in (("iv", sql.INTERVALS), ("pc", sql.PIECES)):  # pc is built from iv
-            if name in need and name not in self._built:
-                self._exec(stmt)
-                self._built.add(name)
-
     def _allocation_use(self) -> None:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
-        any sample interval overlaps it (then it has pieces, as sql.PIECES would give)."""
+        any sample interval overlaps it (then it has pieces, as oracle_sql.PIECES would give)."""
         al = self.q("SELECT * FROM al")
         al = al.join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
         gid = al["gid"].fill_null(-1).to_numpy()
@@ -163,9 +153,7 @@ class Analysis:
         self.con.execute(query, {k: v for k, v in self.bind.items() if f"${k}" in query})
 
     def q(self, query: str, **extra: Any) -> pl.DataFrame:
-        """Run a query with this analysis' bound parameters (plus `extra` ones); builds iv / pc
-        first if the query reads them."""
-        self.tables(*(t for t in ("iv", "pc") if re.search(rf"\b{t}\b", query)))
+        """Run a query with this analysis' bound parameters (plus `extra` ones)."""
         names = {k: v for k, v in {**self.bind, **extra}.items() if f"${k}" in query}
         return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
 

@@ -2,17 +2,14 @@
 
 The pipeline, over the store's reader views (gpufleet.collector.store.open_reader):
 
-  iv   GPU intervals: each sample holds from its time until the next sample of the same GPU (or
-       MIG instance), for at most max_gap; beyond that the time is "no data". Read over the
-       window extended by `idle_min_duration + max_gap` on both sides ($xstart, $xend), so an
-       idle stretch that crosses the window edge is judged by its whole length.
+  cap  capacity: each inventory GPU's seconds in the window (CAPACITY).
   al   allocation intervals: which job held which GPU, from the exporters' job mapping
-       (allocations) and the scheduler's start/end (jobs).
-  pc   pieces: iv intersected with al - the time a job held a GPU, with that time's samples.
+       (allocations) and the scheduler's start/end (jobs) (ALLOCATIONS).
 
-iv and pc state the rules row by row; no figure reads them any more (the tests hold the arrays to
-them): every figure comes from analytics/gputime.py, which applies the same interval rule to the
-samples as arrays (SAMPLE_ARRAYS, below) and reads allocations, pieces and idle runs by look-up.
+Every figure comes from analytics/gputime.py, which reads the samples as arrays (SAMPLE_ARRAYS,
+below), applies the interval rule to them and reads allocations, pieces and idle runs by
+look-up. The same rules row by row (iv, pc, islands) are the tests' reference, in
+tests/support/oracle_sql.py.
 
 Figures clip everything to [$start, $end) with clip_seconds().
 """
@@ -34,27 +31,6 @@ def gpu_equiv(alias: str = "") -> str:
      ELSE coalesce(try_cast(regexp_extract({a}mig_profile, '^(\\d+)g\\.', 1) AS DOUBLE), 1.0)
           / CASE WHEN {a}model LIKE '%A30%' THEN 4.0 ELSE 7.0 END END"""
 
-
-INTERVALS = f"""
-CREATE OR REPLACE TEMP TABLE iv AS
-WITH s AS (
-    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu, model, mig_profile, ts,
-           coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util,
-           compute_processes::DOUBLE AS procs, tensor_active::DOUBLE AS tensor_active,
-           sm_clock_mhz::DOUBLE AS sm_clock_mhz, fb_used_mib::DOUBLE AS fb_used_mib
-    FROM gpu_samples
-    WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), o AS (
-    SELECT *, lead(ts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts) AS next_ts FROM s
-)
-SELECT cluster, host, gpu_uuid, gi, gpu, model, mig_profile, util, procs, tensor_active, sm_clock_mhz, fb_used_mib,
-       greatest(ts, $xstart) AS t0,
-       least(coalesce(next_ts, ts + to_seconds($max_gap)), ts + to_seconds($max_gap), $xend) AS t1,
-       {gpu_equiv()} AS equiv
-FROM o
-WHERE least(coalesce(next_ts, ts + to_seconds($max_gap)), ts + to_seconds($max_gap), $xend) > greatest(ts, $xstart)
-"""
 
 # Capacity: a GPU counts from its first sighting in the inventory until it has not been seen for
 # $retire_after (then it is taken as removed), but never past $as_of (now, or the window end): so a
@@ -86,35 +62,6 @@ WHERE ($cluster IS NULL OR a.cluster = $cluster)
   AND least(coalesce(j."end", a.last_seen + to_seconds($max_gap)), $xend) > greatest(coalesce(j.start, a.first_seen), $xstart)
 """
 
-# Joining iv with time ranges [r0, r1) of the same GPU on "iv.t1 > r0 AND iv.t0 < r1" alone is a
-# hash join on the GPU that then compares every sample of a GPU with every range of it: for a
-# week of 15 s samples and hundreds of jobs per GPU, billions of comparisons. An iv interval is at
-# most max_gap long, so one overlapping [r0, r1) starts in an hour from hour(r0 - max_gap) to
-# hour(r1): list each range once per such hour (range_hours) and add "hour of iv.t0 = that hour"
-# (iv_hour) to the join keys, and every overlapping pair is found exactly once.
-HOUR_US = 3_600_000_000
-
-
-def iv_hour(t0: str = "iv.t0") -> str:
-    return f"(epoch_us({t0}) // {HOUR_US})"
-
-
-def range_hours(r0: str, r1: str) -> str:
-    return f"unnest(range(epoch_us({r0} - to_seconds($max_gap)) // {HOUR_US}, epoch_us({r1}) // {HOUR_US} + 1))"
-
-
-PIECES = f"""
-CREATE OR REPLACE TEMP TABLE pc AS
-WITH ah AS (SELECT *, {range_hours("a0", "a1")} AS hour FROM al)
-SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.name, al.user_name, al.account, al.partition, al.state,
-       al.host, al.gpu_uuid, al.gi, iv.gpu, iv.model, iv.mig_profile, iv.equiv,
-       iv.util, iv.procs, iv.tensor_active, iv.sm_clock_mhz, iv.fb_used_mib,
-       greatest(iv.t0, al.a0) AS p0, least(iv.t1, al.a1) AS p1
-FROM iv JOIN ah al
-  ON iv.cluster = al.cluster AND iv.host = al.host AND iv.gpu_uuid = al.gpu_uuid AND iv.gi = al.gi
- AND {iv_hour()} = al.hour AND iv.t1 > al.a0 AND iv.t0 < al.a1
-"""
-
 # Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
 # one, dcgm-exporter does not)? A sample holds at most max_gap, so earlier ones cannot reach in.
 HAS_PROCESS_COUNTS = """
@@ -132,9 +79,10 @@ SELECT count(*) AS n FROM (
 GPU_HASH = "hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER, gpu::INTEGER, model, mig_profile)"
 _VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile"
 
-# the rows sql.INTERVALS reads, in the store's file order (which keeps each GPU's samples in time
-# order), as narrow as they go: NaN stands for a NULL utilization (so the columns reach numpy
-# without a copy), nop is NO_PROCESS_PRED
+# the rows oracle_sql.INTERVALS (tests/support) reads, in the store's file order (which keeps each
+# GPU's samples in time order), as narrow as they go: NaN stands for a NULL utilization (so the
+# columns reach numpy without a copy), nop is "held with no compute process"
+# (oracle_sql.NO_PROCESS_PRED)
 _SAMPLE_ARRAYS = f"""
 SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
        coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
@@ -190,7 +138,8 @@ ORDER BY cap.cluster, cap.host, cap.gpu, cap.gi
 
 # Idle stretches: a run (back-to-back intervals of one GPU where the predicate holds, at least
 # $min_idle long; gputime.GpuTime.runs) intersected with each allocation of that GPU - exactly
-# the maximal chains of such pieces of one job (ISLANDS, below), found without the pieces.
+# the maximal chains of such pieces of one job (oracle_sql.ISLANDS, in tests/support), found
+# without the pieces.
 STRETCHES = f"""
 SELECT cluster, scheduler, job_key, host, gpu_uuid, gi,
        row_number() OVER (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY s0) AS island,
@@ -209,39 +158,6 @@ JOB_USE = """
 SELECT {keys}, sum(data_s) / 3600 AS data_gpu_h, sum(busy_s) / 3600 AS busy_gpu_h
 FROM alv WHERE has_piece GROUP BY ALL
 """
-
-# Stretches ("islands") of consecutive pieces of one job on one GPU where `pred` holds, with no
-# gap between them; a stretch counts only if its whole length reaches $min_idle seconds. The
-# row-by-row definition of what STRETCHES computes from runs: tests/test_analytics_gputime.py
-# holds the two to the same answers.
-ISLANDS = """
-WITH p AS (
-    SELECT *, ({pred}) AS hit,
-           lag(p1) OVER w AS prev_end, lag({pred}) OVER w AS prev_hit
-    FROM pc
-    WINDOW w AS (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY p0)
-), q AS (
-    SELECT *, sum(CASE WHEN hit AND prev_hit AND prev_end = p0 THEN 0 ELSE 1 END)
-              OVER (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY p0 ROWS UNBOUNDED PRECEDING) AS island
-    FROM p
-)
-SELECT cluster, scheduler, job_key, host, gpu_uuid, gi, island,
-       any_value(job_id) AS job_id, any_value(user_name) AS user_name, any_value(account) AS account,
-       any_value(partition) AS partition, any_value(model) AS model, any_value(gpu) AS gpu, any_value(equiv) AS equiv,
-       min(p0) AS s0, max(p1) AS s1,
-       sum({clip}) AS in_window_s
-FROM q WHERE hit
-GROUP BY ALL
-HAVING sum(epoch(p1) - epoch(p0)) >= $min_idle
-"""
-
-IDLE_PRED = "util IS NOT NULL AND util < $thr"
-NO_PROCESS_PRED = "procs IS NOT NULL AND procs = 0"
-
-
-def islands(pred: str) -> str:
-    return ISLANDS.format(pred=pred, clip=clip_seconds("p0", "p1"))
-
 
 # The job filters every job query applies (bound parameters; NULL means no filter).
 JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)

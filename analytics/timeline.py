@@ -180,9 +180,9 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
     the memory high-water mark and the hours with data (null: no data). bucket, host, gpu,
     gpu_uuid, gi, utilization_pct, fb_used_max_mib, data_h; by host, gpu, gi, bucket.
 
-    What the job's sql.PIECES rows add up to, each clipped to the window and cut at bucket edges
-    (w = seconds x MIG share): utilization sum(util x w) / sum(w) and data_h sum(w) / 3600 over
-    the parts with a utilization, memory the max over all parts. From the detail arrays
+    What the job's oracle_sql.PIECES rows (tests/support) add up to, each clipped to the window
+    and cut at bucket edges (w = seconds x MIG share): utilization sum(util x w) / sum(w) and
+    data_h sum(w) / 3600 over the parts with a utilization, memory the max over all parts. From the detail arrays
     (GpuTime.bucket_detail: one slice per allocation), which the job's report has read already."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
