@@ -103,7 +103,7 @@ class Analysis:
     def _allocation_use(self) -> None:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
         any sample interval overlaps it (then it has pieces, as oracle_sql.PIECES would give)."""
-        al = self.q("SELECT * FROM al")
+        al = self.q(sql.ALLOCATION_ROWS)
         al = al.join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
         gid = al["gid"].fill_null(-1).to_numpy()
         a0 = al["a0"].dt.epoch("us").to_numpy()
@@ -197,8 +197,8 @@ class Analysis:
             out = g.group_by(keys).agg(cols) if keys else g.select(cols)
         elif by in JOB_DIMS:
             keys = list(JOB_DIMS[by])
-            used = self.q(sql.JOB_USE.format(keys=", ".join(keys)))
-            alloc = self.q(f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h FROM ({sql.JOB_ALLOCATED}) GROUP BY ALL")
+            used = self.q(sql.job_use(keys))
+            alloc = self.q(sql.job_allocated_by(keys))
             out = alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
                 pl.col("allocated_gpu_h").fill_null(0.0), pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0)
             ).with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"))
@@ -224,12 +224,7 @@ class Analysis:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         self.con.register("runs", runs.with_columns(pl.from_epoch("r0", "us"), pl.from_epoch("r1", "us")).to_arrow())
         try:
-            return self.q(f"""
-                SELECT i.*, i.in_window_s * i.equiv / 3600 AS gpu_h, p.usd_per_gpu_hour,
-                       i.in_window_s * i.equiv / 3600 * p.usd_per_gpu_hour AS cost
-                FROM ({sql.STRETCHES}) i LEFT JOIN prices p ON p.model = i.model
-                WHERE i.in_window_s > 0
-                ORDER BY i.cluster, i.job_key, i.host, i.gpu_uuid, i.gi, i.s0""")
+            return self.q(sql.PRICED_STRETCHES)
         finally:
             self.con.unregister("runs")
 
@@ -253,13 +248,13 @@ class Analysis:
         idle = self.waste_by("job", "idle").rename({"gpus": "idle_gpus", "gpu_h": "idle_gpu_h", "cost": "idle_cost"})
         if idle.is_empty():
             return idle
-        jobs = self.q(f"SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h FROM ({sql.JOB_ALLOCATED})")
+        jobs = self.q(sql.JOB_RUNTIMES)
         ranked = idle.join(jobs, on=["cluster", "scheduler", "job_key"], how="left")
         return ranked.sort(["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True).head(n)
 
     def totals(self) -> Totals:
         g = self.per_gpu()
-        alloc = self.q(f"SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ({sql.JOB_ALLOCATED})")["h"][0]
+        alloc = self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0]
         idle, nop = self.idle_stretches("idle"), self.idle_stretches("no_process")
 
         data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0

@@ -69,7 +69,7 @@ def rule(verdict: str, row: dict, a: Analysis) -> str:
 
 def job_summaries(a: Analysis) -> pl.DataFrame:
     """One row per job in the window with its verdict (the searchable job list)."""
-    jobs = a.q(f"SELECT * FROM ({sql.JOB_ALLOCATED})")
+    jobs = a.q(sql.JOB_ROWS)
     if jobs.is_empty():
         return jobs
     key = ["cluster", "scheduler", "job_key"]

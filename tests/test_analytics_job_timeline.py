@@ -38,7 +38,8 @@ from gpufleet.analytics import jobs as ajobs
 from gpufleet.analytics import timeline
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params
-from gpufleet.analytics.timeline import _E0, _long_split, default_bucket
+from gpufleet.analytics.sql import BUCKET_ORIGIN, split_at_buckets
+from gpufleet.analytics.timeline import default_bucket
 from tests.support import oracle_sql
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -56,11 +57,11 @@ def _short_split(src: str, a: str, b: str, cols: str) -> str:
         SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
         FROM {src} WHERE {b} > $start AND {a} < $end
     ), y AS (
-        SELECT *, floor((ea - {_E0}) / $bucket)::BIGINT AS k0, floor((eb - {_E0}) / $bucket)::BIGINT AS k1 FROM x WHERE eb > ea
+        SELECT *, floor((ea - {BUCKET_ORIGIN}) / $bucket)::BIGINT AS k0, floor((eb - {BUCKET_ORIGIN}) / $bucket)::BIGINT AS k1 FROM x WHERE eb > ea
     )
-    SELECT {cols}, k0 AS k, least(eb, {_E0} + (k0 + 1) * $bucket) - ea AS s FROM y
+    SELECT {cols}, k0 AS k, least(eb, {BUCKET_ORIGIN} + (k0 + 1) * $bucket) - ea AS s FROM y
     UNION ALL
-    SELECT {cols}, k1 AS k, eb - ({_E0} + k1 * $bucket) AS s FROM y WHERE k1 > k0 AND eb > {_E0} + k1 * $bucket"""
+    SELECT {cols}, k1 AS k, eb - ({BUCKET_ORIGIN} + k1 * $bucket) AS s FROM y WHERE k1 > k0 AND eb > {BUCKET_ORIGIN} + k1 * $bucket"""
 
 
 def reference_job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: timedelta | None = None) -> pl.DataFrame:
@@ -70,7 +71,7 @@ def reference_job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bu
     extra = {"bucket": bucket.total_seconds(), "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
     oracle_sql.build(a, "pc")
     src = "(SELECT * FROM pc WHERE cluster = $job_cluster AND scheduler = $job_scheduler AND job_key = $job_key)"
-    split = _short_split if p.max_gap <= bucket else _long_split
+    split = _short_split if p.max_gap <= bucket else split_at_buckets
     query = f"""
         SELECT k, host, any_value(gpu) AS gpu, gpu_uuid, gi,
                sum(util * s * equiv) / nullif(sum(s * equiv) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
