@@ -1,15 +1,24 @@
-"""Every analytics query, named once. Parameters are bound ($name), never formatted in.
+"""Every SQL text the analytics run, each named once. Parameters are bound ($name), never formatted in.
 
-The pipeline, over the store's reader views (gpufleet.collector.store.open_reader):
+Grouped below by the module that runs them: the tables of one window and the sample read of the
+array path, the figures of core.Analysis, then jobs, timeline, MFU, fairness, the fleet at one
+moment and GPU health. A few small functions assemble a query from this module's own fragments
+or from column names the callers hold as constants (clip_seconds, gpu_equiv, job_use,
+job_allocated_by, split_at_buckets) - never from a user's value.
 
-  cap  capacity: each inventory GPU's seconds in the window (CAPACITY).
-  al   allocation intervals: which job held which GPU, from the exporters' job mapping
-       (allocations) and the scheduler's start/end (jobs) (ALLOCATIONS).
+One window (analytics/core.py: Analysis), over the store's reader views
+(gpufleet.collector.store.open_reader):
 
-Every figure comes from analytics/gputime.py, which reads the samples as arrays (SAMPLE_ARRAYS,
-below), applies the interval rule to them and reads allocations, pieces and idle runs by
-look-up. The same rules row by row (iv, pc, islands) are the tests' reference, in
-tests/support/oracle_sql.py.
+  cap   capacity: each inventory GPU's seconds in the window (CAPACITY).
+  al    allocation intervals: which job held which GPU, from the exporters' job mapping
+        (allocations) and the scheduler's start/end (jobs) (ALLOCATIONS).
+  the samples, read once as arrays (SAMPLE_ARRAYS): analytics/gputime.py makes them each GPU's
+        intervals (a sample holds until the next, at most max_gap) and answers data and busy
+        time and idle runs by look-up. Analysis registers what it gets (alv, runs, variants,
+        gpu_use) and the figure queries (HELD, PER_GPU, STRETCHES, job_use, ...) read those.
+
+The same rules stated row by row (iv, pc, islands) are not here: no figure reads them; they are
+the tests' reference, in tests/support/oracle_sql.py.
 
 Figures clip everything to [$start, $end) with clip_seconds().
 """
