@@ -2,17 +2,16 @@
 
 `Analysis(con, params)` reads the window's samples once into arrays (analytics/gputime.py) and
 materializes the small tables of analytics/sql.py (capacity, allocations); each figure is then a
-look-up or a small query. The per-sample interval and piece tables (iv, pc: the row-by-row
-definitions the tests hold the arrays to) are built only on use (Analysis.tables); no figure
-reads them any more. Pure in the sense that matters: the same store and parameters give the same
-figures. Results are polars DataFrames (GPU-hours, percentages, dollars) so the CLI, dashboards
-and report share them. Money is null when a model has no price: unknown, not 0.
+look-up or a small query. (The row-by-row interval and piece tables the arrays are held to live
+with the tests: tests/support/oracle_sql.py.) Pure in the sense that matters: the same store and
+parameters give the same figures. Results are polars DataFrames (GPU-hours, percentages,
+dollars) so the CLI, dashboards and report share them. Money is null when a model has no price:
+unknown, not 0.
 """
 
 from __future__ import annotations
 
 import csv
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -94,7 +93,6 @@ class Analysis:
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
-        self._built: set[str] = set()
         self.gt = GpuTime(self.con, self.bind, detail=detail)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()
@@ -103,18 +101,10 @@ class Analysis:
         # dimensions, waste and the top jobs all start from them)
         self._memo: dict[tuple[str, ...], pl.DataFrame] = {}
 
-    def tables(self, *names: str) -> None:
-        """Build the per-sample tables iv and/or pc (sql.INTERVALS, sql.PIECES) if not built yet."""
-        need = {"iv", "pc"} & set(names) | ({"iv"} if "pc" in names else set())
-        for name, stmt in (("iv", sql.INTERVALS), ("pc", sql.PIECES)):  # pc is built from iv
-            if name in need and name not in self._built:
-                self._exec(stmt)
-                self._built.add(name)
-
     def _allocation_use(self) -> None:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
-        any sample interval overlaps it (then it has pieces, as sql.PIECES would give)."""
-        al = self.q("SELECT * FROM al")
+        any sample interval overlaps it (then it has pieces, as oracle_sql.PIECES would give)."""
+        al = self.q(sql.ALLOCATION_ROWS)
         al = al.join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
         gid = al["gid"].fill_null(-1).to_numpy()
         a0 = al["a0"].dt.epoch("us").to_numpy()
@@ -164,9 +154,7 @@ class Analysis:
         self.con.execute(query, {k: v for k, v in self.bind.items() if f"${k}" in query})
 
     def q(self, query: str, **extra: Any) -> pl.DataFrame:
-        """Run a query with this analysis' bound parameters (plus `extra` ones); builds iv / pc
-        first if the query reads them."""
-        self.tables(*(t for t in ("iv", "pc") if re.search(rf"\b{t}\b", query)))
+        """Run a query with this analysis' bound parameters (plus `extra` ones)."""
         names = {k: v for k, v in {**self.bind, **extra}.items() if f"${k}" in query}
         return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
 
@@ -210,8 +198,8 @@ class Analysis:
             out = g.group_by(keys).agg(cols) if keys else g.select(cols)
         elif by in JOB_DIMS:
             keys = list(JOB_DIMS[by])
-            used = self.q(sql.JOB_USE.format(keys=", ".join(keys)))
-            alloc = self.q(f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h FROM ({sql.JOB_ALLOCATED}) GROUP BY ALL")
+            used = self.q(sql.job_use(keys))
+            alloc = self.q(sql.job_allocated_by(keys))
             out = alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
                 pl.col("allocated_gpu_h").fill_null(0.0), pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0)
             ).with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"))
@@ -237,12 +225,7 @@ class Analysis:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         self.con.register("runs", runs.with_columns(pl.from_epoch("r0", "us"), pl.from_epoch("r1", "us")).to_arrow())
         try:
-            return self.q(f"""
-                SELECT i.*, i.in_window_s * i.equiv / 3600 AS gpu_h, p.usd_per_gpu_hour,
-                       i.in_window_s * i.equiv / 3600 * p.usd_per_gpu_hour AS cost
-                FROM ({sql.STRETCHES}) i LEFT JOIN prices p ON p.model = i.model
-                WHERE i.in_window_s > 0
-                ORDER BY i.cluster, i.job_key, i.host, i.gpu_uuid, i.gi, i.s0""")
+            return self.q(sql.PRICED_STRETCHES)
         finally:
             self.con.unregister("runs")
 
@@ -266,13 +249,13 @@ class Analysis:
         idle = self.waste_by("job", "idle").rename({"gpus": "idle_gpus", "gpu_h": "idle_gpu_h", "cost": "idle_cost"})
         if idle.is_empty():
             return idle
-        jobs = self.q(f"SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h FROM ({sql.JOB_ALLOCATED})")
+        jobs = self.q(sql.JOB_RUNTIMES)
         ranked = idle.join(jobs, on=["cluster", "scheduler", "job_key"], how="left")
         return ranked.sort(["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True).head(n)
 
     def totals(self) -> Totals:
         g = self.per_gpu()
-        alloc = self.q(f"SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ({sql.JOB_ALLOCATED})")["h"][0]
+        alloc = self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0]
         idle, nop = self.idle_stretches("idle"), self.idle_stretches("no_process")
 
         data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0

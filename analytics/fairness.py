@@ -141,45 +141,9 @@ def sshare_shares(rows: list[SshareRow]) -> dict[str, float]:
     return out
 
 
-# --- one window ---
+# --- one window (the queries: analytics/sql.py, FAIRNESS_*) ---
 
-_GPU_JOBS = f"coalesce(gpus, 0) > 0 AND {sql.JOB_FILTERS}"
-
-BUCKETS = ("1", "2-4", "5-8", "9+")
-_BUCKET = "CASE WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' WHEN gpus <= 8 THEN '5-8' ELSE '9+' END"
-
-USERS = f"""
-WITH d AS (
-    SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, count(*) AS jobs
-    FROM jobs WHERE {_GPU_JOBS} AND coalesce(submit, start) < $end AND coalesce("end", $as_of) > $start
-    GROUP BY ALL
-), u AS (
-    SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, sum(alloc_gpu_s) / 3600 AS used_gpu_h
-    FROM ({sql.JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0 GROUP BY ALL
-)
-SELECT account, user_name, coalesce(d.jobs, 0) AS jobs, coalesce(u.used_gpu_h, 0.0) AS used_gpu_h
-FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
-
-# GPU-seconds weighted 2^(-age/h), age from the window end, integrated exactly over each run:
-# the integral of 2^(-(W-t)/h) dt from t0 to t1 is h/ln2 * (2^(-(W-t1)/h) - 2^(-(W-t0)/h)).
-_T1 = 'greatest(start, least(coalesce("end", $as_of), $end))'
-DECAYED = f"""
-SELECT coalesce(account, '') AS account,
-       sum(gpus * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_T1})) / $half_life)
-                                        - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
-FROM jobs WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
-GROUP BY ALL"""
-
-STARTED = f"""
-SELECT coalesce(account, '') AS account, gpus, {_BUCKET} AS gpus_bucket,
-       (epoch(start) - epoch(coalesce(submit, start)))::DOUBLE AS wait_s
-FROM jobs WHERE {_GPU_JOBS} AND start >= $start AND start < $end"""
-
-PENDING = f"""
-SELECT cluster, scheduler, job_key, job_id, coalesce(account, '') AS account, coalesce(user_name, '') AS user_name,
-       gpus, {_BUCKET} AS gpus_bucket, submit, (epoch($as_of) - epoch(submit))::DOUBLE AS wait_s
-FROM jobs WHERE {_GPU_JOBS} AND submit < $as_of AND coalesce(start, "end", $as_of) >= $as_of
-ORDER BY wait_s DESC, cluster, job_key"""
+BUCKETS = ("1", "2-4", "5-8", "9+")  # job sizes in GPUs, as the queries label them
 
 
 def _waits(df: pl.DataFrame, key: str) -> pl.DataFrame:
@@ -211,9 +175,9 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
     """Fairness figures of the analysis' window (see the module docstring for definitions)."""
     if half_life <= timedelta(0):
         raise ValueError(f"half_life {half_life} must be positive")
-    users = analysis.q(USERS)
-    decayed = dict(analysis.q(DECAYED, half_life=half_life.total_seconds()).iter_rows())
-    started, pending = analysis.q(STARTED), analysis.q(PENDING)
+    users = analysis.q(sql.FAIRNESS_USERS)
+    decayed = dict(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds()).iter_rows())
+    started, pending = analysis.q(sql.FAIRNESS_STARTED), analysis.q(sql.FAIRNESS_PENDING)
 
     acct = users.group_by("account").agg(pl.sum("jobs"), pl.sum("used_gpu_h"))
     jobs, used = dict(acct.select("account", "jobs").iter_rows()), dict(acct.select("account", "used_gpu_h").iter_rows())

@@ -50,84 +50,6 @@ FORGET_AFTER = timedelta(hours=24)
 
 STATUSES = ("ok", "error", "lost", "no data")
 
-# XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
-ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
-
-GPUS = f"""
-WITH inv AS (
-    SELECT cluster, host, gpu_uuid, gpu_instance AS gi, gpu AS inv_gpu, model AS inv_model, mig_profile AS inv_mig, fb_total_mib
-    FROM gpus
-    WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), s AS (
-    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
-           coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
-           gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
-           xid_last, gpu_up::DOUBLE AS gpu_up, compute_processes::DOUBLE AS compute_processes, clocks_event_reasons,
-           ecc_dbe_vol, remap_failure, sm_clock_mhz::DOUBLE AS sm_clock_mhz
-    FROM gpu_samples
-    WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), o AS (
-    SELECT *, lag(ts) OVER w AS prev_ts, lag(util) OVER w AS prev_util,
-           row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn
-    FROM s WINDOW w AS (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)
-), runs AS (
-    SELECT cluster, host, gpu_uuid, gi, min(ts) AS first_ts,
-           max(ts) FILTER (WHERE util < $thr AND (prev_ts IS NULL OR prev_util IS NULL OR prev_util >= $thr
-                                                  OR epoch(ts) - epoch(prev_ts) > $max_gap)) AS run_start
-    FROM o GROUP BY ALL
-), latest AS (
-    SELECT * EXCLUDE (rn, prev_ts, prev_util) FROM o WHERE rn = 1
-), h AS (
-    SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
-           j.name, j.user_name, j.account, j.partition
-    FROM allocations a
-    LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-    WHERE coalesce(j.start, a.first_seen) <= $as_of
-      AND $as_of < CASE WHEN j.start IS NOT NULL THEN coalesce(j."end", 'infinity'::TIMESTAMP)
-                        ELSE a.last_seen + to_seconds($stale_after) END
-      AND ($cluster IS NULL OR a.cluster = $cluster)
-      AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
-      AND ($partition IS NULL OR j.partition = $partition)
-), hg AS (
-    SELECT cluster, host, gpu_uuid, gi, count(*) AS jobs,
-           string_agg(job_id, ', ' ORDER BY job_id) AS job_ids,
-           string_agg(DISTINCT name, ', ' ORDER BY name) AS job_names,
-           string_agg(DISTINCT user_name, ', ' ORDER BY user_name) AS user_names,
-           string_agg(DISTINCT account, ', ' ORDER BY account) AS accounts,
-           string_agg(DISTINCT scheduler, ', ' ORDER BY scheduler) AS schedulers
-    FROM h GROUP BY ALL
-), g AS (
-    SELECT cluster, host, gpu_uuid, gi, coalesce(inv_gpu, s_gpu) AS gpu, coalesce(inv_model, s_model) AS model,
-           coalesce(inv_mig, s_mig) AS mig_profile, fb_total_mib,
-           latest.* EXCLUDE (cluster, host, gpu_uuid, gi, s_gpu, s_model, s_mig),
-           runs.first_ts, runs.run_start,
-           coalesce(hg.jobs, 0) AS jobs, hg.job_ids, hg.job_names, hg.user_names, hg.accounts, hg.schedulers
-    FROM inv
-    FULL JOIN latest USING (cluster, host, gpu_uuid, gi)
-    LEFT JOIN runs USING (cluster, host, gpu_uuid, gi)
-    LEFT JOIN hg USING (cluster, host, gpu_uuid, gi)
-), f AS (
-    SELECT *, {sql.gpu_equiv()} AS equiv,
-           epoch($as_of) - epoch(ts) AS age_s,
-           coalesce(epoch($as_of) - epoch(ts) <= $stale_after, false) AS fresh,
-           jobs > 0 AS held
-    FROM g
-)
-SELECT cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts, age_s, fresh,
-       util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last, gpu_up, compute_processes,
-       clocks_event_reasons, ecc_dbe_vol, remap_failure, sm_clock_mhz,
-       CASE WHEN NOT fresh THEN 'no data' WHEN gpu_up = 0 THEN 'lost' WHEN {ERROR_PRED} THEN 'error' ELSE 'ok' END AS status,
-       CASE WHEN fresh AND util < $thr THEN run_start END AS idle_since,
-       coalesce(fresh AND util < $thr AND run_start = first_ts
-                AND first_ts <= $as_of - to_seconds($lookback) + to_seconds($max_gap), false) AS idle_since_capped,
-       held, jobs, job_ids, job_names, user_names, accounts, schedulers,
-       coalesce(held AND fresh AND util < $thr, false) AS idle_allocated,
-       coalesce(held AND fresh AND compute_processes = 0, false) AS no_process
-FROM f
-"""
-
 
 def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:
     cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions
@@ -160,7 +82,7 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     held now by a matching job.
     """
     b = _binds(params, as_of, stale_after, lookback, forget_after)
-    df = _q(con, GPUS, b)
+    df = _q(con, sql.GPU_STATES, b)
     prices = price_table(params.prices)
     df = df.with_columns(
         pl.col("model").replace_strict(prices, default=None, return_dtype=pl.Float64).alias("usd_per_gpu_hour"),
@@ -265,19 +187,10 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
     }
 
 
-_OPTIONS = {
-    "cluster": "SELECT DISTINCT cluster FROM gpus WHERE cluster IS NOT NULL UNION SELECT DISTINCT cluster FROM jobs WHERE cluster IS NOT NULL ORDER BY 1",
-    "model": "SELECT DISTINCT model FROM gpus WHERE model IS NOT NULL ORDER BY 1",
-    "account": "SELECT DISTINCT account FROM jobs WHERE account IS NOT NULL ORDER BY 1",
-    "user": "SELECT DISTINCT user_name FROM jobs WHERE user_name IS NOT NULL ORDER BY 1",
-    "partition": "SELECT DISTINCT partition FROM jobs WHERE partition IS NOT NULL ORDER BY 1",
-}
-
-
 def filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     """The values a filter can take: clusters, GPU models, accounts, users, partitions."""
     cur = con.cursor()
     try:
-        return {name: [r[0] for r in cur.execute(q).fetchall()] for name, q in _OPTIONS.items()}
+        return {name: [r[0] for r in cur.execute(q).fetchall()] for name, q in sql.FILTER_VALUES.items()}
     finally:
         cur.close()

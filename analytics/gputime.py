@@ -2,13 +2,14 @@
 
 Why: the weekly figures need each sample once (per-GPU data and busy time), each allocation once
 (its data and busy time) and the idle runs once. Sorting and window-scanning tens of millions of
-rows with text keys in SQL (sql.INTERVALS, PIECES, ISLANDS) did that several times over; here:
+rows with text keys in SQL did that several times over (those row-by-row queries, INTERVALS,
+PIECES and ISLANDS, are now the tests' reference: tests/support/oracle_sql.py); here:
 
 - the samples come out of DuckDB with a 64-bit hash naming the GPU (no strings), in file order;
   the store's files already hold each GPU's samples in time order, so putting them in GPU-time
   order is a sort of the runs of rows ("segments"), not of the rows (a full sort if they overlap);
 - an interval is a sample's time until the next sample of that GPU, at most max_gap - exactly
-  sql.INTERVALS' rule;
+  oracle_sql.INTERVALS' rule;
 - cumulative data and busy integrals make the time of any [a, b) on a GPU (an allocation, a
   merged holding) two look-ups, which replaces joining every sample with every allocation;
 - runs: maximal chains of back-to-back intervals where a predicate holds (idle, no process).
@@ -34,9 +35,9 @@ class GpuTime:
 
     Times are "keys": gid * span + (t - base) in microseconds, so one int64 array is ordered by
     GPU and then time, and an interval that ends where the next one starts (t1[i] == t0[i + 1])
-    is back-to-back on the same GPU. An interval that sql.INTERVALS drops (it would end before
-    it starts: a duplicate timestamp, a sample before the window whose successor is too) stays
-    here with zero length, which adds nothing to any sum.
+    is back-to-back on the same GPU. An interval that oracle_sql.INTERVALS drops (it would end
+    before it starts: a duplicate timestamp, a sample before the window whose successor is too)
+    stays here with zero length, which adds nothing to any sum.
     """
 
     def __init__(self, con: Any, bind: dict[str, Any], detail: bool = False):
@@ -90,8 +91,8 @@ class GpuTime:
             seg_g = self.gpus["gid"].to_numpy()[seg_v]
         self.seg_v = seg_v
 
-        # sql.INTERVALS: a sample holds until the next sample of its GPU, at most max_gap, inside
-        # [xstart, xend). In place: a pass over 40M rows costs more in memory traffic than arithmetic.
+        # oracle_sql.INTERVALS: a sample holds until the next sample of its GPU, at most max_gap,
+        # inside [xstart, xend). In place: a pass over 40M rows costs more in memory traffic than arithmetic.
         t1 = np.add(t0, gap)
         np.minimum(t1, xend, out=t1)
         np.maximum(t0, xstart, out=t0)
@@ -154,7 +155,7 @@ class GpuTime:
         return np.where(empty, 0.0, np.maximum(bd - ad, 0.0)), np.where(empty, 0.0, np.maximum(bb - ab, 0.0))
 
     def overlaps(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Does an interval of GPU gid overlap [a, b), as a piece of sql.PIECES would? (Of the
+        """Does an interval of GPU gid overlap [a, b), as a piece of oracle_sql.PIECES would? (Of the
         intervals starting before b, the last ends last.)"""
         if not len(self.t0):
             return np.zeros(len(a), dtype=bool)
@@ -173,8 +174,8 @@ class GpuTime:
 
     def allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
                           start: int, end: int) -> dict[str, np.ndarray]:
-        """What sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to,
-        per allocation, with w = the piece's seconds inside [start, end) x equiv:
+        """What oracle_sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add
+        up to, per allocation, with w = the piece's seconds inside [start, end) x equiv:
 
           pieces    intervals (of positive length) overlapping [a0, a1)
           util_n    of them with a utilization; data_s / busy_s are in alv already
@@ -235,10 +236,10 @@ class GpuTime:
             out[k][rows[with_t]] = total(x)[with_t]
 
     def bucket_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, start: int, end: int, bucket: int) -> dict[str, np.ndarray]:
-        """What sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to
+        """What oracle_sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to
         per time bucket, once clipped to [start, end) and cut at the bucket edges start + k x bucket
         (us): one row per allocation and bucket it has a piece in, with w = the part's seconds x
-        its sample's MIG share (equiv of the interval's variant, as sql.INTERVALS has it):
+        its sample's MIG share (equiv of the interval's variant, as oracle_sql.INTERVALS has it):
 
           row     the allocation (an index into gid)
           k       the bucket
@@ -295,13 +296,13 @@ class GpuTime:
         return keys.with_columns(data_s=pl.Series(data, dtype=pl.Float64), busy_s=pl.Series(busy, dtype=pl.Float64))
 
     def runs(self, kind: str, thr: float, min_us: int) -> pl.DataFrame:
-        """Maximal chains of back-to-back intervals where sql.IDLE_PRED (kind "idle") or
-        sql.NO_PROCESS_PRED holds, at least min_us long: gid, vid (of its first interval), r0, r1."""
+        """Maximal chains of back-to-back intervals where oracle_sql.IDLE_PRED (kind "idle") or
+        oracle_sql.NO_PROCESS_PRED holds, at least min_us long: gid, vid (of its first interval), r0, r1."""
         hit = (self.util < np.float64(thr)) if kind == "idle" else self.nop  # NaN compares false: no data, no hit
         zero = np.flatnonzero(self.t1 == self.t0)
         zero = zero[zero > 0]
         if np.any((self.t1[zero - 1] == self.t0[zero]) & (self.t1[zero - 1] > self.t0[zero - 1])):
-            # a zero-length interval inside a chain does not exist for sql.INTERVALS: it takes the hit
+            # a zero-length interval inside a chain does not exist for oracle_sql.INTERVALS: it takes the hit
             # of the interval before it. (Leading ones, before the window, start where their successor
             # does, so whatever they take changes no run.)
             idx = np.arange(len(hit))

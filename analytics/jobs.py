@@ -42,7 +42,7 @@ class JobReport:
 
 def per_job_gpu(a: Analysis) -> pl.DataFrame:
     """Per job and GPU: data hours, utilization and memory high-water inside the window (what
-    sql.PIECES rows of each allocation add up to; Analysis.allocation_detail)."""
+    oracle_sql.PIECES rows of each allocation add up to; Analysis.allocation_detail)."""
     d = a.allocation_detail().filter(pl.col("pieces") > 0)
     return d.select(
         "cluster", "scheduler", "job_key", "host", pl.col("gpu").cast(pl.Int16), "gpu_uuid", pl.col("gi").cast(pl.Int16), "model",
@@ -69,7 +69,7 @@ def rule(verdict: str, row: dict, a: Analysis) -> str:
 
 def job_summaries(a: Analysis) -> pl.DataFrame:
     """One row per job in the window with its verdict (the searchable job list)."""
-    jobs = a.q(f"SELECT * FROM ({sql.JOB_ALLOCATED})")
+    jobs = a.q(sql.JOB_ROWS)
     if jobs.is_empty():
         return jobs
     key = ["cluster", "scheduler", "job_key"]

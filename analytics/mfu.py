@@ -70,62 +70,6 @@ def peaks_for(dtype: str) -> pl.DataFrame:
     )
 
 
-# Per job: the GPUs it held in the window (allocations joined with the inventory for the model),
-# tensor activity over its pieces, its reports, and scheduler accounting; one row per job.
-_JOBS = f"""
-WITH acct AS (
-    SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
-    FROM ({sql.JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0
-), h AS (
-    SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.account, al.user_name, g.model,
-           {sql.gpu_equiv("g")} AS equiv, {sql.clip_seconds("al.a0", "al.a1")} AS held_s
-    FROM al LEFT JOIN gpus g
-      ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi
-), held AS (
-    SELECT h.cluster, h.scheduler, h.job_key, any_value(h.job_id) AS job_id, any_value(h.account) AS account,
-           any_value(h.user_name) AS user_name, count(*) AS mapped_gpus, sum(h.equiv) AS gpu_equiv,
-           sum(h.held_s * h.equiv) AS held_gpu_s,
-           string_agg(DISTINCT h.model, ', ' ORDER BY h.model) AS model,
-           bool_or(h.model IS NULL) AS model_missing,
-           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.peak_tflops IS NULL) AS no_peak,
-           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.model IS NULL) AS not_listed,
-           sum(pk.peak_tflops * h.held_s * h.equiv) / nullif(sum(h.held_s * h.equiv), 0) AS peak_tflops
-    FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
-    WHERE h.held_s > 0
-    GROUP BY h.cluster, h.scheduler, h.job_key
-), r AS (
-    SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
-    FROM job_throughput
-    WHERE ts < $end AND ts + INTERVAL 1 HOUR > $start AND ($cluster IS NULL OR cluster = $cluster)
-), keys AS (
-    SELECT cluster, scheduler, job_key FROM acct
-    UNION SELECT cluster, scheduler, job_key FROM held
-    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r
-), rep AS (
-    SELECT r.cluster, r.scheduler, r.job_key, sum(r.reports) AS reports,
-           sum(r.flops * r.reports) / nullif(sum(coalesce(r.gpus, held.gpu_equiv, acct.gpus) * r.reports), 0) AS flops_per_gpu,
-           bool_and(coalesce(r.gpus, held.gpu_equiv, acct.gpus) IS NOT NULL) AS gpus_known,
-           string_agg(DISTINCT r.basis, ',' ORDER BY r.basis) AS basis
-    FROM r LEFT JOIN held USING (cluster, scheduler, job_key) LEFT JOIN acct USING (cluster, scheduler, job_key)
-    GROUP BY r.cluster, r.scheduler, r.job_key
-)
-SELECT k.cluster, k.scheduler, k.job_key,
-       coalesce(acct.job_id, held.job_id, k.job_key) AS job_id,
-       coalesce(acct.account, held.account) AS account, coalesce(acct.user_name, held.user_name) AS user_name,
-       held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
-       coalesce(acct.alloc_gpu_s, held.held_gpu_s, 0) / 3600 AS gpu_h,
-       held.job_key IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
-       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, t.data_s,
-       rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis
-FROM keys k
-LEFT JOIN acct USING (cluster, scheduler, job_key)
-LEFT JOIN held USING (cluster, scheduler, job_key)
-LEFT JOIN mfu_use t USING (cluster, scheduler, job_key)  -- tensor activity over its pieces (_tensor_use)
-LEFT JOIN rep USING (cluster, scheduler, job_key)
-ORDER BY k.cluster, k.scheduler, k.job_key
-"""
-
-
 def job_mfu(a: Analysis) -> pl.DataFrame:
     """One row per job that held GPUs in the window: COLUMNS, then scheduler, gpu_h (allocated
     GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
@@ -134,7 +78,7 @@ def job_mfu(a: Analysis) -> pl.DataFrame:
     peaks = peaks_for(dtype)
     a.con.register("mfu_peaks", peaks.to_arrow())
     a.con.register("mfu_use", _tensor_use(a, peaks).to_arrow())
-    raw = a.q(_JOBS)
+    raw = a.q(sql.MFU_JOBS)
     f = a.p.filters
     for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
         if want is not None:

@@ -1,23 +1,33 @@
-"""Every analytics query, named once. Parameters are bound ($name), never formatted in.
+"""Every SQL text the analytics run, each named once. Parameters are bound ($name), never formatted in.
 
-The pipeline, over the store's reader views (gpufleet.collector.store.open_reader):
+Grouped below by the module that runs them: the tables of one window and the sample read of the
+array path, the figures of core.Analysis, then jobs, timeline, MFU, fairness, the fleet at one
+moment and GPU health. A few small functions assemble a query from this module's own fragments
+or from column names the callers hold as constants (clip_seconds, gpu_equiv, job_use,
+job_allocated_by, split_at_buckets) - never from a user's value.
 
-  iv   GPU intervals: each sample holds from its time until the next sample of the same GPU (or
-       MIG instance), for at most max_gap; beyond that the time is "no data". Read over the
-       window extended by `idle_min_duration + max_gap` on both sides ($xstart, $xend), so an
-       idle stretch that crosses the window edge is judged by its whole length.
-  al   allocation intervals: which job held which GPU, from the exporters' job mapping
-       (allocations) and the scheduler's start/end (jobs).
-  pc   pieces: iv intersected with al - the time a job held a GPU, with that time's samples.
+One window (analytics/core.py: Analysis), over the store's reader views
+(gpufleet.collector.store.open_reader):
 
-iv and pc state the rules row by row; no figure reads them any more (the tests hold the arrays to
-them): every figure comes from analytics/gputime.py, which applies the same interval rule to the
-samples as arrays (SAMPLE_ARRAYS, below) and reads allocations, pieces and idle runs by look-up.
+  cap   capacity: each inventory GPU's seconds in the window (CAPACITY).
+  al    allocation intervals: which job held which GPU, from the exporters' job mapping
+        (allocations) and the scheduler's start/end (jobs) (ALLOCATIONS).
+  the samples, read once as arrays (SAMPLE_ARRAYS): analytics/gputime.py makes them each GPU's
+        intervals (a sample holds until the next, at most max_gap) and answers data and busy
+        time and idle runs by look-up. Analysis registers what it gets (alv, runs, variants,
+        gpu_use) and the figure queries (HELD, PER_GPU, STRETCHES, job_use, ...) read those.
+
+The same rules stated row by row (iv, pc, islands) are not here: no figure reads them; they are
+the tests' reference, in tests/support/oracle_sql.py.
 
 Figures clip everything to [$start, $end) with clip_seconds().
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+# --- fragments the queries below share ---
 
 # seconds of [a, b) that fall inside [$start, $end)
 CLIP = "greatest(0, epoch(least({b}, $end)) - epoch(greatest({a}, $start)))"
@@ -35,26 +45,7 @@ def gpu_equiv(alias: str = "") -> str:
           / CASE WHEN {a}model LIKE '%A30%' THEN 4.0 ELSE 7.0 END END"""
 
 
-INTERVALS = f"""
-CREATE OR REPLACE TEMP TABLE iv AS
-WITH s AS (
-    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu, model, mig_profile, ts,
-           coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util,
-           compute_processes::DOUBLE AS procs, tensor_active::DOUBLE AS tensor_active,
-           sm_clock_mhz::DOUBLE AS sm_clock_mhz, fb_used_mib::DOUBLE AS fb_used_mib
-    FROM gpu_samples
-    WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), o AS (
-    SELECT *, lead(ts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts) AS next_ts FROM s
-)
-SELECT cluster, host, gpu_uuid, gi, gpu, model, mig_profile, util, procs, tensor_active, sm_clock_mhz, fb_used_mib,
-       greatest(ts, $xstart) AS t0,
-       least(coalesce(next_ts, ts + to_seconds($max_gap)), ts + to_seconds($max_gap), $xend) AS t1,
-       {gpu_equiv()} AS equiv
-FROM o
-WHERE least(coalesce(next_ts, ts + to_seconds($max_gap)), ts + to_seconds($max_gap), $xend) > greatest(ts, $xstart)
-"""
+# --- the tables of one window (analytics/core.py: Analysis) ---
 
 # Capacity: a GPU counts from its first sighting in the inventory until it has not been seen for
 # $retire_after (then it is taken as removed), but never past $as_of (now, or the window end): so a
@@ -86,37 +77,9 @@ WHERE ($cluster IS NULL OR a.cluster = $cluster)
   AND least(coalesce(j."end", a.last_seen + to_seconds($max_gap)), $xend) > greatest(coalesce(j.start, a.first_seen), $xstart)
 """
 
-# Joining iv with time ranges [r0, r1) of the same GPU on "iv.t1 > r0 AND iv.t0 < r1" alone is a
-# hash join on the GPU that then compares every sample of a GPU with every range of it: for a
-# week of 15 s samples and hundreds of jobs per GPU, billions of comparisons. An iv interval is at
-# most max_gap long, so one overlapping [r0, r1) starts in an hour from hour(r0 - max_gap) to
-# hour(r1): list each range once per such hour (range_hours) and add "hour of iv.t0 = that hour"
-# (iv_hour) to the join keys, and every overlapping pair is found exactly once.
-HOUR_US = 3_600_000_000
-
-
-def iv_hour(t0: str = "iv.t0") -> str:
-    return f"(epoch_us({t0}) // {HOUR_US})"
-
-
-def range_hours(r0: str, r1: str) -> str:
-    return f"unnest(range(epoch_us({r0} - to_seconds($max_gap)) // {HOUR_US}, epoch_us({r1}) // {HOUR_US} + 1))"
-
-
-PIECES = f"""
-CREATE OR REPLACE TEMP TABLE pc AS
-WITH ah AS (SELECT *, {range_hours("a0", "a1")} AS hour FROM al)
-SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.name, al.user_name, al.account, al.partition, al.state,
-       al.host, al.gpu_uuid, al.gi, iv.gpu, iv.model, iv.mig_profile, iv.equiv,
-       iv.util, iv.procs, iv.tensor_active, iv.sm_clock_mhz, iv.fb_used_mib,
-       greatest(iv.t0, al.a0) AS p0, least(iv.t1, al.a1) AS p1
-FROM iv JOIN ah al
-  ON iv.cluster = al.cluster AND iv.host = al.host AND iv.gpu_uuid = al.gpu_uuid AND iv.gi = al.gi
- AND {iv_hour()} = al.hour AND iv.t1 > al.a0 AND iv.t0 < al.a1
-"""
-
 # Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
 # one, dcgm-exporter does not)? A sample holds at most max_gap, so earlier ones cannot reach in.
+# The weekly report (dashboards/report/model.py) asks, to say whether "no process" can be known.
 HAS_PROCESS_COUNTS = """
 SELECT count(*) AS n FROM (
     SELECT 1 FROM gpu_samples
@@ -132,9 +95,10 @@ SELECT count(*) AS n FROM (
 GPU_HASH = "hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER, gpu::INTEGER, model, mig_profile)"
 _VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile"
 
-# the rows sql.INTERVALS reads, in the store's file order (which keeps each GPU's samples in time
-# order), as narrow as they go: NaN stands for a NULL utilization (so the columns reach numpy
-# without a copy), nop is NO_PROCESS_PRED
+# the rows oracle_sql.INTERVALS (tests/support) reads, in the store's file order (which keeps each
+# GPU's samples in time order), as narrow as they go: NaN stands for a NULL utilization (so the
+# columns reach numpy without a copy), nop is "held with no compute process"
+# (oracle_sql.NO_PROCESS_PRED)
 _SAMPLE_ARRAYS = f"""
 SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
        coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
@@ -159,6 +123,8 @@ SELECT DISTINCT {GPU_HASH} AS h, {_VARIANT_COLS}, {gpu_equiv()} AS equiv
 FROM gpu_samples
 WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SELECT h FROM _want_h)
 """
+
+# --- the figures of one window (analytics/core.py: Analysis, over cap, al and the arrays) ---
 
 # When any job held a GPU: overlapping holders (a shared GPU, a mapping that outlives its job by
 # max_gap) merged, so a second holder is not counted twice.
@@ -190,7 +156,8 @@ ORDER BY cap.cluster, cap.host, cap.gpu, cap.gi
 
 # Idle stretches: a run (back-to-back intervals of one GPU where the predicate holds, at least
 # $min_idle long; gputime.GpuTime.runs) intersected with each allocation of that GPU - exactly
-# the maximal chains of such pieces of one job (ISLANDS, below), found without the pieces.
+# the maximal chains of such pieces of one job (oracle_sql.ISLANDS, in tests/support), found
+# without the pieces.
 STRETCHES = f"""
 SELECT cluster, scheduler, job_key, host, gpu_uuid, gi,
        row_number() OVER (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY s0) AS island,
@@ -205,43 +172,10 @@ WHERE epoch_us(s1) - epoch_us(s0) >= $min_idle * 1000000
 
 # Time-weighted data and busy GPU-hours per job dimension, from each allocation's look-ups
 # (alv: al with data_s, busy_s and whether any sample interval overlaps it, as a piece would).
-JOB_USE = """
+_JOB_USE = """
 SELECT {keys}, sum(data_s) / 3600 AS data_gpu_h, sum(busy_s) / 3600 AS busy_gpu_h
 FROM alv WHERE has_piece GROUP BY ALL
 """
-
-# Stretches ("islands") of consecutive pieces of one job on one GPU where `pred` holds, with no
-# gap between them; a stretch counts only if its whole length reaches $min_idle seconds. The
-# row-by-row definition of what STRETCHES computes from runs: tests/test_analytics_gputime.py
-# holds the two to the same answers.
-ISLANDS = """
-WITH p AS (
-    SELECT *, ({pred}) AS hit,
-           lag(p1) OVER w AS prev_end, lag({pred}) OVER w AS prev_hit
-    FROM pc
-    WINDOW w AS (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY p0)
-), q AS (
-    SELECT *, sum(CASE WHEN hit AND prev_hit AND prev_end = p0 THEN 0 ELSE 1 END)
-              OVER (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY p0 ROWS UNBOUNDED PRECEDING) AS island
-    FROM p
-)
-SELECT cluster, scheduler, job_key, host, gpu_uuid, gi, island,
-       any_value(job_id) AS job_id, any_value(user_name) AS user_name, any_value(account) AS account,
-       any_value(partition) AS partition, any_value(model) AS model, any_value(gpu) AS gpu, any_value(equiv) AS equiv,
-       min(p0) AS s0, max(p1) AS s1,
-       sum({clip}) AS in_window_s
-FROM q WHERE hit
-GROUP BY ALL
-HAVING sum(epoch(p1) - epoch(p0)) >= $min_idle
-"""
-
-IDLE_PRED = "util IS NOT NULL AND util < $thr"
-NO_PROCESS_PRED = "procs IS NOT NULL AND procs = 0"
-
-
-def islands(pred: str) -> str:
-    return ISLANDS.format(pred=pred, clip=clip_seconds("p0", "p1"))
-
 
 # The job filters every job query applies (bound parameters; NULL means no filter).
 JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
@@ -261,4 +195,353 @@ SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition,
 FROM jobs
 WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
   AND {JOB_FILTERS}
+"""
+
+# (the rows of al, to which Analysis adds each allocation's look-ups: the table alv)
+ALLOCATION_ROWS = "SELECT * FROM al"
+
+# Idle stretches with their GPU-hours and cost (null without a price), inside the window only.
+PRICED_STRETCHES = f"""
+SELECT i.*, i.in_window_s * i.equiv / 3600 AS gpu_h, p.usd_per_gpu_hour,
+       i.in_window_s * i.equiv / 3600 * p.usd_per_gpu_hour AS cost
+FROM ({STRETCHES}) i LEFT JOIN prices p ON p.model = i.model
+WHERE i.in_window_s > 0
+ORDER BY i.cluster, i.job_key, i.host, i.gpu_uuid, i.gi, i.s0"""
+
+
+def job_use(keys: Sequence[str]) -> str:
+    """JOB_USE grouped by `keys`: column names from core.JOB_DIMS, never user input."""
+    return _JOB_USE.format(keys=", ".join(keys))
+
+
+def job_allocated_by(keys: Sequence[str]) -> str:
+    """Allocated GPU-hours (JOB_ALLOCATED) grouped by `keys`: column names from core.JOB_DIMS,
+    never user input."""
+    return f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h FROM ({JOB_ALLOCATED}) GROUP BY ALL"
+
+
+# each job's GPUs, run time and allocated GPU-hours, for the ranking of wasteful jobs
+JOB_RUNTIMES = f"SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h FROM ({JOB_ALLOCATED})"
+
+ALLOCATED_GPU_H_TOTAL = f"SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ({JOB_ALLOCATED})"
+
+# --- the job list (analytics/jobs.py) ---
+
+JOB_ROWS = f"SELECT * FROM ({JOB_ALLOCATED})"
+
+# --- utilization over time (analytics/timeline.py) ---
+
+BUCKET_ORIGIN = "epoch($start)"  # bucket k is [$start + k x $bucket, $start + (k + 1) x $bucket)
+
+
+def split_at_buckets(src: str, a: str, b: str, cols: str) -> str:
+    """Rows of `src` with [a, b) clipped to the window and split at bucket edges, one row per bucket
+    crossed. Yields cols, k (bucket index), s (seconds in the bucket). All arguments are SQL text
+    of this module's own (a subquery, column names), never user input."""
+    return f"""
+    WITH x AS (
+        SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
+        FROM {src} WHERE {b} > $start AND {a} < $end
+    ), y AS (
+        SELECT *, unnest(range(floor((ea - {BUCKET_ORIGIN}) / $bucket)::BIGINT, ceil((eb - {BUCKET_ORIGIN}) / $bucket)::BIGINT)) AS k FROM x WHERE eb > ea
+    )
+    SELECT {cols}, k, least(eb, {BUCKET_ORIGIN} + (k + 1) * $bucket) - greatest(ea, {BUCKET_ORIGIN} + k * $bucket) AS s FROM y"""
+
+
+_TIMELINE_GPU_COLS = "cluster, model, "
+_TIMELINE_JOB_COLS = "cluster, partition, account, user_name, "
+
+# inventory capacity per cluster, model and bucket (as CAPACITY counts it)
+_CAPACITY_SPANS = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, {CAPACITY_END} AS c1, {gpu_equiv('g')} AS equiv
+                       FROM gpus g WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model = $model))"""
+TIMELINE_CAPACITY = (f"SELECT {_TIMELINE_GPU_COLS} k, sum(s * equiv) / 3600 AS capacity_gpu_h "
+                     f"FROM ({split_at_buckets(_CAPACITY_SPANS, 'c0', 'c1', _TIMELINE_GPU_COLS + 'equiv')}) GROUP BY ALL")
+
+# the allocations (alv) the held-data time is read for
+TIMELINE_HELD = "SELECT cluster, host, gpu_uuid, gi, partition, account, user_name, a0, a1 FROM alv"
+
+# a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs
+_JOB_RUNS = f'(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ({JOB_ALLOCATED}))'
+TIMELINE_ALLOCATED = f"""
+SELECT {_TIMELINE_JOB_COLS} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
+FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
+
+# --- MFU (analytics/mfu.py) ---
+
+# Per job: the GPUs it held in the window (allocations joined with the inventory for the model),
+# tensor activity over its pieces, its reports, and scheduler accounting; one row per job.
+MFU_JOBS = f"""
+WITH acct AS (
+    SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
+    FROM ({JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0
+), h AS (
+    SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.account, al.user_name, g.model,
+           {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s
+    FROM al LEFT JOIN gpus g
+      ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi
+), held AS (
+    SELECT h.cluster, h.scheduler, h.job_key, any_value(h.job_id) AS job_id, any_value(h.account) AS account,
+           any_value(h.user_name) AS user_name, count(*) AS mapped_gpus, sum(h.equiv) AS gpu_equiv,
+           sum(h.held_s * h.equiv) AS held_gpu_s,
+           string_agg(DISTINCT h.model, ', ' ORDER BY h.model) AS model,
+           bool_or(h.model IS NULL) AS model_missing,
+           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.peak_tflops IS NULL) AS no_peak,
+           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.model IS NULL) AS not_listed,
+           sum(pk.peak_tflops * h.held_s * h.equiv) / nullif(sum(h.held_s * h.equiv), 0) AS peak_tflops
+    FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
+    WHERE h.held_s > 0
+    GROUP BY h.cluster, h.scheduler, h.job_key
+), r AS (
+    SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
+    FROM job_throughput
+    WHERE ts < $end AND ts + INTERVAL 1 HOUR > $start AND ($cluster IS NULL OR cluster = $cluster)
+), keys AS (
+    SELECT cluster, scheduler, job_key FROM acct
+    UNION SELECT cluster, scheduler, job_key FROM held
+    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r
+), rep AS (
+    SELECT r.cluster, r.scheduler, r.job_key, sum(r.reports) AS reports,
+           sum(r.flops * r.reports) / nullif(sum(coalesce(r.gpus, held.gpu_equiv, acct.gpus) * r.reports), 0) AS flops_per_gpu,
+           bool_and(coalesce(r.gpus, held.gpu_equiv, acct.gpus) IS NOT NULL) AS gpus_known,
+           string_agg(DISTINCT r.basis, ',' ORDER BY r.basis) AS basis
+    FROM r LEFT JOIN held USING (cluster, scheduler, job_key) LEFT JOIN acct USING (cluster, scheduler, job_key)
+    GROUP BY r.cluster, r.scheduler, r.job_key
+)
+SELECT k.cluster, k.scheduler, k.job_key,
+       coalesce(acct.job_id, held.job_id, k.job_key) AS job_id,
+       coalesce(acct.account, held.account) AS account, coalesce(acct.user_name, held.user_name) AS user_name,
+       held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
+       coalesce(acct.alloc_gpu_s, held.held_gpu_s, 0) / 3600 AS gpu_h,
+       held.job_key IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
+       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, t.data_s,
+       rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis
+FROM keys k
+LEFT JOIN acct USING (cluster, scheduler, job_key)
+LEFT JOIN held USING (cluster, scheduler, job_key)
+LEFT JOIN mfu_use t USING (cluster, scheduler, job_key)  -- tensor activity over its pieces (_tensor_use)
+LEFT JOIN rep USING (cluster, scheduler, job_key)
+ORDER BY k.cluster, k.scheduler, k.job_key
+"""
+
+# --- fairness (analytics/fairness.py) ---
+
+_GPU_JOBS = f"coalesce(gpus, 0) > 0 AND {JOB_FILTERS}"
+
+# the labels of fairness.BUCKETS
+_GPUS_BUCKET = "CASE WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' WHEN gpus <= 8 THEN '5-8' ELSE '9+' END"
+
+FAIRNESS_USERS = f"""
+WITH d AS (
+    SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, count(*) AS jobs
+    FROM jobs WHERE {_GPU_JOBS} AND coalesce(submit, start) < $end AND coalesce("end", $as_of) > $start
+    GROUP BY ALL
+), u AS (
+    SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, sum(alloc_gpu_s) / 3600 AS used_gpu_h
+    FROM ({JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0 GROUP BY ALL
+)
+SELECT account, user_name, coalesce(d.jobs, 0) AS jobs, coalesce(u.used_gpu_h, 0.0) AS used_gpu_h
+FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
+
+# GPU-seconds weighted 2^(-age/h), age from the window end, integrated exactly over each run:
+# the integral of 2^(-(W-t)/h) dt from t0 to t1 is h/ln2 * (2^(-(W-t1)/h) - 2^(-(W-t0)/h)).
+_DECAY_RUN_END = 'greatest(start, least(coalesce("end", $as_of), $end))'
+FAIRNESS_DECAYED = f"""
+SELECT coalesce(account, '') AS account,
+       sum(gpus * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
+                                        - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
+FROM jobs WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
+GROUP BY ALL"""
+
+FAIRNESS_STARTED = f"""
+SELECT coalesce(account, '') AS account, gpus, {_GPUS_BUCKET} AS gpus_bucket,
+       (epoch(start) - epoch(coalesce(submit, start)))::DOUBLE AS wait_s
+FROM jobs WHERE {_GPU_JOBS} AND start >= $start AND start < $end"""
+
+FAIRNESS_PENDING = f"""
+SELECT cluster, scheduler, job_key, job_id, coalesce(account, '') AS account, coalesce(user_name, '') AS user_name,
+       gpus, {_GPUS_BUCKET} AS gpus_bucket, submit, (epoch($as_of) - epoch(submit))::DOUBLE AS wait_s
+FROM jobs WHERE {_GPU_JOBS} AND submit < $as_of AND coalesce(start, "end", $as_of) >= $as_of
+ORDER BY wait_s DESC, cluster, job_key"""
+
+# --- the fleet at one moment (analytics/fleet_now.py) ---
+
+# XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
+GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
+
+GPU_STATES = f"""
+WITH inv AS (
+    SELECT cluster, host, gpu_uuid, gpu_instance AS gi, gpu AS inv_gpu, model AS inv_model, mig_profile AS inv_mig, fb_total_mib
+    FROM gpus
+    WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+), s AS (
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
+           coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
+           gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
+           xid_last, gpu_up::DOUBLE AS gpu_up, compute_processes::DOUBLE AS compute_processes, clocks_event_reasons,
+           ecc_dbe_vol, remap_failure, sm_clock_mhz::DOUBLE AS sm_clock_mhz
+    FROM gpu_samples
+    WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+), o AS (
+    SELECT *, lag(ts) OVER w AS prev_ts, lag(util) OVER w AS prev_util,
+           row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn
+    FROM s WINDOW w AS (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)
+), runs AS (
+    SELECT cluster, host, gpu_uuid, gi, min(ts) AS first_ts,
+           max(ts) FILTER (WHERE util < $thr AND (prev_ts IS NULL OR prev_util IS NULL OR prev_util >= $thr
+                                                  OR epoch(ts) - epoch(prev_ts) > $max_gap)) AS run_start
+    FROM o GROUP BY ALL
+), latest AS (
+    SELECT * EXCLUDE (rn, prev_ts, prev_util) FROM o WHERE rn = 1
+), h AS (
+    SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
+           j.name, j.user_name, j.account, j.partition
+    FROM allocations a
+    LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    WHERE coalesce(j.start, a.first_seen) <= $as_of
+      AND $as_of < CASE WHEN j.start IS NOT NULL THEN coalesce(j."end", 'infinity'::TIMESTAMP)
+                        ELSE a.last_seen + to_seconds($stale_after) END
+      AND ($cluster IS NULL OR a.cluster = $cluster)
+      AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
+      AND ($partition IS NULL OR j.partition = $partition)
+), hg AS (
+    SELECT cluster, host, gpu_uuid, gi, count(*) AS jobs,
+           string_agg(job_id, ', ' ORDER BY job_id) AS job_ids,
+           string_agg(DISTINCT name, ', ' ORDER BY name) AS job_names,
+           string_agg(DISTINCT user_name, ', ' ORDER BY user_name) AS user_names,
+           string_agg(DISTINCT account, ', ' ORDER BY account) AS accounts,
+           string_agg(DISTINCT scheduler, ', ' ORDER BY scheduler) AS schedulers
+    FROM h GROUP BY ALL
+), g AS (
+    SELECT cluster, host, gpu_uuid, gi, coalesce(inv_gpu, s_gpu) AS gpu, coalesce(inv_model, s_model) AS model,
+           coalesce(inv_mig, s_mig) AS mig_profile, fb_total_mib,
+           latest.* EXCLUDE (cluster, host, gpu_uuid, gi, s_gpu, s_model, s_mig),
+           runs.first_ts, runs.run_start,
+           coalesce(hg.jobs, 0) AS jobs, hg.job_ids, hg.job_names, hg.user_names, hg.accounts, hg.schedulers
+    FROM inv
+    FULL JOIN latest USING (cluster, host, gpu_uuid, gi)
+    LEFT JOIN runs USING (cluster, host, gpu_uuid, gi)
+    LEFT JOIN hg USING (cluster, host, gpu_uuid, gi)
+), f AS (
+    SELECT *, {gpu_equiv()} AS equiv,
+           epoch($as_of) - epoch(ts) AS age_s,
+           coalesce(epoch($as_of) - epoch(ts) <= $stale_after, false) AS fresh,
+           jobs > 0 AS held
+    FROM g
+)
+SELECT cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts, age_s, fresh,
+       util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last, gpu_up, compute_processes,
+       clocks_event_reasons, ecc_dbe_vol, remap_failure, sm_clock_mhz,
+       CASE WHEN NOT fresh THEN 'no data' WHEN gpu_up = 0 THEN 'lost' WHEN {GPU_ERROR_PRED} THEN 'error' ELSE 'ok' END AS status,
+       CASE WHEN fresh AND util < $thr THEN run_start END AS idle_since,
+       coalesce(fresh AND util < $thr AND run_start = first_ts
+                AND first_ts <= $as_of - to_seconds($lookback) + to_seconds($max_gap), false) AS idle_since_capped,
+       held, jobs, job_ids, job_names, user_names, accounts, schedulers,
+       coalesce(held AND fresh AND util < $thr, false) AS idle_allocated,
+       coalesce(held AND fresh AND compute_processes = 0, false) AS no_process
+FROM f
+"""
+
+# the values each dashboard filter can take
+FILTER_VALUES = {
+    "cluster": "SELECT DISTINCT cluster FROM gpus WHERE cluster IS NOT NULL UNION SELECT DISTINCT cluster FROM jobs WHERE cluster IS NOT NULL ORDER BY 1",
+    "model": "SELECT DISTINCT model FROM gpus WHERE model IS NOT NULL ORDER BY 1",
+    "account": "SELECT DISTINCT account FROM jobs WHERE account IS NOT NULL ORDER BY 1",
+    "user": "SELECT DISTINCT user_name FROM jobs WHERE user_name IS NOT NULL ORDER BY 1",
+    "partition": "SELECT DISTINCT partition FROM jobs WHERE partition IS NOT NULL ORDER BY 1",
+}
+
+# --- GPU health (analytics/health.py) ---
+
+# DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits: thermal slowdown (SW, HW), power cap and brake, HW slowdown
+THERMAL_BITS = 0x20 | 0x40
+POWER_BITS = 0x04 | 0x80
+HW_SLOWDOWN_BITS = 0x08
+
+_HEALTH_WINDOW = """ts >= $start AND ts < $end
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"""
+
+
+def _throttled_pct(bits: int) -> str:
+    return f"avg(CASE WHEN (clocks_event_reasons & {bits}) <> 0 THEN 100.0 ELSE 0.0 END) FILTER (WHERE clocks_event_reasons IS NOT NULL)"
+
+
+GPU_HEALTH = f"""
+SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, any_value(gpu) AS gpu, any_value(model) AS model,
+       count(*) AS samples, min(ts) AS first_sample, max(ts) AS last_sample,
+       max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, avg(gpu_temp_c)::DOUBLE AS gpu_temp_avg_c, max(mem_temp_c)::DOUBLE AS mem_temp_max_c,
+       max(power_w)::DOUBLE AS power_max_w,
+       count(*) FILTER (WHERE gpu_up = 0) AS lost_samples, min(ts) FILTER (WHERE gpu_up = 0) AS first_lost,
+       list(DISTINCT xid_last ORDER BY xid_last) FILTER (WHERE xid_last > 0) AS xids,
+       min(ts) FILTER (WHERE xid_last > 0) AS first_xid,
+       arg_max(ecc_dbe_vol, ts) - arg_min(ecc_dbe_vol, ts) AS ecc_dbe_new,
+       arg_max(ecc_sbe_vol, ts) - arg_min(ecc_sbe_vol, ts) AS ecc_sbe_new,
+       max(ecc_dbe_agg) AS ecc_dbe_total,
+       max(remap_correctable) AS remap_correctable, max(remap_uncorrectable) AS remap_uncorrectable,
+       max(remap_failure) AS remap_failure,
+       arg_max(pcie_replay, ts) - arg_min(pcie_replay, ts) AS pcie_replays,
+       {_throttled_pct(THERMAL_BITS)} AS thermal_throttle_pct,
+       {_throttled_pct(POWER_BITS)} AS power_throttle_pct,
+       {_throttled_pct(HW_SLOWDOWN_BITS)} AS hw_slowdown_pct,
+       (arg_max(thermal_violation_ns, ts) - arg_min(thermal_violation_ns, ts)) / 1e9 AS thermal_violation_s,
+       (arg_max(power_violation_ns, ts) - arg_min(power_violation_ns, ts)) / 1e9 AS power_violation_s
+FROM gpu_samples
+WHERE {_HEALTH_WINDOW}
+GROUP BY cluster, host, gpu_uuid, coalesce(gpu_instance, -1)
+"""
+
+# Counters whose rise in the window is an event: (kind, column, its first value in base, label).
+_COUNTERS = (
+    ("ecc_dbe", "ecc_dbe_vol", "dbe0", "double-bit ECC errors"),
+    ("ecc_sbe", "ecc_sbe_vol", "sbe0", "single-bit ECC errors"),
+    ("row_remap", "remap_uncorrectable", "unc0", "uncorrectable remapped rows"),
+)
+_COUNTER_EVENTS = "".join(
+    f"""UNION ALL
+SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, any_value(s.model),
+       '{kind}', NULL, count(*), '{label}: +' || (max(s.{col}) - coalesce(any_value(b.{base}), 0))::BIGINT
+FROM s JOIN base b USING (cluster, host, gpu_uuid, gi)
+WHERE s.{col} > coalesce(b.{base}, 0) GROUP BY s.cluster, s.host, s.gpu_uuid, s.gi
+"""
+    for kind, col, base, label in _COUNTERS
+)
+
+# One row per event: XID codes (first sample showing each), new volatile ECC errors (first
+# sample above the window's first value), row-remap failures, lost GPUs (first gpu_up = 0).
+GPU_EVENTS = f"""
+WITH s AS (
+    SELECT ts, cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu, model,
+           xid_last, ecc_dbe_vol, ecc_sbe_vol, remap_failure, remap_uncorrectable, gpu_up
+    FROM gpu_samples WHERE {_HEALTH_WINDOW}
+      AND (xid_last > 0 OR ecc_dbe_vol > 0 OR ecc_sbe_vol > 0 OR remap_failure > 0 OR remap_uncorrectable > 0 OR gpu_up = 0)
+), base AS (
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi,
+           arg_min(ecc_dbe_vol, ts) AS dbe0, arg_min(ecc_sbe_vol, ts) AS sbe0,
+           arg_min(remap_uncorrectable, ts) AS unc0
+    FROM gpu_samples WHERE {_HEALTH_WINDOW}
+    GROUP BY ALL
+)
+SELECT min(ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, any_value(model) AS model,
+       'xid' AS kind, xid_last AS code, count(*) AS samples, 'XID ' || xid_last AS detail
+FROM s WHERE xid_last > 0 GROUP BY cluster, host, gpu_uuid, gi, xid_last
+{_COUNTER_EVENTS}
+UNION ALL
+SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+       'row_remap_failure', NULL, count(*), 'row remapping failed'
+FROM s WHERE remap_failure > 0 GROUP BY cluster, host, gpu_uuid, gi
+UNION ALL
+SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+       'gpu_lost', NULL, count(*), 'GPU not usable (gpufleet_gpu_up = 0)'
+FROM s WHERE gpu_up = 0 GROUP BY cluster, host, gpu_uuid, gi
+ORDER BY ts DESC, cluster, host, gpu, kind
+"""
+
+TEMPERATURE_BY_HOST = f"""
+SELECT to_timestamp(floor((epoch(ts) - epoch($start)) / $bucket) * $bucket + epoch($start))::TIMESTAMP AS bucket,
+       cluster, host, max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, avg(gpu_temp_c)::DOUBLE AS gpu_temp_avg_c,
+       max(mem_temp_c)::DOUBLE AS mem_temp_max_c
+FROM gpu_samples
+WHERE {_HEALTH_WINDOW} AND (gpu_temp_c IS NOT NULL OR mem_temp_c IS NOT NULL)
+GROUP BY ALL ORDER BY cluster, host, bucket
 """

@@ -47,22 +47,6 @@ def default_bucket(length: timedelta) -> timedelta:
     return timedelta(days=1)
 
 
-_E0 = "epoch($start)"
-
-
-def _long_split(src: str, a: str, b: str, cols: str) -> str:
-    """Rows of `src` with [a, b) clipped to the window and split at bucket edges, one row per bucket
-    crossed. Yields cols, k (bucket index), s (seconds in the bucket)."""
-    return f"""
-    WITH x AS (
-        SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
-        FROM {src} WHERE {b} > $start AND {a} < $end
-    ), y AS (
-        SELECT *, unnest(range(floor((ea - {_E0}) / $bucket)::BIGINT, ceil((eb - {_E0}) / $bucket)::BIGINT)) AS k FROM x WHERE eb > ea
-    )
-    SELECT {cols}, k, least(eb, {_E0} + (k + 1) * $bucket) - greatest(ea, {_E0} + k * $bucket) AS s FROM y"""
-
-
 def _bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.DataFrame:
     """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
     the span is cut at bucket edges and each part is two look-ups in the analysis' cumulative
@@ -106,25 +90,18 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
         names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
         return pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
 
-    gpu_cols, job_cols = "cluster, model, ", "cluster, partition, account, user_name, "
     base: dict[str, pl.DataFrame] = {}
     # which model each GPU id is, as per_gpu() (and so utilization()) groups it
     models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
     if any(d in _GPU_KEYS for d in dims):
         whole = models.select("cluster", "model", "gid", a0=pl.lit(p.start), a1=pl.lit(p.end))
         base["iv"] = _bucket_use(a, whole, ["cluster", "model"], bsec)
-        cap_src = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, {sql.CAPACITY_END} AS c1, {sql.gpu_equiv('g')} AS equiv
-                       FROM gpus g WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model = $model))"""
-        base["cap"] = q(f"SELECT {gpu_cols} k, sum(s * equiv) / 3600 AS capacity_gpu_h FROM ({_long_split(cap_src, 'c0', 'c1', gpu_cols + 'equiv')}) GROUP BY ALL")
-    held = pl.from_arrow(a.con.sql("SELECT cluster, host, gpu_uuid, gi, partition, account, user_name, a0, a1 FROM alv").to_arrow_table())
+        base["cap"] = q(sql.TIMELINE_CAPACITY)
+    held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table())
     held = held.join(models, on=["cluster", "host", "gpu_uuid", "gi"])  # allocations of GPUs without samples hold no data
     base["pc"] = _bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
     if any(d != "model" for d in dims):
-        # a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs
-        job_src = f'(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ({sql.JOB_ALLOCATED}))'
-        base["alloc"] = q(f"""
-            SELECT {job_cols} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
-            FROM ({_long_split(job_src, 'start', 'run_end', job_cols + 'rate')}) GROUP BY ALL""")
+        base["alloc"] = q(sql.TIMELINE_ALLOCATED)  # a job's GPUs x MIG share for each second it runs
 
     def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.DataFrame:
         df = base[name].with_columns(pl.col("k").cast(pl.Int64))
@@ -180,9 +157,9 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
     the memory high-water mark and the hours with data (null: no data). bucket, host, gpu,
     gpu_uuid, gi, utilization_pct, fb_used_max_mib, data_h; by host, gpu, gi, bucket.
 
-    What the job's sql.PIECES rows add up to, each clipped to the window and cut at bucket edges
-    (w = seconds x MIG share): utilization sum(util x w) / sum(w) and data_h sum(w) / 3600 over
-    the parts with a utilization, memory the max over all parts. From the detail arrays
+    What the job's oracle_sql.PIECES rows (tests/support) add up to, each clipped to the window
+    and cut at bucket edges (w = seconds x MIG share): utilization sum(util x w) / sum(w) and
+    data_h sum(w) / 3600 over the parts with a utilization, memory the max over all parts. From the detail arrays
     (GpuTime.bucket_detail: one slice per allocation), which the job's report has read already."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)

@@ -1,8 +1,8 @@
 """The array path (analytics/gputime.py) gives what the SQL definitions give, on random fleets.
 
 Analysis computes per-GPU figures, per-job data/busy time and idle stretches from sample arrays
-and look-ups; the per-sample SQL (sql.INTERVALS, PIECES, ISLANDS) states the same rules row by
-row. Both run here on the random fleets of test_analytics_properties, with each GPU's samples
+and look-ups; the per-sample SQL (tests/support/oracle_sql.py: INTERVALS, PIECES, ISLANDS)
+states the same rules row by row. Both run here on the random fleets of test_analytics_properties, with each GPU's samples
 split over several files, some interleaved in time (the arrays then need a full sort).
 """
 
@@ -29,6 +29,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Params
 from gpufleet.collector.store import StoreWriter, open_reader
+from tests.support import oracle_sql
 
 REF_PER_GPU = f"""
 WITH u AS (
@@ -84,6 +85,7 @@ def test_arrays_match_the_sql_definitions(fleet, split):
         p = Params(at(a), at(b), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
         an = Analysis(con, p, now=at(fleet["now"]))
 
+        oracle_sql.build(an, "iv", "pc")
         got = an.per_gpu().sort("gpu_uuid")
         ref = an.q(REF_PER_GPU)
         for c in ("data_gpu_h", "busy_gpu_h", "allocated_data_gpu_h"):
@@ -96,7 +98,7 @@ def test_arrays_match_the_sql_definitions(fleet, split):
             assert used[r["job_key"]]["data_gpu_h"] == pytest.approx(r["data_gpu_h"], **TOL)
             assert used[r["job_key"]]["busy_gpu_h"] == pytest.approx(r["busy_gpu_h"], **TOL)
 
-        for kind, pred in (("idle", sql.IDLE_PRED), ("no_process", sql.NO_PROCESS_PRED)):
+        for kind, pred in (("idle", oracle_sql.IDLE_PRED), ("no_process", oracle_sql.NO_PROCESS_PRED)):
             got = an.idle_stretches(kind).drop("island", "gpu_h", "usd_per_gpu_hour", "cost")
-            ref = an.q(f"SELECT * EXCLUDE (island) FROM ({sql.islands(pred)}) WHERE in_window_s > 0")
+            ref = an.q(f"SELECT * EXCLUDE (island) FROM ({oracle_sql.islands(pred)}) WHERE in_window_s > 0")
             assert frames_equal(got.select(ref.columns), ref.cast(got.select(ref.columns).schema)), kind

@@ -2,8 +2,9 @@
 what its SQL definition gives, on random fleets.
 
 The definition (reference_job_gpu_timeline, below: the implementation before the arrays) reads
-the job's rows of the piece table sql.PIECES (sample intervals intersected with the job's
-allocations), clips them to the window, cuts them at bucket edges and groups per bucket and GPU.
+the job's rows of the piece table PIECES (tests/support/oracle_sql.py: sample intervals
+intersected with the job's allocations), clips them to the window, cuts them at bucket edges and
+groups per bucket and GPU.
 The fleets are test_analytics_properties' (gaps shorter and longer than max_gap, samples with no
 utilization, jobs crossing the window edges, sharing GPUs, holding GPUs never sampled), with
 memory readings (some missing) and MIG instances (several on one GPU) added; the windows are
@@ -37,7 +38,9 @@ from gpufleet.analytics import jobs as ajobs
 from gpufleet.analytics import timeline
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params
-from gpufleet.analytics.timeline import _E0, _long_split, default_bucket
+from gpufleet.analytics.sql import BUCKET_ORIGIN, split_at_buckets
+from gpufleet.analytics.timeline import default_bucket
+from tests.support import oracle_sql
 
 A100 = "NVIDIA A100-SXM4-80GB"
 TOL = dict(rel=1e-9, abs=1e-12)
@@ -54,21 +57,21 @@ def _short_split(src: str, a: str, b: str, cols: str) -> str:
         SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
         FROM {src} WHERE {b} > $start AND {a} < $end
     ), y AS (
-        SELECT *, floor((ea - {_E0}) / $bucket)::BIGINT AS k0, floor((eb - {_E0}) / $bucket)::BIGINT AS k1 FROM x WHERE eb > ea
+        SELECT *, floor((ea - {BUCKET_ORIGIN}) / $bucket)::BIGINT AS k0, floor((eb - {BUCKET_ORIGIN}) / $bucket)::BIGINT AS k1 FROM x WHERE eb > ea
     )
-    SELECT {cols}, k0 AS k, least(eb, {_E0} + (k0 + 1) * $bucket) - ea AS s FROM y
+    SELECT {cols}, k0 AS k, least(eb, {BUCKET_ORIGIN} + (k0 + 1) * $bucket) - ea AS s FROM y
     UNION ALL
-    SELECT {cols}, k1 AS k, eb - ({_E0} + k1 * $bucket) AS s FROM y WHERE k1 > k0 AND eb > {_E0} + k1 * $bucket"""
+    SELECT {cols}, k1 AS k, eb - ({BUCKET_ORIGIN} + k1 * $bucket) AS s FROM y WHERE k1 > k0 AND eb > {BUCKET_ORIGIN} + k1 * $bucket"""
 
 
 def reference_job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: timedelta | None = None) -> pl.DataFrame:
-    """The reference: job_gpu_timeline as SQL over the piece table pc (sql.PIECES), row by row."""
+    """The reference: job_gpu_timeline as SQL over the piece table pc (oracle_sql.PIECES), row by row."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
     extra = {"bucket": bucket.total_seconds(), "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
-    a.tables("pc")
+    oracle_sql.build(a, "pc")
     src = "(SELECT * FROM pc WHERE cluster = $job_cluster AND scheduler = $job_scheduler AND job_key = $job_key)"
-    split = _short_split if p.max_gap <= bucket else _long_split
+    split = _short_split if p.max_gap <= bucket else split_at_buckets
     query = f"""
         SELECT k, host, any_value(gpu) AS gpu, gpu_uuid, gi,
                sum(util * s * equiv) / nullif(sum(s * equiv) FILTER (WHERE util IS NOT NULL), 0) AS utilization_pct,
@@ -198,8 +201,8 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         gt = a.gt
         assert gt.fb is not None
         tl = timeline.job_gpu_timeline(a, CLUSTER, "slurm", "100", timedelta(minutes=5))
-        assert a.gt is gt and not a._built
-        tables = {r[0] for r in a.con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+        assert a.gt is gt
+        tables = oracle_sql.temp_tables(a)
         assert "pc" not in tables and "iv" not in tables
         assert set(tl["gpu_uuid"]) == {uuid(0), "GPU-prop-mig"}
         assert tl.filter(pl.col("gpu_uuid") == "GPU-prop-mig")["gi"].unique().to_list() == [2]
@@ -208,7 +211,7 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         assert alone.gt.fb is None
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "nope").is_empty() and alone.gt.fb is None  # nothing to read
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
-        assert alone.gt.fb is not None and not alone._built
+        assert alone.gt.fb is not None and not {"iv", "pc"} & oracle_sql.temp_tables(alone)
 
         # the dashboard's job page reads the detail columns at once (detail=True): the arrays it
         # walks are the same intervals, so every figure is the same, and it never reads twice
