@@ -53,7 +53,7 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
                  shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7)) -> dict[str, Any]:
     from gpufleet.analytics.core import Analysis
-    from gpufleet.analytics.fairness import fairness
+    from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
     from gpufleet.analytics.trends import compare, previous_totals
 
@@ -75,6 +75,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
     }
     fair = fairness(a, shares, half_life)
     report["fairness"] = {
+        "shares": fair.shares_source, "shares_description": SHARES_SOURCES[fair.shares_source],
         "half_life_days": half_life.total_seconds() / 86400, "jain_index": fair.jain_index, "gini_users": fair.gini_users,
         "per_account": rows(fair.per_account), "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
         "without_share": list(fair.without_share),
@@ -129,6 +130,7 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     f = report["fairness"]
     table(f"Fair share (Jain's index {fmt(f['jain_index'])}, Gini over users {fmt(f['gini_users'])})", f["per_account"], out,
           ["account", "entitled_share", "used_gpu_h", "used_share", "ratio", "fairshare_factor", "wait_p50_s", "wait_p95_s"])
+    out.write(f"  entitled shares: {f['shares_description']}\n")
     t = report["totals"]
     if t["unpriced_models"]:
         out.write(f"\nno price for: {', '.join(t['unpriced_models'])} (set [analytics.prices]); their money is unknown\n")

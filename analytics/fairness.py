@@ -162,6 +162,15 @@ class FairnessReport:
     wait_by_size: pl.DataFrame  # gpus_bucket, started_jobs, wait_p50_s, wait_p95_s, pending_jobs
     pending: pl.DataFrame  # one row per job still pending at as_of, with its wait so far
     without_share: tuple[str, ...]  # accounts with demand that no share entitles
+    shares_source: str  # a key of SHARES_SOURCES: every output says which entitlement its figures assume
+
+
+# Where the entitled shares came from, worded once for every output (CLI, dashboard, report): the
+# default changes Jain's index and every ratio, so it is never silent.
+SHARES_SOURCES = {
+    "config": "share weights from [analytics] shares in the configuration",
+    "equal": "equal for every account with demand (no [analytics] shares configured)",
+}
 
 
 ACCOUNT_SCHEMA = {
@@ -218,4 +227,5 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
         wait_by_size=by_size.select("gpus_bucket", "started_jobs", "wait_p50_s", "wait_p95_s", "pending_jobs"),
         pending=pending,
         without_share=tuple(sorted(a for a in demand if a not in weights)),
+        shares_source="config" if shares else "equal",
     )

@@ -61,6 +61,7 @@ def test_use_in_proportion_to_unequal_shares_is_fair(tmp_path):
     assert acc["biology"]["ratio"] == pytest.approx((10 / 40) / 0.25)  # = 1.0
     assert r.jain_index == pytest.approx((1 + 1) ** 2 / (2 * (1**2 + 1**2)))  # = 1
     assert r.per_account.columns == list(ACCOUNT_SCHEMA)
+    assert r.shares_source == "config"
 
 
 def test_use_against_shares_is_unfair(tmp_path):
@@ -115,6 +116,7 @@ def test_gini_over_users_counts_users_who_got_nothing(tmp_path):
     assert gini([5, 5]) == 0.0 and gini([]) is None and gini([0, 0]) is None
     assert jain_index([1, 0]) == pytest.approx(1 / 2)  # one of two takes everything: 1/n
     assert rows(r)["physics"]["ratio"] == pytest.approx(1.0)  # shares None: equal, and one account has it all
+    assert r.shares_source == "equal"  # and every output says so
 
 
 # --- classic fair-share factor with decay ---

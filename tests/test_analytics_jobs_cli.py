@@ -105,6 +105,23 @@ def test_cli_json_matches_the_analytics(fleet):  # noqa: F811
     assert doc["fairness"]["jain_index"] == pytest.approx(fair.jain_index)
     assert {r["account"]: r["used_gpu_h"] for r in doc["fairness"]["per_account"]} == pytest.approx(
         {r["account"]: r["used_gpu_h"] for r in fair.per_account.to_dicts()})
+    # no configuration: the equal entitlement those figures assume is said, not silent (issue #13.5)
+    assert doc["fairness"]["shares"] == "equal"
+    assert doc["fairness"]["shares_description"] == "equal for every account with demand (no [analytics] shares configured)"
+
+
+def test_cli_says_which_entitled_shares_it_used(fleet, tmp_path):  # noqa: F811
+    window = ("--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
+    plain = analyze("--store", str(fleet.root), *window)
+    assert plain.returncode == 0, plain.stderr
+    assert "entitled shares: equal for every account with demand (no [analytics] shares configured)" in plain.stdout
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[analytics.shares]\nphysics = 3\nbiology = 1\n")
+    configured = analyze("--config", str(cfg), "--store", str(fleet.root), *window, "--format", "json")
+    assert configured.returncode == 0, configured.stderr
+    assert json.loads(configured.stdout)["fairness"]["shares"] == "config"
+    table = analyze("--config", str(cfg), "--store", str(fleet.root), *window)
+    assert "entitled shares: share weights from [analytics] shares in the configuration" in table.stdout
 
 
 def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811

@@ -387,7 +387,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     if status == "ok":
         fair = _fairness(a, shares, half_life)
         if fair is not None:
-            shares_source = "config" if shares else "equal"
+            shares_source = fair.shares_source
     info = _job_info(a) if status == "ok" else {}
     nop = no_process_jobs(a, info) if status == "ok" and processes else []
     mfu, mfu_note = mfu_rows(a) if status == "ok" else ([], "")

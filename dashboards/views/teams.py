@@ -7,6 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import fairness
 from gpufleet.dashboards import data, ui
 
 SHARE_LABELS = {"active_share": "entitled (among accounts with demand)", "used_share": "used"}
@@ -46,7 +47,7 @@ def body(ctx: ui.Context) -> None:
                 help="0 = every user used the same, towards 1 = one user used everything")
     c[2].metric("Accounts with demand", ui.count(acc.filter(pl.col("jobs") > 0).height))
     c[3].metric("Jobs pending now", ui.count(f.pending.height))
-    st.caption("Entitled shares: " + ("[analytics] shares in the configuration" if s.shares else "equal for every account with demand (no [analytics] shares configured)")
+    st.caption("Entitled shares: " + fairness.SHARES_SOURCES[f.shares_source]
                + f"; fair-share factor with a decay half-life of {ui.duration(s.half_life.total_seconds())}.")
     if f.without_share:
         st.caption("Accounts with demand but no configured share (no ratio):")
