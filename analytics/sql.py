@@ -262,3 +262,10 @@ FROM jobs
 WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
   AND {JOB_FILTERS}
 """
+
+# The store's first GPU sighting within the cluster/model filters: where its history starts
+# (gpufleet.analytics.trends: a previous window starting before it is only partly in the store).
+HISTORY_START = """
+SELECT min(first_seen) FROM gpus
+WHERE ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+"""
