@@ -1,7 +1,8 @@
 """`gpufleet analyze`: the window's figures as a table for people or stable JSON for programs.
 
 JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
-filters, totals, trend, utilization {by, rows}, top_wasteful_jobs, fairness, and job (with --job).
+filters, totals, trend, previous_window, utilization {by, rows}, top_wasteful_jobs, fairness, and
+job (with --job).
 Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
 money is US dollars or null when a GPU model has no price.
 """
@@ -55,10 +56,11 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
     from gpufleet.analytics.core import Analysis
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
-    from gpufleet.analytics.trends import compare, previous_totals
+    from gpufleet.analytics.trends import previous_baseline
 
     a = Analysis(con, params, now=now)
     totals = a.totals()
+    base = previous_baseline(con, params, now=now)
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat(), "hours": params.seconds / 3600},
@@ -69,7 +71,9 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         },
         "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
         "totals": {k: _plain(v) for k, v in asdict(totals).items()},
-        "trend": rows(compare(totals, previous_totals(con, params, now=now))),
+        "trend": rows(base.compare(totals)),
+        "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,
+                            "no_comparison": base.no_comparison},
         "utilization": {"by": by, "rows": rows(a.utilization(by))},
         "top_wasteful_jobs": rows(a.top_wasteful_jobs(top).drop(["scheduler"], strict=False)),
     }
@@ -120,7 +124,12 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     out.write(f"gpufleet analysis {w['from']} .. {w['to']} ({w['hours']:.1f} h)\n")
     if report["filters"]:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in report["filters"].items()) + "\n")
-    table("Headline (vs the previous window)", report["trend"], out, ["label", "current", "previous", "change", "change_pct"])
+    trend = [{**r, "change": r["change_missing"] or r["change"], "change_pct": r["change_pct_missing"] or r["change_pct"]}
+             for r in report["trend"]]  # "no data", "unknown", "zero base" in place of a missing change
+    table("Headline (vs the previous window)", trend, out, ["label", "current", "previous", "change", "change_pct"])
+    no_comparison = report.get("previous_window", {}).get("no_comparison")
+    if no_comparison:
+        out.write(f"  no data to compare against: {no_comparison}\n")
     u = report["utilization"]
     hidden = ("scheduler", "gpu_uuid") if u["by"] == "cluster" else ("cluster", "scheduler", "gpu_uuid")  # the key of --by stays
     cols = [c for c in (u["rows"][0] if u["rows"] else {}) if c not in hidden]

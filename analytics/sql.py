@@ -545,3 +545,10 @@ FROM gpu_samples
 WHERE {_HEALTH_WINDOW} AND (gpu_temp_c IS NOT NULL OR mem_temp_c IS NOT NULL)
 GROUP BY ALL ORDER BY cluster, host, bucket
 """
+
+# The store's first GPU sighting within the cluster/model filters: where its history starts
+# (gpufleet.analytics.trends: a previous window starting before it is only partly in the store).
+HISTORY_START = """
+SELECT min(first_seen) FROM gpus
+WHERE ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+"""

@@ -1,12 +1,19 @@
-"""Each headline figure against the previous window of the same length."""
+"""Each headline figure against the previous window of the same length.
+
+One rule decides whether the previous window may be compared against at all
+(no_comparison_reason); the dashboard, the report and `gpufleet analyze` all take it from here, so
+a comparison against an empty or partial window says "no data" everywhere, never a delta.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from datetime import datetime
 
 import duckdb
 import polars as pl
 
+from gpufleet.analytics import sql
 from gpufleet.analytics.core import Analysis, Totals
 from gpufleet.analytics.params import Params
 
@@ -22,18 +29,89 @@ HEADLINES = (
     ("no_data_gpu_h", "GPU-hours with no data"),
 )
 
+NO_DATA = "no data"  # what every output shows instead of a change against an empty or partial window
+UNKNOWN = "unknown"  # one side of the figure is unknown (a GPU model without a price)
+ZERO_BASE = "zero base"  # the previous value is 0: a percent change against nothing is not a number
+ZERO = 1e-6  # |previous| below this (GPU-hours, $, %) is a zero base: float dust, not a base
 
-def compare(current: Totals, previous: Totals) -> pl.DataFrame:
-    """figure, label, current, previous, change, change_pct (None where either side is unknown)."""
+
+def no_comparison_reason(previous: Totals, previous_start: datetime, history_start: datetime | None) -> str | None:
+    """Why the previous window cannot be compared against, or None when it can.
+
+    The rule, the same for the dashboard, the report and the CLI:
+    - empty: the previous window has no GPU-seconds with samples (previous.data_gpu_h == 0). Its
+      allocated hours alone (scheduler accounting) are not a base either: without samples nothing
+      says the collector watched that window.
+    - partial: the store's history (its first GPU sighting, within the cluster/model filters)
+      starts after the previous window's start, so part of that window predates the store and
+      every figure of it undercounts.
+    Gaps inside a window the history fully spans are not "partial": they are no_data_gpu_h,
+    shown as a figure of their own. `previous_start` and `history_start` are naive UTC.
+    """
+    if previous.data_gpu_h <= 0:
+        return "empty: no GPU samples in the previous window"
+    if history_start is None or history_start > previous_start:
+        since = "has no GPU sightings" if history_start is None else f"starts {history_start:%Y-%m-%d %H:%M} UTC"
+        return f"partial: the store's history {since}, inside the previous window from {previous_start:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+def compare(current: Totals, previous: Totals, no_comparison: str | None = None) -> pl.DataFrame:
+    """figure, label, current, previous, change, change_pct, and why a change is null.
+
+    `no_comparison`: no_comparison_reason() for `previous`; when set, no figure has a change
+    (change_missing "no data"). change_missing "unknown": either side is unknown; change_pct_missing
+    "zero base": the previous value is 0, so the percent change is not a number.
+    """
     cur, prev = asdict(current), asdict(previous)
     rows = []
     for key, label in HEADLINES:
         c, p = cur[key], prev[key]
-        change = c - p if c is not None and p is not None else None
-        pct = change / p * 100 if change is not None and p else None
-        rows.append({"figure": key, "label": label, "current": c, "previous": p, "change": change, "change_pct": pct})
-    return pl.DataFrame(rows, schema={"figure": pl.Utf8, "label": pl.Utf8, "current": pl.Float64, "previous": pl.Float64, "change": pl.Float64, "change_pct": pl.Float64})
+        change = pct = change_missing = None
+        if no_comparison is not None:
+            change_missing = NO_DATA
+        elif c is None or p is None:
+            change_missing = UNKNOWN
+        else:
+            change = c - p
+            pct = change / p * 100 if abs(p) >= ZERO else None
+        pct_missing = change_missing or (ZERO_BASE if pct is None else None)
+        rows.append({"figure": key, "label": label, "current": c, "previous": p, "change": change, "change_pct": pct,
+                     "change_missing": change_missing, "change_pct_missing": pct_missing})
+    return pl.DataFrame(rows, schema={"figure": pl.Utf8, "label": pl.Utf8, "current": pl.Float64, "previous": pl.Float64, "change": pl.Float64, "change_pct": pl.Float64,
+                                      "change_missing": pl.Utf8, "change_pct_missing": pl.Utf8})
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The previous window as the base of a comparison: its totals, and why it is no base (None: it is one)."""
+
+    start: datetime
+    end: datetime
+    totals: Totals
+    history_start: datetime | None
+    no_comparison: str | None
+
+    def compare(self, current: Totals) -> pl.DataFrame:
+        return compare(current, self.totals, self.no_comparison)
+
+
+def history_start(con: duckdb.DuckDBPyConnection, params: Params) -> datetime | None:
+    """The store's first GPU sighting within the window's cluster and model filters (None: none)."""
+    f = params.filters
+    return con.cursor().execute(sql.HISTORY_START, {"cluster": f.cluster, "model": f.model}).fetchone()[0]
+
+
+def baseline(con: duckdb.DuckDBPyConnection, params: Params, previous: Params, totals: Totals) -> Baseline:
+    """The Baseline for `previous` (the window before `params`), given its already computed totals."""
+    first = history_start(con, params)
+    return Baseline(previous.start, previous.end, totals, first, no_comparison_reason(totals, previous.start, first))
 
 
 def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Totals:
     return Analysis(con, params.previous(), now=now).totals()
+
+
+def previous_baseline(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Baseline:
+    """The window of the same length just before `params`, with the verdict of no_comparison_reason()."""
+    return baseline(con, params, params.previous(), previous_totals(con, params, now=now))

@@ -279,9 +279,10 @@ def _mfu(a: Analysis) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the previous window (analytics)...")
-def previous_totals(key: tuple):
-    """Totals of the window of the same length just before (`key`: a Resolved.key)."""
-    from gpufleet.analytics.trends import previous_totals as prev
+def previous_baseline(key: tuple):
+    """The window of the same length just before (`key`: a Resolved.key) as a comparison base (gpufleet.analytics.trends.Baseline): its totals and
+    whether the rule lets anything be compared against it."""
+    from gpufleet.analytics.trends import previous_baseline as prev
 
     s, w, p = _resolved(key)
     return prev(reader(w.root), p, now=w.as_of)

@@ -97,6 +97,16 @@ def change(cur: float | None, prev: float | None, fmt: Callable[[float | None], 
     return f"{sign}{fmt(abs(d))} vs previous window"
 
 
+def delta(cur: float | None, prev: float | None, fmt: Callable[[float | None], str], no_comparison: str | None) -> dict[str, Any]:
+    """st.metric's delta arguments for a figure where more is worse: the change, or a grey "no data"
+    without an arrow when the previous window is no base (gpufleet.analytics.trends rule)."""
+    from gpufleet.analytics.trends import NO_DATA
+
+    if no_comparison is not None:
+        return {"delta": f"{NO_DATA} for the previous window", "delta_color": "off", "delta_arrow": "off"}
+    return {"delta": change(cur, prev, fmt), "delta_color": "inverse"}
+
+
 # --- tables ---
 
 _FORMATS = (

@@ -11,7 +11,7 @@ import pytest
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_report, job_summaries
 from gpufleet.analytics.params import Params
-from gpufleet.analytics.trends import compare, previous_totals
+from gpufleet.analytics.trends import NO_DATA, compare, previous_baseline, previous_totals
 from tests.support.fleet import Fleet
 from tests.test_analytics_golden import MIG, T, fleet  # noqa: F401 - the golden store fixture
 
@@ -79,6 +79,8 @@ def test_trend_against_the_previous_window(fleet):  # noqa: F811
     assert t["allocated_gpu_h"]["previous"] == pytest.approx(prev_alloc)
     assert t["allocated_gpu_h"]["change"] == pytest.approx(cur_alloc - prev_alloc)
     assert t["allocated_gpu_h"]["change_pct"] == pytest.approx((cur_alloc - prev_alloc) / prev_alloc * 100)
+    # the store's history starts at 09:00: [10:00, 11:00) lies inside it, a full base
+    assert previous_baseline(con, Params(T(11), T(12)), now=T(20)).no_comparison is None
 
 
 def analyze(*args):
@@ -99,6 +101,13 @@ def test_cli_json_matches_the_analytics(fleet):  # noqa: F811
         {r["account"]: r["allocated_gpu_h"] for r in a.utilization("account").to_dicts()})
     assert [j["job_id"] for j in doc["top_wasteful_jobs"]][:3] == ["103", "101", "200_1"]
     assert doc["job"]["verdict"] == "idle_stretches"
+    # the previous window [08:00, 10:00) starts before the store's first sample (09:00): no comparison
+    why = "partial: the store's history starts 2026-11-16 09:00 UTC, inside the previous window from 2026-11-16 08:00 UTC"
+    assert doc["previous_window"] == {"from": "2026-11-16T08:00:00", "to": "2026-11-16T10:00:00", "comparable": False, "no_comparison": why}
+    alloc = next(r for r in doc["trend"] if r["figure"] == "allocated_gpu_h")
+    assert alloc["current"] == pytest.approx(t.allocated_gpu_h) and alloc["previous"] is not None
+    assert (alloc["change"], alloc["change_pct"], alloc["change_missing"], alloc["change_pct_missing"]) == (None, None, NO_DATA, NO_DATA)
+    assert all(r["change"] is None and r["change_missing"] == NO_DATA for r in doc["trend"])
     from gpufleet.analytics.fairness import fairness
 
     fair = fairness(a, None)
@@ -128,6 +137,11 @@ def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811
     r = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "user_name")
     assert r.returncode == 0, r.stderr
     assert "Utilization by user_name" in r.stdout and "alice" in r.stdout and "$3.00" in r.stdout
+    headline = r.stdout.split("Headline (vs the previous window)")[1].split("Utilization by")[0]
+    alloc = next(ln for ln in headline.splitlines() if ln.strip().startswith("GPU-hours allocated"))
+    assert [c.strip() for c in alloc.strip().split("  ") if c.strip()][-2:] == ["no data", "no data"], alloc  # change, change %
+    assert "unknown" not in headline and "%" not in alloc
+    assert "no data to compare against: partial: the store's history starts 2026-11-16 09:00 UTC" in headline
     assert analyze("--store", str(fleet.root), "--from", "2026-11-16T12:00:00", "--to", "2026-11-16T10:00:00").returncode == 2
     assert analyze("--store", str(fleet.root), "--from", "x", "--to", "y").returncode == 2
     bad = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "rack")

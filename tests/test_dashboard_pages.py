@@ -24,7 +24,7 @@ from gpufleet.analytics.core import Analysis  # noqa: E402
 from gpufleet.analytics.jobs import job_report, job_summaries  # noqa: E402
 from gpufleet.analytics.params import Filters, Params  # noqa: E402
 from gpufleet.analytics.timeline import utilization_timeline  # noqa: E402
-from gpufleet.analytics.trends import compare, previous_totals  # noqa: E402
+from gpufleet.analytics.trends import NO_DATA, compare, previous_baseline  # noqa: E402
 from gpufleet.collector.store import StoreWriter, open_reader  # noqa: E402
 from gpufleet.dashboards import ui  # noqa: E402
 from tests.test_dashboard_analytics import EVE, HOSTILE, QUOTE_ACCOUNT, T, W, build  # noqa: E402
@@ -205,7 +205,7 @@ def test_teams_and_fairness(store, a, use_store):
 def test_waste_and_cost(store, con, a, use_store):
     use_store(store)
     at = goto(open_app(), "waste")
-    t, prev = a.totals(), previous_totals(con, W)
+    t, base = a.totals(), previous_baseline(con, W)
     m = metrics(at)
     assert m["Idle allocated"] == ui.gpu_h(t.idle_allocated_gpu_h)
     assert m["Idle allocated cost"] == ui.usd(t.idle_allocated_cost)
@@ -213,9 +213,16 @@ def test_waste_and_cost(store, con, a, use_store):
     assert m["No-process cost"] == ui.usd(t.no_process_cost)
     assert m["Stranded (unallocated)"] == ui.gpu_h(t.stranded_gpu_h)
     assert m["Stranded cost"] == ui.usd(t.stranded_cost)
+    # the previous window [08:00, 10:00) has no samples (the store starts at 10:00): no data, not +2.00 GPU-h
+    assert base.no_comparison == "empty: no GPU samples in the previous window"
     deltas = {x.label: x.delta for x in at.metric}
-    assert deltas["Idle allocated"] == ui.change(t.idle_allocated_gpu_h, prev.idle_allocated_gpu_h, ui.gpu_h)
-    assert_table(frame(at, "waste_trend"), compare(t, prev).drop("figure"))
+    for label in ("Idle allocated", "Idle allocated cost", "Held with no process", "No-process cost", "Stranded (unallocated)", "Stranded cost"):
+        assert deltas[label] == "no data for the previous window", label
+    assert "No data to compare against: empty: no GPU samples in the previous window" in [x.value for x in at.text]
+    trend = frame(at, "waste_trend")
+    assert_table(trend, compare(t, base.totals, base.no_comparison).drop("figure"))
+    assert trend["change"].isna().all() and trend["change_pct"].isna().all()
+    assert set(trend["change_missing"]) == set(trend["change_pct_missing"]) == {NO_DATA}
     assert_table(frame(at, "waste_by_account"), a.waste_by("account", "idle"))
     assert_table(frame(at, "waste_by_user"), a.waste_by("user_name", "idle"))
     assert_table(frame(at, "waste_np_account"), a.waste_by("account", "no_process"))

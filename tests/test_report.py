@@ -34,7 +34,7 @@ from gpufleet.report import fmt, pipeline, render
 from gpufleet.report.config import load as load_report_config
 from gpufleet.report.model import gather
 from gpufleet.report.window import last_complete_week, parse_week, span_window, week_window
-from gpufleet.analytics.trends import compare, previous_totals
+from gpufleet.analytics.trends import NO_DATA, previous_baseline
 from gpufleet.config import ConfigError
 from tests.support.fleet import Fleet
 
@@ -142,7 +142,10 @@ def test_headline_equals_analytics_trend(store, w47, outputs):
     params = Params(w47.start, w47.end)
     a = Analysis(con, params, now=NOW)
     cur = a.totals()
-    expected = compare(cur, previous_totals(con, params, now=NOW)).to_dicts()
+    base = previous_baseline(con, params, now=NOW)
+    # W46 is only partly in the store (its history starts Monday 10:00): its figures are shown, no change against them
+    assert base.no_comparison == "partial: the store's history starts 2026-11-09 10:00 UTC, inside the previous window from 2026-11-09 00:00 UTC"
+    expected = base.compare(cur).to_dicts()
     report = outputs[0].report
     figs = Figures(outputs[0].html)
     text = outputs[0].text
@@ -152,16 +155,20 @@ def test_headline_equals_analytics_trend(store, w47, outputs):
         key, unit = r["figure"], units[r["figure"]]
         assert h.missing is None and h.previous_missing is None, key
         assert h.current == pytest.approx(r["current"]) and h.previous == pytest.approx(r["previous"]), key
-        assert h.change == pytest.approx(r["change"]), key
+        assert (h.change, h.change_pct, h.change_missing, r["change"]) == (None, None, NO_DATA, None), key
         assert figs.one(f"headline.{key}.current") == fmt.value(r["current"], unit)
         assert figs.one(f"headline.{key}.previous") == fmt.value(r["previous"], unit)
-        assert figs.one(f"headline.{key}.change") == fmt.change(r["change"], unit)
-        assert figs.one(f"headline.{key}.change_pct") == fmt.change_pct(r["change_pct"])
+        assert figs.one(f"headline.{key}.change") == NO_DATA
+        assert figs.one(f"headline.{key}.change_pct") == ""
         line = next(ln for ln in text.splitlines() if ln.strip().startswith(h.label))
-        assert fmt.value(r["current"], unit) in line and fmt.value(r["previous"], unit) in line, line
+        assert fmt.value(r["current"], unit) in line and fmt.value(r["previous"], unit) in line and NO_DATA in line, line
+        assert "%" not in line.split(fmt.value(r["previous"], unit))[-1], line  # no percent change
     # the cards repeat four of them
     for key in ("idle_allocated_cost", "idle_allocated_gpu_h", "utilization_pct", "stranded_gpu_h"):
         assert figs.one(f"card.{key}") == fmt.value(getattr(cur, key), units[key])
+        assert figs.one(f"card.{key}.change") == "vs last week: no data"
+    assert any(n.startswith("No comparison with last week (2026-W46): partial: the store's history starts 2026-11-09 10:00 UTC")
+               for n in report.notices), report.notices
     # worked by hand, so the formatter is not checking itself: idle = 101's 45 min + 103's 1 h + 107's 2 h
     assert cur.idle_allocated_gpu_h == pytest.approx(0.75 + 1 + 2)
     assert figs.one("headline.idle_allocated_gpu_h.current") == "3.75"
@@ -360,8 +367,12 @@ def test_first_week_has_no_changes_against_an_empty_last_week(store):
     figs = Figures(r.html)
     assert figs.one("headline.allocated_gpu_h.current") == "2.00"
     assert figs.one("headline.allocated_gpu_h.previous") == "no data"
-    assert figs.one("headline.allocated_gpu_h.change") == "\u2013"
+    for row in r.report.headline:  # every comparison against the empty week says so: no number, no percent
+        assert (row.change, row.change_pct, row.change_missing) == (None, None, NO_DATA), row.figure
+        assert figs.one(f"headline.{row.figure}.change") == NO_DATA and figs.one(f"headline.{row.figure}.change_pct") == ""
     assert "No data for last week (2026-W45)" in r.text
+    line = next(ln for ln in r.text.splitlines() if ln.strip().startswith("GPU-hours allocated"))
+    assert line.split()[-4:] == ["no", "data", "no", "data"], line  # last week, change
 
 
 def cli(argv: list[str]) -> tuple[int, str]:

@@ -24,7 +24,7 @@ from gpufleet.analytics.core import Analysis, Totals
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.report.window import Window
-from gpufleet.analytics.trends import compare, previous_totals
+from gpufleet.analytics.trends import NO_DATA, baseline, compare, previous_totals
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class Headline:
     change_pct: float | None
     missing: str | None = None  # why current is not shown: "no data", "not measured", "no price"
     previous_missing: str | None = None
+    change_missing: str | None = None  # why change is not shown: "no data" (no comparable last week), or why a side is missing
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,10 @@ def _empty(t: Totals) -> bool:
     return t.capacity_gpu_h == 0 and t.allocated_gpu_h == 0
 
 
-def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_processes: bool) -> list[Headline]:
-    """gpufleet.analytics.trends.compare() rows, with the reason a figure is not shown where it is not."""
+def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_processes: bool,
+                  no_comparison: str | None = None) -> list[Headline]:
+    """gpufleet.analytics.trends.compare() rows, with the reason a figure is not shown where it is not
+    (`no_comparison`: the trends rule's verdict on last week; set, every change is "no data")."""
     prev_t = prev if prev is not None else cur
 
     def why(key: str, t: Totals, procs: bool) -> str | None:
@@ -183,7 +186,7 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
         return None
 
     rows = []
-    for r in compare(cur, prev_t).to_dicts():
+    for r in compare(cur, prev_t, NO_DATA if prev is None else no_comparison).to_dicts():
         key = r["figure"]
         missing = why(key, cur, processes)
         pmissing = "no data" if prev is None else why(key, prev, prev_processes)
@@ -192,7 +195,7 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
             figure=key, label=LABELS.get(key, r["label"]), unit=UNITS.get(key, "gpu_h"),
             current=None if missing else r["current"], previous=None if pmissing else r["previous"],
             change=r["change"] if known else None, change_pct=r["change_pct"] if known else None,
-            missing=missing, previous_missing=pmissing,
+            missing=missing, previous_missing=pmissing, change_missing=r["change_missing"] or (None if known else missing or pmissing),
         ))
     return rows
 
@@ -347,6 +350,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         prev = previous_totals(con, params, now=now_utc)
     else:  # a week across a daylight-saving change: the previous calendar week
         prev = Analysis(con, prev_params, now=now_utc).totals()
+    base = baseline(con, params, prev_params, prev)
     prev_a = None
     processes = _process_counts(a)
     if not _empty(prev):
@@ -381,6 +385,9 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
                            "GPUs held with no process are not measured this week.")
     if _empty(prev) and status == "ok":
         notices.append(f"No data for last week ({window.previous_label}): changes against it are not shown.")
+    elif base.no_comparison and status == "ok":
+        notices.append(f"No comparison with last week ({window.previous_label}): {base.no_comparison}. "
+                       "Its figures are shown; changes against it are \"no data\".")
 
     fair = None
     shares_source = "unavailable"
@@ -394,7 +401,8 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     return Report(
         window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
         previous=None if _empty(prev) else prev,
-        headline=headline_rows(cur, None if _empty(prev) else prev, processes=processes, prev_processes=prev_processes),
+        headline=headline_rows(cur, None if _empty(prev) else prev, processes=processes, prev_processes=prev_processes,
+                               no_comparison=base.no_comparison),
         teams=team_rows(a, fair) if status == "ok" else [],
         wasteful_jobs=wasteful_jobs(a, top_n, info) if status == "ok" else [],
         no_process_jobs=nop[:NO_PROCESS_LIST], no_process_more=max(0, len(nop) - NO_PROCESS_LIST),

@@ -22,8 +22,6 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
 
 
 def body(ctx: ui.Context) -> None:
-    from gpufleet.analytics.trends import compare
-
     w = ctx.window
     b = data.window_bundle(w.key)
     ui.window_caption(b.window)
@@ -31,28 +29,30 @@ def body(ctx: ui.Context) -> None:
     if t.capacity_gpu_h <= 0 and t.allocated_gpu_h <= 0:
         ui.empty_window("GPU or job")
         return
-    prev = data.previous_totals(b.window.key)
+    base = data.previous_baseline(b.window.key)
+    prev, why = base.totals, base.no_comparison
     c = st.columns(3)
-    c[0].metric("Idle allocated", ui.gpu_h(t.idle_allocated_gpu_h), ui.change(t.idle_allocated_gpu_h, prev.idle_allocated_gpu_h, ui.gpu_h),
-                delta_color="inverse", help="Allocated time below the idle threshold, in stretches at least the idle minimum long")
-    c[1].metric("Idle allocated cost", ui.usd(t.idle_allocated_cost), ui.change(t.idle_allocated_cost, prev.idle_allocated_cost, ui.usd),
-                delta_color="inverse")
+    c[0].metric("Idle allocated", ui.gpu_h(t.idle_allocated_gpu_h), **ui.delta(t.idle_allocated_gpu_h, prev.idle_allocated_gpu_h, ui.gpu_h, why),
+                help="Allocated time below the idle threshold, in stretches at least the idle minimum long")
+    c[1].metric("Idle allocated cost", ui.usd(t.idle_allocated_cost), **ui.delta(t.idle_allocated_cost, prev.idle_allocated_cost, ui.usd, why))
     c[2].metric("Share of allocated", ui.pct(t.idle_allocated_gpu_h / t.allocated_gpu_h * 100 if t.allocated_gpu_h > 0 else None))
     c = st.columns(3)
-    c[0].metric("Held with no process", ui.gpu_h(t.no_process_gpu_h), ui.change(t.no_process_gpu_h, prev.no_process_gpu_h, ui.gpu_h),
-                delta_color="inverse")
-    c[1].metric("No-process cost", ui.usd(t.no_process_cost), ui.change(t.no_process_cost, prev.no_process_cost, ui.usd), delta_color="inverse")
-    c[2].metric("Stranded (unallocated)", ui.gpu_h(t.stranded_gpu_h), ui.change(t.stranded_gpu_h, prev.stranded_gpu_h, ui.gpu_h),
-                delta_color="inverse", help="GPU time with data that no job held")
+    c[0].metric("Held with no process", ui.gpu_h(t.no_process_gpu_h), **ui.delta(t.no_process_gpu_h, prev.no_process_gpu_h, ui.gpu_h, why))
+    c[1].metric("No-process cost", ui.usd(t.no_process_cost), **ui.delta(t.no_process_cost, prev.no_process_cost, ui.usd, why))
+    c[2].metric("Stranded (unallocated)", ui.gpu_h(t.stranded_gpu_h), **ui.delta(t.stranded_gpu_h, prev.stranded_gpu_h, ui.gpu_h, why),
+                help="GPU time with data that no job held")
     c = st.columns(3)
-    c[0].metric("Stranded cost", ui.usd(t.stranded_cost), ui.change(t.stranded_cost, prev.stranded_cost, ui.usd), delta_color="inverse")
+    c[0].metric("Stranded cost", ui.usd(t.stranded_cost), **ui.delta(t.stranded_cost, prev.stranded_cost, ui.usd, why))
     if t.unpriced_models:
         st.caption("No price for these GPU models ([analytics.prices]); money on them is unknown:")
         st.text(", ".join(t.unpriced_models))
 
     st.subheader("Against the previous window")
     st.text(f"Previous window: {ui.when(b.window.start - b.window.length)} to {ui.when(b.window.start)}")
-    ui.table(compare(t, prev).drop("figure"), key="waste_trend", labels={"change_pct": "change %"})
+    if why:
+        st.text(f"No data to compare against: {why}")
+    ui.table(base.compare(t).drop("figure"), key="waste_trend",
+             labels={"change_pct": "change %", "change_missing": "no change because", "change_pct_missing": "no change % because"})
 
     st.subheader("Idle allocated by account / team")
     acct = b.waste[("account", "idle")]
