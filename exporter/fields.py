@@ -88,14 +88,16 @@ Source = Callable[..., Any]
 Pick = Union[Callable[[Any], Any], None]
 Reader = Union[Source, tuple[Source, Pick]]
 Readers = Mapping[str, Reader]
-Plan = tuple[tuple[Source, tuple[tuple[str, Pick], ...]], ...]
+# One step per source: (source, field name) when its answer is that one field's value (most
+# fields; kept apart because it is the cheap case), else (source, ((field name, pick), ...)).
+Plan = tuple[tuple[Source, Union[str, tuple[tuple[str, Pick], ...]]], ...]
 
 
 def plan(readers: Readers, scopes: Collection[str]) -> Plan:
     """The catalogue fields of `scopes` that `readers` knows, in catalogue order, by source.
 
-    Built once per backend and scope set (at import), so a poll pays nothing for the lookup.
-    A reader for a name outside the catalogue is a typo that would publish nothing: refused.
+    Built once per backend and scope set, so a poll pays nothing for the lookup. A reader for
+    a name outside the catalogue is a typo that would publish nothing: refused.
     """
     unknown = sorted(set(readers) - set(FIELDS))
     if unknown:
@@ -107,7 +109,10 @@ def plan(readers: Readers, scopes: Collection[str]) -> Plan:
             continue
         source, pick = reader if isinstance(reader, tuple) else (reader, None)
         steps.setdefault(source, []).append((f.name, pick))
-    return tuple((source, tuple(picks)) for source, picks in steps.items())
+    return tuple(
+        (source, picks[0][0]) if len(picks) == 1 and picks[0][1] is None else (source, tuple(picks))
+        for source, picks in steps.items()
+    )
 
 
 def read_fields(fields_plan: Plan, *args: Any) -> dict[str, float]:
@@ -118,11 +123,14 @@ def read_fields(fields_plan: Plan, *args: Any) -> dict[str, float]:
     called at most once however many fields it answers.
     """
     out: dict[str, float] = {}
-    for source, picks in fields_plan:
+    for source, fields in fields_plan:
         raw = source(*args)
         if raw is None:
             continue
-        for name, pick in picks:
+        if fields.__class__ is str:
+            out[fields] = raw
+            continue
+        for name, pick in fields:
             value = raw if pick is None else pick(raw)
             if value is not None:
                 out[name] = value
