@@ -7,11 +7,16 @@ and a node running dcgm-exporter feed the same rules and dashboards.
 `scope` says where a field lives on a MIG-enabled GPU: "device" fields are repeated on every
 GPU-instance row (as dcgm-exporter does), "instance" fields differ per instance, and
 "non_mig" fields are absent for MIG GPUs (NVML reports no GPU utilization there).
+
+Backends do not hand-write one block per field: each declares, per field, how to obtain the raw
+value (`Readers`), and `read_fields` walks the catalogue once, in this order, applying the rules
+every backend shares (see `read_fields`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Collection, Mapping, Union
 
 
 @dataclass(frozen=True)
@@ -72,3 +77,61 @@ DCGM_BLANK_THRESHOLD = 9223372036854775792
 def is_blank(value: float) -> bool:
     """True when a value is one of DCGM's int64 blank sentinels rather than a measurement."""
     return value >= DCGM_BLANK_THRESHOLD
+
+
+# --- reading the catalogue -------------------------------------------------------------------
+
+# A Source answers with a raw value, or None when the GPU has no value for it. A Pick turns that
+# raw answer into one field's value (None: the answer is the value; a Pick returning None: this
+# field is absent). Several fields may share one Source, so one call answers them all.
+Source = Callable[..., Any]
+Pick = Union[Callable[[Any], Any], None]
+Reader = Union[Source, tuple[Source, Pick]]
+Readers = Mapping[str, Reader]
+# One step per source: (source, field name) when its answer is that one field's value (most
+# fields; kept apart because it is the cheap case), else (source, ((field name, pick), ...)).
+Plan = tuple[tuple[Source, Union[str, tuple[tuple[str, Pick], ...]]], ...]
+
+
+def plan(readers: Readers, scopes: Collection[str]) -> Plan:
+    """The catalogue fields of `scopes` that `readers` knows, in catalogue order, by source.
+
+    Built once per backend and scope set, so a poll pays nothing for the lookup. A reader for
+    a name outside the catalogue is a typo that would publish nothing: refused.
+    """
+    unknown = sorted(set(readers) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"readers for fields not in the catalogue: {', '.join(unknown)}")
+    steps: dict[Source, list[tuple[str, Pick]]] = {}
+    for f in _FIELDS:
+        reader = readers.get(f.name)
+        if reader is None or f.scope not in scopes:
+            continue
+        source, pick = reader if isinstance(reader, tuple) else (reader, None)
+        steps.setdefault(source, []).append((f.name, pick))
+    return tuple(
+        (source, picks[0][0]) if len(picks) == 1 and picks[0][1] is None else (source, tuple(picks))
+        for source, picks in steps.items()
+    )
+
+
+def read_fields(fields_plan: Plan, *args: Any) -> dict[str, float]:
+    """One reading: every source in the plan asked once with `args`, each answer picked apart.
+
+    The shared rules live here, once: a source or pick that answers None leaves its field
+    absent (a field the GPU does not support is never reported as 0), and each source is
+    called at most once however many fields it answers.
+    """
+    out: dict[str, float] = {}
+    for source, fields in fields_plan:
+        raw = source(*args)
+        if raw is None:
+            continue
+        if fields.__class__ is str:
+            out[fields] = raw
+            continue
+        for name, pick in fields:
+            value = raw if pick is None else pick(raw)
+            if value is not None:
+                out[name] = value
+    return out

@@ -6,6 +6,8 @@ Why NVML and not DCGM: NVML ships with every driver, so a bare-metal Slurm node 
 Design points:
 - `pynvml` is imported lazily in `open()` so importing this module never needs a driver, and tests
   can inject a fake module (`NvmlBackend(nvml=fake)`).
+- What each DCGM field reads (NVML call, unit conversion) is declared once, in `_field_readers`; the
+  catalogue loop in `fields.read_fields` fills the reading, so a field has no hand-written block.
 - Every field is read in its own guarded call: one unsupported counter never hides the others,
   and an unsupported field is *absent*, never 0. Calls that answered NotSupported /
   FunctionNotFound (or that an old pynvml lacks) are remembered per GPU and not repeated, so a
@@ -21,8 +23,10 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from operator import attrgetter, itemgetter
+from typing import Any, NamedTuple, Sequence
 
+from gpufleet.exporter.fields import Plan, Readers, Source, plan, read_fields
 from gpufleet.exporter.model import (
     BackendUnavailable,
     GpuError,
@@ -73,8 +77,6 @@ _MIB = 1 << 20
 _NOT_AVAILABLE_U64 = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE_ulonglong
 _NOT_AVAILABLE_U32 = 0xFFFFFFFF  # "no GPU instance" in process info
 _MAX_XID_DRAIN = 10_000  # safety bound for one xid_events() call
-
-_ABSENT = object()  # a probe that produced no value this poll
 
 _MIG_PROFILE_RE = re.compile(r"\bMIG\s+(?:\d+c\.)?(\d+g\.\d+gb\S*)", re.IGNORECASE)
 
@@ -129,6 +131,15 @@ def _handle_key(handle: Any) -> Any:
     return handle
 
 
+class _Memory(NamedTuple):
+    """Framebuffer sizes in MiB, floored as DCGM does; `reserved` is None from the v1 call."""
+
+    total: int
+    free: int
+    used: int
+    reserved: int | None
+
+
 @dataclass
 class _GpuState:
     """What the backend remembers about one GPU index between polls."""
@@ -157,6 +168,7 @@ class NvmlBackend:
         self._event_set: Any = None
         self._driver_version: str | None = None
         self._identities: dict[int, GpuIdentity] = {}
+        self._plans: _Plans | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -187,6 +199,7 @@ class NvmlBackend:
             ) from e
         self._open = True
         self._driver_version = None
+        self._plans = _Plans.of(self)
         self._gpus = {i: _GpuState() for i in range(count)}
         self._handle_index = {}
         for i in range(count):
@@ -292,19 +305,19 @@ class NvmlBackend:
         return st.handle
 
     def _probe(self, index: int, st: _GpuState, key: str, fname: str, *args: Any, **kwargs: Any) -> Any:
-        """Call one NVML function for one field; _ABSENT when the GPU has no value for it.
+        """Call one NVML function for one field; None when the GPU has no value for it.
 
         NotSupported / FunctionNotFound / missing in this pynvml: absent and never asked again.
         Lost-GPU class errors: GpuError. Anything else (NoPermission, NotFound, ...): absent
         this poll only.
         """
         if key in st.unsupported:
-            return _ABSENT
+            return None
         fn = getattr(self._nv, fname, None)
         if fn is None:
             st.unsupported.add(key)
             log.debug("GPU %d: pynvml has no %s; field left out", index, fname)
-            return _ABSENT
+            return None
         try:
             return fn(*args, **kwargs)
         except Exception as e:
@@ -312,7 +325,7 @@ class NvmlBackend:
                 raise
             return self._absent_or_raise(index, st, key, fname, e)
 
-    def _absent_or_raise(self, index: int, st: _GpuState, key: str, what: str, e: BaseException) -> Any:
+    def _absent_or_raise(self, index: int, st: _GpuState, key: str, what: str, e: BaseException) -> None:
         err = self._gpu_error(index, what, e)
         if err is not None:
             raise err from e
@@ -323,7 +336,7 @@ class NvmlBackend:
         elif (key, code) not in st.logged:
             st.logged.add((key, code))
             log.info("GPU %d: %s unavailable (%s); field left out", index, key, e)
-        return _ABSENT
+        return None
 
     # ------------------------------------------------------------------ devices
 
@@ -364,10 +377,10 @@ class NvmlBackend:
             minor = self._probe(index, st, "minor", "nvmlDeviceGetMinorNumber", h)
             pci = self._probe(index, st, "pci", "nvmlDeviceGetPciInfo", h)
             bus_id = None
-            if pci is not _ABSENT:
+            if pci is not None:
                 raw = getattr(pci, "busId", None) or getattr(pci, "busIdLegacy", None)
                 bus_id = normalize_pci_bus_id(raw) if raw else None
-            st.static = (uuid, model, None if minor is _ABSENT else int(minor), bus_id)
+            st.static = (uuid, model, None if minor is None else int(minor), bus_id)
         uuid, model, minor, bus_id = st.static
         return GpuIdentity(
             index=index,
@@ -381,7 +394,7 @@ class NvmlBackend:
     def _mig_instances(self, index: int, st: _GpuState, h: Any) -> tuple[MigInstance, ...]:
         nv = self._nv
         mode = self._probe(index, st, "mig_mode", "nvmlDeviceGetMigMode", h)
-        enabled = mode is not _ABSENT and int(mode[0]) == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+        enabled = mode is not None and int(mode[0]) == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
         if enabled != st.mig_enabled:
             # MIG toggles need a GPU reset; what the GPU supports may have changed with it.
             st.unsupported.clear()
@@ -390,7 +403,7 @@ class NvmlBackend:
             st.mig_handles = {}
             return ()
         count = self._probe(index, st, "mig_count", "nvmlDeviceGetMaxMigDeviceCount", h)
-        if count is _ABSENT:
+        if count is None:
             return ()
         instances: list[MigInstance] = []
         handles: dict[int, Any] = {}
@@ -431,103 +444,28 @@ class NvmlBackend:
     # ------------------------------------------------------------------ read
 
     def read(self, gpu: GpuIdentity) -> GpuReading:
-        """One poll of one GPU in DCGM names and dcgm-exporter units."""
-        nv = self._nv
+        """One poll of one GPU in DCGM names and dcgm-exporter units (see `_field_readers`)."""
         index = gpu.index
         h = self._handle(index)
         st = self._state(index)
-        p = self._probe
-        f: dict[str, float] = {}
-        mig = st.mig_enabled or bool(gpu.mig_instances)
-
-        if not mig:  # NVML has no whole-GPU utilization on MIG GPUs (nor does dcgm-exporter)
-            u = p(index, st, "util", "nvmlDeviceGetUtilizationRates", h)
-            if u is not _ABSENT:
-                f["DCGM_FI_DEV_GPU_UTIL"] = u.gpu
-                f["DCGM_FI_DEV_MEM_COPY_UTIL"] = u.memory
-            v = p(index, st, "enc", "nvmlDeviceGetEncoderUtilization", h)
-            if v is not _ABSENT:
-                f["DCGM_FI_DEV_ENC_UTIL"] = v[0]
-            v = p(index, st, "dec", "nvmlDeviceGetDecoderUtilization", h)
-            if v is not _ABSENT:
-                f["DCGM_FI_DEV_DEC_UTIL"] = v[0]
-
-        f.update(self._memory(index, st, h, ""))
-
-        v = p(index, st, "power", "nvmlDeviceGetPowerUsage", h)
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_POWER_USAGE"] = v / 1000.0  # mW -> W
-        v = p(index, st, "energy", "nvmlDeviceGetTotalEnergyConsumption", h)
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] = v  # mJ, as DCGM
-        v = p(index, st, "gpu_temp", "nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_GPU_TEMP"] = v
-        v = self._field_value(index, st, h, "memory_temp", getattr(nv, "NVML_FI_DEV_MEMORY_TEMP", 82))
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_MEMORY_TEMP"] = v
-        v = p(index, st, "sm_clock", "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_SM_CLOCK"] = v
-        v = p(index, st, "mem_clock", "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_MEM", 2))
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_MEM_CLOCK"] = v
-        v = p(index, st, "pcie_replay", "nvmlDeviceGetPcieReplayCounter", h)
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] = v
-
-        corrected = getattr(nv, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
-        uncorrected = getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
-        volatile = getattr(nv, "NVML_VOLATILE_ECC", 0)
-        aggregate = getattr(nv, "NVML_AGGREGATE_ECC", 1)
-        for name, etype, ctype in (
-            ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", corrected, volatile),
-            ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", uncorrected, volatile),
-            ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", corrected, aggregate),
-            ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", uncorrected, aggregate),
-        ):
-            v = p(index, st, name, "nvmlDeviceGetTotalEccErrors", h, etype, ctype)
-            if v is not _ABSENT:
-                f[name] = v
-
-        v = p(index, st, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
-        if v is not _ABSENT:
-            corr, unc, _pending, failure = v
-            f["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] = corr
-            f["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] = unc
-            f["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1 if failure else 0
-
-        v = self._clock_reasons(index, st, h)
-        if v is not _ABSENT:
-            f["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] = v
-
-        for name, policy in (
-            ("DCGM_FI_DEV_POWER_VIOLATION", getattr(nv, "NVML_PERF_POLICY_POWER", 0)),
-            ("DCGM_FI_DEV_THERMAL_VIOLATION", getattr(nv, "NVML_PERF_POLICY_THERMAL", 1)),
-        ):
-            v = p(index, st, name, "nvmlDeviceGetViolationStatus", h, policy)
-            if v is not _ABSENT:
-                f[name] = v.violationTime  # ns
-
-        if st.xid_registered:
-            f["DCGM_FI_DEV_XID_ERRORS"] = st.last_xid
-
+        plans = self._plans
+        if not (st.mig_enabled or gpu.mig_instances):
+            return GpuReading(fields=read_fields(plans.whole_gpu, index, st, h, ""))
+        fields = read_fields(plans.mig_gpu, index, st, h, "")
         instance_fields: dict[int, dict[str, float]] = {}
-        if mig:
-            for inst in gpu.mig_instances:
-                mh = st.mig_handles.get(inst.gpu_instance_id)
-                if mh is None:
-                    continue
-                mf = self._memory(index, st, mh, f"mig{inst.gpu_instance_id}:")
-                if mf:
-                    instance_fields[inst.gpu_instance_id] = mf
-        return GpuReading(fields=f, instance_fields=instance_fields)
+        for inst in gpu.mig_instances:
+            mh = st.mig_handles.get(inst.gpu_instance_id)
+            if mh is None:
+                continue
+            mf = read_fields(plans.mig_instance, index, st, mh, f"mig{inst.gpu_instance_id}:")
+            if mf:
+                instance_fields[inst.gpu_instance_id] = mf
+        return GpuReading(fields=fields, instance_fields=instance_fields)
 
-    def _memory(self, index: int, st: _GpuState, h: Any, prefix: str) -> dict[str, float]:
-        """FB_* in MiB (floored, as DCGM). v2 gives `reserved`; drivers/bindings without it use v1."""
+    def _memory(self, index: int, st: _GpuState, h: Any, prefix: str) -> _Memory | None:
+        """Framebuffer sizes. v2 gives `reserved`; drivers/bindings without it use v1."""
         nv = self._nv
         key_v2 = prefix + "memory_v2"
-        mem = _ABSENT
         version = getattr(nv, "nvmlMemory_v2", None)
         if version is None:
             st.unsupported.add(key_v2)
@@ -550,25 +488,19 @@ class NvmlBackend:
                 ):
                     st.unsupported.add(key_v2)
                 else:
-                    self._absent_or_raise(index, st, key_v2, "nvmlDeviceGetMemoryInfo_v2", e)
-                    return {}
-        out: dict[str, float] = {}
-        if mem is _ABSENT:
-            mem = self._probe(index, st, prefix + "memory_v1", "nvmlDeviceGetMemoryInfo", h)
-            if mem is _ABSENT:
-                return out
-        else:
-            out["DCGM_FI_DEV_FB_RESERVED"] = mem.reserved // _MIB
-        out["DCGM_FI_DEV_FB_TOTAL"] = mem.total // _MIB
-        out["DCGM_FI_DEV_FB_FREE"] = mem.free // _MIB
-        out["DCGM_FI_DEV_FB_USED"] = mem.used // _MIB
-        return out
+                    return self._absent_or_raise(index, st, key_v2, "nvmlDeviceGetMemoryInfo_v2", e)
+            else:
+                return _Memory(mem.total // _MIB, mem.free // _MIB, mem.used // _MIB, mem.reserved // _MIB)
+        mem = self._probe(index, st, prefix + "memory_v1", "nvmlDeviceGetMemoryInfo", h)
+        if mem is None:
+            return None
+        return _Memory(mem.total // _MIB, mem.free // _MIB, mem.used // _MIB, None)
 
     def _field_value(self, index: int, st: _GpuState, h: Any, key: str, field_id: int) -> Any:
         """One nvmlDeviceGetFieldValues entry; its own nvmlReturn says whether it is data."""
         values = self._probe(index, st, key, "nvmlDeviceGetFieldValues", h, [field_id])
-        if values is _ABSENT:
-            return _ABSENT
+        if values is None:
+            return None
         fv = values[0]
         ret = int(getattr(fv, "nvmlReturn", _SUCCESS))
         if ret != _SUCCESS:
@@ -576,14 +508,14 @@ class NvmlBackend:
             return self._absent_or_raise(index, st, key, f"field {field_id}", exc_cls(ret))
         return _typed_value(fv)
 
-    def _clock_reasons(self, index: int, st: _GpuState, h: Any) -> Any:
+    def _clock_reasons(self, index: int, st: _GpuState, h: Any, _prefix: str = "") -> Any:
         """Clock event reasons; the pre-12.x name (ThrottleReasons) when the new one is missing.
 
         Only a missing function falls back; a GPU that answers NotSupported lacks the feature.
         """
         if "clocks_event_api_missing" not in st.unsupported:
             if "clocks_event" in st.unsupported:
-                return _ABSENT
+                return None
             fn = getattr(self._nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
             if fn is not None:
                 try:
@@ -606,7 +538,7 @@ class NvmlBackend:
         h = self._handle(index)
         st = self._state(index)
         procs = self._probe(index, st, "processes", "nvmlDeviceGetComputeRunningProcesses", h)
-        if procs is _ABSENT:
+        if procs is None:
             return []
         sm = self._process_sm_util(index, st, h) if procs else {}
         out: list[GpuProcess] = []
@@ -719,6 +651,95 @@ class NvmlBackend:
             return int(self._nv.nvmlDeviceGetIndex(handle))
         except Exception:  # noqa: BLE001
             return None
+
+
+# ---------------------------------------------------------------------- what each field reads
+
+
+def _field_readers(b: NvmlBackend) -> Readers:
+    """Field -> the NVML call that answers it and, where the answer is not the value itself, how
+    to get the value in DCGM units. No DCGM_FI_PROF_*: NVML has no DCP counters.
+
+    Bound to one backend at open(), with pynvml's constants resolved then (an old pynvml that
+    lacks a name gets NVML's C value), so a poll pays only for the calls. The keys given to
+    `call` are what a GPU's "unsupported" memory and the log lines name.
+    """
+    nv = b._nv
+    probe = b._probe
+
+    def call(key: str, fname: str, *constants: tuple[str, int]) -> Source:
+        if not constants:
+            return lambda index, st, h, _prefix: probe(index, st, key, fname, h)
+        args = tuple(getattr(nv, name, value) for name, value in constants)
+        return lambda index, st, h, _prefix: probe(index, st, key, fname, h, *args)
+
+    def field_id(key: str, constant: tuple[str, int]) -> Source:
+        fid = getattr(nv, *constant)
+        return lambda index, st, h, _prefix: b._field_value(index, st, h, key, fid)
+
+    def ecc(key: str, error_type: tuple[str, int], counter_type: tuple[str, int]) -> Source:
+        return call(key, "nvmlDeviceGetTotalEccErrors", error_type, counter_type)
+
+    def last_xid(index: int, st: _GpuState, h: Any, _prefix: str) -> int | None:
+        return st.last_xid if st.xid_registered else None
+
+    utilization = call("util", "nvmlDeviceGetUtilizationRates")
+    remapped_rows = call("remapped_rows", "nvmlDeviceGetRemappedRows")  # (corr, unc, pending, failure)
+    memory = b._memory  # one call (v2, else v1) answers all four FB_* fields
+    corrected, uncorrected = ("NVML_MEMORY_ERROR_TYPE_CORRECTED", 0), ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile, aggregate = ("NVML_VOLATILE_ECC", 0), ("NVML_AGGREGATE_ECC", 1)
+    return {
+        "DCGM_FI_DEV_SM_CLOCK": call("sm_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM", 1)),
+        "DCGM_FI_DEV_MEM_CLOCK": call("mem_clock", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM", 2)),
+        "DCGM_FI_DEV_MEMORY_TEMP": field_id("memory_temp", ("NVML_FI_DEV_MEMORY_TEMP", 82)),
+        "DCGM_FI_DEV_GPU_TEMP": call("gpu_temp", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU", 0)),
+        "DCGM_FI_DEV_POWER_USAGE": (call("power", "nvmlDeviceGetPowerUsage"), lambda mw: mw / 1000.0),  # mW -> W
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": call("energy", "nvmlDeviceGetTotalEnergyConsumption"),  # mJ
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": call("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
+        "DCGM_FI_DEV_GPU_UTIL": (utilization, attrgetter("gpu")),
+        "DCGM_FI_DEV_MEM_COPY_UTIL": (utilization, attrgetter("memory")),
+        "DCGM_FI_DEV_ENC_UTIL": (call("enc", "nvmlDeviceGetEncoderUtilization"), itemgetter(0)),  # (%, period)
+        "DCGM_FI_DEV_DEC_UTIL": (call("dec", "nvmlDeviceGetDecoderUtilization"), itemgetter(0)),
+        "DCGM_FI_DEV_XID_ERRORS": last_xid,
+        "DCGM_FI_DEV_POWER_VIOLATION": (
+            call("DCGM_FI_DEV_POWER_VIOLATION", "nvmlDeviceGetViolationStatus", ("NVML_PERF_POLICY_POWER", 0)),
+            attrgetter("violationTime"),  # ns
+        ),
+        "DCGM_FI_DEV_THERMAL_VIOLATION": (
+            call("DCGM_FI_DEV_THERMAL_VIOLATION", "nvmlDeviceGetViolationStatus", ("NVML_PERF_POLICY_THERMAL", 1)),
+            attrgetter("violationTime"),
+        ),
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": b._clock_reasons,
+        "DCGM_FI_DEV_FB_TOTAL": (memory, attrgetter("total")),
+        "DCGM_FI_DEV_FB_FREE": (memory, attrgetter("free")),
+        "DCGM_FI_DEV_FB_USED": (memory, attrgetter("used")),
+        "DCGM_FI_DEV_FB_RESERVED": (memory, attrgetter("reserved")),  # None from v1: absent
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ecc("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", corrected, volatile),
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ecc("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", uncorrected, volatile),
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ecc("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", corrected, aggregate),
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ecc("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", uncorrected, aggregate),
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": (remapped_rows, itemgetter(1)),
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": (remapped_rows, itemgetter(0)),
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": (remapped_rows, lambda rows: 1 if rows[3] else 0),
+    }
+
+
+@dataclass(frozen=True)
+class _Plans:
+    """The catalogue walks a backend makes: a whole GPU, a MIG GPU, and one GPU instance."""
+
+    whole_gpu: Plan
+    mig_gpu: Plan  # no utilization: NVML has none on MIG GPUs (nor does dcgm-exporter)
+    mig_instance: Plan  # framebuffer sizes of one GPU instance, through its MIG handle
+
+    @classmethod
+    def of(cls, b: NvmlBackend) -> _Plans:
+        readers = _field_readers(b)
+        return cls(
+            whole_gpu=plan(readers, ("device", "instance", "non_mig")),
+            mig_gpu=plan(readers, ("device", "instance")),
+            mig_instance=plan(readers, ("instance",)),
+        )
 
 
 def _typed_value(fv: Any) -> float:

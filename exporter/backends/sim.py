@@ -29,7 +29,9 @@ from typing import Callable, Sequence
 
 from gpufleet.config import ConfigError
 
+from gpufleet.exporter.backends.sim_models import SimModel
 from gpufleet.exporter.backends.sim_scenario import Scenario, SimGpuSpec, SimProcess, _Reader
+from gpufleet.exporter.fields import Readers, plan, read_fields
 from gpufleet.exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, XidEvent
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,85 @@ class _Control:
 
 
 _NO_CONTROL = _Control()
+
+
+@dataclass(slots=True)
+class _Now:
+    """What one read derived from the scenario: of the whole GPU, or of one MIG instance.
+
+    Plain slots, not frozen: it is built on every read and never kept.
+    """
+
+    model: SimModel
+    util: float  # percent
+    temp: float  # C
+    power: float  # W
+    energy_mj: float
+    last_xid: int
+    fb_total: int  # MiB
+    fb_used: int
+    fb_reserved: int
+    tensor: float | None = None  # 0..1 when the scenario or a control file drives it
+    engine_active: bool = False  # engine activity is reported (tensor driven, or a MIG instance)
+
+    def instance(self, util: float, fb_total: int, fb_used: int) -> _Now:
+        """The same GPU seen from one MIG instance: its own utilization and framebuffer."""
+        return _Now(self.model, util, self.temp, self.power, self.energy_mj, self.last_xid,
+                    fb_total=fb_total, fb_used=fb_used, fb_reserved=0, tensor=None, engine_active=True)
+
+
+def _zero(_now: _Now) -> int:
+    """Counters and rates a healthy simulated GPU never moves."""
+    return 0
+
+
+def _if_tensor(value: Callable[[_Now], float]) -> Callable[[_Now], float | None]:
+    """Profiling ratios exist only where the tensor activity is driven."""
+    return lambda now: None if now.tensor is None else value(now)
+
+
+def _row_remap(now: _Now) -> int | None:
+    return 0 if now.model.supports_row_remap else None
+
+
+# Field -> its value from what one read derived (None: the simulated board does not report it).
+_READERS: Readers = {
+    "DCGM_FI_DEV_SM_CLOCK": lambda now: now.model.max_sm_mhz if now.util > 0 else now.model.idle_sm_mhz,
+    "DCGM_FI_DEV_MEM_CLOCK": lambda now: now.model.mem_mhz,
+    "DCGM_FI_DEV_MEMORY_TEMP": lambda now: round(now.temp + 4) if now.model.supports_memory_temp else None,
+    "DCGM_FI_DEV_GPU_TEMP": lambda now: round(now.temp),
+    "DCGM_FI_DEV_POWER_USAGE": lambda now: round(now.power, 3),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda now: round(now.energy_mj),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": _zero,
+    "DCGM_FI_DEV_GPU_UTIL": lambda now: round(now.util),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": lambda now: round(now.util * 0.4),
+    "DCGM_FI_DEV_ENC_UTIL": _zero,
+    "DCGM_FI_DEV_DEC_UTIL": _zero,
+    "DCGM_FI_DEV_XID_ERRORS": lambda now: now.last_xid,
+    "DCGM_FI_DEV_POWER_VIOLATION": _zero,
+    "DCGM_FI_DEV_THERMAL_VIOLATION": _zero,
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": lambda now: (
+        (_IDLE_REASON if now.util == 0 else 0) | (_SW_THERMAL if now.temp >= 85 else 0)
+    ),
+    "DCGM_FI_DEV_FB_TOTAL": lambda now: now.fb_total,
+    "DCGM_FI_DEV_FB_FREE": lambda now: now.fb_total - now.fb_reserved - now.fb_used,
+    "DCGM_FI_DEV_FB_USED": lambda now: now.fb_used,
+    "DCGM_FI_DEV_FB_RESERVED": lambda now: now.fb_reserved,
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": _zero,
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": _zero,
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": _zero,
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": _zero,
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": _row_remap,
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": _row_remap,
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": _row_remap,
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": lambda now: round(now.util / 100, 6) if now.engine_active else None,
+    "DCGM_FI_PROF_SM_ACTIVE": _if_tensor(lambda now: round(now.util / 100 * 0.9, 6)),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _if_tensor(lambda now: round(now.tensor, 6)),
+    "DCGM_FI_PROF_DRAM_ACTIVE": _if_tensor(lambda now: round(now.util / 100 * 0.3, 6)),
+}
+_WHOLE_GPU = plan(_READERS, ("device", "instance", "non_mig"))
+_MIG_GPU = plan(_READERS, ("device",))  # per-instance fields live on the instance rows
+_MIG_INSTANCE = plan(_READERS, ("instance",))
 
 
 class SimBackend:
@@ -153,6 +234,7 @@ class SimBackend:
         return [p for p in procs if p.alive(t)]
 
     def read(self, gpu: GpuIdentity) -> GpuReading:
+        """One poll: derive the GPU's state from the scenario, then walk the catalogue (`_READERS`)."""
         t = self.elapsed()
         spec = self._check_alive(gpu, t)
         m = self.scenario.model
@@ -167,66 +249,40 @@ class SimBackend:
             util = sum(inst_utils.values()) / len(inst_utils)
         procs = self._live_processes(spec, t, control)
         power = m.idle_w + (m.tdp_w - m.idle_w) * 0.9 * util / 100
-        temp = 30 + util * 0.45
         dt = max(0.0, t - self._last_read.get(gpu.index, t))
         self._last_read[gpu.index] = t
         self._energy_mj[gpu.index] += power * dt * 1000
         reserved = round(m.memory_mib * 0.006)
         used = sum(p.used_memory_mib for p in procs) + (spec.memory_used_mib.at(t) if spec.memory_used_mib else 0)
-        used = _clip(round(used), 0, m.memory_mib - reserved)
-        f: dict[str, float] = {
-            "DCGM_FI_DEV_SM_CLOCK": m.max_sm_mhz if util > 0 else m.idle_sm_mhz,
-            "DCGM_FI_DEV_MEM_CLOCK": m.mem_mhz,
-            "DCGM_FI_DEV_GPU_TEMP": round(temp),
-            "DCGM_FI_DEV_POWER_USAGE": round(power, 3),
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": round(self._energy_mj[gpu.index]),
-            "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
-            "DCGM_FI_DEV_XID_ERRORS": self._last_xid.get(gpu.index, 0),
-            "DCGM_FI_DEV_POWER_VIOLATION": 0,
-            "DCGM_FI_DEV_THERMAL_VIOLATION": 0,
-            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": (_IDLE_REASON if util == 0 else 0) | (_SW_THERMAL if temp >= 85 else 0),
-            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 0,
-            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0,
-            "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": 0,
-            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": 0,
-        }
-        if m.supports_memory_temp:
-            f["DCGM_FI_DEV_MEMORY_TEMP"] = round(temp + 4)
-        if m.supports_row_remap:
-            f.update({"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 0, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 0, "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0})
+        tensor = None
+        if not gpu.mig_instances and (control.tensor_active is not None or spec.tensor_active is not None):
+            tensor = _clip(control.tensor_active if control.tensor_active is not None else spec.tensor_active.at(t), 0, 1)
+        now = _Now(
+            model=m,
+            util=util,
+            temp=30 + util * 0.45,
+            power=power,
+            energy_mj=self._energy_mj[gpu.index],
+            last_xid=self._last_xid.get(gpu.index, 0),
+            fb_total=m.memory_mib,
+            fb_used=_clip(round(used), 0, m.memory_mib - reserved),
+            fb_reserved=reserved,
+            tensor=tensor,
+            engine_active=tensor is not None,
+        )
         instance_fields: dict[int, dict[str, float]] = {}
         if gpu.mig_instances:
-            for inst, mig in zip(gpu.mig_instances, spec.mig):
+            fields = read_fields(_MIG_GPU, now)
+            for inst, _mig in zip(gpu.mig_instances, spec.mig):
+                gi = inst.gpu_instance_id
                 total = m.mig_profiles[inst.profile]
-                inst_used = sum(p.used_memory_mib for p in procs if p.gpu_instance_id == inst.gpu_instance_id)
-                inst_used = _clip(round(inst_used), 0, total)
-                instance_fields[inst.gpu_instance_id] = {
-                    "DCGM_FI_DEV_FB_TOTAL": total,
-                    "DCGM_FI_DEV_FB_USED": inst_used,
-                    "DCGM_FI_DEV_FB_FREE": total - inst_used,
-                    "DCGM_FI_DEV_FB_RESERVED": 0,
-                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(inst_utils[inst.gpu_instance_id] / 100, 6),
-                }
+                inst_used = _clip(round(sum(p.used_memory_mib for p in procs if p.gpu_instance_id == gi)), 0, total)
+                instance_fields[gi] = read_fields(_MIG_INSTANCE, now.instance(inst_utils[gi], total, inst_used))
         else:
-            f.update({
-                "DCGM_FI_DEV_GPU_UTIL": round(util),
-                "DCGM_FI_DEV_MEM_COPY_UTIL": round(util * 0.4),
-                "DCGM_FI_DEV_ENC_UTIL": 0,
-                "DCGM_FI_DEV_DEC_UTIL": 0,
-                "DCGM_FI_DEV_FB_TOTAL": m.memory_mib,
-                "DCGM_FI_DEV_FB_USED": used,
-                "DCGM_FI_DEV_FB_RESERVED": reserved,
-                "DCGM_FI_DEV_FB_FREE": m.memory_mib - reserved - used,
-            })
-            if control.tensor_active is not None or spec.tensor_active is not None:
-                tensor = _clip(control.tensor_active if control.tensor_active is not None else spec.tensor_active.at(t), 0, 1)
-                f["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] = round(tensor, 6)
-                f["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] = round(util / 100, 6)
-                f["DCGM_FI_PROF_SM_ACTIVE"] = round(util / 100 * 0.9, 6)
-                f["DCGM_FI_PROF_DRAM_ACTIVE"] = round(util / 100 * 0.3, 6)
-        for name, trace in spec.fields:
-            f[name] = trace.at(t)
-        return GpuReading(fields=f, instance_fields=instance_fields)
+            fields = read_fields(_WHOLE_GPU, now)
+        for name, trace in spec.fields:  # the scenario's own traces win
+            fields[name] = trace.at(t)
+        return GpuReading(fields=fields, instance_fields=instance_fields)
 
     def processes(self, gpu: GpuIdentity) -> Sequence[GpuProcess]:
         t = self.elapsed()
