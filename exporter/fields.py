@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Union
 
+from gpufleet.exposition import DCGM_BLANK_THRESHOLD  # blank DCGM values are not data
+
 
 @dataclass(frozen=True)
 class Field:
@@ -69,9 +71,6 @@ GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName")
 MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
 HOST_LABEL = "Hostname"
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
-
-# DCGM reports "blank" (not available) as values near 2**63; such values are not data.
-DCGM_BLANK_THRESHOLD = 9223372036854775792
 
 
 def is_blank(value: float) -> bool:

@@ -21,7 +21,6 @@ import gpufleet.collector.exposition_parse as parse_mod
 from gpufleet.collector.exposition_fast import MAX_LINE_CHARS, MAX_PROBLEMS, scan
 from gpufleet.collector.exposition_parse import DCGM_BLANK_THRESHOLD, parse_exposition, target_host
 from gpufleet.collector.schema import SAMPLE_SCHEMA
-from gpufleet.exporter.fields import DCGM_BLANK_THRESHOLD as EXPORTER_BLANK_THRESHOLD
 from gpufleet.exporter.jobmap.base import JobBinding
 from tests.test_exporter_output import StaticSource, make_poller
 
@@ -376,10 +375,6 @@ def test_blank_sentinels_and_nan_are_null_never_zero():
     assert (g["mem_temp_c"], g["energy_mj"], g["xid_last"], g["power_w"], g["gpu_temp_c"], g["sm_clock_mhz"]) == (None,) * 6
     assert g["pcie_replay"] == DCGM_BLANK_THRESHOLD - 1
     assert g["gpu_util"] == 0
-
-
-def test_blank_threshold_matches_the_exporter():
-    assert DCGM_BLANK_THRESHOLD == EXPORTER_BLANK_THRESHOLD
 
 
 def test_entity_rows_and_unknown_families_are_ignored_not_rejected():
