@@ -127,10 +127,11 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in report["filters"].items()) + "\n")
     for warning in report.get("warnings", []):
         out.write(f"WARNING: {warning}\n")
-    t = report["totals"]
-    out.write(f"scope: {t['scope']}\n")
-    if t.get("not_attributable_reason"):
-        out.write(f"  not shown: {t['not_attributable_reason']}\n")
+    scope = report.get("totals", {})
+    if scope.get("scope", "fleet") != "fleet":
+        out.write(f"figures for {scope['scope']} only\n")
+    if scope.get("not_attributable_reason"):
+        out.write(f"  not shown: {scope['not_attributable_reason']}\n")
     trend = [{**r, "change": r["change_missing"] or r["change"], "change_pct": r["change_pct_missing"] or r["change_pct"]}
              for r in report["trend"]]  # "no data", "unknown", "zero base" in place of a missing change
     table("Headline (vs the previous window)", trend, out, ["label", "current", "previous", "change", "change_pct"])
