@@ -12,8 +12,9 @@ import pytest
 
 from gpufleet.exporter.backends.gpm import GPM_FIELDS, reason_of
 from gpufleet.exporter.backends.nvml import NvmlBackend
+from gpufleet.exporter.fields import FIELDS
 from gpufleet.exporter.poller import Poller
-from tests.fakes.fake_pynvml import CAPTURE, GIB, MIB, FakeGpu, FakeMig, FakeNvml, h100_capture
+from tests.fakes.fake_pynvml import CAPTURE, GIB, FakeGpu, FakeMig, FakeNvml, h100_capture
 from tests.realstack.prometheus import promtool_path
 
 PROF = [name for name, *_ in GPM_FIELDS]
@@ -56,6 +57,11 @@ def health(p: Poller) -> dict[str, float]:
     """nvml_gpm's success and problem rows (duration and timestamps vary)."""
     return {k: v for k, v in rows(p, "gpufleet_collector_").items()
             if "nvml_gpm" in k and k.startswith(("gpufleet_collector_success", "gpufleet_collector_problems"))}
+
+
+def test_every_gpm_field_is_a_per_instance_gauge_of_the_catalogue():
+    assert len(PROF) == len(set(PROF)) == len([n for n in FIELDS if n.startswith("DCGM_FI_PROF_")])
+    assert all(FIELDS[n].scope == "instance" and FIELDS[n].kind == "gauge" for n in PROF)
 
 
 # --- on: the real H100 -----------------------------------------------------------------------
