@@ -9,6 +9,8 @@ import subprocess
 
 import pynvml
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.exporter.backends.gpm import GPM_FIELDS, reason_of
 from gpufleet.exporter.backends.nvml import NvmlBackend
@@ -268,3 +270,32 @@ def test_promtool_check_metrics_is_clean_on_the_gpufleet_families():
     # DCGM rows draw only the complaint dcgm-exporter's own label names (modelName) draw
     assert {ln.split(" ", 1)[1] for ln in complaints if ln.startswith("DCGM_FI_PROF")} <= {
         "label names should be written in 'snake_case' not 'camelCase'"}
+
+
+_STATES = {"ok": None, "metrics": ("nvmlGpmMetricsGet", pynvml.NVML_ERROR_UNKNOWN), "sample": ("nvmlGpmSampleGet", pynvml.NVML_ERROR_TIMEOUT)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(_STATES)), st.sampled_from(sorted(_STATES))), min_size=1, max_size=8))
+def test_gpm_failures_only_ever_remove_that_gpus_profiling_fields(plan):
+    """Whatever GPM does poll by poll: a GPU publishes the window's fields exactly when this poll's
+    sample and metrics worked and the previous poll took a sample; every GPU stays up with its
+    other fields; each failure is counted once."""
+    nv = two_h100s()
+    p = poller(nv)
+    took_sample = [False, False]
+    failures = 0
+    for states in plan:
+        for g, state in enumerate(states):
+            nv.gpus[g].errors = dict([_STATES[state]]) if _STATES[state] else {}
+        p.poll_telemetry()
+        for g, state in enumerate(states):
+            expect = state == "ok" and took_sample[g]
+            assert bool(prof(p, g)) == expect, (plan, g)
+            # a metrics call is made (and can fail) only when there is a window to measure
+            failures += state == "sample" or (state == "metrics" and took_sample[g])
+            took_sample[g] = state != "sample"
+        assert list(rows(p, "gpufleet_gpu_up").values()) == [1.0, 1.0]
+        assert len(rows(p, "DCGM_FI_DEV_GPU_UTIL")) == 2
+    counted = sum(v for k, v in rows(p, "gpufleet_collector_problems_total").items() if "nvml_gpm" in k)
+    assert counted == failures

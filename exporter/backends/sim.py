@@ -40,7 +40,7 @@ from gpufleet.config import ConfigError
 from gpufleet.exporter.backends.sim_models import SimModel
 from gpufleet.exporter.backends.sim_scenario import Scenario, SimGpuSpec, SimProcess, _Reader
 from gpufleet.exporter.fields import Readers, plan, read_fields
-from gpufleet.exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, XidEvent
+from gpufleet.exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, SourceHealth, XidEvent
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +324,10 @@ class SimBackend:
                     self._last_xid[spec.index] = code
         self._xid_cursor = t
         return sorted(events, key=lambda e: e.timestamp)
+
+    def health(self) -> dict[str, SourceHealth]:
+        """No optional sources: the simulated profiling fields cannot fail."""
+        return {}
 
     def close(self) -> None:
         self._devices = []
