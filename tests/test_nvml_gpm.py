@@ -299,3 +299,19 @@ def test_gpm_failures_only_ever_remove_that_gpus_profiling_fields(plan):
         assert len(rows(p, "DCGM_FI_DEV_GPU_UTIL")) == 2
     counted = sum(v for k, v in rows(p, "gpufleet_collector_problems_total").items() if "nvml_gpm" in k)
     assert counted == failures
+
+
+def test_a_failing_health_report_does_not_stop_telemetry(caplog):
+    nv = two_h100s()
+    b = NvmlBackend(nvml=nv)
+
+    def broken() -> dict:
+        raise RuntimeError("health exploded")
+
+    b.health = broken  # type: ignore[method-assign]
+    p = Poller(b, hostname="vm", clock=Clock())
+    p.poll_telemetry()
+    p.poll_telemetry()
+    assert prof(p, 0) and list(rows(p, "gpufleet_gpu_up").values()) == [1.0, 1.0]
+    assert "backend health report failed: health exploded" in caplog.text
+    assert health(p) == {}
