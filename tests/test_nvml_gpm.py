@@ -315,3 +315,24 @@ def test_a_failing_health_report_does_not_stop_telemetry(caplog):
     assert prof(p, 0) and list(rows(p, "gpufleet_gpu_up").values()) == [1.0, 1.0]
     assert "backend health report failed: health exploded" in caplog.text
     assert health(p) == {}
+
+
+def test_windows_of_a_gpu_that_changes_mig_mode_are_freed():
+    gpu = FakeGpu(uuid="GPU-33333333-3333-4333-8333-333333333333", gpm={G.NVML_GPM_METRIC_SM_UTIL: 50.0},
+                  migs=[FakeMig(1, "MIG-1", "NVIDIA H100 80GB HBM3 MIG 7g.80gb", {"total": 80 * GIB, "reserved": 0, "free": 80 * GIB, "used": 0})],
+                  gpm_mig={1: {G.NVML_GPM_METRIC_SM_UTIL: 25.0}})
+    nv = FakeNvml([gpu])
+    b = NvmlBackend(nvml=nv)
+    b.open()
+    for _ in range(2):
+        [g] = b.devices()
+        r = b.read(g)
+    assert r.fields["DCGM_FI_PROF_SM_ACTIVE"] == 0.5
+    gpu.mig_enabled = True
+    for _ in range(2):
+        [g] = b.devices()
+        r = b.read(g)
+    assert r.instance_fields[1]["DCGM_FI_PROF_SM_ACTIVE"] == 0.25 and "DCGM_FI_PROF_SM_ACTIVE" not in r.fields
+    assert nv.calls[("nvmlGpmSampleFree", None)] == 2  # the whole GPU's pair
+    b.close()
+    assert nv.calls[("nvmlGpmSampleFree", None)] == 4 == nv.calls[("nvmlGpmSampleAlloc", None)]

@@ -91,6 +91,7 @@ class GpmReader:
         self._metrics = tuple((name, int(getattr(nv, const, default)), scale) for name, const, default, scale in GPM_FIELDS)
         self._support: dict[int, bool] = {}
         self._windows: dict[Key, _Window] = {}
+        self._by_gpu: dict[int, set[Key]] = {}  # GPU index -> its windows' keys
         self._no_gpm: set[Key] = set()  # GPUs / MIG instances whose sampling answered NotSupported
         self._request: Any = None  # one c_nvmlGpmMetricsGet_t, reused (polls are sequential)
         self.problems: Counter[str] = Counter()
@@ -146,6 +147,7 @@ class GpmReader:
                 self._problem(key, "nvmlGpmSampleAlloc", e)
                 return {}
             self._windows[key] = w
+            self._by_gpu.setdefault(key[0], set()).add(key)
         try:
             sample_get(w.spare)
         except Exception as e:  # noqa: BLE001
@@ -199,11 +201,14 @@ class GpmReader:
 
     def keep_only(self, index: int, keys: set[Key]) -> None:
         """Free the windows of GPU `index` that are not in `keys` (MIG instances that went away)."""
-        for key in [k for k in self._windows if k[0] == index and k not in keys]:
-            self._drop(key)
+        held = self._by_gpu.get(index)
+        if held and not held <= keys:
+            for key in held - keys:
+                self._drop(key)
 
     def _drop(self, key: Key) -> None:
         w = self._windows.pop(key, None)
+        self._by_gpu.get(key[0], set()).discard(key)
         if w is not None:
             for s in (w.prev, w.spare):
                 try:
@@ -232,5 +237,6 @@ class GpmReader:
         for key in list(self._windows):
             self._drop(key)
         self._windows = {}
+        self._by_gpu = {}
         self._support = {}
         self._no_gpm = set()

@@ -465,6 +465,7 @@ class NvmlBackend:
             fields = read_fields(plans.whole_gpu, index, st, h, "")
             if gpm is not None:
                 fields.update(gpm.read((index, None), lambda sample: self._nv.nvmlGpmSampleGet(h, sample)))
+                gpm.keep_only(index, {(index, None)})  # MIG instances that went with MIG mode
             return GpuReading(fields=fields)
         fields = read_fields(plans.mig_gpu, index, st, h, "")
         instance_fields: dict[int, dict[str, float]] = {}
