@@ -142,8 +142,14 @@ class GpmReader:
             if key in self._no_gpm:
                 return {}
             try:
-                w = _Window(nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc())
+                first = nv.nvmlGpmSampleAlloc()
             except Exception as e:  # noqa: BLE001
+                self._problem(key, "nvmlGpmSampleAlloc", e)
+                return {}
+            try:
+                w = _Window(first, nv.nvmlGpmSampleAlloc())
+            except Exception as e:  # noqa: BLE001
+                self._free(first)
                 self._problem(key, "nvmlGpmSampleAlloc", e)
                 return {}
             self._windows[key] = w
@@ -210,11 +216,14 @@ class GpmReader:
         w = self._windows.pop(key, None)
         self._by_gpu.get(key[0], set()).discard(key)
         if w is not None:
-            for s in (w.prev, w.spare):
-                try:
-                    self._nv.nvmlGpmSampleFree(s)
-                except Exception as e:  # noqa: BLE001 - freeing must not fail a poll
-                    log.debug("nvmlGpmSampleFree failed: %s", e)
+            self._free(w.prev)
+            self._free(w.spare)
+
+    def _free(self, sample: Any) -> None:
+        try:
+            self._nv.nvmlGpmSampleFree(sample)
+        except Exception as e:  # noqa: BLE001 - freeing must not fail a poll
+            log.debug("nvmlGpmSampleFree failed: %s", e)
 
     def _problem(self, key: Key, what: str, e: BaseException) -> None:
         reason = reason_of(e)
