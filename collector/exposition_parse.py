@@ -27,6 +27,15 @@ from gpufleet.exposition import DCGM_BLANK_THRESHOLD  # blank DCGM values are no
 
 
 JOB_INFO = "gpufleet_gpu_job_info"
+# Which exporter answered: the gpufleet exporter always publishes its build info.
+GPUFLEET_BUILD_INFO = "gpufleet_build_info"
+DCGM_EXPORTER, GPUFLEET = "dcgm-exporter", "gpufleet"
+# When both exporters report one GPU (same host, UUID and MIG instance) in one scrape round -
+# dcgm-exporter for DCP profiling, the gpufleet exporter for job mapping and GPM - each field
+# is taken from the first exporter here that has a value for it: dcgm-exporter wins field by
+# field, the gpufleet exporter fills the gaps (a field dcgm-exporter does not publish, or
+# publishes blank). One row per GPU results, never two (which would count the GPU twice).
+PRECEDENCE = (DCGM_EXPORTER, GPUFLEET)
 # Throughput a job reported about itself (exporter/jobreports.py), per job and exporter host.
 JOB_REPORTED_FLOPS = "gpufleet_job_reported_flops"
 JOB_REPORTED_GPUS = "gpufleet_job_reported_gpus"
@@ -137,6 +146,44 @@ def parse_rows(
     )
 
 
+def merge_exporters(parts: list[ScrapeRows]) -> list[ScrapeRows]:
+    """One scrape round's parts with the rows two exporters both reported folded into one, by
+    PRECEDENCE per field (the loser's row is left out; its values fill the winner's gaps).
+    Parts from one exporter only, or GPUs only one exporter reports, pass unchanged."""
+    if len({p.builder.exporter for p in parts}) < 2:  # one kind of exporter: nothing to fold (the usual round)
+        return parts
+    held: dict[tuple[str, str, int | None], list[tuple[int, int, int]]] = {}
+    for n, part in enumerate(parts):
+        rank = PRECEDENCE.index(part.builder.exporter)
+        info = part.builder.row_info
+        for i in part.order:
+            r = info[i]
+            held.setdefault((r.host, r.uuid, r.instance), []).append((rank, n, i))
+    dropped: dict[int, set[int]] = {}
+    for rows in held.values():
+        if len(rows) < 2:
+            continue
+        rows.sort()
+        _, wn, wi = rows[0]
+        win = parts[wn].builder
+        for _, ln, li in rows[1:]:
+            lose = parts[ln].builder
+            for column, values in lose.values.items():
+                v = values.get(li)
+                if _is_data(v) and not _is_data(win.values.get(column, {}).get(wi)):
+                    win.values.setdefault(column, {})[wi] = v
+            w, lr = win.row_info[wi], lose.row_info[li]
+            w.mig_profile, w.model, w.driver = w.mig_profile or lr.mig_profile, w.model or lr.model, w.driver or lr.driver
+            dropped.setdefault(ln, set()).add(li)
+    for n, rows_out in dropped.items():
+        parts[n].order = [i for i in parts[n].order if i not in rows_out]
+    return parts
+
+
+def _is_data(v: Any) -> bool:
+    return v is not None and v == v and v < DCGM_BLANK_THRESHOLD
+
+
 def samples_table(parts: list[ScrapeRows]) -> pa.Table:
     """The sample rows of one or more parsed scrapes, in order, as one SAMPLE_SCHEMA table.
 
@@ -240,6 +287,7 @@ class _Builder:
         self.allocations: dict[tuple, dict[str, Any]] = {}
         self.reports: dict[tuple[str, str, str], dict[str, Any]] = {}  # (scheduler, job_key, host) -> observation
         self.reasons: dict[object, str] = {}  # label-set key -> why its series are rejected
+        self.exporter = DCGM_EXPORTER  # until a gpufleet_build_info line says otherwise
         self.rejected = 0
         self.problems: list[str] = []
 
@@ -255,6 +303,8 @@ class _Builder:
             return KEEP
         mapped = METRIC_TO_COLUMN.get(name)
         if mapped is None:
+            if name == GPUFLEET_BUILD_INFO:
+                self.exporter = GPUFLEET
             return SKIP  # a family the schema does not store: ignored, not rejected
         column, scale = mapped
         return self.values.setdefault(column, {}), scale
