@@ -4,7 +4,7 @@ dcgm-exporter's value per field, the gpufleet exporter's where dcgm-exporter has
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -95,3 +95,42 @@ def test_each_field_comes_from_the_first_exporter_with_data(dcgm, ours, swap):
             assert got is None
         else:
             assert got is not None and abs(got - have[0]) < 1e-3, (metric, dcgm[metric], ours[metric], got)
+
+
+# --- read back from a TSDB: each exporter's samples carry their own scrape times ---
+
+def tsdb_series(exporter_text: str, instance: str, times: list[float]) -> list[dict]:
+    """The Prometheus API's answer for one target's text scraped at `times` (one value per series)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    for fam in text_string_to_metric_families(exporter_text):
+        for s in fam.samples:
+            out.append({"metric": {"__name__": s.name, **s.labels, "instance": instance},
+                        "values": [[t, str(s.value)] for t in times]})
+    return out
+
+
+def test_from_a_tsdb_our_samples_fold_into_the_nearest_dcgm_exporter_sample_of_the_gpu():
+    from gpufleet.collector.exposition_parse import PRECEDENCE_WITHIN_S
+    from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
+
+    t0 = TS.replace(tzinfo=timezone.utc).timestamp()
+    at = lambda t: datetime.fromtimestamp(t, tz=timezone.utc).replace(tzinfo=None)  # noqa: E731
+    dcgm = tsdb_series(dcgm_exporter({"DCGM_FI_DEV_GPU_UTIL": "80", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0.5"}), "n1:9400",
+                       [t0 + 30, t0 + 60])
+    # ours every 15 s, then on alone for a stretch dcgm-exporter did not cover
+    late = t0 + 60 + PRECEDENCE_WITHIN_S + 15
+    ours = tsdb_series(gpufleet({"DCGM_FI_DEV_GPU_UTIL": "81", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0.45",
+                                 "DCGM_FI_PROF_DRAM_ACTIVE": "0.25"}), "n1:9401",
+                       [t0 + 15, t0 + 30, t0 + 45, t0 + 60, t0 + 75, late])
+    src = PrometheusApiSource(url="http://unused", cluster="c1")
+    batch = src._to_batch(dcgm + ours, TS, at(late + 1))
+    rows = sorted(batch.samples.to_pylist(), key=lambda r: r["ts"])
+    # dcgm-exporter's two samples carry its values, with ours filling its gaps ...
+    [(a, b), (c,)] = [[r for r in rows if r["gpu_util"] == 80], [r for r in rows if r["gpu_util"] == 81]]
+    for r in (a, b):
+        assert r["tensor_active"] == 0.5 and abs(r["dram_active"] - 0.25) < 1e-6 and r["compute_processes"] == 2
+    # ... and only our sample farther than PRECEDENCE_WITHIN_S from any of dcgm-exporter's stays
+    assert c["ts"] == at(late) and abs(c["tensor_active"] - 0.45) < 1e-6
+    assert [(x["job_key"], x["gpu_uuid"]) for x in batch.allocations][:1] == [("4242", UUID)]
