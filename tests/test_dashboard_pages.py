@@ -122,20 +122,27 @@ def test_fleet_now(store, con, use_store):
     states = fn.gpu_states(con, W, T(12))
     s = fn.summarize(states, W, T(12))
     m = metrics(at)
-    assert m["GPUs reporting"] == f"{s.reporting} of {s.gpus}" == "5 of 6"
-    assert m["Held by jobs"] == ui.count(s.held) == "4"
-    assert m["Free (reporting, not held)"] == ui.count(s.free)
+    # physical GPUs: F's MIG instance is part of GPU-F; D is lost and C silent, so not reporting
+    assert m["GPUs reporting"] == f"{s.reporting} of {s.gpus}" == "4 of 6"
+    # GPU equivalents: A + B + E + F's 3g.40gb slice (3/7 of a GPU)
+    assert m["Held by jobs (GPU equivalents)"] == ui.gpus(s.held) == "3.43"
+    assert m["Free (reporting, not held; GPU equivalents)"] == ui.gpus(s.free) == "0"
     assert m["Mean utilization"] == ui.pct(s.mean_utilization_pct)
-    assert m["Idle allocated now"] == "1" and m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
-    assert m["Held with no process"] == "1"
-    assert m["Lost / error / no data"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
-    assert_table(frame(at, "fleet_gpus"), states, ["host", "gpu", "gi", "status", "util", "job_ids", "job_names", "user_names", "accounts", "held"])
+    assert m["Idle allocated now (GPU equivalents)"] == "1"
+    assert m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
+    assert m["Held with no process (GPU equivalents)"] == "1"
+    assert m["Lost / error / no data (GPUs)"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
+    assert_table(frame(at, "fleet_gpus"), states, ["host", "gpu", "gi", "status", "util", "job_ids", "job_names", "user_names", "accounts", "held",
+                                                   "compute_processes"])
+    assert frame(at, "fleet_gpus")["compute_processes"].dropna().tolist() == [1, 0, 1, 1]  # integers, not 1.00
     idle = frame(at, "fleet_idle")
     assert idle["host"].tolist() == ["n1"] and idle["job_ids"].tolist() == ["102"] and idle["cost_usd_per_h"].tolist() == [3.0]
-    assert idle["idle_for_s"].tolist() == [7200.0]
+    # B was never busy in the look-back: idle since before its first sample, at least 2 h
+    assert idle["idle_since_text"].tolist() == ["before 2026-11-16 10:00:00 UTC"] and idle["idle_for_s"].tolist() == [7200.0]
     assert frame(at, "fleet_no_process")["job_ids"].tolist() == ["102"]
     problems = frame(at, "fleet_problems")
     assert sorted(zip(problems["host"], problems["gpu"], problems["status"])) == [("n2", 0, "no data"), ("n2", 1, "lost")]
+    assert problems.set_index("status").loc["lost", "last_xid"] == 79
     assert m["Exporters silent"] == "0 of 4"  # n2's D is lost but still reporting
 
 
@@ -412,5 +419,5 @@ def test_sign_in_gate(tmp_path, store, use_store):
     at.query_params.update(WINDOW)
     at.run()
     clean(at)
-    assert metrics(at)["GPUs reporting"] == "5 of 6"
+    assert metrics(at)["GPUs reporting"] == "4 of 6"
     assert "Signed in as ops@example.org" in [t.value for t in at.sidebar.text]
