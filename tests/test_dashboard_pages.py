@@ -8,12 +8,16 @@ connection, the cached loaders).
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -421,3 +425,40 @@ def test_sign_in_gate(tmp_path, store, use_store):
     clean(at)
     assert metrics(at)["GPUs reporting"] == "4 of 6"
     assert "Signed in as ops@example.org" in [t.value for t in at.sidebar.text]
+
+
+# --- issue #13.6: one money format on the dashboards ---
+
+USD = re.compile(r"^-?\$(0|[1-9]\d{0,2}(,\d{3})*)\.\d\d$")
+
+
+def test_dashboard_money_has_one_format_with_cents():
+    assert ui.usd(4724) == "$4,724.00" and ui.usd(945.527) == "$945.53" and ui.usd(-3) == "-$3.00"
+    assert ui.usd(None) == ui.usd(float("nan")) == "unknown"
+    assert ui.USD_COLUMN == "dollar"  # tables: Streamlit's "$1,234.57", the same format
+    assert ui.USD_D3 == "$,.2f"  # chart tooltips: d3's "$1,234.57"
+
+
+@given(st.floats(min_value=-1e9, max_value=1e9, allow_nan=False))
+def test_dashboard_money_format_is_cents_and_reads_back(v):
+    s = ui.usd(v)
+    assert USD.match(s), s
+    assert abs(float(s.replace("$", "").replace(",", "")) - v) <= 0.005 + 1e-9 * abs(v)
+
+
+def test_every_amount_on_the_pages_has_the_one_format(store, use_store):
+    use_store(store)
+    at = open_app()
+    seen, money_columns = [], []
+    for page in PAGES:
+        at = goto(at, page)
+        for m in at.metric:
+            for amount in re.findall(r"-?\$\d[\d,]*(?:\.\d+)?", f"{m.value} {m.delta or ''}"):
+                seen.append(amount)
+                assert USD.match(amount), (page, m.label, m.value)
+        for df in at.dataframe:  # money columns are formatted as dollars ("$1,234.57")
+            for name, c in json.loads(df.proto.columns or "{}").items():
+                if any(k in name for k in ("cost", "usd", "price")):
+                    money_columns.append(name)
+                    assert (c.get("type_config") or {}).get("format") == ui.USD_COLUMN, (page, name, c)
+    assert seen and money_columns  # Fleet now's idle cost, Waste's costs; their tables
