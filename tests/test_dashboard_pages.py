@@ -138,7 +138,10 @@ def test_fleet_now(store, con, use_store):
     assert m["Lost / error / no data (GPUs)"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
     assert_table(frame(at, "fleet_gpus"), states, ["host", "gpu", "gi", "status", "util", "job_ids", "job_names", "user_names", "accounts", "held",
                                                    "compute_processes"])
-    assert frame(at, "fleet_gpus")["compute_processes"].dropna().tolist() == [1, 0, 1, 1]  # integers, not 1.00
+    assert frame(at, "fleet_gpus")["compute_processes"].dropna().tolist() == [1, 0, 1, 1]
+    for key in ("fleet_gpus", "fleet_idle"):  # process counts are integers, shown as 1, not 1.00
+        cfg = json.loads(at.container(key).dataframe[0].proto.columns)["compute_processes"]["type_config"]
+        assert cfg["format"] == "localized", (key, cfg)
     idle = frame(at, "fleet_idle")
     assert idle["host"].tolist() == ["n1"] and idle["job_ids"].tolist() == ["102"] and idle["cost_usd_per_h"].tolist() == [3.0]
     # B was never busy in the look-back: idle since before its first sample, at least 2 h
