@@ -118,7 +118,7 @@ class FleetNow:
     lost: int  # physical GPUs lost (gpu_up = 0 in a fresh sample of the GPU or of an instance)
     error: int  # physical GPUs reporting an error (not lost)
     held: float  # GPU equivalents held by jobs
-    free: float  # GPU equivalents reporting (not lost) and not held
+    free: float  # GPU equivalents reporting and not held, on GPUs that are not lost
     held_no_process: float  # GPU equivalents held, fresh, with zero compute processes
     idle_allocated: int  # devices (GPUs or MIG instances) held, fresh, utilization below the idle threshold
     idle_allocated_long: int  # ... for at least idle_min_duration
@@ -128,13 +128,16 @@ class FleetNow:
     unpriced_models: tuple[str, ...]
 
 
+# a physical GPU: its MIG instances share its UUID
+_GPU_KEY = [pl.col("cluster"), pl.col("host"), pl.coalesce(pl.col("gpu_uuid"), pl.format("#{}", pl.col("gpu"))).alias("gpu_uuid")]
+
+
 def physical_gpus(states: pl.DataFrame) -> pl.DataFrame:
     """One row per physical GPU of gpu_states(): its MIG instances (rows sharing the GPU's UUID)
     folded into it. Columns: cluster, host, gpu_uuid, devices, equiv, fresh (any instance),
     lost (any instance), error (any instance), reporting (fresh and not lost)."""
-    key = [pl.col("cluster"), pl.col("host"), pl.coalesce(pl.col("gpu_uuid"), pl.format("#{}", pl.col("gpu"))).alias("gpu_uuid")]
     return (
-        states.group_by(key)
+        states.group_by(_GPU_KEY)
         .agg(pl.len().alias("devices"), pl.col("equiv").sum().alias("equiv"), pl.col("fresh").any().alias("fresh"),
              (pl.col("status") == "lost").any().alias("lost"), (pl.col("status") == "error").any().alias("error"))
         .with_columns((pl.col("fresh") & ~pl.col("lost")).alias("reporting"), (pl.col("error") & ~pl.col("lost")).alias("error"))
@@ -166,7 +169,7 @@ def summarize(states: pl.DataFrame, params: Params, as_of: datetime) -> FleetNow
         lost=n(pl.col("lost")),
         error=n(pl.col("error")),
         held=eq(pl.col("held")),
-        free=eq(pl.col("fresh") & ~pl.col("held") & (pl.col("status") != "lost")),
+        free=eq(pl.col("fresh") & ~pl.col("held") & ~(pl.col("status") == "lost").any().over(_GPU_KEY)),  # not on a lost GPU
         held_no_process=eq(pl.col("no_process")),
         idle_allocated=idle.height,
         idle_allocated_long=int(idle.filter(pl.col("idle_since") <= long_cut).height) if not idle.is_empty() else 0,

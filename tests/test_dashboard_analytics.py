@@ -22,6 +22,8 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpufleet.analytics import fleet_now as fn
 from gpufleet.analytics import health, timeline
@@ -253,3 +255,42 @@ def test_empty_store(tmp_path):
     assert health.gpu_health(con, W).is_empty() and health.events(con, W).is_empty()
     a = Analysis(con, W, now=T(20))
     assert timeline.utilization_timeline(a, "fleet")["capacity_gpu_h"].sum() == 0
+
+
+# --- issue #13.6: Fleet now counts physical GPUs; held/free/no-process in GPU equivalents ---
+
+_device = st.fixed_dictionaries({
+    "fresh": st.booleans(), "lost": st.booleans(), "error": st.booleans(), "held": st.booleans(), "nop": st.booleans(),
+})
+
+
+@given(st.lists(st.tuples(st.sampled_from([None, "1g.10gb", "2g.20gb", "3g.40gb"]), st.lists(_device, min_size=1, max_size=7)),
+                min_size=1, max_size=12))
+def test_summary_counts_physical_gpus_and_gpu_equivalents(gpus):
+    """Random GPUs, some split into MIG instances: the GPUs counted are the physical ones (the UUIDs),
+    whatever their instances; reporting + lost + no data = GPUs; held, free and no-process add up
+    the instances' shares; free + held never exceed the reporting GPUs' equivalents."""
+    rows = []
+    for i, (profile, devices) in enumerate(gpus):
+        devices = devices if profile else devices[:1]
+        share = 1.0 if profile is None else int(profile[0]) / 7
+        devices = devices[: int(1 / share)] if profile else devices  # no more slices than the GPU has
+        for gi, d in enumerate(devices):
+            status = "no data" if not d["fresh"] else "lost" if d["lost"] else "error" if d["error"] else "ok"
+            held = d["held"]
+            rows.append(dict(cluster="c", host=f"h{i // 4}", gpu=i % 4, gpu_uuid=f"GPU-{i}", gi=gi if profile else -1, model="m",
+                             mig_profile=profile, equiv=share, fresh=d["fresh"], status=status, util=None if status == "lost" else 0.0,
+                             held=held, no_process=held and d["fresh"] and d["nop"], idle_allocated=False, idle_since=None,
+                             usd_per_gpu_hour=1.0))
+    states = pl.DataFrame(rows, schema_overrides={"idle_since": pl.Datetime("us")})
+    s = fn.summarize(states, W, T(12))
+    assert s.gpus == len(gpus) <= states.height
+    assert s.reporting + s.lost + s.no_data == s.gpus and s.error <= s.reporting
+    eq = lambda rs: sum(r["equiv"] for r in rs)  # noqa: E731
+    assert s.held == pytest.approx(eq(r for r in rows if r["held"]))
+    assert s.held_no_process == pytest.approx(eq(r for r in rows if r["no_process"])) and s.held_no_process <= s.held + 1e-9
+    reporting_uuids = {u for u in {r["gpu_uuid"] for r in rows}
+                       if any(r["fresh"] for r in rows if r["gpu_uuid"] == u) and not any(r["status"] == "lost" for r in rows if r["gpu_uuid"] == u)}
+    assert s.free == pytest.approx(eq(r for r in rows if r["fresh"] and not r["held"] and r["gpu_uuid"] in reporting_uuids))
+    assert s.reporting == len(reporting_uuids)
+    assert s.free <= len(reporting_uuids) + 1e-9  # free capacity is on reporting GPUs only

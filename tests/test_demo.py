@@ -192,6 +192,42 @@ def test_live_exporters_continue_the_plan(fleet, tmp_path):
         live.stop()
 
 
+def _report_recomputes_as_printed(text: str, cwd) -> None:
+    """The demo report's "Recompute:" line runs as printed and gives the report's figures (issue #13.6)."""
+    import shlex
+
+    from gpufleet.report import fmt
+
+    line = next(ln.strip() for ln in text.splitlines() if ln.strip().startswith("Recompute: "))
+    argv = shlex.split(line[len("Recompute: "):])
+    assert argv[:2] == ["gpufleet", "analyze"] and "--config" in argv and "--store" in argv
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
+    run = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    t = got["totals"]
+    headline = {ln.strip().split("  ")[0]: ln for ln in text.splitlines() if ln.startswith("  ")}
+    assert fmt.hours(t["allocated_gpu_h"]) in headline["GPU-hours allocated"]
+    assert fmt.usd(t["idle_allocated_cost"]) in headline["Cost of idle allocated GPUs"]
+    assert got["fairness"]["shares"] == "config"  # the demo's entitled shares, from --config
+
+
+def _fleet_now_on_the_live_store(root, history_end) -> None:
+    """Fleet now with live scrapes after the backfilled history: 159 of 160 physical GPUs report,
+    the lost GPU shows XID 79, and idle GPUs are idle since their history, not the live start."""
+    from gpufleet.analytics import fleet_now as fn
+    from gpufleet.times import utcnow
+
+    now = utcnow()
+    p = Params(start=now - timedelta(days=1), end=now)
+    states = fn.gpu_states(open_reader(root), p, now)
+    s = fn.summarize(states, p, now)
+    assert (s.gpus, s.reporting, s.lost) == (160, 159, 1), s
+    assert states.filter(pl.col("status") == "lost")["last_xid"].to_list() == [79]
+    idle = states.filter(pl.col("idle_allocated"))
+    assert idle.height and idle.filter(pl.col("idle_since") <= history_end).height >= idle.height / 2, idle["idle_since"].to_list()
+
+
 def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
     """The README's main command: backfill, live exporters, collector, dashboard, report; then
     SIGINT (what Ctrl-C sends) stops it with exit 0 and leaves no child process behind."""
@@ -220,6 +256,8 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
         assert ".html" in reports and ".txt" in reports
         text = next((tmp_path / "w" / "reports").glob("*.txt")).read_text()
         assert "THE 10 MOST WASTEFUL JOBS" in text and "nlp" in text
+        _report_recomputes_as_printed(text, tmp_path)
+        _fleet_now_on_the_live_store(tmp_path / "w" / "store", history_end)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         time.sleep(1)
