@@ -10,7 +10,8 @@ is only as good as its method, so every row says which one it came from, tried i
    reports became FLOP/s as 6 x N x tokens/s: attention FLOPs excluded, so MFU is understated
    for long sequences.
 2. estimate: from DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, the fraction of cycles the tensor pipe is
-   busy. Achieved FLOP/s ~ tensor_active x (SM clock / spec boost clock) x dense peak, so the MFU
+   busy, as dcgm-exporter (DCP) or the gpufleet exporter (NVML GPM, Hopper and later) publish it;
+   where both report one GPU the collector keeps dcgm-exporter's (exposition_parse.PRECEDENCE). Achieved FLOP/s ~ tensor_active x (SM clock / spec boost clock) x dense peak, so the MFU
    estimate is the time-weighted mean of tensor_active x SM clock / boost clock over the job's
    GPU time. The clock factor is used only where both clocks are known (else 1, and the method
    says so). The counter does not know the dtype: the estimate is against the configured one
@@ -33,7 +34,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.core import Analysis
 
 DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp64")
-NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or NVML-only exporter)"
+NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or the gpufleet exporter on a GPU without GPM)"
 NO_MAPPING = "no GPU of this job in the store (no exporter job mapping in the window)"
 COLUMNS = ("cluster", "job_key", "job_id", "account", "user_name", "model", "gpus", "mfu", "method", "reason")
 

@@ -410,22 +410,31 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
            coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
            gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
-           xid_last, gpu_up::DOUBLE AS gpu_up, compute_processes::DOUBLE AS compute_processes, clocks_event_reasons,
+           xid_last, gpu_up::DOUBLE AS gpu_up, round(compute_processes)::BIGINT AS compute_processes, clocks_event_reasons,
            ecc_dbe_vol, remap_failure, sm_clock_mhz::DOUBLE AS sm_clock_mhz
     FROM gpu_samples
     WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
 ), o AS (
-    SELECT *, lag(ts) OVER w AS prev_ts, lag(util) OVER w AS prev_util,
-           row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn
-    FROM s WINDOW w AS (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)
+    SELECT *, row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn,
+           max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_busy
+    FROM s
 ), runs AS (
-    SELECT cluster, host, gpu_uuid, gi, min(ts) AS first_ts,
-           max(ts) FILTER (WHERE util < $thr AND (prev_ts IS NULL OR prev_util IS NULL OR prev_util >= $thr
-                                                  OR epoch(ts) - epoch(prev_ts) > $max_gap)) AS run_start
+    -- the idle run: the samples after the last busy one (a gap without data does not end it:
+    -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample
+    SELECT cluster, host, gpu_uuid, gi, any_value(last_busy) AS last_busy,
+           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start
     FROM o GROUP BY ALL
+), x AS (
+    -- the last XID code each GPU reported while it was known (the samples of a GPU that fell
+    -- off the bus carry none: its XID is in the samples before)
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, arg_max(xid_last, ts) AS last_xid, max(ts) AS last_xid_at
+    FROM gpu_samples
+    WHERE ts > $as_of - to_seconds($forget_after) AND ts <= $as_of AND xid_last > 0
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+    GROUP BY ALL
 ), latest AS (
-    SELECT * EXCLUDE (rn, prev_ts, prev_util) FROM o WHERE rn = 1
+    SELECT * EXCLUDE (rn, last_busy) FROM o WHERE rn = 1
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition
@@ -449,11 +458,12 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, gi, coalesce(inv_gpu, s_gpu) AS gpu, coalesce(inv_model, s_model) AS model,
            coalesce(inv_mig, s_mig) AS mig_profile, fb_total_mib,
            latest.* EXCLUDE (cluster, host, gpu_uuid, gi, s_gpu, s_model, s_mig),
-           runs.first_ts, runs.run_start,
+           runs.last_busy, runs.run_start, x.last_xid, x.last_xid_at,
            coalesce(hg.jobs, 0) AS jobs, hg.job_ids, hg.job_names, hg.user_names, hg.accounts, hg.schedulers
     FROM inv
     FULL JOIN latest USING (cluster, host, gpu_uuid, gi)
     LEFT JOIN runs USING (cluster, host, gpu_uuid, gi)
+    LEFT JOIN x USING (cluster, host, gpu_uuid, gi)
     LEFT JOIN hg USING (cluster, host, gpu_uuid, gi)
 ), f AS (
     SELECT *, {gpu_equiv()} AS equiv,
@@ -463,12 +473,11 @@ WITH inv AS (
     FROM g
 )
 SELECT cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts, age_s, fresh,
-       util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last, gpu_up, compute_processes,
-       clocks_event_reasons, ecc_dbe_vol, remap_failure, sm_clock_mhz,
+       util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last, last_xid, last_xid_at, gpu_up,
+       compute_processes, clocks_event_reasons, ecc_dbe_vol, remap_failure, sm_clock_mhz,
        CASE WHEN NOT fresh THEN 'no data' WHEN gpu_up = 0 THEN 'lost' WHEN {GPU_ERROR_PRED} THEN 'error' ELSE 'ok' END AS status,
        CASE WHEN fresh AND util < $thr THEN run_start END AS idle_since,
-       coalesce(fresh AND util < $thr AND run_start = first_ts
-                AND first_ts <= $as_of - to_seconds($lookback) + to_seconds($max_gap), false) AS idle_since_capped,
+       coalesce(fresh AND util < $thr AND last_busy IS NULL, false) AS idle_since_capped,
        held, jobs, job_ids, job_names, user_names, accounts, schedulers,
        coalesce(held AND fresh AND util < $thr, false) AS idle_allocated,
        coalesce(held AND fresh AND compute_processes = 0, false) AS no_process

@@ -13,6 +13,7 @@ once per distinct label set, because dcgm-exporter repeats each GPU's labels on 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import chain
@@ -27,6 +28,19 @@ from gpufleet.exposition import DCGM_BLANK_THRESHOLD  # blank DCGM values are no
 
 
 JOB_INFO = "gpufleet_gpu_job_info"
+# Which exporter answered: the gpufleet exporter always publishes its build info.
+GPUFLEET_BUILD_INFO = "gpufleet_build_info"
+DCGM_EXPORTER, GPUFLEET = "dcgm-exporter", "gpufleet"
+# When both exporters report one GPU (same host, UUID and MIG instance) in one scrape round -
+# dcgm-exporter for DCP profiling, the gpufleet exporter for job mapping and GPM - each field
+# is taken from the first exporter here that has a value for it: dcgm-exporter wins field by
+# field, the gpufleet exporter fills the gaps (a field dcgm-exporter does not publish, or
+# publishes blank). One row per GPU results, never two (which would count the GPU twice).
+PRECEDENCE = (DCGM_EXPORTER, GPUFLEET)
+# Read back from a TSDB, the two exporters' samples of one GPU carry their own scrape times: a
+# gpufleet row within this many seconds of a dcgm-exporter row of the GPU folds into it (two
+# 15 s scrape intervals); a farther one covers time dcgm-exporter did not, and stays.
+PRECEDENCE_WITHIN_S = 30.0
 # Throughput a job reported about itself (exporter/jobreports.py), per job and exporter host.
 JOB_REPORTED_FLOPS = "gpufleet_job_reported_flops"
 JOB_REPORTED_GPUS = "gpufleet_job_reported_gpus"
@@ -137,6 +151,72 @@ def parse_rows(
     )
 
 
+def merge_exporters(parts: list[ScrapeRows], times: list[float] | None = None, within: float = 0.0) -> list[ScrapeRows]:
+    """Parts with the rows two exporters both reported for one GPU folded into one, by
+    PRECEDENCE per field (the loser's row is left out; its values fill the winner's gaps).
+    Parts from one exporter only, or GPUs only one exporter reports, pass unchanged.
+
+    One scrape round (`times` None): all parts were read at one moment. From a TSDB (`times`:
+    each part's sample time), each exporter was scraped at its own moments: every winning row
+    fills its gaps from the loser's row of the GPU nearest in time, and a loser's row within
+    `within` seconds of a winning row is left out; a farther one covers time the winning exporter
+    did not, and stays."""
+    if len({p.builder.exporter for p in parts}) < 2:  # one kind of exporter: nothing to fold (the usual round)
+        return parts
+    held: dict[tuple[str, str, int | None], list[tuple[int, float, int, int]]] = {}
+    for n, part in enumerate(parts):
+        rank = PRECEDENCE.index(part.builder.exporter)
+        t = times[n] if times is not None else 0.0
+        info = part.builder.row_info
+        for i in part.order:
+            r = info[i]
+            held.setdefault((r.host, r.uuid, r.instance), []).append((rank, t, n, i))
+    dropped: dict[int, set[int]] = {}
+    for rows in held.values():
+        if len(rows) < 2:
+            continue
+        rows.sort()
+        if times is None:
+            _, _, wn, wi = rows[0]
+            for _, _, ln, li in rows[1:]:
+                _fold(parts[wn].builder, wi, parts[ln].builder, li)
+                dropped.setdefault(ln, set()).add(li)
+            continue
+        winners = [r for r in rows if r[0] == rows[0][0]]
+        losers = [r for r in rows if r[0] != rows[0][0]]
+        for _, t, wn, wi in winners:
+            near = _nearest(losers, t, within)
+            if near is not None:
+                _fold(parts[wn].builder, wi, parts[near[2]].builder, near[3])
+        for _, t, ln, li in losers:
+            if _nearest(winners, t, within) is not None:
+                dropped.setdefault(ln, set()).add(li)
+    for n, rows_out in dropped.items():
+        parts[n].order = [i for i in parts[n].order if i not in rows_out]
+    return parts
+
+
+def _nearest(rows: list[tuple[int, float, int, int]], t: float, within: float) -> tuple[int, float, int, int] | None:
+    """The row (sorted by time) nearest to t, if it lies within `within` seconds."""
+    k = bisect_left(rows, t, key=lambda r: r[1])
+    near = min(rows[max(k - 1, 0):k + 1], key=lambda r: abs(r[1] - t), default=None)
+    return near if near is not None and abs(near[1] - t) <= within else None
+
+
+def _fold(win: "_Builder", wi: int, lose: "_Builder", li: int) -> None:
+    """Fill the winning row's missing values (and identity attributes) from the losing row."""
+    for column, values in lose.values.items():
+        v = values.get(li)
+        if _is_data(v) and not _is_data(win.values.get(column, {}).get(wi)):
+            win.values.setdefault(column, {})[wi] = v
+    w, lr = win.row_info[wi], lose.row_info[li]
+    w.mig_profile, w.model, w.driver = w.mig_profile or lr.mig_profile, w.model or lr.model, w.driver or lr.driver
+
+
+def _is_data(v: Any) -> bool:
+    return v is not None and v == v and v < DCGM_BLANK_THRESHOLD
+
+
 def samples_table(parts: list[ScrapeRows]) -> pa.Table:
     """The sample rows of one or more parsed scrapes, in order, as one SAMPLE_SCHEMA table.
 
@@ -240,6 +320,7 @@ class _Builder:
         self.allocations: dict[tuple, dict[str, Any]] = {}
         self.reports: dict[tuple[str, str, str], dict[str, Any]] = {}  # (scheduler, job_key, host) -> observation
         self.reasons: dict[object, str] = {}  # label-set key -> why its series are rejected
+        self.exporter = DCGM_EXPORTER  # until a gpufleet_build_info line says otherwise
         self.rejected = 0
         self.problems: list[str] = []
 
@@ -255,6 +336,8 @@ class _Builder:
             return KEEP
         mapped = METRIC_TO_COLUMN.get(name)
         if mapped is None:
+            if name == GPUFLEET_BUILD_INFO:
+                self.exporter = GPUFLEET
             return SKIP  # a family the schema does not store: ignored, not rejected
         column, scale = mapped
         return self.values.setdefault(column, {}), scale

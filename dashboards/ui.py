@@ -45,10 +45,17 @@ def gpu_h(x: float | None) -> str:
     return f"{x:,.0f} GPU-h"
 
 
+# Money on the dashboards: one format, US dollars with cents and thousands separators ($4,724.00,
+# $945.53, -$3.00), in metrics (usd), tables (Streamlit's "dollar" column format) and chart
+# tooltips (USD_D3) alike; unknown money (a GPU model without a price) is "unknown", never $0.
+USD_COLUMN = "dollar"  # st.column_config.NumberColumn: "$1,234.57"
+USD_D3 = "$,.2f"  # Altair/Vega tooltips and axes
+
+
 def usd(x: float | None) -> str:
     if _bad(x):
         return "unknown"
-    return f"${x:,.2f}" if abs(x) < 1000 else f"${x:,.0f}"
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
 def pct(x: float | None) -> str:
@@ -84,6 +91,14 @@ def duration(seconds: float | None) -> str:
 
 def when(t: datetime | None) -> str:
     return "–" if t is None else t.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def idle_since(t: datetime | None, before: bool = False) -> str:
+    """When an idle GPU became idle: the time, or "before <time>" when no busy sample is known in
+    the range looked at (gpufleet.analytics.fleet_now: idle_since_capped) - unknown stays unknown."""
+    if t is None:
+        return "unknown"
+    return ("before " if before else "") + t.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 NOT_ATTRIBUTABLE = "not attributable"
@@ -127,7 +142,7 @@ def delta(cur: float | None, prev: float | None, fmt: Callable[[float | None], s
 
 _FORMATS = (
     (("mfu",), "percent"),
-    (("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price"), "dollar"),
+    (("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price"), USD_COLUMN),
     (("_gpu_h", "gpu_h", "_h"), "%,.2f"),
     (("_pct",), "%.1f%%"),
     (("_share",), "percent"),

@@ -64,6 +64,15 @@ class XidEvent:
     timestamp: float
 
 
+@dataclass(frozen=True)
+class SourceHealth:
+    """How an optional part of a backend did over one poll (see Backend.health)."""
+
+    success: bool
+    duration_seconds: float
+    problems: dict[str, int]  # reason -> count since the exporter started
+
+
 class BackendUnavailable(Exception):
     """The whole backend cannot be used (NVML missing, driver not loaded)."""
 

@@ -98,7 +98,21 @@ class Poller:
             st.reading, st.error, st.error_message = reading, None, ""
             ok += 1
         self._record(self.backend.name, ok > 0 or not states, time.perf_counter() - t0, 0)
+        self._record_backend_health()
         self._publish()
+
+    def _record_backend_health(self) -> None:
+        """The backend's optional sources (GPM): their own health rows, never the GPU's."""
+        health = getattr(self.backend, "health", None)
+        if health is None:
+            return
+        try:
+            parts = health()
+        except Exception as e:  # noqa: BLE001 - a health report must not stop telemetry
+            log.warning("backend health report failed: %s", e)
+            return
+        for name, h in parts.items():
+            self._record(name, h.success, h.duration_seconds, 0, reasons=h.problems)
 
     def poll_processes_and_jobs(self) -> None:
         if not self._opened:
@@ -207,11 +221,15 @@ class Poller:
             log.error("job mapping source %s failed: %s", name, e)
         self._record(name, False, duration, 0)
 
-    def _record(self, name: str, success: bool, duration: float, problems: int) -> None:
+    def _record(self, name: str, success: bool, duration: float, problems: int, reasons: dict[str, int] | None = None) -> None:
+        """`reasons`: the source's own running count of problems by reason (replaces the last)."""
         with self._lock:
             st = self.snapshot.sources.setdefault(name, SourceStatus())
             st.success, st.duration_seconds = success, duration
             st.problems_total += problems
+            if reasons is not None:
+                st.problems_by_reason = dict(reasons)
+                st.problems_total = sum(reasons.values())
             if success:
                 st.last_success = self.clock()
 

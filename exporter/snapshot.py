@@ -35,6 +35,7 @@ class SourceStatus:
     duration_seconds: float = 0.0
     last_success: float | None = None
     problems_total: int = 0
+    problems_by_reason: dict[str, int] = field(default_factory=dict)  # sources that say why (nvml_gpm)
 
 
 @dataclass
@@ -194,14 +195,21 @@ def _health_families(s: Snapshot) -> list[Family]:
     ok = Family("gpufleet_collector_success", "gauge", "1 if the source's last run succeeded.")
     dur = Family("gpufleet_collector_duration_seconds", "gauge", "How long the source's last run took.")
     last = Family("gpufleet_collector_last_success_timestamp_seconds", "gauge", "Unix time of the source's last successful run.")
-    problems = Family("gpufleet_collector_problems_total", "counter", "Bad entries a source skipped (junk lines, bad names, unknown GPUs).")
+    problems = Family(
+        "gpufleet_collector_problems_total", "counter",
+        "Bad entries a source skipped (junk lines, bad names, unknown GPUs), or failed calls (nvml_gpm: by reason).",
+    )
     for name, st in sorted(s.sources.items()):
         labels: Labels = (("collector", name),)
         ok.add(labels, 1 if st.success else 0)
         dur.add(labels, round(st.duration_seconds, 6))
         if st.last_success is not None:
             last.add(labels, round(st.last_success, 3))
-        problems.add(labels, st.problems_total)
+        if st.problems_by_reason:
+            for reason, n in sorted(st.problems_by_reason.items()):
+                problems.add(labels + (("reason", reason),), n)
+        else:
+            problems.add(labels, st.problems_total)
     build = Family("gpufleet_build_info", "gauge", "Build information of the gpufleet exporter.")
     build.add((("version", version()), ("backend", s.backend), ("python_version", platform.python_version())), 1)
     return [ok, dur, last, problems, build]

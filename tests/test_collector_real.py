@@ -151,6 +151,66 @@ def test_prometheus_api_source_stores_the_same_samples_as_direct_scraping(tmp_pa
     assert rb.execute("SELECT DISTINCT source FROM gpu_samples").fetchall() == [("prometheus",)]
 
 
+def test_through_prometheus_dcgm_exporter_wins_for_a_gpu_both_exporters_report(tmp_path):
+    """dcgm-exporter and the gpufleet exporter on one node, both scraped by a real Prometheus and
+    read back through its API: one value per GPU and field, by PRECEDENCE (issue #14)."""
+    exporter, port = start_exporter(tmp_path, COMPARE_SCENARIO, {2: "777"})
+    dcgm_server = prom = None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            ours = r.read().decode()
+        uuids = sorted({s.labels["UUID"] for f in text_string_to_metric_families(ours) for s in f.samples
+                        if s.name == "DCGM_FI_DEV_GPU_UTIL"})
+        assert len(uuids) == 4
+        # a dcgm-exporter answering for the same GPUs: utilization 1 and tensor activity 0.123 on all
+        dcgm_text = "".join(
+            f'{m}{{gpu="{i}",UUID="{u}",device="nvidia{i}",modelName="NVIDIA H100 80GB HBM3",Hostname="cmp-node"}} {v}\n'
+            for i, u in enumerate(uuids) for m, v in (("DCGM_FI_DEV_GPU_UTIL", 1), ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.123))
+        ).encode()
+
+        class Dcgm(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(dcgm_text)
+
+            def log_message(self, *args):
+                pass
+
+        dcgm_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dcgm)
+        threading.Thread(target=dcgm_server.serve_forever, daemon=True).start()
+        prom = start_prometheus(
+            tmp_path / "prom",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: gpus\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{port}', '127.0.0.1:{dcgm_server.server_address[1]}']\n",
+        )
+        prom.wait_query("DCGM_FI_DEV_GPU_UTIL", timeout=60, min_results=8)
+        prom.wait_query("gpufleet_build_info", timeout=30)
+        time.sleep(6)
+        end = utcnow() - timedelta(seconds=1)
+        api = PrometheusApiSource(url=prom.url, cluster="cmp", chunk_seconds=60, lag_seconds=2)
+        c = Collector(StoreWriter(tmp_path / "store"), [ScheduledSource(api, 60)])
+        c.commit(api.name, [api.read_window(end - timedelta(seconds=5), end)])
+        c.writer.close()
+    finally:
+        if prom:
+            prom.stop()
+        if dcgm_server:
+            dcgm_server.shutdown()
+        stop(exporter)
+
+    con = open_reader(tmp_path / "store")
+    rows = con.execute("SELECT gpu_uuid, gpu_util, tensor_active, compute_processes FROM gpu_samples").fetchall()
+    assert {r[0] for r in rows} == set(uuids) and len(rows) >= 4 * 3
+    # every row is dcgm-exporter's (both exporters scraped each second: ours always folds) ...
+    assert {(r[1], round(r[2], 6)) for r in rows} == {(1.0, 0.123)}
+    # ... with the fields only ours publishes filled in from it, and its job mapping kept
+    assert all(r[3] is not None for r in rows)
+    assert con.execute("SELECT job_key FROM allocations").fetchall() == [("777",)]
+
+
 # --- b: the service end to end, with a hanging and a garbled target ---
 
 SERVICE_SCENARIO = """\

@@ -259,14 +259,17 @@ def test_device_map_file_for_the_prolog(tmp_path):
 
 
 def test_field_catalogue_types_match_dcgm_csv():
-    """Every field we publish that dcgm-exporter's CSVs list has the same Prometheus type."""
-    declared = {}
+    """Every field we publish that dcgm-exporter's CSVs list has the same Prometheus type. An
+    active line wins over a commented-out one (the CSV keeps the old NVML-based PCIe counters
+    commented out beside the DCP gauges of the same name)."""
+    active, commented = {}, {}
     for csv in ("default-counters.csv", "dcp-metrics-included.csv"):
-        for line in (DCGM_DATA / csv).read_text().splitlines():
-            line = line.lstrip("# ").strip()
+        for raw in (DCGM_DATA / csv).read_text().splitlines():
+            line = raw.lstrip("# ").strip()
             parts = [x.strip() for x in line.split(",")]
             if len(parts) >= 3 and parts[0].startswith("DCGM_FI_") and parts[1] in ("gauge", "counter"):
-                declared.setdefault(parts[0], parts[1])
+                (commented if raw.lstrip().startswith("#") else active).setdefault(parts[0], parts[1])
+    declared = {**commented, **active}
     common = set(declared) & set(FIELDS)
     assert len(common) >= 20
     mismatched = {n for n in common if declared[n] != FIELDS[n].kind}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.exporter.backends import sim_scenario
+from gpufleet.exporter.fields import FIELDS
 from gpufleet.exporter.backends.sim import SimBackend
 from gpufleet.exporter.model import GpuError
 from gpufleet.config import ConfigError
@@ -73,7 +76,7 @@ def test_unsupported_fields_are_absent_not_zero():
     f = t4.read(t4.devices()[0]).fields
     assert "DCGM_FI_DEV_MEMORY_TEMP" not in f
     assert "DCGM_FI_DEV_ROW_REMAP_FAILURE" not in f
-    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" not in f  # no tensor trace given
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" not in f  # no GPM on a T4, and no dcgm-exporter
     h = backend({"model": "h100", "gpus": 1})
     assert "DCGM_FI_DEV_MEMORY_TEMP" in h.read(h.devices()[0]).fields
 
@@ -96,7 +99,7 @@ def test_xid_events_once_each_and_lost_gpu():
 
 
 def test_mig_instances_have_their_own_memory_and_no_gpu_util():
-    doc = {"model": "a100", "gpus": 1, "gpu": [{"index": 0, "mig": ["3g.40gb", {"profile": "2g.20gb", "utilization": 80}],
+    doc = {"model": "a100", "profiling": "dcgm", "gpus": 1, "gpu": [{"index": 0, "mig": ["3g.40gb", {"profile": "2g.20gb", "utilization": 80}],
            "processes": [{"pid": 5, "used_memory_mib": 1000, "gpu_instance_id": 2}]}]}
     b = backend(doc)
     g = b.devices()[0]
@@ -161,3 +164,49 @@ def test_shipped_demo_scenario_loads():
         sc = sim_scenario.load(p)
     assert sc.gpus == 8 and sc.minor_numbers == (1, 0, 3, 2, 5, 4, 7, 6)
     assert sc.spec(7).lost_at_s == 240
+
+
+# --- profiling fields by GPU generation (issue #14) ---
+
+PROF = [n for n in FIELDS if n.startswith("DCGM_FI_PROF_") and "BYTES" not in n]
+
+
+@pytest.mark.parametrize("model, profiling, present", [
+    ("h100", None, True), ("h200", None, True), ("b200", None, True),  # GPM: Hopper and later
+    ("a100", None, False), ("a100-40gb", None, False), ("l4", None, False), ("t4", None, False),
+    ("a100", "dcgm", True), ("t4", "dcgm", True),  # dcgm-exporter publishes them on any model
+    ("h100", "none", False),
+])
+def test_profiling_fields_follow_the_generation(model, profiling, present):
+    doc = {"model": model, "gpus": 2, "gpu": [{"index": 0, "utilization": 80}]}
+    if profiling:
+        doc["profiling"] = profiling
+    b = backend(doc)
+    for g in b.devices():
+        f = b.read(g).fields
+        assert ([n for n in PROF if n in f] == PROF) if present else not any(n.startswith("DCGM_FI_PROF_") for n in f)
+
+
+def test_gpm_on_a_board_without_it_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r'profiling = .gpm.*A100.*no GPM'):
+        sim_scenario.parse({"model": "a100", "profiling": "gpm"}, "s.toml")
+    with pytest.raises(ConfigError, match=r"s.toml: profiling = 'dcp'"):
+        sim_scenario.parse({"model": "h100", "profiling": "dcp"}, "s.toml")
+
+
+@settings(max_examples=60, deadline=None)
+@given(util=st.floats(0, 100), tensor=st.one_of(st.none(), st.floats(0, 1)), mig=st.booleans())
+def test_profiling_ratios_stay_in_0_1(util, tensor, mig):
+    spec = {"index": 0, "utilization": util}
+    if tensor is not None:
+        spec["tensor_active"] = tensor
+    if mig:
+        spec["mig"] = [{"profile": "3g.40gb", "utilization": util}, "1g.10gb"]
+    b = backend({"model": "h100", "gpus": 1, "gpu": [spec]})
+    r = b.read(b.devices()[0])
+    rows = list(r.instance_fields.values()) if mig else [r.fields]
+    for f in rows:
+        assert [n for n in PROF if n in f] == PROF
+        assert all(0 <= f[n] <= 1 for n in PROF), f
+    if tensor is not None and not mig:
+        assert r.fields["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] == round(tensor, 6)

@@ -19,7 +19,9 @@ from typing import Iterable, Iterator
 
 import httpx
 
-from gpufleet.collector.exposition_parse import JOB_REPORT_METRICS, parse_rows, samples_table
+from gpufleet.collector.exposition_parse import (
+    GPUFLEET_BUILD_INFO, JOB_REPORT_METRICS, PRECEDENCE_WITHIN_S, merge_exporters, parse_rows, samples_table,
+)
 from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.sources.base import SourceError
@@ -27,8 +29,11 @@ from gpufleet.exposition import Family, render
 
 log = logging.getLogger(__name__)
 
-# What to fetch: every metric the canonical schema reads, plus the job mapping and job reports.
-DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_"))} | {"gpufleet_gpu_job_info", *JOB_REPORT_METRICS}))
+# What to fetch: every metric the canonical schema reads, plus the job mapping, job reports and
+# the gpufleet exporter's build info (which tells its samples from dcgm-exporter's: PRECEDENCE).
+DEFAULT_METRICS = tuple(sorted(
+    {m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_"))} | {"gpufleet_gpu_job_info", GPUFLEET_BUILD_INFO, *JOB_REPORT_METRICS}
+))
 
 
 def _epoch(dt: datetime) -> float:
@@ -114,17 +119,20 @@ class PrometheusApiSource:
                 fams = scrapes.setdefault((instance, float(t)), {})
                 fam = fams.setdefault(name, Family(name, "gauge", ""))
                 fam.add(tuple(labels.items()), float(v))
-        parts, gpus, allocations, throughput, rejected, problems = [], [], [], [], 0, []
+        parts, times, gpus, allocations, throughput, rejected, problems = [], [], [], [], [], 0, []
         for (instance, t), fams in sorted(scrapes.items()):
             parsed = parse_rows(
                 render(fams.values()).decode(), ts=_from_epoch(t), cluster=self.cluster, target=instance, source="prometheus"
             )
             parts.append(parsed)
+            times.append(t)
             gpus += parsed.gpus
             allocations += parsed.allocations
             throughput += parsed.throughput
             rejected += parsed.rejected
             problems += parsed.problems[:3]
+        # a GPU both dcgm-exporter and the gpufleet exporter report: one value per field (PRECEDENCE)
+        parts = merge_exporters(parts, times, PRECEDENCE_WITHIN_S)
         return Batch(
             key=f"prometheus:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
             samples=samples_table(parts) if parts else SAMPLE_SCHEMA.empty_table(),  # one table for the window, as scrape.py

@@ -19,7 +19,7 @@ from typing import Iterable
 
 import httpx
 
-from gpufleet.collector.exposition_parse import parse_rows, samples_table
+from gpufleet.collector.exposition_parse import merge_exporters, parse_rows, samples_table
 from gpufleet.collector.schema import SAMPLE_SCHEMA
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.sources.base import SourceError
@@ -105,7 +105,8 @@ class ScrapeSource:
             problems += [f"{target.address}: {p}" for p in parsed.problems[:5]]
         if not any(status.up for _, status, _ in answers):
             raise SourceError(f"all {len(answers)} scrape targets failed; first: {problems[0] if problems else '?'}")
-        samples = samples_table(parts) if parts else SAMPLE_SCHEMA.empty_table()
+        # a GPU both dcgm-exporter and the gpufleet exporter report: one row (PRECEDENCE)
+        samples = samples_table(merge_exporters(parts)) if parts else SAMPLE_SCHEMA.empty_table()
         return Batch(
             key=f"scrape:{self.cluster}:{now.isoformat()}",
             samples=samples,

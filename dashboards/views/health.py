@@ -57,9 +57,10 @@ def body(ctx: ui.Context) -> None:
     ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.")
 
     st.subheader("Lost, erroring or silent GPUs now")
-    ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "xid_last",
-                                                                   "ecc_dbe_vol", "remap_failure", "job_ids"),
-             key="health_now", empty="Every GPU is up and reporting.", labels={"ts": "last sample", "age_s": "age"})
+    ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
+                                                                   "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids"),
+             key="health_now", empty="Every GPU is up and reporting.",
+             labels={"ts": "last sample", "age_s": "age", "last_xid": "last XID", "last_xid_at": "last XID at"})
 
     st.subheader("Temperatures")
     temp = h["temperature"]

@@ -20,7 +20,8 @@ def body(ctx: ui.Context) -> None:
         ui.empty_window("GPU job")
         return
     st.caption("Each figure says its method: from the job's reported throughput over the GPUs' dense peak for the dtype, an estimate "
-               "from DCGM tensor-pipe activity (labelled as one), or unknown. GPU utilization is never used as MFU.")
+               "from tensor-pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, from dcgm-exporter or our exporter's GPM; labelled "
+               "as one), or unknown. GPU utilization is never used as MFU.")
     st.subheader("Per account / team")
     ui.table(b.mfu["accounts"], key="mfu_accounts", empty="No MFU figure in this window.")
     st.subheader("Per job")

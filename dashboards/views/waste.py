@@ -16,7 +16,7 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
     top = df.sort(value, descending=True, nulls_last=True).head(TOP).with_columns(pl.col(key).fill_null("(none)"))
     return alt.Chart(top).mark_bar().encode(
         y=alt.Y(f"{key}:N", sort="-x", title=None), x=alt.X(f"{value}:Q", title=title),
-        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f"), alt.Tooltip("cost:Q", title="$", format=",.2f"),
+        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f"), alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3),
                  alt.Tooltip("gpus:Q", title="GPUs")],
     ).properties(height=max(120, 24 * top.height + 30))
 

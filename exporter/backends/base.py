@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
-from gpufleet.exporter.model import GpuIdentity, GpuProcess, GpuReading, XidEvent
+from gpufleet.exporter.model import GpuIdentity, GpuProcess, GpuReading, SourceHealth, XidEvent
 
 
 class Backend(Protocol):
@@ -29,6 +29,11 @@ class Backend(Protocol):
 
     def xid_events(self) -> Sequence[XidEvent]:
         """XID events since the last call; never blocks."""
+        ...
+
+    def health(self) -> Mapping[str, SourceHealth]:
+        """Health of the backend's optional sources (e.g. "nvml_gpm") over the poll since the
+        last call, by collector name; the poller publishes it with the other sources'."""
         ...
 
     def close(self) -> None: ...

@@ -14,6 +14,9 @@ Design points:
   poll costs only the calls that can succeed.
 - Errors that mean "this GPU is unusable" (lost, reset required, ...) become `GpuError` for that
   GPU only; the caller keeps polling the others.
+- DCGM's profiling fields (DCGM_FI_PROF_*) come from GPM on GPUs that have it (Hopper and
+  later), one sample per poll (`gpm.py`); GPM problems never fail a reading, they show in
+  `health()` under the collector name "nvml_gpm".
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Sequence
 
+from gpufleet.exporter.backends.gpm import COLLECTOR as GPM_COLLECTOR
+from gpufleet.exporter.backends.gpm import GpmReader
 from gpufleet.exporter.fields import Plan, Readers, Source, plan, read_fields
 from gpufleet.exporter.model import (
     BackendUnavailable,
@@ -34,6 +39,7 @@ from gpufleet.exporter.model import (
     GpuProcess,
     GpuReading,
     MigInstance,
+    SourceHealth,
     XidEvent,
 )
 
@@ -169,6 +175,7 @@ class NvmlBackend:
         self._driver_version: str | None = None
         self._identities: dict[int, GpuIdentity] = {}
         self._plans: _Plans | None = None
+        self._gpm: GpmReader | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -200,6 +207,7 @@ class NvmlBackend:
         self._open = True
         self._driver_version = None
         self._plans = _Plans.of(self)
+        self._gpm = GpmReader(nv)
         self._gpus = {i: _GpuState() for i in range(count)}
         self._handle_index = {}
         for i in range(count):
@@ -238,6 +246,9 @@ class NvmlBackend:
     def close(self) -> None:
         """Free the event set and shut NVML down; errors are irrelevant at this point."""
         nv = self._nv
+        if self._gpm is not None:
+            self._gpm.close()
+            self._gpm = None
         if nv is not None and self._event_set is not None:
             self._safe(nv, "nvmlEventSetFree", self._event_set)
         self._event_set = None
@@ -449,18 +460,34 @@ class NvmlBackend:
         h = self._handle(index)
         st = self._state(index)
         plans = self._plans
+        gpm = self._gpm if self._gpm is not None and self._gpm.supported(index, h) else None
         if not (st.mig_enabled or gpu.mig_instances):
-            return GpuReading(fields=read_fields(plans.whole_gpu, index, st, h, ""))
+            fields = read_fields(plans.whole_gpu, index, st, h, "")
+            if gpm is not None:
+                fields.update(gpm.read((index, None), lambda sample: self._nv.nvmlGpmSampleGet(h, sample)))
+                gpm.keep_only(index, {(index, None)})  # MIG instances that went with MIG mode
+            return GpuReading(fields=fields)
         fields = read_fields(plans.mig_gpu, index, st, h, "")
         instance_fields: dict[int, dict[str, float]] = {}
         for inst in gpu.mig_instances:
-            mh = st.mig_handles.get(inst.gpu_instance_id)
+            gi = inst.gpu_instance_id
+            mh = st.mig_handles.get(gi)
             if mh is None:
                 continue
-            mf = read_fields(plans.mig_instance, index, st, mh, f"mig{inst.gpu_instance_id}:")
+            mf = read_fields(plans.mig_instance, index, st, mh, f"mig{gi}:")
+            if gpm is not None:  # GPM samples a MIG instance through its parent's handle
+                mf.update(gpm.read((index, gi), lambda sample, gi=gi: self._nv.nvmlGpmMigSampleGet(h, gi, sample)))
             if mf:
-                instance_fields[inst.gpu_instance_id] = mf
+                instance_fields[gi] = mf
+        if gpm is not None:
+            gpm.keep_only(index, {(index, m.gpu_instance_id) for m in gpu.mig_instances})
         return GpuReading(fields=fields, instance_fields=instance_fields)
+
+    def health(self) -> dict[str, SourceHealth]:
+        """Health of the backend's optional sources since the last call (one telemetry poll):
+        GPM, once some GPU has it."""
+        h = self._gpm.health() if self._gpm is not None else None
+        return {} if h is None else {GPM_COLLECTOR: h}
 
     def _memory(self, index: int, st: _GpuState, h: Any, prefix: str) -> _Memory | None:
         """Framebuffer sizes. v2 gives `reserved`; drivers/bindings without it use v1."""
@@ -658,7 +685,8 @@ class NvmlBackend:
 
 def _field_readers(b: NvmlBackend) -> Readers:
     """Field -> the NVML call that answers it and, where the answer is not the value itself, how
-    to get the value in DCGM units. No DCGM_FI_PROF_*: NVML has no DCP counters.
+    to get the value in DCGM units. No DCGM_FI_PROF_*: NVML has no DCP counters; those come from
+    GPM where the GPU has it (gpm.py, added by `read`).
 
     Bound to one backend at open(), with pynvml's constants resolved then (an old pynvml that
     lacks a name gets NVML's C value), so a poll pays only for the calls. The keys given to

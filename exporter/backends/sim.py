@@ -14,6 +14,14 @@ overrides that GPU's utilization and processes while it exists, e.g.
 
 so a Slurm job script in a test can make "its" GPU busy, idle, or held with no process, and the
 demo's simulated fleet can drive every GPU (and MIG slice) from its workload plan.
+
+Profiling fields (DCGM_FI_PROF_*) follow the scenario's `profiling`: by default present on models
+with GPM (H100, H200, B200: what the NVML backend reads through GPM) and absent on the others
+(A100, L4, T4: a node without dcgm-exporter has none); `profiling = "dcgm"` publishes them on
+any model, as dcgm-exporter would. They follow the load: engine activity is the utilization,
+SM activity, occupancy, DRAM and FP32 pipe fixed shares of it, tensor activity the scenario's or
+control file's `tensor_active` (else _TENSOR_SHARE of the utilization); FP64 and FP16 pipes 0.
+PCIe and NVLink traffic are not modelled (absent).
 """
 
 from __future__ import annotations
@@ -32,11 +40,12 @@ from gpufleet.config import ConfigError
 from gpufleet.exporter.backends.sim_models import SimModel
 from gpufleet.exporter.backends.sim_scenario import Scenario, SimGpuSpec, SimProcess, _Reader
 from gpufleet.exporter.fields import Readers, plan, read_fields
-from gpufleet.exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, XidEvent
+from gpufleet.exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, SourceHealth, XidEvent
 
 log = logging.getLogger(__name__)
 
 _IDLE_REASON = 0x1  # nvmlClocksEventReasonGpuIdle
+_TENSOR_SHARE = 0.4  # tensor activity per unit of utilization where no trace drives it
 _SW_THERMAL = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
 
 
@@ -83,13 +92,14 @@ class _Now:
     fb_total: int  # MiB
     fb_used: int
     fb_reserved: int
-    tensor: float | None = None  # 0..1 when the scenario or a control file drives it
-    engine_active: bool = False  # engine activity is reported (tensor driven, or a MIG instance)
+    tensor: float = 0.0  # 0..1
+    profiling: bool = False  # DCGM_FI_PROF_* are published (GPM, or dcgm-exporter's)
 
     def instance(self, util: float, fb_total: int, fb_used: int) -> _Now:
         """The same GPU seen from one MIG instance: its own utilization and framebuffer."""
         return _Now(self.model, util, self.temp, self.power, self.energy_mj, self.last_xid,
-                    fb_total=fb_total, fb_used=fb_used, fb_reserved=0, tensor=None, engine_active=True)
+                    fb_total=fb_total, fb_used=fb_used, fb_reserved=0, tensor=util / 100 * _TENSOR_SHARE,
+                    profiling=self.profiling)
 
 
 def _zero(_now: _Now) -> int:
@@ -97,9 +107,11 @@ def _zero(_now: _Now) -> int:
     return 0
 
 
-def _if_tensor(value: Callable[[_Now], float]) -> Callable[[_Now], float | None]:
-    """Profiling ratios exist only where the tensor activity is driven."""
-    return lambda now: None if now.tensor is None else value(now)
+def _profiled(share: float | None) -> Callable[[_Now], float | None]:
+    """A profiling ratio: `share` of the utilization (None: the tensor activity), where profiled."""
+    if share is None:
+        return lambda now: round(now.tensor, 6) if now.profiling else None
+    return lambda now: round(now.util / 100 * share, 6) if now.profiling else None
 
 
 def _row_remap(now: _Now) -> int | None:
@@ -136,10 +148,14 @@ _READERS: Readers = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": _row_remap,
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": _row_remap,
     "DCGM_FI_DEV_ROW_REMAP_FAILURE": _row_remap,
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": lambda now: round(now.util / 100, 6) if now.engine_active else None,
-    "DCGM_FI_PROF_SM_ACTIVE": _if_tensor(lambda now: round(now.util / 100 * 0.9, 6)),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _if_tensor(lambda now: round(now.tensor, 6)),
-    "DCGM_FI_PROF_DRAM_ACTIVE": _if_tensor(lambda now: round(now.util / 100 * 0.3, 6)),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": _profiled(1.0),
+    "DCGM_FI_PROF_SM_ACTIVE": _profiled(0.9),
+    "DCGM_FI_PROF_SM_OCCUPANCY": _profiled(0.15),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _profiled(None),
+    "DCGM_FI_PROF_DRAM_ACTIVE": _profiled(0.3),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": _profiled(0.0),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": _profiled(0.05),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": _profiled(0.0),
 }
 _WHOLE_GPU = plan(_READERS, ("device", "instance", "non_mig"))
 _MIG_GPU = plan(_READERS, ("device",))  # per-instance fields live on the instance rows
@@ -254,9 +270,10 @@ class SimBackend:
         self._energy_mj[gpu.index] += power * dt * 1000
         reserved = round(m.memory_mib * 0.006)
         used = sum(p.used_memory_mib for p in procs) + (spec.memory_used_mib.at(t) if spec.memory_used_mib else 0)
-        tensor = None
-        if not gpu.mig_instances and (control.tensor_active is not None or spec.tensor_active is not None):
+        if control.tensor_active is not None or spec.tensor_active is not None:
             tensor = _clip(control.tensor_active if control.tensor_active is not None else spec.tensor_active.at(t), 0, 1)
+        else:
+            tensor = util / 100 * _TENSOR_SHARE
         now = _Now(
             model=m,
             util=util,
@@ -268,7 +285,7 @@ class SimBackend:
             fb_used=_clip(round(used), 0, m.memory_mib - reserved),
             fb_reserved=reserved,
             tensor=tensor,
-            engine_active=tensor is not None,
+            profiling=self.scenario.profiling != "none",
         )
         instance_fields: dict[int, dict[str, float]] = {}
         if gpu.mig_instances:
@@ -307,6 +324,10 @@ class SimBackend:
                     self._last_xid[spec.index] = code
         self._xid_cursor = t
         return sorted(events, key=lambda e: e.timestamp)
+
+    def health(self) -> dict[str, SourceHealth]:
+        """No optional sources: the simulated profiling fields cannot fail."""
+        return {}
 
     def close(self) -> None:
         self._devices = []

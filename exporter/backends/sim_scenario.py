@@ -5,6 +5,9 @@ Example (every key optional):
 
     hostname = "sim-node-01"
     model = "h100"            # NVML name or alias, see sim_models
+    profiling = "gpm"         # DCGM_FI_PROF_*: "gpm" (NVML GPM; default where the model has it:
+                              # H100, H200, B200), "dcgm" (as dcgm-exporter would publish them,
+                              # any model), "none" (default without GPM: A100, L4, T4)
     gpus = 8
     driver_version = "550.54.15"
     minor_numbers = [3, 2, 1, 0, 7, 6, 5, 4]   # /dev/nvidiaN minors; default = index
@@ -13,7 +16,7 @@ Example (every key optional):
     [[gpu]]
     index = 0
     utilization = { kind = "sine", mean = 50, amplitude = 40, period_s = 86400 }
-    tensor_active = { kind = "constant", value = 0.4 }    # ratio; publishes DCGM_FI_PROF_*
+    tensor_active = { kind = "constant", value = 0.4 }    # ratio (default: from utilization)
     memory_used_mib = { kind = "constant", value = 1000 } # on top of process memory
     processes = [ { pid = 4242, start_s = 0, end_s = 600, used_memory_mib = 30000, sm_util = 90 } ]
     xid = [ { at_s = 30, code = 79 } ]
@@ -40,6 +43,7 @@ from gpufleet.exporter.backends import sim_models
 from gpufleet.exporter.fields import FIELDS
 
 TRACE_KINDS = ("constant", "steps", "sine", "random")
+PROFILING = ("gpm", "dcgm", "none")
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class Scenario:
     minor_numbers: tuple[int, ...] = ()
     control_dir: str = ""
     gpu_specs: tuple[SimGpuSpec, ...] = ()
+    profiling: str = "gpm"  # see PROFILING; parse() defaults it by model
 
     def spec(self, index: int) -> SimGpuSpec:
         for s in self.gpu_specs:
@@ -227,7 +232,7 @@ class _Reader:
 def parse(doc: dict[str, Any], source: str = "(inline)", *, model: str | None = None, gpus: int | None = None) -> Scenario:
     """Build a Scenario from a parsed TOML document; `model`/`gpus` are command-line overrides."""
     r = _Reader(source)
-    allowed = {"hostname", "model", "gpus", "driver_version", "minor_numbers", "control_dir", "gpu"}
+    allowed = {"hostname", "model", "gpus", "driver_version", "minor_numbers", "control_dir", "gpu", "profiling"}
     extra = sorted(set(doc) - allowed)
     if extra:
         raise r.fail(extra[0], doc[extra[0]], f"no such key (known: {', '.join(sorted(allowed))})")
@@ -244,6 +249,12 @@ def parse(doc: dict[str, Any], source: str = "(inline)", *, model: str | None = 
     for key in ("hostname", "driver_version", "control_dir"):
         if key in doc and not isinstance(doc[key], str):
             raise r.fail(key, doc[key], "a string")
+    profiling = doc.get("profiling", "gpm" if found.gpm else "none")
+    if profiling not in PROFILING:
+        raise r.fail("profiling", profiling, f"one of {', '.join(PROFILING)}")
+    if profiling == "gpm" and not found.gpm:
+        raise r.fail("profiling", profiling, f'"dcgm" or "none": {found.name} has no GPM (Hopper and later); '
+                     '"dcgm" publishes the profiling fields as dcgm-exporter would')
     gpu_tables = doc.get("gpu", [])
     if not isinstance(gpu_tables, list):
         raise r.fail("gpu", gpu_tables, "an array of [[gpu]] tables")
@@ -256,6 +267,7 @@ def parse(doc: dict[str, Any], source: str = "(inline)", *, model: str | None = 
         minor_numbers=tuple(minors),
         control_dir=doc.get("control_dir", ""),
         gpu_specs=specs,
+        profiling=profiling,
     )
 
 

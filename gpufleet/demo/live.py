@@ -60,8 +60,11 @@ class NodeRuntime:
             if g == lost_gpu:
                 spec.update(lost_at_s=0, xid=[{"at_s": 0, "code": 79}])
             gpus.append(spec)
+        # Profiling fields: the hpc H100s give them through GPM (the scenario's default for the
+        # model); the k8s A100s have no GPM, so there they are what dcgm-exporter would publish.
+        profiling = {} if node.cluster == "hpc" else {"profiling": "dcgm"}
         scenario = sim_scenario.parse({"hostname": node.host, "model": node.model, "gpus": node.gpus,
-                                       "control_dir": str(self.control), "gpu": gpus}, f"demo node {node.host}")
+                                       "control_dir": str(self.control), "gpu": gpus, **profiling}, f"demo node {node.host}")
         self.poller = Poller(sim.SimBackend(scenario), sources, hostname=node.host, poll_interval=5.0,
                              process_interval=5.0, device_map_file=None)
         self.server = make_server("127.0.0.1:0", self.poller.exposition, None)

@@ -12,8 +12,13 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
+import json
+import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -81,6 +86,14 @@ class FakeGpu:
     proc_samples: list[tuple[int, int, int]] = field(default_factory=list)  # (pid, timeStamp us, smUtil)
     lost: bool = False
     xid_supported: bool = True
+    # GPM (Hopper and later). None: nvmlGpmQueryDeviceSupport says no. Else the metrics of every
+    # window, by GPM metric id, in NVML's units (percent, MiB/s); ids not here answer
+    # NotSupported in their nvmlReturn. `gpm_windows`, when given, are successive windows
+    # (replayed in order, the last one held); `gpm_mig` the windows of each MIG GPU instance
+    # (an instance not there: nvmlGpmMigSampleGet answers NotSupported).
+    gpm: dict[int, float] | None = None
+    gpm_windows: list[dict[int, float]] = field(default_factory=list)
+    gpm_mig: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.field_values is None:
@@ -102,6 +115,26 @@ def _err(code: int) -> Exception:
     return _real.NVMLError(code)  # the real class maps the code to NVMLError_<Name>
 
 
+class FakeGpmSample:
+    """What nvmlGpmSampleAlloc hands out: which GPU (and instance) it sampled, and when."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int | None] | None = None
+        self.seq = 0
+        self.freed = False
+
+
+class FakeGpmMetricsGet:
+    """Stands in for pynvml.c_nvmlGpmMetricsGet_t: the same fields, plain Python values."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: Any = None
+        self.sample2: Any = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(_real.NVML_GPM_METRIC_MAX)]
+
+
 class FakeNvml:
     """An object standing in for the `pynvml` module.
 
@@ -119,6 +152,7 @@ class FakeNvml:
         driver: str = "550.90.07",
         bytes_strings: bool = False,
         hidden: set[str] | None = None,
+        latency_us: dict[str, float] | None = None,
     ):
         # Copy the real error classes and constants, so `isinstance(e, nv.NVMLError_GpuIsLost)`
         # and `nv.NVML_CLOCK_SM` behave exactly as with pynvml.
@@ -130,6 +164,12 @@ class FakeNvml:
         self.driver = driver
         self.bytes_strings = bytes_strings
         self.hidden = set(hidden or ())
+        # Function name -> microseconds each call sleeps (a recorded latency; sleeping costs
+        # wall time, not CPU, as a driver call mostly waits on the GPU).
+        self.latency_us = dict(latency_us or {})
+        self.c_nvmlGpmMetricsGet_t = FakeGpmMetricsGet
+        self._gpm_seq = itertools.count(1)
+        self._gpm_windows_used: Counter[tuple[int, int | None]] = Counter()
         self.pending_xids: list[tuple[int, int]] = []
         self.calls: Counter[tuple[str, int | None]] = Counter()
         self.initialized = False
@@ -152,6 +192,10 @@ class FakeNvml:
     def _check(self, fname: str, handle: FakeHandle | None = None) -> FakeGpu | None:
         """Common checks: initialised, GPU not lost, per-function errors; returns the GPU."""
         self.calls[(fname, handle.index if handle is not None else None)] += 1
+        if self.latency_us:
+            us = self.latency_us.get(fname)
+            if us:
+                time.sleep(us / 1e6)
         if not self.initialized:
             raise _err(_real.NVML_ERROR_UNINITIALIZED)
         if handle is None:
@@ -347,6 +391,61 @@ class FakeNvml:
             raise _err(_real.NVML_ERROR_NOT_FOUND)
         return samples
 
+    # ---------------------------------------------------------------- GPM
+
+    def nvmlGpmQueryDeviceSupport(self, handle: FakeHandle) -> SimpleNamespace:
+        gpu = self._check("nvmlGpmQueryDeviceSupport", handle)
+        return SimpleNamespace(version=_real.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(gpu.gpm is not None))
+
+    def nvmlGpmSampleAlloc(self) -> FakeGpmSample:
+        self._check("nvmlGpmSampleAlloc")
+        return FakeGpmSample()
+
+    def nvmlGpmSampleFree(self, sample: FakeGpmSample) -> None:
+        self._check("nvmlGpmSampleFree")
+        if sample.freed:
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        sample.freed = True
+
+    def _gpm_sample(self, fname: str, handle: FakeHandle, gi: int | None, sample: FakeGpmSample) -> FakeGpmSample:
+        gpu = self._check(fname, handle)
+        if sample.freed or handle.mig is not None:
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.gpm is None or (gi is not None and gi not in gpu.gpm_mig):
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        sample.key, sample.seq = (handle.index, gi), next(self._gpm_seq)
+        return sample
+
+    def nvmlGpmSampleGet(self, handle: FakeHandle, sample: FakeGpmSample) -> FakeGpmSample:
+        return self._gpm_sample("nvmlGpmSampleGet", handle, None, sample)
+
+    def nvmlGpmMigSampleGet(self, handle: FakeHandle, gpu_instance_id: int, sample: FakeGpmSample) -> FakeGpmSample:
+        return self._gpm_sample("nvmlGpmMigSampleGet", handle, gpu_instance_id, sample)
+
+    def nvmlGpmMetricsGet(self, mg: FakeGpmMetricsGet) -> FakeGpmMetricsGet:
+        s1, s2 = mg.sample1, mg.sample2
+        if not isinstance(s1, FakeGpmSample) or not isinstance(s2, FakeGpmSample) or s1.key is None:
+            self._check("nvmlGpmMetricsGet")
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._check("nvmlGpmMetricsGet", self._handles[s1.key[0]])
+        if (mg.version != _real.NVML_GPM_METRICS_GET_VERSION or s1.freed or s2.freed or s1.key != s2.key
+                or s2.seq <= s1.seq or not 0 < mg.numMetrics <= _real.NVML_GPM_METRIC_MAX):
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        _index, gi = s1.key
+        if gi is not None:
+            window = gpu.gpm_mig[gi]
+        elif gpu.gpm_windows:
+            used = self._gpm_windows_used[s1.key]
+            window = gpu.gpm_windows[min(used, len(gpu.gpm_windows) - 1)]
+            self._gpm_windows_used[s1.key] += 1
+        else:
+            window = gpu.gpm or {}
+        for m in mg.metrics[: mg.numMetrics]:
+            ok = m.metricId in window
+            m.nvmlReturn = _real.NVML_SUCCESS if ok else _real.NVML_ERROR_NOT_SUPPORTED
+            m.value = float(window[m.metricId]) if ok else 0.0
+        return mg
+
     # ---------------------------------------------------------------- events
 
     def nvmlEventSetCreate(self) -> object:
@@ -382,3 +481,89 @@ class FakeNvml:
 def process(pid: int, used: int | None, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFFFF) -> SimpleNamespace:
     """A process entry shaped like pynvml's friendly c_nvmlProcessInfo_v3_t object."""
     return SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=gi, computeInstanceId=ci)
+
+
+# ---------------------------------------------------------------------- the real H100 capture
+
+CAPTURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "nvml-h100"
+# gpm_probe.py's names -> GPM metric ids
+_GPM_PROBE_IDS = {
+    "SM_OCCUPANCY": _real.NVML_GPM_METRIC_SM_OCCUPANCY, "SM_UTIL": _real.NVML_GPM_METRIC_SM_UTIL,
+    "ANY_TENSOR_UTIL": _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "HMMA_TENSOR_UTIL": _real.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
+    "GRAPHICS_UTIL": _real.NVML_GPM_METRIC_GRAPHICS_UTIL, "DRAM_BW_UTIL": _real.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "FP16_UTIL": _real.NVML_GPM_METRIC_FP16_UTIL, "FP32_UTIL": _real.NVML_GPM_METRIC_FP32_UTIL,
+}
+# nvml_probe.py's names -> the pynvml functions they called (the latencies' keys)
+_PROBE_FUNCTIONS = {
+    "GetUtilizationRates": "nvmlDeviceGetUtilizationRates", "GetEncoderUtilization": "nvmlDeviceGetEncoderUtilization",
+    "GetDecoderUtilization": "nvmlDeviceGetDecoderUtilization", "GetMemoryInfo": "nvmlDeviceGetMemoryInfo",
+    "GetMemoryInfo_v2": "nvmlDeviceGetMemoryInfo_v2", "GetPowerUsage": "nvmlDeviceGetPowerUsage",
+    "GetTotalEnergyConsumption": "nvmlDeviceGetTotalEnergyConsumption", "GetTemperature_GPU": "nvmlDeviceGetTemperature",
+    "GetClockInfo_SM": "nvmlDeviceGetClockInfo", "GetPcieReplayCounter": "nvmlDeviceGetPcieReplayCounter",
+    "GetTotalEccErrors_vol_corr": "nvmlDeviceGetTotalEccErrors", "GetRemappedRows": "nvmlDeviceGetRemappedRows",
+    "GetCurrentClocksEventReasons": "nvmlDeviceGetCurrentClocksEventReasons",
+    "GetViolationStatus_power": "nvmlDeviceGetViolationStatus",
+    "GetComputeRunningProcesses": "nvmlDeviceGetComputeRunningProcesses",
+    "GetProcessUtilization": "nvmlDeviceGetProcessUtilization", "GetFieldValues_memtemp_energy": "nvmlDeviceGetFieldValues",
+    "GetMigMode": "nvmlDeviceGetMigMode", "GetName": "nvmlDeviceGetName", "GetUUID": "nvmlDeviceGetUUID",
+    "GetPciInfo": "nvmlDeviceGetPciInfo", "GetMinorNumber": "nvmlDeviceGetMinorNumber",
+}
+
+
+def _smi(xml: str, path: str) -> int:
+    """An integer from nvidia-smi -q -x: the first <tag> under the given parents ("a/b/c")."""
+    pos = 0
+    for tag in path.split("/"):
+        pos = xml.index(f"<{tag}>", pos)
+    m = re.match(r"\s*(\d+)", xml[pos + xml[pos:].index(">") + 1:])
+    assert m, path
+    return int(m.group(1))
+
+
+def h100_capture(*, gpus: int = 1, load: bool = True, latencies: bool = False) -> FakeNvml:
+    """The H100 of ../shared/data/nvml-h100/, replayed: every value nvml_probe.py read (the rest
+    from nvidia-smi -q -x of the same GPU at rest), its errors (no process: ProcessUtilization
+    answers NotFound; GetMemoryInfo_v2 says used 0 beside 480 MiB reserved), and GPM windows from
+    gpm_load.json (`load`) or gpm_idle.json. `latencies`: each call sleeps what it took there
+    (GPM: the median of the recorded sample and metrics calls). `gpus` copies of it (UUIDs
+    differ after the first) make an 8-GPU node for the exporter bench."""
+    probe = json.loads((CAPTURE / "nvml_probe.json").read_text())
+    xml = (CAPTURE / "nvidia-smi-q.xml").read_text()
+    windows = json.loads((CAPTURE / ("gpm_load.json" if load else "gpm_idle.json")).read_text())
+    v = lambda name: probe[name]["value"]  # noqa: E731
+    mem = v("GetMemoryInfo_v2")
+    ecc = {
+        (_real.NVML_MEMORY_ERROR_TYPE_CORRECTED, _real.NVML_VOLATILE_ECC): v("GetTotalEccErrors_vol_corr"),
+        (_real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _real.NVML_VOLATILE_ECC): _smi(xml, "ecc_errors/volatile/dram_uncorrectable"),
+        (_real.NVML_MEMORY_ERROR_TYPE_CORRECTED, _real.NVML_AGGREGATE_ECC): _smi(xml, "ecc_errors/aggregate/dram_correctable"),
+        (_real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, _real.NVML_AGGREGATE_ECC): v("GetTotalEccErrors_agg_unc"),
+    }
+    assert probe["GetProcessUtilization"]["value"].startswith("NVMLError_NotFound")
+    assert probe["GpmQueryDeviceSupport"]["value"] == 1
+
+    def one(i: int) -> FakeGpu:
+        uuid = v("GetUUID") if i == 0 else v("GetUUID")[:-2] + f"{i:02x}"
+        return FakeGpu(
+            uuid=uuid, name=v("GetName"), minor=v("GetMinorNumber") + i, pci_bus_id=v("GetPciInfo")["busId"],
+            util=(v("GetUtilizationRates")["gpu"], v("GetUtilizationRates")["memory"]),
+            enc=tuple(v("GetEncoderUtilization")), dec=tuple(v("GetDecoderUtilization")),
+            memory={k: mem[k] for k in ("total", "reserved", "free", "used")},
+            power_mw=v("GetPowerUsage"), energy_mj=v("GetTotalEnergyConsumption"), temp_gpu=v("GetTemperature_GPU"),
+            memory_temp=_smi(xml, "temperature/memory_temp"),  # the probe kept no field value, only its repr
+            sm_clock=v("GetClockInfo_SM"), mem_clock=v("GetClockInfo_MEM"), pcie_replay=v("GetPcieReplayCounter"),
+            ecc=ecc, remapped_rows=tuple(v("GetRemappedRows")), clocks_event_reasons=v("GetCurrentClocksEventReasons"),
+            violation_ns={_real.NVML_PERF_POLICY_POWER: v("GetViolationStatus_power")["violationTime"],
+                          _real.NVML_PERF_POLICY_THERMAL: v("GetViolationStatus_thermal")["violationTime"]},
+            mig_enabled=bool(v("GetMigMode")[0]), max_mig_devices=v("GetMaxMigDeviceCount"),
+            gpm={}, gpm_windows=[{_GPM_PROBE_IDS[k]: x for k, x in w.items() if k in _GPM_PROBE_IDS} for w in windows],
+        )
+
+    latency = {}
+    if latencies:
+        latency = {fn: probe[name]["us"] for name, fn in _PROBE_FUNCTIONS.items() if "us" in probe[name]}
+        for name, key in (("nvmlGpmSampleGet", "sample_get_us"), ("nvmlGpmMetricsGet", "metrics_get_us")):
+            recorded = sorted(w[key] for w in json.loads((CAPTURE / "gpm_load.json").read_text())
+                              + json.loads((CAPTURE / "gpm_idle.json").read_text()))
+            latency[name] = recorded[len(recorded) // 2]
+        latency["nvmlGpmMigSampleGet"] = latency["nvmlGpmSampleGet"]
+    return FakeNvml([one(i) for i in range(gpus)], driver=probe["_driver"], latency_us=latency)
