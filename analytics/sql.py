@@ -37,12 +37,28 @@ def clip_seconds(a: str, b: str) -> str:
     return CLIP.format(a=a, b=b)
 
 
-# MIG instances count as their share of the GPU's compute slices (A30: 4 slices, others 7).
+# The one MIG share rule: a MIG instance counts as its share of the GPU's compute slices. A100,
+# H100 and H200 have 7 (1g = 1/7, 2g = 2/7, 3g = 3/7, 4g = 4/7, 7g = 1), A30 has 4 (1g.6gb = 1/4,
+# 2g.12gb = 2/4, 4g.24gb = 1). `profile` may be an exporter's profile (GPU_I_PROFILE "1g.10gb"),
+# a Slurm gres type ("1g.10gb", "nvidia_a100_1g.10gb", "nvidia_a30_2g.12gb") or a Kubernetes
+# resource name ("nvidia.com/mig-3g.40gb", "mig-3g.40gb"); anything else (NULL, "h100", "a100")
+# is a whole GPU: 1.0. Capacity, data, busy, allocated, idle and cost all take it from here.
+_MIG_SLICES = "(?:^|[^0-9a-z])([1-7])g[.][0-9]+gb"  # "<slices>g.<memory>gb" after a separator
+_A30_PROFILES = "(?:^|[^0-9a-z])(?:1g[.]6gb|2g[.]12gb|4g[.]24gb)"  # profiles only an A30 has
+
+
+def mig_share(profile: str, model: str = "NULL") -> str:
+    """SQL: the share of a whole GPU that MIG `profile` (SQL text: a column) holds on a GPU of
+    `model` (SQL text; NULL when unknown: the profile's name then decides A30 or not)."""
+    p = f"lower({profile})"
+    return f"""coalesce(try_cast(nullif(regexp_extract({p}, '{_MIG_SLICES}', 1), '') AS DOUBLE)
+          / CASE WHEN coalesce({model}, '') LIKE '%A30%' OR regexp_matches({p}, '{_A30_PROFILES}') THEN 4.0 ELSE 7.0 END, 1.0)"""
+
+
+# MIG instances count as their share of the GPU's compute slices (mig_share).
 def gpu_equiv(alias: str = "") -> str:
     a = f"{alias}." if alias else ""
-    return f"""CASE WHEN {a}mig_profile IS NULL THEN 1.0
-     ELSE coalesce(try_cast(regexp_extract({a}mig_profile, '^(\\d+)g\\.', 1) AS DOUBLE), 1.0)
-          / CASE WHEN {a}model LIKE '%A30%' THEN 4.0 ELSE 7.0 END END"""
+    return mig_share(f"{a}mig_profile", f"{a}model")
 
 
 # --- the tables of one window (analytics/core.py: Analysis) ---
@@ -181,18 +197,34 @@ FROM alv WHERE has_piece GROUP BY ALL
 JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
   AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
 
-# Allocated GPU-seconds from scheduler accounting: GPUs x the job's run time inside the window
-# (a running job counts until $as_of: the window end, or now if the window reaches the future).
+# Each job with gpu_share: the share of a whole GPU each of its `gpus` is (mig_share), so a job
+# on one 1g.10gb slice is allocated 1/7 GPU, exactly what its samples count as data. From the
+# scheduler's GPU type when it names one MIG profile (Slurm gres "1g.10gb" or
+# "nvidia_a100_1g.10gb", a pod's "mig-1g.10gb"); else from the GPUs the exporters' job mapping
+# saw it hold (the mean share of those instances in the inventory: a job mapped to MIG instances
+# holds those, whatever its GPU type says); else 1 (whole GPUs).
+JOBS_SHARED = f"""(
+SELECT j.*, CASE WHEN {mig_share("j.gpu_type")} < 1.0 AND j.gpu_type NOT LIKE '%,%' THEN {mig_share("j.gpu_type")}
+                 ELSE coalesce(m.mapped_share, 1.0) END AS gpu_share
+FROM jobs j
+LEFT JOIN (
+    SELECT a.cluster, a.scheduler, a.job_key, avg({gpu_equiv("g")}) AS mapped_share
+    FROM allocations a
+    JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    GROUP BY ALL
+) m ON m.cluster = j.cluster AND m.scheduler = j.scheduler AND m.job_key = j.job_key
+)"""
+
+# Allocated GPU-seconds from scheduler accounting: GPUs x their MIG share x the job's run time
+# inside the window (a running job counts until $as_of: the window end, or now if the window
+# reaches the future).
 _RUN = clip_seconds("start", 'coalesce("end", $as_of)')
-# a pod holding MIG instances (gpu_type "mig-3g.40gb") holds 3/7 of a GPU per instance
-_JOB_EQUIV = """(CASE WHEN gpu_type LIKE 'mig-%' AND gpu_type NOT LIKE '%,%'
-      THEN coalesce(try_cast(regexp_extract(gpu_type, '^mig-(\\d+)g\\.', 1) AS DOUBLE) / 7.0, 1.0) ELSE 1.0 END)"""
 JOB_ALLOCATED = f"""
-SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type,
+SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type, gpu_share,
        submit, start, "end",
        {_RUN} AS run_s,
-       coalesce(gpus, 0) * {_JOB_EQUIV} * {_RUN} AS alloc_gpu_s
-FROM jobs
+       coalesce(gpus, 0) * gpu_share * {_RUN} AS alloc_gpu_s
+FROM {JOBS_SHARED}
 WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
   AND {JOB_FILTERS}
 """
@@ -347,9 +379,9 @@ FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
 _DECAY_RUN_END = 'greatest(start, least(coalesce("end", $as_of), $end))'
 FAIRNESS_DECAYED = f"""
 SELECT coalesce(account, '') AS account,
-       sum(gpus * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
-                                        - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
-FROM jobs WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
+       sum(gpus * gpu_share * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
+                                                    - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
+FROM {JOBS_SHARED} WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
 GROUP BY ALL"""
 
 FAIRNESS_STARTED = f"""

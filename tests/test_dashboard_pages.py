@@ -324,9 +324,12 @@ def test_hostile_filter_values_are_bound_parameters(store, con, a, use_store):
     goto(at, "utilization")
     filtered = Analysis(con, Params(T(10), T(12), filters=Filters(user_name=EVE)), now=T(12))
     assert metrics(at)["Allocated"] == ui.gpu_h(filtered.totals().allocated_gpu_h) == "2.00 GPU-h"
-    # a value that is in no list: the URL value is dropped, never reaches SQL as text
+    # a value that is in no list: it stays the filter (a bound parameter, never SQL text), matches
+    # nothing, and says so - never silently the whole fleet (issue #13.2)
     at = open_app(account="x' OR '1'='1")
-    assert at.selectbox(key="account").value == ui.ALL
+    assert at.selectbox(key="account").value == "x' OR '1'='1"
+    assert any("does not know" in w.value for w in at.warning)
+    assert fn.gpu_states(con, Params(T(10), T(12), filters=Filters(account="x' OR '1'='1")), T(12)).is_empty()
 
 
 # --- filters carried across pages, in the URL ---
