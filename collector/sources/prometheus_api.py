@@ -20,15 +20,17 @@ from typing import Iterable, Iterator
 import httpx
 
 from gpufleet.collector.exposition_parse import JOB_REPORT_METRICS, parse_rows, samples_table
-from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
+from gpufleet.collector.schema import METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_SCHEMA
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.exposition import Family, render
 
 log = logging.getLogger(__name__)
 
-# What to fetch: every metric the canonical schema reads, plus the job mapping and job reports.
-DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_"))} | {"gpufleet_gpu_job_info", *JOB_REPORT_METRICS}))
+# What to fetch: every metric the canonical schema reads (nvidia_gpu_exporter's with the series
+# that name its GPUs), plus the job mapping and job reports.
+DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_", NVIDIA_SMI_PREFIX))}
+                               | {"gpufleet_gpu_job_info", *JOB_REPORT_METRICS, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO}))
 
 
 def _epoch(dt: datetime) -> float:
