@@ -323,6 +323,7 @@ def parse_sacct(
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
+    text = text.removeprefix("\ufeff")  # a byte-order mark (a file saved on Windows) is not part of the header
     now = now or utcnow()
     zone = as_tz(tz)
     problems, jobs, rejected = _Problems(), [], 0
