@@ -82,16 +82,20 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
     except StoreError as e:
         log.error("%s", e)
         return 1
-    if args.once:
-        ok = collector.run_once()
-        collector.writer.close()
-        return 0 if ok else 1
-    if window:
-        from gpufleet.collector.backfill import backfill
+    if args.once or window:
+        # an empty result reporting success is a defect: fail when nothing at all was recognized
+        collector.reset_recognized()
+        if args.once:
+            ok = collector.run_once()
+        else:
+            from gpufleet.collector.backfill import backfill
 
-        ok = backfill(collector, *window, out=out or sys.stderr)
+            ok = backfill(collector, *window, out=out or sys.stderr)
         collector.writer.close()
-        return 0 if ok else 1
+        why = collector.nothing_recognized()
+        if why:
+            log.error("%s", why)
+        return 0 if ok and not why else 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -74,7 +74,7 @@ class ParsedScrape:
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s observations
     rejected: int = 0
     problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, text), see ScrapeRows
     unknown_names: list[str] = field(default_factory=list)
 
 
@@ -91,7 +91,8 @@ class ScrapeRows:
     throughput: list[dict[str, Any]]
     rejected: int
     problems: list[str]
-    warnings: list[str] = field(default_factory=list)  # accepted but doubtful input (see the module doc)
+    # accepted but doubtful input (see the module doc): (kind, text), kind pod_hostname or no_final_newline
+    warnings: list[tuple[str, str]] = field(default_factory=list)
     unknown_names: list[str] = field(default_factory=list)  # metric families not read, the first few
 
     @property
@@ -139,7 +140,7 @@ def parse_rows(
         b.read_smi_identity(text)
     lines = scan(text, pivot=Pivot(b.column_of, b.row_of))
     b.rejected, b.problems = lines.rejected, lines.problems
-    b.warnings[:0] = lines.notes
+    b.warnings[:0] = [("no_final_newline", note) for note in lines.notes]
     for lineno, name, key, labels, value in lines.samples:  # what the pivot kept for us
         if name == JOB_INFO:
             b.job_info(lineno, key, labels, value)
@@ -269,16 +270,16 @@ class _Builder:
         self.reasons: dict[object, str] = {}  # label-set key -> why its series are rejected
         self.rejected = 0
         self.problems: list[str] = []
-        self.warnings: list[str] = []
+        self.warnings: list[tuple[str, str]] = []
         self.unknown_names: list[str] = []
         # nvidia_gpu_exporter: uuid label -> (GPU index or None, model, driver); None when the
         # body has no nvidia_smi_* series. Part of the label-set cache keys: it changes meanings.
         self.smi: dict[str, tuple[int | None, str | None, str | None]] | None = None
         self.smi_key: tuple | None = None
 
-    def warn(self, text: str) -> None:
-        if text not in self.warnings and len(self.warnings) < MAX_PROBLEMS:
-            self.warnings.append(text)
+    def warn(self, kind: str, text: str) -> None:
+        if (kind, text) not in self.warnings and len(self.warnings) < MAX_PROBLEMS:
+            self.warnings.append((kind, text))
 
     def read_smi_identity(self, text: str) -> None:
         """uuid -> (index, model, driver) from nvidia_smi_index{uuid} N and nvidia_smi_gpu_info{uuid,index,name,driver_version}."""
@@ -338,7 +339,7 @@ class _Builder:
             self.row_info.append(_Row(series.host, series.uuid, series.instance, series.gpu))
         self.row_info[index].absorb(series)
         if series.note:
-            self.warn(series.note)
+            self.warn("pod_hostname", series.note)
         for scheduler, job in series.jobs:
             self.allocate(scheduler, job, series.host, series.uuid, series.instance, series.gpu)
         return index

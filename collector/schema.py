@@ -280,6 +280,19 @@ ORDER BY host, gpu_uuid, gpu_instance, bucket
 ROLLUP_SQL = ROLLUP_SELECT.replace("{source}", "read_parquet({files})")
 
 
+@dataclass(frozen=True)
+class Unrecognized:
+    """Input a source could not make sense of, or read with a doubt: reported, counted
+    (gpufleet_collect_input_unrecognized_total) and listed in the store's manifest for the
+    dashboard's Health page. `input`: where (a target, a URL, a file); `kind`: a short token
+    (no_gpu_rows, pod_hostname, no_final_newline, vector_answer, unknown_answer, no_jobs_list, ...);
+    `detail`: what was there, for a person."""
+
+    input: str
+    kind: str
+    detail: str
+
+
 @dataclass
 class Batch:
     """What one source run produced; the store commits a batch whole or not at all.
@@ -299,6 +312,7 @@ class Batch:
     rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)
     problems: list[str] = field(default_factory=list)  # what was rejected, for the log (first few)
     watermark: tuple[str, str] | None = None  # (watermark name, new value)
+    unrecognized: list[Unrecognized] = field(default_factory=list)  # input not understood (good rows kept)
     # (cluster, scheduler, as of): `jobs` holds every job of that scope the scheduler still
     # knows, so a job the store has as PENDING or RUNNING that is not among them is gone (a pod
     # deleted between two listings) and is closed as of that time

@@ -101,7 +101,7 @@ def test_bom_and_missing_final_newline():
     body = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",Hostname="n1"} 42'  # one line, no newline
     r = parse("\ufeff" + body)
     assert [x["gpu_util"] for x in r.samples.to_pylist()] == [42.0] and r.rejected == 0
-    assert "no newline" in r.warnings[0]
+    assert r.warnings[0][0] == "no_final_newline" and "no newline" in r.warnings[0][1]
     [ref] = [s.value for fam in text_string_to_metric_families(body) for s in fam.samples]
     assert ref == 42.0  # what Prometheus' own parser reads
 
@@ -111,10 +111,11 @@ def test_pod_name_hostname_gives_way_to_a_node_label():
     r = parse(line.format(extra=',kubernetes_node="gpu-node-3"'))
     [row] = r.samples.to_pylist()
     assert row["host"] == "gpu-node-3" and r.allocations == []
-    assert "nvidia-dcgm-exporter-sv6g2" in r.warnings[0] and "kubernetes_node" in r.warnings[0]
+    [(kind, text)] = r.warnings
+    assert kind == "pod_hostname" and "nvidia-dcgm-exporter-sv6g2" in text and "kubernetes_node" in text
     r = parse(line.format(extra=""))
     assert r.samples.to_pylist()[0]["host"] == "nvidia-dcgm-exporter-sv6g2"  # kept (nothing better), but said
-    assert "pod name" in r.warnings[0] and "node" in r.warnings[0]
+    assert "pod name" in r.warnings[0][1] and "node" in r.warnings[0][1]
     r = parse(line.format(extra=""), target_labels={"node": "n7"})
     assert r.samples.to_pylist()[0]["host"] == "n7" and r.warnings == []  # the operator said which node
     r = parse(line.format(extra="").replace("nvidia-dcgm-exporter-sv6g2", "gpu-node-1"))

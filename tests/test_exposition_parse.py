@@ -423,7 +423,7 @@ def test_body_without_final_newline_is_read_as_prometheus_reads_it_and_said():
     assert last.startswith("DCGM_FI_PROF_PCIE_RX_BYTES") and last.endswith("} 6935930")
     r = parse(text.rstrip("\n"))  # a whole last line, no newline (the DataDog fixture's shape)
     assert r.rejected == 0 and rows(r) == rows(clean)
-    assert "line 20" in r.warnings[0] and "newline" in r.warnings[0]
+    assert r.warnings[0][0] == "no_final_newline" and "line 20" in r.warnings[0][1]
     r = parse(text[:len(text) - len(last) // 2])  # cut mid-labels: unreadable, rejected, the rest kept
     assert r.rejected == 1 and "line 20" in r.problems[0]
     [g] = rows(r)
