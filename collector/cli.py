@@ -50,13 +50,24 @@ def build(opts: dict[str, Any]):
         from gpufleet.collector.sources.slurm import SacctSource
 
         sources.append(ScheduledSource(SacctSource.from_options(opts["cluster"], sa), sa["interval"]))
+    rest = opts["slurmrestd"]
+    if rest["url"]:
+        from gpufleet.collector.sources.slurmrestd import SlurmrestdSource
+
+        sources.append(ScheduledSource(SlurmrestdSource.from_options(opts["cluster"], rest), rest["interval"]))
+    sj = opts["slurm_json"]
+    if sj["files"]:
+        from gpufleet.collector.sources.slurm_files import SlurmJsonFilesSource
+
+        sources.append(ScheduledSource(SlurmJsonFilesSource(cluster=opts["cluster"], files=sj["files"]), sj["interval"]))
     k8s = opts["kubernetes"]
     if k8s["enabled"]:
         from gpufleet.collector.sources.kubernetes import KubernetesSource
 
         sources.append(ScheduledSource(KubernetesSource.from_options(opts["cluster"], k8s), k8s["interval"]))
     if not sources:
-        raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled or kubernetes.enabled")
+        raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled, slurmrestd.url, "
+                          "slurm_json.files or kubernetes.enabled")
     return Collector(StoreWriter(opts["store"]), sources)
 
 
