@@ -90,6 +90,7 @@ SLURMRESTD = (
            lambda v: isinstance(v, str) and (v == "auto" or re.fullmatch(r"v0\.0\.\d+", v) is not None)),
     Option("verify_tls", True, "true or false", boolean),
     Option("timeout", 60.0, "a number of seconds > 0", number(0)),
+    Option("timezone", "UTC", "slurmrestd's IANA time zone (data_parser v0.0.37/38 read times in it)", string),
     Option("overlap_seconds", 3600, "an integer >= 0", integer(0)),
     Option("initial_lookback_seconds", 7 * 86400, "an integer >= 0", integer(0)),
 )

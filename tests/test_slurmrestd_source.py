@@ -138,7 +138,10 @@ def test_each_version_discovered_and_read_like_the_parser(version, token):
         for q in reads:  # the JWT and the user name on every request
             assert q["headers"]["X-SLURM-USER-TOKEN"] == TOKEN and q["headers"]["X-SLURM-USER-NAME"] == "gpufleet"
         start = int((NOW - timedelta(hours=3)).replace(tzinfo=timezone.utc).timestamp())  # watermark - 1 h overlap
-        assert reads[0]["query"] == f"start_time={start}&end_time={int(NOW.replace(tzinfo=timezone.utc).timestamp())}"
+        if version >= "v0.0.39":  # Unix times
+            assert reads[0]["query"] == f"start_time={start}&end_time={int(NOW.replace(tzinfo=timezone.utc).timestamp())}"
+        else:  # v0.0.37/38 parse only local times (slurmrestd's zone, `timezone`, UTC by default)
+            assert reads[0]["query"] == "start_time=2026-11-20T09%3A00%3A00&end_time=2026-11-20T12%3A00%3A00"
 
 
 def test_without_an_openapi_document_versions_are_tried_newest_first(token):

@@ -196,7 +196,7 @@ def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: da
     jobs, rejected, problems = parse_slurmrestd_jobs(doc, cluster, now)
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise SourceError(f"{input}: {problems[0]}", [Unrecognized(input, "no_jobs_list", problems[0])])
-    errors = [_error_text(e) for e in doc.get("errors") or []]
+    errors = [error_text(e) for e in doc.get("errors") or []]
     if errors and not jobs:
         raise SourceError(f"{input}: Slurm answered with errors: {'; '.join(errors[:3])}")
     for job in jobs:
@@ -205,7 +205,7 @@ def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: da
                  problems=([f"Slurm reported: {e}" for e in errors[:3]] + problems)[:MAX_PROBLEMS_PER_BATCH])
 
 
-def _error_text(e: Any) -> str:
+def error_text(e: Any) -> str:
     """slurmrestd's {error, error_number, description, source} (or a plain string) -> one line."""
     if not isinstance(e, dict):
         return str(e)[:200]

@@ -11,7 +11,8 @@ run `sacct` (it runs far from the controller, or shelling out is not allowed).
   version that has both job lists; when slurmrestd serves no document it tries the versions
   newest first. Found once per source and kept.
 - What: slurmdbd's jobs of each window (`/slurmdb/vX/jobs?start_time=&end_time=`, what sacct
-  reads), then slurmctld's current jobs (`/slurm/vX/jobs`: running and pending, with GPUs from
+  reads; Unix times from v0.0.39, while v0.0.37/38 take only local times, which slurmrestd reads
+  in its own zone: set `timezone` to it, as for sacct), then slurmctld's current jobs (`/slurm/vX/jobs`: running and pending, with GPUs from
   `gres_detail`/`tres_per_*` where accounting has no gres/gpu TRES). Windows, overlap and
   watermark as the sacct source (gpufleet.collector.sources.slurm.JobWindows); each window is a
   batch of its own, so the windows read before a failure are kept.
@@ -34,7 +35,8 @@ import httpx
 from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm import JobWindows
-from gpufleet.collector.sources.slurm_json import jobs_batch
+from gpufleet.collector.sources.slurm_json import error_text, jobs_batch
+from gpufleet.collector.sources.slurm_parse import as_tz
 from gpufleet.times import utcnow
 
 # data_parser versions this reads, newest first (slurm_json handles each one's shapes)
@@ -57,6 +59,7 @@ class SlurmrestdSource(JobWindows):
     api_version: str = "auto"
     verify_tls: bool = True
     timeout: float = 60.0
+    tz: str = "UTC"  # slurmrestd's time zone: v0.0.37/38 read start_time/end_time in it
     overlap: timedelta = timedelta(hours=1)
     initial_lookback: timedelta = timedelta(days=7)
     max_window: timedelta = timedelta(days=1)
@@ -81,7 +84,7 @@ class SlurmrestdSource(JobWindows):
         return cls(
             url=url, cluster=cluster, token_file=opts.get("token_file", ""), token_env=opts.get("token_env", ""),
             user=opts.get("user", ""), api_version=opts.get("api_version", "auto"), verify_tls=opts.get("verify_tls", True),
-            timeout=float(opts.get("timeout", cls.timeout)), transport=transport,
+            timeout=float(opts.get("timeout", cls.timeout)), transport=transport, tz=opts.get("timezone") or "UTC",
             overlap=timedelta(seconds=opts.get("overlap_seconds", cls.overlap.total_seconds())),
             initial_lookback=timedelta(seconds=opts.get("initial_lookback_seconds", cls.initial_lookback.total_seconds())),
         )
@@ -96,7 +99,7 @@ class SlurmrestdSource(JobWindows):
         now = now or utcnow()
         version = self.version()
         path = f"/slurmdb/{version}/jobs"
-        text = self._get(path, {"start_time": str(_epoch(start)), "end_time": str(_epoch(end))})
+        text = self._get(path, {"start_time": self._time(version, start), "end_time": self._time(version, end)})
         return jobs_batch(text, key=f"slurmrestd:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
                           input=self.url.rstrip("/") + path, cluster=self.cluster, now=now)
 
@@ -108,6 +111,12 @@ class SlurmrestdSource(JobWindows):
         # jobs that ended are slurmdbd's to describe (what sacct reads); slurmctld adds what has not
         batch.jobs = [j for j in batch.jobs if j.get("end") is None]
         return batch
+
+    def _time(self, version: str, t: datetime) -> str:
+        """A window edge as `version` reads it: Unix time, or before v0.0.39 local ISO time."""
+        if version >= "v0.0.39":
+            return str(_epoch(t))
+        return t.replace(tzinfo=timezone.utc).astimezone(as_tz(self.tz)).strftime("%Y-%m-%dT%H:%M:%S")
 
     # --- the API version ---
 
@@ -186,11 +195,22 @@ class SlurmrestdSource(JobWindows):
         if r.status_code in (401, 403):
             how = "token_file" if self.token_file else (f"token_env {self.token_env}" if self.token_env else "no token configured")
             raise SourceError(f"slurmrestd {url}: HTTP {r.status_code} {r.reason_phrase}: authentication refused "
-                              f"(JWT from {how}; expired, or AuthAltTypes=auth/jwt missing?): {r.text[:200]}")
+                              f"(JWT from {how}; expired, or AuthAltTypes=auth/jwt missing?): {_errors(r)}")
         if r.status_code != 200:
-            raise SourceError(f"slurmrestd {url}: HTTP {r.status_code} {r.reason_phrase}: {r.text[:300]}")
+            raise SourceError(f"slurmrestd {url}: HTTP {r.status_code} {r.reason_phrase}: {_errors(r)}")
 
     def _get(self, path: str, params: dict[str, str]) -> str:
         r = self._request(path, params)
         self._check(r, path)
         return r.text
+
+
+def _errors(r: httpx.Response) -> str:
+    """Slurm's own `errors` of an answer when it has them (its meta block is long), else the text."""
+    try:
+        errors = r.json().get("errors")
+    except (ValueError, AttributeError):
+        errors = None
+    if isinstance(errors, list) and errors:
+        return "; ".join(error_text(e) for e in errors[:3])
+    return r.text[:300]
