@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from gpufleet.collector.exposition_fast import (DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot,
+from gpufleet.collector.exposition_fast import (BOM, DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot,
                                                  _parse_block, _parse_value, scan)
 from gpufleet.collector.schema import (METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_FIELDS,
                                        SAMPLE_SCHEMA)
@@ -137,7 +137,7 @@ def parse_rows(
     ts = ts.replace(microsecond=ts.microsecond // 1000 * 1000)
     b = _Builder(ts, cluster, host=target_labels.get("node") or None, default_host=target_host(target))
     if NVIDIA_SMI_PREFIX in text:
-        b.read_smi_identity(text)
+        b.read_smi_identity(text.removeprefix(BOM))  # the BOM would hide a first line's name from the regex
     lines = scan(text, pivot=Pivot(b.column_of, b.row_of))
     b.rejected, b.problems = lines.rejected, lines.problems
     b.warnings[:0] = [("no_final_newline", note) for note in lines.notes]

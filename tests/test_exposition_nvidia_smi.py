@@ -126,3 +126,55 @@ def test_unknown_families_are_named():
     r = parse('node_cpu_seconds_total{cpu="0"} 5\nsome_other_gpu_metric{gpu="0",UUID="GPU-a"} 1\n')
     assert r.samples.num_rows == 0 and r.rejected == 0
     assert r.unknown_names == ["node_cpu_seconds_total", "some_other_gpu_metric"]
+
+
+# --- invariants ---
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SMI_VALUES = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.dictionaries(st.sampled_from(sorted(NVIDIA_SMI_TO_COLUMN)), _SMI_VALUES, min_size=1),
+       st.integers(0, 31), st.sampled_from(["", "GPU-"]))
+def test_every_mapped_family_is_its_value_times_its_scale(values, index, prefix):
+    uuid = prefix + "3f2a0c1e-aaaa-bbbb-cccc-00000000abcd"
+    text = f'nvidia_smi_index{{uuid="{uuid}"}} {index}\n' + "".join(f'{n}{{uuid="{uuid}"}} {v!r}\n' for n, v in values.items())
+    r = parse(text)
+    [row] = r.samples.to_pylist()
+    assert (row["gpu"], row["gpu_uuid"], r.rejected) == (index, "GPU-3f2a0c1e-aaaa-bbbb-cccc-00000000abcd", 0)
+    by_column: dict[str, float] = {}
+    for name, v in values.items():  # two names of one column (throttle/event reasons): the later line wins
+        by_column[NVIDIA_SMI_TO_COLUMN[name][0]] = v * NVIDIA_SMI_TO_COLUMN[name][1]
+    for column, v in by_column.items():
+        t = TYPES[column]
+        if pa.types.is_integer(t):
+            assert row[column] == (round(v) if round(v) < 2**63 - 16 else None)
+        else:
+            assert row[column] == pa.scalar(v, pa.float64()).cast(t).as_py()
+
+
+_LINES = st.lists(st.sampled_from([
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",Hostname="n1"} 42',
+    'DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-b",Hostname="n1"} 1024',
+    'nvidia_smi_index{uuid="c"} 2',
+    'nvidia_smi_utilization_gpu_ratio{uuid="c"} 0.25',
+    "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+    "garbage line",
+    "",
+]), min_size=1, max_size=10)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_LINES)
+def test_bom_and_final_newline_change_nothing_but_a_note(lines):
+    """A BOM in front, or the last newline missing: the same rows, the same rejects."""
+    text = "\n".join(lines) + "\n"
+    clean = parse(text)
+    for variant in ("\ufeff" + text, text.rstrip("\n") if text.strip() else text):
+        r = parse(variant)
+        assert r.samples.to_pylist() == clean.samples.to_pylist()
+        assert r.rejected == clean.rejected
+        assert [k for k, _ in r.warnings if k != "no_final_newline"] == [k for k, _ in clean.warnings]
