@@ -2,23 +2,28 @@
 node, on loopback) holding real exporter outputs (dcgm-exporter 3.x/4.x with MIG and Kubernetes pod
 labels, utkuozdemir/nvidia_gpu_exporter), imported as timed scrapes. `gpufleet collect --backfill`
 reading it through the Prometheus API must store exactly what scraping the same bodies stores:
-per GPU, per sample time, every column, and the same job <-> GPU allocations."""
+per GPU, per sample time, every column, and the same job <-> GPU allocations. And the way the
+issue met it: vmagent scraping exporters into VictoriaMetrics, read back sample time by sample time."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from gpufleet.collector.exposition_parse import parse_exposition
 from gpufleet.collector.schema import SAMPLE_SCHEMA
 from gpufleet.collector.service import Collector, ScheduledSource
+from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 from gpufleet.collector.sources.scrape import ScrapeSource, Target, TargetStatus
 from gpufleet.collector.store import StoreWriter, open_reader
-from tests.realstack.victoriametrics import start_victoriametrics
+from tests.realstack.victoriametrics import start_victoriametrics, start_vmagent
+from tests.support.http import Loopback
 
 pytestmark = pytest.mark.realstack
 
@@ -101,3 +106,50 @@ def test_backfill_from_victoriametrics_equals_scraping(tmp_path):
     assert {s for (s,) in table_rows(via, "SELECT DISTINCT source FROM gpu_samples")} == {"prometheus"}
     alloc = "SELECT scheduler, job_key, host, gpu_uuid, gpu_instance, gpu, first_seen, last_seen FROM allocations ORDER BY ALL"
     assert table_rows(via, alloc) == table_rows(direct, alloc) and table_rows(direct, alloc)
+
+
+def test_vmagent_scraping_into_victoriametrics_read_back_equals_the_scraped_bodies(tmp_path):
+    """The issue's set-up: vmagent scrapes exporters (here loopback servers serving real outputs)
+    into VictoriaMetrics; every sample time the collector reads back gives, per GPU, what parsing
+    the body served gives at that time."""
+    served = {"dcgm": BODIES["gpu-node-1:9400"], "smi": BODIES["smi-node:9835"]}
+    servers = {name: Loopback() for name in served}
+    for name, server in servers.items():
+        server.routes["/metrics"] = (200, "text/plain; version=0.0.4", served[name].read_bytes())
+    vm = start_victoriametrics(tmp_path / "vm")
+    agent = None
+    try:
+        started = datetime.now(timezone.utc).replace(tzinfo=None)
+        agent = start_vmagent(tmp_path / "vmagent", vm, [f"127.0.0.1:{s.port}" for s in servers.values()])
+        deadline = time.monotonic() + 60
+        while True:  # at least 3 scrapes of each target stored
+            vm.flush()
+            counts = vm.query('count_over_time(DCGM_FI_DEV_GPU_UTIL{gpu="0"}[5m]) or count_over_time(nvidia_smi_index[5m])')
+            if len(counts) == 2 and min(float(c["value"][1]) for c in counts) >= 3:
+                break
+            assert time.monotonic() < deadline, f"vmagent -> VictoriaMetrics: {counts}"
+            time.sleep(0.5)
+        agent.stop()
+        agent = None
+        vm.flush()
+        end = datetime.now(timezone.utc).replace(tzinfo=None)
+        src = PrometheusApiSource(url=vm.url, cluster="fleet")
+        batch = src.read_window(started - timedelta(seconds=1), end)
+    finally:
+        if agent:
+            agent.stop()
+        vm.stop()
+        for s in servers.values():
+            s.close()
+    assert batch.rejected == 0 and batch.unrecognized == [], (batch.problems, batch.unrecognized)
+    got = batch.samples.to_pylist()
+    by_scrape: dict[tuple[str, datetime], list[dict]] = {}
+    for row in got:
+        by_scrape.setdefault((row["host"], row["ts"]), []).append(row)
+    ports = {name: f"127.0.0.1:{s.port}" for name, s in servers.items()}
+    assert {h for h, _ in by_scrape} == {"gpu-node-1", "127.0.0.1"} and len(by_scrape) >= 6, sorted(by_scrape)[:4]
+    for (host, ts), rows in by_scrape.items():
+        name = "smi" if host == "127.0.0.1" else "dcgm"
+        want = parse_exposition(served[name].read_text(), ts=ts, cluster="fleet", target=ports[name], source="prometheus").samples.to_pylist()
+        key = lambda r: (r["gpu_uuid"], r["gpu_instance"] or -1)  # noqa: E731
+        assert sorted(rows, key=key) == sorted(want, key=key), (host, ts)

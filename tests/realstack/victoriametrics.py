@@ -80,3 +80,44 @@ def start_victoriametrics(workdir: Path | str, *, timeout: float = 30) -> Victor
         server.stop()
         raise
     return server
+
+
+class VmAgent:
+    """vmagent (same package): scrapes targets every second and remote-writes to VictoriaMetrics."""
+
+    def __init__(self, daemon: Daemon, port: int) -> None:
+        self.daemon, self.port, self.url = daemon, port, f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+
+def start_vmagent(workdir: Path | str, vm: VictoriaMetrics, targets: list[str], *, timeout: float = 30) -> VmAgent:
+    """vmagent on 127.0.0.1 scraping `targets` (host:port, /metrics) every second into `vm`."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ensure_packages("victoria-metrics")
+    binary = which("vmagent")
+    if not binary:
+        raise HarnessError("package victoria-metrics is installed but vmagent is not on PATH")
+    config = workdir / "scrape.yml"
+    config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: gpu\n    static_configs:\n"
+                      "      - targets: [" + ", ".join(f"'{t}'" for t in targets) + "]\n")
+    port = free_port()
+    argv = [binary, f"-promscrape.config={config}", f"-remoteWrite.url={vm.url}/api/v1/write", "-remoteWrite.flushInterval=1s",
+            f"-remoteWrite.tmpDataPath={workdir / 'tmp'}", f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN"]
+    daemon = Daemon("vmagent", argv, workdir / "vmagent.log", env=base_env(), cwd=workdir).start()
+    agent = VmAgent(daemon, port)
+
+    def ready() -> bool:
+        try:
+            return _http("GET", f"{agent.url}/health")[0] == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    try:
+        wait_for(f"vmagent /health on {agent.url}", ready, timeout=timeout, daemons=[daemon])
+    except BaseException:
+        agent.stop()
+        raise
+    return agent
