@@ -27,6 +27,8 @@ from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
 
+UNRECOGNIZED_LOG_EVERY = 3600.0  # seconds between repeats of one unrecognized-input warning in the log
+
 
 class CollectorMetrics:
     def __init__(self) -> None:
@@ -85,6 +87,7 @@ class Collector:
         # fail when nothing at all was recognized, since an empty store reporting success is a defect
         self.recognized = 0
         self.rejected_seen = 0
+        self._unrecognized_logged: dict[tuple[str, str, str], tuple[float, str]] = {}  # -> (when logged, detail)
         self.unrecognized_seen: list[Unrecognized] = []  # since reset_recognized(), for that message
 
     def reset_recognized(self) -> None:
@@ -113,9 +116,17 @@ class Collector:
             self.writer.note_unrecognized(source_name, entries)
 
     def _announce(self, source_name: str, entries: list[Unrecognized]) -> None:
+        """Count every one; log each (source, input, kind) when new, when its detail changes and
+        then at most every UNRECOGNIZED_LOG_EVERY (a scrape target without GPU series would
+        otherwise repeat the same warning every 15 s)."""
+        now = time.monotonic()
         for u in entries:
-            log.warning("%s: input %s not recognized (%s): %s", source_name, u.input, u.kind, u.detail)
             self.metrics.unrecognized.labels(source_name, u.input, u.kind).inc()
+            key = (source_name, u.input, u.kind)
+            last = self._unrecognized_logged.get(key)
+            if last is None or last[1] != u.detail or now - last[0] >= UNRECOGNIZED_LOG_EVERY:
+                self._unrecognized_logged[key] = (now, u.detail)
+                log.warning("%s: input %s not recognized (%s): %s", source_name, u.input, u.kind, u.detail)
         self.unrecognized_seen += entries
 
     def _watermark_kwargs(self, source: Any) -> dict[str, Any]:

@@ -190,3 +190,17 @@ def test_backfill_of_a_window_not_complete_yet_says_what_and_when(server, tmp_pa
     src = PrometheusApiSource(url=server.url, cluster="c1", chunk_seconds=900, lag_seconds=120, clock=lambda: now)
     [(lo, hi, ready)] = src.skipped_windows(now - timedelta(minutes=2), now) or [(None, None, None)] * 1
     assert lo <= now - timedelta(minutes=2) and hi > now - timedelta(seconds=120) and ready == hi + timedelta(seconds=120)
+
+
+def test_a_repeated_warning_is_counted_every_round_and_logged_once(server, tmp_path, caplog):
+    server.routes["/metrics"] = text(NODE_EXPORTER)
+    target = f"127.0.0.1:{server.port}"
+    src = ScrapeSource(cluster="c1", static_targets=[target])
+    c = Collector(StoreWriter(tmp_path, clock=lambda: T0), [ScheduledSource(src, 15)], clock=lambda: T0)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            c.run_once()
+    c.writer.close()
+    assert metric(c, source="scrape", input=target, kind="no_gpu_rows") == 3
+    assert len([r for r in caplog.records if "not recognized" in r.getMessage()]) == 1
+    assert manifest(tmp_path)[0]["count"] == 3
