@@ -35,11 +35,10 @@ BODIES = {  # instance -> the exporter output it serves
     "i-030791dc5a37cd257:9400": DATA / "dcgm-exporter" / "l4_aws_dcgm4x_kops.prom",
     "smi-node:9835": DATA / "nvidia_gpu_exporter" / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01__load.metrics",
 }
-# Naive UTC, in the past (every chunk complete), on a chunk boundary but not at midnight:
-# VictoriaMetrics 1.79 does not return a sample stamped exactly 00:00:00 UTC to a query at that
-# instant when its series has no earlier sample (new that day; its per-day index), so a series
-# born at midnight would lose its first sample there through any reader (seen with m[15s] too).
-START = datetime(2026, 11, 2, 10, 0, 0)
+# Naive UTC, in the past (every chunk complete), at midnight on purpose: VictoriaMetrics 1.79
+# does not return a sample stamped exactly 00:00:00 UTC to a query at that instant when its
+# series has no earlier sample (its per-day index); the source queries 1 ms after each chunk.
+START = datetime(2026, 11, 2, 0, 0, 0)
 SCRAPES = 8
 STEP = timedelta(seconds=15)
 _UTIL = re.compile(r"^((?:DCGM_FI_DEV_GPU_UTIL|nvidia_smi_utilization_gpu_ratio)\{[^}]*\}) (\S+)$", re.M)

@@ -7,7 +7,10 @@ it is a no-op). A chunk is read only once it is older than `lag_seconds`, so it 
 Raw samples, not resampled ones: `query_range` evaluates on a step grid with lookback, which
 invents values between scrapes and moves timestamps. An *instant* query of a range selector,
 `{__name__=~"..."}[<chunk>s]` at the chunk's end, returns every stored sample with its real
-timestamp, which is what the store keeps. Every Prometheus-compatible API answers it. An answer
+timestamp, which is what the store keeps. Every Prometheus-compatible API answers it. It is
+evaluated 1 ms after the chunk's end over a range 1 ms longer, keeping the samples in (start, end]:
+whether a range is closed at its start (Prometheus 2.x) or not (3.x, VictoriaMetrics) then does
+not matter, and VictoriaMetrics 1.79's miss of a sample at exactly midnight UTC is avoided. An answer
 of resultType "vector" (a proxy, or an older Thanos or VictoriaMetrics, that rewrote the query
 into an instant one) holds one sample per series: it is stored, and reported as unrecognized
 input, since most of the window's samples are then missing. Any other shape fails the chunk.
@@ -107,11 +110,14 @@ class PrometheusApiSource:
     def read_window(self, start: datetime, end: datetime) -> Batch:
         names = "|".join(self.metrics)
         matchers = f'__name__=~"{names}"' + (f",{self.selector}" if self.selector else "")
-        query = f"{{{matchers}}}[{int((end - start).total_seconds())}s]"
+        # evaluated 1 ms after the chunk's end over a range 1 ms longer, the answer's samples outside
+        # (start, end] dropped in _to_batch: VictoriaMetrics 1.79 does not return a sample stamped
+        # exactly at the query time when that is midnight UTC and the series is new that day
+        query = f"{{{matchers}}}[{round((end - start).total_seconds() * 1000) + 1}ms]"
         try:
             r = httpx.post(
                 self.url.rstrip("/") + "/api/v1/query",
-                data={"query": query, "time": f"{_epoch(end):.3f}"},
+                data={"query": query, "time": f"{_epoch(end) + 0.001:.3f}"},
                 headers=self.headers,
                 timeout=self.timeout,
             )
@@ -133,7 +139,11 @@ class PrometheusApiSource:
             raise SourceError(f"Prometheus API {self.url}: unexpected answer ({what}): {r.text[:300]}",
                               [Unrecognized(self.url, "unknown_answer", f"{what}: {r.text[:200]}")])
         if kind == "vector":  # one sample per series, at its own time: keep it, say what is missing
-            series = [{"metric": s.get("metric", {}), "values": [s["value"]] if s.get("value") else []} for s in series]
+            # an instant vector is stamped with the evaluation time (1 ms after the chunk), not
+            # the sample's: it stands for the chunk's end
+            hi = _epoch(end)
+            series = [{"metric": s.get("metric", {}), "values": [[min(float(s["value"][0]), hi), s["value"][1]]] if s.get("value") else []}
+                      for s in series]
             unrecognized.append(Unrecognized(self.url, "vector_answer", (
                 f"the range query for {start.isoformat()}..{end.isoformat()} was answered with a vector (a proxy or an older "
                 "Thanos/VictoriaMetrics rewrote it?): only the latest sample of each series was stored")))
@@ -148,13 +158,13 @@ class PrometheusApiSource:
     def _to_batch(self, series: list[dict], start: datetime, end: datetime) -> Batch:
         """Group raw samples by (instance, timestamp) - one scrape - and parse each like a scrape."""
         scrapes: dict[tuple[str, float], dict[str, Family]] = {}
-        lo = _epoch(start)
+        lo, hi = _epoch(start), _epoch(end)
         for s in series:
             labels = dict(s.get("metric", {}))
             name = labels.pop("__name__", "")
             instance = labels.get("instance", "")
             for t, v in s.get("values", []):
-                if float(t) <= lo:
+                if not lo < float(t) <= hi:
                     continue  # chunks are (start, end]; Prometheus 2.x ranges also include start
                 fams = scrapes.setdefault((instance, float(t)), {})
                 fam = fams.setdefault(name, Family(name, "gauge", ""))
