@@ -197,7 +197,9 @@ def host_freshness(states: pl.DataFrame) -> pl.DataFrame:
 
 
 def collector_status(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
-    """What the store's manifest says about the collector: last publish, its age, version.
+    """What the store's manifest says about the collector: last publish, its age, version, and
+    the inputs it did not recognize (newest first: source, input, kind, detail, count,
+    first_seen, last_seen; see StoreWriter.note_unrecognized).
 
     The collector publishes after every commit, so the age of the last publish is how long ago
     the collector last wrote anything. Returns {"published_at": None, ...} for a missing store.
@@ -208,7 +210,7 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
     try:
         m = json.loads((Path(root) / MANIFEST).read_text())
     except (OSError, ValueError):
-        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0}
+        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": []}
     try:
         published = datetime.fromisoformat(m["published_at"])
     except (KeyError, TypeError, ValueError):
@@ -220,7 +222,22 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
         "age_s": (now - published).total_seconds() if published else None,
         "version": m.get("version"),
         "sample_files": len(m.get("samples", [])),
+        "unrecognized": [_unrecognized_entry(u) for u in m.get("unrecognized", []) if isinstance(u, dict)],
     }
+
+
+def _unrecognized_entry(u: dict[str, Any]) -> dict[str, Any]:
+    """One manifest entry of unrecognized input, typed for a table (unknown stays None)."""
+    def when(v: Any) -> datetime | None:
+        try:
+            return datetime.fromisoformat(str(v)) if v else None
+        except ValueError:
+            return None
+
+    count = u.get("count")
+    return {"last_seen": when(u.get("last_seen")), "source": str(u.get("source", "")), "input": str(u.get("input", "")),
+            "kind": str(u.get("kind", "")), "detail": str(u.get("detail", "")),
+            "count": count if isinstance(count, int) else None, "first_seen": when(u.get("first_seen"))}
 
 
 def filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:

@@ -10,7 +10,9 @@ writer's file. Instead:
 - `manifest.json` lists the files that make up the store right now; it is replaced atomically
   after every commit. Readers build DuckDB views over exactly those files, so a reader never
   sees a batch that is not fully committed, and files retired by compaction stay readable for a
-  grace period so a reader holding an older manifest still works.
+  grace period so a reader holding an older manifest still works. It also lists the inputs the
+  collector did not recognize in the last days (`unrecognized`, see note_unrecognized), for
+  the dashboard's Health page.
 
 Idempotency: every batch has a deterministic key; the ledger (`batches` table) remembers the key
 and a checksum of its rows, so re-ingesting a window is a no-op. Crash safety: sample files are
@@ -45,6 +47,8 @@ from gpufleet.times import utcnow
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+UNRECOGNIZED_KEEP = timedelta(days=7)  # how long an unrecognized input stays listed after it was last seen
+MAX_UNRECOGNIZED = 200
 STATE_DB = "state.duckdb"
 RETIRE_GRACE = timedelta(minutes=10)
 
@@ -150,6 +154,11 @@ class StoreWriter:
         previous = self._manifest()
         self._publish_seq = previous.get("version", 0)
         self._tables: dict[str, str] = dict(previous.get("tables", {}))  # table -> published snapshot
+        # Inputs the collector did not recognize, as published in the manifest (kept across
+        # restarts through it): (source, input, kind) -> entry; see note_unrecognized().
+        self._unrecognized: dict[tuple[str, str, str], dict[str, Any]] = {
+            (u["source"], u["input"], u["kind"]): u for u in previous.get("unrecognized", [])
+            if isinstance(u, dict) and {"source", "input", "kind"} <= set(u)}
         # What publish() lists, kept in memory so a publish costs the same on day 1 and day 300
         # (None: read from the ledger at the next publish; see invalidate()).
         self._sample_files: set[str] | None = None
@@ -518,6 +527,28 @@ class StoreWriter:
         finally:
             self.db.unregister("rows")
 
+    # --- unrecognized input ---
+
+    def note_unrecognized(self, source: str, entries: list[schema.Unrecognized]) -> None:
+        """Remember input a source did not recognize, for the manifest (published next): one entry
+        per (source, input, kind) with the latest detail, first and last time and a count.
+        Entries not seen for UNRECOGNIZED_KEEP go; at most MAX_UNRECOGNIZED, the latest kept."""
+        now = self.clock().replace(microsecond=0).isoformat()
+        for u in entries:
+            key = (source, u.input, u.kind)
+            e = self._unrecognized.get(key)
+            if e is None:
+                e = self._unrecognized[key] = {"source": source, "input": u.input, "kind": u.kind, "first_seen": now, "count": 0}
+            e.update(detail=u.detail, last_seen=now, count=int(e.get("count", 0)) + 1)
+        if entries:
+            self._prune_unrecognized()
+
+    def _prune_unrecognized(self) -> None:
+        oldest = (self.clock() - UNRECOGNIZED_KEEP).isoformat()
+        keep = sorted((e for e in self._unrecognized.values() if str(e.get("last_seen", "")) >= oldest),
+                      key=lambda e: str(e.get("last_seen", "")), reverse=True)[:MAX_UNRECOGNIZED]
+        self._unrecognized = {(e["source"], e["input"], e["kind"]): e for e in keep}
+
     # --- publishing ---
 
     def _manifest(self) -> dict[str, Any]:
@@ -567,6 +598,7 @@ class StoreWriter:
             "samples": sorted(self._sample_files),
             "rollup_5m": self._rollup_files,
             "tables": self._tables,
+            "unrecognized": sorted(self._unrecognized.values(), key=lambda e: str(e.get("last_seen", "")), reverse=True),
         }
         _fsync_write(self.root / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, separators=(",", ":"))))
         self._delete_retired()

@@ -196,3 +196,41 @@ def test_collected_through_the_prometheus_api_gives_the_same_figures(loaded, tmp
         assert direct["gpu_uuid"].to_list() == via["gpu_uuid"].to_list()
         for c in cols[1:]:
             assert via[c].to_list() == pytest.approx(direct[c].to_list(), abs=1e-9), (t0, t1, c)
+
+
+def test_collected_through_victoriametrics_gives_the_same_figures(loaded, tmp_path):
+    """The same samples in a real VictoriaMetrics (Debian's, single node): `gpufleet collect
+    --backfill` reading it stores what the direct store holds, figure for figure. The series
+    start at midnight UTC, which VictoriaMetrics 1.79 answers only 1 ms later (prometheus_api)."""
+    import sys
+
+    from gpufleet.collector.store import open_reader
+    from tests.realstack.victoriametrics import start_victoriametrics
+
+    con, _, series = loaded
+    vm = start_victoriametrics(tmp_path / "vm")
+    try:
+        t0 = int(START.replace(tzinfo=timezone.utc).timestamp()) * 1000
+        for gpu, values in series.items():
+            labels = f'gpu="{gpu}",UUID="{uuid(gpu)}",Hostname="{HOST}",modelName="{MODEL}"'
+            vm.import_prometheus("".join(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {v} {t0 + i * STEP * 1000}\n" for i, v in enumerate(values)),
+                                 extra_labels={"instance": f"{HOST}:9400", "job": "dcgm"})
+        vm.flush()
+        store, cfg = tmp_path / "store", tmp_path / "g.toml"
+        cfg.write_text(f'[collector]\nstore = "{store}"\ncluster = "oracle"\nlisten = ""\n'
+                       f'[collector.prometheus]\nurl = "{vm.url}"\nchunk_seconds = 3600\n')
+        r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "--log-level", "WARNING", "collect", "--config", str(cfg),
+                            "--backfill", (START - timedelta(seconds=1)).isoformat(), END.isoformat()],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        vm.stop()
+    assert r.returncode == 0, r.stderr[-2000:]
+    collected = open_reader(store)
+    assert collected.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == N * GPUS
+    cols = ["gpu_uuid", "data_gpu_h", "busy_gpu_h", "no_data_gpu_h"]
+    for t0_, t1_ in WINDOWS:
+        direct = Analysis(con, Params(t0_, t1_), now=END + timedelta(days=1)).per_gpu().select(cols).sort("gpu_uuid")
+        via = Analysis(collected, Params(t0_, t1_), now=END + timedelta(days=1)).per_gpu().select(cols).sort("gpu_uuid")
+        assert direct["gpu_uuid"].to_list() == via["gpu_uuid"].to_list()
+        for c in cols[1:]:
+            assert via[c].to_list() == pytest.approx(direct[c].to_list(), abs=1e-9), (t0_, t1_, c)

@@ -263,6 +263,21 @@ def test_health(store, con, use_store):
         pl.col("xids").cast(pl.List(pl.Utf8)).list.join(", ")))
 
 
+def test_health_lists_the_inputs_the_collector_did_not_recognize(tmp_path, use_store):
+    from gpufleet.collector.schema import Unrecognized
+
+    w = StoreWriter(tmp_path / "s", clock=lambda: T(11))
+    w.note_unrecognized("scrape", [Unrecognized("http://n9:9100/metrics", "no_gpu_rows", "121 bytes, no GPU series; families: node_load1")])
+    w.publish()
+    w.close()
+    use_store(tmp_path / "s")
+    at = goto(open_app(), "health")
+    shown = frame(at, "health_unrecognized")
+    assert shown[["source", "input", "kind", "count"]].values.tolist() == [["scrape", "http://n9:9100/metrics", "no_gpu_rows", 1]]
+    assert "node_load1" in shown["detail"][0] and shown["last_seen"][0] == pd.Timestamp(T(11))
+    assert "Inputs the collector did not recognize" in [h.value for h in at.subheader]
+
+
 def test_mfu(store, a, use_store):
     use_store(store)
     at = goto(open_app(), "mfu")

@@ -71,6 +71,16 @@ def test_torchx_failed_running_cancelled():
     assert {j["cluster"] for j in jobs} == {"c1"}
 
 
+def test_byte_order_mark_costs_no_record():
+    """A file saved with a UTF-8 BOM: the header (or, with given fields, the first record) is still read."""
+    name = "torchx_sacct_parsable2_failed_running_cancelled.psv"
+    text = (DATA / "sacct" / name).read_text()
+    for bom in ("\ufeff" + text, ("\ufeff" + text).encode("utf-8")):
+        assert parse_sacct(bom, now=NOW) == sacct_file(name)
+    xdmod = (DATA / "sacct" / "xdmod_unit_accounting-logs.psv").read_text()
+    assert parse_sacct("\ufeff" + xdmod, fields=XDMOD_FIELDS, now=NOW) == sacct_file("xdmod_unit_accounting-logs.psv", fields=XDMOD_FIELDS)
+
+
 def test_xdmod_accounting_logs():
     jobs, rejected, problems = sacct_file("xdmod_unit_accounting-logs.psv", fields=XDMOD_FIELDS)
     assert (rejected, problems) == (0, [])

@@ -7,9 +7,12 @@ becomes a list, het jobs carry het_job_id/het_job_offset objects.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
+from gpufleet.collector.schema import Batch, Unrecognized
+from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm_parse import (
     _NO_VAL,
     _Bad,
@@ -17,6 +20,7 @@ from gpufleet.collector.sources.slurm_parse import (
     _Problems,
     expand_hostlist,
     gres_gpus,
+    latest_per_key,
     normalise_state,
     settle_times,
     tres_gpus,
@@ -169,3 +173,41 @@ def parse_slurmrestd_jobs(
             problems.add(f"jobs[{i}]: {note}")
         jobs.append(row)
     return jobs, rejected, problems.done()
+
+
+MAX_PROBLEMS_PER_BATCH = 20
+
+
+def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: datetime, source: str = "slurmrestd") -> Batch:
+    """One JSON job listing (a slurmrestd answer, `sacct --json`, a file of either) -> a Batch.
+
+    Text that is not JSON, or JSON without a `jobs` list, is input of a shape this does not know:
+    SourceError naming `input` and what was there (with an Unrecognized for the report). Slurm's
+    own `errors` beside the jobs are kept as problems; with no jobs they fail the read.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    text = text.removeprefix("\ufeff")
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        what = f"not JSON ({e}): {text[:120]!r}"
+        raise SourceError(f"{input}: {what}", [Unrecognized(input, "not_json", what)]) from None
+    jobs, rejected, problems = parse_slurmrestd_jobs(doc, cluster, now)
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise SourceError(f"{input}: {problems[0]}", [Unrecognized(input, "no_jobs_list", problems[0])])
+    errors = [error_text(e) for e in doc.get("errors") or []]
+    if errors and not jobs:
+        raise SourceError(f"{input}: Slurm answered with errors: {'; '.join(errors[:3])}")
+    for job in jobs:
+        job["source"] = source
+    return Batch(key=key, jobs=latest_per_key(jobs), rejected=rejected,
+                 problems=([f"Slurm reported: {e}" for e in errors[:3]] + problems)[:MAX_PROBLEMS_PER_BATCH])
+
+
+def error_text(e: Any) -> str:
+    """slurmrestd's {error, error_number, description, source} (or a plain string) -> one line."""
+    if not isinstance(e, dict):
+        return str(e)[:200]
+    parts = [str(e.get(k)) for k in ("description", "error", "source") if e.get(k)]
+    return " / ".join(parts)[:200] or json.dumps(e)[:200]

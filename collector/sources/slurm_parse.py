@@ -323,6 +323,7 @@ def parse_sacct(
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
+    text = text.removeprefix("\ufeff")  # a byte-order mark (a file saved on Windows) is not part of the header
     now = now or utcnow()
     zone = as_tz(tz)
     problems, jobs, rejected = _Problems(), [], 0
@@ -436,3 +437,14 @@ def parse_scontrol_show_job_d(text: str | bytes) -> list[dict[str, Any]]:
         rec.update(gres_idx=gres_idx, gpu_type=gpu_type, gpus=sum(len(v) for v in gres_idx.values()))
         out.append(rec)
     return out
+
+
+def latest_per_key(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per job_key, the last one sacct printed (the store upserts by key: two rows with
+    one key in a batch would conflict). Without --duplicates this only bites when a pending
+    array range and its last task share the array's JobIDRaw in one listing."""
+    latest: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        latest.pop(job["job_key"], None)
+        latest[job["job_key"]] = job
+    return list(latest.values())

@@ -12,6 +12,10 @@ import streamlit as st
 from gpufleet.dashboards import data, ui
 
 
+UNRECOGNIZED_SCHEMA = {"last_seen": pl.Datetime("us"), "source": pl.Utf8, "input": pl.Utf8, "kind": pl.Utf8, "detail": pl.Utf8,
+                       "count": pl.Int64, "first_seen": pl.Datetime("us")}
+
+
 def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
     hosts = df.select("cluster", "host").unique().sort("cluster", "host")["host"].to_list()
     df = df.with_columns((pl.col("bucket") + bucket).alias("bucket_end"))
@@ -79,6 +83,13 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Freshness")
     st.text(f"Collector: last publish {ui.when(cs['published_at'])}, store version {cs['version']}, {cs['sample_files']} sample files")
     ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
+
+    st.subheader("Inputs the collector did not recognize")
+    st.caption("Targets that answered without GPU series, answers of an unknown shape, exporter pod names used as host names, "
+               "... (the collector's log has each; gpufleet_collect_input_unrecognized_total counts them). Last 7 days.")
+    unrecognized = pl.DataFrame(cs["unrecognized"], schema=UNRECOGNIZED_SCHEMA) if cs["unrecognized"] else None
+    ui.table(unrecognized, key="health_unrecognized", empty="Every input the collector read was recognized.",
+             labels={"last_seen": "last seen", "first_seen": "first seen"})
 
     with st.expander("Every GPU over the window"):
         ui.table(gpus, key="health_gpus")
