@@ -9,7 +9,6 @@ buffers them for about a second).
 
 from __future__ import annotations
 
-import logging
 import urllib.error
 import urllib.parse
 from pathlib import Path
@@ -18,8 +17,6 @@ from typing import Any
 from tests.realstack.debian import ensure_packages, which
 from tests.realstack.process import Daemon, HarnessError, base_env, free_port, wait_for
 from tests.realstack.prometheus import Prometheus, _http
-
-log = logging.getLogger(__name__)
 
 
 def victoriametrics_path() -> str:
@@ -32,6 +29,8 @@ def victoriametrics_path() -> str:
 
 class VictoriaMetrics(Prometheus):
     """The Prometheus query API (query, query_range, wait_query) plus import and flush."""
+
+    READY_PATH = "/health"
 
     def version(self) -> str:
         """The Debian package's version (the binary of 1.79 prints none, its /metrics has none)."""
@@ -52,17 +51,6 @@ class VictoriaMetrics(Prometheus):
         status, body = _http("GET", f"{self.url}/internal/force_flush")
         if status != 200:
             raise HarnessError(f"VictoriaMetrics force_flush -> HTTP {status}: {body[:300]!r}")
-
-    def _wait_ready(self, timeout: float) -> None:
-        def ready() -> bool:
-            try:
-                return self.get("/health")[0] == 200
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                return False
-
-        waited = wait_for(f"victoria-metrics /health on {self.url}", ready, timeout=timeout, daemons=[self.daemon])
-        log.info("victoria-metrics ready on %s after %.1fs", self.url, waited)
-
 
 def start_victoriametrics(workdir: Path | str, *, timeout: float = 30) -> VictoriaMetrics:
     """Start VictoriaMetrics on 127.0.0.1 with its data under `workdir`, keeping samples of any
