@@ -483,3 +483,12 @@ def test_slurmctld_exit_code_is_a_wait_status_and_a_failure_never_reads_as_succe
     rows, rejected, _ = parse_slurmrestd_jobs({"jobs": ctld + db})
     assert rejected == 0
     assert [r["exit_code"] for r in rows] == ["3:0", "0:15", "0:0", "255:9", None, "2:0", "0:0"]
+
+
+def test_tres_without_a_count_is_left_out_of_alloc_tres():
+    """22.05's dbv0.0.38 lists energy with count null in tres.allocated (seen on the real
+    slurmrestd); sacct's AllocTRES leaves it out, so must we, not write 'energy=None'."""
+    tres = [{"type": "cpu", "name": None, "id": 1, "count": 1}, {"type": "energy", "name": None, "id": 3, "count": None},
+            {"type": "node", "name": None, "id": 4, "count": 1}, {"type": "gres", "name": "gpu", "id": 1001, "count": 2}]
+    rows, rejected, _ = parse_slurmrestd_jobs({"jobs": [{"job_id": 9, "state": {"current": "COMPLETED"}, "tres": {"allocated": tres}}]})
+    assert rejected == 0 and (rows[0]["alloc_tres"], rows[0]["gpus"]) == ("cpu=1,node=1,gres/gpu=2", 2)

@@ -50,7 +50,7 @@ def _tres_list(items: Any) -> str | None:
         return None
     parts = [
         f"{t.get('type')}{'/' + t['name'] if t.get('name') else ''}={_num(t.get('count'))}"
-        for t in items if isinstance(t, dict)
+        for t in items if isinstance(t, dict) and _num(t.get("count")) is not None  # 22.05's dbv0.0.38: energy count null
     ]
     return ",".join(parts) or None
 
