@@ -469,3 +469,26 @@ def test_nodelist_none_assigned_and_cluster_column():
     text = "JobID|Cluster|State|NNodes|NodeList\n1|alpha|PENDING|1|None assigned\n2||RUNNING|2|n[1-2]\n"
     jobs, _, _ = parse_sacct(text, cluster=None, now=NOW)
     assert [pick(j, "cluster", "nodes", "node_count") for j in jobs] == [("alpha", None, 1), ("default", "n[1-2]", 2)]
+
+
+def test_slurmctld_exit_code_is_a_wait_status_and_a_failure_never_reads_as_success():
+    """slurmctld's v0.0.37/38 exit_code is the raw wait status, as seen from the real 22.05
+    slurmrestd (768 for `exit 3`, 15 for a job killed by SIGTERM); 22.05's dbv0.0.38 answers
+    {SUCCESS, 0} even for a FAILED job, which is then unknown, not 0:0."""
+    ctld = [{"job_id": n, "job_state": s, "exit_code": ec, "user_name": "u"}
+            for n, s, ec in ((1, "FAILED", 768), (2, "CANCELLED", 15), (3, "RUNNING", 0), (4, "FAILED", 256 * 255 + 9))]
+    db = [{"job_id": 5, "state": {"current": "FAILED", "reason": "None"}, "exit_code": {"status": "SUCCESS", "return_code": 0}},
+          {"job_id": 6, "state": {"current": "FAILED"}, "exit_code": {"status": "FAILED", "return_code": 2}},
+          {"job_id": 7, "state": {"current": "COMPLETED"}, "exit_code": {"status": "SUCCESS", "return_code": 0}}]
+    rows, rejected, _ = parse_slurmrestd_jobs({"jobs": ctld + db})
+    assert rejected == 0
+    assert [r["exit_code"] for r in rows] == ["3:0", "0:15", "0:0", "255:9", None, "2:0", "0:0"]
+
+
+def test_tres_without_a_count_is_left_out_of_alloc_tres():
+    """22.05's dbv0.0.38 lists energy with count null in tres.allocated (seen on the real
+    slurmrestd); sacct's AllocTRES leaves it out, so must we, not write 'energy=None'."""
+    tres = [{"type": "cpu", "name": None, "id": 1, "count": 1}, {"type": "energy", "name": None, "id": 3, "count": None},
+            {"type": "node", "name": None, "id": 4, "count": 1}, {"type": "gres", "name": "gpu", "id": 1001, "count": 2}]
+    rows, rejected, _ = parse_slurmrestd_jobs({"jobs": [{"job_id": 9, "state": {"current": "COMPLETED"}, "tres": {"allocated": tres}}]})
+    assert rejected == 0 and (rows[0]["alloc_tres"], rows[0]["gpus"]) == ("cpu=1,node=1,gres/gpu=2", 2)
