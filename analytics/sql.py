@@ -479,6 +479,21 @@ WHERE ts > $since AND ts <= $as_of
 ORDER BY ts DESC, cluster, job_key, action
 """
 
+# Actions whose latest attempt failed (each is planned again at the next evaluation while its job
+# runs), with the job's state now; the policy's "failing" metric and the Health page read it
+POLICY_FAILING = """
+WITH latest AS (
+    SELECT *, row_number() OVER (PARTITION BY cluster, scheduler, job_key, action ORDER BY ts DESC, attempt DESC) AS rn
+    FROM policy_audit WHERE enforce
+)
+SELECT l.ts, l.cluster, l.scheduler, l.job_key, l.job_id, l.user_name, l.account, l.action, l.rule, l.reason, l.idle_s,
+       l.idle_gpus, l.detail, l.attempt, j.state AS job_state
+FROM latest l
+LEFT JOIN jobs j ON j.cluster = l.cluster AND j.scheduler = l.scheduler AND j.job_key = l.job_key
+WHERE l.rn = 1 AND l.result = 'failed'
+ORDER BY l.ts DESC, l.cluster, l.job_key
+"""
+
 # the values each dashboard filter can take
 FILTER_VALUES = {
     "cluster": "SELECT DISTINCT cluster FROM gpus WHERE cluster IS NOT NULL UNION SELECT DISTINCT cluster FROM jobs WHERE cluster IS NOT NULL ORDER BY 1",
