@@ -345,3 +345,40 @@ def plan_from_store(con: Any, rules: Rules, params: Any, as_of: datetime, *,
     facts = job_facts(running, states, as_of, comments)
     done = [Done(h["ts"], h["cluster"], h["scheduler"], h["job_key"], h["action"], h["result"]) for h in history]
     return evaluate(facts, rules, done, as_of)
+
+
+def audit(con: Any, since: datetime, as_of: datetime) -> Any:
+    """The audit trail in (since, as_of], newest first (a polars DataFrame)."""
+    import polars as pl
+
+    from gpufleet.analytics import sql
+
+    cur = con.cursor()
+    try:
+        return pl.from_arrow(cur.sql(sql.POLICY_AUDIT, params={"since": since, "as_of": as_of}).to_arrow_table())
+    finally:
+        cur.close()
+
+
+def failing(con: Any) -> Any:
+    """Actions whose latest attempt failed, with the job's state now (a polars DataFrame); those
+    of running jobs are planned again at the next evaluation."""
+    import polars as pl
+
+    from gpufleet.analytics import sql
+
+    cur = con.cursor()
+    try:
+        return pl.from_arrow(cur.sql(sql.POLICY_FAILING).to_arrow_table())
+    finally:
+        cur.close()
+
+
+def plan_frame(plan: Plan) -> Any:
+    """The plan's actions as a polars DataFrame (the JSON's columns), for tables."""
+    import polars as pl
+
+    cols = ("action", "job_key", "job_id", "cluster", "scheduler", "user", "account", "job_state", "idle_s", "idle_gpus",
+            "rule", "reason")
+    rows = [{c: a.as_dict()[c] for c in cols} for a in plan.actions]
+    return pl.DataFrame(rows, schema={c: (pl.Float64 if c == "idle_s" else pl.Int64 if c == "idle_gpus" else pl.Utf8) for c in cols})

@@ -372,12 +372,12 @@ def attempts_from_audit(store_root: Any, as_of: datetime) -> dict[tuple, int]:
 
 
 def _failing(store_root: Any) -> list[dict[str, Any]]:
-    from gpufleet.analytics import sql
+    from gpufleet.analytics.policy import failing
     from gpufleet.collector.store import open_reader
 
     con = open_reader(store_root)
     try:
-        return con.sql(sql.POLICY_FAILING).to_arrow_table().to_pylist()
+        return failing(con).to_dicts()
     finally:
         con.close()
 
