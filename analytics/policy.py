@@ -14,6 +14,17 @@
     exempt_namespaces = []       # ... Kubernetes namespaces
     exempt_users = []            # ... users
     exempt_job_names = []        # ... job names matching these shell patterns, e.g. "jupyter-*"
+    # where the actions go (gpufleet.report.enforce; mail through [report.smtp], from [report] from_address)
+    email_domain = ""            # owner's address: {user}@domain (email_template), unless ...
+    directory_file = ""          # ... a file of "user address" lines names it
+    email_template = "{user}@{domain}"
+    webhook_url = ""             # a Slack-compatible incoming webhook
+    retries = 2                  # per channel, within one evaluation (failures are retried next round too)
+    scancel = "scancel"          # how Slurm jobs are cancelled (pods: DELETE via [collector.kubernetes] or kube_api)
+    squeue = "squeue"            # reads a candidate's comment for the opt-out tag ("" = do not read)
+    kube_api = ""
+    [policy.account_contacts]    # escalations (and cancels) also go to these
+    nlp = ["nlp-lead@example.org"]
 
 Idle is the product's one definition (gpufleet.analytics.fleet_now.gpu_states): a GPU is idle
 when its fresh latest sample is below the idle threshold, and `idle_since` starts its current run
@@ -21,9 +32,12 @@ of below-threshold samples (a gap longer than max_gap ends a run: no data is nev
 idle when every GPU it holds is idle; its idle time is the shortest run among them. A job with
 any GPU not reporting (stale, never sampled) is neither idle nor busy: no action.
 
-A job opts out with a reason: a Slurm comment (`--comment`) or a pod annotation value holding
-`gpufleet:exempt=<reason>`; the reason is logged with the exemption. A tag without a reason does
-not exempt the job (a reason is the price of opting out).
+A job opts out with a reason: its Slurm comment (`--comment`, `scontrol update job=ID comment=`)
+holding `gpufleet:exempt=<reason>`, or its pod's annotation `gpufleet.io/exempt: <reason>`; the
+reason is logged with the exemption. A tag without a reason does not exempt the job (a reason is
+the price of opting out). The store does not keep comments or annotations: the runner
+(gpufleet.report.enforce) reads them from the scheduler for the jobs a plan would act on, at plan
+time, and passes them in (`comments`); a job whose tag cannot be read is left alone that round.
 
 Rules, highest first: `cancel_after` (action "cancel"), `escalate_after` ("escalate"),
 `notify_after` ("notify"), `no_process_after` ("notify" sooner when no process at all). A job
@@ -84,6 +98,8 @@ OPTIONS = (
            lambda v: isinstance(v, str) and (v == "" or v.startswith(("http://", "https://")))),
     Option("retries", 2, "an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
     Option("scancel", "scancel", "the scancel command", lambda v: isinstance(v, str) and bool(v)),
+    Option("squeue", "squeue", "the squeue command that reads a job's comment (the opt-out tag), or \"\" not to read comments",
+           string),
     Option("kube_api", "", "the Kubernetes API URL, or \"\" for the in-cluster/kubeconfig one", string),
 )
 

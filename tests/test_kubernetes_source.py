@@ -205,6 +205,7 @@ class FakeApiServer:
         self.delay = 0.0
         self.pods_present: set[str] = set()  # "namespace/name" a DELETE finds (the policy's cancel)
         self.deleted: list[str] = []
+        self.annotations: dict[str, dict[str, str]] = {}  # "namespace/name" -> its annotations
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -218,6 +219,13 @@ class FakeApiServer:
                 if server.delay:
                     time.sleep(server.delay)
                 token = query.get("continue")
+                parts = url.path.strip("/").split("/")  # one pod: api v1 namespaces NS pods NAME
+                if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+                    key = f"{parts[3]}/{parts[5]}"
+                    if key not in server.pods_present:
+                        return self.reply(404, status_obj(404, "NotFound", f'pods "{parts[5]}" not found'))
+                    return self.reply(200, {"kind": "Pod", "apiVersion": "v1", "metadata": {
+                        "name": parts[5], "namespace": parts[3], "annotations": server.annotations.get(key, {})}})
                 if url.path != "/api/v1/pods":
                     return self.reply(404, status_obj(404, "NotFound", "the server could not find the requested resource"))
                 if server.errors:

@@ -109,6 +109,7 @@ email_domain = "example.org"
 webhook_url = "{webhook}"
 kube_api = "{kube}"
 scancel = "{scancel}"
+squeue = ""
 retries = 1
 [policy.account_contacts]
 research = ["research-lead@example.org"]
@@ -257,6 +258,21 @@ def test_pod_deleted_only_with_enforce(tmp_path, store, channels):
             assert [x["result"] for x in rows] == ["ok"] and api.deleted == ["research/nb-1"]
             assert "deleted pod research/nb-1" in rows[0]["detail"]
             assert any(rq.get("method") == "DELETE" for rq in api.requests)
+
+
+def test_pod_opting_out_by_annotation_is_left_alone(tmp_path, store, channels):
+    inbox, port, hook, api = channels
+    api.pods_present.add("research/nb-1")
+    api.annotations["research/nb-1"] = {"gpufleet.io/exempt": "waiting for a <b>dataset</b> copy"}
+    cfg = config(tmp_path, store, enforce=True, smtp_port=port, webhook=hook.url, kube=api.url)
+    cfg.write_text(cfg.read_text().replace('cancel_after = "4h"', 'cancel_after = "2h"').replace('escalate_after = "2h"', 'escalate_after = "2h"'))
+    r = runner_for(cfg, lambda: AS_OF)
+    plan = r.plan(store, AS_OF)
+    assert "research/nb-1" not in {a.job.job_key for a in plan.actions}
+    (ex,) = [e for e in plan.exempt if e.job.job_key == "research/nb-1"]
+    assert ex.rule == "opt_out" and ex.reason == "opted out in its pod annotation: waiting for a <b>dataset</b> copy"
+    plan.actions = [a for a in plan.actions if a.job.scheduler == "kubernetes"]
+    assert r.execute(plan, recorder(store)) == [] and api.deleted == []
 
 
 def test_service_job_records_through_the_collectors_writer(tmp_path, store, channels):

@@ -111,12 +111,13 @@ def test_idle_job_notified_then_cancelled_exempt_and_busy_left_alone(slurm_clust
     idle = c.sbatch("sleep 300\n", account="physics", gpus=2, extra_args=["--job-name=idle <x>\r\nBcc: a@b"])
     busy = c.sbatch("sleep 300\n", account="physics", gpus=1)
     exempt = c.sbatch("sleep 300\n", account="biology", gpus=1)
+    opted = c.sbatch("sleep 300\n", account="physics", gpus=1, extra_args=["--comment=gpufleet:exempt=long eval, idle on purpose"])
     store = tmp_path / "store"
     cfg = tmp_path / "gpufleet.toml"
     try:
-        for j in (idle, busy, exempt):
+        for j in (idle, busy, exempt, opted):
             c.wait_running(j)
-        ingest(c, store, {idle: (0.0, 0.0), busy: (90.0, 1.0), exempt: (0.0, 0.0)})
+        ingest(c, store, {idle: (0.0, 0.0), busy: (90.0, 1.0), exempt: (0.0, 0.0), opted: (0.0, 0.0)})
         time.sleep(2.5)
 
         # round 1: notify_after passed, cancel_after not: the owner is mailed, nothing cancelled
@@ -124,7 +125,9 @@ def test_idle_job_notified_then_cancelled_exempt_and_busy_left_alone(slurm_clust
         assert main(["policy", "--config", str(cfg), "--format", "json"]) == 0
         plan = json.loads(capsys.readouterr().out)
         assert [(a["job_key"], a["action"], a["rule"]) for a in plan["actions"]] == [(str(idle), "notify", "notify_after")]
-        assert [e["job_key"] for e in plan["exempt"]] == [str(exempt)]
+        assert sorted((e["job_key"], e["rule"], e["reason"]) for e in plan["exempt"]) == sorted([
+            (str(exempt), "exempt_accounts", "account biology is exempt"),
+            (str(opted), "opt_out", "opted out in its job comment: long eval, idle on purpose")])
         (msg,) = inbox.wait(1, 10)
         assert msg["to"] == ["root@example.org"]
         body = msg["msg"].get_body(("plain",)).get_content()
@@ -151,7 +154,7 @@ def test_idle_job_notified_then_cancelled_exempt_and_busy_left_alone(slurm_clust
         assert main(["policy", "--config", str(cfg)]) == 0
         capsys.readouterr()
         assert c.wait_job(idle).startswith("CANCELLED")
-        assert c.job_state(busy) == "RUNNING" and c.job_state(exempt) == "RUNNING"
+        assert c.job_state(busy) == "RUNNING" and c.job_state(exempt) == "RUNNING" and c.job_state(opted) == "RUNNING"
         rows = audit(store)
         assert [(r[0], r[1], r[3]) for r in rows] == [(str(idle), "notify", "ok"), (str(idle), "cancel", "ok")]
         assert "scancel" in rows[-1][4] and rows[-1][5] >= 2
@@ -159,7 +162,7 @@ def test_idle_job_notified_then_cancelled_exempt_and_busy_left_alone(slurm_clust
         assert states and states[0].startswith("CANCELLED")
     finally:
         smtp.stop()
-        for j in (idle, busy, exempt):
+        for j in (idle, busy, exempt, opted):
             c.run("scancel", str(j), check=False)
-    for j in (busy, exempt):
+    for j in (busy, exempt, opted):
         c.wait_job(j)

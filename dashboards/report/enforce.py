@@ -37,7 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpufleet.analytics.policy import Action, Plan, Rules, fmt_duration, load_rules
+from gpufleet.analytics.policy import OPT_OUT_TAG, POD_ANNOTATION, Action, Plan, Rules, fmt_duration, load_rules
 from gpufleet.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class PolicyMetrics:
         self.last_run = Gauge("gpufleet_policy_last_run_timestamp_seconds", "Unix time of the last policy evaluation.", registry=r)
         self.last_success = Gauge("gpufleet_policy_last_success", "1 if the last policy evaluation ran (store readable).", registry=r)
         self.enforce = Gauge("gpufleet_policy_enforce", "1 when [policy] enforce = true.", registry=r)
+        self.optout_unknown = Counter("gpufleet_policy_optout_unreadable", "Jobs left alone for a round because their opt-out tag could not be read.", registry=r)
         for a in ("notify", "escalate", "cancel"):
             self.planned.labels(a).set(0)
             self.failures.labels(a)
@@ -219,13 +220,23 @@ class Runner:
     # --- planning ---
 
     def plan(self, store_root: Any, as_of: datetime | None = None) -> Plan:
+        """The plan at as_of. The opt-out tag is read from the scheduler for the jobs the plan
+        would act on (their Slurm comment, their pod's annotation), now, so a tag added a minute
+        ago counts; a job whose tag cannot be read is left alone this round (logged, counted)."""
         from gpufleet.analytics.policy import plan_from_store
         from gpufleet.collector.store import open_reader
 
         as_of = as_of or self.clock()
         con = open_reader(store_root)
         try:
-            plan = plan_from_store(con, self.rules, self.params_for(as_of), as_of)
+            params = self.params_for(as_of)
+            plan = plan_from_store(con, self.rules, params, as_of)
+            if plan.actions:
+                comments, unknown = self.opt_out_tags(plan.actions)
+                if comments or unknown:
+                    plan = plan_from_store(con, self.rules, params, as_of, comments=comments)
+                    kept = [a for a in plan.actions if (a.job.cluster, a.job.scheduler, a.job.job_key) not in unknown]
+                    plan.actions = kept
         finally:
             con.close()
         for e in plan.exempt:
@@ -233,6 +244,53 @@ class Runner:
         for a in ("notify", "escalate", "cancel"):
             self.metrics.planned.labels(a).set(sum(1 for x in plan.actions if x.action == a))
         return plan
+
+    def opt_out_tags(self, actions: Sequence[Action]) -> tuple[dict[tuple, str], set[tuple]]:
+        """({job: comment text}, {jobs whose tag could not be read}) for the jobs of `actions`."""
+        comments: dict[tuple, str] = {}
+        unknown: set[tuple] = set()
+        for a in actions:
+            j = a.job
+            key = (j.cluster, j.scheduler, j.job_key)
+            try:
+                text = self._tag(j)
+            except ActionError as e:
+                unknown.add(key)
+                self.metrics.optout_unknown.inc()
+                log.warning("policy: job %s (%s) left alone this round: its opt-out tag cannot be read: %s",
+                            inert(j.job_key), j.cluster, inert(e, 400))
+                continue
+            if text:
+                comments[key] = text
+        return comments, unknown
+
+    def _tag(self, j: Any) -> str | None:
+        if j.scheduler == "slurm":
+            if not _SLURM_ID.match(j.job_key):
+                raise ActionError(f"job key {inert(j.job_key)} is not a Slurm job id")
+            squeue = self.rules.options.get("squeue", "squeue")
+            if not squeue:
+                return None  # [policy] squeue = "": Slurm comments are not read
+            cmd = [*squeue.split(), "-h", "-j", j.job_key, "-o", "%k"]
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.channels.timeout * 3)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise ActionError(f"{' '.join(cmd)}: {e}") from None
+            if p.returncode != 0:
+                raise ActionError(f"{' '.join(cmd)}: exit {p.returncode}: {inert(p.stderr.strip(), 300)}")
+            text = p.stdout.strip()
+            return None if text in ("", "(null)") else text
+        if j.scheduler == "kubernetes":
+            ns, _, name = j.job_key.partition("/")
+            if self.channels.kubernetes is None:
+                return None  # no API to ask: the store's view stands (no tag)
+            try:
+                ann = self.channels.kubernetes.pod_annotations(ns, name)
+            except Exception as e:  # noqa: BLE001 - SourceError, client errors
+                raise ActionError(str(e)) from None
+            value = (ann or {}).get(POD_ANNOTATION)
+            return f"{OPT_OUT_TAG}={value}" if value is not None else None
+        return None
 
     def failing(self, store_root: Any) -> list[dict[str, Any]]:
         """Actions whose latest attempt failed (from the audit trail), for metrics and health."""
