@@ -283,16 +283,13 @@ def test_service_job_records_through_the_collectors_writer(tmp_path, store, chan
     r = runner_for(cfg, lambda: AS_OF)
     collector = Collector(StoreWriter(store), [])
     try:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
         job = PolicyJob(r, store)
-
-        class Sched:
-            def add_job(self, fn, trigger, **kw):
-                self.fn, self.kw = fn, kw
-
-        s = Sched()
-        job.add_to(s, collector)
-        assert s.kw["seconds"] == 300 and s.kw["id"] == "idle-gpu-policy"
-        job()
+        sched = BackgroundScheduler(timezone="UTC")  # not started: the job is run by hand below
+        aps = job.add_to(sched, collector)
+        assert aps.id == "idle-gpu-policy" and aps.trigger.interval == timedelta(minutes=5)
+        assert aps.func() is False  # the Slurm cancel fails (no scancel here); the mail went
         reg = collector.metrics.registry
         assert reg.get_sample_value("gpufleet_policy_actions_total", {"action": "notify", "result": "ok"}) == 1
         assert reg.get_sample_value("gpufleet_policy_enforce") == 1
