@@ -51,7 +51,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from gpufleet.config import ConfigError, Option, boolean, section, string, strings
 from gpufleet.times import parse_duration
@@ -100,6 +100,9 @@ OPTIONS = (
     Option("scancel", "scancel", "the scancel command", lambda v: isinstance(v, str) and bool(v)),
     Option("squeue", "squeue", "the squeue command that reads a job's comment (the opt-out tag), or \"\" not to read comments",
            string),
+    Option("efficiency_note_accounts", [], "a list of accounts whose users get a note on each GPU job's efficiency when it ends",
+           strings),
+    Option("efficiency_note_lookback", "1d", DURATION, _duration),
     Option("kube_api", "", "the Kubernetes API URL, or \"\" for the in-cluster/kubeconfig one", string),
 )
 
@@ -398,3 +401,43 @@ def plan_frame(plan: Plan) -> Any:
             "rule", "reason")
     rows = [{c: a.as_dict()[c] for c in cols} for a in plan.actions]
     return pl.DataFrame(rows, schema={c: (pl.Float64 if c == "idle_s" else pl.Int64 if c == "idle_gpus" else pl.Utf8) for c in cols})
+
+
+# --- the efficiency note at a job's end (opt-in per account) ---
+
+NOTE = "efficiency_note"
+
+
+def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: datetime, as_of: datetime) -> list[dict[str, Any]]:
+    """For each GPU job of `accounts` that ended in (since, as_of] and has no note sent yet: its
+    jobstats-style figures from gpufleet.analytics.jobs.job_report over the job's own span
+    (mean utilization, idle and no-process GPU-hours, memory high-water, verdict and its rule)."""
+    from dataclasses import replace
+
+    from gpufleet.analytics import sql
+    from gpufleet.analytics.core import Analysis
+    from gpufleet.analytics.jobs import job_report
+    from gpufleet.analytics.params import Filters
+
+    if not accounts:
+        return []
+    cur = con.cursor()
+    try:
+        ended = cur.sql(sql.POLICY_ENDED_JOBS, params={"since": since, "as_of": as_of, "accounts": list(accounts)}).to_arrow_table().to_pylist()
+    finally:
+        cur.close()
+    notes = []
+    for j in ended:
+        p = replace(params, start=j["start"], end=j["end"], filters=Filters(cluster=j["cluster"], account=j["account"]))
+        a = Analysis(con, p, now=as_of)
+        try:
+            rep = job_report(a, j["job_key"])
+        finally:
+            a.con.close()  # the analysis' temporary tables go with its cursor
+        if rep is None:
+            continue
+        fb = rep.per_gpu["fb_used_max_mib"].max() if not rep.per_gpu.is_empty() else None
+        notes.append({**j, "gpus": rep.job.get("gpus"), "runtime_h": rep.runtime_h, "allocated_gpu_h": rep.allocated_gpu_h,
+                      "mean_utilization_pct": rep.mean_utilization_pct, "idle_gpu_h": rep.idle_gpu_h,
+                      "no_process_gpu_h": rep.no_process_gpu_h, "fb_used_max_mib": fb, "verdict": rep.verdict, "rule": rep.rule})
+    return notes

@@ -479,6 +479,18 @@ WHERE ts > $since AND ts <= $as_of
 ORDER BY ts DESC, cluster, job_key, action
 """
 
+# Jobs with GPUs that ended in ($since, $as_of] in the accounts that asked for an efficiency note
+# (the ones named in $accounts), minus those already sent one (result ok in the audit trail)
+POLICY_ENDED_JOBS = """
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start, j."end"
+FROM jobs j
+WHERE j."end" > $since AND j."end" <= $as_of AND j.start IS NOT NULL AND j.start < j."end"
+  AND list_contains($accounts, j.account) AND coalesce(j.gpus, 0) > 0
+  AND NOT EXISTS (SELECT 1 FROM policy_audit p WHERE p.cluster = j.cluster AND p.scheduler = j.scheduler
+                  AND p.job_key = j.job_key AND p.action = 'efficiency_note' AND p.result = 'ok')
+ORDER BY j."end", j.cluster, j.job_key
+"""
+
 # Actions whose latest attempt failed (each is planned again at the next evaluation while its job
 # runs), with the job's state now; the policy's "failing" metric and the Health page read it
 POLICY_FAILING = """

@@ -298,3 +298,30 @@ def test_service_job_records_through_the_collectors_writer(tmp_path, store, chan
     con = open_reader(store)
     audit = con.sql("SELECT job_key, action, result FROM policy_audit ORDER BY job_key").fetchall()
     assert ("102", "notify", "ok") in audit and ("101", "cancel", "failed") in audit
+
+
+def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
+    inbox, port, hook, api = channels
+    f = Fleet(tmp_path / "store", cluster="hpc")
+    start, end = AS_OF - 3 * H, AS_OF - timedelta(minutes=20)
+    f.gpu_series("m1", "GPU-m1-0", start, end, util=lambda t: 90.0 if t < start + H else 0.0, procs=1.0, fb_used=30000.0)
+    f.job("201", account="nlp", user="alice", start=start, end=end, gpus=1, name="ft <run>", placements=[("m1", "GPU-m1-0")],
+          state="COMPLETED")
+    f.gpu_series("m2", "GPU-m2-0", start, end, util=90.0, procs=1.0)
+    f.job("202", account="vision", user="carol", start=start, end=end, gpus=1, placements=[("m2", "GPU-m2-0")], state="COMPLETED")
+    f.write()
+    store = tmp_path / "store"
+    cfg = config(tmp_path, store, enforce=True, smtp_port=port, extra="")
+    cfg.write_text(cfg.read_text().replace("retries = 1", 'retries = 1\nefficiency_note_accounts = ["nlp"]'))
+    r = runner_for(cfg, lambda: AS_OF)
+    notes = r.notes(store, AS_OF)
+    assert [n["job_key"] for n in notes] == ["201"]  # vision did not opt in
+    n = notes[0]
+    assert n["verdict"] == "idle_stretches" and n["fb_used_max_mib"] == 30000.0 and abs(n["idle_gpu_h"] - (5 / 3 - 0.0)) < 0.02
+    rows = r.send_notes(notes, recorder(store))
+    assert [(x["action"], x["result"], x["rule"]) for x in rows] == [("efficiency_note", "ok", "idle_stretches")]
+    (msg,) = inbox.wait(1, 10)
+    body = msg["msg"].get_body(("plain",)).get_content()
+    assert msg["to"] == ["alice@example.org"] and "Memory high-water:    30,000 MiB" in body and "Verdict:              idle_stretches" in body
+    assert "&lt;run&gt;" in msg["msg"].get_body(("html",)).get_content()
+    assert r.notes(store, AS_OF + timedelta(minutes=5)) == []  # sent once

@@ -82,6 +82,7 @@ class PolicyMetrics:
         self.optout_unknown = Counter("gpufleet_policy_optout_unreadable", "Jobs left alone for a round because their opt-out tag could not be read.", registry=r)
         for a in ("notify", "escalate", "cancel"):
             self.planned.labels(a).set(0)
+        for a in ("notify", "escalate", "cancel", "efficiency_note"):
             self.failures.labels(a)
 
 
@@ -328,6 +329,64 @@ class Runner:
             record(rows)
         return rows
 
+    def notes(self, store_root: Any, as_of: datetime | None = None) -> list[dict[str, Any]]:
+        """Efficiency notes due (jobs of efficiency_note_accounts ended within the lookback, none sent yet)."""
+        from datetime import timedelta
+
+        from gpufleet.analytics.policy import efficiency_notes
+        from gpufleet.collector.store import open_reader
+        from gpufleet.times import parse_duration
+
+        accounts = tuple(self.rules.options.get("efficiency_note_accounts") or ()) if self.rules.options else ()
+        if not accounts:
+            return []
+        as_of = as_of or self.clock()
+        lookback = parse_duration(self.rules.options.get("efficiency_note_lookback", "1d"))
+        con = open_reader(store_root)
+        try:
+            return efficiency_notes(con, self.params_for(as_of), accounts, as_of - max(lookback, timedelta(seconds=1)), as_of)
+        finally:
+            con.close()
+
+    def send_notes(self, notes: Sequence[Mapping[str, Any]], record: Callable[[list[dict[str, Any]]], Any], *,
+                   dry_run: bool = False) -> list[dict[str, Any]]:
+        """Mail each note to the job's owner (only with enforce and not dry_run); audit rows."""
+        from gpufleet.report.mail import MailError, message, send
+
+        if dry_run or not self.rules.enforce:
+            for n in notes:
+                log.info("policy (dry run): would send the efficiency note of job %s (%s): %s", inert(n["job_key"]), n["cluster"], n["verdict"])
+            return []
+        rows = []
+        for n in notes:
+            subject, text = note_text(n)
+            to = self.channels.address(n["user_name"])
+
+            def mail(to=to, subject=subject, text=text) -> str:
+                if not to:
+                    raise ActionError(f"no e-mail address for user {inert(n['user_name'])}")
+                try:
+                    send([message(sender=self.channels.from_address, to=[to], subject=subject, text=text, html=_html(text))],
+                         self.channels.smtp)
+                except (MailError, ConfigError) as e:
+                    raise ActionError(str(e)) from None
+                return f"mailed {to}"
+
+            try:
+                result, detail = "ok", self._retry("email", mail)
+            except ActionError as e:
+                result, detail = "failed", str(e)
+                self.metrics.failures.labels("efficiency_note").inc()
+                log.error("policy: efficiency note of job %s (%s) failed (retried next round): %s", inert(n["job_key"]), n["cluster"], detail)
+            self.metrics.actions.labels("efficiency_note", result).inc()
+            rows.append({"ts": self.clock(), "cluster": n["cluster"], "scheduler": n["scheduler"], "job_key": n["job_key"],
+                         "job_id": n["job_id"], "user_name": n["user_name"], "account": n["account"], "action": "efficiency_note",
+                         "rule": n["verdict"], "reason": n["rule"], "idle_s": n["idle_gpu_h"] * 3600 if n["idle_gpu_h"] is not None else None,
+                         "idle_gpus": None, "enforce": True, "result": result, "detail": detail, "attempt": 1})
+        if rows:
+            record(rows)
+        return rows
+
     def _retry(self, what: str, fn: Callable[[], str]) -> str:
         last: Exception | None = None
         for i in range(1 + int(self.rules.options.get("retries", 2) if self.rules.options else 2)):
@@ -423,6 +482,30 @@ class Runner:
         raise ActionError(f"scheduler {inert(j.scheduler)!s}: cannot cancel")
 
 
+def note_text(n: Mapping[str, Any]) -> tuple[str, str]:
+    """(subject, text) of the efficiency note of an ended job; every job field made inert."""
+    def pct(v):
+        return "no data" if v is None else f"{v:.1f} %"
+
+    mem = "no data" if n["fb_used_max_mib"] is None else f"{n['fb_used_max_mib']:,.0f} MiB"
+    subject = inert(f"[gpufleet] job {n['job_id']} ({n['name'] or '?'}) on {n['cluster']} ended: {n['verdict']}", 160)
+    lines = [
+        f"Job {inert(n['job_id'])} ({inert(n['name'])}) of user {inert(n['user_name'])}, account {inert(n['account'])},",
+        f"on cluster {inert(n['cluster'])} ended ({inert(n['state'])}).",
+        "",
+        f"  GPUs:                 {n['gpus'] if n['gpus'] is not None else 'unknown'}",
+        f"  Runtime:              {n['runtime_h']:.2f} h ({n['allocated_gpu_h']:.2f} GPU-hours allocated)",
+        f"  Mean GPU utilization: {pct(n['mean_utilization_pct'])}",
+        f"  Idle GPU-hours:       {n['idle_gpu_h']:.2f}",
+        f"  No-process GPU-hours: {n['no_process_gpu_h']:.2f}",
+        f"  Memory high-water:    {mem}",
+        f"  Verdict:              {n['verdict']} ({inert(n['rule'], 300)})",
+        "",
+        "Your account asked for this note at the end of every GPU job ([policy] efficiency_note_accounts).",
+    ]
+    return subject, "\n".join(lines) + "\n"
+
+
 def attempts_from_audit(store_root: Any, as_of: datetime) -> dict[tuple, int]:
     """(cluster, scheduler, job_key, action) -> the attempt count of its latest failed row."""
     return {(r["cluster"], r["scheduler"], r["job_key"], r["action"]): int(r["attempt"])
@@ -494,6 +577,10 @@ class PolicyJob:
             log.error("idle-GPU policy: no writer to record actions in: not acting")
             return False
         rows = self.runner.execute(plan, self.record, attempts=attempts)
+        try:
+            rows += self.runner.send_notes(self.runner.notes(self.store_root, now), self.record)
+        except StoreError as e:
+            log.error("idle-GPU policy: efficiency notes: the store is unreadable: %s", e)
         self.runner.failing(self.store_root)
         return all(r["result"] != "failed" for r in rows)
 

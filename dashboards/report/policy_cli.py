@@ -70,11 +70,20 @@ def run(args: argparse.Namespace, out=None) -> int:
     except StoreError as e:
         log.error("%s", e)
         return 1
+    try:
+        notes = runner.notes(store, plan.as_of)
+    except StoreError as e:
+        log.error("%s", e)
+        return 1
     if args.format == "json":
-        out.write(json.dumps(plan.as_dict(), default=str, indent=1) + "\n")
+        doc = plan.as_dict()
+        doc["efficiency_notes"] = notes
+        out.write(json.dumps(doc, default=str, indent=1) + "\n")
     else:
         out.write(_table(plan, act))
-    if not act or not plan.actions:
+        for n in notes:
+            out.write(f"  note     {n['cluster']}/{n['job_id']} ended: {n['verdict']} ({n['rule']})\n")
+    if not act or not (plan.actions or notes):
         return 0
     try:
         attempts = attempts_from_audit(store, plan.as_of)
@@ -88,6 +97,7 @@ def run(args: argparse.Namespace, out=None) -> int:
             writer.publish()
 
         rows = runner.execute(plan, record, attempts=attempts)
+        rows += runner.send_notes(notes, record)
     finally:
         writer.close()
     return 1 if any(r["result"] == "failed" for r in rows) else 0
