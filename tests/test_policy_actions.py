@@ -325,3 +325,15 @@ def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
     assert msg["to"] == ["alice@example.org"] and "Memory high-water:    30,000 MiB" in body and "Verdict:              idle_stretches" in body
     assert "&lt;run&gt;" in msg["msg"].get_body(("html",)).get_content()
     assert r.notes(store, AS_OF + timedelta(minutes=5)) == []  # sent once
+
+
+def test_cancel_is_refused_for_a_job_of_another_cluster(tmp_path, store, channels):
+    inbox, port, hook, api = channels
+    api.pods_present.add("research/nb-1")
+    cfg = config(tmp_path, store, enforce=True, smtp_port=port, webhook=hook.url, kube=api.url)
+    cfg.write_text(cfg.read_text() + '\n[collector]\ncluster = "other"\n')
+    r = runner_for(cfg, lambda: AS_OF)
+    plan = r.plan(store, AS_OF)
+    plan.actions = [a for a in plan.actions if a.action == "cancel"]
+    (row,) = r.execute(plan, recorder(store))
+    assert row["result"] == "failed" and "acts on cluster other only" in row["detail"] and api.deleted == []

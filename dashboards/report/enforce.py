@@ -123,6 +123,7 @@ class Channels:
     webhook_url: str = ""
     scancel: Sequence[str] = ("scancel",)
     kubernetes: Any = None  # gpufleet.collector.sources.kubernetes.KubernetesSource (its connection)
+    cluster: str | None = None  # the [collector] cluster: scancel and the API act on its jobs only (None: any)
     timeout: float = 10.0
 
     @property
@@ -214,7 +215,8 @@ class Runner:
         channels = Channels(smtp=report.smtp, from_address=report.from_address, directory=directory,
                             email_template=o["email_template"], email_domain=o["email_domain"],
                             account_contacts={k: tuple(v) for k, v in o["account_contacts"].items()},
-                            webhook_url=o["webhook_url"], scancel=tuple(o["scancel"].split()), kubernetes=kube)
+                            webhook_url=o["webhook_url"], scancel=tuple(o["scancel"].split()), kubernetes=kube,
+                            cluster=str(doc["collector"].get("cluster") or "default") if isinstance(doc.get("collector"), dict) else None)
         return cls(rules, channels, lambda as_of: from_config(doc, path, as_of - timedelta(hours=1), as_of),
                    metrics=PolicyMetrics(registry), **kw)
 
@@ -457,6 +459,9 @@ class Runner:
 
     def _cancel(self, a: Action) -> str:
         j = a.job
+        if self.channels.cluster is not None and j.cluster != self.channels.cluster:
+            raise ActionError(f"job of cluster {inert(j.cluster)}: this scancel / Kubernetes API acts on cluster "
+                              f"{self.channels.cluster} only ([collector] cluster): not cancelled")
         if j.scheduler == "slurm":
             if not _SLURM_ID.match(j.job_key):
                 raise ActionError(f"job key {inert(j.job_key)!s} is not a Slurm job id: not cancelled")
