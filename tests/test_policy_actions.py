@@ -337,3 +337,43 @@ def test_cancel_is_refused_for_a_job_of_another_cluster(tmp_path, store, channel
     plan.actions = [a for a in plan.actions if a.action == "cancel"]
     (row,) = r.execute(plan, recorder(store))
     assert row["result"] == "failed" and "acts on cluster other only" in row["detail"] and api.deleted == []
+
+
+# --- the store-level invariant: an action only for a job whose every GPU is idle, with the idle
+# time the samples give (since the first sample after the last busy one) ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.sampled_from([0.0, 2.0, 50.0, None]), min_size=1, max_size=12), min_size=1, max_size=3),
+       st.integers(0, 3))
+def test_store_plan_acts_only_on_all_idle_jobs_with_the_samples_idle_time(tmp_path_factory, series, stale_gpu):
+    root = tmp_path_factory.mktemp("prop") / "store"
+    f = Fleet(root, cluster="hpc")
+    step = timedelta(minutes=30)
+    placements, expect_idle = [], []
+    for g, values in enumerate(series):
+        uuid = f"GPU-p-{g}"
+        times = [AS_OF - step * (len(values) - 1 - i) for i in range(len(values))]
+        if g == stale_gpu:  # this GPU's newest sample is old: no data now
+            times = [t - timedelta(hours=1) for t in times]
+        for t, v in zip(times, values):
+            f.gpu_series("p1", uuid, t, t + timedelta(seconds=1), util=v, procs=1.0, gpu=g)
+        placements.append(("p1", uuid))
+        fresh = times[-1] >= AS_OF - timedelta(minutes=5) and values[-1] is not None
+        busy = [t for t, v in zip(times, values) if v is not None and v >= 5.0]
+        after = [t for t, v in zip(times, values) if v is not None and v < 5.0 and (not busy or t > max(busy))]
+        expect_idle.append(after[0] if fresh and values[-1] < 5.0 and after else None)
+    f.job("900", account="nlp", user="u", start=AS_OF - 24 * H, end=None, gpus=len(series), placements=placements)
+    f.write()
+    rules = Rules(notify_after=timedelta(0), escalate_after=timedelta(0), cancel_after=100 * H, no_process_after=100 * H,
+                  renotify_after=H, min_job_age=timedelta(0))
+    plan = plan_from_store(open_reader(root), rules, params(), AS_OF)
+    if all(e is not None for e in expect_idle):
+        (a,) = plan.actions
+        assert a.job.idle_gpus == len(series)
+        assert a.job.idle_s == min((AS_OF - e).total_seconds() for e in expect_idle)
+    else:
+        assert plan.actions == []
