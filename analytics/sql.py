@@ -417,13 +417,16 @@ WITH inv AS (
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
 ), o AS (
     SELECT *, row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn,
-           max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_busy
+           max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_busy,
+           max(CASE WHEN compute_processes > 0 THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_proc
     FROM s
 ), runs AS (
     -- the idle run: the samples after the last busy one (a gap without data does not end it:
     -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample
     SELECT cluster, host, gpu_uuid, gi, any_value(last_busy) AS last_busy,
-           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start
+           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start,
+           -- the same run rule for "no compute process at all" (the idle policy's faster rule)
+           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc)) AS noproc_start
     FROM o GROUP BY ALL
 ), x AS (
     -- the last XID code each GPU reported while it was known (the samples of a GPU that fell
@@ -434,7 +437,7 @@ WITH inv AS (
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
     GROUP BY ALL
 ), latest AS (
-    SELECT * EXCLUDE (rn, last_busy) FROM o WHERE rn = 1
+    SELECT * EXCLUDE (rn, last_busy, last_proc) FROM o WHERE rn = 1
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition
@@ -458,7 +461,7 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, gi, coalesce(inv_gpu, s_gpu) AS gpu, coalesce(inv_model, s_model) AS model,
            coalesce(inv_mig, s_mig) AS mig_profile, fb_total_mib,
            latest.* EXCLUDE (cluster, host, gpu_uuid, gi, s_gpu, s_model, s_mig),
-           runs.last_busy, runs.run_start, x.last_xid, x.last_xid_at,
+           runs.last_busy, runs.run_start, runs.noproc_start, x.last_xid, x.last_xid_at,
            coalesce(hg.jobs, 0) AS jobs, hg.job_ids, hg.job_names, hg.user_names, hg.accounts, hg.schedulers
     FROM inv
     FULL JOIN latest USING (cluster, host, gpu_uuid, gi)
@@ -480,8 +483,59 @@ SELECT cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts, age_s, f
        coalesce(fresh AND util < $thr AND last_busy IS NULL, false) AS idle_since_capped,
        held, jobs, job_ids, job_names, user_names, accounts, schedulers,
        coalesce(held AND fresh AND util < $thr, false) AS idle_allocated,
-       coalesce(held AND fresh AND compute_processes = 0, false) AS no_process
+       coalesce(held AND fresh AND compute_processes = 0, false) AS no_process,
+       CASE WHEN fresh AND compute_processes = 0 THEN noproc_start END AS no_process_since
 FROM f
+"""
+
+# --- the idle-GPU policy (analytics/policy.py) ---
+
+# Jobs the scheduler has started and not ended at $as_of, with the GPUs their allocations name
+# (one row per job and GPU; a job without an allocation row has gpu_uuid NULL). The idle figures
+# come from GPU_STATES (one idle definition), joined on (cluster, host, gpu_uuid, gi).
+POLICY_RUNNING_GPUS = """
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start,
+       a.host, a.gpu_uuid, a.gpu_instance AS gi
+FROM jobs j
+LEFT JOIN allocations a ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key
+WHERE j.state = 'RUNNING' AND j.start IS NOT NULL AND j.start <= $as_of AND coalesce(j."end", 'infinity'::TIMESTAMP) > $as_of
+ORDER BY j.cluster, j.scheduler, j.job_key, a.host, a.gpu_uuid, a.gpu_instance
+"""
+
+# The policy's audit trail (every notification and action), newest first
+POLICY_AUDIT = """
+SELECT ts, cluster, scheduler, job_key, job_id, user_name, account, action, rule, reason, idle_s, idle_gpus,
+       enforce, result, detail, attempt
+FROM policy_audit
+WHERE ts > $since AND ts <= $as_of
+ORDER BY ts DESC, cluster, job_key, action
+"""
+
+# Jobs with GPUs that ended in ($since, $as_of] in the accounts that asked for an efficiency note
+# (the ones named in $accounts), minus those already sent one (result ok in the audit trail)
+POLICY_ENDED_JOBS = """
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start, j."end"
+FROM jobs j
+WHERE j."end" > $since AND j."end" <= $as_of AND j.start IS NOT NULL AND j.start < j."end"
+  AND list_contains($accounts, j.account) AND coalesce(j.gpus, 0) > 0
+  AND NOT EXISTS (SELECT 1 FROM policy_audit p WHERE p.cluster = j.cluster AND p.scheduler = j.scheduler
+                  AND p.job_key = j.job_key AND p.action = 'efficiency_note' AND p.result = 'ok')
+ORDER BY j."end", j.cluster, j.job_key
+"""
+
+# Actions whose latest attempt failed (each is planned again at the next evaluation while its job
+# runs), with the job's state now; the policy's "failing" metric and the Health page read it
+POLICY_FAILING = """
+WITH latest AS (
+    SELECT *, row_number() OVER (PARTITION BY cluster, scheduler, job_key, action ORDER BY ts DESC, attempt DESC) AS rn
+    FROM policy_audit WHERE enforce
+)
+SELECT l.ts, l.cluster, l.scheduler, l.job_key, l.job_id, l.user_name, l.account, l.action, l.rule, l.reason, l.idle_s,
+       l.idle_gpus, l.detail, l.attempt, j.state AS job_state
+FROM latest l
+LEFT JOIN jobs j ON j.cluster = l.cluster AND j.scheduler = l.scheduler AND j.job_key = l.job_key
+WHERE l.rn = 1 AND l.result = 'failed'
+ORDER BY l.ts DESC, l.cluster, l.job_key
 """
 
 # the values each dashboard filter can take

@@ -14,8 +14,9 @@ from gpufleet.times import parse_time
 
 log = logging.getLogger(__name__)
 
-# (config document, config path) -> a callable that adds a job to the APScheduler, or None
-ScheduledJob = Callable[[Mapping[str, Any], Any], "Callable[[Any], Any] | None"]
+# (config document, config path) -> a callable add(scheduler, collector) that adds a job to the
+# APScheduler (the collector: its writer and metrics, for jobs that record), or None
+ScheduledJob = Callable[[Mapping[str, Any], Any], "Callable[[Any, Any], Any] | None"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,30 @@ CREATE TABLE IF NOT EXISTS job_throughput (
 )"""
 
 # Published tables: name -> DDL. Each is snapshotted to Parquet for readers.
-TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL}
+# The idle-GPU policy's audit trail: every notification and action it took or tried (one row per
+# attempt), with the rule, the evidence and the result. It is what keeps a job from being
+# notified twice inside renotify_after, across restarts.
+POLICY_AUDIT_DDL = """
+CREATE TABLE IF NOT EXISTS policy_audit (
+    ts TIMESTAMP NOT NULL,               -- when the attempt finished
+    cluster VARCHAR NOT NULL,
+    scheduler VARCHAR NOT NULL,
+    job_key VARCHAR NOT NULL,
+    job_id VARCHAR,
+    user_name VARCHAR,
+    account VARCHAR,
+    action VARCHAR NOT NULL,             -- notify | escalate | cancel | exempt
+    rule VARCHAR NOT NULL,               -- the [policy] rule that planned it
+    reason VARCHAR NOT NULL,             -- why, with the idle figures
+    idle_s DOUBLE,                       -- evidence: how long every GPU of the job was idle
+    idle_gpus INTEGER,                   -- evidence: GPUs idle (all of the job's)
+    enforce BOOLEAN NOT NULL,            -- false: a dry run (nothing was done)
+    result VARCHAR NOT NULL,             -- ok | failed | dry-run | logged
+    detail VARCHAR,                      -- what was done, or the error
+    attempt INTEGER NOT NULL DEFAULT 1   -- consecutive attempts of this action on this job
+)"""
+
+TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL, "policy_audit": POLICY_AUDIT_DDL}
 
 # Writer-only bookkeeping.
 STATE_DDL = (
@@ -252,6 +275,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("CREATE TABLE IF NOT EXISTS rollups (hour TIMESTAMP PRIMARY KEY, file VARCHAR NOT NULL)",),
     # 3: job-reported throughput, for MFU
     3: (JOB_THROUGHPUT_DDL,),
+    # 4: the idle-GPU policy's audit trail
+    4: (POLICY_AUDIT_DDL,),
 }
 
 JOB_COLUMNS = (

@@ -266,6 +266,13 @@ class Collector:
         results = [self.run_source(s.source) for s in self.sources]
         return all(results)
 
+    def record_policy(self, rows: list[dict[str, Any]]) -> int:
+        """Append the idle-GPU policy's audit rows through the one writer and publish them."""
+        with self._commit_lock:
+            n = self.writer.record_policy(rows)
+            self.writer.publish()
+        return n
+
     def maintain(self, raw_days: int, rollup_days: int) -> None:
         """Compaction, rollups and retention; holds the commit lock (one writer). Never raises."""
         from gpufleet.collector.maintenance import apply_retention, compact
@@ -284,9 +291,10 @@ class Collector:
         self.metrics.success.labels("maintenance").set(1 if ok else 0)
 
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
-              raw_days: int = 35, rollup_days: int = 400, extra_jobs: Iterable[Callable[[Any], None]] = ()) -> None:
+              raw_days: int = 35, rollup_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
         """Run every source on its schedule, store upkeep every `maintenance_interval` seconds, and
-        each of `extra_jobs` (a callable that adds its own job, e.g. the weekly report), until `stop`."""
+        each of `extra_jobs` (a callable add(scheduler, collector) that adds its own job, e.g. the
+        weekly report, the idle-GPU policy), until `stop`."""
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -310,7 +318,7 @@ class Collector:
             scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days], seconds=maintenance_interval,
                               id="maintenance", max_instances=1, coalesce=True, misfire_grace_time=int(maintenance_interval))
         for add in extra_jobs:
-            add(scheduler)
+            add(scheduler, self)
         scheduler.start()
         log.info("collector running %d sources: %s", len(self.sources), ", ".join(f"{s.source.name} every {s.interval:g}s" for s in self.sources))
         try:

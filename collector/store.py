@@ -549,6 +549,28 @@ class StoreWriter:
                       key=lambda e: str(e.get("last_seen", "")), reverse=True)[:MAX_UNRECOGNIZED]
         self._unrecognized = {(e["source"], e["input"], e["kind"]): e for e in keep}
 
+    # --- the idle-GPU policy's audit trail ---
+
+    POLICY_AUDIT_COLUMNS = ("ts", "cluster", "scheduler", "job_key", "job_id", "user_name", "account", "action", "rule",
+                            "reason", "idle_s", "idle_gpus", "enforce", "result", "detail", "attempt")
+
+    def record_policy(self, rows: list[dict[str, Any]]) -> int:
+        """Append policy audit rows (POLICY_AUDIT_COLUMNS) in one transaction; publish() makes
+        them visible to readers. Returns rows written."""
+        if not rows:
+            return 0
+        cols = self.POLICY_AUDIT_COLUMNS
+        values = [[r.get(c) for c in cols] for r in rows]
+        self.db.execute("BEGIN")
+        try:
+            self.db.executemany(f"INSERT INTO policy_audit ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
+            self.db.execute("COMMIT")
+        except Exception:
+            self.db.execute("ROLLBACK")
+            raise
+        self._dirty_tables.add("policy_audit")
+        return len(rows)
+
     # --- publishing ---
 
     def _manifest(self) -> dict[str, Any]:

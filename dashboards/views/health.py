@@ -80,6 +80,12 @@ def body(ctx: ui.Context) -> None:
              key="health_throttle", empty="No clock throttling reported in this window.",
              labels={"thermal_throttle_pct": "thermal % of samples", "power_throttle_pct": "power % of samples", "hw_slowdown_pct": "HW slowdown % of samples"})
 
+    st.subheader("Policy actions failing")
+    failing = data.policy(ctx.window.key, ctx.version)["failing"]
+    st.caption("Idle-GPU policy actions (mail, webhook, scancel, pod deletion) whose latest attempt failed; those of running jobs "
+               "are retried at each evaluation (gpufleet_policy_failing_actions).")
+    ui.table(failing, key="health_policy_failing", empty="No failing policy action.", labels={"attempt": "attempts", "detail": "error"})
+
     st.subheader("Freshness")
     st.text(f"Collector: last publish {ui.when(cs['published_at'])}, store version {cs['version']}, {cs['sample_files']} sample files")
     ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
