@@ -1,6 +1,6 @@
 """The idle-GPU policy against a real Slurm (tests/realstack/slurm.py): jobs submitted with sbatch
-and read back by the real SacctSource; their GPUs' telemetry is simulated (written through the
-store's writer, idle or busy); `gpufleet policy` then notifies through a real SMTP server
+and read back by the real SacctSource; their GPUs' telemetry comes from the simulated exporter
+(idle or busy per GPU, its job map naming each job), scraped by the collector; `gpufleet policy` then notifies through a real SMTP server
 (aiosmtpd) and cancels with the real scancel, and sacct must show the job CANCELLED. The exempt
 and the busy job are left alone; a dry run changes nothing."""
 
@@ -11,14 +11,15 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import aiosmtpd.controller as aiosmtpd_controller
-import pyarrow as pa
 import pytest
 
 from gpufleet.cli import main
-from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
+from gpufleet.collector.service import Collector, ScheduledSource
+from gpufleet.collector.sources.scrape import ScrapeSource
 from gpufleet.collector.sources.slurm import SacctSource
 from gpufleet.collector.store import StoreWriter, open_reader
+from tests.support.exporter import start_exporter, stop
 from tests.test_report_email import Inbox, free_port
 
 pytestmark = pytest.mark.realstack
@@ -29,9 +30,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-def ingest(c, store, jobs: dict[int, tuple[float, float]]) -> dict[str, dict]:
-    """sacct's rows for the jobs, then simulated samples (util, procs) for each job's GPUs from its
-    start to now, every second, and the allocations the exporter would report."""
+def ingest(c, store, tmp_path, jobs: dict[int, tuple[float, float]]) -> dict[str, dict]:
+    """The collector's own path: sacct's rows for the jobs (the real SacctSource), then a few
+    scrape rounds of a simulated exporter (`gpufleet exporter --backend sim`) whose GPUs are the
+    jobs' GRES indices, at each job's (utilization, processes), with the exporter's job map
+    naming the job on each of its GPUs."""
     src = SacctSource(cluster=CLUSTER, env=c.env, initial_lookback=timedelta(hours=1))
     deadline = time.monotonic() + 30
     while True:  # slurmdbd learns of the start a moment after squeue says RUNNING
@@ -42,29 +45,25 @@ def ingest(c, store, jobs: dict[int, tuple[float, float]]) -> dict[str, dict]:
         src = SacctSource(cluster=CLUSTER, env=c.env, initial_lookback=timedelta(hours=1))
     mine = [rows[str(k)] for k in jobs]
     assert all(r["state"] == "RUNNING" for r in mine), mine
-    now = utcnow()
-    samples, allocs, gpus = [], [], []
-    for job, (util, procs) in jobs.items():
-        start = rows[str(job)]["start"]
-        for idx in c.gres_idx(job):
-            uuid = f"GPU-slurm-{idx}"
-            t = start
-            while t <= now:
-                samples.append(dict(ts=t, cluster=CLUSTER, host=c.host, gpu=idx, gpu_uuid=uuid, gpu_instance=None,
-                                    model="NVIDIA H100 80GB HBM3", source="scrape", gpu_util=util, compute_processes=procs))
-                t += timedelta(seconds=1)
-            allocs.append(dict(ts=start, cluster=CLUSTER, scheduler="slurm", job_key=str(job), host=c.host, gpu_uuid=uuid,
-                               gpu_instance=-1, gpu=idx, source="exporter"))
-            gpus.append(dict(ts=start, cluster=CLUSTER, host=c.host, gpu_uuid=uuid, gpu_instance=-1, gpu=idx, mig_profile=None,
-                             model="NVIDIA H100 80GB HBM3", fb_total_mib=None, driver_version=None))
-    cols = {f.name: [r.get(f.name) for r in samples] for f in schema.SAMPLE_SCHEMA}
-    w = StoreWriter(store)
+    on_gpu = {idx: (job, util, procs) for job, (util, procs) in jobs.items() for idx in c.gres_idx(job)}
+    scenario = f'hostname = "{c.host}"\nmodel = "h100"\ngpus = {max(on_gpu) + 1}\n' + "".join(
+        f"[[gpu]]\nindex = {idx}\nutilization = {util}\nmemory_used_mib = 1000\n"
+        + (f"processes = [ {{ pid = {4000 + idx}, used_memory_mib = 900, sm_util = {util} }} ]\n" if procs else "")
+        for idx, (_, util, procs) in sorted(on_gpu.items()))
+    (tmp_path / "exporter").mkdir()
+    exporter, port = start_exporter(tmp_path / "exporter", scenario, {idx: str(job) for idx, (job, _, _) in on_gpu.items()})
     try:
-        w.commit(Batch(key=f"policy-sim-{now.isoformat()}", samples=pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA),
-                       jobs=mine, allocations=allocs, gpus=gpus))
-        w.publish()
+        scrape = ScrapeSource(cluster=CLUSTER, static_targets=[f"127.0.0.1:{port}"], timeout=5)
+        collector = Collector(StoreWriter(store), [ScheduledSource(scrape, 1)])
+        try:
+            collector.commit("sacct", [Batch(key=f"policy-sacct-{utcnow().isoformat()}", jobs=mine)])
+            for _ in range(4):
+                assert collector.run_source(scrape), scrape.status
+                time.sleep(1)
+        finally:
+            collector.writer.close()
     finally:
-        w.close()
+        stop(exporter)
     return {r["job_key"]: r for r in mine}
 
 
@@ -117,7 +116,7 @@ def test_idle_job_notified_then_cancelled_exempt_and_busy_left_alone(slurm_clust
     try:
         for j in (idle, busy, exempt, opted):
             c.wait_running(j)
-        ingest(c, store, {idle: (0.0, 0.0), busy: (90.0, 1.0), exempt: (0.0, 0.0), opted: (0.0, 0.0)})
+        ingest(c, store, tmp_path, {idle: (0.0, 0.0), busy: (90.0, 1.0), exempt: (0.0, 0.0), opted: (0.0, 0.0)})
         time.sleep(2.5)
 
         # round 1: notify_after passed, cancel_after not: the owner is mailed, nothing cancelled
