@@ -129,7 +129,9 @@ def policy_section(ctx: ui.Context) -> None:
     if pol["planned"] is None:
         st.caption("No [policy] section in the configuration: nothing is planned (gpufleet policy).")
     else:
-        st.caption(f"Planned as of {ui.when(pol['as_of'])}: the rule and the idle figures of each running job the policy would act on.")
+        st.caption(f"Planned as of {ui.when(pol['as_of'])}: the rule and the idle figures of each running job the policy would act on. "
+                   "Opt-out tags (a Slurm comment or a pod annotation) are read from the scheduler only when the policy "
+                   "acts, so a job listed here may still be skipped as opted out; the past actions below say what happened.")
         ui.table(pol["planned"], key="policy_planned", empty="No running job is due for a notification or a cancel.",
                  labels={"idle_s": "idle", "idle_gpus": "GPUs idle"})
     st.caption("Past notifications and actions in the window (every attempt, with its result), newest first.")
