@@ -27,8 +27,11 @@
     nlp = ["nlp-lead@example.org"]
 
 Idle is the product's one definition (gpufleet.analytics.fleet_now.gpu_states): a GPU is idle
-when its fresh latest sample is below the idle threshold, and `idle_since` starts its current run
-of below-threshold samples (a gap longer than max_gap ends a run: no data is never idle). A job is
+when its fresh latest sample is below the idle threshold; the policy counts its idle time from
+`idle_with_data_since`, the start of its current run of below-threshold samples within the current
+stretch of continuous data (a gap longer than max_gap ends a run: no data is never idle, so a
+collector outage never makes a job look idle for longer; the dashboard's `idle_since`, the last busy
+sample seen, may reach across such a gap). A job is
 idle when every GPU it holds is idle; its idle time is the shortest run among them. A job with
 any GPU not reporting (stale, never sampled) is neither idle nor busy: no action.
 
@@ -329,11 +332,11 @@ def job_facts(running: list[Mapping[str, Any]], states: list[Mapping[str, Any]],
         first = rows[0]
         gpus = [by_gpu.get((r["cluster"], r["host"], r["gpu_uuid"], r["gi"])) for r in rows if r["gpu_uuid"] is not None]
         fresh = [g for g in gpus if g is not None and g["fresh"] and g["util"] is not None]
-        idle = [g for g in fresh if g["idle_since"] is not None]
+        idle = [g for g in fresh if g["idle_with_data_since"] is not None]
         all_idle = bool(gpus) and len(idle) == len(gpus)
-        idle_s = min((as_of - g["idle_since"]).total_seconds() for g in idle) if all_idle else None
-        noproc = [g for g in fresh if g.get("no_process_since") is not None]
-        np_s = (min((as_of - g["no_process_since"]).total_seconds() for g in noproc)
+        idle_s = min((as_of - g["idle_with_data_since"]).total_seconds() for g in idle) if all_idle else None
+        noproc = [g for g in fresh if g.get("no_process_with_data_since") is not None]
+        np_s = (min((as_of - g["no_process_with_data_since"]).total_seconds() for g in noproc)
                 if gpus and len(noproc) == len(gpus) else None)
         start = first["start"]
         out.append(JobFacts(

@@ -415,18 +415,29 @@ WITH inv AS (
     FROM gpu_samples
     WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+), s1 AS (
+    -- a sample that follows a gap longer than max_gap (or is the first looked at) starts a
+    -- stretch of continuous data
+    SELECT *, coalesce(epoch(ts) - epoch(lag(ts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)) > $max_gap, true)
+              AS after_gap
+    FROM s
 ), o AS (
-    SELECT *, row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn,
+    SELECT * EXCLUDE (after_gap), row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn,
+           max(CASE WHEN after_gap THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS data_from,
            max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_busy,
            max(CASE WHEN compute_processes > 0 THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_proc
-    FROM s
+    FROM s1
 ), runs AS (
     -- the idle run: the samples after the last busy one (a gap without data does not end it:
     -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample
     SELECT cluster, host, gpu_uuid, gi, any_value(last_busy) AS last_busy,
            min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start,
            -- the same run rule for "no compute process at all" (the idle policy's faster rule)
-           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc)) AS noproc_start
+           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc)) AS noproc_start,
+           -- the same runs within the current stretch of continuous data: what the idle policy
+           -- acts on (time without data is never counted as idle)
+           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy) AND ts >= data_from) AS data_run_start,
+           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc) AND ts >= data_from) AS data_noproc_start
     FROM o GROUP BY ALL
 ), x AS (
     -- the last XID code each GPU reported while it was known (the samples of a GPU that fell
@@ -437,7 +448,7 @@ WITH inv AS (
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
     GROUP BY ALL
 ), latest AS (
-    SELECT * EXCLUDE (rn, last_busy, last_proc) FROM o WHERE rn = 1
+    SELECT * EXCLUDE (rn, last_busy, last_proc, data_from) FROM o WHERE rn = 1
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition
@@ -461,7 +472,7 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, gi, coalesce(inv_gpu, s_gpu) AS gpu, coalesce(inv_model, s_model) AS model,
            coalesce(inv_mig, s_mig) AS mig_profile, fb_total_mib,
            latest.* EXCLUDE (cluster, host, gpu_uuid, gi, s_gpu, s_model, s_mig),
-           runs.last_busy, runs.run_start, runs.noproc_start, x.last_xid, x.last_xid_at,
+           runs.last_busy, runs.run_start, runs.noproc_start, runs.data_run_start, runs.data_noproc_start, x.last_xid, x.last_xid_at,
            coalesce(hg.jobs, 0) AS jobs, hg.job_ids, hg.job_names, hg.user_names, hg.accounts, hg.schedulers
     FROM inv
     FULL JOIN latest USING (cluster, host, gpu_uuid, gi)
@@ -484,7 +495,9 @@ SELECT cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts, age_s, f
        held, jobs, job_ids, job_names, user_names, accounts, schedulers,
        coalesce(held AND fresh AND util < $thr, false) AS idle_allocated,
        coalesce(held AND fresh AND compute_processes = 0, false) AS no_process,
-       CASE WHEN fresh AND compute_processes = 0 THEN noproc_start END AS no_process_since
+       CASE WHEN fresh AND compute_processes = 0 THEN noproc_start END AS no_process_since,
+       CASE WHEN fresh AND util < $thr THEN data_run_start END AS idle_with_data_since,
+       CASE WHEN fresh AND compute_processes = 0 THEN data_noproc_start END AS no_process_with_data_since
 FROM f
 """
 

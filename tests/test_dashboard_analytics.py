@@ -159,6 +159,9 @@ def test_fleet_now_idle_since_is_after_the_last_busy_sample_across_a_gap(tmp_pat
     # a shorter look-back that starts after X's last busy sample: X too is idle since before it
     x2 = fn.gpu_states(f.reader(), W, T(10, 59, 45), lookback=timedelta(hours=1)).filter(pl.col("gpu_uuid") == "GPU-X").row(0, named=True)
     assert x2["idle_since"] == T(10) and x2["idle_since_capped"]
+    # what the idle policy acts on: the run within the current stretch of data, which the gap ends
+    assert x["idle_with_data_since"] == y["idle_with_data_since"] == T(10, 30)
+    assert x["no_process_with_data_since"] is None or x["no_process_with_data_since"] >= T(10, 30)
 
 
 def test_collector_status_and_filter_values(fleet, con, tmp_path):

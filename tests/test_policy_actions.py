@@ -340,31 +340,36 @@ def test_cancel_is_refused_for_a_job_of_another_cluster(tmp_path, store, channel
 
 
 # --- the store-level invariant: an action only for a job whose every GPU is idle, with the idle
-# time the samples give (since the first sample after the last busy one) ---
+# time the samples give (since the first idle sample after the last busy one, within the current
+# stretch of continuous data: a gap longer than max_gap ends a run, no data is never idle) ---
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.sampled_from([0.0, 2.0, 50.0, None]), min_size=1, max_size=12), min_size=1, max_size=3),
+@given(st.lists(st.tuples(st.lists(st.sampled_from([0.0, 2.0, 50.0, None]), min_size=1, max_size=12), st.integers(0, 12)),
+                min_size=1, max_size=3),
        st.integers(0, 3))
 def test_store_plan_acts_only_on_all_idle_jobs_with_the_samples_idle_time(tmp_path_factory, series, stale_gpu):
     root = tmp_path_factory.mktemp("prop") / "store"
     f = Fleet(root, cluster="hpc")
-    step = timedelta(minutes=30)
+    step = timedelta(seconds=15)  # the scrape interval; max_gap is 30 s
     placements, expect_idle = [], []
-    for g, values in enumerate(series):
+    for g, (values, gap_at) in enumerate(series):
         uuid = f"GPU-p-{g}"
         times = [AS_OF - step * (len(values) - 1 - i) for i in range(len(values))]
+        # samples before gap_at lie 10 minutes further back: a collector outage between them
+        times = [t - timedelta(minutes=10) if i < gap_at else t for i, t in enumerate(times)]
         if g == stale_gpu:  # this GPU's newest sample is old: no data now
             times = [t - timedelta(hours=1) for t in times]
         for t, v in zip(times, values):
             f.gpu_series("p1", uuid, t, t + timedelta(seconds=1), util=v, procs=1.0, gpu=g)
         placements.append(("p1", uuid))
         fresh = times[-1] >= AS_OF - timedelta(minutes=5) and values[-1] is not None
+        data_from = times[gap_at] if 0 < gap_at < len(times) else times[0]
         busy = [t for t, v in zip(times, values) if v is not None and v >= 5.0]
-        after = [t for t, v in zip(times, values) if v is not None and v < 5.0 and (not busy or t > max(busy))]
+        after = [t for t, v in zip(times, values) if v is not None and v < 5.0 and (not busy or t > max(busy)) and t >= data_from]
         expect_idle.append(after[0] if fresh and values[-1] < 5.0 and after else None)
     f.job("900", account="nlp", user="u", start=AS_OF - 24 * H, end=None, gpus=len(series), placements=placements)
     f.write()
