@@ -130,8 +130,9 @@ def test_idle_job_notified_then_cancelled_exempt_and_busy_left_alone(slurm_clust
         (msg,) = inbox.wait(1, 10)
         assert msg["to"] == ["root@example.org"]
         body = msg["msg"].get_body(("plain",)).get_content()
-        # sbatch keeps the name up to the line break; the HTML part escapes what is left
-        assert f"Job {idle} (idle <x>)" in body and "&lt;x&gt;" in msg["msg"].get_body(("html",)).get_content() and "GPUs held:      2" in body and "GPUs idle:      2" in body
+        # sacct gives the whole name, line break included: the mail shows it escaped (no header
+        # injection, no forged line), the HTML part escapes the markup too
+        assert f"Job {idle} (idle <x>\\r\\nBcc: a@b)" in body and "&lt;x&gt;" in msg["msg"].get_body(("html",)).get_content() and "GPUs held:      2" in body and "GPUs idle:      2" in body
         assert "Bcc" not in msg["msg"].keys() and "\n" not in msg["msg"]["Subject"]
         assert c.job_state(idle) == "RUNNING"
 

@@ -365,6 +365,26 @@ def test_job_name_containing_the_delimiter():
     assert (jobs, rejected) == ([], 1)
 
 
+def test_job_name_holding_a_line_break_is_continued_by_the_next_line():
+    # sbatch --job-name takes "\r\n" and sacct prints it as is (seen on a real Slurm 22.05)
+    us = "\x1f"
+    fields = ["JobIDRaw", "State", "JobName"]
+    text = f"1{us}COMPLETED{us}idle <x>\r\nBcc: a@b\n2{us}FAILED{us}a|b\n\nc\n3{us}RUNNING{us}plain\r\n"
+    jobs, rejected, problems = parse_sacct(text, fields=fields, delimiter=us, now=NOW)
+    assert ([pick(j, "job_id", "state", "name") for j in jobs], rejected, problems) == (
+        [("1", "COMPLETED", "idle <x>\r\nBcc: a@b"), ("2", "FAILED", "a|b\nc"), ("3", "RUNNING", "plain")], 0, [])
+    # --parsable (a trailing delimiter): the record ends where the delimiter comes
+    jobs, rejected, _ = parse_sacct("JobID|State|JobName|\n1|COMPLETED|two\nlines|\n2|FAILED|x|\n", now=NOW)
+    assert ([pick(j, "job_id", "name") for j in jobs], rejected) == ([("1", "two\nlines"), ("2", "x")], 0)
+    # a short line that starts with a job ID is a cut-off record, not a name's second line: rejected, loud
+    jobs, rejected, problems = parse_sacct("JobID|State|JobName\n1|COMPLETED|ok\n5|COMPL\n", now=NOW)
+    assert ([pick(j, "job_id", "name") for j in jobs], rejected) == ([("1", "ok")], 1)
+    assert problems == ["line 3: 2 fields, expected 3: '5|COMPL'"]
+    # without JobName last, a short line continues nothing
+    jobs, rejected, _ = parse_sacct("JobID|JobName|State\n1|a\nb|COMPLETED\n", now=NOW)
+    assert (jobs, rejected) == ([], 2)
+
+
 def test_parsable_trailing_delimiter_and_custom_delimiter():
     jobs, rejected, _ = parse_sacct("JobID|State|JobName|\n1|COMPLETED|a|b|\n2|FAILED||\n", now=NOW)
     assert rejected == 0
