@@ -25,6 +25,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime, epoch_us
 from gpufleet.analytics.params import Params
+from gpufleet.analytics.summaries import summary_time
 from gpufleet.times import utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
@@ -123,9 +124,13 @@ FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", 
 
 
 class Analysis:
-    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False):
+    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
+                 summaries: bool = True):
         """`detail`: read the samples' detail columns (memory, tensor activity, clock) at once, for
-        an analysis that will ask for per-job detail anyway (one read of the window, not two)."""
+        an analysis that will ask for per-job detail anyway (one read of the window, not two).
+        `summaries`: take whole buckets from the store's per-GPU summaries where they exist for
+        these parameters (analytics/summaries.py; the same figures); False: every sample (the
+        raw path, the tests' oracle)."""
         # a cursor of its own: the temp tables below are private to this analysis, so two
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
@@ -145,7 +150,8 @@ class Analysis:
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
-        self.gt = GpuTime(self.con, self.bind, detail=detail)
+        st = None if detail or not summaries else summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS))
+        self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()
         # per_gpu() and idle_stretches() read only the data above, which never changes after

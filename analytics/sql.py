@@ -140,6 +140,58 @@ FROM gpu_samples
 WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SELECT h FROM _want_h)
 """
 
+# --- the summaries path (analytics/summaries.py): per-GPU bucket summaries, raw samples only
+# where a bucket is cut or not summarised (gpufleet.collector.summaries) ---
+
+# The summarised hours an analysis may use: the same max_gap and idle threshold, and internal
+# runs listed down to its idle_min_duration (or buckets shorter than that: none can qualify).
+SUMMARY_HOURS = """
+SELECT hour, bucket_s FROM summary_hours
+WHERE max_gap_s = $max_gap AND idle_threshold = $thr AND (keep_s <= $min_idle OR bucket_s <= $min_idle)
+  AND hour < $xend AND hour + INTERVAL 1 HOUR > $xstart
+ORDER BY hour
+"""
+
+# The summary rows of the line [$xstart, $xend) within the cluster and model filters (a row's
+# variant is its samples': readers take a bucket of mixed variants raw).
+SUMMARY_ROWS = """
+SELECT s.cluster, s.host, s.gpu_uuid, s.gi, s.gpu, s.model, s.mig_profile, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
+       s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.idle_runs, s.nop_head_us, s.nop_tail_us, s.nop_runs
+FROM gpu_summaries s
+WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
+  AND date_trunc('hour', s.bucket) IN (SELECT hour FROM _use_hours)
+  AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
+"""
+
+# Raw samples of the buckets a summary cannot answer, as the array path reads them
+# (SAMPLE_ARRAYS): every GPU's in buckets $ks (bucket k: [k x $bucket_us, (k + 1) x $bucket_us)
+# since the epoch), and one GPU's in the buckets _raw_gk names.
+_RAW_SAMPLES = """
+SELECT s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::SMALLINT AS gi, s.gpu::INTEGER AS gpu, s.model, s.mig_profile,
+       epoch_us(s.ts) AS ts,
+       coalesce(coalesce(s.gpu_util, s.gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
+       coalesce(s.compute_processes = 0, false) AS nop
+FROM gpu_samples s{join}
+WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
+  AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
+  AND {which}
+"""
+RAW_BUCKETS_ALL = _RAW_SAMPLES.format(join="", which="list_contains($ks, epoch_us(s.ts) // $bucket_us)")
+RAW_BUCKETS_GPU = _RAW_SAMPLES.format(
+    join="""
+SEMI JOIN _raw_gk r ON r.cluster = s.cluster AND r.host = s.host AND r.gpu_uuid = s.gpu_uuid AND r.gi = coalesce(s.gpu_instance, -1)
+      AND r.k = epoch_us(s.ts) // $bucket_us""",
+    which="NOT list_contains($ks, epoch_us(s.ts) // $bucket_us)")
+
+# Where an analysis looks up each GPU's time: its allocations' starts and ends
+ALLOCATION_CUTS = """
+SELECT cluster, host, gpu_uuid, gi, epoch_us(a0) AS t FROM al
+UNION ALL SELECT cluster, host, gpu_uuid, gi, epoch_us(a1) FROM al
+"""
+
+# The MIG share of each GPU variant the summaries path names (the one rule: gpu_equiv)
+VARIANT_EQUIV = f"SELECT *, {gpu_equiv()} AS equiv FROM _variants"
+
 # --- the figures of one window (analytics/core.py: Analysis, over cap, al and the arrays) ---
 
 # When any job held a GPU: overlapping holders (a shared GPU, a mapping that outlives its job by

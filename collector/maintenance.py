@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import asdict
 from datetime import datetime, timedelta
 
-from gpufleet.collector.schema import ROLLUP_SQL
+from gpufleet.collector import summaries
+from gpufleet.collector.schema import ROLLUP_SQL, SUMMARY_SAMPLES
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 
 log = logging.getLogger(__name__)
@@ -23,8 +25,9 @@ log = logging.getLogger(__name__)
 SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
 
 
-def compact(w: StoreWriter, now: datetime) -> int:
-    """Merge each closed hour's files into one and roll it up; returns hours compacted."""
+def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None) -> int:
+    """Merge each closed hour's files into one and roll it up, then bring the per-GPU summaries
+    up to date (summarize, with `params`: the defaults if None); returns hours compacted."""
     rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
@@ -42,8 +45,60 @@ def compact(w: StoreWriter, now: datetime) -> int:
             done += 1
     if done:
         w.invalidate()
+    built = summarize(w, now, params or summaries.SummaryParams())
+    if done or built:
         w.publish()
     return done
+
+
+def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams) -> int:
+    """Build the summaries of every closed hour that has none, or one over other sample files
+    (compaction, late data, a re-ingest) or other parameters; retire those whose samples are gone.
+    Returns the hours (re)built; the caller publishes."""
+    gap = timedelta(microseconds=p.gap_us)
+    files = w.db.execute(
+        """SELECT file, min(min_ts), max(max_ts) FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file"""
+    ).fetchall()
+    hours: dict[datetime, list[str]] = {}
+    for f, lo, hi in files:
+        h = (lo - gap).replace(minute=0, second=0, microsecond=0)
+        while h <= hi + gap:
+            if lo < h + timedelta(hours=1) + gap and hi >= h - gap:
+                hours.setdefault(h, []).append(f)
+            h += timedelta(hours=1)
+    tag = p.tag()
+    built = 0
+    with w.parallel():
+        for hour in sorted(hours):
+            if hour + timedelta(hours=1) + SETTLE >= now:
+                continue
+            sources = sorted(hours[hour])
+            old = w.summaries.get(hour.isoformat())
+            if old is not None and old.get("tag") == tag and old["sources"] == sources:
+                continue
+            _summarize_hour(w, hour, sources, p, tag)
+            built += 1
+    for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours]:
+        w.retire_summary(key)  # its samples were retired
+    return built
+
+
+def _summarize_hour(w: StoreWriter, hour: datetime, sources: list[str], p: summaries.SummaryParams, tag: str) -> None:
+    gap = timedelta(microseconds=p.gap_us)
+    lo, hi = hour - gap, hour + timedelta(hours=1) + gap
+    q = SUMMARY_SAMPLES.format(files=_sql_list([str(w.root / f) for f in sources]))
+    rows = w.db.sql(q, params={"lo": lo, "hi": hi}).to_arrow_table()
+    h0 = (hour - datetime(1970, 1, 1)) // timedelta(microseconds=1)
+    table = summaries.summarize(rows, h0, h0 + 3_600_000_000, p)
+    digest = hashlib.blake2b("\n".join(sources).encode(), digest_size=6).hexdigest()
+    rel = f"summaries/date={hour:%Y-%m-%d}/sum-{hour:%H}-{tag}-{digest}.parquet"
+    (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table, w.root / rel)
+    key = hour.isoformat()
+    if key in w.summaries and w.summaries[key]["file"] != rel:
+        w.retire_summary(key)
+    w.summaries[key] = {"hour": key, "file": rel, "lo": lo.isoformat(), "hi": hi.isoformat(), "tag": tag,
+                        "params": asdict(p), "sources": sources}
 
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:

@@ -342,3 +342,20 @@ class Batch:
     # knows, so a job the store has as PENDING or RUNNING that is not among them is gone (a pod
     # deleted between two listings) and is closed as of that time
     jobs_complete: tuple[str, str, datetime] | None = None
+
+# The samples one hour's summaries read (gpufleet.collector.summaries): what the analytics' array
+# path reads (gpufleet.analytics.sql.SAMPLE_ARRAYS: NaN for a missing utilization, nop = held with
+# no compute process), with the GPU (g) and its variant (v) numbered, ordered by GPU and time.
+# {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side).
+SUMMARY_SAMPLES = """
+SELECT dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi) AS g,
+       dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi, gpu, model, mig_profile) AS v, *
+FROM (
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu::INTEGER AS gpu, model, mig_profile,
+           epoch_us(ts) AS ts,
+           coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
+           coalesce(compute_processes = 0, false) AS nop,
+           coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power
+    FROM read_parquet({files}) WHERE ts >= $lo AND ts < $hi)
+ORDER BY g, ts
+"""

@@ -170,6 +170,11 @@ class StoreWriter:
         self._retired_snapshots: list[tuple[str, datetime]] = []
         # Mirrors of the interval tables' recent rows: the scrape path's fast lane, see _observe()
         self._mirrors: dict[str, _Mirror] = {}
+        # Per-GPU summaries of closed hours (gpufleet.collector.summaries), as published: hour
+        # (ISO) -> {file, lo, hi, params, tag, sources}; kept across restarts through the manifest.
+        # Each is current: a batch landing in its range drops it (commit), upkeep rebuilds it.
+        self.summaries: dict[str, dict[str, Any]] = {
+            e["hour"]: e for e in previous.get("summaries", []) if isinstance(e, dict) and {"hour", "file", "sources"} <= set(e)}
         self._remove_uncommitted_files()
         self._sweep_snapshots()
         self.publish()
@@ -208,9 +213,10 @@ class StoreWriter:
     def _sweep_snapshots(self) -> None:
         """Table snapshots the manifest does not name (replaced shortly before a crash, or written
         and never published) go after the grace period: a reader may hold an older manifest."""
-        current = set(self._tables.values())
+        current = set(self._tables.values()) | {e["file"] for e in self.summaries.values()}
         now = self.clock()
-        for path in sorted((self.root / "tables").iterdir()):
+        (self.root / "summaries").mkdir(exist_ok=True)
+        for path in sorted([*(self.root / "tables").iterdir(), *(self.root / "summaries").rglob("*.parquet*")]):
             rel = str(path.relative_to(self.root))
             if path.name.endswith(".tmp"):
                 path.unlink(missing_ok=True)
@@ -286,7 +292,22 @@ class StoreWriter:
             raise
         if self._sample_files is not None:
             self._sample_files.update(rel for rel, *_ in files)
+        if files:
+            self._drop_summaries(min(f[2] for f in files), max(f[3] for f in files))
         return result
+
+    def _drop_summaries(self, lo: datetime, hi: datetime) -> None:
+        """Samples landed in [lo, hi]: the summaries whose range they touch no longer stand for
+        their samples. Unlisted at the next publish, their files deleted after the grace period;
+        upkeep (maintenance.summarize) builds them again."""
+        for hour, e in list(self.summaries.items()):
+            if datetime.fromisoformat(e["lo"]) <= hi and datetime.fromisoformat(e["hi"]) > lo:
+                self.retire_summary(hour)
+
+    def retire_summary(self, hour: str) -> None:
+        e = self.summaries.pop(hour, None)
+        if e is not None:
+            self._retired_snapshots.append((e["file"], self.clock()))
 
     def _write_sample_files(self, key: str, samples: pa.Table, checksum: str) -> list[tuple[str, int, datetime, datetime]]:
         lo, hi = (v.as_py() for v in pc.min_max(samples["ts"]).values())
@@ -620,6 +641,7 @@ class StoreWriter:
             "samples": sorted(self._sample_files),
             "rollup_5m": self._rollup_files,
             "tables": self._tables,
+            "summaries": sorted(self.summaries.values(), key=itemgetter("hour")),
             "unrecognized": sorted(self._unrecognized.values(), key=lambda e: str(e.get("last_seen", "")), reverse=True),
         }
         _fsync_write(self.root / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, separators=(",", ":"))))
@@ -718,6 +740,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT *{extra} FROM {source}")
     else:
         con.execute(f"CREATE TABLE gpu_rollup_5m AS {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
+    _summary_views(con, root, manifest)
     for name, ddl in schema.TABLES.items():
         rel = manifest.get("tables", {}).get(name)
         if rel:
@@ -725,6 +748,33 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         else:
             con.execute(ddl.replace("IF NOT EXISTS ", ""))
     return con
+
+
+def _summary_views(con: duckdb.DuckDBPyConnection, root: Path, manifest: dict[str, Any]) -> None:
+    """gpu_summaries (the per-GPU bucket summaries the manifest lists, gpufleet.collector.summaries)
+    and summary_hours (one row per summarised hour: its range and the parameters baked in). A
+    summary whose sample files are no longer all listed (retention) is left out."""
+    from gpufleet.collector import summaries
+
+    listed = set(manifest.get("samples", []))
+    entries = [e for e in manifest.get("summaries", []) if set(e.get("sources", [])) <= listed and e.get("sources")]
+    hours = pa.table({
+        "hour": pa.array([datetime.fromisoformat(e["hour"]) for e in entries], pa.timestamp("us")),
+        "tag": pa.array([e.get("tag") for e in entries], pa.string()),
+        "max_gap_s": pa.array([e["params"]["max_gap_s"] for e in entries], pa.float64()),
+        "idle_threshold": pa.array([e["params"]["idle_threshold"] for e in entries], pa.float64()),
+        "keep_s": pa.array([e["params"]["keep_s"] for e in entries], pa.float64()),
+        "bucket_s": pa.array([e["params"]["bucket_s"] for e in entries], pa.int64()),
+    })
+    con.register("_summary_hours", hours)
+    con.execute("CREATE TABLE summary_hours AS SELECT * FROM _summary_hours")
+    con.unregister("_summary_hours")
+    if entries:
+        con.execute(f"CREATE VIEW gpu_summaries AS SELECT * FROM read_parquet({_sql_list([str(root / e['file']) for e in entries])})")
+    else:
+        con.register("_empty_summaries", summaries.SCHEMA.empty_table())
+        con.execute("CREATE TABLE gpu_summaries AS SELECT * FROM _empty_summaries")
+        con.unregister("_empty_summaries")
 
 
 def _sql_str(s: str) -> str:

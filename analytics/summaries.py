@@ -1,0 +1,242 @@
+"""A window's sample intervals from per-GPU bucket summaries, raw samples only where they must be.
+
+gpufleet.collector.summaries writes, for every closed hour, one row per GPU and bucket (5 min)
+with the sums the figures need and the idle / no-process runs touching the bucket's edges. An
+analysis (core.Analysis) asks the arrays of gputime.GpuTime four things: data and busy time of
+[a, b) on a GPU (integrals), whether a sample interval overlaps [a, b) (overlaps), per-GPU
+totals (per_gpu) and the idle and no-process runs (runs). SummaryTime answers them exactly on a
+line per GPU made of two kinds of segment, in time order:
+
+- a whole summarised bucket [B, B + bucket): its sums, and its runs as pieces - the run touching
+  its start, the one touching its end (one piece if the bucket is idle throughout) and the runs
+  inside it long enough to matter;
+- a raw piece: a sample interval (gputime's rule: until the next sample, at most max_gap) cut at
+  bucket edges, in every bucket a summary cannot answer: one cut by the window's edges (start,
+  end, and the extended read window), by an allocation's start or end on that GPU, one of an hour
+  with no current summary for these parameters (the open hour, late data), or one the summary
+  marks inexact.
+
+Every look-up the analysis makes falls on a bucket edge or inside a raw bucket, so the sums of
+whole buckets are never split; a look-up inside a summarised bucket (a timeline with buckets not
+aligned with the summaries') is answered by the raw arrays, read then (exact, slower).
+Reads: the summary rows of the window (GPUs x buckets) and the raw samples of the raw buckets and
+their neighbours (a bucket's intervals depend on samples up to max_gap either side), never the
+window's samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gpufleet.analytics import sql
+from gpufleet.analytics.gputime import GpuTime, epoch_us
+from gpufleet.collector import summaries as cs
+
+KEY = ["cluster", "host", "gpu_uuid", "gi"]
+VARIANT = [*KEY, "gpu", "model", "mig_profile"]
+HOUR_US = 3_600_000_000
+
+
+def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
+    return pl.from_arrow(con.sql(query, params={k: v for k, v in bind.items() if f"${k}" in query}).to_arrow_table())
+
+
+def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame) -> "SummaryTime | None":
+    """The window's line from summaries, or None when no summarised hour with these parameters
+    meets the read window (then the raw arrays, GpuTime, are the way). `cuts`: cluster, host,
+    gpu_uuid, gi, t (epoch us) - the times the analysis will look up on each GPU."""
+    hours = _q(con, sql.SUMMARY_HOURS, bind)
+    if hours.is_empty():
+        return None
+    bucket_s = int(hours["bucket_s"].mode().sort()[0])
+    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s)
+
+
+class SummaryTime(GpuTime):
+    """GpuTime's interface (gpus, ids, integrals, overlaps, per_gpu, runs) over summaries."""
+
+    def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int):
+        self.fb = self.tensor = self.clock = None
+        self._con, self._bind, self._raw = con, bind, None
+        xs, xe = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
+        gap = round(bind["max_gap"] * 1_000_000)
+        b = bucket_s * 1_000_000
+        self.bucket_us = b
+        self.base = xs - gap - 1
+        self.span = (xe - self.base) + 2 * gap + 1
+        kx0, kx1 = xs // b, (xe - 1) // b
+        every = np.arange(kx0, kx1 + 1, dtype=np.int64)
+        h_us = hours.dt.epoch("us").to_numpy().astype(np.int64)
+        per_hour = HOUR_US // b
+        summarised = np.unique((h_us[:, None] // b + np.arange(per_hour)[None, :]).ravel())
+        # buckets read raw for every GPU: not summarised, or cut by the window's edges
+        k_all = set(every[~np.isin(every, summarised)].tolist())
+        for t in (epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe):
+            if t % b and kx0 <= t // b <= kx1:
+                k_all.add(t // b)
+        read_all = sorted(k_all | {k + d for k in k_all for d in (-1, 1)})
+
+        con.register("_use_hours", pl.DataFrame({"hour": hours}).to_arrow())
+        try:
+            sm = _q(con, sql.SUMMARY_ROWS, {**bind, "bucket_s": bucket_s})
+        finally:
+            con.unregister("_use_hours")
+        sm = sm.with_columns(k=pl.col("b0") // b).filter((pl.col("k") >= kx0) & (pl.col("k") <= kx1)
+                                                          & ~pl.col("k").is_in(list(k_all)))
+        # buckets read raw on one GPU: an allocation starts or ends inside, or the summary is inexact
+        cut = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
+            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).select(*KEY, "k")
+        gk = pl.concat([cut, sm.filter(~pl.col("exact")).select(*KEY, "k")], how="vertical_relaxed").unique()
+        need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
+        need = need.filter(~pl.col("k").is_in(read_all))
+
+        ks = {"ks": read_all, "bucket_us": b}
+        raw = _q(con, sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
+        if not need.is_empty():
+            con.register("_raw_gk", need.to_arrow())
+            try:
+                more = _q(con, sql.RAW_BUCKETS_GPU, {**bind, **ks})
+            finally:
+                con.unregister("_raw_gk")
+            raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
+        if raw is None:
+            raw = pl.DataFrame(schema={**{c: sm.schema[c] for c in VARIANT}, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean})
+
+        # GPU variants and ids over both sources (equiv: the one MIG share rule, sql.gpu_equiv)
+        variants = pl.concat([sm.select(VARIANT), raw.select(VARIANT)], how="vertical_relaxed").unique().sort(VARIANT, nulls_last=True)
+        con.register("_variants", variants.to_arrow())
+        try:
+            variants = _q(con, sql.VARIANT_EQUIV, {})
+        finally:
+            con.unregister("_variants")
+        variants = variants.with_row_index("vid").with_columns(pl.col("vid").cast(pl.Int64))
+        gids = variants.select(KEY).unique(maintain_order=True).with_row_index("gid").with_columns(pl.col("gid").cast(pl.Int64))
+        self.gpus = variants.join(gids, on=KEY, how="left", nulls_equal=True).sort("vid")
+        equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
+        ids = self.gpus.select(*VARIANT, "vid", "gid")
+
+        # raw pieces, in the raw buckets only
+        raw = raw.join(ids, on=VARIANT, how="left", nulls_equal=True).sort(["gid", "ts"], maintain_order=True)
+        g, ts = raw["gid"].to_numpy().astype(np.int64), raw["ts"].to_numpy().astype(np.int64)
+        i, k, p0, p1 = cs.split(ts, cs.intervals(g, ts, gap), xs, xe, b)
+        nk = kx1 - kx0 + 3
+        gkc = gk.join(ids.select(*KEY, "gid").unique(KEY), on=KEY, how="inner", nulls_equal=True)
+        codes = gkc["gid"].to_numpy().astype(np.int64) * nk + (gkc["k"].to_numpy().astype(np.int64) - kx0 + 1)
+        keep = np.isin(k, np.array(sorted(k_all), dtype=np.int64)) | np.isin(g[i] * nk + (k - kx0 + 1), codes)
+        i, p0, p1 = i[keep], p0[keep], p1[keep]
+        rg, rv = g[i], raw["vid"].to_numpy().astype(np.int64)[i]
+        util = raw["util"].to_numpy()[i]
+        self._raw_util, self._raw_nop = util, raw["nop"].to_numpy()[i]
+        sec = (p1 - p0) / 1e6 * equiv[rv]
+        known = ~np.isnan(util)
+        r_data = np.where(known, sec, 0.0)
+        r_busy = np.where(known, np.divide(util, 100, dtype=np.float64) * sec, 0.0)
+
+        # whole summarised buckets
+        sm = sm.filter(pl.col("exact") & (pl.col("covered_us") > 0)).join(ids, on=VARIANT, how="left", nulls_equal=True)
+        sm = sm.join(gk.with_columns(cut=pl.lit(True)), on=[*KEY, "k"], how="left", nulls_equal=True).filter(pl.col("cut").is_null())
+        self._sm = sm
+        sg, sv = sm["gid"].to_numpy().astype(np.int64), sm["vid"].to_numpy().astype(np.int64)
+        s0 = sm["b0"].to_numpy().astype(np.int64)
+        s_data = sm["data_s"].to_numpy() * equiv[sv]
+        s_busy = sm["busy_s"].to_numpy() * equiv[sv]
+
+        # one ordered line: keys gid x span + (t - base), as GpuTime
+        self._rk0 = rg * self.span + (p0 - self.base)
+        self._rk1 = rg * self.span + (p1 - self.base)
+        self._rv = rv
+        t0 = np.concatenate([self._rk0, sg * self.span + (s0 - self.base)])
+        t1 = np.concatenate([self._rk1, sg * self.span + (s0 + b - self.base)])
+        order = np.argsort(t0, kind="stable")
+        self.t0, self.t1 = t0[order], t1[order]
+        self._whole = np.concatenate([np.zeros(len(rg), dtype=bool), np.ones(len(sg), dtype=bool)])[order]
+        self._seg_vid = np.concatenate([rv, sv])[order]
+        self.cdata = np.cumsum(np.concatenate([r_data, s_data])[order])
+        self.cbusy = np.cumsum(np.concatenate([r_busy, s_busy])[order])
+        self.raw_pieces, self.summary_buckets = len(rg), len(sg)
+
+    # --- look-ups: exact on bucket edges and in raw buckets; elsewhere the raw arrays answer ---
+
+    def _inside_whole(self, gid: np.ndarray, t: np.ndarray) -> bool:
+        if not len(self.t0):
+            return False
+        gid = np.asarray(gid, dtype=np.int64)
+        k = self.key(gid, t)
+        j = np.searchsorted(self.t0, k, side="right") - 1
+        jj = np.maximum(j, 0)
+        return bool(np.any((j >= 0) & (gid >= 0) & self._whole[jj] & (self.t0[jj] < k) & (k < self.t1[jj])))
+
+    def _raw_time(self) -> tuple[GpuTime, np.ndarray]:
+        if self._raw is None:
+            rt = GpuTime(self._con, self._bind)
+            m = self.ids.join(rt.ids.rename({"gid": "raw_gid"}), on=KEY, how="left", nulls_equal=True).sort("gid")
+            to_raw = np.full(int(self.gpus["gid"].max() or 0) + 1, -1, dtype=np.int64)
+            to_raw[m["gid"].to_numpy()] = m["raw_gid"].fill_null(-1).to_numpy()
+            self._raw = (rt, to_raw)
+        return self._raw
+
+    def _delegate(self, gid: np.ndarray) -> tuple[GpuTime, np.ndarray]:
+        rt, to_raw = self._raw_time()
+        gid = np.asarray(gid, dtype=np.int64)
+        return rt, np.where(gid >= 0, to_raw[np.maximum(gid, 0)] if len(to_raw) else -1, -1)
+
+    def integrals(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._inside_whole(gid, a) or self._inside_whole(gid, b):
+            rt, g = self._delegate(gid)
+            return rt.integrals(g, a, b)
+        return super().integrals(gid, a, b)
+
+    def overlaps(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        if self._inside_whole(gid, a) or self._inside_whole(gid, b):
+            rt, g = self._delegate(gid)
+            return rt.overlaps(g, a, b)
+        return super().overlaps(gid, a, b)
+
+    def allocation_detail(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        raise NotImplementedError("per-job detail reads the raw arrays (Analysis.detail_time)")
+
+    def bucket_detail(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        raise NotImplementedError("per-job detail reads the raw arrays (Analysis.detail_time)")
+
+    def runs(self, kind: str, thr: float, min_us: int) -> pl.DataFrame:
+        """GpuTime.runs on this line: the hit raw pieces and, of each whole bucket, the run pieces
+        its summary records, chained where one ends as the next starts."""
+        if thr != self._bind["thr"]:
+            raise ValueError(f"the summaries were read for idle threshold {self._bind['thr']}, not {thr}")
+        hit = (self._raw_util < np.float64(thr)) if kind == "idle" else self._raw_nop
+        pre = "idle" if kind == "idle" else "nop"
+        sm = self._sm
+        b = self.bucket_us
+        g = sm["gid"].to_numpy().astype(np.int64)
+        v = sm["vid"].to_numpy().astype(np.int64)
+        s0 = sm["b0"].to_numpy().astype(np.int64)
+        head = sm[f"{pre}_head_us"].to_numpy().astype(np.int64)
+        tail = sm[f"{pre}_tail_us"].to_numpy().astype(np.int64)
+        whole = head == b
+        h = (head > 0) & ~whole
+        tl = (tail > 0) & ~whole
+        inner = sm.select("gid", "vid", "b0", pl.col(f"{pre}_runs")).explode(f"{pre}_runs").drop_nulls(f"{pre}_runs").unnest(f"{pre}_runs")
+        ig = inner["gid"].to_numpy().astype(np.int64) if inner.height else np.zeros(0, np.int64)
+        ib = inner["b0"].to_numpy().astype(np.int64) if inner.height else np.zeros(0, np.int64)
+        pg = np.concatenate([g[whole], g[h], g[tl], ig])
+        pv = np.concatenate([v[whole], v[h], v[tl], inner["vid"].to_numpy().astype(np.int64) if inner.height else np.zeros(0, np.int64)])
+        a0 = np.concatenate([s0[whole], s0[h], s0[tl] + b - tail[tl], ib + (inner["r0_us"].to_numpy() if inner.height else 0)])
+        a1 = np.concatenate([s0[whole] + b, s0[h] + head[h], s0[tl] + b, ib + (inner["r1_us"].to_numpy() if inner.height else 0)])
+        k0 = np.concatenate([self._rk0[hit], pg * self.span + (a0 - self.base)])
+        k1 = np.concatenate([self._rk1[hit], pg * self.span + (a1 - self.base)])
+        vv = np.concatenate([self._rv[hit], pv])
+        order = np.argsort(k0, kind="stable")
+        k0, k1, vv = k0[order], k1[order], vv[order]
+        linked = np.zeros(len(k0), dtype=bool)
+        linked[1:] = k1[:-1] == k0[1:]
+        i0 = np.flatnonzero(~linked)
+        i1 = np.append(i0[1:] - 1, len(k0) - 1) if len(i0) else i0
+        r0, r1 = k0[i0], k1[i1]
+        long = (r1 - r0) >= min_us
+        i0, r0, r1 = i0[long], r0[long], r1[long]
+        gid = r0 // self.span
+        return pl.DataFrame({"gid": gid, "vid": vv[i0], "r0": r0 - gid * self.span + self.base, "r1": r1 - gid * self.span + self.base},
+                            schema={"gid": pl.Int64, "vid": pl.Int64, "r0": pl.Int64, "r1": pl.Int64})

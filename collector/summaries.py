@@ -1,0 +1,201 @@
+"""Exact, composable per-GPU summaries of the samples: one row per GPU (or MIG instance) and bucket.
+
+A weekly analysis that reads every sample costs as much as there are samples. The figures need
+far less: per GPU and bucket, the sums of the sample intervals that fall inside it, and enough
+about the idle (and no-process) runs to join them across buckets exactly. So compaction writes,
+for every closed hour, one row per GPU and bucket (BUCKET_S, 5 minutes) with
+
+  covered_us   microseconds covered by a sample interval (any, with or without a utilization)
+  data_s       seconds with a utilization; busy_s: utilization / 100 x seconds over them
+  nop_s        seconds held with no compute process (compute_processes = 0)
+  tensor_s, tensor_known_s   tensor activity x seconds, and the seconds it is known
+  energy_j, power_known_s    power x seconds (joules), and the seconds it is known
+  idle_head_us the idle run (utilization < the threshold) touching the bucket's start: its
+               length inside the bucket (0: none; = the bucket: the whole bucket is idle)
+  idle_tail_us the idle run touching the bucket's end: its length inside the bucket
+  idle_runs    idle runs inside the bucket touching neither edge, at least `keep_s` long
+               (start and end offsets in us from the bucket start): with the bucket 5 minutes
+               and idle_min_duration 30 minutes there are none
+  nop_head_us, nop_tail_us, nop_runs: the same for "held with no compute process"
+  exact        false when the row cannot stand for its samples (two variants of the GPU in the
+               bucket, two samples at one time): readers take such a bucket from the raw samples
+
+Sample intervals follow the analytics' rule (gpufleet.analytics.gputime): a sample holds until
+the next sample of its GPU, at most max_gap. A bucket's intervals depend on the samples from
+max_gap before it to max_gap after it, so an hour's summary reads the samples of
+[hour - max_gap, hour + 1 h + max_gap) and records the sample files it read (`sources`): it is
+current while exactly those files hold samples of that range (the writer drops it when a batch
+lands there, and the next upkeep pass rebuilds it).
+
+Parameters baked in (max_gap, the idle threshold, keep_s, the bucket) are recorded with every
+hour's summary; an analysis asking for others reads raw samples, and upkeep with other
+parameters rebuilds the summaries from raw.
+
+The same functions cut raw samples into bucket pieces for the readers (the buckets an analysis
+must read raw), so both sides apply one rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+BUCKET_S = 300
+
+
+@dataclass(frozen=True)
+class SummaryParams:
+    """What a summary bakes in. Defaults: gpufleet.analytics.params' defaults (max_gap 30 s,
+    idle threshold 5 %, idle_min_duration 30 min kept as keep_s)."""
+
+    max_gap_s: float = 30.0
+    idle_threshold: float = 5.0
+    keep_s: float = 1800.0  # internal runs at least this long are listed
+    bucket_s: int = BUCKET_S
+
+    def __post_init__(self) -> None:
+        if self.bucket_s <= 0 or 3600 % self.bucket_s:
+            raise ValueError(f"summary bucket {self.bucket_s} s must divide an hour")
+        if self.max_gap_s <= 0 or self.max_gap_s * 1_000_000 != round(self.max_gap_s * 1_000_000):
+            raise ValueError(f"max_gap {self.max_gap_s} s must be a positive whole number of microseconds")
+
+    @property
+    def gap_us(self) -> int:
+        return round(self.max_gap_s * 1_000_000)
+
+    @property
+    def bucket_us(self) -> int:
+        return self.bucket_s * 1_000_000
+
+    def tag(self) -> str:
+        text = json.dumps({"v": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+def intervals(g: np.ndarray, ts: np.ndarray, gap_us: int) -> np.ndarray:
+    """End of each sample's interval (samples ordered by GPU g, then time ts in us): the next
+    sample of the same GPU, at most gap_us later. Duplicate times give zero-length intervals."""
+    t1 = ts + gap_us
+    if len(ts) > 1:
+        same = g[1:] == g[:-1]
+        t1[:-1] = np.where(same, np.minimum(t1[:-1], ts[1:]), t1[:-1])
+    return t1
+
+
+def split(t0: np.ndarray, t1: np.ndarray, lo: np.ndarray | int, hi: np.ndarray | int, bucket_us: int) -> tuple[np.ndarray, ...]:
+    """The intervals [t0, t1) clipped to [lo, hi) and cut at bucket edges (multiples of bucket_us
+    since the epoch): (index of the interval, bucket k, p0, p1) for each piece of positive length,
+    in the intervals' order."""
+    a = np.maximum(t0, lo)
+    b = np.minimum(t1, hi)
+    idx = np.flatnonzero(b > a)
+    a, b = a[idx], b[idx]
+    k0, k1 = a // bucket_us, (b - 1) // bucket_us
+    cnt = k1 - k0 + 1
+    if len(cnt) and cnt.max() > 1:
+        rep = np.repeat(np.arange(len(a)), cnt)
+        k = np.repeat(k0, cnt) + (np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        p0 = np.maximum(a[rep], k * bucket_us)
+        p1 = np.minimum(b[rep], (k + 1) * bucket_us)
+        return idx[rep], k, p0, p1
+    return idx, k0, a, b
+
+
+def _runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, hit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Maximal chains of back-to-back hit pieces within each group: (group, r0, r1)."""
+    n = len(hit)
+    linked = np.zeros(n, dtype=bool)  # piece i continues a chain from piece i - 1
+    if n > 1:
+        linked[1:] = (grp[1:] == grp[:-1]) & (p1[:-1] == p0[1:]) & hit[:-1]
+    first = hit & ~linked
+    nxt = np.zeros(n, dtype=bool)
+    if n > 1:
+        nxt[:-1] = linked[1:] & hit[1:]
+    last = hit & ~nxt
+    i0, i1 = np.flatnonzero(first), np.flatnonzero(last)
+    return grp[i0], p0[i0], p1[i1]
+
+
+def bucket_facts(grp: np.ndarray, starts: np.ndarray, b0: np.ndarray, bucket_us: int, p0: np.ndarray, p1: np.ndarray,
+                 hit: np.ndarray, keep_us: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """For groups (GPU x bucket; b0: each group's bucket start) of pieces in time order: the hit
+    run touching the start (its length), the one touching the end, and the runs touching neither
+    edge at least keep_us long (as [start, end) offsets from the bucket start)."""
+    ng = len(starts)
+    head = np.zeros(ng, dtype=np.int64)
+    tail = np.zeros(ng, dtype=np.int64)
+    rg, r0, r1 = _runs(grp, p0, p1, hit)
+    at_start = r0 == b0[rg]
+    at_end = r1 == b0[rg] + bucket_us
+    head[rg[at_start]] = (r1 - r0)[at_start]
+    tail[rg[at_end]] = (r1 - r0)[at_end]
+    inner = ~at_start & ~at_end & ((r1 - r0) >= keep_us)
+    lists: list = [None] * ng
+    for g, a, b in zip(rg[inner].tolist(), (r0 - b0[rg])[inner].tolist(), (r1 - b0[rg])[inner].tolist()):
+        lists[g] = (lists[g] or []) + [{"r0_us": a, "r1_us": b}]
+    return head, tail, lists
+
+
+RUN_TYPE = pa.list_(pa.struct([("r0_us", pa.int64()), ("r1_us", pa.int64())]))
+SCHEMA = pa.schema([
+    ("cluster", pa.string()), ("host", pa.string()), ("gpu_uuid", pa.string()), ("gi", pa.int16()),
+    ("gpu", pa.int32()), ("model", pa.string()), ("mig_profile", pa.string()),
+    ("bucket", pa.timestamp("us")), ("exact", pa.bool_()), ("covered_us", pa.int64()),
+    ("data_s", pa.float64()), ("busy_s", pa.float64()), ("nop_s", pa.float64()),
+    ("tensor_s", pa.float64()), ("tensor_known_s", pa.float64()), ("energy_j", pa.float64()), ("power_known_s", pa.float64()),
+    ("idle_head_us", pa.int64()), ("idle_tail_us", pa.int64()), ("idle_runs", RUN_TYPE),
+    ("nop_head_us", pa.int64()), ("nop_tail_us", pa.int64()), ("nop_runs", RUN_TYPE),
+])
+VARIANT_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile")
+
+
+def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams) -> pa.Table:
+    """The summary rows of [lo_us, hi_us) (whole buckets) from `samples`: the rows of
+    schema.SUMMARY_SAMPLES over [lo_us - max_gap, hi_us + max_gap), ordered by GPU (g) and time."""
+    if not samples.num_rows:
+        return SCHEMA.empty_table()
+    g = samples["g"].to_numpy().astype(np.int64)
+    v = samples["v"].to_numpy().astype(np.int64)
+    ts = samples["ts"].to_numpy().astype(np.int64)
+    util = samples["util"].to_numpy(zero_copy_only=False)
+    nop = samples["nop"].to_numpy(zero_copy_only=False)
+    tensor = samples["tensor"].to_numpy(zero_copy_only=False).astype(np.float64)
+    power = samples["power"].to_numpy(zero_copy_only=False).astype(np.float64)
+    t1 = intervals(g, ts, p.gap_us)
+    dup = np.zeros(len(ts), dtype=bool)  # a sample at the time of the one before: order decides, so no summary
+    dup[1:] = (g[1:] == g[:-1]) & (ts[1:] == ts[:-1])
+    dup[:-1] |= dup[1:]
+    i, k, p0, p1 = split(ts, t1, lo_us, hi_us, p.bucket_us)
+    gk = g[i] * (1 << 32) + k  # groups: (GPU, bucket), in order
+    brk = np.ones(len(gk), dtype=bool)
+    brk[1:] = gk[1:] != gk[:-1]
+    starts = np.flatnonzero(brk)
+    grp = np.cumsum(brk) - 1
+    b0 = k[starts] * p.bucket_us
+    sec = (p1 - p0) / 1e6
+    u = util[i].astype(np.float64)
+    known = ~np.isnan(u)
+    total = lambda x: np.add.reduceat(x, starts)  # noqa: E731 - one sum per group
+    vv = v[i]
+    mixed = np.maximum.reduceat(vv, starts) != np.minimum.reduceat(vv, starts)
+    exact = ~(mixed | (total(dup[i].astype(np.int64)) > 0))
+    tk, pk = ~np.isnan(tensor[i]), ~np.isnan(power[i])
+    ih, it, ir = bucket_facts(grp, starts, b0, p.bucket_us, p0, p1, util[i] < np.float64(p.idle_threshold), round(p.keep_s * 1e6))
+    nh, nt, nr = bucket_facts(grp, starts, b0, p.bucket_us, p0, p1, nop[i], round(p.keep_s * 1e6))
+    first = samples.select(list(VARIANT_COLUMNS)).take(pa.array(i[starts]))
+    cols = {c: first[c] for c in VARIANT_COLUMNS}
+    cols.update(
+        bucket=pa.array(b0, pa.timestamp("us")), exact=pa.array(exact), covered_us=pa.array(total(p1 - p0)),
+        data_s=pa.array(total(np.where(known, sec, 0.0))), busy_s=pa.array(total(np.where(known, u / 100 * sec, 0.0))),
+        nop_s=pa.array(total(np.where(nop[i], sec, 0.0))),
+        tensor_s=pa.array(total(np.where(tk, tensor[i] * sec, 0.0))), tensor_known_s=pa.array(total(np.where(tk, sec, 0.0))),
+        energy_j=pa.array(total(np.where(pk, power[i] * sec, 0.0))), power_known_s=pa.array(total(np.where(pk, sec, 0.0))),
+        idle_head_us=pa.array(ih), idle_tail_us=pa.array(it), idle_runs=pa.array(ir, RUN_TYPE),
+        nop_head_us=pa.array(nh), nop_tail_us=pa.array(nt), nop_runs=pa.array(nr, RUN_TYPE),
+    )
+    return pa.table(cols).cast(SCHEMA)
