@@ -39,7 +39,12 @@ def between(a, b, inside, outside):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    f = Fleet(tmp_path_factory.mktemp("golden"))
+    return build_golden(tmp_path_factory.mktemp("golden"))
+
+
+def build_golden(root) -> Fleet:
+    """The scenario of this file's docstring, written into a store at `root`."""
+    f = Fleet(root)
     f.gpu_series("n1", "GPU-A", T(9), T(13), util=between(T(10, 30), T(11, 15), 0.0, 80.0))
     f.gpu_series("n1", "GPU-B", T(10), T(10, 30), util=50.0, gpu=1)
     f.gpu_series("n1", "GPU-B", T(11), T(12), util=50.0, gpu=1)

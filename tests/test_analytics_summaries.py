@@ -1,0 +1,249 @@
+"""The summaries path (analytics/summaries.py over gpufleet.collector.summaries) gives the raw path's figures.
+
+Every figure an analysis gives from the store's per-GPU bucket summaries (whole buckets) and raw
+samples (buckets cut by a window edge or an allocation, hours not summarised) equals the figure
+of the raw path (Analysis(..., summaries=False), itself held to the row-by-row SQL in
+test_analytics_gputime) to 1e-9 relative, on the random fleets of test_analytics_properties
+with MIG instances, each GPU's samples in several files, buckets of 1 and 5 minutes and
+compaction at a random time (so some hours are summarised and the rest read raw). Also: a
+summary rebuilt after late data, a re-ingest or clock skew is the one a fresh store builds; a
+changed idle threshold is read raw until upkeep rebuilds the summaries, then from them; and a
+summary one bucket off fails the comparison (the comparison can see an off-by-one bucket).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import datetime, timedelta
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_analytics_golden import A100, H100, T, between, build_golden
+from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, frames_equal, scratch
+
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.gputime import GpuTime
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.summaries import SummaryTime
+from gpufleet.analytics.timeline import utilization_timeline
+from gpufleet.collector import schema
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.schema import Batch
+from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.collector.summaries import SummaryParams
+from tests.support.fleet import Fleet
+
+
+def mig_some(g) -> dict:
+    """Every third fleet GPU is a 1g.10gb slice of one A100 (instance = its number); the rest whole H100s."""
+    if g["gpu"] % 3 == 2:
+        return dict(host="hm", gpu=0, gpu_uuid="GPU-prop-mig", gpu_instance=g["gpu"], mig_profile="1g.10gb", model=A100)
+    return dict(host=g["host"], gpu=g["gpu"], gpu_uuid=g["uuid"], gpu_instance=None, mig_profile=None, model=H100)
+
+
+def split(fleet, parts: int, interleave: bool):
+    """The fleet's batches, each GPU's samples over `parts` files (slices, or every parts-th sample)."""
+    out = []
+    for b in batches(fleet, placement=mig_some):
+        n = b.samples.num_rows if b.samples is not None else 0
+        if n < parts:
+            out.append(b)
+            continue
+        for k in range(parts):
+            idx = list(range(k, n, parts)) if interleave else list(range(k * n // parts, (k + 1) * n // parts))
+            out.append(type(b)(key=f"{b.key}/{k}", samples=b.samples.take(pa.array(idx, pa.int64())), gpus=b.gpus))
+    return out
+
+
+def figures(an: Analysis) -> dict:
+    out = {
+        "totals": asdict(an.totals()),
+        "per_gpu": an.per_gpu(),
+        "idle": an.idle_stretches("idle"),
+        "no_process": an.idle_stretches("no_process"),
+        "waste": an.waste_by("account"),
+        "top": an.top_wasteful_jobs(),
+    }
+    for by in ("fleet", "host", "model", "account", "user_name", "job"):
+        out[f"by_{by}"] = an.utilization(by)
+    return out
+
+
+def mismatches(raw: dict, got: dict) -> list[str]:
+    bad = []
+    for name, x in raw.items():
+        y = got[name]
+        if isinstance(x, dict):
+            for k, v in x.items():
+                w = y[k]
+                if isinstance(v, float) or isinstance(w, float):
+                    if (v is None) != (w is None) or (v is not None and w != pytest.approx(v, **TOL)):
+                        bad.append(f"{name}.{k}: {v} != {w}")
+                elif v != w:
+                    bad.append(f"{name}.{k}: {v} != {w}")
+        elif not frames_equal(x, y):
+            bad.append(f"{name}:\n{x}\n{y}")
+    return bad
+
+
+def compare(con, p: Params, now: datetime) -> tuple[list[str], Analysis]:
+    raw = Analysis(con, p, now=now, summaries=False)
+    summ = Analysis(con, p, now=now)
+    assert isinstance(raw.gt, GpuTime) and not isinstance(raw.gt, SummaryTime)
+    return mismatches(figures(raw), figures(summ)), summ
+
+
+def params(fleet, a: int, b: int, **kw) -> Params:
+    return Params(at(a), at(b), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]), **kw)
+
+
+@SETTINGS
+@given(fleets(), st.sampled_from([(1, False), (3, False), (2, True)]), st.sampled_from([60, 300]), st.data())
+def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
+    a, m, b = fleet["cuts"]
+    keep = data.draw(st.sampled_from([30, fleet["idle_min"]]), label="keep_s")
+    # compaction at a random time: the hours closed by then are summarised, the rest read raw
+    compact_at = data.draw(st.integers(-400, fleet["now"] + 7200), label="compact_at")
+    with scratch() as tmp:
+        w = StoreWriter(tmp)
+        for batch in split(fleet, *how):
+            w.commit(batch)
+        compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP, keep_s=keep, bucket_s=bucket_s))
+        w.close()
+        con = open_reader(tmp)
+        used = False
+        for lo, hi in ((a, b), (a, m), (m, b)):
+            bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]))
+            assert not bad, "\n".join(bad)
+            used |= isinstance(an.gt, SummaryTime)
+            # a timeline whose buckets are not the summaries' looks up inside them: answered raw, the same
+            t_raw = utilization_timeline(Analysis(con, params(fleet, lo, hi), now=at(fleet["now"]), summaries=False), "account")
+            assert frames_equal(t_raw, utilization_timeline(an, "account"))
+        for f in (Filters(account="alpha"), Filters(model=A100)):
+            bad, _ = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]))
+            assert not bad, (f, "\n".join(bad))
+        summarised = con.execute("SELECT count(*) FROM summary_hours").fetchone()[0]
+        assert used or not summarised or compact_at < a  # the path was taken where summaries exist
+
+
+def summary_rows(con) -> pl.DataFrame:
+    return pl.from_arrow(con.sql("SELECT * FROM gpu_summaries ORDER BY cluster, host, gpu_uuid, gi, bucket").to_arrow_table())
+
+
+@SETTINGS
+@given(fleets(), st.randoms(use_true_random=False), st.integers(0, 3))
+def test_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, rnd, late_n):
+    """Compaction of hours that already have summaries - late batches (some for long-closed
+    hours: clock skew, a backfill), the same batches again - leaves the summaries a fresh store
+    of all the batches builds."""
+    p = SummaryParams(max_gap_s=MAX_GAP, keep_s=60, bucket_s=60)
+    every = split(fleet, 3, False)
+    rnd.shuffle(every)
+    late, first = every[:late_n], every[late_n:]
+    end = at(fleet["now"] + 7200)
+    with scratch() as tmp, scratch() as fresh:
+        w = StoreWriter(tmp)
+        for batch in first:
+            w.commit(batch)
+        compact(w, end, p)
+        for batch in late + first[:2]:  # late data, and a re-ingest (a no-op)
+            w.commit(batch)
+        compact(w, end, p)
+        compact(w, end, p)  # nothing left to do
+        w.close()
+        f = StoreWriter(fresh)
+        for batch in every:
+            f.commit(batch)
+        compact(f, end, p)
+        f.close()
+        got, want = summary_rows(open_reader(tmp)), summary_rows(open_reader(fresh))
+        assert got.equals(want)
+        m1 = json.loads(open(f"{tmp}/manifest.json").read())
+        m2 = json.loads(open(f"{fresh}/manifest.json").read())
+        assert [e["hour"] for e in m1["summaries"]] == [e["hour"] for e in m2["summaries"]]
+
+
+def test_a_late_batch_unlists_the_summaries_it_touches_until_upkeep(tmp_path):
+    """Between a late batch's commit and the next upkeep pass, readers must not take the stale
+    summary: the writer unlists it at once, and the figures stay the raw ones."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", T(9), T(12), util=between(T(10), T(10, 40), 0.0, 80.0))
+    f.job("1", account="x", user="u", start=T(9, 30), end=T(11, 30), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    w = StoreWriter(tmp_path)
+    compact(w, T(14))
+    hours = {e["hour"] for e in w.summaries.values()}
+    assert "2026-11-16T10:00:00" in hours
+    # one busy sample inside the idle stretch, late
+    row = dict(ts=T(10, 20, 7), cluster="c1", host="n1", gpu=0, gpu_uuid="GPU-A", model=H100, source="scrape", gpu_util=90.0)
+    w.commit(Batch(key="late", samples=pa.Table.from_pylist([{f.name: row.get(f.name) for f in schema.SAMPLE_SCHEMA}], schema=schema.SAMPLE_SCHEMA)))
+    w.publish()
+    listed = {e["hour"] for e in json.loads((tmp_path / "manifest.json").read_text())["summaries"]}
+    assert "2026-11-16T10:00:00" not in listed and "2026-11-16T09:00:00" in listed
+    p = Params(T(9), T(12))
+    bad, _ = compare(open_reader(tmp_path), p, T(20))
+    assert not bad, bad
+    compact(w, T(14))
+    w.close()
+    con = open_reader(tmp_path)
+    bad, an = compare(con, p, T(20))
+    assert not bad and isinstance(an.gt, SummaryTime), bad
+
+
+def golden_store(root):
+    return build_golden(root)
+
+
+def test_golden_scenario_from_summaries(tmp_path):
+    """The golden scenario of test_analytics_golden (MIG, shared GPUs, jobs across the window
+    start), compacted: every figure from summaries equals the raw one, in its windows."""
+    golden_store(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))
+    w.close()
+    con = open_reader(tmp_path)
+    for lo, hi in ((T(10), T(12)), (T(10, 20), T(12)), (T(10), T(11)), (T(10, 2, 30), T(11, 57, 1))):
+        for f in (Filters(), Filters(account="biology"), Filters(model=A100)):
+            bad, an = compare(con, Params(lo, hi, filters=f), T(20))
+            assert not bad, (lo, hi, f, bad)
+            assert isinstance(an.gt, SummaryTime)
+    by_job = {r["job_id"]: r["gpu_h"] for r in Analysis(con, Params(T(10, 20), T(12)), now=T(20)).idle_stretches().to_dicts()}
+    assert by_job["104"] == pytest.approx(20 / 60)  # the golden file's hand-worked figure
+
+
+def test_threshold_change_reads_raw_until_rebuilt_then_summaries(tmp_path):
+    golden_store(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))  # threshold 5 %
+    p = Params(T(10), T(12), idle_threshold=70.0)  # GPU F/1 at 60 % (held by pod p1) becomes idle
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert not bad and not isinstance(an.gt, SummaryTime)  # the summaries are for 5 %: not used
+    compact(w, T(20), SummaryParams(idle_threshold=70.0))
+    w.close()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT DISTINCT idle_threshold FROM summary_hours").fetchall() == [(70.0,)]
+    bad, an = compare(con, p, T(20))
+    assert not bad and isinstance(an.gt, SummaryTime), bad
+    assert an.totals().idle_allocated_gpu_h > Analysis(con, Params(T(10), T(12)), now=T(20)).totals().idle_allocated_gpu_h
+
+
+def test_a_summary_one_bucket_off_fails_the_comparison(tmp_path):
+    """The planted bug: every summary row moved one bucket later. The comparison must see it."""
+    golden_store(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))
+    w.close()
+    p = Params(T(10), T(12))
+    assert not compare(open_reader(tmp_path), p, T(20))[0]
+    for e in json.loads((tmp_path / "manifest.json").read_text())["summaries"]:
+        path = tmp_path / e["file"]
+        t = pq.read_table(path)
+        shifted = pa.compute.add(t["bucket"], pa.scalar(timedelta(seconds=e["params"]["bucket_s"]), pa.duration("us")))
+        pq.write_table(t.set_column(t.schema.get_field_index("bucket"), "bucket", shifted.cast(t.schema.field("bucket").type)), path)
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert isinstance(an.gt, SummaryTime) and bad
