@@ -164,8 +164,8 @@ WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
 """
 
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
-# (SAMPLE_ARRAYS): every GPU's in buckets $ks (bucket k: [k x $bucket_us, (k + 1) x $bucket_us)
-# since the epoch), and one GPU's in the buckets _raw_gk names.
+# (SAMPLE_ARRAYS): every GPU's in the buckets (bucket k: [k x $bucket_us, (k + 1) x $bucket_us)
+# since the epoch) of _raw_k, and one GPU's in the buckets _raw_gk names (none of _raw_k).
 _RAW_SAMPLES = """
 SELECT s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::SMALLINT AS gi, s.gpu::INTEGER AS gpu, s.model, s.mig_profile,
        epoch_us(s.ts) AS ts,
@@ -176,12 +176,12 @@ WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
   AND {which}
 """
-RAW_BUCKETS_ALL = _RAW_SAMPLES.format(join="", which="list_contains($ks, epoch_us(s.ts) // $bucket_us)")
+RAW_BUCKETS_ALL = _RAW_SAMPLES.format(join="", which="epoch_us(s.ts) // $bucket_us IN (SELECT k FROM _raw_k)")
 RAW_BUCKETS_GPU = _RAW_SAMPLES.format(
     join="""
 SEMI JOIN _raw_gk r ON r.cluster = s.cluster AND r.host = s.host AND r.gpu_uuid = s.gpu_uuid AND r.gi = coalesce(s.gpu_instance, -1)
       AND r.k = epoch_us(s.ts) // $bucket_us""",
-    which="NOT list_contains($ks, epoch_us(s.ts) // $bucket_us)")
+    which="epoch_us(s.ts) // $bucket_us NOT IN (SELECT k FROM _raw_k)")
 
 # Where an analysis looks up each GPU's time: its allocations' starts and ends
 ALLOCATION_CUTS = """

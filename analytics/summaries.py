@@ -93,15 +93,19 @@ class SummaryTime(GpuTime):
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
         need = need.filter(~pl.col("k").is_in(read_all))
 
-        ks = {"ks": read_all, "bucket_us": b}
-        raw = _q(con, sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
-        if not need.is_empty():
-            con.register("_raw_gk", need.to_arrow())
-            try:
-                more = _q(con, sql.RAW_BUCKETS_GPU, {**bind, **ks})
-            finally:
-                con.unregister("_raw_gk")
-            raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
+        ks = {"bucket_us": b}
+        con.register("_raw_k", pl.DataFrame({"k": pl.Series(read_all, dtype=pl.Int64)}).to_arrow())
+        try:
+            raw = _q(con, sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
+            if not need.is_empty():
+                con.register("_raw_gk", need.to_arrow())
+                try:
+                    more = _q(con, sql.RAW_BUCKETS_GPU, {**bind, **ks})
+                finally:
+                    con.unregister("_raw_gk")
+                raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
+        finally:
+            con.unregister("_raw_k")
         if raw is None:
             raw = pl.DataFrame(schema={**{c: sm.schema[c] for c in VARIANT}, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean})
 

@@ -30,6 +30,7 @@ import hashlib
 import math
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -369,3 +370,27 @@ def ensure_store(scale: Scale, cache: Path, progress=lambda msg: None) -> tuple[
     (tmp / ".complete").write_text(f"{counts}\n")
     tmp.rename(root)
     return root, True
+
+
+def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:
+    """The product's per-GPU summaries of every closed hour of the cached store
+    (gpufleet.collector.maintenance.summarize, default parameters: those of the analysis), built
+    once; (seconds it took, built now)."""
+    from gpufleet.collector.maintenance import summarize
+    from gpufleet.collector.summaries import SummaryParams
+
+    p = SummaryParams()
+    mark = store / f".summaries-{p.tag()}"
+    if mark.exists():
+        return float(mark.read_text().split()[0]), False
+    t0 = time.monotonic()
+    w = StoreWriter(store, clock=lambda: scale.end + timedelta(hours=2))
+    try:
+        n = summarize(w, scale.end + timedelta(hours=2), p)
+        w.publish()
+    finally:
+        w.close()
+    took = time.monotonic() - t0
+    progress(f"  summaries of {n} hours built in {took:.0f} s")
+    mark.write_text(f"{took:.1f} s for {n} hours\n")
+    return took, True

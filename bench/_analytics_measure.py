@@ -1,6 +1,9 @@
 """The measured part of bench/analytics.py, run in its own process so its peak RSS is its own.
 
-    python -m bench._analytics_measure STORE START END [--threads N] [--memory-limit X] [--profile DIR]
+    python -m bench._analytics_measure STORE START END [--raw] [--threads N] [--memory-limit X] [--profile DIR]
+
+--raw: every sample read (Analysis(..., summaries=False), the oracle); else whole buckets from the
+store's per-GPU summaries (analytics/summaries.py) where it has them.
 
 Prints one line, RESULT and a JSON document: per-step wall seconds, total wall and CPU seconds, VmHWM, and a few
 figures of the analysis (a sanity check that it computed something real).
@@ -36,6 +39,7 @@ def main() -> None:
     p.add_argument("store")
     p.add_argument("start")
     p.add_argument("end")
+    p.add_argument("--raw", action="store_true", help="the raw-sample path (no summaries)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--memory-limit", default="")
     p.add_argument("--temp-dir", default="", help="where DuckDB spills beyond the memory limit")
@@ -65,7 +69,7 @@ def main() -> None:
         Path(a.profile).mkdir(parents=True, exist_ok=True)
         con.execute("SET enable_profiling = 'json'")
         con.execute(f"SET profiling_output = '{Path(a.profile) / 'last.json'}'")
-    an = step("Analysis() (samples read into GPU intervals; cap, al)", lambda: Analysis(con, Params(start, end), now=end))
+    an = step("Analysis() (samples read into GPU intervals; cap, al)", lambda: Analysis(con, Params(start, end), now=end, summaries=not a.raw))
     totals = step("totals()", an.totals)
     util = {}
     for by in ("fleet", "host", "account", "user_name"):
@@ -76,7 +80,8 @@ def main() -> None:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     # after the clock stops
     rows = {"intervals": len(an.gt.t0), "al": an.con.execute("SELECT count(*) FROM al").fetchone()[0],
-            "runs_idle": an.gt.runs("idle", an.p.idle_threshold, 0).height}
+            "runs_idle": an.gt.runs("idle", an.p.idle_threshold, 0).height, "path": type(an.gt).__name__,
+            "summary_buckets": getattr(an.gt, "summary_buckets", 0), "raw_pieces": getattr(an.gt, "raw_pieces", len(an.gt.t0))}
     fleet = util["fleet"].row(0, named=True)
     print("RESULT " + json.dumps({
         "wall_s": wall,

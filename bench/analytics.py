@@ -44,7 +44,7 @@ from pathlib import Path
 
 import polars as pl
 
-from bench._analytics_data import STEP, Scale, ensure_store, host_name
+from bench._analytics_data import STEP, Scale, ensure_store, ensure_summaries, host_name
 from bench._common import ROOT, Table, _children, _stop, env_number, progress
 
 SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
@@ -65,8 +65,10 @@ EPOCH = datetime(1970, 1, 1)  # the store's times are naive UTC
 # --- 2: the full weekly analysis ---
 
 
-def measure_analysis(store: Path) -> dict:
+def measure_analysis(store: Path, raw: bool = False) -> dict:
     argv = [sys.executable, "-m", "bench._analytics_measure", str(store), SCALE.start.isoformat(), SCALE.end.isoformat()]
+    if raw:
+        argv.append("--raw")
     if MEMORY_LIMIT:
         argv += ["--memory-limit", MEMORY_LIMIT]
     if THREADS:
@@ -84,8 +86,41 @@ def measure_analysis(store: Path) -> dict:
     return out
 
 
+def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
+    """The raw oracle and the summaries path side by side, and whether their figures agree."""
+    t = Table(f"analytics: weekly analysis, raw samples (oracle) vs per-GPU summaries, {SCALE.describe()}")
+    gib = lambda m: m["vmhwm_kib"] / 1024 / 1024  # noqa: E731
+    t.add("wall time, open_reader .. per_gpu: raw / summaries", f"{raw['wall_s']:.2f} s / {summ['wall_s']:.2f} s "
+          f"({raw['wall_s'] / summ['wall_s']:.1f}x)")
+    t.add("CPU time of the process: raw / summaries", f"{raw['cpu_s']:.2f} s / {summ['cpu_s']:.2f} s")
+    t.add("peak RSS (VmHWM): raw / summaries", f"{gib(raw):.2f} GiB / {gib(summ):.2f} GiB")
+    for name in raw["steps"]:
+        if name in summ["steps"]:
+            t.add(f"    {name}", f"{raw['steps'][name][0]:.2f} s / {summ['steps'][name][0]:.2f} s")
+    worst, which = 0.0, ""
+    for k, v in raw["figures"].items():
+        w = summ["figures"].get(k)
+        if isinstance(v, float) and isinstance(w, float):
+            rel = abs(v - w) / max(abs(v), 1e-300) if v else abs(w)
+            if rel > worst:
+                worst, which = rel, k
+        elif v != w:
+            worst, which = float("inf"), k
+    t.add("same figures? largest relative difference (totals, rows, top job)", f"{worst:.1g}{f' ({which})' if which else ''}",
+          "<= 1e-9", worst <= 1e-9)
+    r = summ["rows"]
+    t.notes += [
+        f"summaries path: {r['path']}, {r['summary_buckets']:,} whole 5-minute buckets from summaries and {r['raw_pieces']:,} raw sample "
+        f"pieces (buckets cut by the window edges or an allocation's start/end: read raw, with their neighbours)",
+        f"summaries built by the product's upkeep (gpufleet.collector.maintenance.summarize) over the cached store: {build_s:.0f} s "
+        f"({'in this run' if built else 'cached'}); the bench store's sample files are one per day and host group, not per hour as "
+        "compaction leaves them, so each hour's build reads a day's files filtered by time",
+    ]
+    return t
+
+
 def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
-    t = Table(f"analytics: full weekly analysis, {SCALE.describe()}")
+    t = Table(f"analytics: full weekly analysis ({'summaries' if m['rows'].get('path') == 'SummaryTime' else 'raw samples'}), {SCALE.describe()}")
     wall, cpu, hwm = m["wall_s"], m["cpu_s"], m["vmhwm_kib"] / 1024 / 1024
     t.add("wall time: open_reader .. per_gpu (imports excluded)", f"{wall:.1f} s", f"<= {WALL_GOAL_S:g} s", wall <= WALL_GOAL_S)
     t.add("    CPU time of the process (user + sys)", f"{cpu:.1f} s  ({m['cpu_user_s']:.1f} user + {m['cpu_sys_s']:.1f} sys; {cpu / wall:.2f} cores busy on average)")
@@ -376,8 +411,10 @@ def run() -> list[Table]:
     store, generated = ensure_store(SCALE, CACHE, progress)
     gen_s = time.monotonic() - t0
     progress(f"store {'generated' if generated else 'reused'}: {store} ({gen_s:.0f} s)")
-    progress("full weekly analysis in its own process")
+    build_s, built = ensure_summaries(SCALE, store, progress)
+    progress("full weekly analysis in its own process: the raw oracle, then the summaries path")
+    m_raw = measure_analysis(store, raw=True)
     m = measure_analysis(store)
-    tables = [analysis_table(m, generated, gen_s)]
+    tables = [paths_table(m_raw, m, build_s, built), analysis_table(m, generated, gen_s)]
     tables.append(compare_prometheus(store))
     return tables
