@@ -176,6 +176,7 @@ class StoreWriter:
         self.summaries: dict[str, dict[str, Any]] = {
             e["hour"]: e for e in previous.get("summaries", []) if isinstance(e, dict) and {"hour", "file", "sources"} <= set(e)}
         self._remove_uncommitted_files()
+        self._check_summaries()
         self._sweep_snapshots()
         self.publish()
 
@@ -300,8 +301,38 @@ class StoreWriter:
         """Samples landed in [lo, hi]: the summaries whose range they touch no longer stand for
         their samples. Unlisted at the next publish, their files deleted after the grace period;
         upkeep (maintenance.summarize) builds them again."""
+        if hi - lo < timedelta(days=2):  # a scrape round: only the summaries of hours around it
+            h = lo.replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
+            hours = []
+            while h <= hi + timedelta(hours=1):
+                hours.append(h.isoformat())
+                h += timedelta(hours=1)
+        else:
+            hours = list(self.summaries)
+        for hour in hours:
+            e = self.summaries.get(hour)
+            if e is not None and datetime.fromisoformat(e["lo"]) <= hi and datetime.fromisoformat(e["hi"]) > lo:
+                self.retire_summary(hour)
+
+    def _check_summaries(self) -> None:
+        """At start: a summary whose range holds sample files it was not built from (a batch
+        committed just before a crash, whose publish would have dropped it) is dropped."""
+        if not self.summaries:
+            return
+        entries = pa.table({"hour": list(self.summaries), "lo": [datetime.fromisoformat(e["lo"]) for e in self.summaries.values()],
+                            "hi": [datetime.fromisoformat(e["hi"]) for e in self.summaries.values()]})
+        self.db.register("_summary_entries", entries)
+        try:
+            found = dict(self.db.execute(
+                """SELECT e.hour, list(DISTINCT b.file ORDER BY b.file) FROM _summary_entries e
+                   JOIN (SELECT file, min(min_ts) AS min_ts, max(max_ts) AS max_ts FROM batches
+                         WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file) b
+                     ON b.min_ts < e.hi AND b.max_ts >= e.lo GROUP BY e.hour""").fetchall())
+        finally:
+            self.db.unregister("_summary_entries")
         for hour, e in list(self.summaries.items()):
-            if datetime.fromisoformat(e["lo"]) <= hi and datetime.fromisoformat(e["hi"]) > lo:
+            if sorted(found.get(hour, [])) != e["sources"]:
+                log.warning("summary of %s is stale (its samples changed before a crash): dropped, upkeep rebuilds it", hour)
                 self.retire_summary(hour)
 
     def retire_summary(self, hour: str) -> None:

@@ -249,3 +249,22 @@ def test_a_summary_one_bucket_off_fails_the_comparison(tmp_path):
         pq.write_table(t.set_column(t.schema.get_field_index("bucket"), "bucket", shifted.cast(t.schema.field("bucket").type)), path)
     bad, an = compare(open_reader(tmp_path), p, T(20))
     assert isinstance(an.gt, SummaryTime) and bad
+
+
+def test_a_summary_made_stale_before_a_crash_is_dropped_at_start(tmp_path):
+    """A batch committed after the last publish (the writer then crashed): the manifest still
+    lists the summary its samples changed; the next writer drops it before publishing."""
+    build_golden(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))
+    w.close()
+    w = StoreWriter(tmp_path)
+    row = dict(ts=T(10, 20, 7), cluster="c1", host="n1", gpu=0, gpu_uuid="GPU-A", model=H100, source="scrape", gpu_util=90.0)
+    w.commit(Batch(key="late", samples=pa.Table.from_pylist([{f.name: row.get(f.name) for f in schema.SAMPLE_SCHEMA}], schema=schema.SAMPLE_SCHEMA)))
+    assert "2026-11-16T10:00:00" not in w.summaries  # the commit unlisted it (for the next publish, which never comes)
+    w.db.close()  # the crash: no publish
+    w = StoreWriter(tmp_path)
+    assert "2026-11-16T10:00:00" not in w.summaries and "2026-11-16T09:00:00" in w.summaries
+    w.close()
+    bad, _ = compare(open_reader(tmp_path), Params(T(9), T(12)), T(20))
+    assert not bad, bad
