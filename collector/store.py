@@ -729,7 +729,7 @@ class StoreWriter:
         old = self.db.execute("SELECT file FROM segments WHERE list_contains(?, id)", [ids]).fetchall() if ids else []
         self.db.execute("BEGIN")
         try:
-            arrow = self.db.execute(f"SELECT * EXCLUDE ({SEG}) FROM {name} WHERE {pick}", params).to_arrow_table()
+            arrow = self.db.sql(f"SELECT * EXCLUDE ({SEG}) FROM {name} WHERE {pick}", params=params).to_arrow_table()
             if arrow.num_rows:
                 write_parquet(arrow, self.root / rel)
                 marked = self.db.execute(f"UPDATE {name} SET {SEG} = $sid WHERE {pick}", {**params, "sid": sid}).fetchone()[0]
