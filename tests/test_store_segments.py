@@ -80,13 +80,14 @@ ops = st.one_of(
     st.tuples(st.just("alloc"), keys, hours, st.integers(0, 1), st.sampled_from([0, 1, None])),
     settles,
     st.tuples(st.just("vanish"), st.lists(keys, max_size=3)),
+    st.tuples(st.just("correct"), keys, st.sampled_from(["physics", "chem", "bio"])),
     settles,
     st.tuples(st.just("restart"),),
 )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(ops, min_size=1, max_size=24))
+@given(st.lists(ops, min_size=8, max_size=30))
 def test_readers_see_the_full_snapshot_after_any_history(history):
     """Upserts, ends, sacct corrections of settled jobs, allocations seen again after they
     settled, vanished jobs, settle passes (new segments, merges, folded corrections) and writer
@@ -109,6 +110,11 @@ def test_readers_see_the_full_snapshot_after_any_history(history):
                 elif kind == "alloc":
                     _, key, h, gpu, gpu_index = op
                     w.commit(Batch(key=f"b{i}", allocations=[alloc(T0 + timedelta(hours=h), key, gpu, gpu=gpu_index)]))
+                elif kind == "correct":  # sacct changes one field of a job, which stays as settled as it was
+                    _, key, account = op
+                    cur = w.db.execute("SELECT * FROM jobs WHERE job_key = ?", [key])
+                    rows = [dict(zip([c[0] for c in cur.description], r)) for r in cur.fetchall()]
+                    w.commit(Batch(key=f"b{i}", jobs=[dict(r, account=account) for r in rows]))
                 elif kind == "vanish":
                     listed = [job(k) for k in op[1]]
                     w.commit(Batch(key=f"b{i}", jobs=listed, jobs_complete=("c", "slurm", now[0])))
