@@ -1,7 +1,7 @@
 """`gpufleet analyze`: the window's figures as a table for people or stable JSON for programs.
 
 JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
-filters, totals, trend, previous_window, utilization {by, rows}, top_wasteful_jobs, fairness, and
+filters, warnings, totals, trend, previous_window, utilization {by, rows}, top_wasteful_jobs, fairness, and
 job (with --job).
 Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
 money is US dollars or null when a GPU model has no price.
@@ -53,7 +53,7 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
 
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
                  shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7)) -> dict[str, Any]:
-    from gpufleet.analytics.core import Analysis
+    from gpufleet.analytics.core import Analysis, unknown_filter_values
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
     from gpufleet.analytics.trends import previous_baseline
@@ -70,6 +70,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
             "gpu_retire_after_s": params.retire_after.total_seconds(),
         },
         "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
+        "warnings": unknown_filter_values(con, params.filters),
         "totals": {k: _plain(v) for k, v in asdict(totals).items()},
         "trend": rows(base.compare(totals)),
         "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,
@@ -124,6 +125,13 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     out.write(f"gpufleet analysis {w['from']} .. {w['to']} ({w['hours']:.1f} h)\n")
     if report["filters"]:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in report["filters"].items()) + "\n")
+    for warning in report.get("warnings", []):
+        out.write(f"WARNING: {warning}\n")
+    scope = report.get("totals", {})
+    if scope.get("scope", "fleet") != "fleet":
+        out.write(f"figures for {scope['scope']} only\n")
+    if scope.get("not_attributable_reason"):
+        out.write(f"  not shown: {scope['not_attributable_reason']}\n")
     trend = [{**r, "change": r["change_missing"] or r["change"], "change_pct": r["change_pct_missing"] or r["change_pct"]}
              for r in report["trend"]]  # "no data", "unknown", "zero base" in place of a missing change
     table("Headline (vs the previous window)", trend, out, ["label", "current", "previous", "change", "change_pct"])
@@ -181,6 +189,8 @@ def run(args: argparse.Namespace, out=None) -> int:
         log.error("%s", e)
         return 1
     report = build_report(con, params, args.by, args.top, args.job, shares=shares, half_life=half_life)
+    for warning in report["warnings"]:
+        log.warning("%s", warning)
     if args.format == "json":
         json.dump(report, out, indent=2, default=_plain)
         out.write("\n")

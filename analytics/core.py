@@ -12,7 +12,7 @@ unknown, not 0.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
@@ -42,11 +42,23 @@ def price_table(overrides: Mapping[str, float]) -> dict[str, float]:
     return {**default_prices(), **overrides}
 
 
+# The filters that select jobs (account, user, partition): under one, a figure is the selected
+# jobs' share, and what no job owns (capacity, stranded time) is not attributable to them.
+JOB_FILTER_NAMES = {"account": "account", "user_name": "user", "partition": "partition"}
+
+
 @dataclass(frozen=True)
 class Totals:
-    """Headline figures of a window, in GPU-hours and dollars (None = unknown)."""
+    """Headline figures of a window, in GPU-hours and dollars (None = unknown, or under a job
+    filter, not attributable: see `not_attributable_reason`).
 
-    capacity_gpu_h: float
+    `scope` says whose figures they are: "fleet", or the filters ("account=datasci"). Under a job
+    filter (account, user, partition) data, busy, utilization, no data, idle and no-process time
+    and their costs are those of the selected jobs' allocations (the matching rows of
+    Analysis.utilization by account, user or partition); capacity and stranded time have no
+    owner, so they are None with the reason."""
+
+    capacity_gpu_h: float | None
     data_gpu_h: float
     no_data_gpu_h: float
     busy_gpu_h: float
@@ -56,9 +68,11 @@ class Totals:
     idle_allocated_cost: float | None
     no_process_gpu_h: float
     no_process_cost: float | None
-    stranded_gpu_h: float
+    stranded_gpu_h: float | None
     stranded_cost: float | None
     unpriced_models: tuple[str, ...]
+    scope: str = "fleet"
+    not_attributable_reason: str | None = None
 
 
 def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> float | None:
@@ -68,6 +82,44 @@ def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> floa
     if df.filter((pl.col(hours) > 0) & pl.col(price).is_null()).height:
         return None
     return float((df[hours] * df[price].fill_null(0.0)).sum())
+
+
+def filter_scope(filters: Any) -> str:
+    """"fleet", or the filters a figure is narrowed by, as people write them: "account=datasci, cluster=k8s"."""
+    parts = [f"{JOB_FILTER_NAMES.get(k, k)}={v}" for k, v in asdict(filters).items() if v is not None]
+    return ", ".join(parts) if parts else "fleet"
+
+
+def not_attributable_reason(filters: Any) -> str | None:
+    """Why capacity and stranded time are not shown under a job filter (None: no job filter)."""
+    named = [JOB_FILTER_NAMES[k] for k in JOB_FILTER_NAMES if getattr(filters, k) is not None]
+    if not named:
+        return None
+    return f"unallocated capacity has no {' or '.join(named)}: capacity and stranded time are not attributable to {filter_scope(filters)}"
+
+
+def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[str]:
+    """A warning for each filter value the store has never seen (sql.FILTER_VALUES), so an unknown
+    account gives a visible warning, not an empty page taken for a quiet team or, worse, the
+    whole fleet. The figures still apply the filter (they are then empty)."""
+    cur = con.cursor()
+    try:
+        out = []
+        for field_name, value in asdict(filters).items():
+            if value is None:
+                continue
+            key = FILTER_KEYS[field_name]
+            known = {r[0] for r in cur.execute(sql.FILTER_VALUES[key]).fetchall()}
+            if value not in known:
+                out.append(f"unknown {key} {value!r}: the store has no {key} of that name, so no figure matches it "
+                           f"(known: {', '.join(sorted(known)[:10]) or 'none'}{', ...' if len(known) > 10 else ''})")
+        return out
+    finally:
+        cur.close()
+
+
+# Filters field -> its sql.FILTER_VALUES query
+FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", "model": "model", "partition": "partition"}
 
 
 class Analysis:
@@ -100,6 +152,12 @@ class Analysis:
         # this point: computed once each, then handed out as copies (totals, utilization by GPU
         # dimensions, waste and the top jobs all start from them)
         self._memo: dict[tuple[str, ...], pl.DataFrame] = {}
+
+    @property
+    def job_filtered(self) -> bool:
+        """Is the analysis narrowed to some jobs (account, user, partition)? Then figures are
+        those jobs' share and capacity and stranded time are not attributable."""
+        return not_attributable_reason(self.p.filters) is not None
 
     def _allocation_use(self) -> None:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
@@ -189,7 +247,12 @@ class Analysis:
         GPU dimensions (gpu, host, model, cluster, fleet) cover all capacity; job dimensions
         (partition, account, user_name, job) cover the time jobs held GPUs.
         """
-        if by in GPU_DIMS:
+        if by in GPU_DIMS and self.job_filtered:
+            out = self._held_use(list(GPU_DIMS[by]))
+            if out.is_empty():
+                return out
+            keys = list(GPU_DIMS[by])
+        elif by in GPU_DIMS:
             keys = [k for k in GPU_DIMS[by]]
             g = self.per_gpu()
             if g.is_empty():
@@ -208,6 +271,21 @@ class Analysis:
         return out.with_columns(
             pl.when(pl.col("data_gpu_h") > 0).then(pl.col("busy_gpu_h") / pl.col("data_gpu_h") * 100).otherwise(None).alias("utilization_pct")
         ).sort(keys or [pl.lit(0)])
+
+    def _held_use(self, keys: list[str]) -> pl.DataFrame:
+        """Utilization by GPU dimension under a job filter: the selected jobs' data and busy time on
+        each GPU (the allocations' look-ups, as the job dimensions count them); capacity, no data
+        and stranded time are not attributable to jobs (null)."""
+        g = self.per_gpu().select("cluster", "host", "gpu", "gpu_uuid", "gi", "model")
+        al = self._alv.filter(pl.col("has_piece")).select("cluster", "host", "gpu_uuid", "gi", "data_s", "busy_s")
+        al = al.join(g, on=["cluster", "host", "gpu_uuid", "gi"], how="inner")
+        if al.is_empty():
+            return al
+        aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h"), (pl.sum("busy_s") / 3600).alias("busy_gpu_h")]
+        out = al.group_by(keys).agg(aggs) if keys else al.select(aggs)
+        return out.with_columns(pl.lit(None, dtype=pl.Float64).alias("capacity_gpu_h"), pl.lit(None, dtype=pl.Float64).alias("no_data_gpu_h"),
+                                pl.col("data_gpu_h").alias("allocated_data_gpu_h"), pl.lit(None, dtype=pl.Float64).alias("stranded_gpu_h")).select(
+            *keys, "capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_data_gpu_h", "stranded_gpu_h")
 
     # --- waste ---
 
@@ -254,6 +332,8 @@ class Analysis:
         return ranked.sort(["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True).head(n)
 
     def totals(self) -> Totals:
+        if self.job_filtered:
+            return self._job_totals()
         g = self.per_gpu()
         alloc = self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0]
         idle, nop = self.idle_stretches("idle"), self.idle_stretches("no_process")
@@ -275,4 +355,38 @@ class Analysis:
             stranded_gpu_h=float(g["stranded_gpu_h"].sum()) if not g.is_empty() else 0.0,
             stranded_cost=money(g, "stranded_gpu_h"),
             unpriced_models=tuple(unpriced),
+            scope=filter_scope(self.p.filters),
+        )
+
+    def _job_totals(self) -> Totals:
+        """totals() under a job filter: the selected jobs' figures (the sums of their rows in
+        utilization by account, user or partition), capacity and stranded time not attributable."""
+        alloc = float(self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0])
+        used = self._alv.filter(pl.col("has_piece"))
+        data = float(used["data_s"].sum()) / 3600 if not used.is_empty() else 0.0
+        busy = float(used["busy_s"].sum()) / 3600 if not used.is_empty() else 0.0
+        idle, nop = self.idle_stretches("idle"), self.idle_stretches("no_process")
+        g = self.per_gpu()
+        held = g.join(used.select("cluster", "host", "gpu_uuid", "gi").unique(), on=["cluster", "host", "gpu_uuid", "gi"], how="semi") if not g.is_empty() else g
+        unpriced = sorted({m for m in held.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m} if not held.is_empty() else set())
+        # no data is allocated minus data (clipped at 0) per row of the filter's own dimension: the
+        # sum of the rows it selects in the unfiltered utilization by that dimension
+        rows = self.utilization(next(k for k in JOB_FILTER_NAMES if getattr(self.p.filters, k) is not None))
+        no_data = float(rows["no_data_gpu_h"].sum()) if not rows.is_empty() else 0.0
+        return Totals(
+            capacity_gpu_h=None,
+            data_gpu_h=data,
+            no_data_gpu_h=no_data,
+            busy_gpu_h=busy,
+            utilization_pct=busy / data * 100 if data > 0 else None,
+            allocated_gpu_h=alloc,
+            idle_allocated_gpu_h=float(idle["gpu_h"].sum()) if not idle.is_empty() else 0.0,
+            idle_allocated_cost=money(idle, "gpu_h"),
+            no_process_gpu_h=float(nop["gpu_h"].sum()) if not nop.is_empty() else 0.0,
+            no_process_cost=money(nop, "gpu_h"),
+            stranded_gpu_h=None,
+            stranded_cost=None,
+            unpriced_models=tuple(unpriced),
+            scope=filter_scope(self.p.filters),
+            not_attributable_reason=not_attributable_reason(self.p.filters),
         )

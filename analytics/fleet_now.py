@@ -19,11 +19,24 @@ the same way. Definitions, and why:
   the exporter saw it on the GPU) to its scheduler end; a job the scheduler started and has not
   ended (RUNNING, a running pod) holds until it does; a job the scheduler does not know (yet)
   holds until the exporter last saw it + stale_after.
-- Idle allocated now: held, fresh, utilization below the idle threshold. `idle_since` is the start
-  of the current run of below-threshold samples (a gap longer than max_gap ends a run: no data is
-  not idle); a run reaching back to the lookback's start is capped there (`idle_since_capped`).
+- Idle allocated now: held, fresh, utilization below the idle threshold. `idle_since` is the first
+  sample after the GPU's last busy sample (utilization at or above the threshold) in the store
+  - the history and the live collector's samples alike - within the look-back; a gap without
+  data does not end the idle run, since nothing busy was seen in it (so a collector restart or
+  the demo's switch from history to live scrapes does not reset it). When no busy sample is known
+  in the look-back, `idle_since_capped` is true and `idle_since` is the first idle sample looked
+  at: the GPU has been idle since before then ("idle since before <time>"); when it became idle
+  is unknown, and is never taken to be the collector's start.
   Its cost per hour is the GPUs' $/GPU-hour (MIG instances their slice share); unknown (None)
   if any of those GPUs has no price.
+- Last XID: `last_xid` is the newest non-zero XID code the GPU reported within `forget_after`
+  (`last_xid_at` when), not only the latest sample's: a GPU that fell off the bus reports nothing
+  any more, but the XID it threw before is what an operator needs to see.
+- Counting (summarize): the fleet's GPUs are PHYSICAL GPUs - the MIG instances of a GPU (rows
+  sharing its UUID) are parts of one GPU, not GPUs. A GPU is reporting when it has a fresh sample
+  and is not lost; lost (any of its instances lost), no data (no fresh sample from any instance)
+  and reporting add up to the GPUs known. Held, free and held-with-no-process are GPU
+  equivalents: a MIG instance counts as its share of its GPU (3g.40gb = 3/7).
 
 Every user-supplied value (filters, times) is a bound parameter.
 """
@@ -74,8 +87,8 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     """One row per known GPU (or MIG instance) at `as_of`: its latest sample, status and holders.
 
     Columns: cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts (latest sample),
-    age_s, fresh, util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last,
-    gpu_up, compute_processes, clocks_event_reasons, ecc_dbe_vol, remap_failure, status,
+    age_s, fresh, util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last (latest
+    sample), last_xid, last_xid_at, gpu_up, compute_processes (an integer), clocks_event_reasons, ecc_dbe_vol, remap_failure, status,
     idle_since, idle_since_capped, held, jobs (count), job_ids, job_names, user_names, accounts,
     schedulers, idle_allocated, no_process, usd_per_gpu_hour.
     Filters: cluster and model narrow the GPUs; account, user and partition keep only the GPUs
@@ -95,18 +108,19 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
 
 @dataclass(frozen=True)
 class FleetNow:
-    """Headline counts of gpu_states()."""
+    """Headline counts of gpu_states(): GPUs are physical GPUs (a GPU's MIG instances are one GPU);
+    held, free and no-process are GPU equivalents (a MIG instance counts as its share)."""
 
     as_of: datetime
-    gpus: int
-    reporting: int  # fresh data
-    no_data: int
-    lost: int
-    error: int
-    held: int
-    free: int  # reporting and not held
-    held_no_process: int  # held, fresh, zero compute processes
-    idle_allocated: int  # held, fresh, utilization below the idle threshold
+    gpus: int  # physical GPUs known
+    reporting: int  # physical GPUs with fresh data that are not lost
+    no_data: int  # physical GPUs with no fresh sample from any instance
+    lost: int  # physical GPUs lost (gpu_up = 0 in a fresh sample of the GPU or of an instance)
+    error: int  # physical GPUs reporting an error (not lost)
+    held: float  # GPU equivalents held by jobs
+    free: float  # GPU equivalents reporting and not held, on GPUs that are not lost
+    held_no_process: float  # GPU equivalents held, fresh, with zero compute processes
+    idle_allocated: int  # devices (GPUs or MIG instances) held, fresh, utilization below the idle threshold
     idle_allocated_long: int  # ... for at least idle_min_duration
     idle_allocated_usd_per_h: float | None  # None: a GPU among them has no price
     idle_allocated_gpus: float  # GPU equivalents (MIG instances count as their share)
@@ -114,9 +128,29 @@ class FleetNow:
     unpriced_models: tuple[str, ...]
 
 
+# a physical GPU: its MIG instances share its UUID
+_GPU_KEY = [pl.col("cluster"), pl.col("host"), pl.coalesce(pl.col("gpu_uuid"), pl.format("#{}", pl.col("gpu"))).alias("gpu_uuid")]
+
+
+def physical_gpus(states: pl.DataFrame) -> pl.DataFrame:
+    """One row per physical GPU of gpu_states(): its MIG instances (rows sharing the GPU's UUID)
+    folded into it. Columns: cluster, host, gpu_uuid, devices, equiv, fresh (any instance),
+    lost (any instance), error (any instance), reporting (fresh and not lost)."""
+    return (
+        states.group_by(_GPU_KEY)
+        .agg(pl.len().alias("devices"), pl.col("equiv").sum().alias("equiv"), pl.col("fresh").any().alias("fresh"),
+             (pl.col("status") == "lost").any().alias("lost"), (pl.col("status") == "error").any().alias("error"))
+        .with_columns((pl.col("fresh") & ~pl.col("lost")).alias("reporting"), (pl.col("error") & ~pl.col("lost")).alias("error"))
+        .sort("cluster", "host", "gpu_uuid")
+    )
+
+
 def summarize(states: pl.DataFrame, params: Params, as_of: datetime) -> FleetNow:
-    n = lambda expr: int(states.filter(expr).height) if not states.is_empty() else 0  # noqa: E731
-    idle = states.filter(pl.col("idle_allocated")) if not states.is_empty() else states
+    empty = states.is_empty()
+    phys = physical_gpus(states) if not empty else None
+    n = lambda expr: 0 if empty else int(phys.filter(expr).height)  # noqa: E731  physical GPUs
+    eq = lambda expr: 0.0 if empty else float(states.filter(expr)["equiv"].sum())  # noqa: E731  GPU equivalents
+    idle = states.filter(pl.col("idle_allocated")) if not empty else states
     cost: float | None
     if idle.is_empty():
         cost = 0.0
@@ -124,44 +158,48 @@ def summarize(states: pl.DataFrame, params: Params, as_of: datetime) -> FleetNow
         cost = None
     else:
         cost = float((idle["usd_per_gpu_hour"] * idle["equiv"]).sum())
-    fresh = states.filter(pl.col("fresh") & pl.col("util").is_not_null()) if not states.is_empty() else states
+    fresh = states.filter(pl.col("fresh") & pl.col("util").is_not_null()) if not empty else states
     mean = float((fresh["util"] * fresh["equiv"]).sum() / fresh["equiv"].sum()) if not fresh.is_empty() and fresh["equiv"].sum() > 0 else None
     long_cut = as_of - params.idle_min_duration
     return FleetNow(
         as_of=as_of,
-        gpus=states.height,
-        reporting=n(pl.col("fresh")),
-        no_data=n(pl.col("status") == "no data"),
-        lost=n(pl.col("status") == "lost"),
-        error=n(pl.col("status") == "error"),
-        held=n(pl.col("held")),
-        free=n(pl.col("fresh") & ~pl.col("held")),
-        held_no_process=n(pl.col("no_process")),
+        gpus=0 if empty else phys.height,
+        reporting=n(pl.col("reporting")),
+        no_data=n(~pl.col("fresh")),
+        lost=n(pl.col("lost")),
+        error=n(pl.col("error")),
+        held=eq(pl.col("held")),
+        free=eq(pl.col("fresh") & ~pl.col("held") & ~(pl.col("status") == "lost").any().over(_GPU_KEY)),  # not on a lost GPU
+        held_no_process=eq(pl.col("no_process")),
         idle_allocated=idle.height,
         idle_allocated_long=int(idle.filter(pl.col("idle_since") <= long_cut).height) if not idle.is_empty() else 0,
         idle_allocated_usd_per_h=cost,
         idle_allocated_gpus=float(idle["equiv"].sum()) if not idle.is_empty() else 0.0,
         mean_utilization_pct=mean,
-        unpriced_models=tuple(sorted({m for m in states.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m})) if not states.is_empty() else (),
+        unpriced_models=tuple(sorted({m for m in states.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m})) if not empty else (),
     )
 
 
 def host_freshness(states: pl.DataFrame) -> pl.DataFrame:
-    """Per host (one exporter each) from gpu_states(): GPUs known, GPUs reporting, the newest
-    sample and its age; `fresh` when any GPU of the host has a fresh sample. Stalest first."""
+    """Per host (one exporter each) from gpu_states(): physical GPUs known, physical GPUs with a fresh
+    sample (a lost GPU's exporter still sends samples: it counts here), the newest sample and its
+    age; `fresh` when any GPU of the host has a fresh sample. Stalest first."""
     if states.is_empty():
         return pl.DataFrame(schema={"cluster": pl.Utf8, "host": pl.Utf8, "gpus": pl.UInt32, "reporting": pl.UInt32,
                                     "last_sample": pl.Datetime("us"), "age_s": pl.Float64, "fresh": pl.Boolean})
     return (
         states.group_by("cluster", "host")
-        .agg(pl.len().alias("gpus"), pl.col("fresh").sum().cast(pl.UInt32).alias("reporting"),
+        .agg(pl.col("gpu_uuid").n_unique().cast(pl.UInt32).alias("gpus"),
+             pl.col("gpu_uuid").filter(pl.col("fresh")).n_unique().cast(pl.UInt32).alias("reporting"),
              pl.col("ts").max().alias("last_sample"), pl.col("age_s").min().alias("age_s"), pl.col("fresh").any().alias("fresh"))
         .sort(["fresh", "age_s", "cluster", "host"], descending=[False, True, False, False], nulls_last=False)
     )
 
 
 def collector_status(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
-    """What the store's manifest says about the collector: last publish, its age, version.
+    """What the store's manifest says about the collector: last publish, its age, version, and
+    the inputs it did not recognize (newest first: source, input, kind, detail, count,
+    first_seen, last_seen; see StoreWriter.note_unrecognized).
 
     The collector publishes after every commit, so the age of the last publish is how long ago
     the collector last wrote anything. Returns {"published_at": None, ...} for a missing store.
@@ -172,7 +210,7 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
     try:
         m = json.loads((Path(root) / MANIFEST).read_text())
     except (OSError, ValueError):
-        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0}
+        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": []}
     try:
         published = datetime.fromisoformat(m["published_at"])
     except (KeyError, TypeError, ValueError):
@@ -184,7 +222,22 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
         "age_s": (now - published).total_seconds() if published else None,
         "version": m.get("version"),
         "sample_files": len(m.get("samples", [])),
+        "unrecognized": [_unrecognized_entry(u) for u in m.get("unrecognized", []) if isinstance(u, dict)],
     }
+
+
+def _unrecognized_entry(u: dict[str, Any]) -> dict[str, Any]:
+    """One manifest entry of unrecognized input, typed for a table (unknown stays None)."""
+    def when(v: Any) -> datetime | None:
+        try:
+            return datetime.fromisoformat(str(v)) if v else None
+        except ValueError:
+            return None
+
+    count = u.get("count")
+    return {"last_seen": when(u.get("last_seen")), "source": str(u.get("source", "")), "input": str(u.get("input", "")),
+            "kind": str(u.get("kind", "")), "detail": str(u.get("detail", "")),
+            "count": count if isinstance(count, int) else None, "first_seen": when(u.get("first_seen"))}
 
 
 def filter_values(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:

@@ -37,12 +37,28 @@ def clip_seconds(a: str, b: str) -> str:
     return CLIP.format(a=a, b=b)
 
 
-# MIG instances count as their share of the GPU's compute slices (A30: 4 slices, others 7).
+# The one MIG share rule: a MIG instance counts as its share of the GPU's compute slices. A100,
+# H100 and H200 have 7 (1g = 1/7, 2g = 2/7, 3g = 3/7, 4g = 4/7, 7g = 1), A30 has 4 (1g.6gb = 1/4,
+# 2g.12gb = 2/4, 4g.24gb = 1). `profile` may be an exporter's profile (GPU_I_PROFILE "1g.10gb"),
+# a Slurm gres type ("1g.10gb", "nvidia_a100_1g.10gb", "nvidia_a30_2g.12gb") or a Kubernetes
+# resource name ("nvidia.com/mig-3g.40gb", "mig-3g.40gb"); anything else (NULL, "h100", "a100")
+# is a whole GPU: 1.0. Capacity, data, busy, allocated, idle and cost all take it from here.
+_MIG_SLICES = "(?:^|[^0-9a-z])([1-7])g[.][0-9]+gb"  # "<slices>g.<memory>gb" after a separator
+_A30_PROFILES = "(?:^|[^0-9a-z])(?:1g[.]6gb|2g[.]12gb|4g[.]24gb)"  # profiles only an A30 has
+
+
+def mig_share(profile: str, model: str = "NULL") -> str:
+    """SQL: the share of a whole GPU that MIG `profile` (SQL text: a column) holds on a GPU of
+    `model` (SQL text; NULL when unknown: the profile's name then decides A30 or not)."""
+    p = f"lower({profile})"
+    return f"""coalesce(try_cast(nullif(regexp_extract({p}, '{_MIG_SLICES}', 1), '') AS DOUBLE)
+          / CASE WHEN coalesce({model}, '') LIKE '%A30%' OR regexp_matches({p}, '{_A30_PROFILES}') THEN 4.0 ELSE 7.0 END, 1.0)"""
+
+
+# MIG instances count as their share of the GPU's compute slices (mig_share).
 def gpu_equiv(alias: str = "") -> str:
     a = f"{alias}." if alias else ""
-    return f"""CASE WHEN {a}mig_profile IS NULL THEN 1.0
-     ELSE coalesce(try_cast(regexp_extract({a}mig_profile, '^(\\d+)g\\.', 1) AS DOUBLE), 1.0)
-          / CASE WHEN {a}model LIKE '%A30%' THEN 4.0 ELSE 7.0 END END"""
+    return mig_share(f"{a}mig_profile", f"{a}model")
 
 
 # --- the tables of one window (analytics/core.py: Analysis) ---
@@ -181,18 +197,34 @@ FROM alv WHERE has_piece GROUP BY ALL
 JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
   AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
 
-# Allocated GPU-seconds from scheduler accounting: GPUs x the job's run time inside the window
-# (a running job counts until $as_of: the window end, or now if the window reaches the future).
+# Each job with gpu_share: the share of a whole GPU each of its `gpus` is (mig_share), so a job
+# on one 1g.10gb slice is allocated 1/7 GPU, exactly what its samples count as data. From the
+# scheduler's GPU type when it names one MIG profile (Slurm gres "1g.10gb" or
+# "nvidia_a100_1g.10gb", a pod's "mig-1g.10gb"); else from the GPUs the exporters' job mapping
+# saw it hold (the mean share of those instances in the inventory: a job mapped to MIG instances
+# holds those, whatever its GPU type says); else 1 (whole GPUs).
+JOBS_SHARED = f"""(
+SELECT j.*, CASE WHEN {mig_share("j.gpu_type")} < 1.0 AND j.gpu_type NOT LIKE '%,%' THEN {mig_share("j.gpu_type")}
+                 ELSE coalesce(m.mapped_share, 1.0) END AS gpu_share
+FROM jobs j
+LEFT JOIN (
+    SELECT a.cluster, a.scheduler, a.job_key, avg({gpu_equiv("g")}) AS mapped_share
+    FROM allocations a
+    JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    GROUP BY ALL
+) m ON m.cluster = j.cluster AND m.scheduler = j.scheduler AND m.job_key = j.job_key
+)"""
+
+# Allocated GPU-seconds from scheduler accounting: GPUs x their MIG share x the job's run time
+# inside the window (a running job counts until $as_of: the window end, or now if the window
+# reaches the future).
 _RUN = clip_seconds("start", 'coalesce("end", $as_of)')
-# a pod holding MIG instances (gpu_type "mig-3g.40gb") holds 3/7 of a GPU per instance
-_JOB_EQUIV = """(CASE WHEN gpu_type LIKE 'mig-%' AND gpu_type NOT LIKE '%,%'
-      THEN coalesce(try_cast(regexp_extract(gpu_type, '^mig-(\\d+)g\\.', 1) AS DOUBLE) / 7.0, 1.0) ELSE 1.0 END)"""
 JOB_ALLOCATED = f"""
-SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type,
+SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type, gpu_share,
        submit, start, "end",
        {_RUN} AS run_s,
-       coalesce(gpus, 0) * {_JOB_EQUIV} * {_RUN} AS alloc_gpu_s
-FROM jobs
+       coalesce(gpus, 0) * gpu_share * {_RUN} AS alloc_gpu_s
+FROM {JOBS_SHARED}
 WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
   AND {JOB_FILTERS}
 """
@@ -347,9 +379,9 @@ FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
 _DECAY_RUN_END = 'greatest(start, least(coalesce("end", $as_of), $end))'
 FAIRNESS_DECAYED = f"""
 SELECT coalesce(account, '') AS account,
-       sum(gpus * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
-                                        - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
-FROM jobs WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
+       sum(gpus * gpu_share * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
+                                                    - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
+FROM {JOBS_SHARED} WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
 GROUP BY ALL"""
 
 FAIRNESS_STARTED = f"""
@@ -378,22 +410,45 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
            coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
            gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
-           xid_last, gpu_up::DOUBLE AS gpu_up, compute_processes::DOUBLE AS compute_processes, clocks_event_reasons,
+           xid_last, gpu_up::DOUBLE AS gpu_up, round(compute_processes)::BIGINT AS compute_processes, clocks_event_reasons,
            ecc_dbe_vol, remap_failure, sm_clock_mhz::DOUBLE AS sm_clock_mhz
     FROM gpu_samples
     WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+), s1 AS (
+    -- a sample that follows a gap longer than max_gap (or is the first looked at) starts a
+    -- stretch of continuous data
+    SELECT *, coalesce(epoch(ts) - epoch(lag(ts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)) > $max_gap, true)
+              AS after_gap
+    FROM s
 ), o AS (
-    SELECT *, lag(ts) OVER w AS prev_ts, lag(util) OVER w AS prev_util,
-           row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn
-    FROM s WINDOW w AS (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)
+    SELECT * EXCLUDE (after_gap), row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn,
+           max(CASE WHEN after_gap THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS data_from,
+           max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_busy,
+           max(CASE WHEN compute_processes > 0 THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_proc
+    FROM s1
 ), runs AS (
-    SELECT cluster, host, gpu_uuid, gi, min(ts) AS first_ts,
-           max(ts) FILTER (WHERE util < $thr AND (prev_ts IS NULL OR prev_util IS NULL OR prev_util >= $thr
-                                                  OR epoch(ts) - epoch(prev_ts) > $max_gap)) AS run_start
+    -- the idle run: the samples after the last busy one (a gap without data does not end it:
+    -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample
+    SELECT cluster, host, gpu_uuid, gi, any_value(last_busy) AS last_busy,
+           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start,
+           -- the same run rule for "no compute process at all" (the idle policy's faster rule)
+           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc)) AS noproc_start,
+           -- the same runs within the current stretch of continuous data: what the idle policy
+           -- acts on (time without data is never counted as idle)
+           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy) AND ts >= data_from) AS data_run_start,
+           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc) AND ts >= data_from) AS data_noproc_start
     FROM o GROUP BY ALL
+), x AS (
+    -- the last XID code each GPU reported while it was known (the samples of a GPU that fell
+    -- off the bus carry none: its XID is in the samples before)
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, arg_max(xid_last, ts) AS last_xid, max(ts) AS last_xid_at
+    FROM gpu_samples
+    WHERE ts > $as_of - to_seconds($forget_after) AND ts <= $as_of AND xid_last > 0
+      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+    GROUP BY ALL
 ), latest AS (
-    SELECT * EXCLUDE (rn, prev_ts, prev_util) FROM o WHERE rn = 1
+    SELECT * EXCLUDE (rn, last_busy, last_proc, data_from) FROM o WHERE rn = 1
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition
@@ -417,11 +472,12 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, gi, coalesce(inv_gpu, s_gpu) AS gpu, coalesce(inv_model, s_model) AS model,
            coalesce(inv_mig, s_mig) AS mig_profile, fb_total_mib,
            latest.* EXCLUDE (cluster, host, gpu_uuid, gi, s_gpu, s_model, s_mig),
-           runs.first_ts, runs.run_start,
+           runs.last_busy, runs.run_start, runs.noproc_start, runs.data_run_start, runs.data_noproc_start, x.last_xid, x.last_xid_at,
            coalesce(hg.jobs, 0) AS jobs, hg.job_ids, hg.job_names, hg.user_names, hg.accounts, hg.schedulers
     FROM inv
     FULL JOIN latest USING (cluster, host, gpu_uuid, gi)
     LEFT JOIN runs USING (cluster, host, gpu_uuid, gi)
+    LEFT JOIN x USING (cluster, host, gpu_uuid, gi)
     LEFT JOIN hg USING (cluster, host, gpu_uuid, gi)
 ), f AS (
     SELECT *, {gpu_equiv()} AS equiv,
@@ -431,16 +487,68 @@ WITH inv AS (
     FROM g
 )
 SELECT cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts, age_s, fresh,
-       util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last, gpu_up, compute_processes,
-       clocks_event_reasons, ecc_dbe_vol, remap_failure, sm_clock_mhz,
+       util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last, last_xid, last_xid_at, gpu_up,
+       compute_processes, clocks_event_reasons, ecc_dbe_vol, remap_failure, sm_clock_mhz,
        CASE WHEN NOT fresh THEN 'no data' WHEN gpu_up = 0 THEN 'lost' WHEN {GPU_ERROR_PRED} THEN 'error' ELSE 'ok' END AS status,
        CASE WHEN fresh AND util < $thr THEN run_start END AS idle_since,
-       coalesce(fresh AND util < $thr AND run_start = first_ts
-                AND first_ts <= $as_of - to_seconds($lookback) + to_seconds($max_gap), false) AS idle_since_capped,
+       coalesce(fresh AND util < $thr AND last_busy IS NULL, false) AS idle_since_capped,
        held, jobs, job_ids, job_names, user_names, accounts, schedulers,
        coalesce(held AND fresh AND util < $thr, false) AS idle_allocated,
-       coalesce(held AND fresh AND compute_processes = 0, false) AS no_process
+       coalesce(held AND fresh AND compute_processes = 0, false) AS no_process,
+       CASE WHEN fresh AND compute_processes = 0 THEN noproc_start END AS no_process_since,
+       CASE WHEN fresh AND util < $thr THEN data_run_start END AS idle_with_data_since,
+       CASE WHEN fresh AND compute_processes = 0 THEN data_noproc_start END AS no_process_with_data_since
 FROM f
+"""
+
+# --- the idle-GPU policy (analytics/policy.py) ---
+
+# Jobs the scheduler has started and not ended at $as_of, with the GPUs their allocations name
+# (one row per job and GPU; a job without an allocation row has gpu_uuid NULL). The idle figures
+# come from GPU_STATES (one idle definition), joined on (cluster, host, gpu_uuid, gi).
+POLICY_RUNNING_GPUS = """
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start,
+       a.host, a.gpu_uuid, a.gpu_instance AS gi
+FROM jobs j
+LEFT JOIN allocations a ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key
+WHERE j.state = 'RUNNING' AND j.start IS NOT NULL AND j.start <= $as_of AND coalesce(j."end", 'infinity'::TIMESTAMP) > $as_of
+ORDER BY j.cluster, j.scheduler, j.job_key, a.host, a.gpu_uuid, a.gpu_instance
+"""
+
+# The policy's audit trail (every notification and action), newest first
+POLICY_AUDIT = """
+SELECT ts, cluster, scheduler, job_key, job_id, user_name, account, action, rule, reason, idle_s, idle_gpus,
+       enforce, result, detail, attempt
+FROM policy_audit
+WHERE ts > $since AND ts <= $as_of
+ORDER BY ts DESC, cluster, job_key, action
+"""
+
+# Jobs with GPUs that ended in ($since, $as_of] in the accounts that asked for an efficiency note
+# (the ones named in $accounts), minus those already sent one (result ok in the audit trail)
+POLICY_ENDED_JOBS = """
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start, j."end"
+FROM jobs j
+WHERE j."end" > $since AND j."end" <= $as_of AND j.start IS NOT NULL AND j.start < j."end"
+  AND list_contains($accounts, j.account) AND coalesce(j.gpus, 0) > 0
+  AND NOT EXISTS (SELECT 1 FROM policy_audit p WHERE p.cluster = j.cluster AND p.scheduler = j.scheduler
+                  AND p.job_key = j.job_key AND p.action = 'efficiency_note' AND p.result = 'ok')
+ORDER BY j."end", j.cluster, j.job_key
+"""
+
+# Actions whose latest attempt failed (each is planned again at the next evaluation while its job
+# runs), with the job's state now; the policy's "failing" metric and the Health page read it
+POLICY_FAILING = """
+WITH latest AS (
+    SELECT *, row_number() OVER (PARTITION BY cluster, scheduler, job_key, action ORDER BY ts DESC, attempt DESC) AS rn
+    FROM policy_audit WHERE enforce
+)
+SELECT l.ts, l.cluster, l.scheduler, l.job_key, l.job_id, l.user_name, l.account, l.action, l.rule, l.reason, l.idle_s,
+       l.idle_gpus, l.detail, l.attempt, j.state AS job_state
+FROM latest l
+LEFT JOIN jobs j ON j.cluster = l.cluster AND j.scheduler = l.scheduler AND j.job_key = l.job_key
+WHERE l.rn = 1 AND l.result = 'failed'
+ORDER BY l.ts DESC, l.cluster, l.job_key
 """
 
 # the values each dashboard filter can take

@@ -4,7 +4,9 @@
 per bucket and group, the same quantities as Analysis.utilization() - so the buckets of a
 column add up to the window's figure exactly:
 
-  capacity_gpu_h   GPU dimensions only (fleet, cluster, model): inventory capacity
+  capacity_gpu_h   GPU dimensions only (fleet, cluster, model): inventory capacity; null under
+                   a job filter (account, user, partition), which then gives every GPU dimension
+                   the selected jobs' data and busy time
   data_gpu_h       time with samples; busy_gpu_h: utilization-weighted data time
   no_data_gpu_h    capacity (GPU dimensions) or allocated time (job dimensions) without samples
   allocated_gpu_h  scheduler accounting (GPUs x run time), where the dimension is a job's
@@ -93,7 +95,8 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     base: dict[str, pl.DataFrame] = {}
     # which model each GPU id is, as per_gpu() (and so utilization()) groups it
     models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
-    if any(d in _GPU_KEYS for d in dims):
+    job_filtered = a.job_filtered  # GPU dimensions then show the selected jobs' time; capacity is no job's
+    if any(d in _GPU_KEYS for d in dims) and not job_filtered:
         whole = models.select("cluster", "model", "gid", a0=pl.lit(p.start), a1=pl.lit(p.end))
         base["iv"] = _bucket_use(a, whole, ["cluster", "model"], bsec)
         base["cap"] = q(sql.TIMELINE_CAPACITY)
@@ -112,7 +115,10 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     for by in dims:
         gpu_dim = by in _GPU_KEYS
         keys = list(_GPU_KEYS[by] if gpu_dim else _JOB_KEYS[by])
-        if gpu_dim:
+        if gpu_dim and job_filtered:
+            used = total("pc", keys, ["data_gpu_h", "busy_gpu_h"])
+            frames = [used, used.select(*keys, "k", pl.col("data_gpu_h").alias("held_data_gpu_h"))]
+        elif gpu_dim:
             frames = [total("iv", keys, ["data_gpu_h", "busy_gpu_h"]), total("cap", keys, ["capacity_gpu_h"]),
                       total("pc", keys, ["data_gpu_h"], {"data_gpu_h": "held_data_gpu_h"})]
         else:
@@ -120,7 +126,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
             frames = [used, used.select(*keys, "k", pl.col("data_gpu_h").alias("held_data_gpu_h"))]
         if by != "model":
             frames.append(total("alloc", keys, ["allocated_gpu_h"]))
-        result[by] = _assemble(frames, keys, gpu_dim, n_buckets, bsec, p.start)
+        result[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, p.start)
     return result
 
 

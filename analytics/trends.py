@@ -20,7 +20,7 @@ from gpufleet.analytics.params import Params
 HEADLINES = (
     ("allocated_gpu_h", "GPU-hours allocated"),
     ("busy_gpu_h", "GPU-hours used (busy)"),
-    ("utilization_pct", "fleet utilization %"),
+    ("utilization_pct", "utilization %"),
     ("idle_allocated_gpu_h", "idle allocated GPU-hours"),
     ("idle_allocated_cost", "cost of idle allocated time $"),
     ("no_process_gpu_h", "GPU-hours held with no process"),

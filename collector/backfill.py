@@ -2,7 +2,9 @@
 
 Only sources that can read the past take part (Prometheus API, sacct); scraping cannot. Each
 chunk is committed on its own, so an interrupted backfill keeps what it finished, and re-running
-it skips the chunks already stored (their batch keys are known).
+it skips the chunks already stored (their batch keys are known). A source that reads whole
+chunks once complete (the Prometheus API) names the chunks of the window it leaves out and when
+they can be read; a backfill that could read none of its window fails, saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +36,19 @@ def backfill(collector: Collector, start: datetime, end: datetime, *, out: TextI
     ok = True
     for source in able:
         windows = list(source.backfill_windows(start, end))
+        skipped = source.skipped_windows(start, end) if hasattr(source, "skipped_windows") else []
+        if skipped:
+            ready = max(r for *_, r in skipped)
+            named = ", ".join(f"{lo.isoformat()}..{hi.isoformat()}" for lo, hi, _ in skipped[:3]) + (
+                f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+            msg = (f"backfill {source.name}: {len(skipped)} chunk(s) not read: {named} UTC; chunks are read whole once complete "
+                   f"(older than lag_seconds): all can be read from {ready.isoformat()} UTC (the service reads them then, "
+                   f"or re-run --backfill with END at a chunk boundary after that)")
+            out.write(msg + "\n")
+            log.warning("%s", msg)
+            if not windows:
+                log.error("backfill %s: nothing of %s..%s can be read yet", source.name, start.isoformat(), end.isoformat())
+                ok = False
         started = time.monotonic()
         for i, (lo, hi) in enumerate(windows, 1):
             try:

@@ -14,8 +14,9 @@ from gpufleet.times import parse_time
 
 log = logging.getLogger(__name__)
 
-# (config document, config path) -> a callable that adds a job to the APScheduler, or None
-ScheduledJob = Callable[[Mapping[str, Any], Any], "Callable[[Any], Any] | None"]
+# (config document, config path) -> a callable add(scheduler, collector) that adds a job to the
+# APScheduler (the collector: its writer and metrics, for jobs that record), or None
+ScheduledJob = Callable[[Mapping[str, Any], Any], "Callable[[Any, Any], Any] | None"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,13 +51,24 @@ def build(opts: dict[str, Any]):
         from gpufleet.collector.sources.slurm import SacctSource
 
         sources.append(ScheduledSource(SacctSource.from_options(opts["cluster"], sa), sa["interval"]))
+    rest = opts["slurmrestd"]
+    if rest["url"]:
+        from gpufleet.collector.sources.slurmrestd import SlurmrestdSource
+
+        sources.append(ScheduledSource(SlurmrestdSource.from_options(opts["cluster"], rest), rest["interval"]))
+    sj = opts["slurm_json"]
+    if sj["files"]:
+        from gpufleet.collector.sources.slurm_files import SlurmJsonFilesSource
+
+        sources.append(ScheduledSource(SlurmJsonFilesSource(cluster=opts["cluster"], files=sj["files"]), sj["interval"]))
     k8s = opts["kubernetes"]
     if k8s["enabled"]:
         from gpufleet.collector.sources.kubernetes import KubernetesSource
 
         sources.append(ScheduledSource(KubernetesSource.from_options(opts["cluster"], k8s), k8s["interval"]))
     if not sources:
-        raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled or kubernetes.enabled")
+        raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled, slurmrestd.url, "
+                          "slurm_json.files or kubernetes.enabled")
     return Collector(StoreWriter(opts["store"]), sources)
 
 
@@ -82,16 +94,20 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
     except StoreError as e:
         log.error("%s", e)
         return 1
-    if args.once:
-        ok = collector.run_once()
-        collector.writer.close()
-        return 0 if ok else 1
-    if window:
-        from gpufleet.collector.backfill import backfill
+    if args.once or window:
+        # an empty result reporting success is a defect: fail when nothing at all was recognized
+        collector.reset_recognized()
+        if args.once:
+            ok = collector.run_once()
+        else:
+            from gpufleet.collector.backfill import backfill
 
-        ok = backfill(collector, *window, out=out or sys.stderr)
+            ok = backfill(collector, *window, out=out or sys.stderr)
         collector.writer.close()
-        return 0 if ok else 1
+        why = collector.nothing_recognized()
+        if why:
+            log.error("%s", why)
+        return 0 if ok and not why else 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

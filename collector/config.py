@@ -15,6 +15,14 @@
 
     [collector.sacct]                   # Slurm accounting
     enabled = true
+    format = "text"                     # or "json": sacct --json (Slurm 21.08+)
+
+    [collector.slurmrestd]              # or Slurm's REST API (JWT), when sacct cannot be run
+    url = "https://slurm-ctl:6820"      # or "unix:/run/slurmrestd/slurmrestd.socket"
+    token_file = "/etc/gpufleet/slurm.jwt"
+
+    [collector.slurm_json]              # or sacct --json / slurmrestd answers saved to files
+    files = ["/var/spool/gpufleet/sacct-*.json"]
 
     [collector.kubernetes]              # pods requesting GPUs
     enabled = true
@@ -25,9 +33,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
-from gpufleet.config import ConfigError, Option, boolean, gather, host_port, integer, number, section, string, strings
+from gpufleet.config import ConfigError, Option, boolean, gather, host_port, integer, number, one_of, section, string, strings
 
 TOP = (
     Option("store", "/var/lib/gpufleet/store", "a directory path", string),
@@ -36,6 +45,8 @@ TOP = (
     Option("scrape", {}, "a table", lambda v: isinstance(v, dict)),
     Option("prometheus", {}, "a table", lambda v: isinstance(v, dict)),
     Option("sacct", {}, "a table", lambda v: isinstance(v, dict)),
+    Option("slurmrestd", {}, "a table", lambda v: isinstance(v, dict)),
+    Option("slurm_json", {}, "a table", lambda v: isinstance(v, dict)),
     Option("kubernetes", {}, "a table", lambda v: isinstance(v, dict)),
     Option("retention", {}, "a table", lambda v: isinstance(v, dict)),
 )
@@ -66,6 +77,27 @@ SACCT = (
     Option("timezone", "UTC", "an IANA time zone name (sacct prints the cluster's local time)", string),
     Option("timeout", 120.0, "a number of seconds > 0", number(0)),
     Option("slurm_conf", "", "a slurm.conf path for SLURM_CONF, or \"\"", string),
+    Option("format", "text", '"text" (sacct -P) or "json" (sacct --json)', one_of("text", "json")),
+)
+
+SLURMRESTD = (
+    Option("url", "", 'an http(s) URL of slurmrestd, "unix:/path/to/socket", or ""', string),
+    Option("interval", 300.0, "a number of seconds > 0", number(0)),
+    Option("token_file", "", 'a file holding the JWT (re-read every run), or ""', string),
+    Option("token_env", "", 'an environment variable holding the JWT, or ""', string),
+    Option("user", "", 'the user name sent with the token (X-SLURM-USER-NAME), or ""', string),
+    Option("api_version", "auto", '"auto" or a data_parser version such as "v0.0.40"',
+           lambda v: isinstance(v, str) and (v == "auto" or re.fullmatch(r"v0\.0\.\d+", v) is not None)),
+    Option("verify_tls", True, "true or false", boolean),
+    Option("timeout", 60.0, "a number of seconds > 0", number(0)),
+    Option("timezone", "UTC", "slurmrestd's IANA time zone (data_parser v0.0.37/38 read times in it)", string),
+    Option("overlap_seconds", 3600, "an integer >= 0", integer(0)),
+    Option("initial_lookback_seconds", 7 * 86400, "an integer >= 0", integer(0)),
+)
+
+SLURM_JSON = (
+    Option("files", [], "a list of file paths or glob patterns", strings),
+    Option("interval", 300.0, "a number of seconds > 0", number(0)),
 )
 
 KUBERNETES = (
@@ -86,10 +118,16 @@ def load(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     """Validated collector options: top-level keys plus one dict per sub-table."""
     raw = doc.get("collector", {})
     raw = raw if isinstance(raw, dict) else {}  # section() below says what is wrong with it
-    tables = (("scrape", SCRAPE), ("prometheus", PROMETHEUS), ("sacct", SACCT), ("kubernetes", KUBERNETES), ("retention", RETENTION))
+    tables = (("scrape", SCRAPE), ("prometheus", PROMETHEUS), ("sacct", SACCT), ("slurmrestd", SLURMRESTD),
+              ("slurm_json", SLURM_JSON), ("kubernetes", KUBERNETES), ("retention", RETENTION))
     top, *validated = gather(lambda: section(doc, "collector", TOP, path),
                              *(lambda name=name, options=options: section(raw, name, options, path, parent="collector") for name, options in tables))
     top.update({name: opts for (name, _), opts in zip(tables, validated)})
     if top["prometheus"]["url"] and not top["prometheus"]["url"].startswith(("http://", "https://")):
         raise ConfigError(f"config {path} [collector.prometheus]: url = {top['prometheus']['url']!r}: expected an http:// or https:// URL")
+    rest = top["slurmrestd"]
+    if rest["url"] and not rest["url"].startswith(("http://", "https://", "unix:")):
+        raise ConfigError(f"config {path} [collector.slurmrestd]: url = {rest['url']!r}: expected an http:// or https:// URL or unix:/path")
+    if rest["token_file"] and rest["token_env"]:
+        raise ConfigError(f"config {path} [collector.slurmrestd]: set token_file or token_env, not both")
     return top

@@ -10,11 +10,13 @@ line. The fast path accepts only lines whose meaning it is sure of, so both path
 samples (tests/test_exposition_parse.py checks this on every fixture and on generated tricky
 input); a line prometheus_client rejects is counted and skipped.
 
-Two rules come on top of prometheus_client: a last line without its terminating newline is
-rejected (the text format ends every line with one; a body cut in the middle of a value would
-otherwise give a wrong number), and a line the fast path cannot read that is longer than
-MAX_LINE_CHARS is rejected unparsed (prometheus_client's label scanner is quadratic on
-quote-heavy junk; the fast path is linear and has no limit).
+Rules on top of prometheus_client: a UTF-8 byte-order mark before the first line is dropped
+(files saved by Windows editors); a last line without its terminating newline is read, as
+Prometheus reads it, but noted in `Scan.notes` (a body cut in the middle of a value would give a
+wrong number: HTTP bodies are checked against their length by the client, files are not); and a
+line the fast path cannot read that is longer than MAX_LINE_CHARS is rejected unparsed
+(prometheus_client's label scanner is quadratic on quote-heavy junk; the fast path is linear and
+has no limit).
 
 For speed the scan can also pivot samples straight into the caller's columns (`Pivot`): a
 sample then costs a few dict lookups and one store, with no intermediate tuple.
@@ -34,6 +36,7 @@ Value = Union[int, float]
 Sample = tuple[int, str, object, dict[str, str], Value]
 
 MAX_LINE_CHARS = 16384
+BOM = "\ufeff"  # a UTF-8 byte-order mark, as decoded
 MAX_PROBLEMS = 20  # problem strings kept per scrape; `rejected` counts all
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -119,6 +122,7 @@ class Scan:
     samples: list[Sample] = field(default_factory=list)  # all, or with a Pivot the ones it kept
     rejected: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # accepted but worth a warning
 
     def reject(self, lineno: int, reason: str) -> None:
         self.rejected += 1
@@ -132,12 +136,15 @@ def scan(text: str, *, fast: bool = True, pivot: Pivot | None = None) -> Scan:
     fast=False parses every line with prometheus_client: the reference the fast path must equal.
     """
     out = Scan()
+    if text.startswith(BOM):
+        text = text[1:]
     if "\r" in text:  # CRLF: prometheus_client strips the \r with the line; drop it up front
         text = text.replace("\r\n", "\n")
     cut = text.rfind("\n") + 1  # lines end at \n only, as prometheus_client reads them
     body, tail = text[:cut], text[cut:]
     if tail.strip():
-        out.reject(body.count("\n") + 1, "no newline at end of body (truncated?): " + _snippet(tail))
+        out.notes.append(f"line {body.count(chr(10)) + 1}: no newline at end of body, read as Prometheus reads it: {_snippet(tail)}")
+        body = text + "\n"
     if pivot is None:
         pivot = Pivot(lambda name: KEEP, lambda key, labels: KEEP_ROW)
     if fast:

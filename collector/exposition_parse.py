@@ -3,7 +3,14 @@
 Pure: text in, a ParsedScrape out. What it tolerates is listed in shared/data/FORMATS.md §1-2:
 metric names of every dcgm-exporter generation (gpufleet.collector.schema.METRIC_TO_COLUMN), labels read
 by name in any order, `UUID`/`uuid`, `Hostname`/`hostname`, MIG rows keyed by (parent UUID,
-GPU_I_ID), DCGM's blank sentinels, and three spellings of the Kubernetes workload labels.
+GPU_I_ID), DCGM's blank sentinels, and three spellings of the Kubernetes workload labels. Also
+utkuozdemir/nvidia_gpu_exporter's `nvidia_smi_*` families (schema.NVIDIA_SMI_TO_COLUMN): their
+only label is `uuid` (lower-case, without `GPU-`), the index, model and driver come from
+`nvidia_smi_index` / `nvidia_smi_gpu_info`.
+
+What is accepted but doubtful is noted in `warnings` (a Hostname that is the exporter's pod name,
+a last line without newline); the names of metric families nothing here reads are kept in
+`unknown_names`, so that a body yielding no GPU rows can say what it held instead.
 
 Lines are read by gpufleet.collector.exposition_fast, which pivots samples straight into the columns
 built here. What depends only on a label set (host, row key, workload, hpc_job) is worked out
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import chain
@@ -22,8 +30,10 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from gpufleet.collector.exposition_fast import DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot, scan
-from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_FIELDS, SAMPLE_SCHEMA
+from gpufleet.collector.exposition_fast import (BOM, DROP_ROW, KEEP, KEEP_ROW, MAX_CACHED, MAX_PROBLEMS, SKIP, Pivot,
+                                                 _parse_block, _parse_value, scan)
+from gpufleet.collector.schema import (METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_FIELDS,
+                                       SAMPLE_SCHEMA)
 from gpufleet.exposition import DCGM_BLANK_THRESHOLD  # blank DCGM values are not data
 
 
@@ -57,6 +67,12 @@ WORKLOAD_LABELS = (
 # dcgm-exporter's own pod labels, which leak onto idle GPUs' series: not a workload.
 EXPORTER_NAMESPACE = "gpu-operator"
 EXPORTER_POD_PREFIXES = ("nvidia-dcgm-exporter", "dcgm-exporter")
+# Labels that name the node when dcgm-exporter's Hostname is its own pod name (GPU-operator and
+# armada deployments without NODE_NAME): set by relabelling or by the operator, first wins.
+NODE_LABELS = ("node", "kubernetes_node", "nodename")
+MAX_UNKNOWN_NAMES = 10  # unknown family names kept per body, for the message
+# nvidia_gpu_exporter's identity series, found before the samples are read
+_SMI_IDENTITY_RE = re.compile(f"^({NVIDIA_SMI_INDEX}|{NVIDIA_SMI_INFO})\\{{(.*)\\}} (\\S+)", re.M)
 
 _INT_MIN = -(2**63)
 _FLOAT_COLUMNS = tuple(f.column for f in SAMPLE_FIELDS if not pa.types.is_integer(f.type))
@@ -72,6 +88,8 @@ class ParsedScrape:
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s observations
     rejected: int = 0
     problems: list[str] = field(default_factory=list)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, text), see ScrapeRows
+    unknown_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +105,9 @@ class ScrapeRows:
     throughput: list[dict[str, Any]]
     rejected: int
     problems: list[str]
+    # accepted but doubtful input (see the module doc): (kind, text), kind pod_hostname or no_final_newline
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+    unknown_names: list[str] = field(default_factory=list)  # metric families not read, the first few
 
     @property
     def num_rows(self) -> int:
@@ -111,7 +132,8 @@ def parse_exposition(
     """
     r = parse_rows(text, ts=ts, cluster=cluster, target=target, target_labels=target_labels, source=source)
     return ParsedScrape(samples=samples_table([r]), gpus=r.gpus, allocations=r.allocations,
-                        throughput=r.throughput, rejected=r.rejected, problems=r.problems)
+                        throughput=r.throughput, rejected=r.rejected, problems=r.problems, warnings=r.warnings,
+                        unknown_names=r.unknown_names)
 
 
 def parse_rows(
@@ -128,8 +150,11 @@ def parse_rows(
         ts = ts.astimezone(timezone.utc).replace(tzinfo=None)
     ts = ts.replace(microsecond=ts.microsecond // 1000 * 1000)
     b = _Builder(ts, cluster, host=target_labels.get("node") or None, default_host=target_host(target))
+    if NVIDIA_SMI_PREFIX in text:
+        b.read_smi_identity(text.removeprefix(BOM))  # the BOM would hide a first line's name from the regex
     lines = scan(text, pivot=Pivot(b.column_of, b.row_of))
     b.rejected, b.problems = lines.rejected, lines.problems
+    b.warnings[:0] = [("no_final_newline", note) for note in lines.notes]
     for lineno, name, key, labels, value in lines.samples:  # what the pivot kept for us
         if name == JOB_INFO:
             b.job_info(lineno, key, labels, value)
@@ -148,6 +173,8 @@ def parse_rows(
         throughput=[r for r in b.reports.values() if r["flops"] is not None],
         rejected=b.rejected,
         problems=b.problems,
+        warnings=b.warnings,
+        unknown_names=b.unknown_names,
     )
 
 
@@ -288,6 +315,7 @@ class _Series:
     model: str | None
     driver: str | None
     jobs: tuple[tuple[str, str], ...]  # (scheduler, job key) the labels name as holding the GPU
+    note: str | None = None  # a warning about the label set (a pod name for Hostname)
 
 
 # What a label set means to the builder, which depends only on it and on the scrape's host
@@ -323,6 +351,37 @@ class _Builder:
         self.exporter = DCGM_EXPORTER  # until a gpufleet_build_info line says otherwise
         self.rejected = 0
         self.problems: list[str] = []
+        self.warnings: list[tuple[str, str]] = []
+        self.unknown_names: list[str] = []
+        # nvidia_gpu_exporter: uuid label -> (GPU index or None, model, driver); None when the
+        # body has no nvidia_smi_* series. Part of the label-set cache keys: it changes meanings.
+        self.smi: dict[str, tuple[int | None, str | None, str | None]] | None = None
+        self.smi_key: tuple | None = None
+
+    def warn(self, kind: str, text: str) -> None:
+        if (kind, text) not in self.warnings and len(self.warnings) < MAX_PROBLEMS:
+            self.warnings.append((kind, text))
+
+    def read_smi_identity(self, text: str) -> None:
+        """uuid -> (index, model, driver) from nvidia_smi_index{uuid} N and nvidia_smi_gpu_info{uuid,index,name,driver_version}."""
+        smi: dict[str, list[Any]] = {}
+        for name, block, value in _SMI_IDENTITY_RE.findall(text):
+            labels = _parse_block(block)
+            uuid = labels.get("uuid") if labels else None
+            if not uuid:
+                continue
+            entry = smi.setdefault(uuid, [None, None, None])
+            if name == NVIDIA_SMI_INDEX:
+                v = _parse_value(value.strip())
+                index = v if type(v) is int else (int(v) if isinstance(v, float) and v.is_integer() else None)
+                entry[0] = index if index is not None and 0 <= index <= _I16_MAX else entry[0]
+            else:
+                index = _small_int(labels.get("index") or "")
+                entry[0] = entry[0] if index is None else index
+                entry[1] = labels.get("name") or None
+                entry[2] = labels.get("driver_version") or None
+        self.smi = {k: (v[0], v[1], v[2]) for k, v in smi.items()}
+        self.smi_key = tuple(sorted(self.smi.items(), key=lambda kv: kv[0]))
 
     def reject(self, lineno: int, reason: str) -> None:
         self.rejected += 1
@@ -338,7 +397,9 @@ class _Builder:
         if mapped is None:
             if name == GPUFLEET_BUILD_INFO:
                 self.exporter = GPUFLEET
-            return SKIP  # a family the schema does not store: ignored, not rejected
+            elif len(self.unknown_names) < MAX_UNKNOWN_NAMES:
+                self.unknown_names.append(name)
+            return SKIP  # a family the schema does not store: ignored, not rejected (named if nothing else is read)
         column, scale = mapped
         return self.values.setdefault(column, {}), scale
 
@@ -348,7 +409,7 @@ class _Builder:
         Series without a `gpu` label (NVSwitch, NVLink, CPU entities) are not GPU rows; an empty
         label counts as absent, as in Prometheus.
         """
-        series = _remember((label_key, self.host, self.default_host), lambda: self._series(labels))
+        series = _remember((label_key, self.host, self.default_host, self.smi_key), lambda: self._series(labels))
         if type(series) is int:
             return series  # DROP_ROW
         if type(series) is str:
@@ -360,17 +421,22 @@ class _Builder:
             index = self.rows[key] = len(self.row_info)
             self.row_info.append(_Row(series.host, series.uuid, series.instance, series.gpu))
         self.row_info[index].absorb(series)
+        if series.note:
+            self.warn("pod_hostname", series.note)
         for scheduler, job in series.jobs:
             self.allocate(scheduler, job, series.host, series.uuid, series.instance, series.gpu)
         return index
 
     def _series(self, labels: Mapping[str, str]) -> _Series | int | str:
         """row_of's reading of a label set: DROP_ROW, a reason to reject it, or its _Series."""
-        if not labels.get("gpu") or any(k in labels for k in ENTITY_LABELS):
+        if any(k in labels for k in ENTITY_LABELS):
+            return DROP_ROW
+        if not labels.get("gpu") and (self.smi is None or not labels.get("uuid")):
             return DROP_ROW
         key = self._gpu_key(labels)
         if isinstance(key, str):
             return key
+        smi = self.smi.get(labels["uuid"]) if self.smi and not labels.get("gpu") else None
         jobs = []
         workload = _workload(labels)
         if workload is not None and not _is_exporter_pod(*workload):
@@ -378,15 +444,25 @@ class _Builder:
         job = labels.get("hpc_job")  # one series per job id; "0" is what some prologs write when idle
         if job and job != "0":
             jobs.append(("slurm", job))
-        return _Series(*key, mig_profile=labels.get("GPU_I_PROFILE") or None, model=labels.get("modelName") or None,
-                       driver=labels.get("DCGM_FI_DRIVER_VERSION") or None, jobs=tuple(jobs))
+        return _Series(*key, mig_profile=labels.get("GPU_I_PROFILE") or None,
+                       model=labels.get("modelName") or (smi[1] if smi else None),
+                       driver=labels.get("DCGM_FI_DRIVER_VERSION") or (smi[2] if smi else None), jobs=tuple(jobs),
+                       note=_host_label(labels)[1] if self.host is None else None)
 
     def _gpu_key(self, labels: Mapping[str, str]) -> tuple[str, str, int, int | None] | str:
         """(host, uuid, gpu, instance) of a GPU series, or why it cannot have one."""
-        gpu = _small_int(labels["gpu"])
-        if gpu is None:
-            return f"bad gpu label {labels['gpu']!r}"
-        uuid = labels.get("UUID") or labels.get("uuid")
+        if labels.get("gpu"):
+            gpu = _small_int(labels["gpu"])
+            if gpu is None:
+                return f"bad gpu label {labels['gpu']!r}"
+            uuid = labels.get("UUID") or labels.get("uuid")
+        else:  # nvidia_gpu_exporter: `uuid` only, the index from its identity series
+            uuid = labels.get("uuid")
+            smi = (self.smi or {}).get(uuid or "")
+            gpu = smi[0] if smi else None
+            if gpu is None:
+                return f"nvidia_smi series of uuid {uuid!r} without an index (no nvidia_smi_index or nvidia_smi_gpu_info for it)"
+            uuid = smi_uuid(uuid)
         if not uuid:
             return "GPU series without a UUID label"
         instance = None
@@ -394,7 +470,7 @@ class _Builder:
             instance = _small_int(labels["GPU_I_ID"])
             if instance is None:
                 return f"bad GPU_I_ID label {labels['GPU_I_ID']!r}"
-        host = self.host or labels.get("Hostname") or labels.get("hostname") or self.default_host
+        host = self.host or _host_label(labels)[0] or self.default_host
         for text in (host, uuid, labels.get("modelName"), labels.get("GPU_I_PROFILE"), labels.get("DCGM_FI_DRIVER_VERSION")):
             if text and not _utf8(text):
                 return "label value is not valid UTF-8"
@@ -406,7 +482,7 @@ class _Builder:
         """gpufleet_gpu_job_info{gpu,UUID,[GPU_I_ID],Hostname,scheduler,job_id|namespace,pod} 1."""
         if not value > 0:  # 0 or NaN: not a holder
             return
-        holder = _remember((JOB_INFO, label_key, self.host, self.default_host), lambda: self._holder(labels))
+        holder = _remember((JOB_INFO, label_key, self.host, self.default_host, self.smi_key), lambda: self._holder(labels))
         if type(holder) is str:
             self.reject(lineno, holder)
         elif holder:
@@ -444,7 +520,7 @@ class _Builder:
         if not (value >= 0 and value != math.inf) or (name == JOB_REPORTED_GPUS and (value < 1 or value != int(value))):
             self.reject(lineno, f"{name} value {value!r} is not a {'FLOP/s figure' if name == JOB_REPORTED_FLOPS else 'GPU count'}")
             return
-        host = self.host or labels.get("Hostname") or labels.get("hostname") or self.default_host
+        host = self.host or _host_label(labels)[0] or self.default_host
         obs = self.reports.setdefault((scheduler, job_key, host), {
             "ts": self.ts, "cluster": self.cluster, "scheduler": scheduler, "job_key": job_key, "host": host,
             "flops": None, "gpus": None, "basis": None,
@@ -554,6 +630,30 @@ def _slices(type_: pa.DataType, flat: list[Any], n: int, k: int) -> list[pa.Arra
         return []
     array = pa.array(flat, type_)
     return [array.slice(i * n, n) for i in range(k)]
+
+
+def smi_uuid(uuid: str) -> str:
+    """nvidia_gpu_exporter's `uuid` (nvidia-smi's without `GPU-`) as NVML, DCGM and Slurm write it."""
+    return uuid if uuid[:4].upper() in ("GPU-", "MIG-") else "GPU-" + uuid
+
+
+def is_exporter_pod_name(host: str) -> bool:
+    """A Hostname that is dcgm-exporter's pod name (`nvidia-dcgm-exporter-sv6g2`), not a node."""
+    return host.startswith(tuple(p + "-" for p in EXPORTER_POD_PREFIXES))
+
+
+def _host_label(labels: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(host the labels name, a warning or None). A Hostname that is the exporter's pod name gives
+    way to a node label (NODE_LABELS); without one it is kept, with a warning saying so."""
+    host = labels.get("Hostname") or labels.get("hostname")
+    if not host or not (is_exporter_pod_name(host) or host == labels.get("pod")):
+        return host, None
+    for key in NODE_LABELS:
+        node = labels.get(key)
+        if node:
+            return node, f"Hostname {host!r} is the exporter's pod name; host taken from label {key}={node!r}"
+    return host, (f"Hostname {host!r} is the exporter's pod name, not a node, and no {'/'.join(NODE_LABELS)} label names "
+                  "the node: set one (a `node` target label) or NODE_NAME on the exporter")
 
 
 def _workload(labels: Mapping[str, str]) -> tuple[str, str] | None:

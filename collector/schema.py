@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,42 @@ for _f in SAMPLE_FIELDS:
             METRIC_TO_COLUMN[_n.lower()] = (_f.column, 1.0)
     for _n in _f.legacy:
         METRIC_TO_COLUMN[_n] = (_f.column, _f.scale)
+
+# utkuozdemir/nvidia_gpu_exporter (nvidia-smi --query-gpu fields, converted to SI units by the
+# exporter: ratio, bytes, Hz, watts): metric name -> (column, scale to the column's unit). Only
+# fields whose meaning is the DCGM field's; identity comes from `uuid` (no `GPU-` prefix) and
+# nvidia_smi_index / nvidia_smi_gpu_info (gpufleet.collector.exposition_parse).
+_MIB = 1.0 / (1 << 20)
+NVIDIA_SMI_TO_COLUMN: dict[str, tuple[str, float]] = {
+    "nvidia_smi_utilization_gpu_ratio": ("gpu_util", 100.0),
+    "nvidia_smi_utilization_memory_ratio": ("mem_copy_util", 100.0),  # utilization.memory: memory controller busy
+    "nvidia_smi_utilization_encoder_ratio": ("enc_util", 100.0),
+    "nvidia_smi_utilization_decoder_ratio": ("dec_util", 100.0),
+    "nvidia_smi_memory_used_bytes": ("fb_used_mib", _MIB),
+    "nvidia_smi_memory_free_bytes": ("fb_free_mib", _MIB),
+    "nvidia_smi_memory_reserved_bytes": ("fb_reserved_mib", _MIB),
+    "nvidia_smi_memory_total_bytes": ("fb_total_mib", _MIB),
+    "nvidia_smi_power_draw_watts": ("power_w", 1.0),
+    "nvidia_smi_temperature_gpu": ("gpu_temp_c", 1.0),
+    "nvidia_smi_temperature_memory": ("mem_temp_c", 1.0),
+    "nvidia_smi_clocks_current_sm_clock_hz": ("sm_clock_mhz", 1e-6),
+    "nvidia_smi_clocks_current_memory_clock_hz": ("mem_clock_mhz", 1e-6),
+    "nvidia_smi_ecc_errors_corrected_volatile_total": ("ecc_sbe_vol", 1.0),
+    "nvidia_smi_ecc_errors_uncorrected_volatile_total": ("ecc_dbe_vol", 1.0),
+    "nvidia_smi_ecc_errors_corrected_aggregate_total": ("ecc_sbe_agg", 1.0),
+    "nvidia_smi_ecc_errors_uncorrected_aggregate_total": ("ecc_dbe_agg", 1.0),
+    "nvidia_smi_remapped_rows_correctable": ("remap_correctable", 1.0),
+    "nvidia_smi_remapped_rows_uncorrectable": ("remap_uncorrectable", 1.0),
+    "nvidia_smi_remapped_rows_failure": ("remap_failure", 1.0),
+    "nvidia_smi_clocks_event_reasons_active": ("clocks_event_reasons", 1.0),
+    "nvidia_smi_clocks_throttle_reasons_active": ("clocks_event_reasons", 1.0),  # drivers before R535
+    "nvidia_smi_compute_apps": ("compute_processes", 1.0),
+}
+METRIC_TO_COLUMN.update(NVIDIA_SMI_TO_COLUMN)
+# nvidia_gpu_exporter series that name a GPU's index, model and driver (not sample columns)
+NVIDIA_SMI_INDEX = "nvidia_smi_index"
+NVIDIA_SMI_INFO = "nvidia_smi_gpu_info"
+NVIDIA_SMI_PREFIX = "nvidia_smi_"
 
 # The key of a sample row: at most one row per key (per source).
 SAMPLE_KEY_COLUMNS = ("ts", "cluster", "host", "gpu_uuid", "gpu_instance")
@@ -193,7 +229,30 @@ CREATE TABLE IF NOT EXISTS job_throughput (
 )"""
 
 # Published tables: name -> DDL. Each is snapshotted to Parquet for readers.
-TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL}
+# The idle-GPU policy's audit trail: every notification and action it took or tried (one row per
+# attempt), with the rule, the evidence and the result. It is what keeps a job from being
+# notified twice inside renotify_after, across restarts.
+POLICY_AUDIT_DDL = """
+CREATE TABLE IF NOT EXISTS policy_audit (
+    ts TIMESTAMP NOT NULL,               -- when the attempt finished
+    cluster VARCHAR NOT NULL,
+    scheduler VARCHAR NOT NULL,
+    job_key VARCHAR NOT NULL,
+    job_id VARCHAR,
+    user_name VARCHAR,
+    account VARCHAR,
+    action VARCHAR NOT NULL,             -- notify | escalate | cancel | exempt
+    rule VARCHAR NOT NULL,               -- the [policy] rule that planned it
+    reason VARCHAR NOT NULL,             -- why, with the idle figures
+    idle_s DOUBLE,                       -- evidence: how long every GPU of the job was idle
+    idle_gpus INTEGER,                   -- evidence: GPUs idle (all of the job's)
+    enforce BOOLEAN NOT NULL,            -- false: a dry run (nothing was done)
+    result VARCHAR NOT NULL,             -- ok | failed | dry-run | logged
+    detail VARCHAR,                      -- what was done, or the error
+    attempt INTEGER NOT NULL DEFAULT 1   -- consecutive attempts of this action on this job
+)"""
+
+TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL, "policy_audit": POLICY_AUDIT_DDL}
 
 # Writer-only bookkeeping.
 STATE_DDL = (
@@ -211,7 +270,7 @@ STATE_DDL = (
     "CREATE TABLE IF NOT EXISTS retired_files (file VARCHAR PRIMARY KEY, retired_at TIMESTAMP NOT NULL)",
 )
 
-# Writer-only column of the segmented tables (never published): see MIGRATIONS[4].
+# Writer-only column of the segmented tables (never published): see MIGRATIONS[5].
 SEGMENT_COLUMN = "_segment"
 
 # version -> statements, applied in order by the writer at start. Version 1 is the base schema.
@@ -221,9 +280,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("CREATE TABLE IF NOT EXISTS rollups (hour TIMESTAMP PRIMARY KEY, file VARCHAR NOT NULL)",),
     # 3: job-reported throughput, for MFU
     3: (JOB_THROUGHPUT_DDL,),
-    # 4: settled history published once, in segments (gpufleet.collector.store, SEGMENTED): which
+    # 4: the idle-GPU policy's audit trail
+    4: (POLICY_AUDIT_DDL,),
+    # 5: settled history published once, in segments (gpufleet.collector.store, SEGMENTED): which
     # segment holds each row (NULL: none; -k: segment k holds an older version, the row overrides it)
-    4: (
+    5: (
         f"ALTER TABLE jobs ADD COLUMN {SEGMENT_COLUMN} INTEGER",
         f"ALTER TABLE allocations ADD COLUMN {SEGMENT_COLUMN} INTEGER",
         """CREATE TABLE IF NOT EXISTS segments (
@@ -263,6 +324,19 @@ ORDER BY host, gpu_uuid, gpu_instance, bucket
 ROLLUP_SQL = ROLLUP_SELECT.replace("{source}", "read_parquet({files})")
 
 
+@dataclass(frozen=True)
+class Unrecognized:
+    """Input a source could not make sense of, or read with a doubt: reported, counted
+    (gpufleet_collect_input_unrecognized_total) and listed in the store's manifest for the
+    dashboard's Health page. `input`: where (a target, a URL, a file); `kind`: a short token
+    (no_gpu_rows, pod_hostname, no_final_newline, vector_answer, unknown_answer, no_jobs_list, ...);
+    `detail`: what was there, for a person."""
+
+    input: str
+    kind: str
+    detail: str
+
+
 @dataclass
 class Batch:
     """What one source run produced; the store commits a batch whole or not at all.
@@ -282,6 +356,7 @@ class Batch:
     rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)
     problems: list[str] = field(default_factory=list)  # what was rejected, for the log (first few)
     watermark: tuple[str, str] | None = None  # (watermark name, new value)
+    unrecognized: list[Unrecognized] = field(default_factory=list)  # input not understood (good rows kept)
     # (cluster, scheduler, as of): `jobs` holds every job of that scope the scheduler still
     # knows, so a job the store has as PENDING or RUNNING that is not among them is gone (a pod
     # deleted between two listings) and is closed as of that time

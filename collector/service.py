@@ -19,13 +19,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpufleet.collector.schema import Batch
+from gpufleet.collector.schema import Batch, Unrecognized
 
 from gpufleet.collector.sources.base import Source, SourceError
 from gpufleet.collector.store import StoreWriter
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
+
+UNRECOGNIZED_LOG_EVERY = 3600.0  # seconds between repeats of one unrecognized-input warning in the log
 
 
 class CollectorMetrics:
@@ -42,6 +44,11 @@ class CollectorMetrics:
         self.failures = Counter("gpufleet_collect_source_failures", "Source runs that failed.", ["source"], registry=r)
         self.target_up = Gauge("gpufleet_collect_target_up", "1 if the scrape target answered the last round.", ["target"], registry=r)
         self.target_rejected = Counter("gpufleet_collect_target_lines_rejected", "Malformed exposition lines skipped, per scrape target.", ["target"], registry=r)
+        self.unrecognized = Counter(
+            "gpufleet_collect_input_unrecognized",
+            "Inputs the collector did not recognize (a target with no GPU series, an answer of an unknown shape, a pod "
+            "name as Hostname, ...): also listed in the store's manifest and on the dashboard's Health page.",
+            ["source", "input", "kind"], registry=r)
         self.clock_skew = Counter(
             "gpufleet_collect_clock_skew",
             "Records dated more than max_future_skew after the collector's clock: samples and inventory/allocation "
@@ -76,6 +83,51 @@ class Collector:
         self._commit_lock = threading.Lock()
         self._targets: dict[str, set[str]] = {}  # source -> targets with series in the metrics
         self._rejected_seen: dict[str, int] = {}  # target -> its rejected_total already counted
+        # Rows (and already-stored batches) since reset_recognized(): `--once` and `--backfill`
+        # fail when nothing at all was recognized, since an empty store reporting success is a defect
+        self.recognized = 0
+        self.rejected_seen = 0
+        self._unrecognized_logged: dict[tuple[str, str, str], tuple[float, str]] = {}  # -> (when logged, detail)
+        self.unrecognized_seen: list[Unrecognized] = []  # since reset_recognized(), for that message
+
+    def reset_recognized(self) -> None:
+        self.recognized = self.rejected_seen = 0
+        self.unrecognized_seen = []
+
+    def nothing_recognized(self) -> str | None:
+        """Since reset_recognized(): why the run counts as failed when no row at all was stored
+        and something came in that was not understood (None otherwise). A run that stored nothing
+        because there was nothing (a quiet sacct window) is only warned about."""
+        if self.recognized:
+            return None
+        if not self.unrecognized_seen and not self.rejected_seen:
+            log.warning("no source stored a row: the sources returned no data for this run")
+            return None
+        first = "; ".join(f"{u.input} ({u.kind}): {u.detail}" for u in self.unrecognized_seen[:3])
+        rejected = f"{self.rejected_seen} malformed entries rejected" if self.rejected_seen else ""
+        return "nothing recognized, no row stored: " + "; ".join(filter(None, (first, rejected)))
+
+    def report_unrecognized(self, source_name: str, entries: list[Unrecognized]) -> None:
+        """Warn, count and record (in the store's manifest, published next) input not understood."""
+        if not entries:
+            return
+        self._announce(source_name, entries)
+        with self._commit_lock:
+            self.writer.note_unrecognized(source_name, entries)
+
+    def _announce(self, source_name: str, entries: list[Unrecognized]) -> None:
+        """Count every one; log each (source, input, kind) when new, when its detail changes and
+        then at most every UNRECOGNIZED_LOG_EVERY (a scrape target without GPU series would
+        otherwise repeat the same warning every 15 s)."""
+        now = time.monotonic()
+        for u in entries:
+            self.metrics.unrecognized.labels(source_name, u.input, u.kind).inc()
+            key = (source_name, u.input, u.kind)
+            last = self._unrecognized_logged.get(key)
+            if last is None or last[1] != u.detail or now - last[0] >= UNRECOGNIZED_LOG_EVERY:
+                self._unrecognized_logged[key] = (now, u.detail)
+                log.warning("%s: input %s not recognized (%s): %s", source_name, u.input, u.kind, u.detail)
+        self.unrecognized_seen += entries
 
     def _watermark_kwargs(self, source: Any) -> dict[str, Any]:
         name = getattr(source, "watermark_name", None)
@@ -89,9 +141,14 @@ class Collector:
         written = 0
         for batch in batches:
             self._drop_future(source_name, batch)
+            self._announce(source_name, batch.unrecognized)
             with self._commit_lock:
                 result = self.writer.commit(batch)
+                self.writer.note_unrecognized(source_name, batch.unrecognized)
                 self.writer.publish()
+            stored = (batch.samples.num_rows if batch.samples is not None else 0) + len(batch.jobs) + len(batch.gpus) + len(batch.allocations)
+            self.recognized += stored  # a batch stored before (duplicate) was recognized all the same
+            self.rejected_seen += batch.rejected
             m = self.metrics
             if result.duplicate or result.conflict:
                 m.duplicates.labels(source_name).inc()
@@ -168,6 +225,10 @@ class Collector:
             ok = True
         except SourceError as e:
             log.error("source %s failed: %s", name, e)
+            self.report_unrecognized(name, e.unrecognized)
+            if e.unrecognized:
+                with self._commit_lock:
+                    self.writer.publish()
             ok = False
         except Exception:  # noqa: BLE001 - a source bug must not stop the service
             log.exception("source %s failed unexpectedly", name)
@@ -205,6 +266,13 @@ class Collector:
         results = [self.run_source(s.source) for s in self.sources]
         return all(results)
 
+    def record_policy(self, rows: list[dict[str, Any]]) -> int:
+        """Append the idle-GPU policy's audit rows through the one writer and publish them."""
+        with self._commit_lock:
+            n = self.writer.record_policy(rows)
+            self.writer.publish()
+        return n
+
     def maintain(self, raw_days: int, rollup_days: int) -> None:
         """Compaction, rollups, settling and retention; holds the commit lock (one writer). Never raises."""
         from gpufleet.collector.maintenance import apply_retention, compact, settle
@@ -224,9 +292,10 @@ class Collector:
         self.metrics.success.labels("maintenance").set(1 if ok else 0)
 
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
-              raw_days: int = 35, rollup_days: int = 400, extra_jobs: Iterable[Callable[[Any], None]] = ()) -> None:
+              raw_days: int = 35, rollup_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
         """Run every source on its schedule, store upkeep every `maintenance_interval` seconds, and
-        each of `extra_jobs` (a callable that adds its own job, e.g. the weekly report), until `stop`."""
+        each of `extra_jobs` (a callable add(scheduler, collector) that adds its own job, e.g. the
+        weekly report, the idle-GPU policy), until `stop`."""
         from apscheduler.executors.pool import ThreadPoolExecutor
         from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -250,7 +319,7 @@ class Collector:
             scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days], seconds=maintenance_interval,
                               id="maintenance", max_instances=1, coalesce=True, misfire_grace_time=int(maintenance_interval))
         for add in extra_jobs:
-            add(scheduler)
+            add(scheduler, self)
         scheduler.start()
         log.info("collector running %d sources: %s", len(self.sources), ", ".join(f"{s.source.name} every {s.interval:g}s" for s in self.sources))
         try:

@@ -16,7 +16,9 @@ writer's file. Instead:
 - `manifest.json` lists the files that make up the store right now; it is replaced atomically
   after every commit. Readers build DuckDB views over exactly those files, so a reader never
   sees a batch that is not fully committed, and files retired by compaction stay readable for a
-  grace period so a reader holding an older manifest still works.
+  grace period so a reader holding an older manifest still works. It also lists the inputs the
+  collector did not recognize in the last days (`unrecognized`, see note_unrecognized), for
+  the dashboard's Health page.
 
 Idempotency: every batch has a deterministic key; the ledger (`batches` table) remembers the key
 and a checksum of its rows, so re-ingesting a window is a no-op. Crash safety: sample files are
@@ -51,6 +53,8 @@ from gpufleet.times import utcnow
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+UNRECOGNIZED_KEEP = timedelta(days=7)  # how long an unrecognized input stays listed after it was last seen
+MAX_UNRECOGNIZED = 200
 STATE_DB = "state.duckdb"
 RETIRE_GRACE = timedelta(minutes=10)
 
@@ -174,6 +178,11 @@ class StoreWriter:
         self._segments: dict[str, list[str]] | None = None  # table -> live segment files (None: read at the next publish)
         self._segment_ids: dict[str, dict[int, str]] = {}  # table -> segment id -> file, with _segments
         self._reset_stale_segments()
+        # Inputs the collector did not recognize, as published in the manifest (kept across
+        # restarts through it): (source, input, kind) -> entry; see note_unrecognized().
+        self._unrecognized: dict[tuple[str, str, str], dict[str, Any]] = {
+            (u["source"], u["input"], u["kind"]): u for u in previous.get("unrecognized", [])
+            if isinstance(u, dict) and {"source", "input", "kind"} <= set(u)}
         # What publish() lists, kept in memory so a publish costs the same on day 1 and day 300
         # (None: read from the ledger at the next publish; see invalidate()).
         self._sample_files: set[str] | None = None
@@ -574,6 +583,50 @@ class StoreWriter:
         finally:
             self.db.unregister("rows")
 
+    # --- unrecognized input ---
+
+    def note_unrecognized(self, source: str, entries: list[schema.Unrecognized]) -> None:
+        """Remember input a source did not recognize, for the manifest (published next): one entry
+        per (source, input, kind) with the latest detail, first and last time and a count.
+        Entries not seen for UNRECOGNIZED_KEEP go; at most MAX_UNRECOGNIZED, the latest kept."""
+        now = self.clock().replace(microsecond=0).isoformat()
+        for u in entries:
+            key = (source, u.input, u.kind)
+            e = self._unrecognized.get(key)
+            if e is None:
+                e = self._unrecognized[key] = {"source": source, "input": u.input, "kind": u.kind, "first_seen": now, "count": 0}
+            e.update(detail=u.detail, last_seen=now, count=int(e.get("count", 0)) + 1)
+        if entries:
+            self._prune_unrecognized()
+
+    def _prune_unrecognized(self) -> None:
+        oldest = (self.clock() - UNRECOGNIZED_KEEP).isoformat()
+        keep = sorted((e for e in self._unrecognized.values() if str(e.get("last_seen", "")) >= oldest),
+                      key=lambda e: str(e.get("last_seen", "")), reverse=True)[:MAX_UNRECOGNIZED]
+        self._unrecognized = {(e["source"], e["input"], e["kind"]): e for e in keep}
+
+    # --- the idle-GPU policy's audit trail ---
+
+    POLICY_AUDIT_COLUMNS = ("ts", "cluster", "scheduler", "job_key", "job_id", "user_name", "account", "action", "rule",
+                            "reason", "idle_s", "idle_gpus", "enforce", "result", "detail", "attempt")
+
+    def record_policy(self, rows: list[dict[str, Any]]) -> int:
+        """Append policy audit rows (POLICY_AUDIT_COLUMNS) in one transaction; publish() makes
+        them visible to readers. Returns rows written."""
+        if not rows:
+            return 0
+        cols = self.POLICY_AUDIT_COLUMNS
+        values = [[r.get(c) for c in cols] for r in rows]
+        self.db.execute("BEGIN")
+        try:
+            self.db.executemany(f"INSERT INTO policy_audit ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
+            self.db.execute("COMMIT")
+        except Exception:
+            self.db.execute("ROLLBACK")
+            raise
+        self._dirty_tables.add("policy_audit")
+        return len(rows)
+
     # --- publishing ---
 
     def _manifest(self) -> dict[str, Any]:
@@ -640,6 +693,7 @@ class StoreWriter:
             # segmented tables: their immutable segments, and those the open part overrides rows of
             "segments": segments,
             "superseded": {k: v for k, v in self._superseded.items() if v},
+            "unrecognized": sorted(self._unrecognized.values(), key=lambda e: str(e.get("last_seen", "")), reverse=True),
         }
         _fsync_write(self.root / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, separators=(",", ":"))))
         self._delete_retired()

@@ -347,6 +347,22 @@ def fleet_now_for(ctx_window: Window, now: datetime, version: int | None) -> dic
     return fleet_now(ctx_window.key, ctx_window.resolve(now).as_of, version)
 
 
+@st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)
+def policy(key: tuple, version: int | None, tick: int | None = None) -> dict:
+    """The idle-GPU policy (gpufleet.analytics.policy): the plan now (None without a [policy]
+    section), the audit trail of the window, and the actions whose latest attempt failed."""
+    from gpufleet.analytics import policy as apolicy
+
+    s, w, p = _request(key)
+    con = reader(w.root)
+    now = utcnow().replace(microsecond=0)
+    planned = None
+    if isinstance(s.doc.get("policy"), dict):
+        rules = apolicy.load_rules(s.doc, s.config_path)
+        planned = apolicy.plan_frame(apolicy.plan_from_store(con, rules, p, now))
+    return {"planned": planned, "past": apolicy.audit(con, w.start, w.end), "failing": apolicy.failing(con), "as_of": now}
+
+
 def collector_status(root: str) -> dict:
     from gpufleet.analytics.fleet_now import collector_status as cs
 
@@ -359,3 +375,11 @@ def filter_options(root: str, version: int | None) -> dict[str, list[str]]:
     from gpufleet.analytics.fleet_now import filter_values
 
     return filter_values(reader(root))
+
+
+@st.cache_data(ttl=timedelta(minutes=5), max_entries=32, show_spinner=False)
+def unknown_filters(root: str, version: int | None, filters: Filters) -> list[str]:
+    """A warning for each filter value the store does not know (gpufleet.analytics.core.unknown_filter_values)."""
+    from gpufleet.analytics.core import unknown_filter_values
+
+    return unknown_filter_values(reader(root), filters)

@@ -45,10 +45,17 @@ def gpu_h(x: float | None) -> str:
     return f"{x:,.0f} GPU-h"
 
 
+# Money on the dashboards: one format, US dollars with cents and thousands separators ($4,724.00,
+# $945.53, -$3.00), in metrics (usd), tables (Streamlit's "dollar" column format) and chart
+# tooltips (USD_D3) alike; unknown money (a GPU model without a price) is "unknown", never $0.
+USD_COLUMN = "dollar"  # st.column_config.NumberColumn: "$1,234.57"
+USD_D3 = "$,.2f"  # Altair/Vega tooltips and axes
+
+
 def usd(x: float | None) -> str:
     if _bad(x):
         return "unknown"
-    return f"${x:,.2f}" if abs(x) < 1000 else f"${x:,.0f}"
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
 def pct(x: float | None) -> str:
@@ -86,6 +93,30 @@ def when(t: datetime | None) -> str:
     return "–" if t is None else t.strftime("%Y-%m-%d %H:%M UTC")
 
 
+def idle_since(t: datetime | None, before: bool = False) -> str:
+    """When an idle GPU became idle: the time, or "before <time>" when no busy sample is known in
+    the range looked at (gpufleet.analytics.fleet_now: idle_since_capped) - unknown stays unknown."""
+    if t is None:
+        return "unknown"
+    return ("before " if before else "") + t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+NOT_ATTRIBUTABLE = "not attributable"
+
+
+def attributable(x: float | None, totals: Any, fmt: Callable[[float | None], str]) -> str:
+    """A figure of Totals as text: "not attributable" where the filter's jobs own no part of it
+    (capacity and stranded time under an account, user or partition filter), else fmt(x)."""
+    if x is None and getattr(totals, "not_attributable_reason", None):
+        return NOT_ATTRIBUTABLE
+    return fmt(x)
+
+
+def empty_totals(t: Any) -> bool:
+    """Nothing in the window: no capacity (or none attributable), nothing allocated, no data."""
+    return (t.capacity_gpu_h or 0) <= 0 and t.allocated_gpu_h <= 0 and t.data_gpu_h <= 0
+
+
 def change(cur: float | None, prev: float | None, fmt: Callable[[float | None], str]) -> str | None:
     """Metric delta text: "+1.25 GPU-h vs previous window" (None when unchanged or either is unknown)."""
     if _bad(cur) or _bad(prev):
@@ -111,7 +142,7 @@ def delta(cur: float | None, prev: float | None, fmt: Callable[[float | None], s
 
 _FORMATS = (
     (("mfu",), "percent"),
-    (("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price"), "dollar"),
+    (("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price"), USD_COLUMN),
     (("_gpu_h", "gpu_h", "_h"), "%,.2f"),
     (("_pct",), "%.1f%%"),
     (("_share",), "percent"),
@@ -221,6 +252,22 @@ def window_caption(w: data.Resolved) -> None:
             + (f"; filters: {', '.join(parts)}" if parts else ""))
 
 
+def scope_note(t: Any) -> None:
+    """Whose figures these are (Totals.scope) and, under a job filter, what is not attributable
+    (plain text: the scope holds filter values, which are data)."""
+    if t.scope != "fleet":
+        st.text(f"Figures for {t.scope}" + (f" only; {t.not_attributable_reason}." if t.not_attributable_reason else "."))
+
+
+def unknown_filter_warning(warnings: list[str]) -> None:
+    """Each unknown filter value as a visible warning (the text holds the value the URL gave:
+    shown as plain text under a fixed alert, never as Markdown)."""
+    if warnings:
+        st.warning("A filter names a value this store does not know; the figures below match nothing for it:")
+        for w in warnings:
+            st.text(w)
+
+
 def empty_window(what: str = "data") -> None:
     st.info(f"No {what} in this window. Widen the time window or clear the filters in the sidebar.")
 
@@ -253,6 +300,14 @@ def sidebar() -> Context:
     sb = st.sidebar
     sb.header("Filters")
     presets = [*dconfig.WINDOWS, CUSTOM]
+    asked_window = st.query_params.get("window")
+    if asked_window is not None and asked_window not in presets and "window" not in st.session_state:
+        # a URL's unknown window (?window=bogus): said aloud, then the default window (a window
+        # cannot match nothing the way an unknown account does)
+        st.warning(f"Unknown time window in the URL; showing the default window ({s.dashboard['default_window']}). "
+                   f"Known windows: {', '.join(presets)}.")
+        st.text(f"window={asked_window}")
+        del st.query_params["window"]
     if "window" not in st.session_state and "window" not in st.query_params and "from" in st.query_params:
         st.session_state["window"] = CUSTOM  # a shared URL with from/to and no window
     default = {} if "window" in st.session_state else {"index": presets.index(s.dashboard["default_window"])}
@@ -270,10 +325,20 @@ def sidebar() -> Context:
     values: dict[str, str | None] = {}
     for key, label in FILTERS:
         choices = [ALL, *opts.get(key, [])]
+        asked = st.session_state.get(key, st.query_params.get(key))
+        if asked is not None and asked not in choices:
+            # a value the store does not know (?account=nosuchteam) stays selected and applied - the
+            # figures then match nothing, with a warning - never silently dropped for the whole fleet
+            choices.append(asked)
         v = sb.selectbox(label, choices, key=key, bind="query-params")
         values[key] = None if v in (None, ALL) else v
     filters = Filters(cluster=values["cluster"], account=values["account"], user_name=values["user"], model=values["model"],
                       partition=values["partition"])
+    if version is not None and any(v is not None for v in values.values()):
+        try:
+            unknown_filter_warning(data.unknown_filters(root, version, filters))
+        except Exception:  # noqa: BLE001 - the check must not take the page down
+            log.exception("checking the filter values failed")
     window = data.make_window(s, preset=None if preset == CUSTOM else preset, start=start, end=end, filters=filters, now=now)
     sb.caption(f"Store: {root}")
     ctx = Context(settings=s, window=window, version=version, now=now)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 T = TypeVar("T")
 
 # The file's top-level tables, each owned by one package; anything else is a typo to report.
-SECTIONS = ("exporter", "collector", "analytics", "dashboard", "report")
+SECTIONS = ("exporter", "collector", "analytics", "dashboard", "report", "policy")
 
 
 class ConfigError(Exception):

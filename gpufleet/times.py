@@ -3,7 +3,8 @@ offsets are applied at the edges, when text comes in."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import re
+from datetime import datetime, timedelta, timezone
 
 from gpufleet.config import ConfigError
 
@@ -20,3 +21,16 @@ def parse_time(text: str) -> datetime:
     except ValueError:
         raise ConfigError(f"time {text!r}: expected ISO 8601, e.g. 2026-11-16T00:00:00Z") from None
     return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, where: str = "duration") -> timedelta:
+    """'90s', '30m', '1.5h', '2d' (one number, one unit) -> timedelta; anything else a ConfigError
+    naming `where` and the value."""
+    m = _DURATION.fullmatch(text) if isinstance(text, str) else None
+    if not m:
+        raise ConfigError(f"{where} = {text!r}: expected a duration such as \"90s\", \"30m\", \"4h\" or \"2d\"")
+    return timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])

@@ -29,7 +29,7 @@ SEVERITIES = {"critical", "warning", "info"}
 NOT_PER_GPU = {
     "GpuExporterDown", "GpuExporterTargetsAbsent", "GpufleetCollectorDown", "GpufleetCollectorTargetDown",
     "GpufleetUtilizationLow", "GpuExporterSourceFailing", "GpufleetCollectorSourceFailing",
-    "GpufleetCollectorDataStale", "GpuAllocationsWithoutUtilization",
+    "GpufleetCollectorDataStale", "GpuAllocationsWithoutUtilization", "GpufleetPolicyEnforcementFailing",
 }
 # Level conditions held for a `for:`: each needs a unit test where the condition comes and goes
 # faster than `for:` ("flapping") and no alert fires. Exempt: event windows (XID, ECC, remapped rows:

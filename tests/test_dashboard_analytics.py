@@ -22,6 +22,8 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpufleet.analytics import fleet_now as fn
 from gpufleet.analytics import health, timeline
@@ -102,14 +104,21 @@ def test_fleet_now_at_the_window_end(con):
                                          ("n3", "GPU-E", -1), ("n4", "GPU-F", 1)])
     assert a["status"] == "ok" and a["held"] and a["job_ids"] == "101" and a["job_names"] == HOSTILE["101"] and a["util"] == 80
     assert a["age_s"] == 15 and a["fresh"] and not a["idle_allocated"]
-    assert b["held"] and b["idle_allocated"] and b["no_process"] and b["idle_since"] == T(10) and not b["idle_since_capped"]
+    # B: 0 % in every sample looked at (06:00-12:00), none busy: idle since before its first sample, 10:00
+    assert b["held"] and b["idle_allocated"] and b["no_process"] and b["idle_since"] == T(10) and b["idle_since_capped"]
     assert c["status"] == "no data" and not c["fresh"] and c["age_s"] == 3600 + 15 and not c["held"]  # job 103 ended 11:30
     assert d["status"] == "lost" and d["fresh"] and not d["held"]
     assert e["held"] and e["accounts"] == QUOTE_ACCOUNT and e["user_names"] == EVE and e["usd_per_gpu_hour"] == 1.80
     assert f1["held"] and f1["job_ids"] == "p1" and f1["schedulers"] == "kubernetes" and f1["equiv"] == pytest.approx(MIG)
+    assert d["last_xid"] == 79 and d["last_xid_at"] == T(11, 59, 45) and d["xid_last"] == 79
+    assert a["last_xid"] is None and a["compute_processes"] == 1 and isinstance(a["compute_processes"], int)
     summary = fn.summarize(fn.gpu_states(con, W, T(12)), W, T(12))
-    assert (summary.gpus, summary.reporting, summary.no_data, summary.lost, summary.error) == (6, 5, 1, 1, 0)
-    assert (summary.held, summary.free, summary.held_no_process, summary.idle_allocated) == (4, 1, 1, 1)
+    # 6 physical GPUs (F's MIG instance is part of GPU-F); reporting: A, B, E, F - C is silent, D is lost
+    assert (summary.gpus, summary.reporting, summary.no_data, summary.lost, summary.error) == (6, 4, 1, 1, 0)
+    assert summary.gpus == summary.reporting + summary.no_data + summary.lost
+    # GPU equivalents: held A + B + E + F's 3g.40gb (3/7); free: nothing (D is lost, not free)
+    assert summary.held == pytest.approx(3 + MIG) and summary.free == 0 and summary.held_no_process == 1
+    assert summary.idle_allocated == 1 and summary.idle_allocated_gpus == 1
     assert summary.idle_allocated_usd_per_h == pytest.approx(3.00)  # GPU B, an H100
     assert summary.idle_allocated_long == 1  # idle since 10:00, the minimum is 30 min
     # mean over reporting GPUs (D is lost: no utilization), MIG at its share
@@ -131,14 +140,28 @@ def test_fleet_now_earlier_moments_and_filters(con):
     assert fn.gpu_states(con, W, T(9)).is_empty()
 
 
-def test_fleet_now_idle_run_is_broken_by_a_gap(tmp_path):
+def test_fleet_now_idle_since_is_after_the_last_busy_sample_across_a_gap(tmp_path):
+    """Idle since = the first sample after the last busy one, wherever the samples came from: a
+    10-minute gap (a collector restart, the demo's switch from history to live scrapes) does not
+    move it to the first sample after the gap."""
     f = Fleet(tmp_path)
-    f.gpu_series("n1", "GPU-X", T(10), T(10, 20), util=0.0)
+    f.gpu_series("n1", "GPU-X", T(9), T(10, 20), util=lambda t: 90.0 if t < T(9, 30) else 0.0)  # busy until 09:29:45
     f.gpu_series("n1", "GPU-X", T(10, 30), T(11), util=0.0)  # 10 min without data in between
-    f.job("1", account="a", user="u", start=T(10), end=None, gpus=1, placements=[("n1", "GPU-X")])
+    f.gpu_series("n1", "GPU-Y", T(10), T(10, 20), util=0.0, gpu=1)  # never busy in the look-back
+    f.gpu_series("n1", "GPU-Y", T(10, 30), T(11), util=0.0, gpu=1)
+    f.job("1", account="a", user="u", start=T(9), end=None, gpus=2, placements=[("n1", "GPU-X"), ("n1", "GPU-Y")])
     f.write()
-    r = fn.gpu_states(f.reader(), W, T(10, 59, 45)).row(0, named=True)
-    assert r["idle_since"] == T(10, 30) and r["idle_allocated"]
+    s = {r["gpu_uuid"]: r for r in fn.gpu_states(f.reader(), W, T(10, 59, 45)).to_dicts()}
+    x, y = s["GPU-X"], s["GPU-Y"]
+    assert x["idle_allocated"] and x["idle_since"] == T(9, 30) and not x["idle_since_capped"]
+    # no busy sample known: "idle since before 10:00" - never the first sample after the gap (10:30)
+    assert y["idle_allocated"] and y["idle_since"] == T(10) and y["idle_since_capped"]
+    # a shorter look-back that starts after X's last busy sample: X too is idle since before it
+    x2 = fn.gpu_states(f.reader(), W, T(10, 59, 45), lookback=timedelta(hours=1)).filter(pl.col("gpu_uuid") == "GPU-X").row(0, named=True)
+    assert x2["idle_since"] == T(10) and x2["idle_since_capped"]
+    # what the idle policy acts on: the run within the current stretch of data, which the gap ends
+    assert x["idle_with_data_since"] == y["idle_with_data_since"] == T(10, 30)
+    assert x["no_process_with_data_since"] is None or x["no_process_with_data_since"] >= T(10, 30)
 
 
 def test_collector_status_and_filter_values(fleet, con, tmp_path):
@@ -235,3 +258,42 @@ def test_empty_store(tmp_path):
     assert health.gpu_health(con, W).is_empty() and health.events(con, W).is_empty()
     a = Analysis(con, W, now=T(20))
     assert timeline.utilization_timeline(a, "fleet")["capacity_gpu_h"].sum() == 0
+
+
+# --- issue #13.6: Fleet now counts physical GPUs; held/free/no-process in GPU equivalents ---
+
+_device = st.fixed_dictionaries({
+    "fresh": st.booleans(), "lost": st.booleans(), "error": st.booleans(), "held": st.booleans(), "nop": st.booleans(),
+})
+
+
+@given(st.lists(st.tuples(st.sampled_from([None, "1g.10gb", "2g.20gb", "3g.40gb"]), st.lists(_device, min_size=1, max_size=7)),
+                min_size=1, max_size=12))
+def test_summary_counts_physical_gpus_and_gpu_equivalents(gpus):
+    """Random GPUs, some split into MIG instances: the GPUs counted are the physical ones (the UUIDs),
+    whatever their instances; reporting + lost + no data = GPUs; held, free and no-process add up
+    the instances' shares; free + held never exceed the reporting GPUs' equivalents."""
+    rows = []
+    for i, (profile, devices) in enumerate(gpus):
+        devices = devices if profile else devices[:1]
+        share = 1.0 if profile is None else int(profile[0]) / 7
+        devices = devices[: int(1 / share)] if profile else devices  # no more slices than the GPU has
+        for gi, d in enumerate(devices):
+            status = "no data" if not d["fresh"] else "lost" if d["lost"] else "error" if d["error"] else "ok"
+            held = d["held"]
+            rows.append(dict(cluster="c", host=f"h{i // 4}", gpu=i % 4, gpu_uuid=f"GPU-{i}", gi=gi if profile else -1, model="m",
+                             mig_profile=profile, equiv=share, fresh=d["fresh"], status=status, util=None if status == "lost" else 0.0,
+                             held=held, no_process=held and d["fresh"] and d["nop"], idle_allocated=False, idle_since=None,
+                             usd_per_gpu_hour=1.0))
+    states = pl.DataFrame(rows, schema_overrides={"idle_since": pl.Datetime("us")})
+    s = fn.summarize(states, W, T(12))
+    assert s.gpus == len(gpus) <= states.height
+    assert s.reporting + s.lost + s.no_data == s.gpus and s.error <= s.reporting
+    eq = lambda rs: sum(r["equiv"] for r in rs)  # noqa: E731
+    assert s.held == pytest.approx(eq(r for r in rows if r["held"]))
+    assert s.held_no_process == pytest.approx(eq(r for r in rows if r["no_process"])) and s.held_no_process <= s.held + 1e-9
+    reporting_uuids = {u for u in {r["gpu_uuid"] for r in rows}
+                       if any(r["fresh"] for r in rows if r["gpu_uuid"] == u) and not any(r["status"] == "lost" for r in rows if r["gpu_uuid"] == u)}
+    assert s.free == pytest.approx(eq(r for r in rows if r["fresh"] and not r["held"] and r["gpu_uuid"] in reporting_uuids))
+    assert s.reporting == len(reporting_uuids)
+    assert s.free <= len(reporting_uuids) + 1e-9  # free capacity is on reporting GPUs only

@@ -8,12 +8,16 @@ connection, the cached loaders).
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -122,20 +126,30 @@ def test_fleet_now(store, con, use_store):
     states = fn.gpu_states(con, W, T(12))
     s = fn.summarize(states, W, T(12))
     m = metrics(at)
-    assert m["GPUs reporting"] == f"{s.reporting} of {s.gpus}" == "5 of 6"
-    assert m["Held by jobs"] == ui.count(s.held) == "4"
-    assert m["Free (reporting, not held)"] == ui.count(s.free)
+    # physical GPUs: F's MIG instance is part of GPU-F; D is lost and C silent, so not reporting
+    assert m["GPUs reporting"] == f"{s.reporting} of {s.gpus}" == "4 of 6"
+    # GPU equivalents: A + B + E + F's 3g.40gb slice (3/7 of a GPU)
+    assert m["Held by jobs (GPU equivalents)"] == ui.gpus(s.held) == "3.43"
+    assert m["Free (reporting, not held; GPU equivalents)"] == ui.gpus(s.free) == "0"
     assert m["Mean utilization"] == ui.pct(s.mean_utilization_pct)
-    assert m["Idle allocated now"] == "1" and m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
-    assert m["Held with no process"] == "1"
-    assert m["Lost / error / no data"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
-    assert_table(frame(at, "fleet_gpus"), states, ["host", "gpu", "gi", "status", "util", "job_ids", "job_names", "user_names", "accounts", "held"])
+    assert m["Idle allocated now (GPU equivalents)"] == "1"
+    assert m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
+    assert m["Held with no process (GPU equivalents)"] == "1"
+    assert m["Lost / error / no data (GPUs)"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
+    assert_table(frame(at, "fleet_gpus"), states, ["host", "gpu", "gi", "status", "util", "job_ids", "job_names", "user_names", "accounts", "held",
+                                                   "compute_processes"])
+    assert frame(at, "fleet_gpus")["compute_processes"].dropna().tolist() == [1, 0, 1, 1]
+    for key in ("fleet_gpus", "fleet_idle"):  # process counts are integers, shown as 1, not 1.00
+        cfg = json.loads(at.container(key).dataframe[0].proto.columns)["compute_processes"]["type_config"]
+        assert cfg["format"] == "localized", (key, cfg)
     idle = frame(at, "fleet_idle")
     assert idle["host"].tolist() == ["n1"] and idle["job_ids"].tolist() == ["102"] and idle["cost_usd_per_h"].tolist() == [3.0]
-    assert idle["idle_for_s"].tolist() == [7200.0]
+    # B was never busy in the look-back: idle since before its first sample, at least 2 h
+    assert idle["idle_since_text"].tolist() == ["before 2026-11-16 10:00:00 UTC"] and idle["idle_for_s"].tolist() == [7200.0]
     assert frame(at, "fleet_no_process")["job_ids"].tolist() == ["102"]
     problems = frame(at, "fleet_problems")
     assert sorted(zip(problems["host"], problems["gpu"], problems["status"])) == [("n2", 0, "no data"), ("n2", 1, "lost")]
+    assert problems.set_index("status").loc["lost", "last_xid"] == 79
     assert m["Exporters silent"] == "0 of 4"  # n2's D is lost but still reporting
 
 
@@ -249,6 +263,21 @@ def test_health(store, con, use_store):
         pl.col("xids").cast(pl.List(pl.Utf8)).list.join(", ")))
 
 
+def test_health_lists_the_inputs_the_collector_did_not_recognize(tmp_path, use_store):
+    from gpufleet.collector.schema import Unrecognized
+
+    w = StoreWriter(tmp_path / "s", clock=lambda: T(11))
+    w.note_unrecognized("scrape", [Unrecognized("http://n9:9100/metrics", "no_gpu_rows", "121 bytes, no GPU series; families: node_load1")])
+    w.publish()
+    w.close()
+    use_store(tmp_path / "s")
+    at = goto(open_app(), "health")
+    shown = frame(at, "health_unrecognized")
+    assert shown[["source", "input", "kind", "count"]].values.tolist() == [["scrape", "http://n9:9100/metrics", "no_gpu_rows", 1]]
+    assert "node_load1" in shown["detail"][0] and shown["last_seen"][0] == pd.Timestamp(T(11))
+    assert "Inputs the collector did not recognize" in [h.value for h in at.subheader]
+
+
 def test_mfu(store, a, use_store):
     use_store(store)
     at = goto(open_app(), "mfu")
@@ -310,9 +339,12 @@ def test_hostile_filter_values_are_bound_parameters(store, con, a, use_store):
     goto(at, "utilization")
     filtered = Analysis(con, Params(T(10), T(12), filters=Filters(user_name=EVE)), now=T(12))
     assert metrics(at)["Allocated"] == ui.gpu_h(filtered.totals().allocated_gpu_h) == "2.00 GPU-h"
-    # a value that is in no list: the URL value is dropped, never reaches SQL as text
+    # a value that is in no list: it stays the filter (a bound parameter, never SQL text), matches
+    # nothing, and says so - never silently the whole fleet (issue #13.2)
     at = open_app(account="x' OR '1'='1")
-    assert at.selectbox(key="account").value == ui.ALL
+    assert at.selectbox(key="account").value == "x' OR '1'='1"
+    assert any("does not know" in w.value for w in at.warning)
+    assert fn.gpu_states(con, Params(T(10), T(12), filters=Filters(account="x' OR '1'='1")), T(12)).is_empty()
 
 
 # --- filters carried across pages, in the URL ---
@@ -412,5 +444,42 @@ def test_sign_in_gate(tmp_path, store, use_store):
     at.query_params.update(WINDOW)
     at.run()
     clean(at)
-    assert metrics(at)["GPUs reporting"] == "5 of 6"
+    assert metrics(at)["GPUs reporting"] == "4 of 6"
     assert "Signed in as ops@example.org" in [t.value for t in at.sidebar.text]
+
+
+# --- issue #13.6: one money format on the dashboards ---
+
+USD = re.compile(r"^-?\$(0|[1-9]\d{0,2}(,\d{3})*)\.\d\d$")
+
+
+def test_dashboard_money_has_one_format_with_cents():
+    assert ui.usd(4724) == "$4,724.00" and ui.usd(945.527) == "$945.53" and ui.usd(-3) == "-$3.00"
+    assert ui.usd(None) == ui.usd(float("nan")) == "unknown"
+    assert ui.USD_COLUMN == "dollar"  # tables: Streamlit's "$1,234.57", the same format
+    assert ui.USD_D3 == "$,.2f"  # chart tooltips: d3's "$1,234.57"
+
+
+@given(st.floats(min_value=-1e9, max_value=1e9, allow_nan=False))
+def test_dashboard_money_format_is_cents_and_reads_back(v):
+    s = ui.usd(v)
+    assert USD.match(s), s
+    assert abs(float(s.replace("$", "").replace(",", "")) - v) <= 0.005 + 1e-9 * abs(v)
+
+
+def test_every_amount_on_the_pages_has_the_one_format(store, use_store):
+    use_store(store)
+    at = open_app()
+    seen, money_columns = [], []
+    for page in PAGES:
+        at = goto(at, page)
+        for m in at.metric:
+            for amount in re.findall(r"-?\$\d[\d,]*(?:\.\d+)?", f"{m.value} {m.delta or ''}"):
+                seen.append(amount)
+                assert USD.match(amount), (page, m.label, m.value)
+        for df in at.dataframe:  # money columns are formatted as dollars ("$1,234.57")
+            for name, c in json.loads(df.proto.columns or "{}").items():
+                if any(k in name for k in ("cost", "usd", "price")):
+                    money_columns.append(name)
+                    assert (c.get("type_config") or {}).get("format") == ui.USD_COLUMN, (page, name, c)
+    assert seen and money_columns  # Fleet now's idle cost, Waste's costs; their tables

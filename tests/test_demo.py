@@ -6,6 +6,7 @@ what they find is checked against what the plan told each job to do.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 import httpx
+import polars as pl
 import pytest
 
 from gpufleet.analytics.core import Analysis
@@ -190,6 +192,42 @@ def test_live_exporters_continue_the_plan(fleet, tmp_path):
         live.stop()
 
 
+def _report_recomputes_as_printed(text: str, cwd) -> None:
+    """The demo report's "Recompute:" line runs as printed and gives the report's figures (issue #13.6)."""
+    import shlex
+
+    from gpufleet.report import fmt
+
+    line = next(ln.strip() for ln in text.splitlines() if ln.strip().startswith("Recompute: "))
+    argv = shlex.split(line[len("Recompute: "):])
+    assert argv[:2] == ["gpufleet", "analyze"] and "--config" in argv and "--store" in argv
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"}
+    run = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    t = got["totals"]
+    headline = {ln.strip().split("  ")[0]: ln for ln in text.splitlines() if ln.startswith("  ")}
+    assert fmt.hours(t["allocated_gpu_h"]) in headline["GPU-hours allocated"]
+    assert fmt.usd(t["idle_allocated_cost"]) in headline["Cost of idle allocated GPUs"]
+    assert got["fairness"]["shares"] == "config"  # the demo's entitled shares, from --config
+
+
+def _fleet_now_on_the_live_store(root, history_end) -> None:
+    """Fleet now with live scrapes after the backfilled history: 159 of 160 physical GPUs report,
+    the lost GPU shows XID 79, and idle GPUs are idle since their history, not the live start."""
+    from gpufleet.analytics import fleet_now as fn
+    from gpufleet.times import utcnow
+
+    now = utcnow()
+    p = Params(start=now - timedelta(days=1), end=now)
+    states = fn.gpu_states(open_reader(root), p, now)
+    s = fn.summarize(states, p, now)
+    assert (s.gpus, s.reporting, s.lost) == (160, 159, 1), s
+    assert states.filter(pl.col("status") == "lost")["last_xid"].to_list() == [79]
+    idle = states.filter(pl.col("idle_allocated"))
+    assert idle.height and idle.filter(pl.col("idle_since") <= history_end).height >= idle.height / 2, idle["idle_since"].to_list()
+
+
 def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
     """The README's main command: backfill, live exporters, collector, dashboard, report; then
     SIGINT (what Ctrl-C sends) stops it with exit 0 and leaves no child process behind."""
@@ -218,6 +256,8 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
         assert ".html" in reports and ".txt" in reports
         text = next((tmp_path / "w" / "reports").glob("*.txt")).read_text()
         assert "THE 10 MOST WASTEFUL JOBS" in text and "nlp" in text
+        _report_recomputes_as_printed(text, tmp_path)
+        _fleet_now_on_the_live_store(tmp_path / "w" / "store", history_end)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         time.sleep(1)
@@ -231,3 +271,108 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# --- issue #13.6: Fleet now on the demo fleet ---
+
+
+def test_fleet_now_counts_the_demos_physical_gpus(fleet, store):
+    """160 GPUs (128 H100 + 32 A100), not the 176 devices with MIG instances; the GPU that fell
+    off the bus is not reporting; its XID 79 is shown although its latest samples carry none."""
+    from gpufleet.analytics import fleet_now as fn
+
+    root, _, _ = store
+    con = open_reader(root)
+    p = Params(start=fleet.now - timedelta(days=1), end=fleet.now)
+    states = fn.gpu_states(con, p, fleet.now)
+    assert states.height == 176  # devices: MIG instances are rows of their own
+    s = fn.summarize(states, p, fleet.now)
+    assert (s.gpus, s.reporting, s.lost, s.no_data) == (160, 159, 1, 0)
+    # held/free/no-process in GPU equivalents: every device reports except the lost GPU, so held +
+    # free = the 159 reporting GPUs, less node 07's unsliced sevenths (4 GPUs x 2 x 3g.40gb = 6/7 each)
+    assert abs(s.held + s.free - (159 - 4 / 7)) < 1e-9 and s.held != int(s.held)  # MIG slices held: sevenths
+    held_mig = states.filter(pl.col("held") & pl.col("mig_profile").is_not_null())
+    assert held_mig.height and abs(s.held - float(states.filter(pl.col("held"))["equiv"].sum())) < 1e-9
+    host, gpu = fleet.lost_gpu
+    lost = states.filter((pl.col("host") == host) & (pl.col("gpu") == gpu)).row(0, named=True)
+    assert lost["status"] == "lost" and lost["xid_last"] is None  # nothing after it fell off the bus ...
+    assert lost["last_xid"] == 79 and lost["last_xid_at"] == fleet.lost_at - timedelta(seconds=STEP_S)  # ... but XID 79 before
+    assert states["compute_processes"].dtype == pl.Int64
+
+
+def test_fleet_now_idle_since_survives_the_switch_to_live_scrapes(fleet, store, tmp_path):
+    """The demo's live collector starts scraping a while after the history ends (the backfill and
+    the exporters' start take longer than max_gap). A GPU idle for hours is idle since its last
+    busy sample in the history, not since the first live scrape; with none in the look-back it is
+    idle "since before" the look-back's first sample."""
+    import shutil
+
+    import pyarrow as pa
+
+    from gpufleet.analytics import fleet_now as fn
+    from gpufleet.collector import schema
+    from gpufleet.collector.schema import Batch
+    from gpufleet.collector.store import StoreWriter
+
+    root, _, _ = store
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    last = fleet.now - timedelta(seconds=STEP_S)
+    latest = open_reader(copy).sql(f"SELECT {', '.join(schema.SAMPLE_SCHEMA.names)} FROM gpu_samples WHERE ts = $t",
+                                  params={"t": last}).to_arrow_table()
+    live_start = fleet.now + timedelta(seconds=60)  # 75 s after the last history sample: more than max_gap
+    scrapes = []
+    for k in range(3):  # the live scrapes repeat each device's last state
+        t = latest.to_pylist()
+        for r in t:
+            r["ts"] = live_start + timedelta(seconds=STEP_S * k)
+        scrapes += t
+    w = StoreWriter(copy)
+    w.commit(Batch(key="test-live", samples=schema.conform_samples(pa.Table.from_pylist(scrapes, schema=latest.schema))))
+    w.publish()
+    w.close()
+    as_of = live_start + timedelta(seconds=2 * STEP_S)
+    p = Params(start=as_of - timedelta(days=1), end=as_of)
+    idle = fn.gpu_states(open_reader(copy), p, as_of).filter(pl.col("idle_allocated"))
+    assert idle.height >= 10
+    assert idle["idle_since"].max() < fleet.now  # all idle before the history ended: none "since the live start"
+    hours = idle.filter(pl.col("idle_since") <= fleet.now - timedelta(hours=1))
+    assert hours.height >= 5  # notebooks and held jobs idle for hours
+    before = idle.filter(pl.col("idle_since_capped"))
+    assert before.height and (before["idle_since"] <= as_of - fn.LOOKBACK + timedelta(seconds=STEP_S)).all()
+    # each known idle start is the first sample after the GPU's last busy one (an independent query)
+    known = idle.filter(~pl.col("idle_since_capped")).row(0, named=True)
+    last_busy = open_reader(copy).execute(
+        "SELECT max(ts) FROM gpu_samples WHERE host = ? AND gpu_uuid = ? AND coalesce(gpu_instance, -1) = ? AND ts > ? AND ts <= ? "
+        "AND coalesce(gpu_util, gr_engine_active * 100) >= 5", [known["host"], known["gpu_uuid"], known["gi"], as_of - fn.LOOKBACK, as_of]).fetchone()[0]
+    assert known["idle_since"] == last_busy + timedelta(seconds=STEP_S)
+
+
+def test_fleet_now_page_on_the_demo_store(fleet, store, monkeypatch):
+    """The dashboard's Fleet now on the demo's store: 159 of 160 GPUs reporting, the lost GPU's
+    XID 79, process counts as integers, idle since from the history."""
+    pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root, _, _ = store
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(root))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py"), default_timeout=180)
+    at.query_params.update({"from": f"{fleet.now - timedelta(days=1):%Y-%m-%dT%H:%M}", "to": f"{fleet.now:%Y-%m-%dT%H:%M}"})
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    m = {x.label: x.value for x in at.metric}
+    assert m["GPUs reporting"] == "159 of 160"
+    assert m["Lost / error / no data (GPUs)"] == "1 / 0 / 0"
+    problems = at.container("fleet_problems").dataframe[0].value
+    host, gpu = fleet.lost_gpu
+    row = problems[(problems["host"] == host) & (problems["gpu"] == gpu)].iloc[0]
+    assert row["status"] == "lost" and row["last_xid"] == 79
+    gpus = at.container("fleet_gpus").dataframe[0].value
+    assert len(gpus["compute_processes"].dropna()) == 175  # all but the lost GPU
+    for key in ("fleet_gpus", "fleet_idle"):  # integers, shown as 1, not 1.00
+        assert json.loads(at.container(key).dataframe[0].proto.columns)["compute_processes"]["type_config"]["format"] == "localized"
+    idle = at.container("fleet_idle").dataframe[0].value
+    assert idle["idle_since_text"].str.match(r"^(before )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$").all()

@@ -416,17 +416,19 @@ def test_empty_body():
         assert (r.gpus, r.allocations, r.rejected, r.problems) == ([], [], 0, [])
 
 
-def test_truncated_body_rejects_the_cut_line_only():
+def test_body_without_final_newline_is_read_as_prometheus_reads_it_and_said():
     clean = parse(fixture(T4))
     text = fixture(T4)
     last = text.rstrip("\n").rsplit("\n", 1)[1]
     assert last.startswith("DCGM_FI_PROF_PCIE_RX_BYTES") and last.endswith("} 6935930")
-    for cut in (len(text) - 4, len(text) - len(last) // 2):  # mid-value ("} 6935"), mid-labels
-        r = parse(text[:cut])
-        assert r.rejected == 1 and "line 20" in r.problems[0] and "newline" in r.problems[0]
-        [g] = rows(r)
-        assert g["pcie_rx_bytes_per_s"] is None  # not a wrong 6935
-        assert {k: v for k, v in g.items() if k != "pcie_rx_bytes_per_s"} == {k: v for k, v in rows(clean)[0].items() if k != "pcie_rx_bytes_per_s"}
+    r = parse(text.rstrip("\n"))  # a whole last line, no newline (the DataDog fixture's shape)
+    assert r.rejected == 0 and rows(r) == rows(clean)
+    assert r.warnings[0][0] == "no_final_newline" and "line 20" in r.warnings[0][1]
+    r = parse(text[:len(text) - len(last) // 2])  # cut mid-labels: unreadable, rejected, the rest kept
+    assert r.rejected == 1 and "line 20" in r.problems[0]
+    [g] = rows(r)
+    assert g["pcie_rx_bytes_per_s"] is None
+    assert {k: v for k, v in g.items() if k != "pcie_rx_bytes_per_s"} == {k: v for k, v in rows(clean)[0].items() if k != "pcie_rx_bytes_per_s"}
 
 
 def test_garbled_lines_in_the_middle_are_counted_and_skipped():

@@ -203,6 +203,9 @@ class FakeApiServer:
         self.errors: list[tuple[int, dict]] = []  # served (in order) before any page
         self.expire_once: set[str] = set()  # continue tokens answered once with 410 Expired
         self.delay = 0.0
+        self.pods_present: set[str] = set()  # "namespace/name" a DELETE finds (the policy's cancel)
+        self.deleted: list[str] = []
+        self.annotations: dict[str, dict[str, str]] = {}  # "namespace/name" -> its annotations
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -216,6 +219,13 @@ class FakeApiServer:
                 if server.delay:
                     time.sleep(server.delay)
                 token = query.get("continue")
+                parts = url.path.strip("/").split("/")  # one pod: api v1 namespaces NS pods NAME
+                if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+                    key = f"{parts[3]}/{parts[5]}"
+                    if key not in server.pods_present:
+                        return self.reply(404, status_obj(404, "NotFound", f'pods "{parts[5]}" not found'))
+                    return self.reply(200, {"kind": "Pod", "apiVersion": "v1", "metadata": {
+                        "name": parts[5], "namespace": parts[3], "annotations": server.annotations.get(key, {})}})
                 if url.path != "/api/v1/pods":
                     return self.reply(404, status_obj(404, "NotFound", "the server could not find the requested resource"))
                 if server.errors:
@@ -227,6 +237,20 @@ class FakeApiServer:
                 if token not in server.pages:
                     return self.reply(400, status_obj(400, "BadRequest", "continue key is not valid"))
                 self.reply(200, server.pages[token])
+
+            def do_DELETE(self):
+                url = urlsplit(self.path)
+                server.requests.append({"method": "DELETE", "path": url.path, "headers": {k.lower(): v for k, v in self.headers.items()}})
+                parts = url.path.strip("/").split("/")  # api v1 namespaces NS pods NAME
+                if len(parts) != 6 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
+                    return self.reply(404, status_obj(404, "NotFound", "the server could not find the requested resource"))
+                key = f"{parts[3]}/{parts[5]}"
+                if key not in server.pods_present:
+                    return self.reply(404, status_obj(404, "NotFound", f'pods "{parts[5]}" not found'))
+                server.pods_present.discard(key)
+                server.deleted.append(key)
+                self.reply(200, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": parts[5], "namespace": parts[3],
+                                 "deletionTimestamp": "2024-05-06T10:00:00Z"}})
 
             def reply(self, code, obj):
                 body = json.dumps(obj).encode()

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_summaries
@@ -514,3 +516,91 @@ def test_a_week_not_over_says_so_and_leaves_the_coming_days_blank(store, w47):
     assert r.html.count(">to come</text>") == 6
     a = Analysis(store.reader(), Params(w47.start, w47.end), now=T(13))
     assert Figures(r.html).one("headline.allocated_gpu_h.current") == fmt.hours(a.totals().allocated_gpu_h)
+
+
+# --- issue #13.6: one money format; a "recompute with" command that runs as printed ---
+
+MONEY = re.compile(r"[\u2212-]?\$\d[\d,]*(?:\.\d+)?")  # any amount, in any format
+USD = re.compile(r"^\u2212?\$(0|[1-9]\d{0,2}(,\d{3})*)\.\d\d$")
+
+
+def test_money_has_one_format_with_cents():
+    assert fmt.usd(4724) == "$4,724.00" and fmt.usd(945.527) == "$945.53"  # the issue's pair, now alike
+    assert fmt.usd(1234567.891) == "$1,234,567.89" and fmt.usd(0) == "$0.00" and fmt.usd(-3) == "\u2212$3.00"
+    assert fmt.usd(None) == fmt.usd(float("nan")) == "unknown"  # unknown money is never $0
+    assert fmt.change(1500.0, "usd") == "+$1,500.00" and fmt.value(999.999, "usd") == "$1,000.00"
+
+
+@given(st.floats(min_value=-1e9, max_value=1e9, allow_nan=False))
+def test_money_format_is_cents_and_reads_back(v):
+    s = fmt.usd(v)
+    assert USD.match(s), s
+    back = float(s.replace("\u2212", "-").replace("$", "").replace(",", ""))
+    assert abs(back - v) <= 0.005 + 1e-9 * abs(v)
+
+
+def test_every_amount_in_the_report_has_the_one_format(outputs):
+    for o in outputs:
+        amounts = MONEY.findall(o.text) + MONEY.findall("".join(Figures(o.html).text)) + MONEY.findall(o.subject)
+        assert amounts, o.name
+        bad = [a for a in amounts if not USD.match(a)]
+        assert not bad, (o.name, bad)
+
+
+def _recompute_lines(o) -> tuple[str, str]:
+    import html as html_mod
+
+    text = next(ln.strip() for ln in o.text.splitlines() if ln.strip().startswith("Recompute: "))[len("Recompute: "):]
+    code = re.search(r'<code id="recompute">(.*?)</code>', o.html, re.S)
+    assert code, "no recompute command in the HTML"
+    return text, html_mod.unescape(code.group(1))
+
+
+def test_recompute_command_runs_as_printed_and_gives_the_same_figures(store, w47, tmp_path):
+    """The report's "recompute with" line, run as printed (a fresh process, another working
+    directory), gives the report's figures: --config carries the entitled shares (Jain's index
+    differs with equal shares), --store the store, --account the team's report."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+
+    from gpufleet.config import load_config
+
+    cfg = tmp_path / "conf dir" / "g.toml"  # a space in the path: the command is shell-quoted
+    cfg.parent.mkdir()
+    cfg.write_text(f'[collector]\nstore = "{store.root}"\n[analytics]\nshares = {{ physics = 3, ml = 1 }}\n[report]\ntop_jobs = 3\n')
+    settings = pipeline.load_settings(load_config(str(cfg)), str(cfg))
+    fleet, team = pipeline.make(settings, w47, pdf=False, teams=["physics"])
+    env = {**__import__("os").environ, "PATH": f"{Path(sys.executable).parent}:{__import__('os').environ.get('PATH', '')}"}
+    for o in (fleet, team):
+        text_cmd, html_cmd = _recompute_lines(o)
+        assert text_cmd == html_cmd == render.recompute_command(o.report)
+        argv = shlex.split(text_cmd)
+        assert argv[:2] == ["gpufleet", "analyze"] and argv[argv.index("--config") + 1] == str(cfg.resolve())
+        assert argv[argv.index("--store") + 1] == str(Path(store.root).resolve())
+        assert argv[argv.index("--from") + 1] == "2026-11-16T00:00:00Z" and argv[argv.index("--to") + 1] == "2026-11-23T00:00:00Z"
+        run = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+        assert run.returncode == 0, run.stderr
+        got = json.loads(run.stdout)
+        r = o.report
+        if r.team is None:
+            assert "--account" not in argv
+            for key in ("allocated_gpu_h", "busy_gpu_h", "data_gpu_h", "capacity_gpu_h", "utilization_pct", "idle_allocated_gpu_h",
+                        "idle_allocated_cost", "stranded_cost"):
+                assert got["totals"][key] == pytest.approx(getattr(r.totals, key), abs=1e-9), key
+            assert got["fairness"]["shares"] == "config" and got["fairness"]["jain_index"] == pytest.approx(r.jain_index)
+            assert [j["job_id"] for j in got["top_wasteful_jobs"]] == [j.job_id for j in r.wasteful_jobs]
+            assert [j["idle_cost"] for j in got["top_wasteful_jobs"]] == pytest.approx([j.cost for j in r.wasteful_jobs])
+        else:
+            assert argv[argv.index("--account") + 1] == "physics" and got["filters"] == {"account": "physics"}
+            row = r.teams[0]
+            mine = [u for u in got["utilization"]["rows"] if u["account"] == "physics"]
+            assert sum(u["allocated_gpu_h"] for u in mine) == pytest.approx(row.allocated_gpu_h)
+            assert sum(u["busy_gpu_h"] for u in mine) == pytest.approx(row.busy_gpu_h)
+            assert sorted(j["job_id"] for j in got["top_wasteful_jobs"]) == sorted(j.job_id for j in r.wasteful_jobs)
+    # the command the report printed before (no --config, no --store) fails as printed: the
+    # default store is not there (tmp_path is an empty directory), and it would drop the shares
+    old = subprocess.run(["gpufleet", "analyze", "--from", "2026-11-16T00:00:00Z", "--to", "2026-11-23T00:00:00Z", "--format", "json"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert old.returncode != 0

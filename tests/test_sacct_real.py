@@ -37,11 +37,16 @@ def reference(cluster, start: datetime, end: datetime) -> dict[str, dict]:
     out = subprocess.run(
         ["sacct", "-X", "-P", "-n", "--allusers", f"--format={REF_FIELDS}",
          f"--starttime={start:%Y-%m-%dT%H:%M:%S}", f"--endtime={end:%Y-%m-%dT%H:%M:%S}"],
-        env=env, capture_output=True, text=True, timeout=60, check=True,
-    ).stdout
-    rows = {}
-    for line in out.splitlines():
-        raw, jid, account, state, exit_code, alloc, req, start_s, end_s, name = line.split("|", 9)  # name last: may hold |
+        env=env, capture_output=True, timeout=60, check=True,
+    ).stdout.decode()  # bytes: a name's \r\n stays as sacct printed it
+    rows, lines = {}, []
+    for line in out.split("\n"):  # a job name may hold a line break (and | ): the name is last
+        if line and line.count("|") < 9 and lines:
+            lines[-1] += "\n" + line
+        elif line:
+            lines.append(line)
+    for line in lines:
+        raw, jid, account, state, exit_code, alloc, req, start_s, end_s, name = line.split("|", 9)
         gpus = re.search(r"(?:^|,)gres/gpu=(\d+)", alloc) or re.search(r"(?:^|,)gres/gpu=(\d+)", req)
         rows[raw] = {
             "job_id": jid, "account": account, "state": state.split(" ")[0], "state_raw": state,
@@ -87,7 +92,7 @@ def test_sacct_source_says_what_sacct_says(slurm_cluster):
     c = slurm_cluster
     arr = c.sbatch("sleep 1\n", account="physics", gpus=1, extra_args=["--array=0-2"])
     fail = c.sbatch("exit 1\n", account="biology", gpus=2, extra_args=["--job-name=fail|pipe <b>\"q'"])
-    cancel = c.sbatch("sleep 120\n", account="physics", gpus=3)
+    cancel = c.sbatch("sleep 120\n", account="physics", gpus=3, extra_args=["--job-name=two\r\nlines|x"])
     het = submit_het(c, 120)
     try:
         c.wait_running(cancel)
@@ -130,6 +135,8 @@ def test_sacct_source_says_what_sacct_says(slurm_cluster):
     # the | survived; slurmdbd itself stores a job name's " as ` (sacct -P shows the same)
     assert (mine[str(fail)]["exit_code"], mine[str(fail)]["name"]) == ("1:0", "fail|pipe <b>`q'")
     assert mine[str(cancel)]["state_raw"] == "CANCELLED by 0"
+    # a name with a line break: sacct prints it as is, the next line continues it
+    assert mine[str(cancel)]["name"] == "two\r\nlines|x"
     for r in mine.values():
         if r["het_job_id"] is None:
             assert r["start"] <= r["end"] <= now and now - r["start"] < timedelta(minutes=10)

@@ -71,6 +71,16 @@ def test_torchx_failed_running_cancelled():
     assert {j["cluster"] for j in jobs} == {"c1"}
 
 
+def test_byte_order_mark_costs_no_record():
+    """A file saved with a UTF-8 BOM: the header (or, with given fields, the first record) is still read."""
+    name = "torchx_sacct_parsable2_failed_running_cancelled.psv"
+    text = (DATA / "sacct" / name).read_text()
+    for bom in ("\ufeff" + text, ("\ufeff" + text).encode("utf-8")):
+        assert parse_sacct(bom, now=NOW) == sacct_file(name)
+    xdmod = (DATA / "sacct" / "xdmod_unit_accounting-logs.psv").read_text()
+    assert parse_sacct("\ufeff" + xdmod, fields=XDMOD_FIELDS, now=NOW) == sacct_file("xdmod_unit_accounting-logs.psv", fields=XDMOD_FIELDS)
+
+
 def test_xdmod_accounting_logs():
     jobs, rejected, problems = sacct_file("xdmod_unit_accounting-logs.psv", fields=XDMOD_FIELDS)
     assert (rejected, problems) == (0, [])
@@ -355,6 +365,26 @@ def test_job_name_containing_the_delimiter():
     assert (jobs, rejected) == ([], 1)
 
 
+def test_job_name_holding_a_line_break_is_continued_by_the_next_line():
+    # sbatch --job-name takes "\r\n" and sacct prints it as is (seen on a real Slurm 22.05)
+    us = "\x1f"
+    fields = ["JobIDRaw", "State", "JobName"]
+    text = f"1{us}COMPLETED{us}idle <x>\r\nBcc: a@b\n2{us}FAILED{us}a|b\n\nc\n3{us}RUNNING{us}plain\r\n"
+    jobs, rejected, problems = parse_sacct(text, fields=fields, delimiter=us, now=NOW)
+    assert ([pick(j, "job_id", "state", "name") for j in jobs], rejected, problems) == (
+        [("1", "COMPLETED", "idle <x>\r\nBcc: a@b"), ("2", "FAILED", "a|b\nc"), ("3", "RUNNING", "plain")], 0, [])
+    # --parsable (a trailing delimiter): the record ends where the delimiter comes
+    jobs, rejected, _ = parse_sacct("JobID|State|JobName|\n1|COMPLETED|two\nlines|\n2|FAILED|x|\n", now=NOW)
+    assert ([pick(j, "job_id", "name") for j in jobs], rejected) == ([("1", "two\nlines"), ("2", "x")], 0)
+    # a short line that starts with a job ID is a cut-off record, not a name's second line: rejected, loud
+    jobs, rejected, problems = parse_sacct("JobID|State|JobName\n1|COMPLETED|ok\n5|COMPL\n", now=NOW)
+    assert ([pick(j, "job_id", "name") for j in jobs], rejected) == ([("1", "ok")], 1)
+    assert problems == ["line 3: 2 fields, expected 3: '5|COMPL'"]
+    # without JobName last, a short line continues nothing
+    jobs, rejected, _ = parse_sacct("JobID|JobName|State\n1|a\nb|COMPLETED\n", now=NOW)
+    assert (jobs, rejected) == ([], 2)
+
+
 def test_parsable_trailing_delimiter_and_custom_delimiter():
     jobs, rejected, _ = parse_sacct("JobID|State|JobName|\n1|COMPLETED|a|b|\n2|FAILED||\n", now=NOW)
     assert rejected == 0
@@ -459,3 +489,26 @@ def test_nodelist_none_assigned_and_cluster_column():
     text = "JobID|Cluster|State|NNodes|NodeList\n1|alpha|PENDING|1|None assigned\n2||RUNNING|2|n[1-2]\n"
     jobs, _, _ = parse_sacct(text, cluster=None, now=NOW)
     assert [pick(j, "cluster", "nodes", "node_count") for j in jobs] == [("alpha", None, 1), ("default", "n[1-2]", 2)]
+
+
+def test_slurmctld_exit_code_is_a_wait_status_and_a_failure_never_reads_as_success():
+    """slurmctld's v0.0.37/38 exit_code is the raw wait status, as seen from the real 22.05
+    slurmrestd (768 for `exit 3`, 15 for a job killed by SIGTERM); 22.05's dbv0.0.38 answers
+    {SUCCESS, 0} even for a FAILED job, which is then unknown, not 0:0."""
+    ctld = [{"job_id": n, "job_state": s, "exit_code": ec, "user_name": "u"}
+            for n, s, ec in ((1, "FAILED", 768), (2, "CANCELLED", 15), (3, "RUNNING", 0), (4, "FAILED", 256 * 255 + 9))]
+    db = [{"job_id": 5, "state": {"current": "FAILED", "reason": "None"}, "exit_code": {"status": "SUCCESS", "return_code": 0}},
+          {"job_id": 6, "state": {"current": "FAILED"}, "exit_code": {"status": "FAILED", "return_code": 2}},
+          {"job_id": 7, "state": {"current": "COMPLETED"}, "exit_code": {"status": "SUCCESS", "return_code": 0}}]
+    rows, rejected, _ = parse_slurmrestd_jobs({"jobs": ctld + db})
+    assert rejected == 0
+    assert [r["exit_code"] for r in rows] == ["3:0", "0:15", "0:0", "255:9", None, "2:0", "0:0"]
+
+
+def test_tres_without_a_count_is_left_out_of_alloc_tres():
+    """22.05's dbv0.0.38 lists energy with count null in tres.allocated (seen on the real
+    slurmrestd); sacct's AllocTRES leaves it out, so must we, not write 'energy=None'."""
+    tres = [{"type": "cpu", "name": None, "id": 1, "count": 1}, {"type": "energy", "name": None, "id": 3, "count": None},
+            {"type": "node", "name": None, "id": 4, "count": 1}, {"type": "gres", "name": "gpu", "id": 1001, "count": 2}]
+    rows, rejected, _ = parse_slurmrestd_jobs({"jobs": [{"job_id": 9, "state": {"current": "COMPLETED"}, "tres": {"allocated": tres}}]})
+    assert rejected == 0 and (rows[0]["alloc_tres"], rows[0]["gpus"]) == ("cpu=1,node=1,gres/gpu=2", 2)

@@ -332,12 +332,12 @@ def test_a_snapshot_written_again_after_a_crash_is_not_deleted_as_the_orphan_it_
     assert open_reader(tmp_path).execute("SELECT job_key FROM jobs").fetchall() == [("1",)]
 
 
-def test_a_store_of_schema_3_is_migrated_and_its_rows_read_the_same(tmp_path):
+def test_a_store_of_schema_4_is_migrated_and_its_rows_read_the_same(tmp_path):
     """A store written before segments: its tables gain the segment column, every row starts
     open, and settling moves the settled ones to segments without changing what readers see."""
     db = duckdb.connect(str(tmp_path / store.STATE_DB))
     db.execute(schema.STATE_DDL[0])
-    for version in (1, 2, 3):
+    for version in (1, 2, 3, 4):
         for stmt in schema.MIGRATIONS[version]:
             db.execute(stmt)
         db.execute("INSERT INTO schema_version VALUES (?, ?)", [version, T0])

@@ -6,11 +6,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable, Protocol
 
-from gpufleet.collector.schema import Batch
+from gpufleet.collector.schema import Batch, Unrecognized
 
 
 class SourceError(Exception):
-    """A source could not run at all (target down, command missing). Reported, never fatal."""
+    """A source could not run at all (target down, command missing). Reported, never fatal.
+    `unrecognized`: the input that made it fail when it was there but not understood."""
+
+    def __init__(self, message: str, unrecognized: list[Unrecognized] | None = None):
+        super().__init__(message)
+        self.unrecognized = list(unrecognized or [])
 
 
 class Source(Protocol):

@@ -7,7 +7,16 @@ it is a no-op). A chunk is read only once it is older than `lag_seconds`, so it 
 Raw samples, not resampled ones: `query_range` evaluates on a step grid with lookback, which
 invents values between scrapes and moves timestamps. An *instant* query of a range selector,
 `{__name__=~"..."}[<chunk>s]` at the chunk's end, returns every stored sample with its real
-timestamp, which is what the store keeps. Every Prometheus-compatible API answers it.
+timestamp, which is what the store keeps. Every Prometheus-compatible API answers it. It is
+evaluated 1 ms after the chunk's end over a range 1 ms longer, keeping the samples in (start, end]:
+whether a range is closed at its start (Prometheus 2.x) or not (3.x, VictoriaMetrics) then does
+not matter, and VictoriaMetrics 1.79's miss of a sample at exactly midnight UTC is avoided. An answer
+of resultType "vector" (a proxy, or an older Thanos or VictoriaMetrics, that rewrote the query
+into an instant one) holds one sample per series: it is stored, and reported as unrecognized
+input, since most of the window's samples are then missing. Any other shape fails the chunk.
+
+A backfill reads whole chunks that are complete (older than `lag_seconds`); the chunks of the
+window it cannot read yet are named, with when they can be (skipped_windows).
 """
 
 from __future__ import annotations
@@ -15,25 +24,27 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import httpx
 
 from gpufleet.collector.exposition_parse import (
     GPUFLEET_BUILD_INFO, JOB_REPORT_METRICS, PRECEDENCE_WITHIN_S, merge_exporters, parse_rows, samples_table,
 )
-from gpufleet.collector.schema import METRIC_TO_COLUMN, SAMPLE_SCHEMA
-from gpufleet.collector.schema import Batch
+from gpufleet.collector.schema import METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_SCHEMA
+from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
+from gpufleet.collector.sources.scrape import no_gpu_rows
 from gpufleet.exposition import Family, render
+from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
 
-# What to fetch: every metric the canonical schema reads, plus the job mapping, job reports and
-# the gpufleet exporter's build info (which tells its samples from dcgm-exporter's: PRECEDENCE).
-DEFAULT_METRICS = tuple(sorted(
-    {m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_"))} | {"gpufleet_gpu_job_info", GPUFLEET_BUILD_INFO, *JOB_REPORT_METRICS}
-))
+# What to fetch: every metric the canonical schema reads (nvidia_gpu_exporter's with the series
+# that name its GPUs), plus the job mapping, job reports and the gpufleet exporter's build info
+# (which tells its samples from dcgm-exporter's: PRECEDENCE).
+DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_", NVIDIA_SMI_PREFIX))}
+                               | {"gpufleet_gpu_job_info", GPUFLEET_BUILD_INFO, *JOB_REPORT_METRICS, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO}))
 
 
 def _epoch(dt: datetime) -> float:
@@ -56,6 +67,7 @@ class PrometheusApiSource:
     selector: str = ""  # extra label matchers, e.g. 'cluster="a"'
     headers: dict[str, str] = field(default_factory=dict)
     name: str = "prometheus"
+    clock: Callable[[], datetime] = utcnow  # naive UTC; what "complete" is measured against
 
     @property
     def watermark_name(self) -> str:
@@ -79,16 +91,36 @@ class PrometheusApiSource:
             yield self.read_window(start, end)
 
     def backfill_windows(self, start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
-        return list(self.chunks(start, end))
+        """The whole chunks in (start, end] that are complete now. An incomplete chunk read now
+        would be stored under its key and the rest of it never read (a second read is a duplicate)."""
+        ready = self.clock() - timedelta(seconds=self.lag_seconds)
+        return [(lo, hi) for lo, hi in self.chunks(start, end) if hi <= ready]
+
+    def skipped_windows(self, start: datetime, end: datetime) -> list[tuple[datetime, datetime, datetime]]:
+        """(chunk start, chunk end, when it can be read) of the chunks overlapping (start, end]
+        that backfill_windows leaves out: not complete yet, or only partly inside the window."""
+        read = set(self.backfill_windows(start, end))
+        c = self.chunk_seconds
+        t = int(_epoch(start) // c * c)
+        out = []
+        while t < _epoch(end):
+            lo, hi = _from_epoch(t), _from_epoch(t + c)
+            if (lo, hi) not in read:
+                out.append((lo, hi, hi + timedelta(seconds=self.lag_seconds)))
+            t += c
+        return out
 
     def read_window(self, start: datetime, end: datetime) -> Batch:
         names = "|".join(self.metrics)
         matchers = f'__name__=~"{names}"' + (f",{self.selector}" if self.selector else "")
-        query = f"{{{matchers}}}[{int((end - start).total_seconds())}s]"
+        # evaluated 1 ms after the chunk's end over a range 1 ms longer, the answer's samples outside
+        # (start, end] dropped in _to_batch: VictoriaMetrics 1.79 does not return a sample stamped
+        # exactly at the query time when that is midnight UTC and the series is new that day
+        query = f"{{{matchers}}}[{round((end - start).total_seconds() * 1000) + 1}ms]"
         try:
             r = httpx.post(
                 self.url.rstrip("/") + "/api/v1/query",
-                data={"query": query, "time": f"{_epoch(end):.3f}"},
+                data={"query": query, "time": f"{_epoch(end) + 0.001:.3f}"},
                 headers=self.headers,
                 timeout=self.timeout,
             )
@@ -96,34 +128,59 @@ class PrometheusApiSource:
             raise SourceError(f"Prometheus API {self.url} unreachable: {type(e).__name__}: {e}") from None
         if r.status_code != 200:
             raise SourceError(f"Prometheus API {self.url} answered HTTP {r.status_code}: {r.text[:300]}")
+        unrecognized = []
         try:
             doc = r.json()
-            series = doc["data"]["result"] if doc.get("status") == "success" else None
-        except (ValueError, KeyError, TypeError):
-            series = None
-        if series is None:
-            raise SourceError(f"Prometheus API {self.url}: unexpected answer: {r.text[:300]}")
-        return self._to_batch(series, start, end)
+            data = doc["data"] if doc.get("status") == "success" else None
+            series, kind = data["result"], data.get("resultType", "matrix")
+            if not isinstance(series, list):
+                series = None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            series, kind = None, None
+        if series is None or kind not in ("matrix", "vector"):
+            what = f"resultType {kind!r}" if series is not None else "not a Prometheus API answer"
+            raise SourceError(f"Prometheus API {self.url}: unexpected answer ({what}): {r.text[:300]}",
+                              [Unrecognized(self.url, "unknown_answer", f"{what}: {r.text[:200]}")])
+        if kind == "vector":  # one sample per series, at its own time: keep it, say what is missing
+            # an instant vector is stamped with the evaluation time (1 ms after the chunk), not
+            # the sample's: it stands for the chunk's end
+            hi = _epoch(end)
+            series = [{"metric": s.get("metric", {}), "values": [[min(float(s["value"][0]), hi), s["value"][1]]] if s.get("value") else []}
+                      for s in series]
+            unrecognized.append(Unrecognized(self.url, "vector_answer", (
+                f"the range query for {start.isoformat()}..{end.isoformat()} was answered with a vector (a proxy or an older "
+                "Thanos/VictoriaMetrics rewrote it?): only the latest sample of each series was stored")))
+        batch = self._to_batch(series, start, end)
+        if not series:
+            unrecognized.append(Unrecognized(self.url, "empty_answer", (
+                f"no series of the {len(self.metrics)} metrics asked for in {start.isoformat()}..{end.isoformat()}"
+                + (f" with {self.selector}" if self.selector else "") + ": nothing there, or other metric names")))
+        batch.unrecognized[:0] = unrecognized
+        return batch
 
     def _to_batch(self, series: list[dict], start: datetime, end: datetime) -> Batch:
         """Group raw samples by (instance, timestamp) - one scrape - and parse each like a scrape."""
         scrapes: dict[tuple[str, float], dict[str, Family]] = {}
-        lo = _epoch(start)
+        lo, hi = _epoch(start), _epoch(end)
         for s in series:
             labels = dict(s.get("metric", {}))
             name = labels.pop("__name__", "")
             instance = labels.get("instance", "")
             for t, v in s.get("values", []):
-                if float(t) <= lo:
+                if not lo < float(t) <= hi:
                     continue  # chunks are (start, end]; Prometheus 2.x ranges also include start
                 fams = scrapes.setdefault((instance, float(t)), {})
                 fam = fams.setdefault(name, Family(name, "gauge", ""))
                 fam.add(tuple(labels.items()), float(v))
         parts, times, gpus, allocations, throughput, rejected, problems = [], [], [], [], [], 0, []
+        unrecognized: dict[tuple[str, str], Unrecognized] = {}  # one per instance and kind in a chunk
         for (instance, t), fams in sorted(scrapes.items()):
-            parsed = parse_rows(
-                render(fams.values()).decode(), ts=_from_epoch(t), cluster=self.cluster, target=instance, source="prometheus"
-            )
+            body = render(fams.values()).decode()
+            parsed = parse_rows(body, ts=_from_epoch(t), cluster=self.cluster, target=instance, source="prometheus")
+            for kind, text in parsed.warnings:
+                unrecognized.setdefault((instance, kind), Unrecognized(instance or self.url, kind, text))
+            if not parsed.num_rows:
+                unrecognized.setdefault((instance, "no_gpu_rows"), Unrecognized(instance or self.url, "no_gpu_rows", no_gpu_rows(body, parsed)))
             parts.append(parsed)
             times.append(t)
             gpus += parsed.gpus
@@ -142,4 +199,5 @@ class PrometheusApiSource:
             rejected=rejected,
             problems=problems,
             watermark=(self.watermark_name, end.isoformat()),
+            unrecognized=list(unrecognized.values()),
         )

@@ -19,9 +19,9 @@ from typing import Iterable
 
 import httpx
 
-from gpufleet.collector.exposition_parse import merge_exporters, parse_rows, samples_table
+from gpufleet.collector.exposition_parse import ScrapeRows, merge_exporters, parse_rows, samples_table
 from gpufleet.collector.schema import SAMPLE_SCHEMA
-from gpufleet.collector.schema import Batch
+from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class ScrapeSource:
         """One round's answers (target, its status, the body or None) -> the round's batch (one
         samples table for all targets: cheaper to build, and to commit, than one per target)."""
         problems = list(problems or [])
-        parts, gpus, allocations, throughput, rejected = [], [], [], [], 0
+        parts, gpus, allocations, throughput, rejected, unrecognized = [], [], [], [], 0, []
         self.status = {target.address: status for target, status, _ in answers}  # targets dropped from file_sd go
         for target, status, body in answers:
             if body is None:
@@ -103,6 +103,9 @@ class ScrapeSource:
             throughput += parsed.throughput
             rejected += parsed.rejected
             problems += [f"{target.address}: {p}" for p in parsed.problems[:5]]
+            unrecognized += [Unrecognized(target.address, kind, text) for kind, text in parsed.warnings]
+            if not parsed.num_rows:
+                unrecognized.append(Unrecognized(target.address, "no_gpu_rows", no_gpu_rows(body, parsed)))
         if not any(status.up for _, status, _ in answers):
             raise SourceError(f"all {len(answers)} scrape targets failed; first: {problems[0] if problems else '?'}")
         # a GPU both dcgm-exporter and the gpufleet exporter report: one row (PRECEDENCE)
@@ -115,6 +118,7 @@ class ScrapeSource:
             throughput=throughput,
             rejected=rejected,
             problems=problems,
+            unrecognized=unrecognized,
         )
 
     def _scrape(self, client: httpx.Client, target: Target) -> tuple[TargetStatus, str | None]:
@@ -130,6 +134,18 @@ class ScrapeSource:
         except httpx.HTTPError as e:
             status.error = f"{type(e).__name__} scraping {target.url}: {e}"
             return status, None
+
+
+def no_gpu_rows(body: str, parsed: ScrapeRows) -> str:
+    """What a body that gave no GPU rows held instead, for the unrecognized-input report."""
+    what = f"{len(body)} bytes, no GPU series this collector reads"
+    if parsed.rejected:
+        what += f", {parsed.rejected} malformed lines"
+    if parsed.unknown_names:
+        what += "; metric families there: " + ", ".join(parsed.unknown_names)
+    elif not body.strip():
+        what += " (empty body)"
+    return what
 
 
 def _read_file_sd(path: Path) -> list[Target]:

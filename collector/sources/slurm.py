@@ -49,7 +49,8 @@ from typing import Any
 from gpufleet.collector.schema import Batch
 
 from gpufleet.collector.sources.base import SourceError
-from gpufleet.collector.sources.slurm_parse import as_tz, parse_sacct
+from gpufleet.collector.sources.slurm_json import jobs_batch
+from gpufleet.collector.sources.slurm_parse import as_tz, latest_per_key, parse_sacct
 from gpufleet.times import utcnow
 
 UNIT_SEPARATOR = "\x1f"
@@ -61,46 +62,11 @@ MAX_PROBLEMS_PER_BATCH = 20
 _STORED = object()  # run()/window() without a watermark argument: use watermark_of or memory
 
 
-@dataclass
-class SacctSource:
-    """Reads finished and running jobs from sacct; see the module docstring for the choices.
-
-    The committed watermark comes from the caller (`run(now, watermark=...)`, as the collector
-    service does), else from `watermark_of(name)` (e.g. StoreWriter.watermark), else from memory:
-    the end of each batch its consumer came back after.
-    """
-
-    cluster: str = "default"
-    command: Sequence[str] = ("sacct",)  # the binary, or a wrapper: ("ssh", "login1", "sacct")
-    extra_args: Sequence[str] = ()  # e.g. ("--clusters=gpu",) or ("--partition=gpu",)
-    env: Mapping[str, str] = field(default_factory=dict)  # e.g. {"SLURM_CONF": "/etc/slurm/slurm.conf"}
-    timeout: float = 300.0
-    tz: str = "UTC"  # the zone sacct's times are in (the TZ it is run with)
-    overlap: timedelta = timedelta(hours=1)
-    initial_lookback: timedelta = timedelta(days=7)
-    max_window: timedelta = timedelta(days=1)
-    fields: Sequence[str] = DEFAULT_FIELDS
-    delimiter: str = UNIT_SEPARATOR
-    watermark_of: Callable[[str], str | None] | None = None
-    name: str = "sacct"
-    _remembered: str | None = field(default=None, init=False, repr=False)
-
-    @property
-    def watermark_name(self) -> str:
-        return f"sacct:{self.cluster}"
-
-    @classmethod
-    def from_options(cls, cluster: str, opts: Mapping[str, Any]) -> "SacctSource":
-        """From the validated [collector.sacct] table (collector/config.py)."""
-        return cls(
-            cluster=cluster,
-            command=tuple(shlex.split(opts.get("command") or "sacct")),  # a wrapper may take arguments
-            env={"SLURM_CONF": opts["slurm_conf"]} if opts.get("slurm_conf") else {},
-            timeout=float(opts.get("timeout", cls.timeout)),
-            tz=opts.get("timezone") or "UTC",
-            overlap=timedelta(seconds=opts.get("overlap_seconds", cls.overlap.total_seconds())),
-            initial_lookback=timedelta(seconds=opts.get("initial_lookback_seconds", cls.initial_lookback.total_seconds())),
-        )
+class JobWindows:
+    """Windows over time for a source of Slurm job records (sacct, slurmrestd): each run reads
+    [watermark - overlap, now], the first `initial_lookback`, in `max_window` pieces, one batch
+    and watermark each. The class using it has cluster, overlap, initial_lookback, max_window,
+    watermark_of, _remembered, watermark_name and read_window(lo, hi, now=...)."""
 
     def window(self, now: datetime, watermark: str | None | object = _STORED) -> tuple[datetime, datetime, str | None]:
         """(start, end, problem) of the next run, naive UTC seconds. `watermark`: the committed
@@ -128,9 +94,14 @@ class SacctSource:
             batch.watermark = (self.watermark_name, hi.isoformat())
             yield batch
             self._remembered = hi.isoformat()  # the consumer asked for more: it took that batch
+        yield from self.after_windows(now)
+
+    def after_windows(self, now: datetime) -> list[Batch]:
+        """Batches a run reads after its windows (slurmrestd: slurmctld's current jobs)."""
+        return []
 
     def backfill_windows(self, start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
-        """[start, end] cut into `max_window` pieces, one sacct call and batch each."""
+        """[start, end] cut into `max_window` pieces, one read and batch each."""
         start, end = start.replace(microsecond=0), end.replace(microsecond=0)
         out = []
         while start < end:
@@ -138,26 +109,79 @@ class SacctSource:
             start = out[-1][1]
         return out
 
+
+@dataclass
+class SacctSource(JobWindows):
+    """Reads finished and running jobs from sacct; see the module docstring for the choices.
+
+    The committed watermark comes from the caller (`run(now, watermark=...)`, as the collector
+    service does), else from `watermark_of(name)` (e.g. StoreWriter.watermark), else from memory:
+    the end of each batch its consumer came back after.
+
+    `format = "json"`: runs `sacct --json` (Slurm 21.08+) instead of the delimited text and reads
+    it with the slurmrestd parser (gpufleet.collector.sources.slurm_json): the same job rows.
+    """
+
+    cluster: str = "default"
+    command: Sequence[str] = ("sacct",)  # the binary, or a wrapper: ("ssh", "login1", "sacct")
+    extra_args: Sequence[str] = ()  # e.g. ("--clusters=gpu",) or ("--partition=gpu",)
+    env: Mapping[str, str] = field(default_factory=dict)  # e.g. {"SLURM_CONF": "/etc/slurm/slurm.conf"}
+    timeout: float = 300.0
+    tz: str = "UTC"  # the zone sacct's times are in (the TZ it is run with)
+    overlap: timedelta = timedelta(hours=1)
+    initial_lookback: timedelta = timedelta(days=7)
+    max_window: timedelta = timedelta(days=1)
+    fields: Sequence[str] = DEFAULT_FIELDS
+    delimiter: str = UNIT_SEPARATOR
+    watermark_of: Callable[[str], str | None] | None = None
+    name: str = "sacct"
+    format: str = "text"  # or "json": sacct --json
+    _remembered: str | None = field(default=None, init=False, repr=False)
+
+    @property
+    def watermark_name(self) -> str:
+        return f"sacct:{self.cluster}"
+
+    @classmethod
+    def from_options(cls, cluster: str, opts: Mapping[str, Any]) -> "SacctSource":
+        """From the validated [collector.sacct] table (collector/config.py)."""
+        return cls(
+            cluster=cluster,
+            command=tuple(shlex.split(opts.get("command") or "sacct")),  # a wrapper may take arguments
+            env={"SLURM_CONF": opts["slurm_conf"]} if opts.get("slurm_conf") else {},
+            timeout=float(opts.get("timeout", cls.timeout)),
+            tz=opts.get("timezone") or "UTC",
+            overlap=timedelta(seconds=opts.get("overlap_seconds", cls.overlap.total_seconds())),
+            initial_lookback=timedelta(seconds=opts.get("initial_lookback_seconds", cls.initial_lookback.total_seconds())),
+            format=opts.get("format") or "text",
+        )
+
     def read_window(self, start: datetime, end: datetime, now: datetime | None = None) -> Batch:
         """The jobs sacct lists for [start, end]. No watermark: a backfill of the past must not
         move the live watermark back (run() sets it on its own batches)."""
         text = self.sacct(start, end)
         now = now or utcnow()
+        key = f"sacct:{self.cluster}:{start.isoformat()}:{end.isoformat()}"
+        if self.format == "json":
+            return jobs_batch(text, key=key, input=f"{self.command[0]} --json ({start.isoformat()} .. {end.isoformat()} UTC)",
+                              cluster=self.cluster, now=now, source="sacct")
         jobs, rejected, problems = parse_sacct(
             text, fields=self.fields, delimiter=self.delimiter, cluster=self.cluster, now=now, tz=self.tz
         )
         return Batch(
-            key=f"sacct:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
-            jobs=_latest_per_key(jobs),
+            key=key,
+            jobs=latest_per_key(jobs),
             rejected=rejected,
             problems=problems[:MAX_PROBLEMS_PER_BATCH],
         )
 
     def argv(self, start: datetime, end: datetime) -> list[str]:
+        window = [f"--starttime={self._local(start)}", f"--endtime={self._local(end)}"]
+        if self.format == "json":  # --json ignores --format and the delimiters; steps come inside each job
+            return [*self.command, "--allusers", "--json", *window, *self.extra_args]
         return [
             *self.command, "--allusers", "--allocations", "--parsable2", "--noheader",
-            f"--delimiter={self.delimiter}", f"--format={','.join(self.fields)}",
-            f"--starttime={self._local(start)}", f"--endtime={self._local(end)}", *self.extra_args,
+            f"--delimiter={self.delimiter}", f"--format={','.join(self.fields)}", *window, *self.extra_args,
         ]
 
     def _local(self, t: datetime) -> str:
@@ -202,14 +226,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _tail(stderr: bytes, lines: int = 5, chars: int = 600) -> str:
     text = stderr.decode("utf-8", "replace").strip()
     return " | ".join(text.splitlines()[-lines:])[-chars:]
-
-
-def _latest_per_key(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per job_key, the last one sacct printed (the store upserts by key: two rows with
-    one key in a batch would conflict). Without --duplicates this only bites when a pending
-    array range and its last task share the array's JobIDRaw in one listing."""
-    latest: dict[str, dict[str, Any]] = {}
-    for job in jobs:
-        latest.pop(job["job_key"], None)
-        latest[job["job_key"]] = job
-    return list(latest.values())

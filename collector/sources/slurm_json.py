@@ -7,9 +7,12 @@ becomes a list, het jobs carry het_job_id/het_job_offset objects.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
+from gpufleet.collector.schema import Batch, Unrecognized
+from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm_parse import (
     _NO_VAL,
     _Bad,
@@ -17,6 +20,7 @@ from gpufleet.collector.sources.slurm_parse import (
     _Problems,
     expand_hostlist,
     gres_gpus,
+    latest_per_key,
     normalise_state,
     settle_times,
     tres_gpus,
@@ -46,7 +50,7 @@ def _tres_list(items: Any) -> str | None:
         return None
     parts = [
         f"{t.get('type')}{'/' + t['name'] if t.get('name') else ''}={_num(t.get('count'))}"
-        for t in items if isinstance(t, dict)
+        for t in items if isinstance(t, dict) and _num(t.get("count")) is not None  # 22.05's dbv0.0.38: energy count null
     ]
     return ",".join(parts) or None
 
@@ -118,8 +122,14 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
     if isinstance(ec, dict):
         sig = _num(((ec.get("signal") or {}).get("id"))) or 0
         exit_code = f"{_num(ec.get('return_code')) or 0}:{sig}"
-    else:
-        exit_code = None if _num(ec) is None else f"{_num(ec)}:0"
+        if exit_code == "0:0" and norm == "FAILED":
+            # Slurm 22.05's dbv0.0.38 (slurmrestd and sacct --json) answers {SUCCESS, 0} for every
+            # job, a FAILED one with `exit 3` included (sacct's text says 3:0; seen on the test
+            # cluster): a failure with a success code is no exit code at all, so unknown
+            exit_code = None
+    else:  # slurmctld's v0.0.37/38 job_info: the raw wait status (768 = exit 3; 15 = SIGTERM), as sacct decodes it
+        n = _num(ec)
+        exit_code = None if n is None else f"{(int(n) >> 8) & 0xFF}:{int(n) & 0x7F}"
     times = dict(zip(("submit", "eligible", "start", "end"), map(_epoch, when)))
     # slurmctld fills in the *expected* start/end of a job not started/ended; slurmdbd writes
     # end 0 for a record that ended without an end (NODE_FAIL): Start + time.elapsed
@@ -169,3 +179,41 @@ def parse_slurmrestd_jobs(
             problems.add(f"jobs[{i}]: {note}")
         jobs.append(row)
     return jobs, rejected, problems.done()
+
+
+MAX_PROBLEMS_PER_BATCH = 20
+
+
+def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: datetime, source: str = "slurmrestd") -> Batch:
+    """One JSON job listing (a slurmrestd answer, `sacct --json`, a file of either) -> a Batch.
+
+    Text that is not JSON, or JSON without a `jobs` list, is input of a shape this does not know:
+    SourceError naming `input` and what was there (with an Unrecognized for the report). Slurm's
+    own `errors` beside the jobs are kept as problems; with no jobs they fail the read.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    text = text.removeprefix("\ufeff")
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        what = f"not JSON ({e}): {text[:120]!r}"
+        raise SourceError(f"{input}: {what}", [Unrecognized(input, "not_json", what)]) from None
+    jobs, rejected, problems = parse_slurmrestd_jobs(doc, cluster, now)
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise SourceError(f"{input}: {problems[0]}", [Unrecognized(input, "no_jobs_list", problems[0])])
+    errors = [error_text(e) for e in doc.get("errors") or []]
+    if errors and not jobs:
+        raise SourceError(f"{input}: Slurm answered with errors: {'; '.join(errors[:3])}")
+    for job in jobs:
+        job["source"] = source
+    return Batch(key=key, jobs=latest_per_key(jobs), rejected=rejected,
+                 problems=([f"Slurm reported: {e}" for e in errors[:3]] + problems)[:MAX_PROBLEMS_PER_BATCH])
+
+
+def error_text(e: Any) -> str:
+    """slurmrestd's {error, error_number, description, source} (or a plain string) -> one line."""
+    if not isinstance(e, dict):
+        return str(e)[:200]
+    parts = [str(e.get(k)) for k in ("description", "error", "source") if e.get(k)]
+    return " / ".join(parts)[:200] or json.dumps(e)[:200]

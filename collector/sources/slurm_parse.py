@@ -43,6 +43,7 @@ _JOBID = re.compile(
     r"^(?P<base>\d+)(?:_(?P<task>\d+)|_\[(?P<range>[0-9,%:\-]+)\]|\+(?P<off>\d+))?(?:\.(?P<step>\S+))?$"
 )
 _EXIT = re.compile(r"^\d+:\d+$")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # all but tab, line feed, carriage return
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(\d+(?::\d+)*(?:\.\d+)?)$")
 
 
@@ -319,21 +320,23 @@ def parse_sacct(
     Without `fields` the first line is the header. Steps (123.batch, 123+0.0) are skipped: they
     are not jobs. A line with k fields too many is a job name containing the delimiter when the
     format has JobName: the k+1 fields from JobName's position are joined back and kept if the
-    rest then validates. `cluster=None` takes the Cluster column.
+    rest then validates. A job name may hold a line break (sbatch --job-name takes one and sacct
+    prints it as is): when JobName is the last column, a line with too few fields that does not
+    start with a job ID continues the line before it. `cluster=None` takes the Cluster column.
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
+    text = text.removeprefix("\ufeff")  # a byte-order mark (a file saved on Windows) is not part of the header
     now = now or utcnow()
     zone = as_tz(tz)
     problems, jobs, rejected = _Problems(), [], 0
-    lines = [(n, line.rstrip("\r")) for n, line in enumerate(text.split("\n"), 1)]
-    lines = [(n, line) for n, line in lines if line.strip()]
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
     trailing: bool | None = None  # --parsable: every line ends with the delimiter
     header = None
     if fields is None:
         if not lines:
             return [], 0, []
-        header = lines.pop(0)[1]
+        header = lines.pop(0)[1].rstrip("\r")
         fields = header.split(delimiter)
         trailing = len(fields) > 1 and fields[-1] == ""
         if trailing:
@@ -345,8 +348,11 @@ def parse_sacct(
         problems.add(f"no JobID column in {list(fields)[:8]}: nothing parsed")
         return [], len(lines), problems.done()
     width, name_at = len(names), names.index("jobname") if "jobname" in names else None
+    if name_at == width - 1:
+        lines = _join_name_lines(lines, delimiter, width)
 
     for lineno, line in lines:
+        line = line.rstrip("\r")
         if line == header:
             continue
         parts = line.split(delimiter)
@@ -379,6 +385,21 @@ def parse_sacct(
         if row is not None:
             jobs.append(row)
     return jobs, rejected, problems.done()
+
+
+def _join_name_lines(lines: list[tuple[int, str]], delimiter: str, width: int) -> list[tuple[int, str]]:
+    """Rejoin job names that hold line breaks: a line with fewer than `width` fields (the name
+    is the last column) that neither starts with a job ID nor holds a control character (a name
+    cannot: garbage is rejected, not glued to a good job) continues the line before it."""
+    out: list[tuple[int, str]] = []
+    for lineno, line in lines:
+        parts = line.split(delimiter)
+        if (out and len(parts) < width and not (len(parts) > 1 and _JOBID.match(parts[0].strip()))
+                and not any(_CONTROL.search(p) for p in parts)):
+            out[-1] = (out[-1][0], f"{out[-1][1]}\n{line}")
+        else:
+            out.append((lineno, line))
+    return out
 
 
 # ---- scontrol show job -d --------------------------------------------------------------------
@@ -436,3 +457,14 @@ def parse_scontrol_show_job_d(text: str | bytes) -> list[dict[str, Any]]:
         rec.update(gres_idx=gres_idx, gpu_type=gpu_type, gpus=sum(len(v) for v in gres_idx.values()))
         out.append(rec)
     return out
+
+
+def latest_per_key(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per job_key, the last one sacct printed (the store upserts by key: two rows with
+    one key in a batch would conflict). Without --duplicates this only bites when a pending
+    array range and its last task share the array's JobIDRaw in one listing."""
+    latest: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        latest.pop(job["job_key"], None)
+        latest[job["job_key"]] = job
+    return list(latest.values())

@@ -1,8 +1,10 @@
 """How the report writes numbers: one function per kind, shared by the HTML, the text and the charts,
 so a figure reads the same everywhere (and tests can format the analytics' figure and find it).
 
-GPU-hours: two decimals below 100, one from 100 (1,234.5). Money: US dollars, cents below $1,000,
-whole dollars from there. Percentages: one decimal. A missing figure is never written as 0.
+GPU-hours: two decimals below 100, one from 100 (1,234.5). Money: one format, US dollars with cents
+and thousands separators ($4,724.00 beside $945.53: a finance reader adds them up as printed), in
+the HTML, the text, the charts and the subject alike (usd). Percentages: one decimal. A missing
+figure is never written as 0.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ def hours(v: float | None) -> str:
 
 
 def usd(v: float | None) -> str:
+    """The report's one money format: $1,234.56 (−$3.00 below zero); "unknown" when unknown."""
     if _bad(v):
         return "unknown"
     sign = MINUS if v < 0 else ""
-    a = abs(v)
-    return f"{sign}${a:,.0f}" if a >= 1000 else f"{sign}${a:,.2f}"
+    return f"{sign}${abs(v):,.2f}"
 
 
 def pct(v: float | None) -> str:

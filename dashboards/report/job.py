@@ -128,4 +128,4 @@ def scheduled(doc: Mapping[str, Any], path: Any) -> Callable[[Any], Any] | None:
     """The collector service's hook (gpufleet collect, wired by the shell): the weekly job's
     `add_to`, or None when no report is scheduled."""
     job = prepare(doc, path)
-    return job.add_to if job else None
+    return (lambda scheduler, _collector=None: job.add_to(scheduler)) if job else None

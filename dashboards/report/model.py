@@ -157,6 +157,8 @@ class Report:
     method: Method
     team: str | None = None  # a team's own report
     top_n: int = 10
+    config_path: str | None = None  # the configuration file the figures were made with (None: defaults)
+    store: str | None = None  # the store they were read from
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from email.message import EmailMessage
 from pathlib import Path
@@ -105,6 +105,8 @@ def make(settings: Settings, window: Window, *, now: datetime | None = None, pdf
     pdf = settings.report.pdf if pdf is None else pdf
     params = settings.params(window.start, window.end)
     fleet = gather(con, params, window, shares=settings.shares, half_life=settings.half_life, top_n=settings.report.top_jobs, now=now)
+    fleet = replace(fleet, config_path=None if settings.path is None else str(Path(settings.path).resolve()),
+                    store=str(Path(settings.store).resolve()))  # for the report's "recompute with" command
     outputs = [render_output(fleet, pdf=pdf, chromium=settings.report.chromium)]
     for team in (settings.report.team_recipients if teams is None else teams):
         outputs.append(render_output(for_team(con, fleet, team), pdf=pdf, chromium=settings.report.chromium))

@@ -94,8 +94,27 @@ def subject(report: Report) -> str:
     return fmt.plain(f"{title(report)}: " + ", ".join(parts))
 
 
+def recompute_command(report: Report) -> str:
+    """The `gpufleet analyze` command that recomputes the report's figures, complete and runnable as
+    printed (shell-quoted): the configuration and store the report used, its window in UTC, the
+    team's account for a team's report, the report's number of jobs listed. The one place this
+    command is built; both renderings print it."""
+    import shlex
+
+    argv = ["gpufleet", "analyze"]
+    if report.config_path is not None:
+        argv += ["--config", report.config_path]
+    if report.store is not None:
+        argv += ["--store", report.store]
+    argv += ["--from", f"{report.window.start:%Y-%m-%dT%H:%M:%SZ}", "--to", f"{report.window.end:%Y-%m-%dT%H:%M:%SZ}"]
+    if report.team is not None:
+        argv += ["--account", report.team]
+    argv += ["--by", "account", "--top", str(report.top_n), "--format", "json"]
+    return fmt.plain(shlex.join(argv))
+
+
 def _context(report: Report) -> dict:
-    return {"r": report, "title": title(report), "charts": chart_svgs(report)}
+    return {"r": report, "title": title(report), "charts": chart_svgs(report), "recompute": recompute_command(report)}
 
 
 def html(report: Report) -> str:

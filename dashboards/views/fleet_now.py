@@ -10,6 +10,7 @@ import streamlit as st
 from gpufleet.dashboards import data, ui
 
 MARKS = {"lost": "✕", "error": "!", "no data": "?"}
+EQUIV_HELP = "GPU equivalents: a MIG instance counts as its share of its GPU (3g.40gb = 3/7 of a GPU)"
 LEGEND = "✕ lost (gpu_up = 0)   ! XID / ECC / row-remap error   ? no recent data   ○ held with no process   · held by a job"
 
 
@@ -29,7 +30,7 @@ def grid(states: pl.DataFrame) -> alt.LayerChart:
         (pl.col("gpu") + (pl.col("_part") + 1) / pl.col("_parts")).alias("x1"),
     ).with_columns(((pl.col("x0") + pl.col("x1")) / 2).alias("xc")).select(
         "cluster", "host", "slot", "gpu", "gi", "x0", "x1", "xc", "model", "status", "shown_util", "util", "mark", "job_ids",
-        "job_names", "user_names", "accounts", "gpu_temp_c", "power_w", "fb_used_mib", "compute_processes", "age_s")
+        "job_names", "user_names", "accounts", "gpu_temp_c", "power_w", "fb_used_mib", "compute_processes", "last_xid", "age_s")
     hosts = df.select("cluster", "host").unique().sort("cluster", "host")
     y_order = hosts["host"].to_list()
     columns = int(df["gpu"].max()) + 1 if df.height else 1
@@ -38,7 +39,8 @@ def grid(states: pl.DataFrame) -> alt.LayerChart:
                alt.Tooltip("job_names:N", title="job name"), alt.Tooltip("user_names:N", title="user"),
                alt.Tooltip("accounts:N", title="account"), alt.Tooltip("gpu_temp_c:Q", title="temperature °C", format=".0f"),
                alt.Tooltip("power_w:Q", title="power W", format=".0f"), alt.Tooltip("fb_used_mib:Q", title="memory used MiB", format=",.0f"),
-               alt.Tooltip("compute_processes:Q", title="processes"), alt.Tooltip("model:N")]
+               alt.Tooltip("compute_processes:Q", title="processes", format="d"), alt.Tooltip("last_xid:Q", title="last XID", format="d"),
+               alt.Tooltip("model:N")]
     x_axis = alt.Axis(values=[g + 0.5 for g in range(columns)], labelExpr="floor(datum.value)", grid=False, ticks=False)
     base = alt.Chart(df).encode(y=alt.Y("host:N", sort=y_order, title=None, axis=alt.Axis(labelOverlap=False))).properties(
         height=max(120, 22 * len(y_order)))
@@ -64,17 +66,19 @@ def body(ctx: ui.Context) -> None:
 
     c = st.columns(4)
     c[0].metric("GPUs reporting", f"{ui.count(summary.reporting)} of {ui.count(summary.gpus)}",
-                help="GPUs with a sample in the last few minutes (stale_after_seconds)")
-    c[1].metric("Held by jobs", ui.count(summary.held))
-    c[2].metric("Free (reporting, not held)", ui.count(summary.free))
+                help="Physical GPUs with a sample in the last few minutes (stale_after_seconds) that are not lost; "
+                     "a MIG instance is part of its GPU, not a GPU")
+    c[1].metric("Held by jobs (GPU equivalents)", ui.gpus(summary.held), help=EQUIV_HELP)
+    c[2].metric("Free (reporting, not held; GPU equivalents)", ui.gpus(summary.free), help=EQUIV_HELP)
     c[3].metric("Mean utilization", ui.pct(summary.mean_utilization_pct), help="Over the GPUs reporting now")
     c = st.columns(4)
-    c[0].metric("Idle allocated now", ui.count(summary.idle_allocated),
-                help="Held by a job, reporting, utilization below the idle threshold")
+    c[0].metric("Idle allocated now (GPU equivalents)", ui.gpus(summary.idle_allocated_gpus),
+                help="Held by a job, reporting, utilization below the idle threshold. " + EQUIV_HELP)
     c[1].metric("Idle allocated cost", f"{ui.usd(summary.idle_allocated_usd_per_h)}/h",
                 help="$/GPU-hour of the idle allocated GPUs (MIG instances at their share); unknown if a model has no price")
-    c[2].metric("Held with no process", ui.count(summary.held_no_process))
-    c[3].metric("Lost / error / no data", f"{summary.lost} / {summary.error} / {summary.no_data}")
+    c[2].metric("Held with no process (GPU equivalents)", ui.gpus(summary.held_no_process), help=EQUIV_HELP)
+    c[3].metric("Lost / error / no data (GPUs)", f"{summary.lost} / {summary.error} / {summary.no_data}",
+                help="Physical GPUs: lost (gpu_up = 0), reporting an error, or with no recent sample")
     if summary.unpriced_models:
         st.caption("No price for some GPU models ([analytics.prices] in the configuration); their cost is unknown:")
         st.text(", ".join(summary.unpriced_models))
@@ -83,17 +87,21 @@ def body(ctx: ui.Context) -> None:
     st.caption("Colour: utilization of the latest sample; grey: no recent data. " + LEGEND)
     st.altair_chart(grid(states), width="stretch")
 
-    idle = states.filter(pl.col("idle_allocated")).with_columns(
+    idle = states.filter(pl.col("idle_allocated")).sort("idle_since", nulls_last=True)
+    idle = idle.with_columns(
         ((pl.lit(as_of) - pl.col("idle_since")).dt.total_seconds()).alias("idle_for_s"),
         (pl.col("usd_per_gpu_hour") * pl.col("equiv")).alias("cost_usd_per_h"),
-    ).sort("idle_since", nulls_last=True)
+        pl.Series("idle_since_text", [ui.idle_since(t, before) for t, before in zip(idle["idle_since"], idle["idle_since_capped"])],
+                  dtype=pl.Utf8),
+    )
     st.subheader("Idle allocated GPUs now")
-    st.caption("Held by a job and below the idle threshold in the latest sample; idle since = start of the current run of idle samples"
-               " (≥ when the run reaches back to the start of the look-back).")
+    st.caption("Held by a job and below the idle threshold in the latest sample; idle since = the first sample after the GPU's last "
+               "busy sample in the store. \"before\": no busy sample in the look-back, the GPU was idle since before that time "
+               "(and idle for at least that long).")
     ui.table(idle.select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts", "util", "compute_processes",
-                         "idle_since", "idle_since_capped", "idle_for_s", "cost_usd_per_h"),
+                         "idle_since_text", "idle_for_s", "cost_usd_per_h"),
              key="fleet_idle", empty="No GPU is idle while allocated right now.",
-             labels={"idle_for_s": "idle for (s)", "idle_since_capped": "idle since ≥", "cost_usd_per_h": "$ per hour"})
+             labels={"idle_since_text": "idle since", "idle_for_s": "idle for (s)", "cost_usd_per_h": "$ per hour"})
 
     st.subheader("Held with no compute process")
     ui.table(states.filter(pl.col("no_process")).select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts",
@@ -101,9 +109,10 @@ def body(ctx: ui.Context) -> None:
              key="fleet_no_process", empty="Every held GPU has a process on it.")
 
     st.subheader("Down, erroring or silent GPUs")
-    ui.table(states.filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "xid_last",
-                                                            "ecc_dbe_vol", "remap_failure", "job_ids", "user_names"),
-             key="fleet_problems", empty="All GPUs are up and reporting.", labels={"ts": "last sample", "age_s": "age (s)"})
+    ui.table(states.filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
+                                                            "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids", "user_names"),
+             key="fleet_problems", empty="All GPUs are up and reporting.",
+             labels={"ts": "last sample", "age_s": "age (s)", "last_xid": "last XID", "last_xid_at": "last XID at"})
 
     with st.expander("All GPUs (table)"):
         ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", "util", "fb_used_mib", "gpu_temp_c",

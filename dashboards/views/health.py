@@ -12,6 +12,10 @@ import streamlit as st
 from gpufleet.dashboards import data, ui
 
 
+UNRECOGNIZED_SCHEMA = {"last_seen": pl.Datetime("us"), "source": pl.Utf8, "input": pl.Utf8, "kind": pl.Utf8, "detail": pl.Utf8,
+                       "count": pl.Int64, "first_seen": pl.Datetime("us")}
+
+
 def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
     hosts = df.select("cluster", "host").unique().sort("cluster", "host")["host"].to_list()
     df = df.with_columns((pl.col("bucket") + bucket).alias("bucket_end"))
@@ -57,9 +61,10 @@ def body(ctx: ui.Context) -> None:
     ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.")
 
     st.subheader("Lost, erroring or silent GPUs now")
-    ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "xid_last",
-                                                                   "ecc_dbe_vol", "remap_failure", "job_ids"),
-             key="health_now", empty="Every GPU is up and reporting.", labels={"ts": "last sample", "age_s": "age"})
+    ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
+                                                                   "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids"),
+             key="health_now", empty="Every GPU is up and reporting.",
+             labels={"ts": "last sample", "age_s": "age", "last_xid": "last XID", "last_xid_at": "last XID at"})
 
     st.subheader("Temperatures")
     temp = h["temperature"]
@@ -75,9 +80,22 @@ def body(ctx: ui.Context) -> None:
              key="health_throttle", empty="No clock throttling reported in this window.",
              labels={"thermal_throttle_pct": "thermal % of samples", "power_throttle_pct": "power % of samples", "hw_slowdown_pct": "HW slowdown % of samples"})
 
+    st.subheader("Policy actions failing")
+    failing = data.policy(ctx.window.key, ctx.version)["failing"]
+    st.caption("Idle-GPU policy actions (mail, webhook, scancel, pod deletion) whose latest attempt failed; those of running jobs "
+               "are retried at each evaluation (gpufleet_policy_failing_actions).")
+    ui.table(failing, key="health_policy_failing", empty="No failing policy action.", labels={"attempt": "attempts", "detail": "error"})
+
     st.subheader("Freshness")
     st.text(f"Collector: last publish {ui.when(cs['published_at'])}, store version {cs['version']}, {cs['sample_files']} sample files")
     ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
+
+    st.subheader("Inputs the collector did not recognize")
+    st.caption("Targets that answered without GPU series, answers of an unknown shape, exporter pod names used as host names, "
+               "... (the collector's log has each; gpufleet_collect_input_unrecognized_total counts them). Last 7 days.")
+    unrecognized = pl.DataFrame(cs["unrecognized"], schema=UNRECOGNIZED_SCHEMA) if cs["unrecognized"] else None
+    ui.table(unrecognized, key="health_unrecognized", empty="Every input the collector read was recognized.",
+             labels={"last_seen": "last seen", "first_seen": "first seen"})
 
     with st.expander("Every GPU over the window"):
         ui.table(gpus, key="health_gpus")

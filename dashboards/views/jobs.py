@@ -119,6 +119,23 @@ def body(ctx: ui.Context) -> None:
     if job is not None:
         mfu = b.mfu.get("jobs") if b.mfu else None
         report(b.window, job, mfu, b.mfu_error)
+    policy_section(ctx)
+
+
+def policy_section(ctx: ui.Context) -> None:
+    """The idle-GPU policy: what it would do now and what it did in the window (audit trail)."""
+    st.subheader("Idle-GPU policy")
+    pol = data.policy(ctx.window.key, ctx.version)
+    if pol["planned"] is None:
+        st.caption("No [policy] section in the configuration: nothing is planned (gpufleet policy).")
+    else:
+        st.caption(f"Planned as of {ui.when(pol['as_of'])}: the rule and the idle figures of each running job the policy would act on. "
+                   "Opt-out tags (a Slurm comment or a pod annotation) are read from the scheduler only when the policy "
+                   "acts, so a job listed here may still be skipped as opted out; the past actions below say what happened.")
+        ui.table(pol["planned"], key="policy_planned", empty="No running job is due for a notification or a cancel.",
+                 labels={"idle_s": "idle", "idle_gpus": "GPUs idle"})
+    st.caption("Past notifications and actions in the window (every attempt, with its result), newest first.")
+    ui.table(pol["past"], key="policy_past", empty="The policy did nothing in this window.", labels={"idle_s": "idle", "idle_gpus": "GPUs idle"})
 
 
 ui.run_page("Jobs", body)

@@ -61,17 +61,19 @@ def body(ctx: ui.Context) -> None:
     b = data.window_bundle(w.key)
     t = b.totals
     ui.window_caption(b.window)
-    if t.capacity_gpu_h <= 0 and t.allocated_gpu_h <= 0:
+    if ui.empty_totals(t):
         ui.empty_window("GPU or job")
         return
+    ui.scope_note(t)
     c = st.columns(3)
     c[0].metric("Utilization", ui.pct(t.utilization_pct), help="Time-weighted GPU utilization over the time with data")
     c[1].metric("Used (busy)", ui.gpu_h(t.busy_gpu_h))
-    c[2].metric("Allocated", ui.gpu_h(t.allocated_gpu_h), help="Scheduler accounting: GPUs x run time")
+    c[2].metric("Allocated", ui.gpu_h(t.allocated_gpu_h), help="Scheduler accounting: GPUs x MIG share x run time")
     c = st.columns(3)
-    c[0].metric("Capacity", ui.gpu_h(t.capacity_gpu_h))
+    c[0].metric("Capacity", ui.attributable(t.capacity_gpu_h, t, ui.gpu_h))
     c[1].metric("With data", ui.gpu_h(t.data_gpu_h))
-    c[2].metric("No data", ui.gpu_h(t.no_data_gpu_h), help="Capacity with no sample: neither idle nor busy")
+    c[2].metric("No data", ui.gpu_h(t.no_data_gpu_h), help="Allocated time with no sample: neither idle nor busy" if t.not_attributable_reason
+                else "Capacity with no sample: neither idle nor busy")
 
     tl_fleet = b.timeline["fleet"]
     bucket_h = ((tl_fleet["bucket"][1] - tl_fleet["bucket"][0]).total_seconds() / 3600) if tl_fleet.height > 1 else b.window.length.total_seconds() / 3600
@@ -83,6 +85,8 @@ def body(ctx: ui.Context) -> None:
         keys = KEYS[by]
         u = b.utilization[by]
         rank = "capacity_gpu_h" if "capacity_gpu_h" in u.columns else "allocated_gpu_h"
+        if rank == "capacity_gpu_h" and t.not_attributable_reason:
+            rank = "data_gpu_h"  # capacity is no job's: under a job filter, the selected jobs' time
         order = u.sort(rank, descending=True)[keys[-1]].fill_null("(none)").to_list()
         shown = order[:TOP]
         tl = b.timeline[by].filter(pl.col(keys[-1]).fill_null("(none)").is_in(shown))

@@ -16,7 +16,7 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
     top = df.sort(value, descending=True, nulls_last=True).head(TOP).with_columns(pl.col(key).fill_null("(none)"))
     return alt.Chart(top).mark_bar().encode(
         y=alt.Y(f"{key}:N", sort="-x", title=None), x=alt.X(f"{value}:Q", title=title),
-        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f"), alt.Tooltip("cost:Q", title="$", format=",.2f"),
+        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f"), alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3),
                  alt.Tooltip("gpus:Q", title="GPUs")],
     ).properties(height=max(120, 24 * top.height + 30))
 
@@ -26,9 +26,10 @@ def body(ctx: ui.Context) -> None:
     b = data.window_bundle(w.key)
     ui.window_caption(b.window)
     t = b.totals
-    if t.capacity_gpu_h <= 0 and t.allocated_gpu_h <= 0:
+    if ui.empty_totals(t):
         ui.empty_window("GPU or job")
         return
+    ui.scope_note(t)
     base = data.previous_baseline(b.window.key)
     prev, why = base.totals, base.no_comparison
     c = st.columns(3)
@@ -39,10 +40,12 @@ def body(ctx: ui.Context) -> None:
     c = st.columns(3)
     c[0].metric("Held with no process", ui.gpu_h(t.no_process_gpu_h), **ui.delta(t.no_process_gpu_h, prev.no_process_gpu_h, ui.gpu_h, why))
     c[1].metric("No-process cost", ui.usd(t.no_process_cost), **ui.delta(t.no_process_cost, prev.no_process_cost, ui.usd, why))
-    c[2].metric("Stranded (unallocated)", ui.gpu_h(t.stranded_gpu_h), **ui.delta(t.stranded_gpu_h, prev.stranded_gpu_h, ui.gpu_h, why),
+    stranded_delta = {} if t.not_attributable_reason else ui.delta(t.stranded_gpu_h, prev.stranded_gpu_h, ui.gpu_h, why)
+    c[2].metric("Stranded (unallocated)", ui.attributable(t.stranded_gpu_h, t, ui.gpu_h), **stranded_delta,
                 help="GPU time with data that no job held")
     c = st.columns(3)
-    c[0].metric("Stranded cost", ui.usd(t.stranded_cost), **ui.delta(t.stranded_cost, prev.stranded_cost, ui.usd, why))
+    stranded_delta = {} if t.not_attributable_reason else ui.delta(t.stranded_cost, prev.stranded_cost, ui.usd, why)
+    c[0].metric("Stranded cost", ui.attributable(t.stranded_cost, t, ui.usd), **stranded_delta)
     if t.unpriced_models:
         st.caption("No price for these GPU models ([analytics.prices]); money on them is unknown:")
         st.text(", ".join(t.unpriced_models))
@@ -69,6 +72,9 @@ def body(ctx: ui.Context) -> None:
     ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.")
 
     st.subheader("Stranded capacity")
+    if t.not_attributable_reason:
+        st.text(f"Not shown: {t.not_attributable_reason}.")
+        return
     st.caption("GPU time with data that no job held, by GPU model and by host.")
     by_model = b.utilization["model"].select("model", "capacity_gpu_h", "stranded_gpu_h", "data_gpu_h").sort("stranded_gpu_h", descending=True)
     ui.table(by_model, key="waste_stranded_model")

@@ -59,6 +59,10 @@ default_window = "24h"
 [report]
 out_dir = "{workdir / 'reports'}"
 pdf = {'true' if pdf else 'false'}
+
+[policy]
+enforce = false                  # the idle-GPU policy plans only: the Jobs page, `gpufleet policy`
+email_domain = "example.org"
 """
 
 

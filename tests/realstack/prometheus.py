@@ -102,6 +102,8 @@ def _http(method: str, url: str, data: bytes | None = None, timeout: float = 10)
 class _Server:
     """What Prometheus and Alertmanager handles share: a daemon, a URL, readiness, stop."""
 
+    READY_PATH = "/-/ready"  # answers 200 once the server serves
+
     def __init__(self, daemon: Daemon, port: int, workdir: Path) -> None:
         self.daemon = daemon
         self.port = port
@@ -122,11 +124,11 @@ class _Server:
     def _wait_ready(self, timeout: float) -> None:
         def ready() -> bool:
             try:
-                return self.get("/-/ready")[0] == 200
+                return self.get(self.READY_PATH)[0] == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 return False
 
-        waited = wait_for(f"{self.daemon.name} /-/ready on {self.url}", ready, timeout=timeout, daemons=[self.daemon])
+        waited = wait_for(f"{self.daemon.name} {self.READY_PATH} on {self.url}", ready, timeout=timeout, daemons=[self.daemon])
         log.info("%s ready on %s after %.1fs", self.daemon.name, self.url, waited)
 
     def stop(self) -> None:

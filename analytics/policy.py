@@ -1,0 +1,446 @@
+"""The idle-GPU policy: which running jobs to warn, escalate or cancel, and why (pure functions).
+
+    [policy]
+    enforce = false              # false: plan and log only (dry run); true: mail, post and cancel
+    notify_after = "1h"          # every GPU of a running job idle this long: mail the owner
+    escalate_after = "2h"        # ... this long: mail the owner and the account's contact
+    cancel_after = "4h"          # ... this long: cancel the job (scancel / pod deletion)
+    no_process_after = "30m"     # every GPU with no compute process at all this long: notify sooner
+    renotify_after = "12h"       # a job notified (or escalated) is not notified again before this
+    min_job_age = "30m"          # never act on a job younger than this
+    interval = "5m"              # how often the collector service evaluates the policy
+    exempt_accounts = []         # never act on these accounts' jobs ...
+    exempt_partitions = []       # ... Slurm partitions
+    exempt_namespaces = []       # ... Kubernetes namespaces
+    exempt_users = []            # ... users
+    exempt_job_names = []        # ... job names matching these shell patterns, e.g. "jupyter-*"
+    # where the actions go (gpufleet.report.enforce; mail through [report.smtp], from [report] from_address)
+    email_domain = ""            # owner's address: {user}@domain (email_template), unless ...
+    directory_file = ""          # ... a file of "user address" lines names it
+    email_template = "{user}@{domain}"
+    webhook_url = ""             # a Slack-compatible incoming webhook
+    retries = 2                  # per channel, within one evaluation (failures are retried next round too)
+    scancel = "scancel"          # how Slurm jobs are cancelled (pods: DELETE via [collector.kubernetes] or kube_api)
+    squeue = "squeue"            # reads a candidate's comment for the opt-out tag ("" = do not read)
+    kube_api = ""
+    [policy.account_contacts]    # escalations (and cancels) also go to these
+    nlp = ["nlp-lead@example.org"]
+
+Idle is the product's one definition (gpufleet.analytics.fleet_now.gpu_states): a GPU is idle
+when its fresh latest sample is below the idle threshold; the policy counts its idle time from
+`idle_with_data_since`, the start of its current run of below-threshold samples within the current
+stretch of continuous data (a gap longer than max_gap ends a run: no data is never idle, so a
+collector outage never makes a job look idle for longer; the dashboard's `idle_since`, the last busy
+sample seen, may reach across such a gap). A job is
+idle when every GPU it holds is idle; its idle time is the shortest run among them. A job with
+any GPU not reporting (stale, never sampled) is neither idle nor busy: no action.
+
+A job opts out with a reason: its Slurm comment (`--comment`, `scontrol update job=ID comment=`)
+holding `gpufleet:exempt=<reason>`, or its pod's annotation `gpufleet.io/exempt: <reason>`; the
+reason is logged with the exemption. A tag without a reason does not exempt the job (a reason is
+the price of opting out). The store does not keep comments or annotations: the runner
+(gpufleet.report.enforce) reads them from the scheduler for the jobs a plan would act on, at plan
+time, and passes them in (`comments`); a job whose tag cannot be read is left alone that round.
+
+Rules, highest first: `cancel_after` (action "cancel"), `escalate_after` ("escalate"),
+`notify_after` ("notify"), `no_process_after` ("notify" sooner when no process at all). A job
+notified at a level within `renotify_after` is not notified again at that level or below; a
+failed action is not "done" and is planned again on the next evaluation (retried, never dropped).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping, Sequence
+
+from gpufleet.config import ConfigError, Option, boolean, section, string, strings
+from gpufleet.times import parse_duration
+
+ACTIONS = ("notify", "escalate", "cancel")  # in escalation order
+LEVEL = {a: i for i, a in enumerate(ACTIONS, 1)}
+
+# `gpufleet:exempt=<reason>` in a Slurm comment or a pod annotation; the reason runs to the end
+# of the text or to a ';'
+OPT_OUT_TAG = "gpufleet:exempt"
+_OPT_OUT = re.compile(r"gpufleet:exempt\s*=\s*([^;]*)")
+POD_ANNOTATION = "gpufleet.io/exempt"  # the annotation a pod opts out with (value: the reason)
+
+
+def _duration(v: Any) -> bool:
+    try:
+        parse_duration(v)
+    except ConfigError:
+        return False
+    return True
+
+
+DURATION = "a duration such as \"30m\", \"4h\" or \"2d\""
+OPTIONS = (
+    Option("enforce", False, "true or false", boolean),
+    Option("notify_after", "1h", DURATION, _duration),
+    Option("escalate_after", "2h", DURATION, _duration),
+    Option("cancel_after", "4h", DURATION, _duration),
+    Option("no_process_after", "30m", DURATION, _duration),
+    Option("renotify_after", "12h", DURATION, _duration),
+    Option("min_job_age", "30m", DURATION, _duration),
+    Option("interval", "5m", DURATION, _duration),
+    Option("exempt_accounts", [], "a list of account names", strings),
+    Option("exempt_partitions", [], "a list of Slurm partition names", strings),
+    Option("exempt_namespaces", [], "a list of Kubernetes namespaces", strings),
+    Option("exempt_users", [], "a list of user names", strings),
+    Option("exempt_job_names", [], "a list of shell patterns for job names, e.g. [\"jupyter-*\"]", strings),
+    # where the actions go (gpufleet.report.enforce); validated here so one pass finds every problem
+    Option("email_domain", "", "a mail domain for {user}@domain, or \"\" for none", string),
+    Option("email_template", "{user}@{domain}", "a template with {user} (and {domain})", lambda v: isinstance(v, str) and "{user}" in v),
+    Option("directory_file", "", "a file of 'user address' lines, or \"\"", string),
+    Option("account_contacts", {}, "a table of account -> list of e-mail addresses", lambda v: isinstance(v, dict)),
+    Option("webhook_url", "", "an http(s) URL of a Slack-compatible incoming webhook, or \"\"",
+           lambda v: isinstance(v, str) and (v == "" or v.startswith(("http://", "https://")))),
+    Option("retries", 2, "an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    Option("scancel", "scancel", "the scancel command", lambda v: isinstance(v, str) and bool(v)),
+    Option("squeue", "squeue", "the squeue command that reads a job's comment (the opt-out tag), or \"\" not to read comments",
+           string),
+    Option("efficiency_note_accounts", [], "a list of accounts whose users get a note on each GPU job's efficiency when it ends",
+           strings),
+    Option("efficiency_note_lookback", "1d", DURATION, _duration),
+    Option("kube_api", "", "the Kubernetes API URL, or \"\" for the in-cluster/kubeconfig one", string),
+)
+
+
+@dataclass(frozen=True)
+class Rules:
+    enforce: bool = False
+    notify_after: timedelta = timedelta(hours=1)
+    escalate_after: timedelta = timedelta(hours=2)
+    cancel_after: timedelta = timedelta(hours=4)
+    no_process_after: timedelta = timedelta(minutes=30)
+    renotify_after: timedelta = timedelta(hours=12)
+    min_job_age: timedelta = timedelta(minutes=30)
+    interval: timedelta = timedelta(minutes=5)
+    exempt_accounts: tuple[str, ...] = ()
+    exempt_partitions: tuple[str, ...] = ()
+    exempt_namespaces: tuple[str, ...] = ()
+    exempt_users: tuple[str, ...] = ()
+    exempt_job_names: tuple[str, ...] = ()
+    options: Mapping[str, Any] = field(default_factory=dict)  # the whole validated section
+
+
+def load_rules(doc: Mapping[str, Any], path: Any) -> Rules:
+    """[policy], validated (ConfigError naming key, value and expectation)."""
+    opts = section(doc, "policy", OPTIONS, path)
+    where = f"config {path or '(defaults)'} [policy]"
+    d = {k: parse_duration(opts[k], f"{where} {k}") for k in
+         ("notify_after", "escalate_after", "cancel_after", "no_process_after", "renotify_after", "min_job_age", "interval")}
+    problems = []
+    if not d["notify_after"] <= d["escalate_after"] <= d["cancel_after"]:
+        problems.append(f"{where}: notify_after = {opts['notify_after']!r}, escalate_after = {opts['escalate_after']!r}, "
+                        f"cancel_after = {opts['cancel_after']!r}: expected notify_after <= escalate_after <= cancel_after")
+    for account, addrs in opts["account_contacts"].items():
+        if not (isinstance(addrs, list) and all(isinstance(a, str) and "@" in a for a in addrs)):
+            problems.append(f"{where}.account_contacts: {account} = {addrs!r}: expected a list of e-mail addresses")
+    if problems:
+        raise ConfigError(*problems)
+    return Rules(enforce=opts["enforce"], **d,
+                 **{k: tuple(opts[k]) for k in ("exempt_accounts", "exempt_partitions", "exempt_namespaces",
+                                                 "exempt_users", "exempt_job_names")},
+                 options=opts)
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """One running job and the idle figures of the GPUs it holds, as of one moment."""
+
+    cluster: str
+    scheduler: str  # slurm | kubernetes
+    job_key: str
+    job_id: str
+    name: str | None
+    user_name: str | None
+    account: str | None
+    partition: str | None  # kubernetes: the namespace
+    state: str
+    age_s: float | None  # since the scheduler started it
+    gpus: int  # GPUs (or MIG instances) it holds
+    reporting: int  # of them with a fresh sample
+    idle_gpus: int  # of them idle now
+    idle_s: float | None  # every GPU idle this long (the shortest run); None unless all are idle
+    no_process_s: float | None  # every GPU without a compute process this long; None unless all
+    comment: str | None = None  # Slurm comment / pod annotation value (the opt-out tag)
+
+
+@dataclass(frozen=True)
+class Action:
+    action: str  # notify | escalate | cancel
+    rule: str  # the [policy] key that planned it
+    reason: str
+    job: JobFacts
+
+    def as_dict(self) -> dict[str, Any]:
+        j = self.job
+        return {"action": self.action, "job_key": j.job_key, "job_id": j.job_id, "cluster": j.cluster,
+                "scheduler": j.scheduler, "user": j.user_name, "account": j.account, "job_state": j.state,
+                "idle_s": j.idle_s, "idle_gpus": j.idle_gpus, "rule": self.rule, "reason": self.reason,
+                "job_name": j.name, "gpus": j.gpus}
+
+
+@dataclass(frozen=True)
+class Exemption:
+    rule: str
+    reason: str
+    job: JobFacts
+
+    def as_dict(self) -> dict[str, Any]:
+        j = self.job
+        return {"job_key": j.job_key, "job_id": j.job_id, "cluster": j.cluster, "scheduler": j.scheduler,
+                "user": j.user_name, "account": j.account, "rule": self.rule, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Done:
+    """A past audit row as the planner needs it."""
+
+    ts: datetime
+    cluster: str
+    scheduler: str
+    job_key: str
+    action: str
+    result: str  # ok | failed | dry-run | logged
+
+
+@dataclass
+class Plan:
+    as_of: datetime
+    enforce: bool
+    actions: list[Action] = field(default_factory=list)
+    exempt: list[Exemption] = field(default_factory=list)
+    suppressed: list[Action] = field(default_factory=list)  # due, but done within renotify_after
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"as_of": self.as_of.isoformat(), "enforce": self.enforce,
+                "actions": [a.as_dict() for a in self.actions], "exempt": [e.as_dict() for e in self.exempt],
+                "suppressed": [a.as_dict() for a in self.suppressed]}
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def opt_out_reason(comment: str | None) -> str | None:
+    """The reason of a `gpufleet:exempt=<reason>` tag; None without a tag or without a reason."""
+    if not comment:
+        return None
+    m = _OPT_OUT.search(comment)
+    reason = m.group(1).strip() if m else ""
+    return reason or None
+
+
+def exemption(job: JobFacts, rules: Rules) -> tuple[str, str] | None:
+    """(rule, reason) when a rule exempts the job, else None."""
+    if job.account is not None and job.account in rules.exempt_accounts:
+        return "exempt_accounts", f"account {job.account} is exempt"
+    if job.scheduler == "kubernetes":
+        if job.partition is not None and job.partition in rules.exempt_namespaces:
+            return "exempt_namespaces", f"namespace {job.partition} is exempt"
+    elif job.partition is not None and job.partition in rules.exempt_partitions:
+        return "exempt_partitions", f"partition {job.partition} is exempt"
+    if job.user_name is not None and job.user_name in rules.exempt_users:
+        return "exempt_users", f"user {job.user_name} is exempt"
+    for pattern in rules.exempt_job_names:
+        if job.name is not None and fnmatch.fnmatchcase(job.name, pattern):
+            return "exempt_job_names", f"job name matches {pattern!r}"
+    reason = opt_out_reason(job.comment)
+    if reason is not None:
+        where = "pod annotation" if job.scheduler == "kubernetes" else "job comment"
+        return "opt_out", f"opted out in its {where}: {reason}"
+    return None
+
+
+def due(job: JobFacts, rules: Rules) -> tuple[str, str, str] | None:
+    """(action, rule, reason) the job's idle figures call for, ignoring exemptions and history."""
+    if job.state != "RUNNING" or job.gpus <= 0 or job.reporting < job.gpus or job.idle_gpus < job.gpus:
+        return None  # not running, holds nothing known, not every GPU reporting, or busy
+    if job.age_s is None or job.age_s < rules.min_job_age.total_seconds():
+        return None
+    idle = job.idle_s
+    if idle is None:
+        return None
+    figures = f"all {job.gpus} GPU{'s' if job.gpus != 1 else ''} idle for {fmt_duration(idle)}"
+    if idle >= rules.cancel_after.total_seconds():
+        return "cancel", "cancel_after", f"{figures} (cancel_after = {fmt_duration(rules.cancel_after.total_seconds())})"
+    if idle >= rules.escalate_after.total_seconds():
+        return "escalate", "escalate_after", f"{figures} (escalate_after = {fmt_duration(rules.escalate_after.total_seconds())})"
+    if idle >= rules.notify_after.total_seconds():
+        return "notify", "notify_after", f"{figures} (notify_after = {fmt_duration(rules.notify_after.total_seconds())})"
+    np_s = job.no_process_s
+    if np_s is not None and np_s >= rules.no_process_after.total_seconds():
+        return "notify", "no_process_after", (f"{figures}, no process on any of them for {fmt_duration(np_s)} "
+                                             f"(no_process_after = {fmt_duration(rules.no_process_after.total_seconds())})")
+    return None
+
+
+def _recent(history: Iterable[Done], as_of: datetime, window: timedelta) -> dict[tuple[str, str, str], int]:
+    """(cluster, scheduler, job_key) -> the highest action level done (result ok) within window."""
+    out: dict[tuple[str, str, str], int] = {}
+    for h in history:
+        if h.result == "ok" and h.action in LEVEL and as_of - window < h.ts <= as_of:
+            k = (h.cluster, h.scheduler, h.job_key)
+            out[k] = max(out.get(k, 0), LEVEL[h.action])
+    return out
+
+
+def evaluate(jobs: Iterable[JobFacts], rules: Rules, history: Iterable[Done], as_of: datetime) -> Plan:
+    """The plan at `as_of`: one action at most per job (the highest rule due), exemptions with
+    their reasons, and actions due but already done within renotify_after (suppressed). A cancel
+    is suppressed only by a successful cancel; failures never suppress (they are retried)."""
+    plan = Plan(as_of=as_of, enforce=rules.enforce)
+    recent = _recent(history, as_of, rules.renotify_after)
+    for job in sorted(jobs, key=lambda j: (j.cluster, j.scheduler, j.job_key)):
+        d = due(job, rules)
+        if d is None:
+            continue
+        ex = exemption(job, rules)
+        if ex is not None:
+            plan.exempt.append(Exemption(ex[0], ex[1], job))
+            continue
+        action = Action(d[0], d[1], d[2], job)
+        done = recent.get((job.cluster, job.scheduler, job.job_key), 0)
+        (plan.suppressed if done >= LEVEL[action.action] else plan.actions).append(action)
+    return plan
+
+
+# --- from the store ---
+
+def _f(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def job_facts(running: list[Mapping[str, Any]], states: list[Mapping[str, Any]], as_of: datetime,
+              comments: Mapping[tuple[str, str, str], str] | None = None) -> list[JobFacts]:
+    """JobFacts from POLICY_RUNNING_GPUS rows (one per job and GPU) and gpu_states() rows."""
+    by_gpu = {(s["cluster"], s["host"], s["gpu_uuid"], s["gi"]): s for s in states}
+    jobs: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for r in running:
+        jobs.setdefault((r["cluster"], r["scheduler"], r["job_key"]), []).append(r)
+    out = []
+    for key, rows in jobs.items():
+        first = rows[0]
+        gpus = [by_gpu.get((r["cluster"], r["host"], r["gpu_uuid"], r["gi"])) for r in rows if r["gpu_uuid"] is not None]
+        fresh = [g for g in gpus if g is not None and g["fresh"] and g["util"] is not None]
+        idle = [g for g in fresh if g["idle_with_data_since"] is not None]
+        all_idle = bool(gpus) and len(idle) == len(gpus)
+        idle_s = min((as_of - g["idle_with_data_since"]).total_seconds() for g in idle) if all_idle else None
+        noproc = [g for g in fresh if g.get("no_process_with_data_since") is not None]
+        np_s = (min((as_of - g["no_process_with_data_since"]).total_seconds() for g in noproc)
+                if gpus and len(noproc) == len(gpus) else None)
+        start = first["start"]
+        out.append(JobFacts(
+            cluster=first["cluster"], scheduler=first["scheduler"], job_key=first["job_key"], job_id=first["job_id"],
+            name=first["name"], user_name=first["user_name"], account=first["account"], partition=first["partition"],
+            state=first["state"], age_s=(as_of - start).total_seconds() if start is not None else None,
+            gpus=len(gpus), reporting=len(fresh), idle_gpus=len(idle), idle_s=_f(idle_s), no_process_s=_f(np_s),
+            comment=(comments or {}).get(key, first.get("comment")),
+        ))
+    return out
+
+
+def plan_from_store(con: Any, rules: Rules, params: Any, as_of: datetime, *,
+                    comments: Mapping[tuple[str, str, str], str] | None = None) -> Plan:
+    """The plan over a reader connection (gpufleet.collector.store.open_reader): running jobs,
+    their GPUs' idle runs by gpu_states(), and the audit trail within renotify_after."""
+    from gpufleet.analytics import sql
+    from gpufleet.analytics.fleet_now import gpu_states
+
+    lookback = max(rules.cancel_after, rules.renotify_after) + timedelta(hours=1)
+    states = gpu_states(con, params, as_of, lookback=lookback).to_dicts()
+    cur = con.cursor()
+    try:
+        running = cur.sql(sql.POLICY_RUNNING_GPUS, params={"as_of": as_of}).to_arrow_table().to_pylist()
+        history = cur.sql(sql.POLICY_AUDIT, params={"as_of": as_of, "since": as_of - rules.renotify_after}).to_arrow_table().to_pylist()
+    finally:
+        cur.close()
+    facts = job_facts(running, states, as_of, comments)
+    done = [Done(h["ts"], h["cluster"], h["scheduler"], h["job_key"], h["action"], h["result"]) for h in history]
+    return evaluate(facts, rules, done, as_of)
+
+
+def audit(con: Any, since: datetime, as_of: datetime) -> Any:
+    """The audit trail in (since, as_of], newest first (a polars DataFrame)."""
+    import polars as pl
+
+    from gpufleet.analytics import sql
+
+    cur = con.cursor()
+    try:
+        return pl.from_arrow(cur.sql(sql.POLICY_AUDIT, params={"since": since, "as_of": as_of}).to_arrow_table())
+    finally:
+        cur.close()
+
+
+def failing(con: Any) -> Any:
+    """Actions whose latest attempt failed, with the job's state now (a polars DataFrame); those
+    of running jobs are planned again at the next evaluation."""
+    import polars as pl
+
+    from gpufleet.analytics import sql
+
+    cur = con.cursor()
+    try:
+        return pl.from_arrow(cur.sql(sql.POLICY_FAILING).to_arrow_table())
+    finally:
+        cur.close()
+
+
+def plan_frame(plan: Plan) -> Any:
+    """The plan's actions as a polars DataFrame (the JSON's columns), for tables."""
+    import polars as pl
+
+    cols = ("action", "job_key", "job_id", "cluster", "scheduler", "user", "account", "job_state", "idle_s", "idle_gpus",
+            "rule", "reason")
+    rows = [{c: a.as_dict()[c] for c in cols} for a in plan.actions]
+    return pl.DataFrame(rows, schema={c: (pl.Float64 if c == "idle_s" else pl.Int64 if c == "idle_gpus" else pl.Utf8) for c in cols})
+
+
+# --- the efficiency note at a job's end (opt-in per account) ---
+
+NOTE = "efficiency_note"
+
+
+def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: datetime, as_of: datetime) -> list[dict[str, Any]]:
+    """For each GPU job of `accounts` that ended in (since, as_of] and has no note sent yet: its
+    jobstats-style figures from gpufleet.analytics.jobs.job_report over the job's own span
+    (mean utilization, idle and no-process GPU-hours, memory high-water, verdict and its rule)."""
+    from dataclasses import replace
+
+    from gpufleet.analytics import sql
+    from gpufleet.analytics.core import Analysis
+    from gpufleet.analytics.jobs import job_report
+    from gpufleet.analytics.params import Filters
+
+    if not accounts:
+        return []
+    cur = con.cursor()
+    try:
+        ended = cur.sql(sql.POLICY_ENDED_JOBS, params={"since": since, "as_of": as_of, "accounts": list(accounts)}).to_arrow_table().to_pylist()
+    finally:
+        cur.close()
+    notes = []
+    for j in ended:
+        p = replace(params, start=j["start"], end=j["end"], filters=Filters(cluster=j["cluster"], account=j["account"]))
+        a = Analysis(con, p, now=as_of)
+        try:
+            rep = job_report(a, j["job_key"])
+        finally:
+            a.con.close()  # the analysis' temporary tables go with its cursor
+        if rep is None:
+            continue
+        fb = rep.per_gpu["fb_used_max_mib"].max() if not rep.per_gpu.is_empty() else None
+        notes.append({**j, "gpus": rep.job.get("gpus"), "runtime_h": rep.runtime_h, "allocated_gpu_h": rep.allocated_gpu_h,
+                      "mean_utilization_pct": rep.mean_utilization_pct, "idle_gpu_h": rep.idle_gpu_h,
+                      "no_process_gpu_h": rep.no_process_gpu_h, "fb_used_max_mib": fb, "verdict": rep.verdict, "rule": rep.rule})
+    return notes

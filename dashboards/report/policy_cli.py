@@ -1,0 +1,103 @@
+"""`gpufleet policy`: plan (and with [policy] enforce = true, carry out) the idle-GPU policy.
+
+    gpufleet policy --config gpufleet.toml                 # the plan; acts only if enforce = true
+    gpufleet policy --config gpufleet.toml --dry-run --format json
+
+The plan is printed either way: a table, or JSON {"actions": [{"action", "job_key", "job_id",
+"cluster", "scheduler", "user", "account", "job_state", "idle_s", "idle_gpus", "rule", "reason"},
+...], "exempt": [...], "suppressed": [...]}. A dry run reads the store and changes nothing. To act,
+the command needs the store's writer: with the collector service running, the policy runs inside
+it ([policy] interval) and this command plans only (exit 1 if asked to act).
+Exit status: 0 success; 2 bad usage or configuration; 1 the store is unreachable or an action failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from gpufleet.config import ConfigError, load_config
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML configuration file ([policy], [report] smtp, [analytics], [collector] sections)")
+    p.add_argument("--store", help="store directory (default: [analytics] store, else [collector] store)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and do nothing (the default unless enforce = true)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--as-of", help="evaluate at this time (ISO 8601, UTC unless an offset is given; default now); implies --dry-run")
+
+
+def _table(plan, acting: bool) -> str:
+    from gpufleet.analytics.policy import fmt_duration
+    from gpufleet.report.enforce import inert
+
+    mode = "enforcing" if acting else "dry run" + ("" if plan.enforce else " (enforce = false)")
+    lines = [f"idle-GPU policy at {plan.as_of.isoformat(timespec='seconds')}Z: {len(plan.actions)} action(s), {mode}"]
+    for a in plan.actions:
+        j = a.job
+        lines.append(f"  {a.action:<8} {j.cluster}/{inert(j.job_id, 40):<14} {inert(j.user_name, 20):<12} {inert(j.account, 20):<12} "
+                     f"{j.idle_gpus}/{j.gpus} GPUs idle {fmt_duration(j.idle_s):>7}  [{a.rule}] {inert(a.reason, 300)}  "
+                     f"name {inert(j.name, 60)}")
+    for e in plan.exempt:
+        lines.append(f"  exempt   {e.job.cluster}/{inert(e.job.job_id, 40):<14} [{e.rule}] {inert(e.reason, 300)}")
+    for a in plan.suppressed:
+        lines.append(f"  (done)   {a.job.cluster}/{inert(a.job.job_id, 40):<14} {a.action} already done within renotify_after")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    from gpufleet.analytics.params import store_path
+    from gpufleet.collector.store import StoreError, StoreWriter
+    from gpufleet.report.enforce import Runner, attempts_from_audit
+    from gpufleet.times import parse_time
+
+    out = out or sys.stdout
+    try:
+        doc = load_config(args.config)
+        runner = Runner.from_config(doc, args.config)
+        store = store_path(doc, args.config, args.store)
+        as_of = parse_time(args.as_of) if args.as_of else None
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    act = runner.rules.enforce and not args.dry_run and as_of is None
+    try:
+        plan = runner.plan(store, as_of)
+    except StoreError as e:
+        log.error("%s", e)
+        return 1
+    try:
+        notes = runner.notes(store, plan.as_of)
+    except StoreError as e:
+        log.error("%s", e)
+        return 1
+    if args.format == "json":
+        doc = plan.as_dict()
+        doc["efficiency_notes"] = notes
+        out.write(json.dumps(doc, default=str, indent=1) + "\n")
+    else:
+        out.write(_table(plan, act))
+        for n in notes:
+            out.write(f"  note     {n['cluster']}/{n['job_id']} ended: {n['verdict']} ({n['rule']})\n")
+    if not act or not (plan.actions or notes):
+        return 0
+    try:
+        attempts = attempts_from_audit(store, plan.as_of)
+        writer = StoreWriter(store)
+    except StoreError as e:
+        log.error("not acting: %s (with the collector service running, the policy acts inside it)", e)
+        return 1
+    try:
+        def record(rows):
+            writer.record_policy(rows)
+            writer.publish()
+
+        rows = runner.execute(plan, record, attempts=attempts)
+        rows += runner.send_notes(notes, record)
+    finally:
+        writer.close()
+    return 1 if any(r["result"] == "failed" for r in rows) else 0

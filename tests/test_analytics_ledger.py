@@ -1,0 +1,386 @@
+"""The ledger of team figures (issue #13.1, #13.2): MIG slices count as their share everywhere,
+and filters narrow every figure they can.
+
+Property tests (hypothesis) over random fleets built through the real StoreWriter: whole H100s,
+A100s cut into MIG slices (1g.10gb, 3g.40gb) and A30s (1g.6gb, 2g.12gb); samples in runs with
+gaps shorter and longer than max_gap; several accounts and users; jobs that cross the window's
+edges, may still be running, hold one or more GPUs or slices, may share a GPU with another job,
+and name their slices' MIG profile in their scheduler GPU type or not (then the job mapping
+says which slices they held). Properties:
+
+1. Sum over accounts of each figure = the fleet's attributable figure (allocated, idle and
+   no-process GPU-hours and their cost; data = the per-GPU allocated data when no GPU is shared).
+2. Per account: allocated = data + no data, data <= allocated, busy <= data.
+3. The fleet's allocated line never exceeds capacity, in any bucket, when no GPU is shared
+   (two jobs on one GPU each hold all of it, by design; tests/test_analytics_properties.py).
+4. A filtered analysis (account, user) equals the matching rows of the unfiltered one for every
+   figure the filter restricts; capacity and stranded time are None with the reason.
+5. Capacity and allocated match a share table written here, independently of analytics/sql.py:
+   dropping the MIG share from capacity, data, allocated or the timeline fails 1-5.
+
+Golden cases with their arithmetic follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime, timedelta
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpufleet.analytics.core import Analysis, unknown_filter_values
+from gpufleet.analytics.fairness import fairness
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.timeline import utilization_timeline
+from gpufleet.collector import schema
+from tests.support.fleet import Fleet
+from tests.test_analytics_properties import (CLUSTER, H100, MAX_GAP, RUN, IDLE_RUN, at, batches, scratch)
+from gpufleet.collector.store import StoreWriter, open_reader
+
+A100 = "NVIDIA A100-SXM4-80GB"
+A30 = "NVIDIA A30"
+# the share table, stated here and not read from analytics/sql.py: (model, profile) -> GPU share
+SHARE = {(H100, None): 1.0, (A100, "1g.10gb"): 1 / 7, (A100, "3g.40gb"): 3 / 7, (A30, "1g.6gb"): 1 / 4, (A30, "2g.12gb"): 2 / 4}
+# how a scheduler may name a slice type (Slurm gres types, a pod's resource name)
+GPU_TYPES = {"1g.10gb": ["1g.10gb", "nvidia_a100_1g.10gb", "mig-1g.10gb"], "3g.40gb": ["3g.40gb", "nvidia_a100_3g.40gb", "mig-3g.40gb"],
+             "1g.6gb": ["1g.6gb", "nvidia_a30_1g.6gb"], "2g.12gb": ["2g.12gb", "nvidia_a30_2g.12gb"]}
+TOL = dict(rel=1e-9, abs=1e-9)
+ACCOUNTS = ["alpha", "beta", "gamma"]
+USERS = ["ann", "bo"]
+
+# the physical GPUs a fleet can have: (model, profiles of its slices; [None] = a whole GPU)
+DEVICES = [(H100, [None]), (A100, ["1g.10gb", "1g.10gb", "3g.40gb"]), (A100, ["3g.40gb", "3g.40gb"]), (A30, ["1g.6gb", "2g.12gb"])]
+
+
+def slots_of(devices: list[int]) -> list[dict]:
+    """One entry per schedulable unit (a whole GPU or a MIG instance), as batches() takes them."""
+    out = []
+    for d, kind in enumerate(devices):
+        model, profiles = DEVICES[kind]
+        for gi, prof in enumerate(profiles):
+            out.append({"gpu": d, "host": f"h{d % 2}", "uuid": f"GPU-ledger-{d}" + (f"-{gi}" if prof else ""), "parent": f"GPU-ledger-{d}",
+                        "gi": None if prof is None else gi + 1, "profile": prof, "model": model})
+    return out
+
+
+def placement(g: dict) -> dict:
+    return dict(host=g["host"], gpu=g["gpu"], gpu_uuid=g["parent"], gpu_instance=g["gi"], mig_profile=g["profile"], model=g["model"])
+
+
+def share(g: dict) -> float:
+    return SHARE[(g["model"], g["profile"])]
+
+
+@st.composite
+def ledger_fleets(draw):
+    devices = draw(st.lists(st.integers(0, len(DEVICES) - 1), min_size=1, max_size=3))
+    slots = slots_of(devices)
+    horizon = 0
+    for g in slots:
+        t = draw(st.integers(0, 300))
+        samples = []
+        for count, spacing, util, procs, then in draw(st.lists(RUN | IDLE_RUN, min_size=1, max_size=4)):
+            for _ in range(count):
+                samples.append((t, util, procs))
+                t += spacing
+            t += then - spacing
+        g["samples"] = samples
+        horizon = max(horizon, samples[-1][0])
+    jobs = []
+    for j in range(draw(st.integers(0, 5))):
+        held = draw(st.lists(st.sampled_from(range(len(slots))), unique=True, min_size=1, max_size=min(3, len(slots))))
+        first = max(slots[i]["samples"][0][0] for i in held)  # a job starts on GPUs the inventory has seen
+        start = draw(st.integers(first, max(first, horizon)))
+        dur = draw(st.integers(1, max(60, horizon + 300)))
+        running = draw(st.booleans()) and draw(st.booleans())
+        profiles = {slots[i]["profile"] for i in held}
+        gpu_type = None
+        if len(profiles) == 1 and None not in profiles and draw(st.booleans()):
+            gpu_type = draw(st.sampled_from(GPU_TYPES[profiles.pop()]))  # the scheduler names the slice type
+        jobs.append({"key": f"{200 + j}", "account": draw(st.sampled_from(ACCOUNTS)), "user": draw(st.sampled_from(USERS)),
+                     "start": start, "end": None if running else start + dur, "seen_until": start + dur, "gpus": len(held),
+                     "held": held, "gpu_type": gpu_type})
+    horizon = max([horizon] + [j["seen_until"] for j in jobs])
+    a, b = sorted(draw(st.lists(st.integers(-400, horizon + 400), min_size=2, max_size=2, unique=True)))
+    return {"gpus": slots, "jobs": jobs, "window": (a, b), "now": horizon + MAX_GAP + draw(st.integers(0, 600)),
+            "idle_min": draw(st.sampled_from([60, 300]))}
+
+
+def build(root, fleet):
+    out = batches(fleet, placement=placement)
+    types = {j["key"]: j["gpu_type"] for j in fleet["jobs"]}
+    for row in out[-1].jobs:
+        row["gpu_type"] = types[row["job_key"]]
+    w = StoreWriter(root)
+    for b in out:
+        w.commit(b)
+    w.publish()
+    w.close()
+    return open_reader(root)
+
+
+def shared(fleet) -> bool:
+    """Did two jobs hold one GPU or slice at the same time (allocation spans as the analysis reads them)?"""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for j in fleet["jobs"]:
+        end = j["end"] if j["end"] is not None else 10**9
+        for i in j["held"]:
+            spans.setdefault(i, []).append((j["start"], end))
+    return any(s[k + 1][0] < max(e for _, e in s[: k + 1]) for s in (sorted(v) for v in spans.values()) for k in range(len(s) - 1))
+
+
+def analysis(con, fleet, filters: Filters = Filters(), window=None) -> Analysis:
+    a, b = window or fleet["window"]
+    p = Params(at(a), at(b), filters=filters, max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
+    return Analysis(con, p, now=at(fleet["now"]))
+
+
+def col_sum(df: pl.DataFrame, col: str) -> float:
+    return 0.0 if df.is_empty() else float(df[col].fill_null(0.0).sum())
+
+
+def cost_sum(df: pl.DataFrame) -> float | None:
+    if df.is_empty():
+        return 0.0
+    return None if df["cost"].is_null().any() else float(df["cost"].sum())
+
+
+def expected_allocated(fleet, job) -> float:
+    """GPU-hours accounting gives the job in the window: each held slot's share x its run inside the window."""
+    a, b = fleet["window"]
+    end = job["end"] if job["end"] is not None else min(b, fleet["now"])
+    run = max(0, min(end, b) - max(job["start"], a)) / 3600
+    return sum(share(fleet["gpus"][i]) for i in job["held"]) * run
+
+
+LEDGER = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@LEDGER
+@given(ledger_fleets())
+def test_team_figures_add_up_to_the_fleet_with_mig_shares(fleet):
+    with scratch() as tmp:
+        con = build(tmp, fleet)
+        an = analysis(con, fleet)
+        t = an.totals()
+        acct = an.utilization("account")
+        g = an.per_gpu()
+        a, b = fleet["window"]
+        as_of = min(b, fleet["now"])
+
+        # 5. capacity per slot and allocated per job, against the share table stated above
+        for slot in fleet["gpus"]:
+            first, last = slot["samples"][0][0], slot["samples"][-1][0]
+            live = max(0, min(b, max(last + MAX_GAP, as_of)) - max(a, first)) / 3600
+            row = g.filter((pl.col("gpu_uuid") == slot["parent"]) & (pl.col("gi") == (slot["gi"] or -1)))
+            assert col_sum(row, "capacity_gpu_h") == pytest.approx(share(slot) * live, **TOL), slot["uuid"]
+            assert col_sum(row, "data_gpu_h") <= share(slot) * live + 1e-9
+        jobs = an.utilization("job")
+        for job in fleet["jobs"]:
+            got = col_sum(jobs.filter(pl.col("job_key") == job["key"]), "allocated_gpu_h")
+            assert got == pytest.approx(expected_allocated(fleet, job), **TOL), job
+
+        # 1. sum over accounts = the fleet's attributable figure
+        assert col_sum(acct, "allocated_gpu_h") == pytest.approx(t.allocated_gpu_h, **TOL)
+        for kind, total, cost in (("idle", t.idle_allocated_gpu_h, t.idle_allocated_cost), ("no_process", t.no_process_gpu_h, t.no_process_cost)):
+            w = an.waste_by("account", kind)
+            assert col_sum(w, "gpu_h") == pytest.approx(total, **TOL), kind
+            assert cost_sum(w) == (None if cost is None else pytest.approx(cost, **TOL)), kind
+        if not shared(fleet):
+            assert col_sum(acct, "data_gpu_h") == pytest.approx(col_sum(g, "allocated_data_gpu_h"), **TOL)
+
+        # 2. per account: allocated = data + no data; busy <= data <= allocated
+        for r in acct.iter_rows(named=True):
+            assert r["data_gpu_h"] <= r["allocated_gpu_h"] + 1e-9, r
+            assert r["allocated_gpu_h"] == pytest.approx(r["data_gpu_h"] + r["no_data_gpu_h"], **TOL), r
+            assert 0 <= r["busy_gpu_h"] <= r["data_gpu_h"] + 1e-9, r
+
+        # 3. the fleet's allocated line stays under capacity, bucket by bucket
+        tl = utilization_timeline(an, "fleet", timedelta(minutes=5))
+        assert col_sum(tl, "capacity_gpu_h") == pytest.approx(t.capacity_gpu_h, **TOL)
+        assert col_sum(tl, "allocated_gpu_h") == pytest.approx(t.allocated_gpu_h, **TOL)
+        if not shared(fleet):
+            for r in tl.iter_rows(named=True):
+                assert r["allocated_gpu_h"] <= r["capacity_gpu_h"] + 1e-9, r
+            assert t.allocated_gpu_h <= t.capacity_gpu_h + 1e-9
+
+        # 4. a filtered analysis is the matching rows of the unfiltered one
+        users = an.utilization("user_name")
+        for field, rows, key in [("account", acct, name) for name in ACCOUNTS] + [("user_name", users, name) for name in USERS]:
+            f = an_filtered = analysis(con, fleet, Filters(**{field: key}))
+            ft = f.totals()
+            mine = rows.filter(pl.col(field) == key)
+            for fig in ("allocated_gpu_h", "data_gpu_h", "busy_gpu_h", "no_data_gpu_h"):
+                assert getattr(ft, fig) == pytest.approx(col_sum(mine, fig), **TOL), (field, key, fig)
+            data = col_sum(mine, "data_gpu_h")
+            assert ft.utilization_pct == (pytest.approx(col_sum(mine, "busy_gpu_h") / data * 100, **TOL) if data > 0 else None)
+            for kind, gpu_h, cost in (("idle", ft.idle_allocated_gpu_h, ft.idle_allocated_cost), ("no_process", ft.no_process_gpu_h, ft.no_process_cost)):
+                w = an.waste_by(field, kind).filter(pl.col(field) == key)
+                assert gpu_h == pytest.approx(col_sum(w, "gpu_h"), **TOL), (field, key, kind)
+                want = cost_sum(w)
+                assert cost == (None if want is None else pytest.approx(want, **TOL)), (field, key, kind)
+            assert ft.capacity_gpu_h is None and ft.stranded_gpu_h is None and ft.stranded_cost is None
+            assert ft.scope == f"{'user' if field == 'user_name' else field}={key}" and ft.not_attributable_reason
+            # every figure of the filtered timeline is the filter's own, too
+            ftl = utilization_timeline(an_filtered, "fleet", timedelta(minutes=5))
+            assert col_sum(ftl, "data_gpu_h") == pytest.approx(ft.data_gpu_h, **TOL)
+            assert col_sum(ftl, "allocated_gpu_h") == pytest.approx(ft.allocated_gpu_h, **TOL)
+            assert ftl["capacity_gpu_h"].is_null().all()
+            fleet_rows = f.utilization("fleet")
+            assert col_sum(fleet_rows, "busy_gpu_h") == pytest.approx(ft.busy_gpu_h, **TOL)
+
+
+# --- golden cases: the arithmetic in the comments ---
+
+T0 = datetime(2026, 11, 18, 0, 0)
+
+
+def H(h: float) -> datetime:
+    return T0 + timedelta(hours=h)
+
+
+def p(start: float, end: float, **filters) -> Params:
+    return Params(H(start), H(end), filters=Filters(**filters))
+
+
+def test_job_on_a_1g_slice_is_allocated_its_share(tmp_path):
+    """The demo's jupyter-001e2: a pod on one 1g.10gb slice for 5.97 h of wall time (21,492 s),
+    its scheduler type saying only "a100". Allocated 5.97 / 7 = 0.853 GPU-h - exactly its hours
+    with data, so its account's no-data time is 0 (it was 5.97 - 0.853 = 5.117 GPU-h)."""
+    f = Fleet(tmp_path)
+    wall = 21_492  # s: 5.97 h
+    f.gpu_series("k8s-07", "GPU-mig", H(0), H(0) + timedelta(seconds=wall), util=0.0, model=A100, gi=7, mig_profile="1g.10gb", procs=1)
+    f.job("datasci/jupyter-001e2", account="datasci", user="dee", start=H(0), end=H(0) + timedelta(seconds=wall), gpus=1,
+          scheduler="kubernetes", gpu_type="a100", placements=[("k8s-07", "GPU-mig", 7)])
+    f.write()
+    a = Analysis(f.reader(), p(0, 8), now=H(9))
+    row = a.utilization("account").row(0, named=True)
+    assert row["allocated_gpu_h"] == pytest.approx(5.97 / 7) == pytest.approx(0.852857, abs=1e-6)
+    assert row["data_gpu_h"] == pytest.approx(5.97 / 7)
+    assert row["no_data_gpu_h"] == pytest.approx(0.0, abs=1e-9)
+    t = a.totals()
+    # capacity 8 h x 1/7, but the slice's inventory ends at its last sighting + max_gap... then
+    # until as_of (retire_after is a week): 8 h x 1/7
+    assert t.capacity_gpu_h == pytest.approx(8 / 7)
+    # idle the whole time (0 %): 0.853 idle GPU-h at $1.80 = $1.535
+    assert t.idle_allocated_gpu_h == pytest.approx(5.97 / 7)
+    assert t.idle_allocated_cost == pytest.approx(5.97 / 7 * 1.80)
+    used = fairness(a, {"datasci": 1.0}).per_account.row(0, named=True)
+    assert used["used_gpu_h"] == pytest.approx(5.97 / 7)
+
+
+@pytest.mark.parametrize("gpu_type, gpus, share_", [
+    ("1g.10gb", 1, 1 / 7),                 # Slurm gres type as gres.conf names it
+    ("nvidia_a100_1g.10gb", 2, 1 / 7),     # Slurm's AutoDetect=nvml name
+    ("nvidia_a100_3g.40gb", 2, 3 / 7),
+    ("mig-3g.40gb", 1, 3 / 7),             # a pod's nvidia.com/mig-3g.40gb
+    ("nvidia_a30_2g.12gb", 1, 2 / 4),      # A30: 4 slices
+    ("1g.6gb", 3, 1 / 4),
+    ("4g.24gb", 1, 1.0),
+    ("7g.80gb", 1, 1.0),
+    ("h100", 4, 1.0),                      # a whole-GPU type
+])
+def test_scheduler_gpu_type_names_the_share(tmp_path, gpu_type, gpus, share_):
+    """No job mapping: the share comes from the GPU type alone. 2 h x gpus x share."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-1", H(0), H(3), util=50.0)
+    f.job("1", account="a", user="u", start=H(0), end=H(2), gpus=gpus, gpu_type=gpu_type, placements=[])
+    f.write()
+    a = Analysis(f.reader(), p(0, 3), now=H(3))
+    assert a.totals().allocated_gpu_h == pytest.approx(2 * gpus * share_)
+    # fairness' decayed usage takes the same share: with a very long half-life it is the usage itself
+    fair = fairness(a, {"a": 1.0}, half_life=timedelta(days=10_000)).per_account.row(0, named=True)
+    assert fair["decayed_gpu_h"] == pytest.approx(2 * gpus * share_, rel=1e-4)
+
+
+def test_a100_in_seven_slices_is_one_gpu_of_capacity_and_allocation(tmp_path):
+    """A100 cut into seven 1g.10gb slices, each held by its own job for 1 h: capacity 7 x 1/7 x 2 h
+    = 2 GPU-h, allocated 7 x 1/7 x 1 h = 1 GPU-h, never above capacity in any bucket."""
+    f = Fleet(tmp_path)
+    for gi in range(1, 8):
+        f.gpu_series("n1", "GPU-A100", H(0), H(2), util=100.0, model=A100, gi=gi, mig_profile="1g.10gb", gpu=0)
+        f.job(f"j{gi}", account=f"team{gi % 2}", user="u", start=H(0.5), end=H(1.5), gpus=1, scheduler="slurm", gpu_type="nvidia_a100_1g.10gb",
+              placements=[("n1", "GPU-A100", gi)])
+    f.write()
+    a = Analysis(f.reader(), p(0, 2), now=H(2))
+    t = a.totals()
+    assert t.capacity_gpu_h == pytest.approx(2.0)
+    assert t.allocated_gpu_h == pytest.approx(1.0)
+    assert t.data_gpu_h == pytest.approx(2.0)
+    assert t.busy_gpu_h == pytest.approx(2.0)
+    assert t.stranded_gpu_h == pytest.approx(1.0)
+    tl = utilization_timeline(a, "fleet", timedelta(minutes=15))
+    assert (tl["allocated_gpu_h"] <= tl["capacity_gpu_h"] + 1e-9).all()
+    assert tl["allocated_gpu_h"].max() == pytest.approx(0.25)  # 1 GPU x 15 min: the whole A100, no more
+    acct = a.utilization("account")
+    assert acct["allocated_gpu_h"].to_list() == pytest.approx([3 / 7, 4 / 7])  # team0: slices 2, 4, 6; team1: 1, 3, 5, 7
+    assert acct["no_data_gpu_h"].to_list() == pytest.approx([0.0, 0.0], abs=1e-9)
+
+
+def test_account_filter_figures_and_what_it_cannot_attribute(tmp_path):
+    """Two H100s, 2 h window. physics holds GPU-A (80 %) for 2 h; GPU-B (10 %) nobody holds.
+    Fleet: busy 2 x 0.8... = 1.6 + 0.2 = 1.8, utilization 45 %, stranded 2 GPU-h.
+    account=physics: busy 1.6, data 2, utilization 80 %; capacity and stranded not attributable."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", H(0), H(2), util=80.0)
+    f.gpu_series("n1", "GPU-B", H(0), H(2), util=10.0, gpu=1)
+    f.job("1", account="physics", user="u", start=H(0), end=H(2), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    con = f.reader()
+    fleet = Analysis(con, p(0, 2), now=H(3)).totals()
+    assert (fleet.busy_gpu_h, fleet.utilization_pct, fleet.stranded_gpu_h, fleet.scope) == (pytest.approx(1.8), pytest.approx(45.0),
+                                                                                            pytest.approx(2.0, rel=1e-3), "fleet")
+    t = Analysis(con, p(0, 2, account="physics"), now=H(3)).totals()
+    assert (t.busy_gpu_h, t.data_gpu_h, t.utilization_pct, t.allocated_gpu_h) == (pytest.approx(1.6), pytest.approx(2.0), pytest.approx(80.0),
+                                                                                  pytest.approx(2.0))
+    assert t.capacity_gpu_h is None and t.stranded_gpu_h is None and t.stranded_cost is None
+    assert t.scope == "account=physics"
+    assert t.not_attributable_reason == ("unallocated capacity has no account: capacity and stranded time are not attributable "
+                                         "to account=physics")
+    assert asdict(Analysis(con, p(0, 2, cluster="c1"), now=H(3)).totals())["scope"] == "cluster=c1"
+
+
+def test_unknown_filter_values_are_named(tmp_path):
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", H(0), H(1), util=80.0)
+    f.job("1", account="physics", user="u", start=H(0), end=H(1), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    con = f.reader()
+    assert unknown_filter_values(con, Filters(account="physics", cluster="c1")) == []
+    warnings = unknown_filter_values(con, Filters(account="nosuchteam", user_name="u", partition="nope"))
+    assert warnings == [
+        "unknown account 'nosuchteam': the store has no account of that name, so no figure matches it (known: physics)",
+        "unknown partition 'nope': the store has no partition of that name, so no figure matches it (known: gpu)",
+    ]
+    # the unknown filter still applies: nothing matches, never the fleet
+    t = Analysis(con, p(0, 1, account="nosuchteam"), now=H(2)).totals()
+    assert (t.allocated_gpu_h, t.data_gpu_h, t.busy_gpu_h, t.capacity_gpu_h) == (0.0, 0.0, 0.0, None)
+
+
+def test_analyze_json_warns_about_an_unknown_account(tmp_path, capsys):
+    import argparse
+
+    from gpufleet.analytics import cli
+
+    f = Fleet(tmp_path / "store")
+    f.gpu_series("n1", "GPU-A", H(0), H(1), util=80.0)
+    f.job("1", account="physics", user="u", start=H(0), end=H(1), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    import io
+    import json
+
+    for account, warned, util in (("nosuchteam", True, None), ("physics", False, 80.0)):
+        out = io.StringIO()
+        args = parser.parse_args(["--store", str(tmp_path / "store"), "--from", H(0).isoformat(), "--to", H(1).isoformat(),
+                                  "--format", "json", "--account", account])
+        assert cli.run(args, out) == 0
+        r = json.loads(out.getvalue())
+        assert bool(r["warnings"]) is warned and (not warned or "unknown account 'nosuchteam'" in r["warnings"][0])
+        assert r["totals"]["scope"] == f"account={account}"
+        assert r["totals"]["capacity_gpu_h"] is None and r["totals"]["not_attributable_reason"]
+        assert r["totals"]["utilization_pct"] == (None if util is None else pytest.approx(util))
