@@ -274,14 +274,15 @@ class Collector:
         return n
 
     def maintain(self, raw_days: int, rollup_days: int) -> None:
-        """Compaction, rollups and retention; holds the commit lock (one writer). Never raises."""
-        from gpufleet.collector.maintenance import apply_retention, compact
+        """Compaction, rollups, settling and retention; holds the commit lock (one writer). Never raises."""
+        from gpufleet.collector.maintenance import apply_retention, compact, settle
 
         t0 = time.monotonic()
         try:
             with self._commit_lock:
                 now = self.clock()
                 compact(self.writer, now)
+                settle(self.writer, now)
                 apply_retention(self.writer, now, raw_days, rollup_days)
             ok = True
         except Exception:  # noqa: BLE001 - upkeep failing must not stop collection
