@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.realstack.debian import ensure_packages, which
 from tests.realstack.process import Daemon, HarnessError, base_env, free_port, wait_for
-from tests.realstack.prometheus import Prometheus, _http
+from tests.realstack.prometheus import Prometheus, _http, _start
 
 
 def victoriametrics_path() -> str:
@@ -60,14 +60,7 @@ def start_victoriametrics(workdir: Path | str, *, timeout: float = 30) -> Victor
     port = free_port()
     argv = [victoriametrics_path(), f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
             "-retentionPeriod=100y", "-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=WARN"]
-    daemon = Daemon("victoria-metrics", argv, workdir / "victoria-metrics.log", env=base_env(), cwd=workdir).start()
-    server = VictoriaMetrics(daemon, port, workdir)
-    try:
-        server._wait_ready(timeout)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return _start(VictoriaMetrics, "victoria-metrics", argv, workdir, port, timeout)
 
 
 class VmAgent:
