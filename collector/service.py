@@ -74,8 +74,10 @@ class Collector:
     """
 
     def __init__(self, writer: StoreWriter, sources: list[ScheduledSource], *, clock: Callable[[], datetime] = utcnow,
-                 max_future_skew: timedelta = timedelta(minutes=5)):
+                 max_future_skew: timedelta = timedelta(minutes=5), shard: Any = None, accounting: bool = True):
         self.writer = writer
+        self.shard = shard  # gpufleet.collector.shard.Shard, or None: the store's only collector
+        self.accounting = accounting  # this collector reads scheduler accounting (and runs the report and the policy)
         self.sources = sources
         self.clock = clock
         self.max_future_skew = max_future_skew

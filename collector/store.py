@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
+from gpufleet.collector.shard import SHARDS_DIR
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,9 @@ class StoreWriter:
     def __init__(self, root: str | Path, *, clock=utcnow):
         self.root = Path(root)
         self.clock = clock
+        if (self.root / SHARDS_DIR).exists():
+            raise StoreError(f"store {self.root} is sharded ({self.root / SHARDS_DIR}): its writers are the shard collectors "
+                             f"(gpufleet collect --shard K/N); write to one shard's directory, {self.root / SHARDS_DIR}/K-of-N")
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "samples").mkdir(exist_ok=True)
         (self.root / "tables").mkdir(exist_ok=True)
@@ -874,28 +878,59 @@ _JOB_TYPES = {
 _JOB_TYPES = {c: _JOB_TYPES.get(c, "VARCHAR") for c in schema.JOB_COLUMNS}
 
 
+def read_manifests(root: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(directory, manifest) of each part of the store: the store itself, or each of its shards
+    (gpufleet.collector.shard), whose union is the store. StoreError when there is none."""
+    root = Path(root)
+    own = root / MANIFEST
+    shards = sorted((root / SHARDS_DIR).glob(f"*/{MANIFEST}"))
+    if own.exists() and shards:
+        raise StoreError(f"store {root} holds both a single collector's {MANIFEST} and shards ({root / SHARDS_DIR}): "
+                         "a store is written by one collector or by shards; move one of them to a store of its own")
+    out = []
+    for path in shards or [own]:
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            if shards:
+                continue  # a shard that has not published yet
+            raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)") from None
+        except ValueError as e:
+            raise StoreError(f"store {root}: {path} is not a manifest: {e}") from None
+        if manifest.get("schema_version", 0) > schema.SCHEMA_VERSION:
+            raise StoreError(f"store {path.parent} has schema version {manifest['schema_version']}, newer than this gpufleet's: upgrade gpufleet")
+        out.append((path.parent, manifest))
+    if not out:
+        raise StoreError(f"no store at {root}: no shard has published yet ({root / SHARDS_DIR}/*/{MANIFEST} missing)")
+    return out
+
+
+def store_version(root: str | Path) -> int | None:
+    """A number that grows with every publish of any part of the store (None: no store yet).
+    Cheap: one small file per shard. Readers key their caches by it."""
+    try:
+        return sum(int(m.get("version", 0)) for _, m in read_manifests(root))
+    except (StoreError, TypeError, ValueError):
+        return None
+
+
 def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with views over the store's current manifest: never locks the writer.
+    """An in-memory DuckDB with views over the store's current manifest (the union of its shards'
+    when sharded): never locks a writer.
 
     Views: gpu_samples, gpu_rollup_5m, jobs, allocations, gpus. An empty store, or one whose
     first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
-    root = Path(root)
-    try:
-        manifest = json.loads((root / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)") from None
-    if manifest.get("schema_version", 0) > schema.SCHEMA_VERSION:
-        raise StoreError(f"store {root} has schema version {manifest['schema_version']}, newer than this gpufleet's: upgrade gpufleet")
+    parts = read_manifests(root)
     con = duckdb.connect(":memory:")
-    files = [str(root / f) for f in manifest.get("samples", [])]
+    files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
     if files:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM read_parquet({_sql_list(files)}, hive_partitioning = false)")
     else:
         con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
         con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
         con.unregister("_empty_samples")
-    rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
+    rollups = [str(d / f) for d, m in parts for f in m.get("rollup_5m", [])]
     want = con.execute(f"DESCRIBE {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
     if rollups:
         # files written before a column was added read it as NULL (union_by_name, or added here
@@ -907,9 +942,16 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     else:
         con.execute(f"CREATE TABLE gpu_rollup_5m AS {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
     for name, ddl in schema.TABLES.items():
-        rel = manifest.get("tables", {}).get(name)
-        if rel:
-            con.execute(f"CREATE VIEW {name} AS {_table_view(root, manifest, name, rel)}")
+        views = [_table_view(d, m, name, m["tables"][name]) for d, m in parts if m.get("tables", {}).get(name)]
+        if len(views) > 1 and name == "jobs":
+            # shards: the accounting shard alone writes jobs, but after accounting moved to
+            # another shard the former one still holds a job's older version: the latest wins.
+            # (Interval tables need no such rule: a GPU reports to one shard at a time.)
+            union = " UNION ALL BY NAME ".join(f"({v})" for v in views)
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM ({union}) QUALIFY row_number() OVER "
+                        f"(PARTITION BY {', '.join(SEGMENTED[name][0])} ORDER BY updated_at DESC) = 1")
+        elif views:
+            con.execute(f"CREATE VIEW {name} AS " + " UNION ALL BY NAME ".join(f"({v})" for v in views))
         else:
             con.execute(ddl.replace("IF NOT EXISTS ", ""))
     return con
