@@ -12,6 +12,8 @@
 
     [collector.prometheus]              # or read Prometheus / Thanos / Mimir / VictoriaMetrics
     url = "http://prometheus:9090"
+    parallel_requests = 4               # queries in flight at once (1: one after the other)
+    gpu_shards = 1                      # queries per chunk, each for a shard of the targets
 
     [collector.sacct]                   # Slurm accounting
     enabled = true
@@ -58,6 +60,10 @@ SCRAPE = (
     Option("file_sd", [], "a list of file paths or glob patterns", strings),
 )
 
+# [collector.prometheus]: queries in flight at once, and queries per chunk (one per GPU shard)
+PARALLEL_REQUESTS = 4
+GPU_SHARDS = 1
+
 PROMETHEUS = (
     Option("url", "", "an http(s) URL of a Prometheus-compatible API, or \"\"", string),
     Option("interval", 60.0, "a number of seconds > 0", number(0)),
@@ -66,6 +72,8 @@ PROMETHEUS = (
     Option("initial_lookback_seconds", 86400, "an integer >= 0", integer(0)),
     Option("selector", "", 'label matchers, e.g. cluster="a"', string),
     Option("timeout", 60.0, "a number of seconds > 0", number(0)),
+    Option("parallel_requests", PARALLEL_REQUESTS, "an integer >= 1", integer(1)),
+    Option("gpu_shards", GPU_SHARDS, "an integer from 1 to 36", lambda v: integer(1)(v) and v <= 36),
 )
 
 SACCT = (

@@ -21,7 +21,10 @@ window it cannot read yet are named, with when they can be (skipped_windows).
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable, Iterator
@@ -32,6 +35,7 @@ from gpufleet.collector.exposition_parse import (
     GPUFLEET_BUILD_INFO, JOB_REPORT_METRICS, PRECEDENCE_WITHIN_S, merge_exporters, parse_rows, samples_table,
 )
 from gpufleet.collector.schema import METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_SCHEMA
+from gpufleet.collector.config import GPU_SHARDS, PARALLEL_REQUESTS
 from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.scrape import no_gpu_rows
@@ -45,6 +49,43 @@ log = logging.getLogger(__name__)
 # (which tells its samples from dcgm-exporter's: PRECEDENCE).
 DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_", NVIDIA_SMI_PREFIX))}
                                | {"gpufleet_gpu_job_info", GPUFLEET_BUILD_INFO, *JOB_REPORT_METRICS, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO}))
+
+
+# The GPU shards of a window: a target's shard is decided by the last character of its host, the
+# `instance` label up to its first ":" ("gpu-node-17:9400" -> "7"), so every exporter of one host
+# is in one shard and adding a target moves no other. Digits and letters (either case) are dealt
+# round-robin over the shards in this order; any other character, and an instance that is empty,
+# missing or starts with ":", is in shard 0. instance_shard_regex is the same rule as a label
+# matcher (RE2, fully anchored, as Prometheus, Thanos, Mimir and VictoriaMetrics match): it
+# matches exactly the instances instance_shard puts in its shard, so the shards are a partition.
+_SHARD_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def instance_shard(instance: str, shards: int) -> int:
+    """The GPU shard (0 .. shards-1) of a series with this `instance` label ("" when it has none)."""
+    host = instance.split(":", 1)[0]
+    i = _SHARD_CHARS.find(host[-1].lower()) if host and host[-1].isascii() else -1
+    return i % shards if i >= 0 else 0
+
+
+@functools.lru_cache(maxsize=None)
+def instance_shard_regex(shard: int, shards: int) -> str:
+    """The regular expression an `instance=~` matcher uses to select GPU shard `shard` of `shards`."""
+    def chars(k: int) -> str:
+        return "".join(c + c.upper() if c.isalpha() else c for i, c in enumerate(_SHARD_CHARS) if i % shards == k)
+
+    rest = "(:(?s:.*))?"  # the port and anything after it
+    if shard:
+        return f"[^:]*[{chars(shard)}]{rest}"
+    others = "".join(chars(k) for k in range(1, shards))
+    return f"([^:]*[^:{others}])?{rest}"
+
+
+def shard_matchers(shards: int) -> list[str]:
+    """The label matcher to add to a query per GPU shard ("" for one shard: no matcher)."""
+    if shards == 1:
+        return [""]
+    return [f',instance=~"{instance_shard_regex(k, shards)}"' for k in range(shards)]
 
 
 def _epoch(dt: datetime) -> float:
@@ -63,6 +104,8 @@ class PrometheusApiSource:
     lag_seconds: int = 120
     initial_lookback_seconds: int = 86400
     timeout: float = 60.0
+    parallel_requests: int = PARALLEL_REQUESTS  # queries in flight at once (1: one after the other)
+    gpu_shards: int = GPU_SHARDS  # queries per window, each for one shard of the targets (instance_shard)
     metrics: tuple[str, ...] = DEFAULT_METRICS
     selector: str = ""  # extra label matchers, e.g. 'cluster="a"'
     headers: dict[str, str] = field(default_factory=dict)
@@ -87,8 +130,7 @@ class PrometheusApiSource:
         return list(self.chunks(start, now - timedelta(seconds=self.lag_seconds)))
 
     def run(self, now: datetime, watermark: str | None = None) -> Iterable[Batch]:
-        for start, end in self.pending(now, watermark):
-            yield self.read_window(start, end)
+        yield from self.read_windows(self.pending(now, watermark))
 
     def backfill_windows(self, start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
         """The whole chunks in (start, end] that are complete now. An incomplete chunk read now
@@ -111,24 +153,65 @@ class PrometheusApiSource:
         return out
 
     def read_window(self, start: datetime, end: datetime) -> Batch:
+        return next(iter(self.read_windows([(start, end)])))
+
+    def read_windows(self, windows: Iterable[tuple[datetime, datetime]]) -> Iterator[Batch]:
+        """One batch per window (lo, hi], in order. Each window is read as `gpu_shards` queries
+        (one per shard of the targets, instance_shard_regex), up to `parallel_requests` of them
+        in flight at once, reading ahead while the window before is parsed; a window's batch is
+        built from the union of its shards' answers, so it is the batch one query would give. A
+        failing query fails its window (SourceError, raised when that window's turn comes): the
+        windows before it are yielded, none after. parallel_requests = 1: one query at a time."""
+        windows = list(windows)
+        shards = shard_matchers(self.gpu_shards)
+        workers = max(1, min(self.parallel_requests, len(windows) * len(shards)))
+        with httpx.Client(headers=self.headers, timeout=self.timeout,
+                          limits=httpx.Limits(max_connections=workers, max_keepalive_connections=workers)) as client:
+            if workers == 1:  # sequential: each query answered before the next is sent
+                for lo, hi in windows:
+                    yield self._assemble([self._fetch(client, lo, hi, k) for k in range(len(shards))], lo, hi)
+                return
+            pool = ThreadPoolExecutor(workers, thread_name_prefix="prometheus-api")
+            queued: deque[tuple[datetime, datetime, list[Future]]] = deque()
+            todo = iter(windows)
+            ahead = -(-workers // len(shards)) + 1  # windows in flight: enough to keep every worker busy
+
+            def submit() -> None:
+                for lo, hi in todo:
+                    queued.append((lo, hi, [pool.submit(self._fetch, client, lo, hi, k) for k in range(len(shards))]))
+                    return
+
+            try:
+                for _ in range(ahead):
+                    submit()
+                while queued:
+                    lo, hi, futures = queued.popleft()
+                    answers = [f.result() for f in futures]  # the first failing shard fails the window
+                    submit()
+                    yield self._assemble(answers, lo, hi)
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _query(self, start: datetime, end: datetime, shard: int) -> str:
         names = "|".join(self.metrics)
         matchers = f'__name__=~"{names}"' + (f",{self.selector}" if self.selector else "")
+        matchers += shard_matchers(self.gpu_shards)[shard]
         # evaluated 1 ms after the chunk's end over a range 1 ms longer, the answer's samples outside
         # (start, end] dropped in _to_batch: VictoriaMetrics 1.79 does not return a sample stamped
         # exactly at the query time when that is midnight UTC and the series is new that day
-        query = f"{{{matchers}}}[{round((end - start).total_seconds() * 1000) + 1}ms]"
+        return f"{{{matchers}}}[{round((end - start).total_seconds() * 1000) + 1}ms]"
+
+    def _fetch(self, client: httpx.Client, start: datetime, end: datetime, shard: int) -> tuple[str, list[dict]]:
+        """(resultType, series) of one shard's query for (start, end]; SourceError when it fails
+        or when a series of another shard comes back (a server or proxy that dropped the matcher)."""
+        where = self.url + (f" (GPU shard {shard + 1}/{self.gpu_shards})" if self.gpu_shards > 1 else "")
         try:
-            r = httpx.post(
-                self.url.rstrip("/") + "/api/v1/query",
-                data={"query": query, "time": f"{_epoch(end) + 0.001:.3f}"},
-                headers=self.headers,
-                timeout=self.timeout,
-            )
+            r = client.post(self.url.rstrip("/") + "/api/v1/query",
+                            data={"query": self._query(start, end, shard), "time": f"{_epoch(end) + 0.001:.3f}"})
         except httpx.HTTPError as e:
-            raise SourceError(f"Prometheus API {self.url} unreachable: {type(e).__name__}: {e}") from None
+            raise SourceError(f"Prometheus API {where} unreachable: {type(e).__name__}: {e}") from None
         if r.status_code != 200:
-            raise SourceError(f"Prometheus API {self.url} answered HTTP {r.status_code}: {r.text[:300]}")
-        unrecognized = []
+            raise SourceError(f"Prometheus API {where} answered HTTP {r.status_code}: {r.text[:300]}")
         try:
             doc = r.json()
             data = doc["data"] if doc.get("status") == "success" else None
@@ -139,17 +222,35 @@ class PrometheusApiSource:
             series, kind = None, None
         if series is None or kind not in ("matrix", "vector"):
             what = f"resultType {kind!r}" if series is not None else "not a Prometheus API answer"
-            raise SourceError(f"Prometheus API {self.url}: unexpected answer ({what}): {r.text[:300]}",
+            raise SourceError(f"Prometheus API {where}: unexpected answer ({what}): {r.text[:300]}",
                               [Unrecognized(self.url, "unknown_answer", f"{what}: {r.text[:200]}")])
-        if kind == "vector":  # one sample per series, at its own time: keep it, say what is missing
-            # an instant vector is stamped with the evaluation time (1 ms after the chunk), not
-            # the sample's: it stands for the chunk's end
-            hi = _epoch(end)
-            series = [{"metric": s.get("metric", {}), "values": [[min(float(s["value"][0]), hi), s["value"][1]]] if s.get("value") else []}
-                      for s in series]
-            unrecognized.append(Unrecognized(self.url, "vector_answer", (
-                f"the range query for {start.isoformat()}..{end.isoformat()} was answered with a vector (a proxy or an older "
-                "Thanos/VictoriaMetrics rewrote it?): only the latest sample of each series was stored")))
+        if self.gpu_shards > 1:
+            for s in series:
+                instance = str(s.get("metric", {}).get("instance", "")) if isinstance(s, dict) else ""
+                if instance_shard(instance, self.gpu_shards) != shard:
+                    raise SourceError(
+                        f"Prometheus API {where}: answered a series of instance {instance!r}, which is not in this shard "
+                        f"(the server or a proxy ignored the matcher instance=~{instance_shard_regex(shard, self.gpu_shards)!r}?)",
+                        [Unrecognized(self.url, "unknown_answer", f"series of another GPU shard: instance {instance!r}")])
+        return kind, series
+
+    def _assemble(self, answers: list[tuple[str, list[dict]]], start: datetime, end: datetime) -> Batch:
+        """The window's batch from its shards' answers (one answer: the unsharded query's)."""
+        unrecognized, series = [], []
+        hi = _epoch(end)
+        for kind, part in answers:
+            if kind == "vector":  # one sample per series, at its own time: keep it, say what is missing
+                # an instant vector is stamped with the evaluation time (1 ms after the chunk), not
+                # the sample's: it stands for the chunk's end
+                part = [{"metric": s.get("metric", {}), "values": [[min(float(s["value"][0]), hi), s["value"][1]]] if s.get("value") else []}
+                        for s in part]
+                if not unrecognized:
+                    unrecognized.append(Unrecognized(self.url, "vector_answer", (
+                        f"the range query for {start.isoformat()}..{end.isoformat()} was answered with a vector (a proxy or an older "
+                        "Thanos/VictoriaMetrics rewrote it?): only the latest sample of each series was stored")))
+            series += part
+        # one order whatever the server's or the shards': the batch does not depend on how it was read
+        series.sort(key=lambda s: sorted((str(k), str(v)) for k, v in s.get("metric", {}).items()))
         batch = self._to_batch(series, start, end)
         if not series:
             unrecognized.append(Unrecognized(self.url, "empty_answer", (
