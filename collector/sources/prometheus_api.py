@@ -211,7 +211,9 @@ class PrometheusApiSource:
         except httpx.HTTPError as e:
             raise SourceError(f"Prometheus API {where} unreachable: {type(e).__name__}: {e}") from None
         if r.status_code != 200:
-            raise SourceError(f"Prometheus API {where} answered HTTP {r.status_code}: {r.text[:300]}")
+            # VictoriaMetrics echoes the (long) query first and says what is wrong at the end
+            text = r.text if len(r.text) <= 600 else f"{r.text[:200]} ... {r.text[-300:]}"
+            raise SourceError(f"Prometheus API {where} answered HTTP {r.status_code}: {text}")
         try:
             doc = r.json()
             data = doc["data"] if doc.get("status") == "success" else None
