@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpufleet.collector.schema import SAMPLE_SCHEMA
 from gpufleet.collector.service import Collector, ScheduledSource
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.prometheus_api import PrometheusApiSource, instance_shard, instance_shard_regex, shard_matchers
+from gpufleet.collector.sources.scrape import ScrapeSource, Target, TargetStatus
 from gpufleet.collector.store import StoreWriter, open_reader
-from tests.realstack.prometheus import start_prometheus
+from tests.realstack.prometheus import promtool_path, start_prometheus
 from tests.realstack.victoriametrics import start_victoriametrics
 from tests.support.http import Loopback
 from tests.test_victoriametrics_source import BODIES, START, STEP, body_at, ms
@@ -168,6 +171,85 @@ def test_sharded_parallel_read_of_victoriametrics_is_the_sequential_read_and_rer
     assert written and again == 0  # the same batch keys: re-reading stores nothing
     con = open_reader(tmp_path / "store")
     assert con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == rows
+
+
+def _openmetrics(path) -> None:
+    """The fleet as OpenMetrics with timestamps (family by family, series by series, in time
+    order), what `promtool tsdb create-blocks-from openmetrics` turns into Prometheus blocks."""
+    families: dict[str, dict[str, list[str]]] = {}
+    for copy in range(COPIES):
+        for instance in BODIES:
+            host, port = instance.split(":")
+            extra = f'instance="{host}-c{copy}:{port}",job="gpu"'
+            for k in range(FLEET_SCRAPES):
+                t = ms(START + k * STEP) / 1000
+                for line in fleet_body(instance, k, copy).splitlines():
+                    if not line or line.startswith("#"):
+                        continue
+                    brace = line.find("{")
+                    name = line[:brace] if brace > 0 else line.split(" ", 1)[0]
+                    series, _, value = line.rpartition(" ")
+                    series = f"{name}{{{extra}," + series[brace + 1:] if brace > 0 else f"{name}{{{extra}}}"
+                    families.setdefault(name, {}).setdefault(series.replace(",}", "}"), []).append(f"{series.replace(',}', '}')} {value} {t:.3f}\n")
+    with open(path, "w") as f:
+        for name, by_series in families.items():
+            f.write(f"# TYPE {name} gauge\n")
+            for lines in by_series.values():
+                f.writelines(lines)
+        f.write("# EOF\n")
+
+
+def _direct(root) -> None:
+    """What scraping the fleet stores: the scrape source's own round over the same bodies."""
+    scrape = ScrapeSource(cluster="fleet", static_targets=[])
+    c = Collector(StoreWriter(root), [ScheduledSource(scrape, 15)], clock=lambda: START + timedelta(days=1))
+    for k in range(FLEET_SCRAPES):
+        answers = [(Target(f"{i.split(':')[0]}-c{copy}:{i.split(':')[1]}"), TargetStatus(up=True), fleet_body(i, k, copy))
+                   for copy in range(COPIES) for i in BODIES]
+        c.commit("scrape", [scrape.round_batch(START + k * STEP, answers)])
+    c.writer.close()
+
+
+@pytest.mark.parametrize("store", ["victoriametrics", "prometheus"])
+def test_sharded_parallel_read_stores_what_scraping_the_fleet_stores(tmp_path, store):
+    """A fleet of 25 exporters (real outputs, renamed) in a real VictoriaMetrics (imported) or a
+    real Prometheus (blocks made by promtool): read in 4 GPU shards, 4 queries in flight, window
+    by window, the store holds per GPU, sample time and column what scraping the bodies stores."""
+    _direct(tmp_path / "direct")
+    if store == "victoriametrics":
+        server = start_victoriametrics(tmp_path / "vm")
+        try:
+            load_fleet(server)
+        except BaseException:
+            server.stop()
+            raise
+    else:
+        _openmetrics(tmp_path / "fleet.om")
+        r = subprocess.run([promtool_path(), "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "fleet.om"),
+                            str(tmp_path / "prom" / "data")], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        server = start_prometheus(tmp_path / "prom", "global:\n  scrape_interval: 15s\n", extra_args=["--storage.tsdb.retention.time=100y"])
+    try:
+        lo, hi = START - timedelta(seconds=1), START + FLEET_SCRAPES * STEP
+        src = PrometheusApiSource(url=server.url, cluster="fleet", chunk_seconds=60, parallel_requests=4, gpu_shards=4,
+                                  clock=lambda: hi + timedelta(days=1))
+        windows = src.backfill_windows(lo, hi)
+        c = Collector(StoreWriter(tmp_path / "via"), [ScheduledSource(src, 60)], clock=src.clock)
+        c.commit(src.name, src.read_windows(windows))
+        c.writer.close()
+    finally:
+        server.stop()
+    columns = [f.name for f in SAMPLE_SCHEMA if f.name != "source"]
+    order = "ORDER BY ts, host, gpu_uuid, gpu_instance"
+    want = open_reader(tmp_path / "direct").execute(f"SELECT {', '.join(columns)} FROM gpu_samples {order}").fetchall()
+    got = open_reader(tmp_path / "via").execute(f"SELECT {', '.join(columns)} FROM gpu_samples {order}").fetchall()
+    gpus = {(row[2], row[4], row[5]) for row in want}
+    assert len(want) == FLEET_SCRAPES * len(gpus) and len(gpus) >= COPIES * 20, (len(want), len(gpus))
+    assert len(got) == len(want)
+    for w, g in zip(want, got):
+        assert dict(zip(columns, g)) == dict(zip(columns, w))
+    alloc = "SELECT scheduler, job_key, host, gpu_uuid, gpu_instance, gpu, first_seen, last_seen FROM allocations ORDER BY ALL"
+    assert open_reader(tmp_path / "via").execute(alloc).fetchall() == open_reader(tmp_path / "direct").execute(alloc).fetchall()
 
 
 def test_a_failing_shard_query_fails_its_window_naming_the_shard(tmp_path):
