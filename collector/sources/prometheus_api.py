@@ -269,12 +269,18 @@ class PrometheusApiSource:
             labels = dict(s.get("metric", {}))
             name = labels.pop("__name__", "")
             instance = labels.get("instance", "")
+            key = tuple(labels.items())  # the series' labels, the same at every sample
             for t, v in s.get("values", []):
-                if not lo < float(t) <= hi:
+                t = float(t)
+                if not lo < t <= hi:
                     continue  # chunks are (start, end]; Prometheus 2.x ranges also include start
-                fams = scrapes.setdefault((instance, float(t)), {})
-                fam = fams.setdefault(name, Family(name, "gauge", ""))
-                fam.add(tuple(labels.items()), float(v))
+                fams = scrapes.get((instance, t))
+                if fams is None:
+                    fams = scrapes[instance, t] = {}
+                fam = fams.get(name)
+                if fam is None:
+                    fam = fams[name] = Family(name, "gauge", "")
+                fam.samples.append((key, float(v)))
         parts, times, gpus, allocations, throughput, rejected, problems = [], [], [], [], [], 0, []
         unrecognized: dict[tuple[str, str], Unrecognized] = {}  # one per instance and kind in a chunk
         for (instance, t), fams in sorted(scrapes.items()):
