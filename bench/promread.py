@@ -17,7 +17,7 @@ compete for the cores, so the parallel gain is bounded by the client's parse (on
 
 Knobs (environment):
   GPUFLEET_BENCH_PROMREAD_NODES=40   8-GPU nodes (320 GPUs)
-  GPUFLEET_BENCH_PROMREAD_HOURS=3    hours of samples
+  GPUFLEET_BENCH_PROMREAD_HOURS=2    hours of samples
   GPUFLEET_BENCH_PROMREAD_STEP=30    seconds between scrapes
   GPUFLEET_BENCH_VICTORIAMETRICS=victoria-metrics   the binary
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 from bench._common import Table, _children, _stop, env_number, proc_cpu_seconds, progress
 
 NODES = int(env_number("GPUFLEET_BENCH_PROMREAD_NODES", 40))
-HOURS = env_number("GPUFLEET_BENCH_PROMREAD_HOURS", 3)
+HOURS = env_number("GPUFLEET_BENCH_PROMREAD_HOURS", 2)
 STEP = int(env_number("GPUFLEET_BENCH_PROMREAD_STEP", 30))
 VM = os.environ.get("GPUFLEET_BENCH_VICTORIAMETRICS", "victoria-metrics")
 CHUNK_S = 900

@@ -15,6 +15,10 @@ of resultType "vector" (a proxy, or an older Thanos or VictoriaMetrics, that rew
 into an instant one) holds one sample per series: it is stored, and reported as unrecognized
 input, since most of the window's samples are then missing. Any other shape fails the chunk.
 
+Chunks are read in parallel (read_windows): each as `gpu_shards` queries, one per shard of the
+targets (instance_shard), up to `parallel_requests` in flight, the next chunks read while one is
+parsed; a chunk's batch is built from the union of its shards' answers, the batch one query gives.
+
 A backfill reads whole chunks that are complete (older than `lag_seconds`); the chunks of the
 window it cannot read yet are named, with when they can be (skipped_windows).
 """
