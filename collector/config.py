@@ -63,6 +63,7 @@ SCRAPE = (
 # [collector.prometheus]: queries in flight at once, and queries per chunk (one per GPU shard)
 PARALLEL_REQUESTS = 4
 GPU_SHARDS = 1
+GPU_SHARDS_MAX = 36  # a target's shard is decided by one digit or letter of its host
 
 PROMETHEUS = (
     Option("url", "", "an http(s) URL of a Prometheus-compatible API, or \"\"", string),
@@ -73,7 +74,7 @@ PROMETHEUS = (
     Option("selector", "", 'label matchers, e.g. cluster="a"', string),
     Option("timeout", 60.0, "a number of seconds > 0", number(0)),
     Option("parallel_requests", PARALLEL_REQUESTS, "an integer >= 1", integer(1)),
-    Option("gpu_shards", GPU_SHARDS, "an integer from 1 to 36", lambda v: integer(1)(v) and v <= 36),
+    Option("gpu_shards", GPU_SHARDS, f"an integer from 1 to {GPU_SHARDS_MAX}", lambda v: integer(1)(v) and v <= GPU_SHARDS_MAX),
 )
 
 SACCT = (

@@ -44,6 +44,18 @@ def test_every_instance_is_in_exactly_one_shard_and_its_host_decides_which(insta
     assert instance_shard(f"{host}:{port}", shards) == instance_shard(host, shards)  # a host's exporters stay together
 
 
+def test_shard_settings_are_checked():
+    from gpufleet.collector import config
+    from gpufleet.collector.sources import prometheus_api
+
+    assert len(prometheus_api._SHARD_CHARS) == config.GPU_SHARDS_MAX
+    for bad in ({"gpu_shards": 0}, {"gpu_shards": config.GPU_SHARDS_MAX + 1}, {"parallel_requests": 0}):
+        with pytest.raises(ValueError, match="gpu_shards must be"):
+            PrometheusApiSource(url="http://unused", cluster="c", **bad)
+    with pytest.raises(config.ConfigError, match="gpu_shards"):
+        config.load({"collector": {"prometheus": {"url": "http://p:9090", "gpu_shards": 37}}}, "g.toml")
+
+
 def test_numbered_hosts_spread_over_the_shards():
     counts = [0] * 4
     for i in range(400):
