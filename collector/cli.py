@@ -52,6 +52,7 @@ def build(opts: dict[str, Any]):
         src = PrometheusApiSource(
             url=pr["url"], cluster=opts["cluster"], chunk_seconds=pr["chunk_seconds"], lag_seconds=pr["lag_seconds"],
             initial_lookback_seconds=pr["initial_lookback_seconds"], timeout=pr["timeout"], selector=pr["selector"],
+            parallel_requests=pr["parallel_requests"], gpu_shards=pr["gpu_shards"],
         )
         sources.append(ScheduledSource(src, pr["interval"]))
     sa = opts["sacct"]

@@ -14,6 +14,8 @@
 
     [collector.prometheus]              # or read Prometheus / Thanos / Mimir / VictoriaMetrics
     url = "http://prometheus:9090"
+    parallel_requests = 4               # queries in flight at once (1: one after the other)
+    gpu_shards = 1                      # queries per chunk, each for a shard of the targets
 
     [collector.sacct]                   # Slurm accounting
     enabled = true
@@ -62,6 +64,11 @@ SCRAPE = (
     Option("file_sd", [], "a list of file paths or glob patterns", strings),
 )
 
+# [collector.prometheus]: queries in flight at once, and queries per chunk (one per GPU shard)
+PARALLEL_REQUESTS = 4
+GPU_SHARDS = 1
+GPU_SHARDS_MAX = 36  # a target's shard is decided by one digit or letter of its host
+
 PROMETHEUS = (
     Option("url", "", "an http(s) URL of a Prometheus-compatible API, or \"\"", string),
     Option("interval", 60.0, "a number of seconds > 0", number(0)),
@@ -70,6 +77,8 @@ PROMETHEUS = (
     Option("initial_lookback_seconds", 86400, "an integer >= 0", integer(0)),
     Option("selector", "", 'label matchers, e.g. cluster="a"', string),
     Option("timeout", 60.0, "a number of seconds > 0", number(0)),
+    Option("parallel_requests", PARALLEL_REQUESTS, "an integer >= 1", integer(1)),
+    Option("gpu_shards", GPU_SHARDS, f"an integer from 1 to {GPU_SHARDS_MAX}", lambda v: integer(1)(v) and v <= GPU_SHARDS_MAX),
 )
 
 SACCT = (
