@@ -43,7 +43,6 @@ Every user-supplied value (filters, times) is a bound parameter.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -202,27 +201,37 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
     first_seen, last_seen; see StoreWriter.note_unrecognized).
 
     The collector publishes after every commit, so the age of the last publish is how long ago
-    the collector last wrote anything. Returns {"published_at": None, ...} for a missing store.
+    the collector last wrote anything. A sharded store (gpufleet.collector.shard) has one per
+    shard, listed in `shards`; the top-level figures are the stalest shard's, so a dead shard
+    shows. Returns {"published_at": None, ...} for a missing store.
     """
-    from gpufleet.collector.store import MANIFEST
+    from gpufleet.collector.store import StoreError, read_manifests
 
     now = now or utcnow()
     try:
-        m = json.loads((Path(root) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": []}
-    try:
-        published = datetime.fromisoformat(m["published_at"])
-    except (KeyError, TypeError, ValueError):
-        published = None
-    if published is not None and published.tzinfo is not None:
-        published = published.astimezone(timezone.utc).replace(tzinfo=None)
+        parts = read_manifests(root)
+    except StoreError:
+        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": [], "shards": []}
+    shards = []
+    for directory, m in parts:
+        try:
+            published = datetime.fromisoformat(m["published_at"])
+        except (KeyError, TypeError, ValueError):
+            published = None
+        if published is not None and published.tzinfo is not None:
+            published = published.astimezone(timezone.utc).replace(tzinfo=None)
+        shards.append({"shard": directory.name if directory != Path(root) else None, "published_at": published,
+                       "age_s": (now - published).total_seconds() if published else None, "version": m.get("version")})
+    stalest = min(shards, key=lambda x: (x["published_at"] is not None, x["published_at"] or datetime.min))
+    unrecognized = [_unrecognized_entry(u) for _, m in parts for u in m.get("unrecognized", []) if isinstance(u, dict)]
+    unrecognized.sort(key=lambda u: u["last_seen"] or datetime.min, reverse=True)
     return {
-        "published_at": published,
-        "age_s": (now - published).total_seconds() if published else None,
-        "version": m.get("version"),
-        "sample_files": len(m.get("samples", [])),
-        "unrecognized": [_unrecognized_entry(u) for u in m.get("unrecognized", []) if isinstance(u, dict)],
+        "published_at": stalest["published_at"],
+        "age_s": stalest["age_s"],
+        "version": sum(x["version"] or 0 for x in shards),
+        "sample_files": sum(len(m.get("samples", [])) for _, m in parts),
+        "unrecognized": unrecognized,
+        "shards": shards if len(parts) > 1 or shards[0]["shard"] is not None else [],
     }
 
 

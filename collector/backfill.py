@@ -50,15 +50,20 @@ def backfill(collector: Collector, start: datetime, end: datetime, *, out: TextI
                 log.error("backfill %s: nothing of %s..%s can be read yet", source.name, start.isoformat(), end.isoformat())
                 ok = False
         started = time.monotonic()
-        for i, (lo, hi) in enumerate(windows, 1):
-            try:
-                collector.commit(source.name, [source.read_window(lo, hi)])
-            except SourceError as e:
-                out.write("\n")
-                log.error("backfill of %s failed at %s..%s: %s", source.name, lo.isoformat(), hi.isoformat(), e)
-                ok = False
-                break
-            out.write(progress_bar(i, len(windows), f"backfill {source.name}", started))
-            out.flush()
+        # a source that reads ahead (the Prometheus API: parallel queries) reads the windows in order
+        batches = source.read_windows(windows) if hasattr(source, "read_windows") else (source.read_window(lo, hi) for lo, hi in windows)
+        try:
+            for i, (lo, hi) in enumerate(windows, 1):
+                try:
+                    collector.commit(source.name, [next(batches)])
+                except SourceError as e:
+                    out.write("\n")
+                    log.error("backfill of %s failed at %s..%s: %s", source.name, lo.isoformat(), hi.isoformat(), e)
+                    ok = False
+                    break
+                out.write(progress_bar(i, len(windows), f"backfill {source.name}", started))
+                out.flush()
+        finally:
+            batches.close()  # stops reading ahead
         out.write("\n")
     return ok

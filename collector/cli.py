@@ -21,6 +21,7 @@ ScheduledJob = Callable[[Mapping[str, Any], Any], "Callable[[Any, Any], Any] | N
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file ([collector] section)")
+    p.add_argument("--shard", metavar="K/N", help="be shard K of N collectors sharing the store (overrides [collector] shard)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="run every source once and exit")
     mode.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="fill a past window (ISO 8601 times, UTC unless an offset is given)")
@@ -29,47 +30,68 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build(opts: dict[str, Any]):
     """Writer, collector and scheduled sources from validated options."""
     from gpufleet.collector.service import Collector, ScheduledSource
+    from gpufleet.collector.shard import Shard, ShardError, claim_accounting
     from gpufleet.collector.store import StoreWriter
 
-    sources = []
+    shard = Shard.parse(opts["shard"]) if opts["shard"] else None
+    accounting = opts["accounting"] if opts["accounting"] is not None else (shard is None or shard.index == 1)
+    sources, accounting_sources = [], []
     sc = opts["scrape"]
     if sc["targets"] or sc["file_sd"]:
         from gpufleet.collector.sources.scrape import ScrapeSource
 
-        sources.append(ScheduledSource(ScrapeSource(cluster=opts["cluster"], static_targets=sc["targets"], file_sd=sc["file_sd"], timeout=sc["timeout"]), sc["interval"]))
+        sources.append(ScheduledSource(ScrapeSource(cluster=opts["cluster"], static_targets=sc["targets"], file_sd=sc["file_sd"],
+                                                    timeout=sc["timeout"], shard=shard), sc["interval"]))
     pr = opts["prometheus"]
+    if pr["url"] and shard is not None:
+        raise ConfigError(f"[collector] shard = {opts['shard']!r} with [collector.prometheus] url: every shard would read every "
+                          "series of that API; read it from one unsharded collector")
     if pr["url"]:
         from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 
         src = PrometheusApiSource(
             url=pr["url"], cluster=opts["cluster"], chunk_seconds=pr["chunk_seconds"], lag_seconds=pr["lag_seconds"],
             initial_lookback_seconds=pr["initial_lookback_seconds"], timeout=pr["timeout"], selector=pr["selector"],
+            parallel_requests=pr["parallel_requests"], gpu_shards=pr["gpu_shards"],
         )
         sources.append(ScheduledSource(src, pr["interval"]))
     sa = opts["sacct"]
     if sa["enabled"]:
         from gpufleet.collector.sources.slurm import SacctSource
 
-        sources.append(ScheduledSource(SacctSource.from_options(opts["cluster"], sa), sa["interval"]))
+        accounting_sources.append(ScheduledSource(SacctSource.from_options(opts["cluster"], sa), sa["interval"]))
     rest = opts["slurmrestd"]
     if rest["url"]:
         from gpufleet.collector.sources.slurmrestd import SlurmrestdSource
 
-        sources.append(ScheduledSource(SlurmrestdSource.from_options(opts["cluster"], rest), rest["interval"]))
+        accounting_sources.append(ScheduledSource(SlurmrestdSource.from_options(opts["cluster"], rest), rest["interval"]))
     sj = opts["slurm_json"]
     if sj["files"]:
         from gpufleet.collector.sources.slurm_files import SlurmJsonFilesSource
 
-        sources.append(ScheduledSource(SlurmJsonFilesSource(cluster=opts["cluster"], files=sj["files"]), sj["interval"]))
+        accounting_sources.append(ScheduledSource(SlurmJsonFilesSource(cluster=opts["cluster"], files=sj["files"]), sj["interval"]))
     k8s = opts["kubernetes"]
     if k8s["enabled"]:
         from gpufleet.collector.sources.kubernetes import KubernetesSource
 
-        sources.append(ScheduledSource(KubernetesSource.from_options(opts["cluster"], k8s), k8s["interval"]))
+        accounting_sources.append(ScheduledSource(KubernetesSource.from_options(opts["cluster"], k8s), k8s["interval"]))
+    if accounting:
+        sources += accounting_sources
+    elif accounting_sources:
+        log.info("shard %s: the scheduler accounting (%s) is read by the accounting shard, not here", shard.name,
+                 ", ".join(s.source.name for s in accounting_sources))
     if not sources:
         raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled, slurmrestd.url, "
                           "slurm_json.files or kubernetes.enabled")
-    return Collector(StoreWriter(opts["store"]), sources)
+    root = opts["store"]
+    if shard is not None:
+        if accounting:
+            try:
+                claim_accounting(root, shard)
+            except ShardError as e:
+                raise ConfigError(str(e)) from None
+        root = shard.root(root)
+    return Collector(StoreWriter(root), sources, shard=shard, accounting=accounting)
 
 
 def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJob] = ()) -> int:
@@ -85,9 +107,12 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
         if window and window[0] >= window[1]:
             raise ConfigError(f"--backfill {args.backfill[0]} {args.backfill[1]}: START must be before END")
         service = not (args.once or window)
-        opts, extra_jobs = gather(lambda: config.load(doc, args.config),
+        opts, extra_jobs = gather(lambda: config.load(doc, args.config, shard=args.shard),
                                   lambda: [add for make in scheduled_jobs if (add := make(doc, args.config))] if service else [])
         collector = build(opts)
+        if extra_jobs and not collector.accounting:
+            log.info("shard %s: the weekly report and the idle-GPU policy run in the accounting shard", collector.shard.name)
+            extra_jobs = []
     except ConfigError as e:
         log.error("%s", e)
         return 2

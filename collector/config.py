@@ -4,6 +4,8 @@
     store = "/var/lib/gpufleet/store"   # the store directory (one collector writes it)
     cluster = "default"
     listen = "127.0.0.1:9403"          # the collector's own /metrics; "" disables
+    shard = ""                          # "K/N": one of N collectors sharing the store (gpufleet.collector.shard)
+    accounting = true                   # sharded: the one shard that reads scheduler accounting (default: shard 1)
 
     [collector.scrape]                  # scrape exporters directly
     interval = 15
@@ -12,6 +14,8 @@
 
     [collector.prometheus]              # or read Prometheus / Thanos / Mimir / VictoriaMetrics
     url = "http://prometheus:9090"
+    parallel_requests = 4               # queries in flight at once (1: one after the other)
+    gpu_shards = 1                      # queries per chunk, each for a shard of the targets
 
     [collector.sacct]                   # Slurm accounting
     enabled = true
@@ -42,6 +46,8 @@ TOP = (
     Option("store", "/var/lib/gpufleet/store", "a directory path", string),
     Option("cluster", "default", "a cluster name", string),
     Option("listen", "127.0.0.1:9403", 'HOST:PORT for the collector\'s /metrics, or ""', lambda v: v == "" or host_port(v)),
+    Option("shard", "", 'K/N with 1 <= K <= N (one of N collectors sharing the store), or ""', lambda v: v == "" or _shard_spec(v)),
+    Option("accounting", None, "true or false (sharded: whether this shard reads scheduler accounting)", boolean),
     Option("scrape", {}, "a table", lambda v: isinstance(v, dict)),
     Option("prometheus", {}, "a table", lambda v: isinstance(v, dict)),
     Option("sacct", {}, "a table", lambda v: isinstance(v, dict)),
@@ -58,6 +64,11 @@ SCRAPE = (
     Option("file_sd", [], "a list of file paths or glob patterns", strings),
 )
 
+# [collector.prometheus]: queries in flight at once, and queries per chunk (one per GPU shard)
+PARALLEL_REQUESTS = 4
+GPU_SHARDS = 1
+GPU_SHARDS_MAX = 36  # a target's shard is decided by one digit or letter of its host
+
 PROMETHEUS = (
     Option("url", "", "an http(s) URL of a Prometheus-compatible API, or \"\"", string),
     Option("interval", 60.0, "a number of seconds > 0", number(0)),
@@ -66,6 +77,8 @@ PROMETHEUS = (
     Option("initial_lookback_seconds", 86400, "an integer >= 0", integer(0)),
     Option("selector", "", 'label matchers, e.g. cluster="a"', string),
     Option("timeout", 60.0, "a number of seconds > 0", number(0)),
+    Option("parallel_requests", PARALLEL_REQUESTS, "an integer >= 1", integer(1)),
+    Option("gpu_shards", GPU_SHARDS, f"an integer from 1 to {GPU_SHARDS_MAX}", lambda v: integer(1)(v) and v <= GPU_SHARDS_MAX),
 )
 
 SACCT = (
@@ -114,8 +127,18 @@ RETENTION = (
 )
 
 
-def load(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
-    """Validated collector options: top-level keys plus one dict per sub-table."""
+def _shard_spec(v: Any) -> bool:
+    from gpufleet.collector.shard import Shard, ShardError
+
+    try:
+        return isinstance(v, str) and Shard.parse(v) is not None
+    except ShardError:
+        return False
+
+
+def load(doc: Mapping[str, Any], path: Any, *, shard: str | None = None) -> dict[str, Any]:
+    """Validated collector options: top-level keys plus one dict per sub-table. `shard` (from
+    the command line) replaces [collector] shard."""
     raw = doc.get("collector", {})
     raw = raw if isinstance(raw, dict) else {}  # section() below says what is wrong with it
     tables = (("scrape", SCRAPE), ("prometheus", PROMETHEUS), ("sacct", SACCT), ("slurmrestd", SLURMRESTD),
@@ -123,6 +146,10 @@ def load(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     top, *validated = gather(lambda: section(doc, "collector", TOP, path),
                              *(lambda name=name, options=options: section(raw, name, options, path, parent="collector") for name, options in tables))
     top.update({name: opts for (name, _), opts in zip(tables, validated)})
+    if shard is not None:
+        if not _shard_spec(shard):
+            raise ConfigError(f"--shard {shard!r}: expected K/N with 1 <= K <= N, e.g. 2/4")
+        top["shard"] = shard
     if top["prometheus"]["url"] and not top["prometheus"]["url"].startswith(("http://", "https://")):
         raise ConfigError(f"config {path} [collector.prometheus]: url = {top['prometheus']['url']!r}: expected an http:// or https:// URL")
     rest = top["slurmrestd"]

@@ -5,6 +5,9 @@
   5-minute rollup is (re)computed from it. Late data for a compacted hour is merged on the next
   pass. Superseded files are retired, not deleted, so readers holding an older manifest still
   read them for the grace period.
+- Settling: jobs and allocations settled SETTLE_AFTER ago are written once into immutable
+  segments, which are merged so they stay few (StoreWriter.settle); each publish then writes
+  only the open rest of those tables.
 - Retention: sample files older than `raw_days` are retired; rollups and job-reported
   throughput rows older than `rollup_days` too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
 """
@@ -130,6 +133,16 @@ def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetim
         w.db.execute("ROLLBACK")
         raise
     log.info("compacted %d files of %s into %s", len(files), hour.isoformat(), target)
+
+
+def settle(w: StoreWriter, now: datetime) -> int:
+    """Move settled jobs and allocations into segments and consolidate them, then publish;
+    returns the rows written to segment files."""
+    with w.parallel():
+        rows = w.settle(now)
+    if w._dirty_tables:
+        w.publish()
+    return rows
 
 
 def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int) -> int:

@@ -3,8 +3,10 @@
 Samples are *wide*: one row per (time, GPU or MIG instance) with a typed column per field, so
 timestamps and GPU keys are stored once per row and each field column compresses on its own
 (utilization as small floats, counters as integers). They live in date-partitioned Parquet that
-DuckDB, Spark or Trino read as-is. Mutable, small tables (jobs, allocations, inventory) live in
-the writer's DuckDB state and are published as Parquet snapshots. All times are UTC.
+DuckDB, Spark or Trino read as-is. Mutable tables (jobs, allocations, inventory) live in the
+writer's DuckDB state and are published as Parquet: the small ones as snapshots, jobs and
+allocations as immutable segments of their settled history plus a snapshot of the open rest
+(gpufleet.collector.store, SEGMENTED). All times are UTC.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,9 @@ STATE_DDL = (
     "CREATE TABLE IF NOT EXISTS retired_files (file VARCHAR PRIMARY KEY, retired_at TIMESTAMP NOT NULL)",
 )
 
+# Writer-only column of the segmented tables (never published): see MIGRATIONS[5].
+SEGMENT_COLUMN = "_segment"
+
 # version -> statements, applied in order by the writer at start. Version 1 is the base schema.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: STATE_DDL + (JOBS_DDL, ALLOCATIONS_DDL, GPUS_DDL),
@@ -277,6 +282,20 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: (JOB_THROUGHPUT_DDL,),
     # 4: the idle-GPU policy's audit trail
     4: (POLICY_AUDIT_DDL,),
+    # 5: settled history published once, in segments (gpufleet.collector.store, SEGMENTED): which
+    # segment holds each row (NULL: none; -k: segment k holds an older version, the row overrides it)
+    5: (
+        f"ALTER TABLE jobs ADD COLUMN {SEGMENT_COLUMN} INTEGER",
+        f"ALTER TABLE allocations ADD COLUMN {SEGMENT_COLUMN} INTEGER",
+        """CREATE TABLE IF NOT EXISTS segments (
+            id INTEGER PRIMARY KEY,          -- what the rows' segment column names
+            tbl VARCHAR NOT NULL,            -- jobs | allocations
+            file VARCHAR NOT NULL,           -- relative path of the immutable Parquet file
+            rows BIGINT NOT NULL,
+            schema_version INTEGER NOT NULL, -- written under; an upgrade rewrites older ones
+            written_at TIMESTAMP NOT NULL
+        )""",
+    ),
 }
 
 JOB_COLUMNS = (

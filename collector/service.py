@@ -74,8 +74,10 @@ class Collector:
     """
 
     def __init__(self, writer: StoreWriter, sources: list[ScheduledSource], *, clock: Callable[[], datetime] = utcnow,
-                 max_future_skew: timedelta = timedelta(minutes=5)):
+                 max_future_skew: timedelta = timedelta(minutes=5), shard: Any = None, accounting: bool = True):
         self.writer = writer
+        self.shard = shard  # gpufleet.collector.shard.Shard, or None: the store's only collector
+        self.accounting = accounting  # this collector reads scheduler accounting (and runs the report and the policy)
         self.sources = sources
         self.clock = clock
         self.max_future_skew = max_future_skew
@@ -274,14 +276,15 @@ class Collector:
         return n
 
     def maintain(self, raw_days: int, rollup_days: int) -> None:
-        """Compaction, rollups and retention; holds the commit lock (one writer). Never raises."""
-        from gpufleet.collector.maintenance import apply_retention, compact
+        """Compaction, rollups, settling and retention; holds the commit lock (one writer). Never raises."""
+        from gpufleet.collector.maintenance import apply_retention, compact, settle
 
         t0 = time.monotonic()
         try:
             with self._commit_lock:
                 now = self.clock()
                 compact(self.writer, now)
+                settle(self.writer, now)
                 apply_retention(self.writer, now, raw_days, rollup_days)
             ok = True
         except Exception:  # noqa: BLE001 - upkeep failing must not stop collection

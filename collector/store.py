@@ -6,7 +6,13 @@ writer's file. Instead:
 - Samples go to date-partitioned Parquet (`samples/date=YYYY-MM-DD/*.parquet`), each file
   written to a temporary name, fsynced, and renamed into place.
 - Mutable tables (jobs, allocations, gpus) live in the writer's `state.duckdb` and are
-  published as Parquet snapshots.
+  published as Parquet. Jobs and allocations grow with history, so their settled rows (a job
+  ended, an allocation last seen, SETTLE_AFTER ago) are written once into immutable segment
+  files by settle(), and a publish writes only the open rest: its cost follows what is open,
+  not how long the store has run. A settled row that changes anyway (sacct corrects a job, an
+  allocation seen again) goes back to the open part, which overrides segment rows by key, until
+  consolidation rewrites its segment; segments are merged so their count stays logarithmic.
+  The small tables (gpus, job_throughput) are published as whole snapshots.
 - `manifest.json` lists the files that make up the store right now; it is replaced atomically
   after every commit. Readers build DuckDB views over exactly those files, so a reader never
   sees a batch that is not fully committed, and files retired by compaction stay readable for a
@@ -42,6 +48,7 @@ import pyarrow.parquet as pq
 
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
+from gpufleet.collector.shard import SHARDS_DIR
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -51,6 +58,19 @@ UNRECOGNIZED_KEEP = timedelta(days=7)  # how long an unrecognized input stays li
 MAX_UNRECOGNIZED = 200
 STATE_DB = "state.duckdb"
 RETIRE_GRACE = timedelta(minutes=10)
+
+# Tables published as segments of settled rows + the open rest: name -> (key columns, when a row
+# is settled; $h: the settle horizon, now - SETTLE_AFTER). Settled means "will most likely not
+# change": readers are right whatever it says, a settled row that changes is only more work.
+SEGMENTED: dict[str, tuple[tuple[str, ...], str]] = {
+    "jobs": (("cluster", "scheduler", "job_key"), '"end" < $h'),  # NULL end (not ended): never
+    "allocations": (("cluster", "scheduler", "job_key", "host", "gpu_uuid", "gpu_instance"), "last_seen < $h"),
+}
+SEG = schema.SEGMENT_COLUMN
+SETTLE_AFTER = timedelta(hours=6)  # sacct corrections, requeues and exporter outages come sooner
+MERGE_RATIO = 2  # consolidation: a segment at most this many times the rows of the next newer is merged with it
+FOLD_RATIO = 64  # a segment is rewritten once 1/FOLD_RATIO of its rows are settled corrections
+CORRECTIONS_MAX = 10_000  # ... or when a table's settled corrections pass this (they are published every round)
 
 
 class StoreError(Exception):
@@ -138,6 +158,9 @@ class StoreWriter:
     def __init__(self, root: str | Path, *, clock=utcnow):
         self.root = Path(root)
         self.clock = clock
+        if (self.root / SHARDS_DIR).exists():
+            raise StoreError(f"store {self.root} is sharded ({self.root / SHARDS_DIR}): its writers are the shard collectors "
+                             f"(gpufleet collect --shard K/N); write to one shard's directory, {self.root / SHARDS_DIR}/K-of-N")
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "samples").mkdir(exist_ok=True)
         (self.root / "tables").mkdir(exist_ok=True)
@@ -153,7 +176,12 @@ class StoreWriter:
         self._dirty_tables: set[str] = set(schema.TABLES)
         previous = self._manifest()
         self._publish_seq = previous.get("version", 0)
-        self._tables: dict[str, str] = dict(previous.get("tables", {}))  # table -> published snapshot
+        self._tables: dict[str, str] = dict(previous.get("tables", {}))  # table -> published snapshot (segmented: the open part)
+        # table -> the segment files the open part overrides rows of (see publish)
+        self._superseded: dict[str, list[str]] = dict(previous.get("superseded", {}))
+        self._segments: dict[str, list[str]] | None = None  # table -> live segment files (None: read at the next publish)
+        self._segment_ids: dict[str, dict[int, str]] = {}  # table -> segment id -> file, with _segments
+        self._reset_stale_segments()
         # Inputs the collector did not recognize, as published in the manifest (kept across
         # restarts through it): (source, input, kind) -> entry; see note_unrecognized().
         self._unrecognized: dict[tuple[str, str, str], dict[str, Any]] = {
@@ -177,7 +205,7 @@ class StoreWriter:
             e["hour"]: e for e in previous.get("summaries", []) if isinstance(e, dict) and {"hour", "file", "sources"} <= set(e)}
         self._remove_uncommitted_files()
         self._check_summaries()
-        self._sweep_snapshots()
+        self._sweep_snapshots(previous)
         self.publish()
 
     # --- schema ---
@@ -211,10 +239,12 @@ class StoreWriter:
                     log.warning("removing %s: left by work that was not committed", path.relative_to(self.root))
                     path.unlink()
 
-    def _sweep_snapshots(self) -> None:
-        """Table snapshots the manifest does not name (replaced shortly before a crash, or written
-        and never published) go after the grace period: a reader may hold an older manifest."""
-        current = set(self._tables.values()) | {e["file"] for e in self.summaries.values()}
+    def _sweep_snapshots(self, manifest: dict[str, Any]) -> None:
+        """Table snapshots, segments and summaries neither the manifest nor the ledger names
+        (replaced shortly before a crash, or written and never committed) go after the grace
+        period: a reader may hold an older manifest. A segment committed but not yet published
+        stays (the ledger has it)."""
+        current = self._live_files() | {f for files in manifest.get("segments", {}).values() for f in files}
         now = self.clock()
         (self.root / "summaries").mkdir(exist_ok=True)
         for path in sorted([*(self.root / "tables").iterdir(), *(self.root / "summaries").rglob("*.parquet*")]):
@@ -223,6 +253,33 @@ class StoreWriter:
                 path.unlink(missing_ok=True)
             elif path.is_file() and rel not in current:
                 self._retired_snapshots.append((rel, now))
+
+    def _live_files(self) -> set[str]:
+        """The table files the store is made of now: never deleted, whatever the retired lists say
+        (a crash may have left a file of the same name there before it was written again)."""
+        return (set(self._tables.values()) | {f for files in self._live_segments().values() for f in files}
+                | {e["file"] for e in self.summaries.values()})
+
+    def _reset_stale_segments(self) -> None:
+        """Segments written under an older schema go back to the open part (the next settle()
+        writes them again): a migration may have added columns or rewritten values of their rows."""
+        stale = self.db.execute("SELECT tbl, list(id), list(file) FROM segments WHERE schema_version < ? GROUP BY tbl",
+                                [self._schema_version]).fetchall()
+        if not stale:
+            return
+        now = self.clock()
+        self.db.execute("BEGIN")
+        try:
+            for table, ids, files in stale:
+                self.db.execute(f"UPDATE {table} SET {SEG} = NULL WHERE list_contains(?, abs({SEG}))", [ids])
+                self.db.execute("DELETE FROM segments WHERE list_contains(?, id)", [ids])
+                for f in files:
+                    self.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+            self.db.execute("COMMIT")
+        except Exception:
+            self.db.execute("ROLLBACK")
+            raise
+        log.info("store %s: %d segments written under an older schema go back to the open part", self.root, sum(len(s[1]) for s in stale))
 
     # --- watermarks ---
 
@@ -374,7 +431,8 @@ class StoreWriter:
             f"""INSERT INTO jobs ({", ".join(quoted)})
                 SELECT {", ".join(f'CAST("{c}" AS {_JOB_TYPES[c]})' for c in cols)} FROM rows
                 ON CONFLICT (cluster, scheduler, job_key) DO UPDATE SET {updates},
-                  updated_at = CASE WHEN {changed} THEN excluded.updated_at ELSE jobs.updated_at END"""
+                  updated_at = CASE WHEN {changed} THEN excluded.updated_at ELSE jobs.updated_at END,
+                  {SEG} = CASE WHEN {changed} THEN -abs(jobs.{SEG}) ELSE jobs.{SEG} END"""
         )
         self._dirty_tables.add("jobs")
         return len(jobs)
@@ -387,7 +445,7 @@ class StoreWriter:
         cluster, scheduler, as_of = scope
         keys = [j["job_key"] for j in jobs if j.get("cluster") == cluster and j.get("scheduler") == scheduler]
         n = self.db.execute(
-            """UPDATE jobs SET state = 'CANCELLED', state_raw = 'DELETED', "end" = coalesce("end", ?), updated_at = ?
+            f"""UPDATE jobs SET state = 'CANCELLED', state_raw = 'DELETED', "end" = coalesce("end", ?), updated_at = ?, {SEG} = -abs({SEG})
                WHERE cluster = ? AND scheduler = ? AND state IN ('PENDING', 'RUNNING') AND NOT list_contains(?::VARCHAR[], job_key)""",
             [as_of, as_of, cluster, scheduler, keys],
         ).fetchone()[0]
@@ -465,7 +523,7 @@ class StoreWriter:
         """Set last_seen = new where it is old, if exactly n rows have it; whether it did."""
         updated = self.db.execute(
             # one statement: the subquery counts the rows before any of them changes
-            f"UPDATE {table} SET last_seen = $new WHERE last_seen = $old "
+            f"UPDATE {table} SET last_seen = $new{_touch(table, 'TRUE')} WHERE last_seen = $old "
             f"AND (SELECT count(*) FROM {table} WHERE last_seen = $old) = $n",
             {"new": new, "old": old, "n": n},
         ).fetchone()[0]
@@ -477,7 +535,8 @@ class StoreWriter:
         columns = list(zip(*extend))  # the identities, column by column
         staged = pa.table({**{k: columns[i] for i, k in enumerate(keys)}, "ts": list(extend.values())})
         match = " AND ".join(f"t.{k} = rows.{k}" for k in keys)
-        self._run_staged(staged, f"UPDATE {table} AS t SET last_seen = greatest(t.last_seen, rows.ts) FROM rows WHERE {match}")
+        self._run_staged(staged, f"UPDATE {table} AS t SET last_seen = greatest(t.last_seen, rows.ts)"
+                                 f"{_touch(table, 'rows.ts > t.last_seen', 't.')} FROM rows WHERE {match}")
 
     def _mirror(self, table: str) -> _Mirror:
         """The table's rows seen lately (within MIRROR_KEEP_HOURS of the newest)."""
@@ -541,14 +600,17 @@ class StoreWriter:
         staged = pa.Table.from_pylist(obs)
         self._run_staged(
             staged,
-            """INSERT INTO allocations
+            f"""INSERT INTO allocations (cluster, scheduler, job_key, host, gpu_uuid, gpu_instance, gpu, first_seen, last_seen, source)
                SELECT cluster, scheduler, job_key, host, gpu_uuid, coalesce(gpu_instance, -1), any_value(gpu),
                       min(ts), max(ts), any_value(source)
                FROM rows GROUP BY cluster, scheduler, job_key, host, gpu_uuid, coalesce(gpu_instance, -1)
                ON CONFLICT (cluster, scheduler, job_key, host, gpu_uuid, gpu_instance) DO UPDATE SET
                  first_seen = least(allocations.first_seen, excluded.first_seen),
                  last_seen = greatest(allocations.last_seen, excluded.last_seen),
-                 gpu = coalesce(excluded.gpu, allocations.gpu)"""
+                 gpu = coalesce(excluded.gpu, allocations.gpu),
+                 {SEG} = CASE WHEN excluded.first_seen < allocations.first_seen OR excluded.last_seen > allocations.last_seen
+                                   OR coalesce(excluded.gpu, allocations.gpu) IS DISTINCT FROM allocations.gpu
+                              THEN -abs(allocations.{SEG}) ELSE allocations.{SEG} END"""
         )
         self._dirty_tables.add("allocations")
 
@@ -645,16 +707,30 @@ class StoreWriter:
         changing those tables directly (compaction and retention do), before publish()."""
         self._sample_files = None
         self._rollup_files = None
+        self._segments = None
         self._cleanup_due = None
         self._mirrors.clear()
 
     def publish(self) -> None:
-        """Snapshot changed tables and atomically replace the manifest readers go by."""
+        """Snapshot changed tables and atomically replace the manifest readers go by.
+
+        A segmented table's snapshot holds its open part only: the rows in no segment, and the
+        rows changed since their segment was written (which override it, see open_reader). Both
+        are found through the segment column's zone maps, so the cost follows the open rows, not
+        the history.
+        """
         self._publish_seq += 1
         seq = self._publish_seq
         now = self.clock()
+        segments = self._live_segments()
         for name in sorted(self._dirty_tables):
-            arrow = self.db.sql(f"SELECT * FROM {name}").to_arrow_table()
+            if name in SEGMENTED:
+                arrow = self.db.sql(f"SELECT * EXCLUDE ({SEG}) FROM {name} WHERE {SEG} IS NULL OR {SEG} < 0").to_arrow_table()
+                overridden = {r[0] for r in self.db.execute(f"SELECT DISTINCT -{SEG} FROM {name} WHERE {SEG} < 0").fetchall()}
+                files = self._segment_files(name)
+                self._superseded[name] = [files[i] for i in sorted(overridden)]
+            else:
+                arrow = self.db.sql(f"SELECT * FROM {name}").to_arrow_table()
             path = self.root / "tables" / f"{name}-{seq:09d}.parquet"
             write_parquet(arrow, path)
             if name in self._tables:
@@ -673,16 +749,36 @@ class StoreWriter:
             "rollup_5m": self._rollup_files,
             "tables": self._tables,
             "summaries": sorted(self.summaries.values(), key=itemgetter("hour")),
+            # segmented tables: their immutable segments, and those the open part overrides rows of
+            "segments": segments,
+            "superseded": {k: v for k, v in self._superseded.items() if v},
             "unrecognized": sorted(self._unrecognized.values(), key=lambda e: str(e.get("last_seen", "")), reverse=True),
         }
         _fsync_write(self.root / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, separators=(",", ":"))))
         self._delete_retired()
 
+    def _live_segments(self) -> dict[str, list[str]]:
+        """Segmented table -> its live segment files, oldest first (from the ledger, cached)."""
+        if self._segments is None:
+            self._segment_ids = {name: {} for name in SEGMENTED}
+            for sid, table, rel in self.db.execute("SELECT id, tbl, file FROM segments ORDER BY id").fetchall():
+                self._segment_ids[table][sid] = rel
+            self._segments = {name: list(ids.values()) for name, ids in self._segment_ids.items()}
+        return self._segments
+
+    def _segment_files(self, name: str) -> dict[int, str]:
+        self._live_segments()
+        return self._segment_ids[name]
+
     def _delete_retired(self) -> None:
         now = self.clock()
         cutoff = now - RETIRE_GRACE
+        live = None
         while self._retired_snapshots and self._retired_snapshots[0][1] < cutoff:
-            (self.root / self._retired_snapshots.pop(0)[0]).unlink(missing_ok=True)
+            rel = self._retired_snapshots.pop(0)[0]
+            live = self._live_files() if live is None else live
+            if rel not in live:  # the name written again since (after a crash): it is live now
+                (self.root / rel).unlink(missing_ok=True)
         if self._cleanup_due is not None and now <= self._cleanup_due:
             return  # nothing in retired_files has passed its grace period yet: no query
         for (rel,) in self.db.execute("SELECT file FROM retired_files WHERE retired_at < ?", [cutoff]).fetchall():
@@ -690,6 +786,95 @@ class StoreWriter:
         self.db.execute("DELETE FROM retired_files WHERE retired_at < ?", [cutoff])
         oldest = self.db.execute("SELECT min(retired_at) FROM retired_files").fetchone()[0]
         self._cleanup_due = oldest + RETIRE_GRACE if oldest is not None else datetime.max
+
+    # --- segments ---
+
+    def settle(self, now: datetime) -> int:
+        """Write the rows settled by `now` (see SEGMENTED) into new segments, and consolidate:
+        merge segments so they stay few (each at least MERGE_RATIO times the next newer), and
+        rewrite those whose settled corrections pile up. Returns rows written to segment files.
+
+        Each segment file is written before the ledger commit that names it (a crash in between
+        leaves a file no one names, swept at the next start); the files it replaces are retired,
+        so a reader on an older manifest still reads them for the grace period. Callers publish().
+        """
+        horizon = now - SETTLE_AFTER
+        written = 0
+        for name in SEGMENTED:
+            written += self._rewrite(name, [], horizon)
+            written += self._consolidate(name, horizon)
+        return written
+
+    def _settled(self, name: str) -> str:
+        return SEGMENTED[name][1]
+
+    def _consolidate(self, name: str, horizon: datetime) -> int:
+        segs = self.db.execute("SELECT id, rows FROM segments WHERE tbl = ? ORDER BY id", [name]).fetchall()
+        corrections = dict(self.db.execute(
+            f"SELECT -{SEG}, count(*) FROM {name} WHERE {SEG} < 0 AND {self._settled(name)} GROUP BY 1", {"h": horizon}).fetchall())
+        groups: list[tuple[list[int], int]] = []  # oldest first: ([segment ids], rows)
+        for sid, rows in segs:
+            groups.append(([sid], rows))
+            while len(groups) > 1 and groups[-2][1] <= MERGE_RATIO * groups[-1][1]:
+                ids, rows = groups.pop()
+                groups[-1] = (groups[-1][0] + ids, groups[-1][1] + rows)
+        many = sum(corrections.values()) > CORRECTIONS_MAX
+        written = 0
+        for ids, rows in groups:
+            fixes = sum(corrections.get(i, 0) for i in ids)
+            if len(ids) > 1 or (fixes and (many or fixes * FOLD_RATIO >= rows)):
+                written += self._rewrite(name, ids, horizon)
+        return written
+
+    def _rewrite(self, name: str, ids: list[int], horizon: datetime) -> int:
+        """One new segment of `name`: its rows not in any segment and settled (ids empty), or the
+        rows of segments `ids`, with their corrections folded in (those settled; the others go
+        back to the open part), replacing them. Returns the rows written."""
+        if ids:
+            pick = f"list_contains($ids, abs({SEG})) AND ({SEG} > 0 OR {self._settled(name)})"
+            params = {"ids": ids, "h": horizon}
+        else:
+            pick = f"{SEG} IS NULL AND {self._settled(name)}"
+            params = {"h": horizon}
+        now = self.clock()
+        sid = self._next_segment_id()
+        rel = f"tables/{name}-segment-{sid:09d}.parquet"
+        old = self.db.execute("SELECT file FROM segments WHERE list_contains(?, id)", [ids]).fetchall() if ids else []
+        self.db.execute("BEGIN")
+        try:
+            arrow = self.db.sql(f"SELECT * EXCLUDE ({SEG}) FROM {name} WHERE {pick}", params=params).to_arrow_table()
+            if arrow.num_rows:
+                write_parquet(arrow, self.root / rel)
+                marked = self.db.execute(f"UPDATE {name} SET {SEG} = $sid WHERE {pick}", {**params, "sid": sid}).fetchone()[0]
+                if marked != arrow.num_rows:
+                    raise StoreError(f"segment {rel}: {arrow.num_rows} rows written, {marked} marked")
+                self.db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?)", [sid, name, rel, arrow.num_rows, self._schema_version, now])
+            if ids:  # what is left of them: corrections not settled, open again
+                self.db.execute(f"UPDATE {name} SET {SEG} = NULL WHERE list_contains(?, abs({SEG}))", [ids])
+                self.db.execute("DELETE FROM segments WHERE list_contains(?, id)", [ids])
+                for (f,) in old:
+                    self.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+            self.db.execute("COMMIT")
+        except Exception:
+            self.db.execute("ROLLBACK")
+            (self.root / rel).unlink(missing_ok=True)
+            raise
+        if arrow.num_rows or ids:
+            self._dirty_tables.add(name)
+            self._segments = None
+            self._cleanup_due = None  # retired_files has new rows
+            log.info("%s: segment %s, %d rows%s", name, rel if arrow.num_rows else "(none)", arrow.num_rows,
+                     f", replacing {len(ids)} segments" if ids else "")
+        return arrow.num_rows
+
+    def _next_segment_id(self) -> int:
+        """Above every id the ledger or a file in tables/ has: a name is never used twice."""
+        top = self.db.execute("SELECT coalesce(max(id), 0) FROM segments").fetchone()[0]
+        for path in (self.root / "tables").glob("*-segment-*.parquet"):
+            m = re.search(r"-segment-(\d+)\.parquet$", path.name)
+            if m:
+                top = max(top, int(m.group(1)))
+        return top + 1
 
     def close(self) -> None:
         self.db.close()
@@ -712,6 +897,15 @@ _IDENTITY = {name: itemgetter(*keys, *attrs) for name, (keys, attrs) in _INTERVA
 MIRROR_KEEP_HOURS = 48  # rows last seen this long before the newest are left out of the mirror
 MIRROR_MAX_ROWS = 500_000  # beyond this the mirror is reloaded (and so pruned to the recent rows)
 MAX_SHORTCUT_GROUPS = 4  # _extend_last_seen: more (old, new) last_seen pairs than this go straight to the join
+
+
+def _touch(table: str, changed: str, prefix: str = "") -> str:
+    """The SET clause tail that marks a segmented table's row changed (when `changed`): its segment,
+    if it has one, now holds an older version (see publish). Nothing for other tables."""
+    if table not in SEGMENTED:
+        return ""
+    col = f"{prefix}{SEG}"
+    return f", {SEG} = -abs({col})" if changed == "TRUE" else f", {SEG} = CASE WHEN {changed} THEN -abs({col}) ELSE {col} END"
 
 
 def _row_key(ident: tuple | None, nk: int) -> tuple | None:
@@ -739,28 +933,59 @@ _JOB_TYPES = {
 _JOB_TYPES = {c: _JOB_TYPES.get(c, "VARCHAR") for c in schema.JOB_COLUMNS}
 
 
+def read_manifests(root: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(directory, manifest) of each part of the store: the store itself, or each of its shards
+    (gpufleet.collector.shard), whose union is the store. StoreError when there is none."""
+    root = Path(root)
+    own = root / MANIFEST
+    shards = sorted((root / SHARDS_DIR).glob(f"*/{MANIFEST}"))
+    if own.exists() and shards:
+        raise StoreError(f"store {root} holds both a single collector's {MANIFEST} and shards ({root / SHARDS_DIR}): "
+                         "a store is written by one collector or by shards; move one of them to a store of its own")
+    out = []
+    for path in shards or [own]:
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            if shards:
+                continue  # a shard that has not published yet
+            raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)") from None
+        except ValueError as e:
+            raise StoreError(f"store {root}: {path} is not a manifest: {e}") from None
+        if manifest.get("schema_version", 0) > schema.SCHEMA_VERSION:
+            raise StoreError(f"store {path.parent} has schema version {manifest['schema_version']}, newer than this gpufleet's: upgrade gpufleet")
+        out.append((path.parent, manifest))
+    if not out:
+        raise StoreError(f"no store at {root}: no shard has published yet ({root / SHARDS_DIR}/*/{MANIFEST} missing)")
+    return out
+
+
+def store_version(root: str | Path) -> int | None:
+    """A number that grows with every publish of any part of the store (None: no store yet).
+    Cheap: one small file per shard. Readers key their caches by it."""
+    try:
+        return sum(int(m.get("version", 0)) for _, m in read_manifests(root))
+    except (StoreError, TypeError, ValueError):
+        return None
+
+
 def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with views over the store's current manifest: never locks the writer.
+    """An in-memory DuckDB with views over the store's current manifest (the union of its shards'
+    when sharded): never locks a writer.
 
     Views: gpu_samples, gpu_rollup_5m, jobs, allocations, gpus. An empty store, or one whose
     first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
-    root = Path(root)
-    try:
-        manifest = json.loads((root / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)") from None
-    if manifest.get("schema_version", 0) > schema.SCHEMA_VERSION:
-        raise StoreError(f"store {root} has schema version {manifest['schema_version']}, newer than this gpufleet's: upgrade gpufleet")
+    parts = read_manifests(root)
     con = duckdb.connect(":memory:")
-    files = [str(root / f) for f in manifest.get("samples", [])]
+    files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
     if files:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM read_parquet({_sql_list(files)}, hive_partitioning = false)")
     else:
         con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
         con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
         con.unregister("_empty_samples")
-    rollups = [str(root / f) for f in manifest.get("rollup_5m", [])]
+    rollups = [str(d / f) for d, m in parts for f in m.get("rollup_5m", [])]
     want = con.execute(f"DESCRIBE {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
     if rollups:
         # files written before a column was added read it as NULL (union_by_name, or added here
@@ -771,41 +996,87 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT *{extra} FROM {source}")
     else:
         con.execute(f"CREATE TABLE gpu_rollup_5m AS {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
-    _summary_views(con, root, manifest)
+    _summary_views(con, parts)
     for name, ddl in schema.TABLES.items():
-        rel = manifest.get("tables", {}).get(name)
-        if rel:
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{_sql_str(str(root / rel))}')")
+        views = [_table_view(d, m, name, m["tables"][name]) for d, m in parts if m.get("tables", {}).get(name)]
+        if len(views) > 1 and name == "jobs":
+            # shards: the accounting shard alone writes jobs, but after accounting moved to
+            # another shard the former one still holds a job's older version: the latest wins.
+            # (Interval tables need no such rule: a GPU reports to one shard at a time.)
+            union = " UNION ALL BY NAME ".join(f"({v})" for v in views)
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM ({union}) QUALIFY row_number() OVER "
+                        f"(PARTITION BY {', '.join(SEGMENTED[name][0])} ORDER BY updated_at DESC) = 1")
+        elif views:
+            con.execute(f"CREATE VIEW {name} AS " + " UNION ALL BY NAME ".join(f"({v})" for v in views))
         else:
             con.execute(ddl.replace("IF NOT EXISTS ", ""))
     return con
 
 
-def _summary_views(con: duckdb.DuckDBPyConnection, root: Path, manifest: dict[str, Any]) -> None:
-    """gpu_summaries (the per-GPU bucket summaries the manifest lists, gpufleet.collector.summaries)
+def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
+    """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries)
     and summary_hours (one row per summarised hour: its range and the parameters baked in). A
-    summary whose sample files are no longer all listed (retention) is left out."""
+    summary whose sample files are no longer all listed (retention) is left out. Collector shards
+    summarise their own GPUs: an hour counts as summarised only when every shard holding samples
+    of its day (or the days beside it) summarised it with the same parameters - a shard that died
+    before its upkeep leaves the hour to the raw samples, never a hole in the fleet."""
     from gpufleet.collector import summaries
 
-    listed = set(manifest.get("samples", []))
-    entries = [e for e in manifest.get("summaries", []) if set(e.get("sources", [])) <= listed and e.get("sources")]
+    by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]] = {}
+    for d, m in parts:
+        listed = set(m.get("samples", []))
+        for e in m.get("summaries", []):
+            if e.get("sources") and set(e["sources"]) <= listed:
+                key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")))
+                by_key.setdefault(key, []).append((d, e))
+    if len(parts) > 1:
+        days = [(d, {f.split("/")[1] for f in m.get("samples", []) if f.count("/") >= 2}) for d, m in parts]
+
+        def complete(key: tuple) -> bool:
+            h = datetime.fromisoformat(key[0])
+            near = {f"date={t:%Y-%m-%d}" for t in (h - timedelta(hours=1), h, h + timedelta(hours=1))}
+            have = {d for d, _ in by_key[key]}
+            return all(d in have for d, dd in days if dd & near)
+
+        by_key = {k: v for k, v in by_key.items() if complete(k)}
+    keys = sorted(by_key)
     hours = pa.table({
-        "hour": pa.array([datetime.fromisoformat(e["hour"]) for e in entries], pa.timestamp("us")),
-        "tag": pa.array([e.get("tag") for e in entries], pa.string()),
-        "max_gap_s": pa.array([e["params"]["max_gap_s"] for e in entries], pa.float64()),
-        "idle_threshold": pa.array([e["params"]["idle_threshold"] for e in entries], pa.float64()),
-        "keep_s": pa.array([e["params"]["keep_s"] for e in entries], pa.float64()),
-        "bucket_s": pa.array([e["params"]["bucket_s"] for e in entries], pa.int64()),
+        "hour": pa.array([datetime.fromisoformat(k[0]) for k in keys], pa.timestamp("us")),
+        "tag": pa.array([k[1] for k in keys], pa.string()),
+        "max_gap_s": pa.array([k[2] for k in keys], pa.float64()),
+        "idle_threshold": pa.array([k[3] for k in keys], pa.float64()),
+        "keep_s": pa.array([k[4] for k in keys], pa.float64()),
+        "bucket_s": pa.array([k[5] for k in keys], pa.int64()),
     })
     con.register("_summary_hours", hours)
     con.execute("CREATE TABLE summary_hours AS SELECT * FROM _summary_hours")
     con.unregister("_summary_hours")
-    if entries:
-        con.execute(f"CREATE VIEW gpu_summaries AS SELECT * FROM read_parquet({_sql_list([str(root / e['file']) for e in entries])})")
+    files = [str(d / e["file"]) for k in keys for d, e in by_key[k]]
+    if files:
+        con.execute(f"CREATE VIEW gpu_summaries AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:
         con.register("_empty_summaries", summaries.SCHEMA.empty_table())
         con.execute("CREATE TABLE gpu_summaries AS SELECT * FROM _empty_summaries")
         con.unregister("_empty_summaries")
+
+
+def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> str:
+    """A table's rows: its snapshot, or for a segmented table the union of its open part and its
+    segments, where the open part overrides a segment row of the same key (a correction)."""
+    open_part = f"read_parquet('{_sql_str(str(root / rel))}')"
+    parts = [f"SELECT * FROM {open_part}"]
+    segments = manifest.get("segments", {}).get(name, [])
+    superseded = set(manifest.get("superseded", {}).get(name, []))
+    clean = [str(root / f) for f in segments if f not in superseded]
+    if clean:
+        parts.append(f"SELECT * FROM read_parquet({_sql_list(clean)}, union_by_name = true)")
+    if superseded:
+        keys = SEGMENTED[name][0]
+        files = _sql_list([str(root / f) for f in segments if f in superseded])
+        parts.append(f"SELECT s.* FROM read_parquet({files}, union_by_name = true) AS s "
+                     f"ANTI JOIN {open_part} AS o ON {' AND '.join(f's.{k} = o.{k}' for k in keys)}")
+    # by name: a segment written before a column was added reads it as NULL
+    return " UNION ALL BY NAME ".join(parts)
 
 
 def _sql_str(s: str) -> str:

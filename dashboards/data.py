@@ -18,7 +18,6 @@ Nothing here computes a figure: it calls analytics and caches what comes back.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -55,13 +54,11 @@ def current_settings() -> dconfig.Settings:
 
 
 def manifest_version(root: str | Path) -> int | None:
-    """The store's publish counter (None: no store yet). Cheap: one small file."""
-    from gpufleet.collector.store import MANIFEST
+    """The store's publish counter, summed over its shards (None: no store yet). Cheap: one
+    small file per shard."""
+    from gpufleet.collector.store import store_version
 
-    try:
-        return int(json.loads((Path(root) / MANIFEST).read_text()).get("version", 0))
-    except (OSError, ValueError, TypeError):
-        return None
+    return store_version(root)
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)

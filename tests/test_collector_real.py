@@ -100,8 +100,12 @@ def test_prometheus_api_source_stores_the_same_samples_as_direct_scraping(tmp_pa
         time.sleep(3)  # let Prometheus scrape (and make queryable) past the window's end
         api = PrometheusApiSource(url=prom.url, cluster="cmp", chunk_seconds=60, lag_seconds=2)
         b = Collector(StoreWriter(tmp_path / "b"), [ScheduledSource(api, 60)])
-        b.commit(api.name, [api.read_window(first, last)])
+        batch = api.read_window(first, last)
+        b.commit(api.name, [batch])
         b.writer.close()
+        # the same window in 4 GPU shards, 4 queries in flight: the same batch (issue #17)
+        sharded = PrometheusApiSource(url=prom.url, cluster="cmp", chunk_seconds=60, gpu_shards=4, parallel_requests=4).read_window(first, last)
+        assert sharded.samples.equals(batch.samples) and sharded.allocations == batch.allocations and sharded.gpus == batch.gpus
     finally:
         if prom:
             prom.stop()

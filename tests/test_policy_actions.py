@@ -20,6 +20,7 @@ from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.config import load_file
 from gpufleet.report.enforce import PolicyJob, Runner, attempts_from_audit
 from tests.support.fleet import Fleet
+from tests.support.policy_config import policy_toml
 from tests.test_kubernetes_source import FakeApiServer
 from tests.test_report_email import Inbox, free_port
 
@@ -90,28 +91,9 @@ def test_plan_over_the_store_uses_the_idle_definition(store):
 
 def config(tmp_path, store, *, enforce=False, smtp_port=1, webhook="", kube="", scancel="scancel", extra="") -> Path:
     cfg = tmp_path / "gpufleet.toml"
-    cfg.write_text(f"""
-[analytics]
-store = "{store}"
-[report]
-from_address = "gpufleet@example.org"
-[report.smtp]
-host = "127.0.0.1"
-port = {smtp_port}
-timeout = 5
-[policy]
-enforce = {str(enforce).lower()}
-notify_after = "1h"
-escalate_after = "2h"
-cancel_after = "4h"
-exempt_accounts = ["ops"]
-email_domain = "example.org"
-webhook_url = "{webhook}"
-kube_api = "{kube}"
-scancel = "{scancel}"
-squeue = ""
-retries = 1
-[policy.account_contacts]
+    cfg.write_text(f'[analytics]\nstore = "{store}"\n' + policy_toml(
+        smtp_port, enforce=enforce, notify_after="1h", escalate_after="2h", cancel_after="4h", exempt_accounts=["ops"],
+        email_domain="example.org", webhook_url=webhook, kube_api=kube, scancel=scancel, squeue="", retries=1) + f"""[policy.account_contacts]
 research = ["research-lead@example.org"]
 {extra}""")
     return cfg

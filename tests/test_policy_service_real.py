@@ -19,6 +19,7 @@ from gpufleet.times import utcnow
 from tests import test_policy_actions as tpa
 from tests.realstack.process import free_port, wait_for
 from tests.support.exporter import stop
+from tests.support.policy_config import policy_toml
 from tests.test_report_email import Inbox
 
 
@@ -55,24 +56,9 @@ listen = "127.0.0.1:{listen}"
 interval = 30
 timeout = 0.5
 targets = ["127.0.0.1:{free_port()}"]
-[report]
-from_address = "gpufleet@example.org"
-[report.smtp]
-host = "127.0.0.1"
-port = {smtp_port}
-timeout = 5
-[policy]
-enforce = true
-interval = "1s"
-notify_after = "1h"
-escalate_after = "2h"
-cancel_after = "4h"
-exempt_accounts = ["ops"]
-email_domain = "example.org"
-scancel = "/nonexistent/scancel"
-squeue = ""
-retries = 0
-""")
+""" + policy_toml(
+        smtp_port, enforce=True, interval="1s", notify_after="1h", escalate_after="2h", cancel_after="4h",
+        exempt_accounts=["ops"], email_domain="example.org", scancel="/nonexistent/scancel", squeue="", retries=0))
 
     def run_service(until, what):
         log = tmp_path / "collect.log"

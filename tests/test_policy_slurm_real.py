@@ -20,6 +20,7 @@ from gpufleet.collector.sources.scrape import ScrapeSource
 from gpufleet.collector.sources.slurm import SacctSource
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.exporter import start_exporter, stop
+from tests.support.policy_config import policy_toml
 from tests.test_report_email import Inbox, free_port
 
 pytestmark = pytest.mark.realstack
@@ -68,26 +69,9 @@ def ingest(c, store, tmp_path, jobs: dict[int, tuple[float, float]]) -> dict[str
 
 
 def write_config(path, store, smtp_port, *, notify, escalate, cancel, enforce=True):
-    path.write_text(f"""
-[analytics]
-store = "{store}"
-[report]
-from_address = "gpufleet@example.org"
-[report.smtp]
-host = "127.0.0.1"
-port = {smtp_port}
-timeout = 5
-[policy]
-enforce = {str(enforce).lower()}
-notify_after = "{notify}"
-escalate_after = "{escalate}"
-cancel_after = "{cancel}"
-no_process_after = "1h"
-min_job_age = "0s"
-exempt_accounts = ["biology"]
-email_domain = "example.org"
-retries = 1
-""")
+    path.write_text(f'[analytics]\nstore = "{store}"\n' + policy_toml(
+        smtp_port, enforce=enforce, notify_after=notify, escalate_after=escalate, cancel_after=cancel,
+        no_process_after="1h", min_job_age="0s", exempt_accounts=["biology"], email_domain="example.org", retries=1))
     return path
 
 

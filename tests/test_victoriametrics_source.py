@@ -60,7 +60,8 @@ def table_rows(root: Path, sql: str) -> list[tuple]:
     return open_reader(root).execute(sql).fetchall()
 
 
-def test_backfill_from_victoriametrics_equals_scraping(tmp_path):
+@pytest.mark.parametrize("reading", ["", "parallel_requests = 3\ngpu_shards = 4\n"], ids=["defaults", "4-shards"])
+def test_backfill_from_victoriametrics_equals_scraping(tmp_path, reading):
     vm = start_victoriametrics(tmp_path / "vm")
     try:
         # what scraping stores: the scrape source's own round over the same bodies, one round per time
@@ -81,7 +82,7 @@ def test_backfill_from_victoriametrics_equals_scraping(tmp_path):
         via = tmp_path / "via"
         cfg = tmp_path / "g.toml"
         cfg.write_text(f'[collector]\nstore = "{via}"\ncluster = "fleet"\nlisten = ""\n'
-                       f'[collector.prometheus]\nurl = "{vm.url}"\nchunk_seconds = 3600\n')
+                       f'[collector.prometheus]\nurl = "{vm.url}"\nchunk_seconds = 3600\n{reading}')
         r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "--log-level", "WARNING", "collect", "--config", str(cfg),
                             "--backfill", (START - timedelta(seconds=1)).isoformat(), (START + timedelta(hours=1)).isoformat()],
                            capture_output=True, text=True, timeout=300)

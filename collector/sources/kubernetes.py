@@ -163,53 +163,44 @@ class KubernetesSource:
 
     def pod_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
         """One pod's annotations (None: the pod is gone); SourceError when the API cannot say."""
-        try:
-            import urllib3
-            from kubernetes import client as kclient, config as kconfig
-        except ImportError as exc:
-            raise SourceError(f"reading pods needs the client: pip install 'gpufleet[kubernetes]' ({exc})") from exc
-        try:
-            cfg = self._configuration(kclient, kconfig)
-        except (kconfig.ConfigException, OSError, ValueError) as exc:
-            raise SourceError(f"kubernetes cluster {self.cluster!r}: cannot load the API configuration: {exc}") from exc
-        failed = f"kubernetes cluster {self.cluster!r}: reading pod {namespace}/{name} at {cfg.host} failed"
-        with kclient.ApiClient(cfg) as api_client:
-            try:
-                resp = kclient.CoreV1Api(api_client).read_namespaced_pod(name, namespace, _preload_content=False,
-                                                                         _request_timeout=self.timeout_s)
-                pod = json.loads(resp.data)
-            except kclient.ApiException as exc:
-                if exc.status == 404:
-                    return None
-                raise SourceError(f"{failed}: HTTP {exc.status} {exc.reason}: {_status_message(exc.body)}") from exc
-            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                raise SourceError(f"{failed}: {exc}") from exc
-        annotations = (pod.get("metadata") or {}).get("annotations") if isinstance(pod, dict) else None
-        return {str(k): str(v) for k, v in (annotations or {}).items()}
+        def read(api: Any) -> dict[str, str]:
+            resp = api.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout_s)
+            pod = json.loads(resp.data)
+            annotations = (pod.get("metadata") or {}).get("annotations") if isinstance(pod, dict) else None
+            return {str(k): str(v) for k, v in (annotations or {}).items()}
+
+        return self._one_pod("reading", namespace, name, read)
 
     def delete_pod(self, namespace: str, name: str) -> None:
         """DELETE one pod through the same connection the listing uses (the idle-GPU policy's
         cancel). A pod already gone (404) counts as deleted; anything else is a SourceError."""
+        self._one_pod("deleting", namespace, name, lambda api: api.delete_namespaced_pod(
+            name, namespace, _preload_content=False, _request_timeout=self.timeout_s))
+
+    def _one_pod(self, doing: str, namespace: str, name: str, call: Any) -> Any:
+        """`call(CoreV1Api)` for one pod: its result, None when the pod is gone (404), SourceError
+        naming the cluster, the pod and the API server for anything else."""
         try:
             import urllib3
             from kubernetes import client as kclient, config as kconfig
         except ImportError as exc:
-            raise SourceError(f"deleting pods needs the client: pip install 'gpufleet[kubernetes]' ({exc})") from exc
+            raise SourceError(f"{doing} pods needs the client: pip install 'gpufleet[kubernetes]' ({exc})") from exc
         try:
             cfg = self._configuration(kclient, kconfig)
         except (kconfig.ConfigException, OSError, ValueError) as exc:
             raise SourceError(f"kubernetes cluster {self.cluster!r}: cannot load the API configuration: {exc}") from exc
-        failed = f"kubernetes cluster {self.cluster!r}: deleting pod {namespace}/{name} at {cfg.host} failed"
+        failed = f"kubernetes cluster {self.cluster!r}: {doing} pod {namespace}/{name} at {cfg.host} failed"
         with kclient.ApiClient(cfg) as api_client:
             try:
-                kclient.CoreV1Api(api_client).delete_namespaced_pod(name, namespace, _preload_content=False,
-                                                                    _request_timeout=self.timeout_s)
+                return call(kclient.CoreV1Api(api_client))
             except kclient.ApiException as exc:
                 if exc.status == 404:
-                    return
+                    return None
                 raise SourceError(f"{failed}: HTTP {exc.status} {exc.reason}: {_status_message(exc.body)}") from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 raise SourceError(f"{failed}: cannot reach the API server: {exc}") from exc
+            except ValueError as exc:  # not JSON
+                raise SourceError(f"{failed}: {exc}") from exc
 
 
 def _status_message(body: str | None) -> str:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import httpx
 
@@ -53,9 +53,11 @@ class ScrapeSource:
     file_sd: list[str] = field(default_factory=list)
     timeout: float = 10.0
     max_workers: int = 16
+    shard: Any = None  # gpufleet.collector.shard.Shard: scrape only the targets whose host hashes to it
     name: str = "scrape"
     status: dict[str, TargetStatus] = field(default_factory=dict)  # the current targets' last round
     rejected_total: dict[str, int] = field(default_factory=dict)  # malformed lines per target, ever
+    targets_total: int = 0  # targets listed in the last round, all shards
 
     def targets(self) -> tuple[list[Target], list[str]]:
         """The current target list, and problems with the file_sd files (those files are skipped)."""
@@ -72,10 +74,16 @@ class ScrapeSource:
             if t.address not in seen:
                 seen.add(t.address)
                 unique.append(t)
+        self.targets_total = len(unique)
+        if self.shard is not None:
+            unique = [t for t in unique if self.shard.owns(t.address)]
         return unique, problems
 
     def run(self, now: datetime) -> Iterable[Batch]:
         targets, problems = self.targets()
+        if not targets and self.shard is not None and self.targets_total:
+            raise SourceError(f"none of the {self.targets_total} scrape targets falls to shard {self.shard.index}/{self.shard.count}: "
+                              "fewer nodes than shards?")
         if not targets:
             raise SourceError("no scrape targets: set [collector.scrape] targets or file_sd")
         with httpx.Client(timeout=self.timeout, headers={"Accept-Encoding": "gzip"}) as client:

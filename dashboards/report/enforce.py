@@ -274,14 +274,7 @@ class Runner:
             squeue = self.rules.options.get("squeue", "squeue")
             if not squeue:
                 return None  # [policy] squeue = "": Slurm comments are not read
-            cmd = [*squeue.split(), "-h", "-j", j.job_key, "-o", "%k"]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.channels.timeout * 3)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise ActionError(f"{' '.join(cmd)}: {e}") from None
-            if p.returncode != 0:
-                raise ActionError(f"{' '.join(cmd)}: exit {p.returncode}: {inert(p.stderr.strip(), 300)}")
-            text = p.stdout.strip()
+            text = _run([*squeue.split(), "-h", "-j", j.job_key, "-o", "%k"], self.channels.timeout * 3).strip()
             return None if text in ("", "(null)") else text
         if j.scheduler == "kubernetes":
             ns, _, name = j.job_key.partition("/")
@@ -466,12 +459,7 @@ class Runner:
             if not _SLURM_ID.match(j.job_key):
                 raise ActionError(f"job key {inert(j.job_key)!s} is not a Slurm job id: not cancelled")
             cmd = [*self.channels.scancel, j.job_key]
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.channels.timeout * 3)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise ActionError(f"{' '.join(cmd)}: {e}") from None
-            if p.returncode != 0:
-                raise ActionError(f"{' '.join(cmd)}: exit {p.returncode}: {inert(p.stderr.strip(), 300)}")
+            _run(cmd, self.channels.timeout * 3)
             return f"cancelled with {' '.join(cmd)}"
         if j.scheduler == "kubernetes":
             ns, _, name = j.job_key.partition("/")
@@ -485,6 +473,17 @@ class Runner:
                 raise ActionError(f"deleting pod {ns}/{name}: {e}") from None
             return f"deleted pod {ns}/{name}"
         raise ActionError(f"scheduler {inert(j.scheduler)!s}: cannot cancel")
+
+
+def _run(cmd: list[str], timeout: float) -> str:
+    """A scheduler command's stdout; ActionError naming the command when it cannot run or fails."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ActionError(f"{' '.join(cmd)}: {e}") from None
+    if p.returncode != 0:
+        raise ActionError(f"{' '.join(cmd)}: exit {p.returncode}: {inert(p.stderr.strip(), 300)}")
+    return p.stdout
 
 
 def note_text(n: Mapping[str, Any]) -> tuple[str, str]:

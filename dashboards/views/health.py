@@ -54,7 +54,12 @@ def body(ctx: ui.Context) -> None:
     throttled = gpus.filter((pl.col("thermal_throttle_pct") > 0) | (pl.col("power_throttle_pct") > 0) | (pl.col("hw_slowdown_pct") > 0)) if not gpus.is_empty() else gpus
     c[1].metric("GPUs throttled", ui.count(throttled.height), help="Any sample with a thermal, power or HW-slowdown clock-event reason")
     c[2].metric("Exporters silent", f"{stale_hosts.height} of {now['hosts'].height}")
-    c[3].metric("Collector last wrote", (ui.duration(cs["age_s"]) + " ago") if cs["age_s"] is not None else "never")
+    c[3].metric("Collector last wrote", (ui.duration(cs["age_s"]) + " ago") if cs["age_s"] is not None else "never",
+                help="Sharded: the shard that wrote longest ago" if cs["shards"] else None)
+    if cs["shards"]:
+        st.caption("Collector shards: each writes its share of the nodes; a shard that stopped shows its nodes as silent, never idle.")
+        ui.table(pl.DataFrame(cs["shards"], schema={"shard": pl.Utf8, "published_at": pl.Datetime, "age_s": pl.Float64, "version": pl.Int64}),
+                 key="health_shards", labels={"published_at": "last wrote", "age_s": "age (s)"})
 
     st.subheader("Events")
     st.caption("XID codes, new ECC errors, row remapping and lost GPUs in the window, newest first.")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tests.realstack.debian import ensure_packages, which
 from tests.realstack.process import Daemon, HarnessError, base_env, free_port, wait_for
-from tests.realstack.prometheus import Prometheus, _http
+from tests.realstack.prometheus import Prometheus, _http, _start
 
 
 def victoriametrics_path() -> str:
@@ -52,22 +53,16 @@ class VictoriaMetrics(Prometheus):
         if status != 200:
             raise HarnessError(f"VictoriaMetrics force_flush -> HTTP {status}: {body[:300]!r}")
 
-def start_victoriametrics(workdir: Path | str, *, timeout: float = 30) -> VictoriaMetrics:
+def start_victoriametrics(workdir: Path | str, *, timeout: float = 30, extra_args: Sequence[str] = ()) -> VictoriaMetrics:
     """Start VictoriaMetrics on 127.0.0.1 with its data under `workdir`, keeping samples of any
-    age (100 years), answering for samples up to now (no latency offset); wait for /health."""
+    age (100 years), answering for samples up to now (no latency offset); wait for /health.
+    Started again on the same `workdir`, it serves what it stored before."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = [victoriametrics_path(), f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-            "-retentionPeriod=100y", "-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=WARN"]
-    daemon = Daemon("victoria-metrics", argv, workdir / "victoria-metrics.log", env=base_env(), cwd=workdir).start()
-    server = VictoriaMetrics(daemon, port, workdir)
-    try:
-        server._wait_ready(timeout)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+            "-retentionPeriod=100y", "-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=WARN", *extra_args]
+    return _start(VictoriaMetrics, "victoria-metrics", argv, workdir, port, timeout)
 
 
 class VmAgent:

@@ -11,8 +11,9 @@ from gpufleet.procs import terminate
 from tests.realstack.process import free_port, wait_for
 
 
-def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str]) -> tuple[subprocess.Popen, int]:
-    """`gpufleet exporter` (sim backend, 1 s polls) on a free port, with a Slurm job-map dir."""
+def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str], host: str = "127.0.0.1") -> tuple[subprocess.Popen, int]:
+    """`gpufleet exporter` (sim backend, 1 s polls) on a free port of `host` (any 127.x.y.z is
+    loopback: several "nodes" on one machine), with a Slurm job-map dir."""
     (tmp / "scenario.toml").write_text(scenario)
     jobmap = tmp / "jobmap"
     jobmap.mkdir()
@@ -26,7 +27,7 @@ def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str]) -> tuple[subp
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet.cli", "exporter", "--config", str(cfg), "--backend", "sim",
-         "--sim-scenario", str(tmp / "scenario.toml"), "--listen", f"127.0.0.1:{port}"],
+         "--sim-scenario", str(tmp / "scenario.toml"), "--listen", f"{host}:{port}"],
         stdout=subprocess.DEVNULL, stderr=open(tmp / "exporter.log", "wb"),
     )
 
@@ -34,7 +35,7 @@ def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str]) -> tuple[subp
         if proc.poll() is not None:
             raise AssertionError(f"exporter exited {proc.returncode}: {(tmp / 'exporter.log').read_text()[-2000:]}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2) as r:
                 return b"gpufleet_gpu_up" in r.read()
         except OSError:
             return False

@@ -1,0 +1,101 @@
+"""Independent tasks run in this process or on a Dask cluster, with the same code either way.
+
+Rebuilds and long backfills split into tasks that read the store's immutable files and write
+files of their own (atomically, so a task killed half-way leaves nothing behind and a rerun
+redoes only what is missing). `TaskRunner.map` runs them: in-process when no scheduler is set,
+else on the Dask distributed scheduler at `scheduler` (a site's own, under Slurm with
+dask-jobqueue or Kubernetes with the Dask operator; see the README), whose workers need gpufleet
+installed. A failed task is retried `retries` times; a worker that dies mid-task has its tasks
+run again elsewhere by Dask. Progress goes to `progress(done, total)` and the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 10.0  # progress in the log at most this often (and at the end)
+
+
+class TaskError(Exception):
+    """A task failed on every try; the message names the task and the last error."""
+
+
+@dataclass
+class TaskRunner:
+    scheduler: str = ""  # "tcp://host:8786": a Dask scheduler; "": this process
+    retries: int = 2
+    name: str = "tasks"  # what the log lines and task keys say
+    progress: Callable[[int, int], None] | None = None
+    connect_timeout_s: float = 30.0
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], *, label: Callable[[Any], str] = str) -> list[Any]:
+        """fn(item) for every item, results in the items' order. `fn` must be a module-level
+        function (Dask sends it to the workers by reference)."""
+        items = list(items)
+        if not items:
+            return []
+        tick = _Progress(self.name, len(items), self.progress)
+        if not self.scheduler:
+            out = []
+            for item in items:
+                out.append(self._local(fn, item, label))
+                tick.step()
+            return out
+        return self._dask(fn, items, label, tick)
+
+    def _local(self, fn: Callable[[Any], Any], item: Any, label: Callable[[Any], str]) -> Any:
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(item)
+            except Exception as e:  # noqa: BLE001 - any failure of a task is retried, then reported
+                if attempt == self.retries:
+                    raise TaskError(f"{self.name}: task {label(item)} failed {attempt + 1} times; last: {type(e).__name__}: {e}") from e
+                log.warning("%s: task %s failed (%s: %s), retrying", self.name, label(item), type(e).__name__, e)
+        raise AssertionError("unreachable")
+
+    def _dask(self, fn: Callable[[Any], Any], items: list[Any], label: Callable[[Any], str], tick: "_Progress") -> list[Any]:
+        try:
+            from distributed import Client, as_completed
+        except ImportError as e:
+            raise TaskError(f"{self.name}: a Dask scheduler is set ({self.scheduler}) but Dask is not installed: "
+                            f"pip install 'gpufleet[dask]' ({e})") from None
+        try:
+            client = Client(self.scheduler, timeout=self.connect_timeout_s, set_as_default=False)
+        except (OSError, TimeoutError) as e:
+            raise TaskError(f"{self.name}: cannot reach the Dask scheduler at {self.scheduler}: {e}") from None
+        try:
+            keys = [f"{self.name}-{label(item)}-{i}" for i, item in enumerate(items)]
+            futures = client.map(fn, items, key=keys, retries=self.retries, pure=False)
+            index = {f.key: i for i, f in enumerate(futures)}
+            out: list[Any] = [None] * len(items)
+            for future in as_completed(futures, loop=client.loop, raise_errors=False):
+                i = index[future.key]
+                if future.status == "error":
+                    e = future.exception()
+                    raise TaskError(f"{self.name}: task {label(items[i])} failed {self.retries + 1} times on Dask; "
+                                    f"last: {type(e).__name__}: {e}")
+                out[i] = future.result()
+                tick.step()
+            return out
+        finally:
+            client.close()
+
+
+class _Progress:
+    def __init__(self, name: str, total: int, callback: Callable[[int, int], None] | None) -> None:
+        self.name, self.total, self.callback = name, total, callback
+        self.done, self.logged = 0, time.monotonic()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.callback is not None:
+            self.callback(self.done, self.total)
+        now = time.monotonic()
+        if self.done == self.total or now - self.logged >= LOG_EVERY_S:
+            log.info("%s: %d of %d tasks done", self.name, self.done, self.total)
+            self.logged = now
