@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
@@ -34,6 +35,7 @@ from gpufleet.analytics.timeline import utilization_timeline
 from gpufleet.collector import schema
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
+from gpufleet.collector.shard import Shard, shard_of
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.collector.summaries import SummaryParams
 from tests.support.fleet import Fleet
@@ -131,6 +133,55 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
             assert not bad, (f, "\n".join(bad))
         summarised = con.execute("SELECT count(*) FROM summary_hours").fetchone()[0]
         assert used or not summarised  # the path was taken where summaries exist
+
+
+def host_of_shard(k: int, n: int) -> str:
+    return next(h for h in (f"node-{i}" for i in range(1000)) if shard_of(h, n) == k)
+
+
+def by_shard(batch: Batch, n: int) -> dict[int, Batch]:
+    """A batch as n collector shards store it: each node's samples, inventory and job map with the
+    shard its host hashes to, the jobs (accounting) with shard 1."""
+    out: dict[int, Batch] = {}
+    if batch.samples is not None:
+        where = [shard_of(h, n) for h in batch.samples["host"].to_pylist()]
+        for k in sorted(set(where)):
+            rows = pa.array([i for i, s in enumerate(where) if s == k], pa.int64())
+            out[k] = Batch(key=batch.key, samples=batch.samples.take(rows), gpus=[g for g in batch.gpus if shard_of(g["host"], n) == k])
+    if batch.jobs:
+        out.setdefault(1, Batch(key=batch.key)).jobs = batch.jobs
+    for a in batch.allocations:
+        out.setdefault(shard_of(a["host"], n), Batch(key=batch.key)).allocations.append(a)
+    return out
+
+
+@SETTINGS
+@given(fleets(), st.integers(2, 3), st.data())
+def test_shards_summaries_give_the_raw_figures(fleet, n, data):
+    """Collector shards each summarise their own GPUs, at their own pace (one may never have run
+    its upkeep: it died): the union reads the raw figures, whole buckets from summaries only where
+    every shard holding samples of the hour summarised it."""
+    a, m, b = fleet["cuts"]
+    every_hour = fleet["now"] + 2 * 3600
+    p = SummaryParams(max_gap_s=MAX_GAP, keep_s=fleet["idle_min"], bucket_s=300)
+    with scratch() as tmp:
+        root = Path(tmp)
+        writers = {k: StoreWriter(Shard(k, n).root(root)) for k in range(1, n + 1)}
+        # h0, h1 and the MIG host hm on shards 1, 2 and n: every shard holds samples
+        spread = {"h0": host_of_shard(1, n), "h1": host_of_shard(2, n), "hm": host_of_shard(n, n)}
+        for batch in batches(fleet, placement=lambda g: {**mig_some(g), "host": spread[mig_some(g)["host"]]}):
+            for k, part in by_shard(batch, n).items():
+                writers[k].commit(part)
+        for k, w in writers.items():
+            when = data.draw(st.sampled_from([every_hour, None]) | st.integers(3600, every_hour), label=f"shard {k} compacts at")
+            if when is not None:
+                compact(w, at(when), p)
+            w.close()
+        con = open_reader(root)
+        for lo, hi in ((a, b), (a, m), (m, b)):
+            bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]))
+            assert not bad, "\n".join(bad)
+            event(f"whole buckets from summaries: {getattr(an.gt, 'summary_buckets', 0) > 0}")
 
 
 def summary_rows(con) -> pl.DataFrame:
