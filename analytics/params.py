@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Mapping
 
+from gpufleet.collector.config import ANALYTICS_SHARED
 from gpufleet.config import ConfigError, Option, number, section, string
 
 DIMENSIONS = ("gpu", "host", "model", "cluster", "partition", "account", "user_name", "job", "fleet")
@@ -63,10 +64,7 @@ class Params:
         return replace(self, start=self.start - length, end=self.start)
 
 
-OPTIONS = (
-    Option("max_gap_seconds", 30.0, "a number of seconds > 0", number(0)),
-    Option("idle_threshold_percent", 5.0, "a percentage from 0 to 100", lambda v: number(0, inclusive=True)(v) and v <= 100),
-    Option("idle_min_duration_seconds", 1800.0, "a number of seconds >= 0", number(0, inclusive=True)),
+OPTIONS = ANALYTICS_SHARED + (  # the summaries' parameters and the rebuilds' scheduler: the collector's too
     Option("gpu_retire_after_hours", 168.0, "a number of hours > 0 (a GPU unseen this long is no longer capacity)", number(0)),
     Option("mfu_dtype", "bf16", "one of bf16, fp16, tf32, fp8, fp64", lambda v: v in ("bf16", "fp16", "tf32", "fp8", "fp64")),
     Option("prices", {}, "a table of GPU model -> $ per GPU-hour", lambda v: isinstance(v, dict) and all(number(0, inclusive=True)(x) for x in v.values())),

@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="run every source once and exit")
     mode.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="fill a past window (ISO 8601 times, UTC unless an offset is given)")
+    mode.add_argument("--rebuild-summaries", action="store_true",
+                      help="build every per-GPU summary that is missing or stale (after a change of [analytics] idle_threshold_percent, "
+                           "max_gap_seconds or idle_min_duration_seconds, or a backfill), on [analytics] dask_scheduler if set, and exit")
 
 
 def build(opts: dict[str, Any]):
@@ -83,6 +86,13 @@ def build(opts: dict[str, Any]):
     if not sources:
         raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled, slurmrestd.url, "
                           "slurm_json.files or kubernetes.enabled")
+    from gpufleet.collector.summaries import SummaryParams
+    from gpufleet.collector.tasks import TaskRunner
+
+    an = opts["analytics"]
+    upkeep = dict(summary_params=SummaryParams(max_gap_s=float(an["max_gap_seconds"]), idle_threshold=float(an["idle_threshold_percent"]),
+                                               keep_s=float(an["idle_min_duration_seconds"])),
+                  tasks=TaskRunner(scheduler=an["dask_scheduler"], name="summaries"), rebuild_gpu_shards=an["rebuild_gpu_shards"])
     root = opts["store"]
     if shard is not None:
         if accounting:
@@ -91,7 +101,31 @@ def build(opts: dict[str, Any]):
             except ShardError as e:
                 raise ConfigError(str(e)) from None
         root = shard.root(root)
-    return Collector(StoreWriter(root), sources, shard=shard, accounting=accounting)
+    return Collector(StoreWriter(root), sources, shard=shard, accounting=accounting, **upkeep)
+
+
+def _rebuild_summaries(collector, out) -> int:
+    """--rebuild-summaries, with a progress bar on `out`; 1 when it fails (what failed is logged)."""
+    from gpufleet.collector.store import StoreError
+    from gpufleet.collector.tasks import TaskError
+
+    def bar(done: int, total: int) -> None:
+        filled = round(30 * done / total)
+        out.write(f"\rrebuilding summaries [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} tasks")
+        out.write("\n" if done == total else "")
+        out.flush()
+
+    where = collector.tasks.scheduler if collector.tasks is not None and collector.tasks.scheduler else "this process"
+    try:
+        hours, built = collector.rebuild_summaries(progress=bar)
+    except (TaskError, StoreError, OSError) as e:
+        log.error("rebuilding the summaries of %s failed: %s (parts already written are kept: run it again to resume)",
+                  collector.writer.root, e)
+        return 1
+    finally:
+        collector.writer.close()
+    out.write(f"summaries: {built} hours built ({where}), {hours} hours summarised in {collector.writer.root}\n")
+    return 0
 
 
 def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJob] = ()) -> int:
@@ -106,7 +140,7 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
         window = [parse_time(t) for t in args.backfill] if args.backfill else None
         if window and window[0] >= window[1]:
             raise ConfigError(f"--backfill {args.backfill[0]} {args.backfill[1]}: START must be before END")
-        service = not (args.once or window)
+        service = not (args.once or window or args.rebuild_summaries)
         opts, extra_jobs = gather(lambda: config.load(doc, args.config, shard=args.shard),
                                   lambda: [add for make in scheduled_jobs if (add := make(doc, args.config))] if service else [])
         collector = build(opts)
@@ -119,6 +153,8 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
     except StoreError as e:
         log.error("%s", e)
         return 1
+    if args.rebuild_summaries:
+        return _rebuild_summaries(collector, out or sys.stderr)
     if args.once or window:
         # an empty result reporting success is a defect: fail when nothing at all was recognized
         collector.reset_recognized()

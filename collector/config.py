@@ -33,6 +33,11 @@
 
     [collector.retention]
     raw_days = 35
+
+    [analytics]                         # read here too: the summaries' parameters, and where rebuilds run
+    idle_threshold_percent = 5.0
+    dask_scheduler = "tcp://dask-scheduler:8786"   # "" (default): in the collector
+    rebuild_gpu_shards = 4              # a rebuild's tasks per day
 """
 
 from __future__ import annotations
@@ -127,6 +132,29 @@ RETENTION = (
 )
 
 
+# [analytics] options the collector needs too: the summaries its upkeep writes bake the first three
+# in (gpufleet.collector.summaries), and a rebuild of them runs on the Dask scheduler named here.
+# Named here, below the analytics, which list them among their own (gpufleet.analytics.params).
+ANALYTICS_SHARED = (
+    Option("max_gap_seconds", 30.0, "a number of seconds > 0", number(0)),
+    Option("idle_threshold_percent", 5.0, "a percentage from 0 to 100", lambda v: number(0, inclusive=True)(v) and v <= 100),
+    Option("idle_min_duration_seconds", 1800.0, "a number of seconds >= 0", number(0, inclusive=True)),
+    Option("dask_scheduler", "", 'a Dask scheduler address such as "tcp://host:8786", or "" (rebuilds run in the collector)',
+           lambda v: v == "" or (isinstance(v, str) and re.fullmatch(r"(tcp|tls|ucx|inproc)://\S+", v) is not None)),
+    Option("rebuild_gpu_shards", 1, "an integer from 1 to 256 (a rebuild's tasks per day: one per shard of the GPUs)",
+           lambda v: integer(1)(v) and v <= 256),
+)
+
+
+def analytics_shared(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
+    """The ANALYTICS_SHARED options of [analytics] (its other keys are the analytics' to check)."""
+    raw = doc.get("analytics", {})
+    if not isinstance(raw, dict):
+        return section(doc, "analytics", ANALYTICS_SHARED, path)  # says what is wrong with it
+    names = {o.key for o in ANALYTICS_SHARED}
+    return section({"analytics": {k: v for k, v in raw.items() if k in names}}, "analytics", ANALYTICS_SHARED, path)
+
+
 def _shard_spec(v: Any) -> bool:
     from gpufleet.collector.shard import Shard, ShardError
 
@@ -146,6 +174,7 @@ def load(doc: Mapping[str, Any], path: Any, *, shard: str | None = None) -> dict
     top, *validated = gather(lambda: section(doc, "collector", TOP, path),
                              *(lambda name=name, options=options: section(raw, name, options, path, parent="collector") for name, options in tables))
     top.update({name: opts for (name, _), opts in zip(tables, validated)})
+    top["analytics"] = analytics_shared(doc, path)
     if shard is not None:
         if not _shard_spec(shard):
             raise ConfigError(f"--shard {shard!r}: expected K/N with 1 <= K <= N, e.g. 2/4")

@@ -15,22 +15,33 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gpufleet.collector import summaries
 from gpufleet.collector.schema import ROLLUP_SQL, SUMMARY_SAMPLES
+from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
+from gpufleet.collector.tasks import TaskRunner
 
 log = logging.getLogger(__name__)
 
 SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
 
 
-def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None) -> int:
+def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None, tasks: TaskRunner | None = None,
+            gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
     """Merge each closed hour's files into one and roll it up, then bring the per-GPU summaries
-    up to date (summarize, with `params`: the defaults if None); returns hours compacted."""
+    up to date (summarize, with `params`: the defaults if None; `tasks`, `gpu_shards` and
+    `progress` as there); returns hours compacted."""
     rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
@@ -48,16 +59,75 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
             done += 1
     if done:
         w.invalidate()
-    built = summarize(w, now, params or summaries.SummaryParams())
+    built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
     if done or built:
         w.publish()
     return done
 
 
-def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams) -> int:
+# Fewer hours to build than this (the hour or two each upkeep pass closes) stay in the collector
+# even with a Dask scheduler set: only a rebuild is worth the round trip, and upkeep must not
+# depend on a cluster being up
+DASK_MIN_HOURS = 6
+
+
+@dataclass(frozen=True)
+class SummaryTask:
+    """One task of a summary build: the summaries of some hours of one day for one shard of the
+    GPUs (those whose (cluster, host, UUID) hashes to `shard` of `shards`), from the sample files
+    each hour lists. Runs anywhere that sees the store's directory (a Dask worker)."""
+
+    root: str
+    day: str
+    hours: tuple[tuple[str, tuple[str, ...]], ...]  # (hour, its sample files)
+    shard: int  # 0-based
+    shards: int
+    params: summaries.SummaryParams
+    tag: str
+
+    @property
+    def part(self) -> str:
+        """Where its output goes, named by everything it is computed from: a rerun of a killed
+        build finds the parts already written and keeps them."""
+        what = json.dumps([self.day, self.hours, self.shards, self.tag, summaries.FORMAT_VERSION]).encode()
+        return f"{PARTS_DIR}/{self.day}-{hashlib.blake2b(what, digest_size=8).hexdigest()}-{self.shard + 1}of{self.shards}.parquet"
+
+    def label(self) -> str:
+        return f"{self.day} GPU shard {self.shard + 1}/{self.shards}"
+
+
+def build_summary_part(task: SummaryTask) -> str:
+    """The task's summary rows, every hour of it, written atomically to task.part (a task killed
+    half-way leaves nothing; one already done is not redone). Module-level: Dask sends it by name."""
+    path = Path(task.root) / task.part
+    if path.exists():
+        return task.part
+    p = task.params
+    gap = timedelta(microseconds=p.gap_us)
+    con = duckdb.connect(":memory:")
+    try:
+        tables = []
+        for hour, sources in task.hours:
+            h = datetime.fromisoformat(hour)
+            q = SUMMARY_SAMPLES.format(files=_sql_list([str(Path(task.root) / f) for f in sources]))
+            rows = con.sql(q, params={"lo": h - gap, "hi": h + timedelta(hours=1) + gap, "shard": task.shard,
+                                      "shards": task.shards}).to_arrow_table()
+            h0 = (h - datetime(1970, 1, 1)) // timedelta(microseconds=1)
+            tables.append(summaries.summarize(rows, h0, h0 + 3_600_000_000, p))
+    finally:
+        con.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(pa.concat_tables(tables), path)
+    return task.part
+
+
+def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: TaskRunner | None = None,
+              gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
     """Build the summaries of every closed hour that has none, or one over other sample files
     (compaction, late data, a re-ingest) or other parameters; retire those whose samples are gone.
-    Returns the hours (re)built; the caller publishes."""
+    The work is SummaryTasks per (day, shard of `gpu_shards`), run by `tasks` (a Dask scheduler)
+    when there are at least DASK_MIN_HOURS hours to build, else here (one task a day); the same
+    code either way, so the same bytes. Returns the hours (re)built; the caller publishes."""
     gap = timedelta(microseconds=p.gap_us)
     files = w.db.execute(
         """SELECT file, min(min_ts), max(max_ts) FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file"""
@@ -70,29 +140,51 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams) -> int:
                 hours.setdefault(h, []).append(f)
             h += timedelta(hours=1)
     tag = p.tag()
-    built = 0
-    with w.parallel():
-        for hour in sorted(hours):
-            if hour + timedelta(hours=1) + SETTLE >= now:
-                continue
-            sources = sorted(hours[hour])
-            old = w.summaries.get(hour.isoformat())
-            if old is not None and old.get("tag") == tag and old["sources"] == sources:
-                continue
-            _summarize_hour(w, hour, sources, p, tag)
-            built += 1
+    todo: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    for hour in sorted(hours):
+        if hour + timedelta(hours=1) + SETTLE >= now:
+            continue
+        sources = sorted(hours[hour])
+        old = w.summaries.get(hour.isoformat())
+        if old is not None and old.get("tag") == tag and old["sources"] == sources:
+            continue
+        todo.setdefault(f"{hour:%Y-%m-%d}", []).append((hour.isoformat(), tuple(sources)))
+    built = sum(len(hs) for hs in todo.values())
+    runner = tasks if tasks is not None and tasks.scheduler and built >= DASK_MIN_HOURS else TaskRunner(name="summaries")
+    shards = gpu_shards if runner.scheduler else 1  # here, one task a day reads each file once
+    work = [SummaryTask(str(w.root), day, tuple(hs), s, shards, p, tag) for day, hs in todo.items() for s in range(shards)]
+    if progress is not None:
+        runner = replace(runner, progress=progress)
+    _remove_stale_parts(w, {t.part for t in work})
+    runner.map(build_summary_part, work, label=SummaryTask.label)
+    for day, hs in todo.items():
+        parts = [w.root / t.part for t in work if t.day == day]
+        for hour, sources in hs:
+            _register_hour(w, datetime.fromisoformat(hour), list(sources), parts, p, tag)
+        for part in parts:
+            part.unlink(missing_ok=True)
     for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours]:
         w.retire_summary(key)  # its samples were retired
     return built
 
 
-def _summarize_hour(w: StoreWriter, hour: datetime, sources: list[str], p: summaries.SummaryParams, tag: str) -> None:
+def _remove_stale_parts(w: StoreWriter, wanted: set[str]) -> None:
+    """Parts of an earlier build that no task of this one names (killed, then the data or the
+    parameters changed): their rows would be out of date."""
+    d = w.root / PARTS_DIR
+    for path in (sorted(d.iterdir()) if d.is_dir() else []):
+        if str(path.relative_to(w.root)) not in wanted:
+            path.unlink(missing_ok=True)
+
+
+def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: list[Path], p: summaries.SummaryParams, tag: str) -> None:
+    """The hour's summary file: its rows from the day's parts, in the order one task over every
+    GPU gives (by GPU, then bucket), and its manifest entry."""
     gap = timedelta(microseconds=p.gap_us)
     lo, hi = hour - gap, hour + timedelta(hours=1) + gap
-    q = SUMMARY_SAMPLES.format(files=_sql_list([str(w.root / f) for f in sources]))
-    rows = w.db.sql(q, params={"lo": lo, "hi": hi}).to_arrow_table()
-    h0 = (hour - datetime(1970, 1, 1)) // timedelta(microseconds=1)
-    table = summaries.summarize(rows, h0, h0 + 3_600_000_000, p)
+    table = pq.read_table([str(f) for f in parts], schema=summaries.SCHEMA,
+                          filters=[("bucket", ">=", hour), ("bucket", "<", hour + timedelta(hours=1))])
+    table = table.sort_by([(c, "ascending") for c in ("cluster", "host", "gpu_uuid", "gi", "bucket")])
     digest = hashlib.blake2b("\n".join(sources).encode(), digest_size=6).hexdigest()
     rel = f"summaries/date={hour:%Y-%m-%d}/sum-{hour:%H}-{tag}-{digest}.parquet"
     (w.root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -365,7 +365,8 @@ class Batch:
 # The samples one hour's summaries read (gpufleet.collector.summaries): what the analytics' array
 # path reads (gpufleet.analytics.sql.SAMPLE_ARRAYS: NaN for a missing utilization, nop = held with
 # no compute process), with the GPU (g) and its variant (v) numbered, ordered by GPU and time.
-# {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side).
+# {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side);
+# $shard of $shards: only the GPUs whose (cluster, host, UUID) hashes there (a rebuild task's share).
 SUMMARY_SAMPLES = """
 SELECT dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi) AS g,
        dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi, gpu, model, mig_profile) AS v, *
@@ -375,6 +376,7 @@ FROM (
            coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
            coalesce(compute_processes = 0, false) AS nop,
            coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power
-    FROM read_parquet({files}) WHERE ts >= $lo AND ts < $hi)
+    FROM read_parquet({files}) WHERE ts >= $lo AND ts < $hi
+      AND ($shards = 1 OR hash(cluster, host, gpu_uuid) % $shards = $shard))
 ORDER BY g, ts
 """

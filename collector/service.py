@@ -74,8 +74,12 @@ class Collector:
     """
 
     def __init__(self, writer: StoreWriter, sources: list[ScheduledSource], *, clock: Callable[[], datetime] = utcnow,
-                 max_future_skew: timedelta = timedelta(minutes=5), shard: Any = None, accounting: bool = True):
+                 max_future_skew: timedelta = timedelta(minutes=5), shard: Any = None, accounting: bool = True,
+                 summary_params: Any = None, tasks: Any = None, rebuild_gpu_shards: int = 1):
         self.writer = writer
+        # what upkeep's summaries bake in (SummaryParams; None: the defaults), and where a
+        # rebuild of them runs (a TaskRunner on a Dask scheduler; None: here), in how many tasks a day
+        self.summary_params, self.tasks, self.rebuild_gpu_shards = summary_params, tasks, rebuild_gpu_shards
         self.shard = shard  # gpufleet.collector.shard.Shard, or None: the store's only collector
         self.accounting = accounting  # this collector reads scheduler accounting (and runs the report and the policy)
         self.sources = sources
@@ -283,7 +287,7 @@ class Collector:
         try:
             with self._commit_lock:
                 now = self.clock()
-                compact(self.writer, now)
+                compact(self.writer, now, self.summary_params, self.tasks, self.rebuild_gpu_shards)
                 settle(self.writer, now)
                 apply_retention(self.writer, now, raw_days, rollup_days)
             ok = True
@@ -292,6 +296,19 @@ class Collector:
             ok = False
         self.metrics.duration.labels("maintenance").set(time.monotonic() - t0)
         self.metrics.success.labels("maintenance").set(1 if ok else 0)
+
+    def rebuild_summaries(self, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
+        """Compact what is due and (re)build every summary that is missing or stale (other
+        parameters, samples changed): `gpufleet collect --rebuild-summaries`. Returns (hours
+        summarised, of which built now); raises what fails (TaskError, StoreError)."""
+        from gpufleet.collector.maintenance import compact
+
+        with self._commit_lock:
+            before = {h: e["file"] for h, e in self.writer.summaries.items()}
+            compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress)
+            self.writer.publish()
+            now = {h: e["file"] for h, e in self.writer.summaries.items()}
+        return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
 
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
               raw_days: int = 35, rollup_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:

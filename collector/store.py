@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.shard import SHARDS_DIR
+from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -251,7 +252,7 @@ class StoreWriter:
             rel = str(path.relative_to(self.root))
             if path.name.endswith(".tmp"):
                 path.unlink(missing_ok=True)
-            elif path.is_file() and rel not in current:
+            elif path.is_file() and rel not in current and not rel.startswith(PARTS_DIR + "/"):  # parts: a rebuild's, to resume
                 self._retired_snapshots.append((rel, now))
 
     def _live_files(self) -> set[str]:

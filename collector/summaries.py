@@ -46,6 +46,9 @@ import pyarrow as pa
 
 FORMAT_VERSION = 1
 BUCKET_S = 300
+# A rebuild's task outputs (one per day and GPU shard, gpufleet.collector.maintenance) until they
+# become the hours' files: kept across a restart, so a killed rebuild resumes
+PARTS_DIR = "summaries/parts"
 
 
 @dataclass(frozen=True)
