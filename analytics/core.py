@@ -125,12 +125,12 @@ FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", 
 
 class Analysis:
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
-                 summaries: bool = True):
+                 summaries: bool | None = None):
         """`detail`: read the samples' detail columns (memory, tensor activity, clock) at once, for
         an analysis that will ask for per-job detail anyway (one read of the window, not two).
         `summaries`: take whole buckets from the store's per-GPU summaries where they exist for
         these parameters (analytics/summaries.py; the same figures); False: every sample (the
-        raw path, the tests' oracle)."""
+        raw path, the tests' oracle); None: as params.summaries ([analytics] summaries)."""
         # a cursor of its own: the temp tables below are private to this analysis, so two
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
@@ -150,6 +150,7 @@ class Analysis:
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
+        summaries = params.summaries if summaries is None else summaries
         st = None if detail or not summaries else summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS))
         self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail)
         self.con.register("variants", self.gt.gpus.to_arrow())

@@ -95,7 +95,7 @@ def mismatches(raw: dict, got: dict) -> list[str]:
 
 def compare(con, p: Params, now: datetime) -> tuple[list[str], Analysis]:
     raw = Analysis(con, p, now=now, summaries=False)
-    summ = Analysis(con, p, now=now)
+    summ = Analysis(con, p, now=now, summaries=True)
     assert isinstance(raw.gt, GpuTime) and not isinstance(raw.gt, SummaryTime)
     return mismatches(figures(raw), figures(summ)), summ
 

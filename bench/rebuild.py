@@ -1,0 +1,133 @@
+"""Rebuild: a week's per-GPU summaries rebuilt from raw samples, in-process vs a 2-worker local Dask cluster.
+
+The cached synthetic week of bench/analytics.py (GPUFLEET_BENCH_GPUS, _DAYS, _JOBS; the same
+cache) is copied twice (sample files hard-linked) and each copy's summaries rebuilt for another
+idle threshold, as `gpufleet collect --rebuild-summaries` does after the threshold changed:
+  - in-process: one process, one task per day (bench/_rebuild_measure.py);
+  - Dask: a `dask scheduler` and two `dask worker` processes (one thread each) on loopback,
+    tasks per (day, shard of the GPUs), the driver turning the parts into the hours' files.
+Prints wall, CPU and peak RSS of the driver and of each worker, and whether both copies hold the
+same bytes. Knobs: GPUFLEET_BENCH_REBUILD_SHARDS=2 (tasks per day on Dask).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from bench._analytics_data import ensure_store
+from bench._common import ROOT, Table, _children, _stop, env_number, proc_cpu_seconds, proc_kib, progress
+from bench.analytics import CACHE, SCALE
+
+SHARDS = int(env_number("GPUFLEET_BENCH_REBUILD_SHARDS", 2))
+WORKERS = 2
+THRESHOLD = 7.5  # not the default 5 %: every hour is rebuilt
+
+
+def _copy(store: Path, dst: Path) -> Path:
+    """A copy to rebuild: immutable files hard-linked, the ledger and manifest copied."""
+    dst.mkdir(parents=True)
+    for top in ("samples", "rollup_5m", "tables", "summaries"):
+        if (store / top).exists():
+            shutil.copytree(store / top, dst / top, copy_function=os.link)
+    for f in ("state.duckdb", "manifest.json"):
+        shutil.copy2(store / f, dst / f)
+    return dst
+
+
+def _measure(store: Path, scheduler: str = "") -> dict:
+    argv = [sys.executable, "-m", "bench._rebuild_measure", str(store), (SCALE.end + timedelta(hours=2)).isoformat(), str(THRESHOLD)]
+    if scheduler:
+        argv += ["--scheduler", scheduler, "--shards", str(SHARDS)]
+    r = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=7200)
+    if r.returncode:
+        raise RuntimeError(f"the rebuild process exited {r.returncode}")
+    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1].removeprefix("RESULT "))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log.parent, env=env,
+                         start_new_session=True)
+    _children.append(p)
+    return p
+
+
+def _dask_run(store: Path, tmp: Path) -> tuple[dict, list[dict]]:
+    from distributed import Client
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [_spawn([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], tmp / "scheduler.log")]
+    try:
+        for i in range(WORKERS):
+            procs.append(_spawn([sys.executable, "-m", "dask", "worker", address, "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny",
+                                 "--no-dashboard", "--memory-limit", "0", "--local-directory", str(tmp / f"w{i}"), "--name", f"w{i}"],
+                                tmp / f"worker-{i}.log"))
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with Client(address, timeout=5, set_as_default=False) as c:
+                    if len(c.scheduler_info()["workers"]) == WORKERS:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Dask cluster did not start: see {tmp}")
+            time.sleep(0.5)
+        cpu0 = [proc_cpu_seconds(p.pid) for p in procs[1:]]
+        driver = _measure(store, address)
+        workers = [{"vmhwm_kib": proc_kib(p.pid, "VmHWM"), "cpu_s": proc_cpu_seconds(p.pid) - c0} for p, c0 in zip(procs[1:], cpu0)]
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+            if p in _children:
+                _children.remove(p)
+    return driver, workers
+
+
+def _summary_bytes(root: Path) -> dict[str, bytes]:
+    entries = json.loads((root / "manifest.json").read_text())["summaries"]
+    return {e["file"]: (root / e["file"]).read_bytes() for e in entries}
+
+
+def run() -> list[Table]:
+    store, _ = ensure_store(SCALE, CACHE, progress)
+    t = Table(f"rebuild: a week's per-GPU summaries from raw samples, in-process vs {WORKERS}-worker Dask, {SCALE.describe()}")
+    gib = lambda kib: f"{kib / 1024 / 1024:.2f} GiB"  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-rebuild-", dir=CACHE) as d:
+        tmp = Path(d)
+        progress("rebuilding in-process")
+        local = _measure(_copy(store, tmp / "in-process"))
+        progress(f"rebuilding on a {WORKERS}-worker Dask cluster")
+        driver, workers = _dask_run(_copy(store, tmp / "dask"), tmp)
+        same = _summary_bytes(tmp / "in-process") == _summary_bytes(tmp / "dask")
+    t.add("in-process: wall / CPU / peak RSS", f"{local['wall_s']:.1f} s / {local['cpu_s']:.1f} s / {gib(local['vmhwm_kib'])}  "
+          f"({local['built']} hours, {SCALE.days} tasks)")
+    t.add(f"Dask, {WORKERS} workers: wall", f"{driver['wall_s']:.1f} s  ({local['wall_s'] / driver['wall_s']:.2f}x in-process; "
+          f"{driver['built']} hours, {SCALE.days * SHARDS} tasks)")
+    t.add("    driver (the collector): CPU / peak RSS", f"{driver['cpu_s']:.1f} s / {gib(driver['vmhwm_kib'])}")
+    for i, w in enumerate(workers):
+        t.add(f"    worker {i + 1}: CPU / peak RSS", f"{w['cpu_s']:.1f} s / {gib(w['vmhwm_kib'])}")
+    t.add("same summary files, byte for byte", "yes" if same else "NO", "yes", same)
+    t.notes += [
+        f"{os.cpu_count()} CPUs here, shared by the driver and both workers (each worker one thread; DuckDB in a task uses the "
+        "cores it finds): the ratio shows the overhead and the memory split, not what workers on hosts of their own give",
+        f"tasks: one per day in-process; {SHARDS} per day on Dask (GPUFLEET_BENCH_REBUILD_SHARDS); a task reads its day's "
+        "sample files hour by hour, so its memory is an hour of its share of the GPUs",
+    ]
+    return [t]
