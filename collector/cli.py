@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build(opts: dict[str, Any]):
     """Writer, collector and scheduled sources from validated options."""
+    from gpufleet.collector.config import GPU_SHARDS_MAX
     from gpufleet.collector.service import Collector, ScheduledSource
     from gpufleet.collector.shard import Shard, ShardError, claim_accounting
     from gpufleet.collector.store import StoreWriter
@@ -46,9 +47,9 @@ def build(opts: dict[str, Any]):
         sources.append(ScheduledSource(ScrapeSource(cluster=opts["cluster"], static_targets=sc["targets"], file_sd=sc["file_sd"],
                                                     timeout=sc["timeout"], shard=shard), sc["interval"]))
     pr = opts["prometheus"]
-    if pr["url"] and shard is not None:
-        raise ConfigError(f"[collector] shard = {opts['shard']!r} with [collector.prometheus] url: every shard would read every "
-                          "series of that API; read it from one unsharded collector")
+    if pr["url"] and shard is not None and shard.count > GPU_SHARDS_MAX:
+        raise ConfigError(f"[collector] shard = {opts['shard']!r} with [collector.prometheus] url: at most {GPU_SHARDS_MAX} shards "
+                          "read one Prometheus API (a target's shard is one digit or letter of its host)")
     if pr["url"]:
         from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 
@@ -56,6 +57,7 @@ def build(opts: dict[str, Any]):
             url=pr["url"], cluster=opts["cluster"], chunk_seconds=pr["chunk_seconds"], lag_seconds=pr["lag_seconds"],
             initial_lookback_seconds=pr["initial_lookback_seconds"], timeout=pr["timeout"], selector=pr["selector"],
             parallel_requests=pr["parallel_requests"], gpu_shards=pr["gpu_shards"],
+            part=(shard.index - 1, shard.count) if shard is not None else None,
         )
         sources.append(ScheduledSource(src, pr["interval"]))
     sa = opts["sacct"]

@@ -185,6 +185,52 @@ def test_sharded_parallel_read_of_victoriametrics_is_the_sequential_read_and_rer
     assert con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == rows
 
 
+def test_collector_shards_read_victoriametrics_as_one_collector_does(tmp_path):
+    """[collector] shard = "K/N" with a Prometheus API: each shard reads its share of the targets
+    (the same rule as the GPU shards, as a second instance matcher), and the shards' union holds
+    every sample one collector stores, once."""
+    from gpufleet.collector.shard import Shard
+
+    vm = start_victoriametrics(tmp_path / "vm")
+    try:
+        instances = load_fleet(vm)
+        lo, hi = START - timedelta(seconds=1), START + FLEET_SCRAPES * STEP
+        clock = lambda: hi + timedelta(days=1)  # noqa: E731
+
+        def collect(root, part=None, gpu_shards=1):
+            src = PrometheusApiSource(url=vm.url, cluster="fleet", chunk_seconds=60, gpu_shards=gpu_shards, part=part, clock=clock)
+            c = Collector(StoreWriter(root), [ScheduledSource(src, 60)], clock=clock)
+            c.commit(src.name, src.read_windows(src.backfill_windows(lo, hi)))
+            c.writer.close()
+
+        collect(tmp_path / "single")
+        for n, gpu_shards in ((2, 1), (3, 4)):
+            assert len({instance_shard(i, n) for i in instances}) == n  # every shard has targets
+            for k in range(n):
+                collect(Shard(k + 1, n).root(tmp_path / f"sharded-{n}"), part=(k, n), gpu_shards=gpu_shards)
+    finally:
+        vm.stop()
+    dump = lambda root: sorted(open_reader(root).execute("SELECT * FROM gpu_samples").fetchall(), key=repr)  # noqa: E731
+    single = dump(tmp_path / "single")
+    assert len(single) >= FLEET_SCRAPES * COPIES * 20
+    for n in (2, 3):
+        assert dump(tmp_path / f"sharded-{n}") == single
+        hosts = [{r[0] for r in open_reader(Shard(k + 1, n).root(tmp_path / f"sharded-{n}")).execute(
+            "SELECT DISTINCT host FROM gpu_samples").fetchall()} for k in range(n)]
+        assert all(hosts) and sum(len(h) for h in hosts) == len(set().union(*hosts))  # each host in one shard
+
+
+def test_a_server_ignoring_the_collector_shard_matcher_fails_the_window(tmp_path):
+    src = PrometheusApiSource(url="http://unused", cluster="c", part=(0, 2))
+    other = next(i for i in INSTANCES if instance_shard(i, 2) == 1)
+    answer = type("R", (), {"json": lambda self: {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"instance": other}, "values": []}]}}, "text": "..."})()
+    with pytest.raises(SourceError, match="another collector shard's"):
+        src._answer(answer, 0)
+    with pytest.raises(ValueError, match="part must be"):
+        PrometheusApiSource(url="http://unused", cluster="c", part=(2, 2))
+
+
 def _openmetrics(path) -> None:
     """The fleet as OpenMetrics with timestamps (family by family, series by series, in time
     order), what `promtool tsdb create-blocks-from openmetrics` turns into Prometheus blocks."""

@@ -87,8 +87,11 @@ def test_build_places_each_shard_and_gives_accounting_to_one(tmp_path):
         config.load({"collector": {"store": "x"}}, "t.toml", shard="3/2")
     with pytest.raises(ConfigError, match="shard = '0/2': expected K/N"):
         config.load({"collector": {"store": "x", "shard": "0/2"}}, "t.toml")
-    with pytest.raises(ConfigError, match="every shard would read every series"):
-        build(_opts(tmp_path, shard="1/2", prometheus={"url": "http://p:9090"}))
+    with pytest.raises(ConfigError, match="at most 36 shards read one Prometheus API"):
+        build(_opts(tmp_path, shard="1/37", prometheus={"url": "http://p:9090"}))
+    prom = build(_opts(tmp_path / "p", shard="2/3", prometheus={"url": "http://p:9090"}))
+    assert [s.source.part for s in prom.sources if s.source.name == "prometheus"] == [(1, 3)]  # its third of the targets
+    prom.writer.close()
 
 
 def test_a_store_with_both_a_manifest_and_shards_is_refused(tmp_path):

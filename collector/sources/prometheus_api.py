@@ -110,6 +110,9 @@ class PrometheusApiSource:
     timeout: float = 60.0
     parallel_requests: int = PARALLEL_REQUESTS  # queries in flight at once (1: one after the other)
     gpu_shards: int = GPU_SHARDS  # queries per window, each for one shard of the targets (instance_shard)
+    # (k, n): read only the targets of shard k (0-based) of n by the same rule: a collector shard's
+    # share ([collector] shard = "k+1/n"); None: every target
+    part: tuple[int, int] | None = None
     metrics: tuple[str, ...] = DEFAULT_METRICS
     selector: str = ""  # extra label matchers, e.g. 'cluster="a"'
     headers: dict[str, str] = field(default_factory=dict)
@@ -157,6 +160,8 @@ class PrometheusApiSource:
         return out
 
     def __post_init__(self) -> None:
+        if self.part is not None and not (1 <= self.part[1] <= GPU_SHARDS_MAX and 0 <= self.part[0] < self.part[1]):
+            raise ValueError(f"part must be (k, n) with 0 <= k < n <= {GPU_SHARDS_MAX}, not {self.part}")
         if not 1 <= self.gpu_shards <= GPU_SHARDS_MAX or self.parallel_requests < 1:
             raise ValueError(f"gpu_shards must be 1..{GPU_SHARDS_MAX} and parallel_requests >= 1, "
                              f"not {self.gpu_shards} and {self.parallel_requests}")
@@ -211,13 +216,16 @@ class PrometheusApiSource:
         names = "|".join(self.metrics)
         matchers = f'__name__=~"{names}"' + (f",{self.selector}" if self.selector else "")
         matchers += shard_matchers(self.gpu_shards)[shard]
+        if self.part is not None and self.part[1] > 1:
+            matchers += f',instance=~"{instance_shard_regex(*self.part)}"'
         # evaluated 1 ms after the chunk's end over a range 1 ms longer, the answer's samples outside
         # (start, end] dropped in _to_batch: VictoriaMetrics 1.79 does not return a sample stamped
         # exactly at the query time when that is midnight UTC and the series is new that day
         return f"{{{matchers}}}[{round((end - start).total_seconds() * 1000) + 1}ms]"
 
     def _where(self, shard: int) -> str:
-        return self.url + (f" (GPU shard {shard + 1}/{self.gpu_shards})" if self.gpu_shards > 1 else "")
+        return (self.url + (f" (collector shard {self.part[0] + 1}/{self.part[1]})" if self.part else "")
+                + (f" (GPU shard {shard + 1}/{self.gpu_shards})" if self.gpu_shards > 1 else ""))
 
     def _fetch(self, client: httpx.Client, start: datetime, end: datetime, shard: int) -> httpx.Response:
         """The answer to one shard's query for (start, end]; SourceError when there is none or it is an HTTP error."""
@@ -249,10 +257,15 @@ class PrometheusApiSource:
             what = f"resultType {kind!r}" if series is not None else "not a Prometheus API answer"
             raise SourceError(f"Prometheus API {where}: unexpected answer ({what}): {r.text[:300]}",
                               [Unrecognized(self.url, "unknown_answer", f"{what}: {r.text[:200]}")])
-        if self.gpu_shards > 1:
+        if self.gpu_shards > 1 or self.part is not None:
             for s in series:
                 instance = str(s.get("metric", {}).get("instance", "")) if isinstance(s, dict) else ""
-                if instance_shard(instance, self.gpu_shards) != shard:
+                if self.part is not None and instance_shard(instance, self.part[1]) != self.part[0]:
+                    raise SourceError(
+                        f"Prometheus API {where}: answered a series of instance {instance!r}, which is another collector shard's "
+                        f"(the server or a proxy ignored the matcher instance=~{instance_shard_regex(*self.part)!r}?)",
+                        [Unrecognized(self.url, "unknown_answer", f"series of another collector shard: instance {instance!r}")])
+                if self.gpu_shards > 1 and instance_shard(instance, self.gpu_shards) != shard:
                     raise SourceError(
                         f"Prometheus API {where}: answered a series of instance {instance!r}, which is not in this shard "
                         f"(the server or a proxy ignored the matcher instance=~{instance_shard_regex(shard, self.gpu_shards)!r}?)",
