@@ -74,7 +74,7 @@ DASK_MIN_HOURS = 6
 @dataclass(frozen=True)
 class SummaryTask:
     """One task of a summary build: the summaries of some hours of one day for one shard of the
-    GPUs (those whose (cluster, host, UUID) hashes to `shard` of `shards`), from the sample files
+    GPUs (those of the hosts in [host_lo, host_hi), None: open), from the sample files
     each hour lists. Runs anywhere that sees the store's directory (a Dask worker)."""
 
     root: str
@@ -84,12 +84,16 @@ class SummaryTask:
     shards: int
     params: summaries.SummaryParams
     tag: str
+    # the shard's hosts: a contiguous range of the day's hosts in sorted order, so a task reads
+    # only the row groups of its hosts (compaction sorts the files by host, then GPU and time)
+    host_lo: str | None = None
+    host_hi: str | None = None
 
     @property
     def part(self) -> str:
         """Where its output goes, named by everything it is computed from: a rerun of a killed
         build finds the parts already written and keeps them."""
-        what = json.dumps([self.day, self.hours, self.shards, self.tag, summaries.FORMAT_VERSION]).encode()
+        what = json.dumps([self.day, self.hours, self.shards, self.host_lo, self.host_hi, self.tag, summaries.FORMAT_VERSION]).encode()
         return f"{PARTS_DIR}/{self.day}-{hashlib.blake2b(what, digest_size=8).hexdigest()}-{self.shard + 1}of{self.shards}.parquet"
 
     def label(self) -> str:
@@ -110,8 +114,8 @@ def build_summary_part(task: SummaryTask) -> str:
         for hour, sources in task.hours:
             h = datetime.fromisoformat(hour)
             q = SUMMARY_SAMPLES.format(files=_sql_list([str(Path(task.root) / f) for f in sources]))
-            rows = con.sql(q, params={"lo": h - gap, "hi": h + timedelta(hours=1) + gap, "shard": task.shard,
-                                      "shards": task.shards}).to_arrow_table()
+            rows = con.sql(q, params={"lo": h - gap, "hi": h + timedelta(hours=1) + gap, "host_lo": task.host_lo,
+                                      "host_hi": task.host_hi}).to_arrow_table()
             h0 = (h - datetime(1970, 1, 1)) // timedelta(microseconds=1)
             tables.append(summaries.summarize(rows, h0, h0 + 3_600_000_000, p))
     finally:
@@ -152,7 +156,10 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     built = sum(len(hs) for hs in todo.values())
     runner = tasks if tasks is not None and tasks.scheduler and built >= DASK_MIN_HOURS else TaskRunner(name="summaries")
     shards = gpu_shards if runner.scheduler else 1  # here, one task a day reads each file once
-    work = [SummaryTask(str(w.root), day, tuple(hs), s, shards, p, tag) for day, hs in todo.items() for s in range(shards)]
+    work = []
+    for day, hs in todo.items():
+        ranges = _host_ranges(w, sorted({f for _, sources in hs for f in sources}), shards)
+        work += [SummaryTask(str(w.root), day, tuple(hs), s, len(ranges), p, tag, lo, hi) for s, (lo, hi) in enumerate(ranges)]
     if progress is not None:
         runner = replace(runner, progress=progress)
     _remove_stale_parts(w, {t.part for t in work})
@@ -166,6 +173,18 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours]:
         w.retire_summary(key)  # its samples were retired
     return built
+
+
+def _host_ranges(w: StoreWriter, files: list[str], shards: int) -> list[tuple[str | None, str | None]]:
+    """The day's hosts (those its sample files hold) cut into `shards` contiguous ranges of about
+    as many hosts each; fewer when there are fewer hosts. One range, (None, None), for one shard."""
+    if shards == 1:
+        return [(None, None)]
+    hosts = [r[0] for r in w.db.execute(f"SELECT DISTINCT host FROM read_parquet({_sql_list([str(w.root / f) for f in files])}) "
+                                        "WHERE host IS NOT NULL ORDER BY host").fetchall()]
+    cuts = sorted({hosts[i * len(hosts) // shards] for i in range(1, shards)} - {hosts[0]}) if hosts else []
+    bounds = [None, *cuts, None]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _remove_stale_parts(w: StoreWriter, wanted: set[str]) -> None:

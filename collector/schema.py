@@ -366,7 +366,7 @@ class Batch:
 # path reads (gpufleet.analytics.sql.SAMPLE_ARRAYS: NaN for a missing utilization, nop = held with
 # no compute process), with the GPU (g) and its variant (v) numbered, ordered by GPU and time.
 # {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side);
-# $shard of $shards: only the GPUs whose (cluster, host, UUID) hashes there (a rebuild task's share).
+# $host_lo, $host_hi: only the hosts in [$host_lo, $host_hi) (a rebuild task's share; NULL: open).
 SUMMARY_SAMPLES = """
 SELECT dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi) AS g,
        dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi, gpu, model, mig_profile) AS v, *
@@ -377,6 +377,6 @@ FROM (
            coalesce(compute_processes = 0, false) AS nop,
            coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power
     FROM read_parquet({files}) WHERE ts >= $lo AND ts < $hi
-      AND ($shards = 1 OR hash(cluster, host, gpu_uuid) % $shards = $shard))
+      AND ($host_lo IS NULL OR host >= $host_lo) AND ($host_hi IS NULL OR host < $host_hi))
 ORDER BY g, ts
 """
