@@ -155,7 +155,8 @@ ORDER BY hour
 # The summary rows of the line [$xstart, $xend) within the cluster and model filters (a row's
 # variant is its samples': readers take a bucket of mixed variants raw).
 SUMMARY_ROWS = """
-SELECT s.cluster, s.host, s.gpu_uuid, s.gi, s.gpu, s.model, s.mig_profile, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
+SELECT hash(s.cluster, s.host, s.gpu_uuid, s.gi::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
+       hash(s.cluster, s.host, s.gpu_uuid, s.gi::INTEGER) AS gh, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
        s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.idle_runs, s.nop_head_us, s.nop_tail_us, s.nop_runs
 FROM gpu_summaries s
 WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
@@ -167,8 +168,8 @@ WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
 # (SAMPLE_ARRAYS): every GPU's in the buckets (bucket k: [k x $bucket_us, (k + 1) x $bucket_us)
 # since the epoch) of _raw_k, and one GPU's in the buckets _raw_gk names (none of _raw_k).
 _RAW_SAMPLES = """
-SELECT s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::SMALLINT AS gi, s.gpu::INTEGER AS gpu, s.model, s.mig_profile,
-       epoch_us(s.ts) AS ts,
+SELECT hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
+       hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER) AS gh, epoch_us(s.ts) AS ts,
        coalesce(coalesce(s.gpu_util, s.gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
        coalesce(s.compute_processes = 0, false) AS nop
 FROM gpu_samples s{join}
@@ -179,18 +180,16 @@ WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
 RAW_BUCKETS_ALL = _RAW_SAMPLES.format(join="", which="epoch_us(s.ts) // $bucket_us IN (SELECT k FROM _raw_k)")
 RAW_BUCKETS_GPU = _RAW_SAMPLES.format(
     join="""
-SEMI JOIN _raw_gk r ON r.cluster = s.cluster AND r.host = s.host AND r.gpu_uuid = s.gpu_uuid AND r.gi = coalesce(s.gpu_instance, -1)
+SEMI JOIN _raw_gk r ON r.gh = hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)
       AND r.k = epoch_us(s.ts) // $bucket_us""",
     which="epoch_us(s.ts) // $bucket_us NOT IN (SELECT k FROM _raw_k)")
 
 # Where an analysis looks up each GPU's time: its allocations' starts and ends
 ALLOCATION_CUTS = """
-SELECT cluster, host, gpu_uuid, gi, epoch_us(a0) AS t FROM al
-UNION ALL SELECT cluster, host, gpu_uuid, gi, epoch_us(a1) FROM al
+SELECT hash(cluster, host, gpu_uuid, gi::INTEGER) AS gh, epoch_us(a0) AS t FROM al
+UNION ALL SELECT hash(cluster, host, gpu_uuid, gi::INTEGER), epoch_us(a1) FROM al
 """
 
-# The MIG share of each GPU variant the summaries path names (the one rule: gpu_equiv)
-VARIANT_EQUIV = f"SELECT *, {gpu_equiv()} AS equiv FROM _variants"
 
 # --- the figures of one window (analytics/core.py: Analysis, over cap, al and the arrays) ---
 

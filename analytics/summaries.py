@@ -32,11 +32,10 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.gputime import GpuTime, epoch_us
+from gpufleet.analytics.gputime import GpuTime, _variants, epoch_us
 from gpufleet.collector import summaries as cs
 
 KEY = ["cluster", "host", "gpu_uuid", "gi"]
-VARIANT = [*KEY, "gpu", "model", "mig_profile"]
 HOUR_US = 3_600_000_000
 
 
@@ -88,8 +87,8 @@ class SummaryTime(GpuTime):
                                                           & ~pl.col("k").is_in(list(k_all)))
         # buckets read raw on one GPU: an allocation starts or ends inside, or the summary is inexact
         cut = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
-            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).select(*KEY, "k")
-        gk = pl.concat([cut, sm.filter(~pl.col("exact")).select(*KEY, "k")], how="vertical_relaxed").unique()
+            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).select("gh", "k")
+        gk = pl.concat([cut, sm.filter(~pl.col("exact")).select("gh", "k")], how="vertical_relaxed").unique()
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
         need = need.filter(~pl.col("k").is_in(read_all))
 
@@ -107,27 +106,27 @@ class SummaryTime(GpuTime):
         finally:
             con.unregister("_raw_k")
         if raw is None:
-            raw = pl.DataFrame(schema={**{c: sm.schema[c] for c in VARIANT}, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean})
+            raw = pl.DataFrame(schema={"h": pl.UInt64, "gh": pl.UInt64, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean})
 
-        # GPU variants and ids over both sources (equiv: the one MIG share rule, sql.gpu_equiv)
-        variants = pl.concat([sm.select(VARIANT), raw.select(VARIANT)], how="vertical_relaxed").unique().sort(VARIANT, nulls_last=True)
-        con.register("_variants", variants.to_arrow())
-        try:
-            variants = _q(con, sql.VARIANT_EQUIV, {})
-        finally:
-            con.unregister("_variants")
-        variants = variants.with_row_index("vid").with_columns(pl.col("vid").cast(pl.Int64))
-        gids = variants.select(KEY).unique(maintain_order=True).with_row_index("gid").with_columns(pl.col("gid").cast(pl.Int64))
-        self.gpus = variants.join(gids, on=KEY, how="left", nulls_equal=True).sort("vid")
+        # GPU variants over both sources, named as the raw path names them (gputime._variants: vid
+        # = index into the sorted variant hashes, gid per GPU, equiv by sql.gpu_equiv); rows carry
+        # the hashes only, so placing millions of them is integer work, not string joins
+        hashes = np.unique(np.concatenate([sm["h"].to_numpy(), raw["h"].to_numpy()]).astype(np.uint64))
+        self.gpus = _variants(con, bind, hashes)
         equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
-        ids = self.gpus.select(*VARIANT, "vid", "gid")
+        gid_of = self.gpus["gid"].to_numpy().astype(np.int64)
+        sm = sm.with_columns(vid=pl.Series(np.searchsorted(hashes, sm["h"].to_numpy()), dtype=pl.Int64))
+        sm = sm.with_columns(gid=pl.Series(gid_of[sm["vid"].to_numpy()], dtype=pl.Int64))
+        raw = raw.with_columns(vid=pl.Series(np.searchsorted(hashes, raw["h"].to_numpy()), dtype=pl.Int64))
+        raw = raw.with_columns(gid=pl.Series(gid_of[raw["vid"].to_numpy()], dtype=pl.Int64))
+        gh_gid = pl.concat([sm.select("gh", "gid"), raw.select("gh", "gid")]).unique("gh")
 
         # raw pieces, in the raw buckets only
-        raw = raw.join(ids, on=VARIANT, how="left", nulls_equal=True).sort(["gid", "ts"], maintain_order=True)
+        raw = raw.sort(["gid", "ts"], maintain_order=True)
         g, ts = raw["gid"].to_numpy().astype(np.int64), raw["ts"].to_numpy().astype(np.int64)
         i, k, p0, p1 = cs.split(ts, cs.intervals(g, ts, gap), xs, xe, b)
         nk = kx1 - kx0 + 3
-        gkc = gk.join(ids.select(*KEY, "gid").unique(KEY), on=KEY, how="inner", nulls_equal=True)
+        gkc = gk.join(gh_gid, on="gh", how="inner")
         codes = gkc["gid"].to_numpy().astype(np.int64) * nk + (gkc["k"].to_numpy().astype(np.int64) - kx0 + 1)
         keep = np.isin(k, np.array(sorted(k_all), dtype=np.int64)) | np.isin(g[i] * nk + (k - kx0 + 1), codes)
         i, p0, p1 = i[keep], p0[keep], p1[keep]
@@ -140,8 +139,8 @@ class SummaryTime(GpuTime):
         r_busy = np.where(known, np.divide(util, 100, dtype=np.float64) * sec, 0.0)
 
         # whole summarised buckets
-        sm = sm.filter(pl.col("exact") & (pl.col("covered_us") > 0)).join(ids, on=VARIANT, how="left", nulls_equal=True)
-        sm = sm.join(gk.with_columns(cut=pl.lit(True)), on=[*KEY, "k"], how="left", nulls_equal=True).filter(pl.col("cut").is_null())
+        sm = sm.filter(pl.col("exact") & (pl.col("covered_us") > 0))
+        sm = sm.join(gk.with_columns(cut=pl.lit(True)), on=["gh", "k"], how="left").filter(pl.col("cut").is_null())
         self._sm = sm
         sg, sv = sm["gid"].to_numpy().astype(np.int64), sm["vid"].to_numpy().astype(np.int64)
         s0 = sm["b0"].to_numpy().astype(np.int64)
