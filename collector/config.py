@@ -14,7 +14,7 @@
 
     [collector.prometheus]              # or read Prometheus / Thanos / Mimir / VictoriaMetrics
     url = "http://prometheus:9090"
-    parallel_requests = 4               # queries in flight at once (1: one after the other)
+    parallel_requests = 4               # queries in flight at once (default 1: one after the other)
     gpu_shards = 1                      # queries per chunk, each for a shard of the targets
 
     [collector.sacct]                   # Slurm accounting
@@ -70,7 +70,7 @@ SCRAPE = (
 )
 
 # [collector.prometheus]: queries in flight at once, and queries per chunk (one per GPU shard)
-PARALLEL_REQUESTS = 4
+PARALLEL_REQUESTS = 1  # parallel reads cost client CPU (bench promread); worth it for a slow or remote store
 GPU_SHARDS = 1
 GPU_SHARDS_MAX = 36  # a target's shard is decided by one digit or letter of its host
 
