@@ -23,10 +23,10 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.gputime import GpuTime, epoch_us
+from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.summaries import summary_time
-from gpufleet.times import utcnow
+from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
+from gpufleet.times import epoch_us
 
 
 class GpuTime:
@@ -366,11 +366,6 @@ def _no_hugepages() -> Iterator[None]:
         yield
     finally:
         set_advice(before)
-
-
-def epoch_us(t: datetime) -> int:
-    """A naive UTC datetime as epoch microseconds (DuckDB's epoch_us)."""
-    return (t - datetime(1970, 1, 1)) // timedelta(microseconds=1)
 
 
 def _variants(con: Any, bind: dict[str, Any], hashes: np.ndarray) -> pl.DataFrame:

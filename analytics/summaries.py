@@ -32,7 +32,8 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.gputime import GpuTime, _variants, epoch_us
+from gpufleet.analytics.gputime import GpuTime, _variants
+from gpufleet.times import epoch_us
 from gpufleet.collector import summaries as cs
 
 KEY = ["cluster", "host", "gpu_uuid", "gi"]

@@ -26,7 +26,7 @@ from datetime import timedelta
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.gputime import epoch_us
+from gpufleet.times import epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
 _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}

@@ -7,6 +7,7 @@ import re
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,14 @@ def proc_kib(pid: int, key: str) -> int:
 
 
 # --- child processes ---
+
+
+def free_port() -> int:
+    """A free TCP port on loopback, for a child server to listen on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 _children: list[subprocess.Popen] = []
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 import polars as pl
 
 from bench._analytics_data import STEP, Scale, ensure_store, ensure_summaries, host_name
-from bench._common import ROOT, Table, _children, _stop, env_number, progress
+from bench._common import ROOT, Table, _children, _stop, env_number, free_port, progress
 
 SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
 PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
@@ -225,9 +224,7 @@ class Prometheus:
         exe = shutil.which("prometheus")
         if not exe:
             raise FileNotFoundError("prometheus")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         cfg = self.workdir / "prometheus.yml"
         cfg.write_text("global:\n  scrape_interval: 1h\n")
         self.url = f"http://127.0.0.1:{port}"

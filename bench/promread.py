@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,7 +35,7 @@ import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from bench._common import Table, _children, _stop, env_number, proc_cpu_seconds, progress
+from bench._common import Table, _children, _stop, env_number, free_port, proc_cpu_seconds, progress
 
 NODES = int(env_number("GPUFLEET_BENCH_PROMREAD_NODES", 40))
 HOURS = env_number("GPUFLEET_BENCH_PROMREAD_HOURS", 2)
@@ -46,19 +45,13 @@ CHUNK_S = 900
 SETTINGS = (("sequential", 1, 1), ("by time", 4, 1), ("by time and GPU", 4, 4))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, data: bytes | None = None, timeout: float = 300) -> bytes:
     with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=timeout) as r:
         return r.read()
 
 
 def _start_vm(exe: str, workdir: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     argv = [exe, f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y",
             "-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=WARN"]
     log = open(workdir / "vm.log", "wb")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from bench._analytics_data import ensure_store
-from bench._common import ROOT, Table, _children, _stop, env_number, proc_cpu_seconds, proc_kib, progress
+from bench._common import ROOT, Table, _children, _stop, env_number, free_port, proc_cpu_seconds, proc_kib, progress
 from bench.analytics import CACHE, SCALE
 
 SHARDS = int(env_number("GPUFLEET_BENCH_REBUILD_SHARDS", 2))
@@ -53,12 +52,6 @@ def _measure(store: Path, scheduler: str = "") -> dict:
     return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1].removeprefix("RESULT "))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log.parent, env=env,
@@ -70,7 +63,7 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
 def _dask_run(store: Path, tmp: Path) -> tuple[dict, list[dict]]:
     from distributed import Client
 
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [_spawn([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], tmp / "scheduler.log")]
     try:

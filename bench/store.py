@@ -172,8 +172,8 @@ def publish_cost() -> Table:
     t.notes += [
         f"{ROUNDS} rounds per store, alternating; publish timed alone (time.perf_counter); each round committed through "
         f"StoreWriter.commit: {GPUS:,} allocation and inventory observations, every 4th round a job ends and another starts",
-        f"history: allocations of 4-GPU jobs back to back on every GPU, seeded in bulk through the writer's connection, "
-        f"then settled into segments by gpufleet.collector.maintenance.settle (what the collector's maintenance runs)",
+        "history: allocations of 4-GPU jobs back to back on every GPU, seeded in bulk through the writer's connection, "
+        "then settled into segments by gpufleet.collector.maintenance.settle (what the collector's maintenance runs)",
         "context row: the same tables snapshotted whole with the store's Parquet settings, best of 3",
     ]
     return t

@@ -117,7 +117,8 @@ def _rebuild_summaries(collector, out) -> int:
         out.write("\n" if done == total else "")
         out.flush()
 
-    where = collector.tasks.scheduler if collector.tasks is not None and collector.tasks.scheduler else "this process"
+    from gpufleet.collector.maintenance import summary_runner
+
     try:
         hours, built = collector.rebuild_summaries(progress=bar)
     except (TaskError, StoreError, OSError) as e:
@@ -126,6 +127,7 @@ def _rebuild_summaries(collector, out) -> int:
         return 1
     finally:
         collector.writer.close()
+    where = summary_runner(collector.tasks, built).scheduler or "this process"
     out.write(f"summaries: {built} hours built ({where}), {hours} hours summarised in {collector.writer.root}\n")
     return 0
 

@@ -31,6 +31,7 @@ from gpufleet.collector.schema import ROLLUP_SQL, SUMMARY_SAMPLES
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 from gpufleet.collector.tasks import TaskRunner
+from gpufleet.times import epoch_us
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,12 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
 # even with a Dask scheduler set: only a rebuild is worth the round trip, and upkeep must not
 # depend on a cluster being up
 DASK_MIN_HOURS = 6
+
+
+def summary_runner(tasks: TaskRunner | None, hours: int) -> TaskRunner:
+    """Where a build of `hours` hours runs: on the Dask scheduler of `tasks` for DASK_MIN_HOURS or
+    more, else in this process."""
+    return tasks if tasks is not None and tasks.scheduler and hours >= DASK_MIN_HOURS else TaskRunner(name="summaries")
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,7 @@ def build_summary_part(task: SummaryTask) -> str:
             q = SUMMARY_SAMPLES.format(files=_sql_list([str(Path(task.root) / f) for f in sources]))
             rows = con.sql(q, params={"lo": h - gap, "hi": h + timedelta(hours=1) + gap, "host_lo": task.host_lo,
                                       "host_hi": task.host_hi}).to_arrow_table()
-            h0 = (h - datetime(1970, 1, 1)) // timedelta(microseconds=1)
+            h0 = epoch_us(h)
             tables.append(summaries.summarize(rows, h0, h0 + 3_600_000_000, p))
     finally:
         con.close()
@@ -154,7 +161,7 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
             continue
         todo.setdefault(f"{hour:%Y-%m-%d}", []).append((hour.isoformat(), tuple(sources)))
     built = sum(len(hs) for hs in todo.values())
-    runner = tasks if tasks is not None and tasks.scheduler and built >= DASK_MIN_HOURS else TaskRunner(name="summaries")
+    runner = summary_runner(tasks, built)
     shards = gpu_shards if runner.scheduler else 1  # here, one task a day reads each file once
     work = []
     for day, hs in todo.items():

@@ -305,8 +305,7 @@ class Collector:
 
         with self._commit_lock:
             before = {h: e["file"] for h, e in self.writer.summaries.items()}
-            compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress)
-            self.writer.publish()
+            compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress)  # publishes
             now = {h: e["file"] for h, e in self.writer.summaries.items()}
         return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
 

@@ -9,6 +9,11 @@ from datetime import datetime, timedelta, timezone
 from gpufleet.config import ConfigError
 
 
+def epoch_us(t: datetime) -> int:
+    """A naive UTC datetime as epoch microseconds (DuckDB's epoch_us)."""
+    return (t - datetime(1970, 1, 1)) // timedelta(microseconds=1)
+
+
 def utcnow() -> datetime:
     """Now, as the store and the analytics hold times: naive UTC."""
     return datetime.now(timezone.utc).replace(tzinfo=None)

@@ -14,7 +14,6 @@ import signal
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from test_analytics_summaries import compare
 
@@ -23,7 +22,6 @@ from gpufleet.analytics.summaries import SummaryTime
 from gpufleet.collector import cli as collector_cli
 from gpufleet.collector import maintenance
 from gpufleet.collector.maintenance import compact, summarize
-from gpufleet.collector.schema import SAMPLE_SCHEMA, Batch
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.collector.summaries import PARTS_DIR, SummaryParams
 from gpufleet.collector.tasks import TaskError, TaskRunner
@@ -132,8 +130,7 @@ def test_few_hours_stay_in_the_collector_even_with_a_scheduler(store, in_process
     w = StoreWriter(root)
     late = Fleet(tmp_path / "unused")
     late.gpu_series("n0", "GPU-0", END - timedelta(minutes=30), END - timedelta(minutes=20), step=60, util=1.0)
-    cols = {f.name: [r.get(f.name) for r in late._samples] for f in SAMPLE_SCHEMA}
-    w.commit(Batch(key="late", samples=pa.Table.from_pydict(cols, schema=SAMPLE_SCHEMA)))
+    w.commit(late.batch("late"))
     down = TaskRunner(scheduler=f"tcp://127.0.0.1:{free_port()}", connect_timeout_s=2)
     assert summarize(w, NOW, NEW, tasks=down, gpu_shards=4) == 1  # the late batch's hour, here
     w.close()

@@ -60,11 +60,15 @@ class Fleet:
                                      gpu_instance=gi, gpu=None, source="exporter"))
             self._allocs.append(dict(self._allocs[-1], ts=end or start))
 
+    def batch(self, key: str = "fleet") -> Batch:
+        """Everything added so far as one batch, as a collector would commit it."""
+        cols = {f.name: [r.get(f.name) for r in self._samples] for f in schema.SAMPLE_SCHEMA}
+        return Batch(key=key, samples=pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA) if self._samples else None,
+                     jobs=self._jobs, allocations=self._allocs, gpus=self._gpus)
+
     def write(self) -> None:
         w = StoreWriter(self.root)
-        cols = {f.name: [r.get(f.name) for r in self._samples] for f in schema.SAMPLE_SCHEMA}
-        w.commit(Batch(key="fleet", samples=pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA) if self._samples else None,
-                       jobs=self._jobs, allocations=self._allocs, gpus=self._gpus))
+        w.commit(self.batch())
         w.publish()
         w.close()
 
