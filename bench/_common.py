@@ -12,9 +12,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -139,6 +140,47 @@ def _stop(p: subprocess.Popen) -> None:
 def stop_all_children() -> None:
     while _children:
         _stop(_children.pop())
+
+
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log.parent, env=env,
+                         start_new_session=True)
+    _children.append(p)
+    return p
+
+
+@contextmanager
+def local_dask(tmp: Path, workers: int) -> Iterator[tuple[str, list[subprocess.Popen]]]:
+    """A `dask scheduler` and `workers` single-threaded `dask worker` processes on loopback (logs
+    in tmp): (the scheduler's address, the worker processes), stopped on exit."""
+    from distributed import Client
+
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [_spawn([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], tmp / "scheduler.log")]
+    try:
+        for i in range(workers):
+            procs.append(_spawn([sys.executable, "-m", "dask", "worker", address, "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny",
+                                 "--no-dashboard", "--memory-limit", "0", "--local-directory", str(tmp / f"w{i}"), "--name", f"w{i}"],
+                                tmp / f"worker-{i}.log"))
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with Client(address, timeout=5, set_as_default=False) as c:
+                    if len(c.scheduler_info()["workers"]) == workers:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Dask cluster did not start: see {tmp}")
+            time.sleep(0.5)
+        yield address, procs[1:]
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+            if p in _children:
+                _children.remove(p)
 
 
 class Child:

@@ -9,6 +9,9 @@ chunk (900 s chunks), once per setting, in one run, each read timed wall clock:
   sequential          parallel_requests = 1, gpu_shards = 1 (one query after the other: before issue #17)
   by time             parallel_requests = 4, gpu_shards = 1 (chunks read ahead while one is parsed)
   by time and GPU     parallel_requests = 4, gpu_shards = 4 (each chunk as 4 queries, one per GPU shard)
+  on Dask             a `--backfill` with [analytics] dask_scheduler: each chunk a task on a local
+                      2-worker Dask cluster (gpufleet.collector.backfill.read_chunk), batches back
+                      here in order (TaskRunner.ordered); CPU is this process's plus the workers'
 
 field-samples = the non-null field values of the rows read (as bench/collector.py counts them);
 every setting must read the same batches (checked). CPU seconds of this process (the parse) and
@@ -35,14 +38,15 @@ import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from bench._common import Table, _children, _stop, env_number, free_port, proc_cpu_seconds, progress
+from bench._common import Table, _children, _stop, env_number, free_port, local_dask, proc_cpu_seconds, progress
 
 NODES = int(env_number("GPUFLEET_BENCH_PROMREAD_NODES", 40))
 HOURS = env_number("GPUFLEET_BENCH_PROMREAD_HOURS", 2)
 STEP = int(env_number("GPUFLEET_BENCH_PROMREAD_STEP", 30))
 VM = os.environ.get("GPUFLEET_BENCH_VICTORIAMETRICS", "victoria-metrics")
 CHUNK_S = 900
-SETTINGS = (("sequential", 1, 1), ("by time", 4, 1), ("by time and GPU", 4, 4))
+SETTINGS = (("sequential", 1, 1), ("by time", 4, 1), ("by time and GPU", 4, 4), ("on Dask", 1, 1))
+DASK_WORKERS = 2
 
 
 def _get(url: str, data: bytes | None = None, timeout: float = 300) -> bytes:
@@ -119,6 +123,22 @@ def _wait_searchable(url: str, t0: datetime, nodes: int) -> None:
     raise RuntimeError("VictoriaMetrics: imported samples not searchable after 60 s")
 
 
+def _read_on_dask(src, windows, vm_pid: int, tmp: Path) -> tuple[float, float, float, list]:
+    """The chunks read as a backfill on Dask reads them: (wall, CPU here + workers', VictoriaMetrics CPU, batches)."""
+    from gpufleet.collector.backfill import read_chunk
+    from gpufleet.collector.tasks import TaskRunner
+
+    (tmp / "dask").mkdir(exist_ok=True)
+    with local_dask(tmp / "dask", DASK_WORKERS) as (address, workers):
+        runner = TaskRunner(scheduler=address, name="promread")
+        vm0, cpu0, w0 = proc_cpu_seconds(vm_pid), time.process_time(), [proc_cpu_seconds(p.pid) for p in workers]
+        w = time.monotonic()
+        batches = list(runner.ordered(read_chunk, [(src, lo, hi) for lo, hi in windows]))
+        wall = time.monotonic() - w
+        cpu = time.process_time() - cpu0 + sum(proc_cpu_seconds(p.pid) - c for p, c in zip(workers, w0))
+        return wall, cpu, proc_cpu_seconds(vm_pid) - vm0, batches
+
+
 def run() -> list[Table]:
     from bench.collector import GPUS_PER_NODE, _field_values
     from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
@@ -147,10 +167,13 @@ def run() -> list[Table]:
                                           clock=lambda: t0 + timedelta(days=2))
                 windows = src.backfill_windows(t0, t0 + timedelta(hours=HOURS))
                 progress(f"promread: reading {len(windows)} chunks, {label}")
-                vm0, cpu0, w = proc_cpu_seconds(proc.pid), time.process_time(), time.monotonic()
-                batches = list(src.read_windows(windows))
-                wall = time.monotonic() - w
-                cpu, vm_cpu = time.process_time() - cpu0, proc_cpu_seconds(proc.pid) - vm0
+                if label == "on Dask":
+                    wall, cpu, vm_cpu, batches = _read_on_dask(src, windows, proc.pid, Path(tmp))
+                else:
+                    vm0, cpu0, w = proc_cpu_seconds(proc.pid), time.process_time(), time.monotonic()
+                    batches = list(src.read_windows(windows))
+                    wall = time.monotonic() - w
+                    cpu, vm_cpu = time.process_time() - cpu0, proc_cpu_seconds(proc.pid) - vm0
                 values = sum(_field_values(b.samples) for b in batches)
                 rows = sum(b.samples.num_rows for b in batches)
                 if reference is None:
@@ -165,12 +188,14 @@ def run() -> list[Table]:
     seq_rate = results[0][6] / results[0][3]
     for label, requests, shards, wall, cpu, vm_cpu, values, rows, same in results:
         rate = values / wall
-        t.add(f"{label} (parallel_requests={requests}, gpu_shards={shards})",
-              f"{rate:,.0f} field-samples/s ({values:,} in {wall:.1f} s, {rows:,} rows; client CPU {cpu:.1f} s, VictoriaMetrics CPU {vm_cpu:.1f} s)"
+        how = f"{DASK_WORKERS} workers, a task per chunk" if label == "on Dask" else f"parallel_requests={requests}, gpu_shards={shards}"
+        t.add(f"{label} ({how})",
+              f"{rate:,.0f} field-samples/s ({values:,} in {wall:.1f} s, {rows:,} rows; {'CPU here + workers' if label == 'on Dask' else 'client CPU'} {cpu:.1f} s, VictoriaMetrics CPU {vm_cpu:.1f} s)"
               + ("" if label == "sequential" else f"; x{rate / seq_rate:.2f} vs sequential"),
               "the sequential read's batches" if label != "sequential" else "", None if label == "sequential" else same)
     t.notes.append(f"VictoriaMetrics {version} (Debian), on this machine's {os.cpu_count()} cores with the client; "
                    f"{samples:,} samples imported in {load_s:.0f} s (rendering included)")
     t.notes.append("each chunk is parsed in this process (one core: the GIL), VictoriaMetrics answers on the other: parallel "
-                   "requests overlap its answering with the parse, GPU shards split one chunk's answer over several requests")
+                   "requests overlap its answering with the parse, GPU shards split one chunk's answer over several requests; "
+                   "on Dask the parse runs in the worker processes, so it is no longer bound to one core (this process unpickles the batches)")
     return [t]

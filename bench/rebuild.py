@@ -18,12 +18,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
 from bench._analytics_data import ensure_store
-from bench._common import ROOT, Table, _children, _stop, env_number, free_port, proc_cpu_seconds, proc_kib, progress
+from bench._common import ROOT, Table, env_number, local_dask, proc_cpu_seconds, proc_kib, progress
 from bench.analytics import CACHE, SCALE
 
 SHARDS = int(env_number("GPUFLEET_BENCH_REBUILD_SHARDS", 2))
@@ -52,44 +51,11 @@ def _measure(store: Path, scheduler: str = "") -> dict:
     return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1].removeprefix("RESULT "))
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=log.parent, env=env,
-                         start_new_session=True)
-    _children.append(p)
-    return p
-
-
 def _dask_run(store: Path, tmp: Path) -> tuple[dict, list[dict]]:
-    from distributed import Client
-
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    procs = [_spawn([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], tmp / "scheduler.log")]
-    try:
-        for i in range(WORKERS):
-            procs.append(_spawn([sys.executable, "-m", "dask", "worker", address, "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny",
-                                 "--no-dashboard", "--memory-limit", "0", "--local-directory", str(tmp / f"w{i}"), "--name", f"w{i}"],
-                                tmp / f"worker-{i}.log"))
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with Client(address, timeout=5, set_as_default=False) as c:
-                    if len(c.scheduler_info()["workers"]) == WORKERS:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the Dask cluster did not start: see {tmp}")
-            time.sleep(0.5)
-        cpu0 = [proc_cpu_seconds(p.pid) for p in procs[1:]]
+    with local_dask(tmp, WORKERS) as (address, procs):
+        cpu0 = [proc_cpu_seconds(p.pid) for p in procs]
         driver = _measure(store, address)
-        workers = [{"vmhwm_kib": proc_kib(p.pid, "VmHWM"), "cpu_s": proc_cpu_seconds(p.pid) - c0} for p, c0 in zip(procs[1:], cpu0)]
-    finally:
-        for p in reversed(procs):
-            _stop(p)
-            if p in _children:
-                _children.remove(p)
+        workers = [{"vmhwm_kib": proc_kib(p.pid, "VmHWM"), "cpu_s": proc_cpu_seconds(p.pid) - c0} for p, c0 in zip(procs, cpu0)]
     return driver, workers
 
 

@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", metavar="K/N", help="be shard K of N collectors sharing the store (overrides [collector] shard)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="run every source once and exit")
-    mode.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="fill a past window (ISO 8601 times, UTC unless an offset is given)")
+    mode.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="fill a past window (ISO 8601 times, UTC unless an offset is given); a Prometheus "
+                           "API source's chunks are read on [analytics] dask_scheduler if set")
     mode.add_argument("--rebuild-summaries", action="store_true",
                       help="build every per-GPU summary that is missing or stale (after a change of [analytics] idle_threshold_percent, "
                            "max_gap_seconds or idle_min_duration_seconds, or a backfill), on [analytics] dask_scheduler if set, and exit")

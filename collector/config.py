@@ -34,7 +34,7 @@
     [collector.retention]
     raw_days = 35
 
-    [analytics]                         # read here too: the summaries' parameters, and where rebuilds run
+    [analytics]                         # read here too: the summaries' parameters, and where rebuilds and backfills run
     idle_threshold_percent = 5.0
     dask_scheduler = "tcp://dask-scheduler:8786"   # "" (default): in the collector
     rebuild_gpu_shards = 4              # a rebuild's tasks per day
@@ -139,7 +139,7 @@ ANALYTICS_SHARED = (
     Option("max_gap_seconds", 30.0, "a number of seconds > 0", number(0)),
     Option("idle_threshold_percent", 5.0, "a percentage from 0 to 100", lambda v: number(0, inclusive=True)(v) and v <= 100),
     Option("idle_min_duration_seconds", 1800.0, "a number of seconds >= 0", number(0, inclusive=True)),
-    Option("dask_scheduler", "", 'a Dask scheduler address such as "tcp://host:8786", or "" (rebuilds run in the collector)',
+    Option("dask_scheduler", "", 'a Dask scheduler address such as "tcp://host:8786", or "" (rebuilds and backfills run in the collector)',
            lambda v: v == "" or (isinstance(v, str) and re.fullmatch(r"(tcp|tls|ucx|inproc)://\S+", v) is not None)),
     Option("rebuild_gpu_shards", 1, "an integer from 1 to 256 (a rebuild's tasks per day: one per shard of the GPUs)",
            lambda v: integer(1)(v) and v <= 256),

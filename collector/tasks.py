@@ -2,7 +2,8 @@
 
 Rebuilds and long backfills split into tasks that read the store's immutable files and write
 files of their own (atomically, so a task killed half-way leaves nothing behind and a rerun
-redoes only what is missing). `TaskRunner.map` runs them: in-process when no scheduler is set,
+redoes only what is missing). `TaskRunner.map` runs them (`ordered` too, for results taken one by
+one as they are done, as a backfill commits each chunk): in-process when no scheduler is set,
 else on the Dask distributed scheduler at `scheduler` (a site's own, under Slurm with
 dask-jobqueue or Kubernetes with the Dask operator; see the README), whose workers need gpufleet
 installed. A failed task is retried `retries` times; a worker that dies mid-task has its tasks
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +60,66 @@ class TaskRunner:
                 log.warning("%s: task %s failed (%s: %s), retrying", self.name, label(item), type(e).__name__, e)
         raise AssertionError("unreachable")
 
-    def _dask(self, fn: Callable[[Any], Any], items: list[Any], label: Callable[[Any], str], tick: "_Progress") -> list[Any]:
+    def ordered(self, fn: Callable[[Any], Any], items: Sequence[Any], *, label: Callable[[Any], str] = str,
+                ahead: int = 0) -> Iterator[Any]:
+        """fn(item) for every item, yielded in the items' order. On Dask at most `ahead` tasks
+        (default: two per worker thread) are submitted and not yet taken, so what is held waiting
+        is `ahead` results, never all of them; in-process one task runs at a time. Closing the
+        iterator early cancels the tasks not taken."""
+        items = list(items)
+        tick = _Progress(self.name, len(items), self.progress)
+        if not self.scheduler:
+            for item in items:
+                result = self._local(fn, item, label)
+                tick.step()
+                yield result
+            return
+        client = self._client()
+        waiting: deque[tuple[Any, Any]] = deque()  # (item, future), in the items' order
         try:
-            from distributed import Client, as_completed
+            if ahead < 1:
+                threads = sum(w.get("nthreads", 1) for w in client.scheduler_info().get("workers", {}).values())
+                ahead = max(2, 2 * threads)
+            todo = iter(enumerate(items))
+
+            def submit() -> None:
+                for i, item in todo:
+                    waiting.append((item, client.submit(fn, item, key=f"{self.name}-{label(item)}-{i}", retries=self.retries, pure=False)))
+                    return
+
+            for _ in range(ahead):
+                submit()
+            while waiting:
+                item, future = waiting.popleft()
+                try:
+                    result = future.result()
+                except Exception as e:  # noqa: BLE001 - the task's own error, after Dask's retries
+                    raise TaskError(f"{self.name}: task {label(item)} failed {self.retries + 1} times on Dask; "
+                                    f"last: {type(e).__name__}: {e}") from None
+                future.release()
+                submit()
+                tick.step()
+                yield result
+        finally:
+            for _, future in waiting:
+                future.cancel()
+            client.close()
+
+    def _client(self) -> Any:
+        try:
+            from distributed import Client
         except ImportError as e:
             raise TaskError(f"{self.name}: a Dask scheduler is set ({self.scheduler}) but Dask is not installed: "
                             f"pip install 'gpufleet[dask]' ({e})") from None
         try:
-            client = Client(self.scheduler, timeout=self.connect_timeout_s, set_as_default=False)
+            return Client(self.scheduler, timeout=self.connect_timeout_s, set_as_default=False)
         except (OSError, TimeoutError) as e:
             raise TaskError(f"{self.name}: cannot reach the Dask scheduler at {self.scheduler}: {e}") from None
+
+    def _dask(self, fn: Callable[[Any], Any], items: list[Any], label: Callable[[Any], str], tick: "_Progress") -> list[Any]:
+        client = self._client()  # says so when Dask is not installed
+        from distributed import as_completed
+
         try:
             keys = [f"{self.name}-{label(item)}-{i}" for i, item in enumerate(items)]
             futures = client.map(fn, items, key=keys, retries=self.retries, pure=False)

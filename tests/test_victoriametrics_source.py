@@ -22,6 +22,7 @@ from gpufleet.collector.service import Collector, ScheduledSource
 from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 from gpufleet.collector.sources.scrape import ScrapeSource, Target, TargetStatus
 from gpufleet.collector.store import StoreWriter, open_reader
+from tests.realstack.dask import start_dask
 from tests.realstack.victoriametrics import start_victoriametrics, start_vmagent
 from tests.support.http import Loopback
 
@@ -60,37 +61,71 @@ def table_rows(root: Path, sql: str) -> list[tuple]:
     return open_reader(root).execute(sql).fetchall()
 
 
+def fill(vm, direct: Path) -> None:
+    """The bodies imported into VictoriaMetrics as timed scrapes, and what scraping them stores
+    (the scrape source's own round over the same bodies, one round per time) in `direct`."""
+    scrape = ScrapeSource(cluster="fleet", static_targets=list(BODIES))
+    c = Collector(StoreWriter(direct), [ScheduledSource(scrape, 15)], clock=lambda: START + timedelta(days=1))
+    for k in range(SCRAPES):
+        ts = START + k * STEP
+        answers = [(Target(instance), TargetStatus(up=True), body_at(path, k)) for instance, path in BODIES.items()]
+        c.commit("scrape", [scrape.round_batch(ts, answers)])
+        for instance, path in BODIES.items():
+            vm.import_prometheus(body_at(path, k), timestamp_ms=ms(ts), extra_labels={"instance": instance, "job": "gpu"})
+    c.writer.close()
+    vm.flush()
+    assert vm.query("count(count_over_time(DCGM_FI_DEV_GPU_UTIL[1h]))", time=ms(START + timedelta(hours=1)) / 1000)
+
+
+def backfill_cli(tmp_path: Path, store: Path, vm_url: str, settings: str, end: datetime) -> subprocess.CompletedProcess:
+    """`gpufleet collect --backfill` of (START - 1 s, end] reading VictoriaMetrics as a Prometheus-compatible store."""
+    cfg = tmp_path / f"{store.name}.toml"
+    prometheus, _, rest = settings.partition("[analytics]")
+    cfg.write_text(f'[collector]\nstore = "{store}"\ncluster = "fleet"\nlisten = ""\n'
+                   f'[collector.prometheus]\nurl = "{vm_url}"\n{prometheus}' + (f"[analytics]{rest}" if rest else ""))
+    r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "--log-level", "INFO", "collect", "--config", str(cfg),
+                        "--backfill", (START - timedelta(seconds=1)).isoformat(), end.isoformat()],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
 @pytest.mark.parametrize("reading", ["", "parallel_requests = 3\ngpu_shards = 4\n"], ids=["defaults", "4-shards"])
 def test_backfill_from_victoriametrics_equals_scraping(tmp_path, reading):
     vm = start_victoriametrics(tmp_path / "vm")
     try:
-        # what scraping stores: the scrape source's own round over the same bodies, one round per time
-        direct = tmp_path / "direct"
-        scrape = ScrapeSource(cluster="fleet", static_targets=list(BODIES))
-        c = Collector(StoreWriter(direct), [ScheduledSource(scrape, 15)], clock=lambda: START + timedelta(days=1))
-        for k in range(SCRAPES):
-            ts = START + k * STEP
-            answers = [(Target(instance), TargetStatus(up=True), body_at(path, k)) for instance, path in BODIES.items()]
-            c.commit("scrape", [scrape.round_batch(ts, answers)])
-            for instance, path in BODIES.items():
-                vm.import_prometheus(body_at(path, k), timestamp_ms=ms(ts), extra_labels={"instance": instance, "job": "gpu"})
-        c.writer.close()
-        vm.flush()
-        assert vm.query("count(count_over_time(DCGM_FI_DEV_GPU_UTIL[1h]))", time=ms(START + timedelta(hours=1)) / 1000)
-
-        # what the collector stores reading VictoriaMetrics as a Prometheus-compatible store
-        via = tmp_path / "via"
-        cfg = tmp_path / "g.toml"
-        cfg.write_text(f'[collector]\nstore = "{via}"\ncluster = "fleet"\nlisten = ""\n'
-                       f'[collector.prometheus]\nurl = "{vm.url}"\nchunk_seconds = 3600\n{reading}')
-        r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "--log-level", "WARNING", "collect", "--config", str(cfg),
-                            "--backfill", (START - timedelta(seconds=1)).isoformat(), (START + timedelta(hours=1)).isoformat()],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+        direct, via = tmp_path / "direct", tmp_path / "via"
+        fill(vm, direct)
+        backfill_cli(tmp_path, via, vm.url, f"chunk_seconds = 3600\n{reading}", START + timedelta(hours=1))
         version = vm.version()
     finally:
         vm.stop()
+    assert_same_store(direct, via, version)
 
+
+def test_backfill_on_dask_stores_what_a_backfill_here_stores(tmp_path):
+    """`[analytics] dask_scheduler` set: the backfill's chunks are read as tasks on a real Dask
+    cluster (scheduler + 2 workers on loopback), committed here in order; the store equals the
+    in-process backfill's and scraping's."""
+    vm = start_victoriametrics(tmp_path / "vm")
+    cluster = start_dask(tmp_path / "dask", workers=2)
+    try:
+        direct, here, on_dask = tmp_path / "direct", tmp_path / "here", tmp_path / "on-dask"
+        fill(vm, direct)
+        end = START + SCRAPES * STEP  # chunks of 60 s: (START - 60 s, START], ..., 3 tasks
+        backfill_cli(tmp_path, here, vm.url, "chunk_seconds = 60\n", end)
+        r = backfill_cli(tmp_path, on_dask, vm.url, f'chunk_seconds = 60\n[analytics]\ndask_scheduler = "{cluster.address}"\n', end)
+        assert f"backfill prometheus on {cluster.address} [" in r.stdout and "3/3 (100%)" in r.stdout, r.stdout[-2000:]
+        assert "backfill-prometheus: 3 of 3 tasks done" in r.stderr, r.stderr[-2000:]
+        version = vm.version()
+    finally:
+        cluster.stop()
+        vm.stop()
+    assert_same_store(here, on_dask, version)
+    assert_same_store(direct, on_dask, version)
+
+
+def assert_same_store(direct: Path, via: Path, version: str) -> None:
     columns = [f.name for f in SAMPLE_SCHEMA if f.name != "source"]
     order = "ORDER BY ts, host, gpu_uuid, gpu_instance"
     want = table_rows(direct, f"SELECT {', '.join(columns)} FROM gpu_samples {order}")

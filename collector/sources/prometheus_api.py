@@ -118,6 +118,8 @@ class PrometheusApiSource:
     headers: dict[str, str] = field(default_factory=dict)
     name: str = "prometheus"
     clock: Callable[[], datetime] = utcnow  # naive UTC; what "complete" is measured against
+    # its reads need only these settings, so a backfill may run them as Dask tasks (gpufleet.collector.backfill)
+    reads_anywhere = True
 
     @property
     def watermark_name(self) -> str:
