@@ -45,7 +45,8 @@ def read_chunk(task: tuple[Any, datetime, datetime]) -> Batch:
 
 
 def _batches(collector: Collector, source: Any, windows: list[tuple[datetime, datetime]]) -> tuple[Iterator[Batch], str]:
-    """The windows' batches in order, and where they are read."""
+    """The windows' batches in order, and where they are read (a single chunk is read here:
+    there is nothing to spread)."""
     runner = collector.tasks
     if runner is not None and runner.scheduler and getattr(source, "reads_anywhere", False) and len(windows) > 1:
         runner = dataclasses.replace(runner, name=f"backfill-{source.name}", progress=None)

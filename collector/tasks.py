@@ -41,14 +41,9 @@ class TaskRunner:
         items = list(items)
         if not items:
             return []
-        tick = _Progress(self.name, len(items), self.progress)
         if not self.scheduler:
-            out = []
-            for item in items:
-                out.append(self._local(fn, item, label))
-                tick.step()
-            return out
-        return self._dask(fn, items, label, tick)
+            return list(self.ordered(fn, items, label=label))
+        return self._dask(fn, items, label, _Progress(self.name, len(items), self.progress))
 
     def _local(self, fn: Callable[[Any], Any], item: Any, label: Callable[[Any], str]) -> Any:
         for attempt in range(self.retries + 1):
@@ -67,6 +62,8 @@ class TaskRunner:
         is `ahead` results, never all of them; in-process one task runs at a time. Closing the
         iterator early cancels the tasks not taken."""
         items = list(items)
+        if not items:
+            return
         tick = _Progress(self.name, len(items), self.progress)
         if not self.scheduler:
             for item in items:
@@ -84,7 +81,7 @@ class TaskRunner:
 
             def submit() -> None:
                 for i, item in todo:
-                    waiting.append((item, client.submit(fn, item, key=f"{self.name}-{label(item)}-{i}", retries=self.retries, pure=False)))
+                    waiting.append((item, client.submit(fn, item, key=self._key(label, item, i), retries=self.retries, pure=False)))
                     return
 
             for _ in range(ahead):
@@ -94,8 +91,7 @@ class TaskRunner:
                 try:
                     result = future.result()
                 except Exception as e:  # noqa: BLE001 - the task's own error, after Dask's retries
-                    raise TaskError(f"{self.name}: task {label(item)} failed {self.retries + 1} times on Dask; "
-                                    f"last: {type(e).__name__}: {e}") from None
+                    raise self._failed_on_dask(label(item), e) from None
                 future.release()
                 submit()
                 tick.step()
@@ -104,6 +100,13 @@ class TaskRunner:
             for _, future in waiting:
                 future.cancel()
             client.close()
+
+    def _key(self, label: Callable[[Any], str], item: Any, i: int) -> str:
+        """A task's Dask key: what the scheduler's logs and dashboard name it by."""
+        return f"{self.name}-{label(item)}-{i}"
+
+    def _failed_on_dask(self, label: str, e: BaseException) -> TaskError:
+        return TaskError(f"{self.name}: task {label} failed {self.retries + 1} times on Dask; last: {type(e).__name__}: {e}")
 
     def _client(self) -> Any:
         try:
@@ -121,16 +124,14 @@ class TaskRunner:
         from distributed import as_completed
 
         try:
-            keys = [f"{self.name}-{label(item)}-{i}" for i, item in enumerate(items)]
+            keys = [self._key(label, item, i) for i, item in enumerate(items)]
             futures = client.map(fn, items, key=keys, retries=self.retries, pure=False)
             index = {f.key: i for i, f in enumerate(futures)}
             out: list[Any] = [None] * len(items)
             for future in as_completed(futures, loop=client.loop, raise_errors=False):
                 i = index[future.key]
                 if future.status == "error":
-                    e = future.exception()
-                    raise TaskError(f"{self.name}: task {label(items[i])} failed {self.retries + 1} times on Dask; "
-                                    f"last: {type(e).__name__}: {e}")
+                    raise self._failed_on_dask(label(items[i]), future.exception())
                 out[i] = future.result()
                 tick.step()
             return out

@@ -77,12 +77,12 @@ def fill(vm, direct: Path) -> None:
     assert vm.query("count(count_over_time(DCGM_FI_DEV_GPU_UTIL[1h]))", time=ms(START + timedelta(hours=1)) / 1000)
 
 
-def backfill_cli(tmp_path: Path, store: Path, vm_url: str, settings: str, end: datetime) -> subprocess.CompletedProcess:
-    """`gpufleet collect --backfill` of (START - 1 s, end] reading VictoriaMetrics as a Prometheus-compatible store."""
+def backfill_cli(tmp_path: Path, store: Path, vm_url: str, prometheus: str, end: datetime, analytics: str = "") -> subprocess.CompletedProcess:
+    """`gpufleet collect --backfill` of (START - 1 s, end] reading VictoriaMetrics as a Prometheus-compatible
+    store; `prometheus` and `analytics`: more lines of those config sections."""
     cfg = tmp_path / f"{store.name}.toml"
-    prometheus, _, rest = settings.partition("[analytics]")
     cfg.write_text(f'[collector]\nstore = "{store}"\ncluster = "fleet"\nlisten = ""\n'
-                   f'[collector.prometheus]\nurl = "{vm_url}"\n{prometheus}' + (f"[analytics]{rest}" if rest else ""))
+                   f'[collector.prometheus]\nurl = "{vm_url}"\n{prometheus}' + (f"[analytics]\n{analytics}" if analytics else ""))
     r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "--log-level", "INFO", "collect", "--config", str(cfg),
                         "--backfill", (START - timedelta(seconds=1)).isoformat(), end.isoformat()],
                        capture_output=True, text=True, timeout=300)
@@ -114,7 +114,7 @@ def test_backfill_on_dask_stores_what_a_backfill_here_stores(tmp_path):
         fill(vm, direct)
         end = START + SCRAPES * STEP  # chunks of 60 s: (START - 60 s, START], ..., 3 tasks
         backfill_cli(tmp_path, here, vm.url, "chunk_seconds = 60\n", end)
-        r = backfill_cli(tmp_path, on_dask, vm.url, f'chunk_seconds = 60\n[analytics]\ndask_scheduler = "{cluster.address}"\n', end)
+        r = backfill_cli(tmp_path, on_dask, vm.url, "chunk_seconds = 60\n", end, analytics=f'dask_scheduler = "{cluster.address}"\n')
         assert f"backfill prometheus on {cluster.address} [" in r.stdout and "3/3 (100%)" in r.stdout, r.stdout[-2000:]
         assert "backfill-prometheus: 3 of 3 tasks done" in r.stderr, r.stderr[-2000:]
         version = vm.version()
