@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START
+
 # --- fragments the queries below share ---
 
 # seconds of [a, b) that fall inside [$start, $end)
@@ -79,18 +81,18 @@ WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model 
   AND g.first_seen < $end AND {CAPACITY_END} > $start
 """
 
-ALLOCATIONS = """
+ALLOCATIONS = f"""
 CREATE OR REPLACE TEMP TABLE al AS
 SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS gi,
-       greatest(coalesce(j.start, a.first_seen), $xstart) AS a0,
-       least(coalesce(j."end", a.last_seen + to_seconds($max_gap)), $xend) AS a1,
+       greatest({ALLOCATION_START}, $xstart) AS a0,
+       least({ALLOCATION_END}, $xend) AS a1,
        coalesce(j.job_id, a.job_key) AS job_id, j.name, j.user_name, j.account, j.partition, j.state
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 WHERE ($cluster IS NULL OR a.cluster = $cluster)
   AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
   AND ($partition IS NULL OR j.partition = $partition)
-  AND least(coalesce(j."end", a.last_seen + to_seconds($max_gap)), $xend) > greatest(coalesce(j.start, a.first_seen), $xstart)
+  AND least({ALLOCATION_END}, $xend) > greatest({ALLOCATION_START}, $xstart)
 """
 
 # Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
@@ -147,17 +149,19 @@ WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SEL
 # runs listed down to its idle_min_duration (or buckets shorter than that: none can qualify).
 SUMMARY_HOURS = """
 SELECT hour, bucket_s FROM summary_hours
-WHERE max_gap_s = $max_gap AND idle_threshold = $thr AND (keep_s <= $min_idle OR bucket_s <= $min_idle)
+WHERE max_gap_s = $max_gap AND idle_threshold = $thr AND (keep_s <= $min_idle OR bucket_s <= $min_idle) AND hash_by = $hash_by
   AND hour < $xend AND hour + INTERVAL 1 HOUR > $xstart
 ORDER BY hour
 """
 
 # The summary rows of the line [$xstart, $xend) within the cluster and model filters (a row's
-# variant is its samples': readers take a bucket of mixed variants raw).
+# variant is its samples': readers take a bucket of mixed variants raw). h and gh were hashed
+# when the hour was written (gpufleet.collector.schema.SUMMARY_HASHES, as GPU_HASH), by the
+# DuckDB SUMMARY_HOURS holds to this one's.
 SUMMARY_ROWS = """
-SELECT hash(s.cluster, s.host, s.gpu_uuid, s.gi::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
-       hash(s.cluster, s.host, s.gpu_uuid, s.gi::INTEGER) AS gh, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
-       s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.idle_runs, s.nop_head_us, s.nop_tail_us, s.nop_runs
+SELECT s.h, s.gh, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
+       s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.idle_runs, s.nop_head_us, s.nop_tail_us, s.nop_runs,
+       epoch_us(s.bucket) + s.seg0_us AS s0, epoch_us(s.bucket) + s.seg1_us AS s1
 FROM gpu_summaries s
 WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
   AND date_trunc('hour', s.bucket) IN (SELECT hour FROM _use_hours)
@@ -178,6 +182,9 @@ WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
   AND {which}
 """
 RAW_BUCKETS_ALL = _RAW_SAMPLES.format(join="", which="epoch_us(s.ts) // $bucket_us IN (SELECT k FROM _raw_k)")
+# the same in one range of them, [$lo, $hi) (timestamps, so the scan skips the files and row
+# groups outside: a few such ranges cost what they hold, not a scan of the window)
+RAW_RANGE_ALL = _RAW_SAMPLES.format(join="", which="s.ts >= $lo AND s.ts < $hi")
 RAW_BUCKETS_GPU = _RAW_SAMPLES.format(
     join="""
 SEMI JOIN _raw_gk r ON r.gh = hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)

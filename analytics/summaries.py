@@ -7,17 +7,19 @@ analysis (core.Analysis) asks the arrays of gputime.GpuTime four things: data an
 totals (per_gpu) and the idle and no-process runs (runs). SummaryTime answers them exactly on a
 line per GPU made of two kinds of segment, in time order:
 
-- a whole summarised bucket [B, B + bucket): its sums, and its runs as pieces - the run touching
-  its start, the one touching its end (one piece if the bucket is idle throughout) and the runs
-  inside it long enough to matter;
+- a whole summarised segment [s0, s1): a bucket, or the part of one between the allocation
+  edges the summary was cut at (gpufleet.collector.summaries): its sums, and its runs as pieces -
+  the run touching its start, the one touching its end (one piece if it is idle throughout) and
+  the runs inside it long enough to matter;
 - a raw piece: a sample interval (gputime's rule: until the next sample, at most max_gap) cut at
   bucket edges, in every bucket a summary cannot answer: one cut by the window's edges (start,
-  end, and the extended read window), by an allocation's start or end on that GPU, one of an hour
-  with no current summary for these parameters (the open hour, late data), or one the summary
-  marks inexact.
+  end, and the extended read window), one where an allocation on that GPU starts or ends inside
+  a segment (the summary was written before the store knew of it), one of an hour with no
+  current summary for these parameters (the open hour, late data), or one the summary marks
+  inexact.
 
-Every look-up the analysis makes falls on a bucket edge or inside a raw bucket, so the sums of
-whole buckets are never split; a look-up inside a summarised bucket (a timeline with buckets not
+Every look-up the analysis makes falls on a segment edge or inside a raw bucket, so the sums of
+whole segments are never split; a look-up inside a summarised bucket (a timeline with buckets not
 aligned with the summaries') is answered by the raw arrays, read then (exact, slower).
 Reads: the summary rows of the window (GPUs x buckets) and the raw samples of the raw buckets and
 their neighbours (a bucket's intervals depend on samples up to max_gap either side), never the
@@ -33,11 +35,13 @@ import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime, _variants
-from gpufleet.times import epoch_us
+from gpufleet.times import epoch_us, from_epoch_us
 from gpufleet.collector import summaries as cs
 
 KEY = ["cluster", "host", "gpu_uuid", "gi"]
 HOUR_US = 3_600_000_000
+# more ranges of buckets read raw than this are read in one pass over the window instead
+MAX_RAW_RANGES = 16
 
 
 def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
@@ -48,11 +52,25 @@ def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame) -> "Summary
     """The window's line from summaries, or None when no summarised hour with these parameters
     meets the read window (then the raw arrays, GpuTime, are the way). `cuts`: cluster, host,
     gpu_uuid, gi, t (epoch us) - the times the analysis will look up on each GPU."""
-    hours = _q(con, sql.SUMMARY_HOURS, bind)
+    hours = _q(con, sql.SUMMARY_HOURS, {**bind, "hash_by": cs.HASH_BY})
     if hours.is_empty():
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
     return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s)
+
+
+def _raw_all(con: Any, bind: dict[str, Any], ks: list[int], bucket_us: int) -> pl.DataFrame | None:
+    """Every GPU's raw samples in buckets `ks` (sorted; registered as _raw_k): range by range when
+    they make a few ranges, so the scan reads only those, else in one pass over the window."""
+    if not ks:
+        return None
+    starts = [k for i, k in enumerate(ks) if i == 0 or ks[i - 1] != k - 1]
+    ends = [k for i, k in enumerate(ks) if i == len(ks) - 1 or ks[i + 1] != k + 1]
+    if len(starts) > MAX_RAW_RANGES:
+        return _q(con, sql.RAW_BUCKETS_ALL, {**bind, "bucket_us": bucket_us})
+    parts = [_q(con, sql.RAW_RANGE_ALL, {**bind, "lo": from_epoch_us(k0 * bucket_us), "hi": from_epoch_us((k1 + 1) * bucket_us)})
+             for k0, k1 in zip(starts, ends)]
+    return pl.concat(parts, how="vertical_relaxed")
 
 
 class SummaryTime(GpuTime):
@@ -69,7 +87,7 @@ class SummaryTime(GpuTime):
         self.span = (xe - self.base) + 2 * gap + 1
         kx0, kx1 = xs // b, (xe - 1) // b
         every = np.arange(kx0, kx1 + 1, dtype=np.int64)
-        h_us = hours.dt.epoch("us").to_numpy().astype(np.int64)
+        h_us = hours.dt.epoch("us").to_numpy().astype(np.int64, copy=False)
         per_hour = HOUR_US // b
         summarised = np.unique((h_us[:, None] // b + np.arange(per_hour)[None, :]).ravel())
         # buckets read raw for every GPU: not summarised, or cut by the window's edges
@@ -86,9 +104,12 @@ class SummaryTime(GpuTime):
             con.unregister("_use_hours")
         sm = sm.with_columns(k=pl.col("b0") // b).filter((pl.col("k") >= kx0) & (pl.col("k") <= kx1)
                                                           & ~pl.col("k").is_in(list(k_all)))
-        # buckets read raw on one GPU: an allocation starts or ends inside, or the summary is inexact
+        # buckets read raw on one GPU: an allocation starts or ends inside a segment (the summary
+        # was written before the allocation was known), or the summary is inexact
         cut = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
-            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).select("gh", "k")
+            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
+        cut = cut.join(sm.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner").filter(
+            (pl.col("s0") < pl.col("t")) & (pl.col("t") < pl.col("s1"))).select("gh", "k")
         gk = pl.concat([cut, sm.filter(~pl.col("exact")).select("gh", "k")], how="vertical_relaxed").unique()
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
         need = need.filter(~pl.col("k").is_in(read_all))
@@ -96,7 +117,7 @@ class SummaryTime(GpuTime):
         ks = {"bucket_us": b}
         con.register("_raw_k", pl.DataFrame({"k": pl.Series(read_all, dtype=pl.Int64)}).to_arrow())
         try:
-            raw = _q(con, sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
+            raw = _raw_all(con, bind, read_all, b)
             if not need.is_empty():
                 con.register("_raw_gk", need.to_arrow())
                 try:
@@ -112,10 +133,10 @@ class SummaryTime(GpuTime):
         # GPU variants over both sources, named as the raw path names them (gputime._variants: vid
         # = index into the sorted variant hashes, gid per GPU, equiv by sql.gpu_equiv); rows carry
         # the hashes only, so placing millions of them is integer work, not string joins
-        hashes = np.unique(np.concatenate([sm["h"].to_numpy(), raw["h"].to_numpy()]).astype(np.uint64))
+        hashes = np.unique(np.concatenate([sm["h"].unique().to_numpy(), raw["h"].unique().to_numpy()]).astype(np.uint64))
         self.gpus = _variants(con, bind, hashes)
         equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
-        gid_of = self.gpus["gid"].to_numpy().astype(np.int64)
+        gid_of = self.gpus["gid"].to_numpy().astype(np.int64, copy=False)
         sm = sm.with_columns(vid=pl.Series(np.searchsorted(hashes, sm["h"].to_numpy()), dtype=pl.Int64))
         sm = sm.with_columns(gid=pl.Series(gid_of[sm["vid"].to_numpy()], dtype=pl.Int64))
         raw = raw.with_columns(vid=pl.Series(np.searchsorted(hashes, raw["h"].to_numpy()), dtype=pl.Int64))
@@ -124,14 +145,14 @@ class SummaryTime(GpuTime):
 
         # raw pieces, in the raw buckets only
         raw = raw.sort(["gid", "ts"], maintain_order=True)
-        g, ts = raw["gid"].to_numpy().astype(np.int64), raw["ts"].to_numpy().astype(np.int64)
+        g, ts = raw["gid"].to_numpy().astype(np.int64, copy=False), raw["ts"].to_numpy().astype(np.int64, copy=False)
         i, k, p0, p1 = cs.split(ts, cs.intervals(g, ts, gap), xs, xe, b)
         nk = kx1 - kx0 + 3
         gkc = gk.join(gh_gid, on="gh", how="inner")
-        codes = gkc["gid"].to_numpy().astype(np.int64) * nk + (gkc["k"].to_numpy().astype(np.int64) - kx0 + 1)
+        codes = gkc["gid"].to_numpy().astype(np.int64, copy=False) * nk + (gkc["k"].to_numpy().astype(np.int64, copy=False) - kx0 + 1)
         keep = np.isin(k, np.array(sorted(k_all), dtype=np.int64)) | np.isin(g[i] * nk + (k - kx0 + 1), codes)
         i, p0, p1 = i[keep], p0[keep], p1[keep]
-        rg, rv = g[i], raw["vid"].to_numpy().astype(np.int64)[i]
+        rg, rv = g[i], raw["vid"].to_numpy().astype(np.int64, copy=False)[i]
         util = raw["util"].to_numpy()[i]
         self._raw_util, self._raw_nop = util, raw["nop"].to_numpy()[i]
         sec = (p1 - p0) / 1e6 * equiv[rv]
@@ -143,8 +164,8 @@ class SummaryTime(GpuTime):
         sm = sm.filter(pl.col("exact") & (pl.col("covered_us") > 0))
         sm = sm.join(gk.with_columns(cut=pl.lit(True)), on=["gh", "k"], how="left").filter(pl.col("cut").is_null())
         self._sm = sm
-        sg, sv = sm["gid"].to_numpy().astype(np.int64), sm["vid"].to_numpy().astype(np.int64)
-        s0 = sm["b0"].to_numpy().astype(np.int64)
+        sg, sv = sm["gid"].to_numpy().astype(np.int64, copy=False), sm["vid"].to_numpy().astype(np.int64, copy=False)
+        s0, s1 = sm["s0"].to_numpy().astype(np.int64, copy=False), sm["s1"].to_numpy().astype(np.int64, copy=False)
         s_data = sm["data_s"].to_numpy() * equiv[sv]
         s_busy = sm["busy_s"].to_numpy() * equiv[sv]
 
@@ -153,7 +174,7 @@ class SummaryTime(GpuTime):
         self._rk1 = rg * self.span + (p1 - self.base)
         self._rv = rv
         t0 = np.concatenate([self._rk0, sg * self.span + (s0 - self.base)])
-        t1 = np.concatenate([self._rk1, sg * self.span + (s0 + b - self.base)])
+        t1 = np.concatenate([self._rk1, sg * self.span + (s1 - self.base)])
         order = np.argsort(t0, kind="stable")
         self.t0, self.t1 = t0[order], t1[order]
         self._whole = np.concatenate([np.zeros(len(rg), dtype=bool), np.ones(len(sg), dtype=bool)])[order]
@@ -213,22 +234,22 @@ class SummaryTime(GpuTime):
         hit = (self._raw_util < np.float64(thr)) if kind == "idle" else self._raw_nop
         pre = "idle" if kind == "idle" else "nop"
         sm = self._sm
-        b = self.bucket_us
-        g = sm["gid"].to_numpy().astype(np.int64)
-        v = sm["vid"].to_numpy().astype(np.int64)
-        s0 = sm["b0"].to_numpy().astype(np.int64)
-        head = sm[f"{pre}_head_us"].to_numpy().astype(np.int64)
-        tail = sm[f"{pre}_tail_us"].to_numpy().astype(np.int64)
-        whole = head == b
+        g = sm["gid"].to_numpy().astype(np.int64, copy=False)
+        v = sm["vid"].to_numpy().astype(np.int64, copy=False)
+        s0, s1 = sm["s0"].to_numpy().astype(np.int64, copy=False), sm["s1"].to_numpy().astype(np.int64, copy=False)
+        head = sm[f"{pre}_head_us"].to_numpy().astype(np.int64, copy=False)
+        tail = sm[f"{pre}_tail_us"].to_numpy().astype(np.int64, copy=False)
+        whole = head == s1 - s0
         h = (head > 0) & ~whole
         tl = (tail > 0) & ~whole
-        inner = sm.select("gid", "vid", "b0", pl.col(f"{pre}_runs")).explode(f"{pre}_runs").drop_nulls(f"{pre}_runs").unnest(f"{pre}_runs")
-        ig = inner["gid"].to_numpy().astype(np.int64) if inner.height else np.zeros(0, np.int64)
-        ib = inner["b0"].to_numpy().astype(np.int64) if inner.height else np.zeros(0, np.int64)
+        inner = (sm.select("gid", "vid", "b0", pl.col(f"{pre}_runs")).filter(pl.col(f"{pre}_runs").is_not_null())
+                 .explode(f"{pre}_runs").drop_nulls(f"{pre}_runs").unnest(f"{pre}_runs"))
+        ig = inner["gid"].to_numpy().astype(np.int64, copy=False) if inner.height else np.zeros(0, np.int64)
+        ib = inner["b0"].to_numpy().astype(np.int64, copy=False) if inner.height else np.zeros(0, np.int64)
         pg = np.concatenate([g[whole], g[h], g[tl], ig])
-        pv = np.concatenate([v[whole], v[h], v[tl], inner["vid"].to_numpy().astype(np.int64) if inner.height else np.zeros(0, np.int64)])
-        a0 = np.concatenate([s0[whole], s0[h], s0[tl] + b - tail[tl], ib + (inner["r0_us"].to_numpy() if inner.height else 0)])
-        a1 = np.concatenate([s0[whole] + b, s0[h] + head[h], s0[tl] + b, ib + (inner["r1_us"].to_numpy() if inner.height else 0)])
+        pv = np.concatenate([v[whole], v[h], v[tl], inner["vid"].to_numpy().astype(np.int64, copy=False) if inner.height else np.zeros(0, np.int64)])
+        a0 = np.concatenate([s0[whole], s0[h], s1[tl] - tail[tl], ib + (inner["r0_us"].to_numpy() if inner.height else 0)])
+        a1 = np.concatenate([s1[whole], s0[h] + head[h], s1[tl], ib + (inner["r1_us"].to_numpy() if inner.height else 0)])
         k0 = np.concatenate([self._rk0[hit], pg * self.span + (a0 - self.base)])
         k1 = np.concatenate([self._rk1[hit], pg * self.span + (a1 - self.base)])
         vv = np.concatenate([self._rv[hit], pv])

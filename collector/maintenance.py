@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable
@@ -27,11 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.collector import summaries
-from gpufleet.collector.schema import ROLLUP_SQL, SUMMARY_SAMPLES
+from gpufleet.collector.schema import ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 from gpufleet.collector.tasks import TaskRunner
-from gpufleet.times import epoch_us
+from gpufleet.times import epoch_us, from_epoch_us
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,17 @@ class SummaryTask:
     # only the row groups of its hosts (compaction sorts the files by host, then GPU and time)
     host_lo: str | None = None
     host_hi: str | None = None
+    # the allocations' starts and ends in the day's hours (schema.ALLOCATION_EDGES' rows), where
+    # the buckets are cut into segments, and their digest (the part's name says which it used)
+    cuts: pa.Table | None = field(default=None, compare=False, repr=False)
+    cuts_digest: str = ""
 
     @property
     def part(self) -> str:
         """Where its output goes, named by everything it is computed from: a rerun of a killed
         build finds the parts already written and keeps them."""
-        what = json.dumps([self.day, self.hours, self.shards, self.host_lo, self.host_hi, self.tag, summaries.FORMAT_VERSION]).encode()
+        what = json.dumps([self.day, self.hours, self.shards, self.host_lo, self.host_hi, self.tag, summaries.FORMAT_VERSION,
+                           self.cuts_digest]).encode()
         return f"{PARTS_DIR}/{self.day}-{hashlib.blake2b(what, digest_size=8).hexdigest()}-{self.shard + 1}of{self.shards}.parquet"
 
     def label(self) -> str:
@@ -124,12 +129,47 @@ def build_summary_part(task: SummaryTask) -> str:
             rows = con.sql(q, params={"lo": h - gap, "hi": h + timedelta(hours=1) + gap, "host_lo": task.host_lo,
                                       "host_hi": task.host_hi}).to_arrow_table()
             h0 = epoch_us(h)
-            tables.append(summaries.summarize(rows, h0, h0 + 3_600_000_000, p))
+            tables.append(summaries.summarize(rows, h0, h0 + 3_600_000_000, p, _cuts_of(con, rows, task.cuts, h0)))
     finally:
         con.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_parquet(pa.concat_tables(tables), path)
     return task.part
+
+
+def _cuts_of(con: duckdb.DuckDBPyConnection, rows: pa.Table, cuts: pa.Table | None, h0: int) -> tuple | None:
+    """The cuts inside hour h0 (epoch us) by the rows' GPU numbers (g): summaries.summarize's `cuts`."""
+    if cuts is None or not cuts.num_rows or not rows.num_rows:
+        return None
+    con.register("_rows", rows)
+    con.register("_cuts", cuts)
+    try:
+        found = con.execute(CUTS_BY_GPU, {"lo": h0, "hi": h0 + 3_600_000_000}).fetchnumpy()
+    finally:
+        con.unregister("_rows")
+        con.unregister("_cuts")
+    return found["g"].astype("int64"), found["t"].astype("int64")
+
+
+def _day_cuts(w: StoreWriter, day: str, p: summaries.SummaryParams) -> tuple[pa.Table, str]:
+    """The allocation edges of a day's hours (and max_gap either side) this part of the store
+    knows now, and their digest."""
+    lo = epoch_us(datetime.fromisoformat(day)) - p.gap_us
+    hi = lo + 24 * 3_600_000_000 + 2 * p.gap_us
+    table = w.db.sql(ALLOCATION_EDGES, params={"lo": lo, "hi": hi, "max_gap": p.max_gap_s}).to_arrow_table()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as out:
+        out.write_table(table)
+    return table, hashlib.blake2b(sink.getvalue().to_pybytes(), digest_size=8).hexdigest()
+
+
+def _cut_digests(w: StoreWriter, hours: list[datetime], p: summaries.SummaryParams) -> dict[str, str]:
+    """Each hour's CUT_DIGESTS digest (hour in ISO form -> digest; an hour with no cut: absent)."""
+    if not hours:
+        return {}
+    lo, hi = epoch_us(min(hours)), epoch_us(max(hours)) + 3_600_000_000
+    rows = w.db.execute(CUT_DIGESTS, {"lo": lo, "hi": hi, "max_gap": p.max_gap_s, "bucket_us": p.bucket_us}).fetchall()
+    return {from_epoch_us(h * 3_600_000_000).isoformat(): d for h, d in rows}
 
 
 def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: TaskRunner | None = None,
@@ -151,13 +191,14 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
                 hours.setdefault(h, []).append(f)
             h += timedelta(hours=1)
     tag = p.tag()
+    closed = [h for h in sorted(hours) if h + timedelta(hours=1) + SETTLE < now]
+    cut_digests = _cut_digests(w, closed, p)
     todo: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-    for hour in sorted(hours):
-        if hour + timedelta(hours=1) + SETTLE >= now:
-            continue
+    for hour in closed:
         sources = sorted(hours[hour])
         old = w.summaries.get(hour.isoformat())
-        if old is not None and old.get("tag") == tag and old["sources"] == sources:
+        if (old is not None and old.get("tag") == tag and old["sources"] == sources
+                and old.get("cuts", "") == cut_digests.get(hour.isoformat(), "") and old.get("hash_by") == summaries.HASH_BY):
             continue
         todo.setdefault(f"{hour:%Y-%m-%d}", []).append((hour.isoformat(), tuple(sources)))
     built = sum(len(hs) for hs in todo.values())
@@ -166,7 +207,8 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     work = []
     for day, hs in todo.items():
         ranges = _host_ranges(w, sorted({f for _, sources in hs for f in sources}), shards)
-        work += [SummaryTask(str(w.root), day, tuple(hs), s, len(ranges), p, tag, lo, hi) for s, (lo, hi) in enumerate(ranges)]
+        cuts, digest = _day_cuts(w, day, p)
+        work += [SummaryTask(str(w.root), day, tuple(hs), s, len(ranges), p, tag, lo, hi, cuts, digest) for s, (lo, hi) in enumerate(ranges)]
     if progress is not None:
         runner = replace(runner, progress=progress)
     _remove_stale_parts(w, {t.part for t in work})
@@ -174,7 +216,7 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     for day, hs in todo.items():
         parts = [w.root / t.part for t in work if t.day == day]
         for hour, sources in hs:
-            _register_hour(w, datetime.fromisoformat(hour), list(sources), parts, p, tag)
+            _register_hour(w, datetime.fromisoformat(hour), list(sources), parts, p, tag, cut_digests.get(hour, ""))
         for part in parts:
             part.unlink(missing_ok=True)
     for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours]:
@@ -203,15 +245,21 @@ def _remove_stale_parts(w: StoreWriter, wanted: set[str]) -> None:
             path.unlink(missing_ok=True)
 
 
-def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: list[Path], p: summaries.SummaryParams, tag: str) -> None:
+def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: list[Path], p: summaries.SummaryParams, tag: str,
+                   cuts: str) -> None:
     """The hour's summary file: its rows from the day's parts, in the order one task over every
     GPU gives (by GPU, then bucket), and its manifest entry."""
     gap = timedelta(microseconds=p.gap_us)
     lo, hi = hour - gap, hour + timedelta(hours=1) + gap
     table = pq.read_table([str(f) for f in parts], schema=summaries.SCHEMA,
                           filters=[("bucket", ">=", hour), ("bucket", "<", hour + timedelta(hours=1))])
-    table = table.sort_by([(c, "ascending") for c in ("cluster", "host", "gpu_uuid", "gi", "bucket")])
-    digest = hashlib.blake2b("\n".join(sources).encode(), digest_size=6).hexdigest()
+    table = table.sort_by([(c, "ascending") for c in ("cluster", "host", "gpu_uuid", "gi", "bucket", "seg0_us")])
+    w.db.register("_hour", table)
+    try:
+        table = w.db.sql(SUMMARY_HASHES).to_arrow_table().cast(summaries.FILE_SCHEMA)
+    finally:
+        w.db.unregister("_hour")
+    digest = hashlib.blake2b("\n".join([*sources, cuts]).encode(), digest_size=6).hexdigest()
     rel = f"summaries/date={hour:%Y-%m-%d}/sum-{hour:%H}-{tag}-{digest}.parquet"
     (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
     write_parquet(table, w.root / rel)
@@ -219,7 +267,7 @@ def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: li
     if key in w.summaries and w.summaries[key]["file"] != rel:
         w.retire_summary(key)
     w.summaries[key] = {"hour": key, "file": rel, "lo": lo.isoformat(), "hi": hi.isoformat(), "tag": tag,
-                        "params": asdict(p), "sources": sources}
+                        "params": asdict(p), "sources": sources, "cuts": cuts, "hash_by": summaries.HASH_BY}
 
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:

@@ -362,6 +362,54 @@ class Batch:
     # deleted between two listings) and is closed as of that time
     jobs_complete: tuple[str, str, datetime] | None = None
 
+# When an allocation holds its GPU (before an analysis clips it to its window): from its job's
+# start, else the mapping's first sighting, to the job's end, else the last sighting plus
+# $max_gap. Named once: the analytics' allocations (gpufleet.analytics.sql.ALLOCATIONS) and the
+# summaries' cuts (ALLOCATION_EDGES) use the one rule, so a summary's segments end where an
+# analysis looks up. Aliases: a = allocations, j = jobs.
+ALLOCATION_START = "coalesce(j.start, a.first_seen)"
+ALLOCATION_END = 'coalesce(j."end", a.last_seen + to_seconds($max_gap))'
+
+# Every allocation's start and end in [$lo, $hi) (epoch us), with its GPU as SUMMARY_SAMPLES
+# names it: where one hour's summaries cut their buckets (gpufleet.collector.summaries).
+ALLOCATION_EDGES = f"""
+SELECT cluster, host, gpu_uuid, gi, t FROM (
+    SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi,
+           epoch_us({ALLOCATION_START}) AS t0, epoch_us({ALLOCATION_END}) AS t1
+    FROM allocations a
+    LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key)
+UNPIVOT (t FOR edge IN (t0, t1))
+WHERE t >= $lo AND t < $hi
+ORDER BY cluster, host, gpu_uuid, gi, t
+"""
+
+# Per hour (epoch us // 1 h), what of ALLOCATION_EDGES cuts its buckets (the distinct edges
+# strictly inside a bucket of $bucket_us): how many and an order-free digest. An hour whose
+# summary was cut at other edges (an allocation learnt of later) is rebuilt.
+CUT_DIGESTS = f"""
+SELECT t // 3600000000 AS hour, count(*)::VARCHAR || '-' || sum(hash(cluster, host, gpu_uuid, gi, t))::VARCHAR AS digest
+FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi, t FROM ({ALLOCATION_EDGES}) WHERE t % $bucket_us <> 0)
+GROUP BY 1
+"""
+
+# An hour's summary rows (_hour, gpufleet.collector.summaries.SCHEMA) with their hashes
+# (summaries.FILE_SCHEMA: the values GPU_HASH and the GPU's hash give in the analytics)
+SUMMARY_HASHES = """
+SELECT *, hash(cluster, host, gpu_uuid, gi::INTEGER, gpu::INTEGER, model, mig_profile) AS h,
+       hash(cluster, host, gpu_uuid, gi::INTEGER) AS gh
+FROM _hour
+"""
+
+# The cuts of one task's hours numbered as its samples' GPUs (g): _cuts (ALLOCATION_EDGES' rows)
+# joined to _rows (SUMMARY_SAMPLES' rows)
+CUTS_BY_GPU = """
+SELECT r.g, c.t FROM _cuts c
+JOIN (SELECT DISTINCT cluster, host, gpu_uuid, gi, g FROM _rows) r
+  ON r.cluster IS NOT DISTINCT FROM c.cluster AND r.host IS NOT DISTINCT FROM c.host
+ AND r.gpu_uuid IS NOT DISTINCT FROM c.gpu_uuid AND r.gi = c.gi
+WHERE c.t >= $lo AND c.t < $hi
+"""
+
 # The samples one hour's summaries read (gpufleet.collector.summaries): what the analytics' array
 # path reads (gpufleet.analytics.sql.SAMPLE_ARRAYS: NaN for a missing utilization, nop = held with
 # no compute process), with the GPU (g) and its variant (v) numbered, ordered by GPU and time.

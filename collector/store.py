@@ -200,7 +200,7 @@ class StoreWriter:
         # Mirrors of the interval tables' recent rows: the scrape path's fast lane, see _observe()
         self._mirrors: dict[str, _Mirror] = {}
         # Per-GPU summaries of closed hours (gpufleet.collector.summaries), as published: hour
-        # (ISO) -> {file, lo, hi, params, tag, sources}; kept across restarts through the manifest.
+        # (ISO) -> {file, lo, hi, params, tag, sources, cuts, hash_by}; kept across restarts through the manifest.
         # Each is current: a batch landing in its range drops it (commit), upkeep rebuilds it.
         self.summaries: dict[str, dict[str, Any]] = {
             e["hour"]: e for e in previous.get("summaries", []) if isinstance(e, dict) and {"hour", "file", "sources"} <= set(e)}
@@ -1028,7 +1028,8 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         listed = set(m.get("samples", []))
         for e in m.get("summaries", []):
             if e.get("sources") and set(e["sources"]) <= listed:
-                key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")))
+                key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")),
+                       e.get("hash_by"))
                 by_key.setdefault(key, []).append((d, e))
     if len(parts) > 1:
         days = [(d, {f.split("/")[1] for f in m.get("samples", []) if f.count("/") >= 2}) for d, m in parts]
@@ -1048,6 +1049,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         "idle_threshold": pa.array([k[3] for k in keys], pa.float64()),
         "keep_s": pa.array([k[4] for k in keys], pa.float64()),
         "bucket_s": pa.array([k[5] for k in keys], pa.int64()),
+        "hash_by": pa.array([k[6] for k in keys], pa.string()),
     })
     con.register("_summary_hours", hours)
     con.execute("CREATE TABLE summary_hours AS SELECT * FROM _summary_hours")
@@ -1056,7 +1058,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
     if files:
         con.execute(f"CREATE VIEW gpu_summaries AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:
-        con.register("_empty_summaries", summaries.SCHEMA.empty_table())
+        con.register("_empty_summaries", summaries.FILE_SCHEMA.empty_table())
         con.execute("CREATE TABLE gpu_summaries AS SELECT * FROM _empty_summaries")
         con.unregister("_empty_summaries")
 

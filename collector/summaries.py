@@ -19,6 +19,13 @@ for every closed hour, one row per GPU and bucket (BUCKET_S, 5 minutes) with
   nop_head_us, nop_tail_us, nop_runs: the same for "held with no compute process"
   exact        false when the row cannot stand for its samples (two variants of the GPU in the
                bucket, two samples at one time): readers take such a bucket from the raw samples
+  seg0_us, seg1_us  the segment of the bucket the row covers, as offsets from the bucket start
+
+A bucket is one row, or several when allocations start or end inside it (`cuts`: the times the
+analysis will look up on each GPU, sql ALLOCATION_EDGES): the bucket is cut there into segments,
+one row each, with head and tail runs at the segment's edges. An analysis then answers a job's
+edges from summaries too; a cut the summary does not have (an allocation learnt of after the
+hour was summarised) makes the reader take that bucket from raw samples, as before.
 
 Sample intervals follow the analytics' rule (gpufleet.analytics.gputime): a sample holds until
 the next sample of its GPU, at most max_gap. A bucket's intervals depend on the samples from
@@ -41,10 +48,11 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 BUCKET_S = 300
 # A rebuild's task outputs (one per day and GPU shard, gpufleet.collector.maintenance) until they
 # become the hours' files: kept across a restart, so a killed rebuild resumes
@@ -124,17 +132,17 @@ def _runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, hit: np.ndarray) -> t
     return grp[i0], p0[i0], p1[i1]
 
 
-def bucket_facts(grp: np.ndarray, starts: np.ndarray, b0: np.ndarray, bucket_us: int, p0: np.ndarray, p1: np.ndarray,
+def bucket_facts(grp: np.ndarray, starts: np.ndarray, s0: np.ndarray, s1: np.ndarray, b0: np.ndarray, p0: np.ndarray, p1: np.ndarray,
                  hit: np.ndarray, keep_us: int) -> tuple[np.ndarray, np.ndarray, list]:
-    """For groups (GPU x bucket; b0: each group's bucket start) of pieces in time order: the hit
-    run touching the start (its length), the one touching the end, and the runs touching neither
-    edge at least keep_us long (as [start, end) offsets from the bucket start)."""
+    """For groups (GPU x segment [s0, s1) of the bucket starting b0) of pieces in time order: the
+    hit run touching the segment's start (its length), the one touching its end, and the runs
+    touching neither edge at least keep_us long (as [start, end) offsets from the bucket start)."""
     ng = len(starts)
     head = np.zeros(ng, dtype=np.int64)
     tail = np.zeros(ng, dtype=np.int64)
     rg, r0, r1 = _runs(grp, p0, p1, hit)
-    at_start = r0 == b0[rg]
-    at_end = r1 == b0[rg] + bucket_us
+    at_start = r0 == s0[rg]
+    at_end = r1 == s1[rg]
     head[rg[at_start]] = (r1 - r0)[at_start]
     tail[rg[at_end]] = (r1 - r0)[at_end]
     inner = ~at_start & ~at_end & ((r1 - r0) >= keep_us)
@@ -142,6 +150,44 @@ def bucket_facts(grp: np.ndarray, starts: np.ndarray, b0: np.ndarray, bucket_us:
     for g, a, b in zip(rg[inner].tolist(), (r0 - b0[rg])[inner].tolist(), (r1 - b0[rg])[inner].tolist()):
         lists[g] = (lists[g] or []) + [{"r0_us": a, "r1_us": b}]
     return head, tail, lists
+
+
+# segment keys: GPU << KEY_SHIFT | (time - the read window's start), the window under 2^34 us (4.7 h)
+KEY_SHIFT = 34
+
+
+def segments(g: np.ndarray, k: np.ndarray, p0: np.ndarray, p1: np.ndarray, cut_g: np.ndarray, cut_t: np.ndarray,
+             base: int, bucket_us: int) -> tuple[np.ndarray, ...]:
+    """Bucket pieces (GPU g, bucket k, [p0, p1), in order) cut again at their GPU's cut times:
+    (index of the piece, p0, p1, s0, s1) with [s0, s1) the segment each lies in - its bucket
+    between the cuts either side. Cut times must lie in [base, base + 2^KEY_SHIFT)."""
+    b0 = k * bucket_us
+    idx = np.arange(len(p0))
+    if not len(cut_t):
+        return idx, p0, p1, b0, b0 + bucket_us
+    cuts = np.unique((cut_g.astype(np.int64) << KEY_SHIFT) | (cut_t - base))
+    own = g << KEY_SHIFT
+    lo = np.searchsorted(cuts, own | (p0 - base), side="right")
+    n = np.searchsorted(cuts, own | (p1 - base), side="left") - lo  # cuts strictly inside a piece
+    if n.max(initial=0) > 0:
+        idx = np.repeat(idx, n + 1)
+        j = np.arange(len(idx)) - np.repeat(np.cumsum(n + 1) - (n + 1), n + 1)  # 0 .. n within a piece
+        at = lo[idx] + j
+        inner = (cuts[np.minimum(at, len(cuts) - 1)] & ((1 << KEY_SHIFT) - 1)) + base
+        prev = (cuts[np.maximum(at - 1, 0)] & ((1 << KEY_SHIFT) - 1)) + base
+        p0 = np.where(j == 0, p0[idx], prev)
+        p1 = np.where(j == n[idx], p1[idx], inner)
+        g, b0, own = g[idx], b0[idx], own[idx]
+    key = own | (p0 - base)
+    before = np.searchsorted(cuts, key, side="right") - 1  # the last cut at or before a piece's start
+    c = cuts[np.maximum(before, 0)]
+    s0 = np.where((before >= 0) & ((c >> KEY_SHIFT) == g), (c & ((1 << KEY_SHIFT) - 1)) + base, b0)
+    s0 = np.maximum(s0, b0)
+    after = np.minimum(before + 1, len(cuts) - 1)  # the first cut after it
+    c = cuts[after]
+    s1 = np.where((before + 1 < len(cuts)) & ((c >> KEY_SHIFT) == g), (c & ((1 << KEY_SHIFT) - 1)) + base, b0 + bucket_us)
+    s1 = np.minimum(s1, b0 + bucket_us)
+    return idx, p0, p1, s0, s1
 
 
 RUN_TYPE = pa.list_(pa.struct([("r0_us", pa.int64()), ("r1_us", pa.int64())]))
@@ -153,13 +199,22 @@ SCHEMA = pa.schema([
     ("tensor_s", pa.float64()), ("tensor_known_s", pa.float64()), ("energy_j", pa.float64()), ("power_known_s", pa.float64()),
     ("idle_head_us", pa.int64()), ("idle_tail_us", pa.int64()), ("idle_runs", RUN_TYPE),
     ("nop_head_us", pa.int64()), ("nop_tail_us", pa.int64()), ("nop_runs", RUN_TYPE),
+    ("seg0_us", pa.int64()), ("seg1_us", pa.int64()),
 ])
 VARIANT_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile")
+# An hour's file: SCHEMA's rows with each row's GPU variant (h) and GPU (gh) hashed as the
+# analytics hash samples (gpufleet.analytics.sql.GPU_HASH), so a reader of millions of rows
+# joins integers and hashes no string. DuckDB's hash is not promised across its versions: the
+# hour records the version that hashed it (hash_by) and readers of another version read raw.
+HASH_BY = f"duckdb {duckdb.__version__}"
+FILE_SCHEMA = SCHEMA.append(pa.field("h", pa.uint64())).append(pa.field("gh", pa.uint64()))
 
 
-def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams) -> pa.Table:
+def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams,
+              cuts: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
     """The summary rows of [lo_us, hi_us) (whole buckets) from `samples`: the rows of
-    schema.SUMMARY_SAMPLES over [lo_us - max_gap, hi_us + max_gap), ordered by GPU (g) and time."""
+    schema.SUMMARY_SAMPLES over [lo_us - max_gap, hi_us + max_gap), ordered by GPU (g) and time.
+    `cuts`: (g, time in us) where segments end inside a bucket (an allocation's start or end)."""
     if not samples.num_rows:
         return SCHEMA.empty_table()
     g = samples["g"].to_numpy().astype(np.int64)
@@ -174,9 +229,13 @@ def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams) -> pa
     dup[1:] = (g[1:] == g[:-1]) & (ts[1:] == ts[:-1])
     dup[:-1] |= dup[1:]
     i, k, p0, p1 = split(ts, t1, lo_us, hi_us, p.bucket_us)
-    gk = g[i] * (1 << 32) + k  # groups: (GPU, bucket), in order
+    cut_g, cut_t = cuts if cuts is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    inside = (cut_t > lo_us) & (cut_t < hi_us) & (cut_t % p.bucket_us != 0)
+    j, p0, p1, s0, s1 = segments(g[i], k, p0, p1, np.asarray(cut_g)[inside], np.asarray(cut_t)[inside], lo_us - p.gap_us, p.bucket_us)
+    i, k = i[j], k[j]
+    gk = g[i] * (1 << 32) + k  # groups: (GPU, segment), in order
     brk = np.ones(len(gk), dtype=bool)
-    brk[1:] = gk[1:] != gk[:-1]
+    brk[1:] = (gk[1:] != gk[:-1]) | (s0[1:] != s0[:-1])
     starts = np.flatnonzero(brk)
     grp = np.cumsum(brk) - 1
     b0 = k[starts] * p.bucket_us
@@ -188,8 +247,9 @@ def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams) -> pa
     mixed = np.maximum.reduceat(vv, starts) != np.minimum.reduceat(vv, starts)
     exact = ~(mixed | (total(dup[i].astype(np.int64)) > 0))
     tk, pk = ~np.isnan(tensor[i]), ~np.isnan(power[i])
-    ih, it, ir = bucket_facts(grp, starts, b0, p.bucket_us, p0, p1, util[i] < np.float64(p.idle_threshold), round(p.keep_s * 1e6))
-    nh, nt, nr = bucket_facts(grp, starts, b0, p.bucket_us, p0, p1, nop[i], round(p.keep_s * 1e6))
+    seg = (grp, starts, s0[starts], s1[starts], b0, p0, p1)
+    ih, it, ir = bucket_facts(*seg, util[i] < np.float64(p.idle_threshold), round(p.keep_s * 1e6))
+    nh, nt, nr = bucket_facts(*seg, nop[i], round(p.keep_s * 1e6))
     first = samples.select(list(VARIANT_COLUMNS)).take(pa.array(i[starts]))
     cols = {c: first[c] for c in VARIANT_COLUMNS}
     cols.update(
@@ -200,5 +260,6 @@ def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams) -> pa
         energy_j=pa.array(total(np.where(pk, power[i] * sec, 0.0))), power_known_s=pa.array(total(np.where(pk, sec, 0.0))),
         idle_head_us=pa.array(ih), idle_tail_us=pa.array(it), idle_runs=pa.array(ir, RUN_TYPE),
         nop_head_us=pa.array(nh), nop_tail_us=pa.array(nt), nop_runs=pa.array(nr, RUN_TYPE),
+        seg0_us=pa.array(s0[starts] - b0), seg1_us=pa.array(s1[starts] - b0),
     )
     return pa.table(cols).cast(SCHEMA)

@@ -14,6 +14,11 @@ def epoch_us(t: datetime) -> int:
     return (t - datetime(1970, 1, 1)) // timedelta(microseconds=1)
 
 
+def from_epoch_us(us: int) -> datetime:
+    """Epoch microseconds as a naive UTC datetime (epoch_us's inverse)."""
+    return datetime(1970, 1, 1) + timedelta(microseconds=int(us))
+
+
 def utcnow() -> datetime:
     """Now, as the store and the analytics hold times: naive UTC."""
     return datetime.now(timezone.utc).replace(tzinfo=None)

@@ -185,7 +185,7 @@ def test_shards_summaries_give_the_raw_figures(fleet, n, data):
 
 
 def summary_rows(con) -> pl.DataFrame:
-    return pl.from_arrow(con.sql("SELECT * FROM gpu_summaries ORDER BY cluster, host, gpu_uuid, gi, bucket").to_arrow_table())
+    return pl.from_arrow(con.sql("SELECT * FROM gpu_summaries ORDER BY cluster, host, gpu_uuid, gi, bucket, seg0_us").to_arrow_table())
 
 
 @SETTINGS
@@ -248,6 +248,37 @@ def test_a_late_batch_unlists_the_summaries_it_touches_until_upkeep(tmp_path):
     assert not bad and isinstance(an.gt, SummaryTime), bad
 
 
+def test_an_allocation_learnt_of_late_reads_its_buckets_raw_until_upkeep_cuts_them(tmp_path):
+    """Summaries cut each bucket where an allocation starts or ends, so an analysis answers a
+    job's edges from them. A job the store learns of after its hours were summarised (sacct
+    lagging) ends inside a segment: its buckets are read raw, the figures stay the raw ones;
+    upkeep sees the hours' cuts changed, rebuilds them, and they are answered from summaries."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", T(9), T(12), util=between(T(10), T(10, 40), 0.0, 80.0))
+    f.job("1", account="x", user="u", start=T(9, 30, 10), end=T(10, 21, 40), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    w = StoreWriter(tmp_path)
+    compact(w, T(14))
+    late = Fleet(tmp_path)
+    late.job("2", account="y", user="v", start=T(10, 23, 20), end=T(11, 2, 50), gpus=1, placements=[("n1", "GPU-A")])
+    w.commit(late.batch("late-job"))
+    w.publish()
+    p = Params(T(9), T(12), idle_min_duration=timedelta(minutes=10))
+    con = open_reader(tmp_path)
+    bad, an = compare(con, p, T(20))
+    assert not bad and isinstance(an.gt, SummaryTime), bad
+    assert an.gt.raw_pieces > 0  # job 2's buckets, and only those, read raw
+    segments = con.execute("SELECT count(*) FROM gpu_summaries WHERE seg0_us > 0").fetchone()[0]
+    assert segments == 2  # job 1's start and end cut their buckets
+    compact(w, T(14))  # upkeep: the hours job 2 touches have other cuts now
+    w.close()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT count(*) FROM gpu_summaries WHERE seg0_us > 0").fetchone()[0] == 4  # and job 2's
+    bad, an = compare(con, p, T(20))
+    assert not bad and isinstance(an.gt, SummaryTime), bad
+    assert an.gt.raw_pieces == 0 and {r["job_id"] for r in an.idle_stretches().to_dicts()} == {"1", "2"}
+
+
 def golden_store(root):
     return build_golden(root)
 
@@ -283,6 +314,28 @@ def test_threshold_change_reads_raw_until_rebuilt_then_summaries(tmp_path):
     bad, an = compare(con, p, T(20))
     assert not bad and isinstance(an.gt, SummaryTime), bad
     assert an.totals().idle_allocated_gpu_h > Analysis(con, Params(T(10), T(12)), now=T(20)).totals().idle_allocated_gpu_h
+
+
+def test_summaries_hashed_by_another_duckdb_are_read_raw_until_rebuilt(tmp_path):
+    """A summary's GPU hashes are DuckDB's of the collector that wrote it: a reader of another
+    DuckDB version (the hash is not promised across versions) reads raw; upkeep rebuilds."""
+    golden_store(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))
+    w.close()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    for e in manifest["summaries"]:
+        assert e["hash_by"].startswith("duckdb ")
+        e["hash_by"] = "duckdb 0.0.1"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    p = Params(T(10), T(12))
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert not bad and not isinstance(an.gt, SummaryTime), bad
+    w = StoreWriter(tmp_path)
+    assert compact(w, T(20)) == 0 and all(e["hash_by"] != "duckdb 0.0.1" for e in w.summaries.values())
+    w.close()
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert not bad and isinstance(an.gt, SummaryTime), bad
 
 
 def test_a_summary_one_bucket_off_fails_the_comparison(tmp_path):
