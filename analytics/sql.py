@@ -182,9 +182,6 @@ WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
   AND {which}
 """
 RAW_BUCKETS_ALL = _RAW_SAMPLES.format(join="", which="epoch_us(s.ts) // $bucket_us IN (SELECT k FROM _raw_k)")
-# the same in one range of them, [$lo, $hi) (timestamps, so the scan skips the files and row
-# groups outside: a few such ranges cost what they hold, not a scan of the window)
-RAW_RANGE_ALL = _RAW_SAMPLES.format(join="", which="s.ts >= $lo AND s.ts < $hi")
 RAW_BUCKETS_GPU = _RAW_SAMPLES.format(
     join="""
 SEMI JOIN _raw_gk r ON r.gh = hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)

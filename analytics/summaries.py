@@ -35,13 +35,11 @@ import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime, _variants
-from gpufleet.times import epoch_us, from_epoch_us
+from gpufleet.times import epoch_us
 from gpufleet.collector import summaries as cs
 
 KEY = ["cluster", "host", "gpu_uuid", "gi"]
 HOUR_US = 3_600_000_000
-# more ranges of buckets read raw than this are read in one pass over the window instead
-MAX_RAW_RANGES = 16
 
 
 def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
@@ -57,20 +55,6 @@ def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame) -> "Summary
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
     return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s)
-
-
-def _raw_all(con: Any, bind: dict[str, Any], ks: list[int], bucket_us: int) -> pl.DataFrame | None:
-    """Every GPU's raw samples in buckets `ks` (sorted; registered as _raw_k): range by range when
-    they make a few ranges, so the scan reads only those, else in one pass over the window."""
-    if not ks:
-        return None
-    starts = [k for i, k in enumerate(ks) if i == 0 or ks[i - 1] != k - 1]
-    ends = [k for i, k in enumerate(ks) if i == len(ks) - 1 or ks[i + 1] != k + 1]
-    if len(starts) > MAX_RAW_RANGES:
-        return _q(con, sql.RAW_BUCKETS_ALL, {**bind, "bucket_us": bucket_us})
-    parts = [_q(con, sql.RAW_RANGE_ALL, {**bind, "lo": from_epoch_us(k0 * bucket_us), "hi": from_epoch_us((k1 + 1) * bucket_us)})
-             for k0, k1 in zip(starts, ends)]
-    return pl.concat(parts, how="vertical_relaxed")
 
 
 class SummaryTime(GpuTime):
@@ -117,7 +101,7 @@ class SummaryTime(GpuTime):
         ks = {"bucket_us": b}
         con.register("_raw_k", pl.DataFrame({"k": pl.Series(read_all, dtype=pl.Int64)}).to_arrow())
         try:
-            raw = _raw_all(con, bind, read_all, b)
+            raw = _q(con, sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
             if not need.is_empty():
                 con.register("_raw_gk", need.to_arrow())
                 try:
