@@ -19,8 +19,9 @@ line per GPU made of two kinds of segment, in time order:
   inexact.
 
 Every look-up the analysis makes falls on a segment edge or inside a raw bucket, so the sums of
-whole segments are never split; a look-up inside a summarised bucket (a timeline with buckets not
-aligned with the summaries') is answered by the raw arrays, read then (exact, slower).
+whole segments are never split; look-ups inside summarised segments (a timeline whose buckets
+follow the window's start, not the summaries' edges) are answered by the line built again with
+the buckets they fall in read raw for every GPU (exact; a few buckets per look-up time).
 Reads: the summary rows of the window (GPUs x buckets) and the raw samples of the raw buckets and
 their neighbours (a bucket's intervals depend on samples up to max_gap either side), never the
 window's samples.
@@ -60,9 +61,14 @@ def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame) -> "Summary
 class SummaryTime(GpuTime):
     """GpuTime's interface (gpus, ids, integrals, overlaps, per_gpu, runs) over summaries."""
 
-    def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int):
+    def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int,
+                 also_raw: frozenset[int] = frozenset()):
+        """`also_raw`: more buckets (k: [k x bucket, (k + 1) x bucket) since the epoch) to read raw
+        for every GPU - those a look-up fell inside (see _answering)."""
         self.fb = self.tensor = self.clock = None
-        self._con, self._bind, self._raw = con, bind, None
+        self._con, self._bind, self._refined = con, bind, None
+        self._args = (con, bind, cuts, hours, bucket_s)
+        self.also_raw = also_raw
         xs, xe = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
         b = bucket_s * 1_000_000
@@ -75,7 +81,7 @@ class SummaryTime(GpuTime):
         per_hour = HOUR_US // b
         summarised = np.unique((h_us[:, None] // b + np.arange(per_hour)[None, :]).ravel())
         # buckets read raw for every GPU: not summarised, or cut by the window's edges
-        k_all = set(every[~np.isin(every, summarised)].tolist())
+        k_all = set(every[~np.isin(every, summarised)].tolist()) | {k for k in also_raw if kx0 <= k <= kx1}
         for t in (epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe):
             if t % b and kx0 <= t // b <= kx1:
                 k_all.add(t // b)
@@ -167,42 +173,46 @@ class SummaryTime(GpuTime):
         self.cbusy = np.cumsum(np.concatenate([r_busy, s_busy])[order])
         self.raw_pieces, self.summary_buckets = len(rg), len(sg)
 
-    # --- look-ups: exact on bucket edges and in raw buckets; elsewhere the raw arrays answer ---
+    # --- look-ups: exact on segment edges and in raw buckets; elsewhere a line with those buckets raw answers ---
 
-    def _inside_whole(self, gid: np.ndarray, t: np.ndarray) -> bool:
+    def _inside_whole(self, gid: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Which look-ups (gid, t) fall strictly inside a whole summarised segment."""
         if not len(self.t0):
-            return False
+            return np.zeros(len(np.asarray(t)), dtype=bool)
         gid = np.asarray(gid, dtype=np.int64)
         k = self.key(gid, t)
         j = np.searchsorted(self.t0, k, side="right") - 1
         jj = np.maximum(j, 0)
-        return bool(np.any((j >= 0) & (gid >= 0) & self._whole[jj] & (self.t0[jj] < k) & (k < self.t1[jj])))
+        return (j >= 0) & (gid >= 0) & self._whole[jj] & (self.t0[jj] < k) & (k < self.t1[jj])
 
-    def _raw_time(self) -> tuple[GpuTime, np.ndarray]:
-        if self._raw is None:
-            rt = GpuTime(self._con, self._bind)
-            m = self.ids.join(rt.ids.rename({"gid": "raw_gid"}), on=KEY, how="left", nulls_equal=True).sort("gid")
-            to_raw = np.full(int(self.gpus["gid"].max() or 0) + 1, -1, dtype=np.int64)
-            to_raw[m["gid"].to_numpy()] = m["raw_gid"].fill_null(-1).to_numpy()
-            self._raw = (rt, to_raw)
-        return self._raw
-
-    def _delegate(self, gid: np.ndarray) -> tuple[GpuTime, np.ndarray]:
-        rt, to_raw = self._raw_time()
+    def _answering(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple["SummaryTime", np.ndarray] | None:
+        """None when this line answers every look-up; else, when some fall inside whole segments
+        (a timeline's buckets off the summaries' edges), the line that answers them all: this one
+        built again with the buckets they fall in read raw for every GPU - a few buckets per
+        look-up time, not the window - and the GPUs' ids on it."""
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        inside_a, inside_b = self._inside_whole(gid, a), self._inside_whole(gid, b)
+        if not (inside_a.any() or inside_b.any()):
+            return None
+        ks = frozenset(np.unique(np.concatenate([a[inside_a], b[inside_b]]) // self.bucket_us).tolist())
+        if self._refined is None or not ks <= self._refined[0].also_raw:
+            have = self._refined[0].also_raw if self._refined is not None else frozenset()
+            line = SummaryTime(*self._args, also_raw=self.also_raw | have | ks)
+            m = self.ids.join(line.ids.rename({"gid": "their_gid"}), on=KEY, how="left", nulls_equal=True).sort("gid")
+            to_line = np.full(int(self.gpus["gid"].max() or 0) + 1, -1, dtype=np.int64)
+            to_line[m["gid"].to_numpy()] = m["their_gid"].fill_null(-1).to_numpy()
+            self._refined = (line, to_line)
+        line, to_line = self._refined
         gid = np.asarray(gid, dtype=np.int64)
-        return rt, np.where(gid >= 0, to_raw[np.maximum(gid, 0)] if len(to_raw) else -1, -1)
+        return line, np.where(gid >= 0, to_line[np.maximum(gid, 0)] if len(to_line) else -1, -1)
 
     def integrals(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self._inside_whole(gid, a) or self._inside_whole(gid, b):
-            rt, g = self._delegate(gid)
-            return rt.integrals(g, a, b)
-        return super().integrals(gid, a, b)
+        other = self._answering(gid, a, b)
+        return other[0].integrals(other[1], a, b) if other else super().integrals(gid, a, b)
 
     def overlaps(self, gid: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        if self._inside_whole(gid, a) or self._inside_whole(gid, b):
-            rt, g = self._delegate(gid)
-            return rt.overlaps(g, a, b)
-        return super().overlaps(gid, a, b)
+        other = self._answering(gid, a, b)
+        return other[0].overlaps(other[1], a, b) if other else super().overlaps(gid, a, b)
 
     def allocation_detail(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
         raise NotImplementedError("per-job detail reads the raw arrays (Analysis.detail_time)")

@@ -38,6 +38,7 @@ from gpufleet.collector.schema import Batch
 from gpufleet.collector.shard import Shard, shard_of
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.collector.summaries import SummaryParams
+from gpufleet.times import epoch_us
 from tests.support.fleet import Fleet
 
 
@@ -298,6 +299,27 @@ def test_golden_scenario_from_summaries(tmp_path):
             assert isinstance(an.gt, SummaryTime)
     by_job = {r["job_id"]: r["gpu_h"] for r in Analysis(con, Params(T(10, 20), T(12)), now=T(20)).idle_stretches().to_dicts()}
     assert by_job["104"] == pytest.approx(20 / 60)  # the golden file's hand-worked figure
+
+
+def test_a_timeline_off_the_summaries_edges_reads_only_the_buckets_it_looks_up_in(tmp_path):
+    """A timeline's buckets follow the window's start: its edges fall inside summarised 5-minute
+    buckets. They are answered by the line built again with just those buckets read raw (not the
+    whole window), and equal the raw path's."""
+    golden_store(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))
+    w.close()
+    con = open_reader(tmp_path)
+    p = Params(T(10, 2, 30), T(11, 57, 30))
+    an = Analysis(con, p, now=T(20), summaries=True)
+    got = utilization_timeline(an, "account", timedelta(minutes=15))
+    want = utilization_timeline(Analysis(con, p, now=T(20), summaries=False), "account", timedelta(minutes=15))
+    assert frames_equal(want, got)
+    line, _ = an.gt._refined
+    assert isinstance(line, SummaryTime)
+    edges = {epoch_us(p.start + timedelta(minutes=15 * i)) // 300_000_000 for i in range(1, 8)}
+    assert line.also_raw == edges  # the buckets its 7 inner edges fall in, nothing else
+    assert line.summary_buckets > 0
 
 
 def test_threshold_change_reads_raw_until_rebuilt_then_summaries(tmp_path):
