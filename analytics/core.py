@@ -126,8 +126,9 @@ FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", 
 class Analysis:
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
                  summaries: bool | None = None):
-        """`detail`: read the samples' detail columns (memory, tensor activity, clock) at once, for
-        an analysis that will ask for per-job detail anyway (one read of the window, not two).
+        """`detail`: read the detail columns (memory, tensor activity, clock; of the summaries and
+        of the samples read raw) at once, for an analysis that will ask for per-job detail anyway
+        (one read of the window, not two).
         `summaries`: take whole buckets from the store's per-GPU summaries where they exist for
         these parameters (analytics/summaries.py; the same figures); False: every sample (the
         raw path, the tests' oracle); None: as params.summaries ([analytics] summaries)."""
@@ -151,7 +152,7 @@ class Analysis:
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
         summaries = params.summaries if summaries is None else summaries
-        st = None if detail or not summaries else summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS))
+        st = summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS), detail=detail) if summaries else None
         self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()
@@ -181,9 +182,9 @@ class Analysis:
         self.con.register("alv", self._alv.to_arrow())
 
     def detail_time(self) -> GpuTime:
-        """The window's arrays with the detail columns (memory, tensor activity, SM clock): the
-        first call re-reads the window with them (same intervals, ids), later ones hand out the
-        same arrays, so the per-job report, MFU and the job's GPU timeline read it once."""
+        """The window's raw arrays with the detail columns (memory, tensor activity, SM clock), for
+        a job's GPU timeline (GpuTime.bucket_detail): the first call re-reads the window with them
+        (same intervals, ids), later ones hand out the same arrays."""
         if self.gt.fb is None:
             self.gt = None  # the plain arrays go first: the detail ones are a superset
             self.gt = GpuTime(self.con, self.bind, detail=True)
@@ -200,11 +201,13 @@ class Analysis:
         return alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
 
     def allocation_detail(self) -> pl.DataFrame:
-        """alv with what each allocation's pieces add up to (GpuTime.allocation_detail: pieces,
-        util_n, fb_max, any_s, tensor_s, clocked_s, tclock, tw_clocked, tnoclock) and its GPU's gpu index and
-        model. The first call re-reads the window with the detail columns (same intervals, ids)."""
+        """alv with what each allocation's pieces add up to (GpuTime.allocation_detail: has_piece,
+        has_util, fb_max, any_s, tensor_s, clocked_s, tclock, tw_clocked, tnoclock) and its GPU's gpu
+        index and model. Unless the analysis read the detail columns up front (detail=True), the
+        first call re-reads the window's samples with them (same intervals, ids)."""
         if ("detail",) not in self._memo:
-            self.detail_time()
+            if not self.gt.has_detail:
+                self.detail_time()
             g = self.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
                 pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"))
             al = self._current_ids(self._alv).join(g, on="gid", how="left")

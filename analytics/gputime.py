@@ -44,6 +44,7 @@ class GpuTime:
         """`detail`: also keep memory, tensor activity and SM clock per interval (for
         allocation_detail: the per-job report and MFU), which costs three more arrays."""
         self.fb = self.tensor = self.clock = None
+        self.has_detail = detail  # allocation_detail can answer
         with _no_hugepages():
             self._build(con, bind, detail)
 
@@ -177,8 +178,8 @@ class GpuTime:
         """What oracle_sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add
         up to, per allocation, with w = the piece's seconds inside [start, end) x equiv:
 
-          pieces    intervals (of positive length) overlapping [a0, a1)
-          util_n    of them with a utilization; data_s / busy_s are in alv already
+          pieces    intervals (of positive length) overlapping [a0, a1); has_piece: any
+          util_n    of them with a utilization, has_util: any; data_s / busy_s are in alv already
           fb_max    max memory used over pieces with w > 0 (NaN: none)
           any_s     sum of w (MFU's sampled time)
           tensor_s  sum of w where tensor activity is known (NaN: no such piece with w > 0)
@@ -190,9 +191,14 @@ class GpuTime:
         n = len(gid)
         out = {k: np.full(n, np.nan) for k in ("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")}
         out.update(pieces=np.zeros(n, dtype=np.int64), util_n=np.zeros(n, dtype=np.int64), any_s=np.zeros(n))
-        if not len(self.t0):
-            return out
-        gid = np.asarray(gid, dtype=np.int64)
+        if len(self.t0):
+            self._allocation_detail(np.asarray(gid, dtype=np.int64), a0, a1, equiv, start, end, out)
+        return {**out, "has_piece": out["pieces"] > 0, "has_util": out["util_n"] > 0}
+
+    def _allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
+                           start: int, end: int, out: dict[str, np.ndarray]) -> None:
+        """allocation_detail's sums into `out`, for the allocations with a slice of intervals."""
+        n = len(gid)
         ka, kb = self.key(gid, a0), self.key(gid, a1)
         ws, we = self.key(gid, np.full(n, start)), self.key(gid, np.full(n, end))
         j0, j1 = self._slices(ka, kb)
@@ -204,7 +210,6 @@ class GpuTime:
         for chunk in np.split(rows, np.unique(cuts)):
             if len(chunk):
                 self._detail_chunk(chunk, j0[chunk], j1[chunk], np.minimum(kb, we)[chunk], np.maximum(ka, ws)[chunk], equiv[chunk], out)
-        return out
 
     def _detail_chunk(self, rows: np.ndarray, j0: np.ndarray, j1: np.ndarray, hi: np.ndarray, lo: np.ndarray,
                       equiv: np.ndarray, out: dict[str, np.ndarray]) -> None:

@@ -43,10 +43,10 @@ class JobReport:
 def per_job_gpu(a: Analysis) -> pl.DataFrame:
     """Per job and GPU: data hours, utilization and memory high-water inside the window (what
     oracle_sql.PIECES rows of each allocation add up to; Analysis.allocation_detail)."""
-    d = a.allocation_detail().filter(pl.col("pieces") > 0)
+    d = a.allocation_detail().filter(pl.col("has_piece"))
     return d.select(
         "cluster", "scheduler", "job_key", "host", pl.col("gpu").cast(pl.Int16), "gpu_uuid", pl.col("gi").cast(pl.Int16), "model",
-        pl.when(pl.col("util_n") > 0).then(pl.col("data_s") / 3600).alias("data_h"),
+        pl.when(pl.col("has_util")).then(pl.col("data_s") / 3600).alias("data_h"),
         pl.when(pl.col("data_s") > 0).then(pl.col("busy_s") / pl.col("data_s") * 100).alias("utilization_pct"),
         pl.col("fb_max").cast(pl.Float64).alias("fb_used_max_mib"),
     ).sort("cluster", "job_key", "host", "gpu", "gi")

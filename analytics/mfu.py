@@ -100,7 +100,7 @@ def _tensor_use(a: Analysis, peaks: pl.DataFrame) -> pl.DataFrame:
     clock), data_s (all its sampled time; null for a job with no piece). From
     Analysis.allocation_detail."""
     boost = peaks.select("model", pl.col("boost_clock_mhz").cast(pl.Float64).alias("boost"))
-    d = a.allocation_detail().filter(pl.col("pieces") > 0).join(boost, on="model", how="left")
+    d = a.allocation_detail().filter(pl.col("has_piece")).join(boost, on="model", how="left")
     has_t, known = pl.col("tensor_s").is_not_null(), pl.col("boost").is_not_null()
     d = d.with_columns(
         pl.when(known).then(pl.col("tclock") / pl.col("boost")).otherwise(pl.col("tw_clocked")).add(pl.col("tnoclock")).alias("est_s"),

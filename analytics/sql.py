@@ -127,9 +127,10 @@ WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
 """
 SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="")
 # ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
-SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=""",
-       coalesce(fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
-       coalesce(sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock""")
+_DETAIL_COLUMNS = """,
+       coalesce({s}fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce({s}tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
+       coalesce({s}sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock"""
+SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""))
 
 # the variants behind the hashes in _want_h: from the inventory, and (rarely) from the samples
 INVENTORY_VARIANTS = f"""
@@ -158,15 +159,20 @@ ORDER BY hour
 # variant is its samples': readers take a bucket of mixed variants raw). h and gh were hashed
 # when the hour was written (gpufleet.collector.schema.SUMMARY_HASHES, as GPU_HASH), by the
 # DuckDB SUMMARY_HOURS holds to this one's.
-SUMMARY_ROWS = """
+_SUMMARY_ROWS = """
 SELECT s.h, s.gh, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
        s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.idle_runs, s.nop_head_us, s.nop_tail_us, s.nop_runs,
-       epoch_us(s.bucket) + s.seg0_us AS s0, epoch_us(s.bucket) + s.seg1_us AS s1
+       epoch_us(s.bucket) + s.seg0_us AS s0, epoch_us(s.bucket) + s.seg1_us AS s1{detail}
 FROM gpu_summaries s
 WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
   AND date_trunc('hour', s.bucket) IN (SELECT hour FROM _use_hours)
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
 """
+SUMMARY_ROWS = _SUMMARY_ROWS.format(detail="")
+# ... and what the per-job detail adds up (memory high-water, MFU's tensor activity and clock)
+SUMMARY_ROWS_DETAIL = _SUMMARY_ROWS.format(detail=""",
+       coalesce(s.fb_max_mib, 'NaN'::DOUBLE) AS fb_max, s.tensor_known_s, s.clocked_s, s.tensor_clock_s,
+       s.tensor_clocked_s, s.tensor_unclocked_s""")
 
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
 # (SAMPLE_ARRAYS): every GPU's in the buckets (bucket k: [k x $bucket_us, (k + 1) x $bucket_us)
@@ -175,18 +181,24 @@ _RAW_SAMPLES = """
 SELECT hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
        hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER) AS gh, epoch_us(s.ts) AS ts,
        coalesce(coalesce(s.gpu_util, s.gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
-       coalesce(s.compute_processes = 0, false) AS nop
+       coalesce(s.compute_processes = 0, false) AS nop{detail}
 FROM gpu_samples s{join}
 WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
   AND {which}
 """
-RAW_BUCKETS_ALL = _RAW_SAMPLES.format(join="", which="epoch_us(s.ts) // $bucket_us IN (SELECT k FROM _raw_k)")
-RAW_BUCKETS_GPU = _RAW_SAMPLES.format(
+_ALL_GPUS = dict(join="", which="epoch_us(s.ts) // $bucket_us IN (SELECT k FROM _raw_k)")
+_SOME_GPUS = dict(
     join="""
 SEMI JOIN _raw_gk r ON r.gh = hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)
       AND r.k = epoch_us(s.ts) // $bucket_us""",
     which="epoch_us(s.ts) // $bucket_us NOT IN (SELECT k FROM _raw_k)")
+_RAW_DETAIL = _DETAIL_COLUMNS.format(s="s.")
+RAW_BUCKETS_ALL = _RAW_SAMPLES.format(detail="", **_ALL_GPUS)
+RAW_BUCKETS_GPU = _RAW_SAMPLES.format(detail="", **_SOME_GPUS)
+# ... with the detail columns (as SAMPLE_ARRAYS_DETAIL)
+RAW_BUCKETS_ALL_DETAIL = _RAW_SAMPLES.format(detail=_RAW_DETAIL, **_ALL_GPUS)
+RAW_BUCKETS_GPU_DETAIL = _RAW_SAMPLES.format(detail=_RAW_DETAIL, **_SOME_GPUS)
 
 # Where an analysis looks up each GPU's time: its allocations' starts and ends
 ALLOCATION_CUTS = """

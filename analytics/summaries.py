@@ -41,33 +41,37 @@ from gpufleet.collector import summaries as cs
 
 KEY = ["cluster", "host", "gpu_uuid", "gi"]
 HOUR_US = 3_600_000_000
+_CHUNK = 2_000_000  # line entries per allocation_detail step: ~0.3 GB of temporaries
 
 
 def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
     return pl.from_arrow(con.sql(query, params={k: v for k, v in bind.items() if f"${k}" in query}).to_arrow_table())
 
 
-def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame) -> "SummaryTime | None":
+def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False) -> "SummaryTime | None":
     """The window's line from summaries, or None when no summarised hour with these parameters
     meets the read window (then the raw arrays, GpuTime, are the way). `cuts`: cluster, host,
-    gpu_uuid, gi, t (epoch us) - the times the analysis will look up on each GPU."""
+    gpu_uuid, gi, t (epoch us) - the times the analysis will look up on each GPU. `detail`: also
+    what allocation_detail adds up (memory, tensor activity, clock)."""
     hours = _q(con, sql.SUMMARY_HOURS, {**bind, "hash_by": cs.HASH_BY})
     if hours.is_empty():
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
-    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s)
+    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s, detail=detail)
 
 
 class SummaryTime(GpuTime):
     """GpuTime's interface (gpus, ids, integrals, overlaps, per_gpu, runs) over summaries."""
 
     def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int,
-                 also_raw: frozenset[int] = frozenset()):
+                 detail: bool = False, also_raw: frozenset[int] = frozenset()):
         """`also_raw`: more buckets (k: [k x bucket, (k + 1) x bucket) since the epoch) to read raw
-        for every GPU - those a look-up fell inside (see _answering)."""
-        self.fb = self.tensor = self.clock = None
+        for every GPU - those a look-up fell inside (see _answering). `detail`: also keep, per
+        segment and raw piece, what allocation_detail adds up."""
+        self.fb = self.tensor = self.clock = None  # no per-sample detail arrays (GpuTime's bucket_detail reads raw)
+        self.has_detail = detail
         self._con, self._bind, self._refined = con, bind, None
-        self._args = (con, bind, cuts, hours, bucket_s)
+        self._args = (con, bind, cuts, hours, bucket_s, detail)
         self.also_raw = also_raw
         xs, xe = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
@@ -89,7 +93,7 @@ class SummaryTime(GpuTime):
 
         con.register("_use_hours", pl.DataFrame({"hour": hours}).to_arrow())
         try:
-            sm = _q(con, sql.SUMMARY_ROWS, {**bind, "bucket_s": bucket_s})
+            sm = _q(con, sql.SUMMARY_ROWS_DETAIL if detail else sql.SUMMARY_ROWS, {**bind, "bucket_s": bucket_s})
         finally:
             con.unregister("_use_hours")
         sm = sm.with_columns(k=pl.col("b0") // b).filter((pl.col("k") >= kx0) & (pl.col("k") <= kx1)
@@ -107,18 +111,19 @@ class SummaryTime(GpuTime):
         ks = {"bucket_us": b}
         con.register("_raw_k", pl.DataFrame({"k": pl.Series(read_all, dtype=pl.Int64)}).to_arrow())
         try:
-            raw = _q(con, sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
+            raw = _q(con, sql.RAW_BUCKETS_ALL_DETAIL if detail else sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
             if not need.is_empty():
                 con.register("_raw_gk", need.to_arrow())
                 try:
-                    more = _q(con, sql.RAW_BUCKETS_GPU, {**bind, **ks})
+                    more = _q(con, sql.RAW_BUCKETS_GPU_DETAIL if detail else sql.RAW_BUCKETS_GPU, {**bind, **ks})
                 finally:
                     con.unregister("_raw_gk")
                 raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
         finally:
             con.unregister("_raw_k")
         if raw is None:
-            raw = pl.DataFrame(schema={"h": pl.UInt64, "gh": pl.UInt64, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean})
+            raw = pl.DataFrame(schema={"h": pl.UInt64, "gh": pl.UInt64, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean,
+                                       **({"fb": pl.Float32, "tensor": pl.Float32, "clock": pl.Float32} if detail else {})})
 
         # GPU variants over both sources, named as the raw path names them (gputime._variants: vid
         # = index into the sorted variant hashes, gid per GPU, equiv by sql.gpu_equiv); rows carry
@@ -172,6 +177,8 @@ class SummaryTime(GpuTime):
         self.cdata = np.cumsum(np.concatenate([r_data, s_data])[order])
         self.cbusy = np.cumsum(np.concatenate([r_busy, s_busy])[order])
         self.raw_pieces, self.summary_buckets = len(rg), len(sg)
+        if detail:
+            self._detail = self._entry_detail(raw, i, (p1 - p0) / 1e6, util, sm, order)
 
     # --- look-ups: exact on segment edges and in raw buckets; elsewhere a line with those buckets raw answers ---
 
@@ -214,11 +221,86 @@ class SummaryTime(GpuTime):
         other = self._answering(gid, a, b)
         return other[0].overlaps(other[1], a, b) if other else super().overlaps(gid, a, b)
 
-    def allocation_detail(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
-        raise NotImplementedError("per-job detail reads the raw arrays (Analysis.detail_time)")
+    @staticmethod
+    def _entry_detail(raw: pl.DataFrame, i: np.ndarray, sec: np.ndarray, util: np.ndarray, sm: pl.DataFrame,
+                      order: np.ndarray) -> dict[str, np.ndarray]:
+        """Per entry of the line (raw pieces, then whole segments, put in line order): what
+        allocation_detail adds up, in seconds not yet scaled by a MIG share - all of it (any),
+        with tensor activity known (tk), with a clock too (ck), tensor x clock x s (tcl), tensor
+        x s with a clock (tcd) and without (tun) - the memory high-water (fb, NaN: unknown) and
+        whether a utilization is known (uk)."""
+        fb, tensor, clock = (raw[c].to_numpy()[i].astype(np.float64) for c in ("fb", "tensor", "clock"))
+        tk = ~np.isnan(tensor)
+        ck = tk & ~np.isnan(clock)
+        ts = np.where(tk, tensor * sec, 0.0)
+        col = lambda c: sm[c].to_numpy().astype(np.float64)  # noqa: E731
+        parts = {
+            "any": (sec, sm["covered_us"].to_numpy() / 1e6),
+            "tk": (np.where(tk, sec, 0.0), col("tensor_known_s")),
+            "ck": (np.where(ck, sec, 0.0), col("clocked_s")),
+            "tcl": (np.where(ck, ts * clock, 0.0), col("tensor_clock_s")),
+            "tcd": (np.where(ck, ts, 0.0), col("tensor_clocked_s")),
+            "tun": (np.where(tk & ~ck, ts, 0.0), col("tensor_unclocked_s")),
+            "fb": (fb, col("fb_max")),
+            "uk": (~np.isnan(util), sm["data_s"].to_numpy() > 0),
+        }
+        return {k: np.concatenate([r, s])[order] for k, (r, s) in parts.items()}
+
+    def allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
+                          start: int, end: int) -> dict[str, np.ndarray]:
+        """GpuTime.allocation_detail's sums, maxima and flags (has_piece, has_util; no piece
+        counts) from this line's entries: a whole segment lies inside an allocation's part of
+        the window or outside it (its edges are segment edges or in raw buckets), a raw piece is
+        clipped to it as the raw path clips its interval. Needs detail=True."""
+        if not self.has_detail:
+            raise ValueError("this line was read without the detail columns (summary_time(..., detail=True))")
+        n = len(gid)
+        gid = np.asarray(gid, dtype=np.int64)
+        a0, a1 = np.asarray(a0, dtype=np.int64), np.asarray(a1, dtype=np.int64)
+        s, e = np.full(n, start, dtype=np.int64), np.full(n, end, dtype=np.int64)
+        other = self._answering(np.concatenate([gid, gid]), np.concatenate([a0, s]), np.concatenate([a1, e]))
+        if other:
+            return other[0].allocation_detail(other[1][:n], a0, a1, equiv, start, end)
+        out = {k: np.full(n, np.nan) for k in ("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")}
+        out.update(has_piece=np.zeros(n, dtype=bool), has_util=np.zeros(n, dtype=bool), any_s=np.zeros(n))
+        if not n or not len(self.t0):
+            return out
+        ka, kb = self.key(gid, a0), self.key(gid, a1)
+        j0, j1 = self._slices(ka, kb)
+        rows = np.flatnonzero((j1 > j0) & (gid >= 0))
+        lo, hi = np.maximum(ka, self.key(gid, s)), np.minimum(kb, self.key(gid, e))
+        ends = np.cumsum(j1[rows] - j0[rows])
+        cuts = np.searchsorted(ends, np.arange(_CHUNK, ends[-1], _CHUNK), side="left") + 1 if len(rows) else np.zeros(0, np.int64)
+        equiv = np.asarray(equiv, dtype=np.float64)
+        for chunk in np.split(rows, np.unique(cuts)):
+            if len(chunk):
+                self._detail_chunk(chunk, j0[chunk], j1[chunk], lo[chunk], hi[chunk], equiv[chunk], out)
+        return out
+
+    def _detail_chunk(self, rows: np.ndarray, j0: np.ndarray, j1: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                      equiv: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """allocation_detail for allocations `rows`: their entries [j0, j1) side by side, each
+        weighed by the part of it inside [lo, hi), summed per allocation."""
+        lens = j1 - j0
+        at = np.cumsum(lens) - lens
+        owner = np.repeat(np.arange(len(rows)), lens)
+        idx = np.repeat(j0 - at, lens) + np.arange(int(lens.sum()))
+        t0, t1 = self.t0[idx], self.t1[idx]
+        frac = np.clip(np.minimum(t1, hi[owner]) - np.maximum(t0, lo[owner]), 0, None) / (t1 - t0) * equiv[owner]
+        pos = frac > 0
+        d = {k: v[idx] for k, v in self._detail.items()}
+        has_t = pos & (d["tk"] > 0)
+        total = lambda x: np.add.reduceat(x, at)  # noqa: E731 - one sum per allocation
+        out["has_piece"][rows] = True
+        out["has_util"][rows] = np.logical_or.reduceat(d["uk"], at)
+        out["any_s"][rows] = total(frac * d["any"])
+        out["fb_max"][rows] = np.fmax.reduceat(np.where(pos, d["fb"], np.nan), at)
+        with_t = np.logical_or.reduceat(has_t, at)
+        for k, x in (("tensor_s", "tk"), ("clocked_s", "ck"), ("tclock", "tcl"), ("tw_clocked", "tcd"), ("tnoclock", "tun")):
+            out[k][rows[with_t]] = total(np.where(has_t, frac * d[x], 0.0))[with_t]
 
     def bucket_detail(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
-        raise NotImplementedError("per-job detail reads the raw arrays (Analysis.detail_time)")
+        raise NotImplementedError("a job's timeline reads the raw arrays (Analysis.detail_time)")
 
     def runs(self, kind: str, thr: float, min_us: int) -> pl.DataFrame:
         """GpuTime.runs on this line: the hit raw pieces and, of each whole bucket, the run pieces

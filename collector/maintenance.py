@@ -267,7 +267,8 @@ def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: li
     if key in w.summaries and w.summaries[key]["file"] != rel:
         w.retire_summary(key)
     w.summaries[key] = {"hour": key, "file": rel, "lo": lo.isoformat(), "hi": hi.isoformat(), "tag": tag,
-                        "params": asdict(p), "sources": sources, "cuts": cuts, "hash_by": summaries.HASH_BY}
+                        "params": asdict(p), "sources": sources, "cuts": cuts, "hash_by": summaries.HASH_BY,
+                        "format": summaries.FORMAT_VERSION}
 
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:

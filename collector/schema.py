@@ -423,7 +423,8 @@ FROM (
            epoch_us(ts) AS ts,
            coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
            coalesce(compute_processes = 0, false) AS nop,
-           coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power
+           coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power,
+           coalesce(fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce(sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock
     FROM read_parquet({files}) WHERE ts >= $lo AND ts < $hi
       AND ($host_lo IS NULL OR host >= $host_lo) AND ($host_hi IS NULL OR host < $host_hi))
 ORDER BY g, ts

@@ -1017,7 +1017,8 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
 def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
     """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries)
     and summary_hours (one row per summarised hour: its range and the parameters baked in). A
-    summary whose sample files are no longer all listed (retention) is left out. Collector shards
+    summary whose sample files are no longer all listed (retention), or written in another format
+    (FORMAT_VERSION: upkeep rebuilds it), is left out. Collector shards
     summarise their own GPUs: an hour counts as summarised only when every shard holding samples
     of its day (or the days beside it) summarised it with the same parameters - a shard that died
     before its upkeep leaves the hour to the raw samples, never a hole in the fleet."""
@@ -1027,7 +1028,8 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
     for d, m in parts:
         listed = set(m.get("samples", []))
         for e in m.get("summaries", []):
-            if e.get("sources") and set(e["sources"]) <= listed:
+            # an hour summarised in another format (an older version) waits for upkeep to rebuild it
+            if e.get("sources") and set(e["sources"]) <= listed and e.get("format", 2) == summaries.FORMAT_VERSION:
                 key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")),
                        e.get("hash_by"))
                 by_key.setdefault(key, []).append((d, e))

@@ -10,6 +10,11 @@ for every closed hour, one row per GPU and bucket (BUCKET_S, 5 minutes) with
   nop_s        seconds held with no compute process (compute_processes = 0)
   tensor_s, tensor_known_s   tensor activity x seconds, and the seconds it is known
   energy_j, power_known_s    power x seconds (joules), and the seconds it is known
+  fb_max_mib   the most GPU memory used by a sample over the segment (null: none known)
+  clocked_s    seconds with tensor activity and an SM clock known; tensor_clock_s: tensor
+               activity x SM clock (MHz) x seconds over them, tensor_clocked_s: tensor activity
+               x seconds over them, tensor_unclocked_s: tensor activity x seconds where the
+               clock is not known (a job's MFU estimate, gpufleet.analytics.mfu)
   idle_head_us the idle run (utilization < the threshold) touching the bucket's start: its
                length inside the bucket (0: none; = the bucket: the whole bucket is idle)
   idle_tail_us the idle run touching the bucket's end: its length inside the bucket
@@ -52,7 +57,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 BUCKET_S = 300
 # A rebuild's task outputs (one per day and GPU shard, gpufleet.collector.maintenance) until they
 # become the hours' files: kept across a restart, so a killed rebuild resumes
@@ -200,6 +205,8 @@ SCHEMA = pa.schema([
     ("idle_head_us", pa.int64()), ("idle_tail_us", pa.int64()), ("idle_runs", RUN_TYPE),
     ("nop_head_us", pa.int64()), ("nop_tail_us", pa.int64()), ("nop_runs", RUN_TYPE),
     ("seg0_us", pa.int64()), ("seg1_us", pa.int64()),
+    ("fb_max_mib", pa.float64()), ("clocked_s", pa.float64()), ("tensor_clock_s", pa.float64()),
+    ("tensor_clocked_s", pa.float64()), ("tensor_unclocked_s", pa.float64()),
 ])
 VARIANT_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile")
 # An hour's file: SCHEMA's rows with each row's GPU variant (h) and GPU (gh) hashed as the
@@ -224,6 +231,8 @@ def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams,
     nop = samples["nop"].to_numpy(zero_copy_only=False)
     tensor = samples["tensor"].to_numpy(zero_copy_only=False).astype(np.float64)
     power = samples["power"].to_numpy(zero_copy_only=False).astype(np.float64)
+    fb = samples["fb"].to_numpy(zero_copy_only=False).astype(np.float64)
+    clock = samples["clock"].to_numpy(zero_copy_only=False).astype(np.float64)
     t1 = intervals(g, ts, p.gap_us)
     dup = np.zeros(len(ts), dtype=bool)  # a sample at the time of the one before: order decides, so no summary
     dup[1:] = (g[1:] == g[:-1]) & (ts[1:] == ts[:-1])
@@ -247,6 +256,9 @@ def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams,
     mixed = np.maximum.reduceat(vv, starts) != np.minimum.reduceat(vv, starts)
     exact = ~(mixed | (total(dup[i].astype(np.int64)) > 0))
     tk, pk = ~np.isnan(tensor[i]), ~np.isnan(power[i])
+    ck = tk & ~np.isnan(clock[i])
+    tsec = np.where(tk, tensor[i] * sec, 0.0)
+    fb_max = np.fmax.reduceat(fb[i], starts)  # NaN: no memory known in the segment
     seg = (grp, starts, s0[starts], s1[starts], b0, p0, p1)
     ih, it, ir = bucket_facts(*seg, util[i] < np.float64(p.idle_threshold), round(p.keep_s * 1e6))
     nh, nt, nr = bucket_facts(*seg, nop[i], round(p.keep_s * 1e6))
@@ -256,10 +268,13 @@ def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams,
         bucket=pa.array(b0, pa.timestamp("us")), exact=pa.array(exact), covered_us=pa.array(total(p1 - p0)),
         data_s=pa.array(total(np.where(known, sec, 0.0))), busy_s=pa.array(total(np.where(known, u / 100 * sec, 0.0))),
         nop_s=pa.array(total(np.where(nop[i], sec, 0.0))),
-        tensor_s=pa.array(total(np.where(tk, tensor[i] * sec, 0.0))), tensor_known_s=pa.array(total(np.where(tk, sec, 0.0))),
+        tensor_s=pa.array(total(tsec)), tensor_known_s=pa.array(total(np.where(tk, sec, 0.0))),
         energy_j=pa.array(total(np.where(pk, power[i] * sec, 0.0))), power_known_s=pa.array(total(np.where(pk, sec, 0.0))),
         idle_head_us=pa.array(ih), idle_tail_us=pa.array(it), idle_runs=pa.array(ir, RUN_TYPE),
         nop_head_us=pa.array(nh), nop_tail_us=pa.array(nt), nop_runs=pa.array(nr, RUN_TYPE),
         seg0_us=pa.array(s0[starts] - b0), seg1_us=pa.array(s1[starts] - b0),
+        fb_max_mib=pa.array(fb_max, mask=np.isnan(fb_max)), clocked_s=pa.array(total(np.where(ck, sec, 0.0))),
+        tensor_clock_s=pa.array(total(np.where(ck, tsec * clock[i], 0.0))), tensor_clocked_s=pa.array(total(np.where(ck, tsec, 0.0))),
+        tensor_unclocked_s=pa.array(total(np.where(tk & ~ck, tsec, 0.0))),
     )
     return pa.table(cols).cast(SCHEMA)

@@ -28,6 +28,8 @@ from test_analytics_golden import A100, H100, T, between, build_golden
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, frames_equal, scratch
 
 from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.jobs import job_summaries, per_job_gpu
+from gpufleet.analytics.mfu import job_mfu
 from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.summaries import SummaryTime
@@ -49,10 +51,17 @@ def mig_some(g) -> dict:
     return dict(host=g["host"], gpu=g["gpu"], gpu_uuid=g["uuid"], gpu_instance=None, mig_profile=None, model=H100)
 
 
+def detail_fields(g, t) -> dict:
+    """Memory, tensor activity (with gaps) and an SM clock (on some GPUs only), for the per-job detail."""
+    return {"fb_used_mib": None if (t // 30) % 5 == 0 else float((t * 7 + g["gpu"] * 13) % 500),
+            "tensor_active": None if (t // 40) % 4 == 0 else ((t // 20) % 9) / 10,
+            "sm_clock_mhz": 1410.0 + (t // 60) % 3 * 100 if g["gpu"] % 2 == 0 else None}
+
+
 def split(fleet, parts: int, interleave: bool):
     """The fleet's batches, each GPU's samples over `parts` files (slices, or every parts-th sample)."""
     out = []
-    for b in batches(fleet, placement=mig_some):
+    for b in batches(fleet, placement=mig_some, fields=detail_fields):
         n = b.samples.num_rows if b.samples is not None else 0
         if n < parts:
             out.append(b)
@@ -63,7 +72,9 @@ def split(fleet, parts: int, interleave: bool):
     return out
 
 
-def figures(an: Analysis) -> dict:
+def figures(an: Analysis, detail: bool = False) -> dict:
+    """The window's figures; with `detail`, also the per-job ones (memory, MFU) from
+    Analysis.allocation_detail."""
     out = {
         "totals": asdict(an.totals()),
         "per_gpu": an.per_gpu(),
@@ -74,6 +85,10 @@ def figures(an: Analysis) -> dict:
     }
     for by in ("fleet", "host", "model", "account", "user_name", "job"):
         out[f"by_{by}"] = an.utilization(by)
+    if detail:
+        out["per_job_gpu"] = per_job_gpu(an)
+        out["job_mfu"] = job_mfu(an)
+        out["jobs"] = job_summaries(an)
     return out
 
 
@@ -94,11 +109,17 @@ def mismatches(raw: dict, got: dict) -> list[str]:
     return bad
 
 
-def compare(con, p: Params, now: datetime) -> tuple[list[str], Analysis]:
+def compare(con, p: Params, now: datetime, detail: bool = False) -> tuple[list[str], Analysis]:
+    """The raw path's figures against the summaries path's; with `detail`, the summaries path
+    reads the detail columns up front (as the dashboards and the report do) and the per-job
+    figures are compared too (the raw path re-reads its window with them)."""
     raw = Analysis(con, p, now=now, summaries=False)
-    summ = Analysis(con, p, now=now, summaries=True)
+    summ = Analysis(con, p, now=now, summaries=True, detail=detail)
     assert isinstance(raw.gt, GpuTime) and not isinstance(raw.gt, SummaryTime)
-    return mismatches(figures(raw), figures(summ)), summ
+    got = figures(summ, detail)
+    if detail and isinstance(summ.gt, SummaryTime):
+        assert summ.gt.fb is None  # answered from the summaries, no raw re-read
+    return mismatches(figures(raw, detail), got), summ
 
 
 def params(fleet, a: int, b: int, **kw) -> Params:
@@ -121,8 +142,9 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
         w.close()
         con = open_reader(tmp)
         used = False
+        detail = data.draw(st.booleans(), label="detail")
         for lo, hi in ((a, b), (a, m), (m, b)):
-            bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]))
+            bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]), detail)
             assert not bad, "\n".join(bad)
             used |= isinstance(an.gt, SummaryTime)
             event(f"whole buckets from summaries: {getattr(an.gt, 'summary_buckets', 0) > 0}")
@@ -130,7 +152,7 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
             t_raw = utilization_timeline(Analysis(con, params(fleet, lo, hi), now=at(fleet["now"]), summaries=False), "account")
             assert frames_equal(t_raw, utilization_timeline(an, "account"))
         for f in (Filters(account="alpha"), Filters(model=A100)):
-            bad, _ = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]))
+            bad, _ = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail)
             assert not bad, (f, "\n".join(bad))
         summarised = con.execute("SELECT count(*) FROM summary_hours").fetchone()[0]
         assert used or not summarised  # the path was taken where summaries exist
@@ -358,6 +380,34 @@ def test_summaries_hashed_by_another_duckdb_are_read_raw_until_rebuilt(tmp_path)
     w.close()
     bad, an = compare(open_reader(tmp_path), p, T(20))
     assert not bad and isinstance(an.gt, SummaryTime), bad
+
+
+def test_summaries_of_the_last_format_are_read_raw_until_upkeep_rebuilds_them(tmp_path):
+    """A store summarised by the last version (format 2: no per-job detail columns) is read raw,
+    with no error over the missing columns; the next upkeep pass rebuilds it, and then the
+    per-job detail (memory, MFU) comes from the summaries as well."""
+    golden_store(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))
+    w.close()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    detail = ["fb_max_mib", "clocked_s", "tensor_clock_s", "tensor_clocked_s", "tensor_unclocked_s"]
+    for e in manifest["summaries"]:
+        assert e["format"] == 3
+        path = tmp_path / e["file"]
+        pq.write_table(pq.read_table(path).drop_columns(detail), path)
+        e["tag"] = "format-2"
+        del e["format"]  # the last version wrote no format
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    p = Params(T(10), T(12))
+    bad, an = compare(open_reader(tmp_path), p, T(20), detail=True)
+    assert not bad and not isinstance(an.gt, SummaryTime), bad
+    w = StoreWriter(tmp_path)
+    compact(w, T(20))
+    assert w.summaries and all(e["format"] == 3 and e["tag"] != "format-2" for e in w.summaries.values())
+    w.close()
+    bad, an = compare(open_reader(tmp_path), p, T(20), detail=True)
+    assert not bad and isinstance(an.gt, SummaryTime) and an.gt.has_detail, bad
 
 
 def test_a_summary_one_bucket_off_fails_the_comparison(tmp_path):
