@@ -19,6 +19,11 @@ def from_epoch_us(us: int) -> datetime:
     return datetime(1970, 1, 1) + timedelta(microseconds=int(us))
 
 
+def floor_time(t: datetime, step: timedelta) -> datetime:
+    """t rounded down to a whole number of steps since the epoch (a 30-minute step: :00 or :30)."""
+    return datetime(1970, 1, 1) + (t - datetime(1970, 1, 1)) // step * step
+
+
 def utcnow() -> datetime:
     """Now, as the store and the analytics hold times: naive UTC."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
