@@ -11,6 +11,9 @@ with the window set to the whole week in the URL's query parameters, as a user w
   filters: data.window_bundle); Waste adds the previous week's totals, Health its own queries,
   Jobs one job's report (the most wasteful job, by the job-id box).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
+Twice, side by side: with the store's per-GPU summaries (built once by the product's upkeep, as
+bench/analytics.py builds them; [analytics] summaries = true, the default) and with every sample
+read (summaries = false).
 What is timed is the page's script run on the server (what grows with the data); the browser's
 drawing of the elements is not (tests/test_dashboard_browser.py loads every page in Chromium).
 
@@ -97,8 +100,24 @@ def measure(store: str, start: str, end: str, config: str) -> dict:
     return out
 
 
+def _child(store: Path, start, end, tmp: str, summaries: bool) -> dict:
+    """measure() in a process of its own (its peak RSS is its own), with [analytics] summaries set."""
+    cfg = Path(tmp) / f"gpufleet-{summaries}.toml"
+    cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n'
+                   f'[analytics]\nsummaries = {"true" if summaries else "false"}\n')
+    progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}, {'summaries' if summaries else 'raw samples'}, "
+             f"in a child process (first load, then {RUNS} warm runs each)")
+    proc = subprocess.run([sys.executable, "-m", "bench.dashboards", "--measure", str(store), start.isoformat(), end.isoformat(), str(cfg)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=12 * 3600)
+    sys.stderr.write("".join(line + "\n" for line in proc.stderr.splitlines() if line.startswith("[bench]")))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the measuring process failed (exit {proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-30:]))
+    return json.loads(lines[-1])
+
+
 def run() -> list[Table]:
-    from bench._analytics_data import Scale, ensure_store
+    from bench._analytics_data import Scale, ensure_store, ensure_summaries
 
     scale = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)),
                   int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
@@ -107,19 +126,12 @@ def run() -> list[Table]:
     t0 = time.monotonic()
     store, generated = ensure_store(scale, cache, progress)
     gen_s = time.monotonic() - t0
+    build_s, built = ensure_summaries(scale, store, progress)
     start = scale.start if not DASH_DAYS else scale.end - timedelta(days=DASH_DAYS)
     end = scale.end
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-dash-") as tmp:
-        cfg = Path(tmp) / "gpufleet.toml"
-        cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n')
-        progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} in a child process (first load, then {RUNS} warm runs each)")
-        proc = subprocess.run([sys.executable, "-m", "bench.dashboards", "--measure", str(store), start.isoformat(), end.isoformat(), str(cfg)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=12 * 3600)
-    sys.stderr.write("".join(line + "\n" for line in proc.stderr.splitlines() if line.startswith("[bench]")))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the measuring process failed (exit {proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-30:]))
-    m = json.loads(lines[-1])
+        m = _child(store, start, end, tmp, summaries=True)
+        r = _child(store, start, end, tmp, summaries=False)
 
     days = (end - start).days
     t = Table(f"dashboards: page render, {scale.gpus:,} GPUs x {days} d window ({scale.describe()})")
@@ -128,12 +140,13 @@ def run() -> list[Table]:
         label = f"{title} (list + job {m['job']}'s report)" if page == "jobs" and m.get("job") else title
         t.add(f"{label}: warm cache (median of {RUNS})", f"{warm:.3f} s", f"< {GOAL_S:g} s", warm < GOAL_S)
     for page, title in PAGES:
-        t.add(f"{title}: first load", f"{m['first'][page]:.1f} s")
+        t.add(f"{title}: first load, summaries / raw samples", f"{m['first'][page]:.1f} s / {r['first'][page]:.1f} s")
         if page == "jobs" and "jobs+report" in m["first"]:
-            t.add(f"    + job {m['job']}'s report, first load", f"{m['first']['jobs+report']:.1f} s")
-    t.add("peak RSS of the dashboard process (VmHWM)", f"{m['vmhwm_mib']:,.0f} MiB")
-    if m["problems"]:
-        t.add("pages with an error or exception", "; ".join(m["problems"])[:300], "none", False)
+            t.add(f"    + job {m['job']}'s report, first load", f"{m['first']['jobs+report']:.1f} s / {r['first'].get('jobs+report', float('nan')):.1f} s")
+    t.add("peak RSS of the dashboard process (VmHWM), summaries / raw samples", f"{m['vmhwm_mib']:,.0f} MiB / {r['vmhwm_mib']:,.0f} MiB")
+    problems = [f"summaries: {p}" for p in m["problems"]] + [f"raw: {p}" for p in r["problems"]]
+    if problems:
+        t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
         "first load in menu order from empty caches: Utilization computes the window's figures (one Analysis) that Jobs, Teams and "
         "MFU reuse; Waste adds the previous window's totals; Health and Fleet now run their own queries",
@@ -141,7 +154,9 @@ def run() -> list[Table]:
         "store they cost about one more window analysis",
         f"a relative window is recomputed once per period (dashboards/data.py step_for: 30 min for 7 days), warm in between; "
         f"DuckDB memory_limit {MEMORY_LIMIT or 'default'}, threads {THREADS or 'all cores'}; "
-        f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s)",
+        f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s); summaries {'built now' if built else 'cached'} "
+        f"({build_s:.0f} s, the product's upkeep)",
+        "a job's report reads its run's samples raw either way (its GPU timeline needs them: GpuTime.bucket_detail)",
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]
     return [t]

@@ -305,7 +305,9 @@ def job_report(key: tuple, job: dict) -> dict | None:
     f = Filters(cluster=job["cluster"], account=job.get("account"), user_name=job.get("user_name"), model=w.filters.model,
                 partition=job.get("partition"))
     narrowed = params_for(s, start, end, f)
-    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True)  # the report and timeline read the detail
+    # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
+    # so the whole report reads them once, raw, rather than summaries and then samples
+    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, summaries=False)
     try:
         r = ajobs.job_report(a, job["job_key"])
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
