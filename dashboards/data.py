@@ -9,11 +9,13 @@
 - Cache keys are plain tuples holding every input of a figure: store, window, filters and a
   fingerprint of the configuration. A relative window ("the last 24 h", `Window`) also carries
   the number of its reuse period (step_for: longer for longer windows): its figures are computed
-  with the window ending where the period starts, and reused until the period ends - so every
-  session in a period sees the same figures, and a window of a day or more, and its timeline's
-  buckets, start and end on the store's 5-minute summary grain (answered from the per-GPU
-  summaries, not read raw). What they were computed for travels with them (`Resolved`), so the
-  job report and the previous window's totals are asked for exactly the same window.
+  with the window ending at the moment they are first asked for, and reused until the period
+  ends. Its start is put back onto the store's 5-minute summary grain (the last 24 h are then 24
+  h and at most 5 minutes), so its timeline's bucket edges fall on summary edges and the
+  analysis answers them from the per-GPU summaries instead of reading those buckets raw; its end
+  lies in the open hour, which is read raw anyway. What they were computed for travels with them
+  (`Resolved`), so the job report and the previous window's totals are asked for exactly the same
+  window.
 
 Nothing here computes a figure: it calls analytics and caches what comes back.
 """
@@ -33,6 +35,7 @@ import streamlit as st
 from gpufleet.analytics import fairness, mfu
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params, from_config
+from gpufleet.collector.summaries import BUCKET_S
 from gpufleet.dashboards import config as dconfig
 from gpufleet.times import floor_time, utcnow
 
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
 UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
+SUMMARY_GRAIN = timedelta(seconds=BUCKET_S)  # where a relative window starts (see the module's docstring)
 
 
 # --- settings and the store ---
@@ -140,8 +144,8 @@ class Window:
     def resolve(self, now: datetime) -> "Resolved":
         now = now.replace(microsecond=0)
         if self.preset:
-            end = floor_time(now, step_for(self.length))  # the start of the reuse period (see the module's docstring)
-            return Resolved(self.root, end - self.length, end, end, self.filters, self.fingerprint, True)
+            start = floor_time(now - self.length, SUMMARY_GRAIN)  # see the module's docstring
+            return Resolved(self.root, start, now, now, self.filters, self.fingerprint, True)
         assert self.start is not None and self.end is not None
         return Resolved(self.root, self.start, self.end, min(self.end, now), self.filters, self.fingerprint, False)
 

@@ -1,10 +1,10 @@
-"""A relative dashboard window ("the last 24 h") ends where its reuse period starts.
+"""A relative dashboard window ("the last 24 h") starts on the store's 5-minute summary grain.
 
-Its figures are computed once per period (gpufleet.dashboards.data.step_for) and reused until the
-period ends; ending the window at the period's start makes every session in the period see the
-same figures and puts a window of a day or more - and its timeline's buckets - on the store's
-5-minute summary grain, so the dashboards' analysis answers from the per-GPU summaries without
-reading any bucket raw for the timeline's sake.
+Its figures are computed at the first ask in a reuse period (gpufleet.dashboards.data.step_for)
+and reused until the period ends; the window ends at that moment (the open hour: read raw
+anyway) and starts at the summary bucket edge at or before "length ago", so its timeline's
+bucket edges fall on summary edges and the dashboards' analysis answers them from the per-GPU
+summaries, reading no bucket raw for the timeline's sake.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from gpufleet.analytics.timeline import utilization_timelines
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.dashboards import config as dconfig
-from gpufleet.dashboards.data import Window, step_for
+from gpufleet.dashboards.data import Window
 
 NOW = datetime(2026, 11, 16, 20, 7, 13, 250_000)
 
@@ -31,16 +31,12 @@ def window(preset: str) -> Window:
     return Window("/store", preset, None, None, Filters(), "fp", 0)
 
 
-def test_a_relative_window_ends_where_its_reuse_period_starts():
-    expect = {"1h": datetime(2026, 11, 16, 20, 7), "6h": datetime(2026, 11, 16, 20, 7), "24h": datetime(2026, 11, 16, 20, 5),
-              "7d": datetime(2026, 11, 16, 20, 0), "30d": datetime(2026, 11, 16, 20, 0)}
-    assert set(expect) == set(dconfig.WINDOWS)
-    for preset, end in expect.items():
+def test_a_relative_window_starts_on_the_summary_grain_and_ends_now():
+    for preset, length in dconfig.WINDOWS.items():
         r = window(preset).resolve(NOW)
-        assert (r.start, r.end, r.as_of) == (end - dconfig.WINDOWS[preset], end, end), preset
-        # later in the same period: the same window, so the same cached figures
-        later = window(preset).resolve(end + step_for(dconfig.WINDOWS[preset]) - timedelta(microseconds=1))
-        assert later.key == r.key, preset
+        now = NOW.replace(microsecond=0)
+        assert (r.end, r.as_of) == (now, now), preset
+        assert r.start == datetime(2026, 11, 16, 20, 5) - length and r.start.minute % 5 == 0, preset
     fixed = Window("/store", None, datetime(2026, 11, 16, 10, 0, 1), datetime(2026, 11, 16, 12, 0, 1), Filters(), "fp", None)
     r = fixed.resolve(NOW)
     assert (r.start, r.end) == (fixed.start, fixed.end)  # a window someone typed is taken as typed
@@ -48,8 +44,8 @@ def test_a_relative_window_ends_where_its_reuse_period_starts():
 
 def test_the_last_24h_and_its_timeline_answer_from_summaries(tmp_path):
     """The golden store compacted: the 24 h window as the dashboard resolves it needs no bucket
-    read raw for its timeline; the same window to the second (as it was resolved before) looks up
-    inside summarised buckets and builds the line again with those read raw. Same figures."""
+    read raw for its timeline; the same window starting to the second (as it was resolved before)
+    looks up inside summarised buckets and builds the line again with those read raw. Same figures."""
     build_golden(tmp_path)
     w = StoreWriter(tmp_path)
     compact(w, NOW)
@@ -64,6 +60,6 @@ def test_the_last_24h_and_its_timeline_answer_from_summaries(tmp_path):
     assert isinstance(a.gt, SummaryTime) and a.gt.summary_buckets > 0 and a.gt._refined is None
     raw = Analysis(con, p, now=r.as_of, summaries=False)
     assert all(frames_equal(lines[by], t) for by, t in utilization_timelines(raw).items())
-    to_the_second = Analysis(con, Params(NOW.replace(microsecond=0) - timedelta(hours=24), NOW.replace(microsecond=0)), now=NOW, detail=True)
+    to_the_second = Analysis(con, Params(r.end - timedelta(hours=24), r.end), now=NOW, detail=True)
     utilization_timelines(to_the_second)
     assert to_the_second.gt._refined is not None
