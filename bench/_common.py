@@ -110,6 +110,21 @@ def proc_kib(pid: int, key: str) -> int:
 # --- child processes ---
 
 
+def raw_side_fits(knob: str, samples: int, bytes_per_sample: int) -> tuple[bool, str]:
+    """Whether to run a bench's raw-sample side: the environment variable `knob` says 1 or 0, or
+    auto (the default): only when its peak RSS, estimated at bytes_per_sample, fits in 80 % of
+    MemAvailable. (run it, why not)."""
+    value = os.environ.get(knob, "auto")
+    if value in ("0", "1"):
+        return value == "1", f"{knob}=0"
+    need = samples * bytes_per_sample / 2**30
+    avail = next((int(line.split()[1]) / 2**20 for line in Path("/proc/meminfo").read_text().splitlines()
+                  if line.startswith("MemAvailable:")), 0.0)
+    if need > 0.8 * avail:
+        return False, f"its peak RSS would be about {need:.0f} GiB ({bytes_per_sample} B per sample), over 80 % of the {avail:.0f} GiB available"
+    return True, ""
+
+
 def free_port() -> int:
     """A free TCP port on loopback, for a child server to listen on."""
     with socket.socket() as s:

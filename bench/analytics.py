@@ -47,14 +47,13 @@ from pathlib import Path
 import polars as pl
 
 from bench._analytics_data import STEP, Scale, ensure_store, ensure_summaries, host_name
-from bench._common import ROOT, Table, _children, _stop, env_number, free_port, progress
+from bench._common import ROOT, Table, _children, _stop, env_number, free_port, progress, raw_side_fits
 
 SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
 PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_QUERY_RUNS", 5)))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
 THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
-RAW = os.environ.get("GPUFLEET_BENCH_RAW", "auto")
 RAW_BYTES_PER_SAMPLE = 47  # the raw path's peak RSS per sample: 7.23 GiB at 165.2M samples (4,096 GPUs, 7 d)
 CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
 
@@ -88,18 +87,6 @@ def measure_analysis(store: Path, raw: bool = False) -> dict:
     out = json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1].removeprefix("RESULT "))
     out["load"] = (load0, load1)
     return out
-
-
-def raw_oracle_fits() -> tuple[bool, str]:
-    """Whether to run the raw-sample path beside the summaries (GPUFLEET_BENCH_RAW), and why not."""
-    if RAW in ("0", "1"):
-        return RAW == "1", "GPUFLEET_BENCH_RAW=0"
-    need = SCALE.samples * RAW_BYTES_PER_SAMPLE / 2**30
-    avail = next((int(line.split()[1]) / 2**20 for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemAvailable:")), 0.0)
-    if need > 0.8 * avail:
-        return False, f"its peak RSS would be about {need:.0f} GiB ({RAW_BYTES_PER_SAMPLE} B per sample), over 80 % of the {avail:.0f} GiB available"
-    return True, ""
 
 
 def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
@@ -427,7 +414,7 @@ def run() -> list[Table]:
     gen_s = time.monotonic() - t0
     progress(f"store {'generated' if generated else 'reused'}: {store} ({gen_s:.0f} s)")
     build_s, built = ensure_summaries(SCALE, store, progress)
-    run_raw, why = raw_oracle_fits()
+    run_raw, why = raw_side_fits("GPUFLEET_BENCH_RAW", SCALE.samples, RAW_BYTES_PER_SAMPLE)
     progress(f"full weekly analysis in its own process: {'the raw oracle, then ' if run_raw else ''}the summaries path")
     m_raw = measure_analysis(store, raw=True) if run_raw else None
     m = measure_analysis(store)
