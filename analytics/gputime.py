@@ -197,7 +197,8 @@ class GpuTime:
 
     def _allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
                            start: int, end: int, out: dict[str, np.ndarray]) -> None:
-        """allocation_detail's sums into `out`, for the allocations with a slice of intervals."""
+        """allocation_detail's sums into `out`, for the allocations with a slice of the line
+        (_detail_chunk: this class's intervals, or SummaryTime's entries)."""
         n = len(gid)
         ka, kb = self.key(gid, a0), self.key(gid, a1)
         ws, we = self.key(gid, np.full(n, start)), self.key(gid, np.full(n, end))
@@ -215,10 +216,7 @@ class GpuTime:
                       equiv: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """allocation_detail for allocations `rows`: their slices [j0, j1) side by side, each piece's
         w clipped to [lo, hi), then summed per allocation (reduceat on the slice starts)."""
-        lens = j1 - j0
-        at = np.cumsum(lens) - lens
-        owner = np.repeat(np.arange(len(rows)), lens)
-        idx = np.repeat(j0 - at, lens) + np.arange(int(lens.sum()))
+        at, owner, idx = _side_by_side(j0, j1)
         t0, t1 = self.t0[idx], self.t1[idx]
         real = t1 > t0
         w = np.clip(np.minimum(t1, hi[owner]) - np.maximum(t0, lo[owner]), 0, None) * (equiv[owner] / 1e6)
@@ -330,6 +328,14 @@ class GpuTime:
 
 
 _PIECES_CHUNK = 2_000_000  # intervals per allocation_detail step: ~0.2 GB of temporaries
+
+
+def _side_by_side(j0: np.ndarray, j1: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slices [j0, j1) of the line laid side by side: (where each slice starts in the result, the
+    slice each position belongs to, the line index at each position)."""
+    lens = j1 - j0
+    at = np.cumsum(lens) - lens
+    return at, np.repeat(np.arange(len(lens)), lens), np.repeat(j0 - at, lens) + np.arange(int(lens.sum()))
 _LOOP_MAX = 50_000  # up to this many segments a Python loop over slices beats a row-long index array
 
 

@@ -35,13 +35,12 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.gputime import GpuTime, _variants
+from gpufleet.analytics.gputime import GpuTime, _side_by_side, _variants
 from gpufleet.times import epoch_us
 from gpufleet.collector import summaries as cs
 
 KEY = ["cluster", "host", "gpu_uuid", "gi"]
 HOUR_US = 3_600_000_000
-_CHUNK = 2_000_000  # line entries per allocation_detail step: ~0.3 GB of temporaries
 
 
 def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
@@ -263,28 +262,15 @@ class SummaryTime(GpuTime):
             return other[0].allocation_detail(other[1][:n], a0, a1, equiv, start, end)
         out = {k: np.full(n, np.nan) for k in ("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")}
         out.update(has_piece=np.zeros(n, dtype=bool), has_util=np.zeros(n, dtype=bool), any_s=np.zeros(n))
-        if not n or not len(self.t0):
-            return out
-        ka, kb = self.key(gid, a0), self.key(gid, a1)
-        j0, j1 = self._slices(ka, kb)
-        rows = np.flatnonzero((j1 > j0) & (gid >= 0))
-        lo, hi = np.maximum(ka, self.key(gid, s)), np.minimum(kb, self.key(gid, e))
-        ends = np.cumsum(j1[rows] - j0[rows])
-        cuts = np.searchsorted(ends, np.arange(_CHUNK, ends[-1], _CHUNK), side="left") + 1 if len(rows) else np.zeros(0, np.int64)
-        equiv = np.asarray(equiv, dtype=np.float64)
-        for chunk in np.split(rows, np.unique(cuts)):
-            if len(chunk):
-                self._detail_chunk(chunk, j0[chunk], j1[chunk], lo[chunk], hi[chunk], equiv[chunk], out)
+        if n and len(self.t0):
+            self._allocation_detail(gid, a0, a1, equiv, start, end, out)  # GpuTime's slicing and chunks, our _detail_chunk
         return out
 
-    def _detail_chunk(self, rows: np.ndarray, j0: np.ndarray, j1: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+    def _detail_chunk(self, rows: np.ndarray, j0: np.ndarray, j1: np.ndarray, hi: np.ndarray, lo: np.ndarray,
                       equiv: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """allocation_detail for allocations `rows`: their entries [j0, j1) side by side, each
         weighed by the part of it inside [lo, hi), summed per allocation."""
-        lens = j1 - j0
-        at = np.cumsum(lens) - lens
-        owner = np.repeat(np.arange(len(rows)), lens)
-        idx = np.repeat(j0 - at, lens) + np.arange(int(lens.sum()))
+        at, owner, idx = _side_by_side(j0, j1)
         t0, t1 = self.t0[idx], self.t1[idx]
         frac = np.clip(np.minimum(t1, hi[owner]) - np.maximum(t0, lo[owner]), 0, None) / (t1 - t0) * equiv[owner]
         pos = frac > 0
