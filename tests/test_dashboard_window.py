@@ -36,6 +36,7 @@ def test_a_relative_window_starts_on_the_summary_grain_and_ends_now():
         r = window(preset).resolve(NOW)
         now = NOW.replace(microsecond=0)
         assert (r.end, r.as_of) == (now, now), preset
+        # every preset is whole 5-minute steps long, so (20:07:13 - length) floored to 5 min = 20:05 - length
         assert r.start == datetime(2026, 11, 16, 20, 5) - length and r.start.minute % 5 == 0, preset
     fixed = Window("/store", None, datetime(2026, 11, 16, 10, 0, 1), datetime(2026, 11, 16, 12, 0, 1), Filters(), "fp", None)
     r = fixed.resolve(NOW)
