@@ -29,6 +29,7 @@ window's samples.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -43,8 +44,72 @@ KEY = ["cluster", "host", "gpu_uuid", "gi"]
 HOUR_US = 3_600_000_000
 
 
+# What the line keeps of a summary row (sql.SUMMARY_ROWS), with detail also what allocation_detail
+# adds up (sql.SUMMARY_ROWS_DETAIL), and of a run piece (_run_pieces)
+_SEGMENT = {"h": pl.UInt64, "gh": pl.UInt64, "s0": pl.Int64, "s1": pl.Int64, "data_s": pl.Float64, "busy_s": pl.Float64}
+_DETAIL = {"covered_us": pl.Int64, "fb_max": pl.Float64, "tensor_known_s": pl.Float64, "clocked_s": pl.Float64,
+           "tensor_clock_s": pl.Float64, "tensor_clocked_s": pl.Float64, "tensor_unclocked_s": pl.Float64}
+_PIECE = {"h": pl.UInt64, "gh": pl.UInt64, "a0": pl.Int64, "a1": pl.Int64}
+# allocation_detail's entry sums of a whole segment (SummaryTime._entry_detail): its column and
+# what to divide it by ("uk": the column is > 0)
+_DETAIL_ENTRY = {"any": ("covered_us", 1e6), "tk": ("tensor_known_s", 1.0), "ck": ("clocked_s", 1.0),
+                 "tcl": ("tensor_clock_s", 1.0), "tcd": ("tensor_clocked_s", 1.0), "tun": ("tensor_unclocked_s", 1.0),
+                 "fb": ("fb_max", 1.0), "uk": ("data_s", 1.0)}
+_BATCH_ROWS = 1_000_000  # summary rows per batch: ~0.3 GB while a batch is cut down
+
+
 def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
     return pl.from_arrow(con.sql(query, params={k: v for k, v in bind.items() if f"${k}" in query}).to_arrow_table())
+
+
+def _batches(con: Any, query: str, bind: dict[str, Any]) -> Iterator[pl.DataFrame]:
+    """The query's rows a batch at a time, as DuckDB streams them (in no particular order)."""
+    reader = con.sql(query, params={k: v for k, v in bind.items() if f"${k}" in query}).to_arrow_reader(_BATCH_ROWS)
+    for batch in reader:
+        if batch.num_rows:
+            yield pl.from_arrow(batch)
+
+
+def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
+    return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame(schema=schema)
+
+
+def _run_pieces(rows: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """The run pieces (h, gh, a0, a1; epoch us) summary rows record for kind "idle" or "nop": the
+    whole segment when it is in the run throughout, else the run touching its start, the one
+    touching its end, and the runs inside it (gpufleet.collector.summaries.bucket_facts)."""
+    head, tail, inner = pl.col(f"{kind}_head_us"), pl.col(f"{kind}_tail_us"), f"{kind}_runs"
+    s0, s1 = pl.col("s0"), pl.col("s1")
+    whole = head == s1 - s0
+    parts = [
+        rows.filter(whole).select("h", "gh", a0=s0, a1=s1),
+        rows.filter((head > 0) & ~whole).select("h", "gh", a0=s0, a1=s0 + head),
+        rows.filter((tail > 0) & ~whole).select("h", "gh", a0=s1 - tail, a1=s1),
+        rows.select("h", "gh", "b0", inner).filter(pl.col(inner).is_not_null()).explode(inner).drop_nulls(inner).unnest(inner)
+            .select("h", "gh", a0=pl.col("b0") + pl.col("r0_us"), a1=pl.col("b0") + pl.col("r1_us")),
+    ]
+    return pl.concat([p.cast(_PIECE) for p in parts])  # type: ignore[arg-type]
+
+
+def _outside(gk: pl.DataFrame, gh: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Which rows (GPU hash gh, bucket k) are not among gk's GPU-buckets."""
+    keep = np.ones(len(gh), dtype=bool)
+    if len(gh) and not gk.is_empty():
+        rows = pl.DataFrame({"gh": gh, "k": k}, schema={"gh": pl.UInt64, "k": pl.Int64}).with_row_index("i")
+        keep[rows.join(gk, on=["gh", "k"], how="semi")["i"].to_numpy()] = False
+    return keep
+
+
+def _chain(k0: np.ndarray, k1: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces [k0, k1) (line keys) chained where one ends as the next starts: each chain's start,
+    end and the variant of its first piece, in key order."""
+    order = np.argsort(k0, kind="stable")
+    k0, k1, v = k0[order], k1[order], v[order]
+    linked = np.zeros(len(k0), dtype=bool)
+    linked[1:] = k1[:-1] == k0[1:]
+    i0 = np.flatnonzero(~linked)
+    i1 = np.append(i0[1:] - 1, len(k0) - 1) if len(i0) else i0
+    return k0[i0], k1[i1], v[i0]
 
 
 def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False) -> "SummaryTime | None":
@@ -90,20 +155,30 @@ class SummaryTime(GpuTime):
                 k_all.add(t // b)
         read_all = sorted(k_all | {k + d for k in k_all for d in (-1, 1)})
 
-        con.register("_use_hours", pl.DataFrame({"hour": hours}).to_arrow())
-        try:
-            sm = _q(con, sql.SUMMARY_ROWS_DETAIL if detail else sql.SUMMARY_ROWS, {**bind, "bucket_s": bucket_s})
-        finally:
-            con.unregister("_use_hours")
-        sm = sm.with_columns(k=pl.col("b0") // b).filter((pl.col("k") >= kx0) & (pl.col("k") <= kx1)
-                                                          & ~pl.col("k").is_in(list(k_all)))
-        # buckets read raw on one GPU: an allocation starts or ends inside a segment (the summary
-        # was written before the allocation was known), or the summary is inexact
-        cut = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
+        # the summary rows a batch at a time, each cut down at once to what the line needs (no
+        # run lists, no DataFrame of the window's rows): 48 bytes a segment instead of ~250
+        cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
             (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
-        cut = cut.join(sm.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner").filter(
-            (pl.col("s0") < pl.col("t")) & (pl.col("t") < pl.col("s1"))).select("gh", "k")
-        gk = pl.concat([cut, sm.filter(~pl.col("exact")).select("gh", "k")], how="vertical_relaxed").unique()
+        q = sql.SUMMARY_ROWS_DETAIL if detail else sql.SUMMARY_ROWS
+        columns = list(_SEGMENT) + (list(_DETAIL) if detail else [])
+        segs: list[dict[str, np.ndarray]] = []
+        gks, seen, pieces = [], [], {"idle": [], "nop": []}
+        for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list()}):
+            batch = batch.with_columns(k=pl.col("b0") // b).filter(
+                (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
+            # buckets read raw on one GPU: an allocation starts or ends inside a segment (the
+            # summary was written before the allocation was known), or the summary is inexact
+            cut = cuts.join(batch.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner").filter(
+                (pl.col("s0") < pl.col("t")) & (pl.col("t") < pl.col("s1"))).select("gh", "k")
+            gks += [cut, batch.filter(~pl.col("exact")).select("gh", "k")]
+            seen.append(batch.select("h", "gh").unique())
+            batch = batch.filter(pl.col("exact") & (pl.col("covered_us") > 0))
+            segs.append({c: batch[c].to_numpy() for c in columns})
+            for kind in pieces:
+                pieces[kind].append(_run_pieces(batch, kind))
+            del batch
+        gk = pl.concat(gks, how="vertical_relaxed").unique() if gks else pl.DataFrame(schema={"gh": pl.UInt64, "k": pl.Int64})
+        gk = gk.with_columns(pl.col("gh").cast(pl.UInt64), pl.col("k").cast(pl.Int64))
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
         need = need.filter(~pl.col("k").is_in(read_all))
 
@@ -127,15 +202,15 @@ class SummaryTime(GpuTime):
         # GPU variants over both sources, named as the raw path names them (gputime._variants: vid
         # = index into the sorted variant hashes, gid per GPU, equiv by sql.gpu_equiv); rows carry
         # the hashes only, so placing millions of them is integer work, not string joins
-        hashes = np.unique(np.concatenate([sm["h"].unique().to_numpy(), raw["h"].unique().to_numpy()]).astype(np.uint64))
+        seen = pl.concat([*seen, raw.select("h", "gh")], how="vertical_relaxed").unique("h")
+        hashes = np.sort(seen["h"].to_numpy().astype(np.uint64))
         self.gpus = _variants(con, bind, hashes)
         equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
         gid_of = self.gpus["gid"].to_numpy().astype(np.int64, copy=False)
-        sm = sm.with_columns(vid=pl.Series(np.searchsorted(hashes, sm["h"].to_numpy()), dtype=pl.Int64))
-        sm = sm.with_columns(gid=pl.Series(gid_of[sm["vid"].to_numpy()], dtype=pl.Int64))
         raw = raw.with_columns(vid=pl.Series(np.searchsorted(hashes, raw["h"].to_numpy()), dtype=pl.Int64))
         raw = raw.with_columns(gid=pl.Series(gid_of[raw["vid"].to_numpy()], dtype=pl.Int64))
-        gh_gid = pl.concat([sm.select("gh", "gid"), raw.select("gh", "gid")]).unique("gh")
+        gh_gid = seen.with_columns(gid=pl.Series(gid_of[np.searchsorted(hashes, seen["h"].to_numpy())], dtype=pl.Int64))
+        gh_gid = gh_gid.select("gh", "gid").unique("gh")
 
         # raw pieces, in the raw buckets only
         raw = raw.sort(["gid", "ts"], maintain_order=True)
@@ -151,33 +226,61 @@ class SummaryTime(GpuTime):
         self._raw_util, self._raw_nop = util, raw["nop"].to_numpy()[i]
         sec = (p1 - p0) / 1e6 * equiv[rv]
         known = ~np.isnan(util)
-        r_data = np.where(known, sec, 0.0)
-        r_busy = np.where(known, np.divide(util, 100, dtype=np.float64) * sec, 0.0)
-
-        # whole summarised buckets
-        sm = sm.filter(pl.col("exact") & (pl.col("covered_us") > 0))
-        sm = sm.join(gk.with_columns(cut=pl.lit(True)), on=["gh", "k"], how="left").filter(pl.col("cut").is_null())
-        self._sm = sm
-        sg, sv = sm["gid"].to_numpy().astype(np.int64, copy=False), sm["vid"].to_numpy().astype(np.int64, copy=False)
-        s0, s1 = sm["s0"].to_numpy().astype(np.int64, copy=False), sm["s1"].to_numpy().astype(np.int64, copy=False)
-        s_data = sm["data_s"].to_numpy() * equiv[sv]
-        s_busy = sm["busy_s"].to_numpy() * equiv[sv]
-
-        # one ordered line: keys gid x span + (t - base), as GpuTime
         self._rk0 = rg * self.span + (p0 - self.base)
         self._rk1 = rg * self.span + (p1 - self.base)
         self._rv = rv
-        t0 = np.concatenate([self._rk0, sg * self.span + (s0 - self.base)])
-        t1 = np.concatenate([self._rk1, sg * self.span + (s1 - self.base)])
+
+        # the whole summarised segments (those of no GPU-bucket gk sends to the raw samples) after
+        # the raw pieces, in one set of arrays, a batch at a time; then one ordered line: keys gid x
+        # span + (t - base), as GpuTime
+        whole_rows = [_outside(gk, seg["gh"], seg["s0"] // b) for seg in segs]
+        nr, ns = len(rg), sum(int(w.sum()) for w in whole_rows)
+        t0, t1, vid = np.empty(nr + ns, np.int64), np.empty(nr + ns, np.int64), np.empty(nr + ns, np.int64)
+        data, busy = np.empty(nr + ns), np.empty(nr + ns)
+        t0[:nr], t1[:nr], vid[:nr] = self._rk0, self._rk1, rv
+        data[:nr] = np.where(known, sec, 0.0)
+        busy[:nr] = np.where(known, np.divide(util, 100, dtype=np.float64) * sec, 0.0)
+        seg_detail = {key: np.empty(ns, dtype=bool if key == "uk" else np.float64) for key in _DETAIL_ENTRY} if detail else {}
+        at = nr
+        while segs:
+            seg, w = segs.pop(0), whole_rows.pop(0)
+            n, sv = int(w.sum()), np.searchsorted(hashes, seg["h"][w])
+            sg, sl = gid_of[sv], slice(at, at + n)
+            t0[sl] = sg * self.span + (seg["s0"][w] - self.base)
+            t1[sl] = sg * self.span + (seg["s1"][w] - self.base)
+            vid[sl] = sv
+            data[sl] = seg["data_s"][w] * equiv[sv]
+            busy[sl] = seg["busy_s"][w] * equiv[sv]
+            for key, (c, div) in (_DETAIL_ENTRY.items() if detail else ()):
+                x = seg[c][w]
+                seg_detail[key][at - nr:at - nr + n] = x > 0 if key == "uk" else x / div
+            at += n
         order = np.argsort(t0, kind="stable")
-        self.t0, self.t1 = t0[order], t1[order]
-        self._whole = np.concatenate([np.zeros(len(rg), dtype=bool), np.ones(len(sg), dtype=bool)])[order]
-        self._seg_vid = np.concatenate([rv, sv])[order]
-        self.cdata = np.cumsum(np.concatenate([r_data, s_data])[order])
-        self.cbusy = np.cumsum(np.concatenate([r_busy, s_busy])[order])
-        self.raw_pieces, self.summary_buckets = len(rg), len(sg)
+        self.t0 = t0[order]
+        del t0
+        self.t1 = t1[order]
+        del t1
+        self._whole = np.arange(nr + ns)[order] >= nr
+        self._seg_vid = vid[order]
+        del vid
+        self.cdata = np.cumsum(data[order])
+        del data
+        self.cbusy = np.cumsum(busy[order])
+        del busy
+        self.raw_pieces, self.summary_buckets = nr, ns
         if detail:
-            self._detail = self._entry_detail(raw, i, (p1 - p0) / 1e6, util, sm, order)
+            self._detail = self._entry_detail(raw, i, (p1 - p0) / 1e6, util, seg_detail, order)
+        del seg_detail
+
+        # the runs' pieces the summaries record, chained already (runs() chains them with the raw pieces)
+        self._pieces = {}
+        for kind, ps in pieces.items():
+            ps = _concat(ps, _PIECE)
+            ps = ps.filter(pl.Series(_outside(gk, ps["gh"].to_numpy(), ps["a0"].to_numpy() // b)))
+            pv = np.searchsorted(hashes, ps["h"].to_numpy())
+            pg = gid_of[pv]
+            self._pieces[kind] = _chain(pg * self.span + (ps["a0"].to_numpy() - self.base),
+                                        pg * self.span + (ps["a1"].to_numpy() - self.base), pv)
 
     # --- look-ups: exact on segment edges and in raw buckets; elsewhere a line with those buckets raw answers ---
 
@@ -221,29 +324,22 @@ class SummaryTime(GpuTime):
         return other[0].overlaps(other[1], a, b) if other else super().overlaps(gid, a, b)
 
     @staticmethod
-    def _entry_detail(raw: pl.DataFrame, i: np.ndarray, sec: np.ndarray, util: np.ndarray, sm: pl.DataFrame,
+    def _entry_detail(raw: pl.DataFrame, i: np.ndarray, sec: np.ndarray, util: np.ndarray, seg: dict[str, np.ndarray],
                       order: np.ndarray) -> dict[str, np.ndarray]:
-        """Per entry of the line (raw pieces, then whole segments, put in line order): what
-        allocation_detail adds up, in seconds not yet scaled by a MIG share - all of it (any),
-        with tensor activity known (tk), with a clock too (ck), tensor x clock x s (tcl), tensor
-        x s with a clock (tcd) and without (tun) - the memory high-water (fb, NaN: unknown) and
-        whether a utilization is known (uk)."""
+        """Per entry of the line (raw pieces, then whole segments - `seg`, _DETAIL_ENTRY's - put
+        in line order): what allocation_detail adds up, in seconds not yet scaled by a MIG share
+        - all of it (any), with tensor activity known (tk), with a clock too (ck), tensor x clock
+        x s (tcl), tensor x s with a clock (tcd) and without (tun) - the memory high-water (fb,
+        NaN: unknown) and whether a utilization is known (uk)."""
         fb, tensor, clock = (raw[c].to_numpy()[i].astype(np.float64) for c in ("fb", "tensor", "clock"))
         tk = ~np.isnan(tensor)
         ck = tk & ~np.isnan(clock)
         ts = np.where(tk, tensor * sec, 0.0)
-        col = lambda c: sm[c].to_numpy().astype(np.float64)  # noqa: E731
         parts = {
-            "any": (sec, sm["covered_us"].to_numpy() / 1e6),
-            "tk": (np.where(tk, sec, 0.0), col("tensor_known_s")),
-            "ck": (np.where(ck, sec, 0.0), col("clocked_s")),
-            "tcl": (np.where(ck, ts * clock, 0.0), col("tensor_clock_s")),
-            "tcd": (np.where(ck, ts, 0.0), col("tensor_clocked_s")),
-            "tun": (np.where(tk & ~ck, ts, 0.0), col("tensor_unclocked_s")),
-            "fb": (fb, col("fb_max")),
-            "uk": (~np.isnan(util), sm["data_s"].to_numpy() > 0),
+            "any": sec, "tk": np.where(tk, sec, 0.0), "ck": np.where(ck, sec, 0.0), "tcl": np.where(ck, ts * clock, 0.0),
+            "tcd": np.where(ck, ts, 0.0), "tun": np.where(tk & ~ck, ts, 0.0), "fb": fb, "uk": ~np.isnan(util),
         }
-        return {k: np.concatenate([r, s])[order] for k, (r, s) in parts.items()}
+        return {k: np.concatenate([r, seg[k]])[order] for k, r in parts.items()}
 
     def allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
                           start: int, end: int) -> dict[str, np.ndarray]:
@@ -294,36 +390,11 @@ class SummaryTime(GpuTime):
         if thr != self._bind["thr"]:
             raise ValueError(f"the summaries were read for idle threshold {self._bind['thr']}, not {thr}")
         hit = (self._raw_util < np.float64(thr)) if kind == "idle" else self._raw_nop
-        pre = "idle" if kind == "idle" else "nop"
-        sm = self._sm
-        g = sm["gid"].to_numpy().astype(np.int64, copy=False)
-        v = sm["vid"].to_numpy().astype(np.int64, copy=False)
-        s0, s1 = sm["s0"].to_numpy().astype(np.int64, copy=False), sm["s1"].to_numpy().astype(np.int64, copy=False)
-        head = sm[f"{pre}_head_us"].to_numpy().astype(np.int64, copy=False)
-        tail = sm[f"{pre}_tail_us"].to_numpy().astype(np.int64, copy=False)
-        whole = head == s1 - s0
-        h = (head > 0) & ~whole
-        tl = (tail > 0) & ~whole
-        inner = (sm.select("gid", "vid", "b0", pl.col(f"{pre}_runs")).filter(pl.col(f"{pre}_runs").is_not_null())
-                 .explode(f"{pre}_runs").drop_nulls(f"{pre}_runs").unnest(f"{pre}_runs"))
-        ig = inner["gid"].to_numpy().astype(np.int64, copy=False) if inner.height else np.zeros(0, np.int64)
-        ib = inner["b0"].to_numpy().astype(np.int64, copy=False) if inner.height else np.zeros(0, np.int64)
-        pg = np.concatenate([g[whole], g[h], g[tl], ig])
-        pv = np.concatenate([v[whole], v[h], v[tl], inner["vid"].to_numpy().astype(np.int64, copy=False) if inner.height else np.zeros(0, np.int64)])
-        a0 = np.concatenate([s0[whole], s0[h], s1[tl] - tail[tl], ib + (inner["r0_us"].to_numpy() if inner.height else 0)])
-        a1 = np.concatenate([s1[whole], s0[h] + head[h], s1[tl], ib + (inner["r1_us"].to_numpy() if inner.height else 0)])
-        k0 = np.concatenate([self._rk0[hit], pg * self.span + (a0 - self.base)])
-        k1 = np.concatenate([self._rk1[hit], pg * self.span + (a1 - self.base)])
-        vv = np.concatenate([self._rv[hit], pv])
-        order = np.argsort(k0, kind="stable")
-        k0, k1, vv = k0[order], k1[order], vv[order]
-        linked = np.zeros(len(k0), dtype=bool)
-        linked[1:] = k1[:-1] == k0[1:]
-        i0 = np.flatnonzero(~linked)
-        i1 = np.append(i0[1:] - 1, len(k0) - 1) if len(i0) else i0
-        r0, r1 = k0[i0], k1[i1]
+        pk0, pk1, pv = self._pieces["idle" if kind == "idle" else "nop"]
+        r0, r1, rv = _chain(np.concatenate([self._rk0[hit], pk0]), np.concatenate([self._rk1[hit], pk1]),
+                            np.concatenate([self._rv[hit], pv]))
         long = (r1 - r0) >= min_us
-        i0, r0, r1 = i0[long], r0[long], r1[long]
+        r0, r1, rv = r0[long], r1[long], rv[long]
         gid = r0 // self.span
-        return pl.DataFrame({"gid": gid, "vid": vv[i0], "r0": r0 - gid * self.span + self.base, "r1": r1 - gid * self.span + self.base},
+        return pl.DataFrame({"gid": gid, "vid": rv, "r0": r0 - gid * self.span + self.base, "r1": r1 - gid * self.span + self.base},
                             schema={"gid": pl.Int64, "vid": pl.Int64, "r0": pl.Int64, "r1": pl.Int64})
