@@ -139,7 +139,7 @@ class GpuTime:
             k = self.key(gid, t)
             if not len(self.t0):
                 return np.zeros(len(k)), np.zeros(len(k))
-            j = np.searchsorted(self.t0, k, side="right") - 1
+            j = search(self.t0, k, side="right") - 1
             jj = np.maximum(j, 0)
             ok = (j >= 0) & (self.t0[jj] >= gid * self.span)
             part = np.where(ok, np.clip(k - self.t0[jj], 0, self.t1[jj] - self.t0[jj]), 0) / np.where(
@@ -161,13 +161,13 @@ class GpuTime:
         if not len(self.t0):
             return np.zeros(len(a), dtype=bool)
         gid = np.asarray(gid, dtype=np.int64)
-        j = np.searchsorted(self.t0, self.key(gid, b), side="left") - 1
+        j = search(self.t0, self.key(gid, b), side="left") - 1
         jj = np.maximum(j, 0)
         return (j >= 0) & (self.t0[jj] >= gid * self.span) & (self.t1[jj] > self.key(gid, a)) & (self.t1[jj] > self.t0[jj])
 
     def _slices(self, ka: np.ndarray, kb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[j0, j1): the intervals overlapping each key range [ka, kb) (empty when j1 <= j0)."""
-        return np.searchsorted(self.t1, ka, side="right"), np.searchsorted(self.t0, kb, side="left")  # t1 never decreases along the line
+        return search(self.t1, ka, side="right"), search(self.t0, kb, side="left")  # t1 never decreases along the line
 
     def _vid_of(self, i: np.ndarray) -> np.ndarray:
         """The GPU variant of intervals i (the segment each lies in)."""
@@ -325,6 +325,19 @@ class GpuTime:
         vid = self._vid_of(i0)
         return pl.DataFrame({"gid": gid, "vid": vid, "r0": r0 - gid * self.span + self.base, "r1": r1 - gid * self.span + self.base},
                             schema={"gid": pl.Int64, "vid": pl.Int64, "r0": pl.Int64, "r1": pl.Int64})
+
+
+def search(line: np.ndarray, keys: np.ndarray, side: str = "left") -> np.ndarray:
+    """np.searchsorted(line, keys, side), with the keys put in order first: numpy narrows each
+    search from the last one when keys ascend, which on a line of millions is ~8x faster than
+    keys in allocation order."""
+    keys = np.asarray(keys)
+    if len(keys) < 1024:
+        return np.searchsorted(line, keys, side=side)  # type: ignore[call-overload]
+    order = np.argsort(keys, kind="stable")
+    out = np.empty(len(keys), dtype=np.intp)
+    out[order] = np.searchsorted(line, keys[order], side=side)  # type: ignore[call-overload]
+    return out
 
 
 _PIECES_CHUNK = 2_000_000  # intervals per allocation_detail step: ~0.2 GB of temporaries

@@ -177,8 +177,8 @@ SUMMARY_ROWS_DETAIL = _SUMMARY_ROWS.format(detail=""",
        s.tensor_clocked_s, s.tensor_unclocked_s""")
 
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
-# (SAMPLE_ARRAYS): every GPU's in the buckets (bucket k: [k x $bucket_us, (k + 1) x $bucket_us)
-# since the epoch) of _raw_k, and one GPU's in the buckets _raw_gk names (none of _raw_k).
+# (SAMPLE_ARRAYS): every GPU's in [$raw_lo, $raw_hi) (a run of buckets, bucket k: [k x $bucket_us,
+# (k + 1) x $bucket_us) since the epoch), and one GPU's in the buckets _raw_gk names (none of _raw_k).
 _RAW_SAMPLES = """
 SELECT hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
        hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER) AS gh, epoch_us(s.ts) AS ts,
@@ -189,7 +189,7 @@ WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
   AND {which}
 """
-_ALL_GPUS = dict(join="", which="epoch_us(s.ts) // $bucket_us IN (SELECT k FROM _raw_k)")
+_ALL_GPUS = dict(join="", which="s.ts >= $raw_lo AND s.ts < $raw_hi")  # one run of whole buckets: the files' ts statistics prune the rest
 _SOME_GPUS = dict(
     join="""
 SEMI JOIN _raw_gk r ON r.gh = hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)

@@ -36,8 +36,8 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.gputime import GpuTime, _side_by_side, _variants
-from gpufleet.times import epoch_us
+from gpufleet.analytics.gputime import GpuTime, _side_by_side, _variants, search
+from gpufleet.times import epoch_us, from_epoch_us
 from gpufleet.collector import summaries as cs
 
 KEY = ["cluster", "host", "gpu_uuid", "gi"]
@@ -185,7 +185,12 @@ class SummaryTime(GpuTime):
         ks = {"bucket_us": b}
         con.register("_raw_k", pl.DataFrame({"k": pl.Series(read_all, dtype=pl.Int64)}).to_arrow())
         try:
-            raw = _q(con, sql.RAW_BUCKETS_ALL_DETAIL if detail else sql.RAW_BUCKETS_ALL, {**bind, **ks}) if read_all else None
+            # every GPU's raw buckets, a run of consecutive buckets per query (window edges, hours not summarised)
+            runs = np.split(np.array(read_all, dtype=np.int64), np.flatnonzero(np.diff(read_all) > 1) + 1) if read_all else []
+            parts = [_q(con, sql.RAW_BUCKETS_ALL_DETAIL if detail else sql.RAW_BUCKETS_ALL,
+                        {**bind, **ks, "raw_lo": from_epoch_us(int(r[0]) * b), "raw_hi": from_epoch_us((int(r[-1]) + 1) * b)})
+                     for r in runs]
+            raw = pl.concat(parts, how="vertical_relaxed") if parts else None
             if not need.is_empty():
                 con.register("_raw_gk", need.to_arrow())
                 try:
@@ -290,7 +295,7 @@ class SummaryTime(GpuTime):
             return np.zeros(len(np.asarray(t)), dtype=bool)
         gid = np.asarray(gid, dtype=np.int64)
         k = self.key(gid, t)
-        j = np.searchsorted(self.t0, k, side="right") - 1
+        j = search(self.t0, k, side="right") - 1
         jj = np.maximum(j, 0)
         return (j >= 0) & (gid >= 0) & self._whole[jj] & (self.t0[jj] < k) & (k < self.t1[jj])
 
