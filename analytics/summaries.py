@@ -49,7 +49,7 @@ HOUR_US = 3_600_000_000
 _SEGMENT = {"h": pl.UInt64, "gh": pl.UInt64, "s0": pl.Int64, "s1": pl.Int64, "data_s": pl.Float64, "busy_s": pl.Float64}
 _DETAIL = {"covered_us": pl.Int64, "fb_max": pl.Float64, "tensor_known_s": pl.Float64, "clocked_s": pl.Float64,
            "tensor_clock_s": pl.Float64, "tensor_clocked_s": pl.Float64, "tensor_unclocked_s": pl.Float64}
-_PIECE = {"h": pl.UInt64, "gh": pl.UInt64, "a0": pl.Int64, "a1": pl.Int64}
+_PIECE = {"h": np.uint64, "gh": np.uint64, "a0": np.int64, "a1": np.int64}
 # allocation_detail's entry sums of a whole segment (SummaryTime._entry_detail): its column and
 # what to divide it by ("uk": the column is > 0)
 _DETAIL_ENTRY = {"any": ("covered_us", 1e6), "tk": ("tensor_known_s", 1.0), "ck": ("clocked_s", 1.0),
@@ -68,27 +68,6 @@ def _batches(con: Any, query: str, bind: dict[str, Any]) -> Iterator[pl.DataFram
     for batch in reader:
         if batch.num_rows:
             yield pl.from_arrow(batch)
-
-
-def _concat(frames: list[pl.DataFrame], schema: dict[str, Any]) -> pl.DataFrame:
-    return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame(schema=schema)
-
-
-def _run_pieces(rows: pl.DataFrame, kind: str) -> pl.DataFrame:
-    """The run pieces (h, gh, a0, a1; epoch us) summary rows record for kind "idle" or "nop": the
-    whole segment when it is in the run throughout, else the run touching its start, the one
-    touching its end, and the runs inside it (gpufleet.collector.summaries.bucket_facts)."""
-    head, tail, inner = pl.col(f"{kind}_head_us"), pl.col(f"{kind}_tail_us"), f"{kind}_runs"
-    s0, s1 = pl.col("s0"), pl.col("s1")
-    whole = head == s1 - s0
-    parts = [
-        rows.filter(whole).select("h", "gh", a0=s0, a1=s1),
-        rows.filter((head > 0) & ~whole).select("h", "gh", a0=s0, a1=s0 + head),
-        rows.filter((tail > 0) & ~whole).select("h", "gh", a0=s1 - tail, a1=s1),
-        rows.select("h", "gh", "b0", inner).filter(pl.col(inner).is_not_null()).explode(inner).drop_nulls(inner).unnest(inner)
-            .select("h", "gh", a0=pl.col("b0") + pl.col("r0_us"), a1=pl.col("b0") + pl.col("r1_us")),
-    ]
-    return pl.concat([p.cast(_PIECE) for p in parts])  # type: ignore[arg-type]
 
 
 def _outside(gk: pl.DataFrame, gh: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -110,6 +89,25 @@ def _chain(k0: np.ndarray, k1: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, n
     i0 = np.flatnonzero(~linked)
     i1 = np.append(i0[1:] - 1, len(k0) - 1) if len(i0) else i0
     return k0[i0], k1[i1], v[i0]
+
+
+def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
+    """The run pieces (h, gh, a0, a1; epoch us) the summary rows `keep` of `rows` (their
+    segments: `seg`) record for kind "idle" or "nop": the whole segment when it is in the run
+    throughout, else the run touching its start, the one touching its end, and the runs inside
+    it (gpufleet.collector.summaries.bucket_facts)."""
+    head, tail = rows[f"{kind}_head_us"].to_numpy()[keep], rows[f"{kind}_tail_us"].to_numpy()[keep]
+    h, gh, s0, s1 = seg["h"], seg["gh"], seg["s0"], seg["s1"]
+    whole = head == s1 - s0
+    hm, tm = (head > 0) & ~whole, (tail > 0) & ~whole
+    out = {"h": [h[whole], h[hm], h[tm]], "gh": [gh[whole], gh[hm], gh[tm]],
+           "a0": [s0[whole], s0[hm], s1[tm] - tail[tm]], "a1": [s1[whole], s0[hm] + head[hm], s1[tm]]}
+    inner = rows.filter(pl.Series(keep)).select("h", "gh", "b0", pl.col(f"{kind}_runs").alias("runs"))
+    if inner["runs"].list.len().sum():  # none where the bucket is shorter than what a run must last
+        inner = inner.explode("runs").drop_nulls("runs").unnest("runs")
+        for c, x in (("h", inner["h"]), ("gh", inner["gh"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
+            out[c].append(x.to_numpy())
+    return {c: np.concatenate(xs).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False) for c, xs in out.items()}
 
 
 def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False) -> "SummaryTime | None":
@@ -158,24 +156,36 @@ class SummaryTime(GpuTime):
         # the summary rows a batch at a time, each cut down at once to what the line needs (no
         # run lists, no DataFrame of the window's rows): 48 bytes a segment instead of ~250
         cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
-            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
+            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).sort("k")
+        cut_k, raw_ks = cuts["k"].to_numpy(), np.array(sorted(k_all), dtype=np.int64)
         q = sql.SUMMARY_ROWS_DETAIL if detail else sql.SUMMARY_ROWS
         columns = list(_SEGMENT) + (list(_DETAIL) if detail else [])
         segs: list[dict[str, np.ndarray]] = []
-        gks, seen, pieces = [], [], {"idle": [], "nop": []}
+        gks, seen = [], []
+        pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
         for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list()}):
-            batch = batch.with_columns(k=pl.col("b0") // b).filter(
-                (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
+            k = batch["b0"].to_numpy() // b
+            use = (k >= kx0) & (k <= kx1) & ~np.isin(k, raw_ks)
+            if not use.all():
+                batch, k = batch.filter(pl.Series(use)), k[use]
+            if not len(k):
+                continue
+            batch = batch.with_columns(k=pl.Series(k, dtype=pl.Int64))
             # buckets read raw on one GPU: an allocation starts or ends inside a segment (the
             # summary was written before the allocation was known), or the summary is inexact
-            cut = cuts.join(batch.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner").filter(
-                (pl.col("s0") < pl.col("t")) & (pl.col("t") < pl.col("s1"))).select("gh", "k")
-            gks += [cut, batch.filter(~pl.col("exact")).select("gh", "k")]
+            lo, hi = np.searchsorted(cut_k, [k.min(), k.max() + 1])
+            if hi > lo:
+                gks.append(cuts.slice(int(lo), int(hi - lo)).join(batch.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner")
+                           .filter((pl.col("s0") < pl.col("t")) & (pl.col("t") < pl.col("s1"))).select("gh", "k"))
+            exact = batch["exact"].to_numpy()
+            if not exact.all():
+                gks.append(batch.filter(~pl.col("exact")).select("gh", "k"))
             seen.append(batch.select("h", "gh").unique())
-            batch = batch.filter(pl.col("exact") & (pl.col("covered_us") > 0))
-            segs.append({c: batch[c].to_numpy() for c in columns})
+            keep = exact & (batch["covered_us"].to_numpy() > 0)
+            seg = {c: batch[c].to_numpy()[keep] for c in columns}
+            segs.append(seg)
             for kind in pieces:
-                pieces[kind].append(_run_pieces(batch, kind))
+                pieces[kind].append(_run_pieces(batch, keep, seg, kind))
             del batch
         gk = pl.concat(gks, how="vertical_relaxed").unique() if gks else pl.DataFrame(schema={"gh": pl.UInt64, "k": pl.Int64})
         gk = gk.with_columns(pl.col("gh").cast(pl.UInt64), pl.col("k").cast(pl.Int64))
@@ -279,13 +289,12 @@ class SummaryTime(GpuTime):
 
         # the runs' pieces the summaries record, chained already (runs() chains them with the raw pieces)
         self._pieces = {}
-        for kind, ps in pieces.items():
-            ps = _concat(ps, _PIECE)
-            ps = ps.filter(pl.Series(_outside(gk, ps["gh"].to_numpy(), ps["a0"].to_numpy() // b)))
-            pv = np.searchsorted(hashes, ps["h"].to_numpy())
+        for kind, batches in pieces.items():
+            ps = {c: np.concatenate([p[c] for p in batches]) if batches else np.zeros(0, t) for c, t in _PIECE.items()}
+            w = _outside(gk, ps["gh"], ps["a0"] // b)
+            pv = np.searchsorted(hashes, ps["h"][w])
             pg = gid_of[pv]
-            self._pieces[kind] = _chain(pg * self.span + (ps["a0"].to_numpy() - self.base),
-                                        pg * self.span + (ps["a1"].to_numpy() - self.base), pv)
+            self._pieces[kind] = _chain(pg * self.span + (ps["a0"][w] - self.base), pg * self.span + (ps["a1"][w] - self.base), pv)
 
     # --- look-ups: exact on segment edges and in raw buckets; elsewhere a line with those buckets raw answers ---
 
