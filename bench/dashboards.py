@@ -85,8 +85,8 @@ def measure(store: str, start: str, end: str, config: str) -> dict:
         return dt
 
     for page, _ in PAGES:
-        progress(f"  first load: {page}")
         out["first"][page] = visit(page)
+        progress(f"  first load: {page} {out['first'][page]:.1f} s, peak RSS so far {_vmhwm_mib():,.0f} MiB")
         if page == "jobs":  # a job's report too: the most wasteful job of the week
             jobs = at.container("jobs_list").dataframe
             if jobs:
@@ -95,6 +95,7 @@ def measure(store: str, start: str, end: str, config: str) -> dict:
                 t = time.perf_counter()
                 at.text_input(key="job").set_value(job).run()
                 out["first"]["jobs+report"] = time.perf_counter() - t
+                progress(f"  first load: job {job}'s report {out['first']['jobs+report']:.1f} s, peak RSS so far {_vmhwm_mib():,.0f} MiB")
     for page, _ in PAGES:
         runs = [visit(page) for _ in range(RUNS)]
         out["warm"][page] = runs
@@ -110,12 +111,18 @@ def _child(store: Path, start, end, tmp: str, summaries: bool) -> dict:
                    f'[analytics]\nsummaries = {"true" if summaries else "false"}\n')
     progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}, {'summaries' if summaries else 'raw samples'}, "
              f"in a child process (first load, then {RUNS} warm runs each)")
-    proc = subprocess.run([sys.executable, "-m", "bench.dashboards", "--measure", str(store), start.isoformat(), end.isoformat(), str(cfg)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=12 * 3600)
-    sys.stderr.write("".join(line + "\n" for line in proc.stderr.splitlines() if line.startswith("[bench]")))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the measuring process failed (exit {proc.returncode}):\n" + "\n".join(proc.stderr.splitlines()[-30:]))
+    argv = [sys.executable, "-m", "bench.dashboards", "--measure", str(store), start.isoformat(), end.isoformat(), str(cfg)]
+    with tempfile.TemporaryFile("w+") as out, subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True) as proc:
+        tail: list[str] = []
+        for line in proc.stderr or ():  # each page's timing as it comes: a child killed for memory keeps them
+            if line.startswith("[bench]"):
+                sys.stderr.write(line)
+            tail = (tail + [line.rstrip("\n")])[-30:]
+        code = proc.wait()
+        out.seek(0)
+        lines = [ln for ln in out.read().splitlines() if ln.startswith("{")]
+    if code != 0 or not lines:
+        raise RuntimeError(f"the measuring process failed (exit {code}" + (", killed for memory?" if code == -9 else "") + "):\n" + "\n".join(tail))
     return json.loads(lines[-1])
 
 
