@@ -125,13 +125,18 @@ FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", 
 
 class Analysis:
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
-                 summaries: bool | None = None):
+                 summaries: bool | None = None, held_only: bool = False):
         """`detail`: read the detail columns (memory, tensor activity, clock; of the summaries and
         of the samples read raw) at once, for an analysis that will ask for per-job detail anyway
         (one read of the window, not two).
         `summaries`: take whole buckets from the store's per-GPU summaries where they exist for
         these parameters (analytics/summaries.py; the same figures); False: every sample (the
-        raw path, the tests' oracle); None: as params.summaries ([analytics] summaries)."""
+        raw path, the tests' oracle); None: as params.summaries ([analytics] summaries).
+        `held_only`: under a job filter (account, user, partition), read the samples of the GPUs
+        the selected jobs held only - the jobs' figures are the same (each depends on its own
+        GPUs' samples), and no GPU figure is attributable under a job filter anyway - for a job's
+        report, where the rest of a large fleet would be read for nothing (the raw path; summaries
+        are read for the fleet). Ignored without a job filter."""
         # a cursor of its own: the temp tables below are private to this analysis, so two
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
@@ -153,7 +158,8 @@ class Analysis:
             self._exec(stmt)
         summaries = params.summaries if summaries is None else summaries
         st = summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS), detail=detail) if summaries else None
-        self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail)
+        self._held_only = held_only and self.job_filtered
+        self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail, held_only=self._held_only)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()
         # per_gpu() and idle_stretches() read only the data above, which never changes after
@@ -187,7 +193,7 @@ class Analysis:
         (same intervals, ids), later ones hand out the same arrays."""
         if self.gt.fb is None:
             self.gt = None  # the plain arrays go first: the detail ones are a superset
-            self.gt = GpuTime(self.con, self.bind, detail=True)
+            self.gt = GpuTime(self.con, self.bind, detail=True, held_only=self._held_only)
         return self.gt
 
     def job_allocations(self, cluster: str, scheduler: str, job_key: str) -> pl.DataFrame:

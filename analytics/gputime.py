@@ -40,16 +40,18 @@ class GpuTime:
     stays here with zero length, which adds nothing to any sum.
     """
 
-    def __init__(self, con: Any, bind: dict[str, Any], detail: bool = False):
+    def __init__(self, con: Any, bind: dict[str, Any], detail: bool = False, held_only: bool = False):
         """`detail`: also keep memory, tensor activity and SM clock per interval (for
-        allocation_detail: the per-job report and MFU), which costs three more arrays."""
+        allocation_detail: the per-job report and MFU), which costs three more arrays.
+        `held_only`: only the GPUs the allocations of the connection's `al` hold (sql._HELD)."""
         self.fb = self.tensor = self.clock = None
         self.has_detail = detail  # allocation_detail can answer
         with _no_hugepages():
-            self._build(con, bind, detail)
+            self._build(con, bind, detail, held_only)
 
-    def _build(self, con: Any, bind: dict[str, Any], detail: bool) -> None:
-        q = sql.SAMPLE_ARRAYS_DETAIL if detail else sql.SAMPLE_ARRAYS
+    def _build(self, con: Any, bind: dict[str, Any], detail: bool, held_only: bool) -> None:
+        q = {(False, False): sql.SAMPLE_ARRAYS, (True, False): sql.SAMPLE_ARRAYS_DETAIL,
+             (False, True): sql.SAMPLE_ARRAYS_HELD, (True, True): sql.SAMPLE_ARRAYS_HELD_DETAIL}[(detail, held_only)]
         tab = con.sql(q, params={k: v for k, v in bind.items() if f"${k}" in q}).to_arrow_table()
         xstart, xend = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)

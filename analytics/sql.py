@@ -123,14 +123,20 @@ SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
        coalesce(compute_processes = 0, false) AS nop{{detail}}
 FROM gpu_samples
 WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
-  AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+  AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model){{held}}
 """
-SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="")
 # ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
 _DETAIL_COLUMNS = """,
        coalesce({s}fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce({s}tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
        coalesce({s}sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock"""
-SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""))
+# ... of the GPUs the analysis' allocations (al) hold only: under a job filter (a job's report)
+# the selected jobs' figures need no other GPU's samples
+_HELD = """
+  AND hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER) IN (SELECT hash(cluster, host, gpu_uuid, gi::INTEGER) FROM al)"""
+SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="", held="")
+SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""), held="")
+SAMPLE_ARRAYS_HELD = _SAMPLE_ARRAYS.format(detail="", held=_HELD)
+SAMPLE_ARRAYS_HELD_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""), held=_HELD)
 
 # the variants behind the hashes in _want_h: from the inventory, and (rarely) from the samples
 INVENTORY_VARIANTS = f"""

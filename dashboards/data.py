@@ -310,8 +310,9 @@ def job_report(key: tuple, job: dict) -> dict | None:
                 partition=job.get("partition"))
     narrowed = params_for(s, start, end, f)
     # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
-    # so the whole report reads them once, raw, rather than summaries and then samples
-    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, summaries=False)
+    # so the whole report reads them once, raw, rather than summaries and then samples - of the
+    # GPUs the account's or user's jobs held only, not the fleet's
+    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, summaries=False, held_only=True)
     try:
         r = ajobs.job_report(a, job["job_key"])
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:

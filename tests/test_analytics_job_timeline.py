@@ -30,6 +30,7 @@ from test_analytics_properties import (
     at,
     build,
     fleets,
+    frames_equal,
     scratch,
     uuid,
 )
@@ -144,6 +145,22 @@ def assert_same(got: pl.DataFrame, ref: pl.DataFrame) -> None:
             assert x == y, c
 
 
+def assert_same_report(got: ajobs.JobReport | None, ref: ajobs.JobReport | None) -> None:
+    """Two reports of one job with the same figures (to TOL: sums taken along other lines)."""
+    assert (got is None) == (ref is None)
+    if got is None or ref is None:
+        return
+    for k, v in vars(ref).items():
+        if isinstance(v, pl.DataFrame):
+            assert frames_equal(getattr(got, k), v), k
+        elif isinstance(v, dict):
+            assert getattr(got, k).keys() == v.keys(), k
+            for key, x in v.items():
+                assert getattr(got, k)[key] == (pytest.approx(x, **TOL) if isinstance(x, float) else x), (k, key)
+        else:
+            assert getattr(got, k) == (pytest.approx(v, **TOL) if isinstance(v, float) else v), k
+
+
 # A whole GPU with utilization and memory gaps, a MIG instance, a job crossing the window start that
 # holds both, and one that also holds a GPU with no sample in its time (sampled once, before it).
 EDGES = {
@@ -186,6 +203,13 @@ def test_job_timeline_matches_the_sql_definition(case):
                 an = shared
             got = timeline.job_gpu_timeline(an, CLUSTER, "slurm", j["key"], bucket)
             assert_same(got, reference_job_gpu_timeline(an, CLUSTER, "slurm", j["key"], bucket))
+            if case["narrowed"]:
+                # ... and as it reads it: the samples of the GPUs the selected jobs held only
+                held = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), detail=True, summaries=False, held_only=True)
+                assert_same(timeline.job_gpu_timeline(held, CLUSTER, "slurm", j["key"], bucket), got)
+                assert_same_report(ajobs.job_report(held, j["key"]), ajobs.job_report(an, j["key"]))
+                for k, v in vars(an.totals()).items():
+                    assert getattr(held.totals(), k) == (pytest.approx(v, **TOL) if isinstance(v, float) else v), k
         assert timeline.job_gpu_timeline(shared, CLUSTER, "kubernetes", fleet["jobs"][0]["key"] if fleet["jobs"] else "x", bucket).is_empty()
 
 
