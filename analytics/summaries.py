@@ -45,16 +45,16 @@ HOUR_US = 3_600_000_000
 
 
 # What the line keeps of a summary row (sql.SUMMARY_ROWS), with detail also what allocation_detail
-# adds up (sql.SUMMARY_ROWS_DETAIL), and of a run piece (_run_pieces)
+# adds up (sql.SUMMARY_ROWS_DETAIL)
 _SEGMENT = {"h": pl.UInt64, "gh": pl.UInt64, "s0": pl.Int64, "s1": pl.Int64, "data_s": pl.Float64, "busy_s": pl.Float64}
 _DETAIL = {"covered_us": pl.Int64, "fb_max": pl.Float64, "tensor_known_s": pl.Float64, "clocked_s": pl.Float64,
            "tensor_clock_s": pl.Float64, "tensor_clocked_s": pl.Float64, "tensor_unclocked_s": pl.Float64}
-_PIECE = {"h": np.uint64, "gh": np.uint64, "a0": np.int64, "a1": np.int64}
 # allocation_detail's entry sums of a whole segment (SummaryTime._entry_detail): its column and
-# what to divide it by ("uk": the column is > 0)
+# what to divide it by (and "uk", whether a utilization is known: data_s > 0)
 _DETAIL_ENTRY = {"any": ("covered_us", 1e6), "tk": ("tensor_known_s", 1.0), "ck": ("clocked_s", 1.0),
                  "tcl": ("tensor_clock_s", 1.0), "tcd": ("tensor_clocked_s", 1.0), "tun": ("tensor_unclocked_s", 1.0),
-                 "fb": ("fb_max", 1.0), "uk": ("data_s", 1.0)}
+                 "fb": ("fb_max", 1.0)}
+_NUMPY = {"h": np.uint64, "gh": np.uint64, "s0": np.int64, "s1": np.int64, "covered_us": np.int64}  # the rest: float64
 _BATCH_ROWS = 1_000_000  # summary rows per batch: ~0.3 GB while a batch is cut down
 
 
@@ -108,6 +108,18 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
         for c, x in (("h", inner["h"]), ("gh", inner["gh"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
             out[c].append(x.to_numpy())
     return {c: np.concatenate(xs).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False) for c, xs in out.items()}
+
+
+def _chain_per_gpu(gh: np.ndarray, a0: np.ndarray, a1: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Pieces [a0, a1) of GPUs gh (variants h) chained where one ends as the next of its GPU
+    starts (as _chain on line keys): each chain's GPU, start, end and first piece's variant."""
+    order = np.lexsort((a0, gh))
+    gh, a0, a1, h = gh[order], a0[order], a1[order], h[order]
+    linked = np.zeros(len(a0), dtype=bool)
+    linked[1:] = (gh[1:] == gh[:-1]) & (a1[:-1] == a0[1:])
+    i0 = np.flatnonzero(~linked)
+    i1 = np.append(i0[1:] - 1, len(a0) - 1) if len(i0) else i0
+    return gh[i0], a0[i0], a1[i1], h[i0]
 
 
 def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False) -> "SummaryTime | None":
@@ -227,6 +239,22 @@ class SummaryTime(GpuTime):
         gh_gid = seen.with_columns(gid=pl.Series(gid_of[np.searchsorted(hashes, seen["h"].to_numpy())], dtype=pl.Int64))
         gh_gid = gh_gid.select("gh", "gid").unique("gh")
 
+        # the runs' pieces the summaries record, those of GPU-buckets read raw left out, chained a
+        # batch at a time (then all batches), as runs() chains them with the raw pieces
+        self._pieces = {}
+        for kind, batches in pieces.items():
+            chains = []
+            while batches:
+                p = batches.pop(0)
+                w = _outside(gk, p["gh"], p["a0"] // b)
+                chains.append(_chain_per_gpu(*(p[c][w] for c in ("gh", "a0", "a1", "h"))))
+            gh_, a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
+                              for j, t in enumerate((np.uint64, np.int64, np.int64, np.uint64)))
+            pv = np.searchsorted(hashes, h)
+            pg = gid_of[pv]
+            self._pieces[kind] = _chain(pg * self.span + (a0 - self.base), pg * self.span + (a1 - self.base), pv)
+        del pieces
+
         # raw pieces, in the raw buckets only
         raw = raw.sort(["gid", "ts"], maintain_order=True)
         g, ts = raw["gid"].to_numpy().astype(np.int64, copy=False), raw["ts"].to_numpy().astype(np.int64, copy=False)
@@ -246,55 +274,37 @@ class SummaryTime(GpuTime):
         self._rv = rv
 
         # the whole summarised segments (those of no GPU-bucket gk sends to the raw samples) after
-        # the raw pieces, in one set of arrays, a batch at a time; then one ordered line: keys gid x
-        # span + (t - base), as GpuTime
-        whole_rows = [_outside(gk, seg["gh"], seg["s0"] // b) for seg in segs]
-        nr, ns = len(rg), sum(int(w.sum()) for w in whole_rows)
-        t0, t1, vid = np.empty(nr + ns, np.int64), np.empty(nr + ns, np.int64), np.empty(nr + ns, np.int64)
-        data, busy = np.empty(nr + ns), np.empty(nr + ns)
-        t0[:nr], t1[:nr], vid[:nr] = self._rk0, self._rk1, rv
-        data[:nr] = np.where(known, sec, 0.0)
-        busy[:nr] = np.where(known, np.divide(util, 100, dtype=np.float64) * sec, 0.0)
-        seg_detail = {key: np.empty(ns, dtype=bool if key == "uk" else np.float64) for key in _DETAIL_ENTRY} if detail else {}
-        at = nr
-        while segs:
-            seg, w = segs.pop(0), whole_rows.pop(0)
-            n, sv = int(w.sum()), np.searchsorted(hashes, seg["h"][w])
-            sg, sl = gid_of[sv], slice(at, at + n)
-            t0[sl] = sg * self.span + (seg["s0"][w] - self.base)
-            t1[sl] = sg * self.span + (seg["s1"][w] - self.base)
-            vid[sl] = sv
-            data[sl] = seg["data_s"][w] * equiv[sv]
-            busy[sl] = seg["busy_s"][w] * equiv[sv]
-            for key, (c, div) in (_DETAIL_ENTRY.items() if detail else ()):
-                x = seg[c][w]
-                seg_detail[key][at - nr:at - nr + n] = x > 0 if key == "uk" else x / div
-            at += n
+        # the raw pieces: one ordered line, keys gid x span + (t - base) as GpuTime, built a column
+        # at a time, each taken out of the batches as it goes (the peak is the batches plus a column)
+        whole_rows = [_outside(gk, seg.pop("gh"), seg["s0"] // b) for seg in segs]
+
+        def column(c: str) -> np.ndarray:
+            parts = [seg.pop(c) if w.all() else seg.pop(c)[w] for seg, w in zip(segs, whole_rows)]
+            return np.concatenate(parts) if parts else np.zeros(0, _NUMPY.get(c, np.float64))
+
+        sv = np.searchsorted(hashes, column("h"))
+        sg = gid_of[sv]
+        nr, ns = len(rg), len(sv)
+        t0 = np.concatenate([self._rk0, sg * self.span + (column("s0") - self.base)])
         order = np.argsort(t0, kind="stable")
         self.t0 = t0[order]
         del t0
-        self.t1 = t1[order]
-        del t1
-        self._whole = np.arange(nr + ns)[order] >= nr
-        self._seg_vid = vid[order]
-        del vid
-        self.cdata = np.cumsum(data[order])
-        del data
-        self.cbusy = np.cumsum(busy[order])
-        del busy
+        self.t1 = np.concatenate([self._rk1, sg * self.span + (column("s1") - self.base)])[order]
+        del sg
+        self._whole = order >= nr  # entry i of the line came from position order[i]: raw pieces first
+        self._seg_vid = np.concatenate([rv, sv])[order]
+        seg_equiv, seg_data = equiv[sv], column("data_s")
+        del sv
+        self.cdata = np.cumsum(np.concatenate([np.where(known, sec, 0.0), seg_data * seg_equiv])[order])
+        seg_known = seg_data > 0 if detail else None
+        del seg_data
+        busy = np.where(known, np.divide(util, 100, dtype=np.float64) * sec, 0.0)
+        self.cbusy = np.cumsum(np.concatenate([busy, column("busy_s") * seg_equiv])[order])
+        del seg_equiv, busy
         self.raw_pieces, self.summary_buckets = nr, ns
         if detail:
-            self._detail = self._entry_detail(raw, i, (p1 - p0) / 1e6, util, seg_detail, order)
-        del seg_detail
-
-        # the runs' pieces the summaries record, chained already (runs() chains them with the raw pieces)
-        self._pieces = {}
-        for kind, batches in pieces.items():
-            ps = {c: np.concatenate([p[c] for p in batches]) if batches else np.zeros(0, t) for c, t in _PIECE.items()}
-            w = _outside(gk, ps["gh"], ps["a0"] // b)
-            pv = np.searchsorted(hashes, ps["h"][w])
-            pg = gid_of[pv]
-            self._pieces[kind] = _chain(pg * self.span + (ps["a0"][w] - self.base), pg * self.span + (ps["a1"][w] - self.base), pv)
+            self._detail = self._entry_detail(raw, i, (p1 - p0) / 1e6, util, column, seg_known, order)
+        segs.clear()
 
     # --- look-ups: exact on segment edges and in raw buckets; elsewhere a line with those buckets raw answers ---
 
@@ -338,22 +348,24 @@ class SummaryTime(GpuTime):
         return other[0].overlaps(other[1], a, b) if other else super().overlaps(gid, a, b)
 
     @staticmethod
-    def _entry_detail(raw: pl.DataFrame, i: np.ndarray, sec: np.ndarray, util: np.ndarray, seg: dict[str, np.ndarray],
-                      order: np.ndarray) -> dict[str, np.ndarray]:
-        """Per entry of the line (raw pieces, then whole segments - `seg`, _DETAIL_ENTRY's - put
-        in line order): what allocation_detail adds up, in seconds not yet scaled by a MIG share
-        - all of it (any), with tensor activity known (tk), with a clock too (ck), tensor x clock
-        x s (tcl), tensor x s with a clock (tcd) and without (tun) - the memory high-water (fb,
-        NaN: unknown) and whether a utilization is known (uk)."""
+    def _entry_detail(raw: pl.DataFrame, i: np.ndarray, sec: np.ndarray, util: np.ndarray, column: Any,
+                      seg_known: np.ndarray, order: np.ndarray) -> dict[str, np.ndarray]:
+        """Per entry of the line (raw pieces, then whole segments - their columns by `column`,
+        _DETAIL_ENTRY's - put in line order): what allocation_detail adds up, in seconds not yet
+        scaled by a MIG share - all of it (any), with tensor activity known (tk), with a clock too
+        (ck), tensor x clock x s (tcl), tensor x s with a clock (tcd) and without (tun) - the
+        memory high-water (fb, NaN: unknown) and whether a utilization is known (uk)."""
         fb, tensor, clock = (raw[c].to_numpy()[i].astype(np.float64) for c in ("fb", "tensor", "clock"))
         tk = ~np.isnan(tensor)
         ck = tk & ~np.isnan(clock)
         ts = np.where(tk, tensor * sec, 0.0)
         parts = {
             "any": sec, "tk": np.where(tk, sec, 0.0), "ck": np.where(ck, sec, 0.0), "tcl": np.where(ck, ts * clock, 0.0),
-            "tcd": np.where(ck, ts, 0.0), "tun": np.where(tk & ~ck, ts, 0.0), "fb": fb, "uk": ~np.isnan(util),
+            "tcd": np.where(ck, ts, 0.0), "tun": np.where(tk & ~ck, ts, 0.0), "fb": fb,
         }
-        return {k: np.concatenate([r, seg[k]])[order] for k, r in parts.items()}
+        out = {k: np.concatenate([r, column(c) / div])[order] for k, r in parts.items() for c, div in [_DETAIL_ENTRY[k]]}
+        out["uk"] = np.concatenate([~np.isnan(util), seg_known])[order]
+        return out
 
     def allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
                           start: int, end: int) -> dict[str, np.ndarray]:

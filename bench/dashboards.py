@@ -151,10 +151,12 @@ def run() -> list[Table]:
         label = f"{title} (list + job {m['job']}'s report)" if page == "jobs" and m.get("job") else title
         t.add(f"{label}: warm cache (median of {RUNS})", f"{warm:.3f} s", f"< {GOAL_S:g} s", warm < GOAL_S)
     raw_s = lambda k: f" / {r['first'][k]:.1f} s" if r and k in r["first"] else (" / not run" if not r else "")  # noqa: E731
-    for page, title in PAGES:
-        t.add(f"{title}: first load, summaries / raw samples", f"{m['first'][page]:.1f} s{raw_s(page)}")
+    for page, title in PAGES:  # the goal (issue #16): every first load under 2 s too, at 16,384 GPUs
+        first = m["first"][page]
+        t.add(f"{title}: first load, summaries / raw samples", f"{first:.1f} s{raw_s(page)}", f"< {GOAL_S:g} s", first < GOAL_S)
         if page == "jobs" and "jobs+report" in m["first"]:
-            t.add(f"    + job {m['job']}'s report, first load", f"{m['first']['jobs+report']:.1f} s{raw_s('jobs+report')}")
+            report = m["first"]["jobs+report"]
+            t.add(f"    + job {m['job']}'s report, first load", f"{report:.1f} s{raw_s('jobs+report')}", f"< {GOAL_S:g} s", report < GOAL_S)
     t.add("peak RSS of the dashboard process (VmHWM), summaries / raw samples",
           f"{m['vmhwm_mib']:,.0f} MiB / " + (f"{r['vmhwm_mib']:,.0f} MiB" if r else "not run"))
     problems = [f"summaries: {p}" for p in m["problems"]] + [f"raw: {p}" for p in (r["problems"] if r else [])]
@@ -169,7 +171,8 @@ def run() -> list[Table]:
         f"DuckDB memory_limit {MEMORY_LIMIT or 'default'}, threads {THREADS or 'all cores'}; "
         f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s); summaries {'built now' if built else 'cached'} "
         f"({build_s:.0f} s, the product's upkeep)",
-        "a job's report reads its run's samples raw either way (its GPU timeline needs them: GpuTime.bucket_detail)",
+        "a job's report reads its run's samples raw either way (its GPU timeline needs them: GpuTime.bucket_detail), of the "
+        "GPUs its account's and user's jobs held only (Analysis held_only)",
         *([] if r else [f"raw-sample side not run: {why}"]),
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]
