@@ -351,6 +351,8 @@ def _side_by_side(j0: np.ndarray, j1: np.ndarray) -> tuple[np.ndarray, np.ndarra
     lens = j1 - j0
     at = np.cumsum(lens) - lens
     return at, np.repeat(np.arange(len(lens)), lens), np.repeat(j0 - at, lens) + np.arange(int(lens.sum()))
+
+
 _LOOP_MAX = 50_000  # up to this many segments a Python loop over slices beats a row-long index array
 
 

@@ -184,7 +184,7 @@ SUMMARY_ROWS_DETAIL = _SUMMARY_ROWS.format(detail=""",
 
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
 # (SAMPLE_ARRAYS): every GPU's in [$raw_lo, $raw_hi) (a run of buckets, bucket k: [k x $bucket_us,
-# (k + 1) x $bucket_us) since the epoch), and one GPU's in the buckets _raw_gk names (none of _raw_k).
+# (k + 1) x $bucket_us) since the epoch), and one GPU's in the buckets _raw_gk names.
 _RAW_SAMPLES = """
 SELECT hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
        hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER) AS gh, epoch_us(s.ts) AS ts,
@@ -192,15 +192,15 @@ SELECT hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER
        coalesce(s.compute_processes = 0, false) AS nop{detail}
 FROM gpu_samples s{join}
 WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
-  AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
-  AND {which}
+  AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model){which}
 """
-_ALL_GPUS = dict(join="", which="s.ts >= $raw_lo AND s.ts < $raw_hi")  # one run of whole buckets: the files' ts statistics prune the rest
+_ALL_GPUS = dict(join="", which="""
+  AND s.ts >= $raw_lo AND s.ts < $raw_hi""")  # one run of whole buckets: the files' ts statistics prune the rest
 _SOME_GPUS = dict(
     join="""
 SEMI JOIN _raw_gk r ON r.gh = hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)
       AND r.k = epoch_us(s.ts) // $bucket_us""",
-    which="epoch_us(s.ts) // $bucket_us NOT IN (SELECT k FROM _raw_k)")
+    which="")
 _RAW_DETAIL = _DETAIL_COLUMNS.format(s="s.")
 RAW_BUCKETS_ALL = _RAW_SAMPLES.format(detail="", **_ALL_GPUS)
 RAW_BUCKETS_GPU = _RAW_SAMPLES.format(detail="", **_SOME_GPUS)

@@ -46,15 +46,14 @@ HOUR_US = 3_600_000_000
 
 # What the line keeps of a summary row (sql.SUMMARY_ROWS), with detail also what allocation_detail
 # adds up (sql.SUMMARY_ROWS_DETAIL)
-_SEGMENT = {"h": pl.UInt64, "gh": pl.UInt64, "s0": pl.Int64, "s1": pl.Int64, "data_s": pl.Float64, "busy_s": pl.Float64}
-_DETAIL = {"covered_us": pl.Int64, "fb_max": pl.Float64, "tensor_known_s": pl.Float64, "clocked_s": pl.Float64,
-           "tensor_clock_s": pl.Float64, "tensor_clocked_s": pl.Float64, "tensor_unclocked_s": pl.Float64}
+_SEGMENT = ("h", "gh", "s0", "s1", "data_s", "busy_s")
+_DETAIL = ("covered_us", "fb_max", "tensor_known_s", "clocked_s", "tensor_clock_s", "tensor_clocked_s", "tensor_unclocked_s")
 # allocation_detail's entry sums of a whole segment (SummaryTime._entry_detail): its column and
 # what to divide it by (and "uk", whether a utilization is known: data_s > 0)
 _DETAIL_ENTRY = {"any": ("covered_us", 1e6), "tk": ("tensor_known_s", 1.0), "ck": ("clocked_s", 1.0),
                  "tcl": ("tensor_clock_s", 1.0), "tcd": ("tensor_clocked_s", 1.0), "tun": ("tensor_unclocked_s", 1.0),
                  "fb": ("fb_max", 1.0)}
-_NUMPY = {"h": np.uint64, "gh": np.uint64, "s0": np.int64, "s1": np.int64, "covered_us": np.int64}  # the rest: float64
+_NUMPY = {"h": np.uint64, "gh": np.uint64, "s0": np.int64, "s1": np.int64, "covered_us": np.int64}  # their dtypes; the rest: float64
 _BATCH_ROWS = 1_000_000  # summary rows per batch: ~0.3 GB while a batch is cut down
 
 
@@ -79,16 +78,21 @@ def _outside(gk: pl.DataFrame, gh: np.ndarray, k: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _chain(k0: np.ndarray, k1: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pieces [k0, k1) (line keys) chained where one ends as the next starts: each chain's start,
-    end and the variant of its first piece, in key order."""
-    order = np.argsort(k0, kind="stable")
-    k0, k1, v = k0[order], k1[order], v[order]
+def _chain(k0: np.ndarray, k1: np.ndarray, *carried: np.ndarray, gpu: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Pieces [k0, k1) chained where one ends as the next starts - of the same `gpu` when given
+    (line keys carry their GPU): each chain's start and end and the `carried` arrays' values at
+    its first piece, in order."""
+    order = np.argsort(k0, kind="stable") if gpu is None else np.lexsort((k0, gpu))
+    k0, k1 = k0[order], k1[order]
     linked = np.zeros(len(k0), dtype=bool)
     linked[1:] = k1[:-1] == k0[1:]
+    if gpu is not None:
+        g = gpu[order]
+        linked[1:] &= g[1:] == g[:-1]
     i0 = np.flatnonzero(~linked)
     i1 = np.append(i0[1:] - 1, len(k0) - 1) if len(i0) else i0
-    return k0[i0], k1[i1], v[i0]
+    first = order[i0]
+    return (k0[i0], k1[i1], *(c[first] for c in carried))
 
 
 def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
@@ -108,18 +112,6 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
         for c, x in (("h", inner["h"]), ("gh", inner["gh"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
             out[c].append(x.to_numpy())
     return {c: np.concatenate(xs).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False) for c, xs in out.items()}
-
-
-def _chain_per_gpu(gh: np.ndarray, a0: np.ndarray, a1: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Pieces [a0, a1) of GPUs gh (variants h) chained where one ends as the next of its GPU
-    starts (as _chain on line keys): each chain's GPU, start, end and first piece's variant."""
-    order = np.lexsort((a0, gh))
-    gh, a0, a1, h = gh[order], a0[order], a1[order], h[order]
-    linked = np.zeros(len(a0), dtype=bool)
-    linked[1:] = (gh[1:] == gh[:-1]) & (a1[:-1] == a0[1:])
-    i0 = np.flatnonzero(~linked)
-    i1 = np.append(i0[1:] - 1, len(a0) - 1) if len(i0) else i0
-    return gh[i0], a0[i0], a1[i1], h[i0]
 
 
 def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False) -> "SummaryTime | None":
@@ -171,7 +163,7 @@ class SummaryTime(GpuTime):
             (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).sort("k")
         cut_k, raw_ks = cuts["k"].to_numpy(), np.array(sorted(k_all), dtype=np.int64)
         q = sql.SUMMARY_ROWS_DETAIL if detail else sql.SUMMARY_ROWS
-        columns = list(_SEGMENT) + (list(_DETAIL) if detail else [])
+        columns = _SEGMENT + (_DETAIL if detail else ())
         segs: list[dict[str, np.ndarray]] = []
         gks, seen = [], []
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
@@ -205,23 +197,19 @@ class SummaryTime(GpuTime):
         need = need.filter(~pl.col("k").is_in(read_all))
 
         ks = {"bucket_us": b}
-        con.register("_raw_k", pl.DataFrame({"k": pl.Series(read_all, dtype=pl.Int64)}).to_arrow())
-        try:
-            # every GPU's raw buckets, a run of consecutive buckets per query (window edges, hours not summarised)
-            runs = np.split(np.array(read_all, dtype=np.int64), np.flatnonzero(np.diff(read_all) > 1) + 1) if read_all else []
-            parts = [_q(con, sql.RAW_BUCKETS_ALL_DETAIL if detail else sql.RAW_BUCKETS_ALL,
-                        {**bind, **ks, "raw_lo": from_epoch_us(int(r[0]) * b), "raw_hi": from_epoch_us((int(r[-1]) + 1) * b)})
-                     for r in runs]
-            raw = pl.concat(parts, how="vertical_relaxed") if parts else None
-            if not need.is_empty():
-                con.register("_raw_gk", need.to_arrow())
-                try:
-                    more = _q(con, sql.RAW_BUCKETS_GPU_DETAIL if detail else sql.RAW_BUCKETS_GPU, {**bind, **ks})
-                finally:
-                    con.unregister("_raw_gk")
-                raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
-        finally:
-            con.unregister("_raw_k")
+        # every GPU's raw buckets, a run of consecutive buckets per query (window edges, hours not summarised)
+        runs = np.split(np.array(read_all, dtype=np.int64), np.flatnonzero(np.diff(read_all) > 1) + 1) if read_all else []
+        parts = [_q(con, sql.RAW_BUCKETS_ALL_DETAIL if detail else sql.RAW_BUCKETS_ALL,
+                    {**bind, **ks, "raw_lo": from_epoch_us(int(r[0]) * b), "raw_hi": from_epoch_us((int(r[-1]) + 1) * b)})
+                 for r in runs]
+        raw = pl.concat(parts, how="vertical_relaxed") if parts else None
+        if not need.is_empty():  # ... and one GPU's (none of read_all: need leaves those out)
+            con.register("_raw_gk", need.to_arrow())
+            try:
+                more = _q(con, sql.RAW_BUCKETS_GPU_DETAIL if detail else sql.RAW_BUCKETS_GPU, {**bind, **ks})
+            finally:
+                con.unregister("_raw_gk")
+            raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
         if raw is None:
             raw = pl.DataFrame(schema={"h": pl.UInt64, "gh": pl.UInt64, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean,
                                        **({"fb": pl.Float32, "tensor": pl.Float32, "clock": pl.Float32} if detail else {})})
@@ -247,9 +235,9 @@ class SummaryTime(GpuTime):
             while batches:
                 p = batches.pop(0)
                 w = _outside(gk, p["gh"], p["a0"] // b)
-                chains.append(_chain_per_gpu(*(p[c][w] for c in ("gh", "a0", "a1", "h"))))
-            gh_, a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
-                              for j, t in enumerate((np.uint64, np.int64, np.int64, np.uint64)))
+                chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["gh"][w]))
+            a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
+                         for j, t in enumerate((np.int64, np.int64, np.uint64)))
             pv = np.searchsorted(hashes, h)
             pg = gid_of[pv]
             self._pieces[kind] = _chain(pg * self.span + (a0 - self.base), pg * self.span + (a1 - self.base), pv)
@@ -262,7 +250,7 @@ class SummaryTime(GpuTime):
         nk = kx1 - kx0 + 3
         gkc = gk.join(gh_gid, on="gh", how="inner")
         codes = gkc["gid"].to_numpy().astype(np.int64, copy=False) * nk + (gkc["k"].to_numpy().astype(np.int64, copy=False) - kx0 + 1)
-        keep = np.isin(k, np.array(sorted(k_all), dtype=np.int64)) | np.isin(g[i] * nk + (k - kx0 + 1), codes)
+        keep = np.isin(k, raw_ks) | np.isin(g[i] * nk + (k - kx0 + 1), codes)
         i, p0, p1 = i[keep], p0[keep], p1[keep]
         rg, rv = g[i], raw["vid"].to_numpy().astype(np.int64, copy=False)[i]
         util = raw["util"].to_numpy()[i]
