@@ -14,18 +14,30 @@ filters; health is about GPUs, so account/user/partition filters do not apply). 
   (0x80), hw_slowdown = 0x8. Violation counters (ns) give the time throttled in the window.
 - Lost: samples with gpufleet_gpu_up = 0 (fell off the bus, reset required, ...).
 Shares are of samples (every scrape counts once), not time-weighted: fine at a steady interval.
+
+Cost: a week of a large fleet is hundreds of millions of samples, so the window's whole hours
+come from the store's hourly health summaries (gpufleet.collector.schema.HEALTH_HOURS, one row
+per GPU and hour, written with each hour's utilization summary) and only the rest - the hours a
+window edge cuts, hours not summarised yet - from raw samples, turned into the same rows by the
+same query; every figure composes exactly from them (tests/test_health_summaries.py holds them
+to the raw queries). A counter event needs the samples of the one hour in which the counter
+passes the window's first value: that hour is read raw.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import duckdb
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
+
+HOUR = timedelta(hours=1)
 
 
 def _binds(params: Params, **extra: Any) -> dict[str, Any]:
@@ -33,24 +45,93 @@ def _binds(params: Params, **extra: Any) -> dict[str, Any]:
     return {"start": params.start, "end": params.end, "cluster": f.cluster, "model": f.model, **extra}
 
 
+def _arrow(cur: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pa.Table:
+    return cur.sql(query, params={k: v for k, v in binds.items() if f"${k}" in query}).to_arrow_table()
+
+
 def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:
     cur = con.cursor()
     try:
-        names = {k: v for k, v in binds.items() if f"${k}" in query}
-        return pl.from_arrow(cur.sql(query, params=names).to_arrow_table())
+        return pl.from_arrow(_arrow(cur, query, binds))
     finally:
         cur.close()
 
 
-def gpu_health(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
-    """One row per GPU (or MIG instance) with samples in the window; see the module docstring."""
-    return _q(con, sql.GPU_HEALTH, _binds(params)).sort(["cluster", "host", "gpu", "gi"], nulls_last=True)
+def _summarised_hours(cur: duckdb.DuckDBPyConnection, params: Params) -> list[datetime]:
+    """The window's whole hours whose health summaries the store has (none: a connection
+    without the store's views, as some tests and tools open)."""
+    try:
+        return [r[0] for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
+    except duckdb.CatalogException:
+        return []
 
 
-def events(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
+def _raw_stretches(start: datetime, end: datetime, hours: list[datetime]) -> list[tuple[datetime, datetime]]:
+    """The parts of [start, end) the summarised `hours` (whole, sorted, inside it) leave."""
+    out, at = [], start
+    for h in hours:
+        if h > at:
+            out.append((at, h))
+        at = h + HOUR
+    if at < end:
+        out.append((at, end))
+    return out
+
+
+def _from_hours(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...]) -> dict[str, pl.DataFrame] | None:
+    """`what` ("gpus", "events") over the window's health rows (sql.HEALTH_PARTS: summaries of its
+    summarised hours, the same rows from the raw samples of the rest, read once for both);
+    None when no hour of it is summarised (the raw queries are then the shorter way)."""
+    cur = con.cursor()
+    try:
+        hours = _summarised_hours(cur, params)
+        if not hours:
+            return None
+        b = _binds(params, hours=hours)
+        stretches = _raw_stretches(params.start, params.end, hours) or [(params.start, params.start)]
+        raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in stretches])
+        cur.register("_health_raw", raw)
+        answers = {"gpus": lambda: _arrow(cur, sql.HEALTH_FROM_HOURS.format(parts=sql.HEALTH_PARTS), b),
+                   "events": lambda: _events_from_hours(cur, b)}
+        return {k: pl.from_arrow(answers[k]()) for k in what}
+    finally:
+        cur.close()
+
+
+def _events_from_hours(cur: duckdb.DuckDBPyConnection, b: dict[str, Any]) -> pa.Table:
+    mixed = _arrow(cur, sql.MIXED_HOURS.format(parts=sql.HEALTH_PARTS), b)
+    cur.register("_health_mixed", mixed)
+    lo = hi = b["start"]  # none: the query below answers its empty table
+    if mixed.num_rows:
+        lo, hi = (v.as_py() for v in pc.min_max(mixed["hour"]).values())
+        hi += HOUR
+    cur.register("_health_mixed_events", _arrow(cur, sql.EVENTS_OF_MIXED_HOURS, {**b, "lo": lo, "hi": hi}))
+    return _arrow(cur, sql.EVENTS_FROM_HOURS.format(parts=sql.HEALTH_PARTS), b)
+
+
+def window_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> dict[str, pl.DataFrame]:
+    """{"gpus": gpu_health, "events": events} of the window, from the store's hourly health
+    summaries where it has them (`summaries` False: every raw sample, the oracle the tests hold
+    them to); the raw samples the summaries leave are read once for both."""
+    got = _from_hours(con, params, ("gpus", "events")) if summaries else None
+    if got is None:
+        got = {"gpus": _q(con, sql.GPU_HEALTH, _binds(params)), "events": _q(con, sql.GPU_EVENTS, _binds(params))}
+    return {"gpus": got["gpus"].sort(["cluster", "host", "gpu", "gi"], nulls_last=True), "events": got["events"]}
+
+
+def gpu_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:
+    """One row per GPU (or MIG instance) with samples in the window; see the module docstring.
+    From the hourly health summaries where the store has them, as window_health."""
+    got = _from_hours(con, params, ("gpus",)) if summaries else None
+    return (got["gpus"] if got else _q(con, sql.GPU_HEALTH, _binds(params))).sort(["cluster", "host", "gpu", "gi"], nulls_last=True)
+
+
+def events(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:
     """ts, cluster, host, gpu, gpu_uuid, gi, model, kind, code, samples, detail; newest first.
-    kind: xid, ecc_dbe, ecc_sbe, row_remap, row_remap_failure, gpu_lost."""
-    return _q(con, sql.GPU_EVENTS, _binds(params))
+    kind: xid, ecc_dbe, ecc_sbe, row_remap, row_remap_failure, gpu_lost. From the hourly health
+    summaries where the store has them, as window_health."""
+    got = _from_hours(con, params, ("events",)) if summaries else None
+    return got["events"] if got else _q(con, sql.GPU_EVENTS, _binds(params))
 
 
 def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta) -> pl.DataFrame:

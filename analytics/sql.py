@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START
+from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_EVENT_COUNTERS, HEALTH_HOURS, HW_SLOWDOWN_BITS, POWER_BITS,
+                                      THERMAL_BITS)
 
 # --- fragments the queries below share ---
 
@@ -637,11 +638,6 @@ FILTER_VALUES = {
 
 # --- GPU health (analytics/health.py) ---
 
-# DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits: thermal slowdown (SW, HW), power cap and brake, HW slowdown
-THERMAL_BITS = 0x20 | 0x40
-POWER_BITS = 0x04 | 0x80
-HW_SLOWDOWN_BITS = 0x08
-
 _HEALTH_WINDOW = """ts >= $start AND ts < $end
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"""
 
@@ -728,6 +724,106 @@ FROM gpu_samples
 WHERE {_HEALTH_WINDOW} AND (gpu_temp_c IS NOT NULL OR mem_temp_c IS NOT NULL)
 GROUP BY ALL ORDER BY cluster, host, bucket
 """
+
+# --- GPU health from hourly health summaries (gpufleet.collector.schema.HEALTH_HOURS) ---
+# The window's health rows: the summaries of its whole summarised hours ($hours) and, in
+# _health_raw, the same rows computed from the raw samples of the rest (RAW_HEALTH_HOURS, over
+# each stretch $lo..$hi of the window no summary covers). Each figure below composes them
+# exactly into GPU_HEALTH's or GPU_EVENTS' answer.
+_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
+RAW_HEALTH_HOURS = HEALTH_HOURS.format(source="gpu_samples", where=f"ts >= $lo AND ts < $hi AND {_FILTERS}")
+HEALTH_PARTS = f"""(
+    SELECT * FROM gpu_health_hours WHERE hour >= $start AND hour < $end AND list_contains($hours, hour) AND {_FILTERS}
+    UNION ALL BY NAME
+    SELECT * FROM _health_raw
+)"""
+_KEY = "cluster, host, gpu_uuid, gi"
+
+
+def _first_to_last(col: str) -> str:
+    return f"(arg_max({col}_last, {col}_last_ts) - arg_min({col}_first, {col}_first_ts))"
+
+
+def _throttled_share(n: str) -> str:
+    return f"CASE WHEN sum(reasons_n) > 0 THEN 100.0 * sum({n}) / sum(reasons_n) END"
+
+
+HEALTH_FROM_HOURS = f"""
+SELECT {_KEY}, any_value(gpu) AS gpu, any_value(model) AS model,
+       sum(samples)::BIGINT AS samples, min(first_sample) AS first_sample, max(last_sample) AS last_sample,
+       max(gpu_temp_max_c) AS gpu_temp_max_c, sum(gpu_temp_sum) / nullif(sum(gpu_temp_n), 0) AS gpu_temp_avg_c,
+       max(mem_temp_max_c) AS mem_temp_max_c, max(power_max_w) AS power_max_w,
+       sum(lost_samples)::BIGINT AS lost_samples, min(first_lost) AS first_lost,
+       list_sort(list_distinct(flatten(list(list_transform(xid_codes, lambda c: c.code)) FILTER (WHERE xid_codes IS NOT NULL)))) AS xids,
+       min(first_xid) AS first_xid,
+       {_first_to_last("ecc_dbe_vol")} AS ecc_dbe_new, {_first_to_last("ecc_sbe_vol")} AS ecc_sbe_new,
+       max(ecc_dbe_agg_max) AS ecc_dbe_total,
+       max(remap_correctable_max) AS remap_correctable, max(remap_uncorrectable_max) AS remap_uncorrectable,
+       max(remap_failure_max) AS remap_failure,
+       {_first_to_last("pcie_replay")} AS pcie_replays,
+       {_throttled_share("thermal_n")} AS thermal_throttle_pct,
+       {_throttled_share("power_n")} AS power_throttle_pct,
+       {_throttled_share("hw_slowdown_n")} AS hw_slowdown_pct,
+       {_first_to_last("thermal_violation_ns")} / 1e9 AS thermal_violation_s,
+       {_first_to_last("power_violation_ns")} / 1e9 AS power_violation_s
+FROM {{parts}}
+GROUP BY {_KEY}
+"""
+
+# GPU_EVENTS' counters, by the kind it gives them: (kind, column, label)
+_EVENT_COUNTERS = tuple((kind, col, label) for kind, col, _, label in _COUNTERS)
+assert tuple(c for _, c, _ in _EVENT_COUNTERS) == HEALTH_EVENT_COUNTERS
+_BASES = ", ".join(f"arg_min({col}_first, {col}_first_ts) AS {col}_0" for _, col, _ in _EVENT_COUNTERS)
+
+# Hours where a counter passes the window's first value (GPU_EVENTS' base) inside the hour: only
+# their samples say when and how often it was above; read raw (EVENTS_OF_MIXED_HOURS)
+MIXED_HOURS = f"""
+WITH p AS {{parts}}, base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)
+""" + "UNION ALL\n".join(
+    f"""SELECT '{kind}' AS kind, p.cluster, p.host, p.gpu_uuid, p.gi, p.model, p.hour, coalesce(b.{col}_0, 0) AS base
+FROM p JOIN base b USING ({_KEY})
+WHERE p.{col}_n > 0 AND p.{col}_min <= coalesce(b.{col}_0, 0) AND p.{col}_max > coalesce(b.{col}_0, 0)
+""" for kind, col, _ in _EVENT_COUNTERS)
+_KIND_VALUE = "CASE m.kind " + " ".join(f"WHEN '{kind}' THEN s.{col}" for kind, col, _ in _EVENT_COUNTERS) + " END"
+EVENTS_OF_MIXED_HOURS = f"""
+SELECT m.kind, s.cluster, s.host, s.gpu_uuid, m.gi, any_value(s.gpu) AS gpu, any_value(s.model) AS model,
+       min(s.ts) AS ts, count(*) AS n, max({_KIND_VALUE}) AS top
+FROM gpu_samples s JOIN _health_mixed m
+  ON s.cluster = m.cluster AND s.host = m.host AND s.gpu_uuid = m.gpu_uuid AND coalesce(s.gpu_instance, -1) = m.gi
+ AND s.model IS NOT DISTINCT FROM m.model AND date_trunc('hour', s.ts) = m.hour
+WHERE s.ts >= $lo AND s.ts < $hi AND s.ts >= $start AND s.ts < $end AND {_KIND_VALUE} > m.base
+GROUP BY m.kind, s.cluster, s.host, s.gpu_uuid, m.gi
+"""
+# GPU_EVENTS from health rows (p) and the mixed hours' events (_health_mixed_events)
+EVENTS_FROM_HOURS = f"""
+WITH p AS {{parts}}, base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL), x AS (
+    SELECT cluster, host, gpu, gpu_uuid, gi, model, unnest(xid_codes) AS c FROM p WHERE xid_codes IS NOT NULL
+)
+SELECT min(c.first_ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, any_value(model) AS model,
+       'xid' AS kind, c.code AS code, sum(c.samples)::BIGINT AS samples, 'XID ' || c.code AS detail
+FROM x GROUP BY cluster, host, gpu_uuid, gi, c.code
+""" + "".join(
+    f"""UNION ALL
+SELECT min(e.ts), e.cluster, e.host, any_value(e.gpu), e.gpu_uuid, e.gi, any_value(e.model),
+       '{kind}', NULL, sum(e.n)::BIGINT, '{label}: +' || (max(e.top) - any_value(b.base))::BIGINT
+FROM (SELECT p.{col}_first_ts AS ts, {", ".join("p." + k for k in _KEY.split(", "))}, p.gpu, p.model, p.{col}_n AS n, p.{col}_max AS top
+      FROM p JOIN base b USING ({_KEY}) WHERE p.{col}_n > 0 AND p.{col}_min > coalesce(b.{col}_0, 0)
+      UNION ALL BY NAME
+      SELECT ts, {_KEY}, gpu, model, n, top FROM _health_mixed_events WHERE kind = '{kind}') e
+JOIN (SELECT {_KEY}, coalesce({col}_0, 0) AS base FROM base) b USING ({_KEY})
+GROUP BY e.cluster, e.host, e.gpu_uuid, e.gi
+""" for kind, col, label in _EVENT_COUNTERS) + f"""UNION ALL
+SELECT min(remap_failure_ts), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+       'row_remap_failure', NULL, sum(remap_failure_n)::BIGINT, 'row remapping failed'
+FROM p WHERE remap_failure_n > 0 GROUP BY {_KEY}
+UNION ALL
+SELECT min(first_lost), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+       'gpu_lost', NULL, sum(lost_samples)::BIGINT, 'GPU not usable (gpufleet_gpu_up = 0)'
+FROM p WHERE lost_samples > 0 GROUP BY {_KEY}
+ORDER BY ts DESC, cluster, host, gpu, kind
+"""
+# Whole hours of [$start, $end) whose health summaries stand for the store's samples
+HEALTH_HOURS_IN = "SELECT hour FROM health_hours WHERE hour >= $start AND hour + INTERVAL 1 HOUR <= $end ORDER BY hour"
 
 # The store's first GPU sighting within the cluster/model filters: where its history starts
 # (gpufleet.analytics.trends: a previous window starting before it is only partly in the store).

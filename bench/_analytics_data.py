@@ -374,23 +374,38 @@ def ensure_store(scale: Scale, cache: Path, progress=lambda msg: None) -> tuple[
 
 def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:
     """The product's per-GPU summaries of every closed hour of the cached store
-    (gpufleet.collector.maintenance.summarize, default parameters: those of the analysis), built
-    once; (seconds it took, built now)."""
-    from gpufleet.collector.maintenance import summarize
+    (gpufleet.collector.maintenance.summarize, default parameters: those of the analysis) and
+    their health summaries, built once; (seconds it took, built now)."""
+    from gpufleet.collector.maintenance import summarize, summarize_health
+    from gpufleet.collector.schema import HEALTH_FORMAT_VERSION
     from gpufleet.collector.summaries import SummaryParams
 
     p = SummaryParams()
     mark = store / f".summaries-{p.tag()}"
+    # a store cached before the hourly health summaries: upkeep adds them to the summaries it has
+    health_mark = store / f".health-{HEALTH_FORMAT_VERSION}"
+    if mark.exists() and not health_mark.exists():
+        t0 = time.monotonic()
+        w = StoreWriter(store, clock=lambda: scale.end + timedelta(hours=2))
+        try:
+            n = summarize_health(w)
+            w.publish()
+        finally:
+            w.close()
+        progress(f"  health summaries of {n} hours built in {time.monotonic() - t0:.0f} s")
+        health_mark.write_text(f"{time.monotonic() - t0:.1f} s for {n} hours\n")
     if mark.exists():
         return float(mark.read_text().split()[0]), False
     t0 = time.monotonic()
     w = StoreWriter(store, clock=lambda: scale.end + timedelta(hours=2))
     try:
         n = summarize(w, scale.end + timedelta(hours=2), p)
+        summarize_health(w)
         w.publish()
     finally:
         w.close()
     took = time.monotonic() - t0
     progress(f"  summaries of {n} hours built in {took:.0f} s")
     mark.write_text(f"{took:.1f} s for {n} hours\n")
+    health_mark.write_text("with the summaries\n")
     return took, True

@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.collector import summaries
-from gpufleet.collector.schema import ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES
+from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FORMAT_VERSION, HEALTH_HOURS, ROLLUP_SQL,
+                                      SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 from gpufleet.collector.tasks import TaskRunner
@@ -42,7 +43,8 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
             gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
     """Merge each closed hour's files into one and roll it up, then bring the per-GPU summaries
     up to date (summarize, with `params`: the defaults if None; `tasks`, `gpu_shards` and
-    `progress` as there); returns hours compacted."""
+    `progress` as there) and their hourly health summaries (summarize_health); returns hours
+    compacted."""
     rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
@@ -61,6 +63,7 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     if done:
         w.invalidate()
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
+    built += summarize_health(w)
     if done or built:
         w.publish()
     return done
@@ -222,6 +225,27 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours]:
         w.retire_summary(key)  # its samples were retired
     return built
+
+
+def summarize_health(w: StoreWriter) -> int:
+    """The health summary (schema.HEALTH_HOURS over the hour's samples) of every summarised hour
+    that has none or one of another format, from the sample files its summary was built from:
+    one file per hour beside the summary, listed in the summary's manifest entry, so it stands
+    and falls with it. Returns the hours built."""
+    todo = [k for k, e in sorted(w.summaries.items()) if e.get("health_format") != HEALTH_FORMAT_VERSION]
+    cur = w.db.cursor()
+    try:
+        for key in todo:
+            e = w.summaries[key]
+            hour = datetime.fromisoformat(key)
+            q = HEALTH_HOURS.format(source=f"read_parquet({_sql_list([str(w.root / f) for f in e['sources']])})", where="ts >= $lo AND ts < $hi")
+            table = cur.sql(q, params={"lo": hour, "hi": hour + timedelta(hours=1)}).to_arrow_table()
+            rel = e["file"].replace("/sum-", f"/health{HEALTH_FORMAT_VERSION}-", 1)
+            write_parquet(table, w.root / rel)
+            w.attach_health(key, rel, HEALTH_FORMAT_VERSION)
+    finally:
+        cur.close()
+    return len(todo)
 
 
 def _host_ranges(w: StoreWriter, files: list[str], shards: int) -> list[tuple[str | None, str | None]]:

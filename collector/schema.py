@@ -429,3 +429,63 @@ FROM (
       AND ($host_lo IS NULL OR host >= $host_lo) AND ($host_hi IS NULL OR host < $host_hi))
 ORDER BY g, ts
 """
+
+# --- Hourly health summaries (gpufleet.collector.maintenance.summarize_health) ---
+
+# DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits: thermal slowdown (SW, HW), power cap and brake, HW slowdown
+THERMAL_BITS = 0x20 | 0x40
+POWER_BITS = 0x04 | 0x80
+HW_SLOWDOWN_BITS = 0x08
+# Counters whose first and last value in a window make a figure (new ECC errors, PCIe replays,
+# time throttled), and of those the ones whose rise above the window's first value is an event
+# (gpufleet.analytics.health.events): per hour also their least and largest value and count.
+HEALTH_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable", "pcie_replay", "thermal_violation_ns", "power_violation_ns")
+HEALTH_EVENT_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable")
+HEALTH_FORMAT_VERSION = 1
+
+
+def _health_counter(c: str) -> str:
+    cols = (f"arg_min({c}, ts) AS {c}_first, min(ts) FILTER (WHERE {c} IS NOT NULL) AS {c}_first_ts, "
+            f"arg_max({c}, ts) AS {c}_last, max(ts) FILTER (WHERE {c} IS NOT NULL) AS {c}_last_ts")
+    if c in HEALTH_EVENT_COUNTERS:
+        cols += f", min({c}) AS {c}_min, max({c}) AS {c}_max, count({c}) AS {c}_n"
+    return cols
+
+
+# One row per GPU (or MIG instance, gi -1: whole GPU), model and hour of the samples of {source}
+# that pass {where}: the sums, extremes, counts and first/last values every health figure of a
+# window composes from exactly (gpufleet.analytics.sql HEALTH_FROM_HOURS, EVENTS_FROM_HOURS).
+# The writer runs it over an hour's sample files; the readers over the raw samples of hours it
+# has not summarised, so both sides apply one rule. xid_codes: each XID code the hour shows,
+# with its first sample and its sample count.
+HEALTH_HOURS = f"""
+WITH s AS (
+    SELECT *, coalesce(gpu_instance, -1)::SMALLINT AS gi, date_trunc('hour', ts) AS hour FROM {{source}} WHERE {{where}}
+), x AS (
+    SELECT cluster, host, gpu_uuid, gi, model, hour,
+           list(struct_pack(code := xid_last, first_ts := first_ts, samples := n) ORDER BY xid_last) AS xid_codes
+    FROM (SELECT cluster, host, gpu_uuid, gi, model, hour, xid_last, min(ts) AS first_ts, count(*) AS n
+          FROM s WHERE xid_last > 0 GROUP BY ALL)
+    GROUP BY ALL
+), h AS (
+    SELECT cluster, host, gpu_uuid, gi, model, hour, any_value(gpu) AS gpu,
+           count(*) AS samples, min(ts) AS first_sample, max(ts) AS last_sample,
+           max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, sum(gpu_temp_c::DOUBLE) AS gpu_temp_sum, count(gpu_temp_c) AS gpu_temp_n,
+           max(mem_temp_c)::DOUBLE AS mem_temp_max_c, count(mem_temp_c) AS mem_temp_n, max(power_w)::DOUBLE AS power_max_w,
+           count(*) FILTER (WHERE gpu_up = 0) AS lost_samples, min(ts) FILTER (WHERE gpu_up = 0) AS first_lost,
+           min(ts) FILTER (WHERE xid_last > 0) AS first_xid,
+           {", ".join(_health_counter(c) for c in HEALTH_COUNTERS)},
+           max(ecc_dbe_agg) AS ecc_dbe_agg_max, max(remap_correctable) AS remap_correctable_max,
+           max(remap_failure) AS remap_failure_max,
+           count(*) FILTER (WHERE remap_failure > 0) AS remap_failure_n, min(ts) FILTER (WHERE remap_failure > 0) AS remap_failure_ts,
+           count(clocks_event_reasons) AS reasons_n,
+           count(*) FILTER (WHERE (clocks_event_reasons & {THERMAL_BITS}) <> 0) AS thermal_n,
+           count(*) FILTER (WHERE (clocks_event_reasons & {POWER_BITS}) <> 0) AS power_n,
+           count(*) FILTER (WHERE (clocks_event_reasons & {HW_SLOWDOWN_BITS}) <> 0) AS hw_slowdown_n
+    FROM s GROUP BY cluster, host, gpu_uuid, gi, model, hour
+)
+SELECT h.*, x.xid_codes FROM h LEFT JOIN x
+  ON h.cluster IS NOT DISTINCT FROM x.cluster AND h.host IS NOT DISTINCT FROM x.host AND h.gpu_uuid IS NOT DISTINCT FROM x.gpu_uuid
+ AND h.gi = x.gi AND h.model IS NOT DISTINCT FROM x.model AND h.hour = x.hour
+ORDER BY h.cluster, h.host, h.gpu_uuid, h.gi, h.hour
+"""

@@ -259,7 +259,7 @@ class StoreWriter:
         """The table files the store is made of now: never deleted, whatever the retired lists say
         (a crash may have left a file of the same name there before it was written again)."""
         return (set(self._tables.values()) | {f for files in self._live_segments().values() for f in files}
-                | {e["file"] for e in self.summaries.values()})
+                | {f for e in self.summaries.values() for f in (e["file"], e.get("health")) if f})
 
     def _reset_stale_segments(self) -> None:
         """Segments written under an older schema go back to the open part (the next settle()
@@ -393,10 +393,18 @@ class StoreWriter:
                 log.warning("summary of %s is stale (its samples changed before a crash): dropped, upkeep rebuilds it", hour)
                 self.retire_summary(hour)
 
+    def attach_health(self, hour: str, rel: str, fmt: int) -> None:
+        """The hour's health summary file (gpufleet.collector.maintenance.summarize_health), in its
+        summary's entry: it goes when the summary goes. An older one is retired."""
+        e = self.summaries[hour]
+        if e.get("health") and e["health"] != rel:
+            self._retired_snapshots.append((e["health"], self.clock()))
+        e.update(health=rel, health_format=fmt)
+
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
         if e is not None:
-            self._retired_snapshots.append((e["file"], self.clock()))
+            self._retired_snapshots += [(f, self.clock()) for f in (e["file"], e.get("health")) if f]
 
     def _write_sample_files(self, key: str, samples: pa.Table, checksum: str) -> list[tuple[str, int, datetime, datetime]]:
         lo, hi = (v.as_py() for v in pc.min_max(samples["ts"]).values())
@@ -1063,6 +1071,27 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         con.register("_empty_summaries", summaries.FILE_SCHEMA.empty_table())
         con.execute("CREATE TABLE gpu_summaries AS SELECT * FROM _empty_summaries")
         con.unregister("_empty_summaries")
+    _health_views(con, by_key)
+
+
+def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]]) -> None:
+    """health_hours (the hours whose health summaries stand for every shard's samples: those of a
+    summarised hour whose every summary has one of this format) and gpu_health_hours (their rows,
+    schema.HEALTH_HOURS). An hour summarised under two sets of parameters counts once."""
+    chosen: dict[str, list[str]] = {}
+    for key in sorted(by_key):
+        entries = by_key[key]
+        if key[0] not in chosen and all(e.get("health") and e.get("health_format") == schema.HEALTH_FORMAT_VERSION for _, e in entries):
+            chosen[key[0]] = [str(d / e["health"]) for d, e in entries]
+    hours = pa.table({"hour": pa.array([datetime.fromisoformat(h) for h in sorted(chosen)], pa.timestamp("us"))})
+    con.register("_health_hours", hours)
+    con.execute("CREATE TABLE health_hours AS SELECT * FROM _health_hours")
+    con.unregister("_health_hours")
+    files = [f for h in sorted(chosen) for f in chosen[h]]
+    if files:
+        con.execute(f"CREATE VIEW gpu_health_hours AS SELECT * FROM read_parquet({_sql_list(files)})")
+    else:
+        con.execute(f"CREATE TABLE gpu_health_hours AS {schema.HEALTH_HOURS.format(source='gpu_samples', where='false')}")
 
 
 def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> str:

@@ -58,10 +58,10 @@ def detail_fields(g, t) -> dict:
             "sm_clock_mhz": 1410.0 + (t // 60) % 3 * 100 if g["gpu"] % 2 == 0 else None}
 
 
-def split(fleet, parts: int, interleave: bool):
+def split(fleet, parts: int, interleave: bool, fields=detail_fields):
     """The fleet's batches, each GPU's samples over `parts` files (slices, or every parts-th sample)."""
     out = []
-    for b in batches(fleet, placement=mig_some, fields=detail_fields):
+    for b in batches(fleet, placement=mig_some, fields=fields):
         n = b.samples.num_rows if b.samples is not None else 0
         if n < parts:
             out.append(b)

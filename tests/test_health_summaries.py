@@ -1,0 +1,230 @@
+"""GPU health from the store's hourly health summaries gives the raw samples' figures.
+
+gpufleet.analytics.health reads a window's health from per-GPU hourly rows
+(gpufleet.collector.schema.HEALTH_HOURS, written with each hour's summary) where the store has
+them and from raw samples elsewhere (window edges, hours not summarised yet). On the random
+fleets of test_analytics_properties, with MIG instances, each GPU's samples over several files,
+and temperatures, XID codes, ECC and row-remap counters that rise and reset, throttle reasons
+and lost GPUs, every row of gpu_health and events equals the raw path's (summaries=False, the
+SQL the dashboards used before) to 1e-9 relative, for windows cut anywhere and under the
+cluster and model filters. A health summary off by one hour fails the comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+from test_analytics_golden import A100
+from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, scratch
+from test_analytics_summaries import by_shard, host_of_shard, mig_some, split
+
+from gpufleet.analytics import health
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.shard import Shard
+from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.collector.summaries import SummaryParams
+
+
+def _h(seed: int, g: int, t: int, what: str) -> int:
+    """A deterministic number of (seed, GPU, time, field): the same sample twice has the same values."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{g}/{t}/{what}".encode(), digest_size=4).digest(), "big")
+
+
+def health_fields(seed: int):
+    """Health columns of fleet GPU g at time t: temperatures and power (some unknown), an XID code
+    that sticks for a while, volatile ECC and row-remap counters that step up and reset (a driver
+    reload), lifetime counters, throttle reasons and lost samples."""
+
+    def fields(g, t) -> dict:
+        gpu = g["gpu"]
+        step = 300 + 200 * (_h(seed, gpu, 0, "step") % 10)  # each GPU's counters step at their own pace
+        era = t // 5000  # a reset every 5,000 s
+        counter = lambda what: None if _h(seed, gpu, t, what) % 7 == 0 else (t % 5000) // step + (_h(seed, gpu, era, what) % 3)  # noqa: E731
+        known = _h(seed, gpu, t, "temp") % 5 != 0
+        return {
+            "gpu_temp_c": float(30 + _h(seed, gpu, t, "t") % 60) if known else None,
+            "mem_temp_c": float(40 + _h(seed, gpu, t, "m") % 50) if _h(seed, gpu, t, "mk") % 3 else None,
+            "power_w": float(_h(seed, gpu, t, "p") % 700) / 2 if known else None,
+            "xid_last": [0, 0, 0, 13, 31, 79, 94][(t // 900 + _h(seed, gpu, 0, "x")) % 7] if gpu % 2 == 0 else 0,
+            "ecc_dbe_vol": counter("dbe"),
+            "ecc_sbe_vol": counter("sbe"),
+            "remap_uncorrectable": counter("unc"),
+            "pcie_replay": counter("pcie"),
+            "thermal_violation_ns": None if counter("tv") is None else counter("tv") * 1_000_000_007,
+            "power_violation_ns": counter("pv"),
+            "ecc_dbe_agg": _h(seed, gpu, t // 3600, "agg") % 4,
+            "remap_correctable": _h(seed, gpu, t // 3600, "rc") % 3,
+            "remap_failure": 1 if _h(seed, gpu, t // 1800, "rf") % 9 == 0 else 0,
+            "clocks_event_reasons": None if _h(seed, gpu, t, "r") % 6 == 0 else [0, 0, 0x4, 0x8, 0x20, 0x40, 0x80, 0x24][_h(seed, gpu, t, "rb") % 8],
+            "gpu_up": None if _h(seed, gpu, t, "u") % 11 == 0 else (0.0 if _h(seed, gpu, t // 600, "lost") % 8 == 0 else 1.0),
+        }
+
+    return fields
+
+
+def same(raw: pl.DataFrame, got: pl.DataFrame, keys: list[str]) -> list[str]:
+    """Where two answers differ (columns, rows, values to 1e-9 relative): empty when they agree."""
+    if raw.columns != got.columns:
+        return [f"columns {raw.columns} != {got.columns}"]
+    if raw.height != got.height:
+        return [f"rows {raw.height} != {got.height}"]
+    raw, got = raw.sort(keys, nulls_last=True), got.sort(keys, nulls_last=True)
+    bad = []
+    for c, t in raw.schema.items():
+        x, y = raw[c].to_list(), got[c].to_list()
+        if t.is_float():
+            ok = [v is None for v in x] == [v is None for v in y] and [v for v in x if v is not None] == pytest.approx(
+                [v for v in y if v is not None], **TOL)
+        else:
+            ok = x == y
+        if not ok:
+            bad.append(f"{c}: {x} != {y}")
+    return bad
+
+
+GPU_KEYS = ["cluster", "host", "gpu_uuid", "gi"]
+EVENT_KEYS = ["cluster", "host", "gpu_uuid", "gi", "kind", "code"]
+
+
+def compare(con, p: Params) -> list[str]:
+    """window_health's answers against the raw path's, and gpu_health's and events' on their own."""
+    raw, got = health.window_health(con, p, summaries=False), health.window_health(con, p)
+    return (same(raw["gpus"], got["gpus"], GPU_KEYS) + same(raw["events"], got["events"], EVENT_KEYS)
+            + same(raw["gpus"], health.gpu_health(con, p), GPU_KEYS) + same(raw["events"], health.events(con, p), EVENT_KEYS))
+
+
+def store(tmp, fleet, seed: int, how, compact_at: int):
+    w = StoreWriter(tmp)
+    for batch in split(fleet, *how, fields=health_fields(seed)):
+        w.commit(batch)
+    compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP))
+    w.close()
+    return open_reader(tmp)
+
+
+@SETTINGS
+@given(fleets(), st.integers(0, 2**16), st.sampled_from([(1, False), (3, False), (2, True)]), st.data())
+def test_health_from_summaries_gives_the_raw_figures(fleet, seed, how, data):
+    every_hour = fleet["now"] + 2 * 3600
+    compact_at = data.draw(st.sampled_from([every_hour]) | st.integers(3600, every_hour), label="compact_at")
+    a, m, b = fleet["cuts"]
+    with scratch() as tmp:
+        con = store(tmp, fleet, seed, how, compact_at)
+        summarised = con.execute("SELECT count(*) FROM health_hours").fetchone()[0]
+        event(f"hours with health summaries: {min(summarised, 3)}")
+        whole = (at(0).replace(minute=0, second=0), at(fleet["now"] + 3600).replace(minute=0, second=0))
+        for lo, hi in ((at(a), at(b)), (at(a), at(m)), (at(m), at(b)), whole):
+            bad = compare(con, Params(lo, hi))
+            assert not bad, (lo, hi, "\n".join(bad))
+        for f in (Filters(cluster="prop"), Filters(model=A100), Filters(cluster="elsewhere")):
+            bad = compare(con, Params(*whole, filters=f))
+            assert not bad, (f, "\n".join(bad))
+
+
+@SETTINGS
+@given(fleets(), st.integers(0, 2**16), st.integers(2, 3), st.data())
+def test_shards_health_summaries_give_the_raw_figures(fleet, seed, n, data):
+    """Collector shards summarise their own GPUs' health at their own pace (one may never have):
+    the union reads the raw figures."""
+    every_hour = fleet["now"] + 2 * 3600
+    with scratch() as tmp:
+        root = Path(tmp)
+        writers = {k: StoreWriter(Shard(k, n).root(root)) for k in range(1, n + 1)}
+        spread = {"h0": host_of_shard(1, n), "h1": host_of_shard(2, n), "hm": host_of_shard(n, n)}
+        for batch in batches(fleet, placement=lambda g: {**mig_some(g), "host": spread[mig_some(g)["host"]]}, fields=health_fields(seed)):
+            for k, part in by_shard(batch, n).items():
+                writers[k].commit(part)
+        for k, w in writers.items():
+            when = data.draw(st.sampled_from([every_hour, None]) | st.integers(3600, every_hour), label=f"shard {k} compacts at")
+            if when is not None:
+                compact(w, at(when), SummaryParams(max_gap_s=MAX_GAP))
+            w.close()
+        con = open_reader(root)
+        a, m, b = fleet["cuts"]
+        for lo, hi in ((at(a), at(b)), (at(a), at(m)), (at(0).replace(minute=0, second=0), at(fleet["now"] + 3600).replace(minute=0, second=0))):
+            bad = compare(con, Params(lo, hi))
+            assert not bad, (lo, hi, "\n".join(bad))
+
+
+def health_rows(con) -> pl.DataFrame:
+    return pl.from_arrow(con.sql("SELECT * FROM gpu_health_hours ORDER BY cluster, host, gpu_uuid, gi, model, hour").to_arrow_table())
+
+
+@SETTINGS
+@given(fleets(), st.integers(0, 2**16), st.randoms(use_true_random=False), st.integers(0, 3))
+def test_health_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, seed, rnd, late_n):
+    """Late batches (some for long-closed hours) and a re-ingest leave the health summaries a
+    fresh store of all the batches builds."""
+    p = SummaryParams(max_gap_s=MAX_GAP)
+    every = split(fleet, 3, False, fields=health_fields(seed))
+    rnd.shuffle(every)
+    late, first = every[:late_n], every[late_n:]
+    end = at(fleet["now"] + 7200)
+    with scratch() as tmp, scratch() as fresh:
+        w = StoreWriter(tmp)
+        for batch in first:
+            w.commit(batch)
+        compact(w, end, p)
+        for batch in late + first[:2]:
+            w.commit(batch)
+        compact(w, end, p)
+        w.close()
+        f = StoreWriter(fresh)
+        for batch in every:
+            f.commit(batch)
+        compact(f, end, p)
+        f.close()
+        got, want = open_reader(tmp), open_reader(fresh)
+        assert health_rows(got).equals(health_rows(want))
+        assert got.sql("SELECT * FROM health_hours ORDER BY hour").fetchall() == want.sql("SELECT * FROM health_hours ORDER BY hour").fetchall()
+
+
+def test_a_health_summary_one_hour_off_fails_the_comparison(tmp_path):
+    """The comparison can see a summary that puts its rows in the wrong hour."""
+    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, 4 * 3600, 60)]}
+                      for g in range(2)], "jobs": [], "cuts": [0, 3600, 4 * 3600], "now": 4 * 3600}
+    con = store(tmp_path, fleet, 7, (1, False), 6 * 3600)
+    whole = Params(at(0), at(4 * 3600))
+    assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] >= 3
+    assert not compare(con, whole)
+    con.close()
+    files = sorted(Path(tmp_path).rglob("health*.parquet"))
+    assert files
+    for f in files:  # every health row an hour late
+        t = pq.read_table(f)
+        t = t.set_column(t.schema.get_field_index("hour"), "hour", pl.from_arrow(t["hour"]).dt.offset_by("1h").to_arrow())
+        pq.write_table(t, f)
+    con = open_reader(tmp_path)
+    assert compare(con, Params(at(3600), at(3 * 3600)))  # seen
+
+
+def test_hours_summarised_before_health_summaries_read_raw_until_upkeep_adds_them(tmp_path):
+    """A store whose summaries predate the health summaries (no health file in their entries)
+    gives the raw figures, and the next upkeep pass adds the health summaries to them."""
+    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, 3 * 3600, 60)]}
+                      for g in range(2)], "jobs": [], "cuts": [0, 3600, 3 * 3600], "now": 3 * 3600}
+    store(tmp_path, fleet, 3, (1, False), 5 * 3600).close()
+    manifest = tmp_path / "manifest.json"
+    m = json.loads(manifest.read_text())
+    for e in m["summaries"]:
+        e.pop("health"), e.pop("health_format")
+    manifest.write_text(json.dumps(m))
+    p = Params(at(0), at(3 * 3600))
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == 0
+    assert not compare(con, p)
+    con.close()
+    w = StoreWriter(tmp_path)
+    compact(w, at(5 * 3600), SummaryParams(max_gap_s=MAX_GAP))
+    w.close()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == con.execute("SELECT count(*) FROM summary_hours").fetchone()[0] >= 3
+    assert not compare(con, p)
