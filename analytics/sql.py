@@ -732,6 +732,9 @@ GROUP BY ALL ORDER BY cluster, host, bucket
 # exactly into GPU_HEALTH's or GPU_EVENTS' answer.
 _FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
 RAW_HEALTH_HOURS = HEALTH_HOURS.format(source="gpu_samples", where=f"ts >= $lo AND ts < $hi AND {_FILTERS}")
+# the same over the whole window but its summarised hours: one scan, for when they leave many stretches
+RAW_HEALTH_HOURS_OUTSIDE = HEALTH_HOURS.format(
+    source="gpu_samples", where=f"ts >= $start AND ts < $end AND NOT list_contains($hours, date_trunc('hour', ts)) AND {_FILTERS}")
 HEALTH_PARTS = f"""(
     SELECT * FROM gpu_health_hours WHERE hour >= $start AND hour < $end AND list_contains($hours, hour) AND {_FILTERS}
     UNION ALL BY NAME
