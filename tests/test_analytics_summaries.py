@@ -14,6 +14,7 @@ summary one bucket off fails the comparison (the comparison can see an off-by-on
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -211,32 +212,40 @@ def summary_rows(con) -> pl.DataFrame:
     return pl.from_arrow(con.sql("SELECT * FROM gpu_summaries ORDER BY cluster, host, gpu_uuid, gi, bucket, seg0_us").to_arrow_table())
 
 
-@SETTINGS
-@given(fleets(), st.randoms(use_true_random=False), st.integers(0, 3))
-def test_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, rnd, late_n):
-    """Compaction of hours that already have summaries - late batches (some for long-closed
-    hours: clock skew, a backfill), the same batches again - leaves the summaries a fresh store
-    of all the batches builds."""
-    p = SummaryParams(max_gap_s=MAX_GAP, keep_s=60, bucket_s=60)
-    every = split(fleet, 3, False)
+@contextmanager
+def late_and_fresh(every: list[Batch], rnd, late_n: int, p: SummaryParams, end: datetime):
+    """Two stores of the batches `every` (shuffled): one that got `late_n` of them after its
+    upkeep (late data, some for long-closed hours: clock skew, a backfill) and two of the others
+    again (a re-ingest, a no-op), then upkeep twice (the second with nothing left to do); and a
+    fresh one of all of them. Yields their roots."""
+    every = list(every)
     rnd.shuffle(every)
     late, first = every[:late_n], every[late_n:]
-    end = at(fleet["now"] + 7200)
     with scratch() as tmp, scratch() as fresh:
         w = StoreWriter(tmp)
         for batch in first:
             w.commit(batch)
         compact(w, end, p)
-        for batch in late + first[:2]:  # late data, and a re-ingest (a no-op)
+        for batch in late + first[:2]:
             w.commit(batch)
         compact(w, end, p)
-        compact(w, end, p)  # nothing left to do
+        compact(w, end, p)
         w.close()
         f = StoreWriter(fresh)
         for batch in every:
             f.commit(batch)
         compact(f, end, p)
         f.close()
+        yield tmp, fresh
+
+
+@SETTINGS
+@given(fleets(), st.randoms(use_true_random=False), st.integers(0, 3))
+def test_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, rnd, late_n):
+    """Compaction of hours that already have summaries - late batches, the same batches again -
+    leaves the summaries a fresh store of all the batches builds."""
+    p = SummaryParams(max_gap_s=MAX_GAP, keep_s=60, bucket_s=60)
+    with late_and_fresh(split(fleet, 3, False), rnd, late_n, p, at(fleet["now"] + 7200)) as (tmp, fresh):
         got, want = summary_rows(open_reader(tmp)), summary_rows(open_reader(fresh))
         assert got.equals(want)
         m1 = json.loads(open(f"{tmp}/manifest.json").read())

@@ -23,7 +23,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from test_analytics_golden import A100
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, scratch
-from test_analytics_summaries import by_shard, host_of_shard, mig_some, split
+from test_analytics_summaries import by_shard, host_of_shard, late_and_fresh, mig_some, split
 
 from gpufleet.analytics import health
 from gpufleet.analytics.params import Filters, Params
@@ -169,25 +169,8 @@ def health_rows(con) -> pl.DataFrame:
 def test_health_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, seed, rnd, late_n):
     """Late batches (some for long-closed hours) and a re-ingest leave the health summaries a
     fresh store of all the batches builds."""
-    p = SummaryParams(max_gap_s=MAX_GAP)
     every = split(fleet, 3, False, fields=health_fields(seed))
-    rnd.shuffle(every)
-    late, first = every[:late_n], every[late_n:]
-    end = at(fleet["now"] + 7200)
-    with scratch() as tmp, scratch() as fresh:
-        w = StoreWriter(tmp)
-        for batch in first:
-            w.commit(batch)
-        compact(w, end, p)
-        for batch in late + first[:2]:
-            w.commit(batch)
-        compact(w, end, p)
-        w.close()
-        f = StoreWriter(fresh)
-        for batch in every:
-            f.commit(batch)
-        compact(f, end, p)
-        f.close()
+    with late_and_fresh(every, rnd, late_n, SummaryParams(max_gap_s=MAX_GAP), at(fleet["now"] + 7200)) as (tmp, fresh):
         got, want = open_reader(tmp), open_reader(fresh)
         assert health_rows(got).equals(health_rows(want))
         assert got.sql("SELECT * FROM health_hours ORDER BY hour").fetchall() == want.sql("SELECT * FROM health_hours ORDER BY hour").fetchall()
