@@ -38,13 +38,20 @@ log = logging.getLogger(__name__)
 
 SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
 
+# Health summaries an upkeep pass builds at most: it holds the writer's commit lock, and a store
+# summarised by an earlier version has a health summary to build for every hour it keeps (35
+# days: 840 hours, tens of minutes at 16,384 GPUs). The newest come first; the rest follow at the
+# next passes (read raw until then), or all at once with `gpufleet collect --rebuild-summaries`.
+HEALTH_HOURS_PER_PASS = 24
+
 
 def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None, tasks: TaskRunner | None = None,
-            gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
+            gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None,
+            health_hours: int | None = HEALTH_HOURS_PER_PASS) -> int:
     """Merge each closed hour's files into one and roll it up, then bring the per-GPU summaries
     up to date (summarize, with `params`: the defaults if None; `tasks`, `gpu_shards` and
-    `progress` as there) and their hourly health summaries (summarize_health); returns hours
-    compacted."""
+    `progress` as there) and their hourly health summaries (summarize_health, at most
+    `health_hours` of them, None: all); returns hours compacted."""
     rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
@@ -63,7 +70,7 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     if done:
         w.invalidate()
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
-    built += summarize_health(w)
+    built += summarize_health(w, health_hours)
     if done or built:
         w.publish()
     return done
@@ -227,12 +234,12 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     return built
 
 
-def summarize_health(w: StoreWriter) -> int:
+def summarize_health(w: StoreWriter, limit: int | None = None) -> int:
     """The health summary (schema.HEALTH_HOURS over the hour's samples) of every summarised hour
-    that has none or one of another format, from the sample files its summary was built from:
-    one file per hour beside the summary, listed in the summary's manifest entry, so it stands
-    and falls with it. Returns the hours built."""
-    todo = [k for k, e in sorted(w.summaries.items()) if e.get("health_format") != HEALTH_FORMAT_VERSION]
+    that has none or one of another format - the newest `limit` of them, None: all - from the
+    sample files its summary was built from: one file per hour beside the summary, listed in the
+    summary's manifest entry, so it stands and falls with it. Returns the hours built."""
+    todo = [k for k, e in sorted(w.summaries.items(), reverse=True) if e.get("health_format") != HEALTH_FORMAT_VERSION][:limit]
     cur = w.db.cursor()
     try:
         for key in todo:

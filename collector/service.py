@@ -299,13 +299,14 @@ class Collector:
 
     def rebuild_summaries(self, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
         """Compact what is due and (re)build every summary that is missing or stale (other
-        parameters, samples changed): `gpufleet collect --rebuild-summaries`. Returns (hours
+        parameters, samples changed), and every health summary: `gpufleet collect --rebuild-summaries`. Returns (hours
         summarised, of which built now); raises what fails (TaskError, StoreError)."""
         from gpufleet.collector.maintenance import compact
 
         with self._commit_lock:
             before = {h: e["file"] for h, e in self.writer.summaries.items()}
-            compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress)  # publishes
+            compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress,
+                    health_hours=None)  # publishes; every health summary too
             now = {h: e["file"] for h, e in self.writer.summaries.items()}
         return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
 

@@ -217,7 +217,7 @@ def late_and_fresh(every: list[Batch], rnd, late_n: int, p: SummaryParams, end: 
     """Two stores of the batches `every` (shuffled): one that got `late_n` of them after its
     upkeep (late data, some for long-closed hours: clock skew, a backfill) and two of the others
     again (a re-ingest, a no-op), then upkeep twice (the second with nothing left to do); and a
-    fresh one of all of them. Yields their roots."""
+    fresh one of all of them (every hour's health summary built at once). Yields their roots."""
     every = list(every)
     rnd.shuffle(every)
     late, first = every[:late_n], every[late_n:]
@@ -225,16 +225,16 @@ def late_and_fresh(every: list[Batch], rnd, late_n: int, p: SummaryParams, end: 
         w = StoreWriter(tmp)
         for batch in first:
             w.commit(batch)
-        compact(w, end, p)
+        compact(w, end, p, health_hours=None)
         for batch in late + first[:2]:
             w.commit(batch)
-        compact(w, end, p)
-        compact(w, end, p)
+        compact(w, end, p, health_hours=None)
+        compact(w, end, p, health_hours=None)
         w.close()
         f = StoreWriter(fresh)
         for batch in every:
             f.commit(batch)
-        compact(f, end, p)
+        compact(f, end, p, health_hours=None)
         f.close()
         yield tmp, fresh
 

@@ -217,3 +217,24 @@ def test_hours_summarised_before_health_summaries_read_raw_until_upkeep_adds_the
     con = open_reader(tmp_path)
     assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == con.execute("SELECT count(*) FROM summary_hours").fetchone()[0] >= 3
     assert not compare(con, p)
+
+
+def test_an_upkeep_pass_builds_the_newest_health_summaries_first_and_a_bounded_number(tmp_path):
+    """Upkeep holds the writer's lock: a store with many hours to give health summaries gets the
+    newest `health_hours` a pass, the rest at the next passes, and reads raw where none is yet."""
+    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, 5 * 3600, 60)]}
+                      for g in range(2)], "jobs": [], "cuts": [0, 3600, 5 * 3600], "now": 5 * 3600}
+    w = StoreWriter(tmp_path)
+    for batch in split(fleet, 1, False, fields=health_fields(5)):
+        w.commit(batch)
+    p = Params(at(0), at(5 * 3600))
+    seen = []
+    for _ in range(4):
+        compact(w, at(7 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=2)
+        con = open_reader(tmp_path)
+        seen.append([r[0] for r in con.execute("SELECT hour FROM health_hours ORDER BY hour").fetchall()])
+        assert not compare(con, p)
+        con.close()
+    w.close()
+    assert [len(s) for s in seen] == [2, 4, 6, 6]
+    assert seen[0] == seen[2][-2:] and seen[1] == seen[2][-4:]  # the newest first
