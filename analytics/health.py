@@ -61,12 +61,8 @@ def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.
 
 
 def _summarised_hours(cur: duckdb.DuckDBPyConnection, params: Params) -> list[datetime]:
-    """The window's whole hours whose health summaries the store has (none: a connection
-    without the store's views, as some tests and tools open)."""
-    try:
-        return [r[0] for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
-    except duckdb.CatalogException:
-        return []
+    """The window's whole hours whose health summaries the store has."""
+    return [r[0] for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
 
 
 def _raw_stretches(start: datetime, end: datetime, hours: list[datetime]) -> list[tuple[datetime, datetime]]:
@@ -115,29 +111,38 @@ def _events_from_hours(cur: duckdb.DuckDBPyConnection, b: dict[str, Any]) -> pa.
     return _arrow(cur, sql.EVENTS_FROM_HOURS.format(parts=sql.HEALTH_PARTS), b)
 
 
+# The raw queries each answer has (the oracle), and how its rows are ordered
+_RAW = {"gpus": sql.GPU_HEALTH, "events": sql.GPU_EVENTS}
+_ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first)
+
+
+def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], summaries: bool) -> dict[str, pl.DataFrame]:
+    """`what` of the window: from the health summaries (summaries True and an hour of the window
+    summarised), else from the raw queries; GPU rows in GPU order."""
+    got = _from_hours(con, params, what) if summaries else None
+    if got is None:
+        got = {k: _q(con, _RAW[k], _binds(params)) for k in what}
+    return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in got.items()}
+
+
 def window_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> dict[str, pl.DataFrame]:
     """{"gpus": gpu_health, "events": events} of the window, from the store's hourly health
     summaries where it has them (`summaries` False: every raw sample, the oracle the tests hold
     them to); the raw samples the summaries leave are read once for both."""
-    got = _from_hours(con, params, ("gpus", "events")) if summaries else None
-    if got is None:
-        got = {"gpus": _q(con, sql.GPU_HEALTH, _binds(params)), "events": _q(con, sql.GPU_EVENTS, _binds(params))}
-    return {"gpus": got["gpus"].sort(["cluster", "host", "gpu", "gi"], nulls_last=True), "events": got["events"]}
+    return _answers(con, params, ("gpus", "events"), summaries)
 
 
 def gpu_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:
     """One row per GPU (or MIG instance) with samples in the window; see the module docstring.
     From the hourly health summaries where the store has them, as window_health."""
-    got = _from_hours(con, params, ("gpus",)) if summaries else None
-    return (got["gpus"] if got else _q(con, sql.GPU_HEALTH, _binds(params))).sort(["cluster", "host", "gpu", "gi"], nulls_last=True)
+    return _answers(con, params, ("gpus",), summaries)["gpus"]
 
 
 def events(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:
     """ts, cluster, host, gpu, gpu_uuid, gi, model, kind, code, samples, detail; newest first.
     kind: xid, ecc_dbe, ecc_sbe, row_remap, row_remap_failure, gpu_lost. From the hourly health
     summaries where the store has them, as window_health."""
-    got = _from_hours(con, params, ("events",)) if summaries else None
-    return got["events"] if got else _q(con, sql.GPU_EVENTS, _binds(params))
+    return _answers(con, params, ("events",), summaries)["events"]
 
 
 def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta) -> pl.DataFrame:

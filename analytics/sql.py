@@ -638,8 +638,9 @@ FILTER_VALUES = {
 
 # --- GPU health (analytics/health.py) ---
 
-_HEALTH_WINDOW = """ts >= $start AND ts < $end
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"""
+_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
+_HEALTH_WINDOW = f"""ts >= $start AND ts < $end
+      AND {_FILTERS}"""
 
 
 def _throttled_pct(bits: int) -> str:
@@ -730,7 +731,6 @@ GROUP BY ALL ORDER BY cluster, host, bucket
 # _health_raw, the same rows computed from the raw samples of the rest (RAW_HEALTH_HOURS, over
 # each stretch $lo..$hi of the window no summary covers). Each figure below composes them
 # exactly into GPU_HEALTH's or GPU_EVENTS' answer.
-_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
 RAW_HEALTH_HOURS = HEALTH_HOURS.format(source="gpu_samples", where=f"ts >= $lo AND ts < $hi AND {_FILTERS}")
 # the same over the whole window but its summarised hours: one scan, for when they leave many stretches
 RAW_HEALTH_HOURS_OUTSIDE = HEALTH_HOURS.format(

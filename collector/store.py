@@ -259,7 +259,7 @@ class StoreWriter:
         """The table files the store is made of now: never deleted, whatever the retired lists say
         (a crash may have left a file of the same name there before it was written again)."""
         return (set(self._tables.values()) | {f for files in self._live_segments().values() for f in files}
-                | {f for e in self.summaries.values() for f in (e["file"], e.get("health")) if f})
+                | {f for e in self.summaries.values() for f in _summary_files(e)})
 
     def _reset_stale_segments(self) -> None:
         """Segments written under an older schema go back to the open part (the next settle()
@@ -404,7 +404,7 @@ class StoreWriter:
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
         if e is not None:
-            self._retired_snapshots += [(f, self.clock()) for f in (e["file"], e.get("health")) if f]
+            self._retired_snapshots += [(f, self.clock()) for f in _summary_files(e)]
 
     def _write_sample_files(self, key: str, samples: pa.Table, checksum: str) -> list[tuple[str, int, datetime, datetime]]:
         lo, hi = (v.as_py() for v in pc.min_max(samples["ts"]).values())
@@ -1020,6 +1020,11 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         else:
             con.execute(ddl.replace("IF NOT EXISTS ", ""))
     return con
+
+
+def _summary_files(entry: dict[str, Any]) -> list[str]:
+    """The files a summary's manifest entry owns: its rows and, once built, its health summary."""
+    return [f for f in (entry["file"], entry.get("health")) if f]
 
 
 def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
