@@ -382,30 +382,23 @@ def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tu
 
     p = SummaryParams()
     mark = store / f".summaries-{p.tag()}"
-    # a store cached before the hourly health summaries: upkeep adds them to the summaries it has
-    health_mark = store / f".health-{HEALTH_FORMAT_VERSION}"
-    if mark.exists() and not health_mark.exists():
-        t0 = time.monotonic()
-        w = StoreWriter(store, clock=lambda: scale.end + timedelta(hours=2))
-        try:
-            n = summarize_health(w)
-            w.publish()
-        finally:
-            w.close()
-        progress(f"  health summaries of {n} hours built in {time.monotonic() - t0:.0f} s")
-        health_mark.write_text(f"{time.monotonic() - t0:.1f} s for {n} hours\n")
-    if mark.exists():
+    health_mark = store / f".health-{HEALTH_FORMAT_VERSION}"  # a store cached before them gets its health summaries once
+    cached = mark.exists()
+    if cached and health_mark.exists():
         return float(mark.read_text().split()[0]), False
     t0 = time.monotonic()
     w = StoreWriter(store, clock=lambda: scale.end + timedelta(hours=2))
     try:
-        n = summarize(w, scale.end + timedelta(hours=2), p)
-        summarize_health(w)
+        n = 0 if cached else summarize(w, scale.end + timedelta(hours=2), p)
+        h = summarize_health(w)
         w.publish()
     finally:
         w.close()
     took = time.monotonic() - t0
-    progress(f"  summaries of {n} hours built in {took:.0f} s")
+    health_mark.write_text(f"{took:.1f} s for {h} hours{'' if cached else ' (with the summaries)'}\n")
+    if cached:
+        progress(f"  health summaries of {h} hours built in {took:.0f} s")
+        return float(mark.read_text().split()[0]), False
+    progress(f"  summaries of {n} hours and their health summaries built in {took:.0f} s")
     mark.write_text(f"{took:.1f} s for {n} hours\n")
-    health_mark.write_text("with the summaries\n")
     return took, True
