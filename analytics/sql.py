@@ -482,7 +482,9 @@ WITH inv AS (
     FROM gpus
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), s AS (
+), s AS NOT MATERIALIZED (
+    -- read once for each use below (the keys, the runs' columns, the newest sample): held whole,
+    -- the look-back's samples would cost ~300 bytes each
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
            coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
            gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
@@ -491,30 +493,37 @@ WITH inv AS (
     FROM gpu_samples
     WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), s1 AS (
+), k AS (
+    -- each GPU (or MIG instance) looked at as one integer: the windows below partition and sort
+    -- on it and on the run columns alone (on the four text columns, carrying the whole sample,
+    -- they took 2.5x as long and held every sample of the look-back in memory)
+    SELECT cluster, host, gpu_uuid, gi, row_number() OVER () AS k FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi FROM s)
+), n AS (
     -- a sample that follows a gap longer than max_gap (or is the first looked at) starts a
     -- stretch of continuous data
-    SELECT *, coalesce(epoch(ts) - epoch(lag(ts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts)) > $max_gap, true)
-              AS after_gap
-    FROM s
+    SELECT k, ts, util, compute_processes,
+           coalesce(epoch(ts) - epoch(lag(ts) OVER (PARTITION BY k ORDER BY ts)) > $max_gap, true) AS after_gap
+    FROM s JOIN k USING (cluster, host, gpu_uuid, gi)
 ), o AS (
-    SELECT * EXCLUDE (after_gap), row_number() OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY ts DESC) AS rn,
-           max(CASE WHEN after_gap THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS data_from,
-           max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_busy,
-           max(CASE WHEN compute_processes > 0 THEN ts END) OVER (PARTITION BY cluster, host, gpu_uuid, gi) AS last_proc
-    FROM s1
+    SELECT k, ts, util, compute_processes,
+           max(CASE WHEN after_gap THEN ts END) OVER (PARTITION BY k) AS data_from,
+           max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY k) AS last_busy,
+           max(CASE WHEN compute_processes > 0 THEN ts END) OVER (PARTITION BY k) AS last_proc
+    FROM n
 ), runs AS (
     -- the idle run: the samples after the last busy one (a gap without data does not end it:
     -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample
-    SELECT cluster, host, gpu_uuid, gi, any_value(last_busy) AS last_busy,
-           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start,
-           -- the same run rule for "no compute process at all" (the idle policy's faster rule)
-           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc)) AS noproc_start,
-           -- the same runs within the current stretch of continuous data: what the idle policy
-           -- acts on (time without data is never counted as idle)
-           min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy) AND ts >= data_from) AS data_run_start,
-           min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc) AND ts >= data_from) AS data_noproc_start
-    FROM o GROUP BY ALL
+    SELECT cluster, host, gpu_uuid, gi, r.* EXCLUDE (k) FROM k JOIN (
+        SELECT k, any_value(last_busy) AS last_busy,
+               min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start,
+               -- the same run rule for "no compute process at all" (the idle policy's faster rule)
+               min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc)) AS noproc_start,
+               -- the same runs within the current stretch of continuous data: what the idle policy
+               -- acts on (time without data is never counted as idle)
+               min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy) AND ts >= data_from) AS data_run_start,
+               min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc) AND ts >= data_from) AS data_noproc_start
+        FROM o GROUP BY k
+    ) r USING (k)
 ), x AS (
     -- the last XID code each GPU reported while it was known (the samples of a GPU that fell
     -- off the bus carry none: its XID is in the samples before)
@@ -524,7 +533,8 @@ WITH inv AS (
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
     GROUP BY ALL
 ), latest AS (
-    SELECT * EXCLUDE (rn, last_busy, last_proc, data_from) FROM o WHERE rn = 1
+    -- each GPU's newest sample (one of them where two share its time)
+    SELECT unnest(newest) FROM (SELECT arg_max(s, ts) AS newest FROM s GROUP BY cluster, host, gpu_uuid, gi)
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition

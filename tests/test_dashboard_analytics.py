@@ -31,6 +31,9 @@ from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.fleet import Fleet
+from tests.test_analytics_properties import MAX_GAP, SETTINGS, at, fleets, scratch
+from tests.test_analytics_properties import build as build_store
+from tests.test_analytics_summaries import mig_some
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 MIG = 3 / 7
@@ -297,3 +300,52 @@ def test_summary_counts_physical_gpus_and_gpu_equivalents(gpus):
     assert s.free == pytest.approx(eq(r for r in rows if r["fresh"] and not r["held"] and r["gpu_uuid"] in reporting_uuids))
     assert s.reporting == len(reporting_uuids)
     assert s.free <= len(reporting_uuids) + 1e-9  # free capacity is on reporting GPUs only
+
+
+def _runs_oracle(samples: list, as_of: int, lookback: int, stale: int, max_gap: int, thr: float) -> dict:
+    """What gpu_states says of one GPU's samples [(t, util, processes)], by the module's rules
+    written out one sample at a time (t in seconds, ascending)."""
+    looked = [(t, u, p) for t, u, p in samples if as_of - lookback < t <= as_of]
+    if not looked:
+        return {"ts": None, "idle_since": None, "idle_since_capped": False, "no_process_since": None,
+                "idle_with_data_since": None, "no_process_with_data_since": None}
+    first = lambda xs: min(xs, default=None)  # noqa: E731
+    last = lambda xs: max(xs, default=None)  # noqa: E731
+    last_busy = last(t for t, u, _ in looked if u is not None and u >= thr)
+    last_proc = last(t for t, _, p in looked if p is not None and p > 0)
+    data_from = last(t for i, (t, _, _) in enumerate(looked) if i == 0 or t - looked[i - 1][0] > max_gap)
+    idle = [t for t, u, _ in looked if u is not None and u < thr and (last_busy is None or t > last_busy)]
+    noproc = [t for t, _, p in looked if p == 0 and (last_proc is None or t > last_proc)]
+    t, u, p = looked[-1]
+    fresh = as_of - t <= stale
+    idle_now = fresh and u is not None and u < thr
+    noproc_now = fresh and p == 0
+    return {"ts": t, "idle_since": first(idle) if idle_now else None, "idle_since_capped": idle_now and last_busy is None,
+            "no_process_since": first(noproc) if noproc_now else None,
+            "idle_with_data_since": first(x for x in idle if x >= data_from) if idle_now else None,
+            "no_process_with_data_since": first(x for x in noproc if x >= data_from) if noproc_now else None}
+
+
+@SETTINGS
+@given(fleets(), st.integers(-400, 400), st.sampled_from([60, 600, 1800, 4000, 10**6]))
+def test_fleet_now_runs_follow_the_rules_sample_by_sample(fleet, after, lookback):
+    """Random GPUs (some MIG slices; gaps longer and shorter than max_gap; utilization and
+    processes unknown now and then) at a moment around the last sample and a random look-back:
+    each GPU's newest sample, idle and no-process run starts, with and without the current
+    stretch of data, equal the rules applied one sample at a time."""
+    as_of = max(g["samples"][-1][0] for g in fleet["gpus"]) + after
+    with scratch() as root:
+        con = build_store(root, fleet, placement=mig_some)
+        p = Params(at(0), at(1), max_gap=timedelta(seconds=MAX_GAP))
+        got = {(r["host"], r["gpu_uuid"], r["gi"]): r
+               for r in fn.gpu_states(con, p, at(as_of), lookback=timedelta(seconds=lookback)).to_dicts()}
+        want = {}
+        for g in fleet["gpus"]:
+            where = mig_some(g)
+            key = (where["host"], where["gpu_uuid"], -1 if where["gpu_instance"] is None else where["gpu_instance"])
+            if g["samples"][0][0] <= as_of:  # known from its first sample on (the inventory)
+                want[key] = _runs_oracle(g["samples"], as_of, lookback, int(fn.STALE_AFTER.total_seconds()), MAX_GAP, p.idle_threshold)
+        assert set(got) == set(want)
+        for key, w in want.items():
+            seen = {k: got[key][k] for k in w}
+            assert seen == {k: (at(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in w.items()}, key
