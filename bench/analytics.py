@@ -7,7 +7,10 @@
 2. The full weekly analysis in a process of its own (bench/_analytics_measure.py), so its wall
    time, CPU time and peak RSS (VmHWM) are the analysis' own: open_reader, Analysis for the week,
    totals(), utilization by fleet / host / account / user_name, top_wasteful_jobs(), per_gpu().
-3. The per-GPU weekly mean of GPU utilization from Prometheus - the same samples loaded with
+3. The Health page's GPU table and events (from the hourly health summaries, and from raw samples
+   as the oracle, compared) and Fleet now's states at the window end, each in its own process
+   (bench/_pages_measure.py).
+4. The per-GPU weekly mean of GPU utilization from Prometheus - the same samples loaded with
    `promtool tsdb create-blocks-from openmetrics`, `avg_over_time(DCGM_FI_DEV_GPU_UTIL[7d])` as an
    instant query at the window end - against ours on the same GPUs: over the raw samples and over
    the 5-minute rollups. Both sides are warm; the median of GPUFLEET_BENCH_QUERY_RUNS runs counts.
@@ -155,7 +158,73 @@ def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
     return t
 
 
-# --- 3: per-GPU weekly mean, Prometheus vs ours ---
+# --- 3: the Health and Fleet now pages' queries ---
+
+# a week on the dashboards' 5-minute grain: both edges inside an hour, so the hours they cut are
+# read raw and the rest from the hourly health summaries
+HEALTH_EDGES = (timedelta(minutes=35), timedelta(minutes=20))
+
+
+def measure_page_query(store: Path, start: datetime, end: datetime, what: str, out: Path) -> dict:
+    """One query of bench._pages_measure in its own process; its answers land in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "bench._pages_measure", str(store), start.isoformat(), end.isoformat(), what, str(out)]
+    r = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(f"bench._pages_measure {what} exited {r.returncode}")
+    return json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1].removeprefix("RESULT "))
+
+
+def largest_difference(a: pl.DataFrame, b: pl.DataFrame) -> float:
+    """Largest relative difference of two answers' float columns, row by row (both are sorted the
+    same way); inf when their shape, columns or any other value differ."""
+    if a.columns != b.columns or a.height != b.height:
+        return float("inf")
+    worst = 0.0
+    for c in a.columns:
+        x, y = a[c], b[c]
+        if x.dtype.is_float():
+            if not (x.is_null() == y.is_null()).all():
+                return float("inf")
+            d = ((x - y).abs() / x.abs().clip(lower_bound=1e-300)).fill_null(0.0).fill_nan(0.0)
+            worst = max(worst, float(d.max() or 0.0))
+        elif not x.equals(y):
+            return float("inf")
+    return worst
+
+
+def pages_table(store: Path) -> Table:
+    """The Health page's GPU table and events (from health summaries vs raw) and Fleet now's states."""
+    start, end = SCALE.start + HEALTH_EDGES[0], SCALE.end - HEALTH_EDGES[1]
+    t = Table(f"analytics: the Health and Fleet now pages' queries, {SCALE.describe()}")
+    gib = lambda m: m["vmhwm_kib"] / 1024 / 1024  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-pages-") as tmp:
+        progress("the Health page's GPU table and events: from health summaries, then from raw samples (the oracle)")
+        summ = measure_page_query(store, start, end, "health", Path(tmp) / "health")
+        raw = measure_page_query(store, start, end, "health-raw", Path(tmp) / "raw")
+        t.add(f"Health: GPU table + events (window_health), {start:%m-%d %H:%M} - {end:%m-%d %H:%M}: raw / summaries",
+              f"{raw['wall_s']:.2f} s / {summ['wall_s']:.2f} s ({raw['wall_s'] / summ['wall_s']:.1f}x)")
+        t.add("    CPU time / peak RSS (VmHWM): raw; summaries",
+              f"{raw['cpu_s']:.1f} s, {gib(raw):.2f} GiB; {summ['cpu_s']:.1f} s, {gib(summ):.2f} GiB")
+        worst = max(largest_difference(pl.read_parquet(Path(tmp) / "raw" / f.name), pl.read_parquet(f))
+                    for f in sorted((Path(tmp) / "health").glob("*.parquet")))
+        t.add(f"    same answers? largest relative difference ({summ['rows']['gpus']:,} GPU rows, {summ['rows']['events']:,} events)",
+              f"{worst:.1g}", "<= 1e-9", worst <= 1e-9)
+        progress("Fleet now's states at the store's end")
+        now = measure_page_query(store, start, SCALE.end, "fleet-now", Path(tmp) / "now")
+    t.add(f"Fleet now: every GPU's state at {SCALE.end:%m-%d %H:%M} (gpu_states, a 6 h look-back)",
+          f"{now['wall_s']:.2f} s (CPU {now['cpu_s']:.1f} s), {gib(now):.2f} GiB peak")
+    t.notes += [
+        "each query in its own process (python -m bench._pages_measure), open_reader included; the health window's edges fall "
+        f"inside an hour ({HEALTH_EDGES[0].seconds // 60} and {HEALTH_EDGES[1].seconds // 60} min), as the dashboards' 5-minute "
+        "grain leaves them: the hours they cut are read raw, the rest from the hourly health summaries",
+        "Fleet now reads the look-back's raw samples (no summary stands for them); the dashboards ask it again every 10 s",
+        "the bench fleet reports no temperatures, XIDs or ECC errors (hence no events): real data also pays for reading those columns",
+    ]
+    return t
+
+
+# --- 4: per-GPU weekly mean, Prometheus vs ours ---
 
 
 def prom_hosts() -> list[int]:
@@ -423,5 +492,6 @@ def run() -> list[Table]:
     if not run_raw:
         tables[-1].notes.append(f"raw oracle not run: {why}; summaries built {'in this run' if built else 'earlier'} in {build_s:.0f} s "
                                 "(the product's upkeep)")
+    tables.append(pages_table(store))
     tables.append(compare_prometheus(store))
     return tables
