@@ -284,9 +284,29 @@ def test_mfu(store, a, use_store):
     from gpufleet.analytics import mfu
 
     jobs = mfu.job_mfu(a)
-    assert_table(frame(at, "mfu_jobs"), jobs, ["job_id", "account", "mfu", "method", "reason"])
+    # most GPU-hours first (the page shows the first ui.MAX_ROWS)
+    assert_table(frame(at, "mfu_jobs"), jobs.sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
+                 ["job_id", "account", "mfu", "method", "reason"])
     assert_table(frame(at, "mfu_accounts"), mfu.account_mfu(a, jobs), ["account", "jobs", "mfu", "method"])
 
+
+
+def test_long_tables_show_their_first_rows_and_say_so(store, a, use_store, monkeypatch):
+    """A table longer than ui.MAX_ROWS shows its first rows in the page's order and says how many
+    there are and how to see the others (the jobs list and MFU's per-job table)."""
+    from gpufleet.analytics import mfu
+    from gpufleet.dashboards import ui
+
+    monkeypatch.setattr(ui, "MAX_ROWS", 2)
+    use_store(store)
+    at = goto(open_app(), "mfu")
+    jobs = mfu.job_mfu(a).sort("gpu_h", descending=True, nulls_last=True, maintain_order=True)
+    assert jobs.height > 2
+    assert_table(frame(at, "mfu_jobs"), jobs.head(2), ["job_id", "gpu_h"])
+    assert f"The first 2 of {jobs.height} (most GPU-hours first); filter by account or user to see others." in [c.value for c in at.caption]
+    at = goto(at, "jobs")
+    assert len(frame(at, "jobs_list")) == 2
+    assert any(c.value.startswith("The first 2 of ") and "narrow the search" in c.value for c in at.caption)
 
 # --- hostile text ---
 

@@ -12,7 +12,6 @@ from gpufleet.dashboards import data, ui
 VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
 LIST_COLUMNS = ("job_id", "name", "user_name", "account", "partition", "state", "gpus", "start", "end", "runtime_h",
                 "allocated_gpu_h", "mean_utilization_pct", "idle_gpu_h", "no_process_gpu_h", "verdict")
-MAX_ROWS = 5000
 
 
 def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
@@ -100,9 +99,7 @@ def body(ctx: ui.Context) -> None:
     verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params")
     found = search(jobs, q or "", verdicts or [])
     c[2].metric("Jobs", f"{found.height:,} of {jobs.height:,}")
-    shown = found.head(MAX_ROWS)
-    if found.height > MAX_ROWS:
-        st.caption(f"The first {MAX_ROWS:,} of {found.height:,} (most idle GPU-hours first); narrow the search to see others.")
+    shown = ui.first_rows(found, "most idle GPU-hours first", "narrow the search to see others")
     event = None
     event = ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select="rerun", selection_mode="single-row")
     picked = st.text_input("Job id for the report (or select a row)", key="job", bind="query-params")

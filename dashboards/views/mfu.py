@@ -25,7 +25,9 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Per account / team")
     ui.table(b.mfu["accounts"], key="mfu_accounts", empty="No MFU figure in this window.")
     st.subheader("Per job")
-    ui.table(b.mfu["jobs"], key="mfu_jobs", empty="No MFU figure in this window.")
+    jobs = ui.first_rows(b.mfu["jobs"].sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
+                         "most GPU-hours first", "filter by account or user to see others")
+    ui.table(jobs, key="mfu_jobs", empty="No MFU figure in this window.")
 
 
 ui.run_page("MFU", body)
