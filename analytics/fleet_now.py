@@ -6,6 +6,11 @@ the same way. Definitions, and why:
 
 - Latest sample: the newest sample of each GPU (or MIG instance) at or before as_of, looked for
   within `lookback` (default 6 h: bounded so the query reads hours, not the whole store).
+- Cost: the look-back's whole hours that have a health summary come from its per-GPU run facts
+  (gpufleet.collector.schema.NOW_HOURS: the hour's first, last and newest sample, last busy
+  sample and first idle one after it, last gap, ...), composed hour by hour with the same facts
+  computed from the raw samples of the rest (the hour the look-back starts in, the open hour):
+  the same answers as reading every sample (summaries=False, the tests' oracle).
 - Stale: a latest sample older than `stale_after` (default 5 min) is not the GPU's state now.
   5 min covers the Prometheus-API source (120 s lag + a 60 s interval) with room; a scrape every
   15 s is far inside it. A stale GPU shows as "no data", never as idle or busy (contract 4).
@@ -72,6 +77,23 @@ def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.
         cur.close()
 
 
+def _summarised_span(con: duckdb.DuckDBPyConnection, binds: dict[str, Any]) -> tuple[datetime, datetime]:
+    """[from, to): the newest unbroken run of the look-back's hours whose health summaries carry
+    run facts for these parameters (from = to: none), so that the rest of the look-back is two
+    time ranges of raw samples."""
+    cur = con.cursor()
+    try:
+        hours = [r[0] for r in cur.execute(sql.NOW_HOURS_IN, {k: binds[k] for k in ("as_of", "lookback", "max_gap", "thr")}).fetchall()]
+    finally:
+        cur.close()
+    if not hours:
+        return binds["as_of"], binds["as_of"]
+    first = len(hours) - 1
+    while first > 0 and hours[first - 1] + timedelta(hours=1) == hours[first]:
+        first -= 1
+    return hours[first], hours[-1] + timedelta(hours=1)
+
+
 def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: timedelta, forget_after: timedelta) -> dict[str, Any]:
     f = params.filters
     return {
@@ -82,7 +104,7 @@ def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: ti
 
 
 def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, *, stale_after: timedelta = STALE_AFTER,
-               lookback: timedelta = LOOKBACK, forget_after: timedelta = FORGET_AFTER) -> pl.DataFrame:
+               lookback: timedelta = LOOKBACK, forget_after: timedelta = FORGET_AFTER, summaries: bool | None = None) -> pl.DataFrame:
     """One row per known GPU (or MIG instance) at `as_of`: its latest sample, status and holders.
 
     Columns: cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts (latest sample),
@@ -92,8 +114,14 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     schedulers, idle_allocated, no_process, usd_per_gpu_hour.
     Filters: cluster and model narrow the GPUs; account, user and partition keep only the GPUs
     held now by a matching job.
+    summaries: the look-back's whole hours from their health summaries' run facts where the
+    store has them for this idle threshold and max_gap (not under a model filter: an hour's facts
+    are the GPU's, whatever model its samples say); False: every sample read (the tests' oracle);
+    None: as params.summaries ([analytics] summaries).
     """
     b = _binds(params, as_of, stale_after, lookback, forget_after)
+    use = params.summaries if summaries is None else summaries
+    b["sum_from"], b["sum_to"] = _summarised_span(con, b) if use and params.filters.model is None else (as_of, as_of)
     df = _q(con, sql.GPU_STATES, b)
     prices = price_table(params.prices)
     df = df.with_columns(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_EVENT_COUNTERS, HEALTH_HOURS, HW_SLOWDOWN_BITS, POWER_BITS,
+from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_EVENT_COUNTERS, HEALTH_HOURS, HW_SLOWDOWN_BITS, NOW_HOURS, POWER_BITS,
                                       THERMAL_BITS)
 
 # --- fragments the queries below share ---
@@ -476,54 +476,78 @@ ORDER BY wait_s DESC, cluster, job_key"""
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
 GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
 
+_GPU = "cluster, host, gpu_uuid, gi"
+# the look-back's samples outside its summarised hours [$sum_from, $sum_to) (two time ranges: the
+# sample files' statistics skip the hours between)
+_NOW_RAW = ("ts > $as_of - to_seconds($lookback) AND ts <= $as_of AND (ts < $sum_from OR ts >= $sum_to) "
+            "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)")
+
+
+def _run_start(what: str, last: str, after: str) -> str:
+    """The first `what` sample (idle, noproc) after the GPU's `last` busy (or process) sample,
+    composed from its hours' facts (gpufleet.collector.schema.NOW_HOURS): in that sample's hour,
+    else the first of a later hour; none such: the first `what` sample looked at."""
+    first = f"now_first_{what}"
+    return (f"CASE WHEN any_value({last}) IS NULL THEN min({first}) "
+            f"ELSE coalesce(max({after}) FILTER (WHERE now_{last} = {last}), min({first}) FILTER (WHERE now_first > {last})) END")
+
+
+def _stretch_run_start(what: str) -> str:
+    """The first `what` sample from the start of the current stretch of data (data_from) on: in
+    data_from's hour, else the first of a later hour."""
+    return (f"coalesce(max(now_{what}_in_stretch) FILTER (WHERE now_first <= data_from AND data_from <= now_last), "
+            f"min(now_first_{what}) FILTER (WHERE now_first > data_from))")
+
+
+# The look-back's hours with a health summary for the request's idle threshold and max_gap, whole
+# inside (as_of - lookback, as_of] (gpufleet.analytics.fleet_now takes the newest unbroken run of them)
+NOW_HOURS_IN = """
+SELECT hour FROM health_hours
+WHERE hour > $as_of - to_seconds($lookback) AND hour + INTERVAL 1 HOUR <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
+ORDER BY hour"""
+
 GPU_STATES = f"""
 WITH inv AS (
     SELECT cluster, host, gpu_uuid, gpu_instance AS gi, gpu AS inv_gpu, model AS inv_model, mig_profile AS inv_mig, fb_total_mib
     FROM gpus
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
       AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), s AS NOT MATERIALIZED (
-    -- read once for each use below (the keys, the runs' columns, the newest sample): held whole,
-    -- the look-back's samples would cost ~300 bytes each
-    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
-           coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
-           gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
-           xid_last, gpu_up::DOUBLE AS gpu_up, round(compute_processes)::BIGINT AS compute_processes, clocks_event_reasons,
-           ecc_dbe_vol, remap_failure, sm_clock_mhz::DOUBLE AS sm_clock_mhz
-    FROM gpu_samples
-    WHERE ts > $as_of - to_seconds($lookback) AND ts <= $as_of
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
-), k AS (
-    -- each GPU (or MIG instance) looked at as one integer: the windows below partition and sort
-    -- on it and on the run columns alone (on the four text columns, carrying the whole sample,
-    -- they took 2.5x as long and held every sample of the look-back in memory)
-    SELECT cluster, host, gpu_uuid, gi, row_number() OVER () AS k FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi FROM s)
-), n AS (
-    -- a sample that follows a gap longer than max_gap (or is the first looked at) starts a
-    -- stretch of continuous data
-    SELECT k, ts, util, compute_processes,
-           coalesce(epoch(ts) - epoch(lag(ts) OVER (PARTITION BY k ORDER BY ts)) > $max_gap, true) AS after_gap
-    FROM s JOIN k USING (cluster, host, gpu_uuid, gi)
-), o AS (
-    SELECT k, ts, util, compute_processes,
-           max(CASE WHEN after_gap THEN ts END) OVER (PARTITION BY k) AS data_from,
-           max(CASE WHEN util >= $thr THEN ts END) OVER (PARTITION BY k) AS last_busy,
-           max(CASE WHEN compute_processes > 0 THEN ts END) OVER (PARTITION BY k) AS last_proc
-    FROM n
-), runs AS (
+), summarised AS (
+    -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a health summary for
+    -- this idle threshold and max_gap (a GPU that changed model within an hour has a row per model)
+    SELECT DISTINCT ON (cluster, host, gpu_uuid, gi, hour) cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
+    FROM gpu_health_hours WHERE hour >= $sum_from AND hour < $sum_to AND ($cluster IS NULL OR cluster = $cluster)
+), c AS (
+    -- ... and the same facts from the raw samples of the rest of the look-back: an hour at a time
+    SELECT * FROM summarised
+    UNION ALL BY NAME
+    SELECT * FROM ({NOW_HOURS.format(source="gpu_samples", where=_NOW_RAW)})
+), c1 AS (
+    -- an hour whose first sample follows a gap longer than max_gap (or is the first looked at)
+    -- starts a stretch of continuous data there, unless a gap within it starts a later one
+    SELECT *, coalesce(now_last_gap, CASE WHEN coalesce(epoch(now_first) - epoch(lag(now_last) OVER (PARTITION BY {_GPU} ORDER BY now_first))
+                                                        > $max_gap, true) THEN now_first END) AS stretch_from
+    FROM c
+), c2 AS (
+    SELECT *, max(now_last_busy) OVER g AS last_busy, max(now_last_proc) OVER g AS last_proc, max(stretch_from) OVER g AS data_from
+    FROM c1 WINDOW g AS (PARTITION BY {_GPU})
+), r AS (
     -- the idle run: the samples after the last busy one (a gap without data does not end it:
-    -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample
-    SELECT cluster, host, gpu_uuid, gi, r.* EXCLUDE (k) FROM k JOIN (
-        SELECT k, any_value(last_busy) AS last_busy,
-               min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy)) AS run_start,
-               -- the same run rule for "no compute process at all" (the idle policy's faster rule)
-               min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc)) AS noproc_start,
-               -- the same runs within the current stretch of continuous data: what the idle policy
-               -- acts on (time without data is never counted as idle)
-               min(ts) FILTER (WHERE util < $thr AND (last_busy IS NULL OR ts > last_busy) AND ts >= data_from) AS data_run_start,
-               min(ts) FILTER (WHERE compute_processes = 0 AND (last_proc IS NULL OR ts > last_proc) AND ts >= data_from) AS data_noproc_start
-        FROM o GROUP BY k
-    ) r USING (k)
+    -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample.
+    -- The same run rule for "no compute process at all" (the idle policy's faster rule).
+    SELECT {_GPU}, any_value(last_busy) AS last_busy, any_value(last_proc) AS last_proc, any_value(data_from) AS data_from,
+           {_run_start("idle", "last_busy", "now_idle_after_busy")} AS run_start,
+           {_run_start("noproc", "last_proc", "now_noproc_after_proc")} AS noproc_start,
+           {_stretch_run_start("idle")} AS idle_from_data, {_stretch_run_start("noproc")} AS noproc_from_data
+    FROM c2 GROUP BY {_GPU}
+), runs AS (
+    -- the same runs within the current stretch of continuous data (what the idle policy acts on:
+    -- time without data is never counted as idle): the run's start where the stretch began
+    -- before it, else the stretch's first such sample
+    SELECT {_GPU}, last_busy, run_start, noproc_start,
+           CASE WHEN last_busy IS NULL OR data_from > last_busy THEN idle_from_data ELSE run_start END AS data_run_start,
+           CASE WHEN last_proc IS NULL OR data_from > last_proc THEN noproc_from_data ELSE noproc_start END AS data_noproc_start
+    FROM r
 ), x AS (
     -- the last XID code each GPU reported while it was known (the samples of a GPU that fell
     -- off the bus carry none: its XID is in the samples before)
@@ -534,7 +558,7 @@ WITH inv AS (
     GROUP BY ALL
 ), latest AS (
     -- each GPU's newest sample (one of them where two share its time)
-    SELECT unnest(newest) FROM (SELECT arg_max(s, ts) AS newest FROM s GROUP BY cluster, host, gpu_uuid, gi)
+    SELECT {_GPU}, unnest(newest) FROM (SELECT {_GPU}, arg_max(now_newest, now_last) AS newest FROM c GROUP BY {_GPU})
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition

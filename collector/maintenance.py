@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.collector import summaries
-from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FORMAT_VERSION, HEALTH_HOURS, ROLLUP_SQL,
+from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, ROLLUP_SQL,
                                       SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
@@ -235,7 +235,8 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
 
 
 def summarize_health(w: StoreWriter, limit: int | None = None) -> int:
-    """The health summary (schema.HEALTH_HOURS over the hour's samples) of every summarised hour
+    """The health summary (schema.HEALTH_FILE over the hour's samples: HEALTH_HOURS with the
+    NOW_HOURS run facts for the summary's idle threshold and max_gap) of every summarised hour
     that has none or one of another format - the newest `limit` of them, None: all - from the
     sample files its summary was built from: one file per hour beside the summary, listed in the
     summary's manifest entry, so it stands and falls with it. Returns the hours built."""
@@ -245,8 +246,10 @@ def summarize_health(w: StoreWriter, limit: int | None = None) -> int:
         for key in todo:
             e = w.summaries[key]
             hour = datetime.fromisoformat(key)
-            q = HEALTH_HOURS.format(source=f"read_parquet({_sql_list([str(w.root / f) for f in e['sources']])})", where="ts >= $lo AND ts < $hi")
-            table = cur.sql(q, params={"lo": hour, "hi": hour + timedelta(hours=1)}).to_arrow_table()
+            q = HEALTH_FILE.format(source=f"read_parquet({_sql_list([str(w.root / f) for f in e['sources']])})", where="ts >= $lo AND ts < $hi")
+            # the run facts for the parameters the hour's summary was built with
+            binds = {"lo": hour, "hi": hour + timedelta(hours=1), "thr": e["params"]["idle_threshold"], "max_gap": e["params"]["max_gap_s"]}
+            table = cur.sql(q, params=binds).to_arrow_table()
             rel = e["file"].replace("/sum-", f"/health{HEALTH_FORMAT_VERSION}-", 1)
             write_parquet(table, w.root / rel)
             w.attach_health(key, rel, HEALTH_FORMAT_VERSION)

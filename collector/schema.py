@@ -441,7 +441,7 @@ HW_SLOWDOWN_BITS = 0x08
 # (gpufleet.analytics.health.events): per hour also their least and largest value and count.
 HEALTH_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable", "pcie_replay", "thermal_violation_ns", "power_violation_ns")
 HEALTH_EVENT_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable")
-HEALTH_FORMAT_VERSION = 1
+HEALTH_FORMAT_VERSION = 2  # 2: with each GPU-hour's run facts (NOW_HOURS)
 
 
 def _health_counter(c: str) -> str:
@@ -450,6 +450,13 @@ def _health_counter(c: str) -> str:
     if c in HEALTH_EVENT_COUNTERS:
         cols += f", min({c}) AS {c}_min, max({c}) AS {c}_max, count({c}) AS {c}_n"
     return cols
+
+
+def same_gpu_hour(a: str, b: str, *cols: str) -> str:
+    """Join condition: rows a and b are of the same GPU (or MIG instance) and the same `cols`;
+    a NULL cluster, host or UUID matches a NULL (a source that does not say it)."""
+    return " AND ".join([*(f"{a}.{c} IS NOT DISTINCT FROM {b}.{c}" for c in ("cluster", "host", "gpu_uuid")), f"{a}.gi = {b}.gi",
+                         *(f"{a}.{c} = {b}.{c}" for c in cols)])
 
 
 # One row per GPU (or MIG instance, gi -1: whole GPU), model and hour of the samples of {source}
@@ -485,8 +492,77 @@ WITH s AS (
            count(CASE WHEN (clocks_event_reasons & {HW_SLOWDOWN_BITS}) <> 0 THEN 1 END) AS hw_slowdown_n
     FROM s GROUP BY cluster, host, gpu_uuid, gi, model, hour
 )
-SELECT h.*, x.xid_codes FROM h LEFT JOIN x
-  ON h.cluster IS NOT DISTINCT FROM x.cluster AND h.host IS NOT DISTINCT FROM x.host AND h.gpu_uuid IS NOT DISTINCT FROM x.gpu_uuid
- AND h.gi = x.gi AND h.model IS NOT DISTINCT FROM x.model AND h.hour = x.hour
+SELECT h.*, x.xid_codes FROM h LEFT JOIN x ON {same_gpu_hour("h", "x", "hour")} AND h.model IS NOT DISTINCT FROM x.model
+ORDER BY h.cluster, h.host, h.gpu_uuid, h.gi, h.hour
+"""
+
+# A sample as the fleet at a moment sees it (gpufleet.analytics.sql GPU_STATES): utilization from
+# GPU_UTIL, or for a MIG instance its graphics-engine activity; processes as an integer.
+NOW_COLUMNS = """gpu AS s_gpu, model AS s_model, mig_profile AS s_mig, ts,
+           coalesce(gpu_util, gr_engine_active * 100)::DOUBLE AS util, fb_used_mib::DOUBLE AS fb_used_mib,
+           gpu_temp_c::DOUBLE AS gpu_temp_c, mem_temp_c::DOUBLE AS mem_temp_c, power_w::DOUBLE AS power_w,
+           xid_last, gpu_up::DOUBLE AS gpu_up, round(compute_processes)::BIGINT AS compute_processes, clocks_event_reasons,
+           ecc_dbe_vol, remap_failure, sm_clock_mhz::DOUBLE AS sm_clock_mhz"""
+NOW_NEWEST = ("s_gpu", "s_model", "s_mig", "ts", "util", "fb_used_mib", "gpu_temp_c", "mem_temp_c", "power_w", "xid_last", "gpu_up",
+              "compute_processes", "clocks_event_reasons", "ecc_dbe_vol", "remap_failure", "sm_clock_mhz")
+
+# One row per GPU (or MIG instance) and hour of the samples of {source} that pass {where}: what
+# the fleet's idle and no-process runs at a moment compose from exactly, hour after hour
+# (gpufleet.analytics.sql GPU_STATES), for the idle threshold $thr and gap $max_gap:
+#   now_first, now_last        the hour's first and last sample
+#   now_last_busy              its last busy sample (utilization >= $thr); now_idle_after_busy the
+#                              first idle one (utilization < $thr) after it; now_first_idle its first idle one
+#   now_last_gap               its last sample that follows a gap longer than $max_gap within the hour;
+#                              now_idle_in_stretch the first idle sample from it on (no gap: from the
+#                              hour's first sample on)
+#   now_last_proc, now_noproc_after_proc, now_first_noproc, now_noproc_in_stretch: the same for
+#                              "some compute process" / "no compute process"
+#   now_newest                 the hour's newest sample (NOW_NEWEST; one of them where two share a time)
+# The writer runs it over an hour's sample files (beside HEALTH_HOURS: HEALTH_FILE); the reader
+# over the raw samples of the hours it has no summary of. Each GPU's samples are one integer (k)
+# for the windows (on the four text columns they cost ~3x as much).
+NOW_HOURS = f"""
+WITH s AS NOT MATERIALIZED (
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, date_trunc('hour', ts) AS hour, {NOW_COLUMNS}
+    FROM {{source}} WHERE {{where}}
+), k AS (
+    SELECT cluster, host, gpu_uuid, gi, hour, row_number() OVER () AS k FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi, hour FROM s)
+), n AS (
+    SELECT k, ts, util, compute_processes,
+           epoch(ts) - epoch(lag(ts) OVER w) > $max_gap AS after_gap,
+           min(CASE WHEN util < $thr THEN ts END) OVER (w ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_idle,
+           min(CASE WHEN compute_processes = 0 THEN ts END) OVER (w ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_noproc
+    FROM s JOIN k ON {same_gpu_hour("s", "k", "hour")}
+    WINDOW w AS (PARTITION BY k ORDER BY ts)
+), r AS (
+    -- (arg_max_null: the last busy sample's next idle one, also when it has none; arg_max would
+    -- skip it for an earlier busy sample's)
+    SELECT k, min(ts) AS now_first, max(ts) AS now_last,
+           max(CASE WHEN util >= $thr THEN ts END) AS now_last_busy,
+           arg_max_null(next_idle, CASE WHEN util >= $thr THEN ts END) AS now_idle_after_busy,
+           min(CASE WHEN util < $thr THEN ts END) AS now_first_idle,
+           max(CASE WHEN after_gap THEN ts END) AS now_last_gap,
+           CASE WHEN now_last_gap IS NULL THEN now_first_idle
+                ELSE arg_max_null(next_idle, CASE WHEN after_gap THEN ts END) END AS now_idle_in_stretch,
+           max(CASE WHEN compute_processes > 0 THEN ts END) AS now_last_proc,
+           arg_max_null(next_noproc, CASE WHEN compute_processes > 0 THEN ts END) AS now_noproc_after_proc,
+           min(CASE WHEN compute_processes = 0 THEN ts END) AS now_first_noproc,
+           CASE WHEN now_last_gap IS NULL THEN now_first_noproc
+                ELSE arg_max_null(next_noproc, CASE WHEN after_gap THEN ts END) END AS now_noproc_in_stretch
+    FROM n GROUP BY k
+), newest AS (
+    SELECT cluster, host, gpu_uuid, gi, hour, arg_max(struct_pack({", ".join(NOW_NEWEST)}), ts) AS now_newest
+    FROM s GROUP BY cluster, host, gpu_uuid, gi, hour
+)
+SELECT k.cluster, k.host, k.gpu_uuid, k.gi, k.hour, r.* EXCLUDE (k), newest.now_newest
+FROM k JOIN r USING (k) JOIN newest ON {same_gpu_hour("k", "newest", "hour")}
+"""
+
+# An hour's health summary file: HEALTH_HOURS' rows with their GPU-hour's NOW_HOURS facts (the
+# same on each model's row of a GPU that changed model within the hour)
+HEALTH_FILE = f"""
+SELECT h.*, n.* EXCLUDE (cluster, host, gpu_uuid, gi, hour)
+FROM ({HEALTH_HOURS}) h
+LEFT JOIN ({NOW_HOURS}) n ON {same_gpu_hour("h", "n", "hour")}
 ORDER BY h.cluster, h.host, h.gpu_uuid, h.gi, h.hour
 """

@@ -1081,22 +1081,28 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
 
 def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]]) -> None:
     """health_hours (the hours whose health summaries stand for every shard's samples: those of a
-    summarised hour whose every summary has one of this format) and gpu_health_hours (their rows,
-    schema.HEALTH_HOURS). An hour summarised under two sets of parameters counts once."""
-    chosen: dict[str, list[str]] = {}
+    summarised hour whose every summary has one of this format, with the max_gap and idle
+    threshold their run facts were built for) and gpu_health_hours (their rows,
+    schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once."""
+    chosen: dict[str, tuple[tuple, list[str]]] = {}
     for key in sorted(by_key):
         entries = by_key[key]
         if key[0] not in chosen and all(e.get("health") and e.get("health_format") == schema.HEALTH_FORMAT_VERSION for _, e in entries):
-            chosen[key[0]] = [str(d / e["health"]) for d, e in entries]
-    hours = pa.table({"hour": pa.array([datetime.fromisoformat(h) for h in sorted(chosen)], pa.timestamp("us"))})
-    con.register("_health_hours", hours)
+            chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
+    hours = sorted(chosen)
+    con.register("_health_hours", pa.table({
+        "hour": pa.array([datetime.fromisoformat(h) for h in hours], pa.timestamp("us")),
+        "max_gap_s": pa.array([chosen[h][0][2] for h in hours], pa.float64()),
+        "idle_threshold": pa.array([chosen[h][0][3] for h in hours], pa.float64()),
+    }))
     con.execute("CREATE TABLE health_hours AS SELECT * FROM _health_hours")
     con.unregister("_health_hours")
-    files = [f for h in sorted(chosen) for f in chosen[h]]
+    files = [f for h in hours for f in chosen[h][1]]
     if files:
         con.execute(f"CREATE VIEW gpu_health_hours AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:
-        con.execute(f"CREATE TABLE gpu_health_hours AS {schema.HEALTH_HOURS.format(source='gpu_samples', where='false')}")
+        con.execute(f"CREATE TABLE gpu_health_hours AS {schema.HEALTH_FILE.format(source='gpu_samples', where='false')}",
+                    {"thr": 0.0, "max_gap": 0.0})
 
 
 def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> str:

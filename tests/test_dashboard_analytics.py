@@ -327,13 +327,35 @@ def _runs_oracle(samples: list, as_of: int, lookback: int, stale: int, max_gap: 
 
 
 @SETTINGS
-@given(fleets(), st.integers(-400, 400), st.sampled_from([60, 600, 1800, 4000, 10**6]))
-def test_fleet_now_runs_follow_the_rules_sample_by_sample(fleet, after, lookback):
+@given(fleets(), st.integers(0, 3599), st.integers(-400, 400), st.sampled_from([60, 600, 1800, 4000, 10**6]))
+def test_fleet_now_runs_follow_the_rules_sample_by_sample(fleet, shift, after, lookback):
     """Random GPUs (some MIG slices; gaps longer and shorter than max_gap; utilization and
-    processes unknown now and then) at a moment around the last sample and a random look-back:
-    each GPU's newest sample, idle and no-process run starts, with and without the current
-    stretch of data, equal the rules applied one sample at a time."""
-    as_of = max(g["samples"][-1][0] for g in fleet["gpus"]) + after
+    processes unknown now and then; the samples shifted so that an hour's end falls anywhere
+    among them: the runs are composed hour by hour) at a moment around the last sample and a
+    random look-back: each GPU's newest sample, idle and no-process run starts, with and without
+    the current stretch of data, equal the rules applied one sample at a time."""
+    fleet = {**fleet, "gpus": [{**g, "samples": [(t + shift, u, p) for t, u, p in g["samples"]]} for g in fleet["gpus"]]}
+    check_runs(fleet, max(g["samples"][-1][0] for g in fleet["gpus"]) + after, lookback)
+
+
+def _series(*runs) -> list:
+    """Samples from runs (start s, end s, step s, utilization, processes)."""
+    return [(t, u, p) for t0, t1, step, u, p in runs for t in range(t0, t1, step)]
+
+
+def test_fleet_now_runs_whose_last_busy_sample_ends_an_hour_without_an_idle_one():
+    """The hour of the last busy sample has an earlier busy sample with an idle one after it, but
+    none after the last: the run starts in the next hour (likewise for processes and for a
+    stretch of data whose last gap has no idle sample after it in its hour)."""
+    busy_idle_busy = _series((600, 1200, 15, 90.0, 1), (1200, 1800, 15, 0.0, 0), (1800, 2400, 15, 90.0, 1), (2400, 3600, 15, None, None),
+                             (3600, 4800, 15, 0.0, 0))
+    gap_then_none = _series((0, 600, 15, 0.0, 0), (700, 1200, 15, 0.0, 0), (1300, 3600, 15, None, None), (3600, 4800, 15, 0.0, 0))
+    fleet = {"gpus": [{"gpu": g, "host": "h0", "uuid": f"GPU-prop-{g}", "samples": s} for g, s in enumerate([busy_idle_busy, gap_then_none])],
+             "jobs": []}
+    check_runs(fleet, 4800, 10**6)
+
+
+def check_runs(fleet: dict, as_of: int, lookback: int) -> None:
     with scratch() as root:
         con = build_store(root, fleet, placement=mig_some)
         p = Params(at(0), at(1), max_gap=timedelta(seconds=MAX_GAP))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
@@ -25,7 +26,7 @@ from test_analytics_golden import A100
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, scratch
 from test_analytics_summaries import by_shard, host_of_shard, late_and_fresh, mig_some, split
 
-from gpufleet.analytics import health
+from gpufleet.analytics import fleet_now, health
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.shard import Shard
@@ -107,6 +108,20 @@ def compare(con, p: Params) -> list[str]:
         health.MAX_STRETCHES = stretches
 
 
+def compare_now(con, p: Params, as_of: int, lookback: int) -> list[str]:
+    """Fleet now's states at `as_of` (seconds from BASE) over a `lookback` (seconds) with the
+    look-back's summarised hours from their health summaries' run facts, against every sample read."""
+    kw = dict(lookback=timedelta(seconds=lookback))
+    raw, got = fleet_now.gpu_states(con, p, at(as_of), summaries=False, **kw), fleet_now.gpu_states(con, p, at(as_of), **kw)
+    return same(raw, got, GPU_KEYS)
+
+
+def now_hours_used(con, p: Params, as_of: int, lookback: int) -> int:
+    span = fleet_now._summarised_span(con, fleet_now._binds(p, at(as_of), fleet_now.STALE_AFTER, timedelta(seconds=lookback),
+                                                            fleet_now.FORGET_AFTER))
+    return int((span[1] - span[0]).total_seconds() // 3600)
+
+
 def store(tmp, fleet, seed: int, how, compact_at: int):
     w = StoreWriter(tmp)
     for batch in split(fleet, *how, fields=health_fields(seed)):
@@ -133,6 +148,16 @@ def test_health_from_summaries_gives_the_raw_figures(fleet, seed, how, data):
         for f in (Filters(cluster="prop"), Filters(model=A100), Filters(cluster="elsewhere")):
             bad = compare(con, Params(*whole, filters=f))
             assert not bad, (f, "\n".join(bad))
+        # Fleet now around the last sample, over look-backs that take in whole summarised hours
+        # or none; another idle threshold or a model filter reads every sample
+        as_of = max(g["samples"][-1][0] for g in fleet["gpus"]) + data.draw(st.integers(-3600, 900), label="as_of after the last sample")
+        lookback = data.draw(st.sampled_from([1800, 3 * 3600, 10**6]), label="lookback")
+        used = now_hours_used(con, Params(*whole), as_of, lookback)
+        event(f"Fleet now: summarised hours used: {min(used, 3)}")
+        for p in (Params(*whole), Params(*whole, idle_threshold=30.0), Params(*whole, filters=Filters(cluster="prop")),
+                  Params(*whole, filters=Filters(model=A100))):
+            bad = compare_now(con, p, as_of, lookback)
+            assert not bad, (p, as_of, lookback, "\n".join(bad))
 
 
 @SETTINGS
@@ -158,6 +183,9 @@ def test_shards_health_summaries_give_the_raw_figures(fleet, seed, n, data):
         for lo, hi in ((at(a), at(b)), (at(a), at(m)), (at(0).replace(minute=0, second=0), at(fleet["now"] + 3600).replace(minute=0, second=0))):
             bad = compare(con, Params(lo, hi))
             assert not bad, (lo, hi, "\n".join(bad))
+        for as_of in (fleet["now"], max(g["samples"][-1][0] for g in fleet["gpus"]) - 1800):
+            bad = compare_now(con, Params(at(a), at(b)), as_of, 10**6)
+            assert not bad, (as_of, "\n".join(bad))
 
 
 def health_rows(con) -> pl.DataFrame:
@@ -183,7 +211,8 @@ def test_a_health_summary_one_hour_off_fails_the_comparison(tmp_path):
     con = store(tmp_path, fleet, 7, (1, False), 6 * 3600)
     whole = Params(at(0), at(4 * 3600))
     assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] >= 3
-    assert not compare(con, whole)
+    assert not compare(con, whole) and not compare_now(con, whole, 4 * 3600, 3 * 3600)
+    assert now_hours_used(con, whole, 4 * 3600, 3 * 3600) == 2
     con.close()
     files = sorted(Path(tmp_path).rglob("health*.parquet"))
     assert files
@@ -193,6 +222,7 @@ def test_a_health_summary_one_hour_off_fails_the_comparison(tmp_path):
         pq.write_table(t, f)
     con = open_reader(tmp_path)
     assert compare(con, Params(at(3600), at(3 * 3600)))  # seen
+    assert compare_now(con, whole, 4 * 3600, 3 * 3600)  # and in Fleet now's run facts
 
 
 def test_hours_summarised_before_health_summaries_read_raw_until_upkeep_adds_them(tmp_path):
