@@ -4,7 +4,8 @@
 
 WHAT: health (gpufleet.analytics.health.window_health from the hourly health summaries where the
 store has them), health-raw (the same from every raw sample: the oracle), fleet-now
-(gpufleet.analytics.fleet_now.gpu_states at END). The answers go to OUT (Parquet, one file per
+(gpufleet.analytics.fleet_now.gpu_states at END, the look-back's summarised hours from their run
+facts), fleet-now-raw (the same from every raw sample). The answers go to OUT (Parquet, one file per
 frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
 seconds, VmHWM and the answers' rows.
 """
@@ -23,7 +24,7 @@ from gpufleet.analytics import fleet_now, health
 from gpufleet.analytics.params import Params
 from gpufleet.collector.store import open_reader
 
-WHATS = ("health", "health-raw", "fleet-now")
+WHATS = ("health", "health-raw", "fleet-now", "fleet-now-raw")
 
 
 def main() -> None:
@@ -34,8 +35,8 @@ def main() -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     con = open_reader(store)
     p = Params(start_t, end_t)
-    if what == "fleet-now":
-        frames = {"states": fleet_now.gpu_states(con, p, end_t)}
+    if what.startswith("fleet-now"):
+        frames = {"states": fleet_now.gpu_states(con, p, end_t, summaries=what == "fleet-now")}
     else:
         frames = health.window_health(con, p, summaries=what == "health")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
