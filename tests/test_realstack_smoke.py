@@ -12,6 +12,8 @@ import subprocess
 
 import pytest
 
+from tests.realstack.process import wait_for
+
 pytestmark = pytest.mark.realstack
 
 
@@ -72,6 +74,14 @@ def test_slurm_rejects_an_unknown_account(slurm_cluster):
         slurm_cluster.sbatch("true\n", account="no-such-team", gpus=1)
 
 
+def _output(cluster, job: int) -> str:
+    """The job's output so far ("" before slurmd creates the file)."""
+    try:
+        return cluster.job_output(job)
+    except FileNotFoundError:
+        return ""
+
+
 def test_slurm_reports_gpu_index_not_minor(slurm_cluster):
     """scontrol IDX, SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES: all Slurm's index, not the minor."""
     hook_marker = slurm_cluster.workdir / "hook-ran"
@@ -99,6 +109,9 @@ def test_slurm_reports_gpu_index_not_minor(slurm_cluster):
         assert slurm_cluster.hook_status(job, "prolog") == {"10-touch": 0}
         assert f"{job} {env['SLURM_JOB_GPUS']}" in hook_marker.read_text().splitlines()
 
+        # RUNNING is before the batch script's first line: cancelled sooner, the job has not
+        # written it yet (seen once on a loaded machine)
+        wait_for(f"job {job}'s first output line", lambda: "JOB_GPUS=" in _output(slurm_cluster, job), timeout=30)
         slurm_cluster.run("scancel", str(job))
         assert slurm_cluster.wait_job(job).startswith("CANCELLED")
         ids = ",".join(map(str, idx))
