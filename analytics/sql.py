@@ -32,6 +32,10 @@ from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_
 
 # --- fragments the queries below share ---
 
+# the dashboards' GPU filters (a NULL filter keeps every GPU), and a GPU's (or MIG instance's) key
+_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
+_KEY = "cluster, host, gpu_uuid, gi"
+
 # seconds of [a, b) that fall inside [$start, $end)
 CLIP = "greatest(0, epoch(least({b}, $end)) - epoch(greatest({a}, $start)))"
 
@@ -99,11 +103,11 @@ WHERE ($cluster IS NULL OR a.cluster = $cluster)
 # Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
 # one, dcgm-exporter does not)? A sample holds at most max_gap, so earlier ones cannot reach in.
 # The weekly report (dashboards/report/model.py) asks, to say whether "no process" can be known.
-HAS_PROCESS_COUNTS = """
+HAS_PROCESS_COUNTS = f"""
 SELECT count(*) AS n FROM (
     SELECT 1 FROM gpu_samples
     WHERE compute_processes IS NOT NULL AND ts > $start - to_seconds($max_gap) AND ts < $end
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+      AND {_FILTERS}
     LIMIT 1)
 """
 
@@ -124,7 +128,7 @@ SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
        coalesce(compute_processes = 0, false) AS nop{{detail}}
 FROM gpu_samples
 WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
-  AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model){{held}}
+  AND {_FILTERS}{{held}}
 """
 # ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
 _DETAIL_COLUMNS = """,
@@ -476,11 +480,9 @@ ORDER BY wait_s DESC, cluster, job_key"""
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
 GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
 
-_GPU = "cluster, host, gpu_uuid, gi"
 # the look-back's samples outside its summarised hours [$sum_from, $sum_to) (two time ranges: the
 # sample files' statistics skip the hours between)
-_NOW_RAW = ("ts > $as_of - to_seconds($lookback) AND ts <= $as_of AND (ts < $sum_from OR ts >= $sum_to) "
-            "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)")
+_NOW_RAW = f"ts > $as_of - to_seconds($lookback) AND ts <= $as_of AND (ts < $sum_from OR ts >= $sum_to) AND {_FILTERS}"
 
 
 def _run_start(what: str, last: str, after: str) -> str:
@@ -511,7 +513,7 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, gpu_instance AS gi, gpu AS inv_gpu, model AS inv_model, mig_profile AS inv_mig, fb_total_mib
     FROM gpus
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+      AND {_FILTERS}
 ), summarised AS (
     -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a health summary for
     -- this idle threshold and max_gap (a GPU that changed model within an hour has a row per model)
@@ -525,26 +527,26 @@ WITH inv AS (
 ), c1 AS (
     -- an hour whose first sample follows a gap longer than max_gap (or is the first looked at)
     -- starts a stretch of continuous data there, unless a gap within it starts a later one
-    SELECT *, coalesce(now_last_gap, CASE WHEN coalesce(epoch(now_first) - epoch(lag(now_last) OVER (PARTITION BY {_GPU} ORDER BY now_first))
+    SELECT *, coalesce(now_last_gap, CASE WHEN coalesce(epoch(now_first) - epoch(lag(now_last) OVER (PARTITION BY {_KEY} ORDER BY now_first))
                                                         > $max_gap, true) THEN now_first END) AS stretch_from
     FROM c
 ), c2 AS (
     SELECT *, max(now_last_busy) OVER g AS last_busy, max(now_last_proc) OVER g AS last_proc, max(stretch_from) OVER g AS data_from
-    FROM c1 WINDOW g AS (PARTITION BY {_GPU})
+    FROM c1 WINDOW g AS (PARTITION BY {_KEY})
 ), r AS (
     -- the idle run: the samples after the last busy one (a gap without data does not end it:
     -- nothing busy was seen); no busy sample in the look-back: idle since before its first sample.
     -- The same run rule for "no compute process at all" (the idle policy's faster rule).
-    SELECT {_GPU}, any_value(last_busy) AS last_busy, any_value(last_proc) AS last_proc, any_value(data_from) AS data_from,
+    SELECT {_KEY}, any_value(last_busy) AS last_busy, any_value(last_proc) AS last_proc, any_value(data_from) AS data_from,
            {_run_start("idle", "last_busy", "now_idle_after_busy")} AS run_start,
            {_run_start("noproc", "last_proc", "now_noproc_after_proc")} AS noproc_start,
            {_stretch_run_start("idle")} AS idle_from_data, {_stretch_run_start("noproc")} AS noproc_from_data
-    FROM c2 GROUP BY {_GPU}
+    FROM c2 GROUP BY {_KEY}
 ), runs AS (
     -- the same runs within the current stretch of continuous data (what the idle policy acts on:
     -- time without data is never counted as idle): the run's start where the stretch began
     -- before it, else the stretch's first such sample
-    SELECT {_GPU}, last_busy, run_start, noproc_start,
+    SELECT {_KEY}, last_busy, run_start, noproc_start,
            CASE WHEN last_busy IS NULL OR data_from > last_busy THEN idle_from_data ELSE run_start END AS data_run_start,
            CASE WHEN last_proc IS NULL OR data_from > last_proc THEN noproc_from_data ELSE noproc_start END AS data_noproc_start
     FROM r
@@ -554,11 +556,11 @@ WITH inv AS (
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, arg_max(xid_last, ts) AS last_xid, max(ts) AS last_xid_at
     FROM gpu_samples
     WHERE ts > $as_of - to_seconds($forget_after) AND ts <= $as_of AND xid_last > 0
-      AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+      AND {_FILTERS}
     GROUP BY ALL
 ), latest AS (
     -- each GPU's newest sample (one of them where two share its time)
-    SELECT {_GPU}, unnest(newest) FROM (SELECT {_GPU}, arg_max(now_newest, now_last) AS newest FROM c GROUP BY {_GPU})
+    SELECT {_KEY}, unnest(newest) FROM (SELECT {_KEY}, arg_max(now_newest, now_last) AS newest FROM c GROUP BY {_KEY})
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition
@@ -672,7 +674,6 @@ FILTER_VALUES = {
 
 # --- GPU health (analytics/health.py) ---
 
-_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
 _HEALTH_WINDOW = f"""ts >= $start AND ts < $end
       AND {_FILTERS}"""
 
@@ -774,7 +775,6 @@ HEALTH_PARTS = f"""(
     UNION ALL BY NAME
     SELECT * FROM _health_raw
 )"""
-_KEY = "cluster, host, gpu_uuid, gi"
 
 
 def _first_to_last(col: str) -> str:
@@ -864,7 +864,7 @@ HEALTH_HOURS_IN = "SELECT hour FROM health_hours WHERE hour >= $start AND hour +
 
 # The store's first GPU sighting within the cluster/model filters: where its history starts
 # (gpufleet.analytics.trends: a previous window starting before it is only partly in the store).
-HISTORY_START = """
+HISTORY_START = f"""
 SELECT min(first_seen) FROM gpus
-WHERE ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)
+WHERE {_FILTERS}
 """
