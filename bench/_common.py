@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -108,6 +109,16 @@ def proc_kib(pid: int, key: str) -> int:
 
 
 # --- child processes ---
+
+
+def measure_child(module: str, args: list[str], timeout: float) -> dict:
+    """Run a measuring child, `python -m <module> <args>`, in a process of its own (its peak RSS is
+    its own) and return the JSON document it printed on its line marked RESULT (DuckDB may draw a
+    progress bar on stdout too)."""
+    r = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{module} exited {r.returncode}")
+    return json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1].removeprefix("RESULT "))
 
 
 def raw_side_fits(knob: str, samples: int, bytes_per_sample: int) -> tuple[bool, str]:

@@ -39,7 +39,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -50,7 +49,7 @@ from pathlib import Path
 import polars as pl
 
 from bench._analytics_data import STEP, Scale, ensure_store, ensure_summaries, host_name
-from bench._common import ROOT, Table, _children, _stop, env_number, free_port, progress, raw_side_fits
+from bench._common import ROOT, Table, _children, _stop, env_number, free_port, measure_child, progress, raw_side_fits
 
 SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
 PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
@@ -72,7 +71,7 @@ EPOCH = datetime(1970, 1, 1)  # the store's times are naive UTC
 
 
 def measure_analysis(store: Path, raw: bool = False) -> dict:
-    argv = [sys.executable, "-m", "bench._analytics_measure", str(store), SCALE.start.isoformat(), SCALE.end.isoformat()]
+    argv = [str(store), SCALE.start.isoformat(), SCALE.end.isoformat()]
     if raw:
         argv.append("--raw")
     if MEMORY_LIMIT:
@@ -82,12 +81,8 @@ def measure_analysis(store: Path, raw: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-spill-") as spill:
         argv += ["--temp-dir", spill]
         load0 = os.getloadavg()[0]
-        r = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=3600)
+        out = measure_child("bench._analytics_measure", argv, timeout=3600)
         load1 = os.getloadavg()[0]
-    if r.returncode != 0:
-        raise RuntimeError(f"the analysis process exited {r.returncode}")
-    # DuckDB may draw a progress bar on stdout too: the result is the line marked RESULT
-    out = json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1].removeprefix("RESULT "))
     out["load"] = (load0, load1)
     return out
 
@@ -168,11 +163,7 @@ HEALTH_EDGES = (timedelta(minutes=35), timedelta(minutes=20))
 def measure_page_query(store: Path, start: datetime, end: datetime, what: str, out: Path) -> dict:
     """One query of bench._pages_measure in its own process; its answers land in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "bench._pages_measure", str(store), start.isoformat(), end.isoformat(), what, str(out)]
-    r = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=3600)
-    if r.returncode != 0:
-        raise RuntimeError(f"bench._pages_measure {what} exited {r.returncode}")
-    return json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1].removeprefix("RESULT "))
+    return measure_child("bench._pages_measure", [str(store), start.isoformat(), end.isoformat(), what, str(out)], timeout=3600)
 
 
 def largest_difference(a: pl.DataFrame, b: pl.DataFrame) -> float:

@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
 
 from bench._analytics_data import ensure_store
-from bench._common import ROOT, Table, env_number, local_dask, proc_cpu_seconds, proc_kib, progress
+from bench._common import Table, env_number, local_dask, measure_child, proc_cpu_seconds, proc_kib, progress
 from bench.analytics import CACHE, SCALE
 
 SHARDS = int(env_number("GPUFLEET_BENCH_REBUILD_SHARDS", 2))
@@ -42,13 +40,10 @@ def _copy(store: Path, dst: Path) -> Path:
 
 
 def _measure(store: Path, scheduler: str = "") -> dict:
-    argv = [sys.executable, "-m", "bench._rebuild_measure", str(store), (SCALE.end + timedelta(hours=2)).isoformat(), str(THRESHOLD)]
+    argv = [str(store), (SCALE.end + timedelta(hours=2)).isoformat(), str(THRESHOLD)]
     if scheduler:
         argv += ["--scheduler", scheduler, "--shards", str(SHARDS)]
-    r = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, timeout=7200)
-    if r.returncode:
-        raise RuntimeError(f"the rebuild process exited {r.returncode}")
-    return json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1].removeprefix("RESULT "))
+    return measure_child("bench._rebuild_measure", argv, timeout=7200)
 
 
 def _dask_run(store: Path, tmp: Path) -> tuple[dict, list[dict]]:
