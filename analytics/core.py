@@ -26,6 +26,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.summaries import summary_time
+from gpufleet.analytics.timeline import timeline_bucket
 from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
@@ -157,7 +158,8 @@ class Analysis:
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
         summaries = params.summaries if summaries is None else summaries
-        st = summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS), detail=detail) if summaries else None
+        st = summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS), detail=detail,
+                          grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000)) if summaries else None
         self._held_only = held_only and self.job_filtered
         self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail, held_only=self._held_only)
         self.con.register("variants", self.gt.gpus.to_arrow())

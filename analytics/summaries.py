@@ -18,10 +18,13 @@ line per GPU made of two kinds of segment, in time order:
   current summary for these parameters (the open hour, late data), or one the summary marks
   inexact.
 
-Every look-up the analysis makes falls on a segment edge or inside a raw bucket, so the sums of
-whole segments are never split; look-ups inside summarised segments (a timeline whose buckets
-follow the window's start, not the summaries' edges) are answered by the line built again with
-the buckets they fall in read raw for every GPU (exact; a few buckets per look-up time).
+Consecutive whole segments of a GPU are joined into one entry of the line between the times the
+analysis will look up (its allocations' edges, the window's, its timeline's bucket edges from the
+window's start: `grid_us`), so the line holds a few entries per GPU and timeline bucket, not one
+per 5 minutes. Every look-up the analysis makes falls on an entry's edge or inside a raw bucket,
+so the sums of whole segments are never split; look-ups inside an entry (a timeline on other
+edges) are answered by the line built again with the buckets they fall in read raw for every
+GPU (exact; a few buckets per look-up time).
 Reads: the summary rows of the window (GPUs x buckets) and the raw samples of the raw buckets and
 their neighbours (a bucket's intervals depend on samples up to max_gap either side), never the
 window's samples.
@@ -78,12 +81,18 @@ def _outside(gk: pl.DataFrame, gh: np.ndarray, k: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _chain(k0: np.ndarray, k1: np.ndarray, *carried: np.ndarray, gpu: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+def _chain(k0: np.ndarray, k1: np.ndarray, *carried: np.ndarray, gpu: np.ndarray | None = None,
+           in_order: bool = False) -> tuple[np.ndarray, ...]:
     """Pieces [k0, k1) chained where one ends as the next starts - of the same `gpu` when given
     (line keys carry their GPU): each chain's start and end and the `carried` arrays' values at
-    its first piece, in order."""
-    order = np.argsort(k0, kind="stable") if gpu is None else np.lexsort((k0, gpu))
-    k0, k1 = k0[order], k1[order]
+    its first piece, in order. `in_order`: only pieces next to each other as given are chained
+    (no sort; pieces in row order, each chain still whole or in a few parts that a later
+    chaining of all of them joins)."""
+    if in_order:
+        order = np.arange(len(k0))
+    else:
+        order = np.argsort(k0, kind="stable") if gpu is None else np.lexsort((k0, gpu))
+        k0, k1 = k0[order], k1[order]
     linked = np.zeros(len(k0), dtype=bool)
     linked[1:] = k1[:-1] == k0[1:]
     if gpu is not None:
@@ -95,50 +104,83 @@ def _chain(k0: np.ndarray, k1: np.ndarray, *carried: np.ndarray, gpu: np.ndarray
     return (k0[i0], k1[i1], *(c[first] for c in carried))
 
 
-def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
+def _merge(seg: dict[str, np.ndarray], starts: np.ndarray, b: int) -> tuple[dict[str, np.ndarray], pl.DataFrame]:
+    """Consecutive segments of one GPU variant that follow each other without a gap joined into
+    one (their sums added, memory high-water the larger), except where `starts` says a segment
+    must begin one (a look-up will fall on its start). Rows come from hour files sorted by GPU and
+    time, so most neighbours are consecutive. Also: the GPU hash and first and last bucket of
+    each joined segment (a bucket another batch sends to the raw samples must not lie inside one)."""
+    gh, h, s0, s1 = seg["gh"], seg["h"], seg["s0"], seg["s1"]
+    n = len(s0)
+    new = starts.copy()
+    if n:
+        new[0] = True
+        new[1:] |= (gh[1:] != gh[:-1]) | (h[1:] != h[:-1]) | (s0[1:] != s1[:-1])
+    at = np.flatnonzero(new)
+    if len(at) == n:
+        return seg, pl.DataFrame(schema={"gh": pl.UInt64, "kf": pl.Int64, "kl": pl.Int64})
+    last = np.append(at[1:] - 1, n - 1)
+    out = {}
+    for c, v in seg.items():
+        out[c] = (v[at] if c in ("h", "gh", "s0") else v[last] if c == "s1" else
+                  np.fmax.reduceat(v, at) if c == "fb_max" else np.add.reduceat(v, at))
+    joined = last > at
+    return out, pl.DataFrame({"gh": out["gh"][joined], "kf": out["s0"][joined] // b, "kl": (out["s1"][joined] - 1) // b},
+                             schema={"gh": pl.UInt64, "kf": pl.Int64, "kl": pl.Int64})
+
+
+def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str) -> tuple[dict[str, np.ndarray], bool]:
     """The run pieces (h, gh, a0, a1; epoch us) the summary rows `keep` of `rows` (their
     segments: `seg`) record for kind "idle" or "nop": the whole segment when it is in the run
     throughout, else the run touching its start, the one touching its end, and the runs inside
-    it (gpufleet.collector.summaries.bucket_facts)."""
+    it (gpufleet.collector.summaries.bucket_facts). And whether they are in row order (each
+    row's head, then its tail): true unless some row has runs inside it."""
     head, tail = rows[f"{kind}_head_us"].to_numpy()[keep], rows[f"{kind}_tail_us"].to_numpy()[keep]
     h, gh, s0, s1 = seg["h"], seg["gh"], seg["s0"], seg["s1"]
+    some = np.flatnonzero((head > 0) | (tail > 0))  # the rows with a run at an edge, in order
+    head, tail, h, gh, s0, s1 = head[some], tail[some], h[some], gh[some], s0[some], s1[some]
     whole = head == s1 - s0
-    hm, tm = (head > 0) & ~whole, (tail > 0) & ~whole
-    out = {"h": [h[whole], h[hm], h[tm]], "gh": [gh[whole], gh[hm], gh[tm]],
-           "a0": [s0[whole], s0[hm], s1[tm] - tail[tm]], "a1": [s1[whole], s0[hm] + head[hm], s1[tm]]}
-    inner = rows.filter(pl.Series(keep)).select("h", "gh", "b0", pl.col(f"{kind}_runs").alias("runs"))
-    if inner["runs"].list.len().sum():  # none where the bucket is shorter than what a run must last
+    on = np.column_stack([head > 0, (tail > 0) & ~whole]).ravel()  # a whole segment is its head
+    out = {"h": [np.repeat(h, 2)[on]], "gh": [np.repeat(gh, 2)[on]],
+           "a0": [np.column_stack([s0, s1 - tail]).ravel()[on]], "a1": [np.column_stack([s0 + head, s1]).ravel()[on]]}
+    runs = rows[f"{kind}_runs"]
+    in_order = not runs.list.len().filter(pl.Series(keep)).sum()  # none where the bucket is shorter than what a run must last
+    if not in_order:
+        inner = rows.filter(pl.Series(keep)).select("h", "gh", "b0", runs.alias("runs"))
         inner = inner.explode("runs").drop_nulls("runs").unnest("runs")
         for c, x in (("h", inner["h"]), ("gh", inner["gh"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
             out[c].append(x.to_numpy())
-    return {c: np.concatenate(xs).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False) for c, xs in out.items()}
+    return {c: np.concatenate(xs).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False) for c, xs in out.items()}, in_order
 
 
-def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False) -> "SummaryTime | None":
+def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False,
+                 grid_us: int | None = None) -> "SummaryTime | None":
     """The window's line from summaries, or None when no summarised hour with these parameters
     meets the read window (then the raw arrays, GpuTime, are the way). `cuts`: cluster, host,
     gpu_uuid, gi, t (epoch us) - the times the analysis will look up on each GPU. `detail`: also
-    what allocation_detail adds up (memory, tensor activity, clock)."""
+    what allocation_detail adds up (memory, tensor activity, clock). `grid_us`: the step of the
+    times every GPU will be looked up at from the window's start on (a timeline's bucket edges):
+    segments are joined between those and the cuts (None: each segment stays one entry)."""
     hours = _q(con, sql.SUMMARY_HOURS, {**bind, "hash_by": cs.HASH_BY})
     if hours.is_empty():
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
-    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s, detail=detail)
+    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s, detail=detail, grid_us=grid_us)
 
 
 class SummaryTime(GpuTime):
     """GpuTime's interface (gpus, ids, integrals, overlaps, per_gpu, runs) over summaries."""
 
     def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int,
-                 detail: bool = False, also_raw: frozenset[int] = frozenset()):
+                 detail: bool = False, also_raw: frozenset[int] = frozenset(), grid_us: int | None = None):
         """`also_raw`: more buckets (k: [k x bucket, (k + 1) x bucket) since the epoch) to read raw
         for every GPU - those a look-up fell inside (see _answering). `detail`: also keep, per
-        segment and raw piece, what allocation_detail adds up."""
+        segment and raw piece, what allocation_detail adds up. `grid_us`: see summary_time."""
         self.fb = self.tensor = self.clock = None  # no per-sample detail arrays (GpuTime's bucket_detail reads raw)
         self.has_detail = detail
         self._con, self._bind, self._refined = con, bind, None
         self._args = (con, bind, cuts, hours, bucket_s, detail)
-        self.also_raw = also_raw
+        self.also_raw, self.grid_us = also_raw, grid_us
         xs, xe = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
         b = bucket_s * 1_000_000
@@ -158,7 +200,13 @@ class SummaryTime(GpuTime):
         read_all = sorted(k_all | {k + d for k in k_all for d in (-1, 1)})
 
         # the summary rows a batch at a time, each cut down at once to what the line needs (no
-        # run lists, no DataFrame of the window's rows): 48 bytes a segment instead of ~250
+        # run lists, no DataFrame of the window's rows): 48 bytes a segment instead of ~250; then
+        # consecutive segments joined (_merge) except where a look-up falls: a cut (the writer's,
+        # off the bucket edges, or an allocation edge on one), the window's edges, the grid
+        edge_cuts = cuts.filter(pl.col("t") % b == 0).select(pl.col("gh").cast(pl.UInt64), s0=pl.col("t").cast(pl.Int64)).unique()
+        grid0 = epoch_us(bind["start"])
+        edges = np.array([epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe], dtype=np.int64)
+        spans = []
         cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
             (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).sort("k")
         cut_k, raw_ks = cuts["k"].to_numpy(), np.array(sorted(k_all), dtype=np.int64)
@@ -178,21 +226,43 @@ class SummaryTime(GpuTime):
             # buckets read raw on one GPU: an allocation starts or ends inside a segment (the
             # summary was written before the allocation was known), or the summary is inexact
             lo, hi = np.searchsorted(cut_k, [k.min(), k.max() + 1])
+            bad = []
             if hi > lo:
-                gks.append(cuts.slice(int(lo), int(hi - lo)).join(batch.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner")
+                bad.append(cuts.slice(int(lo), int(hi - lo)).join(batch.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner")
                            .filter((pl.col("s0") < pl.col("t")) & (pl.col("t") < pl.col("s1"))).select("gh", "k"))
             exact = batch["exact"].to_numpy()
             if not exact.all():
-                gks.append(batch.filter(~pl.col("exact")).select("gh", "k"))
+                bad.append(batch.filter(~pl.col("exact")).select("gh", "k"))
+            gks.extend(bad)
             seen.append(batch.select("h", "gh").unique())
             keep = exact & (batch["covered_us"].to_numpy() > 0)
             seg = {c: batch[c].to_numpy()[keep] for c in columns}
-            segs.append(seg)
             for kind in pieces:
                 pieces[kind].append(_run_pieces(batch, keep, seg, kind))
+            if grid_us:
+                s0 = seg["s0"]
+                starts = (s0 % b != 0) | ((s0 - grid0) % grid_us == 0) | np.isin(s0, edges)
+                if not edge_cuts.is_empty():
+                    on_cut = pl.DataFrame({"gh": seg["gh"], "s0": s0}).with_row_index("i").join(edge_cuts, on=["gh", "s0"], how="semi")
+                    starts[on_cut["i"].to_numpy()] = True
+                if bad:  # a GPU-bucket this batch sends to the raw samples: each of its segments alone
+                    alone = ~_outside(pl.concat(bad, how="vertical_relaxed").unique(), seg["gh"], s0 // b)
+                    starts |= alone
+                    starts[1:] |= alone[:-1]
+                seg, joined = _merge(seg, starts, b)
+                spans.append(joined)
+            segs.append(seg)
             del batch
         gk = pl.concat(gks, how="vertical_relaxed").unique() if gks else pl.DataFrame(schema={"gh": pl.UInt64, "k": pl.Int64})
         gk = gk.with_columns(pl.col("gh").cast(pl.UInt64), pl.col("k").cast(pl.Int64))
+        if spans and not gk.is_empty():
+            joined = pl.concat(spans).join(gk, on="gh", how="inner").filter((pl.col("kf") <= pl.col("k")) & (pl.col("k") <= pl.col("kl")))
+            if not joined.is_empty():
+                # a bucket one batch sends to the raw samples lies inside segments another batch
+                # joined (a GPU-bucket's rows split between batches): build the line unjoined
+                self.__init__(*self._args, also_raw=also_raw, grid_us=None)
+                return
+        del spans
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
         need = need.filter(~pl.col("k").is_in(read_all))
 
@@ -233,9 +303,9 @@ class SummaryTime(GpuTime):
         for kind, batches in pieces.items():
             chains = []
             while batches:
-                p = batches.pop(0)
+                p, in_order = batches.pop(0)
                 w = _outside(gk, p["gh"], p["a0"] // b)
-                chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["gh"][w]))
+                chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["gh"][w], in_order=in_order))
             a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
                          for j, t in enumerate((np.int64, np.int64, np.uint64)))
             pv = np.searchsorted(hashes, h)
@@ -318,7 +388,7 @@ class SummaryTime(GpuTime):
         ks = frozenset(np.unique(np.concatenate([a[inside_a], b[inside_b]]) // self.bucket_us).tolist())
         if self._refined is None or not ks <= self._refined[0].also_raw:
             have = self._refined[0].also_raw if self._refined is not None else frozenset()
-            line = SummaryTime(*self._args, also_raw=self.also_raw | have | ks)
+            line = SummaryTime(*self._args, also_raw=self.also_raw | have | ks, grid_us=self.grid_us)
             m = self.ids.join(line.ids.rename({"gid": "their_gid"}), on=KEY, how="left", nulls_equal=True).sort("gid")
             to_line = np.full(int(self.gpus["gid"].max() or 0) + 1, -1, dtype=np.int64)
             to_line[m["gid"].to_numpy()] = m["their_gid"].fill_null(-1).to_numpy()

@@ -49,6 +49,12 @@ def default_bucket(length: timedelta) -> timedelta:
     return timedelta(days=1)
 
 
+def timeline_bucket(p) -> timedelta:
+    """The bucket of a window's timeline when none is asked for (at least max_gap): an analysis
+    joins its summary segments between these edges, so the timeline's look-ups fall on them."""
+    return max(default_bucket(p.end - p.start), p.max_gap)
+
+
 def _bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.DataFrame:
     """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
     the span is cut at bucket edges and each part is two look-ups in the analysis' cumulative
@@ -81,7 +87,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
         if by not in TIMELINE_DIMS:
             raise ValueError(f"unknown dimension {by!r} for a timeline: expected one of {', '.join(TIMELINE_DIMS)}")
     p = a.p
-    bucket = bucket or default_bucket(p.end - p.start)
+    bucket = bucket or timeline_bucket(p)
     if bucket < p.max_gap:
         bucket = p.max_gap
     bsec = bucket.total_seconds()

@@ -353,6 +353,76 @@ def test_a_timeline_off_the_summaries_edges_reads_only_the_buckets_it_looks_up_i
     assert line.summary_buckets > 0
 
 
+def long_store(root):
+    """Two GPUs over 14 hours, compacted: idle and busy stretches, one job across hours, one
+    starting on a bucket edge, one learnt of after its hours were summarised (so one bucket is
+    read raw for one GPU)."""
+    f = Fleet(root)
+    f.gpu_series("n1", "GPU-A", T(0), T(14), step=30, util=lambda t: 0.0 if T(2) <= t < T(5, 17) or T(9) <= t < T(9, 50) else 70.0)
+    f.gpu_series("n1", "GPU-B", T(0), T(14), step=30, util=lambda t: 0.0 if t < T(6, 42, 10) else 40.0)
+    f.job("1", account="x", user="u", start=T(1, 7, 13), end=T(8, 33, 20), gpus=1, placements=[("n1", "GPU-A")])
+    f.job("2", account="y", user="v", start=T(6, 40), end=T(11, 10), gpus=1, placements=[("n1", "GPU-B")])
+    f.write()
+    w = StoreWriter(root)
+    compact(w, T(16))
+    late = Fleet(root)
+    late.job("3", account="y", user="v", start=T(8, 34, 10), end=T(13, 1, 5), gpus=1, placements=[("n1", "GPU-A")])
+    w.commit(late.batch("late-job"))
+    w.publish()
+    w.close()
+
+
+def test_segments_join_between_the_times_an_analysis_looks_up(tmp_path):
+    """An analysis joins consecutive summary segments of a GPU into one entry of its line, except
+    where it will look one up: an allocation's edge, the window's, its timeline's bucket edges.
+    The line is then a few entries per GPU and timeline bucket, the figures the raw ones, and the
+    timeline is answered without reading a bucket raw; a timeline on other edges still is."""
+    long_store(tmp_path)
+    con = open_reader(tmp_path)
+    p = Params(T(0, 5), T(13, 35))  # 13.5 h: a timeline of 1-hour buckets from 00:05 on
+    bad, an = compare(con, p, T(20), detail=True)
+    assert not bad, "\n".join(bad)
+    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us == 3600 * 1_000_000
+    rows = con.execute("SELECT count(*) FROM gpu_summaries").fetchone()[0]
+    assert an.gt.summary_buckets < rows / 5  # joined: ~15 an hour per GPU... ~1 now
+    raw = Analysis(con, p, now=T(20), summaries=False)
+    assert frames_equal(utilization_timeline(raw, "account"), utilization_timeline(an, "account"))
+    assert an.gt._refined is None  # every look-up on an entry's edge
+    other = timedelta(minutes=40)
+    assert frames_equal(utilization_timeline(raw, "account", other), utilization_timeline(an, "account", other))
+    assert an.gt._refined is not None
+
+
+def test_a_bucket_read_raw_inside_segments_another_batch_joined_builds_the_line_unjoined(tmp_path, monkeypatch):
+    """Segments are joined a batch of summary rows at a time. A GPU-bucket with two segments
+    (job 1 ends inside it) whose rows fall in two batches, the second with a job's start the
+    summary does not have (job 3, learnt of late): the first batch has joined the bucket's first
+    segment with the ones before before the raw read was known. The line is then built again
+    unjoined, with the same figures."""
+    import gpufleet.analytics.summaries as summaries
+
+    long_store(tmp_path)
+    con = open_reader(tmp_path)
+    p = Params(T(0, 5), T(13, 35))
+    want = figures(Analysis(con, p, now=T(20), summaries=False))
+    an = Analysis(con, p, now=T(20))
+    assert an.gt.grid_us is not None and not mismatches(want, figures(an))  # one batch: the bucket's rows alone, the rest joined
+    original, job1_end = summaries._batches, epoch_us(T(8, 33, 20))
+
+    def split_after_job1_end(con, query, bind):
+        for batch in original(con, query, bind):
+            at = [int(i) + 1 for i in (batch["s1"] == job1_end).arg_true()]
+            for lo, hi in zip([0, *at], [*at, batch.height]):
+                if hi > lo:
+                    yield batch.slice(lo, hi - lo)
+
+    monkeypatch.setattr(summaries, "_batches", split_after_job1_end)
+    an = Analysis(con, p, now=T(20))
+    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is None
+    bad = mismatches(want, figures(an))
+    assert not bad, "\n".join(bad)
+
+
 def test_threshold_change_reads_raw_until_rebuilt_then_summaries(tmp_path):
     golden_store(tmp_path)
     w = StoreWriter(tmp_path)
