@@ -28,6 +28,7 @@ import csv
 from functools import cache
 from importlib import resources
 
+import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
@@ -84,13 +85,77 @@ def job_mfu(a: Analysis) -> pl.DataFrame:
     for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
         if want is not None:
             raw = raw.filter(pl.col(col) == want)
-    rows = [_decide(r, dtype) for r in raw.iter_rows(named=True)]
-    schema = {
-        "cluster": pl.Utf8, "job_key": pl.Utf8, "job_id": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8, "model": pl.Utf8,
-        "gpus": pl.Int64, "mfu": pl.Float64, "method": pl.Utf8, "reason": pl.Utf8,
-        "scheduler": pl.Utf8, "gpu_h": pl.Float64, "peak_tflops": pl.Float64, "tflops_per_gpu": pl.Float64,
-    }
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    return decide_all(raw, dtype)
+
+
+SCHEMA = {
+    "cluster": pl.Utf8, "job_key": pl.Utf8, "job_id": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8, "model": pl.Utf8,
+    "gpus": pl.Int64, "mfu": pl.Float64, "method": pl.Utf8, "reason": pl.Utf8,
+    "scheduler": pl.Utf8, "gpu_h": pl.Float64, "peak_tflops": pl.Float64, "tflops_per_gpu": pl.Float64,
+}
+UNMAPPED_MODEL = "its GPU model is unknown (no GPU of this job in the store)"
+MODEL_MISSING = "a GPU of the job has no model in the inventory"
+
+
+def decide_all(raw: pl.DataFrame, dtype: str) -> pl.DataFrame:
+    """_decide for every job of sql.MFU_JOBS' rows, in their order: as column expressions (a
+    fleet's 800,000 jobs in a fraction of a second), except the few rows whose reasons name GPU
+    models (models without a peak or a boost clock) or whose peak is unknown, which _decide
+    itself words."""
+    n_models = sum(pl.col(c).list.len().fill_null(0) for c in ("not_listed", "no_peak", "no_boost"))
+    odd = (n_models > 0) | (pl.col("mapped") & pl.col("peak_tflops").is_null())
+    raw = raw.with_row_index("_i")
+    few = raw.filter(odd)
+    rows = pl.DataFrame([_decide(r, dtype) + (r["_i"],) for r in few.iter_rows(named=True)],
+                        schema={**SCHEMA, "_i": pl.UInt32}, orient="row")
+    out = pl.concat([_decide_columns(raw.filter(~odd), dtype), rows], how="vertical_relaxed").sort("_i").drop("_i")
+    return out.cast(SCHEMA)
+
+
+def _pct(x: pl.Expr) -> pl.Expr:
+    """format(x, ".0%"): x x 100 rounded half to even, as Python's formatting does."""
+    rounded = x.mul(100.0).map_batches(lambda v: pl.Series(np.rint(v.to_numpy()), dtype=pl.Float64), return_dtype=pl.Float64)
+    return rounded.cast(pl.Int64, strict=False).cast(pl.Utf8) + "%"  # (the rows this is not shown for: inf, NaN -> null)
+
+
+def _decide_columns(r: pl.DataFrame, dtype: str) -> pl.DataFrame:
+    """_decide's branches as expressions, for rows whose reasons name no GPU model."""
+    c = pl.col
+    reports = c("reports").fill_null(0) != 0
+    problem = pl.when(~c("mapped")).then(pl.lit(UNMAPPED_MODEL)).when(c("model_missing").fill_null(False)).then(pl.lit(MODEL_MISSING))
+    tensor = c("tensor_s").is_not_null() & (c("tensor_s") != 0)
+    basis = (pl.when(c("basis") == "flops").then(pl.lit("FLOP/s")).when(c("basis") == "6N_tokens").then(pl.lit("6N x tokens/s"))
+             .otherwise(pl.lit("mixed bases")))
+    scaled = c("scaled_s").fill_null(0.0) / c("tensor_s")
+    notes = pl.concat_list(
+        pl.when(scaled == 0).then(pl.lit("no clock scaling: no SM clock samples"))
+        .when(scaled < 0.999).then(pl.lit("clock scaling on ") + _pct(scaled) + " of the time (SM or boost clock missing on the rest)"),
+        pl.when(c("data_s").is_not_null() & (c("data_s") != 0) & (c("tensor_s") < 0.99 * c("data_s")))
+        .then(pl.lit("tensor activity data on ") + _pct(c("tensor_s") / c("data_s")) + " of the job's sampled GPU time"),
+    ).list.drop_nulls()
+    estimate = pl.when(scaled == 0).then(pl.lit(f"estimate (tensor_active, no clock scaling, dtype={dtype})")).otherwise(
+        pl.lit(f"estimate (tensor_active x clock / boost, dtype={dtype})"))
+    unknown = pl.lit("unknown")
+    cases = [  # (when, mfu, method, reason), in _decide's order
+        (reports & problem.is_not_null(), None, unknown, pl.lit("the job reports its throughput, but ") + problem),
+        (reports & (~c("gpus_known").fill_null(False) | c("flops_per_gpu").is_null()), None, unknown,
+         pl.lit("the job reports its throughput but its GPU count is unknown")),
+        (reports, c("flops_per_gpu") / (c("peak_tflops") * 1e12), pl.lit("reported (") + basis + f", dtype={dtype})",
+         pl.when(c("basis").str.contains("6N_tokens", literal=True)).then(pl.lit("6N FLOPs per token: attention FLOPs excluded"))),
+        (~c("mapped"), None, unknown, pl.lit(NO_MAPPING + ", and no job-reported throughput")),
+        (~tensor, None, unknown, pl.when(problem.is_null()).then(pl.lit(NO_TENSOR)).otherwise(pl.lit(NO_TENSOR + "; ") + problem)),
+        (problem.is_not_null(), None, unknown, problem),
+        (pl.lit(True), c("est_s") / c("tensor_s"), estimate, pl.when(notes.list.len() > 0).then(notes.list.join("; "))),
+    ]
+
+    def pick(j: int) -> pl.Expr:
+        out = pl.lit(None)
+        for when, *what in reversed(cases):
+            out = pl.when(when).then(pl.lit(None) if what[j] is None else what[j]).otherwise(out)
+        return out
+
+    return r.with_columns(pick(0).cast(pl.Float64).alias("mfu"), pick(1).alias("method"), pick(2).cast(pl.Utf8).alias("reason")).select(
+        *[k for k in SCHEMA if k not in ("tflops_per_gpu",)], (c("mfu") * c("peak_tflops")).alias("tflops_per_gpu"), "_i")
 
 
 def _tensor_use(a: Analysis, peaks: pl.DataFrame) -> pl.DataFrame:

@@ -30,6 +30,7 @@ from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
+import polars as pl
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -411,3 +412,62 @@ def test_exporter_config_wires_the_report_directory(tmp_path):
     assert p.job_reports.directory == tmp_path and p.job_reports.max_age == 30
     cfg.write_text('[exporter]\nbackend = "sim"\ndevice_map_file = ""\nkubelet_socket = ""\njob_report_dir = ""\n')
     assert build(resolve_options(argparse.Namespace(config=str(cfg)))).job_reports is None
+
+
+MODELS = ["NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB", "it's \"odd\""]
+
+
+def mfu_rows():
+    """Rows as sql.MFU_JOBS gives them, every column null, zero or set where it can be."""
+    from hypothesis import strategies as st
+
+    num = st.none() | st.just(0.0) | st.floats(1e-6, 1e6)
+    models = st.none() | st.lists(st.sampled_from(MODELS), max_size=2, unique=True)
+    return st.fixed_dictionaries({
+        "cluster": st.just("c"), "scheduler": st.just("slurm"), "job_key": st.text("0123", min_size=1, max_size=3),
+        "job_id": st.just("1"), "account": st.none() | st.just("a"), "user_name": st.just("u"),
+        "model": st.none() | st.sampled_from(MODELS), "gpus": st.none() | st.integers(0, 8), "gpu_h": st.floats(0, 100),
+        "mapped": st.booleans(), "model_missing": st.none() | st.booleans(), "no_peak": models, "not_listed": models,
+        "peak_tflops": st.none() | st.floats(1, 2000), "tensor_s": num, "est_s": num, "scaled_s": num, "no_boost": models,
+        "data_s": num, "reports": st.none() | st.integers(0, 3), "flops_per_gpu": num, "gpus_known": st.none() | st.booleans(),
+        "basis": st.none() | st.sampled_from(["flops", "6N_tokens", "6N_tokens,flops", ""]),
+    })
+
+
+def test_every_job_is_decided_as_the_row_by_row_rule_decides_it():
+    """mfu.decide_all (columns at a time, the odd rows by _decide) gives, row for row, what
+    _decide gives each row - methods, reasons (percentages rounded as Python rounds them), MFU."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from gpufleet.analytics.mfu import SCHEMA, _decide, decide_all
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(mfu_rows(), max_size=12), st.sampled_from(DTYPES),
+           st.sampled_from([0.0, 0.005, 0.125, 0.5, 0.995, 0.9989, 0.999, 1.0]))
+    def check(rows, dtype, share):
+        for r in rows:  # est_s is summed with tensor_s (mfu._tensor_use): known together
+            r["est_s"] = None if r["tensor_s"] is None else r["est_s"] or 0.0
+        for r in rows[:2]:  # a few at the rounding edges of "clock scaling on x %"
+            if r["tensor_s"]:
+                r["scaled_s"] = share * r["tensor_s"]
+        schema = {"cluster": pl.Utf8, "scheduler": pl.Utf8, "job_key": pl.Utf8, "job_id": pl.Utf8, "account": pl.Utf8,
+                  "user_name": pl.Utf8, "model": pl.Utf8, "gpus": pl.Int64, "gpu_h": pl.Float64, "mapped": pl.Boolean,
+                  "model_missing": pl.Boolean, "no_peak": pl.List(pl.Utf8), "not_listed": pl.List(pl.Utf8),
+                  "peak_tflops": pl.Float64, "tensor_s": pl.Float64, "est_s": pl.Float64, "scaled_s": pl.Float64,
+                  "no_boost": pl.List(pl.Utf8), "data_s": pl.Float64, "reports": pl.Int64, "flops_per_gpu": pl.Float64,
+                  "gpus_known": pl.Boolean, "basis": pl.Utf8}
+        raw = pl.DataFrame(rows, schema=schema)
+        want = []
+        for r in raw.iter_rows(named=True):
+            try:
+                want.append(_decide(r, dtype))
+            except TypeError:  # a reported throughput over an unknown peak: decide_all lets _decide raise it too
+                with pytest.raises(TypeError):
+                    decide_all(raw, dtype)
+                return
+        got = decide_all(raw, dtype)
+        assert got.schema == pl.Schema(SCHEMA)
+        assert got.rows() == want
+
+    check()
