@@ -77,10 +77,12 @@ def _raw_stretches(start: datetime, end: datetime, hours: list[datetime]) -> lis
     return out
 
 
-def _from_hours(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...]) -> dict[str, pl.DataFrame] | None:
-    """`what` ("gpus", "events") over the window's health rows (sql.HEALTH_PARTS: summaries of its
-    summarised hours, the same rows from the raw samples of the rest, read once for both);
-    None when no hour of it is summarised (the raw queries are then the shorter way)."""
+def _from_hours(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...],
+                bucket: timedelta | None = None) -> dict[str, pl.DataFrame] | None:
+    """`what` ("gpus", "events", "temperature" in `bucket`s of whole hours) over the window's
+    health rows (sql.HEALTH_PARTS: summaries of its summarised hours, the same rows from the raw
+    samples of the rest, read once for all); None when no hour of it is summarised (the raw
+    queries are then the shorter way)."""
     cur = con.cursor()
     try:
         hours = _summarised_hours(cur, params)
@@ -94,7 +96,9 @@ def _from_hours(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str,
             raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in stretches])
         cur.register("_health_raw", raw)
         answers = {"gpus": lambda: _arrow(cur, sql.HEALTH_FROM_HOURS.format(parts=sql.HEALTH_PARTS), b),
-                   "events": lambda: _events_from_hours(cur, b)}
+                   "events": lambda: _events_from_hours(cur, b),
+                   "temperature": lambda: _arrow(cur, sql.TEMPERATURE_FROM_HOURS.format(parts=sql.HEALTH_PARTS),
+                                                 {**b, "bucket": bucket.total_seconds() if bucket else None})}
         return {k: pl.from_arrow(answers[k]()) for k in what}
     finally:
         cur.close()
@@ -112,24 +116,31 @@ def _events_from_hours(cur: duckdb.DuckDBPyConnection, b: dict[str, Any]) -> pa.
 
 
 # The raw queries each answer has (the oracle), and how its rows are ordered
-_RAW = {"gpus": sql.GPU_HEALTH, "events": sql.GPU_EVENTS}
-_ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first)
+_RAW = {"gpus": sql.GPU_HEALTH, "events": sql.GPU_EVENTS, "temperature": sql.TEMPERATURE_BY_HOST}
+_ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first), temperature its
 
 
-def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], summaries: bool) -> dict[str, pl.DataFrame]:
+def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], summaries: bool,
+             bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
     """`what` of the window: from the health summaries (summaries True and an hour of the window
-    summarised), else from the raw queries; GPU rows in GPU order."""
-    got = _from_hours(con, params, what) if summaries else None
-    if got is None:
-        got = {k: _q(con, _RAW[k], _binds(params)) for k in what}
+    summarised; temperature buckets of whole hours), else from the raw queries; GPU rows in GPU
+    order."""
+    composed = tuple(k for k in what if k != "temperature" or bucket % HOUR == timedelta(0))
+    got = (_from_hours(con, params, composed, bucket) if summaries and composed else None) or {}
+    extra = {"bucket": bucket.total_seconds()} if bucket else {}
+    got.update({k: _q(con, _RAW[k], _binds(params, **extra)) for k in what if k not in got})
     return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in got.items()}
 
 
-def window_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> dict[str, pl.DataFrame]:
-    """{"gpus": gpu_health, "events": events} of the window, from the store's hourly health
-    summaries where it has them (`summaries` False: every raw sample, the oracle the tests hold
-    them to); the raw samples the summaries leave are read once for both."""
-    return _answers(con, params, ("gpus", "events"), summaries)
+def window_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True,
+                  temperature: timedelta | None = None) -> dict[str, pl.DataFrame]:
+    """{"gpus": gpu_health, "events": events} of the window, and with a `temperature` bucket
+    also "temperature" (as temperature()), from the store's hourly health summaries where it has
+    them (`summaries` False: every raw sample, the oracle the tests hold them to); the raw
+    samples the summaries leave are read once for all."""
+    if temperature is None:
+        return _answers(con, params, ("gpus", "events"), summaries)
+    return _answers(con, params, ("gpus", "events", "temperature"), summaries, temperature)
 
 
 def gpu_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:
@@ -145,6 +156,9 @@ def events(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = Tru
     return _answers(con, params, ("events",), summaries)["events"]
 
 
-def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta) -> pl.DataFrame:
-    """Per host and time bucket: the hottest GPU's temperature, the mean, the hottest memory."""
-    return _q(con, sql.TEMPERATURE_BY_HOST, _binds(params, bucket=bucket.total_seconds()))
+def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta, summaries: bool = True) -> pl.DataFrame:
+    """Per host and time bucket (on the clock: bucket x n since the epoch, so the window's first
+    and last are partial): the hottest GPU's temperature, the mean, the hottest memory. Buckets
+    of whole hours come from the hourly health summaries where the store has them, as
+    window_health."""
+    return _answers(con, params, ("temperature",), summaries, bucket)["temperature"]

@@ -752,8 +752,11 @@ FROM s WHERE gpu_up = 0 GROUP BY cluster, host, gpu_uuid, gi
 ORDER BY ts DESC, cluster, host, gpu, kind
 """
 
+# Temperature buckets are on the clock ($bucket seconds since the epoch: 00:00, 03:00, ... for
+# 3 hours), so a bucket of whole hours is whole hours of health summaries (TEMPERATURE_FROM_HOURS)
+_TEMP_BUCKET = "to_timestamp(floor(epoch({t}) / $bucket) * $bucket)::TIMESTAMP"
 TEMPERATURE_BY_HOST = f"""
-SELECT to_timestamp(floor((epoch(ts) - epoch($start)) / $bucket) * $bucket + epoch($start))::TIMESTAMP AS bucket,
+SELECT {_TEMP_BUCKET.format(t="ts")} AS bucket,
        cluster, host, max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, avg(gpu_temp_c)::DOUBLE AS gpu_temp_avg_c,
        max(mem_temp_c)::DOUBLE AS mem_temp_max_c
 FROM gpu_samples
@@ -805,6 +808,17 @@ SELECT {_KEY}, any_value(gpu) AS gpu, any_value(model) AS model,
        {_first_to_last("power_violation_ns")} / 1e9 AS power_violation_s
 FROM {{parts}}
 GROUP BY {_KEY}
+"""
+
+# TEMPERATURE_BY_HOST's answer from the window's health rows ({parts}: HEALTH_PARTS), for buckets
+# of whole hours (each row's hour lies in one bucket)
+TEMPERATURE_FROM_HOURS = f"""
+SELECT {_TEMP_BUCKET.format(t="hour")} AS bucket, cluster, host,
+       max(gpu_temp_max_c) AS gpu_temp_max_c, sum(gpu_temp_sum) / nullif(sum(gpu_temp_n), 0) AS gpu_temp_avg_c,
+       max(mem_temp_max_c) AS mem_temp_max_c
+FROM {{parts}}
+WHERE gpu_temp_n > 0 OR mem_temp_n > 0
+GROUP BY ALL ORDER BY cluster, host, bucket
 """
 
 # GPU_EVENTS' counters, by the kind it gives them: (kind, column, label)

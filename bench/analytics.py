@@ -193,7 +193,7 @@ def pages_table(store: Path) -> Table:
         progress("the Health page's GPU table and events: from health summaries, then from raw samples (the oracle)")
         summ = measure_page_query(store, start, end, "health", Path(tmp) / "health")
         raw = measure_page_query(store, start, end, "health-raw", Path(tmp) / "raw")
-        t.add(f"Health: GPU table + events (window_health), {start:%m-%d %H:%M} - {end:%m-%d %H:%M}: raw / summaries",
+        t.add(f"Health: GPU table + events + temperature map (window_health), {start:%m-%d %H:%M} - {end:%m-%d %H:%M}: raw / summaries",
               f"{raw['wall_s']:.2f} s / {summ['wall_s']:.2f} s ({raw['wall_s'] / summ['wall_s']:.1f}x)")
         t.add("    CPU time / peak RSS (VmHWM): raw; summaries",
               f"{raw['cpu_s']:.1f} s, {gib(raw):.2f} GiB; {summ['cpu_s']:.1f} s, {gib(summ):.2f} GiB")

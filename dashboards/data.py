@@ -330,7 +330,7 @@ def health(key: tuple, bucket_s: float) -> dict:
 
     s, w, p = _request(key)
     con = reader(w.root)
-    return {**ahealth.window_health(con, p), "temperature": ahealth.temperature(con, p, timedelta(seconds=bucket_s)), "window": w}
+    return {**ahealth.window_health(con, p, temperature=timedelta(seconds=bucket_s)), "window": w}
 
 
 @st.cache_data(ttl=timedelta(seconds=30), max_entries=32, show_spinner=False)

@@ -93,14 +93,19 @@ def same(raw: pl.DataFrame, got: pl.DataFrame, keys: list[str]) -> list[str]:
 
 GPU_KEYS = ["cluster", "host", "gpu_uuid", "gi"]
 EVENT_KEYS = ["cluster", "host", "gpu_uuid", "gi", "kind", "code"]
+TEMP_KEYS = ["cluster", "host", "bucket"]
+HOUR = timedelta(hours=1)
 
 
 def compare(con, p: Params) -> list[str]:
     """window_health's answers against the raw path's, and gpu_health's and events' on their own
     with the samples outside the summarised hours read in one scan (as when they leave many
     stretches) rather than a query a stretch."""
-    raw, got = health.window_health(con, p, summaries=False), health.window_health(con, p)
+    two_h = timedelta(hours=2)  # temperature buckets of whole hours: composed from the same rows
+    raw, got = health.window_health(con, p, summaries=False, temperature=two_h), health.window_health(con, p, temperature=two_h)
     bad = same(raw["gpus"], got["gpus"], GPU_KEYS) + same(raw["events"], got["events"], EVENT_KEYS)
+    bad += same(raw["temperature"], got["temperature"], TEMP_KEYS)
+    bad += same(health.temperature(con, p, HOUR, summaries=False), health.temperature(con, p, HOUR), TEMP_KEYS)
     stretches, health.MAX_STRETCHES = health.MAX_STRETCHES, 0
     try:
         return bad + same(raw["gpus"], health.gpu_health(con, p), GPU_KEYS) + same(raw["events"], health.events(con, p), EVENT_KEYS)
