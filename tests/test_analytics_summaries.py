@@ -280,6 +280,14 @@ def test_a_late_batch_unlists_the_summaries_it_touches_until_upkeep(tmp_path):
     assert not bad and isinstance(an.gt, SummaryTime), bad
 
 
+def learn_late(w: StoreWriter, root, job: str, start: datetime, end: datetime) -> None:
+    """The store learns of job `job` on n1's GPU-A after its hours were summarised (sacct lagging)."""
+    late = Fleet(root)
+    late.job(job, account="y", user="v", start=start, end=end, gpus=1, placements=[("n1", "GPU-A")])
+    w.commit(late.batch("late-job"))
+    w.publish()
+
+
 def test_an_allocation_learnt_of_late_reads_its_buckets_raw_until_upkeep_cuts_them(tmp_path):
     """Summaries cut each bucket where an allocation starts or ends, so an analysis answers a
     job's edges from them. A job the store learns of after its hours were summarised (sacct
@@ -291,10 +299,7 @@ def test_an_allocation_learnt_of_late_reads_its_buckets_raw_until_upkeep_cuts_th
     f.write()
     w = StoreWriter(tmp_path)
     compact(w, T(14))
-    late = Fleet(tmp_path)
-    late.job("2", account="y", user="v", start=T(10, 23, 20), end=T(11, 2, 50), gpus=1, placements=[("n1", "GPU-A")])
-    w.commit(late.batch("late-job"))
-    w.publish()
+    learn_late(w, tmp_path, "2", start=T(10, 23, 20), end=T(11, 2, 50))
     p = Params(T(9), T(12), idle_min_duration=timedelta(minutes=10))
     con = open_reader(tmp_path)
     bad, an = compare(con, p, T(20))
@@ -365,10 +370,7 @@ def long_store(root):
     f.write()
     w = StoreWriter(root)
     compact(w, T(16))
-    late = Fleet(root)
-    late.job("3", account="y", user="v", start=T(8, 34, 10), end=T(13, 1, 5), gpus=1, placements=[("n1", "GPU-A")])
-    w.commit(late.batch("late-job"))
-    w.publish()
+    learn_late(w, root, "3", start=T(8, 34, 10), end=T(13, 1, 5))
     w.close()
 
 
