@@ -76,7 +76,8 @@ def body(ctx: ui.Context) -> None:
     if temp.is_empty():
         st.caption("No temperature samples in this window.")
     else:
-        st.caption(f"Hottest GPU of each host per {ui.duration(bucket.total_seconds())}.")
+        st.caption(f"Hottest GPU of each host per {ui.duration(bucket.total_seconds())}, in buckets on the clock (UTC): "
+                   "the window's first and last buckets may cover only part of theirs.")
         st.altair_chart(temp_heatmap(temp, bucket), width="stretch")
 
     st.subheader("Throttling")
