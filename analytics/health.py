@@ -138,9 +138,7 @@ def window_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: boo
     also "temperature" (as temperature()), from the store's hourly health summaries where it has
     them (`summaries` False: every raw sample, the oracle the tests hold them to); the raw
     samples the summaries leave are read once for all."""
-    if temperature is None:
-        return _answers(con, params, ("gpus", "events"), summaries)
-    return _answers(con, params, ("gpus", "events", "temperature"), summaries, temperature)
+    return _answers(con, params, ("gpus", "events") + (("temperature",) if temperature else ()), summaries, temperature)
 
 
 def gpu_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:

@@ -231,10 +231,10 @@ def _decide(r: dict, dtype: str) -> tuple:
 
 def _peak_problems(r: dict, dtype: str) -> list[str]:
     if not r["mapped"]:
-        return ["its GPU model is unknown (no GPU of this job in the store)"]
+        return [UNMAPPED_MODEL]
     out = []
     if r["model_missing"]:
-        out.append("a GPU of the job has no model in the inventory")
+        out.append(MODEL_MISSING)
     for m in r["not_listed"] or []:
         out.append(f"unknown GPU model {m!r} for dtype {dtype}: no peak in gpu_peaks.csv")
     for m in r["no_peak"] or []:

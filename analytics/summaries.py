@@ -88,20 +88,21 @@ def _chain(k0: np.ndarray, k1: np.ndarray, *carried: np.ndarray, gpu: np.ndarray
     its first piece, in order. `in_order`: only pieces next to each other as given are chained
     (no sort; pieces in row order, each chain still whole or in a few parts that a later
     chaining of all of them joins)."""
-    if in_order:
-        order = np.arange(len(k0))
-    else:
-        order = np.argsort(k0, kind="stable") if gpu is None else np.lexsort((k0, gpu))
+    order = None if in_order else np.argsort(k0, kind="stable") if gpu is None else np.lexsort((k0, gpu))
+    if order is not None:
         k0, k1 = k0[order], k1[order]
     linked = np.zeros(len(k0), dtype=bool)
     linked[1:] = k1[:-1] == k0[1:]
     if gpu is not None:
-        g = gpu[order]
+        g = gpu if order is None else gpu[order]
         linked[1:] &= g[1:] == g[:-1]
     i0 = np.flatnonzero(~linked)
     i1 = np.append(i0[1:] - 1, len(k0) - 1) if len(i0) else i0
-    first = order[i0]
+    first = i0 if order is None else order[i0]
     return (k0[i0], k1[i1], *(c[first] for c in carried))
+
+
+_SPANS = {"gh": pl.UInt64, "kf": pl.Int64, "kl": pl.Int64}  # a joined segment's GPU hash, first and last bucket
 
 
 def _merge(seg: dict[str, np.ndarray], starts: np.ndarray, b: int) -> tuple[dict[str, np.ndarray], pl.DataFrame]:
@@ -118,15 +119,14 @@ def _merge(seg: dict[str, np.ndarray], starts: np.ndarray, b: int) -> tuple[dict
         new[1:] |= (gh[1:] != gh[:-1]) | (h[1:] != h[:-1]) | (s0[1:] != s1[:-1])
     at = np.flatnonzero(new)
     if len(at) == n:
-        return seg, pl.DataFrame(schema={"gh": pl.UInt64, "kf": pl.Int64, "kl": pl.Int64})
+        return seg, pl.DataFrame(schema=_SPANS)
     last = np.append(at[1:] - 1, n - 1)
     out = {}
     for c, v in seg.items():
         out[c] = (v[at] if c in ("h", "gh", "s0") else v[last] if c == "s1" else
                   np.fmax.reduceat(v, at) if c == "fb_max" else np.add.reduceat(v, at))
     joined = last > at
-    return out, pl.DataFrame({"gh": out["gh"][joined], "kf": out["s0"][joined] // b, "kl": (out["s1"][joined] - 1) // b},
-                             schema={"gh": pl.UInt64, "kf": pl.Int64, "kl": pl.Int64})
+    return out, pl.DataFrame({"gh": out["gh"][joined], "kf": out["s0"][joined] // b, "kl": (out["s1"][joined] - 1) // b}, schema=_SPANS)
 
 
 def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str) -> tuple[dict[str, np.ndarray], bool]:

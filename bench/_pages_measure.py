@@ -3,10 +3,10 @@
     python -m bench._pages_measure STORE START END WHAT OUT
 
 WHAT: health (gpufleet.analytics.health.window_health, with the temperature map in the Health
-page's buckets, from the hourly health summaries where the store has them), health-raw (the same from every raw sample: the oracle), fleet-now
-(gpufleet.analytics.fleet_now.gpu_states at END, the look-back's summarised hours from their run
-facts), fleet-now-raw (the same from every raw sample). The answers go to OUT (Parquet, one file per
-frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
+page's buckets, from the hourly health summaries where the store has them), health-raw (the same
+from every raw sample: the oracle), fleet-now (gpufleet.analytics.fleet_now.gpu_states at END,
+the look-back's summarised hours from their run facts), fleet-now-raw (the same from every raw
+sample). The answers go to OUT (Parquet, one file per frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
 seconds, VmHWM and the answers' rows.
 """
 

@@ -386,7 +386,7 @@ def test_segments_join_between_the_times_an_analysis_looks_up(tmp_path):
     assert not bad, "\n".join(bad)
     assert isinstance(an.gt, SummaryTime) and an.gt.grid_us == 3600 * 1_000_000
     rows = con.execute("SELECT count(*) FROM gpu_summaries").fetchone()[0]
-    assert an.gt.summary_buckets < rows / 5  # joined: ~15 an hour per GPU... ~1 now
+    assert an.gt.summary_buckets < rows / 5  # 12+ rows a GPU-hour, joined to about one entry a GPU-hour
     raw = Analysis(con, p, now=T(20), summaries=False)
     assert frames_equal(utilization_timeline(raw, "account"), utilization_timeline(an, "account"))
     assert an.gt._refined is None  # every look-up on an entry's edge
