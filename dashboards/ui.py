@@ -55,7 +55,7 @@ USD_D3 = "$,.2f"  # Altair/Vega tooltips and axes
 def usd(x: float | None) -> str:
     if _bad(x):
         return "unknown"
-    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
+    return f"-${-x:,.2f}" if x < 0 else f"${abs(x):,.2f}"  # abs: -0.0 reads $0.00, not $-0.00
 
 
 def pct(x: float | None) -> str:
