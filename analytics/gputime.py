@@ -118,8 +118,7 @@ class GpuTime:
         np.copyto(busy, 0.0, where=no_util)
         np.copyto(sec, 0.0, where=no_util)
         del no_util
-        self.cdata = np.cumsum(sec, out=sec)
-        self.cbusy = np.cumsum(busy, out=busy)
+        self.cdata, self.cbusy = per_gpu_cumsum(t0, self.span, sec, busy)
 
     @property
     def ids(self) -> pl.DataFrame:
@@ -137,7 +136,8 @@ class GpuTime:
         gid = np.asarray(gid, dtype=np.int64)
 
         def at(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            # the last interval starting at or before t; if it is another GPU's, t is before this GPU's first
+            # the GPU's sums up to t: the last interval starting at or before t; if it is another
+            # GPU's, t is before this GPU's first (its sums start again at 0 with each GPU)
             k = self.key(gid, t)
             if not len(self.t0):
                 return np.zeros(len(k)), np.zeros(len(k))
@@ -146,10 +146,11 @@ class GpuTime:
             ok = (j >= 0) & (self.t0[jj] >= gid * self.span)
             part = np.where(ok, np.clip(k - self.t0[jj], 0, self.t1[jj] - self.t0[jj]), 0) / np.where(
                 ok & (self.t1[jj] > self.t0[jj]), self.t1[jj] - self.t0[jj], 1)
+            first = self.t0[np.maximum(jj - 1, 0)] < gid * self.span  # interval jj is the GPU's first
             out = []
             for c in (self.cdata, self.cbusy):
-                before = np.where(jj > 0, c[np.maximum(jj - 1, 0)], 0.0)  # everything before interval jj
-                out.append(np.where(ok, before + part * (c[jj] - before), np.where(j >= 0, c[jj], 0.0)))
+                before = np.where((jj > 0) & ~first, c[np.maximum(jj - 1, 0)], 0.0)  # the GPU's intervals before jj
+                out.append(np.where(ok, before + part * (c[jj] - before), 0.0))
             return out[0], out[1]
 
         ad, ab = at(a)
@@ -327,6 +328,22 @@ class GpuTime:
         vid = self._vid_of(i0)
         return pl.DataFrame({"gid": gid, "vid": vid, "r0": r0 - gid * self.span + self.base, "r1": r1 - gid * self.span + self.base},
                             schema={"gid": pl.Int64, "vid": pl.Int64, "r0": pl.Int64, "r1": pl.Int64})
+
+
+def per_gpu_cumsum(keys: np.ndarray, span: int, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Cumulative sums of each x along a line of keys (gid x span + t, in order) that start again
+    at each GPU's first entry, in place: a look-up subtracts two sums of one GPU, so it rounds at
+    the GPU's scale, not the fleet's (one sum over a week of 4,096 GPUs, ~2.5e9 s, moved a nearly
+    idle job's busy seconds in their 8th digit)."""
+    if not len(keys):
+        return xs
+    g = keys // span
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+    ends = np.append(starts[1:], len(keys))
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        for x in xs:
+            np.cumsum(x[s:e], out=x[s:e])
+    return xs
 
 
 def search(line: np.ndarray, keys: np.ndarray, side: str = "left") -> np.ndarray:

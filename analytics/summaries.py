@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.gputime import GpuTime, _side_by_side, _variants, search
+from gpufleet.analytics.gputime import GpuTime, _side_by_side, _variants, per_gpu_cumsum, search
 from gpufleet.times import epoch_us, from_epoch_us
 from gpufleet.collector import summaries as cs
 
@@ -355,11 +355,11 @@ class SummaryTime(GpuTime):
         self._seg_vid = np.concatenate([rv, sv])[order]
         seg_equiv, seg_data = equiv[sv], column("data_s")
         del sv
-        self.cdata = np.cumsum(np.concatenate([np.where(known, sec, 0.0), seg_data * seg_equiv])[order])
+        cdata = np.concatenate([np.where(known, sec, 0.0), seg_data * seg_equiv])[order]
         seg_known = seg_data > 0 if detail else None
         del seg_data
         busy = np.where(known, np.divide(util, 100, dtype=np.float64) * sec, 0.0)
-        self.cbusy = np.cumsum(np.concatenate([busy, column("busy_s") * seg_equiv])[order])
+        self.cdata, self.cbusy = per_gpu_cumsum(self.t0, self.span, cdata, np.concatenate([busy, column("busy_s") * seg_equiv])[order])
         del seg_equiv, busy
         self.raw_pieces, self.summary_buckets = nr, ns
         if detail:

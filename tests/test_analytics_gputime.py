@@ -8,8 +8,10 @@ split over several files, some interleaved in time (the arrays then need a full 
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -102,3 +104,30 @@ def test_arrays_match_the_sql_definitions(fleet, split):
             got = an.idle_stretches(kind).drop("island", "gpu_h", "usd_per_gpu_hour", "cost")
             ref = an.q(f"SELECT * EXCLUDE (island) FROM ({oracle_sql.islands(pred)}) WHERE in_window_s > 0")
             assert frames_equal(got.select(ref.columns), ref.cast(got.select(ref.columns).schema)), kind
+
+
+@SETTINGS
+@given(st.lists(st.floats(1e5, 1e7), min_size=1, max_size=300), st.lists(st.floats(1e-6, 1.0), min_size=2, max_size=30),
+       st.integers(0, 300), st.data())
+def test_look_ups_round_at_the_gpus_scale_not_the_fleets(big, small, where, data):
+    """A nearly idle GPU's seconds among GPUs of a week's seconds: a look-up on it is exact to the
+    GPU's own scale (the sums start again with each GPU; one sum over the fleet rounded them at the
+    fleet's total, ~1e-7 s a week at 4,096 GPUs)."""
+    from gpufleet.analytics.gputime import GpuTime, per_gpu_cumsum
+
+    where = min(where, len(big))
+    gt = GpuTime.__new__(GpuTime)
+    gt.base, gt.span, step = 0, 10**13, 1_000_000
+    per_gpu = [[x] for x in big[:where]] + [small] + [[x] for x in big[where:]]
+    t0 = np.concatenate([g * gt.span + np.arange(len(xs)) * step for g, xs in enumerate(per_gpu)]).astype(np.int64)
+    gt.t0, gt.t1 = t0, t0 + step
+    sec = np.array([x for xs in per_gpu for x in xs])
+    gt.cdata, gt.cbusy = per_gpu_cumsum(gt.t0, gt.span, sec, sec / 2)
+    i = data.draw(st.integers(0, len(small) - 1))
+    j = data.draw(st.integers(i + 1, len(small)))
+    got, half = gt.integrals(np.array([where]), np.array([i * step]), np.array([j * step]))
+    scale = 1e-12 * math.fsum(small)
+    assert got[0] == pytest.approx(math.fsum(small[i:j]), rel=0, abs=scale)
+    assert half[0] == pytest.approx(math.fsum(small[i:j]) / 2, rel=0, abs=scale)
+    # before a GPU's first interval, and a GPU with none, hold no seconds
+    assert gt.integrals(np.array([where, len(per_gpu)]), np.array([-step, 0]), np.array([0, step]))[0].tolist() == [0.0, 0.0]
