@@ -227,11 +227,11 @@ class Analysis:
         return self._memo[("detail",)].clone()
 
     def _exec(self, query: str) -> None:
-        self.con.execute(query, {k: v for k, v in self.bind.items() if f"${k}" in query})
+        self.con.execute(query, sql.bound(query, self.bind))
 
     def q(self, query: str, **extra: Any) -> pl.DataFrame:
         """Run a query with this analysis' bound parameters (plus `extra` ones)."""
-        names = {k: v for k, v in {**self.bind, **extra}.items() if f"${k}" in query}
+        names = sql.bound(query, {**self.bind, **extra})
         return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
 
     # --- per GPU ---

@@ -71,7 +71,7 @@ STATUSES = ("ok", "error", "lost", "no data")
 def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:
     cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions
     try:
-        names = {k: v for k, v in binds.items() if f"${k}" in query}
+        names = sql.bound(query, binds)
         return pl.from_arrow(cur.sql(query, params=names).to_arrow_table())
     finally:
         cur.close()

@@ -52,7 +52,7 @@ class GpuTime:
     def _build(self, con: Any, bind: dict[str, Any], detail: bool, held_only: bool) -> None:
         q = {(False, False): sql.SAMPLE_ARRAYS, (True, False): sql.SAMPLE_ARRAYS_DETAIL,
              (False, True): sql.SAMPLE_ARRAYS_HELD, (True, True): sql.SAMPLE_ARRAYS_HELD_DETAIL}[(detail, held_only)]
-        tab = con.sql(q, params={k: v for k, v in bind.items() if f"${k}" in q}).to_arrow_table()
+        tab = con.sql(q, params=sql.bound(q, bind)).to_arrow_table()
         xstart, xend = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
         self.base = xstart - gap - 1
@@ -424,7 +424,7 @@ def _variants(con: Any, bind: dict[str, Any], hashes: np.ndarray) -> pl.DataFram
         if missing.height:
             q = sql.SAMPLE_VARIANTS
             con.register("_want_h", missing.to_arrow())
-            more = pl.from_arrow(con.sql(q, params={k: v for k, v in bind.items() if f"${k}" in q}).to_arrow_table())
+            more = pl.from_arrow(con.sql(q, params=sql.bound(q, bind)).to_arrow_table())
             found = pl.concat([found, more], how="vertical_relaxed")
     finally:
         con.unregister("_want_h")

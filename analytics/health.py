@@ -49,7 +49,7 @@ def _binds(params: Params, **extra: Any) -> dict[str, Any]:
 
 
 def _arrow(cur: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pa.Table:
-    return cur.sql(query, params={k: v for k, v in binds.items() if f"${k}" in query}).to_arrow_table()
+    return cur.sql(query, params=sql.bound(query, binds)).to_arrow_table()
 
 
 def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:

@@ -25,10 +25,22 @@ Figures clip everything to [$start, $end) with clip_seconds().
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_EVENT_COUNTERS, HEALTH_HOURS, HW_SLOWDOWN_BITS, NOW_HOURS, POWER_BITS,
                                       THERMAL_BITS)
+
+_PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def bound(query: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values that `query` names ($name), to bind: DuckDB refuses a named parameter the query
+    does not use. Whole names: "$bucket" is not a use of $bucket_us."""
+    used = set(_PARAM.findall(query))
+    return {k: v for k, v in values.items() if k in used}
+
 
 # --- fragments the queries below share ---
 

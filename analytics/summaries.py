@@ -61,12 +61,12 @@ _BATCH_ROWS = 1_000_000  # summary rows per batch: ~0.3 GB while a batch is cut 
 
 
 def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
-    return pl.from_arrow(con.sql(query, params={k: v for k, v in bind.items() if f"${k}" in query}).to_arrow_table())
+    return pl.from_arrow(con.sql(query, params=sql.bound(query, bind)).to_arrow_table())
 
 
 def _batches(con: Any, query: str, bind: dict[str, Any]) -> Iterator[pl.DataFrame]:
     """The query's rows a batch at a time, as DuckDB streams them (in no particular order)."""
-    reader = con.sql(query, params={k: v for k, v in bind.items() if f"${k}" in query}).to_arrow_reader(_BATCH_ROWS)
+    reader = con.sql(query, params=sql.bound(query, bind)).to_arrow_reader(_BATCH_ROWS)
     for batch in reader:
         if batch.num_rows:
             yield pl.from_arrow(batch)

@@ -95,7 +95,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     extra = {"bucket": bsec}
 
     def q(query: str) -> pl.DataFrame:
-        names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
+        names = sql.bound(query, {**a.bind, **extra})
         return pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
 
     base: dict[str, pl.DataFrame] = {}

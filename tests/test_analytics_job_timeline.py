@@ -39,7 +39,7 @@ from gpufleet.analytics import jobs as ajobs
 from gpufleet.analytics import timeline
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params
-from gpufleet.analytics.sql import BUCKET_ORIGIN, split_at_buckets
+from gpufleet.analytics.sql import BUCKET_ORIGIN, bound, split_at_buckets
 from gpufleet.analytics.timeline import default_bucket
 from tests.support import oracle_sql
 
@@ -80,7 +80,7 @@ def reference_job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bu
                sum(s * equiv) FILTER (WHERE util IS NOT NULL) / 3600 AS data_h
         FROM ({split(src, 'p0', 'p1', 'host, gpu, gpu_uuid, gi, util, fb_used_mib, equiv')})
         GROUP BY k, host, gpu_uuid, gi"""
-    names = {k: v for k, v in {**a.bind, **extra}.items() if f"${k}" in query}
+    names = bound(query, {**a.bind, **extra})
     df = pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
     if df.is_empty():
         return pl.DataFrame(schema={"bucket": pl.Datetime("us"), "host": pl.Utf8, "gpu": pl.Int16, "gpu_uuid": pl.Utf8, "gi": pl.Int16,

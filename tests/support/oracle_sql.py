@@ -20,7 +20,7 @@ query them with Analysis.q.
 from __future__ import annotations
 
 from gpufleet.analytics.core import Analysis
-from gpufleet.analytics.sql import clip_seconds, gpu_equiv
+from gpufleet.analytics.sql import bound, clip_seconds, gpu_equiv
 
 INTERVALS = f"""
 CREATE OR REPLACE TEMP TABLE iv AS
@@ -117,4 +117,4 @@ def build(a: Analysis, *names: str) -> None:
     have = temp_tables(a)
     for name, stmt in (("iv", INTERVALS), ("pc", PIECES)):  # pc is built from iv
         if name in need and name not in have:
-            a.con.execute(stmt, {k: v for k, v in a.bind.items() if f"${k}" in stmt})
+            a.con.execute(stmt, bound(stmt, a.bind))
