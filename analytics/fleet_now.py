@@ -226,20 +226,22 @@ def host_freshness(states: pl.DataFrame) -> pl.DataFrame:
 def collector_status(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
     """What the store's manifest says about the collector: last publish, its age, version, and
     the inputs it did not recognize (newest first: source, input, kind, detail, count,
-    first_seen, last_seen; see StoreWriter.note_unrecognized).
+    first_seen, last_seen; see StoreWriter.note_unrecognized), and how many summarised hours wait
+    for upkeep to rebuild their summaries (`summaries`: gpufleet.collector.store.summary_backlog).
 
     The collector publishes after every commit, so the age of the last publish is how long ago
     the collector last wrote anything. A sharded store (gpufleet.collector.shard) has one per
     shard, listed in `shards`; the top-level figures are the stalest shard's, so a dead shard
     shows. Returns {"published_at": None, ...} for a missing store.
     """
-    from gpufleet.collector.store import StoreError, read_manifests
+    from gpufleet.collector.store import StoreError, read_manifests, summary_backlog
 
     now = now or utcnow()
     try:
         parts = read_manifests(root)
     except StoreError:
-        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": [], "shards": []}
+        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": [], "shards": [],
+                "summaries": summary_backlog([])}
     shards = []
     for directory, m in parts:
         try:
@@ -258,6 +260,7 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
         "age_s": stalest["age_s"],
         "version": sum(x["version"] or 0 for x in shards),
         "sample_files": sum(len(m.get("samples", [])) for _, m in parts),
+        "summaries": summary_backlog(e for _, m in parts for e in m.get("summaries", []) if isinstance(e, dict) and "hour" in e),
         "unrecognized": unrecognized,
         "shards": shards if len(parts) > 1 or shards[0]["shard"] is not None else [],
     }

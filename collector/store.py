@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import duckdb
 import pyarrow as pa
@@ -1022,6 +1022,36 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def _summary_current(entry: dict[str, Any]) -> bool:
+    """Is a summary's manifest entry of this version's format (the last version wrote none: 2)?"""
+    from gpufleet.collector import summaries
+
+    return entry.get("format", 2) == summaries.FORMAT_VERSION
+
+
+def _health_current(entry: dict[str, Any]) -> bool:
+    """Has a summary's manifest entry a health summary of this version's format?"""
+    return bool(entry.get("health")) and entry.get("health_format") == schema.HEALTH_FORMAT_VERSION
+
+
+def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Of the hours that summary entries (a writer's, or the manifests') stand for: how many, and
+    how many wait for upkeep to rebuild their summary (`awaiting_rebuild`: written in an older
+    format) or to build their health summary (`health_awaiting_rebuild`: none, or an older format).
+    Readers take those hours from the raw samples meanwhile: the same figures, slower - which the
+    Health page and gpufleet_collect_summary_hours say, so it is never silent."""
+    hours: set[str] = set()
+    old: set[str] = set()
+    health_old: set[str] = set()
+    for e in entries:
+        hours.add(e["hour"])
+        if not _summary_current(e):
+            old.add(e["hour"])
+        if not _health_current(e):
+            health_old.add(e["hour"])
+    return {"hours": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old)}
+
+
 def _summary_files(entry: dict[str, Any]) -> list[str]:
     """The files a summary's manifest entry owns: its rows and, once built, its health summary."""
     return [f for f in (entry["file"], entry.get("health")) if f]
@@ -1042,7 +1072,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         listed = set(m.get("samples", []))
         for e in m.get("summaries", []):
             # an hour summarised in another format (an older version) waits for upkeep to rebuild it
-            if e.get("sources") and set(e["sources"]) <= listed and e.get("format", 2) == summaries.FORMAT_VERSION:
+            if e.get("sources") and set(e["sources"]) <= listed and _summary_current(e):
                 key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")),
                        e.get("hash_by"))
                 by_key.setdefault(key, []).append((d, e))
@@ -1087,7 +1117,7 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
     chosen: dict[str, tuple[tuple, list[str]]] = {}
     for key in sorted(by_key):
         entries = by_key[key]
-        if key[0] not in chosen and all(e.get("health") and e.get("health_format") == schema.HEALTH_FORMAT_VERSION for _, e in entries):
+        if key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
     hours = sorted(chosen)
     con.register("_health_hours", pa.table({

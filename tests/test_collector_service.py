@@ -155,9 +155,13 @@ def test_service_upkeep_compacts_closed_hours_and_reports_itself(tmp_path):
     c = Collector(StoreWriter(tmp_path), [ScheduledSource(FakeSource("src", rounds), 1)], clock=lambda: T0 + timedelta(hours=2))
     c.run_once()
     assert len(json.loads((tmp_path / "manifest.json").read_text())["samples"]) == 4
+    assert metric(c, "gpufleet_collect_summary_hours", state="summarised") == 0
     c.maintain(raw_days=35, rollup_days=400)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len(manifest["samples"]) == 1 and "compact-12" in manifest["samples"][0]
     assert len(manifest["rollup_5m"]) == 1
     assert open_reader(tmp_path).execute("SELECT samples, gpu_util_avg FROM gpu_rollup_5m").fetchall() == [(4, 1.5)]  # (0+1+2+3)/4
     assert metric(c, "gpufleet_collect_source_success", source="maintenance") == 1
+    # the hour is summarised, utilization and health alike: nothing waits for a rebuild
+    assert [metric(c, "gpufleet_collect_summary_hours", state=s) for s in ("summarised", "awaiting_rebuild", "health_awaiting_rebuild")] == [
+        len(manifest["summaries"]), 0, 0] and manifest["summaries"]

@@ -278,6 +278,36 @@ def test_health_lists_the_inputs_the_collector_did_not_recognize(tmp_path, use_s
     assert "Inputs the collector did not recognize" in [h.value for h in at.subheader]
 
 
+def test_health_says_how_many_hours_wait_for_their_summaries(tmp_path, store, use_store):
+    """Hours whose summaries upkeep has still to rebuild are read raw (same figures, slower): the
+    Health page says how many, never silently."""
+    import shutil
+
+    from gpufleet.collector.maintenance import compact
+
+    shutil.copytree(store, tmp_path / "s")
+    w = StoreWriter(tmp_path / "s")
+    compact(w, T(20))
+    w.close()
+    manifest = tmp_path / "s" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    hours = len(m["summaries"])
+    assert hours, "upkeep summarised the pages' store"
+    use_store(tmp_path / "s")
+    at = goto(open_app(), "health")
+    assert f"Summaries: {hours} hours summarised; waiting for the collector's upkeep to rebuild them: 0 (utilization, an older format), 0 (health)" \
+        in [t.value for t in at.text]
+    assert not [c for c in at.caption if "Until upkeep rebuilds them" in c.value]
+    for e in m["summaries"][:2]:
+        e.pop("health", None)
+        e["format"] = 2
+    manifest.write_text(json.dumps(m))
+    at = goto(open_app(), "health")
+    assert f"Summaries: {hours} hours summarised; waiting for the collector's upkeep to rebuild them: 2 (utilization, an older format), 2 (health)" \
+        in [t.value for t in at.text]
+    assert [c for c in at.caption if "Until upkeep rebuilds them" in c.value]
+
+
 def test_mfu(store, a, use_store):
     use_store(store)
     at = goto(open_app(), "mfu")

@@ -27,6 +27,7 @@ from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleet
 from test_analytics_summaries import by_shard, host_of_shard, late_and_fresh, mig_some, split
 
 from gpufleet.analytics import fleet_now, health
+from gpufleet.analytics.fleet_now import collector_status
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.shard import Shard
@@ -246,9 +247,12 @@ def test_hours_summarised_before_health_summaries_read_raw_until_upkeep_adds_the
     assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == 0
     assert not compare(con, p)
     con.close()
+    hours = len(m["summaries"])
+    assert collector_status(tmp_path)["summaries"] == {"hours": hours, "awaiting_rebuild": 0, "health_awaiting_rebuild": hours}  # said
     w = StoreWriter(tmp_path)
     compact(w, at(5 * 3600), SummaryParams(max_gap_s=MAX_GAP))
     w.close()
+    assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
     con = open_reader(tmp_path)
     assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == con.execute("SELECT count(*) FROM summary_hours").fetchone()[0] >= 3
     assert not compare(con, p)
