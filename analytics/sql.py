@@ -29,8 +29,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_EVENT_COUNTERS, HEALTH_HOURS, HW_SLOWDOWN_BITS, NOW_HOURS, POWER_BITS,
-                                      THERMAL_BITS)
+from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_EVENT_COUNTERS, HEALTH_HOURS, HW_SLOWDOWN_BITS,
+                                      LINE_COLUMNS, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -136,16 +136,13 @@ _VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT A
 # (oracle_sql.NO_PROCESS_PRED)
 _SAMPLE_ARRAYS = f"""
 SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
-       coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
-       coalesce(compute_processes = 0, false) AS nop{{detail}}
+       {LINE_COLUMNS.format(s="")}{{detail}}
 FROM gpu_samples
 WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
   AND {_FILTERS}{{held}}
 """
 # ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
-_DETAIL_COLUMNS = """,
-       coalesce({s}fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce({s}tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
-       coalesce({s}sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock"""
+_DETAIL_COLUMNS = ",\n       " + LINE_DETAIL_COLUMNS
 # ... of the GPUs the analysis' allocations (al) hold only: under a job filter (a job's report)
 # the selected jobs' figures need no other GPU's samples
 _HELD = """
@@ -202,14 +199,13 @@ SUMMARY_ROWS_DETAIL = _SUMMARY_ROWS.format(detail=""",
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
 # (SAMPLE_ARRAYS): every GPU's in [$raw_lo, $raw_hi) (a run of buckets, bucket k: [k x $bucket_us,
 # (k + 1) x $bucket_us) since the epoch), and one GPU's in the buckets _raw_gk names.
-_RAW_SAMPLES = """
+_RAW_SAMPLES = f"""
 SELECT hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
        hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER) AS gh, epoch_us(s.ts) AS ts,
-       coalesce(coalesce(s.gpu_util, s.gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
-       coalesce(s.compute_processes = 0, false) AS nop{detail}
-FROM gpu_samples s{join}
+       {LINE_COLUMNS.format(s="s.")}{{detail}}
+FROM gpu_samples s{{join}}
 WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
-  AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model){which}
+  AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model){{which}}
 """
 _ALL_GPUS = dict(join="", which="""
   AND s.ts >= $raw_lo AND s.ts < $raw_hi""")  # one run of whole buckets: the files' ts statistics prune the rest

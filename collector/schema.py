@@ -415,17 +415,25 @@ WHERE c.t >= $lo AND c.t < $hi
 # no compute process), with the GPU (g) and its variant (v) numbered, ordered by GPU and time.
 # {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side);
 # $host_lo, $host_hi: only the hosts in [$host_lo, $host_hi) (a rebuild task's share; NULL: open).
-SUMMARY_SAMPLES = """
+# A sample's figures as the per-GPU line reads them, said once for the summary writer
+# (SUMMARY_SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,
+# RAW_BUCKETS_*), so both apply one rule: NaN for a figure not reported (the columns reach numpy
+# without a copy), a MIG instance's utilization its graphics-engine activity, nop = held with no
+# compute process. {s}: the samples' table alias and a dot, or "".
+LINE_COLUMNS = """coalesce(coalesce({s}gpu_util, {s}gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
+       coalesce({s}compute_processes = 0, false) AS nop"""
+# ... and what the per-job detail adds up (memory high-water, MFU's tensor activity and SM clock)
+LINE_DETAIL_COLUMNS = """coalesce({s}fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce({s}tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
+       coalesce({s}sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock"""
+
+SUMMARY_SAMPLES = f"""
 SELECT dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi) AS g,
        dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi, gpu, model, mig_profile) AS v, *
 FROM (
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu::INTEGER AS gpu, model, mig_profile,
-           epoch_us(ts) AS ts,
-           coalesce(coalesce(gpu_util, gr_engine_active * 100)::FLOAT, 'NaN'::FLOAT) AS util,
-           coalesce(compute_processes = 0, false) AS nop,
-           coalesce(tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power,
-           coalesce(fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce(sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock
-    FROM read_parquet({files}) WHERE ts >= $lo AND ts < $hi
+           epoch_us(ts) AS ts, {LINE_COLUMNS.format(s="")},
+           {LINE_DETAIL_COLUMNS.format(s="")}, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power
+    FROM read_parquet({{files}}) WHERE ts >= $lo AND ts < $hi
       AND ($host_lo IS NULL OR host >= $host_lo) AND ($host_hi IS NULL OR host < $host_hi))
 ORDER BY g, ts
 """
