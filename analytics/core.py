@@ -133,11 +133,12 @@ class Analysis:
         `summaries`: take whole buckets from the store's per-GPU summaries where they exist for
         these parameters (analytics/summaries.py; the same figures); False: every sample (the
         raw path, the tests' oracle); None: as params.summaries ([analytics] summaries).
-        `held_only`: under a job filter (account, user, partition), read the samples of the GPUs
-        the selected jobs held only - the jobs' figures are the same (each depends on its own
-        GPUs' samples), and no GPU figure is attributable under a job filter anyway - for a job's
-        report, where the rest of a large fleet would be read for nothing (the raw path; summaries
-        are read for the fleet). Ignored without a job filter."""
+        `held_only`: under a job filter (account, user, partition), read the samples (or the
+        summaries) of the GPUs the selected jobs held only - the jobs' figures are the same (each
+        depends on its own GPUs' samples), and no GPU figure is attributable under a job filter
+        anyway (per_gpu() then lists the held GPUs' figures only) - for a job's report or a team's
+        window, where the rest of a large fleet would be read for nothing. Ignored without a job
+        filter."""
         # a cursor of its own: the temp tables below are private to this analysis, so two
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
@@ -158,9 +159,12 @@ class Analysis:
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
         summaries = params.summaries if summaries is None else summaries
-        st = summary_time(self.con, self.bind, self.q(sql.ALLOCATION_CUTS), detail=detail,
-                          grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000)) if summaries else None
         self._held_only = held_only and self.job_filtered
+        st = None
+        if summaries:
+            cuts = self.q(sql.ALLOCATION_CUTS)  # al: under a job filter, the selected jobs' allocations
+            st = summary_time(self.con, self.bind, cuts, detail=detail, grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000),
+                              held=np.unique(cuts["gh"].to_numpy()) if self._held_only else None)
         self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail, held_only=self._held_only)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()

@@ -154,32 +154,36 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
 
 
 def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False,
-                 grid_us: int | None = None) -> "SummaryTime | None":
+                 grid_us: int | None = None, held: np.ndarray | None = None) -> "SummaryTime | None":
     """The window's line from summaries, or None when no summarised hour with these parameters
     meets the read window (then the raw arrays, GpuTime, are the way). `cuts`: cluster, host,
     gpu_uuid, gi, t (epoch us) - the times the analysis will look up on each GPU. `detail`: also
     what allocation_detail adds up (memory, tensor activity, clock). `grid_us`: the step of the
     times every GPU will be looked up at from the window's start on (a timeline's bucket edges):
-    segments are joined between those and the cuts (None: each segment stays one entry)."""
+    segments are joined between those and the cuts (None: each segment stays one entry).
+    `held`: only these GPUs (their hashes, as `cuts` names them: gh) - under a job filter, the
+    GPUs the selected jobs held (Analysis held_only); None: every GPU."""
     hours = _q(con, sql.SUMMARY_HOURS, {**bind, "hash_by": cs.HASH_BY})
     if hours.is_empty():
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
-    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s, detail=detail, grid_us=grid_us)
+    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s, detail=detail, held=held,
+                       grid_us=grid_us)
 
 
 class SummaryTime(GpuTime):
     """GpuTime's interface (gpus, ids, integrals, overlaps, per_gpu, runs) over summaries."""
 
     def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int,
-                 detail: bool = False, also_raw: frozenset[int] = frozenset(), grid_us: int | None = None):
+                 detail: bool = False, held: np.ndarray | None = None, also_raw: frozenset[int] = frozenset(),
+                 grid_us: int | None = None):
         """`also_raw`: more buckets (k: [k x bucket, (k + 1) x bucket) since the epoch) to read raw
         for every GPU - those a look-up fell inside (see _answering). `detail`: also keep, per
-        segment and raw piece, what allocation_detail adds up. `grid_us`: see summary_time."""
+        segment and raw piece, what allocation_detail adds up. `held`, `grid_us`: see summary_time."""
         self.fb = self.tensor = self.clock = None  # no per-sample detail arrays (GpuTime's bucket_detail reads raw)
         self.has_detail = detail
         self._con, self._bind, self._refined = con, bind, None
-        self._args = (con, bind, cuts, hours, bucket_s, detail)
+        self._args = (con, bind, cuts, hours, bucket_s, detail, held)
         self.also_raw, self.grid_us = also_raw, grid_us
         xs, xe = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
@@ -218,6 +222,8 @@ class SummaryTime(GpuTime):
         for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list()}):
             k = batch["b0"].to_numpy() // b
             use = (k >= kx0) & (k <= kx1) & ~np.isin(k, raw_ks)
+            if held is not None:
+                use &= np.isin(batch["gh"].to_numpy(), held)
             if not use.all():
                 batch, k = batch.filter(pl.Series(use)), k[use]
             if not len(k):
@@ -282,6 +288,8 @@ class SummaryTime(GpuTime):
             finally:
                 con.unregister("_raw_gk")
             raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
+        if raw is not None and held is not None:
+            raw = raw.filter(pl.col("gh").is_in(pl.Series(held, dtype=pl.UInt64).implode()))
         if raw is None:
             raw = pl.DataFrame(schema={"h": pl.UInt64, "gh": pl.UInt64, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean,
                                        **({"fb": pl.Float32, "tensor": pl.Float32, "clock": pl.Float32} if detail else {})})

@@ -109,7 +109,7 @@ def baseline(con: duckdb.DuckDBPyConnection, params: Params, previous: Params, t
 
 
 def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Totals:
-    return Analysis(con, params.previous(), now=now).totals()
+    return Analysis(con, params.previous(), now=now, held_only=True).totals()  # held_only: under a job filter, its jobs' GPUs
 
 
 def previous_baseline(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Baseline:

@@ -242,7 +242,8 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    a = Analysis(reader(w.root), p, now=w.as_of, detail=True)  # the job list and MFU read the detail
+    # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
+    a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}

@@ -111,17 +111,23 @@ def mismatches(raw: dict, got: dict) -> list[str]:
     return bad
 
 
-def compare(con, p: Params, now: datetime, detail: bool = False) -> tuple[list[str], Analysis]:
+def compare(con, p: Params, now: datetime, detail: bool = False, held_only: bool = False) -> tuple[list[str], Analysis]:
     """The raw path's figures against the summaries path's; with `detail`, the summaries path
     reads the detail columns up front (as the dashboards and the report do) and the per-job
-    figures are compared too (the raw path re-reads its window with them)."""
+    figures are compared too (the raw path re-reads its window with them). `held_only`: the
+    summaries path reads the GPUs a job filter's jobs held only (Analysis held_only): the same
+    figures, per GPU those GPUs' rows."""
     raw = Analysis(con, p, now=now, summaries=False)
-    summ = Analysis(con, p, now=now, summaries=True, detail=detail)
+    summ = Analysis(con, p, now=now, summaries=True, detail=detail, held_only=held_only)
     assert isinstance(raw.gt, GpuTime) and not isinstance(raw.gt, SummaryTime)
-    got = figures(summ, detail)
+    want, got = figures(raw, detail), figures(summ, detail)
+    if held_only:
+        held = raw.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al")
+        want["per_gpu"], got["per_gpu"] = (f.join(held, on=["cluster", "host", "gpu_uuid", "gi"], how="semi", nulls_equal=True)
+                                           for f in (want["per_gpu"], got["per_gpu"]))
     if detail and isinstance(summ.gt, SummaryTime):
         assert summ.gt.fb is None  # answered from the summaries, no raw re-read
-    return mismatches(figures(raw, detail), got), summ
+    return mismatches(want, got), summ
 
 
 def params(fleet, a: int, b: int, **kw) -> Params:
@@ -156,6 +162,10 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
         for f in (Filters(account="alpha"), Filters(model=A100)):
             bad, _ = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail)
             assert not bad, (f, "\n".join(bad))
+        # a team's window as the dashboards read it: the summaries of the GPUs its jobs held only
+        bad, an = compare(con, params(fleet, a, b, filters=Filters(account="alpha")), at(fleet["now"]), detail, held_only=True)
+        assert not bad, "\n".join(bad)
+        assert an.gt.ids.height <= an.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height  # no other GPU read
         summarised = con.execute("SELECT count(*) FROM summary_hours").fetchone()[0]
         assert used or not summarised  # the path was taken where summaries exist
 
