@@ -193,6 +193,32 @@ class Analysis:
         self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
         self.con.register("alv", self._alv.to_arrow())
 
+    def _held_data(self, s: int, e: int) -> pl.DataFrame:
+        """gid, alloc_data_s: each GPU's data seconds in [s, e) (epoch us) while any job held it -
+        its allocations' union, overlapping or touching ones (a shared GPU, a mapping that outlives
+        its job by max_gap) as one, so a second holder is not counted twice (the rule of
+        tests/support/oracle_sql.HELD), merged in arrays: a sort of the allocations, no SQL window."""
+        al = self._alv.filter(pl.col("gid").is_not_null())  # a GPU with no sample holds no data
+        gid = al["gid"].to_numpy().astype(np.int64)
+        a0 = np.maximum(al["a0"].dt.epoch("us").to_numpy(), s)
+        a1 = np.minimum(al["a1"].dt.epoch("us").to_numpy(), e)
+        some = a1 > a0  # the union of the clipped allocations is the clipped union
+        width = e - s + 1  # keys gid x width + (t - s): one ascending line over every GPU
+        k0, k1 = gid[some] * width + (a0[some] - s), gid[some] * width + (a1[some] - s)
+        order = np.lexsort((k1, k0))
+        k0, k1 = k0[order], k1[order]
+        if not len(k0):
+            return pl.DataFrame(schema={"gid": pl.Int64, "alloc_data_s": pl.Float64})
+        reach = np.maximum.accumulate(k1)  # the furthest end so far (of this GPU: keys ascend by GPU)
+        first = np.ones(len(k0), dtype=bool)
+        first[1:] = k0[1:] > reach[:-1]  # starts a holding unless it meets one already open
+        at = np.flatnonzero(first)
+        m0, m1 = k0[at], np.maximum.reduceat(k1, at)
+        g = m0 // width
+        data, _ = self.gt.integrals(g, m0 - g * width + s, m1 - g * width + s)
+        gids, where = np.unique(g, return_index=True)
+        return pl.DataFrame({"gid": gids, "alloc_data_s": np.add.reduceat(data, where)}, schema={"gid": pl.Int64, "alloc_data_s": pl.Float64})
+
     def detail_time(self) -> GpuTime:
         """The window's raw arrays with the detail columns (memory, tensor activity, SM clock), for
         a job's GPU timeline (GpuTime.bucket_detail): the first call re-reads the window with them
@@ -248,13 +274,7 @@ class Analysis:
 
     def _per_gpu(self) -> pl.DataFrame:
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-        use = self.gt.per_gpu(s, e)
-        held = self.q(sql.HELD).join(use.select("cluster", "host", "gpu_uuid", "gi", "gid"),
-                                     on=["cluster", "host", "gpu_uuid", "gi"], how="inner")
-        data, _ = self.gt.integrals(held["gid"].to_numpy(), np.maximum(held["a0"].dt.epoch("us").to_numpy(), s),
-                                    np.minimum(held["a1"].dt.epoch("us").to_numpy(), e))
-        alloc = held.select("gid").with_columns(alloc_data_s=pl.Series(data, dtype=pl.Float64)).group_by("gid").agg(pl.sum("alloc_data_s"))
-        use = use.join(alloc, on="gid", how="left")
+        use = self.gt.per_gpu(s, e).join(self._held_data(s, e), on="gid", how="left")
         self.con.register("gpu_use", use.to_arrow())
         try:
             return self.q(sql.PER_GPU)

@@ -15,7 +15,7 @@ One window (analytics/core.py: Analysis), over the store's reader views
   the samples, read once as arrays (SAMPLE_ARRAYS): analytics/gputime.py makes them each GPU's
         intervals (a sample holds until the next, at most max_gap) and answers data and busy
         time and idle runs by look-up. Analysis registers what it gets (alv, runs, variants,
-        gpu_use) and the figure queries (HELD, PER_GPU, STRETCHES, job_use, ...) read those.
+        gpu_use) and the figure queries (PER_GPU, STRETCHES, job_use, ...) read those.
 
 The same rules stated row by row (iv, pc, islands) are not here: no figure reads them; they are
 the tests' reference, in tests/support/oracle_sql.py.
@@ -229,18 +229,6 @@ UNION ALL SELECT hash(cluster, host, gpu_uuid, gi::INTEGER), epoch_us(a1) FROM a
 
 
 # --- the figures of one window (analytics/core.py: Analysis, over cap, al and the arrays) ---
-
-# When any job held a GPU: overlapping holders (a shared GPU, a mapping that outlives its job by
-# max_gap) merged, so a second holder is not counted twice.
-HELD = """
-SELECT cluster, host, gpu_uuid, gi, min(a0) AS a0, max(a1) AS a1 FROM (
-    SELECT *, sum(starts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1 ROWS UNBOUNDED PRECEDING) AS grp
-    FROM (SELECT cluster, host, gpu_uuid, gi, a0, a1,
-                 CASE WHEN a0 <= max(a1) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1
-                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts
-          FROM al))
-GROUP BY cluster, host, gpu_uuid, gi, grp
-"""
 
 # Per GPU: capacity from the inventory, data / busy / held-data seconds from gpu_use (gputime).
 PER_GPU = """

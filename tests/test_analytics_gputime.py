@@ -42,7 +42,7 @@ WITH u AS (
 ), a AS (
     SELECT iv.cluster, iv.host, iv.gpu_uuid, iv.gi,
            sum({sql.clip_seconds("greatest(iv.t0, held.a0)", "least(iv.t1, held.a1)")} * iv.equiv) FILTER (WHERE iv.util IS NOT NULL) AS alloc_data_s
-    FROM iv JOIN ({sql.HELD}) held
+    FROM iv JOIN ({oracle_sql.HELD}) held
       ON iv.cluster = held.cluster AND iv.host = held.host AND iv.gpu_uuid = held.gpu_uuid AND iv.gi = held.gi
      AND iv.t1 > held.a0 AND iv.t0 < held.a1
     GROUP BY ALL

@@ -12,6 +12,8 @@ compare the two on random fleets:
        time a job held a GPU, with that time's samples.
   islands(pred)  maximal stretches of one job's back-to-back pieces where `pred` holds: what
        sql.STRETCHES finds from the arrays' runs.
+  HELD  when any job held a GPU (al's overlapping or touching allocations merged): what
+       Analysis._held_data merges in arrays for per_gpu's allocated data.
 
 build(analysis, "iv", "pc") creates the temp tables on the analysis' own cursor; the tests then
 query them with Analysis.q.
@@ -98,6 +100,18 @@ HAVING sum(epoch(p1) - epoch(p0)) >= $min_idle
 """
 
 # what gputime.GpuTime.runs tests per interval, kind "idle" and kind "no_process"
+# When any job held a GPU: overlapping holders (a shared GPU, a mapping that outlives its job by
+# max_gap) merged, so a second holder is not counted twice (Analysis._held_data).
+HELD = """
+SELECT cluster, host, gpu_uuid, gi, min(a0) AS a0, max(a1) AS a1 FROM (
+    SELECT *, sum(starts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1 ROWS UNBOUNDED PRECEDING) AS grp
+    FROM (SELECT cluster, host, gpu_uuid, gi, a0, a1,
+                 CASE WHEN a0 <= max(a1) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS starts
+          FROM al))
+GROUP BY cluster, host, gpu_uuid, gi, grp
+"""
+
 IDLE_PRED = "util IS NOT NULL AND util < $thr"
 NO_PROCESS_PRED = "procs IS NOT NULL AND procs = 0"
 
