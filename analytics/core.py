@@ -156,7 +156,7 @@ class Analysis:
         }
         self.prices = price_table(params.prices)
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
-        for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
+        for stmt in (sql.CAPACITY, sql.ALLOCATIONS, sql.JOB_TABLE):
             self._exec(stmt)
         summaries = params.summaries if summaries is None else summaries
         self._held_only = held_only and self.job_filtered

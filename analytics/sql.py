@@ -12,6 +12,8 @@ One window (analytics/core.py: Analysis), over the store's reader views
   cap   capacity: each inventory GPU's seconds in the window (CAPACITY).
   al    allocation intervals: which job held which GPU, from the exporters' job mapping
         (allocations) and the scheduler's start/end (jobs) (ALLOCATIONS).
+  ja    each job that ran in the window, with its run and allocated GPU-seconds (JOB_TABLE):
+        every job query reads it, so scheduler accounting is joined once per window.
   the samples, read once as arrays (SAMPLE_ARRAYS): analytics/gputime.py makes them each GPU's
         intervals (a sample holds until the next, at most max_gap) and answers data and busy
         time and idle runs by look-up. Analysis registers what it gets (alv, runs, variants,
@@ -304,6 +306,9 @@ FROM {JOBS_SHARED}
 WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
   AND {JOB_FILTERS}
 """
+# ... computed once per analysis (the temp table ja): the job queries below - totals, utilization
+# by job dimension, the top jobs, the job list, the timelines, MFU, fairness - all read it
+JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 
 # (the rows of al, to which Analysis adds each allocation's look-ups: the table alv)
 ALLOCATION_ROWS = "SELECT * FROM al"
@@ -325,17 +330,17 @@ def job_use(keys: Sequence[str]) -> str:
 def job_allocated_by(keys: Sequence[str]) -> str:
     """Allocated GPU-hours (JOB_ALLOCATED) grouped by `keys`: column names from core.JOB_DIMS,
     never user input."""
-    return f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h FROM ({JOB_ALLOCATED}) GROUP BY ALL"
+    return f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h FROM ja GROUP BY ALL"
 
 
 # each job's GPUs, run time and allocated GPU-hours, for the ranking of wasteful jobs
-JOB_RUNTIMES = f"SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h FROM ({JOB_ALLOCATED})"
+JOB_RUNTIMES = "SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h FROM ja"
 
-ALLOCATED_GPU_H_TOTAL = f"SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ({JOB_ALLOCATED})"
+ALLOCATED_GPU_H_TOTAL = "SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ja"
 
 # --- the job list (analytics/jobs.py) ---
 
-JOB_ROWS = f"SELECT * FROM ({JOB_ALLOCATED})"
+JOB_ROWS = "SELECT * FROM ja"
 
 # --- utilization over time (analytics/timeline.py) ---
 
@@ -369,7 +374,7 @@ TIMELINE_CAPACITY = (f"SELECT {_TIMELINE_GPU_COLS} k, sum(s * equiv) / 3600 AS c
 TIMELINE_HELD = "SELECT cluster, host, gpu_uuid, gi, partition, account, user_name, a0, a1 FROM alv"
 
 # a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs
-_JOB_RUNS = f'(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ({JOB_ALLOCATED}))'
+_JOB_RUNS = '(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ja)'
 TIMELINE_ALLOCATED = f"""
 SELECT {_TIMELINE_JOB_COLS} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
@@ -381,7 +386,7 @@ FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rat
 MFU_JOBS = f"""
 WITH acct AS (
     SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
-    FROM ({JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0
+    FROM ja WHERE coalesce(gpus, 0) > 0
 ), h AS (
     SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.account, al.user_name, g.model,
            {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s
@@ -445,7 +450,7 @@ WITH d AS (
     GROUP BY ALL
 ), u AS (
     SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, sum(alloc_gpu_s) / 3600 AS used_gpu_h
-    FROM ({JOB_ALLOCATED}) WHERE coalesce(gpus, 0) > 0 GROUP BY ALL
+    FROM ja WHERE coalesce(gpus, 0) > 0 GROUP BY ALL
 )
 SELECT account, user_name, coalesce(d.jobs, 0) AS jobs, coalesce(u.used_gpu_h, 0.0) AS used_gpu_h
 FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
