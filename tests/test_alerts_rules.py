@@ -30,6 +30,7 @@ NOT_PER_GPU = {
     "GpuExporterDown", "GpuExporterTargetsAbsent", "GpufleetCollectorDown", "GpufleetCollectorTargetDown",
     "GpufleetUtilizationLow", "GpuExporterSourceFailing", "GpufleetCollectorSourceFailing",
     "GpufleetCollectorDataStale", "GpuAllocationsWithoutUtilization", "GpufleetPolicyEnforcementFailing",
+    "GpufleetSummaryBacklogStuck",
 }
 # Level conditions held for a `for:`: each needs a unit test where the condition comes and goes
 # faster than `for:` ("flapping") and no alert fires. Exempt: event windows (XID, ECC, remapped rows:
@@ -39,7 +40,7 @@ NEEDS_FLAPPING_CASE = {
     "GpuExporterDown", "GpufleetCollectorDown", "GpufleetCollectorTargetDown", "GpuDisappeared", "GpuLost",
     "GpuTemperatureHigh", "GpuMemoryTemperatureHigh", "GpuThermalThrottling", "GpuHardwareSlowdown",
     "GpuAllocatedIdle", "GpuAllocatedNoProcess", "GpufleetUtilizationLow", "GpuExporterSourceFailing",
-    "GpufleetCollectorSourceFailing",
+    "GpufleetCollectorSourceFailing", "GpufleetSummaryBacklogStuck",
 }
 # Alerts on a numeric threshold: each needs a unit test with a value just below it.
 NEEDS_JUST_BELOW_CASE = {
