@@ -410,11 +410,6 @@ JOIN (SELECT DISTINCT cluster, host, gpu_uuid, gi, g FROM _rows) r
 WHERE c.t >= $lo AND c.t < $hi
 """
 
-# The samples one hour's summaries read (gpufleet.collector.summaries): what the analytics' array
-# path reads (gpufleet.analytics.sql.SAMPLE_ARRAYS: NaN for a missing utilization, nop = held with
-# no compute process), with the GPU (g) and its variant (v) numbered, ordered by GPU and time.
-# {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side);
-# $host_lo, $host_hi: only the hosts in [$host_lo, $host_hi) (a rebuild task's share; NULL: open).
 # A sample's figures as the per-GPU line reads them, said once for the summary writer
 # (SUMMARY_SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,
 # RAW_BUCKETS_*), so both apply one rule: NaN for a figure not reported (the columns reach numpy
@@ -426,6 +421,11 @@ LINE_COLUMNS = """coalesce(coalesce({s}gpu_util, {s}gr_engine_active * 100)::FLO
 LINE_DETAIL_COLUMNS = """coalesce({s}fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce({s}tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
        coalesce({s}sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock"""
 
+# The samples one hour's summaries read (gpufleet.collector.summaries): LINE_COLUMNS and
+# LINE_DETAIL_COLUMNS (and the power draw), with the GPU (g) and its variant (v) numbered,
+# ordered by GPU and time.
+# {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side);
+# $host_lo, $host_hi: only the hosts in [$host_lo, $host_hi) (a rebuild task's share; NULL: open).
 SUMMARY_SAMPLES = f"""
 SELECT dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi) AS g,
        dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi, gpu, model, mig_profile) AS v, *
