@@ -309,8 +309,8 @@ class Collector:
         """gpufleet_collect_summary_hours from the writer's summaries as they stand."""
         with self._commit_lock:
             backlog = summary_backlog(list(self.writer.summaries.values()))
-        for state, key in (("summarised", "hours"), ("awaiting_rebuild", "awaiting_rebuild"), ("health_awaiting_rebuild", "health_awaiting_rebuild")):
-            self.metrics.summary_hours.labels(state).set(backlog[key])
+        for state, hours in backlog.items():
+            self.metrics.summary_hours.labels(state).set(hours)
 
     def rebuild_summaries(self, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
         """Compact what is due and (re)build every summary that is missing or stale (other

@@ -1035,11 +1035,12 @@ def _health_current(entry: dict[str, Any]) -> bool:
 
 
 def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Of the hours that summary entries (a writer's, or the manifests') stand for: how many, and
-    how many wait for upkeep to rebuild their summary (`awaiting_rebuild`: written in an older
-    format) or to build their health summary (`health_awaiting_rebuild`: none, or an older format).
+    """Of the hours that summary entries (a writer's, or the manifests') stand for: how many
+    (`summarised`), and how many wait for upkeep to rebuild their summary (`awaiting_rebuild`:
+    written in an older format) or to build their health summary (`health_awaiting_rebuild`:
+    none, or an older format).
     Readers take those hours from the raw samples meanwhile: the same figures, slower - which the
-    Health page and gpufleet_collect_summary_hours say, so it is never silent."""
+    Health page and gpufleet_collect_summary_hours (a state per key) say, so it is never silent."""
     hours: set[str] = set()
     old: set[str] = set()
     health_old: set[str] = set()
@@ -1049,7 +1050,7 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
             old.add(e["hour"])
         if not _health_current(e):
             health_old.add(e["hour"])
-    return {"hours": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old)}
+    return {"summarised": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old)}
 
 
 def _summary_files(entry: dict[str, Any]) -> list[str]:
