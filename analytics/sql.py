@@ -280,18 +280,24 @@ JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL 
 # scheduler's GPU type when it names one MIG profile (Slurm gres "1g.10gb" or
 # "nvidia_a100_1g.10gb", a pod's "mig-1g.10gb"); else from the GPUs the exporters' job mapping
 # saw it hold (the mean share of those instances in the inventory: a job mapped to MIG instances
-# holds those, whatever its GPU type says); else 1 (whole GPUs).
-JOBS_SHARED = f"""(
+# holds those, whatever its GPU type says); else 1 (whole GPUs). Only the jobs `where` keeps are
+# looked up in the mapping, so a window's cost grows with its jobs, not with the store's history.
+def jobs_shared(where: str) -> str:
+    """The jobs `where` keeps (a condition on the jobs table's columns), each with gpu_share."""
+    return f"""(
+WITH j AS (SELECT * FROM jobs WHERE {where})
 SELECT j.*, CASE WHEN {mig_share("j.gpu_type")} < 1.0 AND j.gpu_type NOT LIKE '%,%' THEN {mig_share("j.gpu_type")}
                  ELSE coalesce(m.mapped_share, 1.0) END AS gpu_share
-FROM jobs j
+FROM j
 LEFT JOIN (
     SELECT a.cluster, a.scheduler, a.job_key, avg({gpu_equiv("g")}) AS mapped_share
     FROM allocations a
+    SEMI JOIN j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
     JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
     GROUP BY ALL
 ) m ON m.cluster = j.cluster AND m.scheduler = j.scheduler AND m.job_key = j.job_key
 )"""
+
 
 # Allocated GPU-seconds from scheduler accounting: GPUs x their MIG share x the job's run time
 # inside the window (a running job counts until $as_of: the window end, or now if the window
@@ -302,9 +308,7 @@ SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition,
        submit, start, "end",
        {_RUN} AS run_s,
        coalesce(gpus, 0) * gpu_share * {_RUN} AS alloc_gpu_s
-FROM {JOBS_SHARED}
-WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start
-  AND {JOB_FILTERS}
+FROM {jobs_shared(f'start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start AND {JOB_FILTERS}')}
 """
 # ... computed once per analysis (the temp table ja): the job queries below - totals, utilization
 # by job dimension, the top jobs, the job list, the timelines, MFU, fairness - all read it
@@ -462,7 +466,7 @@ FAIRNESS_DECAYED = f"""
 SELECT coalesce(account, '') AS account,
        sum(gpus * gpu_share * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
                                                     - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
-FROM {JOBS_SHARED} WHERE {_GPU_JOBS} AND start IS NOT NULL AND start < $end
+FROM {jobs_shared(f'{_GPU_JOBS} AND start IS NOT NULL AND start < $end')}
 GROUP BY ALL"""
 
 FAIRNESS_STARTED = f"""
