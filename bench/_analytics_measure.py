@@ -1,9 +1,11 @@
 """The measured part of bench/analytics.py, run in its own process so its peak RSS is its own.
 
-    python -m bench._analytics_measure STORE START END [--raw] [--threads N] [--memory-limit X] [--profile DIR]
+    python -m bench._analytics_measure STORE START END [--raw] [--user NAME [--held-only]] [--threads N] [--memory-limit X] [--profile DIR]
 
 --raw: every sample read (Analysis(..., summaries=False), the oracle); else whole buckets from the
 store's per-GPU summaries (analytics/summaries.py) where it has them.
+--user NAME: one user's window as the dashboards compute it (a user filter, with per-job detail);
+--held-only: of the GPUs that user's jobs held only, as the dashboards ask (Analysis held_only).
 
 Prints one line, RESULT and a JSON document: per-step wall seconds, total wall and CPU seconds, VmHWM, and a few
 figures of the analysis (a sanity check that it computed something real).
@@ -23,7 +25,7 @@ t_start = time.perf_counter()
 c_start = time.process_time()
 
 from gpufleet.analytics.core import Analysis  # noqa: E402 - import time is part of the measured run
-from gpufleet.analytics.params import Params  # noqa: E402
+from gpufleet.analytics.params import Filters, Params  # noqa: E402
 from gpufleet.collector.store import open_reader  # noqa: E402
 
 
@@ -40,6 +42,8 @@ def main() -> None:
     p.add_argument("start")
     p.add_argument("end")
     p.add_argument("--raw", action="store_true", help="the raw-sample path (no summaries)")
+    p.add_argument("--user", default=None, help="a user's window (user filter, per-job detail), as the dashboards compute it")
+    p.add_argument("--held-only", action="store_true", help="with --user: the GPUs that user's jobs held only")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--memory-limit", default="")
     p.add_argument("--temp-dir", default="", help="where DuckDB spills beyond the memory limit")
@@ -69,7 +73,9 @@ def main() -> None:
         Path(a.profile).mkdir(parents=True, exist_ok=True)
         con.execute("SET enable_profiling = 'json'")
         con.execute(f"SET profiling_output = '{Path(a.profile) / 'last.json'}'")
-    an = step("Analysis() (samples read into GPU intervals; cap, al)", lambda: Analysis(con, Params(start, end), now=end, summaries=not a.raw))
+    params = Params(start, end, filters=Filters(user_name=a.user))
+    an = step("Analysis() (samples read into GPU intervals; cap, al)",
+              lambda: Analysis(con, params, now=end, summaries=not a.raw, detail=a.user is not None, held_only=a.held_only))
     totals = step("totals()", an.totals)
     util = {}
     for by in ("fleet", "host", "account", "user_name"):
@@ -81,7 +87,7 @@ def main() -> None:
     # after the clock stops
     rows = {"intervals": len(an.gt.t0), "al": an.con.execute("SELECT count(*) FROM al").fetchone()[0],
             "runs_idle": an.gt.runs("idle", an.p.idle_threshold, 0).height, "path": type(an.gt).__name__,
-            "summary_buckets": getattr(an.gt, "summary_buckets", 0), "raw_pieces": getattr(an.gt, "raw_pieces", len(an.gt.t0))}
+            "summary_buckets": getattr(an.gt, "summary_buckets", 0), "line_gpus": an.gt.gpus.height, "raw_pieces": getattr(an.gt, "raw_pieces", len(an.gt.t0))}
     fleet = util["fleet"].row(0, named=True)
     print("RESULT " + json.dumps({
         "wall_s": wall,

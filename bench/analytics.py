@@ -7,6 +7,9 @@
 2. The full weekly analysis in a process of its own (bench/_analytics_measure.py), so its wall
    time, CPU time and peak RSS (VmHWM) are the analysis' own: open_reader, Analysis for the week,
    totals(), utilization by fleet / host / account / user_name, top_wasteful_jobs(), per_gpu().
+   Then a user's week with per-job detail, as the dashboards' window computes it (the heaviest
+   user and a typical one): every GPU's line, and only the GPUs the user's jobs held (held_only),
+   side by side.
 3. The Health page's GPU table and events (from the hourly health summaries, and from raw samples
    as the oracle, compared) and Fleet now's states at the window end, each in its own process
    (bench/_pages_measure.py).
@@ -26,6 +29,7 @@ Knobs (environment):
   GPUFLEET_BENCH_MEMORY_LIMIT=3GB  DuckDB memory_limit in the analysis process ("" = DuckDB's default,
                                    80 % of RAM); beyond it DuckDB spills to a temp directory
   GPUFLEET_BENCH_THREADS=0         DuckDB threads in the analysis process (0 = DuckDB's default: all cores)
+  GPUFLEET_BENCH_USERS=user-000,user-100   users whose week is measured as the dashboards' window
   GPUFLEET_BENCH_CACHE=bench/results/analytics   generated stores and Prometheus TSDBs, reused
   GPUFLEET_BENCH_RAW=auto          run the raw-sample oracle beside the summaries path: 1, 0, or auto
                                    (only when its peak RSS, estimated at RAW_BYTES_PER_SAMPLE, fits in
@@ -70,10 +74,12 @@ EPOCH = datetime(1970, 1, 1)  # the store's times are naive UTC
 # --- 2: the full weekly analysis ---
 
 
-def measure_analysis(store: Path, raw: bool = False) -> dict:
+def measure_analysis(store: Path, raw: bool = False, user: str | None = None, held_only: bool = False) -> dict:
     argv = [str(store), SCALE.start.isoformat(), SCALE.end.isoformat()]
     if raw:
         argv.append("--raw")
+    if user:
+        argv += ["--user", user] + (["--held-only"] if held_only else [])
     if MEMORY_LIMIT:
         argv += ["--memory-limit", MEMORY_LIMIT]
     if THREADS:
@@ -150,6 +156,44 @@ def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
         f"store: {'generated in this run' if generated else 'reused'} ({gen_s:.0f} s), {CACHE.relative_to(ROOT) if CACHE.is_relative_to(ROOT) else CACHE}/store-{SCALE.key}; "
         "set GPUFLEET_BENCH_GPUS / _DAYS / _JOBS for another scale",
     ]
+    return t
+
+
+# --- 2b: a user's window, as the dashboards compute it ---
+
+# the bench's heaviest user and one of the middle of the 240 (users are drawn with weights
+# 1/(u+1)^0.8): the most GPUs held, and a typical footprint
+USERS = [u for u in os.environ.get("GPUFLEET_BENCH_USERS", "user-000,user-100").split(",") if u]
+TOTALS = ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_gpu_h", "idle_allocated_gpu_h",
+          "no_process_gpu_h", "stranded_gpu_h")
+
+
+def _relative(a: float | None, b: float | None) -> float:
+    if a is None or b is None:
+        return 0.0 if a is b else float("inf")
+    return abs(a - b) / abs(a) if a else abs(b)
+
+
+def user_window_table(store: Path) -> Table:
+    """A user's week with per-job detail (the dashboards' window under a user filter): every GPU's
+    line read, then only the GPUs the user's jobs held (held_only), side by side in one run."""
+    t = Table(f"analytics: a user's week (per-job detail, as the dashboards' window): every GPU's line / the GPUs its jobs held only, "
+              f"{SCALE.describe()}")
+    gib = lambda m: m["vmhwm_kib"] / 1024 / 1024  # noqa: E731
+    for user in USERS:
+        progress(f"a user's window ({user}): every GPU's line, then the GPUs its jobs held only")
+        every = measure_analysis(store, user=user)
+        held = measure_analysis(store, user=user, held_only=True)
+        e, h = every["figures"], held["figures"]
+        t.add(f"{user}: wall time, open_reader .. per_gpu", f"{every['wall_s']:.2f} s / {held['wall_s']:.2f} s "
+              f"({every['wall_s'] / held['wall_s']:.1f}x)")
+        t.add("    CPU time of the process", f"{every['cpu_s']:.2f} s / {held['cpu_s']:.2f} s")
+        t.add("    peak RSS (VmHWM)", f"{gib(every):.2f} GiB / {gib(held):.2f} GiB")
+        t.add("    GPUs in the line (variants read)", f"{every['rows']['line_gpus']:,} / {held['rows']['line_gpus']:,} "
+              f"({h['allocated_gpu_h']:,.0f} allocated GPU-hours)")
+        worst = max(_relative(e[k], h[k]) for k in TOTALS)
+        t.add("    same totals? largest relative difference", f"{worst:.1g}", "<= 1e-9", worst <= 1e-9)
+    t.notes.append("set GPUFLEET_BENCH_USERS (comma-separated) for other users")
     return t
 
 
@@ -491,6 +535,7 @@ def run() -> list[Table]:
     if not run_raw:
         tables[-1].notes.append(f"raw oracle not run: {why}; summaries built {'in this run' if built else 'earlier'} in {build_s:.0f} s "
                                 "(the product's upkeep)")
+    tables.append(user_window_table(store))
     tables.append(pages_table(store))
     tables.append(compare_prometheus(store))
     return tables
