@@ -135,7 +135,9 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
     throughout, else the run touching its start, the one touching its end, and the runs inside
     it (gpufleet.collector.summaries.bucket_facts). And whether they are in row order (each
     row's head, then its tail): true unless some row has runs inside it."""
-    head, tail = rows[f"{kind}_head_us"].to_numpy()[keep], rows[f"{kind}_tail_us"].to_numpy()[keep]
+    head, tail = rows[f"{kind}_head_us"].to_numpy(), rows[f"{kind}_tail_us"].to_numpy()
+    if not keep.all():
+        head, tail = head[keep], tail[keep]
     h, gh, s0, s1 = seg["h"], seg["gh"], seg["s0"], seg["s1"]
     some = np.flatnonzero((head > 0) | (tail > 0))  # the rows with a run at an edge, in order
     head, tail, h, gh, s0, s1 = head[some], tail[some], h[some], gh[some], s0[some], s1[some]
@@ -244,7 +246,8 @@ class SummaryTime(GpuTime):
             first = np.flatnonzero(np.append(True, h[1:] != h[:-1]))  # rows come by GPU: its variants' first rows
             seen.append(pl.DataFrame({"h": h[first], "gh": batch["gh"].to_numpy()[first]}).unique("h"))
             keep = exact & (batch["covered_us"].to_numpy() > 0)
-            seg = {c: batch[c].to_numpy()[keep] for c in columns}
+            every = keep.all()  # most batches: then no copy of each column
+            seg = {c: batch[c].to_numpy() if every else batch[c].to_numpy()[keep] for c in columns}
             for kind in pieces:
                 pieces[kind].append(_run_pieces(batch, keep, seg, kind))
             if grid_us:
