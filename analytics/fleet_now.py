@@ -5,12 +5,14 @@ dashboards' "Fleet now" and "Health" pages ask them with as_of = now, and any pa
 the same way. Definitions, and why:
 
 - Latest sample: the newest sample of each GPU (or MIG instance) at or before as_of, looked for
-  within `lookback` (default 6 h: bounded so the query reads hours, not the whole store).
+  within the look-back: from the start of the hour that as_of - `lookback` (default 6 h) falls in
+  (look_from), so 6 to 7 hours. Bounded so the query reads hours, not the whole store; whole
+  hours, so the health summaries answer all of it but the open hour.
 - Cost: the look-back's whole hours that have a health summary come from its per-GPU run facts
   (gpufleet.collector.schema.NOW_HOURS: the hour's first, last and newest sample, last busy
   sample and first idle one after it, last gap, ...), composed hour by hour with the same facts
-  computed from the raw samples of the rest (the hour the look-back starts in, the open hour):
-  the same answers as reading every sample (summaries=False, the tests' oracle).
+  computed from the raw samples of the rest (the open hour, hours not summarised): the same
+  answers as reading every sample (summaries=False, the tests' oracle).
 - Stale: a latest sample older than `stale_after` (default 5 min) is not the GPU's state now.
   5 min covers the Prometheus-API source (120 s lag + a 60 s interval) with room; a scrape every
   15 s is far inside it. A stale GPU shows as "no data", never as idle or busy (contract 4).
@@ -59,7 +61,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.core import price_table
 from gpufleet.analytics.params import Params
-from gpufleet.times import utcnow
+from gpufleet.times import HOUR, floor_time, utcnow
 
 STALE_AFTER = timedelta(minutes=5)
 LOOKBACK = timedelta(hours=6)
@@ -83,21 +85,26 @@ def _summarised_span(con: duckdb.DuckDBPyConnection, binds: dict[str, Any]) -> t
     time ranges of raw samples."""
     cur = con.cursor()
     try:
-        hours = [r[0] for r in cur.execute(sql.NOW_HOURS_IN, {k: binds[k] for k in ("as_of", "lookback", "max_gap", "thr")}).fetchall()]
+        hours = [r[0] for r in cur.execute(sql.NOW_HOURS_IN, {k: binds[k] for k in ("as_of", "look_from", "max_gap", "thr")}).fetchall()]
     finally:
         cur.close()
     if not hours:
         return binds["as_of"], binds["as_of"]
     first = len(hours) - 1
-    while first > 0 and hours[first - 1] + timedelta(hours=1) == hours[first]:
+    while first > 0 and hours[first - 1] + HOUR == hours[first]:
         first -= 1
-    return hours[first], hours[-1] + timedelta(hours=1)
+    return hours[first], hours[-1] + HOUR
+
+
+def look_from(as_of: datetime, lookback: timedelta) -> datetime:
+    """Where the look-back starts: the start of the hour as_of - lookback falls in."""
+    return floor_time(as_of - lookback, HOUR)
 
 
 def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: timedelta, forget_after: timedelta) -> dict[str, Any]:
     f = params.filters
     return {
-        "as_of": as_of, "stale_after": stale_after.total_seconds(), "lookback": lookback.total_seconds(),
+        "as_of": as_of, "stale_after": stale_after.total_seconds(), "look_from": look_from(as_of, lookback),
         "forget_after": forget_after.total_seconds(), "max_gap": params.max_gap.total_seconds(), "thr": params.idle_threshold,
         "cluster": f.cluster, "model": f.model, "account": f.account, "user_name": f.user_name, "partition": f.partition,
     }
@@ -122,6 +129,7 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     b = _binds(params, as_of, stale_after, lookback, forget_after)
     use = params.summaries if summaries is None else summaries
     b["sum_from"], b["sum_to"] = _summarised_span(con, b) if use and params.filters.model is None else (as_of, as_of)
+    b["raw_from"] = b["look_from"] if b["look_from"] < b["sum_from"] else b["sum_to"]
     df = _q(con, sql.GPU_STATES, b)
     prices = price_table(params.prices)
     df = df.with_columns(

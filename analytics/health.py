@@ -36,8 +36,8 @@ import pyarrow.compute as pc
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
+from gpufleet.times import HOUR
 
-HOUR = timedelta(hours=1)
 # Raw stretches read one query each up to this many (each query looks at every sample file's
 # statistics: ~0.4 s at 16,384 GPUs a week); more (hours not summarised here and there) in one scan
 MAX_STRETCHES = 4

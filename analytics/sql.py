@@ -486,8 +486,10 @@ ORDER BY wait_s DESC, cluster, job_key"""
 GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
 
 # the look-back's samples outside its summarised hours [$sum_from, $sum_to) (two time ranges: the
-# sample files' statistics skip the hours between)
-_NOW_RAW = f"ts > $as_of - to_seconds($lookback) AND ts <= $as_of AND (ts < $sum_from OR ts >= $sum_to) AND {_FILTERS}"
+# sample files' statistics skip the hours between). $raw_from: the first range's start, or the
+# second's when the first is empty (summaries from the look-back's start on, the usual case): a
+# bound the reader pushes into the scan, so only the open hour's rows are read
+_NOW_RAW = f"ts >= $raw_from AND ts <= $as_of AND (ts < $sum_from OR ts >= $sum_to) AND {_FILTERS}"
 
 
 def _run_start(what: str, last: str, after: str) -> str:
@@ -507,10 +509,10 @@ def _stretch_run_start(what: str) -> str:
 
 
 # The look-back's hours with a health summary for the request's idle threshold and max_gap, whole
-# inside (as_of - lookback, as_of] (gpufleet.analytics.fleet_now takes the newest unbroken run of them)
+# inside [$look_from, $as_of] (gpufleet.analytics.fleet_now takes the newest unbroken run of them)
 NOW_HOURS_IN = """
 SELECT hour FROM health_hours
-WHERE hour > $as_of - to_seconds($lookback) AND hour + INTERVAL 1 HOUR <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
+WHERE hour >= $look_from AND hour + INTERVAL 1 HOUR <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
 ORDER BY hour"""
 
 GPU_STATES = f"""

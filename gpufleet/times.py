@@ -8,6 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 from gpufleet.config import ConfigError
 
+HOUR = timedelta(hours=1)  # the grain of the store's summaries and of its sample files
+
 
 def epoch_us(t: datetime) -> int:
     """A naive UTC datetime as epoch microseconds (DuckDB's epoch_us)."""

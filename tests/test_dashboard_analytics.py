@@ -159,9 +159,12 @@ def test_fleet_now_idle_since_is_after_the_last_busy_sample_across_a_gap(tmp_pat
     assert x["idle_allocated"] and x["idle_since"] == T(9, 30) and not x["idle_since_capped"]
     # no busy sample known: "idle since before 10:00" - never the first sample after the gap (10:30)
     assert y["idle_allocated"] and y["idle_since"] == T(10) and y["idle_since_capped"]
-    # a shorter look-back that starts after X's last busy sample: X too is idle since before it
-    x2 = fn.gpu_states(f.reader(), W, T(10, 59, 45), lookback=timedelta(hours=1)).filter(pl.col("gpu_uuid") == "GPU-X").row(0, named=True)
+    # a shorter look-back that starts after X's last busy sample: X too is idle since before it.
+    # It starts on the hour: 59 min before 10:59:45 falls in 10:00's hour; 60 min, in 09:00's
+    x2 = fn.gpu_states(f.reader(), W, T(10, 59, 45), lookback=timedelta(minutes=59)).filter(pl.col("gpu_uuid") == "GPU-X").row(0, named=True)
     assert x2["idle_since"] == T(10) and x2["idle_since_capped"]
+    x3 = fn.gpu_states(f.reader(), W, T(10, 59, 45), lookback=timedelta(hours=1)).filter(pl.col("gpu_uuid") == "GPU-X").row(0, named=True)
+    assert x3["idle_since"] == T(9, 30) and not x3["idle_since_capped"]
     # what the idle policy acts on: the run within the current stretch of data, which the gap ends
     assert x["idle_with_data_since"] == y["idle_with_data_since"] == T(10, 30)
     assert x["no_process_with_data_since"] is None or x["no_process_with_data_since"] >= T(10, 30)
@@ -304,8 +307,9 @@ def test_summary_counts_physical_gpus_and_gpu_equivalents(gpus):
 
 def _runs_oracle(samples: list, as_of: int, lookback: int, stale: int, max_gap: int, thr: float) -> dict:
     """What gpu_states says of one GPU's samples [(t, util, processes)], by the module's rules
-    written out one sample at a time (t in seconds, ascending)."""
-    looked = [(t, u, p) for t, u, p in samples if as_of - lookback < t <= as_of]
+    written out one sample at a time (t in seconds, ascending from BASE, which is on the hour)."""
+    look_from = (as_of - lookback) // 3600 * 3600  # the look-back starts on the hour as_of - lookback falls in
+    looked = [(t, u, p) for t, u, p in samples if look_from <= t <= as_of]
     if not looked:
         return {"ts": None, "idle_since": None, "idle_since_capped": False, "no_process_since": None,
                 "idle_with_data_since": None, "no_process_with_data_since": None}

@@ -218,7 +218,7 @@ def test_a_health_summary_one_hour_off_fails_the_comparison(tmp_path):
     whole = Params(at(0), at(4 * 3600))
     assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] >= 3
     assert not compare(con, whole) and not compare_now(con, whole, 4 * 3600, 3 * 3600)
-    assert now_hours_used(con, whole, 4 * 3600, 3 * 3600) == 2
+    assert now_hours_used(con, whole, 4 * 3600, 3 * 3600) == 3  # the look-back [01:00, 04:00]: whole hours, all summarised
     con.close()
     files = sorted(Path(tmp_path).rglob("health*.parquet"))
     assert files
