@@ -139,12 +139,20 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
     if not keep.all():
         head, tail = head[keep], tail[keep]
     h, gh, s0, s1 = seg["h"], seg["gh"], seg["s0"], seg["s1"]
-    some = np.flatnonzero((head > 0) | (tail > 0))  # the rows with a run at an edge, in order
-    head, tail, h, gh, s0, s1 = head[some], tail[some], h[some], gh[some], s0[some], s1[some]
-    whole = head == s1 - s0
-    on = np.column_stack([head > 0, (tail > 0) & ~whole]).ravel()  # a whole segment is its head
-    out = {"h": [np.repeat(h, 2)[on]], "gh": [np.repeat(gh, 2)[on]],
-           "a0": [np.column_stack([s0, s1 - tail]).ravel()[on]], "a1": [np.column_stack([s0 + head, s1]).ravel()[on]]}
+    # the rows with a run at their start, and those with one at their end (a whole segment is its
+    # head), each piece placed in row order: a row's head, then its tail
+    has_h, has_t = head > 0, (tail > 0) & (head != s1 - s0)
+    ih, it = np.flatnonzero(has_h), np.flatnonzero(has_t)
+    per_row = has_h.view(np.uint8) + has_t.view(np.uint8)
+    first = np.cumsum(per_row, dtype=np.int64)
+    first -= per_row  # a row's first piece: after the pieces of the rows before it
+    at_h, at_t = first[ih], first[it] + has_h[it]
+    out = {}
+    for c, x_h, x_t, t in (("h", h[ih], h[it], np.uint64), ("gh", gh[ih], gh[it], np.uint64),
+                           ("a0", s0[ih], s1[it] - tail[it], np.int64), ("a1", s0[ih] + head[ih], s1[it], np.int64)):
+        v = np.empty(len(ih) + len(it), dtype=t)
+        v[at_h], v[at_t] = x_h, x_t
+        out[c] = [v]
     runs = rows[f"{kind}_runs"]
     in_order = not runs.list.len().filter(pl.Series(keep)).sum()  # none where the bucket is shorter than what a run must last
     if not in_order:
@@ -152,7 +160,8 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
         inner = inner.explode("runs").drop_nulls("runs").unnest("runs")
         for c, x in (("h", inner["h"]), ("gh", inner["gh"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
             out[c].append(x.to_numpy())
-    return {c: np.concatenate(xs).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False) for c, xs in out.items()}, in_order
+    return {c: (xs[0] if len(xs) == 1 else np.concatenate(xs)).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False)
+            for c, xs in out.items()}, in_order
 
 
 def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False,
