@@ -182,14 +182,15 @@ ORDER BY hour
 # when the hour was written (gpufleet.collector.schema.SUMMARY_HASHES, as GPU_HASH), by the
 # DuckDB SUMMARY_HOURS holds to this one's. $hours: the hours to take (SUMMARY_HOURS' answer), as
 # a list, not a joined table: a join makes DuckDB hold the whole result before the first batch,
-# a list filter lets the reader take the rows a batch at a time.
+# a list filter lets the reader take the rows a batch at a time. $held: the GPUs to take (their
+# hashes, gh; NULL: every GPU), a list for the same reason.
 _SUMMARY_ROWS = """
 SELECT s.h, s.gh, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
        s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.idle_runs, s.nop_head_us, s.nop_tail_us, s.nop_runs,
        epoch_us(s.bucket) + s.seg0_us AS s0, epoch_us(s.bucket) + s.seg1_us AS s1{detail}
 FROM gpu_summaries s
 WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
-  AND list_contains($hours, date_trunc('hour', s.bucket))
+  AND list_contains($hours, date_trunc('hour', s.bucket)) AND ($held IS NULL OR list_contains($held::UBIGINT[], s.gh))
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
 """
 SUMMARY_ROWS = _SUMMARY_ROWS.format(detail="")

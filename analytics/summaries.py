@@ -230,11 +230,10 @@ class SummaryTime(GpuTime):
         segs: list[dict[str, np.ndarray]] = []
         gks, seen = [], []
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
-        for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list()}):
+        held_list = None if held is None else [int(x) for x in held]
+        for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list(), "held": held_list}):
             k = batch["b0"].to_numpy() // b
             use = (k >= kx0) & (k <= kx1) & ~np.isin(k, raw_ks)
-            if held is not None:
-                use &= np.isin(batch["gh"].to_numpy(), held)
             if not use.all():
                 batch, k = batch.filter(pl.Series(use)), k[use]
             if not len(k):
