@@ -200,8 +200,8 @@ SUMMARY_ROWS_DETAIL = _SUMMARY_ROWS.format(detail=""",
        s.tensor_clocked_s, s.tensor_unclocked_s""")
 
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
-# (SAMPLE_ARRAYS): every GPU's in [$raw_lo, $raw_hi) (a run of buckets, bucket k: [k x $bucket_us,
-# (k + 1) x $bucket_us) since the epoch), and one GPU's in the buckets _raw_gk names.
+# (SAMPLE_ARRAYS): every GPU's (every held GPU's) in [$raw_lo, $raw_hi) (a run of buckets, bucket k:
+# [k x $bucket_us, (k + 1) x $bucket_us) since the epoch), and one GPU's in the buckets _raw_gk names.
 _RAW_SAMPLES = f"""
 SELECT hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER, s.gpu::INTEGER, s.model, s.mig_profile) AS h,
        hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER) AS gh, epoch_us(s.ts) AS ts,
@@ -211,7 +211,9 @@ WHERE s.ts >= $xstart - to_seconds($max_gap) AND s.ts < $xend
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model){{which}}
 """
 _ALL_GPUS = dict(join="", which="""
-  AND s.ts >= $raw_lo AND s.ts < $raw_hi""")  # one run of whole buckets: the files' ts statistics prune the rest
+  AND s.ts >= $raw_lo AND s.ts < $raw_hi
+  AND ($held IS NULL OR list_contains($held::UBIGINT[], hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)))""")
+# (one run of whole buckets: the files' ts statistics prune the rest; $held as in SUMMARY_ROWS)
 _SOME_GPUS = dict(
     join="""
 SEMI JOIN _raw_gk r ON r.gh = hash(s.cluster, s.host, s.gpu_uuid, coalesce(s.gpu_instance, -1)::INTEGER)

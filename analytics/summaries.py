@@ -285,22 +285,20 @@ class SummaryTime(GpuTime):
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
         need = need.filter(~pl.col("k").is_in(read_all))
 
-        ks = {"bucket_us": b}
-        # every GPU's raw buckets, a run of consecutive buckets per query (window edges, hours not summarised)
+        ks = {"bucket_us": b, "held": held_list}
+        # every (held) GPU's raw buckets, a run of consecutive buckets per query (window edges, hours not summarised)
         runs = np.split(np.array(read_all, dtype=np.int64), np.flatnonzero(np.diff(read_all) > 1) + 1) if read_all else []
         parts = [_q(con, sql.RAW_BUCKETS_ALL_DETAIL if detail else sql.RAW_BUCKETS_ALL,
                     {**bind, **ks, "raw_lo": from_epoch_us(int(r[0]) * b), "raw_hi": from_epoch_us((int(r[-1]) + 1) * b)})
                  for r in runs]
         raw = pl.concat(parts, how="vertical_relaxed") if parts else None
-        if not need.is_empty():  # ... and one GPU's (none of read_all: need leaves those out)
+        if not need.is_empty():  # ... and one GPU's (none of read_all: need leaves those out; held GPUs' only, as the rows)
             con.register("_raw_gk", need.to_arrow())
             try:
                 more = _q(con, sql.RAW_BUCKETS_GPU_DETAIL if detail else sql.RAW_BUCKETS_GPU, {**bind, **ks})
             finally:
                 con.unregister("_raw_gk")
             raw = more if raw is None else pl.concat([raw, more], how="vertical_relaxed")
-        if raw is not None and held is not None:
-            raw = raw.filter(pl.col("gh").is_in(pl.Series(held, dtype=pl.UInt64).implode()))
         if raw is None:
             raw = pl.DataFrame(schema={"h": pl.UInt64, "gh": pl.UInt64, "ts": pl.Int64, "util": pl.Float32, "nop": pl.Boolean,
                                        **({"fb": pl.Float32, "tensor": pl.Float32, "clock": pl.Float32} if detail else {})})
