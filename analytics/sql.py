@@ -278,6 +278,7 @@ FROM alv WHERE has_piece GROUP BY ALL
 JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
   AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
 
+
 # Each job with gpu_share: the share of a whole GPU each of its `gpus` is (mig_share), so a job
 # on one 1g.10gb slice is allocated 1/7 GPU, exactly what its samples count as data. From the
 # scheduler's GPU type when it names one MIG profile (Slurm gres "1g.10gb" or
