@@ -63,10 +63,12 @@ THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
 RAW_BYTES_PER_SAMPLE = 47  # the raw path's peak RSS per sample: 7.23 GiB at 165.2M samples (4,096 GPUs, 7 d)
 CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
 
-WALL_GOAL_S = 10.0
+# The weekly analysis' figures to reach (issue #16, a 2-core machine): fleet size -> wall time (s)
+# and peak RSS (GiB); a fleet between two sizes is held to the larger one's, past the last to none
+ISSUE_GOALS = ((1024, 1.0, 0.5), (4096, 3.0, 1.0), (16384, 10.0, 2.0), (100_000, 60.0, 6.0))
+WALL_GOAL_S, RSS_GOAL_GIB = next(((w, r) for g, w, r in ISSUE_GOALS if SCALE.gpus <= g), (None, None))
 SCALE_IDLE_MIN = "30 min"  # gpufleet.analytics.params default idle_min_duration
-RSS_GOAL_GIB = 4.0
-SPEEDUP_GOAL = 10.0
+SPEEDUP_GOAL = 30.0  # the rollups' per-GPU weekly mean against PromQL's avg_over_time (issue #16)
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
 EPOCH = datetime(1970, 1, 1)  # the store's times are naive UTC
 
@@ -130,10 +132,12 @@ def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
 def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
     t = Table(f"analytics: full weekly analysis ({'summaries' if m['rows'].get('path') == 'SummaryTime' else 'raw samples'}), {SCALE.describe()}")
     wall, cpu, hwm = m["wall_s"], m["cpu_s"], m["vmhwm_kib"] / 1024 / 1024
-    t.add("wall time: open_reader .. per_gpu (imports excluded)", f"{wall:.1f} s", f"<= {WALL_GOAL_S:g} s", wall <= WALL_GOAL_S)
+    t.add("wall time: open_reader .. per_gpu (imports excluded)", f"{wall:.1f} s", *((f"<= {WALL_GOAL_S:g} s", wall <= WALL_GOAL_S)
+                                                                                      if WALL_GOAL_S else ()))
     t.add("    CPU time of the process (user + sys)", f"{cpu:.1f} s  ({m['cpu_user_s']:.1f} user + {m['cpu_sys_s']:.1f} sys; {cpu / wall:.2f} cores busy on average)")
     t.add("    python imports before it (analytics, duckdb, polars)", f"{m['imports_s']:.2f} s")
-    t.add("peak RSS of the analysis process (VmHWM)", f"{hwm:.2f} GiB", f"<= {RSS_GOAL_GIB:g} GiB", hwm <= RSS_GOAL_GIB)
+    t.add("peak RSS of the analysis process (VmHWM)", f"{hwm:.2f} GiB", *((f"<= {RSS_GOAL_GIB:g} GiB", hwm <= RSS_GOAL_GIB)
+                                                                         if RSS_GOAL_GIB else ()))
     for name, (wall_s, cpu_s) in m["steps"].items():
         t.add(f"    {name}", f"{wall_s:.2f} s (CPU {cpu_s:.2f} s)")
     f = m["figures"]
@@ -250,7 +254,7 @@ def pages_table(store: Path) -> Table:
         now = measure_page_query(store, start, as_of, "fleet-now", Path(tmp) / "now")
         now_raw = measure_page_query(store, start, as_of, "fleet-now-raw", Path(tmp) / "now-raw")
         same_now = largest_difference(pl.read_parquet(Path(tmp) / "now-raw" / "states.parquet"), pl.read_parquet(Path(tmp) / "now" / "states.parquet"))
-    t.add(f"Fleet now: every GPU's state at {as_of:%m-%d %H:%M:%S} (gpu_states, a 6 h look-back): raw / run facts",
+    t.add(f"Fleet now: every GPU's state at {as_of:%m-%d %H:%M:%S} (gpu_states, a look-back from the hour 6 h before): raw / run facts",
           f"{now_raw['wall_s']:.2f} s / {now['wall_s']:.2f} s ({now_raw['wall_s'] / now['wall_s']:.1f}x)")
     t.add("    CPU time / peak RSS (VmHWM): raw; run facts",
           f"{now_raw['cpu_s']:.1f} s, {gib(now_raw):.2f} GiB; {now['cpu_s']:.1f} s, {gib(now):.2f} GiB")
@@ -260,7 +264,7 @@ def pages_table(store: Path) -> Table:
         f"inside an hour ({HEALTH_EDGES[0].seconds // 60} and {HEALTH_EDGES[1].seconds // 60} min), as the dashboards' 5-minute "
         "grain leaves them: the hours they cut are read raw, the rest from the hourly health summaries",
         "Fleet now takes the look-back's whole summarised hours from their run facts (written with the health summaries) and reads "
-        "raw samples for the hour it starts in and the last, open one; the dashboards ask it again every 10 s. The bench store's "
+        "raw samples for the last, open hour only (the look-back starts on the hour); the dashboards ask it again every 10 s. The bench store's "
         "sample files are day-long, so each raw read scans a day; compaction's hourly files let it skip the hours between",
         "the bench fleet reports no temperatures, XIDs or ECC errors (hence no events): real data also pays for reading those columns",
     ]
