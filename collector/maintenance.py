@@ -3,7 +3,7 @@
 - Compaction: once an hour is closed, its many small per-round files are merged into one file
   sorted by GPU and time (which is what makes a field-sample cost a few bytes), and the hour's
   5-minute rollup is (re)computed from it. Late data for a compacted hour is merged on the next
-  pass. Superseded files are retired, not deleted, so readers holding an older manifest still
+  pass. Once a day is closed its hourly rollups are merged into one file (merge_rollup_days). Superseded files are retired, not deleted, so readers holding an older manifest still
   read them for the grace period.
 - Settling: jobs and allocations settled SETTLE_AFTER ago are written once into immutable
   segments, which are merged so they stay few (StoreWriter.settle); each publish then writes
@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.collector import summaries
-from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, ROLLUP_SQL,
-                                      SUMMARY_HASHES, SUMMARY_SAMPLES)
+from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION,
+                                      ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 from gpufleet.collector.tasks import TaskRunner
@@ -67,11 +67,12 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
         for hour, files in groups:
             _compact_hour(w, hour, files, now)
             done += 1
-    if done:
+        merged = merge_rollup_days(w, now)
+    if done or merged:
         w.invalidate()
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
     built += summarize_health(w, health_hours)
-    if done or built:
+    if done or merged or built:
         w.publish()
     return done
 
@@ -317,23 +318,91 @@ def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetim
         write_parquet(table, w.root / target)
     else:
         target = files[0]
-    (w.root / rollup).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(w.db.sql(ROLLUP_SQL.format(files=_sql_list([str(w.root / target)]))).to_arrow_table(), w.root / rollup)
+    rows = w.db.sql(ROLLUP_SQL.format(files=_sql_list([str(w.root / target)]))).to_arrow_table()
+    old = w.db.execute("SELECT file FROM rollups WHERE hour = ?", [hour]).fetchone()
+    # late data for an hour of a day already merged into one file: the day is written again with
+    # the hour's new rows, in the same commit (a file never holds rows of an hour mapped elsewhere)
+    day = _rollup_day(w, hour) if old else {}
+    day.pop(hour, None)
+    if old and old[0] in day.values():
+        rows = rows.append_column("rolled_hour", pa.array([hour] * rows.num_rows, pa.timestamp("us")))
+        rollup = _write_rollup_day(w, hour, day, (target, rows))
+    else:
+        day = {}  # the hour's own file: the day's other hours stay where they are
+        (w.root / rollup).parent.mkdir(parents=True, exist_ok=True)
+        write_parquet(rows, w.root / rollup)
     w.db.execute("BEGIN")
     try:
         for f in files:
             if f != target:
                 w.db.execute("UPDATE batches SET file = ? WHERE file = ?", [target, f])
                 w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
-        old = w.db.execute("SELECT file FROM rollups WHERE hour = ?", [hour]).fetchone()
-        if old and old[0] != rollup:
-            w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [old[0], now])
-        w.db.execute("INSERT OR REPLACE INTO rollups VALUES (?, ?)", [hour, rollup])
+        for f in sorted({old[0], *day.values()} - {rollup} if old else ()):
+            w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+        for h in (*day, hour):
+            w.db.execute("INSERT OR REPLACE INTO rollups VALUES (?, ?)", [h, rollup])
         w.db.execute("COMMIT")
     except Exception:
         w.db.execute("ROLLBACK")
         raise
     log.info("compacted %d files of %s into %s", len(files), hour.isoformat(), target)
+
+
+def _rollup_day(w: StoreWriter, hour: datetime) -> dict[datetime, str]:
+    """The rollup ledger's hours of the day `hour` falls in, each with its file."""
+    day = hour.replace(hour=0, minute=0, second=0, microsecond=0)
+    return dict(w.db.execute("SELECT hour, file FROM rollups WHERE hour >= ? AND hour < ? ORDER BY hour",
+                             [day, day + timedelta(days=1)]).fetchall())
+
+
+def _write_rollup_day(w: StoreWriter, day: datetime, hours: dict[datetime, str], fresh: tuple[str, pa.Table] | None = None) -> str:
+    """One file of a day's 5-minute rollups (schema.ROLLUP_DAY_SQL): the rows of each of `hours`
+    from its file, and `fresh`'s (an hour rolled up again from the sample file named, with its
+    rolled_hour, in no rollup file yet); its path in the store, named by what it is made of."""
+    by_kind: dict[str, set[str]] = {"hourly": set(), "days": set()}
+    for f in hours.values():
+        by_kind["days" if Path(f).name.startswith(ROLLUP_DAY_PREFIX) else "hourly"].add(str(w.root / f))
+    parts = [ROLLUP_DAY_PARTS[k].format(files=_sql_list(sorted(files))) for k, files in by_kind.items() if files]
+    what = "\n".join(f"{h.isoformat()} {f}" for h, f in sorted(hours.items()))
+    if fresh is not None:
+        parts.append(ROLLUP_DAY_PARTS["fresh"])
+        what += f"\nfresh {fresh[0]}"
+    rel = f"rollup_5m/date={day:%Y-%m-%d}/{ROLLUP_DAY_PREFIX}{hashlib.blake2b(what.encode(), digest_size=6).hexdigest()}.parquet"
+    w.db.register("_rollup_hours", pa.table({"path": [str(w.root / f) for f in hours.values()],
+                                             "hour": pa.array(list(hours), pa.timestamp("us"))}))
+    if fresh is not None:
+        w.db.register("_rollup_fresh", fresh[1])
+    try:
+        table = w.db.sql(ROLLUP_DAY_SQL.format(parts="\nUNION ALL BY NAME\n".join(parts))).to_arrow_table()
+    finally:
+        w.db.unregister("_rollup_hours")
+        if fresh is not None:
+            w.db.unregister("_rollup_fresh")
+    (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table, w.root / rel)
+    return rel
+
+
+def merge_rollup_days(w: StoreWriter, now: datetime) -> int:
+    """Merge each closed day's hourly rollup files into one (a week's per-GPU mean opens 7 files,
+    not 168); returns days merged. A day is closed once its last hour is (SETTLE after it)."""
+    days = [d for (d,) in w.db.execute(
+        "SELECT date_trunc('day', hour) AS day FROM rollups GROUP BY 1 HAVING count(DISTINCT file) > 1 ORDER BY 1").fetchall()
+        if d + timedelta(days=1) + SETTLE < now]
+    for day in days:
+        hours = _rollup_day(w, day)
+        rel = _write_rollup_day(w, day, hours)
+        w.db.execute("BEGIN")
+        try:
+            for f in sorted(set(hours.values()) - {rel}):
+                w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+            w.db.execute("UPDATE rollups SET file = ? WHERE hour >= ? AND hour < ?", [rel, day, day + timedelta(days=1)])
+            w.db.execute("COMMIT")
+        except Exception:
+            w.db.execute("ROLLBACK")
+            raise
+        log.info("merged the 5-minute rollups of %s (%d hours) into %s", f"{day:%Y-%m-%d}", len(hours), rel)
+    return len(days)
 
 
 def settle(w: StoreWriter, now: datetime) -> int:
@@ -352,8 +421,8 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
-    old_rollups = [r[0] for r in w.db.execute(
-        "SELECT file FROM rollups WHERE hour < ?", [now - timedelta(days=rollup_days)]).fetchall()]
+    old_rollups = [r[0] for r in w.db.execute(  # a day's merged file goes with its last hour
+        "SELECT file FROM rollups GROUP BY file HAVING max(hour) < ?", [now - timedelta(days=rollup_days)]).fetchall()]
     reports_cutoff = now - timedelta(days=rollup_days)  # job-reported throughput is hourly: kept like rollups
     old_reports = w.db.execute("SELECT count(*) FROM job_throughput WHERE ts < ?", [reports_cutoff]).fetchone()[0]
     if not old and not old_rollups and not old_reports:

@@ -323,6 +323,24 @@ ORDER BY host, gpu_uuid, gpu_instance, bucket
 """
 ROLLUP_SQL = ROLLUP_SELECT.replace("{source}", "read_parquet({files})")
 
+# A day's 5-minute rollups in one file: compaction merges a closed day's rollup files, so a week is
+# 7 files to open, not 168 (opening them was most of a weekly per-GPU mean). A rollup file is of
+# one compacted hour of the ledger (the hour of its batches' first samples: a batch spanning hours
+# has rows of later buckets too), so a day file keeps each row's ledger hour (rolled_hour, not in
+# the view) and a row is kept while the ledger (_rollup_hours: path, hour) maps its hour to its
+# file: an hour rolled up again (late data) leaves its old rows behind. The parts, UNION ALL BY
+# NAME'd: hourly files (the ledger's hour by file name), day files, an hour's fresh rows
+# (_rollup_fresh). union_by_name: files from before a column was added read it as NULL.
+ROLLUP_DAY_PARTS = {
+    "hourly": """SELECT r.* EXCLUDE (filename), m.hour AS rolled_hour
+                 FROM read_parquet({files}, union_by_name = true, filename = true) r JOIN _rollup_hours m ON r.filename = m.path""",
+    "days": """SELECT r.* EXCLUDE (filename) FROM read_parquet({files}, union_by_name = true, filename = true) r
+               SEMI JOIN _rollup_hours m ON r.filename = m.path AND r.rolled_hour = m.hour""",
+    "fresh": "SELECT * FROM _rollup_fresh",
+}
+ROLLUP_DAY_SQL = "SELECT * FROM ({parts}) ORDER BY host, gpu_uuid, gpu_instance, bucket"
+ROLLUP_DAY_PREFIX = "day-"  # a day file's name; the hourly ones start with hour-
+
 
 @dataclass(frozen=True)
 class Unrecognized:

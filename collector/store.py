@@ -749,7 +749,7 @@ class StoreWriter:
         if self._sample_files is None:
             self._sample_files = {r[0] for r in self.db.execute("SELECT DISTINCT file FROM batches WHERE file <> ''").fetchall()}
         if self._rollup_files is None:
-            self._rollup_files = [r[0] for r in self.db.execute("SELECT file FROM rollups ORDER BY hour").fetchall()]
+            self._rollup_files = [r[0] for r in self.db.execute("SELECT file FROM rollups GROUP BY file ORDER BY min(hour)").fetchall()]
         manifest = {
             "version": seq,
             "schema_version": self._schema_version,
@@ -1000,9 +1000,10 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         # files written before a column was added read it as NULL (union_by_name, or added here
         # when no file has it yet)
         source = f"read_parquet({_sql_list(rollups)}, union_by_name = true)"
+        # (and a day file's rolled_hour, the compaction's bookkeeping, is left out)
         have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        extra = "".join(f', NULL::{r[1]} AS "{r[0]}"' for r in want if r[0] not in have)
-        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT *{extra} FROM {source}")
+        columns = ", ".join(f'"{r[0]}"' if r[0] in have else f'NULL::{r[1]} AS "{r[0]}"' for r in want)
+        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT {columns} FROM {source}")
     else:
         con.execute(f"CREATE TABLE gpu_rollup_5m AS {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
     _summary_views(con, parts)
