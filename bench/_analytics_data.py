@@ -342,7 +342,8 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
 
 
 def rollups(w: StoreWriter, day: int) -> None:
-    """The 5-minute rollups compaction would write (gpufleet.collector.schema.ROLLUP_SQL), one file per hour."""
+    """The 5-minute rollups compaction would write (gpufleet.collector.schema.ROLLUP_SQL), one file
+    per hour (merge_rollups then merges each day's, as compaction does once a day is closed)."""
     date = f"{START + timedelta(days=day):%Y-%m-%d}"
     files = [r[0] for r in w.db.execute("SELECT file FROM batches WHERE file LIKE ? ORDER BY file", [f"samples/date={date}/%"]).fetchall()]
     table = w.db.sql(ROLLUP_SQL.format(files=_sql_list([str(w.root / f) for f in files]))).to_arrow_table()
@@ -361,15 +362,40 @@ def ensure_store(scale: Scale, cache: Path, progress=lambda msg: None) -> tuple[
     """The cached store for `scale` under `cache`, generated first if missing. (path, generated now)."""
     root = cache / f"store-{scale.key}"
     if (root / ".complete").exists():
+        merge_rollups(scale, root, progress)
         return root, False
     tmp = cache / f".store-{scale.key}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     counts = generate(scale, tmp, progress)
+    merge_rollups(scale, tmp, progress)
     (tmp / ".complete").write_text(f"{counts}\n")
     tmp.rename(root)
     return root, True
+
+
+def merge_rollups(scale: Scale, root: Path, progress=lambda msg: None) -> None:
+    """Each closed day's hourly rollups merged into one file by the product's compaction step
+    (gpufleet.collector.maintenance.merge_rollup_days), once: a store cached before that step
+    existed has them one file per hour."""
+    from gpufleet.collector.maintenance import merge_rollup_days
+
+    mark = root / ".rollup-days"
+    if mark.exists():
+        return
+    t0 = time.monotonic()
+    now = scale.end + timedelta(hours=2)
+    w = StoreWriter(root, clock=lambda: now)
+    try:
+        with w.parallel():
+            days = merge_rollup_days(w, now)
+        w.invalidate()
+        w.publish()
+    finally:
+        w.close()
+    mark.write_text(f"{days} days merged in {time.monotonic() - t0:.1f} s\n")
+    progress(f"  rollups of {days} closed days merged into one file each in {time.monotonic() - t0:.0f} s")
 
 
 def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:

@@ -510,7 +510,8 @@ def compare_prometheus(store: Path) -> Table:
         f"over the whole {SCALE.gpus}-GPU store{f', filtered to the same {len(hosts)} hosts' if subset else ''}); "
         f"median of {RUNS} interleaved warm runs",
         "the rollups are what compaction writes for every closed hour (gpufleet.collector.schema.ROLLUP_SQL: per GPU and 5 minutes, "
-        "avg and count), the store's own pre-aggregate for dashboards; the raw row reads every sample like PromQL does",
+        "avg and count) and merges into one file per closed day (maintenance.merge_rollup_days: the week is 7 files), the store's own "
+        "pre-aggregate; the raw row reads every sample like PromQL does",
     ]
     return t
 
