@@ -23,6 +23,10 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.core import Analysis
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
+# A verdict compares a utilization with a threshold rounded to 1e-9 percentage points: the
+# summaries and the raw samples add a job's time up in different orders, and a mean exactly at
+# the threshold (5 %) must not fall on either side of it by the last bit of a float
+VERDICT_DECIMALS = 9
 
 
 @dataclass
@@ -78,7 +82,7 @@ def job_summaries(a: Analysis) -> pl.DataFrame:
         (pl.col("utilization_pct") * pl.col("data_h")).sum().alias("_busy"), pl.sum("data_h"),
         pl.min("utilization_pct").alias("min_gpu_utilization_pct"), pl.max("fb_used_max_mib"),
         pl.len().alias("gpus_seen"),
-        (pl.col("utilization_pct") < a.p.idle_threshold).sum().alias("low_gpus"),
+        (pl.col("utilization_pct").round(VERDICT_DECIMALS) < a.p.idle_threshold).sum().alias("low_gpus"),
     ).with_columns(pl.when(pl.col("data_h") > 0).then(pl.col("_busy") / pl.col("data_h")).otherwise(None).alias("mean_utilization_pct"))
     idle = a.waste_by("job", "idle").select(*key, pl.col("gpu_h").alias("idle_gpu_h"))
     nop = a.waste_by("job", "no_process").select(*key, pl.col("gpu_h").alias("no_process_gpu_h"))
@@ -87,13 +91,14 @@ def job_summaries(a: Analysis) -> pl.DataFrame:
         (pl.col("run_s") / 3600).alias("runtime_h"), (pl.col("alloc_gpu_s") / 3600).alias("allocated_gpu_h"),
     )
     p = a.p
+    mean = pl.col("mean_utilization_pct").round(VERDICT_DECIMALS)
     out = out.with_columns(
         pl.when(pl.col("mean_utilization_pct").is_null()).then(pl.lit("no_data"))
         .when(pl.col("no_process_gpu_h") > 0).then(pl.lit("no_process"))
-        .when(pl.col("mean_utilization_pct") < p.idle_threshold).then(pl.lit("idle"))
+        .when(mean < p.idle_threshold).then(pl.lit("idle"))
         .when(pl.col("idle_gpu_h") > 0).then(pl.lit("idle_stretches"))
         .when(pl.col("low_gpus") > 0).then(pl.lit("unused_gpus"))
-        .when(pl.col("mean_utilization_pct") < LOW_UTILIZATION_PCT).then(pl.lit("low"))
+        .when(mean < LOW_UTILIZATION_PCT).then(pl.lit("low"))
         .otherwise(pl.lit("ok")).alias("verdict")
     )
     return out.drop("_busy", "run_s", "alloc_gpu_s").sort(["idle_gpu_h", "job_key"], descending=[True, False])
