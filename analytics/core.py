@@ -44,9 +44,12 @@ def price_table(overrides: Mapping[str, float]) -> dict[str, float]:
     return {**default_prices(), **overrides}
 
 
-# The filters that select jobs (account, user, partition): under one, a figure is the selected
+# The filters that select jobs (account, user, partition, job): under one, a figure is the selected
 # jobs' share, and what no job owns (capacity, stranded time) is not attributable to them.
-JOB_FILTER_NAMES = {"account": "account", "user_name": "user", "partition": "partition"}
+JOB_FILTER_NAMES = {"account": "account", "user_name": "user", "partition": "partition", "job_key": "job"}
+# the utilization dimension (JOB_DIMS) whose rows a job filter selects, finest first: a filtered
+# analysis' no-data time is the sum of its rows there
+JOB_FILTER_DIMS = {"job_key": "job", "user_name": "user_name", "account": "account", "partition": "partition"}
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,11 @@ def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[
             if value is None:
                 continue
             key = FILTER_KEYS[field_name]
+            if key == "job":  # too many to list: is this one known?
+                if not cur.execute(sql.JOB_KEY_KNOWN, {"job_key": value}).fetchone()[0]:
+                    out.append(f"unknown job {value!r}: neither the accounting nor the job-to-GPU mapping has a job of that key, "
+                               "so no figure matches it")
+                continue
             known = {r[0] for r in cur.execute(sql.FILTER_VALUES[key]).fetchall()}
             if value not in known:
                 out.append(f"unknown {key} {value!r}: the store has no {key} of that name, so no figure matches it "
@@ -121,7 +129,8 @@ def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[
 
 
 # Filters field -> its sql.FILTER_VALUES query
-FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", "model": "model", "partition": "partition"}
+FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", "model": "model", "partition": "partition",
+               "job_key": "job"}
 
 
 class Analysis:
@@ -152,7 +161,7 @@ class Analysis:
             "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds(),
             "thr": params.idle_threshold,
             "min_idle": params.idle_min_duration.total_seconds(),
-            "cluster": f.cluster, "model": f.model, "account": f.account, "user_name": f.user_name, "partition": f.partition,
+            **f.bind(),
         }
         self.prices = price_table(params.prices)
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
@@ -413,7 +422,7 @@ class Analysis:
         unpriced = sorted({m for m in held.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m} if not held.is_empty() else set())
         # no data is allocated minus data (clipped at 0) per row of the filter's own dimension: the
         # sum of the rows it selects in the unfiltered utilization by that dimension
-        rows = self.utilization(next(k for k in JOB_FILTER_NAMES if getattr(self.p.filters, k) is not None))
+        rows = self.utilization(next(d for k, d in JOB_FILTER_DIMS.items() if getattr(self.p.filters, k) is not None))
         no_data = float(rows["no_data_gpu_h"].sum()) if not rows.is_empty() else 0.0
         return Totals(
             capacity_gpu_h=None,

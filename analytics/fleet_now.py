@@ -59,7 +59,7 @@ import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import price_table
+from gpufleet.analytics.core import not_attributable_reason, price_table
 from gpufleet.analytics.params import Params
 from gpufleet.times import HOUR, floor_time, utcnow
 
@@ -106,7 +106,7 @@ def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: ti
     return {
         "as_of": as_of, "stale_after": stale_after.total_seconds(), "look_from": look_from(as_of, lookback),
         "forget_after": forget_after.total_seconds(), "max_gap": params.max_gap.total_seconds(), "thr": params.idle_threshold,
-        "cluster": f.cluster, "model": f.model, "account": f.account, "user_name": f.user_name, "partition": f.partition,
+        **f.bind(),
     }
 
 
@@ -119,8 +119,8 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     sample), last_xid, last_xid_at, gpu_up, compute_processes (an integer), clocks_event_reasons, ecc_dbe_vol, remap_failure, status,
     idle_since, idle_since_capped, held, jobs (count), job_ids, job_names, user_names, accounts,
     schedulers, idle_allocated, no_process, usd_per_gpu_hour.
-    Filters: cluster and model narrow the GPUs; account, user and partition keep only the GPUs
-    held now by a matching job.
+    Filters: cluster and model narrow the GPUs; account, user, partition and job keep only the
+    GPUs held now by a matching job.
     summaries: the look-back's whole hours from their health summaries' run facts where the
     store has them for this idle threshold and max_gap (not under a model filter: an hour's facts
     are the GPU's, whatever model its samples say); False: every sample read (the tests' oracle);
@@ -135,8 +135,7 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     df = df.with_columns(
         pl.col("model").replace_strict(prices, default=None, return_dtype=pl.Float64).alias("usd_per_gpu_hour"),
     )
-    job_filter = any(v is not None for v in (params.filters.account, params.filters.user_name, params.filters.partition))
-    if job_filter:
+    if not_attributable_reason(params.filters) is not None:  # a job filter: the GPUs its jobs hold now
         df = df.filter(pl.col("held"))
     return df.sort(["cluster", "host", "gpu", "gi"], nulls_last=True)
 

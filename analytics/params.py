@@ -36,6 +36,14 @@ class Filters:
     user_name: str | None = None
     model: str | None = None
     partition: str | None = None
+    # one job, by its key as the store holds it (Slurm's job id, 123_4 for an array task; a pod's
+    # uid): a job's report, which then reads that job's GPUs only
+    job_key: str | None = None
+
+    def bind(self) -> dict[str, str | None]:
+        """The filters as the analytics' SQL binds them (sql.JOB_FILTERS and the samples' filters)."""
+        return {"cluster": self.cluster, "model": self.model, "account": self.account, "user_name": self.user_name,
+                "partition": self.partition, "job_key": self.job_key}
 
 
 @dataclass(frozen=True)

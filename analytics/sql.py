@@ -110,7 +110,7 @@ FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 WHERE ($cluster IS NULL OR a.cluster = $cluster)
   AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
-  AND ($partition IS NULL OR j.partition = $partition)
+  AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)
   AND least({ALLOCATION_END}, $xend) > greatest({ALLOCATION_START}, $xstart)
 """
 
@@ -146,9 +146,12 @@ WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
 # ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
 _DETAIL_COLUMNS = ",\n       " + LINE_DETAIL_COLUMNS
 # ... of the GPUs the analysis' allocations (al) hold only: under a job filter (a job's report)
-# the selected jobs' figures need no other GPU's samples
+# the selected jobs' figures need no other GPU's samples. The host condition, implied by the
+# hash's, is what lets DuckDB skip row groups: it pushes the join's host range into the scan, and
+# compaction sorts files by host (a job's report at 16,384 GPUs: 7.4 -> 0.2 s for this read)
 _HELD = """
-  AND hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER) IN (SELECT hash(cluster, host, gpu_uuid, gi::INTEGER) FROM al)"""
+  AND hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER) IN (SELECT hash(cluster, host, gpu_uuid, gi::INTEGER) FROM al)
+  AND host IN (SELECT host FROM al)"""
 SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="", held="")
 SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""), held="")
 SAMPLE_ARRAYS_HELD = _SAMPLE_ARRAYS.format(detail="", held=_HELD)
@@ -276,7 +279,8 @@ FROM alv WHERE has_piece GROUP BY ALL
 
 # The job filters every job query applies (bound parameters; NULL means no filter).
 JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
-  AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
+  AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)
+  AND ($job_key IS NULL OR job_key = $job_key)"""
 
 
 # Each job with gpu_share: the share of a whole GPU each of its `gpus` is (mig_share), so a job
@@ -582,7 +586,7 @@ WITH inv AS (
                         ELSE a.last_seen + to_seconds($stale_after) END
       AND ($cluster IS NULL OR a.cluster = $cluster)
       AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
-      AND ($partition IS NULL OR j.partition = $partition)
+      AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)
 ), hg AS (
     SELECT cluster, host, gpu_uuid, gi, count(*) AS jobs,
            string_agg(job_id, ', ' ORDER BY job_id) AS job_ids,
@@ -675,6 +679,10 @@ ORDER BY l.ts DESC, l.cluster, l.job_key
 """
 
 # the values each dashboard filter can take
+# Is a job filter's key known (jobs are too many to list as FILTER_VALUES)?
+JOB_KEY_KNOWN = """SELECT EXISTS (SELECT 1 FROM jobs WHERE job_key = $job_key)
+    OR EXISTS (SELECT 1 FROM allocations WHERE job_key = $job_key)"""
+
 FILTER_VALUES = {
     "cluster": "SELECT DISTINCT cluster FROM gpus WHERE cluster IS NOT NULL UNION SELECT DISTINCT cluster FROM jobs WHERE cluster IS NOT NULL ORDER BY 1",
     "model": "SELECT DISTINCT model FROM gpus WHERE model IS NOT NULL ORDER BY 1",

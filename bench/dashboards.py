@@ -172,7 +172,7 @@ def run() -> list[Table]:
         f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s); summaries {'built now' if built else 'cached'} "
         f"({build_s:.0f} s, the product's upkeep)",
         "a job's report reads its run's samples raw either way (its GPU timeline needs them: GpuTime.bucket_detail), of the "
-        "GPUs its account's and user's jobs held only (Analysis held_only)",
+        "job's own GPUs only (a job filter with Analysis held_only)",
         *([] if r else [f"raw-sample side not run: {why}"]),
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]

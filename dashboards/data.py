@@ -295,8 +295,8 @@ def previous_baseline(key: tuple):
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")
 def job_report(key: tuple, job: dict) -> dict | None:
-    """gpufleet.analytics.jobs.job_report for one job, on the window narrowed to the job's run and its
-    cluster, account and user: the same figures (a job's figures depend only on its own
+    """gpufleet.analytics.jobs.job_report for one job, on the window narrowed to the job's run and to
+    the job itself (with its cluster, account and user): the same figures (a job's figures depend only on its own
     allocation inside the window, and idle stretches are still judged by their whole length
     through the analysis' reach), at a fraction of the cost. Also the per-GPU timelines."""
     from gpufleet.analytics import jobs as ajobs
@@ -308,11 +308,11 @@ def job_report(key: tuple, job: dict) -> dict | None:
     if end <= start:
         return None
     f = Filters(cluster=job["cluster"], account=job.get("account"), user_name=job.get("user_name"), model=w.filters.model,
-                partition=job.get("partition"))
+                partition=job.get("partition"), job_key=job["job_key"])
     narrowed = params_for(s, start, end, f)
     # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
     # so the whole report reads them once, raw, rather than summaries and then samples - of the
-    # GPUs the account's or user's jobs held only, not the fleet's
+    # GPUs the job held only, not the fleet's
     a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, summaries=False, held_only=True)
     try:
         r = ajobs.job_report(a, job["job_key"])

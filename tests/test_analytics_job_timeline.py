@@ -210,6 +210,12 @@ def test_job_timeline_matches_the_sql_definition(case):
                 assert_same_report(ajobs.job_report(held, j["key"]), ajobs.job_report(an, j["key"]))
                 for k, v in vars(an.totals()).items():
                     assert getattr(held.totals(), k) == (pytest.approx(v, **TOL) if isinstance(v, float) else v), k
+                # ... and narrowed to the job itself (the dashboard's job report): its GPUs only
+                own = Analysis(con, replace(base, filters=replace(f, job_key=j["key"])), now=at(fleet["now"]), detail=True, summaries=False,
+                               held_only=True)
+                assert_same(timeline.job_gpu_timeline(own, CLUSTER, "slurm", j["key"], bucket), got)
+                assert_same_report(ajobs.job_report(own, j["key"]), ajobs.job_report(an, j["key"]))
+                assert own.gt.ids.height <= own.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height
         assert timeline.job_gpu_timeline(shared, CLUSTER, "kubernetes", fleet["jobs"][0]["key"] if fleet["jobs"] else "x", bucket).is_empty()
 
 

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufleet.analytics.core import Analysis, unknown_filter_values
+from gpufleet.analytics.core import JOB_FILTER_DIMS, JOB_FILTER_NAMES, Analysis, unknown_filter_values
 from gpufleet.analytics.fairness import fairness
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import utilization_timeline
@@ -207,9 +207,10 @@ def test_team_figures_add_up_to_the_fleet_with_mig_shares(fleet):
                 assert r["allocated_gpu_h"] <= r["capacity_gpu_h"] + 1e-9, r
             assert t.allocated_gpu_h <= t.capacity_gpu_h + 1e-9
 
-        # 4. a filtered analysis is the matching rows of the unfiltered one
+        # 4. a filtered analysis is the matching rows of the unfiltered one (a job: its row by job)
         users = an.utilization("user_name")
-        for field, rows, key in [("account", acct, name) for name in ACCOUNTS] + [("user_name", users, name) for name in USERS]:
+        for field, rows, key in ([("account", acct, name) for name in ACCOUNTS] + [("user_name", users, name) for name in USERS]
+                                 + [("job_key", jobs, job["key"]) for job in fleet["jobs"][:3]]):
             f = an_filtered = analysis(con, fleet, Filters(**{field: key}))
             ft = f.totals()
             mine = rows.filter(pl.col(field) == key)
@@ -218,12 +219,12 @@ def test_team_figures_add_up_to_the_fleet_with_mig_shares(fleet):
             data = col_sum(mine, "data_gpu_h")
             assert ft.utilization_pct == (pytest.approx(col_sum(mine, "busy_gpu_h") / data * 100, **TOL) if data > 0 else None)
             for kind, gpu_h, cost in (("idle", ft.idle_allocated_gpu_h, ft.idle_allocated_cost), ("no_process", ft.no_process_gpu_h, ft.no_process_cost)):
-                w = an.waste_by(field, kind).filter(pl.col(field) == key)
+                w = an.waste_by(JOB_FILTER_DIMS[field], kind).filter(pl.col(field) == key)
                 assert gpu_h == pytest.approx(col_sum(w, "gpu_h"), **TOL), (field, key, kind)
                 want = cost_sum(w)
                 assert cost == (None if want is None else pytest.approx(want, **TOL)), (field, key, kind)
             assert ft.capacity_gpu_h is None and ft.stranded_gpu_h is None and ft.stranded_cost is None
-            assert ft.scope == f"{'user' if field == 'user_name' else field}={key}" and ft.not_attributable_reason
+            assert ft.scope == f"{JOB_FILTER_NAMES[field]}={key}" and ft.not_attributable_reason
             # every figure of the filtered timeline is the filter's own, too
             ftl = utilization_timeline(an_filtered, "fleet", timedelta(minutes=5))
             assert col_sum(ftl, "data_gpu_h") == pytest.approx(ft.data_gpu_h, **TOL)
@@ -355,9 +356,16 @@ def test_unknown_filter_values_are_named(tmp_path):
         "unknown account 'nosuchteam': the store has no account of that name, so no figure matches it (known: physics)",
         "unknown partition 'nope': the store has no partition of that name, so no figure matches it (known: gpu)",
     ]
+    # a job is looked up, not listed among the known ones (a fleet has millions)
+    assert unknown_filter_values(con, Filters(job_key="1")) == []
+    assert unknown_filter_values(con, Filters(job_key="2")) == [
+        "unknown job '2': neither the accounting nor the job-to-GPU mapping has a job of that key, so no figure matches it"]
     # the unknown filter still applies: nothing matches, never the fleet
-    t = Analysis(con, p(0, 1, account="nosuchteam"), now=H(2)).totals()
-    assert (t.allocated_gpu_h, t.data_gpu_h, t.busy_gpu_h, t.capacity_gpu_h) == (0.0, 0.0, 0.0, None)
+    for unknown in (dict(account="nosuchteam"), dict(job_key="2")):
+        t = Analysis(con, p(0, 1, **unknown), now=H(2)).totals()
+        assert (t.allocated_gpu_h, t.data_gpu_h, t.busy_gpu_h, t.capacity_gpu_h) == (0.0, 0.0, 0.0, None)
+    t = Analysis(con, p(0, 1, job_key="1"), now=H(2)).totals()
+    assert (t.allocated_gpu_h, t.data_gpu_h, t.busy_gpu_h, t.scope) == (1.0, 1.0, 0.8, "job=1")
 
 
 def test_analyze_json_warns_about_an_unknown_account(tmp_path, capsys):

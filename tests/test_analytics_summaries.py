@@ -161,13 +161,15 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
             # a timeline whose buckets are not the summaries' looks up inside them: answered raw, the same
             t_raw = utilization_timeline(Analysis(con, params(fleet, lo, hi), now=at(fleet["now"]), summaries=False), "account")
             assert frames_equal(t_raw, utilization_timeline(an, "account"))
-        for f in (Filters(account="alpha"), Filters(model=A100)):
+        job = Filters(job_key=fleet["jobs"][0]["key"] if fleet["jobs"] else "x")
+        for f in (Filters(account="alpha"), Filters(model=A100), job):
             bad, _ = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail)
             assert not bad, (f, "\n".join(bad))
-        # a team's window as the dashboards read it: the summaries of the GPUs its jobs held only
-        bad, an = compare(con, params(fleet, a, b, filters=Filters(account="alpha")), at(fleet["now"]), detail, held_only=True)
-        assert not bad, "\n".join(bad)
-        assert an.gt.ids.height <= an.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height  # no other GPU read
+        # a team's window as the dashboards read it: the summaries of the GPUs its jobs held only (a job's: its own)
+        for f in (Filters(account="alpha"), job):
+            bad, an = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail, held_only=True)
+            assert not bad, (f, "\n".join(bad))
+            assert an.gt.ids.height <= an.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height  # no other GPU read
         # the path was taken where summaries exist for the windows (an hour summarised before the
         # first sample's - its reach touches that sample - is outside them)
         summarised = con.execute("SELECT count(*) FROM summary_hours WHERE hour < ? AND hour + INTERVAL 1 HOUR > ?", [reach[1], reach[0]]).fetchone()[0]
