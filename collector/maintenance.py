@@ -3,13 +3,14 @@
 - Compaction: once an hour is closed, its many small per-round files are merged into one file
   sorted by GPU and time (which is what makes a field-sample cost a few bytes), and the hour's
   5-minute rollup is (re)computed from it. Late data for a compacted hour is merged on the next
-  pass. Once a day is closed its hourly rollups are merged into one file (merge_rollup_days). Superseded files are retired, not deleted, so readers holding an older manifest still
-  read them for the grace period.
+  pass. Once a day is closed, its hourly rollups are merged into one file (merge_rollup_days).
+  Superseded files are retired, not deleted, so readers holding an older manifest still read
+  them for the grace period.
 - Settling: jobs and allocations settled SETTLE_AFTER ago are written once into immutable
   segments, which are merged so they stay few (StoreWriter.settle); each publish then writes
   only the open rest of those tables.
-- Retention: sample files older than `raw_days` are retired; rollups and job-reported
-  throughput rows older than `rollup_days` too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
+- Retention: sample files older than `raw_days` are retired; rollups (a day's file with its last
+  hour) and job-reported throughput rows older than `rollup_days` too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
 """
 
 from __future__ import annotations
