@@ -678,11 +678,11 @@ WHERE l.rn = 1 AND l.result = 'failed'
 ORDER BY l.ts DESC, l.cluster, l.job_key
 """
 
-# the values each dashboard filter can take
 # Is a job filter's key known (jobs are too many to list as FILTER_VALUES)?
 JOB_KEY_KNOWN = """SELECT EXISTS (SELECT 1 FROM jobs WHERE job_key = $job_key)
     OR EXISTS (SELECT 1 FROM allocations WHERE job_key = $job_key)"""
 
+# the values each dashboard filter can take
 FILTER_VALUES = {
     "cluster": "SELECT DISTINCT cluster FROM gpus WHERE cluster IS NOT NULL UNION SELECT DISTINCT cluster FROM jobs WHERE cluster IS NOT NULL ORDER BY 1",
     "model": "SELECT DISTINCT model FROM gpus WHERE model IS NOT NULL ORDER BY 1",
