@@ -338,15 +338,21 @@ def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetim
             if f != target:
                 w.db.execute("UPDATE batches SET file = ? WHERE file = ?", [target, f])
                 w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
-        for f in sorted({old[0], *day.values()} - {rollup} if old else ()):
-            w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
-        for h in (*day, hour):
-            w.db.execute("INSERT OR REPLACE INTO rollups VALUES (?, ?)", [h, rollup])
+        _point_rollups(w, [*day, hour], rollup, [*([old[0]] if old else []), *day.values()], now)
         w.db.execute("COMMIT")
     except Exception:
         w.db.execute("ROLLBACK")
         raise
     log.info("compacted %d files of %s into %s", len(files), hour.isoformat(), target)
+
+
+def _point_rollups(w: StoreWriter, hours: list[datetime], rel: str, replaced: list[str], now: datetime) -> None:
+    """In the caller's transaction: the rollup ledger maps `hours` to the file `rel`, and the
+    files it mapped them to before (`replaced`) are retired."""
+    for f in sorted(set(replaced) - {rel}):
+        w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
+    for h in hours:
+        w.db.execute("INSERT OR REPLACE INTO rollups VALUES (?, ?)", [h, rel])
 
 
 def _rollup_day(w: StoreWriter, hour: datetime) -> dict[datetime, str]:
@@ -395,9 +401,7 @@ def merge_rollup_days(w: StoreWriter, now: datetime) -> int:
         rel = _write_rollup_day(w, day, hours)
         w.db.execute("BEGIN")
         try:
-            for f in sorted(set(hours.values()) - {rel}):
-                w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
-            w.db.execute("UPDATE rollups SET file = ? WHERE hour >= ? AND hour < ?", [rel, day, day + timedelta(days=1)])
+            _point_rollups(w, list(hours), rel, list(hours.values()), now)
             w.db.execute("COMMIT")
         except Exception:
             w.db.execute("ROLLBACK")

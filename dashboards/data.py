@@ -296,9 +296,10 @@ def previous_baseline(key: tuple):
 @st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")
 def job_report(key: tuple, job: dict) -> dict | None:
     """gpufleet.analytics.jobs.job_report for one job, on the window narrowed to the job's run and to
-    the job itself (with its cluster, account and user): the same figures (a job's figures depend only on its own
-    allocation inside the window, and idle stretches are still judged by their whole length
-    through the analysis' reach), at a fraction of the cost. Also the per-GPU timelines."""
+    the job itself (with its cluster, account and user): the same figures (a job's figures depend
+    only on its own allocation inside the window, and idle stretches are still judged by their
+    whole length through the analysis' reach), at a fraction of the cost. Also the per-GPU
+    timelines."""
     from gpufleet.analytics import jobs as ajobs
     from gpufleet.analytics import timeline
 

@@ -364,6 +364,7 @@ def test_unknown_filter_values_are_named(tmp_path):
     for unknown in (dict(account="nosuchteam"), dict(job_key="2")):
         t = Analysis(con, p(0, 1, **unknown), now=H(2)).totals()
         assert (t.allocated_gpu_h, t.data_gpu_h, t.busy_gpu_h, t.capacity_gpu_h) == (0.0, 0.0, 0.0, None)
+    # the known job: 1 GPU x 1 h allocated, sampled all of it, at 80 %: busy 1 x 0.8 = 0.8 GPU-h
     t = Analysis(con, p(0, 1, job_key="1"), now=H(2)).totals()
     assert (t.allocated_gpu_h, t.data_gpu_h, t.busy_gpu_h, t.scope) == (1.0, 1.0, 0.8, "job=1")
 
