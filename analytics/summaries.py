@@ -57,7 +57,7 @@ _DETAIL_ENTRY = {"any": ("covered_us", 1e6), "tk": ("tensor_known_s", 1.0), "ck"
                  "tcl": ("tensor_clock_s", 1.0), "tcd": ("tensor_clocked_s", 1.0), "tun": ("tensor_unclocked_s", 1.0),
                  "fb": ("fb_max", 1.0)}
 _NUMPY = {"h": np.uint64, "gh": np.uint64, "s0": np.int64, "s1": np.int64, "covered_us": np.int64}  # their dtypes; the rest: float64
-_BATCH_ROWS = 1_000_000  # summary rows per batch: ~0.3 GB while a batch is cut down
+_BATCH_ROWS = 250_000  # summary rows per batch: ~75 MB while a batch is cut down (a quarter of the peak at 1,024 GPUs)
 
 
 def _q(con: Any, query: str, bind: dict[str, Any]) -> pl.DataFrame:
@@ -231,6 +231,8 @@ class SummaryTime(GpuTime):
         gks, seen = [], []
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
         held_list = None if held is None else [int(x) for x in held]
+        edge_cuts = edge_cuts.sort("s0")
+        edge_t = edge_cuts["s0"].to_numpy()  # (a batch joins the edges of its own buckets only)
         for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list(), "held": held_list}):
             k = batch["b0"].to_numpy() // b
             use = (k >= kx0) & (k <= kx1) & ~np.isin(k, raw_ks)
@@ -241,7 +243,8 @@ class SummaryTime(GpuTime):
             batch = batch.with_columns(k=pl.Series(k, dtype=pl.Int64))
             # buckets read raw on one GPU: an allocation starts or ends inside a segment (the
             # summary was written before the allocation was known), or the summary is inexact
-            lo, hi = np.searchsorted(cut_k, [k.min(), k.max() + 1])
+            k_lo, k_hi = int(k.min()), int(k.max()) + 1
+            lo, hi = np.searchsorted(cut_k, [k_lo, k_hi])
             bad = []
             if hi > lo:
                 bad.append(cuts.slice(int(lo), int(hi - lo)).join(batch.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner")
@@ -261,8 +264,10 @@ class SummaryTime(GpuTime):
             if grid_us:
                 s0 = seg["s0"]
                 starts = (s0 % b != 0) | ((s0 - grid0) % grid_us == 0) | np.isin(s0, edges)
-                if not edge_cuts.is_empty():
-                    on_cut = pl.DataFrame({"gh": seg["gh"], "s0": s0}).with_row_index("i").join(edge_cuts, on=["gh", "s0"], how="semi")
+                e_lo, e_hi = np.searchsorted(edge_t, [k_lo * b, k_hi * b])
+                if e_hi > e_lo:
+                    on_cut = pl.DataFrame({"gh": seg["gh"], "s0": s0}).with_row_index("i").join(
+                        edge_cuts.slice(int(e_lo), int(e_hi - e_lo)), on=["gh", "s0"], how="semi")
                     starts[on_cut["i"].to_numpy()] = True
                 if bad:  # a GPU-bucket this batch sends to the raw samples: each of its segments alone
                     alone = ~_outside(pl.concat(bad, how="vertical_relaxed").unique(), seg["gh"], s0 // b)

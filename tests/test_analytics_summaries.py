@@ -14,10 +14,11 @@ summary one bucket off fails the comparison (the comparison can see an off-by-on
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
+from unittest import mock
 
 import polars as pl
 import pyarrow as pa
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 from test_analytics_golden import A100, H100, T, between, build_golden
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, frames_equal, scratch
 
+from gpufleet.analytics import summaries
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.fleet_now import collector_status
 from gpufleet.analytics.jobs import job_summaries, per_job_gpu
@@ -142,7 +144,7 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
     # compaction at a random time: the hours closed by then are summarised, the rest read raw
     every_hour = fleet["now"] + 2 * 3600  # all hours closed
     compact_at = data.draw(st.sampled_from([every_hour, every_hour]) | st.integers(3600, every_hour), label="compact_at")
-    with scratch() as tmp:
+    with scratch() as tmp, ExitStack() as stack:
         w = StoreWriter(tmp)
         for batch in split(fleet, *how):
             w.commit(batch)
@@ -151,6 +153,9 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
         con = open_reader(tmp)
         used = False
         detail = data.draw(st.booleans(), label="detail")
+        # summary rows a batch at a time: a few rows per batch splits GPUs and their buckets between batches
+        batch_rows = data.draw(st.sampled_from([summaries._BATCH_ROWS, 5, 64]), label="batch_rows")
+        stack.enter_context(mock.patch.object(summaries, "_BATCH_ROWS", batch_rows))
         for lo, hi in ((a, b), (a, m), (m, b)):
             bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]), detail)
             assert not bad, "\n".join(bad)
@@ -158,6 +163,7 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
             if (lo, hi) == (a, b):  # the hours the widest window reads (its reach: idle_min_duration + max_gap either side)
                 reach = (an.bind["xstart"], an.bind["xend"])
             event(f"whole buckets from summaries: {getattr(an.gt, 'summary_buckets', 0) > 0}")
+            event(f"batch rows {batch_rows}: the line built unjoined: {isinstance(an.gt, SummaryTime) and an.gt.grid_us is None}")
             # a timeline whose buckets are not the summaries' looks up inside them: answered raw, the same
             t_raw = utilization_timeline(Analysis(con, params(fleet, lo, hi), now=at(fleet["now"]), summaries=False), "account")
             assert frames_equal(t_raw, utilization_timeline(an, "account"))
