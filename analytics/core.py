@@ -196,9 +196,14 @@ class Analysis:
         gid = al["gid"].fill_null(-1).to_numpy()
         a0 = al["a0"].dt.epoch("us").to_numpy()
         a1 = al["a1"].dt.epoch("us").to_numpy()
+        # looked up in the line's order (by GPU, then start; the ends mostly follow): the searches
+        # need no sort of their keys then (gputime.search), the answers go back to the rows' order
+        order = np.lexsort((a0, gid))
+        gid, a0, a1 = gid[order], a0[order], a1[order]
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-        data, busy = self.gt.integrals(gid, np.maximum(a0, s), np.minimum(a1, e))
-        has = self.gt.overlaps(gid, a0, a1) & (gid >= 0)
+        data, busy, has = np.empty(len(order)), np.empty(len(order)), np.empty(len(order), dtype=bool)
+        data[order], busy[order] = self.gt.integrals(gid, np.maximum(a0, s), np.minimum(a1, e))
+        has[order] = self.gt.overlaps(gid, a0, a1) & (gid >= 0)
         self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
         self.con.register("alv", self._alv.to_arrow())
 
