@@ -1059,6 +1059,16 @@ def _summary_files(entry: dict[str, Any]) -> list[str]:
     return [f for f in (entry["file"], entry.get("health")) if f]
 
 
+def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
+    """A table `name` of the columns given as (DuckDB type, Python values), built by DuckDB from
+    bound lists: a reader's first Arrow array built from Python values makes pyarrow import pandas
+    (0.15 s of every `gpufleet analyze` run), and a few hundred rows need no Arrow."""
+    con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {t}' for c, (t, _) in columns.items())})")
+    if any(values for _, values in columns.values()):
+        picks = ", ".join(f"unnest(${i}::{t}[])" for i, (t, _) in enumerate(columns.values(), 1))
+        con.execute(f"INSERT INTO {name} SELECT {picks}", [values for _, values in columns.values()])
+
+
 def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
     """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries)
     and summary_hours (one row per summarised hour: its range and the parameters baked in). A
@@ -1089,18 +1099,11 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
 
         by_key = {k: v for k, v in by_key.items() if complete(k)}
     keys = sorted(by_key)
-    hours = pa.table({
-        "hour": pa.array([datetime.fromisoformat(k[0]) for k in keys], pa.timestamp("us")),
-        "tag": pa.array([k[1] for k in keys], pa.string()),
-        "max_gap_s": pa.array([k[2] for k in keys], pa.float64()),
-        "idle_threshold": pa.array([k[3] for k in keys], pa.float64()),
-        "keep_s": pa.array([k[4] for k in keys], pa.float64()),
-        "bucket_s": pa.array([k[5] for k in keys], pa.int64()),
-        "hash_by": pa.array([k[6] for k in keys], pa.string()),
-    })
-    con.register("_summary_hours", hours)
-    con.execute("CREATE TABLE summary_hours AS SELECT * FROM _summary_hours")
-    con.unregister("_summary_hours")
+    _table_of_lists(con, "summary_hours", {
+        "hour": ("TIMESTAMP", [k[0] for k in keys]), "tag": ("VARCHAR", [k[1] for k in keys]),
+        "max_gap_s": ("DOUBLE", [k[2] for k in keys]), "idle_threshold": ("DOUBLE", [k[3] for k in keys]),
+        "keep_s": ("DOUBLE", [k[4] for k in keys]), "bucket_s": ("BIGINT", [k[5] for k in keys]),
+        "hash_by": ("VARCHAR", [k[6] for k in keys])})
     files = [str(d / e["file"]) for k in keys for d, e in by_key[k]]
     if files:
         con.execute(f"CREATE VIEW gpu_summaries AS SELECT * FROM read_parquet({_sql_list(files)})")
@@ -1122,13 +1125,9 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
         if key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
     hours = sorted(chosen)
-    con.register("_health_hours", pa.table({
-        "hour": pa.array([datetime.fromisoformat(h) for h in hours], pa.timestamp("us")),
-        "max_gap_s": pa.array([chosen[h][0][2] for h in hours], pa.float64()),
-        "idle_threshold": pa.array([chosen[h][0][3] for h in hours], pa.float64()),
-    }))
-    con.execute("CREATE TABLE health_hours AS SELECT * FROM _health_hours")
-    con.unregister("_health_hours")
+    _table_of_lists(con, "health_hours", {
+        "hour": ("TIMESTAMP", hours), "max_gap_s": ("DOUBLE", [chosen[h][0][2] for h in hours]),
+        "idle_threshold": ("DOUBLE", [chosen[h][0][3] for h in hours])})
     files = [f for h in hours for f in chosen[h][1]]
     if files:
         con.execute(f"CREATE VIEW gpu_health_hours AS SELECT * FROM read_parquet({_sql_list(files)})")
