@@ -12,6 +12,7 @@ unknown, not 0.
 from __future__ import annotations
 
 import csv
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import cache
@@ -165,15 +166,25 @@ class Analysis:
         }
         self.prices = price_table(params.prices)
         self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
-        for stmt in (sql.CAPACITY, sql.ALLOCATIONS, sql.JOB_TABLE):
+        for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
         summaries = params.summaries if summaries is None else summaries
         self._held_only = held_only and self.job_filtered
         st = None
         if summaries:
             cuts = self.q(sql.ALLOCATION_CUTS)  # al: under a job filter, the selected jobs' allocations
-            st = summary_time(self.con, self.bind, cuts, detail=detail, grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000),
-                              held=np.unique(cuts["gh"].to_numpy()) if self._held_only else None)
+            # the job table is built (on this cursor, in a thread: DuckDB lets go of the GIL) while
+            # the line is read from the summaries on a cursor of its own (it needs no temp table)
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                jobs = pool.submit(self._exec, sql.JOB_TABLE)
+                try:
+                    st = summary_time(self.con.cursor(), self.bind, cuts, detail=detail,
+                                      grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000),
+                                      held=np.unique(cuts["gh"].to_numpy()) if self._held_only else None)
+                finally:
+                    jobs.result()
+        else:
+            self._exec(sql.JOB_TABLE)
         self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail, held_only=self._held_only)
         self.con.register("variants", self.gt.gpus.to_arrow())
         self._allocation_use()
