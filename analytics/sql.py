@@ -100,6 +100,12 @@ WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model 
   AND g.first_seen < $end AND {CAPACITY_END} > $start
 """
 
+# The filters on an allocation (a) joined with its job (j): the job filters as JOB_FILTERS, with
+# the cluster and job key taken from the allocation (a mapped job the accounting lacks keeps them)
+ALLOCATION_FILTERS = """($cluster IS NULL OR a.cluster = $cluster)
+  AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
+  AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)"""
+
 ALLOCATIONS = f"""
 CREATE OR REPLACE TEMP TABLE al AS
 SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS gi,
@@ -108,9 +114,7 @@ SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS 
        coalesce(j.job_id, a.job_key) AS job_id, j.name, j.user_name, j.account, j.partition, j.state
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-WHERE ($cluster IS NULL OR a.cluster = $cluster)
-  AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
-  AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)
+WHERE {ALLOCATION_FILTERS}
   AND least({ALLOCATION_END}, $xend) > greatest({ALLOCATION_START}, $xstart)
 """
 
@@ -584,9 +588,7 @@ WITH inv AS (
     WHERE coalesce(j.start, a.first_seen) <= $as_of
       AND $as_of < CASE WHEN j.start IS NOT NULL THEN coalesce(j."end", 'infinity'::TIMESTAMP)
                         ELSE a.last_seen + to_seconds($stale_after) END
-      AND ($cluster IS NULL OR a.cluster = $cluster)
-      AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
-      AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)
+      AND {ALLOCATION_FILTERS}
 ), hg AS (
     SELECT cluster, host, gpu_uuid, gi, count(*) AS jobs,
            string_agg(job_id, ', ' ORDER BY job_id) AS job_ids,
