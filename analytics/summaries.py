@@ -218,7 +218,8 @@ class SummaryTime(GpuTime):
         # run lists, no DataFrame of the window's rows): 48 bytes a segment instead of ~250; then
         # consecutive segments joined (_merge) except where a look-up falls: a cut (the writer's,
         # off the bucket edges, or an allocation edge on one), the window's edges, the grid
-        edge_cuts = cuts.filter(pl.col("t") % b == 0).select(pl.col("gh").cast(pl.UInt64), s0=pl.col("t").cast(pl.Int64)).unique()
+        edge_cuts = cuts.filter(pl.col("t") % b == 0).select(pl.col("gh").cast(pl.UInt64), s0=pl.col("t").cast(pl.Int64)).unique().sort("s0")
+        edge_t = edge_cuts["s0"].to_numpy()  # (a batch joins the edges of its own buckets only)
         grid0 = epoch_us(bind["start"])
         edges = np.array([epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe], dtype=np.int64)
         spans = []
@@ -231,8 +232,6 @@ class SummaryTime(GpuTime):
         gks, seen = [], []
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
         held_list = None if held is None else [int(x) for x in held]
-        edge_cuts = edge_cuts.sort("s0")
-        edge_t = edge_cuts["s0"].to_numpy()  # (a batch joins the edges of its own buckets only)
         for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list(), "held": held_list}):
             k = batch["b0"].to_numpy() // b
             use = (k >= kx0) & (k <= kx1) & ~np.isin(k, raw_ks)
