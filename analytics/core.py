@@ -26,6 +26,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Params
+from gpufleet.analytics.stretches import stretches
 from gpufleet.analytics.summaries import summary_time
 from gpufleet.analytics.timeline import timeline_bucket
 from gpufleet.times import epoch_us, utcnow
@@ -206,15 +207,14 @@ class Analysis:
         al = al.join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
         gid = al["gid"].fill_null(-1).to_numpy()
         a0 = al["a0"].dt.epoch("us").to_numpy()
-        a1 = al["a1"].dt.epoch("us").to_numpy()
-        # looked up in the line's order (by GPU, then start; the ends mostly follow): the searches
-        # need no sort of their keys then (gputime.search), the answers go back to the rows' order
+        # kept in the line's order (by GPU, then start; the ends mostly follow): the look-ups here
+        # and the idle stretches' need no sort of their keys then (gputime.search)
         order = np.lexsort((a0, gid))
-        gid, a0, a1 = gid[order], a0[order], a1[order]
+        al = al[order]
+        gid, a0, a1 = gid[order], a0[order], al["a1"].dt.epoch("us").to_numpy()
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-        data, busy, has = np.empty(len(order)), np.empty(len(order)), np.empty(len(order), dtype=bool)
-        data[order], busy[order] = self.gt.integrals(gid, np.maximum(a0, s), np.minimum(a1, e))
-        has[order] = self.gt.overlaps(gid, a0, a1) & (gid >= 0)
+        data, busy = self.gt.integrals(gid, np.maximum(a0, s), np.minimum(a1, e))
+        has = self.gt.overlaps(gid, a0, a1) & (gid >= 0)
         self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
         self.con.register("alv", self._alv.to_arrow())
 
@@ -368,11 +368,8 @@ class Analysis:
 
     def _islands(self, kind: str) -> pl.DataFrame:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
-        self.con.register("runs", runs.with_columns(pl.from_epoch("r0", "us"), pl.from_epoch("r1", "us")).to_arrow())
-        try:
-            return self.q(sql.PRICED_STRETCHES)
-        finally:
-            self.con.unregister("runs")
+        return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
+                         self.p.idle_min_duration.total_seconds())
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
         keys = list(JOB_DIMS[by])

@@ -16,8 +16,9 @@ One window (analytics/core.py: Analysis), over the store's reader views
         every job query reads it, so scheduler accounting is joined once per window.
   the samples, read once as arrays (SAMPLE_ARRAYS): analytics/gputime.py makes them each GPU's
         intervals (a sample holds until the next, at most max_gap) and answers data and busy
-        time and idle runs by look-up. Analysis registers what it gets (alv, runs, variants,
-        gpu_use) and the figure queries (PER_GPU, STRETCHES, job_use, ...) read those.
+        time and idle runs by look-up. Analysis registers what it gets (alv, variants,
+        gpu_use) and the figure queries (PER_GPU, job_use, ...) read those; the idle stretches
+        are met with the allocations in arrays (analytics/stretches.py).
 
 The same rules stated row by row (iv, pc, islands) are not here: no figure reads them; they are
 the tests' reference, in tests/support/oracle_sql.py.
@@ -258,22 +259,6 @@ LEFT JOIN prices p ON p.model = cap.model
 ORDER BY cap.cluster, cap.host, cap.gpu, cap.gi
 """
 
-# Idle stretches: a run (back-to-back intervals of one GPU where the predicate holds, at least
-# $min_idle long; gputime.GpuTime.runs) intersected with each allocation of that GPU - exactly
-# the maximal chains of such pieces of one job (oracle_sql.ISLANDS, in tests/support), found
-# without the pieces.
-STRETCHES = f"""
-SELECT cluster, scheduler, job_key, host, gpu_uuid, gi,
-       row_number() OVER (PARTITION BY cluster, scheduler, job_key, host, gpu_uuid, gi ORDER BY s0) AS island,
-       job_id, user_name, account, partition, model, gpu, equiv, s0, s1, {clip_seconds("s0", "s1")} AS in_window_s
-FROM (
-    SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gi, a.job_id, a.user_name, a.account, a.partition,
-           v.model, v.gpu, v.equiv, greatest(r.r0, a.a0) AS s0, least(r.r1, a.a1) AS s1
-    FROM runs r JOIN alv a ON a.gid = r.gid AND r.r1 > a.a0 AND r.r0 < a.a1
-    JOIN variants v ON v.vid = r.vid)
-WHERE epoch_us(s1) - epoch_us(s0) >= $min_idle * 1000000
-"""
-
 # Time-weighted data and busy GPU-hours per job dimension, from each allocation's look-ups
 # (alv: al with data_s, busy_s and whether any sample interval overlaps it, as a piece would).
 _JOB_USE = """
@@ -329,13 +314,6 @@ JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 # (the rows of al, to which Analysis adds each allocation's look-ups: the table alv)
 ALLOCATION_ROWS = "SELECT * FROM al"
 
-# Idle stretches with their GPU-hours and cost (null without a price), inside the window only.
-PRICED_STRETCHES = f"""
-SELECT i.*, i.in_window_s * i.equiv / 3600 AS gpu_h, p.usd_per_gpu_hour,
-       i.in_window_s * i.equiv / 3600 * p.usd_per_gpu_hour AS cost
-FROM ({STRETCHES}) i LEFT JOIN prices p ON p.model = i.model
-WHERE i.in_window_s > 0
-ORDER BY i.cluster, i.job_key, i.host, i.gpu_uuid, i.gi, i.s0"""
 
 
 def job_use(keys: Sequence[str]) -> str:

@@ -11,7 +11,7 @@ compare the two on random fleets:
   pc   pieces: iv intersected with al (the analysis' allocation table, sql.ALLOCATIONS) - the
        time a job held a GPU, with that time's samples.
   islands(pred)  maximal stretches of one job's back-to-back pieces where `pred` holds: what
-       sql.STRETCHES finds from the arrays' runs.
+       analytics/stretches.py finds from the arrays' runs.
   HELD  when any job held a GPU (al's overlapping or touching allocations merged): what
        Analysis._held_data merges in arrays for per_gpu's allocated data.
 
@@ -76,7 +76,7 @@ FROM iv JOIN ah al
 
 # Stretches ("islands") of consecutive pieces of one job on one GPU where `pred` holds, with no
 # gap between them; a stretch counts only if its whole length reaches $min_idle seconds. The
-# row-by-row definition of what sql.STRETCHES computes from runs: tests/test_analytics_gputime.py
+# row-by-row definition of what analytics/stretches.py computes from runs: tests/test_analytics_gputime.py
 # holds the two to the same answers.
 ISLANDS = """
 WITH p AS (

@@ -1,0 +1,81 @@
+"""Idle (or no-process) stretches: a GPU's runs met with the allocations that held it, in arrays.
+
+A stretch is the part of one run (gputime.GpuTime.runs: a maximal chain of back-to-back hit
+intervals) inside one allocation, counted when it lasts at least idle_min_duration; its GPU-hours
+are its seconds inside the window times the GPU's (or MIG instance's) share. The runs of one GPU
+are disjoint and come in time order, so those meeting an allocation are one contiguous range of
+them: two binary searches per allocation, not a range join over every run and allocation (the
+rule row by row: tests/support/oracle_sql.py ISLANDS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import polars as pl
+
+from gpufleet.analytics.gputime import search
+
+# what a stretch names of its allocation (Analysis' alv) and of its GPU variant (GpuTime.gpus)
+_ALLOCATION = ("cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi")
+_JOB = ("job_id", "user_name", "account", "partition")
+_VARIANT = ("model", "gpu", "equiv")
+_GROUP = list(_ALLOCATION)  # a stretch's island: its number among its job's stretches on that GPU, by start
+_ORDER = ["cluster", "job_key", "host", "gpu_uuid", "gi", "scheduler", "s0"]  # the stretches' order: by job, GPU, start
+SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "host": pl.String, "gpu_uuid": pl.String,
+          "gi": pl.Int16, "island": pl.Int64, "job_id": pl.String, "user_name": pl.String, "account": pl.String,
+          "partition": pl.String, "model": pl.String, "gpu": pl.Int16, "equiv": pl.Float64,
+          "s0": pl.Datetime("us"), "s1": pl.Datetime("us"), "in_window_s": pl.Float64, "gpu_h": pl.Float64,
+          "usd_per_gpu_hour": pl.Float64, "cost": pl.Float64}
+
+
+def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, prices: Mapping[str, float],
+              start_us: int, end_us: int, min_idle_s: float) -> pl.DataFrame:
+    """The stretches of `runs` (gid, vid, r0, r1: epoch us, in (gid, r0) order, disjoint per GPU)
+    inside the allocations `alv` (with gid, a0, a1) lasting at least `min_idle_s`, with their
+    seconds inside [start_us, end_us), GPU-hours and cost (null without a price); those with no
+    second inside the window left out. Ordered by cluster, job, host, GPU, start."""
+    al = alv.filter(pl.col("gid").is_not_null())  # a GPU with no sample in the window has no run
+    if runs.is_empty() or al.is_empty():
+        return pl.DataFrame(schema=SCHEMA)
+    rg, r0, r1 = (runs[c].to_numpy().astype(np.int64, copy=False) for c in ("gid", "r0", "r1"))
+    g = al["gid"].to_numpy().astype(np.int64, copy=False)
+    a0, a1 = al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy()
+    # searched in the line's order (Analysis keeps alv in it; gputime.search), the pairs come in that order
+    if ((g[1:] < g[:-1]) | ((g[1:] == g[:-1]) & (a0[1:] < a0[:-1]))).any():
+        rows = np.lexsort((a0, g))
+        g, a0, a1 = g[rows], a0[rows], a1[rows]
+    else:
+        rows = np.arange(len(g))
+    # one ascending line over every GPU: keys gid x span + (t - t_lo), allocations clipped to the
+    # runs' extent (which changes no overlap with them)
+    t_lo, t_hi = int(r0.min()), int(r1.max())
+    span = t_hi - t_lo + 1
+    lo = search(rg * span + (r1 - t_lo), g * span + (np.clip(a0, t_lo, t_hi) - t_lo), side="right")  # first run ending after a0
+    hi = search(rg * span + (r0 - t_lo), g * span + (np.clip(a1, t_lo, t_hi) - t_lo), side="left")  # runs starting before a1
+    n = np.maximum(hi - lo, 0)
+    ai = np.repeat(np.arange(len(g)), n)
+    ri = np.arange(len(ai)) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+    s0, s1 = np.maximum(r0[ri], a0[ai]), np.minimum(r1[ri], a1[ai])
+    long = (s1 - s0) >= min_idle_s * 1_000_000
+    ai, ri, s0, s1 = ai[long], ri[long], s0[long], s1[long]
+    # seconds inside the window as sql.CLIP counts them (epoch seconds as doubles)
+    in_window = np.maximum(0.0, np.minimum(s1, end_us) / 1e6 - np.maximum(s0, start_us) / 1e6)
+    out = al.select(*_ALLOCATION, *_JOB)[rows[ai]].with_columns(
+        vid=pl.Series(runs["vid"].to_numpy()[ri], dtype=pl.Int64), s0=pl.Series(s0, dtype=pl.Int64), s1=pl.Series(s1, dtype=pl.Int64),
+        in_window_s=pl.Series(in_window, dtype=pl.Float64)).sort(_ORDER)
+    # island: the stretch's number in its group (consecutive rows now), counted before the window cut
+    run = out.select(pl.struct(_GROUP).rle_id())[:, 0].to_numpy()
+    first = np.flatnonzero(np.append(True, run[1:] != run[:-1]))
+    island = np.arange(1, len(run) + 1) - np.repeat(first, np.diff(np.append(first, len(run))))
+    out = out.with_columns(island=pl.Series(island, dtype=pl.Int64)).filter(pl.col("in_window_s") > 0)
+    vids = variants["vid"].to_numpy()
+    row_of = np.zeros(int(vids.max()) + 1 if len(vids) else 0, dtype=np.int64)
+    row_of[vids] = np.arange(len(vids))  # (every run's variant is among them)
+    out = out.hstack(variants.select(*_VARIANT)[row_of[out["vid"].to_numpy()]]).with_columns(
+        usd_per_gpu_hour=pl.col("model").replace_strict(dict(prices), default=None, return_dtype=pl.Float64))
+    gpu_h = out["in_window_s"].to_numpy() * out["equiv"].to_numpy() / 3600  # (numpy divides; polars would multiply by 1/3600)
+    out = out.with_columns(pl.from_epoch("s0", "us"), pl.from_epoch("s1", "us"), gpu_h=pl.Series(gpu_h, dtype=pl.Float64))
+    out = out.with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
+    return out.select([pl.col(c).cast(t) for c, t in SCHEMA.items()])
