@@ -194,18 +194,26 @@ ORDER BY hour
 # hashes, gh; NULL: every GPU), a list for the same reason.
 _SUMMARY_ROWS = """
 SELECT s.h, s.gh, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
-       s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.idle_runs, s.nop_head_us, s.nop_tail_us, s.nop_runs,
-       epoch_us(s.bucket) + s.seg0_us AS s0, epoch_us(s.bucket) + s.seg1_us AS s1{detail}
+       s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.nop_head_us, s.nop_tail_us,
+       epoch_us(s.bucket) + s.seg0_us AS s0, epoch_us(s.bucket) + s.seg1_us AS s1{runs}{detail}
 FROM gpu_summaries s
 WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
   AND list_contains($hours, date_trunc('hour', s.bucket)) AND ($held IS NULL OR list_contains($held::UBIGINT[], s.gh))
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
 """
-SUMMARY_ROWS = _SUMMARY_ROWS.format(detail="")
-# ... and what the per-job detail adds up (memory high-water, MFU's tensor activity and clock)
-SUMMARY_ROWS_DETAIL = _SUMMARY_ROWS.format(detail=""",
+# the runs inside a bucket (touching neither edge): only an analysis whose idle_min_duration is
+# shorter than a bucket needs them - any such run is shorter than the bucket, so none qualifies
+# alone otherwise (and, bounded by other intervals both sides, it chains with nothing)
+_INNER_RUNS = ", s.idle_runs, s.nop_runs"
+# what the per-job detail adds up (memory high-water, MFU's tensor activity and clock)
+_SUMMARY_DETAIL = """,
        coalesce(s.fb_max_mib, 'NaN'::DOUBLE) AS fb_max, s.tensor_known_s, s.clocked_s, s.tensor_clock_s,
-       s.tensor_clocked_s, s.tensor_unclocked_s""")
+       s.tensor_clocked_s, s.tensor_unclocked_s"""
+
+
+def summary_rows(inner_runs: bool, detail: bool) -> str:
+    """The summary rows' query (_SUMMARY_ROWS), with the inner runs' lists and the detail columns or without."""
+    return _SUMMARY_ROWS.format(runs=_INNER_RUNS if inner_runs else "", detail=_SUMMARY_DETAIL if detail else "")
 
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
 # (SAMPLE_ARRAYS): every GPU's (every held GPU's) in [$raw_lo, $raw_hi) (a run of buckets, bucket k:

@@ -47,8 +47,8 @@ KEY = ["cluster", "host", "gpu_uuid", "gi"]
 HOUR_US = 3_600_000_000
 
 
-# What the line keeps of a summary row (sql.SUMMARY_ROWS), with detail also what allocation_detail
-# adds up (sql.SUMMARY_ROWS_DETAIL)
+# What the line keeps of a summary row (sql.summary_rows), with detail also what allocation_detail
+# adds up
 _SEGMENT = ("h", "gh", "s0", "s1", "data_s", "busy_s")
 _DETAIL = ("covered_us", "fb_max", "tensor_known_s", "clocked_s", "tensor_clock_s", "tensor_clocked_s", "tensor_unclocked_s")
 # allocation_detail's entry sums of a whole segment (SummaryTime._entry_detail): its column and
@@ -153,8 +153,9 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
         v = np.empty(len(ih) + len(it), dtype=t)
         v[at_h], v[at_t] = x_h, x_t
         out[c] = [v]
-    runs = rows[f"{kind}_runs"]
-    in_order = not runs.list.len().filter(pl.Series(keep)).sum()  # none where the bucket is shorter than what a run must last
+    # none where the bucket is not longer than what a run must last (then the rows have no lists)
+    runs = rows[f"{kind}_runs"] if f"{kind}_runs" in rows.columns else None
+    in_order = runs is None or not runs.list.len().filter(pl.Series(keep)).sum()
     if not in_order:
         inner = rows.filter(pl.Series(keep)).select("h", "gh", "b0", runs.alias("runs"))
         inner = inner.explode("runs").drop_nulls("runs").unnest("runs")
@@ -226,7 +227,7 @@ class SummaryTime(GpuTime):
         cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
             (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).sort("k")
         cut_k, raw_ks = cuts["k"].to_numpy(), np.array(sorted(k_all), dtype=np.int64)
-        q = sql.SUMMARY_ROWS_DETAIL if detail else sql.SUMMARY_ROWS
+        q = sql.summary_rows(inner_runs=bucket_s > bind["min_idle"], detail=detail)
         columns = _SEGMENT + (_DETAIL if detail else ())
         segs: list[dict[str, np.ndarray]] = []
         gks, seen = [], []
