@@ -72,6 +72,13 @@ def _batches(con: Any, query: str, bind: dict[str, Any]) -> Iterator[pl.DataFram
             yield pl.from_arrow(batch)
 
 
+def _index_of(hashes: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Where each of `h` is in `hashes` (sorted; every one of h among them): np.searchsorted's
+    answer by a hash look-up, ~4x faster for the millions of rows of a fleet's week."""
+    return pl.Series(h, dtype=pl.UInt64).replace_strict(
+        pl.Series(hashes, dtype=pl.UInt64), pl.Series(np.arange(len(hashes)), dtype=pl.Int64)).to_numpy()
+
+
 def _outside(gk: pl.DataFrame, gh: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Which rows (GPU hash gh, bucket k) are not among gk's GPU-buckets."""
     keep = np.ones(len(gh), dtype=bool)
@@ -316,9 +323,9 @@ class SummaryTime(GpuTime):
         self.gpus = _variants(con, bind, hashes)
         equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
         gid_of = self.gpus["gid"].to_numpy().astype(np.int64, copy=False)
-        raw = raw.with_columns(vid=pl.Series(np.searchsorted(hashes, raw["h"].to_numpy()), dtype=pl.Int64))
+        raw = raw.with_columns(vid=pl.Series(_index_of(hashes, raw["h"].to_numpy()), dtype=pl.Int64))
         raw = raw.with_columns(gid=pl.Series(gid_of[raw["vid"].to_numpy()], dtype=pl.Int64))
-        gh_gid = seen.with_columns(gid=pl.Series(gid_of[np.searchsorted(hashes, seen["h"].to_numpy())], dtype=pl.Int64))
+        gh_gid = seen.with_columns(gid=pl.Series(gid_of[_index_of(hashes, seen["h"].to_numpy())], dtype=pl.Int64))
         gh_gid = gh_gid.select("gh", "gid").unique("gh")
 
         # the runs' pieces the summaries record, those of GPU-buckets read raw left out, chained a
@@ -332,7 +339,7 @@ class SummaryTime(GpuTime):
                 chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["gh"][w], in_order=in_order))
             a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
                          for j, t in enumerate((np.int64, np.int64, np.uint64)))
-            pv = np.searchsorted(hashes, h)
+            pv = _index_of(hashes, h)
             pg = gid_of[pv]
             self._pieces[kind] = _chain(pg * self.span + (a0 - self.base), pg * self.span + (a1 - self.base), pv)
         del pieces
@@ -364,7 +371,7 @@ class SummaryTime(GpuTime):
             parts = [seg.pop(c) if w.all() else seg.pop(c)[w] for seg, w in zip(segs, whole_rows)]
             return np.concatenate(parts) if parts else np.zeros(0, _NUMPY.get(c, np.float64))
 
-        sv = np.searchsorted(hashes, column("h"))
+        sv = _index_of(hashes, column("h"))
         sg = gid_of[sv]
         nr, ns = len(rg), len(sv)
         t0 = np.concatenate([self._rk0, sg * self.span + (column("s0") - self.base)])
