@@ -195,15 +195,18 @@ class SummaryTime(GpuTime):
 
     def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int,
                  detail: bool = False, held: np.ndarray | None = None, also_raw: frozenset[int] = frozenset(),
-                 grid_us: int | None = None):
+                 grid_us: int | None = None, bad: pl.DataFrame | None = None):
         """`also_raw`: more buckets (k: [k x bucket, (k + 1) x bucket) since the epoch) to read raw
         for every GPU - those a look-up fell inside (see _answering). `detail`: also keep, per
-        segment and raw piece, what allocation_detail adds up. `held`, `grid_us`: see summary_time."""
+        segment and raw piece, what allocation_detail adds up. `held`, `grid_us`: see summary_time.
+        `bad`: the GPU-buckets (gh, k) where a cut falls inside a segment (an allocation the
+        summary's writer did not know of yet), to read raw on that GPU; None: not known yet -
+        the line built is checked for them, and built again with them when there are any."""
         self.fb = self.tensor = self.clock = None  # no per-sample detail arrays (GpuTime's bucket_detail reads raw)
         self.has_detail = detail
         self._con, self._bind, self._refined = con, bind, None
         self._args = (con, bind, cuts, hours, bucket_s, detail, held)
-        self.also_raw, self.grid_us = also_raw, grid_us
+        self.also_raw, self.grid_us, self._bad = also_raw, grid_us, bad
         xs, xe = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
         b = bucket_s * 1_000_000
@@ -232,8 +235,11 @@ class SummaryTime(GpuTime):
         edges = np.array([epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe], dtype=np.int64)
         spans = []
         cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
-            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all))).sort("k")
-        cut_k, raw_ks = cuts["k"].to_numpy(), np.array(sorted(k_all), dtype=np.int64)
+            (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
+        raw_ks = np.array(sorted(k_all), dtype=np.int64)
+        if bad is not None:
+            bad = bad.select(pl.col("gh").cast(pl.UInt64), pl.col("k").cast(pl.Int64)).sort("k")
+        bad_k = bad["k"].to_numpy() if bad is not None else np.zeros(0, dtype=np.int64)
         q = sql.summary_rows(inner_runs=bucket_s > bind["min_idle"], detail=detail)
         columns = _SEGMENT + (_DETAIL if detail else ())
         segs: list[dict[str, np.ndarray]] = []
@@ -248,18 +254,16 @@ class SummaryTime(GpuTime):
             if not len(k):
                 continue
             batch = batch.with_columns(k=pl.Series(k, dtype=pl.Int64))
-            # buckets read raw on one GPU: an allocation starts or ends inside a segment (the
-            # summary was written before the allocation was known), or the summary is inexact
+            # buckets read raw on one GPU: an allocation starts or ends inside a segment (`bad`,
+            # found by a first build: the summary was written before the allocation was known),
+            # or the summary is inexact
             k_lo, k_hi = int(k.min()), int(k.max()) + 1
-            lo, hi = np.searchsorted(cut_k, [k_lo, k_hi])
-            bad = []
-            if hi > lo:
-                bad.append(cuts.slice(int(lo), int(hi - lo)).join(batch.select("gh", "k", "s0", "s1"), on=["gh", "k"], how="inner")
-                           .filter((pl.col("s0") < pl.col("t")) & (pl.col("t") < pl.col("s1"))).select("gh", "k"))
+            lo, hi = np.searchsorted(bad_k, [k_lo, k_hi])
+            raw_here = [bad.slice(int(lo), int(hi - lo))] if hi > lo and bad is not None else []
             exact = batch["exact"].to_numpy()
             if not exact.all():
-                bad.append(batch.filter(~pl.col("exact")).select("gh", "k"))
-            gks.extend(bad)
+                raw_here.append(batch.filter(~pl.col("exact")).select("gh", "k"))
+            gks.extend(raw_here)
             h = batch["h"].to_numpy()
             first = np.flatnonzero(np.append(True, h[1:] != h[:-1]))  # rows come by GPU: its variants' first rows
             seen.append(pl.DataFrame({"h": h[first], "gh": batch["gh"].to_numpy()[first]}).unique("h"))
@@ -276,8 +280,8 @@ class SummaryTime(GpuTime):
                     on_cut = pl.DataFrame({"gh": seg["gh"], "s0": s0}).with_row_index("i").join(
                         edge_cuts.slice(int(e_lo), int(e_hi - e_lo)), on=["gh", "s0"], how="semi")
                     starts[on_cut["i"].to_numpy()] = True
-                if bad:  # a GPU-bucket this batch sends to the raw samples: each of its segments alone
-                    alone = ~_outside(pl.concat(bad, how="vertical_relaxed").unique(), seg["gh"], s0 // b)
+                if raw_here:  # a GPU-bucket this batch sends to the raw samples: each of its segments alone
+                    alone = ~_outside(pl.concat(raw_here, how="vertical_relaxed").unique(), seg["gh"], s0 // b)
                     starts |= alone
                     starts[1:] |= alone[:-1]
                 seg, joined = _merge(seg, starts, b)
@@ -291,7 +295,7 @@ class SummaryTime(GpuTime):
             if not joined.is_empty():
                 # a bucket one batch sends to the raw samples lies inside segments another batch
                 # joined (a GPU-bucket's rows split between batches): build the line unjoined
-                self.__init__(*self._args, also_raw=also_raw, grid_us=None)
+                self.__init__(*self._args, also_raw=also_raw, grid_us=None, bad=bad)
                 return
         del spans
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
@@ -394,6 +398,15 @@ class SummaryTime(GpuTime):
         if detail:
             self._detail = self._entry_detail(raw, i, (p1 - p0) / 1e6, util, column, seg_known, order)
         segs.clear()
+        if bad is None:
+            # the cuts off the bucket edges that fall inside a whole segment (a cut the writer knew
+            # starts one): rare - then the line again, those GPU-buckets read raw
+            at = cuts.join(gh_gid, on="gh", how="inner")
+            inside = self._inside_whole(at["gid"].to_numpy(), at["t"].to_numpy())
+            self._bad = at.filter(pl.Series(inside)).select("gh", "k").unique()
+            if inside.any():
+                del raw, at, order, i, k, p0, p1, util, sec, known
+                self.__init__(*self._args, also_raw=also_raw, grid_us=grid_us, bad=self._bad)
 
     # --- look-ups: exact on segment edges and in raw buckets; elsewhere a line with those buckets raw answers ---
 
@@ -419,7 +432,7 @@ class SummaryTime(GpuTime):
         ks = frozenset(np.unique(np.concatenate([a[inside_a], b[inside_b]]) // self.bucket_us).tolist())
         if self._refined is None or not ks <= self._refined[0].also_raw:
             have = self._refined[0].also_raw if self._refined is not None else frozenset()
-            line = SummaryTime(*self._args, also_raw=self.also_raw | have | ks, grid_us=self.grid_us)
+            line = SummaryTime(*self._args, also_raw=self.also_raw | have | ks, grid_us=self.grid_us, bad=self._bad)
             m = self.ids.join(line.ids.rename({"gid": "their_gid"}), on=KEY, how="left", nulls_equal=True).sort("gid")
             to_line = np.full(int(self.gpus["gid"].max() or 0) + 1, -1, dtype=np.int64)
             to_line[m["gid"].to_numpy()] = m["their_gid"].fill_null(-1).to_numpy()

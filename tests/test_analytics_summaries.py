@@ -419,29 +419,42 @@ def test_segments_join_between_the_times_an_analysis_looks_up(tmp_path):
 
 
 def test_a_bucket_read_raw_inside_segments_another_batch_joined_builds_the_line_unjoined(tmp_path, monkeypatch):
-    """Segments are joined a batch of summary rows at a time. A GPU-bucket with two segments
-    (job 1 ends inside it) whose rows fall in two batches, the second with a job's start the
-    summary does not have (job 3, learnt of late): the first batch has joined the bucket's first
-    segment with the ones before before the raw read was known. The line is then built again
-    unjoined, with the same figures."""
+    """Segments are joined a batch of summary rows at a time. A GPU-bucket with two segments (job 1
+    starts inside it) whose rows fall in two batches, the second row inexact (so the bucket is read
+    raw on that GPU): the first batch has joined the bucket's first segment with the ones before
+    before the raw read was known. The line is then built again unjoined, with the same figures.
+    A bucket read raw because a cut falls inside a segment (job 3, learnt of late) is known before
+    the batches are read (a first build finds it), so both batches leave its segments alone and
+    the line stays joined."""
     import gpufleet.analytics.summaries as summaries
 
     long_store(tmp_path)
     con = open_reader(tmp_path)
-    p = Params(T(0, 5), T(13, 35))
+    p = Params(T(0, 10), T(13, 35))  # timeline buckets from 00:10 on: the segments before job 1's start join
     want = figures(Analysis(con, p, now=T(20), summaries=False))
     an = Analysis(con, p, now=T(20))
     assert an.gt.grid_us is not None and not mismatches(want, figures(an))  # one batch: the bucket's rows alone, the rest joined
-    original, job1_end = summaries._batches, epoch_us(T(8, 33, 20))
+    assert an.gt._bad.height == 2  # job 3's start (inside the segment after job 1's end) and end
+    original = summaries._batches
 
-    def split_after_job1_end(con, query, bind):
-        for batch in original(con, query, bind):
-            at = [int(i) + 1 for i in (batch["s1"] == job1_end).arg_true()]
-            for lo, hi in zip([0, *at], [*at, batch.height]):
-                if hi > lo:
-                    yield batch.slice(lo, hi - lo)
+    def split_after(t: datetime, inexact: bool):
+        def batches(con, query, bind):
+            for batch in original(con, query, bind):
+                at = [int(i) + 1 for i in (batch["s1"] == epoch_us(t)).arg_true()]
+                for lo, hi in zip([0, *at], [*at, batch.height]):
+                    if hi > lo:
+                        part = batch.slice(lo, hi - lo)
+                        if inexact and lo in at:  # the bucket's second segment, first in its batch
+                            part = part.with_columns(exact=pl.int_range(pl.len()) != 0)
+                        yield part
+        return batches
 
-    monkeypatch.setattr(summaries, "_batches", split_after_job1_end)
+    monkeypatch.setattr(summaries, "_batches", split_after(T(8, 33, 20), inexact=False))
+    an = Analysis(con, p, now=T(20))
+    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is not None
+    bad = mismatches(want, figures(an))
+    assert not bad, "\n".join(bad)
+    monkeypatch.setattr(summaries, "_batches", split_after(T(1, 7, 13), inexact=True))
     an = Analysis(con, p, now=T(20))
     assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is None
     bad = mismatches(want, figures(an))
