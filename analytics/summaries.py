@@ -79,6 +79,13 @@ def _index_of(hashes: np.ndarray, h: np.ndarray) -> np.ndarray:
         pl.Series(hashes, dtype=pl.UInt64), pl.Series(np.arange(len(hashes)), dtype=pl.Int64)).to_numpy()
 
 
+def _unique_variants(seen: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The (h, gh) pairs of `seen`, each variant hash h once."""
+    h, gh = (np.concatenate([x[j] for x in seen]) if seen else np.zeros(0, np.uint64) for j in (0, 1))
+    h, at = np.unique(h.astype(np.uint64, copy=False), return_index=True)
+    return h, gh.astype(np.uint64, copy=False)[at]
+
+
 def _outside(gk: pl.DataFrame, gh: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Which rows (GPU hash gh, bucket k) are not among gk's GPU-buckets."""
     keep = np.ones(len(gh), dtype=bool)
@@ -137,7 +144,7 @@ def _merge(seg: dict[str, np.ndarray], starts: np.ndarray, b: int) -> tuple[dict
 
 
 def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str) -> tuple[dict[str, np.ndarray], bool]:
-    """The run pieces (h, gh, a0, a1; epoch us) the summary rows `keep` of `rows` (their
+    """The run pieces (h, a0, a1; epoch us) the summary rows `keep` of `rows` (their
     segments: `seg`) record for kind "idle" or "nop": the whole segment when it is in the run
     throughout, else the run touching its start, the one touching its end, and the runs inside
     it (gpufleet.collector.summaries.bucket_facts). And whether they are in row order (each
@@ -145,7 +152,7 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
     head, tail = rows[f"{kind}_head_us"].to_numpy(), rows[f"{kind}_tail_us"].to_numpy()
     if not keep.all():
         head, tail = head[keep], tail[keep]
-    h, gh, s0, s1 = seg["h"], seg["gh"], seg["s0"], seg["s1"]
+    h, s0, s1 = seg["h"], seg["s0"], seg["s1"]
     # the rows with a run at their start, and those with one at their end (a whole segment is its
     # head), each piece placed in row order: a row's head, then its tail
     has_h, has_t = head > 0, (tail > 0) & (head != s1 - s0)
@@ -155,7 +162,7 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
     first -= per_row  # a row's first piece: after the pieces of the rows before it
     at_h, at_t = first[ih], first[it] + has_h[it]
     out = {}
-    for c, x_h, x_t, t in (("h", h[ih], h[it], np.uint64), ("gh", gh[ih], gh[it], np.uint64),
+    for c, x_h, x_t, t in (("h", h[ih], h[it], np.uint64),
                            ("a0", s0[ih], s1[it] - tail[it], np.int64), ("a1", s0[ih] + head[ih], s1[it], np.int64)):
         v = np.empty(len(ih) + len(it), dtype=t)
         v[at_h], v[at_t] = x_h, x_t
@@ -164,11 +171,11 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
     runs = rows[f"{kind}_runs"] if f"{kind}_runs" in rows.columns else None
     in_order = runs is None or not runs.list.len().filter(pl.Series(keep)).sum()
     if not in_order:
-        inner = rows.filter(pl.Series(keep)).select("h", "gh", "b0", runs.alias("runs"))
+        inner = rows.filter(pl.Series(keep)).select("h", "b0", runs.alias("runs"))
         inner = inner.explode("runs").drop_nulls("runs").unnest("runs")
-        for c, x in (("h", inner["h"]), ("gh", inner["gh"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
+        for c, x in (("h", inner["h"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
             out[c].append(x.to_numpy())
-    return {c: (xs[0] if len(xs) == 1 else np.concatenate(xs)).astype(np.uint64 if c in ("h", "gh") else np.int64, copy=False)
+    return {c: (xs[0] if len(xs) == 1 else np.concatenate(xs)).astype(np.uint64 if c == "h" else np.int64, copy=False)
             for c, xs in out.items()}, in_order
 
 
@@ -243,12 +250,15 @@ class SummaryTime(GpuTime):
         q = sql.summary_rows(inner_runs=bucket_s > bind["min_idle"], detail=detail)
         columns = _SEGMENT + (_DETAIL if detail else ())
         segs: list[dict[str, np.ndarray]] = []
-        gks, seen = [], []
+        gks: list[pl.DataFrame] = []
+        seen: list[tuple[np.ndarray, np.ndarray]] = []  # (h, gh) of the rows' variants, made unique now and then
+        is_raw = np.zeros(kx1 - kx0 + 1, dtype=bool)
+        is_raw[raw_ks - kx0] = True
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
         held_list = None if held is None else [int(x) for x in held]
         for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list(), "held": held_list}):
             k = batch["b0"].to_numpy() // b
-            use = (k >= kx0) & (k <= kx1) & ~np.isin(k, raw_ks)
+            use = (k >= kx0) & (k <= kx1) & ~is_raw[np.clip(k - kx0, 0, kx1 - kx0)]
             if not use.all():
                 batch, k = batch.filter(pl.Series(use)), k[use]
             if not len(k):
@@ -266,7 +276,9 @@ class SummaryTime(GpuTime):
             gks.extend(raw_here)
             h = batch["h"].to_numpy()
             first = np.flatnonzero(np.append(True, h[1:] != h[:-1]))  # rows come by GPU: its variants' first rows
-            seen.append(pl.DataFrame({"h": h[first], "gh": batch["gh"].to_numpy()[first]}).unique("h"))
+            seen.append((h[first], batch["gh"].to_numpy()[first]))
+            if len(seen) == 64:
+                seen = [_unique_variants(seen)]
             keep = exact & (batch["covered_us"].to_numpy() > 0)
             every = keep.all()  # most batches: then no copy of each column
             seg = {c: batch[c].to_numpy() if every else batch[c].to_numpy()[keep] for c in columns}
@@ -322,7 +334,8 @@ class SummaryTime(GpuTime):
         # GPU variants over both sources, named as the raw path names them (gputime._variants: vid
         # = index into the sorted variant hashes, gid per GPU, equiv by sql.gpu_equiv); rows carry
         # the hashes only, so placing millions of them is integer work, not string joins
-        seen = pl.concat([*seen, raw.select("h", "gh")], how="vertical_relaxed").unique("h")
+        seen = pl.DataFrame(dict(zip(("h", "gh"), _unique_variants([*seen, (raw["h"].to_numpy(), raw["gh"].to_numpy())]))),
+                            schema={"h": pl.UInt64, "gh": pl.UInt64})
         hashes = np.sort(seen["h"].to_numpy().astype(np.uint64))
         self.gpus = _variants(con, bind, hashes)
         equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
@@ -339,8 +352,12 @@ class SummaryTime(GpuTime):
             chains = []
             while batches:
                 p, in_order = batches.pop(0)
-                w = _outside(gk, p["gh"], p["a0"] // b)
-                chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["gh"][w], in_order=in_order))
+                if gk.is_empty():
+                    w = np.ones(len(p["h"]), dtype=bool)
+                else:  # (pieces name their variant; seen, sorted by it, names its GPU)
+                    w = _outside(gk, seen["gh"].to_numpy()[_index_of(hashes, p["h"])], p["a0"] // b)
+                # (chained by variant: the chaining of all batches joins a GPU's variants' pieces)
+                chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["h"][w], in_order=in_order))
             a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
                          for j, t in enumerate((np.int64, np.int64, np.uint64)))
             pv = _index_of(hashes, h)
