@@ -204,18 +204,25 @@ class Analysis:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
         any sample interval overlaps it (then it has pieces, as oracle_sql.PIECES would give)."""
         al = self.q(sql.ALLOCATION_ROWS)
-        al = al.join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
-        gid = al["gid"].fill_null(-1).to_numpy()
-        a0 = al["a0"].dt.epoch("us").to_numpy()
-        # kept in the line's order (by GPU, then start; the ends mostly follow): the look-ups here
-        # and the idle stretches' need no sort of their keys then (gputime.search)
-        order = np.lexsort((a0, gid))
-        al = al[order]
-        gid, a0, a1 = gid[order], a0[order], al["a1"].dt.epoch("us").to_numpy()
+        self.con.register("_line_ids", self.gt.ids.to_arrow())
+        try:
+            ids = self.q(sql.LINE_ID_HASHES)
+        finally:
+            self.con.unregister("_line_ids")
+        gid = al["gh"].replace_strict(ids["gh"], ids["gid"], default=None, return_dtype=pl.Int64)
+        al = al.drop("gh").with_columns(gid=gid)
+        g = gid.fill_null(-1).to_numpy()
+        a0, a1 = al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy()
+        # looked up in the line's order (by GPU, then start; the ends mostly follow): the searches
+        # need no sort of their keys then (gputime.search); the answers go back to the rows' order
+        order = np.lexsort((a0, g))
+        g, a0, a1 = g[order], a0[order], a1[order]
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-        data, busy = self.gt.integrals(gid, np.maximum(a0, s), np.minimum(a1, e))
-        has = self.gt.overlaps(gid, a0, a1) & (gid >= 0)
+        data, busy, has = np.empty(len(order)), np.empty(len(order)), np.empty(len(order), dtype=bool)
+        data[order], busy[order] = self.gt.integrals(g, np.maximum(a0, s), np.minimum(a1, e))
+        has[order] = self.gt.overlaps(g, a0, a1) & (g >= 0)
         self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
+        self._alv_order = order  # (the idle stretches search in that order too)
         self.con.register("alv", self._alv.to_arrow())
 
     def _held_data(self, s: int, e: int) -> pl.DataFrame:
@@ -369,7 +376,7 @@ class Analysis:
     def _islands(self, kind: str) -> pl.DataFrame:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
-                         self.p.idle_min_duration.total_seconds())
+                         self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order)
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
         keys = list(JOB_DIMS[by])

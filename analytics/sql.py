@@ -243,9 +243,10 @@ RAW_BUCKETS_ALL_DETAIL = _RAW_SAMPLES.format(detail=_RAW_DETAIL, **_ALL_GPUS)
 RAW_BUCKETS_GPU_DETAIL = _RAW_SAMPLES.format(detail=_RAW_DETAIL, **_SOME_GPUS)
 
 # Where an analysis looks up each GPU's time: its allocations' starts and ends
-ALLOCATION_CUTS = """
-SELECT hash(cluster, host, gpu_uuid, gi::INTEGER) AS gh, epoch_us(a0) AS t FROM al
-UNION ALL SELECT hash(cluster, host, gpu_uuid, gi::INTEGER), epoch_us(a1) FROM al
+_GPU_HASH = "hash(cluster, host, gpu_uuid, gi::INTEGER)"  # a GPU's (MIG instance's) key hashed, as the summaries name it (gh)
+ALLOCATION_CUTS = f"""
+SELECT {_GPU_HASH} AS gh, epoch_us(a0) AS t FROM al
+UNION ALL SELECT {_GPU_HASH}, epoch_us(a1) FROM al
 """
 
 
@@ -319,8 +320,12 @@ FROM {jobs_shared(f'start IS NOT NULL AND start < $end AND coalesce("end", $as_o
 # by job dimension, the top jobs, the job list, the timelines, MFU, fairness - all read it
 JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 
-# (the rows of al, to which Analysis adds each allocation's look-ups: the table alv)
-ALLOCATION_ROWS = "SELECT * FROM al"
+# (the rows of al, to which Analysis adds each allocation's look-ups: the table alv), with their
+# GPU's hash, and the GPUs of the line (_line_ids: cluster, host, gpu_uuid, gi, gid) hashed alike:
+# Analysis finds each allocation's gid by the hash, not a join of four text columns (which held
+# a second copy of the allocations: the peak of a 16,384-GPU week)
+ALLOCATION_ROWS = f"SELECT *, {_GPU_HASH} AS gh FROM al"
+LINE_ID_HASHES = f"SELECT {_GPU_HASH} AS gh, gid FROM _line_ids"
 
 
 

@@ -31,23 +31,21 @@ SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "h
 
 
 def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, prices: Mapping[str, float],
-              start_us: int, end_us: int, min_idle_s: float) -> pl.DataFrame:
+              start_us: int, end_us: int, min_idle_s: float, alv_order: np.ndarray | None = None) -> pl.DataFrame:
     """The stretches of `runs` (gid, vid, r0, r1: epoch us, in (gid, r0) order, disjoint per GPU)
     inside the allocations `alv` (with gid, a0, a1) lasting at least `min_idle_s`, with their
     seconds inside [start_us, end_us), GPU-hours and cost (null without a price); those with no
-    second inside the window left out. Ordered by cluster, job, host, GPU, start."""
-    al = alv.filter(pl.col("gid").is_not_null())  # a GPU with no sample in the window has no run
-    if runs.is_empty() or al.is_empty():
+    second inside the window left out. Ordered by cluster, job, host, GPU, start. `alv_order`:
+    alv's rows by gid (null first), then a0, where the caller has it (None: sorted here)."""
+    if runs.is_empty() or alv.is_empty():
         return pl.DataFrame(schema=SCHEMA)
     rg, r0, r1 = (runs[c].to_numpy().astype(np.int64, copy=False) for c in ("gid", "r0", "r1"))
-    g = al["gid"].to_numpy().astype(np.int64, copy=False)
-    a0, a1 = al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy()
-    # searched in the line's order (Analysis keeps alv in it; gputime.search), the pairs come in that order
-    if ((g[1:] < g[:-1]) | ((g[1:] == g[:-1]) & (a0[1:] < a0[:-1]))).any():
-        rows = np.lexsort((a0, g))
-        g, a0, a1 = g[rows], a0[rows], a1[rows]
-    else:
-        rows = np.arange(len(g))
+    g = alv["gid"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
+    a0, a1 = alv["a0"].dt.epoch("us").to_numpy(), alv["a1"].dt.epoch("us").to_numpy()
+    # searched in the line's order (gputime.search), the pairs come in that order
+    rows = np.lexsort((a0, g)) if alv_order is None else alv_order
+    rows = rows[np.searchsorted(g[rows], 0):]  # a GPU with no sample in the window (no gid) has no run
+    g, a0, a1 = g[rows], a0[rows], a1[rows]
     # one ascending line over every GPU: keys gid x span + (t - t_lo), allocations clipped to the
     # runs' extent (which changes no overlap with them)
     t_lo, t_hi = int(r0.min()), int(r1.max())
@@ -62,7 +60,7 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     ai, ri, s0, s1 = ai[long], ri[long], s0[long], s1[long]
     # seconds inside the window as sql.CLIP counts them (epoch seconds as doubles)
     in_window = np.maximum(0.0, np.minimum(s1, end_us) / 1e6 - np.maximum(s0, start_us) / 1e6)
-    out = al.select(*_ALLOCATION, *_JOB)[rows[ai]].with_columns(
+    out = alv.select(*_ALLOCATION, *_JOB)[rows[ai]].with_columns(
         vid=pl.Series(runs["vid"].to_numpy()[ri], dtype=pl.Int64), s0=pl.Series(s0, dtype=pl.Int64), s1=pl.Series(s1, dtype=pl.Int64),
         in_window_s=pl.Series(in_window, dtype=pl.Float64)).sort(_ORDER)
     # island: the stretch's number in its group (consecutive rows now), counted before the window cut
