@@ -376,9 +376,15 @@ class SummaryTime(GpuTime):
                 chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["h"][w], in_order=in_order))
             a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
                          for j, t in enumerate((np.int64, np.int64, np.uint64)))
+            del chains  # (the arrays of every step freed as soon as done: the peak of a 16,384-GPU week)
             pv = _index_of(hashes, h)
-            pg = gid_of[pv]
-            self._pieces[kind] = _chain(pg * self.span + (a0 - self.base), pg * self.span + (a1 - self.base), pv)
+            del h
+            at = gid_of[pv] * self.span - self.base  # line keys: gid x span + (t - base)
+            a0 += at
+            a1 += at
+            del at
+            self._pieces[kind] = _chain(a0, a1, pv)
+            del a0, a1, pv
         del pieces
 
         # raw pieces, in the raw buckets only
