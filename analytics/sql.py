@@ -136,6 +136,9 @@ SELECT count(*) AS n FROM (
 # MIG profile - named by one 64-bit hash, so 40M samples leave DuckDB without a string each.
 GPU_HASH = "hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER, gpu::INTEGER, model, mig_profile)"
 _VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile"
+# ... and the GPU itself (its key) hashed the same way from a table with a gi column (al, the
+# line's ids): what the summaries name gh
+_GPU_HASH = "hash(cluster, host, gpu_uuid, gi::INTEGER)"
 
 # the rows oracle_sql.INTERVALS (tests/support) reads, in the store's file order (which keeps each
 # GPU's samples in time order), as narrow as they go: NaN stands for a NULL utilization (so the
@@ -154,8 +157,8 @@ _DETAIL_COLUMNS = ",\n       " + LINE_DETAIL_COLUMNS
 # the selected jobs' figures need no other GPU's samples. The host condition, implied by the
 # hash's, is what lets DuckDB skip row groups: it pushes the join's host range into the scan, and
 # compaction sorts files by host (a job's report at 16,384 GPUs: 7.4 -> 0.2 s for this read)
-_HELD = """
-  AND hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER) IN (SELECT hash(cluster, host, gpu_uuid, gi::INTEGER) FROM al)
+_HELD = f"""
+  AND hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER) IN (SELECT {_GPU_HASH} FROM al)
   AND host IN (SELECT host FROM al)"""
 SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="", held="")
 SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""), held="")
@@ -243,7 +246,6 @@ RAW_BUCKETS_ALL_DETAIL = _RAW_SAMPLES.format(detail=_RAW_DETAIL, **_ALL_GPUS)
 RAW_BUCKETS_GPU_DETAIL = _RAW_SAMPLES.format(detail=_RAW_DETAIL, **_SOME_GPUS)
 
 # Where an analysis looks up each GPU's time: its allocations' starts and ends
-_GPU_HASH = "hash(cluster, host, gpu_uuid, gi::INTEGER)"  # a GPU's (MIG instance's) key hashed, as the summaries name it (gh)
 ALLOCATION_CUTS = f"""
 SELECT {_GPU_HASH} AS gh, epoch_us(a0) AS t FROM al
 UNION ALL SELECT {_GPU_HASH}, epoch_us(a1) FROM al

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 import polars as pl
 
-from gpufleet.analytics.gputime import search
+from gpufleet.analytics.gputime import _side_by_side, search
 
 # what a stretch names of its allocation (Analysis' alv) and of its GPU variant (GpuTime.gpus)
 _ALLOCATION = ("cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi")
@@ -52,9 +52,7 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     span = t_hi - t_lo + 1
     lo = search(rg * span + (r1 - t_lo), g * span + (np.clip(a0, t_lo, t_hi) - t_lo), side="right")  # first run ending after a0
     hi = search(rg * span + (r0 - t_lo), g * span + (np.clip(a1, t_lo, t_hi) - t_lo), side="left")  # runs starting before a1
-    n = np.maximum(hi - lo, 0)
-    ai = np.repeat(np.arange(len(g)), n)
-    ri = np.arange(len(ai)) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+    _, ai, ri = _side_by_side(lo, np.maximum(hi, lo))  # each allocation's runs [lo, hi), laid side by side
     s0, s1 = np.maximum(r0[ri], a0[ai]), np.minimum(r1[ri], a1[ai])
     long = (s1 - s0) >= min_idle_s * 1_000_000
     ai, ri, s0, s1 = ai[long], ri[long], s0[long], s1[long]

@@ -350,16 +350,13 @@ class SummaryTime(GpuTime):
         # GPU variants over both sources, named as the raw path names them (gputime._variants: vid
         # = index into the sorted variant hashes, gid per GPU, equiv by sql.gpu_equiv); rows carry
         # the hashes only, so placing millions of them is integer work, not string joins
-        seen = pl.DataFrame(dict(zip(("h", "gh"), _unique_variants([*seen, (raw["h"].to_numpy(), raw["gh"].to_numpy())]))),
-                            schema={"h": pl.UInt64, "gh": pl.UInt64})
-        hashes = np.sort(seen["h"].to_numpy().astype(np.uint64))
+        hashes, seen_gh = _unique_variants([*seen, (raw["h"].to_numpy(), raw["gh"].to_numpy())])  # (sorted by h: vid order)
         self.gpus = _variants(con, bind, hashes)
         equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
         gid_of = self.gpus["gid"].to_numpy().astype(np.int64, copy=False)
         raw = raw.with_columns(vid=pl.Series(_index_of(hashes, raw["h"].to_numpy()), dtype=pl.Int64))
         raw = raw.with_columns(gid=pl.Series(gid_of[raw["vid"].to_numpy()], dtype=pl.Int64))
-        gh_gid = seen.with_columns(gid=pl.Series(gid_of[_index_of(hashes, seen["h"].to_numpy())], dtype=pl.Int64))
-        gh_gid = gh_gid.select("gh", "gid").unique("gh")
+        gh_gid = pl.DataFrame({"gh": seen_gh, "gid": gid_of}, schema={"gh": pl.UInt64, "gid": pl.Int64}).unique("gh")
 
         # the runs' pieces the summaries record, those of GPU-buckets read raw left out, chained a
         # batch at a time (then all batches), as runs() chains them with the raw pieces
@@ -370,8 +367,8 @@ class SummaryTime(GpuTime):
                 p, in_order = batches.pop(0)
                 if gk.is_empty():
                     w = np.ones(len(p["h"]), dtype=bool)
-                else:  # (pieces name their variant; seen, sorted by it, names its GPU)
-                    w = _outside(gk, seen["gh"].to_numpy()[_index_of(hashes, p["h"])], p["a0"] // b)
+                else:  # (pieces name their variant, vid its GPU)
+                    w = _outside(gk, seen_gh[_index_of(hashes, p["h"])], p["a0"] // b)
                 # (chained by variant: the chaining of all batches joins a GPU's variants' pieces)
                 chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["h"][w], in_order=in_order))
             a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
