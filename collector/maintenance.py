@@ -49,10 +49,22 @@ HEALTH_HOURS_PER_PASS = 24
 def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None, tasks: TaskRunner | None = None,
             gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None,
             health_hours: int | None = HEALTH_HOURS_PER_PASS) -> int:
-    """Merge each closed hour's files into one and roll it up, then bring the per-GPU summaries
-    up to date (summarize, with `params`: the defaults if None; `tasks`, `gpu_shards` and
-    `progress` as there) and their hourly health summaries (summarize_health, at most
-    `health_hours` of them, None: all); returns hours compacted."""
+    """Merge each closed hour's files into one and roll it up (compact_hours), then bring the
+    per-GPU summaries up to date (summarize, with `params`: the defaults if None; `tasks`,
+    `gpu_shards` and `progress` as there) and their hourly health summaries (summarize_health,
+    at most `health_hours` of them, None: all); returns hours compacted."""
+    done, merged = compact_hours(w, now)
+    built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
+    built += summarize_health(w, health_hours)
+    if done or merged or built:
+        w.publish()
+    return done
+
+
+def compact_hours(w: StoreWriter, now: datetime) -> tuple[int, int]:
+    """compact's first step alone: each closed hour's files merged into one sorted by GPU and
+    time and rolled up, each closed day's rollups merged into one file (the summaries are left to
+    summarize; nothing is published). Returns (hours compacted, days of rollups merged)."""
     rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
@@ -71,11 +83,7 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
         merged = merge_rollup_days(w, now)
     if done or merged:
         w.invalidate()
-    built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
-    built += summarize_health(w, health_hours)
-    if done or merged or built:
-        w.publish()
-    return done
+    return done, merged
 
 
 # Fewer hours to build than this (the hour or two each upkeep pass closes) stay in the collector

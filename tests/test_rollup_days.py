@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.collector import schema
-from gpufleet.collector.maintenance import _compact_hour, apply_retention, compact
+from gpufleet.collector.maintenance import _compact_hour, apply_retention, compact, compact_hours
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
 from test_store import samples
@@ -136,3 +136,17 @@ def test_rollups_equal_the_rollup_of_the_samples_whatever_the_order(tmp_path_fac
         assert len(days) == len(set(days))
     finally:
         w.close()
+
+
+def test_compact_hours_merges_and_rolls_up_but_leaves_the_summaries_to_summarize(tmp_path):
+    w = StoreWriter(tmp_path, clock=lambda: DAY)
+    ingest(w, "d1", [h + 0.1 for h in range(24)], 10.0)
+    now = DAY + timedelta(days=1, hours=3)
+    w.clock = lambda: now
+    assert compact_hours(w, now) == (24, 1)  # 24 hours compacted, the closed day's rollups merged
+    assert rollup_files(tmp_path) == []  # not published yet: the caller publishes
+    w.publish()
+    assert [f.split("/")[-1].split("-")[0] for f in rollup_files(tmp_path)] == ["day"]
+    assert not w.summaries
+    assert compact(w, now) == 0  # nothing left to compact: compact only builds the summaries now
+    assert len(w.summaries) == 24
