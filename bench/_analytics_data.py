@@ -1,7 +1,7 @@
 """A synthetic GPU fleet written into a real store: samples, inventory, jobs and allocations.
 
 Used by bench/analytics.py. Everything is deterministic for a given scale, so the store is
-generated once and reused (bench/results/analytics/store-<scale>/).
+generated once and reused (bench/results/analytics/store-<scale>-layout<n>/).
 
 The fleet: `gpus / 8` hosts of 8 H100s, one sample per GPU every 15 s. Hosts come in three
 pools (by host index mod 8):
@@ -37,18 +37,19 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
-from gpufleet.collector.schema import ROLLUP_SQL
-from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
+from gpufleet.collector.store import StoreWriter
 
 GEN_VERSION = 2  # bump when the generated data changes: the cache key includes it
+STORE_LAYOUT = 2  # bump when the store's files are laid out otherwise (2: compacted hourly files, as the collector leaves them)
 START = datetime(2026, 11, 2)  # a Monday, 00:00 UTC
 STEP = 15  # seconds between samples
 CLUSTER = "bench"
 MODEL = "NVIDIA H100 80GB HBM3"
-HOSTS_PER_GROUP = 16  # one sample file per (day, group of 16 hosts)
+HOSTS_PER_GROUP = 16  # generated a day and group of 16 hosts at a time (then committed an hour at a time, compacted)
 OVERSHOOT = 1.03  # lanes are laid out over 103 % of the window: some jobs run on, a few pend
 PROFILES = {"idle_gpu": 0, "train": 1, "stalled": 2, "held": 3, "notebook": 4, "inference": 5, "dev": 6}
 POOL_MIX = {  # profile shares per pool
@@ -315,7 +316,12 @@ def gpu_frame(scale: Scale) -> pl.DataFrame:
 
 
 def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
-    """Write the whole store to `root` (which must not exist yet); returns counts."""
+    """Write the whole store to `root` (which must not exist yet) as the product would have it:
+    each (day, group of hosts) chunk committed an hour at a time, as the collector's rounds
+    land, then each day's closed hours merged into one file per hour and rolled up by the
+    product's compaction (gpufleet.collector.maintenance.compact_hours). Returns counts."""
+    from gpufleet.collector.maintenance import SETTLE, compact_hours
+
     jobs, allocs, segments = plan_jobs(scale)
     gpus = gpu_frame(scale)
     inventory = []
@@ -328,74 +334,43 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
     groups = -(-scale.hosts // HOSTS_PER_GROUP)
     try:
         for day in range(scale.days):
+            t0 = time.monotonic()
+            date = START + timedelta(days=day)
             for group in range(groups):
                 t = chunk(scale, day, group, segments, gpus)
-                rows += w.commit(Batch(key=f"bench/{(START + timedelta(days=day)):%Y-%m-%d}/hosts-{group:02d}", samples=t)).samples_written
-            rollups(w, day)
-            progress(f"  day {day + 1}/{scale.days}: {rows / 1e6:.1f}M samples so far")
+                hour = pa.array(pl.from_arrow(t.select(["ts"]))["ts"].dt.hour().to_numpy())
+                for h in range(24):
+                    rows += w.commit(Batch(key=f"bench/{date:%Y-%m-%d}/{h:02d}/hosts-{group:02d}",
+                                           samples=t.filter(pc.equal(hour, h)))).samples_written
+            hours, _ = compact_hours(w, date + timedelta(days=1) + SETTLE + timedelta(seconds=1))
+            progress(f"  day {day + 1}/{scale.days}: {rows / 1e6:.1f}M samples so far, {hours} hours compacted "
+                     f"({time.monotonic() - t0:.0f} s)")
         w.commit(Batch(key="bench/jobs", jobs=jobs, allocations=allocs, gpus=inventory))
-        w.invalidate()  # the rollups went into the ledger directly, as compaction's do
+        compact_hours(w, scale.end + timedelta(hours=2))  # the last day's rollups merged
         w.publish()
     finally:
         w.close()
     return {"samples": rows, "jobs": len(jobs), "allocations": len(allocs) // 2}
 
 
-def rollups(w: StoreWriter, day: int) -> None:
-    """The 5-minute rollups compaction would write (gpufleet.collector.schema.ROLLUP_SQL), one file
-    per hour (merge_rollups then merges each day's, as compaction does once a day is closed)."""
-    date = f"{START + timedelta(days=day):%Y-%m-%d}"
-    files = [r[0] for r in w.db.execute("SELECT file FROM batches WHERE file LIKE ? ORDER BY file", [f"samples/date={date}/%"]).fetchall()]
-    table = w.db.sql(ROLLUP_SQL.format(files=_sql_list([str(w.root / f) for f in files]))).to_arrow_table()
-    hours = pl.from_arrow(table.select(["bucket"]))["bucket"].dt.truncate("1h")
-    (w.root / "rollup_5m" / f"date={date}").mkdir(parents=True, exist_ok=True)
-    w.db.execute("BEGIN")
-    for hour in hours.unique().sort().to_list():
-        part = table.filter(pa.array((hours == hour).to_list()))
-        rel = f"rollup_5m/date={date}/hour-{hour:%H}-bench.parquet"
-        write_parquet(part, w.root / rel)
-        w.db.execute("INSERT OR REPLACE INTO rollups VALUES (?, ?)", [hour, rel])
-    w.db.execute("COMMIT")
+def store_dir(scale: Scale, cache: Path) -> Path:
+    """Where the store for `scale` is cached (its data's and its layout's versions in the name)."""
+    return cache / f"store-{scale.key}-layout{STORE_LAYOUT}"
 
 
 def ensure_store(scale: Scale, cache: Path, progress=lambda msg: None) -> tuple[Path, bool]:
     """The cached store for `scale` under `cache`, generated first if missing. (path, generated now)."""
-    root = cache / f"store-{scale.key}"
+    root = store_dir(scale, cache)
     if (root / ".complete").exists():
-        merge_rollups(scale, root, progress)
         return root, False
-    tmp = cache / f".store-{scale.key}.partial"
+    tmp = cache / f".{root.name}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     counts = generate(scale, tmp, progress)
-    merge_rollups(scale, tmp, progress)
     (tmp / ".complete").write_text(f"{counts}\n")
     tmp.rename(root)
     return root, True
-
-
-def merge_rollups(scale: Scale, root: Path, progress=lambda msg: None) -> None:
-    """Each closed day's hourly rollups merged into one file by the product's compaction step
-    (gpufleet.collector.maintenance.merge_rollup_days), once: a store cached before that step
-    existed has them one file per hour."""
-    from gpufleet.collector.maintenance import merge_rollup_days
-
-    mark = root / ".rollup-days"
-    if mark.exists():
-        return
-    t0 = time.monotonic()
-    now = scale.end + timedelta(hours=2)
-    w = StoreWriter(root, clock=lambda: now)
-    try:
-        with w.parallel():
-            days = merge_rollup_days(w, now)
-        w.invalidate()
-        w.publish()
-    finally:
-        w.close()
-    mark.write_text(f"{days} days merged in {time.monotonic() - t0:.1f} s\n")
-    progress(f"  rollups of {days} closed days merged into one file each in {time.monotonic() - t0:.0f} s")
 
 
 def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:

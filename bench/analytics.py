@@ -123,13 +123,13 @@ def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
         f"starts or ends, consecutive ones joined between the times the analysis looks a GPU up) and {r['raw_pieces']:,} raw sample pieces (buckets cut by the window's edges, or by a job the summary "
         "predates: read raw, with their neighbours; none when the store holds no samples before the window)",
         f"summaries built by the product's upkeep (gpufleet.collector.maintenance.summarize) over the cached store: {build_s:.0f} s "
-        f"({'in this run' if built else 'cached'}); the bench store's sample files are one per day and host group, not per hour as "
-        "compaction leaves them, so each hour's build reads a day's files filtered by time",
+        f"({'in this run' if built else 'cached'}), each hour from its compacted file (and its neighbours' for the intervals "
+        "that cross the hour's edges)",
     ]
     return t
 
 
-def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
+def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table:
     t = Table(f"analytics: full weekly analysis ({'summaries' if m['rows'].get('path') == 'SummaryTime' else 'raw samples'}), {SCALE.describe()}")
     wall, cpu, hwm = m["wall_s"], m["cpu_s"], m["vmhwm_kib"] / 1024 / 1024
     t.add("wall time: open_reader .. per_gpu (imports excluded)", f"{wall:.1f} s", *((f"<= {WALL_GOAL_S:g} s", wall <= WALL_GOAL_S)
@@ -157,7 +157,8 @@ def analysis_table(m: dict, generated: bool, gen_s: float) -> Table:
         f"one process (python -m bench._analytics_measure), DuckDB threads = {m['threads']}, memory_limit = {m['memory_limit']} "
         f"(spills to a temp directory beyond it); machine: {os.cpu_count()} cores, load average {m['load'][0]:.1f} before / {m['load'][1]:.1f} after",
         "wall time is what a user waits on a shared machine; CPU time is the steadier figure when other work competes for the cores",
-        f"store: {'generated in this run' if generated else 'reused'} ({gen_s:.0f} s), {CACHE.relative_to(ROOT) if CACHE.is_relative_to(ROOT) else CACHE}/store-{SCALE.key}; "
+        f"store: {'generated in this run' if generated else 'reused'} ({gen_s:.0f} s), {store.relative_to(ROOT) if store.is_relative_to(ROOT) else store} "
+        "(each hour's samples in one file, as the collector's compaction leaves them); "
         "set GPUFLEET_BENCH_GPUS / _DAYS / _JOBS for another scale",
     ]
     return t
@@ -265,7 +266,7 @@ def pages_table(store: Path) -> Table:
         "grain leaves them: the hours they cut are read raw, the rest from the hourly health summaries",
         "Fleet now takes the look-back's whole summarised hours from their run facts (written with the health summaries) and reads "
         "raw samples for the last, open hour only (the look-back starts on the hour); the dashboards ask it again every 10 s. The bench store's "
-        "sample files are day-long, so each raw read scans a day; compaction's hourly files let it skip the hours between",
+        "sample files are one per hour, as compaction leaves them: a raw read of a few minutes opens that hour's file",
         "the bench fleet reports no temperatures, XIDs or ECC errors (hence no events): real data also pays for reading those columns",
     ]
     return t
@@ -536,7 +537,7 @@ def run() -> list[Table]:
     m_raw = measure_analysis(store, raw=True) if run_raw else None
     m = measure_analysis(store)
     tables = [paths_table(m_raw, m, build_s, built)] if m_raw else []
-    tables.append(analysis_table(m, generated, gen_s))
+    tables.append(analysis_table(m, store, generated, gen_s))
     if not run_raw:
         tables[-1].notes.append(f"raw oracle not run: {why}; summaries built {'in this run' if built else 'earlier'} in {build_s:.0f} s "
                                 "(the product's upkeep)")
