@@ -11,13 +11,10 @@ unknown, not 0.
 
 from __future__ import annotations
 
-import csv
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from functools import cache
-from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -26,6 +23,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Params
+from gpufleet.analytics.prices import price_table
 from gpufleet.analytics.stretches import stretches
 from gpufleet.analytics.summaries import summary_time
 from gpufleet.analytics.timeline import timeline_bucket
@@ -34,16 +32,6 @@ from gpufleet.times import epoch_us, utcnow
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
-
-
-@cache
-def default_prices() -> dict[str, float]:
-    with resources.files("gpufleet.analytics.data").joinpath("prices.csv").open() as f:
-        return {row["model"]: float(row["usd_per_gpu_hour"]) for row in csv.DictReader(f)}
-
-
-def price_table(overrides: Mapping[str, float]) -> dict[str, float]:
-    return {**default_prices(), **overrides}
 
 
 # The filters that select jobs (account, user, partition, job): under one, a figure is the selected

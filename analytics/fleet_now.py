@@ -59,7 +59,8 @@ import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import not_attributable_reason, price_table
+from gpufleet.analytics.core import not_attributable_reason
+from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 from gpufleet.analytics.params import Params
 from gpufleet.times import HOUR, floor_time, utcnow
 
@@ -131,10 +132,7 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     b["sum_from"], b["sum_to"] = _summarised_span(con, b) if use and params.filters.model is None else (as_of, as_of)
     b["raw_from"] = b["look_from"] if b["look_from"] < b["sum_from"] else b["sum_to"]
     df = _q(con, sql.GPU_STATES, b)
-    prices = price_table(params.prices)
-    df = df.with_columns(
-        pl.col("model").replace_strict(prices, default=None, return_dtype=pl.Float64).alias("usd_per_gpu_hour"),
-    )
+    df = df.with_columns(usd_per_gpu_hour(price_table(params.prices)).alias("usd_per_gpu_hour"))
     if not_attributable_reason(params.filters) is not None:  # a job filter: the GPUs its jobs hold now
         df = df.filter(pl.col("held"))
     return df.sort(["cluster", "host", "gpu", "gi"], nulls_last=True)

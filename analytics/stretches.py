@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics.gputime import _side_by_side, search
+from gpufleet.analytics.prices import usd_per_gpu_hour
 
 # what a stretch names of its allocation (Analysis' alv) and of its GPU variant (GpuTime.gpus)
 _ALLOCATION = ("cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi")
@@ -70,7 +71,7 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     row_of = np.zeros(int(vids.max()) + 1 if len(vids) else 0, dtype=np.int64)
     row_of[vids] = np.arange(len(vids))  # (every run's variant is among them)
     out = out.hstack(variants.select(*_VARIANT)[row_of[out["vid"].to_numpy()]]).with_columns(
-        usd_per_gpu_hour=pl.col("model").replace_strict(dict(prices), default=None, return_dtype=pl.Float64))
+        usd_per_gpu_hour=usd_per_gpu_hour(prices))
     gpu_h = out["in_window_s"].to_numpy() * out["equiv"].to_numpy() / 3600  # (numpy divides; polars would multiply by 1/3600)
     out = out.with_columns(pl.from_epoch("s0", "us"), pl.from_epoch("s1", "us"), gpu_h=pl.Series(gpu_h, dtype=pl.Float64))
     out = out.with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
