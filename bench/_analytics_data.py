@@ -44,7 +44,7 @@ from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter
 
 GEN_VERSION = 2  # bump when the generated data changes: the cache key includes it
-STORE_LAYOUT = 2  # bump when the store's files are laid out otherwise (2: compacted hourly files, as the collector leaves them)
+STORE_LAYOUT = 3  # bump when the store's files are laid out otherwise (2: compacted hourly files, as the collector leaves them; 3: and in row groups of 491,520 rows)
 START = datetime(2026, 11, 2)  # a Monday, 00:00 UTC
 STEP = 15  # seconds between samples
 CLUSTER = "bench"

@@ -136,8 +136,18 @@ def parquet_encodings(schema_: pa.Schema) -> tuple[list[str], dict[str, str]]:
     return dictionary, encoding
 
 
+# Rows per Parquet row group (4 x DuckDB's own 122,880). Files are sorted by host (then GPU and
+# time), so a reader that wants a few hosts (a job's report, a shard's summary task) skips the
+# other row groups by their statistics; pyarrow's default (1M rows) made a compacted hour of
+# 16,384 GPUs 4 row groups of ~500 hosts each, and a 16-GPU job's report read ~1M rows an hour
+# (its first load 2.4-2.5 s, now 1.6-1.8 s). Smaller groups (122,880) made it 1.4-1.6 s but cost
+# the reads of every GPU's last minutes (Fleet now, Health: +0.6 s each at 16,384 GPUs).
+ROW_GROUP_ROWS = 491_520
+
+
 def write_parquet(table: pa.Table, path: Path) -> None:
-    """Parquet tuned for GPU samples (see parquet_encodings), zstd, with statistics."""
+    """Parquet tuned for GPU samples (see parquet_encodings), zstd, with statistics, in row groups
+    of ROW_GROUP_ROWS."""
     dictionary, encoding = parquet_encodings(table.schema)
     _fsync_write(
         path,
@@ -146,6 +156,7 @@ def write_parquet(table: pa.Table, path: Path) -> None:
             tmp,
             compression="zstd",
             compression_level=3,
+            row_group_size=ROW_GROUP_ROWS,
             use_dictionary=dictionary,
             column_encoding=encoding or None,
             write_statistics=True,
