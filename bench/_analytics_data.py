@@ -338,7 +338,7 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
             date = START + timedelta(days=day)
             for group in range(groups):
                 t = chunk(scale, day, group, segments, gpus)
-                hour = pa.array(pl.from_arrow(t.select(["ts"]))["ts"].dt.hour().to_numpy())
+                hour = pc.hour(t["ts"])
                 for h in range(24):
                     rows += w.commit(Batch(key=f"bench/{date:%Y-%m-%d}/{h:02d}/hosts-{group:02d}",
                                            samples=t.filter(pc.equal(hour, h)))).samples_written
@@ -346,7 +346,6 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
             progress(f"  day {day + 1}/{scale.days}: {rows / 1e6:.1f}M samples so far, {hours} hours compacted "
                      f"({time.monotonic() - t0:.0f} s)")
         w.commit(Batch(key="bench/jobs", jobs=jobs, allocations=allocs, gpus=inventory))
-        compact_hours(w, scale.end + timedelta(hours=2))  # the last day's rollups merged
         w.publish()
     finally:
         w.close()

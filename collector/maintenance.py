@@ -62,9 +62,9 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
 
 
 def compact_hours(w: StoreWriter, now: datetime) -> tuple[int, int]:
-    """compact's first step alone: each closed hour's files merged into one sorted by GPU and
-    time and rolled up, each closed day's rollups merged into one file (the summaries are left to
-    summarize; nothing is published). Returns (hours compacted, days of rollups merged)."""
+    """compact's first step alone: each closed hour's files merged into one sorted by host, GPU
+    and time and rolled up, each closed day's rollups merged into one file (the summaries are left
+    to summarize; nothing is published). Returns (hours compacted, days of rollups merged)."""
     rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
