@@ -263,6 +263,23 @@ def test_health(store, con, use_store):
         pl.col("xids").cast(pl.List(pl.Utf8)).list.join(", ")))
 
 
+def test_fleet_now_and_health_of_one_moment_share_the_gpu_states(store, use_store, monkeypatch):
+    """The states at a fixed window's end are computed once for both pages (at 16,384 GPUs they
+    are a third of the Health page's first load), and the key holds all they depend on."""
+    import streamlit as st_
+
+    calls = []
+    real = fn.gpu_states
+    monkeypatch.setattr(fn, "gpu_states", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    st_.cache_data.clear()
+    use_store(store)
+    at = open_app(to="2026-11-16T11:30")
+    goto(at, "utilization")
+    goto(at, "health")
+    assert calls == [T(11, 30)]
+    assert metrics(at)["Lost now"] == ui.count(fn.summarize(real(open_reader(store), W, T(11, 30)), W, T(11, 30)).lost)
+
+
 def test_health_lists_the_inputs_the_collector_did_not_recognize(tmp_path, use_store):
     from gpufleet.collector.schema import Unrecognized
 
