@@ -52,10 +52,11 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     """Merge each closed hour's files into one and roll it up (compact_hours), then bring the
     per-GPU summaries up to date (summarize, with `params`: the defaults if None; `tasks`,
     `gpu_shards` and `progress` as there) and their hourly health summaries (summarize_health,
-    at most `health_hours` of them, None: all); returns hours compacted."""
+    at most `health_hours` of them, None: all; `tasks` and `progress` as there); returns hours
+    compacted."""
     done, merged = compact_hours(w, now)
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
-    built += summarize_health(w, health_hours)
+    built += summarize_health(w, health_hours, tasks, progress)
     if done or merged or built:
         w.publish()
     return done
@@ -244,28 +245,58 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     return built
 
 
-def summarize_health(w: StoreWriter, limit: int | None = None) -> int:
-    """The health summary (schema.HEALTH_FILE over the hour's samples: HEALTH_HOURS with the
-    NOW_HOURS run facts for the summary's idle threshold and max_gap) of every summarised hour
-    that has none or one of another format - the newest `limit` of them, None: all - from the
-    sample files its summary was built from: one file per hour beside the summary, listed in the
-    summary's manifest entry, so it stands and falls with it. Returns the hours built."""
-    todo = [k for k, e in sorted(w.summaries.items(), reverse=True) if e.get("health_format") != HEALTH_FORMAT_VERSION][:limit]
-    cur = w.db.cursor()
+@dataclass(frozen=True)
+class HealthTask:
+    """One hour's health summary, from the sample files its summary was built from, with the run
+    facts for the parameters that summary was built with. Runs anywhere that sees the store's
+    directory (a Dask worker)."""
+
+    root: str
+    hour: str
+    sources: tuple[str, ...]
+    rel: str  # where it goes
+    idle_threshold: float
+    max_gap_s: float
+
+    def label(self) -> str:
+        return f"health {self.hour}"
+
+
+def build_health_file(task: HealthTask) -> str:
+    """The hour's health summary file (schema.HEALTH_FILE), written atomically to task.rel. One
+    DuckDB thread, as the writer's own connection runs it: the same bytes wherever it runs (a
+    sum's order follows the threads). Module-level: Dask sends it by name."""
+    hour = datetime.fromisoformat(task.hour)
+    q = HEALTH_FILE.format(source=f"read_parquet({_sql_list([str(Path(task.root) / f) for f in task.sources])})",
+                           where="ts >= $lo AND ts < $hi")
+    con = duckdb.connect(":memory:", config={"threads": 1})
     try:
-        for key in todo:
-            e = w.summaries[key]
-            hour = datetime.fromisoformat(key)
-            q = HEALTH_FILE.format(source=f"read_parquet({_sql_list([str(w.root / f) for f in e['sources']])})", where="ts >= $lo AND ts < $hi")
-            # the run facts for the parameters the hour's summary was built with
-            binds = {"lo": hour, "hi": hour + timedelta(hours=1), "thr": e["params"]["idle_threshold"], "max_gap": e["params"]["max_gap_s"]}
-            table = cur.sql(q, params=binds).to_arrow_table()
-            rel = e["file"].replace("/sum-", f"/health{HEALTH_FORMAT_VERSION}-", 1)
-            write_parquet(table, w.root / rel)
-            w.attach_health(key, rel, HEALTH_FORMAT_VERSION)
+        table = con.sql(q, params={"lo": hour, "hi": hour + timedelta(hours=1), "thr": task.idle_threshold,
+                                   "max_gap": task.max_gap_s}).to_arrow_table()
     finally:
-        cur.close()
-    return len(todo)
+        con.close()
+    write_parquet(table, Path(task.root) / task.rel)
+    return task.rel
+
+
+def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> int:
+    """The health summary (HealthTask: HEALTH_HOURS with the NOW_HOURS run facts for the
+    summary's idle threshold and max_gap) of every summarised hour that has none or one of another
+    format - the newest `limit` of them, None: all - one file per hour beside the summary, listed
+    in the summary's manifest entry, so it stands and falls with it. A task an hour, run by
+    `tasks` (a Dask scheduler) when there are at least DASK_MIN_HOURS, else here, as summarize's.
+    Returns the hours built; the caller publishes."""
+    todo = [k for k, e in sorted(w.summaries.items(), reverse=True) if e.get("health_format") != HEALTH_FORMAT_VERSION][:limit]
+    work = [HealthTask(str(w.root), key, tuple(w.summaries[key]["sources"]),
+                       w.summaries[key]["file"].replace("/sum-", f"/health{HEALTH_FORMAT_VERSION}-", 1),
+                       w.summaries[key]["params"]["idle_threshold"], w.summaries[key]["params"]["max_gap_s"]) for key in todo]
+    runner = replace(summary_runner(tasks, len(work)), name="health summaries")
+    if progress is not None:
+        runner = replace(runner, progress=progress)
+    for task, rel in zip(work, runner.map(build_health_file, work, label=HealthTask.label)):
+        w.attach_health(task.hour, rel, HEALTH_FORMAT_VERSION)
+    return len(work)
 
 
 def _host_ranges(w: StoreWriter, files: list[str], shards: int) -> list[tuple[str | None, str | None]]:

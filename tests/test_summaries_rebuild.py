@@ -21,7 +21,7 @@ from gpufleet.analytics.params import Params
 from gpufleet.analytics.summaries import SummaryTime
 from gpufleet.collector import cli as collector_cli
 from gpufleet.collector import maintenance
-from gpufleet.collector.maintenance import compact, summarize
+from gpufleet.collector.maintenance import compact, summarize, summarize_health
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.collector.summaries import PARTS_DIR, SummaryParams
 from gpufleet.collector.tasks import TaskError, TaskRunner
@@ -121,6 +121,35 @@ def test_a_worker_killed_mid_rebuild_costs_nothing_but_time(store, in_process, d
     assert not dask_cluster.workers[0].alive()
     assert summary_bytes(tmp_path / "s") == summary_bytes(in_process)
     dask_cluster.add_worker()
+
+
+def health_bytes(root: Path) -> dict[str, bytes]:
+    entries = json.loads((root / "manifest.json").read_text())["summaries"]
+    return {e["health"]: (root / e["health"]).read_bytes() for e in entries if e.get("health")}
+
+
+def test_health_summaries_are_built_on_dask_with_the_bytes_built_here(in_process, dask_cluster, tmp_path):
+    """The rebuild left every hour without its health summary (they go with the summary): an hour
+    a task, on the cluster, each the file this process writes, and every one attached."""
+    from distributed import Client
+
+    built = {}
+    for where, tasks in (("here", None), ("dask", TaskRunner(scheduler=dask_cluster.address, name="summaries"))):
+        root = tmp_path / where
+        shutil.copytree(in_process, root)
+        w = StoreWriter(root)
+        seen = []
+        assert summarize_health(w, tasks=tasks, progress=lambda d, t: seen.append((d, t))) == HOURS
+        assert seen[-1] == (HOURS, HOURS)
+        w.publish()
+        w.close()
+        built[where] = health_bytes(root)
+    assert len(built["here"]) == HOURS and built["dask"] == built["here"]
+    with Client(dask_cluster.address, timeout=10, set_as_default=False) as c:
+        ran = c.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    assert any(name.startswith("health summaries") for name in ran), ran
+    con = open_reader(tmp_path / "dask")
+    assert con.execute("SELECT count(*) FROM health_hours WHERE idle_threshold = 50.0").fetchone()[0] == HOURS
 
 
 def test_few_hours_stay_in_the_collector_even_with_a_scheduler(store, in_process, tmp_path):
