@@ -182,7 +182,7 @@ WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SEL
 # The summarised hours an analysis may use: the same max_gap and idle threshold, and internal
 # runs listed down to its idle_min_duration (or buckets shorter than that: none can qualify).
 SUMMARY_HOURS = """
-SELECT hour, bucket_s FROM summary_hours
+SELECT hour, ends, bucket_s FROM summary_hours
 WHERE max_gap_s = $max_gap AND idle_threshold = $thr AND (keep_s <= $min_idle OR bucket_s <= $min_idle) AND hash_by = $hash_by
   AND hour < $xend AND hour + INTERVAL 1 HOUR > $xstart
 ORDER BY hour

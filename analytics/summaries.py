@@ -15,8 +15,9 @@ line per GPU made of two kinds of segment, in time order:
   bucket edges, in every bucket a summary cannot answer: one cut by the window's edges (start,
   end, and the extended read window), one where an allocation on that GPU starts or ends inside
   a segment (the summary was written before the store knew of it), one of an hour with no
-  current summary for these parameters (the open hour, late data), or one the summary marks
-  inexact.
+  current summary for these parameters (late data), one after the end of an open hour's summary
+  (the newest minutes: upkeep summarises the open hour up to its settled buckets), or one the
+  summary marks inexact.
 
 Consecutive whole segments of a GPU are joined into one entry of the line between the times the
 analysis will look up (its allocations' edges, the window's, its timeline's bucket edges from the
@@ -209,14 +210,14 @@ def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: boo
     if hours.is_empty():
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
-    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s)["hour"], bucket_s, detail=detail, held=held,
+    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s).select("hour", "ends"), bucket_s, detail=detail, held=held,
                        grid_us=grid_us)
 
 
 class SummaryTime(GpuTime):
     """GpuTime's interface (gpus, ids, integrals, overlaps, per_gpu, runs) over summaries."""
 
-    def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.Series, bucket_s: int,
+    def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.DataFrame, bucket_s: int,
                  detail: bool = False, held: np.ndarray | None = None, also_raw: frozenset[int] = frozenset(),
                  grid_us: int | None = None, bad: pl.DataFrame | None = None):
         """`also_raw`: more buckets (k: [k x bucket, (k + 1) x bucket) since the epoch) to read raw
@@ -238,9 +239,10 @@ class SummaryTime(GpuTime):
         self.span = (xe - self.base) + 2 * gap + 1
         kx0, kx1 = xs // b, (xe - 1) // b
         every = np.arange(kx0, kx1 + 1, dtype=np.int64)
-        h_us = hours.dt.epoch("us").to_numpy().astype(np.int64, copy=False)
-        per_hour = HOUR_US // b
-        summarised = np.unique((h_us[:, None] // b + np.arange(per_hour)[None, :]).ravel())
+        # (an open hour's summary ends before the hour does: the buckets after it are read raw)
+        h_us, to_us = (hours[c].dt.epoch("us").to_numpy().astype(np.int64, copy=False) for c in ("hour", "ends"))
+        in_hour = h_us[:, None] // b + np.arange(HOUR_US // b)[None, :]
+        summarised = np.unique(in_hour[in_hour < (to_us // b)[:, None]])
         # buckets read raw for every GPU: not summarised, or cut by the window's edges
         k_all = set(every[~np.isin(every, summarised)].tolist()) | {k for k in also_raw if kx0 <= k <= kx1}
         for t in (epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe):
@@ -272,7 +274,7 @@ class SummaryTime(GpuTime):
         is_raw[raw_ks - kx0] = True
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
         held_list = None if held is None else [int(x) for x in held]
-        for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours.to_list(), "held": held_list}):
+        for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours["hour"].to_list(), "held": held_list}):
             k = batch["b0"].to_numpy() // b
             use = (k >= kx0) & (k <= kx1) & ~is_raw[np.clip(k - kx0, 0, kx1 - kx0)]
             if not use.all():

@@ -33,7 +33,7 @@ from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GP
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
 from gpufleet.collector.tasks import TaskRunner
-from gpufleet.times import epoch_us, from_epoch_us
+from gpufleet.times import epoch_us, floor_time, from_epoch_us
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,9 @@ class SummaryTask:
 
     root: str
     day: str
-    hours: tuple[tuple[str, tuple[str, ...]], ...]  # (hour, its sample files)
+    # (hour, its sample files, where its summary ends: "" for the whole hour, else the end of the
+    # last bucket of an open hour that is summarised - see summarize)
+    hours: tuple[tuple[str, tuple[str, ...], str], ...]
     shard: int  # 0-based
     shards: int
     params: summaries.SummaryParams
@@ -144,13 +146,14 @@ def build_summary_part(task: SummaryTask) -> str:
     con = duckdb.connect(":memory:")
     try:
         tables = []
-        for hour, sources in task.hours:
+        for hour, sources, to in task.hours:
             h = datetime.fromisoformat(hour)
+            end = datetime.fromisoformat(to) if to else h + timedelta(hours=1)
             q = SUMMARY_SAMPLES.format(files=_sql_list([str(Path(task.root) / f) for f in sources]))
-            rows = con.sql(q, params={"lo": h - gap, "hi": h + timedelta(hours=1) + gap, "host_lo": task.host_lo,
+            rows = con.sql(q, params={"lo": h - gap, "hi": end + gap, "host_lo": task.host_lo,
                                       "host_hi": task.host_hi}).to_arrow_table()
             h0 = epoch_us(h)
-            tables.append(summaries.summarize(rows, h0, h0 + 3_600_000_000, p, _cuts_of(con, rows, task.cuts, h0)))
+            tables.append(summaries.summarize(rows, h0, epoch_us(end), p, _cuts_of(con, rows, task.cuts, h0)))
     finally:
         con.close()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -197,37 +200,45 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
               gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None) -> int:
     """Build the summaries of every closed hour that has none, or one over other sample files
     (compaction, late data, a re-ingest) or other parameters; retire those whose samples are gone.
-    The work is SummaryTasks per (day, shard of `gpu_shards`), run by `tasks` (a Dask scheduler)
-    when there are at least DASK_MIN_HOURS hours to build, else here (one task a day); the same
-    code either way, so the same bytes. Returns the hours (re)built; the caller publishes."""
+    An hour not closed yet (the open hour, and the last one until it settles) is summarised up to
+    the last bucket that ended SETTLE and max_gap ago (its entry's "to"), again at each pass as
+    that moves on: readers then read raw only the newest minutes, not the hour or two since the
+    last compaction. The work is SummaryTasks per (day, shard of `gpu_shards`), run by `tasks` (a
+    Dask scheduler) when there are at least DASK_MIN_HOURS hours to build, else here (one task a
+    day); the same code either way, so the same bytes. Returns the hours (re)built, open ones
+    included; the caller publishes."""
     gap = timedelta(microseconds=p.gap_us)
     files = w.db.execute(
         """SELECT file, min(min_ts), max(max_ts) FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file"""
     ).fetchall()
-    hours: dict[datetime, list[str]] = {}
+    hours: dict[datetime, list[tuple[str, datetime, datetime]]] = {}
     for f, lo, hi in files:
         h = (lo - gap).replace(minute=0, second=0, microsecond=0)
         while h <= hi + gap:
             if lo < h + timedelta(hours=1) + gap and hi >= h - gap:
-                hours.setdefault(h, []).append(f)
+                hours.setdefault(h, []).append((f, lo, hi))
             h += timedelta(hours=1)
     tag = p.tag()
-    closed = [h for h in sorted(hours) if h + timedelta(hours=1) + SETTLE < now]
-    cut_digests = _cut_digests(w, closed, p)
-    todo: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-    for hour in closed:
-        sources = sorted(hours[hour])
+    open_to = floor_time(now - SETTLE - gap, timedelta(seconds=p.bucket_s))  # the open hours' summaries end here
+    # (hour, where its summary ends: None for the whole hour); an open hour not reaching one bucket: none
+    wanted = [(h, None if h + timedelta(hours=1) + SETTLE < now else open_to) for h in sorted(hours)]
+    wanted = [(h, to) for h, to in wanted if to is None or to > h]
+    cut_digests = _cut_digests(w, [h for h, _ in wanted], p)
+    todo: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
+    for hour, to in wanted:
+        end = to or hour + timedelta(hours=1)
+        sources = sorted(f for f, lo, hi in hours[hour] if lo < end + gap and hi >= hour - gap)
         old = w.summaries.get(hour.isoformat())
-        if (old is not None and old.get("tag") == tag and old["sources"] == sources
+        if (old is not None and old.get("tag") == tag and old["sources"] == sources and old.get("to") == (to and to.isoformat())
                 and old.get("cuts", "") == cut_digests.get(hour.isoformat(), "") and old.get("hash_by") == summaries.HASH_BY):
             continue
-        todo.setdefault(f"{hour:%Y-%m-%d}", []).append((hour.isoformat(), tuple(sources)))
+        todo.setdefault(f"{hour:%Y-%m-%d}", []).append((hour.isoformat(), tuple(sources), to.isoformat() if to else ""))
     built = sum(len(hs) for hs in todo.values())
     runner = summary_runner(tasks, built)
     shards = gpu_shards if runner.scheduler else 1  # here, one task a day reads each file once
     work = []
     for day, hs in todo.items():
-        ranges = _host_ranges(w, sorted({f for _, sources in hs for f in sources}), shards)
+        ranges = _host_ranges(w, sorted({f for _, sources, _ in hs for f in sources}), shards)
         cuts, digest = _day_cuts(w, day, p)
         work += [SummaryTask(str(w.root), day, tuple(hs), s, len(ranges), p, tag, lo, hi, cuts, digest) for s, (lo, hi) in enumerate(ranges)]
     if progress is not None:
@@ -236,8 +247,9 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     runner.map(build_summary_part, work, label=SummaryTask.label)
     for day, hs in todo.items():
         parts = [w.root / t.part for t in work if t.day == day]
-        for hour, sources in hs:
-            _register_hour(w, datetime.fromisoformat(hour), list(sources), parts, p, tag, cut_digests.get(hour, ""))
+        for hour, sources, to in hs:
+            _register_hour(w, datetime.fromisoformat(hour), list(sources), parts, p, tag, cut_digests.get(hour, ""),
+                           datetime.fromisoformat(to) if to else None)
         for part in parts:
             part.unlink(missing_ok=True)
     for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours]:
@@ -283,11 +295,13 @@ def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner
                      progress: Callable[[int, int], None] | None = None) -> int:
     """The health summary (HealthTask: HEALTH_HOURS with the NOW_HOURS run facts for the
     summary's idle threshold and max_gap) of every summarised hour that has none or one of another
-    format - the newest `limit` of them, None: all - one file per hour beside the summary, listed
+    format - the newest `limit` of them, None: all; not of an open hour's summary, which the next
+    passes replace - one file per hour beside the summary, listed
     in the summary's manifest entry, so it stands and falls with it. A task an hour, run by
     `tasks` (a Dask scheduler) when there are at least DASK_MIN_HOURS, else here, as summarize's.
     Returns the hours built; the caller publishes."""
-    todo = [k for k, e in sorted(w.summaries.items(), reverse=True) if e.get("health_format") != HEALTH_FORMAT_VERSION][:limit]
+    todo = [k for k, e in sorted(w.summaries.items(), reverse=True)
+            if e.get("health_format") != HEALTH_FORMAT_VERSION and not e.get("to")][:limit]  # (whole hours only)
     work = [HealthTask(str(w.root), key, tuple(w.summaries[key]["sources"]),
                        w.summaries[key]["file"].replace("/sum-", f"/health{HEALTH_FORMAT_VERSION}-", 1),
                        w.summaries[key]["params"]["idle_threshold"], w.summaries[key]["params"]["max_gap_s"]) for key in todo]
@@ -321,11 +335,12 @@ def _remove_stale_parts(w: StoreWriter, wanted: set[str]) -> None:
 
 
 def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: list[Path], p: summaries.SummaryParams, tag: str,
-                   cuts: str) -> None:
+                   cuts: str, to: datetime | None = None) -> None:
     """The hour's summary file: its rows from the day's parts, in the order one task over every
-    GPU gives (by GPU, then bucket), and its manifest entry."""
+    GPU gives (by GPU, then bucket), and its manifest entry (`to`: where an open hour's summary
+    ends; its samples from max_gap before the hour to max_gap after that are what it stands for)."""
     gap = timedelta(microseconds=p.gap_us)
-    lo, hi = hour - gap, hour + timedelta(hours=1) + gap
+    lo, hi = hour - gap, (to or hour + timedelta(hours=1)) + gap
     table = pq.read_table([str(f) for f in parts], schema=summaries.SCHEMA,
                           filters=[("bucket", ">=", hour), ("bucket", "<", hour + timedelta(hours=1))])
     table = table.sort_by([(c, "ascending") for c in ("cluster", "host", "gpu_uuid", "gi", "bucket", "seg0_us")])
@@ -334,7 +349,7 @@ def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: li
         table = w.db.sql(SUMMARY_HASHES).to_arrow_table().cast(summaries.FILE_SCHEMA)
     finally:
         w.db.unregister("_hour")
-    digest = hashlib.blake2b("\n".join([*sources, cuts]).encode(), digest_size=6).hexdigest()
+    digest = hashlib.blake2b("\n".join([*sources, cuts, *([to.isoformat()] if to else [])]).encode(), digest_size=6).hexdigest()
     rel = f"summaries/date={hour:%Y-%m-%d}/sum-{hour:%H}-{tag}-{digest}.parquet"
     (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
     write_parquet(table, w.root / rel)
@@ -343,7 +358,7 @@ def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: li
         w.retire_summary(key)
     w.summaries[key] = {"hour": key, "file": rel, "lo": lo.isoformat(), "hi": hi.isoformat(), "tag": tag,
                         "params": asdict(p), "sources": sources, "cuts": cuts, "hash_by": summaries.HASH_BY,
-                        "format": summaries.FORMAT_VERSION}
+                        "format": summaries.FORMAT_VERSION, **({"to": to.isoformat()} if to else {})}
 
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:

@@ -1050,7 +1050,8 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
     """Of the hours that summary entries (a writer's, or the manifests') stand for: how many
     (`summarised`), and how many wait for upkeep to rebuild their summary (`awaiting_rebuild`:
     written in an older format) or to build their health summary (`health_awaiting_rebuild`:
-    none, or an older format).
+    none, or an older format; an open hour's summary, up to its "to", counts as summarised and
+    gets none).
     Readers take those hours from the raw samples meanwhile: the same figures, slower - which the
     Health page and gpufleet_collect_summary_hours (a state per key) say, so it is never silent."""
     hours: set[str] = set()
@@ -1060,7 +1061,7 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
         hours.add(e["hour"])
         if not _summary_current(e):
             old.add(e["hour"])
-        if not _health_current(e):
+        if not _health_current(e) and not e.get("to"):  # (an open hour's summary gets none)
             health_old.add(e["hour"])
     return {"summarised": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old)}
 
@@ -1082,7 +1083,9 @@ def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str
 
 def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
     """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries)
-    and summary_hours (one row per summarised hour: its range and the parameters baked in). A
+    and summary_hours (one row per summarised hour: its range, where its summary `ends` - the
+    hour's end, or for an open hour the end of its last summarised bucket, its entry's "to" - and
+    the parameters baked in; shards' open hours count where they all end at the same bucket). A
     summary whose sample files are no longer all listed (retention), or written in another format
     (FORMAT_VERSION: upkeep rebuilds it), is left out. Collector shards
     summarise their own GPUs: an hour counts as summarised only when every shard holding samples
@@ -1097,7 +1100,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
             # an hour summarised in another format (an older version) waits for upkeep to rebuild it
             if e.get("sources") and set(e["sources"]) <= listed and _summary_current(e):
                 key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")),
-                       e.get("hash_by"))
+                       e.get("hash_by"), e.get("to") or "")
                 by_key.setdefault(key, []).append((d, e))
     if len(parts) > 1:
         days = [(d, {f.split("/")[1] for f in m.get("samples", []) if f.count("/") >= 2}) for d, m in parts]
@@ -1114,7 +1117,8 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         "hour": ("TIMESTAMP", [k[0] for k in keys]), "tag": ("VARCHAR", [k[1] for k in keys]),
         "max_gap_s": ("DOUBLE", [k[2] for k in keys]), "idle_threshold": ("DOUBLE", [k[3] for k in keys]),
         "keep_s": ("DOUBLE", [k[4] for k in keys]), "bucket_s": ("BIGINT", [k[5] for k in keys]),
-        "hash_by": ("VARCHAR", [k[6] for k in keys])})
+        "hash_by": ("VARCHAR", [k[6] for k in keys]),
+        "ends": ("TIMESTAMP", [datetime.fromisoformat(k[7]) if k[7] else datetime.fromisoformat(k[0]) + timedelta(hours=1) for k in keys])})
     files = [str(d / e["file"]) for k in keys for d, e in by_key[k]]
     if files:
         con.execute(f"CREATE VIEW gpu_summaries AS SELECT * FROM read_parquet({_sql_list(files)})")

@@ -3,7 +3,9 @@
 A weekly analysis that reads every sample costs as much as there are samples. The figures need
 far less: per GPU and bucket, the sums of the sample intervals that fall inside it, and enough
 about the idle (and no-process) runs to join them across buckets exactly. So compaction writes,
-for every closed hour, one row per GPU and bucket (BUCKET_S, 5 minutes) with
+for every closed hour (and for the open hour up to its settled buckets, again at each upkeep
+pass: gpufleet.collector.maintenance.summarize), one row per GPU and bucket (BUCKET_S, 5
+minutes) with
 
   covered_us   microseconds covered by a sample interval (any, with or without a utilization)
   data_s       seconds with a utilization; busy_s: utilization / 100 x seconds over them

@@ -13,7 +13,8 @@
   ends. Its start is put back onto the store's 5-minute summary grain (the last 24 h are then 24
   h and at most 5 minutes), so its timeline's bucket edges fall on summary edges and the
   analysis answers them from the per-GPU summaries instead of reading those buckets raw; its end
-  lies in the open hour, which is read raw anyway. What they were computed for travels with them
+  lies in the open hour, whose newest minutes (after its summary ends) are read raw anyway. What
+  they were computed for travels with them
   (`Resolved`), so the job report and the previous window's totals are asked for exactly the same
   window.
 

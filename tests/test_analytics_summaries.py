@@ -42,7 +42,7 @@ from gpufleet.collector import schema
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.shard import Shard, shard_of
-from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.collector.store import StoreWriter, open_reader, summary_backlog
 from gpufleet.collector.summaries import SummaryParams
 from gpufleet.times import epoch_us
 from tests.support.fleet import Fleet
@@ -300,6 +300,54 @@ def test_a_late_batch_unlists_the_summaries_it_touches_until_upkeep(tmp_path):
     w.close()
     con = open_reader(tmp_path)
     bad, an = compare(con, p, T(20))
+    assert not bad and isinstance(an.gt, SummaryTime), bad
+
+
+def test_the_open_hour_is_summarised_up_to_its_settled_buckets_and_kept_current(tmp_path):
+    """Upkeep summarises the hours not closed yet up to the last bucket that ended SETTLE and
+    max_gap ago, again at each pass: a window ending now reads raw only the minutes after it, with
+    the raw figures. Such an hour gets no health summary (nor waits for one); once closed, its
+    summary is whole. A round landing inside what it summarised unlists it until upkeep."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", T(9), T(11, 50), util=between(T(10), T(11, 20), 0.0, 80.0))
+    f.gpu_series("n1", "GPU-B", T(9), T(11, 50), util=50.0)
+    f.job("1", account="x", user="u", start=T(9, 30), end=None, gpus=1, placements=[("n1", "GPU-A")])
+    f.job("2", account="y", user="v", start=T(11, 7, 30), end=None, gpus=1, placements=[("n1", "GPU-B")])
+    f.write()
+    w = StoreWriter(tmp_path)
+    compact(w, T(11, 50))  # 10:00 settles at 11:05; 11:00 is open: summarised to 11:40 - 5 min - 30 s, on the grain
+    entries = {e["hour"]: e for e in w.summaries.values()}
+    assert sorted(entries) == ["2026-11-16T08:00:00", "2026-11-16T09:00:00", "2026-11-16T10:00:00", "2026-11-16T11:00:00"]
+    assert entries["2026-11-16T11:00:00"]["to"] == "2026-11-16T11:40:00" and "health" not in entries["2026-11-16T11:00:00"]
+    assert all("to" not in e and e.get("health") for h, e in entries.items() if h != "2026-11-16T11:00:00")
+    assert summary_backlog(w.summaries.values())["health_awaiting_rebuild"] == 0
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT ends FROM summary_hours WHERE hour = ?", [T(11)]).fetchone()[0] == T(11, 40)
+    for p in (Params(T(10), T(11, 50)), Params(T(11), T(11, 50), filters=Filters(account="y")), Params(T(9, 3), T(11, 47, 13))):
+        bad, an = compare(con, p, T(11, 50))
+        assert not bad and isinstance(an.gt, SummaryTime), (p, bad)
+        assert an.gt.summary_buckets > 0
+    # a window (and reach) inside the open hour: its whole buckets from the open hour's summary
+    bad, an = compare(con, Params(T(11, 10), T(11, 30), idle_min_duration=timedelta(minutes=5)), T(11, 50))
+    assert not bad and isinstance(an.gt, SummaryTime) and an.gt.summary_buckets > 0, bad
+    # the next pass moves it on (one more bucket has settled)
+    first = entries["2026-11-16T11:00:00"]["file"]
+    compact(w, T(11, 56))
+    assert w.summaries["2026-11-16T11:00:00"]["to"] == "2026-11-16T11:50:00" and w.summaries["2026-11-16T11:00:00"]["file"] != first
+    # a late round inside what it summarised: unlisted at once, read raw, then summarised again
+    row = dict(ts=T(11, 20, 7), cluster="c1", host="n1", gpu=0, gpu_uuid="GPU-A", model=H100, source="scrape", gpu_util=90.0)
+    w.commit(Batch(key="late", samples=pa.Table.from_pylist([{f.name: row.get(f.name) for f in schema.SAMPLE_SCHEMA}], schema=schema.SAMPLE_SCHEMA)))
+    w.publish()
+    assert "2026-11-16T11:00:00" not in {e["hour"] for e in json.loads((tmp_path / "manifest.json").read_text())["summaries"]}
+    bad, _ = compare(open_reader(tmp_path), Params(T(10), T(11, 50)), T(11, 50))
+    assert not bad, bad
+    compact(w, T(12, 30))  # closed: whole, with its health summary
+    e = w.summaries["2026-11-16T11:00:00"]
+    assert "to" not in e and e.get("health")
+    w.publish()
+    w.close()
+    bad, an = compare(open_reader(tmp_path), Params(T(10), T(11, 50)), T(11, 50))
     assert not bad and isinstance(an.gt, SummaryTime), bad
 
 
