@@ -358,7 +358,7 @@ def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: li
         w.retire_summary(key)
     w.summaries[key] = {"hour": key, "file": rel, "lo": lo.isoformat(), "hi": hi.isoformat(), "tag": tag,
                         "params": asdict(p), "sources": sources, "cuts": cuts, "hash_by": summaries.HASH_BY,
-                        "format": summaries.FORMAT_VERSION, **({"to": to.isoformat()} if to else {})}
+                        **({"format": summaries.OPEN_FORMAT, "to": to.isoformat()} if to else {"format": summaries.FORMAT_VERSION})}
 
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:

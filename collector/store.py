@@ -1038,7 +1038,7 @@ def _summary_current(entry: dict[str, Any]) -> bool:
     """Is a summary's manifest entry of this version's format (the last version wrote none: 2)?"""
     from gpufleet.collector import summaries
 
-    return entry.get("format", 2) == summaries.FORMAT_VERSION
+    return entry.get("format", 2) == (summaries.OPEN_FORMAT if entry.get("to") else summaries.FORMAT_VERSION)
 
 
 def _health_current(entry: dict[str, Any]) -> bool:

@@ -60,6 +60,10 @@ import numpy as np
 import pyarrow as pa
 
 FORMAT_VERSION = 3
+# The format an open hour's summary (one that ends before its hour: its manifest entry's "to") is
+# listed with: a reader older than such summaries would take it for a whole hour, and skips it
+# (reads the hour raw) for a format it does not know
+OPEN_FORMAT = f"{FORMAT_VERSION}-open"
 BUCKET_S = 300
 # A rebuild's task outputs (one per day and GPU shard, gpufleet.collector.maintenance) until they
 # become the hours' files: kept across a restart, so a killed rebuild resumes

@@ -319,6 +319,7 @@ def test_the_open_hour_is_summarised_up_to_its_settled_buckets_and_kept_current(
     entries = {e["hour"]: e for e in w.summaries.values()}
     assert sorted(entries) == ["2026-11-16T08:00:00", "2026-11-16T09:00:00", "2026-11-16T10:00:00", "2026-11-16T11:00:00"]
     assert entries["2026-11-16T11:00:00"]["to"] == "2026-11-16T11:40:00" and "health" not in entries["2026-11-16T11:00:00"]
+    assert entries["2026-11-16T11:00:00"]["format"] == "3-open"  # a reader that knows no "to" skips it
     assert all("to" not in e and e.get("health") for h, e in entries.items() if h != "2026-11-16T11:00:00")
     assert summary_backlog(w.summaries.values())["health_awaiting_rebuild"] == 0
     w.publish()
