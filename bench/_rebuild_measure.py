@@ -3,8 +3,10 @@
     python -m bench._rebuild_measure STORE NOW THRESHOLD [--scheduler tcp://...] [--shards N]
 
 Rebuilds every summary of STORE for the idle THRESHOLD (gpufleet.collector.maintenance.summarize,
-as `gpufleet collect --rebuild-summaries` does), here or on the Dask scheduler. Prints one line,
-RESULT and a JSON document: wall and CPU seconds of this process, its VmHWM, the hours built.
+as `gpufleet collect --rebuild-summaries` does), then their health summaries (summarize_health:
+the rebuilt hours lost theirs), here or on the Dask scheduler. Prints one line, RESULT and a JSON
+document: wall and CPU seconds of this process, its VmHWM, the hours built, and the health
+summaries' wall seconds and hours.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from gpufleet.collector.maintenance import summarize
+from gpufleet.collector.maintenance import summarize, summarize_health
 from gpufleet.collector.store import StoreWriter
 from gpufleet.collector.summaries import SummaryParams
 from gpufleet.collector.tasks import TaskRunner
@@ -33,12 +35,17 @@ def main() -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     w = StoreWriter(a.store, clock=lambda: now)
     try:
-        built = summarize(w, now, SummaryParams(idle_threshold=a.threshold), TaskRunner(scheduler=a.scheduler, name="summaries"), a.shards)
+        tasks = TaskRunner(scheduler=a.scheduler, name="summaries")
+        built = summarize(w, now, SummaryParams(idle_threshold=a.threshold), tasks, a.shards)
+        t1 = time.perf_counter()
+        health = summarize_health(w, None, tasks)
+        health_s = time.perf_counter() - t1
         w.publish()
     finally:
         w.close()
     hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
-    print("RESULT " + json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "vmhwm_kib": hwm, "built": built}),
+    print("RESULT " + json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "vmhwm_kib": hwm, "built": built,
+                                    "health_s": health_s, "health": health}),
           flush=True)
 
 

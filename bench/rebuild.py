@@ -1,11 +1,12 @@
-"""Rebuild: a week's per-GPU summaries rebuilt from raw samples, in-process vs a 2-worker local Dask cluster.
+"""Rebuild: a week's per-GPU summaries and health summaries rebuilt from raw samples, in-process vs a 2-worker local Dask cluster.
 
 The cached synthetic week of bench/analytics.py (GPUFLEET_BENCH_GPUS, _DAYS, _JOBS; the same
 cache) is copied twice (sample files hard-linked) and each copy's summaries rebuilt for another
 idle threshold, as `gpufleet collect --rebuild-summaries` does after the threshold changed:
   - in-process: one process, one task per day (bench/_rebuild_measure.py);
   - Dask: a `dask scheduler` and two `dask worker` processes (one thread each) on loopback,
-    tasks per (day, shard of the GPUs), the driver turning the parts into the hours' files.
+    tasks per (day, shard of the GPUs), the driver turning the parts into the hours' files;
+then the hours' health summaries, a task an hour (here, or on the same cluster).
 Prints wall, CPU and peak RSS of the driver and of each worker, and whether both copies hold the
 same bytes. Knobs: GPUFLEET_BENCH_REBUILD_SHARDS=2 (tasks per day on Dask).
 """
@@ -54,9 +55,9 @@ def _dask_run(store: Path, tmp: Path) -> tuple[dict, list[dict]]:
     return driver, workers
 
 
-def _summary_bytes(root: Path) -> dict[str, bytes]:
+def _summary_bytes(root: Path, key: str = "file") -> dict[str, bytes]:
     entries = json.loads((root / "manifest.json").read_text())["summaries"]
-    return {e["file"]: (root / e["file"]).read_bytes() for e in entries}
+    return {e[key]: (root / e[key]).read_bytes() for e in entries if e.get(key)}
 
 
 def run() -> list[Table]:
@@ -70,6 +71,8 @@ def run() -> list[Table]:
         progress(f"rebuilding on a {WORKERS}-worker Dask cluster")
         driver, workers = _dask_run(_copy(store, tmp / "dask"), tmp)
         same = _summary_bytes(tmp / "in-process") == _summary_bytes(tmp / "dask")
+        health = _summary_bytes(tmp / "in-process", "health")
+        same_health = len(health) == local["health"] and health == _summary_bytes(tmp / "dask", "health")
     t.add("in-process: wall / CPU / peak RSS", f"{local['wall_s']:.1f} s / {local['cpu_s']:.1f} s / {gib(local['vmhwm_kib'])}  "
           f"({local['built']} hours, {SCALE.days} tasks)")
     t.add(f"Dask, {WORKERS} workers: wall", f"{driver['wall_s']:.1f} s  ({local['wall_s'] / driver['wall_s']:.2f}x in-process; "
@@ -78,6 +81,10 @@ def run() -> list[Table]:
     for i, w in enumerate(workers):
         t.add(f"    worker {i + 1}: CPU / peak RSS", f"{w['cpu_s']:.1f} s / {gib(w['vmhwm_kib'])}")
     t.add("same summary files, byte for byte", "yes" if same else "NO", "yes", same)
+    t.add("health summaries (inside the walls above): in-process / Dask wall",
+          f"{local['health_s']:.1f} s / {driver['health_s']:.1f} s  ({local['health_s'] / driver['health_s']:.2f}x; "
+          f"{local['health']} / {driver['health']} hours, a task each)")
+    t.add("same health summary files, byte for byte", "yes" if same_health else "NO", "yes", same_health)
     t.notes += [
         f"{os.cpu_count()} CPUs here, shared by the driver and both workers (each worker one thread; DuckDB in a task uses the "
         "cores it finds): the ratio shows the overhead and the memory split, not what workers on hosts of their own give",
