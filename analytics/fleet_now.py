@@ -82,19 +82,28 @@ def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.
 
 def _summarised_span(con: duckdb.DuckDBPyConnection, binds: dict[str, Any]) -> tuple[datetime, datetime]:
     """[from, to): the newest unbroken run of the look-back's hours whose health summaries carry
-    run facts for these parameters (from = to: none), so that the rest of the look-back is two
-    time ranges of raw samples."""
+    run facts for these parameters, ending where the open hour's run facts end when they follow
+    it (from = to: none), so that the rest of the look-back is two time ranges of raw samples."""
     cur = con.cursor()
     try:
-        hours = [r[0] for r in cur.execute(sql.NOW_HOURS_IN, {k: binds[k] for k in ("as_of", "look_from", "max_gap", "thr")}).fetchall()]
+        b = {k: binds[k] for k in ("as_of", "look_from", "max_gap", "thr")}
+        hours = [r[0] for r in cur.execute(sql.NOW_HOURS_IN, b).fetchall()]
+        open_hour = cur.execute(sql.NOW_OPEN_HOUR, b).fetchone()
     finally:
         cur.close()
+    if open_hour is not None and (not hours or open_hour[0] > hours[-1]):
+        if hours and open_hour[0] == hours[-1] + HOUR:
+            hours.append(open_hour[0])  # the run goes on into the open hour, to its facts' end
+        else:
+            hours = [open_hour[0]]  # the open hour is the newest run
+    else:
+        open_hour = None
     if not hours:
         return binds["as_of"], binds["as_of"]
     first = len(hours) - 1
     while first > 0 and hours[first - 1] + HOUR == hours[first]:
         first -= 1
-    return hours[first], hours[-1] + HOUR
+    return hours[first], open_hour[1] if open_hour else hours[-1] + HOUR
 
 
 def look_from(as_of: datetime, lookback: timedelta) -> datetime:

@@ -519,6 +519,12 @@ NOW_HOURS_IN = """
 SELECT hour FROM health_hours
 WHERE hour >= $look_from AND hour + INTERVAL 1 HOUR <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
 ORDER BY hour"""
+# ... and the newest open hour whose summary has run facts for them, of its samples before `ends`
+# (none after $as_of: then they are all the look-back's)
+NOW_OPEN_HOUR = """
+SELECT hour, ends FROM now_hours
+WHERE hour >= $look_from AND ends <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
+ORDER BY hour DESC LIMIT 1"""
 
 GPU_STATES = f"""
 WITH inv AS (
@@ -528,9 +534,14 @@ WITH inv AS (
       AND {_FILTERS}
 ), summarised AS (
     -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a health summary for
-    -- this idle threshold and max_gap (a GPU that changed model within an hour has a row per model)
+    -- this idle threshold and max_gap (a GPU that changed model within an hour has a row per model),
+    -- or with an open hour's run facts up to $sum_to
     SELECT DISTINCT ON (cluster, host, gpu_uuid, gi, hour) cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
-    FROM gpu_health_hours WHERE hour >= $sum_from AND hour < $sum_to AND ($cluster IS NULL OR cluster = $cluster)
+    FROM gpu_health_hours WHERE hour >= $sum_from AND hour + INTERVAL 1 HOUR <= $sum_to AND ($cluster IS NULL OR cluster = $cluster)
+    UNION ALL BY NAME
+    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
+    FROM gpu_now_hours WHERE hour >= $sum_from AND hour < $sum_to AND $sum_to < hour + INTERVAL 1 HOUR
+      AND ($cluster IS NULL OR cluster = $cluster)
 ), c AS (
     -- ... and the same facts from the raw samples of the rest of the look-back: an hour at a time
     SELECT * FROM summarised

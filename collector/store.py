@@ -404,13 +404,14 @@ class StoreWriter:
                 log.warning("summary of %s is stale (its samples changed before a crash): dropped, upkeep rebuilds it", hour)
                 self.retire_summary(hour)
 
-    def attach_health(self, hour: str, rel: str, fmt: int) -> None:
-        """The hour's health summary file (gpufleet.collector.maintenance.summarize_health), in its
-        summary's entry: it goes when the summary goes. An older one is retired."""
+    def attach_health(self, hour: str, rel: str, fmt: int, kind: str = "health") -> None:
+        """The hour's health summary file (gpufleet.collector.maintenance.summarize_health), or
+        with kind "now" an open hour's run facts, in its summary's entry: it goes when the summary
+        goes. An older one is retired."""
         e = self.summaries[hour]
-        if e.get("health") and e["health"] != rel:
-            self._retired_snapshots.append((e["health"], self.clock()))
-        e.update(health=rel, health_format=fmt)
+        if e.get(kind) and e[kind] != rel:
+            self._retired_snapshots.append((e[kind], self.clock()))
+        e.update({kind: rel, f"{kind}_format": fmt})
 
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
@@ -1067,8 +1068,9 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def _summary_files(entry: dict[str, Any]) -> list[str]:
-    """The files a summary's manifest entry owns: its rows and, once built, its health summary."""
-    return [f for f in (entry["file"], entry.get("health")) if f]
+    """The files a summary's manifest entry owns: its rows and, once built, its health summary
+    (an open hour's: its run facts)."""
+    return [f for f in (entry["file"], entry.get("health"), entry.get("now")) if f]
 
 
 def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
@@ -1133,12 +1135,19 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
     """health_hours (the hours whose health summaries stand for every shard's samples: those of a
     summarised hour whose every summary has one of this format, with the max_gap and idle
     threshold their run facts were built for) and gpu_health_hours (their rows,
-    schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once."""
+    schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once. Also
+    now_hours and gpu_now_hours: the same for the run facts of open hours' summaries (an hour,
+    where its summary `ends`, schema.NOW_HOURS' rows of the samples before)."""
     chosen: dict[str, tuple[tuple, list[str]]] = {}
+    opened: dict[str, tuple[tuple, list[str]]] = {}
     for key in sorted(by_key):
         entries = by_key[key]
-        if key[0] not in chosen and all(_health_current(e) for _, e in entries):
+        if key[7]:  # an open hour's summary: its run facts only
+            if key[0] not in opened and all(e.get("now") and e.get("now_format") == schema.HEALTH_FORMAT_VERSION for _, e in entries):
+                opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
+        elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
+    _now_views(con, opened)
     hours = sorted(chosen)
     _table_of_lists(con, "health_hours", {
         "hour": ("TIMESTAMP", hours), "max_gap_s": ("DOUBLE", [chosen[h][0][2] for h in hours]),
@@ -1148,6 +1157,20 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
         con.execute(f"CREATE VIEW gpu_health_hours AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:
         con.execute(f"CREATE TABLE gpu_health_hours AS {schema.HEALTH_FILE.format(source='gpu_samples', where='false')}",
+                    {"thr": 0.0, "max_gap": 0.0})
+
+
+def _now_views(con: duckdb.DuckDBPyConnection, opened: dict[str, tuple[tuple, list[str]]]) -> None:
+    """now_hours and gpu_now_hours (see _health_views)."""
+    hours = sorted(opened)
+    _table_of_lists(con, "now_hours", {
+        "hour": ("TIMESTAMP", hours), "ends": ("TIMESTAMP", [datetime.fromisoformat(opened[h][0][7]) for h in hours]),
+        "max_gap_s": ("DOUBLE", [opened[h][0][2] for h in hours]), "idle_threshold": ("DOUBLE", [opened[h][0][3] for h in hours])})
+    files = [f for h in hours for f in opened[h][1]]
+    if files:
+        con.execute(f"CREATE VIEW gpu_now_hours AS SELECT * FROM read_parquet({_sql_list(files)})")
+    else:
+        con.execute(f"CREATE TABLE gpu_now_hours AS {schema.NOW_HOURS.format(source='gpu_samples', where='false')}",
                     {"thr": 0.0, "max_gap": 0.0})
 
 

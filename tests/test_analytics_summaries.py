@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from test_analytics_golden import A100, H100, T, between, build_golden
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, frames_equal, scratch
 
-from gpufleet.analytics import summaries
+from gpufleet.analytics import fleet_now, summaries
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.fleet_now import collector_status
 from gpufleet.analytics.jobs import job_summaries, per_job_gpu
@@ -320,6 +320,7 @@ def test_the_open_hour_is_summarised_up_to_its_settled_buckets_and_kept_current(
     assert sorted(entries) == ["2026-11-16T08:00:00", "2026-11-16T09:00:00", "2026-11-16T10:00:00", "2026-11-16T11:00:00"]
     assert entries["2026-11-16T11:00:00"]["to"] == "2026-11-16T11:40:00" and "health" not in entries["2026-11-16T11:00:00"]
     assert entries["2026-11-16T11:00:00"]["format"] == "3-open"  # a reader that knows no "to" skips it
+    assert entries["2026-11-16T11:00:00"]["now"].split("/")[-1].startswith("now2-")  # its run facts, for Fleet now
     assert all("to" not in e and e.get("health") for h, e in entries.items() if h != "2026-11-16T11:00:00")
     assert summary_backlog(w.summaries.values())["health_awaiting_rebuild"] == 0
     w.publish()
@@ -329,6 +330,12 @@ def test_the_open_hour_is_summarised_up_to_its_settled_buckets_and_kept_current(
         bad, an = compare(con, p, T(11, 50))
         assert not bad and isinstance(an.gt, SummaryTime), (p, bad)
         assert an.gt.summary_buckets > 0
+    # Fleet now: the open hour's run facts up to 11:40, then raw - from a moment after their end only
+    for as_of, span_to in ((T(11, 50), T(11, 40)), (T(11, 41, 3), T(11, 40)), (T(11, 39), T(11))):
+        binds = fleet_now._binds(Params(T(10), T(11, 50)), as_of, fleet_now.STALE_AFTER, fleet_now.LOOKBACK, fleet_now.FORGET_AFTER)
+        assert fleet_now._summarised_span(con, binds)[1] == span_to, as_of
+        raw, got = (fleet_now.gpu_states(con, Params(T(10), T(11, 50)), as_of, summaries=s) for s in (False, True))
+        assert frames_equal(raw, got), (as_of, raw, got)
     # a window (and reach) inside the open hour: its whole buckets from the open hour's summary
     bad, an = compare(con, Params(T(11, 10), T(11, 30), idle_min_duration=timedelta(minutes=5)), T(11, 50))
     assert not bad and isinstance(an.gt, SummaryTime) and an.gt.summary_buckets > 0, bad
