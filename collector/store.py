@@ -1147,31 +1147,26 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
                 opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
         elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
-    _now_views(con, opened)
-    hours = sorted(chosen)
-    _table_of_lists(con, "health_hours", {
-        "hour": ("TIMESTAMP", hours), "max_gap_s": ("DOUBLE", [chosen[h][0][2] for h in hours]),
-        "idle_threshold": ("DOUBLE", [chosen[h][0][3] for h in hours])})
-    files = [f for h in hours for f in chosen[h][1]]
-    if files:
-        con.execute(f"CREATE VIEW gpu_health_hours AS SELECT * FROM read_parquet({_sql_list(files)})")
-    else:
-        con.execute(f"CREATE TABLE gpu_health_hours AS {schema.HEALTH_FILE.format(source='gpu_samples', where='false')}",
-                    {"thr": 0.0, "max_gap": 0.0})
+    _hour_views(con, "health_hours", "gpu_health_hours", chosen, schema.HEALTH_FILE)
+    _hour_views(con, "now_hours", "gpu_now_hours", opened, schema.NOW_HOURS, ends=True)
 
 
-def _now_views(con: duckdb.DuckDBPyConnection, opened: dict[str, tuple[tuple, list[str]]]) -> None:
-    """now_hours and gpu_now_hours (see _health_views)."""
-    hours = sorted(opened)
-    _table_of_lists(con, "now_hours", {
-        "hour": ("TIMESTAMP", hours), "ends": ("TIMESTAMP", [datetime.fromisoformat(opened[h][0][7]) for h in hours]),
-        "max_gap_s": ("DOUBLE", [opened[h][0][2] for h in hours]), "idle_threshold": ("DOUBLE", [opened[h][0][3] for h in hours])})
-    files = [f for h in hours for f in opened[h][1]]
+def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]], query: str,
+                ends: bool = False) -> None:
+    """`table` (hour - with `ends`, where an open hour's summary ends - max_gap and idle
+    threshold) and `view` (the rows of their files; none: an empty table of `query`'s columns)
+    of the hours _health_views picked (hour -> (summary key, files))."""
+    hours = sorted(picked)
+    columns = {"hour": ("TIMESTAMP", hours)}
+    if ends:
+        columns["ends"] = ("TIMESTAMP", [datetime.fromisoformat(picked[h][0][7]) for h in hours])
+    columns.update(max_gap_s=("DOUBLE", [picked[h][0][2] for h in hours]), idle_threshold=("DOUBLE", [picked[h][0][3] for h in hours]))
+    _table_of_lists(con, table, columns)
+    files = [f for h in hours for f in picked[h][1]]
     if files:
-        con.execute(f"CREATE VIEW gpu_now_hours AS SELECT * FROM read_parquet({_sql_list(files)})")
+        con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:
-        con.execute(f"CREATE TABLE gpu_now_hours AS {schema.NOW_HOURS.format(source='gpu_samples', where='false')}",
-                    {"thr": 0.0, "max_gap": 0.0})
+        con.execute(f"CREATE TABLE {view} AS {query.format(source='gpu_samples', where='false')}", {"thr": 0.0, "max_gap": 0.0})
 
 
 def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> str:
