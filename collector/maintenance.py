@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable
@@ -119,8 +119,10 @@ class SummaryTask:
     host_lo: str | None = None
     host_hi: str | None = None
     # the allocations' starts and ends in the day's hours (schema.ALLOCATION_EDGES' rows), where
-    # the buckets are cut into segments, and their digest (the part's name says which it used)
-    cuts: pa.Table | None = field(default=None, compare=False, repr=False)
+    # the buckets are cut into segments: the file the build wrote them to for its tasks (a task
+    # names it rather than carrying them: a day's cuts are megabytes that Dask would otherwise send
+    # inside every task), and their digest (the part's name says which it used)
+    cuts_file: str = ""
     cuts_digest: str = ""
 
     @property
@@ -143,6 +145,7 @@ def build_summary_part(task: SummaryTask) -> str:
         return task.part
     p = task.params
     gap = timedelta(microseconds=p.gap_us)
+    cuts = pq.read_table(Path(task.root) / task.cuts_file) if task.cuts_file else None
     con = duckdb.connect(":memory:")
     try:
         tables = []
@@ -153,7 +156,7 @@ def build_summary_part(task: SummaryTask) -> str:
             rows = con.sql(q, params={"lo": h - gap, "hi": end + gap, "host_lo": task.host_lo,
                                       "host_hi": task.host_hi}).to_arrow_table()
             h0 = epoch_us(h)
-            tables.append(summaries.summarize(rows, h0, epoch_us(end), p, _cuts_of(con, rows, task.cuts, h0)))
+            tables.append(summaries.summarize(rows, h0, epoch_us(end), p, _cuts_of(con, rows, cuts, h0)))
     finally:
         con.close()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,15 +239,27 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     built = sum(len(hs) for hs in todo.values())
     runner = summary_runner(tasks, built)
     shards = gpu_shards if runner.scheduler else 1  # here, one task a day reads each file once
-    work = []
+    work, cut_files = [], {}
     for day, hs in todo.items():
         ranges = _host_ranges(w, sorted({f for _, sources, _ in hs for f in sources}), shards)
         cuts, digest = _day_cuts(w, day, p)
-        work += [SummaryTask(str(w.root), day, tuple(hs), s, len(ranges), p, tag, lo, hi, cuts, digest) for s, (lo, hi) in enumerate(ranges)]
+        cut_file = f"{PARTS_DIR}/cuts-{day}-{digest}.parquet" if cuts.num_rows else ""
+        if cut_file:
+            cut_files[cut_file] = cuts
+        work += [SummaryTask(str(w.root), day, tuple(hs), s, len(ranges), p, tag, lo, hi, cut_file, digest)
+                 for s, (lo, hi) in enumerate(ranges)]
     if progress is not None:
         runner = replace(runner, progress=progress)
-    _remove_stale_parts(w, {t.part for t in work})
-    runner.map(build_summary_part, work, label=SummaryTask.label)
+    _remove_stale_parts(w, {t.part for t in work} | set(cut_files))
+    try:
+        for rel, cuts in cut_files.items():  # the tasks' input for this build only
+            (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
+            write_parquet(cuts, w.root / rel)
+        cut_files = dict.fromkeys(cut_files)  # (the tables are not held while the tasks run)
+        runner.map(build_summary_part, work, label=SummaryTask.label)
+    finally:
+        for rel in cut_files:
+            (w.root / rel).unlink(missing_ok=True)
     for day, hs in todo.items():
         parts = [w.root / t.part for t in work if t.day == day]
         for hour, sources, to in hs:
