@@ -92,10 +92,7 @@ def _summarised_span(con: duckdb.DuckDBPyConnection, binds: dict[str, Any]) -> t
     finally:
         cur.close()
     if open_hour is not None and (not hours or open_hour[0] > hours[-1]):
-        if hours and open_hour[0] == hours[-1] + HOUR:
-            hours.append(open_hour[0])  # the run goes on into the open hour, to its facts' end
-        else:
-            hours = [open_hour[0]]  # the open hour is the newest run
+        hours.append(open_hour[0])  # the newest hour: the run ends at its facts' end
     else:
         open_hour = None
     if not hours:

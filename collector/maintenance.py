@@ -282,7 +282,7 @@ class HealthTask:
     root: str
     hour: str
     sources: tuple[str, ...]
-    rel: str  # where it goes
+    summary_file: str  # the hour's summary: its file goes beside it
     idle_threshold: float
     max_gap_s: float
     to: str = ""
@@ -291,6 +291,11 @@ class HealthTask:
     def kind(self) -> str:
         """The summary entry's key it goes under."""
         return "now" if self.to else "health"
+
+    @property
+    def rel(self) -> str:
+        """Where it goes."""
+        return self.summary_file.replace("/sum-", f"/{self.kind}{HEALTH_FORMAT_VERSION}-", 1)
 
     def label(self) -> str:
         return f"{self.kind} {self.hour}"
@@ -327,12 +332,8 @@ def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner
     todo = [k for k, e in sorted(w.summaries.items(), reverse=True)
             if e.get("health_format") != HEALTH_FORMAT_VERSION and not e.get("to")][:limit]
     todo += [k for k, e in sorted(w.summaries.items()) if e.get("to") and e.get("now_format") != HEALTH_FORMAT_VERSION]
-    work = []
-    for key in todo:
-        e = w.summaries[key]
-        prefix = f"/{'now' if e.get('to') else 'health'}{HEALTH_FORMAT_VERSION}-"
-        work.append(HealthTask(str(w.root), key, tuple(e["sources"]), e["file"].replace("/sum-", prefix, 1),
-                               e["params"]["idle_threshold"], e["params"]["max_gap_s"], e.get("to", "")))
+    work = [HealthTask(str(w.root), key, tuple(e["sources"]), e["file"], e["params"]["idle_threshold"], e["params"]["max_gap_s"],
+                       e.get("to", "")) for key, e in ((k, w.summaries[k]) for k in todo)]
     runner = replace(summary_runner(tasks, len(work)), name="health summaries")
     if progress is not None:
         runner = replace(runner, progress=progress)

@@ -57,9 +57,11 @@ def fleet_store(root: Path) -> Path:
     return root
 
 
-def summary_bytes(root: Path) -> dict[str, bytes]:
+def summary_bytes(root: Path, key: str = "file") -> dict[str, bytes]:
+    """The files the manifest's summary entries name under `key` ("file": their rows, "health":
+    their health summaries), by name."""
     entries = json.loads((root / "manifest.json").read_text())["summaries"]
-    return {e["file"]: (root / e["file"]).read_bytes() for e in entries}
+    return {e[key]: (root / e[key]).read_bytes() for e in entries if e.get(key)}
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +125,6 @@ def test_a_worker_killed_mid_rebuild_costs_nothing_but_time(store, in_process, d
     dask_cluster.add_worker()
 
 
-def health_bytes(root: Path) -> dict[str, bytes]:
-    entries = json.loads((root / "manifest.json").read_text())["summaries"]
-    return {e["health"]: (root / e["health"]).read_bytes() for e in entries if e.get("health")}
-
-
 def test_health_summaries_are_built_on_dask_with_the_bytes_built_here(in_process, dask_cluster, tmp_path):
     """The rebuild left every hour without its health summary (they go with the summary): an hour
     a task, on the cluster, each the file this process writes, and every one attached."""
@@ -143,7 +140,7 @@ def test_health_summaries_are_built_on_dask_with_the_bytes_built_here(in_process
         assert seen[-1] == (HOURS, HOURS)
         w.publish()
         w.close()
-        built[where] = health_bytes(root)
+        built[where] = summary_bytes(root, "health")
     assert len(built["here"]) == HOURS and built["dask"] == built["here"]
     with Client(dask_cluster.address, timeout=10, set_as_default=False) as c:
         ran = c.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
