@@ -96,6 +96,13 @@ def _outside(gk: pl.DataFrame, gh: np.ndarray, k: np.ndarray) -> np.ndarray:
     return keep
 
 
+def _cut_key(gh: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """One 64-bit key for a (GPU hash, time) pair, to find a segment's start among the look-ups
+    in one hash probe. Two pairs may share a key (~1 in 2^64): a segment then starts an entry of
+    the line it need not have - more entries, the same sums."""
+    return gh.astype(np.uint64, copy=False) ^ (t.astype(np.int64, copy=False).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+
+
 def _stable_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.argsort(keys, kind="stable") and the keys in that order, by numpy's quicksort (2-3x
     faster on a line's millions of keys) when no two keys tie - then every sort gives the stable
@@ -255,9 +262,13 @@ class SummaryTime(GpuTime):
         # consecutive segments joined (_merge) except where a look-up falls: a cut (the writer's,
         # off the bucket edges, or an allocation edge on one), the window's edges, the grid
         edge_cuts = cuts.filter(pl.col("t") % b == 0).select(pl.col("gh").cast(pl.UInt64), s0=pl.col("t").cast(pl.Int64)).unique().sort("s0")
-        edge_t = edge_cuts["s0"].to_numpy()  # (a batch joins the edges of its own buckets only)
-        grid0 = epoch_us(bind["start"])
-        edges = np.array([epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe], dtype=np.int64)
+        edge_t = edge_cuts["s0"].to_numpy()  # (a batch looks up the edges of its own buckets only)
+        edge_key = pl.Series(_cut_key(edge_cuts["gh"].to_numpy(), edge_t))
+        # the window's buckets whose start a look-up falls on for every GPU: the grid, the window's edges
+        grid0, bucket_at = epoch_us(bind["start"]), np.arange(kx0, kx1 + 1, dtype=np.int64) * b
+        on_grid = np.isin(bucket_at, [epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe])
+        if grid_us:
+            on_grid |= (bucket_at - grid0) % grid_us == 0
         spans = []
         cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
             (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
@@ -303,13 +314,11 @@ class SummaryTime(GpuTime):
             for kind in pieces:
                 pieces[kind].append(_run_pieces(batch, keep, seg, kind))
             if grid_us:
-                s0 = seg["s0"]
-                starts = (s0 % b != 0) | ((s0 - grid0) % grid_us == 0) | np.isin(s0, edges)
+                s0, ks = seg["s0"], k if every else k[keep]
+                starts = (s0 != ks * b) | on_grid[ks - kx0]  # off its bucket's start (a writer's cut), or on the grid
                 e_lo, e_hi = np.searchsorted(edge_t, [k_lo * b, k_hi * b])
-                if e_hi > e_lo:
-                    on_cut = pl.DataFrame({"gh": seg["gh"], "s0": s0}).with_row_index("i").join(
-                        edge_cuts.slice(int(e_lo), int(e_hi - e_lo)), on=["gh", "s0"], how="semi")
-                    starts[on_cut["i"].to_numpy()] = True
+                if e_hi > e_lo:  # on an allocation's edge on this GPU
+                    starts |= pl.Series(_cut_key(seg["gh"], s0)).is_in(edge_key.slice(int(e_lo), int(e_hi - e_lo)).implode()).to_numpy()
                 if raw_here:  # a GPU-bucket this batch sends to the raw samples: each of its segments alone
                     alone = ~_outside(pl.concat(raw_here, how="vertical_relaxed").unique(), seg["gh"], s0 // b)
                     starts |= alone

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -472,6 +473,26 @@ def test_segments_join_between_the_times_an_analysis_looks_up(tmp_path):
     other = timedelta(minutes=40)
     assert frames_equal(utilization_timeline(raw, "account", other), utilization_timeline(an, "account", other))
     assert an.gt._refined is not None
+
+
+def test_a_look_up_key_two_gpus_share_only_splits_the_line(tmp_path, monkeypatch):
+    """A segment is found to start on an allocation's edge by one 64-bit key of its GPU and start
+    (_cut_key), which two pairs may share. With keys that ignore the GPU, every GPU's segment
+    starting when some allocation does starts an entry of the line: more entries, the same
+    figures."""
+    import gpufleet.analytics.summaries as summaries
+
+    long_store(tmp_path)
+    con = open_reader(tmp_path)
+    p = Params(T(0, 5), T(13, 35))
+    want = figures(Analysis(con, p, now=T(20), summaries=False))
+    entries = Analysis(con, p, now=T(20)).gt.summary_buckets
+    monkeypatch.setattr(summaries, "_cut_key", lambda gh, t: t.astype(np.int64).view(np.uint64))
+    an = Analysis(con, p, now=T(20))
+    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is not None
+    bad = mismatches(want, figures(an))
+    assert not bad, "\n".join(bad)
+    assert an.gt.summary_buckets > entries  # GPU-A's segment from 06:40 (job 2 starts then on GPU-B) alone
 
 
 def test_a_bucket_read_raw_inside_segments_another_batch_joined_builds_the_line_unjoined(tmp_path, monkeypatch):
