@@ -167,12 +167,14 @@ def _merge(seg: dict[str, np.ndarray], starts: np.ndarray, b: int) -> tuple[dict
     return out, pl.DataFrame({"gh": out["gh"][joined], "kf": out["s0"][joined] // b, "kl": (out["s1"][joined] - 1) // b}, schema=_SPANS)
 
 
-def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str) -> tuple[dict[str, np.ndarray], bool]:
+def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str,
+                skip: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], bool]:
     """The run pieces (h, a0, a1; epoch us) the summary rows `keep` of `rows` (their
     segments: `seg`) record for kind "idle" or "nop": the whole segment when it is in the run
     throughout, else the run touching its start, the one touching its end, and the runs inside
-    it (gpufleet.collector.summaries.bucket_facts). And whether they are in row order (each
-    row's head, then its tail): true unless some row has runs inside it."""
+    it (gpufleet.collector.summaries.bucket_facts) - none of the segments `skip` leaves out (in
+    GPU-buckets read raw). And whether they are in row order (each row's head, then its tail):
+    true unless some row has runs inside it."""
     head, tail = rows[f"{kind}_head_us"].to_numpy(), rows[f"{kind}_tail_us"].to_numpy()
     if not keep.all():
         head, tail = head[keep], tail[keep]
@@ -180,6 +182,9 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
     # the rows with a run at their start, and those with one at their end (a whole segment is its
     # head), each piece placed in row order: a row's head, then its tail
     has_h, has_t = head > 0, (tail > 0) & (head != s1 - s0)
+    if skip is not None:
+        has_h &= ~skip
+        has_t &= ~skip
     ih, it = np.flatnonzero(has_h), np.flatnonzero(has_t)
     per_row = has_h.view(np.uint8) + has_t.view(np.uint8)
     first = np.cumsum(per_row, dtype=np.int64)
@@ -196,6 +201,8 @@ def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray]
     in_order = runs is None or not runs.list.len().filter(pl.Series(keep)).sum()
     if not in_order:
         inner = rows.filter(pl.Series(keep)).select("h", "b0", runs.alias("runs"))
+        if skip is not None:
+            inner = inner.filter(~pl.Series(skip))
         inner = inner.explode("runs").drop_nulls("runs").unnest("runs")
         for c, x in (("h", inner["h"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
             out[c].append(x.to_numpy())
@@ -226,18 +233,21 @@ class SummaryTime(GpuTime):
 
     def __init__(self, con: Any, bind: dict[str, Any], cuts: pl.DataFrame, hours: pl.DataFrame, bucket_s: int,
                  detail: bool = False, held: np.ndarray | None = None, also_raw: frozenset[int] = frozenset(),
-                 grid_us: int | None = None, bad: pl.DataFrame | None = None):
+                 grid_us: int | None = None, bad: pl.DataFrame | None = None, known_raw: pl.DataFrame | None = None):
         """`also_raw`: more buckets (k: [k x bucket, (k + 1) x bucket) since the epoch) to read raw
         for every GPU - those a look-up fell inside (see _answering). `detail`: also keep, per
         segment and raw piece, what allocation_detail adds up. `held`, `grid_us`: see summary_time.
         `bad`: the GPU-buckets (gh, k) where a cut falls inside a segment (an allocation the
         summary's writer did not know of yet), to read raw on that GPU; None: not known yet -
-        the line built is checked for them, and built again with them when there are any."""
+        the line built is checked for them, and built again with them when there are any.
+        `known_raw`: more GPU-buckets (gh, k) read raw on one GPU, known before the rows are read:
+        those a first build found (an inexact row) after another batch of rows had joined the
+        bucket's other segments or chained its run pieces - the line built again with them."""
         self.fb = self.tensor = self.clock = None  # no per-sample detail arrays (GpuTime's bucket_detail reads raw)
         self.has_detail = detail
         self._con, self._bind, self._refined = con, bind, None
         self._args = (con, bind, cuts, hours, bucket_s, detail, held)
-        self.also_raw, self.grid_us, self._bad = also_raw, grid_us, bad
+        self.also_raw, self.grid_us, self._bad, self._known_raw = also_raw, grid_us, bad, known_raw
         xs, xe = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         gap = round(bind["max_gap"] * 1_000_000)
         b = bucket_s * 1_000_000
@@ -273,9 +283,10 @@ class SummaryTime(GpuTime):
         cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
             (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
         raw_ks = np.array(sorted(k_all), dtype=np.int64)
-        if bad is not None:
-            bad = bad.select(pl.col("gh").cast(pl.UInt64), pl.col("k").cast(pl.Int64)).sort("k")
-        bad_k = bad["k"].to_numpy() if bad is not None else np.zeros(0, dtype=np.int64)
+        # the GPU-buckets known to be read raw on one GPU before the rows are read, by bucket
+        known = [x.select(pl.col("gh").cast(pl.UInt64), pl.col("k").cast(pl.Int64)) for x in (bad, known_raw) if x is not None]
+        known_gk = pl.concat(known).unique().sort("k") if known else pl.DataFrame(schema={"gh": pl.UInt64, "k": pl.Int64})
+        known_k = known_gk["k"].to_numpy()
         q = sql.summary_rows(inner_runs=bucket_s > bind["min_idle"], detail=detail)
         columns = _SEGMENT + (_DETAIL if detail else ())
         segs: list[dict[str, np.ndarray]] = []
@@ -297,8 +308,8 @@ class SummaryTime(GpuTime):
             # found by a first build: the summary was written before the allocation was known),
             # or the summary is inexact
             k_lo, k_hi = int(k.min()), int(k.max()) + 1
-            lo, hi = np.searchsorted(bad_k, [k_lo, k_hi])
-            raw_here = [bad.slice(int(lo), int(hi - lo))] if hi > lo and bad is not None else []
+            lo, hi = np.searchsorted(known_k, [k_lo, k_hi])
+            raw_here = [known_gk.slice(int(lo), int(hi - lo))] if hi > lo else []
             exact = batch["exact"].to_numpy()
             if not exact.all():
                 raw_here.append(batch.filter(~pl.col("exact")).select("gh", "k"))
@@ -311,16 +322,19 @@ class SummaryTime(GpuTime):
             keep = exact & (batch["covered_us"].to_numpy() > 0)
             every = keep.all()  # most batches: then no copy of each column
             seg = {c: batch[c].to_numpy() if every else batch[c].to_numpy()[keep] for c in columns}
+            alone = ~_outside(pl.concat(raw_here, how="vertical_relaxed").unique(), seg["gh"], seg["s0"] // b) if raw_here else None
+            # the run pieces of segments the line takes whole, chained at once where one follows the
+            # next in row order (mostly a GPU's hour: its pieces are then a few, not one a bucket)
             for kind in pieces:
-                pieces[kind].append(_run_pieces(batch, keep, seg, kind))
+                p, in_order = _run_pieces(batch, keep, seg, kind, skip=alone)
+                pieces[kind].append(_chain(p["a0"], p["a1"], p["h"], gpu=p["h"], in_order=in_order))
             if grid_us:
                 s0, ks = seg["s0"], k if every else k[keep]
                 starts = (s0 != ks * b) | on_grid[ks - kx0]  # off its bucket's start (a writer's cut), or on the grid
                 e_lo, e_hi = np.searchsorted(edge_t, [k_lo * b, k_hi * b])
                 if e_hi > e_lo:  # on an allocation's edge on this GPU
                     starts |= pl.Series(_cut_key(seg["gh"], s0)).is_in(edge_key.slice(int(e_lo), int(e_hi - e_lo)).implode()).to_numpy()
-                if raw_here:  # a GPU-bucket this batch sends to the raw samples: each of its segments alone
-                    alone = ~_outside(pl.concat(raw_here, how="vertical_relaxed").unique(), seg["gh"], s0 // b)
+                if alone is not None:  # a GPU-bucket this batch sends to the raw samples: each of its segments alone
                     starts |= alone
                     starts[1:] |= alone[:-1]
                 seg, joined = _merge(seg, starts, b)
@@ -333,8 +347,9 @@ class SummaryTime(GpuTime):
             joined = pl.concat(spans).join(gk, on="gh", how="inner").filter((pl.col("kf") <= pl.col("k")) & (pl.col("k") <= pl.col("kl")))
             if not joined.is_empty():
                 # a bucket one batch sends to the raw samples lies inside segments another batch
-                # joined (a GPU-bucket's rows split between batches): build the line unjoined
-                self.__init__(*self._args, also_raw=also_raw, grid_us=None, bad=bad)
+                # joined (a GPU-bucket's rows split between batches): build the line again with
+                # every such bucket known to each batch
+                self.__init__(*self._args, also_raw=also_raw, grid_us=grid_us, bad=bad, known_raw=gk)
                 return
         del spans
         need = pl.concat([gk.with_columns(pl.col("k") + d) for d in (-1, 0, 1)]).unique()
@@ -370,21 +385,13 @@ class SummaryTime(GpuTime):
         gh_gid = pl.DataFrame({"gh": seen_gh, "gid": gid_of}, schema={"gh": pl.UInt64, "gid": pl.Int64}).unique("gh")
 
         # the runs' pieces the summaries record, those of GPU-buckets read raw left out, chained a
-        # batch at a time (then all batches), as runs() chains them with the raw pieces
+        # batch at a time (above: by variant), then all batches (a GPU's variants' pieces joined),
+        # as runs() chains them with the raw pieces
         self._pieces = {}
-        for kind, batches in pieces.items():
-            chains = []
-            while batches:
-                p, in_order = batches.pop(0)
-                if gk.is_empty():
-                    w = np.ones(len(p["h"]), dtype=bool)
-                else:  # (pieces name their variant, vid its GPU)
-                    w = _outside(gk, seen_gh[_index_of(hashes, p["h"])], p["a0"] // b)
-                # (chained by variant: the chaining of all batches joins a GPU's variants' pieces)
-                chains.append(_chain(p["a0"][w], p["a1"][w], p["h"][w], gpu=p["h"][w], in_order=in_order))
+        for kind, chains in pieces.items():
             a0, a1, h = (np.concatenate([c[j] for c in chains]) if chains else np.zeros(0, t)
                          for j, t in enumerate((np.int64, np.int64, np.uint64)))
-            del chains  # (the arrays of every step freed as soon as done: the peak of a 16,384-GPU week)
+            chains.clear()  # (the arrays of every step freed as soon as done: the peak of a 16,384-GPU week)
             pv = _index_of(hashes, h)
             del h
             at = gid_of[pv] * self.span - self.base  # line keys: gid x span + (t - base)
@@ -394,6 +401,11 @@ class SummaryTime(GpuTime):
             self._pieces[kind] = _chain(a0, a1, pv)
             del a0, a1, pv
         del pieces
+        if self._touches_pieces(gk, gh_gid):
+            # a bucket one batch sends to the raw samples holds run pieces another batch chained (a
+            # GPU-bucket's rows split between batches): the line again, every such bucket known
+            self.__init__(*self._args, also_raw=also_raw, grid_us=grid_us, bad=bad, known_raw=gk)
+            return
 
         # raw pieces, in the raw buckets only
         raw = raw.sort(["gid", "ts"], maintain_order=True)
@@ -452,7 +464,24 @@ class SummaryTime(GpuTime):
             self._bad = at.filter(pl.Series(inside)).select("gh", "k").unique()
             if inside.any():
                 del raw, at, order, i, k, p0, p1, util, sec, known
-                self.__init__(*self._args, also_raw=also_raw, grid_us=grid_us, bad=self._bad)
+                self.__init__(*self._args, also_raw=also_raw, grid_us=grid_us, bad=self._bad, known_raw=known_raw)
+
+    def _touches_pieces(self, gk: pl.DataFrame, gh_gid: pl.DataFrame) -> bool:
+        """Does a run piece of the line overlap one of the GPU-buckets gk reads raw? (It then came
+        from a batch of rows that did not know the bucket was read raw.)"""
+        at = gk.join(gh_gid, on="gh", how="inner")
+        if at.is_empty():
+            return False
+        g = at["gid"].to_numpy().astype(np.int64)
+        b0 = g * self.span + at["k"].to_numpy().astype(np.int64) * self.bucket_us - self.base
+        lo, hi = np.maximum(b0, g * self.span), b0 + self.bucket_us
+        for a0, a1, _ in self._pieces.values():  # (line keys in order; a GPU's keys lie in [gid x span, (gid + 1) x span))
+            if len(a0):
+                j = np.searchsorted(a0, hi) - 1  # the last piece starting before the bucket ends ...
+                reach = np.maximum.accumulate(a1)  # ... and the furthest any piece up to it reaches
+                if ((j >= 0) & (reach[np.maximum(j, 0)] > lo)).any():
+                    return True
+        return False
 
     # --- look-ups: exact on segment edges and in raw buckets; elsewhere a line with those buckets raw answers ---
 
@@ -478,7 +507,8 @@ class SummaryTime(GpuTime):
         ks = frozenset(np.unique(np.concatenate([a[inside_a], b[inside_b]]) // self.bucket_us).tolist())
         if self._refined is None or not ks <= self._refined[0].also_raw:
             have = self._refined[0].also_raw if self._refined is not None else frozenset()
-            line = SummaryTime(*self._args, also_raw=self.also_raw | have | ks, grid_us=self.grid_us, bad=self._bad)
+            line = SummaryTime(*self._args, also_raw=self.also_raw | have | ks, grid_us=self.grid_us, bad=self._bad,
+                               known_raw=self._known_raw)
             m = self.ids.join(line.ids.rename({"gid": "their_gid"}), on=KEY, how="left", nulls_equal=True).sort("gid")
             to_line = np.full(int(self.gpus["gid"].max() or 0) + 1, -1, dtype=np.int64)
             to_line[m["gid"].to_numpy()] = m["their_gid"].fill_null(-1).to_numpy()

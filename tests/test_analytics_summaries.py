@@ -495,16 +495,31 @@ def test_a_look_up_key_two_gpus_share_only_splits_the_line(tmp_path, monkeypatch
     assert an.gt.summary_buckets > entries  # GPU-A's segment from 06:40 (job 2 starts then on GPU-B) alone
 
 
-def test_a_bucket_read_raw_inside_segments_another_batch_joined_builds_the_line_unjoined(tmp_path, monkeypatch):
+def split_after(t: datetime, inexact: bool):
+    """summaries._batches with each batch split after the rows whose segment ends at `t`; with
+    `inexact`, the row after the split marked inexact (so its GPU-bucket is read raw)."""
+    original = summaries._batches
+
+    def batches(con, query, bind):
+        for batch in original(con, query, bind):
+            at = [int(i) + 1 for i in (batch["s1"] == epoch_us(t)).arg_true()]
+            for lo, hi in zip([0, *at], [*at, batch.height]):
+                if hi > lo:
+                    part = batch.slice(lo, hi - lo)
+                    if inexact and lo in at:  # the bucket's second segment, first in its batch
+                        part = part.with_columns(exact=pl.int_range(pl.len()) != 0)
+                    yield part
+    return batches
+
+
+def test_a_bucket_read_raw_inside_segments_another_batch_joined_builds_the_line_again(tmp_path, monkeypatch):
     """Segments are joined a batch of summary rows at a time. A GPU-bucket with two segments (job 1
     starts inside it) whose rows fall in two batches, the second row inexact (so the bucket is read
     raw on that GPU): the first batch has joined the bucket's first segment with the ones before
-    before the raw read was known. The line is then built again unjoined, with the same figures.
-    A bucket read raw because a cut falls inside a segment (job 3, learnt of late) is known before
-    the batches are read (a first build finds it), so both batches leave its segments alone and
-    the line stays joined."""
-    import gpufleet.analytics.summaries as summaries
-
+    before the raw read was known. The line is then built again with that bucket known to every
+    batch (still joined elsewhere), with the same figures. A bucket read raw because a cut falls
+    inside a segment (job 3, learnt of late) is known before the batches are read (a first build
+    finds it), so both batches leave its segments alone and the line is built once more only for it."""
     long_store(tmp_path)
     con = open_reader(tmp_path)
     p = Params(T(0, 10), T(13, 35))  # timeline buckets from 00:10 on: the segments before job 1's start join
@@ -512,28 +527,43 @@ def test_a_bucket_read_raw_inside_segments_another_batch_joined_builds_the_line_
     an = Analysis(con, p, now=T(20))
     assert an.gt.grid_us is not None and not mismatches(want, figures(an))  # one batch: the bucket's rows alone, the rest joined
     assert an.gt._bad.height == 2  # job 3's start (inside the segment after job 1's end) and end
-    original = summaries._batches
-
-    def split_after(t: datetime, inexact: bool):
-        def batches(con, query, bind):
-            for batch in original(con, query, bind):
-                at = [int(i) + 1 for i in (batch["s1"] == epoch_us(t)).arg_true()]
-                for lo, hi in zip([0, *at], [*at, batch.height]):
-                    if hi > lo:
-                        part = batch.slice(lo, hi - lo)
-                        if inexact and lo in at:  # the bucket's second segment, first in its batch
-                            part = part.with_columns(exact=pl.int_range(pl.len()) != 0)
-                        yield part
-        return batches
+    assert an.gt._known_raw is None
 
     monkeypatch.setattr(summaries, "_batches", split_after(T(8, 33, 20), inexact=False))
     an = Analysis(con, p, now=T(20))
-    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is not None
+    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is not None and an.gt._known_raw is None
     bad = mismatches(want, figures(an))
     assert not bad, "\n".join(bad)
     monkeypatch.setattr(summaries, "_batches", split_after(T(1, 7, 13), inexact=True))
     an = Analysis(con, p, now=T(20))
-    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is None
+    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us is not None
+    assert an.gt._known_raw is not None and an.gt._known_raw.height == 1  # GPU-A's bucket of 01:05
+    bad = mismatches(want, figures(an))
+    assert not bad, "\n".join(bad)
+
+
+def test_run_pieces_another_batch_chained_in_a_bucket_read_raw_build_the_line_again(tmp_path, monkeypatch):
+    """Run pieces are chained a batch of summary rows at a time. An idle GPU whose job starts inside
+    a bucket: the bucket's two segments fall in two batches, the second inexact (read raw). The
+    first batch has chained the first segment's idle piece with the idle hours before it, not
+    knowing the bucket is read raw; the line is built again with that bucket known: its idle runs
+    are the raw ones (without the check, two that overlap: tried), and so are the figures."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", T(0), T(6), step=30, util=lambda t: 0.0 if T(1) <= t < T(5) else 70.0)
+    f.job("1", account="x", user="u", start=T(3, 2, 30), end=T(5, 30), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    w = StoreWriter(tmp_path)
+    compact(w, T(8))
+    w.close()
+    con = open_reader(tmp_path)
+    p = Params(T(0, 10), T(5, 50))
+    raw = Analysis(con, p, now=T(8), summaries=False)
+    want, runs = figures(raw), raw.gt.runs("idle", p.idle_threshold, 0)
+    assert runs.height == 1  # 01:00-05:00
+    monkeypatch.setattr(summaries, "_batches", split_after(T(3, 2, 30), inexact=True))
+    an = Analysis(con, p, now=T(8))
+    assert isinstance(an.gt, SummaryTime) and an.gt._known_raw is not None
+    assert frames_equal(runs, an.gt.runs("idle", p.idle_threshold, 0))  # (unchecked: 01:00-03:02:30 and 03:00-05:00)
     bad = mismatches(want, figures(an))
     assert not bad, "\n".join(bad)
 
