@@ -17,11 +17,12 @@ Shares are of samples (every scrape counts once), not time-weighted: fine at a s
 
 Cost: a week of a large fleet is hundreds of millions of samples, so the window's whole hours
 come from the store's hourly health summaries (gpufleet.collector.schema.HEALTH_HOURS, one row
-per GPU and hour, written with each hour's utilization summary) and only the rest - the hours a
-window edge cuts, hours not summarised yet - from raw samples, turned into the same rows by the
-same query; every figure composes exactly from them (tests/test_health_summaries.py holds them
+per GPU and hour, written with each hour's utilization summary; for the open hour, up to where
+upkeep has summarised it) and only the rest - the hours a window edge cuts, hours not summarised
+yet, the open hour's newest minutes - from raw samples, turned into the same rows by the same
+query; every figure composes exactly from them (tests/test_health_summaries.py holds them
 to the raw queries). A counter event needs the samples of the one hour in which the counter
-passes the window's first value: that hour is read raw.
+passes the window's first value: that hour (or that part of it a row stands for) is read raw.
 """
 
 from __future__ import annotations
@@ -60,18 +61,19 @@ def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.
         cur.close()
 
 
-def _summarised_hours(cur: duckdb.DuckDBPyConnection, params: Params) -> list[datetime]:
-    """The window's whole hours whose health summaries the store has."""
-    return [r[0] for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
+def _summarised_hours(cur: duckdb.DuckDBPyConnection, params: Params) -> list[tuple[datetime, datetime]]:
+    """The window's hours whose health summaries the store has, each with where its summary ends:
+    the hour's end, or for an open hour's summary (upkeep keeps one current) where it ends now."""
+    return [(r[0], r[1]) for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
 
 
-def _raw_stretches(start: datetime, end: datetime, hours: list[datetime]) -> list[tuple[datetime, datetime]]:
-    """The parts of [start, end) the summarised `hours` (whole, sorted, inside it) leave."""
+def _raw_stretches(start: datetime, end: datetime, hours: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """The parts of [start, end) the summarised `hours` ((hour, ends), sorted, inside it) leave."""
     out, at = [], start
-    for h in hours:
+    for h, ends in hours:
         if h > at:
             out.append((at, h))
-        at = h + HOUR
+        at = ends
     if at < end:
         out.append((at, end))
     return out
@@ -88,10 +90,12 @@ def _from_hours(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str,
         hours = _summarised_hours(cur, params)
         if not hours:
             return None
-        b = _binds(params, hours=hours)
+        b = _binds(params, hours=[h for h, ends in hours if ends == h + HOUR], open_hours=[h for h, ends in hours if ends < h + HOUR])
         stretches = _raw_stretches(params.start, params.end, hours) or [(params.start, params.start)]
-        if len(stretches) > MAX_STRETCHES:
-            raw = _arrow(cur, sql.RAW_HEALTH_HOURS_OUTSIDE, b)
+        if len(stretches) > MAX_STRETCHES:  # (an open hour's minutes after its summary: a stretch of its own)
+            after_open = [(ends, min(h + HOUR, params.end)) for h, ends in hours if ends < min(h + HOUR, params.end)]
+            raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS_OUTSIDE, {**b, "hours": [h for h, _ in hours]}),
+                                    *(_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in after_open)])
         else:
             raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in stretches])
         cur.register("_health_raw", raw)
@@ -109,8 +113,7 @@ def _events_from_hours(cur: duckdb.DuckDBPyConnection, b: dict[str, Any]) -> pa.
     cur.register("_health_mixed", mixed)
     lo = hi = b["start"]  # none: the query below answers its empty table
     if mixed.num_rows:
-        lo, hi = (v.as_py() for v in pc.min_max(mixed["hour"]).values())
-        hi += HOUR
+        lo, hi = pc.min(mixed["part_lo"]).as_py(), pc.max(mixed["part_hi"]).as_py()
     cur.register("_health_mixed_events", _arrow(cur, sql.EVENTS_OF_MIXED_HOURS, {**b, "lo": lo, "hi": hi}))
     return _arrow(cur, sql.EVENTS_FROM_HOURS.format(parts=sql.HEALTH_PARTS), b)
 

@@ -539,7 +539,7 @@ WITH inv AS (
     SELECT DISTINCT ON (cluster, host, gpu_uuid, gi, hour) cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
     FROM gpu_health_hours WHERE hour >= $sum_from AND hour + INTERVAL 1 HOUR <= $sum_to AND ($cluster IS NULL OR cluster = $cluster)
     UNION ALL BY NAME
-    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
+    SELECT DISTINCT ON (cluster, host, gpu_uuid, gi, hour) cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
     FROM gpu_now_hours WHERE hour >= $sum_from AND hour < $sum_to AND $sum_to < hour + INTERVAL 1 HOUR
       AND ($cluster IS NULL OR cluster = $cluster)
 ), c AS (
@@ -790,16 +790,25 @@ GROUP BY ALL ORDER BY cluster, host, bucket
 """
 
 # --- GPU health from hourly health summaries (gpufleet.collector.schema.HEALTH_HOURS) ---
-# The window's health rows: the summaries of its whole summarised hours ($hours) and, in
-# _health_raw, the same rows computed from the raw samples of the rest (RAW_HEALTH_HOURS, over
-# each stretch $lo..$hi of the window no summary covers). Each figure below composes them
-# exactly into GPU_HEALTH's or GPU_EVENTS' answer.
-RAW_HEALTH_HOURS = HEALTH_HOURS.format(source="gpu_samples", where=f"ts >= $lo AND ts < $hi AND {_FILTERS}")
-# the same over the whole window but its summarised hours: one scan, for when they leave many stretches
-RAW_HEALTH_HOURS_OUTSIDE = HEALTH_HOURS.format(
-    source="gpu_samples", where=f"ts >= $start AND ts < $end AND NOT list_contains($hours, date_trunc('hour', ts)) AND {_FILTERS}")
+# The window's health rows: the summaries of its whole summarised hours ($hours), those of its open
+# hours' summaries ($open_hours: of their samples before the summary `ends`) and, in _health_raw,
+# the same rows computed from the raw samples of the rest (RAW_HEALTH_HOURS, over each stretch
+# $lo..$hi of the window no summary covers). Each row says which part of its hour it stands for
+# ([part_lo, part_hi): an hour may have two, its open summary's and the raw minutes after). Each
+# figure below composes them exactly into GPU_HEALTH's or GPU_EVENTS' answer.
+_RAW_PART = "SELECT *, greatest(hour, {lo}) AS part_lo, least(hour + INTERVAL 1 HOUR, {hi}) AS part_hi FROM ({rows})"
+RAW_HEALTH_HOURS = _RAW_PART.format(lo="$lo", hi="$hi", rows=HEALTH_HOURS.format(
+    source="gpu_samples", where=f"ts >= $lo AND ts < $hi AND {_FILTERS}"))
+# the same over the whole window but its summarised hours ($hours: whole and open): one scan, for
+# when they leave many stretches (the minutes after an open hour's summary: RAW_HEALTH_HOURS)
+RAW_HEALTH_HOURS_OUTSIDE = _RAW_PART.format(lo="$start", hi="$end", rows=HEALTH_HOURS.format(
+    source="gpu_samples", where=f"ts >= $start AND ts < $end AND NOT list_contains($hours, date_trunc('hour', ts)) AND {_FILTERS}"))
 HEALTH_PARTS = f"""(
-    SELECT * FROM gpu_health_hours WHERE hour >= $start AND hour < $end AND list_contains($hours, hour) AND {_FILTERS}
+    SELECT *, hour AS part_lo, hour + INTERVAL 1 HOUR AS part_hi
+    FROM gpu_health_hours WHERE hour >= $start AND hour < $end AND list_contains($hours, hour) AND {_FILTERS}
+    UNION ALL BY NAME
+    SELECT g.*, g.hour AS part_lo, n.ends AS part_hi
+    FROM gpu_now_hours g JOIN now_hours n USING (hour) WHERE list_contains($open_hours, hour) AND {_FILTERS}
     UNION ALL BY NAME
     SELECT * FROM _health_raw
 )"""
@@ -856,7 +865,7 @@ _BASES = ", ".join(f"arg_min({col}_first, {col}_first_ts) AS {col}_0" for _, col
 MIXED_HOURS = f"""
 WITH p AS {{parts}}, base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)
 """ + "UNION ALL\n".join(
-    f"""SELECT '{kind}' AS kind, p.cluster, p.host, p.gpu_uuid, p.gi, p.model, p.hour, coalesce(b.{col}_0, 0) AS base
+    f"""SELECT '{kind}' AS kind, p.cluster, p.host, p.gpu_uuid, p.gi, p.model, p.part_lo, p.part_hi, coalesce(b.{col}_0, 0) AS base
 FROM p JOIN base b USING ({_KEY})
 WHERE p.{col}_n > 0 AND p.{col}_min <= coalesce(b.{col}_0, 0) AND p.{col}_max > coalesce(b.{col}_0, 0)
 """ for kind, col, _ in _EVENT_COUNTERS)
@@ -866,7 +875,7 @@ SELECT m.kind, s.cluster, s.host, s.gpu_uuid, m.gi, any_value(s.gpu) AS gpu, any
        min(s.ts) AS ts, count(*) AS n, max({_KIND_VALUE}) AS top
 FROM gpu_samples s JOIN _health_mixed m
   ON s.cluster = m.cluster AND s.host = m.host AND s.gpu_uuid = m.gpu_uuid AND coalesce(s.gpu_instance, -1) = m.gi
- AND s.model IS NOT DISTINCT FROM m.model AND date_trunc('hour', s.ts) = m.hour
+ AND s.model IS NOT DISTINCT FROM m.model AND s.ts >= m.part_lo AND s.ts < m.part_hi
 WHERE s.ts >= $lo AND s.ts < $hi AND s.ts >= $start AND s.ts < $end AND {_KIND_VALUE} > m.base
 GROUP BY m.kind, s.cluster, s.host, s.gpu_uuid, m.gi
 """
@@ -898,8 +907,14 @@ SELECT min(first_lost), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(m
 FROM p WHERE lost_samples > 0 GROUP BY {_KEY}
 ORDER BY ts DESC, cluster, host, gpu, kind
 """
-# Whole hours of [$start, $end) whose health summaries stand for the store's samples
-HEALTH_HOURS_IN = "SELECT hour FROM health_hours WHERE hour >= $start AND hour + INTERVAL 1 HOUR <= $end ORDER BY hour"
+# Hours of [$start, $end) whose health summaries stand for the store's samples: whole ones, and open
+# ones (without a whole hour's) up to where their summary ends, inside the window too
+HEALTH_HOURS_IN = """
+SELECT hour, hour + INTERVAL 1 HOUR AS ends FROM health_hours WHERE hour >= $start AND hour + INTERVAL 1 HOUR <= $end
+UNION ALL
+SELECT hour, ends FROM now_hours
+WHERE hour >= $start AND ends <= $end AND ends > hour AND hour NOT IN (SELECT hour FROM health_hours)
+ORDER BY hour"""
 
 # The store's first GPU sighting within the cluster/model filters: where its history starts
 # (gpufleet.analytics.trends: a previous window starting before it is only partly in the store).

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.collector import summaries
-from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_HOURS,
+from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
                                       ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
@@ -275,9 +275,9 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
 @dataclass(frozen=True)
 class HealthTask:
     """One hour's health summary, from the sample files its summary was built from, with the run
-    facts for the parameters that summary was built with; for an open hour's summary (`to`), its
-    run facts alone, of the samples before `to`. Runs anywhere that sees the store's directory (a
-    Dask worker)."""
+    facts for the parameters that summary was built with; for an open hour's summary (`to`), the
+    same of its samples before `to`. Runs anywhere that sees the store's directory (a Dask
+    worker)."""
 
     root: str
     hour: str
@@ -293,22 +293,26 @@ class HealthTask:
         return "now" if self.to else "health"
 
     @property
+    def format(self) -> int:
+        return NOW_FORMAT_VERSION if self.to else HEALTH_FORMAT_VERSION
+
+    @property
     def rel(self) -> str:
         """Where it goes."""
-        return self.summary_file.replace("/sum-", f"/{self.kind}{HEALTH_FORMAT_VERSION}-", 1)
+        return self.summary_file.replace("/sum-", f"/{self.kind}{self.format}-", 1)
 
     def label(self) -> str:
         return f"{self.kind} {self.hour}"
 
 
 def build_health_file(task: HealthTask) -> str:
-    """The hour's health summary file (schema.HEALTH_FILE; for an open hour, schema.NOW_HOURS up
-    to task.to), written atomically to task.rel. One DuckDB thread, as the writer's own
+    """The hour's health summary file (schema.HEALTH_FILE; for an open hour, of its samples before
+    task.to), written atomically to task.rel. One DuckDB thread, as the writer's own
     connection runs it: the same bytes wherever it runs (a sum's order follows the threads).
     Module-level: Dask sends it by name."""
     hour = datetime.fromisoformat(task.hour)
     source = f"read_parquet({_sql_list([str(Path(task.root) / f) for f in task.sources])})"
-    q = (NOW_HOURS if task.to else HEALTH_FILE).format(source=source, where="ts >= $lo AND ts < $hi")
+    q = HEALTH_FILE.format(source=source, where="ts >= $lo AND ts < $hi")
     hi = datetime.fromisoformat(task.to) if task.to else hour + timedelta(hours=1)
     con = duckdb.connect(":memory:", config={"threads": 1})
     try:
@@ -325,20 +329,20 @@ def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner
     summary's idle threshold and max_gap) of every summarised hour that has none or one of another
     format - the newest `limit` of them, None: all - one file per hour beside the summary, listed
     in the summary's manifest entry, so it stands and falls with it; and an open hour's summary
-    (`to`) its run facts alone, of the samples before `to` (Fleet now then reads raw only the
-    minutes after: gpufleet.analytics.fleet_now). A task an hour, run by `tasks` (a Dask
+    (`to`) the same of its samples before `to`, kept as its "now" (Fleet now and the Health window
+    then read raw only the minutes after: gpufleet.analytics.fleet_now, .health). A task an hour, run by `tasks` (a Dask
     scheduler) when there are at least DASK_MIN_HOURS, else here, as summarize's. Returns the
     hours built; the caller publishes."""
     todo = [k for k, e in sorted(w.summaries.items(), reverse=True)
             if e.get("health_format") != HEALTH_FORMAT_VERSION and not e.get("to")][:limit]
-    todo += [k for k, e in sorted(w.summaries.items()) if e.get("to") and e.get("now_format") != HEALTH_FORMAT_VERSION]
+    todo += [k for k, e in sorted(w.summaries.items()) if e.get("to") and e.get("now_format") != NOW_FORMAT_VERSION]
     work = [HealthTask(str(w.root), key, tuple(e["sources"]), e["file"], e["params"]["idle_threshold"], e["params"]["max_gap_s"],
                        e.get("to", "")) for key, e in ((k, w.summaries[k]) for k in todo)]
     runner = replace(summary_runner(tasks, len(work)), name="health summaries")
     if progress is not None:
         runner = replace(runner, progress=progress)
     for task, rel in zip(work, runner.map(build_health_file, work, label=HealthTask.label)):
-        w.attach_health(task.hour, rel, HEALTH_FORMAT_VERSION, task.kind)
+        w.attach_health(task.hour, rel, task.format, task.kind)
     return len(work)
 
 

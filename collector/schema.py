@@ -468,6 +468,9 @@ HW_SLOWDOWN_BITS = 0x08
 HEALTH_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable", "pcie_replay", "thermal_violation_ns", "power_violation_ns")
 HEALTH_EVENT_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable")
 HEALTH_FORMAT_VERSION = 2  # 2: with each GPU-hour's run facts (NOW_HOURS)
+# An open hour's file (the "now" of its summary's entry), of its samples before the summary's end:
+# 2 held its run facts (NOW_HOURS) only; 3 is HEALTH_FILE's rows, so the Health window reads them too
+NOW_FORMAT_VERSION = 3
 
 
 def _health_counter(c: str) -> str:

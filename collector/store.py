@@ -1136,19 +1136,20 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
     summarised hour whose every summary has one of this format, with the max_gap and idle
     threshold their run facts were built for) and gpu_health_hours (their rows,
     schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once. Also
-    now_hours and gpu_now_hours: the same for the run facts of open hours' summaries (an hour,
-    where its summary `ends`, schema.NOW_HOURS' rows of the samples before)."""
+    now_hours and gpu_now_hours: the same for open hours' summaries (an hour, where its summary
+    `ends`, schema.HEALTH_FILE's rows of the samples before: Fleet now takes their run facts, the
+    Health window the rest)."""
     chosen: dict[str, tuple[tuple, list[str]]] = {}
     opened: dict[str, tuple[tuple, list[str]]] = {}
     for key in sorted(by_key):
         entries = by_key[key]
-        if key[7]:  # an open hour's summary: its run facts only
-            if key[0] not in opened and all(e.get("now") and e.get("now_format") == schema.HEALTH_FORMAT_VERSION for _, e in entries):
+        if key[7]:  # an open hour's summary
+            if key[0] not in opened and all(e.get("now") and e.get("now_format") == schema.NOW_FORMAT_VERSION for _, e in entries):
                 opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
         elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
     _hour_views(con, "health_hours", "gpu_health_hours", chosen, schema.HEALTH_FILE)
-    _hour_views(con, "now_hours", "gpu_now_hours", opened, schema.NOW_HOURS, ends=True)
+    _hour_views(con, "now_hours", "gpu_now_hours", opened, schema.HEALTH_FILE, ends=True)
 
 
 def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]], query: str,

@@ -307,8 +307,8 @@ def test_a_late_batch_unlists_the_summaries_it_touches_until_upkeep(tmp_path):
 def test_the_open_hour_is_summarised_up_to_its_settled_buckets_and_kept_current(tmp_path):
     """Upkeep summarises the hours not closed yet up to the last bucket that ended SETTLE and
     max_gap ago, again at each pass: a window ending now reads raw only the minutes after it, with
-    the raw figures. Such an hour gets no health summary (nor waits for one); once closed, its
-    summary is whole. A round landing inside what it summarised unlists it until upkeep."""
+    the raw figures. Such an hour gets no whole hour's health summary (nor waits for one): its
+    "now" file has its health rows and run facts up to its end; once closed, its summary is whole. A round landing inside what it summarised unlists it until upkeep."""
     f = Fleet(tmp_path)
     f.gpu_series("n1", "GPU-A", T(9), T(11, 50), util=between(T(10), T(11, 20), 0.0, 80.0))
     f.gpu_series("n1", "GPU-B", T(9), T(11, 50), util=50.0)
@@ -321,7 +321,7 @@ def test_the_open_hour_is_summarised_up_to_its_settled_buckets_and_kept_current(
     assert sorted(entries) == ["2026-11-16T08:00:00", "2026-11-16T09:00:00", "2026-11-16T10:00:00", "2026-11-16T11:00:00"]
     assert entries["2026-11-16T11:00:00"]["to"] == "2026-11-16T11:40:00" and "health" not in entries["2026-11-16T11:00:00"]
     assert entries["2026-11-16T11:00:00"]["format"] == "3-open"  # a reader that knows no "to" skips it
-    assert entries["2026-11-16T11:00:00"]["now"].split("/")[-1].startswith("now2-")  # its run facts, for Fleet now
+    assert entries["2026-11-16T11:00:00"]["now"].split("/")[-1].startswith("now3-")  # its health rows and run facts, for Health and Fleet now
     assert all("to" not in e and e.get("health") for h, e in entries.items() if h != "2026-11-16T11:00:00")
     assert summary_backlog(w.summaries.values())["health_awaiting_rebuild"] == 0
     w.publish()

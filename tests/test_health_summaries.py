@@ -7,7 +7,8 @@ fleets of test_analytics_properties, with MIG instances, each GPU's samples over
 and temperatures, XID codes, ECC and row-remap counters that rise and reset, throttle reasons
 and lost GPUs, every row of gpu_health and events equals the raw path's (summaries=False, the
 SQL the dashboards used before) to 1e-9 relative, for windows cut anywhere and under the
-cluster and model filters. A health summary off by one hour fails the comparison.
+cluster and model filters - also with an open hour's rows (upkeep keeps its summary current)
+and the minutes after them raw. A health summary off by one hour fails the comparison.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def test_health_from_summaries_gives_the_raw_figures(fleet, seed, how, data):
         con = store(tmp, fleet, seed, how, compact_at)
         summarised = con.execute("SELECT count(*) FROM health_hours").fetchone()[0]
         event(f"hours with health summaries: {min(summarised, 3)}")
+        event(f"an open hour's health rows: {con.execute('SELECT count(*) FROM now_hours').fetchone()[0] > 0}")
         whole = (at(0).replace(minute=0, second=0), at(fleet["now"] + 3600).replace(minute=0, second=0))
         for lo, hi in ((at(a), at(b)), (at(a), at(m)), (at(m), at(b)), whole):
             bad = compare(con, Params(lo, hi))
@@ -277,3 +279,40 @@ def test_an_upkeep_pass_builds_the_newest_health_summaries_first_and_a_bounded_n
     w.close()
     assert [len(s) for s in seen] == [2, 4, 6, 6]
     assert seen[0] == seen[2][-2:] and seen[1] == seen[2][-4:]  # the newest first
+
+
+def test_an_open_hours_health_comes_from_its_summary_then_the_minutes_after(tmp_path):
+    """Upkeep keeps the open hour's summary current with its health rows (the entry's "now"
+    file): a window ending in the open hour reads raw only the minutes after that summary ends,
+    with the raw figures (counters that pass the window's first value and XID codes on both
+    sides of its end: one hour, two parts). The reader taking it to end a bucket later or
+    earlier than it does fails the comparison. An open hour's file of the format before (run
+    facts only) is read raw, and rebuilt by the next upkeep pass."""
+    end = 3 * 3600 + 50 * 60
+    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, end, 30)]}
+                      for g in range(4)], "jobs": [], "cuts": [0, 3600, end], "now": end}
+    con = store(tmp_path, fleet, 11, (2, True), end)
+    (hour, ends), = con.execute("SELECT hour, ends FROM now_hours").fetchall()
+    assert hour == at(3 * 3600) and at(3 * 3600) < ends < at(end)  # the open hour, summarised up to its settled buckets
+    windows = [Params(at(0), at(end)), Params(at(3 * 3600), at(end)), Params(at(2 * 3600 + 17), at(end - 7))]
+    for p in windows:
+        assert (hour, ends) in health._summarised_hours(con.cursor(), p)
+        bad = compare(con, p)
+        assert not bad, (p, "\n".join(bad))
+    assert not compare_now(con, windows[0], end, 3 * 3600)
+    for off in ("+", "-"):
+        planted = open_reader(tmp_path)
+        planted.execute(f"UPDATE now_hours SET ends = ends {off} INTERVAL 5 MINUTE")
+        assert compare(planted, windows[0]), off
+    manifest = tmp_path / "manifest.json"
+    m = json.loads(manifest.read_text())
+    opened, = [e for e in m["summaries"] if e.get("to")]
+    opened["now_format"] = 2
+    manifest.write_text(json.dumps(m))
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT count(*) FROM now_hours").fetchone()[0] == 0
+    assert not compare(con, windows[0]) and not compare_now(con, windows[0], end, 3 * 3600)
+    w = StoreWriter(tmp_path)
+    compact(w, at(end), SummaryParams(max_gap_s=MAX_GAP))
+    w.close()
+    assert open_reader(tmp_path).execute("SELECT hour, ends FROM now_hours").fetchall() == [(hour, ends)]
