@@ -386,9 +386,14 @@ class Analysis:
         idle = self.waste_by("job", "idle").rename({"gpus": "idle_gpus", "gpu_h": "idle_gpu_h", "cost": "idle_cost"})
         if idle.is_empty():
             return idle
-        jobs = self.q(sql.JOB_RUNTIMES)
-        ranked = idle.join(jobs, on=["cluster", "scheduler", "job_key"], how="left")
-        return ranked.sort(["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True).head(n)
+        order = dict(by=["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True)
+        top = idle.sort(**order).head(n)  # (then their runtimes: not every job's)
+        self.con.register("_jobs", top.select("cluster", "scheduler", "job_key").to_arrow())
+        try:
+            jobs = self.q(sql.JOB_RUNTIMES)
+        finally:
+            self.con.unregister("_jobs")
+        return top.join(jobs, on=["cluster", "scheduler", "job_key"], how="left").sort(**order)
 
     def totals(self) -> Totals:
         if self.job_filtered:

@@ -343,7 +343,9 @@ def job_allocated_by(keys: Sequence[str]) -> str:
 
 
 # each job's GPUs, run time and allocated GPU-hours, for the ranking of wasteful jobs
-JOB_RUNTIMES = "SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h FROM ja"
+# ... of the jobs in _jobs (cluster, scheduler, job_key)
+JOB_RUNTIMES = """SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h
+FROM ja SEMI JOIN _jobs USING (cluster, scheduler, job_key)"""
 
 ALLOCATED_GPU_H_TOTAL = "SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ja"
 
