@@ -61,16 +61,17 @@ def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.
         cur.close()
 
 
-def _summarised_hours(cur: duckdb.DuckDBPyConnection, params: Params) -> list[tuple[datetime, datetime]]:
-    """The window's hours whose health summaries the store has, each with where its summary ends:
-    the hour's end, or for an open hour's summary (upkeep keeps one current) where it ends now."""
-    return [(r[0], r[1]) for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
+def _summarised_hours(cur: duckdb.DuckDBPyConnection, params: Params) -> list[tuple[datetime, datetime, bool]]:
+    """The window's hours whose health summaries the store has, each with where its summary ends
+    and whether it is an open hour's (upkeep keeps one current; its rows are in gpu_now_hours):
+    the hour's end, or where the open hour's summary ends now."""
+    return [tuple(r) for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
 
 
-def _raw_stretches(start: datetime, end: datetime, hours: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
-    """The parts of [start, end) the summarised `hours` ((hour, ends), sorted, inside it) leave."""
+def _raw_stretches(start: datetime, end: datetime, hours: list[tuple[datetime, datetime, bool]]) -> list[tuple[datetime, datetime]]:
+    """The parts of [start, end) the summarised `hours` ((hour, ends, open), sorted, inside it) leave."""
     out, at = [], start
-    for h, ends in hours:
+    for h, ends, _ in hours:
         if h > at:
             out.append((at, h))
         at = ends
@@ -90,11 +91,11 @@ def _from_hours(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str,
         hours = _summarised_hours(cur, params)
         if not hours:
             return None
-        b = _binds(params, hours=[h for h, ends in hours if ends == h + HOUR], open_hours=[h for h, ends in hours if ends < h + HOUR])
+        b = _binds(params, hours=[h for h, _, is_open in hours if not is_open], open_hours=[h for h, _, is_open in hours if is_open])
         stretches = _raw_stretches(params.start, params.end, hours) or [(params.start, params.start)]
         if len(stretches) > MAX_STRETCHES:  # (an open hour's minutes after its summary: a stretch of its own)
-            after_open = [(ends, min(h + HOUR, params.end)) for h, ends in hours if ends < min(h + HOUR, params.end)]
-            raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS_OUTSIDE, {**b, "hours": [h for h, _ in hours]}),
+            after_open = [(ends, min(h + HOUR, params.end)) for h, ends, _ in hours if ends < min(h + HOUR, params.end)]
+            raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS_OUTSIDE, {**b, "hours": [h for h, _, _ in hours]}),
                                     *(_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in after_open)])
         else:
             raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in stretches])

@@ -912,9 +912,9 @@ ORDER BY ts DESC, cluster, host, gpu, kind
 # Hours of [$start, $end) whose health summaries stand for the store's samples: whole ones, and open
 # ones (without a whole hour's) up to where their summary ends, inside the window too
 HEALTH_HOURS_IN = """
-SELECT hour, hour + INTERVAL 1 HOUR AS ends FROM health_hours WHERE hour >= $start AND hour + INTERVAL 1 HOUR <= $end
+SELECT hour, hour + INTERVAL 1 HOUR AS ends, false AS open FROM health_hours WHERE hour >= $start AND hour + INTERVAL 1 HOUR <= $end
 UNION ALL
-SELECT hour, ends FROM now_hours
+SELECT hour, ends, true FROM now_hours
 WHERE hour >= $start AND ends <= $end AND ends > hour AND hour NOT IN (SELECT hour FROM health_hours)
 ORDER BY hour"""
 

@@ -296,7 +296,7 @@ def test_an_open_hours_health_comes_from_its_summary_then_the_minutes_after(tmp_
     assert hour == at(3 * 3600) and at(3 * 3600) < ends < at(end)  # the open hour, summarised up to its settled buckets
     windows = [Params(at(0), at(end)), Params(at(3 * 3600), at(end)), Params(at(2 * 3600 + 17), at(end - 7))]
     for p in windows:
-        assert (hour, ends) in health._summarised_hours(con.cursor(), p)
+        assert (hour, ends, True) in health._summarised_hours(con.cursor(), p)
         bad = compare(con, p)
         assert not bad, (p, "\n".join(bad))
     assert not compare_now(con, windows[0], end, 3 * 3600)
