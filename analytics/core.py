@@ -217,16 +217,16 @@ class Analysis:
         """gid, alloc_data_s: each GPU's data seconds in [s, e) (epoch us) while any job held it -
         its allocations' union, overlapping or touching ones (a shared GPU, a mapping that outlives
         its job by max_gap) as one, so a second holder is not counted twice (the rule of
-        tests/support/oracle_sql.HELD), merged in arrays: a sort of the allocations, no SQL window."""
-        al = self._alv.filter(pl.col("gid").is_not_null())  # a GPU with no sample holds no data
-        gid = al["gid"].to_numpy().astype(np.int64)
-        a0 = np.maximum(al["a0"].dt.epoch("us").to_numpy(), s)
-        a1 = np.minimum(al["a1"].dt.epoch("us").to_numpy(), e)
-        some = a1 > a0  # the union of the clipped allocations is the clipped union
+        tests/support/oracle_sql.HELD), merged in arrays, no SQL window: in the order the
+        allocations were looked up in (_alv_order: by GPU, then start - the order of their starts
+        is all the merge needs; the running maximum of the ends makes ties' order irrelevant)."""
+        order = self._alv_order
+        gid = self._alv["gid"].fill_null(-1).to_numpy().astype(np.int64)[order]  # (-1: a GPU with no sample holds no data)
+        a0 = np.maximum(self._alv["a0"].dt.epoch("us").to_numpy()[order], s)
+        a1 = np.minimum(self._alv["a1"].dt.epoch("us").to_numpy()[order], e)
+        some = (gid >= 0) & (a1 > a0)  # the union of the clipped allocations is the clipped union
         width = e - s + 1  # keys gid x width + (t - s): one ascending line over every GPU
         k0, k1 = gid[some] * width + (a0[some] - s), gid[some] * width + (a1[some] - s)
-        order = np.lexsort((k1, k0))
-        k0, k1 = k0[order], k1[order]
         if not len(k0):
             return pl.DataFrame(schema={"gid": pl.Int64, "alloc_data_s": pl.Float64})
         reach = np.maximum.accumulate(k1)  # the furthest end so far (of this GPU: keys ascend by GPU)
