@@ -192,11 +192,7 @@ class Analysis:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
         any sample interval overlaps it (then it has pieces, as oracle_sql.PIECES would give)."""
         al = self.q(sql.ALLOCATION_ROWS)
-        self.con.register("_line_ids", self.gt.ids.to_arrow())
-        try:
-            ids = self.q(sql.LINE_ID_HASHES)
-        finally:
-            self.con.unregister("_line_ids")
+        ids = self.q(sql.LINE_ID_HASHES, tables={"_line_ids": self.gt.ids})
         gid = al["gh"].replace_strict(ids["gh"], ids["gid"], default=None, return_dtype=pl.Int64)
         al = al.drop("gh").with_columns(gid=gid)
         g = gid.fill_null(-1).to_numpy()
@@ -279,10 +275,17 @@ class Analysis:
     def _exec(self, query: str) -> None:
         self.con.execute(query, sql.bound(query, self.bind))
 
-    def q(self, query: str, **extra: Any) -> pl.DataFrame:
-        """Run a query with this analysis' bound parameters (plus `extra` ones)."""
+    def q(self, query: str, tables: dict[str, pl.DataFrame] | None = None, **extra: Any) -> pl.DataFrame:
+        """Run a query with this analysis' bound parameters (plus `extra` ones), with `tables`
+        (name -> frame) registered for it alone."""
         names = sql.bound(query, {**self.bind, **extra})
-        return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
+        for name, frame in (tables or {}).items():
+            self.con.register(name, frame.to_arrow())
+        try:
+            return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
+        finally:
+            for name in tables or {}:
+                self.con.unregister(name)
 
     # --- per GPU ---
 
@@ -295,11 +298,7 @@ class Analysis:
     def _per_gpu(self) -> pl.DataFrame:
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
         use = self.gt.per_gpu(s, e).join(self._held_data(s, e), on="gid", how="left")
-        self.con.register("gpu_use", use.to_arrow())
-        try:
-            return self.q(sql.PER_GPU)
-        finally:
-            self.con.unregister("gpu_use")
+        return self.q(sql.PER_GPU, tables={"gpu_use": use})
 
     # --- utilization by a dimension ---
 
@@ -388,11 +387,7 @@ class Analysis:
             return idle
         order = dict(by=["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True)
         top = idle.sort(**order).head(n)  # (then their runtimes: not every job's)
-        self.con.register("_jobs", top.select("cluster", "scheduler", "job_key").to_arrow())
-        try:
-            jobs = self.q(sql.JOB_RUNTIMES)
-        finally:
-            self.con.unregister("_jobs")
+        jobs = self.q(sql.JOB_RUNTIMES, tables={"_jobs": top.select("cluster", "scheduler", "job_key")})
         return top.join(jobs, on=["cluster", "scheduler", "job_key"], how="left").sort(**order)
 
     def totals(self) -> Totals:

@@ -406,8 +406,8 @@ class StoreWriter:
 
     def attach_health(self, hour: str, rel: str, fmt: int, kind: str = "health") -> None:
         """The hour's health summary file (gpufleet.collector.maintenance.summarize_health), or
-        with kind "now" an open hour's run facts, in its summary's entry: it goes when the summary
-        goes. An older one is retired."""
+        with kind "now" an open hour's (of its samples before the summary's end), in its summary's
+        entry: it goes when the summary goes. An older one is retired."""
         e = self.summaries[hour]
         if e.get(kind) and e[kind] != rel:
             self._retired_snapshots.append((e[kind], self.clock()))
@@ -1069,7 +1069,7 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 def _summary_files(entry: dict[str, Any]) -> list[str]:
     """The files a summary's manifest entry owns: its rows and, once built, its health summary
-    (an open hour's: its run facts)."""
+    (an open hour's: its "now")."""
     return [f for f in (entry["file"], entry.get("health"), entry.get("now")) if f]
 
 
@@ -1148,15 +1148,15 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
                 opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
         elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
-    _hour_views(con, "health_hours", "gpu_health_hours", chosen, schema.HEALTH_FILE)
-    _hour_views(con, "now_hours", "gpu_now_hours", opened, schema.HEALTH_FILE, ends=True)
+    _hour_views(con, "health_hours", "gpu_health_hours", chosen)
+    _hour_views(con, "now_hours", "gpu_now_hours", opened, ends=True)
 
 
-def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]], query: str,
+def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]],
                 ends: bool = False) -> None:
     """`table` (hour - with `ends`, where an open hour's summary ends - max_gap and idle
-    threshold) and `view` (the rows of their files; none: an empty table of `query`'s columns)
-    of the hours _health_views picked (hour -> (summary key, files))."""
+    threshold) and `view` (the rows of their files, schema.HEALTH_FILE's; none: an empty table of
+    its columns) of the hours _health_views picked (hour -> (summary key, files))."""
     hours = sorted(picked)
     columns = {"hour": ("TIMESTAMP", hours)}
     if ends:
@@ -1167,7 +1167,7 @@ def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: d
     if files:
         con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:
-        con.execute(f"CREATE TABLE {view} AS {query.format(source='gpu_samples', where='false')}", {"thr": 0.0, "max_gap": 0.0})
+        con.execute(f"CREATE TABLE {view} AS {schema.HEALTH_FILE.format(source='gpu_samples', where='false')}", {"thr": 0.0, "max_gap": 0.0})
 
 
 def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> str:
