@@ -7,7 +7,10 @@ auto-refresh. The pages (dashboards/views/*.py; not "pages/", which Streamlit wo
 multipage folder) are UI only: they call analytics through the
 cached loaders of dashboards/data.py.
 
-    streamlit run dashboards/app.py -- [--config gpufleet.toml] [--store DIR]
+    streamlit run dashboards/app.py -- [--config gpufleet.toml] [--store DIR] [--warm]
+
+--warm (which `gpufleet dashboard` passes) computes the warm_windows presets' figures ahead
+(dashboards/figures.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from gpufleet.dashboards import data, ui
+from gpufleet.dashboards import config as dconfig
+from gpufleet.dashboards import data, figures, ui
 from gpufleet.config import ConfigError
 
 HERE = Path(__file__).resolve().parent
@@ -39,6 +43,10 @@ except ConfigError as e:
     st.error("The dashboard's configuration is not valid:")
     st.code(str(e), language=None)
     st.stop()
+
+if dconfig.warm_asked():  # served by `gpufleet dashboard`: the presets' figures computed ahead
+    ui.log_to_stderr()
+    figures.warmer(settings)
 
 if not ui.sign_in_gate(settings):
     st.stop()

@@ -6,6 +6,7 @@
     store = ""                       # default: [analytics] store, else [collector] store
     refresh_seconds = 60             # auto-refresh when the store has news; 0 turns it off
     default_window = "24h"           # 1h, 6h, 24h, 7d or 30d
+    warm_windows = ["24h", "7d"]     # presets whose figures are computed before anyone asks ([]: none)
     stale_after_seconds = 300        # a GPU's latest sample older than this is "no data"
     memory_limit = ""                # DuckDB memory limit of the dashboard's queries, e.g. "4GB" ("": DuckDB's 80 % of RAM)
     threads = 0                      # DuckDB threads (0: one per core)
@@ -47,6 +48,8 @@ OPTIONS = (
     Option("store", "", "a store directory path, or \"\" for [analytics] store, else [collector] store", lambda v: isinstance(v, str)),
     Option("refresh_seconds", 60, "an integer number of seconds >= 0 (0: no auto-refresh)", integer(0)),
     Option("default_window", "24h", f"one of {', '.join(WINDOWS)}", one_of(*WINDOWS)),
+    Option("warm_windows", ["24h", "7d"], f"a list of windows among {', '.join(WINDOWS)}",
+           lambda v: isinstance(v, list) and all(isinstance(w, str) and w in WINDOWS for w in v)),
     Option("stale_after_seconds", 300, "an integer number of seconds >= 1", integer(1)),
     Option("memory_limit", "", 'a DuckDB size like "4GB", or "" for DuckDB\'s default',
            lambda v: isinstance(v, str) and (v == "" or re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", v) is not None)),
@@ -137,3 +140,9 @@ def app_arguments(argv: Sequence[str] | None = None) -> tuple[str | None, str | 
     p.add_argument("--store")
     args, _ = p.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     return args.config or os.environ.get(ENV_CONFIG) or None, args.store or os.environ.get(ENV_STORE) or None
+
+
+def warm_asked(argv: Sequence[str] | None = None) -> bool:
+    """Whether the app was started to serve (`gpufleet dashboard` passes --warm): only then does
+    it compute the warm_windows' figures in the background (dashboards/figures.py)."""
+    return "--warm" in (sys.argv[1:] if argv is None else argv)

@@ -6,6 +6,8 @@
 - One gpufleet.analytics.core.Analysis per window and filters computes everything the Utilization, Jobs,
   Teams, Waste and MFU pages show (`window_bundle`), kept with st.cache_data; the Analysis
   itself (large temporary tables) is dropped as soon as the bundle is made.
+  The pages get it through dashboards/figures.py, whose warmer computes the configured presets'
+  bundles ahead in the served app.
 - Cache keys are plain tuples holding every input of a figure: store, window, filters and a
   fingerprint of the configuration. A relative window ("the last 24 h", `Window`) also carries
   the number of its reuse period (step_for: longer for longer windows): its figures are computed

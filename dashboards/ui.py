@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Callable
@@ -296,6 +297,18 @@ def _parse_time(text: str) -> datetime | None:
         return parse_time(text.strip())
     except (ConfigError, ValueError):
         return None
+
+
+@st.cache_resource(show_spinner=False)
+def log_to_stderr() -> None:
+    """gpufleet's own log lines (the warmer's, a failing figure's) on the served dashboard's
+    stderr, once per process, in the format of `gpufleet`'s other commands."""
+    logger = logging.getLogger("gpufleet")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def sidebar() -> Context:

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from gpufleet.dashboards import data, ui
+from gpufleet.dashboards import data, figures, ui
 
 VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
 LIST_COLUMNS = ("job_id", "name", "user_name", "account", "partition", "state", "gpus", "start", "end", "runtime_h",
@@ -88,7 +88,7 @@ def report(window, job: dict, mfu: pl.DataFrame | None, mfu_note: str | None) ->
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = data.window_bundle(w.key)
+    b = figures.for_window(w)
     ui.window_caption(b.window)
     jobs = b.jobs
     if jobs.is_empty():

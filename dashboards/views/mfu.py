@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gpufleet.dashboards import data, ui
+from gpufleet.dashboards import figures, ui
 
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = data.window_bundle(w.key)
+    b = figures.for_window(w)
     ui.window_caption(b.window)
     if b.mfu is None:
         st.error("The MFU figures could not be computed for this window. The dashboard's log has the details.")

@@ -8,7 +8,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import fairness
-from gpufleet.dashboards import data, ui
+from gpufleet.dashboards import figures, ui
 
 SHARE_LABELS = {"active_share": "entitled (among accounts with demand)", "used_share": "used"}
 
@@ -26,7 +26,7 @@ def share_chart(acc: pl.DataFrame) -> alt.Chart:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = data.window_bundle(w.key)
+    b = figures.for_window(w)
     ui.window_caption(b.window)
     if b.fairness is None:
         st.error("The fairness figures could not be computed for this window. The dashboard's log has the details.")

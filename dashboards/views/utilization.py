@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from gpufleet.dashboards import data, ui
+from gpufleet.dashboards import figures, ui
 
 BY = {"fleet": "whole fleet", "cluster": "cluster", "partition": "partition / namespace", "account": "account / team",
       "user_name": "user", "model": "GPU model"}
@@ -58,7 +58,7 @@ def body(ctx: ui.Context) -> None:
     choice = st.segmented_control("Group by (partition = namespace on Kubernetes, account = team)", list(CHOICES), default="fleet",
                                   key="by", bind="query-params")
     by = CHOICES.get(choice or "fleet", "fleet")
-    b = data.window_bundle(w.key)
+    b = figures.for_window(w)
     t = b.totals
     ui.window_caption(b.window)
     if ui.empty_totals(t):

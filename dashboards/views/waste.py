@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from gpufleet.dashboards import data, ui
+from gpufleet.dashboards import data, figures, ui
 
 TOP = 15
 
@@ -23,7 +23,7 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = data.window_bundle(w.key)
+    b = figures.for_window(w)
     ui.window_caption(b.window)
     t = b.totals
     if ui.empty_totals(t):
