@@ -1047,12 +1047,17 @@ def _health_current(entry: dict[str, Any]) -> bool:
     return bool(entry.get("health")) and entry.get("health_format") == schema.HEALTH_FORMAT_VERSION
 
 
+def _now_current(entry: dict[str, Any]) -> bool:
+    """Has an open hour's summary entry its "now" file (schema.HEALTH_FILE's rows to its end) of this version's format?"""
+    return bool(entry.get("now")) and entry.get("now_format") == schema.NOW_FORMAT_VERSION
+
+
 def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
     """Of the hours that summary entries (a writer's, or the manifests') stand for: how many
     (`summarised`), and how many wait for upkeep to rebuild their summary (`awaiting_rebuild`:
-    written in an older format) or to build their health summary (`health_awaiting_rebuild`:
-    none, or an older format; an open hour's summary, up to its "to", counts as summarised and
-    gets none).
+    written in an older format) or to build their health rows (`health_awaiting_rebuild`: a
+    whole hour's health summary, an open hour's "now" file - missing, or of an older format; an
+    open hour's summary, up to its "to", counts as summarised).
     Readers take those hours from the raw samples meanwhile: the same figures, slower - which the
     Health page and gpufleet_collect_summary_hours (a state per key) say, so it is never silent."""
     hours: set[str] = set()
@@ -1062,7 +1067,7 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
         hours.add(e["hour"])
         if not _summary_current(e):
             old.add(e["hour"])
-        if not _health_current(e) and not e.get("to"):  # (an open hour's summary gets none)
+        if not (_now_current(e) if e.get("to") else _health_current(e)):
             health_old.add(e["hour"])
     return {"summarised": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old)}
 
@@ -1144,7 +1149,7 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
     for key in sorted(by_key):
         entries = by_key[key]
         if key[7]:  # an open hour's summary
-            if key[0] not in opened and all(e.get("now") and e.get("now_format") == schema.NOW_FORMAT_VERSION for _, e in entries):
+            if key[0] not in opened and all(_now_current(e) for _, e in entries):
                 opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
         elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])

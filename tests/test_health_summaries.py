@@ -312,7 +312,9 @@ def test_an_open_hours_health_comes_from_its_summary_then_the_minutes_after(tmp_
     con = open_reader(tmp_path)
     assert con.execute("SELECT count(*) FROM now_hours").fetchone()[0] == 0
     assert not compare(con, windows[0]) and not compare_now(con, windows[0], end, 3 * 3600)
+    assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 1  # the open hour's, read raw: said
     w = StoreWriter(tmp_path)
     compact(w, at(end), SummaryParams(max_gap_s=MAX_GAP))
     w.close()
     assert open_reader(tmp_path).execute("SELECT hour, ends FROM now_hours").fetchall() == [(hour, ends)]
+    assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
