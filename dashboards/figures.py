@@ -58,6 +58,7 @@ class Warmer:
         self.presets = tuple(dict.fromkeys(presets))
         self.clock = clock
         self.errors: dict[str, str] = {}  # preset -> why its last pass failed
+        self.computed: dict[str, dict] = {}  # preset -> its last computation: when, how long, for which window
         self._done: dict[tuple, _Done] = {}  # (store, fingerprint, preset) -> the newest figures
         self._busy: set[tuple] = set()
         self._lock = threading.Lock()
@@ -93,8 +94,9 @@ class Warmer:
                 self._done[key] = _Done(w.epoch, bundle)
             self.errors.pop(preset, None)
             computed.append(preset)
-            log.info("the %s window's figures computed ahead in %.1f s (%s to %s)", preset, time.monotonic() - t0,
-                     bundle.window.start, bundle.window.end)
+            took = time.monotonic() - t0
+            self.computed[preset] = {"computed_at": utcnow(), "took_s": took, "start": bundle.window.start, "end": bundle.window.end}
+            log.info("the %s window's figures computed ahead in %.1f s (%s to %s)", preset, took, bundle.window.start, bundle.window.end)
         return computed
 
     def serve(self, w: data.Window) -> data.Bundle | None:
@@ -108,6 +110,11 @@ class Warmer:
             if done is not None and (done.epoch == w.epoch or (done.epoch == w.epoch - 1 and key in self._busy)):
                 return done.bundle
         return None
+
+    def status(self) -> list[dict]:
+        """One row per preset for the Health page: its last computation and its last failure."""
+        empty = {"computed_at": None, "took_s": None, "start": None, "end": None}
+        return [{"preset": p, **self.computed.get(p, empty), "error": self.errors.get(p)} for p in self.presets]
 
     def seconds_to_next_period(self, now: datetime) -> float:
         """Until the soonest of the presets' next periods starts (a second past it)."""

@@ -104,6 +104,8 @@ def test_a_failing_preset_is_logged_and_the_others_warmed(served, monkeypatch, c
     w = Warmer(["24h", "7d"], clock)
     assert w.warm(data.current_settings()) == ["7d"]
     assert w.errors == {"24h": "OSError: parquet file vanished"} and "24h window's figures ahead failed" in caplog.text
+    assert [(r["preset"], r["error"], r["took_s"] is not None) for r in w.status()] == [
+        ("24h", "OSError: parquet file vanished", False), ("7d", None, True)]  # what the Health page shows
     monkeypatch.setattr(data, "window_bundle", real)
     assert w.warm(data.current_settings()) == ["24h"] and w.errors == {}
 
@@ -123,6 +125,11 @@ def test_the_page_shows_the_warmed_figures_without_computing(served, monkeypatch
     b = w.serve(preset("24h", clock))
     assert {m.label: m.value for m in at.metric}["Allocated"] == ui.gpu_h(b.totals.allocated_gpu_h)
     assert len(made) == n  # the page computed nothing
+    at = at.switch_page("views/health.py").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    shown = at.container("health_warm").dataframe[0].value
+    assert shown["preset"].tolist() == ["24h"] and shown["error"].isna().all()
+    assert shown["end"].iloc[0].to_pydatetime() == b.window.end
 
 
 def test_periods_and_settings():
