@@ -99,15 +99,7 @@ def measure(store: str, start: str, end: str, config: str, start_store: str, sta
     def visit(page: str) -> float:
         if page != "fleet_now" or out["first"]:
             at.switch_page(f"views/{page}.py")
-        t = time.perf_counter()
-        at.run()
-        dt = time.perf_counter() - t
-        if at.exception or at.error:
-            out["problems"].append(f"{page}: " + "; ".join(str(e.value)[:200] for e in [*at.exception, *at.error]))
-        titles = [t.value for t in at.title]
-        if not titles:
-            out["problems"].append(f"{page}: no title rendered")
-        return dt
+        return _timed_run(at, page, out["problems"])
 
     for page, _ in PAGES:
         out["first"][page] = visit(page)
@@ -128,6 +120,18 @@ def measure(store: str, start: str, end: str, config: str, start_store: str, sta
     out["preset"] = _preset_pages(store, end, config)
     out["vmhwm_mib"] = _vmhwm_mib()
     return out
+
+
+def _timed_run(at, page: str, problems: list[str]) -> float:
+    """One script run of `page` (already switched to), timed; an error, exception or missing title noted in `problems`."""
+    t = time.perf_counter()
+    at.run()
+    dt = time.perf_counter() - t
+    if at.exception or at.error:
+        problems.append(f"{page}: " + "; ".join(str(e.value)[:200] for e in [*at.exception, *at.error]))
+    if not at.title:
+        problems.append(f"{page}: no title rendered")
+    return dt
 
 
 def _preset_pages(store: str, end: str, config: str) -> dict:
@@ -153,11 +157,7 @@ def _preset_pages(store: str, end: str, config: str) -> dict:
     progress(f"  the {PRESET} preset's figures computed ahead ({computed}): {res['warm_s']:.1f} s, peak RSS so far {_vmhwm_mib():,.0f} MiB")
     for page in PRESET_PAGES:
         at.switch_page(f"views/{page}.py")
-        t = time.perf_counter()
-        at.run()
-        res["first"][page] = time.perf_counter() - t
-        if at.exception or at.error:
-            res["problems"].append(f"{page}: " + "; ".join(str(e.value)[:200] for e in [*at.exception, *at.error]))
+        res["first"][page] = _timed_run(at, page, res["problems"])
         progress(f"  first load of the warmed {PRESET} preset: {page} {res['first'][page]:.2f} s")
     return res
 

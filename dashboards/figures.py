@@ -66,7 +66,7 @@ class Warmer:
     def warm(self, s: dconfig.Settings) -> list[str]:
         """One pass: every preset whose current period has no figures yet gets them. Returns
         the presets computed; a failing one is logged and kept in `errors`, the others go on."""
-        computed = []
+        this_pass = []
         for preset in self.presets:
             w = data.make_window(s, preset=preset, start=None, end=None, filters=Filters(), now=self.clock())
             key = (w.root, w.fingerprint, preset)
@@ -79,12 +79,11 @@ class Warmer:
             try:
                 bundle = data.window_bundle(w.key)
                 data.previous_baseline(bundle.window.key)
-            except StoreError as e:  # no store yet (the collector has not published): the pages say so
-                log.warning("the %s window's figures not computed ahead: %s", preset, e)
-                self.errors[preset] = f"{type(e).__name__}: {e}"
-                continue
-            except Exception as e:  # noqa: BLE001 - a bad file: logged in full, the pages say it when asked
-                log.exception("computing the %s window's figures ahead failed", preset)
+            except Exception as e:  # noqa: BLE001 - a bad file, no store yet: the pages say it when asked
+                if isinstance(e, StoreError):  # no store yet (the collector has not published): one line
+                    log.warning("the %s window's figures not computed ahead: %s", preset, e)
+                else:
+                    log.exception("computing the %s window's figures ahead failed", preset)
                 self.errors[preset] = f"{type(e).__name__}: {e}"
                 continue
             finally:
@@ -93,11 +92,11 @@ class Warmer:
             with self._lock:
                 self._done[key] = _Done(w.epoch, bundle)
             self.errors.pop(preset, None)
-            computed.append(preset)
+            this_pass.append(preset)
             took = time.monotonic() - t0
             self.computed[preset] = {"computed_at": utcnow(), "took_s": took, "start": bundle.window.start, "end": bundle.window.end}
             log.info("the %s window's figures computed ahead in %.1f s (%s to %s)", preset, took, bundle.window.start, bundle.window.end)
-        return computed
+        return this_pass
 
     def serve(self, w: data.Window) -> data.Bundle | None:
         """`w`'s figures if this warmer has them: this period's, or the previous period's while
@@ -118,7 +117,7 @@ class Warmer:
 
     def seconds_to_next_period(self, now: datetime) -> float:
         """Until the soonest of the presets' next periods starts (a second past it)."""
-        t = (now - datetime(1970, 1, 1)).total_seconds()
+        t = data._epoch_s(now)  # the seconds data.make_window numbers periods by
         steps = [data.step_for(dconfig.WINDOWS[p]).total_seconds() for p in self.presets]
         return min(step - t % step for step in steps) + 1.0
 
