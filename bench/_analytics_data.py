@@ -75,6 +75,7 @@ class Scale:
     gpus: int = 1024
     days: int = 7
     jobs: int = 50_000
+    live: bool = False  # "now" is the window's end: its last hour not compacted, summarised up to its settled buckets
 
     def __post_init__(self) -> None:
         if self.gpus < 8 or self.gpus % 8:
@@ -104,11 +105,17 @@ class Scale:
 
     @property
     def key(self) -> str:
-        return f"{self.gpus}g-{self.days}d-{self.jobs}j-v{GEN_VERSION}"
+        return f"{self.gpus}g-{self.days}d-{self.jobs}j-v{GEN_VERSION}{'-live' if self.live else ''}"
+
+    @property
+    def now(self) -> datetime:
+        """When the store's upkeep last ran: at the window's end when live, else two hours later (every hour closed)."""
+        return self.end if self.live else self.end + timedelta(hours=2)
 
     def describe(self) -> str:
         return (f"{self.gpus:,} GPUs ({self.hosts} hosts x 8 H100), {self.days} d at {STEP} s "
-                f"= {self.samples / 1e6:.1f}M GPU-samples, {self.jobs:,} jobs")
+                f"= {self.samples / 1e6:.1f}M GPU-samples, {self.jobs:,} jobs"
+                + (", live (the last hour open: not compacted, summarised up to its settled buckets)" if self.live else ""))
 
 
 def host_name(h: int) -> str:
@@ -342,7 +349,10 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
                 for h in range(24):
                     rows += w.commit(Batch(key=f"bench/{date:%Y-%m-%d}/{h:02d}/hosts-{group:02d}",
                                            samples=t.filter(pc.equal(hour, h)))).samples_written
-            hours, _ = compact_hours(w, date + timedelta(days=1) + SETTLE + timedelta(seconds=1))
+            # (live: the last day's compaction runs at the window's end, as the collector's would, so
+            # its last hour stays in the files its rounds wrote)
+            last = scale.live and day == scale.days - 1
+            hours, _ = compact_hours(w, scale.now if last else date + timedelta(days=1) + SETTLE + timedelta(seconds=1))
             progress(f"  day {day + 1}/{scale.days}: {rows / 1e6:.1f}M samples so far, {hours} hours compacted "
                      f"({time.monotonic() - t0:.0f} s)")
         w.commit(Batch(key="bench/jobs", jobs=jobs, allocations=allocs, gpus=inventory))
@@ -387,9 +397,9 @@ def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tu
     if cached and health_mark.exists():
         return float(mark.read_text().split()[0]), False
     t0 = time.monotonic()
-    w = StoreWriter(store, clock=lambda: scale.end + timedelta(hours=2))
+    w = StoreWriter(store, clock=lambda: scale.now)
     try:
-        n = 0 if cached else summarize(w, scale.end + timedelta(hours=2), p)
+        n = 0 if cached else summarize(w, scale.now, p)
         h = summarize_health(w)
         w.publish()
     finally:

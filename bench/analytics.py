@@ -22,6 +22,9 @@ Knobs (environment):
   GPUFLEET_BENCH_GPUS=1024         GPUs in the fleet (a multiple of 8: hosts of 8 GPUs)
   GPUFLEET_BENCH_DAYS=7            days of samples; the analysed window is all of them
   GPUFLEET_BENCH_JOBS=50000        jobs over the window
+  GPUFLEET_BENCH_LIVE=0            1: a live store (a store of its own): "now" is the window's end, so its last hour is
+                                   open as the collector leaves it - its samples in the files the rounds wrote, its
+                                   summary and health file up to the last settled bucket (23:50), raw after that
   GPUFLEET_BENCH_PROM_GPUS=all     GPUs loaded into Prometheus: the whole fleet, or fewer (whole hosts
                                    spread over the fleet, the whole window) for a quicker first run;
                                    0 skips the comparison
@@ -55,7 +58,8 @@ import polars as pl
 from bench._analytics_data import STEP, Scale, ensure_store, ensure_summaries, host_name
 from bench._common import ROOT, Table, _children, _stop, env_number, free_port, measure_child, progress, raw_side_fits
 
-SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
+SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)),
+              live=bool(env_number("GPUFLEET_BENCH_LIVE", 0)))
 PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_QUERY_RUNS", 5)))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
@@ -158,7 +162,8 @@ def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table
         f"(spills to a temp directory beyond it); machine: {os.cpu_count()} cores, load average {m['load'][0]:.1f} before / {m['load'][1]:.1f} after",
         "wall time is what a user waits on a shared machine; CPU time is the steadier figure when other work competes for the cores",
         f"store: {'generated in this run' if generated else 'reused'} ({gen_s:.0f} s), {store.relative_to(ROOT) if store.is_relative_to(ROOT) else store} "
-        "(each hour's samples in one file, as the collector's compaction leaves them); "
+        "(each hour's samples in one file, as the collector's compaction leaves them"
+        f"{'; the open last hour in the files its rounds wrote, one per 16 hosts' if SCALE.live else ''}); "
         "set GPUFLEET_BENCH_GPUS / _DAYS / _JOBS for another scale",
     ]
     return t
@@ -442,6 +447,9 @@ def compare_prometheus(store: Path) -> Table:
     t = Table(f"analytics: per-GPU mean utilization over {SCALE.days} d, {gpus} GPUs ({samples / 1e6:.1f}M samples): PromQL vs gpufleet")
     if PROM_GPUS <= 0:
         t.notes.append("skipped: GPUFLEET_BENCH_PROM_GPUS=0")
+        return t
+    if SCALE.live:
+        t.notes.append("skipped: a live store (GPUFLEET_BENCH_LIVE=1) has no rollups of its open hour yet; compared on the closed store")
         return t
     if not (shutil.which("prometheus") and shutil.which("promtool")):
         t.add("Prometheus comparison", "not run: prometheus/promtool not installed (apt-get install prometheus)", f">= {SPEEDUP_GOAL:g}x", False)

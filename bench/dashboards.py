@@ -24,7 +24,8 @@ What is timed is the page's script run on the server (what grows with the data);
 drawing of the elements is not (tests/test_dashboard_browser.py loads every page in Chromium).
 
 Knobs (environment):
-  GPUFLEET_BENCH_GPUS / _DAYS / _JOBS / _CACHE   the fleet, as bench/analytics.py (1024 / 7 / 50000)
+  GPUFLEET_BENCH_GPUS / _DAYS / _JOBS / _LIVE / _CACHE   the fleet, as bench/analytics.py (1024 / 7 / 50000 / 0;
+                                   _LIVE=1: its last hour open, as the dashboards meet a store at "now")
   GPUFLEET_BENCH_DASH_DAYS=0       analyse only the last N days of the data (0: the whole window)
   GPUFLEET_BENCH_DASH_RUNS=5       warm runs per page
   GPUFLEET_BENCH_MEMORY_LIMIT=3GB  the dashboard's DuckDB memory_limit ([dashboard] memory_limit)
@@ -189,7 +190,7 @@ def run() -> list[Table]:
     from bench._analytics_data import Scale, ensure_store, ensure_summaries
 
     scale = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)),
-                  int(env_number("GPUFLEET_BENCH_JOBS", 50_000)))
+                  int(env_number("GPUFLEET_BENCH_JOBS", 50_000)), live=bool(env_number("GPUFLEET_BENCH_LIVE", 0)))
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
     progress(f"store: {scale.describe()} (generated once under {cache})")
     t0 = time.monotonic()
