@@ -271,7 +271,9 @@ def pages_table(store: Path) -> Table:
         "grain leaves them: the hours they cut are read raw, the rest from the hourly health summaries",
         "Fleet now takes the look-back's whole summarised hours from their run facts (written with the health summaries) and reads "
         "raw samples for the last, open hour only (the look-back starts on the hour); the dashboards ask it again every 10 s. The bench store's "
-        "sample files are one per hour, as compaction leaves them: a raw read of a few minutes opens that hour's file",
+        "sample files are one per hour, as compaction leaves them: a raw read of a few minutes opens that hour's file"
+        + ("; the live store's open hour is in the files its rounds wrote, summarised up to 23:50 (its health rows and run facts: "
+           "the \"now\" file), so both pages read raw its last 10 minutes only" if SCALE.live else ""),
         "the bench fleet reports no temperatures, XIDs or ECC errors (hence no events): real data also pays for reading those columns",
     ]
     return t
