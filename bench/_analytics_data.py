@@ -39,6 +39,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench._common import env_number
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter
@@ -116,6 +117,12 @@ class Scale:
         return (f"{self.gpus:,} GPUs ({self.hosts} hosts x 8 H100), {self.days} d at {STEP} s "
                 f"= {self.samples / 1e6:.1f}M GPU-samples, {self.jobs:,} jobs"
                 + (", live (the last hour open: not compacted, summarised up to its settled buckets)" if self.live else ""))
+
+
+def scale_from_env() -> Scale:
+    """The fleet the benches generate and measure: GPUFLEET_BENCH_GPUS / _DAYS / _JOBS / _LIVE."""
+    return Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)),
+                 int(env_number("GPUFLEET_BENCH_JOBS", 50_000)), live=bool(env_number("GPUFLEET_BENCH_LIVE", 0)))
 
 
 def host_name(h: int) -> str:

@@ -55,11 +55,10 @@ from pathlib import Path
 
 import polars as pl
 
-from bench._analytics_data import STEP, Scale, ensure_store, ensure_summaries, host_name
+from bench._analytics_data import HOSTS_PER_GROUP, STEP, ensure_store, ensure_summaries, host_name, scale_from_env
 from bench._common import ROOT, Table, _children, _stop, env_number, free_port, measure_child, progress, raw_side_fits
 
-SCALE = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)), int(env_number("GPUFLEET_BENCH_JOBS", 50_000)),
-              live=bool(env_number("GPUFLEET_BENCH_LIVE", 0)))
+SCALE = scale_from_env()
 PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_QUERY_RUNS", 5)))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
@@ -163,7 +162,7 @@ def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table
         "wall time is what a user waits on a shared machine; CPU time is the steadier figure when other work competes for the cores",
         f"store: {'generated in this run' if generated else 'reused'} ({gen_s:.0f} s), {store.relative_to(ROOT) if store.is_relative_to(ROOT) else store} "
         "(each hour's samples in one file, as the collector's compaction leaves them"
-        f"{'; the open last hour in the files its rounds wrote, one per 16 hosts' if SCALE.live else ''}); "
+        f"{f'; the open last hour in the files its rounds wrote, one per {HOSTS_PER_GROUP} hosts' if SCALE.live else ''}); "
         "set GPUFLEET_BENCH_GPUS / _DAYS / _JOBS for another scale",
     ]
     return t

@@ -187,10 +187,9 @@ def _child(store: Path, start, end, tmp: str, summaries: bool, start_store: Path
 
 
 def run() -> list[Table]:
-    from bench._analytics_data import Scale, ensure_store, ensure_summaries
+    from bench._analytics_data import Scale, ensure_store, ensure_summaries, scale_from_env
 
-    scale = Scale(int(env_number("GPUFLEET_BENCH_GPUS", 1024)), int(env_number("GPUFLEET_BENCH_DAYS", 7)),
-                  int(env_number("GPUFLEET_BENCH_JOBS", 50_000)), live=bool(env_number("GPUFLEET_BENCH_LIVE", 0)))
+    scale = scale_from_env()
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
     progress(f"store: {scale.describe()} (generated once under {cache})")
     t0 = time.monotonic()

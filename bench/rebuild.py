@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 
 from bench._analytics_data import ensure_store
@@ -41,7 +40,7 @@ def _copy(store: Path, dst: Path) -> Path:
 
 
 def _measure(store: Path, scheduler: str = "") -> dict:
-    argv = [str(store), (SCALE.end + timedelta(hours=2)).isoformat(), str(THRESHOLD)]
+    argv = [str(store), SCALE.now.isoformat(), str(THRESHOLD)]
     if scheduler:
         argv += ["--scheduler", scheduler, "--shards", str(SHARDS)]
     return measure_child("bench._rebuild_measure", argv, timeout=7200)
