@@ -433,8 +433,8 @@ def _variants(con: Any, bind: dict[str, Any], hashes: np.ndarray) -> pl.DataFram
     if out["gpu_uuid"].null_count() and out.filter(pl.col("gpu_uuid").is_null() & pl.col("cluster").is_null()).height:
         raise RuntimeError("a sample hash names no GPU")  # cannot happen: the hashes come from these rows
     # gid in the store files' order (cluster, host, GPU): the rows of a file, a batch of them, then
-    # come in ascending keys, which the line's sorts and look-ups run over far faster than keys in
-    # the hashes' random order
+    # come in ascending keys, which the line's sorts and look-ups run over with better locality than
+    # keys in the hashes' random order (the 16,384-GPU week: 10.0-12.3 s against 11.1-13.6 s)
     gid = out.select("cluster", "host", "gpu_uuid", "gi").unique().sort(
         ["cluster", "host", "gpu_uuid", "gi"], nulls_last=True).with_row_index("gid")
     out = out.join(gid, on=["cluster", "host", "gpu_uuid", "gi"], how="left", nulls_equal=True).sort("vid")

@@ -187,10 +187,8 @@ def _child(store: Path, start, end, tmp: str, summaries: bool, start_store: Path
 
 
 def run() -> list[Table]:
-    from bench._analytics_data import Scale, ensure_store, ensure_summaries, scale_from_env
-
-    scale = scale_from_env()
-    cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
+    from bench._analytics_data import Scale, ensure_store, ensure_summaries
+    from bench.analytics import CACHE as cache, SCALE as scale
     progress(f"store: {scale.describe()} (generated once under {cache})")
     t0 = time.monotonic()
     store, generated = ensure_store(scale, cache, progress)
