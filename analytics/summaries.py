@@ -28,12 +28,18 @@ edges) are answered by the line built again with the buckets they fall in read r
 GPU (exact; a few buckets per look-up time).
 Reads: the summary rows of the window (GPUs x buckets) and the raw samples of the raw buckets and
 their neighbours (a bucket's intervals depend on samples up to max_gap either side), never the
-window's samples.
+window's samples. An hour none of whose buckets is read raw and inside which no look-up falls
+for every GPU (the grid, the window's edges) is read from its joined segments instead
+(gpufleet.collector.summaries.coarsen: the hour's segments joined at write time between the
+allocation edges the writer knew; a few rows per GPU-hour instead of 12+); an allocation edge
+that falls inside one (learnt of later) is found on the built line as for the buckets, and its
+hour read from the buckets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -168,46 +174,60 @@ def _merge(seg: dict[str, np.ndarray], starts: np.ndarray, b: int) -> tuple[dict
 
 
 def _run_pieces(rows: pl.DataFrame, keep: np.ndarray, seg: dict[str, np.ndarray], kind: str,
-                skip: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], bool]:
+                skip: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The run pieces (h, a0, a1; epoch us) the summary rows `keep` of `rows` (their
     segments: `seg`) record for kind "idle" or "nop": the whole segment when it is in the run
     throughout, else the run touching its start, the one touching its end, and the runs inside
     it (gpufleet.collector.summaries.bucket_facts) - none of the segments `skip` leaves out (in
-    GPU-buckets read raw). And whether they are in row order (each row's head, then its tail):
-    true unless some row has runs inside it."""
+    GPU-buckets read raw). In row order - each row's head, its inner runs, its tail - so the
+    pieces of rows in time order chain in one pass (_chain in_order), no sort."""
     head, tail = rows[f"{kind}_head_us"].to_numpy(), rows[f"{kind}_tail_us"].to_numpy()
     if not keep.all():
         head, tail = head[keep], tail[keep]
     h, s0, s1 = seg["h"], seg["s0"], seg["s1"]
-    # the rows with a run at their start, and those with one at their end (a whole segment is its
-    # head), each piece placed in row order: a row's head, then its tail
+    # the rows with a run at their start, and those with one at their end (a whole segment is its head)
     has_h, has_t = head > 0, (tail > 0) & (head != s1 - s0)
     if skip is not None:
         has_h &= ~skip
         has_t &= ~skip
     ih, it = np.flatnonzero(has_h), np.flatnonzero(has_t)
-    per_row = has_h.view(np.uint8) + has_t.view(np.uint8)
-    first = np.cumsum(per_row, dtype=np.int64)
-    first -= per_row  # a row's first piece: after the pieces of the rows before it
-    at_h, at_t = first[ih], first[it] + has_h[it]
-    out = {}
-    for c, x_h, x_t, t in (("h", h[ih], h[it], np.uint64),
-                           ("a0", s0[ih], s1[it] - tail[it], np.int64), ("a1", s0[ih] + head[ih], s1[it], np.int64)):
-        v = np.empty(len(ih) + len(it), dtype=t)
-        v[at_h], v[at_t] = x_h, x_t
-        out[c] = [v]
-    # none where the bucket is not longer than what a run must last (then the rows have no lists)
+    # the runs inside a row, by row (no lists where the bucket is not longer than what a run must
+    # last; the hours' joined segments have them)
+    ri = np.zeros(0, dtype=np.int64)
+    n_in = None
     runs = rows[f"{kind}_runs"] if f"{kind}_runs" in rows.columns else None
-    in_order = runs is None or not runs.list.len().filter(pl.Series(keep)).sum()
-    if not in_order:
-        inner = rows.filter(pl.Series(keep)).select("h", "b0", runs.alias("runs"))
-        if skip is not None:
-            inner = inner.filter(~pl.Series(skip))
-        inner = inner.explode("runs").drop_nulls("runs").unnest("runs")
-        for c, x in (("h", inner["h"]), ("a0", inner["b0"] + inner["r0_us"]), ("a1", inner["b0"] + inner["r1_us"])):
-            out[c].append(x.to_numpy())
-    return {c: (xs[0] if len(xs) == 1 else np.concatenate(xs)).astype(np.uint64 if c == "h" else np.int64, copy=False)
-            for c, xs in out.items()}, in_order
+    if runs is not None:
+        if not keep.all():
+            runs = runs.filter(pl.Series(keep))
+        lens = runs.list.len().fill_null(0).to_numpy()
+        if lens.any():
+            flat = runs.filter(pl.Series(lens > 0)).explode().struct
+            ri = np.repeat(np.arange(len(lens)), lens)
+            b0 = rows["b0"].to_numpy()
+            b0 = (b0 if keep.all() else b0[keep])[ri]
+            r0, r1 = b0 + flat.field("r0_us").to_numpy(), b0 + flat.field("r1_us").to_numpy()
+            if skip is not None and skip[ri].any():
+                m = ~skip[ri]
+                ri, r0, r1 = ri[m], r0[m], r1[m]
+            n_in = np.bincount(ri, minlength=len(lens))
+    per_row = has_h.astype(np.int64) + has_t
+    if n_in is not None:
+        per_row += n_in
+    first = np.cumsum(per_row)
+    first -= per_row  # a row's first piece: after the pieces of the rows before it
+    at_h = first[ih]
+    at_t = first[it] + has_h[it] + (n_in[it] if n_in is not None else 0)
+    out = {}
+    cols = [("h", h[ih], h[it], np.uint64), ("a0", s0[ih], s1[it] - tail[it], np.int64), ("a1", s0[ih] + head[ih], s1[it], np.int64)]
+    for c, x_h, x_t, t in cols:
+        v = np.empty(int(first[-1] + per_row[-1]) if len(per_row) else 0, dtype=t)
+        v[at_h], v[at_t] = x_h, x_t
+        out[c] = v
+    if len(ri):
+        j = np.arange(len(ri)) - (np.cumsum(n_in) - n_in)[ri]  # its place among its row's inner runs
+        at_i = first[ri] + has_h[ri] + j
+        out["h"][at_i], out["a0"][at_i], out["a1"][at_i] = h[ri], r0, r1
+    return out
 
 
 def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: bool = False,
@@ -224,8 +244,37 @@ def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: boo
     if hours.is_empty():
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
-    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s).select("hour", "ends"), bucket_s, detail=detail, held=held,
+    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s).select("hour", "ends", "coarse"), bucket_s, detail=detail, held=held,
                        grid_us=grid_us)
+
+
+def _side_by_side_hours(hours: list[datetime]) -> list[list[datetime]]:
+    """Sorted hours in runs of consecutive ones: a query for each reads the files of its span only."""
+    runs: list[list[datetime]] = []
+    for h in hours:
+        if runs and h - runs[-1][-1] == timedelta(hours=1):
+            runs[-1].append(h)
+        else:
+            runs.append([h])
+    return runs
+
+
+def _coarse_hours(hours: pl.DataFrame, b: int, raw_ks: np.ndarray, known_k: np.ndarray, grid0: int | None, grid_us: int | None,
+                  edges: list[int]) -> np.ndarray:
+    """Which of `hours` (hour, ends, coarse) to read as joined segments: those that have them, hold
+    no bucket read raw (raw_ks for every GPU, known_k for one) and no look-up made on every GPU
+    strictly inside (the window's `edges`, the grid's points from grid0 every grid_us)."""
+    h0 = hours["hour"].dt.epoch("us").to_numpy().astype(np.int64, copy=False)
+    ok = hours["coarse"].to_numpy().astype(bool) & (hours["ends"].dt.epoch("us").to_numpy() == h0 + HOUR_US)
+    for ks in (raw_ks, known_k):
+        if len(ks):
+            ok &= ~np.isin(h0 // HOUR_US, np.unique(ks * b // HOUR_US))
+    for t in edges:
+        ok &= ~((h0 < t) & (t < h0 + HOUR_US))
+    if grid_us:
+        after = grid0 + -((grid0 - h0 - 1) // grid_us) * grid_us  # the first grid point after the hour's start
+        ok &= ~(after < h0 + HOUR_US)
+    return ok
 
 
 class SummaryTime(GpuTime):
@@ -280,6 +329,7 @@ class SummaryTime(GpuTime):
         if grid_us:
             on_grid |= (bucket_at - grid0) % grid_us == 0
         spans = []
+        every_cut = cuts.with_columns(k=pl.col("t") // b)  # (one on a bucket's start may fall inside a joined segment)
         cuts = cuts.filter((pl.col("t") % b != 0)).with_columns(k=pl.col("t") // b).filter(
             (pl.col("k") >= kx0) & (pl.col("k") <= kx1) & ~pl.col("k").is_in(list(k_all)))
         raw_ks = np.array(sorted(k_all), dtype=np.int64)
@@ -287,7 +337,14 @@ class SummaryTime(GpuTime):
         known = [x.select(pl.col("gh").cast(pl.UInt64), pl.col("k").cast(pl.Int64)) for x in (bad, known_raw) if x is not None]
         known_gk = pl.concat(known).unique().sort("k") if known else pl.DataFrame(schema={"gh": pl.UInt64, "k": pl.Int64})
         known_k = known_gk["k"].to_numpy()
-        q = sql.summary_rows(inner_runs=bucket_s > bind["min_idle"], detail=detail)
+        # the hours whose joined segments (gpufleet.collector.summaries.coarsen) stand for their
+        # buckets: written, and no bucket of the hour read raw nor a look-up for every GPU inside it
+        # (those come from the buckets' rows); a look-up on one GPU inside a joined segment (an
+        # allocation edge the writer did not know) is found after the build, as for the buckets
+        coarse = _coarse_hours(hours, b, raw_ks, known_k, grid0 if grid_us else None, grid_us,
+                               [epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe])
+        by_level = [(False, hours.filter(~pl.Series(coarse))["hour"].to_list()), (True, hours.filter(pl.Series(coarse))["hour"].to_list())]
+        self.coarse_hours = int(coarse.sum())
         columns = _SEGMENT + (_DETAIL if detail else ())
         segs: list[dict[str, np.ndarray]] = []
         gks: list[pl.DataFrame] = []
@@ -296,7 +353,10 @@ class SummaryTime(GpuTime):
         is_raw[raw_ks - kx0] = True
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
         held_list = None if held is None else [int(x) for x in held]
-        for batch in _batches(con, q, {**bind, "bucket_s": bucket_s, "hours": hours["hour"].to_list(), "held": held_list}):
+        for batch in (batch for level, hs in by_level for run in _side_by_side_hours(hs)
+                      for batch in _batches(con, sql.summary_rows(inner_runs=level or bucket_s > bind["min_idle"], detail=detail, coarse=level),
+                                            {**bind, "bucket_s": bucket_s, "hours": run, "lo": run[0], "hi": run[-1] + timedelta(hours=1),
+                                             "held": held_list})):
             k = batch["b0"].to_numpy() // b
             use = (k >= kx0) & (k <= kx1) & ~is_raw[np.clip(k - kx0, 0, kx1 - kx0)]
             if not use.all():
@@ -326,8 +386,8 @@ class SummaryTime(GpuTime):
             # the run pieces of segments the line takes whole, chained at once where one follows the
             # next in row order (mostly a GPU's hour: its pieces are then a few, not one a bucket)
             for kind in pieces:
-                p, in_order = _run_pieces(batch, keep, seg, kind, skip=alone)
-                pieces[kind].append(_chain(p["a0"], p["a1"], p["h"], gpu=p["h"], in_order=in_order))
+                p = _run_pieces(batch, keep, seg, kind, skip=alone)
+                pieces[kind].append(_chain(p["a0"], p["a1"], p["h"], gpu=p["h"], in_order=True))
             if grid_us:
                 s0, ks = seg["s0"], k if every else k[keep]
                 starts = (s0 != ks * b) | on_grid[ks - kx0]  # off its bucket's start (a writer's cut), or on the grid
@@ -376,7 +436,8 @@ class SummaryTime(GpuTime):
         # GPU variants over both sources, named as the raw path names them (gputime._variants: vid
         # = index into the sorted variant hashes, gid per GPU, equiv by sql.gpu_equiv); rows carry
         # the hashes only, so placing millions of them is integer work, not string joins
-        hashes, seen_gh = _unique_variants([*seen, (raw["h"].to_numpy(), raw["gh"].to_numpy())])  # (sorted by h: vid order)
+        raw_h = raw.select("h", "gh").unique("h")  # (a hash pass: millions of raw rows, a few variants each GPU)
+        hashes, seen_gh = _unique_variants([*seen, (raw_h["h"].to_numpy(), raw_h["gh"].to_numpy())])  # (sorted by h: vid order)
         self.gpus = _variants(con, bind, hashes)
         equiv = self.gpus["equiv"].to_numpy().astype(np.float64)
         gid_of = self.gpus["gid"].to_numpy().astype(np.int64, copy=False)
@@ -459,7 +520,7 @@ class SummaryTime(GpuTime):
         if bad is None:
             # the cuts off the bucket edges that fall inside a whole segment (a cut the writer knew
             # starts one): rare - then the line again, those GPU-buckets read raw
-            at = cuts.join(gh_gid, on="gh", how="inner")
+            at = (every_cut if self.coarse_hours else cuts).join(gh_gid, on="gh", how="inner")
             inside = self._inside_whole(at["gid"].to_numpy(), at["t"].to_numpy())
             self._bad = at.filter(pl.Series(inside)).select("gh", "k").unique()
             if inside.any():

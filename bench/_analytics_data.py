@@ -391,30 +391,34 @@ def ensure_store(scale: Scale, cache: Path, progress=lambda msg: None) -> tuple[
 
 def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:
     """The product's per-GPU summaries of every closed hour of the cached store
-    (gpufleet.collector.maintenance.summarize, default parameters: those of the analysis) and
-    their health summaries, built once; (seconds it took, built now)."""
-    from gpufleet.collector.maintenance import summarize, summarize_health
+    (gpufleet.collector.maintenance.summarize, default parameters: those of the analysis), their
+    health summaries and their hours' joined segments, built once; (seconds it took, built now)."""
+    from gpufleet.collector.maintenance import add_coarse, summarize, summarize_health
     from gpufleet.collector.schema import HEALTH_FORMAT_VERSION
     from gpufleet.collector.summaries import SummaryParams
 
     p = SummaryParams()
     mark = store / f".summaries-{p.tag()}"
     health_mark = store / f".health-{HEALTH_FORMAT_VERSION}"  # a store cached before them gets its health summaries once
+    coarse_mark = store / ".coarse"  # ... and its hours' joined segments (written from the summaries' rows)
     cached = mark.exists()
-    if cached and health_mark.exists():
+    if cached and health_mark.exists() and coarse_mark.exists():
         return float(mark.read_text().split()[0]), False
     t0 = time.monotonic()
     w = StoreWriter(store, clock=lambda: scale.now)
     try:
         n = 0 if cached else summarize(w, scale.now, p)
-        h = summarize_health(w)
+        h = 0 if health_mark.exists() else summarize_health(w)
+        c = add_coarse(w)
         w.publish()
     finally:
         w.close()
     took = time.monotonic() - t0
-    health_mark.write_text(f"{took:.1f} s for {h} hours{'' if cached else ' (with the summaries)'}\n")
+    coarse_mark.write_text(f"{took:.1f} s for {c} hours{'' if cached else ' (with the summaries)'}\n")
+    if not health_mark.exists():
+        health_mark.write_text(f"{took:.1f} s for {h} hours{'' if cached else ' (with the summaries)'}\n")
     if cached:
-        progress(f"  health summaries of {h} hours built in {took:.0f} s")
+        progress(f"  health summaries of {h} hours and joined segments of {c} hours built in {took:.0f} s")
         return float(mark.read_text().split()[0]), False
     progress(f"  summaries of {n} hours and their health summaries built in {took:.0f} s")
     mark.write_text(f"{took:.1f} s for {n} hours\n")

@@ -87,7 +87,7 @@ def main() -> None:
     # after the clock stops
     rows = {"intervals": len(an.gt.t0), "al": an.con.execute("SELECT count(*) FROM al").fetchone()[0],
             "runs_idle": an.gt.runs("idle", an.p.idle_threshold, 0).height, "path": type(an.gt).__name__,
-            "summary_buckets": getattr(an.gt, "summary_buckets", 0), "line_gpus": an.gt.gpus.height, "raw_pieces": getattr(an.gt, "raw_pieces", len(an.gt.t0))}
+            "summary_buckets": getattr(an.gt, "summary_buckets", 0), "coarse_hours": getattr(an.gt, "coarse_hours", 0), "line_gpus": an.gt.gpus.height, "raw_pieces": getattr(an.gt, "raw_pieces", len(an.gt.t0))}
     fleet = util["fleet"].row(0, named=True)
     print("RESULT " + json.dumps({
         "wall_s": wall,

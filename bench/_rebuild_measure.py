@@ -3,7 +3,7 @@
     python -m bench._rebuild_measure STORE NOW THRESHOLD [--scheduler tcp://...] [--shards N]
 
 Rebuilds every summary of STORE for the idle THRESHOLD (gpufleet.collector.maintenance.summarize,
-as `gpufleet collect --rebuild-summaries` does), then their health summaries (summarize_health:
+as `gpufleet collect --rebuild-summaries` does), their hours' joined segments (add_coarse), then their health summaries (summarize_health:
 the rebuilt hours lost theirs), here or on the Dask scheduler. Prints one line, RESULT and a JSON
 document: wall and CPU seconds of this process, its VmHWM, the hours built, and the health
 summaries' wall seconds and hours.
@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from gpufleet.collector.maintenance import summarize, summarize_health
+from gpufleet.collector.maintenance import add_coarse, summarize, summarize_health
 from gpufleet.collector.store import StoreWriter
 from gpufleet.collector.summaries import SummaryParams
 from gpufleet.collector.tasks import TaskRunner
@@ -37,6 +37,7 @@ def main() -> None:
     try:
         tasks = TaskRunner(scheduler=a.scheduler, name="summaries")
         built = summarize(w, now, SummaryParams(idle_threshold=a.threshold), tasks, a.shards)
+        coarse = add_coarse(w)  # the hours' joined segments, from their rows (here, as upkeep writes them)
         t1 = time.perf_counter()
         health = summarize_health(w, None, tasks)
         health_s = time.perf_counter() - t1
@@ -45,7 +46,7 @@ def main() -> None:
         w.close()
     hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:"))
     print("RESULT " + json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "vmhwm_kib": hwm, "built": built,
-                                    "health_s": health_s, "health": health}),
+                                    "coarse": coarse, "health_s": health_s, "health": health}),
           flush=True)
 
 

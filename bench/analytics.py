@@ -122,8 +122,9 @@ def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
           "<= 1e-9", worst <= 1e-9)
     r = summ["rows"]
     t.notes += [
-        f"summaries path: {r['path']}, {r['summary_buckets']:,} entries from summaries (5-minute buckets, cut where a job "
-        f"starts or ends, consecutive ones joined between the times the analysis looks a GPU up) and {r['raw_pieces']:,} raw sample pieces (buckets cut by the window's edges, or by a job the summary "
+        f"summaries path: {r['path']}, {r['summary_buckets']:,} entries from summaries ({r.get('coarse_hours', 0)} hours from their "
+        "joined segments - written with the hour's summary, broken where a job starts or ends - the others from their 5-minute buckets, "
+        f"cut there; consecutive ones joined between the times the analysis looks a GPU up) and {r['raw_pieces']:,} raw sample pieces (buckets cut by the window's edges, or by a job the summary "
         "predates: read raw, with their neighbours; none when the store holds no samples before the window)",
         f"summaries built by the product's upkeep (gpufleet.collector.maintenance.summarize) over the cached store: {build_s:.0f} s "
         f"({'in this run' if built else 'cached'}), each hour from its compacted file (and its neighbours' for the intervals "

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.collector import summaries
-from gpufleet.collector.schema import (ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
+from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
                                       ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
@@ -51,11 +51,13 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
             health_hours: int | None = HEALTH_HOURS_PER_PASS) -> int:
     """Merge each closed hour's files into one and roll it up (compact_hours), then bring the
     per-GPU summaries up to date (summarize, with `params`: the defaults if None; `tasks`,
-    `gpu_shards` and `progress` as there) and their hourly health summaries (summarize_health,
+    `gpu_shards` and `progress` as there), their hours' joined segments (add_coarse) and their
+    hourly health summaries (summarize_health,
     at most `health_hours` of them, None: all; `tasks` and `progress` as there); returns hours
     compacted."""
     done, merged = compact_hours(w, now)
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
+    built += add_coarse(w)
     built += summarize_health(w, health_hours, tasks, progress)
     if done or merged or built:
         w.publish()
@@ -190,12 +192,12 @@ def _day_cuts(w: StoreWriter, day: str, p: summaries.SummaryParams) -> tuple[pa.
     return table, hashlib.blake2b(sink.getvalue().to_pybytes(), digest_size=8).hexdigest()
 
 
-def _cut_digests(w: StoreWriter, hours: list[datetime], p: summaries.SummaryParams) -> dict[str, str]:
-    """Each hour's CUT_DIGESTS digest (hour in ISO form -> digest; an hour with no cut: absent)."""
+def _edge_digests(w: StoreWriter, hours: list[datetime], p: summaries.SummaryParams, query: str = CUT_DIGESTS) -> dict[str, str]:
+    """Each hour's CUT_DIGESTS (or ALIGNED_DIGESTS) digest (hour in ISO form -> digest; an hour with no edge: absent)."""
     if not hours:
         return {}
     lo, hi = epoch_us(min(hours)), epoch_us(max(hours)) + 3_600_000_000
-    rows = w.db.execute(CUT_DIGESTS, {"lo": lo, "hi": hi, "max_gap": p.max_gap_s, "bucket_us": p.bucket_us}).fetchall()
+    rows = w.db.execute(query, {"lo": lo, "hi": hi, "max_gap": p.max_gap_s, "bucket_us": p.bucket_us}).fetchall()
     return {from_epoch_us(h * 3_600_000_000).isoformat(): d for h, d in rows}
 
 
@@ -226,7 +228,7 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     # (hour, where its summary ends: None for the whole hour); an open hour not reaching one bucket: none
     wanted = [(h, None if h + timedelta(hours=1) + SETTLE < now else open_to) for h in sorted(hours)]
     wanted = [(h, to) for h, to in wanted if to is None or to > h]
-    cut_digests = _cut_digests(w, [h for h, _ in wanted], p)
+    cut_digests = _edge_digests(w, [h for h, _ in wanted], p)
     todo: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
     for hour, to in wanted:
         end = to or hour + timedelta(hours=1)
@@ -392,6 +394,35 @@ def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: li
     w.summaries[key] = {"hour": key, "file": rel, "lo": lo.isoformat(), "hi": hi.isoformat(), "tag": tag,
                         "params": asdict(p), "sources": sources, "cuts": cuts, "hash_by": summaries.HASH_BY,
                         **({"format": summaries.OPEN_FORMAT, "to": to.isoformat()} if to else {"format": summaries.FORMAT_VERSION})}
+
+
+def add_coarse(w: StoreWriter) -> int:
+    """Write the joined segments (summaries.coarsen) of every closed hour's current summary that
+    has none - just summarised, or by a version before them - or whose allocation edges on bucket
+    starts changed since (ALIGNED_DIGESTS: an allocation learnt of later; those inside a bucket
+    rebuild the hour instead), from the hour's rows: no sample is read. Returns how many."""
+    closed = [(k, e) for k, e in sorted(w.summaries.items()) if not e.get("to") and e.get("format") == summaries.FORMAT_VERSION]
+    by_params: dict[str, list[tuple[str, dict]]] = {}
+    for k, e in closed:
+        by_params.setdefault(json.dumps(e["params"], sort_keys=True), []).append((k, e))
+    n = 0
+    for params, entries in by_params.items():
+        p = summaries.SummaryParams(**json.loads(params))
+        digests = _edge_digests(w, [datetime.fromisoformat(k) for k, _ in entries], p, ALIGNED_DIGESTS)
+        for key, e in entries:
+            if e.get("coarse") and e.get("aligned", "") == digests.get(key, ""):
+                continue
+            lo = epoch_us(datetime.fromisoformat(key))
+            found = w.db.execute(ALIGNED_EDGES, {"lo": lo, "hi": lo + 3_600_000_000, "max_gap": p.max_gap_s,
+                                                 "bucket_us": p.bucket_us}).fetchnumpy() if key in digests else {}
+            aligned = (found["gh"].astype("uint64"), found["t"].astype("int64")) if found else None
+            rows = pq.read_table(w.root / e["file"], schema=summaries.FILE_SCHEMA)
+            edges = hashlib.blake2b(digests.get(key, "").encode(), digest_size=4).hexdigest()
+            rel = e["file"].replace("/sum-", f"/hsum-{edges}-", 1)
+            write_parquet(summaries.coarsen(rows, p, aligned), w.root / rel)
+            w.attach_coarse(key, rel, digests.get(key, ""))
+            n += 1
+    return n
 
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:

@@ -404,10 +404,22 @@ ORDER BY cluster, host, gpu_uuid, gi, t
 # Per hour (epoch us // 1 h), what of ALLOCATION_EDGES cuts its buckets (the distinct edges
 # strictly inside a bucket of $bucket_us): how many and an order-free digest. An hour whose
 # summary was cut at other edges (an allocation learnt of later) is rebuilt.
-CUT_DIGESTS = f"""
+_EDGE_DIGESTS = f"""
 SELECT t // 3600000000 AS hour, count(*)::VARCHAR || '-' || sum(hash(cluster, host, gpu_uuid, gi, t))::VARCHAR AS digest
-FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi, t FROM ({ALLOCATION_EDGES}) WHERE t % $bucket_us <> 0)
+FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi, t FROM ({ALLOCATION_EDGES}) WHERE t % $bucket_us {{on}} 0)
 GROUP BY 1
+"""
+CUT_DIGESTS = _EDGE_DIGESTS.format(on="<>")
+# ... and of those on a bucket's start (ALIGNED_EDGES): an hour's joined segments broken at others
+# are written again (from its rows: summaries.coarsen)
+ALIGNED_DIGESTS = _EDGE_DIGESTS.format(on="=")
+
+# The allocation edges of [$lo, $hi) on a bucket's start (multiples of $bucket_us), by the GPU's
+# hash as SUMMARY_HASHES gives it (gh): where an hour's joined segments (summaries.coarsen) break
+# though no segment of the hour was cut there
+ALIGNED_EDGES = f"""
+SELECT DISTINCT hash(cluster, host, gpu_uuid, gi::INTEGER) AS gh, t
+FROM ({ALLOCATION_EDGES}) WHERE t % $bucket_us = 0
 """
 
 # An hour's summary rows (_hour, gpufleet.collector.summaries.SCHEMA) with their hashes

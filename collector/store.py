@@ -413,6 +413,15 @@ class StoreWriter:
             self._retired_snapshots.append((e[kind], self.clock()))
         e.update({kind: rel, f"{kind}_format": fmt})
 
+    def attach_coarse(self, hour: str, rel: str, aligned: str) -> None:
+        """The hour's joined segments (gpufleet.collector.maintenance.add_coarse), broken at the
+        allocation edges of digest `aligned`, in its summary's entry: they go when the summary
+        goes. An older file is retired."""
+        e = self.summaries[hour]
+        if e.get("coarse") and e["coarse"] != rel:
+            self._retired_snapshots.append((e["coarse"], self.clock()))
+        e.update(coarse=rel, aligned=aligned)
+
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
         if e is not None:
@@ -1073,9 +1082,9 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def _summary_files(entry: dict[str, Any]) -> list[str]:
-    """The files a summary's manifest entry owns: its rows and, once built, its health summary
-    (an open hour's: its "now")."""
-    return [f for f in (entry["file"], entry.get("health"), entry.get("now")) if f]
+    """The files a summary's manifest entry owns: its rows, a closed hour's joined segments
+    ("coarse") and, once built, its health summary (an open hour's: its "now")."""
+    return [f for f in (entry["file"], entry.get("coarse"), entry.get("health"), entry.get("now")) if f]
 
 
 def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
@@ -1089,7 +1098,8 @@ def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str
 
 
 def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
-    """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries)
+    """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries),
+    gpu_summaries_coarse (their hours' joined segments, where written: summaries.coarsen)
     and summary_hours (one row per summarised hour: its range, where its summary `ends` - the
     hour's end, or for an open hour the end of its last summarised bucket, its entry's "to" - and
     the parameters baked in; shards' open hours count where they all end at the same bucket). A
@@ -1125,14 +1135,18 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         "max_gap_s": ("DOUBLE", [k[2] for k in keys]), "idle_threshold": ("DOUBLE", [k[3] for k in keys]),
         "keep_s": ("DOUBLE", [k[4] for k in keys]), "bucket_s": ("BIGINT", [k[5] for k in keys]),
         "hash_by": ("VARCHAR", [k[6] for k in keys]),
-        "ends": ("TIMESTAMP", [datetime.fromisoformat(k[7]) if k[7] else datetime.fromisoformat(k[0]) + timedelta(hours=1) for k in keys])})
-    files = [str(d / e["file"]) for k in keys for d, e in by_key[k]]
-    if files:
-        con.execute(f"CREATE VIEW gpu_summaries AS SELECT * FROM read_parquet({_sql_list(files)})")
-    else:
-        con.register("_empty_summaries", summaries.FILE_SCHEMA.empty_table())
-        con.execute("CREATE TABLE gpu_summaries AS SELECT * FROM _empty_summaries")
-        con.unregister("_empty_summaries")
+        "ends": ("TIMESTAMP", [datetime.fromisoformat(k[7]) if k[7] else datetime.fromisoformat(k[0]) + timedelta(hours=1) for k in keys]),
+        "coarse": ("BOOLEAN", [all(e.get("coarse") for _, e in by_key[k]) for k in keys])})
+    for view, files in (("gpu_summaries", [str(d / e["file"]) for k in keys for d, e in by_key[k]]),
+                        # an hour's joined segments where every shard wrote them (summaries.coarsen)
+                        ("gpu_summaries_coarse", [str(d / e["coarse"]) for k in keys if all(e.get("coarse") for _, e in by_key[k])
+                                                  for d, e in by_key[k]])):
+        if files:
+            con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
+        else:
+            con.register("_empty_summaries", summaries.FILE_SCHEMA.empty_table())
+            con.execute(f"CREATE TABLE {view} AS SELECT * FROM _empty_summaries")
+            con.unregister("_empty_summaries")
     _health_views(con, by_key)
 
 

@@ -41,6 +41,11 @@ max_gap before it to max_gap after it, so an hour's summary reads the samples of
 current while exactly those files hold samples of that range (the writer drops it when a batch
 lands there, and the next upkeep pass rebuilds it).
 
+A closed hour's rows are also written joined (coarsen: consecutive segments of a GPU variant as
+one row, broken at every allocation edge the writer knows, its inner runs listed down to keep_s),
+beside the hour's file ("coarse" in its manifest entry): what an analysis whose look-ups fall on
+hour edges reads instead of the buckets.
+
 Parameters baked in (max_gap, the idle threshold, keep_s, the bucket) are recorded with every
 hour's summary; an analysis asking for others reads raw samples, and upkeep with other
 parameters rebuilds the summaries from raw.
@@ -284,3 +289,103 @@ def summarize(samples: pa.Table, lo_us: int, hi_us: int, p: SummaryParams,
         tensor_unclocked_s=pa.array(total(np.where(tk & ~ck, tsec, 0.0))),
     )
     return pa.table(cols).cast(SCHEMA)
+
+
+# --- the hour level: an hour's segments joined where no look-up can fall ---
+
+# What a joined segment adds up (the rest: the first segment's, or below)
+_SUMMED = ("covered_us", "data_s", "busy_s", "nop_s", "tensor_s", "tensor_known_s", "energy_j", "power_known_s",
+           "clocked_s", "tensor_clock_s", "tensor_clocked_s", "tensor_unclocked_s")
+
+
+def coarsen(rows: pa.Table, p: SummaryParams, aligned: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
+    """An hour's summary rows (FILE_SCHEMA, by GPU, bucket and segment) with consecutive segments
+    joined into one row, as an analysis joins them between its look-ups
+    (gpufleet.analytics.summaries._merge): same GPU variant (h), back to back, both exact and
+    covered, never across a cut the writer made (a segment starting off its bucket's start), an
+    allocation edge on a bucket's start (`aligned`: GPU hash gh and time in us) or a GPU-bucket
+    holding an inexact row (a reader takes that one raw, so it stays as written). A joined row
+    keeps the first one's bucket (seg0_us / seg1_us are offsets from it, up to the hour) and the
+    idle and no-process runs in the form bucket_facts gives, over the joined segment: the run
+    touching its start, the one touching its end, the runs inside at least keep_s long.
+    A weekly analysis whose look-ups fall on hour edges and allocation edges reads these rows:
+    ~7x fewer than the buckets (16,384 GPUs' week: 4.8M rather than 35M)."""
+    n = rows.num_rows
+    if not n:
+        return rows
+    b = p.bucket_us
+    col = lambda c: rows[c].to_numpy(zero_copy_only=False)  # noqa: E731
+    h, gh = col("h"), col("gh")
+    b0 = rows["bucket"].cast(pa.int64()).to_numpy()
+    s0, s1 = b0 + col("seg0_us"), b0 + col("seg1_us")
+    exact, covered = col("exact"), col("covered_us")
+    k = b0 // b
+    gpu_bucket = gh.astype(np.uint64) ^ (k.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    inexact = np.isin(gpu_bucket, gpu_bucket[~exact])  # every segment of a GPU-bucket holding an inexact row
+    joinable = exact & (covered > 0) & ~inexact
+    joins = np.zeros(n, dtype=bool)  # row i continues the row before it
+    joins[1:] = (joinable[1:] & joinable[:-1] & (gh[1:] == gh[:-1]) & (h[1:] == h[:-1]) & (s0[1:] == s1[:-1])
+                 & (s0[1:] % b == 0))
+    if aligned is not None and len(aligned[1]):
+        edge = aligned[0].astype(np.uint64) ^ (np.asarray(aligned[1], dtype=np.int64).view(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        joins &= ~np.isin(gh.astype(np.uint64) ^ (s0.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)), edge)  # (a shared key: one break more)
+    if not joins.any():
+        return rows
+    at = np.flatnonzero(~joins)
+    last = np.append(at[1:] - 1, n - 1)
+    grp = np.cumsum(~joins) - 1
+    g0, g1 = s0[at], s1[last]
+    out = {c: rows[c].take(pa.array(at)) for c in rows.column_names}
+    for c in _SUMMED:
+        out[c] = pa.array(np.add.reduceat(col(c), at), rows.schema.field(c).type)
+    fb = rows["fb_max_mib"].to_numpy(zero_copy_only=False).astype(np.float64)  # null -> NaN
+    fb = np.fmax.reduceat(fb, at)
+    out["fb_max_mib"] = pa.array(fb, pa.float64(), mask=np.isnan(fb))
+    out["seg1_us"] = pa.array(g1 - b0[at], pa.int64())
+    for kind in ("idle", "nop"):
+        head, tail, inner = _joined_runs(rows, kind, grp, s0, s1, b0, g0, g1, round(p.keep_s * 1e6))
+        out[f"{kind}_head_us"], out[f"{kind}_tail_us"] = pa.array(head, pa.int64()), pa.array(tail, pa.int64())
+        out[f"{kind}_runs"] = pa.array([None if not r else [{"r0_us": a - b0[at[g]], "r1_us": z - b0[at[g]]} for a, z in r]
+                                        for g, r in enumerate(inner)], RUN_TYPE) if any(inner) else pa.nulls(len(at), RUN_TYPE)
+    return pa.table(out, schema=rows.schema)
+
+
+def _joined_runs(rows: pa.Table, kind: str, grp: np.ndarray, s0: np.ndarray, s1: np.ndarray, b0: np.ndarray,
+                 g0: np.ndarray, g1: np.ndarray, keep_us: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """The runs of `kind` over each joined segment [g0, g1) of the rows (group grp): its rows'
+    run pieces (head, inner runs, tail) chained where one ends as the next starts, then in
+    bucket_facts' form (inner runs by absolute time; empty lists: none)."""
+    head = rows[f"{kind}_head_us"].to_numpy()
+    tail = rows[f"{kind}_tail_us"].to_numpy()
+    whole = head == s1 - s0
+    ih, it = np.flatnonzero(head > 0), np.flatnonzero((tail > 0) & ~whole)
+    pg = [grp[ih], grp[it]]
+    pa0, pa1 = [s0[ih], s1[it] - tail[it]], [s0[ih] + head[ih], s1[it]]
+    order_key = [ih * 4, it * 4 + 2]  # a row's head, its inner runs, its tail
+    runs = rows[f"{kind}_runs"]
+    lens = runs.combine_chunks().value_lengths().fill_null(0).to_numpy() if runs.null_count < len(runs) else None
+    if lens is not None and lens.sum():
+        flat = pa.concat_arrays([c.flatten() for c in runs.chunks if len(c)]) if runs.num_chunks > 1 else runs.chunks[0].flatten()
+        ri = np.repeat(np.arange(len(lens)), lens)
+        pg.append(grp[ri])
+        pa0.append(b0[ri] + flat.field("r0_us").to_numpy())
+        pa1.append(b0[ri] + flat.field("r1_us").to_numpy())
+        order_key.append(ri * 4 + 1)
+    pg_, a0, a1, ok = (np.concatenate(x) for x in (pg, pa0, pa1, order_key))
+    o = np.lexsort((a0, ok))
+    pg_, a0, a1 = pg_[o], a0[o], a1[o]
+    linked = np.zeros(len(a0), dtype=bool)
+    linked[1:] = (pg_[1:] == pg_[:-1]) & (a1[:-1] == a0[1:])
+    c0 = np.flatnonzero(~linked)
+    c1 = np.append(c0[1:] - 1, len(a0) - 1) if len(c0) else c0
+    cg, r0, r1 = pg_[c0], a0[c0], a1[c1]
+    ng = len(g0)
+    h_out, t_out = np.zeros(ng, dtype=np.int64), np.zeros(ng, dtype=np.int64)
+    at_start, at_end = r0 == g0[cg], r1 == g1[cg]
+    h_out[cg[at_start]] = (r1 - r0)[at_start]
+    t_out[cg[at_end]] = (r1 - r0)[at_end]
+    inner: list = [None] * ng
+    keep = ~at_start & ~at_end & ((r1 - r0) >= keep_us)
+    for g, a, z in zip(cg[keep].tolist(), r0[keep].tolist(), r1[keep].tolist()):
+        inner[g] = (inner[g] or []) + [(a, z)]
+    return h_out, t_out, inner

@@ -475,6 +475,108 @@ def test_segments_join_between_the_times_an_analysis_looks_up(tmp_path):
     assert an.gt._refined is not None
 
 
+def test_hours_joined_segments_stand_for_their_buckets(tmp_path):
+    """A closed hour's segments are also written joined (summaries.coarsen: one row per GPU and
+    stretch between the allocation edges the writer knew). A window whose look-ups for every GPU
+    fall on hour edges (14 h from 00:00: a timeline of 1-hour buckets) reads those rows for its
+    whole hours - a few per GPU-hour instead of 12+ - with the raw figures and timeline. The hours
+    where job 3 (learnt of after they were summarised) starts or ends inside a joined segment are
+    found and read from their buckets."""
+    long_store(tmp_path)
+    con = open_reader(tmp_path)
+    p = Params(T(0), T(14))
+    bad, an = compare(con, p, T(20), detail=True)
+    assert not bad, "\n".join(bad)
+    assert isinstance(an.gt, SummaryTime) and an.gt.grid_us == 3600 * 1_000_000
+    assert an.gt.coarse_hours == 12  # 00:00-13:00 but 08:00 and 13:00 (job 3's edges)
+    assert len(an.gt._bad) == 2
+    fine, joined = (con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("gpu_summaries", "gpu_summaries_coarse"))
+    assert joined < fine / 6
+    raw = Analysis(con, p, now=T(20), summaries=False)
+    assert frames_equal(utilization_timeline(raw, "account"), utilization_timeline(an, "account"))
+    assert an.gt._refined is None  # the timeline's look-ups on the joined segments' edges
+    other = timedelta(minutes=40)  # ... and one whose are not: the buckets they fall in are read raw
+    assert frames_equal(utilization_timeline(raw, "account", other), utilization_timeline(an, "account", other))
+    assert an.gt._refined is not None and an.gt._refined[0].coarse_hours < an.gt.coarse_hours
+
+
+def test_an_allocation_edge_on_a_bucket_start_breaks_the_joined_segments(tmp_path):
+    """An allocation starting or ending on a bucket's start cuts no segment (the bucket's edge
+    is one), but the joined segments must break there. One the store learns of after the hour was
+    summarised falls inside a joined segment: that hour is read from its buckets (the raw figures)
+    until upkeep writes the hour's joined segments again from its rows - the summary itself is
+    not rebuilt (no segment is cut), and no sample is read."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", T(0), T(14), step=30, util=lambda t: 0.0 if T(2) <= t < T(5, 17) or T(9) <= t < T(9, 50) else 70.0)
+    f.job("1", account="x", user="u", start=T(1, 10), end=T(6, 35), gpus=1, placements=[("n1", "GPU-A")])  # on bucket starts
+    f.write()
+    w = StoreWriter(tmp_path)
+    compact(w, T(16))
+    p = Params(T(0), T(14))
+    con = open_reader(tmp_path)
+    bad, an = compare(con, p, T(20))
+    assert not bad and an.gt.coarse_hours == 14 and not len(an.gt._bad), bad  # job 1's edges break them
+    files, joined = ({k: e[c] for k, e in w.summaries.items()} for c in ("file", "coarse"))
+    learn_late(w, tmp_path, "2", start=T(9, 20), end=T(11, 45))
+    con = open_reader(tmp_path)
+    bad, an = compare(con, p, T(20))
+    assert not bad and an.gt.coarse_hours == 12 and len(an.gt._bad) == 2, bad  # 09:00 and 11:00 from their buckets
+    compact(w, T(16))  # upkeep: those hours' joined segments again
+    assert {k for k, e in w.summaries.items() if e["coarse"] != joined[k]} == {T(9).isoformat(), T(11).isoformat()}
+    assert {k: e["file"] for k, e in w.summaries.items()} == files  # (the summaries as they were)
+    w.close()
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert not bad and an.gt.coarse_hours == 14 and not len(an.gt._bad), bad
+
+
+def test_a_store_summarised_before_the_joined_segments_gets_them_at_upkeep(tmp_path):
+    """Summaries written before the hours' joined segments existed are read from their buckets
+    (the same figures); the next upkeep pass writes the joined segments from the hours' rows."""
+    long_store(tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    for e in manifest["summaries"]:
+        (tmp_path / e.pop("coarse")).unlink()
+        e.pop("aligned")
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    p = Params(T(0), T(14))
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert not bad and isinstance(an.gt, SummaryTime) and an.gt.coarse_hours == 0, bad
+    w = StoreWriter(tmp_path)
+    assert compact(w, T(16)) == 0 and all(e.get("coarse") for e in w.summaries.values())
+    w.close()
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert not bad and an.gt.coarse_hours == 14 and not len(an.gt._bad), bad  # (job 3's hours rebuilt with its cuts too)
+
+
+@SETTINGS
+@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.sampled_from([60, 300]), st.booleans(), st.data())
+def test_hours_joined_segments_give_the_raw_figures(fleet, how, bucket_s, detail, data):
+    """The random fleets' windows widened to whole hours, with a timeline of 1-hour buckets (as a
+    long window's): the hours' joined segments stand for their buckets, with the raw figures -
+    MIG slices, gaps, jobs across hours, several files per hour, rows split between batches."""
+    keep = data.draw(st.sampled_from([30, fleet["idle_min"]]), label="keep_s")
+    batch_rows = data.draw(st.sampled_from([summaries._BATCH_ROWS, 5]), label="batch_rows")
+    lo = at(min(fleet["cuts"])).replace(minute=0, second=0)
+    hi = at(max(fleet["cuts"])).replace(minute=0, second=0) + timedelta(hours=1)
+    with scratch() as tmp, mock.patch.object(summaries, "_BATCH_ROWS", batch_rows), \
+            mock.patch("gpufleet.analytics.core.timeline_bucket", lambda p: timedelta(hours=1)):
+        w = StoreWriter(tmp)
+        for batch in split(fleet, *how):
+            w.commit(batch)
+        compact(w, at(fleet["now"] + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP, keep_s=keep, bucket_s=bucket_s))
+        w.close()
+        con = open_reader(tmp)
+        for f in (Filters(), Filters(account="alpha")):
+            p = Params(lo, hi, max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]), filters=f)
+            bad, an = compare(con, p, at(fleet["now"]), detail)
+            assert not bad, "\n".join(bad)
+            event(f"hours from joined segments: {getattr(an.gt, 'coarse_hours', 0) > 0}")
+            if f == Filters():
+                inside = con.execute("SELECT count(*) FROM summary_hours WHERE coarse AND hour >= ? AND hour + INTERVAL 1 HOUR <= ?",
+                                     [lo, hi]).fetchone()[0]
+                assert getattr(an.gt, "coarse_hours", 0) >= (1 if inside and not len(an.gt._bad) else 0)
+
+
 def test_a_look_up_key_two_gpus_share_only_splits_the_line(tmp_path, monkeypatch):
     """A segment is found to start on an allocation's edge by one 64-bit key of its GPU and start
     (_cut_key), which two pairs may share. With keys that ignore the GPU, every GPU's segment
@@ -652,6 +754,21 @@ def test_a_summary_one_bucket_off_fails_the_comparison(tmp_path):
         pq.write_table(t.set_column(t.schema.get_field_index("bucket"), "bucket", shifted.cast(t.schema.field("bucket").type)), path)
     bad, an = compare(open_reader(tmp_path), p, T(20))
     assert isinstance(an.gt, SummaryTime) and bad
+
+
+def test_joined_segments_one_bucket_off_fail_the_comparison(tmp_path):
+    """The planted bug in the hours' joined segments: every row moved one bucket later. The
+    comparison over a window that reads them must see it."""
+    long_store(tmp_path)
+    p = Params(T(0), T(14))
+    assert not compare(open_reader(tmp_path), p, T(20))[0]
+    for e in json.loads((tmp_path / "manifest.json").read_text())["summaries"]:
+        path = tmp_path / e["coarse"]
+        t = pq.read_table(path)
+        shifted = pa.compute.add(t["bucket"], pa.scalar(timedelta(seconds=e["params"]["bucket_s"]), pa.duration("us")))
+        pq.write_table(t.set_column(t.schema.get_field_index("bucket"), "bucket", shifted.cast(t.schema.field("bucket").type)), path)
+    bad, an = compare(open_reader(tmp_path), p, T(20))
+    assert isinstance(an.gt, SummaryTime) and an.gt.coarse_hours and bad
 
 
 def test_a_summary_made_stale_before_a_crash_is_dropped_at_start(tmp_path):
