@@ -44,20 +44,24 @@ SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is consid
 # days: 840 hours, tens of minutes at 16,384 GPUs). The newest come first; the rest follow at the
 # next passes (read raw until then), or all at once with `gpufleet collect --rebuild-summaries`.
 HEALTH_HOURS_PER_PASS = 24
+# Hours' joined segments an upkeep pass writes at most (add_coarse), newest first: a store summarised
+# before them has every hour to do (~0.5 s an hour at 16,384 GPUs, under the writer's lock); the
+# rest follow at the next passes (read from the 5-minute rows until then)
+COARSE_HOURS_PER_PASS = 48
 
 
 def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None, tasks: TaskRunner | None = None,
             gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None,
-            health_hours: int | None = HEALTH_HOURS_PER_PASS) -> int:
+            health_hours: int | None = HEALTH_HOURS_PER_PASS, coarse_hours: int | None = COARSE_HOURS_PER_PASS) -> int:
     """Merge each closed hour's files into one and roll it up (compact_hours), then bring the
     per-GPU summaries up to date (summarize, with `params`: the defaults if None; `tasks`,
-    `gpu_shards` and `progress` as there), their hours' joined segments (add_coarse) and their
-    hourly health summaries (summarize_health,
+    `gpu_shards` and `progress` as there), their hours' joined segments (add_coarse, at most
+    `coarse_hours` of them, None: all) and their hourly health summaries (summarize_health,
     at most `health_hours` of them, None: all; `tasks` and `progress` as there); returns hours
     compacted."""
     done, merged = compact_hours(w, now)
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
-    built += add_coarse(w)
+    built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
     if done or merged or built:
         w.publish()
@@ -396,12 +400,13 @@ def _register_hour(w: StoreWriter, hour: datetime, sources: list[str], parts: li
                         **({"format": summaries.OPEN_FORMAT, "to": to.isoformat()} if to else {"format": summaries.FORMAT_VERSION})}
 
 
-def add_coarse(w: StoreWriter) -> int:
+def add_coarse(w: StoreWriter, limit: int | None = None) -> int:
     """Write the joined segments (summaries.coarsen) of every closed hour's current summary that
     has none - just summarised, or by a version before them - or whose allocation edges on bucket
     starts changed since (ALIGNED_DIGESTS: an allocation learnt of later; those inside a bucket
-    rebuild the hour instead), from the hour's rows: no sample is read. Returns how many."""
-    closed = [(k, e) for k, e in sorted(w.summaries.items()) if not e.get("to") and e.get("format") == summaries.FORMAT_VERSION]
+    rebuild the hour instead), from the hour's rows: no sample is read. The newest `limit` of
+    them (None: all). Returns how many."""
+    closed = [(k, e) for k, e in sorted(w.summaries.items(), reverse=True) if not e.get("to") and e.get("format") == summaries.FORMAT_VERSION]
     by_params: dict[str, list[tuple[str, dict]]] = {}
     for k, e in closed:
         by_params.setdefault(json.dumps(e["params"], sort_keys=True), []).append((k, e))
@@ -412,6 +417,8 @@ def add_coarse(w: StoreWriter) -> int:
         for key, e in entries:
             if e.get("coarse") and e.get("aligned", "") == digests.get(key, ""):
                 continue
+            if limit is not None and n >= limit:
+                return n
             lo = epoch_us(datetime.fromisoformat(key))
             found = w.db.execute(ALIGNED_EDGES, {"lo": lo, "hi": lo + 3_600_000_000, "max_gap": p.max_gap_s,
                                                  "bucket_us": p.bucket_us}).fetchnumpy() if key in digests else {}

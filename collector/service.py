@@ -52,8 +52,9 @@ class CollectorMetrics:
         self.summary_hours = Gauge(
             "gpufleet_collect_summary_hours",
             "Hours the store holds per-GPU summaries of (state=summarised), and of those the ones upkeep has still to "
-            "rebuild (awaiting_rebuild: an older format; health_awaiting_rebuild: no health summary of this format). "
-            "The analytics read those hours from the raw samples meanwhile: the same figures, slower.",
+            "rebuild (awaiting_rebuild: an older format; health_awaiting_rebuild: no health summary of this format) or "
+            "to write the joined segments of (joined_awaiting_rebuild: a closed hour without them; read from its 5-minute "
+            "rows meanwhile). The analytics read the others from the raw samples meanwhile: the same figures, slower.",
             ["state"], registry=r)
         self.clock_skew = Counter(
             "gpufleet_collect_clock_skew",
@@ -321,7 +322,7 @@ class Collector:
         with self._commit_lock:
             before = {h: e["file"] for h, e in self.writer.summaries.items()}
             compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress,
-                    health_hours=None)  # publishes; every health summary too
+                    health_hours=None, coarse_hours=None)  # publishes; every health summary and hour's joined segments too
             now = {h: e["file"] for h, e in self.writer.summaries.items()}
         return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
 

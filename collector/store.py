@@ -1066,19 +1066,25 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
     (`summarised`), and how many wait for upkeep to rebuild their summary (`awaiting_rebuild`:
     written in an older format) or to build their health rows (`health_awaiting_rebuild`: a
     whole hour's health summary, an open hour's "now" file - missing, or of an older format; an
-    open hour's summary, up to its "to", counts as summarised).
-    Readers take those hours from the raw samples meanwhile: the same figures, slower - which the
-    Health page and gpufleet_collect_summary_hours (a state per key) say, so it is never silent."""
+    open hour's summary, up to its "to", counts as summarised) or to write their joined segments
+    (`joined_awaiting_rebuild`: a closed hour of the current format without them).
+    Readers take those hours from the raw samples (the joined segments' from the 5-minute rows)
+    meanwhile: the same figures, slower - which the Health page and
+    gpufleet_collect_summary_hours (a state per key) say, so it is never silent."""
     hours: set[str] = set()
     old: set[str] = set()
     health_old: set[str] = set()
+    joined_old: set[str] = set()
     for e in entries:
         hours.add(e["hour"])
         if not _summary_current(e):
             old.add(e["hour"])
+        elif not e.get("to") and not e.get("coarse"):
+            joined_old.add(e["hour"])
         if not (_now_current(e) if e.get("to") else _health_current(e)):
             health_old.add(e["hour"])
-    return {"summarised": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old)}
+    return {"summarised": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old),
+            "joined_awaiting_rebuild": len(joined_old)}
 
 
 def _summary_files(entry: dict[str, Any]) -> list[str]:

@@ -541,9 +541,15 @@ def test_a_store_summarised_before_the_joined_segments_gets_them_at_upkeep(tmp_p
     p = Params(T(0), T(14))
     bad, an = compare(open_reader(tmp_path), p, T(20))
     assert not bad and isinstance(an.gt, SummaryTime) and an.gt.coarse_hours == 0, bad
+    hours = len(manifest["summaries"])
+    assert collector_status(tmp_path)["summaries"]["joined_awaiting_rebuild"] == hours  # said
     w = StoreWriter(tmp_path)
-    assert compact(w, T(16)) == 0 and all(e.get("coarse") for e in w.summaries.values())
+    compact(w, T(16), coarse_hours=3)  # a pass does the newest few
+    assert sorted(k for k, e in w.summaries.items() if e.get("coarse")) == sorted(w.summaries)[-3:]
+    compact(w, T(16))
+    assert all(e.get("coarse") for e in w.summaries.values())
     w.close()
+    assert collector_status(tmp_path)["summaries"]["joined_awaiting_rebuild"] == 0
     bad, an = compare(open_reader(tmp_path), p, T(20))
     assert not bad and an.gt.coarse_hours == 14 and not len(an.gt._bad), bad  # (job 3's hours rebuilt with its cuts too)
 
@@ -729,12 +735,14 @@ def test_summaries_of_the_last_format_are_read_raw_until_upkeep_rebuilds_them(tm
     bad, an = compare(open_reader(tmp_path), p, T(20), detail=True)
     assert not bad and not isinstance(an.gt, SummaryTime), bad
     hours = len(manifest["summaries"])
-    assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": hours, "health_awaiting_rebuild": 0}  # said
+    assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": hours, "health_awaiting_rebuild": 0,
+                                                          "joined_awaiting_rebuild": 0}  # said
     w = StoreWriter(tmp_path)
     compact(w, T(20))
     assert w.summaries and all(e["format"] == 3 and e["tag"] != "format-2" for e in w.summaries.values())
     w.close()
-    assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": 0, "health_awaiting_rebuild": 0}
+    assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": 0, "health_awaiting_rebuild": 0,
+                                                          "joined_awaiting_rebuild": 0}
     bad, an = compare(open_reader(tmp_path), p, T(20), detail=True)
     assert not bad and isinstance(an.gt, SummaryTime) and an.gt.has_detail, bad
 

@@ -163,5 +163,5 @@ def test_service_upkeep_compacts_closed_hours_and_reports_itself(tmp_path):
     assert open_reader(tmp_path).execute("SELECT samples, gpu_util_avg FROM gpu_rollup_5m").fetchall() == [(4, 1.5)]  # (0+1+2+3)/4
     assert metric(c, "gpufleet_collect_source_success", source="maintenance") == 1
     # the hour is summarised, utilization and health alike: nothing waits for a rebuild
-    assert [metric(c, "gpufleet_collect_summary_hours", state=s) for s in ("summarised", "awaiting_rebuild", "health_awaiting_rebuild")] == [
-        len(manifest["summaries"]), 0, 0] and manifest["summaries"]
+    states = ("summarised", "awaiting_rebuild", "health_awaiting_rebuild", "joined_awaiting_rebuild")
+    assert [metric(c, "gpufleet_collect_summary_hours", state=s) for s in states] == [len(manifest["summaries"]), 0, 0, 0] and manifest["summaries"]

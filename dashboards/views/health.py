@@ -99,8 +99,9 @@ def body(ctx: ui.Context) -> None:
     st.text(f"Collector: last publish {ui.when(cs['published_at'])}, store version {cs['version']}, {cs['sample_files']} sample files")
     sm = cs["summaries"]
     st.text(f"Summaries: {sm['summarised']} hours summarised; waiting for the collector's upkeep to rebuild them: "
-            f"{sm['awaiting_rebuild']} (utilization, an older format), {sm['health_awaiting_rebuild']} (health)")
-    if sm["awaiting_rebuild"] or sm["health_awaiting_rebuild"]:
+            f"{sm['awaiting_rebuild']} (utilization, an older format), {sm['health_awaiting_rebuild']} (health), "
+            f"{sm['joined_awaiting_rebuild']} (joined segments: read from the 5-minute rows meanwhile)")
+    if sm["awaiting_rebuild"] or sm["health_awaiting_rebuild"] or sm["joined_awaiting_rebuild"]:
         st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples: the same figures, "
                    "slower (gpufleet_collect_summary_hours; `gpufleet collect --rebuild-summaries` does them all at once).")
     if dconfig.warm_asked():
