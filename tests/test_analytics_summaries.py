@@ -747,6 +747,16 @@ def test_summaries_of_the_last_format_are_read_raw_until_upkeep_rebuilds_them(tm
     assert not bad and isinstance(an.gt, SummaryTime) and an.gt.has_detail, bad
 
 
+def _move_every_row_one_bucket_later(store, key):
+    """The planted bug: every row of each summary entry's `key` file ("file": the 5-minute rows,
+    "coarse": the hour's joined segments) moved one bucket later."""
+    for e in json.loads((store / "manifest.json").read_text())["summaries"]:
+        path = store / e[key]
+        t = pq.read_table(path)
+        shifted = pa.compute.add(t["bucket"], pa.scalar(timedelta(seconds=e["params"]["bucket_s"]), pa.duration("us")))
+        pq.write_table(t.set_column(t.schema.get_field_index("bucket"), "bucket", shifted.cast(t.schema.field("bucket").type)), path)
+
+
 def test_a_summary_one_bucket_off_fails_the_comparison(tmp_path):
     """The planted bug: every summary row moved one bucket later. The comparison must see it."""
     golden_store(tmp_path)
@@ -755,11 +765,7 @@ def test_a_summary_one_bucket_off_fails_the_comparison(tmp_path):
     w.close()
     p = Params(T(10), T(12))
     assert not compare(open_reader(tmp_path), p, T(20))[0]
-    for e in json.loads((tmp_path / "manifest.json").read_text())["summaries"]:
-        path = tmp_path / e["file"]
-        t = pq.read_table(path)
-        shifted = pa.compute.add(t["bucket"], pa.scalar(timedelta(seconds=e["params"]["bucket_s"]), pa.duration("us")))
-        pq.write_table(t.set_column(t.schema.get_field_index("bucket"), "bucket", shifted.cast(t.schema.field("bucket").type)), path)
+    _move_every_row_one_bucket_later(tmp_path, "file")
     bad, an = compare(open_reader(tmp_path), p, T(20))
     assert isinstance(an.gt, SummaryTime) and bad
 
@@ -770,11 +776,7 @@ def test_joined_segments_one_bucket_off_fail_the_comparison(tmp_path):
     long_store(tmp_path)
     p = Params(T(0), T(14))
     assert not compare(open_reader(tmp_path), p, T(20))[0]
-    for e in json.loads((tmp_path / "manifest.json").read_text())["summaries"]:
-        path = tmp_path / e["coarse"]
-        t = pq.read_table(path)
-        shifted = pa.compute.add(t["bucket"], pa.scalar(timedelta(seconds=e["params"]["bucket_s"]), pa.duration("us")))
-        pq.write_table(t.set_column(t.schema.get_field_index("bucket"), "bucket", shifted.cast(t.schema.field("bucket").type)), path)
+    _move_every_row_one_bucket_later(tmp_path, "coarse")
     bad, an = compare(open_reader(tmp_path), p, T(20))
     assert isinstance(an.gt, SummaryTime) and an.gt.coarse_hours and bad
 
