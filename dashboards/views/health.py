@@ -102,7 +102,8 @@ def body(ctx: ui.Context) -> None:
             f"{sm['awaiting_rebuild']} (utilization, an older format), {sm['health_awaiting_rebuild']} (health), "
             f"{sm['joined_awaiting_rebuild']} (joined segments: read from the 5-minute rows meanwhile)")
     if sm["awaiting_rebuild"] or sm["health_awaiting_rebuild"] or sm["joined_awaiting_rebuild"]:
-        st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples: the same figures, "
+        st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples (joined segments: from "
+                   "their 5-minute rows): the same figures, "
                    "slower (gpufleet_collect_summary_hours; `gpufleet collect --rebuild-summaries` does them all at once).")
     if dconfig.warm_asked():
         st.text("Figures computed ahead for the presets ([dashboard] warm_windows), each at its reuse period's start:")
