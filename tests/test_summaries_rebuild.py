@@ -207,3 +207,8 @@ def test_cli_rebuilds_from_the_config_on_dask_with_a_progress_bar(store, in_proc
     assert "rebuilding summaries [" in text and "] 4/4 tasks" in text
     assert f"summaries: {HOURS} hours built ({dask_cluster.address}), {HOURS} hours summarised" in text
     assert summary_bytes(root) == summary_bytes(in_process)
+    # every closed hour's joined segments written again from its new rows (the old ones went with
+    # their summary), and a window on hour edges reads them with the raw figures
+    assert len(summary_bytes(root, "coarse")) == HOURS
+    bad, an = compare(open_reader(root), Params(T0, END, idle_threshold=50.0), NOW)
+    assert not bad and isinstance(an.gt, SummaryTime) and an.gt.coarse_hours, bad
