@@ -230,6 +230,14 @@ def test_shards_summaries_give_the_raw_figures(fleet, n, data):
             bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]))
             assert not bad, "\n".join(bad)
             event(f"whole buckets from summaries: {getattr(an.gt, 'summary_buckets', 0) > 0}")
+        # the window widened to whole hours, a timeline of 1-hour buckets: an hour every shard
+        # joined is read from their joined segments
+        with mock.patch("gpufleet.analytics.core.timeline_bucket", lambda p: timedelta(hours=1)):
+            whole = Params(at(a).replace(minute=0, second=0), at(b).replace(minute=0, second=0) + timedelta(hours=1),
+                           max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
+            bad, an = compare(con, whole, at(fleet["now"]))
+        assert not bad, "\n".join(bad)
+        event(f"hours from joined segments: {getattr(an.gt, 'coarse_hours', 0) > 0}")
 
 
 def summary_rows(con) -> pl.DataFrame:
