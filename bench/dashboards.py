@@ -56,7 +56,9 @@ DASH_DAYS = int(env_number("GPUFLEET_BENCH_DASH_DAYS", 0))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
 THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
 PRESET = "7d"  # the warmed preset the week is also opened as (dashboards/figures.py)
-PRESET_PAGES = ("utilization", "jobs", "teams", "waste", "mfu")  # the pages that read the warmed figures
+# the pages that read the warmed figures (Health: its GPU health; its "now" figures are Fleet now's
+# states, which follow now: computed when the preset's Fleet now page, the default, opens first)
+PRESET_PAGES = ("utilization", "jobs", "teams", "waste", "mfu", "health")
 PAGES = (("fleet_now", "Fleet now"), ("utilization", "Utilization"), ("jobs", "Jobs"), ("teams", "Teams and fairness"),
          ("waste", "Waste and cost"), ("health", "Health"), ("mfu", "MFU"))
 
@@ -250,7 +252,7 @@ def run() -> list[Table]:
         f"the warmed preset: the served dashboard (`gpufleet dashboard`) computes the [dashboard] warm_windows presets' "
         f"figures at each reuse period's start, before anyone asks (dashboards/figures.py); here the {PRESET} preset with now "
         f"at the data's end (the week's window), computed once and timed on its own row, then each page that reads it opened "
-        f"once; a window typed in (the first loads above) cannot be foreseen and is computed when asked",
+        f"once (Health after Fleet now, whose states it shares); a window typed in (the first loads above) cannot be foreseen and is computed when asked",
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]
     return [t]

@@ -338,6 +338,18 @@ def health(key: tuple, bucket_s: float) -> dict:
     return {**ahealth.window_health(con, p, temperature=timedelta(seconds=bucket_s)), "window": w}
 
 
+def health_bucket(w: Window) -> timedelta:
+    """The Health page's temperature-map bucket for `w`: the timelines' default for its length."""
+    from gpufleet.analytics.timeline import default_bucket
+
+    return default_bucket(w.length)
+
+
+def health_for(w: Window) -> dict:
+    """`w`'s GPU health as the Health page shows it (health, in health_bucket's buckets)."""
+    return health(w.key, health_bucket(w).total_seconds())
+
+
 @st.cache_data(ttl=timedelta(minutes=10), max_entries=8, show_spinner=False)
 def fleet_now(key: tuple, as_of: datetime | None, version: int | None, tick: int | None = None) -> dict:
     """GPU states at as_of (gpufleet.analytics.fleet_now); as_of None: now, at the first ask within the

@@ -1,7 +1,8 @@
 """The presets' figures computed ahead (gpufleet.dashboards.figures): once per reuse period, into the
-cache the pages read, so a page's first load of a warmed preset computes nothing; the previous
-period's figures served while the current ones are being computed, never for a filtered or
-unwarmed window; a failing pass logged and kept, the other presets warmed."""
+cache the pages read, so a page's first load of a warmed preset computes nothing (the Health page's
+GPU health too); the previous period's figures served while the current ones are being computed,
+never for a filtered or unwarmed window; a failing pass logged and kept, the other presets warmed
+(and a failing GPU health leaves the other pages' figures warmed)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from gpufleet.analytics import health as ahealth  # noqa: E402
 from gpufleet.analytics.core import Analysis  # noqa: E402
 from gpufleet.analytics.params import Filters, Params  # noqa: E402
 from gpufleet.dashboards import config as dconfig  # noqa: E402
@@ -49,11 +51,18 @@ def served(tmp_path, monkeypatch):
             super().__init__(*a, **k)
 
     monkeypatch.setattr(data, "Analysis", Counted)
-    data.window_bundle.clear()
-    data.previous_baseline.clear()
+    real_health = ahealth.window_health
+
+    def counted_health(*a, **k):
+        made.append("health")
+        return real_health(*a, **k)
+
+    monkeypatch.setattr(ahealth, "window_health", counted_health)
+    for cached in (data.window_bundle, data.previous_baseline, data.health):
+        cached.clear()
     yield clock, made
-    data.window_bundle.clear()
-    data.previous_baseline.clear()
+    for cached in (data.window_bundle, data.previous_baseline, data.health):
+        cached.clear()
 
 
 def preset(name: str, clock: Clock, filters: Filters = Filters()) -> data.Window:
@@ -63,14 +72,17 @@ def preset(name: str, clock: Clock, filters: Filters = Filters()) -> data.Window
 def test_a_preset_is_computed_once_per_period_into_the_pages_cache(served):
     clock, made = served
     w = Warmer(["24h"], clock)
-    assert w.warm(data.current_settings()) == ["24h"] and len(made) == 1
+    assert w.warm(data.current_settings()) == ["24h"] and made.count("health") == 1
+    made.remove("health")
+    assert len(made) == 1
     b = data.window_bundle(preset("24h", clock).key)  # what a page asks: cached, nothing computed
     assert len(made) == 1 and b.window.relative and b.window.end == NOW and b.totals.allocated_gpu_h > 0
+    assert data.health_for(preset("24h", clock)) is not None and len(made) == 1  # the Health page's: cached too
     want = Analysis(data.reader(data.current_settings().store), Params(b.window.start, b.window.end), now=NOW).totals()
     assert b.totals == want
     assert w.warm(data.current_settings()) == []  # the same period: nothing to do
     clock.t = NOW + timedelta(minutes=5)  # the 24 h view's next period (data.step_for)
-    assert w.warm(data.current_settings()) == ["24h"] and len(made) == 2
+    assert w.warm(data.current_settings()) == ["24h"] and len(made) == 3  # its figures and its GPU health
     assert w.serve(preset("24h", clock)).window.end == NOW + timedelta(minutes=5)
 
 
@@ -110,6 +122,19 @@ def test_a_failing_preset_is_logged_and_the_others_warmed(served, monkeypatch, c
     assert w.warm(data.current_settings()) == ["24h"] and w.errors == {}
 
 
+def test_a_failing_gpu_health_leaves_the_other_pages_figures_warmed(served, monkeypatch, caplog):
+    clock, _ = served
+
+    def failing(w):
+        raise OSError("health file vanished")
+
+    monkeypatch.setattr(data, "health_for", failing)
+    w = Warmer(["24h"], clock)
+    assert w.warm(data.current_settings()) == ["24h"]
+    assert w.serve(preset("24h", clock)) is not None and w.serve_health(preset("24h", clock)) is None
+    assert w.errors == {"24h": "GPU health: OSError: health file vanished"} and "24h window's GPU health ahead failed" in caplog.text
+
+
 def test_the_page_shows_the_warmed_figures_without_computing(served, monkeypatch):
     clock, made = served
     w = Warmer(["24h"], clock)
@@ -127,6 +152,7 @@ def test_the_page_shows_the_warmed_figures_without_computing(served, monkeypatch
     assert len(made) == n  # the page computed nothing
     at = at.switch_page("views/health.py").run()
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert len(made) == n  # nor the Health page: its GPU health was computed ahead too
     shown = at.container("health_warm").dataframe[0].value
     assert shown["preset"].tolist() == ["24h"] and shown["error"].isna().all()
     assert shown["end"].iloc[0].to_pydatetime() == b.window.end

@@ -31,12 +31,10 @@ def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
 
 
 def body(ctx: ui.Context) -> None:
-    from gpufleet.analytics.timeline import default_bucket
-
     w = ctx.window
     st.caption("Health is about GPUs: the cluster and GPU model filters apply, the account, user and partition filters do not.")
-    bucket = default_bucket(w.length)
-    h = data.health(w.key, bucket.total_seconds())
+    bucket = data.health_bucket(w)
+    h = figures.health_for(w)
     ui.window_caption(h["window"])
     now = data.fleet_now_for(w, ctx.now, ctx.version)
     as_of = now["as_of"]
