@@ -182,9 +182,10 @@ WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SEL
 # The summarised hours an analysis may use: the same max_gap and idle threshold, and internal
 # runs listed down to its idle_min_duration (or buckets shorter than that: none can qualify).
 # coarse: the hour's joined segments may stand for its buckets (written, and their inner runs
-# listed down to idle_min_duration: a joined segment may be longer than that).
+# listed down to idle_min_duration: a joined segment may be longer than that). files /
+# coarse_files: the hour's summary files (a file per shard), of its buckets / its joined segments.
 SUMMARY_HOURS = """
-SELECT hour, ends, bucket_s, coarse AND keep_s <= $min_idle AS coarse FROM summary_hours
+SELECT hour, ends, bucket_s, coarse AND keep_s <= $min_idle AS coarse, files, coarse_files FROM summary_hours
 WHERE max_gap_s = $max_gap AND idle_threshold = $thr AND (keep_s <= $min_idle OR bucket_s <= $min_idle) AND hash_by = $hash_by
   AND hour < $xend AND hour + INTERVAL 1 HOUR > $xstart
 ORDER BY hour
@@ -193,18 +194,20 @@ ORDER BY hour
 # The summary rows of the line [$xstart, $xend) within the cluster and model filters (a row's
 # variant is its samples': readers take a bucket of mixed variants raw). h and gh were hashed
 # when the hour was written (gpufleet.collector.schema.SUMMARY_HASHES, as GPU_HASH), by the
-# DuckDB SUMMARY_HOURS holds to this one's. $hours: the hours to take (SUMMARY_HOURS' answer), as
-# a list, not a joined table: a join makes DuckDB hold the whole result before the first batch,
-# a list filter lets the reader take the rows a batch at a time; [$lo, $hi): their span (hours
-# side by side), which the files' bucket statistics prune by (the list filter prunes no file).
-# $held: the GPUs to take (their hashes, gh; NULL: every GPU), a list for the same reason.
+# DuckDB SUMMARY_HOURS holds to this one's. $files: the files of the hours to take (SUMMARY_HOURS'
+# files or coarse_files), read directly: a query over the gpu_summaries view with the hours as a
+# filter costs ~40 ms of planning over every hour's file however few it takes, which a window
+# whose joined and bucket hours alternate (a timeline edge every few hours) paid per run of hours.
+# $held: the GPUs to take (their hashes, gh; NULL: every GPU), a list, not a joined table: a join
+# makes DuckDB hold the whole result before the first batch, a list filter lets the reader take
+# the rows a batch at a time.
 _SUMMARY_ROWS = """
 SELECT s.h, s.gh, epoch_us(s.bucket) AS b0, s.exact, s.covered_us,
        s.data_s, s.busy_s, s.idle_head_us, s.idle_tail_us, s.nop_head_us, s.nop_tail_us,
        epoch_us(s.bucket) + s.seg0_us AS s0, epoch_us(s.bucket) + s.seg1_us AS s1{runs}{detail}
-FROM {table} s
-WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend AND s.bucket >= $lo AND s.bucket < $hi
-  AND list_contains($hours, date_trunc('hour', s.bucket)) AND ($held IS NULL OR list_contains($held::UBIGINT[], s.gh))
+FROM read_parquet($files) s
+WHERE s.bucket >= $xstart - to_seconds($bucket_s) AND s.bucket < $xend
+  AND ($held IS NULL OR list_contains($held::UBIGINT[], s.gh))
   AND ($cluster IS NULL OR s.cluster = $cluster) AND ($model IS NULL OR s.model = $model)
 """
 # the runs inside a bucket (touching neither edge): only an analysis whose idle_min_duration is
@@ -217,11 +220,10 @@ _SUMMARY_DETAIL = """,
        s.tensor_clocked_s, s.tensor_unclocked_s"""
 
 
-def summary_rows(inner_runs: bool, detail: bool, coarse: bool = False) -> str:
+def summary_rows(inner_runs: bool, detail: bool) -> str:
     """The summary rows' query (_SUMMARY_ROWS), with the inner runs' lists and the detail columns or
-    without; `coarse`: of the hours' joined segments (gpu_summaries_coarse), not their buckets."""
-    return _SUMMARY_ROWS.format(runs=_INNER_RUNS if inner_runs else "", detail=_SUMMARY_DETAIL if detail else "",
-                                table="gpu_summaries_coarse" if coarse else "gpu_summaries")
+    without (of the files of the hours' buckets or of their joined segments: the same columns)."""
+    return _SUMMARY_ROWS.format(runs=_INNER_RUNS if inner_runs else "", detail=_SUMMARY_DETAIL if detail else "")
 
 # Raw samples of the buckets a summary cannot answer, as the array path reads them
 # (SAMPLE_ARRAYS): every GPU's (every held GPU's) in [$raw_lo, $raw_hi) (a run of buckets, bucket k:

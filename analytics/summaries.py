@@ -39,7 +39,6 @@ hour read from the buckets.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -244,19 +243,8 @@ def summary_time(con: Any, bind: dict[str, Any], cuts: pl.DataFrame, detail: boo
     if hours.is_empty():
         return None
     bucket_s = int(hours["bucket_s"].mode().sort()[0])
-    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s).select("hour", "ends", "coarse"), bucket_s, detail=detail, held=held,
-                       grid_us=grid_us)
-
-
-def _side_by_side_hours(hours: list[datetime]) -> list[list[datetime]]:
-    """Sorted hours in runs of consecutive ones: a query for each reads the files of its span only."""
-    runs: list[list[datetime]] = []
-    for h in hours:
-        if runs and h - runs[-1][-1] == timedelta(hours=1):
-            runs[-1].append(h)
-        else:
-            runs.append([h])
-    return runs
+    return SummaryTime(con, bind, cuts, hours.filter(pl.col("bucket_s") == bucket_s).select("hour", "ends", "coarse", "files", "coarse_files"),
+                       bucket_s, detail=detail, held=held, grid_us=grid_us)
 
 
 def _coarse_hours(hours: pl.DataFrame, b: int, raw_ks: np.ndarray, known_k: np.ndarray, grid0: int | None, grid_us: int | None,
@@ -343,7 +331,10 @@ class SummaryTime(GpuTime):
         # allocation edge the writer did not know) is found after the build, as for the buckets
         coarse = _coarse_hours(hours, b, raw_ks, known_k, grid0 if grid_us else None, grid_us,
                                [epoch_us(bind["start"]), epoch_us(bind["end"]), xs, xe])
-        by_level = [(False, hours.filter(~pl.Series(coarse))["hour"].to_list()), (True, hours.filter(pl.Series(coarse))["hour"].to_list())]
+        # (one query per level, over exactly its hours' files)
+        by_level = [(level, files) for level, files in ((False, hours.filter(~pl.Series(coarse))["files"].explode().to_list()),
+                                                        (True, hours.filter(pl.Series(coarse))["coarse_files"].explode().to_list()))
+                    if files]
         self.coarse_hours = int(coarse.sum())
         columns = _SEGMENT + (_DETAIL if detail else ())
         segs: list[dict[str, np.ndarray]] = []
@@ -353,10 +344,9 @@ class SummaryTime(GpuTime):
         is_raw[raw_ks - kx0] = True
         pieces: dict[str, list[dict[str, np.ndarray]]] = {"idle": [], "nop": []}
         held_list = None if held is None else [int(x) for x in held]
-        for batch in (batch for level, hs in by_level for run in _side_by_side_hours(hs)
-                      for batch in _batches(con, sql.summary_rows(inner_runs=level or bucket_s > bind["min_idle"], detail=detail, coarse=level),
-                                            {**bind, "bucket_s": bucket_s, "hours": run, "lo": run[0], "hi": run[-1] + timedelta(hours=1),
-                                             "held": held_list})):
+        for batch in (batch for level, files in by_level
+                      for batch in _batches(con, sql.summary_rows(inner_runs=level or bucket_s > bind["min_idle"], detail=detail),
+                                            {**bind, "bucket_s": bucket_s, "files": files, "held": held_list})):
             k = batch["b0"].to_numpy() // b
             use = (k >= kx0) & (k <= kx1) & ~is_raw[np.clip(k - kx0, 0, kx1 - kx0)]
             if not use.all():

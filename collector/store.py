@@ -1107,8 +1107,8 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
     """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries),
     gpu_summaries_coarse (their hours' joined segments, where written: summaries.coarsen)
     and summary_hours (one row per summarised hour: its range, where its summary `ends` - the
-    hour's end, or for an open hour the end of its last summarised bucket, its entry's "to" - and
-    the parameters baked in; shards' open hours count where they all end at the same bucket). A
+    hour's end, or for an open hour the end of its last summarised bucket, its entry's "to" -, the
+    parameters baked in and its files; shards' open hours count where they all end at the same bucket). A
     summary whose sample files are no longer all listed (retention), or written in another format
     (FORMAT_VERSION: upkeep rebuilds it), is left out. Collector shards
     summarise their own GPUs: an hour counts as summarised only when every shard holding samples
@@ -1142,7 +1142,11 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         "keep_s": ("DOUBLE", [k[4] for k in keys]), "bucket_s": ("BIGINT", [k[5] for k in keys]),
         "hash_by": ("VARCHAR", [k[6] for k in keys]),
         "ends": ("TIMESTAMP", [datetime.fromisoformat(k[7]) if k[7] else datetime.fromisoformat(k[0]) + timedelta(hours=1) for k in keys]),
-        "coarse": ("BOOLEAN", [all(e.get("coarse") for _, e in by_key[k]) for k in keys])})
+        "coarse": ("BOOLEAN", [all(e.get("coarse") for _, e in by_key[k]) for k in keys]),
+        # each hour's files (a shard's each), which the analyses' summary reader reads directly
+        "files": ("VARCHAR[]", [[str(d / e["file"]) for d, e in by_key[k]] for k in keys]),
+        "coarse_files": ("VARCHAR[]", [[str(d / e["coarse"]) for d, e in by_key[k]] if all(e.get("coarse") for _, e in by_key[k])
+                                       else None for k in keys])})
     for view, files in (("gpu_summaries", [str(d / e["file"]) for k in keys for d, e in by_key[k]]),
                         # an hour's joined segments where every shard wrote them (summaries.coarsen)
                         ("gpu_summaries_coarse", [str(d / e["coarse"]) for k in keys if all(e.get("coarse") for _, e in by_key[k])
