@@ -7,6 +7,8 @@
 2. The full weekly analysis in a process of its own (bench/_analytics_measure.py), so its wall
    time, CPU time and peak RSS (VmHWM) are the analysis' own: open_reader, Analysis for the week,
    totals(), utilization by fleet / host / account / user_name, top_wasteful_jobs(), per_gpu().
+   Then the week off the hour (35 min after its start to 20 min before its end, as a dashboard's
+   relative window: its timeline's edges inside hours too), with its raw oracle when that runs.
    Then a user's week with per-job detail, as the dashboards' window computes it (the heaviest
    user and a typical one): every GPU's line, and only the GPUs the user's jobs held (held_only),
    side by side.
@@ -79,8 +81,11 @@ EPOCH = datetime(1970, 1, 1)  # the store's times are naive UTC
 # --- 2: the full weekly analysis ---
 
 
-def measure_analysis(store: Path, raw: bool = False, user: str | None = None, held_only: bool = False) -> dict:
-    argv = [str(store), SCALE.start.isoformat(), SCALE.end.isoformat()]
+def measure_analysis(store: Path, raw: bool = False, user: str | None = None, held_only: bool = False,
+                     edges: tuple[timedelta, timedelta] = (timedelta(0), timedelta(0))) -> dict:
+    """One analysis in a process of its own (bench._analytics_measure); `edges`: the window's start
+    that much after the data's, its end that much before."""
+    argv = [str(store), (SCALE.start + edges[0]).isoformat(), (SCALE.end - edges[1]).isoformat()]
     if raw:
         argv.append("--raw")
     if user:
@@ -109,6 +114,22 @@ def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
     for name in raw["steps"]:
         if name in summ["steps"]:
             t.add(f"    {name}", f"{raw['steps'][name][0]:.2f} s / {summ['steps'][name][0]:.2f} s")
+    _same_figures(t, raw, summ)
+    r = summ["rows"]
+    t.notes += [
+        f"summaries path: {r['path']}, {r['summary_buckets']:,} entries from summaries ({r.get('coarse_hours', 0)} hours from their "
+        "joined segments - written with the hour's summary, broken where a job starts or ends - the others from their 5-minute buckets, "
+        f"cut there; consecutive ones joined between the times the analysis looks a GPU up) and {r['raw_pieces']:,} raw sample pieces (buckets cut by the window's edges, or by a job the summary "
+        "predates: read raw, with their neighbours; none when the store holds no samples before the window)",
+        f"summaries built by the product's upkeep (gpufleet.collector.maintenance.summarize) over the cached store: {build_s:.0f} s "
+        f"({'in this run' if built else 'cached'}), each hour from its compacted file (and its neighbours' for the intervals "
+        "that cross the hour's edges)",
+    ]
+    return t
+
+
+def _same_figures(t: Table, raw: dict, summ: dict) -> None:
+    """A row: the largest relative difference between two runs' figures (an inexact one: inf)."""
     worst, which = 0.0, ""
     for k, v in raw["figures"].items():
         w = summ["figures"].get(k)
@@ -120,16 +141,28 @@ def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
             worst, which = float("inf"), k
     t.add("same figures? largest relative difference (totals, rows, top job)", f"{worst:.1g}{f' ({which})' if which else ''}",
           "<= 1e-9", worst <= 1e-9)
-    r = summ["rows"]
-    t.notes += [
-        f"summaries path: {r['path']}, {r['summary_buckets']:,} entries from summaries ({r.get('coarse_hours', 0)} hours from their "
-        "joined segments - written with the hour's summary, broken where a job starts or ends - the others from their 5-minute buckets, "
-        f"cut there; consecutive ones joined between the times the analysis looks a GPU up) and {r['raw_pieces']:,} raw sample pieces (buckets cut by the window's edges, or by a job the summary "
-        "predates: read raw, with their neighbours; none when the store holds no samples before the window)",
-        f"summaries built by the product's upkeep (gpufleet.collector.maintenance.summarize) over the cached store: {build_s:.0f} s "
-        f"({'in this run' if built else 'cached'}), each hour from its compacted file (and its neighbours' for the intervals "
-        "that cross the hour's edges)",
-    ]
+
+
+def off_hour_table(store: Path, aligned: dict, run_raw: bool) -> Table:
+    """The week as a dashboard's relative window meets it: its edges inside an hour (HEALTH_EDGES,
+    the 5-minute grain), so its timeline's bucket edges fall inside hours too and the reader mixes
+    joined and 5-minute hours - beside the week on the hour (the run above), and the raw oracle of
+    the same window when it runs."""
+    t = Table(f"analytics: the week off the hour (from {HEALTH_EDGES[0].seconds // 60} min after its start to "
+              f"{HEALTH_EDGES[1].seconds // 60} min before its end, as a relative window), {SCALE.describe()}")
+    progress("the week off the hour: " + ("the raw oracle, then " if run_raw else "") + "the summaries path")
+    raw = measure_analysis(store, raw=True, edges=HEALTH_EDGES) if run_raw else None
+    m = measure_analysis(store, edges=HEALTH_EDGES)
+    t.add("wall time, open_reader .. per_gpu: off the hour / on the hour", f"{m['wall_s']:.2f} s / {aligned['wall_s']:.2f} s")
+    t.add("    CPU time / peak RSS (VmHWM), off the hour", f"{m['cpu_s']:.2f} s, {m['vmhwm_kib'] / 1024 / 1024:.2f} GiB")
+    t.add("    hours from joined segments: off the hour / on the hour", f"{m['rows']['coarse_hours']} / {aligned['rows']['coarse_hours']}")
+    if raw:
+        t.add("raw oracle of the window off the hour", f"{raw['wall_s']:.2f} s, {raw['vmhwm_kib'] / 1024 / 1024:.2f} GiB")
+        _same_figures(t, raw, m)
+    else:
+        t.notes.append("raw oracle not run (GPUFLEET_BENCH_RAW)")
+    t.notes.append("an hour holding a timeline bucket edge or a window edge is read from its 5-minute rows, the others from their "
+                   "joined segments: one query per kind over exactly those hours' files")
     return t
 
 
@@ -551,6 +584,7 @@ def run() -> list[Table]:
     if not run_raw:
         tables[-1].notes.append(f"raw oracle not run: {why}; summaries built {'in this run' if built else 'earlier'} in {build_s:.0f} s "
                                 "(the product's upkeep)")
+    tables.append(off_hour_table(store, m, run_raw))
     tables.append(user_window_table(store))
     tables.append(pages_table(store))
     tables.append(compare_prometheus(store))
