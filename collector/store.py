@@ -1136,23 +1136,20 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
 
         by_key = {k: v for k, v in by_key.items() if complete(k)}
     keys = sorted(by_key)
+    # each hour's files (a shard's each), which the analyses' summary reader reads directly; its
+    # joined segments' where every shard wrote them (summaries.coarsen), else None
+    files = [[str(d / e["file"]) for d, e in by_key[k]] for k in keys]
+    coarse = [[str(d / e["coarse"]) for d, e in by_key[k]] if all(e.get("coarse") for _, e in by_key[k]) else None for k in keys]
     _table_of_lists(con, "summary_hours", {
         "hour": ("TIMESTAMP", [k[0] for k in keys]), "tag": ("VARCHAR", [k[1] for k in keys]),
         "max_gap_s": ("DOUBLE", [k[2] for k in keys]), "idle_threshold": ("DOUBLE", [k[3] for k in keys]),
         "keep_s": ("DOUBLE", [k[4] for k in keys]), "bucket_s": ("BIGINT", [k[5] for k in keys]),
         "hash_by": ("VARCHAR", [k[6] for k in keys]),
         "ends": ("TIMESTAMP", [datetime.fromisoformat(k[7]) if k[7] else datetime.fromisoformat(k[0]) + timedelta(hours=1) for k in keys]),
-        "coarse": ("BOOLEAN", [all(e.get("coarse") for _, e in by_key[k]) for k in keys]),
-        # each hour's files (a shard's each), which the analyses' summary reader reads directly
-        "files": ("VARCHAR[]", [[str(d / e["file"]) for d, e in by_key[k]] for k in keys]),
-        "coarse_files": ("VARCHAR[]", [[str(d / e["coarse"]) for d, e in by_key[k]] if all(e.get("coarse") for _, e in by_key[k])
-                                       else None for k in keys])})
-    for view, files in (("gpu_summaries", [str(d / e["file"]) for k in keys for d, e in by_key[k]]),
-                        # an hour's joined segments where every shard wrote them (summaries.coarsen)
-                        ("gpu_summaries_coarse", [str(d / e["coarse"]) for k in keys if all(e.get("coarse") for _, e in by_key[k])
-                                                  for d, e in by_key[k]])):
-        if files:
-            con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
+        "coarse": ("BOOLEAN", [c is not None for c in coarse]), "files": ("VARCHAR[]", files), "coarse_files": ("VARCHAR[]", coarse)})
+    for view, paths in (("gpu_summaries", [f for fs in files for f in fs]), ("gpu_summaries_coarse", [f for fs in coarse if fs for f in fs])):
+        if paths:
+            con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(paths)})")
         else:
             con.register("_empty_summaries", summaries.FILE_SCHEMA.empty_table())
             con.execute(f"CREATE TABLE {view} AS SELECT * FROM _empty_summaries")
