@@ -7,8 +7,10 @@
 2. The full weekly analysis in a process of its own (bench/_analytics_measure.py), so its wall
    time, CPU time and peak RSS (VmHWM) are the analysis' own: open_reader, Analysis for the week,
    totals(), utilization by fleet / host / account / user_name, top_wasteful_jobs(), per_gpu().
-   Then the week off the hour (35 min after its start to 20 min before its end, as a dashboard's
-   relative window: its timeline's edges inside hours too), with its raw oracle when that runs.
+   Then the week off the hour (35 min after its start to 20 min before its end, as a window typed
+   or shared to the minute meets it: its timeline's edges inside hours too), with its raw oracle
+   when that runs. (A dashboard's relative window of 24 h or more starts on the hour: its
+   timeline's edges are hours, as in the week on the hour, and its end is the open hour's.)
    Then a user's week with per-job detail, as the dashboards' window computes it (the heaviest
    user and a typical one): every GPU's line, and only the GPUs the user's jobs held (held_only),
    side by side.
@@ -144,12 +146,12 @@ def _same_figures(t: Table, raw: dict, summ: dict) -> None:
 
 
 def off_hour_table(store: Path, aligned: dict, run_raw: bool) -> Table:
-    """The week as a dashboard's relative window meets it: its edges inside an hour (HEALTH_EDGES,
+    """The week as a window typed to the minute meets it: its edges inside an hour (HEALTH_EDGES,
     the 5-minute grain), so its timeline's bucket edges fall inside hours too and the reader mixes
     joined and 5-minute hours - beside the week on the hour (the run above), and the raw oracle of
     the same window when it runs."""
     t = Table(f"analytics: the week off the hour (from {HEALTH_EDGES[0].seconds // 60} min after its start to "
-              f"{HEALTH_EDGES[1].seconds // 60} min before its end, as a relative window), {SCALE.describe()}")
+              f"{HEALTH_EDGES[1].seconds // 60} min before its end, as a window typed to the minute), {SCALE.describe()}")
     progress("the week off the hour: " + ("the raw oracle, then " if run_raw else "") + "the summaries path")
     raw = measure_analysis(store, raw=True, edges=HEALTH_EDGES) if run_raw else None
     m = measure_analysis(store, edges=HEALTH_EDGES)

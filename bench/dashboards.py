@@ -14,8 +14,9 @@ with the window set to the whole week in the URL's query parameters, as a user w
   filters: data.window_bundle); Waste adds the previous week's totals, Health its own queries,
   Jobs one job's report (the most wasteful job, by the job-id box).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
-- the warmed preset: the week as "the last 7 days" with now 20 minutes before its end (as a relative
-  window meets an hour: its edges and timeline inside hours; PRESET_NOW_BEFORE_END), its figures computed
+- the warmed preset: the week as "the last 7 days" with now 20 minutes before its end (inside an hour,
+  as a served dashboard's clock mostly is; PRESET_NOW_BEFORE_END: the window starts on the hour
+  before, dashboards/data.py start_grain, so its timeline's edges are hours), its figures computed
   ahead as the served dashboard's warmer does (dashboards/figures.py; timed on its own row), then
   the pages that read them, first loads.
 Twice, side by side: with the store's per-GPU summaries (built once by the product's upkeep, as
@@ -58,7 +59,7 @@ MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
 THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
 PRESET = "7d"  # the warmed preset the week is also opened as (dashboards/figures.py)
 # ... at this "now": inside an hour, as a served dashboard's clock mostly is, so the preset's window
-# edges and timeline buckets fall inside hours (what its analysis pays for; on the hour it reads more joined hours)
+# ends inside an hour (its start goes back to the hour: dashboards/data.py start_grain)
 PRESET_NOW_BEFORE_END = timedelta(minutes=20)
 # the pages that read the warmed figures (Health: its GPU health; its "now" figures are Fleet now's
 # states, which follow now: computed when the preset's Fleet now page, the default, opens first)
@@ -256,7 +257,7 @@ def run() -> list[Table]:
         *([] if r else [f"raw-sample side not run: {why}"]),
         f"the warmed preset: the served dashboard (`gpufleet dashboard`) computes the [dashboard] warm_windows presets' "
         f"figures at each reuse period's start, before anyone asks (dashboards/figures.py); here the {PRESET} preset with now "
-        f"{PRESET_NOW_BEFORE_END.seconds // 60} min before the data's end (off the hour, as now mostly is), computed once and timed on its own row, then each page that reads it opened "
+        f"{PRESET_NOW_BEFORE_END.seconds // 60} min before the data's end (off the hour, as now mostly is; the window starts on the hour before), computed once and timed on its own row, then each page that reads it opened "
         f"once (Health after Fleet now, whose states it shares); a window typed in (the first loads above) cannot be foreseen and is computed when asked",
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]

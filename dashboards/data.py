@@ -12,11 +12,13 @@
   fingerprint of the configuration. A relative window ("the last 24 h", `Window`) also carries
   the number of its reuse period (step_for: longer for longer windows): its figures are computed
   with the window ending at the moment they are first asked for, and reused until the period
-  ends. Its start is put back onto the store's 5-minute summary grain (the last 24 h are then 24
-  h and at most 5 minutes), so its timeline's bucket edges fall on summary edges and the
-  analysis answers them from the per-GPU summaries instead of reading those buckets raw; its end
-  lies in the open hour, whose newest minutes (after its summary ends) are read raw anyway. What
-  they were computed for travels with them
+  ends. Its start is put back onto the store's 5-minute summary grain (the last 6 h are then 6 h
+  and at most 5 minutes), or onto the hour where its timeline's buckets are whole hours (the
+  last 24 h, 7 d, 30 d: 24 h and at most an hour, like Grafana's "now-24h/h"), so its timeline's
+  bucket edges fall on summary edges - on hour edges for the longer windows, whose hours are
+  then read from their joined segments - and the analysis answers them from the per-GPU
+  summaries instead of reading those buckets raw; its end lies in the open hour, whose newest
+  minutes (after its summary ends) are read raw anyway. What they were computed for travels with them
   (`Resolved`), so the job report and the previous window's totals are asked for exactly the same
   window.
 
@@ -38,6 +40,7 @@ import streamlit as st
 from gpufleet.analytics import fairness, mfu
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params, from_config
+from gpufleet.analytics.timeline import default_bucket
 from gpufleet.collector.summaries import BUCKET_S
 from gpufleet.dashboards import config as dconfig
 from gpufleet.times import floor_time, utcnow
@@ -46,7 +49,8 @@ log = logging.getLogger(__name__)
 
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
 UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
-SUMMARY_GRAIN = timedelta(seconds=BUCKET_S)  # where a relative window starts (see the module's docstring)
+SUMMARY_GRAIN = timedelta(seconds=BUCKET_S)  # where a relative window starts (see the module's docstring and start_grain)
+HOUR = timedelta(hours=1)
 
 
 # --- settings and the store ---
@@ -110,6 +114,16 @@ def step_for(length: timedelta) -> timedelta:
     return timedelta(hours=2)
 
 
+def start_grain(length: timedelta) -> timedelta:
+    """Where a relative window of this length starts (see the module's docstring): on the hour
+    when its timeline's buckets are whole hours (24 h and longer), so every bucket edge falls on
+    an hour's and each hour inside the window is read from its joined segments; else on the
+    5-minute summary grain. The window's timeline keeps its bucket: a window at most one grain
+    longer than `length` gets the same one (gpufleet.analytics.timeline.default_bucket)."""
+    bucket = default_bucket(length)
+    return HOUR if bucket % HOUR == timedelta(0) else SUMMARY_GRAIN
+
+
 def _epoch_s(t: datetime) -> float:
     return (t - datetime(1970, 1, 1)).total_seconds()
 
@@ -147,7 +161,7 @@ class Window:
     def resolve(self, now: datetime) -> "Resolved":
         now = now.replace(microsecond=0)
         if self.preset:
-            start = floor_time(now - self.length, SUMMARY_GRAIN)  # see the module's docstring
+            start = floor_time(now - self.length, start_grain(self.length))  # see the module's docstring
             return Resolved(self.root, start, now, now, self.filters, self.fingerprint, True)
         assert self.start is not None and self.end is not None
         return Resolved(self.root, self.start, self.end, min(self.end, now), self.filters, self.fingerprint, False)
