@@ -3,7 +3,7 @@
 anyone asks for them, the rest when asked.
 
 A relative window's figures ("the last 7 days" for the whole fleet: what operators and managers
-open first) cost one window analysis - a second at 1,000 GPUs, about 25 s at 16,000 - and are
+open first) cost one window analysis - a second at 1,000 GPUs, about 20 s at 16,000 - and are
 reused for a period (data.step_for: 5 minutes for 24 h, 30 for 7 days). One thread per dashboard
 process - started at the served app's first script run - computes the `[dashboard] warm_windows`
 presets' figures at the start of each period,
@@ -15,8 +15,8 @@ are being computed, a page is served the previous period's - its caption names t
 are for - instead of waiting. A preset with filters, a preset not warmed and a window typed in
 are computed when asked, as before.
 
-The cost is one analysis per warmed preset per period, asked or not: at 16,000 GPUs about 25 s
-of a core every 30 minutes for 7 days (~1.4 %).
+The cost is one analysis per warmed preset per period, asked or not: at 16,000 GPUs about 20 s
+of a core every 30 minutes for 7 days (~1.1 %).
 """
 
 from __future__ import annotations
