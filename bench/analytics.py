@@ -71,9 +71,10 @@ RAW_BYTES_PER_SAMPLE = 47  # the raw path's peak RSS per sample: 7.23 GiB at 165
 CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "analytics")
 
 # The weekly analysis' figures to reach (issue #16, a 2-core machine): fleet size -> wall time (s)
-# and peak RSS (GiB); a fleet between two sizes is held to the larger one's, past the last to none
+# and peak RSS (GiB); a fleet between two sizes is held to the larger one's, past the last to none;
+# a window of other than 7 days to none (they are a week's)
 ISSUE_GOALS = ((1024, 1.0, 0.5), (4096, 3.0, 1.0), (16384, 10.0, 2.0), (100_000, 60.0, 6.0))
-WALL_GOAL_S, RSS_GOAL_GIB = next(((w, r) for g, w, r in ISSUE_GOALS if SCALE.gpus <= g), (None, None))
+WALL_GOAL_S, RSS_GOAL_GIB = next(((w, r) for g, w, r in ISSUE_GOALS if SCALE.gpus <= g and SCALE.days == 7), (None, None))
 SCALE_IDLE_MIN = "30 min"  # gpufleet.analytics.params default idle_min_duration
 SPEEDUP_GOAL = 30.0  # the rollups' per-GPU weekly mean against PromQL's avg_over_time (issue #16)
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
