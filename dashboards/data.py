@@ -43,14 +43,13 @@ from gpufleet.analytics.params import Filters, Params, from_config
 from gpufleet.analytics.timeline import default_bucket
 from gpufleet.collector.summaries import BUCKET_S
 from gpufleet.dashboards import config as dconfig
-from gpufleet.times import floor_time, utcnow
+from gpufleet.times import HOUR, floor_time, utcnow
 
 log = logging.getLogger(__name__)
 
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
 UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
 SUMMARY_GRAIN = timedelta(seconds=BUCKET_S)  # where a relative window starts (see the module's docstring and start_grain)
-HOUR = timedelta(hours=1)
 
 
 # --- settings and the store ---
