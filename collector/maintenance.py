@@ -97,6 +97,12 @@ def compact_hours(w: StoreWriter, now: datetime) -> tuple[int, int]:
 # even with a Dask scheduler set: only a rebuild is worth the round trip, and upkeep must not
 # depend on a cluster being up
 DASK_MIN_HOURS = 6
+# The most samples of one hour a summary task reads at once: a task holds its hour's samples and
+# a few dozen arrays over them (~1 KB a sample at the peak: an hour of 100,000 GPUs, 24M samples,
+# did not fit 24 GiB in one task). A day whose hour holds more is cut into shards of its hosts -
+# here as on Dask - each reading its hosts' row groups only (compaction sorts files by host).
+# 4M: an hour of 16,384 GPUs at 15 s.
+SUMMARY_TASK_SAMPLES = 4_000_000
 
 
 def summary_runner(tasks: TaskRunner | None, hours: int) -> TaskRunner:
@@ -214,14 +220,16 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
     that moves on: readers then read raw only the newest minutes, not the hour or two since the
     last compaction. The work is SummaryTasks per (day, shard of `gpu_shards`), run by `tasks` (a
     Dask scheduler) when there are at least DASK_MIN_HOURS hours to build, else here (one task a
-    day); the same code either way, so the same bytes. Returns the hours (re)built, open ones
+    day, or a shard of its hosts each where an hour holds more than SUMMARY_TASK_SAMPLES); the
+    same code either way, so the same bytes. Returns the hours (re)built, open ones
     included; the caller publishes."""
     gap = timedelta(microseconds=p.gap_us)
     files = w.db.execute(
-        """SELECT file, min(min_ts), max(max_ts) FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file"""
+        """SELECT file, min(min_ts), max(max_ts), sum(rows) FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file"""
     ).fetchall()
+    span_of = {f: (lo, hi, n) for f, lo, hi, n in files}
     hours: dict[datetime, list[tuple[str, datetime, datetime]]] = {}
-    for f, lo, hi in files:
+    for f, lo, hi, _ in files:
         h = (lo - gap).replace(minute=0, second=0, microsecond=0)
         while h <= hi + gap:
             if lo < h + timedelta(hours=1) + gap and hi >= h - gap:
@@ -244,10 +252,12 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
         todo.setdefault(f"{hour:%Y-%m-%d}", []).append((hour.isoformat(), tuple(sources), to.isoformat() if to else ""))
     built = sum(len(hs) for hs in todo.values())
     runner = summary_runner(tasks, built)
-    shards = gpu_shards if runner.scheduler else 1  # here, one task a day reads each file once
+    shards = gpu_shards if runner.scheduler else 1  # here, one task a day reads each file once ...
     work, cut_files = [], {}
     for day, hs in todo.items():
-        ranges = _host_ranges(w, sorted({f for _, sources, _ in hs for f in sources}), shards)
+        # ... unless an hour holds more samples than a task can
+        most = max(_samples_in(datetime.fromisoformat(h), [span_of[f] for f in sources]) for h, sources, _ in hs)
+        ranges = _host_ranges(w, sorted({f for _, sources, _ in hs for f in sources}), max(shards, -(-most // SUMMARY_TASK_SAMPLES)))
         cuts, digest = _day_cuts(w, day, p)
         cut_file = f"{PARTS_DIR}/cuts-{day}-{digest}.parquet" if cuts.num_rows else ""
         if cut_file:
@@ -350,6 +360,19 @@ def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner
     for task, rel in zip(work, runner.map(build_health_file, work, label=HealthTask.label)):
         w.attach_health(task.hour, rel, task.format, task.kind)
     return len(work)
+
+
+def _samples_in(hour: datetime, spans: list[tuple[datetime, datetime, int]]) -> int:
+    """About how many samples of the files (first and last sample time, rows) fall in the hour:
+    each file's rows in the share of its time span inside the hour (a compacted hour's file: all
+    of them; its neighbours' read for the intervals crossing the hour's edges: none)."""
+    end, n = hour + timedelta(hours=1), 0.0
+    for lo, hi, rows in spans:
+        if hi <= lo:
+            n += rows if hour <= lo < end else 0
+        else:
+            n += rows * max(0.0, (min(hi, end) - max(lo, hour)) / (hi - lo))
+    return round(n)
 
 
 def _host_ranges(w: StoreWriter, files: list[str], shards: int) -> list[tuple[str | None, str | None]]:

@@ -113,6 +113,19 @@ def test_a_rebuild_on_dask_writes_the_bytes_of_the_in_process_rebuild(store, in_
     assert not any((tmp_path / "s" / PARTS_DIR).iterdir())  # the parts are gone once the hours are written
 
 
+def test_an_hour_of_more_samples_than_a_task_holds_is_built_here_by_shards_of_its_hosts(store, in_process, tmp_path, monkeypatch):
+    """An hour holding more samples than one task can (SUMMARY_TASK_SAMPLES; an hour of 100,000
+    GPUs did not fit 24 GiB) is summarised here by several tasks, each over a range of the day's
+    hosts: the bytes one task a day writes."""
+    monkeypatch.setattr(maintenance, "SUMMARY_TASK_SAMPLES", 300)  # an hour of this fleet: 12 GPUs x 60 samples
+    seen = []
+    assert rebuild_copy(store, tmp_path / "s", progress=lambda d, t: seen.append((d, t))) == HOURS
+    assert seen[-1][0] == seen[-1][1] >= 2 * 3  # two days, at least three shards of hosts each
+    assert summary_bytes(tmp_path / "s") == summary_bytes(in_process)
+    assert maintenance._samples_in(T0, [(T0, T0 + timedelta(minutes=59), 60), (T0 - timedelta(hours=1), T0 - timedelta(minutes=1), 60),
+                                        (T0 + timedelta(minutes=30), T0 + timedelta(minutes=90), 60)]) == 90
+
+
 def test_a_worker_killed_mid_rebuild_costs_nothing_but_time(store, in_process, dask_cluster, tmp_path):
     def progress(done, total):
         if done == 2:  # the other tasks running or queued on both workers
