@@ -77,17 +77,17 @@ def _batches(con: Any, query: str, bind: dict[str, Any]) -> Iterator[pl.DataFram
     each, whatever batch size is asked): gathered here, or each batch's fixed cost (a few dozen
     array and frame operations) is paid ~60 times as often."""
     reader = con.sql(query, params=sql.bound(query, bind)).to_arrow_reader(_BATCH_ROWS)
-    held: list[pa.RecordBatch] = []
+    chunks: list[pa.RecordBatch] = []
     rows = 0
-    for batch in reader:
-        if batch.num_rows:
-            held.append(batch)
-            rows += batch.num_rows
+    for chunk in reader:
+        if chunk.num_rows:
+            chunks.append(chunk)
+            rows += chunk.num_rows
         if rows >= _BATCH_ROWS:
-            yield pl.from_arrow(pa.Table.from_batches(held))
-            held, rows = [], 0
+            yield pl.from_arrow(pa.Table.from_batches(chunks))
+            chunks, rows = [], 0
     if rows:
-        yield pl.from_arrow(pa.Table.from_batches(held))
+        yield pl.from_arrow(pa.Table.from_batches(chunks))
 
 
 def _index_of(hashes: np.ndarray, h: np.ndarray) -> np.ndarray:
