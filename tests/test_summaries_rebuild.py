@@ -122,6 +122,8 @@ def test_an_hour_of_more_samples_than_a_task_holds_is_built_here_by_shards_of_it
     assert rebuild_copy(store, tmp_path / "s", progress=lambda d, t: seen.append((d, t))) == HOURS
     assert seen[-1][0] == seen[-1][1] >= 2 * 3  # two days, at least three shards of hosts each
     assert summary_bytes(tmp_path / "s") == summary_bytes(in_process)
+    # the hour's own file counts whole (60), the hour before's not at all (0), one spanning 17:30-18:30
+    # for the half inside the hour (60 x 30/60 = 30): 60 + 0 + 30
     assert maintenance._samples_in(T0, [(T0, T0 + timedelta(minutes=59), 60), (T0 - timedelta(hours=1), T0 - timedelta(minutes=1), 60),
                                         (T0 + timedelta(minutes=30), T0 + timedelta(minutes=90), 60)]) == 90
 
