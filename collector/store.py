@@ -215,6 +215,11 @@ class StoreWriter:
         # Each is current: a batch landing in its range drops it (commit), upkeep rebuilds it.
         self.summaries: dict[str, dict[str, Any]] = {
             e["hour"]: e for e in previous.get("summaries", []) if isinstance(e, dict) and {"hour", "file", "sources"} <= set(e)}
+        # Closed days' hourly health files merged into one each (maintenance.merge_health_days): day
+        # -> {day, file, format, hours: {hour: the health file of the hour it holds}}. Readers take
+        # it for those hours while each is still their hour's file (_health_day_files).
+        self.health_days: dict[str, dict[str, Any]] = {
+            e["day"]: e for e in previous.get("health_days", []) if isinstance(e, dict) and {"day", "file", "hours"} <= set(e)}
         self._remove_uncommitted_files()
         self._check_summaries()
         self._sweep_snapshots(previous)
@@ -270,7 +275,7 @@ class StoreWriter:
         """The table files the store is made of now: never deleted, whatever the retired lists say
         (a crash may have left a file of the same name there before it was written again)."""
         return (set(self._tables.values()) | {f for files in self._live_segments().values() for f in files}
-                | {f for e in self.summaries.values() for f in _summary_files(e)})
+                | {f for e in self.summaries.values() for f in _summary_files(e)} | {e["file"] for e in self.health_days.values()})
 
     def _reset_stale_segments(self) -> None:
         """Segments written under an older schema go back to the open part (the next settle()
@@ -421,6 +426,18 @@ class StoreWriter:
         if e.get("coarse") and e["coarse"] != rel:
             self._retired_snapshots.append((e["coarse"], self.clock()))
         e.update(coarse=rel, aligned=aligned)
+
+    def attach_health_day(self, day: str, rel: str, hours: dict[str, str]) -> None:
+        """A closed day's merged health file (gpufleet.collector.maintenance.merge_health_days) of
+        `hours` (hour -> the hour's health file it holds the rows of). An older one is retired."""
+        self.retire_health_day(day, keep=rel)
+        self.health_days[day] = {"day": day, "file": rel, "format": schema.HEALTH_FORMAT_VERSION, "hours": hours}
+
+    def retire_health_day(self, day: str, keep: str = "") -> None:
+        """Drop a day's merged health file (its hours changed or went), retiring it unless it is `keep`."""
+        e = self.health_days.pop(day, None)
+        if e is not None and e["file"] != keep:
+            self._retired_snapshots.append((e["file"], self.clock()))
 
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
@@ -779,6 +796,7 @@ class StoreWriter:
             "rollup_5m": self._rollup_files,
             "tables": self._tables,
             "summaries": sorted(self.summaries.values(), key=itemgetter("hour")),
+            "health_days": sorted(self.health_days.values(), key=itemgetter("day")),
             # segmented tables: their immutable segments, and those the open part overrides rows of
             "segments": segments,
             "superseded": {k: v for k, v in self._superseded.items() if v},
@@ -1154,17 +1172,19 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
             con.register("_empty_summaries", summaries.FILE_SCHEMA.empty_table())
             con.execute(f"CREATE TABLE {view} AS SELECT * FROM _empty_summaries")
             con.unregister("_empty_summaries")
-    _health_views(con, by_key)
+    _health_views(con, by_key, parts)
 
 
-def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]]) -> None:
+def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]],
+                  parts: list[tuple[Path, dict[str, Any]]]) -> None:
     """health_hours (the hours whose health summaries stand for every shard's samples: those of a
     summarised hour whose every summary has one of this format, with the max_gap and idle
     threshold their run facts were built for) and gpu_health_hours (their rows,
     schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once. Also
     now_hours and gpu_now_hours: the same for open hours' summaries (an hour, where its summary
     `ends`, schema.HEALTH_FILE's rows of the samples before: Fleet now takes their run facts, the
-    Health window the rest)."""
+    Health window the rest). A closed day's hours are read from its merged file where it still
+    holds each of their files' rows (_health_day_files)."""
     chosen: dict[str, tuple[tuple, list[str]]] = {}
     opened: dict[str, tuple[tuple, list[str]]] = {}
     for key in sorted(by_key):
@@ -1174,8 +1194,23 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
                 opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
         elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
-    _hour_views(con, "health_hours", "gpu_health_hours", chosen)
+    _hour_views(con, "health_hours", "gpu_health_hours", _health_day_files(chosen, parts))
     _hour_views(con, "now_hours", "gpu_now_hours", opened, ends=True)
+
+
+def _health_day_files(chosen: dict[str, tuple[tuple, list[str]]], parts: list[tuple[Path, dict[str, Any]]]) -> dict[str, tuple[tuple, list[str]]]:
+    """The picked hours (hour -> (summary key, files)) with their files replaced by their day's
+    merged file (a manifest's "health_days") wherever every hour that file holds is picked with
+    the very file it was merged from: an hour rebuilt since (late data) or retired makes its day
+    read hour by hour until upkeep merges the day again."""
+    picked = {h: set(files) for h, (_, files) in chosen.items()}
+    day_file: dict[str, str] = {}  # an hour's file -> the day file holding its rows
+    for d, m in parts:
+        for e in m.get("health_days", []):
+            held = {h: str(d / f) for h, f in e["hours"].items()}
+            if e.get("format") == schema.HEALTH_FORMAT_VERSION and all(f in picked.get(h, ()) for h, f in held.items()):
+                day_file.update(dict.fromkeys(held.values(), str(d / e["file"])))
+    return {h: (key, [day_file.get(f, f) for f in files]) for h, (key, files) in chosen.items()}
 
 
 def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]],
@@ -1189,7 +1224,7 @@ def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: d
         columns["ends"] = ("TIMESTAMP", [datetime.fromisoformat(picked[h][0][7]) for h in hours])
     columns.update(max_gap_s=("DOUBLE", [picked[h][0][2] for h in hours]), idle_threshold=("DOUBLE", [picked[h][0][3] for h in hours]))
     _table_of_lists(con, table, columns)
-    files = [f for h in hours for f in picked[h][1]]
+    files = list(dict.fromkeys(f for h in hours for f in picked[h][1]))  # a day's merged file once
     if files:
         con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import event, given
@@ -97,6 +98,13 @@ GPU_KEYS = ["cluster", "host", "gpu_uuid", "gi"]
 EVENT_KEYS = ["cluster", "host", "gpu_uuid", "gi", "kind", "code"]
 TEMP_KEYS = ["cluster", "host", "bucket"]
 HOUR = timedelta(hours=1)
+DAY = 24 * 3600
+
+
+def reads_day_file(con) -> bool:
+    """Does the reader take some hours' health rows from a day's merged file?"""
+    views = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'gpu_health_hours'").fetchall()
+    return any("/healthday" in sql for sql, in views)
 
 
 def compare(con, p: Params) -> list[str]:
@@ -142,12 +150,14 @@ def store(tmp, fleet, seed: int, how, compact_at: int):
 @given(fleets(), st.integers(0, 2**16), st.sampled_from([(1, False), (3, False), (2, True)]), st.data())
 def test_health_from_summaries_gives_the_raw_figures(fleet, seed, how, data):
     every_hour = fleet["now"] + 2 * 3600
-    compact_at = data.draw(st.sampled_from([every_hour]) | st.integers(3600, every_hour), label="compact_at")
+    # a day later: the closed day's health summaries read from its merged file
+    compact_at = data.draw(st.sampled_from([every_hour, every_hour + DAY]) | st.integers(3600, every_hour), label="compact_at")
     a, m, b = fleet["cuts"]
     with scratch() as tmp:
         con = store(tmp, fleet, seed, how, compact_at)
         summarised = con.execute("SELECT count(*) FROM health_hours").fetchone()[0]
         event(f"hours with health summaries: {min(summarised, 3)}")
+        event(f"a day's merged health file read: {reads_day_file(con)}")
         event(f"an open hour's health rows: {con.execute('SELECT count(*) FROM now_hours').fetchone()[0] > 0}")
         whole = (at(0).replace(minute=0, second=0), at(fleet["now"] + 3600).replace(minute=0, second=0))
         for lo, hi in ((at(a), at(b)), (at(a), at(m)), (at(m), at(b)), whole):
@@ -171,8 +181,8 @@ def test_health_from_summaries_gives_the_raw_figures(fleet, seed, how, data):
 @SETTINGS
 @given(fleets(), st.integers(0, 2**16), st.integers(2, 3), st.data())
 def test_shards_health_summaries_give_the_raw_figures(fleet, seed, n, data):
-    """Collector shards summarise their own GPUs' health at their own pace (one may never have):
-    the union reads the raw figures."""
+    """Collector shards summarise their own GPUs' health at their own pace (one may never have,
+    one may have merged a closed day's): the union reads the raw figures."""
     every_hour = fleet["now"] + 2 * 3600
     with scratch() as tmp:
         root = Path(tmp)
@@ -182,7 +192,7 @@ def test_shards_health_summaries_give_the_raw_figures(fleet, seed, n, data):
             for k, part in by_shard(batch, n).items():
                 writers[k].commit(part)
         for k, w in writers.items():
-            when = data.draw(st.sampled_from([every_hour, None]) | st.integers(3600, every_hour), label=f"shard {k} compacts at")
+            when = data.draw(st.sampled_from([every_hour, every_hour + DAY, None]) | st.integers(3600, every_hour), label=f"shard {k} compacts at")
             if when is not None:
                 compact(w, at(when), SummaryParams(max_gap_s=MAX_GAP))
             w.close()
@@ -201,13 +211,16 @@ def health_rows(con) -> pl.DataFrame:
 
 
 @SETTINGS
-@given(fleets(), st.integers(0, 2**16), st.randoms(use_true_random=False), st.integers(0, 3))
-def test_health_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, seed, rnd, late_n):
+@given(fleets(), st.integers(0, 2**16), st.randoms(use_true_random=False), st.integers(0, 3), st.sampled_from([0, DAY]))
+def test_health_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, seed, rnd, late_n, later):
     """Late batches (some for long-closed hours) and a re-ingest leave the health summaries a
-    fresh store of all the batches builds."""
+    fresh store of all the batches builds; also once their day is closed, its merged file made
+    again with the rebuilt hours."""
     every = split(fleet, 3, False, fields=health_fields(seed))
-    with late_and_fresh(every, rnd, late_n, SummaryParams(max_gap_s=MAX_GAP), at(fleet["now"] + 7200)) as (tmp, fresh):
+    with late_and_fresh(every, rnd, late_n, SummaryParams(max_gap_s=MAX_GAP), at(fleet["now"] + 7200 + later)) as (tmp, fresh):
         got, want = open_reader(tmp), open_reader(fresh)
+        assert reads_day_file(got) == reads_day_file(want)
+        event(f"a day's merged health file read: {reads_day_file(got)}")
         assert health_rows(got).equals(health_rows(want))
         assert got.sql("SELECT * FROM health_hours ORDER BY hour").fetchall() == want.sql("SELECT * FROM health_hours ORDER BY hour").fetchall()
 
@@ -319,3 +332,58 @@ def test_an_open_hours_health_comes_from_its_summary_then_the_minutes_after(tmp_
     w.close()
     assert open_reader(tmp_path).execute("SELECT hour, ends FROM now_hours").fetchall() == [(hour, ends)]
     assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
+
+
+def test_a_closed_days_health_is_read_from_its_merged_file_while_it_holds_its_hours(tmp_path):
+    """Once a day is closed, upkeep merges its hourly health summaries into one file sorted by
+    GPU, and readers take it for those hours (the same figures). A late batch for one of its hours
+    makes the day read hour by hour (the rebuilt hour's summary is not in the merged file) until
+    the next upkeep pass merges it again; retention retiring the day's first hours does the same.
+    A merged file with one hour's rows wrong fails the comparison: it is what is read."""
+    end = DAY + 6 * 3600
+    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, end, 120)]}
+                      for g in range(3)], "jobs": [], "cuts": [0, DAY, end], "now": end}
+    hourly = []  # as a collector's rounds: each hour's samples in files of their own
+    for b in split(fleet, 1, False, fields=health_fields(17)):
+        hours = pc.floor_temporal(b.samples["ts"], unit="hour") if b.samples is not None else None
+        for h in (sorted(set(hours.to_pylist())) if hours is not None else [None]):
+            hourly.append(b if h is None else type(b)(key=f"{b.key}/{h}", samples=b.samples.filter(pc.equal(hours, h)), gpus=b.gpus))
+    late = hourly.pop(5)  # the first GPU's hour 05:00 comes late
+    w = StoreWriter(tmp_path)
+    for batch in hourly:
+        w.commit(batch)
+    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=None)  # 30 hours: more than a pass's
+    manifest = lambda: json.loads((tmp_path / "manifest.json").read_text())  # noqa: E731
+    (day,) = manifest()["health_days"]  # the first day; the second is open
+    assert day["day"] == f"{at(0):%Y-%m-%d}" and len(day["hours"]) == 24
+    windows = [Params(at(0), at(end)), Params(at(3 * 3600 + 17), at(DAY + 3600 - 7)), Params(at(5 * 3600), at(9 * 3600))]
+
+    def check(merged: bool) -> None:
+        con = open_reader(tmp_path)
+        assert reads_day_file(con) == merged
+        for p in windows:
+            bad = compare(con, p)
+            assert not bad, (p, "\n".join(bad))
+        con.close()
+
+    check(True)
+    w.commit(late)  # late samples for the day's hours: their summaries go
+    w.publish()
+    check(False)
+    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
+    (again,) = manifest()["health_days"]
+    assert again["file"] != day["file"] and len(again["hours"]) == 24
+    check(True)
+    from gpufleet.collector.maintenance import apply_retention
+    apply_retention(w, at(DAY + 4 * 3600 + 30), raw_days=1, rollup_days=400)  # the day's first hours' samples retired
+    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
+    (kept,) = manifest()["health_days"]
+    assert 0 < len(kept["hours"]) < 24 and kept["file"] != again["file"]
+    windows = [Params(at(6 * 3600), at(end)), Params(at(7 * 3600 + 17), at(DAY + 3600 - 7))]
+    check(True)
+    w.close()
+    merged = tmp_path / kept["file"]
+    t = pl.read_parquet(merged)
+    hour = t["hour"].sort()[t.height // 2]
+    pl.concat([t.filter(pl.col("hour") != hour), t.filter(pl.col("hour") == hour).with_columns(pl.col("samples") + 1)]).write_parquet(merged)
+    assert compare(open_reader(tmp_path), windows[0])
