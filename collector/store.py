@@ -1194,30 +1194,38 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
                 opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
         elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
-    _hour_views(con, "health_hours", "gpu_health_hours", _health_day_files(chosen, parts))
+    _hour_views(con, "health_hours", "gpu_health_hours", *_health_day_files(chosen, parts))
     _hour_views(con, "now_hours", "gpu_now_hours", opened, ends=True)
 
 
-def _health_day_files(chosen: dict[str, tuple[tuple, list[str]]], parts: list[tuple[Path, dict[str, Any]]]) -> dict[str, tuple[tuple, list[str]]]:
+def _health_day_files(chosen: dict[str, tuple[tuple, list[str]]], parts: list[tuple[Path, dict[str, Any]]]
+                      ) -> tuple[dict[str, tuple[tuple, list[str]]], dict[str, list[str]]]:
     """The picked hours (hour -> (summary key, files)) with their files replaced by their day's
-    merged file (a manifest's "health_days") wherever every hour that file holds is picked with
-    the very file it was merged from: an hour rebuilt since (late data) or retired makes its day
-    read hour by hour until upkeep merges the day again."""
+    merged file (a manifest's "health_days") where the hour is picked with the very file it was
+    merged from; and for each day file the hours it holds that must not be read from it (rebuilt
+    since, after late data, or retired), read from their own files or not at all."""
     picked = {h: set(files) for h, (_, files) in chosen.items()}
     day_file: dict[str, str] = {}  # an hour's file -> the day file holding its rows
+    skip: dict[str, list[str]] = {}
     for d, m in parts:
         for e in m.get("health_days", []):
+            if e.get("format") != schema.HEALTH_FORMAT_VERSION:
+                continue
             held = {h: str(d / f) for h, f in e["hours"].items()}
-            if e.get("format") == schema.HEALTH_FORMAT_VERSION and all(f in picked.get(h, ()) for h, f in held.items()):
-                day_file.update(dict.fromkeys(held.values(), str(d / e["file"])))
-    return {h: (key, [day_file.get(f, f) for f in files]) for h, (key, files) in chosen.items()}
+            valid = {h for h, f in held.items() if f in picked.get(h, ())}
+            if valid:
+                day_file.update(dict.fromkeys((held[h] for h in valid), str(d / e["file"])))
+                if len(valid) < len(held):
+                    skip[str(d / e["file"])] = sorted(set(held) - valid)
+    return {h: (key, [day_file.get(f, f) for f in files]) for h, (key, files) in chosen.items()}, skip
 
 
 def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]],
-                ends: bool = False) -> None:
+                skip: dict[str, list[str]] | None = None, ends: bool = False) -> None:
     """`table` (hour - with `ends`, where an open hour's summary ends - max_gap and idle
     threshold) and `view` (the rows of their files, schema.HEALTH_FILE's; none: an empty table of
-    its columns) of the hours _health_views picked (hour -> (summary key, files))."""
+    its columns) of the hours _health_views picked (hour -> (summary key, files)), but none of
+    `skip`'s hours from its files (a day's merged file -> hours it holds that are read elsewhere)."""
     hours = sorted(picked)
     columns = {"hour": ("TIMESTAMP", hours)}
     if ends:
@@ -1225,8 +1233,13 @@ def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: d
     columns.update(max_gap_s=("DOUBLE", [picked[h][0][2] for h in hours]), idle_threshold=("DOUBLE", [picked[h][0][3] for h in hours]))
     _table_of_lists(con, table, columns)
     files = list(dict.fromkeys(f for h in hours for f in picked[h][1]))  # a day's merged file once
-    if files:
-        con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
+    skip = {f: skip[f] for f in files if f in (skip or {})}
+    plain = [f for f in files if f not in skip]
+    selects = [f"SELECT * FROM read_parquet({_sql_list(plain)})"] if plain else []
+    selects += [f"SELECT * FROM read_parquet({_sql_list([f])}) WHERE hour NOT IN (SELECT unnest({_sql_list(hs)}::TIMESTAMP[]))"
+                for f, hs in skip.items()]
+    if selects:
+        con.execute(f"CREATE VIEW {view} AS " + " UNION ALL BY NAME ".join(selects))
     else:
         con.execute(f"CREATE TABLE {view} AS {schema.HEALTH_FILE.format(source='gpu_samples', where='false')}", {"thr": 0.0, "max_gap": 0.0})
 

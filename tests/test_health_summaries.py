@@ -334,12 +334,13 @@ def test_an_open_hours_health_comes_from_its_summary_then_the_minutes_after(tmp_
     assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
 
 
-def test_a_closed_days_health_is_read_from_its_merged_file_while_it_holds_its_hours(tmp_path):
+def test_a_closed_days_health_is_read_from_its_merged_file_for_the_hours_it_holds(tmp_path):
     """Once a day is closed, upkeep merges its hourly health summaries into one file sorted by
-    GPU, and readers take it for those hours (the same figures). A late batch for one of its hours
-    makes the day read hour by hour (the rebuilt hour's summary is not in the merged file) until
-    the next upkeep pass merges it again; retention retiring the day's first hours does the same.
-    A merged file with one hour's rows wrong fails the comparison: it is what is read."""
+    GPU, and readers take it for its hours (the same figures). A late batch for one of its hours:
+    that hour is read from its samples, the others still from the day's file, then from its rebuilt
+    summary's file; late batches for more hours make upkeep merge the day again. Retention retiring
+    the day's first hours makes the reader skip them in the day's file, which is not written again
+    for it. A merged file with one hour's rows wrong fails the comparison: it is what is read."""
     end = DAY + 6 * 3600
     fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, end, 120)]}
                       for g in range(3)], "jobs": [], "cuts": [0, DAY, end], "now": end}
@@ -348,7 +349,7 @@ def test_a_closed_days_health_is_read_from_its_merged_file_while_it_holds_its_ho
         hours = pc.floor_temporal(b.samples["ts"], unit="hour") if b.samples is not None else None
         for h in (sorted(set(hours.to_pylist())) if hours is not None else [None]):
             hourly.append(b if h is None else type(b)(key=f"{b.key}/{h}", samples=b.samples.filter(pc.equal(hours, h)), gpus=b.gpus))
-    late = hourly.pop(5)  # the first GPU's hour 05:00 comes late
+    late = [hourly.pop(h) for h in (17, 13, 9, 5)]  # the first GPU's hours 05:00, 09:00, 13:00 and 17:00 come late
     w = StoreWriter(tmp_path)
     for batch in hourly:
         w.commit(batch)
@@ -358,32 +359,39 @@ def test_a_closed_days_health_is_read_from_its_merged_file_while_it_holds_its_ho
     assert day["day"] == f"{at(0):%Y-%m-%d}" and len(day["hours"]) == 24
     windows = [Params(at(0), at(end)), Params(at(3 * 3600 + 17), at(DAY + 3600 - 7)), Params(at(5 * 3600), at(9 * 3600))]
 
-    def check(merged: bool) -> None:
+    def check(skips: bool) -> None:
         con = open_reader(tmp_path)
-        assert reads_day_file(con) == merged
+        assert reads_day_file(con)
+        view, = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'gpu_health_hours'").fetchall()
+        assert ("unnest" in view[0]) == skips  # the hours it holds that are read elsewhere (DuckDB rewrites NOT IN)
         for p in windows:
             bad = compare(con, p)
             assert not bad, (p, "\n".join(bad))
         con.close()
 
-    check(True)
-    w.commit(late)  # late samples for the day's hours: their summaries go
+    check(skips=False)
+    w.commit(late[-1])  # late samples for 05:00: its summary goes; read raw until upkeep
     w.publish()
-    check(False)
+    check(skips=True)
+    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
+    assert manifest()["health_days"] == [day]  # rebuilt, the hour is read from its own file: a few such hours are
+    check(skips=True)
+    for batch in late[:-1]:  # ... but more than a few (HEALTH_DAY_LOOSE_HOURS) make upkeep merge the day again
+        w.commit(batch)
     compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
     (again,) = manifest()["health_days"]
     assert again["file"] != day["file"] and len(again["hours"]) == 24
-    check(True)
+    check(skips=False)
     from gpufleet.collector.maintenance import apply_retention
     apply_retention(w, at(DAY + 4 * 3600 + 30), raw_days=1, rollup_days=400)  # the day's first hours' samples retired
     compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
-    (kept,) = manifest()["health_days"]
-    assert 0 < len(kept["hours"]) < 24 and kept["file"] != again["file"]
+    assert 0 < sum(h < f"{at(DAY):%Y-%m-%dT%H}" for h in w.summaries) < 24  # some of the day's hours left
+    assert manifest()["health_days"] == [again]  # not written again
     windows = [Params(at(6 * 3600), at(end)), Params(at(7 * 3600 + 17), at(DAY + 3600 - 7))]
-    check(True)
+    check(skips=True)
     w.close()
-    merged = tmp_path / kept["file"]
+    merged = tmp_path / again["file"]
     t = pl.read_parquet(merged)
-    hour = t["hour"].sort()[t.height // 2]
+    hour = t["hour"].sort()[t.height - 1]  # the day's last hour, still summarised
     pl.concat([t.filter(pl.col("hour") != hour), t.filter(pl.col("hour") == hour).with_columns(pl.col("samples") + 1)]).write_parquet(merged)
     assert compare(open_reader(tmp_path), windows[0])
