@@ -88,6 +88,9 @@ def main() -> None:
     rows = {"intervals": len(an.gt.t0), "al": an.con.execute("SELECT count(*) FROM al").fetchone()[0],
             "runs_idle": an.gt.runs("idle", an.p.idle_threshold, 0).height, "path": type(an.gt).__name__,
             "summary_buckets": getattr(an.gt, "summary_buckets", 0), "coarse_hours": getattr(an.gt, "coarse_hours", 0), "line_gpus": an.gt.gpus.height, "raw_pieces": getattr(an.gt, "raw_pieces", len(an.gt.t0))}
+    if util["fleet"].is_empty():  # a user filter matching no job of the window (GPUFLEET_BENCH_USERS at a small scale)
+        raise SystemExit(f"{a.start} .. {a.end} of user {a.user!r} has no fleet row: nothing to measure; expected a user "
+                         f"with jobs in the bench store {a.store} (set GPUFLEET_BENCH_USERS)")
     fleet = util["fleet"].row(0, named=True)
     print("RESULT " + json.dumps({
         "wall_s": wall,

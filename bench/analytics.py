@@ -75,6 +75,8 @@ CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results
 # a window of other than 7 days to none (they are a week's)
 ISSUE_GOALS = ((1024, 1.0, 0.5), (4096, 3.0, 1.0), (16384, 10.0, 2.0), (100_000, 60.0, 6.0))
 WALL_GOAL_S, RSS_GOAL_GIB = next(((w, r) for g, w, r in ISSUE_GOALS if SCALE.gpus <= g and SCALE.days == 7), (None, None))
+# what the tables call the analysed window: the issue's figures are a week's
+WINDOW = "week" if SCALE.days == 7 else f"{SCALE.days}-day window"
 SCALE_IDLE_MIN = "30 min"  # gpufleet.analytics.params default idle_min_duration
 SPEEDUP_GOAL = 30.0  # the rollups' per-GPU weekly mean against PromQL's avg_over_time (issue #16)
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
@@ -108,7 +110,7 @@ def measure_analysis(store: Path, raw: bool = False, user: str | None = None, he
 
 def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
     """The raw oracle and the summaries path side by side, and whether their figures agree."""
-    t = Table(f"analytics: weekly analysis, raw samples (oracle) vs per-GPU summaries, {SCALE.describe()}")
+    t = Table(f"analytics: the {WINDOW}'s analysis, raw samples (oracle) vs per-GPU summaries, {SCALE.describe()}")
     gib = lambda m: m["vmhwm_kib"] / 1024 / 1024  # noqa: E731
     t.add("wall time, open_reader .. per_gpu: raw / summaries", f"{raw['wall_s']:.2f} s / {summ['wall_s']:.2f} s "
           f"({raw['wall_s'] / summ['wall_s']:.1f}x)")
@@ -151,9 +153,9 @@ def off_hour_table(store: Path, aligned: dict, run_raw: bool) -> Table:
     the 5-minute grain), so its timeline's bucket edges fall inside hours too and the reader mixes
     joined and 5-minute hours - beside the week on the hour (the run above), and the raw oracle of
     the same window when it runs."""
-    t = Table(f"analytics: the week off the hour (from {HEALTH_EDGES[0].seconds // 60} min after its start to "
+    t = Table(f"analytics: the {WINDOW} off the hour (from {HEALTH_EDGES[0].seconds // 60} min after its start to "
               f"{HEALTH_EDGES[1].seconds // 60} min before its end, as a window typed to the minute), {SCALE.describe()}")
-    progress("the week off the hour: " + ("the raw oracle, then " if run_raw else "") + "the summaries path")
+    progress(f"the {WINDOW} off the hour: " + ("the raw oracle, then " if run_raw else "") + "the summaries path")
     raw = measure_analysis(store, raw=True, edges=HEALTH_EDGES) if run_raw else None
     m = measure_analysis(store, edges=HEALTH_EDGES)
     t.add("wall time, open_reader .. per_gpu: off the hour / on the hour", f"{m['wall_s']:.2f} s / {aligned['wall_s']:.2f} s")
@@ -170,7 +172,7 @@ def off_hour_table(store: Path, aligned: dict, run_raw: bool) -> Table:
 
 
 def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table:
-    t = Table(f"analytics: full weekly analysis ({'summaries' if m['rows'].get('path') == 'SummaryTime' else 'raw samples'}), {SCALE.describe()}")
+    t = Table(f"analytics: full analysis of the {WINDOW} ({'summaries' if m['rows'].get('path') == 'SummaryTime' else 'raw samples'}), {SCALE.describe()}")
     wall, cpu, hwm = m["wall_s"], m["cpu_s"], m["vmhwm_kib"] / 1024 / 1024
     t.add("wall time: open_reader .. per_gpu (imports excluded)", f"{wall:.1f} s", *((f"<= {WALL_GOAL_S:g} s", wall <= WALL_GOAL_S)
                                                                                       if WALL_GOAL_S else ()))
@@ -187,7 +189,8 @@ def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table
     t.add("figures: idle allocated / no process / stranded",
           f"{f['idle_allocated_gpu_h']:,.0f} GPU-h ({money(f['idle_allocated_cost'])}) / {f['no_process_gpu_h']:,.0f} / {f['stranded_gpu_h']:,.0f} GPU-h")
     t.add("figures: rows (GPUs / hosts / accounts / users)", f"{f['gpus']} / {f['hosts']} / {f['accounts']} / {f['users']}; "
-          f"top wasteful job {f['top_job']} ({f['top_job_idle_gpu_h']:.0f} idle GPU-h)")
+          + (f"top wasteful job {f['top_job']} ({f['top_job_idle_gpu_h']:.0f} idle GPU-h)" if f['top_job_idle_gpu_h'] is not None
+             else "no job left an idle stretch"))
     r = m["rows"]
     t.notes += [
         f"the analysis reads {r['intervals'] / 1e6:.1f}M sample intervals once into arrays (analytics/gputime.py: GPU-time order from the "
@@ -223,7 +226,7 @@ def _relative(a: float | None, b: float | None) -> float:
 def user_window_table(store: Path) -> Table:
     """A user's week with per-job detail (the dashboards' window under a user filter): every GPU's
     line read, then only the GPUs the user's jobs held (held_only), side by side in one run."""
-    t = Table(f"analytics: a user's week (per-job detail, as the dashboards' window): every GPU's line / the GPUs its jobs held only, "
+    t = Table(f"analytics: a user's {WINDOW} (per-job detail, as the dashboards' window): every GPU's line / the GPUs its jobs held only, "
               f"{SCALE.describe()}")
     gib = lambda m: m["vmhwm_kib"] / 1024 / 1024  # noqa: E731
     for user in USERS:
@@ -579,7 +582,7 @@ def run() -> list[Table]:
     progress(f"store {'generated' if generated else 'reused'}: {store} ({gen_s:.0f} s)")
     build_s, built = ensure_summaries(SCALE, store, progress)
     run_raw, why = raw_side_fits("GPUFLEET_BENCH_RAW", SCALE.samples, RAW_BYTES_PER_SAMPLE)
-    progress(f"full weekly analysis in its own process: {'the raw oracle, then ' if run_raw else ''}the summaries path")
+    progress(f"full analysis of the {WINDOW} in its own process: {'the raw oracle, then ' if run_raw else ''}the summaries path")
     m_raw = measure_analysis(store, raw=True) if run_raw else None
     m = measure_analysis(store)
     tables = [paths_table(m_raw, m, build_s, built)] if m_raw else []
