@@ -376,10 +376,10 @@ def merge_health_days(w: StoreWriter, now: datetime, limit: int | None = HEALTH_
     """Merge each closed day's hourly health summaries into one file sorted by GPU (schema.HEALTH_DAY_SQL),
     once every summarised hour of the day has its health summary: readers take it for the hours
     still summarised with the files it holds (a week's Health page groups 7 files' rows, not 168).
-    A day with more than HEALTH_DAY_LOOSE_HOURS hours it does not hold (rebuilt after late data; or
-    more than half its hours) is merged again - the newest `limit` days a pass, None: all - those hours read from their own files
-    until then; an hour retired by retention just stops being read from it. Returns days merged;
-    the caller publishes."""
+    A day with more than HEALTH_DAY_LOOSE_HOURS hours it does not hold (rebuilt after late data;
+    or more than half its hours) is merged again - the newest `limit` days a pass, None: all -
+    those hours read from their own files until then; an hour retired by retention just stops
+    being read from it. Returns days merged; the caller publishes."""
     days: dict[str, dict[str, dict]] = {}
     for hour, e in w.summaries.items():
         if not e.get("to"):

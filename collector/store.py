@@ -1183,8 +1183,8 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
     schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once. Also
     now_hours and gpu_now_hours: the same for open hours' summaries (an hour, where its summary
     `ends`, schema.HEALTH_FILE's rows of the samples before: Fleet now takes their run facts, the
-    Health window the rest). A closed day's hours are read from its merged file where it still
-    holds each of their files' rows (_health_day_files)."""
+    Health window the rest). A closed day's hours are read from its merged file, each while the
+    file it holds for the hour is still the hour's (_health_day_files)."""
     chosen: dict[str, tuple[tuple, list[str]]] = {}
     opened: dict[str, tuple[tuple, list[str]]] = {}
     for key in sorted(by_key):
