@@ -13,6 +13,8 @@ filters; health is about GPUs, so account/user/partition filters do not apply). 
   thermal = SW (0x20) or HW (0x40) thermal slowdown, power = SW power cap (0x4) or HW power brake
   (0x80), hw_slowdown = 0x8. Violation counters (ns) give the time throttled in the window.
 - Lost: samples with gpufleet_gpu_up = 0 (fell off the bus, reset required, ...).
+- Model: a GPU's row names the model of its newest sample in the window, an event the model of
+  its first sample (an exporter upgraded mid-window may spell the same GPU's model another way).
 Shares are of samples (every scrape counts once), not time-weighted: fine at a steady interval.
 
 Cost: a week of a large fleet is hundreds of millions of samples, so the window's whole hours

@@ -717,7 +717,7 @@ def _throttled_pct(bits: int) -> str:
 
 
 GPU_HEALTH = f"""
-SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, any_value(gpu) AS gpu, any_value(model) AS model,
+SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, any_value(gpu) AS gpu, arg_max(model, ts) AS model,
        count(*) AS samples, min(ts) AS first_sample, max(ts) AS last_sample,
        max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, avg(gpu_temp_c)::DOUBLE AS gpu_temp_avg_c, max(mem_temp_c)::DOUBLE AS mem_temp_max_c,
        max(power_w)::DOUBLE AS power_max_w,
@@ -748,7 +748,7 @@ _COUNTERS = (
 )
 _COUNTER_EVENTS = "".join(
     f"""UNION ALL
-SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, any_value(s.model),
+SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, arg_min(s.model, s.ts),
        '{kind}', NULL, count(*), '{label}: +' || (max(s.{col}) - coalesce(any_value(b.{base}), 0))::BIGINT
 FROM s JOIN base b USING (cluster, host, gpu_uuid, gi)
 WHERE s.{col} > coalesce(b.{base}, 0) GROUP BY s.cluster, s.host, s.gpu_uuid, s.gi
@@ -771,16 +771,16 @@ WITH s AS (
     FROM gpu_samples WHERE {_HEALTH_WINDOW}
     GROUP BY ALL
 )
-SELECT min(ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, any_value(model) AS model,
+SELECT min(ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, arg_min(model, ts) AS model,
        'xid' AS kind, xid_last AS code, count(*) AS samples, 'XID ' || xid_last AS detail
 FROM s WHERE xid_last > 0 GROUP BY cluster, host, gpu_uuid, gi, xid_last
 {_COUNTER_EVENTS}
 UNION ALL
-SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, ts),
        'row_remap_failure', NULL, count(*), 'row remapping failed'
 FROM s WHERE remap_failure > 0 GROUP BY cluster, host, gpu_uuid, gi
 UNION ALL
-SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, ts),
        'gpu_lost', NULL, count(*), 'GPU not usable (gpufleet_gpu_up = 0)'
 FROM s WHERE gpu_up = 0 GROUP BY cluster, host, gpu_uuid, gi
 ORDER BY ts DESC, cluster, host, gpu, kind
@@ -832,7 +832,7 @@ def _throttled_share(n: str) -> str:
 
 
 HEALTH_FROM_HOURS = f"""
-SELECT {_KEY}, any_value(gpu) AS gpu, any_value(model) AS model,
+SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample) AS model,
        sum(samples)::BIGINT AS samples, min(first_sample) AS first_sample, max(last_sample) AS last_sample,
        max(gpu_temp_max_c) AS gpu_temp_max_c, sum(gpu_temp_sum) / nullif(sum(gpu_temp_n), 0) AS gpu_temp_avg_c,
        max(mem_temp_max_c) AS mem_temp_max_c, max(power_max_w) AS power_max_w,
@@ -880,7 +880,7 @@ WHERE p.{col}_n > 0 AND p.{col}_min <= coalesce(b.{col}_0, 0) AND p.{col}_max > 
 """ for kind, col, _ in _EVENT_COUNTERS)
 _KIND_VALUE = "CASE m.kind " + " ".join(f"WHEN '{kind}' THEN s.{col}" for kind, col, _ in _EVENT_COUNTERS) + " END"
 EVENTS_OF_MIXED_HOURS = f"""
-SELECT m.kind, s.cluster, s.host, s.gpu_uuid, m.gi, any_value(s.gpu) AS gpu, any_value(s.model) AS model,
+SELECT m.kind, s.cluster, s.host, s.gpu_uuid, m.gi, any_value(s.gpu) AS gpu, arg_min(s.model, s.ts) AS model,
        min(s.ts) AS ts, count(*) AS n, max({_KIND_VALUE}) AS top
 FROM gpu_samples s JOIN _health_mixed m
   ON s.cluster = m.cluster AND s.host = m.host AND s.gpu_uuid = m.gpu_uuid AND coalesce(s.gpu_instance, -1) = m.gi
@@ -893,12 +893,12 @@ EVENTS_FROM_HOURS = f"""
 WITH p AS {{parts}}, base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL), x AS (
     SELECT cluster, host, gpu, gpu_uuid, gi, model, unnest(xid_codes) AS c FROM p WHERE xid_codes IS NOT NULL
 )
-SELECT min(c.first_ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, any_value(model) AS model,
+SELECT min(c.first_ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, arg_min(model, c.first_ts) AS model,
        'xid' AS kind, c.code AS code, sum(c.samples)::BIGINT AS samples, 'XID ' || c.code AS detail
 FROM x GROUP BY cluster, host, gpu_uuid, gi, c.code
 """ + "".join(
     f"""UNION ALL
-SELECT min(e.ts), e.cluster, e.host, any_value(e.gpu), e.gpu_uuid, e.gi, any_value(e.model),
+SELECT min(e.ts), e.cluster, e.host, any_value(e.gpu), e.gpu_uuid, e.gi, arg_min(e.model, e.ts),
        '{kind}', NULL, sum(e.n)::BIGINT, '{label}: +' || (max(e.top) - any_value(b.base))::BIGINT
 FROM (SELECT p.{col}_first_ts AS ts, {", ".join("p." + k for k in _KEY.split(", "))}, p.gpu, p.model, p.{col}_n AS n, p.{col}_max AS top
       FROM p JOIN base b USING ({_KEY}) WHERE p.{col}_n > 0 AND p.{col}_min > coalesce(b.{col}_0, 0)
@@ -907,11 +907,11 @@ FROM (SELECT p.{col}_first_ts AS ts, {", ".join("p." + k for k in _KEY.split(", 
 JOIN (SELECT {_KEY}, coalesce({col}_0, 0) AS base FROM base) b USING ({_KEY})
 GROUP BY e.cluster, e.host, e.gpu_uuid, e.gi
 """ for kind, col, label in _EVENT_COUNTERS) + f"""UNION ALL
-SELECT min(remap_failure_ts), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+SELECT min(remap_failure_ts), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, remap_failure_ts),
        'row_remap_failure', NULL, sum(remap_failure_n)::BIGINT, 'row remapping failed'
 FROM p WHERE remap_failure_n > 0 GROUP BY {_KEY}
 UNION ALL
-SELECT min(first_lost), cluster, host, any_value(gpu), gpu_uuid, gi, any_value(model),
+SELECT min(first_lost), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, first_lost),
        'gpu_lost', NULL, sum(lost_samples)::BIGINT, 'GPU not usable (gpufleet_gpu_up = 0)'
 FROM p WHERE lost_samples > 0 GROUP BY {_KEY}
 ORDER BY ts DESC, cluster, host, gpu, kind

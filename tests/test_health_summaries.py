@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -395,3 +396,32 @@ def test_a_closed_days_health_is_read_from_its_merged_file_for_the_hours_it_hold
     hour = t["hour"].sort()[t.height - 1]  # the day's last hour, still summarised
     pl.concat([t.filter(pl.col("hour") != hour), t.filter(pl.col("hour") == hour).with_columns(pl.col("samples") + 1)]).write_parquet(merged)
     assert compare(open_reader(tmp_path), windows[0])
+
+
+def test_a_gpu_whose_model_name_changes_within_an_hour_gives_the_raw_figures(tmp_path):
+    """An exporter upgraded mid-hour may name the same GPU's model another way ("NVIDIA H100 80GB
+    HBM3" -> "H100"): its health summary then has a row per model for that hour, each carrying the
+    GPU-hour's run facts. The Health window and Fleet now give the raw figures (the run facts
+    counted once per GPU-hour, whatever rows carry them)."""
+    end = 4 * 3600
+    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}",
+                       "samples": [(t, 50.0 if (t // 600) % 3 else 0.0, float((t // 900) % 2)) for t in range(0, end, 60)]}
+                      for g in range(3)], "jobs": [], "cuts": [0, 3600, end], "now": end}
+    w = StoreWriter(tmp_path)
+    for b in split(fleet, 1, False, fields=health_fields(23)):
+        if b.samples is not None and b.samples.num_rows and "GPU-prop-0/" in b.key:
+            renamed = pc.if_else(pc.greater_equal(b.samples["ts"], pa.scalar(at(3600 + 1800), pa.timestamp("us"))), "H100", b.samples["model"])
+            b = type(b)(key=b.key, samples=b.samples.set_column(b.samples.schema.get_field_index("model"), "model", renamed), gpus=b.gpus)
+        w.commit(b)
+    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=None)
+    w.close()
+    con = open_reader(tmp_path)
+    (rows,) = con.execute("SELECT count(*) FROM gpu_health_hours WHERE gpu_uuid = 'GPU-prop-0' AND hour = ?", [at(3600)]).fetchone()
+    assert rows == 2  # one per model name
+    for p in (Params(at(0), at(end)), Params(at(1800 + 17), at(end - 7))):
+        bad = compare(con, p)
+        assert not bad, (p, "\n".join(bad))
+    for as_of, lookback in ((end, 3 * 3600), (end - 60, 10**6), (2 * 3600 + 5, 3600)):
+        bad = compare_now(con, Params(at(0), at(end)), as_of, lookback)
+        assert not bad, (as_of, lookback, "\n".join(bad))
+    assert now_hours_used(con, Params(at(0), at(end)), end, 3 * 3600) == 3  # the hour of two rows among them
