@@ -543,12 +543,14 @@ WITH inv AS (
       AND {_FILTERS}
 ), summarised AS (
     -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a health summary for
-    -- this idle threshold and max_gap (a GPU that changed model within an hour has a row per model),
-    -- or with an open hour's run facts up to $sum_to
-    SELECT DISTINCT ON (cluster, host, gpu_uuid, gi, hour) cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
+    -- this idle threshold and max_gap, or with an open hour's run facts up to $sum_to. A GPU that
+    -- changed model (name) within an hour has a row per model, each with the GPU-hour's facts: not
+    -- de-duplicated (0.9-1.6 s at 100,000 GPUs), as every figure below is a min, max, any_value or
+    -- arg_max over them and a twin row's lag is its twin (no gap: the stretch is its twin's)
+    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
     FROM gpu_health_hours WHERE hour >= $sum_from AND hour + INTERVAL 1 HOUR <= $sum_to AND ($cluster IS NULL OR cluster = $cluster)
     UNION ALL BY NAME
-    SELECT DISTINCT ON (cluster, host, gpu_uuid, gi, hour) cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
+    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
     FROM gpu_now_hours WHERE hour >= $sum_from AND hour < $sum_to AND $sum_to < hour + INTERVAL 1 HOUR
       AND ($cluster IS NULL OR cluster = $cluster)
 ), c AS (
