@@ -390,20 +390,21 @@ def merge_health_days(w: StoreWriter, now: datetime, limit: int | None = HEALTH_
     for day, entries in sorted(days.items(), reverse=True):
         hours = {h: e.get("health") for h, e in sorted(entries.items())}
         kept = w.health_days.get(day)
-        loose = sum(kept["hours"].get(h) != f for h, f in hours.items()) if kept else len(hours)
-        if kept and kept.get("format") == HEALTH_FORMAT_VERSION and loose <= min(HEALTH_DAY_LOOSE_HOURS, len(hours) // 2):
+        if kept and kept.get("format") == HEALTH_FORMAT_VERSION and (
+                sum(kept["hours"].get(h) != f for h, f in hours.items()) <= min(HEALTH_DAY_LOOSE_HOURS, len(hours) // 2)):
             continue  # it holds every hour but a few (retention may have taken some)
         if (datetime.fromisoformat(day) + timedelta(days=1) + SETTLE < now and len(hours) > 1
                 and all(e.get("health_format") == HEALTH_FORMAT_VERSION and e.get("health") for e in entries.values())):
             todo.append((day, hours))
-    for day, hours in todo[:limit]:
+    todo = todo[:limit]
+    for day, hours in todo:
         what = "\n".join(f"{h} {f}" for h, f in hours.items())
         rel = f"summaries/date={day}/healthday{HEALTH_FORMAT_VERSION}-{hashlib.blake2b(what.encode(), digest_size=6).hexdigest()}.parquet"
         table = w.db.sql(HEALTH_DAY_SQL.format(files=_sql_list([str(w.root / f) for f in hours.values()]))).to_arrow_table()
         write_parquet(table, w.root / rel)
         w.attach_health_day(day, rel, hours)
         log.info("merged the health summaries of %s (%d hours) into %s", day, len(hours), rel)
-    return len(todo[:limit])
+    return len(todo)
 
 
 def _samples_in(hour: datetime, spans: list[tuple[datetime, datetime, int]]) -> int:
