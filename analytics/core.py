@@ -123,6 +123,69 @@ FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", 
                "job_key": "job"}
 
 
+def window_bind(params: Params, now: datetime) -> dict[str, Any]:
+    """The bound parameters of a window's queries (sql.py): its edges, the read window's (reach:
+    idle_min_duration + max_gap either side, where an idle stretch crossing an edge is followed),
+    the thresholds and the filters."""
+    reach = params.idle_min_duration + params.max_gap
+    return {
+        "start": params.start, "end": params.end, "as_of": min(params.end, now),
+        "xstart": params.start - reach, "xend": params.end + reach,
+        "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds(),
+        "thr": params.idle_threshold,
+        "min_idle": params.idle_min_duration.total_seconds(),
+        **params.filters.bind(),
+    }
+
+
+def register_prices(con: duckdb.DuckDBPyConnection, params: Params) -> dict[str, float]:
+    """The price table (model -> $/GPU-hour) registered on the cursor as `prices` (sql.PER_GPU)."""
+    prices = price_table(params.prices)
+    con.register("prices", pl.DataFrame({"model": list(prices), "usd_per_gpu_hour": list(prices.values())}).to_arrow())
+    return prices
+
+
+_GPU_USE_COLS = ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_data_gpu_h", "stranded_gpu_h")
+
+
+def by_gpu_dimension(g: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Per-GPU figures (Analysis.per_gpu) summed by GPU dimension keys (none: the fleet's row)."""
+    cols = [pl.sum(c) for c in _GPU_USE_COLS]
+    return g.group_by(keys).agg(cols) if keys else g.select(cols)
+
+
+def by_job_dimension(alloc: pl.DataFrame, used: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Allocated GPU-hours (sql.job_allocated_by) and the allocations' data and busy GPU-hours
+    (sql.job_use) by job dimension keys, with the allocated time without data."""
+    return alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
+        pl.col("allocated_gpu_h").fill_null(0.0), pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0)
+    ).with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"))
+
+
+def with_utilization(out: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Rows of a utilization table with utilization_pct (busy / data; null without data), in key order."""
+    return out.with_columns(
+        pl.when(pl.col("data_gpu_h") > 0).then(pl.col("busy_gpu_h") / pl.col("data_gpu_h") * 100).otherwise(None).alias("utilization_pct")
+    ).sort(keys or [pl.lit(0)])
+
+
+class JobWindow:
+    """A window's job table (sql.JOB_TABLE, ja) on a cursor of its own, asked as Analysis.q asks:
+    what the figures that read no sample (fairness) need, without the window's line."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, now: datetime):
+        self.con = con.cursor()
+        self.p = params
+        self.bind = window_bind(params, now)
+        self.con.execute(sql.JOB_TABLE, sql.bound(sql.JOB_TABLE, self.bind))
+
+    def q(self, query: str, **extra: Any) -> pl.DataFrame:
+        return pl.from_arrow(self.con.sql(query, params=sql.bound(query, {**self.bind, **extra})).to_arrow_table())
+
+    def close(self) -> None:
+        self.con.close()
+
+
 class Analysis:
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
                  summaries: bool | None = None, held_only: bool = False):
@@ -142,19 +205,8 @@ class Analysis:
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
         self.p = params
-        now = now or utcnow()
-        reach = params.idle_min_duration + params.max_gap
-        f = params.filters
-        self.bind: dict[str, Any] = {
-            "start": params.start, "end": params.end, "as_of": min(params.end, now),
-            "xstart": params.start - reach, "xend": params.end + reach,
-            "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds(),
-            "thr": params.idle_threshold,
-            "min_idle": params.idle_min_duration.total_seconds(),
-            **f.bind(),
-        }
-        self.prices = price_table(params.prices)
-        self.con.register("prices", pl.DataFrame({"model": list(self.prices), "usd_per_gpu_hour": list(self.prices.values())}).to_arrow())
+        self.bind = window_bind(params, now or utcnow())
+        self.prices = register_prices(self.con, params)
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
             self._exec(stmt)
         summaries = params.summaries if summaries is None else summaries
@@ -190,7 +242,8 @@ class Analysis:
 
     def _allocation_use(self) -> None:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
-        any sample interval overlaps it (then it has pieces, as oracle_sql.PIECES would give)."""
+        any sample interval overlaps its part inside the window (then it has pieces there, as
+        oracle_sql.PIECES would give)."""
         al = self.q(sql.ALLOCATION_ROWS)
         ids = self.q(sql.LINE_ID_HASHES, tables={"_line_ids": self.gt.ids})
         gid = al["gh"].replace_strict(ids["gh"], ids["gid"], default=None, return_dtype=pl.Int64)
@@ -202,14 +255,22 @@ class Analysis:
         order = np.lexsort((a0, g))
         g, a0, a1 = g[order], a0[order], a1[order]
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
+        c0, c1 = np.maximum(a0, s), np.minimum(a1, e)
         data, busy, has = np.empty(len(order)), np.empty(len(order)), np.empty(len(order), dtype=bool)
-        data[order], busy[order] = self.gt.integrals(g, np.maximum(a0, s), np.minimum(a1, e))
-        has[order] = self.gt.overlaps(g, a0, a1) & (g >= 0)
+        data[order], busy[order] = self.gt.integrals(g, c0, c1)
+        # a piece inside the window: an allocation of the reach only (a job that ended in the half
+        # hour before the window) is no row of the window's utilization by job dimension
+        has[order] = self.gt.overlaps(g, c0, c1) & (g >= 0) & (c1 > c0)
         self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
         self._alv_order = order  # (the idle stretches search in that order too)
         self.con.register("alv", self._alv.to_arrow())
 
-    def _held_data(self, s: int, e: int) -> pl.DataFrame:
+    def allocation_use(self) -> pl.DataFrame:
+        """alv (see _allocation_use): each allocation with its GPU id, data and busy seconds in
+        the window and whether it has a piece there."""
+        return self._alv
+
+    def held_data(self, s: int, e: int) -> pl.DataFrame:
         """gid, alloc_data_s: each GPU's data seconds in [s, e) (epoch us) while any job held it -
         its allocations' union, overlapping or touching ones (a shared GPU, a mapping that outlives
         its job by max_gap) as one, so a second holder is not counted twice (the rule of
@@ -297,7 +358,7 @@ class Analysis:
 
     def _per_gpu(self) -> pl.DataFrame:
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-        use = self.gt.per_gpu(s, e).join(self._held_data(s, e), on="gid", how="left")
+        use = self.gt.per_gpu(s, e).join(self.held_data(s, e), on="gid", how="left")
         return self.q(sql.PER_GPU, tables={"gpu_use": use})
 
     # --- utilization by a dimension ---
@@ -318,20 +379,13 @@ class Analysis:
             g = self.per_gpu()
             if g.is_empty():
                 return g
-            cols = [pl.sum(c) for c in ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_data_gpu_h", "stranded_gpu_h")]
-            out = g.group_by(keys).agg(cols) if keys else g.select(cols)
+            out = by_gpu_dimension(g, keys)
         elif by in JOB_DIMS:
             keys = list(JOB_DIMS[by])
-            used = self.q(sql.job_use(keys))
-            alloc = self.q(sql.job_allocated_by(keys))
-            out = alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
-                pl.col("allocated_gpu_h").fill_null(0.0), pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0)
-            ).with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"))
+            out = by_job_dimension(self.q(sql.job_allocated_by(keys)), self.q(sql.job_use(keys)), keys)
         else:
             raise ValueError(f"unknown dimension {by!r}: expected one of {', '.join([*GPU_DIMS, *JOB_DIMS])}")
-        return out.with_columns(
-            pl.when(pl.col("data_gpu_h") > 0).then(pl.col("busy_gpu_h") / pl.col("data_gpu_h") * 100).otherwise(None).alias("utilization_pct")
-        ).sort(keys or [pl.lit(0)])
+        return with_utilization(out, keys)
 
     def _held_use(self, keys: list[str]) -> pl.DataFrame:
         """Utilization by GPU dimension under a job filter: the selected jobs' data and busy time on

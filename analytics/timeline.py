@@ -111,7 +111,16 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     base["pc"] = _bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
     if any(d != "model" for d in dims):
         base["alloc"] = q(sql.TIMELINE_ALLOCATED)  # a job's GPUs x MIG share for each second it runs
+    return compose_timelines(base, dims, job_filtered, n_buckets, bsec, p.start)
 
+
+def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n_buckets: int, bsec: float, start) -> dict[str, pl.DataFrame]:
+    """The timelines of `dims` from their parts per bucket k (GPU-hours; rows may repeat a key and
+    bucket: they are summed): "iv" data and busy by cluster and model, "cap" capacity by cluster
+    and model (GPU dimensions, unless job_filtered), "pc" the allocations' data and busy by
+    cluster, model, partition, account and user, "alloc" allocated time by cluster, partition,
+    account and user (unless the only dimension is model). Also what gpufleet.analytics.hour_facts
+    gives a window of whole hours from its hours' facts."""
     def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.DataFrame:
         df = base[name].with_columns(pl.col("k").cast(pl.Int64))
         out = df.group_by([*keys, "k"]).agg([pl.col(c).sum() for c in cols])
@@ -132,7 +141,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
             frames = [used, used.select(*keys, "k", pl.col("data_gpu_h").alias("held_data_gpu_h"))]
         if by != "model":
             frames.append(total("alloc", keys, ["allocated_gpu_h"]))
-        result[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, p.start)
+        result[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, start)
     return result
 
 

@@ -55,7 +55,7 @@ ORDER BY cap.gpu_uuid
 REF_JOB_USE = f"""
 SELECT job_key, coalesce(sum({sql.clip_seconds("p0", "p1")} * equiv) FILTER (WHERE util IS NOT NULL), 0) / 3600 AS data_gpu_h,
        coalesce(sum(util / 100 * {sql.clip_seconds("p0", "p1")} * equiv), 0) / 3600 AS busy_gpu_h
-FROM pc GROUP BY job_key ORDER BY job_key
+FROM pc WHERE p1 > $start AND p0 < $end GROUP BY job_key ORDER BY job_key
 """
 
 

@@ -13,7 +13,7 @@ compare the two on random fleets:
   islands(pred)  maximal stretches of one job's back-to-back pieces where `pred` holds: what
        analytics/stretches.py finds from the arrays' runs.
   HELD  when any job held a GPU (al's overlapping or touching allocations merged): what
-       Analysis._held_data merges in arrays for per_gpu's allocated data.
+       Analysis.held_data merges in arrays for per_gpu's allocated data.
 
 build(analysis, "iv", "pc") creates the temp tables on the analysis' own cursor; the tests then
 query them with Analysis.q.
@@ -101,7 +101,7 @@ HAVING sum(epoch(p1) - epoch(p0)) >= $min_idle
 
 # what gputime.GpuTime.runs tests per interval, kind "idle" and kind "no_process"
 # When any job held a GPU: overlapping holders (a shared GPU, a mapping that outlives its job by
-# max_gap) merged, so a second holder is not counted twice (Analysis._held_data).
+# max_gap) merged, so a second holder is not counted twice (Analysis.held_data).
 HELD = """
 SELECT cluster, host, gpu_uuid, gi, min(a0) AS a0, max(a1) AS a1 FROM (
     SELECT *, sum(starts) OVER (PARTITION BY cluster, host, gpu_uuid, gi ORDER BY a0, a1 ROWS UNBOUNDED PRECEDING) AS grp
