@@ -397,6 +397,62 @@ TIMELINE_ALLOCATED = f"""
 SELECT {_TIMELINE_JOB_COLS} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
 
+# --- hour facts (analytics/hour_facts.py): a closed hour's utilization figures, summed by windows ---
+
+# What an hour's facts were computed from, besides the parameters: the files of the hour's closed
+# summaries (any parameters: late samples rebuild them all, with new names), and a digest of the
+# allocations that meet the hour (as sql.ALLOCATIONS gives them, with no filter), each clipped to
+# it, with the job attributes the facts group by - an allocation learnt of later, a job's end or
+# account changing, changes it.
+FACT_SUMMARY_FILES = """
+SELECT hour, list_sort(flatten(list(files))) AS files FROM summary_hours
+WHERE ends = hour + INTERVAL 1 HOUR AND hour >= $start AND hour < $end
+GROUP BY hour
+"""
+FACT_ALLOCATION_DIGESTS = f"""
+WITH a AS (
+    SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS gi, j.partition, j.account, j.user_name,
+           epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
+    FROM allocations a
+    LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    WHERE {ALLOCATION_END} > $start AND {ALLOCATION_START} < $end
+)
+SELECT h, count(*) AS n, sum(hash(cluster, scheduler, job_key, host, gpu_uuid, gi, partition, account, user_name,
+                                  greatest(a0, h * 3600000000), least(a1, (h + 1) * 3600000000)))::VARCHAR AS d
+FROM (SELECT *, unnest(range(greatest(a0, epoch_us($start)) // 3600000000, (least(a1, epoch_us($end)) - 1) // 3600000000 + 1)) AS h
+      FROM a WHERE a1 > a0)
+GROUP BY h
+"""
+
+# A window's facts ($files: one file per hour, of hour_facts.FACT_SCHEMA). Per GPU (its hash) over
+# the window, with the model(s) the facts grouped it under (checked against the inventory's):
+FACT_GPUS = """
+SELECT gh, min(model) AS model, min(model) IS DISTINCT FROM max(model) OR count(*) > count(model) AS unsure,
+       sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(alloc_data_s) AS alloc_data_s
+FROM read_parquet($files) WHERE kind = 'gpu' GROUP BY gh
+"""
+# ... the window's GPUs (cap) with their facts: the gpu_use PER_GPU reads, and the model to check
+FACT_GPU_USE = """
+SELECT cap.cluster, cap.host, cap.gpu_uuid, cap.gi, cap.model, f.model AS fact_model, f.unsure,
+       f.data_s, f.busy_s, f.alloc_data_s
+FROM _fact_gpus f LEFT JOIN cap ON hash(cap.cluster, cap.host, cap.gpu_uuid, cap.gi::INTEGER) = f.gh
+"""  # (the GPU's hash as _GPU_HASH gives it)
+# ... per timeline bucket k ($bucket seconds from $start): data and busy GPU-hours by cluster and
+# model ("iv") and the allocations' by cluster, model, partition, account and user ("held")
+FACT_BUCKETS = """
+SELECT kind, cluster, model, partition, account, user_name, (epoch(hour) - epoch($start)) // $bucket AS k,
+       sum(data_gpu_h) AS data_gpu_h, sum(busy_gpu_h) AS busy_gpu_h
+FROM read_parquet($files) WHERE kind IN ('iv', 'held') GROUP BY ALL
+"""
+
+# ... the allocations' data and busy GPU-hours by cluster, partition, account and user over the
+# window, and how many had a piece in it (utilization by job dimension: sql.job_use's rows are
+# the groups with one)
+FACT_JOB_USE = """
+SELECT cluster, partition, account, user_name, sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(pieces) AS pieces
+FROM read_parquet($files) WHERE kind = 'job' GROUP BY ALL
+"""
+
 # --- MFU (analytics/mfu.py) ---
 
 # Per job: the GPUs it held in the window (allocations joined with the inventory for the model),

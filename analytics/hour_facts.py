@@ -1,0 +1,273 @@
+"""Hour facts: each closed hour's utilization figures, so that a window of whole hours gets the
+Utilization page's figures by adding its hours up instead of reading its line.
+
+Why: the figures of a window nobody computed ahead (one typed in) cost its whole analysis - at
+16,384 GPUs a week ~9 s on two cores - though what the Utilization page shows (data, busy,
+allocated and capacity GPU-hours by group and by timeline bucket) are sums over hours. An hour's
+facts (FACT_SCHEMA, one file per hour, written by the dashboards' warmer: dashboards/facts.py):
+
+- "gpu": per GPU (its hash, gh; the model the inventory gave it) its data, busy and held-data
+  seconds in the hour - what core.Analysis.per_gpu adds to the inventory's capacity;
+- "iv": data and busy GPU-hours by cluster and model, "held": the allocations' by cluster, model,
+  partition, account and user - the timeline's parts (timeline.compose_timelines);
+- "job": the allocations' data and busy seconds by cluster, partition, account and user, and how
+  many of them had a piece (a sample) in the hour - utilization by job dimension.
+
+They are computed by core.Analysis over a run of hours (`build`: its look-ups at the hours'
+edges), so a window's sums are its own analysis' figures (to float rounding). Each hour's are
+named by what they were computed from (`hour_keys`): the hour's closed summary files (late
+samples rebuild them under new names), a digest of the allocations that meet the hour (an
+allocation learnt of later, a job's end or account changing) and max_gap. A window is answered
+from facts (`window_use`) only when every hour's facts of the current name exist, the window has
+no filter, starts and ends on the hour and its timeline's buckets are whole hours; capacity and
+allocated time (inventory and accounting: a few cheap queries) are computed for the window, as
+core.Analysis does. Otherwise None: the caller computes the window the long way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, by_gpu_dimension, by_job_dimension, register_prices, window_bind,
+                                     with_utilization)
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.timeline import TIMELINE_DIMS, _bucket_use, compose_timelines, timeline_bucket
+from gpufleet.times import HOUR, epoch_us, floor_time
+
+FORMAT_VERSION = 1  # of FACT_SCHEMA and its meaning: part of every fact's name
+FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "cluster": pl.Utf8, "model": pl.Utf8,
+               "partition": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8,
+               "data_s": pl.Float64, "busy_s": pl.Float64, "alloc_data_s": pl.Float64,  # "gpu", "job": seconds (x MIG share)
+               "data_gpu_h": pl.Float64, "busy_gpu_h": pl.Float64,  # "iv", "held": GPU-hours, as the timelines sum them
+               "pieces": pl.Int64}  # "job": allocations with a piece in the hour
+HELD_KEYS = ["cluster", "model", "partition", "account", "user_name"]
+JOB_KEYS = ["cluster", "partition", "account", "user_name"]
+# the dimensions a window's facts answer (the Utilization page's): utilization by these, timelines by TIMELINE_DIMS
+USE_DIMS = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
+
+
+@dataclass(frozen=True)
+class UseTotals:
+    """The headline figures the Utilization page shows (core.Totals' of the same names)."""
+
+    capacity_gpu_h: float
+    data_gpu_h: float
+    no_data_gpu_h: float
+    busy_gpu_h: float
+    utilization_pct: float | None
+    allocated_gpu_h: float
+    scope: str = "fleet"
+    not_attributable_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class WindowUse:
+    """A window's utilization figures from its hours' facts."""
+
+    totals: UseTotals
+    utilization: dict[str, pl.DataFrame]  # by USE_DIMS, as core.Analysis.utilization
+    timeline: dict[str, pl.DataFrame]  # by TIMELINE_DIMS, as timeline.utilization_timelines
+    hours: int  # hours read from facts
+
+
+def whole_hours(p: Params) -> list[datetime]:
+    """The hours of [p.start, p.end) (both on the hour)."""
+    n = (p.end - p.start) // HOUR
+    return [p.start + i * HOUR for i in range(n)]
+
+
+def answerable(p: Params) -> bool:
+    """Can facts answer this window? No filter, whole hours, a timeline of whole-hour buckets,
+    and the summaries path asked for ([analytics] summaries: facts are built on it)."""
+    if p.filters != Filters() or not p.summaries or p.end <= p.start:
+        return False
+    if floor_time(p.start, HOUR) != p.start or floor_time(p.end, HOUR) != p.end:
+        return False
+    return timeline_bucket(p) % HOUR == timedelta(0)
+
+
+def hour_keys(cur: duckdb.DuckDBPyConnection, bind: dict[str, Any], start: datetime, end: datetime) -> dict[datetime, str | None]:
+    """Each hour of [start, end) -> the name of its facts (None: the hour has no closed summary,
+    so no facts)."""
+    b = {**bind, "start": start, "end": end}
+    files = dict(cur.execute(sql.FACT_SUMMARY_FILES, sql.bound(sql.FACT_SUMMARY_FILES, b)).fetchall())
+    digests = {int(h): (n, d) for h, n, d in cur.execute(sql.FACT_ALLOCATION_DIGESTS, sql.bound(sql.FACT_ALLOCATION_DIGESTS, b)).fetchall()}
+    out: dict[datetime, str | None] = {}
+    for hour in whole_hours(Params(start, end)):
+        if hour not in files:
+            out[hour] = None
+            continue
+        n, d = digests.get(epoch_us(hour) // 3_600_000_000, (0, "0"))
+        blob = "\n".join([str(FORMAT_VERSION), repr(bind["max_gap"]), *files[hour], str(n), d])
+        out[hour] = hashlib.blake2b(blob.encode(), digest_size=10).hexdigest()
+    return out
+
+
+def current_keys(con: duckdb.DuckDBPyConnection, p: Params, now: datetime) -> dict[datetime, str | None]:
+    """hour_keys of [p.start, p.end) as the store stands."""
+    cur = con.cursor()
+    try:
+        return hour_keys(cur, window_bind(replace(p, filters=Filters()), now), p.start, p.end)
+    finally:
+        cur.close()
+
+
+def build(con: duckdb.DuckDBPyConnection, p: Params, now: datetime) -> dict[datetime, tuple[str, pl.DataFrame]]:
+    """The facts of each hour of [p.start, p.end) (whole hours) that has a closed summary: hour ->
+    (its name, its rows), from one analysis of those hours (no filter)."""
+    a = Analysis(con, replace(p, filters=Filters()), now=now)
+    try:
+        keys = hour_keys(a.con, a.bind, p.start, p.end)
+        hours = [h for h, k in keys.items() if k is not None]
+        if not hours:
+            return {}
+        frames = _facts(a, hours)
+        return {h: (keys[h], frames.get(h, pl.DataFrame(schema=FACT_SCHEMA))) for h in hours}
+    finally:
+        a.con.close()
+
+
+def _facts(a: Analysis, hours: list[datetime]) -> dict[datetime, pl.DataFrame]:
+    key = ["cluster", "host", "gpu_uuid", "gi"]
+    ids = a.gt.ids
+    gh = a.q(sql.LINE_ID_HASHES, tables={"_line_ids": ids})
+    # the model each GPU id is grouped under (per_gpu's, the inventory's; null: not in it) and its hash
+    models = a.per_gpu().select(*key, "model").join(ids, on=key)
+    gpus = ids.join(gh, on="gid").join(models.select("gid", "model"), on="gid", how="left").select("gid", "gh", "cluster", "model")
+    out: list[pl.DataFrame] = []
+    for hour in hours:
+        h0 = epoch_us(hour)
+        h1 = h0 + 3_600_000_000
+        use = a.gt.per_gpu(h0, h1).select("gid", "data_s", "busy_s").join(a.held_data(h0, h1), on="gid", how="left").join(gpus, on="gid")
+        gpu = use.filter((pl.col("data_s") != 0) | (pl.col("busy_s") != 0) | (pl.col("alloc_data_s").fill_null(0) != 0))
+        out.append(gpu.select(pl.lit(hour).alias("hour"), pl.lit("gpu").alias("kind"), "gh", "model", "data_s", "busy_s", "alloc_data_s"))
+        iv = use.join(models.select("gid"), on="gid").group_by("cluster", "model").agg(
+            (pl.sum("data_s") / 3600).alias("data_gpu_h"), (pl.sum("busy_s") / 3600).alias("busy_gpu_h"))
+        out.append(iv.select(pl.lit(hour).alias("hour"), pl.lit("iv").alias("kind"), "cluster", "model", "data_gpu_h", "busy_gpu_h"))
+    # the allocations' time per hour: as the timeline's "held" parts (allocations of GPUs in the
+    # inventory with samples), and as utilization by job dimension counts it (every allocation)
+    held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table()).join(models, on=key)
+    start = a.p.start  # (the hour k of the analysis' hours is start + k hours)
+    parts = _bucket_use(a, held, HELD_KEYS, 3600.0)
+    out.append(parts.group_by(*HELD_KEYS, "k").agg(pl.sum("data_gpu_h"), pl.sum("busy_gpu_h")).select(
+        (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("held").alias("kind"), *HELD_KEYS, "data_gpu_h", "busy_gpu_h"))
+    out.append(_job_parts(a, start))
+    df = pl.concat([f.cast({c: t for c, t in FACT_SCHEMA.items() if c in f.columns}) for f in out], how="diagonal")
+    df = df.select([pl.col(c) if c in df.columns else pl.lit(None, dtype=t).alias(c) for c, t in FACT_SCHEMA.items()])
+    wanted = set(hours)
+    return {h: f for (h,), f in df.partition_by("hour", as_dict=True).items() if h in wanted}
+
+
+def _job_parts(a: Analysis, start: datetime) -> pl.DataFrame:
+    """Every allocation's data and busy seconds in each hour of the analysis it crosses, and
+    whether it has a piece there (core.Analysis._allocation_use, hour by hour), by job group."""
+    alv = a.allocation_use()
+    s, e = epoch_us(a.p.start), epoch_us(a.p.end)
+    df = alv.select(*JOB_KEYS, pl.col("gid").fill_null(-1),
+                    pl.max_horizontal(pl.col("a0").dt.epoch("us"), pl.lit(s)).alias("_a"),
+                    pl.min_horizontal(pl.col("a1").dt.epoch("us"), pl.lit(e)).alias("_b")).filter(pl.col("_b") > pl.col("_a"))
+    h_us = 3_600_000_000
+    df = df.with_columns(pl.int_ranges((pl.col("_a") - s) // h_us, (pl.col("_b") - s - 1) // h_us + 1).alias("k")).explode("k")
+    df = df.with_columns(pl.max_horizontal("_a", pl.col("k") * h_us + s).alias("_a"), pl.min_horizontal("_b", (pl.col("k") + 1) * h_us + s).alias("_b"))
+    g, a0, a1 = df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy()
+    data, busy = a.gt.integrals(g, a0, a1)
+    has = a.gt.overlaps(g, a0, a1) & (g >= 0)
+    parts = df.select(*JOB_KEYS, "k", data_s=pl.Series(data), busy_s=pl.Series(busy), pieces=pl.Series(has.astype(np.int64)))
+    return parts.group_by(*JOB_KEYS, "k").agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).select(
+        (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("job").alias("kind"), *JOB_KEYS, "data_s", "busy_s", "pieces")
+
+
+class FactFiles(Protocol):
+    """Where a window's facts are: each hour's current file and the name it was written under."""
+
+    def present(self, hour: datetime) -> tuple[str, str] | None:
+        """(name, path) of the hour's facts; None: none."""
+
+
+def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles) -> WindowUse | None:
+    """The window's utilization figures from its hours' facts, or None when facts cannot answer
+    it (see the module's docstring): the caller then computes it with core.Analysis.
+
+    The facts present are read while their names are checked against the store (and the job
+    table is built): three queries at once, on cursors of their own."""
+    if not answerable(p):
+        return None
+    present = [facts.present(h) for h in whole_hours(p)]
+    if any(f is None for f in present):
+        return None
+    files = [path for _, path in present]  # type: ignore[misc]
+    bind = window_bind(p, now)
+    b = {**bind, "files": files, "bucket": timeline_bucket(p).total_seconds()}
+    cur, side, rd = con.cursor(), con.cursor(), con.cursor()
+    try:
+        register_prices(cur, p)
+        cur.execute(sql.CAPACITY, sql.bound(sql.CAPACITY, bind))
+        with ThreadPoolExecutor(max_workers=2) as pool:  # (DuckDB lets go of the GIL)
+            jobs = pool.submit(cur.execute, sql.JOB_TABLE, sql.bound(sql.JOB_TABLE, bind))
+            keys = pool.submit(hour_keys, side, bind, p.start, p.end)
+            try:
+                read = (rd.sql(sql.FACT_GPUS, params=sql.bound(sql.FACT_GPUS, b)).to_arrow_table(), _q(rd, sql.FACT_BUCKETS, b),
+                        _q(rd, sql.FACT_JOB_USE, b))
+            finally:
+                jobs.result()
+                names = keys.result()
+        if [names.get(h) for h in whole_hours(p)] != [name for name, _ in present]:  # type: ignore[misc]
+            return None  # an hour's facts are of inputs that changed since: not read
+        return _compose(cur, p, b, *read)
+    finally:
+        for c in (rd, side, cur):
+            c.close()
+
+
+def _q(cur: duckdb.DuckDBPyConnection, query: str, bind: dict[str, Any]) -> pl.DataFrame:
+    return pl.from_arrow(cur.sql(query, params=sql.bound(query, bind)).to_arrow_table())
+
+
+def _compose(cur: duckdb.DuckDBPyConnection, p: Params, b: dict[str, Any], gpus: Any, parts: pl.DataFrame,
+             jobs: pl.DataFrame) -> WindowUse | None:
+    """The figures from the facts read (FACT_GPUS, FACT_BUCKETS, FACT_JOB_USE) and the window's
+    capacity (cap) and job table (ja) on `cur`; None if a GPU's facts are not under the model the
+    inventory gives it now (or under two)."""
+    cur.register("_fact_gpus", gpus)
+    try:
+        use = _q(cur, sql.FACT_GPU_USE, b)
+    finally:
+        cur.unregister("_fact_gpus")
+    if use.filter(pl.col("cluster").is_null() | pl.col("unsure") | pl.col("model").ne_missing(pl.col("fact_model"))).height:
+        return None
+    cur.register("gpu_use", use.select("cluster", "host", "gpu_uuid", "gi", "data_s", "busy_s", "alloc_data_s").to_arrow())
+    try:
+        g = _q(cur, sql.PER_GPU, b)
+    finally:
+        cur.unregister("gpu_use")
+    utilization = {}
+    for by in USE_DIMS:
+        if by in GPU_DIMS:
+            keys = list(GPU_DIMS[by])
+            utilization[by] = g if g.is_empty() else with_utilization(by_gpu_dimension(g, keys), keys)
+        else:
+            keys = list(JOB_DIMS[by])
+            used = jobs.group_by(keys).agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).filter(pl.col("pieces") > 0).select(
+                *keys, (pl.col("data_s") / 3600).alias("data_gpu_h"), (pl.col("busy_s") / 3600).alias("busy_gpu_h"))
+            utilization[by] = with_utilization(by_job_dimension(_q(cur, sql.job_allocated_by(keys), b), used, keys), keys)
+    base = {"iv": parts.filter(pl.col("kind") == "iv").select("cluster", "model", "k", "data_gpu_h", "busy_gpu_h"),
+            "pc": parts.filter(pl.col("kind") == "held").select(*HELD_KEYS, "k", "data_gpu_h", "busy_gpu_h"),
+            "cap": _q(cur, sql.TIMELINE_CAPACITY, b), "alloc": _q(cur, sql.TIMELINE_ALLOCATED, b)}
+    bsec = b["bucket"]
+    timeline = compose_timelines(base, TIMELINE_DIMS, False, int(-(-p.seconds // bsec)), bsec, p.start)
+    alloc = float(_q(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
+    data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
+    busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
+    totals = UseTotals(capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0, data_gpu_h=data,
+                       no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0, busy_gpu_h=busy,
+                       utilization_pct=busy / data * 100 if data > 0 else None, allocated_gpu_h=alloc)
+    return WindowUse(totals=totals, utilization=utilization, timeline=timeline, hours=len(b["files"]))

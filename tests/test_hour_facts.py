@@ -1,0 +1,217 @@
+"""Hour facts (analytics/hour_facts.py) give a window of whole hours the figures of its analysis.
+
+The Utilization page's figures of a window - headline totals, utilization by every dimension it
+offers, the timelines - summed from its hours' facts equal the raw path's (core.Analysis with
+every sample read: the oracle) to 1e-9 relative, on the random fleets of
+test_analytics_properties (MIG slices, gaps, jobs across hours, several files per hour), however
+the hours were grouped when their facts were built. Facts whose inputs changed - an allocation
+learnt of later, late samples - are not read (the window is then computed the long way); a
+planted fact one hour off fails the comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime, timedelta
+from pathlib import Path
+from unittest import mock
+
+import polars as pl
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+import test_analytics_properties
+from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, fleets, frames_equal, scratch
+from test_analytics_golden import T, build_golden
+from test_analytics_summaries import split
+
+from gpufleet.analytics import hour_facts
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timelines
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.collector.summaries import SummaryParams
+from gpufleet.times import HOUR
+from tests.support.fleet import Fleet
+
+ONE_HOUR_BUCKETS = mock.patch("gpufleet.analytics.hour_facts.timeline_bucket", lambda p: HOUR)
+
+
+def write_facts(con, p: Params, now: datetime, where: Path, runs: list[tuple[datetime, datetime]]) -> dict[datetime, Path]:
+    """Build the facts of each run of hours (as the dashboards' warmer would) into `where`."""
+    out = {}
+    for lo, hi in runs:
+        for hour, (key, rows) in hour_facts.build(con, Params(lo, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration), now).items():
+            for old in where.glob(f"{hour:%Y%m%dT%H}-*.parquet"):
+                old.unlink()
+            path = where / f"{hour:%Y%m%dT%H}-{key}.parquet"
+            rows.write_parquet(path)
+            out[hour] = path
+    return out
+
+
+class finder:
+    """The facts write_facts wrote (hour_facts.FactFiles)."""
+
+    def __init__(self, where: Path):
+        self.where = where
+
+    def present(self, hour: datetime) -> tuple[str, str] | None:
+        for path in self.where.glob(f"{hour:%Y%m%dT%H}-*.parquet"):
+            return path.stem.split("-", 1)[1], str(path)
+        return None
+
+
+def oracle(con, p: Params, now: datetime) -> dict:
+    an = Analysis(con, p, now=now, summaries=False)
+    t = asdict(an.totals())
+    return {"totals": {k: t[k] for k in ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "utilization_pct", "allocated_gpu_h")},
+            "utilization": {by: an.utilization(by) for by in hour_facts.USE_DIMS},
+            "timeline": utilization_timelines(an, TIMELINE_DIMS, HOUR)}
+
+
+def mismatches(want: dict, got: hour_facts.WindowUse) -> list[str]:
+    bad = []
+    for k, v in want["totals"].items():
+        w = getattr(got.totals, k)
+        if (v is None) != (w is None) or (v is not None and w != pytest.approx(v, **TOL)):
+            bad.append(f"totals.{k}: {v} != {w}")
+    for what in ("utilization", "timeline"):
+        for by, x in want[what].items():
+            y = getattr(got, what)[by]
+            if not frames_equal(x, y):
+                bad.append(f"{what}[{by}]:\n{x}\n{y}")
+    return bad
+
+
+def summarised_hours(con) -> tuple[datetime, datetime]:
+    """The store's summarised hours, first to last (an hour before the first sample has none:
+    a window reaching it is computed the long way)."""
+    lo, hi = con.execute("SELECT min(hour), max(hour) FROM summary_hours").fetchone()
+    return lo, hi + HOUR
+
+
+def closed_store(tmp, fleet, how=(1, False)) -> None:
+    w = StoreWriter(tmp)
+    for batch in split(fleet, *how):
+        w.commit(batch)
+    compact(w, at(fleet["now"] + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP, keep_s=30, bucket_s=300))
+    w.close()
+
+
+@SETTINGS
+@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
+def test_a_window_of_whole_hours_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
+    """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, runs and
+    jobs cross hour edges."""
+    base = test_analytics_properties.BASE + timedelta(seconds=offset_s)
+    with scratch() as tmp, scratch() as facts, ONE_HOUR_BUCKETS, mock.patch.object(test_analytics_properties, "BASE", base):
+        now = at(fleet["now"] + 2 * 3600)
+        closed_store(tmp, fleet, how)
+        con = open_reader(tmp)
+        lo, hi = summarised_hours(con)
+        p = Params(lo, hi, max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
+        runs = [(h, h + HOUR) for h in hour_facts.whole_hours(p)] if by_hour else [(lo - HOUR, hi + HOUR)]
+        write_facts(con, p, now, Path(facts), runs)
+        got = hour_facts.window_use(con, p, now, finder(Path(facts)))
+        assert got is not None and got.hours == len(hour_facts.whole_hours(p))
+        event(f"hours: {got.hours}")
+        bad = mismatches(oracle(con, p, now), got)
+        assert not bad, "\n".join(bad)
+        # every sub-window of whole hours too (the facts of a wider build)
+        for a in hour_facts.whole_hours(p):
+            sub = Params(a, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration)
+            got = hour_facts.window_use(con, sub, now, finder(Path(facts)))
+            assert got is not None
+            bad = mismatches(oracle(con, sub, now), got)
+            assert not bad, (a, "\n".join(bad))
+
+
+def test_only_windows_of_whole_hours_without_filters_are_answered():
+    p = Params(datetime(2026, 11, 2), datetime(2026, 11, 3))
+    with ONE_HOUR_BUCKETS:
+        assert hour_facts.answerable(p)
+        assert not hour_facts.answerable(Params(p.start + timedelta(minutes=5), p.end))
+        assert not hour_facts.answerable(Params(p.start, p.end - timedelta(minutes=5)))
+        assert not hour_facts.answerable(Params(p.start, p.end, filters=Filters(account="a")))
+        assert not hour_facts.answerable(Params(p.start, p.end, summaries=False))
+    # a window whose timeline buckets are shorter than an hour (12 h: 15 minutes)
+    assert not hour_facts.answerable(Params(p.start, p.start + timedelta(hours=12)))
+    assert hour_facts.answerable(Params(p.start, p.start + timedelta(days=7)))
+
+
+def golden(root) -> None:
+    """The golden scenario of test_analytics_golden (MIG slices, shared GPUs, jobs across hours), compacted."""
+    build_golden(root)
+    w = StoreWriter(root)
+    compact(w, T(20))
+    w.close()
+
+
+def test_golden_hours_from_their_facts(tmp_path):
+    golden(tmp_path / "store")
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    p = Params(T(9), T(13))
+    with ONE_HOUR_BUCKETS:
+        write_facts(con, p, T(20), tmp_path / "facts", [(T(9), T(13))])
+        for lo, hi in ((T(10), T(12)), (T(9), T(13)), (T(11), T(12))):
+            got = hour_facts.window_use(con, Params(lo, hi), T(20), finder(tmp_path / "facts"))
+            bad = mismatches(oracle(con, Params(lo, hi), T(20)), got)
+            assert not bad, (lo, hi, "\n".join(bad))
+        # the golden file's hand-worked figures, summed from facts: physics (jobs 101, 103, 106) held
+        # 1 + 1 + 2 x 2 GPU-hours, job 106's two GPUs at 90 % and 101's and 103's idle or half
+        u = hour_facts.window_use(con, Params(T(10), T(12)), T(20), finder(tmp_path / "facts")).utilization["account"]
+        assert u.filter(pl.col("account") == "physics")["allocated_gpu_h"].item() == pytest.approx(6.0)
+
+
+def test_a_fact_one_hour_off_fails_the_comparison(tmp_path):
+    """The comparison can see a misplaced hour: the 10:00 hour's timeline parts written as 11:00's."""
+    golden(tmp_path / "store")
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        files = write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(13))])
+        rows = pl.read_parquet(files[T(10)])
+        rows.with_columns(pl.when(pl.col("kind").is_in(["iv", "held"])).then(pl.col("hour") + HOUR).otherwise(pl.col("hour")).alias("hour")
+                          ).write_parquet(files[T(10)])
+        got = hour_facts.window_use(con, Params(T(10), T(12)), T(20), finder(tmp_path / "facts"))
+        bad = mismatches(oracle(con, Params(T(10), T(12)), T(20)), got)
+        assert any(b.startswith("timeline[") for b in bad) and not any(b.startswith("totals") for b in bad)
+
+
+def test_facts_whose_inputs_changed_are_not_read(tmp_path):
+    """An allocation learnt of after the facts were built (sacct lagging), and late samples, rename
+    the hours they touch: the window is not answered from facts until they are built again, then
+    with the new figures."""
+    from test_analytics_summaries import learn_late
+
+    golden(tmp_path / "store")
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    p = Params(T(10), T(12))
+    with ONE_HOUR_BUCKETS:
+        write_facts(open_reader(tmp_path / "store"), p, T(20), facts, [(T(10), T(12))])
+        assert hour_facts.window_use(open_reader(tmp_path / "store"), p, T(20), finder(facts)) is not None
+        w = StoreWriter(tmp_path / "store")
+        learn_late(w, tmp_path / "store", "late", start=T(11, 20), end=T(11, 50))
+        con = open_reader(tmp_path / "store")
+        assert hour_facts.window_use(con, p, T(20), finder(facts)) is None  # 11:00's allocations changed
+        w.close()
+        write_facts(con, p, T(20), facts, [(T(11), T(12))])  # only the hour that changed
+        got = hour_facts.window_use(con, p, T(20), finder(facts))
+        assert got is not None and not mismatches(oracle(con, p, T(20)), got)
+        assert "y" in got.utilization["account"]["account"].to_list()
+        # late samples for 10:00: its summary is rebuilt (upkeep), its facts' name changes
+        late = Fleet(tmp_path / "store")
+        late.gpu_series("n9", "GPU-late", T(10, 10), T(10, 20), util=40.0)
+        w = StoreWriter(tmp_path / "store")
+        w.commit(late.batch("late-samples"))
+        compact(w, T(20))
+        w.close()
+        con = open_reader(tmp_path / "store")
+        assert hour_facts.window_use(con, p, T(20), finder(facts)) is None
+        write_facts(con, p, T(20), facts, [(T(10), T(11))])
+        got = hour_facts.window_use(con, p, T(20), finder(facts))
+        assert got is not None and not mismatches(oracle(con, p, T(20)), got)
