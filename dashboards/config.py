@@ -10,6 +10,8 @@
     stale_after_seconds = 300        # a GPU's latest sample older than this is "no data"
     memory_limit = ""                # DuckDB memory limit of the dashboard's queries, e.g. "4GB" ("": DuckDB's 80 % of RAM)
     threads = 0                      # DuckDB threads (0: one per core)
+    facts_days = 8                   # days of closed hours the warmer keeps hour facts of (0: none)
+    facts_dir = ""                   # where ("": $XDG_CACHE_HOME/gpufleet/hour-facts, else ~/.cache/...)
     allowed_emails = []              # with [dashboard.auth]: who may see it ([] = anyone who signs in)
     allowed_domains = []             #   ... or whose e-mail is in one of these domains
 
@@ -54,6 +56,11 @@ OPTIONS = (
     Option("memory_limit", "", 'a DuckDB size like "4GB", or "" for DuckDB\'s default',
            lambda v: isinstance(v, str) and (v == "" or re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", v) is not None)),
     Option("threads", 0, "an integer >= 0 (0: one per core)", integer(0)),
+    # hour facts (gpufleet.analytics.hour_facts, dashboards/facts.py): the Utilization and Teams
+    # pages of a window of whole hours typed in are summed from them, not computed
+    Option("facts_days", 8, "an integer number of days >= 0 (0: no hour facts)", integer(0)),
+    Option("facts_dir", "", 'a directory path, or "" for $XDG_CACHE_HOME/gpufleet/hour-facts (else ~/.cache/gpufleet/hour-facts)',
+           lambda v: isinstance(v, str)),
     Option("allowed_emails", [], "a list of e-mail addresses", strings),
     Option("allowed_domains", [], "a list of e-mail domains, e.g. [\"example.org\"]", strings),
     Option("auth", {}, "a table of Streamlit [auth] settings (redirect_uri, cookie_secret, client_id, ...)", lambda v: isinstance(v, dict)),

@@ -281,6 +281,70 @@ def window_bundle(key: tuple) -> Bundle:
         _close(a)
 
 
+@dataclass
+class UseView:
+    """What the Utilization and Teams pages show of a window: its Bundle's figures, or the same
+    summed from its hours' facts (gpufleet.analytics.hour_facts) - then without the figures
+    those pages do not show (the idle time in `totals`)."""
+
+    totals: Any  # core.Totals, or hour_facts.UseTotals
+    utilization: dict[str, pl.DataFrame]
+    timeline: dict[str, pl.DataFrame]
+    window: Resolved
+    facts_hours: int = 0  # the hours summed from their facts (0: the Bundle's figures)
+
+    @classmethod
+    def of(cls, b: Bundle) -> "UseView":
+        return cls(b.totals, b.utilization, b.timeline, b.window)
+
+
+def facts_dir(s: dconfig.Settings):
+    """The store's hour facts (dashboards/facts.py), None when `[dashboard] facts_days` is 0."""
+    from gpufleet.dashboards.facts import FactsDir, default_dir
+
+    if not s.dashboard["facts_days"]:
+        return None
+    base = Path(s.dashboard["facts_dir"]).expanduser() if s.dashboard["facts_dir"] else default_dir()
+    if not base.is_absolute() and s.config_path:
+        base = Path(s.config_path).resolve().parent / base
+    return FactsDir.of(base, s.store)
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
+def window_use(key: tuple) -> UseView:
+    """The Utilization and Teams pages' utilization figures (`key`: a Window.key): summed from the hours' facts
+    where they answer the window, else the window's Bundle (window_bundle, which the other pages
+    share)."""
+    from gpufleet.analytics import hour_facts
+
+    s, w, p = _request(key)
+    facts = facts_dir(s)
+    if facts is not None and hour_facts.answerable(p):
+        use = hour_facts.window_use(reader(w.root), p, w.as_of, facts)
+        if use is not None:
+            return UseView(use.totals, use.utilization, use.timeline, w, use.hours)
+    return UseView.of(window_bundle(key))
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's fairness figures (analytics)...")
+def window_fairness(key: tuple) -> tuple[Any | None, str | None]:
+    """The Teams page's fairness figures (`key`: a Window.key) from the accounting alone
+    (gpufleet.analytics.fairness over the window's job table, core.JobWindow): the report, or
+    None and why it failed."""
+    from gpufleet.analytics.core import JobWindow
+
+    s, w, p = _request(key)
+    try:
+        jobs = JobWindow(reader(w.root), p, w.as_of)  # it reads no sample: the job table alone
+        try:
+            return fairness.fairness(jobs, s.shares, s.half_life), None
+        finally:
+            jobs.close()
+    except Exception as e:  # noqa: BLE001 - the page shows the utilization by account without it
+        log.exception("fairness failed")
+        return None, f"fairness could not be computed: {type(e).__name__}: {e}"
+
+
 def _close(a: Analysis) -> None:
     """Drop the analysis' temporary tables (they go with its cursor) as soon as it is done."""
     try:

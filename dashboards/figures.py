@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Callable, Sequence
 
 import streamlit as st
@@ -38,6 +38,8 @@ from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
 THREAD = "gpufleet-warm"
+FACTS = "hour facts"  # the warmer's status row of the hour facts (dashboards/facts.py)
+FACTS_PERIOD = timedelta(minutes=5)  # how often the warmer looks for hours without facts when it warms no preset
 # Streamlit warns of every cached call made outside a page's script run ("missing
 # ScriptRunContext! This warning can be ignored when running in bare mode"): the warmer's calls
 # are meant so, and are not logged
@@ -109,7 +111,37 @@ class Warmer:
             took = time.monotonic() - t0
             self.computed[preset] = {"computed_at": utcnow(), "took_s": took, "start": bundle.window.start, "end": bundle.window.end}
             log.info("the %s window's figures computed ahead in %.1f s (%s to %s)", preset, took, bundle.window.start, bundle.window.end)
+        self.refresh_facts(s)
         return this_pass
+
+    def refresh_facts(self, s: dconfig.Settings):
+        """Build the hour facts the closed hours of the last `[dashboard] facts_days` days lack
+        (dashboards/facts.py), after the presets: what it did (facts.Refreshed), None when no facts
+        are kept or the pass failed (logged, and kept in `errors`)."""
+        from gpufleet.dashboards import facts
+
+        where = data.facts_dir(s)
+        if where is None:
+            return None
+        now = self.clock()
+        try:
+            p = data.params_for(s, *facts.horizon(now, s.dashboard["facts_days"]), Filters())
+            done = facts.refresh(data.reader(s.store), where, p, now)
+        except Exception as e:  # noqa: BLE001 - no store yet, a bad file: the pages compute their windows meanwhile
+            if isinstance(e, StoreError):
+                log.warning("hour facts not built: %s", e)
+            else:
+                log.exception("building the hour facts failed")
+            self.errors[FACTS] = f"{type(e).__name__}: {e}"
+            return None
+        self.errors.pop(FACTS, None)
+        if done.hours_built:
+            self.computed[FACTS] = {"computed_at": utcnow(), "took_s": done.took_s, "start": now - timedelta(days=s.dashboard["facts_days"]),
+                                    "end": now}
+        if done.hours_built:
+            log.info("hour facts of %d hours built in %.1f s (%d hours current, %d without a closed summary)", done.hours_built,
+                     done.took_s, done.hours_current, done.hours_without_summary)
+        return done
 
     def serve(self, w: data.Window) -> data.Bundle | None:
         """`w`'s figures if this warmer has them: this period's, or the previous period's while
@@ -133,18 +165,23 @@ class Warmer:
         return None
 
     def status(self) -> list[dict]:
-        """One row per preset for the Health page: its last computation and its last failure."""
+        """One row per preset for the Health page: its last computation and its last failure;
+        and the hour facts' (FACTS), once built or failed."""
         empty = {"computed_at": None, "took_s": None, "start": None, "end": None}
-        return [{"preset": p, **self.computed.get(p, empty), "error": self.errors.get(p)} for p in self.presets]
+        rows = [{"preset": p, **self.computed.get(p, empty), "error": self.errors.get(p)} for p in self.presets]
+        if FACTS in self.computed or FACTS in self.errors:
+            rows.append({"preset": FACTS, **self.computed.get(FACTS, empty), "error": self.errors.get(FACTS)})
+        return rows
 
     def seconds_to_next_period(self, now: datetime) -> float:
         """Until the soonest of the presets' next periods starts (a second past it)."""
         t = data._epoch_s(now)  # the seconds data.make_window numbers periods by
-        steps = [data.step_for(dconfig.WINDOWS[p]).total_seconds() for p in self.presets]
+        steps = [data.step_for(dconfig.WINDOWS[p]).total_seconds() for p in self.presets] or [FACTS_PERIOD.total_seconds()]
         return min(step - t % step for step in steps) + 1.0
 
     def start(self, settings: Callable[[], dconfig.Settings]) -> "Warmer":
-        """Warm now and at every period's start, in a daemon thread, for the process' life."""
+        """Warm now and at every period's start, in a daemon thread, for the process' life (with
+        no preset, only the hour facts: every FACTS_PERIOD)."""
         def loop() -> None:
             while True:
                 try:
@@ -153,8 +190,8 @@ class Warmer:
                     log.exception("warming the presets' figures failed")
                 time.sleep(self.seconds_to_next_period(self.clock()))
 
-        if self.presets:
-            logging.getLogger(_STREAMLIT_CONTEXT_LOG).addFilter(lambda _record: threading.current_thread().name != THREAD)
+        if self.presets or settings().dashboard["facts_days"]:
+            _quiet_streamlit_context()
             threading.Thread(target=loop, name=THREAD, daemon=True).start()
         return self
 
@@ -166,6 +203,66 @@ def for_window(w: data.Window) -> data.Bundle:
         if bundle is not None:
             return bundle
     return data.window_bundle(w.key)
+
+
+def use_for(w: data.Window) -> data.UseView:
+    """`w`'s figures for the Utilization and Teams pages: the warmer's when it has them, else
+    data.window_use's - summed from hour facts where they answer the window; then the window's
+    Bundle, which the Jobs, Waste and MFU pages need, is computed meanwhile in the background."""
+    if dconfig.warm_asked():
+        bundle = warmer(data.current_settings()).serve(w)
+        if bundle is not None:
+            return data.UseView.of(bundle)
+    view = data.window_use(w.key)
+    if view.facts_hours:
+        _prefetch(w.key)
+    return view
+
+
+def fairness_for(w: data.Window) -> tuple:
+    """`w`'s fairness figures for the Teams page, (report, None) or (None, why it failed): the
+    warmer's when it has them, else data.window_fairness's (from the accounting alone)."""
+    if dconfig.warm_asked():
+        bundle = warmer(data.current_settings()).serve(w)
+        if bundle is not None:
+            return bundle.fairness, bundle.fairness_error
+    return data.window_fairness(w.key)
+
+
+_PREFETCHING: set[tuple] = set()
+_PREFETCH_LOCK = threading.Lock()
+
+
+def _prefetch(key: tuple) -> None:
+    """data.window_bundle(key) in a daemon thread (one per key at a time): the cache it fills is
+    the one the pages read."""
+    with _PREFETCH_LOCK:
+        if key in _PREFETCHING:
+            return
+        _PREFETCHING.add(key)
+
+    def run() -> None:
+        try:
+            data.window_bundle(key)
+        except Exception:  # noqa: BLE001 - the page that needs it computes it, and says what failed
+            log.exception("computing a window's figures ahead failed")
+        finally:
+            with _PREFETCH_LOCK:
+                _PREFETCHING.discard(key)
+
+    _quiet_streamlit_context()
+    threading.Thread(target=run, name=f"{THREAD}-prefetch", daemon=True).start()
+
+
+def _quiet_streamlit_context() -> None:
+    """Streamlit's "missing ScriptRunContext" warning, once per process, for this module's threads."""
+    global _QUIETED
+    if not _QUIETED:
+        logging.getLogger(_STREAMLIT_CONTEXT_LOG).addFilter(lambda _record: not threading.current_thread().name.startswith(THREAD))
+        _QUIETED = True
+
+
+_QUIETED = False
 
 
 def health_for(w: data.Window) -> dict:

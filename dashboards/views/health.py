@@ -104,7 +104,8 @@ def body(ctx: ui.Context) -> None:
                    "their 5-minute rows): the same figures, "
                    "slower (gpufleet_collect_summary_hours; `gpufleet collect --rebuild-summaries` does them all at once).")
     if dconfig.warm_asked():
-        st.text("Figures computed ahead for the presets ([dashboard] warm_windows), each at its reuse period's start:")
+        st.text("Figures computed ahead for the presets ([dashboard] warm_windows), each at its reuse period's start, and the "
+                "hour facts of the last [dashboard] facts_days days (a typed-in window of whole hours: its Utilization and Teams pages):")
         ui.table(pl.DataFrame(figures.warmer(ctx.settings).status(), schema=WARM_SCHEMA), key="health_warm",
                  empty="No preset is computed ahead ([dashboard] warm_windows = []).",
                  labels={"computed_at": "last computed", "took_s": "took (s)", "start": "window from", "end": "to", "error": "last failure"})

@@ -26,15 +26,15 @@ def share_chart(acc: pl.DataFrame) -> alt.Chart:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.for_window(w)
+    b = figures.use_for(w)
     ui.window_caption(b.window)
-    if b.fairness is None:
+    f, fairness_error = figures.fairness_for(w)
+    if f is None:
         st.error("The fairness figures could not be computed for this window. The dashboard's log has the details.")
-        st.text(b.fairness_error or "")
+        st.text(fairness_error or "")
         st.subheader("Used GPU-hours by account")
         ui.table(b.utilization["account"], key="fair_usage")
         return
-    f = b.fairness
     acc = f.per_account
     if acc.is_empty():
         ui.empty_window("GPU job")

@@ -58,9 +58,12 @@ def body(ctx: ui.Context) -> None:
     choice = st.segmented_control("Group by (partition = namespace on Kubernetes, account = team)", list(CHOICES), default="fleet",
                                   key="by", bind="query-params")
     by = CHOICES.get(choice or "fleet", "fleet")
-    b = figures.for_window(w)
+    b = figures.use_for(w)
     t = b.totals
     ui.window_caption(b.window)
+    if b.facts_hours:
+        st.caption(f"Summed from the hour facts of the window's {b.facts_hours:,} hours, computed ahead by the dashboard "
+                   "(the figures of the window's analysis).")
     if ui.empty_totals(t):
         ui.empty_window("GPU or job")
         return

@@ -1,0 +1,137 @@
+"""Where the dashboards keep hour facts (gpufleet.analytics.hour_facts), and their upkeep.
+
+One directory per store (named by a digest of the store's path) under `[dashboard] facts_dir`,
+one Parquet file per hour named by the hour and by what its facts were computed from - so a
+fact whose inputs changed is simply not found, and a file is written whole (a temporary name,
+then a rename) or not at all. The served dashboard's warmer (dashboards/figures.py) builds the
+facts of the closed hours of the last `[dashboard] facts_days` days that lack them, a day's at a
+time, after the presets' figures; the pages only read them. Not the store's files: the
+collector owns those, and a dashboard may read a store it cannot write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import duckdb
+
+from gpufleet.analytics import hour_facts
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.times import HOUR, floor_time
+
+log = logging.getLogger(__name__)
+
+BUILD_SPAN = timedelta(days=1)  # hours built by one analysis (a day's: ~5 s at 16,384 GPUs)
+
+
+def default_dir() -> Path:
+    """$XDG_CACHE_HOME/gpufleet/hour-facts, else ~/.cache/gpufleet/hour-facts."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpufleet" / "hour-facts"
+
+
+@dataclass(frozen=True)
+class FactsDir:
+    """The hour facts of one store."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, base: str | Path, store: str | Path) -> "FactsDir":
+        tag = hashlib.blake2b(str(Path(store).resolve()).encode(), digest_size=8).hexdigest()
+        return cls(Path(base) / tag)
+
+    def _name(self, hour: datetime, key: str) -> Path:
+        return self.path / f"{hour:%Y-%m-%d}" / f"{hour:%H}-{key}.parquet"
+
+    def file(self, hour: datetime, key: str) -> str | None:
+        """The hour's facts of that name, if written."""
+        p = self._name(hour, key)
+        return str(p) if p.exists() else None
+
+    def present(self, hour: datetime) -> tuple[str, str] | None:
+        """(name, path) of the hour's facts as written last (hour_facts.FactFiles); None: none."""
+        for p in (self.path / f"{hour:%Y-%m-%d}").glob(f"{hour:%H}-*.parquet"):
+            return p.stem.split("-", 1)[1], str(p)
+        return None
+
+    def write(self, hour: datetime, key: str, rows) -> None:
+        """The hour's facts (a polars frame of hour_facts.FACT_SCHEMA), replacing any older ones."""
+        p = self._name(hour, key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        rows.write_parquet(tmp)
+        os.replace(tmp, p)
+        for old in p.parent.glob(f"{hour:%H}-*.parquet"):
+            if old != p:
+                old.unlink(missing_ok=True)
+
+    def prune(self, before: datetime) -> int:
+        """Remove the days of facts wholly before `before`; returns how many days."""
+        if not self.path.is_dir():
+            return 0
+        n = 0
+        for day in self.path.iterdir():
+            try:
+                end = datetime.strptime(day.name, "%Y-%m-%d") + timedelta(days=1)
+            except ValueError:
+                continue
+            if end <= before:
+                for f in day.iterdir():
+                    f.unlink(missing_ok=True)
+                day.rmdir()
+                n += 1
+        return n
+
+
+@dataclass
+class Refreshed:
+    """What one upkeep pass did."""
+
+    hours_built: int
+    hours_current: int
+    hours_without_summary: int
+    took_s: float
+
+
+def horizon(now: datetime, days: int) -> tuple[datetime, datetime]:
+    """The hours facts are kept for: the last `days` days up to the current hour."""
+    end = floor_time(now, HOUR)
+    return end - timedelta(days=days), end
+
+
+def refresh(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, now: datetime) -> Refreshed:
+    """Build the facts of the closed hours of p's window (horizon; p: the analytics parameters,
+    without filters) that have none of their current name, a day's hours by one analysis; remove
+    older days."""
+    t0 = time.monotonic()
+    if not p.summaries:  # (facts answer only windows the summaries path computes)
+        return Refreshed(0, 0, 0, 0.0)
+    p = replace(p, filters=Filters())
+    keys = hour_facts.current_keys(con, p, now)
+    todo = [h for h, k in keys.items() if k is not None and facts.file(h, k) is None]
+    built = 0
+    for lo, hi in _spans(todo):
+        for hour, (key, rows) in hour_facts.build(con, replace(p, start=lo, end=hi), now).items():
+            facts.write(hour, key, rows)
+            built += 1
+    facts.prune(p.start)
+    return Refreshed(hours_built=built, hours_current=sum(1 for k in keys.values() if k is not None),
+                     hours_without_summary=sum(1 for k in keys.values() if k is None), took_s=time.monotonic() - t0)
+
+
+def _spans(hours: list[datetime]) -> list[tuple[datetime, datetime]]:
+    """Runs of consecutive hours, each cut to BUILD_SPAN, newest first (the likeliest asked)."""
+    spans: list[tuple[datetime, datetime]] = []
+    for h in sorted(hours):
+        if spans and spans[-1][1] == h and h + HOUR - spans[-1][0] <= BUILD_SPAN:
+            spans[-1] = (spans[-1][0], h + HOUR)
+        else:
+            spans.append((h, h + HOUR))
+    return spans[::-1]

@@ -1,0 +1,135 @@
+"""The dashboards' hour facts (dashboards/facts.py over gpufleet.analytics.hour_facts): the served
+dashboard's warmer builds the closed hours' facts into `[dashboard] facts_dir`; the Utilization
+and Teams pages of a window of whole hours typed in are then summed from them - the same figures
+as the window's analysis (the Bundle the other pages read), which is computed meanwhile in the
+background for them; a window facts cannot answer (a filter, an edge inside an hour) is computed
+as before; a failing build is logged and shown on the Health page, never a wrong figure."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from gpufleet.analytics.params import Filters  # noqa: E402
+from gpufleet.collector.maintenance import compact  # noqa: E402
+from gpufleet.collector.store import StoreWriter  # noqa: E402
+from gpufleet.dashboards import data, figures  # noqa: E402
+from gpufleet.dashboards import facts as dfacts  # noqa: E402
+from gpufleet.dashboards.figures import FACTS, Warmer  # noqa: E402
+from tests.test_analytics_properties import TOL, frames_equal  # noqa: E402
+from tests.test_dashboard_analytics import T, build  # noqa: E402
+
+APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+NOW = T(23)  # the scenario's hours (10:00-13:00) closed, summarised, within facts_days
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The scenario's store, compacted (its hours summarised), a config whose facts_dir is under
+    tmp_path; the pages' caches cleared."""
+    root = Path(build(tmp_path / "store").root)
+    w = StoreWriter(root)
+    compact(w, NOW)
+    w.close()
+    cfg = tmp_path / "gpufleet.toml"
+    cfg.write_text(f'[dashboard]\nfacts_dir = "{tmp_path / "facts"}"\nrefresh_seconds = 0\n')
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(root))
+    monkeypatch.setenv("GPUFLEET_CONFIG", str(cfg))
+    monkeypatch.setattr(data, "utcnow", lambda: NOW)
+    # the scenario's few hours as a long window's: a timeline of 1-hour buckets (a window over 12 h has them)
+    for module in ("hour_facts", "timeline", "core"):
+        monkeypatch.setattr(f"gpufleet.analytics.{module}.timeline_bucket", lambda p: timedelta(hours=1))
+    caches = (data.settings, data.window_bundle, data.window_use, data.window_fairness)
+    for cached in caches:
+        cached.clear()
+    yield tmp_path
+    for cached in caches:
+        cached.clear()
+
+
+def window(lo: datetime, hi: datetime, filters: Filters = Filters()) -> data.Window:
+    return data.make_window(data.current_settings(), preset=None, start=lo, end=hi, filters=filters, now=NOW)
+
+
+def same_view(x: data.UseView, y: data.UseView) -> list[str]:
+    bad = [f"totals.{k}" for k in ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_gpu_h", "utilization_pct")
+           if getattr(x.totals, k) != pytest.approx(getattr(y.totals, k), **TOL)]
+    bad += [f"utilization[{by}]" for by in ("fleet", "cluster", "model", "partition", "account", "user_name")
+            if not frames_equal(x.utilization[by], y.utilization[by])]
+    return bad + [f"timeline[{by}]" for by in x.timeline if not frames_equal(x.timeline[by], y.timeline[by])]
+
+
+def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed_from_them(store):
+    s = data.current_settings()
+    w = Warmer([], clock=lambda: NOW)
+    w.refresh_facts(s)
+    row = next(r for r in w.status() if r["preset"] == FACTS)
+    assert row["error"] is None and row["computed_at"] is not None
+    built = sorted(p.name for p in data.facts_dir(s).path.rglob("*.parquet"))
+    assert [n[:3] for n in built] == ["09-", "10-", "11-", "12-"]  # the hours with samples (the allocations reach 09:xx and 13:00)
+    w.refresh_facts(s)  # nothing new: nothing rebuilt
+    assert sorted(p.name for p in data.facts_dir(s).path.rglob("*.parquet")) == built
+
+    for lo, hi in ((T(10), T(12)), (T(9), T(13)), (T(11), T(12))):
+        view = data.window_use(window(lo, hi).key)
+        assert view.facts_hours == (hi - lo) // timedelta(hours=1)
+        bundle = data.window_bundle(window(lo, hi).key)
+        bad = same_view(data.UseView.of(bundle), view)
+        assert not bad, (lo, hi, bad)
+        # the Teams page's fairness from the accounting alone: the analysis' figures
+        report, error = data.window_fairness(window(lo, hi).key)
+        assert error is None and frames_equal(report.per_account, bundle.fairness.per_account)
+        assert (report.jain_index, report.gini_users) == pytest.approx((bundle.fairness.jain_index, bundle.fairness.gini_users), **TOL)
+    # facts cannot answer: an account filter, a window edge inside an hour
+    assert data.window_use(window(T(10), T(12), Filters(account="physics")).key).facts_hours == 0
+    assert data.window_use(window(T(10, 30), T(12)).key).facts_hours == 0
+
+
+def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwhile(store):
+    s = data.current_settings()
+    dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
+    w = window(T(10), T(12))
+    q = {"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00"}
+    for page in ("utilization", "teams"):
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update(q)
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, at.exception
+    assert any("hour facts" in c.value for c in at_utilization_captions(q))
+    # the window's Bundle, for the Jobs, Waste and MFU pages, computed in the background
+    deadline = time.monotonic() + 60
+    while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    made = []
+    real = data.Analysis
+    data.Analysis = lambda *a, **k: made.append(1) or real(*a, **k)
+    try:
+        data.window_bundle(w.key)
+    finally:
+        data.Analysis = real
+    assert made == []  # cached already
+
+
+def at_utilization_captions(q: dict):
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update(q)
+    at.switch_page("views/utilization.py").run()
+    return at.caption
+
+
+def test_a_failing_build_is_shown_on_the_health_page_and_the_pages_compute_their_windows(store, monkeypatch):
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(dfacts, "refresh", broken)
+    w = Warmer([], clock=lambda: NOW)
+    w.refresh_facts(data.current_settings())
+    row = next(r for r in w.status() if r["preset"] == FACTS)
+    assert "disk full" in row["error"]
+    assert data.window_use(window(T(10), T(12)).key).facts_hours == 0
