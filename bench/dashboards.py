@@ -9,10 +9,14 @@ with the window set to the whole week in the URL's query parameters, as a user w
 - server start: what a dashboard process pays once, at its first script runs, whatever the store
   (imports, Streamlit's and Altair's own set-up): every page visited once over a 16-GPU day,
   timed and shown on its own row, so that a first load below counts what grows with the data.
+- hour facts: the store's closed hours' facts built as the served dashboard's warmer builds them
+  (dashboards/facts.py: once, timed; then a pass that finds them current, timed), before the
+  first loads - a window typed in finds them, as on a served dashboard.
 - first load: the pages visited once each in menu order, caches empty at the start. Utilization
-  pays for the window's figures that Jobs, Teams and MFU then reuse (one Analysis per window and
-  filters: data.window_bundle); Waste adds the previous week's totals, Health its own queries,
-  Jobs one job's report (the most wasteful job, by the job-id box).
+  and Teams are summed from the hour facts (data.window_use), and start the window's figures
+  that Jobs, Waste and MFU read in the background (one Analysis per window and filters:
+  data.window_bundle; Jobs, next, waits for its rest); Waste adds the previous week's totals,
+  Health its own queries, Jobs one job's report (the most wasteful job, by the job-id box).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
 - the warmed preset: the week as "the last 7 days" with now 20 minutes before its end (inside an hour,
   as a served dashboard's clock mostly is; PRESET_NOW_BEFORE_END: the window starts on the hour
@@ -61,6 +65,8 @@ PRESET = "7d"  # the warmed preset the week is also opened as (dashboards/figure
 # ... at this "now": inside an hour, as a served dashboard's clock mostly is, so the preset's window
 # ends inside an hour (its start goes back to the hour: dashboards/data.py start_grain)
 PRESET_NOW_BEFORE_END = timedelta(minutes=20)
+# the hour facts are built as by a served dashboard this long after the data's end (its last hour closed)
+FACTS_NOW_AFTER_END = timedelta(minutes=10)
 # the pages that read the warmed figures (Health: its GPU health; its "now" figures are Fleet now's
 # states, which follow now: computed when the preset's Fleet now page, the default, opens first)
 PRESET_PAGES = ("utilization", "jobs", "teams", "waste", "mfu", "health")
@@ -103,6 +109,7 @@ def measure(store: str, start: str, end: str, config: str, start_store: str, sta
     out["start_s"] = time.perf_counter() - t0
     progress(f"  server start (every page once over {start_store}): {out['start_s']:.1f} s")
     at = _app_test(store, start, end, config)
+    out["facts"] = _facts(end)
 
     def visit(page: str) -> float:
         if page != "fleet_now" or out["first"]:
@@ -128,6 +135,28 @@ def measure(store: str, start: str, end: str, config: str, start_store: str, sta
     out["preset"] = _preset_pages(store, end, config)
     out["vmhwm_mib"] = _vmhwm_mib()
     return out
+
+
+def _facts(end: str) -> dict:
+    """The hour facts of the store's closed hours, as the served dashboard's warmer builds them
+    (dashboards/facts.py) before a window is typed in: built once (timed), then a pass that finds
+    them current (timed: what every warmer pass costs)."""
+    from datetime import datetime
+
+    from gpufleet.dashboards import data, figures
+
+    now = datetime.fromisoformat(end) + FACTS_NOW_AFTER_END
+    warmer = figures.Warmer([], clock=lambda: now)
+    s = data.current_settings()
+    t = time.perf_counter()
+    built = warmer.refresh_facts(s)
+    res = {"build_s": time.perf_counter() - t, "hours": built.hours_built if built else 0, "error": warmer.errors.get(figures.FACTS)}
+    t = time.perf_counter()
+    warmer.refresh_facts(s)
+    res["check_s"] = time.perf_counter() - t
+    progress(f"  hour facts built by the warmer: {res['hours']} hours in {res['build_s']:.1f} s; a pass finding them current "
+             f"{res['check_s']:.2f} s, peak RSS so far {_vmhwm_mib():,.0f} MiB")
+    return res
 
 
 def _timed_run(at, page: str, problems: list[str]) -> float:
@@ -175,6 +204,7 @@ def _child(store: Path, start, end, tmp: str, summaries: bool, start_store: Path
     """measure() in a process of its own (its peak RSS is its own), with [analytics] summaries set."""
     cfg = Path(tmp) / f"gpufleet-{summaries}.toml"
     cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n'
+                   f'facts_dir = "{Path(tmp) / f"facts-{summaries}"}"\n'
                    f'[analytics]\nsummaries = {"true" if summaries else "false"}\n')
     progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}, {'summaries' if summaries else 'raw samples'}, "
              f"in a child process (first load, then {RUNS} warm runs each)")
@@ -218,6 +248,11 @@ def run() -> list[Table]:
         warm = statistics.median(m["warm"][page])
         label = f"{title} (list + job {m['job']}'s report)" if page == "jobs" and m.get("job") else title
         t.add(f"{label}: warm cache (median of {RUNS})", f"{warm:.3f} s", f"< {GOAL_S:g} s", warm < GOAL_S)
+    fm, fr = m["facts"], (r["facts"] if r else None)
+    t.add("hour facts of the window's closed hours built by the served dashboard's warmer, once (dashboards/facts.py), "
+          "summaries / raw samples", f"{fm['hours']} hours in {fm['build_s']:.1f} s / "
+          + (f"{fr['hours']} hours (the raw path keeps none)" if fr else "not run"))
+    t.add("    a warmer pass finding them current (every period)", f"{fm['check_s']:.2f} s")
     t.add("server start: every page once over a 16-GPU day (imports, Streamlit's and Altair's set-up; once per process), "
           "summaries / raw samples", f"{m['start_s']:.1f} s / " + (f"{r['start_s']:.1f} s" if r else "not run"))
     raw_s = lambda k: f" / {r['first'][k]:.1f} s" if r and k in r["first"] else (" / not run" if not r else "")  # noqa: E731
@@ -238,14 +273,16 @@ def run() -> list[Table]:
               f"< {GOAL_S:g} s", first < GOAL_S)
     t.add("peak RSS of the dashboard process (VmHWM), summaries / raw samples",
           f"{m['vmhwm_mib']:,.0f} MiB / " + (f"{r['vmhwm_mib']:,.0f} MiB" if r else "not run"))
-    problems = ([f"summaries: {p}" for p in m["problems"] + m["preset"]["problems"]]
+    problems = ([f"summaries: {p}" for p in m["problems"] + m["preset"]["problems"]] + [f"hour facts: {m['facts']['error']}"] * bool(m["facts"]["error"])
                 + [f"raw: {p}" for p in (r["problems"] + r["preset"]["problems"] if r else [])])
     if problems:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
-        "first load in menu order from empty caches, after the server's start: Utilization computes the window's figures (one "
-        "Analysis) that Jobs, Teams and MFU reuse; Waste adds the previous window's totals; Fleet now computes the GPU states at "
-        "the window's end, which Health reuses beside its own queries",
+        "first load in menu order from empty caches (the hour facts built before, as a served dashboard has them), after the "
+        "server's start: Utilization and Teams are summed from the window's hour facts, and the window's figures (one Analysis) "
+        "that Jobs, Waste and MFU read are computed in the background from Utilization's load on (Jobs waits for the rest); "
+        "Waste adds the previous window's totals; Fleet now computes the GPU states at the window's end, which Health reuses "
+        "beside its own queries",
         "the synthetic store holds no data before its first day, so Waste's previous-window totals are cheap here; on a real "
         "store they cost about one more window analysis",
         f"a relative window is recomputed once per period (dashboards/data.py step_for: 30 min for 7 days), warm in between; "
