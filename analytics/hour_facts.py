@@ -217,10 +217,12 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
             try:
                 read = (rd.sql(sql.FACT_GPUS, params=sql.bound(sql.FACT_GPUS, b)).to_arrow_table(), _q(rd, sql.FACT_BUCKETS, b),
                         _q(rd, sql.FACT_JOB_USE, b))
+            except duckdb.IOException:
+                read = None  # a file replaced or removed since it was listed (its inputs changed, or it aged out)
             finally:
                 jobs.result()
                 names = keys.result()
-        if [names.get(h) for h in whole_hours(p)] != [name for name, _ in present]:  # type: ignore[misc]
+        if read is None or [names.get(h) for h in whole_hours(p)] != [name for name, _ in present]:  # type: ignore[misc]
             return None  # an hour's facts are of inputs that changed since: not read
         return _compose(cur, p, b, *read)
     finally:

@@ -215,3 +215,17 @@ def test_facts_whose_inputs_changed_are_not_read(tmp_path):
         write_facts(con, p, T(20), facts, [(T(10), T(11))])
         got = hour_facts.window_use(con, p, T(20), finder(facts))
         assert got is not None and not mismatches(oracle(con, p, T(20)), got)
+
+
+def test_a_fact_removed_after_it_was_listed_is_not_read(tmp_path):
+    """The warmer replaces an hour's file when its inputs change, and drops days that age out: a
+    window that listed it just before computes the long way, it does not fail."""
+    golden(tmp_path / "store")
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        files = write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(13))])
+        listed = finder(tmp_path / "facts")
+        gone = {h: listed.present(h) for h in files}
+        files[T(11)].unlink()
+        assert hour_facts.window_use(con, Params(T(10), T(12)), T(20), type("Listed", (), {"present": lambda self, h: gone[h]})()) is None
