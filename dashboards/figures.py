@@ -136,9 +136,7 @@ class Warmer:
             return None
         self.errors.pop(FACTS, None)
         if done.hours_built:
-            self.computed[FACTS] = {"computed_at": utcnow(), "took_s": done.took_s, "start": now - timedelta(days=s.dashboard["facts_days"]),
-                                    "end": now}
-        if done.hours_built:
+            self.computed[FACTS] = {"computed_at": utcnow(), "took_s": done.took_s, "start": p.start, "end": p.end}
             log.info("hour facts of %d hours built in %.1f s (%d hours current, %d without a closed summary)", done.hours_built,
                      done.took_s, done.hours_current, done.hours_without_summary)
         return done
@@ -234,10 +232,11 @@ _PREFETCH_LOCK = threading.Lock()
 
 
 def _prefetch(key: tuple) -> None:
-    """data.window_bundle(key) in a daemon thread (one per key at a time): the cache it fills is
-    the one the pages read."""
+    """data.window_bundle(key) in a daemon thread, into the cache the pages read - one at a time
+    per process: an operator stepping through windows must not start an analysis for each (at
+    16,384 GPUs ~4 GiB apiece); a window asked while one runs is computed when its page asks."""
     with _PREFETCH_LOCK:
-        if key in _PREFETCHING:
+        if _PREFETCHING:
             return
         _PREFETCHING.add(key)
 

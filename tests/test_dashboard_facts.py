@@ -133,3 +133,27 @@ def test_a_failing_build_is_shown_on_the_health_page_and_the_pages_compute_their
     row = next(r for r in w.status() if r["preset"] == FACTS)
     assert "disk full" in row["error"]
     assert data.window_use(window(T(10), T(12)).key).facts_hours == 0
+
+
+def test_one_window_is_computed_in_the_background_at_a_time(monkeypatch):
+    """An operator stepping through typed windows starts one background analysis, not one each."""
+    import threading
+
+    started, release = [], threading.Event()
+
+    def slow(key):
+        started.append(key)
+        release.wait(10)
+
+    monkeypatch.setattr(data, "window_bundle", slow)
+    figures._prefetch(("a",))
+    figures._prefetch(("b",))  # while a's runs: not started
+    release.set()
+    deadline = time.monotonic() + 10
+    while figures._PREFETCHING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started == [("a",)]
+    figures._prefetch(("b",))  # a's done: b's starts
+    while len(started) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started == [("a",), ("b",)]
