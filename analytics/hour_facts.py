@@ -85,14 +85,24 @@ def whole_hours(p: Params) -> list[datetime]:
     return [p.start + i * HOUR for i in range(n)]
 
 
+def why_not(p: Params) -> str | None:
+    """Why facts cannot answer this window (None: they can, where every hour has current facts):
+    they need no filter, whole hours, a timeline of whole-hour buckets, and the summaries path
+    ([analytics] summaries: facts are built on it)."""
+    if p.filters != Filters():
+        return "a filter (facts are the whole fleet's)"
+    if not p.summaries:
+        return "[analytics] summaries = false"
+    if p.end <= p.start or floor_time(p.start, HOUR) != p.start or floor_time(p.end, HOUR) != p.end:
+        return "the window starts or ends inside an hour"
+    if timeline_bucket(p) % HOUR != timedelta(0):
+        return f"its timeline's buckets are {timeline_bucket(p) // timedelta(minutes=1)} minutes (a window of 12 h or less)"
+    return None
+
+
 def answerable(p: Params) -> bool:
-    """Can facts answer this window? No filter, whole hours, a timeline of whole-hour buckets,
-    and the summaries path asked for ([analytics] summaries: facts are built on it)."""
-    if p.filters != Filters() or not p.summaries or p.end <= p.start:
-        return False
-    if floor_time(p.start, HOUR) != p.start or floor_time(p.end, HOUR) != p.end:
-        return False
-    return timeline_bucket(p) % HOUR == timedelta(0)
+    """Can facts answer this window (why_not)?"""
+    return why_not(p) is None
 
 
 def hour_keys(cur: duckdb.DuckDBPyConnection, bind: dict[str, Any], start: datetime, end: datetime) -> dict[datetime, str | None]:

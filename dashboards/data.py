@@ -292,6 +292,7 @@ class UseView:
     timeline: dict[str, pl.DataFrame]
     window: Resolved
     facts_hours: int = 0  # the hours summed from their facts (0: the Bundle's figures)
+    facts_missed: str | None = None  # why facts (kept) did not answer the window
 
     @classmethod
     def of(cls, b: Bundle) -> "UseView":
@@ -319,11 +320,18 @@ def window_use(key: tuple) -> UseView:
 
     s, w, p = _request(key)
     facts = facts_dir(s)
-    if facts is not None and hour_facts.answerable(p):
-        use = hour_facts.window_use(reader(w.root), p, w.as_of, facts)
-        if use is not None:
-            return UseView(use.totals, use.utilization, use.timeline, w, use.hours)
-    return UseView.of(window_bundle(key))
+    missed = None
+    if facts is not None:
+        missed = hour_facts.why_not(p)
+        if missed is None:
+            use = hour_facts.window_use(reader(w.root), p, w.as_of, facts)
+            if use is not None:
+                return UseView(use.totals, use.utilization, use.timeline, w, use.hours)
+            missed = ("not every hour of it has current facts yet (the served dashboard builds those of the last "
+                      f"{s.dashboard['facts_days']} days' closed hours in the background)")
+    view = UseView.of(window_bundle(key))
+    view.facts_missed = missed
+    return view
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's fairness figures (analytics)...")

@@ -87,8 +87,16 @@ def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed
         assert error is None and frames_equal(report.per_account, bundle.fairness.per_account)
         assert (report.jain_index, report.gini_users) == pytest.approx((bundle.fairness.jain_index, bundle.fairness.gini_users), **TOL)
     # facts cannot answer: an account filter, a window edge inside an hour
-    assert data.window_use(window(T(10), T(12), Filters(account="physics")).key).facts_hours == 0
-    assert data.window_use(window(T(10, 30), T(12)).key).facts_hours == 0
+    filtered = data.window_use(window(T(10), T(12), Filters(account="physics")).key)
+    assert filtered.facts_hours == 0 and filtered.facts_missed == "a filter (facts are the whole fleet's)"
+    inside = data.window_use(window(T(10, 30), T(12)).key)
+    assert inside.facts_hours == 0 and inside.facts_missed == "the window starts or ends inside an hour"
+    # an hour without facts yet (the warmer has not built it): said, and computed
+    for f in data.facts_dir(s).path.rglob("11-*.parquet"):
+        f.unlink()
+    data.window_use.clear()
+    missing = data.window_use(window(T(10), T(12)).key)
+    assert missing.facts_hours == 0 and missing.facts_missed.startswith("not every hour of it has current facts yet")
 
 
 def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwhile(store):
@@ -101,7 +109,9 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
         at.query_params.update(q)
         at.switch_page(f"views/{page}.py").run()
         assert not at.exception, at.exception
-    assert any("hour facts" in c.value for c in at_utilization_captions(q))
+    assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at_utilization_captions(q))
+    q_inside = {"from": "2026-11-16T10:30:00", "to": "2026-11-16T12:00:00"}
+    assert any("could not - the window starts or ends inside an hour." in c.value for c in at_utilization_captions(q_inside))
     # the window's Bundle, for the Jobs, Waste and MFU pages, computed in the background
     deadline = time.monotonic() + 60
     while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
