@@ -19,7 +19,7 @@ named by what they were computed from (`hour_keys`): the hour's closed summary f
 samples rebuild them under new names), a digest of the allocations that meet the hour (an
 allocation learnt of later, a job's end or account changing) and max_gap. A window is answered
 from facts (`window_use`) only when every hour's facts of the current name exist, the window has
-no filter, starts and ends on the hour and its timeline's buckets are whole hours; capacity and
+no filter but a cluster's, starts and ends on the hour and its timeline's buckets are whole hours; capacity and
 allocated time (inventory and accounting: a few cheap queries) are computed for the window, as
 core.Analysis does. Otherwise None: the caller computes the window the long way.
 """
@@ -37,13 +37,13 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, by_gpu_dimension, by_job_dimension, register_prices, window_bind,
-                                     with_utilization)
+from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, by_gpu_dimension, by_job_dimension, filter_scope, register_prices,
+                                     window_bind, with_utilization)
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, _bucket_use, compose_timelines, timeline_bucket
 from gpufleet.times import HOUR, epoch_us, floor_time
 
-FORMAT_VERSION = 1  # of FACT_SCHEMA and its meaning: part of every fact's name
+FORMAT_VERSION = 2  # of FACT_SCHEMA and its meaning: part of every fact's name (2: a GPU's row has its cluster)
 FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "cluster": pl.Utf8, "model": pl.Utf8,
                "partition": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8,
                "data_s": pl.Float64, "busy_s": pl.Float64, "alloc_data_s": pl.Float64,  # "gpu", "job": seconds (x MIG share)
@@ -87,10 +87,10 @@ def whole_hours(p: Params) -> list[datetime]:
 
 def why_not(p: Params) -> str | None:
     """Why facts cannot answer this window (None: they can, where every hour has current facts):
-    they need no filter, whole hours, a timeline of whole-hour buckets, and the summaries path
-    ([analytics] summaries: facts are built on it)."""
-    if p.filters != Filters():
-        return "a filter (facts are the whole fleet's)"
+    they need no filter but the cluster's, whole hours, a timeline of whole-hour buckets, and the
+    summaries path ([analytics] summaries: facts are built on it)."""
+    if replace(p.filters, cluster=None) != Filters():
+        return "a filter other than the cluster's (facts are by GPU and by job group, not by job)"
     if not p.summaries:
         return "[analytics] summaries = false"
     if p.end <= p.start or floor_time(p.start, HOUR) != p.start or floor_time(p.end, HOUR) != p.end:
@@ -159,7 +159,8 @@ def _facts(a: Analysis, hours: list[datetime]) -> dict[datetime, pl.DataFrame]:
         h1 = h0 + 3_600_000_000
         use = a.gt.per_gpu(h0, h1).select("gid", "data_s", "busy_s").join(a.held_data(h0, h1), on="gid", how="left").join(gpus, on="gid")
         gpu = use.filter((pl.col("data_s") != 0) | (pl.col("busy_s") != 0) | (pl.col("alloc_data_s").fill_null(0) != 0))
-        out.append(gpu.select(pl.lit(hour).alias("hour"), pl.lit("gpu").alias("kind"), "gh", "model", "data_s", "busy_s", "alloc_data_s"))
+        out.append(gpu.select(pl.lit(hour).alias("hour"), pl.lit("gpu").alias("kind"), "gh", "cluster", "model", "data_s", "busy_s",
+                              "alloc_data_s"))
         iv = use.join(models.select("gid"), on="gid").group_by("cluster", "model").agg(
             (pl.sum("data_s") / 3600).alias("data_gpu_h"), (pl.sum("busy_s") / 3600).alias("busy_gpu_h"))
         out.append(iv.select(pl.lit(hour).alias("hour"), pl.lit("iv").alias("kind"), "cluster", "model", "data_gpu_h", "busy_gpu_h"))
@@ -281,5 +282,5 @@ def _compose(cur: duckdb.DuckDBPyConnection, p: Params, b: dict[str, Any], gpus:
     busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
     totals = UseTotals(capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0, data_gpu_h=data,
                        no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0, busy_gpu_h=busy,
-                       utilization_pct=busy / data * 100 if data > 0 else None, allocated_gpu_h=alloc)
+                       utilization_pct=busy / data * 100 if data > 0 else None, allocated_gpu_h=alloc, scope=filter_scope(p.filters))
     return WindowUse(totals=totals, utilization=utilization, timeline=timeline, hours=len(b["files"]))

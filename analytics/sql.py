@@ -424,12 +424,12 @@ FROM (SELECT *, unnest(range(greatest(a0, epoch_us($start)) // 3600000000, (leas
 GROUP BY h
 """
 
-# A window's facts ($files: one file per hour, of hour_facts.FACT_SCHEMA). Per GPU (its hash) over
+# A window's facts ($files: one file per hour, of hour_facts.FACT_SCHEMA; of $cluster, if one). Per GPU (its hash) over
 # the window, with the model(s) the facts grouped it under (checked against the inventory's):
 FACT_GPUS = """
 SELECT gh, min(model) AS model, min(model) IS DISTINCT FROM max(model) OR count(*) > count(model) AS unsure,
        sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(alloc_data_s) AS alloc_data_s
-FROM read_parquet($files) WHERE kind = 'gpu' GROUP BY gh
+FROM read_parquet($files) WHERE kind = 'gpu' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY gh
 """
 # ... the window's GPUs (cap) with their facts: the gpu_use PER_GPU reads, and the model to check
 FACT_GPU_USE = """
@@ -442,7 +442,7 @@ FROM _fact_gpus f LEFT JOIN cap ON hash(cap.cluster, cap.host, cap.gpu_uuid, cap
 FACT_BUCKETS = """
 SELECT kind, cluster, model, partition, account, user_name, (epoch(hour) - epoch($start)) // $bucket AS k,
        sum(data_gpu_h) AS data_gpu_h, sum(busy_gpu_h) AS busy_gpu_h
-FROM read_parquet($files) WHERE kind IN ('iv', 'held') GROUP BY ALL
+FROM read_parquet($files) WHERE kind IN ('iv', 'held') AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ALL
 """
 
 # ... the allocations' data and busy GPU-hours by cluster, partition, account and user over the
@@ -450,7 +450,7 @@ FROM read_parquet($files) WHERE kind IN ('iv', 'held') GROUP BY ALL
 # the groups with one)
 FACT_JOB_USE = """
 SELECT cluster, partition, account, user_name, sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(pieces) AS pieces
-FROM read_parquet($files) WHERE kind = 'job' GROUP BY ALL
+FROM read_parquet($files) WHERE kind = 'job' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ALL
 """
 
 # --- MFU (analytics/mfu.py) ---

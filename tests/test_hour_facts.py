@@ -22,7 +22,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 import test_analytics_properties
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, fleets, frames_equal, scratch
-from test_analytics_golden import T, build_golden
+from test_analytics_golden import A100, T, between, build_golden
 from test_analytics_summaries import split
 
 from gpufleet.analytics import hour_facts
@@ -119,6 +119,10 @@ def test_a_window_of_whole_hours_from_its_facts_has_the_raw_figures(fleet, how, 
         event(f"hours: {got.hours}")
         bad = mismatches(oracle(con, p, now), got)
         assert not bad, "\n".join(bad)
+        # the fleet's cluster by name: the filtered queries, the same figures
+        named = Params(lo, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration, filters=Filters(cluster=test_analytics_properties.CLUSTER))
+        bad = mismatches(oracle(con, named, now), hour_facts.window_use(con, named, now, finder(Path(facts))))
+        assert not bad, "\n".join(bad)
         # every sub-window of whole hours too (the facts of a wider build)
         for a in hour_facts.whole_hours(p):
             sub = Params(a, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration)
@@ -135,6 +139,8 @@ def test_only_windows_of_whole_hours_without_filters_are_answered():
         assert not hour_facts.answerable(Params(p.start + timedelta(minutes=5), p.end))
         assert not hour_facts.answerable(Params(p.start, p.end - timedelta(minutes=5)))
         assert not hour_facts.answerable(Params(p.start, p.end, filters=Filters(account="a")))
+        assert not hour_facts.answerable(Params(p.start, p.end, filters=Filters(model="m")))
+        assert hour_facts.answerable(Params(p.start, p.end, filters=Filters(cluster="c")))
         assert not hour_facts.answerable(Params(p.start, p.end, summaries=False))
     # a window whose timeline buckets are shorter than an hour (12 h: 15 minutes)
     assert not hour_facts.answerable(Params(p.start, p.start + timedelta(hours=12)))
@@ -229,3 +235,32 @@ def test_a_fact_removed_after_it_was_listed_is_not_read(tmp_path):
         gone = {h: listed.present(h) for h in files}
         files[T(11)].unlink()
         assert hour_facts.window_use(con, Params(T(10), T(12)), T(20), type("Listed", (), {"present": lambda self, h: gone[h]})()) is None
+
+
+def test_a_cluster_s_window_from_the_facts(tmp_path):
+    """Two clusters, one GPU of each with the same host name and UUID and a job of each with the
+    same key: a cluster's window from the facts is its analysis' (the facts hold each GPU's and
+    job group's cluster), and the fleet's the sum of both."""
+    build_golden(tmp_path / "store")
+    other = Fleet(tmp_path / "store", cluster="c2")
+    other.gpu_series("n1", "GPU-A", T(9), T(13), util=between(T(10), T(11), 10.0, 90.0))
+    other.gpu_series("n8", "GPU-Z", T(10), T(12), util=0.0, model=A100)
+    other.job("101", account="physics", user="zed", start=T(9, 30), end=T(12, 30), gpus=1, placements=[("n1", "GPU-A")])
+    w = StoreWriter(tmp_path / "store")
+    w.commit(other.batch("c2"))
+    compact(w, T(20))
+    w.close()
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(13))])
+        totals = {}
+        for f in (Filters(), Filters(cluster="c1"), Filters(cluster="c2")):
+            p = Params(T(10), T(12), filters=f)
+            got = hour_facts.window_use(con, p, T(20), finder(tmp_path / "facts"))
+            assert got is not None and got.totals.scope == ("fleet" if f.cluster is None else f"cluster={f.cluster}")
+            bad = mismatches(oracle(con, p, T(20)), got)
+            assert not bad, (f, "\n".join(bad))
+            totals[f.cluster] = got.totals
+        assert totals[None].data_gpu_h == pytest.approx(totals["c1"].data_gpu_h + totals["c2"].data_gpu_h, **TOL)
+        assert totals["c2"].allocated_gpu_h == pytest.approx(2.0)  # job c2/101 over the window
