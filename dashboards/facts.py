@@ -12,7 +12,6 @@ collector owns those, and a dashboard may read a store it cannot write.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import time
 from dataclasses import dataclass, replace
@@ -24,8 +23,6 @@ import duckdb
 from gpufleet.analytics import hour_facts
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.times import HOUR, floor_time
-
-log = logging.getLogger(__name__)
 
 BUILD_SPAN = timedelta(days=1)  # hours built by one analysis (a day's: ~5 s at 16,384 GPUs)
 
@@ -68,8 +65,14 @@ class FactsDir:
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         rows.write_parquet(tmp)
         os.replace(tmp, p)
-        for old in p.parent.glob(f"{hour:%H}-*.parquet"):
-            if old != p:
+        self.keep_only(hour, key)
+
+    def keep_only(self, hour: datetime, key: str) -> None:
+        """Remove the hour's facts of other names (a pass that died between writing and removing,
+        or another dashboard process): `present` must find the current one."""
+        keep = self._name(hour, key)
+        for old in keep.parent.glob(f"{hour:%H}-*.parquet"):
+            if old != keep:
                 old.unlink(missing_ok=True)
 
     def prune(self, before: datetime) -> int:
@@ -115,7 +118,14 @@ def refresh(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, now: dat
         return Refreshed(0, 0, 0, 0.0)
     p = replace(p, filters=Filters())
     keys = hour_facts.current_keys(con, p, now)
-    todo = [h for h, k in keys.items() if k is not None and facts.file(h, k) is None]
+    todo = []
+    for h, k in keys.items():
+        if k is None:
+            continue
+        if facts.file(h, k) is None:
+            todo.append(h)
+        else:
+            facts.keep_only(h, k)
     built = 0
     for lo, hi in _spans(todo):
         for hour, (key, rows) in hour_facts.build(con, replace(p, start=lo, end=hi), now).items():
