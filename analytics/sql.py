@@ -296,19 +296,27 @@ JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL 
 # "nvidia_a100_1g.10gb", a pod's "mig-1g.10gb"); else from the GPUs the exporters' job mapping
 # saw it hold (the mean share of those instances in the inventory: a job mapped to MIG instances
 # holds those, whatever its GPU type says); else 1 (whole GPUs). Only the jobs `where` keeps are
-# looked up in the mapping, so a window's cost grows with its jobs, not with the store's history.
+# looked up in the mapping, so a window's cost grows with its jobs, not with the store's history;
+# and of those, only the jobs the mapping saw on a GPU whose share is not 1 (a MIG instance): the
+# mean share of a job seen on whole GPUs only is 1, which the default gives - the look-up of every
+# job's allocations was 0.7 s of every 16,384-GPU week's analysis, on a fleet without MIG.
 def jobs_shared(where: str) -> str:
     """The jobs `where` keeps (a condition on the jobs table's columns), each with gpu_share."""
     return f"""(
-WITH j AS (SELECT * FROM jobs WHERE {where})
+WITH j AS (SELECT * FROM jobs WHERE {where}),
+g AS (SELECT cluster, host, gpu_uuid, gpu_instance, {gpu_equiv("gpus")} AS equiv FROM gpus),
+part AS (SELECT DISTINCT a.cluster, a.scheduler, a.job_key FROM allocations a
+         JOIN (SELECT * FROM g WHERE equiv IS DISTINCT FROM 1.0) f
+           ON f.cluster = a.cluster AND f.host = a.host AND f.gpu_uuid = a.gpu_uuid AND f.gpu_instance = a.gpu_instance)
 SELECT j.*, CASE WHEN {mig_share("j.gpu_type")} < 1.0 AND j.gpu_type NOT LIKE '%,%' THEN {mig_share("j.gpu_type")}
                  ELSE coalesce(m.mapped_share, 1.0) END AS gpu_share
 FROM j
 LEFT JOIN (
-    SELECT a.cluster, a.scheduler, a.job_key, avg({gpu_equiv("g")}) AS mapped_share
+    SELECT a.cluster, a.scheduler, a.job_key, avg(g.equiv) AS mapped_share
     FROM allocations a
+    SEMI JOIN part ON part.cluster = a.cluster AND part.scheduler = a.scheduler AND part.job_key = a.job_key
     SEMI JOIN j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-    JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    JOIN g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
     GROUP BY ALL
 ) m ON m.cluster = j.cluster AND m.scheduler = j.scheduler AND m.job_key = j.job_key
 )"""
