@@ -40,7 +40,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, by_gpu_dimension, by_job_dimension, filter_scope, register_prices,
                                      window_bind, with_utilization)
 from gpufleet.analytics.params import Filters, Params
-from gpufleet.analytics.timeline import TIMELINE_DIMS, _bucket_use, compose_timelines, timeline_bucket
+from gpufleet.analytics.timeline import TIMELINE_DIMS, bucket_use, compose_timelines, split_at_buckets, timeline_bucket
 from gpufleet.times import HOUR, epoch_us, floor_time
 
 FORMAT_VERSION = 2  # of FACT_SCHEMA and its meaning: part of every fact's name (2: a GPU's row has its cluster)
@@ -168,7 +168,7 @@ def _facts(a: Analysis, hours: list[datetime]) -> dict[datetime, pl.DataFrame]:
     # inventory with samples), and as utilization by job dimension counts it (every allocation)
     held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table()).join(models, on=key)
     start = a.p.start  # (the hour k of the analysis' hours is start + k hours)
-    parts = _bucket_use(a, held, HELD_KEYS, 3600.0)
+    parts = bucket_use(a, held, HELD_KEYS, 3600.0)
     out.append(parts.group_by(*HELD_KEYS, "k").agg(pl.sum("data_gpu_h"), pl.sum("busy_gpu_h")).select(
         (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("held").alias("kind"), *HELD_KEYS, "data_gpu_h", "busy_gpu_h"))
     out.append(_job_parts(a, start))
@@ -181,14 +181,7 @@ def _facts(a: Analysis, hours: list[datetime]) -> dict[datetime, pl.DataFrame]:
 def _job_parts(a: Analysis, start: datetime) -> pl.DataFrame:
     """Every allocation's data and busy seconds in each hour of the analysis it crosses, and
     whether it has a piece there (core.Analysis._allocation_use, hour by hour), by job group."""
-    alv = a.allocation_use()
-    s, e = epoch_us(a.p.start), epoch_us(a.p.end)
-    df = alv.select(*JOB_KEYS, pl.col("gid").fill_null(-1),
-                    pl.max_horizontal(pl.col("a0").dt.epoch("us"), pl.lit(s)).alias("_a"),
-                    pl.min_horizontal(pl.col("a1").dt.epoch("us"), pl.lit(e)).alias("_b")).filter(pl.col("_b") > pl.col("_a"))
-    h_us = 3_600_000_000
-    df = df.with_columns(pl.int_ranges((pl.col("_a") - s) // h_us, (pl.col("_b") - s - 1) // h_us + 1).alias("k")).explode("k")
-    df = df.with_columns(pl.max_horizontal("_a", pl.col("k") * h_us + s).alias("_a"), pl.min_horizontal("_b", (pl.col("k") + 1) * h_us + s).alias("_b"))
+    df = split_at_buckets(a, a.allocation_use().select(*JOB_KEYS, pl.col("gid").fill_null(-1), "a0", "a1"), 3600.0)
     g, a0, a1 = df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy()
     data, busy = a.gt.integrals(g, a0, a1)
     has = a.gt.overlaps(g, a0, a1) & (g >= 0)

@@ -55,10 +55,10 @@ def timeline_bucket(p) -> timedelta:
     return max(default_bucket(p.end - p.start), p.max_gap)
 
 
-def _bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.DataFrame:
-    """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
-    the span is cut at bucket edges and each part is two look-ups in the analysis' cumulative
-    sums (gpufleet.analytics.gputime), so no sample is joined with anything."""
+def split_at_buckets(a, spans: pl.DataFrame, bsec: float) -> pl.DataFrame:
+    """Each span (a0, a1 and any other columns) clipped to the analysis' window and cut at its
+    buckets' edges (bsec seconds from its start): a row per bucket k it crosses, with the part's
+    edges _a and _b in epoch microseconds."""
     start, end = epoch_us(a.p.start), epoch_us(a.p.end)
     b_us = round(bsec * 1_000_000)
     df = spans.with_columns(
@@ -66,10 +66,17 @@ def _bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.Data
         pl.min_horizontal(pl.col("a1").dt.epoch("us"), pl.lit(end)).alias("_b"),
     ).filter(pl.col("_b") > pl.col("_a"))
     df = df.with_columns(pl.int_ranges((pl.col("_a") - start) // b_us, (pl.col("_b") - start - 1) // b_us + 1).alias("k")).explode("k")
-    df = df.with_columns(
+    return df.with_columns(
         pl.max_horizontal("_a", pl.col("k") * b_us + start).alias("_a"),
         pl.min_horizontal("_b", (pl.col("k") + 1) * b_us + start).alias("_b"),
     )
+
+
+def bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.DataFrame:
+    """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
+    the span is cut at bucket edges (split_at_buckets) and each part is two look-ups in the
+    analysis' cumulative sums (gpufleet.analytics.gputime), so no sample is joined with anything."""
+    df = split_at_buckets(a, spans, bsec)
     data, busy = a.gt.integrals(df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy())
     return df.select(*keys, "k", data_gpu_h=pl.Series(data) / 3600, busy_gpu_h=pl.Series(busy) / 3600)
 
@@ -104,11 +111,11 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     job_filtered = a.job_filtered  # GPU dimensions then show the selected jobs' time; capacity is no job's
     if any(d in _GPU_KEYS for d in dims) and not job_filtered:
         whole = models.select("cluster", "model", "gid", a0=pl.lit(p.start), a1=pl.lit(p.end))
-        base["iv"] = _bucket_use(a, whole, ["cluster", "model"], bsec)
+        base["iv"] = bucket_use(a, whole, ["cluster", "model"], bsec)
         base["cap"] = q(sql.TIMELINE_CAPACITY)
     held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table())
     held = held.join(models, on=["cluster", "host", "gpu_uuid", "gi"])  # allocations of GPUs without samples hold no data
-    base["pc"] = _bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
+    base["pc"] = bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
     if any(d != "model" for d in dims):
         base["alloc"] = q(sql.TIMELINE_ALLOCATED)  # a job's GPUs x MIG share for each second it runs
     return compose_timelines(base, dims, job_filtered, n_buckets, bsec, p.start)
