@@ -316,7 +316,7 @@ class Analysis:
         return alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
 
     def allocation_detail(self) -> pl.DataFrame:
-        """alv with what each allocation's pieces add up to (GpuTime.allocation_detail: has_piece,
+        """alv with what each allocation's pieces inside the window add up to (GpuTime.allocation_detail: has_piece,
         has_util, fb_max, any_s, tensor_s, clocked_s, tclock, tw_clocked, tnoclock) and its GPU's gpu
         index and model. Unless the analysis read the detail columns up front (detail=True), the
         first call re-reads the window's samples with them (same intervals, ids)."""
@@ -326,9 +326,13 @@ class Analysis:
             g = self.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
                 pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"))
             al = self._current_ids(self._alv).join(g, on="gid", how="left")
-            d = self.gt.allocation_detail(
-                al["gid"].fill_null(-1).to_numpy(), al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy(),
-                al["equiv"].fill_null(1.0).to_numpy(), epoch_us(self.p.start), epoch_us(self.p.end))
+            # each allocation's part inside the window (the one its pieces are counted in, as
+            # has_piece in alv: an allocation of the reach only has none)
+            s, e = epoch_us(self.p.start), epoch_us(self.p.end)
+            c0 = np.maximum(al["a0"].dt.epoch("us").to_numpy(), s)
+            c1 = np.minimum(al["a1"].dt.epoch("us").to_numpy(), e)
+            gid = np.where(c1 > c0, al["gid"].fill_null(-1).to_numpy(), -1)
+            d = self.gt.allocation_detail(gid, c0, np.maximum(c1, c0), al["equiv"].fill_null(1.0).to_numpy(), s, e)
             self._memo[("detail",)] = al.with_columns([pl.Series(k, v) for k, v in d.items()]).with_columns(
                 pl.col("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock").fill_nan(None))
         return self._memo[("detail",)].clone()
