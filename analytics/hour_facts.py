@@ -1,25 +1,30 @@
-"""Hour facts: each closed hour's utilization figures, so that a window of whole hours gets the
-Utilization page's figures by adding its hours up instead of reading its line.
+"""Hour facts: each closed hour's figures, so that a window of whole hours gets its figures by
+adding its hours up instead of reading its line.
 
 Why: the figures of a window nobody computed ahead (one typed in) cost its whole analysis - at
-16,384 GPUs a week ~9 s on two cores - though what the Utilization page shows (data, busy,
-allocated and capacity GPU-hours by group and by timeline bucket) are sums over hours. An hour's
-facts (FACT_SCHEMA, one file per hour, written by the dashboards' warmer: dashboards/facts.py):
+16,384 GPUs a week ~15 s on two cores with the per-job detail - though what the pages show are
+sums over hours. An hour's facts (FACT_SCHEMA, one file per hour, written by the dashboards'
+warmer: dashboards/facts.py):
 
 - "gpu": per GPU (its hash, gh; the model the inventory gave it) its data, busy and held-data
   seconds in the hour - what core.Analysis.per_gpu adds to the inventory's capacity;
 - "iv": data and busy GPU-hours by cluster and model, "held": the allocations' by cluster, model,
   partition, account and user - the timeline's parts (timeline.compose_timelines);
 - "job": the allocations' data and busy seconds by cluster, partition, account and user, and how
-  many of them had a piece (a sample) in the hour - utilization by job dimension.
+  many of them had a piece (a sample) in the hour - utilization by job dimension (`window_use`);
+- "alloc": per allocation (a job on a GPU; its hash, ah) what the analysis looks up over its part
+  in the hour - data, busy, the per-job detail, its idle and no-process stretches' GPU-seconds -
+  for the job list, waste and MFU (analytics/fact_window.py).
 
 They are computed by core.Analysis over a run of hours (`build`: its look-ups at the hours'
 edges), so a window's sums are its own analysis' figures (to float rounding). Each hour's are
-named by what they were computed from (`hour_keys`): the hour's closed summary files (late
-samples rebuild them under new names), a digest of the allocations that meet the hour (an
-allocation learnt of later, a job's end or account changing) and max_gap. A window is answered
-from facts (`window_use`) only when every hour's facts of the current name exist, the window has
-no filter but a cluster's, starts and ends on the hour and its timeline's buckets are whole hours; capacity and
+named by what they were computed from (`hour_keys`): the closed summary files of the hour and of
+its neighbours (late samples rebuild them under new names), a digest of the allocations that meet
+those hours (an allocation learnt of later, a job's end or account changing), max_gap and the
+idle threshold and minimum - the neighbours because a stretch is judged by its whole length,
+followed into them. A window is answered from facts (`window_use`, fact_window.window_analysis)
+only when every hour's facts of the current name exist, the window has no filter but a
+cluster's, starts and ends on the hour and its timeline's buckets are whole hours; capacity and
 allocated time (inventory and accounting: a few cheap queries) are computed for the window, as
 core.Analysis does. Otherwise None: the caller computes the window the long way.
 """
@@ -27,6 +32,7 @@ core.Analysis does. Otherwise None: the caller computes the window the long way.
 from __future__ import annotations
 
 import hashlib
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -43,12 +49,21 @@ from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, bucket_use, compose_timelines, split_at_buckets, timeline_bucket
 from gpufleet.times import HOUR, epoch_us, floor_time
 
-FORMAT_VERSION = 2  # of FACT_SCHEMA and its meaning: part of every fact's name (2: a GPU's row has its cluster)
-FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "cluster": pl.Utf8, "model": pl.Utf8,
+# of FACT_SCHEMA and its meaning: part of every fact's name (2: a GPU's row has its cluster;
+# 3: "alloc" rows, and a name covers the neighbouring hours and the idle parameters)
+FORMAT_VERSION = 3
+FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "ah": pl.UInt64, "cluster": pl.Utf8, "model": pl.Utf8,
                "partition": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8,
-               "data_s": pl.Float64, "busy_s": pl.Float64, "alloc_data_s": pl.Float64,  # "gpu", "job": seconds (x MIG share)
+               "data_s": pl.Float64, "busy_s": pl.Float64, "alloc_data_s": pl.Float64,  # "gpu", "job", "alloc": seconds (x MIG share)
                "data_gpu_h": pl.Float64, "busy_gpu_h": pl.Float64,  # "iv", "held": GPU-hours, as the timelines sum them
-               "pieces": pl.Int64}  # "job": allocations with a piece in the hour
+               "pieces": pl.Int64,  # "job": allocations with a piece in the hour; "alloc": 1 if it had one
+               # "alloc": Analysis.allocation_detail's sums (null: no piece had it), its idle and
+               # no-process stretches' GPU-seconds, its GPU's variant and how many it had
+               "util_n": pl.Int64, "fb_max": pl.Float64, "any_s": pl.Float64, "tensor_s": pl.Float64, "clocked_s": pl.Float64,
+               "tclock": pl.Float64, "tw_clocked": pl.Float64, "tnoclock": pl.Float64, "idle_s": pl.Float64, "nop_s": pl.Float64,
+               "gpu": pl.Int16, "equiv": pl.Float64, "variants": pl.Int64}
+DETAIL_SUMS = ("any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
+ALLOCATION_KEY = ["cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi"]
 HELD_KEYS = ["cluster", "model", "partition", "account", "user_name"]
 JOB_KEYS = ["cluster", "partition", "account", "user_name"]
 # the dimensions a window's facts answer (the Utilization page's): utilization by these, timelines by TIMELINE_DIMS
@@ -90,7 +105,7 @@ def why_not(p: Params) -> str | None:
     they need no filter but the cluster's, whole hours, a timeline of whole-hour buckets, and the
     summaries path ([analytics] summaries: facts are built on it)."""
     if replace(p.filters, cluster=None) != Filters():
-        return "a filter other than the cluster's (facts are by GPU and by job group, not by job)"
+        return "a filter other than the cluster's (facts answer the fleet's window or a cluster's)"
     if not p.summaries:
         return "[analytics] summaries = false"
     if p.end <= p.start or floor_time(p.start, HOUR) != p.start or floor_time(p.end, HOUR) != p.end:
@@ -105,19 +120,33 @@ def answerable(p: Params) -> bool:
     return why_not(p) is None
 
 
+def neighbours(bind: dict[str, Any]) -> int:
+    """How many hours either side an hour's facts depend on: its idle and no-process stretches
+    are judged by their whole length, followed through the reach (idle_min_duration + max_gap)
+    whose samples are read from max_gap earlier still, so a late sample or an allocation's new
+    end there may change them."""
+    return max(1, math.ceil((bind["min_idle"] + 2 * bind["max_gap"]) / 3600))
+
+
 def hour_keys(cur: duckdb.DuckDBPyConnection, bind: dict[str, Any], start: datetime, end: datetime) -> dict[datetime, str | None]:
     """Each hour of [start, end) -> the name of its facts (None: the hour has no closed summary,
-    so no facts)."""
-    b = {**bind, "start": start, "end": end}
+    so no facts): what it and its neighbours' hours were computed from, and the parameters."""
+    n = neighbours(bind)
+    b = {**bind, "start": start - n * HOUR, "end": end + n * HOUR}
     files = dict(cur.execute(sql.FACT_SUMMARY_FILES, sql.bound(sql.FACT_SUMMARY_FILES, b)).fetchall())
-    digests = {int(h): (n, d) for h, n, d in cur.execute(sql.FACT_ALLOCATION_DIGESTS, sql.bound(sql.FACT_ALLOCATION_DIGESTS, b)).fetchall()}
+    digests = {int(h): (c, d) for h, c, d in cur.execute(sql.FACT_ALLOCATION_DIGESTS, sql.bound(sql.FACT_ALLOCATION_DIGESTS, b)).fetchall()}
+
+    def inputs(hour: datetime) -> list[str]:
+        c, d = digests.get(epoch_us(hour) // 3_600_000_000, (0, "0"))
+        return [f"{hour:%Y-%m-%dT%H}", *files.get(hour, ["no summary"]), str(c), d]
+
+    params = [str(FORMAT_VERSION), repr(bind["max_gap"]), repr(bind["thr"]), repr(bind["min_idle"])]
     out: dict[datetime, str | None] = {}
     for hour in whole_hours(Params(start, end)):
         if hour not in files:
             out[hour] = None
             continue
-        n, d = digests.get(epoch_us(hour) // 3_600_000_000, (0, "0"))
-        blob = "\n".join([str(FORMAT_VERSION), repr(bind["max_gap"]), *files[hour], str(n), d])
+        blob = "\n".join(params + [x for k in range(-n, n + 1) for x in inputs(hour + k * HOUR)])
         out[hour] = hashlib.blake2b(blob.encode(), digest_size=10).hexdigest()
     return out
 
@@ -134,7 +163,7 @@ def current_keys(con: duckdb.DuckDBPyConnection, p: Params, now: datetime) -> di
 def build(con: duckdb.DuckDBPyConnection, p: Params, now: datetime) -> dict[datetime, tuple[str, pl.DataFrame]]:
     """The facts of each hour of [p.start, p.end) (whole hours) that has a closed summary: hour ->
     (its name, its rows), from one analysis of those hours (no filter)."""
-    a = Analysis(con, replace(p, filters=Filters()), now=now)
+    a = Analysis(con, replace(p, filters=Filters()), now=now, detail=True)
     try:
         keys = hour_keys(a.con, a.bind, p.start, p.end)
         hours = [h for h, k in keys.items() if k is not None]
@@ -172,6 +201,7 @@ def _facts(a: Analysis, hours: list[datetime]) -> dict[datetime, pl.DataFrame]:
     out.append(parts.group_by(*HELD_KEYS, "k").agg(pl.sum("data_gpu_h"), pl.sum("busy_gpu_h")).select(
         (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("held").alias("kind"), *HELD_KEYS, "data_gpu_h", "busy_gpu_h"))
     out.append(_job_parts(a, start))
+    out.append(_allocation_parts(a, start))
     df = pl.concat([f.cast({c: t for c, t in FACT_SCHEMA.items() if c in f.columns}) for f in out], how="diagonal")
     df = df.select([pl.col(c) if c in df.columns else pl.lit(None, dtype=t).alias(c) for c, t in FACT_SCHEMA.items()])
     wanted = set(hours)
@@ -190,6 +220,33 @@ def _job_parts(a: Analysis, start: datetime) -> pl.DataFrame:
         (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("job").alias("kind"), *JOB_KEYS, "data_s", "busy_s", "pieces")
 
 
+def _allocation_parts(a: Analysis, start: datetime) -> pl.DataFrame:
+    """Each allocation's look-ups in each hour of the analysis (its part cut at the hour's edges):
+    data and busy seconds, whether it had a piece, the detail sums (Analysis.allocation_detail,
+    over the part), its idle and no-process stretches' GPU-seconds in the hour (the stretches
+    judged by their whole length), and its GPU's variant - the rows with a piece or a stretch."""
+    g = a.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(  # (as Analysis.allocation_detail names them)
+        pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
+    spans = a.allocation_use().select(*ALLOCATION_KEY, pl.col("gid").fill_null(-1), "a0", "a1")
+    df = split_at_buckets(a, spans, 3600.0).join(g, on="gid", how="left")
+    gid, a0, a1 = df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy()
+    data, busy = a.gt.integrals(gid, a0, a1)
+    d = a.gt.allocation_detail(gid, a0, a1, df["equiv"].fill_null(1.0).to_numpy(), epoch_us(a.p.start), epoch_us(a.p.end))
+    parts = df.select(*ALLOCATION_KEY, "k", "gpu", "model", "equiv", "variants").with_columns(
+        data_s=pl.Series(data), busy_s=pl.Series(busy), pieces=pl.Series(d["has_piece"].astype(np.int64)),
+        util_n=pl.Series(d["has_util"].astype(np.int64)), fb_max=pl.Series(d["fb_max"]).fill_nan(None),
+        **{c: pl.Series(d[c]).fill_nan(None) for c in DETAIL_SUMS})
+    for kind, col in (("idle", "idle_s"), ("no_process", "nop_s")):
+        st = split_at_buckets(a, a.idle_stretches(kind).select(*ALLOCATION_KEY, "equiv", a0="s0", a1="s1"), 3600.0)
+        st = st.group_by(*ALLOCATION_KEY, "k").agg(((pl.col("_b") / 1e6 - pl.col("_a") / 1e6) * pl.col("equiv")).sum().alias(col))
+        parts = parts.join(st, on=[*ALLOCATION_KEY, "k"], how="left", nulls_equal=True)  # (a stretch lies in an allocation's part)
+    parts = parts.filter((pl.col("pieces") > 0) | (pl.col("idle_s") > 0) | (pl.col("nop_s") > 0))
+    ah = a.q(sql.ALLOCATION_KEY_HASHES)
+    return parts.join(ah, on=ALLOCATION_KEY, how="inner", nulls_equal=True).select(
+        (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("alloc").alias("kind"), "ah", "gh", "cluster", "model",
+        "data_s", "busy_s", "pieces", "util_n", "fb_max", *DETAIL_SUMS, "idle_s", "nop_s", "gpu", "equiv", "variants")
+
+
 class FactFiles(Protocol):
     """Where a window's facts are: each hour's current file and the name it was written under."""
 
@@ -199,7 +256,43 @@ class FactFiles(Protocol):
 
 def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles) -> WindowUse | None:
     """The window's utilization figures from its hours' facts, or None when facts cannot answer
-    it (see the module's docstring): the caller then computes it with core.Analysis.
+    it (see the module's docstring): the caller then computes it with core.Analysis."""
+    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_BUCKETS, sql.FACT_JOB_USE))
+    if read is None:
+        return None
+    cur, b, (gpus, parts, jobs) = read
+    try:
+        g = gpu_figures(cur, b, gpus)
+        if g is None:
+            return None
+        utilization = {}
+        for by in USE_DIMS:
+            if by in GPU_DIMS:
+                keys = list(GPU_DIMS[by])
+                utilization[by] = g if g.is_empty() else with_utilization(by_gpu_dimension(g, keys), keys)
+            else:
+                keys = list(JOB_DIMS[by])
+                used = jobs.group_by(keys).agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).filter(pl.col("pieces") > 0).select(
+                    *keys, (pl.col("data_s") / 3600).alias("data_gpu_h"), (pl.col("busy_s") / 3600).alias("busy_gpu_h"))
+                utilization[by] = with_utilization(by_job_dimension(_q(cur, sql.job_allocated_by(keys), b), used, keys), keys)
+        alloc = float(_q(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
+        data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
+        busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
+        totals = UseTotals(capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0, data_gpu_h=data,
+                           no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0, busy_gpu_h=busy,
+                           utilization_pct=busy / data * 100 if data > 0 else None, allocated_gpu_h=alloc, scope=filter_scope(p.filters))
+        return WindowUse(totals=totals, utilization=utilization, timeline=timelines(cur, p, b, parts), hours=len(b["files"]))
+    finally:
+        cur.close()
+
+
+def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles,
+                queries: tuple[str, ...]) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], list[Any]] | None:
+    """The window's facts as `queries` (of sql.FACT_*; FACT_GPUS gives an Arrow table, the others
+    frames) read them, with a cursor holding the window's capacity (cap), job table (ja) and
+    prices, and the queries' bound parameters; None (nothing left open) when facts cannot answer
+    the window: not answerable, an hour without facts, or facts of inputs that changed since.
+    The caller closes the cursor.
 
     The facts present are read while their names are checked against the store (and the job
     table is built): three queries at once, on cursors of their own."""
@@ -219,30 +312,32 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
             jobs = pool.submit(cur.execute, sql.JOB_TABLE, sql.bound(sql.JOB_TABLE, bind))
             keys = pool.submit(hour_keys, side, bind, p.start, p.end)
             try:
-                read = (rd.sql(sql.FACT_GPUS, params=sql.bound(sql.FACT_GPUS, b)).to_arrow_table(), _q(rd, sql.FACT_BUCKETS, b),
-                        _q(rd, sql.FACT_JOB_USE, b))
+                read = [rd.sql(q, params=sql.bound(q, b)).to_arrow_table() if q == sql.FACT_GPUS else _q(rd, q, b) for q in queries]
             except duckdb.IOException:
                 read = None  # a file replaced or removed since it was listed (its inputs changed, or it aged out)
             finally:
                 jobs.result()
                 names = keys.result()
         if read is None or [names.get(h) for h in whole_hours(p)] != [name for name, _ in present]:  # type: ignore[misc]
+            cur.close()
             return None  # an hour's facts are of inputs that changed since: not read
-        return _compose(cur, p, b, *read)
+        return cur, b, read
+    except BaseException:
+        cur.close()
+        raise
     finally:
-        for c in (rd, side, cur):
-            c.close()
+        side.close()
+        rd.close()
 
 
 def _q(cur: duckdb.DuckDBPyConnection, query: str, bind: dict[str, Any]) -> pl.DataFrame:
     return pl.from_arrow(cur.sql(query, params=sql.bound(query, bind)).to_arrow_table())
 
 
-def _compose(cur: duckdb.DuckDBPyConnection, p: Params, b: dict[str, Any], gpus: Any, parts: pl.DataFrame,
-             jobs: pl.DataFrame) -> WindowUse | None:
-    """The figures from the facts read (FACT_GPUS, FACT_BUCKETS, FACT_JOB_USE) and the window's
-    capacity (cap) and job table (ja) on `cur`; None if a GPU's facts are not under the model the
-    inventory gives it now (or under two)."""
+def gpu_figures(cur: duckdb.DuckDBPyConnection, b: dict[str, Any], gpus: Any) -> pl.DataFrame | None:
+    """Analysis.per_gpu's rows from the GPUs' facts (FACT_GPUS) and the window's capacity (cap) on
+    `cur`; None if a GPU's facts are not under the model the inventory gives it now (or under
+    two)."""
     cur.register("_fact_gpus", gpus)
     try:
         use = _q(cur, sql.FACT_GPU_USE, b)
@@ -252,28 +347,16 @@ def _compose(cur: duckdb.DuckDBPyConnection, p: Params, b: dict[str, Any], gpus:
         return None
     cur.register("gpu_use", use.select("cluster", "host", "gpu_uuid", "gi", "data_s", "busy_s", "alloc_data_s").to_arrow())
     try:
-        g = _q(cur, sql.PER_GPU, b)
+        return _q(cur, sql.PER_GPU, b)
     finally:
         cur.unregister("gpu_use")
-    utilization = {}
-    for by in USE_DIMS:
-        if by in GPU_DIMS:
-            keys = list(GPU_DIMS[by])
-            utilization[by] = g if g.is_empty() else with_utilization(by_gpu_dimension(g, keys), keys)
-        else:
-            keys = list(JOB_DIMS[by])
-            used = jobs.group_by(keys).agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).filter(pl.col("pieces") > 0).select(
-                *keys, (pl.col("data_s") / 3600).alias("data_gpu_h"), (pl.col("busy_s") / 3600).alias("busy_gpu_h"))
-            utilization[by] = with_utilization(by_job_dimension(_q(cur, sql.job_allocated_by(keys), b), used, keys), keys)
+
+
+def timelines(cur: duckdb.DuckDBPyConnection, p: Params, b: dict[str, Any], parts: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """timeline.utilization_timelines' frames from the facts' parts (FACT_BUCKETS), the window's
+    capacity and job table on `cur`."""
     base = {"iv": parts.filter(pl.col("kind") == "iv").select("cluster", "model", "k", "data_gpu_h", "busy_gpu_h"),
             "pc": parts.filter(pl.col("kind") == "held").select(*HELD_KEYS, "k", "data_gpu_h", "busy_gpu_h"),
             "cap": _q(cur, sql.TIMELINE_CAPACITY, b), "alloc": _q(cur, sql.TIMELINE_ALLOCATED, b)}
     bsec = b["bucket"]
-    timeline = compose_timelines(base, TIMELINE_DIMS, False, int(-(-p.seconds // bsec)), bsec, p.start)
-    alloc = float(_q(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
-    data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
-    busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
-    totals = UseTotals(capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0, data_gpu_h=data,
-                       no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0, busy_gpu_h=busy,
-                       utilization_pct=busy / data * 100 if data > 0 else None, allocated_gpu_h=alloc, scope=filter_scope(p.filters))
-    return WindowUse(totals=totals, utilization=utilization, timeline=timeline, hours=len(b["files"]))
+    return compose_timelines(base, TIMELINE_DIMS, False, int(-(-p.seconds // bsec)), bsec, p.start)

@@ -342,6 +342,11 @@ JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 # Analysis finds each allocation's gid by the hash, not a join of four text columns (which held
 # a second copy of the allocations: the peak of a 16,384-GPU week)
 ALLOCATION_ROWS = f"SELECT *, {_GPU_HASH} AS gh FROM al"
+# an allocation's key (one row per job and GPU: the allocations table's primary key) as one
+# number, which hour facts name allocations by (analytics/hour_facts.py)
+_ALLOCATION_HASH = "hash(cluster, scheduler, job_key, host, gpu_uuid, gi::INTEGER)"
+ALLOCATION_KEY_ROWS = f"SELECT *, {_ALLOCATION_HASH} AS ah, {_GPU_HASH} AS gh FROM al"
+ALLOCATION_KEY_HASHES = f"SELECT cluster, scheduler, job_key, host, gpu_uuid, gi, {_ALLOCATION_HASH} AS ah, {_GPU_HASH} AS gh FROM al"
 LINE_ID_HASHES = f"SELECT {_GPU_HASH} AS gh, gid FROM _line_ids"
 
 
@@ -459,6 +464,26 @@ FROM read_parquet($files) WHERE kind IN ('iv', 'held') AND ($cluster IS NULL OR 
 FACT_JOB_USE = """
 SELECT cluster, partition, account, user_name, sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(pieces) AS pieces
 FROM read_parquet($files) WHERE kind = 'job' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ALL
+"""
+
+# ... each allocation's (its hash, ah) look-ups summed over the window: data and busy seconds,
+# whether it had a piece and one with a utilization, the detail (Analysis.allocation_detail's
+# sums: null where no piece had it), its idle and no-process stretches' GPU-seconds (as few
+# aggregates as will do: a 16,384-GPU week has a million allocations)
+FACT_ALLOCATIONS = """
+SELECT ah, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_piece, max(util_n) > 0 AS has_util,
+       max(fb_max) AS fb_max, sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
+       sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
+FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah
+"""
+# ... and the variant (gpu index, model, MIG share) the allocations' facts name for each held GPU
+# (its hash, gh); unsure: not one over the window (more than one seen, or two hours disagree)
+FACT_VARIANTS = """
+SELECT gh, min(gpu) AS gpu, min(model) AS model, min(equiv) AS equiv,
+       max(variants) > 1 OR min(gpu) IS DISTINCT FROM max(gpu) OR min(model) IS DISTINCT FROM max(model)
+       OR min(equiv) IS DISTINCT FROM max(equiv) OR count(model) NOT IN (0, count(*)) OR count(gpu) NOT IN (0, count(*))
+       OR count(*) > count(equiv) AS unsure
+FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY gh
 """
 
 # --- MFU (analytics/mfu.py) ---

@@ -189,8 +189,9 @@ def test_a_fact_one_hour_off_fails_the_comparison(tmp_path):
 
 def test_facts_whose_inputs_changed_are_not_read(tmp_path):
     """An allocation learnt of after the facts were built (sacct lagging), and late samples, rename
-    the hours they touch: the window is not answered from facts until they are built again, then
-    with the new figures."""
+    the hours they touch and their neighbours (test_fact_window: idle stretches are judged through
+    them): the window is not answered from facts until they are built again, then with the new
+    figures."""
     from test_analytics_summaries import learn_late
 
     golden(tmp_path / "store")
@@ -205,7 +206,7 @@ def test_facts_whose_inputs_changed_are_not_read(tmp_path):
         con = open_reader(tmp_path / "store")
         assert hour_facts.window_use(con, p, T(20), finder(facts)) is None  # 11:00's allocations changed
         w.close()
-        write_facts(con, p, T(20), facts, [(T(11), T(12))])  # only the hour that changed
+        write_facts(con, p, T(20), facts, [(T(10), T(12))])  # the hour that changed and its neighbour in the window
         got = hour_facts.window_use(con, p, T(20), finder(facts))
         assert got is not None and not mismatches(oracle(con, p, T(20)), got)
         assert "y" in got.utilization["account"]["account"].to_list()
@@ -218,7 +219,7 @@ def test_facts_whose_inputs_changed_are_not_read(tmp_path):
         w.close()
         con = open_reader(tmp_path / "store")
         assert hour_facts.window_use(con, p, T(20), finder(facts)) is None
-        write_facts(con, p, T(20), facts, [(T(10), T(11))])
+        write_facts(con, p, T(20), facts, [(T(10), T(12))])
         got = hour_facts.window_use(con, p, T(20), finder(facts))
         assert got is not None and not mismatches(oracle(con, p, T(20)), got)
 

@@ -1,0 +1,105 @@
+"""A window's whole analysis answered from its hours' facts: the job list, waste and MFU too.
+
+Why: the Jobs, Waste and MFU pages of a window nobody computed ahead (one typed in) need what
+the Utilization page's sums (hour_facts.window_use) leave out - each job's figures, its idle and
+no-process stretches, its memory high-water and tensor activity - and computing them costs the
+window's analysis (~15 s for a 16,384-GPU week on two cores). Each hour's facts also hold, per
+allocation (a job on a GPU: its hash, sql.ALLOCATION_KEY_ROWS), what the analysis looks up over
+its part in the hour (hour_facts._allocation_parts); those are sums (or a maximum, or "any") over
+the hour's parts, so an allocation's window figures are its hours' added up. Its idle stretches
+are judged by their whole length when the hour's facts are built (through the reach either side;
+a fact's name covers the neighbouring hours it read), and its stretches' GPU-seconds in each
+hour add up to those in the window.
+
+`window_analysis` gives a FactWindow: a core.Analysis whose per-GPU figures, allocations' look-ups
+and detail, and idle time come from the facts - so totals, utilization, waste, the top jobs, the
+job list (analytics/jobs.py), MFU (analytics/mfu.py) and fairness are computed by the same code
+over them - and the window's timelines. An idle-stretch row then stands for all of an
+allocation's stretches in the window (their GPU-hours; no start or end): the job report, which
+lists stretches, is computed on the job's own narrow window as before.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import duckdb
+import polars as pl
+
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.hour_facts import FactFiles, gpu_figures, read_window, timelines
+from gpufleet.analytics.params import Params
+from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
+
+_DETAIL = ("has_util", "fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
+# what an idle-stretch row names (analytics/stretches.py SCHEMA, without the stretch's own times)
+_STRETCH = ("cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi", "job_id", "user_name", "account", "partition", "model", "gpu",
+            "equiv")
+
+
+class FactWindow(Analysis):
+    """core.Analysis of a window from its hours' facts (see the module's docstring). Its cursor
+    holds the window's capacity, allocations (al, alv) and job table (ja), as Analysis' does;
+    close it (`con.close()`) when done."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection, p: Params, bind: dict, per_gpu: pl.DataFrame, allocations: pl.DataFrame):
+        self.con = cur
+        self.p = p
+        self.bind = bind
+        self.prices = price_table(p.prices)  # (registered on the cursor by hour_facts.read_window)
+        self._held_only = False
+        self.gt = None  # no line: detail_time() cannot be asked
+        self._alv = allocations
+        self._alv_order = None
+        self.con.register("alv", allocations.to_arrow())
+        self._memo = {("per_gpu",): per_gpu}
+
+    def held_data(self, s: int, e: int) -> pl.DataFrame:
+        raise NotImplementedError("a window from hour facts has per-GPU figures, not its line")
+
+    def detail_time(self):
+        raise NotImplementedError("a window from hour facts has no samples: the job report computes its own window")
+
+    def allocation_detail(self) -> pl.DataFrame:
+        """alv with its allocations' detail summed from the facts (Analysis.allocation_detail's
+        columns; no gid: the window has no line)."""
+        return self._alv.clone()
+
+    def _islands(self, kind: str) -> pl.DataFrame:
+        """One row per allocation with idle (or no-process) stretches in the window: their
+        GPU-hours and cost (in_window_s: their seconds x MIG share)."""
+        col = "idle_s" if kind == "idle" else "nop_s"
+        s = self._alv.filter(pl.col(col) > 0)
+        return s.select(*_STRETCH, pl.col(col).alias("in_window_s"), (pl.col(col) / 3600).alias("gpu_h")).with_columns(
+            usd_per_gpu_hour=usd_per_gpu_hour(self.prices)).with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
+
+
+def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime,
+                    facts: FactFiles) -> tuple[FactWindow, dict[str, pl.DataFrame]] | None:
+    """The window's FactWindow and timelines (timeline.utilization_timelines' frames), or None
+    when facts cannot answer it (hour_facts.read_window; or a held GPU whose variant - index,
+    model, MIG share - is not one over the window's facts; or two allocations of one hash): the
+    caller then computes it with core.Analysis."""
+    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_BUCKETS, sql.FACT_ALLOCATIONS, sql.FACT_VARIANTS))
+    if read is None:
+        return None
+    cur, b, (gpus, parts, facts_of, variants) = read
+    try:
+        g = gpu_figures(cur, b, gpus)
+        if g is None or variants["unsure"].any():
+            cur.close()
+            return None
+        cur.execute(sql.ALLOCATIONS, sql.bound(sql.ALLOCATIONS, b))
+        al = pl.from_arrow(cur.sql(sql.ALLOCATION_KEY_ROWS).to_arrow_table())
+        if al["ah"].is_duplicated().any():
+            cur.close()
+            return None
+        alv = al.join(facts_of, on="ah", how="left").join(variants.drop("unsure"), on="gh", how="left").with_columns(
+            pl.col("data_s").fill_null(0.0), pl.col("busy_s").fill_null(0.0), pl.col("has_piece").fill_null(False),
+            pl.col("has_util").fill_null(False), pl.col("any_s").fill_null(0.0), pl.col("idle_s").fill_null(0.0),
+            pl.col("nop_s").fill_null(0.0)).drop("ah", "gh")
+        return FactWindow(cur, p, b, g, alv), timelines(cur, p, b, parts)
+    except BaseException:
+        cur.close()
+        raise

@@ -1,0 +1,163 @@
+"""A window's whole analysis from its hours' facts (analytics/fact_window.py) has its figures.
+
+Everything the dashboards' Bundle holds of a window of whole hours - headline totals with the
+idle and no-process time and their cost, utilization by every dimension down to the job, waste
+by account, user and job, the top wasteful jobs, the job list with its verdicts, per-job GPU
+figures (memory high-water), MFU per job and account, the timelines - computed from the hours'
+facts equals the raw path's (core.Analysis with every sample read: the oracle) to 1e-9 relative,
+on the random fleets of test_analytics_properties (MIG slices, gaps, idle and no-process
+stretches across hours, jobs across hours, several files per hour), however the hours were
+grouped when their facts were built. A stretch's facts depend on the hours around it: a change
+there renames them. A planted stretch one hour off fails the comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime, timedelta
+from pathlib import Path
+from unittest import mock
+
+import polars as pl
+import pytest
+from hypothesis import event, given
+from hypothesis import strategies as st
+import test_analytics_properties
+from test_analytics_properties import MAX_GAP, SETTINGS, at, fleets, scratch
+from test_analytics_golden import T
+from test_analytics_summaries import mismatches
+from test_hour_facts import ONE_HOUR_BUCKETS, closed_store, finder, golden, summarised_hours, write_facts
+
+from gpufleet.analytics import fact_window, hour_facts
+from gpufleet.analytics.core import JOB_DIMS, Analysis
+from gpufleet.analytics.jobs import job_summaries, per_job_gpu
+from gpufleet.analytics.mfu import account_mfu, job_mfu
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timelines
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.times import HOUR
+from tests.support.fleet import Fleet
+
+DIMS = ("fleet", "cluster", "model", "host", "gpu", *JOB_DIMS)
+
+
+def figures(a: Analysis) -> dict:
+    """What the dashboards' Bundle shows of a window (dashboards/data.py window_bundle), but fairness
+    (from the job table alone: the same code over the same table)."""
+    mfu = job_mfu(a)
+    out = {"totals": asdict(a.totals()), "per_gpu": a.per_gpu(), "top": a.top_wasteful_jobs(25), "per_job_gpu": per_job_gpu(a),
+           "job_mfu": mfu, "account_mfu": account_mfu(a, mfu), "jobs": job_summaries(a)}
+    out.update({f"waste[{by}, {kind}]": a.waste_by(by, kind) for by in ("account", "user_name", "job") for kind in ("idle", "no_process")})
+    out.update({f"by_{by}": a.utilization(by) for by in DIMS})
+    return out
+
+
+def oracle(con, p: Params, now: datetime) -> tuple[dict, dict]:
+    an = Analysis(con, p, now=now, summaries=False, detail=True)
+    try:
+        return figures(an), utilization_timelines(an, TIMELINE_DIMS, HOUR)
+    finally:
+        an.con.close()
+
+
+def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
+    """The oracle's figures against those from facts (which must answer the window)."""
+    got = fact_window.window_analysis(con, p, now, finder(facts))
+    assert got is not None, p
+    fw, timelines = got
+    try:
+        want, want_tl = oracle(con, p, now)
+        bad = mismatches(want, figures(fw))
+        bad += mismatches({f"timeline[{by}]": x for by, x in want_tl.items()}, {f"timeline[{by}]": x for by, x in timelines.items()})
+        return bad
+    finally:
+        fw.con.close()
+
+
+@SETTINGS
+@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
+def test_a_window_s_analysis_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
+    """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, idle runs and
+    jobs cross hour edges."""
+    base = test_analytics_properties.BASE + timedelta(seconds=offset_s)
+    with scratch() as tmp, scratch() as facts, ONE_HOUR_BUCKETS, mock.patch.object(test_analytics_properties, "BASE", base):
+        now = at(fleet["now"] + 2 * 3600)
+        closed_store(tmp, fleet, how)
+        con = open_reader(tmp)
+        lo, hi = summarised_hours(con)
+        p = Params(lo, hi, max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
+        runs = [(h, h + HOUR) for h in hour_facts.whole_hours(p)] if by_hour else [(lo - HOUR, hi + HOUR)]
+        write_facts(con, p, now, Path(facts), runs)
+        event(f"hours: {len(hour_facts.whole_hours(p))}")
+        bad = compared(con, p, now, Path(facts))
+        assert not bad, "\n".join(bad)
+        named = Params(lo, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration, filters=Filters(cluster=test_analytics_properties.CLUSTER))
+        bad = compared(con, named, now, Path(facts))
+        assert not bad, "\n".join(bad)
+        for a in hour_facts.whole_hours(p)[1:]:  # every later start: stretches cut by the window's edge
+            sub = Params(a, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration)
+            bad = compared(con, sub, now, Path(facts))
+            assert not bad, (a, "\n".join(bad))
+
+
+def test_golden_hours_analysis_from_their_facts(tmp_path):
+    """The golden scenario (MIG slices, shared GPUs, jobs across hours, an idle job): every figure
+    of the Bundle, and the golden file's hand-worked idle stretches: 101's 45 min, 103's hour,
+    104's 100 minutes from 09:00, 40 of them in the window - a stretch across an hour's edge -,
+    pod p2's hour on a 3/7 MIG instance, the array's 45 and 30 minutes (the minimum counts)."""
+    golden(tmp_path / "store")
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(13))])
+        for lo, hi in ((T(10), T(12)), (T(9), T(13)), (T(11), T(12))):
+            bad = compared(con, Params(lo, hi), T(20), tmp_path / "facts")
+            assert not bad, (lo, hi, "\n".join(bad))
+        fw, _ = fact_window.window_analysis(con, Params(T(10), T(12)), T(20), finder(tmp_path / "facts"))
+        jobs = job_summaries(fw)
+        fw.con.close()
+        idle = dict(jobs.filter(pl.col("idle_gpu_h") > 0).select("job_id", "idle_gpu_h").iter_rows())
+        assert idle == pytest.approx({"101": 0.75, "103": 1.0, "104": 40 / 60, "p2": 3 / 7, "200_1": 0.75, "200_2": 0.5})
+
+
+def test_a_stretch_one_hour_off_fails_the_comparison(tmp_path):
+    """The comparison can see a misplaced stretch: 10:00's idle GPU-seconds written as 11:00's
+    (the window 11:00-12:00 then shows idle time its analysis does not have)."""
+    golden(tmp_path / "store")
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        files = write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(13))])
+        ten, eleven = pl.read_parquet(files[T(10)]), pl.read_parquet(files[T(11)])
+        moved = ten.filter((pl.col("kind") == "alloc") & (pl.col("idle_s") > 0)).with_columns(
+            pl.lit(T(11)).alias("hour"), pl.lit(0.0).alias("data_s"), pl.lit(0.0).alias("busy_s"), pl.lit(0, dtype=pl.Int64).alias("pieces"))
+        assert moved.height
+        pl.concat([eleven, moved]).write_parquet(files[T(11)])
+        bad = compared(con, Params(T(11), T(12)), T(20), tmp_path / "facts")
+        assert any(b.startswith("totals.idle_allocated_gpu_h") for b in bad) and any(b.startswith("jobs") for b in bad)
+
+
+def test_a_late_sample_renames_the_neighbouring_hours_facts(tmp_path):
+    """Idle stretches are judged by their whole length, through the hours around: late samples
+    for 10:00 rename the facts of 9:00 and 11:00 too (not 12:00's), and rebuilt they give the new
+    figures."""
+    golden(tmp_path / "store")
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    with ONE_HOUR_BUCKETS:
+        con = open_reader(tmp_path / "store")
+        before = hour_facts.current_keys(con, Params(T(9), T(13)), T(20))
+        write_facts(con, Params(T(9), T(13)), T(20), facts, [(T(9), T(13))])
+        late = Fleet(tmp_path / "store")
+        late.gpu_series("n9", "GPU-late", T(10, 10), T(10, 20), util=0.0)
+        w = StoreWriter(tmp_path / "store")
+        w.commit(late.batch("late-samples"))
+        compact(w, T(20))
+        w.close()
+        con = open_reader(tmp_path / "store")
+        after = hour_facts.current_keys(con, Params(T(9), T(13)), T(20))
+        assert [h for h in before if before[h] != after[h]] == [T(9), T(10), T(11)]
+        assert fact_window.window_analysis(con, Params(T(11), T(12)), T(20), finder(facts)) is None
+        write_facts(con, Params(T(9), T(13)), T(20), facts, [(T(9), T(12))])
+        assert not compared(con, Params(T(9), T(13)), T(20), facts)
