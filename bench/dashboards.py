@@ -14,9 +14,10 @@ with the window set to the whole week in the URL's query parameters, as a user w
   first loads - a window typed in finds them, as on a served dashboard.
 - first load: the pages visited once each in menu order, caches empty at the start. Utilization
   and Teams are summed from the hour facts (data.window_use), and start the window's figures
-  that Jobs, Waste and MFU read in the background (one Analysis per window and filters:
-  data.window_bundle; Jobs, next, waits for its rest); Waste adds the previous week's totals,
-  Health its own queries, Jobs one job's report (the most wasteful job, by the job-id box).
+  that Jobs, Waste and MFU read in the background (data.window_bundle: from the hour facts too,
+  gpufleet.analytics.fact_window; Jobs, next, waits for its rest); Waste adds the previous week's
+  totals, Health its own queries, Jobs one job's report (the most wasteful job, by the job-id
+  box: computed on the job's own run).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
 - the warmed preset: the week as "the last 7 days" with now 20 minutes before its end (inside an hour,
   as a served dashboard's clock mostly is; PRESET_NOW_BEFORE_END: the window starts on the hour

@@ -246,6 +246,7 @@ class Bundle:
     prices: dict[str, float]
     computed_s: float
     window: Resolved  # the times these figures are for
+    facts_hours: int = 0  # the hours summed from their facts (gpufleet.analytics.fact_window; 0: computed from the store)
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
@@ -258,12 +259,14 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
-    a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
+    a, tl, hours = _from_facts(s, w, p)
+    if a is None:
+        # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
+        a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
-        tl = timeline.utilization_timelines(a, TIMELINE_BY)
+        tl = tl if tl is not None else timeline.utilization_timelines(a, TIMELINE_BY)
         waste = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
         top = a.top_wasteful_jobs(25)
         summaries = ajobs.job_summaries(a)
@@ -276,9 +279,24 @@ def window_bundle(key: tuple) -> Bundle:
         mfu_figures, mfu_err = _mfu(a)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                      computed_s=time.monotonic() - t0, window=w)
+                      computed_s=time.monotonic() - t0, window=w, facts_hours=hours)
     finally:
         _close(a)
+
+
+def _from_facts(s: dconfig.Settings, w: Resolved, p: Params) -> tuple[Analysis | None, dict[str, pl.DataFrame] | None, int]:
+    """The window's analysis and timelines from its hours' facts (gpufleet.analytics.fact_window)
+    and how many hours; (None, None, 0) where they do not answer it (then it is computed)."""
+    from gpufleet.analytics import fact_window, hour_facts
+
+    facts = facts_dir(s)
+    if facts is None or not hour_facts.answerable(p):
+        return None, None, 0
+    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts)
+    if got is None:
+        return None, None, 0
+    a, tl = got
+    return a, {by: tl[by] for by in TIMELINE_BY}, len(hour_facts.whole_hours(p))
 
 
 @dataclass
@@ -378,7 +396,7 @@ def previous_baseline(key: tuple):
     from gpufleet.analytics.trends import previous_baseline as prev
 
     s, w, p = _resolved(key)
-    return prev(reader(w.root), p, now=w.as_of)
+    return prev(reader(w.root), p, now=w.as_of, facts=facts_dir(s))
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")

@@ -266,6 +266,14 @@ def window_caption(w: data.Resolved) -> None:
             + (f"; filters: {', '.join(parts)}" if parts else ""))
 
 
+def facts_note(hours: int) -> None:
+    """Say that the page's figures were summed from hour facts (gpufleet.analytics.hour_facts;
+    0 hours: they were not)."""
+    if hours:
+        st.caption(f"Summed from the hour facts of the window's {hours:,} hours, computed ahead by the dashboard "
+                   "(the figures of the window's analysis).")
+
+
 def scope_note(t: Any) -> None:
     """Whose figures these are (Totals.scope) and, under a job filter, what is not attributable
     (plain text: the scope holds filter values, which are data)."""

@@ -1,9 +1,10 @@
 """The dashboards' hour facts (dashboards/facts.py over gpufleet.analytics.hour_facts): the served
 dashboard's warmer builds the closed hours' facts into `[dashboard] facts_dir`; the Utilization
 and Teams pages of a window of whole hours typed in are then summed from them - the same figures
-as the window's analysis (the Bundle the other pages read), which is computed meanwhile in the
-background for them; a window facts cannot answer (a filter, an edge inside an hour) is computed
-as before; a failing build is logged and shown on the Health page, never a wrong figure."""
+as the window's analysis -, and so is the Bundle the Jobs, Waste and MFU pages read
+(gpufleet.analytics.fact_window), started meanwhile in the background for them; a window facts
+cannot answer (a filter, an edge inside an hour) is computed as before; a failing build is
+logged and shown on the Health page, never a wrong figure."""
 
 from __future__ import annotations
 
@@ -65,7 +66,27 @@ def same_view(x: data.UseView, y: data.UseView) -> list[str]:
     return bad + [f"timeline[{by}]" for by in x.timeline if not frames_equal(x.timeline[by], y.timeline[by])]
 
 
-def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed_from_them(store):
+def computed_bundle(key: tuple, monkeypatch) -> data.Bundle:
+    """The window's Bundle computed from the store (no facts), the cache left as it was."""
+    data.window_bundle.clear()
+    with monkeypatch.context() as m:
+        m.setattr(data, "facts_dir", lambda s: None)
+        out = data.window_bundle(key)
+    data.window_bundle.clear()
+    return out
+
+
+def same_bundle(x: data.Bundle, y: data.Bundle) -> list[str]:
+    """What differs between two Bundles' figures (the Jobs, Waste and MFU pages' too)."""
+    bad = same_view(data.UseView.of(x), data.UseView.of(y))
+    bad += [f"totals.{k}" for k in ("idle_allocated_gpu_h", "idle_allocated_cost", "no_process_gpu_h", "no_process_cost", "stranded_gpu_h",
+                                    "stranded_cost") if getattr(x.totals, k) != pytest.approx(getattr(y.totals, k), **TOL)]
+    bad += [f"waste{k}" for k in x.waste if not frames_equal(x.waste[k], y.waste[k])]
+    bad += [name for name in ("top_jobs", "jobs") if not frames_equal(getattr(x, name), getattr(y, name))]
+    return bad + [f"mfu[{k}]" for k in x.mfu if not frames_equal(x.mfu[k], y.mfu[k])]
+
+
+def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed_from_them(store, monkeypatch):
     s = data.current_settings()
     w = Warmer([], clock=lambda: NOW)
     w.refresh_facts(s)
@@ -85,8 +106,13 @@ def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed
     for lo, hi in ((T(10), T(12)), (T(9), T(13)), (T(11), T(12))):
         view = data.window_use(window(lo, hi).key)
         assert view.facts_hours == (hi - lo) // timedelta(hours=1)
-        bundle = data.window_bundle(window(lo, hi).key)
-        bad = same_view(data.UseView.of(bundle), view)
+        computed = computed_bundle(window(lo, hi).key, monkeypatch)
+        assert computed.facts_hours == 0 and computed.jobs.height
+        bad = same_view(data.UseView.of(computed), view)
+        assert not bad, (lo, hi, bad)
+        bundle = data.window_bundle(window(lo, hi).key)  # the Jobs, Waste and MFU pages' figures: from facts too
+        assert bundle.facts_hours == view.facts_hours
+        bad = same_bundle(computed, bundle)
         assert not bad, (lo, hi, bad)
         # the Teams page's fairness from the accounting alone: the analysis' figures
         report, error = data.window_fairness(window(lo, hi).key)
@@ -118,7 +144,7 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
     assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at_utilization_captions(q))
     q_inside = {"from": "2026-11-16T10:30:00", "to": "2026-11-16T12:00:00"}
     assert any("could not - the window starts or ends inside an hour." in c.value for c in at_utilization_captions(q_inside))
-    # the window's Bundle, for the Jobs, Waste and MFU pages, computed in the background
+    # the window's Bundle, for the Jobs, Waste and MFU pages, computed in the background (from the facts)
     deadline = time.monotonic() + 60
     while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -130,6 +156,13 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
     finally:
         data.Analysis = real
     assert made == []  # cached already
+    assert data.window_bundle(w.key).facts_hours == 2
+    for page in ("jobs", "waste", "mfu"):
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update(q)
+        at.switch_page(f"views/{page}.py").run()
+        assert not at.exception, at.exception
+        assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption), page
 
 
 def at_utilization_captions(q: dict):

@@ -90,6 +90,7 @@ def body(ctx: ui.Context) -> None:
     w = ctx.window
     b = figures.for_window(w)
     ui.window_caption(b.window)
+    ui.facts_note(b.facts_hours)
     jobs = b.jobs
     if jobs.is_empty():
         ui.empty_window("job")

@@ -12,6 +12,7 @@ def body(ctx: ui.Context) -> None:
     w = ctx.window
     b = figures.for_window(w)
     ui.window_caption(b.window)
+    ui.facts_note(b.facts_hours)
     if b.mfu is None:
         st.error("The MFU figures could not be computed for this window. The dashboard's log has the details.")
         st.text(b.mfu_error or "")

@@ -61,10 +61,8 @@ def body(ctx: ui.Context) -> None:
     b = figures.use_for(w)
     t = b.totals
     ui.window_caption(b.window)
-    if b.facts_hours:
-        st.caption(f"Summed from the hour facts of the window's {b.facts_hours:,} hours, computed ahead by the dashboard "
-                   "(the figures of the window's analysis).")
-    elif b.facts_missed and not w.relative:
+    ui.facts_note(b.facts_hours)
+    if not b.facts_hours and b.facts_missed and not w.relative:
         st.caption("Computed for this window: hour facts, which answer a window typed in within seconds, could not - "
                    + b.facts_missed + ".")
     if ui.empty_totals(t):

@@ -25,6 +25,7 @@ def body(ctx: ui.Context) -> None:
     w = ctx.window
     b = figures.for_window(w)
     ui.window_caption(b.window)
+    ui.facts_note(b.facts_hours)
     t = b.totals
     if ui.empty_totals(t):
         ui.empty_window("GPU or job")
