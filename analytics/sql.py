@@ -499,18 +499,23 @@ WITH acct AS (
            {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s
     FROM al LEFT JOIN gpus g
       ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi
-), held AS (
-    SELECT h.cluster, h.scheduler, h.job_key, any_value(h.job_id) AS job_id, any_value(h.account) AS account,
-           any_value(h.user_name) AS user_name, count(*) AS mapped_gpus, sum(h.equiv) AS gpu_equiv,
-           sum(h.held_s * h.equiv) AS held_gpu_s,
-           string_agg(DISTINCT h.model, ', ' ORDER BY h.model) AS model,
-           bool_or(h.model IS NULL) AS model_missing,
-           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.peak_tflops IS NULL) AS no_peak,
-           list(DISTINCT h.model ORDER BY h.model) FILTER (WHERE h.model IS NOT NULL AND pk.model IS NULL) AS not_listed,
-           sum(pk.peak_tflops * h.held_s * h.equiv) / nullif(sum(h.held_s * h.equiv), 0) AS peak_tflops
+), hm AS (  -- per job and model first: the models of a job are then distinct rows (no DISTINCT aggregate over a million jobs)
+    SELECT h.cluster, h.scheduler, h.job_key, h.model, any_value(h.job_id) AS job_id, any_value(h.account) AS account,
+           any_value(h.user_name) AS user_name, count(*) AS n, sum(h.equiv) AS equiv, sum(h.held_s * h.equiv) AS w,
+           any_value(pk.peak_tflops) AS peak_tflops, any_value(pk.model) IS NOT NULL AS listed
     FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
     WHERE h.held_s > 0
-    GROUP BY h.cluster, h.scheduler, h.job_key
+    GROUP BY h.cluster, h.scheduler, h.job_key, h.model
+), held AS (
+    SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(account) AS account,
+           any_value(user_name) AS user_name, sum(n) AS mapped_gpus, sum(equiv) AS gpu_equiv, sum(w) AS held_gpu_s,
+           string_agg(model, ', ' ORDER BY model) AS model,
+           bool_or(model IS NULL) AS model_missing,
+           list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND peak_tflops IS NULL) AS no_peak,
+           list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND NOT listed) AS not_listed,
+           sum(peak_tflops * w) / nullif(sum(w), 0) AS peak_tflops
+    FROM hm
+    GROUP BY cluster, scheduler, job_key
 ), r AS (
     SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
     FROM job_throughput
