@@ -10,7 +10,7 @@
     stale_after_seconds = 300        # a GPU's latest sample older than this is "no data"
     memory_limit = ""                # DuckDB memory limit of the dashboard's queries, e.g. "4GB" ("": DuckDB's 80 % of RAM)
     threads = 0                      # DuckDB threads (0: one per core)
-    facts_days = 8                   # days of closed hours the warmer keeps hour facts of (0: none)
+    facts_days = 15                  # days of closed hours the warmer keeps hour facts of (0: none; 15: a week and the one before)
     facts_dir = ""                   # where ("": $XDG_CACHE_HOME/gpufleet/hour-facts, else ~/.cache/...)
     allowed_emails = []              # with [dashboard.auth]: who may see it ([] = anyone who signs in)
     allowed_domains = []             #   ... or whose e-mail is in one of these domains
@@ -58,7 +58,7 @@ OPTIONS = (
     Option("threads", 0, "an integer >= 0 (0: one per core)", integer(0)),
     # hour facts (gpufleet.analytics.hour_facts, dashboards/facts.py): the Utilization and Teams
     # pages of a window of whole hours typed in are summed from them, not computed
-    Option("facts_days", 8, "an integer number of days >= 0 (0: no hour facts)", integer(0)),
+    Option("facts_days", 15, "an integer number of days >= 0 (0: no hour facts)", integer(0)),
     Option("facts_dir", "", 'a directory path, or "" for $XDG_CACHE_HOME/gpufleet/hour-facts (else ~/.cache/gpufleet/hour-facts)',
            lambda v: isinstance(v, str)),
     Option("allowed_emails", [], "a list of e-mail addresses", strings),

@@ -247,6 +247,7 @@ class Bundle:
     computed_s: float
     window: Resolved  # the times these figures are for
     facts_hours: int = 0  # the hours summed from their facts (gpufleet.analytics.fact_window; 0: computed from the store)
+    mfu_apart: bool = False  # MFU left out, to be asked of window_mfu (a Bundle from facts: see window_bundle)
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
@@ -276,10 +277,26 @@ def window_bundle(key: tuple) -> Bundle:
         except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
             log.exception("fairness failed")
             fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
-        mfu_figures, mfu_err = _mfu(a)
+        # from facts, MFU (a third of the rest at 16,384 GPUs) is computed apart (window_mfu), so
+        # the job list a Jobs page waits for comes first
+        mfu_figures, mfu_err = (None, None) if hours else _mfu(a)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                      computed_s=time.monotonic() - t0, window=w, facts_hours=hours)
+                      computed_s=time.monotonic() - t0, window=w, facts_hours=hours, mfu_apart=bool(hours))
+    finally:
+        _close(a)
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's MFU figures (analytics)...")
+def window_mfu(key: tuple) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
+    """The MFU figures of a window whose Bundle left them out (Bundle.mfu_apart; `key`: a
+    Window.key), as _mfu gives them: from its hours' facts, or computed if they no longer answer."""
+    s, w, p = _request(key)
+    a, _, _ = _from_facts(s, w, p)
+    if a is None:
+        a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
+    try:
+        return _mfu(a)
     finally:
         _close(a)
 

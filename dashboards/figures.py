@@ -203,6 +203,14 @@ def for_window(w: data.Window) -> data.Bundle:
     return data.window_bundle(w.key)
 
 
+def mfu_for(w: data.Window, b: data.Bundle) -> tuple[dict | None, str | None]:
+    """`w`'s MFU figures (per job and account) and why they failed: its Bundle's, or where that
+    left them out (Bundle.mfu_apart: a window from hour facts) data.window_mfu's."""
+    if not b.mfu_apart:
+        return b.mfu, b.mfu_error
+    return data.window_mfu(w.key)
+
+
 def use_for(w: data.Window) -> data.UseView:
     """`w`'s figures for the Utilization and Teams pages: the warmer's when it has them, else
     data.window_use's - summed from hour facts where they answer the window; then the window's
@@ -242,7 +250,8 @@ def _prefetch(key: tuple) -> None:
 
     def run() -> None:
         try:
-            data.window_bundle(key)
+            if data.window_bundle(key).mfu_apart:
+                data.window_mfu(key)  # (the MFU page's, after the job list the Jobs page waits for)
         except Exception:  # noqa: BLE001 - the page that needs it computes it, and says what failed
             log.exception("computing a window's figures ahead failed")
         finally:

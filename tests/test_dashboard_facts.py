@@ -46,7 +46,7 @@ def store(tmp_path, monkeypatch):
     # the scenario's few hours as a long window's: a timeline of 1-hour buckets (a window over 12 h has them)
     for module in ("hour_facts", "timeline", "core"):
         monkeypatch.setattr(f"gpufleet.analytics.{module}.timeline_bucket", lambda p: timedelta(hours=1))
-    caches = (data.settings, data.window_bundle, data.window_use, data.window_fairness)
+    caches = (data.settings, data.window_bundle, data.window_use, data.window_fairness, data.window_mfu)
     for cached in caches:
         cached.clear()
     yield tmp_path
@@ -76,14 +76,15 @@ def computed_bundle(key: tuple, monkeypatch) -> data.Bundle:
     return out
 
 
-def same_bundle(x: data.Bundle, y: data.Bundle) -> list[str]:
-    """What differs between two Bundles' figures (the Jobs, Waste and MFU pages' too)."""
+def same_bundle(x: data.Bundle, y: data.Bundle, y_mfu: dict) -> list[str]:
+    """What differs between two Bundles' figures (the Jobs, Waste and MFU pages' too; y's MFU
+    figures given apart)."""
     bad = same_view(data.UseView.of(x), data.UseView.of(y))
     bad += [f"totals.{k}" for k in ("idle_allocated_gpu_h", "idle_allocated_cost", "no_process_gpu_h", "no_process_cost", "stranded_gpu_h",
                                     "stranded_cost") if getattr(x.totals, k) != pytest.approx(getattr(y.totals, k), **TOL)]
     bad += [f"waste{k}" for k in x.waste if not frames_equal(x.waste[k], y.waste[k])]
     bad += [name for name in ("top_jobs", "jobs") if not frames_equal(getattr(x, name), getattr(y, name))]
-    return bad + [f"mfu[{k}]" for k in x.mfu if not frames_equal(x.mfu[k], y.mfu[k])]
+    return bad + [f"mfu[{k}]" for k in x.mfu if not frames_equal(x.mfu[k], y_mfu[k])]
 
 
 def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed_from_them(store, monkeypatch):
@@ -111,8 +112,12 @@ def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed
         bad = same_view(data.UseView.of(computed), view)
         assert not bad, (lo, hi, bad)
         bundle = data.window_bundle(window(lo, hi).key)  # the Jobs, Waste and MFU pages' figures: from facts too
-        assert bundle.facts_hours == view.facts_hours
-        bad = same_bundle(computed, bundle)
+        assert bundle.facts_hours == view.facts_hours and not computed.mfu_apart
+        # ... MFU apart, after the job list (data.window_mfu)
+        assert bundle.mfu_apart and bundle.mfu is None
+        mfu, error = figures.mfu_for(window(lo, hi), bundle)
+        assert error is None
+        bad = same_bundle(computed, bundle, mfu)
         assert not bad, (lo, hi, bad)
         # the Teams page's fairness from the accounting alone: the analysis' figures
         report, error = data.window_fairness(window(lo, hi).key)
@@ -157,6 +162,8 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
         data.Analysis = real
     assert made == []  # cached already
     assert data.window_bundle(w.key).facts_hours == 2
+    data.window_mfu(w.key)  # ... and the MFU figures after it, in the same thread
+    assert made == []
     for page in ("jobs", "waste", "mfu"):
         at = AppTest.from_file(str(APP), default_timeout=60)
         at.query_params.update(q)

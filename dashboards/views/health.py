@@ -105,7 +105,7 @@ def body(ctx: ui.Context) -> None:
                    "slower (gpufleet_collect_summary_hours; `gpufleet collect --rebuild-summaries` does them all at once).")
     if dconfig.warm_asked():
         st.text("Figures computed ahead for the presets ([dashboard] warm_windows), each at its reuse period's start, and the "
-                "hour facts of the last [dashboard] facts_days days (a typed-in window of whole hours: its Utilization and Teams pages):")
+                "hour facts of the last [dashboard] facts_days days (a typed-in window of whole hours: its pages and the previous window):")
         ui.table(pl.DataFrame(figures.warmer(ctx.settings).status(), schema=WARM_SCHEMA), key="health_warm",
                  empty="No preset is computed ahead ([dashboard] warm_windows = []).",
                  labels={"computed_at": "last computed", "took_s": "took (s)", "start": "window from", "end": "to", "error": "last failure"})

@@ -115,8 +115,8 @@ def body(ctx: ui.Context) -> None:
         else:
             job = match.row(0, named=True)
     if job is not None:
-        mfu = b.mfu.get("jobs") if b.mfu else None
-        report(b.window, job, mfu, b.mfu_error)
+        per_job, error = figures.mfu_for(w, b)
+        report(b.window, job, per_job.get("jobs") if per_job else None, error)
     policy_section(ctx)
 
 

@@ -13,20 +13,21 @@ def body(ctx: ui.Context) -> None:
     b = figures.for_window(w)
     ui.window_caption(b.window)
     ui.facts_note(b.facts_hours)
-    if b.mfu is None:
+    figures_mfu, error = figures.mfu_for(w, b)
+    if figures_mfu is None:
         st.error("The MFU figures could not be computed for this window. The dashboard's log has the details.")
-        st.text(b.mfu_error or "")
+        st.text(error or "")
         return
-    if all(df.is_empty() for df in b.mfu.values()):
+    if all(df.is_empty() for df in figures_mfu.values()):
         ui.empty_window("GPU job")
         return
     st.caption("Each figure says its method: from the job's reported throughput over the GPUs' dense peak for the dtype, an estimate "
                "from tensor-pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, from dcgm-exporter or our exporter's GPM; labelled "
                "as one), or unknown. GPU utilization is never used as MFU.")
     st.subheader("Per account / team")
-    ui.table(b.mfu["accounts"], key="mfu_accounts", empty="No MFU figure in this window.")
+    ui.table(figures_mfu["accounts"], key="mfu_accounts", empty="No MFU figure in this window.")
     st.subheader("Per job")
-    jobs = ui.first_rows(b.mfu["jobs"].sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
+    jobs = ui.first_rows(figures_mfu["jobs"].sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
                          "most GPU-hours first", "filter by account or user to see others")
     ui.table(jobs, key="mfu_jobs", empty="No MFU figure in this window.")
 
