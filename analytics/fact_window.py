@@ -75,13 +75,16 @@ class FactWindow(Analysis):
             usd_per_gpu_hour=usd_per_gpu_hour(self.prices)).with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
 
 
-def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime,
-                    facts: FactFiles) -> tuple[FactWindow, dict[str, pl.DataFrame]] | None:
+def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles,
+                    mfu: bool = True) -> tuple[FactWindow, dict[str, pl.DataFrame]] | None:
     """The window's FactWindow and timelines (timeline.utilization_timelines' frames), or None
     when facts cannot answer it (hour_facts.read_window; or a held GPU whose variant - index,
     model, MIG share - is not one over the window's facts; or two allocations of one hash): the
-    caller then computes it with core.Analysis."""
-    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_BUCKETS, sql.FACT_ALLOCATIONS, sql.FACT_VARIANTS))
+    caller then computes it with core.Analysis. `mfu` False: without what only MFU reads (its
+    detail sums: a third fewer sums over the allocations' facts), so mfu.job_mfu cannot be asked."""
+    allocations = sql.FACT_ALLOCATION_DETAIL if mfu else sql.FACT_ALLOCATIONS
+    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_BUCKETS, allocations, sql.FACT_VARIANTS),
+                       setup=(sql.ALLOCATIONS,))
     if read is None:
         return None
     cur, b, (gpus, parts, facts_of, variants) = read
@@ -90,15 +93,14 @@ def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime,
         if g is None or variants["unsure"].any():
             cur.close()
             return None
-        cur.execute(sql.ALLOCATIONS, sql.bound(sql.ALLOCATIONS, b))
         al = pl.from_arrow(cur.sql(sql.ALLOCATION_KEY_ROWS).to_arrow_table())
         if al["ah"].is_duplicated().any():
             cur.close()
             return None
         alv = al.join(facts_of, on="ah", how="left").join(variants.drop("unsure"), on="gh", how="left").with_columns(
             pl.col("data_s").fill_null(0.0), pl.col("busy_s").fill_null(0.0), pl.col("has_piece").fill_null(False),
-            pl.col("has_util").fill_null(False), pl.col("any_s").fill_null(0.0), pl.col("idle_s").fill_null(0.0),
-            pl.col("nop_s").fill_null(0.0)).drop("ah", "gh")
+            pl.col("has_util").fill_null(False), pl.col("idle_s").fill_null(0.0), pl.col("nop_s").fill_null(0.0),
+            *([pl.col("any_s").fill_null(0.0)] if mfu else [])).drop("ah", "gh")
         return FactWindow(cur, p, b, g, alv), timelines(cur, p, b, parts)
     except BaseException:
         cur.close()

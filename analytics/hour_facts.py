@@ -286,11 +286,12 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
         cur.close()
 
 
-def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles,
-                queries: tuple[str, ...]) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], list[Any]] | None:
+def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, queries: tuple[str, ...],
+                setup: tuple[str, ...] = ()) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], list[Any]] | None:
     """The window's facts as `queries` (of sql.FACT_*; FACT_GPUS gives an Arrow table, the others
-    frames) read them, with a cursor holding the window's capacity (cap), job table (ja) and
-    prices, and the queries' bound parameters; None (nothing left open) when facts cannot answer
+    frames) read them, with a cursor holding the window's capacity (cap), job table (ja), prices
+    and what the `setup` statements made (of sql.py, bound to the window), and the queries' bound
+    parameters; None (nothing left open) when facts cannot answer
     the window: not answerable, an hour without facts, or facts of inputs that changed since.
     The caller closes the cursor.
 
@@ -309,7 +310,7 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
         register_prices(cur, p)
         cur.execute(sql.CAPACITY, sql.bound(sql.CAPACITY, bind))
         with ThreadPoolExecutor(max_workers=2) as pool:  # (DuckDB lets go of the GIL)
-            jobs = pool.submit(cur.execute, sql.JOB_TABLE, sql.bound(sql.JOB_TABLE, bind))
+            jobs = pool.submit(lambda: [cur.execute(q, sql.bound(q, bind)) for q in (sql.JOB_TABLE, *setup)])
             keys = pool.submit(hour_keys, side, bind, p.start, p.end)
             try:
                 read = [rd.sql(q, params=sql.bound(q, b)).to_arrow_table() if q == sql.FACT_GPUS else _q(rd, q, b) for q in queries]

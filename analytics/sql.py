@@ -467,15 +467,19 @@ FROM read_parquet($files) WHERE kind = 'job' AND ($cluster IS NULL OR cluster = 
 """
 
 # ... each allocation's (its hash, ah) look-ups summed over the window: data and busy seconds,
-# whether it had a piece and one with a utilization, the detail (Analysis.allocation_detail's
-# sums: null where no piece had it), its idle and no-process stretches' GPU-seconds (as few
-# aggregates as will do: a 16,384-GPU week has a million allocations)
-FACT_ALLOCATIONS = """
+# whether it had a piece and one with a utilization, its memory high-water, its idle and
+# no-process stretches' GPU-seconds; with MFU's detail (Analysis.allocation_detail's sums: null
+# where no piece had it) only where MFU is asked - as few aggregates as will do: a 16,384-GPU
+# week has a million allocations
+_FACT_ALLOCATIONS = """
 SELECT ah, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_piece, max(util_n) > 0 AS has_util,
-       max(fb_max) AS fb_max, sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
-       sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
+       max(fb_max) AS fb_max, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s{detail}
 FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah
 """
+FACT_ALLOCATIONS = _FACT_ALLOCATIONS.format(detail="")
+FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(detail=""",
+       sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
+       sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock""")
 # ... and the variant (gpu index, model, MIG share) the allocations' facts name for each held GPU
 # (its hash, gh); unsure: not one over the window (more than one seen, or two hours disagree)
 FACT_VARIANTS = """

@@ -116,7 +116,7 @@ def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None, fa
     where `facts` answer it (analytics/fact_window.py: the same figures), else its analysis."""
     previous = params.previous()
     if facts is not None:
-        got = window_analysis(con, previous, now or utcnow(), facts)
+        got = window_analysis(con, previous, now or utcnow(), facts, mfu=False)
         if got is not None:
             a, _ = got
             try:

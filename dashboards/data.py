@@ -260,7 +260,7 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    a, tl, hours = _from_facts(s, w, p)
+    a, tl, hours = _from_facts(s, w, p, mfu=False)
     if a is None:
         # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
         a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
@@ -292,7 +292,7 @@ def window_mfu(key: tuple) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
     """The MFU figures of a window whose Bundle left them out (Bundle.mfu_apart; `key`: a
     Window.key), as _mfu gives them: from its hours' facts, or computed if they no longer answer."""
     s, w, p = _request(key)
-    a, _, _ = _from_facts(s, w, p)
+    a, _, _ = _from_facts(s, w, p, mfu=True)
     if a is None:
         a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
     try:
@@ -301,15 +301,16 @@ def window_mfu(key: tuple) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
         _close(a)
 
 
-def _from_facts(s: dconfig.Settings, w: Resolved, p: Params) -> tuple[Analysis | None, dict[str, pl.DataFrame] | None, int]:
-    """The window's analysis and timelines from its hours' facts (gpufleet.analytics.fact_window)
-    and how many hours; (None, None, 0) where they do not answer it (then it is computed)."""
+def _from_facts(s: dconfig.Settings, w: Resolved, p: Params, mfu: bool) -> tuple[Analysis | None, dict[str, pl.DataFrame] | None, int]:
+    """The window's analysis and timelines from its hours' facts (gpufleet.analytics.fact_window;
+    `mfu`: with what MFU reads) and how many hours; (None, None, 0) where they do not answer it
+    (then it is computed)."""
     from gpufleet.analytics import fact_window, hour_facts
 
     facts = facts_dir(s)
     if facts is None or not hour_facts.answerable(p):
         return None, None, 0
-    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts)
+    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts, mfu=mfu)
     if got is None:
         return None, None, 0
     a, tl = got
