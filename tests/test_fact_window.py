@@ -161,3 +161,25 @@ def test_a_late_sample_renames_the_neighbouring_hours_facts(tmp_path):
         assert fact_window.window_analysis(con, Params(T(11), T(12)), T(20), finder(facts)) is None
         write_facts(con, Params(T(9), T(13)), T(20), facts, [(T(9), T(12))])
         assert not compared(con, Params(T(9), T(13)), T(20), facts)
+
+
+def test_the_previous_window_s_totals_from_its_facts(tmp_path, monkeypatch):
+    """The Waste page's comparison base (analytics/trends.py previous_totals): summed from the
+    previous window's facts where they answer it - its analysis' totals, none computed - and
+    computed where they do not."""
+    from gpufleet.analytics import trends
+
+    golden(tmp_path / "store")
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(13))])
+        want = Analysis(con, Params(T(10), T(11)), now=T(20)).totals()
+        with monkeypatch.context() as m:
+            m.setattr(trends, "Analysis", None)  # (no analysis may be made)
+            got = trends.previous_totals(con, Params(T(11), T(12)), now=T(20), facts=finder(tmp_path / "facts"))
+        assert not mismatches({"totals": asdict(want)}, {"totals": asdict(got)})
+        assert got.idle_allocated_gpu_h == pytest.approx(want.idle_allocated_gpu_h) and got.idle_allocated_gpu_h > 0
+        # 08:00-09:00 has no facts: computed
+        before = trends.previous_totals(con, Params(T(9), T(10)), now=T(20), facts=finder(tmp_path / "facts"))
+        assert asdict(before) == asdict(Analysis(con, Params(T(8), T(9)), now=T(20)).totals())
