@@ -25,6 +25,7 @@ Peaks: analytics/data/gpu_peaks.csv, dense TFLOPS (no sparsity) with a source fo
 from __future__ import annotations
 
 import csv
+from datetime import datetime
 from functools import cache
 from importlib import resources
 
@@ -72,15 +73,18 @@ def peaks_for(dtype: str) -> pl.DataFrame:
     )
 
 
-def job_mfu(a: Analysis) -> pl.DataFrame:
+def job_mfu(a: Analysis, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
     """One row per job that held GPUs in the window: COLUMNS, then scheduler, gpu_h (allocated
     GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
-    `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown"."""
+    `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown".
+    `reports_in`: the window whose throughput reports (and held time) count, where `a` is a job's
+    analysis narrowed to its run inside it (dashboards/data.py job_report): the job's row is then
+    the window's - a report written at the job's exit, after its accounted end, still counts."""
     dtype = a.p.mfu_dtype
     peaks = peaks_for(dtype)
     a.con.register("mfu_peaks", peaks.to_arrow())
     a.con.register("mfu_use", _tensor_use(a, peaks).to_arrow())
-    raw = a.q(sql.MFU_JOBS)
+    raw = a.q(sql.MFU_JOBS, **({"start": reports_in[0], "end": reports_in[1]} if reports_in else {}))
     f = a.p.filters
     for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
         if want is not None:

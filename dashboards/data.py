@@ -444,9 +444,22 @@ def job_report(key: tuple, job: dict) -> dict | None:
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
             return None
         tl = timeline.job_gpu_timeline(a, job["cluster"], job["scheduler"], job["job_key"])
-        return {"report": r, "timeline": tl}
+        return {"report": r, "timeline": tl, **_job_mfu(a, job, w)}
     finally:
         _close(a)
+
+
+def _job_mfu(a: Analysis, job: dict, w: Resolved) -> dict:
+    """The job's MFU row (its row of the window's per-job MFU: gpufleet.analytics.mfu.job_mfu over
+    the job's narrowed analysis `a`, with the window's throughput reports) as "mfu" (None: the job
+    has none), or "mfu_error" saying why it could not be computed."""
+    try:
+        rows = mfu.job_mfu(a, reports_in=(w.start, w.end)).filter(
+            (pl.col("cluster") == job["cluster"]) & (pl.col("scheduler") == job["scheduler"]) & (pl.col("job_key") == job["job_key"]))
+        return {"mfu": rows.row(0, named=True) if rows.height else None, "mfu_error": None}
+    except Exception as e:  # noqa: BLE001 - the report's other figures stand without it
+        log.exception("MFU of a job failed")
+        return {"mfu": None, "mfu_error": f"MFU could not be computed: {type(e).__name__}: {e}"}
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Reading GPU health (analytics)...")

@@ -230,6 +230,33 @@ def test_account_filter(store):
 # --- the store: hourly rows, idempotent ---
 
 
+def test_a_job_s_mfu_on_its_own_run_is_its_row_of_the_window_s(tmp_path):
+    """The Jobs page's report computes a job on its run inside the window (dashboards/data.py
+    job_report: the window narrowed to the run, filtered to the job); with the window's
+    throughput reports (reports_in) its MFU is its row of the window's - a report written at the
+    job's exit, after its accounted end, counts in both."""
+    f = Fleet(tmp_path / "store")
+    f.gpu_series("n1", "GPU-1", T(10), T(12), util=90.0, tensor=0.45, sm_clock=1980)
+    f.gpu_series("n2", "GPU-2", T(10), T(12), util=90.0, tensor=0.5, sm_clock=1980)
+    f.job("1", account="physics", user="ann", start=T(10), end=T(11), gpus=1, placements=[("n1", "GPU-1")])
+    f.job("2", account="physics", user="ann", start=T(10), end=T(12), gpus=1, placements=[("n2", "GPU-2")])
+    f.write()
+    w = StoreWriter(f.root)
+    w.commit(report_batch("r1", "1", 400e12, 1, "flops", [T(10, 30)], host="n1"))
+    w.commit(report_batch("r1-exit", "1", 200e12, 1, "flops", [T(11, 1)], host="n1"))  # written at its exit
+    w.publish()
+    w.close()
+    window = analysis(f)
+    rows = {r["job_id"]: r for r in job_mfu(window).to_dicts()}
+    assert rows["1"]["method"].startswith("reported")
+    narrowed = Analysis(f.reader(), Params(T(10), T(11), filters=Filters(cluster="c1", account="physics", user_name="ann", job_key="1")),
+                        now=T(20), detail=True, summaries=False, held_only=True)
+    got = job_mfu(narrowed, reports_in=(T(10), T(12))).filter(pl.col("job_key") == "1").to_dicts()
+    assert got == [pytest.approx(rows["1"])]
+    alone = job_mfu(narrowed).filter(pl.col("job_key") == "1").row(0, named=True)
+    assert alone["mfu"] != pytest.approx(rows["1"]["mfu"])  # (its own window would miss the report at its exit)
+
+
 def test_throughput_rows_are_hourly_means_and_a_batch_counts_once(tmp_path):
     w = StoreWriter(tmp_path)
     w.commit(report_batch("a", "1", 100.0, 4, "flops", [T(10, 0), T(10, 30)]))

@@ -12,6 +12,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
@@ -213,3 +214,28 @@ def test_one_window_is_computed_in_the_background_at_a_time(monkeypatch):
     while len(started) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert started == [("a",), ("b",)]
+
+
+def test_a_job_s_report_gives_its_row_of_the_window_s_mfu(store, monkeypatch):
+    """The Jobs page's report computes a job's figures on the job's own run (data.job_report), its
+    MFU too - not waiting for the window's: each job's MFU there is its row of the MFU page's."""
+    w = window(T(10), T(12))
+    computed = computed_bundle(w.key, monkeypatch)
+    per_job = computed.mfu["jobs"]
+    fields = ("cluster", "scheduler", "job_key", "job_id", "account", "user_name", "partition", "start", "end")
+    seen = 0
+    for job in computed.jobs.iter_rows(named=True):
+        res = data.job_report(computed.window.key, {k: job.get(k) for k in fields})
+        want = per_job.filter((pl.col("cluster") == job["cluster"]) & (pl.col("scheduler") == job["scheduler"])
+                              & (pl.col("job_key") == job["job_key"]))
+        if res is None:  # (no GPU inside the window)
+            continue
+        assert res["mfu_error"] is None
+        assert (res["mfu"] is None) == want.is_empty(), job["job_id"]
+        if res["mfu"] is not None:
+            seen += 1
+            w_row = want.row(0, named=True)
+            for k, v in w_row.items():
+                got = res["mfu"][k]
+                assert (got == pytest.approx(v, **TOL)) if isinstance(v, float) else got == v, (job["job_id"], k, v, got)
+    assert seen >= 2

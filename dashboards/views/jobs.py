@@ -35,7 +35,7 @@ def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | No
     ).properties(height=240)
 
 
-def report(window, job: dict, mfu: pl.DataFrame | None, mfu_note: str | None) -> None:
+def report(window, job: dict) -> None:
     st.subheader("Job report")
     ui.text("Job", job["job_id"])
     ui.text("Name", job.get("name"))
@@ -57,19 +57,12 @@ def report(window, job: dict, mfu: pl.DataFrame | None, mfu_note: str | None) ->
     c[1].metric("Idle (stretches)", ui.gpu_h(r.idle_gpu_h))
     c[2].metric("Held with no process", ui.gpu_h(r.no_process_gpu_h))
     st.text(f"Rule: {r.rule}")
-    if mfu is not None:
-        key_cols = [c for c in ("cluster", "job_key") if c in mfu.columns] or [c for c in ("job_id",) if c in mfu.columns]
-        row = mfu
-        for kc in key_cols:
-            row = row.filter(pl.col(kc) == job[kc])
-        if row.is_empty():
-            st.text("MFU: unknown for this job (not in the MFU figures of this window)")
-        else:
-            m = row.row(0, named=True)
-            st.text(f"MFU: {ui.pct(m['mfu'] * 100) if m.get('mfu') is not None else 'unknown'}; method: {m.get('method')}"
-                    + (f"; {m['reason']}" if m.get("reason") else ""))
+    m = res["mfu"]  # (the job's row of the MFU page's per-job figures)
+    if m is not None:
+        st.text(f"MFU: {ui.pct(m['mfu'] * 100) if m.get('mfu') is not None else 'unknown'}; method: {m.get('method')}"
+                + (f"; {m['reason']}" if m.get("reason") else ""))
     else:
-        st.text(f"MFU: {mfu_note or 'unknown'}")
+        st.text(f"MFU: {res['mfu_error'] or 'unknown for this job (not in the MFU figures of this window)'}")
 
     tl = res["timeline"]
     st.subheader("Per GPU")
@@ -115,8 +108,7 @@ def body(ctx: ui.Context) -> None:
         else:
             job = match.row(0, named=True)
     if job is not None:
-        per_job, error = figures.mfu_for(w, b)
-        report(b.window, job, per_job.get("jobs") if per_job else None, error)
+        report(b.window, job)
     policy_section(ctx)
 
 
