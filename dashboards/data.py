@@ -28,6 +28,8 @@ Nothing here computes a figure: it calls analytics and caches what comes back.
 from __future__ import annotations
 
 import logging
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -46,6 +48,9 @@ from gpufleet.dashboards import config as dconfig
 from gpufleet.times import HOUR, floor_time, utcnow
 
 log = logging.getLogger(__name__)
+# a window's analysis from facts that window_bundle hands on to window_mfu in the same thread
+# (bundle_then_mfu), so MFU does not read the facts again
+_HANDOFF = threading.local()
 
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
 UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
@@ -252,7 +257,9 @@ class Bundle:
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
 def window_bundle(key: tuple) -> Bundle:
-    """Everything the Utilization, Jobs, Teams, Waste and MFU pages show (`key`: a Window.key)."""
+    """Everything the Utilization, Jobs, Teams, Waste and MFU pages show (`key`: a Window.key):
+    summed from the window's hour facts where they answer it - then without MFU (window_mfu:
+    the job list the Jobs page waits for comes first) -, else computed."""
     import time
 
     from gpufleet.analytics import jobs as ajobs
@@ -260,7 +267,8 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    a, tl, hours = _from_facts(s, w, p, mfu=False)
+    handing_on = getattr(_HANDOFF, "wanted", None) == key
+    a, tl, hours = _from_facts(s, w, p, mfu=handing_on)
     if a is None:
         # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
         a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
@@ -284,7 +292,26 @@ def window_bundle(key: tuple) -> Bundle:
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
                       computed_s=time.monotonic() - t0, window=w, facts_hours=hours, mfu_apart=bool(hours))
     finally:
-        _close(a)
+        if handing_on and hours:
+            _HANDOFF.analysis = (key, a)
+        else:
+            _close(a)
+
+
+@contextmanager
+def bundle_then_mfu(key: tuple):
+    """Within it, window_bundle(key) computed from facts keeps its analysis (read with MFU's
+    sums) for window_mfu(key) asked next in the same thread - one reading of the facts for both;
+    whatever is not taken is closed on the way out."""
+    _HANDOFF.wanted = key
+    try:
+        yield
+    finally:
+        _HANDOFF.wanted = None
+        kept = getattr(_HANDOFF, "analysis", None)
+        _HANDOFF.analysis = None
+        if kept is not None:
+            _close(kept[1])
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's MFU figures (analytics)...")
@@ -292,7 +319,12 @@ def window_mfu(key: tuple) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
     """The MFU figures of a window whose Bundle left them out (Bundle.mfu_apart; `key`: a
     Window.key), as _mfu gives them: from its hours' facts, or computed if they no longer answer."""
     s, w, p = _request(key)
-    a, _, _ = _from_facts(s, w, p, mfu=True)
+    kept = getattr(_HANDOFF, "analysis", None)
+    if kept is not None and kept[0] == key:
+        _HANDOFF.analysis = None
+        a = kept[1]
+    else:
+        a, _, _ = _from_facts(s, w, p, mfu=True)
     if a is None:
         a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
     try:

@@ -250,8 +250,9 @@ def _prefetch(key: tuple) -> None:
 
     def run() -> None:
         try:
-            if data.window_bundle(key).mfu_apart:
-                data.window_mfu(key)  # (the MFU page's, after the job list the Jobs page waits for)
+            with data.bundle_then_mfu(key):  # (one reading of the facts for both)
+                if data.window_bundle(key).mfu_apart:
+                    data.window_mfu(key)  # (the MFU page's, after the job list the Jobs page waits for)
         except Exception:  # noqa: BLE001 - the page that needs it computes it, and says what failed
             log.exception("computing a window's figures ahead failed")
         finally:

@@ -137,7 +137,12 @@ def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed
     assert missing.facts_hours == 0 and missing.facts_missed.startswith("not every hour of it has current facts yet")
 
 
-def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwhile(store):
+def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwhile(store, monkeypatch):
+    from gpufleet.analytics import fact_window
+
+    reads = []  # the windows read from facts by fact_window.window_analysis
+    real_read = fact_window.window_analysis
+    monkeypatch.setattr(fact_window, "window_analysis", lambda con, p, *a, **k: reads.append((p.start, p.end)) or real_read(con, p, *a, **k))
     s = data.current_settings()
     dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
     w = window(T(10), T(12))
@@ -163,8 +168,10 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
         data.Analysis = real
     assert made == []  # cached already
     assert data.window_bundle(w.key).facts_hours == 2
-    data.window_mfu(w.key)  # ... and the MFU figures after it, in the same thread
-    assert made == []
+    # ... and the MFU figures after it, in the same thread, from the same reading of the facts
+    assert reads == [(T(10), T(12))]
+    data.window_mfu(w.key)
+    assert reads == [(T(10), T(12))]
     for page in ("jobs", "waste", "mfu"):
         at = AppTest.from_file(str(APP), default_timeout=60)
         at.query_params.update(q)
