@@ -280,12 +280,13 @@ def run() -> list[Table]:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
         "first load in menu order from empty caches (the hour facts built before, as a served dashboard has them), after the "
-        "server's start: Utilization and Teams are summed from the window's hour facts, and the window's figures (one Analysis) "
-        "that Jobs, Waste and MFU read are computed in the background from Utilization's load on (Jobs waits for the rest); "
+        "server's start: Utilization and Teams are summed from the window's hour facts, and the window's figures that Jobs, "
+        "Waste and MFU read are summed from them too in the background from Utilization's load on (Jobs waits for the rest; "
+        "MFU follows, from the same reading; a job's report computes the job on its own run, its MFU too); "
         "Waste adds the previous window's totals; Fleet now computes the GPU states at the window's end, which Health reuses "
         "beside its own queries",
         "the synthetic store holds no data before its first day, so Waste's previous-window totals are cheap here; on a real "
-        "store they cost about one more window analysis",
+        "store they are summed from the previous week's hour facts (kept 15 days), else one more window analysis",
         f"a relative window is recomputed once per period (dashboards/data.py step_for: 30 min for 7 days), warm in between; "
         f"DuckDB memory_limit {MEMORY_LIMIT or 'default'}, threads {THREADS or 'all cores'}; "
         f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s); summaries {'built now' if built else 'cached'} "
