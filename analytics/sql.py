@@ -437,6 +437,9 @@ FROM (SELECT *, unnest(range(greatest(a0, epoch_us($start)) // 3600000000, (leas
 GROUP BY h
 """
 
+# How many GPUs (and MIG instances) the inventory has ever seen: what one build of hour facts is sized by
+INVENTORY_GPUS = "SELECT count(*) FROM gpus"
+
 # A window's facts ($files: one file per hour, of hour_facts.FACT_SCHEMA; of $cluster, if one). Per GPU (its hash) over
 # the window, with the model(s) the facts grouped it under (checked against the inventory's):
 FACT_GPUS = """

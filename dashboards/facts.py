@@ -4,8 +4,8 @@ One directory per store (named by a digest of the store's path) under `[dashboar
 one Parquet file per hour named by the hour and by what its facts were computed from - so a
 fact whose inputs changed is simply not found, and a file is written whole (a temporary name,
 then a rename) or not at all. The served dashboard's warmer (dashboards/figures.py) builds the
-facts of the closed hours of the last `[dashboard] facts_days` days that lack them, a day's at a
-time, after the presets' figures; the pages only read them. Not the store's files: the
+facts of the closed hours of the last `[dashboard] facts_days` days that lack them, up to a
+day's at a time, after the presets' figures; the pages only read them. Not the store's files: the
 collector owns those, and a dashboard may read a store it cannot write.
 """
 
@@ -24,7 +24,6 @@ from gpufleet.analytics import hour_facts
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.times import HOUR, floor_time
 
-BUILD_SPAN = timedelta(days=1)  # hours built by one analysis (a day's: ~5 s at 16,384 GPUs)
 
 
 def default_dir() -> Path:
@@ -111,8 +110,8 @@ def horizon(now: datetime, days: int) -> tuple[datetime, datetime]:
 
 def refresh(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, now: datetime) -> Refreshed:
     """Build the facts of the closed hours of p's window (horizon; p: the analytics parameters,
-    without filters) that have none of their current name, a day's hours by one analysis; remove
-    older days."""
+    without filters) that have none of their current name, up to a day's hours by one analysis
+    (fewer above 32,768 GPUs: hour_facts.build_hours); remove older days."""
     t0 = time.monotonic()
     if not p.summaries:  # (facts answer only windows the summaries path computes)
         return Refreshed(0, 0, 0, 0.0)
@@ -127,7 +126,7 @@ def refresh(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, now: dat
         else:
             facts.keep_only(h, k)
     built = 0
-    for lo, hi in _spans(todo):
+    for lo, hi in _spans(todo, hour_facts.build_hours(con) * HOUR):
         for hour, (key, rows) in hour_facts.build(con, replace(p, start=lo, end=hi), now).items():
             facts.write(hour, key, rows)
             built += 1
@@ -136,11 +135,12 @@ def refresh(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, now: dat
                      hours_without_summary=sum(1 for k in keys.values() if k is None), took_s=time.monotonic() - t0)
 
 
-def _spans(hours: list[datetime]) -> list[tuple[datetime, datetime]]:
-    """Runs of consecutive hours, each cut to BUILD_SPAN, newest first (the likeliest asked)."""
+def _spans(hours: list[datetime], longest: timedelta) -> list[tuple[datetime, datetime]]:
+    """Runs of consecutive hours, each cut to `longest` (hour_facts.build_hours: a day's up to
+    32,768 GPUs), newest first (the likeliest asked)."""
     spans: list[tuple[datetime, datetime]] = []
     for h in sorted(hours):
-        if spans and spans[-1][1] == h and h + HOUR - spans[-1][0] <= BUILD_SPAN:
+        if spans and spans[-1][1] == h and h + HOUR - spans[-1][0] <= longest:
             spans[-1] = (spans[-1][0], h + HOUR)
         else:
             spans.append((h, h + HOUR))

@@ -246,3 +246,24 @@ def test_a_job_s_report_gives_its_row_of_the_window_s_mfu(store, monkeypatch):
                 got = res["mfu"][k]
                 assert (got == pytest.approx(v, **TOL)) if isinstance(v, float) else got == v, (job["job_id"], k, v, got)
     assert seen >= 2
+
+
+def test_a_larger_fleet_s_facts_are_built_fewer_hours_at_a_time(store, monkeypatch):
+    """One build analyses up to a day of 32,768 GPUs' hours (hour_facts.build_hours), so its
+    memory does not grow with the fleet: here the limit as if the scenario's GPUs were many - two
+    hours a build - and the same facts (the figures from them are still the computed ones)."""
+    from gpufleet.analytics import hour_facts
+
+    s = data.current_settings()
+    gpus = data.reader(s.store).execute("SELECT count(*) FROM gpus").fetchone()[0]
+    monkeypatch.setattr(hour_facts, "BUILD_GPU_HOURS", gpus * 2)
+    assert hour_facts.build_hours(data.reader(s.store)) == 2
+    spans = []
+    real = hour_facts.build
+    monkeypatch.setattr(hour_facts, "build", lambda con, p, now: spans.append(p.end - p.start) or real(con, p, now))
+    dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 1), Filters()), NOW)
+    assert spans and max(spans) == timedelta(hours=2)
+    key = window(T(10), T(12)).key
+    assert data.window_use(key).facts_hours == 2
+    bad = same_view(data.UseView.of(computed_bundle(key, monkeypatch)), data.window_use(key))
+    assert not bad, bad
