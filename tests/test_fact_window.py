@@ -14,19 +14,18 @@ there renames them. A planted stretch one hour off fails the comparison.
 from __future__ import annotations
 
 from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
-from unittest import mock
 
 import polars as pl
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 import test_analytics_properties
-from test_analytics_properties import MAX_GAP, SETTINGS, at, fleets, scratch
+from test_analytics_properties import SETTINGS, fleets
 from test_analytics_golden import T
 from test_analytics_summaries import mismatches
-from test_hour_facts import ONE_HOUR_BUCKETS, closed_store, finder, golden, summarised_hours, write_facts
+from test_hour_facts import ONE_HOUR_BUCKETS, finder, golden, random_fleet_facts, write_facts
 
 from gpufleet.analytics import fact_window, hour_facts
 from gpufleet.analytics.core import JOB_DIMS, Analysis
@@ -80,24 +79,17 @@ def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
 def test_a_window_s_analysis_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
     """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, idle runs and
     jobs cross hour edges."""
-    base = test_analytics_properties.BASE + timedelta(seconds=offset_s)
-    with scratch() as tmp, scratch() as facts, ONE_HOUR_BUCKETS, mock.patch.object(test_analytics_properties, "BASE", base):
-        now = at(fleet["now"] + 2 * 3600)
-        closed_store(tmp, fleet, how)
-        con = open_reader(tmp)
-        lo, hi = summarised_hours(con)
-        p = Params(lo, hi, max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
-        runs = [(h, h + HOUR) for h in hour_facts.whole_hours(p)] if by_hour else [(lo - HOUR, hi + HOUR)]
-        write_facts(con, p, now, Path(facts), runs)
+    with random_fleet_facts(fleet, how, by_hour, offset_s) as (con, p, now, facts):
+        lo, hi = p.start, p.end
         event(f"hours: {len(hour_facts.whole_hours(p))}")
-        bad = compared(con, p, now, Path(facts))
+        bad = compared(con, p, now, facts)
         assert not bad, "\n".join(bad)
         named = Params(lo, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration, filters=Filters(cluster=test_analytics_properties.CLUSTER))
-        bad = compared(con, named, now, Path(facts))
+        bad = compared(con, named, now, facts)
         assert not bad, "\n".join(bad)
         for a in hour_facts.whole_hours(p)[1:]:  # every later start: stretches cut by the window's edge
             sub = Params(a, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration)
-            bad = compared(con, sub, now, Path(facts))
+            bad = compared(con, sub, now, facts)
             assert not bad, (a, "\n".join(bad))
 
 

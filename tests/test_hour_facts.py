@@ -11,6 +11,7 @@ planted fact one hour off fails the comparison.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -100,11 +101,12 @@ def closed_store(tmp, fleet, how=(1, False)) -> None:
     w.close()
 
 
-@SETTINGS
-@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
-def test_a_window_of_whole_hours_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
-    """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, runs and
-    jobs cross hour edges."""
+@contextmanager
+def random_fleet_facts(fleet, how, by_hour: bool, offset_s: int):
+    """A random fleet of test_analytics_properties whose time 0 is `offset_s` after the hour (its
+    samples, gaps, runs and jobs cross hour edges), its batches split `how`, compacted, with its
+    summarised hours' facts built hour by hour or in one run: (reader, the hours' Params, now,
+    the facts' directory)."""
     base = test_analytics_properties.BASE + timedelta(seconds=offset_s)
     with scratch() as tmp, scratch() as facts, ONE_HOUR_BUCKETS, mock.patch.object(test_analytics_properties, "BASE", base):
         now = at(fleet["now"] + 2 * 3600)
@@ -114,19 +116,29 @@ def test_a_window_of_whole_hours_from_its_facts_has_the_raw_figures(fleet, how, 
         p = Params(lo, hi, max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
         runs = [(h, h + HOUR) for h in hour_facts.whole_hours(p)] if by_hour else [(lo - HOUR, hi + HOUR)]
         write_facts(con, p, now, Path(facts), runs)
-        got = hour_facts.window_use(con, p, now, finder(Path(facts)))
+        yield con, p, now, Path(facts)
+
+
+@SETTINGS
+@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
+def test_a_window_of_whole_hours_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
+    """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, runs and
+    jobs cross hour edges."""
+    with random_fleet_facts(fleet, how, by_hour, offset_s) as (con, p, now, facts):
+        lo, hi = p.start, p.end
+        got = hour_facts.window_use(con, p, now, finder(facts))
         assert got is not None and got.hours == len(hour_facts.whole_hours(p))
         event(f"hours: {got.hours}")
         bad = mismatches(oracle(con, p, now), got)
         assert not bad, "\n".join(bad)
         # the fleet's cluster by name: the filtered queries, the same figures
         named = Params(lo, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration, filters=Filters(cluster=test_analytics_properties.CLUSTER))
-        bad = mismatches(oracle(con, named, now), hour_facts.window_use(con, named, now, finder(Path(facts))))
+        bad = mismatches(oracle(con, named, now), hour_facts.window_use(con, named, now, finder(facts)))
         assert not bad, "\n".join(bad)
         # every sub-window of whole hours too (the facts of a wider build)
         for a in hour_facts.whole_hours(p):
             sub = Params(a, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration)
-            got = hour_facts.window_use(con, sub, now, finder(Path(facts)))
+            got = hour_facts.window_use(con, sub, now, finder(facts))
             assert got is not None
             bad = mismatches(oracle(con, sub, now), got)
             assert not bad, (a, "\n".join(bad))
