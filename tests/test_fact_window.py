@@ -21,17 +21,16 @@ import polars as pl
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
-import test_analytics_properties
 from test_analytics_properties import SETTINGS, fleets
 from test_analytics_golden import T
 from test_analytics_summaries import mismatches
-from test_hour_facts import ONE_HOUR_BUCKETS, finder, golden, random_fleet_facts, write_facts
+from test_hour_facts import ONE_HOUR_BUCKETS, checked_windows, finder, golden, random_fleet_facts, write_facts
 
 from gpufleet.analytics import fact_window, hour_facts
 from gpufleet.analytics.core import JOB_DIMS, Analysis
 from gpufleet.analytics.jobs import job_summaries, per_job_gpu
 from gpufleet.analytics.mfu import account_mfu, job_mfu
-from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.params import Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timelines
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
@@ -80,17 +79,10 @@ def test_a_window_s_analysis_from_its_facts_has_the_raw_figures(fleet, how, by_h
     """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, idle runs and
     jobs cross hour edges."""
     with random_fleet_facts(fleet, how, by_hour, offset_s) as (con, p, now, facts):
-        lo, hi = p.start, p.end
         event(f"hours: {len(hour_facts.whole_hours(p))}")
-        bad = compared(con, p, now, facts)
-        assert not bad, "\n".join(bad)
-        named = Params(lo, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration, filters=Filters(cluster=test_analytics_properties.CLUSTER))
-        bad = compared(con, named, now, facts)
-        assert not bad, "\n".join(bad)
-        for a in hour_facts.whole_hours(p)[1:]:  # every later start: stretches cut by the window's edge
-            sub = Params(a, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration)
-            bad = compared(con, sub, now, facts)
-            assert not bad, (a, "\n".join(bad))
+        for q in checked_windows(p):
+            bad = compared(con, q, now, facts)
+            assert not bad, (q, "\n".join(bad))
 
 
 def test_golden_hours_analysis_from_their_facts(tmp_path):

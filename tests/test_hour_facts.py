@@ -12,7 +12,7 @@ planted fact one hour off fails the comparison.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from unittest import mock
@@ -119,29 +119,26 @@ def random_fleet_facts(fleet, how, by_hour: bool, offset_s: int):
         yield con, p, now, Path(facts)
 
 
+def checked_windows(p: Params) -> list[Params]:
+    """The windows a property compares: the hours `p` spans, the same named by the fleet's
+    cluster (the filtered queries), and every later start (the facts of a wider build; idle
+    stretches cut by the window's edge)."""
+    named = replace(p, filters=Filters(cluster=test_analytics_properties.CLUSTER))
+    return [p, named, *(replace(p, start=a) for a in hour_facts.whole_hours(p)[1:])]
+
+
 @SETTINGS
 @given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
 def test_a_window_of_whole_hours_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
     """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, runs and
     jobs cross hour edges."""
     with random_fleet_facts(fleet, how, by_hour, offset_s) as (con, p, now, facts):
-        lo, hi = p.start, p.end
-        got = hour_facts.window_use(con, p, now, finder(facts))
-        assert got is not None and got.hours == len(hour_facts.whole_hours(p))
-        event(f"hours: {got.hours}")
-        bad = mismatches(oracle(con, p, now), got)
-        assert not bad, "\n".join(bad)
-        # the fleet's cluster by name: the filtered queries, the same figures
-        named = Params(lo, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration, filters=Filters(cluster=test_analytics_properties.CLUSTER))
-        bad = mismatches(oracle(con, named, now), hour_facts.window_use(con, named, now, finder(facts)))
-        assert not bad, "\n".join(bad)
-        # every sub-window of whole hours too (the facts of a wider build)
-        for a in hour_facts.whole_hours(p):
-            sub = Params(a, hi, max_gap=p.max_gap, idle_min_duration=p.idle_min_duration)
-            got = hour_facts.window_use(con, sub, now, finder(facts))
-            assert got is not None
-            bad = mismatches(oracle(con, sub, now), got)
-            assert not bad, (a, "\n".join(bad))
+        event(f"hours: {len(hour_facts.whole_hours(p))}")
+        for q in checked_windows(p):
+            got = hour_facts.window_use(con, q, now, finder(facts))
+            assert got is not None and got.hours == len(hour_facts.whole_hours(q))
+            bad = mismatches(oracle(con, q, now), got)
+            assert not bad, (q, "\n".join(bad))
 
 
 def test_only_windows_of_whole_hours_without_filters_are_answered():
