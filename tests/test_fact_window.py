@@ -1,6 +1,7 @@
 """A window's whole analysis from its hours' facts (analytics/fact_window.py) has its figures.
 
-Everything the dashboards' Bundle holds of a window of whole hours - headline totals with the
+The Utilization page's figures summed from the facts (hour_facts.window_use), and everything the
+dashboards' Bundle holds of a window of whole hours - headline totals with the
 idle and no-process time and their cost, utilization by every dimension down to the job, waste
 by account, user and job, the top wasteful jobs, the job list with its verdicts, per-job GPU
 figures (memory high-water), MFU per job and account, the timelines - computed from the hours'
@@ -24,7 +25,9 @@ from hypothesis import strategies as st
 from test_analytics_properties import SETTINGS, fleets
 from test_analytics_golden import T
 from test_analytics_summaries import mismatches
-from test_hour_facts import ONE_HOUR_BUCKETS, checked_windows, finder, golden, random_fleet_facts, write_facts
+from test_hour_facts import ONE_HOUR_BUCKETS, checked_windows, finder, golden, late_samples, random_fleet_facts, write_facts
+from test_hour_facts import mismatches as use_mismatches
+from test_hour_facts import oracle as use_oracle
 
 from gpufleet.analytics import fact_window, hour_facts
 from gpufleet.analytics.core import JOB_DIMS, Analysis
@@ -32,10 +35,8 @@ from gpufleet.analytics.jobs import job_summaries, per_job_gpu
 from gpufleet.analytics.mfu import account_mfu, job_mfu
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timelines
-from gpufleet.collector.maintenance import compact
-from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.collector.store import open_reader
 from gpufleet.times import HOUR
-from tests.support.fleet import Fleet
 
 DIMS = ("fleet", "cluster", "model", "host", "gpu", *JOB_DIMS)
 
@@ -75,13 +76,16 @@ def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
 
 @SETTINGS
 @given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
-def test_a_window_s_analysis_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
+def test_a_window_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
     """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, idle runs and
     jobs cross hour edges."""
     with random_fleet_facts(fleet, how, by_hour, offset_s) as (con, p, now, facts):
         event(f"hours: {len(hour_facts.whole_hours(p))}")
         for q in checked_windows(p):
-            bad = compared(con, q, now, facts)
+            # the Utilization page's figures (hour_facts.window_use), then the whole analysis'
+            use = hour_facts.window_use(con, q, now, finder(facts))
+            assert use is not None and use.hours == len(hour_facts.whole_hours(q))
+            bad = use_mismatches(use_oracle(con, q, now), use) + compared(con, q, now, facts)
             assert not bad, (q, "\n".join(bad))
 
 
@@ -133,12 +137,7 @@ def test_a_late_sample_renames_the_neighbouring_hours_facts(tmp_path):
         con = open_reader(tmp_path / "store")
         before = hour_facts.current_keys(con, Params(T(9), T(13)), T(20))
         write_facts(con, Params(T(9), T(13)), T(20), facts, [(T(9), T(13))])
-        late = Fleet(tmp_path / "store")
-        late.gpu_series("n9", "GPU-late", T(10, 10), T(10, 20), util=0.0)
-        w = StoreWriter(tmp_path / "store")
-        w.commit(late.batch("late-samples"))
-        compact(w, T(20))
-        w.close()
+        late_samples(tmp_path / "store", util=0.0)
         con = open_reader(tmp_path / "store")
         after = hour_facts.current_keys(con, Params(T(9), T(13)), T(20))
         assert [h for h in before if before[h] != after[h]] == [T(9), T(10), T(11)]

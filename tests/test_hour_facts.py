@@ -2,11 +2,12 @@
 
 The Utilization page's figures of a window - headline totals, utilization by every dimension it
 offers, the timelines - summed from its hours' facts equal the raw path's (core.Analysis with
-every sample read: the oracle) to 1e-9 relative, on the random fleets of
+every sample read: the oracle) to 1e-9 relative: on the random fleets of
 test_analytics_properties (MIG slices, gaps, jobs across hours, several files per hour), however
-the hours were grouped when their facts were built. Facts whose inputs changed - an allocation
-learnt of later, late samples - are not read (the window is then computed the long way); a
-planted fact one hour off fails the comparison.
+the hours were grouped when their facts were built, in tests/test_fact_window.py (with the rest
+of the window's figures, from the same facts); here on the golden scenario. Facts whose inputs
+changed - an allocation learnt of later, late samples - are not read (the window is then
+computed the long way); a planted fact one hour off fails the comparison.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from unittest import mock
 
 import polars as pl
 import pytest
-from hypothesis import event, given
-from hypothesis import strategies as st
 import test_analytics_properties
-from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, fleets, frames_equal, scratch
+from test_analytics_properties import MAX_GAP, TOL, at, frames_equal, scratch
 from test_analytics_golden import A100, T, between, build_golden
 from test_analytics_summaries import split
 
@@ -127,20 +126,6 @@ def checked_windows(p: Params) -> list[Params]:
     return [p, named, *(replace(p, start=a) for a in hour_facts.whole_hours(p)[1:])]
 
 
-@SETTINGS
-@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
-def test_a_window_of_whole_hours_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
-    """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, runs and
-    jobs cross hour edges."""
-    with random_fleet_facts(fleet, how, by_hour, offset_s) as (con, p, now, facts):
-        event(f"hours: {len(hour_facts.whole_hours(p))}")
-        for q in checked_windows(p):
-            got = hour_facts.window_use(con, q, now, finder(facts))
-            assert got is not None and got.hours == len(hour_facts.whole_hours(q))
-            bad = mismatches(oracle(con, q, now), got)
-            assert not bad, (q, "\n".join(bad))
-
-
 def test_only_windows_of_whole_hours_without_filters_are_answered():
     p = Params(datetime(2026, 11, 2), datetime(2026, 11, 3))
     with ONE_HOUR_BUCKETS:
@@ -196,6 +181,17 @@ def test_a_fact_one_hour_off_fails_the_comparison(tmp_path):
         assert any(b.startswith("timeline[") for b in bad) and not any(b.startswith("totals") for b in bad)
 
 
+def late_samples(root: Path, util: float) -> None:
+    """A GPU's samples for 10:10-10:20 arriving late (after 10:00's summary was written), and the
+    upkeep that rebuilds that summary under a new name."""
+    late = Fleet(root)
+    late.gpu_series("n9", "GPU-late", T(10, 10), T(10, 20), util=util)
+    w = StoreWriter(root)
+    w.commit(late.batch("late-samples"))
+    compact(w, T(20))
+    w.close()
+
+
 def test_facts_whose_inputs_changed_are_not_read(tmp_path):
     """An allocation learnt of after the facts were built (sacct lagging), and late samples, rename
     the hours they touch and their neighbours (test_fact_window: idle stretches are judged through
@@ -220,12 +216,7 @@ def test_facts_whose_inputs_changed_are_not_read(tmp_path):
         assert got is not None and not mismatches(oracle(con, p, T(20)), got)
         assert "y" in got.utilization["account"]["account"].to_list()
         # late samples for 10:00: its summary is rebuilt (upkeep), its facts' name changes
-        late = Fleet(tmp_path / "store")
-        late.gpu_series("n9", "GPU-late", T(10, 10), T(10, 20), util=40.0)
-        w = StoreWriter(tmp_path / "store")
-        w.commit(late.batch("late-samples"))
-        compact(w, T(20))
-        w.close()
+        late_samples(tmp_path / "store", util=40.0)
         con = open_reader(tmp_path / "store")
         assert hour_facts.window_use(con, p, T(20), finder(facts)) is None
         write_facts(con, p, T(20), facts, [(T(10), T(12))])
