@@ -316,9 +316,9 @@ class Analysis:
         return alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
 
     def allocation_detail(self) -> pl.DataFrame:
-        """alv with what each allocation's pieces inside the window add up to (GpuTime.allocation_detail: has_piece,
-        has_util, fb_max, any_s, tensor_s, clocked_s, tclock, tw_clocked, tnoclock) and its GPU's gpu
-        index and model. Unless the analysis read the detail columns up front (detail=True), the
+        """alv with what each allocation's pieces inside the window add up to
+        (GpuTime.allocation_detail: has_piece, has_util, fb_max, any_s, tensor_s, clocked_s, tclock,
+        tw_clocked, tnoclock) and its GPU's gpu index and model. Unless the analysis read the detail columns up front (detail=True), the
         first call re-reads the window's samples with them (same intervals, ids)."""
         if ("detail",) not in self._memo:
             if not self.gt.has_detail:

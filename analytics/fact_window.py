@@ -32,7 +32,6 @@ from gpufleet.analytics.hour_facts import FactFiles, gpu_figures, read_window, t
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 
-_DETAIL = ("has_util", "fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
 # what an idle-stretch row names (analytics/stretches.py SCHEMA, without the stretch's own times)
 _STRETCH = ("cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi", "job_id", "user_name", "account", "partition", "model", "gpu",
             "equiv")

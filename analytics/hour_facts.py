@@ -306,9 +306,8 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
     """The window's facts as `queries` (of sql.FACT_*; FACT_GPUS gives an Arrow table, the others
     frames) read them, with a cursor holding the window's capacity (cap), job table (ja), prices
     and what the `setup` statements made (of sql.py, bound to the window), and the queries' bound
-    parameters; None (nothing left open) when facts cannot answer
-    the window: not answerable, an hour without facts, or facts of inputs that changed since.
-    The caller closes the cursor.
+    parameters; None (nothing left open) when facts cannot answer the window: not answerable, an
+    hour without facts, or facts of inputs that changed since. The caller closes the cursor.
 
     The facts present are read while their names are checked against the store (and the job
     table is built): three queries at once, on cursors of their own."""
