@@ -169,6 +169,15 @@ def with_utilization(out: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     ).sort(keys or [pl.lit(0)])
 
 
+def line_variants(gt: Any) -> pl.DataFrame:
+    """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime or
+    summaries.SummaryTime) named by its first variant (by vid) - its gpu index, its first known
+    model, its MIG share - and how many variants it has: what its allocations' detail is named by
+    (Analysis.allocation_detail, hour facts)."""
+    return gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
+        pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
+
+
 class JobWindow:
     """A window's job table (sql.JOB_TABLE, ja) on a cursor of its own, asked as Analysis.q asks:
     what the figures that read no sample (fairness) need, without the window's line."""
@@ -318,14 +327,13 @@ class Analysis:
     def allocation_detail(self) -> pl.DataFrame:
         """alv with what each allocation's pieces inside the window add up to
         (GpuTime.allocation_detail: has_piece, has_util, fb_max, any_s, tensor_s, clocked_s, tclock,
-        tw_clocked, tnoclock) and its GPU's gpu index and model. Unless the analysis read the detail columns up front (detail=True), the
-        first call re-reads the window's samples with them (same intervals, ids)."""
+        tw_clocked, tnoclock) and its GPU's gpu index and model (line_variants). Unless the analysis
+        read the detail columns up front (detail=True), the first call re-reads the window's
+        samples with them (same intervals, ids)."""
         if ("detail",) not in self._memo:
             if not self.gt.has_detail:
                 self.detail_time()
-            g = self.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
-                pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"))
-            al = self._current_ids(self._alv).join(g, on="gid", how="left")
+            al = self._current_ids(self._alv).join(line_variants(self.gt).drop("variants"), on="gid", how="left")
             # each allocation's part inside the window (the one its pieces are counted in, as
             # has_piece in alv: an allocation of the reach only has none)
             s, e = epoch_us(self.p.start), epoch_us(self.p.end)

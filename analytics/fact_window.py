@@ -5,7 +5,7 @@ the Utilization page's sums (hour_facts.window_use) leave out - each job's figur
 no-process stretches, its memory high-water and tensor activity - and computing them costs the
 window's analysis (~15 s for a 16,384-GPU week on two cores). Each hour's facts also hold, per
 allocation (a job on a GPU: its hash, sql.ALLOCATION_KEY_ROWS), what the analysis looks up over
-its part in the hour (hour_facts._allocation_parts); those are sums (or a maximum, or "any") over
+its part in the hour (hour_facts._allocation_facts); those are sums (or a maximum, or "any") over
 the hour's parts, so an allocation's window figures are its hours' added up. Its idle stretches
 are judged by their whole length when the hour's facts are built (through the reach either side;
 a fact's name covers the neighbouring hours it read), and its stretches' GPU-seconds in each

@@ -43,8 +43,8 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, by_gpu_dimension, by_job_dimension, filter_scope, register_prices,
-                                     window_bind, with_utilization)
+from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, by_gpu_dimension, by_job_dimension, filter_scope, line_variants,
+                                     register_prices, window_bind, with_utilization)
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, bucket_use, compose_timelines, split_at_buckets, timeline_bucket
 from gpufleet.times import HOUR, epoch_us, floor_time
@@ -215,37 +215,29 @@ def _facts(a: Analysis, hours: list[datetime]) -> dict[datetime, pl.DataFrame]:
     parts = bucket_use(a, held, HELD_KEYS, 3600.0)
     out.append(parts.group_by(*HELD_KEYS, "k").agg(pl.sum("data_gpu_h"), pl.sum("busy_gpu_h")).select(
         (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("held").alias("kind"), *HELD_KEYS, "data_gpu_h", "busy_gpu_h"))
-    out.append(_job_parts(a, start))
-    out.append(_allocation_parts(a, start))
+    out += _allocation_facts(a, start)
     df = pl.concat([f.cast({c: t for c, t in FACT_SCHEMA.items() if c in f.columns}) for f in out], how="diagonal")
     df = df.select([pl.col(c) if c in df.columns else pl.lit(None, dtype=t).alias(c) for c, t in FACT_SCHEMA.items()])
     wanted = set(hours)
     return {h: f for (h,), f in df.partition_by("hour", as_dict=True).items() if h in wanted}
 
 
-def _job_parts(a: Analysis, start: datetime) -> pl.DataFrame:
-    """Every allocation's data and busy seconds in each hour of the analysis it crosses, and
-    whether it has a piece there (core.Analysis._allocation_use, hour by hour), by job group."""
-    df = split_at_buckets(a, a.allocation_use().select(*JOB_KEYS, pl.col("gid").fill_null(-1), "a0", "a1"), 3600.0)
-    g, a0, a1 = df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy()
-    data, busy = a.gt.integrals(g, a0, a1)
-    has = a.gt.overlaps(g, a0, a1) & (g >= 0)
-    parts = df.select(*JOB_KEYS, "k", data_s=pl.Series(data), busy_s=pl.Series(busy), pieces=pl.Series(has.astype(np.int64)))
-    return parts.group_by(*JOB_KEYS, "k").agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).select(
-        (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("job").alias("kind"), *JOB_KEYS, "data_s", "busy_s", "pieces")
-
-
-def _allocation_parts(a: Analysis, start: datetime) -> pl.DataFrame:
-    """Each allocation's look-ups in each hour of the analysis (its part cut at the hour's edges):
-    data and busy seconds, whether it had a piece, the detail sums (Analysis.allocation_detail,
-    over the part), its idle and no-process stretches' GPU-seconds in the hour (the stretches
-    judged by their whole length), and its GPU's variant - the rows with a piece or a stretch."""
-    g = a.gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(  # (as Analysis.allocation_detail names them)
-        pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
-    spans = a.allocation_use().select(*ALLOCATION_KEY, pl.col("gid").fill_null(-1), "a0", "a1")
-    df = split_at_buckets(a, spans, 3600.0).join(g, on="gid", how="left")
+def _allocation_facts(a: Analysis, start: datetime) -> list[pl.DataFrame]:
+    """The "job" and "alloc" facts, from every allocation's parts in the hours of the analysis
+    (cut at the hours' edges once): "job", each part's data and busy seconds and whether it has a
+    piece there (core.Analysis._allocation_use, hour by hour) summed by job group; "alloc", per
+    part with a piece or a stretch, also the detail sums (Analysis.allocation_detail, over the
+    part), its idle and no-process stretches' GPU-seconds in the hour (the stretches judged by
+    their whole length) and its GPU's variant (core.line_variants)."""
+    group = [k for k in JOB_KEYS if k not in ALLOCATION_KEY]  # (the job group's keys besides the cluster)
+    spans = a.allocation_use().select(*ALLOCATION_KEY, *group, pl.col("gid").fill_null(-1), "a0", "a1")
+    df = split_at_buckets(a, spans, 3600.0).join(line_variants(a.gt), on="gid", how="left")
     gid, a0, a1 = df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy()
     data, busy = a.gt.integrals(gid, a0, a1)
+    has = a.gt.overlaps(gid, a0, a1) & (gid >= 0)
+    jobs = df.select(*JOB_KEYS, "k", data_s=pl.Series(data), busy_s=pl.Series(busy), pieces=pl.Series(has.astype(np.int64)))
+    jobs = jobs.group_by(*JOB_KEYS, "k").agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).select(
+        (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("job").alias("kind"), *JOB_KEYS, "data_s", "busy_s", "pieces")
     d = a.gt.allocation_detail(gid, a0, a1, df["equiv"].fill_null(1.0).to_numpy(), epoch_us(a.p.start), epoch_us(a.p.end))
     parts = df.select(*ALLOCATION_KEY, "k", "gpu", "model", "equiv", "variants").with_columns(
         data_s=pl.Series(data), busy_s=pl.Series(busy), pieces=pl.Series(d["has_piece"].astype(np.int64)),
@@ -257,9 +249,10 @@ def _allocation_parts(a: Analysis, start: datetime) -> pl.DataFrame:
         parts = parts.join(st, on=[*ALLOCATION_KEY, "k"], how="left", nulls_equal=True)  # (a stretch lies in an allocation's part)
     parts = parts.filter((pl.col("pieces") > 0) | (pl.col("idle_s") > 0) | (pl.col("nop_s") > 0))
     ah = a.q(sql.ALLOCATION_KEY_HASHES)
-    return parts.join(ah, on=ALLOCATION_KEY, how="inner", nulls_equal=True).select(
+    allocations = parts.join(ah, on=ALLOCATION_KEY, how="inner", nulls_equal=True).select(
         (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("alloc").alias("kind"), "ah", "gh", "cluster", "model",
         "data_s", "busy_s", "pieces", "util_n", "fb_max", *DETAIL_SUMS, "idle_s", "nop_s", "gpu", "equiv", "variants")
+    return [jobs, allocations]
 
 
 class FactFiles(Protocol):

@@ -410,7 +410,7 @@ TIMELINE_ALLOCATED = f"""
 SELECT {_TIMELINE_JOB_COLS} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
 
-# --- hour facts (analytics/hour_facts.py): a closed hour's utilization figures, summed by windows ---
+# --- hour facts (analytics/hour_facts.py): a closed hour's figures, summed by windows ---
 
 # What an hour's facts were computed from, besides the parameters: the files of the hour's closed
 # summaries (any parameters: late samples rebuild them all, with new names), and a digest of the

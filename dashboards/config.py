@@ -56,8 +56,8 @@ OPTIONS = (
     Option("memory_limit", "", 'a DuckDB size like "4GB", or "" for DuckDB\'s default',
            lambda v: isinstance(v, str) and (v == "" or re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", v) is not None)),
     Option("threads", 0, "an integer >= 0 (0: one per core)", integer(0)),
-    # hour facts (gpufleet.analytics.hour_facts, dashboards/facts.py): the Utilization and Teams
-    # pages of a window of whole hours typed in are summed from them, not computed
+    # hour facts (gpufleet.analytics.hour_facts, dashboards/facts.py): the pages of a window of
+    # whole hours typed in, and its previous window's totals, are summed from them, not computed
     Option("facts_days", 15, "an integer number of days >= 0 (0: no hour facts)", integer(0)),
     Option("facts_dir", "", 'a directory path, or "" for $XDG_CACHE_HOME/gpufleet/hour-facts (else ~/.cache/gpufleet/hour-facts)',
            lambda v: isinstance(v, str)),

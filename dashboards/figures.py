@@ -240,9 +240,10 @@ _PREFETCH_LOCK = threading.Lock()
 
 
 def _prefetch(key: tuple) -> None:
-    """data.window_bundle(key) in a daemon thread, into the cache the pages read - one at a time
-    per process: an operator stepping through windows must not start an analysis for each (at
-    16,384 GPUs ~4 GiB apiece); a window asked while one runs is computed when its page asks."""
+    """data.window_bundle(key), then its MFU where the Bundle left it apart, in a daemon thread,
+    into the caches the pages read - one at a time per process: an operator stepping through
+    windows must not start a computation for each (an analysis at 16,384 GPUs: ~4 GiB); a window
+    asked while one runs is computed when its page asks."""
     with _PREFETCH_LOCK:
         if _PREFETCHING:
             return
