@@ -12,9 +12,9 @@ warmer: dashboards/facts.py):
   partition, account and user - the timeline's parts (timeline.compose_timelines);
 - "job": the allocations' data and busy seconds by cluster, partition, account and user, and how
   many of them had a piece (a sample) in the hour - utilization by job dimension (`window_use`);
-- "alloc": per allocation (a job on a GPU; its hash, ah) what the analysis looks up over its part
-  in the hour - data, busy, the per-job detail, its idle and no-process stretches' GPU-seconds -
-  for the job list, waste and MFU (analytics/fact_window.py).
+- "alloc": per allocation (a job on a GPU; its hash, ah, and its job's, jh) what the analysis
+  looks up over its part in the hour - data, busy, the per-job detail, its idle and no-process
+  stretches' GPU-seconds - for the job list, waste and MFU (analytics/fact_window.py).
 
 They are computed by core.Analysis over a run of hours (`build`: its look-ups at the hours'
 edges), so a window's sums are its own analysis' figures (to float rounding). Each hour's are
@@ -50,9 +50,11 @@ from gpufleet.analytics.timeline import TIMELINE_DIMS, bucket_use, compose_timel
 from gpufleet.times import HOUR, epoch_us, floor_time
 
 # of FACT_SCHEMA and its meaning: part of every fact's name (2: a GPU's row has its cluster;
-# 3: "alloc" rows, and a name covers the neighbouring hours and the idle parameters)
-FORMAT_VERSION = 3
-FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "ah": pl.UInt64, "cluster": pl.Utf8, "model": pl.Utf8,
+# 3: "alloc" rows, and a name covers the neighbouring hours and the idle parameters; 4: an
+# "alloc" row has its job's hash)
+FORMAT_VERSION = 4
+FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "ah": pl.UInt64, "jh": pl.UInt64, "cluster": pl.Utf8,
+               "model": pl.Utf8,
                "partition": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8,
                "data_s": pl.Float64, "busy_s": pl.Float64, "alloc_data_s": pl.Float64,  # "gpu", "job", "alloc": seconds (x MIG share)
                "data_gpu_h": pl.Float64, "busy_gpu_h": pl.Float64,  # "iv", "held": GPU-hours, as the timelines sum them
@@ -250,7 +252,7 @@ def _allocation_facts(a: Analysis, start: datetime) -> list[pl.DataFrame]:
     parts = parts.filter((pl.col("pieces") > 0) | (pl.col("idle_s") > 0) | (pl.col("nop_s") > 0))
     ah = a.q(sql.ALLOCATION_KEY_HASHES)
     allocations = parts.join(ah, on=ALLOCATION_KEY, how="inner", nulls_equal=True).select(
-        (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("alloc").alias("kind"), "ah", "gh", "cluster", "model",
+        (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("alloc").alias("kind"), "ah", "jh", "gh", "cluster", "model",
         "data_s", "busy_s", "pieces", "util_n", "fb_max", *DETAIL_SUMS, "idle_s", "nop_s", "gpu", "equiv", "variants")
     return [jobs, allocations]
 

@@ -21,6 +21,7 @@ import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
 # A verdict compares a utilization with a threshold rounded to 1e-9 percentage points: the
@@ -44,16 +45,24 @@ class JobReport:
     mfu: dict | None = field(default=None)
 
 
+KEY = ["cluster", "scheduler", "job_key"]  # a job
+
+
+def gpu_use() -> list[pl.Expr]:
+    """An allocation's data hours, utilization and memory high-water inside the window, from its
+    rows' data_s, busy_s, has_util and fb_max (Analysis.allocation_detail's, or its hours' facts)."""
+    return [pl.when(pl.col("has_util")).then(pl.col("data_s") / 3600).alias("data_h"),
+            pl.when(pl.col("data_s") > 0).then(pl.col("busy_s") / pl.col("data_s") * 100).alias("utilization_pct"),
+            pl.col("fb_max").cast(pl.Float64).alias("fb_used_max_mib")]
+
+
 def per_job_gpu(a: Analysis) -> pl.DataFrame:
     """Per job and GPU: data hours, utilization and memory high-water inside the window (what
     oracle_sql.PIECES rows of each allocation add up to; Analysis.allocation_detail)."""
     d = a.allocation_detail().filter(pl.col("has_piece"))
     return d.select(
         "cluster", "scheduler", "job_key", "host", pl.col("gpu").cast(pl.Int16), "gpu_uuid", pl.col("gi").cast(pl.Int16), "model",
-        pl.when(pl.col("has_util")).then(pl.col("data_s") / 3600).alias("data_h"),
-        pl.when(pl.col("data_s") > 0).then(pl.col("busy_s") / pl.col("data_s") * 100).alias("utilization_pct"),
-        pl.col("fb_max").cast(pl.Float64).alias("fb_used_max_mib"),
-    ).sort("cluster", "job_key", "host", "gpu", "gi")
+        *gpu_use()).sort("cluster", "job_key", "host", "gpu", "gi")
 
 
 def rule(verdict: str, row: dict, a: Analysis) -> str:
@@ -76,21 +85,25 @@ def job_summaries(a: Analysis) -> pl.DataFrame:
     jobs = a.q(sql.JOB_ROWS)
     if jobs.is_empty():
         return jobs
-    key = ["cluster", "scheduler", "job_key"]
-    gpu = per_job_gpu(a)
-    mean = gpu.group_by(key).agg(
+    idle = a.waste_by("job", "idle").select(*KEY, pl.col("gpu_h").alias("idle_gpu_h"))
+    nop = a.waste_by("job", "no_process").select(*KEY, pl.col("gpu_h").alias("no_process_gpu_h"))
+    return job_list(jobs, per_job_gpu(a), idle, nop, KEY, a.p)
+
+
+def job_list(jobs: pl.DataFrame, gpus: pl.DataFrame, idle: pl.DataFrame, nop: pl.DataFrame, key: list[str], p: Params) -> pl.DataFrame:
+    """job_summaries' rows from the window's job table (sql.JOB_ROWS), its jobs' GPUs with a
+    piece in it (gpu_use's columns) and each job's idle and no-process GPU-hours (idle_gpu_h,
+    no_process_gpu_h), all named by `key`; `p` the window's Params (the idle threshold)."""
+    mean = gpus.group_by(key).agg(
         (pl.col("utilization_pct") * pl.col("data_h")).sum().alias("_busy"), pl.sum("data_h"),
         pl.min("utilization_pct").alias("min_gpu_utilization_pct"), pl.max("fb_used_max_mib"),
         pl.len().alias("gpus_seen"),
-        (pl.col("utilization_pct").round(VERDICT_DECIMALS) < a.p.idle_threshold).sum().alias("low_gpus"),
+        (pl.col("utilization_pct").round(VERDICT_DECIMALS) < p.idle_threshold).sum().alias("low_gpus"),
     ).with_columns(pl.when(pl.col("data_h") > 0).then(pl.col("_busy") / pl.col("data_h")).otherwise(None).alias("mean_utilization_pct"))
-    idle = a.waste_by("job", "idle").select(*key, pl.col("gpu_h").alias("idle_gpu_h"))
-    nop = a.waste_by("job", "no_process").select(*key, pl.col("gpu_h").alias("no_process_gpu_h"))
     out = jobs.join(mean, on=key, how="left").join(idle, on=key, how="left").join(nop, on=key, how="left").with_columns(
         pl.col("idle_gpu_h").fill_null(0.0), pl.col("no_process_gpu_h").fill_null(0.0),
         (pl.col("run_s") / 3600).alias("runtime_h"), (pl.col("alloc_gpu_s") / 3600).alias("allocated_gpu_h"),
     )
-    p = a.p
     mean = pl.col("mean_utilization_pct").round(VERDICT_DECIMALS)
     out = out.with_columns(
         pl.when(pl.col("mean_utilization_pct").is_null()).then(pl.lit("no_data"))

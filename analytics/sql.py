@@ -346,7 +346,10 @@ ALLOCATION_ROWS = f"SELECT *, {_GPU_HASH} AS gh FROM al"
 # number, which hour facts name allocations by (analytics/hour_facts.py)
 _ALLOCATION_HASH = "hash(cluster, scheduler, job_key, host, gpu_uuid, gi::INTEGER)"
 ALLOCATION_KEY_ROWS = f"SELECT *, {_ALLOCATION_HASH} AS ah, {_GPU_HASH} AS gh FROM al"
-ALLOCATION_KEY_HASHES = f"SELECT cluster, scheduler, job_key, host, gpu_uuid, gi, {_ALLOCATION_HASH} AS ah, {_GPU_HASH} AS gh FROM al"
+# ... and its job's (jh), by which the job list of a window is summed from its facts (fact_window.window_jobs)
+_JOB_HASH = "hash(cluster, scheduler, job_key)"
+ALLOCATION_KEY_HASHES = (f"SELECT cluster, scheduler, job_key, host, gpu_uuid, gi, {_ALLOCATION_HASH} AS ah, {_JOB_HASH} AS jh, "
+                         f"{_GPU_HASH} AS gh FROM al")
 LINE_ID_HASHES = f"SELECT {_GPU_HASH} AS gh, gid FROM _line_ids"
 
 
@@ -372,6 +375,8 @@ ALLOCATED_GPU_H_TOTAL = "SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM j
 # --- the job list (analytics/jobs.py) ---
 
 JOB_ROWS = "SELECT * FROM ja"
+# ... with each job's hash (jh), as the hour facts name a job
+JOB_ROWS_HASHED = f"SELECT *, {_JOB_HASH} AS jh FROM ja"
 
 # --- utilization over time (analytics/timeline.py) ---
 
@@ -480,6 +485,13 @@ SELECT ah, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_
 FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah
 """
 FACT_ALLOCATIONS = _FACT_ALLOCATIONS.format(detail="")
+# ... and only what the job list reads of them, with each allocation's job (its hash, jh: one per
+# allocation hash), not its hash: the job list of a window (fact_window.window_jobs) groups them by job
+FACT_JOB_ALLOCATIONS = """
+SELECT jh, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_piece, max(util_n) > 0 AS has_util,
+       max(fb_max) AS fb_max, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
+FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah, jh
+"""
 FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(detail=""",
        sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
        sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock""")

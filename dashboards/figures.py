@@ -203,6 +203,17 @@ def for_window(w: data.Window) -> data.Bundle:
     return data.window_bundle(w.key)
 
 
+def jobs_for(w: data.Window) -> data.JobList:
+    """`w`'s job list for the Jobs page: the warmer's when it has the window's figures, else read
+    from its hour facts alone (data.window_jobs), else its Bundle's (data.window_bundle)."""
+    if dconfig.warm_asked():
+        bundle = warmer(data.current_settings()).serve(w)
+        if bundle is not None:
+            return data.JobList.of(bundle)
+    listed = data.window_jobs(w.key)
+    return listed if listed is not None else data.JobList.of(data.window_bundle(w.key))
+
+
 def mfu_for(w: data.Window, b: data.Bundle) -> tuple[dict | None, str | None]:
     """`w`'s MFU figures (per job and account) and why they failed: its Bundle's, or where that
     left them out (Bundle.mfu_apart: a window from hour facts) data.window_mfu's."""
@@ -240,7 +251,8 @@ _PREFETCH_LOCK = threading.Lock()
 
 
 def _prefetch(key: tuple) -> None:
-    """data.window_bundle(key), then its MFU where the Bundle left it apart, in a daemon thread,
+    """The job list from facts (data.window_jobs: what the Jobs page waits for), data.window_bundle(key)
+    (which takes that list), then its MFU where the Bundle left it apart, in a daemon thread,
     into the caches the pages read - one at a time per process: an operator stepping through
     windows must not start a computation for each (an analysis at 16,384 GPUs: ~4 GiB); a window
     asked while one runs is computed when its page asks."""
@@ -251,6 +263,7 @@ def _prefetch(key: tuple) -> None:
 
     def run() -> None:
         try:
+            data.window_jobs(key)
             with data.bundle_then_mfu(key):  # (one reading of the facts for both)
                 if data.window_bundle(key).mfu_apart:
                     data.window_mfu(key)  # (the MFU page's, after the job list the Jobs page waits for)

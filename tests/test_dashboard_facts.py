@@ -2,7 +2,8 @@
 dashboard's warmer builds the closed hours' facts into `[dashboard] facts_dir`; the Utilization
 and Teams pages of a window of whole hours typed in are then summed from them - the same figures
 as the window's analysis -, and so is the Bundle the Jobs, Waste and MFU pages read
-(gpufleet.analytics.fact_window), started meanwhile in the background for them; a window facts
+(gpufleet.analytics.fact_window), started meanwhile in the background for them - the Jobs page's
+list first, read from the facts alone; a window facts
 cannot answer (a filter, an edge inside an hour) is computed as before; a failing build is
 logged and shown on the Health page, never a wrong figure."""
 
@@ -47,7 +48,7 @@ def store(tmp_path, monkeypatch):
     # the scenario's few hours as a long window's: a timeline of 1-hour buckets (a window over 12 h has them)
     for module in ("hour_facts", "timeline", "core"):
         monkeypatch.setattr(f"gpufleet.analytics.{module}.timeline_bucket", lambda p: timedelta(hours=1))
-    caches = (data.settings, data.window_bundle, data.window_use, data.window_fairness, data.window_mfu)
+    caches = (data.settings, data.window_bundle, data.window_use, data.window_fairness, data.window_mfu, data.window_jobs)
     for cached in caches:
         cached.clear()
     yield tmp_path
@@ -114,6 +115,9 @@ def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed
         assert not bad, (lo, hi, bad)
         bundle = data.window_bundle(window(lo, hi).key)  # the Jobs, Waste and MFU pages' figures: from facts too
         assert bundle.facts_hours == view.facts_hours and not computed.mfu_apart
+        # ... its job list read from the facts alone first (data.window_jobs: the Jobs page's)
+        listed = data.window_jobs(window(lo, hi).key)
+        assert listed.facts_hours == view.facts_hours and listed.jobs.equals(bundle.jobs)  # (the list the Bundle took)
         # ... MFU apart, after the job list (data.window_mfu)
         assert bundle.mfu_apart and bundle.mfu is None
         mfu, error = figures.mfu_for(window(lo, hi), bundle)
@@ -180,6 +184,26 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
         assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption), page
 
 
+def test_the_jobs_page_of_a_typed_window_lists_its_jobs_from_facts_alone(store, monkeypatch):
+    """Opened first, the Jobs page of a window of whole hours lists its jobs from the hour facts
+    without the window's whole analysis (what the Waste and MFU pages read): every job of the
+    computed Bundle's list, the same figures (test_the_warmer_builds_the_facts...)."""
+    from gpufleet.analytics import fact_window
+
+    monkeypatch.setattr(fact_window, "window_analysis", lambda *a, **k: pytest.fail("the whole analysis was read"))
+    monkeypatch.setattr(data, "Analysis", lambda *a, **k: pytest.fail("the window was computed"))
+    s = data.current_settings()
+    dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update({"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00"})
+    at.switch_page("views/jobs.py").run()
+    assert not at.exception, at.exception
+    assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption)
+    listed = data.window_jobs(window(T(10), T(12)).key)
+    assert listed.jobs.height and at.metric[0].value == f"{listed.jobs.height:,} of {listed.jobs.height:,}"
+    assert set(at.container("jobs_list").dataframe[0].value["job_id"]) == set(listed.jobs["job_id"])
+
+
 def at_utilization_captions(q: dict):
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.query_params.update(q)
@@ -210,6 +234,7 @@ def test_one_window_is_computed_in_the_background_at_a_time(monkeypatch):
         release.wait(10)
 
     monkeypatch.setattr(data, "window_bundle", slow)
+    monkeypatch.setattr(data, "window_jobs", lambda key: None)
     figures._prefetch(("a",))
     figures._prefetch(("b",))  # while a's runs: not started
     release.set()

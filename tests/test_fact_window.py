@@ -5,7 +5,7 @@ dashboards' Bundle holds of a window of whole hours - headline totals with the
 idle and no-process time and their cost, utilization by every dimension down to the job, waste
 by account, user and job, the top wasteful jobs, the job list with its verdicts, per-job GPU
 figures (memory high-water), MFU per job and account, the timelines - computed from the hours'
-facts equals the raw path's (core.Analysis with every sample read: the oracle) to 1e-9 relative,
+facts, and the job list read from them alone (the Jobs page's), equals the raw path's (core.Analysis with every sample read: the oracle) to 1e-9 relative,
 on the random fleets of test_analytics_properties (MIG slices, gaps, idle and no-process
 stretches across hours, jobs across hours, several files per hour), however the hours were
 grouped when their facts were built. A stretch's facts depend on the hours around it: a change
@@ -61,13 +61,15 @@ def oracle(con, p: Params, now: datetime) -> tuple[dict, dict]:
 
 
 def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
-    """The oracle's figures against those from facts (which must answer the window)."""
+    """The oracle's figures against those from facts (which must answer the window): the whole
+    analysis' (window_analysis), and the job list alone (window_jobs)."""
     got = fact_window.window_analysis(con, p, now, finder(facts))
-    assert got is not None, p
+    jobs = fact_window.window_jobs(con, p, now, finder(facts))
+    assert got is not None and jobs is not None, p
     fw, timelines = got
     try:
         want, want_tl = oracle(con, p, now)
-        bad = mismatches(want, figures(fw))
+        bad = mismatches(want, figures(fw)) + mismatches({"jobs (alone)": want["jobs"]}, {"jobs (alone)": jobs})
         bad += mismatches({f"timeline[{by}]": x for by, x in want_tl.items()}, {f"timeline[{by}]": x for by, x in timelines.items()})
         return bad
     finally:
@@ -123,7 +125,8 @@ def test_a_stretch_one_hour_off_fails_the_comparison(tmp_path):
         assert moved.height
         pl.concat([eleven, moved]).write_parquet(files[T(11)])
         bad = compared(con, Params(T(11), T(12)), T(20), tmp_path / "facts")
-        assert any(b.startswith("totals.idle_allocated_gpu_h") for b in bad) and any(b.startswith("jobs") for b in bad)
+        assert any(b.startswith("totals.idle_allocated_gpu_h") for b in bad) and any(b.startswith("jobs:") for b in bad)
+        assert any(b.startswith("jobs (alone)") for b in bad)
 
 
 def test_a_late_sample_renames_the_neighbouring_hours_facts(tmp_path):

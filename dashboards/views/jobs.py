@@ -81,7 +81,7 @@ def report(window, job: dict) -> None:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.for_window(w)
+    b = figures.jobs_for(w)
     ui.window_caption(b.window)
     ui.facts_note(b.facts_hours)
     jobs = b.jobs
