@@ -26,7 +26,9 @@ followed into them. A window is answered from facts (`window_use`, fact_window.w
 only when every hour's facts of the current name exist, the window has no filter but a
 cluster's, starts and ends on the hour and its timeline's buckets are whole hours; capacity and
 allocated time (inventory and accounting: a few cheap queries) are computed for the window, as
-core.Analysis does. Otherwise None: the caller computes the window the long way.
+core.Analysis does. Otherwise None: the caller computes the window the long way. A day whose
+hours all have current facts is also kept rolled up into one file (`rollup`, ROLLUP_HOURS), read
+instead of its hours.
 """
 
 from __future__ import annotations
@@ -162,6 +164,43 @@ def current_keys(con: duckdb.DuckDBPyConnection, p: Params, now: datetime) -> di
         cur.close()
 
 
+# Hours whose facts are also kept rolled up into one file (a day: spans aligned on its multiples
+# from the epoch, midnight UTC), once each of them has current facts: a week's window then reads
+# 7 files of a third of the rows (an allocation's hours of a day one row, a GPU's one row) instead
+# of 168 (at 16,384 GPUs the job list's read 0.48 -> 0.16 s, the whole analysis' 0.70 -> 0.29 s).
+# The timeline's rows keep their hours.
+ROLLUP_HOURS = 24
+
+
+def rollup_spans(p: Params) -> list[datetime]:
+    """The first hours of the roll-up spans wholly inside [p.start, p.end)."""
+    span = ROLLUP_HOURS * HOUR
+    first = floor_time(p.start + span - timedelta(microseconds=1), span)
+    return [first + i * span for i in range(max(0, (p.end - first) // span))]
+
+
+def span_hours(start: datetime) -> list[datetime]:
+    """The hours of the roll-up span starting at `start`."""
+    return [start + i * HOUR for i in range(ROLLUP_HOURS)]
+
+
+def rollup_name(names: list[str | None]) -> str | None:
+    """The name of a span's roll-up, from its hours' names (hour_keys); None if an hour has none."""
+    if any(n is None for n in names):
+        return None
+    return hashlib.blake2b("\n".join(["span", *names]).encode(), digest_size=10).hexdigest()  # type: ignore[list-item]
+
+
+def rollup(con: duckdb.DuckDBPyConnection, files: list[str]) -> pl.DataFrame:
+    """A span's hours' facts (their files) as one file's rows, FACT_SCHEMA (sql.FACT_ROLLUP)."""
+    cur = con.cursor()
+    try:
+        df = pl.from_arrow(cur.sql(sql.FACT_ROLLUP, params={"files": files}).to_arrow_table())
+    finally:
+        cur.close()
+    return df.select([pl.col(c).cast(t) if c in df.columns else pl.lit(None, dtype=t).alias(c) for c, t in FACT_SCHEMA.items()])
+
+
 BUILD_GPU_HOURS = 32_768 * 24  # GPU-hours one build analyses at most: a day of 32,768 GPUs (16,384: ~1.4 GiB with the detail)
 
 
@@ -258,10 +297,14 @@ def _allocation_facts(a: Analysis, start: datetime) -> list[pl.DataFrame]:
 
 
 class FactFiles(Protocol):
-    """Where a window's facts are: each hour's current file and the name it was written under."""
+    """Where a window's facts are: each hour's current file and the name it was written under,
+    and each roll-up span's (ROLLUP_HOURS)."""
 
     def present(self, hour: datetime) -> tuple[str, str] | None:
         """(name, path) of the hour's facts; None: none."""
+
+    def present_span(self, start: datetime) -> tuple[str, str] | None:
+        """(name, path) of the roll-up of the span starting at `start`; None: none."""
 
 
 def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles) -> WindowUse | None:
@@ -291,27 +334,32 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
         totals = UseTotals(capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0, data_gpu_h=data,
                            no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0, busy_gpu_h=busy,
                            utilization_pct=busy / data * 100 if data > 0 else None, allocated_gpu_h=alloc, scope=filter_scope(p.filters))
-        return WindowUse(totals=totals, utilization=utilization, timeline=timelines(cur, p, b, parts), hours=len(b["files"]))
+        return WindowUse(totals=totals, utilization=utilization, timeline=timelines(cur, p, b, parts), hours=len(whole_hours(p)))
     finally:
         cur.close()
 
 
 def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, queries: tuple[str, ...],
-                setup: tuple[str, ...] = ()) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], list[Any]] | None:
+                setup: tuple[str, ...] = (), spans: bool = True) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], list[Any]] | None:
     """The window's facts as `queries` (of sql.FACT_*; FACT_GPUS gives an Arrow table, the others
     frames) read them, with a cursor holding the window's capacity (cap), job table (ja), prices
     and what the `setup` statements made (of sql.py, bound to the window), and the queries' bound
     parameters; None (nothing left open) when facts cannot answer the window: not answerable, an
     hour without facts, or facts of inputs that changed since. The caller closes the cursor.
 
-    The facts present are read while their names are checked against the store (and the job
-    table is built): three queries at once, on cursors of their own."""
+    The roll-ups of the spans inside the window are read instead of their hours' files (`spans`);
+    a roll-up older than its hours' facts, the hours instead. The facts are read while their
+    names are checked against the store (and the job table is built): three queries at once, on
+    cursors of their own."""
     if not answerable(p):
         return None
-    present = [facts.present(h) for h in whole_hours(p)]
-    if any(f is None for f in present):
+    rolled = {s: facts.present_span(s) for s in rollup_spans(p)} if spans else {}
+    rolled = {s: f for s, f in rolled.items() if f is not None}
+    covered = {h for s in rolled for h in span_hours(s)}
+    present = {h: facts.present(h) for h in whole_hours(p) if h not in covered}
+    if any(f is None for f in present.values()):
         return None
-    files = [path for _, path in present]  # type: ignore[misc]
+    files = [path for _, path in [*present.values(), *rolled.values()]]  # type: ignore[misc]
     bind = window_bind(p, now)
     b = {**bind, "files": files, "bucket": timeline_bucket(p).total_seconds()}
     cur, side, rd = con.cursor(), con.cursor(), con.cursor()
@@ -328,8 +376,12 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
             finally:
                 jobs.result()
                 names = keys.result()
-        if read is None or [names.get(h) for h in whole_hours(p)] != [name for name, _ in present]:  # type: ignore[misc]
+        hours_current = all(names.get(h) == f[0] for h, f in present.items())  # type: ignore[index]
+        spans_current = all(rollup_name([names.get(h) for h in span_hours(s)]) == f[0] for s, f in rolled.items())
+        if read is None or not hours_current or not spans_current:
             cur.close()
+            if read is not None and hours_current and rolled:  # a roll-up behind its hours' facts: read those
+                return read_window(con, p, now, facts, queries, setup, spans=False)
             return None  # an hour's facts are of inputs that changed since: not read
         return cur, b, read
     except BaseException:

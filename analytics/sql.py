@@ -442,6 +442,28 @@ FROM (SELECT *, unnest(range(greatest(a0, epoch_us($start)) // 3600000000, (leas
 GROUP BY h
 """
 
+# The facts of a span of hours ($files: each hour's) rolled up into one file's rows (hour_facts.rollup):
+# per GPU, job group and allocation one row (with what each row is grouped by: a GPU's model, an
+# allocation's variant, so the checks over them see the same), sums, maxima for the maxima and
+# the "had one" flags; the timeline's rows ("iv", "held") as they are, hour by hour. Its gpu,
+# job and alloc rows carry the span's first hour (read by no query).
+FACT_ROLLUP = """
+SELECT * FROM read_parquet($files) WHERE kind IN ('iv', 'held')
+UNION ALL BY NAME
+SELECT min(hour) AS hour, kind, gh, cluster, model, sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(alloc_data_s) AS alloc_data_s
+FROM read_parquet($files) WHERE kind = 'gpu' GROUP BY kind, gh, cluster, model
+UNION ALL BY NAME
+SELECT min(hour) AS hour, kind, cluster, partition, account, user_name, sum(data_s) AS data_s, sum(busy_s) AS busy_s,
+       sum(pieces)::BIGINT AS pieces
+FROM read_parquet($files) WHERE kind = 'job' GROUP BY kind, cluster, partition, account, user_name
+UNION ALL BY NAME
+SELECT min(hour) AS hour, kind, ah, jh, gh, cluster, model, gpu, equiv, variants, sum(data_s) AS data_s, sum(busy_s) AS busy_s,
+       max(pieces) AS pieces, max(util_n) AS util_n, max(fb_max) AS fb_max, sum(any_s) AS any_s, sum(tensor_s) AS tensor_s,
+       sum(clocked_s) AS clocked_s, sum(tclock) AS tclock, sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock,
+       sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
+FROM read_parquet($files) WHERE kind = 'alloc' GROUP BY kind, ah, jh, gh, cluster, model, gpu, equiv, variants
+"""
+
 # How many GPUs (and MIG instances) the inventory has ever seen: what one build of hour facts is sized by
 INVENTORY_GPUS = "SELECT count(*) FROM gpus"
 

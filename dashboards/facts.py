@@ -3,9 +3,11 @@
 One directory per store (named by a digest of the store's path) under `[dashboard] facts_dir`,
 one Parquet file per hour named by the hour and by what its facts were computed from - so a
 fact whose inputs changed is simply not found, and a file is written whole (a temporary name,
-then a rename) or not at all. The served dashboard's warmer (dashboards/figures.py) builds the
-facts of the closed hours of the last `[dashboard] facts_days` days that lack them, up to a
-day's at a time, after the presets' figures; the pages only read them. Not the store's files: the
+then a rename) or not at all -, and one per day whose hours all have current facts, their
+roll-up (hour_facts.rollup, named by its hours' names). The served dashboard's warmer
+(dashboards/figures.py) builds the facts of the closed hours of the last `[dashboard] facts_days`
+days that lack them, up to a day's at a time, after the presets' figures, then the days'
+roll-ups; the pages only read them. Not the store's files: the
 collector owns those, and a dashboard may read a store it cannot write.
 """
 
@@ -57,20 +59,43 @@ class FactsDir:
             return p.stem.split("-", 1)[1], str(p)
         return None
 
+    def _span_name(self, start: datetime, key: str) -> Path:
+        return self.path / f"{start:%Y-%m-%d}" / f"span{start:%H}-{key}.parquet"
+
+    def span_file(self, start: datetime, key: str) -> str | None:
+        """The roll-up of that name of the span starting at `start`, if written."""
+        p = self._span_name(start, key)
+        return str(p) if p.exists() else None
+
+    def present_span(self, start: datetime) -> tuple[str, str] | None:
+        """(name, path) of the span's roll-up as written last (hour_facts.FactFiles); None: none."""
+        for p in (self.path / f"{start:%Y-%m-%d}").glob(f"span{start:%H}-*.parquet"):
+            return p.stem.split("-", 1)[1], str(p)
+        return None
+
     def write(self, hour: datetime, key: str, rows) -> None:
         """The hour's facts (a polars frame of hour_facts.FACT_SCHEMA), replacing any older ones."""
-        p = self._name(hour, key)
+        self._write(self._name(hour, key), rows, f"{hour:%H}-*.parquet")
+
+    def write_span(self, start: datetime, key: str, rows) -> None:
+        """The roll-up of the span starting at `start`, replacing any older one."""
+        self._write(self._span_name(start, key), rows, f"span{start:%H}-*.parquet")
+
+    def _write(self, p: Path, rows, others: str) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         rows.write_parquet(tmp)
         os.replace(tmp, p)
-        self.keep_only(hour, key)
+        self._keep_only(p, others)
 
     def keep_only(self, hour: datetime, key: str) -> None:
         """Remove the hour's facts of other names (a pass that died between writing and removing,
         or another dashboard process): `present` must find the current one."""
-        keep = self._name(hour, key)
-        for old in keep.parent.glob(f"{hour:%H}-*.parquet"):
+        self._keep_only(self._name(hour, key), f"{hour:%H}-*.parquet")
+
+    @staticmethod
+    def _keep_only(keep: Path, others: str) -> None:
+        for old in keep.parent.glob(others):
             if old != keep:
                 old.unlink(missing_ok=True)
 
@@ -100,6 +125,7 @@ class Refreshed:
     hours_current: int
     hours_without_summary: int
     took_s: float
+    days_rolled: int = 0  # roll-ups written (hour_facts.ROLLUP_HOURS spans)
 
 
 def horizon(now: datetime, days: int) -> tuple[datetime, datetime]:
@@ -130,9 +156,28 @@ def refresh(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, now: dat
         for hour, (key, rows) in hour_facts.build(con, replace(p, start=lo, end=hi), now).items():
             facts.write(hour, key, rows)
             built += 1
+    rolled = _roll_up(con, facts, p, keys)
     facts.prune(p.start)
     return Refreshed(hours_built=built, hours_current=sum(1 for k in keys.values() if k is not None),
-                     hours_without_summary=sum(1 for k in keys.values() if k is None), took_s=time.monotonic() - t0)
+                     hours_without_summary=sum(1 for k in keys.values() if k is None), took_s=time.monotonic() - t0,
+                     days_rolled=rolled)
+
+
+def _roll_up(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, keys: dict[datetime, str | None]) -> int:
+    """Write the roll-up of each span of p's window whose hours all have current facts and that
+    has none of their name; how many."""
+    n = 0
+    for start in hour_facts.rollup_spans(p):
+        hours = hour_facts.span_hours(start)
+        name = hour_facts.rollup_name([keys.get(h) for h in hours])
+        if name is None or facts.span_file(start, name) is not None:
+            continue
+        files = [facts.file(h, keys[h]) for h in hours]  # type: ignore[arg-type]
+        if any(f is None for f in files):
+            continue
+        facts.write_span(start, name, hour_facts.rollup(con, files))  # type: ignore[arg-type]
+        n += 1
+    return n
 
 
 def _spans(hours: list[datetime], longest: timedelta) -> list[tuple[datetime, datetime]]:

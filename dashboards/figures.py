@@ -135,10 +135,10 @@ class Warmer:
             self.errors[FACTS] = f"{type(e).__name__}: {e}"
             return None
         self.errors.pop(FACTS, None)
-        if done.hours_built:
+        if done.hours_built or done.days_rolled:
             self.computed[FACTS] = {"computed_at": utcnow(), "took_s": done.took_s, "start": p.start, "end": p.end}
-            log.info("hour facts of %d hours built in %.1f s (%d hours current, %d without a closed summary)", done.hours_built,
-                     done.took_s, done.hours_current, done.hours_without_summary)
+            log.info("hour facts of %d hours built and %d days rolled up in %.1f s (%d hours current, %d without a closed summary)",
+                     done.hours_built, done.days_rolled, done.took_s, done.hours_current, done.hours_without_summary)
         return done
 
     def serve(self, w: data.Window) -> data.Bundle | None:

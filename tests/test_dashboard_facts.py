@@ -184,6 +184,32 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
         assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption), page
 
 
+def test_the_warmer_rolls_up_the_days_and_windows_read_them(store, monkeypatch):
+    """The warmer writes each day's roll-up once its hours all have facts (here days of 2 hours:
+    hour_facts.ROLLUP_HOURS), and a window over whole days reads those instead of the hours'
+    files: the same figures as computed, for every page."""
+    from gpufleet.analytics import hour_facts
+
+    monkeypatch.setattr(hour_facts, "ROLLUP_HOURS", 2)
+    s = data.current_settings()
+    p = data.params_for(s, *dfacts.horizon(NOW, 1), Filters())
+    done = dfacts.refresh(data.reader(s.store), data.facts_dir(s), p, NOW)
+    assert done.days_rolled == 1  # 10:00-12:00 (the hours with facts are 09:00-12:00)
+    again = dfacts.refresh(data.reader(s.store), data.facts_dir(s), p, NOW)
+    assert (again.hours_built, again.days_rolled) == (0, 0)
+    hours_read = []
+    real = dfacts.FactsDir.present
+    monkeypatch.setattr(dfacts.FactsDir, "present", lambda self, h: hours_read.append(h) or real(self, h))
+    key = window(T(10), T(12)).key
+    computed = computed_bundle(key, monkeypatch)
+    bundle = data.window_bundle(key)
+    assert bundle.facts_hours == 2 and hours_read == []  # the roll-up alone
+    mfu, error = figures.mfu_for(window(T(10), T(12)), bundle)
+    assert error is None and not same_bundle(computed, bundle, mfu)
+    assert not same_view(data.UseView.of(computed), data.window_use(key))
+    assert frames_equal(data.window_jobs(key).jobs, computed.jobs) and hours_read == []
+
+
 def test_the_jobs_page_of_a_typed_window_lists_its_jobs_from_facts_alone(store, monkeypatch):
     """Opened first, the Jobs page of a window of whole hours lists its jobs from the hour facts
     without the window's whole analysis (what the Waste and MFU pages read): every job of the

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from test_analytics_properties import SETTINGS, fleets
 from test_analytics_golden import T
 from test_analytics_summaries import mismatches
-from test_hour_facts import ONE_HOUR_BUCKETS, checked_windows, finder, golden, late_samples, random_fleet_facts, write_facts
+from test_hour_facts import BUILT, ONE_HOUR_BUCKETS, checked_windows, finder, golden, late_samples, random_fleet_facts, write_facts
 from test_hour_facts import mismatches as use_mismatches
 from test_hour_facts import oracle as use_oracle
 
@@ -77,12 +77,14 @@ def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
 
 
 @SETTINGS
-@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.booleans(), st.sampled_from([0, 3000, 3570]))
-def test_a_window_from_its_facts_has_the_raw_figures(fleet, how, by_hour, offset_s):
+@given(fleets(), st.sampled_from([(1, False), (2, True)]), st.sampled_from(BUILT), st.sampled_from([0, 3000, 3570]))
+def test_a_window_from_its_facts_has_the_raw_figures(fleet, how, built, offset_s):
     """`offset_s`: the fleet's time 0 that long after the hour, so its samples, gaps, idle runs and
-    jobs cross hour edges."""
-    with random_fleet_facts(fleet, how, by_hour, offset_s) as (con, p, now, facts):
+    jobs cross hour edges; `built`: the facts built hour by hour, in one run, or rolled up too."""
+    with random_fleet_facts(fleet, how, built, offset_s) as (con, p, now, facts):
         event(f"hours: {len(hour_facts.whole_hours(p))}")
+        event(f"facts built {built}")
+        event(f"roll-ups in the whole window: {sum(finder(facts).present_span(s) is not None for s in hour_facts.rollup_spans(p))}")
         for q in checked_windows(p):
             # the Utilization page's figures (hour_facts.window_use), then the whole analysis'
             use = hour_facts.window_use(con, q, now, finder(facts))

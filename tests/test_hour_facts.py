@@ -51,14 +51,33 @@ def write_facts(con, p: Params, now: datetime, where: Path, runs: list[tuple[dat
     return out
 
 
+def write_rollups(con, where: Path, files: dict[datetime, Path]) -> int:
+    """Roll up (hour_facts.rollup) each span whose hours write_facts wrote, as the dashboards'
+    warmer does; how many spans."""
+    n = 0
+    for start in hour_facts.rollup_spans(Params(min(files), max(files) + HOUR)) if files else []:
+        hours = hour_facts.span_hours(start)
+        if all(h in files for h in hours):
+            name = hour_facts.rollup_name([files[h].stem.split("-", 1)[1] for h in hours])
+            hour_facts.rollup(con, [str(files[h]) for h in hours]).write_parquet(where / f"span{start:%Y%m%dT%H}-{name}.parquet")
+            n += 1
+    return n
+
+
 class finder:
-    """The facts write_facts wrote (hour_facts.FactFiles)."""
+    """The facts write_facts and write_rollups wrote (hour_facts.FactFiles)."""
 
     def __init__(self, where: Path):
         self.where = where
 
     def present(self, hour: datetime) -> tuple[str, str] | None:
-        for path in self.where.glob(f"{hour:%Y%m%dT%H}-*.parquet"):
+        return self._found(f"{hour:%Y%m%dT%H}-*.parquet")
+
+    def present_span(self, start: datetime) -> tuple[str, str] | None:
+        return self._found(f"span{start:%Y%m%dT%H}-*.parquet")
+
+    def _found(self, pattern: str) -> tuple[str, str] | None:
+        for path in self.where.glob(pattern):
             return path.stem.split("-", 1)[1], str(path)
         return None
 
@@ -100,21 +119,28 @@ def closed_store(tmp, fleet, how=(1, False)) -> None:
     w.close()
 
 
+BUILT = ("hour by hour", "in one run", "rolled up")  # how random_fleet_facts builds a fleet's facts
+
+
 @contextmanager
-def random_fleet_facts(fleet, how, by_hour: bool, offset_s: int):
+def random_fleet_facts(fleet, how, built: str, offset_s: int):
     """A random fleet of test_analytics_properties whose time 0 is `offset_s` after the hour (its
     samples, gaps, runs and jobs cross hour edges), its batches split `how`, compacted, with its
-    summarised hours' facts built hour by hour or in one run: (reader, the hours' Params, now,
+    summarised hours' facts `built` (BUILT) hour by hour, in one run, or in one run and rolled up
+    in spans of 2 hours (hour_facts.ROLLUP_HOURS, for the block): (reader, the hours' Params, now,
     the facts' directory)."""
     base = test_analytics_properties.BASE + timedelta(seconds=offset_s)
-    with scratch() as tmp, scratch() as facts, ONE_HOUR_BUCKETS, mock.patch.object(test_analytics_properties, "BASE", base):
+    with (scratch() as tmp, scratch() as facts, ONE_HOUR_BUCKETS, mock.patch.object(test_analytics_properties, "BASE", base),
+          mock.patch.object(hour_facts, "ROLLUP_HOURS", 2)):
         now = at(fleet["now"] + 2 * 3600)
         closed_store(tmp, fleet, how)
         con = open_reader(tmp)
         lo, hi = summarised_hours(con)
         p = Params(lo, hi, max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
-        runs = [(h, h + HOUR) for h in hour_facts.whole_hours(p)] if by_hour else [(lo - HOUR, hi + HOUR)]
-        write_facts(con, p, now, Path(facts), runs)
+        runs = [(h, h + HOUR) for h in hour_facts.whole_hours(p)] if built == "hour by hour" else [(lo - HOUR, hi + HOUR)]
+        files = write_facts(con, p, now, Path(facts), runs)
+        if built == "rolled up":
+            write_rollups(con, Path(facts), files)
         yield con, p, now, Path(facts)
 
 
@@ -224,6 +250,40 @@ def test_facts_whose_inputs_changed_are_not_read(tmp_path):
         assert got is not None and not mismatches(oracle(con, p, T(20)), got)
 
 
+def test_a_span_s_roll_up_is_read_instead_of_its_hours_and_not_once_they_changed(tmp_path):
+    """A span's roll-up (here of 2 hours) stands for its hours' facts - the window's figures are
+    the oracle's without them -; late samples rename its hours, and until it is rolled up again
+    their new facts are read instead (not the window computed the long way), then its new roll-up."""
+    golden(tmp_path / "store")
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    p = Params(T(10), T(12))
+    with ONE_HOUR_BUCKETS, mock.patch.object(hour_facts, "ROLLUP_HOURS", 2):
+        assert hour_facts.rollup_spans(Params(T(9), T(13))) == [T(10)]
+        con = open_reader(tmp_path / "store")
+        files = write_facts(con, Params(T(9), T(13)), T(20), facts, [(T(9), T(13))])
+        assert write_rollups(con, facts, files) == 1
+        for h in (T(10), T(11)):  # the span's hours' own files gone: the roll-up alone answers
+            files[h].rename(facts / f"kept-{h:%H}.parquet")
+        got = hour_facts.window_use(con, p, T(20), finder(facts))
+        assert got is not None and got.hours == 2 and not mismatches(oracle(con, p, T(20)), got)
+        for h in (T(10), T(11)):
+            (facts / f"kept-{h:%H}.parquet").rename(files[h])
+        late_samples(tmp_path / "store", util=40.0)
+        con = open_reader(tmp_path / "store")
+        assert hour_facts.window_use(con, p, T(20), finder(facts)) is None  # neither the roll-up nor the hours current
+        files = write_facts(con, Params(T(9), T(13)), T(20), facts, [(T(9), T(13))])
+        got = hour_facts.window_use(con, p, T(20), finder(facts))  # the hours' new facts, the roll-up older
+        assert got is not None and not mismatches(oracle(con, p, T(20)), got)
+        old = finder(facts).present_span(T(10))
+        for f in facts.glob("span*.parquet"):
+            f.unlink()
+        write_rollups(con, facts, files)
+        assert finder(facts).present_span(T(10))[0] != old[0]
+        got = hour_facts.window_use(con, p, T(20), finder(facts))
+        assert got is not None and not mismatches(oracle(con, p, T(20)), got)
+
+
 def test_a_fact_removed_after_it_was_listed_is_not_read(tmp_path):
     """The warmer replaces an hour's file when its inputs change, and drops days that age out: a
     window that listed it just before computes the long way, it does not fail."""
@@ -235,7 +295,8 @@ def test_a_fact_removed_after_it_was_listed_is_not_read(tmp_path):
         listed = finder(tmp_path / "facts")
         gone = {h: listed.present(h) for h in files}
         files[T(11)].unlink()
-        assert hour_facts.window_use(con, Params(T(10), T(12)), T(20), type("Listed", (), {"present": lambda self, h: gone[h]})()) is None
+        listing = type("Listed", (), {"present": lambda self, h: gone[h], "present_span": lambda self, s: None})()
+        assert hour_facts.window_use(con, Params(T(10), T(12)), T(20), listing) is None
 
 
 def test_a_cluster_s_window_from_the_facts(tmp_path):
