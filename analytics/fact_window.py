@@ -80,15 +80,16 @@ class FactWindow(Analysis):
 
 
 def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles,
-                    mfu: bool = True) -> tuple[FactWindow, dict[str, pl.DataFrame]] | None:
+                    mfu: bool = True, names: dict | None = None) -> tuple[FactWindow, dict[str, pl.DataFrame]] | None:
     """The window's FactWindow and timelines (timeline.utilization_timelines' frames), or None
     when facts cannot answer it (hour_facts.read_window; or a held GPU whose variant - index,
     model, MIG share - is not one over the window's facts; or two allocations of one hash): the
     caller then computes it with core.Analysis. `mfu` False: without what only MFU reads (its
-    detail sums: a third fewer sums over the allocations' facts), so mfu.job_mfu cannot be asked."""
+    detail sums: a third fewer sums over the allocations' facts), so mfu.job_mfu cannot be asked.
+    `names`: hour_facts.read_window's."""
     allocations = sql.FACT_ALLOCATION_DETAIL if mfu else sql.FACT_ALLOCATIONS
     read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_BUCKETS, allocations, sql.FACT_VARIANTS),
-                       setup=(sql.ALLOCATIONS,))
+                       setup=(sql.ALLOCATIONS,), names=names)
     if read is None:
         return None
     cur, b, (gpus, parts, facts_of, variants) = read
@@ -111,14 +112,15 @@ def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, fa
         raise
 
 
-def window_jobs(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles) -> pl.DataFrame | None:
+def window_jobs(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, names: dict | None = None) -> pl.DataFrame | None:
     """The window's job list (analytics/jobs.py job_summaries' rows) from its hours' facts: each
     allocation's sums over the window (FACT_JOB_ALLOCATIONS, named by its job's hash) and the
     window's job table - no GPU's figures, timelines or allocations' table. None when facts cannot
     answer the window (hour_facts.read_window) or two of its jobs share a hash; the caller then
     takes the job list of the window's analysis. (A GPU's variant does not matter here, as it
-    does to window_analysis: the facts' seconds carry its MIG share, and the list names no GPU.)"""
-    read = read_window(con, p, now, facts, (sql.FACT_JOB_ALLOCATIONS,))
+    does to window_analysis: the facts' seconds carry its MIG share, and the list names no GPU.)
+    `names`: hour_facts.read_window's."""
+    read = read_window(con, p, now, facts, (sql.FACT_JOB_ALLOCATIONS,), names=names)
     if read is None:
         return None
     cur, _, (allocations,) = read

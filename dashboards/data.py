@@ -327,7 +327,7 @@ def window_jobs(key: tuple) -> JobList | None:
     facts = facts_dir(s)
     if facts is None or not hour_facts.answerable(p):
         return None
-    jobs = fact_window.window_jobs(reader(w.root), p, w.as_of, facts)
+    jobs = fact_window.window_jobs(reader(w.root), p, w.as_of, facts, names=fact_names(w))
     return None if jobs is None else JobList(jobs, w, len(hour_facts.whole_hours(p)))
 
 
@@ -375,7 +375,7 @@ def _from_facts(s: dconfig.Settings, w: Resolved, p: Params, mfu: bool) -> tuple
     facts = facts_dir(s)
     if facts is None or not hour_facts.answerable(p):
         return None, None, 0
-    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts, mfu=mfu)
+    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts, mfu=mfu, names=fact_names(w))
     if got is None:
         return None, None, 0
     a, tl = got
@@ -398,6 +398,18 @@ class UseView:
     @classmethod
     def of(cls, b: Bundle) -> "UseView":
         return cls(b.totals, b.utilization, b.timeline, b.window)
+
+
+def fact_names(w: Resolved) -> dict:
+    """The hour facts' names computed on the store as it stands now (its manifest version), for
+    the configuration's parameters: hour_facts.read_window's memo, so the pages of one window
+    check them once."""
+    return _fact_names(w.root, manifest_version(w.root), w.fingerprint)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _fact_names(root: str, version: int | None, fingerprint: str) -> dict:
+    return {}
 
 
 def facts_dir(s: dconfig.Settings):
@@ -425,7 +437,7 @@ def window_use(key: tuple) -> UseView:
     if facts is not None:
         missed = hour_facts.why_not(p)
         if missed is None:
-            use = hour_facts.window_use(reader(w.root), p, w.as_of, facts)
+            use = hour_facts.window_use(reader(w.root), p, w.as_of, facts, names=fact_names(w))
             if use is not None:
                 return UseView(use.totals, use.utilization, use.timeline, w, use.hours)
             missed = ("not every hour of it has current facts yet (the served dashboard builds those of the last "

@@ -149,6 +149,11 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
     monkeypatch.setattr(fact_window, "window_analysis", lambda con, p, *a, **k: reads.append((p.start, p.end)) or real_read(con, p, *a, **k))
     s = data.current_settings()
     dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
+    from gpufleet.analytics import hour_facts
+
+    checked = []  # the hours' names checked against the store: once for the window's pages (data.fact_names)
+    real_keys = hour_facts.hour_keys
+    monkeypatch.setattr(hour_facts, "hour_keys", lambda cur, bind, lo, hi: checked.append((lo, hi)) or real_keys(cur, bind, lo, hi))
     w = window(T(10), T(12))
     q = {"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00"}
     for page in ("utilization", "teams"):
@@ -174,6 +179,7 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
     assert data.window_bundle(w.key).facts_hours == 2
     # ... and the MFU figures after it, in the same thread, from the same reading of the facts
     assert reads == [(T(10), T(12))]
+    assert checked == [(T(10), T(12))]  # the Utilization page's, then known to the job list and the Bundle
     data.window_mfu(w.key)
     assert reads == [(T(10), T(12))]
     for page in ("jobs", "waste", "mfu"):
