@@ -115,12 +115,13 @@ def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, fa
 def window_jobs(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, names: dict | None = None) -> pl.DataFrame | None:
     """The window's job list (analytics/jobs.py job_summaries' rows) from its hours' facts: each
     allocation's sums over the window (FACT_JOB_ALLOCATIONS, named by its job's hash) and the
-    window's job table - no GPU's figures, timelines or allocations' table. None when facts cannot
-    answer the window (hour_facts.read_window) or two of its jobs share a hash; the caller then
-    takes the job list of the window's analysis. (A GPU's variant does not matter here, as it
+    window's job table - no GPU's figures, timelines or allocations' table -, under a filter on
+    the jobs too (the table's rows are then those jobs': hour_facts.why_not). None when facts
+    cannot answer the window (hour_facts.read_window) or two of its jobs share a hash; the caller
+    then takes the job list of the window's analysis. (A GPU's variant does not matter here, as it
     does to window_analysis: the facts' seconds carry its MIG share, and the list names no GPU.)
     `names`: hour_facts.read_window's."""
-    read = read_window(con, p, now, facts, (sql.FACT_JOB_ALLOCATIONS,), names=names)
+    read = read_window(con, p, now, facts, (sql.FACT_JOB_ALLOCATIONS,), names=names, job_list=True)
     if read is None:
         return None
     cur, _, (allocations,) = read

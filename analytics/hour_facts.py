@@ -104,24 +104,29 @@ def whole_hours(p: Params) -> list[datetime]:
     return [p.start + i * HOUR for i in range(n)]
 
 
-def why_not(p: Params) -> str | None:
+def why_not(p: Params, job_list: bool = False) -> str | None:
     """Why facts cannot answer this window (None: they can, where every hour has current facts):
     they need no filter but the cluster's, whole hours, a timeline of whole-hour buckets, and the
-    summaries path ([analytics] summaries: facts are built on it)."""
-    if replace(p.filters, cluster=None) != Filters():
-        return "a filter other than the cluster's (facts answer the fleet's window or a cluster's)"
+    summaries path ([analytics] summaries: facts are built on it). `job_list`: what the job list
+    alone needs (fact_window.window_jobs) - a filter on the jobs too (a job's figures are its
+    own, so under one the list is the fleet's list's rows of those jobs), and no timeline."""
+    others = replace(p.filters, cluster=None, account=None, user_name=None, partition=None, job_key=None) if job_list else \
+        replace(p.filters, cluster=None)
+    if others != Filters():
+        return ("a GPU-model filter (facts answer the fleet's job list, a cluster's or a team's)" if job_list else
+                "a filter other than the cluster's (facts answer the fleet's window or a cluster's)")
     if not p.summaries:
         return "[analytics] summaries = false"
     if p.end <= p.start or floor_time(p.start, HOUR) != p.start or floor_time(p.end, HOUR) != p.end:
         return "the window starts or ends inside an hour"
-    if timeline_bucket(p) % HOUR != timedelta(0):
+    if not job_list and timeline_bucket(p) % HOUR != timedelta(0):
         return f"its timeline's buckets are {timeline_bucket(p) // timedelta(minutes=1)} minutes (a window of 12 h or less)"
     return None
 
 
-def answerable(p: Params) -> bool:
+def answerable(p: Params, job_list: bool = False) -> bool:
     """Can facts answer this window (why_not)?"""
-    return why_not(p) is None
+    return why_not(p, job_list) is None
 
 
 def neighbours(bind: dict[str, Any]) -> int:
@@ -341,7 +346,7 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
 
 
 def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, queries: tuple[str, ...],
-                setup: tuple[str, ...] = (), spans: bool = True, names: dict | None = None
+                setup: tuple[str, ...] = (), spans: bool = True, names: dict | None = None, job_list: bool = False
                 ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], list[Any]] | None:
     """The window's facts as `queries` (of sql.FACT_*; FACT_GPUS gives an Arrow table, the others
     frames) read them, with a cursor holding the window's capacity (cap), job table (ja), prices
@@ -354,8 +359,8 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
     names are checked against the store (and the job table is built): three queries at once, on
     cursors of their own. `names`: where the hours' names computed on this store as it stands
     are kept, by window and parameters - read, and filled (the pages of one window ask them
-    of the same store: 0.35 s each at 16,384 GPUs)."""
-    if not answerable(p):
+    of the same store: 0.35 s each at 16,384 GPUs). `job_list`: for the job list alone (why_not)."""
+    if not answerable(p, job_list):
         return None
     rolled = {s: facts.present_span(s) for s in rollup_spans(p)} if spans else {}
     rolled = {s: f for s, f in rolled.items() if f is not None}
@@ -389,7 +394,7 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
         if read is None or not hours_current or not spans_current:
             cur.close()
             if read is not None and hours_current and rolled:  # a roll-up behind its hours' facts: read those
-                return read_window(con, p, now, facts, queries, setup, spans=False, names=names)
+                return read_window(con, p, now, facts, queries, setup, spans=False, names=names, job_list=job_list)
             return None  # an hour's facts are of inputs that changed since: not read
         return cur, b, read
     except BaseException:

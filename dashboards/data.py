@@ -319,13 +319,15 @@ class JobList:
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Listing the window's jobs (analytics)...")
 def window_jobs(key: tuple) -> JobList | None:
     """The Jobs page's job list (`key`: a Window.key) read from the window's hour facts alone (a
-    third of its whole analysis' time: the job list a Bundle from facts takes too); None where
-    they do not answer it (then the Bundle's)."""
+    third of its whole analysis' time: the job list a Bundle from facts takes too) - under an
+    account, user or partition filter and over a window of 12 h or less too, which the rest of a
+    window's figures are not summed from facts for; None where they do not answer it (then the
+    Bundle's)."""
     from gpufleet.analytics import fact_window, hour_facts
 
     s, w, p = _request(key)
     facts = facts_dir(s)
-    if facts is None or not hour_facts.answerable(p):
+    if facts is None or not hour_facts.answerable(p, job_list=True):
         return None
     jobs = fact_window.window_jobs(reader(w.root), p, w.as_of, facts, names=fact_names(w))
     return None if jobs is None else JobList(jobs, w, len(hour_facts.whole_hours(p)))

@@ -219,9 +219,11 @@ def test_the_warmer_rolls_up_the_days_and_windows_read_them(store, monkeypatch):
 def test_the_jobs_page_of_a_typed_window_lists_its_jobs_from_facts_alone(store, monkeypatch):
     """Opened first, the Jobs page of a window of whole hours lists its jobs from the hour facts
     without the window's whole analysis (what the Waste and MFU pages read): every job of the
-    computed Bundle's list, the same figures (test_the_warmer_builds_the_facts...)."""
+    computed Bundle's list, the same figures (test_the_warmer_builds_the_facts...); under an
+    account filter too, the filtered window's computed list."""
     from gpufleet.analytics import fact_window
 
+    real = data.Analysis
     monkeypatch.setattr(fact_window, "window_analysis", lambda *a, **k: pytest.fail("the whole analysis was read"))
     monkeypatch.setattr(data, "Analysis", lambda *a, **k: pytest.fail("the window was computed"))
     s = data.current_settings()
@@ -234,6 +236,21 @@ def test_the_jobs_page_of_a_typed_window_lists_its_jobs_from_facts_alone(store, 
     listed = data.window_jobs(window(T(10), T(12)).key)
     assert listed.jobs.height and at.metric[0].value == f"{listed.jobs.height:,} of {listed.jobs.height:,}"
     assert set(at.container("jobs_list").dataframe[0].value["job_id"]) == set(listed.jobs["job_id"])
+    # ... a team's too (an account filter: its rows of the fleet's list), and a window of 2 hours
+    # whose timeline would be of minutes (the list has none)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update({"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00", "account": "physics"})
+    at.switch_page("views/jobs.py").run()
+    assert not at.exception, at.exception
+    assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption)
+    team = data.window_jobs(window(T(10), T(12), Filters(account="physics")).key).jobs
+    assert team.height and frames_equal(team, listed.jobs.filter(pl.col("account") == "physics"))
+    with monkeypatch.context() as m:
+        m.setattr("gpufleet.analytics.hour_facts.timeline_bucket", lambda p: timedelta(minutes=5))
+        assert data.window_jobs(window(T(10), T(12), Filters(user_name="alice")).key) is not None
+    monkeypatch.setattr(data, "Analysis", real)  # the team's window computed: the same list
+    computed = computed_bundle(window(T(10), T(12), Filters(account="physics")).key, monkeypatch)
+    assert frames_equal(team, computed.jobs)
 
 
 def at_utilization_captions(q: dict):

@@ -14,7 +14,7 @@ there renames them. A planted stretch one hour off fails the comparison.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from gpufleet.analytics import fact_window, hour_facts
 from gpufleet.analytics.core import JOB_DIMS, Analysis
 from gpufleet.analytics.jobs import job_summaries, per_job_gpu
 from gpufleet.analytics.mfu import account_mfu, job_mfu
-from gpufleet.analytics.params import Params
+from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timelines
 from gpufleet.collector.store import open_reader
 from gpufleet.times import HOUR
@@ -76,6 +76,12 @@ def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
         fw.con.close()
 
 
+def team_filters(con) -> list[Filters]:
+    """An account's and a user's filter (of the first of the store's jobs that has them)."""
+    account, user = con.execute("SELECT min(account), min(user_name) FROM jobs").fetchone()
+    return [Filters(account=account), Filters(user_name=user)] if account and user else []
+
+
 @SETTINGS
 @given(fleets(), st.sampled_from([(1, False), (2, True)]), st.sampled_from(BUILT), st.sampled_from([0, 3000, 3570]))
 def test_a_window_from_its_facts_has_the_raw_figures(fleet, how, built, offset_s):
@@ -91,6 +97,15 @@ def test_a_window_from_its_facts_has_the_raw_figures(fleet, how, built, offset_s
             assert use is not None and use.hours == len(hour_facts.whole_hours(q))
             bad = use_mismatches(use_oracle(con, q, now), use) + compared(con, q, now, facts)
             assert not bad, (q, "\n".join(bad))
+        # the job list alone under a filter on the jobs (a team's, a user's: its rows of the fleet's list)
+        for f in team_filters(con):
+            q = replace(p, filters=f)
+            an = Analysis(con, q, now=now, summaries=False, detail=True)
+            try:
+                bad = mismatches({"jobs": job_summaries(an)}, {"jobs": fact_window.window_jobs(con, q, now, finder(facts))})
+            finally:
+                an.con.close()
+            assert not bad, (f, "\n".join(bad))
 
 
 def test_golden_hours_analysis_from_their_facts(tmp_path):
