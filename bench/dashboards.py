@@ -13,9 +13,10 @@ with the window set to the whole week in the URL's query parameters, as a user w
   (dashboards/facts.py: once, timed; then a pass that finds them current, timed), before the
   first loads - a window typed in finds them, as on a served dashboard.
 - first load: the pages visited once each in menu order, caches empty at the start. Utilization
-  and Teams are summed from the hour facts (data.window_use), and start the window's figures
-  that Jobs, Waste and MFU read in the background (data.window_bundle: from the hour facts too,
-  gpufleet.analytics.fact_window; Jobs, next, waits for its rest); Waste adds the previous week's
+  and Teams are summed from the hour facts (data.window_use), and start in the background the
+  job list the Jobs page reads (data.window_jobs: from the facts alone; Jobs, next, waits for
+  it), then the window's figures that Waste and MFU read (data.window_bundle: from the hour facts
+  too, gpufleet.analytics.fact_window); Waste adds the previous week's
   totals, Health its own queries, Jobs one job's report (the most wasteful job, by the job-id
   box: computed on the job's own run).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
@@ -280,9 +281,9 @@ def run() -> list[Table]:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
         "first load in menu order from empty caches (the hour facts built before, as a served dashboard has them), after the "
-        "server's start: Utilization and Teams are summed from the window's hour facts, and the window's figures that Jobs, "
-        "Waste and MFU read are summed from them too in the background from Utilization's load on (Jobs waits for the rest; "
-        "MFU follows, from the same reading; a job's report computes the job on its own run, its MFU too); "
+        "server's start: Utilization and Teams are summed from the window's hour facts, and from Utilization's load on the "
+        "background reads the job list from them (Jobs waits for it), then sums the window's figures that Waste and MFU read "
+        "(MFU last, from the same reading; a job's report computes the job on its own run, its MFU too); "
         "Waste adds the previous window's totals; Fleet now computes the GPU states at the window's end, which Health reuses "
         "beside its own queries",
         "the synthetic store holds no data before its first day, so Waste's previous-window totals are cheap here; on a real "
