@@ -45,57 +45,43 @@ class FactsDir:
         tag = hashlib.blake2b(str(Path(store).resolve()).encode(), digest_size=8).hexdigest()
         return cls(Path(base) / tag)
 
-    def _name(self, hour: datetime, key: str) -> Path:
-        return self.path / f"{hour:%Y-%m-%d}" / f"{hour:%H}-{key}.parquet"
+    # file names: "<HH>-<name>.parquet" an hour's facts, "span<HH>-<name>.parquet" the roll-up of
+    # the span starting then (hour_facts.ROLLUP_HOURS), in the directory of its day
+    HOUR, SPAN = "", "span"
 
-    def file(self, hour: datetime, key: str) -> str | None:
-        """The hour's facts of that name, if written."""
-        p = self._name(hour, key)
+    def _name(self, at: datetime, key: str, kind: str = HOUR) -> Path:
+        return self.path / f"{at:%Y-%m-%d}" / f"{kind}{at:%H}-{key}.parquet"
+
+    def file(self, at: datetime, key: str, kind: str = HOUR) -> str | None:
+        """The hour's facts (or span's roll-up) of that name, if written."""
+        p = self._name(at, key, kind)
         return str(p) if p.exists() else None
 
-    def present(self, hour: datetime) -> tuple[str, str] | None:
-        """(name, path) of the hour's facts as written last (hour_facts.FactFiles); None: none."""
-        for p in (self.path / f"{hour:%Y-%m-%d}").glob(f"{hour:%H}-*.parquet"):
+    def present(self, hour: datetime, kind: str = HOUR) -> tuple[str, str] | None:
+        """(name, path) of the hour's facts (or span's roll-up) as written last (hour_facts.FactFiles); None: none."""
+        for p in (self.path / f"{hour:%Y-%m-%d}").glob(f"{kind}{hour:%H}-*.parquet"):
             return p.stem.split("-", 1)[1], str(p)
         return None
-
-    def _span_name(self, start: datetime, key: str) -> Path:
-        return self.path / f"{start:%Y-%m-%d}" / f"span{start:%H}-{key}.parquet"
-
-    def span_file(self, start: datetime, key: str) -> str | None:
-        """The roll-up of that name of the span starting at `start`, if written."""
-        p = self._span_name(start, key)
-        return str(p) if p.exists() else None
 
     def present_span(self, start: datetime) -> tuple[str, str] | None:
-        """(name, path) of the span's roll-up as written last (hour_facts.FactFiles); None: none."""
-        for p in (self.path / f"{start:%Y-%m-%d}").glob(f"span{start:%H}-*.parquet"):
-            return p.stem.split("-", 1)[1], str(p)
-        return None
+        """(name, path) of the roll-up of the span starting at `start` (hour_facts.FactFiles)."""
+        return self.present(start, self.SPAN)
 
-    def write(self, hour: datetime, key: str, rows) -> None:
-        """The hour's facts (a polars frame of hour_facts.FACT_SCHEMA), replacing any older ones."""
-        self._write(self._name(hour, key), rows, f"{hour:%H}-*.parquet")
-
-    def write_span(self, start: datetime, key: str, rows) -> None:
-        """The roll-up of the span starting at `start`, replacing any older one."""
-        self._write(self._span_name(start, key), rows, f"span{start:%H}-*.parquet")
-
-    def _write(self, p: Path, rows, others: str) -> None:
+    def write(self, at: datetime, key: str, rows, kind: str = HOUR) -> None:
+        """The hour's facts (or span's roll-up: a polars frame of hour_facts.FACT_SCHEMA), replacing
+        any older ones."""
+        p = self._name(at, key, kind)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         rows.write_parquet(tmp)
         os.replace(tmp, p)
-        self._keep_only(p, others)
+        self.keep_only(at, key, kind)
 
-    def keep_only(self, hour: datetime, key: str) -> None:
-        """Remove the hour's facts of other names (a pass that died between writing and removing,
-        or another dashboard process): `present` must find the current one."""
-        self._keep_only(self._name(hour, key), f"{hour:%H}-*.parquet")
-
-    @staticmethod
-    def _keep_only(keep: Path, others: str) -> None:
-        for old in keep.parent.glob(others):
+    def keep_only(self, at: datetime, key: str, kind: str = HOUR) -> None:
+        """Remove the hour's facts (or span's roll-up) of other names (a pass that died between
+        writing and removing, or another dashboard process): `present` must find the current one."""
+        keep = self._name(at, key, kind)
+        for old in keep.parent.glob(f"{kind}{at:%H}-*.parquet"):
             if old != keep:
                 old.unlink(missing_ok=True)
 
@@ -170,12 +156,12 @@ def _roll_up(con: duckdb.DuckDBPyConnection, facts: FactsDir, p: Params, keys: d
     for start in hour_facts.rollup_spans(p):
         hours = hour_facts.span_hours(start)
         name = hour_facts.rollup_name([keys.get(h) for h in hours])
-        if name is None or facts.span_file(start, name) is not None:
+        if name is None or facts.file(start, name, facts.SPAN) is not None:
             continue
         files = [facts.file(h, keys[h]) for h in hours]  # type: ignore[arg-type]
         if any(f is None for f in files):
             continue
-        facts.write_span(start, name, hour_facts.rollup(con, files))  # type: ignore[arg-type]
+        facts.write(start, name, hour_facts.rollup(con, files), facts.SPAN)  # type: ignore[arg-type]
         n += 1
     return n
 

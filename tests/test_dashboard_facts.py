@@ -205,7 +205,8 @@ def test_the_warmer_rolls_up_the_days_and_windows_read_them(store, monkeypatch):
     assert (again.hours_built, again.days_rolled) == (0, 0)
     hours_read = []
     real = dfacts.FactsDir.present
-    monkeypatch.setattr(dfacts.FactsDir, "present", lambda self, h: hours_read.append(h) or real(self, h))
+    monkeypatch.setattr(dfacts.FactsDir, "present",
+                        lambda self, h, kind=dfacts.FactsDir.HOUR: (kind == dfacts.FactsDir.HOUR and hours_read.append(h)) or real(self, h, kind))
     key = window(T(10), T(12)).key
     computed = computed_bundle(key, monkeypatch)
     bundle = data.window_bundle(key)
