@@ -284,11 +284,14 @@ def window_bundle(key: tuple) -> Bundle:
         listed = window_jobs(key) if hours else None  # (from facts: the Jobs page's list, computed first)
         summaries = listed.jobs if listed is not None else ajobs.job_summaries(a)
         fair, fair_err = None, None
-        try:
-            fair = fairness.fairness(a, s.shares, s.half_life)
-        except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
-            log.exception("fairness failed")
-            fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
+        if hours:  # (the Teams page's own, from the accounting alone: the same figures, computed once)
+            fair, fair_err = window_fairness(key)
+        else:
+            try:
+                fair = fairness.fairness(a, s.shares, s.half_life)
+            except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+                log.exception("fairness failed")
+                fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
         # from facts, MFU (a third of the rest at 16,384 GPUs) is computed apart (window_mfu), so
         # the job list a Jobs page waits for comes first
         mfu_figures, mfu_err = (None, None) if hours else _mfu(a)
