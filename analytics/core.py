@@ -30,6 +30,7 @@ from gpufleet.analytics.timeline import timeline_bucket
 from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
+JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
@@ -454,7 +455,7 @@ class Analysis:
         order = dict(by=["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True)
         top = idle.sort(**order).head(n)  # (then their runtimes: not every job's)
         jobs = self.q(sql.JOB_RUNTIMES, tables={"_jobs": top.select("cluster", "scheduler", "job_key")})
-        return top.join(jobs, on=["cluster", "scheduler", "job_key"], how="left").sort(**order)
+        return top.join(jobs, on=JOB_KEY, how="left").sort(**order)
 
     def totals(self) -> Totals:
         if self.job_filtered:

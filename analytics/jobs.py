@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.core import JOB_KEY, Analysis
 from gpufleet.analytics.params import Params
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
@@ -43,9 +43,6 @@ class JobReport:
     verdict: str
     rule: str
     mfu: dict | None = field(default=None)
-
-
-KEY = ["cluster", "scheduler", "job_key"]  # a job
 
 
 def gpu_use() -> list[pl.Expr]:
@@ -85,9 +82,9 @@ def job_summaries(a: Analysis) -> pl.DataFrame:
     jobs = a.q(sql.JOB_ROWS)
     if jobs.is_empty():
         return jobs
-    idle = a.waste_by("job", "idle").select(*KEY, pl.col("gpu_h").alias("idle_gpu_h"))
-    nop = a.waste_by("job", "no_process").select(*KEY, pl.col("gpu_h").alias("no_process_gpu_h"))
-    return job_list(jobs, per_job_gpu(a), idle, nop, KEY, a.p)
+    idle = a.waste_by("job", "idle").select(*JOB_KEY, pl.col("gpu_h").alias("idle_gpu_h"))
+    nop = a.waste_by("job", "no_process").select(*JOB_KEY, pl.col("gpu_h").alias("no_process_gpu_h"))
+    return job_list(jobs, per_job_gpu(a), idle, nop, JOB_KEY, a.p)
 
 
 def job_list(jobs: pl.DataFrame, gpus: pl.DataFrame, idle: pl.DataFrame, nop: pl.DataFrame, key: list[str], p: Params) -> pl.DataFrame:

@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.core import JOB_KEY, Analysis
 
 DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp64")
 NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or the gpufleet exporter on a GPU without GPM)"
@@ -175,8 +175,7 @@ def _tensor_use(a: Analysis, peaks: pl.DataFrame) -> pl.DataFrame:
         pl.when(known).then(pl.col("tclock") / pl.col("boost")).otherwise(pl.col("tw_clocked")).add(pl.col("tnoclock")).alias("est_s"),
         pl.when(known).then(pl.col("clocked_s")).alias("scaled_s"),
     )
-    key = ["cluster", "scheduler", "job_key"]
-    return d.group_by(key).agg(
+    return d.group_by(JOB_KEY).agg(
         pl.col("tensor_s").sum(), pl.col("est_s").filter(has_t).sum(),
         pl.col("scaled_s").filter(has_t).sum(),
         pl.col("model").filter(has_t & ~known).drop_nulls().unique().sort().alias("no_boost"),

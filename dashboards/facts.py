@@ -27,7 +27,6 @@ from gpufleet.analytics.params import Filters, Params
 from gpufleet.times import HOUR, floor_time
 
 
-
 def default_dir() -> Path:
     """$XDG_CACHE_HOME/gpufleet/hour-facts, else ~/.cache/gpufleet/hour-facts."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
