@@ -502,21 +502,17 @@ FROM read_parquet($files) WHERE kind = 'job' AND ($cluster IS NULL OR cluster = 
 # where no piece had it) only where MFU is asked - as few aggregates as will do: a 16,384-GPU
 # week has a million allocations
 _FACT_ALLOCATIONS = """
-SELECT ah, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_piece, max(util_n) > 0 AS has_util,
+SELECT {named}, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_piece, max(util_n) > 0 AS has_util,
        max(fb_max) AS fb_max, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s{detail}
-FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah
+FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY {by}
 """
-FACT_ALLOCATIONS = _FACT_ALLOCATIONS.format(detail="")
-# ... and only what the job list reads of them, with each allocation's job (its hash, jh: one per
-# allocation hash), not its hash: the job list of a window (fact_window.window_jobs) groups them by job
-FACT_JOB_ALLOCATIONS = """
-SELECT jh, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_piece, max(util_n) > 0 AS has_util,
-       max(fb_max) AS fb_max, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
-FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah, jh
-"""
-FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(detail=""",
+FACT_ALLOCATIONS = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail="")
+FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail=""",
        sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
        sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock""")
+# ... and only what the job list reads of them, with each allocation's job (its hash, jh: one per
+# allocation hash), not its hash: the job list of a window (fact_window.window_jobs) groups them by job
+FACT_JOB_ALLOCATIONS = _FACT_ALLOCATIONS.format(named="jh", by="ah, jh", detail="")
 # ... and the variant (gpu index, model, MIG share) the allocations' facts name for each held GPU
 # (its hash, gh); unsure: not one over the window (more than one seen, or two hours disagree)
 FACT_VARIANTS = """
