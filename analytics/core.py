@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 import numpy as np
@@ -78,6 +78,58 @@ def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> floa
     if df.filter((pl.col(hours) > 0) & pl.col(price).is_null()).height:
         return None
     return float((df[hours] * df[price].fill_null(0.0)).sum())
+
+
+def waste_by(stretches: pl.DataFrame, by: str) -> pl.DataFrame:
+    """Idle (or no-process) stretches' rows (Analysis.idle_stretches) summed by a job dimension
+    (JOB_DIMS): the GPUs they were on, their GPU-hours and cost (unknown where any is)."""
+    keys = list(JOB_DIMS[by])
+    if stretches.is_empty():
+        return pl.DataFrame(schema={**{k: pl.Utf8 for k in keys}, "gpus": pl.UInt32, "gpu_h": pl.Float64, "cost": pl.Float64})
+    return (
+        stretches.group_by(keys)
+        .agg(
+            pl.struct("host", "gpu_uuid", "gi").n_unique().alias("gpus"),
+            pl.sum("gpu_h"),
+            pl.when(pl.col("cost").is_null().any()).then(None).otherwise(pl.sum("cost")).alias("cost"),
+        )
+        .sort("gpu_h", descending=True)
+    )
+
+
+def top_wasteful_jobs(idle: pl.DataFrame, n: int, runtimes: Callable[[pl.DataFrame], pl.DataFrame]) -> pl.DataFrame:
+    """The `n` jobs with the most idle allocated GPU-hours, from the window's idle stretches' rows,
+    with `runtimes` (sql.JOB_RUNTIMES' rows of the jobs - cluster, scheduler, job_key - it is given)."""
+    idle = waste_by(idle, "job").rename({"gpus": "idle_gpus", "gpu_h": "idle_gpu_h", "cost": "idle_cost"})
+    if idle.is_empty():
+        return idle
+    order = dict(by=["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True)
+    top = idle.sort(**order).head(n)  # (then their runtimes: not every job's)
+    return top.join(runtimes(top.select(*JOB_KEY)), on=JOB_KEY, how="left").sort(**order)
+
+
+def fleet_totals(g: pl.DataFrame, allocated_gpu_h: float, idle: pl.DataFrame, nop: pl.DataFrame, filters: Any) -> Totals:
+    """A window's Totals with no job filter: from its per-GPU rows (Analysis.per_gpu), its
+    allocated GPU-hours (sql.ALLOCATED_GPU_H_TOTAL) and its idle and no-process stretches' rows."""
+    data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
+    busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
+    unpriced = sorted({m for m in g.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m} if not g.is_empty() else set())
+    return Totals(
+        capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0,
+        data_gpu_h=data,
+        no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0,
+        busy_gpu_h=busy,
+        utilization_pct=busy / data * 100 if data > 0 else None,
+        allocated_gpu_h=allocated_gpu_h,
+        idle_allocated_gpu_h=float(idle["gpu_h"].sum()) if not idle.is_empty() else 0.0,
+        idle_allocated_cost=money(idle, "gpu_h"),
+        no_process_gpu_h=float(nop["gpu_h"].sum()) if not nop.is_empty() else 0.0,
+        no_process_cost=money(nop, "gpu_h"),
+        stranded_gpu_h=float(g["stranded_gpu_h"].sum()) if not g.is_empty() else 0.0,
+        stranded_cost=money(g, "stranded_gpu_h"),
+        unpriced_models=tuple(unpriced),
+        scope=filter_scope(filters),
+    )
 
 
 def filter_scope(filters: Any) -> str:
@@ -433,56 +485,17 @@ class Analysis:
                          self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order)
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
-        keys = list(JOB_DIMS[by])
-        s = self.idle_stretches(kind)
-        if s.is_empty():
-            return pl.DataFrame(schema={**{k: pl.Utf8 for k in keys}, "gpus": pl.UInt32, "gpu_h": pl.Float64, "cost": pl.Float64})
-        return (
-            s.group_by(keys)
-            .agg(
-                pl.struct("host", "gpu_uuid", "gi").n_unique().alias("gpus"),
-                pl.sum("gpu_h"),
-                pl.when(pl.col("cost").is_null().any()).then(None).otherwise(pl.sum("cost")).alias("cost"),
-            )
-            .sort("gpu_h", descending=True)
-        )
+        return waste_by(self.idle_stretches(kind), by)
 
     def top_wasteful_jobs(self, n: int = 10) -> pl.DataFrame:
         """The jobs with the most idle allocated GPU-hours in the window."""
-        idle = self.waste_by("job", "idle").rename({"gpus": "idle_gpus", "gpu_h": "idle_gpu_h", "cost": "idle_cost"})
-        if idle.is_empty():
-            return idle
-        order = dict(by=["idle_gpu_h", "idle_cost", "job_key"], descending=[True, True, False], nulls_last=True)
-        top = idle.sort(**order).head(n)  # (then their runtimes: not every job's)
-        jobs = self.q(sql.JOB_RUNTIMES, tables={"_jobs": top.select("cluster", "scheduler", "job_key")})
-        return top.join(jobs, on=JOB_KEY, how="left").sort(**order)
+        return top_wasteful_jobs(self.idle_stretches("idle"), n, lambda jobs: self.q(sql.JOB_RUNTIMES, tables={"_jobs": jobs}))
 
     def totals(self) -> Totals:
         if self.job_filtered:
             return self._job_totals()
-        g = self.per_gpu()
         alloc = self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0]
-        idle, nop = self.idle_stretches("idle"), self.idle_stretches("no_process")
-
-        data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
-        busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
-        unpriced = sorted({m for m in g.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m} if not g.is_empty() else set())
-        return Totals(
-            capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0,
-            data_gpu_h=data,
-            no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0,
-            busy_gpu_h=busy,
-            utilization_pct=busy / data * 100 if data > 0 else None,
-            allocated_gpu_h=float(alloc),
-            idle_allocated_gpu_h=float(idle["gpu_h"].sum()) if not idle.is_empty() else 0.0,
-            idle_allocated_cost=money(idle, "gpu_h"),
-            no_process_gpu_h=float(nop["gpu_h"].sum()) if not nop.is_empty() else 0.0,
-            no_process_cost=money(nop, "gpu_h"),
-            stranded_gpu_h=float(g["stranded_gpu_h"].sum()) if not g.is_empty() else 0.0,
-            stranded_cost=money(g, "stranded_gpu_h"),
-            unpriced_models=tuple(unpriced),
-            scope=filter_scope(self.p.filters),
-        )
+        return fleet_totals(self.per_gpu(), float(alloc), self.idle_stretches("idle"), self.idle_stretches("no_process"), self.p.filters)
 
     def _job_totals(self) -> Totals:
         """totals() under a job filter: the selected jobs' figures (the sums of their rows in

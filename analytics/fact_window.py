@@ -20,19 +20,23 @@ lists stretches, is computed on the job's own narrow window as before.
 
 `window_jobs` gives the job list alone, from what it reads of the facts only (each allocation's
 sums, named by its job's hash, grouped by job; the window's job table): what the Jobs page waits
-for, in a third of the whole analysis' time.
+for, in a third of the whole analysis' time. So do `window_waste` the Waste page's figures (the
+allocations with stretches only: a fifth of it) and `mfu_window` what MFU reads (its detail sums
+and the window's allocations, without the GPUs' figures and timelines) - no page of a window its
+facts answer needs the whole analysis.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import Analysis
-from gpufleet.analytics.hour_facts import FactFiles, gpu_figures, read_window, timelines
+from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, fleet_totals, top_wasteful_jobs, waste_by
+from gpufleet.analytics.hour_facts import FactFiles, gpu_figures, query_frame, read_window, timelines
 from gpufleet.analytics.jobs import gpu_use, job_list
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
@@ -71,12 +75,16 @@ class FactWindow(Analysis):
         return self._alv.clone()
 
     def _islands(self, kind: str) -> pl.DataFrame:
-        """One row per allocation with idle (or no-process) stretches in the window: their
-        GPU-hours and cost (in_window_s: their seconds x MIG share)."""
-        col = "idle_s" if kind == "idle" else "nop_s"
-        s = self._alv.filter(pl.col(col) > 0)
-        return s.select(*_STRETCH, pl.col(col).alias("in_window_s"), (pl.col(col) / 3600).alias("gpu_h")).with_columns(
-            usd_per_gpu_hour=usd_per_gpu_hour(self.prices)).with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
+        return _stretch_rows(self._alv, kind, self.prices)
+
+
+def _stretch_rows(allocations: pl.DataFrame, kind: str, prices: dict[str, float]) -> pl.DataFrame:
+    """One row per allocation with idle (or no-process) stretches in the window: their GPU-hours
+    and cost (in_window_s: their seconds x MIG share) - Analysis.idle_stretches' columns."""
+    col = "idle_s" if kind == "idle" else "nop_s"
+    s = allocations.filter(pl.col(col) > 0)
+    return s.select(*_STRETCH, pl.col(col).alias("in_window_s"), (pl.col(col) / 3600).alias("gpu_h")).with_columns(
+        usd_per_gpu_hour=usd_per_gpu_hour(prices)).with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
 
 
 def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles,
@@ -137,3 +145,95 @@ def window_jobs(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
     idle, nop = ((allocations.filter(pl.col(col) > 0).group_by("jh").agg((pl.col(col) / 3600).sum().alias(name)))
                  for col, name in (("idle_s", "idle_gpu_h"), ("nop_s", "no_process_gpu_h")))
     return job_list(jobs, gpus, idle, nop, ["jh"], p).drop("jh")
+
+
+@dataclass(frozen=True)
+class WindowWaste:
+    """What the Waste page shows of a window (besides its utilization by model and host: the
+    Utilization page's, hour_facts.window_use): Analysis.totals(), waste_by (account and user,
+    idle and no-process) and top_wasteful_jobs."""
+
+    totals: Totals
+    waste: dict[tuple[str, str], pl.DataFrame]
+    top_jobs: pl.DataFrame
+
+
+def window_waste(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, top: int,
+                 names: dict | None = None) -> WindowWaste | None:
+    """The window's waste figures (the `top` most wasteful jobs) from its hours' facts: the
+    allocations with idle or no-process stretches (FACT_STRETCHES; their jobs from the job table,
+    their GPUs from the capacity, both by hash) and the GPUs' figures - neither the window's allocations table nor every
+    allocation's sums, which the whole analysis (window_analysis) reads. None where facts cannot
+    answer the window (hour_facts.read_window), a GPU's variant is not one over it (as
+    window_analysis), or a stretch's job or GPU is not found by its hash (or two are): then the
+    whole analysis'. `names`: hour_facts.read_window's."""
+    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_VARIANTS, sql.FACT_STRETCHES), names=names)
+    if read is None:
+        return None
+    cur, b, (gpus, variants, stretched) = read
+    try:
+        g = gpu_figures(cur, b, gpus)
+        if g is None or variants["unsure"].any():
+            return None
+        jobs = pl.from_arrow(cur.sql(sql.JOB_ROWS_HASHED).to_arrow_table()).select(
+            "jh", "cluster", "scheduler", "job_key", pl.coalesce("job_id", "job_key").alias("job_id"), "user_name", "account", "partition")
+        keys = pl.from_arrow(cur.sql(sql.CAPACITY_GPU_HASHES).to_arrow_table()).select("gh", "host", "gpu_uuid", "gi")
+        if jobs["jh"].is_duplicated().any() or keys["gh"].is_duplicated().any():
+            return None
+        rows = stretched.join(jobs, on="jh", how="left").join(keys, on="gh", how="left").join(variants.drop("unsure"), on="gh", how="left")
+        if rows.filter(pl.col("job_key").is_null() | pl.col("host").is_null()).height:
+            return None
+        prices = price_table(p.prices)
+        idle, nop = (_stretch_rows(rows, kind, prices) for kind in ("idle", "no_process"))
+        alloc = float(query_frame(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
+
+        def runtimes(top: pl.DataFrame) -> pl.DataFrame:
+            cur.register("_jobs", top.to_arrow())
+            try:
+                return query_frame(cur, sql.JOB_RUNTIMES, b)
+            finally:
+                cur.unregister("_jobs")
+
+        return WindowWaste(totals=fleet_totals(g, alloc, idle, nop, p.filters),
+                           waste={(by, kind): waste_by(s, by) for by in ("account", "user_name") for kind, s in (("idle", idle), ("no_process", nop))},
+                           top_jobs=top_wasteful_jobs(idle, top, runtimes))
+    finally:
+        cur.close()
+
+
+class MfuWindow:
+    """What mfu.job_mfu reads of a window (its Params, its bound parameters, a cursor holding
+    its allocations (al) and job table (ja), each allocation's detail sums as
+    Analysis.allocation_detail gives them), read from its hours' facts by `mfu_window`; close it
+    (`con.close()`) when done."""
+
+    def __init__(self, cur: duckdb.DuckDBPyConnection, p: Params, bind: dict, detail: pl.DataFrame):
+        self.con, self.p, self.bind, self._detail = cur, p, bind, detail
+
+    def allocation_detail(self) -> pl.DataFrame:
+        return self._detail.clone()
+
+    def q(self, query: str, **extra) -> pl.DataFrame:
+        return query_frame(self.con, query, {**self.bind, **extra})
+
+
+def mfu_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, names: dict | None = None) -> MfuWindow | None:
+    """The window's MfuWindow - its MFU figures (mfu.job_mfu, account_mfu) are those of its
+    analysis (window_analysis, at two thirds of its cost: no GPU figures, timelines or allocations'
+    look-ups but MFU's) -, or None when facts cannot answer it (as window_analysis). `names`:
+    hour_facts.read_window's."""
+    read = read_window(con, p, now, facts, (sql.FACT_ALLOCATION_DETAIL, sql.FACT_VARIANTS), setup=(sql.ALLOCATIONS,), names=names)
+    if read is None:
+        return None
+    cur, b, (facts_of, variants) = read
+    try:
+        al = pl.from_arrow(cur.sql(sql.ALLOCATION_KEY_HASHES).to_arrow_table()).select(*JOB_KEY, "ah", "gh")
+        if variants["unsure"].any() or al["ah"].is_duplicated().any():
+            cur.close()
+            return None
+        # (an allocation without facts has no piece: MFU's detail leaves it out, as Analysis' does)
+        detail = al.join(facts_of, on="ah", how="inner").join(variants.select("gh", "model"), on="gh", how="left").drop("ah", "gh")
+        return MfuWindow(cur, p, b, detail)
+    except BaseException:
+        cur.close()
+        raise

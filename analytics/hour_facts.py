@@ -333,8 +333,8 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
                 keys = list(JOB_DIMS[by])
                 used = jobs.group_by(keys).agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).filter(pl.col("pieces") > 0).select(
                     *keys, (pl.col("data_s") / 3600).alias("data_gpu_h"), (pl.col("busy_s") / 3600).alias("busy_gpu_h"))
-                utilization[by] = with_utilization(by_job_dimension(_q(cur, sql.job_allocated_by(keys), b), used, keys), keys)
-        alloc = float(_q(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
+                utilization[by] = with_utilization(by_job_dimension(query_frame(cur, sql.job_allocated_by(keys), b), used, keys), keys)
+        alloc = float(query_frame(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
         data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
         busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
         totals = UseTotals(capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0, data_gpu_h=data,
@@ -381,7 +381,7 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
             jobs = pool.submit(lambda: [cur.execute(q, sql.bound(q, bind)) for q in (sql.JOB_TABLE, *setup)])
             keys = pool.submit(hour_keys, side, bind, p.start, p.end) if known is None else None
             try:
-                read = [rd.sql(q, params=sql.bound(q, b)).to_arrow_table() if q == sql.FACT_GPUS else _q(rd, q, b) for q in queries]
+                read = [rd.sql(q, params=sql.bound(q, b)).to_arrow_table() if q == sql.FACT_GPUS else query_frame(rd, q, b) for q in queries]
             except duckdb.IOException:
                 read = None  # a file replaced or removed since it was listed (its inputs changed, or it aged out)
             finally:
@@ -405,7 +405,7 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
         rd.close()
 
 
-def _q(cur: duckdb.DuckDBPyConnection, query: str, bind: dict[str, Any]) -> pl.DataFrame:
+def query_frame(cur: duckdb.DuckDBPyConnection, query: str, bind: dict[str, Any]) -> pl.DataFrame:
     return pl.from_arrow(cur.sql(query, params=sql.bound(query, bind)).to_arrow_table())
 
 
@@ -415,14 +415,14 @@ def gpu_figures(cur: duckdb.DuckDBPyConnection, b: dict[str, Any], gpus: Any) ->
     two)."""
     cur.register("_fact_gpus", gpus)
     try:
-        use = _q(cur, sql.FACT_GPU_USE, b)
+        use = query_frame(cur, sql.FACT_GPU_USE, b)
     finally:
         cur.unregister("_fact_gpus")
     if use.filter(pl.col("cluster").is_null() | pl.col("unsure") | pl.col("model").ne_missing(pl.col("fact_model"))).height:
         return None
     cur.register("gpu_use", use.select("cluster", "host", "gpu_uuid", "gi", "data_s", "busy_s", "alloc_data_s").to_arrow())
     try:
-        return _q(cur, sql.PER_GPU, b)
+        return query_frame(cur, sql.PER_GPU, b)
     finally:
         cur.unregister("gpu_use")
 
@@ -432,6 +432,6 @@ def timelines(cur: duckdb.DuckDBPyConnection, p: Params, b: dict[str, Any], part
     capacity and job table on `cur`."""
     base = {"iv": parts.filter(pl.col("kind") == "iv").select("cluster", "model", "k", "data_gpu_h", "busy_gpu_h"),
             "pc": parts.filter(pl.col("kind") == "held").select(*HELD_KEYS, "k", "data_gpu_h", "busy_gpu_h"),
-            "cap": _q(cur, sql.TIMELINE_CAPACITY, b), "alloc": _q(cur, sql.TIMELINE_ALLOCATED, b)}
+            "cap": query_frame(cur, sql.TIMELINE_CAPACITY, b), "alloc": query_frame(cur, sql.TIMELINE_ALLOCATED, b)}
     bsec = b["bucket"]
     return compose_timelines(base, TIMELINE_DIMS, False, int(-(-p.seconds // bsec)), bsec, p.start)

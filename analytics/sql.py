@@ -522,6 +522,16 @@ SELECT gh, min(gpu) AS gpu, min(model) AS model, min(equiv) AS equiv,
        OR count(*) > count(equiv) AS unsure
 FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY gh
 """
+# ... each allocation with idle or no-process stretches in the window (its hash, its job's and its
+# GPU's): their GPU-seconds - the Waste page's rows (fact_window.window_waste), a few of a week's
+# million allocations
+FACT_STRETCHES = """
+SELECT ah, jh, gh, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
+FROM read_parquet($files) WHERE kind = 'alloc' AND (idle_s > 0 OR nop_s > 0) AND ($cluster IS NULL OR cluster = $cluster)
+GROUP BY ah, jh, gh
+"""
+# ... the window's GPUs (cap) by the hash the facts name them by
+CAPACITY_GPU_HASHES = f"SELECT {_GPU_HASH} AS gh, cluster, host, gpu_uuid, gi FROM cap"
 
 # --- MFU (analytics/mfu.py) ---
 
@@ -536,23 +546,30 @@ WITH acct AS (
            {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s
     FROM al LEFT JOIN gpus g
       ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi
-), hm AS (  -- per job and model first: the models of a job are then distinct rows (no DISTINCT aggregate over a million jobs)
-    SELECT h.cluster, h.scheduler, h.job_key, h.model, any_value(h.job_id) AS job_id, any_value(h.account) AS account,
-           any_value(h.user_name) AS user_name, count(*) AS n, sum(h.equiv) AS equiv, sum(h.held_s * h.equiv) AS w,
-           any_value(pk.peak_tflops) AS peak_tflops, any_value(pk.model) IS NOT NULL AS listed
+), hp AS (  -- each held GPU with its model's peak
+    SELECT h.*, pk.peak_tflops, pk.model IS NOT NULL AS listed, h.held_s * h.equiv AS w
     FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
     WHERE h.held_s > 0
-    GROUP BY h.cluster, h.scheduler, h.job_key, h.model
-), held AS (
+), held1 AS (  -- per job, in one pass: ordered aggregates, and a job's models as distinct rows, for the few that need them (odd)
     SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(account) AS account,
-           any_value(user_name) AS user_name, sum(n) AS mapped_gpus, sum(equiv) AS gpu_equiv, sum(w) AS held_gpu_s,
-           string_agg(model, ', ' ORDER BY model) AS model,
+           any_value(user_name) AS user_name, count(*) AS mapped_gpus, sum(equiv) AS gpu_equiv, sum(w) AS held_gpu_s,
+           min(model) AS model, min(model) IS DISTINCT FROM max(model) AS models,
            bool_or(model IS NULL) AS model_missing,
-           list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND peak_tflops IS NULL) AS no_peak,
-           list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND NOT listed) AS not_listed,
+           bool_or(model IS NOT NULL AND (peak_tflops IS NULL OR NOT listed)) AS odd,
            sum(peak_tflops * w) / nullif(sum(w), 0) AS peak_tflops
-    FROM hm
+    FROM hp
     GROUP BY cluster, scheduler, job_key
+), odd AS (  -- jobs of several models, or of a model without a peak
+    SELECT cluster, scheduler, job_key, string_agg(model, ', ' ORDER BY model) AS model,
+           list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND peak_tflops IS NULL) AS no_peak,
+           list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND NOT listed) AS not_listed
+    FROM (SELECT DISTINCT hp.cluster, hp.scheduler, hp.job_key, hp.model, hp.peak_tflops, hp.listed
+          FROM hp SEMI JOIN (SELECT cluster, scheduler, job_key FROM held1 WHERE models OR odd) o USING (cluster, scheduler, job_key))
+    GROUP BY cluster, scheduler, job_key
+), held AS (
+    SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.account, h.user_name, h.mapped_gpus, h.gpu_equiv, h.held_gpu_s,
+           coalesce(o.model, h.model) AS model, h.model_missing, o.no_peak, o.not_listed, h.peak_tflops
+    FROM held1 h LEFT JOIN odd o USING (cluster, scheduler, job_key)
 ), r AS (
     SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
     FROM job_throughput

@@ -113,6 +113,8 @@ def store(tmp_path_factory):
     f.gpu_series("n6", "GPU-61", T(10), T(12), util=80.0, gpu=1)
     f.gpu_series("n7", "GPU-7", T(10), T(12), util=70.0, tensor=0.3, sm_clock=1500, model=H100_PCIE)
     f.gpu_series("n8", "GPU-8", T(10), T(12), util=70.0, tensor=0.4, sm_clock=1377, model=V100)
+    f.gpu_series("n10", "GPU-10a", T(10), T(12), util=70.0, tensor=0.3, sm_clock=1500, model=H100_PCIE)
+    f.gpu_series("n10", "GPU-10b", T(10), T(12), util=70.0, tensor=0.3, sm_clock=1500, model=MYSTERY, gpu=1)
     job = lambda key, account, gpus, placements: f.job(key, account=account, user="u" + key, start=T(10), end=T(12), gpus=gpus, placements=placements)  # noqa: E731
     job("1", "physics", 1, [("n1", "GPU-1")])
     job("2", "physics", 1, [("n1", "GPU-2")])
@@ -122,6 +124,7 @@ def store(tmp_path_factory):
     job("6", "chem", 2, [("n6", "GPU-60"), ("n6", "GPU-61")])
     job("7", "chem", 1, [("n7", "GPU-7")])
     job("8", "other", 1, [("n8", "GPU-8")])
+    job("10", "mixed", 2, [("n10", "GPU-10a"), ("n10", "GPU-10b")])  # two models, one without a peak
     f.write()
     w = StoreWriter(f.root)
     times = [T(10, m) for m in range(0, 60, 5)] + [T(11, m) for m in range(0, 60, 5)]
@@ -171,6 +174,13 @@ def test_reported_flops_without_gpu_count_uses_the_jobs_gpus(jobs):
 
 def test_unknown_model_is_unknown_with_reason(jobs):
     j = jobs["4"]
+    assert j["mfu"] is None and j["method"] == "unknown"
+    assert j["reason"] == f"unknown GPU model '{MYSTERY}' for dtype bf16: no peak in gpu_peaks.csv"
+
+
+def test_a_job_on_two_models_names_both_and_the_one_without_a_peak(jobs):
+    j = jobs["10"]
+    assert j["model"] == ", ".join(sorted([H100_PCIE, MYSTERY])) and j["gpus"] == 2
     assert j["mfu"] is None and j["method"] == "unknown"
     assert j["reason"] == f"unknown GPU model '{MYSTERY}' for dtype bf16: no peak in gpu_peaks.csv"
 

@@ -5,7 +5,8 @@ dashboards' Bundle holds of a window of whole hours - headline totals with the
 idle and no-process time and their cost, utilization by every dimension down to the job, waste
 by account, user and job, the top wasteful jobs, the job list with its verdicts, per-job GPU
 figures (memory high-water), MFU per job and account, the timelines - computed from the hours'
-facts, and the job list read from them alone (the Jobs page's), equals the raw path's (core.Analysis with every sample read: the oracle) to 1e-9 relative,
+facts, the job list read from them alone (the Jobs page's), the Waste page's figures read from
+them alone (the allocations with stretches) and MFU's (without the GPUs' figures), equals the raw path's (core.Analysis with every sample read: the oracle) to 1e-9 relative,
 on the random fleets of test_analytics_properties (MIG slices, gaps, idle and no-process
 stretches across hours, jobs across hours, several files per hour), however the hours were
 grouped when their facts were built. A stretch's facts depend on the hours around it: a change
@@ -60,9 +61,10 @@ def oracle(con, p: Params, now: datetime) -> tuple[dict, dict]:
         an.con.close()
 
 
-def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
+def compared(con, p: Params, now: datetime, facts: Path, waste: bool = True) -> list[str]:
     """The oracle's figures against those from facts (which must answer the window): the whole
-    analysis' (window_analysis), and the job list alone (window_jobs)."""
+    analysis' (window_analysis), the job list alone (window_jobs), (`waste`) the Waste page's
+    figures alone (window_waste), and MFU's alone (mfu_window)."""
     got = fact_window.window_analysis(con, p, now, finder(facts))
     jobs = fact_window.window_jobs(con, p, now, finder(facts))
     assert got is not None and jobs is not None, p
@@ -70,10 +72,29 @@ def compared(con, p: Params, now: datetime, facts: Path) -> list[str]:
     try:
         want, want_tl = oracle(con, p, now)
         bad = mismatches(want, figures(fw)) + mismatches({"jobs (alone)": want["jobs"]}, {"jobs (alone)": jobs})
+        if waste:
+            bad += waste_mismatches(want, fact_window.window_waste(con, p, now, finder(facts), 25), p)
+        m = fact_window.mfu_window(con, p, now, finder(facts))
+        assert m is not None, p
+        try:
+            got_mfu = job_mfu(m)
+            bad += mismatches({"job_mfu (alone)": want["job_mfu"], "account_mfu (alone)": want["account_mfu"]},
+                              {"job_mfu (alone)": got_mfu, "account_mfu (alone)": account_mfu(m, got_mfu)})
+        finally:
+            m.con.close()
         bad += mismatches({f"timeline[{by}]": x for by, x in want_tl.items()}, {f"timeline[{by}]": x for by, x in timelines.items()})
         return bad
     finally:
         fw.con.close()
+
+
+def waste_mismatches(want: dict, got: fact_window.WindowWaste | None, p: Params) -> list[str]:
+    """The oracle's totals, waste by account and user and top jobs against window_waste's."""
+    assert got is not None, p
+    return mismatches({"totals (waste)": want["totals"], "top (waste)": want["top"],
+                       **{f"waste[{by}, {kind}] (waste)": want[f"waste[{by}, {kind}]"] for by, kind in got.waste}},
+                      {"totals (waste)": asdict(got.totals), "top (waste)": got.top_jobs,
+                       **{f"waste[{by}, {kind}] (waste)": x for (by, kind), x in got.waste.items()}})
 
 
 def team_filters(con) -> list[Filters]:
@@ -141,9 +162,18 @@ def test_a_stretch_one_hour_off_fails_the_comparison(tmp_path):
             pl.lit(T(11)).alias("hour"), pl.lit(0.0).alias("data_s"), pl.lit(0.0).alias("busy_s"), pl.lit(0, dtype=pl.Int64).alias("pieces"))
         assert moved.height
         pl.concat([eleven, moved]).write_parquet(files[T(11)])
-        bad = compared(con, Params(T(11), T(12)), T(20), tmp_path / "facts")
+        p = Params(T(11), T(12))
+        bad = compared(con, p, T(20), tmp_path / "facts", waste=False)
         assert any(b.startswith("totals.idle_allocated_gpu_h") for b in bad) and any(b.startswith("jobs:") for b in bad)
         assert any(b.startswith("jobs (alone)") for b in bad)
+        # the Waste page's figures alone: stretches of jobs the window has not are seen (no figures:
+        # the whole analysis' are shown), and those of its jobs are compared
+        assert fact_window.window_waste(con, p, T(20), finder(tmp_path / "facts"), 25) is None
+        in_window = moved.join(eleven.filter(pl.col("kind") == "alloc").select("jh").unique(), on="jh", how="semi")
+        assert 0 < in_window.height < moved.height
+        pl.concat([eleven, in_window]).write_parquet(files[T(11)])
+        got = fact_window.window_waste(con, p, T(20), finder(tmp_path / "facts"), 25)
+        assert any(b.startswith("totals (waste).idle_allocated_gpu_h") for b in waste_mismatches(oracle(con, p, T(20))[0], got, p))
 
 
 def test_a_late_sample_renames_the_neighbouring_hours_facts(tmp_path):
