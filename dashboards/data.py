@@ -31,8 +31,9 @@ Nothing here computes a figure: it calls analytics and caches what comes back.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -51,10 +52,11 @@ from gpufleet.dashboards import config as dconfig
 from gpufleet.times import HOUR, floor_time, utcnow
 
 log = logging.getLogger(__name__)
-# a window's analysis from facts that window_bundle hands on to window_mfu in the same thread
-# (bundle_then_mfu), so MFU does not read the facts again
-_HANDOFF = threading.local()
+# the CPU priority (a Linux thread's nice value) of work computed ahead of any page (work_ahead)
+AHEAD_NICE = 19
+_AHEAD = threading.local()
 
+TOP_JOBS = 25  # the Waste page's most wasteful jobs
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
 UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
 SUMMARY_GRAIN = timedelta(seconds=BUCKET_S)  # where a relative window starts (see the module's docstring and start_grain)
@@ -81,8 +83,10 @@ def manifest_version(root: str | Path) -> int | None:
     return store_version(root)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _reader(root: str, version: int, memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _reader(root: str, version: int, memory_limit: str, threads: int, ahead: bool) -> duckdb.DuckDBPyConnection:
+    """The pages' reader, or (`ahead`) the one of the threads that work ahead (work_ahead): a
+    DuckDB of its own, created in such a thread, so its worker threads take that thread's priority."""
     from gpufleet.collector.store import open_reader
 
     con = open_reader(root)
@@ -103,7 +107,27 @@ def reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     if version is None:
         raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)")
     d = current_settings().dashboard
-    return _reader(str(root), version, d["memory_limit"], d["threads"])
+    return _reader(str(root), version, d["memory_limit"], d["threads"], working_ahead())
+
+
+def work_ahead() -> None:
+    """Mark the calling thread - one the dashboard starts to compute figures before a page asks
+    for them (the warmer's, a window's prefetch) - as working ahead, for the rest of its life: the
+    lowest CPU priority (Linux: the thread's nice value, AHEAD_NICE; it cannot be raised again
+    unprivileged), and its store reads on a reader of their own (`reader`), whose DuckDB worker
+    threads inherit that priority. So a page opened meanwhile has the cores first, and the work
+    ahead takes what the pages leave (a page waiting for that work leaves it all)."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), AHEAD_NICE)
+        except OSError as e:  # (a container may forbid it: the work goes on at the pages' priority)
+            log.warning("the dashboard's work ahead keeps the pages' CPU priority: %s", e)
+    _AHEAD.on = True
+
+
+def working_ahead() -> bool:
+    """Whether the calling thread works ahead (work_ahead)."""
+    return getattr(_AHEAD, "on", False)
 
 
 # --- the window ---
@@ -270,8 +294,7 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    handing_on = getattr(_HANDOFF, "wanted", None) == key
-    a, tl, hours = _from_facts(s, w, p, mfu=handing_on)
+    a, tl, hours = _from_facts(s, w, p)
     if a is None:
         # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
         a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
@@ -280,7 +303,7 @@ def window_bundle(key: tuple) -> Bundle:
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
         tl = tl if tl is not None else timeline.utilization_timelines(a, TIMELINE_BY)
         waste = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
-        top = a.top_wasteful_jobs(25)
+        top = a.top_wasteful_jobs(TOP_JOBS)
         listed = window_jobs(key) if hours else None  # (from facts: the Jobs page's list, computed first)
         summaries = listed.jobs if listed is not None else ajobs.job_summaries(a)
         fair, fair_err = None, None
@@ -292,17 +315,13 @@ def window_bundle(key: tuple) -> Bundle:
             except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
                 log.exception("fairness failed")
                 fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
-        # from facts, MFU (a third of the rest at 16,384 GPUs) is computed apart (window_mfu), so
-        # the job list a Jobs page waits for comes first
+        # from facts, MFU (a third of the rest at 16,384 GPUs) is read apart (window_mfu), without the rest
         mfu_figures, mfu_err = (None, None) if hours else _mfu(a)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
                       computed_s=time.monotonic() - t0, window=w, facts_hours=hours, mfu_apart=bool(hours))
     finally:
-        if handing_on and hours:
-            _HANDOFF.analysis = (key, a)
-        else:
-            _close(a)
+        _close(a)
 
 
 @dataclass
@@ -336,51 +355,104 @@ def window_jobs(key: tuple) -> JobList | None:
     return None if jobs is None else JobList(jobs, w, len(hour_facts.whole_hours(p)))
 
 
-@contextmanager
-def bundle_then_mfu(key: tuple):
-    """Within it, window_bundle(key) computed from facts keeps its analysis (read with MFU's
-    sums) for window_mfu(key) asked next in the same thread - one reading of the facts for both;
-    whatever is not taken is closed on the way out."""
-    _HANDOFF.wanted = key
-    try:
-        yield
-    finally:
-        _HANDOFF.wanted = None
-        kept = getattr(_HANDOFF, "analysis", None)
-        _HANDOFF.analysis = None
-        if kept is not None:
-            _close(kept[1])
+def facts_answer(key: tuple) -> bool:
+    """Whether hour facts are kept and can answer the window (`key`: a Window.key) - where every
+    hour of it has current facts (gpufleet.analytics.hour_facts.why_not)."""
+    s, _, p = _request(key)
+    return _answering(s, p) is not None
+
+
+def _answering(s: dconfig.Settings, p: Params):
+    """The hour facts (facts_dir) where they are kept and can answer the window `p`, else None."""
+    from gpufleet.analytics import hour_facts
+
+    facts = facts_dir(s)
+    return facts if facts is not None and hour_facts.answerable(p) else None
+
+
+@dataclass
+class WasteView:
+    """What the Waste page shows of a window: its Bundle's figures, or the same read from its
+    hours' facts alone (window_waste) with the Utilization page's (window_use: by model and host)."""
+
+    totals: Any  # core.Totals
+    waste: dict[tuple[str, str], pl.DataFrame]  # (by, kind) -> waste_by
+    top_jobs: pl.DataFrame
+    utilization: dict[str, pl.DataFrame]
+    window: Resolved
+    facts_hours: int = 0  # the hours summed from their facts (0: the Bundle's figures)
+
+    @classmethod
+    def of(cls, b: Bundle) -> "WasteView":
+        return cls(b.totals, b.waste, b.top_jobs, b.utilization, b.window, b.facts_hours)
+
+
+@st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Summing the window's waste (analytics)...")
+def window_waste(key: tuple) -> Any:
+    """The Waste page's totals, waste by account and user and top jobs (`key`: a Window.key; a
+    gpufleet.analytics.fact_window.WindowWaste) read from the window's hour facts alone - the
+    allocations with idle or no-process stretches, not the whole analysis the Bundle takes; None
+    where they do not answer it (then the Bundle's)."""
+    from gpufleet.analytics import fact_window
+
+    s, w, p = _request(key)
+    facts = _answering(s, p)
+    if facts is None:
+        return None
+    return fact_window.window_waste(reader(w.root), p, w.as_of, facts, TOP_JOBS, names=fact_names(w))
+
+
+@dataclass
+class MfuView:
+    """What the MFU page shows of a window: the MFU figures (per job and per account: "jobs",
+    "accounts"), or why they could not be computed; the window they are for."""
+
+    figures: dict[str, pl.DataFrame] | None
+    error: str | None
+    window: Resolved
+    facts_hours: int = 0  # the hours read from their facts (0: computed)
+
+    @classmethod
+    def of(cls, b: Bundle) -> "MfuView":
+        return cls(b.mfu, b.mfu_error, b.window, b.facts_hours)
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's MFU figures (analytics)...")
-def window_mfu(key: tuple) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
-    """The MFU figures of a window whose Bundle left them out (Bundle.mfu_apart; `key`: a
-    Window.key), as _mfu gives them: from its hours' facts, or computed if they no longer answer."""
+def window_mfu(key: tuple) -> MfuView:
+    """The MFU page's figures (`key`: a Window.key): read from the window's hour facts where they
+    answer it (gpufleet.analytics.fact_window.mfu_window: not the whole analysis), else its
+    Bundle's (computed: with MFU), else - a Bundle from facts that no longer answer - computed."""
+    from gpufleet.analytics import fact_window, hour_facts
+
     s, w, p = _request(key)
-    kept = getattr(_HANDOFF, "analysis", None)
-    if kept is not None and kept[0] == key:
-        _HANDOFF.analysis = None
-        a = kept[1]
-    else:
-        a, _, _ = _from_facts(s, w, p, mfu=True)
-    if a is None:
-        a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
+    facts = _answering(s, p)
+    if facts is not None:
+        a = fact_window.mfu_window(reader(w.root), p, w.as_of, facts, names=fact_names(w))
+        if a is not None:
+            try:
+                return MfuView(*_mfu(a), w, len(hour_facts.whole_hours(p)))
+            finally:
+                _close(a)
+    b = window_bundle(key)
+    if not b.mfu_apart:
+        return MfuView.of(b)
+    a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
     try:
-        return _mfu(a)
+        return MfuView(*_mfu(a), b.window)
     finally:
         _close(a)
 
 
-def _from_facts(s: dconfig.Settings, w: Resolved, p: Params, mfu: bool) -> tuple[Analysis | None, dict[str, pl.DataFrame] | None, int]:
-    """The window's analysis and timelines from its hours' facts (gpufleet.analytics.fact_window;
-    `mfu`: with what MFU reads) and how many hours; (None, None, 0) where they do not answer it
-    (then it is computed)."""
+def _from_facts(s: dconfig.Settings, w: Resolved, p: Params) -> tuple[Analysis | None, dict[str, pl.DataFrame] | None, int]:
+    """The window's analysis (without what only MFU reads) and timelines from its hours' facts
+    (gpufleet.analytics.fact_window) and how many hours; (None, None, 0) where they do not answer
+    it (then it is computed)."""
     from gpufleet.analytics import fact_window, hour_facts
 
-    facts = facts_dir(s)
-    if facts is None or not hour_facts.answerable(p):
+    facts = _answering(s, p)
+    if facts is None:
         return None, None, 0
-    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts, mfu=mfu, names=fact_names(w))
+    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts, mfu=False, names=fact_names(w))
     if got is None:
         return None, None, 0
     a, tl = got

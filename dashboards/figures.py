@@ -13,7 +13,9 @@ finds them (Fleet now's states, and Health's "now" figures, follow now and stay 
 asked: ~1-2 s at 16,000 GPUs). While a period's figures
 are being computed, a page is served the previous period's - its caption names the window they
 are for - instead of waiting. A preset with filters, a preset not warmed and a window typed in
-are computed when asked, as before.
+are computed when asked, as before. The warmer's thread, and the one that computes a typed
+window's figures ahead for its other pages (_prefetch), work at the lowest CPU priority on a
+reader of their own (data.work_ahead): a page opened meanwhile has the cores first.
 
 The cost is one analysis per warmed preset per period, asked or not: at 16,000 GPUs about 20 s
 of a core every 30 minutes for 7 days (~1.1 %).
@@ -181,6 +183,7 @@ class Warmer:
         """Warm now and at every period's start, in a daemon thread, for the process' life (with
         no preset, only the hour facts: every FACTS_PERIOD)."""
         def loop() -> None:
+            data.work_ahead()
             while True:
                 try:
                     self.warm(settings())
@@ -214,18 +217,20 @@ def jobs_for(w: data.Window) -> data.JobList:
     return listed if listed is not None else data.JobList.of(data.window_bundle(w.key))
 
 
-def mfu_for(w: data.Window, b: data.Bundle) -> tuple[dict | None, str | None]:
-    """`w`'s MFU figures (per job and account) and why they failed: its Bundle's, or where that
-    left them out (Bundle.mfu_apart: a window from hour facts) data.window_mfu's."""
-    if not b.mfu_apart:
-        return b.mfu, b.mfu_error
+def mfu_for(w: data.Window) -> data.MfuView:
+    """`w`'s figures for the MFU page: the warmer's when it has them, else data.window_mfu's
+    (read from its hour facts where they answer it, else its Bundle's)."""
+    if dconfig.warm_asked():
+        bundle = warmer(data.current_settings()).serve(w)
+        if bundle is not None and not bundle.mfu_apart:
+            return data.MfuView.of(bundle)
     return data.window_mfu(w.key)
 
 
 def use_for(w: data.Window) -> data.UseView:
     """`w`'s figures for the Utilization and Teams pages: the warmer's when it has them, else
-    data.window_use's - summed from hour facts where they answer the window; then the window's
-    Bundle, which the Jobs, Waste and MFU pages need, is computed meanwhile in the background."""
+    data.window_use's - summed from hour facts where they answer the window (then the other
+    pages' figures are read from them meanwhile in the background: compute_ahead)."""
     if dconfig.warm_asked():
         bundle = warmer(data.current_settings()).serve(w)
         if bundle is not None:
@@ -234,6 +239,31 @@ def use_for(w: data.Window) -> data.UseView:
     if view.facts_hours:
         _prefetch(w.key)
     return view
+
+
+def waste_for(w: data.Window) -> data.WasteView:
+    """`w`'s figures for the Waste page: the warmer's when it has them, else read from its hour
+    facts (data.window_waste, with use_for's utilization: which starts the background's work for
+    the other pages), else its Bundle's (data.window_bundle)."""
+    if dconfig.warm_asked():
+        bundle = warmer(data.current_settings()).serve(w)
+        if bundle is not None:
+            return data.WasteView.of(bundle)
+    use = use_for(w)
+    if use.facts_hours:
+        got = data.window_waste(w.key)
+        if got is not None:
+            return data.WasteView(got.totals, got.waste, got.top_jobs, use.utilization, use.window, use.facts_hours)
+    return data.WasteView.of(data.window_bundle(w.key))
+
+
+def compute_ahead(w: data.Window) -> None:
+    """Start reading a typed window's figures from its hour facts in the background (_prefetch)
+    as soon as a page names it - whichever page is opened first, the others' figures are then
+    on their way -, where its facts can answer it (data.facts_answer: a preset's never can, a
+    filtered window's not all)."""
+    if data.facts_answer(w.key):
+        _prefetch(w.key)
 
 
 def fairness_for(w: data.Window) -> tuple:
@@ -251,22 +281,25 @@ _PREFETCH_LOCK = threading.Lock()
 
 
 def _prefetch(key: tuple) -> None:
-    """The job list from facts (data.window_jobs: what the Jobs page waits for), data.window_bundle(key)
-    (which takes that list), then its MFU where the Bundle left it apart, in a daemon thread,
-    into the caches the pages read - one at a time per process: an operator stepping through
-    windows must not start a computation for each (an analysis at 16,384 GPUs: ~4 GiB); a window
-    asked while one runs is computed when its page asks."""
+    """Every page's figures of a window from its hour facts (data.window_use, window_jobs,
+    window_waste, window_mfu: in the menu's order), in a daemon thread working ahead
+    (data.work_ahead: a page opened meanwhile has the cores first), into the caches the pages
+    read - no page of a window its facts answer needs its whole Bundle -, one at a time
+    per process: an operator stepping through windows must not start a computation for each (an
+    analysis at 16,384 GPUs: ~4 GiB); a window asked while one runs is computed when its page
+    asks."""
     with _PREFETCH_LOCK:
         if _PREFETCHING:
             return
         _PREFETCHING.add(key)
 
     def run() -> None:
+        data.work_ahead()
         try:
-            data.window_jobs(key)
-            with data.bundle_then_mfu(key):  # (one reading of the facts for both)
-                if data.window_bundle(key).mfu_apart:
-                    data.window_mfu(key)  # (the MFU page's, after the job list the Jobs page waits for)
+            if data.window_use(key).facts_hours:  # (else its Bundle was computed: every page's figures)
+                data.window_jobs(key)
+                data.window_waste(key)
+                data.window_mfu(key)
         except Exception:  # noqa: BLE001 - the page that needs it computes it, and says what failed
             log.exception("computing a window's figures ahead failed")
         finally:

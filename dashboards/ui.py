@@ -20,7 +20,7 @@ import streamlit as st
 
 from gpufleet.analytics.params import Filters
 from gpufleet.dashboards import config as dconfig
-from gpufleet.dashboards import data
+from gpufleet.dashboards import data, figures
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +245,7 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
         if ctx.version is None:
             no_store_message(ctx.settings.store)
             return
+        figures.compute_ahead(ctx.window)
         body(ctx)
     except StoreError as e:
         st.info("The store cannot be read right now:")

@@ -1,9 +1,9 @@
 """The dashboards' hour facts (dashboards/facts.py over gpufleet.analytics.hour_facts): the served
 dashboard's warmer builds the closed hours' facts into `[dashboard] facts_dir`; the Utilization
 and Teams pages of a window of whole hours typed in are then summed from them - the same figures
-as the window's analysis -, and so is the Bundle the Jobs, Waste and MFU pages read
-(gpufleet.analytics.fact_window), started meanwhile in the background for them - the Jobs page's
-list first, read from the facts alone; a window facts
+as the window's analysis -, and so are the Jobs, MFU and Waste pages' figures, each read from the
+facts alone (gpufleet.analytics.fact_window), started meanwhile in the background for them, and
+the window's whole Bundle where asked; a window facts
 cannot answer (a filter, an edge inside an hour) is computed as before; a failing build is
 logged and shown on the Health page, never a wrong figure."""
 
@@ -24,6 +24,7 @@ from gpufleet.collector.maintenance import compact  # noqa: E402
 from gpufleet.collector.store import StoreWriter  # noqa: E402
 from gpufleet.dashboards import data, figures  # noqa: E402
 from gpufleet.dashboards import facts as dfacts  # noqa: E402
+from gpufleet.dashboards import ui  # noqa: E402
 from gpufleet.dashboards.figures import FACTS, Warmer  # noqa: E402
 from tests.test_analytics_properties import TOL, frames_equal  # noqa: E402
 from tests.test_dashboard_analytics import T, build  # noqa: E402
@@ -48,7 +49,7 @@ def store(tmp_path, monkeypatch):
     # the scenario's few hours as a long window's: a timeline of 1-hour buckets (a window over 12 h has them)
     for module in ("hour_facts", "timeline", "core"):
         monkeypatch.setattr(f"gpufleet.analytics.{module}.timeline_bucket", lambda p: timedelta(hours=1))
-    caches = (data.settings, data.window_bundle, data.window_use, data.window_fairness, data.window_mfu, data.window_jobs)
+    caches = (data.settings, data.window_bundle, data.window_use, data.window_fairness, data.window_mfu, data.window_jobs, data.window_waste)
     for cached in caches:
         cached.clear()
     yield tmp_path
@@ -118,11 +119,11 @@ def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed
         # ... its job list read from the facts alone first (data.window_jobs: the Jobs page's)
         listed = data.window_jobs(window(lo, hi).key)
         assert listed.facts_hours == view.facts_hours and listed.jobs.equals(bundle.jobs)  # (the list the Bundle took)
-        # ... MFU apart, after the job list (data.window_mfu)
+        # ... MFU apart, read from the facts alone (data.window_mfu: the MFU page's)
         assert bundle.mfu_apart and bundle.mfu is None
-        mfu, error = figures.mfu_for(window(lo, hi), bundle)
-        assert error is None
-        bad = same_bundle(computed, bundle, mfu)
+        mfu = figures.mfu_for(window(lo, hi))
+        assert mfu.error is None and mfu.facts_hours == view.facts_hours
+        bad = same_bundle(computed, bundle, mfu.figures)
         assert not bad, (lo, hi, bad)
         # the Teams page's fairness from the accounting alone: the analysis' figures (the Bundle
         # from facts takes them)
@@ -146,7 +147,7 @@ def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed
 def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwhile(store, monkeypatch):
     from gpufleet.analytics import fact_window
 
-    reads = []  # the windows read from facts by fact_window.window_analysis
+    reads = []  # the windows whose whole analysis was read from facts (fact_window.window_analysis)
     real_read = fact_window.window_analysis
     monkeypatch.setattr(fact_window, "window_analysis", lambda con, p, *a, **k: reads.append((p.start, p.end)) or real_read(con, p, *a, **k))
     s = data.current_settings()
@@ -166,24 +167,19 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
     assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at_utilization_captions(q))
     q_inside = {"from": "2026-11-16T10:30:00", "to": "2026-11-16T12:00:00"}
     assert any("could not - the window starts or ends inside an hour." in c.value for c in at_utilization_captions(q_inside))
-    # the window's Bundle, for the Jobs, Waste and MFU pages, computed in the background (from the facts)
+    # the Jobs, MFU and Waste pages' figures, read from the facts in the background - not the
+    # window's whole analysis, which none of them needs
     deadline = time.monotonic() + 60
     while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    made = []
-    real = data.Analysis
-    data.Analysis = lambda *a, **k: made.append(1) or real(*a, **k)
-    try:
-        data.window_bundle(w.key)
-    finally:
-        data.Analysis = real
-    assert made == []  # cached already
-    assert data.window_bundle(w.key).facts_hours == 2
-    # ... and the MFU figures after it, in the same thread, from the same reading of the facts
-    assert reads == [(T(10), T(12))]
-    assert checked == [(T(10), T(12))]  # the Utilization page's, then known to the job list and the Bundle
-    data.window_mfu(w.key)
-    assert reads == [(T(10), T(12))]
+    with monkeypatch.context() as m:
+        for name in ("window_jobs", "mfu_window", "window_waste", "window_analysis"):
+            m.setattr(fact_window, name, lambda *a, **k: pytest.fail("not computed ahead"))
+        m.setattr(data, "Analysis", lambda *a, **k: pytest.fail("computed"))
+        assert data.window_jobs(w.key).facts_hours == data.window_mfu(w.key).facts_hours == 2
+        assert data.window_waste(w.key) is not None
+    assert reads == []
+    assert checked == [(T(10), T(12))]  # the Utilization page's, then known to the others
     for page in ("jobs", "waste", "mfu"):
         at = AppTest.from_file(str(APP), default_timeout=60)
         at.query_params.update(q)
@@ -213,8 +209,8 @@ def test_the_warmer_rolls_up_the_days_and_windows_read_them(store, monkeypatch):
     computed = computed_bundle(key, monkeypatch)
     bundle = data.window_bundle(key)
     assert bundle.facts_hours == 2 and hours_read == []  # the roll-up alone
-    mfu, error = figures.mfu_for(window(T(10), T(12)), bundle)
-    assert error is None and not same_bundle(computed, bundle, mfu)
+    mfu = figures.mfu_for(window(T(10), T(12)))
+    assert mfu.error is None and not same_bundle(computed, bundle, mfu.figures)
     assert not same_view(data.UseView.of(computed), data.window_use(key))
     assert frames_equal(data.window_jobs(key).jobs, computed.jobs) and hours_read == []
 
@@ -256,6 +252,65 @@ def test_the_jobs_page_of_a_typed_window_lists_its_jobs_from_facts_alone(store, 
     assert frames_equal(team, computed.jobs)
 
 
+def test_the_waste_page_of_a_typed_window_from_facts_alone(store, monkeypatch):
+    """Opened first, the Waste page of a window of whole hours reads its figures from the hour
+    facts (the allocations with stretches, fact_window.window_waste) without the window's whole
+    analysis, which the background then computes for the MFU page (not here): the computed
+    Bundle's totals, waste by account and user and top jobs."""
+    from gpufleet.analytics import fact_window
+
+    real = data.Analysis
+    monkeypatch.setattr(fact_window, "window_analysis", lambda *a, **k: pytest.fail("the whole analysis was read"))
+    monkeypatch.setattr(data, "Analysis", lambda *a, **k: pytest.fail("the window was computed"))
+    monkeypatch.setattr(figures, "_prefetch", lambda key: None)
+    s = data.current_settings()
+    dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params.update({"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00"})
+    at.switch_page("views/waste.py").run()
+    assert not at.exception, at.exception
+    assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption)
+    key = window(T(10), T(12)).key
+    got = data.window_waste(key)
+    assert got is not None and got.totals.idle_allocated_gpu_h > 0 and got.top_jobs.height
+    assert at.metric[0].value == ui.gpu_h(got.totals.idle_allocated_gpu_h)
+    monkeypatch.setattr(data, "Analysis", real)
+    computed = computed_bundle(key, monkeypatch)
+    bad = [f"totals.{k}" for k in ("idle_allocated_gpu_h", "idle_allocated_cost", "no_process_gpu_h", "no_process_cost", "stranded_gpu_h",
+                                   "stranded_cost", "allocated_gpu_h", "capacity_gpu_h") if getattr(computed.totals, k) != pytest.approx(getattr(got.totals, k), **TOL)]
+    bad += [f"waste{k}" for k in computed.waste if not frames_equal(computed.waste[k], got.waste[k])]
+    assert not bad and frames_equal(computed.top_jobs, got.top_jobs), bad
+
+
+def test_any_page_of_a_typed_window_starts_reading_its_figures_ahead(store, monkeypatch):
+    """The Health page (which reads none of them) of a window of whole hours starts the
+    background's reading of every page's figures from the facts (figures.compute_ahead); a
+    window facts cannot answer (an account filter) starts nothing."""
+    from gpufleet.analytics import fact_window, hour_facts
+
+    s = data.current_settings()
+    dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
+    started = []
+    real = figures._prefetch
+    monkeypatch.setattr(figures, "_prefetch", lambda key: started.append(key) or real(key))
+    for q in ({"account": "physics"}, {}):
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        at.query_params.update({"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00", **q})
+        at.switch_page("views/health.py").run()
+        assert not at.exception, at.exception
+    key = window(T(10), T(12)).key
+    assert started == [key]
+    deadline = time.monotonic() + 60
+    while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with monkeypatch.context() as m:
+        for name in ("window_jobs", "mfu_window", "window_waste", "window_analysis"):
+            m.setattr(fact_window, name, lambda *a, **k: pytest.fail("not computed ahead"))
+        m.setattr(hour_facts, "window_use", lambda *a, **k: pytest.fail("not computed ahead"))
+        assert data.window_use(key).facts_hours == data.window_jobs(key).facts_hours == data.window_mfu(key).facts_hours == 2
+        assert data.window_waste(key) is not None
+
+
 def at_utilization_captions(q: dict):
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.query_params.update(q)
@@ -285,8 +340,7 @@ def test_one_window_is_computed_in_the_background_at_a_time(monkeypatch):
         started.append(key)
         release.wait(10)
 
-    monkeypatch.setattr(data, "window_bundle", slow)
-    monkeypatch.setattr(data, "window_jobs", lambda key: None)
+    monkeypatch.setattr(data, "window_use", slow)
     figures._prefetch(("a",))
     figures._prefetch(("b",))  # while a's runs: not started
     release.set()

@@ -10,13 +10,13 @@ from gpufleet.dashboards import figures, ui
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.for_window(w)
-    ui.window_caption(b.window)
-    ui.facts_note(b.facts_hours)
-    figures_mfu, error = figures.mfu_for(w, b)
+    view = figures.mfu_for(w)
+    ui.window_caption(view.window)
+    ui.facts_note(view.facts_hours)
+    figures_mfu = view.figures
     if figures_mfu is None:
         st.error("The MFU figures could not be computed for this window. The dashboard's log has the details.")
-        st.text(error or "")
+        st.text(view.error or "")
         return
     if all(df.is_empty() for df in figures_mfu.values()):
         ui.empty_window("GPU job")

@@ -23,7 +23,7 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.for_window(w)
+    b = figures.waste_for(w)
     ui.window_caption(b.window)
     ui.facts_note(b.facts_hours)
     t = b.totals
