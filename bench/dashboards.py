@@ -12,13 +12,13 @@ with the window set to the whole week in the URL's query parameters, as a user w
 - hour facts: the store's closed hours' facts built as the served dashboard's warmer builds them
   (dashboards/facts.py: once, timed; then a pass that finds them current, timed), before the
   first loads - a window typed in finds them, as on a served dashboard.
-- first load: the pages visited once each in menu order, caches empty at the start. Utilization
-  and Teams are summed from the hour facts (data.window_use), and start in the background the
-  job list the Jobs page reads (data.window_jobs: from the facts alone; Jobs, next, waits for
-  it), then the window's figures that Waste and MFU read (data.window_bundle: from the hour facts
-  too, gpufleet.analytics.fact_window); Waste adds the previous week's
-  totals, Health its own queries, Jobs one job's report (the most wasteful job, by the job-id
-  box: computed on the job's own run).
+- first load: the pages visited once each in menu order, back to back, caches empty at the
+  start. The first page (Fleet now) starts in the background, at the lowest CPU priority, the
+  reading of every page's figures from the hour facts (dashboards/figures.py compute_ahead:
+  data.window_use for Utilization and Teams, window_jobs, window_waste, window_mfu, in that
+  order; gpufleet.analytics.fact_window), which a page waits for when it gets there first; Waste
+  adds the previous week's totals, Health its own queries, Jobs one job's report (the most
+  wasteful job, by the job-id box: computed on the job's own run).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
 - the warmed preset: the week as "the last 7 days" with now 20 minutes before its end (inside an hour,
   as a served dashboard's clock mostly is; PRESET_NOW_BEFORE_END: the window starts on the hour
@@ -281,9 +281,9 @@ def run() -> list[Table]:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
         "first load in menu order from empty caches (the hour facts built before, as a served dashboard has them), after the "
-        "server's start: Utilization and Teams are summed from the window's hour facts, and from Utilization's load on the "
-        "background reads the job list from them (Jobs waits for it), then sums the window's figures that Waste and MFU read "
-        "(MFU last, from the same reading; a job's report computes the job on its own run, its MFU too); "
+        "server's start, back to back: from the first page on the background reads every page's figures from the window's "
+        "hour facts at the lowest CPU priority (Utilization's and Teams', the job list, waste, MFU: in menu order; a page "
+        "waits for its own when it gets there first); a job's report computes the job on its own run, its MFU too; "
         "Waste adds the previous window's totals; Fleet now computes the GPU states at the window's end, which Health reuses "
         "beside its own queries",
         "the synthetic store holds no data before its first day, so Waste's previous-window totals are cheap here; on a real "
