@@ -36,7 +36,7 @@ import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, fleet_totals, top_wasteful_jobs, waste_by
-from gpufleet.analytics.hour_facts import FactFiles, gpu_figures, query_frame, read_window, timelines
+from gpufleet.analytics.hour_facts import FactFiles, query_frame, read_window, read_with_gpus, timelines
 from gpufleet.analytics.jobs import gpu_use, job_list
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
@@ -96,14 +96,12 @@ def window_analysis(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, fa
     detail sums: a third fewer sums over the allocations' facts), so mfu.job_mfu cannot be asked.
     `names`: hour_facts.read_window's."""
     allocations = sql.FACT_ALLOCATION_DETAIL if mfu else sql.FACT_ALLOCATIONS
-    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_BUCKETS, allocations, sql.FACT_VARIANTS),
-                       setup=(sql.ALLOCATIONS,), names=names)
+    read = read_with_gpus(con, p, now, facts, (sql.FACT_BUCKETS, allocations, sql.FACT_VARIANTS), setup=(sql.ALLOCATIONS,), names=names)
     if read is None:
         return None
-    cur, b, (gpus, parts, facts_of, variants) = read
+    cur, b, g, (parts, facts_of, variants) = read
     try:
-        g = gpu_figures(cur, b, gpus)
-        if g is None or variants["unsure"].any():
+        if variants["unsure"].any():
             cur.close()
             return None
         al = pl.from_arrow(cur.sql(sql.ALLOCATION_KEY_ROWS).to_arrow_table())
@@ -167,13 +165,12 @@ def window_waste(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts
     answer the window (hour_facts.read_window), a GPU's variant is not one over it (as
     window_analysis), or a stretch's job or GPU is not found by its hash (or two are): then the
     whole analysis'. `names`: hour_facts.read_window's."""
-    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_VARIANTS, sql.FACT_STRETCHES), names=names)
+    read = read_with_gpus(con, p, now, facts, (sql.FACT_VARIANTS, sql.FACT_STRETCHES), names=names)
     if read is None:
         return None
-    cur, b, (gpus, variants, stretched) = read
+    cur, b, g, (variants, stretched) = read
     try:
-        g = gpu_figures(cur, b, gpus)
-        if g is None or variants["unsure"].any():
+        if variants["unsure"].any():
             return None
         jobs = pl.from_arrow(cur.sql(sql.JOB_ROWS_HASHED).to_arrow_table()).select(
             "jh", "cluster", "scheduler", "job_key", pl.coalesce("job_id", "job_key").alias("job_id"), "user_name", "account", "partition")

@@ -316,14 +316,11 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
     """The window's utilization figures from its hours' facts, or None when facts cannot answer
     it (see the module's docstring): the caller then computes it with core.Analysis. `names`:
     read_window's."""
-    read = read_window(con, p, now, facts, (sql.FACT_GPUS, sql.FACT_BUCKETS, sql.FACT_JOB_USE), names=names)
+    read = read_with_gpus(con, p, now, facts, (sql.FACT_BUCKETS, sql.FACT_JOB_USE), names=names)
     if read is None:
         return None
-    cur, b, (gpus, parts, jobs) = read
+    cur, b, g, (parts, jobs) = read
     try:
-        g = gpu_figures(cur, b, gpus)
-        if g is None:
-            return None
         utilization = {}
         for by in USE_DIMS:
             if by in GPU_DIMS:
@@ -403,6 +400,27 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
     finally:
         side.close()
         rd.close()
+
+
+def read_with_gpus(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, queries: tuple[str, ...],
+                   setup: tuple[str, ...] = (), names: dict | None = None
+                   ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], pl.DataFrame, list[Any]] | None:
+    """read_window with the GPUs' facts read first and turned into their figures (gpu_figures):
+    the cursor, the bound parameters, the per-GPU rows and `queries`' frames; None (nothing left
+    open) where facts cannot answer the window or give its GPUs' figures."""
+    read = read_window(con, p, now, facts, (sql.FACT_GPUS, *queries), setup=setup, names=names)
+    if read is None:
+        return None
+    cur, b, (gpus, *rest) = read
+    try:
+        g = gpu_figures(cur, b, gpus)
+    except BaseException:
+        cur.close()
+        raise
+    if g is None:
+        cur.close()
+        return None
+    return cur, b, g, rest
 
 
 def query_frame(cur: duckdb.DuckDBPyConnection, query: str, bind: dict[str, Any]) -> pl.DataFrame:

@@ -90,6 +90,23 @@ def same_bundle(x: data.Bundle, y: data.Bundle, y_mfu: dict) -> list[str]:
     return bad + [f"mfu[{k}]" for k in x.mfu if not frames_equal(x.mfu[k], y_mfu[k])]
 
 
+def read_ahead(key: tuple, monkeypatch, hours: int) -> None:
+    """Once the background's work is done: every page's figures of the window are cached, read
+    from its `hours` hours' facts (asked again, nothing is read or computed)."""
+    from gpufleet.analytics import fact_window, hour_facts
+
+    deadline = time.monotonic() + 60
+    while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with monkeypatch.context() as m:
+        for name in ("window_jobs", "mfu_window", "window_waste", "window_analysis"):
+            m.setattr(fact_window, name, lambda *a, **k: pytest.fail("not computed ahead"))
+        m.setattr(hour_facts, "window_use", lambda *a, **k: pytest.fail("not computed ahead"))
+        m.setattr(data, "Analysis", lambda *a, **k: pytest.fail("computed"))
+        assert data.window_use(key).facts_hours == data.window_jobs(key).facts_hours == data.window_mfu(key).facts_hours == hours
+        assert data.window_waste(key) is not None
+
+
 def test_the_warmer_builds_the_facts_and_a_typed_window_of_whole_hours_is_summed_from_them(store, monkeypatch):
     s = data.current_settings()
     w = Warmer([], clock=lambda: NOW)
@@ -169,15 +186,7 @@ def test_the_utilization_and_teams_pages_from_facts_and_the_rest_computed_meanwh
     assert any("could not - the window starts or ends inside an hour." in c.value for c in at_utilization_captions(q_inside))
     # the Jobs, MFU and Waste pages' figures, read from the facts in the background - not the
     # window's whole analysis, which none of them needs
-    deadline = time.monotonic() + 60
-    while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    with monkeypatch.context() as m:
-        for name in ("window_jobs", "mfu_window", "window_waste", "window_analysis"):
-            m.setattr(fact_window, name, lambda *a, **k: pytest.fail("not computed ahead"))
-        m.setattr(data, "Analysis", lambda *a, **k: pytest.fail("computed"))
-        assert data.window_jobs(w.key).facts_hours == data.window_mfu(w.key).facts_hours == 2
-        assert data.window_waste(w.key) is not None
+    read_ahead(w.key, monkeypatch, hours=2)
     assert reads == []
     assert checked == [(T(10), T(12))]  # the Utilization page's, then known to the others
     for page in ("jobs", "waste", "mfu"):
@@ -215,23 +224,31 @@ def test_the_warmer_rolls_up_the_days_and_windows_read_them(store, monkeypatch):
     assert frames_equal(data.window_jobs(key).jobs, computed.jobs) and hours_read == []
 
 
-def test_the_jobs_page_of_a_typed_window_lists_its_jobs_from_facts_alone(store, monkeypatch):
-    """Opened first, the Jobs page of a window of whole hours lists its jobs from the hour facts
-    without the window's whole analysis (what the Waste and MFU pages read): every job of the
-    computed Bundle's list, the same figures (test_the_warmer_builds_the_facts...); under an
-    account filter too, the filtered window's computed list."""
+def opened_from_facts_alone(page: str, monkeypatch) -> AppTest:
+    """The page of the window 10:00-12:00 opened first, once the hour facts are built, with the
+    window's whole analysis (from facts or computed) failing the test if read: it shows that it
+    was summed from the facts."""
     from gpufleet.analytics import fact_window
 
-    real = data.Analysis
     monkeypatch.setattr(fact_window, "window_analysis", lambda *a, **k: pytest.fail("the whole analysis was read"))
     monkeypatch.setattr(data, "Analysis", lambda *a, **k: pytest.fail("the window was computed"))
     s = data.current_settings()
     dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.query_params.update({"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00"})
-    at.switch_page("views/jobs.py").run()
+    at.switch_page(f"views/{page}.py").run()
     assert not at.exception, at.exception
     assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption)
+    return at
+
+
+def test_the_jobs_page_of_a_typed_window_lists_its_jobs_from_facts_alone(store, monkeypatch):
+    """Opened first, the Jobs page of a window of whole hours lists its jobs from the hour facts
+    without the window's whole analysis (what the Waste and MFU pages read): every job of the
+    computed Bundle's list, the same figures (test_the_warmer_builds_the_facts...); under an
+    account filter too, the filtered window's computed list."""
+    real = data.Analysis
+    at = opened_from_facts_alone("jobs", monkeypatch)
     listed = data.window_jobs(window(T(10), T(12)).key)
     assert listed.jobs.height and at.metric[0].value == f"{listed.jobs.height:,} of {listed.jobs.height:,}"
     assert set(at.container("jobs_list").dataframe[0].value["job_id"]) == set(listed.jobs["job_id"])
@@ -257,19 +274,8 @@ def test_the_waste_page_of_a_typed_window_from_facts_alone(store, monkeypatch):
     facts (the allocations with stretches, fact_window.window_waste) without the window's whole
     analysis, which the background then computes for the MFU page (not here): the computed
     Bundle's totals, waste by account and user and top jobs."""
-    from gpufleet.analytics import fact_window
-
     real = data.Analysis
-    monkeypatch.setattr(fact_window, "window_analysis", lambda *a, **k: pytest.fail("the whole analysis was read"))
-    monkeypatch.setattr(data, "Analysis", lambda *a, **k: pytest.fail("the window was computed"))
-    monkeypatch.setattr(figures, "_prefetch", lambda key: None)
-    s = data.current_settings()
-    dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.query_params.update({"from": "2026-11-16T10:00:00", "to": "2026-11-16T12:00:00"})
-    at.switch_page("views/waste.py").run()
-    assert not at.exception, at.exception
-    assert any("Summed from the hour facts of the window's 2 hours" in c.value for c in at.caption)
+    at = opened_from_facts_alone("waste", monkeypatch)
     key = window(T(10), T(12)).key
     got = data.window_waste(key)
     assert got is not None and got.totals.idle_allocated_gpu_h > 0 and got.top_jobs.height
@@ -286,8 +292,6 @@ def test_any_page_of_a_typed_window_starts_reading_its_figures_ahead(store, monk
     """The Health page (which reads none of them) of a window of whole hours starts the
     background's reading of every page's figures from the facts (figures.compute_ahead); a
     window facts cannot answer (an account filter) starts nothing."""
-    from gpufleet.analytics import fact_window, hour_facts
-
     s = data.current_settings()
     dfacts.refresh(data.reader(s.store), data.facts_dir(s), data.params_for(s, *dfacts.horizon(NOW, 8), Filters()), NOW)
     started = []
@@ -300,15 +304,7 @@ def test_any_page_of_a_typed_window_starts_reading_its_figures_ahead(store, monk
         assert not at.exception, at.exception
     key = window(T(10), T(12)).key
     assert started == [key]
-    deadline = time.monotonic() + 60
-    while any(t.name.startswith(figures.THREAD) for t in __import__("threading").enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    with monkeypatch.context() as m:
-        for name in ("window_jobs", "mfu_window", "window_waste", "window_analysis"):
-            m.setattr(fact_window, name, lambda *a, **k: pytest.fail("not computed ahead"))
-        m.setattr(hour_facts, "window_use", lambda *a, **k: pytest.fail("not computed ahead"))
-        assert data.window_use(key).facts_hours == data.window_jobs(key).facts_hours == data.window_mfu(key).facts_hours == 2
-        assert data.window_waste(key) is not None
+    read_ahead(key, monkeypatch, hours=2)
 
 
 def at_utilization_captions(q: dict):
