@@ -342,6 +342,22 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
         cur.close()
 
 
+def facts_present(p: Params, facts: FactFiles) -> bool:
+    """Whether every hour of the window has a facts file, or its day's roll-up (their names are
+    checked against the store when they are read: read_window)."""
+    return _window_files(p, facts, spans=True) is not None
+
+
+def _window_files(p: Params, facts: FactFiles, spans: bool) -> tuple[dict, dict] | None:
+    """The window's facts files: the roll-ups of its whole days (`spans`) and its other hours'
+    files, each (name, path) by its start; None if an hour has none."""
+    rolled = {s: facts.present_span(s) for s in rollup_spans(p)} if spans else {}
+    rolled = {s: f for s, f in rolled.items() if f is not None}
+    covered = {h for s in rolled for h in span_hours(s)}
+    present = {h: facts.present(h) for h in whole_hours(p) if h not in covered}
+    return None if any(f is None for f in present.values()) else (rolled, present)
+
+
 def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, queries: tuple[str, ...],
                 setup: tuple[str, ...] = (), spans: bool = True, names: dict | None = None, job_list: bool = False
                 ) -> tuple[duckdb.DuckDBPyConnection, dict[str, Any], list[Any]] | None:
@@ -357,14 +373,10 @@ def read_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts:
     cursors of their own. `names`: where the hours' names computed on this store as it stands
     are kept, by window and parameters - read, and filled (the pages of one window ask them
     of the same store: 0.35 s each at 16,384 GPUs). `job_list`: for the job list alone (why_not)."""
-    if not answerable(p, job_list):
+    found = _window_files(p, facts, spans) if answerable(p, job_list) else None
+    if found is None:
         return None
-    rolled = {s: facts.present_span(s) for s in rollup_spans(p)} if spans else {}
-    rolled = {s: f for s, f in rolled.items() if f is not None}
-    covered = {h for s in rolled for h in span_hours(s)}
-    present = {h: facts.present(h) for h in whole_hours(p) if h not in covered}
-    if any(f is None for f in present.values()):
-        return None
+    rolled, present = found
     files = [path for _, path in [*present.values(), *rolled.values()]]  # type: ignore[misc]
     bind = window_bind(p, now)
     b = {**bind, "files": files, "bucket": timeline_bucket(p).total_seconds()}

@@ -356,10 +356,14 @@ def window_jobs(key: tuple) -> JobList | None:
 
 
 def facts_answer(key: tuple) -> bool:
-    """Whether hour facts are kept and can answer the window (`key`: a Window.key) - where every
-    hour of it has current facts (gpufleet.analytics.hour_facts.why_not)."""
+    """Whether hour facts are kept, can answer the window (`key`: a Window.key;
+    gpufleet.analytics.hour_facts.why_not) and are there for every hour of it (whether they are
+    current is known when they are read)."""
+    from gpufleet.analytics import hour_facts
+
     s, _, p = _request(key)
-    return _answering(s, p) is not None
+    facts = _answering(s, p)
+    return facts is not None and hour_facts.facts_present(p, facts)
 
 
 def _answering(s: dconfig.Settings, p: Params):
