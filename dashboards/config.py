@@ -8,7 +8,7 @@
     default_window = "24h"           # 1h, 6h, 24h, 7d or 30d
     warm_windows = ["24h", "7d"]     # presets whose figures are computed before anyone asks ([]: none)
     stale_after_seconds = 300        # a GPU's latest sample older than this is "no data"
-    memory_limit = ""                # DuckDB memory limit of the dashboard's queries, e.g. "4GB" ("": DuckDB's 80 % of RAM)
+    memory_limit = ""                # DuckDB memory limit of each of the dashboard's two readers (the pages', the work ahead's), e.g. "4GB" ("": DuckDB's 80 % of RAM)
     threads = 0                      # DuckDB threads (0: one per core)
     facts_days = 15                  # days of closed hours the warmer keeps hour facts of (0: none; 15: a week and the one before)
     facts_dir = ""                   # where ("": $XDG_CACHE_HOME/gpufleet/hour-facts, else ~/.cache/...)
