@@ -13,8 +13,8 @@ with the window set to the whole week in the URL's query parameters, as a user w
   (dashboards/facts.py: once, timed; then a pass that finds them current, timed), before the
   first loads - a window typed in finds them, as on a served dashboard.
 - first load: the pages visited once each in menu order, back to back, caches empty at the
-  start. The first page (Fleet now) starts in the background, at the lowest CPU priority, the
-  reading of every page's figures from the hour facts (dashboards/figures.py compute_ahead:
+  start. The first page (Fleet now), once drawn, starts in the background, at the lowest CPU
+  priority, the reading of every page's figures from the hour facts (dashboards/figures.py compute_ahead:
   data.window_use for Utilization and Teams, window_jobs, window_waste, window_mfu, in that
   order; gpufleet.analytics.fact_window), which a page waits for when it gets there first; Waste
   adds the previous week's totals, Health its own queries, Jobs one job's report (the most

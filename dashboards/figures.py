@@ -259,8 +259,8 @@ def waste_for(w: data.Window) -> data.WasteView:
 
 def compute_ahead(w: data.Window) -> None:
     """Start reading a typed window's figures from its hour facts in the background (_prefetch)
-    as soon as a page names it - whichever page is opened first, the others' figures are then
-    on their way -, where its facts can answer it (data.facts_answer: a preset's never can, a
+    once a page that names it is drawn - whichever page is opened first, the others' figures are
+    then on their way -, where its facts can answer it (data.facts_answer: a preset's never can, a
     filtered window's not all)."""
     if data.facts_answer(w.key):
         _prefetch(w.key)

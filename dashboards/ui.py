@@ -245,8 +245,8 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
         if ctx.version is None:
             no_store_message(ctx.settings.store)
             return
-        figures.compute_ahead(ctx.window)
         body(ctx)
+        figures.compute_ahead(ctx.window)  # (once the page is drawn: it comes first)
     except StoreError as e:
         st.info("The store cannot be read right now:")
         st.code(str(e), language=None)
