@@ -108,6 +108,13 @@ def top_wasteful_jobs(idle: pl.DataFrame, n: int, runtimes: Callable[[pl.DataFra
     return top.join(runtimes(top.select(*JOB_KEY)), on=JOB_KEY, how="left").sort(**order)
 
 
+def stretch_totals(idle: pl.DataFrame, nop: pl.DataFrame) -> dict[str, float | None]:
+    """Totals' idle allocated and no-process GPU-hours and cost, from the window's idle and
+    no-process stretches' rows (Analysis.idle_stretches)."""
+    return {"idle_allocated_gpu_h": float(idle["gpu_h"].sum()) if not idle.is_empty() else 0.0, "idle_allocated_cost": money(idle, "gpu_h"),
+            "no_process_gpu_h": float(nop["gpu_h"].sum()) if not nop.is_empty() else 0.0, "no_process_cost": money(nop, "gpu_h")}
+
+
 def fleet_totals(g: pl.DataFrame, allocated_gpu_h: float, idle: pl.DataFrame, nop: pl.DataFrame, filters: Any) -> Totals:
     """A window's Totals with no job filter: from its per-GPU rows (Analysis.per_gpu), its
     allocated GPU-hours (sql.ALLOCATED_GPU_H_TOTAL) and its idle and no-process stretches' rows."""
@@ -121,10 +128,7 @@ def fleet_totals(g: pl.DataFrame, allocated_gpu_h: float, idle: pl.DataFrame, no
         busy_gpu_h=busy,
         utilization_pct=busy / data * 100 if data > 0 else None,
         allocated_gpu_h=allocated_gpu_h,
-        idle_allocated_gpu_h=float(idle["gpu_h"].sum()) if not idle.is_empty() else 0.0,
-        idle_allocated_cost=money(idle, "gpu_h"),
-        no_process_gpu_h=float(nop["gpu_h"].sum()) if not nop.is_empty() else 0.0,
-        no_process_cost=money(nop, "gpu_h"),
+        **stretch_totals(idle, nop),
         stranded_gpu_h=float(g["stranded_gpu_h"].sum()) if not g.is_empty() else 0.0,
         stranded_cost=money(g, "stranded_gpu_h"),
         unpriced_models=tuple(unpriced),
@@ -519,10 +523,7 @@ class Analysis:
             busy_gpu_h=busy,
             utilization_pct=busy / data * 100 if data > 0 else None,
             allocated_gpu_h=alloc,
-            idle_allocated_gpu_h=float(idle["gpu_h"].sum()) if not idle.is_empty() else 0.0,
-            idle_allocated_cost=money(idle, "gpu_h"),
-            no_process_gpu_h=float(nop["gpu_h"].sum()) if not nop.is_empty() else 0.0,
-            no_process_cost=money(nop, "gpu_h"),
+            **stretch_totals(idle, nop),
             stranded_gpu_h=None,
             stranded_cost=None,
             unpriced_models=tuple(unpriced),

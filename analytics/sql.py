@@ -553,9 +553,9 @@ WITH acct AS (
 ), held1 AS (  -- per job, in one pass: ordered aggregates, and a job's models as distinct rows, for the few that need them (odd)
     SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(account) AS account,
            any_value(user_name) AS user_name, count(*) AS mapped_gpus, sum(equiv) AS gpu_equiv, sum(w) AS held_gpu_s,
-           min(model) AS model, min(model) IS DISTINCT FROM max(model) AS models,
+           min(model) AS model, min(model) IS DISTINCT FROM max(model) AS several_models,
            bool_or(model IS NULL) AS model_missing,
-           bool_or(model IS NOT NULL AND (peak_tflops IS NULL OR NOT listed)) AS odd,
+           bool_or(model IS NOT NULL AND peak_tflops IS NULL) AS odd,  -- (a model not listed has no peak either)
            sum(peak_tflops * w) / nullif(sum(w), 0) AS peak_tflops
     FROM hp
     GROUP BY cluster, scheduler, job_key
@@ -564,7 +564,7 @@ WITH acct AS (
            list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND peak_tflops IS NULL) AS no_peak,
            list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND NOT listed) AS not_listed
     FROM (SELECT DISTINCT hp.cluster, hp.scheduler, hp.job_key, hp.model, hp.peak_tflops, hp.listed
-          FROM hp SEMI JOIN (SELECT cluster, scheduler, job_key FROM held1 WHERE models OR odd) o USING (cluster, scheduler, job_key))
+          FROM hp SEMI JOIN (SELECT cluster, scheduler, job_key FROM held1 WHERE several_models OR odd) o USING (cluster, scheduler, job_key))
     GROUP BY cluster, scheduler, job_key
 ), held AS (
     SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.account, h.user_name, h.mapped_gpus, h.gpu_equiv, h.held_gpu_s,
