@@ -348,8 +348,8 @@ def window_jobs(key: tuple) -> JobList | None:
     from gpufleet.analytics import fact_window, hour_facts
 
     s, w, p = _request(key)
-    facts = facts_dir(s)
-    if facts is None or not hour_facts.answerable(p, job_list=True):
+    facts = _answering(s, p, job_list=True)
+    if facts is None:
         return None
     jobs = fact_window.window_jobs(reader(w.root), p, w.as_of, facts, names=fact_names(w))
     return None if jobs is None else JobList(jobs, w, len(hour_facts.whole_hours(p)))
@@ -366,12 +366,13 @@ def facts_answer(key: tuple) -> bool:
     return facts is not None and hour_facts.facts_present(p, facts)
 
 
-def _answering(s: dconfig.Settings, p: Params):
-    """The hour facts (facts_dir) where they are kept and can answer the window `p`, else None."""
+def _answering(s: dconfig.Settings, p: Params, job_list: bool = False):
+    """The hour facts (facts_dir) where they are kept and can answer the window `p` (`job_list`:
+    its job list alone; gpufleet.analytics.hour_facts.why_not), else None."""
     from gpufleet.analytics import hour_facts
 
     facts = facts_dir(s)
-    return facts if facts is not None and hour_facts.answerable(p) else None
+    return facts if facts is not None and hour_facts.answerable(p, job_list) else None
 
 
 @dataclass

@@ -197,22 +197,24 @@ class Warmer:
         return self
 
 
+def _warmed(w: data.Window) -> data.Bundle | None:
+    """`w`'s figures as the warmer computed them ahead, in the served app (Warmer.serve); None:
+    it has none (the page's own are read or computed)."""
+    return warmer(data.current_settings()).serve(w) if dconfig.warm_asked() else None
+
+
 def for_window(w: data.Window) -> data.Bundle:
     """`w`'s figures: the warmer's when it has them (in the served app), else data.window_bundle's."""
-    if dconfig.warm_asked():
-        bundle = warmer(data.current_settings()).serve(w)
-        if bundle is not None:
-            return bundle
-    return data.window_bundle(w.key)
+    bundle = _warmed(w)
+    return bundle if bundle is not None else data.window_bundle(w.key)
 
 
 def jobs_for(w: data.Window) -> data.JobList:
     """`w`'s job list for the Jobs page: the warmer's when it has the window's figures, else read
     from its hour facts alone (data.window_jobs), else its Bundle's (data.window_bundle)."""
-    if dconfig.warm_asked():
-        bundle = warmer(data.current_settings()).serve(w)
-        if bundle is not None:
-            return data.JobList.of(bundle)
+    bundle = _warmed(w)
+    if bundle is not None:
+        return data.JobList.of(bundle)
     listed = data.window_jobs(w.key)
     return listed if listed is not None else data.JobList.of(data.window_bundle(w.key))
 
@@ -220,36 +222,28 @@ def jobs_for(w: data.Window) -> data.JobList:
 def mfu_for(w: data.Window) -> data.MfuView:
     """`w`'s figures for the MFU page: the warmer's when it has them, else data.window_mfu's
     (read from its hour facts where they answer it, else its Bundle's)."""
-    if dconfig.warm_asked():
-        bundle = warmer(data.current_settings()).serve(w)
-        if bundle is not None and not bundle.mfu_apart:
-            return data.MfuView.of(bundle)
+    bundle = _warmed(w)
+    if bundle is not None and not bundle.mfu_apart:
+        return data.MfuView.of(bundle)
     return data.window_mfu(w.key)
 
 
 def use_for(w: data.Window) -> data.UseView:
     """`w`'s figures for the Utilization and Teams pages: the warmer's when it has them, else
     data.window_use's - summed from hour facts where they answer the window (then the other
-    pages' figures are read from them meanwhile in the background: compute_ahead)."""
-    if dconfig.warm_asked():
-        bundle = warmer(data.current_settings()).serve(w)
-        if bundle is not None:
-            return data.UseView.of(bundle)
-    view = data.window_use(w.key)
-    if view.facts_hours:
-        _prefetch(w.key)
-    return view
+    pages' figures are read from them in the background once the page is drawn: compute_ahead)."""
+    bundle = _warmed(w)
+    return data.UseView.of(bundle) if bundle is not None else data.window_use(w.key)
 
 
 def waste_for(w: data.Window) -> data.WasteView:
     """`w`'s figures for the Waste page: the warmer's when it has them, else read from its hour
-    facts (data.window_waste, with use_for's utilization: which starts the background's work for
-    the other pages), else its Bundle's (data.window_bundle)."""
-    if dconfig.warm_asked():
-        bundle = warmer(data.current_settings()).serve(w)
-        if bundle is not None:
-            return data.WasteView.of(bundle)
-    use = use_for(w)
+    facts (data.window_waste, with the Utilization page's figures by model and host:
+    data.window_use), else its Bundle's (data.window_bundle)."""
+    bundle = _warmed(w)
+    if bundle is not None:
+        return data.WasteView.of(bundle)
+    use = data.window_use(w.key)
     if use.facts_hours:
         got = data.window_waste(w.key)
         if got is not None:
@@ -269,10 +263,9 @@ def compute_ahead(w: data.Window) -> None:
 def fairness_for(w: data.Window) -> tuple:
     """`w`'s fairness figures for the Teams page, (report, None) or (None, why it failed): the
     warmer's when it has them, else data.window_fairness's (from the accounting alone)."""
-    if dconfig.warm_asked():
-        bundle = warmer(data.current_settings()).serve(w)
-        if bundle is not None:
-            return bundle.fairness, bundle.fairness_error
+    bundle = _warmed(w)
+    if bundle is not None:
+        return bundle.fairness, bundle.fairness_error
     return data.window_fairness(w.key)
 
 
