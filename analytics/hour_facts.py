@@ -53,8 +53,8 @@ from gpufleet.times import HOUR, epoch_us, floor_time
 
 # of FACT_SCHEMA and its meaning: part of every fact's name (2: a GPU's row has its cluster;
 # 3: "alloc" rows, and a name covers the neighbouring hours and the idle parameters; 4: an
-# "alloc" row has its job's hash)
-FORMAT_VERSION = 4
+# "alloc" row has its job's hash; 5: one for every part of an allocation, with its seconds held)
+FORMAT_VERSION = 5
 FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "ah": pl.UInt64, "jh": pl.UInt64, "cluster": pl.Utf8,
                "model": pl.Utf8,
                "partition": pl.Utf8, "account": pl.Utf8, "user_name": pl.Utf8,
@@ -65,7 +65,8 @@ FACT_SCHEMA = {"hour": pl.Datetime("us"), "kind": pl.Utf8, "gh": pl.UInt64, "ah"
                # no-process stretches' GPU-seconds, its GPU's variant and how many it had
                "util_n": pl.Int64, "fb_max": pl.Float64, "any_s": pl.Float64, "tensor_s": pl.Float64, "clocked_s": pl.Float64,
                "tclock": pl.Float64, "tw_clocked": pl.Float64, "tnoclock": pl.Float64, "idle_s": pl.Float64, "nop_s": pl.Float64,
-               "gpu": pl.Int16, "equiv": pl.Float64, "variants": pl.Int64}
+               "gpu": pl.Int16, "equiv": pl.Float64, "variants": pl.Int64,
+               "held_s": pl.Float64}  # "alloc": the part's seconds (MFU's GPU-hours held: of allocations without a sample too)
 DETAIL_SUMS = ("any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
 ALLOCATION_KEY = ["cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi"]
 HELD_KEYS = ["cluster", "model", "partition", "account", "user_name"]
@@ -272,9 +273,10 @@ def _allocation_facts(a: Analysis, start: datetime) -> list[pl.DataFrame]:
     """The "job" and "alloc" facts, from every allocation's parts in the hours of the analysis
     (cut at the hours' edges once): "job", each part's data and busy seconds and whether it has a
     piece there (core.Analysis._allocation_use, hour by hour) summed by job group; "alloc", per
-    part with a piece or a stretch, also the detail sums (Analysis.allocation_detail, over the
+    part, its seconds and those figures, the detail sums (Analysis.allocation_detail, over the
     part), its idle and no-process stretches' GPU-seconds in the hour (the stretches judged by
-    their whole length) and its GPU's variant (core.line_variants)."""
+    their whole length) and - for a part with a piece or a stretch - its GPU's variant
+    (core.line_variants)."""
     group = [k for k in JOB_KEYS if k not in ALLOCATION_KEY]  # (the job group's keys besides the cluster)
     spans = a.allocation_use().select(*ALLOCATION_KEY, *group, pl.col("gid").fill_null(-1), "a0", "a1")
     df = split_at_buckets(a, spans, 3600.0).join(line_variants(a.gt), on="gid", how="left")
@@ -285,7 +287,7 @@ def _allocation_facts(a: Analysis, start: datetime) -> list[pl.DataFrame]:
     jobs = jobs.group_by(*JOB_KEYS, "k").agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).select(
         (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("job").alias("kind"), *JOB_KEYS, "data_s", "busy_s", "pieces")
     d = a.gt.allocation_detail(gid, a0, a1, df["equiv"].fill_null(1.0).to_numpy(), epoch_us(a.p.start), epoch_us(a.p.end))
-    parts = df.select(*ALLOCATION_KEY, "k", "gpu", "model", "equiv", "variants").with_columns(
+    parts = df.select(*ALLOCATION_KEY, "k", "gpu", "model", "equiv", "variants", held_s=(pl.col("_b") - pl.col("_a")) / 1e6).with_columns(
         data_s=pl.Series(data), busy_s=pl.Series(busy), pieces=pl.Series(d["has_piece"].astype(np.int64)),
         util_n=pl.Series(d["has_util"].astype(np.int64)), fb_max=pl.Series(d["fb_max"]).fill_nan(None),
         **{c: pl.Series(d[c]).fill_nan(None) for c in DETAIL_SUMS})
@@ -293,11 +295,12 @@ def _allocation_facts(a: Analysis, start: datetime) -> list[pl.DataFrame]:
         st = split_at_buckets(a, a.idle_stretches(kind).select(*ALLOCATION_KEY, "equiv", a0="s0", a1="s1"), 3600.0)
         st = st.group_by(*ALLOCATION_KEY, "k").agg(((pl.col("_b") / 1e6 - pl.col("_a") / 1e6) * pl.col("equiv")).sum().alias(col))
         parts = parts.join(st, on=[*ALLOCATION_KEY, "k"], how="left", nulls_equal=True)  # (a stretch lies in an allocation's part)
-    parts = parts.filter((pl.col("pieces") > 0) | (pl.col("idle_s") > 0) | (pl.col("nop_s") > 0))
+    seen = (pl.col("pieces") > 0) | (pl.col("idle_s") > 0) | (pl.col("nop_s") > 0)  # (a part without either: no variant seen)
+    parts = parts.with_columns(*[pl.when(seen).then(pl.col(c)).alias(c) for c in ("gpu", "model", "equiv", "variants")])
     ah = a.q(sql.ALLOCATION_KEY_HASHES)
     allocations = parts.join(ah, on=ALLOCATION_KEY, how="inner", nulls_equal=True).select(
         (pl.lit(start) + pl.duration(hours=pl.col("k"))).alias("hour"), pl.lit("alloc").alias("kind"), "ah", "jh", "gh", "cluster", "model",
-        "data_s", "busy_s", "pieces", "util_n", "fb_max", *DETAIL_SUMS, "idle_s", "nop_s", "gpu", "equiv", "variants")
+        "data_s", "busy_s", "pieces", "util_n", "fb_max", *DETAIL_SUMS, "idle_s", "nop_s", "gpu", "equiv", "variants", "held_s")
     return [jobs, allocations]
 
 

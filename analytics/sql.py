@@ -460,7 +460,7 @@ UNION ALL BY NAME
 SELECT min(hour) AS hour, kind, ah, jh, gh, cluster, model, gpu, equiv, variants, sum(data_s) AS data_s, sum(busy_s) AS busy_s,
        max(pieces) AS pieces, max(util_n) AS util_n, max(fb_max) AS fb_max, sum(any_s) AS any_s, sum(tensor_s) AS tensor_s,
        sum(clocked_s) AS clocked_s, sum(tclock) AS tclock, sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock,
-       sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
+       sum(idle_s) AS idle_s, sum(nop_s) AS nop_s, sum(held_s) AS held_s
 FROM read_parquet($files) WHERE kind = 'alloc' GROUP BY kind, ah, jh, gh, cluster, model, gpu, equiv, variants
 """
 
@@ -514,13 +514,15 @@ FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail=""
 # allocation hash), not its hash: the job list of a window (fact_window.window_jobs) groups them by job
 FACT_JOB_ALLOCATIONS = _FACT_ALLOCATIONS.format(named="jh", by="ah, jh", detail="")
 # ... and the variant (gpu index, model, MIG share) the allocations' facts name for each held GPU
-# (its hash, gh); unsure: not one over the window (more than one seen, or two hours disagree)
+# (its hash, gh); unsure: not one over the window (more than one seen, or two hours disagree) -
+# of the parts with a piece or a stretch (the others saw no variant)
 FACT_VARIANTS = """
 SELECT gh, min(gpu) AS gpu, min(model) AS model, min(equiv) AS equiv,
        max(variants) > 1 OR min(gpu) IS DISTINCT FROM max(gpu) OR min(model) IS DISTINCT FROM max(model)
        OR min(equiv) IS DISTINCT FROM max(equiv) OR count(model) NOT IN (0, count(*)) OR count(gpu) NOT IN (0, count(*))
        OR count(*) > count(equiv) AS unsure
-FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY gh
+FROM read_parquet($files)
+WHERE kind = 'alloc' AND (pieces > 0 OR idle_s > 0 OR nop_s > 0) AND ($cluster IS NULL OR cluster = $cluster) GROUP BY gh
 """
 # ... each allocation with idle or no-process stretches in the window (its hash, its job's and its
 # GPU's): their GPU-seconds - the Waste page's rows (fact_window.window_waste), a few of a week's
