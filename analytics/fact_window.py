@@ -21,9 +21,10 @@ lists stretches, is computed on the job's own narrow window as before.
 `window_jobs` gives the job list alone, from what it reads of the facts only (each allocation's
 sums, named by its job's hash, grouped by job; the window's job table): what the Jobs page waits
 for, in a third of the whole analysis' time. So do `window_waste` the Waste page's figures (the
-allocations with stretches only: a fifth of it) and `mfu_window` what MFU reads (its detail sums
-and the window's allocations, without the GPUs' figures and timelines) - no page of a window its
-facts answer needs the whole analysis.
+allocations with stretches only: a fifth of it) and `mfu_window` what MFU reads (each job's held
+GPUs and tensor use, summed from its allocations' facts - their seconds held too, of hours
+without a sample - by the job's hash: no allocations table, no join on a job's key) - no page of
+a window its facts answer needs the whole analysis.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, fleet_totals, top_wasteful_jobs, waste_by
+from gpufleet.analytics.core import Analysis, Totals, fleet_totals, top_wasteful_jobs, waste_by
 from gpufleet.analytics.hour_facts import FactFiles, query_frame, read_window, read_with_gpus, timelines
 from gpufleet.analytics.jobs import gpu_use, job_list
+from gpufleet.analytics.mfu import peaks_for, tensor_use
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 
@@ -199,16 +201,13 @@ def window_waste(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts
 
 
 class MfuWindow:
-    """What mfu.job_mfu reads of a window (its Params, its bound parameters, a cursor holding
-    its allocations (al) and job table (ja), each allocation's detail sums as
-    Analysis.allocation_detail gives them), read from its hours' facts by `mfu_window`; close it
-    (`con.close()`) when done."""
+    """What mfu.job_mfu reads of a window read from its hours' facts by `mfu_window`: its Params,
+    its bound parameters, a cursor holding its job table (ja), each job's held GPUs (mfu_held:
+    sql.MFU_HELD_FACTS' rows) and tensor use (mfu_use: mfu.tensor_use's) by the job's hash, and
+    the held jobs the table lacks named (mfu_unnamed); close it (`con.close()`) when done."""
 
-    def __init__(self, cur: duckdb.DuckDBPyConnection, p: Params, bind: dict, detail: pl.DataFrame):
-        self.con, self.p, self.bind, self._detail = cur, p, bind, detail
-
-    def allocation_detail(self) -> pl.DataFrame:
-        return self._detail.clone()
+    def __init__(self, cur: duckdb.DuckDBPyConnection, p: Params, bind: dict):
+        self.con, self.p, self.bind = cur, p, bind
 
     def q(self, query: str, **extra) -> pl.DataFrame:
         return query_frame(self.con, query, {**self.bind, **extra})
@@ -216,21 +215,35 @@ class MfuWindow:
 
 def mfu_window(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: FactFiles, names: dict | None = None) -> MfuWindow | None:
     """The window's MfuWindow - its MFU figures (mfu.job_mfu, account_mfu) are those of its
-    analysis (window_analysis, at two thirds of its cost: no GPU figures, timelines or allocations'
-    look-ups but MFU's) -, or None when facts cannot answer it (as window_analysis). `names`:
-    hour_facts.read_window's."""
-    read = read_window(con, p, now, facts, (sql.FACT_ALLOCATION_DETAIL, sql.FACT_VARIANTS), setup=(sql.ALLOCATIONS,), names=names)
+    analysis - from its hours' facts alone: each allocation's seconds held, GPU and detail sums
+    (sql.FACT_MFU_ALLOCATIONS) summed per job by the job's hash, each GPU's model from the
+    inventory by the GPU's hash, the jobs named by the job table (those it lacks, by their
+    allocations) - not the window's allocations table, nor a join on a job's key. None when facts
+    cannot answer the window (as window_analysis), or two of its jobs share a hash (as
+    window_jobs). `names`: hour_facts.read_window's."""
+    read = read_window(con, p, now, facts, (sql.FACT_MFU_ALLOCATIONS, sql.FACT_VARIANTS), names=names)
     if read is None:
         return None
-    cur, b, (facts_of, variants) = read
+    cur, b, (allocations, variants) = read
     try:
-        al = pl.from_arrow(cur.sql(sql.ALLOCATION_KEY_HASHES).to_arrow_table()).select(*JOB_KEY, "ah", "gh")
-        if variants["unsure"].any() or al["ah"].is_duplicated().any():
+        if variants["unsure"].any() or cur.execute(sql.JOB_HASH_CLASHES).fetchall()[0][0]:
             cur.close()
             return None
-        # (an allocation without facts has no piece: MFU's detail leaves it out, as Analysis' does)
-        detail = al.join(facts_of, on="ah", how="inner").join(variants.select("gh", "model"), on="gh", how="left").drop("ah", "gh")
-        return MfuWindow(cur, p, b, detail)
+        peaks = peaks_for(p.mfu_dtype)
+        cur.register("mfu_peaks", peaks.to_arrow())
+        cur.register("_mfu_alloc", allocations.to_arrow())
+        held = query_frame(cur, sql.MFU_HELD_FACTS, b)
+        cur.unregister("_mfu_alloc")
+        cur.register("mfu_held", held.to_arrow())
+        cur.register("mfu_use", tensor_use(allocations, peaks, ["jh"]).to_arrow())
+        cur.register("_unnamed", cur.sql(sql.HELD_JOBS_UNACCOUNTED).to_arrow_table())
+        unnamed = pl.from_arrow(cur.sql(sql.ALLOCATION_JOB_NAMES).to_arrow_table())
+        cur.unregister("_unnamed")
+        if unnamed["jh"].is_duplicated().any():  # (two jobs of one hash)
+            cur.close()
+            return None
+        cur.register("mfu_unnamed", unnamed.to_arrow())
+        return MfuWindow(cur, p, b)
     except BaseException:
         cur.close()
         raise

@@ -29,11 +29,16 @@ from datetime import datetime
 from functools import cache
 from importlib import resources
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.core import JOB_KEY, Analysis
+
+if TYPE_CHECKING:
+    from gpufleet.analytics.fact_window import MfuWindow
 
 DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp64")
 NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or the gpufleet exporter on a GPU without GPM)"
@@ -73,18 +78,24 @@ def peaks_for(dtype: str) -> pl.DataFrame:
     )
 
 
-def job_mfu(a: Analysis, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
+def job_mfu(a: Analysis | MfuWindow, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
     """One row per job that held GPUs in the window: COLUMNS, then scheduler, gpu_h (allocated
     GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
     `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown".
     `reports_in`: the window whose throughput reports (and held time) count, where `a` is a job's
     analysis narrowed to its run inside it (dashboards/data.py job_report): the job's row is then
-    the window's - a report written at the job's exit, after its accounted end, still counts."""
+    the window's - a report written at the job's exit, after its accounted end, still counts.
+    `a`: an analysis, whose allocations (al) and their detail give each job's held GPUs and tensor
+    use, or a window whose hour facts gave them (gpufleet.analytics.fact_window.mfu_window)."""
     dtype = a.p.mfu_dtype
-    peaks = peaks_for(dtype)
-    a.con.register("mfu_peaks", peaks.to_arrow())
-    a.con.register("mfu_use", _tensor_use(a, peaks).to_arrow())
-    raw = a.q(sql.MFU_JOBS, **({"start": reports_in[0], "end": reports_in[1]} if reports_in else {}))
+    if isinstance(a, Analysis):
+        peaks = peaks_for(dtype)
+        a.con.register("mfu_peaks", peaks.to_arrow())
+        a.con.register("mfu_use", tensor_use(a.allocation_detail(), peaks, JOB_KEY).to_arrow())
+        query = sql.MFU_JOBS
+    else:  # (its cursor holds them: mfu_held, mfu_use)
+        query = sql.MFU_JOBS_FACTS
+    raw = a.q(query, **({"start": reports_in[0], "end": reports_in[1]} if reports_in else {}))
     f = a.p.filters
     for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
         if want is not None:
@@ -162,29 +173,30 @@ def _decide_columns(r: pl.DataFrame, dtype: str) -> pl.DataFrame:
         *[k for k in SCHEMA if k not in ("tflops_per_gpu",)], (c("mfu") * c("peak_tflops")).alias("tflops_per_gpu"), "_i")
 
 
-def _tensor_use(a: Analysis, peaks: pl.DataFrame) -> pl.DataFrame:
-    """Per job, over its pieces inside the window (w = seconds x MIG share): tensor_s (time with
-    tensor activity), est_s (sum of tensor activity x SM clock / boost clock x w, or x 1 where
-    either clock is unknown), scaled_s (time with both clocks), no_boost (models without a boost
-    clock), data_s (all its sampled time; null for a job with no piece). From
-    Analysis.allocation_detail."""
+def tensor_use(detail: pl.DataFrame, peaks: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """Per job (`key`: its columns in `detail`), over its pieces inside the window (w = seconds x
+    MIG share): tensor_s (time with tensor activity), est_s (sum of tensor activity x SM clock /
+    boost clock x w, or x 1 where either clock is unknown), scaled_s (time with both clocks),
+    no_boost (models without a boost clock), data_s (all its sampled time; null for a job with
+    no piece). From each allocation's detail (Analysis.allocation_detail's has_piece, model and
+    sums; `peaks`: peaks_for's)."""
     boost = peaks.select("model", pl.col("boost_clock_mhz").cast(pl.Float64).alias("boost"))
-    d = a.allocation_detail().filter(pl.col("has_piece")).join(boost, on="model", how="left")
+    d = detail.filter(pl.col("has_piece")).join(boost, on="model", how="left")
     has_t, known = pl.col("tensor_s").is_not_null(), pl.col("boost").is_not_null()
     d = d.with_columns(
         pl.when(known).then(pl.col("tclock") / pl.col("boost")).otherwise(pl.col("tw_clocked")).add(pl.col("tnoclock")).alias("est_s"),
         pl.when(known).then(pl.col("clocked_s")).alias("scaled_s"),
     )
-    return d.group_by(JOB_KEY).agg(
+    # (the models without a boost clock, as a list, of the few jobs that have them: a list per job costs a fleet's week 0.25 s)
+    no_boost = d.filter(has_t & ~known & pl.col("model").is_not_null()).group_by(key).agg(pl.col("model").unique().sort().alias("no_boost"))
+    return d.group_by(key).agg(
         pl.col("tensor_s").sum(), pl.col("est_s").filter(has_t).sum(),
         pl.col("scaled_s").filter(has_t).sum(),
-        pl.col("model").filter(has_t & ~known).drop_nulls().unique().sort().alias("no_boost"),
         pl.col("any_s").sum().alias("data_s"), has_t.any().alias("_t"), (has_t & known).any().alias("_scaled"),
     ).with_columns(
         *[pl.when(pl.col("_t")).then(pl.col(c)).alias(c) for c in ("tensor_s", "est_s")],
         pl.when(pl.col("_scaled")).then(pl.col("scaled_s")).alias("scaled_s"),
-        pl.when(pl.col("no_boost").list.len() > 0).then(pl.col("no_boost")).alias("no_boost"),
-    ).drop("_t", "_scaled")
+    ).drop("_t", "_scaled").join(no_boost, on=key, how="left", nulls_equal=True)
 
 
 def _decide(r: dict, dtype: str) -> tuple:

@@ -507,9 +507,9 @@ SELECT {named}, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS
 FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY {by}
 """
 FACT_ALLOCATIONS = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail="")
-FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail=""",
-       sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
-       sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock""")
+_FACT_DETAIL_SUMS = """sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
+       sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock"""
+FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail=",\n       " + _FACT_DETAIL_SUMS)
 # ... and only what the job list reads of them, with each allocation's job (its hash, jh: one per
 # allocation hash), not its hash: the job list of a window (fact_window.window_jobs) groups them by job
 FACT_JOB_ALLOCATIONS = _FACT_ALLOCATIONS.format(named="jh", by="ah, jh", detail="")
@@ -532,76 +532,147 @@ SELECT ah, jh, gh, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
 FROM read_parquet($files) WHERE kind = 'alloc' AND (idle_s > 0 OR nop_s > 0) AND ($cluster IS NULL OR cluster = $cluster)
 GROUP BY ah, jh, gh
 """
+# ... and what MFU reads of each allocation (fact_window.mfu_window): its job's and its GPU's
+# hash, the model its GPU's variant has (as FACT_VARIANTS takes it, where that is one over the
+# window), its seconds held in the window, whether it had a piece, and MFU's detail sums
+FACT_MFU_ALLOCATIONS = f"""
+SELECT jh, gh, min(model) AS model, sum(held_s) AS held_s, max(pieces) > 0 AS has_piece, {_FACT_DETAIL_SUMS}
+FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah, jh, gh
+"""
 # ... the window's GPUs (cap) by the hash the facts name them by
 CAPACITY_GPU_HASHES = f"SELECT {_GPU_HASH} AS gh, cluster, host, gpu_uuid, gi FROM cap"
 
 # --- MFU (analytics/mfu.py) ---
 
-# Per job: the GPUs it held in the window (allocations joined with the inventory for the model),
-# tensor activity over its pieces, its reports, and scheduler accounting; one row per job.
-MFU_JOBS = f"""
-WITH acct AS (
-    SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
-    FROM ja WHERE coalesce(gpus, 0) > 0
-), h AS (
-    SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.account, al.user_name, g.model,
-           {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s
-    FROM al LEFT JOIN gpus g
-      ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi
+# Per job: the GPUs it held in the window, each with its inventory's model and MIG share and its
+# model's peak ({h}: one row per allocation - its job's key {key}, model, equiv, held_s: seconds
+# held in the window), grouped by job in one pass: ordered aggregates, and a job's models as
+# distinct rows for the few that need them (odd: several models, or a model without a peak; a
+# model not listed has no peak either). {named}: the job's own columns the allocations carry.
+_MFU_HELD = """h AS ({h}
 ), hp AS (  -- each held GPU with its model's peak
     SELECT h.*, pk.peak_tflops, pk.model IS NOT NULL AS listed, h.held_s * h.equiv AS w
     FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
     WHERE h.held_s > 0
-), held1 AS (  -- per job, in one pass: ordered aggregates, and a job's models as distinct rows, for the few that need them (odd)
-    SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(account) AS account,
-           any_value(user_name) AS user_name, count(*) AS mapped_gpus, sum(equiv) AS gpu_equiv, sum(w) AS held_gpu_s,
+), held1 AS (
+    SELECT {key}{named}, count(*) AS mapped_gpus, sum(equiv) AS gpu_equiv, sum(w) AS held_gpu_s,
            min(model) AS model, min(model) IS DISTINCT FROM max(model) AS several_models,
            bool_or(model IS NULL) AS model_missing,
-           bool_or(model IS NOT NULL AND peak_tflops IS NULL) AS odd,  -- (a model not listed has no peak either)
+           bool_or(model IS NOT NULL AND peak_tflops IS NULL) AS odd,
            sum(peak_tflops * w) / nullif(sum(w), 0) AS peak_tflops
     FROM hp
-    GROUP BY cluster, scheduler, job_key
-), odd AS (  -- jobs of several models, or of a model without a peak
-    SELECT cluster, scheduler, job_key, string_agg(model, ', ' ORDER BY model) AS model,
+    GROUP BY {key}
+), odd AS (
+    SELECT {key}, string_agg(model, ', ' ORDER BY model) AS model,
            list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND peak_tflops IS NULL) AS no_peak,
            list(model ORDER BY model) FILTER (WHERE model IS NOT NULL AND NOT listed) AS not_listed
-    FROM (SELECT DISTINCT hp.cluster, hp.scheduler, hp.job_key, hp.model, hp.peak_tflops, hp.listed
-          FROM hp SEMI JOIN (SELECT cluster, scheduler, job_key FROM held1 WHERE several_models OR odd) o USING (cluster, scheduler, job_key))
-    GROUP BY cluster, scheduler, job_key
+    FROM (SELECT DISTINCT {key}, model, peak_tflops, listed
+          FROM hp SEMI JOIN (SELECT {key} FROM held1 WHERE several_models OR odd) o USING ({key}))
+    GROUP BY {key}
 ), held AS (
-    SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.account, h.user_name, h.mapped_gpus, h.gpu_equiv, h.held_gpu_s,
-           coalesce(o.model, h.model) AS model, h.model_missing, o.no_peak, o.not_listed, h.peak_tflops
-    FROM held1 h LEFT JOIN odd o USING (cluster, scheduler, job_key)
-), r AS (
-    SELECT cluster, scheduler, job_key, reports, flops, gpus, basis
+    SELECT h.* EXCLUDE (model, several_models, odd), coalesce(o.model, h.model) AS model, o.no_peak, o.not_listed
+    FROM held1 h LEFT JOIN odd o USING ({key})
+)"""
+# ... of a window's allocations (al), joined with the inventory
+_MFU_HELD_ALLOCATIONS = _MFU_HELD.format(h=f"""
+    SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.account, al.user_name, g.model,
+           {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s
+    FROM al LEFT JOIN gpus g
+      ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi""",
+    key="cluster, scheduler, job_key", named=", any_value(job_id) AS job_id, any_value(account) AS account, any_value(user_name) AS user_name")
+# ... of a window's hour facts (_mfu_alloc: per allocation its job's hash jh, its GPU's gh and its
+# seconds held, fact_window.mfu_window), joined with the inventory by the GPU's hash (its key, as
+# the join above matches it), per job hash: fact_window.mfu_window names the jobs
+MFU_HELD_FACTS = "WITH " + _MFU_HELD.format(h=f"""
+    SELECT a.jh, g.model, {gpu_equiv("g")} AS equiv, a.held_s
+    FROM _mfu_alloc a LEFT JOIN (SELECT {_GPU_HASH} AS gh, model, mig_profile FROM (SELECT *, gpu_instance AS gi FROM gpus)) g
+      USING (gh)""", key="jh", named="") + "\nSELECT * FROM held"
+
+# Per job: its throughput reports in the window (r; {r_cols}: their job's key), summed (rep; {key}:
+# what held and acct, the job's held GPUs and accounting, are joined on)
+_MFU_REPORTS = """r AS (
+    SELECT {r_cols}, reports, flops, gpus, basis
     FROM job_throughput
     WHERE ts < $end AND ts + INTERVAL 1 HOUR > $start AND ($cluster IS NULL OR cluster = $cluster)
-), keys AS (
-    SELECT cluster, scheduler, job_key FROM acct
-    UNION SELECT cluster, scheduler, job_key FROM held
-    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r
 ), rep AS (
-    SELECT r.cluster, r.scheduler, r.job_key, sum(r.reports) AS reports,
+    SELECT {rep_cols}, sum(r.reports) AS reports,
            sum(r.flops * r.reports) / nullif(sum(coalesce(r.gpus, held.gpu_equiv, acct.gpus) * r.reports), 0) AS flops_per_gpu,
            bool_and(coalesce(r.gpus, held.gpu_equiv, acct.gpus) IS NOT NULL) AS gpus_known,
            string_agg(DISTINCT r.basis, ',' ORDER BY r.basis) AS basis
-    FROM r LEFT JOIN held USING (cluster, scheduler, job_key) LEFT JOIN acct USING (cluster, scheduler, job_key)
-    GROUP BY r.cluster, r.scheduler, r.job_key
+    FROM r LEFT JOIN held USING ({key}) LEFT JOIN acct USING ({key})
+    GROUP BY ALL
+)"""
+# ... and a job's figures from its held GPUs (held), accounting (acct, of jobs with GPUs), tensor
+# activity over its pieces (t: mfu.tensor_use's) and reports (rep)
+_MFU_FIGURES = """held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
+       coalesce(acct.alloc_gpu_s, held.held_gpu_s, 0) / 3600 AS gpu_h,
+       held.mapped_gpus IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
+       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, t.data_s,
+       rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis"""
+
+# Per job (held GPUs in the window, accounted with GPUs, or reporting): what mfu.decide_all
+# reads, in the jobs' order. Of an analysis, the jobs' held GPUs from its allocations (al), and
+# mfu_use by the job's key:
+_JOB_COLUMNS = "cluster, scheduler, job_key"
+MFU_JOBS = f"""
+WITH acct AS (
+    SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
+    FROM ja WHERE coalesce(gpus, 0) > 0
+), {_MFU_HELD_ALLOCATIONS}, {_MFU_REPORTS.format(r_cols=_JOB_COLUMNS, rep_cols="r.cluster, r.scheduler, r.job_key", key=_JOB_COLUMNS)}, keys AS (
+    SELECT cluster, scheduler, job_key FROM acct
+    UNION SELECT cluster, scheduler, job_key FROM held
+    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r
 )
 SELECT k.cluster, k.scheduler, k.job_key,
        coalesce(acct.job_id, held.job_id, k.job_key) AS job_id,
        coalesce(acct.account, held.account) AS account, coalesce(acct.user_name, held.user_name) AS user_name,
-       held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
-       coalesce(acct.alloc_gpu_s, held.held_gpu_s, 0) / 3600 AS gpu_h,
-       held.job_key IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
-       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, t.data_s,
-       rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis
+       {_MFU_FIGURES}
 FROM keys k
 LEFT JOIN acct USING (cluster, scheduler, job_key)
 LEFT JOIN held USING (cluster, scheduler, job_key)
-LEFT JOIN mfu_use t USING (cluster, scheduler, job_key)  -- tensor activity over its pieces (_tensor_use)
+LEFT JOIN mfu_use t USING (cluster, scheduler, job_key)
 LEFT JOIN rep USING (cluster, scheduler, job_key)
 ORDER BY k.cluster, k.scheduler, k.job_key
+"""
+# ... of a window's hour facts (fact_window.mfu_window), all by the job's hash (jh): the jobs'
+# held GPUs (mfu_held: MFU_HELD_FACTS' rows) and tensor use (mfu_use), and the job's key and what
+# its allocations carry of it (as ALLOCATIONS has them) from the job table, else (mfu_unnamed:
+# held jobs the table lacks) from the job's allocations (ALLOCATION_JOB_NAMES): the same rows
+# without a join on a job's key
+MFU_JOBS_FACTS = f"""
+WITH jobs AS (
+    SELECT {_JOB_HASH} AS jh, cluster, scheduler, job_key, coalesce(job_id, job_key) AS job_id, account, user_name, gpus, alloc_gpu_s
+    FROM ja
+), acct AS (
+    SELECT jh, gpus, alloc_gpu_s FROM jobs WHERE coalesce(gpus, 0) > 0
+), held AS (
+    SELECT * FROM mfu_held
+), {_MFU_REPORTS.format(r_cols=f"{_JOB_HASH} AS jh, {_JOB_COLUMNS}", rep_cols="r.jh, r.cluster, r.scheduler, r.job_key", key="jh")}, named AS (
+    SELECT jh, cluster, scheduler, job_key, job_id, account, user_name FROM jobs
+    WHERE coalesce(gpus, 0) > 0 OR jh IN (SELECT jh FROM held)
+    UNION ALL SELECT jh, cluster, scheduler, job_key, job_id, account, user_name FROM mfu_unnamed
+), keys AS (  -- (a job that only reports: named by its reports)
+    SELECT * FROM named
+    UNION ALL SELECT jh, cluster, scheduler, job_key, job_key, NULL, NULL FROM rep ANTI JOIN named USING (jh)
+)
+SELECT k.cluster, k.scheduler, k.job_key, k.job_id, k.account, k.user_name,
+       {_MFU_FIGURES}
+FROM keys k
+LEFT JOIN acct USING (jh)
+LEFT JOIN held USING (jh)
+LEFT JOIN mfu_use t USING (jh)
+LEFT JOIN rep USING (jh)
+ORDER BY k.cluster, k.scheduler, k.job_key
+"""
+# a job's hash in the window's job table more than once (fact_window.mfu_window then reads no MFU from facts)
+JOB_HASH_CLASHES = f"SELECT count(*) - count(DISTINCT {_JOB_HASH}) AS n FROM ja"
+# the held jobs (mfu_held) the window's job table lacks: their hashes
+HELD_JOBS_UNACCOUNTED = f"SELECT jh FROM mfu_held ANTI JOIN (SELECT {_JOB_HASH} AS jh FROM ja) USING (jh)"
+# ... named by their allocations (as ALLOCATIONS has them)
+ALLOCATION_JOB_NAMES = f"""
+SELECT DISTINCT a.jh, a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_id, j.account, j.user_name
+FROM (SELECT * FROM (SELECT cluster, scheduler, job_key, {_JOB_HASH} AS jh FROM allocations) SEMI JOIN _unnamed USING (jh)) a
+LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 """
 
 # --- fairness (analytics/fairness.py) ---

@@ -33,11 +33,13 @@ from test_hour_facts import oracle as use_oracle
 from gpufleet.analytics import fact_window, hour_facts
 from gpufleet.analytics.core import JOB_DIMS, Analysis
 from gpufleet.analytics.jobs import job_summaries, per_job_gpu
-from gpufleet.analytics.mfu import account_mfu, job_mfu
+from gpufleet.analytics.mfu import MODEL_MISSING, account_mfu, job_mfu
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timelines
-from gpufleet.collector.store import open_reader
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.times import HOUR
+from tests.support.fleet import Fleet
 
 DIMS = ("fleet", "cluster", "model", "host", "gpu", *JOB_DIMS)
 
@@ -216,3 +218,54 @@ def test_the_previous_window_s_totals_from_its_facts(tmp_path, monkeypatch):
         # 08:00-09:00 has no facts: computed
         before = trends.previous_totals(con, Params(T(9), T(10)), now=T(20), facts=finder(tmp_path / "facts"))
         assert asdict(before) == asdict(Analysis(con, Params(T(8), T(9)), now=T(20)).totals())
+
+
+def test_mfu_from_facts_names_every_job_it_held_and_counts_gpus_without_samples(tmp_path, monkeypatch):
+    """MFU read from facts (mfu_window: by the job's hash, not the allocations table) has the
+    analysis' rows where the allocations are least like the samples: a GPU held for hours it has
+    no sample in (its held time still counts), a GPU the inventory has never seen (its model
+    missing), a job the accounting lacks (named by its allocations), a GPU shared by two jobs, a
+    job that only reports its throughput, and one whose accounting says 0 GPUs."""
+    from test_analytics_mfu import report_batch
+
+    f = Fleet(tmp_path / "store")
+    f.gpu_series("n1", "GPU-A", T(9), T(13), util=90.0, tensor=0.4, sm_clock=1700)
+    f.gpu_series("n1", "GPU-B", T(9), T(10), util=80.0, tensor=0.2, gpu=1)  # then silent, still held
+    f.job("1", account="a", user="u", start=T(9, 10), end=T(12, 40), gpus=1, placements=[("n1", "GPU-A")])
+    f.job("2", account="b", user="v", start=T(9, 30), end=T(12, 30), gpus=1, placements=[("n1", "GPU-B")])
+    f.job("3", account="b", user="v", start=T(10), end=T(12), gpus=0, placements=[("n1", "GPU-B")])
+    for gpu in ("GPU-A", "GPU-C"):  # a job only the exporter saw: on A beside job 1, and on a GPU never inventoried
+        for t in (T(10, 5), T(11, 35)):
+            f._allocs.append(dict(ts=t, cluster="c1", scheduler="k8s", job_key="ghost", host="n1" if gpu == "GPU-A" else "n2",
+                                  gpu_uuid=gpu, gpu_instance=-1, gpu=None, source="exporter"))
+    f.write()
+    w = StoreWriter(tmp_path / "store")
+    w.commit(report_batch("reports", "9", 4e14, 2, "flops", [T(10), T(11)]))
+    compact(w, T(20))
+    w.close()
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(11)), (T(11), T(13))])
+        for lo, hi in ((T(9), T(13)), (T(10), T(12)), (T(11), T(12))):
+            p = Params(lo, hi)
+            want, _ = oracle(con, p, T(20))
+            m = fact_window.mfu_window(con, p, T(20), finder(tmp_path / "facts"))
+            assert m is not None, p
+            try:
+                got = job_mfu(m)
+                bad = mismatches({"job_mfu": want["job_mfu"], "account_mfu": want["account_mfu"]},
+                                 {"job_mfu": got, "account_mfu": account_mfu(m, got)})
+            finally:
+                m.con.close()
+            assert not bad, (p, "\n".join(bad))
+            if hi - lo == 4 * HOUR:
+                rows = {r["job_key"]: r for r in got.iter_rows(named=True)}
+        # two of the window's jobs of one hash: no MFU from facts (the caller computes the analysis')
+        monkeypatch.setattr(fact_window.sql, "JOB_HASH_CLASHES", "SELECT 1 AS n")
+        assert fact_window.mfu_window(con, Params(T(9), T(13)), T(20), finder(tmp_path / "facts")) is None
+    assert set(rows) == {"1", "2", "3", "ghost", "9"}
+    assert rows["2"]["gpu_h"] == pytest.approx(3.0)  # (B silent from 10:00 on, held until 12:30)
+    assert rows["ghost"]["job_id"] == "ghost" and rows["ghost"]["gpus"] == 2 and rows["ghost"]["reason"] == MODEL_MISSING
+    assert rows["ghost"]["peak_tflops"] == pytest.approx(989.0 / 2)  # (its GPU C has no model, so no peak: half its GPU-time)
+    assert rows["3"]["account"] == "b" and rows["3"]["gpus"] == 1 and "reports its throughput" in rows["9"]["reason"]
