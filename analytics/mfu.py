@@ -28,17 +28,24 @@ import csv
 from datetime import datetime
 from functools import cache
 from importlib import resources
-
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.core import JOB_KEY, Analysis
+from gpufleet.analytics.params import Params
 
-if TYPE_CHECKING:
-    from gpufleet.analytics.fact_window import MfuWindow
+
+class FromFacts(Protocol):
+    """A window whose hour facts gave its jobs' held GPUs and tensor use, on its cursor
+    (gpufleet.analytics.fact_window.MfuWindow)."""
+
+    p: Params
+    con: Any
+
+    def q(self, query: str, **extra) -> pl.DataFrame: ...
 
 DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp64")
 NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or the gpufleet exporter on a GPU without GPM)"
@@ -78,7 +85,7 @@ def peaks_for(dtype: str) -> pl.DataFrame:
     )
 
 
-def job_mfu(a: Analysis | MfuWindow, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
+def job_mfu(a: Analysis | FromFacts, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
     """One row per job that held GPUs in the window: COLUMNS, then scheduler, gpu_h (allocated
     GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
     `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown".
@@ -258,7 +265,7 @@ def _peak_problems(r: dict, dtype: str) -> list[str]:
     return out
 
 
-def account_mfu(a: Analysis, jobs: pl.DataFrame | None = None) -> pl.DataFrame:
+def account_mfu(a: Analysis | FromFacts, jobs: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per cluster and account: MFU weighted by the jobs' GPU-hours, over jobs with a known MFU.
 
     method: the jobs' method when they all share one, "mixed" when they differ, "unknown" when
