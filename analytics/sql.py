@@ -621,7 +621,9 @@ WITH acct AS (
 ), {_MFU_HELD_ALLOCATIONS}, {_MFU_REPORTS.format(r_cols=_JOB_COLUMNS, rep_cols="r.cluster, r.scheduler, r.job_key", key=_JOB_COLUMNS)}, keys AS (
     SELECT cluster, scheduler, job_key FROM acct
     UNION SELECT cluster, scheduler, job_key FROM held
-    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r
+    -- a job that only reports: under a job filter, one of the filter's jobs only (the job table's)
+    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r WHERE coalesce($account, $user_name, $partition, $job_key) IS NULL
+    UNION SELECT cluster, scheduler, job_key FROM r SEMI JOIN ja USING (cluster, scheduler, job_key)
 )
 SELECT k.cluster, k.scheduler, k.job_key,
        coalesce(acct.job_id, held.job_id, k.job_key) AS job_id,

@@ -39,7 +39,7 @@ from gpufleet.analytics.mfu import DTYPES, NO_TENSOR, account_mfu, gpu_peaks, jo
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.collector.exposition_parse import parse_exposition
 from gpufleet.collector.schema import Batch
-from gpufleet.collector.store import StoreWriter
+from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.exporter import jobreport
 from gpufleet.exporter.backends import sim_scenario
 from gpufleet.exporter.backends.sim import SimBackend
@@ -508,3 +508,37 @@ def test_every_job_is_decided_as_the_row_by_row_rule_decides_it():
         assert got.rows() == want
 
     check()
+
+
+def test_a_filtered_window_lists_its_jobs_rows_of_the_unfiltered_table(tmp_path):
+    """Under a job filter (partition, account, user) MFU lists the filter's jobs only, each with
+    its row of the unfiltered table: a job of another partition that reports its throughput is
+    not shown as one "with its GPU model unknown" (it was, under a partition filter), and a job
+    that only reports (no accounting, no GPU seen) belongs to no filter."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-1", T(10), T(12), util=90.0, tensor=0.45, sm_clock=1980)
+    f.gpu_series("n1", "GPU-2", T(10), T(12), util=90.0, tensor=0.45, sm_clock=1980, gpu=1)
+    f.job("1", account="x", user="u", start=T(10), end=T(12), gpus=1, placements=[("n1", "GPU-1")], partition="a")
+    f.job("2", account="y", user="v", start=T(10), end=T(12), gpus=1, placements=[("n1", "GPU-2")], partition="b")
+    f.write()
+    w = StoreWriter(tmp_path)
+    for job, flops in (("1", 4e14), ("2", 3e14), ("9", 2e14)):
+        w.commit(report_batch(f"r{job}", job, flops, 1, "flops", [T(10), T(11)], host="n1"))
+    w.publish()
+    w.close()
+    con = open_reader(tmp_path)
+
+    def rows(filters: Filters) -> dict[str, dict]:
+        a = Analysis(con, Params(T(10), T(12), filters=filters), now=T(13), detail=True)
+        try:
+            return {r["job_key"]: r for r in job_mfu(a).iter_rows(named=True)}
+        finally:
+            a.con.close()
+
+    every = rows(Filters())
+    assert set(every) == {"1", "2", "9"} and every["2"]["method"].startswith("reported")
+    for filters, jobs in ((Filters(partition="a"), {"1"}), (Filters(partition="b"), {"2"}), (Filters(account="y"), {"2"}),
+                          (Filters(user_name="u"), {"1"})):
+        got = rows(filters)
+        assert set(got) == jobs, filters
+        assert all(got[j] == every[j] for j in jobs), filters
