@@ -26,13 +26,16 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from test_analytics_properties import CLUSTER, MAX_GAP, SETTINGS, at, batches, fleets, scratch
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.mfu import DTYPES, NO_TENSOR, account_mfu, gpu_peaks, job_mfu
@@ -542,3 +545,44 @@ def test_a_filtered_window_lists_its_jobs_rows_of_the_unfiltered_table(tmp_path)
         got = rows(filters)
         assert set(got) == jobs, filters
         assert all(got[j] == every[j] for j in jobs), filters
+
+
+@SETTINGS
+@given(fleets(), st.lists(st.tuples(st.sampled_from(["100", "101", "102", "103", "999"]), st.integers(1, 4)), max_size=4))
+def test_every_filtered_mfu_row_is_its_row_of_the_unfiltered_table(fleet, reports):
+    """Invariant (random fleets: jobs mapped or not, running or ended, across the window's edges;
+    each account its own partition; throughput reports of some jobs, and of a job the store has
+    no other trace of, "999"): under an account's, a user's or a partition's filter, MFU lists
+    exactly the filter's jobs that the unfiltered table lists, each with the same row."""
+    with scratch() as root:
+        w = StoreWriter(root)
+        for b in batches(fleet):
+            for row in b.jobs:
+                row["partition"] = f"p-{row['account']}"
+            w.commit(b)
+        w.commit(Batch(key="reports", throughput=[
+            dict(ts=at(0) + timedelta(hours=h), cluster=CLUSTER, scheduler="slurm", job_key=job, host="h0", flops=1e14 * (h + 1), gpus=None,
+                 basis="flops") for job, hours in reports for h in range(hours)]))
+        w.publish()
+        w.close()
+        con = open_reader(root)
+        lo, hi = fleet["cuts"][0], fleet["cuts"][2]
+        partition_of = {j["key"]: f"p-{j['account']}" for j in fleet["jobs"]}
+
+        def rows(filters: Filters) -> dict[str, dict]:
+            p = Params(at(lo), at(hi), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]),
+                       filters=filters)
+            a = Analysis(con, p, now=at(fleet["now"]), detail=True)
+            try:
+                return {r["job_key"]: r for r in job_mfu(a).iter_rows(named=True)}
+            finally:
+                a.con.close()
+
+        every = rows(Filters())
+        for account in ("alpha", "beta"):
+            for filters, mine in ((Filters(account=account), lambda r: r["account"] == account),
+                                  (Filters(partition=f"p-{account}"), lambda r: partition_of.get(r["job_key"]) == f"p-{account}" and r["account"]),
+                                  (Filters(account=account, user_name="u"), lambda r: r["account"] == account and r["user_name"] == "u")):
+                got = rows(filters)
+                want = {k: r for k, r in every.items() if mine(r)}
+                assert got == want, filters
