@@ -187,5 +187,5 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
             out.flush()
     ret = opts["retention"]
     collector.serve(stop, maintenance_interval=ret["compact_interval"], raw_days=ret["raw_days"], rollup_days=ret["rollup_days"],
-                    extra_jobs=extra_jobs)
+                    summary_days=ret["summary_days"], extra_jobs=extra_jobs)
     return 0

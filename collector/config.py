@@ -33,6 +33,7 @@
 
     [collector.retention]
     raw_days = 35
+    summary_days = 90                   # per-GPU summaries kept after the raw samples go (exact figures of whole buckets)
 
     [analytics]                         # read here too: the summaries' parameters, and where rebuilds and backfills run
     idle_threshold_percent = 5.0
@@ -128,6 +129,9 @@ KUBERNETES = (
 RETENTION = (
     Option("raw_days", 35, "an integer >= 1", integer(1)),
     Option("rollup_days", 400, "an integer >= 1", integer(1)),
+    # the per-GPU summaries of hours older than raw_days, kept until summary_days (0 or <= raw_days:
+    # they go with their samples); at 100,000 GPUs a day's take ~1.2 GB against ~3 GB of samples
+    Option("summary_days", 90, "an integer >= 0 (days the per-GPU summaries outlive the raw samples to; 0: they go with them)", integer(0)),
     Option("compact_interval", 600.0, "a number of seconds > 0 (compaction, rollups and retention)", number(0)),
 )
 

@@ -11,6 +11,10 @@
   only the open rest of those tables.
 - Retention: sample files older than `raw_days` are retired; rollups (a day's file with its last
   hour) and job-reported throughput rows older than `rollup_days` too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
+  The per-GPU summaries of hours whose samples go are kept until `summary_days` (when longer):
+  a long-term tier, as Prometheus-compatible stores keep downsampled data longer than raw. Such an
+  hour's figures come from its summary alone - the same for every window whose edges fall on its
+  buckets' edges; a bucket that would be read raw (a window edge inside it) has no data.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from gpufleet.collector import summaries
 from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_DAY_SQL, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
                                       ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
-from gpufleet.collector.store import StoreWriter, _sql_list, write_parquet
+from gpufleet.collector.store import StoreWriter, _sql_list, raw_retired, write_parquet
 from gpufleet.collector.tasks import TaskRunner
 from gpufleet.times import epoch_us, floor_time, from_epoch_us
 
@@ -68,12 +72,13 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     at most `health_hours` of them, None: all; `tasks` and `progress` as there) and each closed
     day's health summaries merged into one file (merge_health_days: HEALTH_DAYS_PER_PASS days,
     all when `health_hours` is None); returns hours compacted."""
+    listed = {k: e["file"] for k, e in w.summaries.items()}
     done, merged = compact_hours(w, now)
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
     built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
     built += merge_health_days(w, now, None if health_hours is None else HEALTH_DAYS_PER_PASS)
-    if done or merged or built:
+    if done or merged or built or listed != {k: e["file"] for k, e in w.summaries.items()}:  # (or summaries retired)
         w.publish()
     return done
 
@@ -256,6 +261,8 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
         end = to or hour + timedelta(hours=1)
         sources = sorted(f for f, lo, hi in hours[hour] if lo < end + gap and hi >= hour - gap)
         old = w.summaries.get(hour.isoformat())
+        if old is not None and raw_retired(old):
+            continue  # its samples are retired (those left, of the hours beside it, could not rebuild it)
         if (old is not None and old.get("tag") == tag and old["sources"] == sources and old.get("to") == (to and to.isoformat())
                 and old.get("cuts", "") == cut_digests.get(hour.isoformat(), "") and old.get("hash_by") == summaries.HASH_BY):
             continue
@@ -293,7 +300,7 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
                            datetime.fromisoformat(to) if to else None)
         for part in parts:
             part.unlink(missing_ok=True)
-    for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours]:
+    for key in [k for k, e in w.summaries.items() if datetime.fromisoformat(k) not in hours and not raw_retired(e)]:
         w.retire_summary(key)  # its samples were retired
     return built
 
@@ -359,8 +366,8 @@ def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner
     then read raw only the minutes after: gpufleet.analytics.fleet_now, .health). A task an hour, run by `tasks` (a Dask
     scheduler) when there are at least DASK_MIN_HOURS, else here, as summarize's. Returns the
     hours built; the caller publishes."""
-    todo = [k for k, e in sorted(w.summaries.items(), reverse=True)
-            if e.get("health_format") != HEALTH_FORMAT_VERSION and not e.get("to")][:limit]
+    todo = [k for k, e in sorted(w.summaries.items(), reverse=True)  # (none without its samples: they are what it reads)
+            if e.get("health_format") != HEALTH_FORMAT_VERSION and not e.get("to") and not raw_retired(e)][:limit]
     todo += [k for k, e in sorted(w.summaries.items()) if e.get("to") and e.get("now_format") != NOW_FORMAT_VERSION]
     work = [HealthTask(str(w.root), key, tuple(e["sources"]), e["file"], e["params"]["idle_threshold"], e["params"]["max_gap_s"],
                        e.get("to", "")) for key, e in ((k, w.summaries[k]) for k in todo)]
@@ -613,18 +620,34 @@ def settle(w: StoreWriter, now: datetime) -> int:
     return rows
 
 
-def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int) -> int:
+def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int, summary_days: int = 0) -> int:
     """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`, and
-    delete job throughput rows older than `rollup_days`; returns files retired + rows deleted."""
+    delete job throughput rows older than `rollup_days`; returns files retired + rows deleted +
+    summaries retired. The summary of a closed hour whose sample files go is kept (raw_retired)
+    while the hour is younger than `summary_days`, when that is longer than raw_days (0: the
+    summaries go with their samples); it goes then. A summary that cannot stand alone (of an older
+    format: nothing could rebuild it) goes with its samples."""
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
+    keep_to = now - timedelta(days=max(summary_days, raw_days))  # the summaries of hours ending before go
+    gone, expired = set(old), 0
+    for key, e in list(w.summaries.items()):
+        ends = datetime.fromisoformat(key) + timedelta(hours=1)
+        if raw_retired(e) and ends < keep_to:
+            w.retire_summary(key)
+            expired += 1
+        elif (not raw_retired(e) and ends >= keep_to and summary_days > raw_days and not e.get("to")
+              and e.get("format") == summaries.FORMAT_VERSION and gone.intersection(e["sources"])):
+            e["raw_retired"] = now.isoformat()
     old_rollups = [r[0] for r in w.db.execute(  # a day's merged file goes with its last hour
         "SELECT file FROM rollups GROUP BY file HAVING max(hour) < ?", [now - timedelta(days=rollup_days)]).fetchall()]
     reports_cutoff = now - timedelta(days=rollup_days)  # job-reported throughput is hourly: kept like rollups
     old_reports = w.db.execute("SELECT count(*) FROM job_throughput WHERE ts < ?", [reports_cutoff]).fetchone()[0]
     if not old and not old_rollups and not old_reports:
-        return 0
+        if expired:
+            w.publish()
+        return expired
     w.db.execute("BEGIN")
     if old_reports:
         w.db.execute("DELETE FROM job_throughput WHERE ts < ?", [reports_cutoff])
@@ -638,5 +661,6 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     w.db.execute("COMMIT")
     w.invalidate()
     w.publish()
-    log.info("retention: retired %d sample files and %d rollup files, deleted %d job throughput rows", len(old), len(old_rollups), old_reports)
-    return len(old) + len(old_rollups) + old_reports
+    log.info("retention: retired %d sample files, %d rollup files and %d summaries, deleted %d job throughput rows",
+             len(old), len(old_rollups), expired, old_reports)
+    return len(old) + len(old_rollups) + old_reports + expired

@@ -54,7 +54,9 @@ class CollectorMetrics:
             "Hours the store holds per-GPU summaries of (state=summarised), and of those the ones upkeep has still to "
             "rebuild (awaiting_rebuild: an older format; health_awaiting_rebuild: no health summary of this format) or "
             "to write the joined segments of (joined_awaiting_rebuild: a closed hour without them; read from its 5-minute "
-            "rows meanwhile). The analytics read the others from the raw samples meanwhile: the same figures, slower.",
+            "rows meanwhile). The analytics read the others from the raw samples meanwhile: the same figures, slower. "
+            "summaries_only: hours whose raw samples retention retired, kept as summaries ([collector.retention] "
+            "summary_days): a bucket of them a window edge cuts has no data.",
             ["state"], registry=r)
         self.clock_skew = Counter(
             "gpufleet_collect_clock_skew",
@@ -287,7 +289,7 @@ class Collector:
             self.writer.publish()
         return n
 
-    def maintain(self, raw_days: int, rollup_days: int) -> None:
+    def maintain(self, raw_days: int, rollup_days: int, summary_days: int = 0) -> None:
         """Compaction, rollups, settling and retention; holds the commit lock (one writer). Never raises."""
         from gpufleet.collector.maintenance import apply_retention, compact, settle
 
@@ -297,7 +299,7 @@ class Collector:
                 now = self.clock()
                 compact(self.writer, now, self.summary_params, self.tasks, self.rebuild_gpu_shards)
                 settle(self.writer, now)
-                apply_retention(self.writer, now, raw_days, rollup_days)
+                apply_retention(self.writer, now, raw_days, rollup_days, summary_days)
             ok = True
         except Exception:  # noqa: BLE001 - upkeep failing must not stop collection
             log.exception("store maintenance failed")
@@ -327,7 +329,7 @@ class Collector:
         return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
 
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
-              raw_days: int = 35, rollup_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
+              raw_days: int = 35, rollup_days: int = 400, summary_days: int = 0, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
         """Run every source on its schedule, store upkeep every `maintenance_interval` seconds, and
         each of `extra_jobs` (a callable add(scheduler, collector) that adds its own job, e.g. the
         weekly report, the idle-GPU policy), until `stop`."""
@@ -351,7 +353,7 @@ class Collector:
                 next_run_time=datetime.now(timezone.utc),
             )
         if maintenance_interval:
-            scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days], seconds=maintenance_interval,
+            scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days, summary_days], seconds=maintenance_interval,
                               id="maintenance", max_instances=1, coalesce=True, misfire_grace_time=int(maintenance_interval))
         for add in extra_jobs:
             add(scheduler, self)

@@ -385,7 +385,9 @@ class StoreWriter:
             hours = list(self.summaries)
         for hour in hours:
             e = self.summaries.get(hour)
-            if e is not None and datetime.fromisoformat(e["lo"]) <= hi and datetime.fromisoformat(e["hi"]) > lo:
+            # (an hour whose raw samples retention retired keeps its summary: samples that old land
+            # to be retired by the next retention pass, and nothing could rebuild the summary)
+            if e is not None and not raw_retired(e) and datetime.fromisoformat(e["lo"]) <= hi and datetime.fromisoformat(e["hi"]) > lo:
                 self.retire_summary(hour)
 
     def _check_summaries(self) -> None:
@@ -405,7 +407,7 @@ class StoreWriter:
         finally:
             self.db.unregister("_summary_entries")
         for hour, e in list(self.summaries.items()):
-            if sorted(found.get(hour, [])) != e["sources"]:
+            if not raw_retired(e) and sorted(found.get(hour, [])) != e["sources"]:
                 log.warning("summary of %s is stale (its samples changed before a crash): dropped, upkeep rebuilds it", hour)
                 self.retire_summary(hour)
 
@@ -1062,6 +1064,12 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def raw_retired(entry: dict[str, Any]) -> bool:
+    """Has retention retired the raw samples a summary's manifest entry was built from, keeping the
+    summary (maintenance.apply_retention's summary_days): it then stands for the hour alone."""
+    return bool(entry.get("raw_retired"))
+
+
 def _summary_current(entry: dict[str, Any]) -> bool:
     """Is a summary's manifest entry of this version's format (the last version wrote none: 2)?"""
     from gpufleet.collector import summaries
@@ -1088,13 +1096,18 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
     (`joined_awaiting_rebuild`: a closed hour of the current format without them).
     Readers take those hours from the raw samples (the joined segments' from the 5-minute rows)
     meanwhile: the same figures, slower - which the Health page and
-    gpufleet_collect_summary_hours (a state per key) say, so it is never silent."""
+    gpufleet_collect_summary_hours (a state per key) say, so it is never silent. `summaries_only`:
+    the hours whose raw samples retention retired, kept as summaries ([collector.retention]
+    summary_days): a bucket of them that would be read raw (a window edge inside it) has no data."""
     hours: set[str] = set()
     old: set[str] = set()
     health_old: set[str] = set()
     joined_old: set[str] = set()
+    alone: set[str] = set()
     for e in entries:
         hours.add(e["hour"])
+        if raw_retired(e):
+            alone.add(e["hour"])
         if not _summary_current(e):
             old.add(e["hour"])
         elif not e.get("to") and not e.get("coarse"):
@@ -1102,7 +1115,7 @@ def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
         if not (_now_current(e) if e.get("to") else _health_current(e)):
             health_old.add(e["hour"])
     return {"summarised": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old),
-            "joined_awaiting_rebuild": len(joined_old)}
+            "joined_awaiting_rebuild": len(joined_old), "summaries_only": len(alone)}
 
 
 def _summary_files(entry: dict[str, Any]) -> list[str]:
@@ -1127,8 +1140,9 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
     and summary_hours (one row per summarised hour: its range, where its summary `ends` - the
     hour's end, or for an open hour the end of its last summarised bucket, its entry's "to" -, the
     parameters baked in and its files; shards' open hours count where they all end at the same bucket). A
-    summary whose sample files are no longer all listed (retention), or written in another format
-    (FORMAT_VERSION: upkeep rebuilds it), is left out. Collector shards
+    summary whose sample files are no longer all listed, or written in another format
+    (FORMAT_VERSION: upkeep rebuilds it), is left out - unless retention retired those files and
+    kept the summary (raw_retired: it then stands for its hour alone). Collector shards
     summarise their own GPUs: an hour counts as summarised only when every shard holding samples
     of its day (or the days beside it) summarised it with the same parameters - a shard that died
     before its upkeep leaves the hour to the raw samples, never a hole in the fleet."""
@@ -1139,7 +1153,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         listed = set(m.get("samples", []))
         for e in m.get("summaries", []):
             # an hour summarised in another format (an older version) waits for upkeep to rebuild it
-            if e.get("sources") and set(e["sources"]) <= listed and _summary_current(e):
+            if e.get("sources") and (raw_retired(e) or set(e["sources"]) <= listed) and _summary_current(e):
                 key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")),
                        e.get("hash_by"), e.get("to") or "")
                 by_key.setdefault(key, []).append((d, e))

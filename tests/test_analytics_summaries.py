@@ -744,13 +744,13 @@ def test_summaries_of_the_last_format_are_read_raw_until_upkeep_rebuilds_them(tm
     assert not bad and not isinstance(an.gt, SummaryTime), bad
     hours = len(manifest["summaries"])
     assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": hours, "health_awaiting_rebuild": 0,
-                                                          "joined_awaiting_rebuild": 0}  # said
+                                                          "joined_awaiting_rebuild": 0, "summaries_only": 0}  # said
     w = StoreWriter(tmp_path)
     compact(w, T(20))
     assert w.summaries and all(e["format"] == 3 and e["tag"] != "format-2" for e in w.summaries.values())
     w.close()
     assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": 0, "health_awaiting_rebuild": 0,
-                                                          "joined_awaiting_rebuild": 0}
+                                                          "joined_awaiting_rebuild": 0, "summaries_only": 0}
     bad, an = compare(open_reader(tmp_path), p, T(20), detail=True)
     assert not bad and isinstance(an.gt, SummaryTime) and an.gt.has_detail, bad
 

@@ -163,5 +163,11 @@ def test_service_upkeep_compacts_closed_hours_and_reports_itself(tmp_path):
     assert open_reader(tmp_path).execute("SELECT samples, gpu_util_avg FROM gpu_rollup_5m").fetchall() == [(4, 1.5)]  # (0+1+2+3)/4
     assert metric(c, "gpufleet_collect_source_success", source="maintenance") == 1
     # the hour is summarised, utilization and health alike: nothing waits for a rebuild
-    states = ("summarised", "awaiting_rebuild", "health_awaiting_rebuild", "joined_awaiting_rebuild")
-    assert [metric(c, "gpufleet_collect_summary_hours", state=s) for s in states] == [len(manifest["summaries"]), 0, 0, 0] and manifest["summaries"]
+    states = ("summarised", "awaiting_rebuild", "health_awaiting_rebuild", "joined_awaiting_rebuild", "summaries_only")
+    assert [metric(c, "gpufleet_collect_summary_hours", state=s) for s in states] == [len(manifest["summaries"]), 0, 0, 0, 0] and manifest["summaries"]
+    # three days on, with raw_days = 1 and summary_days = 90: the samples go, their hours' summaries stay, and it says so
+    c.clock = lambda: T0 + timedelta(days=3)
+    c.maintain(raw_days=1, rollup_days=400, summary_days=90)
+    after = json.loads((tmp_path / "manifest.json").read_text())
+    assert after["samples"] == [] and [e["file"] for e in after["summaries"]] == [e["file"] for e in manifest["summaries"]]
+    assert metric(c, "gpufleet_collect_summary_hours", state="summaries_only") == len(manifest["summaries"])

@@ -325,6 +325,12 @@ def test_health_says_how_many_hours_wait_for_their_summaries(tmp_path, store, us
     assert said + "2 (utilization, an older format), 2 (health), 1 (joined segments: read from the 5-minute rows meanwhile)" \
         in [t.value for t in at.text]
     assert [c for c in at.caption if "Until upkeep rebuilds them" in c.value]
+    assert not [t for t in at.text if t.value.startswith("Summaries only")]
+    m["summaries"][3]["raw_retired"] = "2026-12-20T00:00:00"  # retention retired its samples, kept the summary (summary_days)
+    manifest.write_text(json.dumps(m))
+    at = goto(open_app(), "health")
+    assert [t for t in at.text if t.value.startswith("Summaries only: 1 hours whose raw samples retention retired")]
+    assert [c for c in at.caption if "a window edge cuts inside them has no data" in c.value]
 
 
 def test_mfu(store, a, use_store):

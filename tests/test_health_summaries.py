@@ -265,7 +265,7 @@ def test_hours_summarised_before_health_summaries_read_raw_until_upkeep_adds_the
     con.close()
     hours = len(m["summaries"])
     assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": 0, "health_awaiting_rebuild": hours,
-                                                          "joined_awaiting_rebuild": 0}  # said
+                                                          "joined_awaiting_rebuild": 0, "summaries_only": 0}  # said
     w = StoreWriter(tmp_path)
     compact(w, at(5 * 3600), SummaryParams(max_gap_s=MAX_GAP))
     w.close()

@@ -99,6 +99,11 @@ def body(ctx: ui.Context) -> None:
     st.text(f"Summaries: {sm['summarised']} hours summarised; waiting for the collector's upkeep to rebuild them: "
             f"{sm['awaiting_rebuild']} (utilization, an older format), {sm['health_awaiting_rebuild']} (health), "
             f"{sm['joined_awaiting_rebuild']} (joined segments: read from the 5-minute rows meanwhile)")
+    if sm.get("summaries_only"):
+        st.text(f"Summaries only: {sm['summaries_only']} hours whose raw samples retention retired ([collector.retention] raw_days), "
+                "kept as per-GPU summaries (summary_days)")
+        st.caption("Their figures come from the summaries: exact for whole 5-minute buckets; the part of a bucket a window "
+                   "edge cuts inside them has no data, and their health figures come only from a health summary built before.")
     if sm["awaiting_rebuild"] or sm["health_awaiting_rebuild"] or sm["joined_awaiting_rebuild"]:
         st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples (joined segments: from "
                    "their 5-minute rows): the same figures, "
