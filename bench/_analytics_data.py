@@ -427,3 +427,93 @@ def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tu
     progress(f"  summaries of {n} hours and their health summaries built in {took:.0f} s")
     mark.write_text(f"{took:.1f} s for {n} hours\n")
     return took, True
+
+
+def summary_only_dir(store: Path, days: int) -> Path:
+    """Where `store` with `days` summary-only days before it is cached (ensure_summary_only_days)."""
+    return store.parent / f"{store.name}-plus{days}d-summaries-only"
+
+
+def _shifted_days(rows: list[dict], delta: timedelta, suffix: str, keys: tuple[str, ...]) -> list[dict]:
+    """Row dicts with their times (`keys`) `delta` earlier and their job key and id suffixed."""
+    out = []
+    for r in rows:
+        r = dict(r, job_key=r["job_key"] + suffix, **({"job_id": r["job_id"] + suffix} if "job_id" in r else {}))
+        for k in keys:
+            if r.get(k) is not None:
+                r[k] = r[k] - delta
+        out.append(r)
+    return out
+
+
+def ensure_summary_only_days(scale: Scale, store: Path, days: int, progress=lambda msg: None) -> tuple[Path, float, bool]:
+    """The one-day store `store` (100,000 GPUs: a week of raw samples would take ~6 h to generate
+    here) with `days` more days before it whose raw samples retention has retired, keeping their
+    per-GPU summaries ([collector.retention] summary_days; gpufleet.collector.maintenance
+    .apply_retention): each is the generated day's hours - the summaries and joined segments the
+    product's summary writer wrote for them, and its jobs and allocations, committed through
+    StoreWriter - shifted back a day at a time (the bench fleet repeats its day; a job still
+    running at a copy's end ends there). Cached beside `store` (its files hard-linked). Returns
+    (path, seconds it took, built now). Their hours have no health summary (the Health page would
+    read them raw: no samples)."""
+    root = summary_only_dir(store, days)
+    if (root / ".complete").exists():
+        return root, float((root / ".complete").read_text().split()[0]), False
+    import os
+
+    import pyarrow.parquet as pq
+
+    from gpufleet.collector.store import write_parquet
+    from gpufleet.collector.summaries import FILE_SCHEMA
+
+    t0 = time.monotonic()
+    tmp = root.parent / f".{root.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(store, tmp, copy_function=os.link)  # immutable files linked; what the writer changes copied
+    for name in ("state.duckdb", "manifest.json"):
+        (tmp / name).unlink()
+        shutil.copy2(store / name, tmp / name)
+    jobs, allocs, _ = plan_jobs(scale)  # the very jobs of `store` (deterministic for its scale)
+    day_end = scale.start + timedelta(days=1)
+    w = StoreWriter(tmp, clock=lambda: scale.now)
+    try:
+        hours = {k: e for k, e in w.summaries.items() if scale.start <= datetime.fromisoformat(k) < day_end and not e.get("to")}
+        for k in range(1, days + 1):
+            delta = timedelta(days=k)
+            for key, e in sorted(hours.items()):
+                hour = datetime.fromisoformat(key) - delta
+                entry = {f: v for f, v in e.items() if f not in ("health", "health_format", "now", "now_format")}
+                for f in ("file", "coarse"):
+                    if e.get(f):
+                        src = pq.ParquetFile(store / e[f]).read()  # (one file: no partition column)
+                        t = src.set_column(src.schema.get_field_index("bucket"), "bucket", pc.subtract(src["bucket"], pa.scalar(delta)))
+                        rel = e[f].replace(f"date={scale.start:%Y-%m-%d}", f"date={hour:%Y-%m-%d}").replace(".parquet", f"-shifted{k}d.parquet")
+                        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                        write_parquet(t.cast(FILE_SCHEMA), tmp / rel)
+                        entry[f] = rel
+                entry.update(hour=hour.isoformat(), lo=(datetime.fromisoformat(e["lo"]) - delta).isoformat(),
+                             hi=(datetime.fromisoformat(e["hi"]) - delta).isoformat(),
+                             sources=[f"bench: {key}'s samples, {k} d earlier"], raw_retired=scale.now.isoformat())
+                w.summaries[hour.isoformat()] = entry
+            copy_end = day_end - delta
+            day_jobs = []
+            for r in _shifted_days([j for j in jobs if j["state"] != "PENDING"], delta, f"-{k}d",
+                                   ("submit", "eligible", "start", "end", "updated_at")):
+                if r["state"] == "RUNNING":  # still going at the copy's end: ends there
+                    r.update(state="COMPLETED", state_raw="COMPLETED", end=copy_end, updated_at=copy_end)
+                day_jobs.append(r)
+            day_allocs = _shifted_days(allocs, delta, f"-{k}d", ("ts",))
+            w.commit(Batch(key=f"bench/summary-only/{k}", jobs=day_jobs, allocations=day_allocs))
+            progress(f"  summary-only day {k}/{days} ({scale.start - delta:%Y-%m-%d}): {len(hours)} hours, {len(day_jobs):,} jobs "
+                     f"({time.monotonic() - t0:.0f} s)")
+        first = scale.start - timedelta(days=days)  # the inventory from the first day on
+        w.commit(Batch(key="bench/summary-only/inventory", gpus=[
+            dict(cluster=CLUSTER, host=r["host"], gpu_uuid=r["gpu_uuid"], gpu_instance=-1, gpu=r["gpu"], mig_profile=None,
+                 model=MODEL, fb_total_mib=81559.0, driver_version="550.90.07", ts=first) for r in gpu_frame(scale).iter_rows(named=True)]))
+        w.publish()
+    finally:
+        w.close()
+    took = time.monotonic() - t0
+    (tmp / ".complete").write_text(f"{took:.1f} s for {days} days of summaries only\n")
+    tmp.rename(root)
+    return root, took, True

@@ -38,6 +38,11 @@ Knobs (environment):
   GPUFLEET_BENCH_THREADS=0         DuckDB threads in the analysis process (0 = DuckDB's default: all cores)
   GPUFLEET_BENCH_USERS=user-000,user-100   users whose week is measured as the dashboards' window
   GPUFLEET_BENCH_CACHE=bench/results/analytics   generated stores and Prometheus TSDBs, reused
+  GPUFLEET_BENCH_SUMMARY_DAYS=0    days before the generated ones whose raw samples retention retired, kept as
+                                   summaries ([collector.retention] summary_days): the generated first day's summaries
+                                   and jobs shifted back a day at a time (_analytics_data.ensure_summary_only_days); the
+                                   analysed window then starts that much earlier and only its analysis is measured
+                                   (100,000 GPUs: GPUFLEET_BENCH_DAYS=1 GPUFLEET_BENCH_SUMMARY_DAYS=6 is the week)
   GPUFLEET_BENCH_RAW=auto          run the raw-sample oracle beside the summaries path: 1, 0, or auto
                                    (only when its peak RSS, estimated at RAW_BYTES_PER_SAMPLE, fits in
                                    80 % of MemAvailable: at 16,384 GPUs it does not fit 24 GiB)
@@ -59,10 +64,13 @@ from pathlib import Path
 
 import polars as pl
 
-from bench._analytics_data import HOSTS_PER_GROUP, STEP, ensure_store, ensure_summaries, host_name, scale_from_env
+from bench._analytics_data import (HOSTS_PER_GROUP, STEP, ensure_store, ensure_summaries, ensure_summary_only_days, host_name,
+                                   scale_from_env)
 from bench._common import ROOT, Table, _children, _stop, env_number, free_port, measure_child, progress, raw_side_fits
 
 SCALE = scale_from_env()
+SUMMARY_ONLY_DAYS = int(env_number("GPUFLEET_BENCH_SUMMARY_DAYS", 0))
+WINDOW_DAYS = SCALE.days + SUMMARY_ONLY_DAYS
 PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_QUERY_RUNS", 5)))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
@@ -74,9 +82,9 @@ CACHE = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results
 # and peak RSS (GiB); a fleet between two sizes is held to the larger one's, past the last to none;
 # a window of other than 7 days to none (they are a week's)
 ISSUE_GOALS = ((1024, 1.0, 0.5), (4096, 3.0, 1.0), (16384, 10.0, 2.0), (100_000, 60.0, 6.0))
-WALL_GOAL_S, RSS_GOAL_GIB = next(((w, r) for g, w, r in ISSUE_GOALS if SCALE.gpus <= g and SCALE.days == 7), (None, None))
+WALL_GOAL_S, RSS_GOAL_GIB = next(((w, r) for g, w, r in ISSUE_GOALS if SCALE.gpus <= g and WINDOW_DAYS == 7), (None, None))
 # what the tables call the analysed window: the issue's figures are a week's
-WINDOW = "week" if SCALE.days == 7 else f"{SCALE.days}-day window"
+WINDOW = "week" if WINDOW_DAYS == 7 else f"{WINDOW_DAYS}-day window"
 SCALE_IDLE_MIN = "30 min"  # gpufleet.analytics.params default idle_min_duration
 SPEEDUP_GOAL = 30.0  # the rollups' per-GPU weekly mean against PromQL's avg_over_time (issue #16)
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
@@ -90,7 +98,7 @@ def measure_analysis(store: Path, raw: bool = False, user: str | None = None, he
                      edges: tuple[timedelta, timedelta] = (timedelta(0), timedelta(0))) -> dict:
     """One analysis in a process of its own (bench._analytics_measure); `edges`: the window's start
     that much after the data's, its end that much before."""
-    argv = [str(store), (SCALE.start + edges[0]).isoformat(), (SCALE.end - edges[1]).isoformat()]
+    argv = [str(store), (SCALE.start - timedelta(days=SUMMARY_ONLY_DAYS) + edges[0]).isoformat(), (SCALE.end - edges[1]).isoformat()]
     if raw:
         argv.append("--raw")
     if user:
@@ -204,6 +212,28 @@ def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table
         "(each hour's samples in one file, as the collector's compaction leaves them"
         f"{f'; the open last hour in the files its rounds wrote, one per {HOSTS_PER_GROUP} hosts' if SCALE.live else ''}); "
         "set GPUFLEET_BENCH_GPUS / _DAYS / _JOBS for another scale",
+    ]
+    return t
+
+
+def summary_only_table(store: Path, generated: bool, gen_s: float) -> Table:
+    """The analysis of a window whose first SUMMARY_ONLY_DAYS days are hours kept as summaries
+    after their raw samples went (GPUFLEET_BENCH_SUMMARY_DAYS), the generated days raw and summarised."""
+    t0 = time.monotonic()
+    ext, took, built = ensure_summary_only_days(SCALE, store, SUMMARY_ONLY_DAYS, progress)
+    progress(f"store with {SUMMARY_ONLY_DAYS} summary-only days {'built' if built else 'reused'}: {ext} ({time.monotonic() - t0:.0f} s)")
+    m = measure_analysis(ext)
+    t = analysis_table(m, ext, generated, gen_s)
+    first = SCALE.start - timedelta(days=SUMMARY_ONLY_DAYS)
+    t.notes += [
+        f"the {WINDOW} {first:%Y-%m-%d} .. {SCALE.end:%Y-%m-%d}: {SCALE.days} generated day(s) of raw samples through the product's "
+        f"compaction and summary writer, and before them {SUMMARY_ONLY_DAYS} days whose raw samples retention has retired, kept as "
+        "summaries ([collector.retention] summary_days): each the generated first day's hours - the per-GPU summaries and joined "
+        "segments the product's summary writer wrote for them, and its jobs and allocations - shifted back a day at a time "
+        f"(the fleet repeats its day; a job still running at a copy's end ends there); built {'in this run' if built else 'earlier'} "
+        f"in {took:.0f} s. Raw generation of the whole week would take ~6 h here",
+        "an analysis reads whole hours from their summaries whether or not their samples are kept (the window's edges are on the "
+        "hour): the summary-only days cost what summarised days cost",
     ]
     return t
 
@@ -581,6 +611,8 @@ def run() -> list[Table]:
     gen_s = time.monotonic() - t0
     progress(f"store {'generated' if generated else 'reused'}: {store} ({gen_s:.0f} s)")
     build_s, built = ensure_summaries(SCALE, store, progress)
+    if SUMMARY_ONLY_DAYS:
+        return [summary_only_table(store, generated, gen_s)]
     run_raw, why = raw_side_fits("GPUFLEET_BENCH_RAW", SCALE.samples, RAW_BYTES_PER_SAMPLE)
     progress(f"full analysis of the {WINDOW} in its own process: {'the raw oracle, then ' if run_raw else ''}the summaries path")
     m_raw = measure_analysis(store, raw=True) if run_raw else None
