@@ -351,6 +351,9 @@ _JOB_HASH = "hash(cluster, scheduler, job_key)"
 ALLOCATION_KEY_HASHES = (f"SELECT cluster, scheduler, job_key, host, gpu_uuid, gi, {_ALLOCATION_HASH} AS ah, {_JOB_HASH} AS jh, "
                          f"{_GPU_HASH} AS gh FROM al")
 LINE_ID_HASHES = f"SELECT {_GPU_HASH} AS gh, gid FROM _line_ids"
+# alv: each allocation of al (its rows in al's order, as ALLOCATION_ROWS read them) with what the
+# analysis looked up for it (_alv_use: its GPU's id in the line, data and busy seconds, has_piece)
+ALLOCATION_USE = "CREATE OR REPLACE TEMP VIEW alv AS SELECT al.*, u.* FROM al POSITIONAL JOIN _alv_use u"
 
 
 
