@@ -224,6 +224,7 @@ def summary_only_table(store: Path, generated: bool, gen_s: float) -> Table:
     progress(f"store with {SUMMARY_ONLY_DAYS} summary-only days {'built' if built else 'reused'}: {ext} ({time.monotonic() - t0:.0f} s)")
     m = measure_analysis(ext)
     t = analysis_table(m, ext, generated, gen_s)
+    t.title += f"; and {SUMMARY_ONLY_DAYS} days before it kept as summaries (their raw samples retired)"
     first = SCALE.start - timedelta(days=SUMMARY_ONLY_DAYS)
     t.notes += [
         f"the {WINDOW} {first:%Y-%m-%d} .. {SCALE.end:%Y-%m-%d}: {SCALE.days} generated day(s) of raw samples through the product's "
