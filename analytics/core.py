@@ -28,7 +28,7 @@ from gpufleet.analytics.prices import price_table
 from gpufleet.analytics.stretches import stretches
 from gpufleet.analytics.summaries import summary_time
 from gpufleet.analytics.timeline import timeline_bucket
-from gpufleet.times import epoch_us, utcnow
+from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
@@ -174,6 +174,21 @@ def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[
         return out
     finally:
         cur.close()
+
+
+def summary_only_edges(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
+    """A warning for each window edge inside a bucket of an hour kept as summaries alone (its raw
+    samples retired: [collector.retention] summary_days): the part of that bucket inside the
+    window has no data, which the figures count as such - said, so it is not taken for an outage."""
+    cur = con.cursor()
+    try:
+        found = cur.execute(sql.SUMMARY_ONLY_EDGES, {"t": [epoch_us(start), epoch_us(end)]}).fetchall()
+    finally:
+        cur.close()
+    return [f"{from_epoch_us(t):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a {b // 60}-minute bucket of an hour whose raw "
+            "samples retention has retired (kept as per-GPU summaries): the bucket's part inside the window has no data where "
+            f"its samples are gone; an edge on the {b // 60}-minute grid gets every figure"
+            for t, b in found if t % (b * 1_000_000)]
 
 
 # Filters field -> its sql.FILTER_VALUES query

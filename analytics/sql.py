@@ -191,6 +191,14 @@ WHERE max_gap_s = $max_gap AND idle_threshold = $thr AND (keep_s <= $min_idle OR
 ORDER BY hour
 """
 
+# The hours kept as summaries alone (their samples retired) that hold a window edge ($t: the
+# edges, epoch us), with their bucket: an edge inside a bucket there cuts it with no data
+SUMMARY_ONLY_EDGES = """
+SELECT DISTINCT t.t, h.bucket_s FROM summary_hours h, unnest($t::BIGINT[]) AS t(t)
+WHERE h.raw_retired AND epoch_us(h.hour) <= t.t AND t.t < epoch_us(h.hour) + 3600000000
+ORDER BY t.t
+"""
+
 # The summary rows of the line [$xstart, $xend) within the cluster and model filters (a row's
 # variant is its samples': readers take a bucket of mixed variants raw). h and gh were hashed
 # when the hour was written (gpufleet.collector.schema.SUMMARY_HASHES, as GPU_HASH), by the

@@ -637,6 +637,8 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
         if raw_retired(e) and ends < keep_to:
             w.retire_summary(key)
             expired += 1
+        # kept: an hour any of whose samples go (the hour after the newest such one loses only the
+        # sample crossing into it, and keeps its summary built over it too)
         elif (not raw_retired(e) and ends >= keep_to and summary_days > raw_days and not e.get("to")
               and e.get("format") == summaries.FORMAT_VERSION and gone.intersection(e["sources"])):
             e["raw_retired"] = now.isoformat()

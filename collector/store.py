@@ -1139,7 +1139,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
     gpu_summaries_coarse (their hours' joined segments, where written: summaries.coarsen)
     and summary_hours (one row per summarised hour: its range, where its summary `ends` - the
     hour's end, or for an open hour the end of its last summarised bucket, its entry's "to" -, the
-    parameters baked in and its files; shards' open hours count where they all end at the same bucket). A
+    parameters baked in, its files and whether its samples are retired, `raw_retired`; shards' open hours count where they all end at the same bucket). A
     summary whose sample files are no longer all listed, or written in another format
     (FORMAT_VERSION: upkeep rebuilds it), is left out - unless retention retired those files and
     kept the summary (raw_retired: it then stands for its hour alone). Collector shards
@@ -1172,13 +1172,15 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
     # joined segments' where every shard wrote them (summaries.coarsen), else None
     files = [[str(d / e["file"]) for d, e in by_key[k]] for k in keys]
     coarse = [[str(d / e["coarse"]) for d, e in by_key[k]] if all(e.get("coarse") for _, e in by_key[k]) else None for k in keys]
+    alone = [all(raw_retired(e) for _, e in by_key[k]) for k in keys]  # its samples retired: the summary stands for the hour alone
     _table_of_lists(con, "summary_hours", {
         "hour": ("TIMESTAMP", [k[0] for k in keys]), "tag": ("VARCHAR", [k[1] for k in keys]),
         "max_gap_s": ("DOUBLE", [k[2] for k in keys]), "idle_threshold": ("DOUBLE", [k[3] for k in keys]),
         "keep_s": ("DOUBLE", [k[4] for k in keys]), "bucket_s": ("BIGINT", [k[5] for k in keys]),
         "hash_by": ("VARCHAR", [k[6] for k in keys]),
         "ends": ("TIMESTAMP", [datetime.fromisoformat(k[7]) if k[7] else datetime.fromisoformat(k[0]) + timedelta(hours=1) for k in keys]),
-        "coarse": ("BOOLEAN", [c is not None for c in coarse]), "files": ("VARCHAR[]", files), "coarse_files": ("VARCHAR[]", coarse)})
+        "coarse": ("BOOLEAN", [c is not None for c in coarse]), "files": ("VARCHAR[]", files), "coarse_files": ("VARCHAR[]", coarse),
+        "raw_retired": ("BOOLEAN", alone)})
     for view, paths in (("gpu_summaries", [f for fs in files for f in fs]), ("gpu_summaries_coarse", [f for fs in coarse if fs for f in fs])):
         if paths:
             con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(paths)})")

@@ -23,7 +23,8 @@ from test_analytics_golden import A100, T, build_golden
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, fleets, scratch
 from test_analytics_summaries import figures, mismatches, params, split
 
-from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.cli import build_report
+from gpufleet.analytics.core import Analysis, summary_only_edges
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.summaries import SummaryTime
 from gpufleet.collector.maintenance import apply_retention, compact
@@ -69,6 +70,7 @@ def test_hours_kept_as_summaries_give_their_figures_without_samples(tmp_path):
     cut = Params(T(10, 2, 30), T(11, 57, 1))  # edges inside buckets
     before_cut = figures(Analysis(con, cut, now=T(20)))
     hours = con.execute("SELECT count(*) FROM summary_hours").fetchone()[0]
+    assert summary_only_edges(con, cut.start, cut.end) == []  # (the samples are there)
     con.close()
 
     later = T(20) + timedelta(days=3)
@@ -90,6 +92,11 @@ def test_hours_kept_as_summaries_give_their_figures_without_samples(tmp_path):
     assert got["allocated_gpu_h"] == pytest.approx(want["allocated_gpu_h"], **TOL)
     assert got["data_gpu_h"] < want["data_gpu_h"] and got["no_data_gpu_h"] > want["no_data_gpu_h"]
     _adds_up(got)
+    # ... and says so, naming the edges (gpufleet analyze's warnings; the dashboards' for a typed window)
+    said = summary_only_edges(con, cut.start, cut.end)
+    assert [w[:19] for w in said] == ["2026-11-16T10:02:30", "2026-11-16T11:57:01"] and "has no data" in said[0]
+    assert summary_only_edges(con, T(10), T(12)) == []  # edges on the grid get every figure
+    assert build_report(con, cut, "account", 5, None, now=T(20))["warnings"] == said
     con.close()
 
     # another idle threshold: nothing can rebuild those hours - they stay, and the new threshold's
