@@ -186,3 +186,13 @@ def test_figures_of_hours_kept_as_summaries_add_up_and_keep_their_whole_buckets(
             if win == aligned and took_summaries[win]:  # (else read raw: no hour summarised where the window reads)
                 assert not mismatches(_inside(want), _inside(got)), win
         con.close()
+
+
+def test_summary_days_is_a_collector_retention_setting():
+    from gpufleet.collector import config
+    from gpufleet.config import ConfigError
+
+    assert config.load({}, None)["retention"]["summary_days"] == 90
+    assert config.load({"collector": {"retention": {"summary_days": 0}}}, None)["retention"]["summary_days"] == 0
+    with pytest.raises(ConfigError, match=r"summary_days = -1: expected an integer >= 0"):
+        config.load({"collector": {"retention": {"summary_days": -1}}}, "c.toml")
