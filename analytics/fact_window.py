@@ -163,8 +163,9 @@ def window_waste(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts
     """The window's waste figures (the `top` most wasteful jobs) from its hours' facts: the
     allocations with idle or no-process stretches (FACT_STRETCHES; their jobs from the job table,
     their GPUs from the capacity, both by hash) and the GPUs' figures - neither the window's allocations table nor every
-    allocation's sums, which the whole analysis (window_analysis) reads. None where facts cannot
-    answer the window (hour_facts.read_window), a GPU's variant is not one over it (as
+    allocation's sums, which the whole analysis (window_analysis) reads; a job the job table lacks
+    (the accounting has none: a pod only the exporter saw) named by its allocations. None where
+    facts cannot answer the window (hour_facts.read_window), a GPU's variant is not one over it (as
     window_analysis), or a stretch's job or GPU is not found by its hash (or two are): then the
     whole analysis'. `names`: hour_facts.read_window's."""
     read = read_with_gpus(con, p, now, facts, (sql.FACT_VARIANTS, sql.FACT_STRETCHES), names=names)
@@ -179,6 +180,18 @@ def window_waste(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts
         keys = pl.from_arrow(cur.sql(sql.CAPACITY_GPU_HASHES).to_arrow_table()).select("gh", "host", "gpu_uuid", "gi")
         if jobs["jh"].is_duplicated().any() or keys["gh"].is_duplicated().any():
             return None
+        unnamed = stretched.select("jh").unique().join(jobs.select("jh"), on="jh", how="anti")
+        if unnamed.height:  # jobs the accounting lacks (a pod only the exporter saw): named by their allocations, as al names them
+            cur.register("_unnamed", unnamed.to_arrow())
+            try:
+                named = pl.from_arrow(cur.sql(sql.ALLOCATION_JOB_NAMES).to_arrow_table())
+            finally:
+                cur.unregister("_unnamed")
+            # (two jobs of one hash; or an accounted job that did not run in the window: facts
+            # that do not stand for it - the whole analysis' then)
+            if named["jh"].is_duplicated().any() or named["accounted"].any():
+                return None
+            jobs = pl.concat([jobs, named.select(jobs.columns)], how="vertical_relaxed")
         rows = stretched.join(jobs, on="jh", how="left").join(keys, on="gh", how="left").join(variants.drop("unsure"), on="gh", how="left")
         if rows.filter(pl.col("job_key").is_null() | pl.col("host").is_null()).height:
             return None

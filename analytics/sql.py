@@ -681,9 +681,10 @@ ORDER BY k.cluster, k.scheduler, k.job_key
 JOB_HASH_CLASHES = f"SELECT count(*) - count(DISTINCT {_JOB_HASH}) AS n FROM ja"
 # the held jobs (mfu_held) the window's job table lacks: their hashes
 HELD_JOBS_UNACCOUNTED = f"SELECT jh FROM mfu_held ANTI JOIN (SELECT {_JOB_HASH} AS jh FROM ja) USING (jh)"
-# ... named by their allocations (as ALLOCATIONS has them)
+# ... named by their allocations (as ALLOCATIONS has them; `accounted`: the accounting has the job)
 ALLOCATION_JOB_NAMES = f"""
-SELECT DISTINCT a.jh, a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_id, j.account, j.user_name
+SELECT DISTINCT a.jh, a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_id, j.account, j.user_name, j.partition,
+       j.job_key IS NOT NULL AS accounted
 FROM (SELECT * FROM (SELECT cluster, scheduler, job_key, {_JOB_HASH} AS jh FROM allocations) SEMI JOIN _unnamed USING (jh)) a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 """

@@ -269,3 +269,32 @@ def test_mfu_from_facts_names_every_job_it_held_and_counts_gpus_without_samples(
     assert rows["ghost"]["job_id"] == "ghost" and rows["ghost"]["gpus"] == 2 and rows["ghost"]["reason"] == MODEL_MISSING
     assert rows["ghost"]["peak_tflops"] == pytest.approx(989.0 / 2)  # (its GPU C has no model, so no peak: half its GPU-time)
     assert rows["3"]["account"] == "b" and rows["3"]["gpus"] == 1 and "reports its throughput" in rows["9"]["reason"]
+
+
+def test_waste_from_facts_names_a_job_the_accounting_lacks(tmp_path):
+    """A pod only the exporter saw (no accounting row), idle on its GPU: the Waste page's figures
+    from facts (window_waste) name it by its allocations, as the analysis does (its job id its
+    key, no account or user), instead of giving up for the whole analysis."""
+    f = Fleet(tmp_path / "store")
+    f.gpu_series("n1", "GPU-A", T(9), T(13), util=0.0)
+    f.gpu_series("n1", "GPU-B", T(9), T(13), util=0.0, gpu=1)
+    f.job("1", account="a", user="u", start=T(9, 10), end=T(12, 40), gpus=1, placements=[("n1", "GPU-A")])
+    for t in (T(9, 20), T(12, 10)):
+        f._allocs.append(dict(ts=t, cluster="c1", scheduler="k8s", job_key="ghost", host="n1", gpu_uuid="GPU-B",
+                              gpu_instance=-1, gpu=None, source="exporter"))
+    f.write()
+    w = StoreWriter(tmp_path / "store")
+    compact(w, T(20))
+    w.close()
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    with ONE_HOUR_BUCKETS:
+        write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(11)), (T(11), T(13))])
+        for lo, hi in ((T(9), T(13)), (T(10), T(12))):
+            p = Params(lo, hi)
+            want, _ = oracle(con, p, T(20))
+            got = fact_window.window_waste(con, p, T(20), finder(tmp_path / "facts"), 25)
+            bad = waste_mismatches(want, got, p)
+            assert not bad, (p, "\n".join(bad))
+    top = {r["job_key"]: r for r in got.top_jobs.iter_rows(named=True)}
+    assert top["ghost"]["job_id"] == "ghost" and top["ghost"]["account"] is None and top["1"]["account"] == "a"
