@@ -220,6 +220,29 @@ def test_the_previous_window_s_totals_from_its_facts(tmp_path, monkeypatch):
         assert asdict(before) == asdict(Analysis(con, Params(T(8), T(9)), now=T(20)).totals())
 
 
+def exporter_only(f: Fleet, job_key: str, gpus: list[tuple[str, str]], seen: tuple) -> None:
+    """A job only the exporter saw (a pod the accounting lacks) on `gpus` (host, uuid), at `seen`."""
+    for host, uuid in gpus:
+        for t in seen:
+            f._allocs.append(dict(ts=t, cluster="c1", scheduler="k8s", job_key=job_key, host=host, gpu_uuid=uuid,
+                                  gpu_instance=-1, gpu=None, source="exporter"))
+
+
+def store_with_facts(tmp_path, f: Fleet, *extra):
+    """The fleet written, `extra` batches committed, compacted at 20:00, and the hour facts of
+    09:00-13:00 built in two runs (call under ONE_HOUR_BUCKETS); the store's reader."""
+    f.write()
+    w = StoreWriter(tmp_path / "store")
+    for batch in extra:
+        w.commit(batch)
+    compact(w, T(20))
+    w.close()
+    (tmp_path / "facts").mkdir()
+    con = open_reader(tmp_path / "store")
+    write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(11)), (T(11), T(13))])
+    return con
+
+
 def test_mfu_from_facts_names_every_job_it_held_and_counts_gpus_without_samples(tmp_path, monkeypatch):
     """MFU read from facts (mfu_window: by the job's hash, not the allocations table) has the
     analysis' rows where the allocations are least like the samples: a GPU held for hours it has
@@ -234,19 +257,10 @@ def test_mfu_from_facts_names_every_job_it_held_and_counts_gpus_without_samples(
     f.job("1", account="a", user="u", start=T(9, 10), end=T(12, 40), gpus=1, placements=[("n1", "GPU-A")])
     f.job("2", account="b", user="v", start=T(9, 30), end=T(12, 30), gpus=1, placements=[("n1", "GPU-B")])
     f.job("3", account="b", user="v", start=T(10), end=T(12), gpus=0, placements=[("n1", "GPU-B")])
-    for gpu in ("GPU-A", "GPU-C"):  # a job only the exporter saw: on A beside job 1, and on a GPU never inventoried
-        for t in (T(10, 5), T(11, 35)):
-            f._allocs.append(dict(ts=t, cluster="c1", scheduler="k8s", job_key="ghost", host="n1" if gpu == "GPU-A" else "n2",
-                                  gpu_uuid=gpu, gpu_instance=-1, gpu=None, source="exporter"))
-    f.write()
-    w = StoreWriter(tmp_path / "store")
-    w.commit(report_batch("reports", "9", 4e14, 2, "flops", [T(10), T(11)]))
-    compact(w, T(20))
-    w.close()
-    (tmp_path / "facts").mkdir()
-    con = open_reader(tmp_path / "store")
+    # a job only the exporter saw: on A beside job 1, and on a GPU never inventoried
+    exporter_only(f, "ghost", [("n1", "GPU-A"), ("n2", "GPU-C")], (T(10, 5), T(11, 35)))
     with ONE_HOUR_BUCKETS:
-        write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(11)), (T(11), T(13))])
+        con = store_with_facts(tmp_path, f, report_batch("reports", "9", 4e14, 2, "flops", [T(10), T(11)]))
         for lo, hi in ((T(9), T(13)), (T(10), T(12)), (T(11), T(12))):
             p = Params(lo, hi)
             want, _ = oracle(con, p, T(20))
@@ -279,17 +293,9 @@ def test_waste_from_facts_names_a_job_the_accounting_lacks(tmp_path):
     f.gpu_series("n1", "GPU-A", T(9), T(13), util=0.0)
     f.gpu_series("n1", "GPU-B", T(9), T(13), util=0.0, gpu=1)
     f.job("1", account="a", user="u", start=T(9, 10), end=T(12, 40), gpus=1, placements=[("n1", "GPU-A")])
-    for t in (T(9, 20), T(12, 10)):
-        f._allocs.append(dict(ts=t, cluster="c1", scheduler="k8s", job_key="ghost", host="n1", gpu_uuid="GPU-B",
-                              gpu_instance=-1, gpu=None, source="exporter"))
-    f.write()
-    w = StoreWriter(tmp_path / "store")
-    compact(w, T(20))
-    w.close()
-    (tmp_path / "facts").mkdir()
-    con = open_reader(tmp_path / "store")
+    exporter_only(f, "ghost", [("n1", "GPU-B")], (T(9, 20), T(12, 10)))
     with ONE_HOUR_BUCKETS:
-        write_facts(con, Params(T(9), T(13)), T(20), tmp_path / "facts", [(T(9), T(11)), (T(11), T(13))])
+        con = store_with_facts(tmp_path, f)
         for lo, hi in ((T(9), T(13)), (T(10), T(12))):
             p = Params(lo, hi)
             want, _ = oracle(con, p, T(20))
