@@ -329,6 +329,12 @@ def gpu_frame(scale: Scale) -> pl.DataFrame:
     })
 
 
+def inventory_obs(gpu: dict, ts: datetime) -> dict:
+    """One inventory observation of a GPU (a gpu_frame row) at `ts`."""
+    return dict(cluster=CLUSTER, host=gpu["host"], gpu_uuid=gpu["gpu_uuid"], gpu_instance=-1, gpu=gpu["gpu"], mig_profile=None,
+                model=MODEL, fb_total_mib=81559.0, driver_version="550.90.07", ts=ts)
+
+
 def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
     """Write the whole store to `root` (which must not exist yet) as the product would have it:
     each (day, group of hosts) chunk committed an hour at a time, as the collector's rounds
@@ -338,11 +344,8 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
 
     jobs, allocs, segments = plan_jobs(scale)
     gpus = gpu_frame(scale)
-    inventory = []
-    for r in gpus.iter_rows(named=True):
-        obs = dict(cluster=CLUSTER, host=r["host"], gpu_uuid=r["gpu_uuid"], gpu_instance=-1, gpu=r["gpu"], mig_profile=None,
-                   model=MODEL, fb_total_mib=81559.0, driver_version="550.90.07")
-        inventory += [dict(obs, ts=scale.start), dict(obs, ts=scale.end - timedelta(seconds=STEP))]
+    inventory = [obs for r in gpus.iter_rows(named=True) for obs in (inventory_obs(r, scale.start),
+                                                                     inventory_obs(r, scale.end - timedelta(seconds=STEP)))]
     w = StoreWriter(root, clock=lambda: scale.end)
     rows = 0
     groups = -(-scale.hosts // HOSTS_PER_GROUP)
@@ -507,9 +510,7 @@ def ensure_summary_only_days(scale: Scale, store: Path, days: int, progress=lamb
             progress(f"  summary-only day {k}/{days} ({scale.start - delta:%Y-%m-%d}): {len(hours)} hours, {len(day_jobs):,} jobs "
                      f"({time.monotonic() - t0:.0f} s)")
         first = scale.start - timedelta(days=days)  # the inventory from the first day on
-        w.commit(Batch(key="bench/summary-only/inventory", gpus=[
-            dict(cluster=CLUSTER, host=r["host"], gpu_uuid=r["gpu_uuid"], gpu_instance=-1, gpu=r["gpu"], mig_profile=None,
-                 model=MODEL, fb_total_mib=81559.0, driver_version="550.90.07", ts=first) for r in gpu_frame(scale).iter_rows(named=True)]))
+        w.commit(Batch(key="bench/summary-only/inventory", gpus=[inventory_obs(r, first) for r in gpu_frame(scale).iter_rows(named=True)]))
         w.publish()
     finally:
         w.close()
