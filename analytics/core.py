@@ -325,11 +325,17 @@ class Analysis:
     def _allocation_use(self) -> None:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
         any sample interval overlaps its part inside the window (then it has pieces there, as
-        oracle_sql.PIECES would give)."""
+        oracle_sql.PIECES would give). Held here as numbers (_alv: a0, a1 and the look-ups, a row
+        per row of al, in its order); al's text columns stay in DuckDB, read for the rows a figure
+        names (_allocations)."""
         al = self.q(sql.ALLOCATION_ROWS)
+        if not np.array_equal(al["i"].to_numpy(), np.arange(al.height)):
+            # alv (SQL) sets the look-ups beside al's rows by position: a scan must give them in order
+            raise RuntimeError("the window's allocations (al) were not read in their row order; expected a scan of a "
+                               "DuckDB table to keep its insertion order (preserve_insertion_order)")
         ids = self.q(sql.LINE_ID_HASHES, tables={"_line_ids": self.gt.ids})
         gid = al["gh"].replace_strict(ids["gh"], ids["gid"], default=None, return_dtype=pl.Int64)
-        al = al.drop("gh").with_columns(gid=gid)
+        al = al.select("a0", "a1", gid=gid)
         g = gid.fill_null(-1).to_numpy()
         a0, a1 = al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy()
         # looked up in the line's order (by GPU, then start; the ends mostly follow): the searches
@@ -351,10 +357,29 @@ class Analysis:
         self.con.register("_alv_use", pa.table({"gid": gid.to_arrow(), "data_s": data, "busy_s": busy, "has_piece": has}))
         self.con.execute(sql.ALLOCATION_USE)
 
+    def _allocations(self, rows: np.ndarray | None = None) -> pl.DataFrame:
+        """alv's rows, al's columns beside each allocation's look-ups: all of them, or those at
+        positions `rows` (in that order; repeats allowed), al's text read for those alone."""
+        if rows is None:
+            text = self.q(sql.ALLOCATION_ALL)
+            at = text["i"].to_numpy()
+            rows = np.arange(self._alv.height)
+        else:
+            text = self.q(sql.ALLOCATION_TEXT, tables={"_rows": pl.DataFrame({"i": np.unique(rows)}, schema={"i": pl.Int64})})
+            at = text["i"].to_numpy()
+        if not np.array_equal(at, np.sort(at)):
+            text = text.sort("i")
+            at = text["i"].to_numpy()
+        return text.drop("i")[np.searchsorted(at, rows)].hstack(self._alv.select("gid", "data_s", "busy_s", "has_piece")[rows])
+
+    def _with_piece(self) -> np.ndarray:
+        """The positions of the allocations with a piece inside the window (alv's has_piece)."""
+        return np.flatnonzero(self._alv["has_piece"].to_numpy())
+
     def allocation_use(self) -> pl.DataFrame:
         """alv (see _allocation_use): each allocation with its GPU id, data and busy seconds in
         the window and whether it has a piece there."""
-        return self._alv
+        return self._allocations()
 
     def held_data(self, s: int, e: int) -> pl.DataFrame:
         """gid, alloc_data_s: each GPU's data seconds in [s, e) (epoch us) while any job held it -
@@ -394,8 +419,8 @@ class Analysis:
     def job_allocations(self, cluster: str, scheduler: str, job_key: str) -> pl.DataFrame:
         """One job's allocations in the window (alv's rows) with the GPU ids of the current arrays
         (gid null: a GPU with no sample in the window)."""
-        is_job = (pl.col("cluster") == cluster) & (pl.col("scheduler") == scheduler) & (pl.col("job_key") == job_key)
-        return self._current_ids(self._alv.filter(is_job))
+        rows = self.q(sql.JOB_ALLOCATION_ROWS, of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)["i"].to_numpy()
+        return self._current_ids(self._allocations(rows))
 
     def _current_ids(self, alv: pl.DataFrame) -> pl.DataFrame:
         """Rows of alv with the gid of the arrays now held (detail_time may have re-read them)."""
@@ -410,7 +435,7 @@ class Analysis:
         if ("detail",) not in self._memo:
             if not self.gt.has_detail:
                 self.detail_time()
-            al = self._current_ids(self._alv).join(line_variants(self.gt).drop("variants"), on="gid", how="left")
+            al = self._current_ids(self._allocations()).join(line_variants(self.gt).drop("variants"), on="gid", how="left")
             # each allocation's part inside the window (the one its pieces are counted in, as
             # has_piece in alv: an allocation of the reach only has none)
             s, e = epoch_us(self.p.start), epoch_us(self.p.end)
@@ -481,7 +506,7 @@ class Analysis:
         each GPU (the allocations' look-ups, as the job dimensions count them); capacity, no data
         and stranded time are not attributable to jobs (null)."""
         g = self.per_gpu().select("cluster", "host", "gpu", "gpu_uuid", "gi", "model")
-        al = self._alv.filter(pl.col("has_piece")).select("cluster", "host", "gpu_uuid", "gi", "data_s", "busy_s")
+        al = self._allocations(self._with_piece()).select("cluster", "host", "gpu_uuid", "gi", "data_s", "busy_s")
         al = al.join(g, on=["cluster", "host", "gpu_uuid", "gi"], how="inner")
         if al.is_empty():
             return al
@@ -506,7 +531,7 @@ class Analysis:
     def _islands(self, kind: str) -> pl.DataFrame:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
-                         self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order)
+                         self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order, rows_of=self._allocations)
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
         return waste_by(self.idle_stretches(kind), by)
@@ -525,7 +550,7 @@ class Analysis:
         """totals() under a job filter: the selected jobs' figures (the sums of their rows in
         utilization by account, user or partition), capacity and stranded time not attributable."""
         alloc = float(self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0])
-        used = self._alv.filter(pl.col("has_piece"))
+        used = self._allocations(self._with_piece())
         data = float(used["data_s"].sum()) / 3600 if not used.is_empty() else 0.0
         busy = float(used["busy_s"].sum()) / 3600 if not used.is_empty() else 0.0
         idle, nop = self.idle_stretches("idle"), self.idle_stretches("no_process")

@@ -348,8 +348,17 @@ JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 # (the rows of al, to which Analysis adds each allocation's look-ups: the table alv), with their
 # GPU's hash, and the GPUs of the line (_line_ids: cluster, host, gpu_uuid, gi, gid) hashed alike:
 # Analysis finds each allocation's gid by the hash, not a join of four text columns (which held
-# a second copy of the allocations: the peak of a 16,384-GPU week)
-ALLOCATION_ROWS = f"SELECT *, {_GPU_HASH} AS gh FROM al"
+# a second copy of the allocations: the peak of a 16,384-GPU week). Numbers only: al's row number
+# (rowid: its insertion order, the order a scan gives), GPU hash and times; its text stays in al,
+# read for the rows a figure names (ALLOCATION_TEXT) - a second copy of it in Python was ~1 GiB of
+# the 100,000-GPU week
+ALLOCATION_ROWS = f"SELECT rowid AS i, {_GPU_HASH} AS gh, a0, a1 FROM al"
+# al's rows whose row numbers are in _rows (i), with their row number; all of al's rows: ALLOCATION_ALL
+ALLOCATION_TEXT = "SELECT rowid AS i, * FROM al WHERE rowid IN (SELECT i FROM _rows)"
+ALLOCATION_ALL = "SELECT rowid AS i, * FROM al"
+# the row numbers of one job's allocations in al
+JOB_ALLOCATION_ROWS = """SELECT rowid AS i FROM al
+WHERE cluster = $of_cluster AND scheduler = $of_scheduler AND job_key = $of_job_key ORDER BY rowid"""
 # an allocation's key (one row per job and GPU: the allocations table's primary key) as one
 # number, which hour facts name allocations by (analytics/hour_facts.py)
 _ALLOCATION_HASH = "hash(cluster, scheduler, job_key, host, gpu_uuid, gi::INTEGER)"

@@ -10,7 +10,7 @@ rule row by row: tests/support/oracle_sql.py ISLANDS).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import polars as pl
@@ -32,12 +32,16 @@ SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "h
 
 
 def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, prices: Mapping[str, float],
-              start_us: int, end_us: int, min_idle_s: float, alv_order: np.ndarray | None = None) -> pl.DataFrame:
+              start_us: int, end_us: int, min_idle_s: float, alv_order: np.ndarray | None = None,
+              rows_of: Callable[[np.ndarray], pl.DataFrame] | None = None) -> pl.DataFrame:
     """The stretches of `runs` (gid, vid, r0, r1: epoch us, in (gid, r0) order, disjoint per GPU)
     inside the allocations `alv` (with gid, a0, a1) lasting at least `min_idle_s`, with their
     seconds inside [start_us, end_us), GPU-hours and cost (null without a price); those with no
     second inside the window left out. Ordered by cluster, job, host, GPU, start. `alv_order`:
-    alv's rows by gid (null first), then a0, where the caller has it (None: sorted here)."""
+    alv's rows by gid (null first), then a0, where the caller has it (None: sorted here). One row
+    of alv per allocation (the allocations' key, _GROUP). `rows_of`: alv's rows at the given
+    positions with the columns a stretch names (_ALLOCATION, _JOB), where alv holds numbers only
+    (core.Analysis: al's text stays in DuckDB); None: alv has them."""
     if runs.is_empty() or alv.is_empty():
         return pl.DataFrame(schema=SCHEMA)
     rg, r0, r1 = (runs[c].to_numpy().astype(np.int64, copy=False) for c in ("gid", "r0", "r1"))
@@ -57,16 +61,19 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     s0, s1 = np.maximum(r0[ri], a0[ai]), np.minimum(r1[ri], a1[ai])
     long = (s1 - s0) >= min_idle_s * 1_000_000
     ai, ri, s0, s1 = ai[long], ri[long], s0[long], s1[long]
+    # island: the stretch's number among its allocation's (an allocation is one row of alv, one
+    # group of _GROUP: its pairs are consecutive here, its runs in time order), counted before the
+    # window cut - in integers, so the text columns are gathered for the stretches kept only
+    first = np.flatnonzero(np.append(True, ai[1:] != ai[:-1]))
+    island = np.arange(1, len(ai) + 1) - np.repeat(first, np.diff(np.append(first, len(ai))))
     # seconds inside the window as sql.CLIP counts them (epoch seconds as doubles)
     in_window = np.maximum(0.0, np.minimum(s1, end_us) / 1e6 - np.maximum(s0, start_us) / 1e6)
-    out = alv.select(*_ALLOCATION, *_JOB)[rows[ai]].with_columns(
+    inside = in_window > 0
+    ai, ri, s0, s1, island, in_window = ai[inside], ri[inside], s0[inside], s1[inside], island[inside], in_window[inside]
+    named = alv[rows[ai]] if rows_of is None else rows_of(rows[ai])
+    out = named.select(*_ALLOCATION, *_JOB).with_columns(
         vid=pl.Series(runs["vid"].to_numpy()[ri], dtype=pl.Int64), s0=pl.Series(s0, dtype=pl.Int64), s1=pl.Series(s1, dtype=pl.Int64),
-        in_window_s=pl.Series(in_window, dtype=pl.Float64)).sort(_ORDER)
-    # island: the stretch's number in its group (consecutive rows now), counted before the window cut
-    run = out.select(pl.struct(_GROUP).rle_id())[:, 0].to_numpy()
-    first = np.flatnonzero(np.append(True, run[1:] != run[:-1]))
-    island = np.arange(1, len(run) + 1) - np.repeat(first, np.diff(np.append(first, len(run))))
-    out = out.with_columns(island=pl.Series(island, dtype=pl.Int64)).filter(pl.col("in_window_s") > 0)
+        in_window_s=pl.Series(in_window, dtype=pl.Float64), island=pl.Series(island, dtype=pl.Int64)).sort(_ORDER)
     vids = variants["vid"].to_numpy()
     row_of = np.zeros(int(vids.max()) + 1 if len(vids) else 0, dtype=np.int64)
     row_of[vids] = np.arange(len(vids))  # (every run's variant is among them)
