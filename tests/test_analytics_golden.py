@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import numpy as np
 import pytest
 
 from gpufleet.analytics.core import Analysis
@@ -233,3 +234,13 @@ def test_empty_store_gives_zeros_and_unknown_utilization(tmp_path):
     assert t.utilization_pct is None
     assert a.utilization("account").is_empty()
     assert a.top_wasteful_jobs().is_empty()
+
+
+def test_allocation_rows_read_for_some_positions_are_those_of_the_whole_table(a):
+    """alv is held as numbers and al's text read for the rows a figure names: any positions, in
+    any order and repeated, give the rows of the whole table at them."""
+    whole = a.allocation_use()
+    assert whole.height == a.con.execute("SELECT count(*) FROM al").fetchall()[0][0] == 9
+    rows = [7, 0, 3, 3, 8, 1]
+    assert a._allocations(np.array(rows)).equals(whole[rows])
+    assert a._allocations(np.array([], dtype=np.int64)).equals(whole.clear())
