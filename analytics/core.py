@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import duckdb
 import numpy as np
@@ -25,7 +25,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
-from gpufleet.analytics.stretches import stretches
+from gpufleet.analytics.stretches import NAMED_BY_ALLOCATION, stretches
 from gpufleet.analytics.summaries import summary_time
 from gpufleet.analytics.timeline import timeline_bucket
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
@@ -357,20 +357,22 @@ class Analysis:
         self.con.register("_alv_use", pa.table({"gid": gid.to_arrow(), "data_s": data, "busy_s": busy, "has_piece": has}))
         self.con.execute(sql.ALLOCATION_USE)
 
+    def _allocation_text(self, rows: np.ndarray, columns: Sequence[str] = ("*",)) -> pl.DataFrame:
+        """al's `columns` of the allocations at positions `rows` (in that order; repeats allowed),
+        read for those alone."""
+        text = self.q(sql.allocation_text(columns), tables={"_rows": pl.DataFrame({"i": np.unique(rows)}, schema={"i": pl.Int64})})
+        if not text["i"].is_sorted():
+            text = text.sort("i")
+        return text.drop("i")[np.searchsorted(text["i"].to_numpy(), rows)]
+
     def _allocations(self, rows: np.ndarray | None = None) -> pl.DataFrame:
         """alv's rows, al's columns beside each allocation's look-ups: all of them, or those at
         positions `rows` (in that order; repeats allowed), al's text read for those alone."""
-        if rows is None:
-            text = self.q(sql.ALLOCATION_ALL)
-            at = text["i"].to_numpy()
-            rows = np.arange(self._alv.height)
-        else:
-            text = self.q(sql.ALLOCATION_TEXT, tables={"_rows": pl.DataFrame({"i": np.unique(rows)}, schema={"i": pl.Int64})})
-            at = text["i"].to_numpy()
-        if not np.array_equal(at, np.sort(at)):
-            text = text.sort("i")
-            at = text["i"].to_numpy()
-        return text.drop("i")[np.searchsorted(at, rows)].hstack(self._alv.select("gid", "data_s", "busy_s", "has_piece")[rows])
+        use = self._alv.select("gid", "data_s", "busy_s", "has_piece")
+        if rows is not None:
+            return self._allocation_text(rows).hstack(use[rows])
+        text = self.q(sql.ALLOCATION_ALL)
+        return (text if text["i"].is_sorted() else text.sort("i")).drop("i").hstack(use)
 
     def _with_piece(self) -> np.ndarray:
         """The positions of the allocations with a piece inside the window (alv's has_piece)."""
@@ -531,7 +533,8 @@ class Analysis:
     def _islands(self, kind: str) -> pl.DataFrame:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
-                         self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order, rows_of=self._allocations)
+                         self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order,
+                         rows_of=lambda rows: self._allocation_text(rows, NAMED_BY_ALLOCATION))
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
         return waste_by(self.idle_stretches(kind), by)

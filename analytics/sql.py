@@ -350,12 +350,18 @@ JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 # Analysis finds each allocation's gid by the hash, not a join of four text columns (which held
 # a second copy of the allocations: the peak of a 16,384-GPU week). Numbers only: al's row number
 # (rowid: its insertion order, the order a scan gives), GPU hash and times; its text stays in al,
-# read for the rows a figure names (ALLOCATION_TEXT) - a second copy of it in Python was ~1 GiB of
+# read for the rows a figure names (allocation_text) - a second copy of it in Python was ~1 GiB of
 # the 100,000-GPU week
 ALLOCATION_ROWS = f"SELECT rowid AS i, {_GPU_HASH} AS gh, a0, a1 FROM al"
-# al's rows whose row numbers are in _rows (i), with their row number; all of al's rows: ALLOCATION_ALL
-ALLOCATION_TEXT = "SELECT rowid AS i, * FROM al WHERE rowid IN (SELECT i FROM _rows)"
 ALLOCATION_ALL = "SELECT rowid AS i, * FROM al"
+
+
+def allocation_text(columns: Sequence[str]) -> str:
+    """al's rows whose row numbers are in _rows (i), with their row number: `columns` (names from
+    the analytics, never user input; "*": all)."""
+    return f"SELECT rowid AS i, {', '.join(columns)} FROM al WHERE rowid IN (SELECT i FROM _rows)"
+
+
 # the row numbers of one job's allocations in al
 JOB_ALLOCATION_ROWS = """SELECT rowid AS i FROM al
 WHERE cluster = $of_cluster AND scheduler = $of_scheduler AND job_key = $of_job_key ORDER BY rowid"""

@@ -18,11 +18,12 @@ import polars as pl
 from gpufleet.analytics.gputime import _side_by_side, search
 from gpufleet.analytics.prices import usd_per_gpu_hour
 
-# what a stretch names of its allocation (Analysis' alv) and of its GPU variant (GpuTime.gpus)
-_ALLOCATION = ("cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi")
-_JOB = ("job_id", "user_name", "account", "partition")
-_VARIANT = ("model", "gpu", "equiv")
-_GROUP = list(_ALLOCATION)  # a stretch's island: its number among its job's stretches on that GPU, by start
+# what a stretch names of its allocation (Analysis' alv: the job's part of its key, the job's
+# attributes) and of its GPU variant (GpuTime.gpus: the GPU's part of the key, by which the
+# allocation found its GPU id, and what the variant is)
+NAMED_BY_ALLOCATION = ("scheduler", "job_key", "job_id", "user_name", "account", "partition")
+_VARIANT = ("cluster", "host", "gpu_uuid", "gi", "model", "gpu", "equiv")
+_GROUP = ["cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi"]  # an allocation; a stretch's island: its number among its stretches
 _ORDER = ["cluster", "job_key", "host", "gpu_uuid", "gi", "scheduler", "s0"]  # the stretches' order: by job, GPU, start
 SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "host": pl.String, "gpu_uuid": pl.String,
           "gi": pl.Int16, "island": pl.Int64, "job_id": pl.String, "user_name": pl.String, "account": pl.String,
@@ -40,8 +41,8 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     second inside the window left out. Ordered by cluster, job, host, GPU, start. `alv_order`:
     alv's rows by gid (null first), then a0, where the caller has it (None: sorted here). One row
     of alv per allocation (the allocations' key, _GROUP). `rows_of`: alv's rows at the given
-    positions with the columns a stretch names (_ALLOCATION, _JOB), where alv holds numbers only
-    (core.Analysis: al's text stays in DuckDB); None: alv has them."""
+    positions with the columns a stretch names of it (NAMED_BY_ALLOCATION), where alv holds numbers
+    only (core.Analysis: al's text stays in DuckDB); None: alv has them."""
     if runs.is_empty() or alv.is_empty():
         return pl.DataFrame(schema=SCHEMA)
     rg, r0, r1 = (runs[c].to_numpy().astype(np.int64, copy=False) for c in ("gid", "r0", "r1"))
@@ -70,15 +71,14 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     in_window = np.maximum(0.0, np.minimum(s1, end_us) / 1e6 - np.maximum(s0, start_us) / 1e6)
     inside = in_window > 0
     ai, ri, s0, s1, island, in_window = ai[inside], ri[inside], s0[inside], s1[inside], island[inside], in_window[inside]
-    named = alv[rows[ai]] if rows_of is None else rows_of(rows[ai])
-    out = named.select(*_ALLOCATION, *_JOB).with_columns(
-        vid=pl.Series(runs["vid"].to_numpy()[ri], dtype=pl.Int64), s0=pl.Series(s0, dtype=pl.Int64), s1=pl.Series(s1, dtype=pl.Int64),
-        in_window_s=pl.Series(in_window, dtype=pl.Float64), island=pl.Series(island, dtype=pl.Int64)).sort(_ORDER)
+    named = alv[rows[ai]].select(NAMED_BY_ALLOCATION) if rows_of is None else rows_of(rows[ai])
+    vid = runs["vid"].to_numpy()[ri]
     vids = variants["vid"].to_numpy()
     row_of = np.zeros(int(vids.max()) + 1 if len(vids) else 0, dtype=np.int64)
     row_of[vids] = np.arange(len(vids))  # (every run's variant is among them)
-    out = out.hstack(variants.select(*_VARIANT)[row_of[out["vid"].to_numpy()]]).with_columns(
-        usd_per_gpu_hour=usd_per_gpu_hour(prices))
+    out = named.hstack(variants.select(*_VARIANT)[row_of[vid]]).with_columns(
+        s0=pl.Series(s0, dtype=pl.Int64), s1=pl.Series(s1, dtype=pl.Int64), in_window_s=pl.Series(in_window, dtype=pl.Float64),
+        island=pl.Series(island, dtype=pl.Int64), usd_per_gpu_hour=usd_per_gpu_hour(prices)).sort(_ORDER)
     gpu_h = out["in_window_s"].to_numpy() * out["equiv"].to_numpy() / 3600  # (numpy divides; polars would multiply by 1/3600)
     out = out.with_columns(pl.from_epoch("s0", "us"), pl.from_epoch("s1", "us"), gpu_h=pl.Series(gpu_h, dtype=pl.Float64))
     out = out.with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
