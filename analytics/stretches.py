@@ -23,7 +23,6 @@ from gpufleet.analytics.prices import usd_per_gpu_hour
 # allocation found its GPU id, and what the variant is)
 NAMED_BY_ALLOCATION = ("scheduler", "job_key", "job_id", "user_name", "account", "partition")
 _VARIANT = ("cluster", "host", "gpu_uuid", "gi", "model", "gpu", "equiv")
-_GROUP = ["cluster", "scheduler", "job_key", "host", "gpu_uuid", "gi"]  # an allocation; a stretch's island: its number among its stretches
 _ORDER = ["cluster", "job_key", "host", "gpu_uuid", "gi", "scheduler", "s0"]  # the stretches' order: by job, GPU, start
 SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "host": pl.String, "gpu_uuid": pl.String,
           "gi": pl.Int16, "island": pl.Int64, "job_id": pl.String, "user_name": pl.String, "account": pl.String,
@@ -40,7 +39,7 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     seconds inside [start_us, end_us), GPU-hours and cost (null without a price); those with no
     second inside the window left out. Ordered by cluster, job, host, GPU, start. `alv_order`:
     alv's rows by gid (null first), then a0, where the caller has it (None: sorted here). One row
-    of alv per allocation (the allocations' key, _GROUP). `rows_of`: alv's rows at the given
+    of alv per allocation (the allocations' primary key: a job on a GPU). `rows_of`: alv's rows at the given
     positions with the columns a stretch names of it (NAMED_BY_ALLOCATION), where alv holds numbers
     only (core.Analysis: al's text stays in DuckDB); None: alv has them."""
     if runs.is_empty() or alv.is_empty():
@@ -62,9 +61,9 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     s0, s1 = np.maximum(r0[ri], a0[ai]), np.minimum(r1[ri], a1[ai])
     long = (s1 - s0) >= min_idle_s * 1_000_000
     ai, ri, s0, s1 = ai[long], ri[long], s0[long], s1[long]
-    # island: the stretch's number among its allocation's (an allocation is one row of alv, one
-    # group of _GROUP: its pairs are consecutive here, its runs in time order), counted before the
-    # window cut - in integers, so the text columns are gathered for the stretches kept only
+    # island: the stretch's number among its allocation's (an allocation is one row of alv: its
+    # pairs are consecutive here, its runs in time order), counted before the window cut - in
+    # integers, so the text columns are gathered for the stretches kept only
     first = np.flatnonzero(np.append(True, ai[1:] != ai[:-1]))
     island = np.arange(1, len(ai) + 1) - np.repeat(first, np.diff(np.append(first, len(ai))))
     # seconds inside the window as sql.CLIP counts them (epoch seconds as doubles)
