@@ -170,10 +170,8 @@ def test_inhibitions_on_a_real_alertmanager(alertmanager_factory, webhook):
     # an alert's inhibition is known once Alertmanager's inhibitor has taken in the alert that
     # inhibits it, which it does apart from the API taking the alerts: on a loaded machine a
     # moment after the API lists them (temp_warn was once listed before temp_crit inhibited it)
-    deadline = time.monotonic() + 15
-    while any(bool(st["inhibitedBy"]) != (k in inhibited) for k, st in status.items()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        all_known()
+    wait_for("Alertmanager's inhibitor to mark the inhibited alerts",
+             lambda: all_known() and all(bool(st["inhibitedBy"]) == (k in inhibited) for k, st in status.items()), timeout=15)
     for k, st in status.items():
         assert bool(st["inhibitedBy"]) == (k in inhibited), (k, st)
 
