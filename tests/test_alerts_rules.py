@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.shared_data import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "alerts"
 RULES = sorted((ALERTS / "rules").glob("*.rules.yml"))
 UNIT_TESTS = sorted((ALERTS / "tests").glob("*.test.yml"))
-DCGM_DATA = ROOT.parent / "shared" / "data" / "dcgm-exporter"
+DCGM_DATA = SHARED_DATA / "dcgm-exporter"
 
 _spec = importlib.util.spec_from_file_location("gpufleet_alerts_build", ALERTS / "build.py")
 build = importlib.util.module_from_spec(_spec)

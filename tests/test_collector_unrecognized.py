@@ -21,9 +21,10 @@ from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 from gpufleet.collector.sources.scrape import ScrapeSource
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.http import Loopback
+from tests.support.shared_data import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SMI_H100 = (DATA / "nvidia_gpu_exporter" / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01__load.metrics").read_bytes()
+DATA = SHARED_DATA
+SMI_H100 = DATA / "nvidia_gpu_exporter" / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01__load.metrics"
 NODE_EXPORTER = b'# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\nnode_load1 0.42\nnode_cpu_seconds_total{cpu="0",mode="idle"} 5\n'
 DCGM_POD_HOST = b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",Hostname="nvidia-dcgm-exporter-sv6g2"} 55\n'
 T0 = datetime(2026, 11, 20, 12, 0, 0)
@@ -63,7 +64,7 @@ def config(tmp_path: Path, body: str) -> Path:
 
 def test_a_target_without_gpu_series_is_named_counted_recorded_and_shown(server, tmp_path, caplog):
     server.routes["/node"] = text(NODE_EXPORTER)
-    server.routes["/smi"] = text(SMI_H100)
+    server.routes["/smi"] = text(SMI_H100.read_bytes())
     node, smi = f"127.0.0.1:{server.port}/node", f"127.0.0.1:{server.port}/smi"
     src = ScrapeSource(cluster="c1", static_targets=[f"http://{node}", f"http://{smi}"])
     c = Collector(StoreWriter(tmp_path, clock=lambda: T0), [ScheduledSource(src, 15)], clock=lambda: T0)
@@ -97,7 +98,7 @@ def test_once_exits_1_when_nothing_at_all_was_recognized(server, tmp_path):
     assert "not recognized (no_gpu_rows)" in r.stderr and f"127.0.0.1:{server.port}" in r.stderr
     assert "nothing recognized, no row stored" in r.stderr
     assert manifest(tmp_path / "store")[0]["kind"] == "no_gpu_rows"
-    server.routes["/metrics"] = text(SMI_H100)  # the same target now serving nvidia_gpu_exporter
+    server.routes["/metrics"] = text(SMI_H100.read_bytes())  # the same target now serving nvidia_gpu_exporter
     r = run_cli("--config", str(cfg), "--once")
     assert r.returncode == 0, r.stderr
 

@@ -17,8 +17,9 @@ from gpufleet.exporter.fields import FIELDS
 from gpufleet.exporter.jobmap.base import JobBinding, MappingError
 from gpufleet.exporter.model import BackendUnavailable
 from gpufleet.exporter.poller import Poller, write_device_map
+from tests.support.shared_data import SHARED_DATA
 
-DCGM_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dcgm-exporter"
+DCGM_DATA = SHARED_DATA / "dcgm-exporter"
 
 
 class Clock:

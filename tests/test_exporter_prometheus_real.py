@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.realstack.process import free_port, wait_for
 from tests.realstack.prometheus import promtool_path, start_prometheus
 from tests.test_exporter_output import make_poller
+from tests.support.shared_data import SHARED_DATA
 
-DCGM_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "dcgm-exporter"
+DCGM_DATA = SHARED_DATA / "dcgm-exporter"
 
 
 def lint(promtool: str, text: bytes) -> tuple[int, list[str]]:

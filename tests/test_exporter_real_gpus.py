@@ -23,10 +23,11 @@ from gpufleet.collector.schema import METRIC_TO_COLUMN, Batch
 from gpufleet.collector.store import StoreWriter
 from tests.realstack.prometheus import promtool_path
 from tests.support.fleet import Fleet
+from tests.support.shared_data import SHARED_DATA, shared_glob
 
 H200 = Path(__file__).resolve().parent / "data" / "nvml-h200"
-H100 = Path(__file__).resolve().parents[2] / "shared" / "data" / "nvml-h100"
-CAPTURES = sorted(H200.glob("*.prom")) + sorted(H100.glob("metrics_*.prom"))
+H100 = SHARED_DATA / "nvml-h100"
+CAPTURES = sorted(H200.glob("*.prom")) + shared_glob("nvml-h100", "metrics_*.prom")
 T0 = datetime(2026, 11, 27, 21, 30)
 NOT_SAMPLES = {  # published per GPU, not a sample column
     "gpufleet_gpu_job_info",  # the allocations

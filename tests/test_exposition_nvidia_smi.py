@@ -5,7 +5,6 @@ nothing reads."""
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -13,9 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.collector.exposition_parse import parse_exposition, smi_uuid
 from gpufleet.collector.schema import NVIDIA_SMI_TO_COLUMN, SAMPLE_FIELDS
+from tests.support.shared_data import SHARED_DATA, shared_glob
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SMI = sorted((DATA / "nvidia_gpu_exporter").glob("*.metrics"))
+DATA = SHARED_DATA
+SMI = shared_glob("nvidia_gpu_exporter", "*.metrics")
 TS = datetime(2024, 5, 1, 12, 0, 0)
 TYPES = {f.column: f.type for f in SAMPLE_FIELDS}
 

@@ -8,7 +8,6 @@ import functools
 import math
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -23,10 +22,11 @@ from gpufleet.collector.exposition_parse import DCGM_BLANK_THRESHOLD, parse_expo
 from gpufleet.collector.schema import SAMPLE_SCHEMA
 from gpufleet.exporter.jobmap.base import JobBinding
 from tests.test_exporter_output import StaticSource, make_poller
+from tests.support.shared_data import SHARED_DATA, shared_glob
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 DCGM = DATA / "dcgm-exporter"
-FIXTURES = sorted(DCGM.glob("*.prom"))
+FIXTURES = shared_glob("dcgm-exporter", "*.prom")
 TS = datetime(2024, 5, 1, 12, 0, 0)
 
 

@@ -8,14 +8,14 @@ import json
 import sys
 import time
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm import DEFAULT_FIELDS, UNIT_SEPARATOR, SacctSource
+from tests.support.shared_data import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "slurm"
+DATA = SHARED_DATA / "slurm"
 NOW = datetime(2026, 11, 20, 12, 0, 0, 123456)
 US = UNIT_SEPARATOR
 

@@ -4,9 +4,9 @@ delimiter, unknown states, garbage bytes, local times."""
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -24,10 +24,19 @@ from gpufleet.collector.sources.slurm_parse import (
     tres_gpus,
 )
 from gpufleet.collector.sources.slurm_json import parse_slurmrestd_jobs
+from tests.support.shared_data import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "slurm"
+DATA = SHARED_DATA / "slurm"
 NOW = datetime(2026, 11, 20, 12, 0, 0)
-XDMOD_FIELDS = (DATA / "sacct" / "xdmod_FORMAT_header.txt").read_text().strip().split("|")
+
+
+@functools.cache
+def xdmod_fields() -> list[str]:
+    """XDMoD's sacct field list, read when a test needs it (a module-level read fails collection
+    where ../shared is absent)."""
+    return (DATA / "sacct" / "xdmod_FORMAT_header.txt").read_text().strip().split("|")
+
+
 XDMOD_NODES = (
     "d07n07s02,d07n19s02,d07n25s01,d07n28s01,d07n29s01,d07n31s02,d07n38s02,d09n04s[01-02],d09n05s02,"
     "d09n06s01,d09n07s01,d09n08s[01-02],d09n09s01,d09n11s[01-02],d09n13s01,d09n14s01,d09n15s01,"
@@ -78,11 +87,11 @@ def test_byte_order_mark_costs_no_record():
     for bom in ("\ufeff" + text, ("\ufeff" + text).encode("utf-8")):
         assert parse_sacct(bom, now=NOW) == sacct_file(name)
     xdmod = (DATA / "sacct" / "xdmod_unit_accounting-logs.psv").read_text()
-    assert parse_sacct("\ufeff" + xdmod, fields=XDMOD_FIELDS, now=NOW) == sacct_file("xdmod_unit_accounting-logs.psv", fields=XDMOD_FIELDS)
+    assert parse_sacct("\ufeff" + xdmod, fields=xdmod_fields(), now=NOW) == sacct_file("xdmod_unit_accounting-logs.psv", fields=xdmod_fields())
 
 
 def test_xdmod_accounting_logs():
-    jobs, rejected, problems = sacct_file("xdmod_unit_accounting-logs.psv", fields=XDMOD_FIELDS)
+    jobs, rejected, problems = sacct_file("xdmod_unit_accounting-logs.psv", fields=xdmod_fields())
     assert (rejected, problems) == (0, [])
     by_id = {j["job_id"]: j for j in jobs}
     assert list(by_id) == ["4103947", "4107166", "4107219", "5692623"]
@@ -113,7 +122,7 @@ def test_xdmod_accounting_logs():
 
 
 def test_xdmod_job_arrays():
-    jobs, rejected, problems = sacct_file("xdmod_unit_accounting-logs-with-job-arrays.psv", fields=XDMOD_FIELDS)
+    jobs, rejected, problems = sacct_file("xdmod_unit_accounting-logs-with-job-arrays.psv", fields=xdmod_fields())
     assert (rejected, problems) == (0, [])
     assert [pick(j, "job_id", "array_job_id", "array_task_id") for j in jobs] == [
         ("4103947_100", "4103947", "100"),

@@ -24,8 +24,9 @@ from gpufleet.collector.sources.slurm_json import parse_slurmrestd_jobs
 from gpufleet.collector.sources.slurmrestd import VERSIONS, SlurmrestdSource
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.http import Loopback
+from tests.support.shared_data import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "slurm" / "slurmrestd"
+DATA = SHARED_DATA / "slurm" / "slurmrestd"
 CTLD = {"v0.0.38": "telegraf_v0.0.38_jobs.json", "v0.0.40": "lcrownover_v0.0.40_slurm23.11.1_jobs.json"}
 NOW = datetime(2026, 11, 20, 12, 0, 0)
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJzdW4iOiJncHVmbGVldCJ9.c2lnbmF0dXJl"

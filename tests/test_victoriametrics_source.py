@@ -25,10 +25,11 @@ from gpufleet.collector.store import StoreWriter, open_reader
 from tests.realstack.dask import start_dask
 from tests.realstack.victoriametrics import start_victoriametrics, start_vmagent
 from tests.support.http import Loopback
+from tests.support.shared_data import SHARED_DATA
 
 pytestmark = pytest.mark.realstack
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED_DATA
 BODIES = {  # instance -> the exporter output it serves
     "gpu-node-1:9400": DATA / "dcgm-exporter" / "h100x8_k8s_pod-labels_dcgm4x_aicr.prom",
     "msxf-hpc-64-35-ai:9400": DATA / "dcgm-exporter" / "a800x8_mig-2g.20gb_dcgm3x_subset.prom",

@@ -18,11 +18,11 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml as _real
+from tests.support.shared_data import SHARED_DATA
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -485,7 +485,7 @@ def process(pid: int, used: int | None, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFF
 
 # ---------------------------------------------------------------------- the real H100 capture
 
-CAPTURE = Path(__file__).resolve().parents[3] / "shared" / "data" / "nvml-h100"
+CAPTURE = SHARED_DATA / "nvml-h100"
 # gpm_probe.py's names -> GPM metric ids
 _GPM_PROBE_IDS = {
     "SM_OCCUPANCY": _real.NVML_GPM_METRIC_SM_OCCUPANCY, "SM_UTIL": _real.NVML_GPM_METRIC_SM_UTIL,

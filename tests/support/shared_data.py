@@ -1,0 +1,32 @@
+"""../shared/data: other projects' real outputs (dcgm-exporter dumps, sacct and slurmrestd answers,
+nvidia_gpu_exporter scrapes, the real H100's NVML capture) that the tests read.
+
+It lives beside the repository, not in it, so a clone elsewhere has none. A test that reads it then
+skips with one line saying so (conftest turns the FileNotFoundError of a path under it into that),
+and under CI=true fails instead: CI always has it. Data the project makes itself stays in tests/data/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+ABSENT_REASON = (f"../shared/data is absent (looked for {SHARED_DATA}): this test reads other projects' "
+                 "real outputs from it; run the tests from a checkout beside shared/")
+
+
+def shared_glob(subdir: str, pattern: str) -> list[Path]:
+    """The files of SHARED_DATA/subdir matching pattern, sorted, for parametrize. Without the
+    folder: one path that does not exist, so the test is collected and skips (or fails under CI)
+    when it opens it, rather than vanishing as an empty parameter set."""
+    if not SHARED_DATA.is_dir():
+        return [SHARED_DATA / subdir / "absent"]
+    return sorted((SHARED_DATA / subdir).glob(pattern))
+
+
+def is_absent_shared_file(error: BaseException) -> bool:
+    """True when error is a missing file under SHARED_DATA and the folder itself is missing."""
+    if SHARED_DATA.is_dir() or not isinstance(error, FileNotFoundError):
+        return False
+    name = getattr(error, "filename", None) or ""
+    return str(name).startswith(str(SHARED_DATA)) or str(SHARED_DATA) in str(error)
