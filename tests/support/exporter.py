@@ -11,9 +11,11 @@ from gpufleet.procs import terminate
 from tests.realstack.process import free_port, wait_for
 
 
-def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str], host: str = "127.0.0.1") -> tuple[subprocess.Popen, int]:
+def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str], host: str = "127.0.0.1",
+                   kubelet_socket: str = "") -> tuple[subprocess.Popen, int]:
     """`gpufleet exporter` (sim backend, 1 s polls) on a free port of `host` (any 127.x.y.z is
-    loopback: several "nodes" on one machine), with a Slurm job-map dir."""
+    loopback: several "nodes" on one machine), with a Slurm job-map dir (and the kubelet
+    pod-resources socket, for pods, when one is given)."""
     (tmp / "scenario.toml").write_text(scenario)
     jobmap = tmp / "jobmap"
     jobmap.mkdir()
@@ -21,7 +23,8 @@ def start_exporter(tmp: Path, scenario: str, jobs: dict[int, str], host: str = "
         (jobmap / str(gpu)).write_text(f"{job_id}\n")
     cfg = tmp / "exporter.toml"
     cfg.write_text(
-        "[exporter]\npoll_interval = 1.0\nprocess_interval = 1.0\ndevice_map_file = \"\"\nkubelet_socket = \"\"\n"
+        "[exporter]\npoll_interval = 1.0\nprocess_interval = 1.0\ndevice_map_file = \"\"\n"
+        f"kubelet_socket = \"{kubelet_socket}\"\n"
         f"cgroup_mapping = false\njob_map_dir = \"{jobmap}\"\n"
     )
     port = free_port()
