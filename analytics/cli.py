@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="start", required=True, help="window start, ISO 8601 (UTC unless an offset is given)")
     p.add_argument("--to", dest="end", required=True, help="window end, ISO 8601, exclusive")
     p.add_argument("--by", default="account", help="utilization by: gpu, host, model, cluster, partition, account, user_name, job, fleet")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="a table for people, or JSON (a stable schema) for scripts")
     p.add_argument("--top", type=int, default=10, help="how many wasteful jobs to list")
     p.add_argument("--job", help="also print the efficiency report of this job id")
     for name in ("cluster", "account", "user", "model", "partition"):

@@ -39,7 +39,7 @@ OPTIONS = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file ([exporter] section)")
-    p.add_argument("--backend", choices=("nvml", "sim"))
+    p.add_argument("--backend", choices=("nvml", "sim"), help="where readings come from: the GPUs via NVML, or simulated GPUs (default: [exporter] backend, nvml)")
     p.add_argument("--sim-gpus", type=int, help="number of simulated GPUs")
     p.add_argument("--sim-model", help="simulated GPU model (h100, a100, a100-40gb, l4, t4 or an NVML name)")
     p.add_argument("--sim-scenario", help="simulation scenario TOML file")

@@ -85,11 +85,11 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; only `command`'s module is imported for its options."""
     p = argparse.ArgumentParser(prog="gpufleet", description="GPU fleet observability and utilization analytics")
     p.add_argument("--version", action="version", version=f"gpufleet {version()}")
-    p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
+    p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="how much to log on stderr")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
-        sp.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS)
+        sp.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help="how much to log on stderr (default INFO)")
         if name == command:
             importlib.import_module(cmd.module).add_arguments(sp)
     return p

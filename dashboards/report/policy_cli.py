@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file ([policy], [report] smtp, [analytics], [collector] sections)")
     p.add_argument("--store", help="store directory (default: [analytics] store, else [collector] store)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and do nothing (the default unless enforce = true)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="a table for people, or JSON (a stable schema) for scripts")
     p.add_argument("--as-of", help="evaluate at this time (ISO 8601, UTC unless an offset is given; default now); implies --dry-run")
 
 
