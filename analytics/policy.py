@@ -14,7 +14,7 @@
     exempt_namespaces = []       # ... Kubernetes namespaces
     exempt_users = []            # ... users
     exempt_job_names = []        # ... job names matching these shell patterns, e.g. "jupyter-*"
-    # where the actions go (gpufleet.report.enforce; mail through [report.smtp], from [report] from_address)
+    # where the actions go (gpufleet.policy.enforce; mail through [report.smtp], from [report] from_address)
     email_domain = ""            # owner's address: {user}@domain (email_template), unless ...
     directory_file = ""          # ... a file of "user address" lines names it
     email_template = "{user}@{domain}"
@@ -39,7 +39,7 @@ A job opts out with a reason: its Slurm comment (`--comment`, `scontrol update j
 holding `gpufleet:exempt=<reason>`, or its pod's annotation `gpufleet.io/exempt: <reason>`; the
 reason is logged with the exemption. A tag without a reason does not exempt the job (a reason is
 the price of opting out). The store does not keep comments or annotations: the runner
-(gpufleet.report.enforce) reads them from the scheduler for the jobs a plan would act on, at plan
+(gpufleet.policy.enforce) reads them from the scheduler for the jobs a plan would act on, at plan
 time, and passes them in (`comments`); a job whose tag cannot be read is left alone that round.
 
 Rules, highest first: `cancel_after` (action "cancel"), `escalate_after` ("escalate"),
@@ -92,7 +92,7 @@ OPTIONS = (
     Option("exempt_namespaces", [], "a list of Kubernetes namespaces", strings),
     Option("exempt_users", [], "a list of user names", strings),
     Option("exempt_job_names", [], "a list of shell patterns for job names, e.g. [\"jupyter-*\"]", strings),
-    # where the actions go (gpufleet.report.enforce); validated here so one pass finds every problem
+    # where the actions go (gpufleet.policy.enforce); validated here so one pass finds every problem
     Option("email_domain", "", "a mail domain for {user}@domain, or \"\" for none", string),
     Option("email_template", "{user}@{domain}", "a template with {user} (and {domain})", lambda v: isinstance(v, str) and "{user}" in v),
     Option("directory_file", "", "a file of 'user address' lines, or \"\"", string),

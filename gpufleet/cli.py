@@ -24,9 +24,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _collect_hooks() -> dict[str, Any]:
-    """The collector service also runs the weekly report. The report sits above the collector, so
-    the shell, which sees both, hands the report's job in (imported lazily: no [report], no cost)."""
-    from gpufleet.report import enforce, job
+    """The collector service also runs the weekly report and the idle-GPU policy. Both sit above the
+    collector, so the shell, which sees all three, hands their jobs in (imported lazily: no [report], no cost)."""
+    from gpufleet.policy import enforce
+    from gpufleet.report import job
 
     return {"scheduled_jobs": (job.scheduled, enforce.scheduled)}
 
@@ -45,7 +46,7 @@ SUBCOMMANDS = {
     "analyze": Subcommand("gpufleet.analytics.cli", "print a window's utilization, waste and cost (table or JSON)", "collector"),
     "dashboard": Subcommand("gpufleet.dashboards.cli", "serve the operators' Streamlit dashboards over the store", "dashboards"),
     "report": Subcommand("gpufleet.report.cli", "write the weekly waste report (HTML, PDF, text) and mail it", "report"),
-    "policy": Subcommand("gpufleet.report.policy_cli", "warn owners of idle GPUs, escalate and cancel by [policy] (dry run first)", "report"),
+    "policy": Subcommand("gpufleet.policy.cli", "warn owners of idle GPUs, escalate and cancel by [policy] (dry run first)", "report"),
     "demo": Subcommand("gpufleet.demo", "run the product on a simulated fleet, no GPU or root needed", "all"),
 }
 

@@ -18,7 +18,7 @@ from gpufleet.analytics.policy import Rules, plan_from_store
 from gpufleet.cli import main
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.config import load_file
-from gpufleet.report.enforce import PolicyJob, Runner, attempts_from_audit
+from gpufleet.policy.enforce import PolicyJob, Runner, attempts_from_audit
 from tests.support.fleet import Fleet
 from tests.support.policy_config import policy_toml
 from tests.test_kubernetes_source import FakeApiServer

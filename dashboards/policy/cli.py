@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _table(plan, acting: bool) -> str:
     from gpufleet.analytics.policy import fmt_duration
-    from gpufleet.report.enforce import inert
+    from gpufleet.policy.enforce import inert
 
     mode = "enforcing" if acting else "dry run" + ("" if plan.enforce else " (enforce = false)")
     lines = [f"idle-GPU policy at {plan.as_of.isoformat(timespec='seconds')}Z: {len(plan.actions)} action(s), {mode}"]
@@ -52,7 +52,7 @@ def _table(plan, acting: bool) -> str:
 def run(args: argparse.Namespace, out=None) -> int:
     from gpufleet.analytics.params import store_path
     from gpufleet.collector.store import StoreError, StoreWriter
-    from gpufleet.report.enforce import Runner, attempts_from_audit
+    from gpufleet.policy.enforce import Runner, attempts_from_audit
     from gpufleet.times import parse_time
 
     out = out or sys.stdout
