@@ -306,6 +306,11 @@ class StoreWriter:
 
     # --- commit ---
 
+    def has_batch(self, key: str) -> bool:
+        """Whether a batch of this key is stored: a writer that names its batches before making them
+        (a backfill) skips the work of those it already wrote."""
+        return self.db.execute("SELECT 1 FROM batches WHERE batch_key = ? LIMIT 1", [key]).fetchone() is not None
+
     def commit(self, batch: Batch) -> CommitResult:
         result = CommitResult()
         now = self.clock()
@@ -331,7 +336,7 @@ class StoreWriter:
                 files = self._write_sample_files(batch.key, samples, checksum)
                 result.samples_written = samples.num_rows
         reports_only = not files and not result.duplicate and not result.conflict and bool(batch.throughput)
-        if reports_only and self.db.execute("SELECT 1 FROM batches WHERE batch_key = ? LIMIT 1", [batch.key]).fetchone():
+        if reports_only and self.has_batch(batch.key):
             result.duplicate, reports_only = True, False  # job reports of a batch already stored: count them once
         try:
             self.db.execute("BEGIN")

@@ -4,6 +4,7 @@ when one is unavailable a test skips with the reason, or fails under CI=true (re
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +109,56 @@ def _private_cache_home(tmp_path_factory):
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = old
+
+
+def _scheduling_scopes() -> dict[str, str]:
+    """Test file -> the scope its tests are scheduled in: "slurm" for every file that uses the one real
+    Slurm cluster (it starts once, on one worker), the file itself where it builds module fixtures
+    (stores, demo histories: built once), nothing (each test on its own) for the rest. Read from the
+    files' text because xdist's controller schedules node ids before any worker has collected."""
+    scopes = {}
+    for path in Path(__file__).parent.glob("test_*.py"):
+        text = path.read_text()
+        name = f"tests/{path.name}"
+        if "slurm_cluster" in text:
+            scopes[name] = "slurm"
+        elif 'scope="module"' in text or 'scope="class"' in text:
+            scopes[name] = name
+    return scopes
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Parallel workers (pytest-xdist): tests go one by one to whichever worker is free, except those
+    sharing a costly fixture, which go together (see _scheduling_scopes)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    scopes = _scheduling_scopes()
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scopes.get(nodeid.split("::", 1)[0], nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
+# The quick tier (`./scripts/test -m quick`): every test but those that start a real component and
+# those below, which take seconds each (a demo week, hypothesis over many stores, a wheel built and
+# installed, Dask clusters, subprocess pipelines). Measured with --durations; the full run has them all.
+SLOW = (
+    "tests/test_demo.py", "tests/test_demo_command.py", "tests/test_e2e_pipeline.py", "tests/test_packaging.py",
+    "tests/test_analytics_ledger.py", "tests/test_summaries_rebuild.py", "tests/test_tasks.py",
+    "tests/test_analytics_mfu.py::test_every_filtered_mfu_row_is_its_row_of_the_unfiltered_table",
+    "tests/test_analytics_mfu.py::test_every_job_is_decided_as_the_row_by_row_rule_decides_it",
+    "tests/test_analytics_job_timeline.py::test_job_timeline_matches_the_sql_definition",
+    "tests/test_dashboard_analytics.py::test_fleet_now_runs_follow_the_rules_sample_by_sample",
+    "tests/test_analytics_jobs_cli.py::test_cli_table_and_errors",
+)
+REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
+                           "alertmanager_bin", "amtool"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        real = item.get_closest_marker("realstack") is not None or REAL_COMPONENT_FIXTURES & set(item.fixturenames)
+        if not real and not item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.quick)

@@ -200,11 +200,13 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
     written = 0
     try:
         for i, (d0, d1) in enumerate(days):
-            day = _health(fleet, device_values(fleet, slots, segs, d0, d1))
-            for h0, h1 in _aligned(d0, d1, 3600):  # one batch per clock hour, as compaction groups them
-                hour = day.filter((pl.col("t") >= h0) & (pl.col("t") < h1))
-                key = f"demo-history:{fleet.start.isoformat()}:{EPOCH + timedelta(seconds=h0):%Y-%m-%dT%H:%M}"
-                written += w.commit(Batch(key=key, samples=sample_table(hour))).samples_written
+            hours = [(h0, h1, f"demo-history:{fleet.start.isoformat()}:{EPOCH + timedelta(seconds=h0):%Y-%m-%dT%H:%M}")
+                     for h0, h1 in _aligned(d0, d1, 3600)]  # one batch per clock hour, as compaction groups them
+            if not all(w.has_batch(key) for _, _, key in hours):  # a day stored before is not made again
+                day = _health(fleet, device_values(fleet, slots, segs, d0, d1))
+                for h0, h1, key in hours:
+                    hour = day.filter((pl.col("t") >= h0) & (pl.col("t") < h1))
+                    written += w.commit(Batch(key=key, samples=sample_table(hour))).samples_written
             progress(i + 1, total)
         allocs, inventory = observations(fleet, fleet.start, fleet.now)
         jobs = job_rows(fleet, fleet.now)
