@@ -174,6 +174,6 @@ def job_gpu_sources(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     mapping on ended jobs, and unknown ones, mean the accounting does not track GPUs."""
     cur = con.cursor()
     try:
-        return pl.from_arrow(cur.execute(sql.JOB_GPU_SOURCES).to_arrow_table())
+        return pl.from_arrow(cur.sql(sql.JOB_GPU_SOURCES).to_arrow_table())
     finally:
         cur.close()

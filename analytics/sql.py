@@ -338,7 +338,7 @@ LEFT JOIN (
 _RUN = clip_seconds("start", 'coalesce("end", $as_of)')
 JOB_ALLOCATED = f"""
 SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type, gpu_share,
-       submit, start, "end",
+       gpus_source, submit, start, "end",
        {_RUN} AS run_s,
        gpus * gpu_share * {_RUN} AS alloc_gpu_s
 FROM {jobs_shared(f'start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start AND {JOB_FILTERS}')}

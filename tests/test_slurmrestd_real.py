@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,10 +26,10 @@ from tests.test_sacct_real import TZ, reference, utcnow
 pytestmark = pytest.mark.realstack
 
 
-@pytest.fixture
-def restd(slurm_cluster, tmp_path):
+@contextmanager
+def serving_slurmrestd(c, tmp_path: Path):
+    """slurmrestd of cluster `c` on a unix socket under `tmp_path` (rest_auth/local): its path."""
     ensure_packages("slurmrestd")
-    c = slurm_cluster
     sock = tmp_path / "restd.sock"
     # in New York: v0.0.38 reads the window's edges in slurmrestd's zone, a slip shows as 4-5 h
     env = {**c.command_env(), "TZ": TZ, "SLURMRESTD_SECURITY": "disable_unshare_files,disable_unshare_sysv,disable_user_check"}
@@ -40,13 +42,21 @@ def restd(slurm_cluster, tmp_path):
             log.close()
             pytest.fail(f"slurmrestd did not start: {(tmp_path / 'slurmrestd.log').read_text()[-2000:]}")
         time.sleep(0.2)
-    yield sock
-    proc.terminate()
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-    log.close()
+        yield sock
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+        log.close()
+
+
+@pytest.fixture
+def restd(slurm_cluster, tmp_path):
+    with serving_slurmrestd(slurm_cluster, tmp_path) as sock:
+        yield sock
 
 
 def test_real_slurmrestd_says_what_sacct_says(slurm_cluster, restd):
