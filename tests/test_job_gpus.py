@@ -369,3 +369,42 @@ def test_sacct_routes_and_files_say_it_and_leave_the_count_unknown(tmp_path):
     assert sorted(u["source"] for u in manifest if u["kind"] == "accounting_without_gpus") == ["sacct", "sacct_json", "slurm_json"]
     assert c.metrics.registry.get_sample_value("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "unknown"}) == 3
     w.close()
+
+
+# --- the figures: unknown is shown as unknown, and what is known still adds up --------------------
+
+def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tmp_path):
+    import io
+
+    from gpufleet.analytics.cli import build_report, print_table
+    from gpufleet.analytics.core import Analysis, unknown_gpu_jobs
+    from gpufleet.analytics.jobs import job_summaries
+    from gpufleet.analytics.params import Params
+    from tests.support.fleet import Fleet
+
+    t0 = datetime(2026, 11, 16, 10)
+    f = Fleet(tmp_path / "s", cluster="hpc")
+    f.gpu_series("g01", "GPU-a", t0, t0 + timedelta(hours=2), util=50.0, procs=1)
+    f.gpu_series("g02", "GPU-b", t0, t0 + timedelta(hours=2), util=0.0, procs=0)
+    f.job("701", account="nlp", user="ann", start=t0, end=t0 + timedelta(hours=1), gpus=1, placements=[("g01", "GPU-a")])
+    f.job("702", account="nlp", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[])  # nobody said
+    f.job("703", account="vision", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[("g02", "GPU-b")])
+    f.write()
+    con = f.reader()
+    assert con.execute("SELECT job_key, gpus, gpus_source FROM jobs ORDER BY 1").fetchall() == [
+        ("701", 1, None), ("702", None, None), ("703", 1, "job_map")]  # 703: the mapping saw it hold GPU-b
+    p = Params(t0, t0 + timedelta(hours=2))
+    a = Analysis(con, p, now=t0 + timedelta(hours=3))
+    rows = {r["job_key"]: r for r in job_summaries(a).to_dicts()}
+    assert (rows["702"]["gpus"], rows["702"]["allocated_gpu_h"]) == (None, None)  # unknown, never 0
+    assert rows["701"]["allocated_gpu_h"] == pytest.approx(1.0) and rows["703"]["allocated_gpu_h"] == pytest.approx(1.0)
+    totals = a.totals()
+    by_account = a.utilization("account")
+    assert totals.allocated_gpu_h == pytest.approx(2.0) == by_account["allocated_gpu_h"].sum()  # the known add up
+    [warning] = unknown_gpu_jobs(a)
+    assert "1 job of this window (702) has an unknown GPU count" in warning and "AccountingStorageTRES" in warning
+    report = build_report(con, p, "account", 5, "702", now=t0 + timedelta(hours=3))
+    assert warning in report["warnings"] and report["job"]["allocated_gpu_h"] is None
+    out = io.StringIO()
+    print_table(report, out)
+    assert "unknown GPU count" in out.getvalue() and "its allocated GPU-hours are unknown" in out.getvalue()
