@@ -1070,7 +1070,7 @@ UNION ALL SELECT DISTINCT cluster, NULL, 0 FROM jobs WHERE scheduler = 'slurm'""
 
 # The last resort for a job's GPU count: the GPUs (and MIG instances) the exporters' job mapping
 # saw it hold, for the jobs of {keys} whose count no scheduler source knows (or only the mapping)
-_FILL_GPUS_FROM_JOB_MAP = f"""UPDATE jobs SET gpus = m.n, gpus_source = 'job_map', updated_at = m.seen, {SEG} = -abs({SEG})
+_FILL_GPUS_FROM_JOB_MAP = f"""UPDATE jobs SET gpus = m.n, gpus_source = 'job_map', updated_at = greatest(jobs.updated_at, m.seen), {SEG} = -abs({SEG})
 FROM (SELECT a.cluster, a.scheduler, a.job_key, count(*)::INTEGER AS n, max(a.last_seen) AS seen
       FROM allocations a SEMI JOIN ({{keys}}) k ON k.cluster = a.cluster AND k.scheduler = a.scheduler AND k.job_key = a.job_key
       GROUP BY ALL) m
