@@ -53,7 +53,7 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
 
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
                  shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7)) -> dict[str, Any]:
-    from gpufleet.analytics.core import Analysis, summary_only_edges, unknown_filter_values
+    from gpufleet.analytics.core import Analysis, summary_only_edges, unknown_filter_values, unknown_gpu_jobs
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
     from gpufleet.analytics.trends import previous_baseline
@@ -70,7 +70,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
             "gpu_retire_after_s": params.retire_after.total_seconds(),
         },
         "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
-        "warnings": unknown_filter_values(con, params.filters) + summary_only_edges(con, params.start, params.end),
+        "warnings": unknown_filter_values(con, params.filters) + summary_only_edges(con, params.start, params.end) + unknown_gpu_jobs(a),
         "totals": {k: _plain(v) for k, v in asdict(totals).items()},
         "trend": rows(base.compare(totals)),
         "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,
@@ -97,7 +97,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
 
 def fmt(v: Any, key: str = "") -> str:
     if v is None:
-        return "unknown" if key.endswith("cost") or key.endswith("pct") else "-"
+        return "unknown" if key.endswith(("cost", "pct", "gpu_h")) or key == "gpus" else "-"
     if isinstance(v, float):
         if key.endswith("cost") or key.startswith("usd"):
             return f"${v:,.2f}"

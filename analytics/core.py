@@ -176,6 +176,19 @@ def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[
         cur.close()
 
 
+def unknown_gpu_jobs(a: "Analysis") -> list[str]:
+    """A warning when jobs of the window have an unknown GPU count (their accounting does not
+    track GPUs and neither slurmctld nor the exporters' job mapping said it): their allocated
+    GPU-hours are unknown, not 0, and the allocated figures leave them out."""
+    n, first = a.q(sql.UNKNOWN_GPU_JOBS).row(0)
+    if not n:
+        return []
+    more = f" and {n - len(first)} more" if n > len(first) else ""
+    return [f"{n} job{'s' if n != 1 else ''} of this window ({', '.join(first)}{more}) ha{'ve' if n != 1 else 's'} an unknown GPU "
+            "count: the accounting names no GPU for them (add gres/gpu to AccountingStorageTRES in slurm.conf) and neither "
+            "slurmctld nor the exporters' job mapping said it; their allocated GPU-hours are unknown and not in the allocated figures"]
+
+
 def summary_only_edges(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
     """A warning for each window edge inside a bucket of an hour kept as summaries alone (its raw
     samples retired: [collector.retention] summary_days): the part of that bucket inside the

@@ -166,3 +166,14 @@ def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelt
     of whole hours come from the hourly health summaries where the store has them, as
     window_health."""
     return _answers(con, params, ("temperature",), summaries, bucket)["temperature"]
+
+
+def job_gpu_sources(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Slurm jobs per cluster by where their GPU count came from (jobs.gpus_source, "unknown"
+    where no source said it): cluster, gpus_source, jobs, ended. Counts from slurmctld or the job
+    mapping on ended jobs, and unknown ones, mean the accounting does not track GPUs."""
+    cur = con.cursor()
+    try:
+        return pl.from_arrow(cur.sql(sql.JOB_GPU_SOURCES).to_arrow_table())
+    finally:
+        cur.close()

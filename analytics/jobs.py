@@ -34,7 +34,7 @@ VERDICT_DECIMALS = 9
 class JobReport:
     job: dict  # the job row: job_id, user_name, account, partition, state, gpus, start, end, ...
     runtime_h: float
-    allocated_gpu_h: float
+    allocated_gpu_h: float | None  # None: the job's GPU count is unknown
     mean_utilization_pct: float | None
     per_gpu: pl.DataFrame  # host, gpu, gpu_uuid, gi, model, data_h, utilization_pct, fb_used_max_mib
     idle_stretches: pl.DataFrame
@@ -67,7 +67,9 @@ def rule(verdict: str, row: dict, a: Analysis) -> str:
     p = a.p
     mean = row.get("mean_utilization_pct")
     return {
-        "no_data": lambda: f"no samples cover this job's {row['allocated_gpu_h']:.2f} allocated GPU-hours",
+        "no_data": lambda: (f"no samples cover this job's {row['allocated_gpu_h']:.2f} allocated GPU-hours"
+                            if row["allocated_gpu_h"] is not None else
+                            "no samples cover this job, and its allocated GPU-hours are unknown (its GPU count is unknown)"),
         "no_process": lambda: f"{row['no_process_gpu_h']:.2f} GPU-hours held with no compute process, in stretches >= {p.idle_min_duration}",
         "idle": lambda: f"mean GPU utilization {mean:.1f}% < idle threshold {p.idle_threshold:g}%",
         "idle_stretches": lambda: f"{row['idle_gpu_h']:.2f} GPU-hours below {p.idle_threshold:g}% in stretches >= {p.idle_min_duration} (mean {mean:.1f}%)",

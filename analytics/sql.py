@@ -332,13 +332,15 @@ LEFT JOIN (
 
 # Allocated GPU-seconds from scheduler accounting: GPUs x their MIG share x the job's run time
 # inside the window (a running job counts until $as_of: the window end, or now if the window
-# reaches the future).
+# reaches the future). A job whose GPU count is unknown (jobs.gpus NULL: accounting without
+# gres/gpu, and neither slurmctld nor the job mapping said it) has unknown allocated GPU-seconds,
+# never 0: sums leave it out, and UNKNOWN_GPU_JOBS says so beside them.
 _RUN = clip_seconds("start", 'coalesce("end", $as_of)')
 JOB_ALLOCATED = f"""
 SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type, gpu_share,
-       submit, start, "end",
+       gpus_source, submit, start, "end",
        {_RUN} AS run_s,
-       coalesce(gpus, 0) * gpu_share * {_RUN} AS alloc_gpu_s
+       gpus * gpu_share * {_RUN} AS alloc_gpu_s
 FROM {jobs_shared(f'start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start AND {JOB_FILTERS}')}
 """
 # ... computed once per analysis (the temp table ja): the job queries below - totals, utilization
@@ -397,6 +399,12 @@ JOB_RUNTIMES = """SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runt
 FROM ja SEMI JOIN _jobs USING (cluster, scheduler, job_key)"""
 
 ALLOCATED_GPU_H_TOTAL = "SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ja"
+# Slurm jobs by where their GPU count came from (analytics.health.job_gpu_sources, the Health page)
+JOB_GPU_SOURCES = """SELECT cluster, CASE WHEN gpus IS NULL THEN 'unknown' ELSE coalesce(gpus_source, 'unnamed') END AS gpus_source,
+       count(*) AS jobs, count("end") AS ended
+FROM jobs WHERE scheduler = 'slurm' GROUP BY ALL ORDER BY cluster, gpus_source"""
+# the window's jobs whose GPU count is unknown: how many, and the first few as people write them
+UNKNOWN_GPU_JOBS = "SELECT count(*) AS n, list(job_id ORDER BY job_id)[:5] AS first FROM ja WHERE gpus IS NULL"
 
 # --- the job list (analytics/jobs.py) ---
 

@@ -72,6 +72,11 @@ EXPORTER_POD_PREFIXES = ("nvidia-dcgm-exporter", "dcgm-exporter")
 NODE_LABELS = ("node", "kubernetes_node", "nodename")
 MAX_UNKNOWN_NAMES = 10  # unknown family names kept per body, for the message
 # nvidia_gpu_exporter's identity series, found before the samples are read
+# nvidia_gpu_exporter's MIG mode and utilization series of a GPU (by its uuid label): nvidia-smi
+# gives no utilization.gpu in MIG mode, so such a GPU has no utilization from that exporter
+_SMI_MIG_RE = re.compile(r'^nvidia_smi_mig_mode_current\{[^}]*uuid="([^"]*)"[^}]*\} (\S+)', re.M)
+_SMI_UTIL_RE = re.compile(r'^nvidia_smi_utilization_gpu_ratio\{[^}]*uuid="([^"]*)"', re.M)
+MIG_NO_UTILIZATION = "MIG mode: utilization per instance needs dcgm-exporter or gpufleet's exporter"
 _SMI_IDENTITY_RE = re.compile(f"^({NVIDIA_SMI_INDEX}|{NVIDIA_SMI_INFO})\\{{(.*)\\}} (\\S+)", re.M)
 
 _INT_MIN = -(2**63)
@@ -152,6 +157,7 @@ def parse_rows(
     b = _Builder(ts, cluster, host=target_labels.get("node") or None, default_host=target_host(target))
     if NVIDIA_SMI_PREFIX in text:
         b.read_smi_identity(text.removeprefix(BOM))  # the BOM would hide a first line's name from the regex
+        b.note_smi_mig(text.removeprefix(BOM))
     lines = scan(text, pivot=Pivot(b.column_of, b.row_of))
     b.rejected, b.problems = lines.rejected, lines.problems
     b.warnings[:0] = [("no_final_newline", note) for note in lines.notes]
@@ -382,6 +388,17 @@ class _Builder:
                 entry[2] = labels.get("driver_version") or None
         self.smi = {k: (v[0], v[1], v[2]) for k, v in smi.items()}
         self.smi_key = tuple(sorted(self.smi.items(), key=lambda kv: kv[0]))
+
+    def note_smi_mig(self, text: str) -> None:
+        """A GPU nvidia_gpu_exporter reports in MIG mode with no utilization: said (a warning the
+        Health page lists), since its samples hold every other field and would pass unnoticed."""
+        with_util = set(_SMI_UTIL_RE.findall(text))
+        for uuid, value in _SMI_MIG_RE.findall(text):
+            if value.strip() not in ("0", "0.0") and uuid not in with_util:
+                index = (self.smi or {}).get(uuid, (None,))[0]
+                self.warn("mig_no_utilization", f"GPU {uuid}{'' if index is None else f' (index {index})'} is in MIG mode and "
+                          f"nvidia_gpu_exporter gives no utilization for it (nvidia-smi has none in MIG mode): none stored; "
+                          f"{MIG_NO_UTILIZATION}")
 
     def reject(self, lineno: int, reason: str) -> None:
         self.rejected += 1

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     state VARCHAR,                       -- normalised: COMPLETED, FAILED, CANCELLED, ...
     state_raw VARCHAR,                   -- as reported: "CANCELLED by 1000"
     exit_code VARCHAR,
-    gpus INTEGER,                        -- GPUs allocated (AllocTRES gres/gpu), else requested
+    gpus INTEGER,                        -- GPUs allocated (AllocTRES gres/gpu), else requested; NULL: unknown
     gpu_type VARCHAR,
     node_count INTEGER,
     nodes VARCHAR,
@@ -194,6 +194,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated_at TIMESTAMP NOT NULL,
     PRIMARY KEY (cluster, scheduler, job_key)
 )"""
+# ... and, added by MIGRATIONS[6]: gpus_source VARCHAR, where `gpus` came from (GPUS_SOURCES; NULL: unknown)
 
 GPUS_DDL = """
 CREATE TABLE IF NOT EXISTS gpus (
@@ -296,13 +297,44 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             written_at TIMESTAMP NOT NULL
         )""",
     ),
+    # 6: where a job's GPU count came from (GPUS_SOURCES): accounting that does not track GPUs is
+    # filled from slurmctld or the job mapping, and the more authoritative source wins (issue #51).
+    # A row stored before knew only its accounting's answer: a count is kept as the store had it,
+    # from the source that wrote the row (its state says whether that record had ended).
+    6: (
+        "ALTER TABLE jobs ADD COLUMN gpus_source VARCHAR",
+        # a 0 of a cluster whose accounting never named a GPU is "its TRES name no GPU": unknown
+        """UPDATE jobs SET gpus = NULL WHERE scheduler = 'slurm' AND gpus = 0
+             AND cluster NOT IN (SELECT cluster FROM jobs WHERE alloc_tres LIKE '%gres/gpu%')""",
+        """UPDATE jobs SET gpus_source = CASE
+             WHEN scheduler = 'kubernetes' THEN 'kubernetes'
+             WHEN "end" IS NULL THEN 'slurmdbd_running' ELSE 'slurmdbd' END
+           WHERE gpus IS NOT NULL""",
+    ),
 }
+
+# Where a job's GPU count came from, by authority: a known count is never replaced by an
+# unknown one (NULL), and between two known counts the higher rank wins, whatever the order the
+# reads arrive in (collector.store merges by it, through GPUS_RANK). slurmdbd's record of an ended
+# job is final when accounting tracks GPUs (AccountingStorageTRES has gres/gpu); while the job
+# runs slurmctld's allocation is the live one, above slurmdbd's copy of it; the exporters' job
+# mapping counts only the GPUs it saw the job hold, so it is the last resort. Kubernetes: the
+# pod spec's GPU limits, the scheduler's own figure.
+GPUS_SOURCES = {
+    "slurmdbd": 4,          # sacct / slurmdbd record of an ended job, with GPU TRES
+    "kubernetes": 4,        # the pod spec's nvidia.com/gpu (and MIG) limits
+    "slurmctld": 3,         # slurmctld's record: tres_alloc_str, tres_per_job, tres_per_node x nodes, gres_detail
+    "slurmdbd_running": 2,  # sacct / slurmdbd record of a job not ended yet, with GPU TRES
+    "job_map": 1,           # the GPUs the exporters' job mapping saw the job hold
+}
+# GPUS_SOURCES as SQL: the rank of gpus_source in {col} (0: unknown)
+GPUS_RANK = "CASE {col} " + " ".join(f"WHEN '{k}' THEN {v}" for k, v in GPUS_SOURCES.items()) + " ELSE 0 END"
 
 JOB_COLUMNS = (
     "cluster", "scheduler", "job_key", "job_id", "array_job_id", "array_task_id", "het_job_id",
     "het_job_offset", "name", "user_name", "account", "partition", "qos", "submit", "eligible",
     "start", "end", "state", "state_raw", "exit_code", "gpus", "gpu_type", "node_count", "nodes",
-    "alloc_tres", "source", "updated_at",
+    "alloc_tres", "source", "updated_at", "gpus_source",
 )
 
 # The 5-minute rollup, one definition for compaction (which writes it) and readers (which describe it).

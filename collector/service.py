@@ -58,6 +58,12 @@ class CollectorMetrics:
             "summaries_only: hours whose raw samples retention retired, kept as summaries ([collector.retention] "
             "summary_days): a bucket of them a window edge cuts has no data.",
             ["state"], registry=r)
+        self.job_gpus_fallback = Gauge(
+            "gpufleet_collect_jobs_gpus_fallback",
+            "Slurm jobs whose GPU count did not come from accounting: gpus_source=slurmctld or job_map (ended jobs: "
+            "accounting without gres/gpu in AccountingStorageTRES), unknown (any state: no source said it; their "
+            "allocated GPU-hours are unknown). Fix: add gres/gpu to AccountingStorageTRES in slurm.conf.",
+            ["cluster", "gpus_source"], registry=r)
         self.clock_skew = Counter(
             "gpufleet_collect_clock_skew",
             "Records dated more than max_future_skew after the collector's clock: samples and inventory/allocation "
@@ -172,6 +178,7 @@ class Collector:
                 m.rows.labels(source_name, "gpu_samples").inc(result.samples_written)
             if result.jobs_written:
                 m.rows.labels(source_name, "jobs").inc(result.jobs_written)
+                self.count_job_gpu_sources()
             if batch.rejected:
                 m.rejected.labels(source_name).inc(batch.rejected)
                 log.warning("%s: %d malformed entries skipped; first: %s", source_name, batch.rejected, "; ".join(batch.problems[:3]))
@@ -307,6 +314,14 @@ class Collector:
         self.metrics.duration.labels("maintenance").set(time.monotonic() - t0)
         self.metrics.success.labels("maintenance").set(1 if ok else 0)
         self.count_summaries()
+        self.count_job_gpu_sources()  # the job mapping fills GPU counts between job reads
+
+    def count_job_gpu_sources(self) -> None:
+        """gpufleet_collect_jobs_gpus_fallback from the store's jobs as they stand."""
+        with self._commit_lock:
+            counts = self.writer.job_gpus_fallbacks()
+        for (cluster, source), n in counts.items():
+            self.metrics.job_gpus_fallback.labels(cluster, source).set(n)
 
     def count_summaries(self) -> None:
         """gpufleet_collect_summary_hours from the writer's summaries as they stand."""

@@ -210,6 +210,7 @@ class StoreWriter:
         self._retired_snapshots: list[tuple[str, datetime]] = []
         # Mirrors of the interval tables' recent rows: the scrape path's fast lane, see _observe()
         self._mirrors: dict[str, _Mirror] = {}
+        self._gpu_disagreements: set[tuple] = set()  # job GPU counts two sources disagree on, logged once each
         # Per-GPU summaries of closed hours (gpufleet.collector.summaries), as published: hour
         # (ISO) -> {file, lo, hi, params, tag, sources, cuts, hash_by}; kept across restarts through the manifest.
         # Each is current: a batch landing in its range drops it (commit), upkeep rebuilds it.
@@ -472,24 +473,65 @@ class StoreWriter:
         return out
 
     def _upsert_jobs(self, jobs: list[dict[str, Any]], now: datetime) -> int:
+        """Merge job rows into the store by JOB_MERGE: one rule for a job's fields whichever
+        source read it (sacct, slurmdbd, slurmctld, files, the job mapping), in any order."""
         if not jobs:
             return 0
         cols = schema.JOB_COLUMNS
-        staged = pa.Table.from_pylist([{c: j.get(c) for c in cols} for j in jobs])
+        staged = pa.Table.from_pylist([{c: j.get(c) for c in cols} for j in jobs],
+                                      schema=pa.schema([(c, _ARROW_JOB_TYPES.get(c, pa.string())) for c in cols]))
         quoted = [f'"{c}"' for c in cols]
         key = ("cluster", "scheduler", "job_key")
-        changed = " OR ".join(f'jobs."{c}" IS DISTINCT FROM excluded."{c}"' for c in cols if c not in key and c != "updated_at")
-        updates = ", ".join(f'"{c}" = excluded."{c}"' for c in cols if c not in key and c != "updated_at")
-        self._run_staged(
-            staged,
-            f"""INSERT INTO jobs ({", ".join(quoted)})
-                SELECT {", ".join(f'CAST("{c}" AS {_JOB_TYPES[c]})' for c in cols)} FROM rows
-                ON CONFLICT (cluster, scheduler, job_key) DO UPDATE SET {updates},
-                  updated_at = CASE WHEN {changed} THEN excluded.updated_at ELSE jobs.updated_at END,
-                  {SEG} = CASE WHEN {changed} THEN -abs(jobs.{SEG}) ELSE jobs.{SEG} END"""
-        )
+        merged = {c: _job_merge(c) for c in cols if c not in key and c != "updated_at"}
+        changed = " OR ".join(f'jobs."{c}" IS DISTINCT FROM {expr}' for c, expr in merged.items())
+        updates = ", ".join(f'"{c}" = {expr}' for c, expr in merged.items())
+        self.db.register("rows", staged)
+        try:
+            self._log_gpu_disagreements()
+            self.db.execute(
+                f"""INSERT INTO jobs ({", ".join(quoted)})
+                    SELECT {", ".join(f'CAST("{c}" AS {_JOB_TYPES[c]})' for c in cols)} FROM rows
+                    ON CONFLICT (cluster, scheduler, job_key) DO UPDATE SET {updates},
+                      updated_at = CASE WHEN {changed} THEN excluded.updated_at ELSE jobs.updated_at END,
+                      {SEG} = CASE WHEN {changed} THEN -abs(jobs.{SEG}) ELSE jobs.{SEG} END"""
+            )
+            self.db.execute(_FILL_GPUS_FROM_JOB_MAP.format(keys="SELECT cluster, scheduler, job_key FROM rows"))
+        finally:
+            self.db.unregister("rows")
         self._dirty_tables.add("jobs")
         return len(jobs)
+
+    def _log_gpu_disagreements(self) -> None:
+        """Two sources with different known GPU counts for one job (staged as `rows`): said once
+        per job and pair of values, with both and which one the store keeps (JOB_MERGE)."""
+        for cluster, job_id, old, old_src, new, new_src in self.db.execute(_GPU_DISAGREEMENTS).fetchall():
+            said = (cluster, job_id, old, old_src, new, new_src)
+            if said in self._gpu_disagreements:
+                continue
+            self._gpu_disagreements.add(said)
+            keep = (new, new_src) if _gpus_rank(new_src) >= _gpus_rank(old_src) else (old, old_src)
+            log.warning("job %s (cluster %s): %s says %s GPUs, %s says %s; keeping %s from %s (the more authoritative source)",
+                        job_id, cluster, old_src or "an unnamed source", old, new_src or "an unnamed source", new, *keep)
+
+    def _fill_gpus_from_job_map(self, obs: list[dict[str, Any]]) -> None:
+        """New allocations (the exporters' job mapping): the GPU count of their jobs that no
+        scheduler source knows is the number of GPUs the mapping saw them hold (gpus_source job_map)."""
+        keys = {(o.get("cluster"), o.get("scheduler"), o.get("job_key")) for o in obs}
+        self.db.register("rows", pa.Table.from_pylist([dict(zip(("cluster", "scheduler", "job_key"), k)) for k in keys]))
+        try:
+            if self.db.execute(_FILL_GPUS_FROM_JOB_MAP.format(keys="SELECT cluster, scheduler, job_key FROM rows")).fetchone()[0]:
+                self._dirty_tables.add("jobs")
+        finally:
+            self.db.unregister("rows")
+
+    def job_gpus_fallbacks(self) -> dict[tuple[str, str], int]:
+        """(cluster, gpus_source) -> Slurm jobs whose GPU count accounting did not give: ended ones
+        from slurmctld or the job mapping, and those of any state nobody gave (gpus_source unknown);
+        0 for a cluster's source once none is left, so a gauge drops back."""
+        rows = self.db.execute(_JOB_GPUS_FALLBACKS).fetchall()
+        out = {(c, s): 0 for c in {r[0] for r in rows} for s in ("slurmctld", "job_map", "unknown")}
+        out.update({(c, s): n for c, s, n in rows if s is not None})
+        return out
 
     def _close_vanished_jobs(self, scope: tuple[str, str, datetime], jobs: list[dict[str, Any]]) -> int:
         """Close the scope's PENDING/RUNNING jobs missing from a complete listing (see Batch).
@@ -545,6 +587,7 @@ class StoreWriter:
                 self._upsert_gpus(slow)
             else:
                 self._upsert_allocations(slow)
+                self._fill_gpus_from_job_map(slow)  # only new rows add GPUs to a job: the fast lane cannot
             self._refresh_mirror(table, slow)
         if extend:
             self._extend_last_seen(table, extend, rows)
@@ -986,6 +1029,58 @@ _JOB_TYPES = {
     "submit": "TIMESTAMP", "eligible": "TIMESTAMP", "start": "TIMESTAMP", "end": "TIMESTAMP", "updated_at": "TIMESTAMP",
 }
 _JOB_TYPES = {c: _JOB_TYPES.get(c, "VARCHAR") for c in schema.JOB_COLUMNS}
+_ARROW_JOB_TYPES = {"het_job_offset": pa.int32(), "gpus": pa.int32(), "node_count": pa.int32(),
+                    **{c: pa.timestamp("us") for c in ("submit", "eligible", "start", "end", "updated_at")}}
+
+# How a stored job row (jobs) and a newly read one (excluded) make one, column by column, for
+# every source and in any order:
+# - the GPU count (gpus, gpu_type, gpus_source) goes by authority (schema.GPUS_SOURCES): a known
+#   count is never replaced by an unknown one, and of two known counts the higher rank wins (the
+#   newer on a tie), so the stored count is the most authoritative one ever read;
+# - what describes the job (its names, owner, submit time, nodes, TRES) is never replaced by unknown;
+# - its lifecycle (eligible, start, end, state, exit code, node count, the source) is the latest
+#   read's, whose NULL says "not yet" (a running job has no end; a requeued one starts again).
+_JOB_DESCRIPTION = frozenset({"job_id", "array_job_id", "array_task_id", "het_job_id", "het_job_offset", "name",
+                              "user_name", "account", "partition", "qos", "submit", "nodes", "alloc_tres"})
+_RANK_NEW, _RANK_OLD = schema.GPUS_RANK.format(col="excluded.gpus_source"), schema.GPUS_RANK.format(col="jobs.gpus_source")
+_TAKE_NEW_GPUS = f"(excluded.gpus IS NOT NULL AND (jobs.gpus IS NULL OR {_RANK_NEW} >= {_RANK_OLD}))"
+
+
+def _job_merge(c: str) -> str:
+    """JOB_MERGE's SQL for column `c` of an ON CONFLICT update of jobs (see above)."""
+    if c in ("gpus", "gpus_source"):
+        return f'CASE WHEN {_TAKE_NEW_GPUS} THEN excluded."{c}" ELSE jobs."{c}" END'
+    if c == "gpu_type":
+        return f"CASE WHEN {_TAKE_NEW_GPUS} THEN coalesce(excluded.gpu_type, jobs.gpu_type) ELSE coalesce(jobs.gpu_type, excluded.gpu_type) END"
+    if c in _JOB_DESCRIPTION:
+        return f'coalesce(excluded."{c}", jobs."{c}")'
+    return f'excluded."{c}"'
+
+
+def _gpus_rank(source: str | None) -> int:
+    return schema.GPUS_SOURCES.get(source or "", 0)
+
+
+# staged rows (`rows`) whose known GPU count differs from the stored known one
+_GPU_DISAGREEMENTS = """SELECT r.cluster, j.job_id, j.gpus, j.gpus_source, r.gpus, r.gpus_source
+FROM rows r JOIN jobs j USING (cluster, scheduler, job_key)
+WHERE r.gpus IS NOT NULL AND j.gpus IS NOT NULL AND r.gpus <> j.gpus AND r.gpus_source IS DISTINCT FROM j.gpus_source"""
+
+# Slurm jobs by where their GPU count came from when accounting did not give it (job_gpus_fallbacks);
+# every cluster with Slurm jobs has a row (source NULL) so its gauges exist at 0
+_JOB_GPUS_FALLBACKS = """SELECT cluster, CASE WHEN gpus IS NULL THEN 'unknown' ELSE gpus_source END AS s, count(*)::INTEGER
+FROM jobs WHERE scheduler = 'slurm' AND (gpus IS NULL OR ("end" IS NOT NULL AND gpus_source IN ('slurmctld', 'job_map')))
+GROUP BY ALL
+UNION ALL SELECT DISTINCT cluster, NULL, 0 FROM jobs WHERE scheduler = 'slurm'"""
+
+# The last resort for a job's GPU count: the GPUs (and MIG instances) the exporters' job mapping
+# saw it hold, for the jobs of {keys} whose count no scheduler source knows (or only the mapping)
+_FILL_GPUS_FROM_JOB_MAP = f"""UPDATE jobs SET gpus = m.n, gpus_source = 'job_map', updated_at = greatest(jobs.updated_at, m.seen), {SEG} = -abs({SEG})
+FROM (SELECT a.cluster, a.scheduler, a.job_key, count(*)::INTEGER AS n, max(a.last_seen) AS seen
+      FROM allocations a SEMI JOIN ({{keys}}) k ON k.cluster = a.cluster AND k.scheduler = a.scheduler AND k.job_key = a.job_key
+      GROUP BY ALL) m
+WHERE jobs.cluster = m.cluster AND jobs.scheduler = m.scheduler AND jobs.job_key = m.job_key
+  AND (jobs.gpus IS NULL OR jobs.gpus_source = 'job_map') AND jobs.gpus IS DISTINCT FROM m.n"""
 
 
 def read_manifests(root: str | Path) -> list[tuple[Path, dict[str, Any]]]:

@@ -689,6 +689,14 @@ def collector_status(root: str) -> dict:
 
 
 @st.cache_data(ttl=timedelta(minutes=5), max_entries=8, show_spinner=False)
+def job_gpu_sources(root: str, version: int | None) -> pl.DataFrame:
+    """Slurm jobs by where their GPU count came from (gpufleet.analytics.health.job_gpu_sources)."""
+    from gpufleet.analytics.health import job_gpu_sources as sources
+
+    return sources(reader(root))
+
+
+@st.cache_data(ttl=timedelta(minutes=5), max_entries=8, show_spinner=False)
 def filter_options(root: str, version: int | None) -> dict[str, list[str]]:
     """Values the filters offer (gpufleet.analytics.fleet_now.filter_values)."""
     from gpufleet.analytics.fleet_now import filter_values

@@ -155,6 +155,17 @@ def test_vector_answer_is_stored_and_reported(server, tmp_path, caplog):
     assert metric(c, source="prometheus", input=server.url, kind="vector_answer") == 1
     assert any("vector" in r.getMessage() and server.url in r.getMessage() for r in caplog.records)
     assert manifest(tmp_path)[0]["kind"] == "vector_answer"
+    assert "only the latest sample of each series was stored, for 2 of its 2 series" in manifest(tmp_path)[0]["detail"]
+
+
+def test_vector_answer_outside_the_chunk_says_nothing_was_stored(server, tmp_path):
+    server.routes["/api/v1/query"] = answer("vector", [series(END - timedelta(hours=2), 40)])  # a stale series
+    c, src = prom_collector(server, tmp_path)
+    c.commit(src.name, [src.read_window(END - timedelta(hours=1), END)])
+    c.writer.close()
+    assert open_reader(tmp_path).execute("SELECT count(*) FROM gpu_samples").fetchone() == (0,)
+    [entry] = [u for u in manifest(tmp_path) if u["kind"] == "vector_answer"]
+    assert "nothing was stored: none of its 1 series had a sample inside the window" in entry["detail"]
 
 
 def test_unknown_answer_shape_fails_the_chunk_loudly(server, tmp_path):

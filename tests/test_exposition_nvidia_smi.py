@@ -47,7 +47,8 @@ def test_every_mapped_field_equals_the_file(path):
     text = path.read_text()
     r = parse(text)
     ref = file_values(text)
-    assert r.rejected == 0 and r.problems == [] and r.warnings == []
+    assert r.rejected == 0 and r.problems == []
+    assert [kind for kind, _ in r.warnings] == (["mig_no_utilization"] if "mig" in path.name else [])  # said, issue #51
     rows = r.samples.to_pylist()
     assert len(rows) == len(ref) >= 1
     mapped = 0
@@ -178,3 +179,16 @@ def test_bom_and_final_newline_change_nothing_but_a_note(lines):
         assert r.samples.to_pylist() == clean.samples.to_pylist()
         assert r.rejected == clean.rejected
         assert [k for k, _ in r.warnings if k != "no_final_newline"] == [k for k, _ in clean.warnings]
+
+
+def test_mig_gpu_without_utilization_is_said():
+    """nvidia-smi gives no utilization in MIG mode: the GPU's samples hold every other field, so
+    the missing one is said (a warning the collector turns into a Health page entry)."""
+    from gpufleet.collector.exposition_parse import MIG_NO_UTILIZATION
+
+    for path in SMI:
+        said = [text for kind, text in parse(path.read_text()).warnings if kind == "mig_no_utilization"]
+        if "mig" in path.name:
+            assert len(said) == 1 and MIG_NO_UTILIZATION in said[0] and "(index 0)" in said[0], said
+        else:
+            assert said == [], path.name

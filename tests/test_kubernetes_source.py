@@ -286,7 +286,7 @@ def source(url, **kw):
 
 def base_row(**fields):
     row = dict.fromkeys(JOB_COLUMNS)
-    row.update(cluster="prod-east", scheduler="kubernetes", node_count=1, source="kubernetes", updated_at=NOW)
+    row.update(cluster="prod-east", scheduler="kubernetes", node_count=1, source="kubernetes", updated_at=NOW, gpus_source="kubernetes")
     row.update(fields)
     return row
 

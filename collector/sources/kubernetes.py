@@ -256,7 +256,7 @@ def pod_to_job(pod: Any, cluster: str, now: datetime, team_labels: Sequence[str]
             "gpu_type": ",".join(mig) or None,  # whole GPUs: the model is known from the exporters
             "node_count": 1, "nodes": spec.get("nodeName"),
             "alloc_tres": ",".join(f"{k}={v}" for k, v in sorted(gpus.items())),
-            "source": "kubernetes", "updated_at": now,
+            "source": "kubernetes", "updated_at": now, "gpus_source": "kubernetes",
         }
     except Malformed as exc:
         raise Malformed(f"{ref}: {exc}") from None

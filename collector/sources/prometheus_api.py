@@ -277,18 +277,23 @@ class PrometheusApiSource:
     def _assemble(self, answers: list[tuple[str, list[dict]]], start: datetime, end: datetime) -> Batch:
         """The window's batch from its shards' answers (one answer: the unsharded query's)."""
         unrecognized, series = [], []
-        hi = _epoch(end)
+        lo, hi = _epoch(start), _epoch(end)
+        vector_series = vector_kept = 0
         for kind, part in answers:
             if kind == "vector":  # one sample per series, at its own time: keep it, say what is missing
                 # an instant vector is stamped with the evaluation time (1 ms after the chunk), not
                 # the sample's: it stands for the chunk's end
                 part = [{"metric": s.get("metric", {}), "values": [[min(float(s["value"][0]), hi), s["value"][1]]] if s.get("value") else []}
                         for s in part]
-                if not unrecognized:
-                    unrecognized.append(Unrecognized(self.url, "vector_answer", (
-                        f"the range query for {start.isoformat()}..{end.isoformat()} was answered with a vector (a proxy or an older "
-                        "Thanos/VictoriaMetrics rewrote it?): only the latest sample of each series was stored")))
+                vector_series += len(part)
+                vector_kept += sum(1 for s in part if s["values"] and s["values"][0][0] > lo)  # _to_batch keeps (lo, hi]
             series += part
+        if vector_series:
+            stored = (f"only the latest sample of each series was stored, for {vector_kept} of its {vector_series} series"
+                      if vector_kept else f"nothing was stored: none of its {vector_series} series had a sample inside the window")
+            unrecognized.append(Unrecognized(self.url, "vector_answer", (
+                f"the range query for {start.isoformat()}..{end.isoformat()} was answered with a vector (a proxy or an older "
+                f"Thanos/VictoriaMetrics rewrote it?): {stored}")))
         # one order whatever the server's or the shards': the batch does not depend on how it was read
         series.sort(key=lambda s: sorted((str(k), str(v)) for k, v in s.get("metric", {}).items()))
         batch = self._to_batch(series, start, end)

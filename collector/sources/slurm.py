@@ -27,7 +27,10 @@ How it calls sacct, and why:
   slurmdbd has long outages. Long windows (first run, a gap) are read in `max_window` chunks,
   one batch and watermark each, so progress survives a crash.
 - GPUs: AllocTRES gres/gpu, which slurmdbd records only when AccountingStorageTRES includes
-  gres/gpu; if it does not, every job has gpus = 0 (the TRES name no GPU) — configure it.
+  gres/gpu. If it does not, a job's TRES name no GPU whatever it held: its GPU count is unknown
+  (never 0), said once as unrecognized input with the fix, and filled by the store from
+  slurmctld (the slurmrestd source) or the exporters' job mapping. "No GPU TRES" reads as 0 GPUs
+  once a record has shown that this accounting names GPUs (remembered in `tracks_gpus`).
 
 GPU indices from `scontrol show job -d` are not turned into allocations here: they are Slurm's
 GRES indices (positions in the node's gres.conf), not NVML indices or minor numbers, and the
@@ -49,7 +52,7 @@ from typing import Any
 from gpufleet.collector.schema import Batch
 
 from gpufleet.collector.sources.base import SourceError
-from gpufleet.collector.sources.slurm_json import jobs_batch
+from gpufleet.collector.sources.slurm_json import jobs_batch, note_gpu_tracking
 from gpufleet.collector.sources.slurm_parse import as_tz, latest_per_key, parse_sacct
 from gpufleet.times import utcnow
 
@@ -136,6 +139,7 @@ class SacctSource(JobWindows):
     watermark_of: Callable[[str], str | None] | None = None
     name: str = "sacct"
     format: str = "text"  # or "json": sacct --json
+    tracks_gpus: bool | None = None  # whether slurmdbd records gres/gpu (None: not shown yet)
     _remembered: str | None = field(default=None, init=False, repr=False)
 
     @property
@@ -163,17 +167,16 @@ class SacctSource(JobWindows):
         now = now or utcnow()
         key = f"sacct:{self.cluster}:{start.isoformat()}:{end.isoformat()}"
         if self.format == "json":
-            return jobs_batch(text, key=key, input=f"{self.command[0]} --json ({start.isoformat()} .. {end.isoformat()} UTC)",
-                              cluster=self.cluster, now=now, source="sacct")
-        jobs, rejected, problems = parse_sacct(
-            text, fields=self.fields, delimiter=self.delimiter, cluster=self.cluster, now=now, tz=self.tz
-        )
-        return Batch(
-            key=key,
-            jobs=latest_per_key(jobs),
-            rejected=rejected,
-            problems=problems[:MAX_PROBLEMS_PER_BATCH],
-        )
+            batch = jobs_batch(text, key=key, input=f"{self.command[0]} --json ({start.isoformat()} .. {end.isoformat()} UTC)", cluster=self.cluster, now=now,
+                               source="sacct", tracks_gpus=self.tracks_gpus)
+        else:
+            jobs, rejected, problems = parse_sacct(
+                text, fields=self.fields, delimiter=self.delimiter, cluster=self.cluster, now=now, tz=self.tz,
+                tracks_gpus=self.tracks_gpus,
+            )
+            batch = Batch(key=key, jobs=latest_per_key(jobs), rejected=rejected, problems=problems[:MAX_PROBLEMS_PER_BATCH])
+        self.tracks_gpus = note_gpu_tracking(batch, self.command[0], self.tracks_gpus)
+        return batch
 
     def argv(self, start: datetime, end: datetime) -> list[str]:
         window = [f"--starttime={self._local(start)}", f"--endtime={self._local(end)}"]

@@ -18,7 +18,7 @@ from typing import Iterator
 
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.sources.base import SourceError
-from gpufleet.collector.sources.slurm_json import jobs_batch
+from gpufleet.collector.sources.slurm_json import jobs_batch, note_gpu_tracking
 
 
 @dataclass
@@ -26,6 +26,7 @@ class SlurmJsonFilesSource:
     cluster: str
     files: list[str] = field(default_factory=list)  # paths or glob patterns
     name: str = "slurm_json"
+    tracks_gpus: bool | None = None  # whether the files' slurmdbd records gres/gpu (None: not shown yet)
 
     def paths(self) -> list[Path]:
         seen: dict[str, Path] = {}
@@ -47,10 +48,13 @@ class SlurmJsonFilesSource:
                 continue
             digest = hashlib.sha256(data).hexdigest()[:16]
             try:
-                yield jobs_batch(data, key=f"slurm_json:{self.cluster}:{path}:{digest}", input=str(path),
-                                 cluster=self.cluster, now=now, source="slurm_json")
+                batch = jobs_batch(data, key=f"slurm_json:{self.cluster}:{path}:{digest}", input=str(path),
+                                   cluster=self.cluster, now=now, source="slurm_json", tracks_gpus=self.tracks_gpus)
             except SourceError as e:
                 failed.append(e)
+                continue
+            self.tracks_gpus = note_gpu_tracking(batch, str(path), self.tracks_gpus)
+            yield batch
         if failed:  # after the good files were handed over: they are kept
             raise SourceError("; ".join(str(e) for e in failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else ""),
                               [u for e in failed for u in e.unrecognized])

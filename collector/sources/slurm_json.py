@@ -15,13 +15,18 @@ from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm_parse import (
     _NO_VAL,
+    ACCOUNTING_GPUS_SOURCES,
     _Bad,
     _blank_row,
     _Problems,
     expand_hostlist,
+    NO_GPU_TRES,
+    accounting_gpus_source,
     gres_gpus,
+    known_text,
     latest_per_key,
     normalise_state,
+    settle_accounting_gpus,
     settle_times,
     tres_gpus,
 )
@@ -76,6 +81,43 @@ def _tres_per_gpus(text: Any) -> tuple[int | None, str | None]:
     return (count, gpu_type) if count is not None else (None, None)
 
 
+# slurmctld's fields that describe a job's GPUs whatever AccountingStorageTRES says: when one of
+# them is there and none names a GPU, the job asked for none
+_SLURMCTLD_GRES_FIELDS = ("gres_detail", "tres_per_job", "tres_per_node", "tres_per_task", "tres_per_socket")
+
+
+def slurmctld_gpus(j: dict[str, Any], node_count: Any) -> tuple[int | None, str | None]:
+    """GPUs of a slurmctld job record (/slurm/ jobs, scontrol --json): its tres_alloc_str when that
+    names gres/gpu (only where accounting tracks it), else the GRES slurmctld allocated
+    (gres_detail: `gpu:h100:4(IDX:0-3)`, one per node), else what the job asked for: tres_per_job,
+    tres_per_node x its nodes, tres_per_task x its tasks, then tres_req_str. 0 when the GRES fields
+    are there and name no GPU; None (unknown) when they are missing (a truncated answer) or name
+    GPUs in a way that cannot be counted (per node with no node count, per socket)."""
+    gpus, gpu_type = tres_gpus(j.get("tres_alloc_str"))
+    if gpus is not None:
+        return gpus, gpu_type
+    detail = j.get("gres_detail")
+    if isinstance(detail, list) and detail:
+        gpus, gpu_type, _ = gres_gpus(",".join(str(d) for d in detail))
+        if gpus is not None:
+            return gpus, gpu_type
+    gpus, gpu_type = _tres_per_gpus(j.get("tres_per_job"))
+    if gpus is not None:
+        return gpus, gpu_type
+    for per, many in (("tres_per_node", _node_count(_num(node_count), j.get("nodes"))),
+                      ("tres_per_task", _num(j.get("tasks")) or _num(j.get("num_tasks")))):
+        each, gpu_type = _tres_per_gpus(j.get(per))
+        if each is not None:
+            return (each * many, gpu_type) if isinstance(many, int) and many > 0 else (None, gpu_type)
+    gpus, gpu_type = tres_gpus(j.get("tres_req_str"))
+    if gpus is not None:
+        return gpus, gpu_type
+    named = [f for f in _SLURMCTLD_GRES_FIELDS if f in j]
+    if named and not any("gpu" in str(j.get(f) or "") for f in named):
+        return 0, None
+    return None, None
+
+
 def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[dict, str | None]:
     if j.get("job_id") is None:
         raise _Bad("job without job_id")
@@ -101,23 +143,17 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
     norm, known = normalise_state(state)
     tres = j.get("tres") or {}
     alloc = j.get("tres_alloc_str") or _tres_list(tres.get("allocated"))
-    gpus, gpu_type = tres_gpus(alloc)
-    for fallback in (j.get("tres_req_str"), _tres_list(tres.get("requested"))):
-        if gpus is None and fallback:
-            gpus, gpu_type = tres_gpus(fallback)
-    if gpus is None and j.get("gres_detail"):
-        gpus, gpu_type, _ = gres_gpus(",".join(j["gres_detail"]))
-    # Accounting TRES without gres/gpu (not in AccountingStorageTRES): what the job asked for,
-    # per job, else per node x nodes. Per node with no node count known: GPUs, how many unknown.
-    per_node = None
-    if gpus is None:
-        gpus, gpu_type = _tres_per_gpus(j.get("tres_per_job"))
-    if gpus is None:
-        per_node, gpu_type = _tres_per_gpus(j.get("tres_per_node"))
-        nodes_n = _node_count(_num(node_count), j.get("nodes"))
-        gpus = per_node * nodes_n if per_node is not None and nodes_n else None
-    if gpus is None and per_node is None and (alloc or j.get("tres_req_str") or tres):
-        gpus = 0  # TRES were reported and name no GPU, as in parse_sacct
+    no_gpu_tres = False
+    if "job_state" in j:
+        gpus, gpu_type = slurmctld_gpus(j, node_count)
+        gpus_source = None if gpus is None else "slurmctld"
+    else:
+        gpus, gpu_type = tres_gpus(alloc)
+        requested = _tres_list(tres.get("requested"))
+        if gpus is None and requested:
+            gpus, gpu_type = tres_gpus(requested)
+        gpus_source = None if gpus is None else accounting_gpus_source(norm)
+        no_gpu_tres = gpus is None and bool(alloc or requested)
     ec = j.get("exit_code")
     if isinstance(ec, dict):
         sig = _num(((ec.get("signal") or {}).get("id"))) or 0
@@ -139,10 +175,12 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
         name=j.get("name") or None, user_name=user or None, account=j.get("account") or None,
         partition=j.get("partition") or None, qos=j.get("qos") or None, state=norm if states else None,
         state_raw=",".join(states) or None, exit_code=exit_code, gpus=gpus, gpu_type=gpu_type,
-        node_count=_num(node_count),
-        nodes=j.get("nodes") or None, alloc_tres=alloc or None, source="slurmrestd", updated_at=now,
+        gpus_source=gpus_source, node_count=_num(node_count),
+        nodes=known_text(j.get("nodes")), alloc_tres=alloc or None, source="slurmrestd", updated_at=now,
         **times,
     )
+    if no_gpu_tres:
+        row[NO_GPU_TRES] = True
     if aj:
         if task is not None:
             row.update(job_id=f"{aj}_{task}", array_job_id=str(aj), array_task_id=str(task))
@@ -154,9 +192,11 @@ def _restd_row(j: dict[str, Any], cluster: str | None, now: datetime) -> tuple[d
 
 
 def parse_slurmrestd_jobs(
-    doc: dict[str, Any], cluster: str | None = None, now: datetime | None = None
+    doc: dict[str, Any], cluster: str | None = None, now: datetime | None = None, tracks_gpus: bool | None = None
 ) -> tuple[list[dict[str, Any]], int, list[str]]:
     """slurmrestd /slurm/ or /slurmdb/ job list (or `sacct --json`) -> (rows, rejected, problems).
+
+    `tracks_gpus`: whether slurmdbd records gres/gpu (slurm_parse.settle_accounting_gpus).
 
     Handles data_parser v0.0.40+ ({set, infinite, number} numbers, job_state lists) and the older
     dbv0.0.37 / v0.0.38 shapes (plain numbers, state strings, tres.allocated lists).
@@ -178,13 +218,60 @@ def parse_slurmrestd_jobs(
         if note:
             problems.add(f"jobs[{i}]: {note}")
         jobs.append(row)
+    settle_accounting_gpus(jobs, tracks_gpus)
     return jobs, rejected, problems.done()
 
 
 MAX_PROBLEMS_PER_BATCH = 20
+ACCOUNTING_GPUS_FIX = "add gres/gpu to AccountingStorageTRES in slurm.conf"
 
 
-def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: datetime, source: str = "slurmrestd") -> Batch:
+def note_gpu_tracking(batch: Batch, input: str, tracks_gpus: bool | None) -> bool | None:
+    """After a batch of accounting records: whether the accounting tracks GPUs now (what the
+    source knew, or True once a record named one), and when it does not (or no record has shown
+    it does) while jobs of the batch have TRES naming no GPU, an Unrecognized entry saying so with
+    the fix: logged by the collector, counted, on the Health page. Those jobs' GPU counts stay
+    unknown unless slurmctld or the exporters' job mapping gives them (collector.store JOB_MERGE)."""
+    from_records = any(j.get("gpus_source") in ACCOUNTING_GPUS_SOURCES for j in batch.jobs)
+    tracks = True if from_records else tracks_gpus
+    unknown = sum(1 for j in batch.jobs if j.get("gpus") is None and j.get("alloc_tres"))
+    if tracks is not True and unknown:
+        why = ("slurmdbd's TRES list has no gres/gpu" if tracks is False
+               else "no job record of this read names a gres/gpu TRES")
+        batch.unrecognized.append(Unrecognized(input, "accounting_without_gpus", (
+            f"{why}: the GPU counts of {unknown} of its {len(batch.jobs)} jobs are unknown unless slurmctld or the "
+            f"exporters' job mapping tells them (never 0); {ACCOUNTING_GPUS_FIX}")))
+    return tracks
+
+
+def tres_tracks_gpus(text: str | bytes) -> bool | None:
+    """slurmrestd's /slurmdb/vX/tres answer (the TRES slurmdbd accounts, AccountingStorageTRES)
+    -> whether gres/gpu is among them; None when the answer lists no TRES at all."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    found: list[dict[str, Any]] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            if "type" in v and "name" in v:
+                found.append(v)
+            else:
+                for x in v.values():
+                    walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(doc.get("TRES", doc.get("tres")) if isinstance(doc, dict) else None)
+    if not found:
+        return None
+    return any(t.get("type") == "gres" and str(t.get("name") or "").split(":")[0] == "gpu" for t in found)
+
+
+def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: datetime, source: str = "slurmrestd",
+               tracks_gpus: bool | None = None) -> Batch:
     """One JSON job listing (a slurmrestd answer, `sacct --json`, a file of either) -> a Batch.
 
     Text that is not JSON, or JSON without a `jobs` list, is input of a shape this does not know:
@@ -199,7 +286,7 @@ def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: da
     except ValueError as e:
         what = f"not JSON ({e}): {text[:120]!r}"
         raise SourceError(f"{input}: {what}", [Unrecognized(input, "not_json", what)]) from None
-    jobs, rejected, problems = parse_slurmrestd_jobs(doc, cluster, now)
+    jobs, rejected, problems = parse_slurmrestd_jobs(doc, cluster, now, tracks_gpus)
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise SourceError(f"{input}: {problems[0]}", [Unrecognized(input, "no_jobs_list", problems[0])])
     errors = [error_text(e) for e in doc.get("errors") or []]

@@ -209,6 +209,40 @@ def gres_gpus(gres: str | None) -> tuple[int | None, str | None, list[int] | Non
     return count, gtype, idx
 
 
+# A job row's mark while it is parsed: its accounting TRES were reported and name no GPU. Taken
+# off by settle_accounting_gpus: a row leaves the parser with exactly JOB_COLUMNS.
+NO_GPU_TRES = "_no_gpu_tres"
+ACCOUNTING_GPUS_SOURCES = ("slurmdbd", "slurmdbd_running")  # collector.schema.GPUS_SOURCES of accounting
+
+
+def accounting_gpus_source(state: str | None) -> str:
+    """gpus_source of a count from an accounting record: final once the record has ended."""
+    return "slurmdbd" if state in TERMINAL_STATES else "slurmdbd_running"
+
+
+def settle_accounting_gpus(jobs: list[dict[str, Any]], tracks_gpus: bool | None = None) -> bool:
+    """Rows whose accounting TRES name no GPU: 0 GPUs where accounting tracks GPUs, else unknown.
+
+    slurmdbd records gres/gpu only when AccountingStorageTRES includes it; without it every job's
+    TRES name no GPU whatever it held, so "no GPU TRES" is 0 only when the accounting is known to
+    track GPUs: `tracks_gpus` (asked of slurmdbd, or remembered by the source), else when any
+    record here names a GPU. Returns whether it tracks them, as far as that shows."""
+    tracks = bool(tracks_gpus) or any(j.get("gpus_source") in ACCOUNTING_GPUS_SOURCES for j in jobs)
+    for j in jobs:
+        if j.pop(NO_GPU_TRES, False) and tracks and j.get("gpus") is None:
+            j.update(gpus=0, gpus_source=accounting_gpus_source(j.get("state")))
+    return tracks
+
+
+def known_text(v: Any) -> str | None:
+    """Text as Slurm printed it, None for its placeholders of nothing ("None assigned", "(null)",
+    "Unknown", "N/A", ""), on every route: a placeholder is not a value."""
+    if not isinstance(v, str):
+        return None
+    v = v.strip()
+    return None if v.lower() in _NULLS else v
+
+
 def normalise_state(raw: str | None) -> tuple[str, bool]:
     """'CANCELLED by 1000' -> ('CANCELLED', True); an unknown word -> ('UNKNOWN', False)."""
     word = (raw or "").strip().split(" ")[0].upper().rstrip("+")
@@ -282,22 +316,24 @@ def _sacct_row(v: dict[str, str], cluster: str | None, tz: tzinfo, now: datetime
     note = None if known else f"unknown state {state_raw!r} for job {jid}, kept as UNKNOWN"
     note = settle_times(times, state, elapsed, jid, end_reported="end" in v) or note
 
-    # Allocated beats requested; TRES beats the pre-19.05 GRES columns.
+    # Allocated beats requested; TRES beats the pre-19.05 GRES columns. TRES that name no GPU
+    # say 0 only where accounting tracks GPUs (settle_accounting_gpus), else the count is unknown.
     gpus = gpu_type = None
     for col in ("alloctres", "allocgres", "reqtres", "reqgres"):
         if gpus is None and v.get(col):
             gpus, gpu_type = tres_gpus(v[col]) if col.endswith("tres") else gres_gpus(v[col])[:2]
-    if gpus is None and any((v.get(c) or "").strip() for c in ("alloctres", "allocgres", "reqtres", "reqgres")):
-        gpus = 0  # TRES were reported and name no GPU (see the module docstring of slurm.py)
+    no_gpu_tres = gpus is None and any((v.get(c) or "").strip() for c in ("alloctres", "allocgres", "reqtres", "reqgres"))
     nodes = (v.get("nodelist") or "").strip()
     row = _blank_row(
         cluster=cluster or (v.get("cluster") or "").strip() or "default",
         scheduler="slurm", job_key=raw or jid, job_id=jid,
         name=v.get("jobname") or None, state=state, state_raw=state_raw, exit_code=exit_code,
-        gpus=gpus, gpu_type=gpu_type, node_count=int(nnodes) if nnodes else None,
-        nodes=None if nodes.lower() in _NULLS else nodes,
+        gpus=gpus, gpu_type=gpu_type, gpus_source=None if gpus is None else accounting_gpus_source(state),
+        node_count=int(nnodes) if nnodes else None, nodes=known_text(nodes),
         alloc_tres=(v.get("alloctres") or "").strip() or None, source="sacct", updated_at=now, **times,
     )
+    if no_gpu_tres:
+        row[NO_GPU_TRES] = True
     for col, key in (("user_name", "user"), ("account", "account"), ("partition", "partition"), ("qos", "qos")):
         row[col] = (v.get(key) or "").strip() or None
     if m["task"] is not None or m["range"] is not None:
@@ -314,8 +350,12 @@ def parse_sacct(
     cluster: str | None = "default",
     now: datetime | None = None,
     tz: str | tzinfo | None = "UTC",
+    tracks_gpus: bool | None = None,
 ) -> tuple[list[dict[str, Any]], int, list[str]]:
     """`sacct -P`/`-p` output -> (job rows, rejected line count, problems).
+
+    `tracks_gpus`: whether this accounting records gres/gpu (None: as far as these records show;
+    see settle_accounting_gpus).
 
     Without `fields` the first line is the header. Steps (123.batch, 123+0.0) are skipped: they
     are not jobs. A line with k fields too many is a job name containing the delimiter when the
@@ -384,6 +424,7 @@ def parse_sacct(
             problems.add(f"line {lineno}: {note}")
         if row is not None:
             jobs.append(row)
+    settle_accounting_gpus(jobs, tracks_gpus)
     return jobs, rejected, problems.done()
 
 
@@ -434,8 +475,7 @@ def parse_scontrol_show_job_d(text: str | bytes) -> list[dict[str, Any]]:
             "account": _kv(record, "Account"), "partition": _kv(record, "Partition"),
             "state": _kv(record, "JobState"), "nodes": _kv(record, "NodeList"),
         }
-        if rec["nodes"] in ("(null)", ""):
-            rec["nodes"] = None
+        rec["nodes"] = known_text(rec["nodes"])
         if rec["array_task_id"] is not None:
             t = rec["array_task_id"]
             rec["job_id"] = f"{rec['array_job_id']}_{t}" if t.isdigit() else f"{rec['array_job_id']}_[{t}]"

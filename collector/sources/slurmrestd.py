@@ -12,8 +12,9 @@ run `sacct` (it runs far from the controller, or shelling out is not allowed).
   newest first. Found once per source and kept.
 - What: slurmdbd's jobs of each window (`/slurmdb/vX/jobs?start_time=&end_time=`, what sacct
   reads; Unix times from v0.0.39, while v0.0.37/38 take only local times, which slurmrestd reads
-  in its own zone: set `timezone` to it, as for sacct), then slurmctld's current jobs (`/slurm/vX/jobs`: running and pending, with GPUs from
-  `gres_detail`/`tres_per_*` where accounting has no gres/gpu TRES). Windows, overlap and
+  in its own zone: set `timezone` to it, as for sacct), then slurmctld's current jobs (`/slurm/vX/jobs`: running, pending and recently ended, with
+  GPUs from `gres_detail`/`tres_per_*` where accounting has no gres/gpu TRES: whether it has is
+  asked of `/slurmdb/vX/tres` once). Windows, overlap and
   watermark as the sacct source (gpufleet.collector.sources.slurm.JobWindows); each window is a
   batch of its own, so the windows read before a failure are kept.
 - Failures (refused, 401/403, 5xx, timeout, not JSON, no `jobs` list) are SourceErrors that name
@@ -35,7 +36,7 @@ import httpx
 from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm import JobWindows
-from gpufleet.collector.sources.slurm_json import error_text, jobs_batch
+from gpufleet.collector.sources.slurm_json import error_text, jobs_batch, note_gpu_tracking, tres_tracks_gpus
 from gpufleet.collector.sources.slurm_parse import as_tz
 from gpufleet.times import utcnow
 
@@ -63,7 +64,8 @@ class SlurmrestdSource(JobWindows):
     overlap: timedelta = timedelta(hours=1)
     initial_lookback: timedelta = timedelta(days=7)
     max_window: timedelta = timedelta(days=1)
-    current_jobs: bool = True  # also read slurmctld's running and pending jobs
+    current_jobs: bool = True  # also read slurmctld's running, pending and recently ended jobs
+    tracks_gpus: bool | None = None  # whether slurmdbd records gres/gpu: asked of /slurmdb/vX/tres, else from the records
     transport: httpx.BaseTransport | None = None  # e.g. httpx.HTTPTransport(uds=...) for a unix socket
     watermark_of: Callable[[str], str | None] | None = None
     name: str = "slurmrestd"
@@ -100,17 +102,35 @@ class SlurmrestdSource(JobWindows):
         version = self.version()
         path = f"/slurmdb/{version}/jobs"
         text = self._get(path, {"start_time": self._time(version, start), "end_time": self._time(version, end)})
-        return jobs_batch(text, key=f"slurmrestd:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
-                          input=self.url.rstrip("/") + path, cluster=self.cluster, now=now)
+        def read(tracks: bool | None) -> Batch:
+            return jobs_batch(text, key=f"slurmrestd:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
+                              input=self.url.rstrip("/") + path, cluster=self.cluster, now=now, tracks_gpus=tracks)
+        batch = read(self.tracks_gpus)
+        if self.tracks_gpus is None and any(j["gpus"] is None and j["alloc_tres"] for j in batch.jobs):
+            # no record showed whether slurmdbd tracks GPUs, and some name none: ask it
+            self.tracks_gpus = self.ask_tracks_gpus()
+            if self.tracks_gpus:
+                batch = read(True)
+        self.tracks_gpus = note_gpu_tracking(batch, self.url.rstrip("/") + path, self.tracks_gpus)
+        return batch
+
+    def ask_tracks_gpus(self) -> bool | None:
+        """Whether slurmdbd accounts gres/gpu, from /slurmdb/vX/tres; None when it does not say
+        (the records tell then: slurm_json.note_gpu_tracking)."""
+        path = f"/slurmdb/{self.version()}/tres"
+        try:
+            r = self._request(path, {})
+        except SourceError:
+            return None
+        return tres_tracks_gpus(r.text) if r.status_code == 200 else None
 
     def read_current(self, now: datetime) -> Batch:
-        """slurmctld's jobs now: pending and running ones, with what accounting may lack."""
+        """slurmctld's jobs now: pending and running ones, and the ended ones it still keeps
+        (MinJobAge): their GPUs are what accounting may lack (the store keeps the most
+        authoritative count it read, collector.store JOB_MERGE)."""
         path = f"/slurm/{self.version()}/jobs"
-        batch = jobs_batch(self._get(path, {}), key=f"slurmrestd:{self.cluster}:current:{now.isoformat()}",
-                           input=self.url.rstrip("/") + path, cluster=self.cluster, now=now)
-        # jobs that ended are slurmdbd's to describe (what sacct reads); slurmctld adds what has not
-        batch.jobs = [j for j in batch.jobs if j.get("end") is None]
-        return batch
+        return jobs_batch(self._get(path, {}), key=f"slurmrestd:{self.cluster}:current:{now.isoformat()}",
+                          input=self.url.rstrip("/") + path, cluster=self.cluster, now=now)
 
     def _time(self, version: str, t: datetime) -> str:
         """A window edge as `version` reads it: Unix time, or before v0.0.39 local ISO time."""

@@ -116,6 +116,20 @@ def body(ctx: ui.Context) -> None:
                  labels={"computed_at": "last computed", "took_s": "took (s)", "start": "window from", "end": "to", "error": "last failure"})
     ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
 
+    st.subheader("Job GPU counts")
+    untracked = [u for u in cs["unrecognized"] if u.get("kind") == "accounting_without_gpus"]
+    sources = data.job_gpu_sources(w.root, ctx.version)
+    gaps = sources.filter(pl.col("gpus_source").is_in(["unknown", "slurmctld", "job_map"]) & (pl.col("ended") > 0)
+                          | (pl.col("gpus_source") == "unknown")) if not sources.is_empty() else sources
+    if untracked or not gaps.is_empty():
+        st.warning("Slurm accounting does not track GPUs: add gres/gpu to AccountingStorageTRES in slurm.conf. Until then a "
+                   "job's GPU count comes from slurmctld while it knows the job, else from the exporters' job mapping, else "
+                   "it is unknown (its allocated GPU-hours unknown, never 0)"
+                   + "".join(f"\n\n{u['input']}: {u['detail']}" for u in untracked[:3]))
+    st.caption("Where each Slurm job's GPU count came from: slurmdbd (accounting, ended job), slurmdbd_running, slurmctld, "
+               "job_map (the GPUs the exporters saw it hold) or unknown (gpufleet_collect_jobs_gpus_fallback counts them).")
+    ui.table(sources, key="health_job_gpus", empty="No Slurm job in the store.", labels={"gpus_source": "GPU count from"})
+
     st.subheader("Inputs the collector did not recognize")
     st.caption("Targets that answered without GPU series, answers of an unknown shape, exporter pod names used as host names, "
                "... (the collector's log has each; gpufleet_collect_input_unrecognized_total counts them). Last 7 days.")

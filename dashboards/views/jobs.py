@@ -40,7 +40,8 @@ def report(window, job: dict) -> None:
     ui.text("Job", job["job_id"])
     ui.text("Name", job.get("name"))
     ui.text("User / account / partition", f"{job.get('user_name') or ''} / {job.get('account') or ''} / {job.get('partition') or ''}")
-    ui.text("State, GPUs", f"{job.get('state') or ''}, {job.get('gpus')}")
+    gpus = "unknown (the accounting names none: see the Health page)" if job.get("gpus") is None else job["gpus"]
+    ui.text("State, GPUs", f"{job.get('state') or ''}, {gpus}" + (f" (from {job['gpus_source']})" if job.get("gpus_source") else ""))
     ui.text("Run", f"{ui.when(job.get('start'))} to {ui.when(job.get('end')) if job.get('end') else 'still running'}")
     res = data.job_report(window.key, {k: job.get(k) for k in ("cluster", "scheduler", "job_key", "job_id", "account", "user_name",
                                                                    "partition", "start", "end")})
@@ -51,7 +52,8 @@ def report(window, job: dict) -> None:
     c = st.columns(3)
     c[0].metric("Verdict", r.verdict)
     c[1].metric("Runtime in window", ui.duration(r.runtime_h * 3600))
-    c[2].metric("Allocated", ui.gpu_h(r.allocated_gpu_h))
+    c[2].metric("Allocated", ui.gpu_h(r.allocated_gpu_h) if r.allocated_gpu_h is not None else "unknown",
+                help=None if r.allocated_gpu_h is not None else "The job's GPU count is unknown, so its allocated GPU-hours are")
     c = st.columns(3)
     c[0].metric("Mean utilization", ui.pct(r.mean_utilization_pct))
     c[1].metric("Idle (stretches)", ui.gpu_h(r.idle_gpu_h))

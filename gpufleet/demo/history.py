@@ -138,6 +138,7 @@ def job_row(j: Job, state: str, now: datetime) -> dict:
         submit=j.submit, eligible=j.submit, start=j.start if started else None, end=j.end if ended else None,
         state=state, state_raw=state, exit_code=("0:0" if state in ("COMPLETED", "RUNNING", "PENDING") else "1:0"),
         gpus=len(j.slots), gpu_type="h100" if j.cluster == "hpc" else "a100", node_count=len(hosts),
+        gpus_source="kubernetes" if j.scheduler == "kubernetes" else "slurmdbd" if ended else "slurmdbd_running",
         nodes=",".join(hosts) if started else None,
         alloc_tres=f"cpu={16 * len(j.slots)},gres/gpu={len(j.slots)},node={len(hosts)}" if j.scheduler == "slurm" and started else None,
         source="sacct" if j.scheduler == "slurm" else "kubernetes", updated_at=now,

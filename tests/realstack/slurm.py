@@ -161,6 +161,7 @@ class SlurmCluster:
         extra_conf: Iterable[str] = (),
         device_dir: Path | str | None = None,
         cpus: int | None = None,
+        accounting_tres: str | None = "gres/gpu",
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.host = socket.gethostname().split(".")[0]
@@ -168,6 +169,9 @@ class SlurmCluster:
         self.accounts = tuple(accounts)
         self.users = tuple(users)
         self.extra_conf = list(extra_conf)
+        # AccountingStorageTRES beyond Slurm's defaults (cpu, mem, energy, node, billing, ...);
+        # None: none, so slurmdbd records no GPU of any job (the common site the collector must read)
+        self.accounting_tres = accounting_tres
         self.device_dir = Path(device_dir) if device_dir else self.workdir / "dev"
         # At least 8 CPUs so 8 one-GPU jobs can run at once on a 2-core VM (slurmd is told to
         # report the configured CPUs, SlurmdParameters=config_overrides).
@@ -532,7 +536,7 @@ class SlurmCluster:
             "AccountingStorageHost=127.0.0.1",
             f"AccountingStoragePort={self.ports['slurmdbd']}",
             f"AccountingStoragePass={self.munge_socket}",  # the munge socket for slurmdbd traffic
-            "AccountingStorageTRES=gres/gpu",
+            *([f"AccountingStorageTRES={self.accounting_tres}"] if self.accounting_tres else []),
             "AccountingStorageEnforce=associations",
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",

@@ -1,0 +1,410 @@
+"""A job's GPUs are never lost and never overwritten by a zero (issue #51).
+
+Accounting without gres/gpu in AccountingStorageTRES names no GPU for any job: that is an unknown
+count, not 0. The store fills it from slurmctld (tres_per_job, tres_per_node x nodes, gres_detail)
+and, last, from the exporters' job mapping; of the counts it reads it keeps the most authoritative
+one (collector.schema.GPUS_SOURCES), whatever the order; every row says where its count came from.
+Through every Slurm route: sacct text, sacct --json, slurmrestd v0.0.38-v0.0.44, JSON files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timedelta, timezone
+from itertools import count
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpufleet.collector import schema
+from gpufleet.collector.schema import Batch
+from gpufleet.collector.service import Collector, ScheduledSource
+from gpufleet.collector.sources.slurm import SacctSource
+from gpufleet.collector.sources.slurm_files import SlurmJsonFilesSource
+from gpufleet.collector.sources.slurm_json import jobs_batch, parse_slurmrestd_jobs, slurmctld_gpus, tres_tracks_gpus
+from gpufleet.collector.sources.slurm_parse import parse_sacct
+from gpufleet.collector.sources.slurmrestd import VERSIONS, SlurmrestdSource
+from gpufleet.collector.store import StoreWriter, open_reader
+from tests.support.http import Loopback
+from tests.test_slurmrestd_source import FAKE_SACCT, _n, ok, openapi
+
+NOW = datetime(2026, 11, 20, 12, 0, 0)
+START = NOW - timedelta(hours=1)
+SHAPES = [v for v in VERSIONS if v >= "v0.0.38"]  # v0.0.38 .. v0.0.44
+FIELDS = ("JobIDRaw", "JobID", "User", "Account", "Partition", "Start", "End", "State", "NNodes", "NodeList", "AllocTRES", "JobName")
+
+
+def _epoch(t: datetime) -> int:
+    return int(t.replace(tzinfo=timezone.utc).timestamp())
+
+
+# --- what each source says about job 601 -------------------------------------------------------
+
+def sacct_text(state: str, tres: str, job: str = "601") -> str:
+    end = "Unknown" if state == "RUNNING" else NOW.strftime("%Y-%m-%dT%H:%M:%S")
+    return "|".join([job, job, "alice", "nlp", "gpu", START.strftime("%Y-%m-%dT%H:%M:%S"), end, state, "1", "g01", tres, "train"]) + "\n"
+
+
+def slurmdb_job(version: str, state: str, tres: list[dict], job: int = 601) -> dict:
+    """slurmdbd's record of `job` in `version`'s shape (sacct --json, /slurmdb/ jobs)."""
+    return {"job_id": job, "name": "train", "user": "alice", "account": "nlp", "partition": "gpu", "cluster": "hpc",
+            "state": {"current": [state] if version >= "v0.0.41" else state, "reason": "None"},
+            "time": {"submission": _epoch(START), "start": _epoch(START), "end": 0 if state == "RUNNING" else _epoch(NOW),
+                     "elapsed": 3600},
+            "tres": {"allocated": tres, "requested": tres},
+            "exit_code": {"status": "SUCCESS", "return_code": _n(0, version)}, "nodes": "g01", "allocation_nodes": 1}
+
+
+NO_GPU_TRES = [{"type": "cpu", "name": "", "count": 8}, {"type": "mem", "name": "", "count": 65536},
+               {"type": "node", "name": "", "count": 1}, {"type": "billing", "name": "", "count": 8}]
+
+
+def slurmctld_job(version: str, state: str = "RUNNING", job: int = 601, **gres) -> dict:
+    """slurmctld's record of `job` in `version`'s shape (/slurm/ jobs, scontrol --json): its GPUs
+    only in `gres` (tres_per_job, tres_per_node, gres_detail), as where accounting lacks gres/gpu."""
+    rec = {"job_id": job, "name": "train", "user_name": "alice", "account": "nlp", "partition": "gpu",
+           "job_state": [state] if version >= "v0.0.40" else state,
+           "submit_time": _n(_epoch(START), version), "start_time": _n(_epoch(START), version),
+           "end_time": _n(_epoch(NOW) if state != "RUNNING" else _epoch(NOW + timedelta(days=1)), version),
+           "node_count": _n(gres.pop("node_count", 1), version), "nodes": gres.pop("nodes", "g01"),
+           "tres_alloc_str": "cpu=8,mem=64G,node=1,billing=8", "tres_per_job": "", "tres_per_node": "", "gres_detail": []}
+    rec.update(gres)
+    return rec
+
+
+def doc(*jobs: dict) -> dict:
+    return {"meta": {}, "errors": [], "warnings": [], "jobs": list(jobs)}
+
+
+def stored(root, job: str = "601") -> tuple:
+    rows = open_reader(root).execute("SELECT gpus, gpus_source FROM jobs WHERE job_key = ?", [job]).fetchall()
+    return rows[0] if rows else None
+
+
+def mapping(gpus: int, job: str = "601", ts: datetime = NOW) -> list[dict]:
+    return [{"ts": ts, "cluster": "hpc", "scheduler": "slurm", "job_key": job, "host": "g01", "gpu_uuid": f"GPU-{i}",
+             "gpu_instance": -1, "gpu": i, "source": "exporter"} for i in range(gpus)]
+
+
+# --- the parsers: unknown is not zero --------------------------------------------------------------
+
+def test_sacct_text_without_gpu_tres_is_unknown_unless_accounting_tracks_gpus():
+    text = sacct_text("COMPLETED", "cpu=8,mem=64G,node=1,billing=8")
+    [row], _, _ = parse_sacct(text, fields=FIELDS, cluster="hpc", now=NOW)
+    assert (row["gpus"], row["gpus_source"]) == (None, None) and "_no_gpu_tres" not in row
+    # a record of the same read that names a GPU shows this accounting tracks them: then no GPU TRES is 0
+    rows, _, _ = parse_sacct(text + sacct_text("COMPLETED", "cpu=8,gres/gpu=2,node=1", job="602"), fields=FIELDS, cluster="hpc", now=NOW)
+    assert [(r["job_key"], r["gpus"], r["gpus_source"]) for r in rows] == [("601", 0, "slurmdbd"), ("602", 2, "slurmdbd")]
+    [row], _, _ = parse_sacct(sacct_text("RUNNING", "cpu=8,node=1"), fields=FIELDS, cluster="hpc", now=NOW, tracks_gpus=True)
+    assert (row["gpus"], row["gpus_source"]) == (0, "slurmdbd_running")
+    [row], _, _ = parse_sacct(sacct_text("RUNNING", "cpu=8,gres/gpu=4"), fields=FIELDS, cluster="hpc", now=NOW)
+    assert (row["gpus"], row["gpus_source"]) == (4, "slurmdbd_running")
+
+
+@pytest.mark.parametrize("version", SHAPES)
+def test_slurmdbd_json_without_gpu_tres_is_unknown(version):
+    rows, rejected, problems = parse_slurmrestd_jobs(doc(slurmdb_job(version, "COMPLETED", NO_GPU_TRES)), "hpc", NOW)
+    assert (rejected, problems) == (0, [])
+    assert [(r["gpus"], r["gpus_source"]) for r in rows] == [(None, None)]
+    rows, _, _ = parse_slurmrestd_jobs(doc(slurmdb_job(version, "COMPLETED", NO_GPU_TRES)), "hpc", NOW, tracks_gpus=True)
+    assert [(r["gpus"], r["gpus_source"]) for r in rows] == [(0, "slurmdbd")]
+
+
+@pytest.mark.parametrize("version", SHAPES)
+@pytest.mark.parametrize("gres, want", [
+    ({"tres_per_job": "gres/gpu:4"}, (4, "slurmctld")),
+    ({"tres_per_job": "gres:gpu:h100:4"}, (4, "slurmctld")),
+    ({"tres_per_node": "gres/gpu:2", "node_count": 2, "nodes": "g[01-02]"}, (4, "slurmctld")),
+    ({"gres_detail": ["gpu:h100:4(IDX:0-3)"]}, (4, "slurmctld")),
+    ({"gres_detail": ["gpu:h100:2(IDX:0-1)", "gpu:h100:2(IDX:2-3)"], "nodes": "g[01-02]"}, (4, "slurmctld")),
+    ({"tres_alloc_str": "cpu=8,gres/gpu=4,node=1"}, (4, "slurmctld")),
+    ({}, (0, "slurmctld")),  # the GRES fields are there and name no GPU: it asked for none
+    ({"tres_per_node": "gres/gpu:2", "node_count": 0, "nodes": None}, (None, None)),  # per node, nodes unknown
+])
+def test_slurmctld_record_says_the_gpus_accounting_lacks(version, gres, want):
+    rows, rejected, _ = parse_slurmrestd_jobs(doc(slurmctld_job(version, **gres)), "hpc", NOW)
+    assert rejected == 0 and [(r["gpus"], r["gpus_source"]) for r in rows] == [want]
+
+
+def test_a_truncated_slurmctld_record_is_unknown_never_zero():
+    rec = {k: v for k, v in slurmctld_job("v0.0.41").items() if k not in ("tres_per_job", "tres_per_node", "gres_detail")}
+    assert slurmctld_gpus(rec, rec["node_count"]) == (None, None)
+
+
+def test_placeholders_are_null_on_every_route():
+    for nodes in ("None assigned", "(null)", "", "Unknown"):
+        rows, _, _ = parse_slurmrestd_jobs(doc({**slurmdb_job("v0.0.41", "PENDING", NO_GPU_TRES), "nodes": nodes},
+                                               slurmctld_job("v0.0.41", "PENDING", job=602, nodes=nodes)), "hpc", NOW)
+        assert [r["nodes"] for r in rows] == [None, None]
+        [row], _, _ = parse_sacct(sacct_text("PENDING", "cpu=1").replace("|g01|", f"|{nodes}|"), fields=FIELDS, cluster="hpc", now=NOW)
+        assert row["nodes"] is None
+
+
+def test_the_tres_answer_says_whether_slurmdbd_tracks_gpus():
+    base = [{"type": "cpu", "name": "", "id": 1, "count": 0}, {"type": "mem", "name": "", "id": 2, "count": 0}]
+    assert tres_tracks_gpus(json.dumps({"TRES": base})) is False
+    assert tres_tracks_gpus(json.dumps({"TRES": base + [{"type": "gres", "name": "gpu", "id": 1001, "count": 0}]})) is True
+    assert tres_tracks_gpus(json.dumps({"tres": [base + [{"type": "gres", "name": "gpu:h100", "id": 1002}]]})) is True  # dbv0.0.38
+    assert tres_tracks_gpus("<html>") is None and tres_tracks_gpus(json.dumps({"errors": []})) is None
+
+
+# --- the store: one merge rule ---------------------------------------------------------------------
+
+_keys = count()
+
+
+def commit(w: StoreWriter, jobs=(), allocations=()) -> None:
+    w.commit(Batch(key=f"t{next(_keys)}", jobs=list(jobs), allocations=list(allocations)))
+    w.publish()
+
+
+def ctld_rows(version: str, state: str = "RUNNING", **kw) -> list[dict]:
+    return jobs_batch(json.dumps(doc(slurmctld_job(version, state, **kw))), key="k", input="slurmctld", cluster="hpc", now=NOW).jobs
+
+
+def route_rows(route: str, state: str, tmp_path) -> list[dict]:
+    """Job 601 ended or running with no GPU TRES, read through `route`."""
+    if route == "sacct":
+        return parse_sacct(sacct_text(state, "cpu=8,mem=64G,node=1"), fields=FIELDS, cluster="hpc", now=NOW)[0]
+    version = route.split(":")[1]
+    return jobs_batch(json.dumps(doc(slurmdb_job(version, state, NO_GPU_TRES))), key="k", input=route, cluster="hpc", now=NOW).jobs
+
+
+ROUTES = ["sacct"] + [f"slurmdbd:{v}" for v in SHAPES]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_slurmctld_fills_what_accounting_lacks_and_it_survives_the_end(route, tmp_path):
+    version = route.split(":")[1] if ":" in route else "v0.0.41"
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    commit(w, route_rows(route, "RUNNING", tmp_path))
+    assert stored(tmp_path / "s") == (None, None)  # unknown, never 0
+    commit(w, ctld_rows(version, tres_per_job="gres/gpu:4"))
+    assert stored(tmp_path / "s") == (4, "slurmctld")
+    commit(w, route_rows(route, "RUNNING", tmp_path))  # the next accounting read: no GPU TRES
+    commit(w, route_rows(route, "COMPLETED", tmp_path))  # ... and its end
+    commit(w, allocations=mapping(2))  # the mapping saw fewer: less authoritative
+    row = open_reader(tmp_path / "s").execute("SELECT gpus, gpus_source, state, \"end\" FROM jobs").fetchone()
+    assert row == (4, "slurmctld", "COMPLETED", NOW)
+    w.close()
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_without_slurmctld_the_mapping_gives_the_gpus_and_without_it_unknown(route, tmp_path):
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    commit(w, route_rows(route, "COMPLETED", tmp_path))
+    assert stored(tmp_path / "s") == (None, None)
+    commit(w, allocations=mapping(2, ts=NOW - timedelta(minutes=30)))
+    assert stored(tmp_path / "s") == (2, "job_map")
+    commit(w, allocations=mapping(3, ts=NOW - timedelta(minutes=20)))  # a third GPU seen later
+    assert stored(tmp_path / "s") == (3, "job_map")
+    commit(w, route_rows(route, "COMPLETED", tmp_path))  # accounting again: unknown does not replace it
+    assert stored(tmp_path / "s") == (3, "job_map")
+    w.close()
+
+
+def test_a_mapping_seen_before_the_job_fills_it_when_it_arrives(tmp_path):
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    commit(w, allocations=mapping(2))
+    commit(w, route_rows("sacct", "RUNNING", tmp_path))
+    assert stored(tmp_path / "s") == (2, "job_map")
+    w.close()
+
+
+def test_finished_accounting_beats_slurmctld_and_the_disagreement_is_logged_once(tmp_path, caplog):
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    commit(w, ctld_rows("v0.0.41", tres_per_job="gres/gpu:4"))
+    tracked = parse_sacct(sacct_text("COMPLETED", "cpu=8,gres/gpu=2,node=1"), fields=FIELDS, cluster="hpc", now=NOW)[0]
+    with caplog.at_level(logging.WARNING, logger="gpufleet.collector.store"):
+        commit(w, tracked)
+        commit(w, ctld_rows("v0.0.41", "COMPLETED", tres_per_job="gres/gpu:4"))  # slurmctld still keeps the ended job
+        commit(w, tracked)
+    assert stored(tmp_path / "s") == (2, "slurmdbd")
+    said = [r.getMessage() for r in caplog.records if "GPUs" in r.getMessage()]
+    assert len(said) == 2, said  # once per pair of values and sources
+    assert "slurmctld says 4 GPUs, slurmdbd says 2; keeping 2 from slurmdbd" in said[0]
+    w.close()
+
+
+def test_a_store_of_the_previous_schema_keeps_its_counts_and_drops_untracked_zeros(tmp_path):
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    w.db.execute("ALTER TABLE jobs DROP COLUMN gpus_source")
+    w.db.execute("DELETE FROM schema_version WHERE version = 6")
+    for cluster, key, gpus, tres in (("a", "1", 0, "cpu=1"), ("a", "2", 4, "cpu=1,gres/gpu=4"), ("b", "3", 0, "cpu=1")):
+        w.db.execute("INSERT INTO jobs (cluster, scheduler, job_key, job_id, gpus, alloc_tres, source, updated_at, \"end\") "
+                     "VALUES (?, 'slurm', ?, ?, ?, ?, 'sacct', ?, ?)", [cluster, key, key, gpus, tres, NOW, NOW])
+    w.close()
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    rows = w.db.execute("SELECT cluster, job_key, gpus, gpus_source FROM jobs ORDER BY job_key").fetchall()
+    # cluster a's accounting names GPUs: its 0 is 0; cluster b's never did: its 0 was "no GPU TRES"
+    assert rows == [("a", "1", 0, "slurmdbd"), ("a", "2", 4, "slurmdbd"), ("b", "3", None, None)]
+    w.close()
+
+
+# --- the property: the most authoritative known value seen, whatever the order -------------------
+
+CTLD_GPUS, DBD_GPUS = 4, 2  # the two sources disagree, so the rank decides
+EVENTS = st.lists(st.one_of(
+    st.tuples(st.just("ctld"), st.sampled_from(["ok", "truncated", "absent"])),
+    st.tuples(st.just("dbd"), st.sampled_from(["RUNNING", "COMPLETED"]), st.booleans()),  # state, tracks gres/gpu
+    st.tuples(st.just("map"), st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True)),
+), min_size=1, max_size=8)
+
+
+def _event_rows(event: tuple) -> tuple[list[dict], list[dict]]:
+    if event[0] == "ctld":
+        if event[1] == "absent":  # a listing cut short: the job is not in it
+            return [], []
+        gres = {"tres_per_job": f"gres/gpu:{CTLD_GPUS}"} if event[1] == "ok" else {}
+        rec = slurmctld_job("v0.0.41", **gres)
+        if event[1] == "truncated":  # its GRES fields missing
+            rec = {k: v for k, v in rec.items() if k not in ("tres_per_job", "tres_per_node", "gres_detail")}
+        return jobs_batch(json.dumps(doc(rec)), key="k", input="slurmctld", cluster="hpc", now=NOW).jobs, []
+    if event[0] == "dbd":
+        tres = f"cpu=8,gres/gpu={DBD_GPUS},node=1" if event[2] else "cpu=8,node=1"
+        return parse_sacct(sacct_text(event[1], tres), fields=FIELDS, cluster="hpc", now=NOW)[0], []
+    return [], [{**m, "gpu_uuid": f"GPU-{i}", "gpu": i} for i, m in zip(event[1], mapping(len(event[1])))]
+
+
+def _expected(events: list[tuple]) -> tuple[int | None, str | None] | None:
+    known: list[tuple[int, int, str]] = []  # (rank, gpus, source)
+    mapped: set[int] = set()
+    any_job = False
+    for e in events:
+        if e[0] == "ctld" and e[1] != "absent":
+            any_job = True
+            if e[1] == "ok":
+                known.append((schema.GPUS_SOURCES["slurmctld"], CTLD_GPUS, "slurmctld"))
+        elif e[0] == "dbd":
+            any_job = True
+            if e[2]:
+                src = "slurmdbd" if e[1] == "COMPLETED" else "slurmdbd_running"
+                known.append((schema.GPUS_SOURCES[src], DBD_GPUS, src))
+        elif e[0] == "map":
+            mapped |= set(e[1])
+    if not any_job:
+        return None
+    if known:
+        rank = max(k[0] for k in known)
+        return next((g, s) for r, g, s in known if r == rank)
+    return (len(mapped), "job_map") if mapped else (None, None)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=EVENTS)
+def test_the_stored_gpu_count_is_the_most_authoritative_seen_in_any_order(events, tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    w = StoreWriter(root, clock=lambda: NOW)
+    try:
+        for e in events:
+            jobs, allocations = _event_rows(e)
+            w.commit(Batch(key=f"e{next(_keys)}", jobs=jobs, allocations=allocations))
+        row = w.db.execute("SELECT gpus, gpus_source FROM jobs WHERE job_key = '601'").fetchone()
+        assert row == _expected(events)
+    finally:
+        w.close()
+
+
+# --- the sources: said loudly, filled from slurmctld, through each route -------------------------
+
+class Restd(Loopback):
+    """slurmrestd of a cluster whose AccountingStorageTRES lacks gres/gpu: slurmdbd's job 601
+    names no GPU, slurmctld's says gres/gpu:4 while it keeps the job."""
+
+    def __init__(self, version: str, state: str, ctld: bool = True):
+        super().__init__()
+        self.routes["/openapi/v3"] = ok(openapi([version]))
+        self.routes[f"/slurmdb/{version}/jobs"] = ok(doc(slurmdb_job(version, state, NO_GPU_TRES)))
+        self.routes[f"/slurm/{version}/jobs"] = ok(doc(slurmctld_job(version, state, tres_per_job="gres/gpu:4")) if ctld else doc())
+        self.routes[f"/slurmdb/{version}/tres"] = ok({"TRES": NO_GPU_TRES})
+
+
+@pytest.mark.parametrize("version", SHAPES)
+def test_slurmrestd_without_gpu_tres_is_said_and_filled_from_slurmctld(version, tmp_path):
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    with Restd(version, "RUNNING") as server:
+        src = SlurmrestdSource(url=server.url, cluster="hpc", timeout=5, initial_lookback=timedelta(hours=2))
+        c = Collector(w, [ScheduledSource(src, 60)], clock=lambda: NOW)
+        assert c.run_source(src) is True
+        assert src.tracks_gpus is False  # asked of /tres: no gres/gpu among them
+    assert stored(tmp_path / "s") == (4, "slurmctld")
+    with Restd(version, "COMPLETED") as server:  # ended: slurmctld keeps it a while ...
+        src.url = server.url
+        assert c.run_source(src) is True
+    with Restd(version, "COMPLETED", ctld=False) as server:  # ... then forgets it
+        src.url = server.url
+        assert c.run_source(src) is True
+    assert stored(tmp_path / "s") == (4, "slurmctld")
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())["unrecognized"]
+    said = [u["detail"] for u in manifest if u["kind"] == "accounting_without_gpus"]  # one per server (each on its port)
+    assert said and all("add gres/gpu to AccountingStorageTRES in slurm.conf" in d and "never 0" in d for d in said)
+    sample = c.metrics.registry.get_sample_value
+    assert sample("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "slurmctld"}) == 1
+    assert sample("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "unknown"}) == 0
+    w.close()
+
+
+def test_sacct_routes_and_files_say_it_and_leave_the_count_unknown(tmp_path):
+    out, calls = tmp_path / "out", tmp_path / "calls"
+    exe = tmp_path / "sacct"
+    exe.write_text(FAKE_SACCT.format(python=sys.executable, calls=str(calls), output=str(out)))
+    exe.chmod(0o755)
+    (tmp_path / "f.json").write_text(json.dumps(doc(slurmdb_job("v0.0.44", "COMPLETED", NO_GPU_TRES, job=603))))
+    w = StoreWriter(tmp_path / "s", clock=lambda: NOW)
+    text = SacctSource(cluster="hpc", command=(str(exe),), delimiter="|", fields=FIELDS)
+    js = SacctSource(cluster="hpc", command=(str(exe),), format="json", name="sacct_json")
+    files = SlurmJsonFilesSource(cluster="hpc", files=[str(tmp_path / "f.json")])
+    c = Collector(w, [ScheduledSource(s, 60) for s in (text, js, files)], clock=lambda: NOW)
+    out.write_text(sacct_text("COMPLETED", "cpu=8,mem=64G,node=1"))
+    assert c.run_source(text) is True
+    out.write_text(json.dumps(doc(slurmdb_job("v0.0.40", "COMPLETED", NO_GPU_TRES, job=602))))
+    assert c.run_source(js) is True and c.run_source(files) is True
+    con = open_reader(tmp_path / "s")
+    assert con.execute("SELECT job_key, gpus, gpus_source FROM jobs ORDER BY job_key").fetchall() == [
+        ("601", None, None), ("602", None, None), ("603", None, None)]
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())["unrecognized"]
+    assert sorted(u["source"] for u in manifest if u["kind"] == "accounting_without_gpus") == ["sacct", "sacct_json", "slurm_json"]
+    assert c.metrics.registry.get_sample_value("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "unknown"}) == 3
+    w.close()
+
+
+# --- the figures: unknown is shown as unknown, and what is known still adds up --------------------
+
+def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tmp_path):
+    import io
+
+    from gpufleet.analytics.cli import build_report, print_table
+    from gpufleet.analytics.core import Analysis, unknown_gpu_jobs
+    from gpufleet.analytics.jobs import job_summaries
+    from gpufleet.analytics.params import Params
+    from tests.support.fleet import Fleet
+
+    t0 = datetime(2026, 11, 16, 10)
+    f = Fleet(tmp_path / "s", cluster="hpc")
+    f.gpu_series("g01", "GPU-a", t0, t0 + timedelta(hours=2), util=50.0, procs=1)
+    f.gpu_series("g02", "GPU-b", t0, t0 + timedelta(hours=2), util=0.0, procs=0)
+    f.job("701", account="nlp", user="ann", start=t0, end=t0 + timedelta(hours=1), gpus=1, placements=[("g01", "GPU-a")])
+    f.job("702", account="nlp", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[])  # nobody said
+    f.job("703", account="vision", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[("g02", "GPU-b")])
+    f.write()
+    con = f.reader()
+    assert con.execute("SELECT job_key, gpus, gpus_source FROM jobs ORDER BY 1").fetchall() == [
+        ("701", 1, None), ("702", None, None), ("703", 1, "job_map")]  # 703: the mapping saw it hold GPU-b
+    p = Params(t0, t0 + timedelta(hours=2))
+    a = Analysis(con, p, now=t0 + timedelta(hours=3))
+    rows = {r["job_key"]: r for r in job_summaries(a).to_dicts()}
+    assert (rows["702"]["gpus"], rows["702"]["allocated_gpu_h"]) == (None, None)  # unknown, never 0
+    assert rows["701"]["allocated_gpu_h"] == pytest.approx(1.0) and rows["703"]["allocated_gpu_h"] == pytest.approx(1.0)
+    totals = a.totals()
+    by_account = a.utilization("account")
+    assert totals.allocated_gpu_h == pytest.approx(2.0) == by_account["allocated_gpu_h"].sum()  # the known add up
+    [warning] = unknown_gpu_jobs(a)
+    assert "1 job of this window (702) has an unknown GPU count" in warning and "AccountingStorageTRES" in warning
+    report = build_report(con, p, "account", 5, "702", now=t0 + timedelta(hours=3))
+    assert warning in report["warnings"] and report["job"]["allocated_gpu_h"] is None
+    out = io.StringIO()
+    print_table(report, out)
+    assert "unknown GPU count" in out.getvalue() and "its allocated GPU-hours are unknown" in out.getvalue()
