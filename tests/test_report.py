@@ -386,7 +386,7 @@ def cli(argv: list[str]) -> tuple[int, str]:
     return report_cli.run(p.parse_args(argv), out=out), out.getvalue()
 
 
-def test_cli_writes_files_and_reports_errors_with_exit_codes(store, tmp_path, caplog):
+def test_cli_writes_files_and_reports_errors_with_exit_codes(store, tmp_path, capsys):
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[collector]\nstore = "{store.root}"\n[report]\ntop_jobs = 2\n')
     rc, out = cli(["--config", str(cfg), "--week", "2026-W47", "--out", str(tmp_path / "r"), "--no-pdf", "--team", "ml"])
@@ -397,15 +397,18 @@ def test_cli_writes_files_and_reports_errors_with_exit_codes(store, tmp_path, ca
     assert "THE 2 MOST WASTEFUL JOBS" in out
     rc, out = cli(["--config", str(cfg), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z", "--out", str(tmp_path / "s"), "--no-pdf", "--quiet"])
     assert rc == 0 and "gpufleet-report-20261116T1000-20261116T1200.html" in out
+    capsys.readouterr()
     assert cli(["--config", str(cfg), "--week", "2026-W54", "--no-pdf"])[0] == 2
-    assert "2026 has no week 54" in caplog.text
+    assert capsys.readouterr().err == ("gpufleet report: error: --week '2026-W54': 2026 has no week 54: expected an ISO week YYYY-Www, "
+                                       "e.g. 2026-W46\n")  # one plain line, not a log record
     assert cli(["--config", str(cfg), "--week", "2026-W47", "--from", "2026-11-16", "--no-pdf"])[0] == 2
     assert cli(["--config", str(cfg), "--no-pdf"])[0] == 2
     assert cli(["--config", str(cfg), "--week", "2026-W47", "--send", "--no-pdf"])[0] == 2  # no recipients
-    assert "has no recipients" in caplog.text
-    caplog.clear()
+    assert "has no recipients" in capsys.readouterr().err
     rc, _ = cli(["--config", str(cfg), "--store", str(tmp_path / "nowhere"), "--week", "2026-W47", "--out", str(tmp_path / "t"), "--no-pdf"])
-    assert rc == 1 and "store is unreachable" in caplog.text and "no store at" in caplog.text
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("gpufleet report: error: no report for 2026-W47: no store at")
+    assert err.endswith("pass --config gpufleet.toml (its [collector] or [analytics] store) or --store DIR\n")
     assert not (tmp_path / "t").exists()
 
 
