@@ -236,6 +236,13 @@ def test_cli_by_user_and_team_aliases(fleet):  # noqa: F811
     account = json.loads(analyze(*window, "--account", "physics").stdout)
     assert team["filters"] == account["filters"] == {"account": "physics"}
     assert team["totals"] == account["totals"]
+    # fairness under the filter: physics' row of the whole fleet's, the fleet's Jain's index (issue #53.2)
+    whole = json.loads(analyze(*window).stdout)["fairness"]
+    assert team["fairness"]["per_account"] == [r for r in whole["per_account"] if r["account"] == "physics"]
+    assert team["fairness"]["jain_index"] == pytest.approx(whole["jain_index"])
+    assert (team["fairness"]["shown"], team["fairness"]["compared_across"], whole["shown"]) == ("account=physics", "fleet", None)
+    table = analyze(*window[:-2], "--team", "physics").stdout
+    assert "account=physics's row of the fairness of the fleet" in table
 
 
 def test_cli_by_account_has_each_team_figure_of_the_report(fleet):  # noqa: F811
