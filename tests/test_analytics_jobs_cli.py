@@ -288,3 +288,21 @@ def test_table_by_cluster_names_each_cluster():
         pass  # sections after the utilization table need more of the report; not what this checks
     text = out.getvalue()
     assert "hpc" in text and "k8s" in text
+
+
+def test_table_prints_why_a_cost_moved_against_its_gpu_hours():
+    import io
+
+    from gpufleet.analytics.cli import print_table
+
+    reason = "the GPU-hours went up 2.10 while the cost went down $15.96: the time moved to cheaper GPU models (...)"
+    trend = [{"label": "cost of idle allocated time $", "current": 24.04, "previous": 40.0, "change": -15.96, "change_pct": -39.9,
+              "change_missing": None, "change_pct_missing": None, "reason": reason}]
+    report = {"window": {"from": "a", "to": "b", "hours": 1.0}, "filters": {}, "trend": trend,
+              "utilization": {"by": "account", "rows": []}, "top_wasteful_jobs": []}
+    out = io.StringIO()
+    try:
+        print_table(report, out)
+    except KeyError:
+        pass  # sections after the headline need more of the report; not what this checks
+    assert f"  cost of idle allocated time $: {reason}\n" in out.getvalue()

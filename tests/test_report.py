@@ -607,3 +607,42 @@ def test_recompute_command_runs_as_printed_and_gives_the_same_figures(store, w47
     old = subprocess.run(["gpufleet", "analyze", "--from", "2026-11-16T00:00:00Z", "--to", "2026-11-23T00:00:00Z", "--format", "json"],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert old.returncode != 0
+
+
+def test_a_cost_moving_against_its_gpu_hours_is_explained_in_the_report(outputs):
+    """Issue #53.7: the headline's money figure that moved against its GPU-hours carries the reason
+    (gpufleet.analytics.trends.price_mix_reason), and the text and HTML print it under the table."""
+    from gpufleet.analytics.core import Totals
+    from gpufleet.report.model import headline_rows
+
+    def totals(idle_h: float, idle_usd: float) -> Totals:
+        return Totals(capacity_gpu_h=100.0, data_gpu_h=100.0, no_data_gpu_h=0.0, busy_gpu_h=50.0, utilization_pct=50.0,
+                      allocated_gpu_h=80.0, idle_allocated_gpu_h=idle_h, idle_allocated_cost=idle_usd, no_process_gpu_h=4.0,
+                      no_process_cost=12.0, stranded_gpu_h=20.0, stranded_cost=60.0, unpriced_models=())
+
+    rows = headline_rows(totals(12.1, 24.04), totals(10.0, 40.0), processes=True, prev_processes=True)
+    cost = next(r for r in rows if r.figure == "idle_allocated_cost")
+    assert cost.reason.startswith("the GPU-hours went up 2.10 while the cost went down $15.96: the time moved to cheaper GPU models")
+    assert [r.figure for r in rows if r.reason] == ["idle_allocated_cost"]
+    report = replace(outputs[0].report, headline=rows)
+    assert f"{cost.label}: {cost.reason}" in render.text(report)
+    assert f"{cost.label}: {cost.reason}" in HTMLText.of(render.html(report))
+    # no comparison with last week: no reason either
+    assert not any(r.reason for r in headline_rows(totals(12.1, 24.04), None, processes=True, prev_processes=False))
+
+
+class HTMLText(HTMLParser):
+    """The text of an HTML page, whitespace collapsed."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts: list[str] = []
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+    @classmethod
+    def of(cls, page: str) -> str:
+        p = cls()
+        p.feed(page)
+        return " ".join(" ".join(p.parts).split())
