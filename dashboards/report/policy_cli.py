@@ -5,7 +5,9 @@
 
 The plan is printed either way: a table, or JSON {"actions": [{"action", "job_key", "job_id",
 "cluster", "scheduler", "user", "account", "job_state", "idle_s", "idle_gpus", "rule", "reason"},
-...], "exempt": [...], "suppressed": [...]}. A dry run reads the store and changes nothing. To act,
+...], "exempt": [...], "suppressed": [...], "closest": {"job_key", "job_id", ..., "idle_since",
+"rule", "due_at", "reason"} or null}: with no action, the running job nearest to one and why it
+is not due yet. A dry run reads the store and changes nothing. To act,
 the command needs the store's writer: with the collector service running, the policy runs inside
 it ([policy] interval) and this command plans only (exit 1 if asked to act).
 Exit status: 0 success; 2 bad usage or configuration; 1 the store is unreachable or an action failed.
@@ -46,6 +48,11 @@ def _table(plan, acting: bool) -> str:
         lines.append(f"  exempt   {e.job.cluster}/{inert(e.job.job_id, 40):<14} [{e.rule}] {inert(e.reason, 300)}")
     for a in plan.suppressed:
         lines.append(f"  (done)   {a.job.cluster}/{inert(a.job.job_id, 40):<14} {a.action} already done within renotify_after")
+    if not plan.actions:
+        c = plan.closest
+        lines.append("  nothing due: no running job holds GPUs" if c is None else
+                     f"  nothing due; closest {c.job.cluster}/{inert(c.job.job_id, 40)} {inert(c.job.user_name, 20)} "
+                     f"{inert(c.job.account, 20)}: {c.reason}")
     return "\n".join(lines) + "\n"
 
 
