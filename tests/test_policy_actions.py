@@ -115,6 +115,19 @@ def test_cli_dry_run_json_changes_nothing(tmp_path, store, capsys):
     assert "cancel" in text and "[cancel_after]" in text and "\r\n" not in text and "\\r\\n" in text
 
 
+def test_cli_errors_are_one_plain_line_and_a_missing_store_is_usage(tmp_path, capsys):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(policy_toml(1, notify_after="1h"))
+    assert main(["policy", "--config", str(cfg), "--store", str(tmp_path / "none"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gpufleet policy: error: no store at {tmp_path / 'none'}: expected a directory written by `gpufleet collect` "
+                   "(manifest.json missing): pass --config gpufleet.toml (its [collector] or [analytics] store) or --store DIR\n")
+    cfg.write_text(policy_toml(1, notify_after="soon"))
+    assert main(["policy", "--config", str(cfg), "--store", str(tmp_path / "none"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpufleet policy: error: ") and "notify_after = 'soon'" in err and err.count("\n") == 1
+
+
 def test_cli_with_nothing_due_names_the_closest_job_and_why(tmp_path, store, capsys):
     """Issue #53.9: thresholds above every idle time - 0 actions, and the plan says which job is
     nearest to one (101: both GPUs idle since 07:00, 5 h) and when its rule comes due."""

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
-from gpufleet.config import ConfigError, load_config
-
-log = logging.getLogger(__name__)
+from gpufleet.config import ConfigError, command_error, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +55,7 @@ def _table(plan, acting: bool) -> str:
 
 def run(args: argparse.Namespace, out=None) -> int:
     from gpufleet.analytics.params import store_path
-    from gpufleet.collector.store import StoreError, StoreWriter
+    from gpufleet.collector.store import STORE_FIX, NoStoreError, StoreError, StoreWriter
     from gpufleet.report.enforce import Runner, attempts_from_audit
     from gpufleet.times import parse_time
 
@@ -69,19 +66,15 @@ def run(args: argparse.Namespace, out=None) -> int:
         store = store_path(doc, args.config, args.store)
         as_of = parse_time(args.as_of) if args.as_of else None
     except ConfigError as e:
-        log.error("%s", e)
-        return 2
+        return command_error("policy", e)
     act = runner.rules.enforce and not args.dry_run and as_of is None
     try:
         plan = runner.plan(store, as_of)
-    except StoreError as e:
-        log.error("%s", e)
-        return 1
-    try:
         notes = runner.notes(store, plan.as_of)
+    except NoStoreError as e:  # nothing there: the command named the wrong store (usage)
+        return command_error("policy", f"{e}: {STORE_FIX}")
     except StoreError as e:
-        log.error("%s", e)
-        return 1
+        return command_error("policy", e, 1)
     if args.format == "json":
         doc = plan.as_dict()
         doc["efficiency_notes"] = notes
@@ -96,8 +89,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         attempts = attempts_from_audit(store, plan.as_of)
         writer = StoreWriter(store)
     except StoreError as e:
-        log.error("not acting: %s (with the collector service running, the policy acts inside it)", e)
-        return 1
+        return command_error("policy", f"not acting: {e} (with the collector service running, the policy acts inside it)", 1)
     try:
         def record(rows):
             writer.record_policy(rows)
