@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping
 import polars as pl
 
 from gpufleet.analytics import sql
+from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason
 from gpufleet.config import Option, number
 
 OPTIONS = (
@@ -192,16 +193,14 @@ ACCOUNT_SCHEMA = {
 def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timedelta = timedelta(days=7)) -> FairnessReport:
     """Fairness figures of the analysis' window (see the module docstring for definitions): under
     a job filter, the selected jobs' accounts' rows of the unfiltered (cluster's) figures."""
-    from gpufleet.analytics.core import JobWindow, filter_scope, not_attributable_reason
-    from gpufleet.analytics.params import Filters
-
     if half_life <= timedelta(0):
         raise ValueError(f"half_life {half_life} must be positive")
     f = analysis.p.filters
-    across = filter_scope(Filters(cluster=f.cluster))  # (the queries select jobs by cluster, not by GPU model)
+    unselected = {k: None for k in JOB_FILTER_NAMES}
+    across = filter_scope(replace(f, model=None, **unselected))  # (the queries select jobs by cluster, not by GPU model)
     if not_attributable_reason(f) is None:  # no job filter: the comparison is this window's own
         return _fairness(analysis, shares, half_life, across)
-    whole = JobWindow(analysis.con, replace(analysis.p, filters=Filters(cluster=f.cluster, model=f.model)), analysis.bind["as_of"])
+    whole = analysis.job_window(replace(f, **unselected))  # (core.Analysis, core.JobWindow)
     try:
         fleet = _fairness(whole, shares, half_life, across)
     finally:
