@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file ([analytics] and [collector] sections)")
     p.add_argument("--store", help="store directory (default: [analytics] store, else [collector] store)")
     add_window_arguments(p, week_zone="UTC")
-    p.add_argument("--by", default="account", help=f"utilization by: {', '.join(BY_CHOICES)} (user_name = user, team = account)")
+    p.add_argument("--by", default="account", help=f"utilization by: {', '.join(BY_CHOICES)} (also user_name for user, team for account)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--top", type=int, default=10, help="how many wasteful jobs to list")
     p.add_argument("--job", help="also print the efficiency report of this job id")
