@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 from dataclasses import asdict
 from datetime import date, datetime, timedelta
@@ -19,9 +18,8 @@ from typing import Any, TextIO
 
 import polars as pl
 
-from gpufleet.config import ConfigError, load_config
-
-log = logging.getLogger(__name__)
+from gpufleet.config import ConfigError, command_error, load_config
+from gpufleet.times import add_window_arguments, window_from_arguments
 
 SCHEMA = "gpufleet.analyze/v1"
 
@@ -29,14 +27,29 @@ SCHEMA = "gpufleet.analyze/v1"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file ([analytics] and [collector] sections)")
     p.add_argument("--store", help="store directory (default: [analytics] store, else [collector] store)")
-    p.add_argument("--from", dest="start", required=True, help="window start, ISO 8601 (UTC unless an offset is given)")
-    p.add_argument("--to", dest="end", required=True, help="window end, ISO 8601, exclusive")
-    p.add_argument("--by", default="account", help="utilization by: gpu, host, model, cluster, partition, account, user_name, job, fleet")
+    add_window_arguments(p, week_zone="UTC")
+    p.add_argument("--by", default="account", help=f"utilization by: {', '.join(BY_CHOICES)} (also user_name for user, team for account)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="a table for people, or JSON (a stable schema) for scripts")
     p.add_argument("--top", type=int, default=10, help="how many wasteful jobs to list")
     p.add_argument("--job", help="also print the efficiency report of this job id")
     for name in ("cluster", "account", "user", "model", "partition"):
-        p.add_argument(f"--{name}", help=f"only this {name}")
+        aliases = ("--team",) if name == "account" else ()  # the report's word for it
+        p.add_argument(f"--{name}", *aliases, dest=name, help=f"only this {name}" + (" (or --team)" if aliases else ""))
+
+
+# --by: the words people use for a dimension (the filters' names) -> its name in the analytics
+BY_ALIASES = {"user": "user_name", "team": "account"}
+BY_CHOICES = ("gpu", "host", "model", "cluster", "partition", "account", "user", "job", "fleet")
+
+
+def dimension(by: str) -> str:
+    """--by's value as the analytics name it (BY_ALIASES); a ConfigError naming the choices."""
+    from gpufleet.analytics.params import DIMENSIONS
+
+    name = BY_ALIASES.get(by, by)
+    if name not in DIMENSIONS:
+        raise ConfigError(f"--by {by!r}: expected one of {', '.join(BY_CHOICES)}")
+    return name
 
 
 def _plain(v: Any) -> Any:
@@ -49,6 +62,31 @@ def _plain(v: Any) -> Any:
 
 def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
     return [{k: _plain(v) for k, v in r.items()} for r in df.to_dicts()]
+
+
+def utilization_rows(a, by: str) -> pl.DataFrame:
+    """Utilization by `by`; by a job dimension (partition, account, user, job) with the rows' idle
+    allocated and no-process GPU-hours and cost (Analysis.waste_by: the report's team figures),
+    and by account with the team's MFU (analytics/mfu.py account_mfu), so each figure of the
+    report's team table can be recomputed here. A row without such stretches has 0 of them."""
+    from gpufleet.analytics.core import JOB_DIMS
+
+    out = a.utilization(by)
+    if by not in JOB_DIMS or out.is_empty():
+        return out
+    keys = list(JOB_DIMS[by])
+    for kind, name in (("idle", "idle_allocated"), ("no_process", "no_process")):
+        w = a.waste_by(by, kind).select(*keys, pl.col("gpu_h").alias(f"{name}_gpu_h"), pl.col("cost").alias(f"{name}_cost"))
+        out = out.join(w, on=keys, how="left", nulls_equal=True).with_columns(
+            pl.when(pl.col(f"{name}_gpu_h").is_null()).then(0.0).otherwise(pl.col(f"{name}_cost")).alias(f"{name}_cost"),
+            pl.col(f"{name}_gpu_h").fill_null(0.0))
+    if by == "account":
+        from gpufleet.analytics.mfu import account_mfu
+
+        m = account_mfu(a).select("cluster", "account", (pl.col("mfu") * 100).alias("mfu_pct"), pl.col("method").alias("mfu_method"),
+                                  pl.col("unknown_gpu_h").alias("mfu_unknown_gpu_h"))
+        out = out.join(m, on=["cluster", "account"], how="left", nulls_equal=True)
+    return out
 
 
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
@@ -75,7 +113,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "trend": rows(base.compare(totals)),
         "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,
                             "no_comparison": base.no_comparison},
-        "utilization": {"by": by, "rows": rows(a.utilization(by))},
+        "utilization": {"by": by, "rows": rows(utilization_rows(a, by))},
         "top_wasteful_jobs": rows(a.top_wasteful_jobs(top).drop(["scheduler"], strict=False)),
     }
     fair = fairness(a, shares, half_life)
@@ -83,7 +121,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "shares": fair.shares_source, "shares_description": SHARES_SOURCES[fair.shares_source],
         "half_life_days": half_life.total_seconds() / 86400, "jain_index": fair.jain_index, "gini_users": fair.gini_users,
         "per_account": rows(fair.per_account), "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
-        "without_share": list(fair.without_share),
+        "without_share": list(fair.without_share), "compared_across": fair.compared_across, "shown": fair.shown,
     }
     if job:
         r = job_report(a, job)
@@ -135,6 +173,9 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     trend = [{**r, "change": r["change_missing"] or r["change"], "change_pct": r["change_pct_missing"] or r["change_pct"]}
              for r in report["trend"]]  # "no data", "unknown", "zero base" in place of a missing change
     table("Headline (vs the previous window)", trend, out, ["label", "current", "previous", "change", "change_pct"])
+    for r in report["trend"]:
+        if r.get("reason"):
+            out.write(f"  {r['label']}: {r['reason']}\n")
     no_comparison = report.get("previous_window", {}).get("no_comparison")
     if no_comparison:
         out.write(f"  no data to compare against: {no_comparison}\n")
@@ -147,6 +188,9 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     f = report["fairness"]
     table(f"Fair share (Jain's index {fmt(f['jain_index'])}, Gini over users {fmt(f['gini_users'])})", f["per_account"], out,
           ["account", "entitled_share", "used_gpu_h", "used_share", "ratio", "fairshare_factor", "wait_p50_s", "wait_p95_s"])
+    if f.get("shown"):
+        out.write(f"  {f['shown']}'s row of the fairness of the {f['compared_across']} (Jain's index and Gini: "
+                  f"the {f['compared_across']}'s; fairness compares teams, a filter only picks the rows shown)\n")
     out.write(f"  entitled shares: {f['shares_description']}\n")
     t = report["totals"]
     if t["unpriced_models"]:
@@ -167,31 +211,30 @@ def run(args: argparse.Namespace, out=None) -> int:
     import sys
 
     from gpufleet.analytics.fairness import settings
-    from gpufleet.analytics.params import DIMENSIONS, Filters, analytics_options, from_config, store_path
-    from gpufleet.times import parse_time
-    from gpufleet.collector.store import StoreError, open_reader
+    from gpufleet.analytics.params import Filters, analytics_options, from_config, store_path
+    from gpufleet.collector.store import STORE_FIX, NoStoreError, StoreError, open_reader
 
     out = out or sys.stdout
     try:
         doc = load_config(args.config)
-        if args.by not in DIMENSIONS:
-            raise ConfigError(f"--by {args.by!r}: expected one of {', '.join(DIMENSIONS)}")
+        by = dimension(args.by)
         filters = Filters(cluster=args.cluster, account=args.account, user_name=args.user, model=args.model, partition=args.partition)
-        params = from_config(doc, args.config, parse_time(args.start), parse_time(args.end), filters)
+        start, end, _ = window_from_arguments(args)
+        params = from_config(doc, args.config, start, end, filters)
         shares, half_life = settings(analytics_options(doc, args.config))
         root = store_path(doc, args.config, args.store)
     except ConfigError as e:
-        log.error("%s", e)
-        return 2
+        return command_error("analyze", e)
     try:
         con = open_reader(root)
+    except NoStoreError as e:
+        return command_error("analyze", f"{e}: {STORE_FIX}")
     except StoreError as e:
-        log.error("%s", e)
-        return 1
-    report = build_report(con, params, args.by, args.top, args.job, shares=shares, half_life=half_life)
-    for warning in report["warnings"]:
-        log.warning("%s", warning)
+        return command_error("analyze", e, 1)
+    report = build_report(con, params, by, args.top, args.job, shares=shares, half_life=half_life)
     if args.format == "json":
+        for warning in report["warnings"]:  # (the table prints them itself)
+            sys.stderr.write(f"gpufleet analyze: warning: {warning}\n")
         json.dump(report, out, indent=2, default=_plain)
         out.write("\n")
     else:

@@ -12,7 +12,7 @@ unknown, not 0.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Sequence
 
@@ -25,6 +25,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
+from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.stretches import NAMED_BY_ALLOCATION, stretches
 from gpufleet.analytics.summaries import summary_time
 from gpufleet.analytics.timeline import timeline_bucket
@@ -36,9 +37,6 @@ JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "accou
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
 
-# The filters that select jobs (account, user, partition, job): under one, a figure is the selected
-# jobs' share, and what no job owns (capacity, stranded time) is not attributable to them.
-JOB_FILTER_NAMES = {"account": "account", "user_name": "user", "partition": "partition", "job_key": "job"}
 # the utilization dimension (JOB_DIMS) whose rows a job filter selects, finest first: a filtered
 # analysis' no-data time is the sum of its rows there
 JOB_FILTER_DIMS = {"job_key": "job", "user_name": "user_name", "account": "account", "partition": "partition"}
@@ -135,20 +133,6 @@ def fleet_totals(g: pl.DataFrame, allocated_gpu_h: float, idle: pl.DataFrame, no
         unpriced_models=tuple(unpriced),
         scope=filter_scope(filters),
     )
-
-
-def filter_scope(filters: Any) -> str:
-    """"fleet", or the filters a figure is narrowed by, as people write them: "account=datasci, cluster=k8s"."""
-    parts = [f"{JOB_FILTER_NAMES.get(k, k)}={v}" for k, v in asdict(filters).items() if v is not None]
-    return ", ".join(parts) if parts else "fleet"
-
-
-def not_attributable_reason(filters: Any) -> str | None:
-    """Why capacity and stranded time are not shown under a job filter (None: no job filter)."""
-    named = [JOB_FILTER_NAMES[k] for k in JOB_FILTER_NAMES if getattr(filters, k) is not None]
-    if not named:
-        return None
-    return f"unallocated capacity has no {' or '.join(named)}: capacity and stranded time are not attributable to {filter_scope(filters)}"
 
 
 def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[str]:
@@ -264,9 +248,17 @@ def line_variants(gt: Any) -> pl.DataFrame:
         pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
 
 
+def _job_window(self: Any, filters: Any) -> "JobWindow":
+    """The job table of this window (Analysis or JobWindow) under other `filters`, on a cursor of
+    its own: fairness compares every team of the fleet, whatever a job filter selects."""
+    return JobWindow(self.con, replace(self.p, filters=filters), self.bind["as_of"])
+
+
 class JobWindow:
     """A window's job table (sql.JOB_TABLE, ja) on a cursor of its own, asked as Analysis.q asks:
     what the figures that read no sample (fairness) need, without the window's line."""
+
+    job_window = _job_window
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, now: datetime):
         self.con = con.cursor()
@@ -282,6 +274,8 @@ class JobWindow:
 
 
 class Analysis:
+    job_window = _job_window
+
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
                  summaries: bool | None = None, held_only: bool = False):
         """`detail`: read the detail columns (memory, tensor activity, clock; of the summaries and

@@ -16,20 +16,26 @@ Contract 4. The definitions, each a choice that could be made differently, so wr
   linearly between closest ranks (Hyndman-Fan type 7: position (n-1)p), the same as DuckDB's
   quantile_cont on doubles and numpy's default. Jobs still pending at as_of (the window end, or
   now) are listed in `pending` with their wait so far: leaving them out would flatter a stuck queue.
-- Accounts and users are compared across whatever Filters select; filter by cluster for a
-  per-cluster view. A job without an account or user is grouped under "".
+- Accounts and users are compared across the cluster (and model) the Filters select; filter by
+  cluster for a per-cluster view. Fairness is a relation between teams, so a job filter (account,
+  user, partition, job) does not narrow whom a team is compared with: the figures are the whole
+  (cluster's) fleet's, and the filter picks the rows shown - the accounts of the jobs it
+  selects - and the pending jobs and waits by size of those jobs. A filtered figure is then its
+  row of the unfiltered table; Jain's index and the Gini stay the fleet's (`compared_across`).
+  A job without an account or user is grouped under "".
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Iterable, Mapping
 
 import polars as pl
 
 from gpufleet.analytics import sql
+from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason
 from gpufleet.config import Option, number
 
 OPTIONS = (
@@ -163,6 +169,10 @@ class FairnessReport:
     pending: pl.DataFrame  # one row per job still pending at as_of, with its wait so far
     without_share: tuple[str, ...]  # accounts with demand that no share entitles
     shares_source: str  # a key of SHARES_SOURCES: every output says which entitlement its figures assume
+    # whom the figures compare: "fleet" (or "cluster=hpc"); under a job filter the rows shown are
+    # the filter's (`shown`: "account=nlp") of that comparison, Jain's index and the Gini its whole
+    compared_across: str = "fleet"
+    shown: str | None = None
 
 
 # Where the entitled shares came from, worded once for every output (CLI, dashboard, report): the
@@ -181,9 +191,47 @@ ACCOUNT_SCHEMA = {
 
 
 def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timedelta = timedelta(days=7)) -> FairnessReport:
-    """Fairness figures of the analysis' window (see the module docstring for definitions)."""
+    """Fairness figures of the analysis' window (see the module docstring for definitions): under
+    a job filter, the selected jobs' accounts' rows of the unfiltered (cluster's) figures."""
     if half_life <= timedelta(0):
         raise ValueError(f"half_life {half_life} must be positive")
+    f = analysis.p.filters
+    unselected = {k: None for k in JOB_FILTER_NAMES}
+    across = filter_scope(replace(f, model=None, **unselected))  # (the queries select jobs by cluster, not by GPU model)
+    if not_attributable_reason(f) is None:  # no job filter: the comparison is this window's own
+        return _fairness(analysis, shares, half_life, across)
+    whole = analysis.job_window(replace(f, **unselected))  # (core.Analysis, core.JobWindow)
+    try:
+        fleet = _fairness(whole, shares, half_life, across)
+    finally:
+        whole.close()
+    # the rows the filter selects: the accounts of its jobs (with demand, usage or decayed usage),
+    # and the filtered account itself where it has a row
+    mine = set(analysis.q(sql.FAIRNESS_USERS)["account"].to_list())
+    mine |= set(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds())["account"].to_list())
+    if f.account is not None:
+        mine.add(f.account)
+    started, pending = analysis.q(sql.FAIRNESS_STARTED), analysis.q(sql.FAIRNESS_PENDING)
+    return replace(
+        fleet,
+        per_account=fleet.per_account.filter(pl.col("account").is_in(sorted(mine))),
+        wait_by_size=_wait_by_size(started, pending),
+        pending=pending,
+        without_share=tuple(a for a in fleet.without_share if a in mine),
+        shown=filter_scope(replace(f, cluster=None, model=None)),
+    )
+
+
+def _wait_by_size(started: pl.DataFrame, pending: pl.DataFrame) -> pl.DataFrame:
+    """gpus_bucket, started_jobs, wait_p50_s, wait_p95_s, pending_jobs: a row per BUCKETS."""
+    by_size = pl.DataFrame({"gpus_bucket": BUCKETS}).join(_waits(started, "gpus_bucket"), on="gpus_bucket", how="left").join(
+        pending.group_by("gpus_bucket").agg(pl.len().cast(pl.Int64).alias("pending_jobs")), on="gpus_bucket", how="left",
+    ).with_columns(pl.col("started_jobs", "pending_jobs").fill_null(0))
+    return by_size.select("gpus_bucket", "started_jobs", "wait_p50_s", "wait_p95_s", "pending_jobs")
+
+
+def _fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timedelta, compared_across: str) -> FairnessReport:
+    """fairness() over every job the analysis' window selects."""
     users = analysis.q(sql.FAIRNESS_USERS)
     decayed = dict(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds()).iter_rows())
     started, pending = analysis.q(sql.FAIRNESS_STARTED), analysis.q(sql.FAIRNESS_PENDING)
@@ -215,17 +263,14 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
         ))
     per_account = pl.DataFrame(rows, schema=ACCOUNT_SCHEMA)
 
-    by_size = pl.DataFrame({"gpus_bucket": BUCKETS}).join(_waits(started, "gpus_bucket"), on="gpus_bucket", how="left").join(
-        pending.group_by("gpus_bucket").agg(pl.len().cast(pl.Int64).alias("pending_jobs")), on="gpus_bucket", how="left",
-    ).with_columns(pl.col("started_jobs", "pending_jobs").fill_null(0))
-
     demand_users = users.filter(pl.col("jobs") > 0)
     return FairnessReport(
         per_account=per_account,
         jain_index=jain_index(per_account["ratio"].drop_nulls().to_list()),
         gini_users=gini(demand_users.group_by("user_name").agg(pl.sum("used_gpu_h"))["used_gpu_h"].to_list()),
-        wait_by_size=by_size.select("gpus_bucket", "started_jobs", "wait_p50_s", "wait_p95_s", "pending_jobs"),
+        wait_by_size=_wait_by_size(started, pending),
         pending=pending,
         without_share=tuple(sorted(a for a in demand if a not in weights)),
         shares_source="config" if shares else "equal",
+        compared_across=compared_across,
     )

@@ -1,4 +1,6 @@
 """The idle-GPU policy: which running jobs to warn, escalate or cancel, and why (pure functions).
+When nothing is due, the plan names the running job nearest to an action and why it is not due
+yet (`Plan.closest`), so "0 actions" is never a bare zero.
 
     [policy]
     enforce = false              # false: plan and log only (dry run); true: mail, post and cancel
@@ -210,6 +212,24 @@ class Done:
     result: str  # ok | failed | dry-run | logged
 
 
+@dataclass(frozen=True)
+class NotYet:
+    """When nothing is due: the running job nearest to an action, and why it is not due yet."""
+
+    job: JobFacts
+    rule: str | None  # the [policy] key it waits for; None: it waits for every GPU to be idle (or reporting)
+    idle_since: datetime | None  # when its idle count started (every GPU idle since), None unless all are idle
+    due_at: datetime | None  # when `rule` is due if nothing changes; None: no rule is counting yet
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        j = self.job
+        return {"job_key": j.job_key, "job_id": j.job_id, "cluster": j.cluster, "scheduler": j.scheduler, "user": j.user_name,
+                "account": j.account, "gpus": j.gpus, "idle_gpus": j.idle_gpus, "reporting_gpus": j.reporting, "idle_s": j.idle_s,
+                "idle_since": None if self.idle_since is None else self.idle_since.isoformat(), "rule": self.rule,
+                "due_at": None if self.due_at is None else self.due_at.isoformat(), "reason": self.reason}
+
+
 @dataclass
 class Plan:
     as_of: datetime
@@ -217,11 +237,14 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     exempt: list[Exemption] = field(default_factory=list)
     suppressed: list[Action] = field(default_factory=list)  # due, but done within renotify_after
+    # no action planned: the running job nearest to one and why it is not due (None: no running GPU job)
+    closest: NotYet | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"as_of": self.as_of.isoformat(), "enforce": self.enforce,
                 "actions": [a.as_dict() for a in self.actions], "exempt": [e.as_dict() for e in self.exempt],
-                "suppressed": [a.as_dict() for a in self.suppressed]}
+                "suppressed": [a.as_dict() for a in self.suppressed],
+                "closest": None if self.closest is None else self.closest.as_dict()}
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -284,6 +307,42 @@ def due(job: JobFacts, rules: Rules) -> tuple[str, str, str] | None:
     return None
 
 
+def not_yet(job: JobFacts, rules: Rules, as_of: datetime) -> NotYet | None:
+    """Why a running GPU job that due() gives nothing for is not due yet: the rule it waits for
+    and when that rule comes due if nothing changes, or what keeps every rule from counting.
+    None for a job not running or holding no GPU."""
+    if job.state != "RUNNING" or job.gpus <= 0:
+        return None
+    n = f"{job.gpus} GPU{'s' if job.gpus != 1 else ''}"
+    if job.reporting < job.gpus:
+        return NotYet(job, None, None, None, f"{job.gpus - job.reporting} of its {n} not reporting (a GPU without fresh data is "
+                                             "neither idle nor busy): no rule counts until every GPU reports")
+    if job.idle_s is None:
+        return NotYet(job, None, None, None, f"{job.gpus - job.idle_gpus} of its {n} busy: no rule counts until every GPU is idle")
+    since = as_of - timedelta(seconds=job.idle_s)
+    waits = [(since + rules.notify_after, "notify_after", rules.notify_after)]
+    if job.no_process_s is not None:
+        waits.append((as_of - timedelta(seconds=job.no_process_s) + rules.no_process_after, "no_process_after", rules.no_process_after))
+    due_at, rule, after = min(waits, key=lambda w: w[0])
+    text = (f"all {n} idle since {since:%Y-%m-%d %H:%M:%S} UTC ({fmt_duration(job.idle_s)}; the count starts at the GPUs' current "
+            f"run of idle samples, and a gap in the data longer than max_gap restarts it): {rule} = {fmt_duration(after.total_seconds())}")
+    if job.age_s is not None and as_of - timedelta(seconds=job.age_s) + rules.min_job_age > due_at:
+        due_at = as_of - timedelta(seconds=job.age_s) + rules.min_job_age
+        text += f", and the job is younger than min_job_age = {fmt_duration(rules.min_job_age.total_seconds())}"
+    return NotYet(job, rule, since, due_at, f"{text}: due at {due_at:%Y-%m-%d %H:%M:%S} UTC "
+                                            f"(in {fmt_duration(max(0.0, (due_at - as_of).total_seconds()))})")
+
+
+def closest(jobs: Iterable[JobFacts], rules: Rules, as_of: datetime) -> NotYet | None:
+    """The running GPU job nearest to an action that due() gives nothing for: the earliest to come
+    due among those whose GPUs are all idle, else the one with the largest share of its GPUs idle."""
+    waiting = [w for w in (not_yet(j, rules, as_of) for j in jobs if due(j, rules) is None) if w is not None]
+    if not waiting:
+        return None
+    return min(waiting, key=lambda w: (w.due_at is None, w.due_at or as_of, -w.job.idle_gpus / w.job.gpus,
+                                       w.job.cluster, w.job.scheduler, w.job.job_key))
+
+
 def _recent(history: Iterable[Done], as_of: datetime, window: timedelta) -> dict[tuple[str, str, str], int]:
     """(cluster, scheduler, job_key) -> the highest action level done (result ok) within window."""
     out: dict[tuple[str, str, str], int] = {}
@@ -300,7 +359,8 @@ def evaluate(jobs: Iterable[JobFacts], rules: Rules, history: Iterable[Done], as
     is suppressed only by a successful cancel; failures never suppress (they are retried)."""
     plan = Plan(as_of=as_of, enforce=rules.enforce)
     recent = _recent(history, as_of, rules.renotify_after)
-    for job in sorted(jobs, key=lambda j: (j.cluster, j.scheduler, j.job_key)):
+    jobs = sorted(jobs, key=lambda j: (j.cluster, j.scheduler, j.job_key))
+    for job in jobs:
         d = due(job, rules)
         if d is None:
             continue
@@ -311,6 +371,8 @@ def evaluate(jobs: Iterable[JobFacts], rules: Rules, history: Iterable[Done], as
         action = Action(d[0], d[1], d[2], job)
         done = recent.get((job.cluster, job.scheduler, job.job_key), 0)
         (plan.suppressed if done >= LEVEL[action.action] else plan.actions).append(action)
+    if not plan.actions:
+        plan.closest = closest(jobs, rules, as_of)
     return plan
 
 

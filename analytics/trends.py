@@ -32,6 +32,9 @@ HEADLINES = (
     ("no_data_gpu_h", "GPU-hours with no data"),
 )
 
+# each money figure beside the GPU-hours it prices: when the two move apart, the change says why
+PRICED = {"idle_allocated_cost": "idle_allocated_gpu_h", "stranded_cost": "stranded_gpu_h"}
+
 NO_DATA = "no data"  # what every output shows instead of a change against an empty or partial window
 UNKNOWN = "unknown"  # one side of the figure is unknown (a GPU model without a price)
 ZERO_BASE = "zero base"  # the previous value is 0: a percent change against nothing is not a number
@@ -59,8 +62,26 @@ def no_comparison_reason(previous: Totals, previous_start: datetime, history_sta
     return None
 
 
+def _sign(x: float) -> int:
+    return 0 if abs(x) < ZERO else (1 if x > 0 else -1)
+
+
+def price_mix_reason(cost: tuple[float, float], gpu_h: tuple[float, float]) -> str | None:
+    """Why a cost moved against its GPU-hours - (current, previous) of each: the mean price per
+    GPU-hour moved, so the hours shifted between GPU models of different prices (or the prices
+    changed) - or None when they moved the same way."""
+    dc, dh = cost[0] - cost[1], gpu_h[0] - gpu_h[1]
+    if _sign(dc) == 0 or _sign(dc) == _sign(dh):
+        return None
+    rate = [f"${c / h:,.2f}" if h >= ZERO else "none" for c, h in zip(cost, gpu_h)]
+    hours = "did not change" if _sign(dh) == 0 else f"went {'up' if dh > 0 else 'down'} {abs(dh):,.2f}"
+    return (f"the GPU-hours {hours} while the cost went {'up' if dc > 0 else 'down'} ${abs(dc):,.2f}: the time moved to "
+            f"{'dearer' if dc > 0 else 'cheaper'} GPU models (mean price per GPU-hour {rate[1]} before, {rate[0]} now)")
+
+
 def compare(current: Totals, previous: Totals, no_comparison: str | None = None) -> pl.DataFrame:
-    """figure, label, current, previous, change, change_pct, and why a change is null.
+    """figure, label, current, previous, change, change_pct, why a change is null, and `reason`:
+    why a money figure moved against its GPU-hours (price_mix_reason; else null).
 
     `no_comparison`: no_comparison_reason() for `previous`; when set, no figure has a change
     (change_missing "no data"). change_missing "unknown": either side is unknown; change_pct_missing
@@ -79,10 +100,14 @@ def compare(current: Totals, previous: Totals, no_comparison: str | None = None)
             change = c - p
             pct = change / p * 100 if abs(p) >= ZERO else None
         pct_missing = change_missing or (ZERO_BASE if pct is None else None)
+        hours = PRICED.get(key)
+        reason = None
+        if change is not None and hours and cur[hours] is not None and prev[hours] is not None:
+            reason = price_mix_reason((c, p), (cur[hours], prev[hours]))
         rows.append({"figure": key, "label": label, "current": c, "previous": p, "change": change, "change_pct": pct,
-                     "change_missing": change_missing, "change_pct_missing": pct_missing})
+                     "change_missing": change_missing, "change_pct_missing": pct_missing, "reason": reason})
     return pl.DataFrame(rows, schema={"figure": pl.Utf8, "label": pl.Utf8, "current": pl.Float64, "previous": pl.Float64, "change": pl.Float64, "change_pct": pl.Float64,
-                                      "change_missing": pl.Utf8, "change_pct_missing": pl.Utf8})
+                                      "change_missing": pl.Utf8, "change_pct_missing": pl.Utf8, "reason": pl.Utf8})
 
 
 @dataclass(frozen=True)

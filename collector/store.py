@@ -78,6 +78,14 @@ class StoreError(Exception):
     """The store cannot be used (locked by another writer, written by a newer version, ...)."""
 
 
+class NoStoreError(StoreError):
+    """There is no store where a reader looked: a command named the wrong directory (STORE_FIX)."""
+
+
+# how a command that found no store is pointed at one
+STORE_FIX = "pass --config gpufleet.toml (its [collector] or [analytics] store) or --store DIR"
+
+
 @dataclass
 class CommitResult:
     samples_written: int = 0
@@ -1099,7 +1107,7 @@ def read_manifests(root: str | Path) -> list[tuple[Path, dict[str, Any]]]:
         except FileNotFoundError:
             if shards:
                 continue  # a shard that has not published yet
-            raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)") from None
+            raise NoStoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)") from None
         except ValueError as e:
             raise StoreError(f"store {root}: {path} is not a manifest: {e}") from None
         if manifest.get("schema_version", 0) > schema.SCHEMA_VERSION:

@@ -6,6 +6,7 @@ an operator can fix a typo without reading code.
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,19 @@ class ConfigError(Exception):
     def __init__(self, *problems: str):
         super().__init__("\n".join(problems))
         self.problems: tuple[str, ...] = problems
+
+
+USAGE = 2  # the exit status of bad usage or configuration (contract 5); 1 is a runtime failure
+
+
+def command_error(command: str, error: Exception | str, status: int = USAGE) -> int:
+    """Say a command's error to its user as plain lines on stderr - "gpufleet analyze: error: ...",
+    argparse's form, each problem on a line of its own - not as log records; returns `status`
+    (the exit status: bad usage or configuration unless told otherwise)."""
+    problems = error.problems if isinstance(error, ConfigError) else (str(error),)
+    for problem in problems:
+        sys.stderr.write(f"gpufleet {command}: error: {problem}\n")
+    return status
 
 
 def gather(*steps: Callable[[], T]) -> list[T]:

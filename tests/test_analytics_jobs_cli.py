@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime
 
 import pytest
 
@@ -12,6 +13,7 @@ from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_report, job_summaries
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.trends import NO_DATA, compare, previous_baseline, previous_totals
+from gpufleet.times import utcnow
 from tests.support.fleet import Fleet
 from tests.test_analytics_golden import MIG, T, fleet  # noqa: F401 - the golden store fixture
 
@@ -147,7 +149,128 @@ def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811
     bad = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "rack")
     assert bad.returncode == 2 and "--by 'rack': expected one of" in bad.stderr
     missing = analyze("--store", str(tmp_path / "none"), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
-    assert missing.returncode == 1 and "no store at" in missing.stderr
+    assert missing.returncode == 2 and "no store at" in missing.stderr  # the command named the wrong store: usage
+
+
+def error_line(r) -> str:
+    """The one plain line a failed command says (argparse's form), not a log record."""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("gpufleet analyze: error: ") and " ERROR " not in lines[0], lines[0]
+    return lines[0]
+
+
+def test_cli_errors_are_one_plain_line_with_the_fix_and_usage_exit_codes(fleet, tmp_path):  # noqa: F811
+    window = ("--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
+    missing = analyze("--store", str(tmp_path / "none"), *window)
+    assert missing.returncode == 2
+    assert error_line(missing) == (f"gpufleet analyze: error: no store at {tmp_path / 'none'}: expected a directory written by "
+                                   "`gpufleet collect` (manifest.json missing): pass --config gpufleet.toml (its [collector] or "
+                                   "[analytics] store) or --store DIR")
+    no_week = analyze("--store", str(fleet.root), "--week", "2026-W54")
+    assert no_week.returncode == 2 and "2026 has no week 54" in error_line(no_week)
+    both = analyze("--store", str(fleet.root), "--week", "2026-W47", *window)
+    assert both.returncode == 2 and "given --week and --from/--to: expected one of --week" in error_line(both)
+    neither = analyze("--store", str(fleet.root))
+    assert neither.returncode == 2 and "none given: expected one of --week YYYY-Www, --last DURATION" in error_line(neither)
+    half = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00")
+    assert half.returncode == 2 and "only --from given: expected both --from and --to" in error_line(half)
+    for bad, said in (("0d", "expected a duration above zero"), ("a week", "expected a duration such as")):
+        r = analyze("--store", str(fleet.root), "--last", bad)
+        assert r.returncode == 2 and said in error_line(r)
+    by = analyze("--store", str(fleet.root), *window, "--by", "rack")
+    assert by.returncode == 2 and error_line(by) == ("gpufleet analyze: error: --by 'rack': expected one of gpu, host, model, "
+                                                     "cluster, partition, account, user, job, fleet")
+
+
+def test_cli_week_and_last_are_the_same_window_as_from_to(fleet):  # noqa: F811
+    week = analyze("--store", str(fleet.root), "--week", "2026-W47", "--format", "json")
+    assert week.returncode == 0, week.stderr
+    doc = json.loads(week.stdout)
+    assert doc["window"] == {"from": "2026-11-16T00:00:00", "to": "2026-11-23T00:00:00", "hours": 168.0}  # Monday to Monday, UTC
+    span = json.loads(analyze("--store", str(fleet.root), "--from", "2026-11-16", "--to", "2026-11-23", "--format", "json").stdout)
+    assert doc["totals"] == span["totals"] and doc["utilization"] == span["utilization"]
+    last = analyze("--store", str(fleet.root), "--last", "36h", "--format", "json")
+    assert last.returncode == 0, last.stderr
+    w = json.loads(last.stdout)["window"]
+    assert w["hours"] == 36.0
+    end = datetime.fromisoformat(w["to"])
+    assert abs((end - utcnow()).total_seconds()) < 120  # the window ending now
+
+
+def test_window_flags_read_once_for_every_command():
+    """--week, --last and --from/--to: one helper (gpufleet.times), the report's and analyze's."""
+    import argparse
+
+    from gpufleet.times import add_window_arguments, window_from_arguments
+
+    p = argparse.ArgumentParser()
+    add_window_arguments(p, week_zone="UTC")
+    now = datetime(2026, 11, 25, 12, 0, 30, 999)
+    assert window_from_arguments(p.parse_args(["--last", "7d"]), now=now) == (datetime(2026, 11, 18, 12, 0, 30), datetime(2026, 11, 25, 12, 0, 30), None)
+    assert window_from_arguments(p.parse_args(["--last", "90m"]), now=now)[0] == datetime(2026, 11, 25, 10, 30, 30)
+    assert window_from_arguments(p.parse_args(["--week", "2026-W48"])) == (datetime(2026, 11, 23), datetime(2026, 11, 30), (2026, 48))
+    # a week in a zone: its Mondays' midnights there (Berlin is UTC+1 in November)
+    assert window_from_arguments(p.parse_args(["--week", "2026-W48"]), "Europe/Berlin")[:2] == (datetime(2026, 11, 22, 23), datetime(2026, 11, 29, 23))
+    assert window_from_arguments(p.parse_args(["--from", "2026-11-16T10:00:00+01:00", "--to", "2026-11-16T12:00:00Z"])) == (
+        datetime(2026, 11, 16, 9), datetime(2026, 11, 16, 12), None)
+    from gpufleet.report import cli as report_cli
+
+    rp = argparse.ArgumentParser()
+    report_cli.add_arguments(rp)
+    w = report_cli.window_from_args(rp.parse_args(["--last", "48h"]), "UTC")
+    assert w.hours == 48.0
+    assert report_cli.window_from_args(rp.parse_args(["--week", "2026-W48"]), "UTC").label == "2026-W48"
+    assert rp.parse_args(["--account", "ml", "--team", "physics"]).team == ["ml", "physics"]  # one name, the other its alias
+
+
+def test_cli_by_user_and_team_aliases(fleet):  # noqa: F811
+    window = ("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--format", "json")
+    by_user = analyze(*window, "--by", "user")
+    assert by_user.returncode == 0, by_user.stderr
+    doc = json.loads(by_user.stdout)
+    assert doc["utilization"]["by"] == "user_name"
+    assert doc["utilization"] == json.loads(analyze(*window, "--by", "user_name").stdout)["utilization"]
+    assert {r["user_name"] for r in doc["utilization"]["rows"]} >= {"alice", "bob", "carol", "erin"}
+    team = json.loads(analyze(*window, "--team", "physics").stdout)
+    account = json.loads(analyze(*window, "--account", "physics").stdout)
+    assert team["filters"] == account["filters"] == {"account": "physics"}
+    assert team["totals"] == account["totals"]
+    # fairness under the filter: physics' row of the whole fleet's, the fleet's Jain's index (issue #53.2)
+    whole = json.loads(analyze(*window).stdout)["fairness"]
+    (mine,), (want,) = team["fairness"]["per_account"], [r for r in whole["per_account"] if r["account"] == "physics"]
+    assert mine.keys() == want.keys()
+    for k, v in want.items():  # (floats to the last bit: the same sums in another order)
+        assert mine[k] == (pytest.approx(v, rel=1e-12) if isinstance(v, float) else v), k
+    assert team["fairness"]["jain_index"] == pytest.approx(whole["jain_index"])
+    assert (team["fairness"]["shown"], team["fairness"]["compared_across"], whole["shown"]) == ("account=physics", "fleet", None)
+    table = analyze(*window[:-2], "--team", "physics").stdout
+    assert "account=physics's row of the fairness of the fleet" in table
+
+
+def test_cli_by_account_has_each_team_figure_of_the_report(fleet):  # noqa: F811
+    """Per team: idle allocated and no-process GPU-hours and cost, and MFU - the report's team table
+    recomputed; each equal to its analytics row (Analysis.waste_by, mfu.account_mfu)."""
+    from gpufleet.analytics.mfu import account_mfu
+
+    r = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = {(u["cluster"], u["account"]): u for u in json.loads(r.stdout)["utilization"]["rows"]}
+    a = Analysis(fleet.reader(), Params(T(10), T(12)))
+    for kind, name in (("idle", "idle_allocated"), ("no_process", "no_process")):
+        want = {(w["cluster"], w["account"]): w for w in a.waste_by("account", kind).to_dicts()}
+        for key, row in rows.items():
+            assert row[f"{name}_gpu_h"] == pytest.approx(want[key]["gpu_h"] if key in want else 0.0), (key, kind)
+            assert row[f"{name}_cost"] == (pytest.approx(want[key]["cost"]) if key in want else 0.0), (key, kind)
+    assert sum(u["idle_allocated_gpu_h"] for u in rows.values()) == pytest.approx(a.totals().idle_allocated_gpu_h)
+    mfu = {(m["cluster"], m["account"]): m for m in account_mfu(a).to_dicts()}
+    for key, row in rows.items():
+        m = mfu.get(key)
+        assert row["mfu_method"] == (m["method"] if m else None), key
+        assert row["mfu_pct"] == (None if not m or m["mfu"] is None else pytest.approx(m["mfu"] * 100)), key
+    table = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
+    header = table.stdout.split("Utilization by account")[1].splitlines()[1]
+    assert all(c in header for c in ("idle_allocated_gpu_h", "no_process_gpu_h", "mfu_pct"))
 
 
 def test_table_by_cluster_names_each_cluster():
@@ -168,3 +291,21 @@ def test_table_by_cluster_names_each_cluster():
         pass  # sections after the utilization table need more of the report; not what this checks
     text = out.getvalue()
     assert "hpc" in text and "k8s" in text
+
+
+def test_table_prints_why_a_cost_moved_against_its_gpu_hours():
+    import io
+
+    from gpufleet.analytics.cli import print_table
+
+    reason = "the GPU-hours went up 2.10 while the cost went down $15.96: the time moved to cheaper GPU models (...)"
+    trend = [{"label": "cost of idle allocated time $", "current": 24.04, "previous": 40.0, "change": -15.96, "change_pct": -39.9,
+              "change_missing": None, "change_pct_missing": None, "reason": reason}]
+    report = {"window": {"from": "a", "to": "b", "hours": 1.0}, "filters": {}, "trend": trend,
+              "utilization": {"by": "account", "rows": []}, "top_wasteful_jobs": []}
+    out = io.StringIO()
+    try:
+        print_table(report, out)
+    except KeyError:
+        pass  # sections after the headline need more of the report; not what this checks
+    assert f"  cost of idle allocated time $: {reason}\n" in out.getvalue()

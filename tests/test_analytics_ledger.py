@@ -393,3 +393,80 @@ def test_analyze_json_warns_about_an_unknown_account(tmp_path, capsys):
         assert r["totals"]["scope"] == f"account={account}"
         assert r["totals"]["capacity_gpu_h"] is None and r["totals"]["not_attributable_reason"]
         assert r["totals"]["utilization_pct"] == (None if util is None else pytest.approx(util))
+
+
+# --- every figure under a filter is its row of the unfiltered table (issue #53.2) ---
+
+FILTERS_LEDGER = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def same_rows(got: pl.DataFrame, want: pl.DataFrame, keys: list[str]) -> None:
+    """The same rows (in any order), floats to TOL."""
+    assert got.height == want.height, (got, want)
+    if got.is_empty():
+        return
+    got, want = got.sort(keys, nulls_last=True), want.sort(keys, nulls_last=True)
+    assert got.columns == want.columns
+    for c in got.columns:
+        g, w = got[c].to_list(), want[c].to_list()
+        if got[c].dtype.is_float():
+            assert [x is None for x in g] == [x is None for x in w], c
+            assert [x for x in g if x is not None] == pytest.approx([x for x in w if x is not None], **TOL), c
+        else:
+            assert g == w, c
+
+
+@FILTERS_LEDGER
+@given(ledger_fleets())
+def test_filtered_fairness_trends_mfu_and_job_list_are_their_rows_unfiltered(fleet):
+    """Under an account, user, partition or job filter: fairness is the filtered jobs' accounts'
+    rows of the whole fleet's fairness (Jain's index and the Gini the fleet's: fairness compares
+    teams, so a filter must not rewrite whom a team is compared with), its pending jobs the
+    filter's rows of the fleet's; the trend's previous window is the filter's rows of the previous
+    window unfiltered; per-job and per-account MFU and the job list are their rows unfiltered."""
+    from gpufleet.analytics.jobs import job_summaries
+    from gpufleet.analytics.mfu import account_mfu, job_mfu
+    from gpufleet.analytics.trends import previous_baseline
+
+    shares = {"alpha": 2.0, "beta": 1.0}  # gamma has none: named in without_share when it has demand
+    with scratch() as tmp:
+        con = build(tmp, fleet)
+        an = analysis(con, fleet)
+        fair = fairness(an, shares)
+        assert fair.shown is None and fair.compared_across == "fleet"
+        jobs, mfu_jobs, mfu_acct = job_summaries(an), job_mfu(an), account_mfu(an)
+        a, b = fleet["window"]
+        prev = analysis(con, fleet, window=(2 * a - b, a))
+        prev_rows = {"account": prev.utilization("account"), "user_name": prev.utilization("user_name"), "job_key": prev.utilization("job"),
+                     "partition": prev.utilization("partition")}
+        for field, key in ([("account", n) for n in ACCOUNTS] + [("user_name", n) for n in USERS] + [("partition", "gpu")]
+                           + [("job_key", j["key"]) for j in fleet["jobs"][:2]]):
+            f = analysis(con, fleet, Filters(**{field: key}))
+            ff = fairness(f, shares)
+            mine = [j for j in fleet["jobs"] if {"account": j["account"], "user_name": j["user"], "partition": "gpu", "job_key": j["key"]}[field] == key]
+            # the accounts of its jobs that fairness counts: started before the window's end (decayed
+            # usage reaches back over all history; demand and usage lie inside the window)
+            accounts = {j["account"] for j in mine if j["start"] < b} | ({key} if field == "account" else set())
+            same_rows(ff.per_account, fair.per_account.filter(pl.col("account").is_in(sorted(accounts))), ["account"])
+            for whole in ("jain_index", "gini_users"):  # the fleet's (to float dust: the same sums in another order)
+                assert getattr(ff, whole) == (None if getattr(fair, whole) is None else pytest.approx(getattr(fair, whole), **TOL)), whole
+            assert ff.shares_source == fair.shares_source
+            assert ff.without_share == tuple(x for x in fair.without_share if x in accounts)
+            assert ff.shown == f"{JOB_FILTER_NAMES[field]}={key}" and ff.compared_across == "fleet"
+            pend_col = {"account": "account", "user_name": "user_name", "job_key": "job_key"}.get(field)
+            if pend_col:
+                same_rows(ff.pending, fair.pending.filter(pl.col(pend_col) == key), ["job_key"])
+            # the trend: current = the filtered totals, previous = its rows of the previous window unfiltered
+            base = previous_baseline(con, f.p, now=at(fleet["now"]))
+            rows = prev_rows[field].filter(pl.col(field) == key)
+            assert base.totals.allocated_gpu_h == pytest.approx(col_sum(rows, "allocated_gpu_h"), **TOL), (field, key)
+            assert base.totals.busy_gpu_h == pytest.approx(col_sum(rows, "busy_gpu_h"), **TOL), (field, key)
+            t = {r["figure"]: r for r in base.compare(f.totals()).to_dicts()}
+            assert t["allocated_gpu_h"]["current"] == pytest.approx(f.totals().allocated_gpu_h, **TOL)
+            # the job list and MFU: the filtered jobs' rows
+            keys = {j["key"] for j in mine}
+            same_rows(job_summaries(f), jobs.filter(pl.col("job_key").is_in(sorted(keys))), ["job_key"])
+            fj = job_mfu(f)
+            same_rows(fj, mfu_jobs.filter(pl.col("job_key").is_in(sorted(keys))), ["job_key"])
+            if field == "account":
+                same_rows(account_mfu(f, fj), mfu_acct.filter(pl.col("account") == key), ["cluster", "account"])

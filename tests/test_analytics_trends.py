@@ -59,3 +59,23 @@ def test_a_percent_change_against_a_zero_base_is_never_a_number():
     for key in ("stranded_gpu_h", "no_process_gpu_h"):
         assert t[key]["change_pct"] is None and t[key]["change_pct_missing"] == ZERO_BASE and t[key]["change_missing"] is None
     assert t["stranded_gpu_h"]["change"] == 3.0
+
+
+def test_a_cost_moving_against_its_gpu_hours_says_why():
+    """The issue's case (#53.7): idle GPU-hours +2.10 beside idle cost -$15.96 - the idle time moved
+    from H100s ($4.00/GPU-h) to cheaper A100s: the change says so, with the mean price either side."""
+    prev = totals(idle_allocated_gpu_h=10.0, idle_allocated_cost=40.0)  # $4.00 per GPU-hour
+    cur = totals(idle_allocated_gpu_h=12.1, idle_allocated_cost=24.04)  # ~$1.99 per GPU-hour
+    t = by_figure(compare(cur, prev))
+    assert t["idle_allocated_cost"]["change"] == pytest.approx(-15.96)
+    assert t["idle_allocated_cost"]["reason"] == ("the GPU-hours went up 2.10 while the cost went down $15.96: the time moved to cheaper "
+                                                 "GPU models (mean price per GPU-hour $4.00 before, $1.99 now)")
+    # hours flat, cost up: dearer models
+    up = by_figure(compare(totals(stranded_cost=75.0), totals()))["stranded_cost"]["reason"]
+    assert up == ("the GPU-hours did not change while the cost went up $15.00: the time moved to dearer GPU models "
+                  "(mean price per GPU-hour $3.00 before, $3.75 now)")
+    # the same direction, no comparison, an unknown side, or a GPU-hour figure: no reason
+    same = by_figure(compare(totals(idle_allocated_gpu_h=20.0, idle_allocated_cost=50.0), prev))
+    assert all(r["reason"] is None for r in same.values())
+    assert by_figure(compare(cur, prev, NO_DATA))["idle_allocated_cost"]["reason"] is None
+    assert by_figure(compare(totals(idle_allocated_cost=None), prev))["idle_allocated_cost"]["reason"] is None

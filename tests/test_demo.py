@@ -262,6 +262,35 @@ def test_fleet_now_idle_since_survives_the_switch_to_live_scrapes(fleet, store, 
     assert known["idle_since"] == last_busy + timedelta(seconds=STEP_S)
 
 
+def test_catch_up_meets_the_live_scrapes_so_idle_counts_and_the_policy_go_on(fleet, store, tmp_path):
+    """Issue #53.9: the backfill takes minutes; the demo stores the scrapes of those minutes
+    (run.catch_up) before its live exporters start, so the history meets the first live scrape
+    within max_gap. No GPU's idle count restarts, and a fresh demo's policy has its idle jobs to
+    act on (it planned 0 actions with notify_after = 1h when every count restarted)."""
+    import shutil
+
+    from gpufleet.analytics.policy import Rules, plan_from_store
+    from gpufleet.demo.run import catch_up
+
+    root, _, _ = store
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    backfill_took = timedelta(seconds=151)  # the slowest backfill the issue saw
+    now = fleet.now + backfill_took
+    assert catch_up(fleet, copy, clock=lambda: now) == backfill_took
+    assert catch_up(fleet, copy, clock=lambda: fleet.now + timedelta(seconds=3)) == timedelta(0)  # within CAUGHT_UP: nothing
+    con = open_reader(copy)
+    # every reporting device's scrapes run on without a gap across the history's end
+    gaps = con.execute("""SELECT max(gap), count(*) FROM (SELECT epoch(ts) - epoch(lag(ts) OVER (PARTITION BY host, gpu_uuid, gpu_instance ORDER BY ts)) AS gap
+                          FROM gpu_samples WHERE ts >= ? AND gpu_up > 0)""", [fleet.now - timedelta(minutes=5)]).fetchone()
+    assert gaps[0] == STEP_S and gaps[1] == 175 * (20 + 11)  # 175 reporting devices: 5 min of history, 09:30:00 to 09:32:30 caught up
+    last = con.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
+    assert now - timedelta(seconds=STEP_S) < last < now  # the live exporters' first scrape follows within max_gap
+    plan = plan_from_store(con, Rules(), Params(start=now - timedelta(days=1), end=now), now)
+    assert plan.actions, plan.closest
+    assert all(a.job.idle_s > backfill_took.total_seconds() for a in plan.actions)  # counted from the history, not restarted
+
+
 def test_fleet_now_page_on_the_demo_store(fleet, store, monkeypatch):
     """The dashboard's Fleet now on the demo's store: 159 of 160 GPUs reporting, the lost GPU's
     XID 79, process counts as integers, idle since from the history."""

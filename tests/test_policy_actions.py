@@ -115,6 +115,39 @@ def test_cli_dry_run_json_changes_nothing(tmp_path, store, capsys):
     assert "cancel" in text and "[cancel_after]" in text and "\r\n" not in text and "\\r\\n" in text
 
 
+def test_cli_errors_are_one_plain_line_and_a_missing_store_is_usage(tmp_path, capsys):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(policy_toml(1, notify_after="1h"))
+    assert main(["policy", "--config", str(cfg), "--store", str(tmp_path / "none"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"gpufleet policy: error: no store at {tmp_path / 'none'}: expected a directory written by `gpufleet collect` "
+                   "(manifest.json missing): pass --config gpufleet.toml (its [collector] or [analytics] store) or --store DIR\n")
+    cfg.write_text(policy_toml(1, notify_after="soon"))
+    assert main(["policy", "--config", str(cfg), "--store", str(tmp_path / "none"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpufleet policy: error: ") and "notify_after = 'soon'" in err and err.count("\n") == 1
+
+
+def test_cli_with_nothing_due_names_the_closest_job_and_why(tmp_path, store, capsys):
+    """Issue #53.9: thresholds above every idle time - 0 actions, and the plan says which job is
+    nearest to one (101: both GPUs idle since 07:00, 5 h) and when its rule comes due."""
+    cfg = tmp_path / "late.toml"
+    cfg.write_text(f'[analytics]\nstore = "{store}"\n' + policy_toml(1, notify_after="6h", escalate_after="7h", cancel_after="8h",
+                                                                     no_process_after="6h", exempt_accounts=["ops"], squeue=""))
+    assert main(["policy", "--config", str(cfg), "--as-of", AS_OF.isoformat() + "Z", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["actions"] == []
+    c = doc["closest"]
+    assert (c["job_key"], c["rule"], c["idle_since"], c["due_at"], c["idle_gpus"], c["gpus"]) == (
+        "101", "notify_after", "2026-11-20T07:00:00", "2026-11-20T13:00:00", 2, 2)
+    assert main(["policy", "--config", str(cfg), "--as-of", AS_OF.isoformat() + "Z", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "0 action(s)" in text
+    assert ("  nothing due; closest hpc/101 alice nlp: all 2 GPUs idle since 2026-11-20 07:00:00 UTC (5h00m; the count starts at the "
+            "GPUs' current run of idle samples, and a gap in the data longer than max_gap restarts it): notify_after = 6h00m: "
+            "due at 2026-11-20 13:00:00 UTC (in 1h00m)\n") in text
+
+
 class Webhook:
     def __init__(self):
         self.posts: list[dict] = []

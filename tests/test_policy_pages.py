@@ -47,3 +47,23 @@ def test_jobs_and_health_pages_show_the_policy(tmp_path, monkeypatch):
     goto(at, "health")
     failing = frame(at, "health_policy_failing")
     assert list(failing["job_key"]) == ["101"] and list(failing["attempt"]) == [3]
+
+
+def test_jobs_page_with_nothing_due_names_the_closest_job(tmp_path, monkeypatch):
+    """Issue #53.9: no action due - the Jobs page says which job is nearest to one and why not yet."""
+    now = utcnow().replace(microsecond=0)
+    monkeypatch.setattr(tpa, "AS_OF", now)
+    root = tmp_path / "store"
+    tpa.build(root)
+    cfg = tmp_path / "gpufleet.toml"
+    cfg.write_text('[policy]\nnotify_after = "6h"\nescalate_after = "7h"\ncancel_after = "8h"\nno_process_after = "6h"\n'
+                   'exempt_accounts = ["ops"]\n')
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(root))
+    monkeypatch.setenv("GPUFLEET_CONFIG", str(cfg))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params.update({"from": (now - timedelta(hours=2)).isoformat(timespec="minutes"),
+                            "to": (now + timedelta(minutes=1)).isoformat(timespec="minutes")})
+    at = goto(clean(at.run()), "jobs")
+    said = [c.value for c in at.container("policy_planned").caption]
+    assert any(c.startswith("No running job is due for a notification or a cancel. Closest: job 101 (hpc, nlp): all 2 GPUs idle since ")
+               and "notify_after = 6h00m: due at " in c for c in said), said

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.analytics.policy import (
-    Done, JobFacts, Rules, evaluate, exemption, load_rules, opt_out_reason,
+    Done, JobFacts, Rules, closest, evaluate, exemption, load_rules, opt_out_reason,
 )
 from gpufleet.config import ConfigError
 
@@ -157,3 +157,39 @@ def test_invariants(jobs, rules, history):
     assert len(keys) == len(set(keys)) or len({id(a.job) for a in plan.actions}) == len(plan.actions)
     for e in plan.exempt:
         assert exemption(e.job, rules) is not None
+
+
+def test_nothing_due_names_the_closest_job_and_why_it_is_not_due():
+    """Issue #53.9: "0 actions" is never a bare zero. The job nearest to an action is the earliest
+    to come due among those whose GPUs are all idle: when its idle count started, the rule it
+    waits for and when that comes due."""
+    busy = job(job_key="busy", idle_gpus=3, idle_s=None)
+    soon = job(job_key="soon", idle_s=50 * 60)  # notify_after 1h: due in 10 min
+    later = job(job_key="later", idle_s=10 * 60)
+    plan = evaluate([busy, later, soon], RULES, [], AS_OF)
+    assert plan.actions == [] and plan.closest is not None
+    c = plan.closest
+    assert (c.job.job_key, c.rule, c.idle_since, c.due_at) == ("soon", "notify_after", AS_OF - timedelta(minutes=50),
+                                                               AS_OF + timedelta(minutes=10))
+    assert c.reason == ("all 4 GPUs idle since 2026-11-20 11:10:00 UTC (50m00s; the count starts at the GPUs' current run of idle "
+                        "samples, and a gap in the data longer than max_gap restarts it): notify_after = 1h00m: "
+                        "due at 2026-11-20 12:10:00 UTC (in 10m00s)")
+    d = plan.as_dict()["closest"]
+    assert (d["job_key"], d["rule"], d["idle_since"], d["due_at"]) == ("soon", "notify_after", "2026-11-20T11:10:00", "2026-11-20T12:10:00")
+    # no process on any GPU: no_process_after (30m) comes due sooner than notify_after
+    np_ = closest([job(idle_s=20 * 60, no_process_s=25 * 60)], RULES, AS_OF)
+    assert (np_.rule, np_.due_at) == ("no_process_after", AS_OF + timedelta(minutes=5))
+    # a young job waits for min_job_age too
+    from dataclasses import replace
+
+    young = closest([job(idle_s=10 * 60, no_process_s=10 * 60, age_s=10 * 60)], replace(RULES, min_job_age=timedelta(minutes=45)), AS_OF)
+    assert young.due_at == AS_OF + timedelta(minutes=35) and "younger than min_job_age = 45m00s: due at 2026-11-20 12:35:00" in young.reason
+    # none all idle: the one with the most of its GPUs idle, and what keeps every rule from counting
+    part = closest([busy, job(job_key="half", idle_gpus=2, idle_s=None)], RULES, AS_OF)
+    assert (part.job.job_key, part.rule, part.due_at) == ("busy", None, None)
+    assert part.reason == "1 of its 4 GPUs busy: no rule counts until every GPU is idle"
+    dark = closest([job(reporting=3, idle_gpus=3, idle_s=None)], RULES, AS_OF)
+    assert dark.reason.startswith("1 of its 4 GPUs not reporting")
+    # no running GPU job: nothing to name; and a plan with actions names none
+    assert closest([job(state="COMPLETED")], RULES, AS_OF) is None and evaluate([], RULES, [], AS_OF).as_dict()["closest"] is None
+    assert evaluate([job(idle_s=5 * H), soon], RULES, [], AS_OF).closest is None

@@ -386,7 +386,7 @@ def cli(argv: list[str]) -> tuple[int, str]:
     return report_cli.run(p.parse_args(argv), out=out), out.getvalue()
 
 
-def test_cli_writes_files_and_reports_errors_with_exit_codes(store, tmp_path, caplog):
+def test_cli_writes_files_and_reports_errors_with_exit_codes(store, tmp_path, capsys):
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[collector]\nstore = "{store.root}"\n[report]\ntop_jobs = 2\n')
     rc, out = cli(["--config", str(cfg), "--week", "2026-W47", "--out", str(tmp_path / "r"), "--no-pdf", "--team", "ml"])
@@ -397,15 +397,18 @@ def test_cli_writes_files_and_reports_errors_with_exit_codes(store, tmp_path, ca
     assert "THE 2 MOST WASTEFUL JOBS" in out
     rc, out = cli(["--config", str(cfg), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z", "--out", str(tmp_path / "s"), "--no-pdf", "--quiet"])
     assert rc == 0 and "gpufleet-report-20261116T1000-20261116T1200.html" in out
+    capsys.readouterr()
     assert cli(["--config", str(cfg), "--week", "2026-W54", "--no-pdf"])[0] == 2
-    assert "2026 has no week 54" in caplog.text
+    assert capsys.readouterr().err == ("gpufleet report: error: --week '2026-W54': 2026 has no week 54: expected an ISO week YYYY-Www, "
+                                       "e.g. 2026-W46\n")  # one plain line, not a log record
     assert cli(["--config", str(cfg), "--week", "2026-W47", "--from", "2026-11-16", "--no-pdf"])[0] == 2
     assert cli(["--config", str(cfg), "--no-pdf"])[0] == 2
     assert cli(["--config", str(cfg), "--week", "2026-W47", "--send", "--no-pdf"])[0] == 2  # no recipients
-    assert "has no recipients" in caplog.text
-    caplog.clear()
+    assert "has no recipients" in capsys.readouterr().err
     rc, _ = cli(["--config", str(cfg), "--store", str(tmp_path / "nowhere"), "--week", "2026-W47", "--out", str(tmp_path / "t"), "--no-pdf"])
-    assert rc == 1 and "store is unreachable" in caplog.text and "no store at" in caplog.text
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("gpufleet report: error: no report for 2026-W47: no store at")
+    assert err.endswith("pass --config gpufleet.toml (its [collector] or [analytics] store) or --store DIR\n")
     assert not (tmp_path / "t").exists()
 
 
@@ -604,3 +607,42 @@ def test_recompute_command_runs_as_printed_and_gives_the_same_figures(store, w47
     old = subprocess.run(["gpufleet", "analyze", "--from", "2026-11-16T00:00:00Z", "--to", "2026-11-23T00:00:00Z", "--format", "json"],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert old.returncode != 0
+
+
+def test_a_cost_moving_against_its_gpu_hours_is_explained_in_the_report(outputs):
+    """Issue #53.7: the headline's money figure that moved against its GPU-hours carries the reason
+    (gpufleet.analytics.trends.price_mix_reason), and the text and HTML print it under the table."""
+    from gpufleet.analytics.core import Totals
+    from gpufleet.report.model import headline_rows
+
+    def totals(idle_h: float, idle_usd: float) -> Totals:
+        return Totals(capacity_gpu_h=100.0, data_gpu_h=100.0, no_data_gpu_h=0.0, busy_gpu_h=50.0, utilization_pct=50.0,
+                      allocated_gpu_h=80.0, idle_allocated_gpu_h=idle_h, idle_allocated_cost=idle_usd, no_process_gpu_h=4.0,
+                      no_process_cost=12.0, stranded_gpu_h=20.0, stranded_cost=60.0, unpriced_models=())
+
+    rows = headline_rows(totals(12.1, 24.04), totals(10.0, 40.0), processes=True, prev_processes=True)
+    cost = next(r for r in rows if r.figure == "idle_allocated_cost")
+    assert cost.reason.startswith("the GPU-hours went up 2.10 while the cost went down $15.96: the time moved to cheaper GPU models")
+    assert [r.figure for r in rows if r.reason] == ["idle_allocated_cost"]
+    report = replace(outputs[0].report, headline=rows)
+    assert f"{cost.label}: {cost.reason}" in render.text(report)
+    assert f"{cost.label}: {cost.reason}" in HTMLText.of(render.html(report))
+    # no comparison with last week: no reason either
+    assert not any(r.reason for r in headline_rows(totals(12.1, 24.04), None, processes=True, prev_processes=False))
+
+
+class HTMLText(HTMLParser):
+    """The text of an HTML page, whitespace collapsed."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts: list[str] = []
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+    @classmethod
+    def of(cls, page: str) -> str:
+        p = cls()
+        p.feed(page)
+        return " ".join(" ".join(p.parts).split())

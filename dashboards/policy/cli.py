@@ -5,7 +5,9 @@
 
 The plan is printed either way: a table, or JSON {"actions": [{"action", "job_key", "job_id",
 "cluster", "scheduler", "user", "account", "job_state", "idle_s", "idle_gpus", "rule", "reason"},
-...], "exempt": [...], "suppressed": [...]}. A dry run reads the store and changes nothing. To act,
+...], "exempt": [...], "suppressed": [...], "closest": {"job_key", "job_id", ..., "idle_since",
+"rule", "due_at", "reason"} or null}: with no action, the running job nearest to one and why it
+is not due yet. A dry run reads the store and changes nothing. To act,
 the command needs the store's writer: with the collector service running, the policy runs inside
 it ([policy] interval) and this command plans only (exit 1 if asked to act).
 Exit status: 0 success; 2 bad usage or configuration; 1 the store is unreachable or an action failed.
@@ -15,12 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
-from gpufleet.config import ConfigError, load_config
-
-log = logging.getLogger(__name__)
+from gpufleet.config import ConfigError, command_error, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,12 +45,17 @@ def _table(plan, acting: bool) -> str:
         lines.append(f"  exempt   {e.job.cluster}/{inert(e.job.job_id, 40):<14} [{e.rule}] {inert(e.reason, 300)}")
     for a in plan.suppressed:
         lines.append(f"  (done)   {a.job.cluster}/{inert(a.job.job_id, 40):<14} {a.action} already done within renotify_after")
+    if not plan.actions:
+        c = plan.closest
+        lines.append("  nothing due: no running job holds GPUs" if c is None else
+                     f"  nothing due; closest {c.job.cluster}/{inert(c.job.job_id, 40)} {inert(c.job.user_name, 20)} "
+                     f"{inert(c.job.account, 20)}: {c.reason}")
     return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace, out=None) -> int:
     from gpufleet.analytics.params import store_path
-    from gpufleet.collector.store import StoreError, StoreWriter
+    from gpufleet.collector.store import STORE_FIX, NoStoreError, StoreError, StoreWriter
     from gpufleet.policy.enforce import Runner, attempts_from_audit
     from gpufleet.times import parse_time
 
@@ -62,19 +66,15 @@ def run(args: argparse.Namespace, out=None) -> int:
         store = store_path(doc, args.config, args.store)
         as_of = parse_time(args.as_of) if args.as_of else None
     except ConfigError as e:
-        log.error("%s", e)
-        return 2
+        return command_error("policy", e)
     act = runner.rules.enforce and not args.dry_run and as_of is None
     try:
         plan = runner.plan(store, as_of)
-    except StoreError as e:
-        log.error("%s", e)
-        return 1
-    try:
         notes = runner.notes(store, plan.as_of)
+    except NoStoreError as e:  # nothing there: the command named the wrong store (usage)
+        return command_error("policy", f"{e}: {STORE_FIX}")
     except StoreError as e:
-        log.error("%s", e)
-        return 1
+        return command_error("policy", e, 1)
     if args.format == "json":
         doc = plan.as_dict()
         doc["efficiency_notes"] = notes
@@ -89,8 +89,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         attempts = attempts_from_audit(store, plan.as_of)
         writer = StoreWriter(store)
     except StoreError as e:
-        log.error("not acting: %s (with the collector service running, the policy acts inside it)", e)
-        return 1
+        return command_error("policy", f"not acting: {e} (with the collector service running, the policy acts inside it)", 1)
     try:
         def record(rows):
             writer.record_policy(rows)

@@ -15,7 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-from gpufleet.config import ConfigError, load_config
+from gpufleet.config import ConfigError, command_error, load_config
+from gpufleet.times import add_window_arguments, window_from_arguments
 
 log = logging.getLogger(__name__)
 
@@ -23,34 +24,26 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file ([report], [analytics], [collector] sections)")
     p.add_argument("--store", help="store directory (default: [analytics] store, else [collector] store)")
-    p.add_argument("--week", help="ISO week YYYY-Www (Monday 00:00 to Monday 00:00 in [report.schedule] timezone)")
-    p.add_argument("--from", dest="start", help="window start, ISO 8601 (UTC unless an offset is given)")
-    p.add_argument("--to", dest="end", help="window end, ISO 8601, exclusive")
+    add_window_arguments(p, week_zone="in [report.schedule] timezone")
     p.add_argument("--out", help="directory for the HTML, PDF and text files (default: [report] out_dir, else .)")
     p.add_argument("--send", action="store_true", help="mail the report to the configured recipients")
-    p.add_argument("--team", action="append", default=[], metavar="ACCOUNT",
+    p.add_argument("--team", "--account", dest="team", action="append", default=[], metavar="ACCOUNT",
                    help="also write this team's own report (repeatable; teams in [report.team_recipients] always get one)")
     p.add_argument("--no-pdf", action="store_true", help="skip the PDF (no Chromium needed)")
     p.add_argument("--quiet", action="store_true", help="do not print the text summary")
 
 
 def window_from_args(args: argparse.Namespace, tz: str):
-    from gpufleet.report.window import parse_week, span_window, week_window
-    from gpufleet.times import parse_time
+    from gpufleet.report.window import span_window, week_window
 
-    if args.week and (args.start or args.end):
-        raise ConfigError("--week and --from/--to: expected one of them, not both")
-    if args.week:
-        return week_window(*parse_week(args.week), tz)
-    if not (args.start and args.end):
-        raise ConfigError("expected --week YYYY-Www, or both --from and --to")
-    return span_window(parse_time(args.start), parse_time(args.end), tz)
+    start, end, week = window_from_arguments(args, tz)
+    return week_window(*week, tz) if week else span_window(start, end, tz)
 
 
 def run(args: argparse.Namespace, out=None) -> int:
     from gpufleet.report import pipeline
     from gpufleet.report.mail import MailError, send
-    from gpufleet.collector.store import StoreError
+    from gpufleet.collector.store import STORE_FIX, NoStoreError, StoreError
 
     out = out or sys.stdout
     try:
@@ -64,21 +57,21 @@ def run(args: argparse.Namespace, out=None) -> int:
                                   "expected at least one address")
             settings.report.smtp.password()  # a missing password file is a configuration error, found now
     except ConfigError as e:
-        log.error("%s", e)
-        return 2
+        return command_error("report", e)
     out_dir = Path(args.out or settings.report.out_dir or ".")
     try:
         outputs = pipeline.make(settings, window, pdf=False if args.no_pdf else None, 
                                 teams=list(dict.fromkeys([*settings.report.team_recipients, *args.team])))
     except StoreError as e:
-        log.error("no report for %s: the store is unreachable: %s", window.label, e)
         if args.send:
             note = pipeline.unavailable_message(settings.report, window, f"the store is unreachable: {e}")
             try:
                 send([note] if note else [], settings.report.smtp)
             except (MailError, ConfigError) as me:
                 log.error("could not mail the notice either: %s", me)
-        return 1
+        if isinstance(e, NoStoreError):  # nothing there: the command named the wrong store (usage)
+            return command_error("report", f"no report for {window.label}: {e}: {STORE_FIX}")
+        return command_error("report", f"no report for {window.label}: the store is unreachable: {e}", 1)
     paths = pipeline.write(outputs, out_dir)
     ok = all(o.pdf is not None for o in outputs) or args.no_pdf or not settings.report.pdf
     if not args.quiet:

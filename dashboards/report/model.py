@@ -56,6 +56,7 @@ class Headline:
     missing: str | None = None  # why current is not shown: "no data", "not measured", "no price"
     previous_missing: str | None = None
     change_missing: str | None = None  # why change is not shown: "no data" (no comparable last week), or why a side is missing
+    reason: str | None = None  # why a cost moved against its GPU-hours (gpufleet.analytics.trends.price_mix_reason)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
             current=None if missing else r["current"], previous=None if pmissing else r["previous"],
             change=r["change"] if known else None, change_pct=r["change_pct"] if known else None,
             missing=missing, previous_missing=pmissing, change_missing=r["change_missing"] or (None if known else missing or pmissing),
+            reason=r["reason"] if known else None,
         ))
     return rows
 

@@ -8,38 +8,14 @@ week, not the 168 hours before.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 from gpufleet.config import ConfigError
-
-_WEEK = re.compile(r"^(\d{4})-?W(\d{2})$")
+from gpufleet.times import local_midnight, parse_week, week_span  # noqa: F401 - parse_week: the report's name too
 
 MAX_DAYS = 92  # a longer window gets no daily chart (one analysis per day)
-
-
-def to_utc(t: datetime) -> datetime:
-    """Aware -> naive UTC; naive is taken as UTC already."""
-    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
-
-
-def local_midnight(d: date, tz: ZoneInfo) -> datetime:
-    """Naive UTC of 00:00 on `d` in `tz`."""
-    return to_utc(datetime.combine(d, time(0), tzinfo=tz))
-
-
-def parse_week(text: str) -> tuple[int, int]:
-    m = _WEEK.match(text.strip())
-    if not m:
-        raise ConfigError(f"--week {text!r}: expected an ISO week YYYY-Www, e.g. 2026-W46")
-    year, week = int(m.group(1)), int(m.group(2))
-    try:
-        date.fromisocalendar(year, week, 1)
-    except ValueError:
-        raise ConfigError(f"--week {text!r}: {year} has no week {week:02d}: expected an ISO week YYYY-Www, e.g. 2026-W46") from None
-    return year, week
 
 
 @dataclass(frozen=True)
@@ -96,13 +72,10 @@ class Window:
 
 
 def week_window(year: int, week: int, tz: str = "UTC") -> Window:
-    zone = ZoneInfo(tz)
-    monday = date.fromisocalendar(year, week, 1)
-    prev = monday - timedelta(days=7)
-    return Window(
-        label=f"{year}-W{week:02d}", start=local_midnight(monday, zone), end=local_midnight(monday + timedelta(days=7), zone),
-        prev_start=local_midnight(prev, zone), prev_end=local_midnight(monday, zone), tz=tz, week=(year, week),
-    )
+    start, end = week_span(year, week, tz)
+    prev = date.fromisocalendar(year, week, 1) - timedelta(days=7)
+    return Window(label=f"{year}-W{week:02d}", start=start, end=end, prev_start=local_midnight(prev, ZoneInfo(tz)), prev_end=start,
+                  tz=tz, week=(year, week))
 
 
 def span_window(start: datetime, end: datetime, tz: str = "UTC") -> Window:

@@ -47,6 +47,9 @@ def body(ctx: ui.Context) -> None:
                 help="0 = every user used the same, towards 1 = one user used everything")
     c[2].metric("Accounts with demand", ui.count(acc.filter(pl.col("jobs") > 0).height))
     c[3].metric("Jobs pending now", ui.count(f.pending.height))
+    if f.shown:  # under a filter: its rows of the whole comparison (fairness is a relation between teams)
+        st.caption(f"Showing {f.shown}'s row of the {f.compared_across}'s fairness; Jain's index and the Gini are the "
+                   f"{f.compared_across}'s, the pending jobs and waits by size those of {f.shown}.")
     st.caption("Entitled shares: " + fairness.SHARES_SOURCES[f.shares_source]
                + f"; fair-share factor with a decay half-life of {ui.duration(s.half_life.total_seconds())}.")
     if f.without_share:

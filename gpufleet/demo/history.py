@@ -168,6 +168,8 @@ def observations(fleet: Fleet, lo: datetime, hi: datetime) -> tuple[list[dict], 
         last = hi - timedelta(seconds=STEP_S)
         if (s.node.host, s.gpu) == (lost_host, lost_gpu):
             last = fleet.lost_at - timedelta(seconds=STEP_S)
+            if last < lo:  # lost before this span: not seen in it
+                continue
         obs = dict(cluster=s.node.cluster, host=s.node.host, gpu_uuid=s.gpu_uuid,
                    gpu_instance=s.gpu_instance if s.gpu_instance is not None else -1, gpu=s.gpu, mig_profile=s.mig_profile,
                    model=MODELS[s.node.model].name, fb_total_mib=fb_total_mib(s),
@@ -187,6 +189,23 @@ def _ceil_scrape(t: datetime) -> datetime:
     return EPOCH + timedelta(seconds=-(-s // STEP_S) * STEP_S)
 
 
+def _write_samples(w: StoreWriter, fleet: Fleet, slots: pl.DataFrame, segs: pl.DataFrame, lo: int, hi: int, key: str,
+                   progress: Callable[[int, int], None], total: int) -> int:
+    """Every scrape in [lo, hi) (epoch s) committed as one batch per clock hour (`key` and the
+    hour name it: a re-run stores nothing new); the samples written."""
+    written = 0
+    for i, (d0, d1) in enumerate(_aligned(lo, hi, 86400)):
+        hours = [(h0, h1, f"{key}:{EPOCH + timedelta(seconds=h0):%Y-%m-%dT%H:%M}")
+                 for h0, h1 in _aligned(d0, d1, 3600)]  # one batch per clock hour, as compaction groups them
+        if not all(w.has_batch(batch_key) for _, _, batch_key in hours):  # a day stored before is not made again
+            day = _health(fleet, device_values(fleet, slots, segs, d0, d1))
+            for h0, h1, batch_key in hours:
+                hour = day.filter((pl.col("t") >= h0) & (pl.col("t") < h1))
+                written += w.commit(Batch(key=batch_key, samples=sample_table(hour))).samples_written
+        progress(i + 1, total)
+    return written
+
+
 def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = lambda done, total: None) -> dict:
     """Write [fleet.start, fleet.now) into the store at `store`; returns counts.
 
@@ -195,20 +214,10 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
     slots = slot_frame(fleet)
     segs = segments(fleet, slots)
     lo, hi = epoch(fleet.start), epoch(fleet.now)
-    days = _aligned(lo, hi, 86400)
-    total = len(days) + 1
+    total = len(_aligned(lo, hi, 86400)) + 1
     w = StoreWriter(store, clock=lambda: fleet.now)
-    written = 0
     try:
-        for i, (d0, d1) in enumerate(days):
-            hours = [(h0, h1, f"demo-history:{fleet.start.isoformat()}:{EPOCH + timedelta(seconds=h0):%Y-%m-%dT%H:%M}")
-                     for h0, h1 in _aligned(d0, d1, 3600)]  # one batch per clock hour, as compaction groups them
-            if not all(w.has_batch(key) for _, _, key in hours):  # a day stored before is not made again
-                day = _health(fleet, device_values(fleet, slots, segs, d0, d1))
-                for h0, h1, key in hours:
-                    hour = day.filter((pl.col("t") >= h0) & (pl.col("t") < h1))
-                    written += w.commit(Batch(key=key, samples=sample_table(hour))).samples_written
-            progress(i + 1, total)
+        written = _write_samples(w, fleet, slots, segs, lo, hi, f"demo-history:{fleet.start.isoformat()}", progress, total)
         allocs, inventory = observations(fleet, fleet.start, fleet.now)
         jobs = job_rows(fleet, fleet.now)
         w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=jobs,
@@ -218,3 +227,26 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
     finally:
         w.close()
     return {"samples": written, "jobs": len(jobs), "devices": slots.height}
+
+
+def catch_up(fleet: Fleet, store: str, since: datetime, until: datetime) -> int:
+    """Write the scrapes of [since, until) - the minutes the backfill itself took, after the
+    history's end (fleet.now) - with what the job mapping and inventory saw in them, so the
+    history meets the live exporters' first scrape without a gap: a gap longer than max_gap is no
+    data, which would restart every GPU's idle count (and the idle-GPU policy's clock) at the
+    first live sample. The jobs' states after fleet.now are the live scheduler source's to report.
+    Returns the samples written."""
+    lo, hi = -(-epoch(since) // STEP_S) * STEP_S, epoch(until)  # on the scrape grid the history keeps
+    if hi <= lo:
+        return 0
+    slots = slot_frame(fleet)
+    w = StoreWriter(store, clock=lambda: until)
+    try:
+        written = _write_samples(w, fleet, slots, segments(fleet, slots), lo, hi, f"demo-catch-up:{since.isoformat()}",
+                                 lambda done, total: None, 0)
+        allocs, inventory = observations(fleet, since, until)
+        w.commit(Batch(key=f"demo-catch-up:{since.isoformat()}:mapping", allocations=allocs, gpus=inventory))
+        w.publish()  # (the readers see it now: the collector's upkeep compacts it later)
+    finally:
+        w.close()
+    return written

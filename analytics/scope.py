@@ -1,0 +1,25 @@
+"""Whose figures they are: the filters a figure is narrowed by, said once for every surface.
+(Apart from core.py so that figure modules below it - fairness - can say it too.)"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+# The filters that select jobs (account, user, partition, job): under one, a figure is the selected
+# jobs' share, and what no job owns (capacity, stranded time) is not attributable to them.
+JOB_FILTER_NAMES = {"account": "account", "user_name": "user", "partition": "partition", "job_key": "job"}
+
+
+def filter_scope(filters: Any) -> str:
+    """"fleet", or the filters a figure is narrowed by, as people write them: "account=datasci, cluster=k8s"."""
+    parts = [f"{JOB_FILTER_NAMES.get(k, k)}={v}" for k, v in asdict(filters).items() if v is not None]
+    return ", ".join(parts) if parts else "fleet"
+
+
+def not_attributable_reason(filters: Any) -> str | None:
+    """Why capacity and stranded time are not shown under a job filter (None: no job filter)."""
+    named = [JOB_FILTER_NAMES[k] for k in JOB_FILTER_NAMES if getattr(filters, k) is not None]
+    if not named:
+        return None
+    return f"unallocated capacity has no {' or '.join(named)}: capacity and stranded time are not attributable to {filter_scope(filters)}"
