@@ -160,7 +160,7 @@ def test_utilization(store, a, use_store):
     t = a.totals()
     m = metrics(at)
     assert m["Utilization"] == ui.pct(t.utilization_pct)
-    assert m["Used (busy)"] == ui.gpu_h(t.busy_gpu_h)
+    assert m["Busy"] == ui.gpu_h(t.busy_gpu_h)
     assert m["Allocated"] == ui.gpu_h(t.allocated_gpu_h)
     assert m["Capacity"] == ui.gpu_h(t.capacity_gpu_h)
     assert m["With data"] == ui.gpu_h(t.data_gpu_h)
@@ -421,7 +421,7 @@ def test_hostile_filter_values_are_bound_parameters(store, con, a, use_store):
     at = open_app(user=EVE)
     goto(at, "utilization")
     filtered = Analysis(con, Params(T(10), T(12), filters=Filters(user_name=EVE)), now=T(12))
-    assert metrics(at)["Allocated"] == ui.gpu_h(filtered.totals().allocated_gpu_h) == "2.00 GPU-h"
+    assert metrics(at)["Allocated"] == ui.gpu_h(filtered.totals().allocated_gpu_h) == "2.0 GPU-h"
     # a value that is in no list: it stays the filter (a bound parameter, never SQL text), matches
     # nothing, and says so - never silently the whole fleet (issue #13.2)
     at = open_app(account="x' OR '1'='1")
@@ -537,7 +537,7 @@ USD = re.compile(r"^-?\$(0|[1-9]\d{0,2}(,\d{3})*)\.\d\d$")
 
 
 def test_dashboard_money_has_one_format_with_cents():
-    assert ui.usd(4724) == "$4,724.00" and ui.usd(945.527) == "$945.53" and ui.usd(-3) == "-$3.00"
+    assert ui.usd(4724) == "$4,724.00" and ui.usd(945.527) == "$945.53" and ui.usd(-3) == "\u2212$3.00"
     assert ui.usd(None) == ui.usd(float("nan")) == "unknown"
     assert ui.USD_COLUMN == "dollar"  # tables: Streamlit's "$1,234.57", the same format
     assert ui.USD_D3 == "$,.2f"  # chart tooltips: d3's "$1,234.57"

@@ -21,11 +21,11 @@ WARM_SCHEMA = {"preset": pl.Utf8, "computed_at": pl.Datetime("us"), "took_s": pl
 
 def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
     hosts = df.select("cluster", "host").unique().sort("cluster", "host")["host"].to_list()
-    df = df.with_columns((pl.col("bucket") + bucket).alias("bucket_end"))
-    return alt.Chart(df).mark_rect().encode(
-        x=alt.X("bucket:T", title=None), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None),
+    df = ui.utc_times(df.with_columns((pl.col("bucket") + bucket).alias("bucket_end")))
+    return alt.Chart(df).mark_rect().encode(  # every host's row labelled: the chart grows with the hosts
+        x=ui.time_x(), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
         color=alt.Color("gpu_temp_max_c:Q", title="hottest GPU °C", scale=alt.Scale(scheme="orangered", domainMin=30)),
-        tooltip=["host:N", alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("gpu_temp_max_c:Q", title="max °C", format=".0f"),
+        tooltip=["host:N", ui.time_tooltip(), alt.Tooltip("gpu_temp_max_c:Q", title="max °C", format=".0f"),
                  alt.Tooltip("gpu_temp_avg_c:Q", title="mean °C", format=".1f"), alt.Tooltip("mem_temp_max_c:Q", title="memory max °C", format=".0f")],
     ).properties(height=max(120, 18 * len(hosts) + 40))
 

@@ -26,12 +26,14 @@ def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
     return out
 
 
-def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | None = None) -> alt.Chart:
-    df = tl.with_columns(pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")).alias("gpu_label"))
-    y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined)
+def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | None = None, fmt: str = ",.1f") -> alt.Chart:
+    """One line per GPU of the job; the legend lists every GPU (below the chart, as many columns as it needs)."""
+    df = ui.utc_times(tl.with_columns(pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")).alias("gpu_label")))
+    y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined, axis=alt.Axis(format=fmt))
     return alt.Chart(df).mark_line(point=True, interpolate="step-after").encode(
-        x=alt.X("bucket:T", title=None), y=y, color=alt.Color("gpu_label:N", title="GPU"),
-        tooltip=[alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), "gpu_label:N", alt.Tooltip(f"{field}:Q", format=",.1f")],
+        x=ui.time_x(), y=y,
+        color=alt.Color("gpu_label:N", title="GPU", legend=alt.Legend(orient="bottom", columns=4, symbolLimit=0, labelLimit=0)),
+        tooltip=[ui.time_tooltip(), alt.Tooltip("gpu_label:N", title="GPU"), alt.Tooltip(f"{field}:Q", title=title, format=fmt)],
     ).properties(height=240)
 
 
@@ -71,7 +73,7 @@ def report(window, job: dict) -> None:
         st.caption("Utilization and memory per GPU over time (points: buckets with data; a missing point is no data).")
         st.altair_chart(gpu_chart(tl.drop_nulls("utilization_pct"), "utilization_pct", "utilization %", [0, 100]), width="stretch")
         if tl["fb_used_max_mib"].is_not_null().any():
-            st.altair_chart(gpu_chart(tl.drop_nulls("fb_used_max_mib"), "fb_used_max_mib", "memory used, MiB (max)"), width="stretch")
+            st.altair_chart(gpu_chart(tl.drop_nulls("fb_used_max_mib"), "fb_used_max_mib", "memory used, MiB (max)", fmt=",.0f"), width="stretch")
         else:
             st.caption("No memory samples for this job's GPUs.")
     st.subheader("Idle periods")

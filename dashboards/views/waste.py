@@ -7,18 +7,38 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import vocabulary as words
+from gpufleet.analytics.trends import NO_DATA
 from gpufleet.dashboards import data, figures, ui
 
 TOP = 15
 
 
-def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
+def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.LayerChart:
+    """The TOP largest, every bar named on its axis (no label dropped for room: the chart grows
+    with its bars) and its figure written at its end."""
     top = df.sort(value, descending=True, nulls_last=True).head(TOP).with_columns(pl.col(key).fill_null("(none)"))
-    return alt.Chart(top).mark_bar().encode(
-        y=alt.Y(f"{key}:N", sort="-x", title=None), x=alt.X(f"{value}:Q", title=title),
-        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f"), alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3),
+    base = alt.Chart(top).encode(
+        y=alt.Y(f"{key}:N", sort="-x", title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
+        x=alt.X(f"{value}:Q", title=title),
+        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.1f"), alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3),
                  alt.Tooltip("gpus:Q", title="GPUs")],
-    ).properties(height=max(120, 24 * top.height + 30))
+    )
+    figures = base.mark_text(align="left", dx=4).encode(text=alt.Text(f"{value}:Q", format=",.1f"))
+    return alt.layer(base.mark_bar(), figures).properties(height=max(120, 26 * top.height + 30))
+
+
+def trend_rows(cmp: pl.DataFrame) -> pl.DataFrame:
+    """The comparison as people read it: each figure in its own unit, and where there is no
+    previous figure or change, why (never a 0 beside "no data")."""
+    rows = []
+    for r in cmp.iter_rows(named=True):
+        k, why = r["figure"], r["change_missing"]
+        rows.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
+                     "previous window": why if why == NO_DATA else words.figure(k, r["previous"]),
+                     "change": why or words.signed(k, r["change"]),
+                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
+    return pl.DataFrame(rows, schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
 
 
 def body(ctx: ui.Context) -> None:
@@ -55,12 +75,13 @@ def body(ctx: ui.Context) -> None:
     st.text(f"Previous window: {ui.when(b.window.start - b.window.length)} to {ui.when(b.window.start)}")
     if why:
         st.text(f"No data to compare against: {why}")
-    ui.table(base.compare(t).drop("figure"), key="waste_trend",
-             labels={"change_pct": "change %", "change_missing": "no change because", "change_pct_missing": "no change % because"})
+    ui.table(trend_rows(base.compare(t)), key="waste_trend", sort="the headline figures' order")
 
     st.subheader("Idle allocated by account / team")
     acct = b.waste[("account", "idle")]
     if not acct.is_empty():
+        if acct.height > TOP:
+            st.caption(f"The {TOP} teams with the most idle allocated GPU-hours of {acct.height}; the table below has all.")
         st.altair_chart(bars(acct, "account", "gpu_h", "idle allocated GPU-hours"), width="stretch")
     ui.table(acct, key="waste_by_account", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"})
     st.subheader("Idle allocated by user")
