@@ -17,6 +17,7 @@ from typing import Any, Callable
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import trends
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Filters
 from gpufleet.dashboards import config as dconfig
@@ -103,10 +104,8 @@ def change(cur: float | None, prev: float | None, fmt: Callable[[float | None], 
 def delta(cur: float | None, prev: float | None, fmt: Callable[[float | None], str], no_comparison: str | None) -> dict[str, Any]:
     """st.metric's delta arguments for a figure where more is worse: the change, or a grey "no data"
     without an arrow when the previous window is no base (gpufleet.analytics.trends rule)."""
-    from gpufleet.analytics.trends import NO_DATA
-
     if no_comparison is not None:
-        return {"delta": f"{NO_DATA} for the previous window", "delta_color": "off", "delta_arrow": "off"}
+        return {"delta": f"{trends.NO_DATA} for the previous window", "delta_color": "off", "delta_arrow": "off"}
     return {"delta": change(cur, prev, fmt), "delta_color": "inverse"}
 
 
@@ -156,8 +155,9 @@ def bucket_coverage(df: pl.DataFrame, bucket_h: float, start: datetime, end: dat
 
 # --- tables ---
 
+_MONEY = ("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price")
 _FORMATS = (
-    (("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price"), USD_COLUMN),
+    (_MONEY, USD_COLUMN),
     (("_gpu_h", "gpu_h"), f"%,.{words.DECIMALS['gpu_h']}f"),
     (("_pct", "_share", "mfu"), f"%.{words.DECIMALS['pct']}f %%"),
     (("_mib",), "%,.0f"),
@@ -169,6 +169,7 @@ _NULL_MEANS = {"end": "still running", "reason": words.NONE, "change_missing": w
 
 def _is(name: str, suffixes: tuple[str, ...]) -> bool:
     return any(name.endswith(s) or name == s.strip("_") for s in suffixes)
+
 
 
 def people(df: pl.DataFrame) -> pl.DataFrame:
@@ -188,9 +189,9 @@ def people(df: pl.DataFrame) -> pl.DataFrame:
             col = col.replace_strict(words.VERDICTS, default=col).fill_null(words.NONE)
         elif name == "gpu_up" and dtype.is_numeric():
             col = pl.when(col.is_null()).then(pl.lit(words.UNKNOWN)).when(col > 0).then(pl.lit("up")).otherwise(pl.lit("lost"))
-        elif dtype.is_numeric() and (name.endswith("_s") or (name.endswith("_h") and not name.endswith("gpu_h"))):
+        elif dtype.is_numeric() and (name.endswith("_s") or (name.endswith("_h") and not _is(name, _MONEY + ("gpu_h",)))):
             scale = 1 if name.endswith("_s") else 3600
-            col = col.map_elements(lambda v, k=scale: words.duration(v * k), return_dtype=pl.Utf8, skip_nulls=False)
+            col = col.map_elements(lambda v, k=scale: words.duration(None if v is None else v * k), return_dtype=pl.Utf8, skip_nulls=False)
         elif dtype.is_numeric() and _is(name, _FRACTIONS):
             col = col * 100
         elif isinstance(dtype, pl.Datetime):
@@ -220,6 +221,19 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
         else:
             cfg[name] = st.column_config.TextColumn(label)  # plain text: no HTML, no Markdown
     return cfg
+
+
+def trend_table(cmp: pl.DataFrame) -> pl.DataFrame:
+    """The comparison as people read it: each figure in its own unit, and where there is no
+    previous figure or change, why (never a 0 beside "no data")."""
+    rows = []
+    for r in cmp.iter_rows(named=True):
+        k, why = r["figure"], r["change_missing"]
+        rows.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
+                     "previous window": why if why == trends.NO_DATA else words.figure(k, r["previous"]),
+                     "change": why or words.signed(k, r["change"]),
+                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
+    return pl.DataFrame(rows, schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
 
 
 # A longer table is cut to its first rows: the browser is sent every row a table holds (800,000

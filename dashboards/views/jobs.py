@@ -7,11 +7,21 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.dashboards import data, figures, ui
 
 VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
-LIST_COLUMNS = ("job_id", "name", "user_name", "account", "partition", "state", "gpus", "start", "end", "runtime_h",
-                "allocated_gpu_h", "mean_utilization_pct", "idle_gpu_h", "no_process_gpu_h", "verdict")
+# the key columns first (what idled and why), so they are on screen at 1,600 px; then who and when
+LIST_COLUMNS = ("job_id", "idle_gpu_h", "verdict", "no_process_gpu_h", "allocated_gpu_h", "mean_utilization_pct", "gpus", "user_name",
+                "account", "name", "state", "runtime_h", "start", "end", "partition")
+# the figures of the part of a job inside the window, said so (a job may start before it or end after it)
+LIST_LABELS = {"idle_gpu_h": "idle GPU-h in window", "no_process_gpu_h": "no process GPU-h in window",
+               "allocated_gpu_h": "allocated GPU-h in window", "mean_utilization_pct": "mean utilization % in window",
+               "runtime_h": "run time in window"}
+# sort choices: label -> (column, descending)
+SORTS = {"most idle GPU-hours first": ("idle_gpu_h", True), "most no-process GPU-hours first": ("no_process_gpu_h", True),
+         "most allocated GPU-hours first": ("allocated_gpu_h", True), "lowest mean utilization first": ("mean_utilization_pct", False),
+         "newest start first": ("start", True), "job id": ("job_id", False)}
 
 
 def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
@@ -51,7 +61,7 @@ def report(window, job: dict) -> None:
         return
     r = res["report"]
     c = st.columns(3)
-    c[0].metric("Verdict", r.verdict)
+    c[0].metric("Verdict", words.verdict(r.verdict))
     c[1].metric("Runtime in window", ui.duration(r.runtime_h * 3600))
     c[2].metric("Allocated", ui.gpu_h(r.allocated_gpu_h))
     c = st.columns(3)
@@ -90,14 +100,18 @@ def body(ctx: ui.Context) -> None:
     if jobs.is_empty():
         ui.empty_window("job")
         return
-    c = st.columns([2, 2, 1])
+    c = st.columns([2, 2, 2, 1])
     q = c[0].text_input("Search (job id, name, user, account)", key="q", bind="query-params")
-    verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params")
+    verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params", format_func=words.verdict)
+    order = c[2].selectbox("Sort", list(SORTS), key="sort", bind="query-params") or next(iter(SORTS))
     found = search(jobs, q or "", verdicts or [])
-    c[2].metric("Jobs", f"{found.height:,} of {jobs.height:,}")
-    shown = ui.first_rows(found, "most idle GPU-hours first", "narrow the search to see others")
-    event = None
-    event = ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select="rerun", selection_mode="single-row")
+    c[3].metric("Jobs", f"{found.height:,} of {jobs.height:,}")
+    column, descending = SORTS[order]
+    found = found.sort([column, "job_id"], descending=[descending, False], nulls_last=True)
+    shown = ui.first_rows(found, order, "narrow the search to see others")
+    st.caption("Figures are of the part of each job inside the window (a job may have started before it or end after it).")
+    event = ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select="rerun", selection_mode="single-row",
+                     labels=LIST_LABELS, sort=order, height=560)
     picked = st.text_input("Job id for the report (or select a row)", key="job", bind="query-params")
     job = None
     rows = (event.selection.rows if event is not None and getattr(event, "selection", None) else []) or []

@@ -7,8 +7,6 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from gpufleet.analytics import vocabulary as words
-from gpufleet.analytics.trends import NO_DATA
 from gpufleet.dashboards import data, figures, ui
 
 TOP = 15
@@ -26,19 +24,6 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.LayerChart:
     )
     figures = base.mark_text(align="left", dx=4).encode(text=alt.Text(f"{value}:Q", format=",.1f"))
     return alt.layer(base.mark_bar(), figures).properties(height=max(120, 26 * top.height + 30))
-
-
-def trend_rows(cmp: pl.DataFrame) -> pl.DataFrame:
-    """The comparison as people read it: each figure in its own unit, and where there is no
-    previous figure or change, why (never a 0 beside "no data")."""
-    rows = []
-    for r in cmp.iter_rows(named=True):
-        k, why = r["figure"], r["change_missing"]
-        rows.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
-                     "previous window": why if why == NO_DATA else words.figure(k, r["previous"]),
-                     "change": why or words.signed(k, r["change"]),
-                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
-    return pl.DataFrame(rows, schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
 
 
 def body(ctx: ui.Context) -> None:
@@ -75,7 +60,7 @@ def body(ctx: ui.Context) -> None:
     st.text(f"Previous window: {ui.when(b.window.start - b.window.length)} to {ui.when(b.window.start)}")
     if why:
         st.text(f"No data to compare against: {why}")
-    ui.table(trend_rows(base.compare(t)), key="waste_trend", sort="the headline figures' order")
+    ui.table(ui.trend_table(base.compare(t)), key="waste_trend", sort="the headline figures' order")
 
     st.subheader("Idle allocated by account / team")
     acct = b.waste[("account", "idle")]
