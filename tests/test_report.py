@@ -176,7 +176,7 @@ def test_headline_equals_analytics_trend(store, w47, outputs):
     assert figs.one("headline.idle_allocated_gpu_h.current") == "3.8"
     assert figs.one("headline.idle_allocated_cost.current") == "$11.25"
     assert figs.one("headline.allocated_gpu_h.previous") == "2.0"  # job 90: 2 h on one GPU
-    assert figs.one("headline.utilization_pct.previous") == "30.0%"
+    assert figs.one("headline.utilization_pct.previous") == "30.0 %"
 
 
 def test_team_table_equals_analytics_by_account(store, w47, outputs):
@@ -345,7 +345,7 @@ def test_week_without_data_says_so_and_shows_no_zeros(store):
     assert "No data for this week" in r.html and "NO DATA FOR THIS WEEK" in r.text
     figs = Figures(r.html)
     assert not [k for k in figs.figs if k.startswith(("headline.", "card.", "team.", "job."))]
-    assert "$0.00" not in r.html and "0.0%" not in r.html
+    assert "$0.00" not in r.html and "0.0 %" not in r.html
     assert r.subject == "GPU waste report 2026-W49: no data"
 
 

@@ -38,7 +38,10 @@ def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
 
 def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | None = None, fmt: str = ",.1f") -> alt.Chart:
     """One line per GPU of the job; the legend lists every GPU (below the chart, as many columns as it needs)."""
-    df = ui.utc_times(tl.with_columns(pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")).alias("gpu_label")))
+    gi = pl.col("gi") if "gi" in tl.columns else pl.lit(-1)
+    label = pl.when(gi >= 0).then(pl.format("{} / GPU {} (MIG {})", pl.col("host"), pl.col("gpu"), gi)).otherwise(
+        pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")))
+    df = ui.utc_times(tl.with_columns(label.alias("gpu_label")))
     y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined, axis=alt.Axis(format=fmt))
     return alt.Chart(df).mark_line(point=True, interpolate="step-after").encode(
         x=ui.time_x(), y=y,
@@ -52,7 +55,7 @@ def report(window, job: dict) -> None:
     ui.text("Job", job["job_id"])
     ui.text("Name", job.get("name"))
     ui.text("User / account / partition", f"{job.get('user_name') or ''} / {job.get('account') or ''} / {job.get('partition') or ''}")
-    ui.text("State, GPUs", f"{job.get('state') or ''}, {job.get('gpus')}")
+    ui.text("State, GPUs", f"{job.get('state') or words.UNKNOWN}, {ui.gpus(job.get('gpus'))}")
     ui.text("Run", f"{ui.when(job.get('start'))} to {ui.when(job.get('end')) if job.get('end') else 'still running'}")
     res = data.job_report(window.key, {k: job.get(k) for k in ("cluster", "scheduler", "job_key", "job_id", "account", "user_name",
                                                                    "partition", "start", "end")})
@@ -71,7 +74,7 @@ def report(window, job: dict) -> None:
     st.text(f"Rule: {r.rule}")
     m = res["mfu"]  # (the job's row of the MFU page's per-job figures)
     if m is not None:
-        st.text(f"MFU: {ui.pct(m['mfu'] * 100) if m.get('mfu') is not None else 'unknown'}; method: {m.get('method')}"
+        st.text(f"MFU: {ui.pct(m['mfu'] * 100) if m.get('mfu') is not None else 'unknown'}; method: {m.get('method') or words.UNKNOWN}"
                 + (f"; {m['reason']}" if m.get("reason") else ""))
     else:
         st.text(f"MFU: {res['mfu_error'] or 'unknown for this job (not in the MFU figures of this window)'}")
