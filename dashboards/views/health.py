@@ -64,7 +64,7 @@ def body(ctx: ui.Context) -> None:
 
     st.subheader("Events")
     st.caption("XID codes, new ECC errors, row remapping and lost GPUs in the window, newest first.")
-    ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.")
+    ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.", sort="newest first")
 
     st.subheader("Lost, erroring or silent GPUs now")
     ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",

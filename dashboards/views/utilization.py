@@ -30,7 +30,8 @@ def fleet_chart(tl: pl.DataFrame, bucket_h: float, start, end) -> alt.LayerChart
     long = ui.bucket_coverage(tl.select("bucket", *cols), bucket_h, start, end).unpivot(
         index=["bucket", "covered_h", "part"], on=cols, variable_name="series", value_name="gpu_h").with_columns(
         (pl.col("gpu_h") / pl.col("covered_h")).alias("gpus"), pl.col("series").replace_strict(SERIES),
-        pl.format("{} of {} h", pl.col("covered_h").round(2), pl.lit(round(bucket_h, 2))).alias("covers"))
+        pl.col("covered_h").map_elements(lambda h: f"{ui.duration(h * 3600)} of {ui.duration(bucket_h * 3600)}", return_dtype=pl.Utf8)
+        .alias("covers"))
     long = ui.utc_times(long.filter(pl.col("covered_h") > 0))
     names = list(SERIES.values())
     base = alt.Chart(long).encode(
@@ -122,7 +123,7 @@ def body(ctx: ui.Context) -> None:
                    + " without samples (no data); blank: nothing " + ("installed" if rank == "capacity_gpu_h" else "allocated") + ".")
         st.altair_chart(heatmap(tl, keys, shown, rank, bucket_h), width="stretch")
         st.subheader(f"By {BY[by]} over the window")
-        ui.table(u.sort(rank, descending=True), key="util_by")
+        ui.table(u.sort(rank, descending=True), key="util_by", sort=f"most {words.header(rank)} first")
     else:
         st.subheader("The window")
         ui.table(b.utilization["fleet"], key="util_by")

@@ -68,15 +68,18 @@ def body(ctx: ui.Context) -> None:
         if acct.height > TOP:
             st.caption(f"The {TOP} teams with the most idle allocated GPU-hours of {acct.height}; the table below has all.")
         st.altair_chart(bars(acct, "account", "gpu_h", "idle allocated GPU-hours"), width="stretch")
-    ui.table(acct, key="waste_by_account", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"})
+    ui.table(acct, key="waste_by_account", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"},
+             sort="most idle GPU-hours first")
     st.subheader("Idle allocated by user")
-    ui.table(b.waste[("user_name", "idle")], key="waste_by_user", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"})
+    ui.table(b.waste[("user_name", "idle")], key="waste_by_user", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"},
+             sort="most idle GPU-hours first")
     with st.expander("Held with no compute process, by account and by user"):
         ui.table(b.waste[("account", "no_process")], key="waste_np_account", labels={"gpu_h": "no-process GPU-h"})
         ui.table(b.waste[("user_name", "no_process")], key="waste_np_user", labels={"gpu_h": "no-process GPU-h"})
 
     st.subheader("Most wasteful jobs")
-    ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.")
+    ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.",
+             sort="most idle GPU-hours first")
 
     st.subheader("Stranded capacity")
     if t.not_attributable_reason:
@@ -84,9 +87,9 @@ def body(ctx: ui.Context) -> None:
         return
     st.caption("GPU time with data that no job held, by GPU model and by host.")
     by_model = b.utilization["model"].select("model", "capacity_gpu_h", "stranded_gpu_h", "data_gpu_h").sort("stranded_gpu_h", descending=True)
-    ui.table(by_model, key="waste_stranded_model")
+    ui.table(by_model, key="waste_stranded_model", sort="most stranded GPU-hours first")
     by_host = b.utilization["host"].select("cluster", "host", "capacity_gpu_h", "stranded_gpu_h").sort("stranded_gpu_h", descending=True)
-    ui.table(by_host, key="waste_stranded_host")
+    ui.table(by_host, key="waste_stranded_host", sort="most stranded GPU-hours first")
 
 
 ui.run_page("Waste and cost", body)
