@@ -117,12 +117,20 @@ _TIME_LABEL = ("(datum.index == 0 || (utchours(datum.value) == 0 && utcminutes(d
 TIME_TOOLTIP = "%Y-%m-%d %H:%M UTC"
 
 
-def time_x(field: str = "bucket", title: str = "time (UTC)"):
-    """The x encoding of every time chart: a UTC scale, 24-hour labels, a date at each day change."""
+# ticks by the span a chart covers: steps that divide a day, so midnight is a tick (and carries its
+# date), and few enough that every label fits (none is dropped: a dropped label could be the date)
+_TICKS = ((timedelta(hours=3), "minute", 30), (timedelta(hours=12), "hour", 1), (timedelta(days=1, hours=2), "hour", 3),
+          (timedelta(days=3, hours=2), "hour", 12), (timedelta(days=10), "day", 1), (timedelta(days=40), "day", 7))
+
+
+def time_x(span: timedelta | None = None, field: str = "bucket", title: str = "time (UTC)"):
+    """The x encoding of every time chart: a UTC scale, 24-hour labels, a date on the first tick
+    and at each midnight; `span` (how long the chart covers) picks ticks that include midnight."""
     import altair as alt
 
-    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"),
-                 axis=alt.Axis(labelExpr=_TIME_LABEL, labelOverlap=True, labelAngle=0))
+    step = next(((unit, n) for longest, unit, n in _TICKS if span is not None and span <= longest), None)
+    ticks = {"tickCount": {"interval": step[0], "step": step[1]}, "labelOverlap": False} if step else {"labelOverlap": True}
+    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(labelExpr=_TIME_LABEL, labelAngle=0, **ticks))
 
 
 def time_tooltip(field: str = "bucket", title: str = "time"):

@@ -44,7 +44,7 @@ def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | No
     df = ui.utc_times(tl.with_columns(label.alias("gpu_label")))
     y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined, axis=alt.Axis(format=fmt))
     return alt.Chart(df).mark_line(point=True, interpolate="step-after").encode(
-        x=ui.time_x(), y=y,
+        x=ui.time_x(df["bucket"].max() - df["bucket"].min() if df.height else None), y=y,
         color=alt.Color("gpu_label:N", title="GPU", legend=alt.Legend(orient="bottom", columns=4, symbolLimit=0, labelLimit=0)),
         tooltip=[ui.time_tooltip(), alt.Tooltip("gpu_label:N", title="GPU"), alt.Tooltip(f"{field}:Q", title=title, format=fmt)],
     ).properties(height=240)
@@ -103,7 +103,7 @@ def body(ctx: ui.Context) -> None:
     if jobs.is_empty():
         ui.empty_window("job")
         return
-    c = st.columns([2, 2, 2, 1])
+    c = st.columns([3, 2, 2, 2])
     q = c[0].text_input("Search (job id, name, user, account)", key="q", bind="query-params")
     verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params", format_func=words.verdict)
     order = c[2].selectbox("Sort", list(SORTS), key="sort", bind="query-params") or next(iter(SORTS))

@@ -99,6 +99,7 @@ class Browser:
         return time.monotonic() - t0
 
     def screenshot(self, path: Path) -> None:
+        time.sleep(1.0)  # charts and tables lay out after the script has run: measure the page once they have
         height = self.js("""Math.max(document.documentElement.scrollHeight,
             ...Array.from(document.querySelectorAll('[data-testid="stMain"], [data-testid="stAppViewContainer"], [data-testid="stMainBlockContainer"]'))
                .map(e => e.scrollHeight))""")
