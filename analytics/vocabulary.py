@@ -81,6 +81,9 @@ def header(column: str) -> str:
     """A table column's header for people."""
     if column in HEADERS:
         return HEADERS[column]
+    for suffix, unit in (("_gpu_h", " GPU-h"), ("_pct", " %"), ("_mib", " MiB"), ("_cost", " $"), ("_c", " \u00b0C"), ("_w", " W")):
+        if column.endswith(suffix):
+            return column[: -len(suffix)].replace("_", " ") + unit
     if column.endswith("_s"):  # durations are written out ("2 h 48 min"): no unit in the header
         return column[:-2].replace("_", " ")
     return column.replace("_", " ")
