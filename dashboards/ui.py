@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 import polars as pl
@@ -117,20 +117,38 @@ _TIME_LABEL = ("(datum.index == 0 || (utchours(datum.value) == 0 && utcminutes(d
 TIME_TOOLTIP = "%Y-%m-%d %H:%M UTC"
 
 
-# ticks by the span a chart covers: steps that divide a day, so midnight is a tick (and carries its
-# date), and few enough that every label fits (none is dropped: a dropped label could be the date)
-_TICKS = ((timedelta(hours=3), "minute", 30), (timedelta(hours=12), "hour", 1), (timedelta(days=1, hours=2), "hour", 3),
-          (timedelta(days=3, hours=2), "hour", 12), (timedelta(days=10), "day", 1), (timedelta(days=40), "day", 7))
+# ticks by the span a chart covers: steps that divide a day, counted from midnight UTC, so midnight
+# is a tick (and carries its date), and few enough that every label fits (none is dropped: a
+# dropped label could be the date)
+_TICKS = ((timedelta(hours=3), timedelta(minutes=30)), (timedelta(hours=12), timedelta(hours=1)),
+          (timedelta(days=1, hours=2), timedelta(hours=3)), (timedelta(days=3, hours=2), timedelta(hours=12)),
+          (timedelta(days=10), timedelta(days=1)), (timedelta(days=70), timedelta(days=7)))
 
 
-def time_x(span: timedelta | None = None, field: str = "bucket", title: str = "time (UTC)"):
+def time_ticks(start: datetime, end: datetime) -> list[str]:
+    """The time axis' ticks between start and end (UTC), as ISO 8601 with the offset (Vega takes
+    these, and DateTime objects, for a time axis' values; epoch numbers it draws no label for)."""
+    start, end = (t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t for t in (start, end))
+    step = next((s for longest, s in _TICKS if end - start <= longest), None)
+    if step is None:
+        return []
+    midnight = start.replace(hour=0, minute=0, second=0, microsecond=0)
+    t = midnight + step * -(-(start - midnight) // step)  # the first tick at or after start
+    out = []
+    while t <= end and len(out) < 60:
+        out.append(t.replace(tzinfo=timezone.utc).isoformat())
+        t += step
+    return out
+
+
+def time_x(start: datetime | None = None, end: datetime | None = None, field: str = "bucket", title: str = "time (UTC)"):
     """The x encoding of every time chart: a UTC scale, 24-hour labels, a date on the first tick
-    and at each midnight; `span` (how long the chart covers) picks ticks that include midnight."""
+    and at each midnight; ticks on steps that divide a day when the chart's span is known."""
     import altair as alt
 
-    step = next(((unit, n) for longest, unit, n in _TICKS if span is not None and span <= longest), None)
-    ticks = {"tickCount": {"interval": step[0], "step": step[1]}, "labelOverlap": False} if step else {"labelOverlap": True}
-    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(labelExpr=_TIME_LABEL, labelAngle=0, **ticks))
+    ticks = time_ticks(start, end) if start is not None and end is not None else []
+    axis = {"values": ticks, "labelOverlap": False} if ticks else {"labelOverlap": True}
+    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(labelExpr=_TIME_LABEL, labelAngle=0, **axis))
 
 
 def time_tooltip(field: str = "bucket", title: str = "time"):

@@ -83,6 +83,8 @@ def test_every_page_reads_right(site):
         bad = raw_cells(got)
         if bad:
             problems.append(f"{name}: raw values in tables (table, cell): {bad[:8]}")
+        if name in ("utilization", "utilization_by_account", "health") and not time_charts(got):
+            problems.append(f"{name}: no time chart drawn (a chart Vega rejects is blank): {got['charts']}")
         for chart in time_charts(got):
             if not any(DATE.match(x) for x in chart["x"]):
                 problems.append(f"{name}: a time axis without a date: {chart['x']}")

@@ -23,7 +23,7 @@ def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
     hosts = df.select("cluster", "host").unique().sort("cluster", "host")["host"].to_list()
     df = ui.utc_times(df.with_columns((pl.col("bucket") + bucket).alias("bucket_end")))
     return alt.Chart(df).mark_rect().encode(  # every host's row labelled: the chart grows with the hosts
-        x=ui.time_x(df["bucket_end"].max() - df["bucket"].min()), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
+        x=ui.time_x(df["bucket"].min(), df["bucket_end"].max()), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
         color=alt.Color("gpu_temp_max_c:Q", title="hottest GPU °C", scale=alt.Scale(scheme="orangered", domainMin=30)),
         tooltip=["host:N", ui.time_tooltip(), alt.Tooltip("gpu_temp_max_c:Q", title="max °C", format=".0f"),
                  alt.Tooltip("gpu_temp_avg_c:Q", title="mean °C", format=".1f"), alt.Tooltip("mem_temp_max_c:Q", title="memory max °C", format=".0f")],

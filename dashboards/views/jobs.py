@@ -44,7 +44,7 @@ def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | No
     df = ui.utc_times(tl.with_columns(label.alias("gpu_label")))
     y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined, axis=alt.Axis(format=fmt))
     return alt.Chart(df).mark_line(point=True, interpolate="step-after").encode(
-        x=ui.time_x(df["bucket"].max() - df["bucket"].min() if df.height else None), y=y,
+        x=ui.time_x(df["bucket"].min(), df["bucket"].max()) if df.height else ui.time_x(), y=y,
         color=alt.Color("gpu_label:N", title="GPU", legend=alt.Legend(orient="bottom", columns=4, symbolLimit=0, labelLimit=0)),
         tooltip=[ui.time_tooltip(), alt.Tooltip("gpu_label:N", title="GPU"), alt.Tooltip(f"{field}:Q", title=title, format=fmt)],
     ).properties(height=240)

@@ -35,7 +35,7 @@ def fleet_chart(tl: pl.DataFrame, bucket_h: float, start, end) -> alt.LayerChart
     long = ui.utc_times(long.filter(pl.col("covered_h") > 0))
     names = list(SERIES.values())
     base = alt.Chart(long).encode(
-        x=ui.time_x(end - start),
+        x=ui.time_x(start, end),
         y=alt.Y("gpus:Q", title="GPUs (average over the bucket)"),
         color=alt.Color("series:N", title=None, sort=names, legend=alt.Legend(orient="top", labelLimit=0),
                         scale=alt.Scale(domain=names, range=["#7f7f7f", "#1f77b4", "#17becf", "#2ca02c", "#d62728"])),
@@ -61,8 +61,7 @@ def heatmap(tl: pl.DataFrame, keys: list[str], order: list[str], basis: str, buc
         "bucket", pl.col(label).fill_null("(none)").alias("group"), "utilization_pct", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h"
     ).with_columns((pl.col("bucket") + pl.duration(seconds=bucket_h * 3600)).alias("bucket_end"))
     df = ui.utc_times(df)
-    span = (df["bucket_end"].max() - df["bucket"].min()) if df.height else None
-    base = alt.Chart(df).encode(x=ui.time_x(span), x2="bucket_end:T",
+    base = alt.Chart(df).encode(x=ui.time_x(df["bucket"].min(), df["bucket_end"].max()) if df.height else ui.time_x(), x2="bucket_end:T",
                                 y=alt.Y("group:N", sort=order, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0))
                                 ).properties(height=max(120, 20 * len(order)))
     tooltip = [alt.Tooltip("group:N", title=label), ui.time_tooltip(),
