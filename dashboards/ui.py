@@ -111,9 +111,9 @@ def delta(cur: float | None, prev: float | None, fmt: Callable[[float | None], s
 
 # --- charts: one time axis (24-hour clock, UTC, dates at day changes) and partial buckets said ---
 
-# the first label and every label at midnight carry the date; the others the time of day alone
+# the first label and every label at midnight carry the date, on a second line; the others the time of day alone
 _TIME_LABEL = ("(datum.index == 0 || (utchours(datum.value) == 0 && utcminutes(datum.value) == 0)) "
-               "? utcFormat(datum.value, '%Y-%m-%d %H:%M') : utcFormat(datum.value, '%H:%M')")
+               "? [utcFormat(datum.value, '%H:%M'), utcFormat(datum.value, '%Y-%m-%d')] : utcFormat(datum.value, '%H:%M')")
 TIME_TOOLTIP = "%Y-%m-%d %H:%M UTC"
 
 

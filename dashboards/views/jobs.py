@@ -37,17 +37,20 @@ def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
 
 
 def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | None = None, fmt: str = ",.1f") -> alt.Chart:
-    """One line per GPU of the job; the legend lists every GPU (below the chart, as many columns as it needs)."""
+    """One line per GPU of the job; the legend lists every GPU (beside the chart, in as many columns
+    of 16 as it needs, the chart as tall as its legend: a legend taller than its chart is cut)."""
     gi = pl.col("gi") if "gi" in tl.columns else pl.lit(-1)
     label = pl.when(gi >= 0).then(pl.format("{} / GPU {} (MIG {})", pl.col("host"), pl.col("gpu"), gi)).otherwise(
         pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")))
     df = ui.utc_times(tl.with_columns(label.alias("gpu_label")))
+    n = df["gpu_label"].n_unique()
     y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined, axis=alt.Axis(format=fmt))
     return alt.Chart(df).mark_line(point=True, interpolate="step-after").encode(
         x=ui.time_x(df["bucket"].min(), df["bucket"].max()) if df.height else ui.time_x(), y=y,
-        color=alt.Color("gpu_label:N", title="GPU", legend=alt.Legend(orient="bottom", columns=4, symbolLimit=0, labelLimit=0)),
+        color=alt.Color("gpu_label:N", title="GPU",
+                        legend=alt.Legend(orient="right", columns=-(-n // 16), symbolLimit=0, labelLimit=0)),
         tooltip=[ui.time_tooltip(), alt.Tooltip("gpu_label:N", title="GPU"), alt.Tooltip(f"{field}:Q", title=title, format=fmt)],
-    ).properties(height=240)
+    ).properties(height=max(240, 28 * min(n, 16) + 40))
 
 
 def report(window, job: dict) -> None:
