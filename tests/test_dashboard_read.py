@@ -54,9 +54,10 @@ def read(site, name: str, path: str, title: str) -> dict:
     """Open the page, screenshot it, and return what it shows (also kept as an artifact)."""
     b = site["browser"]
     b.load(site["url"] + path, timeout=240)
-    b.screenshot(ARTIFACTS / f"{name}.png")  # (also lets the charts lay out at full width)
+    b.settle()
     got = {"title": (b.js("document.querySelector('h1') && document.querySelector('h1').innerText") or "").strip(),
            "tables": b.tables(), "charts": b.charts(), "dom": b.dom()}
+    b.screenshot(ARTIFACTS / f"{name}.png")  # (after reading: a screenshot resizes the page, and its charts redraw)
     (ARTIFACTS / f"{name}.json").write_text(json.dumps({k: v for k, v in got.items() if k != "dom"}, indent=1))
     assert got["title"] == title, (name, got["title"])
     assert "Page not found" not in got["dom"], name

@@ -112,6 +112,13 @@ class Browser:
     def dom(self) -> str:
         return self.js("document.documentElement.outerHTML")
 
+    def settle(self, timeout: float = 60) -> None:
+        """Wait until every chart of the page is drawn (Vega draws after Streamlit's script has run)."""
+        drawn = """(() => { const boxes = document.querySelectorAll('[data-testid="stVegaLiteChart"]');
+            return Array.from(boxes).every(b => b.querySelector('svg .role-axis, canvas')); })()"""
+        wait_for("the page's charts to be drawn", lambda: bool(self.js(drawn)), timeout=timeout, interval=0.5)
+        time.sleep(0.5)
+
     def tables(self) -> dict:
         return self.js(TABLE_CELLS_JS) or {}
 

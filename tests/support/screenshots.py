@@ -40,6 +40,7 @@ def main(argv: list[str]) -> int:
         with serve(workdir, fleet) as url, Browser(binary, workdir, width=WIDTH) as browser:
             for name, path in pages:
                 browser.load(url + path, timeout=240)
+                browser.settle()
                 browser.screenshot(out / f"{name}.png")
                 print(f"{out / name}.png", file=sys.stderr)
     return 0
