@@ -112,7 +112,7 @@ def delta(cur: float | None, prev: float | None, fmt: Callable[[float | None], s
 # --- charts: one time axis (24-hour clock, UTC, dates at day changes) and partial buckets said ---
 
 # the first label and every label at midnight carry the date, on a second line; the others the time of day alone
-_TIME_LABEL = ("(datum.index == 0 || (utchours(datum.value) == 0 && utcminutes(datum.value) == 0)) "
+_TIME_LABEL = ("({first} || (utchours(datum.value) == 0 && utcminutes(datum.value) == 0)) "
                "? [utcFormat(datum.value, '%H:%M'), utcFormat(datum.value, '%Y-%m-%d')] : utcFormat(datum.value, '%H:%M')")
 TIME_TOOLTIP = "%Y-%m-%d %H:%M UTC"
 
@@ -147,8 +147,15 @@ def time_x(start: datetime | None = None, end: datetime | None = None, field: st
     import altair as alt
 
     ticks = time_ticks(start, end) if start is not None and end is not None else []
-    axis = {"values": ticks, "labelOverlap": False} if ticks else {"labelOverlap": True}
-    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"), axis=alt.Axis(labelExpr=_TIME_LABEL, labelAngle=0, **axis))
+    if not ticks:
+        return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"),
+                     axis=alt.Axis(labelExpr=_TIME_LABEL.format(first="datum.index == 0"), labelOverlap=True, labelAngle=0))
+    # the first tick carries its date unless a midnight tick (which carries its own) follows within two
+    times = [datetime.fromisoformat(t) for t in ticks]
+    midnight_soon = any(t.hour == 0 and t.minute == 0 for t in times[1:3])
+    first = "false" if midnight_soon else f"time(datum.value) == {int(times[0].timestamp() * 1000)}"
+    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"),
+                 axis=alt.Axis(values=ticks, labelExpr=_TIME_LABEL.format(first=first), labelOverlap=False, labelAngle=0))
 
 
 def time_tooltip(field: str = "bucket", title: str = "time"):
