@@ -4,7 +4,9 @@ JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window
 filters, warnings, totals, trend, previous_window, utilization {by, rows}, top_wasteful_jobs, fairness, and
 job (with --job).
 Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
-money is US dollars or null when a GPU model has no price.
+money is US dollars or null when a GPU model has no price. Keys follow the vocabulary
+(gpufleet.analytics.vocabulary); fairness.per_account's used_gpu_h and used_share are deprecated
+aliases of allocated_gpu_h and allocated_share, kept for one release.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, TextIO
 
 import polars as pl
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.config import ConfigError, command_error, load_config
 from gpufleet.times import add_window_arguments, window_from_arguments
 
@@ -120,7 +123,8 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
     report["fairness"] = {
         "shares": fair.shares_source, "shares_description": SHARES_SOURCES[fair.shares_source],
         "half_life_days": half_life.total_seconds() / 86400, "jain_index": fair.jain_index, "gini_users": fair.gini_users,
-        "per_account": rows(fair.per_account), "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
+        "per_account": [words.with_new_keys(r) for r in rows(fair.per_account)],  # (used_* kept one release: deprecated)
+        "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
         "without_share": list(fair.without_share), "compared_across": fair.compared_across, "shown": fair.shown,
     }
     if job:
@@ -187,7 +191,7 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
           ["job_id", "user_name", "account", "gpus", "runtime_h", "idle_gpu_h", "idle_cost"])
     f = report["fairness"]
     table(f"Fair share (Jain's index {fmt(f['jain_index'])}, Gini over users {fmt(f['gini_users'])})", f["per_account"], out,
-          ["account", "entitled_share", "used_gpu_h", "used_share", "ratio", "fairshare_factor", "wait_p50_s", "wait_p95_s"])
+          ["account", "entitled_share", "allocated_gpu_h", "allocated_share", "ratio", "fairshare_factor", "wait_p50_s", "wait_p95_s"])
     if f.get("shown"):
         out.write(f"  {f['shown']}'s row of the fairness of the {f['compared_across']} (Jain's index and Gini: "
                   f"the {f['compared_across']}'s; fairness compares teams, a filter only picks the rows shown)\n")

@@ -157,6 +157,7 @@ class FleetNow:
     error: int  # physical GPUs reporting an error (not lost)
     held: float  # GPU equivalents held by jobs
     free: float  # GPU equivalents reporting and not held, on GPUs that are not lost
+    unsliced: float  # GPU equivalents of reporting MIG GPUs that no instance covers (neither held nor free)
     held_no_process: float  # GPU equivalents held, fresh, with zero compute processes
     idle_allocated: int  # devices (GPUs or MIG instances) held, fresh, utilization below the idle threshold
     idle_allocated_long: int  # ... for at least idle_min_duration
@@ -208,6 +209,7 @@ def summarize(states: pl.DataFrame, params: Params, as_of: datetime) -> FleetNow
         error=n(pl.col("error")),
         held=eq(pl.col("held")),
         free=eq(pl.col("fresh") & ~pl.col("held") & ~(pl.col("status") == "lost").any().over(_GPU_KEY)),  # not on a lost GPU
+        unsliced=0.0 if empty else float(phys.filter(pl.col("reporting")).select((1.0 - pl.col("equiv")).clip(lower_bound=0.0).sum()).item()),
         held_no_process=eq(pl.col("no_process")),
         idle_allocated=idle.height,
         idle_allocated_long=int(idle.filter(pl.col("idle_since") <= long_cut).height) if not idle.is_empty() else 0,

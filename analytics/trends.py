@@ -22,7 +22,7 @@ from gpufleet.times import utcnow
 
 HEADLINES = (
     ("allocated_gpu_h", "GPU-hours allocated"),
-    ("busy_gpu_h", "GPU-hours used (busy)"),
+    ("busy_gpu_h", "GPU-hours busy"),
     ("utilization_pct", "utilization %"),
     ("idle_allocated_gpu_h", "idle allocated GPU-hours"),
     ("idle_allocated_cost", "cost of idle allocated time $"),

@@ -51,7 +51,14 @@ if dconfig.warm_asked():  # served by `gpufleet dashboard`: the presets' figures
 if not ui.sign_in_gate(settings):
     st.stop()
 
-pages = [st.Page(str(HERE / path), title=title, url_path=url, icon=icon, default=i == 0) for i, (path, title, url, icon) in enumerate(PAGES)]
+# The first page is served at "/": Streamlit's default page has no name in the URL, and the name it
+# reserves for it does not open it. Its own name works too (/fleet-now), as every other page's does,
+# through a second, unlisted entry (the default page's reserved name is then DEFAULT_URL).
+DEFAULT_URL = "start"
+pages = [st.Page(str(HERE / path), title=title, url_path=DEFAULT_URL if i == 0 else url, icon=icon, default=i == 0)
+         for i, (path, title, url, icon) in enumerate(PAGES)]
+path, title, url, icon = PAGES[0]
+pages.append(st.Page(str(HERE / path), title=title, url_path=url, icon=icon, visibility="hidden"))
 page = st.navigation(pages)
 ctx = ui.sidebar()
 page.run()

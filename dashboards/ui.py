@@ -9,15 +9,16 @@ st.markdown, st.write, a title, an alert body or a metric label, which interpret
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import trends
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Filters
 from gpufleet.dashboards import config as dconfig
 from gpufleet.dashboards import data, figures
@@ -29,21 +30,13 @@ CUSTOM = "custom"
 FILTERS = (("cluster", "Cluster"), ("account", "Account / team"), ("user", "User"), ("model", "GPU model"), ("partition", "Partition / namespace"))
 
 
-# --- numbers for people ---
+# --- numbers for people (gpufleet.analytics.vocabulary: the same words and decimals as the report and the CLI) ---
 
-
-def _bad(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))
+_bad = words.bad
 
 
 def gpu_h(x: float | None) -> str:
-    if _bad(x):
-        return "no data"
-    if abs(x) < 100:
-        return f"{x:,.2f} GPU-h"
-    if abs(x) < 10_000:
-        return f"{x:,.1f} GPU-h"
-    return f"{x:,.0f} GPU-h"
+    return "no data" if _bad(x) else f"{words.gpu_h(x)} GPU-h"
 
 
 # Money on the dashboards: one format, US dollars with cents and thousands separators ($4,724.00,
@@ -51,47 +44,26 @@ def gpu_h(x: float | None) -> str:
 # tooltips (USD_D3) alike; unknown money (a GPU model without a price) is "unknown", never $0.
 USD_COLUMN = "dollar"  # st.column_config.NumberColumn: "$1,234.57"
 USD_D3 = "$,.2f"  # Altair/Vega tooltips and axes
-
-
-def usd(x: float | None) -> str:
-    if _bad(x):
-        return "unknown"
-    return f"-${-x:,.2f}" if x < 0 else f"${abs(x):,.2f}"  # abs: -0.0 reads $0.00, not $-0.00
+usd = words.usd
 
 
 def pct(x: float | None) -> str:
-    return "no data" if _bad(x) else f"{x:.1f} %"
+    return "no data" if _bad(x) else words.pct(x)
 
 
 def count(n: int | float | None) -> str:
-    return "–" if _bad(n) else f"{int(n):,}"
+    return words.UNKNOWN if _bad(n) else f"{int(n):,}"
 
 
 def gpus(x: float | None) -> str:
     """GPU equivalents (MIG instances are fractions)."""
     if _bad(x):
-        return "–"
+        return words.UNKNOWN
     return f"{x:,.0f}" if abs(x - round(x)) < 1e-9 else f"{x:,.2f}"
 
 
-def duration(seconds: float | None) -> str:
-    if _bad(seconds):
-        return "–"
-    s = int(round(seconds))
-    if s < 90:
-        return f"{s} s"
-    m = s // 60
-    if m < 90:
-        return f"{m} min"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h} h {m} min" if m else f"{h} h"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h" if h else f"{d} d"
-
-
-def when(t: datetime | None) -> str:
-    return "–" if t is None else t.strftime("%Y-%m-%d %H:%M UTC")
+duration = words.duration
+when = words.when
 
 
 def idle_since(t: datetime | None, before: bool = False) -> str:
@@ -132,44 +104,169 @@ def change(cur: float | None, prev: float | None, fmt: Callable[[float | None], 
 def delta(cur: float | None, prev: float | None, fmt: Callable[[float | None], str], no_comparison: str | None) -> dict[str, Any]:
     """st.metric's delta arguments for a figure where more is worse: the change, or a grey "no data"
     without an arrow when the previous window is no base (gpufleet.analytics.trends rule)."""
-    from gpufleet.analytics.trends import NO_DATA
-
     if no_comparison is not None:
-        return {"delta": f"{NO_DATA} for the previous window", "delta_color": "off", "delta_arrow": "off"}
+        return {"delta": f"{trends.NO_DATA} for the previous window", "delta_color": "off", "delta_arrow": "off"}
     return {"delta": change(cur, prev, fmt), "delta_color": "inverse"}
+
+
+# --- charts: one time axis (24-hour clock, UTC, dates at day changes) and partial buckets said ---
+
+# the first label and every label at midnight carry the date, on a second line; the others the time of day alone
+_TIME_LABEL = ("({first} || (utchours(datum.value) == 0 && utcminutes(datum.value) == 0)) "
+               "? [utcFormat(datum.value, '%H:%M'), utcFormat(datum.value, '%Y-%m-%d')] : utcFormat(datum.value, '%H:%M')")
+TIME_TOOLTIP = "%Y-%m-%d %H:%M UTC"
+
+
+# ticks by the span a chart covers: steps that divide a day, counted from midnight UTC, so midnight
+# is a tick (and carries its date), and few enough that every label fits (none is dropped: a
+# dropped label could be the date)
+_TICKS = ((timedelta(hours=3), timedelta(minutes=30)), (timedelta(hours=12), timedelta(hours=1)),
+          (timedelta(days=1, hours=2), timedelta(hours=3)), (timedelta(days=3, hours=2), timedelta(hours=12)),
+          (timedelta(days=10), timedelta(days=1)), (timedelta(days=70), timedelta(days=7)))
+
+
+def time_ticks(start: datetime, end: datetime) -> list[str]:
+    """The time axis' ticks between start and end (UTC), as ISO 8601 with the offset (Vega takes
+    these, and DateTime objects, for a time axis' values; epoch numbers it draws no label for)."""
+    start, end = (t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t for t in (start, end))
+    step = next((s for longest, s in _TICKS if end - start <= longest), None)
+    if step is None:
+        return []
+    midnight = start.replace(hour=0, minute=0, second=0, microsecond=0)
+    t = midnight + step * -(-(start - midnight) // step)  # the first tick at or after start
+    out = []
+    while t <= end and len(out) < 60:
+        out.append(t.replace(tzinfo=timezone.utc).isoformat())
+        t += step
+    return out
+
+
+def time_x(start: datetime | None = None, end: datetime | None = None, field: str = "bucket", title: str = "time (UTC)"):
+    """The x encoding of every time chart: a UTC scale, 24-hour labels, a date on the first tick
+    and at each midnight; ticks on steps that divide a day when the chart's span is known."""
+    import altair as alt
+
+    ticks = time_ticks(start, end) if start is not None and end is not None else []
+    if not ticks:
+        return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"),
+                     axis=alt.Axis(labelExpr=_TIME_LABEL.format(first="datum.index == 0"), labelOverlap=True, labelAngle=0))
+    # the first tick carries its date unless a midnight tick (which carries its own) follows within two
+    times = [datetime.fromisoformat(t) for t in ticks]
+    midnight_soon = any(t.hour == 0 and t.minute == 0 for t in times[1:3])
+    first = "false" if midnight_soon else f"time(datum.value) == {int(times[0].timestamp() * 1000)}"
+    return alt.X(f"{field}:T", title=title, scale=alt.Scale(type="utc"),
+                 axis=alt.Axis(values=ticks, labelExpr=_TIME_LABEL.format(first=first), labelOverlap=False, labelAngle=0))
+
+
+def time_tooltip(field: str = "bucket", title: str = "time"):
+    import altair as alt
+
+    return alt.Tooltip(f"{field}:T", title=f"{title} (UTC)", format=TIME_TOOLTIP, formatType="utc")
+
+
+def utc_times(df: pl.DataFrame) -> pl.DataFrame:
+    """Naive UTC timestamps (the store's) marked as UTC, so a browser in any zone draws them in UTC."""
+    return df.with_columns([pl.col(c).dt.replace_time_zone("UTC") for c, t in df.schema.items()
+                            if isinstance(t, pl.Datetime) and t.time_zone is None])
+
+
+PARTIAL = "partial"
+
+
+def bucket_coverage(df: pl.DataFrame, bucket_h: float, start: datetime, end: datetime) -> pl.DataFrame:
+    """Each bucket's hours inside the window (`covered_h`) and whether it is cut by the window's
+    edges or by now (`part`: "partial" or "whole"): a rate over a partial bucket is divided by the
+    hours it covers, never by the whole bucket (which draws a cliff at the current bucket)."""
+    size = pl.duration(microseconds=int(round(bucket_h * 3600e6)))
+    b0, b1 = pl.col("bucket"), pl.col("bucket") + size
+    lo = pl.when(b0 < pl.lit(start)).then(pl.lit(start)).otherwise(b0)
+    hi = pl.when(b1 > pl.lit(end)).then(pl.lit(end)).otherwise(b1)
+    covered = ((hi - lo).dt.total_microseconds() / 3600e6).clip(lower_bound=0.0)
+    return df.with_columns(covered.alias("covered_h")).with_columns(
+        pl.when(pl.col("covered_h") < bucket_h - 1e-9).then(pl.lit(PARTIAL)).otherwise(pl.lit("whole")).alias("part"))
 
 
 # --- tables ---
 
+_MONEY = ("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price")
 _FORMATS = (
-    (("mfu",), "percent"),
-    (("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price"), USD_COLUMN),
-    (("_gpu_h", "gpu_h", "_h"), "%,.2f"),
-    (("_pct",), "%.1f%%"),
-    (("_share",), "percent"),
-    (("_s",), "duration"),
+    (_MONEY, USD_COLUMN),
+    (("_gpu_h", "gpu_h"), f"%,.{words.DECIMALS['gpu_h']}f"),
+    (("_pct", "_share", "mfu"), f"%.{words.DECIMALS['pct']}f %%"),
     (("_mib",), "%,.0f"),
 )
+_FRACTIONS = ("_share", "mfu")  # 0..1 in the analytics, shown as percentages
+# (column, what its null means) where a missing value is not unknown but "none" or a state
+_NULL_MEANS = {"end": "still running", "reason": words.NONE, "change_missing": words.NONE, "change_pct_missing": words.NONE}
 
 
-def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """People's formats by column name: GPU-hours, dollars, percentages, counts; text as text."""
+def _is(name: str, suffixes: tuple[str, ...]) -> bool:
+    return any(name.endswith(s) or name == s.strip("_") for s in suffixes)
+
+
+
+def people(df: pl.DataFrame) -> pl.DataFrame:
+    """The one table formatter of every page: what a cell says is what it means. Durations written
+    out ("2 h 48 min"), times in UTC on a 24-hour clock, verdicts in the report's words, a whole
+    GPU's MIG instance (-1) and absent text as a dash, NaN as unknown, shares as percentages; the
+    numbers left numeric (so a column still sorts by value) get their decimals in column_config
+    and show a null as "unknown" (table's placeholder)."""
+    out = []
+    for name, dtype in df.schema.items():
+        col = pl.col(name)
+        if dtype.is_float():
+            col = col.fill_nan(None)
+        if name == "gi" and dtype.is_integer():
+            col = pl.when(col >= 0).then(col.cast(pl.Utf8)).otherwise(pl.lit(words.NONE))
+        elif name == "verdict":
+            col = col.replace_strict(words.VERDICTS, default=col).fill_null(words.NONE)
+        elif name == "gpu_up" and dtype.is_numeric():
+            col = pl.when(col.is_null()).then(pl.lit(words.UNKNOWN)).when(col > 0).then(pl.lit("up")).otherwise(pl.lit("lost"))
+        elif dtype.is_numeric() and (name.endswith("_s") or (name.endswith("_h") and not _is(name, _MONEY + ("gpu_h",)))):
+            scale = 1 if name.endswith("_s") else 3600
+            col = col.map_elements(lambda v, k=scale: words.duration(None if v is None else v * k), return_dtype=pl.Utf8, skip_nulls=False)
+        elif dtype.is_numeric() and _is(name, _FRACTIONS):
+            col = col * 100
+        elif isinstance(dtype, pl.Datetime):
+            col = col.dt.strftime("%Y-%m-%d %H:%M:%S").fill_null(pl.lit(_NULL_MEANS.get(name, words.NONE)))
+        elif dtype == pl.Utf8 or dtype == pl.Categorical:
+            col = col.cast(pl.Utf8).fill_null(pl.lit(_NULL_MEANS.get(name, words.NONE)))
+        out.append(col.alias(name))
+    return df.select(out) if out else df
+
+
+def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Headers in the vocabulary with their units (gpufleet.analytics.vocabulary.header); people's
+    formats by column name: GPU-hours 1 decimal, dollars with cents, percentages 1 decimal."""
     cfg: dict[str, Any] = {}
     labels = labels or {}
     for name, dtype in df.schema.items():
-        label = labels.get(name, name.replace("_", " "))
+        label = labels.get(name, words.header(name))
+        if (isinstance(dtype, pl.Datetime) or name in times) and "UTC" not in label:
+            label += " (UTC)"
         if dtype.is_numeric():
-            fmt = next((f for suffixes, f in _FORMATS if any(name.endswith(s) or name == s.strip("_") for s in suffixes)), None)
+            fmt = next((f for suffixes, f in _FORMATS if _is(name, suffixes)), None)
             if fmt is None and dtype.is_integer():
                 fmt = "localized"
             cfg[name] = st.column_config.NumberColumn(label, format=fmt or "%,.2f")
-        elif dtype == pl.Datetime or isinstance(dtype, pl.Datetime):
-            cfg[name] = st.column_config.DatetimeColumn(label, format="YYYY-MM-DD HH:mm:ss")
         elif dtype == pl.Boolean:
             cfg[name] = st.column_config.CheckboxColumn(label)
         else:
             cfg[name] = st.column_config.TextColumn(label)  # plain text: no HTML, no Markdown
     return cfg
+
+
+def trend_table(cmp: pl.DataFrame) -> pl.DataFrame:
+    """The comparison as people read it: each figure in its own unit, and where there is no
+    previous figure or change, why (never a 0 beside "no data")."""
+    rows = []
+    for r in cmp.iter_rows(named=True):
+        k, why = r["figure"], r["change_missing"]
+        rows.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
+                     "previous window": why if why == trends.NO_DATA else words.figure(k, r["previous"]),
+                     "change": why or words.signed(k, r["change"]),
+                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
+    return pl.DataFrame(rows, schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
 
 
 # A longer table is cut to its first rows: the browser is sent every row a table holds (800,000
@@ -186,16 +283,21 @@ def first_rows(df: pl.DataFrame, order: str, others: str) -> pl.DataFrame:
 
 
 def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, empty: str = "Nothing in this window.",
-          height: int | None = None, **kwargs: Any):
-    """st.dataframe with formats for people (in a container keyed `key`, so tests find it), or
-    a plain message when there is nothing."""
+          height: int | None = None, sort: str | None = None, **kwargs: Any):
+    """st.dataframe through the one formatter (people, column_config; in a container keyed `key`, so
+    tests find it), its order said when `sort` names it, or a plain message when there is nothing."""
     with st.container(key=key):
         if df is None or df.is_empty():
             st.caption(empty)
             return None
         # list columns (e.g. XID codes) as text
         df = df.with_columns([pl.col(c).cast(pl.List(pl.Utf8)).list.join(", ") for c, t in df.schema.items() if isinstance(t, pl.List)])
-        return st.dataframe(df, hide_index=True, column_config=column_config(df, labels), height=height or "auto", **kwargs)
+        if sort:
+            st.caption(f"Sorted by {sort}; click a column's header to sort by it.")
+        shown = people(df)
+        times = frozenset(c for c, t in df.schema.items() if isinstance(t, pl.Datetime))
+        return st.dataframe(shown, hide_index=True, column_config=column_config(shown, labels, times), height=height or "auto",
+                            placeholder=words.UNKNOWN, **kwargs)
 
 
 def text(label: str, value: Any) -> None:

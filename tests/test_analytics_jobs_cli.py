@@ -114,8 +114,10 @@ def test_cli_json_matches_the_analytics(fleet):  # noqa: F811
 
     fair = fairness(a, None)
     assert doc["fairness"]["jain_index"] == pytest.approx(fair.jain_index)
-    assert {r["account"]: r["used_gpu_h"] for r in doc["fairness"]["per_account"]} == pytest.approx(
+    assert {r["account"]: r["allocated_gpu_h"] for r in doc["fairness"]["per_account"]} == pytest.approx(
         {r["account"]: r["used_gpu_h"] for r in fair.per_account.to_dicts()})
+    # the vocabulary's keys, and the deprecated ones beside them for one release
+    assert all(r["used_gpu_h"] == r["allocated_gpu_h"] and r["used_share"] == r["allocated_share"] for r in doc["fairness"]["per_account"])
     # no configuration: the equal entitlement those figures assume is said, not silent (issue #13.5)
     assert doc["fairness"]["shares"] == "equal"
     assert doc["fairness"]["shares_description"] == "equal for every account with demand (no [analytics] shares configured)"

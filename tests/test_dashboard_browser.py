@@ -18,8 +18,6 @@ Under CI=true a missing Chromium fails the test (tests/realstack/policy.py).
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
 import os
 import shutil
@@ -34,6 +32,7 @@ import pytest
 from tests.realstack.debian import ensure_packages
 from tests.realstack.policy import unavailable
 from tests.realstack.process import Daemon, HarnessError, free_port, tail, wait_for
+from tests.support.browser import Browser
 from tests.support.dashboard import dashboard_healthy
 
 pytestmark = pytest.mark.realstack
@@ -64,79 +63,6 @@ def chromium_binary() -> str:
     if not path:
         unavailable("Debian package chromium installed but no chromium binary on PATH")
     return path
-
-
-# --- a minimal DevTools-protocol client ---
-
-
-class Browser:
-    def __init__(self, binary: str, workdir: Path):
-        self.profile = workdir / "chromium-profile"
-        self.daemon = Daemon("chromium", [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                          "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={self.profile}",
-                                          "--remote-debugging-port=0", "--window-size=1400,1000", "about:blank"],
-                             workdir / "chromium.log")
-        self.ws = None
-        self._stack = contextlib.ExitStack()
-        self._id = 0
-
-    def __enter__(self) -> "Browser":
-        from websockets.sync.client import connect
-
-        self.daemon.start()
-        active = self.profile / "DevToolsActivePort"
-        wait_for("chromium's DevTools port", lambda: active.exists() and len(active.read_text().splitlines()) >= 2, timeout=60,
-                 daemons=[self.daemon])
-        port = int(active.read_text().splitlines()[0])
-        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
-        url = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
-        self.ws = self._stack.enter_context(connect(url, max_size=None, open_timeout=30))
-        self.call("Page.enable")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self._stack.close()
-        finally:
-            self.daemon.stop()
-
-    def call(self, method: str, **params):
-        self._id += 1
-        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv(timeout=60))
-            if msg.get("id") == self._id:
-                if "error" in msg:
-                    raise HarnessError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-
-    def js(self, expression: str):
-        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
-
-    def load(self, url: str, timeout: float = 90) -> float:
-        """Open `url`; return the seconds until Streamlit is connected, done running and shows a title."""
-        t0 = time.monotonic()
-        self.call("Page.navigate", url=url)
-        time.sleep(0.3)
-        ready = """(() => { const a = document.querySelector('[data-testid="stApp"]');
-            return !!a && a.getAttribute('data-test-connection-state') === 'CONNECTED'
-                && a.getAttribute('data-test-script-state') === 'notRunning'
-                && !document.querySelector('[data-testid="stAppSkeleton"]') && !!document.querySelector('h1'); })()"""
-        wait_for(f"{url} to render", lambda: bool(self.js(ready)), timeout=timeout, interval=0.2)
-        return time.monotonic() - t0
-
-    def screenshot(self, path: Path) -> None:
-        height = self.js("""Math.max(document.documentElement.scrollHeight,
-            ...Array.from(document.querySelectorAll('[data-testid="stMain"], [data-testid="stAppViewContainer"], [data-testid="stMainBlockContainer"]'))
-               .map(e => e.scrollHeight))""")
-        self.call("Emulation.setDeviceMetricsOverride", width=1400, height=max(800, min(int(height or 1000) + 40, 10000)),
-                  deviceScaleFactor=1, mobile=False)
-        time.sleep(1.0)  # charts re-layout to the new size
-        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
-        self.call("Emulation.clearDeviceMetricsOverride")
-
-    def dom(self) -> str:
-        return self.js("document.documentElement.outerHTML")
 
 
 # --- the stack ---
@@ -273,13 +199,14 @@ def test_every_page_renders_in_chromium_while_the_collector_writes(stack):
                     problems.append(f"fleet_now: metrics missing: {metrics}")
         # auto-refresh: with no reload, Fleet now follows the collector's publishes
         browser.load(stack["url"] + "/")
+        # (the collector's age on Fleet now: a rerun after a publish shows a new one)
         version_js = """(() => { const m = Array.from(document.querySelectorAll('[data-testid="stMetric"]'))
-            .find(e => e.innerText.startsWith('Store version')); return m ? m.innerText.split('\\n').pop() : null; })()"""
+            .find(e => e.innerText.startsWith('Collector last wrote')); return m ? m.innerText.split('\\n').pop() : null; })()"""
         shown = browser.js(version_js)
         try:
             wait_for("Fleet now to refresh itself", lambda: browser.js(version_js) not in (None, shown), timeout=60, interval=1.0)
         except HarnessError as e:
-            problems.append(f"auto-refresh: the store version shown stayed {shown!r}: {e}")
+            problems.append(f"auto-refresh: the collector's age shown stayed {shown!r}: {e}")
     collector.check_alive()  # the single writer kept running the whole time
     version1 = json.loads((stack["store"] / "manifest.json").read_text())["version"]
     log = (stack["tmp"] / "dashboard.log").read_text(errors="replace")

@@ -45,7 +45,7 @@ def test_account_filter_narrows_every_figure(store, con, use_store):
     goto(at, "utilization")
     m = metrics(at)
     assert m["Utilization"] == ui.pct(t.utilization_pct) == "70.0 %"
-    assert m["Used (busy)"] == ui.gpu_h(t.busy_gpu_h) == "2.10 GPU-h"  # not the fleet's
+    assert m["Busy"] == ui.gpu_h(t.busy_gpu_h) == "2.1 GPU-h"  # not the fleet's
     assert m["With data"] == ui.gpu_h(t.data_gpu_h)
     assert m["Allocated"] == ui.gpu_h(t.allocated_gpu_h)
     assert m["Capacity"] == ui.NOT_ATTRIBUTABLE
@@ -93,7 +93,7 @@ def test_unknown_account_is_a_warning_not_the_fleet(store, use_store):
         goto(at, page)
         assert any("does not know" in w.value for w in at.warning), page
         # nothing matches: an empty window, not the fleet's figures
-        assert "Used (busy)" not in metrics(at) or metrics(at)["Used (busy)"] == ui.gpu_h(0.0), page
+        assert "Busy" not in metrics(at) or metrics(at)["Busy"] == ui.gpu_h(0.0), page
 
 
 def test_unknown_window_is_a_warning(store, use_store):

@@ -205,6 +205,7 @@ def test_fleet_now_counts_the_demos_physical_gpus(fleet, store):
     # held/free/no-process in GPU equivalents: every device reports except the lost GPU, so held +
     # free = the 159 reporting GPUs, less node 07's unsliced sevenths (4 GPUs x 2 x 3g.40gb = 6/7 each)
     assert abs(s.held + s.free - (159 - 4 / 7)) < 1e-9 and s.held != int(s.held)  # MIG slices held: sevenths
+    assert abs(s.unsliced - 4 / 7) < 1e-9 and abs(s.held + s.free + s.unsliced - s.reporting) < 1e-9  # shown as its own figure
     held_mig = states.filter(pl.col("held") & pl.col("mig_profile").is_not_null())
     assert held_mig.height and abs(s.held - float(states.filter(pl.col("held"))["equiv"].sum())) < 1e-9
     host, gpu = fleet.lost_gpu

@@ -96,10 +96,10 @@ def waste_by_team(rows: Sequence[TeamRow], limit: int = 10) -> str:
 
 
 def share_vs_entitlement(rows: Sequence[TeamRow], limit: int = 12) -> str:
-    """Per team: entitled share (gray) against used share (blue) of the fleet's allocated GPU-hours."""
+    """Per team: entitled share (gray) against allocated share (blue) of the fleet's allocated GPU-hours."""
     rows = [r for r in rows if r.entitled_share is not None or r.used_share is not None]
     rows = sorted(rows, key=lambda r: (-(r.used_share or 0.0), -(r.entitled_share or 0.0), r.account))[:limit]
-    title = "Used share vs entitled share"
+    title = "Allocated share vs entitled share"
     if not rows:
         return _svg(680, 60, title, [f'<text x="340" y="34" text-anchor="middle" fill="{MUTED}">No shares or usage to compare.</text>'])
     w, left, right, bar = 680, 170, 70, 11
@@ -110,7 +110,7 @@ def share_vs_entitlement(rows: Sequence[TeamRow], limit: int = 12) -> str:
     pw = w - left - right
     out = [
         f'<rect x="{left}" y="6" width="12" height="10" fill="{GRAY}"/><text x="{left + 16}" y="15" fill="{INK}">entitled</text>',
-        f'<rect x="{left + 90}" y="6" width="12" height="10" fill="{BLUE}"/><text x="{left + 106}" y="15" fill="{INK}">used</text>',
+        f'<rect x="{left + 90}" y="6" width="12" height="10" fill="{BLUE}"/><text x="{left + 106}" y="15" fill="{INK}">allocated</text>',
     ]
     for i, r in enumerate(rows):
         y = top + i * group

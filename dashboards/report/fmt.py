@@ -1,64 +1,31 @@
 """How the report writes numbers: one function per kind, shared by the HTML, the text and the charts,
 so a figure reads the same everywhere (and tests can format the analytics' figure and find it).
 
-GPU-hours: two decimals below 100, one from 100 (1,234.5). Money: one format, US dollars with cents
-and thousands separators ($4,724.00 beside $945.53: a finance reader adds them up as printed), in
-the HTML, the text, the charts and the subject alike (usd). Percentages: one decimal. A missing
-figure is never written as 0.
+The formats are the dashboards' and the CLI's (gpufleet.analytics.vocabulary): GPU-hours one decimal
+(1,234.5), money US dollars with cents and thousands separators ($4,724.00 beside $945.53: a finance
+reader adds them up as printed), percentages one decimal, durations in two units ("2 h 48 min"). A
+missing figure is never written as 0.
 """
 
 from __future__ import annotations
 
-import math
+from gpufleet.analytics import vocabulary as words
 
-MINUS = "\u2212"
-
-
-def _bad(v: float | None) -> bool:
-    return v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v)))
-
-
-def hours(v: float | None) -> str:
-    if _bad(v):
-        return "unknown"
-    return f"{v:,.1f}" if abs(v) >= 100 else f"{v:,.2f}"
-
-
-def usd(v: float | None) -> str:
-    """The report's one money format: $1,234.56 (−$3.00 below zero); "unknown" when unknown."""
-    if _bad(v):
-        return "unknown"
-    sign = MINUS if v < 0 else ""
-    return f"{sign}${abs(v):,.2f}"
-
-
-def pct(v: float | None) -> str:
-    return "unknown" if _bad(v) else f"{v:.1f}%"
+MINUS = words.MINUS
+_bad = words.bad
+hours = words.gpu_h
+usd = words.usd
+pct = words.pct
+duration = words.duration
 
 
 def share(v: float | None) -> str:
     """A fraction 0..1 as a percentage."""
-    return "\u2013" if _bad(v) else f"{v * 100:.1f}%"
+    return "\u2013" if _bad(v) else pct(v * 100)
 
 
 def ratio(v: float | None) -> str:
     return "\u2013" if _bad(v) else f"{v:.2f}"
-
-
-def duration(seconds: float | None) -> str:
-    if _bad(seconds):
-        return "\u2013"
-    s = max(0.0, float(seconds))
-    if s < 90:
-        return f"{s:.0f} s"
-    m = s / 60
-    if m < 90:
-        return f"{m:.0f} min"
-    h, m = divmod(int(round(m)), 60)
-    if h < 48:
-        return f"{h} h {m:02d} min"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h"
 
 
 def value(v: float | None, unit: str) -> str:

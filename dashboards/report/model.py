@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 NEEDS_SAMPLES = {"busy_gpu_h", "utilization_pct", "idle_allocated_gpu_h", "idle_allocated_cost", "no_process_gpu_h",
                  "stranded_gpu_h", "stranded_cost"}
 NEEDS_PROCESSES = {"no_process_gpu_h"}
-LABELS = {"allocated_gpu_h": "GPU-hours allocated", "busy_gpu_h": "GPU-hours used (busy)", "utilization_pct": "Fleet utilization",
+LABELS = {"allocated_gpu_h": "GPU-hours allocated", "busy_gpu_h": "GPU-hours busy", "utilization_pct": "Fleet utilization",
           "idle_allocated_gpu_h": "Idle allocated GPU-hours", "idle_allocated_cost": "Cost of idle allocated GPUs",
           "no_process_gpu_h": "GPU-hours held with no process", "stranded_gpu_h": "Stranded GPU-hours (no job held them)",
           "stranded_cost": "Cost of stranded capacity", "no_data_gpu_h": "GPU-hours with no data"}

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from functools import cache
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.report import charts, fmt
 from gpufleet.report.model import Report
 
-VERDICTS = {
-    "no_data": "no samples", "no_process": "held with no process", "idle": "idle", "idle_stretches": "long idle stretches",
-    "unused_gpus": "some GPUs unused", "low": "low utilization", "ok": "ok",
-}
 
 
 @cache
@@ -35,7 +32,7 @@ def environment():
     env.filters.update(
         hours=fmt.hours, usd=fmt.usd, pct=fmt.pct, share=fmt.share, ratio=fmt.ratio, duration=fmt.duration,
         value=fmt.value, change=fmt.change, change_pct=fmt.change_pct, plain=fmt.plain, clip=fmt.clip,
-        verdict=lambda v: VERDICTS.get(v or "", v or "\u2013"),
+        verdict=words.verdict,
         ljust=lambda s, n: str(s).ljust(n), rjust=lambda s, n: str(s).rjust(n),
     )
     env.globals["table"] = text_table

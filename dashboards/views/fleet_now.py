@@ -64,13 +64,15 @@ def body(ctx: ui.Context) -> None:
         ui.empty_window("GPU seen in the last 24 hours before this moment")
         return
 
-    c = st.columns(4)
+    c = st.columns(5)
     c[0].metric("GPUs reporting", f"{ui.count(summary.reporting)} of {ui.count(summary.gpus)}",
                 help="Physical GPUs with a sample in the last few minutes (stale_after_seconds) that are not lost; "
-                     "a MIG instance is part of its GPU, not a GPU")
+                     "a MIG instance is part of its GPU, not a GPU. Reporting = held + free + unsliced (held on a silent GPU aside)")
     c[1].metric("Held by jobs (GPU equivalents)", ui.gpus(summary.held), help=EQUIV_HELP)
     c[2].metric("Free (reporting, not held; GPU equivalents)", ui.gpus(summary.free), help=EQUIV_HELP)
-    c[3].metric("Mean utilization", ui.pct(summary.mean_utilization_pct), help="Over the GPUs reporting now")
+    c[3].metric("Unsliced MIG (GPU equivalents)", ui.gpus(summary.unsliced),
+                help="The part of MIG GPUs no instance covers: neither held nor free until it is sliced. " + EQUIV_HELP)
+    c[4].metric("Mean utilization", ui.pct(summary.mean_utilization_pct), help="Over the GPUs reporting now")
     c = st.columns(4)
     c[0].metric("Idle allocated now (GPU equivalents)", ui.gpus(summary.idle_allocated_gpus),
                 help="Held by a job, reporting, utilization below the idle threshold. " + EQUIV_HELP)
@@ -100,8 +102,8 @@ def body(ctx: ui.Context) -> None:
                "(and idle for at least that long).")
     ui.table(idle.select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts", "util", "compute_processes",
                          "idle_since_text", "idle_for_s", "cost_usd_per_h"),
-             key="fleet_idle", empty="No GPU is idle while allocated right now.",
-             labels={"idle_since_text": "idle since", "idle_for_s": "idle for (s)", "cost_usd_per_h": "$ per hour"})
+             key="fleet_idle", empty="No GPU is idle while allocated right now.", sort="longest idle first",
+             labels={"idle_since_text": "idle since", "idle_for_s": "idle for", "cost_usd_per_h": "$ per hour", "util": "utilization %"})
 
     st.subheader("Held with no compute process")
     ui.table(states.filter(pl.col("no_process")).select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts",
@@ -112,13 +114,13 @@ def body(ctx: ui.Context) -> None:
     ui.table(states.filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
                                                             "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids", "user_names"),
              key="fleet_problems", empty="All GPUs are up and reporting.",
-             labels={"ts": "last sample", "age_s": "age (s)", "last_xid": "last XID", "last_xid_at": "last XID at"})
+             labels={"ts": "last sample", "age_s": "silent for", "last_xid": "last XID", "last_xid_at": "last XID at"})
 
     with st.expander("All GPUs (table)"):
         ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", "util", "fb_used_mib", "gpu_temp_c",
                                "power_w", "compute_processes", "held", "job_ids", "job_names", "user_names", "accounts", "schedulers",
                                "ts", "age_s"),
-                 key="fleet_gpus", labels={"ts": "last sample", "age_s": "age (s)"})
+                 key="fleet_gpus", labels={"ts": "last sample", "age_s": "age of last sample", "util": "utilization %"})
 
     hosts = now["hosts"]
     stale = hosts.filter(~pl.col("fresh"))
@@ -127,8 +129,11 @@ def body(ctx: ui.Context) -> None:
     c = st.columns(3)
     c[0].metric("Collector last wrote", ui.duration(cs["age_s"]) + " ago" if cs["age_s"] is not None else "never")
     c[1].metric("Exporters silent", f"{stale.height} of {hosts.height}", help="Hosts with no fresh sample from any GPU")
-    c[2].metric("Store version", ui.count(cs["version"]))
-    ui.table(stale, key="fleet_stale_hosts", empty="Every exporter reported recently.", labels={"age_s": "age (s)"})
+    silent_since = stale["last_sample"].min() if stale.height else None
+    c[2].metric("Silent since", ui.when(silent_since) if silent_since is not None else "none silent",
+                help="The newest sample of the exporter silent longest")
+    ui.table(stale, key="fleet_stale_hosts", empty="Every exporter reported recently.", sort="silent longest first",
+             labels={"age_s": "silent for", "last_sample": "last sample"})
 
 
 ui.run_page("Fleet now", body)

@@ -21,11 +21,11 @@ WARM_SCHEMA = {"preset": pl.Utf8, "computed_at": pl.Datetime("us"), "took_s": pl
 
 def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
     hosts = df.select("cluster", "host").unique().sort("cluster", "host")["host"].to_list()
-    df = df.with_columns((pl.col("bucket") + bucket).alias("bucket_end"))
-    return alt.Chart(df).mark_rect().encode(
-        x=alt.X("bucket:T", title=None), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None),
+    df = ui.utc_times(df.with_columns((pl.col("bucket") + bucket).alias("bucket_end")))
+    return alt.Chart(df).mark_rect().encode(  # every host's row labelled: the chart grows with the hosts
+        x=ui.time_x(df["bucket"].min(), df["bucket_end"].max()), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
         color=alt.Color("gpu_temp_max_c:Q", title="hottest GPU °C", scale=alt.Scale(scheme="orangered", domainMin=30)),
-        tooltip=["host:N", alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("gpu_temp_max_c:Q", title="max °C", format=".0f"),
+        tooltip=["host:N", ui.time_tooltip(), alt.Tooltip("gpu_temp_max_c:Q", title="max °C", format=".0f"),
                  alt.Tooltip("gpu_temp_avg_c:Q", title="mean °C", format=".1f"), alt.Tooltip("mem_temp_max_c:Q", title="memory max °C", format=".0f")],
     ).properties(height=max(120, 18 * len(hosts) + 40))
 
@@ -60,17 +60,17 @@ def body(ctx: ui.Context) -> None:
     if cs["shards"]:
         st.caption("Collector shards: each writes its share of the nodes; a shard that stopped shows its nodes as silent, never idle.")
         ui.table(pl.DataFrame(cs["shards"], schema={"shard": pl.Utf8, "published_at": pl.Datetime, "age_s": pl.Float64, "version": pl.Int64}),
-                 key="health_shards", labels={"published_at": "last wrote", "age_s": "age (s)"})
+                 key="health_shards", labels={"published_at": "last wrote", "age_s": "last wrote ago"})
 
     st.subheader("Events")
     st.caption("XID codes, new ECC errors, row remapping and lost GPUs in the window, newest first.")
-    ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.")
+    ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.", sort="newest first")
 
     st.subheader("Lost, erroring or silent GPUs now")
     ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
                                                                    "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids"),
              key="health_now", empty="Every GPU is up and reporting.",
-             labels={"ts": "last sample", "age_s": "age", "last_xid": "last XID", "last_xid_at": "last XID at"})
+             labels={"ts": "last sample", "age_s": "silent for", "last_xid": "last XID", "last_xid_at": "last XID at"})
 
     st.subheader("Temperatures")
     temp = h["temperature"]
@@ -94,26 +94,27 @@ def body(ctx: ui.Context) -> None:
     ui.table(failing, key="health_policy_failing", empty="No failing policy action.", labels={"attempt": "attempts", "detail": "error"})
 
     st.subheader("Freshness")
-    st.text(f"Collector: last publish {ui.when(cs['published_at'])}, store version {cs['version']}, {cs['sample_files']} sample files")
+    wrote = ui.when(cs["published_at"]) + (f" ({ui.duration(cs['age_s'])} ago)" if cs["age_s"] is not None else "") if cs["published_at"] else "never"
+    st.text(f"Collector: last wrote the store at {wrote}")
     sm = cs["summaries"]
-    st.text(f"Summaries: {sm['summarised']} hours summarised; waiting for the collector's upkeep to rebuild them: "
-            f"{sm['awaiting_rebuild']} (utilization, an older format), {sm['health_awaiting_rebuild']} (health), "
-            f"{sm['joined_awaiting_rebuild']} (joined segments: read from the 5-minute rows meanwhile)")
     if sm.get("summaries_only"):
         st.text(f"Summaries only: {sm['summaries_only']} hours whose raw samples retention retired ([collector.retention] raw_days), "
                 "kept as per-GPU summaries (summary_days)")
         st.caption("Their figures come from the summaries: exact for whole 5-minute buckets; the part of a bucket a window "
                    "edge cuts inside them has no data, and their health figures come only from a health summary built before.")
     if sm["awaiting_rebuild"] or sm["health_awaiting_rebuild"] or sm["joined_awaiting_rebuild"]:
-        st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples (joined segments: from "
-                   "their 5-minute rows): the same figures, "
-                   "slower (gpufleet_collect_summary_hours; `gpufleet collect --rebuild-summaries` does them all at once).")
+        with st.expander("Store upkeep pending (the figures are complete meanwhile)"):
+            st.text(f"Hours whose summaries the collector's upkeep has still to rebuild: {sm['awaiting_rebuild']} (utilization, an "
+                    f"older format), {sm['health_awaiting_rebuild']} (health), {sm['joined_awaiting_rebuild']} (joined segments)")
+            st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples (joined segments: from "
+                       "their 5-minute rows): the same figures, slower (gpufleet_collect_summary_hours; "
+                       "`gpufleet collect --rebuild-summaries` does them all at once).")
     if dconfig.warm_asked():
         st.text("Figures computed ahead for the presets ([dashboard] warm_windows), each at its reuse period's start, and the "
                 "hour facts of the last [dashboard] facts_days days (a typed-in window of whole hours: its pages and the previous window):")
         ui.table(pl.DataFrame(figures.warmer(ctx.settings).status(), schema=WARM_SCHEMA), key="health_warm",
                  empty="No preset is computed ahead ([dashboard] warm_windows = []).",
-                 labels={"computed_at": "last computed", "took_s": "took (s)", "start": "window from", "end": "to", "error": "last failure"})
+                 labels={"computed_at": "last computed", "took_s": "took", "start": "window from", "end": "to", "error": "last failure"})
     ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
 
     st.subheader("Job GPU counts")

@@ -7,11 +7,21 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.dashboards import data, figures, ui
 
 VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
-LIST_COLUMNS = ("job_id", "name", "user_name", "account", "partition", "state", "gpus", "start", "end", "runtime_h",
-                "allocated_gpu_h", "mean_utilization_pct", "idle_gpu_h", "no_process_gpu_h", "verdict")
+# the key columns first (what idled and why), so they are on screen at 1,600 px; then who and when
+LIST_COLUMNS = ("job_id", "idle_gpu_h", "verdict", "no_process_gpu_h", "allocated_gpu_h", "mean_utilization_pct", "gpus", "user_name",
+                "account", "name", "state", "runtime_h", "start", "end", "partition")
+# the figures of the part of a job inside the window, said so (a job may start before it or end after it)
+LIST_LABELS = {"idle_gpu_h": "idle GPU-h in window", "no_process_gpu_h": "no process GPU-h in window",
+               "allocated_gpu_h": "allocated GPU-h in window", "mean_utilization_pct": "mean utilization % in window",
+               "runtime_h": "run time in window"}
+# sort choices: label -> (column, descending)
+SORTS = {"most idle GPU-hours first": ("idle_gpu_h", True), "most no-process GPU-hours first": ("no_process_gpu_h", True),
+         "most allocated GPU-hours first": ("allocated_gpu_h", True), "lowest mean utilization first": ("mean_utilization_pct", False),
+         "newest start first": ("start", True), "job id": ("job_id", False)}
 
 
 def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
@@ -26,13 +36,21 @@ def search(jobs: pl.DataFrame, q: str, verdicts: list[str]) -> pl.DataFrame:
     return out
 
 
-def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | None = None) -> alt.Chart:
-    df = tl.with_columns(pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")).alias("gpu_label"))
-    y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined)
+def gpu_chart(tl: pl.DataFrame, field: str, title: str, domain: list[float] | None = None, fmt: str = ",.1f") -> alt.Chart:
+    """One line per GPU of the job; the legend lists every GPU (beside the chart, in as many columns
+    of 16 as it needs, the chart as tall as its legend: a legend taller than its chart is cut)."""
+    gi = pl.col("gi") if "gi" in tl.columns else pl.lit(-1)
+    label = pl.when(gi >= 0).then(pl.format("{} / GPU {} (MIG {})", pl.col("host"), pl.col("gpu"), gi)).otherwise(
+        pl.format("{} / GPU {}", pl.col("host"), pl.col("gpu")))
+    df = ui.utc_times(tl.with_columns(label.alias("gpu_label")))
+    n = df["gpu_label"].n_unique()
+    y = alt.Y(f"{field}:Q", title=title, scale=alt.Scale(domain=domain) if domain else alt.Undefined, axis=alt.Axis(format=fmt))
     return alt.Chart(df).mark_line(point=True, interpolate="step-after").encode(
-        x=alt.X("bucket:T", title=None), y=y, color=alt.Color("gpu_label:N", title="GPU"),
-        tooltip=[alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), "gpu_label:N", alt.Tooltip(f"{field}:Q", format=",.1f")],
-    ).properties(height=240)
+        x=ui.time_x(df["bucket"].min(), df["bucket"].max()) if df.height else ui.time_x(), y=y,
+        color=alt.Color("gpu_label:N", title="GPU",
+                        legend=alt.Legend(orient="right", columns=-(-n // 16), symbolLimit=0, labelLimit=0)),
+        tooltip=[ui.time_tooltip(), alt.Tooltip("gpu_label:N", title="GPU"), alt.Tooltip(f"{field}:Q", title=title, format=fmt)],
+    ).properties(height=max(240, 28 * min(n, 16) + 40))
 
 
 def report(window, job: dict) -> None:
@@ -40,8 +58,8 @@ def report(window, job: dict) -> None:
     ui.text("Job", job["job_id"])
     ui.text("Name", job.get("name"))
     ui.text("User / account / partition", f"{job.get('user_name') or ''} / {job.get('account') or ''} / {job.get('partition') or ''}")
-    gpus = "unknown (the accounting names none: see the Health page)" if job.get("gpus") is None else job["gpus"]
-    ui.text("State, GPUs", f"{job.get('state') or ''}, {gpus}" + (f" (from {job['gpus_source']})" if job.get("gpus_source") else ""))
+    gpus = "unknown (the accounting names none: see the Health page)" if job.get("gpus") is None else ui.gpus(job["gpus"])
+    ui.text("State, GPUs", f"{job.get('state') or words.UNKNOWN}, {gpus}" + (f" (from {job['gpus_source']})" if job.get("gpus_source") else ""))
     ui.text("Run", f"{ui.when(job.get('start'))} to {ui.when(job.get('end')) if job.get('end') else 'still running'}")
     res = data.job_report(window.key, {k: job.get(k) for k in ("cluster", "scheduler", "job_key", "job_id", "account", "user_name",
                                                                    "partition", "start", "end")})
@@ -50,7 +68,7 @@ def report(window, job: dict) -> None:
         return
     r = res["report"]
     c = st.columns(3)
-    c[0].metric("Verdict", r.verdict)
+    c[0].metric("Verdict", words.verdict(r.verdict))
     c[1].metric("Runtime in window", ui.duration(r.runtime_h * 3600))
     c[2].metric("Allocated", ui.gpu_h(r.allocated_gpu_h) if r.allocated_gpu_h is not None else "unknown",
                 help=None if r.allocated_gpu_h is not None else "The job's GPU count is unknown, so its allocated GPU-hours are")
@@ -61,7 +79,7 @@ def report(window, job: dict) -> None:
     st.text(f"Rule: {r.rule}")
     m = res["mfu"]  # (the job's row of the MFU page's per-job figures)
     if m is not None:
-        st.text(f"MFU: {ui.pct(m['mfu'] * 100) if m.get('mfu') is not None else 'unknown'}; method: {m.get('method')}"
+        st.text(f"MFU: {ui.pct(m['mfu'] * 100) if m.get('mfu') is not None else 'unknown'}; method: {m.get('method') or words.UNKNOWN}"
                 + (f"; {m['reason']}" if m.get("reason") else ""))
     else:
         st.text(f"MFU: {res['mfu_error'] or 'unknown for this job (not in the MFU figures of this window)'}")
@@ -73,7 +91,7 @@ def report(window, job: dict) -> None:
         st.caption("Utilization and memory per GPU over time (points: buckets with data; a missing point is no data).")
         st.altair_chart(gpu_chart(tl.drop_nulls("utilization_pct"), "utilization_pct", "utilization %", [0, 100]), width="stretch")
         if tl["fb_used_max_mib"].is_not_null().any():
-            st.altair_chart(gpu_chart(tl.drop_nulls("fb_used_max_mib"), "fb_used_max_mib", "memory used, MiB (max)"), width="stretch")
+            st.altair_chart(gpu_chart(tl.drop_nulls("fb_used_max_mib"), "fb_used_max_mib", "memory used, MiB (max)", fmt=",.0f"), width="stretch")
         else:
             st.caption("No memory samples for this job's GPUs.")
     st.subheader("Idle periods")
@@ -90,14 +108,18 @@ def body(ctx: ui.Context) -> None:
     if jobs.is_empty():
         ui.empty_window("job")
         return
-    c = st.columns([2, 2, 1])
+    c = st.columns([3, 2, 2, 2])
     q = c[0].text_input("Search (job id, name, user, account)", key="q", bind="query-params")
-    verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params")
+    verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params", format_func=words.verdict)
+    order = c[2].selectbox("Sort", list(SORTS), key="sort", bind="query-params") or next(iter(SORTS))
     found = search(jobs, q or "", verdicts or [])
-    c[2].metric("Jobs", f"{found.height:,} of {jobs.height:,}")
-    shown = ui.first_rows(found, "most idle GPU-hours first", "narrow the search to see others")
-    event = None
-    event = ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select="rerun", selection_mode="single-row")
+    c[3].metric("Jobs", f"{found.height:,} of {jobs.height:,}")
+    column, descending = SORTS[order]
+    found = found.sort([column, "job_id"], descending=[descending, False], nulls_last=True)
+    shown = ui.first_rows(found, order, "narrow the search to see others")
+    st.caption("Figures are of the part of each job inside the window (a job may have started before it or end after it).")
+    event = ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select="rerun", selection_mode="single-row",
+                     labels=LIST_LABELS, sort=order, height=560)
     picked = st.text_input("Job id for the report (or select a row)", key="job", bind="query-params")
     job = None
     rows = (event.selection.rows if event is not None and getattr(event, "selection", None) else []) or []

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import polars as pl
 import streamlit as st
 
 from gpufleet.dashboards import figures, ui
@@ -25,11 +26,18 @@ def body(ctx: ui.Context) -> None:
                "from tensor-pipe activity (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, from dcgm-exporter or our exporter's GPM; labelled "
                "as one), or unknown. GPU utilization is never used as MFU.")
     st.subheader("Per account / team")
-    ui.table(figures_mfu["accounts"], key="mfu_accounts", empty="No MFU figure in this window.")
+    st.caption("A team's MFU is over its jobs with a known MFU only: 'GPU-h with MFU known' says how much of its GPU-hours that is.")
+    acc = figures_mfu["accounts"]
+    if not acc.is_empty():
+        acc = acc.with_columns((pl.col("gpu_h") - pl.col("unknown_gpu_h")).alias("known_gpu_h")).select(
+            "cluster", "account", "mfu", "method", "known_gpu_h", "unknown_gpu_h", "gpu_h", "jobs", "unknown_jobs")
+    ui.table(acc, key="mfu_accounts", empty="No MFU figure in this window.", sort="cluster and account",
+             labels={"mfu": "MFU %", "known_gpu_h": "GPU-h with MFU known", "unknown_gpu_h": "GPU-h with MFU unknown",
+                     "unknown_jobs": "jobs with MFU unknown"})
     st.subheader("Per job")
     jobs = ui.first_rows(figures_mfu["jobs"].sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
                          "most GPU-hours first", "filter by account or user to see others")
-    ui.table(jobs, key="mfu_jobs", empty="No MFU figure in this window.")
+    ui.table(jobs, key="mfu_jobs", empty="No MFU figure in this window.", sort="most GPU-hours first", labels={"mfu": "MFU %"})
 
 
 ui.run_page("MFU", body)

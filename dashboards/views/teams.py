@@ -1,4 +1,4 @@
-"""Teams and fairness: entitled vs used share per account, Jain's index, the fair-share factor,
+"""Teams and fairness: entitled vs allocated share per account, Jain's index, the fair-share factor,
 the Gini of GPU-hours over users, and queue wait."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import streamlit as st
 from gpufleet.analytics import fairness
 from gpufleet.dashboards import figures, ui
 
-SHARE_LABELS = {"active_share": "entitled (among accounts with demand)", "used_share": "used"}
+SHARE_LABELS = {"active_share": "entitled share (among accounts with demand)", "used_share": "allocated share"}
 
 
 def share_chart(acc: pl.DataFrame) -> alt.Chart:
@@ -18,8 +18,8 @@ def share_chart(acc: pl.DataFrame) -> alt.Chart:
         "account", "active_share", "used_share").unpivot(index="account", variable_name="share", value_name="value").with_columns(
         pl.col("share").replace_strict(SHARE_LABELS), (pl.col("value") * 100).alias("percent"))
     return alt.Chart(df).mark_bar().encode(
-        y=alt.Y("account:N", title=None), x=alt.X("percent:Q", title="% of the GPU-hours"), yOffset=alt.YOffset("share:N"),
-        color=alt.Color("share:N", title=None),
+        y=alt.Y("account:N", title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)), x=alt.X("percent:Q", title="% of the GPU-hours"), yOffset=alt.YOffset("share:N"),
+        color=alt.Color("share:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),
         tooltip=["account:N", "share:N", alt.Tooltip("percent:Q", format=".1f")],
     ).properties(height=max(120, 36 * df["account"].n_unique() + 40))
 
@@ -32,7 +32,7 @@ def body(ctx: ui.Context) -> None:
     if f is None:
         st.error("The fairness figures could not be computed for this window. The dashboard's log has the details.")
         st.text(fairness_error or "")
-        st.subheader("Used GPU-hours by account")
+        st.subheader("Allocated GPU-hours by account")
         ui.table(b.utilization["account"], key="fair_usage")
         return
     acc = f.per_account
@@ -42,9 +42,9 @@ def body(ctx: ui.Context) -> None:
     s = ctx.settings
     c = st.columns(4)
     c[0].metric("Jain's index", "no data" if f.jain_index is None else f"{f.jain_index:.3f}",
-                help="Over used share / entitled share of the accounts with demand: 1 = everyone got their share")
+                help="Over allocated share / entitled share of the accounts with demand: 1 = everyone got their share")
     c[1].metric("Gini of GPU-hours over users", "no data" if f.gini_users is None else f"{f.gini_users:.3f}",
-                help="0 = every user used the same, towards 1 = one user used everything")
+                help="Of allocated GPU-hours: 0 = every user was allocated the same, towards 1 = one user had everything")
     c[2].metric("Accounts with demand", ui.count(acc.filter(pl.col("jobs") > 0).height))
     c[3].metric("Jobs pending now", ui.count(f.pending.height))
     if f.shown:  # under a filter: its rows of the whole comparison (fairness is a relation between teams)
@@ -56,9 +56,10 @@ def body(ctx: ui.Context) -> None:
         st.caption("Accounts with demand but no configured share (no ratio):")
         st.text(", ".join(f.without_share))
 
-    st.subheader("Entitled vs used share")
+    st.subheader("Entitled vs allocated share")
     st.altair_chart(share_chart(acc), width="stretch")
-    ui.table(acc, key="fair_accounts", labels={"ratio": "used / entitled", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"})
+    ui.table(acc, key="fair_accounts", labels={"ratio": "allocated / entitled", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"},
+             sort="account")
 
     st.subheader("Queue wait by job size (GPUs)")
     ui.table(f.wait_by_size, key="fair_wait", labels={"gpus_bucket": "GPUs", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"})

@@ -1,5 +1,6 @@
 """Utilization: over time and by cluster, partition/namespace, account, user or GPU model;
-allocated vs used vs capacity, with "no data" shown as such."""
+capacity, allocated, held and busy, with "no data" shown as such (the vocabulary of
+gpufleet.analytics.vocabulary)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.dashboards import figures, ui
 
 BY = {"fleet": "whole fleet", "cluster": "cluster", "partition": "partition / namespace", "account": "account / team",
@@ -15,24 +17,40 @@ BY = {"fleet": "whole fleet", "cluster": "cluster", "partition": "partition / na
 CHOICES = {"fleet": "fleet", "cluster": "cluster", "partition": "partition", "account": "account", "user": "user_name", "model": "model"}
 KEYS = {"fleet": [], "cluster": ["cluster"], "model": ["model"], "partition": ["cluster", "partition"], "account": ["cluster", "account"],
         "user_name": ["cluster", "user_name"]}
-SERIES = {"capacity_gpu_h": "capacity", "allocated_gpu_h": "allocated (scheduler)", "held_data_gpu_h": "held (exporter data)",
-          "busy_gpu_h": "used (busy)", "no_data_gpu_h": "no data"}
+SERIES = {k: words.TERMS[k] for k in ("capacity_gpu_h", "allocated_gpu_h", "held_data_gpu_h", "busy_gpu_h", "no_data_gpu_h")}
 TOP = 25
 
 
-def fleet_chart(tl: pl.DataFrame, bucket_h: float) -> alt.Chart:
-    """Average GPUs over each bucket (GPU-hours / bucket hours) of each series."""
+def fleet_chart(tl: pl.DataFrame, bucket_h: float, start, end) -> alt.LayerChart:
+    """Average GPUs over each bucket (GPU-hours / the bucket's hours inside the window) of each
+    series; a bucket the window's edges or now cut is drawn as a hollow point and said so in its
+    tooltip, its average taken over the part it covers (no cliff at the current bucket). Held is
+    dashed, so allocated stays visible where the two lie on each other."""
     cols = [c for c in SERIES if c in tl.columns and tl[c].is_not_null().any()]
-    long = tl.select("bucket", *cols).unpivot(index="bucket", on=cols, variable_name="series", value_name="gpu_h").with_columns(
-        (pl.col("gpu_h") / bucket_h).alias("gpus"), pl.col("series").replace_strict(SERIES))
-    return alt.Chart(long).mark_line(interpolate="step-after", point=True).encode(
-        x=alt.X("bucket:T", title=None),
+    long = ui.bucket_coverage(tl.select("bucket", *cols), bucket_h, start, end).unpivot(
+        index=["bucket", "covered_h", "part"], on=cols, variable_name="series", value_name="gpu_h").with_columns(
+        (pl.col("gpu_h") / pl.col("covered_h")).alias("gpus"), pl.col("series").replace_strict(SERIES),
+        pl.col("covered_h").map_elements(lambda h: f"{ui.duration(h * 3600)} of {ui.duration(bucket_h * 3600)}", return_dtype=pl.Utf8)
+        .alias("covers"))
+    long = ui.utc_times(long.filter(pl.col("covered_h") > 0))
+    names = list(SERIES.values())
+    base = alt.Chart(long).encode(
+        x=ui.time_x(start, end),
         y=alt.Y("gpus:Q", title="GPUs (average over the bucket)"),
-        color=alt.Color("series:N", title=None, sort=list(SERIES.values()),
-                        scale=alt.Scale(domain=list(SERIES.values()), range=["#7f7f7f", "#1f77b4", "#17becf", "#2ca02c", "#d62728"])),
-        tooltip=[alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"), "series:N", alt.Tooltip("gpus:Q", format=",.1f"),
-                 alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f")],
-    ).properties(height=300)
+        color=alt.Color("series:N", title=None, sort=names, legend=alt.Legend(orient="top", labelLimit=0),
+                        scale=alt.Scale(domain=names, range=["#7f7f7f", "#1f77b4", "#17becf", "#2ca02c", "#d62728"])),
+        strokeDash=alt.StrokeDash("series:N", sort=names, legend=None,
+                                  scale=alt.Scale(domain=names, range=[[1, 0], [1, 0], [6, 4], [1, 0], [1, 0]])),
+        tooltip=[ui.time_tooltip(), "series:N", alt.Tooltip("gpus:Q", title="GPUs", format=",.1f"),
+                 alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.1f"), alt.Tooltip("part:N", title="bucket"),
+                 alt.Tooltip("covers:N", title="covers")],
+    )
+    lines = base.mark_line(interpolate="step-after", strokeWidth=2)
+    points = base.mark_point(filled=True, size=30).encode(
+        shape=alt.Shape("part:N", title="bucket", scale=alt.Scale(domain=["whole", ui.PARTIAL], range=["circle", "triangle-down"]),
+                        legend=alt.Legend(orient="top")),
+        fillOpacity=alt.FillOpacity("part:N", scale=alt.Scale(domain=["whole", ui.PARTIAL], range=[1.0, 0.0]), legend=None))
+    return alt.layer(lines, points).properties(height=300)
 
 
 def heatmap(tl: pl.DataFrame, keys: list[str], order: list[str], basis: str, bucket_h: float) -> alt.Chart:
@@ -42,9 +60,11 @@ def heatmap(tl: pl.DataFrame, keys: list[str], order: list[str], basis: str, buc
     df = tl.filter((pl.col(basis) > 0) | (pl.col("data_gpu_h") > 0)).select(
         "bucket", pl.col(label).fill_null("(none)").alias("group"), "utilization_pct", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h"
     ).with_columns((pl.col("bucket") + pl.duration(seconds=bucket_h * 3600)).alias("bucket_end"))
-    base = alt.Chart(df).encode(x=alt.X("bucket:T", title=None), x2="bucket_end:T", y=alt.Y("group:N", sort=order, title=None, axis=alt.Axis(labelOverlap=False))
+    df = ui.utc_times(df)
+    base = alt.Chart(df).encode(x=ui.time_x(df["bucket"].min(), df["bucket_end"].max()) if df.height else ui.time_x(), x2="bucket_end:T",
+                                y=alt.Y("group:N", sort=order, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0))
                                 ).properties(height=max(120, 20 * len(order)))
-    tooltip = [alt.Tooltip("group:N", title=label), alt.Tooltip("bucket:T", format="%Y-%m-%d %H:%M"),
+    tooltip = [alt.Tooltip("group:N", title=label), ui.time_tooltip(),
                alt.Tooltip("utilization_pct:Q", title="utilization %", format=".1f"),
                alt.Tooltip("busy_gpu_h:Q", title="busy GPU-h", format=",.2f"), alt.Tooltip("no_data_gpu_h:Q", title="no-data GPU-h", format=",.2f")]
     grey = base.mark_rect(color="#d0d0d0").encode(tooltip=tooltip)
@@ -71,7 +91,7 @@ def body(ctx: ui.Context) -> None:
     ui.scope_note(t)
     c = st.columns(3)
     c[0].metric("Utilization", ui.pct(t.utilization_pct), help="Time-weighted GPU utilization over the time with data")
-    c[1].metric("Used (busy)", ui.gpu_h(t.busy_gpu_h))
+    c[1].metric("Busy", ui.gpu_h(t.busy_gpu_h), help="Utilization-weighted time with data")
     c[2].metric("Allocated", ui.gpu_h(t.allocated_gpu_h), help="Scheduler accounting: GPUs x MIG share x run time")
     c = st.columns(3)
     c[0].metric("Capacity", ui.attributable(t.capacity_gpu_h, t, ui.gpu_h))
@@ -81,9 +101,11 @@ def body(ctx: ui.Context) -> None:
 
     tl_fleet = b.timeline["fleet"]
     bucket_h = ((tl_fleet["bucket"][1] - tl_fleet["bucket"][0]).total_seconds() / 3600) if tl_fleet.height > 1 else b.window.length.total_seconds() / 3600
-    st.subheader("Allocated vs used vs capacity")
-    st.caption(f"Average GPUs in each {ui.duration(bucket_h * 3600)} bucket. 'No data': capacity without samples (exporter down, GPU lost).")
-    st.altair_chart(fleet_chart(tl_fleet, bucket_h), width="stretch")
+    st.subheader("Capacity, allocated and busy")
+    st.caption(f"Average GPUs in each {ui.duration(bucket_h * 3600)} bucket, times in UTC. 'No data': capacity without samples "
+               "(exporter down, GPU lost). A hollow triangle is a partial bucket (cut by the window's start or by now): its "
+               "average is over the part it covers.")
+    st.altair_chart(fleet_chart(tl_fleet, bucket_h, b.window.start, b.window.end), width="stretch")
 
     if by != "fleet":
         keys = KEYS[by]
@@ -101,7 +123,7 @@ def body(ctx: ui.Context) -> None:
                    + " without samples (no data); blank: nothing " + ("installed" if rank == "capacity_gpu_h" else "allocated") + ".")
         st.altair_chart(heatmap(tl, keys, shown, rank, bucket_h), width="stretch")
         st.subheader(f"By {BY[by]} over the window")
-        ui.table(u.sort(rank, descending=True), key="util_by")
+        ui.table(u.sort(rank, descending=True), key="util_by", sort=f"most {words.header(rank)} first")
     else:
         st.subheader("The window")
         ui.table(b.utilization["fleet"], key="util_by")

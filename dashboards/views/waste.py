@@ -12,13 +12,18 @@ from gpufleet.dashboards import data, figures, ui
 TOP = 15
 
 
-def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.Chart:
+def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.LayerChart:
+    """The TOP largest, every bar named on its axis (no label dropped for room: the chart grows
+    with its bars) and its figure written at its end."""
     top = df.sort(value, descending=True, nulls_last=True).head(TOP).with_columns(pl.col(key).fill_null("(none)"))
-    return alt.Chart(top).mark_bar().encode(
-        y=alt.Y(f"{key}:N", sort="-x", title=None), x=alt.X(f"{value}:Q", title=title),
-        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.2f"), alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3),
+    base = alt.Chart(top).encode(
+        y=alt.Y(f"{key}:N", sort="-x", title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
+        x=alt.X(f"{value}:Q", title=title),
+        tooltip=[f"{key}:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.1f"), alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3),
                  alt.Tooltip("gpus:Q", title="GPUs")],
-    ).properties(height=max(120, 24 * top.height + 30))
+    )
+    figures = base.mark_text(align="left", dx=4).encode(text=alt.Text(f"{value}:Q", format=",.1f"))
+    return alt.layer(base.mark_bar(), figures).properties(height=max(120, 26 * top.height + 30))
 
 
 def body(ctx: ui.Context) -> None:
@@ -55,22 +60,26 @@ def body(ctx: ui.Context) -> None:
     st.text(f"Previous window: {ui.when(b.window.start - b.window.length)} to {ui.when(b.window.start)}")
     if why:
         st.text(f"No data to compare against: {why}")
-    ui.table(base.compare(t).drop("figure"), key="waste_trend",
-             labels={"change_pct": "change %", "change_missing": "no change because", "change_pct_missing": "no change % because"})
+    ui.table(ui.trend_table(base.compare(t)), key="waste_trend", sort="the headline figures' order")
 
     st.subheader("Idle allocated by account / team")
     acct = b.waste[("account", "idle")]
     if not acct.is_empty():
+        if acct.height > TOP:
+            st.caption(f"The {TOP} teams with the most idle allocated GPU-hours of {acct.height}; the table below has all.")
         st.altair_chart(bars(acct, "account", "gpu_h", "idle allocated GPU-hours"), width="stretch")
-    ui.table(acct, key="waste_by_account", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"})
+    ui.table(acct, key="waste_by_account", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"},
+             sort="most idle GPU-hours first")
     st.subheader("Idle allocated by user")
-    ui.table(b.waste[("user_name", "idle")], key="waste_by_user", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"})
+    ui.table(b.waste[("user_name", "idle")], key="waste_by_user", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"},
+             sort="most idle GPU-hours first")
     with st.expander("Held with no compute process, by account and by user"):
         ui.table(b.waste[("account", "no_process")], key="waste_np_account", labels={"gpu_h": "no-process GPU-h"})
         ui.table(b.waste[("user_name", "no_process")], key="waste_np_user", labels={"gpu_h": "no-process GPU-h"})
 
     st.subheader("Most wasteful jobs")
-    ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.")
+    ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.",
+             sort="most idle GPU-hours first")
 
     st.subheader("Stranded capacity")
     if t.not_attributable_reason:
@@ -78,9 +87,9 @@ def body(ctx: ui.Context) -> None:
         return
     st.caption("GPU time with data that no job held, by GPU model and by host.")
     by_model = b.utilization["model"].select("model", "capacity_gpu_h", "stranded_gpu_h", "data_gpu_h").sort("stranded_gpu_h", descending=True)
-    ui.table(by_model, key="waste_stranded_model")
+    ui.table(by_model, key="waste_stranded_model", sort="most stranded GPU-hours first")
     by_host = b.utilization["host"].select("cluster", "host", "capacity_gpu_h", "stranded_gpu_h").sort("stranded_gpu_h", descending=True)
-    ui.table(by_host, key="waste_stranded_host")
+    ui.table(by_host, key="waste_stranded_host", sort="most stranded GPU-hours first")
 
 
 ui.run_page("Waste and cost", body)

@@ -1,0 +1,161 @@
+"""The one vocabulary (../shared/DESIGN.md contract 4b) and the one way figures are written for
+people, named here once for every page, the weekly report and `gpufleet analyze`.
+
+capacity = allocated + stranded; allocated = with data + no data; busy = utilization-weighted
+time with data; utilization = busy / with data; idle allocated, no process, waste. The word
+"used" names none of them. Unknown is written "unknown", never 0, "None", "NaN" or -1.
+
+Plain Python only: the dashboards, the report and the CLI all import it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+UNKNOWN = "unknown"
+MINUS = "\u2212"  # a minus sign, not a hyphen
+NONE = "\u2013"  # nothing to show (no wait because nothing waited): a dash, never "None"
+
+# figure (a Totals field or a table column) -> its name for people
+TERMS = {
+    "capacity_gpu_h": "capacity",
+    "allocated_gpu_h": "allocated",
+    "stranded_gpu_h": "stranded",
+    "data_gpu_h": "with data",
+    "no_data_gpu_h": "no data",
+    "busy_gpu_h": "busy",
+    "utilization_pct": "utilization",
+    "idle_allocated_gpu_h": "idle allocated",
+    "idle_gpu_h": "idle allocated",
+    "no_process_gpu_h": "no process",
+    "idle_allocated_cost": "waste (idle allocated)",
+    "idle_cost": "waste (idle allocated)",
+    "no_process_cost": "waste (no process)",
+    "stranded_cost": "waste (stranded)",
+    "held_data_gpu_h": "held (exporter data)",
+}
+
+# what each term means, one sentence (help texts, the report's method section)
+MEANINGS = {
+    "capacity": "GPU-hours the inventory had: allocated + stranded",
+    "allocated": "GPU-hours a job held (scheduler accounting): with data + no data",
+    "stranded": "GPU-hours of capacity no job held",
+    "with data": "allocated (or capacity) time with a sample within max_gap",
+    "no data": "time with no sample within max_gap: neither idle nor busy",
+    "busy": "utilization-weighted time with data",
+    "utilization": "busy / with data",
+    "idle allocated": "allocated time in idle stretches (below idle_threshold for at least idle_min_duration)",
+    "no process": "allocated time with no compute process",
+}
+
+# The JSON keys renamed to the vocabulary: the old key is kept beside the new one for one release.
+DEPRECATED_KEYS = {"used_gpu_h": "allocated_gpu_h", "used_share": "allocated_share"}
+
+# A job's verdict (gpufleet.analytics.jobs) in the report's words
+VERDICTS = {
+    "no_data": "no samples", "no_process": "held with no process", "idle": "idle", "idle_stretches": "long idle stretches",
+    "unused_gpus": "some GPUs unused", "low": "low utilization", "ok": "ok",
+}
+
+# Column headers: the term with its unit, so a header says what its cells hold
+HEADERS = {
+    **{k: f"{v} GPU-h" for k, v in TERMS.items() if k.endswith("_gpu_h")},
+    **{k: f"{v} $" for k, v in TERMS.items() if k.endswith("_cost")},
+    "utilization_pct": "utilization %", "mean_utilization_pct": "mean utilization %",
+    "used_gpu_h": "allocated GPU-h", "used_share": "allocated share", "gpu_h": "GPU-h", "cost": "cost $",
+    "runtime_h": "run time in window", "gpus": "GPUs", "job_id": "job", "user_name": "user", "gi": "MIG instance",
+}
+
+# How many decimals each kind of figure gets, everywhere
+DECIMALS = {"gpu_h": 1, "usd": 2, "pct": 1, "ratio": 2}
+
+
+def bad(x: Any) -> bool:
+    """No number to show: None, NaN or infinite."""
+    return x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))
+
+
+def header(column: str) -> str:
+    """A table column's header for people."""
+    if column in HEADERS:
+        return HEADERS[column]
+    for suffix, unit in (("_gpu_h", " GPU-h"), ("_pct", " %"), ("_mib", " MiB"), ("_cost", " $"), ("_c", " \u00b0C"), ("_w", " W")):
+        if column.endswith(suffix):
+            return column[: -len(suffix)].replace("_", " ") + unit
+    if column.endswith("_s"):  # durations are written out ("2 h 48 min"): no unit in the header
+        return column[:-2].replace("_", " ")
+    return column.replace("_", " ")
+
+
+def verdict(v: str | None) -> str:
+    return VERDICTS.get(v or "", v or NONE)
+
+
+def gpu_h(x: float | None) -> str:
+    """GPU-hours, one decimal, thousands separated: 1,234.5."""
+    return UNKNOWN if bad(x) else f"{x:,.{DECIMALS['gpu_h']}f}"
+
+
+def usd(x: float | None) -> str:
+    """Money: US dollars with cents, $1,234.56 (\u2212$3.00 below zero; -0.0 reads $0.00)."""
+    if bad(x):
+        return UNKNOWN
+    return f"{MINUS if x < 0 else ''}${abs(x):,.{DECIMALS['usd']}f}"
+
+
+def pct(x: float | None) -> str:
+    """A percentage, one decimal: 12.3 %."""
+    return UNKNOWN if bad(x) else f"{x:.{DECIMALS['pct']}f} %"
+
+
+def duration(seconds: float | None) -> str:
+    """Two significant units: "46 s", "1 min 26 s", "2 h 48 min", "3 d 4 h"."""
+    if bad(seconds):
+        return UNKNOWN
+    s = int(round(max(0.0, float(seconds))))
+    units = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+    for i, (name, size) in enumerate(units):
+        if s >= size or size == 1:
+            big, rest = divmod(s, size)
+            if i + 1 < len(units):
+                small_name, small_size = units[i + 1]
+                small = rest // small_size
+                if small:
+                    return f"{big} {name} {small} {small_name}"
+            return f"{big} {name}"
+    return f"{s} s"
+
+
+def when(t: datetime | None) -> str:
+    """A moment: 24-hour clock, UTC, said."""
+    return UNKNOWN if t is None else t.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def figure(key: str, x: float | None) -> str:
+    """A figure written by its kind, told by its name: GPU-hours, money or a percentage."""
+    if key.endswith("_cost") or key.endswith("usd"):
+        return usd(x)
+    if key.endswith("_pct"):
+        return pct(x)
+    return UNKNOWN if bad(x) else f"{gpu_h(x)} GPU-h"
+
+
+def signed(key: str, x: float | None) -> str:
+    """A change of a figure: +1.5 GPU-h, \u2212$3.00, +2.5 pp (percentage points), \u00b10."""
+    if bad(x):
+        return UNKNOWN
+    sign = "+" if x > 0 else (MINUS if x < 0 else "\u00b1")
+    if key.endswith("_pct"):
+        return f"{sign}{abs(x):.{DECIMALS['pct']}f} pp"
+    return sign + figure(key, abs(x))
+
+
+def with_new_keys(row: dict[str, Any]) -> dict[str, Any]:
+    """A JSON row with each deprecated key's vocabulary name added (the old key kept one release)."""
+    out = dict(row)
+    for old, new in DEPRECATED_KEYS.items():
+        if old in out and new not in out:
+            out[new] = out[old]
+    return out

@@ -1,0 +1,89 @@
+"""The one vocabulary and the one way figures are written (gpufleet.analytics.vocabulary), and the
+dashboards' one table formatter built on it (gpufleet.dashboards.ui.people)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.analytics import vocabulary as words
+
+UNITS = {"d": 86400, "h": 3600, "min": 60, "s": 1}
+TWO_UNITS = re.compile(r"^(\d+) (d|h|min|s)(?: (\d+) (h|min|s))?$")
+
+
+@pytest.mark.parametrize("seconds, text", [(46, "46 s"), (86, "1 min 26 s"), (60, "1 min"), (2 * 3600 + 48 * 60, "2 h 48 min"),
+                                           (3 * 3600 + 30 * 60, "3 h 30 min"), (3 * 3600, "3 h"), (3 * 86400 + 4 * 3600, "3 d 4 h"),
+                                           (0, "0 s"), (None, "unknown"), (float("nan"), "unknown")])
+def test_waits_in_two_significant_units(seconds, text):
+    assert words.duration(seconds) == text
+
+
+@given(st.floats(min_value=0, max_value=400 * 86400, allow_nan=False))
+def test_a_duration_reads_back_within_its_smaller_unit(seconds):
+    text = words.duration(seconds)
+    m = TWO_UNITS.match(text)
+    assert m, text
+    big, small = m.group(2), m.group(4)
+    names = list(UNITS)
+    if small is not None:  # adjacent units, the smaller below one of the bigger
+        assert names.index(small) == names.index(big) + 1 and int(m.group(3)) * UNITS[small] < UNITS[big], text
+    value = int(m.group(1)) * UNITS[big] + (int(m.group(3)) * UNITS[small] if small else 0)
+    resolution = UNITS[small or names_after(big)]
+    assert value <= round(seconds) < value + resolution, (seconds, text)
+
+
+def names_after(unit: str) -> str:
+    names = list(UNITS)
+    return names[min(names.index(unit) + 1, len(names) - 1)]
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True, width=64))
+def test_one_decimal_for_gpu_hours_and_percentages_cents_for_money(x):
+    if math.isnan(x) or math.isinf(x):
+        assert words.gpu_h(x) == words.pct(x) == words.usd(x) == words.UNKNOWN
+        return
+    assert re.fullmatch(r"-?[\d,]+\.\d", words.gpu_h(x)), words.gpu_h(x)
+    assert re.fullmatch(r"-?\d+\.\d %", words.pct(x)), words.pct(x)
+    assert re.fullmatch("\u2212?\\$[\\d,]+\\.\\d\\d", words.usd(x)), words.usd(x)
+
+
+def test_used_names_no_term():
+    assert "used" not in " ".join(words.TERMS.values()).split()
+    assert all("used" not in h.split() for h in words.HEADERS.values())
+    assert words.header("used_gpu_h") == words.header("allocated_gpu_h") == "allocated GPU-h"
+    row = words.with_new_keys({"account": "a", "used_gpu_h": 2.0, "used_share": 0.5})
+    assert row["allocated_gpu_h"] == row["used_gpu_h"] == 2.0 and row["allocated_share"] == row["used_share"] == 0.5
+
+
+def test_every_verdict_has_words():
+    assert all("_" not in words.verdict(v) for v in words.VERDICTS)
+    assert words.verdict(None) == words.NONE and words.verdict("ok") == "ok"
+
+
+cells = st.one_of(st.none(), st.just(float("nan")), st.floats(allow_nan=False, allow_infinity=False, min_value=-1e9, max_value=1e9))
+
+
+@settings(deadline=None)  # (the first example imports streamlit)
+@given(st.lists(st.tuples(cells, cells, st.one_of(st.none(), st.integers(-1, 6)), st.one_of(st.none(), st.sampled_from(list(words.VERDICTS))),
+                          st.one_of(st.none(), st.text(max_size=5))), min_size=1, max_size=20))
+def test_the_table_formatter_writes_no_raw_value(rows):
+    pytest.importorskip("streamlit")
+    from gpufleet.dashboards import ui
+
+    df = pl.DataFrame(rows, schema={"idle_s": pl.Float64, "idle_gpu_h": pl.Float64, "gi": pl.Int64, "verdict": pl.Utf8, "reason": pl.Utf8},
+                      orient="row")
+    shown = ui.people(df)
+    assert shown.height == df.height and shown.columns == df.columns  # no row lost, none added
+    text = [v for c in ("idle_s", "gi", "verdict", "reason") for v in shown[c].to_list()]
+    assert all(isinstance(v, str) for v in text)  # written out: no null for the grid to show as "None"
+    assert not {"None", "NaN", "nan", "-1"} & set(text) - set(df["reason"].drop_nulls().to_list())
+    assert not set(words.VERDICTS) - {"idle", "low", "ok"} & set(shown["verdict"].to_list())
+    # a number left numeric keeps its value; NaN becomes null (shown as "unknown" by the table's placeholder)
+    for got, was in zip(shown["idle_gpu_h"].to_list(), df["idle_gpu_h"].to_list()):
+        assert (got is None) if (was is None or math.isnan(was)) else got == was
