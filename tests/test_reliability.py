@@ -1,0 +1,272 @@
+"""Reliability (contract 7): every attempt's end classified once with its evidence, the window's
+figures by hand, exact Poisson intervals, lemons (planted found, homogeneous fleet within the
+stated false-positive rate), and the real sacct files through the classifier."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from gpufleet.analytics import reliability as r
+from gpufleet.analytics.reliability import Attempt, Event, Settings
+from gpufleet.collector.sources.slurm_parse import KNOWN_STATES, parse_sacct
+from tests.support.shared_data import shared_glob
+
+T0 = datetime(2026, 3, 2)
+H = timedelta(hours=1)
+GPU0, GPU1 = ("n1", "GPU-a"), ("n1", "GPU-b")
+
+
+def attempt(state: str, *, raw: str | None = None, exit_code: str | None = None, gpus: int = 2, hours: float = 1.0,
+            start: datetime = T0, job: str = "1", held=(GPU0, GPU1), **kw) -> Attempt:
+    return Attempt("c", "slurm", job, job, state, start, start + hours * H, gpus=gpus, state_raw=raw or state,
+                   exit_code=exit_code, gpus_held=tuple(held), **kw)
+
+
+def xid(code: int, at: datetime, gpu=GPU1) -> Event:
+    return Event(at, gpu[0], gpu[1], "xid", code, gpu=1)
+
+
+END = T0 + H
+
+
+@pytest.mark.parametrize("a, events, policy, cause", [
+    (attempt("COMPLETED", exit_code="0:0"), [xid(79, END - timedelta(minutes=1))], False, "completed"),
+    (attempt("FAILED", exit_code="1:0"), [], False, "user_error"),
+    (attempt("OUT_OF_MEMORY", exit_code="0:125"), [], False, "user_error"),
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=2))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(48, END - timedelta(minutes=5))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(94, END)], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(95, END + timedelta(minutes=1))], False, "hardware"),  # within the grace
+    (attempt("FAILED", exit_code="1:0"), [xid(63, END - timedelta(minutes=9))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(64, END - timedelta(minutes=9))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(74, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(119, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(120, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [Event(END - timedelta(minutes=1), "n1", "GPU-a", "ecc_dbe")], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [Event(END - timedelta(minutes=1), "n1", "GPU-a", "row_remap_failure")], False, "hardware"),
+    (attempt("NODE_FAIL"), [Event(END - timedelta(seconds=30), "n1", "GPU-b", "gpu_lost")], False, "hardware"),
+    # an application XID (13: graphics exception) is not hardware evidence
+    (attempt("FAILED", exit_code="1:0"), [xid(13, END - timedelta(minutes=1))], False, "user_error"),
+    # an event outside the window before the end, or on a GPU the attempt did not hold, is not its cause
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=11))], False, "user_error"),
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=1), gpu=("n2", "GPU-z"))], False, "user_error"),
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END + timedelta(minutes=3))], False, "user_error"),
+    (attempt("NODE_FAIL"), [], False, "node_failure"),
+    (attempt("BOOT_FAIL"), [], False, "node_failure"),
+    (attempt("TIMEOUT", exit_code="0:0"), [xid(79, END - timedelta(minutes=1))], False, "timeout"),
+    (attempt("DEADLINE"), [], False, "timeout"),
+    (attempt("PREEMPTED"), [], False, "preempted"),
+    (attempt("REQUEUED"), [], False, "requeued"),
+    (attempt("REQUEUED"), [xid(79, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("CANCELLED", raw="CANCELLED by 1000"), [], False, "cancelled_user"),
+    (attempt("CANCELLED", raw="CANCELLED by 1000"), [xid(79, END - timedelta(minutes=3))], False, "hardware"),
+    (attempt("CANCELLED", raw="CANCELLED by 0"), [], False, "cancelled_admin"),
+    (attempt("CANCELLED", raw="CANCELLED by 0"), [], True, "cancelled_policy"),
+    (attempt("CANCELLED", raw="CANCELLED by 1000"), [], True, "cancelled_policy"),
+    (attempt("CANCELLED", raw="CANCELLED"), [], False, "cancelled_unknown"),
+    (attempt("UNKNOWN"), [], False, "unknown"),
+    (attempt("RUNNING"), [], False, "not_ended"),
+    (attempt("PENDING"), [], False, "not_ended"),
+])
+def test_each_cause_by_hand(a, events, policy, cause):
+    c = r.classify(a, events, policy)
+    assert c.cause == cause, c.reason
+    if cause == "hardware":
+        assert c.evidence and all(e.hardware for e in c.evidence)
+        assert "on n1" in c.reason  # which GPU, which event, when: kept with the row
+    else:
+        assert c.evidence == ()
+
+
+def test_admin_uids_and_window_are_settings():
+    s = Settings(hardware_window=timedelta(minutes=30), admin_uids=frozenset({"0", "64030"}))
+    assert r.classify(attempt("CANCELLED", raw="CANCELLED by 64030"), s=s).cause == "cancelled_admin"
+    assert r.classify(attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=20))], s=s).cause == "hardware"
+
+
+def test_requeues_are_attempts_of_one_job():
+    first = attempt("REQUEUED", start=T0)
+    second = attempt("NODE_FAIL", start=T0 + 2 * H)
+    third = attempt("COMPLETED", start=T0 + 4 * H)
+    numbered = r.number_requeues([third, first, second, attempt("COMPLETED", job="2")])
+    by = {(a.job_key, a.start): a.attempt for a in numbered}
+    assert by[("1", T0)] == 1 and by[("1", T0 + 2 * H)] == 2 and by[("1", T0 + 4 * H)] == 3 and by[("2", T0)] == 1
+
+
+states = st.sampled_from(sorted(KNOWN_STATES | {"UNKNOWN", "garbage"}))
+
+
+@st.composite
+def attempts_and_events(draw):
+    n = draw(st.integers(1, 30))
+    out = []
+    for i in range(n):
+        state = draw(states)
+        by = draw(st.sampled_from(["", " by 0", " by 1000"]))
+        start = T0 + timedelta(minutes=draw(st.integers(0, 600)))
+        hold = draw(st.lists(st.sampled_from([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-c")]), max_size=3, unique=True))
+        out.append(Attempt("c", "slurm", str(i), str(i), state, start, start + timedelta(minutes=draw(st.integers(0, 300))),
+                           gpus=len(hold), state_raw=state + by, exit_code=draw(st.sampled_from([None, "0:0", "1:0", "0:9"])),
+                           gpus_held=tuple(hold)))
+    events = [Event(T0 + timedelta(minutes=draw(st.integers(0, 900))), *draw(st.sampled_from([("n1", "GPU-a"), ("n2", "GPU-c")])),
+                    draw(st.sampled_from(["xid", "ecc_dbe", "ecc_sbe", "gpu_lost"])), draw(st.sampled_from([13, 48, 79, 31])))
+              for _ in range(draw(st.integers(0, 10)))]
+    cancels = draw(st.sets(st.sampled_from([("c", "slurm", str(i)) for i in range(n)])))
+    return out, events, cancels
+
+
+@given(attempts_and_events())
+@hsettings(max_examples=200, deadline=None)
+def test_each_attempt_classified_exactly_once(data):
+    attempts, events, cancels = data
+    got = r.classify_all(attempts, events, cancels)
+    assert [c.attempt for c in got] == attempts  # one each, none invented, none lost
+    assert all(c.cause in r.CAUSES for c in got)
+    for c in got:  # evidence only on hardware, and only the attempt's own GPUs
+        assert (c.cause == "hardware") == bool(c.evidence)
+        assert all((e.host, e.gpu_uuid) in c.attempt.gpus_held for e in c.evidence)
+    f = r.figures(got, T0, T0 + timedelta(days=1))
+    assert sum(f["causes"].values()) == len(attempts)
+    # interruption GPU-hours never exceed allocated
+    assert f["lost_gpu_hours"] <= f["allocated_gpu_hours"] + 1e-9
+    assert sum(row["failures"] for row in f["mttf_by_size"]) == f["failures"]
+
+
+@pytest.mark.parametrize("path", shared_glob("slurm/sacct", "*.psv"))
+def test_real_sacct_rows_each_classified_once(path):
+    text = path.read_text()
+    header = path.parent / "xdmod_FORMAT_header.txt"
+    fields = header.read_text().strip().split("|") if path.name.startswith("xdmod") else None
+    jobs, rejected, problems = parse_sacct(text, fields=fields)
+    assert jobs and rejected == 0, problems
+    attempts = [Attempt(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"], gpus=j["gpus"],
+                        state_raw=j["state_raw"], exit_code=j["exit_code"], user_name=j["user_name"]) for j in jobs]
+    got = r.classify_all(attempts)
+    assert [c.attempt.job_id for c in got] == [j["job_id"] for j in jobs]
+    expected = {"COMPLETED": "completed", "TIMEOUT": "timeout", "FAILED": "user_error", "RUNNING": "not_ended"}
+    for c in got:
+        if c.attempt.state in expected:
+            assert c.cause == expected[c.attempt.state], (c.attempt.job_id, c.reason)
+        elif c.attempt.state == "CANCELLED":  # "CANCELLED by 2166" / "by 102216": a user's uid, not root
+            assert c.cause == "cancelled_user", c.reason
+        assert c.cause != "hardware"  # no telemetry: no hardware evidence invented
+
+
+def test_real_sacct_file_causes_by_hand():
+    [path] = [p for p in shared_glob("slurm/sacct", "*.psv") if p.name.startswith("torchx_sacct_parsable2_failed")] or [
+        shared_glob("slurm/sacct", "absent")[0]]
+    jobs, _, _ = parse_sacct(path.read_text())
+    got = {j["job_id"]: c.cause for j, c in zip(jobs, r.classify_all(
+        [Attempt("c", "slurm", j["job_key"], j["job_id"], j["state"], j["start"], j["end"], state_raw=j["state_raw"],
+                 exit_code=j["exit_code"]) for j in jobs]))}
+    assert got == {"1902": "user_error", "54": "not_ended", "89": "cancelled_user"}
+
+
+# --- Poisson ---
+
+
+@pytest.mark.parametrize("k, lo, hi", [(0, 0.0, 3.688879), (1, 0.025318, 5.571643), (2, 0.242209, 7.224688),
+                                       (10, 4.795389, 18.390356), (100, 81.3640, 121.6268)])
+def test_exact_poisson_interval(k, lo, hi):  # Garwood's table (chi-square quantiles / 2)
+    got = r.poisson_interval(k)
+    assert got[0] == pytest.approx(lo, abs=1e-4) and got[1] == pytest.approx(hi, abs=1e-4)
+    assert r.poisson_sf(k, got[0]) == pytest.approx(0.025 if k else 1.0) and r.poisson_cdf(k, got[1]) == pytest.approx(0.025)
+
+
+@given(st.integers(0, 400), st.floats(0.01, 500))
+@hsettings(max_examples=200, deadline=None)
+def test_poisson_tails_match_the_sum(k, mu):
+    direct = sum(math.exp(-mu + i * math.log(mu) - math.lgamma(i + 1)) for i in range(k + 1))
+    assert r.poisson_cdf(k, mu) == pytest.approx(min(1.0, direct), abs=1e-9)
+    assert r.poisson_sf(k + 1, mu) == pytest.approx(max(0.0, 1 - direct), abs=1e-9)
+
+
+# --- figures by hand ---
+
+
+def test_figures_by_hand():
+    day = timedelta(days=1)
+    s, e = T0, T0 + 2 * day
+    runs = [
+        # 8 GPUs x 24 h completed; 8 GPUs x 12 h hardware; 1 GPU x 6 h node failure; 64 GPUs x 3 h preempted
+        r.classify(attempt("COMPLETED", gpus=8, hours=24, job="a")),
+        r.classify(attempt("FAILED", gpus=8, hours=12, job="b", exit_code="1:0"), [xid(79, T0 + 12 * H - timedelta(minutes=1))]),
+        r.classify(attempt("NODE_FAIL", gpus=1, hours=6, job="c", held=(GPU0,))),
+        r.classify(attempt("PREEMPTED", gpus=64, hours=3, job="d")),
+        r.classify(replace(attempt("RUNNING", gpus=4, job="e", start=T0 + 40 * H), end=None)),
+    ]
+    f = r.figures(runs, s, e, as_of=T0 + 42 * H)
+    allocated = 8 * 24 + 8 * 12 + 1 * 6 + 64 * 3 + 4 * 2  # a running attempt: up to as_of
+    assert f["allocated_gpu_hours"] == pytest.approx(allocated)
+    assert f["interruptions"] == 3 and f["hardware_interruptions"] == 1 and f["failures"] == 2
+    assert f["interruptions_per_1000_gpu_days"] == pytest.approx(3 / (allocated / 24) * 1000)
+    assert f["hardware_interruptions_per_1000_gpu_days"] == pytest.approx(1 / (allocated / 24) * 1000)
+    # lost: without checkpoints each interrupted attempt's whole run (an upper bound)
+    assert f["lost_gpu_hours"] == pytest.approx(8 * 12 + 6 + 64 * 3) and f["lost_is_upper_bound"]
+    assert f["lost_share_of_allocated"] == pytest.approx((8 * 12 + 6 + 64 * 3) / allocated)
+    sizes = {row["size"]: row for row in f["mttf_by_size"]}  # 2-8: a (24 h), b (12 h), e (2 h so far)
+    assert sizes["2-8"]["failures"] == 1 and sizes["2-8"]["job_hours"] == pytest.approx(38) and sizes["2-8"]["mttf_h"] == pytest.approx(38)
+    assert sizes["2-8"]["mttf_ci_low_h"] == pytest.approx(38 / 5.571643, rel=1e-5)
+    assert sizes["2-8"]["mttf_ci_high_h"] == pytest.approx(38 / 0.025318, rel=1e-4)
+    assert sizes["1"]["mttf_h"] == pytest.approx(6)
+    assert sizes["9-64"]["failures"] == 0 and sizes["9-64"]["mttf_h"] is None and sizes["9-64"]["mttf_ci_high_h"] is None
+    assert sizes["9-64"]["mttf_ci_low_h"] == pytest.approx(3 / 3.688879, rel=1e-5)
+    rate = 2 / allocated
+    assert f["gpu_failure_rate_per_gpu_hour"] == pytest.approx(rate)
+    assert {p["gpus"]: p["mttf_h"] for p in f["projection"]}[16384] == pytest.approx(1 / (16384 * rate))
+    # checkpoints: the hardware-failed job saved one 2 h before it died: it lost 2 h x 8 GPUs
+    f2 = r.figures(runs, s, e, as_of=T0 + 42 * H, checkpoints={("c", "slurm", "b"): [T0 + 10 * H]})
+    assert f2["lost_gpu_hours"] == pytest.approx(8 * 2 + 6 + 64 * 3)
+    mix = {(m["bucket"], m["cause"]): m["attempts"] for m in f["cause_mix"]}
+    assert mix == {(T0, "hardware"): 1, (T0, "node_failure"): 1, (T0, "preempted"): 1, (T0 + day, "completed"): 1}
+
+
+# --- lemons ---
+
+
+def _fleet(seed: int, nodes: int = 200, hours: float = 1000.0, rate: float = 2e-3, lemon: str | None = None, factor: float = 5.0):
+    rng = random.Random(seed)
+    exposure = {f"n{i:03d}": hours for i in range(nodes)}
+    failures = {}
+    for n, h in exposure.items():
+        mu = rate * h * (factor if n == lemon else 1.0)
+        # Poisson by inversion (standard library only)
+        k, p, u = 0, math.exp(-mu), rng.random()
+        cdf = p
+        while u > cdf:
+            k += 1
+            p *= mu / k
+            cdf += p
+        failures[n] = k
+    return failures, exposure
+
+
+def test_planted_lemon_found():
+    found = 0
+    for seed in range(50):
+        failures, exposure = _fleet(seed, lemon="n007", factor=8.0)
+        got = r.lemons(failures, exposure, fp_rate=0.01, min_failures=3)
+        found += any(x.node == "n007" for x in got)
+        assert all(x.failures >= 3 for x in got)
+    assert found >= 45  # 16 expected failures against 2: found nearly always
+
+
+def test_homogeneous_fleet_stays_within_the_false_positive_rate():
+    fp_rate, seeds = 0.05, 400
+    named = sum(bool(r.lemons(*_fleet(seed), fp_rate=fp_rate, min_failures=1)) for seed in range(seeds))
+    # family-wise: a fleet with no lemon names one in at most fp_rate of the seeds (3 sigma of slack)
+    assert named <= fp_rate * seeds + 3 * math.sqrt(fp_rate * (1 - fp_rate) * seeds)
+
+
+def test_node_failures_attributed_by_evidence():
+    b = r.classify(attempt("FAILED", exit_code="1:0", job="b"), [xid(79, END - timedelta(minutes=1), gpu=GPU1)])
+    multi = r.classify(attempt("NODE_FAIL", job="m", held=(GPU0, ("n2", "GPU-c"))))
+    single = r.classify(attempt("NODE_FAIL", job="s", held=(("n3", "GPU-d"),)))
+    got = r.node_failures([b, multi, single], T0, T0 + 2 * H)
+    assert {h: [c.attempt.job_key for c in cs] for h, cs in got.items()} == {"n1": ["b"], "n3": ["s"]}
