@@ -498,3 +498,86 @@ def lemons(failures: Mapping[str, int], gpu_hours: Mapping[str, float], fp_rate:
         if p < fp_rate / nodes:
             out.append(Lemon(node, k, h, rate * h, p, tuple((evidence or {}).get(node, ()))))
     return sorted(out, key=lambda x: (x.p_value, -x.failures, x.node))
+
+
+# --- from the store ---
+
+SCHEMA = "gpufleet.reliability/v1"
+
+
+def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]]:
+    from gpufleet.analytics import sql
+
+    rel = cur.sql(query, params=sql.bound(query, binds))
+    cols = rel.columns
+    return [dict(zip(cols, row)) for row in rel.fetchall()]
+
+
+def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
+               ) -> tuple[list[Classified], dict[str, float]]:
+    """The window's attempts classified (accounting, their GPUs' health events from the store's
+    health summaries, the policy audit) and each host's GPU-hours held. `as_of`: where a running
+    job's time ends (default: the window's end)."""
+    from gpufleet.analytics import health, sql
+
+    as_of = min(as_of or params.end, params.end)
+    binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
+             **params.filters.bind()}
+    cur = con.cursor()
+    try:
+        jobs = _rows(cur, sql.RELIABILITY_ATTEMPTS, binds)
+        cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
+        hosts = {r["host"]: float(r["gpu_hours"]) for r in _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)}
+    finally:
+        cur.close()
+    attempts = [Attempt(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"], gpus=j["gpus"],
+                        state_raw=j["state_raw"], exit_code=j["exit_code"], user_name=j["user_name"], account=j["account"],
+                        name=j["name"], nodes=j["nodes"], submit=j["submit"], attempt=1,
+                        gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in j["held"] or ()})))
+                for j in jobs]
+    events: list[Event] = []
+    if attempts:
+        from dataclasses import replace as _replace
+
+        from gpufleet.analytics.params import Filters
+
+        around = _replace(params, start=params.start - s.hardware_window, end=params.end + s.grace,
+                          filters=Filters(cluster=params.filters.cluster))
+        ev = health.events(con, around, summaries=params.summaries)
+        events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
+                  for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
+    return classify_all(attempts, events, cancels, s), hosts
+
+
+def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> dict[str, Any]:
+    """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
+    their evidence, and the interrupted attempts that cost most, each with its cause's evidence."""
+    classified, host_hours = read_store(con, params, s, as_of)
+    f = figures(classified, params.start, params.end, as_of=as_of)
+    by_node = node_failures(classified, params.start, params.end)
+    evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
+    found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
+    interrupted = sorted((c for c in classified if c.interrupted and _ends_in(c.attempt, params.start, params.end)),
+                         key=lambda c: -(c.attempt.gpus or 0) * _clip_s(c.attempt, params.start, params.end))
+    return {
+        "schema": SCHEMA,
+        "window": {"from": params.start.isoformat(), "to": params.end.isoformat()},
+        "filters": {k: v for k, v in params.filters.bind().items() if v is not None},
+        "settings": {"hardware_window_s": s.hardware_window.total_seconds(), "grace_s": s.grace.total_seconds(),
+                     "resubmit_window_s": s.resubmit_window.total_seconds(), "admin_uids": sorted(s.admin_uids),
+                     "lemon_false_positive_rate": s.lemon_fp_rate, "lemon_min_failures": s.lemon_min_failures,
+                     "hardware_xids": {str(k): v for k, v in HARDWARE_XIDS.items()},
+                     "interruption_causes": list(INTERRUPTION_CAUSES), "failure_causes": list(FAILURE_CAUSES)},
+        "figures": f,
+        "lemons": [{"node": x.node, "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
+                    "p_value": x.p_value, "evidence": list(x.evidence)} for x in found],
+        "interrupted_attempts": [_attempt_row(c) for c in interrupted[:top]],
+    }
+
+
+def _attempt_row(c: Classified) -> dict[str, Any]:
+    a = c.attempt
+    return {"cluster": a.cluster, "job_id": a.job_id, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
+            "start": a.start, "end": a.end, "state": a.state_raw or a.state, "cause": c.cause, "reason": c.reason,
+            "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
+                         for e in c.evidence]}

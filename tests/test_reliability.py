@@ -270,3 +270,79 @@ def test_node_failures_attributed_by_evidence():
     single = r.classify(attempt("NODE_FAIL", job="s", held=(("n3", "GPU-d"),)))
     got = r.node_failures([b, multi, single], T0, T0 + 2 * H)
     assert {h: [c.attempt.job_key for c in cs] for h, cs in got.items()} == {"n1": ["b"], "n3": ["s"]}
+
+
+# --- from a store, through the real writer and reader ---
+
+
+def _t(h: int, m: int = 0) -> datetime:
+    return datetime(2026, 11, 16, h, m)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Six jobs on three GPUs, [01:00, 09:00) on 2026-11-16 (as_of 09:00): 1 FAILED on n1 GPU-A+B with
+    XID 79 on GPU-B from 02:58 (hardware), 2 NODE_FAIL, 3 COMPLETED, 4 cancelled by the policy, 5 FAILED
+    with XID 13 (an application fault: user error), 6 running."""
+    from gpufleet.collector.store import StoreWriter
+    from tests.support.fleet import Fleet
+
+    tmp_path = tmp_path_factory.mktemp("reliability")
+    f = Fleet(tmp_path)
+    xid79 = lambda t: {"xid_last": 79 if _t(2, 58) <= t < _t(3, 10) else 0, "gpu_up": 1.0}  # noqa: E731
+    f.gpu_series("n1", "GPU-A", _t(1), _t(7), util=90.0, health=lambda t: {"xid_last": 0, "gpu_up": 1.0})
+    f.gpu_series("n1", "GPU-B", _t(1), _t(7), util=90.0, gpu=1, health=xid79)
+    f.gpu_series("n2", "GPU-C", _t(1), _t(9), util=90.0, health=lambda t: {"xid_last": 13 if t >= _t(5, 59) else 0})
+    f.job("1", account="ml", user="ann", start=_t(1), end=_t(3), gpus=2, placements=[("n1", "GPU-A"), ("n1", "GPU-B")],
+          state="FAILED", state_raw="FAILED", exit_code="1:0")
+    f.job("2", account="ml", user="ann", start=_t(1), end=_t(2), gpus=1, placements=[("n2", "GPU-C")], state="NODE_FAIL", state_raw="NODE_FAIL")
+    f.job("3", account="ml", user="bo", start=_t(4), end=_t(6), gpus=1, placements=[("n1", "GPU-A")], state="COMPLETED", exit_code="0:0")
+    f.job("4", account="bio", user="cy", start=_t(3), end=_t(4), gpus=1, placements=[("n2", "GPU-C")], state="CANCELLED",
+          state_raw="CANCELLED by 1000")
+    f.job("5", account="bio", user="cy", start=_t(5), end=_t(6), gpus=1, placements=[("n2", "GPU-C")], state="FAILED", exit_code="1:0")
+    f.job("6", account="bio", user="cy", start=_t(8), end=None, gpus=1, placements=[("n2", "GPU-C")])
+    f.write()
+    w = StoreWriter(tmp_path)
+    w.record_policy([dict(ts=_t(4), cluster="c1", scheduler="slurm", job_key="4", job_id="4", user_name="cy", account="bio",
+                          action="cancel", rule="idle", reason="idle 2 h", enforce=True, result="ok", attempt=1)])
+    w.publish()
+    w.close()
+    return f
+
+
+def test_store_attempts_classified_with_evidence(store):
+    from gpufleet.analytics.params import Filters, Params
+
+    f = store
+    got = r.report(f.reader(), Params(_t(0), _t(12)), as_of=_t(9))
+    causes = {a["job_id"]: (a["cause"], a["evidence"]) for a in got["interrupted_attempts"]}
+    assert got["schema"] == "gpufleet.reliability/v1"
+    assert causes["1"][0] == "hardware" and [(e["host"], e["gpu_uuid"], e["code"]) for e in causes["1"][1]] == [("n1", "GPU-B", 79)]
+    assert causes["1"][1][0]["ts"] == _t(2, 58)
+    assert causes["2"] == ("node_failure", [])
+    fig = got["figures"]
+    assert {k: v for k, v in fig["causes"].items() if v} == {"hardware": 1, "node_failure": 1, "completed": 1,
+                                                             "cancelled_policy": 1, "user_error": 1, "not_ended": 1}
+    assert fig["allocated_gpu_hours"] == pytest.approx(2 * 2 + 1 + 2 + 1 + 1 + 1)
+    assert fig["failures"] == 2 and fig["lost_gpu_hours"] == pytest.approx(2 * 2 + 1)
+    # a filter narrows to its account's attempts; an account's figures are the fleet's of its rows
+    bio = r.report(f.reader(), Params(_t(0), _t(12), filters=Filters(account="bio")), as_of=_t(9))
+    assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
+
+
+def test_cli_reliability_json_and_table(store):
+    import json
+    import subprocess
+    import sys
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(store.root),  # noqa: E731
+                                     "--from", "2026-11-16T00:00:00Z", "--to", "2026-11-16T09:00:00Z", "--reliability", *a],
+                                    capture_output=True, text=True, timeout=120)
+    j = run("--format", "json")
+    assert j.returncode == 0, j.stderr
+    doc = json.loads(j.stdout)
+    assert doc["schema"] == "gpufleet.reliability/v1" and doc["figures"]["failures"] == 2
+    assert doc["interrupted_attempts"][0]["evidence"][0]["ts"] == "2026-11-16T02:58:00"
+    t = run()
+    assert t.returncode == 0, t.stderr
+    assert "hardware" in t.stdout and "XID 79 (GPU fell off the bus) on n1 GPU 1" in t.stdout and "Job MTTF by size" in t.stdout
