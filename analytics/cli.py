@@ -166,6 +166,10 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
               f"for >= {p['idle_min_duration_s'] / 60:g} min; no-data time is neither idle nor busy\n")
 
 
+def _rate(v: float | None) -> str:
+    return "unknown" if v is None else f"{v:.3g}"
+
+
 def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     """gpufleet.reliability/v1 for people: the headline, MTTF by job size beside the projection, lemons, costly interruptions."""
     from gpufleet.analytics.reliability import CAUSE_LABELS
@@ -184,13 +188,15 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     table("How attempts ended", [{"cause": CAUSE_LABELS[k], "attempts": v} for k, v in f["causes"].items() if v], out)
     table("Job MTTF by size (failures: hardware and node failures; 95% exact Poisson interval)", f["mttf_by_size"], out,
           ["size", "attempts", "failures", "job_hours", "mttf_h", "mttf_ci_low_h", "mttf_ci_high_h"])
-    table(f"Projection from the per-GPU failure rate {fmt(f['gpu_failure_rate_per_gpu_hour'])} per GPU-hour (MTTF_N = 1 / (N r))",
+    table(f"Projection from the per-GPU failure rate {_rate(f['gpu_failure_rate_per_gpu_hour'])} per GPU-hour (MTTF_N = 1 / (N r))",
           f["projection"], out)
     for d in f["projection_disagreements"]:
         out.write(f"  the fleet's own jobs disagree: {d}\n")
     table("Lemon nodes (improbably many failures for their GPU-hours)", rel["lemons"], out,
           ["node", "failures", "gpu_hours", "expected_failures", "p_value"])
     table("Costliest interruptions", rel["interrupted_attempts"], out, ["job_id", "user_name", "gpus", "end", "cause", "reason"])
+    table("Interrupted job chains (ETTR = productive / wall time)", rel["chains"], out,
+          ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "requeue_wait_h", "ettr"])
     s = rel["settings"]
     out.write(f"\nmethod: hardware = a hardware XID/ECC/remap/lost-GPU event on the attempt's GPUs within {s['hardware_window_s']:g} s "
               f"before its end; lemons at a {s['lemon_false_positive_rate']:g} false-positive rate, >= {s['lemon_min_failures']} failures\n")

@@ -500,6 +500,115 @@ def lemons(failures: Mapping[str, int], gpu_hours: Mapping[str, float], fp_rate:
     return sorted(out, key=lambda x: (x.p_value, -x.failures, x.node))
 
 
+# --- chains and goodput ---
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Attempts of one piece of work, in order: requeues of one job, resubmissions (same cluster,
+    user, account and name, submitted within resubmit_window after an attempt that did not
+    complete), a pod's restarts (one owner: the same job key). Times in seconds:
+    wall = first start to last end (a running last attempt: to as_of) = run + gaps;
+    lost = per attempt that did not complete, its work since its last reported checkpoint (else
+    since its start: an upper bound, `lost_upper_bound`); productive = run - lost;
+    restart overhead = the gaps (failure to the next attempt's start); ETTR = productive / wall."""
+
+    attempts: tuple[Classified, ...]
+    wall_s: float
+    run_s: float
+    gap_s: float
+    lost_s: float
+    productive_s: float
+    lost_upper_bound: bool
+
+    @property
+    def ettr(self) -> float | None:
+        return self.productive_s / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def interruptions(self) -> int:
+        return sum(1 for c in self.attempts if c.interrupted)
+
+    @property
+    def gpus(self) -> int:
+        return max((c.attempt.gpus or 0) for c in self.attempts)
+
+
+def _continues(prev: Classified, nxt: Classified, s: Settings) -> bool:
+    a, b = prev.attempt, nxt.attempt
+    if a.end is None or b.start is None or b.start < a.end:
+        return False
+    if (a.cluster, a.scheduler, a.job_key) == (b.cluster, b.scheduler, b.job_key):
+        return True  # a requeue or a restart of the same job
+    if prev.cause in ("completed", "not_ended") or not a.name or (a.user_name, a.account, a.name) != (b.user_name, b.account, b.name):
+        return False
+    resubmitted = b.submit or b.start
+    return a.cluster == b.cluster and a.end <= resubmitted <= a.end + s.resubmit_window
+
+
+def link_chains(classified: Iterable[Classified], checkpoints: Mapping[tuple[str, str, str], Sequence[datetime]] | None = None,
+                s: Settings = Settings(), as_of: datetime | None = None) -> list[Chain]:
+    """The attempts linked into chains (each attempt in exactly one), longest wall time first."""
+    checkpoints = checkpoints or {}
+    ordered = sorted((c for c in classified if c.attempt.start is not None),
+                     key=lambda c: (c.attempt.start, c.attempt.cluster, c.attempt.job_key))
+    open_chains: list[list[Classified]] = []
+    tails: dict[tuple, list[Classified]] = {}  # link key of a chain's last attempt -> the chain
+    for c in ordered:
+        a = c.attempt
+        chain = None
+        for key in ((a.cluster, a.scheduler, a.job_key), (a.cluster, a.user_name, a.account, a.name)):
+            cand = tails.get(key)
+            if cand is not None and _continues(cand[-1], c, s):
+                chain = cand
+                break
+        if chain is None:
+            chain = []
+            open_chains.append(chain)
+        else:  # the chain's old tail keys no longer lead to it
+            last = chain[-1].attempt
+            for key in ((last.cluster, last.scheduler, last.job_key), (last.cluster, last.user_name, last.account, last.name)):
+                if tails.get(key) is chain:
+                    del tails[key]
+        chain.append(c)
+        tails[(a.cluster, a.scheduler, a.job_key)] = chain
+        tails[(a.cluster, a.user_name, a.account, a.name)] = chain
+    out = []
+    for chain in open_chains:
+        run = gaps = lost = 0.0
+        upper = False
+        for i, c in enumerate(chain):
+            a = c.attempt
+            a_end = a.end if a.end is not None else (as_of or a.start)
+            run += max(0.0, (a_end - a.start).total_seconds())
+            if i:
+                gaps += (a.start - chain[i - 1].attempt.end).total_seconds()
+            if c.cause not in ("completed", "not_ended"):
+                saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start <= t <= a_end]
+                upper |= not saved
+                lost += (a_end - (max(saved) if saved else a.start)).total_seconds()
+        first, last = chain[0].attempt, chain[-1].attempt
+        wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
+        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper))
+    return sorted(out, key=lambda ch: (-ch.wall_s * ch.gpus, ch.attempts[0].attempt.job_key))
+
+
+def young_daly_interval_s(checkpoint_cost_s: float, mttf_s: float) -> float:
+    """Young/Daly's first-order optimal checkpoint interval sqrt(2 C M) for a checkpoint that takes
+    C seconds on a job whose mean time to failure is M seconds."""
+    return math.sqrt(2 * checkpoint_cost_s * mttf_s)
+
+
+def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_cost_s: float | None,
+                      used_interval_s: float | None) -> dict[str, Any]:
+    """Young/Daly's interval for the chain's size from the fleet's per-GPU rate (MTTF_N = 1 / (N r)),
+    beside the interval the job used; unknown where the cost or the rate is."""
+    mttf_h = 1 / (chain.gpus * gpu_failure_rate_per_h) if gpu_failure_rate_per_h and chain.gpus else None
+    advised = young_daly_interval_s(checkpoint_cost_s, mttf_h * 3600) if mttf_h and checkpoint_cost_s else None
+    return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoint_cost_s": checkpoint_cost_s,
+            "advised_interval_s": advised, "used_interval_s": used_interval_s}
+
+
 # --- from the store ---
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -557,6 +666,7 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
+    chains = link_chains(classified, None, s, min(as_of or params.end, params.end))
     interrupted = sorted((c for c in classified if c.interrupted and _ends_in(c.attempt, params.start, params.end)),
                          key=lambda c: -(c.attempt.gpus or 0) * _clip_s(c.attempt, params.start, params.end))
     return {
@@ -572,7 +682,20 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
         "lemons": [{"node": x.node, "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
                     "p_value": x.p_value, "evidence": list(x.evidence)} for x in found],
         "interrupted_attempts": [_attempt_row(c) for c in interrupted[:top]],
+        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"]) for ch in chains if ch.interruptions][:top],
     }
+
+
+def _chain_row(ch: Chain, rate: float | None) -> dict[str, Any]:
+    """A chain that was interrupted, for the JSON: its attempts, goodput and Young/Daly's advice
+    (no checkpoint reports reach the store yet: the cost, the interval used and the advice are unknown)."""
+    first = ch.attempts[0].attempt
+    return {"job_ids": list(dict.fromkeys(c.attempt.job_id for c in ch.attempts)), "user_name": first.user_name,
+            "account": first.account, "name": first.name, "gpus": ch.gpus, "attempts": len(ch.attempts),
+            "interruptions": ch.interruptions, "causes": [c.cause for c in ch.attempts],
+            "wall_h": ch.wall_s / 3600, "run_h": ch.run_s / 3600, "requeue_wait_h": ch.gap_s / 3600,
+            "lost_h": ch.lost_s / 3600, "productive_h": ch.productive_s / 3600, "ettr": ch.ettr,
+            "lost_is_upper_bound": ch.lost_upper_bound, "checkpoint_advice": checkpoint_advice(ch, rate, None, None)}
 
 
 def _attempt_row(c: Classified) -> dict[str, Any]:

@@ -326,6 +326,10 @@ def test_store_attempts_classified_with_evidence(store):
     assert fig["allocated_gpu_hours"] == pytest.approx(2 * 2 + 1 + 2 + 1 + 1 + 1)
     assert fig["failures"] == 2 and fig["lost_gpu_hours"] == pytest.approx(2 * 2 + 1)
     # a filter narrows to its account's attempts; an account's figures are the fleet's of its rows
+    # the interrupted chains, most GPU-hours first: job 1 (2 GPUs x 2 h, hardware), job 2 (node failure); job 2
+    # ended at 02:00 but job 1 had started at 01:00, so it is no resubmission of it
+    assert [(c["job_ids"], c["causes"], c["ettr"]) for c in got["chains"]] == [(["1"], ["hardware"], 0), (["2"], ["node_failure"], 0)]
+    assert got["chains"][0]["lost_is_upper_bound"] and got["chains"][0]["checkpoint_advice"]["advised_interval_s"] is None
     bio = r.report(f.reader(), Params(_t(0), _t(12), filters=Filters(account="bio")), as_of=_t(9))
     assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
 
@@ -346,3 +350,64 @@ def test_cli_reliability_json_and_table(store):
     t = run()
     assert t.returncode == 0, t.stderr
     assert "hardware" in t.stdout and "XID 79 (GPU fell off the bus) on n1 GPU 1" in t.stdout and "Job MTTF by size" in t.stdout
+
+
+# --- chains and goodput ---
+
+
+def _run(job: str, state: str, start_h: float, end_h: float | None, *, name: str = "train", user: str = "ann",
+         submit_h: float | None = None, gpus: int = 8, raw: str | None = None) -> Attempt:
+    return Attempt("c", "slurm", job, job, state, T0 + start_h * H, None if end_h is None else T0 + end_h * H, gpus=gpus,
+                   state_raw=raw or state, user_name=user, account="ml", name=name,
+                   submit=None if submit_h is None else T0 + submit_h * H)
+
+
+def test_chain_by_hand():
+    s = Settings(resubmit_window=H)
+    runs = r.classify_all([
+        _run("7", "REQUEUED", 0, 2), _run("7", "NODE_FAIL", 2.5, 5),          # a requeue, then a node failure
+        _run("9", "COMPLETED", 6, 10, submit_h=5.2),                          # resubmitted 12 min later: continues
+        _run("11", "COMPLETED", 10.5, 11, submit_h=10.2),                     # after a completion: a new chain
+        _run("12", "FAILED", 0, 1, name="other", raw="FAILED"),
+        _run("13", "COMPLETED", 3, 4, name="other", submit_h=2.5),            # 1.5 h after the failure: too late
+    ], s=s)
+    chains = r.link_chains(runs, checkpoints={("c", "slurm", "7"): [T0 + 1.5 * H, T0 + 0.5 * H]}, s=s)
+    by_first = {ch.attempts[0].attempt.job_key: ch for ch in chains}
+    assert sorted(by_first) == ["11", "12", "13", "7"]
+    ch = by_first["7"]
+    assert [c.attempt.job_key for c in ch.attempts] == ["7", "7", "9"]
+    assert ch.wall_s == 10 * 3600 and ch.run_s == 8.5 * 3600 and ch.gap_s == 1.5 * 3600
+    # lost: attempt 1 since its 1.5 h checkpoint (0.5 h); attempt 2 reported none: all 2.5 h (an upper bound)
+    assert ch.lost_s == 3 * 3600 and ch.lost_upper_bound and ch.productive_s == 5.5 * 3600
+    assert ch.ettr == pytest.approx(0.55) and ch.interruptions == 2
+    advice = r.checkpoint_advice(ch, gpu_failure_rate_per_h=1 / (8 * 8), checkpoint_cost_s=60, used_interval_s=3600)
+    assert advice["mttf_h"] == pytest.approx(8) and advice["advised_interval_s"] == pytest.approx(math.sqrt(2 * 60 * 8 * 3600))
+    assert r.young_daly_interval_s(60, 28800) == pytest.approx(1859.0319, rel=1e-6)
+    assert r.checkpoint_advice(ch, None, 60, None)["advised_interval_s"] is None  # no rate: unknown, not 0
+
+
+@st.composite
+def attempt_histories(draw):
+    out = []
+    for i in range(draw(st.integers(1, 25))):
+        start = draw(st.floats(0, 48))
+        job = str(draw(st.integers(0, 8)))
+        out.append(_run(job + f".{i}" if draw(st.booleans()) else job, draw(st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])),
+                        start, None if draw(st.integers(0, 9)) == 0 else start + draw(st.floats(0, 6)),
+                        name=draw(st.sampled_from(["a", "b", None])), user=draw(st.sampled_from(["u", "v"])),
+                        submit_h=start - draw(st.floats(0, 3))))
+    return out
+
+
+@given(attempt_histories())
+@hsettings(max_examples=200, deadline=None)
+def test_chain_wall_is_attempts_plus_gaps(attempts):
+    as_of = T0 + 60 * H
+    classified = r.classify_all(attempts)
+    chains = r.link_chains(classified, as_of=as_of)
+    linked = [c.attempt for ch in chains for c in ch.attempts]
+    assert sorted(map(id, linked)) == sorted(id(c.attempt) for c in classified)  # each attempt in exactly one chain
+    for ch in chains:
+        assert ch.wall_s == pytest.approx(ch.run_s + ch.gap_s, abs=1e-6)
+        assert 0 <= ch.lost_s <= ch.run_s + 1e-6 and ch.gap_s >= 0
+        assert ch.ettr is None or 0 <= ch.ettr <= 1 + 1e-9
