@@ -500,6 +500,64 @@ def lemons(failures: Mapping[str, int], gpu_hours: Mapping[str, float], fp_rate:
     return sorted(out, key=lambda x: (x.p_value, -x.failures, x.node))
 
 
+# --- draining lemons (gpufleet policy) ---
+
+DRAIN_ACTION = "drain"
+DRAIN_KEY_PREFIX = "node:"  # a drain's audit row names its node as job_key "node:<name>"
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A proposal to take a lemon node out of service: Slurm `scontrol update NodeName=... State=DRAIN
+    Reason="gpufleet: ..."`, Kubernetes cordon. Resuming it stays a person's decision."""
+
+    cluster: str
+    scheduler: str  # slurm | kubernetes
+    node: str
+    reason: str
+
+    @property
+    def audit_key(self) -> str:
+        return DRAIN_KEY_PREFIX + self.node
+
+    def command(self, scontrol: Sequence[str] = ("scontrol",)) -> list[str]:
+        """The command that carries it out (argv; for Kubernetes what kubectl would run)."""
+        if self.scheduler == "slurm":
+            return [*scontrol, "update", f"NodeName={self.node}", "State=DRAIN", f"Reason=gpufleet: {self.reason}"]
+        return ["kubectl", "cordon", self.node]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": DRAIN_ACTION, "cluster": self.cluster, "scheduler": self.scheduler, "node": self.node,
+                "reason": self.reason, "command": self.command()}
+
+
+def lemon_reason(x: Lemon) -> str:
+    """Why, in the words a Slurm Reason field holds (short, no quotes)."""
+    return (f"lemon: {x.failures} hardware/node failures in {x.gpu_hours:.0f} GPU-h, "
+            f"{x.expected:.2g} expected at the fleet rate (p={x.p_value:.1e})")
+
+
+def drain_plan(found: Sequence[Lemon], where: Mapping[str, tuple[str, str]], exempt_nodes: Sequence[str] = (),
+               drained: Iterable[str] = ()) -> tuple[list[Drain], list[tuple[Drain, str]], list[Drain]]:
+    """(proposals, exempt with the pattern that exempts each, already drained) for the lemons `found`.
+    `where`: node -> (cluster, scheduler); `drained`: nodes a drain succeeded on within renotify_after."""
+    import fnmatch
+
+    done = set(drained)
+    plan, exempt, suppressed = [], [], []
+    for x in found:
+        cluster, scheduler = where.get(x.node, ("default", "slurm"))
+        d = Drain(cluster, scheduler, x.node, lemon_reason(x))
+        pattern = next((p for p in exempt_nodes if fnmatch.fnmatchcase(x.node, p)), None)
+        if pattern is not None:
+            exempt.append((d, f"node matches exempt_nodes {pattern!r}"))
+        elif x.node in done:
+            suppressed.append(d)
+        else:
+            plan.append(d)
+    return plan, exempt, suppressed
+
+
 # --- chains and goodput ---
 
 
@@ -623,10 +681,10 @@ def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]
 
 
 def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
-               ) -> tuple[list[Classified], dict[str, float]]:
+               ) -> tuple[list[Classified], list[dict[str, Any]]]:
     """The window's attempts classified (accounting, their GPUs' health events from the store's
-    health summaries, the policy audit) and each host's GPU-hours held. `as_of`: where a running
-    job's time ends (default: the window's end)."""
+    health summaries, the policy audit) and each host's GPU-hours held (cluster, host, scheduler,
+    gpu_hours). `as_of`: where a running job's time ends (default: the window's end)."""
     from gpufleet.analytics import health, sql
 
     as_of = min(as_of or params.end, params.end)
@@ -636,7 +694,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     try:
         jobs = _rows(cur, sql.RELIABILITY_ATTEMPTS, binds)
         cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
-        hosts = {r["host"]: float(r["gpu_hours"]) for r in _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)}
+        host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
     finally:
         cur.close()
     attempts = [Attempt(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"], gpus=j["gpus"],
@@ -655,13 +713,15 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         ev = health.events(con, around, summaries=params.summaries)
         events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                   for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
-    return classify_all(attempts, events, cancels, s), hosts
+    return classify_all(attempts, events, cancels, s), host_rows
 
 
 def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> dict[str, Any]:
     """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
     their evidence, and the interrupted attempts that cost most, each with its cause's evidence."""
-    classified, host_hours = read_store(con, params, s, as_of)
+    classified, host_rows = read_store(con, params, s, as_of)
+    host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
+    where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
     f = figures(classified, params.start, params.end, as_of=as_of)
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
@@ -679,8 +739,9 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
                      "hardware_xids": {str(k): v for k, v in HARDWARE_XIDS.items()},
                      "interruption_causes": list(INTERRUPTION_CAUSES), "failure_causes": list(FAILURE_CAUSES)},
         "figures": f,
-        "lemons": [{"node": x.node, "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
-                    "p_value": x.p_value, "evidence": list(x.evidence)} for x in found],
+        "lemons": [{"node": x.node, "cluster": where.get(x.node, (None, None))[0], "scheduler": where.get(x.node, (None, None))[1],
+                    "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
+                    "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found],
         "interrupted_attempts": [_attempt_row(c) for c in interrupted[:top]],
         "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"]) for ch in chains if ch.interruptions][:top],
     }

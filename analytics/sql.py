@@ -1213,10 +1213,10 @@ WHERE action = 'cancel' AND enforce AND result = 'ok' AND ts < $end + INTERVAL 1
 # GPU-hours each host's GPUs were held in [$start, $end) (the mapping's allocations, clipped): a
 # node's exposure in the lemon test
 RELIABILITY_HOST_GPU_HOURS = f"""
-SELECT a.cluster, a.host, sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
+SELECT a.cluster, a.host, mode(a.scheduler) AS scheduler, sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 WHERE {ALLOCATION_FILTERS}
-GROUP BY ALL HAVING gpu_hours > 0
+GROUP BY a.cluster, a.host HAVING gpu_hours > 0
 ORDER BY a.cluster, a.host
 """
