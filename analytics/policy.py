@@ -27,6 +27,8 @@
     lemon_window = "7d"          #   update State=DRAIN / Kubernetes cordon, acted on only with enforce;
     exempt_nodes = []            #   nodes matching these shell patterns are never drained; resuming a
     scontrol = "scontrol"        #   drained node stays a person's decision
+    interruption_rate_window = "1d"  # hardware interruptions per 1,000 GPU-days over this and over
+                                 #   lemon_window (the baseline) as metrics, for the alert rules
     [policy.account_contacts]    # escalations (and cancels) also go to these
     nlp = ["nlp-lead@example.org"]
 
@@ -116,6 +118,8 @@ OPTIONS = (
     Option("lemon_window", "7d", DURATION, _duration),
     Option("exempt_nodes", [], "a list of shell patterns for node names never drained, e.g. [\"login*\"]", strings),
     Option("scontrol", "scontrol", "the scontrol command that drains a Slurm node", lambda v: isinstance(v, str) and bool(v)),
+    # the recent hardware interruption rate published beside the lemon_window's (its baseline) for alerts
+    Option("interruption_rate_window", "1d", DURATION, _duration),
 )
 
 

@@ -61,8 +61,8 @@ HARDWARE_XIDS: dict[int, str] = {
     48: "ECC double-bit error", 61: "GPU microcontroller breakpoint", 62: "GPU microcontroller halt",
     63: "row remapping (pending)", 64: "row remapping failed", 74: "NVLink error", 79: "GPU fell off the bus",
     92: "high single-bit ECC rate", 94: "contained ECC error", 95: "uncontained ECC error",
-    119: "GSP RPC timeout", 120: "GSP error", 121: "C2C link error", 140: "unrecovered ECC error",
-}
+    119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error",
+}  # the alert rules' xid_hardware (alerts/thresholds.yml) is the same list: tests/test_reliability.py holds them together
 # Health event kinds (gpufleet.analytics.health.events) that are hardware evidence; "xid" only
 # with a code of HARDWARE_XIDS
 HARDWARE_EVENTS = ("xid", "ecc_dbe", "row_remap", "row_remap_failure", "gpu_lost")

@@ -411,3 +411,11 @@ def test_chain_wall_is_attempts_plus_gaps(attempts):
         assert ch.wall_s == pytest.approx(ch.run_s + ch.gap_s, abs=1e-6)
         assert 0 <= ch.lost_s <= ch.run_s + 1e-6 and ch.gap_s >= 0
         assert ch.ettr is None or 0 <= ch.ettr <= 1 + 1e-9
+
+
+def test_hardware_xids_are_the_alert_rules_xid_hardware():
+    import yaml
+    from pathlib import Path
+
+    thresholds = yaml.safe_load((Path(__file__).resolve().parents[1] / "alerts" / "thresholds.yml").read_text())
+    assert sorted(r.HARDWARE_XIDS) == sorted(thresholds["xid_hardware"])

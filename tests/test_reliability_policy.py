@@ -88,3 +88,16 @@ def test_enforced_drain_is_audited_and_not_repeated(tmp_path, store):
     assert argv[:3] == ["update", "NodeName=bad", "State=DRAIN"] and argv[3].startswith("Reason=gpufleet: lemon: ")
     again = r.drains(store, AS_OF + H)
     assert again["drains"] == [] and [d.node for d in again["suppressed"]] == ["bad"]
+
+
+def test_reliability_metrics_for_the_alert_rules(tmp_path, store):
+    from prometheus_client import generate_latest
+
+    cfg = config(tmp_path, store, enforce=False)
+    r = Runner.from_config(load_file(cfg), cfg, clock=lambda: AS_OF, sleep=lambda s: None)
+    r.publish_reliability(store, r.drains(store, AS_OF), AS_OF)
+    text = generate_latest(r.metrics.registry).decode()
+    assert 'gpufleet_reliability_lemon_node{Hostname="bad",cluster="hpc",scheduler="slurm"} 1.0' in text
+    # node failures are no hardware evidence: the hardware rate is a known 0 over both windows (GPU-hours were held)
+    assert 'gpufleet_reliability_hardware_interruptions_per_1000_gpu_days{window="recent"} 0.0' in text
+    assert 'gpufleet_reliability_hardware_interruptions_per_1000_gpu_days{window="baseline"} 0.0' in text

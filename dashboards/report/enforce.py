@@ -80,6 +80,13 @@ class PolicyMetrics:
         self.last_success = Gauge("gpufleet_policy_last_success", "1 if the last policy evaluation ran (store readable).", registry=r)
         self.enforce = Gauge("gpufleet_policy_enforce", "1 when [policy] enforce = true.", registry=r)
         self.optout_unknown = Counter("gpufleet_policy_optout_unreadable", "Jobs left alone for a round because their opt-out tag could not be read.", registry=r)
+        self.lemon = Gauge("gpufleet_reliability_lemon_node", "1 for a node with improbably many hardware failures for its "
+                           "GPU-hours over [policy] lemon_window (gpufleet.analytics.reliability).", ["cluster", "Hostname", "scheduler"], registry=r)
+        self.hw_rate = Gauge("gpufleet_reliability_hardware_interruptions_per_1000_gpu_days", "Job attempts ended by GPU hardware "
+                             "per 1,000 GPU-days allocated, over [policy] interruption_rate_window (window=recent) and lemon_window "
+                             "(window=baseline).", ["window"], registry=r)
+        self.hw_count = Gauge("gpufleet_reliability_hardware_interruptions", "Job attempts ended by GPU hardware in the window.",
+                              ["window"], registry=r)
         for a in ("notify", "escalate", "cancel"):
             self.planned.labels(a).set(0)
         for a in ("notify", "escalate", "cancel", "efficiency_note", "drain"):
@@ -308,7 +315,7 @@ class Runner:
 
         o = self.rules.options or {}
         if not o.get("drain_lemons", True):
-            return {"drains": [], "exempt": [], "suppressed": []}
+            return {"drains": [], "exempt": [], "suppressed": [], "lemons": [], "figures": None}
         as_of = as_of or self.clock()
         window = parse_duration(o.get("lemon_window", "7d"))
         con = open_reader(store_root)
@@ -325,7 +332,36 @@ class Runner:
         plan, exempt, suppressed = reliability.drain_plan(found, where, tuple(o.get("exempt_nodes", ())), drained)
         for d, why in exempt:
             log.info("policy: lemon node %s (%s) exempt: %s", inert(d.node), d.cluster, why)
-        return {"drains": plan, "exempt": exempt, "suppressed": suppressed}
+        return {"drains": plan, "exempt": exempt, "suppressed": suppressed, "lemons": rel["lemons"], "figures": rel["figures"]}
+
+    def publish_reliability(self, store_root: Any, lemons: Mapping[str, Any], as_of: datetime | None = None) -> None:
+        """The lemons of `lemons` (drains()' answer, exempt ones too) and the hardware interruption
+        rate over interruption_rate_window (recent) beside lemon_window's (baseline) as metrics, for
+        the alert rules GpufleetLemonNode and GpufleetHardwareInterruptionRateHigh. Unknown rates
+        (no GPU-hours) are left out, never 0."""
+        from dataclasses import replace
+
+        from gpufleet.analytics import reliability
+        from gpufleet.collector.store import open_reader
+        from gpufleet.times import parse_duration
+
+        m = self.metrics
+        m.lemon.clear()
+        for x in lemons.get("lemons", ()):
+            m.lemon.labels(x["cluster"] or "", x["node"], x["scheduler"] or "").set(1)
+        as_of = as_of or self.clock()
+        recent = parse_duration((self.rules.options or {}).get("interruption_rate_window", "1d"))
+        con = open_reader(store_root)
+        try:
+            rel = reliability.report(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of), self.reliability, as_of=as_of)
+        finally:
+            con.close()
+        m.hw_rate.clear()
+        m.hw_count.clear()
+        for window, fig in (("recent", rel["figures"]), ("baseline", lemons.get("figures"))):
+            if fig and fig["hardware_interruptions_per_1000_gpu_days"] is not None:
+                m.hw_rate.labels(window).set(fig["hardware_interruptions_per_1000_gpu_days"])
+                m.hw_count.labels(window).set(fig["hardware_interruptions"])
 
     def execute_drains(self, drains: Sequence[Any], record: Callable[[list[dict[str, Any]]], Any], *,
                        dry_run: bool = False) -> list[dict[str, Any]]:
@@ -665,7 +701,9 @@ class PolicyJob:
         except StoreError as e:
             log.error("idle-GPU policy: efficiency notes: the store is unreadable: %s", e)
         try:
-            rows += self.runner.execute_drains(self.runner.drains(self.store_root, now)["drains"], self.record)
+            lemons = self.runner.drains(self.store_root, now)
+            rows += self.runner.execute_drains(lemons["drains"], self.record)
+            self.runner.publish_reliability(self.store_root, lemons, now)
         except StoreError as e:
             log.error("policy: lemon nodes: the store is unreadable: %s", e)
         self.runner.failing(self.store_root)
