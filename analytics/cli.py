@@ -230,20 +230,17 @@ def run(args: argparse.Namespace, out=None) -> int:
     if getattr(args, "reliability", False):
         from gpufleet.analytics import reliability
 
-        rel = reliability.report(con, params, reliability.settings(analytics_options(doc, args.config)),
-                                 as_of=min(utcnow(), params.end), top=args.top)
-        if args.format == "json":
-            json.dump(rel, out, indent=2, default=_plain)
-            out.write("\n")
-        else:
-            print_reliability(rel, out)
-        return 0
-    report = build_report(con, params, args.by, args.top, args.job, shares=shares, half_life=half_life)
-    for warning in report["warnings"]:
-        log.warning("%s", warning)
+        report = reliability.report(con, params, reliability.settings(analytics_options(doc, args.config)),
+                                    as_of=min(utcnow(), params.end), top=args.top)
+        printer = print_reliability
+    else:
+        report = build_report(con, params, args.by, args.top, args.job, shares=shares, half_life=half_life)
+        printer = print_table
+        for warning in report["warnings"]:
+            log.warning("%s", warning)
     if args.format == "json":
         json.dump(report, out, indent=2, default=_plain)
         out.write("\n")
     else:
-        print_table(report, out)
+        printer(report, out)
     return 0

@@ -156,6 +156,14 @@ class Attempt:
     attempt: int = 0
     gpus_held: tuple[tuple[str, str], ...] = ()
 
+    @classmethod
+    def from_job(cls, j: Mapping[str, Any], held: Iterable[tuple[str, str]] = (), attempt: int = 0) -> "Attempt":
+        """One attempt from a job row (gpufleet.collector.schema.JOB_COLUMNS: the store's, a parsed sacct line's)."""
+        return cls(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"], gpus=j.get("gpus"),
+                   state_raw=j.get("state_raw"), exit_code=j.get("exit_code"), user_name=j.get("user_name"),
+                   account=j.get("account"), name=j.get("name"), nodes=j.get("nodes"), submit=j.get("submit"),
+                   attempt=attempt, gpus_held=tuple(sorted(set(held))))
+
     @property
     def key(self) -> tuple[str, str, str, datetime | None]:
         return (self.cluster, self.scheduler, self.job_key, self.start)
@@ -697,11 +705,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
     finally:
         cur.close()
-    attempts = [Attempt(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"], gpus=j["gpus"],
-                        state_raw=j["state_raw"], exit_code=j["exit_code"], user_name=j["user_name"], account=j["account"],
-                        name=j["name"], nodes=j["nodes"], submit=j["submit"], attempt=1,
-                        gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in j["held"] or ()})))
-                for j in jobs]
+    attempts = [Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=1) for j in jobs]
     events: list[Event] = []
     if attempts:
         from dataclasses import replace as _replace

@@ -145,8 +145,7 @@ def test_real_sacct_rows_each_classified_once(path):
     fields = header.read_text().strip().split("|") if path.name.startswith("xdmod") else None
     jobs, rejected, problems = parse_sacct(text, fields=fields)
     assert jobs and rejected == 0, problems
-    attempts = [Attempt(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"], gpus=j["gpus"],
-                        state_raw=j["state_raw"], exit_code=j["exit_code"], user_name=j["user_name"]) for j in jobs]
+    attempts = [Attempt.from_job(j) for j in jobs]
     got = r.classify_all(attempts)
     assert [c.attempt.job_id for c in got] == [j["job_id"] for j in jobs]
     expected = {"COMPLETED": "completed", "TIMEOUT": "timeout", "FAILED": "user_error", "RUNNING": "not_ended"}
@@ -162,9 +161,7 @@ def test_real_sacct_file_causes_by_hand():
     [path] = [p for p in shared_glob("slurm/sacct", "*.psv") if p.name.startswith("torchx_sacct_parsable2_failed")] or [
         shared_glob("slurm/sacct", "absent")[0]]
     jobs, _, _ = parse_sacct(path.read_text())
-    got = {j["job_id"]: c.cause for j, c in zip(jobs, r.classify_all(
-        [Attempt("c", "slurm", j["job_key"], j["job_id"], j["state"], j["start"], j["end"], state_raw=j["state_raw"],
-                 exit_code=j["exit_code"]) for j in jobs]))}
+    got = {j["job_id"]: c.cause for j, c in zip(jobs, r.classify_all([Attempt.from_job(j) for j in jobs]))}
     assert got == {"1902": "user_error", "54": "not_ended", "89": "cancelled_user"}
 
 

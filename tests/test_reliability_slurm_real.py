@@ -50,9 +50,7 @@ def accounting(c, job_ids: list[int], since: datetime, timeout: float = 60) -> l
 
 def attempts_of(c, job_ids: list[int], since: datetime) -> list[r.Attempt]:
     """The jobs' accounting records as numbered attempts."""
-    return r.number_requeues([r.Attempt(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"],
-                                        gpus=j["gpus"], state_raw=j["state_raw"], exit_code=j["exit_code"], user_name=j["user_name"],
-                                        account=j["account"], name=j["name"]) for j in accounting(c, job_ids, since)])
+    return r.number_requeues([r.Attempt.from_job(j) for j in accounting(c, job_ids, since)])
 
 
 def settled(c, job_id: int, states: list[str], timeout: float = 60) -> None:
@@ -117,6 +115,5 @@ def test_policy_scancel_is_cancelled_by_policy(slurm_cluster, tmp_path, monkeypa
     rel = r.report(open_reader(store), window, as_of=utcnow())
     assert rel["figures"]["causes"]["cancelled_policy"] == 1 and rel["figures"]["attempts"] == 1
     # without the audit row the same accounting reads as an admin's cancel (root's uid 0)
-    [alone] = r.classify_all([r.Attempt(CLUSTER, "slurm", str(job), str(job), jobs[0]["state"], jobs[0]["start"], jobs[0]["end"],
-                                        state_raw=jobs[0]["state_raw"])])
+    [alone] = r.classify_all([r.Attempt.from_job(jobs[0])])
     assert alone.cause == "cancelled_admin", alone.reason
