@@ -228,9 +228,9 @@ def run(args: argparse.Namespace, out=None) -> int:
         log.error("%s", e)
         return 1
     if getattr(args, "reliability", False):
-        from gpufleet.analytics import reliability
+        from gpufleet.analytics import reliability, reliability_store
 
-        report = reliability.report(con, params, reliability.settings(analytics_options(doc, args.config)),
+        report = reliability_store.report(con, params, reliability.settings(analytics_options(doc, args.config)),
                                     as_of=min(utcnow(), params.end), top=args.top)
         printer = print_reliability
     else:

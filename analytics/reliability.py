@@ -357,7 +357,7 @@ def size_bucket(gpus: int | None) -> str | None:
     return None
 
 
-def _clip_s(a: Attempt, start: datetime, end: datetime, as_of: datetime | None = None) -> float:
+def run_seconds_in(a: Attempt, start: datetime, end: datetime, as_of: datetime | None = None) -> float:
     """The attempt's run time in [start, end); one still running runs to as_of (default: end)."""
     if a.start is None:
         return 0.0
@@ -365,7 +365,7 @@ def _clip_s(a: Attempt, start: datetime, end: datetime, as_of: datetime | None =
     return max(0.0, (min(a_end, end) - max(a.start, start)).total_seconds())
 
 
-def _ends_in(a: Attempt, start: datetime, end: datetime) -> bool:
+def ends_in(a: Attempt, start: datetime, end: datetime) -> bool:
     return a.end is not None and start <= a.end < end
 
 
@@ -391,8 +391,8 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     checkpoints = checkpoints or {}
     end_of = min(as_of or end, end)
     ended = [c for c in classified if c.cause != "not_ended"]
-    gpu_h = sum((c.attempt.gpus or 0) * _clip_s(c.attempt, start, end, end_of) for c in classified) / 3600
-    in_window = [c for c in ended if _ends_in(c.attempt, start, end)]
+    gpu_h = sum((c.attempt.gpus or 0) * run_seconds_in(c.attempt, start, end, end_of) for c in classified) / 3600
+    in_window = [c for c in ended if ends_in(c.attempt, start, end)]
     interruptions = [c for c in in_window if c.interrupted]
     failures = [c for c in in_window if c.failed]
     hardware = [c for c in in_window if c.cause == "hardware"]
@@ -411,9 +411,9 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     unsized = [c for c in classified if size_bucket(c.attempt.gpus) is None]  # GPU count not known: a row of its own
     for label in [b[2] for b in SIZE_BUCKETS] + (["unknown"] if unsized else []):
         mine = unsized if label == "unknown" else [c for c in classified if size_bucket(c.attempt.gpus) == label]
-        job_h = sum(_clip_s(c.attempt, start, end, end_of) for c in mine) / 3600
-        g_h = sum((c.attempt.gpus or 0) * _clip_s(c.attempt, start, end, end_of) for c in mine) / 3600
-        sizes.append(_mttf_row(label, len(mine), sum(1 for c in mine if c.failed and _ends_in(c.attempt, start, end)), job_h, g_h))
+        job_h = sum(run_seconds_in(c.attempt, start, end, end_of) for c in mine) / 3600
+        g_h = sum((c.attempt.gpus or 0) * run_seconds_in(c.attempt, start, end, end_of) for c in mine) / 3600
+        sizes.append(_mttf_row(label, len(mine), sum(1 for c in mine if c.failed and ends_in(c.attempt, start, end)), job_h, g_h))
 
     k = len(failures)
     r = k / gpu_h if gpu_h > 0 else None
@@ -480,7 +480,7 @@ def node_failures(classified: Iterable[Classified], start: datetime, end: dateti
     no evidence to its node when it ran on one (a multi-node job's NODE_FAIL names no node)."""
     out: dict[str, list[Classified]] = {}
     for c in classified:
-        if not c.failed or not _ends_in(c.attempt, start, end):
+        if not c.failed or not ends_in(c.attempt, start, end):
             continue
         hosts = {e.host for e in c.evidence} or ({h for h, _ in c.attempt.gpus_held} if len({h for h, _ in c.attempt.gpus_held}) == 1 else set())
         for h in hosts:
@@ -673,99 +673,3 @@ def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkp
     advised = young_daly_interval_s(checkpoint_cost_s, mttf_h * 3600) if mttf_h and checkpoint_cost_s else None
     return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoint_cost_s": checkpoint_cost_s,
             "advised_interval_s": advised, "used_interval_s": used_interval_s}
-
-
-# --- from the store ---
-
-SCHEMA = "gpufleet.reliability/v1"
-
-
-def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]]:
-    from gpufleet.analytics import sql
-
-    rel = cur.sql(query, params=sql.bound(query, binds))
-    cols = rel.columns
-    return [dict(zip(cols, row)) for row in rel.fetchall()]
-
-
-def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
-               ) -> tuple[list[Classified], list[dict[str, Any]]]:
-    """The window's attempts classified (accounting, their GPUs' health events from the store's
-    health summaries, the policy audit) and each host's GPU-hours held (cluster, host, scheduler,
-    gpu_hours). `as_of`: where a running job's time ends (default: the window's end)."""
-    from gpufleet.analytics import health, sql
-
-    as_of = min(as_of or params.end, params.end)
-    binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
-             **params.filters.bind()}
-    cur = con.cursor()
-    try:
-        jobs = _rows(cur, sql.RELIABILITY_ATTEMPTS, binds)
-        cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
-        host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
-    finally:
-        cur.close()
-    attempts = [Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=1) for j in jobs]
-    events: list[Event] = []
-    if attempts:
-        from dataclasses import replace as _replace
-
-        from gpufleet.analytics.params import Filters
-
-        around = _replace(params, start=params.start - s.hardware_window, end=params.end + s.grace,
-                          filters=Filters(cluster=params.filters.cluster))
-        ev = health.events(con, around, summaries=params.summaries)
-        events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
-                  for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
-    return classify_all(attempts, events, cancels, s), host_rows
-
-
-def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> dict[str, Any]:
-    """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
-    their evidence, and the interrupted attempts that cost most, each with its cause's evidence."""
-    classified, host_rows = read_store(con, params, s, as_of)
-    host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
-    where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
-    f = figures(classified, params.start, params.end, as_of=as_of)
-    by_node = node_failures(classified, params.start, params.end)
-    evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
-    found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
-    chains = link_chains(classified, None, s, min(as_of or params.end, params.end))
-    interrupted = sorted((c for c in classified if c.interrupted and _ends_in(c.attempt, params.start, params.end)),
-                         key=lambda c: -(c.attempt.gpus or 0) * _clip_s(c.attempt, params.start, params.end))
-    return {
-        "schema": SCHEMA,
-        "window": {"from": params.start.isoformat(), "to": params.end.isoformat()},
-        "filters": {k: v for k, v in params.filters.bind().items() if v is not None},
-        "settings": {"hardware_window_s": s.hardware_window.total_seconds(), "grace_s": s.grace.total_seconds(),
-                     "resubmit_window_s": s.resubmit_window.total_seconds(), "admin_uids": sorted(s.admin_uids),
-                     "lemon_false_positive_rate": s.lemon_fp_rate, "lemon_min_failures": s.lemon_min_failures,
-                     "hardware_xids": {str(k): v for k, v in HARDWARE_XIDS.items()},
-                     "interruption_causes": list(INTERRUPTION_CAUSES), "failure_causes": list(FAILURE_CAUSES)},
-        "figures": f,
-        "lemons": [{"node": x.node, "cluster": where.get(x.node, (None, None))[0], "scheduler": where.get(x.node, (None, None))[1],
-                    "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
-                    "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found],
-        "interrupted_attempts": [_attempt_row(c) for c in interrupted[:top]],
-        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"]) for ch in chains if ch.interruptions][:top],
-    }
-
-
-def _chain_row(ch: Chain, rate: float | None) -> dict[str, Any]:
-    """A chain that was interrupted, for the JSON: its attempts, goodput and Young/Daly's advice
-    (no checkpoint reports reach the store yet: the cost, the interval used and the advice are unknown)."""
-    first = ch.attempts[0].attempt
-    return {"job_ids": list(dict.fromkeys(c.attempt.job_id for c in ch.attempts)), "user_name": first.user_name,
-            "account": first.account, "name": first.name, "gpus": ch.gpus, "attempts": len(ch.attempts),
-            "interruptions": ch.interruptions, "causes": [c.cause for c in ch.attempts],
-            "wall_h": ch.wall_s / 3600, "run_h": ch.run_s / 3600, "requeue_wait_h": ch.gap_s / 3600,
-            "lost_h": ch.lost_s / 3600, "productive_h": ch.productive_s / 3600, "ettr": ch.ettr,
-            "lost_is_upper_bound": ch.lost_upper_bound, "checkpoint_advice": checkpoint_advice(ch, rate, None, None)}
-
-
-def _attempt_row(c: Classified) -> dict[str, Any]:
-    a = c.attempt
-    return {"cluster": a.cluster, "job_id": a.job_id, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
-            "start": a.start, "end": a.end, "state": a.state_raw or a.state, "cause": c.cause, "reason": c.reason,
-            "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
-                         for e in c.evidence]}

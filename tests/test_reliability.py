@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from gpufleet.analytics import reliability as r
+from gpufleet.analytics import reliability as r, reliability_store
 from gpufleet.analytics.reliability import Attempt, Event, Settings
 from gpufleet.collector.sources.slurm_parse import KNOWN_STATES, parse_sacct
 from tests.support.shared_data import shared_glob
@@ -311,7 +311,7 @@ def test_store_attempts_classified_with_evidence(store):
     from gpufleet.analytics.params import Filters, Params
 
     f = store
-    got = r.report(f.reader(), Params(_t(0), _t(12)), as_of=_t(9))
+    got = reliability_store.report(f.reader(), Params(_t(0), _t(12)), as_of=_t(9))
     causes = {a["job_id"]: (a["cause"], a["evidence"]) for a in got["interrupted_attempts"]}
     assert got["schema"] == "gpufleet.reliability/v1"
     assert causes["1"][0] == "hardware" and [(e["host"], e["gpu_uuid"], e["code"]) for e in causes["1"][1]] == [("n1", "GPU-B", 79)]
@@ -327,7 +327,7 @@ def test_store_attempts_classified_with_evidence(store):
     # ended at 02:00 but job 1 had started at 01:00, so it is no resubmission of it
     assert [(c["job_ids"], c["causes"], c["ettr"]) for c in got["chains"]] == [(["1"], ["hardware"], 0), (["2"], ["node_failure"], 0)]
     assert got["chains"][0]["lost_is_upper_bound"] and got["chains"][0]["checkpoint_advice"]["advised_interval_s"] is None
-    bio = r.report(f.reader(), Params(_t(0), _t(12), filters=Filters(account="bio")), as_of=_t(9))
+    bio = reliability_store.report(f.reader(), Params(_t(0), _t(12), filters=Filters(account="bio")), as_of=_t(9))
     assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
 
 

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpufleet.analytics import reliability as r
+from gpufleet.analytics import reliability as r, reliability_store
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.policy import Action, JobFacts, Plan, Rules
 from gpufleet.collector.schema import Batch
@@ -112,7 +112,7 @@ def test_policy_scancel_is_cancelled_by_policy(slurm_cluster, tmp_path, monkeypa
     finally:
         w.close()
     window = Params(since - timedelta(minutes=5), utcnow() + timedelta(minutes=5))
-    rel = r.report(open_reader(store), window, as_of=utcnow())
+    rel = reliability_store.report(open_reader(store), window, as_of=utcnow())
     assert rel["figures"]["causes"]["cancelled_policy"] == 1 and rel["figures"]["attempts"] == 1
     # without the audit row the same accounting reads as an admin's cancel (root's uid 0)
     [alone] = r.classify_all([r.Attempt.from_job(jobs[0])])

@@ -308,7 +308,7 @@ class Runner:
         renotify_after]}; none when [policy] drain_lemons = false."""
         from dataclasses import replace
 
-        from gpufleet.analytics import reliability
+        from gpufleet.analytics import reliability, reliability_store
         from gpufleet.analytics.policy import audit
         from gpufleet.collector.store import open_reader
         from gpufleet.times import parse_duration
@@ -320,7 +320,7 @@ class Runner:
         window = parse_duration(o.get("lemon_window", "7d"))
         con = open_reader(store_root)
         try:
-            rel = reliability.report(con, replace(self.params_for(as_of), start=as_of - window, end=as_of), self.reliability, as_of=as_of)
+            rel = reliability_store.report(con, replace(self.params_for(as_of), start=as_of - window, end=as_of), self.reliability, as_of=as_of)
             done = audit(con, as_of - self.rules.renotify_after, as_of).to_dicts()
         finally:
             con.close()
@@ -341,7 +341,7 @@ class Runner:
         (no GPU-hours) are left out, never 0."""
         from dataclasses import replace
 
-        from gpufleet.analytics import reliability
+        from gpufleet.analytics import reliability_store
         from gpufleet.collector.store import open_reader
         from gpufleet.times import parse_duration
 
@@ -353,7 +353,7 @@ class Runner:
         recent = parse_duration((self.rules.options or {}).get("interruption_rate_window", "1d"))
         con = open_reader(store_root)
         try:
-            rel = reliability.report(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of), self.reliability, as_of=as_of)
+            rel = reliability_store.report(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of), self.reliability, as_of=as_of)
         finally:
             con.close()
         m.hw_rate.clear()
