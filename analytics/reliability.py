@@ -373,6 +373,12 @@ def _per_1000_gpu_days(n: int, gpu_h: float) -> float | None:
     return n / (gpu_h / 24) * 1000 if gpu_h > 0 else None
 
 
+def _size_totals(row: list[float] | None) -> tuple[int, int, float, float]:
+    """(attempts, failures, job-hours, GPU-hours) of a size bucket's running sums."""
+    n, k, job_s, gpu_s = row or (0, 0, 0.0, 0.0)
+    return int(n), int(k), job_s / 3600, gpu_s / 3600
+
+
 def _mttf_row(label: str, jobs: int, failures: int, job_h: float, gpu_h: float) -> dict[str, Any]:
     lo, hi = poisson_interval(failures)
     return {"size": label, "attempts": jobs, "failures": failures, "job_hours": job_h, "gpu_hours": gpu_h,
@@ -390,9 +396,24 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     An attempt still running counts its GPU-hours up to `as_of` (default: the window's end)."""
     checkpoints = checkpoints or {}
     end_of = min(as_of or end, end)
-    ended = [c for c in classified if c.cause != "not_ended"]
-    gpu_h = sum((c.attempt.gpus or 0) * run_seconds_in(c.attempt, start, end, end_of) for c in classified) / 3600
-    in_window = [c for c in ended if ends_in(c.attempt, start, end)]
+    # one pass: each attempt's run time in the window, added to its size bucket (a bucket of its
+    # own, "unknown", when its GPU count is not known)
+    per_size: dict[str, list[float]] = {}  # label -> [attempts, failures, job seconds, GPU seconds]
+    in_window: list[Classified] = []
+    gpu_s = 0.0
+    for c in classified:
+        a = c.attempt
+        run = run_seconds_in(a, start, end, end_of)
+        gpu_s += (a.gpus or 0) * run
+        ended = c.cause != "not_ended" and ends_in(a, start, end)
+        if ended:
+            in_window.append(c)
+        row = per_size.setdefault(size_bucket(a.gpus) or "unknown", [0, 0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += ended and c.failed
+        row[2] += run
+        row[3] += (a.gpus or 0) * run
+    gpu_h = gpu_s / 3600
     interruptions = [c for c in in_window if c.interrupted]
     failures = [c for c in in_window if c.failed]
     hardware = [c for c in in_window if c.cause == "hardware"]
@@ -407,13 +428,8 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
             lost_gpu_s += (a.gpus or 0) * max(0.0, (a.end - max(since, start)).total_seconds())
     lost_gpu_h = lost_gpu_s / 3600
 
-    sizes = []
-    unsized = [c for c in classified if size_bucket(c.attempt.gpus) is None]  # GPU count not known: a row of its own
-    for label in [b[2] for b in SIZE_BUCKETS] + (["unknown"] if unsized else []):
-        mine = unsized if label == "unknown" else [c for c in classified if size_bucket(c.attempt.gpus) == label]
-        job_h = sum(run_seconds_in(c.attempt, start, end, end_of) for c in mine) / 3600
-        g_h = sum((c.attempt.gpus or 0) * run_seconds_in(c.attempt, start, end, end_of) for c in mine) / 3600
-        sizes.append(_mttf_row(label, len(mine), sum(1 for c in mine if c.failed and ends_in(c.attempt, start, end)), job_h, g_h))
+    labels = [b[2] for b in SIZE_BUCKETS] + (["unknown"] if "unknown" in per_size else [])
+    sizes = [_mttf_row(label, *_size_totals(per_size.get(label))) for label in labels]
 
     k = len(failures)
     r = k / gpu_h if gpu_h > 0 else None
@@ -657,6 +673,19 @@ def link_chains(classified: Iterable[Classified], checkpoints: Mapping[tuple[str
         wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
         out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper))
     return sorted(out, key=lambda ch: (-ch.wall_s * ch.gpus, ch.attempts[0].attempt.job_key))
+
+
+def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
+    """The attempts of every chain that holds an attempt that did not complete: those sharing a job,
+    or a user, account and name, with such an attempt. A chain links through a job key, or through
+    a user/account/name after an attempt that did not complete, so none of its attempts is left
+    out; the chains of completed work alone (most of a fleet's) are not linked at all."""
+    classified = list(classified)
+    broken = [c.attempt for c in classified if c.cause not in ("completed", "not_ended")]
+    jobs = {(a.cluster, a.scheduler, a.job_key) for a in broken}
+    names = {(a.cluster, a.user_name, a.account, a.name) for a in broken}
+    return [c for c in classified if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in jobs
+            or (c.attempt.cluster, c.attempt.user_name, c.attempt.account, c.attempt.name) in names]
 
 
 def young_daly_interval_s(checkpoint_cost_s: float, mttf_s: float) -> float:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
     FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
-    checkpoint_advice, classify_all, figures, lemon_reason, lemons, link_chains, node_failures,
+    chain_candidates, checkpoint_advice, classify_all, figures, lemon_reason, lemons, link_chains, node_failures,
 )
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -64,7 +64,7 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
-    chains = link_chains(classified, None, s, min(as_of or params.end, params.end))
+    chains = link_chains(chain_candidates(classified), None, s, min(as_of or params.end, params.end))
     interrupted = sorted((c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
                          key=lambda c: -(c.attempt.gpus or 0) * run_seconds_in(c.attempt, params.start, params.end))
     return {
