@@ -278,13 +278,16 @@ def _t(h: int, m: int = 0) -> datetime:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("reliability"))
+
+
+def build_store(tmp_path):
     """Six jobs on three GPUs, [01:00, 09:00) on 2026-11-16 (as_of 09:00): 1 FAILED on n1 GPU-A+B with
     XID 79 on GPU-B from 02:58 (hardware), 2 NODE_FAIL, 3 COMPLETED, 4 cancelled by the policy, 5 FAILED
-    with XID 13 (an application fault: user error), 6 running."""
+    with XID 13 (an application fault: user error), 6 running. (Also the dashboard's Reliability page's.)"""
     from gpufleet.collector.store import StoreWriter
     from tests.support.fleet import Fleet
 
-    tmp_path = tmp_path_factory.mktemp("reliability")
     f = Fleet(tmp_path)
     xid79 = lambda t: {"xid_last": 79 if _t(2, 58) <= t < _t(3, 10) else 0, "gpu_up": 1.0}  # noqa: E731
     f.gpu_series("n1", "GPU-A", _t(1), _t(7), util=90.0, health=lambda t: {"xid_last": 0, "gpu_up": 1.0})
