@@ -189,6 +189,10 @@ class Classified:
         return self.cause in FAILURE_CAUSES
 
 
+# States whose cause no hardware evidence changes (classify's rules 1-3 but the cancels): the store
+# does not read these attempts' GPUs
+NO_EVIDENCE_STATES = ("COMPLETED", "TIMEOUT", "DEADLINE", "PREEMPTED", "PENDING", "RUNNING", "SUSPENDED", "REQUEUE_HOLD",
+                      "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
 ENDED_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
                           "OUT_OF_MEMORY", "REQUEUED", "REVOKED", "SPECIAL_EXIT", "LAUNCH_FAILED", "UNKNOWN"})
 _CANCELLED_BY = re.compile(r"^\s*CANCELLED\s+by\s+(\S+)", re.IGNORECASE)

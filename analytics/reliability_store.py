@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
-    FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
+    FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
     chain_candidates, checkpoint_advice, classify_all, figures, lemon_reason, lemons, link_chains, node_failures,
 )
 
@@ -33,7 +33,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     gpu_hours). `as_of`: where a running job's time ends (default: the window's end)."""
     as_of = min(as_of or params.end, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
-             **params.filters.bind()}
+             "no_evidence_states": list(NO_EVIDENCE_STATES), **params.filters.bind()}
     cur = con.cursor()
     try:
         jobs = _rows(cur, sql.RELIABILITY_ATTEMPTS, binds)

@@ -1188,14 +1188,17 @@ WHERE {_FILTERS}
 
 # Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters,
 # with the GPUs the job mapping saw it hold (held: a list of {host, gpu_uuid}), whose health events
-# are its evidence. GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
+# are its evidence - only for the attempts whose cause evidence can decide (a state not in
+# $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
+# completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
 RELIABILITY_ATTEMPTS = f"""
 WITH j AS (SELECT * FROM jobs WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start AND {JOB_FILTERS}),
 held AS (
     SELECT a.cluster, a.scheduler, a.job_key, count(DISTINCT a.gpu_uuid)::INTEGER AS mapped_gpus,
-           list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid)) AS held
-    FROM allocations a SEMI JOIN j ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key
-    GROUP BY ALL
+           list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid))
+             FILTER (WHERE NOT list_contains($no_evidence_states, coalesce(j.state, 'UNKNOWN'))) AS held
+    FROM allocations a JOIN j ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key
+    GROUP BY a.cluster, a.scheduler, a.job_key
 )
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
        coalesce(j.gpus, h.mapped_gpus) AS gpus, j.user_name, j.account, j.name, j.nodes, j.submit, h.held

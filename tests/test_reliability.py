@@ -422,3 +422,10 @@ def test_hardware_xids_are_the_alert_rules_xid_hardware():
 
     thresholds = yaml.safe_load((Path(__file__).resolve().parents[1] / "alerts" / "thresholds.yml").read_text())
     assert sorted(r.HARDWARE_XIDS) == sorted(thresholds["xid_hardware"])
+
+
+@pytest.mark.parametrize("state", r.NO_EVIDENCE_STATES)
+def test_states_whose_gpus_the_store_does_not_read_need_no_evidence(state):
+    # the store reads an attempt's GPUs only when evidence can decide its cause
+    a = attempt(state, exit_code="1:0")
+    assert r.classify(a, [xid(79, END - timedelta(minutes=1))]).cause == r.classify(a).cause
