@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("table", "json"), default="table", help="a table for people, or JSON (a stable schema) for scripts")
     p.add_argument("--top", type=int, default=10, help="how many wasteful jobs to list")
     p.add_argument("--job", help="also print the efficiency report of this job id")
+    p.add_argument("--reliability", action="store_true",
+                   help="reliability instead: how attempts ended, interruptions, MTTF by job size, lemon nodes "
+                        "(JSON schema gpufleet.reliability/v1)")
     for name in ("cluster", "account", "user", "model", "partition"):
         aliases = ("--team",) if name == "account" else ()  # the report's word for it
         p.add_argument(f"--{name}", *aliases, dest=name, help=f"only this {name}" + (" (or --team)" if aliases else ""))
@@ -211,12 +214,49 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
               f"for >= {p['idle_min_duration_s'] / 60:g} min; no-data time is neither idle nor busy\n")
 
 
+def _rate(v: float | None) -> str:
+    return "unknown" if v is None else f"{v:.3g}"
+
+
+def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
+    """gpufleet.reliability/v1 for people: the headline, MTTF by job size beside the projection, lemons, costly interruptions."""
+    from gpufleet.analytics.reliability import CAUSE_LABELS
+
+    w, f = rel["window"], rel["figures"]
+    share = f["lost_share_of_allocated"]
+    share_text = "unknown" if share is None else f"{100 * share:.1f}%"
+    bound = "; an upper bound: no checkpoint reports" if f["lost_is_upper_bound"] else ""
+    out.write(f"gpufleet reliability {w['from']} .. {w['to']}\n")
+    if rel["filters"]:
+        out.write("filters: " + ", ".join(f"{k}={v}" for k, v in rel["filters"].items()) + "\n")
+    out.write(f"attempts {f['attempts']}, ended in the window {f['ended_in_window']}; allocated {fmt(f['allocated_gpu_hours'])} GPU-h\n"
+              f"interruptions {f['interruptions']} ({fmt(f['interruptions_per_1000_gpu_days'])} per 1,000 GPU-days), "
+              f"hardware {f['hardware_interruptions']} ({fmt(f['hardware_interruptions_per_1000_gpu_days'])} per 1,000 GPU-days)\n"
+              f"GPU-hours lost to interruptions {fmt(f['lost_gpu_hours'])} ({share_text} of allocated{bound})\n")
+    table("How attempts ended", [{"cause": CAUSE_LABELS[k], "attempts": v} for k, v in f["causes"].items() if v], out)
+    table("Job MTTF by size (failures: hardware and node failures; 95% exact Poisson interval)", f["mttf_by_size"], out,
+          ["size", "attempts", "failures", "job_hours", "mttf_h", "mttf_ci_low_h", "mttf_ci_high_h"])
+    table(f"Projection from the per-GPU failure rate {_rate(f['gpu_failure_rate_per_gpu_hour'])} per GPU-hour (MTTF_N = 1 / (N r))",
+          f["projection"], out)
+    for d in f["projection_disagreements"]:
+        out.write(f"  the fleet's own jobs disagree: {d}\n")
+    table("Lemon nodes (improbably many failures for their GPU-hours)", rel["lemons"], out,
+          ["node", "failures", "gpu_hours", "expected_failures", "p_value"])
+    table("Costliest interruptions", rel["interrupted_attempts"], out, ["job_id", "user_name", "gpus", "end", "cause", "reason"])
+    table("Interrupted job chains (ETTR = productive / wall time)", rel["chains"], out,
+          ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "requeue_wait_h", "ettr"])
+    s = rel["settings"]
+    out.write(f"\nmethod: hardware = a hardware XID/ECC/remap/lost-GPU event on the attempt's GPUs within {s['hardware_window_s']:g} s "
+              f"before its end; lemons at a {s['lemon_false_positive_rate']:g} false-positive rate, >= {s['lemon_min_failures']} failures\n")
+
+
 def run(args: argparse.Namespace, out=None) -> int:
     import sys
 
     from gpufleet.analytics.fairness import settings
     from gpufleet.analytics.params import Filters, analytics_options, from_config, store_path
     from gpufleet.collector.store import STORE_FIX, NoStoreError, StoreError, open_reader
+    from gpufleet.times import utcnow
 
     out = out or sys.stdout
     try:
@@ -235,12 +275,20 @@ def run(args: argparse.Namespace, out=None) -> int:
         return command_error("analyze", f"{e}: {STORE_FIX}")
     except StoreError as e:
         return command_error("analyze", e, 1)
-    report = build_report(con, params, by, args.top, args.job, shares=shares, half_life=half_life)
+    if getattr(args, "reliability", False):
+        from gpufleet.analytics import reliability, reliability_store
+
+        report = reliability_store.report(con, params, reliability.settings(analytics_options(doc, args.config)),
+                                          as_of=min(utcnow(), params.end), top=args.top)
+        printer = print_reliability
+    else:
+        report = build_report(con, params, by, args.top, args.job, shares=shares, half_life=half_life)
+        printer = print_table
     if args.format == "json":
-        for warning in report["warnings"]:  # (the table prints them itself)
+        for warning in report.get("warnings", []):  # (the table prints them itself)
             sys.stderr.write(f"gpufleet analyze: warning: {warning}\n")
         json.dump(report, out, indent=2, default=_plain)
         out.write("\n")
     else:
-        print_table(report, out)
+        printer(report, out)
     return 0

@@ -87,9 +87,9 @@ OPTIONS = ANALYTICS_SHARED + (  # the summaries' parameters and the rebuilds' sc
 
 def analytics_options(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     """The validated [analytics] section: these options plus each figure module's own."""
-    from gpufleet.analytics import fairness
+    from gpufleet.analytics import fairness, reliability
 
-    return section(doc, "analytics", OPTIONS + fairness.OPTIONS, path)
+    return section(doc, "analytics", OPTIONS + fairness.OPTIONS + reliability.OPTIONS, path)
 
 
 def store_path(doc: Mapping[str, Any], path: Any, *preferred: str | None) -> Path:

@@ -25,6 +25,12 @@ yet (`Plan.closest`), so "0 actions" is never a bare zero.
     scancel = "scancel"          # how Slurm jobs are cancelled (pods: DELETE via [collector.kubernetes] or kube_api)
     squeue = "squeue"            # reads a candidate's comment for the opt-out tag ("" = do not read)
     kube_api = ""
+    drain_lemons = true          # propose draining lemon nodes (gpufleet.analytics.reliability): scontrol
+    lemon_window = "7d"          #   update State=DRAIN / Kubernetes cordon, acted on only with enforce;
+    exempt_nodes = []            #   nodes matching these shell patterns are never drained; resuming a
+    scontrol = "scontrol"        #   drained node stays a person's decision
+    interruption_rate_window = "1d"  # hardware interruptions per 1,000 GPU-days over this and over
+                                 #   lemon_window (the baseline) as metrics, for the alert rules
     [policy.account_contacts]    # escalations (and cancels) also go to these
     nlp = ["nlp-lead@example.org"]
 
@@ -109,6 +115,13 @@ OPTIONS = (
            strings),
     Option("efficiency_note_lookback", "1d", DURATION, _duration),
     Option("kube_api", "", "the Kubernetes API URL, or \"\" for the in-cluster/kubeconfig one", string),
+    # lemon nodes (gpufleet.analytics.reliability): drained under the same enforce switch and audit trail
+    Option("drain_lemons", True, "true or false (propose draining nodes with improbably many hardware failures)", boolean),
+    Option("lemon_window", "7d", DURATION, _duration),
+    Option("exempt_nodes", [], "a list of shell patterns for node names never drained, e.g. [\"login*\"]", strings),
+    Option("scontrol", "scontrol", "the scontrol command that drains a Slurm node", lambda v: isinstance(v, str) and bool(v)),
+    # the recent hardware interruption rate published beside the lemon_window's (its baseline) for alerts
+    Option("interruption_rate_window", "1d", DURATION, _duration),
 )
 
 

@@ -1191,3 +1191,43 @@ HISTORY_START = f"""
 SELECT min(first_seen) FROM gpus
 WHERE {_FILTERS}
 """
+
+# --- Reliability (gpufleet.analytics.reliability) ---
+
+# Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters,
+# with the GPUs the job mapping saw it hold (held: a list of {host, gpu_uuid}), whose health events
+# are its evidence - only for the attempts whose cause evidence can decide (a state not in
+# $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
+# completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
+RELIABILITY_ATTEMPTS = f"""
+WITH j AS (SELECT * FROM jobs WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start AND {JOB_FILTERS}),
+held AS (
+    SELECT a.cluster, a.scheduler, a.job_key, count(DISTINCT a.gpu_uuid)::INTEGER AS mapped_gpus,
+           list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid))
+             FILTER (WHERE NOT list_contains($no_evidence_states, coalesce(j.state, 'UNKNOWN'))) AS held
+    FROM allocations a JOIN j ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key
+    GROUP BY a.cluster, a.scheduler, a.job_key
+)
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
+       coalesce(j.gpus, h.mapped_gpus) AS gpus, j.user_name, j.account, j.name, j.nodes, j.submit, h.held
+FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key
+WHERE coalesce(j.gpus, h.mapped_gpus) > 0
+ORDER BY j.cluster, j.scheduler, j.job_key, j.start
+"""
+
+# The jobs gpufleet's policy cancelled (enforced, done): their CANCELLED is "cancelled by policy"
+RELIABILITY_POLICY_CANCELS = """
+SELECT DISTINCT cluster, scheduler, job_key FROM policy_audit
+WHERE action = 'cancel' AND enforce AND result = 'ok' AND ts < $end + INTERVAL 1 DAY
+"""
+
+# GPU-hours each host's GPUs were held in [$start, $end) (the mapping's allocations, clipped): a
+# node's exposure in the lemon test
+RELIABILITY_HOST_GPU_HOURS = f"""
+SELECT a.cluster, a.host, mode(a.scheduler) AS scheduler, sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
+FROM allocations a
+LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+WHERE {ALLOCATION_FILTERS}
+GROUP BY a.cluster, a.host HAVING gpu_hours > 0
+ORDER BY a.cluster, a.host
+"""

@@ -32,6 +32,7 @@ PAGES = (
     ("views/waste.py", "Waste and cost", "waste", ":material/savings:"),
     ("views/health.py", "Health", "health", ":material/health_and_safety:"),
     ("views/mfu.py", "MFU", "mfu", ":material/speed:"),
+    ("views/reliability.py", "Reliability", "reliability", ":material/build:"),
 )
 
 st.set_page_config(page_title="gpufleet", page_icon=":material/memory:", layout="wide")

@@ -631,6 +631,18 @@ def health(key: tuple, bucket_s: float) -> dict:
     return {**ahealth.window_health(con, p, temperature=timedelta(seconds=bucket_s)), "window": w}
 
 
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Classifying the window's job attempts (analytics)...")
+def reliability(key: tuple) -> dict:
+    """The window's reliability (gpufleet.analytics.reliability_store.report: gpufleet.reliability/v1)
+    with the window it was computed for; a running job's time counts up to the window's as_of."""
+    from gpufleet.analytics import reliability as arel, reliability_store
+    from gpufleet.analytics.params import analytics_options
+
+    s, w, p = _request(key)
+    rel = reliability_store.report(reader(w.root), p, arel.settings(analytics_options(s.doc, s.config_path)), as_of=w.as_of)
+    return {**rel, "resolved": w}
+
+
 def health_bucket(w: Window) -> timedelta:
     """The Health page's temperature-map bucket for `w`: the timelines' default for its length."""
     from gpufleet.analytics.timeline import default_bucket

@@ -31,7 +31,7 @@ NOT_PER_GPU = {
     "GpuExporterDown", "GpuExporterTargetsAbsent", "GpufleetCollectorDown", "GpufleetCollectorTargetDown",
     "GpufleetUtilizationLow", "GpuExporterSourceFailing", "GpufleetCollectorSourceFailing",
     "GpufleetCollectorDataStale", "GpuAllocationsWithoutUtilization", "GpufleetPolicyEnforcementFailing",
-    "GpufleetSummaryBacklogStuck",
+    "GpufleetSummaryBacklogStuck", "GpufleetLemonNode", "GpufleetHardwareInterruptionRateHigh",
 }
 # Level conditions held for a `for:`: each needs a unit test where the condition comes and goes
 # faster than `for:` ("flapping") and no alert fires. Exempt: event windows (XID, ECC, remapped rows:

@@ -37,7 +37,7 @@ from tests.test_dashboard_analytics import EVE, HOSTILE, QUOTE_ACCOUNT, T, W, bu
 
 APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
 WINDOW = {"from": "2026-11-16T10:00", "to": "2026-11-16T12:00"}
-PAGES = ("fleet_now", "utilization", "jobs", "teams", "waste", "health", "mfu")
+PAGES = ("fleet_now", "utilization", "jobs", "teams", "waste", "health", "mfu", "reliability")
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +353,23 @@ def test_mfu(store, a, use_store):
                  ["job_id", "account", "mfu", "method", "reason"])
     assert_table(frame(at, "mfu_accounts"), mfu.account_mfu(a, jobs), ["account", "jobs", "mfu", "method"])
 
+
+
+def test_reliability(tmp_path, use_store):
+    from gpufleet.analytics import reliability_store
+    from tests.test_reliability import _t, build_store
+
+    f = build_store(tmp_path / "rel")
+    use_store(f.root)
+    at = goto(open_app(**{"from": "2026-11-16T00:00", "to": "2026-11-16T09:00"}), "reliability")
+    rel = reliability_store.report(f.reader(), Params(_t(0), _t(9)), as_of=_t(9))
+    assert metrics(at)["Interruptions"] == "2" and metrics(at)["Hardware"] == "1"
+    shown = frame(at, "reliability_interrupted")
+    assert list(shown["job_id"]) == [a["job_id"] for a in rel["interrupted_attempts"]] == ["1", "2"]
+    assert "XID 79 (GPU fell off the bus) on n1 GPU 1" in shown["reason"].iloc[0]
+    assert dict(zip(frame(at, "reliability_causes")["cause"], frame(at, "reliability_causes")["attempts"])) == {
+        "completed": 1, "user error": 1, "hardware": 1, "node failure": 1, "cancelled by gpufleet policy": 1, "not ended": 1}
+    assert list(frame(at, "reliability_mttf")["size"]) == [row["size"] for row in rel["figures"]["mttf_by_size"]]
 
 
 def test_long_tables_show_their_first_rows_and_say_so(store, a, use_store, monkeypatch):

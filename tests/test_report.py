@@ -272,7 +272,20 @@ def test_mfu_daily_and_method_equal_analytics(store, w47, outputs):
 def test_every_tagged_figure_was_checked_somewhere(outputs):
     """The HTML has no figure kinds the tests above do not know about."""
     kinds = {re.sub(r"^(\w+)\..*$", r"\1", k) for k in Figures(outputs[0].html).figs}
-    assert kinds == {"card", "headline", "team", "fairness", "job", "noproc", "mfu", "method", "price", "gap"}
+    assert kinds == {"card", "headline", "team", "fairness", "job", "noproc", "mfu", "method", "price", "gap", "reliability"}
+
+
+def test_reliability_section_equals_the_reliability_report(store, w47, outputs):
+    from gpufleet.analytics import reliability_store
+
+    rel = reliability_store.report(store.reader(), Params(w47.start, w47.end), as_of=min(w47.end, NOW))
+    figs, f = Figures(outputs[0].html), rel["figures"]
+    assert outputs[0].report.reliability["figures"] == f
+    # every job of the week completed: no interruption, a known 0 (GPU-hours were allocated), none lost
+    assert figs.one("reliability.interruptions") == str(f["interruptions"]) == "0"
+    assert figs.one("reliability.hardware") == "0" and figs.one("reliability.per_1000_gpu_days") == "0"
+    assert figs.one("reliability.lost_gpu_h") == fmt.hours(f["lost_gpu_hours"])
+    assert "Interrupted attempts: 0" in outputs[0].text
 
 
 def test_team_report_has_only_its_team(store, w47, outputs):

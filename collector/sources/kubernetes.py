@@ -177,7 +177,13 @@ class KubernetesSource:
         self._one_pod("deleting", namespace, name, lambda api: api.delete_namespaced_pod(
             name, namespace, _preload_content=False, _request_timeout=self.timeout_s))
 
-    def _one_pod(self, doing: str, namespace: str, name: str, call: Any) -> Any:
+    def cordon_node(self, node: str) -> None:
+        """Mark a node unschedulable (kubectl cordon): the policy's drain of a lemon node. A node
+        already gone (404) is left; anything else is a SourceError."""
+        self._one_pod("cordoning", "", node, lambda api: api.patch_node(
+            node, {"spec": {"unschedulable": True}}, _request_timeout=self.timeout_s), what=f"node {node}")
+
+    def _one_pod(self, doing: str, namespace: str, name: str, call: Any, what: str | None = None) -> Any:
         """`call(CoreV1Api)` for one pod: its result, None when the pod is gone (404), SourceError
         naming the cluster, the pod and the API server for anything else."""
         try:
@@ -189,7 +195,7 @@ class KubernetesSource:
             cfg = self._configuration(kclient, kconfig)
         except (kconfig.ConfigException, OSError, ValueError) as exc:
             raise SourceError(f"kubernetes cluster {self.cluster!r}: cannot load the API configuration: {exc}") from exc
-        failed = f"kubernetes cluster {self.cluster!r}: {doing} pod {namespace}/{name} at {cfg.host} failed"
+        failed = f"kubernetes cluster {self.cluster!r}: {doing} {what or f'pod {namespace}/{name}'} at {cfg.host} failed"
         with kclient.ApiClient(cfg) as api_client:
             try:
                 return call(kclient.CoreV1Api(api_client))

@@ -3,6 +3,10 @@
     gpufleet policy --config gpufleet.toml                 # the plan; acts only if enforce = true
     gpufleet policy --config gpufleet.toml --dry-run --format json
 
+Lemon nodes (gpufleet.analytics.reliability, over [policy] lemon_window) are proposed for draining
+beside the plan ("drains": [{"action": "drain", "cluster", "scheduler", "node", "reason", "command"}],
+"drains_exempt", "drains_suppressed"), and drained only under the same enforce switch.
+
 The plan is printed either way: a table, or JSON {"actions": [{"action", "job_key", "job_id",
 "cluster", "scheduler", "user", "account", "job_state", "idle_s", "idle_gpus", "rule", "reason"},
 ...], "exempt": [...], "suppressed": [...], "closest": {"job_key", "job_id", ..., "idle_since",
@@ -53,6 +57,21 @@ def _table(plan, acting: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _drain_table(lemons: dict, acting: bool) -> str:
+    """The lemon nodes the policy drains (or would), with the command; a person resumes them."""
+    from gpufleet.policy.enforce import inert
+
+    lines = []
+    for d in lemons["drains"]:
+        lines.append(f"  {'drain' if acting else 'drain?':<8} {d.cluster}/{inert(d.node, 60)} ({d.scheduler}) {inert(d.reason, 300)}\n"
+                     f"           {' '.join(d.command())}")
+    for d, why in lemons["exempt"]:
+        lines.append(f"  exempt   {d.cluster}/{inert(d.node, 60)} [{why}]")
+    for d in lemons["suppressed"]:
+        lines.append(f"  (done)   {d.cluster}/{inert(d.node, 60)} drained within renotify_after")
+    return "".join(line + "\n" for line in lines)
+
+
 def run(args: argparse.Namespace, out=None) -> int:
     from gpufleet.analytics.params import store_path
     from gpufleet.collector.store import STORE_FIX, NoStoreError, StoreError, StoreWriter
@@ -71,6 +90,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     try:
         plan = runner.plan(store, as_of)
         notes = runner.notes(store, plan.as_of)
+        lemons = runner.drains(store, plan.as_of)
     except NoStoreError as e:  # nothing there: the command named the wrong store (usage)
         return command_error("policy", f"{e}: {STORE_FIX}")
     except StoreError as e:
@@ -78,12 +98,16 @@ def run(args: argparse.Namespace, out=None) -> int:
     if args.format == "json":
         doc = plan.as_dict()
         doc["efficiency_notes"] = notes
+        doc["drains"] = [d.as_dict() for d in lemons["drains"]]
+        doc["drains_exempt"] = [{**d.as_dict(), "exempt_reason": why} for d, why in lemons["exempt"]]
+        doc["drains_suppressed"] = [d.as_dict() for d in lemons["suppressed"]]
         out.write(json.dumps(doc, default=str, indent=1) + "\n")
     else:
         out.write(_table(plan, act))
         for n in notes:
             out.write(f"  note     {n['cluster']}/{n['job_id']} ended: {n['verdict']} ({n['rule']})\n")
-    if not act or not (plan.actions or notes):
+        out.write(_drain_table(lemons, act))
+    if not act or not (plan.actions or notes or lemons["drains"]):
         return 0
     try:
         attempts = attempts_from_audit(store, plan.as_of)
@@ -97,6 +121,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
         rows = runner.execute(plan, record, attempts=attempts)
         rows += runner.send_notes(notes, record)
+        rows += runner.execute_drains(lemons["drains"], record)
     finally:
         writer.close()
     return 1 if any(r["result"] == "failed" for r in rows) else 0

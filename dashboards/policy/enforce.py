@@ -80,9 +80,16 @@ class PolicyMetrics:
         self.last_success = Gauge("gpufleet_policy_last_success", "1 if the last policy evaluation ran (store readable).", registry=r)
         self.enforce = Gauge("gpufleet_policy_enforce", "1 when [policy] enforce = true.", registry=r)
         self.optout_unknown = Counter("gpufleet_policy_optout_unreadable", "Jobs left alone for a round because their opt-out tag could not be read.", registry=r)
+        self.lemon = Gauge("gpufleet_reliability_lemon_node", "1 for a node with improbably many hardware failures for its "
+                           "GPU-hours over [policy] lemon_window (gpufleet.analytics.reliability).", ["cluster", "Hostname", "scheduler"], registry=r)
+        self.hw_rate = Gauge("gpufleet_reliability_hardware_interruptions_per_1000_gpu_days", "Job attempts ended by GPU hardware "
+                             "per 1,000 GPU-days allocated, over [policy] interruption_rate_window (window=recent) and lemon_window "
+                             "(window=baseline).", ["window"], registry=r)
+        self.hw_count = Gauge("gpufleet_reliability_hardware_interruptions", "Job attempts ended by GPU hardware in the window.",
+                              ["window"], registry=r)
         for a in ("notify", "escalate", "cancel"):
             self.planned.labels(a).set(0)
-        for a in ("notify", "escalate", "cancel", "efficiency_note"):
+        for a in ("notify", "escalate", "cancel", "efficiency_note", "drain"):
             self.failures.labels(a)
 
 
@@ -176,9 +183,11 @@ class Runner:
 
     def __init__(self, rules: Rules, channels: Channels, params_for: Callable[[datetime], Any], *,
                  metrics: PolicyMetrics | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], datetime] | None = None):
+                 clock: Callable[[], datetime] | None = None, reliability: Any = None):
+        from gpufleet.analytics.reliability import Settings
         from gpufleet.times import utcnow
 
+        self.reliability = reliability or Settings()  # the lemon test's settings ([analytics] reliability_*)
         self.rules = rules
         self.channels = channels
         self.params_for = params_for
@@ -217,8 +226,11 @@ class Runner:
                             account_contacts={k: tuple(v) for k, v in o["account_contacts"].items()},
                             webhook_url=o["webhook_url"], scancel=tuple(o["scancel"].split()), kubernetes=kube,
                             cluster=str(doc["collector"].get("cluster") or "default") if isinstance(doc.get("collector"), dict) else None)
+        from gpufleet.analytics import reliability
+        from gpufleet.analytics.params import analytics_options
+
         return cls(rules, channels, lambda as_of: from_config(doc, path, as_of - timedelta(hours=1), as_of),
-                   metrics=PolicyMetrics(registry), **kw)
+                   metrics=PolicyMetrics(registry), reliability=reliability.settings(analytics_options(doc, path)), **kw)
 
     # --- planning ---
 
@@ -287,6 +299,109 @@ class Runner:
             value = (ann or {}).get(POD_ANNOTATION)
             return f"{OPT_OUT_TAG}={value}" if value is not None else None
         return None
+
+    # --- lemon nodes ---
+
+    def drains(self, store_root: Any, as_of: datetime | None = None) -> dict[str, Any]:
+        """The lemon nodes of the last lemon_window (gpufleet.analytics.reliability) to drain:
+        {"drains": [Drain], "exempt": [(Drain, why)], "suppressed": [Drain drained ok within
+        renotify_after]}; none when [policy] drain_lemons = false."""
+        from dataclasses import replace
+
+        from gpufleet.analytics import reliability, reliability_store
+        from gpufleet.analytics.policy import audit
+        from gpufleet.collector.store import open_reader
+        from gpufleet.times import parse_duration
+
+        o = self.rules.options or {}
+        if not o.get("drain_lemons", True):
+            return {"drains": [], "exempt": [], "suppressed": [], "lemons": [], "figures": None}
+        as_of = as_of or self.clock()
+        window = parse_duration(o.get("lemon_window", "7d"))
+        con = open_reader(store_root)
+        try:
+            rel = reliability_store.report(con, replace(self.params_for(as_of), start=as_of - window, end=as_of), self.reliability, as_of=as_of)
+            done = audit(con, as_of - self.rules.renotify_after, as_of).to_dicts()
+        finally:
+            con.close()
+        found = [reliability.Lemon(x["node"], x["failures"], x["gpu_hours"], x["expected_failures"], x["p_value"], tuple(x["evidence"]))
+                 for x in rel["lemons"]]
+        where = {x["node"]: (x["cluster"], x["scheduler"]) for x in rel["lemons"]}
+        drained = [r["job_key"].removeprefix(reliability.DRAIN_KEY_PREFIX) for r in done
+                   if r["action"] == reliability.DRAIN_ACTION and r["result"] == "ok"]
+        plan, exempt, suppressed = reliability.drain_plan(found, where, tuple(o.get("exempt_nodes", ())), drained)
+        for d, why in exempt:
+            log.info("policy: lemon node %s (%s) exempt: %s", inert(d.node), d.cluster, why)
+        return {"drains": plan, "exempt": exempt, "suppressed": suppressed, "lemons": rel["lemons"], "figures": rel["figures"]}
+
+    def publish_reliability(self, store_root: Any, lemons: Mapping[str, Any], as_of: datetime | None = None) -> None:
+        """The lemons of `lemons` (drains()' answer, exempt ones too) and the hardware interruption
+        rate over interruption_rate_window (recent) beside lemon_window's (baseline) as metrics, for
+        the alert rules GpufleetLemonNode and GpufleetHardwareInterruptionRateHigh. Unknown rates
+        (no GPU-hours) are left out, never 0."""
+        from dataclasses import replace
+
+        from gpufleet.analytics import reliability_store
+        from gpufleet.collector.store import open_reader
+        from gpufleet.times import parse_duration
+
+        m = self.metrics
+        m.lemon.clear()
+        for x in lemons.get("lemons", ()):
+            m.lemon.labels(x["cluster"] or "", x["node"], x["scheduler"] or "").set(1)
+        as_of = as_of or self.clock()
+        recent = parse_duration((self.rules.options or {}).get("interruption_rate_window", "1d"))
+        con = open_reader(store_root)
+        try:
+            rel = reliability_store.report(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of), self.reliability, as_of=as_of)
+        finally:
+            con.close()
+        m.hw_rate.clear()
+        m.hw_count.clear()
+        for window, fig in (("recent", rel["figures"]), ("baseline", lemons.get("figures"))):
+            if fig and fig["hardware_interruptions_per_1000_gpu_days"] is not None:
+                m.hw_rate.labels(window).set(fig["hardware_interruptions_per_1000_gpu_days"])
+                m.hw_count.labels(window).set(fig["hardware_interruptions"])
+
+    def execute_drains(self, drains: Sequence[Any], record: Callable[[list[dict[str, Any]]], Any], *,
+                       dry_run: bool = False) -> list[dict[str, Any]]:
+        """Drain (Slurm) or cordon (Kubernetes) each node, only with enforce and not dry_run; audit
+        rows (action "drain", job_key "node:<name>"). Never resumes a node."""
+        if dry_run or not self.rules.enforce:
+            for d in drains:
+                log.info("policy (dry run): would drain node %s (%s): %s", inert(d.node), d.cluster, inert(d.reason, 400))
+            return []
+        rows = []
+        for d in drains:
+            try:
+                result, detail = "ok", self._retry("drain", lambda d=d: self._drain(d))
+            except ActionError as e:
+                result, detail = "failed", str(e)
+                self.metrics.failures.labels("drain").inc()
+                log.error("policy: drain of node %s (%s) failed (retried at the next evaluation): %s", inert(d.node), d.cluster, inert(detail, 600))
+            self.metrics.actions.labels("drain", result).inc()
+            rows.append({"ts": self.clock(), "cluster": d.cluster, "scheduler": d.scheduler, "job_key": d.audit_key, "job_id": None,
+                         "user_name": None, "account": None, "action": "drain", "rule": "lemon", "reason": d.reason,
+                         "idle_s": None, "idle_gpus": None, "enforce": True, "result": result, "detail": detail, "attempt": 1})
+        if rows:
+            record(rows)
+        return rows
+
+    def _drain(self, d: Any) -> str:
+        if self.channels.cluster is not None and d.cluster != self.channels.cluster:
+            raise ActionError(f"node of cluster {inert(d.cluster)}: this scontrol / Kubernetes API acts on cluster "
+                              f"{self.channels.cluster} only ([collector] cluster): not drained")
+        if d.scheduler == "slurm":
+            cmd = d.command(tuple((self.rules.options or {}).get("scontrol", "scontrol").split()))
+            _run(cmd, self.channels.timeout * 3)
+            return f"drained with {' '.join(cmd[:-1])} {cmd[-1]!r}"
+        if self.channels.kubernetes is None:
+            raise ActionError("no Kubernetes API configured ([collector.kubernetes] or [policy] kube_api): not cordoned")
+        try:
+            self.channels.kubernetes.cordon_node(d.node)
+        except Exception as e:  # noqa: BLE001 - SourceError, client errors: a failed action
+            raise ActionError(f"cordoning node {inert(d.node)}: {e}") from None
+        return f"cordoned node {d.node}"
 
     def failing(self, store_root: Any) -> list[dict[str, Any]]:
         """Actions whose latest attempt failed (from the audit trail), for metrics and health."""
@@ -585,6 +700,12 @@ class PolicyJob:
             rows += self.runner.send_notes(self.runner.notes(self.store_root, now), self.record)
         except StoreError as e:
             log.error("idle-GPU policy: efficiency notes: the store is unreadable: %s", e)
+        try:
+            lemons = self.runner.drains(self.store_root, now)
+            rows += self.runner.execute_drains(lemons["drains"], self.record)
+            self.runner.publish_reliability(self.store_root, lemons, now)
+        except StoreError as e:
+            log.error("policy: lemon nodes: the store is unreadable: %s", e)
         self.runner.failing(self.store_root)
         return all(r["result"] != "failed" for r in rows)
 

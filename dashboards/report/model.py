@@ -42,6 +42,7 @@ UNITS = {"allocated_gpu_h": "gpu_h", "busy_gpu_h": "gpu_h", "utilization_pct": "
          "no_data_gpu_h": "gpu_h"}
 LOW_COVERAGE = 0.9  # below this share of capacity with samples, the report warns that figures undercount
 NO_PROCESS_LIST = 20  # jobs listed under "held GPUs with no process"
+RELIABILITY_LIST = 5  # the costliest interruptions the report names
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,8 @@ class Report:
     config_path: str | None = None  # the configuration file the figures were made with (None: defaults)
     store: str | None = None  # the store they were read from
     extra: dict[str, Any] = field(default_factory=dict)
+    # the fleet's reliability (gpufleet.analytics.reliability_store.report: gpufleet.reliability/v1); None without data
+    reliability: dict[str, Any] | None = None
 
     @property
     def has_data(self) -> bool:
@@ -342,7 +345,8 @@ def _method(a: Analysis, t: Totals, processes: bool, shares_source: str, half_li
 
 
 def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, shares: Mapping[str, float] | None = None,
-           half_life: timedelta = timedelta(days=7), top_n: int = 10, now: datetime | None = None) -> Report:
+           half_life: timedelta = timedelta(days=7), top_n: int = 10, now: datetime | None = None,
+           reliability: Any = None) -> Report:
     """The whole fleet's report for `window` (params.start/end must be the window's)."""
     if (params.start, params.end) != (window.start, window.end):
         raise ValueError("params and window disagree on the window")
@@ -402,6 +406,12 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     info = _job_info(a) if status == "ok" else {}
     nop = no_process_jobs(a, info) if status == "ok" and processes else []
     mfu, mfu_note = mfu_rows(a) if status == "ok" else ([], "")
+    rel = None
+    if status == "ok":
+        from gpufleet.analytics import reliability_store
+        from gpufleet.analytics.reliability import Settings as ReliabilitySettings
+
+        rel = reliability_store.report(con, params, reliability or ReliabilitySettings(), as_of=as_of, top=RELIABILITY_LIST)
     return Report(
         window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
         previous=None if _empty(prev) else prev,
@@ -416,6 +426,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         method=_method(a, cur, processes, shares_source, half_life if fair is not None else None),
         top_n=top_n,
         extra={"analysis": a, "processes": processes},
+        reliability=rel,
     )
 
 

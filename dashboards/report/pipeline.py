@@ -33,6 +33,7 @@ class Settings:
     store: Path
     shares: Mapping[str, float] | None = None
     half_life: timedelta = timedelta(days=7)
+    reliability: Any = None  # gpufleet.analytics.reliability.Settings ([analytics] reliability_*)
 
     def params(self, start: datetime, end: datetime):
         from gpufleet.analytics.params import from_config
@@ -52,7 +53,10 @@ def load_settings(doc: Mapping[str, Any], path: Any, store: str | None = None) -
     cfg, opts = gather_config(lambda: report_config.load(doc, path), lambda: params.analytics_options(doc, path))
     shares, half_life = fairness_settings(opts)
     root = params.store_path(doc, path, store)
-    return Settings(doc=doc, path=path, report=cfg, store=root, shares=shares, half_life=half_life)
+    from gpufleet.analytics.reliability import settings as reliability_settings
+
+    return Settings(doc=doc, path=path, report=cfg, store=root, shares=shares, half_life=half_life,
+                    reliability=reliability_settings(opts))
 
 
 @dataclass
@@ -104,7 +108,8 @@ def make(settings: Settings, window: Window, *, now: datetime | None = None, pdf
         con = open_reader(settings.store)
     pdf = settings.report.pdf if pdf is None else pdf
     params = settings.params(window.start, window.end)
-    fleet = gather(con, params, window, shares=settings.shares, half_life=settings.half_life, top_n=settings.report.top_jobs, now=now)
+    fleet = gather(con, params, window, shares=settings.shares, half_life=settings.half_life, top_n=settings.report.top_jobs, now=now,
+                   reliability=settings.reliability)
     fleet = replace(fleet, config_path=None if settings.path is None else str(Path(settings.path).resolve()),
                     store=str(Path(settings.store).resolve()))  # for the report's "recompute with" command
     outputs = [render_output(fleet, pdf=pdf, chromium=settings.report.chromium)]

@@ -4,6 +4,7 @@ freshness."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import altair as alt
 import polars as pl
@@ -65,6 +66,8 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Events")
     st.caption("XID codes, new ECC errors, row remapping and lost GPUs in the window, newest first.")
     ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.", sort="newest first")
+    st.page_link(str(Path(__file__).with_name("reliability.py")), label="Which jobs these events ended, and which nodes are lemons: Reliability",
+                 icon=":material/build:")
 
     st.subheader("Lost, erroring or silent GPUs now")
     ui.table(now["states"].filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",

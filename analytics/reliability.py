@@ -1,0 +1,708 @@
+"""Reliability and goodput (DESIGN.md contract 7): how each job attempt ended, what failures cost,
+how long a job of N GPUs survives, which nodes are lemons.
+
+Pure functions over attempts (one ended run of a job: a Slurm requeue starts a new attempt of the
+same job) and the health events of the attempts' GPUs; gpufleet.analytics.reliability_store reads
+them from the store. The definitions, each a choice that could be made differently:
+
+- Cause, one per attempt, first rule that applies (CAUSES):
+  1. not ended (RUNNING, PENDING, ...): "not_ended", in no figure;
+  2. COMPLETED: "completed" (a hardware event near its end does not undo a success);
+  3. the scheduler's own verdict that names who stopped it wins next: TIMEOUT/DEADLINE "timeout",
+     PREEMPTED "preempted", a cancel that gpufleet's policy audit records (result ok) "cancelled_policy",
+     "CANCELLED by <uid>" with uid in admin_uids "cancelled_admin";
+  4. hardware evidence: an event of HARDWARE_EVENTS (an XID of HARDWARE_XIDS, a double-bit ECC rise,
+     a row-remapping failure or uncorrectable remap, the GPU lost) on one of the attempt's GPUs in
+     [end - hardware_window, end + grace]: "hardware", the events kept as its evidence. It outranks
+     FAILED, NODE_FAIL, REQUEUED, a user's cancel and UNKNOWN: a job that crashed on XID 79 reports
+     FAILED, and a person who scancels a job hung on a dead GPU did not cause its end;
+  5. NODE_FAIL, BOOT_FAIL, LAUNCH_FAILED: "node_failure";
+  6. REQUEUED with no evidence: "requeued" (the scheduler or an operator put it back; why unknown);
+  7. CANCELLED by another uid: "cancelled_user"; CANCELLED with no uid: "cancelled_unknown";
+  8. FAILED, OUT_OF_MEMORY, SPECIAL_EXIT, or a non-zero exit code: "user_error";
+  9. anything else: "unknown".
+- Interruption: an attempt that ended for a reason outside the job (INTERRUPTION_CAUSES); failure:
+  the infrastructure's fault (FAILURE_CAUSES: hardware, node failure) - what MTTF and lemons count.
+- Exposure: an attempt's GPU-hours (GPUs x run time) clipped to the window; an attempt counts as
+  an interruption in the window its end falls in.
+- MTTF of a size bucket: the bucket's job-hours (run time, not GPU-hours) / its failures, with an
+  exact (Garwood) Poisson interval on the count. The per-GPU failure rate r = failures / GPU-hours,
+  projected to N GPUs as MTTF_N = 1 / (N r) (failures independent across GPUs).
+- Lemon: a node whose failures k are improbably many for its GPU-hours e: P(Poisson(r e) >= k) <
+  false_positive_rate / nodes (Bonferroni: on a fleet with no lemon the chance that any node is
+  named is at most the stated rate) and k >= min_count.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping, Sequence
+
+from gpufleet.config import Option, number, strings
+
+CAUSES = ("completed", "user_error", "hardware", "node_failure", "timeout", "preempted", "requeued",
+          "cancelled_user", "cancelled_admin", "cancelled_policy", "cancelled_unknown", "unknown", "not_ended")
+CAUSE_LABELS = {
+    "completed": "completed", "user_error": "user error", "hardware": "hardware", "node_failure": "node failure",
+    "timeout": "time limit", "preempted": "preempted", "requeued": "requeued (why unknown)",
+    "cancelled_user": "cancelled by user", "cancelled_admin": "cancelled by an admin",
+    "cancelled_policy": "cancelled by gpufleet policy", "cancelled_unknown": "cancelled (by whom unknown)",
+    "unknown": "unknown", "not_ended": "not ended",
+}
+FAILURE_CAUSES = ("hardware", "node_failure")
+INTERRUPTION_CAUSES = FAILURE_CAUSES + ("preempted", "requeued", "cancelled_admin")
+
+# XIDs that are the hardware's (or its firmware's) fault, by class. Application faults (13, 31, 43,
+# 45: a kernel's exception, an MMU fault, a killed context) are not hardware evidence.
+HARDWARE_XIDS: dict[int, str] = {
+    48: "ECC double-bit error", 61: "GPU microcontroller breakpoint", 62: "GPU microcontroller halt",
+    63: "row remapping (pending)", 64: "row remapping failed", 74: "NVLink error", 79: "GPU fell off the bus",
+    92: "high single-bit ECC rate", 94: "contained ECC error", 95: "uncontained ECC error",
+    119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error",
+}  # the alert rules' xid_hardware (alerts/thresholds.yml) is the same list: tests/test_reliability.py holds them together
+# Health event kinds (gpufleet.analytics.health.events) that are hardware evidence; "xid" only
+# with a code of HARDWARE_XIDS
+HARDWARE_EVENTS = ("xid", "ecc_dbe", "row_remap", "row_remap_failure", "gpu_lost")
+
+# Job size buckets (GPUs), the published anchors' grid
+SIZE_BUCKETS = ((1, 1, "1"), (2, 8, "2-8"), (9, 64, "9-64"), (65, 512, "65-512"), (513, 4096, "513-4096"),
+                (4097, None, ">4096"))
+PROJECTED_SIZES = (1024, 16384, 100000)
+
+OPTIONS = (
+    Option("reliability_hardware_window_seconds", 600.0,
+           "a number of seconds > 0 (a hardware event this long before an attempt's end caused it)", number(0)),
+    Option("reliability_resubmit_window_seconds", 3600.0,
+           "a number of seconds > 0 (a resubmission this soon after a failed attempt continues its chain)", number(0)),
+    Option("reliability_admin_uids", ["0"], "a list of uid strings whose cancels are an admin's", strings),
+    Option("reliability_lemon_false_positive_rate", 0.01, "a probability in (0, 1)", lambda v: number(0)(v) and v < 1),
+    Option("reliability_lemon_min_failures", 3.0, "a number of failures >= 1", number(1, inclusive=True)),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the classification and the figures depend on; defaults and why:
+    - hardware_window 10 min: an XID 79 kills a job within seconds to minutes (NCCL timeouts are
+      10 min by default), while an event an hour before the end of a job that ran on is not its cause;
+    - grace 2 min: the scheduler may record the end before the exporter's next scrape shows the event;
+    - resubmit_window 1 h: a person or a retry wrapper resubmits within minutes;
+    - admin uids: root; add the Slurm user and the operators';
+    - lemons: 1 % family-wise false-positive rate, at least 3 failures (one or two are luck)."""
+
+    hardware_window: timedelta = timedelta(minutes=10)
+    grace: timedelta = timedelta(minutes=2)
+    resubmit_window: timedelta = timedelta(hours=1)
+    admin_uids: frozenset[str] = frozenset({"0"})
+    lemon_fp_rate: float = 0.01
+    lemon_min_failures: int = 3
+
+
+def settings(opts: Mapping[str, Any]) -> Settings:
+    """Validated [analytics] options -> Settings."""
+    return Settings(hardware_window=timedelta(seconds=opts["reliability_hardware_window_seconds"]),
+                    resubmit_window=timedelta(seconds=opts["reliability_resubmit_window_seconds"]),
+                    admin_uids=frozenset(opts["reliability_admin_uids"]),
+                    lemon_fp_rate=float(opts["reliability_lemon_false_positive_rate"]),
+                    lemon_min_failures=int(opts["reliability_lemon_min_failures"]))
+
+
+@dataclass(frozen=True)
+class Event:
+    """A health event of one GPU (gpufleet.analytics.health.events' row)."""
+
+    ts: datetime
+    host: str
+    gpu_uuid: str
+    kind: str
+    code: int | None = None
+    gpu: int | None = None
+    detail: str | None = None
+
+    @property
+    def hardware(self) -> bool:
+        return self.kind in HARDWARE_EVENTS and (self.kind != "xid" or self.code in HARDWARE_XIDS)
+
+    def describe(self) -> str:
+        what = f"XID {self.code} ({HARDWARE_XIDS[self.code]})" if self.kind == "xid" and self.code in HARDWARE_XIDS else (
+            self.detail or self.kind)
+        gpu = f"GPU {self.gpu}" if self.gpu is not None else self.gpu_uuid
+        return f"{what} on {self.host} {gpu} at {self.ts.isoformat()}"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job. `gpus_held`: the (host, gpu_uuid) it held (its allocations), the GPUs whose
+    events are its evidence; `attempt`: 1, 2, ... for the requeues of one job (0: not known)."""
+
+    cluster: str
+    scheduler: str
+    job_key: str
+    job_id: str
+    state: str | None
+    start: datetime | None
+    end: datetime | None
+    gpus: int | None = None
+    state_raw: str | None = None
+    exit_code: str | None = None
+    user_name: str | None = None
+    account: str | None = None
+    name: str | None = None
+    nodes: str | None = None
+    submit: datetime | None = None
+    attempt: int = 0
+    gpus_held: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_job(cls, j: Mapping[str, Any], held: Iterable[tuple[str, str]] = (), attempt: int = 0) -> "Attempt":
+        """One attempt from a job row (gpufleet.collector.schema.JOB_COLUMNS: the store's, a parsed sacct line's)."""
+        return cls(j["cluster"], j["scheduler"], j["job_key"], j["job_id"], j["state"], j["start"], j["end"], gpus=j.get("gpus"),
+                   state_raw=j.get("state_raw"), exit_code=j.get("exit_code"), user_name=j.get("user_name"),
+                   account=j.get("account"), name=j.get("name"), nodes=j.get("nodes"), submit=j.get("submit"),
+                   attempt=attempt, gpus_held=tuple(sorted(set(held))))
+
+    @property
+    def key(self) -> tuple[str, str, str, datetime | None]:
+        return (self.cluster, self.scheduler, self.job_key, self.start)
+
+    @property
+    def run_s(self) -> float:
+        return (self.end - self.start).total_seconds() if self.start and self.end else 0.0
+
+
+@dataclass(frozen=True)
+class Classified:
+    attempt: Attempt
+    cause: str
+    reason: str  # the rule, for a person
+    evidence: tuple[Event, ...] = ()
+
+    @property
+    def interrupted(self) -> bool:
+        return self.cause in INTERRUPTION_CAUSES
+
+    @property
+    def failed(self) -> bool:
+        return self.cause in FAILURE_CAUSES
+
+
+# States whose cause no hardware evidence changes (classify's rules 1-3 but the cancels): the store
+# does not read these attempts' GPUs
+NO_EVIDENCE_STATES = ("COMPLETED", "TIMEOUT", "DEADLINE", "PREEMPTED", "PENDING", "RUNNING", "SUSPENDED", "REQUEUE_HOLD",
+                      "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
+ENDED_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+                          "OUT_OF_MEMORY", "REQUEUED", "REVOKED", "SPECIAL_EXIT", "LAUNCH_FAILED", "UNKNOWN"})
+_CANCELLED_BY = re.compile(r"^\s*CANCELLED\s+by\s+(\S+)", re.IGNORECASE)
+
+
+def _nonzero_exit(code: str | None) -> bool:
+    return bool(code) and any(p.strip() not in ("", "0") for p in code.split(":"))
+
+
+def hardware_evidence(attempt: Attempt, events: Iterable[Event], s: Settings) -> tuple[Event, ...]:
+    """The hardware events on the attempt's GPUs in [end - hardware_window, end + grace], oldest first."""
+    if attempt.end is None:
+        return ()
+    held = set(attempt.gpus_held)
+    lo, hi = attempt.end - s.hardware_window, attempt.end + s.grace
+    if attempt.start is not None:
+        lo = max(lo, attempt.start)
+    return tuple(sorted((e for e in events if e.hardware and (e.host, e.gpu_uuid) in held and lo <= e.ts <= hi),
+                        key=lambda e: (e.ts, e.host, e.gpu_uuid, e.kind)))
+
+
+def classify(attempt: Attempt, events: Iterable[Event] = (), policy_cancelled: bool = False,
+             s: Settings = Settings()) -> Classified:
+    """The attempt's one cause with its rule and evidence (module docstring). `events`: health
+    events of (at least) its GPUs; `policy_cancelled`: gpufleet's policy audit records a cancel of it."""
+    state = (attempt.state or "UNKNOWN").upper()
+    if state not in ENDED_STATES:
+        return Classified(attempt, "not_ended", f"state {state}: not ended")
+    if state == "COMPLETED":
+        return Classified(attempt, "completed", "COMPLETED")
+    if state in ("TIMEOUT", "DEADLINE"):
+        return Classified(attempt, "timeout", state)
+    if state == "PREEMPTED":
+        return Classified(attempt, "preempted", state)
+    by = _CANCELLED_BY.match(attempt.state_raw or "")
+    if state == "CANCELLED" and policy_cancelled:
+        return Classified(attempt, "cancelled_policy", "CANCELLED; gpufleet's policy audit records the cancel")
+    if state == "CANCELLED" and by and by[1] in s.admin_uids:
+        return Classified(attempt, "cancelled_admin", f"CANCELLED by uid {by[1]} (an admin uid)")
+    evidence = hardware_evidence(attempt, events, s)
+    if evidence:
+        return Classified(attempt, "hardware", f"{state}; {evidence[0].describe()}", evidence)
+    if state in ("NODE_FAIL", "BOOT_FAIL", "LAUNCH_FAILED"):
+        return Classified(attempt, "node_failure", state)
+    if state == "REQUEUED":
+        return Classified(attempt, "requeued", "REQUEUED with no hardware evidence")
+    if state == "CANCELLED":
+        return (Classified(attempt, "cancelled_user", f"CANCELLED by uid {by[1]}") if by
+                else Classified(attempt, "cancelled_unknown", "CANCELLED, no uid reported"))
+    if state in ("FAILED", "OUT_OF_MEMORY", "SPECIAL_EXIT") or _nonzero_exit(attempt.exit_code):
+        return Classified(attempt, "user_error", f"{state}, exit {attempt.exit_code or 'unknown'}, no hardware evidence")
+    return Classified(attempt, "unknown", f"state {state}")
+
+
+def classify_all(attempts: Iterable[Attempt], events: Iterable[Event] = (),
+                 policy_cancels: Iterable[tuple[str, str, str]] = (), s: Settings = Settings()) -> list[Classified]:
+    """Each attempt classified once. `policy_cancels`: (cluster, scheduler, job_key) of the jobs
+    gpufleet's policy cancelled. Events are looked up per GPU, so the cost grows with the attempts'
+    GPUs and the events, not their product."""
+    by_gpu: dict[tuple[str, str], list[Event]] = {}
+    for e in events:
+        by_gpu.setdefault((e.host, e.gpu_uuid), []).append(e)
+    cancelled = set(policy_cancels)
+    out = []
+    for a in attempts:
+        near = [e for g in a.gpus_held for e in by_gpu.get(g, ())]
+        out.append(classify(a, near, (a.cluster, a.scheduler, a.job_key) in cancelled, s))
+    return out
+
+
+def number_requeues(attempts: Iterable[Attempt]) -> list[Attempt]:
+    """Attempts numbered 1, 2, ... per job (cluster, scheduler, job_key) in start order: a Slurm
+    requeue is a new attempt of the same job."""
+    groups: dict[tuple[str, str, str], list[Attempt]] = {}
+    for a in attempts:
+        groups.setdefault((a.cluster, a.scheduler, a.job_key), []).append(a)
+    out = []
+    for runs in groups.values():
+        runs.sort(key=lambda a: (a.start is None, a.start or datetime.min))
+        out.extend(replace(a, attempt=i) for i, a in enumerate(runs, 1))
+    return out
+
+
+# --- exact Poisson statistics (standard library only) ---
+
+
+def _gamma_p(a: float, x: float) -> float:
+    """Regularised lower incomplete gamma P(a, x) (series for x < a + 1, else continued fraction)."""
+    if x <= 0:
+        return 0.0
+    lg = math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        ap = a
+        for _ in range(100000):
+            ap += 1
+            term *= x / ap
+            total += term
+            if abs(term) < abs(total) * 1e-15:
+                break
+        return min(1.0, total * math.exp(-x + a * math.log(x) - lg))
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 100000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return max(0.0, 1.0 - math.exp(-x + a * math.log(x) - lg) * h)
+
+
+def poisson_sf(k: int, mu: float) -> float:
+    """P(X >= k) for X ~ Poisson(mu)."""
+    if k <= 0:
+        return 1.0
+    return _gamma_p(k, mu) if mu > 0 else 0.0
+
+
+def poisson_cdf(k: int, mu: float) -> float:
+    """P(X <= k) for X ~ Poisson(mu)."""
+    return 1.0 - poisson_sf(k + 1, mu) if k >= 0 else 0.0
+
+
+def _solve(f, lo: float, hi: float) -> float:
+    """The root of the increasing f in [lo, hi] by bisection (to 1e-12 relative)."""
+    while f(hi) < 0:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if f(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return (lo + hi) / 2
+
+
+def poisson_interval(k: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Garwood) interval of a Poisson mean given k events: P(X >= k | lower) = alpha/2,
+    P(X <= k | upper) = alpha/2; lower 0 for k = 0."""
+    alpha = 1 - confidence
+    lower = 0.0 if k == 0 else _solve(lambda m: poisson_sf(k, m) - alpha / 2, 0.0, max(1.0, 2.0 * k))
+    upper = _solve(lambda m: (1 - poisson_cdf(k, m)) - (1 - alpha / 2), 0.0, max(4.0, 2.0 * k + 10))
+    return lower, upper
+
+
+# --- figures ---
+
+
+def size_bucket(gpus: int | None) -> str | None:
+    if not gpus or gpus < 1:
+        return None
+    for lo, hi, label in SIZE_BUCKETS:
+        if gpus >= lo and (hi is None or gpus <= hi):
+            return label
+    return None
+
+
+def run_seconds_in(a: Attempt, start: datetime, end: datetime, as_of: datetime | None = None) -> float:
+    """The attempt's run time in [start, end); one still running runs to as_of (default: end)."""
+    if a.start is None:
+        return 0.0
+    a_end = a.end if a.end is not None else (as_of or end)
+    return max(0.0, (min(a_end, end) - max(a.start, start)).total_seconds())
+
+
+def ends_in(a: Attempt, start: datetime, end: datetime) -> bool:
+    return a.end is not None and start <= a.end < end
+
+
+def _per_1000_gpu_days(n: int, gpu_h: float) -> float | None:
+    return n / (gpu_h / 24) * 1000 if gpu_h > 0 else None
+
+
+def _size_totals(row: list[float] | None) -> tuple[int, int, float, float]:
+    """(attempts, failures, job-hours, GPU-hours) of a size bucket's running sums."""
+    n, k, job_s, gpu_s = row or (0, 0, 0.0, 0.0)
+    return int(n), int(k), job_s / 3600, gpu_s / 3600
+
+
+def _mttf_row(label: str, jobs: int, failures: int, job_h: float, gpu_h: float) -> dict[str, Any]:
+    lo, hi = poisson_interval(failures)
+    return {"size": label, "attempts": jobs, "failures": failures, "job_hours": job_h, "gpu_hours": gpu_h,
+            "mttf_h": job_h / failures if failures else None,
+            "mttf_ci_low_h": job_h / hi if job_h > 0 else None,
+            "mttf_ci_high_h": job_h / lo if lo > 0 else None}
+
+
+def figures(classified: Sequence[Classified], start: datetime, end: datetime,
+            checkpoints: Mapping[tuple[str, str, str], Sequence[datetime]] | None = None,
+            bucket: timedelta = timedelta(days=1), as_of: datetime | None = None) -> dict[str, Any]:
+    """The window's reliability figures (module docstring) from its classified attempts.
+    `checkpoints`: per job (cluster, scheduler, job_key) the times it reported a saved checkpoint;
+    an interrupted attempt loses the work since its last one, else since its start (an upper bound).
+    An attempt still running counts its GPU-hours up to `as_of` (default: the window's end)."""
+    checkpoints = checkpoints or {}
+    end_of = min(as_of or end, end)
+    # one pass: each attempt's run time in the window, added to its size bucket (a bucket of its
+    # own, "unknown", when its GPU count is not known)
+    per_size: dict[str, list[float]] = {}  # label -> [attempts, failures, job seconds, GPU seconds]
+    in_window: list[Classified] = []
+    gpu_s = 0.0
+    for c in classified:
+        a = c.attempt
+        run = run_seconds_in(a, start, end, end_of)
+        gpu_s += (a.gpus or 0) * run
+        ended = c.cause != "not_ended" and ends_in(a, start, end)
+        if ended:
+            in_window.append(c)
+        row = per_size.setdefault(size_bucket(a.gpus) or "unknown", [0, 0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += ended and c.failed
+        row[2] += run
+        row[3] += (a.gpus or 0) * run
+    gpu_h = gpu_s / 3600
+    interruptions = [c for c in in_window if c.interrupted]
+    failures = [c for c in in_window if c.failed]
+    hardware = [c for c in in_window if c.cause == "hardware"]
+
+    lost_gpu_s, upper_bound = 0.0, False
+    for c in interruptions:
+        a = c.attempt
+        saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start and a.start <= t <= a.end]
+        since = max(saved) if saved else a.start
+        upper_bound |= not saved
+        if since is not None:
+            lost_gpu_s += (a.gpus or 0) * max(0.0, (a.end - max(since, start)).total_seconds())
+    lost_gpu_h = lost_gpu_s / 3600
+
+    labels = [b[2] for b in SIZE_BUCKETS] + (["unknown"] if "unknown" in per_size else [])
+    sizes = [_mttf_row(label, *_size_totals(per_size.get(label))) for label in labels]
+
+    k = len(failures)
+    r = k / gpu_h if gpu_h > 0 else None
+    r_lo, r_hi = poisson_interval(k)
+    projection = []
+    for n in PROJECTED_SIZES:
+        projection.append({"gpus": n, "mttf_h": 1 / (n * r) if r else None,
+                           "mttf_ci_low_h": 1 / (n * r_hi / gpu_h) if gpu_h > 0 else None,
+                           "mttf_ci_high_h": 1 / (n * r_lo / gpu_h) if gpu_h > 0 and r_lo > 0 else None})
+    disagreements = []
+    for row, (_, _, label) in zip(sizes, SIZE_BUCKETS):
+        if not r or not row["failures"] or row["attempts"] == 0:
+            continue
+        mean_gpus = row["gpu_hours"] / row["job_hours"] if row["job_hours"] else None
+        if not mean_gpus:
+            continue
+        predicted = 1 / (mean_gpus * r)
+        if (row["mttf_ci_high_h"] is not None and predicted > row["mttf_ci_high_h"]) or (
+                row["mttf_ci_low_h"] is not None and predicted < row["mttf_ci_low_h"]):
+            disagreements.append(f"jobs of {label} GPUs: measured MTTF {row['mttf_h']:.3g} h "
+                                 f"(95% {row['mttf_ci_low_h']:.3g}-{_num(row['mttf_ci_high_h'])} h), the per-GPU rate "
+                                 f"predicts {predicted:.3g} h at their mean {mean_gpus:.3g} GPUs")
+
+    mix: dict[tuple[datetime, str], int] = {}
+    for c in in_window:
+        t0 = start + bucket * int((c.attempt.end - start) / bucket)
+        mix[(t0, c.cause)] = mix.get((t0, c.cause), 0) + 1
+    counts = {cause: sum(1 for c in classified if c.cause == cause) for cause in CAUSES}
+    return {
+        "attempts": len(classified), "ended_in_window": len(in_window), "causes": counts,
+        "allocated_gpu_hours": gpu_h,
+        "interruptions": len(interruptions), "hardware_interruptions": len(hardware), "failures": k,
+        "interruptions_per_1000_gpu_days": _per_1000_gpu_days(len(interruptions), gpu_h),
+        "hardware_interruptions_per_1000_gpu_days": _per_1000_gpu_days(len(hardware), gpu_h),
+        "mttf_by_size": sizes,
+        "gpu_failure_rate_per_gpu_hour": r,
+        "gpu_failure_rate_ci": [r_lo / gpu_h, r_hi / gpu_h] if gpu_h > 0 else None,
+        "projection": projection, "projection_disagreements": disagreements,
+        "lost_gpu_hours": lost_gpu_h, "lost_share_of_allocated": lost_gpu_h / gpu_h if gpu_h > 0 else None,
+        "lost_is_upper_bound": upper_bound,
+        "cause_mix": [{"bucket": t, "cause": cause, "attempts": n} for (t, cause), n in sorted(mix.items())],
+    }
+
+
+def _num(v: float | None) -> str:
+    return "unbounded" if v is None else f"{v:.3g}"
+
+
+# --- lemons ---
+
+
+@dataclass(frozen=True)
+class Lemon:
+    node: str
+    failures: int
+    gpu_hours: float
+    expected: float
+    p_value: float
+    evidence: tuple[str, ...] = field(default=())
+
+
+def node_failures(classified: Iterable[Classified], start: datetime, end: datetime) -> dict[str, list[Classified]]:
+    """Each failure in the window attributed to the node(s) its evidence names; a node failure with
+    no evidence to its node when it ran on one (a multi-node job's NODE_FAIL names no node)."""
+    out: dict[str, list[Classified]] = {}
+    for c in classified:
+        if not c.failed or not ends_in(c.attempt, start, end):
+            continue
+        hosts = {e.host for e in c.evidence} or ({h for h, _ in c.attempt.gpus_held} if len({h for h, _ in c.attempt.gpus_held}) == 1 else set())
+        for h in hosts:
+            out.setdefault(h, []).append(c)
+    return out
+
+
+def lemons(failures: Mapping[str, int], gpu_hours: Mapping[str, float], fp_rate: float = 0.01, min_failures: int = 3,
+           evidence: Mapping[str, Sequence[str]] | None = None) -> list[Lemon]:
+    """Nodes whose failures are improbably many for their GPU-hours against the fleet's rate,
+    most improbable first (module docstring). `gpu_hours`: every node's exposure, failing or not."""
+    total_h = sum(gpu_hours.values())
+    total_k = sum(failures.get(n, 0) for n in gpu_hours)
+    if total_h <= 0 or total_k == 0:
+        return []
+    rate, nodes = total_k / total_h, len(gpu_hours)
+    out = []
+    for node, h in gpu_hours.items():
+        k = failures.get(node, 0)
+        if k < min_failures:
+            continue
+        p = poisson_sf(k, rate * h)
+        if p < fp_rate / nodes:
+            out.append(Lemon(node, k, h, rate * h, p, tuple((evidence or {}).get(node, ()))))
+    return sorted(out, key=lambda x: (x.p_value, -x.failures, x.node))
+
+
+# --- draining lemons (gpufleet policy) ---
+
+DRAIN_ACTION = "drain"
+DRAIN_KEY_PREFIX = "node:"  # a drain's audit row names its node as job_key "node:<name>"
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A proposal to take a lemon node out of service: Slurm `scontrol update NodeName=... State=DRAIN
+    Reason="gpufleet: ..."`, Kubernetes cordon. Resuming it stays a person's decision."""
+
+    cluster: str
+    scheduler: str  # slurm | kubernetes
+    node: str
+    reason: str
+
+    @property
+    def audit_key(self) -> str:
+        return DRAIN_KEY_PREFIX + self.node
+
+    def command(self, scontrol: Sequence[str] = ("scontrol",)) -> list[str]:
+        """The command that carries it out (argv; for Kubernetes what kubectl would run)."""
+        if self.scheduler == "slurm":
+            return [*scontrol, "update", f"NodeName={self.node}", "State=DRAIN", f"Reason=gpufleet: {self.reason}"]
+        return ["kubectl", "cordon", self.node]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": DRAIN_ACTION, "cluster": self.cluster, "scheduler": self.scheduler, "node": self.node,
+                "reason": self.reason, "command": self.command()}
+
+
+def lemon_reason(x: Lemon) -> str:
+    """Why, in the words a Slurm Reason field holds (short, no quotes)."""
+    return (f"lemon: {x.failures} hardware/node failures in {x.gpu_hours:.0f} GPU-h, "
+            f"{x.expected:.2g} expected at the fleet rate (p={x.p_value:.1e})")
+
+
+def drain_plan(found: Sequence[Lemon], where: Mapping[str, tuple[str, str]], exempt_nodes: Sequence[str] = (),
+               drained: Iterable[str] = ()) -> tuple[list[Drain], list[tuple[Drain, str]], list[Drain]]:
+    """(proposals, exempt with the pattern that exempts each, already drained) for the lemons `found`.
+    `where`: node -> (cluster, scheduler); `drained`: nodes a drain succeeded on within renotify_after."""
+    import fnmatch
+
+    done = set(drained)
+    plan, exempt, suppressed = [], [], []
+    for x in found:
+        cluster, scheduler = where.get(x.node, ("default", "slurm"))
+        d = Drain(cluster, scheduler, x.node, lemon_reason(x))
+        pattern = next((p for p in exempt_nodes if fnmatch.fnmatchcase(x.node, p)), None)
+        if pattern is not None:
+            exempt.append((d, f"node matches exempt_nodes {pattern!r}"))
+        elif x.node in done:
+            suppressed.append(d)
+        else:
+            plan.append(d)
+    return plan, exempt, suppressed
+
+
+# --- chains and goodput ---
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Attempts of one piece of work, in order: requeues of one job, resubmissions (same cluster,
+    user, account and name, submitted within resubmit_window after an attempt that did not
+    complete), a pod's restarts (one owner: the same job key). Times in seconds:
+    wall = first start to last end (a running last attempt: to as_of) = run + gaps;
+    lost = per attempt that did not complete, its work since its last reported checkpoint (else
+    since its start: an upper bound, `lost_upper_bound`); productive = run - lost;
+    restart overhead = the gaps (failure to the next attempt's start); ETTR = productive / wall."""
+
+    attempts: tuple[Classified, ...]
+    wall_s: float
+    run_s: float
+    gap_s: float
+    lost_s: float
+    productive_s: float
+    lost_upper_bound: bool
+
+    @property
+    def ettr(self) -> float | None:
+        return self.productive_s / self.wall_s if self.wall_s > 0 else None
+
+    @property
+    def interruptions(self) -> int:
+        return sum(1 for c in self.attempts if c.interrupted)
+
+    @property
+    def gpus(self) -> int:
+        return max((c.attempt.gpus or 0) for c in self.attempts)
+
+
+def _continues(prev: Classified, nxt: Classified, s: Settings) -> bool:
+    a, b = prev.attempt, nxt.attempt
+    if a.end is None or b.start is None or b.start < a.end:
+        return False
+    if (a.cluster, a.scheduler, a.job_key) == (b.cluster, b.scheduler, b.job_key):
+        return True  # a requeue or a restart of the same job
+    if prev.cause in ("completed", "not_ended") or not a.name or (a.user_name, a.account, a.name) != (b.user_name, b.account, b.name):
+        return False
+    resubmitted = b.submit or b.start
+    return a.cluster == b.cluster and a.end <= resubmitted <= a.end + s.resubmit_window
+
+
+def link_chains(classified: Iterable[Classified], checkpoints: Mapping[tuple[str, str, str], Sequence[datetime]] | None = None,
+                s: Settings = Settings(), as_of: datetime | None = None) -> list[Chain]:
+    """The attempts linked into chains (each attempt in exactly one), longest wall time first."""
+    checkpoints = checkpoints or {}
+    ordered = sorted((c for c in classified if c.attempt.start is not None),
+                     key=lambda c: (c.attempt.start, c.attempt.cluster, c.attempt.job_key))
+    open_chains: list[list[Classified]] = []
+    tails: dict[tuple, list[Classified]] = {}  # link key of a chain's last attempt -> the chain
+    for c in ordered:
+        a = c.attempt
+        chain = None
+        for key in ((a.cluster, a.scheduler, a.job_key), (a.cluster, a.user_name, a.account, a.name)):
+            cand = tails.get(key)
+            if cand is not None and _continues(cand[-1], c, s):
+                chain = cand
+                break
+        if chain is None:
+            chain = []
+            open_chains.append(chain)
+        else:  # the chain's old tail keys no longer lead to it
+            last = chain[-1].attempt
+            for key in ((last.cluster, last.scheduler, last.job_key), (last.cluster, last.user_name, last.account, last.name)):
+                if tails.get(key) is chain:
+                    del tails[key]
+        chain.append(c)
+        tails[(a.cluster, a.scheduler, a.job_key)] = chain
+        tails[(a.cluster, a.user_name, a.account, a.name)] = chain
+    out = []
+    for chain in open_chains:
+        run = gaps = lost = 0.0
+        upper = False
+        for i, c in enumerate(chain):
+            a = c.attempt
+            a_end = a.end if a.end is not None else (as_of or a.start)
+            run += max(0.0, (a_end - a.start).total_seconds())
+            if i:
+                gaps += (a.start - chain[i - 1].attempt.end).total_seconds()
+            if c.cause not in ("completed", "not_ended"):
+                saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start <= t <= a_end]
+                upper |= not saved
+                lost += (a_end - (max(saved) if saved else a.start)).total_seconds()
+        first, last = chain[0].attempt, chain[-1].attempt
+        wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
+        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper))
+    return sorted(out, key=lambda ch: (-ch.wall_s * ch.gpus, ch.attempts[0].attempt.job_key))
+
+
+def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
+    """The attempts of every chain that holds an attempt that did not complete: those sharing a job,
+    or a user, account and name, with such an attempt. A chain links through a job key, or through
+    a user/account/name after an attempt that did not complete, so none of its attempts is left
+    out; the chains of completed work alone (most of a fleet's) are not linked at all."""
+    classified = list(classified)
+    broken = [c.attempt for c in classified if c.cause not in ("completed", "not_ended")]
+    jobs = {(a.cluster, a.scheduler, a.job_key) for a in broken}
+    names = {(a.cluster, a.user_name, a.account, a.name) for a in broken}
+    return [c for c in classified if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in jobs
+            or (c.attempt.cluster, c.attempt.user_name, c.attempt.account, c.attempt.name) in names]
+
+
+def young_daly_interval_s(checkpoint_cost_s: float, mttf_s: float) -> float:
+    """Young/Daly's first-order optimal checkpoint interval sqrt(2 C M) for a checkpoint that takes
+    C seconds on a job whose mean time to failure is M seconds."""
+    return math.sqrt(2 * checkpoint_cost_s * mttf_s)
+
+
+def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_cost_s: float | None,
+                      used_interval_s: float | None) -> dict[str, Any]:
+    """Young/Daly's interval for the chain's size from the fleet's per-GPU rate (MTTF_N = 1 / (N r)),
+    beside the interval the job used; unknown where the cost or the rate is."""
+    mttf_h = 1 / (chain.gpus * gpu_failure_rate_per_h) if gpu_failure_rate_per_h and chain.gpus else None
+    advised = young_daly_interval_s(checkpoint_cost_s, mttf_h * 3600) if mttf_h and checkpoint_cost_s else None
+    return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoint_cost_s": checkpoint_cost_s,
+            "advised_interval_s": advised, "used_interval_s": used_interval_s}

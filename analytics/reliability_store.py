@@ -1,0 +1,105 @@
+"""Reliability from the store: the window's attempts (accounting, with the GPUs the job mapping saw
+them hold), their GPUs' health events (gpufleet.analytics.health.events: the hourly health
+summaries where the store has them), and the policy audit's cancels, classified and summed by
+gpufleet.analytics.reliability's pure functions. Read by `gpufleet analyze --reliability`, the
+policy's lemon drains and its metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Mapping
+
+from gpufleet.analytics import health, sql
+from gpufleet.analytics.reliability import (
+    FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
+    chain_candidates, checkpoint_advice, classify_all, figures, lemon_reason, lemons, link_chains, node_failures,
+)
+
+SCHEMA = "gpufleet.reliability/v1"
+
+
+def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rel = cur.sql(query, params=sql.bound(query, binds))
+    cols = rel.columns
+    return [dict(zip(cols, row)) for row in rel.fetchall()]
+
+
+def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
+               ) -> tuple[list[Classified], list[dict[str, Any]]]:
+    """The window's attempts classified (accounting, their GPUs' health events from the store's
+    health summaries, the policy audit) and each host's GPU-hours held (cluster, host, scheduler,
+    gpu_hours). `as_of`: where a running job's time ends (default: the window's end)."""
+    as_of = min(as_of or params.end, params.end)
+    binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
+             "no_evidence_states": list(NO_EVIDENCE_STATES), **params.filters.bind()}
+    cur = con.cursor()
+    try:
+        jobs = _rows(cur, sql.RELIABILITY_ATTEMPTS, binds)
+        cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
+        host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
+    finally:
+        cur.close()
+    attempts = [Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=1) for j in jobs]
+    events: list[Event] = []
+    if attempts:
+        # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the
+        # cluster and model filters, and the attempts are not filtered by model)
+        around = replace(params, start=params.start - s.hardware_window, end=params.end + s.grace,
+                         filters=replace(params.filters, model=None))
+        ev = health.events(con, around, summaries=params.summaries)
+        events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
+                  for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
+    return classify_all(attempts, events, cancels, s), host_rows
+
+
+def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> dict[str, Any]:
+    """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
+    their evidence, and the interrupted attempts that cost most, each with its cause's evidence."""
+    classified, host_rows = read_store(con, params, s, as_of)
+    host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
+    where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
+    f = figures(classified, params.start, params.end, as_of=as_of)
+    by_node = node_failures(classified, params.start, params.end)
+    evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
+    found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
+    chains = link_chains(chain_candidates(classified), None, s, min(as_of or params.end, params.end))
+    interrupted = sorted((c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
+                         key=lambda c: -(c.attempt.gpus or 0) * run_seconds_in(c.attempt, params.start, params.end))
+    return {
+        "schema": SCHEMA,
+        "window": {"from": params.start.isoformat(), "to": params.end.isoformat()},
+        "filters": {k: v for k, v in params.filters.bind().items() if v is not None},
+        "settings": {"hardware_window_s": s.hardware_window.total_seconds(), "grace_s": s.grace.total_seconds(),
+                     "resubmit_window_s": s.resubmit_window.total_seconds(), "admin_uids": sorted(s.admin_uids),
+                     "lemon_false_positive_rate": s.lemon_fp_rate, "lemon_min_failures": s.lemon_min_failures,
+                     "hardware_xids": {str(k): v for k, v in HARDWARE_XIDS.items()},
+                     "interruption_causes": list(INTERRUPTION_CAUSES), "failure_causes": list(FAILURE_CAUSES)},
+        "figures": f,
+        "lemons": [{"node": x.node, "cluster": where.get(x.node, (None, None))[0], "scheduler": where.get(x.node, (None, None))[1],
+                    "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
+                    "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found],
+        "interrupted_attempts": [_attempt_row(c) for c in interrupted[:top]],
+        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"]) for ch in chains if ch.interruptions][:top],
+    }
+
+
+def _chain_row(ch: Chain, rate: float | None) -> dict[str, Any]:
+    """A chain that was interrupted, for the JSON: its attempts, goodput and Young/Daly's advice
+    (no checkpoint reports reach the store yet: the cost, the interval used and the advice are unknown)."""
+    first = ch.attempts[0].attempt
+    return {"job_ids": list(dict.fromkeys(c.attempt.job_id for c in ch.attempts)), "user_name": first.user_name,
+            "account": first.account, "name": first.name, "gpus": ch.gpus, "attempts": len(ch.attempts),
+            "interruptions": ch.interruptions, "causes": [c.cause for c in ch.attempts],
+            "wall_h": ch.wall_s / 3600, "run_h": ch.run_s / 3600, "requeue_wait_h": ch.gap_s / 3600,
+            "lost_h": ch.lost_s / 3600, "productive_h": ch.productive_s / 3600, "ettr": ch.ettr,
+            "lost_is_upper_bound": ch.lost_upper_bound, "checkpoint_advice": checkpoint_advice(ch, rate, None, None)}
+
+
+def _attempt_row(c: Classified) -> dict[str, Any]:
+    a = c.attempt
+    return {"cluster": a.cluster, "job_id": a.job_id, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
+            "start": a.start, "end": a.end, "state": a.state_raw or a.state, "cause": c.cause, "reason": c.reason,
+            "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
+                         for e in c.evidence]}

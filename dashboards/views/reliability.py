@@ -1,0 +1,91 @@
+"""Reliability: how job attempts ended and why (with the evidence), interruptions over time by
+cause, job MTTF by size beside the per-GPU rate's projection and the published anchors, lemon
+nodes, and the job chains that lost most (gpufleet.analytics.reliability)."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+import streamlit as st
+
+from gpufleet.analytics.reliability import CAUSE_LABELS, INTERRUPTION_CAUSES
+from gpufleet.dashboards import data, ui
+
+# Published job MTTF anchors (hours) to compare the fleet's with: Kokolis et al., "Revisiting Reliability
+# in Large-Scale ML Research Clusters" (HPCA 2025), Meta's A100 clusters: ~47 days at 8 GPUs, ~8 h at
+# 1,024, ~1.8 h at 16,384.
+ANCHORS = pl.DataFrame({"gpus": [8, 1024, 16384], "mttf_h": [47 * 24.0, 8.0, 1.8],
+                        "source": ["Kokolis et al. 2025 (Meta A100 clusters)"] * 3})
+
+
+def _rows(rows: list[dict], columns: list[str]) -> pl.DataFrame:
+    return pl.DataFrame(rows, infer_schema_length=None).select(columns) if rows else pl.DataFrame()
+
+
+def body(ctx: ui.Context) -> None:
+    rel = data.reliability(ctx.window.key)
+    ui.window_caption(rel["resolved"])
+    f = rel["figures"]
+    if not f["attempts"]:
+        ui.empty_window("GPU job")
+        return
+    c = st.columns(4)
+    c[0].metric("Interruptions", ui.count(f["interruptions"]),
+                help="Attempts ended by hardware, a node failure, preemption, a requeue or an admin's cancel.")
+    c[1].metric("Per 1,000 GPU-days", "unknown" if f["interruptions_per_1000_gpu_days"] is None else f"{f['interruptions_per_1000_gpu_days']:.3g}")
+    c[2].metric("Hardware", ui.count(f["hardware_interruptions"]),
+                help="An XID of the hardware class, a double-bit ECC rise, a row-remap failure or a lost GPU on the attempt's GPUs "
+                     "shortly before its end.")
+    c[3].metric("GPU-hours lost", ui.gpu_h(f["lost_gpu_hours"]),
+                help="From each interrupted attempt's last reported checkpoint (else its start: an upper bound) to its end.")
+    share = f["lost_share_of_allocated"]
+    st.caption(f"Lost: {ui.pct(None if share is None else 100 * share)} of {ui.gpu_h(f['allocated_gpu_hours'])} GPU-hours allocated"
+               + (" (an upper bound: no checkpoint reports)" if f["lost_is_upper_bound"] and f["interruptions"] else ""))
+
+    st.subheader("How attempts ended, over time")
+    mix = pl.DataFrame(f["cause_mix"], infer_schema_length=None) if f["cause_mix"] else pl.DataFrame()
+    if not mix.is_empty():
+        mix = mix.with_columns(pl.col("cause").replace_strict(CAUSE_LABELS, default=pl.col("cause")).alias("how"))
+        st.altair_chart(alt.Chart(mix).mark_bar().encode(
+            x=alt.X("bucket:T", title=None), y=alt.Y("attempts:Q", title="attempts ended"),
+            color=alt.Color("how:N", title=None), tooltip=["bucket:T", "how:N", "attempts:Q"]), use_container_width=True)
+    causes = pl.DataFrame({"cause": [CAUSE_LABELS[k] for k, v in f["causes"].items() if v],
+                           "attempts": [v for v in f["causes"].values() if v],
+                           "interruption": [k in INTERRUPTION_CAUSES for k, v in f["causes"].items() if v]})
+    ui.table(causes, key="reliability_causes")
+
+    st.subheader("Job MTTF by size")
+    st.caption("Failures: hardware and node failures. 95 % exact Poisson intervals. The projection is 1 / (N x the per-GPU rate); "
+               "published anchors beside it.")
+    ui.table(_rows(f["mttf_by_size"], ["size", "attempts", "failures", "job_hours", "mttf_h", "mttf_ci_low_h", "mttf_ci_high_h"]),
+             key="reliability_mttf")
+    proj = _rows(f["projection"], ["gpus", "mttf_h", "mttf_ci_low_h", "mttf_ci_high_h"])
+    if not proj.is_empty() and proj["mttf_h"].is_not_null().any():
+        line = proj.filter(pl.col("mttf_h").is_not_null()).with_columns(pl.lit("this fleet's per-GPU rate").alias("source"))
+        both = pl.concat([line.select("gpus", "mttf_h", "source"), ANCHORS], how="vertical_relaxed")
+        st.altair_chart(alt.Chart(both).mark_line(point=True).encode(
+            x=alt.X("gpus:Q", scale=alt.Scale(type="log"), title="GPUs per job"),
+            y=alt.Y("mttf_h:Q", scale=alt.Scale(type="log"), title="MTTF (hours)"), color=alt.Color("source:N", title=None),
+            tooltip=["source:N", "gpus:Q", alt.Tooltip("mttf_h:Q", format=".3g")]), use_container_width=True)
+    for d in f["projection_disagreements"]:
+        st.text(f"The fleet's own jobs disagree with the projection: {d}")
+
+    st.subheader("Lemon nodes")
+    st.caption(f"Improbably many failures for their GPU-hours (Poisson test against the fleet's rate, "
+               f"{rel['settings']['lemon_false_positive_rate']:g} false-positive rate over the fleet, at least "
+               f"{rel['settings']['lemon_min_failures']} failures). `gpufleet policy` proposes draining them.")
+    ui.table(_rows(rel["lemons"], ["node", "failures", "gpu_hours", "expected_failures", "p_value", "reason"]), key="reliability_lemons",
+             empty="No lemon node in this window.")
+
+    st.subheader("Interruptions that cost most")
+    ui.table(_rows(rel["interrupted_attempts"], ["job_id", "user_name", "account", "gpus", "end", "cause", "reason"]),
+             key="reliability_interrupted", empty="No interruption in this window.")
+    st.subheader("Interrupted job chains")
+    st.caption("Attempts linked: requeues of one job, resubmissions of the same user, account and name soon after a failure. "
+               "ETTR = productive time / wall time.")
+    chains = [{**ch, "job_ids": ", ".join(ch["job_ids"])} for ch in rel["chains"]]
+    ui.table(_rows(chains, ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "requeue_wait_h", "ettr"]),
+             key="reliability_chains", empty="No interrupted chain in this window.")
+
+
+ui.run_page("Reliability", body)

@@ -1,0 +1,431 @@
+"""Reliability (contract 7): every attempt's end classified once with its evidence, the window's
+figures by hand, exact Poisson intervals, lemons (planted found, homogeneous fleet within the
+stated false-positive rate), and the real sacct files through the classifier."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from gpufleet.analytics import reliability as r, reliability_store
+from gpufleet.analytics.reliability import Attempt, Event, Settings
+from gpufleet.collector.sources.slurm_parse import KNOWN_STATES, parse_sacct
+from tests.support.shared_data import shared_glob
+
+T0 = datetime(2026, 3, 2)
+H = timedelta(hours=1)
+GPU0, GPU1 = ("n1", "GPU-a"), ("n1", "GPU-b")
+
+
+def attempt(state: str, *, raw: str | None = None, exit_code: str | None = None, gpus: int = 2, hours: float = 1.0,
+            start: datetime = T0, job: str = "1", held=(GPU0, GPU1), **kw) -> Attempt:
+    return Attempt("c", "slurm", job, job, state, start, start + hours * H, gpus=gpus, state_raw=raw or state,
+                   exit_code=exit_code, gpus_held=tuple(held), **kw)
+
+
+def xid(code: int, at: datetime, gpu=GPU1) -> Event:
+    return Event(at, gpu[0], gpu[1], "xid", code, gpu=1)
+
+
+END = T0 + H
+
+
+@pytest.mark.parametrize("a, events, policy, cause", [
+    (attempt("COMPLETED", exit_code="0:0"), [xid(79, END - timedelta(minutes=1))], False, "completed"),
+    (attempt("FAILED", exit_code="1:0"), [], False, "user_error"),
+    (attempt("OUT_OF_MEMORY", exit_code="0:125"), [], False, "user_error"),
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=2))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(48, END - timedelta(minutes=5))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(94, END)], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(95, END + timedelta(minutes=1))], False, "hardware"),  # within the grace
+    (attempt("FAILED", exit_code="1:0"), [xid(63, END - timedelta(minutes=9))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(64, END - timedelta(minutes=9))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(74, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(119, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [xid(120, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [Event(END - timedelta(minutes=1), "n1", "GPU-a", "ecc_dbe")], False, "hardware"),
+    (attempt("FAILED", exit_code="1:0"), [Event(END - timedelta(minutes=1), "n1", "GPU-a", "row_remap_failure")], False, "hardware"),
+    (attempt("NODE_FAIL"), [Event(END - timedelta(seconds=30), "n1", "GPU-b", "gpu_lost")], False, "hardware"),
+    # an application XID (13: graphics exception) is not hardware evidence
+    (attempt("FAILED", exit_code="1:0"), [xid(13, END - timedelta(minutes=1))], False, "user_error"),
+    # an event outside the window before the end, or on a GPU the attempt did not hold, is not its cause
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=11))], False, "user_error"),
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=1), gpu=("n2", "GPU-z"))], False, "user_error"),
+    (attempt("FAILED", exit_code="1:0"), [xid(79, END + timedelta(minutes=3))], False, "user_error"),
+    (attempt("NODE_FAIL"), [], False, "node_failure"),
+    (attempt("BOOT_FAIL"), [], False, "node_failure"),
+    (attempt("TIMEOUT", exit_code="0:0"), [xid(79, END - timedelta(minutes=1))], False, "timeout"),
+    (attempt("DEADLINE"), [], False, "timeout"),
+    (attempt("PREEMPTED"), [], False, "preempted"),
+    (attempt("REQUEUED"), [], False, "requeued"),
+    (attempt("REQUEUED"), [xid(79, END - timedelta(minutes=1))], False, "hardware"),
+    (attempt("CANCELLED", raw="CANCELLED by 1000"), [], False, "cancelled_user"),
+    (attempt("CANCELLED", raw="CANCELLED by 1000"), [xid(79, END - timedelta(minutes=3))], False, "hardware"),
+    (attempt("CANCELLED", raw="CANCELLED by 0"), [], False, "cancelled_admin"),
+    (attempt("CANCELLED", raw="CANCELLED by 0"), [], True, "cancelled_policy"),
+    (attempt("CANCELLED", raw="CANCELLED by 1000"), [], True, "cancelled_policy"),
+    (attempt("CANCELLED", raw="CANCELLED"), [], False, "cancelled_unknown"),
+    (attempt("UNKNOWN"), [], False, "unknown"),
+    (attempt("RUNNING"), [], False, "not_ended"),
+    (attempt("PENDING"), [], False, "not_ended"),
+])
+def test_each_cause_by_hand(a, events, policy, cause):
+    c = r.classify(a, events, policy)
+    assert c.cause == cause, c.reason
+    if cause == "hardware":
+        assert c.evidence and all(e.hardware for e in c.evidence)
+        assert "on n1" in c.reason  # which GPU, which event, when: kept with the row
+    else:
+        assert c.evidence == ()
+
+
+def test_admin_uids_and_window_are_settings():
+    s = Settings(hardware_window=timedelta(minutes=30), admin_uids=frozenset({"0", "64030"}))
+    assert r.classify(attempt("CANCELLED", raw="CANCELLED by 64030"), s=s).cause == "cancelled_admin"
+    assert r.classify(attempt("FAILED", exit_code="1:0"), [xid(79, END - timedelta(minutes=20))], s=s).cause == "hardware"
+
+
+def test_requeues_are_attempts_of_one_job():
+    first = attempt("REQUEUED", start=T0)
+    second = attempt("NODE_FAIL", start=T0 + 2 * H)
+    third = attempt("COMPLETED", start=T0 + 4 * H)
+    numbered = r.number_requeues([third, first, second, attempt("COMPLETED", job="2")])
+    by = {(a.job_key, a.start): a.attempt for a in numbered}
+    assert by[("1", T0)] == 1 and by[("1", T0 + 2 * H)] == 2 and by[("1", T0 + 4 * H)] == 3 and by[("2", T0)] == 1
+
+
+states = st.sampled_from(sorted(KNOWN_STATES | {"UNKNOWN", "garbage"}))
+
+
+@st.composite
+def attempts_and_events(draw):
+    n = draw(st.integers(1, 30))
+    out = []
+    for i in range(n):
+        state = draw(states)
+        by = draw(st.sampled_from(["", " by 0", " by 1000"]))
+        start = T0 + timedelta(minutes=draw(st.integers(0, 600)))
+        hold = draw(st.lists(st.sampled_from([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-c")]), max_size=3, unique=True))
+        out.append(Attempt("c", "slurm", str(i), str(i), state, start, start + timedelta(minutes=draw(st.integers(0, 300))),
+                           gpus=len(hold), state_raw=state + by, exit_code=draw(st.sampled_from([None, "0:0", "1:0", "0:9"])),
+                           gpus_held=tuple(hold)))
+    events = [Event(T0 + timedelta(minutes=draw(st.integers(0, 900))), *draw(st.sampled_from([("n1", "GPU-a"), ("n2", "GPU-c")])),
+                    draw(st.sampled_from(["xid", "ecc_dbe", "ecc_sbe", "gpu_lost"])), draw(st.sampled_from([13, 48, 79, 31])))
+              for _ in range(draw(st.integers(0, 10)))]
+    cancels = draw(st.sets(st.sampled_from([("c", "slurm", str(i)) for i in range(n)])))
+    return out, events, cancels
+
+
+@given(attempts_and_events())
+@hsettings(max_examples=200, deadline=None)
+def test_each_attempt_classified_exactly_once(data):
+    attempts, events, cancels = data
+    got = r.classify_all(attempts, events, cancels)
+    assert [c.attempt for c in got] == attempts  # one each, none invented, none lost
+    assert all(c.cause in r.CAUSES for c in got)
+    for c in got:  # evidence only on hardware, and only the attempt's own GPUs
+        assert (c.cause == "hardware") == bool(c.evidence)
+        assert all((e.host, e.gpu_uuid) in c.attempt.gpus_held for e in c.evidence)
+    f = r.figures(got, T0, T0 + timedelta(days=1))
+    assert sum(f["causes"].values()) == len(attempts)
+    # interruption GPU-hours never exceed allocated
+    assert f["lost_gpu_hours"] <= f["allocated_gpu_hours"] + 1e-9
+    assert sum(row["failures"] for row in f["mttf_by_size"]) == f["failures"]
+
+
+@pytest.mark.parametrize("path", shared_glob("slurm/sacct", "*.psv"))
+def test_real_sacct_rows_each_classified_once(path):
+    text = path.read_text()
+    header = path.parent / "xdmod_FORMAT_header.txt"
+    fields = header.read_text().strip().split("|") if path.name.startswith("xdmod") else None
+    jobs, rejected, problems = parse_sacct(text, fields=fields)
+    assert jobs and rejected == 0, problems
+    attempts = [Attempt.from_job(j) for j in jobs]
+    got = r.classify_all(attempts)
+    assert [c.attempt.job_id for c in got] == [j["job_id"] for j in jobs]
+    expected = {"COMPLETED": "completed", "TIMEOUT": "timeout", "FAILED": "user_error", "RUNNING": "not_ended"}
+    for c in got:
+        if c.attempt.state in expected:
+            assert c.cause == expected[c.attempt.state], (c.attempt.job_id, c.reason)
+        elif c.attempt.state == "CANCELLED":  # "CANCELLED by 2166" / "by 102216": a user's uid, not root
+            assert c.cause == "cancelled_user", c.reason
+        assert c.cause != "hardware"  # no telemetry: no hardware evidence invented
+
+
+def test_real_sacct_file_causes_by_hand():
+    [path] = [p for p in shared_glob("slurm/sacct", "*.psv") if p.name.startswith("torchx_sacct_parsable2_failed")] or [
+        shared_glob("slurm/sacct", "absent")[0]]
+    jobs, _, _ = parse_sacct(path.read_text())
+    got = {j["job_id"]: c.cause for j, c in zip(jobs, r.classify_all([Attempt.from_job(j) for j in jobs]))}
+    assert got == {"1902": "user_error", "54": "not_ended", "89": "cancelled_user"}
+
+
+# --- Poisson ---
+
+
+@pytest.mark.parametrize("k, lo, hi", [(0, 0.0, 3.688879), (1, 0.025318, 5.571643), (2, 0.242209, 7.224688),
+                                       (10, 4.795389, 18.390356), (100, 81.3640, 121.6268)])
+def test_exact_poisson_interval(k, lo, hi):  # Garwood's table (chi-square quantiles / 2)
+    got = r.poisson_interval(k)
+    assert got[0] == pytest.approx(lo, abs=1e-4) and got[1] == pytest.approx(hi, abs=1e-4)
+    assert r.poisson_sf(k, got[0]) == pytest.approx(0.025 if k else 1.0) and r.poisson_cdf(k, got[1]) == pytest.approx(0.025)
+
+
+@given(st.integers(0, 400), st.floats(0.01, 500))
+@hsettings(max_examples=200, deadline=None)
+def test_poisson_tails_match_the_sum(k, mu):
+    direct = sum(math.exp(-mu + i * math.log(mu) - math.lgamma(i + 1)) for i in range(k + 1))
+    assert r.poisson_cdf(k, mu) == pytest.approx(min(1.0, direct), abs=1e-9)
+    assert r.poisson_sf(k + 1, mu) == pytest.approx(max(0.0, 1 - direct), abs=1e-9)
+
+
+# --- figures by hand ---
+
+
+def test_figures_by_hand():
+    day = timedelta(days=1)
+    s, e = T0, T0 + 2 * day
+    runs = [
+        # 8 GPUs x 24 h completed; 8 GPUs x 12 h hardware; 1 GPU x 6 h node failure; 64 GPUs x 3 h preempted
+        r.classify(attempt("COMPLETED", gpus=8, hours=24, job="a")),
+        r.classify(attempt("FAILED", gpus=8, hours=12, job="b", exit_code="1:0"), [xid(79, T0 + 12 * H - timedelta(minutes=1))]),
+        r.classify(attempt("NODE_FAIL", gpus=1, hours=6, job="c", held=(GPU0,))),
+        r.classify(attempt("PREEMPTED", gpus=64, hours=3, job="d")),
+        r.classify(replace(attempt("RUNNING", gpus=4, job="e", start=T0 + 40 * H), end=None)),
+    ]
+    f = r.figures(runs, s, e, as_of=T0 + 42 * H)
+    allocated = 8 * 24 + 8 * 12 + 1 * 6 + 64 * 3 + 4 * 2  # a running attempt: up to as_of
+    assert f["allocated_gpu_hours"] == pytest.approx(allocated)
+    assert f["interruptions"] == 3 and f["hardware_interruptions"] == 1 and f["failures"] == 2
+    assert f["interruptions_per_1000_gpu_days"] == pytest.approx(3 / (allocated / 24) * 1000)
+    assert f["hardware_interruptions_per_1000_gpu_days"] == pytest.approx(1 / (allocated / 24) * 1000)
+    # lost: without checkpoints each interrupted attempt's whole run (an upper bound)
+    assert f["lost_gpu_hours"] == pytest.approx(8 * 12 + 6 + 64 * 3) and f["lost_is_upper_bound"]
+    assert f["lost_share_of_allocated"] == pytest.approx((8 * 12 + 6 + 64 * 3) / allocated)
+    sizes = {row["size"]: row for row in f["mttf_by_size"]}  # 2-8: a (24 h), b (12 h), e (2 h so far)
+    assert sizes["2-8"]["failures"] == 1 and sizes["2-8"]["job_hours"] == pytest.approx(38) and sizes["2-8"]["mttf_h"] == pytest.approx(38)
+    assert sizes["2-8"]["mttf_ci_low_h"] == pytest.approx(38 / 5.571643, rel=1e-5)
+    assert sizes["2-8"]["mttf_ci_high_h"] == pytest.approx(38 / 0.025318, rel=1e-4)
+    assert sizes["1"]["mttf_h"] == pytest.approx(6)
+    assert sizes["9-64"]["failures"] == 0 and sizes["9-64"]["mttf_h"] is None and sizes["9-64"]["mttf_ci_high_h"] is None
+    assert sizes["9-64"]["mttf_ci_low_h"] == pytest.approx(3 / 3.688879, rel=1e-5)
+    rate = 2 / allocated
+    assert f["gpu_failure_rate_per_gpu_hour"] == pytest.approx(rate)
+    assert {p["gpus"]: p["mttf_h"] for p in f["projection"]}[16384] == pytest.approx(1 / (16384 * rate))
+    # checkpoints: the hardware-failed job saved one 2 h before it died: it lost 2 h x 8 GPUs
+    f2 = r.figures(runs, s, e, as_of=T0 + 42 * H, checkpoints={("c", "slurm", "b"): [T0 + 10 * H]})
+    assert f2["lost_gpu_hours"] == pytest.approx(8 * 2 + 6 + 64 * 3)
+    mix = {(m["bucket"], m["cause"]): m["attempts"] for m in f["cause_mix"]}
+    assert mix == {(T0, "hardware"): 1, (T0, "node_failure"): 1, (T0, "preempted"): 1, (T0 + day, "completed"): 1}
+
+
+# --- lemons ---
+
+
+def _fleet(seed: int, nodes: int = 200, hours: float = 1000.0, rate: float = 2e-3, lemon: str | None = None, factor: float = 5.0):
+    rng = random.Random(seed)
+    exposure = {f"n{i:03d}": hours for i in range(nodes)}
+    failures = {}
+    for n, h in exposure.items():
+        mu = rate * h * (factor if n == lemon else 1.0)
+        # Poisson by inversion (standard library only)
+        k, p, u = 0, math.exp(-mu), rng.random()
+        cdf = p
+        while u > cdf:
+            k += 1
+            p *= mu / k
+            cdf += p
+        failures[n] = k
+    return failures, exposure
+
+
+def test_planted_lemon_found():
+    found = 0
+    for seed in range(50):
+        failures, exposure = _fleet(seed, lemon="n007", factor=8.0)
+        got = r.lemons(failures, exposure, fp_rate=0.01, min_failures=3)
+        found += any(x.node == "n007" for x in got)
+        assert all(x.failures >= 3 for x in got)
+    assert found >= 45  # 16 expected failures against 2: found nearly always
+
+
+def test_homogeneous_fleet_stays_within_the_false_positive_rate():
+    fp_rate, seeds = 0.05, 400
+    named = sum(bool(r.lemons(*_fleet(seed), fp_rate=fp_rate, min_failures=1)) for seed in range(seeds))
+    # family-wise: a fleet with no lemon names one in at most fp_rate of the seeds (3 sigma of slack)
+    assert named <= fp_rate * seeds + 3 * math.sqrt(fp_rate * (1 - fp_rate) * seeds)
+
+
+def test_node_failures_attributed_by_evidence():
+    b = r.classify(attempt("FAILED", exit_code="1:0", job="b"), [xid(79, END - timedelta(minutes=1), gpu=GPU1)])
+    multi = r.classify(attempt("NODE_FAIL", job="m", held=(GPU0, ("n2", "GPU-c"))))
+    single = r.classify(attempt("NODE_FAIL", job="s", held=(("n3", "GPU-d"),)))
+    got = r.node_failures([b, multi, single], T0, T0 + 2 * H)
+    assert {h: [c.attempt.job_key for c in cs] for h, cs in got.items()} == {"n1": ["b"], "n3": ["s"]}
+
+
+# --- from a store, through the real writer and reader ---
+
+
+def _t(h: int, m: int = 0) -> datetime:
+    return datetime(2026, 11, 16, h, m)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("reliability"))
+
+
+def build_store(tmp_path):
+    """Six jobs on three GPUs, [01:00, 09:00) on 2026-11-16 (as_of 09:00): 1 FAILED on n1 GPU-A+B with
+    XID 79 on GPU-B from 02:58 (hardware), 2 NODE_FAIL, 3 COMPLETED, 4 cancelled by the policy, 5 FAILED
+    with XID 13 (an application fault: user error), 6 running. (Also the dashboard's Reliability page's.)"""
+    from gpufleet.collector.store import StoreWriter
+    from tests.support.fleet import Fleet
+
+    f = Fleet(tmp_path)
+    xid79 = lambda t: {"xid_last": 79 if _t(2, 58) <= t < _t(3, 10) else 0, "gpu_up": 1.0}  # noqa: E731
+    f.gpu_series("n1", "GPU-A", _t(1), _t(7), util=90.0, health=lambda t: {"xid_last": 0, "gpu_up": 1.0})
+    f.gpu_series("n1", "GPU-B", _t(1), _t(7), util=90.0, gpu=1, health=xid79)
+    f.gpu_series("n2", "GPU-C", _t(1), _t(9), util=90.0, health=lambda t: {"xid_last": 13 if t >= _t(5, 59) else 0})
+    f.job("1", account="ml", user="ann", start=_t(1), end=_t(3), gpus=2, placements=[("n1", "GPU-A"), ("n1", "GPU-B")],
+          state="FAILED", state_raw="FAILED", exit_code="1:0")
+    f.job("2", account="ml", user="ann", start=_t(1), end=_t(2), gpus=1, placements=[("n2", "GPU-C")], state="NODE_FAIL", state_raw="NODE_FAIL")
+    f.job("3", account="ml", user="bo", start=_t(4), end=_t(6), gpus=1, placements=[("n1", "GPU-A")], state="COMPLETED", exit_code="0:0")
+    f.job("4", account="bio", user="cy", start=_t(3), end=_t(4), gpus=1, placements=[("n2", "GPU-C")], state="CANCELLED",
+          state_raw="CANCELLED by 1000")
+    f.job("5", account="bio", user="cy", start=_t(5), end=_t(6), gpus=1, placements=[("n2", "GPU-C")], state="FAILED", exit_code="1:0")
+    f.job("6", account="bio", user="cy", start=_t(8), end=None, gpus=1, placements=[("n2", "GPU-C")])
+    f.write()
+    w = StoreWriter(tmp_path)
+    w.record_policy([dict(ts=_t(4), cluster="c1", scheduler="slurm", job_key="4", job_id="4", user_name="cy", account="bio",
+                          action="cancel", rule="idle", reason="idle 2 h", enforce=True, result="ok", attempt=1)])
+    w.publish()
+    w.close()
+    return f
+
+
+def test_store_attempts_classified_with_evidence(store):
+    from gpufleet.analytics.params import Filters, Params
+
+    f = store
+    got = reliability_store.report(f.reader(), Params(_t(0), _t(12)), as_of=_t(9))
+    causes = {a["job_id"]: (a["cause"], a["evidence"]) for a in got["interrupted_attempts"]}
+    assert got["schema"] == "gpufleet.reliability/v1"
+    assert causes["1"][0] == "hardware" and [(e["host"], e["gpu_uuid"], e["code"]) for e in causes["1"][1]] == [("n1", "GPU-B", 79)]
+    assert causes["1"][1][0]["ts"] == _t(2, 58)
+    assert causes["2"] == ("node_failure", [])
+    fig = got["figures"]
+    assert {k: v for k, v in fig["causes"].items() if v} == {"hardware": 1, "node_failure": 1, "completed": 1,
+                                                             "cancelled_policy": 1, "user_error": 1, "not_ended": 1}
+    assert fig["allocated_gpu_hours"] == pytest.approx(2 * 2 + 1 + 2 + 1 + 1 + 1)
+    assert fig["failures"] == 2 and fig["lost_gpu_hours"] == pytest.approx(2 * 2 + 1)
+    # a filter narrows to its account's attempts; an account's figures are the fleet's of its rows
+    # the interrupted chains, most GPU-hours first: job 1 (2 GPUs x 2 h, hardware), job 2 (node failure); job 2
+    # ended at 02:00 but job 1 had started at 01:00, so it is no resubmission of it
+    assert [(c["job_ids"], c["causes"], c["ettr"]) for c in got["chains"]] == [(["1"], ["hardware"], 0), (["2"], ["node_failure"], 0)]
+    assert got["chains"][0]["lost_is_upper_bound"] and got["chains"][0]["checkpoint_advice"]["advised_interval_s"] is None
+    bio = reliability_store.report(f.reader(), Params(_t(0), _t(12), filters=Filters(account="bio")), as_of=_t(9))
+    assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
+
+
+def test_cli_reliability_json_and_table(store):
+    import json
+    import subprocess
+    import sys
+
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(store.root),  # noqa: E731
+                                     "--from", "2026-11-16T00:00:00Z", "--to", "2026-11-16T09:00:00Z", "--reliability", *a],
+                                    capture_output=True, text=True, timeout=120)
+    j = run("--format", "json")
+    assert j.returncode == 0, j.stderr
+    doc = json.loads(j.stdout)
+    assert doc["schema"] == "gpufleet.reliability/v1" and doc["figures"]["failures"] == 2
+    assert doc["interrupted_attempts"][0]["evidence"][0]["ts"] == "2026-11-16T02:58:00"
+    t = run()
+    assert t.returncode == 0, t.stderr
+    assert "hardware" in t.stdout and "XID 79 (GPU fell off the bus) on n1 GPU 1" in t.stdout and "Job MTTF by size" in t.stdout
+
+
+# --- chains and goodput ---
+
+
+def _run(job: str, state: str, start_h: float, end_h: float | None, *, name: str = "train", user: str = "ann",
+         submit_h: float | None = None, gpus: int = 8, raw: str | None = None) -> Attempt:
+    return Attempt("c", "slurm", job, job, state, T0 + start_h * H, None if end_h is None else T0 + end_h * H, gpus=gpus,
+                   state_raw=raw or state, user_name=user, account="ml", name=name,
+                   submit=None if submit_h is None else T0 + submit_h * H)
+
+
+def test_chain_by_hand():
+    s = Settings(resubmit_window=H)
+    runs = r.classify_all([
+        _run("7", "REQUEUED", 0, 2), _run("7", "NODE_FAIL", 2.5, 5),          # a requeue, then a node failure
+        _run("9", "COMPLETED", 6, 10, submit_h=5.2),                          # resubmitted 12 min later: continues
+        _run("11", "COMPLETED", 10.5, 11, submit_h=10.2),                     # after a completion: a new chain
+        _run("12", "FAILED", 0, 1, name="other", raw="FAILED"),
+        _run("13", "COMPLETED", 3, 4, name="other", submit_h=2.5),            # 1.5 h after the failure: too late
+    ], s=s)
+    chains = r.link_chains(runs, checkpoints={("c", "slurm", "7"): [T0 + 1.5 * H, T0 + 0.5 * H]}, s=s)
+    by_first = {ch.attempts[0].attempt.job_key: ch for ch in chains}
+    assert sorted(by_first) == ["11", "12", "13", "7"]
+    ch = by_first["7"]
+    assert [c.attempt.job_key for c in ch.attempts] == ["7", "7", "9"]
+    assert ch.wall_s == 10 * 3600 and ch.run_s == 8.5 * 3600 and ch.gap_s == 1.5 * 3600
+    # lost: attempt 1 since its 1.5 h checkpoint (0.5 h); attempt 2 reported none: all 2.5 h (an upper bound)
+    assert ch.lost_s == 3 * 3600 and ch.lost_upper_bound and ch.productive_s == 5.5 * 3600
+    assert ch.ettr == pytest.approx(0.55) and ch.interruptions == 2
+    advice = r.checkpoint_advice(ch, gpu_failure_rate_per_h=1 / (8 * 8), checkpoint_cost_s=60, used_interval_s=3600)
+    assert advice["mttf_h"] == pytest.approx(8) and advice["advised_interval_s"] == pytest.approx(math.sqrt(2 * 60 * 8 * 3600))
+    assert r.young_daly_interval_s(60, 28800) == pytest.approx(1859.0319, rel=1e-6)
+    assert r.checkpoint_advice(ch, None, 60, None)["advised_interval_s"] is None  # no rate: unknown, not 0
+
+
+@st.composite
+def attempt_histories(draw):
+    out = []
+    for i in range(draw(st.integers(1, 25))):
+        start = draw(st.floats(0, 48))
+        job = str(draw(st.integers(0, 8)))
+        out.append(_run(job + f".{i}" if draw(st.booleans()) else job, draw(st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])),
+                        start, None if draw(st.integers(0, 9)) == 0 else start + draw(st.floats(0, 6)),
+                        name=draw(st.sampled_from(["a", "b", None])), user=draw(st.sampled_from(["u", "v"])),
+                        submit_h=start - draw(st.floats(0, 3))))
+    return out
+
+
+@given(attempt_histories())
+@hsettings(max_examples=200, deadline=None)
+def test_chain_wall_is_attempts_plus_gaps(attempts):
+    as_of = T0 + 60 * H
+    classified = r.classify_all(attempts)
+    chains = r.link_chains(classified, as_of=as_of)
+    linked = [c.attempt for ch in chains for c in ch.attempts]
+    assert sorted(map(id, linked)) == sorted(id(c.attempt) for c in classified)  # each attempt in exactly one chain
+    # the report links only the chains with an attempt that did not complete: the same chains as linking all
+    broken = lambda chs: sorted(tuple(id(c) for c in ch.attempts) for ch in chs if any(c.cause not in ("completed", "not_ended") for c in ch.attempts))  # noqa: E731
+    assert broken(r.link_chains(r.chain_candidates(classified), as_of=as_of)) == broken(chains)
+    for ch in chains:
+        assert ch.wall_s == pytest.approx(ch.run_s + ch.gap_s, abs=1e-6)
+        assert 0 <= ch.lost_s <= ch.run_s + 1e-6 and ch.gap_s >= 0
+        assert ch.ettr is None or 0 <= ch.ettr <= 1 + 1e-9
+
+
+def test_hardware_xids_are_the_alert_rules_xid_hardware():
+    import yaml
+    from pathlib import Path
+
+    thresholds = yaml.safe_load((Path(__file__).resolve().parents[1] / "alerts" / "thresholds.yml").read_text())
+    assert sorted(r.HARDWARE_XIDS) == sorted(thresholds["xid_hardware"])
+
+
+@pytest.mark.parametrize("state", r.NO_EVIDENCE_STATES)
+def test_states_whose_gpus_the_store_does_not_read_need_no_evidence(state):
+    # the store reads an attempt's GPUs only when evidence can decide its cause
+    a = attempt(state, exit_code="1:0")
+    assert r.classify(a, [xid(79, END - timedelta(minutes=1))]).cause == r.classify(a).cause
