@@ -691,3 +691,22 @@ def test_one_table_for_many_scrapes_is_their_tables_end_to_end():
         each = pa.concat_tables([parse_exposition(text, **k).samples for text, k in zip(texts, kw)])
         assert one.schema == SAMPLE_SCHEMA and one.num_rows > 10
         assert one.to_pylist() == each.to_pylist()
+
+
+def test_profiling_rates_are_stored_and_absent_ones_are_null():
+    """PCIe and NVLink rates (DCP, or ours through GPM) are sample columns: what tells an
+    input-bound job from a communication-bound one (gpufleet.analytics.states). A GPU that does
+    not publish one has NULL there, never 0."""
+    labels = {"gpu": "0", "UUID": "GPU-a", "Hostname": "n1"}
+    text = (
+        sample_line("DCGM_FI_PROF_SM_ACTIVE", labels, "0.18")
+        + sample_line("DCGM_FI_PROF_PCIE_RX_BYTES", labels, "11000000000")
+        + sample_line("DCGM_FI_PROF_NVLINK_TX_BYTES", labels, "2.5e11")
+        + sample_line("DCGM_FI_PROF_NVLINK_RX_BYTES", labels, "2.4e11")
+        + sample_line("DCGM_FI_PROF_SM_ACTIVE", {**labels, "gpu": "1", "UUID": "GPU-b"}, "0.5")
+    )
+    r = parse(text)
+    a, b = sorted(rows(r), key=lambda g: g["gpu"])
+    assert math.isclose(a["sm_active"], 0.18, rel_tol=1e-6) and a["pcie_rx_bytes_per_s"] == pytest.approx(11e9, rel=1e-6)
+    assert a["nvlink_tx_bytes_per_s"] == pytest.approx(2.5e11, rel=1e-6) and a["nvlink_rx_bytes_per_s"] == pytest.approx(2.4e11, rel=1e-6)
+    assert (b["pcie_rx_bytes_per_s"], b["nvlink_tx_bytes_per_s"], b["nvlink_rx_bytes_per_s"]) == (None, None, None)
