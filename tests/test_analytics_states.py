@@ -1,0 +1,194 @@
+"""Where a job's GPU time goes (gpufleet.analytics.states): each detector on synthetic samples
+with a known answer, and the invariants: the states partition the time with data, no state moves
+when a field it does not read changes, a planted checkpoint period and straggler are found."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.analytics import states as S
+from gpufleet.analytics.states import GpuSamples, Thresholds, job_states
+
+STEP = 15.0  # a scrape interval
+T = Thresholds(idle_threshold=5.0, idle_min_s=1800.0, max_gap_s=30.0)
+
+
+def gpu(util, *, name="n1:0", step=STEP, procs=1.0, sm=0.9, tensor=0.6, rx=1e8, nvl=1e9, a0=0.0, a1=None) -> GpuSamples:
+    """A GPU sampled every `step` s from 0 with these utilizations; the other columns constant
+    or per sample (None: the GPU does not publish the field)."""
+    util = np.asarray(util, dtype=float)
+    n = len(util)
+
+    def c(v):
+        if v is None:
+            return None
+        return np.full(n, float(v)) if np.isscalar(v) else np.asarray(v, dtype=float)
+
+    return GpuSamples(gpu=name, a0=a0, a1=n * step if a1 is None else a1, ts=np.arange(n) * step, util=util,
+                      procs=c(procs), sm_active=c(sm), tensor_active=c(tensor), pcie_rx=c(rx), nvlink=c(nvl))
+
+
+def minutes(m: float) -> int:
+    return int(round(m * 60 / STEP))
+
+
+def test_a_busy_gpu_is_all_compute():
+    js = job_states([gpu([90.0] * minutes(60))], T)
+    assert js.data_s == 3600 and js.seconds["compute"] == 3600
+    assert js.largest_loss is None and "tensor active 60%" in js.evidence["compute"]
+
+
+def test_startup_is_the_time_before_the_first_sustained_busy_stretch():
+    # 20 minutes of loading (a blip of 30 s busy inside it is not sustained), then training
+    util = [1.0] * minutes(10) + [80.0] * 2 + [1.0] * (minutes(10) - 2) + [90.0] * minutes(40)
+    js = job_states([gpu(util)], T)
+    assert js.seconds["startup"] == 20 * 60 and js.seconds["compute"] == 40 * 60
+    assert js.largest_loss == "startup"
+
+
+def test_a_gpu_never_busy_has_no_startup_but_idle_and_no_process():
+    util = [0.0] * minutes(60)
+    procs = [0.0] * minutes(20) + [1.0] * minutes(40)
+    js = job_states([gpu(util, procs=procs)], T)
+    assert (js.seconds["startup"], js.seconds["no_process"], js.seconds["idle"]) == (0, 20 * 60, 40 * 60)
+
+
+def test_checkpoints_every_30_minutes_costing_90_s():
+    period, cost = minutes(30), minutes(1.5)
+    util = []
+    for _ in range(6):
+        util += [95.0] * (period - cost) + [0.0] * cost
+    util += [95.0] * minutes(5)
+    js = job_states([gpu(util)], T)
+    c = js.checkpoints
+    assert c is not None and c.count == 6
+    assert c.period_s == pytest.approx(1800, rel=0.05) and c.cost_s == pytest.approx(90, rel=0.05)
+    assert js.seconds["checkpoint"] == 6 * 90 and js.seconds["pause"] == 0
+    assert "every 30 min, 90 s each" in js.evidence["checkpoint"]
+
+
+def test_irregular_dips_are_pauses_not_checkpoints():
+    util = []
+    for busy in (minutes(3), minutes(40), minutes(7), minutes(25)):
+        util += [95.0] * busy + [0.0] * minutes(1)
+    util += [95.0] * minutes(5)
+    js = job_states([gpu(util)], T)
+    assert js.checkpoints is None and js.seconds["checkpoint"] == 0 and js.seconds["pause"] == 4 * 60
+
+
+def test_input_bound_is_low_sm_activity_with_host_to_device_traffic():
+    n = minutes(60)
+    sm = [0.18] * (n // 2) + [0.9] * (n - n // 2)
+    js = job_states([gpu([60.0] * n, sm=sm, rx=11e9)], T)
+    assert js.seconds["input_bound"] == 1800 and js.seconds["compute"] == 1800
+    assert js.evidence["input_bound"] == "input-bound 50%: PCIe RX 11.0 GB/s while SM active 18%"
+
+
+def test_communication_bound_needs_several_gpus():
+    kw = dict(sm=0.4, tensor=0.05, nvl=2e11)
+    one = job_states([gpu([70.0] * minutes(30), **kw)], T)
+    assert one.seconds["communication_bound"] == 0 and one.seconds["compute"] == 1800
+    two = job_states([gpu([70.0] * minutes(30), name=f"n1:{i}", **kw) for i in range(2)], T)
+    assert two.seconds["communication_bound"] == 3600
+    assert "NVLink 200 GB/s while tensor active 5%" in two.evidence["communication_bound"]
+
+
+def test_a_straggler_is_named_and_costs_the_others_their_shortfall():
+    gpus = [gpu([95.0] * minutes(60), name=f"n1:{i}") for i in range(7)] + [gpu([60.0] * minutes(60), name="n1:7")]
+    js = job_states(gpus, T)
+    assert js.straggler["gpu"] == "n1:7"
+    assert js.seconds["straggler"] == pytest.approx(3600 * (95 - 60) / 95)
+    assert "GPU n1:7 at 60 % busy" in js.evidence["straggler"]
+
+
+def test_missing_profiling_fields_leave_busy_time_unresolved_and_say_which():
+    js = job_states([gpu([90.0] * minutes(30), sm=None, rx=None, procs=None)], T)
+    assert js.seconds["busy_unresolved"] == 1800 and js.seconds["compute"] == 0
+    assert js.unknown["input_bound"] == ["n1:0: DCGM_FI_PROF_PCIE_RX_BYTES, DCGM_FI_PROF_SM_ACTIVE"]
+    assert js.unknown["no_process"] == ["n1:0: gpufleet_gpu_compute_processes"]
+    assert "busy, not split without" in js.evidence["busy_unresolved"]
+
+
+def test_time_with_data_follows_max_gap_and_the_allocation():
+    g = gpu([90.0] * 4, step=60.0, a0=10.0, a1=200.0)  # samples at 0, 60, 120, 180; each holds 30 s
+    js = job_states([g], T)
+    assert js.data_s == 20 + 30 + 30 + 20
+
+
+# --- invariants ---
+
+_COLUMNS = ("util", "procs", "sm_active", "tensor_active", "pcie_rx", "nvlink")
+
+
+@st.composite
+def jobs(draw):
+    n_gpus = draw(st.integers(1, 3))
+    n = draw(st.integers(1, 60))
+    out = []
+    for k in range(n_gpus):
+        step = draw(st.sampled_from([10.0, 15.0, 45.0]))
+        util = draw(st.lists(st.sampled_from([0.0, 3.0, 20.0, 95.0, float("nan")]), min_size=n, max_size=n))
+
+        def col(values):
+            return draw(st.one_of(st.none(), st.lists(st.sampled_from(values), min_size=n, max_size=n).map(np.array)))
+
+        out.append(GpuSamples(gpu=f"h:{k}", a0=draw(st.sampled_from([0.0, 7.0])), a1=draw(st.sampled_from([n * step, n * step / 2])),
+                              ts=np.arange(n) * step, util=np.array(util), procs=col([0.0, 1.0, float("nan")]),
+                              sm_active=col([0.1, 0.9, float("nan")]), tensor_active=col([0.05, 0.7]),
+                              pcie_rx=col([1e6, 5e9]), nvlink=col([0.0, 5e10])))
+    return out
+
+
+SMALL = dataclasses.replace(T, idle_min_s=300.0, startup_busy_seconds=30.0, checkpoint_min_seconds=10.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs())
+def test_states_partition_the_time_with_data(gpus):
+    js = job_states(gpus, SMALL)
+    assert all(v >= -1e-9 for v in js.seconds.values())
+    assert sum(js.seconds.values()) == pytest.approx(js.data_s, abs=1e-6)
+    for g in js.gpus:
+        assert sum(g.seconds.values()) == pytest.approx(g.data_s, abs=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs(), st.sampled_from(_COLUMNS[1:]), st.randoms(use_true_random=False))
+def test_no_state_moves_when_a_field_it_does_not_read_changes(gpus, column, rnd):
+    before = job_states(gpus, SMALL)
+    changed = []
+    for g in gpus:
+        values = rnd.choice([None, np.array([rnd.choice([0.0, 0.2, 1.0, 3e10, float("nan")]) for _ in g.ts])])
+        changed.append(dataclasses.replace(g, **{column: values}))
+    after = job_states(changed, SMALL)
+    for state in S.STATES:
+        if column not in S.READS[state]:
+            assert after.seconds[state] == before.seconds[state], state
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(10, 90), st.integers(2, 8), st.integers(6, 12))
+def test_a_planted_checkpoint_period_is_found_within_5_percent(period_min, cost_samples, count):
+    period = minutes(period_min)
+    util = []
+    for _ in range(count):
+        util += [95.0] * (period - cost_samples) + [0.0] * cost_samples
+    util += [95.0] * minutes(3)
+    js = job_states([gpu(util)], T)
+    assert js.checkpoints is not None
+    assert js.checkpoints.period_s == pytest.approx(period_min * 60, rel=0.05)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.data())
+def test_a_planted_straggler_is_named(n_gpus, data):
+    slow = data.draw(st.integers(0, n_gpus - 1))
+    fast, lag = data.draw(st.floats(70, 100)), data.draw(st.floats(0.2, 0.6))
+    gpus = [gpu([fast * (1 - lag) if i == slow else fast] * minutes(20), name=f"n{i}:0") for i in range(n_gpus)]
+    js = job_states(gpus, T)
+    assert js.straggler is not None and js.straggler["gpu"] == f"n{slow}:0"
