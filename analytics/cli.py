@@ -2,7 +2,7 @@
 
 JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
 filters, warnings, totals, trend, previous_window, utilization {by, rows}, top_wasteful_jobs, fairness, and
-job (with --job).
+job (with --job; its where_time_goes: gpufleet.analytics.states.JobStates.to_json).
 Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
 money is US dollars or null when a GPU model has no price.
 """
@@ -52,7 +52,8 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
 
 
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
-                 shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7)) -> dict[str, Any]:
+                 shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7),
+                 state_thresholds: Any = None) -> dict[str, Any]:
     from gpufleet.analytics.core import Analysis, summary_only_edges, unknown_filter_values
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
@@ -92,6 +93,11 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
             "mean_utilization_pct": r.mean_utilization_pct, "idle_gpu_h": r.idle_gpu_h, "no_process_gpu_h": r.no_process_gpu_h,
             "verdict": r.verdict, "rule": r.rule, "per_gpu": rows(r.per_gpu), "idle_stretches": rows(r.idle_stretches),
         }
+        if report["job"] is not None:
+            from gpufleet.analytics.states import Thresholds, job_breakdown
+
+            breakdown = job_breakdown(con, params, r.job["job_key"], state_thresholds or Thresholds.of(params, {}))
+            report["job"]["where_time_goes"] = None if breakdown is None else breakdown.to_json()
     return report
 
 
@@ -158,9 +164,24 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         else:
             out.write(f"\nJob {j['job']['job_id']}: {j['verdict']} - {j['rule']}\n")
             table("  per GPU", j["per_gpu"], out)
+            print_states(j.get("where_time_goes"), out)
     p = report["parameters"]
     out.write(f"\nmethod: samples hold {p['max_gap_s']:g} s at most; idle = utilization < {p['idle_threshold_pct']:g}% "
               f"for >= {p['idle_min_duration_s'] / 60:g} min; no-data time is neither idle nor busy\n")
+
+
+def print_states(w: dict[str, Any] | None, out: TextIO) -> None:
+    """Where the job's GPU time went (gpufleet.analytics.states), largest first, with the fix to try."""
+    if w is None:
+        out.write("\n  where the time went: unknown (no GPU of this job mapped in the window)\n")
+        return
+    shown = sorted((s for s in w["states"] if s["seconds"] > 0), key=lambda s: -s["seconds"])
+    table(f"  where the time went ({w['data_s'] / 3600:.2f} GPU-hours with data)",
+          [{"state": s["state"], "gpu_h": s["seconds"] / 3600, "share_pct": 100 * s["share"], "evidence": s["evidence"] or "",
+            "fix": s["fix"] or ""} for s in shown], out, ["state", "gpu_h", "share_pct", "evidence", "fix"])
+    for s in w["states"]:
+        if s["unknown_on"]:
+            out.write(f"  {s['state']} unknown on {'; '.join(s['unknown_on'])}\n")
 
 
 def run(args: argparse.Namespace, out=None) -> int:
@@ -168,6 +189,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
     from gpufleet.analytics.fairness import settings
     from gpufleet.analytics.params import DIMENSIONS, Filters, analytics_options, from_config, store_path
+    from gpufleet.analytics.states import thresholds
     from gpufleet.times import parse_time
     from gpufleet.collector.store import StoreError, open_reader
 
@@ -179,6 +201,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         filters = Filters(cluster=args.cluster, account=args.account, user_name=args.user, model=args.model, partition=args.partition)
         params = from_config(doc, args.config, parse_time(args.start), parse_time(args.end), filters)
         shares, half_life = settings(analytics_options(doc, args.config))
+        state_thresholds = thresholds(doc, args.config, params)
         root = store_path(doc, args.config, args.store)
     except ConfigError as e:
         log.error("%s", e)
@@ -188,7 +211,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     except StoreError as e:
         log.error("%s", e)
         return 1
-    report = build_report(con, params, args.by, args.top, args.job, shares=shares, half_life=half_life)
+    report = build_report(con, params, args.by, args.top, args.job, shares=shares, half_life=half_life, state_thresholds=state_thresholds)
     for warning in report["warnings"]:
         log.warning("%s", warning)
     if args.format == "json":

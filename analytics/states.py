@@ -135,6 +135,7 @@ class GpuSamples:
     tensor_active: np.ndarray | None = None
     pcie_rx: np.ndarray | None = None  # bytes/s
     nvlink: np.ndarray | None = None  # NVLink RX + TX bytes/s
+    equiv: np.ndarray | None = None  # the share of a GPU each sample's time counts as (a MIG slice's); None: 1
 
     def column(self, name: str) -> np.ndarray:
         v = getattr(self, name)
@@ -276,7 +277,9 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
     if np.isnan(col[_PROCS]).any():
         unknown["no_process"] = {_PROCS}
 
-    seconds = {name: float(dur[state == k].sum()) for k, name in enumerate(STATES)}
+    # GPU-seconds: a MIG slice's time counts as its share (rules above ran on wall time)
+    wdur = dur if s.equiv is None else dur * np.asarray(s.equiv, dtype=float)[idx]
+    seconds = {name: float(wdur[state == k].sum()) for k, name in enumerate(STATES)}
     residue = rest
     busy_util = float((util[residue] * dur[residue]).sum() / dur[residue].sum()) if dur[residue].sum() > 0 else None
     means = {}
@@ -284,7 +287,7 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
         m = state == code[name]
         means[name] = {c: float((col[c][m] * dur[m]).sum() / dur[m].sum()) for c in cols
                        if dur[m].sum() > 0 and not np.isnan(col[c][m]).any()}
-    return GpuStates(gpu=s.gpu, data_s=float(dur.sum()), seconds=seconds,
+    return GpuStates(gpu=s.gpu, data_s=float(wdur.sum()), seconds=seconds,
                      unknown={k: tuple(f for c in sorted(v) for f in FIELDS[c]) for k, v in unknown.items()},
                      checkpoints=checkpoints, busy_util=busy_util, means=means)
 
@@ -373,8 +376,50 @@ def _evidence(js: JobStates, per: Sequence[GpuStates], t: Thresholds) -> dict[st
             ten = _mean_over(per, s, _TENSOR)
             out[s] = f"{head}: tensor active {ten:.0%} (MFU's estimate input)" if ten is not None else f"{head}: tensor activity unknown"
         elif s == "busy_unresolved":
-            fields = sorted({f for g in per for v in g.unknown.values() for f in v})
+            fields = sorted({f for g in per for k in ("input_bound", "communication_bound") for f in g.unknown.get(k, ())})
             out[s] = f"{head}: busy, not split without {', '.join(fields)}"
         else:
             out[s] = head
     return out
+
+
+# --- reading one job from the store ---
+
+def thresholds(doc: Mapping[str, Any], path: Any, p: Any) -> Thresholds:
+    """The validated [analytics.states] section with the analysis' own thresholds (Params)."""
+    from gpufleet.config import section
+
+    return Thresholds.of(p, section(doc.get("analytics", {}), "states", STATE_OPTIONS, path, parent="analytics"))
+
+
+def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None:
+    """The breakdown of one job (its id as people write it, or its key) in the window of `p`
+    (Params): only that job's GPUs and their allocation stretches are read. None: no allocation
+    of the job in the window (the exporters never mapped it)."""
+    import polars as pl
+
+    from gpufleet.analytics import sql
+
+    cur = con.cursor()
+    bind = {"start": p.start, "end": p.end, "job": job, "cluster": p.filters.cluster, "max_gap": p.max_gap.total_seconds()}
+    al = pl.from_arrow(cur.sql(sql.JOB_STATE_ALLOCATIONS, params=sql.bound(sql.JOB_STATE_ALLOCATIONS, bind)).to_arrow_table())
+    if al.is_empty():
+        return None
+    first = al.row(0, named=True)  # one job: the first cluster's, where an id repeats across clusters
+    al = al.filter((pl.col("cluster") == first["cluster"]) & (pl.col("job_key") == first["job_key"])).with_row_index("k")
+    cur.register("_job_al", al.with_columns(pl.col("k").cast(pl.Int64)).to_arrow())
+    rows = pl.from_arrow(cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table())
+    cur.close()
+    parts = {key[0]: part for key, part in rows.partition_by("k", as_dict=True).items()}
+    gpus = []
+    for r in al.iter_rows(named=True):
+        mine = parts.get(r["k"], rows.clear())
+        name = f"{r['host']}:{r['gpu'] if r['gpu'] is not None else r['gpu_uuid']}" + (f"/{r['gi']}" if r["gi"] is not None and r["gi"] >= 0 else "")
+
+        def col(c: str) -> np.ndarray:
+            return mine[c].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+
+        gpus.append(GpuSamples(gpu=name, a0=float(r["a0"]), a1=float(r["a1"]), ts=col("ts"), util=col("util"), procs=col("procs"),
+                               sm_active=col("sm_active"), tensor_active=col("tensor_active"), pcie_rx=col("pcie_rx"),
+                               nvlink=col("nvlink"), equiv=col("equiv")))
+    return job_states(gpus, t)

@@ -5,6 +5,7 @@ when a field it does not read changes, a planted checkpoint period and straggler
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -192,3 +193,53 @@ def test_a_planted_straggler_is_named(n_gpus, data):
     gpus = [gpu([fast * (1 - lag) if i == slow else fast] * minutes(20), name=f"n{i}:0") for i in range(n_gpus)]
     js = job_states(gpus, T)
     assert js.straggler is not None and js.straggler["gpu"] == f"n{slow}:0"
+
+
+# --- one job from the store ---
+
+from gpufleet.analytics.core import Analysis  # noqa: E402
+from gpufleet.analytics.jobs import job_report, job_summaries  # noqa: E402
+from gpufleet.analytics.params import Params  # noqa: E402
+from gpufleet.analytics.states import job_breakdown  # noqa: E402
+from tests.test_analytics_golden import T as GT, fleet  # noqa: E402, F401 - the golden store fixture
+
+
+def test_a_stored_jobs_breakdown_covers_its_time_with_data_as_the_job_report_counts_it(fleet):  # noqa: F811
+    """The breakdown reads only the job's GPUs and window, and its time with data is the job
+    report's (one rule for a sample's reach), for every golden job."""
+    p = Params(GT(10), GT(12))
+    a = Analysis(fleet.reader(), p, now=GT(20))
+    t = Thresholds.of(p, {o.key: o.default for o in S.STATE_OPTIONS})
+    jobs = job_summaries(a)
+    assert not jobs.is_empty()
+    for job_id in jobs["job_id"].to_list():
+        r = job_report(a, job_id)
+        b = job_breakdown(fleet.reader(), p, job_id, t)
+        data_h = r.per_gpu["data_h"].sum() if not r.per_gpu.is_empty() else 0.0
+        if b is None:
+            assert data_h == 0, job_id
+            continue
+        assert b.data_s / 3600 == pytest.approx(data_h, abs=1e-9), job_id
+        assert sum(b.seconds.values()) == pytest.approx(b.data_s)
+    b101 = job_breakdown(fleet.reader(), p, "101", t)  # 45 min at 0 %, then 15 min at 80 %
+    assert b101.seconds["idle"] == pytest.approx(45 * 60) or b101.seconds["startup"] == pytest.approx(45 * 60)
+    assert job_breakdown(fleet.reader(), p, "nope", t) is None
+
+
+def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F811
+    from tests.test_analytics_jobs_cli import analyze
+
+    window = ("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--job", "101")
+    r = analyze(*window, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    w = json.loads(r.stdout)["job"]["where_time_goes"]
+    assert [s["state"] for s in w["states"]] == list(S.STATES)
+    assert sum(s["seconds"] for s in w["states"]) == pytest.approx(w["data_s"])
+    assert w["largest_loss"] in S.LOSSES
+    table = analyze(*window)
+    assert table.returncode == 0, table.stderr
+    assert "where the time went (1.00 GPU-hours with data)" in table.stdout
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[analytics.states]\nstartup_busy_seconds = -1\n")
+    bad = analyze("--config", str(cfg), *window)
+    assert bad.returncode == 2 and "[analytics.states]: startup_busy_seconds = -1: expected a number of seconds > 0" in bad.stderr
