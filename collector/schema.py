@@ -75,6 +75,9 @@ SAMPLE_FIELDS: tuple[SampleField, ...] = (
     SampleField("nvlink_tx_bytes_per_s", F32, ("DCGM_FI_PROF_NVLINK_TX_BYTES",)),
     SampleField("nvlink_rx_bytes_per_s", F32, ("DCGM_FI_PROF_NVLINK_RX_BYTES",)),
     SampleField("compute_processes", F32, ("gpufleet_gpu_compute_processes",)),
+    # processes of Slurm jobs on a GPU their job was not allocated, summed over its job_id series
+    # (gpufleet.collector.exposition_parse); NULL where the exporter publishes none
+    SampleField("foreign_processes", F32, ("gpufleet_gpu_foreign_processes",)),
     SampleField("gpu_up", F32, ("gpufleet_gpu_up",)),
 )
 

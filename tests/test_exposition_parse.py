@@ -710,3 +710,19 @@ def test_profiling_rates_are_stored_and_absent_ones_are_null():
     assert math.isclose(a["sm_active"], 0.18, rel_tol=1e-6) and a["pcie_rx_bytes_per_s"] == pytest.approx(11e9, rel=1e-6)
     assert a["nvlink_tx_bytes_per_s"] == pytest.approx(2.5e11, rel=1e-6) and a["nvlink_rx_bytes_per_s"] == pytest.approx(2.4e11, rel=1e-6)
     assert (b["pcie_rx_bytes_per_s"], b["nvlink_tx_bytes_per_s"], b["nvlink_rx_bytes_per_s"]) == (None, None, None)
+
+
+def test_foreign_processes_are_summed_over_the_intruding_jobs():
+    """gpufleet_gpu_foreign_processes has one series per GPU and intruding job: the GPU's column is
+    their sum (the real H200 capture: two jobs' processes on a GPU the job map says is free); a
+    GPU without such a series has NULL, and a bad count is rejected with its line."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "nvml-h200" / "two_jobs_shared.prom").read_text()
+    [g] = [r for r in rows(parse(text)) if r["gpu"] == 0]
+    assert g["foreign_processes"] == 2 and g["compute_processes"] == 2
+    labels = {"gpu": "1", "UUID": "GPU-b", "Hostname": "n1"}
+    r = parse(sample_line("DCGM_FI_DEV_GPU_TEMP", labels, "40")
+              + sample_line("gpufleet_gpu_foreign_processes", {**labels, "job_id": "7"}, "-1"))
+    assert [x["foreign_processes"] for x in rows(r)] == [None]
+    assert r.rejected == 1 and "gpufleet_gpu_foreign_processes value -1" in r.problems[0]
