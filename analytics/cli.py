@@ -175,10 +175,10 @@ def print_states(w: dict[str, Any] | None, out: TextIO) -> None:
     if w is None:
         out.write("\n  where the time went: unknown (no GPU of this job mapped in the window)\n")
         return
-    shown = sorted((s for s in w["states"] if s["seconds"] > 0), key=lambda s: -s["seconds"])
-    table(f"  where the time went ({w['data_s'] / 3600:.2f} GPU-hours with data)",
-          [{"state": s["state"], "gpu_h": s["seconds"] / 3600, "share_pct": 100 * s["share"], "evidence": s["evidence"] or "",
-            "fix": s["fix"] or ""} for s in shown], out, ["state", "gpu_h", "share_pct", "evidence", "fix"])
+    from gpufleet.analytics.states import state_rows
+
+    shown = state_rows({s["state"]: s["seconds"] for s in w["states"]}, w["data_s"], {s["state"]: s["evidence"] for s in w["states"]})
+    table(f"  where the time went ({w['data_s'] / 3600:.2f} GPU-hours with data)", shown, out, ["state", "gpu_h", "share_pct", "evidence", "fix"])
     for s in w["states"]:
         if s["unknown_on"]:
             out.write(f"  {s['state']} unknown on {'; '.join(s['unknown_on'])}\n")

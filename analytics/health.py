@@ -13,6 +13,8 @@ filters; health is about GPUs, so account/user/partition filters do not apply). 
   thermal = SW (0x20) or HW (0x40) thermal slowdown, power = SW power cap (0x4) or HW power brake
   (0x80), hw_slowdown = 0x8. Violation counters (ns) give the time throttled in the window.
 - Lost: samples with gpufleet_gpu_up = 0 (fell off the bus, reset required, ...).
+- Foreign processes: samples with processes of a Slurm job not allocated the GPU
+  (gpufleet_gpu_foreign_processes): foreign_processes() lists the GPUs, with the most at once.
 - Model: a GPU's row names the model of its newest sample in the window, an event the model of
   its first sample (an exporter upgraded mid-window may spell the same GPU's model another way).
 Shares are of samples (every scrape counts once), not time-weighted: fine at a steady interval.
@@ -166,3 +168,8 @@ def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelt
     of whole hours come from the hourly health summaries where the store has them, as
     window_health."""
     return _answers(con, params, ("temperature",), summaries, bucket)["temperature"]
+
+
+def foreign_processes(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
+    """The GPUs on which jobs not allocated them ran processes in the window (sql.FOREIGN_PROCESS_GPUS)."""
+    return _q(con, sql.FOREIGN_PROCESS_GPUS, _binds(params))

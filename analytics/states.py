@@ -136,6 +136,7 @@ class GpuSamples:
     pcie_rx: np.ndarray | None = None  # bytes/s
     nvlink: np.ndarray | None = None  # NVLink RX + TX bytes/s
     equiv: np.ndarray | None = None  # the share of a GPU each sample's time counts as (a MIG slice's); None: 1
+    foreign: np.ndarray | None = None  # processes of jobs not allocated this GPU (read by no state)
 
     def column(self, name: str) -> np.ndarray:
         v = getattr(self, name)
@@ -157,6 +158,7 @@ class GpuStates:
     unknown: dict[str, tuple[str, ...]]  # state -> the fields that would tell it (on this GPU)
     checkpoints: Checkpoints | None = None
     busy_util: float | None = None  # mean utilization over compute + unresolved time (straggler's input)
+    foreign_max: float | None = None  # most processes of other jobs seen on it at once (None: none reported)
     means: dict[str, dict[str, float]] = field(default_factory=dict)  # state -> time-weighted column means
 
 
@@ -171,6 +173,13 @@ class JobStates:
     evidence: dict[str, str]
     largest_loss: str | None
 
+    def table(self) -> Any:
+        """The states with time as a polars frame (state_rows): what the job page shows."""
+        import polars as pl
+
+        return pl.DataFrame(state_rows(self.seconds, self.data_s, self.evidence),
+                            schema={"state": pl.String, "gpu_h": pl.Float64, "share_pct": pl.Float64, "evidence": pl.String, "fix": pl.String})
+
     def share(self, state: str) -> float | None:
         return self.seconds[state] / self.data_s if self.data_s > 0 else None
 
@@ -183,8 +192,17 @@ class JobStates:
             "checkpoints": None if self.checkpoints is None else vars(self.checkpoints),
             "straggler": self.straggler,
             "gpus": [{"gpu": g.gpu, "data_s": g.data_s, "seconds": g.seconds, "busy_utilization_pct": g.busy_util,
-                      "unknown": {k: list(v) for k, v in g.unknown.items()}} for g in self.gpus],
+                      "unknown": {k: list(v) for k, v in g.unknown.items()}, "foreign_processes_max": g.foreign_max}
+                     for g in self.gpus],
         }
+
+
+def state_rows(seconds: Mapping[str, float], data_s: float, evidence: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """The states with time, largest first: GPU-hours, share of the time with data (%), the
+    evidence and the fix to try (the job page and `gpufleet analyze --job` show these)."""
+    rows = [{"state": s, "gpu_h": sec / 3600, "share_pct": 100 * sec / data_s, "evidence": evidence.get(s) or "", "fix": FIXES.get(s, "")}
+            for s, sec in seconds.items() if sec > 0 and data_s > 0]
+    return sorted(rows, key=lambda r: -r["gpu_h"])
 
 
 def _intervals(s: GpuSamples, max_gap_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -289,7 +307,15 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
                        if dur[m].sum() > 0 and not np.isnan(col[c][m]).any()}
     return GpuStates(gpu=s.gpu, data_s=float(wdur.sum()), seconds=seconds,
                      unknown={k: tuple(f for c in sorted(v) for f in FIELDS[c]) for k, v in unknown.items()},
-                     checkpoints=checkpoints, busy_util=busy_util, means=means)
+                     checkpoints=checkpoints, busy_util=busy_util, means=means, foreign_max=_foreign_max(s, idx))
+
+
+def _foreign_max(s: GpuSamples, idx: np.ndarray) -> float | None:
+    """The most foreign processes a sample with data inside the allocation reported, None: none did."""
+    if s.foreign is None or len(idx) == 0:
+        return None
+    f = np.asarray(s.foreign, dtype=float)[idx]
+    return float(np.nanmax(f)) if not np.isnan(f).all() else None
 
 
 def _checkpoint_rhythm(starts: Sequence[float], lengths: Sequence[float], t: Thresholds) -> Checkpoints | None:
@@ -414,12 +440,13 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
     gpus = []
     for r in al.iter_rows(named=True):
         mine = parts.get(r["k"], rows.clear())
-        name = f"{r['host']}:{r['gpu'] if r['gpu'] is not None else r['gpu_uuid']}" + (f"/{r['gi']}" if r["gi"] is not None and r["gi"] >= 0 else "")
+        index = r["gpu"] if r["gpu"] is not None else mine["gpu"].drop_nulls().max()  # the mapping may not say it; the samples do
+        name = f"{r['host']}:{index if index is not None else r['gpu_uuid']}" + (f"/{r['gi']}" if r["gi"] is not None and r["gi"] >= 0 else "")
 
         def col(c: str) -> np.ndarray:
             return mine[c].cast(pl.Float64).fill_null(float("nan")).to_numpy()
 
         gpus.append(GpuSamples(gpu=name, a0=float(r["a0"]), a1=float(r["a1"]), ts=col("ts"), util=col("util"), procs=col("procs"),
                                sm_active=col("sm_active"), tensor_active=col("tensor_active"), pcie_rx=col("pcie_rx"),
-                               nvlink=col("nvlink"), equiv=col("equiv")))
+                               nvlink=col("nvlink"), equiv=col("equiv"), foreign=col("foreign_processes")))
     return job_states(gpus, t)

@@ -243,3 +243,14 @@ def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F
     cfg.write_text("[analytics.states]\nstartup_busy_seconds = -1\n")
     bad = analyze("--config", str(cfg), *window)
     assert bad.returncode == 2 and "[analytics.states]: startup_busy_seconds = -1: expected a number of seconds > 0" in bad.stderr
+
+
+def test_foreign_processes_are_reported_per_gpu_and_move_no_state():
+    n = minutes(30)
+    plain = job_states([gpu([90.0] * n)], T)
+    foreign = np.full(n, np.nan)
+    foreign[10:20] = [1.0] * 5 + [3.0] * 5
+    seen = job_states([dataclasses.replace(gpu([90.0] * n), foreign=foreign)], T)
+    assert plain.gpus[0].foreign_max is None and seen.gpus[0].foreign_max == 3.0
+    assert seen.seconds == plain.seconds
+    assert seen.to_json()["gpus"][0]["foreign_processes_max"] == 3.0
