@@ -2,7 +2,7 @@
 
 JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
 filters, warnings, totals, trend, previous_window, utilization {by, rows}, top_wasteful_jobs, fairness, and
-job (with --job).
+job (with --job; its where_time_goes: gpufleet.analytics.states.JobStates.to_json).
 Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
 money is US dollars or null when a GPU model has no price. Keys follow the vocabulary
 (gpufleet.analytics.vocabulary); fairness.per_account's used_gpu_h and used_share are deprecated
@@ -96,7 +96,8 @@ def utilization_rows(a, by: str) -> pl.DataFrame:
 
 
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
-                 shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7)) -> dict[str, Any]:
+                 shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7),
+                 state_thresholds: Any = None) -> dict[str, Any]:
     from gpufleet.analytics.core import Analysis, summary_only_edges, unknown_filter_values, unknown_gpu_jobs
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
@@ -137,6 +138,11 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
             "mean_utilization_pct": r.mean_utilization_pct, "idle_gpu_h": r.idle_gpu_h, "no_process_gpu_h": r.no_process_gpu_h,
             "verdict": r.verdict, "rule": r.rule, "per_gpu": rows(r.per_gpu), "idle_stretches": rows(r.idle_stretches),
         }
+        if report["job"] is not None:
+            from gpufleet.analytics.states import Thresholds, job_breakdown
+
+            breakdown = job_breakdown(con, params, r.job["job_key"], state_thresholds or Thresholds.of(params, {}))
+            report["job"]["where_time_goes"] = None if breakdown is None else breakdown.to_json()
     return report
 
 
@@ -209,6 +215,7 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         else:
             out.write(f"\nJob {j['job']['job_id']}: {j['verdict']} - {j['rule']}\n")
             table("  per GPU", j["per_gpu"], out)
+            print_states(j.get("where_time_goes"), out)
     p = report["parameters"]
     out.write(f"\nmethod: samples hold {p['max_gap_s']:g} s at most; idle = utilization < {p['idle_threshold_pct']:g}% "
               f"for >= {p['idle_min_duration_s'] / 60:g} min; no-data time is neither idle nor busy\n")
@@ -250,11 +257,26 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
               f"before its end; lemons at a {s['lemon_false_positive_rate']:g} false-positive rate, >= {s['lemon_min_failures']} failures\n")
 
 
+def print_states(w: dict[str, Any] | None, out: TextIO) -> None:
+    """Where the job's GPU time went (gpufleet.analytics.states), largest first, with the fix to try."""
+    if w is None:
+        out.write("\n  where the time went: unknown (no GPU of this job mapped in the window)\n")
+        return
+    from gpufleet.analytics.states import state_rows
+
+    shown = state_rows({s["state"]: s["seconds"] for s in w["states"]}, w["data_s"], {s["state"]: s["evidence"] for s in w["states"]})
+    table(f"  where the time went ({w['data_s'] / 3600:.2f} GPU-hours with data)", shown, out, ["state", "gpu_h", "share_pct", "evidence", "fix"])
+    for s in w["states"]:
+        if s["unknown_on"]:
+            out.write(f"  {s['state']} unknown on {'; '.join(s['unknown_on'])}\n")
+
+
 def run(args: argparse.Namespace, out=None) -> int:
     import sys
 
     from gpufleet.analytics.fairness import settings
     from gpufleet.analytics.params import Filters, analytics_options, from_config, store_path
+    from gpufleet.analytics.states import thresholds
     from gpufleet.collector.store import STORE_FIX, NoStoreError, StoreError, open_reader
     from gpufleet.times import utcnow
 
@@ -266,6 +288,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         start, end, _ = window_from_arguments(args)
         params = from_config(doc, args.config, start, end, filters)
         shares, half_life = settings(analytics_options(doc, args.config))
+        state_thresholds = thresholds(doc, args.config, params)
         root = store_path(doc, args.config, args.store)
     except ConfigError as e:
         return command_error("analyze", e)
@@ -282,7 +305,8 @@ def run(args: argparse.Namespace, out=None) -> int:
                                           as_of=min(utcnow(), params.end), top=args.top)
         printer = print_reliability
     else:
-        report = build_report(con, params, by, args.top, args.job, shares=shares, half_life=half_life)
+        report = build_report(con, params, by, args.top, args.job, shares=shares, half_life=half_life,
+                              state_thresholds=state_thresholds)
         printer = print_table
     if args.format == "json":
         for warning in report.get("warnings", []):  # (the table prints them itself)

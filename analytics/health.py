@@ -13,6 +13,8 @@ filters; health is about GPUs, so account/user/partition filters do not apply). 
   thermal = SW (0x20) or HW (0x40) thermal slowdown, power = SW power cap (0x4) or HW power brake
   (0x80), hw_slowdown = 0x8. Violation counters (ns) give the time throttled in the window.
 - Lost: samples with gpufleet_gpu_up = 0 (fell off the bus, reset required, ...).
+- Foreign processes: samples with processes of a Slurm job not allocated the GPU
+  (gpufleet_gpu_foreign_processes): foreign_processes() lists the GPUs, with the most at once.
 - Model: a GPU's row names the model of its newest sample in the window, an event the model of
   its first sample (an exporter upgraded mid-window may spell the same GPU's model another way).
 Shares are of samples (every scrape counts once), not time-weighted: fine at a steady interval.
@@ -177,3 +179,8 @@ def job_gpu_sources(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         return pl.from_arrow(cur.sql(sql.JOB_GPU_SOURCES).to_arrow_table())
     finally:
         cur.close()
+
+
+def foreign_processes(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
+    """The GPUs on which jobs not allocated them ran processes in the window (sql.FOREIGN_PROCESS_GPUS)."""
+    return _q(con, sql.FOREIGN_PROCESS_GPUS, _binds(params))

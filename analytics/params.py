@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpufleet.collector.config import ANALYTICS_SHARED
-from gpufleet.config import ConfigError, Option, boolean, number, section, string
+from gpufleet.config import ConfigError, Option, boolean, number, section, string, table
 
 DIMENSIONS = ("gpu", "host", "model", "cluster", "partition", "account", "user_name", "job", "fleet")
 
@@ -81,6 +81,7 @@ OPTIONS = ANALYTICS_SHARED + (  # the summaries' parameters and the rebuilds' sc
     Option("mfu_dtype", "bf16", "one of bf16, fp16, tf32, fp8, fp64", lambda v: v in ("bf16", "fp16", "tf32", "fp8", "fp64")),
     Option("prices", {}, "a table of GPU model -> $ per GPU-hour", lambda v: isinstance(v, dict) and all(number(0, inclusive=True)(x) for x in v.values())),
     Option("store", "", "the store directory (default: [collector] store)", string),
+    Option("states", {}, "a table ([analytics.states]: the thresholds of where a job's time goes)", table),
     Option("summaries", True, "true or false (take whole 5-minute buckets from the per-GPU summaries)", boolean),
 )
 

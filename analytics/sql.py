@@ -1231,3 +1231,48 @@ WHERE {ALLOCATION_FILTERS}
 GROUP BY a.cluster, a.host HAVING gpu_hours > 0
 ORDER BY a.cluster, a.host
 """
+
+# --- where a job's GPU time goes (analytics/states.py) ---
+
+# One job's allocations (by job id as people write it, or its key) clipped to [$start, $end):
+# its GPUs and the stretch each was held, by ALLOCATION_START/END as every figure reads them
+JOB_STATE_ALLOCATIONS = f"""
+SELECT a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_id, a.host, a.gpu_uuid,
+       a.gpu_instance AS gi, a.gpu, epoch(greatest({ALLOCATION_START}, $start)) AS a0, epoch(least({ALLOCATION_END}, $end)) AS a1
+FROM allocations a
+LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+WHERE (a.job_key = $job OR j.job_id = $job) AND ($cluster IS NULL OR a.cluster = $cluster)
+  AND least({ALLOCATION_END}, $end) > greatest({ALLOCATION_START}, $start)
+ORDER BY a.cluster, a.job_key, a.host, a.gpu, a.gpu_instance
+"""
+# ... and the samples of those GPUs (_job_al: JOB_STATE_ALLOCATIONS' rows numbered k) from
+# max_gap before each allocation to its end, with the fields the states read: utilization as
+# LINE_COLUMNS has it (NaN: not reported), NVLink RX + TX (NULL when neither is published), the
+# share of a GPU its time counts as (gpu_equiv); and other jobs' processes on the GPU (read by no state).
+# The host condition lets DuckDB skip row groups (compaction sorts files by host).
+JOB_STATE_SAMPLES = f"""
+SELECT al.k, s.gpu, epoch(s.ts) AS ts, {LINE_COLUMNS.format(s="s.")},
+       s.compute_processes::DOUBLE AS procs, s.sm_active::DOUBLE AS sm_active, s.tensor_active::DOUBLE AS tensor_active,
+       s.pcie_rx_bytes_per_s::DOUBLE AS pcie_rx,
+       CASE WHEN s.nvlink_tx_bytes_per_s IS NOT NULL OR s.nvlink_rx_bytes_per_s IS NOT NULL
+            THEN coalesce(s.nvlink_tx_bytes_per_s, 0)::DOUBLE + coalesce(s.nvlink_rx_bytes_per_s, 0) END AS nvlink,
+       {gpu_equiv('s')} AS equiv, s.foreign_processes::DOUBLE AS foreign_processes
+FROM gpu_samples s
+JOIN _job_al al ON al.cluster IS NOT DISTINCT FROM s.cluster AND al.host = s.host AND al.gpu_uuid = s.gpu_uuid AND al.gi = coalesce(s.gpu_instance, -1)
+ AND epoch(s.ts) >= al.a0 - $max_gap AND epoch(s.ts) < al.a1
+WHERE s.host IN (SELECT host FROM _job_al) AND s.ts >= $start - to_seconds($max_gap) AND s.ts < $end
+ORDER BY al.k, s.ts
+"""
+
+# GPUs on which processes of a job not allocated them ran in [$start, $end)
+# (gpufleet_gpu_foreign_processes, the exporter's process -> cgroup -> job mapping): the Health
+# page's list. Nearly every sample has none (NULL): the files' column statistics skip their row
+# groups, so this costs the row groups that hold some.
+FOREIGN_PROCESS_GPUS = f"""
+SELECT cluster, host, gpu, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, arg_max(model, ts) AS model,
+       max(foreign_processes)::DOUBLE AS foreign_processes_max, count(*) AS samples, min(ts) AS first_seen, max(ts) AS last_seen
+FROM gpu_samples
+WHERE foreign_processes > 0 AND ts >= $start AND ts < $end AND {_FILTERS}
+GROUP BY cluster, host, gpu, gpu_uuid, gi
+ORDER BY last_seen DESC, cluster, host, gpu
+"""

@@ -55,6 +55,8 @@ PRECEDENCE_WITHIN_S = 30.0
 JOB_REPORTED_FLOPS = "gpufleet_job_reported_flops"
 JOB_REPORTED_GPUS = "gpufleet_job_reported_gpus"
 JOB_REPORT_METRICS = (JOB_REPORTED_FLOPS, JOB_REPORTED_GPUS)
+# one series per GPU and intruding job (job_id label): the GPU's column is their sum
+FOREIGN_PROCESSES = "gpufleet_gpu_foreign_processes"
 # Series of these entities are not per-GPU values even when they carry a `gpu` label.
 ENTITY_LABELS = ("nvlink", "nvswitch", "cpu", "cpucore")
 # Workload label spellings, most specific first: after a Prometheus scrape with honorLabels
@@ -166,6 +168,8 @@ def parse_rows(
             b.job_info(lineno, key, labels, value)
         elif name in JOB_REPORT_METRICS:
             b.job_report(lineno, name, labels, value)
+        elif name == FOREIGN_PROCESSES:
+            b.foreign_processes(lineno, key, labels, value)
         else:
             b.reject(lineno, b.reasons[key])
     b.problems.sort(key=lambda p: int(p.split(":", 1)[0].removeprefix("line ")))
@@ -408,7 +412,7 @@ class _Builder:
     # --- the pivot's questions ---
 
     def column_of(self, name: str) -> tuple[dict[int, Any] | None, float] | None:
-        if name == JOB_INFO or name in JOB_REPORT_METRICS:
+        if name == JOB_INFO or name in JOB_REPORT_METRICS or name == FOREIGN_PROCESSES:
             return KEEP
         mapped = METRIC_TO_COLUMN.get(name)
         if mapped is None:
@@ -494,6 +498,18 @@ class _Builder:
         return host, uuid, gpu, instance
 
     # --- allocations ---
+
+    def foreign_processes(self, lineno: int, label_key: object, labels: Mapping[str, str], value: float) -> None:
+        """gpufleet_gpu_foreign_processes{gpu,UUID,Hostname,job_id} N: added to the GPU row's column."""
+        if not (value >= 0 and value != math.inf):
+            self.reject(lineno, f"{FOREIGN_PROCESSES} value {value!r} is not a process count")
+            return
+        row = self.row_of(label_key, labels)
+        if row == KEEP_ROW:
+            self.reject(lineno, self.reasons[label_key])
+        elif row >= 0:
+            column = self.values.setdefault(METRIC_TO_COLUMN[FOREIGN_PROCESSES][0], {})
+            column[row] = column.get(row, 0.0) + value
 
     def job_info(self, lineno: int, label_key: object, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_gpu_job_info{gpu,UUID,[GPU_I_ID],Hostname,scheduler,job_id|namespace,pod} 1."""

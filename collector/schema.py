@@ -70,7 +70,14 @@ SAMPLE_FIELDS: tuple[SampleField, ...] = (
     SampleField("pcie_tx_bytes_per_s", F32, ("DCGM_FI_PROF_PCIE_TX_BYTES",)),
     SampleField("pcie_rx_bytes_per_s", F32, ("DCGM_FI_PROF_PCIE_RX_BYTES",)),
     SampleField("nvlink_bandwidth_total", I64, ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",)),
+    # NVLink traffic as a rate (DCP; ours through GPM): what tells a communication-bound job
+    # (gpufleet.analytics.states). Files written before these columns read them as NULL.
+    SampleField("nvlink_tx_bytes_per_s", F32, ("DCGM_FI_PROF_NVLINK_TX_BYTES",)),
+    SampleField("nvlink_rx_bytes_per_s", F32, ("DCGM_FI_PROF_NVLINK_RX_BYTES",)),
     SampleField("compute_processes", F32, ("gpufleet_gpu_compute_processes",)),
+    # processes of Slurm jobs on a GPU their job was not allocated, summed over its job_id series
+    # (gpufleet.collector.exposition_parse); NULL where the exporter publishes none
+    SampleField("foreign_processes", F32, ("gpufleet_gpu_foreign_processes",)),
     SampleField("gpu_up", F32, ("gpufleet_gpu_up",)),
 )
 

@@ -1138,7 +1138,13 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
     if files:
-        con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM read_parquet({_sql_list(files)}, hive_partitioning = false)")
+        # files written before a sample column was added (NVLink rates, schema 5) read it as NULL:
+        # union_by_name, or added here when no file has it yet
+        source = f"read_parquet({_sql_list(files)}, hive_partitioning = false, union_by_name = true)"
+        have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        columns = ", ".join(f'"{f.name}"' if f.name in have else f'NULL::{_duck_type(f.type)} AS "{f.name}"'
+                            for f in schema.SAMPLE_SCHEMA)
+        con.execute(f"CREATE VIEW gpu_samples AS SELECT {columns} FROM {source}")
     else:
         con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
         con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
@@ -1385,6 +1391,12 @@ def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> st
                      f"ANTI JOIN {open_part} AS o ON {' AND '.join(f's.{k} = o.{k}' for k in keys)}")
     # by name: a segment written before a column was added reads it as NULL
     return " UNION ALL BY NAME ".join(parts)
+
+
+def _duck_type(t: pa.DataType) -> str:
+    """DuckDB's name of a sample column's Arrow type (gpufleet.collector.schema.SAMPLE_SCHEMA)."""
+    return {pa.float32(): "FLOAT", pa.int64(): "BIGINT", pa.int16(): "SMALLINT", pa.string(): "VARCHAR",
+            pa.timestamp("ms"): "TIMESTAMP"}[t]
 
 
 def _sql_str(s: str) -> str:

@@ -603,9 +603,22 @@ def job_report(key: tuple, job: dict) -> dict | None:
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
             return None
         tl = timeline.job_gpu_timeline(a, job["cluster"], job["scheduler"], job["job_key"])
-        return {"report": r, "timeline": tl, **_job_mfu(a, job, w)}
+        return {"report": r, "timeline": tl, **_job_mfu(a, job, w), **_job_states(s, w, narrowed, job)}
     finally:
         _close(a)
+
+
+def _job_states(s: dconfig.Settings, w: Resolved, p: Params, job: dict) -> dict:
+    """Where the job's GPU time went (gpufleet.analytics.states.job_breakdown on the job's
+    narrowed window) as "states" (None: no GPU of it mapped), or "states_error" saying why it
+    could not be computed."""
+    from gpufleet.analytics.states import job_breakdown, thresholds
+
+    try:
+        return {"states": job_breakdown(reader(w.root), p, job["job_key"], thresholds(s.doc, s.config_path, p)), "states_error": None}
+    except Exception as e:  # noqa: BLE001 - the report's other figures stand without it
+        log.exception("the states of a job failed")
+        return {"states": None, "states_error": f"where the time went could not be computed: {type(e).__name__}: {e}"}
 
 
 def _job_mfu(a: Analysis, job: dict, w: Resolved) -> dict:
@@ -628,7 +641,8 @@ def health(key: tuple, bucket_s: float) -> dict:
 
     s, w, p = _request(key)
     con = reader(w.root)
-    return {**ahealth.window_health(con, p, temperature=timedelta(seconds=bucket_s)), "window": w}
+    return {**ahealth.window_health(con, p, temperature=timedelta(seconds=bucket_s)), "foreign": ahealth.foreign_processes(con, p),
+            "window": w}
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Classifying the window's job attempts (analytics)...")

@@ -41,7 +41,7 @@ NEEDS_FLAPPING_CASE = {
     "GpuExporterDown", "GpufleetCollectorDown", "GpufleetCollectorTargetDown", "GpuDisappeared", "GpuLost",
     "GpuTemperatureHigh", "GpuMemoryTemperatureHigh", "GpuThermalThrottling", "GpuHardwareSlowdown",
     "GpuAllocatedIdle", "GpuAllocatedNoProcess", "GpufleetUtilizationLow", "GpuExporterSourceFailing",
-    "GpufleetCollectorSourceFailing", "GpufleetSummaryBacklogStuck",
+    "GpufleetCollectorSourceFailing", "GpufleetSummaryBacklogStuck", "GpuForeignProcesses",
 }
 # Alerts on a numeric threshold: each needs a unit test with a value just below it.
 NEEDS_JUST_BELOW_CASE = {

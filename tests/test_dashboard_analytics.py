@@ -62,6 +62,8 @@ def build(root) -> Fleet:
     f.gpu_series("n4", "GPU-F", T(10), T(12), util=60.0, model=A100, gi=1, mig_profile="3g.40gb")
     for s in f._samples:  # health fields, straight into the sample rows
         s.update(gpu_temp_c=50.0, power_w=300.0, gpu_up=1.0, xid_last=0, ecc_dbe_vol=0, clocks_event_reasons=0)
+        if s["gpu_uuid"] == "GPU-A" and T(10, 20) <= s["ts"] < T(10, 25):  # another job's processes on job 101's GPU
+            s.update(foreign_processes=2.0 if s["ts"] >= T(10, 22) else 1.0)
         if s["gpu_uuid"] == "GPU-D":
             t = s["ts"]
             if T(10, 10) <= t < T(10, 20):

@@ -33,6 +33,7 @@ from gpufleet.analytics.timeline import utilization_timeline  # noqa: E402
 from gpufleet.analytics.trends import NO_DATA, compare, previous_baseline  # noqa: E402
 from gpufleet.collector.store import StoreWriter, open_reader  # noqa: E402
 from gpufleet.dashboards import ui  # noqa: E402
+from gpufleet.analytics.states import STATE_OPTIONS, Thresholds, job_breakdown  # noqa: E402
 from tests.test_dashboard_analytics import EVE, HOSTILE, QUOTE_ACCOUNT, T, W, build  # noqa: E402
 
 APP = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
@@ -204,6 +205,15 @@ def test_jobs_list_and_reports(store, con, a, use_store):
             assert not at.container("job_idle").dataframe
         else:
             assert_table(frame(at, "job_idle"), r.idle_stretches)
+        # where the time went: the analytics' breakdown of the job (gpufleet.analytics.states)
+        js = job_breakdown(con, W, r.job["job_key"], Thresholds.of(W, {o.key: o.default for o in STATE_OPTIONS}))
+        if js is None or js.data_s == 0:
+            assert not at.container("job_states").dataframe
+        else:
+            assert_table(frame(at, "job_states"), js.table())
+            assert sum(frame(at, "job_states")["share_pct"]) == pytest.approx(100)
+        foreign = "Other jobs' processes on this job's GPUs: " + ("n1:0 (up to 2)" if job_id == "101" else "none reported")
+        assert foreign in [t.value for t in at.text], job_id
 
 
 def test_teams_and_fairness(store, a, use_store):
@@ -263,6 +273,9 @@ def test_health(store, con, use_store):
     shown = frame(at, "health_events")
     assert_table(shown, ev, ["ts", "host", "gpu", "kind", "code", "samples", "detail"])
     assert frame(at, "health_throttle")["host"].tolist() == ["n2"]
+    foreign = ahealth.foreign_processes(con, W)
+    assert foreign.select("host", "gpu_uuid", "foreign_processes_max", "samples").rows() == [("n1", "GPU-A", 2.0, 20)]
+    assert_table(frame(at, "health_foreign"), foreign)
     assert_table(frame(at, "health_gpus"), ahealth.gpu_health(con, W).with_columns(
         pl.col("xids").cast(pl.List(pl.Utf8)).list.join(", ")))
 

@@ -133,6 +133,40 @@ def test_analytics_find_what_jobs_were_told_to_do(fleet, store):
     assert t["verdict"] == "ok"
 
 
+def test_each_pattern_job_shows_where_its_time_went(fleet, store):
+    """The demo's training jobs that lose time one way each (fleet.PATTERNS) are found so by the
+    breakdown (gpufleet.analytics.states) over what the exporters would have published: a
+    20-minute model load, a starved data loader, all-reduce-heavy, one straggler GPU named,
+    checkpoints every 30 minutes costing 90 s."""
+    from gpufleet.analytics.states import STATE_OPTIONS, Thresholds, job_breakdown
+
+    root, _, _ = store
+    con = open_reader(root)
+    seen = set()
+    for profile in fleet_mod.PATTERNS:
+        job = next(j for j in fleet.jobs if j.profile == profile and fleet.start + timedelta(hours=1) <= j.start
+                   and j.end <= fleet.now and j.end - j.start >= timedelta(hours=2) and not any(
+                       (s.node.host, s.gpu) == fleet.lost_gpu for s in j.slots) and fleet.outage[0] not in {s.node.host for s in j.slots})
+        p = Params(start=job.start, end=job.end)
+        js = job_breakdown(con, p, job.job_key, Thresholds.of(p, {o.key: o.default for o in STATE_OPTIONS}))
+        assert js is not None and sum(js.seconds.values()) == pytest.approx(js.data_s), profile
+        share = {k: v / js.data_s for k, v in js.seconds.items()}
+        if profile == "loading":
+            assert js.seconds["startup"] / len(job.slots) == pytest.approx(20 * 60, abs=2 * STEP_S), js.seconds
+        elif profile == "starved":
+            assert js.largest_loss == "input_bound" and share["input_bound"] > 0.5, share
+            assert "PCIe RX 11." in js.evidence["input_bound"]
+        elif profile == "allreduce":
+            assert js.largest_loss == "communication_bound" and share["communication_bound"] > 0.5, share
+        elif profile == "straggler":
+            assert js.straggler is not None and js.straggler["gpu"].endswith(":3") and share["straggler"] > 0.03, (js.straggler, share)
+        elif profile == "checkpoint":
+            assert js.checkpoints is not None and js.checkpoints.period_s == pytest.approx(1800, rel=0.05), js.checkpoints
+            assert js.checkpoints.cost_s == pytest.approx(90, abs=STEP_S)
+        seen.add(profile)
+    assert seen == set(fleet_mod.PATTERNS)
+
+
 def test_mig_slices_count_as_their_share(fleet, store):
     root, _, _ = store
     con = open_reader(root)

@@ -691,3 +691,38 @@ def test_one_table_for_many_scrapes_is_their_tables_end_to_end():
         each = pa.concat_tables([parse_exposition(text, **k).samples for text, k in zip(texts, kw)])
         assert one.schema == SAMPLE_SCHEMA and one.num_rows > 10
         assert one.to_pylist() == each.to_pylist()
+
+
+def test_profiling_rates_are_stored_and_absent_ones_are_null():
+    """PCIe and NVLink rates (DCP, or ours through GPM) are sample columns: what tells an
+    input-bound job from a communication-bound one (gpufleet.analytics.states). A GPU that does
+    not publish one has NULL there, never 0."""
+    labels = {"gpu": "0", "UUID": "GPU-a", "Hostname": "n1"}
+    text = (
+        sample_line("DCGM_FI_PROF_SM_ACTIVE", labels, "0.18")
+        + sample_line("DCGM_FI_PROF_PCIE_RX_BYTES", labels, "11000000000")
+        + sample_line("DCGM_FI_PROF_NVLINK_TX_BYTES", labels, "2.5e11")
+        + sample_line("DCGM_FI_PROF_NVLINK_RX_BYTES", labels, "2.4e11")
+        + sample_line("DCGM_FI_PROF_SM_ACTIVE", {**labels, "gpu": "1", "UUID": "GPU-b"}, "0.5")
+    )
+    r = parse(text)
+    a, b = sorted(rows(r), key=lambda g: g["gpu"])
+    assert math.isclose(a["sm_active"], 0.18, rel_tol=1e-6) and a["pcie_rx_bytes_per_s"] == pytest.approx(11e9, rel=1e-6)
+    assert a["nvlink_tx_bytes_per_s"] == pytest.approx(2.5e11, rel=1e-6) and a["nvlink_rx_bytes_per_s"] == pytest.approx(2.4e11, rel=1e-6)
+    assert (b["pcie_rx_bytes_per_s"], b["nvlink_tx_bytes_per_s"], b["nvlink_rx_bytes_per_s"]) == (None, None, None)
+
+
+def test_foreign_processes_are_summed_over_the_intruding_jobs():
+    """gpufleet_gpu_foreign_processes has one series per GPU and intruding job: the GPU's column is
+    their sum (the real H200 capture: two jobs' processes on a GPU the job map says is free); a
+    GPU without such a series has NULL, and a bad count is rejected with its line."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "nvml-h200" / "two_jobs_shared.prom").read_text()
+    [g] = [r for r in rows(parse(text)) if r["gpu"] == 0]
+    assert g["foreign_processes"] == 2 and g["compute_processes"] == 2
+    labels = {"gpu": "1", "UUID": "GPU-b", "Hostname": "n1"}
+    r = parse(sample_line("DCGM_FI_DEV_GPU_TEMP", labels, "40")
+              + sample_line("gpufleet_gpu_foreign_processes", {**labels, "job_id": "7"}, "-1"))
+    assert [x["foreign_processes"] for x in rows(r)] == [None]
+    assert r.rejected == 1 and "gpufleet_gpu_foreign_processes value -1" in r.problems[0]

@@ -125,6 +125,23 @@ def test_control_dir_overrides_and_survives_garbage(tmp_path, caplog):
     assert "ignoring simulator control file" in caplog.text
 
 
+def test_control_fields_drive_the_profiling_rates_where_profiling_is_on(tmp_path, caplog):
+    """A control file's `fields` publish PCIe and NVLink rates (absent otherwise) on a profiled GPU
+    (the demo's input-bound and all-reduce jobs); not on a GPU without profiling; a name that is not
+    a profiling field of the catalogue makes the file ignored, with a warning."""
+    b = backend({"model": "h100", "gpus": 1, "control_dir": str(tmp_path)})
+    g0 = b.devices()[0]
+    assert "DCGM_FI_PROF_PCIE_RX_BYTES" not in b.read(g0).fields
+    (tmp_path / "0.toml").write_text("utilization = 60\nfields = { DCGM_FI_PROF_SM_ACTIVE = 0.18, DCGM_FI_PROF_PCIE_RX_BYTES = 1.1e10 }\n")
+    f = b.read(g0).fields
+    assert (f["DCGM_FI_PROF_SM_ACTIVE"], f["DCGM_FI_PROF_PCIE_RX_BYTES"], f["DCGM_FI_DEV_GPU_UTIL"]) == (0.18, 1.1e10, 60)
+    off = backend({"model": "a100", "gpus": 1, "control_dir": str(tmp_path)})
+    assert "DCGM_FI_PROF_PCIE_RX_BYTES" not in off.read(off.devices()[0]).fields
+    (tmp_path / "0.toml").write_text("utilization = 60\nfields = { DCGM_FI_DEV_GPU_TEMP = 99 }\n")
+    assert b.read(g0).fields["DCGM_FI_DEV_GPU_TEMP"] != 99
+    assert "not a profiling field of the catalogue" in caplog.text
+
+
 @pytest.mark.parametrize(
     "doc, fragment",
     [

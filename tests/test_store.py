@@ -426,3 +426,25 @@ def test_scrape_rounds_with_jobs_ending_read_as_the_full_upsert(tmp_path):
         full.commit(batch())
     assert True in shifts and False in shifts  # both ways were taken
     assert_same_tables(fast, full, tmp_path)
+
+
+def test_sample_files_from_before_a_column_was_added_read_it_as_null(tmp_path):
+    """A store upgraded in place keeps its old sample files: a column added since (the NVLink
+    rates) reads as NULL (unknown) for their rows, whichever file comes first, never as an error."""
+    import pyarrow.parquet as pq
+
+    added = ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="old", samples=samples([T0], [5])))
+    w.publish()
+    for f in (tmp_path / "samples").rglob("*.parquet"):  # as the gpufleet before the columns wrote it
+        pq.write_table(pq.read_table(f).drop_columns(list(added)), f)
+    con = open_reader(tmp_path)
+    assert con.execute(f"SELECT gpu_util, {', '.join(added)} FROM gpu_samples").fetchall() == [(5.0, None, None)]
+    new = samples([T0 + timedelta(minutes=1)], [6])
+    new = new.set_column(new.schema.get_field_index(added[1]), added[1], pa.array([7e9], pa.float32()))
+    w.commit(Batch(key="new", samples=new))
+    w.publish()
+    con = open_reader(tmp_path)
+    assert con.execute(f"SELECT gpu_util, {added[1]} FROM gpu_samples ORDER BY ts").fetchall() == [(5.0, None), (6.0, 7e9)]
+    w.close()

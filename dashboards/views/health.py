@@ -1,5 +1,5 @@
-"""Health: temperatures, XID/ECC/row-remap events, throttling, lost GPUs, exporter and collector
-freshness."""
+"""Health: temperatures, XID/ECC/row-remap events, throttling, lost GPUs, foreign processes,
+exporter and collector freshness."""
 
 from __future__ import annotations
 
@@ -89,6 +89,12 @@ def body(ctx: ui.Context) -> None:
                               "thermal_violation_s", "power_violation_s", "gpu_temp_max_c", "power_max_w") if not throttled.is_empty() else throttled,
              key="health_throttle", empty="No clock throttling reported in this window.",
              labels={"thermal_throttle_pct": "thermal % of samples", "power_throttle_pct": "power % of samples", "hw_slowdown_pct": "HW slowdown % of samples"})
+
+    st.subheader("Foreign processes")
+    st.caption("GPUs that ran processes of a Slurm job not allocated them (gpufleet_gpu_foreign_processes: the job escaped "
+               "its devices, or the job map is stale; alert GpuForeignProcesses). Most at once, and when, in the window.")
+    ui.table(h["foreign"], key="health_foreign", empty="No process of a job ran on a GPU it was not allocated in this window.",
+             labels={"foreign_processes_max": "most processes at once", "first_seen": "first seen", "last_seen": "last seen"})
 
     st.subheader("Policy actions failing")
     failing = data.policy(ctx.window.key, ctx.version)["failing"]

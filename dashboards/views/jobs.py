@@ -1,5 +1,6 @@
 """Jobs: search by job id, name, user or account; the per-job efficiency report (per-GPU
-utilization and memory over time, idle periods, MFU if known, the verdict and its rule)."""
+utilization and memory over time, idle periods, MFU if known, the verdict and its rule, and where
+the job's GPU time went)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ def report(window, job: dict) -> None:
     else:
         st.text(f"MFU: {res['mfu_error'] or 'unknown for this job (not in the MFU figures of this window)'}")
 
+    states_section(res)
+
     tl = res["timeline"]
     st.subheader("Per GPU")
     ui.table(r.per_gpu, key="job_gpus", labels={"data_h": "hours with data", "fb_used_max_mib": "memory high-water MiB"})
@@ -97,6 +100,37 @@ def report(window, job: dict) -> None:
     st.subheader("Idle periods")
     ui.table(r.idle_stretches, key="job_idle", empty="No idle stretch as long as the idle minimum.",
              labels={"s0": "from", "s1": "to"})
+
+
+def states_chart(df: pl.DataFrame) -> alt.Chart:
+    """One bar of the job's time with data, stacked by state (largest first)."""
+    return alt.Chart(df.with_row_index("order")).mark_bar().encode(
+        x=alt.X("share_pct:Q", title="share of the time with data, %", stack="zero", scale=alt.Scale(domain=[0, 100])),
+        color=alt.Color("state:N", title="state", sort=df["state"].to_list()), order=alt.Order("order:Q"),
+        tooltip=["state:N", alt.Tooltip("share_pct:Q", format=".1f"), alt.Tooltip("gpu_h:Q", format=",.2f"), "evidence:N"],
+    ).properties(height=60)
+
+
+def states_section(res: dict) -> None:
+    """Where the job's GPU time went (gpufleet.analytics.states): the stacked bar, each state with
+    its evidence and the fix to try, the states a missing field leaves unknown, and other jobs'
+    processes seen on the job's GPUs."""
+    st.subheader("Where the GPU time went")
+    js = res.get("states")
+    if js is None:
+        st.caption(res.get("states_error") or "Unknown: no GPU of this job is mapped in the window.")
+        return
+    df = js.table()
+    if df.is_empty():
+        st.caption("No time with data on this job's GPUs in the window.")
+        return
+    st.altair_chart(states_chart(df), width="stretch")
+    ui.table(df, key="job_states", labels={"gpu_h": "GPU-hours", "share_pct": "share %", "fix": "fix to try"})
+    for state, where in js.unknown.items():
+        st.caption(f"{state.replace('_', ' ')}: unknown on {'; '.join(where)} (the GPU does not publish these fields).")
+    foreign = [(g.gpu, g.foreign_max) for g in js.gpus if g.foreign_max]
+    st.text("Other jobs' processes on this job's GPUs: "
+            + (", ".join(f"{gpu} (up to {n:.0f})" for gpu, n in foreign) if foreign else "none reported"))
 
 
 def body(ctx: ui.Context) -> None:

@@ -11,6 +11,7 @@ overrides that GPU's utilization and processes while it exists, e.g.
     processes = [ { pid = 1234, used_memory_mib = 20000 } ]
     tensor_active = 0.45                      # optional, 0..1
     instances = { 1 = 30, 2 = 0 }             # optional: MIG GPU_I_ID -> utilization
+    fields = { DCGM_FI_PROF_PCIE_RX_BYTES = 1.1e10 }  # optional: profiling fields' values (whole GPU)
 
 so a Slurm job script in a test can make "its" GPU busy, idle, or held with no process, and the
 demo's simulated fleet can drive every GPU (and MIG slice) from its workload plan.
@@ -21,7 +22,10 @@ with GPM (H100, H200, B200: what the NVML backend reads through GPM) and absent 
 any model, as dcgm-exporter would. They follow the load: engine activity is the utilization,
 SM activity, occupancy, DRAM and FP32 pipe fixed shares of it, tensor activity the scenario's or
 control file's `tensor_active` (else _TENSOR_SHARE of the utilization); FP64 and FP16 pipes 0.
-PCIe and NVLink traffic are not modelled (absent).
+PCIe and NVLink traffic are not modelled (absent) unless a scenario trace or a control file's
+`fields` gives them; a control file's `fields` (DCGM_FI_PROF_* only) publish where profiling does:
+the demo drives SM activity, PCIe RX and NVLink traffic through them, so its jobs show where their
+time goes (gpufleet.analytics.states).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from gpufleet.config import ConfigError
 
 from gpufleet.exporter.backends.sim_models import SimModel
 from gpufleet.exporter.backends.sim_scenario import Scenario, SimGpuSpec, SimProcess, _Reader
-from gpufleet.exporter.fields import Readers, plan, read_fields
+from gpufleet.exporter.fields import FIELDS, Readers, plan, read_fields
 from gpufleet.exporter.model import GpuError, GpuIdentity, GpuProcess, GpuReading, MigInstance, SourceHealth, XidEvent
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,7 @@ class _Control:
     processes: tuple[SimProcess, ...] | None = None
     tensor_active: float | None = None
     instances: dict[int, float] = field(default_factory=dict)
+    fields: dict[str, float] = field(default_factory=dict)  # DCGM_FI_PROF_* -> value (whole GPU)
 
 
 _NO_CONTROL = _Control()
@@ -233,12 +238,16 @@ class SimBackend:
             procs = doc.get("processes")
             parsed = None if procs is None else tuple(r.process(p, f"processes[{i}]") for i, p in enumerate(procs))
             instances = {int(k): r.number(doc["instances"], k, "instances", None, minimum=0) for k in doc.get("instances", {})}
+            fields = {k: r.number(doc["fields"], k, "fields", None, minimum=0) for k in doc.get("fields", {})}
+            unknown = sorted(k for k in fields if not k.startswith("DCGM_FI_PROF_") or k not in FIELDS)
+            if unknown:
+                raise ValueError(f"fields: {', '.join(unknown)} not a profiling field of the catalogue (DCGM_FI_PROF_*)")
         except (tomllib.TOMLDecodeError, ConfigError, AttributeError, TypeError, ValueError) as e:
             if self._bad_control.get(path) != text:
                 self._bad_control[path] = text
                 log.warning("ignoring simulator control file %s: %s", path, e)
             return _NO_CONTROL
-        return _Control(util, parsed, tensor, instances)
+        return _Control(util, parsed, tensor, instances, fields)
 
     def _utilization(self, spec: SimGpuSpec, t: float, control: _Control) -> float:
         if control.utilization is not None:
@@ -297,6 +306,8 @@ class SimBackend:
                 instance_fields[gi] = read_fields(_MIG_INSTANCE, now.instance(inst_utils[gi], total, inst_used))
         else:
             fields = read_fields(_WHOLE_GPU, now)
+            if now.profiling:
+                fields.update(control.fields)
         for name, trace in spec.fields:  # the scenario's own traces win
             fields[name] = trace.at(t)
         return GpuReading(fields=fields, instance_fields=instance_fields)

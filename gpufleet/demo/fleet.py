@@ -27,8 +27,15 @@ STEP_S = 15  # the exporters' scrape interval
 HISTORY = timedelta(days=7)
 AHEAD = timedelta(hours=36)  # the plan runs on past "now", so live jobs start and end
 
-PROFILES = ("idle", "train", "stalled", "held", "notebook", "inference", "dev")
+PROFILES = ("idle", "train", "stalled", "held", "notebook", "inference", "dev",
+            # training jobs that lose their time one way each (gpufleet.analytics.states): a 20-minute
+            # model load, a data loader that starves the GPU, all-reduce-heavy with low tensor
+            # activity, one straggler GPU, checkpoints every 30 minutes costing 90 s (load.py)
+            "loading", "starved", "allreduce", "straggler", "checkpoint")
 PROFILE_CODE = {p: i for i, p in enumerate(PROFILES)}
+# every PATTERN_EVERY-th multi-GPU Slurm training job (in submission order) shows one of these
+PATTERNS = PROFILES[7:]
+PATTERN_EVERY = 3
 
 
 @dataclass(frozen=True)
@@ -290,8 +297,14 @@ class _Planner:
 
     def finish(self) -> tuple[Job, ...]:
         jobs = list(self.k8s)
+        trains = 0
         for i, (start, slots, partition, profile, end, state, submit, account, user, name, params, seed) in enumerate(sorted(self.slurm, key=lambda r: (r[6], r[0]))):
             job_id = str(481_000 + i)
+            if profile == "train" and len(slots) > 1:  # some multi-GPU training jobs lose time one way each
+                trains += 1
+                if trains % PATTERN_EVERY == 0:
+                    profile = PATTERNS[(trains // PATTERN_EVERY) % len(PATTERNS)]
+                    params = (1800.0, 90 / 1800, params[2], 0.0) if profile == "checkpoint" else params
             jobs.append(Job("hpc", "slurm", job_id, job_id, name, user, account, partition, profile, slots,
                             submit, start, end, state, params, seed))
         return tuple(sorted(jobs, key=lambda j: (j.start, j.job_key)))

@@ -112,6 +112,10 @@ def sample_table(df: pl.DataFrame) -> pa.Table:
         mem_clock_mhz=pl.when(pl.col("gpu_up") > 0).then(pl.col("mem_mhz")),
         xid_last="xid_last", ecc_dbe_vol="ecc_dbe_vol", gr_engine_active="gr_engine_active",
         tensor_active=pl.when(pl.col("gpu_instance").is_null()).then(pl.col("tensor")),
+        # the other profiling fields, as the simulated exporters publish them (live.py): whole GPUs
+        **{c: pl.when(pl.col("gpu_instance").is_null()).then(v) for c, v in (
+            ("sm_active", pl.col("sm_active")), ("pcie_rx_bytes_per_s", pl.col("pcie_rx")),
+            ("nvlink_rx_bytes_per_s", pl.col("nvlink") / 2), ("nvlink_tx_bytes_per_s", pl.col("nvlink") / 2))},
         compute_processes="procs", gpu_up="gpu_up",
     ).sort("host", "gpu_uuid", "gpu_instance", "ts").to_arrow()
     return schema.conform_samples(out)

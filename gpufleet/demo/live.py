@@ -212,7 +212,9 @@ def _control_toml(devices: list[tuple[Slot, Job | None, dict]]) -> str:
     lines = [f"processes = [{', '.join(procs)}]"]
     if devices[0][0].gpu_instance is None:
         v = devices[0][2]
-        lines += [f"utilization = {v['util']:.0f}", f"tensor_active = {v['tensor']:.4f}"]
+        lines += [f"utilization = {v['util']:.0f}", f"tensor_active = {v['tensor']:.4f}",
+                  f"fields = {{ DCGM_FI_PROF_SM_ACTIVE = {v['sm_active']:.4f}, DCGM_FI_PROF_PCIE_RX_BYTES = {v['pcie_rx']:.0f}, "
+                  f"DCGM_FI_PROF_NVLINK_RX_BYTES = {v['nvlink'] / 2:.0f}, DCGM_FI_PROF_NVLINK_TX_BYTES = {v['nvlink'] / 2:.0f} }}"]
     else:
         lines.append(f"utilization = {sum(v['util'] for _, _, v in devices) / len(devices):.1f}")
         lines.append("instances = { " + ", ".join(f'"{s.gpu_instance}" = {v["util"]:.0f}' for s, _, v in devices) + " }")

@@ -1,0 +1,256 @@
+"""Where a job's GPU time goes (gpufleet.analytics.states): each detector on synthetic samples
+with a known answer, and the invariants: the states partition the time with data, no state moves
+when a field it does not read changes, a planted checkpoint period and straggler are found."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.analytics import states as S
+from gpufleet.analytics.states import GpuSamples, Thresholds, job_states
+
+STEP = 15.0  # a scrape interval
+T = Thresholds(idle_threshold=5.0, idle_min_s=1800.0, max_gap_s=30.0)
+
+
+def gpu(util, *, name="n1:0", step=STEP, procs=1.0, sm=0.9, tensor=0.6, rx=1e8, nvl=1e9, a0=0.0, a1=None) -> GpuSamples:
+    """A GPU sampled every `step` s from 0 with these utilizations; the other columns constant
+    or per sample (None: the GPU does not publish the field)."""
+    util = np.asarray(util, dtype=float)
+    n = len(util)
+
+    def c(v):
+        if v is None:
+            return None
+        return np.full(n, float(v)) if np.isscalar(v) else np.asarray(v, dtype=float)
+
+    return GpuSamples(gpu=name, a0=a0, a1=n * step if a1 is None else a1, ts=np.arange(n) * step, util=util,
+                      procs=c(procs), sm_active=c(sm), tensor_active=c(tensor), pcie_rx=c(rx), nvlink=c(nvl))
+
+
+def minutes(m: float) -> int:
+    return int(round(m * 60 / STEP))
+
+
+def test_a_busy_gpu_is_all_compute():
+    js = job_states([gpu([90.0] * minutes(60))], T)
+    assert js.data_s == 3600 and js.seconds["compute"] == 3600
+    assert js.largest_loss is None and "tensor active 60%" in js.evidence["compute"]
+
+
+def test_startup_is_the_time_before_the_first_sustained_busy_stretch():
+    # 20 minutes of loading (a blip of 30 s busy inside it is not sustained), then training
+    util = [1.0] * minutes(10) + [80.0] * 2 + [1.0] * (minutes(10) - 2) + [90.0] * minutes(40)
+    js = job_states([gpu(util)], T)
+    assert js.seconds["startup"] == 20 * 60 and js.seconds["compute"] == 40 * 60
+    assert js.largest_loss == "startup"
+
+
+def test_a_gpu_never_busy_has_no_startup_but_idle_and_no_process():
+    util = [0.0] * minutes(60)
+    procs = [0.0] * minutes(20) + [1.0] * minutes(40)
+    js = job_states([gpu(util, procs=procs)], T)
+    assert (js.seconds["startup"], js.seconds["no_process"], js.seconds["idle"]) == (0, 20 * 60, 40 * 60)
+
+
+def test_checkpoints_every_30_minutes_costing_90_s():
+    period, cost = minutes(30), minutes(1.5)
+    util = []
+    for _ in range(6):
+        util += [95.0] * (period - cost) + [0.0] * cost
+    util += [95.0] * minutes(5)
+    js = job_states([gpu(util)], T)
+    c = js.checkpoints
+    assert c is not None and c.count == 6
+    assert c.period_s == pytest.approx(1800, rel=0.05) and c.cost_s == pytest.approx(90, rel=0.05)
+    assert js.seconds["checkpoint"] == 6 * 90 and js.seconds["pause"] == 0
+    assert "every 30 min, 90 s each" in js.evidence["checkpoint"]
+
+
+def test_irregular_dips_are_pauses_not_checkpoints():
+    util = []
+    for busy in (minutes(3), minutes(40), minutes(7), minutes(25)):
+        util += [95.0] * busy + [0.0] * minutes(1)
+    util += [95.0] * minutes(5)
+    js = job_states([gpu(util)], T)
+    assert js.checkpoints is None and js.seconds["checkpoint"] == 0 and js.seconds["pause"] == 4 * 60
+
+
+def test_input_bound_is_low_sm_activity_with_host_to_device_traffic():
+    n = minutes(60)
+    sm = [0.18] * (n // 2) + [0.9] * (n - n // 2)
+    js = job_states([gpu([60.0] * n, sm=sm, rx=11e9)], T)
+    assert js.seconds["input_bound"] == 1800 and js.seconds["compute"] == 1800
+    assert js.evidence["input_bound"] == "input-bound 50%: PCIe RX 11.0 GB/s while SM active 18%"
+
+
+def test_communication_bound_needs_several_gpus():
+    kw = dict(sm=0.4, tensor=0.05, nvl=2e11)
+    one = job_states([gpu([70.0] * minutes(30), **kw)], T)
+    assert one.seconds["communication_bound"] == 0 and one.seconds["compute"] == 1800
+    two = job_states([gpu([70.0] * minutes(30), name=f"n1:{i}", **kw) for i in range(2)], T)
+    assert two.seconds["communication_bound"] == 3600
+    assert "NVLink 200 GB/s while tensor active 5%" in two.evidence["communication_bound"]
+
+
+def test_a_straggler_is_named_and_costs_the_others_their_shortfall():
+    gpus = [gpu([95.0] * minutes(60), name=f"n1:{i}") for i in range(7)] + [gpu([60.0] * minutes(60), name="n1:7")]
+    js = job_states(gpus, T)
+    assert js.straggler["gpu"] == "n1:7"
+    assert js.seconds["straggler"] == pytest.approx(3600 * (95 - 60) / 95)
+    assert "GPU n1:7 at 60 % busy" in js.evidence["straggler"]
+
+
+def test_missing_profiling_fields_leave_busy_time_unresolved_and_say_which():
+    js = job_states([gpu([90.0] * minutes(30), sm=None, rx=None, procs=None)], T)
+    assert js.seconds["busy_unresolved"] == 1800 and js.seconds["compute"] == 0
+    assert js.unknown["input_bound"] == ["n1:0: DCGM_FI_PROF_PCIE_RX_BYTES, DCGM_FI_PROF_SM_ACTIVE"]
+    assert js.unknown["no_process"] == ["n1:0: gpufleet_gpu_compute_processes"]
+    assert "busy, not split without" in js.evidence["busy_unresolved"]
+
+
+def test_time_with_data_follows_max_gap_and_the_allocation():
+    g = gpu([90.0] * 4, step=60.0, a0=10.0, a1=200.0)  # samples at 0, 60, 120, 180; each holds 30 s
+    js = job_states([g], T)
+    assert js.data_s == 20 + 30 + 30 + 20
+
+
+# --- invariants ---
+
+_COLUMNS = ("util", "procs", "sm_active", "tensor_active", "pcie_rx", "nvlink")
+
+
+@st.composite
+def jobs(draw):
+    n_gpus = draw(st.integers(1, 3))
+    n = draw(st.integers(1, 60))
+    out = []
+    for k in range(n_gpus):
+        step = draw(st.sampled_from([10.0, 15.0, 45.0]))
+        util = draw(st.lists(st.sampled_from([0.0, 3.0, 20.0, 95.0, float("nan")]), min_size=n, max_size=n))
+
+        def col(values):
+            return draw(st.one_of(st.none(), st.lists(st.sampled_from(values), min_size=n, max_size=n).map(np.array)))
+
+        out.append(GpuSamples(gpu=f"h:{k}", a0=draw(st.sampled_from([0.0, 7.0])), a1=draw(st.sampled_from([n * step, n * step / 2])),
+                              ts=np.arange(n) * step, util=np.array(util), procs=col([0.0, 1.0, float("nan")]),
+                              sm_active=col([0.1, 0.9, float("nan")]), tensor_active=col([0.05, 0.7]),
+                              pcie_rx=col([1e6, 5e9]), nvlink=col([0.0, 5e10])))
+    return out
+
+
+SMALL = dataclasses.replace(T, idle_min_s=300.0, startup_busy_seconds=30.0, checkpoint_min_seconds=10.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs())
+def test_states_partition_the_time_with_data(gpus):
+    js = job_states(gpus, SMALL)
+    assert all(v >= -1e-9 for v in js.seconds.values())
+    assert sum(js.seconds.values()) == pytest.approx(js.data_s, abs=1e-6)
+    for g in js.gpus:
+        assert sum(g.seconds.values()) == pytest.approx(g.data_s, abs=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(jobs(), st.sampled_from(_COLUMNS[1:]), st.randoms(use_true_random=False))
+def test_no_state_moves_when_a_field_it_does_not_read_changes(gpus, column, rnd):
+    before = job_states(gpus, SMALL)
+    changed = []
+    for g in gpus:
+        values = rnd.choice([None, np.array([rnd.choice([0.0, 0.2, 1.0, 3e10, float("nan")]) for _ in g.ts])])
+        changed.append(dataclasses.replace(g, **{column: values}))
+    after = job_states(changed, SMALL)
+    for state in S.STATES:
+        if column not in S.READS[state]:
+            assert after.seconds[state] == before.seconds[state], state
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(10, 90), st.integers(2, 8), st.integers(6, 12))
+def test_a_planted_checkpoint_period_is_found_within_5_percent(period_min, cost_samples, count):
+    period = minutes(period_min)
+    util = []
+    for _ in range(count):
+        util += [95.0] * (period - cost_samples) + [0.0] * cost_samples
+    util += [95.0] * minutes(3)
+    js = job_states([gpu(util)], T)
+    assert js.checkpoints is not None
+    assert js.checkpoints.period_s == pytest.approx(period_min * 60, rel=0.05)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.data())
+def test_a_planted_straggler_is_named(n_gpus, data):
+    slow = data.draw(st.integers(0, n_gpus - 1))
+    fast, lag = data.draw(st.floats(70, 100)), data.draw(st.floats(0.2, 0.6))
+    gpus = [gpu([fast * (1 - lag) if i == slow else fast] * minutes(20), name=f"n{i}:0") for i in range(n_gpus)]
+    js = job_states(gpus, T)
+    assert js.straggler is not None and js.straggler["gpu"] == f"n{slow}:0"
+
+
+# --- one job from the store ---
+
+from gpufleet.analytics.core import Analysis  # noqa: E402
+from gpufleet.analytics.jobs import job_report, job_summaries  # noqa: E402
+from gpufleet.analytics.params import Params  # noqa: E402
+from gpufleet.analytics.states import job_breakdown  # noqa: E402
+from tests.test_analytics_golden import T as GT, fleet  # noqa: E402, F401 - the golden store fixture
+
+
+def test_a_stored_jobs_breakdown_covers_its_time_with_data_as_the_job_report_counts_it(fleet):  # noqa: F811
+    """The breakdown reads only the job's GPUs and window, and its time with data is the job
+    report's (one rule for a sample's reach), for every golden job."""
+    p = Params(GT(10), GT(12))
+    a = Analysis(fleet.reader(), p, now=GT(20))
+    t = Thresholds.of(p, {o.key: o.default for o in S.STATE_OPTIONS})
+    jobs = job_summaries(a)
+    assert not jobs.is_empty()
+    for job_id in jobs["job_id"].to_list():
+        r = job_report(a, job_id)
+        b = job_breakdown(fleet.reader(), p, job_id, t)
+        data_h = r.per_gpu["data_h"].sum() if not r.per_gpu.is_empty() else 0.0
+        if b is None:
+            assert data_h == 0, job_id
+            continue
+        assert b.data_s / 3600 == pytest.approx(data_h, abs=1e-9), job_id
+        assert sum(b.seconds.values()) == pytest.approx(b.data_s)
+    b101 = job_breakdown(fleet.reader(), p, "101", t)  # 45 min at 0 %, then 15 min at 80 %
+    assert b101.seconds["idle"] == pytest.approx(45 * 60) or b101.seconds["startup"] == pytest.approx(45 * 60)
+    assert job_breakdown(fleet.reader(), p, "nope", t) is None
+
+
+def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F811
+    from tests.test_analytics_jobs_cli import analyze
+
+    window = ("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--job", "101")
+    r = analyze(*window, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    w = json.loads(r.stdout)["job"]["where_time_goes"]
+    assert [s["state"] for s in w["states"]] == list(S.STATES)
+    assert sum(s["seconds"] for s in w["states"]) == pytest.approx(w["data_s"])
+    assert w["largest_loss"] in S.LOSSES
+    table = analyze(*window)
+    assert table.returncode == 0, table.stderr
+    assert "where the time went (1.00 GPU-hours with data)" in table.stdout
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[analytics.states]\nstartup_busy_seconds = -1\n")
+    bad = analyze("--config", str(cfg), *window)
+    assert bad.returncode == 2 and "[analytics.states]: startup_busy_seconds = -1: expected a number of seconds > 0" in bad.stderr
+
+
+def test_foreign_processes_are_reported_per_gpu_and_move_no_state():
+    n = minutes(30)
+    plain = job_states([gpu([90.0] * n)], T)
+    foreign = np.full(n, np.nan)
+    foreign[10:20] = [1.0] * 5 + [3.0] * 5
+    seen = job_states([dataclasses.replace(gpu([90.0] * n), foreign=foreign)], T)
+    assert plain.gpus[0].foreign_max is None and seen.gpus[0].foreign_max == 3.0
+    assert seen.seconds == plain.seconds
+    assert seen.to_json()["gpus"][0]["foreign_processes_max"] == 3.0
