@@ -908,14 +908,22 @@ class StoreWriter:
         written = 0
         for name in SEGMENTED:
             written += self._rewrite(name, [], horizon)
-            written += self._consolidate(name, horizon)
+            while True:  # a rewritten group takes the newest id, after segments it was older than: again until none moves
+                before = self._segment_rows(name)
+                written += self._consolidate(name, horizon)
+                if self._segment_rows(name) == before:
+                    break
         return written
+
+    def _segment_rows(self, name: str) -> list[tuple[int, int]]:
+        """(id, rows) of each segment of `name`, oldest first."""
+        return self.db.execute("SELECT id, rows FROM segments WHERE tbl = ? ORDER BY id", [name]).fetchall()
 
     def _settled(self, name: str) -> str:
         return SEGMENTED[name][1]
 
     def _consolidate(self, name: str, horizon: datetime) -> int:
-        segs = self.db.execute("SELECT id, rows FROM segments WHERE tbl = ? ORDER BY id", [name]).fetchall()
+        segs = self._segment_rows(name)
         corrections = dict(self.db.execute(
             f"SELECT -{SEG}, count(*) FROM {name} WHERE {SEG} < 0 AND {self._settled(name)} GROUP BY 1", {"h": horizon}).fetchall())
         groups: list[tuple[list[int], int]] = []  # oldest first: ([segment ids], rows)
