@@ -342,6 +342,8 @@ def test_slurmrestd_without_gpu_tres_is_said_and_filled_from_slurmctld(version, 
     said = [u["detail"] for u in manifest if u["kind"] == "accounting_without_gpus"]  # one per server (each on its port)
     assert said and all("add gres/gpu to AccountingStorageTRES in slurm.conf" in d and "never 0" in d for d in said)
     sample = c.metrics.registry.get_sample_value
+    assert sample("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "slurmctld"}) == 0  # at start: running
+    c.count_job_gpu_sources()  # as upkeep does
     assert sample("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "slurmctld"}) == 1
     assert sample("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "unknown"}) == 0
     w.close()
@@ -367,6 +369,7 @@ def test_sacct_routes_and_files_say_it_and_leave_the_count_unknown(tmp_path):
         ("601", None, None), ("602", None, None), ("603", None, None)]
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())["unrecognized"]
     assert sorted(u["source"] for u in manifest if u["kind"] == "accounting_without_gpus") == ["sacct", "sacct_json", "slurm_json"]
+    c.count_job_gpu_sources()  # as upkeep does (the first job batch counted 1)
     assert c.metrics.registry.get_sample_value("gpufleet_collect_jobs_gpus_fallback", {"cluster": "hpc", "gpus_source": "unknown"}) == 3
     w.close()
 

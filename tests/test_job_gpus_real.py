@@ -62,6 +62,7 @@ def test_a_jobs_gpus_survive_accounting_that_does_not_track_them(untracked, tmp_
     assert warned and FIX in warned[0]  # at start, in the log
     manifest = json.loads((store / "manifest.json").read_text())["unrecognized"]
     assert {u["source"] for u in manifest if u["kind"] == "accounting_without_gpus" and FIX in u["detail"]} >= {"slurmrestd", "sacct"}
+    col.count_job_gpu_sources()  # as upkeep does
     assert col.metrics.registry.get_sample_value("gpufleet_collect_jobs_gpus_fallback",
                                                  {"cluster": "gpufleet", "gpus_source": "slurmctld"}) >= 1
     w.close()
