@@ -354,3 +354,15 @@ def test_fleet_now_page_on_the_demo_store(fleet, store, monkeypatch):
         assert json.loads(at.container(key).dataframe[0].proto.columns)["compute_processes"]["type_config"]["format"] == "localized"
     idle = at.container("fleet_idle").dataframe[0].value
     assert idle["idle_since_text"].str.match(r"^(before )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$").all()
+
+
+def test_demo_policy_reads_no_squeue(tmp_path):
+    """The simulated Slurm has no squeue: with a Slurm client installed on the machine, reading
+    opt-out tags through it failed and left the demo's idle jobs alone every round."""
+    import tomllib
+
+    from gpufleet.analytics.policy import load_rules
+    from gpufleet.demo.run import config_text
+
+    doc = tomllib.loads(config_text(tmp_path, "127.0.0.1:8501", {"nlp": 1.0}, pdf=False))
+    assert load_rules(doc, "demo").options["squeue"] == ""

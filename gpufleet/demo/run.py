@@ -64,6 +64,7 @@ pdf = {'true' if pdf else 'false'}
 [policy]
 enforce = false                  # the idle-GPU policy plans only: the Jobs page, `gpufleet policy`
 email_domain = "example.org"
+squeue = ""                      # the simulated Slurm has no squeue to read opt-out tags from
 """
 
 
