@@ -116,15 +116,18 @@ class Browser:
         """Wait until the page has stopped changing and every chart of it is drawn (the data grid
         and Vega draw after Streamlit's script has run; right after a navigation the old page may
         still be there)."""
-        state = """(() => { const boxes = document.querySelectorAll('[data-testid="stVegaLiteChart"]');
+        state = """(() => { const a = document.querySelector('[data-testid="stApp"]');
+            if (!a || a.getAttribute('data-test-script-state') !== 'notRunning' || !document.querySelector('h1')) return -1;
+            const boxes = document.querySelectorAll('[data-testid="stVegaLiteChart"]');
             const drawn = Array.from(boxes).every(b => b.querySelector('svg .role-axis, canvas'));
-            return drawn ? document.querySelectorAll('[data-testid="stMain"] *').length : -1; })()"""
+            const n = document.querySelectorAll('[data-testid="stMain"] *').length;
+            return drawn && n > 0 ? n : -1; })()"""
         seen = [-2]
 
         def still() -> bool:
             time.sleep(1.0)
             now = self.js(state)
-            done = now is not None and now >= 0 and now == seen[0]
+            done = now is not None and now > 0 and now == seen[0]
             seen[0] = now
             return done
 
