@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.realstack.process import HarnessError
+from tests.realstack.process import HarnessError, wait_for
 from tests.support.browser import Browser
 from tests.support.demo_site import PAGES, build, serve
 from tests.test_dashboard_browser import ERROR_MARKERS, chromium_binary
@@ -54,6 +54,9 @@ def read(site, name: str, path: str, title: str) -> dict:
     """Open the page, screenshot it, and return what it shows (also kept as an artifact)."""
     b = site["browser"]
     b.load(site["url"] + path, timeout=240)
+    b.settle()
+    # every page shows a table or a chart once drawn (a rerun - a widget writing its default into the URL - redraws it)
+    wait_for(f"{name} to show its tables and charts", lambda: bool(b.tables() or b.charts()), timeout=60, interval=1.0)
     b.settle()
     got = {"title": (b.js("document.querySelector('h1') && document.querySelector('h1').innerText") or "").strip(),
            "tables": b.tables(), "charts": b.charts(), "dom": b.dom()}

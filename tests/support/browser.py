@@ -90,7 +90,7 @@ class Browser:
         """Open `url`; return the seconds until Streamlit is connected, done running and shows a title."""
         t0 = time.monotonic()
         self.call("Page.navigate", url=url)
-        time.sleep(0.3)
+        time.sleep(1.0)  # (Page.navigate returns before the new document has replaced the old one)
         ready = """(() => { const a = document.querySelector('[data-testid="stApp"]');
             return !!a && a.getAttribute('data-test-connection-state') === 'CONNECTED'
                 && a.getAttribute('data-test-script-state') === 'notRunning'
@@ -113,11 +113,25 @@ class Browser:
         return self.js("document.documentElement.outerHTML")
 
     def settle(self, timeout: float = 60) -> None:
-        """Wait until every chart of the page is drawn (Vega draws after Streamlit's script has run)."""
-        drawn = """(() => { const boxes = document.querySelectorAll('[data-testid="stVegaLiteChart"]');
-            return Array.from(boxes).every(b => b.querySelector('svg .role-axis, canvas')); })()"""
-        wait_for("the page's charts to be drawn", lambda: bool(self.js(drawn)), timeout=timeout, interval=0.5)
-        time.sleep(0.5)
+        """Wait until the page has stopped changing and every chart of it is drawn (the data grid
+        and Vega draw after Streamlit's script has run; right after a navigation the old page may
+        still be there)."""
+        state = """(() => { const a = document.querySelector('[data-testid="stApp"]');
+            if (!a || a.getAttribute('data-test-script-state') !== 'notRunning' || !document.querySelector('h1')) return -1;
+            const boxes = document.querySelectorAll('[data-testid="stVegaLiteChart"]');
+            const drawn = Array.from(boxes).every(b => b.querySelector('svg .role-axis, canvas'));
+            const n = document.querySelectorAll('[data-testid="stMain"] *').length;
+            return drawn && n > 0 ? n : -1; })()"""
+        seen = [-2]
+
+        def still() -> bool:
+            time.sleep(1.0)
+            now = self.js(state)
+            done = now is not None and now > 0 and now == seen[0]
+            seen[0] = now
+            return done
+
+        wait_for("the page to settle with its charts drawn", still, timeout=timeout, interval=0.1)
 
     def tables(self) -> dict:
         return self.js(TABLE_CELLS_JS) or {}
