@@ -37,6 +37,7 @@ samples, so a job's breakdown costs its GPUs x samples, whatever the fleet's siz
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -433,6 +434,9 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
     first = al.row(0, named=True)  # one job: the first cluster's, where an id repeats across clusters
     al = al.filter((pl.col("cluster") == first["cluster"]) & (pl.col("job_key") == first["job_key"])).with_row_index("k")
     cur.register("_job_al", al.with_columns(pl.col("k").cast(pl.Int64)).to_arrow())
+    epoch0 = datetime(1970, 1, 1)
+    bind.update(lo=epoch0 + timedelta(seconds=al["a0"].min()) - p.max_gap, hi=epoch0 + timedelta(seconds=al["a1"].max()),
+                host_lo=al["host"].min(), host_hi=al["host"].max())
     rows = pl.from_arrow(cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table())
     cur.close()
     parts = {key[0]: part for key, part in rows.partition_by("k", as_dict=True).items()}
