@@ -1249,7 +1249,9 @@ ORDER BY a.cluster, a.job_key, a.host, a.gpu, a.gpu_instance
 # max_gap before each allocation to its end, with the fields the states read: utilization as
 # LINE_COLUMNS has it (NaN: not reported), NVLink RX + TX (NULL when neither is published), the
 # share of a GPU its time counts as (gpu_equiv); and other jobs' processes on the GPU (read by no state).
-# The host condition lets DuckDB skip row groups (compaction sorts files by host).
+# $lo, $hi: from max_gap before the first allocation's start to the last one's end; $host_lo,
+# $host_hi: the job's hosts' range. Constants, so DuckDB skips the files and row groups outside
+# them (compaction sorts files by host); the join then keeps each allocation's own stretch.
 JOB_STATE_SAMPLES = f"""
 SELECT al.k, s.gpu, epoch(s.ts) AS ts, {LINE_COLUMNS.format(s="s.")},
        s.compute_processes::DOUBLE AS procs, s.sm_active::DOUBLE AS sm_active, s.tensor_active::DOUBLE AS tensor_active,
@@ -1260,7 +1262,7 @@ SELECT al.k, s.gpu, epoch(s.ts) AS ts, {LINE_COLUMNS.format(s="s.")},
 FROM gpu_samples s
 JOIN _job_al al ON al.cluster IS NOT DISTINCT FROM s.cluster AND al.host = s.host AND al.gpu_uuid = s.gpu_uuid AND al.gi = coalesce(s.gpu_instance, -1)
  AND epoch(s.ts) >= al.a0 - $max_gap AND epoch(s.ts) < al.a1
-WHERE s.host IN (SELECT host FROM _job_al) AND s.ts >= $start - to_seconds($max_gap) AND s.ts < $end
+WHERE s.host >= $host_lo AND s.host <= $host_hi AND s.ts >= $lo AND s.ts < $hi
 ORDER BY al.k, s.ts
 """
 

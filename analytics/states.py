@@ -37,6 +37,7 @@ samples, so a job's breakdown costs its GPUs x samples, whatever the fleet's siz
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -219,18 +220,16 @@ def _intervals(s: GpuSamples, max_gap_s: float) -> tuple[np.ndarray, np.ndarray,
 
 
 def _runs(flag: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
-    """[i, j) ranges of consecutive intervals with `flag`, broken where time is not contiguous."""
-    out, i, n = [], 0, len(flag)
-    while i < n:
-        if not flag[i]:
-            i += 1
-            continue
-        j = i + 1
-        while j < n and flag[j] and start[j] == end[j - 1]:
-            j += 1
-        out.append((i, j))
-        i = j
-    return out
+    """[i, j) ranges of consecutive intervals with `flag`, broken where time is not contiguous
+    (vectorised: a week of a GPU is 40,000 intervals)."""
+    n = len(flag)
+    if n == 0:
+        return []
+    joined = np.zeros(n, dtype=bool)  # interval i continues interval i - 1's run
+    joined[1:] = flag[1:] & flag[:-1] & (start[1:] == end[:-1])
+    first = np.flatnonzero(flag & ~joined)
+    last = np.flatnonzero(flag & ~np.append(joined[1:], False)) + 1
+    return list(zip(first.tolist(), last.tolist()))
 
 
 def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
@@ -246,8 +245,9 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
     low = util < t.idle_threshold
 
     # startup: everything before the first busy run of startup_busy_seconds
+    cum = np.concatenate(([0.0], np.cumsum(dur)))
     for i, j in _runs(~low, start, end):
-        if dur[i:j].sum() >= t.startup_busy_seconds:
+        if cum[j] - cum[i] >= t.startup_busy_seconds:
             state[:i] = code["startup"]
             break
     free = state < 0
@@ -256,7 +256,7 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
     # low runs: idle when long, else a dip between busy samples (checkpoint or pause)
     dips: list[tuple[int, int]] = []
     for i, j in _runs(low, start, end):
-        length = dur[i:j].sum()
+        length = cum[j] - cum[i]
         take = state[i:j] < 0
         if length >= t.idle_min_s:
             state[i:j][take] = code["idle"]
@@ -265,7 +265,7 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
             bounded = i > 0 and j < n and start[i] == end[i - 1] and end[j - 1] == start[j] and (state[i - 1] != code["startup"])
             if bounded and length >= t.checkpoint_min_seconds:
                 dips.append((i, j))
-    checkpoints = _checkpoint_rhythm([start[i] for i, _ in dips], [dur[i:j].sum() for i, j in dips], t)
+    checkpoints = _checkpoint_rhythm([start[i] for i, _ in dips], [cum[j] - cum[i] for i, j in dips], t)
     if checkpoints is not None:
         for i, j in dips:
             sub = state[i:j]
@@ -434,6 +434,9 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
     first = al.row(0, named=True)  # one job: the first cluster's, where an id repeats across clusters
     al = al.filter((pl.col("cluster") == first["cluster"]) & (pl.col("job_key") == first["job_key"])).with_row_index("k")
     cur.register("_job_al", al.with_columns(pl.col("k").cast(pl.Int64)).to_arrow())
+    epoch0 = datetime(1970, 1, 1)
+    bind.update(lo=epoch0 + timedelta(seconds=al["a0"].min()) - p.max_gap, hi=epoch0 + timedelta(seconds=al["a1"].max()),
+                host_lo=al["host"].min(), host_hi=al["host"].max())
     rows = pl.from_arrow(cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table())
     cur.close()
     parts = {key[0]: part for key, part in rows.partition_by("k", as_dict=True).items()}

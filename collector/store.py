@@ -1145,9 +1145,12 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     parts = read_manifests(root)
     con = duckdb.connect(":memory:")
     files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
-    if files:
-        # files written before a sample column was added (NVLink rates, schema 5) read it as NULL:
-        # union_by_name, or added here when no file has it yet
+    if files and _full_sample_schema(files):
+        con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM read_parquet({_sql_list(files)}, hive_partitioning = false)")
+    elif files:
+        # files written before a sample column was added (the NVLink rates, foreign processes) read
+        # it as NULL: union_by_name, or added here when no file has it yet. (Slower: only for a
+        # store whose oldest or newest day has such files.)
         source = f"read_parquet({_sql_list(files)}, hive_partitioning = false, union_by_name = true)"
         have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         columns = ", ".join(f'"{f.name}"' if f.name in have else f'NULL::{_duck_type(f.type)} AS "{f.name}"'
@@ -1399,6 +1402,18 @@ def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> st
                      f"ANTI JOIN {open_part} AS o ON {' AND '.join(f's.{k} = o.{k}' for k in keys)}")
     # by name: a segment written before a column was added reads it as NULL
     return " UNION ALL BY NAME ".join(parts)
+
+
+def _full_sample_schema(files: list[str]) -> bool:
+    """Whether the sample files of the store's oldest and newest days have every column of
+    SAMPLE_SCHEMA: columns are only ever added, so then every file between has them too, and the
+    view reads the files plainly. A few footers, not the whole store's."""
+    by_day: dict[str, list[str]] = {}
+    for f in files:
+        by_day.setdefault(Path(f).parent.name, []).append(f)
+    days = sorted(by_day)
+    want = set(schema.SAMPLE_SCHEMA.names)
+    return all(want <= set(pq.read_schema(f).names) for d in {days[0], days[-1]} for f in by_day[d])
 
 
 def _duck_type(t: pa.DataType) -> str:
