@@ -40,7 +40,7 @@ TABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collector.slurm_json", ("gpufleet.collector.config:SLURM_JSON",)),
     ("collector.kubernetes", ("gpufleet.collector.config:KUBERNETES",)),
     ("collector.retention", ("gpufleet.collector.config:RETENTION",)),
-    ("analytics", ("gpufleet.analytics.params:OPTIONS", "gpufleet.analytics.fairness:OPTIONS")),
+    ("analytics", ("gpufleet.analytics.params:OPTIONS", "gpufleet.analytics.fairness:OPTIONS", "gpufleet.analytics.reliability:OPTIONS")),
     ("dashboard", ("gpufleet.dashboards.config:OPTIONS",)),
     ("report", ("gpufleet.report.config:TOP",)),
     ("report.smtp", ("gpufleet.report.config:SMTP",)),
