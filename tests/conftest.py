@@ -145,13 +145,23 @@ def pytest_xdist_make_scheduler(config, log):
 # those below, which take seconds each (a demo week, hypothesis over many stores, a wheel built and
 # installed, Dask clusters, subprocess pipelines). Measured with --durations; the full run has them all.
 SLOW = (
+    # whole files: a demo week, stores checked against the raw oracle under hypothesis, CLI and
+    # collector subprocesses, wheels built and installed, Dask clusters
     "tests/test_demo.py", "tests/test_demo_command.py", "tests/test_e2e_pipeline.py", "tests/test_packaging.py",
-    "tests/test_analytics_ledger.py", "tests/test_summaries_rebuild.py", "tests/test_tasks.py",
+    "tests/test_analytics_ledger.py", "tests/test_analytics_summaries.py", "tests/test_analytics_properties.py",
+    "tests/test_analytics_jobs_cli.py", "tests/test_summaries_rebuild.py", "tests/test_tasks.py",
+    "tests/test_collector_real.py", "tests/test_collector_shards_real.py", "tests/test_collector_crash_real.py",
+    # single tests of several seconds
     "tests/test_analytics_mfu.py::test_every_filtered_mfu_row_is_its_row_of_the_unfiltered_table",
     "tests/test_analytics_mfu.py::test_every_job_is_decided_as_the_row_by_row_rule_decides_it",
     "tests/test_analytics_job_timeline.py::test_job_timeline_matches_the_sql_definition",
+    "tests/test_analytics_gputime.py::test_arrays_match_the_sql_definitions",
     "tests/test_dashboard_analytics.py::test_fleet_now_runs_follow_the_rules_sample_by_sample",
-    "tests/test_analytics_jobs_cli.py::test_cli_table_and_errors",
+    "tests/test_report.py::test_recompute_command_runs_as_printed_and_gives_the_same_figures",
+    "tests/test_report_email.py::test_scheduled_job_mails_fleet_and_team_reports_over_starttls",
+    "tests/test_analytics_states.py::test_analyze_job_prints_and_emits_the_breakdown",
+    "tests/test_reliability.py::test_each_attempt_classified_exactly_once",
+    "tests/test_reliability.py::test_cli_reliability_json_and_table",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
                            "alertmanager_bin", "amtool"}
