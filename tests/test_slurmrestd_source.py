@@ -279,3 +279,14 @@ def test_json_files_good_ones_kept_bad_ones_reported(tmp_path):
     assert keys == {"501", "512", "520", "7745162", "7725337"}  # a.json and b.json, every job (ended ones too)
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())["unrecognized"]
     assert [(u["input"], u["kind"]) for u in manifest] == [(str(tmp_path / "c.json"), "not_json")]
+
+
+def test_slurmdbds_nothing_found_with_query_is_an_empty_window_not_a_failure():
+    """Slurm 22.05's slurmrestd answers a window without jobs with this error (seen on the real
+    cluster of tests/realstack/slurm.py): no jobs, read successfully."""
+    from gpufleet.collector.sources.slurm_json import jobs_batch
+
+    answer = json.dumps({"jobs": [], "errors": [{"error": "Nothing found with query", "description": "Nothing found",
+                                                 "source": "slurmdb_jobs_get", "error_number": 0}]})
+    batch = jobs_batch(answer, key="k", input="http://slurmrestd/slurmdb/v0.0.38/jobs", cluster="c", now=datetime(2026, 11, 20))
+    assert batch.jobs == [] and batch.problems == []

@@ -289,13 +289,21 @@ def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: da
     jobs, rejected, problems = parse_slurmrestd_jobs(doc, cluster, now, tracks_gpus)
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
         raise SourceError(f"{input}: {problems[0]}", [Unrecognized(input, "no_jobs_list", problems[0])])
-    errors = [error_text(e) for e in doc.get("errors") or []]
+    errors = [error_text(e) for e in doc.get("errors") or [] if not _no_jobs_in_window(e)]
     if errors and not jobs:
         raise SourceError(f"{input}: Slurm answered with errors: {'; '.join(errors[:3])}")
     for job in jobs:
         job["source"] = source
     return Batch(key=key, jobs=latest_per_key(jobs), rejected=rejected,
                  problems=([f"Slurm reported: {e}" for e in errors[:3]] + problems)[:MAX_PROBLEMS_PER_BATCH])
+
+
+def _no_jobs_in_window(e: Any) -> bool:
+    """slurmdbd's way (Slurm 22.05's slurmdb_jobs_get, seen on a real cluster) of saying a window
+    holds no job: an empty answer, not a failed read. Any other "Nothing found" (a description
+    naming why, e.g. slurmdbd down) is still an error."""
+    return (isinstance(e, dict) and e.get("source") == "slurmdb_jobs_get"
+            and {e.get("error"), e.get("description")} == {"Nothing found", "Nothing found with query"})
 
 
 def error_text(e: Any) -> str:
