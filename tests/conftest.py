@@ -9,32 +9,23 @@ from pathlib import Path
 import pytest
 
 from tests.realstack import prometheus as prom
-from tests.realstack.policy import unavailable
 from tests.realstack.slurm import SlurmCluster, start_slurm
-from tests.support.shared_data import ABSENT_REASON, is_absent_shared_file
+from tests.support.shared_data import absent_shared_data_is_unavailable
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A test that opens a file of ../shared/data where the folder is absent skips with one line
     (fails under CI=true), instead of erroring with a traceback."""
-    try:
+    with absent_shared_data_is_unavailable():
         return (yield)
-    except Exception as error:  # noqa: BLE001 - re-raised unless it is the absent folder
-        if is_absent_shared_file(error):
-            unavailable(ABSENT_REASON)
-        raise
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     """The same for a fixture that reads ../shared/data."""
-    try:
+    with absent_shared_data_is_unavailable():
         return (yield)
-    except Exception as error:  # noqa: BLE001 - re-raised unless it is the absent folder
-        if is_absent_shared_file(error):
-            unavailable(ABSENT_REASON)
-        raise
 
 
 @pytest.fixture(scope="session")
