@@ -24,7 +24,7 @@ from gpufleet.collector.sources.slurm_parse import (
     tres_gpus,
 )
 from gpufleet.collector.sources.slurm_json import parse_slurmrestd_jobs
-from tests.support.shared_data import SHARED_DATA
+from tests.support.shared_data import SHARED_DATA, shared_json_params
 
 DATA = SHARED_DATA / "slurm"
 NOW = datetime(2026, 11, 20, 12, 0, 0)
@@ -137,9 +137,7 @@ def test_xdmod_job_arrays():
     assert {(j["state"], j["gpus"], j["alloc_tres"], j["het_job_id"]) for j in jobs} == {("TIMEOUT", None, None, None)}
 
 
-@pytest.mark.parametrize(
-    "tres,expected", json.loads((DATA / "sacct" / "xdmod_alloc-tres-gpu-count.json").read_text())
-)
+@pytest.mark.parametrize("tres,expected", shared_json_params("slurm/sacct/xdmod_alloc-tres-gpu-count.json", 2))
 def test_xdmod_alloc_tres_gpu_count(tres, expected):
     assert alloc_tres_gpu_count(tres) == expected
 

@@ -8,15 +8,24 @@ and under CI=true fails instead: CI always has it. Data the project makes itself
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from tests.realstack.policy import unavailable
 
 SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 ABSENT_REASON = (f"../shared/data is absent (looked for {SHARED_DATA}): this test reads other projects' "
                  "real outputs from it; run the tests from a checkout beside shared/")
+
+
+def require_shared_data() -> None:
+    """For a test that checks what SHARED_DATA holds without opening a file of it."""
+    if not SHARED_DATA.is_dir():
+        unavailable(ABSENT_REASON)
 
 
 def shared_glob(subdir: str, pattern: str) -> list[Path]:
@@ -26,6 +35,15 @@ def shared_glob(subdir: str, pattern: str) -> list[Path]:
     if not SHARED_DATA.is_dir():
         return [SHARED_DATA / subdir / "absent"]
     return sorted((SHARED_DATA / subdir).glob(pattern))
+
+
+def shared_json_params(relpath: str, arity: int) -> list:
+    """The parameter sets a JSON file of SHARED_DATA holds, for parametrize. Without the folder: one
+    set of `arity` Nones marked shared_data_absent, which conftest turns into the skip (or the CI
+    failure) before the test runs."""
+    if not SHARED_DATA.is_dir():
+        return [pytest.param(*([None] * arity), marks=pytest.mark.shared_data_absent, id="shared-data-absent")]
+    return json.loads((SHARED_DATA / relpath).read_text())
 
 
 def is_absent_shared_file(error: BaseException) -> bool:
