@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
@@ -154,8 +155,9 @@ def test_the_page_shows_the_warmed_figures_without_computing(served, monkeypatch
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     assert len(made) == n  # nor the Health page: its GPU health was computed ahead too
     shown = at.container("health_warm").dataframe[0].value
-    assert shown["preset"].tolist() == ["24h"] and shown["error"].isna().all()
-    assert shown["end"].iloc[0].to_pydatetime() == b.window.end
+    # as the one table formatter writes them: no failure is a dash, the end a UTC time
+    assert shown["preset"].tolist() == ["24h"] and shown["error"].tolist() == [ui.people(pl.DataFrame({"error": [None]}, schema={"error": pl.Utf8}))["error"][0]]
+    assert shown["end"].iloc[0] == f"{b.window.end:%Y-%m-%d %H:%M:%S}"
 
 
 def test_periods_and_settings():
