@@ -116,9 +116,10 @@ class Thresholds:
 
     @classmethod
     def of(cls, p: Any, opts: Mapping[str, Any]) -> "Thresholds":
-        """The analysis' thresholds (Params) with the validated [analytics.states] options."""
+        """The analysis' thresholds (Params) with the validated [analytics.states] options (a key
+        not given: its default, as a configuration without the section has)."""
         return cls(idle_threshold=p.idle_threshold, idle_min_s=p.idle_min_duration.total_seconds(),
-                   max_gap_s=p.max_gap.total_seconds(), **{o.key: opts[o.key] for o in STATE_OPTIONS})
+                   max_gap_s=p.max_gap.total_seconds(), **{o.key: opts.get(o.key, o.default) for o in STATE_OPTIONS})
 
 
 @dataclass
