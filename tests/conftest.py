@@ -130,15 +130,25 @@ def pytest_xdist_make_scheduler(config, log):
     scopes = _scheduling_scopes()
 
     class SharedFixtureScheduling(LoadScopeScheduling):
+        started = False
+
         def _split_scope(self, nodeid: str) -> str:
             return scopes.get(nodeid.split("::", 1)[0], nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.started:  # the long ones first (the Slurm group, SLOW), so they do not trail the run
+                self.started = True
+                for scope in [s for s, ids in self.workqueue.items() if s == "slurm" or any(i.startswith(SLOW) for i in ids)]:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return SharedFixtureScheduling(config, log)
 
 
 # The quick tier (`./scripts/test -m quick`): every test but those that start a real component and
 # those below, which take seconds each (a demo week, hypothesis over many stores, a wheel built and
-# installed, Dask clusters, subprocess pipelines). Measured with --durations; the full run has them all.
+# installed, Dask clusters, subprocess pipelines). Measured with --durations; the full run has them
+# all, and starts them first.
 SLOW = (
     # whole files: a demo week, stores checked against the raw oracle under hypothesis, CLI and
     # collector subprocesses, wheels built and installed, Dask clusters
@@ -157,6 +167,10 @@ SLOW = (
     "tests/test_analytics_states.py::test_analyze_job_prints_and_emits_the_breakdown",
     "tests/test_reliability.py::test_each_attempt_classified_exactly_once",
     "tests/test_reliability.py::test_cli_reliability_json_and_table",
+    "tests/test_store_segments.py::test_readers_see_the_full_snapshot_after_any_history",
+    "tests/test_rollup_days.py::test_rollups_equal_the_rollup_of_the_samples_whatever_the_order",
+    "tests/test_health_summaries.py::test_health_summaries_rebuilt_after_late_data_are_a_fresh_build",
+    "tests/test_summaries_outlive_samples.py::test_figures_of_hours_kept_as_summaries_add_up_and_keep_their_whole_buckets",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
                            "alertmanager_bin", "amtool"}
