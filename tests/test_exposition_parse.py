@@ -22,7 +22,7 @@ from gpufleet.collector.exposition_parse import DCGM_BLANK_THRESHOLD, parse_expo
 from gpufleet.collector.schema import SAMPLE_SCHEMA
 from gpufleet.exporter.jobmap.base import JobBinding
 from tests.test_exporter_output import StaticSource, make_poller
-from tests.support.shared_data import SHARED_DATA, shared_glob
+from tests.support.shared_data import SHARED_DATA, require_shared_data, shared_glob
 
 DATA = SHARED_DATA
 DCGM = DATA / "dcgm-exporter"
@@ -175,6 +175,7 @@ def test_l4_remapped_rows_and_fb_total_from_parts():
 
 
 def test_every_saved_dump_has_asserted_values_above():
+    require_shared_data()
     assert [p.name for p in FIXTURES] == [
         "a800x8_mig-2g.20gb_dcgm3x_subset.prom", "h100x8_k8s_pod-labels_dcgm4x_aicr.prom", "l4_aws_dcgm4x_kops.prom",
         "legacy_v1_pod-gpu-metrics-exporter_pod_name-labels.prom", "readme_quickstart_sentinel-value_space-after-comma.prom",
