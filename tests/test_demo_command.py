@@ -56,6 +56,8 @@ def _fleet_now_on_the_live_store(root, history_end) -> None:
 def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
     """The README's main command: backfill, live exporters, collector, dashboard, report; then
     SIGINT (what Ctrl-C sends) stops it with exit 0 and leaves no child process behind."""
+    # generous deadlines, polled: the run starts the longest tests together with this one, and a
+    # deadline that a loaded machine misses is a timing race, not a test
     port = free_port()
     log = tmp_path / "demo.out"
     proc = subprocess.Popen(
@@ -64,10 +66,10 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
         stdout=open(log, "wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        wait_for("the demo to print its URLs", lambda: "Ctrl-C stops the demo" in log.read_text(), timeout=240)
+        wait_for("the demo to print its URLs", lambda: "Ctrl-C stops the demo" in log.read_text(), timeout=600)
         out = log.read_text()
         assert f"dashboard          http://127.0.0.1:{port}/" in out and "backfilling a week of history" in out
-        wait_for("the dashboard", lambda: dashboard_healthy(port, timeout=5), timeout=90)
+        wait_for("the dashboard", lambda: dashboard_healthy(port, timeout=5), timeout=300)
         store = open_reader(tmp_path / "w" / "store")
         history_end = store.execute("SELECT max(ts) FROM gpu_samples").fetchone()[0]
 
@@ -75,8 +77,8 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
             con = open_reader(tmp_path / "w" / "store")
             return con.execute("SELECT count(DISTINCT cluster) FROM gpu_samples WHERE ts > ?", [history_end]).fetchone()[0] == 2
 
-        wait_for("the collector to store live scrapes of both clusters", live_rows, timeout=90)
-        wait_for("the weekly report", lambda: "weekly report written" in log.read_text(), timeout=300)
+        wait_for("the collector to store live scrapes of both clusters", live_rows, timeout=300)
+        wait_for("the weekly report", lambda: "weekly report written" in log.read_text(), timeout=600)
         reports = sorted(p.suffix for p in (tmp_path / "w" / "reports").iterdir())
         assert ".html" in reports and ".txt" in reports
         text = next((tmp_path / "w" / "reports").glob("*.txt")).read_text()
