@@ -43,11 +43,17 @@ def _report_recomputes_as_printed(text: str, cwd) -> None:
 def _fleet_now_on_the_live_store(root, history_end) -> None:
     """Fleet now with live scrapes after the backfilled history: 159 of 160 physical GPUs report,
     the lost GPU shows XID 79, and idle GPUs are idle since their history, not the live start."""
-    now = utcnow()
-    p = Params(start=now - timedelta(days=1), end=now)
-    states = fn.gpu_states(open_reader(root), p, now)
-    s = fn.summarize(states, p, now)
-    assert (s.gpus, s.reporting, s.lost) == (160, 159, 1), s
+    seen = {}
+
+    def counted() -> bool:  # until every exporter's first live scrape is stored (slow on a loaded machine)
+        now = utcnow()
+        p = Params(start=now - timedelta(days=1), end=now)
+        seen["states"] = fn.gpu_states(open_reader(root), p, now)
+        seen["s"] = s = fn.summarize(seen["states"], p, now)
+        return (s.gpus, s.reporting, s.lost) == (160, 159, 1)
+
+    wait_for("Fleet now: 159 of 160 GPUs reporting, 1 lost", counted, timeout=300, interval=5)
+    states = seen["states"]
     assert states.filter(pl.col("status") == "lost")["last_xid"].to_list() == [79]
     idle = states.filter(pl.col("idle_allocated"))
     assert idle.height and idle.filter(pl.col("idle_since") <= history_end).height >= idle.height / 2, idle["idle_since"].to_list()
