@@ -137,8 +137,9 @@ def _serve(args: argparse.Namespace, fleet, workdir: Path, config: Path, out: Te
                                             name="collector", daemon=True)
         collector_thread.start()
         dashboard = _child(["dashboard", "--config", str(config)], workdir / "logs" / "dashboard.log")
-        report = _child(["report", "--config", str(config), "--from", fleet.start.isoformat(), "--to", fleet.now.isoformat(),
-                         "--out", str(workdir / "reports")], workdir / "logs" / "report.log")
+        report = _child(["report", "--config", str(config), "--from", fleet.start.isoformat(),
+                         "--to", settled_end(fleet.now).isoformat(), "--out", str(workdir / "reports")],
+                        workdir / "logs" / "report.log")
         host, port = args.listen.rsplit(":", 1)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
         exporters = live.urls("hpc")[:1] + live.urls("k8s")[:1]
@@ -178,6 +179,17 @@ def _serve(args: argparse.Namespace, fleet, workdir: Path, config: Path, out: Te
         live.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def settled_end(history_end):
+    """The latest end the weekly report can have whose figures no later sample changes: an idle
+    stretch crossing the window's end counts once it lasts idle_min_duration (and a sample stands
+    for up to max_gap), so a report ending nearer the history's end than that would differ from the
+    same command run a minute later, once the live scrapes have extended those stretches."""
+    from gpufleet.analytics.params import Params
+
+    p = Params(start=history_end, end=history_end)
+    return history_end - p.idle_min_duration - p.max_gap
 
 
 CAUGHT_UP = timedelta(seconds=5)  # the live exporters start when the stored history is this close to now
