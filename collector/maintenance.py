@@ -35,7 +35,7 @@ from gpufleet.collector import summaries
 from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_DAY_SQL, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
                                       ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
-from gpufleet.collector.store import StoreWriter, _sql_list, raw_retired, write_parquet
+from gpufleet.collector.store import StoreWriter, _sql_list, raw_retired, sample_source, write_parquet
 from gpufleet.collector.tasks import TaskRunner
 from gpufleet.times import epoch_us, floor_time, from_epoch_us
 
@@ -179,7 +179,7 @@ def build_summary_part(task: SummaryTask) -> str:
         for hour, sources, to in task.hours:
             h = datetime.fromisoformat(hour)
             end = datetime.fromisoformat(to) if to else h + timedelta(hours=1)
-            q = SUMMARY_SAMPLES.format(files=_sql_list([str(Path(task.root) / f) for f in sources]))
+            q = SUMMARY_SAMPLES.format(source=sample_source(con, [str(Path(task.root) / f) for f in sources]))
             rows = con.sql(q, params={"lo": h - gap, "hi": end + gap, "host_lo": task.host_lo,
                                       "host_hi": task.host_hi}).to_arrow_table()
             h0 = epoch_us(h)
@@ -344,11 +344,11 @@ def build_health_file(task: HealthTask) -> str:
     connection runs it: the same bytes wherever it runs (a sum's order follows the threads).
     Module-level: Dask sends it by name."""
     hour = datetime.fromisoformat(task.hour)
-    source = f"read_parquet({_sql_list([str(Path(task.root) / f) for f in task.sources])})"
-    q = HEALTH_FILE.format(source=source, where="ts >= $lo AND ts < $hi")
     hi = datetime.fromisoformat(task.to) if task.to else hour + timedelta(hours=1)
     con = duckdb.connect(":memory:", config={"threads": 1})
     try:
+        source = sample_source(con, [str(Path(task.root) / f) for f in task.sources])
+        q = HEALTH_FILE.format(source=source, where="ts >= $lo AND ts < $hi")
         table = con.sql(q, params={"lo": hour, "hi": hi, "thr": task.idle_threshold, "max_gap": task.max_gap_s}).to_arrow_table()
     finally:
         con.close()
@@ -514,7 +514,7 @@ def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetim
     target = f"samples/date={date}/compact-{hour:%H}-{tag}.parquet"
     rollup = f"rollup_5m/date={date}/hour-{hour:%H}-{tag}.parquet"
     if len(files) > 1 or "/compact-" not in files[0]:
-        table = w.db.sql(f"SELECT * FROM read_parquet({_sql_list(paths)}) ORDER BY host, gpu_uuid, gpu_instance, ts").to_arrow_table()
+        table = w.db.sql(f"SELECT * FROM {sample_source(w.db, paths)} ORDER BY host, gpu_uuid, gpu_instance, ts").to_arrow_table()
         (w.root / target).parent.mkdir(parents=True, exist_ok=True)
         write_parquet(table, w.root / target)
     else:

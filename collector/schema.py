@@ -493,7 +493,7 @@ LINE_DETAIL_COLUMNS = """coalesce({s}fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, co
 # The samples one hour's summaries read (gpufleet.collector.summaries): LINE_COLUMNS and
 # LINE_DETAIL_COLUMNS (and the power draw), with the GPU (g) and its variant (v) numbered,
 # ordered by GPU and time.
-# {files}: read_parquet's list; $lo, $hi: the range read (an hour and max_gap either side);
+# {source}: the hour's sample files (store.sample_source); $lo, $hi: the range read (an hour and max_gap either side);
 # $host_lo, $host_hi: only the hosts in [$host_lo, $host_hi) (a rebuild task's share; NULL: open).
 SUMMARY_SAMPLES = f"""
 SELECT dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi) AS g,
@@ -502,7 +502,7 @@ FROM (
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu::INTEGER AS gpu, model, mig_profile,
            epoch_us(ts) AS ts, {LINE_COLUMNS.format(s="")},
            {LINE_DETAIL_COLUMNS.format(s="")}, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power
-    FROM read_parquet({{files}}) WHERE ts >= $lo AND ts < $hi
+    FROM {{source}} WHERE ts >= $lo AND ts < $hi
       AND ($host_lo IS NULL OR host >= $host_lo) AND ($host_hi IS NULL OR host < $host_hi))
 ORDER BY g, ts
 """

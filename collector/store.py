@@ -1145,17 +1145,8 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     parts = read_manifests(root)
     con = duckdb.connect(":memory:")
     files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
-    if files and _full_sample_schema(files):
-        con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM read_parquet({_sql_list(files)}, hive_partitioning = false)")
-    elif files:
-        # files written before a sample column was added (the NVLink rates, foreign processes) read
-        # it as NULL: union_by_name, or added here when no file has it yet. (Slower: only for a
-        # store whose oldest or newest day has such files.)
-        source = f"read_parquet({_sql_list(files)}, hive_partitioning = false, union_by_name = true)"
-        have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        columns = ", ".join(f'"{f.name}"' if f.name in have else f'NULL::{_duck_type(f.type)} AS "{f.name}"'
-                            for f in schema.SAMPLE_SCHEMA)
-        con.execute(f"CREATE VIEW gpu_samples AS SELECT {columns} FROM {source}")
+    if files:
+        con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files)}")
     else:
         con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
         con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
@@ -1402,6 +1393,21 @@ def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> st
                      f"ANTI JOIN {open_part} AS o ON {' AND '.join(f's.{k} = o.{k}' for k in keys)}")
     # by name: a segment written before a column was added reads it as NULL
     return " UNION ALL BY NAME ".join(parts)
+
+
+def sample_source(con: duckdb.DuckDBPyConnection, files: list[str]) -> str:
+    """A table expression of these sample files with exactly SAMPLE_SCHEMA's columns, in its order:
+    every reader of sample files (the view, compaction, summaries, health summaries) goes through
+    it. Files written before a sample column was added (the NVLink rates, foreign processes) read
+    it as NULL - union_by_name, or added here when no file has it yet: read plainly, DuckDB takes
+    the first file's columns, so a mixed hour would lose the newer files' columns (or fail)."""
+    if _full_sample_schema(files):
+        return f"read_parquet({_sql_list(files)}, hive_partitioning = false)"
+    # (slower: only for files of a day written across an upgrade that added a column)
+    source = f"read_parquet({_sql_list(files)}, hive_partitioning = false, union_by_name = true)"
+    have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+    columns = ", ".join(f'"{f.name}"' if f.name in have else f'NULL::{_duck_type(f.type)} AS "{f.name}"' for f in schema.SAMPLE_SCHEMA)
+    return f"(SELECT {columns} FROM {source})"
 
 
 def _full_sample_schema(files: list[str]) -> bool:
