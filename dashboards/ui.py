@@ -257,16 +257,8 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
 
 
 def trend_table(cmp: pl.DataFrame) -> pl.DataFrame:
-    """The comparison as people read it: each figure in its own unit, and where there is no
-    previous figure or change, why (never a 0 beside "no data")."""
-    rows = []
-    for r in cmp.iter_rows(named=True):
-        k, why = r["figure"], r["change_missing"]
-        rows.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
-                     "previous window": why if why == trends.NO_DATA else words.figure(k, r["previous"]),
-                     "change": why or words.signed(k, r["change"]),
-                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
-    return pl.DataFrame(rows, schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
+    """The comparison as people read it (trends.people_rows, as the CLI writes it)."""
+    return pl.DataFrame(trends.people_rows(cmp), schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
 
 
 # A longer table is cut to its first rows: the browser is sent every row a table holds (800,000
