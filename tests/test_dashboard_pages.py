@@ -597,3 +597,36 @@ def test_every_amount_on_the_pages_has_the_one_format(store, use_store):
                     money_columns.append(name)
                     assert (c.get("type_config") or {}).get("format") == ui.USD_COLUMN, (page, name, c)
     assert seen and money_columns  # Fleet now's idle cost, Waste's costs; their tables
+
+
+def _duration_table_app():
+    import polars as pl
+
+    from gpufleet.dashboards import ui
+
+    ui.table(pl.DataFrame({"host": ["a", "b", "c"], "idle_for_s": [7200.0, None, 46.0], "runtime_h": [2.8, 0.5, 10.0],
+                           "idle_gpu_h": [1.25, None, 3.0]}), key="t")
+
+
+def test_durations_sort_by_value_and_read_in_words():
+    """A duration cell keeps its number (the grid sorts a header's column by its cells' data: 46 s
+    before 2 h, where the text would sort "2 h" before "46 s") and shows the words: the pandas
+    Styler's display text, which the grid shows for a number column without a format."""
+    import pyarrow as pa
+
+    at = AppTest.from_function(_duration_table_app).run()
+    assert not at.exception, at.exception
+    proto = at.container("t").dataframe[0].proto
+    data = pa.ipc.open_stream(proto.arrow_data.data).read_all()
+    shown = pa.ipc.open_stream(proto.arrow_data.styler.display_values).read_all()
+    assert data.column("idle_for_s").to_pylist() == [7200.0, None, 46.0] and data.column("runtime_h").to_pylist() == [2.8, 0.5, 10.0]
+    assert shown.column("idle_for_s").to_pylist() == ["2 h", words.UNKNOWN, "46 s"]
+    assert shown.column("runtime_h").to_pylist() == ["2 h 48 min", "30 min", "10 h"]
+    cfg = {k: v.get("type_config", {}) for k, v in json.loads(proto.columns).items() if v}
+    assert "format" not in cfg["idle_for_s"] and "format" not in cfg["runtime_h"]  # (a format would hide the words)
+    assert cfg["idle_gpu_h"]["format"] == "%,.1f" and data.column("idle_gpu_h").to_pylist() == [1.25, None, 3.0]
+
+
+def test_last_xid_is_none_when_reported_and_unknown_when_not():
+    states = pl.DataFrame({"last_xid": [79, None, None], "xid_last": [0, 0, None]}, schema={"last_xid": pl.Int64, "xid_last": pl.Int64})
+    assert ui.with_last_xid(states)["last_xid"].to_list() == ["79", "none", words.UNKNOWN]
