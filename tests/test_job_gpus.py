@@ -376,7 +376,7 @@ def test_sacct_routes_and_files_say_it_and_leave_the_count_unknown(tmp_path):
 
 # --- the figures: unknown is shown as unknown, and what is known still adds up --------------------
 
-def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tmp_path):
+def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tmp_path, monkeypatch):
     import io
 
     from gpufleet.analytics.cli import build_report, print_table
@@ -392,10 +392,11 @@ def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tm
     f.job("701", account="nlp", user="ann", start=t0, end=t0 + timedelta(hours=1), gpus=1, placements=[("g01", "GPU-a")])
     f.job("702", account="nlp", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[])  # nobody said
     f.job("703", account="vision", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[("g02", "GPU-b")])
+    f.job("704", account="speech", user="cy", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[])  # a team nobody said
     f.write()
     con = f.reader()
     assert con.execute("SELECT job_key, gpus, gpus_source FROM jobs ORDER BY 1").fetchall() == [
-        ("701", 1, None), ("702", None, None), ("703", 1, "job_map")]  # 703: the mapping saw it hold GPU-b
+        ("701", 1, None), ("702", None, None), ("703", 1, "job_map"), ("704", None, None)]  # 703: the mapping saw it hold GPU-b
     p = Params(t0, t0 + timedelta(hours=2))
     a = Analysis(con, p, now=t0 + timedelta(hours=3))
     rows = {r["job_key"]: r for r in job_summaries(a).to_dicts()}
@@ -404,13 +405,32 @@ def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tm
     totals = a.totals()
     by_account = a.utilization("account")
     assert totals.allocated_gpu_h == pytest.approx(2.0) == by_account["allocated_gpu_h"].sum()  # the known add up
+    rows_by = {r["account"]: r for r in by_account.to_dicts()}
+    assert (rows_by["nlp"]["allocated_gpu_h"], rows_by["nlp"]["gpus_unknown_jobs"]) == (pytest.approx(1.0), 1)  # the known part, and 1 unknown
+    assert (rows_by["speech"]["allocated_gpu_h"], rows_by["speech"]["no_data_gpu_h"], rows_by["speech"]["gpus_unknown_jobs"]) == (None, None, 1)
     [warning] = unknown_gpu_jobs(a)
-    assert "1 job of this window (702) has an unknown GPU count" in warning and "AccountingStorageTRES" in warning
+    assert "2 jobs of this window (702, 704) have an unknown GPU count" in warning and "AccountingStorageTRES" in warning
     report = build_report(con, p, "account", 5, "702", now=t0 + timedelta(hours=3))
     assert warning in report["warnings"] and report["job"]["allocated_gpu_h"] is None
     out = io.StringIO()
     print_table(report, out)
     assert "unknown GPU count" in out.getvalue() and "its allocated GPU-hours are unknown" in out.getvalue()
+
+    # the Utilization page by account: the same rows, unknown where none is known, and says why
+    pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+    from tests.test_dashboard_pages import frame, goto, open_app  # (its window: 2026-11-16 10:00-12:00)
+
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(tmp_path / "s"))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    at = goto(open_app(), "utilization")
+    at.button_group(key="by").set_value("account").run()
+    assert not at.exception, at.exception
+    shown = frame(at, "util_by").set_index("account")
+    import pandas as pd
+
+    assert pd.isna(shown.loc["speech", "allocated_gpu_h"])  # shown "unknown" (the table's placeholder), not 0
+    assert shown.loc["nlp", "allocated_gpu_h"] == pytest.approx(1.0) and shown.loc["nlp", "gpus_unknown_jobs"] == 1
+    assert any("2 jobs of this window have an unknown GPU count" in c.value for c in at.caption), [c.value for c in at.caption]
 
 
 # a team's row: the known jobs' allocated GPU-hours summed, unknown (never 0) when no job of it is known
