@@ -291,6 +291,19 @@ def display_text(df: pl.DataFrame) -> Any:
     return styler
 
 
+def unknown_gpu_counts_note(df: pl.DataFrame) -> pl.DataFrame:
+    """A table by team, user or partition (its gpus_unknown_jobs: how many of a row's jobs have an
+    unknown GPU count) with a caption saying what that means where there are any; without the
+    column where there are none (a column of zeros says nothing)."""
+    n = int(df["gpus_unknown_jobs"].sum()) if "gpus_unknown_jobs" in df.columns else 0
+    if not n:
+        return df.drop("gpus_unknown_jobs", strict=False)
+    st.caption(f"{n:,} job{'s' if n != 1 else ''} of this window ha{'ve' if n != 1 else 's'} an unknown GPU count (the accounting "
+               "names no GPU, and neither slurmctld nor the job mapping said it: see the Health page). A row's allocated GPU-hours "
+               "sum its jobs whose count is known, and are unknown where none is - never 0.")
+    return df
+
+
 def trend_table(cmp: pl.DataFrame) -> pl.DataFrame:
     """The comparison as people read it (trends.people_rows, as the CLI writes it)."""
     return pl.DataFrame(trends.people_rows(cmp), schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})

@@ -431,6 +431,11 @@ def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tm
     assert pd.isna(shown.loc["speech", "allocated_gpu_h"])  # shown "unknown" (the table's placeholder), not 0
     assert shown.loc["nlp", "allocated_gpu_h"] == pytest.approx(1.0) and shown.loc["nlp", "gpus_unknown_jobs"] == 1
     assert any("2 jobs of this window have an unknown GPU count" in c.value for c in at.caption), [c.value for c in at.caption]
+    # ... and the Teams page's fairness: speech's usage unknown, not 0 GPU-hours
+    at = goto(at, "teams")
+    teams = frame(at, "fair_accounts").set_index("account")
+    assert pd.isna(teams.loc["speech", "used_gpu_h"]) and teams.loc["speech", "gpus_unknown_jobs"] == 1
+    assert teams.loc["nlp", "used_gpu_h"] == pytest.approx(1.0)
 
 
 # a team's row: the known jobs' allocated GPU-hours summed, unknown (never 0) when no job of it is known
@@ -500,6 +505,13 @@ def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs,
     for name, (known, _) in _expected_rows(jobs, 0).items():
         ft = Analysis(con, Params(t0, t0 + timedelta(hours=3), filters=Filters(account=name)), now=now).totals()
         assert ft.allocated_gpu_h == pytest.approx(known or 0.0), name
+    # fairness (the Teams page): an account's usage is its known part, unknown where nothing is known
+    from gpufleet.analytics.fairness import fairness
+
+    fair = {r["account"]: r for r in fairness(a, None).per_account.to_dicts()}
+    for name, (known, unknown) in _expected_rows(jobs, 0).items():
+        assert fair[name]["used_gpu_h"] == (None if known is None else pytest.approx(known)), name
+        assert fair[name]["gpus_unknown_jobs"] == unknown, name
     # analyze --by account: null in JSON, "unknown" in the table, the unknown jobs counted in a column
     report = build_report(con, p, "account", 5, None, now=now)
     by_json = {r["account"]: r for r in report["utilization"]["rows"]}

@@ -123,14 +123,8 @@ def body(ctx: ui.Context) -> None:
                    + " without samples (no data); blank: nothing " + ("installed" if rank == "capacity_gpu_h" else "allocated") + ".")
         st.altair_chart(heatmap(tl, keys, shown, rank, bucket_h), width="stretch")
         st.subheader(f"By {BY[by]} over the window")
-        unknown = int(u["gpus_unknown_jobs"].sum()) if "gpus_unknown_jobs" in u.columns else 0
-        if "gpus_unknown_jobs" in u.columns and not unknown:
-            u = u.drop("gpus_unknown_jobs")  # (a column of zeros says nothing)
-        ui.table(u.sort(rank, descending=True, nulls_last=True), key="util_by", sort=f"most {words.header(rank)} first")
-        if unknown:
-            st.caption(f"{unknown:,} job{'s' if unknown != 1 else ''} of this window ha{'ve' if unknown != 1 else 's'} an unknown GPU "
-                       "count (the accounting names no GPU, and neither slurmctld nor the job mapping said it: see the Health "
-                       "page): allocated sums the known jobs of a row, and is unknown where none is known - never 0.")
+        ui.table(ui.unknown_gpu_counts_note(u).sort(rank, descending=True, nulls_last=True), key="util_by",
+                 sort=f"most {words.header(rank)} first")
     else:
         st.subheader("The window")
         ui.table(b.utilization["fleet"], key="util_by")
