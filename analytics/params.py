@@ -86,11 +86,17 @@ OPTIONS = ANALYTICS_SHARED + (  # the summaries' parameters and the rebuilds' sc
 )
 
 
-def analytics_options(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
-    """The validated [analytics] section: these options plus each figure module's own."""
+def section_options() -> tuple[Any, ...]:
+    """Every option of the [analytics] section: these plus each figure module's own - named once,
+    for the validation below and the generated configuration reference (docs/build.py)."""
     from gpufleet.analytics import fairness, reliability
 
-    return section(doc, "analytics", OPTIONS + fairness.OPTIONS + reliability.OPTIONS, path)
+    return OPTIONS + fairness.OPTIONS + reliability.OPTIONS
+
+
+def analytics_options(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
+    """The validated [analytics] section."""
+    return section(doc, "analytics", section_options(), path)
 
 
 def store_path(doc: Mapping[str, Any], path: Any, *preferred: str | None) -> Path:

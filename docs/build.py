@@ -40,7 +40,7 @@ TABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collector.slurm_json", ("gpufleet.collector.config:SLURM_JSON",)),
     ("collector.kubernetes", ("gpufleet.collector.config:KUBERNETES",)),
     ("collector.retention", ("gpufleet.collector.config:RETENTION",)),
-    ("analytics", ("gpufleet.analytics.params:OPTIONS", "gpufleet.analytics.fairness:OPTIONS", "gpufleet.analytics.reliability:OPTIONS")),
+    ("analytics", ("gpufleet.analytics.params:section_options",)),
     ("dashboard", ("gpufleet.dashboards.config:OPTIONS",)),
     ("report", ("gpufleet.report.config:TOP",)),
     ("report.smtp", ("gpufleet.report.config:SMTP",)),
@@ -79,8 +79,10 @@ class DocsError(Exception):
 
 
 def _options(ref: str) -> tuple[Any, ...]:
+    """A module's options: a tuple, or a function that returns one (a section gathered from several modules)."""
     module, attr = ref.split(":")
-    return tuple(getattr(importlib.import_module(module), attr))
+    found = getattr(importlib.import_module(module), attr)
+    return tuple(found() if callable(found) else found)
 
 
 def schema() -> dict[str, tuple[Any, ...]]:

@@ -71,8 +71,17 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
          "--listen", f"127.0.0.1:{port}"],
         stdout=open(log, "wb"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+    def demo_says(text: str):
+        """A wait's predicate that fails at once, with the demo's output, if the demo has exited."""
+        def said() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the demo exited ({proc.returncode}):\n{log.read_text()[-4000:]}")
+            return text in log.read_text()
+        return said
+
     try:
-        wait_for("the demo to print its URLs", lambda: "Ctrl-C stops the demo" in log.read_text(), timeout=600)
+        wait_for("the demo to print its URLs", demo_says("Ctrl-C stops the demo"), timeout=600)
         out = log.read_text()
         assert f"dashboard          http://127.0.0.1:{port}/" in out and "backfilling a week of history" in out
         wait_for("the dashboard", lambda: dashboard_healthy(port, timeout=5), timeout=300)
@@ -84,7 +93,7 @@ def test_demo_command_runs_the_pipeline_and_stops_on_ctrl_c(tmp_path):
             return con.execute("SELECT count(DISTINCT cluster) FROM gpu_samples WHERE ts > ?", [history_end]).fetchone()[0] == 2
 
         wait_for("the collector to store live scrapes of both clusters", live_rows, timeout=300)
-        wait_for("the weekly report", lambda: "weekly report written" in log.read_text(), timeout=600)
+        wait_for("the weekly report", demo_says("weekly report written"), timeout=600)
         reports = sorted(p.suffix for p in (tmp_path / "w" / "reports").iterdir())
         assert ".html" in reports and ".txt" in reports
         text = next((tmp_path / "w" / "reports").glob("*.txt")).read_text()

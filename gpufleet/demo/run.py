@@ -138,7 +138,7 @@ def _serve(args: argparse.Namespace, fleet, workdir: Path, config: Path, out: Te
         collector_thread.start()
         dashboard = _child(["dashboard", "--config", str(config)], workdir / "logs" / "dashboard.log")
         report = _child(["report", "--config", str(config), "--from", fleet.start.isoformat(),
-                         "--to", settled_end(fleet.now).isoformat(), "--out", str(workdir / "reports")],
+                         "--to", settled_end(fleet.start, fleet.now).isoformat(), "--out", str(workdir / "reports")],
                         workdir / "logs" / "report.log")
         host, port = args.listen.rsplit(":", 1)
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
@@ -181,14 +181,14 @@ def _serve(args: argparse.Namespace, fleet, workdir: Path, config: Path, out: Te
             signal.signal(sig, handler)
 
 
-def settled_end(history_end):
+def settled_end(history_start, history_end):
     """The latest end the weekly report can have whose figures no later sample changes: an idle
     stretch crossing the window's end counts once it lasts idle_min_duration (and a sample stands
     for up to max_gap), so a report ending nearer the history's end than that would differ from the
     same command run a minute later, once the live scrapes have extended those stretches."""
     from gpufleet.analytics.params import Params
 
-    p = Params(start=history_end, end=history_end)
+    p = Params(start=history_start, end=history_end)
     return history_end - p.idle_min_duration - p.max_gap
 
 

@@ -1,0 +1,143 @@
+"""Job states: one job's breakdown of its GPU time (`gpufleet analyze --job`), at two fleet sizes.
+
+1. A synthetic day written into a real store through StoreWriter: GPUFLEET_BENCH_STATES_GPUS H100s
+   (hosts of 8) sampled every 15 s with the profiling fields, and jobs of 16 and 64 GPUs holding
+   whole hosts all day (a startup, checkpoint dips every 30 min, one slow GPU) beside single-GPU jobs.
+2. gpufleet.analytics.states.job_breakdown of each big job in a process of its own: wall time and
+   peak RSS (VmHWM) are the breakdown's own, imports excluded.
+
+Goal (issue #55): a job's breakdown <= 0.5 s at any fleet size - it reads only its own GPUs'
+samples, so the two fleet sizes are measured side by side (the larger must not be slower in
+proportion to its size).
+
+Knobs (environment): GPUFLEET_BENCH_STATES_GPUS="256,1024" (the fleet sizes),
+GPUFLEET_BENCH_CACHE=bench/results/states (generated stores, reused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from bench._common import ROOT, Table, progress
+
+START = datetime(2026, 3, 2)
+DAY = timedelta(days=1)
+STEP_S = 15
+JOBS = {"big16": 16, "big64": 64}  # job key -> GPUs (whole hosts from host 0 on)
+MEASURE = r"""
+import json, sys, time
+from datetime import datetime
+from gpufleet.analytics import states
+from gpufleet.analytics.params import Params
+from gpufleet.collector.store import open_reader
+p = Params(datetime.fromisoformat(sys.argv[2]), datetime.fromisoformat(sys.argv[3]))
+con = open_reader(sys.argv[1])
+t = states.Thresholds.of(p, {})
+got = {}
+for job in sys.argv[4:]:
+    t0 = time.perf_counter()
+    js = states.job_breakdown(con, p, job, t)
+    got[job] = {"wall_s": time.perf_counter() - t0, "gpus": len(js.gpus), "data_h": js.data_s / 3600}
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+print(json.dumps({"jobs": got, "rss_mib": hwm}))
+"""
+
+
+def _utilization(n: int, gpu: int, big: bool):
+    """A day of one GPU's utilization (percent), as numpy: big jobs start up for 10 min, dip every
+    30 min for 90 s (checkpoints); GPU 3 of a big job runs 20 % behind; small jobs alternate."""
+    import numpy as np
+
+    t = np.arange(n) * STEP_S
+    if big:
+        util = np.full(n, 95.0 if gpu % 8 != 3 else 76.0)
+        util[t < 600] = 1.0
+        util[(t % 1800) < 90] = 2.0
+    else:
+        util = np.where((t // 3600) % 3 == 0, 0.0, 60.0)
+    return util
+
+
+def generate(root: Path, gpus: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from gpufleet.collector import schema
+    from gpufleet.collector.schema import Batch
+    from gpufleet.collector.store import StoreWriter
+
+    n = int(DAY.total_seconds()) // STEP_S
+    ts = np.array([START + timedelta(seconds=STEP_S * i) for i in range(n)], dtype="datetime64[ms]")
+    owner, first = {}, 0
+    for key, size in JOBS.items():
+        owner.update({g: key for g in range(first, first + size)})
+        first += size
+    w = StoreWriter(root)
+    try:
+        jobs, allocs = [], []
+        for key, size in JOBS.items():
+            jobs.append(_job(schema, key, size))
+        for g in range(first, gpus):
+            jobs.append(_job(schema, f"small{g}", 1))
+            owner[g] = f"small{g}"
+        for g in range(gpus):
+            host, uuid = f"h{g // 8:05d}", f"GPU-{g // 8:05d}-{g % 8}"
+            for t in (START, START + DAY - timedelta(seconds=STEP_S)):
+                allocs.append({"ts": t, "cluster": "c1", "scheduler": "slurm", "job_key": owner[g], "host": host, "gpu_uuid": uuid,
+                               "gpu_instance": -1, "gpu": g % 8, "source": "exporter"})
+        w.commit(Batch(key="bench-states-jobs", jobs=jobs, allocations=allocs))
+        for h0 in range(0, gpus // 8, 16):  # 16 hosts a batch: memory stays flat as the fleet grows
+            tables = []
+            for g in range(h0 * 8, min(gpus, (h0 + 16) * 8)):
+                big = not owner[g].startswith("small")
+                util = _utilization(n, g, big)
+                busy = util > 5
+                tables.append(pa.table({
+                    "ts": pa.array(ts), "cluster": pa.array(["c1"] * n), "host": pa.array([f"h{g // 8:05d}"] * n),
+                    "gpu": pa.array(np.full(n, g % 8, dtype=np.int16)), "gpu_uuid": pa.array([f"GPU-{g // 8:05d}-{g % 8}"] * n),
+                    "model": pa.array(["NVIDIA H100 80GB HBM3"] * n), "source": pa.array(["scrape"] * n),
+                    "gpu_util": pa.array(util), "compute_processes": pa.array(np.ones(n)), "gpu_up": pa.array(np.ones(n)),
+                    "sm_active": pa.array(np.where(busy, 0.8, 0.0)), "tensor_active": pa.array(np.where(busy, 0.5, 0.0)),
+                    "pcie_rx_bytes_per_s": pa.array(np.full(n, 1e8)),
+                    "nvlink_tx_bytes_per_s": pa.array(np.full(n, 1e9 if big else 0.0)),
+                    "nvlink_rx_bytes_per_s": pa.array(np.full(n, 1e9 if big else 0.0)),
+                }))
+            w.commit(Batch(key=f"bench-states-{h0}", samples=schema.conform_samples(pa.concat_tables(tables))))
+        w.publish()
+    finally:
+        w.close()
+
+
+def _job(schema, key: str, size: int) -> dict:
+    row = {c: None for c in schema.JOB_COLUMNS}
+    row.update(cluster="c1", scheduler="slurm", job_key=key, job_id=key, name=key, user_name="u1", account="a1", partition="gpu",
+               submit=START, start=START, end=START + DAY, state="COMPLETED", state_raw="COMPLETED", exit_code="0:0", gpus=size,
+               source="bench", updated_at=START + DAY)
+    return row
+
+
+def run() -> list[Table]:
+    sizes = [int(s) for s in os.environ.get("GPUFLEET_BENCH_STATES_GPUS", "256,1024").split(",") if s.strip()]
+    cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "states")
+    t = Table("job states: one job's breakdown of its GPU time (a day of 15 s samples), by fleet size")
+    for gpus in sizes:
+        root = cache / f"store-{gpus}"
+        if not (root / "manifest.json").exists():
+            progress(f"generating a day of {gpus} GPUs under {root}")
+            started = time.monotonic()
+            generate(root, gpus)
+            progress(f"generated in {time.monotonic() - started:.0f} s")
+        out = subprocess.run([sys.executable, "-c", MEASURE, str(root), START.isoformat(), (START + DAY).isoformat(), *JOBS],
+                             capture_output=True, text=True, check=True, cwd=ROOT)
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        for job, m in got["jobs"].items():
+            t.add(f"{gpus:,}-GPU fleet: {m['gpus']}-GPU job ({m['data_h']:.0f} GPU-h with data)", f"{m['wall_s']:.2f} s", "<= 0.5 s",
+                  m["wall_s"] <= 0.5)
+        t.add(f"{gpus:,}-GPU fleet: peak RSS", f"{got['rss_mib']:.0f} MiB")
+    return [t]
