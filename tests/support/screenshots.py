@@ -68,11 +68,16 @@ def main(argv: list[str]) -> int:
         demo = subprocess.Popen([sys.executable, "-m", "gpufleet.cli", "demo", "--no-browser", "--workdir", str(workdir / "w"),
                                  "--listen", f"127.0.0.1:{port}"], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        def running(ready) -> bool:  # (a demo that exited fails at once, with what it said)
+            if demo.poll() is not None:
+                raise RuntimeError(f"the demo exited ({demo.returncode}):\n{log.read_text()[-3000:]}")
+            return ready()
+
         try:
-            wait_for("the demo to print its URLs", lambda: "Ctrl-C stops the demo" in log.read_text(), timeout=900)
-            wait_for("the dashboard", lambda: dashboard_healthy(port, timeout=5), timeout=300)
+            wait_for("the demo to print its URLs", lambda: running(lambda: "Ctrl-C stops the demo" in log.read_text()), timeout=900)
+            wait_for("the dashboard", lambda: running(lambda: dashboard_healthy(port, timeout=5)), timeout=300)
             store = workdir / "w" / "store"
-            wait_for("every GPU's first live scrape", lambda: live_fleet_reporting(store), timeout=600, interval=5)
+            wait_for("every GPU's first live scrape", lambda: running(lambda: live_fleet_reporting(store)), timeout=600, interval=5)
             now = utcnow().replace(microsecond=0)
             a = Analysis(open_reader(store), Params(start=now - timedelta(days=1), end=now), now=now)
             job = a.top_wasteful_jobs(1)["job_id"][0]
