@@ -147,26 +147,44 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
 
 
 def fmt(v: Any, key: str = "") -> str:
+    """A cell as the pages write it (gpufleet.analytics.vocabulary): GPU-hours one decimal, money in
+    cents, percentages one decimal (shares as percentages), durations in two units, verdicts in
+    words; a missing figure "unknown", missing text a dash."""
+    if key == "verdict":
+        return words.verdict(v)
+    if key == "gi" and isinstance(v, int) and v < 0:
+        return words.NONE  # a whole GPU, not a MIG instance
     if v is None:
-        return "unknown" if key.endswith(("cost", "pct", "gpu_h")) or key == "gpus" else "-"
+        return words.UNKNOWN if key.endswith(("cost", "pct", "_h", "_s", "_share")) or key == "gpus" else words.NONE
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if key.endswith("cost") or key.startswith("usd"):
+        return words.usd(v)
+    if key.endswith("pct"):
+        return words.pct(v)
+    if key.endswith("_share"):
+        return words.pct(v * 100)
+    if key.endswith("gpu_h"):
+        return words.gpu_h(v)
+    if key.endswith("_s") or key.endswith("_h"):
+        return words.duration(v * (3600 if key.endswith("_h") else 1))
     if isinstance(v, float):
-        if key.endswith("cost") or key.startswith("usd"):
-            return f"${v:,.2f}"
-        if key.endswith("pct"):
-            return f"{v:.1f}%"
         return f"{v:,.2f}"
     return str(v)
 
 
 def table(title: str, data: list[dict[str, Any]], out: TextIO, columns: list[str] | None = None) -> None:
+    """Rows as a plain-text table, headed in the vocabulary's words (the pages' headers); the JSON
+    keys are the columns' names."""
     out.write(f"\n{title}\n")
     if not data:
         out.write("  (none in this window)\n")
         return
     cols = columns or list(data[0])
+    heads = [words.header(c) for c in cols]
     cells = [[fmt(r.get(c), c) for c in cols] for r in data]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    out.write("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)) + "\n")
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
+    out.write("  " + "  ".join(h.ljust(w) for h, w in zip(heads, widths)) + "\n")
     for row in cells:
         out.write("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)) + "\n")
 
@@ -183,9 +201,10 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         out.write(f"figures for {scope['scope']} only\n")
     if scope.get("not_attributable_reason"):
         out.write(f"  not shown: {scope['not_attributable_reason']}\n")
-    trend = [{**r, "change": r["change_missing"] or r["change"], "change_pct": r["change_pct_missing"] or r["change_pct"]}
-             for r in report["trend"]]  # "no data", "unknown", "zero base" in place of a missing change
-    table("Headline (vs the previous window)", trend, out, ["label", "current", "previous", "change", "change_pct"])
+    # (as the pages write it: "no data", "unknown", "zero base" in place of a missing change)
+    from gpufleet.analytics.trends import people_rows
+
+    table("Headline (vs the previous window)", people_rows(report["trend"]), out)
     for r in report["trend"]:
         if r.get("reason"):
             out.write(f"  {r['label']}: {r['reason']}\n")
@@ -213,7 +232,7 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         if j is None:
             out.write("\njob not found in this window\n")
         else:
-            out.write(f"\nJob {j['job']['job_id']}: {j['verdict']} - {j['rule']}\n")
+            out.write(f"\nJob {j['job']['job_id']}: {words.verdict(j['verdict'])} - {j['rule']}\n")
             table("  per GPU", j["per_gpu"], out)
             print_states(j.get("where_time_goes"), out)
     p = report["parameters"]

@@ -187,6 +187,7 @@ ACCOUNT_SCHEMA = {
     "account": pl.Utf8, "entitled_share": pl.Float64, "active_share": pl.Float64, "used_gpu_h": pl.Float64,
     "used_share": pl.Float64, "ratio": pl.Float64, "decayed_gpu_h": pl.Float64, "fairshare_factor": pl.Float64,
     "wait_p50_s": pl.Float64, "wait_p95_s": pl.Float64, "jobs": pl.Int64, "started_jobs": pl.Int64, "pending_jobs": pl.Int64,
+    "gpus_unknown_jobs": pl.Int64,
 }
 
 
@@ -236,6 +237,9 @@ def _fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: time
     decayed = dict(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds()).iter_rows())
     started, pending = analysis.q(sql.FAIRNESS_STARTED), analysis.q(sql.FAIRNESS_PENDING)
 
+    # jobs of the window whose GPU count is unknown: not GPU jobs as far as anyone said, so no demand
+    # and no usage of theirs is counted; an account with only those has unknown usage, never 0
+    unknown = {a or "": n for a, _, n in analysis.q(sql.job_allocated_by(["account"])).iter_rows()}
     acct = users.group_by("account").agg(pl.sum("jobs"), pl.sum("used_gpu_h"))
     jobs, used = dict(acct.select("account", "jobs").iter_rows()), dict(acct.select("account", "used_gpu_h").iter_rows())
     demand = {a for a, n in jobs.items() if n > 0}
@@ -247,8 +251,10 @@ def _fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: time
     pend = dict(pending.group_by("account").len().iter_rows())
 
     rows = []
-    for a in sorted(set(weights) | demand | set(decayed)):
+    for a in sorted(set(weights) | demand | set(decayed) | {a for a, n in unknown.items() if n}):
         w, u, has_demand = weights.get(a), used.get(a, 0.0), a in demand
+        if not has_demand and not u and unknown.get(a):
+            u = None
         entitled = w / total_w if w and total_w else (0.0 if shares else None)
         active = w / active_w if w and has_demand else None
         used_share = u / total_used if has_demand and total_used > 0 else None
@@ -260,6 +266,7 @@ def _fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: time
             fairshare_factor=fairshare_factor(decayed.get(a, 0.0) / total_decayed if total_decayed > 0 else 0.0, entitled),
             wait_p50_s=wt.get("wait_p50_s"), wait_p95_s=wt.get("wait_p95_s"),
             jobs=jobs.get(a, 0), started_jobs=wt.get("started_jobs", 0), pending_jobs=pend.get(a, 0),
+            gpus_unknown_jobs=unknown.get(a, 0),
         ))
     per_account = pl.DataFrame(rows, schema=ACCOUNT_SCHEMA)
 

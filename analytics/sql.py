@@ -389,8 +389,10 @@ def job_use(keys: Sequence[str]) -> str:
 
 def job_allocated_by(keys: Sequence[str]) -> str:
     """Allocated GPU-hours (JOB_ALLOCATED) grouped by `keys`: column names from core.JOB_DIMS,
-    never user input."""
-    return f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h FROM ja GROUP BY ALL"
+    never user input. The sum of the known (NULL when no job of the group has a known GPU
+    count), with how many jobs of the group have an unknown GPU count."""
+    return (f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h, "
+            f"count(*) FILTER (WHERE gpus IS NULL) AS gpus_unknown_jobs FROM ja GROUP BY ALL")
 
 
 # each job's GPUs, run time and allocated GPU-hours, for the ranking of wasteful jobs

@@ -14,6 +14,7 @@ import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.core import Analysis, Totals
 from gpufleet.analytics.fact_window import window_analysis
 from gpufleet.analytics.hour_facts import FactFiles
@@ -122,6 +123,20 @@ class Baseline:
 
     def compare(self, current: Totals) -> pl.DataFrame:
         return compare(current, self.totals, self.no_comparison)
+
+
+def people_rows(cmp) -> list[dict[str, str]]:
+    """The comparison (compare's rows: a frame, or its rows as dicts) as people read it, the same on
+    the pages and in the CLI: each figure in its own unit, and where there is no previous figure or
+    change, why (never a 0 beside "no data")."""
+    out = []
+    for r in (cmp.iter_rows(named=True) if isinstance(cmp, pl.DataFrame) else cmp):
+        k, why = r["figure"], r["change_missing"]
+        out.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
+                    "previous window": why if why == NO_DATA else words.figure(k, r["previous"]),
+                    "change": why or words.signed(k, r["change"]),
+                    "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
+    return out
 
 
 def history_start(con: duckdb.DuckDBPyConnection, params: Params) -> datetime | None:

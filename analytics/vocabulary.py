@@ -66,6 +66,8 @@ HEADERS = {
     "utilization_pct": "utilization %", "mean_utilization_pct": "mean utilization %",
     "used_gpu_h": "allocated GPU-h", "used_share": "allocated share", "gpu_h": "GPU-h", "cost": "cost $",
     "runtime_h": "run time in window", "gpus": "GPUs", "job_id": "job", "user_name": "user", "gi": "MIG instance",
+    "gpus_unknown_jobs": "jobs with GPU count unknown",
+    "mfu_pct": "MFU %", "mfu_method": "MFU method", "mfu_unknown_gpu_h": "GPU-h with MFU unknown",
 }
 
 # How many decimals each kind of figure gets, everywhere

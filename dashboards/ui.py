@@ -66,6 +66,15 @@ duration = words.duration
 when = words.when
 
 
+def with_last_xid(states: pl.DataFrame) -> pl.DataFrame:
+    """Fleet now's states (analytics.fleet_now) with last_xid as people read it: the code; "none"
+    when the GPU's samples report XIDs (its latest sample has one, 0: none) and none was non-zero
+    within forget_after; "unknown" only when nothing says (no sample, or a source without XIDs)."""
+    return states.with_columns(
+        pl.when(pl.col("last_xid").is_not_null()).then(pl.col("last_xid").cast(pl.Int64).cast(pl.Utf8))
+        .when(pl.col("xid_last").is_not_null()).then(pl.lit("none")).otherwise(pl.lit(words.UNKNOWN)).alias("last_xid"))
+
+
 def idle_since(t: datetime | None, before: bool = False) -> str:
     """When an idle GPU became idle: the time, or "before <time>" when no busy sample is known in
     the range looked at (gpufleet.analytics.fleet_now: idle_since_capped) - unknown stays unknown."""
@@ -205,12 +214,24 @@ def _is(name: str, suffixes: tuple[str, ...]) -> bool:
 
 
 
+def _duration_scale(name: str, dtype: pl.DataType) -> int | None:
+    """Seconds per unit of a duration column (`_s`: seconds; `_h` but not GPU-hours or money:
+    hours), None for any other column."""
+    if not dtype.is_numeric():
+        return None
+    if name.endswith("_s"):
+        return 1
+    if name.endswith("_h") and not _is(name, _MONEY + ("gpu_h",)):
+        return 3600
+    return None
+
+
 def people(df: pl.DataFrame) -> pl.DataFrame:
-    """The one table formatter of every page: what a cell says is what it means. Durations written
-    out ("2 h 48 min"), times in UTC on a 24-hour clock, verdicts in the report's words, a whole
-    GPU's MIG instance (-1) and absent text as a dash, NaN as unknown, shares as percentages; the
-    numbers left numeric (so a column still sorts by value) get their decimals in column_config
-    and show a null as "unknown" (table's placeholder)."""
+    """The one table formatter of every page: what a cell says is what it means. Times in UTC on a
+    24-hour clock, verdicts in the report's words, a whole GPU's MIG instance (-1) and absent text
+    as a dash, NaN as unknown, shares as percentages; the numbers stay numeric, so a column sorts
+    by value: their decimals come from column_config and durations are written out ("2 h 48 min")
+    by display_text, a null shown as "unknown" (table's placeholder)."""
     out = []
     for name, dtype in df.schema.items():
         col = pl.col(name)
@@ -222,9 +243,8 @@ def people(df: pl.DataFrame) -> pl.DataFrame:
             col = col.replace_strict(words.VERDICTS, default=col).fill_null(words.NONE)
         elif name == "gpu_up" and dtype.is_numeric():
             col = pl.when(col.is_null()).then(pl.lit(words.UNKNOWN)).when(col > 0).then(pl.lit("up")).otherwise(pl.lit("lost"))
-        elif dtype.is_numeric() and (name.endswith("_s") or (name.endswith("_h") and not _is(name, _MONEY + ("gpu_h",)))):
-            scale = 1 if name.endswith("_s") else 3600
-            col = col.map_elements(lambda v, k=scale: words.duration(None if v is None else v * k), return_dtype=pl.Utf8, skip_nulls=False)
+        elif _duration_scale(name, dtype):
+            pass  # numeric: written out by display_text
         elif dtype.is_numeric() and _is(name, _FRACTIONS):
             col = col * 100
         elif isinstance(dtype, pl.Datetime):
@@ -244,7 +264,9 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
         label = labels.get(name, words.header(name))
         if (isinstance(dtype, pl.Datetime) or name in times) and "UTC" not in label:
             label += " (UTC)"
-        if dtype.is_numeric():
+        if _duration_scale(name, dtype):
+            cfg[name] = st.column_config.NumberColumn(label)  # no format: display_text's words show
+        elif dtype.is_numeric():
             fmt = next((f for suffixes, f in _FORMATS if _is(name, suffixes)), None)
             if fmt is None and dtype.is_integer():
                 fmt = "localized"
@@ -256,17 +278,35 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
     return cfg
 
 
+def display_text(df: pl.DataFrame) -> Any:
+    """people()'s frame for st.dataframe: as it is, or - where it has duration columns - as a pandas
+    Styler whose display text writes them out ("2 h 48 min", a null "unknown" or what it means)
+    while the cells keep their numbers, so clicking the header sorts by value, not by the text."""
+    scales = {c: k for c, t in df.schema.items() if (k := _duration_scale(c, t))}
+    if not scales:
+        return df
+    styler = df.to_pandas(use_pyarrow_extension_array=True).style
+    for c, k in scales.items():
+        styler = styler.format(lambda v, k=k: words.duration(v * k), subset=[c], na_rep=_NULL_MEANS.get(c, words.UNKNOWN))
+    return styler
+
+
+def unknown_gpu_counts_note(df: pl.DataFrame) -> pl.DataFrame:
+    """A table by team, user or partition (its gpus_unknown_jobs: how many of a row's jobs have an
+    unknown GPU count) with a caption saying what that means where there are any; without the
+    column where there are none (a column of zeros says nothing)."""
+    n = int(df["gpus_unknown_jobs"].sum()) if "gpus_unknown_jobs" in df.columns else 0
+    if not n:
+        return df.drop("gpus_unknown_jobs", strict=False)
+    st.caption(f"{n:,} job{'s' if n != 1 else ''} of this window ha{'ve' if n != 1 else 's'} an unknown GPU count (the accounting "
+               "names no GPU, and neither slurmctld nor the job mapping said it: see the Health page). A row's allocated GPU-hours "
+               "sum its jobs whose count is known, and are unknown where none is - never 0.")
+    return df
+
+
 def trend_table(cmp: pl.DataFrame) -> pl.DataFrame:
-    """The comparison as people read it: each figure in its own unit, and where there is no
-    previous figure or change, why (never a 0 beside "no data")."""
-    rows = []
-    for r in cmp.iter_rows(named=True):
-        k, why = r["figure"], r["change_missing"]
-        rows.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
-                     "previous window": why if why == trends.NO_DATA else words.figure(k, r["previous"]),
-                     "change": why or words.signed(k, r["change"]),
-                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
-    return pl.DataFrame(rows, schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
+    """The comparison as people read it (trends.people_rows, as the CLI writes it)."""
+    return pl.DataFrame(trends.people_rows(cmp), schema={c: pl.Utf8 for c in ("figure", "this window", "previous window", "change", "change %")})
 
 
 # A longer table is cut to its first rows: the browser is sent every row a table holds (800,000
@@ -296,7 +336,7 @@ def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, e
             st.caption(f"Sorted by {sort}; click a column's header to sort by it.")
         shown = people(df)
         times = frozenset(c for c, t in df.schema.items() if isinstance(t, pl.Datetime))
-        return st.dataframe(shown, hide_index=True, column_config=column_config(shown, labels, times), height=height or "auto",
+        return st.dataframe(display_text(shown), hide_index=True, column_config=column_config(shown, labels, times), height=height or "auto",
                             placeholder=words.UNKNOWN, **kwargs)
 
 

@@ -272,7 +272,12 @@ def test_cli_by_account_has_each_team_figure_of_the_report(fleet):  # noqa: F811
         assert row["mfu_pct"] == (None if not m or m["mfu"] is None else pytest.approx(m["mfu"] * 100)), key
     table = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
     header = table.stdout.split("Utilization by account")[1].splitlines()[1]
-    assert all(c in header for c in ("idle_allocated_gpu_h", "no_process_gpu_h", "mfu_pct"))
+    assert all(c in header for c in ("idle allocated GPU-h", "no process GPU-h", "MFU %"))  # the pages' words (vocabulary.header)
+    # every table's header in words, none a raw column name (the JSON keeps those)
+    lines = table.stdout.splitlines()
+    heads = [lines[i + 1] for i, line in enumerate(lines[:-1]) if line and not line.startswith(" ") and lines[i + 1].startswith("  ")
+             and "(none in this window)" not in lines[i + 1]]
+    assert len(heads) >= 3 and not [h for h in heads if "_" in h], heads
 
 
 def test_table_by_cluster_names_each_cluster():
@@ -301,7 +306,7 @@ def test_table_prints_why_a_cost_moved_against_its_gpu_hours():
     from gpufleet.analytics.cli import print_table
 
     reason = "the GPU-hours went up 2.10 while the cost went down $15.96: the time moved to cheaper GPU models (...)"
-    trend = [{"label": "cost of idle allocated time $", "current": 24.04, "previous": 40.0, "change": -15.96, "change_pct": -39.9,
+    trend = [{"figure": "idle_allocated_cost", "label": "cost of idle allocated time $", "current": 24.04, "previous": 40.0, "change": -15.96, "change_pct": -39.9,
               "change_missing": None, "change_pct_missing": None, "reason": reason}]
     report = {"window": {"from": "a", "to": "b", "hours": 1.0}, "filters": {}, "trend": trend,
               "utilization": {"by": "account", "rows": []}, "top_wasteful_jobs": []}

@@ -62,7 +62,7 @@ def test_teams_page_under_a_filter_shows_its_row_of_the_fleets_fairness(store, c
     its ratio, its fair-share factor) and the fleet's Jain's index - not a fleet of one team with
     ratio 1 and Jain's index 1 (issue #53.2)."""
     from gpufleet.analytics import fairness
-    from tests.test_dashboard_pages import assert_table, frame
+    from tests.test_dashboard_pages import as_page, assert_table, frame
 
     use_store(store)
     fleet = fairness.fairness(Analysis(con, Params(T(10), T(12)), now=T(12)), None)
@@ -70,7 +70,7 @@ def test_teams_page_under_a_filter_shows_its_row_of_the_fleets_fairness(store, c
     assert physics.height == 1 and fleet.per_account.height > 1
     at = goto(open_app(account="physics"), "teams")
     assert metrics(at)["Jain's index"] == f"{fleet.jain_index:.3f}"
-    assert_table(frame(at, "fair_accounts"), physics)
+    assert_table(frame(at, "fair_accounts"), as_page(physics))
     assert any(c.value.startswith("Showing account=physics's row of the fleet's fairness") for c in at.caption)
 
 

@@ -97,8 +97,8 @@ def frame(at: AppTest, key: str) -> pd.DataFrame:
 
 
 def same(x, y) -> bool:
-    nx = x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NaT
-    ny = y is None or (isinstance(y, float) and math.isnan(y)) or y is pd.NaT
+    nx = x is None or (isinstance(x, float) and math.isnan(x)) or x is pd.NaT or x is pd.NA  # (pd.NA: a table with durations)
+    ny = y is None or (isinstance(y, float) and math.isnan(y)) or y is pd.NaT or y is pd.NA
     if nx or ny:
         return nx and ny
     if isinstance(x, (int, float)) and isinstance(y, (int, float)):
@@ -108,6 +108,12 @@ def same(x, y) -> bool:
     if isinstance(y, pd.Timestamp):
         y = y.to_pydatetime()
     return x == y
+
+
+def as_page(df: pl.DataFrame) -> pl.DataFrame:
+    """A table by team, user or partition as the page shows it: without its count of jobs of unknown
+    GPU count where that is 0 on every row (ui.unknown_gpu_counts_note)."""
+    return df.drop("gpus_unknown_jobs") if "gpus_unknown_jobs" in df.columns and not df["gpus_unknown_jobs"].sum() else df
 
 
 def assert_table(shown: pd.DataFrame, expected: pl.DataFrame, columns: list[str] | None = None) -> None:
@@ -150,11 +156,11 @@ def test_fleet_now(store, con, use_store):
     idle = frame(at, "fleet_idle")
     assert idle["host"].tolist() == ["n1"] and idle["job_ids"].tolist() == ["102"] and idle["cost_usd_per_h"].tolist() == [3.0]
     # B was never busy in the look-back: idle since before its first sample, at least 2 h
-    assert idle["idle_since_text"].tolist() == ["before 2026-11-16 10:00:00 UTC"] and idle["idle_for_s"].tolist() == ["2 h"]
+    assert idle["idle_since_text"].tolist() == ["before 2026-11-16 10:00:00 UTC"] and idle["idle_for_s"].tolist() == [7200.0]  # a number (sorts by value), written "2 h" (ui.display_text)
     assert frame(at, "fleet_no_process")["job_ids"].tolist() == ["102"]
     problems = frame(at, "fleet_problems")
     assert sorted(zip(problems["host"], problems["gpu"], problems["status"])) == [("n2", 0, "no data"), ("n2", 1, "lost")]
-    assert problems.set_index("status").loc["lost", "last_xid"] == 79
+    assert problems.set_index("status").loc["lost", "last_xid"] == "79"
     assert m["Exporters silent"] == "0 of 4"  # n2's D is lost but still reporting
 
 
@@ -176,7 +182,7 @@ def test_utilization(store, a, use_store):
         clean(at)
         u = a.utilization(by)
         rank = "capacity_gpu_h" if "capacity_gpu_h" in u.columns else "allocated_gpu_h"
-        assert_table(frame(at, "util_by"), u.sort(rank, descending=True))
+        assert_table(frame(at, "util_by"), as_page(u.sort(rank, descending=True, nulls_last=True)))
         assert_table(frame(at, "util_timeline"), utilization_timeline(a, by))
 
 
@@ -226,7 +232,7 @@ def test_teams_and_fairness(store, a, use_store):
     assert m["Jain's index"] == f"{f.jain_index:.3f}"
     assert m["Gini of GPU-hours over users"] == f"{f.gini_users:.3f}"
     assert m["Jobs pending now"] == ui.count(f.pending.height)
-    assert_table(frame(at, "fair_accounts"), f.per_account)
+    assert_table(frame(at, "fair_accounts"), as_page(f.per_account))
     assert_table(frame(at, "fair_wait"), f.wait_by_size)
 
 
@@ -597,3 +603,36 @@ def test_every_amount_on_the_pages_has_the_one_format(store, use_store):
                     money_columns.append(name)
                     assert (c.get("type_config") or {}).get("format") == ui.USD_COLUMN, (page, name, c)
     assert seen and money_columns  # Fleet now's idle cost, Waste's costs; their tables
+
+
+def _duration_table_app():
+    import polars as pl
+
+    from gpufleet.dashboards import ui
+
+    ui.table(pl.DataFrame({"host": ["a", "b", "c"], "idle_for_s": [7200.0, None, 46.0], "runtime_h": [2.8, 0.5, 10.0],
+                           "idle_gpu_h": [1.25, None, 3.0]}), key="t")
+
+
+def test_durations_sort_by_value_and_read_in_words():
+    """A duration cell keeps its number (the grid sorts a header's column by its cells' data: 46 s
+    before 2 h, where the text would sort "2 h" before "46 s") and shows the words: the pandas
+    Styler's display text, which the grid shows for a number column without a format."""
+    import pyarrow as pa
+
+    at = AppTest.from_function(_duration_table_app).run()
+    assert not at.exception, at.exception
+    proto = at.container("t").dataframe[0].proto
+    data = pa.ipc.open_stream(proto.arrow_data.data).read_all()
+    shown = pa.ipc.open_stream(proto.arrow_data.styler.display_values).read_all()
+    assert data.column("idle_for_s").to_pylist() == [7200.0, None, 46.0] and data.column("runtime_h").to_pylist() == [2.8, 0.5, 10.0]
+    assert shown.column("idle_for_s").to_pylist() == ["2 h", words.UNKNOWN, "46 s"]
+    assert shown.column("runtime_h").to_pylist() == ["2 h 48 min", "30 min", "10 h"]
+    cfg = {k: v.get("type_config", {}) for k, v in json.loads(proto.columns).items() if v}
+    assert "format" not in cfg["idle_for_s"] and "format" not in cfg["runtime_h"]  # (a format would hide the words)
+    assert cfg["idle_gpu_h"]["format"] == "%,.1f" and data.column("idle_gpu_h").to_pylist() == [1.25, None, 3.0]
+
+
+def test_last_xid_is_none_when_reported_and_unknown_when_not():
+    states = pl.DataFrame({"last_xid": [79, None, None], "xid_last": [0, 0, None]}, schema={"last_xid": pl.Int64, "xid_last": pl.Int64})
+    assert ui.with_last_xid(states)["last_xid"].to_list() == ["79", "none", words.UNKNOWN]

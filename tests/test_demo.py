@@ -347,7 +347,7 @@ def test_fleet_now_page_on_the_demo_store(fleet, store, monkeypatch):
     problems = at.container("fleet_problems").dataframe[0].value
     host, gpu = fleet.lost_gpu
     row = problems[(problems["host"] == host) & (problems["gpu"] == gpu)].iloc[0]
-    assert row["status"] == "lost" and row["last_xid"] == 79
+    assert row["status"] == "lost" and row["last_xid"] == "79"  # (the code; "none" / "unknown" where there is none)
     gpus = at.container("fleet_gpus").dataframe[0].value
     assert len(gpus["compute_processes"].dropna()) == 175  # all but the lost GPU
     for key in ("fleet_gpus", "fleet_idle"):  # integers, shown as 1, not 1.00

@@ -376,7 +376,7 @@ def test_sacct_routes_and_files_say_it_and_leave_the_count_unknown(tmp_path):
 
 # --- the figures: unknown is shown as unknown, and what is known still adds up --------------------
 
-def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tmp_path):
+def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tmp_path, monkeypatch):
     import io
 
     from gpufleet.analytics.cli import build_report, print_table
@@ -392,10 +392,11 @@ def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tm
     f.job("701", account="nlp", user="ann", start=t0, end=t0 + timedelta(hours=1), gpus=1, placements=[("g01", "GPU-a")])
     f.job("702", account="nlp", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[])  # nobody said
     f.job("703", account="vision", user="bo", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[("g02", "GPU-b")])
+    f.job("704", account="speech", user="cy", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[])  # a team nobody said
     f.write()
     con = f.reader()
     assert con.execute("SELECT job_key, gpus, gpus_source FROM jobs ORDER BY 1").fetchall() == [
-        ("701", 1, None), ("702", None, None), ("703", 1, "job_map")]  # 703: the mapping saw it hold GPU-b
+        ("701", 1, None), ("702", None, None), ("703", 1, "job_map"), ("704", None, None)]  # 703: the mapping saw it hold GPU-b
     p = Params(t0, t0 + timedelta(hours=2))
     a = Analysis(con, p, now=t0 + timedelta(hours=3))
     rows = {r["job_key"]: r for r in job_summaries(a).to_dicts()}
@@ -404,10 +405,124 @@ def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tm
     totals = a.totals()
     by_account = a.utilization("account")
     assert totals.allocated_gpu_h == pytest.approx(2.0) == by_account["allocated_gpu_h"].sum()  # the known add up
+    rows_by = {r["account"]: r for r in by_account.to_dicts()}
+    assert (rows_by["nlp"]["allocated_gpu_h"], rows_by["nlp"]["gpus_unknown_jobs"]) == (pytest.approx(1.0), 1)  # the known part, and 1 unknown
+    assert (rows_by["speech"]["allocated_gpu_h"], rows_by["speech"]["no_data_gpu_h"], rows_by["speech"]["gpus_unknown_jobs"]) == (None, None, 1)
     [warning] = unknown_gpu_jobs(a)
-    assert "1 job of this window (702) has an unknown GPU count" in warning and "AccountingStorageTRES" in warning
+    assert "2 jobs of this window (702, 704) have an unknown GPU count" in warning and "AccountingStorageTRES" in warning
     report = build_report(con, p, "account", 5, "702", now=t0 + timedelta(hours=3))
     assert warning in report["warnings"] and report["job"]["allocated_gpu_h"] is None
     out = io.StringIO()
     print_table(report, out)
     assert "unknown GPU count" in out.getvalue() and "its allocated GPU-hours are unknown" in out.getvalue()
+
+    # the Utilization page by account: the same rows, unknown where none is known, and says why
+    pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+    from tests.test_dashboard_pages import frame, goto, open_app  # (its window: 2026-11-16 10:00-12:00)
+
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(tmp_path / "s"))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    at = goto(open_app(), "utilization")
+    at.button_group(key="by").set_value("account").run()
+    assert not at.exception, at.exception
+    shown = frame(at, "util_by").set_index("account")
+    import pandas as pd
+
+    assert pd.isna(shown.loc["speech", "allocated_gpu_h"])  # shown "unknown" (the table's placeholder), not 0
+    assert shown.loc["nlp", "allocated_gpu_h"] == pytest.approx(1.0) and shown.loc["nlp", "gpus_unknown_jobs"] == 1
+    assert any("2 jobs of this window have an unknown GPU count" in c.value for c in at.caption), [c.value for c in at.caption]
+    # ... and the Teams page's fairness: speech's usage unknown, not 0 GPU-hours
+    at = goto(at, "teams")
+    teams = frame(at, "fair_accounts").set_index("account")
+    assert pd.isna(teams.loc["speech", "used_gpu_h"]) and teams.loc["speech", "gpus_unknown_jobs"] == 1
+    assert teams.loc["nlp", "used_gpu_h"] == pytest.approx(1.0)
+
+
+# a team's row: the known jobs' allocated GPU-hours summed, unknown (never 0) when no job of it is known
+ACCOUNTS, USERS = ("nlp", "vision", "speech"), ("ann", "bo")
+WINDOW_T0 = datetime(2026, 11, 16, 10)
+MIXED_JOBS = st.lists(st.tuples(st.sampled_from(ACCOUNTS), st.sampled_from(USERS), st.sampled_from([None, 1, 2]),
+                                st.integers(0, 90), st.integers(10, 60), st.booleans()), min_size=1, max_size=6)
+
+
+def _expected_rows(jobs: list[tuple], by: int) -> dict[str, tuple[float | None, int]]:
+    """name -> (the known jobs' allocated GPU-hours, None if no job of the row is known; unknown jobs)."""
+    out: dict[str, tuple[float | None, int]] = {}
+    for j in jobs:
+        known, unknown = out.get(j[by], (None, 0))
+        if j[2] is None:
+            out[j[by]] = (known, unknown + 1)
+        else:
+            out[j[by]] = ((known or 0.0) + j[2] * j[4] / 60, unknown)
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(jobs=MIXED_JOBS)
+def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs, tmp_path_factory):
+    import io
+
+    import polars as pl
+
+    from gpufleet.analytics.cli import build_report, print_table
+    from gpufleet.analytics.core import Analysis
+    from gpufleet.analytics.params import Filters, Params
+    from tests.support.fleet import Fleet
+
+    t0 = WINDOW_T0
+    f = Fleet(tmp_path_factory.mktemp("store"), cluster="hpc")
+    gpus = [("g01", "GPU-a"), ("g01", "GPU-b")]
+    for i, (host, uuid) in enumerate(gpus):
+        f.gpu_series(host, uuid, t0, t0 + timedelta(hours=3), util=50.0, procs=1, gpu=i)
+    for i, (account, user, n, start, minutes, placed) in enumerate(jobs):
+        s = t0 + timedelta(minutes=start)
+        # a known count may have been mapped too; an unknown one was not (the mapping would have given it)
+        f.job(f"{800 + i}", account=account, user=user, start=s, end=s + timedelta(minutes=minutes), gpus=n,
+              placements=gpus[:n] if n is not None and placed else [])
+    f.write()
+    con = f.reader()
+    p = Params(t0, t0 + timedelta(hours=3))
+    now = t0 + timedelta(hours=4)
+    a = Analysis(con, p, now=now)
+    totals = a.totals()
+    for dim, by in (("account", 0), ("user_name", 1)):
+        rows = {r[dim]: r for r in a.utilization(dim).to_dicts()}
+        want = _expected_rows(jobs, by)
+        assert set(rows) == set(want)
+        for name, (known, unknown) in want.items():
+            r = rows[name]
+            assert r["gpus_unknown_jobs"] == unknown, (dim, name)
+            if known is None:  # unknown, never 0
+                assert r["allocated_gpu_h"] is None and r["no_data_gpu_h"] is None, (dim, name, r)
+            else:
+                assert r["allocated_gpu_h"] == pytest.approx(known), (dim, name)
+                assert r["data_gpu_h"] <= r["allocated_gpu_h"] + 1e-9
+                assert r["allocated_gpu_h"] == pytest.approx(r["data_gpu_h"] + r["no_data_gpu_h"]), (dim, name)
+        # the known part of the teams (of the users) sums to the fleet's allocated figure
+        assert sum(k for k, _ in want.values() if k is not None) == pytest.approx(totals.allocated_gpu_h)
+        assert float(pl.Series([r["allocated_gpu_h"] for r in rows.values()], dtype=pl.Float64).sum()) == pytest.approx(totals.allocated_gpu_h)
+    # a filtered figure equals its row unfiltered (its known part: 0 GPU-hours known when none is)
+    for name, (known, _) in _expected_rows(jobs, 0).items():
+        ft = Analysis(con, Params(t0, t0 + timedelta(hours=3), filters=Filters(account=name)), now=now).totals()
+        assert ft.allocated_gpu_h == pytest.approx(known or 0.0), name
+    # fairness (the Teams page): an account's usage is its known part, unknown where nothing is known
+    from gpufleet.analytics.fairness import fairness
+
+    fair = {r["account"]: r for r in fairness(a, None).per_account.to_dicts()}
+    for name, (known, unknown) in _expected_rows(jobs, 0).items():
+        assert fair[name]["used_gpu_h"] == (None if known is None else pytest.approx(known)), name
+        assert fair[name]["gpus_unknown_jobs"] == unknown, name
+    # analyze --by account: null in JSON, "unknown" in the table, the unknown jobs counted in a column
+    report = build_report(con, p, "account", 5, None, now=now)
+    by_json = {r["account"]: r for r in report["utilization"]["rows"]}
+    for name, (known, unknown) in _expected_rows(jobs, 0).items():
+        assert (by_json[name]["allocated_gpu_h"] is None) == (known is None) and by_json[name]["gpus_unknown_jobs"] == unknown
+    out = io.StringIO()
+    print_table(report, out)
+    lines = out.getvalue().splitlines()
+    header = next(line for line in lines if "jobs with GPU count unknown" in line)
+    assert "allocated GPU-h" in header
+    for name, (known, _) in _expected_rows(jobs, 0).items():
+        row = next(line for line in lines[lines.index(header):] if line.split()[:1] == [name])
+        cell = row[header.index("allocated GPU-h"):].split()[0]  # the column's cell, by the header's offset
+        assert (cell == "unknown") == (known is None), (header, row)

@@ -76,3 +76,47 @@ def test_a_jobs_gpus_survive_accounting_that_does_not_track_them(untracked, tmp_
     assert any(FIX in wn.value for wn in at.warning), [wn.value for wn in at.warning]
     shown = frame(at, "health_job_gpus")
     assert shown[shown["gpus_source"] == "slurmctld"]["ended"].tolist() == [1]
+
+
+def test_an_sacct_only_site_says_it_and_fills_the_count_from_the_job_mapping(untracked, tmp_path, monkeypatch):
+    """A site that reads accounting through sacct alone (no slurmrestd, so no slurmctld record): no
+    record of the read names a gres/gpu TRES, so the count is unknown (never 0) and the read says
+    why with the fix; the exporters' job mapping, which saw the job hold 2 GPUs, fills it (job_map);
+    the Health page warns."""
+    from gpufleet.collector.schema import Batch
+
+    c = untracked
+    job = c.sbatch("sleep 2\n", account="physics", gpus=2)
+    assert c.wait_job(job) == "COMPLETED"
+    key = str(job)
+    assert "gres/gpu" not in c.sacct("-X", "-n", "-P", "-j", key, "--format=AllocTRES")  # really no GPU recorded
+    store = tmp_path / "s"
+    w = StoreWriter(store)
+    sacct = SacctSource(cluster="gpufleet", env=c.env, tz=TZ, initial_lookback=timedelta(hours=2))
+    col = Collector(w, [ScheduledSource(sacct, 60)])
+    assert col.run_source(sacct) is True
+    row = lambda: open_reader(store).execute("SELECT gpus, gpus_source, state FROM jobs WHERE job_key = ?", [key]).fetchone()  # noqa: E731
+    assert row() == (None, None, "COMPLETED")  # unknown, not 0
+    manifest = json.loads((store / "manifest.json").read_text())["unrecognized"]
+    said = [u["detail"] for u in manifest if u["kind"] == "accounting_without_gpus" and u["source"] == "sacct"]
+    assert said and FIX in said[0] and "no job record of this read names a gres/gpu TRES" in said[0]
+    # the exporters' job mapping saw the job on two GPUs of the node
+    now = utcnow()
+    seen = [dict(ts=now - timedelta(seconds=s), cluster="gpufleet", scheduler="slurm", job_key=key, host="node1", gpu_uuid=f"GPU-{i}",
+                 gpu_instance=-1, gpu=i, source="exporter") for i in (0, 1) for s in (60, 30)]
+    w.commit(Batch(key="jobmap", allocations=seen))
+    w.publish()
+    assert row() == (2, "job_map", "COMPLETED")
+    col.count_job_gpu_sources()  # as upkeep does
+    assert col.metrics.registry.get_sample_value("gpufleet_collect_jobs_gpus_fallback", {"cluster": "gpufleet", "gpus_source": "job_map"}) == 1
+    w.close()
+
+    pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+    from tests.test_dashboard_pages import frame, goto, open_app
+
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(store))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    at = goto(open_app(), "health")
+    assert any(FIX in wn.value and "no job record of this read" in wn.value for wn in at.warning), [wn.value for wn in at.warning]
+    shown = frame(at, "health_job_gpus")
+    assert shown[shown["gpus_source"] == "job_map"]["ended"].tolist() == [1]

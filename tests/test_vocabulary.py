@@ -80,7 +80,14 @@ def test_the_table_formatter_writes_no_raw_value(rows):
                       orient="row")
     shown = ui.people(df)
     assert shown.height == df.height and shown.columns == df.columns  # no row lost, none added
-    text = [v for c in ("idle_s", "gi", "verdict", "reason") for v in shown[c].to_list()]
+    # a duration keeps its number (so its column sorts by value) and is written out by the table's display text
+    assert [None if v is None or math.isnan(v) else v for v in df["idle_s"].to_list()] == shown["idle_s"].to_list()
+    styled = ui.display_text(shown)
+    col = shown.columns.index("idle_s")
+    written = [c["display_value"] for row in styled._translate(False, False)["body"]  # (as Streamlit reads a Styler)
+               for c in row if c.get("type") == "td" and c.get("id", "").endswith(f"_col{col}")]
+    assert len(written) == df.height
+    text = written + [v for c in ("gi", "verdict", "reason") for v in shown[c].to_list()]
     assert all(isinstance(v, str) for v in text)  # written out: no null for the grid to show as "None"
     assert not {"None", "NaN", "nan", "-1"} & set(text) - set(df["reason"].drop_nulls().to_list())
     assert not set(words.VERDICTS) - {"idle", "low", "ok"} & set(shown["verdict"].to_list())

@@ -67,7 +67,7 @@ class TeamRow:
     used_share: float | None
     ratio: float | None
     fairshare_factor: float | None
-    allocated_gpu_h: float
+    allocated_gpu_h: float | None  # None: no job of the team has a known GPU count
     busy_gpu_h: float
     data_gpu_h: float
     utilization_pct: float | None
@@ -213,10 +213,11 @@ def _process_counts(a: Analysis) -> bool:
 
 
 def _by_account(df: pl.DataFrame, sums: list[str], cost: str | None = None) -> dict[str, dict[str, Any]]:
-    """Per-(cluster, account) analytics rows added up by account; money unknown if any part is."""
+    """Per-(cluster, account) analytics rows added up by account; money unknown if any part is, a
+    figure unknown (allocated GPU-hours of jobs whose GPU count is unknown) if every part is."""
     if df.is_empty():
         return {}
-    aggs = [pl.sum(c) for c in sums]
+    aggs = [pl.when(pl.col(c).is_null().all()).then(None).otherwise(pl.sum(c)).alias(c) for c in sums]
     if cost:
         aggs.append(pl.when(pl.col(cost).is_null().any()).then(None).otherwise(pl.sum(cost)).alias(cost))
     g = df.with_columns(pl.col("account").fill_null("")).group_by("account").agg(aggs)
@@ -243,7 +244,7 @@ def team_rows(a: Analysis, fair) -> list[TeamRow]:
         rows.append(TeamRow(
             account=acct, entitled_share=f.get("entitled_share"), used_share=f.get("used_share"), ratio=f.get("ratio"),
             fairshare_factor=f.get("fairshare_factor"),
-            allocated_gpu_h=u.get("allocated_gpu_h", 0.0), busy_gpu_h=busy, data_gpu_h=data,
+            allocated_gpu_h=u["allocated_gpu_h"] if u else 0.0, busy_gpu_h=busy, data_gpu_h=data,
             utilization_pct=busy / data * 100 if data > 0 else None,
             idle_gpu_h=i["gpu_h"] if i else 0.0, idle_cost=i["cost"] if i else 0.0,
             no_process_gpu_h=nop[acct]["gpu_h"] if acct in nop else 0.0,
@@ -251,7 +252,7 @@ def team_rows(a: Analysis, fair) -> list[TeamRow]:
             started_jobs=f.get("started_jobs"), pending_jobs=f.get("pending_jobs"),
         ))
     # sorted by cost of idle time, most first; unknown cost (unpriced model) after the known ones
-    rows.sort(key=lambda r: (r.idle_cost is None, -(r.idle_cost or 0.0), -r.idle_gpu_h, -r.allocated_gpu_h, r.account))
+    rows.sort(key=lambda r: (r.idle_cost is None, -(r.idle_cost or 0.0), -r.idle_gpu_h, -(r.allocated_gpu_h or 0.0), r.account))
     return rows
 
 

@@ -39,7 +39,7 @@ def grid(states: pl.DataFrame) -> alt.LayerChart:
                alt.Tooltip("job_names:N", title="job name"), alt.Tooltip("user_names:N", title="user"),
                alt.Tooltip("accounts:N", title="account"), alt.Tooltip("gpu_temp_c:Q", title="temperature °C", format=".0f"),
                alt.Tooltip("power_w:Q", title="power W", format=".0f"), alt.Tooltip("fb_used_mib:Q", title="memory used MiB", format=",.0f"),
-               alt.Tooltip("compute_processes:Q", title="processes", format="d"), alt.Tooltip("last_xid:Q", title="last XID", format="d"),
+               alt.Tooltip("compute_processes:Q", title="processes", format="d"), alt.Tooltip("last_xid:N", title="last XID"),
                alt.Tooltip("model:N")]
     x_axis = alt.Axis(values=[g + 0.5 for g in range(columns)], labelExpr="floor(datum.value)", grid=False, ticks=False)
     base = alt.Chart(df).encode(y=alt.Y("host:N", sort=y_order, title=None, axis=alt.Axis(labelOverlap=False))).properties(
@@ -58,7 +58,7 @@ def body(ctx: ui.Context) -> None:
     w = ctx.window
     now = data.fleet_now_for(w, ctx.now, ctx.version)
     as_of = now["as_of"]
-    states, summary = now["states"], now["summary"]
+    states, summary = ui.with_last_xid(now["states"]), now["summary"]
     st.text(f"As of {ui.when(as_of)}" + ("" if w.relative else " (the end of the chosen window)"))
     if states.is_empty():
         ui.empty_window("GPU seen in the last 24 hours before this moment")

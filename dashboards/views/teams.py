@@ -58,7 +58,7 @@ def body(ctx: ui.Context) -> None:
 
     st.subheader("Entitled vs allocated share")
     st.altair_chart(share_chart(acc), width="stretch")
-    ui.table(acc, key="fair_accounts", labels={"ratio": "allocated / entitled", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"},
+    ui.table(ui.unknown_gpu_counts_note(acc), key="fair_accounts", labels={"ratio": "allocated / entitled", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"},
              sort="account")
 
     st.subheader("Queue wait by job size (GPUs)")

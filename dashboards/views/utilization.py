@@ -113,7 +113,7 @@ def body(ctx: ui.Context) -> None:
         rank = "capacity_gpu_h" if "capacity_gpu_h" in u.columns else "allocated_gpu_h"
         if rank == "capacity_gpu_h" and t.not_attributable_reason:
             rank = "data_gpu_h"  # capacity is no job's: under a job filter, the selected jobs' time
-        order = u.sort(rank, descending=True)[keys[-1]].fill_null("(none)").to_list()
+        order = u.sort(rank, descending=True, nulls_last=True)[keys[-1]].fill_null("(none)").to_list()
         shown = order[:TOP]
         tl = b.timeline[by].filter(pl.col(keys[-1]).fill_null("(none)").is_in(shown))
         st.subheader(f"Utilization by {BY[by]} over time")
@@ -123,7 +123,8 @@ def body(ctx: ui.Context) -> None:
                    + " without samples (no data); blank: nothing " + ("installed" if rank == "capacity_gpu_h" else "allocated") + ".")
         st.altair_chart(heatmap(tl, keys, shown, rank, bucket_h), width="stretch")
         st.subheader(f"By {BY[by]} over the window")
-        ui.table(u.sort(rank, descending=True), key="util_by", sort=f"most {words.header(rank)} first")
+        ui.table(ui.unknown_gpu_counts_note(u).sort(rank, descending=True, nulls_last=True), key="util_by",
+                 sort=f"most {words.header(rank)} first")
     else:
         st.subheader("The window")
         ui.table(b.utilization["fleet"], key="util_by")
