@@ -37,6 +37,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -1373,7 +1374,22 @@ def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: d
     if selects:
         con.execute(f"CREATE VIEW {view} AS " + " UNION ALL BY NAME ".join(selects))
     else:
-        con.execute(f"CREATE TABLE {view} AS {schema.HEALTH_FILE.format(source='gpu_samples', where='false')}", {"thr": 0.0, "max_gap": 0.0})
+        columns = ", ".join(f'"{c}" {t}' for c, t in _health_file_columns())
+        con.execute(f"CREATE TABLE {view} ({columns})")
+
+
+@cache
+def _health_file_columns() -> tuple[tuple[str, str], ...]:
+    """schema.HEALTH_FILE's columns and their DuckDB types (over SAMPLE_SCHEMA's samples), for an
+    empty view of its rows: planned once a process - planning the query for each reader's two
+    empty views was half the cost of opening a store without health summaries."""
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
+        rows = con.execute(f"DESCRIBE {schema.HEALTH_FILE.format(source='_empty_samples', where='false')}", {"thr": 0.0, "max_gap": 0.0}).fetchall()
+    finally:
+        con.close()
+    return tuple((r[0], r[1]) for r in rows)
 
 
 def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> str:

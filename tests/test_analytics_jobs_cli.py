@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from datetime import datetime
 
 import pytest
 
+from gpufleet import cli
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_report, job_summaries
 from gpufleet.analytics.params import Params
@@ -85,7 +88,21 @@ def test_trend_against_the_previous_window(fleet):  # noqa: F811
     assert previous_baseline(con, Params(T(11), T(12)), now=T(20)).no_comparison is None
 
 
-def analyze(*args):
+def analyze(*args) -> subprocess.CompletedProcess:
+    """`gpufleet analyze ARGS` run in this process (gpufleet.cli.main): its exit status and what it
+    wrote, as subprocess.run gives them. A process of its own cost about 1.5 s of CPU a call in
+    imports alone; analyze_process runs one where a test is about what the process prints."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = cli.main(["analyze", *args])
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["gpufleet", "analyze", *args], code, out.getvalue(), err.getvalue())
+
+
+def analyze_process(*args) -> subprocess.CompletedProcess:
+    """`gpufleet analyze ARGS` in a process of its own: its exit status and every line it prints."""
     return subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", *args], capture_output=True, text=True, timeout=120)
 
 
@@ -138,7 +155,7 @@ def test_cli_says_which_entitled_shares_it_used(fleet, tmp_path):  # noqa: F811
 
 
 def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811
-    r = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "user_name")
+    r = analyze_process("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "user_name")
     assert r.returncode == 0, r.stderr
     assert "Utilization by user_name" in r.stdout and "alice" in r.stdout and "$3.00" in r.stdout
     headline = r.stdout.split("Headline (vs the previous window)")[1].split("Utilization by")[0]
@@ -146,11 +163,11 @@ def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811
     assert [c.strip() for c in alloc.strip().split("  ") if c.strip()][-2:] == ["no data", "no data"], alloc  # change, change %
     assert "unknown" not in headline and "%" not in alloc
     assert "no data to compare against: partial: the store's history starts 2026-11-16 09:00 UTC" in headline
-    assert analyze("--store", str(fleet.root), "--from", "2026-11-16T12:00:00", "--to", "2026-11-16T10:00:00").returncode == 2
-    assert analyze("--store", str(fleet.root), "--from", "x", "--to", "y").returncode == 2
-    bad = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "rack")
+    assert analyze_process("--store", str(fleet.root), "--from", "2026-11-16T12:00:00", "--to", "2026-11-16T10:00:00").returncode == 2
+    assert analyze_process("--store", str(fleet.root), "--from", "x", "--to", "y").returncode == 2
+    bad = analyze_process("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "rack")
     assert bad.returncode == 2 and "--by 'rack': expected one of" in bad.stderr
-    missing = analyze("--store", str(tmp_path / "none"), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
+    missing = analyze_process("--store", str(tmp_path / "none"), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
     assert missing.returncode == 2 and "no store at" in missing.stderr  # the command named the wrong store: usage
 
 
@@ -164,23 +181,23 @@ def error_line(r) -> str:
 
 def test_cli_errors_are_one_plain_line_with_the_fix_and_usage_exit_codes(fleet, tmp_path):  # noqa: F811
     window = ("--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00")
-    missing = analyze("--store", str(tmp_path / "none"), *window)
+    missing = analyze_process("--store", str(tmp_path / "none"), *window)
     assert missing.returncode == 2
     assert error_line(missing) == (f"gpufleet analyze: error: no store at {tmp_path / 'none'}: expected a directory written by "
                                    "`gpufleet collect` (manifest.json missing): pass --config gpufleet.toml (its [collector] or "
                                    "[analytics] store) or --store DIR")
-    no_week = analyze("--store", str(fleet.root), "--week", "2026-W54")
+    no_week = analyze_process("--store", str(fleet.root), "--week", "2026-W54")
     assert no_week.returncode == 2 and "2026 has no week 54" in error_line(no_week)
-    both = analyze("--store", str(fleet.root), "--week", "2026-W47", *window)
+    both = analyze_process("--store", str(fleet.root), "--week", "2026-W47", *window)
     assert both.returncode == 2 and "given --week and --from/--to: expected one of --week" in error_line(both)
-    neither = analyze("--store", str(fleet.root))
+    neither = analyze_process("--store", str(fleet.root))
     assert neither.returncode == 2 and "none given: expected one of --week YYYY-Www, --last DURATION" in error_line(neither)
-    half = analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00")
+    half = analyze_process("--store", str(fleet.root), "--from", "2026-11-16T10:00:00")
     assert half.returncode == 2 and "only --from given: expected both --from and --to" in error_line(half)
     for bad, said in (("0d", "expected a duration above zero"), ("a week", "expected a duration such as")):
-        r = analyze("--store", str(fleet.root), "--last", bad)
+        r = analyze_process("--store", str(fleet.root), "--last", bad)
         assert r.returncode == 2 and said in error_line(r)
-    by = analyze("--store", str(fleet.root), *window, "--by", "rack")
+    by = analyze_process("--store", str(fleet.root), *window, "--by", "rack")
     assert by.returncode == 2 and error_line(by) == ("gpufleet analyze: error: --by 'rack': expected one of gpu, host, model, "
                                                      "cluster, partition, account, user, job, fleet")
 

@@ -114,16 +114,25 @@ def mismatches(raw: dict, got: dict) -> list[str]:
     return bad
 
 
-def compare(con, p: Params, now: datetime, detail: bool = False, held_only: bool = False) -> tuple[list[str], Analysis]:
+def raw_figures(con, p: Params, now: datetime, detail: bool = False) -> tuple[Analysis, dict]:
+    """The raw path's analysis of the window and its figures (figures(..., detail))."""
+    raw = Analysis(con, p, now=now, summaries=False)
+    assert isinstance(raw.gt, GpuTime) and not isinstance(raw.gt, SummaryTime)
+    return raw, figures(raw, detail)
+
+
+def compare(con, p: Params, now: datetime, detail: bool = False, held_only: bool = False,
+            raw: tuple[Analysis, dict] | None = None) -> tuple[list[str], Analysis]:
     """The raw path's figures against the summaries path's; with `detail`, the summaries path
     reads the detail columns up front (as the dashboards and the report do) and the per-job
     figures are compared too (the raw path re-reads its window with them). `held_only`: the
     summaries path reads the GPUs a job filter's jobs held only (Analysis held_only): the same
-    figures, per GPU those GPUs' rows."""
-    raw = Analysis(con, p, now=now, summaries=False)
+    figures, per GPU those GPUs' rows. `raw`: raw_figures(con, p, now, detail) already computed
+    (a window compared more than once computes its oracle once)."""
+    raw, want = raw or raw_figures(con, p, now, detail)
+    want = dict(want)
     summ = Analysis(con, p, now=now, summaries=True, detail=detail, held_only=held_only)
-    assert isinstance(raw.gt, GpuTime) and not isinstance(raw.gt, SummaryTime)
-    want, got = figures(raw, detail), figures(summ, detail)
+    got = figures(summ, detail)
     if held_only:
         held = raw.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al")
         want["per_gpu"], got["per_gpu"] = (f.join(held, on=["cluster", "host", "gpu_uuid", "gi"], how="semi", nulls_equal=True)
@@ -149,7 +158,9 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
         w = StoreWriter(tmp)
         for batch in split(fleet, *how):
             w.commit(batch)
-        compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP, keep_s=keep, bucket_s=bucket_s))
+        # no health summaries (health_hours=0): no analysis reads them (test_health_summaries
+        # holds them to the raw figures), and they were a tenth of each example
+        compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP, keep_s=keep, bucket_s=bucket_s), health_hours=0)
         w.close()
         con = open_reader(tmp)
         used = False
@@ -158,7 +169,8 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
         batch_rows = data.draw(st.sampled_from([summaries._BATCH_ROWS, 5, 64]), label="batch_rows")
         stack.enter_context(mock.patch.object(summaries, "_BATCH_ROWS", batch_rows))
         for lo, hi in ((a, b), (a, m), (m, b)):
-            bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]), detail)
+            raw = raw_figures(con, params(fleet, lo, hi), at(fleet["now"]), detail)
+            bad, an = compare(con, params(fleet, lo, hi), at(fleet["now"]), detail, raw=raw)
             assert not bad, "\n".join(bad)
             used |= isinstance(an.gt, SummaryTime)
             if (lo, hi) == (a, b):  # the hours the widest window reads (its reach: idle_min_duration + max_gap either side)
@@ -166,15 +178,15 @@ def test_summaries_path_gives_the_raw_figures(fleet, how, bucket_s, data):
             event(f"whole buckets from summaries: {getattr(an.gt, 'summary_buckets', 0) > 0}")
             event(f"batch rows {batch_rows}: the line built unjoined: {isinstance(an.gt, SummaryTime) and an.gt.grid_us is None}")
             # a timeline whose buckets are not the summaries' looks up inside them: answered raw, the same
-            t_raw = utilization_timeline(Analysis(con, params(fleet, lo, hi), now=at(fleet["now"]), summaries=False), "account")
-            assert frames_equal(t_raw, utilization_timeline(an, "account"))
+            assert frames_equal(utilization_timeline(raw[0], "account"), utilization_timeline(an, "account"))
         job = Filters(job_key=fleet["jobs"][0]["key"] if fleet["jobs"] else "x")
-        for f in (Filters(account="alpha"), Filters(model=A100), job):
-            bad, _ = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail)
+        filtered = {f: raw_figures(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail) for f in (Filters(account="alpha"), Filters(model=A100), job)}
+        for f, raw in filtered.items():
+            bad, _ = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail, raw=raw)
             assert not bad, (f, "\n".join(bad))
         # a team's window as the dashboards read it: the summaries of the GPUs its jobs held only (a job's: its own)
         for f in (Filters(account="alpha"), job):
-            bad, an = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail, held_only=True)
+            bad, an = compare(con, params(fleet, a, b, filters=f), at(fleet["now"]), detail, held_only=True, raw=filtered[f])
             assert not bad, (f, "\n".join(bad))
             assert an.gt.ids.height <= an.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height  # no other GPU read
         # the path was taken where summaries exist for the windows (an hour summarised before the
@@ -245,11 +257,12 @@ def summary_rows(con) -> pl.DataFrame:
 
 
 @contextmanager
-def late_and_fresh(every: list[Batch], rnd, late_n: int, p: SummaryParams, end: datetime):
+def late_and_fresh(every: list[Batch], rnd, late_n: int, p: SummaryParams, end: datetime, health_hours: int | None = None):
     """Two stores of the batches `every` (shuffled): one that got `late_n` of them after its
     upkeep (late data, some for long-closed hours: clock skew, a backfill) and two of the others
     again (a re-ingest, a no-op), then upkeep twice (the second with nothing left to do); and a
-    fresh one of all of them (every hour's health summary built at once). Yields their roots."""
+    fresh one of all of them (every hour's health summary built at once; `health_hours`=0: none,
+    for a test of the other summaries). Yields their roots."""
     every = list(every)
     rnd.shuffle(every)
     late, first = every[:late_n], every[late_n:]
@@ -257,16 +270,16 @@ def late_and_fresh(every: list[Batch], rnd, late_n: int, p: SummaryParams, end: 
         w = StoreWriter(tmp)
         for batch in first:
             w.commit(batch)
-        compact(w, end, p, health_hours=None)
+        compact(w, end, p, health_hours=health_hours)
         for batch in late + first[:2]:
             w.commit(batch)
-        compact(w, end, p, health_hours=None)
-        compact(w, end, p, health_hours=None)
+        compact(w, end, p, health_hours=health_hours)
+        compact(w, end, p, health_hours=health_hours)
         w.close()
         f = StoreWriter(fresh)
         for batch in every:
             f.commit(batch)
-        compact(f, end, p, health_hours=None)
+        compact(f, end, p, health_hours=health_hours)
         f.close()
         yield tmp, fresh
 
@@ -277,7 +290,8 @@ def test_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, rnd, late_n)
     """Compaction of hours that already have summaries - late batches, the same batches again -
     leaves the summaries a fresh store of all the batches builds."""
     p = SummaryParams(max_gap_s=MAX_GAP, keep_s=60, bucket_s=60)
-    with late_and_fresh(split(fleet, 3, False), rnd, late_n, p, at(fleet["now"] + 7200)) as (tmp, fresh):
+    # (no health summaries: test_health_summaries_rebuilt_after_late_data_are_a_fresh_build has them)
+    with late_and_fresh(split(fleet, 3, False), rnd, late_n, p, at(fleet["now"] + 7200), health_hours=0) as (tmp, fresh):
         got, want = summary_rows(open_reader(tmp)), summary_rows(open_reader(fresh))
         assert got.equals(want)
         m1 = json.loads(open(f"{tmp}/manifest.json").read())

@@ -28,7 +28,7 @@ from test_analytics_golden import T
 from test_analytics_summaries import mismatches
 from test_hour_facts import BUILT, ONE_HOUR_BUCKETS, checked_windows, finder, golden, late_samples, random_fleet_facts, write_facts
 from test_hour_facts import mismatches as use_mismatches
-from test_hour_facts import oracle as use_oracle
+from test_hour_facts import use_figures
 
 from gpufleet.analytics import fact_window, hour_facts
 from gpufleet.analytics.core import JOB_DIMS, Analysis
@@ -63,10 +63,11 @@ def oracle(con, p: Params, now: datetime) -> tuple[dict, dict]:
         an.con.close()
 
 
-def compared(con, p: Params, now: datetime, facts: Path, waste: bool = True) -> list[str]:
+def compared(con, p: Params, now: datetime, facts: Path, waste: bool = True, use: bool = False) -> list[str]:
     """The oracle's figures against those from facts (which must answer the window): the whole
     analysis' (window_analysis), the job list alone (window_jobs), (`waste`) the Waste page's
-    figures alone (window_waste), and MFU's alone (mfu_window)."""
+    figures alone (window_waste), MFU's alone (mfu_window), and (`use`) the Utilization page's
+    (hour_facts.window_use; its figures taken from the same oracle's analysis, not a second one)."""
     got = fact_window.window_analysis(con, p, now, finder(facts))
     jobs = fact_window.window_jobs(con, p, now, finder(facts))
     assert got is not None and jobs is not None, p
@@ -74,6 +75,10 @@ def compared(con, p: Params, now: datetime, facts: Path, waste: bool = True) -> 
     try:
         want, want_tl = oracle(con, p, now)
         bad = mismatches(want, figures(fw)) + mismatches({"jobs (alone)": want["jobs"]}, {"jobs (alone)": jobs})
+        if use:
+            got_use = hour_facts.window_use(con, p, now, finder(facts))
+            assert got_use is not None and got_use.hours == len(hour_facts.whole_hours(p))
+            bad += use_mismatches(use_figures(want["totals"], {by: want[f"by_{by}"] for by in hour_facts.USE_DIMS}, want_tl), got_use)
         if waste:
             bad += waste_mismatches(want, fact_window.window_waste(con, p, now, finder(facts), 25), p)
         m = fact_window.mfu_window(con, p, now, finder(facts))
@@ -115,10 +120,8 @@ def test_a_window_from_its_facts_has_the_raw_figures(fleet, how, built, offset_s
         event(f"facts built {built}")
         event(f"roll-ups in the whole window: {sum(finder(facts).present_span(s) is not None for s in hour_facts.rollup_spans(p))}")
         for q in checked_windows(p):
-            # the Utilization page's figures (hour_facts.window_use), then the whole analysis'
-            use = hour_facts.window_use(con, q, now, finder(facts))
-            assert use is not None and use.hours == len(hour_facts.whole_hours(q))
-            bad = use_mismatches(use_oracle(con, q, now), use) + compared(con, q, now, facts)
+            # the whole analysis' figures and the Utilization page's (hour_facts.window_use)
+            bad = compared(con, q, now, facts, use=True)
             assert not bad, (q, "\n".join(bad))
         # the job list alone under a filter on the jobs (a team's, a user's: its rows of the fleet's list)
         for f in team_filters(con):
