@@ -76,7 +76,7 @@ class FactParams:
         return round(self.idle_min_s * 1_000_000)
 
     def tag(self) -> str:
-        text = json.dumps({"v": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        text = json.dumps({"v": FORMAT_VERSION, **{k: float(v) for k, v in asdict(self).items()}}, sort_keys=True)  # (300 = 300.0)
         return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
@@ -342,3 +342,96 @@ def chain_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, head: np.ndarray
     keep = ~at_start & ~at_end & ((r1 - r0) >= min_us)
     np.add.at(inner, cg[keep], (r1 - r0)[keep])
     return h_out, t_out, inner
+
+
+# --- upkeep: the store's facts files (gpufleet.collector.maintenance.compact calls it) ---
+
+SETTLE_US = 5 * 60 * 1_000_000  # how long after a bucket ends before its facts are written (maintenance.SETTLE)
+FILE_SCHEMA = SCHEMA.append(pa.field("tag", pa.string()))  # a file's rows with the parameters' tag
+FACTS_DIR = "facts"
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def _write(w, rel: str, parts: pa.Table, tag: str) -> None:  # noqa: ANN001 - a StoreWriter (no import cycle)
+    from gpufleet.collector.store import write_parquet
+
+    table = parts.append_column("tag", pa.array([tag] * parts.num_rows, pa.string()))
+    (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table.cast(FILE_SCHEMA), w.root / rel)
+
+
+def upkeep(w, now_us: int, p: FactParams) -> dict[str, int]:  # noqa: ANN001 - a StoreWriter
+    """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
+    in it, the parameters) changed since its file was written, and of every closed day whose
+    hours' files changed: exactly the touched buckets and their coarser parents. Returns how
+    many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing."""
+    tag = p.tag()
+    gap = p.gap_us
+    files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
+                         "WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file").fetchall()
+    hours: dict[int, list[str]] = {}
+    for f, lo, hi in files:
+        h = (lo - (lo % HOUR_US))
+        while h <= hi + gap:
+            if lo < h + HOUR_US and hi >= h - gap:  # its samples in [h - max_gap, h + 1 h)
+                hours.setdefault(h, []).append(f)
+            h += HOUR_US
+    built = {"hours": 0, "days": 0}
+    settled = sorted(h for h in hours if h + HOUR_US + SETTLE_US + gap <= now_us)
+    if settled:
+        hold = holds(w.db, settled[0], settled[-1] + HOUR_US, p)
+    for h in settled:
+        key = f"5m/{_iso(h)}"
+        inputs = _digest(sorted(hours[h]), holds_digest(hold, h, h + HOUR_US), tag)
+        old = w.facts.get(key)
+        if old is not None and old["inputs"] == inputs:
+            continue
+        q = samples_query(f"read_parquet([{', '.join(_quote(str(w.root / f)) for f in sorted(hours[h]))}], hive_partitioning = false)")
+        samples = w.db.sql(q, params={"lo": h, "hi": h + HOUR_US, "gap_us": gap}).to_arrow_table()
+        parts = build_parts(samples, hold, h, h + HOUR_US, p)
+        rel = f"{FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{inputs}.parquet"
+        _write(w, rel, parts, tag)
+        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "tag": tag})
+        built["hours"] += 1
+    days: dict[int, list[str]] = {}
+    for key, e in w.facts.items():
+        if e["grain"] == "5m" and e["tag"] == tag:
+            h = _epoch(e["bucket"])
+            days.setdefault(h - h % DAY_US, []).append(e["file"])
+    for d, fs in sorted(days.items()):
+        if d + DAY_US + SETTLE_US + gap > now_us:
+            continue
+        key = f"day/{_iso(d)[:10]}"
+        inputs = _digest(sorted(fs), tag)
+        old = w.facts.get(key)
+        if old is not None and old["inputs"] == inputs:
+            continue
+        fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet([{', '.join(_quote(str(w.root / f)) for f in sorted(fs))}], hive_partitioning = false)").to_arrow_table()
+        hourly = join_parts(fine.cast(SCHEMA), GRAIN_1H, p)
+        daily = join_parts(hourly, GRAIN_1D, p)
+        rel = f"{FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
+        _write(w, rel, pa.concat_tables([hourly, daily]), tag)
+        w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag})
+        built["days"] += 1
+    return built
+
+
+def _iso(us: int) -> str:
+    from gpufleet.times import from_epoch_us
+
+    return from_epoch_us(us).isoformat()
+
+
+def _epoch(iso: str) -> int:
+    from datetime import datetime
+
+    from gpufleet.times import epoch_us
+
+    return epoch_us(datetime.fromisoformat(iso))
+
+
+def _quote(path: str) -> str:
+    return "'" + path.replace("'", "''") + "'"

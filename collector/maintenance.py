@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpufleet.collector import summaries
+from gpufleet.collector import facts, summaries
 from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_DAY_SQL, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
                                       ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
@@ -75,6 +75,9 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     listed = {k: e["file"] for k, e in w.summaries.items()}
     done, merged = compact_hours(w, now)
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
+    sp = params or summaries.SummaryParams()
+    built += sum(facts.upkeep(w, epoch_us(now), facts.FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold,
+                                                                   idle_min_s=sp.keep_s)).values())
     built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
     built += merge_health_days(w, now, None if health_hours is None else HEALTH_DAYS_PER_PASS)
