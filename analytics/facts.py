@@ -30,7 +30,7 @@ import polars as pl
 import pyarrow as pa
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import register_prices, window_bind
+from gpufleet.analytics.core import JOB_FILTER_DIMS, register_prices, window_bind
 from gpufleet.analytics.params import Params
 from gpufleet.collector import facts as cf
 from gpufleet.times import epoch_us, utcnow
@@ -221,7 +221,10 @@ class FactWindow:
         if self.job_filtered:
             use = self.utilization("job")
             data, busy = float(use["data_gpu_h"].sum()), float(use["busy_gpu_h"].sum())
-            cap = no_data = stranded = None
+            # no data: allocated minus data (clipped at 0) per row of the filter's own dimension, as core.Analysis
+            rows = self.utilization(next(d for k, d in JOB_FILTER_DIMS.items() if getattr(self.p.filters, k) is not None))
+            no_data = float(rows["no_data_gpu_h"].sum())
+            cap = stranded = None
         else:
             g = self.per_gpu()
             cap, data, busy = (float(g[c].sum()) for c in ("capacity_gpu_h", "data_gpu_h", "busy_gpu_h"))

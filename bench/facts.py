@@ -2,7 +2,7 @@
 
 The cached synthetic week of bench/analytics.py (GPUFLEET_BENCH_GPUS, _DAYS, _JOBS; the same
 cache, default 1,024 GPUs) is copied (sample files hard-linked) and its facts written by the
-product's upkeep (gpufleet.collector.facts.upkeep: every settled hour's 5-minute facts, every
+product's upkeep (gpufleet.collector.maintenance.build_facts: every settled hour's 5-minute facts, every
 closed day's hour and day facts). Then the week's totals are computed three ways in this
 process: from the facts (analytics.facts.FactWindow), by the current path (core.Analysis with
 the store's summaries) and by the raw oracle (core.Analysis, summaries off), with whether their
@@ -37,6 +37,7 @@ def run() -> list[Table]:
     from gpufleet.analytics.facts import FactWindow
     from gpufleet.analytics.params import Params
     from gpufleet.collector import facts as cf
+    from gpufleet.collector.maintenance import build_facts
     from gpufleet.collector.store import StoreWriter, open_reader
     from gpufleet.times import epoch_us
 
@@ -46,9 +47,9 @@ def run() -> list[Table]:
         root = _copy(store, Path(d) / "store")
         w = StoreWriter(root)
         progress("writing the week's facts (upkeep)")
-        built, wall, cpu = _timed(lambda: cf.upkeep(w, epoch_us(SCALE.now), cf.FactParams()))
+        built, wall, cpu = _timed(lambda: build_facts(w, epoch_us(SCALE.now), cf.FactParams()))
         w.publish()
-        again, wall2, _ = _timed(lambda: cf.upkeep(w, epoch_us(SCALE.now), cf.FactParams()))
+        again, wall2, _ = _timed(lambda: build_facts(w, epoch_us(SCALE.now), cf.FactParams()))
         w.close()
         hours = max(1, built["hours"])
         t.add("facts upkeep: wall / CPU", f"{wall:.1f} s / {cpu:.1f} s ({built['hours']} hours, {built['days']} days written)")

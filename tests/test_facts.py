@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, fleets, scratch
 from test_analytics_summaries import split
@@ -31,14 +31,14 @@ from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.facts import FactWindow
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.collector import facts as cf
-from gpufleet.collector.maintenance import compact
+from gpufleet.collector.maintenance import build_facts, compact
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.collector.summaries import SummaryParams
 from gpufleet.times import epoch_us
 
 A100 = "NVIDIA A100-SXM4-80GB"
 DAY = 86400
-FACT_SETTINGS = settings(SETTINGS, max_examples=30)
+FACT_SETTINGS = settings(SETTINGS, max_examples=30, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])  # (no shrinking: minutes per failure)
 
 
 def params(fleet, a: int, b: int, **kw) -> Params:
@@ -208,7 +208,7 @@ def test_upkeep_run_twice_writes_no_new_byte(fleet):
         before = _snapshot(tmp)
         listed = json.loads((Path(tmp) / "manifest.json").read_text())["facts"]
         w = StoreWriter(tmp)
-        assert cf.upkeep(w, epoch_us(at(2 * DAY)), cf.FactParams(max_gap_s=MAX_GAP, idle_min_s=fleet["idle_min"])) == {"hours": 0, "days": 0}
+        assert build_facts(w, epoch_us(at(2 * DAY)), cf.FactParams(max_gap_s=MAX_GAP, idle_min_s=fleet["idle_min"])) == {"hours": 0, "days": 0}
         w.publish()
         w.close()
         assert _snapshot(tmp) == before
@@ -232,7 +232,7 @@ def test_late_data_rebuilds_exactly_its_hour_and_day(tmp_path):
     sample = batches(late)[0]
     w.commit(type(sample)(key="late", samples=sample.samples, gpus=sample.gpus))
     before = dict(w.facts)
-    assert cf.upkeep(w, epoch_us(at(2 * DAY)), fp) == {"hours": 1, "days": 1}
+    assert build_facts(w, epoch_us(at(2 * DAY)), fp) == {"hours": 1, "days": 1}
     changed = {k for k in w.facts if w.facts[k] != before[k]}
     assert changed == {"5m/" + at(3600).isoformat(), "day/" + at(0).isoformat()[:10]}
     # an allocation learnt late, ending in the third hour: that hour (the others' edges are unchanged) and the day
@@ -240,7 +240,7 @@ def test_late_data_rebuilds_exactly_its_hour_and_day(tmp_path):
                                           "gpus": 1, "held": [1]}]})[-1]
     w.commit(type(jobs)(key="late-jobs", jobs=jobs.jobs, allocations=jobs.allocations))
     before = dict(w.facts)
-    assert cf.upkeep(w, epoch_us(at(2 * DAY)), fp) == {"hours": 1, "days": 1}
+    assert build_facts(w, epoch_us(at(2 * DAY)), fp) == {"hours": 1, "days": 1}
     assert {k for k in w.facts if w.facts[k] != before[k]} == {"5m/" + at(7200).isoformat(), "day/" + at(0).isoformat()[:10]}
     w.publish()
     w.close()
