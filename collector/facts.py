@@ -226,14 +226,7 @@ def _edge_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, hit: np.ndarray,
     if n > 1:
         nxt[:-1] = linked[1:] & hit[1:]
     i0, i1 = np.flatnonzero(hit & ~linked), np.flatnonzero(hit & ~nxt)
-    rg, r0, r1 = grp[i0], p0[i0], p1[i1]
-    ng = len(s0)
-    head, tail, inner = np.zeros(ng, np.int64), np.zeros(ng, np.int64), np.zeros(ng, np.int64)
-    at_start, at_end = r0 == s0[rg], r1 == s1[rg]
-    head[rg[at_start]] = (r1 - r0)[at_start]
-    tail[rg[at_end]] = (r1 - r0)[at_end]
-    keep = ~at_start & ~at_end & ((r1 - r0) >= min_us)
-    np.add.at(inner, rg[keep], (r1 - r0)[keep])
+    head, tail, inner = _by_edge(grp[i0], p0[i0], p1[i1], s0, s1, min_us)
     return {"head_us": pa.array(head), "tail_us": pa.array(tail), "whole": pa.array(head == s1 - s0), "inner_us": pa.array(inner)}
 
 
@@ -329,19 +322,26 @@ def chain_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, head: np.ndarray
     linked[1:] = (g[1:] == g[:-1]) & (a1[:-1] == a0[1:])
     c0 = np.flatnonzero(~linked)
     c1 = np.append(c0[1:] - 1, len(a0) - 1) if len(c0) else c0
-    cg, r0, r1 = g[c0], a0[c0], a1[c1]
     ng = int(grp.max()) + 1 if len(grp) else 0
     first_at = np.full(ng, np.iinfo(np.int64).max)
     np.minimum.at(first_at, grp, p0)
     last_at = np.full(ng, np.iinfo(np.int64).min)
     np.maximum.at(last_at, grp, p1)
-    h_out, t_out, inner = np.zeros(ng, np.int64), np.zeros(ng, np.int64), np.zeros(ng, np.int64)
-    at_start, at_end = r0 == first_at[cg], r1 == last_at[cg]
-    h_out[cg[at_start]] = (r1 - r0)[at_start]
-    t_out[cg[at_end]] = (r1 - r0)[at_end]
+    return _by_edge(g[c0], a0[c0], a1[c1], first_at, last_at, min_us)
+
+
+def _by_edge(rg: np.ndarray, r0: np.ndarray, r1: np.ndarray, s0: np.ndarray, s1: np.ndarray,
+             min_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs [r0, r1) of groups rg spanning [s0, s1) each: per group, the run touching its start,
+    the one touching its end (their lengths) and the total of those touching neither that reach min_us."""
+    ng = len(s0)
+    head, tail, inner = np.zeros(ng, np.int64), np.zeros(ng, np.int64), np.zeros(ng, np.int64)
+    at_start, at_end = r0 == s0[rg], r1 == s1[rg]
+    head[rg[at_start]] = (r1 - r0)[at_start]
+    tail[rg[at_end]] = (r1 - r0)[at_end]
     keep = ~at_start & ~at_end & ((r1 - r0) >= min_us)
-    np.add.at(inner, cg[keep], (r1 - r0)[keep])
-    return h_out, t_out, inner
+    np.add.at(inner, rg[keep], (r1 - r0)[keep])
+    return head, tail, inner
 
 
 # --- the store's facts files (written by gpufleet.collector.maintenance.build_facts) ---
