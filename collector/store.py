@@ -391,7 +391,19 @@ class StoreWriter:
             self._sample_files.update(rel for rel, *_ in files)
         if files:
             self._drop_summaries(min(f[2] for f in files), max(f[3] for f in files))
+            self._drop_facts(min(f[2] for f in files), max(f[3] for f in files))
         return result
+
+    def _drop_facts(self, lo: datetime, hi: datetime) -> None:
+        """Samples landed in [lo, hi]: the facts of the hours (and days) they reach no longer stand
+        for their samples (a sample holds up to max_gap, at most 5 minutes, into the next bucket).
+        Unlisted at the next publish, so no reader sums stale facts; upkeep writes them again."""
+        reach = timedelta(minutes=5)
+        for key, e in list(self.facts.items()):
+            b = datetime.fromisoformat(e["bucket"])
+            if b - reach <= hi and b + (timedelta(hours=1) if e["grain"] == "5m" else timedelta(days=1)) > lo:
+                self._retired_snapshots.append((e["file"], self.clock()))
+                del self.facts[key]
 
     def _drop_summaries(self, lo: datetime, hi: datetime) -> None:
         """Samples landed in [lo, hi]: the summaries whose range they touch no longer stand for
