@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpufleet.collector import summaries
+from gpufleet.collector import facts, summaries
 from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_DAY_SQL, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
                                       ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
@@ -75,6 +75,9 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     listed = {k: e["file"] for k, e in w.summaries.items()}
     done, merged = compact_hours(w, now)
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
+    sp = params or summaries.SummaryParams()
+    built += sum(build_facts(w, epoch_us(now), facts.FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold,
+                                                                   idle_min_s=sp.keep_s)).values())
     built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
     built += merge_health_days(w, now, None if health_hours is None else HEALTH_DAYS_PER_PASS)
@@ -666,3 +669,78 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     log.info("retention: retired %d sample files, %d rollup files and %d summaries, deleted %d job throughput rows",
              len(old), len(old_rollups), expired, old_reports)
     return len(old) + len(old_rollups) + old_reports + expired
+
+
+# --- facts (gpufleet.collector.facts): each settled hour's 5-minute parts, each closed day's hour and day parts ---
+
+_SETTLE_US = round(SETTLE.total_seconds() * 1_000_000)
+
+
+def _facts_digest(*parts: object) -> str:
+    return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def _write_facts(w: StoreWriter, rel: str, parts: pa.Table, tag: str) -> None:
+    table = parts.append_column("tag", pa.array([tag] * parts.num_rows, pa.string()))
+    (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table.cast(facts.FILE_SCHEMA), w.root / rel)
+
+
+def _iso(us: int) -> str:
+    return from_epoch_us(us).isoformat()
+
+
+def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, int]:
+    """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
+    in it, the parameters) changed since its file was written, and of every closed day whose
+    hours' files changed: exactly the touched buckets and their coarser parents. Returns how
+    many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing."""
+    tag = p.tag()
+    gap = p.gap_us
+    files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
+                         "WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file").fetchall()
+    hours: dict[int, list[str]] = {}
+    for f, lo, hi in files:
+        h = (lo - (lo % facts.HOUR_US))
+        while h <= hi + gap:
+            if lo < h + facts.HOUR_US and hi >= h - gap:  # its samples in [h - max_gap, h + 1 h)
+                hours.setdefault(h, []).append(f)
+            h += facts.HOUR_US
+    built = {"hours": 0, "days": 0}
+    settled = sorted(h for h in hours if h + facts.HOUR_US + _SETTLE_US + gap <= now_us)
+    if settled:
+        hold = facts.holds(w.db, settled[0], settled[-1] + facts.HOUR_US, p)
+    for h in settled:
+        key = f"5m/{_iso(h)}"
+        inputs = _facts_digest(sorted(hours[h]), facts.holds_digest(hold, h, h + facts.HOUR_US), tag)
+        old = w.facts.get(key)
+        if old is not None and old["inputs"] == inputs:
+            continue
+        q = facts.samples_query(f"read_parquet({_sql_list([str(w.root / f) for f in sorted(hours[h])])}, hive_partitioning = false)")
+        samples = w.db.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": gap}).to_arrow_table()
+        parts = facts.build_parts(samples, hold, h, h + facts.HOUR_US, p)
+        rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{inputs}.parquet"
+        _write_facts(w, rel, parts, tag)
+        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "tag": tag})
+        built["hours"] += 1
+    days: dict[int, list[str]] = {}
+    for key, e in w.facts.items():
+        if e["grain"] == "5m" and e["tag"] == tag:
+            h = epoch_us(datetime.fromisoformat(e["bucket"]))
+            days.setdefault(h - h % facts.DAY_US, []).append(e["file"])
+    for d, fs in sorted(days.items()):
+        if d + facts.DAY_US + _SETTLE_US + gap > now_us:
+            continue
+        key = f"day/{_iso(d)[:10]}"
+        inputs = _facts_digest(sorted(fs), tag)
+        old = w.facts.get(key)
+        if old is not None and old["inputs"] == inputs:
+            continue
+        fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false)").to_arrow_table()
+        hourly = facts.join_parts(fine.cast(facts.SCHEMA), facts.GRAIN_1H, p)
+        daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
+        rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
+        _write_facts(w, rel, pa.concat_tables([hourly, daily]), tag)
+        w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag})
+        built["days"] += 1
+    return built

@@ -230,6 +230,12 @@ class StoreWriter:
         # it for those hours while each is still their hour's file (_health_day_files).
         self.health_days: dict[str, dict[str, Any]] = {
             e["day"]: e for e in previous.get("health_days", []) if isinstance(e, dict) and {"day", "file", "hours"} <= set(e)}
+        # Facts (gpufleet.collector.facts), as published: "5m/<hour>" or "day/<day>" -> {grain,
+        # bucket, file, inputs, tag}; kept across restarts through the manifest, rebuilt by upkeep
+        # when their inputs change.
+        self.facts: dict[str, dict[str, Any]] = {
+            f"{e['grain']}/{e['bucket'] if e['grain'] == '5m' else e['bucket'][:10]}": e for e in previous.get("facts", [])
+            if isinstance(e, dict) and {"grain", "bucket", "file", "inputs", "tag"} <= set(e)}
         self._remove_uncommitted_files()
         self._check_summaries()
         self._sweep_snapshots(previous)
@@ -274,7 +280,8 @@ class StoreWriter:
         current = self._live_files() | {f for files in manifest.get("segments", {}).values() for f in files}
         now = self.clock()
         (self.root / "summaries").mkdir(exist_ok=True)
-        for path in sorted([*(self.root / "tables").iterdir(), *(self.root / "summaries").rglob("*.parquet*")]):
+        for path in sorted([*(self.root / "tables").iterdir(), *(self.root / "summaries").rglob("*.parquet*"),
+                            *(self.root / "facts").rglob("*.parquet*")]):
             rel = str(path.relative_to(self.root))
             if path.name.endswith(".tmp"):
                 path.unlink(missing_ok=True)
@@ -285,7 +292,8 @@ class StoreWriter:
         """The table files the store is made of now: never deleted, whatever the retired lists say
         (a crash may have left a file of the same name there before it was written again)."""
         return (set(self._tables.values()) | {f for files in self._live_segments().values() for f in files}
-                | {f for e in self.summaries.values() for f in _summary_files(e)} | {e["file"] for e in self.health_days.values()})
+                | {f for e in self.summaries.values() for f in _summary_files(e)} | {e["file"] for e in self.health_days.values()}
+                | {e["file"] for e in self.facts.values()})
 
     def _reset_stale_segments(self) -> None:
         """Segments written under an older schema go back to the open part (the next settle()
@@ -384,7 +392,19 @@ class StoreWriter:
             self._sample_files.update(rel for rel, *_ in files)
         if files:
             self._drop_summaries(min(f[2] for f in files), max(f[3] for f in files))
+            self._drop_facts(min(f[2] for f in files), max(f[3] for f in files))
         return result
+
+    def _drop_facts(self, lo: datetime, hi: datetime) -> None:
+        """Samples landed in [lo, hi]: the facts of the hours (and days) they reach no longer stand
+        for their samples (a sample holds up to max_gap, at most 5 minutes, into the next bucket).
+        Unlisted at the next publish, so no reader sums stale facts; upkeep writes them again."""
+        reach = timedelta(minutes=5)
+        for key, e in list(self.facts.items()):
+            b = datetime.fromisoformat(e["bucket"])
+            if b - reach <= hi and b + (timedelta(hours=1) if e["grain"] == "5m" else timedelta(days=1)) > lo:
+                self._retired_snapshots.append((e["file"], self.clock()))
+                del self.facts[key]
 
     def _drop_summaries(self, lo: datetime, hi: datetime) -> None:
         """Samples landed in [lo, hi]: the summaries whose range they touch no longer stand for
@@ -455,6 +475,14 @@ class StoreWriter:
         e = self.health_days.pop(day, None)
         if e is not None and e["file"] != keep:
             self._retired_snapshots.append((e["file"], self.clock()))
+
+    def put_facts(self, key: str, entry: dict[str, Any]) -> None:
+        """List a facts file (gpufleet.collector.facts.upkeep) under `key`; the one it replaces is
+        deleted after the grace period (a reader may hold an older manifest)."""
+        old = self.facts.get(key)
+        if old is not None and old["file"] != entry["file"]:
+            self._retired_snapshots.append((old["file"], self.clock()))
+        self.facts[key] = entry
 
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
@@ -856,6 +884,7 @@ class StoreWriter:
             "tables": self._tables,
             "summaries": sorted(self.summaries.values(), key=itemgetter("hour")),
             "health_days": sorted(self.health_days.values(), key=itemgetter("day")),
+            "facts": sorted(self.facts.values(), key=itemgetter("grain", "bucket")),
             # segmented tables: their immutable segments, and those the open part overrides rows of
             "segments": segments,
             "superseded": {k: v for k, v in self._superseded.items() if v},
@@ -1165,6 +1194,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     else:
         con.execute(f"CREATE TABLE gpu_rollup_5m AS {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
     _summary_views(con, parts)
+    _fact_views(con, parts)
     for name, ddl in schema.TABLES.items():
         views = [_table_view(d, m, name, m["tables"][name]) for d, m in parts if m.get("tables", {}).get(name)]
         if len(views) > 1 and name == "jobs":
@@ -1306,6 +1336,27 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
             con.execute(f"CREATE TABLE {view} AS SELECT * FROM _empty_summaries")
             con.unregister("_empty_summaries")
     _health_views(con, by_key, parts)
+
+
+def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
+    """fact_parts (the facts files the manifest lists, gpufleet.collector.facts) and fact_files (a
+    row per hour of 5-minute facts, grain_s 300, and per day of hour and day facts, grain_s
+    86400, with the parameters' tag): what analytics.facts tiles a window with. Sharded stores:
+    none yet (each shard's facts are its own GPUs'), so their windows are cut from raw samples."""
+    from gpufleet.collector import facts
+
+    entries = [(d, e) for d, m in parts for e in m.get("facts", [])] if len(parts) == 1 else []
+    _table_of_lists(con, "fact_files", {
+        "grain_s": ("INTEGER", [facts.GRAIN_5M if e["grain"] == "5m" else facts.GRAIN_1D for _, e in entries]),
+        "bucket": ("TIMESTAMP", [datetime.fromisoformat(e["bucket"]) for _, e in entries]),
+        "tag": ("VARCHAR", [e["tag"] for _, e in entries])})
+    if entries:
+        con.execute(f"CREATE VIEW fact_parts AS SELECT * FROM read_parquet({_sql_list([str(d / e['file']) for d, e in entries])}, "
+                    "hive_partitioning = false)")
+    else:
+        con.register("_empty_facts", facts.FILE_SCHEMA.empty_table())
+        con.execute("CREATE TABLE fact_parts AS SELECT * FROM _empty_facts")
+        con.unregister("_empty_facts")
 
 
 def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]],

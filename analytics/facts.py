@@ -1,0 +1,266 @@
+"""A window's figures from the store's facts (gpufleet.collector.facts): SQL over parts.
+
+The window [start, end) and its reach (idle_min_duration + max_gap either side, where an idle
+stretch crossing an edge is judged by its whole length) are tiled with the coarsest buckets the
+store has facts of (a day, an hour, 5 minutes) for these parameters; the minutes a window edge cuts
+out of a 5-minute bucket, and any bucket without facts, are cut from raw samples by the same
+function the store's upkeep uses (collector.facts.build_parts), so both sides apply one rule.
+Every part then lies wholly inside or wholly outside the window (`inside`), and each figure is
+one query over the parts:
+
+  data, busy, allocated data (held), stranded   sums over the lead parts inside the window
+  a job's data and busy                         sums over its parts inside the window
+  idle allocated, no process                    RUN_CHAINS: the parts' edge runs chained per GPU
+                                                and allocation in one window-function pass, a
+                                                chain counted when it reaches idle_min_duration,
+                                                plus the runs wholly inside parts that did
+  capacity, allocated (accounting)              the inventory and the job table, as the raw path
+
+A filter is a WHERE clause on the parts (cluster, model) or on their holders' jobs (account, user,
+partition, job). The raw path (core.Analysis with summaries off) is the tests' oracle.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from gpufleet.analytics import sql
+from gpufleet.analytics.core import JOB_FILTER_DIMS, register_prices, window_bind
+from gpufleet.analytics.params import Params
+from gpufleet.collector import facts as cf
+from gpufleet.times import epoch_us, utcnow
+
+FIVE_US = cf.GRAIN_5M * 1_000_000
+
+# The window's parts (the temp table wp) with each one's MIG share and whether it is inside the
+# window; the filters on GPUs (cluster, model) and on holders' jobs (job_filter) apply here
+PARTS_VIEW = f"""
+CREATE OR REPLACE TEMP TABLE wpe AS
+SELECT wp.*, {sql.gpu_equiv("wp")} AS equiv, wp.p0 >= $start_us AND wp.p1 <= $end_us AS inside
+FROM wp
+WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)
+"""
+
+# the parts of one grain's buckets in [$lo, $hi) from the store's facts
+STORED_PARTS = "SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi)"
+# which buckets the store has facts of, for these parameters
+STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b FROM fact_files WHERE tag = $tag"
+
+# The holders' jobs, for a job filter and the job dimensions (a mapped job the accounting lacks
+# keeps its allocation's key, as sql.ALLOCATIONS names it)
+_HELD = f"""
+SELECT p.*, coalesce(j.job_id, p.job_key) AS job_id, j.user_name, j.account, j.partition
+FROM wpe p LEFT JOIN jobs j ON j.cluster = p.cluster AND j.scheduler = p.scheduler AND j.job_key = p.job_key
+WHERE p.job_key IS NOT NULL AND {sql.ALLOCATION_FILTERS.replace('a.', 'p.')}
+"""
+
+PER_GPU_USE = """
+SELECT cluster, host, gpu_uuid, gi,
+       sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s,
+       sum(CASE WHEN job_key IS NOT NULL THEN data_s * equiv ELSE 0 END) AS alloc_data_s
+FROM wpe WHERE inside AND lead GROUP BY ALL
+"""
+
+# Runs resolved across the parts of a window: every part's edge pieces (head, tail; one when the
+# whole part is a run) of one GPU and holder chained where one ends as the next starts - one
+# window-function pass over the pieces in order - and each chain's seconds inside the window
+# counted when the whole chain reaches $idle_min_us; beside them, the runs wholly inside parts
+# that did. {kind}: idle or nop.
+RUN_CHAINS = """
+WITH held AS ({held}), pieces AS (
+    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
+           p0 AS r0, p0 + {kind}_head_us AS r1
+    FROM held WHERE {kind}_head_us > 0
+    UNION ALL
+    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
+           p1 - {kind}_tail_us, p1
+    FROM held WHERE {kind}_tail_us > 0 AND NOT {kind}_whole
+), linked AS (
+    SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
+                  PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
+    FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
+)
+SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
+       any_value(account) AS account, any_value(partition) AS partition, any_value(model) AS model,
+       sum(CASE WHEN inside THEN (r1 - r0) * equiv ELSE 0 END) / 1e6 AS gpu_s
+FROM linked GROUP BY cluster, host, gpu_uuid, gi, scheduler, job_key, chain
+HAVING sum(r1 - r0) >= $idle_min_us
+UNION ALL
+SELECT cluster, scheduler, job_key, job_id, user_name, account, partition, model, {kind}_inner_us * equiv / 1e6
+FROM held WHERE inside AND {kind}_inner_us > 0
+"""
+
+JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
+            "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
+
+
+class FactWindow:
+    """One window's parts on a cursor of its own, and the figures over them."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None):
+        self.con = con.cursor()
+        self.p = params
+        self.fp = cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
+                                idle_min_s=params.idle_min_duration.total_seconds())
+        self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
+                     "idle_min_us": self.fp.idle_min_us}
+        register_prices(self.con, params)
+        self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
+        self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
+        self._parts()
+        for stmt in (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW):
+            self.con.execute(stmt, sql.bound(stmt, self.bind))
+
+    # --- tiling ---
+
+    def _stored(self) -> dict[int, set[int]]:
+        have = {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()").fetchall()}
+        out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
+        if "fact_files" in have:
+            for g, b in self.con.execute(STORED_BUCKETS, {"tag": self.fp.tag()}).fetchall():
+                out[g].add(b)
+        return out
+
+    def tile(self, lo: int, hi: int, stored: dict[int, set[int]]) -> list[tuple[int | None, int, int]]:
+        """[lo, hi) (epoch us) as (grain, from, to) runs of stored buckets, coarsest first where they
+        fit, and (None, from, to) for what is read raw. 5-minute facts are stored by the hour,
+        hour and day facts by the day (stored[grain]: the hours / days that have them)."""
+        out: list[tuple[int | None, int, int]] = []
+        t = lo
+
+        def add(g: int | None, a: int, b: int) -> None:
+            if out and out[-1][0] == g and out[-1][2] == a:
+                out[-1] = (g, out[-1][1], b)
+            else:
+                out.append((g, a, b))
+
+        while t < hi:
+            day, hour = t - t % cf.DAY_US, t - t % cf.HOUR_US
+            if t == day and t + cf.DAY_US <= hi and day in stored[cf.GRAIN_1D]:
+                add(cf.GRAIN_1D, t, t + cf.DAY_US)
+                t += cf.DAY_US
+            elif t == hour and t + cf.HOUR_US <= hi and day in stored[cf.GRAIN_1D]:
+                add(cf.GRAIN_1H, t, t + cf.HOUR_US)
+                t += cf.HOUR_US
+            elif t % FIVE_US == 0 and t + FIVE_US <= hi and hour in stored[cf.GRAIN_5M]:
+                add(cf.GRAIN_5M, t, t + FIVE_US)
+                t += FIVE_US
+            else:  # raw up to the next 5-minute edge (or hi)
+                nxt = min(hi, t - t % FIVE_US + FIVE_US)
+                add(None, t, nxt)
+                t = nxt
+        return out
+
+    def _parts(self) -> None:
+        s, e = self.bind["start_us"], self.bind["end_us"]
+        reach = round((self.p.idle_min_duration + self.p.max_gap).total_seconds() * 1_000_000)
+        r0 = (s - reach) - (s - reach) % FIVE_US
+        r1 = -((-(e + reach)) // FIVE_US) * FIVE_US
+        stored = self._stored()
+        tables = []
+        for lo, hi in ((r0, s), (s, e), (e, r1)):
+            for grain, a, b in self.tile(lo, hi, stored):
+                if grain is None:
+                    tables += self._raw(a, b)
+                else:
+                    q = STORED_PARTS
+                    tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
+                    self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
+        parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
+        self.con.register("_wp", parts)
+        self.con.execute("CREATE OR REPLACE TEMP TABLE wp AS SELECT * FROM _wp")
+        self.con.unregister("_wp")
+
+    def _raw(self, lo: int, hi: int) -> list[pa.Table]:
+        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys)."""
+        out = []
+        where = "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
+        q = cf.samples_query("gpu_samples", where)
+        t = lo
+        while t < hi:
+            u = min(hi, t - t % cf.HOUR_US + cf.HOUR_US)
+            samples = self.con.sql(q, params={"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
+                                           "model": self.p.filters.model}).to_arrow_table()
+            if samples.num_rows:
+                out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
+                self.raw_us += u - t
+            t = u
+        return out
+
+    # --- figures ---
+
+    def q(self, query: str, **extra: Any) -> pl.DataFrame:
+        return pl.from_arrow(self.con.sql(query, params=sql.bound(query, {**self.bind, **extra})).to_arrow_table())
+
+    @property
+    def job_filtered(self) -> bool:
+        f = self.p.filters
+        return any(v is not None for v in (f.account, f.user_name, f.partition, f.job_key))
+
+    def per_gpu(self) -> pl.DataFrame:
+        """As core.Analysis.per_gpu: capacity, data, no data, busy, allocated data and stranded GPU-hours per GPU."""
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE gpu_use AS {PER_GPU_USE}", sql.bound(PER_GPU_USE, self.bind))
+        return self.q(sql.PER_GPU)
+
+    def runs(self, kind: str) -> pl.DataFrame:
+        """Idle (kind "idle") or no-process ("nop") stretches' in-window GPU-seconds, a row per chain or part."""
+        query = RUN_CHAINS.format(held=_HELD, kind=kind)
+        return self.q(query)
+
+    def totals(self) -> dict[str, float | None]:
+        """The window's headline GPU-hours (core.Totals' hours; capacity, no data and stranded only without a job filter)."""
+        alloc = float(self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0])
+        idle, nop = self.runs("idle"), self.runs("nop")
+        idle_h = float(idle["gpu_s"].sum()) / 3600 if idle.height else 0.0
+        nop_h = float(nop["gpu_s"].sum()) / 3600 if nop.height else 0.0
+        if self.job_filtered:
+            use = self.utilization("job")
+            data, busy = float(use["data_gpu_h"].sum()), float(use["busy_gpu_h"].sum())
+            # no data: allocated minus data (clipped at 0) per row of the filter's own dimension, as core.Analysis
+            rows = self.utilization(next(d for k, d in JOB_FILTER_DIMS.items() if getattr(self.p.filters, k) is not None))
+            no_data = float(rows["no_data_gpu_h"].sum())
+            cap = stranded = None
+        else:
+            g = self.per_gpu()
+            cap, data, busy = (float(g[c].sum()) for c in ("capacity_gpu_h", "data_gpu_h", "busy_gpu_h"))
+            no_data, stranded = float(g["no_data_gpu_h"].sum()), float(g["stranded_gpu_h"].sum())
+        return {"capacity_gpu_h": cap, "data_gpu_h": data, "no_data_gpu_h": no_data, "busy_gpu_h": busy,
+                "utilization_pct": busy / data * 100 if data > 0 else None, "allocated_gpu_h": alloc,
+                "idle_allocated_gpu_h": idle_h, "no_process_gpu_h": nop_h, "stranded_gpu_h": stranded}
+
+    def utilization(self, by: str) -> pl.DataFrame:
+        """Allocated, data, busy and no-data GPU-hours by a job dimension (core.JOB_DIMS), as core.by_job_dimension."""
+        keys = list(JOB_DIMS[by])
+        cols = ", ".join(keys)
+        used = self.q(f"SELECT {cols}, sum(data_s * equiv) / 3600 AS data_gpu_h, sum(busy_s * equiv) / 3600 AS busy_gpu_h "
+                      f"FROM ({_HELD}) WHERE inside GROUP BY ALL")
+        alloc = self.q(sql.job_allocated_by(keys))
+        out = alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
+            pl.col("allocated_gpu_h").fill_null(0.0), pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0))
+        return out.with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h")).sort(keys)
+
+    def waste_by(self, by: str, kind: str = "idle") -> pl.DataFrame:
+        """Idle (or no-process: kind "nop") GPU-hours by a job dimension."""
+        keys = list(JOB_DIMS[by])
+        r = self.runs(kind)
+        if r.is_empty():
+            return pl.DataFrame(schema={**{k: pl.Utf8 for k in keys}, "gpu_h": pl.Float64})
+        return r.group_by(keys).agg((pl.sum("gpu_s") / 3600).alias("gpu_h")).filter(pl.col("gpu_h") > 0).sort(keys)
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def window_totals(con: duckdb.DuckDBPyConnection, params: Params, now: datetime | None = None) -> dict[str, float | None]:
+    """The window's totals from facts (FactWindow.totals)."""
+    w = FactWindow(con, params, now=now)
+    try:
+        return w.totals()
+    finally:
+        w.close()
+

@@ -1,0 +1,351 @@
+"""Facts: the store's one derived tier (DESIGN.md contract 3) - exact, composable parts of buckets.
+
+A fact row is one *part* of one GPU's (or MIG instance's) bucket: a stretch [p0, p1) of the bucket
+held by one allocation (scheduler, job_key), or by none (job_key NULL). A bucket is cut at every
+allocation edge inside it; a stretch two allocations hold at once (a shared GPU) is one row per
+holder, and exactly one row of each stretch is its `lead` (its first holder, or the unheld row),
+so GPU figures sum the lead rows and job figures every held row. Columns (seconds are plain
+seconds, not yet times the MIG share, which readers take from model and mig_profile; *_us are microseconds):
+
+  covered_s, data_s, busy_s, nop_s   time covered by a sample interval; with a utilization; that
+                                      time x utilization / 100; with no compute process
+  first_ts, last_ts                  the first and last sample interval's start in the part
+  energy_j, fb_max_mib, temp_max_c   power x seconds where known; memory and temperature high-waters
+  idle_head_us, idle_tail_us         the idle run touching the part's start / end (its length in it)
+  idle_whole                         the whole part is one idle run (head = tail = p1 - p0)
+  idle_inner_us                      idle runs touching neither edge, each at least idle_min long
+  nop_head_us, nop_tail_us, nop_whole, nop_inner_us: the same for "held with no compute process"
+
+Sample intervals follow contract 4 (gpufleet.analytics.gputime is the oracle): a sample holds until
+the next sample of its GPU, at most max_gap. A part's facts depend on its own samples and the last
+one before it, never on a neighbour's facts: joining adjacent parts is associative (`join_parts`),
+and runs that cross parts are resolved when a window is summed (one window-function
+pass, gpufleet.analytics.facts). Three grains: 5 minutes (built from samples), 1 hour and 1 day (each built from the finer
+grain by join_parts, never from samples). The parameters baked in (max_gap, idle threshold,
+idle_min_duration) are recorded with every file (FactParams.tag).
+
+Layout: an hour's 5-minute facts in facts/5m/date=D/hour-HH-<inputs>.parquet, a closed day's hour
+and day facts in facts/day/date=D-<inputs>.parquet; the manifest lists them ("facts"), each with
+the digest of what it was built from (sample files and allocation edges; for a day, its hours'
+files), so an upkeep pass rebuilds exactly the buckets whose inputs changed and their parents
+(gpufleet.collector.maintenance.build_facts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, LINE_COLUMNS
+from gpufleet.collector.summaries import intervals, segments, split
+
+FORMAT_VERSION = 1
+GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
+HOUR_US = 3_600_000_000
+DAY_US = 24 * HOUR_US
+
+
+@dataclass(frozen=True)
+class FactParams:
+    """What facts bake in; defaults as gpufleet.analytics.params' (max_gap 30 s, idle threshold 5 %,
+    idle_min_duration 30 min)."""
+
+    max_gap_s: float = 30.0
+    idle_threshold: float = 5.0
+    idle_min_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if self.max_gap_s <= 0 or self.max_gap_s * 1_000_000 != round(self.max_gap_s * 1_000_000):
+            raise ValueError(f"max_gap {self.max_gap_s} s must be a positive whole number of microseconds")
+        if self.max_gap_s > GRAIN_5M:
+            raise ValueError(f"max_gap {self.max_gap_s} s must be at most the 5-minute bucket ({GRAIN_5M} s)")
+        if self.idle_min_s <= 0:
+            raise ValueError(f"idle_min_duration {self.idle_min_s} s must be positive")
+
+    @property
+    def gap_us(self) -> int:
+        return round(self.max_gap_s * 1_000_000)
+
+    @property
+    def idle_min_us(self) -> int:
+        return round(self.idle_min_s * 1_000_000)
+
+    def tag(self) -> str:
+        text = json.dumps({"v": FORMAT_VERSION, **{k: float(v) for k, v in asdict(self).items()}}, sort_keys=True)  # (300 = 300.0)
+        return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+_GPU = ("cluster", "host", "gpu_uuid", "gi")
+_HOLDER = ("scheduler", "job_key")
+_SUMS = ("covered_s", "data_s", "busy_s", "nop_s", "energy_j")
+_MAXES = ("fb_max_mib", "temp_max_c")
+SCHEMA = pa.schema([
+    ("cluster", pa.string()), ("host", pa.string()), ("gpu_uuid", pa.string()), ("gi", pa.int16()),
+    ("gpu", pa.int16()), ("model", pa.string()), ("mig_profile", pa.string()),
+    ("grain_s", pa.int32()), ("bucket", pa.timestamp("us")), ("p0", pa.int64()), ("p1", pa.int64()),
+    ("scheduler", pa.string()), ("job_key", pa.string()), ("lead", pa.bool_()),
+    ("covered_s", pa.float64()), ("data_s", pa.float64()), ("busy_s", pa.float64()), ("nop_s", pa.float64()),
+    ("energy_j", pa.float64()), ("fb_max_mib", pa.float64()), ("temp_max_c", pa.float64()),
+    ("first_ts", pa.int64()), ("last_ts", pa.int64()),
+    ("idle_head_us", pa.int64()), ("idle_tail_us", pa.int64()), ("idle_whole", pa.bool_()), ("idle_inner_us", pa.int64()),
+    ("nop_head_us", pa.int64()), ("nop_tail_us", pa.int64()), ("nop_whole", pa.bool_()), ("nop_inner_us", pa.int64()),
+])
+
+# The samples parts are built from: every GPU's in time order, over [$lo - max_gap, $hi) (epoch us).
+# {source}: gpu_samples (a reader's view) or read_parquet of an hour's files (upkeep).
+SAMPLES = f"""
+SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile, epoch_us(ts) AS ts,
+       {LINE_COLUMNS.format(s="")},
+       coalesce(power_w::DOUBLE, 'NaN'::DOUBLE) AS power, coalesce(fb_used_mib::DOUBLE, 'NaN'::DOUBLE) AS fb,
+       coalesce(gpu_temp_c::DOUBLE, 'NaN'::DOUBLE) AS temp
+FROM {{source}}
+WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi) {{where}}
+ORDER BY cluster, host, gpu_uuid, gi, ts
+"""
+
+# Who held each GPU when: every allocation overlapping [$lo, $hi) with its whole extent (epoch us),
+# by the accounting's start and end where known (the analytics' al, unclipped).
+HOLDS = f"""
+SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, a.job_key,
+       epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
+FROM allocations a
+LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+WHERE {ALLOCATION_END} > make_timestamp($lo) AND {ALLOCATION_START} < make_timestamp($hi)
+  AND {ALLOCATION_END} > {ALLOCATION_START}
+ORDER BY a.cluster, a.host, a.gpu_uuid, a.gpu_instance, a0, a.scheduler, a.job_key
+"""
+
+
+def holds(con: duckdb.DuckDBPyConnection, lo_us: int, hi_us: int, p: FactParams) -> pa.Table:
+    """HOLDS over [lo_us, hi_us) on a connection with allocations and jobs (the writer's, a reader's)."""
+    return con.sql(HOLDS, params={"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s}).to_arrow_table()
+
+
+def holds_digest(h: pa.Table, lo_us: int, hi_us: int) -> str:
+    """The digest of the holds' edges that matter to [lo_us, hi_us): what its parts are cut by."""
+    if not h.num_rows:
+        return ""
+    a0, a1 = h["a0"].to_numpy(), h["a1"].to_numpy()
+    keep = np.flatnonzero((a1 > lo_us) & (a0 < hi_us))
+    if not len(keep):
+        return ""
+    sub = h.take(pa.array(keep)).to_pydict()
+    rows = sorted(zip(*(sub[c] for c in ("cluster", "host", "gpu_uuid", "gi", "scheduler", "job_key")),
+                      np.clip(a0[keep], lo_us, hi_us).tolist(), np.clip(a1[keep], lo_us, hi_us).tolist()), key=repr)
+    return hashlib.blake2b(repr(rows).encode(), digest_size=8).hexdigest()
+
+
+def samples_query(source: str, where: str = "") -> str:
+    """SAMPLES over `source`, with more conditions `where` ("AND ...")."""
+    return SAMPLES.format(source=source, where=where)
+
+
+def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: FactParams, grain_s: int = GRAIN_5M) -> pa.Table:
+    """The 5-minute parts of [lo_us, hi_us) (at most a few hours; edges need not be on the grid: a
+    window edge's minutes) from `samples` (SAMPLES' rows over [lo_us - max_gap, hi_us)) and `hold`
+    (HOLDS' rows): each sample interval clipped to the range, cut at the bucket edges and at every
+    allocation edge, summed per stretch, then one row per holder of the stretch."""
+    if not samples.num_rows:
+        return SCHEMA.empty_table()
+    key = pa.table({c: samples[c] for c in _GPU})
+    gk = _gpu_numbers(key)
+    ts = samples["ts"].to_numpy().astype(np.int64)
+    util = samples["util"].to_numpy(zero_copy_only=False).astype(np.float64)
+    nop = samples["nop"].to_numpy(zero_copy_only=False)
+    power, fb, temp = (samples[c].to_numpy(zero_copy_only=False).astype(np.float64) for c in ("power", "fb", "temp"))
+    t1 = intervals(gk, ts, p.gap_us)
+    bucket_us = grain_s * 1_000_000
+    i, k, p0, p1 = split(ts, t1, lo_us, hi_us, bucket_us)
+    # the GPUs' allocation edges inside the range: where stretches end inside a bucket
+    names = {tuple(r): n for n, r in zip(gk.tolist(), zip(*(key[c].to_pylist() for c in _GPU)))} if hold.num_rows else {}
+    hg = np.array([names.get(r, -1) for r in zip(*(hold[c].to_pylist() for c in _GPU))], dtype=np.int64) if hold.num_rows else np.zeros(0, np.int64)
+    ha0, ha1 = (hold[c].to_numpy().astype(np.int64) for c in ("a0", "a1")) if hold.num_rows else (np.zeros(0, np.int64),) * 2
+    cut_g = np.concatenate([hg[hg >= 0]] * 2)
+    cut_t = np.concatenate([ha0[hg >= 0], ha1[hg >= 0]])
+    inside = (cut_t > lo_us) & (cut_t < hi_us)
+    cut_g, cut_t = cut_g[inside], cut_t[inside]
+    cut_g, cut_t = np.append(cut_g, np.unique(gk[i])), np.append(cut_t, np.full(len(np.unique(gk[i])), lo_us))  # (a range start off the grid)
+    j, p0, p1, s0, s1 = segments(gk[i], k, p0, p1, cut_g, cut_t, lo_us - p.gap_us, bucket_us)
+    i, k = i[j], k[j]
+    s0, s1 = np.maximum(s0, lo_us), np.minimum(s1, hi_us)
+    brk = np.ones(len(i), dtype=bool)
+    brk[1:] = (gk[i][1:] != gk[i][:-1]) | (s0[1:] != s0[:-1])
+    starts = np.flatnonzero(brk)
+    grp = np.cumsum(brk) - 1
+    sec = (p1 - p0) / 1e6
+    u = util[i]
+    known = ~np.isnan(u)
+    total = lambda x: np.add.reduceat(x, starts)  # noqa: E731 - one sum per stretch
+    pk = ~np.isnan(power[i])
+    seg0, seg1 = s0[starts], s1[starts]
+    idle = _edge_runs(grp, p0, p1, u < np.float64(p.idle_threshold), seg0, seg1, p.idle_min_us)
+    nops = _edge_runs(grp, p0, p1, nop[i], seg0, seg1, p.idle_min_us)
+    fb_max, temp_max = np.fmax.reduceat(fb[i], starts), np.fmax.reduceat(temp[i], starts)
+    first = samples.select(["cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile"]).take(pa.array(i[starts]))
+    stretch = {c: first[c] for c in first.column_names}
+    stretch.update(
+        grain_s=pa.array(np.full(len(starts), grain_s, dtype=np.int32)), bucket=pa.array(k[starts] * bucket_us, pa.timestamp("us")),
+        p0=pa.array(seg0), p1=pa.array(seg1),
+        covered_s=pa.array(total(sec)), data_s=pa.array(total(np.where(known, sec, 0.0))),
+        busy_s=pa.array(total(np.where(known, u / 100 * sec, 0.0))), nop_s=pa.array(total(np.where(nop[i], sec, 0.0))),
+        energy_j=pa.array(total(np.where(pk, power[i] * sec, 0.0))),
+        fb_max_mib=pa.array(fb_max, mask=np.isnan(fb_max)), temp_max_c=pa.array(temp_max, mask=np.isnan(temp_max)),
+        first_ts=pa.array(np.minimum.reduceat(p0, starts)), last_ts=pa.array(np.maximum.reduceat(p0, starts)),
+        **{f"idle_{c}": v for c, v in idle.items()}, **{f"nop_{c}": v for c, v in nops.items()},
+    )
+    return _with_holders(pa.table(stretch), gk[i[starts]], hg, ha0, ha1, hold)
+
+
+def _gpu_numbers(key: pa.Table) -> np.ndarray:
+    """One number per GPU of rows ordered by GPU: a new one wherever the key changes."""
+    n = key.num_rows
+    change = np.zeros(n, dtype=bool)
+    if n:
+        change[0] = True
+        for c in key.column_names:
+            x = key[c].to_numpy(zero_copy_only=False)
+            change[1:] |= x[1:] != x[:-1]
+    return np.cumsum(change) - 1
+
+
+def _edge_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, hit: np.ndarray, s0: np.ndarray, s1: np.ndarray,
+               min_us: int) -> dict[str, pa.Array]:
+    """Per stretch (grp: its pieces [p0, p1) in order; [s0, s1) its extent): the hit run touching its
+    start, the one touching its end, whether one run is all of it, and the runs touching neither
+    edge at least min_us long (their total)."""
+    n = len(hit)
+    linked = np.zeros(n, dtype=bool)
+    if n > 1:
+        linked[1:] = (grp[1:] == grp[:-1]) & (p1[:-1] == p0[1:]) & hit[:-1]
+    nxt = np.zeros(n, dtype=bool)
+    if n > 1:
+        nxt[:-1] = linked[1:] & hit[1:]
+    i0, i1 = np.flatnonzero(hit & ~linked), np.flatnonzero(hit & ~nxt)
+    head, tail, inner = _by_edge(grp[i0], p0[i0], p1[i1], s0, s1, min_us)
+    return {"head_us": pa.array(head), "tail_us": pa.array(tail), "whole": pa.array(head == s1 - s0), "inner_us": pa.array(inner)}
+
+
+def _with_holders(stretch: pa.Table, g: np.ndarray, hg: np.ndarray, ha0: np.ndarray, ha1: np.ndarray, hold: pa.Table) -> pa.Table:
+    """Each stretch once per allocation holding all of it (they are cut at every edge), the first
+    holder (by start) its lead; a stretch nobody holds once, unheld, as its lead."""
+    s0, s1 = stretch["p0"].to_numpy(), stretch["p1"].to_numpy()
+    rows, who = [], []
+    if len(hg):
+        order = np.lexsort((ha0, hg))
+        hg_s, ha0_s, ha1_s = hg[order], ha0[order], ha1[order]
+        lo = np.searchsorted(hg_s, g, side="left")
+        hi = np.searchsorted(hg_s, g, side="right")
+        for r in np.flatnonzero(hi > lo).tolist():
+            for q in range(lo[r], hi[r]):
+                if ha0_s[q] < s1[r] and ha1_s[q] > s0[r]:
+                    rows.append(r)
+                    who.append(order[q])
+    rows_a, who_a = np.array(rows, dtype=np.int64), np.array(who, dtype=np.int64)
+    unheld = np.setdiff1d(np.arange(stretch.num_rows), rows_a)
+    take = np.concatenate([rows_a, unheld])
+    lead = np.ones(len(take), dtype=bool)
+    if len(rows_a) > 1:
+        lead[1:len(rows_a)] = rows_a[1:] != rows_a[:-1]
+    out = stretch.take(pa.array(take))
+    h = hold.take(pa.array(who_a)) if len(who_a) else None
+    for c in _HOLDER:
+        held = h[c].combine_chunks() if h is not None else pa.array([], pa.string())
+        out = out.append_column(c, pa.concat_arrays([held.cast(pa.string()), pa.nulls(len(unheld), pa.string())]))
+    out = out.append_column("lead", pa.array(lead))
+    return _ordered(out)
+
+
+def _ordered(t: pa.Table) -> pa.Table:
+    """SCHEMA's columns, rows by GPU, holder and start: the order join_parts and readers chain in."""
+    t = t.select(SCHEMA.names).cast(SCHEMA)
+    return t.sort_by([(c, "ascending") for c in (*_GPU, *_HOLDER)] + [("lead", "descending"), ("p0", "ascending")])
+
+
+def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
+    """Parts of a finer grain as parts of `grain_s` buckets: the back-to-back parts of one GPU, one
+    holder (and lead or not) and one MIG share inside one coarser bucket joined into one row (the
+    monoid: sums add, high-waters take the max, runs at the junctions chain, and a chain touching
+    neither end of the joined part that reaches idle_min joins its inner runs)."""
+    if not parts.num_rows:
+        return SCHEMA.empty_table()
+    parts = _ordered(parts)
+    n = parts.num_rows
+    col = lambda c: parts[c].to_numpy(zero_copy_only=False)  # noqa: E731
+    p0, p1 = col("p0"), col("p1")
+    kb = p0 // (grain_s * 1_000_000)
+    same = np.zeros(n, dtype=bool)
+    same[1:] = (p1[:-1] == p0[1:]) & (kb[1:] == kb[:-1])
+    for c in (*_GPU, *_HOLDER, "lead", "model", "mig_profile"):
+        x = parts[c].to_pylist()
+        same[1:] &= np.array([a == b for a, b in zip(x[1:], x[:-1])], dtype=bool)
+    at = np.flatnonzero(~same)
+    last = np.append(at[1:] - 1, n - 1)
+    grp = np.cumsum(~same) - 1
+    out = {c: parts[c].take(pa.array(at)) for c in ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile",
+                                                     "scheduler", "job_key", "lead")}
+    out.update(grain_s=pa.array(np.full(len(at), grain_s, dtype=np.int32)),
+               bucket=pa.array(kb[at] * grain_s * 1_000_000, pa.timestamp("us")), p0=pa.array(p0[at]), p1=pa.array(p1[last]))
+    for c in _SUMS:
+        out[c] = pa.array(np.add.reduceat(col(c), at))
+    for c in _MAXES:
+        x = np.fmax.reduceat(parts[c].to_numpy(zero_copy_only=False).astype(np.float64), at)
+        out[c] = pa.array(x, mask=np.isnan(x))
+    out["first_ts"], out["last_ts"] = pa.array(np.minimum.reduceat(col("first_ts"), at)), pa.array(np.maximum.reduceat(col("last_ts"), at))
+    for kind in ("idle", "nop"):
+        head, tail, inner = chain_runs(grp, p0, p1, col(f"{kind}_head_us"), col(f"{kind}_tail_us"), p.idle_min_us)
+        g0, g1 = p0[at], p1[last]
+        out[f"{kind}_head_us"], out[f"{kind}_tail_us"] = pa.array(head), pa.array(tail)
+        out[f"{kind}_whole"] = pa.array(head == g1 - g0)
+        out[f"{kind}_inner_us"] = pa.array(np.add.reduceat(col(f"{kind}_inner_us"), at) + inner)
+    return _ordered(pa.table(out))
+
+
+def chain_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, head: np.ndarray, tail: np.ndarray,
+               min_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The edge runs of back-to-back parts (grp: the joined part each belongs to, in order) chained:
+    per joined part, the run touching its start, the one touching its end, and the total of the
+    chains touching neither that reach min_us. A part's edge pieces are its head [p0, p0 + head)
+    and its tail [p1 - tail, p1) (one piece when the whole part is one run)."""
+    whole = head == p1 - p0
+    hi_, ti = np.flatnonzero(head > 0), np.flatnonzero((tail > 0) & ~whole)
+    g = np.concatenate([grp[hi_], grp[ti]])
+    a0 = np.concatenate([p0[hi_], p1[ti] - tail[ti]])
+    a1 = np.concatenate([p0[hi_] + head[hi_], p1[ti]])
+    o = np.lexsort((a0, g))
+    g, a0, a1 = g[o], a0[o], a1[o]
+    linked = np.zeros(len(a0), dtype=bool)
+    linked[1:] = (g[1:] == g[:-1]) & (a1[:-1] == a0[1:])
+    c0 = np.flatnonzero(~linked)
+    c1 = np.append(c0[1:] - 1, len(a0) - 1) if len(c0) else c0
+    ng = int(grp.max()) + 1 if len(grp) else 0
+    first_at = np.full(ng, np.iinfo(np.int64).max)
+    np.minimum.at(first_at, grp, p0)
+    last_at = np.full(ng, np.iinfo(np.int64).min)
+    np.maximum.at(last_at, grp, p1)
+    return _by_edge(g[c0], a0[c0], a1[c1], first_at, last_at, min_us)
+
+
+def _by_edge(rg: np.ndarray, r0: np.ndarray, r1: np.ndarray, s0: np.ndarray, s1: np.ndarray,
+             min_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs [r0, r1) of groups rg spanning [s0, s1) each: per group, the run touching its start,
+    the one touching its end (their lengths) and the total of those touching neither that reach min_us."""
+    ng = len(s0)
+    head, tail, inner = np.zeros(ng, np.int64), np.zeros(ng, np.int64), np.zeros(ng, np.int64)
+    at_start, at_end = r0 == s0[rg], r1 == s1[rg]
+    head[rg[at_start]] = (r1 - r0)[at_start]
+    tail[rg[at_end]] = (r1 - r0)[at_end]
+    keep = ~at_start & ~at_end & ((r1 - r0) >= min_us)
+    np.add.at(inner, rg[keep], (r1 - r0)[keep])
+    return head, tail, inner
+
+
+# --- the store's facts files (written by gpufleet.collector.maintenance.build_facts) ---
+
+FILE_SCHEMA = SCHEMA.append(pa.field("tag", pa.string()))  # a file's rows with the parameters' tag
+FACTS_DIR = "facts"
+
