@@ -64,20 +64,24 @@ HEALTH_DAY_LOOSE_HOURS = 3
 
 def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None, tasks: TaskRunner | None = None,
             gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None,
-            health_hours: int | None = HEALTH_HOURS_PER_PASS, coarse_hours: int | None = COARSE_HOURS_PER_PASS) -> int:
+            health_hours: int | None = HEALTH_HOURS_PER_PASS, coarse_hours: int | None = COARSE_HOURS_PER_PASS,
+            with_facts: bool = False) -> int:
     """Merge each closed hour's files into one and roll it up (compact_hours), then bring the
     per-GPU summaries up to date (summarize, with `params`: the defaults if None; `tasks`,
     `gpu_shards` and `progress` as there), their hours' joined segments (add_coarse, at most
     `coarse_hours` of them, None: all), their hourly health summaries (summarize_health,
     at most `health_hours` of them, None: all; `tasks` and `progress` as there) and each closed
     day's health summaries merged into one file (merge_health_days: HEALTH_DAYS_PER_PASS days,
-    all when `health_hours` is None); returns hours compacted."""
+    all when `health_hours` is None); returns hours compacted. `with_facts`: also the derived
+    facts tier (build_facts, issue #52) - off in the product until its surfaces read the facts
+    (no upkeep cost for files nothing reads), on in the facts' own tests and bench."""
     listed = {k: e["file"] for k, e in w.summaries.items()}
     done, merged = compact_hours(w, now)
     built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
-    sp = params or summaries.SummaryParams()
-    built += sum(build_facts(w, epoch_us(now), facts.FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold,
-                                                                   idle_min_s=sp.keep_s)).values())
+    if with_facts:
+        sp = params or summaries.SummaryParams()
+        built += sum(build_facts(w, epoch_us(now), facts.FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold,
+                                                                       idle_min_s=sp.keep_s)).values())
     built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
     built += merge_health_days(w, now, None if health_hours is None else HEALTH_DAYS_PER_PASS)
@@ -716,7 +720,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, i
         old = w.facts.get(key)
         if old is not None and old["inputs"] == inputs:
             continue
-        q = facts.samples_query(f"read_parquet({_sql_list([str(w.root / f) for f in sorted(hours[h])])}, hive_partitioning = false)")
+        q = facts.samples_query(sample_source(w.db, [str(w.root / f) for f in sorted(hours[h])]))
         samples = w.db.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": gap}).to_arrow_table()
         parts = facts.build_parts(samples, hold, h, h + facts.HOUR_US, p)
         rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{inputs}.parquet"

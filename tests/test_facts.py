@@ -56,7 +56,7 @@ def store(root, fleet, how=(2, True), upkeep_at: int | None = None):
     for batch in split(fleet, *how):
         w.commit(batch)
     if upkeep_at is not None:
-        compact(w, at(upkeep_at), summary_params(fleet))
+        compact(w, at(upkeep_at), summary_params(fleet), with_facts=True)
     w.publish()
     w.close()
 
