@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
     FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
-    chain_candidates, checkpoint_advice, classify_all, figures, lemon_reason, lemons, link_chains, node_failures,
+    chain_candidates, checkpoint_advice, classify_all, figures, lemon_reason, lemons, link_chains, node_failures, number_requeues,
 )
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -41,7 +41,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
     finally:
         cur.close()
-    attempts = [Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=1) for j in jobs]
+    attempts = number_requeues(Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ())) for j in jobs)
     events: list[Event] = []
     if attempts:
         # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the
@@ -99,7 +99,7 @@ def _chain_row(ch: Chain, rate: float | None) -> dict[str, Any]:
 
 def _attempt_row(c: Classified) -> dict[str, Any]:
     a = c.attempt
-    return {"cluster": a.cluster, "job_id": a.job_id, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
+    return {"cluster": a.cluster, "job_id": a.job_id, "attempt": a.attempt, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
             "start": a.start, "end": a.end, "state": a.state_raw or a.state, "cause": c.cause, "reason": c.reason,
             "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
                          for e in c.evidence]}
