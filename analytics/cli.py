@@ -253,7 +253,8 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     g = rel["goodput"]
     out.write(f"\nGoodput: fleet ETTR {fmt(g['ettr'])} (productive / wall GPU-hours over {g['chains']} job chains, "
               f"{g['interrupted_chains']} interrupted): wall {fmt(g['wall_gpu_hours'])} GPU-h, productive "
-              f"{fmt(g['productive_gpu_hours'])}, lost {fmt(g['lost_gpu_hours'])}, waiting for a requeue {fmt(g['requeue_wait_gpu_hours'])}\n")
+              f"{fmt(g['productive_gpu_hours'])}, work lost in attempts that did not complete {fmt(g['lost_gpu_hours'])}, "
+              f"waiting for a requeue {fmt(g['requeue_wait_gpu_hours'])}\n")
     if g["lost_is_upper_bound"]:
         out.write(f"  {g['checkpoints']}\n")
     if f["lost_gpu_hours_by_cause"]:

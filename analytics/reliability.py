@@ -687,7 +687,8 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     GPU-weighted, ETTR = sum(GPUs x productive) / sum(GPUs x wall), so a 1,024-GPU chain weighs
     what its GPUs do. `others_gpu_s`: GPU-seconds of the attempts in no interrupted chain (work
     that completed, or still runs, at its first try: productive = wall), added to both sides.
-    Lost work is an upper bound where an interrupted attempt reported no checkpoint."""
+    Lost: the work of every attempt that did not complete (Chain.lost_s: user errors too, not
+    only interruptions), an upper bound where one reported no checkpoint."""
     wall = sum(ch.gpus * ch.wall_s for ch in chains) + others_gpu_s
     productive = sum(ch.gpus * ch.productive_s for ch in chains) + others_gpu_s
     lost = sum(ch.gpus * ch.lost_s for ch in chains)
