@@ -692,7 +692,8 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     wall = sum(ch.gpus * ch.wall_s for ch in chains) + others_gpu_s
     productive = sum(ch.gpus * ch.productive_s for ch in chains) + others_gpu_s
     lost = sum(ch.gpus * ch.lost_s for ch in chains)
-    return {"chains": len(chains),  # linked (the others ran once) "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
+    # chains: linked ones (the jobs that ran once are in others_gpu_s)
+    return {"chains": len(chains), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
             "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,
             "requeue_wait_gpu_hours": sum(ch.gpus * ch.gap_s for ch in chains) / 3600,
             "ettr": productive / wall if wall > 0 else None,
