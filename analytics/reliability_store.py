@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
     FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
-    chain_candidates, checkpoint_advice, classify_all, figures, goodput, lemon_reason, lemons, link_chains, node_failures, number_requeues,
+    chain_candidates, checkpoint_advice, classify_all, figures, goodput, lemon_reason, lemons, link_chains, node_failures,
 )
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -41,7 +41,12 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
     finally:
         cur.close()
-    attempts = number_requeues(Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ())) for j in jobs)
+    attempts, prev, n = [], None, 0
+    for j in jobs:  # in job and start order: number each job's attempts in the window 1, 2, ...
+        key = (j["cluster"], j["scheduler"], j["job_key"])
+        n = n + 1 if key == prev else 1
+        prev = key
+        attempts.append(Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=n))
     events: list[Event] = []
     if attempts:
         # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the

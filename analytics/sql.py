@@ -1196,12 +1196,12 @@ WHERE {_FILTERS}
 
 # Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters
 # (a job's latest record in jobs, the earlier ones of a requeued or restarted job in job_attempts),
-# with the GPUs the job mapping saw it hold while it ran (held: a list of {host, gpu_uuid}), whose health events
+# with the GPUs the job mapping saw it hold while it ran; a job's attempts in start order (held: a list of {host, gpu_uuid}), whose health events
 # are its evidence - only for the attempts whose cause evidence can decide (a state not in
 # $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
 # completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
 RELIABILITY_ATTEMPTS = f"""
-WITH f AS (SELECT * FROM jobs WHERE {JOB_FILTERS}),
+WITH f AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {JOB_FILTERS}),
 p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the window
     SELECT p.*, f.user_name, f.account, f.name, f.gpus AS job_gpus, f.start AS job_start
     FROM job_attempts p JOIN f ON f.cluster = p.cluster AND f.scheduler = p.scheduler AND f.job_key = p.job_key
@@ -1226,8 +1226,8 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
     SELECT j.cluster, j.scheduler, j.job_key, j.start, count(DISTINCT a.gpu_uuid)::INTEGER AS mapped_gpus,
            list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid))
              FILTER (WHERE NOT list_contains($no_evidence_states, coalesce(j.state, 'UNKNOWN'))) AS held
-    FROM allocations a JOIN j ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key
-     AND a.first_seen <= coalesce(j."end", $as_of) AND a.last_seen + to_seconds($max_gap) >= j.start
+    FROM allocations a JOIN (SELECT *, coalesce("end", $as_of) AS ran_to, start - to_seconds($max_gap) AS seen_from FROM j) j
+      ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key AND a.first_seen <= j.ran_to AND a.last_seen >= j.seen_from
     GROUP BY j.cluster, j.scheduler, j.job_key, j.start
 )
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
