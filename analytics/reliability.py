@@ -689,13 +689,14 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     that completed, or still runs, at its first try: productive = wall), added to both sides.
     Lost: the work of every attempt that did not complete (Chain.lost_s: user errors too, not
     only interruptions), an upper bound where one reported no checkpoint."""
-    wall = sum(ch.gpus * ch.wall_s for ch in chains) + others_gpu_s
-    productive = sum(ch.gpus * ch.productive_s for ch in chains) + others_gpu_s
-    lost = sum(ch.gpus * ch.lost_s for ch in chains)
+    sized = [(ch.gpus, ch) for ch in chains]
+    wall = sum(n * ch.wall_s for n, ch in sized) + others_gpu_s
+    productive = sum(n * ch.productive_s for n, ch in sized) + others_gpu_s
+    lost = sum(n * ch.lost_s for n, ch in sized)
     # chains: linked ones (the jobs that ran once are in others_gpu_s)
     return {"chains": len(chains), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
             "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,
-            "requeue_wait_gpu_hours": sum(ch.gpus * ch.gap_s for ch in chains) / 3600,
+            "requeue_wait_gpu_hours": sum(n * ch.gap_s for n, ch in sized) / 3600,
             "ettr": productive / wall if wall > 0 else None,
             "lost_is_upper_bound": any(ch.lost_upper_bound for ch in chains)}
 
