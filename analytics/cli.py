@@ -269,7 +269,16 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     table("Lemon nodes (improbably many failures for their GPU-hours)", rel["lemons"], out,
           ["node", "failures", "gpu_hours", "expected_failures", "p_value"])
     table("Costliest interruptions", rel["interrupted_attempts"], out, ["job_id", "user_name", "gpus", "end", "cause", "reason"])
-    table("Interrupted job chains (ETTR = productive / wall time)", rel["chains"], out,
+    g = rel["goodput"]
+    out.write(f"\nGoodput: fleet ETTR {fmt(g['ettr'])} (productive / wall GPU-hours of the window's work: {g['chains']} linked job "
+              f"chains, {g['interrupted_chains']} of them interrupted, and the jobs that ran once): wall {fmt(g['wall_gpu_hours'])} GPU-h, productive "
+              f"{fmt(g['productive_gpu_hours'])}, work lost in attempts that did not complete {fmt(g['lost_gpu_hours'])}, "
+              f"waiting for a requeue {fmt(g['requeue_wait_gpu_hours'])}\n")
+    if g["lost_is_upper_bound"]:
+        out.write(f"  {g['checkpoints']}\n")
+    if f["lost_gpu_hours_by_cause"]:
+        out.write("  lost GPU-hours by cause: " + ", ".join(f"{CAUSE_LABELS[k]} {fmt(v)}" for k, v in f["lost_gpu_hours_by_cause"].items()) + "\n")
+    table("Job chains that lost most (ETTR = productive / wall time)", rel["chains"], out,
           ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "requeue_wait_h", "ettr"])
     s = rel["settings"]
     out.write(f"\nmethod: hardware = a hardware XID/ECC/remap/lost-GPU event on the attempt's GPUs within {s['hardware_window_s']:g} s "

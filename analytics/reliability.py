@@ -422,15 +422,16 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     failures = [c for c in in_window if c.failed]
     hardware = [c for c in in_window if c.cause == "hardware"]
 
-    lost_gpu_s, upper_bound = 0.0, False
+    lost_by_cause: dict[str, float] = {}  # GPU-seconds
+    upper_bound = False
     for c in interruptions:
         a = c.attempt
         saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start and a.start <= t <= a.end]
         since = max(saved) if saved else a.start
         upper_bound |= not saved
         if since is not None:
-            lost_gpu_s += (a.gpus or 0) * max(0.0, (a.end - max(since, start)).total_seconds())
-    lost_gpu_h = lost_gpu_s / 3600
+            lost_by_cause[c.cause] = lost_by_cause.get(c.cause, 0.0) + (a.gpus or 0) * max(0.0, (a.end - max(since, start)).total_seconds())
+    lost_gpu_h = sum(lost_by_cause.values()) / 3600
 
     labels = [b[2] for b in SIZE_BUCKETS] + (["unknown"] if "unknown" in per_size else [])
     sizes = [_mttf_row(label, *_size_totals(per_size.get(label))) for label in labels]
@@ -474,6 +475,8 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         "projection": projection, "projection_disagreements": disagreements,
         "lost_gpu_hours": lost_gpu_h, "lost_share_of_allocated": lost_gpu_h / gpu_h if gpu_h > 0 else None,
         "lost_is_upper_bound": upper_bound,
+        # where the lost GPU-hours went, by cause (INTERRUPTION_CAUSES' order; they sum to lost_gpu_hours)
+        "lost_gpu_hours_by_cause": {cause: lost_by_cause[cause] / 3600 for cause in INTERRUPTION_CAUSES if cause in lost_by_cause},
         "cause_mix": [{"bucket": t, "cause": cause, "attempts": n} for (t, cause), n in sorted(mix.items())],
     }
 
@@ -677,6 +680,25 @@ def link_chains(classified: Iterable[Classified], checkpoints: Mapping[tuple[str
         wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
         out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper))
     return sorted(out, key=lambda ch: (-ch.wall_s * ch.gpus, ch.attempts[0].attempt.job_key))
+
+
+def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any]:
+    """The fleet's effective training time ratio over `chains` (whole, as link_chains made them):
+    GPU-weighted, ETTR = sum(GPUs x productive) / sum(GPUs x wall), so a 1,024-GPU chain weighs
+    what its GPUs do. `others_gpu_s`: GPU-seconds of the attempts in no interrupted chain (work
+    that completed, or still runs, at its first try: productive = wall), added to both sides.
+    Lost: the work of every attempt that did not complete (Chain.lost_s: user errors too, not
+    only interruptions), an upper bound where one reported no checkpoint."""
+    sized = [(ch.gpus, ch) for ch in chains]
+    wall = sum(n * ch.wall_s for n, ch in sized) + others_gpu_s
+    productive = sum(n * ch.productive_s for n, ch in sized) + others_gpu_s
+    lost = sum(n * ch.lost_s for n, ch in sized)
+    # chains: linked ones (the jobs that ran once are in others_gpu_s)
+    return {"chains": len(chains), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
+            "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,
+            "requeue_wait_gpu_hours": sum(n * ch.gap_s for n, ch in sized) / 3600,
+            "ettr": productive / wall if wall > 0 else None,
+            "lost_is_upper_bound": any(ch.lost_upper_bound for ch in chains)}
 
 
 def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:

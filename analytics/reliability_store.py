@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
     FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
-    chain_candidates, checkpoint_advice, classify_all, figures, lemon_reason, lemons, link_chains, node_failures,
+    chain_candidates, checkpoint_advice, classify_all, figures, goodput, lemon_reason, lemons, link_chains, node_failures,
 )
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -41,7 +41,12 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
     finally:
         cur.close()
-    attempts = [Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=1) for j in jobs]
+    attempts, prev, n = [], None, 0
+    for j in jobs:  # in job and start order: number each job's attempts in the window 1, 2, ...
+        key = (j["cluster"], j["scheduler"], j["job_key"])
+        n = n + 1 if key == prev else 1
+        prev = key
+        attempts.append(Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=n))
     events: list[Event] = []
     if attempts:
         # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the
@@ -64,7 +69,14 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
-    chains = link_chains(chain_candidates(classified), None, s, min(as_of or params.end, params.end))
+    until = min(as_of or params.end, params.end)
+    linked = chain_candidates(classified)
+    chains = link_chains(linked, None, s, until)
+    in_chains = {id(c) for c in linked}
+    others_gpu_s = sum((c.attempt.gpus or 0) * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())
+                       for c in classified if c.attempt.start is not None and id(c) not in in_chains)
+    interrupted_chains = sorted((ch for ch in chains if ch.interruptions),
+                                key=lambda ch: (-ch.gpus * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
     interrupted = sorted((c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
                          key=lambda c: -(c.attempt.gpus or 0) * run_seconds_in(c.attempt, params.start, params.end))
     return {
@@ -81,8 +93,17 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
                     "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
                     "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found],
         "interrupted_attempts": [_attempt_row(c) for c in interrupted[:top]],
-        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"]) for ch in chains if ch.interruptions][:top],
+        # the chains with an attempt in the window, whole (from their first start to their last end)
+        "goodput": {**goodput(chains, others_gpu_s), "checkpoints": CHECKPOINTS_UNKNOWN},
+        # the interrupted chains that lost most (GPUs x (wall - productive)) first
+        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"]) for ch in interrupted_chains[:top]],
     }
+
+
+# No job API reports checkpoints yet (gpufleet.exporter.jobreport states throughput only): what an
+# interrupted attempt lost is counted from its start, an upper bound
+CHECKPOINTS_UNKNOWN = ("no checkpoint reports (the job API has none yet): an interrupted attempt's work is counted "
+                       "lost from its start, an upper bound")
 
 
 def _chain_row(ch: Chain, rate: float | None) -> dict[str, Any]:
@@ -99,7 +120,7 @@ def _chain_row(ch: Chain, rate: float | None) -> dict[str, Any]:
 
 def _attempt_row(c: Classified) -> dict[str, Any]:
     a = c.attempt
-    return {"cluster": a.cluster, "job_id": a.job_id, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
+    return {"cluster": a.cluster, "job_id": a.job_id, "attempt": a.attempt, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
             "start": a.start, "end": a.end, "state": a.state_raw or a.state, "cause": c.cause, "reason": c.reason,
             "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
                          for e in c.evidence]}

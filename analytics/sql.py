@@ -1196,23 +1196,45 @@ WHERE {_FILTERS}
 
 # --- Reliability (gpufleet.analytics.reliability) ---
 
-# Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters,
-# with the GPUs the job mapping saw it hold (held: a list of {host, gpu_uuid}), whose health events
+# Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters
+# (a job's latest record in jobs, the earlier ones of a requeued or restarted job in job_attempts),
+# with the GPUs the job mapping saw it hold while it ran; a job's attempts in start order (held: a list of {host, gpu_uuid}), whose health events
 # are its evidence - only for the attempts whose cause evidence can decide (a state not in
 # $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
 # completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
 RELIABILITY_ATTEMPTS = f"""
-WITH j AS (SELECT * FROM jobs WHERE start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start AND {JOB_FILTERS}),
-held AS (
-    SELECT a.cluster, a.scheduler, a.job_key, count(DISTINCT a.gpu_uuid)::INTEGER AS mapped_gpus,
+WITH f AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {JOB_FILTERS}),
+p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the window
+    SELECT p.*, f.user_name, f.account, f.name, f.gpus AS job_gpus, f.start AS job_start
+    FROM job_attempts p JOIN f ON f.cluster = p.cluster AND f.scheduler = p.scheduler AND f.job_key = p.job_key
+    WHERE p.start < $end AND coalesce(p."end", $as_of) > $start AND p.start IS DISTINCT FROM f.start
+), restarted AS (  -- a pod's current run starts after its containers' earlier runs ended (same pod, same start)
+    SELECT cluster, scheduler, job_key, max("end") AS after FROM job_attempts p
+    WHERE p."end" IS NOT NULL AND EXISTS (SELECT 1 FROM f WHERE f.cluster = p.cluster AND f.scheduler = p.scheduler
+                                          AND f.job_key = p.job_key AND p.start >= f.start)
+    GROUP BY ALL
+), j AS (
+    SELECT f.cluster, f.scheduler, f.job_key, f.job_id, f.state, f.state_raw, f.exit_code, greatest(f.start, r.after) AS start, f."end",
+           f.gpus, f.user_name, f.account, f.name, f.nodes, f.submit
+    FROM f LEFT JOIN restarted r ON r.cluster = f.cluster AND r.scheduler = f.scheduler AND r.job_key = f.job_key
+    WHERE f.start IS NOT NULL AND f.start < $end AND coalesce(f."end", $as_of) > $start
+    UNION ALL
+    SELECT cluster, scheduler, job_key, coalesce(job_id, job_key), state, state_raw, exit_code, start,
+           -- a record a later one superseded before its end was read ran until the next started at the latest
+           coalesce("end", CASE WHEN start < job_start THEN job_start END), coalesce(gpus, job_gpus),
+           user_name, account, name, nodes, submit
+    FROM p
+), held AS (  -- each attempt's GPUs: its job's allocations seen while it ran
+    SELECT j.cluster, j.scheduler, j.job_key, j.start, count(DISTINCT a.gpu_uuid)::INTEGER AS mapped_gpus,
            list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid))
              FILTER (WHERE NOT list_contains($no_evidence_states, coalesce(j.state, 'UNKNOWN'))) AS held
-    FROM allocations a JOIN j ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key
-    GROUP BY a.cluster, a.scheduler, a.job_key
+    FROM allocations a JOIN (SELECT *, coalesce("end", $as_of) AS ran_to, start - to_seconds($max_gap) AS seen_from FROM j) j
+      ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key AND a.first_seen <= j.ran_to AND a.last_seen >= j.seen_from
+    GROUP BY j.cluster, j.scheduler, j.job_key, j.start
 )
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
        coalesce(j.gpus, h.mapped_gpus) AS gpus, j.user_name, j.account, j.name, j.nodes, j.submit, h.held
-FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key
+FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key AND h.start = j.start
 WHERE coalesce(j.gpus, h.mapped_gpus) > 0
 ORDER BY j.cluster, j.scheduler, j.job_key, j.start
 """

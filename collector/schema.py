@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,36 @@ CREATE TABLE IF NOT EXISTS policy_audit (
     attempt INTEGER NOT NULL DEFAULT 1   -- consecutive attempts of this action on this job
 )"""
 
-TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL, "policy_audit": POLICY_AUDIT_DDL}
+# The earlier attempts of jobs that ran more than once (reliability, DESIGN.md contract 7): a Slurm
+# requeue ends one record of a job and starts another under the same JobIDRaw (sacct --duplicates,
+# slurmdbd's records of it), a Kubernetes pod's container restarts (its last terminated state).
+# The jobs table keeps a job's latest record; this one every record a later one superseded, one
+# row per start. Only jobs that ran more than once have rows, so it grows with the requeues and
+# restarts, not with the jobs. A read that sees an attempt again fills what it knew less of.
+JOB_ATTEMPTS_DDL = """
+CREATE TABLE IF NOT EXISTS job_attempts (
+    cluster VARCHAR NOT NULL,
+    scheduler VARCHAR NOT NULL,
+    job_key VARCHAR NOT NULL,            -- the job's (jobs.job_key)
+    start TIMESTAMP NOT NULL,            -- the attempt's start: which attempt this is
+    job_id VARCHAR,
+    submit TIMESTAMP,
+    "end" TIMESTAMP,                     -- NULL: not known to have ended
+    state VARCHAR,                       -- normalised like jobs.state: REQUEUED, NODE_FAIL, FAILED, ...
+    state_raw VARCHAR,
+    exit_code VARCHAR,                   -- "code:signal"
+    gpus INTEGER,                        -- NULL: the job's
+    node_count INTEGER,
+    nodes VARCHAR,
+    source VARCHAR NOT NULL,             -- sacct | slurmrestd | kubernetes
+    updated_at TIMESTAMP NOT NULL,
+    PRIMARY KEY (cluster, scheduler, job_key, start)
+)"""
+ATTEMPT_COLUMNS = ("cluster", "scheduler", "job_key", "start", "job_id", "submit", "end", "state", "state_raw", "exit_code", "gpus",
+                   "node_count", "nodes", "source", "updated_at")
+
+TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL, "policy_audit": POLICY_AUDIT_DDL,
+          "job_attempts": JOB_ATTEMPTS_DDL}
 
 # Writer-only bookkeeping.
 STATE_DDL = (
@@ -318,6 +347,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
              WHEN "end" IS NULL THEN 'slurmdbd_running' ELSE 'slurmdbd' END
            WHERE gpus IS NOT NULL""",
     ),
+    # 7: every earlier attempt of a requeued or restarted job (JOB_ATTEMPTS_DDL); a store migrated
+    # from 6 kept only each job's latest record, so its earlier attempts are not known
+    7: (JOB_ATTEMPTS_DDL,),
 }
 
 # Where a job's GPU count came from, by authority: a known count is never replaced by an
@@ -410,6 +442,7 @@ class Batch:
     allocations: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + ALLOCATIONS key
     gpus: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + GPUS columns
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s: ts + job_throughput columns
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # earlier attempts of requeued/restarted jobs: ATTEMPT_COLUMNS
     rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)
     problems: list[str] = field(default_factory=list)  # what was rejected, for the log (first few)
     watermark: tuple[str, str] | None = None  # (watermark name, new value)

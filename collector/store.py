@@ -367,6 +367,7 @@ class StoreWriter:
                 )
             if len(files) > 1:  # a batch spanning dates: one ledger row per file, plus the key itself
                 self.db.execute("INSERT INTO batches VALUES (?, ?, 0, ?, NULL, NULL, ?)", [batch.key, "", checksum, now])
+            self._upsert_attempts(batch.attempts, now)
             result.jobs_written = self._upsert_jobs(batch.jobs, now)
             if batch.jobs_complete:
                 result.jobs_written += self._close_vanished_jobs(batch.jobs_complete, batch.jobs)
@@ -525,9 +526,13 @@ class StoreWriter:
         self.db.register("rows", staged)
         try:
             self._log_gpu_disagreements()
+            # a requeue or restart: the record with the later start is the job's, the other an earlier attempt
+            if self.db.execute(_SUPERSEDED_ATTEMPTS).fetchone()[0]:
+                self._dirty_tables.add("job_attempts")
             self.db.execute(
                 f"""INSERT INTO jobs ({", ".join(quoted)})
                     SELECT {", ".join(f'CAST("{c}" AS {_JOB_TYPES[c]})' for c in cols)} FROM rows
+                    WHERE NOT EXISTS (SELECT 1 FROM jobs o WHERE {_STARTED_BEFORE.format(a="rows", b="o")})
                     ON CONFLICT (cluster, scheduler, job_key) DO UPDATE SET {updates},
                       updated_at = CASE WHEN {changed} THEN excluded.updated_at ELSE jobs.updated_at END,
                       {SEG} = CASE WHEN {changed} THEN -abs(jobs.{SEG}) ELSE jobs.{SEG} END"""
@@ -537,6 +542,16 @@ class StoreWriter:
             self.db.unregister("rows")
         self._dirty_tables.add("jobs")
         return len(jobs)
+
+    def _upsert_attempts(self, attempts: list[dict[str, Any]], now: datetime) -> None:
+        """Store the earlier attempts a source read (schema.JOB_ATTEMPTS_DDL), one row per job and
+        start: a later read fills what an earlier one did not know, and a known value stays."""
+        rows = [{**{c: a.get(c) for c in schema.ATTEMPT_COLUMNS}, "updated_at": a.get("updated_at") or now}
+                for a in attempts if a.get("start") is not None]
+        if not rows:
+            return
+        self._run_staged(pa.Table.from_pylist(rows, schema=_ATTEMPT_OBS), _UPSERT_ATTEMPTS.format(source="rows"))
+        self._dirty_tables.add("job_attempts")
 
     def _log_gpu_disagreements(self) -> None:
         """Two sources with different known GPU counts for one job (staged as `rows`): said once
@@ -1106,6 +1121,29 @@ def _job_merge(c: str) -> str:
 def _gpus_rank(source: str | None) -> int:
     return schema.GPUS_SOURCES.get(source or "", 0)
 
+
+# Attempts (schema.JOB_ATTEMPTS_DDL) from {source}, a relation of ATTEMPT_COLUMNS: one row per
+# job and start; what a row knows is kept, what it did not know is filled (an end, a state after
+# RUNNING, an exit code). Lifecycle columns are the newer read's where it has them.
+_ATTEMPT_COLS = ", ".join(f'"{c}"' for c in schema.ATTEMPT_COLUMNS)
+_UPSERT_ATTEMPTS = (f"INSERT INTO job_attempts ({_ATTEMPT_COLS}) SELECT {_ATTEMPT_COLS} FROM {{source}} "
+                    "ON CONFLICT (cluster, scheduler, job_key, start) DO UPDATE SET "
+                    + ", ".join(f'"{c}" = coalesce(excluded."{c}", job_attempts."{c}")'
+                                for c in schema.ATTEMPT_COLUMNS if c not in ("cluster", "scheduler", "job_key", "start")))
+_ATTEMPT_OBS = pa.schema([(c, _ARROW_JOB_TYPES.get(c, pa.string())) for c in schema.ATTEMPT_COLUMNS])
+# {a} is an earlier attempt of {b}'s job: both started, {a} first
+_STARTED_BEFORE = ("{a}.cluster = {b}.cluster AND {a}.scheduler = {b}.scheduler AND {a}.job_key = {b}.job_key "
+                   "AND {a}.start IS NOT NULL AND {b}.start IS NOT NULL AND {a}.start < {b}.start")
+# Before the staged job rows (`rows`) merge into jobs: a stored record that a row with a later start
+# supersedes (the job was requeued or restarted; its listing showed the new record only), and a
+# row older than the stored record (a listing of an earlier window with --duplicates), are
+# earlier attempts of their job
+_SUPERSEDED_ATTEMPTS = _UPSERT_ATTEMPTS.format(source=f"""(
+    SELECT j.cluster, j.scheduler, j.job_key, j.start, j.job_id, j.submit, j."end", j.state, j.state_raw, j.exit_code, j.gpus,
+           j.node_count, j.nodes, j.source, j.updated_at FROM jobs j SEMI JOIN rows r ON {_STARTED_BEFORE.format(a="j", b="r")}
+    UNION ALL
+    SELECT r.cluster, r.scheduler, r.job_key, r.start, r.job_id, r.submit, r."end", r.state, r.state_raw, r.exit_code, r.gpus,
+           r.node_count, r.nodes, r.source, r.updated_at FROM rows r SEMI JOIN jobs j ON {_STARTED_BEFORE.format(a="r", b="j")})""")
 
 # staged rows (`rows`) whose known GPU count differs from the stored known one
 _GPU_DISAGREEMENTS = """SELECT r.cluster, j.job_id, j.gpus, j.gpus_source, r.gpus, r.gpus_source

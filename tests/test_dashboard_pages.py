@@ -389,6 +389,12 @@ def test_reliability(tmp_path, use_store):
     assert dict(zip(frame(at, "reliability_causes")["cause"], frame(at, "reliability_causes")["attempts"])) == {
         "completed": 1, "user error": 1, "hardware": 1, "node failure": 1, "cancelled by gpufleet policy": 1, "not ended": 1}
     assert list(frame(at, "reliability_mttf")["size"]) == [row["size"] for row in rel["figures"]["mttf_by_size"]]
+    # goodput: the report's ETTR (3 / 11), the waterfall of allocated GPU-hours (lost by cause, the rest), the chains that lost most
+    assert metrics(at)["Fleet ETTR"] == "27.3 %" == ui.pct(100 * rel["goodput"]["ettr"])
+    fall = frame(at, "reliability_waterfall")
+    assert list(fall["part"]) == ["allocated", "lost: hardware", "lost: node failure", "not lost"]
+    assert list(fall["gpu_hours"]) == pytest.approx([10, -4, -1, 5])
+    assert [c.split(", ") for c in frame(at, "reliability_chains")["job_ids"]] == [ch["job_ids"] for ch in rel["chains"]]
 
 
 def test_long_tables_show_their_first_rows_and_say_so(store, a, use_store, monkeypatch):

@@ -366,3 +366,28 @@ def test_demo_policy_reads_no_squeue(tmp_path):
 
     doc = tomllib.loads(config_text(tmp_path, "127.0.0.1:8501", {"nlp": 1.0}, pdf=False))
     assert load_rules(doc, "demo").options["squeue"] == ""
+
+
+def test_planned_hardware_failures_are_requeued_attempts_the_reliability_report_shows(fleet, store):
+    """The plan's XIDs on running training jobs (fleet._plan_failures): each job's first attempt
+    is stored apart (job_attempts), ends as a hardware interruption with its XID as evidence, and
+    its chain (the requeued second attempt) lost time: ETTR < 1."""
+    from gpufleet.analytics import reliability_store
+
+    root, _, _ = store
+    planned = {j.job_id: j for j in fleet.jobs if j.requeue is not None}
+    assert sorted(j.requeue.xid for j in planned.values()) == [48, 79, 79, 94]
+    rel = reliability_store.report(open_reader(root), Params(fleet.start, fleet.now), as_of=fleet.now, top=1000)
+    first = {a["job_id"]: a for a in rel["interrupted_attempts"] if a["job_id"] in planned}
+    assert sorted(first) == sorted(planned)
+    for job_id, a in first.items():
+        j = planned[job_id]
+        slot = j.slots[j.requeue.slot]
+        assert (a["attempt"], a["cause"], a["end"]) == (1, "hardware", j.requeue.failed_at), a
+        assert (a["evidence"][0]["host"], a["evidence"][0]["gpu"], a["evidence"][0]["code"]) == (slot.node.host, slot.gpu, j.requeue.xid)
+    chains = {ch["job_ids"][0]: ch for ch in rel["chains"] if ch["job_ids"][0] in planned}
+    for job_id, ch in chains.items():
+        assert ch["causes"][0] == "hardware" and len(ch["causes"]) == 2 and ch["requeue_wait_h"] == pytest.approx(0.25), ch
+        assert 0 <= ch["ettr"] < 1 and (ch["ettr"] > 0) == (ch["causes"][1] == "completed"), ch  # a second attempt that failed too lost all
+    assert sorted(chains) == sorted(planned)
+    assert 0 < rel["goodput"]["ettr"] < 1 and rel["figures"]["lost_gpu_hours_by_cause"]["hardware"] > 0

@@ -330,6 +330,14 @@ def test_store_attempts_classified_with_evidence(store):
     # ended at 02:00 but job 1 had started at 01:00, so it is no resubmission of it
     assert [(c["job_ids"], c["causes"], c["ettr"]) for c in got["chains"]] == [(["1"], ["hardware"], 0), (["2"], ["node_failure"], 0)]
     assert got["chains"][0]["lost_is_upper_bound"] and got["chains"][0]["checkpoint_advice"]["advised_interval_s"] is None
+    assert fig["lost_gpu_hours_by_cause"] == {"hardware": pytest.approx(4), "node_failure": pytest.approx(1)}
+    # goodput over every chain: 1, 2 and 4 then 5 (cy's "job" resubmitted an hour after the cancel: one chain, 1 h
+    # waiting) did not complete (7 GPU-h of work lost); 3 completed (2 GPU-h) and 6 runs (1 GPU-h; cy's "job" again,
+    # but 2 h after 5 failed: a chain of its own) at their first try
+    g = got["goodput"]
+    assert (g["chains"], g["interrupted_chains"]) == (4, 2)
+    assert [g[k] for k in ("wall_gpu_hours", "productive_gpu_hours", "lost_gpu_hours", "requeue_wait_gpu_hours")] == pytest.approx([11, 3, 7, 1])
+    assert g["ettr"] == pytest.approx(3 / 11) and g["lost_is_upper_bound"] and "upper bound" in g["checkpoints"]
     bio = reliability_store.report(f.reader(), Params(_t(0), _t(12), filters=Filters(account="bio")), as_of=_t(9))
     assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
 
@@ -414,6 +422,107 @@ def test_chain_wall_is_attempts_plus_gaps(attempts):
         assert ch.wall_s == pytest.approx(ch.run_s + ch.gap_s, abs=1e-6)
         assert 0 <= ch.lost_s <= ch.run_s + 1e-6 and ch.gap_s >= 0
         assert ch.ettr is None or 0 <= ch.ettr <= 1 + 1e-9
+
+
+@given(attempt_histories())
+@hsettings(max_examples=200, deadline=None)
+def test_goodput_and_lost_hours_add_up(attempts):
+    as_of = T0 + 60 * H
+    classified = r.classify_all(attempts)
+    f = r.figures(classified, T0 - H, as_of, as_of=as_of)
+    # the causes of lost GPU-hours sum to the total, each an interruption's, none more than allocated
+    assert sum(f["lost_gpu_hours_by_cause"].values()) == pytest.approx(f["lost_gpu_hours"])
+    assert set(f["lost_gpu_hours_by_cause"]) <= set(r.INTERRUPTION_CAUSES)
+    assert f["lost_gpu_hours"] <= f["allocated_gpu_hours"] + 1e-9
+    g = r.goodput(r.link_chains(classified, as_of=as_of))
+    assert 0 <= g["productive_gpu_hours"] <= g["wall_gpu_hours"] + 1e-9
+    assert g["productive_gpu_hours"] + g["lost_gpu_hours"] + g["requeue_wait_gpu_hours"] == pytest.approx(g["wall_gpu_hours"], abs=1e-6)
+    assert g["ettr"] is None or 0 <= g["ettr"] <= 1 + 1e-9
+
+
+# --- every attempt stored ---
+
+
+def _job_row(**kw):
+    from gpufleet.collector.schema import JOB_COLUMNS
+
+    row = dict.fromkeys(JOB_COLUMNS)
+    row.update(cluster="c", scheduler="slurm", job_key="7", job_id="7", source="sacct", updated_at=T0, gpus=8, user_name="u",
+               account="a", name="n", partition="p")
+    return {**row, **kw}
+
+
+def test_split_attempts_keeps_the_latest_record_per_job():
+    from gpufleet.collector.sources.slurm_parse import split_attempts
+
+    rows = [_job_row(start=T0, end=T0 + 2 * H, state="REQUEUED"), _job_row(job_key="8", job_id="8", start=T0, end=T0 + H, state="COMPLETED"),
+            _job_row(start=None, end=None, state="PENDING"), _job_row(start=T0 + H / 2, end=T0 + H / 2, state="REQUEUED")]
+    latest, earlier = split_attempts(rows)
+    assert sorted((j["job_key"], j["state"]) for j in latest) == [("7", "PENDING"), ("8", "COMPLETED")]  # not ended: the latest
+    assert sorted((a["start"], a["state"]) for a in earlier) == [(T0, "REQUEUED"), (T0 + H / 2, "REQUEUED")]
+    again, _ = split_attempts([_job_row(start=T0, end=T0 + 2 * H, state="REQUEUED"), _job_row(start=T0 + 3 * H, end=None, state="RUNNING")])
+    assert [j["start"] for j in again] == [T0 + 3 * H]
+
+
+def test_store_keeps_every_attempt_in_any_order(tmp_path):
+    """A requeued job read record by record, in any order (a listing without --duplicates shows
+    the new record only; a backfill of an old window the old one): the jobs table keeps the latest,
+    job_attempts the earlier one, filled as more of it is read; reliability classifies both."""
+    from itertools import permutations
+
+    from gpufleet.analytics.params import Params
+    from gpufleet.collector.schema import Batch
+    from gpufleet.collector.store import StoreWriter, open_reader
+
+    reads = [_job_row(start=T0, state="RUNNING"), _job_row(start=T0, end=T0 + 2 * H, state="REQUEUED", state_raw="REQUEUED"),
+             _job_row(start=T0 + 3 * H, state="RUNNING"), _job_row(start=T0 + 3 * H, end=T0 + 5 * H, state="COMPLETED")]
+    for n, order in enumerate(p for p in permutations(range(4)) if p.index(0) < p.index(1) and p.index(2) < p.index(3)):
+        w = StoreWriter(tmp_path / str(n))
+        for i in order:
+            w.commit(Batch(key=str(i), jobs=[reads[i]]))
+        w.publish()
+        assert w.db.sql('SELECT start, "end", state FROM job_attempts').fetchall() == [(T0, T0 + 2 * H, "REQUEUED")], order
+        assert w.db.sql('SELECT start, "end", state FROM jobs').fetchall() == [(T0 + 3 * H, T0 + 5 * H, "COMPLETED")], order
+        w.close()
+        rel = reliability_store.report(open_reader(tmp_path / str(n)), Params(T0 - H, T0 + 10 * H), as_of=T0 + 10 * H)
+        assert [(a["attempt"], a["cause"]) for a in rel["interrupted_attempts"]] == [(1, "requeued")]
+        [chain] = rel["chains"]
+        assert chain["causes"] == ["requeued", "completed"] and chain["wall_h"] == 5 and chain["requeue_wait_h"] == 1
+        assert chain["ettr"] == pytest.approx(2 / 5)  # 2 h of the first attempt lost (no checkpoint: an upper bound)
+
+
+def test_a_store_of_schema_6_gains_job_attempts(tmp_path):
+    from gpufleet.collector import schema
+    from gpufleet.collector.schema import Batch
+    from gpufleet.collector.store import StoreWriter
+
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="1", jobs=[_job_row(start=T0, state="RUNNING")]))
+    w.db.execute("DROP TABLE job_attempts")
+    w.db.execute("DELETE FROM schema_version WHERE version = 7")
+    w.close()
+    w = StoreWriter(tmp_path)
+    assert w.schema_version() == schema.SCHEMA_VERSION == 7
+    w.commit(Batch(key="2", jobs=[_job_row(start=T0 + H, state="RUNNING")]))  # a requeue: the stored record is an earlier attempt
+    assert w.db.sql("SELECT start, state FROM job_attempts").fetchall() == [(T0, "RUNNING")]
+    w.close()
+
+
+def test_pod_restarts_are_earlier_attempts():
+    from gpufleet.collector.sources.kubernetes import pod_restarts, pod_to_job
+
+    gpu = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "k1", "containers": [{"name": "train", **gpu}, {"name": "side"}]},
+           "status": {"phase": "Running", "startTime": "2026-03-02T00:00:00Z", "containerStatuses": [
+               {"name": "train", "restartCount": 1, "state": {"running": {"startedAt": "2026-03-02T01:05:00Z"}},
+                "lastState": {"terminated": {"startedAt": "2026-03-02T00:00:10Z", "finishedAt": "2026-03-02T01:00:00Z",
+                                             "exitCode": 137, "reason": "OOMKilled"}}},
+               {"name": "side", "restartCount": 3, "lastState": {"terminated": {"startedAt": "2026-03-02T00:00:10Z", "exitCode": 1}}}]}}
+    job = pod_to_job(pod, "k", T0)
+    [a] = pod_restarts(pod, job)  # the sidecar holds no GPU: its restarts are not the job's
+    assert (a["job_key"], a["start"], a["end"], a["state"], a["exit_code"], a["gpus"]) == (
+        "ns/p", T0 + timedelta(seconds=10), T0 + H, "OUT_OF_MEMORY", "137:0", 1)
+    assert r.classify(Attempt.from_job({**job, **a})).cause == "user_error"
 
 
 def test_hardware_xids_are_the_alert_rules_xid_hardware():

@@ -2,7 +2,8 @@
 requeue` ends as two attempts of one job (requeued, then completed), a job on a node set DOWN ends
 as a node failure, and a job our own policy cancels with the real scancel is "cancelled by
 policy" (the same job would read "cancelled by an admin" without the audit row: root cancelled it).
-Accounting is read by the real SacctSource's command (sacct --duplicates: every attempt)."""
+Accounting is read by the real SacctSource's command (sacct --duplicates: every attempt), and
+through the store: every attempt stored (the earlier ones in job_attempts) and classified."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def accounting(c, job_ids: list[int], since: datetime, timeout: float = 60) -> l
     """Every accounting record (sacct --duplicates, through the collector's own command and parser)
     of the jobs. A windowed listing shows a record some seconds after `sacct -j` does (slurmdbd
     writes its end later): wait until every job is listed."""
-    src = SacctSource(cluster=CLUSTER, env=c.env, extra_args=("--duplicates",))
+    src = SacctSource(cluster=CLUSTER, env=c.env)
     keys = {str(k) for k in job_ids}
     mine: list[dict] = []
 
@@ -62,7 +63,7 @@ def settled(c, job_id: int, states: list[str], timeout: float = 60) -> None:
     wait_for(f"job {job_id} accounting {states}", lambda: now() == states, timeout=timeout, daemons=c.daemons, interval=0.5)
 
 
-def test_requeued_job_is_two_attempts_and_a_node_failure_is_one(slurm_cluster):
+def test_requeued_job_is_two_attempts_and_a_node_failure_is_one(slurm_cluster, tmp_path):
     c = slurm_cluster
     since = utcnow()
     # requeue: the first attempt ends REQUEUED, the second runs to completion
@@ -88,6 +89,28 @@ def test_requeued_job_is_two_attempts_and_a_node_failure_is_one(slurm_cluster):
     for x in got:
         by_job.setdefault(x.attempt.job_key, []).append((x.attempt.attempt, x.cause))
     assert by_job == {str(requeued): [(1, "requeued"), (2, "completed")], str(failed): [(1, "node_failure")]}
+    # the collector's own read (sacct --duplicates) into a store: the requeued job's first attempt
+    # in job_attempts, its latest in jobs, and the store's reliability classifies every attempt
+    batch = SacctSource(cluster=CLUSTER, env=c.env).read_window(since - timedelta(minutes=1), utcnow() + timedelta(minutes=1))
+    mine = {str(requeued), str(failed)}  # (the cluster's other tests' jobs may share the window)
+    batch.jobs = [j for j in batch.jobs if j["job_key"] in mine]
+    batch.attempts = [a for a in batch.attempts if a["job_key"] in mine]
+    w = StoreWriter(tmp_path / "store")
+    try:
+        w.commit(batch)
+        w.publish()
+        assert w.db.sql("SELECT job_key, state FROM job_attempts").fetchall() == [(str(requeued), "REQUEUED")]
+        assert dict(w.db.execute("SELECT job_key, state FROM jobs WHERE job_key IN (?, ?)", [str(requeued), str(failed)]).fetchall()) == {
+            str(requeued): "COMPLETED", str(failed): "NODE_FAIL"}
+    finally:
+        w.close()
+    window = Params(since - timedelta(minutes=5), utcnow() + timedelta(minutes=5))
+    rel = reliability_store.report(open_reader(tmp_path / "store"), window, as_of=utcnow())
+    assert {k: v for k, v in rel["figures"]["causes"].items() if v} == {"requeued": 1, "completed": 1, "node_failure": 1}
+    assert sorted((a["job_id"], a["attempt"], a["cause"]) for a in rel["interrupted_attempts"]) == sorted([
+        (str(failed), 1, "node_failure"), (str(requeued), 1, "requeued")])
+    [chain] = [ch for ch in rel["chains"] if ch["job_ids"] == [str(requeued)]]
+    assert chain["causes"] == ["requeued", "completed"] and 0 <= chain["ettr"] < 1
 
 
 def test_policy_scancel_is_cancelled_by_policy(slurm_cluster, tmp_path, monkeypatch):

@@ -286,6 +286,9 @@ def test_reliability_section_equals_the_reliability_report(store, w47, outputs):
     assert figs.one("reliability.hardware") == "0" and figs.one("reliability.per_1000_gpu_days") == "0"
     assert figs.one("reliability.lost_gpu_h") == fmt.hours(f["lost_gpu_hours"])
     assert "Interrupted attempts: 0" in outputs[0].text
+    # goodput: every chain completed at its first try, so the fleet's ETTR is 100 %, no chain listed
+    assert rel["goodput"]["ettr"] == 1 and figs.one("reliability.ettr") == fmt.pct(100.0) and not rel["chains"]
+    assert "Goodput: ETTR 100" in outputs[0].text
 
 
 def test_team_report_has_only_its_team(store, w47, outputs):

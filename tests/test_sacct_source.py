@@ -115,7 +115,7 @@ def test_command_environment_and_parsed_batch(fake, tmp_path):
     (batch,) = list(src.run(NOW))
     (call,) = fake.calls()
     assert call["argv"] == [
-        "--allusers", "--allocations", "--parsable2", "--noheader", f"--delimiter={US}",
+        "--allusers", "--allocations", "--duplicates", "--parsable2", "--noheader", f"--delimiter={US}",
         "--format=" + ",".join(DEFAULT_FIELDS), "--starttime=2026-11-20T10:00:00", "--endtime=2026-11-20T12:00:00",
         "--partition=main",
     ]

@@ -87,6 +87,7 @@ class KubernetesSource:
                 continue
             if row is not None:
                 jobs[row["job_key"]] = row
+                batch.attempts.extend(pod_restarts(item, row))
         batch.jobs = list(jobs.values())
         if not batch.rejected:  # a pod we could not read may still be running: then claim nothing
             batch.jobs_complete = (self.cluster, "kubernetes", now)
@@ -268,6 +269,26 @@ def pod_to_job(pod: Any, cluster: str, now: datetime, team_labels: Sequence[str]
         raise Malformed(f"{ref}: {exc}") from None
     except (AttributeError, TypeError, KeyError) as exc:
         raise Malformed(f"{ref}: unexpected shape ({type(exc).__name__}: {exc})") from None
+
+
+def pod_restarts(pod: dict[str, Any], job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's earlier attempts (schema.ATTEMPT_COLUMNS) its GPU containers' statuses still show:
+    each restarted container's last terminated run (`lastState.terminated`: Kubernetes keeps the
+    last one only, so a container restarted twice between two listings shows one of them)."""
+    gpu_containers = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or [] if _container_gpus(c)}
+    out = []
+    for st in (pod.get("status") or {}).get("containerStatuses") or []:
+        last = ((st.get("lastState") or {}).get("terminated")) if st.get("name") in gpu_containers else None
+        start = _ts(last.get("startedAt")) if last else None
+        if start is None:
+            continue
+        code, reason = last.get("exitCode"), last.get("reason")
+        state = "OUT_OF_MEMORY" if reason == "OOMKilled" else "COMPLETED" if code == 0 else "FAILED"
+        out.append({"cluster": job["cluster"], "scheduler": "kubernetes", "job_key": job["job_key"], "start": start,
+                    "job_id": job["job_id"], "submit": job["submit"], "end": _ts(last.get("finishedAt")), "state": state,
+                    "state_raw": " ".join(filter(None, ["restarted", reason])), "exit_code": f"{code or 0}:{last.get('signal') or 0}",
+                    "gpus": job["gpus"], "node_count": 1, "nodes": job["nodes"], "source": "kubernetes", "updated_at": job["updated_at"]})
+    return out
 
 
 def pod_gpus(spec: dict[str, Any]) -> dict[str, int]:

@@ -5,8 +5,9 @@ How it calls sacct, and why:
 - `--allocations` (-X): one line per job allocation (plain jobs, array tasks, het components),
   no steps. Steps are not jobs; reading them only to drop them costs a line per srun. The
   parser still skips steps, so a user-supplied format or extra args that bring them back is fine.
-- No `--duplicates`: a requeued job then shows only its latest record, which is the one the
-  jobs table keeps (one row per JobIDRaw).
+- `--duplicates`: a requeued job shows every record (attempt), each with its own start, end,
+  state, exit code and nodes. The jobs table keeps the latest (one row per JobIDRaw), the
+  job_attempts table the earlier ones (slurm_parse.split_attempts): reliability classifies each.
 - `--parsable2 --noheader --format=<fields>` with `--delimiter=U+001F` (unit separator): job
   names are free text and may contain `|`; nobody types U+001F into a job name. JobName is the
   last field anyway, so a name holding the delimiter is still rejoined unambiguously.
@@ -53,7 +54,7 @@ from gpufleet.collector.schema import Batch
 
 from gpufleet.collector.sources.base import SourceError
 from gpufleet.collector.sources.slurm_json import jobs_batch, note_gpu_tracking
-from gpufleet.collector.sources.slurm_parse import as_tz, latest_per_key, parse_sacct
+from gpufleet.collector.sources.slurm_parse import as_tz, parse_sacct, split_attempts
 from gpufleet.times import utcnow
 
 UNIT_SEPARATOR = "\x1f"
@@ -174,16 +175,17 @@ class SacctSource(JobWindows):
                 text, fields=self.fields, delimiter=self.delimiter, cluster=self.cluster, now=now, tz=self.tz,
                 tracks_gpus=self.tracks_gpus,
             )
-            batch = Batch(key=key, jobs=latest_per_key(jobs), rejected=rejected, problems=problems[:MAX_PROBLEMS_PER_BATCH])
+            latest, attempts = split_attempts(jobs)
+            batch = Batch(key=key, jobs=latest, attempts=attempts, rejected=rejected, problems=problems[:MAX_PROBLEMS_PER_BATCH])
         self.tracks_gpus = note_gpu_tracking(batch, self.command[0], self.tracks_gpus)
         return batch
 
     def argv(self, start: datetime, end: datetime) -> list[str]:
         window = [f"--starttime={self._local(start)}", f"--endtime={self._local(end)}"]
         if self.format == "json":  # --json ignores --format and the delimiters; steps come inside each job
-            return [*self.command, "--allusers", "--json", *window, *self.extra_args]
+            return [*self.command, "--allusers", "--duplicates", "--json", *window, *self.extra_args]
         return [
-            *self.command, "--allusers", "--allocations", "--parsable2", "--noheader",
+            *self.command, "--allusers", "--allocations", "--duplicates", "--parsable2", "--noheader",
             f"--delimiter={self.delimiter}", f"--format={','.join(self.fields)}", *window, *self.extra_args,
         ]
 

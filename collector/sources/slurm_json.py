@@ -24,7 +24,7 @@ from gpufleet.collector.sources.slurm_parse import (
     accounting_gpus_source,
     gres_gpus,
     known_text,
-    latest_per_key,
+    split_attempts,
     normalise_state,
     settle_accounting_gpus,
     settle_times,
@@ -294,7 +294,8 @@ def jobs_batch(text: str | bytes, *, key: str, input: str, cluster: str, now: da
         raise SourceError(f"{input}: Slurm answered with errors: {'; '.join(errors[:3])}")
     for job in jobs:
         job["source"] = source
-    return Batch(key=key, jobs=latest_per_key(jobs), rejected=rejected,
+    latest, attempts = split_attempts(jobs)
+    return Batch(key=key, jobs=latest, attempts=attempts, rejected=rejected,
                  problems=([f"Slurm reported: {e}" for e in errors[:3]] + problems)[:MAX_PROBLEMS_PER_BATCH])
 
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpufleet.collector.schema import JOB_COLUMNS
+from gpufleet.collector.schema import ATTEMPT_COLUMNS, JOB_COLUMNS
 from gpufleet.times import utcnow
 
 # Base job states (first word of sacct's State) plus the flags Slurm can print in their place.
@@ -497,6 +497,23 @@ def parse_scontrol_show_job_d(text: str | bytes) -> list[dict[str, Any]]:
         rec.update(gres_idx=gres_idx, gpu_type=gpu_type, gpus=sum(len(v) for v in gres_idx.values()))
         out.append(rec)
     return out
+
+
+def split_attempts(jobs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one row per job_key: its latest record, the earlier attempts) of a listing that may hold
+    several records of a job (sacct --duplicates, slurmdbd's jobs: a requeue ends a record and
+    starts another under the same JobIDRaw). Latest: a record not ended (running, or pending
+    again after the requeue), else the last to start, else the last printed. An earlier record
+    that never started ran no attempt and is left out; the others are ATTEMPT_COLUMNS rows."""
+    by_key: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, job in enumerate(jobs):
+        by_key.setdefault(job["job_key"], []).append((i, job))
+    latest, earlier = [], []
+    for records in by_key.values():
+        records.sort(key=lambda r: (r[1].get("start") is None or r[1].get("end") is None, r[1].get("start") or datetime.min, r[0]))
+        latest.append(records[-1])
+        earlier.extend({c: job.get(c) for c in ATTEMPT_COLUMNS} for _, job in records[:-1] if job.get("start") is not None)
+    return [job for _, job in sorted(latest, key=lambda r: r[0])], earlier
 
 
 def latest_per_key(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Reliability: how job attempts ended and why (with the evidence), interruptions over time by
 cause, job MTTF by size beside the per-GPU rate's projection and the published anchors, lemon
-nodes, and the job chains that lost most (gpufleet.analytics.reliability)."""
+nodes, the fleet's goodput (ETTR) and the job chains that lost most (gpufleet.analytics.reliability)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,25 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Interruptions that cost most")
     ui.table(_rows(rel["interrupted_attempts"], ["job_id", "user_name", "account", "gpus", "end", "cause", "reason"]),
              key="reliability_interrupted", empty="No interruption in this window.")
-    st.subheader("Interrupted job chains")
+    st.subheader("Goodput")
+    g = rel["goodput"]
+    c = st.columns(3)
+    c[0].metric("Fleet ETTR", ui.pct(None if g["ettr"] is None else 100 * g["ettr"]),
+                help="Effective training time ratio: productive / wall GPU-hours over the job chains of the window (a chain's wall "
+                     "time runs from its first attempt's start to its last attempt's end, the waits for a requeue included).")
+    c[1].metric("Wall GPU-hours", ui.gpu_h(g["wall_gpu_hours"]))
+    c[2].metric("Lost + waiting", ui.gpu_h(g["lost_gpu_hours"] + g["requeue_wait_gpu_hours"]))
+    if g["lost_is_upper_bound"]:
+        st.caption(g["checkpoints"].capitalize() + ".")
+    lost = f["lost_gpu_hours_by_cause"]
+    if lost:
+        fall = pl.DataFrame({"part": ["allocated", *(f"lost: {CAUSE_LABELS[k]}" for k in lost), "not lost"],
+                             "gpu_hours": [f["allocated_gpu_hours"], *(-v for v in lost.values()),
+                                           f["allocated_gpu_hours"] - sum(lost.values())]})
+        st.caption("Where the window's allocated GPU-hours went: lost to interruptions, by cause, and the rest.")
+        ui.table(fall, key="reliability_waterfall")
+
+    st.subheader("Job chains that lost most")
     st.caption("Attempts linked: requeues of one job, resubmissions of the same user, account and name soon after a failure. "
                "ETTR = productive time / wall time.")
     chains = [{**ch, "job_ids": ", ".join(ch["job_ids"])} for ch in rel["chains"]]

@@ -11,14 +11,15 @@ Two clusters that look like real ones:
 
 The plan is a list of jobs laid out lane by lane (a lane = the GPUs one job takes), each with a
 load profile (analytics never sees the profile: it sees only what exporters would publish).
-One GPU throws XIDs and falls off the bus three hours before "now"; one k8s node's exporter is
-down for two hours. Everything is deterministic for a given `now` and seed.
+One GPU throws XIDs and falls off the bus three hours before "now"; a few training jobs of the
+last day lose their first attempt to an XID (79, 48, 94) on one GPU and are requeued
+(_plan_failures); one k8s node's exporter is down for two hours. Everything is deterministic for a given `now` and seed.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from gpufleet.exporter.backends import sim
@@ -88,6 +89,7 @@ class Job:
     final_state: str  # COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL
     params: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # profile shape, see load.py
     seed: int = 0
+    requeue: Requeue | None = None  # a hardware failure ended its first attempt; Slurm requeued it
 
     def state_at(self, now: datetime) -> str | None:
         """The scheduler's view at `now`: None before submission."""
@@ -95,9 +97,26 @@ class Job:
             return None
         if now < self.start:
             return "PENDING"
+        if self.requeue and self.requeue.failed_at <= now < self.requeue.restarted_at:
+            return "PENDING"  # back in the queue after the failure
         if now < self.end:
             return "RUNNING"
         return self.final_state
+
+    def started_at(self, now: datetime) -> datetime:
+        """The start of the attempt the scheduler reports at `now` (a requeue starts a new one)."""
+        return self.requeue.restarted_at if self.requeue and now >= self.requeue.restarted_at else self.start
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """An XID on one of a job's GPUs ends its first attempt at failed_at (accounting: REQUEUED);
+    the second attempt runs on the same GPUs from restarted_at to the job's end."""
+
+    failed_at: datetime
+    restarted_at: datetime
+    xid: int
+    slot: int  # which of the job's slots threw it
 
 
 @dataclass(frozen=True)
@@ -307,7 +326,32 @@ class _Planner:
                     params = (1800.0, 90 / 1800, params[2], 0.0) if profile == "checkpoint" else params
             jobs.append(Job("hpc", "slurm", job_id, job_id, name, user, account, partition, profile, slots,
                             submit, start, end, state, params, seed))
-        return tuple(sorted(jobs, key=lambda j: (j.start, j.job_key)))
+        return tuple(sorted(_plan_failures(jobs, self.now), key=lambda j: (j.start, j.job_key)))
+
+
+# Planned hardware failures: the plain multi-GPU Slurm training jobs that start in the last
+# FAILURES_SINCE of history, every FAILURE_EVERY-th of them (at most len(FAILURE_XIDS)), throw an
+# XID on one GPU FAILURE_AT of the way through their run and are requeued, waiting REQUEUE_WAIT
+FAILURES_SINCE = timedelta(hours=22)  # (not in the day the demo tests' job checks read)
+FAILURE_EVERY = 2
+FAILURE_XIDS = (79, 48, 94, 79)
+FAILURE_AT = 0.35
+REQUEUE_WAIT = timedelta(minutes=15)
+
+
+def _plan_failures(jobs: list[Job], now: datetime) -> list[Job]:
+    out, candidates = [], 0
+    for j in sorted(jobs, key=lambda j: (j.start, j.job_key)):
+        failed_at = _whole(j.start + (j.end - j.start) * FAILURE_AT)
+        restarted_at = failed_at + REQUEUE_WAIT
+        if (j.scheduler == "slurm" and j.profile == "train" and len(j.slots) > 1 and j.start >= now - FAILURES_SINCE
+                and restarted_at + timedelta(hours=1) < min(j.end, now)):
+            candidates += 1
+            n = candidates // FAILURE_EVERY
+            if candidates % FAILURE_EVERY == 0 and n <= len(FAILURE_XIDS):
+                j = replace(j, requeue=Requeue(failed_at, restarted_at, FAILURE_XIDS[n - 1], (j.seed % len(j.slots))))
+        out.append(j)
+    return out
 
 
 def _whole(t: datetime) -> datetime:

@@ -53,11 +53,18 @@ def segments(fleet: Fleet, slots: pl.DataFrame) -> pl.DataFrame:
     """Who holds each device when: (slot, s0, s1, prof, shape) sorted by start."""
     index = {(r["host"], r["gpu"], r["gpu_instance"] or 0): r["slot"] for r in slots.iter_rows(named=True)}
     rows = [
-        dict(slot=index[s.key], s0=epoch(j.start), s1=epoch(j.end), prof=PROFILE_CODE[j.profile],
+        dict(slot=index[s.key], s0=epoch(s0), s1=epoch(s1), prof=PROFILE_CODE[j.profile],
              a=j.params[0], b=j.params[1], c=j.params[2], off=j.params[3], seed=j.seed)
-        for j in fleet.jobs for s in j.slots
+        for j in fleet.jobs for s in j.slots for s0, s1 in _runs(j)
     ]
     return pl.DataFrame(rows, schema_overrides={"prof": pl.Int8}).sort("s0")
+
+
+def _runs(j: Job) -> list[tuple[datetime, datetime]]:
+    """When the job's GPUs work: its run, less the wait of a requeue."""
+    if j.requeue is None:
+        return [(j.start, j.end)]
+    return [(j.start, j.requeue.failed_at), (j.requeue.restarted_at, j.end)]
 
 
 def device_values(fleet: Fleet, slots: pl.DataFrame, segs: pl.DataFrame, t0: int, t1: int) -> pl.DataFrame:
@@ -87,8 +94,14 @@ def _health(fleet: Fleet, df: pl.DataFrame) -> pl.DataFrame:
     (x1, code1), (x2, code2) = fleet.xids
     t = pl.col("t")
     xid = pl.when(t >= epoch(x2)).then(code2).when(t >= epoch(x1)).then(code1).otherwise(0)
+    requeued = pl.lit(0)
+    for j in fleet.jobs:  # a requeued job's XID on one of its GPUs, from a minute before the failure to the restart
+        if j.requeue is not None:
+            q, slot = j.requeue, j.slots[j.requeue.slot]
+            on = (pl.col("host") == slot.node.host) & (pl.col("gpu") == slot.gpu) & (t >= epoch(q.failed_at) - 60) & (t < epoch(q.restarted_at))
+            requeued = pl.when(on).then(q.xid).otherwise(requeued)
     df = df.with_columns(
-        xid_last=pl.when(on_lost).then(xid).otherwise(0),
+        xid_last=pl.when(on_lost).then(xid).otherwise(requeued),
         ecc_dbe_vol=pl.when(on_lost & (t >= epoch(x1))).then(1).otherwise(0),
         gpu_up=pl.lit(1.0),
     )
@@ -139,7 +152,7 @@ def job_row(j: Job, state: str, now: datetime) -> dict:
     row.update(
         cluster=j.cluster, scheduler=j.scheduler, job_key=j.job_key, job_id=j.job_id, name=j.name, user_name=j.user,
         account=j.account, partition=j.partition, qos="normal" if j.scheduler == "slurm" else None,
-        submit=j.submit, eligible=j.submit, start=j.start if started else None, end=j.end if ended else None,
+        submit=j.submit, eligible=j.submit, start=j.started_at(now) if started else None, end=j.end if ended else None,
         state=state, state_raw=state, exit_code=("0:0" if state in ("COMPLETED", "RUNNING", "PENDING") else "1:0"),
         gpus=len(j.slots), gpu_type="h100" if j.cluster == "hpc" else "a100", node_count=len(hosts),
         gpus_source="kubernetes" if j.scheduler == "kubernetes" else "slurmdbd" if ended else "slurmdbd_running",
@@ -148,6 +161,19 @@ def job_row(j: Job, state: str, now: datetime) -> dict:
         source="sacct" if j.scheduler == "slurm" else "kubernetes", updated_at=now,
     )
     return row
+
+
+def attempt_rows(fleet: Fleet, now: datetime) -> list[dict]:
+    """The earlier attempts sacct --duplicates shows at `now` (schema.ATTEMPT_COLUMNS): each
+    requeued job's first, ended REQUEUED by its failure."""
+    rows = []
+    for j in fleet.jobs:
+        if j.requeue is not None and now >= j.requeue.failed_at:
+            hosts = sorted({s.node.host for s in j.slots})
+            rows.append(dict(cluster=j.cluster, scheduler=j.scheduler, job_key=j.job_key, start=j.start, job_id=j.job_id, submit=j.submit,
+                             end=j.requeue.failed_at, state="REQUEUED", state_raw="REQUEUED", exit_code="0:0", gpus=len(j.slots),
+                             node_count=len(hosts), nodes=",".join(hosts), source="sacct", updated_at=now))
+    return rows
 
 
 def observations(fleet: Fleet, lo: datetime, hi: datetime) -> tuple[list[dict], list[dict]]:
@@ -224,7 +250,7 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
         written = _write_samples(w, fleet, slots, segs, lo, hi, f"demo-history:{fleet.start.isoformat()}", progress, total)
         allocs, inventory = observations(fleet, fleet.start, fleet.now)
         jobs = job_rows(fleet, fleet.now)
-        w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=jobs,
+        w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=jobs, attempts=attempt_rows(fleet, fleet.now),
                        allocations=allocs, gpus=inventory))
         compact(w, fleet.now)
         progress(total, total)
