@@ -152,6 +152,8 @@ def fmt(v: Any, key: str = "") -> str:
     words; a missing figure "unknown", missing text a dash."""
     if key == "verdict":
         return words.verdict(v)
+    if key == "state" and isinstance(v, str):
+        return words.state(v)
     if key == "gi" and isinstance(v, int) and v < 0:
         return words.NONE  # a whole GPU, not a MIG instance
     if v is None:
@@ -296,7 +298,7 @@ def print_states(w: dict[str, Any] | None, out: TextIO) -> None:
     table(f"  where the time went ({w['data_s'] / 3600:.2f} GPU-hours with data)", shown, out, ["state", "gpu_h", "share_pct", "evidence", "fix"])
     for s in w["states"]:
         if s["unknown_on"]:
-            out.write(f"  {s['state']} unknown on {'; '.join(s['unknown_on'])}\n")
+            out.write(f"  {words.state(s['state'])} unknown on {'; '.join(s['unknown_on'])}\n")
 
 
 def run(args: argparse.Namespace, out=None) -> int:

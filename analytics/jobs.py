@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from gpufleet.analytics import sql
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.core import JOB_KEY, Analysis
 from gpufleet.analytics.params import Params
 
@@ -66,13 +67,14 @@ def rule(verdict: str, row: dict, a: Analysis) -> str:
     """The sentence that says which rule gave the verdict, with the job's numbers."""
     p = a.p
     mean = row.get("mean_utilization_pct")
+    least = words.duration(p.idle_min_duration.total_seconds())  # "30 min", not 0:30:00
     return {
         "no_data": lambda: (f"no samples cover this job's {row['allocated_gpu_h']:.2f} allocated GPU-hours"
                             if row["allocated_gpu_h"] is not None else
                             "no samples cover this job, and its allocated GPU-hours are unknown (its GPU count is unknown)"),
-        "no_process": lambda: f"{row['no_process_gpu_h']:.2f} GPU-hours held with no compute process, in stretches >= {p.idle_min_duration}",
+        "no_process": lambda: f"{row['no_process_gpu_h']:.2f} GPU-hours held with no compute process, in stretches of at least {least}",
         "idle": lambda: f"mean GPU utilization {mean:.1f}% < idle threshold {p.idle_threshold:g}%",
-        "idle_stretches": lambda: f"{row['idle_gpu_h']:.2f} GPU-hours below {p.idle_threshold:g}% in stretches >= {p.idle_min_duration} (mean {mean:.1f}%)",
+        "idle_stretches": lambda: f"{row['idle_gpu_h']:.2f} GPU-hours below {p.idle_threshold:g}% in stretches of at least {least} (mean {mean:.1f}%)",
         "unused_gpus": lambda: f"{row['low_gpus']} of {row['gpus_seen']} GPUs below {p.idle_threshold:g}% while the job averages {mean:.1f}%",
         "low": lambda: f"mean GPU utilization {mean:.1f}% < {LOW_UTILIZATION_PCT:g}%",
         "ok": lambda: f"mean GPU utilization {mean:.1f}% >= {LOW_UTILIZATION_PCT:g}%, no idle stretch, no empty GPU",

@@ -59,6 +59,13 @@ VERDICTS = {
     "unused_gpus": "some GPUs unused", "low": "low utilization", "ok": "ok",
 }
 
+# Where a job's GPU time went (gpufleet.analytics.states' keys) in words
+STATES = {
+    "startup": "startup", "no_process": "no process", "idle": "idle", "checkpoint": "checkpoint stalls", "pause": "pauses",
+    "input_bound": "input-bound", "communication_bound": "communication-bound", "straggler": "straggler shortfall",
+    "compute": "compute", "busy_unresolved": "busy, not resolved",
+}
+
 # Column headers: the term with its unit, so a header says what its cells hold
 HEADERS = {
     **{k: f"{v} GPU-h" for k, v in TERMS.items() if k.endswith("_gpu_h")},
@@ -93,6 +100,11 @@ def header(column: str) -> str:
 
 def verdict(v: str | None) -> str:
     return VERDICTS.get(v or "", v or NONE)
+
+
+def state(s: str) -> str:
+    """A job time state (analytics.states) for people."""
+    return STATES.get(s, s)
 
 
 def gpu_h(x: float | None) -> str:

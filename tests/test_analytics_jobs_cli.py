@@ -45,7 +45,7 @@ def test_job_report_numbers_and_rule(a):
     assert r.verdict == "idle_stretches"
     assert r.mean_utilization_pct == pytest.approx((0 * 45 + 80 * 15) / 60)
     assert r.idle_gpu_h == pytest.approx(0.75)
-    assert r.rule == "0.75 GPU-hours below 5% in stretches >= 0:30:00 (mean 20.0%)"
+    assert r.rule == "0.75 GPU-hours below 5% in stretches of at least 30 min (mean 20.0%)"
     assert r.per_gpu["gpu_uuid"].to_list() == ["GPU-A"]
     assert r.idle_stretches.select("s0", "s1").rows() == [(T(10, 30), T(11, 15))]
     multi = job_report(a, "106")

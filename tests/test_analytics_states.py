@@ -239,6 +239,9 @@ def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F
     table = analyze(*window)
     assert table.returncode == 0, table.stderr
     assert "where the time went (1.00 GPU-hours with data)" in table.stdout
+    shown = table.stdout.split("where the time went", 1)[1]
+    assert "busy, not resolved  0.2" in shown and "input-bound unknown on" in shown  # the states in words, as the job page writes them
+    assert not any(key in shown for key in ("no_process", "input_bound", "communication_bound", "busy_unresolved"))
     cfg = tmp_path / "g.toml"
     cfg.write_text("[analytics.states]\nstartup_busy_seconds = -1\n")
     bad = analyze("--config", str(cfg), *window)

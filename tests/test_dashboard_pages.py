@@ -216,7 +216,8 @@ def test_jobs_list_and_reports(store, con, a, use_store):
         if js is None or js.data_s == 0:
             assert not at.container("job_states").dataframe
         else:
-            assert_table(frame(at, "job_states"), js.table())
+            assert_table(frame(at, "job_states"), js.table().with_columns(pl.col("state").replace(words.STATES)))  # states in words
+            assert not set(frame(at, "job_states")["state"]) & set(words.STATES) - set(words.STATES.values())
             assert sum(frame(at, "job_states")["share_pct"]) == pytest.approx(100)
         foreign = "Other jobs' processes on this job's GPUs: " + ("n1:0 (up to 2)" if job_id == "101" else "none reported")
         assert foreign in [t.value for t in at.text], job_id

@@ -120,14 +120,14 @@ def states_section(res: dict) -> None:
     if js is None:
         st.caption(res.get("states_error") or "Unknown: no GPU of this job is mapped in the window.")
         return
-    df = js.table()
+    df = js.table().with_columns(pl.col("state").replace(words.STATES))
     if df.is_empty():
         st.caption("No time with data on this job's GPUs in the window.")
         return
     st.altair_chart(states_chart(df), width="stretch")
     ui.table(df, key="job_states", labels={"gpu_h": "GPU-hours", "share_pct": "share %", "fix": "fix to try"})
     for state, where in js.unknown.items():
-        st.caption(f"{state.replace('_', ' ')}: unknown on {'; '.join(where)} (the GPU does not publish these fields).")
+        st.caption(f"{words.state(state)}: unknown on {'; '.join(where)} (the GPU does not publish these fields).")
     foreign = [(g.gpu, g.foreign_max) for g in js.gpus if g.foreign_max]
     st.text("Other jobs' processes on this job's GPUs: "
             + (", ".join(f"{gpu} (up to {n:.0f})" for gpu, n in foreign) if foreign else "none reported"))
