@@ -153,7 +153,7 @@ def test_every_panel_and_variable_query_returns_series_from_simulated_exporters(
         assert label_values(prom, variable_queries()["host"]) == {HOST}
         for dashboard, title, q in panel_queries():
             # increase() answers once its window holds two samples: wait_query gives it a few scrapes
-            assert prom.wait_query(fill(q, "8001"), timeout=15), f"{dashboard} / {title}"
+            assert prom.wait_query(fill(q, "8001"), timeout=60), f"{dashboard} / {title}"
         # the pod: every job panel too, but its GPU is busy, so the table of idle GPUs it holds is empty
         exprs = build.expressions()
         for name, q in exprs.items():
@@ -165,7 +165,7 @@ def test_every_panel_and_variable_query_returns_series_from_simulated_exporters(
         def states() -> dict[str, float]:
             return {name: float(prom.query(exprs[name])[0]["value"][1]) for name in STATES}
 
-        wait_for("the GPU states to settle", lambda: states() == STATES, timeout=30)
+        wait_for("the GPU states to settle", lambda: states() == STATES, timeout=60)
         assert sum(states().values()) == 5
         job = {name: prom.query(fill(exprs[name], "8001")) for name in ("holder_gpus", "holder_gpus_idle", "holder_idle_gpus")}
         assert float(job["holder_gpus"][0]["value"][1]) == 2 and float(job["holder_gpus_idle"][0]["value"][1]) == 1
@@ -189,11 +189,13 @@ def test_panels_read_dcgm_exporters_own_series(tmp_path, prometheus_factory):
         ours.routes["/metrics"] = (200, "text/plain; version=0.0.4", info.encode())
         prom = prometheus_factory(scrape_config(("dcgm-exporter", dcgm.url[len("http://"):]), ("gpufleet-exporter", ours.url[len("http://"):])),
                                   rule_files=RULES)
-        prom.wait_query("gpufleet:gpu_holder:info", timeout=60)
-        assert label_values(prom, variable_queries()["holder"]) == {"9001"}
-        assert label_values(prom, variable_queries()["host"]) == {labels["Hostname"]}
+        # each target's first scrape comes when it comes: poll until both answer (the host variable
+        # reads dcgm-exporter's series, the holder ours)
+        for variable, want in (("holder", {"9001"}), ("host", {labels["Hostname"]})):
+            wait_for(f"the {variable} variable to list {want}", lambda v=variable, w=want: label_values(prom, variable_queries()[v]) == w,
+                     timeout=60, interval=0.5)
         # the dump has no ECC counters and no XID event: those panels stay empty, the rest answer
         silent = {"gpu_xid_events", "gpu_ecc_uncorrectable", "gpu_ecc_correctable"}
         for name, q in build.expressions().items():
             if name not in silent:
-                assert prom.wait_query(fill(q, "9001"), timeout=15), name
+                assert prom.wait_query(fill(q, "9001"), timeout=60), name
