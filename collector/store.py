@@ -1139,11 +1139,9 @@ _STARTED_BEFORE = ("{a}.cluster = {b}.cluster AND {a}.scheduler = {b}.scheduler 
 # row older than the stored record (a listing of an earlier window with --duplicates), are
 # earlier attempts of their job
 _SUPERSEDED_ATTEMPTS = _UPSERT_ATTEMPTS.format(source=f"""(
-    SELECT j.cluster, j.scheduler, j.job_key, j.start, j.job_id, j.submit, j."end", j.state, j.state_raw, j.exit_code, j.gpus,
-           j.node_count, j.nodes, j.source, j.updated_at FROM jobs j SEMI JOIN rows r ON {_STARTED_BEFORE.format(a="j", b="r")}
+    SELECT {", ".join(f'j."{c}"' for c in schema.ATTEMPT_COLUMNS)} FROM jobs j SEMI JOIN rows r ON {_STARTED_BEFORE.format(a="j", b="r")}
     UNION ALL
-    SELECT r.cluster, r.scheduler, r.job_key, r.start, r.job_id, r.submit, r."end", r.state, r.state_raw, r.exit_code, r.gpus,
-           r.node_count, r.nodes, r.source, r.updated_at FROM rows r SEMI JOIN jobs j ON {_STARTED_BEFORE.format(a="r", b="j")})""")
+    SELECT {", ".join(f'r."{c}"' for c in schema.ATTEMPT_COLUMNS)} FROM rows r SEMI JOIN jobs j ON {_STARTED_BEFORE.format(a="r", b="j")})""")
 
 # staged rows (`rows`) whose known GPU count differs from the stored known one
 _GPU_DISAGREEMENTS = """SELECT r.cluster, j.job_id, j.gpus, j.gpus_source, r.gpus, r.gpus_source
@@ -1216,9 +1214,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     if files:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files)}")
     else:
-        con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
-        con.execute("CREATE TABLE gpu_samples AS SELECT * FROM _empty_samples")  # visible to cursors
-        con.unregister("_empty_samples")
+        _empty_table(con, "gpu_samples", schema.SAMPLE_SCHEMA)
     rollups = [str(d / f) for d, m in parts for f in m.get("rollup_5m", [])]
     want = con.execute(f"DESCRIBE {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
     if rollups:
@@ -1370,9 +1366,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
         if paths:
             con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(paths)})")
         else:
-            con.register("_empty_summaries", summaries.FILE_SCHEMA.empty_table())
-            con.execute(f"CREATE TABLE {view} AS SELECT * FROM _empty_summaries")
-            con.unregister("_empty_summaries")
+            _empty_table(con, view, summaries.FILE_SCHEMA)
     _health_views(con, by_key, parts)
 
 
@@ -1392,9 +1386,7 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
         con.execute(f"CREATE VIEW fact_parts AS SELECT * FROM read_parquet({_sql_list([str(d / e['file']) for d, e in entries])}, "
                     "hive_partitioning = false)")
     else:
-        con.register("_empty_facts", facts.FILE_SCHEMA.empty_table())
-        con.execute("CREATE TABLE fact_parts AS SELECT * FROM _empty_facts")
-        con.unregister("_empty_facts")
+        _empty_table(con, "fact_parts", facts.FILE_SCHEMA)
 
 
 def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]],
@@ -1498,6 +1490,16 @@ def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> st
                      f"ANTI JOIN {open_part} AS o ON {' AND '.join(f's.{k} = o.{k}' for k in keys)}")
     # by name: a segment written before a column was added reads it as NULL
     return " UNION ALL BY NAME ".join(parts)
+
+
+def _empty_table(con: duckdb.DuckDBPyConnection, name: str, columns: pa.Schema) -> None:
+    """An empty table `name` of these columns, for a reader whose store has no such files yet (same
+    columns as the view it stands for, never a missing view); a table, so its cursors see it."""
+    con.register("_empty", columns.empty_table())
+    try:
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM _empty")
+    finally:
+        con.unregister("_empty")
 
 
 def sample_source(con: duckdb.DuckDBPyConnection, files: list[str]) -> str:
