@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from gpufleet.collector.sources.base import SourceError
-from gpufleet.collector.sources.slurm import DEFAULT_FIELDS, UNIT_SEPARATOR, SacctSource
+from gpufleet.collector.sources.slurm import DEFAULT_FIELDS, UNIT_SEPARATOR, WINDOW_STATES, SacctSource
 from tests.support.shared_data import SHARED_DATA
 
 DATA = SHARED_DATA / "slurm"
@@ -117,7 +117,7 @@ def test_command_environment_and_parsed_batch(fake, tmp_path):
     assert call["argv"] == [
         "--allusers", "--allocations", "--duplicates", "--parsable2", "--noheader", f"--delimiter={US}",
         "--format=" + ",".join(DEFAULT_FIELDS), "--starttime=2026-11-20T10:00:00", "--endtime=2026-11-20T12:00:00",
-        "--partition=main",
+        "--state=" + ",".join(WINDOW_STATES), "--partition=main",
     ]
     assert call["env"] == {"TZ": "UTC", "SLURM_TIME_FORMAT": "standard", "SLURM_CONF": "/x/slurm.conf"}
 

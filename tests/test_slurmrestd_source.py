@@ -18,7 +18,7 @@ import pytest
 
 from gpufleet.collector.service import Collector, ScheduledSource
 from gpufleet.collector.sources.base import SourceError
-from gpufleet.collector.sources.slurm import SacctSource
+from gpufleet.collector.sources.slurm import WINDOW_STATES, SacctSource
 from gpufleet.collector.sources.slurm_files import SlurmJsonFilesSource
 from gpufleet.collector.sources.slurm_json import parse_slurmrestd_jobs
 from gpufleet.collector.sources.slurmrestd import VERSIONS, SlurmrestdSource
@@ -258,7 +258,7 @@ def test_sacct_json_command(tmp_path):
     assert batch.jobs == want and batch.watermark == ("sacct:hpc", NOW.isoformat())
     [argv] = [json.loads(x) for x in calls.read_text().splitlines()]
     assert "--json" in argv and not any(a.startswith(("--format", "--delimiter", "--parsable")) for a in argv)
-    assert argv[-2:] == ["--starttime=2026-11-20T09:00:00", "--endtime=2026-11-20T12:00:00"]
+    assert argv[-3:] == ["--starttime=2026-11-20T09:00:00", "--endtime=2026-11-20T12:00:00", "--state=" + ",".join(WINDOW_STATES)]
     out.write_text("sacct: error: Unknown option: json\n")  # a Slurm older than 21.08
     with pytest.raises(SourceError, match="not JSON") as e:
         list(src.run(NOW, watermark=(NOW - timedelta(hours=2)).isoformat()))

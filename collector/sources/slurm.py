@@ -16,11 +16,15 @@ How it calls sacct, and why:
   zone and parse its output back from it, so the machine's zone and a site's time format do not
   matter. Set `tz` to the cluster's zone when a wrapper (ssh to a login node) drops TZ.
 - Windows: each run reads [watermark - overlap, now]; the first run reads `initial_lookback`.
-  sacct -S/-E select every job whose lifetime overlaps the window (eligible before its end and
-  not ended before its start), so a PENDING or RUNNING job is read again by every run until it
-  ends, and its final state is read by the run whose window holds its end. Jobs not yet
-  eligible (held, --begin in the future) are in no window until they are (seen on 22.05); they
-  hold no GPU meanwhile. The overlap covers accounting records that reach slurmdbd late (a job
+- `--state=<every state>` (WINDOW_STATES): without a state, slurmdbd selects the jobs eligible
+  before the window's end, and a job that starts the instant it is submitted can have no
+  eligible time at all (Eligible=Unknown; seen on 22.05 with short jobs submitted to an idle
+  node): no window would ever list it, and its GPU-hours would be lost without a
+  word. With every state named, slurmdbd selects per state: a job that ran during the window
+  (whatever its state now, by start and end), one that ended in it (by end), one pending in it
+  (by eligible time). So a RUNNING job is read again by every run until it ends, and its final
+  state is read by the run whose window holds its end. Jobs not yet eligible (held, --begin in
+  the future) are in no window until they are; they hold no GPU meanwhile. The overlap covers accounting records that reach slurmdbd late (a job
   shows up about a second after it starts; the tasks slurmctld splits off an array record reach
   it 2-5 s after they end, and until then the array's last task reads as a plain job id under the
   same JobIDRaw, which the next read corrects; slurmctld queues records while slurmdbd is down): a
@@ -61,6 +65,12 @@ UNIT_SEPARATOR = "\x1f"
 DEFAULT_FIELDS = (
     "JobIDRaw", "JobID", "Cluster", "User", "Account", "Partition", "QOS", "Submit", "Eligible", "Start",
     "End", "State", "ExitCode", "NNodes", "NodeList", "AllocTRES", "ReqTRES", "JobName",
+)
+# Every job state sacct -s takes (Slurm 17.11+), so that slurmdbd selects a window's jobs by each
+# state's own times and not by eligible time alone (see the module docstring)
+WINDOW_STATES = (
+    "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+    "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REQUEUED", "RESIZING", "REVOKED",
 )
 MAX_PROBLEMS_PER_BATCH = 20
 _STORED = object()  # run()/window() without a watermark argument: use watermark_of or memory
@@ -181,7 +191,7 @@ class SacctSource(JobWindows):
         return batch
 
     def argv(self, start: datetime, end: datetime) -> list[str]:
-        window = [f"--starttime={self._local(start)}", f"--endtime={self._local(end)}"]
+        window = [f"--starttime={self._local(start)}", f"--endtime={self._local(end)}", f"--state={','.join(WINDOW_STATES)}"]
         if self.format == "json":  # --json ignores --format and the delimiters; steps come inside each job
             return [*self.command, "--allusers", "--duplicates", "--json", *window, *self.extra_args]
         return [
