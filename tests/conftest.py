@@ -14,6 +14,18 @@ from tests.realstack.policy import unavailable
 from tests.support.shared_data import ABSENT_REASON, absent_shared_data_is_unavailable
 
 
+def pytest_configure(config):
+    """Hypothesis without its per-example deadline and slow-data health check: how fast an example
+    runs is the benchmarks' business (bench/), and on a loaded CI machine a 200 ms deadline fails
+    correct code at random."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the test extra is not installed: no hypothesis test runs either
+        return
+    settings.register_profile("gpufleet", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("gpufleet")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A test that opens a file of ../shared/data where the folder is absent skips with one line
