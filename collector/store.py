@@ -526,13 +526,16 @@ class StoreWriter:
         self.db.register("rows", staged)
         try:
             self._log_gpu_disagreements()
-            # a requeue or restart: the record with the later start is the job's, the other an earlier attempt
-            if self.db.execute(_SUPERSEDED_ATTEMPTS).fetchone()[0]:
+            # a requeue or restart: the record with the later start is the job's, the other an earlier
+            # attempt (one scan of jobs says whether any row starts otherwise than its stored record)
+            restarted = self.db.execute(_RESTARTED_ROWS).fetchone()[0] > 0
+            if restarted and self.db.execute(_SUPERSEDED_ATTEMPTS).fetchone()[0]:
                 self._dirty_tables.add("job_attempts")
+            older = f"NOT EXISTS (SELECT 1 FROM jobs o WHERE {_STARTED_BEFORE.format(a='rows', b='o')})" if restarted else "true"
             self.db.execute(
                 f"""INSERT INTO jobs ({", ".join(quoted)})
                     SELECT {", ".join(f'CAST("{c}" AS {_JOB_TYPES[c]})' for c in cols)} FROM rows
-                    WHERE NOT EXISTS (SELECT 1 FROM jobs o WHERE {_STARTED_BEFORE.format(a="rows", b="o")})
+                    WHERE {older}
                     ON CONFLICT (cluster, scheduler, job_key) DO UPDATE SET {updates},
                       updated_at = CASE WHEN {changed} THEN excluded.updated_at ELSE jobs.updated_at END,
                       {SEG} = CASE WHEN {changed} THEN -abs(jobs.{SEG}) ELSE jobs.{SEG} END"""
@@ -1142,6 +1145,10 @@ _SUPERSEDED_ATTEMPTS = _UPSERT_ATTEMPTS.format(source=f"""(
     SELECT {", ".join(f'j."{c}"' for c in schema.ATTEMPT_COLUMNS)} FROM jobs j SEMI JOIN rows r ON {_STARTED_BEFORE.format(a="j", b="r")}
     UNION ALL
     SELECT {", ".join(f'r."{c}"' for c in schema.ATTEMPT_COLUMNS)} FROM rows r SEMI JOIN jobs j ON {_STARTED_BEFORE.format(a="r", b="j")})""")
+
+# how many staged rows (`rows`) start otherwise than their job's stored record (both started)
+_RESTARTED_ROWS = ("SELECT count(*) FROM rows r JOIN jobs j USING (cluster, scheduler, job_key) "
+                   "WHERE r.start IS NOT NULL AND j.start IS NOT NULL AND r.start <> j.start")
 
 # staged rows (`rows`) whose known GPU count differs from the stored known one
 _GPU_DISAGREEMENTS = """SELECT r.cluster, j.job_id, j.gpus, j.gpus_source, r.gpus, r.gpus_source
