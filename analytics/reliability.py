@@ -405,7 +405,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     per_size: dict[str, list[float]] = {}  # label -> [attempts, failures, job seconds, GPU seconds]
     in_window: list[Classified] = []
     gpu_s = 0.0
-    unknown_attempts = 0  # of unknown GPU count that ran in the window: their GPU-hours are unknown, never 0
+    unknown_attempts = known_attempts = 0  # (that ran in the window) of unknown GPU count: their GPU-hours are unknown, never 0
     for c in classified:
         a = c.attempt
         run = run_seconds_in(a, start, end, end_of)
@@ -413,6 +413,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
             unknown_attempts += run > 0
         else:
             gpu_s += a.gpus * run
+            known_attempts += run > 0
         ended = c.cause != "not_ended" and ends_in(a, start, end)
         if ended:
             in_window.append(c)
@@ -441,8 +442,8 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         upper_bound |= not saved
         if since is not None:
             lost_by_cause[c.cause] = lost_by_cause.get(c.cause, 0.0) + a.gpus * max(0.0, (a.end - max(since, start)).total_seconds())
-    lost_gpu_h = sum(lost_by_cause.values()) / 3600 if lost_by_cause or not lost_unknown else None
-    allocated_gpu_h = gpu_h if gpu_s > 0 or not unknown_attempts else None
+    lost_gpu_h = sum(lost_by_cause.values()) / 3600 if len(interruptions) > lost_unknown or not lost_unknown else None
+    allocated_gpu_h = gpu_h if known_attempts or not unknown_attempts else None
 
     labels = [b[2] for b in SIZE_BUCKETS] + (["unknown"] if "unknown" in per_size else [])
     sizes = [_mttf_row(label, *_size_totals(per_size.get(label))) for label in labels]

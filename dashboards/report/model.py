@@ -178,7 +178,8 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
                   no_comparison: str | None = None) -> list[Headline]:
     """gpufleet.analytics.trends.compare() rows, with the reason a figure is not shown where it is not
     (`no_comparison`: the trends rule's verdict on last week; set, every change is "no data")."""
-    prev_t = prev if prev is not None else cur
+    # (no last week: a stand-in no figure of which is shown, its jobs of unknown GPU count none)
+    prev_t = prev if prev is not None else replace(cur, allocated_unknown_jobs=0)
 
     def why(key: str, t: Totals, procs: bool) -> str | None:
         if _empty(t):
