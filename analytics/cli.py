@@ -129,7 +129,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "half_life_days": half_life.total_seconds() / 86400, "jain_index": fair.jain_index, "gini_users": fair.gini_users,
         "per_account": [words.with_new_keys(r) for r in rows(fair.per_account)],  # (used_* kept one release: deprecated)
         "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
-        "without_share": list(fair.without_share), "compared_across": fair.compared_across, "shown": fair.shown,
+        "without_share": list(fair.without_share), "unknown_demand": list(fair.unknown_demand), "compared_across": fair.compared_across, "shown": fair.shown,
     }
     if job:
         r = job_report(a, job)
@@ -257,10 +257,15 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     out.write(f"gpufleet reliability {w['from']} .. {w['to']}\n")
     if rel["filters"]:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in rel["filters"].items()) + "\n")
-    out.write(f"attempts {f['attempts']}, ended in the window {f['ended_in_window']}; allocated {fmt(f['allocated_gpu_hours'])} GPU-h\n"
+    out.write(f"attempts {f['attempts']}, ended in the window {f['ended_in_window']}; "
+              f"allocated {fmt(f['allocated_gpu_hours'], 'allocated_gpu_h')} GPU-h\n"
               f"interruptions {f['interruptions']} ({fmt(f['interruptions_per_1000_gpu_days'])} per 1,000 GPU-days), "
               f"hardware {f['hardware_interruptions']} ({fmt(f['hardware_interruptions_per_1000_gpu_days'])} per 1,000 GPU-days)\n"
-              f"GPU-hours lost to interruptions {fmt(f['lost_gpu_hours'])} ({share_text} of allocated{bound})\n")
+              f"GPU-hours lost to interruptions {fmt(f['lost_gpu_hours'], 'lost_gpu_h')} ({share_text} of allocated{bound})\n")
+    if f["allocated_unknown_attempts"] or f["lost_unknown_interruptions"]:
+        out.write(f"  {f['allocated_unknown_attempts']} attempts ({f['lost_unknown_interruptions']} of them interrupted) have an unknown "
+                  "GPU count: their GPU-hours are unknown, left out of allocated and lost (at least those figures); the rates "
+                  "per GPU-day count the attempts of known GPU count\n")
     table("How attempts ended", [{"cause": CAUSE_LABELS[k], "attempts": v} for k, v in f["causes"].items() if v], out)
     table("Job MTTF by size (failures: hardware and node failures; 95% exact Poisson interval)", f["mttf_by_size"], out,
           ["size", "attempts", "failures", "job_hours", "mttf_h", "mttf_ci_low_h", "mttf_ci_high_h"])

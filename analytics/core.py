@@ -51,14 +51,18 @@ class Totals:
     filter (account, user, partition) data, busy, utilization, no data, idle and no-process time
     and their costs are those of the selected jobs' allocations (the matching rows of
     Analysis.utilization by account, user or partition); capacity and stranded time have no
-    owner, so they are None with the reason."""
+    owner, so they are None with the reason.
+
+    `allocated_gpu_h` (scheduler accounting) sums the jobs whose GPU count is known: None
+    (unknown, never 0) when jobs ran but none has a known count; a lower bound when
+    `allocated_unknown_jobs` (the jobs of unknown GPU count) is not 0."""
 
     capacity_gpu_h: float | None
     data_gpu_h: float
     no_data_gpu_h: float
     busy_gpu_h: float
     utilization_pct: float | None
-    allocated_gpu_h: float  # scheduler accounting
+    allocated_gpu_h: float | None  # scheduler accounting; None: no job's GPU count is known
     idle_allocated_gpu_h: float
     idle_allocated_cost: float | None
     no_process_gpu_h: float
@@ -68,6 +72,13 @@ class Totals:
     unpriced_models: tuple[str, ...]
     scope: str = "fleet"
     not_attributable_reason: str | None = None
+    allocated_unknown_jobs: int = 0  # jobs of unknown GPU count, left out of allocated_gpu_h
+
+
+def allocated_total(row: pl.DataFrame) -> dict[str, Any]:
+    """Totals' allocated_gpu_h and allocated_unknown_jobs from sql.ALLOCATED_GPU_H_TOTAL's row."""
+    h, unknown = row.row(0)
+    return {"allocated_gpu_h": None if h is None else float(h), "allocated_unknown_jobs": int(unknown)}
 
 
 def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> float | None:
@@ -114,9 +125,9 @@ def stretch_totals(idle: pl.DataFrame, nop: pl.DataFrame) -> dict[str, float | N
             "no_process_gpu_h": float(nop["gpu_h"].sum()) if not nop.is_empty() else 0.0, "no_process_cost": money(nop, "gpu_h")}
 
 
-def fleet_totals(g: pl.DataFrame, allocated_gpu_h: float, idle: pl.DataFrame, nop: pl.DataFrame, filters: Any) -> Totals:
+def fleet_totals(g: pl.DataFrame, allocated: pl.DataFrame, idle: pl.DataFrame, nop: pl.DataFrame, filters: Any) -> Totals:
     """A window's Totals with no job filter: from its per-GPU rows (Analysis.per_gpu), its
-    allocated GPU-hours (sql.ALLOCATED_GPU_H_TOTAL) and its idle and no-process stretches' rows."""
+    allocated GPU-hours (sql.ALLOCATED_GPU_H_TOTAL's row) and its idle and no-process stretches' rows."""
     data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
     busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
     unpriced = sorted({m for m in g.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m} if not g.is_empty() else set())
@@ -126,7 +137,7 @@ def fleet_totals(g: pl.DataFrame, allocated_gpu_h: float, idle: pl.DataFrame, no
         no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0,
         busy_gpu_h=busy,
         utilization_pct=busy / data * 100 if data > 0 else None,
-        allocated_gpu_h=allocated_gpu_h,
+        **allocated_total(allocated),
         **stretch_totals(idle, nop),
         stranded_gpu_h=float(g["stranded_gpu_h"].sum()) if not g.is_empty() else 0.0,
         stranded_cost=money(g, "stranded_gpu_h"),
@@ -556,13 +567,12 @@ class Analysis:
     def totals(self) -> Totals:
         if self.job_filtered:
             return self._job_totals()
-        alloc = self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0]
-        return fleet_totals(self.per_gpu(), float(alloc), self.idle_stretches("idle"), self.idle_stretches("no_process"), self.p.filters)
+        return fleet_totals(self.per_gpu(), self.q(sql.ALLOCATED_GPU_H_TOTAL), self.idle_stretches("idle"), self.idle_stretches("no_process"),
+                            self.p.filters)
 
     def _job_totals(self) -> Totals:
         """totals() under a job filter: the selected jobs' figures (the sums of their rows in
         utilization by account, user or partition), capacity and stranded time not attributable."""
-        alloc = float(self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0])
         used = self._allocations(self._with_piece())
         data = float(used["data_s"].sum()) / 3600 if not used.is_empty() else 0.0
         busy = float(used["busy_s"].sum()) / 3600 if not used.is_empty() else 0.0
@@ -580,7 +590,7 @@ class Analysis:
             no_data_gpu_h=no_data,
             busy_gpu_h=busy,
             utilization_pct=busy / data * 100 if data > 0 else None,
-            allocated_gpu_h=alloc,
+            **allocated_total(self.q(sql.ALLOCATED_GPU_H_TOTAL)),
             **stretch_totals(idle, nop),
             stranded_gpu_h=None,
             stranded_cost=None,

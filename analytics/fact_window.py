@@ -197,7 +197,7 @@ def window_waste(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts
             return None
         prices = price_table(p.prices)
         idle, nop = (_stretch_rows(rows, kind, prices) for kind in ("idle", "no_process"))
-        alloc = float(query_frame(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
+        alloc = query_frame(cur, sql.ALLOCATED_GPU_H_TOTAL, b)
 
         def runtimes(top: pl.DataFrame) -> pl.DataFrame:
             cur.register("_jobs", top.to_arrow())

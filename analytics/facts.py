@@ -30,7 +30,7 @@ import polars as pl
 import pyarrow as pa
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import JOB_FILTER_DIMS, register_prices, window_bind
+from gpufleet.analytics.core import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.analytics.params import Params
 from gpufleet.collector import facts as cf
 from gpufleet.times import epoch_us, utcnow
@@ -214,7 +214,6 @@ class FactWindow:
 
     def totals(self) -> dict[str, float | None]:
         """The window's headline GPU-hours (core.Totals' hours; capacity, no data and stranded only without a job filter)."""
-        alloc = float(self.q(sql.ALLOCATED_GPU_H_TOTAL)["h"][0])
         idle, nop = self.runs("idle"), self.runs("nop")
         idle_h = float(idle["gpu_s"].sum()) / 3600 if idle.height else 0.0
         nop_h = float(nop["gpu_s"].sum()) / 3600 if nop.height else 0.0
@@ -230,7 +229,7 @@ class FactWindow:
             cap, data, busy = (float(g[c].sum()) for c in ("capacity_gpu_h", "data_gpu_h", "busy_gpu_h"))
             no_data, stranded = float(g["no_data_gpu_h"].sum()), float(g["stranded_gpu_h"].sum())
         return {"capacity_gpu_h": cap, "data_gpu_h": data, "no_data_gpu_h": no_data, "busy_gpu_h": busy,
-                "utilization_pct": busy / data * 100 if data > 0 else None, "allocated_gpu_h": alloc,
+                "utilization_pct": busy / data * 100 if data > 0 else None, **allocated_total(self.q(sql.ALLOCATED_GPU_H_TOTAL)),
                 "idle_allocated_gpu_h": idle_h, "no_process_gpu_h": nop_h, "stranded_gpu_h": stranded}
 
     def utilization(self, by: str) -> pl.DataFrame:
@@ -239,10 +238,7 @@ class FactWindow:
         cols = ", ".join(keys)
         used = self.q(f"SELECT {cols}, sum(data_s * equiv) / 3600 AS data_gpu_h, sum(busy_s * equiv) / 3600 AS busy_gpu_h "
                       f"FROM ({_HELD}) WHERE inside GROUP BY ALL")
-        alloc = self.q(sql.job_allocated_by(keys))
-        out = alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
-            pl.col("allocated_gpu_h").fill_null(0.0), pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0))
-        return out.with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h")).sort(keys)
+        return by_job_dimension(self.q(sql.job_allocated_by(keys)), used, keys).sort(keys)
 
     def waste_by(self, by: str, kind: str = "idle") -> pl.DataFrame:
         """Idle (or no-process: kind "nop") GPU-hours by a job dimension."""

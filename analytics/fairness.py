@@ -1,7 +1,10 @@
 """Fairness of one window: who was entitled to the GPUs, who got them, and who waited for them.
 
 Contract 4. The definitions, each a choice that could be made differently, so written down:
-- GPU jobs only (gpus > 0): CPU-only jobs neither demand nor wait for GPUs.
+- GPU jobs only (gpus > 0): CPU-only jobs neither demand nor wait for GPUs. A job of unknown GPU
+  count (accounting without gres/gpu, nothing else said it) is neither: it is counted apart
+  (per_account's gpus_unknown_jobs; an account with only those has unknown usage and is named in
+  `unknown_demand`, out of Jain's index), and its queue wait counts under the size "unknown".
 - Demand: a GPU job whose life - submit to end, or to as_of while pending or running - overlaps
   the window. Only accounts with demand get a ratio: an account that asked for nothing cannot
   have been treated unfairly, so it is left out of Jain's index.
@@ -150,6 +153,7 @@ def sshare_shares(rows: list[SshareRow]) -> dict[str, float]:
 # --- one window (the queries: analytics/sql.py, FAIRNESS_*) ---
 
 BUCKETS = ("1", "2-4", "5-8", "9+")  # job sizes in GPUs, as the queries label them
+UNKNOWN_SIZE = "unknown"  # ... a job of unknown GPU count (a row of wait_by_size only where there is one)
 
 
 def _waits(df: pl.DataFrame, key: str) -> pl.DataFrame:
@@ -173,6 +177,9 @@ class FairnessReport:
     # the filter's (`shown`: "account=nlp") of that comparison, Jain's index and the Gini its whole
     compared_across: str = "fleet"
     shown: str | None = None
+    # accounts whose jobs of the window all have an unknown GPU count: their demand is unknown (not
+    # none), so they have no ratio and are not in Jain's index - said, never dropped silently
+    unknown_demand: tuple[str, ...] = ()
 
 
 # Where the entitled shares came from, worded once for every output (CLI, dashboard, report): the
@@ -210,6 +217,7 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
     # and the filtered account itself where it has a row
     mine = set(analysis.q(sql.FAIRNESS_USERS)["account"].to_list())
     mine |= set(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds())["account"].to_list())
+    mine |= {a or "" for a, _, n in analysis.q(sql.job_allocated_by(["account"])).iter_rows() if n}  # (of unknown demand)
     if f.account is not None:
         mine.add(f.account)
     started, pending = analysis.q(sql.FAIRNESS_STARTED), analysis.q(sql.FAIRNESS_PENDING)
@@ -219,13 +227,16 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
         wait_by_size=_wait_by_size(started, pending),
         pending=pending,
         without_share=tuple(a for a in fleet.without_share if a in mine),
+        unknown_demand=tuple(a for a in fleet.unknown_demand if a in mine),
         shown=filter_scope(replace(f, cluster=None, model=None)),
     )
 
 
 def _wait_by_size(started: pl.DataFrame, pending: pl.DataFrame) -> pl.DataFrame:
-    """gpus_bucket, started_jobs, wait_p50_s, wait_p95_s, pending_jobs: a row per BUCKETS."""
-    by_size = pl.DataFrame({"gpus_bucket": BUCKETS}).join(_waits(started, "gpus_bucket"), on="gpus_bucket", how="left").join(
+    """gpus_bucket, started_jobs, wait_p50_s, wait_p95_s, pending_jobs: a row per BUCKETS (and
+    UNKNOWN_SIZE where a job of unknown GPU count started or waits)."""
+    sizes = BUCKETS + ((UNKNOWN_SIZE,) if UNKNOWN_SIZE in set(started["gpus_bucket"]) | set(pending["gpus_bucket"]) else ())
+    by_size = pl.DataFrame({"gpus_bucket": sizes}).join(_waits(started, "gpus_bucket"), on="gpus_bucket", how="left").join(
         pending.group_by("gpus_bucket").agg(pl.len().cast(pl.Int64).alias("pending_jobs")), on="gpus_bucket", how="left",
     ).with_columns(pl.col("started_jobs", "pending_jobs").fill_null(0))
     return by_size.select("gpus_bucket", "started_jobs", "wait_p50_s", "wait_p95_s", "pending_jobs")
@@ -278,6 +289,7 @@ def _fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: time
         wait_by_size=_wait_by_size(started, pending),
         pending=pending,
         without_share=tuple(sorted(a for a in demand if a not in weights)),
+        unknown_demand=tuple(sorted(a for a, n in unknown.items() if n and a not in demand)),
         shares_source="config" if shares else "equal",
         compared_across=compared_across,
     )

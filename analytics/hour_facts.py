@@ -45,8 +45,8 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, by_gpu_dimension, by_job_dimension, filter_scope, line_variants,
-                                     register_prices, window_bind, with_utilization)
+from gpufleet.analytics.core import (GPU_DIMS, JOB_DIMS, Analysis, allocated_total, by_gpu_dimension, by_job_dimension, filter_scope,
+                                     line_variants, register_prices, window_bind, with_utilization)
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, bucket_use, compose_timelines, split_at_buckets, timeline_bucket
 from gpufleet.times import HOUR, epoch_us, floor_time
@@ -84,9 +84,10 @@ class UseTotals:
     no_data_gpu_h: float
     busy_gpu_h: float
     utilization_pct: float | None
-    allocated_gpu_h: float
+    allocated_gpu_h: float | None  # None: no job's GPU count is known
     scope: str = "fleet"
     not_attributable_reason: str | None = None
+    allocated_unknown_jobs: int = 0  # jobs of unknown GPU count, left out of allocated_gpu_h
 
 
 @dataclass(frozen=True)
@@ -334,12 +335,12 @@ def window_use(con: duckdb.DuckDBPyConnection, p: Params, now: datetime, facts: 
                 used = jobs.group_by(keys).agg(pl.sum("data_s"), pl.sum("busy_s"), pl.sum("pieces")).filter(pl.col("pieces") > 0).select(
                     *keys, (pl.col("data_s") / 3600).alias("data_gpu_h"), (pl.col("busy_s") / 3600).alias("busy_gpu_h"))
                 utilization[by] = with_utilization(by_job_dimension(query_frame(cur, sql.job_allocated_by(keys), b), used, keys), keys)
-        alloc = float(query_frame(cur, sql.ALLOCATED_GPU_H_TOTAL, b)["h"][0])
         data = float(g["data_gpu_h"].sum()) if not g.is_empty() else 0.0
         busy = float(g["busy_gpu_h"].sum()) if not g.is_empty() else 0.0
         totals = UseTotals(capacity_gpu_h=float(g["capacity_gpu_h"].sum()) if not g.is_empty() else 0.0, data_gpu_h=data,
                            no_data_gpu_h=float(g["no_data_gpu_h"].sum()) if not g.is_empty() else 0.0, busy_gpu_h=busy,
-                           utilization_pct=busy / data * 100 if data > 0 else None, allocated_gpu_h=alloc, scope=filter_scope(p.filters))
+                           utilization_pct=busy / data * 100 if data > 0 else None, scope=filter_scope(p.filters),
+                           **allocated_total(query_frame(cur, sql.ALLOCATED_GPU_H_TOTAL, b)))
         return WindowUse(totals=totals, utilization=utilization, timeline=timelines(cur, p, b, parts), hours=len(whole_hours(p)))
     finally:
         cur.close()

@@ -269,22 +269,25 @@ def account_mfu(a: Analysis | FromFacts, jobs: pl.DataFrame | None = None) -> pl
     """Per cluster and account: MFU weighted by the jobs' GPU-hours, over jobs with a known MFU.
 
     method: the jobs' method when they all share one, "mixed" when they differ, "unknown" when
-    no job has an MFU; unknown_jobs / unknown_gpu_h say how much the figure leaves out.
+    no job has an MFU; unknown_jobs / unknown_gpu_h say how much the figure leaves out, and
+    gpus_unknown_jobs the jobs whose GPU-hours are unknown (a job that reports, of unknown GPU
+    count): no weight of theirs is known, so the mean and the GPU-hours leave them out - never
+    weighted as 0 GPU-hours without a word.
     """
     jobs = job_mfu(a) if jobs is None else jobs
     schema = {"cluster": pl.Utf8, "account": pl.Utf8, "jobs": pl.UInt32, "unknown_jobs": pl.UInt32, "gpu_h": pl.Float64,
-              "unknown_gpu_h": pl.Float64, "mfu": pl.Float64, "method": pl.Utf8}
+              "unknown_gpu_h": pl.Float64, "mfu": pl.Float64, "method": pl.Utf8, "gpus_unknown_jobs": pl.UInt32}
     if jobs.is_empty():
         return pl.DataFrame(schema=schema)
-    known = pl.col("mfu").is_not_null()
+    known = pl.col("mfu").is_not_null() & pl.col("gpu_h").is_not_null()
     out = (
-        jobs.with_columns(pl.col("gpu_h").fill_null(0.0))
-        .group_by("cluster", "account")
+        jobs.group_by("cluster", "account")
         .agg(
             pl.len().alias("jobs"),
+            pl.col("gpu_h").is_null().sum().alias("gpus_unknown_jobs"),
             (~known).sum().alias("unknown_jobs"),
             pl.sum("gpu_h"),
-            pl.col("gpu_h").filter(~known).sum().alias("unknown_gpu_h"),
+            pl.col("gpu_h").filter(pl.col("mfu").is_null()).sum().alias("unknown_gpu_h"),
             ((pl.col("mfu") * pl.col("gpu_h")).filter(known).sum() / pl.col("gpu_h").filter(known).sum()).alias("mfu"),
             pl.col("method").filter(known).unique().alias("_methods"),
         )

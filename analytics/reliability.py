@@ -405,10 +405,15 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     per_size: dict[str, list[float]] = {}  # label -> [attempts, failures, job seconds, GPU seconds]
     in_window: list[Classified] = []
     gpu_s = 0.0
+    unknown_attempts = known_attempts = 0  # (that ran in the window) of unknown GPU count: their GPU-hours are unknown, never 0
     for c in classified:
         a = c.attempt
         run = run_seconds_in(a, start, end, end_of)
-        gpu_s += (a.gpus or 0) * run
+        if a.gpus is None:
+            unknown_attempts += run > 0
+        else:
+            gpu_s += a.gpus * run
+            known_attempts += run > 0
         ended = c.cause != "not_ended" and ends_in(a, start, end)
         if ended:
             in_window.append(c)
@@ -416,27 +421,37 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         row[0] += 1
         row[1] += ended and c.failed
         row[2] += run
-        row[3] += (a.gpus or 0) * run
+        row[3] += a.gpus * run if a.gpus is not None else 0.0  # (the "unknown" row's GPU-hours: None below)
     gpu_h = gpu_s / 3600
     interruptions = [c for c in in_window if c.interrupted]
     failures = [c for c in in_window if c.failed]
     hardware = [c for c in in_window if c.cause == "hardware"]
+    # the rates per GPU-hour count the attempts whose GPU count is known over their GPU-hours
+    known = [c for c in in_window if c.attempt.gpus is not None]
 
     lost_by_cause: dict[str, float] = {}  # GPU-seconds
     upper_bound = False
+    lost_unknown = 0  # interruptions of unknown GPU count: their lost GPU-hours are unknown, never 0
     for c in interruptions:
         a = c.attempt
+        if a.gpus is None:
+            lost_unknown += 1
+            continue
         saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start and a.start <= t <= a.end]
         since = max(saved) if saved else a.start
         upper_bound |= not saved
         if since is not None:
-            lost_by_cause[c.cause] = lost_by_cause.get(c.cause, 0.0) + (a.gpus or 0) * max(0.0, (a.end - max(since, start)).total_seconds())
-    lost_gpu_h = sum(lost_by_cause.values()) / 3600
+            lost_by_cause[c.cause] = lost_by_cause.get(c.cause, 0.0) + a.gpus * max(0.0, (a.end - max(since, start)).total_seconds())
+    lost_gpu_h = sum(lost_by_cause.values()) / 3600 if len(interruptions) > lost_unknown or not lost_unknown else None
+    allocated_gpu_h = gpu_h if known_attempts or not unknown_attempts else None
 
     labels = [b[2] for b in SIZE_BUCKETS] + (["unknown"] if "unknown" in per_size else [])
     sizes = [_mttf_row(label, *_size_totals(per_size.get(label))) for label in labels]
+    for row in sizes:
+        if row["size"] == "unknown":
+            row["gpu_hours"] = None  # (their GPU count is unknown)
 
-    k = len(failures)
+    k = sum(1 for c in known if c.failed)
     r = k / gpu_h if gpu_h > 0 else None
     r_lo, r_hi = poisson_interval(k)
     projection = []
@@ -465,15 +480,19 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     counts = {cause: sum(1 for c in classified if c.cause == cause) for cause in CAUSES}
     return {
         "attempts": len(classified), "ended_in_window": len(in_window), "causes": counts,
-        "allocated_gpu_hours": gpu_h,
-        "interruptions": len(interruptions), "hardware_interruptions": len(hardware), "failures": k,
-        "interruptions_per_1000_gpu_days": _per_1000_gpu_days(len(interruptions), gpu_h),
-        "hardware_interruptions_per_1000_gpu_days": _per_1000_gpu_days(len(hardware), gpu_h),
+        # the known attempts' sum (None: none of them is known), a lower bound when some are not
+        "allocated_gpu_hours": allocated_gpu_h, "allocated_unknown_attempts": unknown_attempts,
+        "interruptions": len(interruptions), "hardware_interruptions": len(hardware), "failures": len(failures),
+        "failures_of_known_gpu_count": k,
+        "interruptions_per_1000_gpu_days": _per_1000_gpu_days(sum(1 for c in known if c.interrupted), gpu_h),
+        "hardware_interruptions_per_1000_gpu_days": _per_1000_gpu_days(sum(1 for c in known if c.cause == "hardware"), gpu_h),
         "mttf_by_size": sizes,
         "gpu_failure_rate_per_gpu_hour": r,
         "gpu_failure_rate_ci": [r_lo / gpu_h, r_hi / gpu_h] if gpu_h > 0 else None,
         "projection": projection, "projection_disagreements": disagreements,
-        "lost_gpu_hours": lost_gpu_h, "lost_share_of_allocated": lost_gpu_h / gpu_h if gpu_h > 0 else None,
+        # (the interruptions of unknown GPU count left out: lost_unknown_interruptions; None: all of them)
+        "lost_gpu_hours": lost_gpu_h, "lost_unknown_interruptions": lost_unknown,
+        "lost_share_of_allocated": lost_gpu_h / gpu_h if gpu_h > 0 and lost_gpu_h is not None else None,
         "lost_is_upper_bound": upper_bound,
         # where the lost GPU-hours went, by cause (INTERRUPTION_CAUSES' order; they sum to lost_gpu_hours)
         "lost_gpu_hours_by_cause": {cause: lost_by_cause[cause] / 3600 for cause in INTERRUPTION_CAUSES if cause in lost_by_cause},
@@ -619,8 +638,9 @@ class Chain:
         return sum(1 for c in self.attempts if c.interrupted)
 
     @property
-    def gpus(self) -> int:
-        return max((c.attempt.gpus or 0) for c in self.attempts)
+    def gpus(self) -> int | None:
+        """The most GPUs an attempt held; None (unknown, never 0) when no attempt's count is known."""
+        return max((c.attempt.gpus for c in self.attempts if c.attempt.gpus is not None), default=None)
 
 
 def _continues(prev: Classified, nxt: Classified, s: Settings) -> bool:
@@ -679,7 +699,7 @@ def link_chains(classified: Iterable[Classified], checkpoints: Mapping[tuple[str
         first, last = chain[0].attempt, chain[-1].attempt
         wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
         out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper))
-    return sorted(out, key=lambda ch: (-ch.wall_s * ch.gpus, ch.attempts[0].attempt.job_key))
+    return sorted(out, key=lambda ch: (-ch.wall_s * (ch.gpus or 0), ch.attempts[0].attempt.job_key))
 
 
 def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any]:
@@ -688,13 +708,15 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     what its GPUs do. `others_gpu_s`: GPU-seconds of the attempts in no interrupted chain (work
     that completed, or still runs, at its first try: productive = wall), added to both sides.
     Lost: the work of every attempt that did not complete (Chain.lost_s: user errors too, not
-    only interruptions), an upper bound where one reported no checkpoint."""
-    sized = [(ch.gpus, ch) for ch in chains]
+    only interruptions), an upper bound where one reported no checkpoint. A chain of unknown GPU
+    count weighs nothing it does not know: left out, counted in unknown_gpu_chains."""
+    sized = [(ch.gpus, ch) for ch in chains if ch.gpus is not None]
     wall = sum(n * ch.wall_s for n, ch in sized) + others_gpu_s
     productive = sum(n * ch.productive_s for n, ch in sized) + others_gpu_s
     lost = sum(n * ch.lost_s for n, ch in sized)
     # chains: linked ones (the jobs that ran once are in others_gpu_s)
     return {"chains": len(chains), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
+            "unknown_gpu_chains": len(chains) - len(sized),
             "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,
             "requeue_wait_gpu_hours": sum(n * ch.gap_s for n, ch in sized) / 3600,
             "ettr": productive / wall if wall > 0 else None,

@@ -73,10 +73,10 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     linked = chain_candidates(classified)
     chains = link_chains(linked, None, s, until)
     in_chains = {id(c) for c in linked}
-    others_gpu_s = sum((c.attempt.gpus or 0) * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())
-                       for c in classified if c.attempt.start is not None and id(c) not in in_chains)
+    others_gpu_s = sum(c.attempt.gpus * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
+                       for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains)
     interrupted_chains = sorted((ch for ch in chains if ch.interruptions),
-                                key=lambda ch: (-ch.gpus * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
+                                key=lambda ch: (-(ch.gpus or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
     interrupted = sorted((c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
                          key=lambda c: -(c.attempt.gpus or 0) * run_seconds_in(c.attempt, params.start, params.end))
     return {

@@ -400,7 +400,10 @@ def job_allocated_by(keys: Sequence[str]) -> str:
 JOB_RUNTIMES = """SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h
 FROM ja SEMI JOIN _jobs USING (cluster, scheduler, job_key)"""
 
-ALLOCATED_GPU_H_TOTAL = "SELECT coalesce(sum(alloc_gpu_s), 0) / 3600 AS h FROM ja"
+# the window's allocated GPU-hours: 0 with no job, the known jobs' sum (a lower bound when some
+# count is unknown: unknown_jobs says how many), NULL (unknown, never 0) when no job's count is known
+ALLOCATED_GPU_H_TOTAL = """SELECT CASE WHEN count(*) = 0 THEN 0.0 ELSE sum(alloc_gpu_s) / 3600 END AS h,
+       count(*) FILTER (WHERE gpus IS NULL) AS unknown_jobs FROM ja"""
 # Slurm jobs by where their GPU count came from (analytics.health.job_gpu_sources, the Health page)
 JOB_GPU_SOURCES = """SELECT cluster, CASE WHEN gpus IS NULL THEN 'unknown' ELSE coalesce(gpus_source, 'unnamed') END AS gpus_source,
        count(*) AS jobs, count("end") AS ended
@@ -445,10 +448,12 @@ TIMELINE_CAPACITY = (f"SELECT {_TIMELINE_GPU_COLS} k, sum(s * equiv) / 3600 AS c
 # the allocations (alv) the held-data time is read for
 TIMELINE_HELD = "SELECT cluster, host, gpu_uuid, gi, partition, account, user_name, a0, a1 FROM alv"
 
-# a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs
+# a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs; NULL (its
+# GPU count unknown) is left out of a bucket's sum, which is NULL - unknown, never 0 - where every
+# job of the bucket's group has an unknown count
 _JOB_RUNS = '(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ja)'
 TIMELINE_ALLOCATED = f"""
-SELECT {_TIMELINE_JOB_COLS} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
+SELECT {_TIMELINE_JOB_COLS} k, sum(s * rate) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
 
 # --- hour facts (analytics/hour_facts.py): a closed hour's figures, summed by windows ---
@@ -641,7 +646,7 @@ _MFU_REPORTS = """r AS (
 # ... and a job's figures from its held GPUs (held), accounting (acct, of jobs with GPUs), tensor
 # activity over its pieces (t: mfu.tensor_use's) and reports (rep)
 _MFU_FIGURES = """held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
-       coalesce(acct.alloc_gpu_s, held.held_gpu_s, 0) / 3600 AS gpu_h,
+       coalesce(acct.alloc_gpu_s, held.held_gpu_s) / 3600 AS gpu_h,  -- NULL: unknown (a job that reports, of unknown GPU count), never 0
        held.mapped_gpus IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
        t.tensor_s, t.est_s, t.scaled_s, t.no_boost, t.data_s,
        rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis"""
@@ -653,7 +658,7 @@ _JOB_COLUMNS = "cluster, scheduler, job_key"
 MFU_JOBS = f"""
 WITH acct AS (
     SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
-    FROM ja WHERE coalesce(gpus, 0) > 0
+    FROM ja WHERE gpus > 0
 ), {_MFU_HELD_ALLOCATIONS}, {_MFU_REPORTS.format(r_cols=_JOB_COLUMNS, rep_cols="r.cluster, r.scheduler, r.job_key", key=_JOB_COLUMNS)}, keys AS (
     SELECT cluster, scheduler, job_key FROM acct
     UNION SELECT cluster, scheduler, job_key FROM held
@@ -682,12 +687,12 @@ WITH jobs AS (
     SELECT {_JOB_HASH} AS jh, cluster, scheduler, job_key, coalesce(job_id, job_key) AS job_id, account, user_name, gpus, alloc_gpu_s
     FROM ja
 ), acct AS (
-    SELECT jh, gpus, alloc_gpu_s FROM jobs WHERE coalesce(gpus, 0) > 0
+    SELECT jh, gpus, alloc_gpu_s FROM jobs WHERE gpus > 0
 ), held AS (
     SELECT * FROM mfu_held
 ), {_MFU_REPORTS.format(r_cols=f"{_JOB_HASH} AS jh, {_JOB_COLUMNS}", rep_cols="r.jh, r.cluster, r.scheduler, r.job_key", key="jh")}, named AS (
     SELECT jh, cluster, scheduler, job_key, job_id, account, user_name FROM jobs
-    WHERE coalesce(gpus, 0) > 0 OR jh IN (SELECT jh FROM held)
+    WHERE gpus > 0 OR jh IN (SELECT jh FROM held)
     UNION ALL SELECT jh, cluster, scheduler, job_key, job_id, account, user_name FROM mfu_unnamed
 ), keys AS (  -- (a job that only reports: named by its reports)
     SELECT * FROM named
@@ -716,10 +721,14 @@ LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.jo
 
 # --- fairness (analytics/fairness.py) ---
 
-_GPU_JOBS = f"coalesce(gpus, 0) > 0 AND {JOB_FILTERS}"
+# demand and usage: the jobs known to hold GPUs (one of unknown GPU count - NULL - is counted apart:
+# fairness.per_account's gpus_unknown_jobs, unknown_demand)
+_GPU_JOBS = f"gpus > 0 AND {JOB_FILTERS}"
+# queue waits: those and the jobs of unknown GPU count (their wait is known; their size is not)
+_WAITING_JOBS = f"(gpus > 0 OR gpus IS NULL) AND {JOB_FILTERS}"
 
-# the labels of fairness.BUCKETS
-_GPUS_BUCKET = "CASE WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' WHEN gpus <= 8 THEN '5-8' ELSE '9+' END"
+# the labels of fairness.BUCKETS, and "unknown" (fairness.UNKNOWN_SIZE) for a job of unknown GPU count
+_GPUS_BUCKET = "CASE WHEN gpus IS NULL THEN 'unknown' WHEN gpus = 1 THEN '1' WHEN gpus <= 4 THEN '2-4' WHEN gpus <= 8 THEN '5-8' ELSE '9+' END"
 
 FAIRNESS_USERS = f"""
 WITH d AS (
@@ -728,7 +737,7 @@ WITH d AS (
     GROUP BY ALL
 ), u AS (
     SELECT coalesce(account, '') AS account, coalesce(user_name, '') AS user_name, sum(alloc_gpu_s) / 3600 AS used_gpu_h
-    FROM ja WHERE coalesce(gpus, 0) > 0 GROUP BY ALL
+    FROM ja WHERE gpus > 0 GROUP BY ALL
 )
 SELECT account, user_name, coalesce(d.jobs, 0) AS jobs, coalesce(u.used_gpu_h, 0.0) AS used_gpu_h
 FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
@@ -746,12 +755,12 @@ GROUP BY ALL"""
 FAIRNESS_STARTED = f"""
 SELECT coalesce(account, '') AS account, gpus, {_GPUS_BUCKET} AS gpus_bucket,
        (epoch(start) - epoch(coalesce(submit, start)))::DOUBLE AS wait_s
-FROM jobs WHERE {_GPU_JOBS} AND start >= $start AND start < $end"""
+FROM jobs WHERE {_WAITING_JOBS} AND start >= $start AND start < $end"""
 
 FAIRNESS_PENDING = f"""
 SELECT cluster, scheduler, job_key, job_id, coalesce(account, '') AS account, coalesce(user_name, '') AS user_name,
        gpus, {_GPUS_BUCKET} AS gpus_bucket, submit, (epoch($as_of) - epoch(submit))::DOUBLE AS wait_s
-FROM jobs WHERE {_GPU_JOBS} AND submit < $as_of AND coalesce(start, "end", $as_of) >= $as_of
+FROM jobs WHERE {_WAITING_JOBS} AND submit < $as_of AND coalesce(start, "end", $as_of) >= $as_of
 ORDER BY wait_s DESC, cluster, job_key"""
 
 # --- the fleet at one moment (analytics/fleet_now.py) ---

@@ -10,7 +10,8 @@ column add up to the window's figure exactly:
   data_gpu_h       time with samples; busy_gpu_h: utilization-weighted data time
   no_data_gpu_h    capacity (GPU dimensions) or allocated time (job dimensions) without samples
   allocated_gpu_h  scheduler accounting (GPUs x run time), where the dimension is a job's
-                   (fleet, cluster, partition, account, user_name); null for model
+                   (fleet, cluster, partition, account, user_name); null for model, and where
+                   every job of the bucket has an unknown GPU count (the known jobs' otherwise)
   held_data_gpu_h  time jobs held GPUs with samples (from the exporters' job mapping)
   utilization_pct  busy / data, null where there is no data
 
@@ -130,7 +131,8 @@ def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n
     gives a window of whole hours from its hours' facts."""
     def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.DataFrame:
         df = base[name].with_columns(pl.col("k").cast(pl.Int64))
-        out = df.group_by([*keys, "k"]).agg([pl.col(c).sum() for c in cols])
+        # (a sum of nothing known - allocated time of jobs of unknown GPU count only - stays unknown)
+        out = df.group_by([*keys, "k"]).agg([pl.when(pl.col(c).is_null().all()).then(None).otherwise(pl.col(c).sum()).alias(c) for c in cols])
         return out.rename(rename) if rename else out
 
     result: dict[str, pl.DataFrame] = {}
@@ -147,7 +149,7 @@ def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n
             used = total("pc", keys, ["data_gpu_h", "busy_gpu_h"])
             frames = [used, used.select(*keys, "k", pl.col("data_gpu_h").alias("held_data_gpu_h"))]
         if by != "model":
-            frames.append(total("alloc", keys, ["allocated_gpu_h"]))
+            frames.append(total("alloc", keys, ["allocated_gpu_h"]).with_columns(pl.lit(True).alias("_allocated")))
         result[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, start)
     return result
 
@@ -162,7 +164,9 @@ def _assemble(frames: list[pl.DataFrame], keys: list[str], gpu_dim: bool, n_buck
     for f in frames:
         out = out.join(f, on=[*keys, "k"], how="left", nulls_equal=True)
     for col in ("capacity_gpu_h", "data_gpu_h", "busy_gpu_h", "allocated_gpu_h", "held_data_gpu_h"):
-        if col in out.columns:
+        if col == "allocated_gpu_h" and col in out.columns:  # 0 where no job ran; unknown (null) where only jobs of unknown GPU count did
+            out = out.with_columns(pl.when(pl.col("_allocated").is_null()).then(0.0).otherwise(pl.col(col)).alias(col)).drop("_allocated")
+        elif col in out.columns:
             out = out.with_columns(pl.col(col).fill_null(0.0))
         else:
             out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))

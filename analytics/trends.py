@@ -36,8 +36,13 @@ HEADLINES = (
 # each money figure beside the GPU-hours it prices: when the two move apart, the change says why
 PRICED = {"idle_allocated_cost": "idle_allocated_gpu_h", "stranded_cost": "stranded_gpu_h"}
 
+# each figure summed over the jobs whose GPU count is known, beside how many jobs are not (core.Totals)
+PARTIAL = {"allocated_gpu_h": "allocated_unknown_jobs"}
+
 NO_DATA = "no data"  # what every output shows instead of a change against an empty or partial window
-UNKNOWN = "unknown"  # one side of the figure is unknown (a GPU model without a price)
+# one side of the figure is unknown (a GPU model without a price; no job's GPU count known), or a
+# lower bound (some job's GPU count unknown: the difference of two lower bounds bounds nothing)
+UNKNOWN = "unknown"
 ZERO_BASE = "zero base"  # the previous value is 0: a percent change against nothing is not a number
 ZERO = 1e-6  # |previous| below this (GPU-hours, $, %) is a zero base: float dust, not a base
 
@@ -80,22 +85,33 @@ def price_mix_reason(cost: tuple[float, float], gpu_h: tuple[float, float]) -> s
             f"{'dearer' if dc > 0 else 'cheaper'} GPU models (mean price per GPU-hour {rate[1]} before, {rate[0]} now)")
 
 
+def unknown_jobs_reason(current: int, previous: int) -> str:
+    """Why allocated is unknown or a lower bound: jobs of unknown GPU count in either window."""
+    said = [f"{n:,} job{'s' if n != 1 else ''} of {w} window" for n, w in ((current, "this"), (previous, "the previous")) if n]
+    return (f"{' and '.join(said)} ha{'ve' if current + previous != 1 else 's'} an unknown GPU count: allocated sums the jobs "
+            "whose count is known (at least that much; unknown where none is), so the change is unknown")
+
+
 def compare(current: Totals, previous: Totals, no_comparison: str | None = None) -> pl.DataFrame:
     """figure, label, current, previous, change, change_pct, why a change is null, and `reason`:
-    why a money figure moved against its GPU-hours (price_mix_reason; else null).
+    why a money figure moved against its GPU-hours (price_mix_reason), or that allocated leaves
+    out jobs of unknown GPU count (unknown_jobs_reason); else null.
 
     `no_comparison`: no_comparison_reason() for `previous`; when set, no figure has a change
-    (change_missing "no data"). change_missing "unknown": either side is unknown; change_pct_missing
-    "zero base": the previous value is 0, so the percent change is not a number.
+    (change_missing "no data"). change_missing "unknown": either side is unknown, or a lower bound
+    (current_unknown_jobs, previous_unknown_jobs: the jobs of unknown GPU count a PARTIAL figure
+    leaves out); change_pct_missing "zero base": the previous value is 0, so the percent change is
+    not a number.
     """
     cur, prev = asdict(current), asdict(previous)
     rows = []
     for key, label in HEADLINES:
         c, p = cur[key], prev[key]
+        unknown_jobs = (cur.get(PARTIAL[key], 0), prev.get(PARTIAL[key], 0)) if key in PARTIAL else (0, 0)
         change = pct = change_missing = None
         if no_comparison is not None:
             change_missing = NO_DATA
-        elif c is None or p is None:
+        elif c is None or p is None or any(unknown_jobs):
             change_missing = UNKNOWN
         else:
             change = c - p
@@ -105,10 +121,14 @@ def compare(current: Totals, previous: Totals, no_comparison: str | None = None)
         reason = None
         if change is not None and hours and cur[hours] is not None and prev[hours] is not None:
             reason = price_mix_reason((c, p), (cur[hours], prev[hours]))
+        if any(unknown_jobs):
+            reason = unknown_jobs_reason(*unknown_jobs)
         rows.append({"figure": key, "label": label, "current": c, "previous": p, "change": change, "change_pct": pct,
-                     "change_missing": change_missing, "change_pct_missing": pct_missing, "reason": reason})
+                     "change_missing": change_missing, "change_pct_missing": pct_missing, "reason": reason,
+                     "current_unknown_jobs": unknown_jobs[0], "previous_unknown_jobs": unknown_jobs[1]})
     return pl.DataFrame(rows, schema={"figure": pl.Utf8, "label": pl.Utf8, "current": pl.Float64, "previous": pl.Float64, "change": pl.Float64, "change_pct": pl.Float64,
-                                      "change_missing": pl.Utf8, "change_pct_missing": pl.Utf8, "reason": pl.Utf8})
+                                      "change_missing": pl.Utf8, "change_pct_missing": pl.Utf8, "reason": pl.Utf8,
+                                      "current_unknown_jobs": pl.Int64, "previous_unknown_jobs": pl.Int64})
 
 
 @dataclass(frozen=True)
@@ -132,8 +152,11 @@ def people_rows(cmp) -> list[dict[str, str]]:
     out = []
     for r in (cmp.iter_rows(named=True) if isinstance(cmp, pl.DataFrame) else cmp):
         k, why = r["figure"], r["change_missing"]
-        out.append({"figure": r["label"], "this window": words.figure(k, r["current"]),
-                    "previous window": why if why == NO_DATA else words.figure(k, r["previous"]),
+        if k in PARTIAL:  # "at least" where jobs of unknown GPU count are left out
+            now, before = words.known_gpu_h(r["current"], r["current_unknown_jobs"]), words.known_gpu_h(r["previous"], r["previous_unknown_jobs"])
+        else:
+            now, before = words.figure(k, r["current"]), words.figure(k, r["previous"])
+        out.append({"figure": r["label"], "this window": now, "previous window": why if why == NO_DATA else before,
                     "change": why or words.signed(k, r["change"]),
                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})
     return out

@@ -156,6 +156,19 @@ def figure(key: str, x: float | None) -> str:
     return UNKNOWN if bad(x) else f"{gpu_h(x)} GPU-h"
 
 
+def known_gpu_h(x: float | None, unknown_jobs: int = 0) -> str:
+    """GPU-hours summed over the jobs whose GPU count is known (allocated, lost): "unknown" when
+    none is known, "at least ..." when `unknown_jobs` are not (a lower bound), never 0 for unknown."""
+    return UNKNOWN if bad(x) else ("at least " if unknown_jobs else "") + figure("allocated_gpu_h", x)
+
+
+def unknown_gpu_counts(n: int) -> str:
+    """What `n` (> 0) jobs of unknown GPU count do to the allocated figures, one sentence."""
+    return (f"{n:,} job{'s' if n != 1 else ''} of this window ha{'ve' if n != 1 else 's'} an unknown GPU count (the accounting "
+            "names no GPU, and neither slurmctld nor the job mapping said it: see the Health page); allocated GPU-hours sum "
+            "the jobs whose count is known - at least that much - and are unknown where none is, never 0")
+
+
 def signed(key: str, x: float | None) -> str:
     """A change of a figure: +1.5 GPU-h, \u2212$3.00, +2.5 pp (percentage points), \u00b10."""
     if bad(x):

@@ -94,9 +94,16 @@ def attributable(x: float | None, totals: Any, fmt: Callable[[float | None], str
     return fmt(x)
 
 
+def allocated_help(t: Any, what: str) -> str:
+    """A metric's help beside allocated GPU-hours (`what` it says): and, where jobs of the window
+    have an unknown GPU count, that the figure leaves them out (words.unknown_gpu_counts)."""
+    return what + (f". {words.unknown_gpu_counts(t.allocated_unknown_jobs)}" if t.allocated_unknown_jobs else "")
+
+
 def empty_totals(t: Any) -> bool:
-    """Nothing in the window: no capacity (or none attributable), nothing allocated, no data."""
-    return (t.capacity_gpu_h or 0) <= 0 and t.allocated_gpu_h <= 0 and t.data_gpu_h <= 0
+    """Nothing in the window: no capacity (or none attributable), nothing allocated (no job, not
+    even one of unknown GPU count), no data."""
+    return (t.capacity_gpu_h or 0) <= 0 and (t.allocated_gpu_h or 0) <= 0 and not t.allocated_unknown_jobs and t.data_gpu_h <= 0
 
 
 def change(cur: float | None, prev: float | None, fmt: Callable[[float | None], str]) -> str | None:
@@ -298,9 +305,7 @@ def unknown_gpu_counts_note(df: pl.DataFrame) -> pl.DataFrame:
     n = int(df["gpus_unknown_jobs"].sum()) if "gpus_unknown_jobs" in df.columns else 0
     if not n:
         return df.drop("gpus_unknown_jobs", strict=False)
-    st.caption(f"{n:,} job{'s' if n != 1 else ''} of this window ha{'ve' if n != 1 else 's'} an unknown GPU count (the accounting "
-               "names no GPU, and neither slurmctld nor the job mapping said it: see the Health page). A row's allocated GPU-hours "
-               "sum its jobs whose count is known, and are unknown where none is - never 0.")
+    st.caption(words.unknown_gpu_counts(n) + ".")
     return df
 
 

@@ -189,6 +189,26 @@ def test_queue_wait_percentiles_by_account_and_size_and_pending(tmp_path):
     assert r.pending["wait_s"].to_list() == [25 * 3600, 2 * 3600, 1800]
 
 
+def test_jobs_of_unknown_gpu_count_are_unknown_demand_said_not_dropped(tmp_path):
+    """Issue #51: a job whose GPU count is unknown is no known demand and no usage of 0 GPU-hours:
+    an account with only those has unknown usage and no ratio, named in unknown_demand (out of
+    Jain's index); their queue waits are known, under the size "unknown"."""
+    def build(f):
+        ran(f, "1", "physics", "alice", gpus=2, start=W0 + 1 * H, hours=2, wait_s=60)
+        ran(f, "2", "biology", "carol", gpus=None, start=W0 + 2 * H, hours=1, wait_s=600)
+        queued(f, "3", "biology", "carol", gpus=None, submit=W1 - 2 * H)
+
+    r = report(tmp_path, build)
+    acc = rows(r)
+    assert r.unknown_demand == ("biology",) and r.without_share == ()
+    assert acc["biology"]["used_gpu_h"] is None and acc["biology"]["ratio"] is None and acc["biology"]["gpus_unknown_jobs"] == 1
+    assert acc["physics"]["used_gpu_h"] == pytest.approx(4.0) and acc["physics"]["gpus_unknown_jobs"] == 0
+    size = {row["gpus_bucket"]: row for row in r.wait_by_size.iter_rows(named=True)}
+    assert list(size) == [*BUCKETS, "unknown"]
+    assert (size["unknown"]["started_jobs"], size["unknown"]["wait_p50_s"], size["unknown"]["pending_jobs"]) == (1, 600, 1)
+    assert r.pending["job_key"].to_list() == ["3"] and r.pending["gpus_bucket"].to_list() == ["unknown"]
+
+
 # --- empty window ---
 
 

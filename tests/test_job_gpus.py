@@ -431,6 +431,12 @@ def test_unknown_gpu_counts_are_unknown_in_the_figures_and_the_ledger_adds_up(tm
     assert pd.isna(shown.loc["speech", "allocated_gpu_h"])  # shown "unknown" (the table's placeholder), not 0
     assert shown.loc["nlp", "allocated_gpu_h"] == pytest.approx(1.0) and shown.loc["nlp", "gpus_unknown_jobs"] == 1
     assert any("2 jobs of this window have an unknown GPU count" in c.value for c in at.caption), [c.value for c in at.caption]
+    # the headline: the known part, said to be a lower bound (and why), never presented as complete
+    from tests.test_dashboard_pages import metrics
+
+    allocated = next(m for m in at.metric if m.label == "Allocated")
+    assert allocated.value == "at least 2.0 GPU-h" and "2 jobs of this window have an unknown GPU count" in allocated.help
+    assert metrics(goto(at, "waste"))["Share of allocated"] != "unknown"  # (of the known jobs' time: said in its help)
     # ... and the Teams page's fairness: speech's usage unknown, not 0 GPU-hours
     at = goto(at, "teams")
     teams = frame(at, "fair_accounts").set_index("account")
@@ -464,6 +470,7 @@ def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs,
 
     import polars as pl
 
+    from gpufleet.analytics import vocabulary as words
     from gpufleet.analytics.cli import build_report, print_table
     from gpufleet.analytics.core import Analysis
     from gpufleet.analytics.params import Filters, Params
@@ -485,6 +492,9 @@ def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs,
     now = t0 + timedelta(hours=4)
     a = Analysis(con, p, now=now)
     totals = a.totals()
+    fleet_known, fleet_unknown = _expected_rows([(None, *j[1:]) for j in jobs], 0)[None]  # (all jobs as one row)
+    # the fleet's allocated: the known jobs' sum, unknown (never 0) when none is known, the rest counted
+    assert (totals.allocated_gpu_h is None) == (fleet_known is None) and totals.allocated_unknown_jobs == fleet_unknown
     for dim, by in (("account", 0), ("user_name", 1)):
         rows = {r[dim]: r for r in a.utilization(dim).to_dicts()}
         want = _expected_rows(jobs, by)
@@ -498,13 +508,38 @@ def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs,
                 assert r["allocated_gpu_h"] == pytest.approx(known), (dim, name)
                 assert r["data_gpu_h"] <= r["allocated_gpu_h"] + 1e-9
                 assert r["allocated_gpu_h"] == pytest.approx(r["data_gpu_h"] + r["no_data_gpu_h"]), (dim, name)
-        # the known part of the teams (of the users) sums to the fleet's allocated figure
-        assert sum(k for k, _ in want.values() if k is not None) == pytest.approx(totals.allocated_gpu_h)
-        assert float(pl.Series([r["allocated_gpu_h"] for r in rows.values()], dtype=pl.Float64).sum()) == pytest.approx(totals.allocated_gpu_h)
-    # a filtered figure equals its row unfiltered (its known part: 0 GPU-hours known when none is)
-    for name, (known, _) in _expected_rows(jobs, 0).items():
+        # the known part of the teams (of the users) sums to the fleet's allocated figure, the unknown jobs to its count
+        assert sum(k for k, _ in want.values() if k is not None) == pytest.approx(totals.allocated_gpu_h or 0.0)
+        assert float(pl.Series([r["allocated_gpu_h"] for r in rows.values()], dtype=pl.Float64).sum()) == pytest.approx(totals.allocated_gpu_h or 0.0)
+        assert sum(r["gpus_unknown_jobs"] for r in rows.values()) == totals.allocated_unknown_jobs
+    # a filtered figure equals its row unfiltered: unknown where the row is, the known part and its unknown jobs
+    for name, (known, unknown) in _expected_rows(jobs, 0).items():
         ft = Analysis(con, Params(t0, t0 + timedelta(hours=3), filters=Filters(account=name)), now=now).totals()
-        assert ft.allocated_gpu_h == pytest.approx(known or 0.0), name
+        assert ft.allocated_gpu_h == (None if known is None else pytest.approx(known)) and ft.allocated_unknown_jobs == unknown, name
+    # over time: a team's buckets add up to its row, unknown (null, not 0) where only jobs of unknown count ran
+    from gpufleet.analytics.timeline import utilization_timelines
+
+    tl = utilization_timelines(a, ["account"])["account"]
+    for name, (known, unknown) in _expected_rows(jobs, 0).items():
+        mine = tl.filter(pl.col("account") == name)["allocated_gpu_h"]
+        assert float(mine.sum()) == pytest.approx(known or 0.0), (name, mine)
+        assert mine.null_count() > 0 if known is None else (mine.null_count() == 0 or unknown), (name, mine)
+    # the facts' path (analytics/facts.py) says the same
+    from gpufleet.analytics.facts import window_totals
+
+    ftot = window_totals(con, p, now)
+    assert (ftot["allocated_gpu_h"], ftot["allocated_unknown_jobs"]) == (
+        None if totals.allocated_gpu_h is None else pytest.approx(totals.allocated_gpu_h), totals.allocated_unknown_jobs)
+    # the headline comparison: "at least" a lower bound, "unknown" where nothing is known, no change of either (never 0)
+    from gpufleet.analytics.trends import compare, people_rows
+
+    row = next(r for r in compare(totals, totals).to_dicts() if r["figure"] == "allocated_gpu_h")
+    shown = next(r for r in people_rows([row]))
+    if fleet_unknown:
+        assert row["change"] is None and row["change_missing"] == "unknown" and "unknown GPU count" in row["reason"], row
+        assert shown["this window"] == ("unknown" if fleet_known is None else "at least " + words.figure("allocated_gpu_h", fleet_known))
+    else:
+        assert row["change"] == 0 and row["reason"] is None and not shown["this window"].startswith("at least")
     # fairness (the Teams page): an account's usage is its known part, unknown where nothing is known
     from gpufleet.analytics.fairness import fairness
 
@@ -512,6 +547,9 @@ def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs,
     for name, (known, unknown) in _expected_rows(jobs, 0).items():
         assert fair[name]["used_gpu_h"] == (None if known is None else pytest.approx(known)), name
         assert fair[name]["gpus_unknown_jobs"] == unknown, name
+    # ... and an account whose demand is unknown (only jobs of unknown GPU count) is said, with no ratio
+    assert fairness(a, None).unknown_demand == tuple(sorted(n for n, (k, _) in _expected_rows(jobs, 0).items() if k is None))
+    assert all(fair[n]["ratio"] is None for n in fairness(a, None).unknown_demand)
     # analyze --by account: null in JSON, "unknown" in the table, the unknown jobs counted in a column
     report = build_report(con, p, "account", 5, None, now=now)
     by_json = {r["account"]: r for r in report["utilization"]["rows"]}
@@ -526,3 +564,33 @@ def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs,
         row = next(line for line in lines[lines.index(header):] if line.split()[:1] == [name])
         cell = row[header.index("allocated GPU-h"):].split()[0]  # the column's cell, by the header's offset
         assert (cell == "unknown") == (known is None), (header, row)
+
+
+def test_a_window_of_unknown_gpu_counts_is_unknown_on_the_pages_never_0(tmp_path, monkeypatch):
+    """Every job of the window has an unknown GPU count: allocated GPU-hours are unknown on the
+    Utilization and Waste pages and in `gpufleet analyze`, not 0 - and the window is not empty."""
+    from gpufleet.analytics.cli import build_report
+    from gpufleet.analytics.params import Params
+    from tests.support.fleet import Fleet
+
+    t0 = datetime(2026, 11, 16, 10)
+    f = Fleet(tmp_path / "s", cluster="hpc")
+    f.gpu_series("g01", "GPU-a", t0, t0 + timedelta(hours=2), util=50.0, procs=1)
+    f.job("711", account="nlp", user="ann", start=t0, end=t0 + timedelta(hours=1), gpus=None, placements=[])
+    f.write()
+    report = build_report(f.reader(), Params(t0, t0 + timedelta(hours=2)), "account", 5, None, now=t0 + timedelta(hours=3))
+    assert (report["totals"]["allocated_gpu_h"], report["totals"]["allocated_unknown_jobs"]) == (None, 1)
+    trend = next(r for r in report["trend"] if r["figure"] == "allocated_gpu_h")
+    assert trend["current"] is None and trend["change"] is None and "unknown GPU count" in trend["reason"]
+
+    pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+    from tests.test_dashboard_pages import goto, metrics, open_app  # (its window: 2026-11-16 10:00-12:00)
+
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(tmp_path / "s"))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    at = goto(open_app(), "utilization")
+    assert not at.exception, at.exception
+    assert metrics(at)["Allocated"] == "unknown"
+    at = goto(at, "waste")
+    assert not at.exception, at.exception
+    assert metrics(at)["Share of allocated"] == "unknown"

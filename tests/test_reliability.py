@@ -224,6 +224,49 @@ def test_figures_by_hand():
     assert mix == {(T0, "hardware"): 1, (T0, "node_failure"): 1, (T0, "preempted"): 1, (T0 + day, "completed"): 1}
 
 
+def test_unknown_gpu_counts_are_unknown_gpu_hours_never_0():
+    """Issue #51: an attempt whose GPU count is unknown (accounting without gres/gpu, nothing else
+    said it) has unknown GPU-hours - allocated and lost - never 0; the known part is a lower bound,
+    counted beside it, and the rates per GPU-day count the attempts of known GPU count."""
+    s, e = T0, T0 + timedelta(days=1)
+    known = [r.classify(attempt("COMPLETED", gpus=8, hours=10, job="a")),
+             r.classify(attempt("PREEMPTED", gpus=2, hours=3, job="b"))]
+    unknown = [r.classify(attempt("PREEMPTED", gpus=None, hours=5, job="u")),
+               r.classify(attempt("NODE_FAIL", gpus=None, hours=2, job="v"))]
+    f = r.figures(known + unknown, s, e)
+    assert f["allocated_gpu_hours"] == pytest.approx(8 * 10 + 2 * 3) and f["allocated_unknown_attempts"] == 2  # at least
+    assert f["lost_gpu_hours"] == pytest.approx(2 * 3) and f["lost_unknown_interruptions"] == 2
+    assert f["interruptions"] == 3 and f["interruptions_per_1000_gpu_days"] == pytest.approx(1 / (86 / 24) * 1000)
+    assert {row["size"]: row["gpu_hours"] for row in f["mttf_by_size"]}["unknown"] is None
+    # nothing known: unknown, not 0 GPU-hours (and no share, no rate)
+    f = r.figures(unknown, s, e)
+    assert f["allocated_gpu_hours"] is None and f["lost_gpu_hours"] is None and f["lost_share_of_allocated"] is None
+    assert f["interruptions"] == 2 and f["interruptions_per_1000_gpu_days"] is None
+    # a chain of unknown GPU count weighs nothing it does not know: counted apart, not as 0 GPUs
+    chain = r.link_chains(unknown[:1])
+    assert chain[0].gpus is None and r.goodput(chain)["unknown_gpu_chains"] == 1 and r.goodput(chain)["wall_gpu_hours"] == 0
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, 1, 4]), st.sampled_from(["COMPLETED", "PREEMPTED", "NODE_FAIL"]),
+                          st.integers(1, 12)), min_size=1, max_size=8))
+def test_gpu_hours_are_the_known_attempts_and_unknown_where_none_is(runs):
+    classified = [r.classify(attempt(state, gpus=n, hours=h, job=str(i))) for i, (n, state, h) in enumerate(runs)]
+    f = r.figures(classified, T0, T0 + timedelta(days=1))
+    known_h = [n * h for n, _, h in runs if n is not None]
+    lost_h = [n * h for n, state, h in runs if n is not None and state != "COMPLETED"]
+    unknown = sum(1 for n, _, _ in runs if n is None)
+    lost_unknown = sum(1 for n, state, _ in runs if n is None and state != "COMPLETED")
+    assert f["allocated_unknown_attempts"] == unknown and f["lost_unknown_interruptions"] == lost_unknown
+    assert f["allocated_gpu_hours"] == (None if not known_h else pytest.approx(sum(known_h)))  # never 0 for unknown
+    assert f["lost_gpu_hours"] == (None if lost_unknown and not lost_h else pytest.approx(sum(lost_h)))
+    # the known parts add up: lost by cause sums to lost; sizes' GPU-hours (the unknown row's unknown) to allocated
+    assert sum(f["lost_gpu_hours_by_cause"].values()) == pytest.approx(f["lost_gpu_hours"] or 0.0)
+    sizes = {row["size"]: row["gpu_hours"] for row in f["mttf_by_size"]}
+    assert sum(v for k, v in sizes.items() if k != "unknown") == pytest.approx(f["allocated_gpu_hours"] or 0.0)
+    assert (sizes.get("unknown", 0) is None) == bool(unknown)
+
+
 # --- lemons ---
 
 

@@ -379,6 +379,34 @@ def test_jobs_without_samples_give_no_data_not_zero(tmp_path):
     assert figs.one("headline.allocated_gpu_h.previous") == "no data"  # nothing in W46 either
 
 
+def test_unknown_gpu_counts_are_unknown_in_the_report_never_0(tmp_path):
+    """Issue #51: a week whose jobs all have an unknown GPU count has allocated GPU-hours "unknown",
+    not 0.0; one where some have is "at least" the known jobs' sum, said with how many are not."""
+    f = Fleet(tmp_path / "none")
+    f.gpu_series("n1", "GPU-A", T(10), T(12), util=50.0, procs=1)
+    f.job("1", account="a", user="u", start=T(10), end=T(12), gpus=None, placements=[])
+    f.write()
+    r = pipeline.make(settings_for(f.root), week_window(2026, 47), now=NOW, pdf=False)[0]
+    figs = Figures(r.html)
+    assert figs.one("headline.allocated_gpu_h.current") == "unknown" and "allocated GPU-hours unknown" in r.subject
+    row = next(h for h in r.report.headline if h.figure == "allocated_gpu_h")
+    assert row.current is None and row.missing == "unknown" and "1 job of this window has an unknown GPU count" in row.reason
+    assert f"GPU-hours allocated: {row.reason}" in " ".join(r.text.split())
+    line = next(ln for ln in r.text.splitlines() if ln.strip().startswith("GPU-hours allocated"))
+    assert "unknown" in line and "0.0" not in line, line
+
+    f = Fleet(tmp_path / "some")
+    f.gpu_series("n1", "GPU-A", T(10), T(12), util=50.0, procs=1)
+    f.job("1", account="a", user="u", start=T(10), end=T(12), gpus=None, placements=[])
+    f.job("2", account="a", user="u", start=T(10), end=T(12), gpus=1, placements=[("n1", "GPU-A")])
+    f.write()
+    r = pipeline.make(settings_for(f.root), week_window(2026, 47), now=NOW, pdf=False)[0]
+    assert Figures(r.html).one("headline.allocated_gpu_h.current") == "2.0"  # the known part ...
+    row = next(h for h in r.report.headline if h.figure == "allocated_gpu_h")
+    assert "at least that much" in row.reason and "at least 2.0 GPU-h allocated" in r.subject  # ... said to be a lower bound
+    assert next(t for t in r.report.teams if t.account == "a").allocated_gpu_h == pytest.approx(2.0)
+
+
 def test_first_week_has_no_changes_against_an_empty_last_week(store):
     r = pipeline.make(settings_for(store.root), week_window(2026, 46), now=NOW, pdf=False)[0]
     assert r.report.status == "ok"

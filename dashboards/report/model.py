@@ -24,7 +24,7 @@ from gpufleet.analytics.core import Analysis, Totals
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.report.window import Window
-from gpufleet.analytics.trends import NO_DATA, baseline, compare, previous_totals
+from gpufleet.analytics.trends import NO_DATA, PARTIAL, UNKNOWN, baseline, compare, previous_totals
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Headline:
     previous: float | None
     change: float | None
     change_pct: float | None
-    missing: str | None = None  # why current is not shown: "no data", "not measured", "no price"
+    missing: str | None = None  # why current is not shown: "no data", "not measured", "no price", "unknown" (GPU counts)
     previous_missing: str | None = None
     change_missing: str | None = None  # why change is not shown: "no data" (no comparable last week), or why a side is missing
     reason: str | None = None  # why a cost moved against its GPU-hours (gpufleet.analytics.trends.price_mix_reason)
@@ -102,7 +102,7 @@ class DailyPoint:
     busy_gpu_h: float
     data_gpu_h: float
     idle_allocated_gpu_h: float
-    allocated_gpu_h: float
+    allocated_gpu_h: float | None  # None: no job's GPU count is known
     future: bool = False  # the day had not begun when the report was made
 
 
@@ -178,7 +178,8 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
                   no_comparison: str | None = None) -> list[Headline]:
     """gpufleet.analytics.trends.compare() rows, with the reason a figure is not shown where it is not
     (`no_comparison`: the trends rule's verdict on last week; set, every change is "no data")."""
-    prev_t = prev if prev is not None else cur
+    # (no last week: a stand-in no figure of which is shown, its jobs of unknown GPU count none)
+    prev_t = prev if prev is not None else replace(cur, allocated_unknown_jobs=0)
 
     def why(key: str, t: Totals, procs: bool) -> str | None:
         if _empty(t):
@@ -188,7 +189,7 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
         if key in NEEDS_PROCESSES and not procs:
             return "not measured"
         if getattr(t, key) is None:
-            return "no price" if key.endswith("cost") else "no data"
+            return "no price" if key.endswith("cost") else UNKNOWN if key in PARTIAL else "no data"
         return None
 
     rows = []
@@ -202,7 +203,7 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
             current=None if missing else r["current"], previous=None if pmissing else r["previous"],
             change=r["change"] if known else None, change_pct=r["change_pct"] if known else None,
             missing=missing, previous_missing=pmissing, change_missing=r["change_missing"] or (None if known else missing or pmissing),
-            reason=r["reason"] if known else None,
+            reason=r["reason"] if known or key in PARTIAL else None,  # (jobs of unknown GPU count: said either way)
         ))
     return rows
 

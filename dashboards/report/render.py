@@ -86,8 +86,10 @@ def subject(report: Report) -> str:
         parts.append(f"{fmt.usd(idle.current)} idle" if idle.missing is None else f"idle cost {idle.missing}")
         util = h["utilization_pct"]
         parts.append(f"utilization {fmt.pct(util.current)}" if util.missing is None else f"utilization {util.missing}")
-        if t.allocated_gpu_h:
-            parts.append(f"{fmt.hours(t.allocated_gpu_h)} GPU-h allocated")
+        if t.allocated_gpu_h is None:
+            parts.append("allocated GPU-hours unknown")  # (no job's GPU count is known)
+        elif t.allocated_gpu_h:
+            parts.append(f"{words.known_gpu_h(t.allocated_gpu_h, t.allocated_unknown_jobs)} allocated")
     return fmt.plain(f"{title(report)}: " + ", ".join(parts))
 
 

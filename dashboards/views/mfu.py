@@ -30,7 +30,8 @@ def body(ctx: ui.Context) -> None:
     acc = figures_mfu["accounts"]
     if not acc.is_empty():
         acc = acc.with_columns((pl.col("gpu_h") - pl.col("unknown_gpu_h")).alias("known_gpu_h")).select(
-            "cluster", "account", "mfu", "method", "known_gpu_h", "unknown_gpu_h", "gpu_h", "jobs", "unknown_jobs")
+            "cluster", "account", "mfu", "method", "known_gpu_h", "unknown_gpu_h", "gpu_h", "jobs", "unknown_jobs", "gpus_unknown_jobs")
+        acc = ui.unknown_gpu_counts_note(acc)  # (jobs that report, of unknown GPU count: no weight in the MFU)
     ui.table(acc, key="mfu_accounts", empty="No MFU figure in this window.", sort="cluster and account",
              labels={"mfu": "MFU %", "known_gpu_h": "GPU-h with MFU known", "unknown_gpu_h": "GPU-h with MFU unknown",
                      "unknown_jobs": "jobs with MFU unknown"})

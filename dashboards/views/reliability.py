@@ -8,6 +8,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.reliability import CAUSE_LABELS, INTERRUPTION_CAUSES
 from gpufleet.dashboards import data, ui
 
@@ -36,11 +37,16 @@ def body(ctx: ui.Context) -> None:
     c[2].metric("Hardware", ui.count(f["hardware_interruptions"]),
                 help="An XID of the hardware class, a double-bit ECC rise, a row-remap failure or a lost GPU on the attempt's GPUs "
                      "shortly before its end.")
-    c[3].metric("GPU-hours lost", ui.gpu_h(f["lost_gpu_hours"]),
+    c[3].metric("GPU-hours lost", words.known_gpu_h(f["lost_gpu_hours"], f["lost_unknown_interruptions"]),
                 help="From each interrupted attempt's last reported checkpoint (else its start: an upper bound) to its end.")
     share = f["lost_share_of_allocated"]
-    st.caption(f"Lost: {ui.pct(None if share is None else 100 * share)} of {ui.gpu_h(f['allocated_gpu_hours'])} GPU-hours allocated"
+    st.caption(f"Lost: {ui.pct(None if share is None else 100 * share)} of "
+               f"{words.known_gpu_h(f['allocated_gpu_hours'], f['allocated_unknown_attempts'])} allocated"
                + (" (an upper bound: no checkpoint reports)" if f["lost_is_upper_bound"] and f["interruptions"] else ""))
+    if f["allocated_unknown_attempts"]:
+        st.caption(f"{f['allocated_unknown_attempts']:,} attempts of this window ({f['lost_unknown_interruptions']:,} of them interrupted) "
+                   "have an unknown GPU count: their GPU-hours are unknown, never 0, and left out of allocated and lost (at least "
+                   "those figures); the rates per GPU-day count the attempts of known GPU count.")
 
     st.subheader("How attempts ended, over time")
     mix = pl.DataFrame(f["cause_mix"], infer_schema_length=None) if f["cause_mix"] else pl.DataFrame()
@@ -91,7 +97,7 @@ def body(ctx: ui.Context) -> None:
     if g["lost_is_upper_bound"]:
         st.caption(g["checkpoints"].capitalize() + ".")
     lost = f["lost_gpu_hours_by_cause"]
-    if lost:
+    if lost and f["allocated_gpu_hours"] is not None and not f["allocated_unknown_attempts"]:  # (parts that add up)
         fall = pl.DataFrame({"part": ["allocated", *(f"lost: {CAUSE_LABELS[k]}" for k in lost), "not lost"],
                              "gpu_hours": [f["allocated_gpu_hours"], *(-v for v in lost.values()),
                                            f["allocated_gpu_hours"] - sum(lost.values())]})

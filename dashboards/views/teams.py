@@ -55,6 +55,10 @@ def body(ctx: ui.Context) -> None:
     if f.without_share:
         st.caption("Accounts with demand but no configured share (no ratio):")
         st.text(", ".join(f.without_share))
+    if f.unknown_demand:
+        st.caption("Accounts whose jobs of this window all have an unknown GPU count: their demand and usage are unknown (not "
+                   "none), so they have no ratio and are not in Jain's index:")
+        st.text(", ".join(f.unknown_demand))
 
     st.subheader("Entitled vs allocated share")
     st.altair_chart(share_chart(acc), width="stretch")

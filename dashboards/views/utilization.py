@@ -92,7 +92,8 @@ def body(ctx: ui.Context) -> None:
     c = st.columns(3)
     c[0].metric("Utilization", ui.pct(t.utilization_pct), help="Time-weighted GPU utilization over the time with data")
     c[1].metric("Busy", ui.gpu_h(t.busy_gpu_h), help="Utilization-weighted time with data")
-    c[2].metric("Allocated", ui.gpu_h(t.allocated_gpu_h), help="Scheduler accounting: GPUs x MIG share x run time")
+    c[2].metric("Allocated", words.known_gpu_h(t.allocated_gpu_h, t.allocated_unknown_jobs),
+                help=ui.allocated_help(t, "Scheduler accounting: GPUs x MIG share x run time"))
     c = st.columns(3)
     c[0].metric("Capacity", ui.attributable(t.capacity_gpu_h, t, ui.gpu_h))
     c[1].metric("With data", ui.gpu_h(t.data_gpu_h))

@@ -7,6 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.dashboards import data, figures, ui
 
 TOP = 15
@@ -42,7 +43,9 @@ def body(ctx: ui.Context) -> None:
     c[0].metric("Idle allocated", ui.gpu_h(t.idle_allocated_gpu_h), **ui.delta(t.idle_allocated_gpu_h, prev.idle_allocated_gpu_h, ui.gpu_h, why),
                 help="Allocated time below the idle threshold, in stretches at least the idle minimum long")
     c[1].metric("Idle allocated cost", ui.usd(t.idle_allocated_cost), **ui.delta(t.idle_allocated_cost, prev.idle_allocated_cost, ui.usd, why))
-    c[2].metric("Share of allocated", ui.pct(t.idle_allocated_gpu_h / t.allocated_gpu_h * 100 if t.allocated_gpu_h > 0 else None))
+    share = t.idle_allocated_gpu_h / t.allocated_gpu_h * 100 if (t.allocated_gpu_h or 0) > 0 else None
+    c[2].metric("Share of allocated", words.UNKNOWN if t.allocated_gpu_h is None else ui.pct(share),
+                help=ui.allocated_help(t, "Idle allocated over the allocated GPU-hours of the jobs whose GPU count is known"))
     c = st.columns(3)
     c[0].metric("Held with no process", ui.gpu_h(t.no_process_gpu_h), **ui.delta(t.no_process_gpu_h, prev.no_process_gpu_h, ui.gpu_h, why))
     c[1].metric("No-process cost", ui.usd(t.no_process_cost), **ui.delta(t.no_process_cost, prev.no_process_cost, ui.usd, why))
