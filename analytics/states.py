@@ -422,35 +422,57 @@ def thresholds(doc: Mapping[str, Any], path: Any, p: Any) -> Thresholds:
 def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None:
     """The breakdown of one job (its id as people write it, or its key) in the window of `p`
     (Params): only that job's GPUs and their allocation stretches are read. None: no allocation
-    of the job in the window (the exporters never mapped it)."""
-    import polars as pl
+    of the job in the window (the exporters never mapped it).
+
+    Cost is the job's samples: one query, its Arrow columns taken into numpy once and each GPU's
+    rows a slice of them (no per-GPU frame, no sort of the rows in SQL: gpu_states orders a GPU's
+    samples by time itself)."""
+    import pyarrow as pa
 
     from gpufleet.analytics import sql
 
     cur = con.cursor()
-    bind = {"start": p.start, "end": p.end, "job": job, "cluster": p.filters.cluster, "max_gap": p.max_gap.total_seconds()}
-    al = pl.from_arrow(cur.sql(sql.JOB_STATE_ALLOCATIONS, params=sql.bound(sql.JOB_STATE_ALLOCATIONS, bind)).to_arrow_table())
-    if al.is_empty():
-        return None
-    first = al.row(0, named=True)  # one job: the first cluster's, where an id repeats across clusters
-    al = al.filter((pl.col("cluster") == first["cluster"]) & (pl.col("job_key") == first["job_key"])).with_row_index("k")
-    cur.register("_job_al", al.with_columns(pl.col("k").cast(pl.Int64)).to_arrow())
-    epoch0 = datetime(1970, 1, 1)
-    bind.update(lo=epoch0 + timedelta(seconds=al["a0"].min()) - p.max_gap, hi=epoch0 + timedelta(seconds=al["a1"].max()),
-                host_lo=al["host"].min(), host_hi=al["host"].max())
-    rows = pl.from_arrow(cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table())
-    cur.close()
-    parts = {key[0]: part for key, part in rows.partition_by("k", as_dict=True).items()}
+    try:
+        bind = {"start": p.start, "end": p.end, "job": job, "cluster": p.filters.cluster, "max_gap": p.max_gap.total_seconds()}
+        found = cur.sql(sql.JOB_STATE_ALLOCATIONS, params=sql.bound(sql.JOB_STATE_ALLOCATIONS, bind)).to_arrow_table()
+        if found.num_rows == 0:
+            return None
+        listed = found.to_pylist()
+        # one job: the first cluster's, where an id repeats across clusters
+        mine = [i for i, r in enumerate(listed) if (r["cluster"], r["job_key"]) == (listed[0]["cluster"], listed[0]["job_key"])]
+        al = found.take(mine)
+        al = al.append_column("k", pa.array(np.arange(len(mine), dtype=np.int64)))
+        allocations = [listed[i] for i in mine]
+        cur.register("_job_al", al)
+        epoch0 = datetime(1970, 1, 1)
+        bind.update(lo=epoch0 + timedelta(seconds=min(r["a0"] for r in allocations)) - p.max_gap,
+                    hi=epoch0 + timedelta(seconds=max(r["a1"] for r in allocations)),
+                    host_lo=min(r["host"] for r in allocations), host_hi=max(r["host"] for r in allocations))
+        rows = cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table()
+    finally:
+        cur.close()
+    # each allocation's rows: a slice of the rows ordered by k (stable: a GPU's rows keep their order)
+    k = rows.column("k").to_numpy()
+    order = np.argsort(k, kind="stable")
+    edges = np.searchsorted(k[order], np.arange(len(allocations) + 1))
+    columns = {c: np.asarray(rows.column(c).to_numpy(), dtype=float)[order] for c in _SAMPLE_FIELDS}
     gpus = []
-    for r in al.iter_rows(named=True):
-        mine = parts.get(r["k"], rows.clear())
-        index = r["gpu"] if r["gpu"] is not None else mine["gpu"].drop_nulls().max()  # the mapping may not say it; the samples do
+    for i, r in enumerate(allocations):
+        part = slice(edges[i], edges[i + 1])
+        index = r["gpu"] if r["gpu"] is not None else _sampled_index(columns["gpu"][part])  # the mapping may not say it; the samples do
         name = f"{r['host']}:{index if index is not None else r['gpu_uuid']}" + (f"/{r['gi']}" if r["gi"] is not None and r["gi"] >= 0 else "")
-
-        def col(c: str) -> np.ndarray:
-            return mine[c].cast(pl.Float64).fill_null(float("nan")).to_numpy()
-
-        gpus.append(GpuSamples(gpu=name, a0=float(r["a0"]), a1=float(r["a1"]), ts=col("ts"), util=col("util"), procs=col("procs"),
-                               sm_active=col("sm_active"), tensor_active=col("tensor_active"), pcie_rx=col("pcie_rx"),
-                               nvlink=col("nvlink"), equiv=col("equiv"), foreign=col("foreign_processes")))
+        got = {c: v[part] for c, v in columns.items()}
+        gpus.append(GpuSamples(gpu=name, a0=float(r["a0"]), a1=float(r["a1"]), ts=got["ts"], util=got["util"], procs=got["procs"],
+                               sm_active=got["sm_active"], tensor_active=got["tensor_active"], pcie_rx=got["pcie_rx"],
+                               nvlink=got["nvlink"], equiv=got["equiv"], foreign=got["foreign_processes"]))
     return job_states(gpus, t)
+
+
+# JOB_STATE_SAMPLES' columns a GPU's samples take (as float: NaN where a sample has no such field)
+_SAMPLE_FIELDS = ("gpu", "ts", "util", "procs", "sm_active", "tensor_active", "pcie_rx", "nvlink", "equiv", "foreign_processes")
+
+
+def _sampled_index(gpu: np.ndarray) -> int | None:
+    """The GPU's index as its samples give it (the largest seen), None: none says it."""
+    known = gpu[~np.isnan(gpu)]
+    return int(known.max()) if len(known) else None
