@@ -195,6 +195,88 @@ def test_a_planted_straggler_is_named(n_gpus, data):
     assert js.straggler is not None and js.straggler["gpu"] == f"n{slow}:0"
 
 
+# --- the vectorised walk against a plain one ---
+
+def _walk_low_states(s: GpuSamples, t: Thresholds) -> tuple[dict[str, float], S.Checkpoints | None]:
+    """The oracle: startup, no process, idle, checkpoint and pause by the module doc's rules, as a
+    walk over the intervals one at a time (gpu_states does it with whole-array operations)."""
+    idx, start, end = S._intervals(s, t.max_gap_s)
+    util, procs, dur, n = s.column("util")[idx], s.column("procs")[idx], end - start, len(idx)
+
+    def runs(flag):
+        found, i = [], 0
+        while i < n:
+            j = i + 1
+            while flag[i] and j < n and flag[j] and start[j] == end[j - 1]:
+                j += 1
+            if flag[i]:
+                found.append((i, j))
+            i = j
+        return found
+
+    low = [u < t.idle_threshold for u in util]
+    state: list[str | None] = [None] * n
+    for i, j in runs([not x for x in low]):
+        if sum(dur[i:j]) >= t.startup_busy_seconds:
+            state[:i] = ["startup"] * i
+            break
+    state = [x or ("no_process" if procs[k] == 0 else None) for k, x in enumerate(state)]
+    dips = []
+    for i, j in runs(low):
+        length = sum(dur[i:j])
+        for k in range(i, j):
+            state[k] = state[k] or ("idle" if length >= t.idle_min_s else "pause")
+        bounded = 0 < i and j < n and start[i] == end[i - 1] and end[j - 1] == start[j] and state[i - 1] != "startup"
+        if bounded and t.checkpoint_min_seconds <= length < t.idle_min_s:
+            dips.append((i, j, start[i], length))
+    rhythm = None
+    if len(dips) >= t.checkpoint_min_count:
+        gaps = np.diff([d[2] for d in dips])
+        period = np.median(gaps)
+        regular = np.abs(gaps - period) <= t.checkpoint_period_tolerance * period
+        if period > 0 and regular.sum() * 2 >= len(gaps):
+            rhythm = S.Checkpoints(count=len(dips), period_s=float(np.median(gaps[regular])), cost_s=float(np.mean([d[3] for d in dips])))
+            for i, j, _, _ in dips:
+                state[i:j] = ["checkpoint" if x == "pause" else x for x in state[i:j]]
+    names = ("startup", "no_process", "idle", "checkpoint", "pause")
+    return {name: float(sum(d for d, x in zip(dur, state) if x == name)) for name in names}, rhythm
+
+
+@st.composite
+def rhythmic_gpus(draw):
+    """A GPU of stretches (busy, low, unreported, unsampled) with a recurring dip pattern planted
+    among them half the time; whole seconds, so every sum is exact whatever its order."""
+    kinds = {"busy": 90.0, "low": 0.0, "low3": 3.0, "nan": float("nan")}
+    stretch = st.tuples(st.sampled_from([*kinds, "gap"]), st.integers(1, 50))
+    parts = draw(st.lists(stretch, max_size=12))
+    if draw(st.booleans()):
+        busy, dip = draw(st.integers(2, 30)), draw(st.sampled_from([1, 2, 4, 6, 19, 20]))  # 20 x 15 s: idle_min_s
+        at = draw(st.integers(0, len(parts)))
+        parts[at:at] = [("busy", busy), ("low", dip)] * draw(st.integers(2, 8))
+    ts, util, t = [], [], 0
+    for kind, count in parts:
+        for _ in range(count):
+            if kind != "gap":
+                ts.append(t)
+                util.append(kinds[kind])
+            t += 15
+    n = len(ts)
+    procs = np.array(draw(st.lists(st.sampled_from([1.0, 1.0, 1.0, 0.0, float("nan")]), min_size=n, max_size=n)))
+    return GpuSamples(gpu="n1:0", a0=float(draw(st.integers(0, 40))), a1=float(t - draw(st.integers(0, 40))), ts=np.array(ts, dtype=float),
+                      util=np.array(util), procs=procs, sm_active=np.full(n, 0.9), tensor_active=np.full(n, 0.6),
+                      pcie_rx=np.full(n, 1e8), nvlink=np.full(n, 1e9))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rhythmic_gpus(), st.sampled_from([30.0, 300.0]))
+def test_the_low_stretches_are_those_of_a_plain_walk(g, startup_s):
+    t = dataclasses.replace(SMALL, startup_busy_seconds=startup_s, checkpoint_min_seconds=15.0)
+    seconds, rhythm = _walk_low_states(g, t)
+    got = S.gpu_states(g, t, multi_gpu=False)
+    assert {k: got.seconds[k] for k in seconds} == seconds
+    assert got.checkpoints == rhythm
+
+
 # --- one job from the store ---
 
 from gpufleet.analytics.core import Analysis  # noqa: E402
