@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
@@ -283,6 +284,7 @@ from gpufleet.analytics.core import Analysis  # noqa: E402
 from gpufleet.analytics.jobs import job_report, job_summaries  # noqa: E402
 from gpufleet.analytics.params import Params  # noqa: E402
 from gpufleet.analytics.states import job_breakdown  # noqa: E402
+from tests.support.fleet import Fleet  # noqa: E402
 from tests.test_analytics_golden import T as GT, fleet  # noqa: E402, F401 - the golden store fixture
 
 
@@ -306,6 +308,69 @@ def test_a_stored_jobs_breakdown_covers_its_time_with_data_as_the_job_report_cou
     b101 = job_breakdown(fleet.reader(), p, "101", t)  # 45 min at 0 %, then 15 min at 80 %
     assert b101.seconds["idle"] == pytest.approx(45 * 60) or b101.seconds["startup"] == pytest.approx(45 * 60)
     assert job_breakdown(fleet.reader(), p, "nope", t) is None
+
+
+_B = datetime(2026, 5, 4, 10)  # the stored jobs' window: [_B, _B + 3 h)
+_STORED_FIELDS = {"gpu_util": [0.0, 3.0, 50.0, 90.0, None], "compute_processes": [1.0, 1.0, 0.0, None], "sm_active": [0.125, 0.75, None],
+                  "tensor_active": [0.125, 0.5], "pcie_rx_bytes_per_s": [1e8, 2e9, None], "nvlink_tx_bytes_per_s": [0.0, 2e10, None],
+                  "nvlink_rx_bytes_per_s": [1e8, None], "foreign_processes": [None, None, 2.0]}  # float32-exact
+
+
+@st.composite
+def stored_jobs(draw):
+    """Job 77 on 1-3 GPUs (one per host, the mapping without their index) and job 88 beside it on
+    the first host, each GPU sampled in stretches with gaps, written out of time order."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    start = _B + timedelta(seconds=draw(st.integers(0, 3600)))
+    job = (start, start + timedelta(seconds=draw(st.integers(600, 9000))))  # may end past the window
+    gpus = []
+    for k in range(draw(st.integers(1, 3)) + 1):  # the last one is job 88's
+        step = draw(st.sampled_from([15, 60]))
+        t, stretches = _B - timedelta(minutes=20), []
+        for count, gap in draw(st.lists(st.tuples(st.integers(1, 200), st.integers(0, 40)), min_size=1, max_size=4)):
+            stretches.append({t + timedelta(seconds=step * i): {c: v[rng.integers(len(v))] for c, v in _STORED_FIELDS.items()}
+                              for i in range(count)})
+            t += timedelta(seconds=step * (count + gap))
+        gpus.append(("n1" if k == 0 else f"n{k}", f"GPU-{k}", k, step, stretches[::-1]))
+    return job, gpus
+
+
+@settings(max_examples=25, deadline=None)
+@given(stored_jobs())
+def test_a_stored_job_breaks_down_as_its_samples_do(tmp_path_factory, drawn):
+    """The oracle of the store path: job_breakdown (one query, the rows unordered, a slice per
+    GPU) equals job_states over the job's GPUs' samples as they were written."""
+    (start, end), gpus = drawn
+    f = Fleet(tmp_path_factory.mktemp("stored"))
+    for host, uuid, index, step, stretches in gpus[::-1]:  # the job's last GPU's rows first
+        for samples in stretches:
+            f.gpu_series(host, uuid, min(samples), max(samples) + timedelta(seconds=step), step=step, gpu=index,
+                         util=lambda ts, s=samples: s[ts]["gpu_util"], procs=lambda ts, s=samples: s[ts]["compute_processes"],
+                         tensor=lambda ts, s=samples: s[ts]["tensor_active"],
+                         health=lambda ts, s=samples: {c: v for c, v in s[ts].items() if c not in ("gpu_util", "compute_processes", "tensor_active")})
+    f.job("j77", job_id="77", account="a", user="u", start=start, end=end, gpus=len(gpus) - 1, placements=[(h, u) for h, u, *_ in gpus[:-1]])
+    f.job("j88", job_id="88", account="a", user="u", start=_B, end=_B + timedelta(hours=3), gpus=1, placements=[gpus[-1][:2]])
+    f.write()
+    p = Params(_B, _B + timedelta(hours=3))
+    t = dataclasses.replace(Thresholds.of(p, {o.key: o.default for o in S.STATE_OPTIONS}), idle_min_s=300.0, startup_busy_seconds=30.0)
+    epoch = datetime(1970, 1, 1)
+    a0, a1 = ((max(start, p.start) - epoch).total_seconds(), (min(end, p.end) - epoch).total_seconds())
+    oracle = []
+    for host, uuid, index, _, stretches in gpus[:-1]:
+        rows = [(ts, v) for samples in stretches for ts, v in samples.items()]
+        ts = np.array([(t_ - epoch).total_seconds() for t_, _ in rows])
+
+        def col(*names):
+            got = [[v[n] for n in names] for _, v in rows]
+            return np.array([np.nan if all(x is None for x in g) else sum(x or 0.0 for x in g) for g in got])
+
+        seen = ((ts >= a0 - t.max_gap_s) & (ts < a1)).any()  # the mapping has no index: the samples in reach give it
+        oracle.append(GpuSamples(gpu=f"{host}:{index if seen else uuid}", a0=a0, a1=a1, ts=ts, util=col("gpu_util"),
+                                 procs=col("compute_processes"), sm_active=col("sm_active"), tensor_active=col("tensor_active"),
+                                 pcie_rx=col("pcie_rx_bytes_per_s"), nvlink=col("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s"),
+                                 equiv=np.ones(len(rows)), foreign=col("foreign_processes")))
+    got = job_breakdown(f.reader(), p, "77", t)
+    assert got is not None and got.to_json() == job_states(oracle, t).to_json()
 
 
 def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F811
