@@ -1285,6 +1285,8 @@ ORDER BY a.cluster, a.job_key, a.host, a.gpu, a.gpu_instance
 # $lo, $hi: from max_gap before the first allocation's start to the last one's end; $host_lo,
 # $host_hi: the job's hosts' range. Constants, so DuckDB skips the files and row groups outside
 # them (compaction sorts files by host); the join then keeps each allocation's own stretch.
+# Unordered: sorting every sample's row in SQL cost more than the rest of the breakdown; the
+# reader groups the rows by k and orders each GPU's by time in numpy (states.job_breakdown).
 JOB_STATE_SAMPLES = f"""
 SELECT al.k, s.gpu, epoch(s.ts) AS ts, {LINE_COLUMNS.format(s="s.")},
        s.compute_processes::DOUBLE AS procs, s.sm_active::DOUBLE AS sm_active, s.tensor_active::DOUBLE AS tensor_active,
@@ -1296,7 +1298,6 @@ FROM gpu_samples s
 JOIN _job_al al ON al.cluster IS NOT DISTINCT FROM s.cluster AND al.host = s.host AND al.gpu_uuid = s.gpu_uuid AND al.gi = coalesce(s.gpu_instance, -1)
  AND epoch(s.ts) >= al.a0 - $max_gap AND epoch(s.ts) < al.a1
 WHERE s.host >= $host_lo AND s.host <= $host_hi AND s.ts >= $lo AND s.ts < $hi
-ORDER BY al.k, s.ts
 """
 
 # GPUs on which processes of a job not allocated them ran in [$start, $end)

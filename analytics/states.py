@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from statistics import median
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -220,17 +221,17 @@ def _intervals(s: GpuSamples, max_gap_s: float) -> tuple[np.ndarray, np.ndarray,
     return order[keep], start[keep], end[keep]
 
 
-def _runs(flag: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
-    """[i, j) ranges of consecutive intervals with `flag`, broken where time is not contiguous
-    (vectorised: a week of a GPU is 40,000 intervals)."""
+def _runs(flag: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of consecutive intervals with `flag`, broken where time is not contiguous, as two
+    arrays: each run's first interval and the one after its last ([first, last) ranges, in order;
+    together they cover every flagged interval once). Vectorised: a week of a GPU is 40,000
+    intervals, and a job's GPUs are walked one by one."""
     n = len(flag)
-    if n == 0:
-        return []
     joined = np.zeros(n, dtype=bool)  # interval i continues interval i - 1's run
     joined[1:] = flag[1:] & flag[:-1] & (start[1:] == end[:-1])
     first = np.flatnonzero(flag & ~joined)
     last = np.flatnonzero(flag & ~np.append(joined[1:], False)) + 1
-    return list(zip(first.tolist(), last.tolist()))
+    return first, last
 
 
 def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
@@ -247,30 +248,29 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
 
     # startup: everything before the first busy run of startup_busy_seconds
     cum = np.concatenate(([0.0], np.cumsum(dur)))
-    for i, j in _runs(~low, start, end):
-        if cum[j] - cum[i] >= t.startup_busy_seconds:
-            state[:i] = code["startup"]
-            break
+    first, last = _runs(~low, start, end)
+    sustained = np.flatnonzero(cum[last] - cum[first] >= t.startup_busy_seconds)
+    if len(sustained):
+        state[:first[sustained[0]]] = code["startup"]
     free = state < 0
     state[free & (col[_PROCS] == 0)] = code["no_process"]
 
-    # low runs: idle when long, else a dip between busy samples (checkpoint or pause)
-    dips: list[tuple[int, int]] = []
-    for i, j in _runs(low, start, end):
-        length = cum[j] - cum[i]
-        take = state[i:j] < 0
-        if length >= t.idle_min_s:
-            state[i:j][take] = code["idle"]
-        else:
-            state[i:j][take] = code["pause"]
-            bounded = i > 0 and j < n and start[i] == end[i - 1] and end[j - 1] == start[j] and (state[i - 1] != code["startup"])
-            if bounded and length >= t.checkpoint_min_seconds:
-                dips.append((i, j))
-    checkpoints = _checkpoint_rhythm([start[i] for i, _ in dips], [cum[j] - cum[i] for i, j in dips], t)
+    # low runs: idle when long, else a dip between busy samples (checkpoint or pause); a dip is
+    # bounded by busy time on both sides (contiguous, not startup) to count toward a rhythm
+    first, last = _runs(low, start, end)
+    length = cum[last] - cum[first]
+    lows = np.flatnonzero(low)  # the runs' intervals, run after run
+    run_length = np.repeat(length, last - first)
+    open_low = state[lows] < 0
+    state[lows[open_low]] = np.where(run_length[open_low] >= t.idle_min_s, code["idle"], code["pause"])
+    before, after = np.maximum(first - 1, 0), np.minimum(last, n - 1)
+    bounded = ((first > 0) & (last < n) & (start[first] == end[before]) & (end[last - 1] == start[after])
+               & (state[before] != code["startup"]))
+    dip = bounded & (length < t.idle_min_s) & (length >= t.checkpoint_min_seconds)
+    checkpoints = _checkpoint_rhythm(start[first[dip]], length[dip], t)
     if checkpoints is not None:
-        for i, j in dips:
-            sub = state[i:j]
-            sub[sub == code["pause"]] = code["checkpoint"]
+        in_dip = lows[np.repeat(dip, last - first)]
+        state[in_dip[state[in_dip] == code["pause"]]] = code["checkpoint"]
 
     # busy time: input-bound, communication-bound, else compute, or unresolved for want of fields
     busy = state < 0
@@ -298,14 +298,18 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
 
     # GPU-seconds: a MIG slice's time counts as its share (rules above ran on wall time)
     wdur = dur if s.equiv is None else dur * np.asarray(s.equiv, dtype=float)[idx]
-    seconds = {name: float(wdur[state == k].sum()) for k, name in enumerate(STATES)}
-    residue = rest
-    busy_util = float((util[residue] * dur[residue]).sum() / dur[residue].sum()) if dur[residue].sum() > 0 else None
+    # each state's intervals in time order: one stable sort by state, not a mask per state
+    by_state = np.argsort(state.astype(np.int8), kind="stable")
+    edges = np.searchsorted(state[by_state], np.arange(len(STATES) + 1))
+    where = {name: by_state[edges[k]:edges[k + 1]] for k, name in enumerate(STATES)}
+    seconds = {name: float(wdur[i].sum()) for name, i in where.items()}
+    residue = dur[rest]
+    busy_util = float((util[rest] * residue).sum() / residue.sum()) if residue.sum() > 0 else None
     means = {}
     for name, cols in (("input_bound", (_RX, _SM)), ("communication_bound", (_NVL, _TENSOR)), ("compute", (_TENSOR, _SM))):
-        m = state == code[name]
-        means[name] = {c: float((col[c][m] * dur[m]).sum() / dur[m].sum()) for c in cols
-                       if dur[m].sum() > 0 and not np.isnan(col[c][m]).any()}
+        i = where[name]
+        took = dur[i].sum()
+        means[name] = {c: float((col[c][i] * dur[i]).sum() / took) for c in cols if took > 0 and not np.isnan(col[c][i]).any()}
     return GpuStates(gpu=s.gpu, data_s=float(wdur.sum()), seconds=seconds,
                      unknown={k: tuple(f for c in sorted(v) for f in FIELDS[c]) for k, v in unknown.items()},
                      checkpoints=checkpoints, busy_util=busy_util, means=means, foreign_max=_foreign_max(s, idx))
@@ -324,11 +328,11 @@ def _checkpoint_rhythm(starts: Sequence[float], lengths: Sequence[float], t: Thr
     if len(starts) < t.checkpoint_min_count:
         return None
     gaps = np.diff(np.asarray(starts))
-    period = float(np.median(gaps))
+    period = float(median(gaps.tolist()))  # (numpy's median, for a few dozen values, costs ten times more)
     regular = np.abs(gaps - period) <= t.checkpoint_period_tolerance * period
     if period <= 0 or regular.sum() * 2 < len(gaps):
         return None
-    return Checkpoints(count=len(starts), period_s=float(np.median(gaps[regular])), cost_s=float(np.mean(lengths)))
+    return Checkpoints(count=len(starts), period_s=float(median(gaps[regular].tolist())), cost_s=float(np.mean(lengths)))
 
 
 def job_states(gpus: Sequence[GpuSamples], t: Thresholds) -> JobStates:
@@ -422,35 +426,57 @@ def thresholds(doc: Mapping[str, Any], path: Any, p: Any) -> Thresholds:
 def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None:
     """The breakdown of one job (its id as people write it, or its key) in the window of `p`
     (Params): only that job's GPUs and their allocation stretches are read. None: no allocation
-    of the job in the window (the exporters never mapped it)."""
-    import polars as pl
+    of the job in the window (the exporters never mapped it).
+
+    Cost is the job's samples: one query, its Arrow columns taken into numpy once and each GPU's
+    rows a slice of them (no per-GPU frame, no sort of the rows in SQL: gpu_states orders a GPU's
+    samples by time itself)."""
+    import pyarrow as pa
 
     from gpufleet.analytics import sql
 
     cur = con.cursor()
-    bind = {"start": p.start, "end": p.end, "job": job, "cluster": p.filters.cluster, "max_gap": p.max_gap.total_seconds()}
-    al = pl.from_arrow(cur.sql(sql.JOB_STATE_ALLOCATIONS, params=sql.bound(sql.JOB_STATE_ALLOCATIONS, bind)).to_arrow_table())
-    if al.is_empty():
-        return None
-    first = al.row(0, named=True)  # one job: the first cluster's, where an id repeats across clusters
-    al = al.filter((pl.col("cluster") == first["cluster"]) & (pl.col("job_key") == first["job_key"])).with_row_index("k")
-    cur.register("_job_al", al.with_columns(pl.col("k").cast(pl.Int64)).to_arrow())
-    epoch0 = datetime(1970, 1, 1)
-    bind.update(lo=epoch0 + timedelta(seconds=al["a0"].min()) - p.max_gap, hi=epoch0 + timedelta(seconds=al["a1"].max()),
-                host_lo=al["host"].min(), host_hi=al["host"].max())
-    rows = pl.from_arrow(cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table())
-    cur.close()
-    parts = {key[0]: part for key, part in rows.partition_by("k", as_dict=True).items()}
+    try:
+        bind = {"start": p.start, "end": p.end, "job": job, "cluster": p.filters.cluster, "max_gap": p.max_gap.total_seconds()}
+        found = cur.sql(sql.JOB_STATE_ALLOCATIONS, params=sql.bound(sql.JOB_STATE_ALLOCATIONS, bind)).to_arrow_table()
+        if found.num_rows == 0:
+            return None
+        listed = found.to_pylist()
+        # one job: the first cluster's, where an id repeats across clusters
+        mine = [i for i, r in enumerate(listed) if (r["cluster"], r["job_key"]) == (listed[0]["cluster"], listed[0]["job_key"])]
+        al = found.take(mine)
+        al = al.append_column("k", pa.array(np.arange(len(mine), dtype=np.int64)))
+        allocations = [listed[i] for i in mine]
+        cur.register("_job_al", al)
+        epoch0 = datetime(1970, 1, 1)
+        bind.update(lo=epoch0 + timedelta(seconds=min(r["a0"] for r in allocations)) - p.max_gap,
+                    hi=epoch0 + timedelta(seconds=max(r["a1"] for r in allocations)),
+                    host_lo=min(r["host"] for r in allocations), host_hi=max(r["host"] for r in allocations))
+        rows = cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table()
+    finally:
+        cur.close()
+    # each allocation's rows: a slice of the rows ordered by k (stable: a GPU's rows keep their order)
+    k = rows.column("k").to_numpy()
+    order = np.argsort(k, kind="stable")
+    edges = np.searchsorted(k[order], np.arange(len(allocations) + 1))
+    columns = {c: np.asarray(rows.column(c).to_numpy(), dtype=float)[order] for c in _SAMPLE_FIELDS}
     gpus = []
-    for r in al.iter_rows(named=True):
-        mine = parts.get(r["k"], rows.clear())
-        index = r["gpu"] if r["gpu"] is not None else mine["gpu"].drop_nulls().max()  # the mapping may not say it; the samples do
+    for i, r in enumerate(allocations):
+        part = slice(edges[i], edges[i + 1])
+        index = r["gpu"] if r["gpu"] is not None else _sampled_index(columns["gpu"][part])  # the mapping may not say it; the samples do
         name = f"{r['host']}:{index if index is not None else r['gpu_uuid']}" + (f"/{r['gi']}" if r["gi"] is not None and r["gi"] >= 0 else "")
-
-        def col(c: str) -> np.ndarray:
-            return mine[c].cast(pl.Float64).fill_null(float("nan")).to_numpy()
-
-        gpus.append(GpuSamples(gpu=name, a0=float(r["a0"]), a1=float(r["a1"]), ts=col("ts"), util=col("util"), procs=col("procs"),
-                               sm_active=col("sm_active"), tensor_active=col("tensor_active"), pcie_rx=col("pcie_rx"),
-                               nvlink=col("nvlink"), equiv=col("equiv"), foreign=col("foreign_processes")))
+        got = {c: v[part] for c, v in columns.items()}
+        gpus.append(GpuSamples(gpu=name, a0=float(r["a0"]), a1=float(r["a1"]), ts=got["ts"], util=got["util"], procs=got["procs"],
+                               sm_active=got["sm_active"], tensor_active=got["tensor_active"], pcie_rx=got["pcie_rx"],
+                               nvlink=got["nvlink"], equiv=got["equiv"], foreign=got["foreign_processes"]))
     return job_states(gpus, t)
+
+
+# JOB_STATE_SAMPLES' columns a GPU's samples take (as float: NaN where a sample has no such field)
+_SAMPLE_FIELDS = ("gpu", "ts", "util", "procs", "sm_active", "tensor_active", "pcie_rx", "nvlink", "equiv", "foreign_processes")
+
+
+def _sampled_index(gpu: np.ndarray) -> int | None:
+    """The GPU's index as its samples give it (the largest seen), None: none says it."""
+    known = gpu[~np.isnan(gpu)]
+    return int(known.max()) if len(known) else None

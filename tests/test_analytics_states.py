@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
@@ -195,12 +196,95 @@ def test_a_planted_straggler_is_named(n_gpus, data):
     assert js.straggler is not None and js.straggler["gpu"] == f"n{slow}:0"
 
 
+# --- the vectorised walk against a plain one ---
+
+def _walk_low_states(s: GpuSamples, t: Thresholds) -> tuple[dict[str, float], S.Checkpoints | None]:
+    """The oracle: startup, no process, idle, checkpoint and pause by the module doc's rules, as a
+    walk over the intervals one at a time (gpu_states does it with whole-array operations)."""
+    idx, start, end = S._intervals(s, t.max_gap_s)
+    util, procs, dur, n = s.column("util")[idx], s.column("procs")[idx], end - start, len(idx)
+
+    def runs(flag):
+        found, i = [], 0
+        while i < n:
+            j = i + 1
+            while flag[i] and j < n and flag[j] and start[j] == end[j - 1]:
+                j += 1
+            if flag[i]:
+                found.append((i, j))
+            i = j
+        return found
+
+    low = [u < t.idle_threshold for u in util]
+    state: list[str | None] = [None] * n
+    for i, j in runs([not x for x in low]):
+        if sum(dur[i:j]) >= t.startup_busy_seconds:
+            state[:i] = ["startup"] * i
+            break
+    state = [x or ("no_process" if procs[k] == 0 else None) for k, x in enumerate(state)]
+    dips = []
+    for i, j in runs(low):
+        length = sum(dur[i:j])
+        for k in range(i, j):
+            state[k] = state[k] or ("idle" if length >= t.idle_min_s else "pause")
+        bounded = 0 < i and j < n and start[i] == end[i - 1] and end[j - 1] == start[j] and state[i - 1] != "startup"
+        if bounded and t.checkpoint_min_seconds <= length < t.idle_min_s:
+            dips.append((i, j, start[i], length))
+    rhythm = None
+    if len(dips) >= t.checkpoint_min_count:
+        gaps = np.diff([d[2] for d in dips])
+        period = np.median(gaps)
+        regular = np.abs(gaps - period) <= t.checkpoint_period_tolerance * period
+        if period > 0 and regular.sum() * 2 >= len(gaps):
+            rhythm = S.Checkpoints(count=len(dips), period_s=float(np.median(gaps[regular])), cost_s=float(np.mean([d[3] for d in dips])))
+            for i, j, _, _ in dips:
+                state[i:j] = ["checkpoint" if x == "pause" else x for x in state[i:j]]
+    names = ("startup", "no_process", "idle", "checkpoint", "pause")
+    return {name: float(sum(d for d, x in zip(dur, state) if x == name)) for name in names}, rhythm
+
+
+@st.composite
+def rhythmic_gpus(draw):
+    """A GPU of stretches (busy, low, unreported, unsampled) with a recurring dip pattern planted
+    among them half the time; whole seconds, so every sum is exact whatever its order."""
+    kinds = {"busy": 90.0, "low": 0.0, "low3": 3.0, "nan": float("nan")}
+    stretch = st.tuples(st.sampled_from([*kinds, "gap"]), st.integers(1, 50))
+    parts = draw(st.lists(stretch, max_size=12))
+    if draw(st.booleans()):
+        busy, dip = draw(st.integers(2, 30)), draw(st.sampled_from([1, 2, 4, 6, 19, 20]))  # 20 x 15 s: idle_min_s
+        at = draw(st.integers(0, len(parts)))
+        parts[at:at] = [("busy", busy), ("low", dip)] * draw(st.integers(2, 8))
+    ts, util, t = [], [], 0
+    for kind, count in parts:
+        for _ in range(count):
+            if kind != "gap":
+                ts.append(t)
+                util.append(kinds[kind])
+            t += 15
+    n = len(ts)
+    procs = np.array(draw(st.lists(st.sampled_from([1.0, 1.0, 1.0, 0.0, float("nan")]), min_size=n, max_size=n)))
+    return GpuSamples(gpu="n1:0", a0=float(draw(st.integers(0, 40))), a1=float(t - draw(st.integers(0, 40))), ts=np.array(ts, dtype=float),
+                      util=np.array(util), procs=procs, sm_active=np.full(n, 0.9), tensor_active=np.full(n, 0.6),
+                      pcie_rx=np.full(n, 1e8), nvlink=np.full(n, 1e9))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rhythmic_gpus(), st.sampled_from([30.0, 300.0]))
+def test_the_low_stretches_are_those_of_a_plain_walk(g, startup_s):
+    t = dataclasses.replace(SMALL, startup_busy_seconds=startup_s, checkpoint_min_seconds=15.0)
+    seconds, rhythm = _walk_low_states(g, t)
+    got = S.gpu_states(g, t, multi_gpu=False)
+    assert {k: got.seconds[k] for k in seconds} == seconds
+    assert got.checkpoints == rhythm
+
+
 # --- one job from the store ---
 
 from gpufleet.analytics.core import Analysis  # noqa: E402
 from gpufleet.analytics.jobs import job_report, job_summaries  # noqa: E402
 from gpufleet.analytics.params import Params  # noqa: E402
 from gpufleet.analytics.states import job_breakdown  # noqa: E402
+from tests.support.fleet import Fleet  # noqa: E402
 from tests.test_analytics_golden import T as GT, fleet  # noqa: E402, F401 - the golden store fixture
 
 
@@ -224,6 +308,69 @@ def test_a_stored_jobs_breakdown_covers_its_time_with_data_as_the_job_report_cou
     b101 = job_breakdown(fleet.reader(), p, "101", t)  # 45 min at 0 %, then 15 min at 80 %
     assert b101.seconds["idle"] == pytest.approx(45 * 60) or b101.seconds["startup"] == pytest.approx(45 * 60)
     assert job_breakdown(fleet.reader(), p, "nope", t) is None
+
+
+_B = datetime(2026, 5, 4, 10)  # the stored jobs' window: [_B, _B + 3 h)
+_STORED_FIELDS = {"gpu_util": [0.0, 3.0, 50.0, 90.0, None], "compute_processes": [1.0, 1.0, 0.0, None], "sm_active": [0.125, 0.75, None],
+                  "tensor_active": [0.125, 0.5], "pcie_rx_bytes_per_s": [1e8, 2e9, None], "nvlink_tx_bytes_per_s": [0.0, 2e10, None],
+                  "nvlink_rx_bytes_per_s": [1e8, None], "foreign_processes": [None, None, 2.0]}  # float32-exact
+
+
+@st.composite
+def stored_jobs(draw):
+    """Job 77 on 1-3 GPUs (one per host, the mapping without their index) and job 88 beside it on
+    the first host, each GPU sampled in stretches with gaps, written out of time order."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    start = _B + timedelta(seconds=draw(st.integers(0, 3600)))
+    job = (start, start + timedelta(seconds=draw(st.integers(600, 9000))))  # may end past the window
+    gpus = []
+    for k in range(draw(st.integers(1, 3)) + 1):  # the last one is job 88's
+        step = draw(st.sampled_from([15, 60]))
+        t, stretches = _B - timedelta(minutes=20), []
+        for count, gap in draw(st.lists(st.tuples(st.integers(1, 200), st.integers(0, 40)), min_size=1, max_size=4)):
+            stretches.append({t + timedelta(seconds=step * i): {c: v[rng.integers(len(v))] for c, v in _STORED_FIELDS.items()}
+                              for i in range(count)})
+            t += timedelta(seconds=step * (count + gap))
+        gpus.append(("n1" if k == 0 else f"n{k}", f"GPU-{k}", k, step, stretches[::-1]))
+    return job, gpus
+
+
+@settings(max_examples=25, deadline=None)
+@given(stored_jobs())
+def test_a_stored_job_breaks_down_as_its_samples_do(tmp_path_factory, drawn):
+    """The oracle of the store path: job_breakdown (one query, the rows unordered, a slice per
+    GPU) equals job_states over the job's GPUs' samples as they were written."""
+    (start, end), gpus = drawn
+    f = Fleet(tmp_path_factory.mktemp("stored"))
+    for host, uuid, index, step, stretches in gpus[::-1]:  # the job's last GPU's rows first
+        for samples in stretches:
+            f.gpu_series(host, uuid, min(samples), max(samples) + timedelta(seconds=step), step=step, gpu=index,
+                         util=lambda ts, s=samples: s[ts]["gpu_util"], procs=lambda ts, s=samples: s[ts]["compute_processes"],
+                         tensor=lambda ts, s=samples: s[ts]["tensor_active"],
+                         health=lambda ts, s=samples: {c: v for c, v in s[ts].items() if c not in ("gpu_util", "compute_processes", "tensor_active")})
+    f.job("j77", job_id="77", account="a", user="u", start=start, end=end, gpus=len(gpus) - 1, placements=[(h, u) for h, u, *_ in gpus[:-1]])
+    f.job("j88", job_id="88", account="a", user="u", start=_B, end=_B + timedelta(hours=3), gpus=1, placements=[gpus[-1][:2]])
+    f.write()
+    p = Params(_B, _B + timedelta(hours=3))
+    t = dataclasses.replace(Thresholds.of(p, {o.key: o.default for o in S.STATE_OPTIONS}), idle_min_s=300.0, startup_busy_seconds=30.0)
+    epoch = datetime(1970, 1, 1)
+    a0, a1 = ((max(start, p.start) - epoch).total_seconds(), (min(end, p.end) - epoch).total_seconds())
+    oracle = []
+    for host, uuid, index, _, stretches in gpus[:-1]:
+        rows = [(ts, v) for samples in stretches for ts, v in samples.items()]
+        ts = np.array([(t_ - epoch).total_seconds() for t_, _ in rows])
+
+        def col(*names):
+            got = [[v[n] for n in names] for _, v in rows]
+            return np.array([np.nan if all(x is None for x in g) else sum(x or 0.0 for x in g) for g in got])
+
+        seen = ((ts >= a0 - t.max_gap_s) & (ts < a1)).any()  # the mapping has no index: the samples in reach give it
+        oracle.append(GpuSamples(gpu=f"{host}:{index if seen else uuid}", a0=a0, a1=a1, ts=ts, util=col("gpu_util"),
+                                 procs=col("compute_processes"), sm_active=col("sm_active"), tensor_active=col("tensor_active"),
+                                 pcie_rx=col("pcie_rx_bytes_per_s"), nvlink=col("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s"),
+                                 equiv=np.ones(len(rows)), foreign=col("foreign_processes")))
+    got = job_breakdown(f.reader(), p, "77", t)
+    assert got is not None and got.to_json() == job_states(oracle, t).to_json()
 
 
 def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F811
