@@ -485,6 +485,12 @@ class StoreWriter:
             self._retired_snapshots.append((old["file"], self.clock()))
         self.facts[key] = entry
 
+    def retire_facts(self, key: str) -> None:
+        """Unlist the facts file under `key` (retention); deleted after the grace period."""
+        e = self.facts.pop(key, None)
+        if e is not None:
+            self._retired_snapshots.append((e["file"], self.clock()))
+
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
         if e is not None:
@@ -1383,8 +1389,9 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
         "bucket": ("TIMESTAMP", [datetime.fromisoformat(e["bucket"]) for _, e in entries]),
         "tag": ("VARCHAR", [e["tag"] for _, e in entries])})
     if entries:
+        # (by name: files of an older format, with fewer columns, stay listed until upkeep rebuilds them)
         con.execute(f"CREATE VIEW fact_parts AS SELECT * FROM read_parquet({_sql_list([str(d / e['file']) for d, e in entries])}, "
-                    "hive_partitioning = false)")
+                    "hive_partitioning = false, union_by_name = true)")
     else:
         _empty_table(con, "fact_parts", facts.FILE_SCHEMA)
 
