@@ -15,6 +15,10 @@
   a long-term tier, as Prometheus-compatible stores keep downsampled data longer than raw. Such an
   hour's figures come from its summary alone - the same for every window whose edges fall on its
   buckets' edges; a bucket that would be read raw (a window edge inside it) has no data.
+  Facts: a day's 5-minute facts go, all its hours at once, when the day is older than
+  `facts_5m_days`; its hour and day facts when older than `facts_days` (retire_facts). Whole days
+  only, and no grain before what upkeep builds it from (raw samples, 5-minute facts): upkeep never
+  builds a day's facts again from part of its hours, nor an hour's that retention just retired.
 """
 
 from __future__ import annotations
@@ -627,13 +631,19 @@ def settle(w: StoreWriter, now: datetime) -> int:
     return rows
 
 
-def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int, summary_days: int = 0) -> int:
+def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int, summary_days: int = 0,
+                    facts_5m_days: int | None = None, facts_days: int | None = None) -> int:
     """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`, and
     delete job throughput rows older than `rollup_days`; returns files retired + rows deleted +
-    summaries retired. The summary of a closed hour whose sample files go is kept (raw_retired)
+    summaries retired (+ facts files retired). The summary of a closed hour whose sample files go is kept (raw_retired)
     while the hour is younger than `summary_days`, when that is longer than raw_days (0: the
     summaries go with their samples); it goes then. A summary that cannot stand alone (of an older
-    format: nothing could rebuild it) goes with its samples."""
+    format: nothing could rebuild it) goes with its samples. Facts: retire_facts (None: kept)."""
+    if facts_5m_days is not None and facts_days is not None:
+        facts_gone = retire_facts(w, now, raw_days, facts_5m_days, facts_days)
+        if facts_gone:
+            w.publish()
+        return facts_gone + apply_retention(w, now, raw_days, rollup_days, summary_days)
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
@@ -675,6 +685,25 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     return len(old) + len(old_rollups) + old_reports + expired
 
 
+def retire_facts(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days: int, facts_days: int) -> int:
+    """Unlist the facts of the days that ended more than `facts_5m_days` (a day's 5-minute facts,
+    all at once) or `facts_days` (its hour and day facts) before `now`; returns how many files.
+    Upkeep builds a settled hour's facts from its samples and a day's from its hours, so a grain
+    outlives what it is built from: 5-minute facts go no sooner than the raw samples (raw_days),
+    hour and day facts no sooner than the 5-minute ones. The caller publishes."""
+    keep_5m = max(facts_5m_days, raw_days)
+    keep = {"5m": keep_5m, "day": max(facts_days, keep_5m)}
+    gone = 0
+    for key, e in list(w.facts.items()):
+        day_end = datetime.fromisoformat(e["bucket"][:10]) + timedelta(days=1)
+        if day_end <= now - timedelta(days=keep[e["grain"]]):
+            w.retire_facts(key)
+            gone += 1
+    if gone:
+        log.info("retention: retired %d facts files", gone)
+    return gone
+
+
 # --- facts (gpufleet.collector.facts): each settled hour's 5-minute parts, each closed day's hour and day parts ---
 
 _SETTLE_US = round(SETTLE.total_seconds() * 1_000_000)
@@ -682,6 +711,24 @@ _SETTLE_US = round(SETTLE.total_seconds() * 1_000_000)
 
 def _facts_digest(*parts: object) -> str:
     return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def _overlaps(b: int, length: int, span: tuple[int, int] | None) -> bool:
+    return span is None or (b < span[1] and b + length > span[0])
+
+
+def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+    """`gpufleet collect --rebuild-facts`: unlist the facts of the hours and days that overlap
+    `span` (None: all) and build them again from the samples (build_facts: the settled ones that
+    still have samples), then publish. Returns how many hour and day files were written."""
+    us = None if span is None else (epoch_us(span[0]), epoch_us(span[1]))
+    for key, e in list(w.facts.items()):
+        b = epoch_us(datetime.fromisoformat(e["bucket"]))
+        if _overlaps(b, facts.HOUR_US if e["grain"] == "5m" else facts.DAY_US, us):
+            w.retire_facts(key)
+    built = build_facts(w, epoch_us(now), p, us)
+    w.publish()
+    return built
 
 
 def _write_facts(w: StoreWriter, rel: str, parts: pa.Table, tag: str) -> None:
@@ -694,11 +741,12 @@ def _iso(us: int) -> str:
     return from_epoch_us(us).isoformat()
 
 
-def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, int]:
+def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[int, int] | None = None) -> dict[str, int]:
     """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
     in it, the parameters) changed since its file was written, and of every closed day whose
     hours' files changed: exactly the touched buckets and their coarser parents. Returns how
-    many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing."""
+    many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing.
+    `span` (epoch us, [from, to)): only the hours and days that overlap it."""
     tag = p.tag()
     gap = p.gap_us
     files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
@@ -711,7 +759,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, i
                 hours.setdefault(h, []).append(f)
             h += facts.HOUR_US
     built = {"hours": 0, "days": 0}
-    settled = sorted(h for h in hours if h + facts.HOUR_US + _SETTLE_US + gap <= now_us)
+    settled = sorted(h for h in hours if h + facts.HOUR_US + _SETTLE_US + gap <= now_us and _overlaps(h, facts.HOUR_US, span))
     if settled:
         hold = facts.holds(w.db, settled[0], settled[-1] + facts.HOUR_US, p)
     for h in settled:
@@ -733,7 +781,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, i
             h = epoch_us(datetime.fromisoformat(e["bucket"]))
             days.setdefault(h - h % facts.DAY_US, []).append(e["file"])
     for d, fs in sorted(days.items()):
-        if d + facts.DAY_US + _SETTLE_US + gap > now_us:
+        if d + facts.DAY_US + _SETTLE_US + gap > now_us or not _overlaps(d, facts.DAY_US, span):
             continue
         key = f"day/{_iso(d)[:10]}"
         inputs = _facts_digest(sorted(fs), tag)
