@@ -34,7 +34,6 @@ from gpufleet.analytics.params import Filters
 from gpufleet.collector import facts as cf
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
-from gpufleet.times import epoch_us
 
 GPU = ("cluster", "host", "gpu_uuid", "gi")
 CODES = [13, 31, 43, 48, 79, 94]
@@ -216,4 +215,3 @@ def test_unknown_stays_null_and_known_zero_stays_zero(tmp_path):
     assert h["GPU-prop-0"]["xid_samples"] is None and h["GPU-prop-0"]["ecc_sbe_new"] is None and h["GPU-prop-0"]["thermal_throttle_pct"] is None
     assert h["GPU-prop-1"]["xid_samples"] == 0 and h["GPU-prop-1"]["ecc_sbe_new"] == 0 and h["GPU-prop-1"]["thermal_throttle_pct"] == 0
     assert h["GPU-prop-1"]["samples"] == 240 and h["GPU-prop-1"]["tensor_active_mean"] == 0.0
-    assert epoch_us(at(0)) % cf.HOUR_US == 0

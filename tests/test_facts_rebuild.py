@@ -4,18 +4,16 @@ samples (lost or damaged files): its hours and days only, and the figures then e
 
 from __future__ import annotations
 
-import argparse
-import io
 from pathlib import Path
 
+from test_analytics_properties import at
 from test_analytics_summaries import split
-from test_facts import mismatches, oracle, params, summary_params
 from test_facts import from_facts as figures_from_facts
+from test_facts import mismatches, oracle, params, summary_params
 
-from gpufleet.collector import cli as collector_cli
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
-from test_analytics_properties import at
+from tests.support.collect import run_collect
 
 DAY = 86400
 FLEET = {"gpus": [{"gpu": g, "host": "h0", "uuid": f"GPU-prop-{g}", "samples": [(t, 20.0 * g + (t // 900) % 3, 1.0) for t in range(0, 2 * DAY, 30)]}
@@ -38,14 +36,7 @@ def facts_bytes(root: Path) -> dict[str, bytes]:
 
 
 def rebuild(root: Path, tmp: Path, *span: str) -> tuple[int, str]:
-    cfg = tmp / "g.toml"
-    cfg.write_text(f'[collector]\nstore = "{root}"\nlisten = ""\n[collector.scrape]\ntargets = ["127.0.0.1:9"]\n'
-                   f'[analytics]\nmax_gap_seconds = 30.0\nidle_min_duration_seconds = {FLEET["idle_min"]}.0\n')
-    p = argparse.ArgumentParser()
-    collector_cli.add_arguments(p)
-    out = io.StringIO()
-    rc = collector_cli.run(p.parse_args(["--config", str(cfg), "--rebuild-facts", *span]), out=out)
-    return rc, out.getvalue()
+    return run_collect(tmp, root, f"max_gap_seconds = 30.0\nidle_min_duration_seconds = {FLEET['idle_min']}.0\n", "--rebuild-facts", *span)
 
 
 def test_a_store_without_facts_gets_upkeeps_facts_byte_for_byte(tmp_path):
