@@ -718,15 +718,11 @@ def _overlaps(b: int, length: int, span: tuple[int, int] | None) -> bool:
 
 
 def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None) -> dict[str, int]:
-    """`gpufleet collect --rebuild-facts`: unlist the facts of the hours and days that overlap
-    `span` (None: all) and build them again from the samples (build_facts: the settled ones that
-    still have samples), then publish. Returns how many hour and day files were written."""
-    us = None if span is None else (epoch_us(span[0]), epoch_us(span[1]))
-    for key, e in list(w.facts.items()):
-        b = epoch_us(datetime.fromisoformat(e["bucket"]))
-        if _overlaps(b, facts.HOUR_US if e["grain"] == "5m" else facts.DAY_US, us):
-            w.retire_facts(key)
-    built = build_facts(w, epoch_us(now), p, us)
+    """`gpufleet collect --rebuild-facts`: build the facts of the settled hours and closed days that
+    overlap `span` (None: all) again, whether or not their inputs changed (a file lost or damaged),
+    then publish. An hour without samples left (retention) keeps its facts, and so does a day
+    without 5-minute facts left. Returns how many hour and day files were written."""
+    built = build_facts(w, epoch_us(now), p, None if span is None else (epoch_us(span[0]), epoch_us(span[1])), force=True)
     w.publish()
     return built
 
@@ -741,12 +737,14 @@ def _iso(us: int) -> str:
     return from_epoch_us(us).isoformat()
 
 
-def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[int, int] | None = None) -> dict[str, int]:
+def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[int, int] | None = None,
+                force: bool = False) -> dict[str, int]:
     """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
     in it, the parameters) changed since its file was written, and of every closed day whose
     hours' files changed: exactly the touched buckets and their coarser parents. Returns how
     many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing.
-    `span` (epoch us, [from, to)): only the hours and days that overlap it."""
+    `span` (epoch us, [from, to)): only the hours and days that overlap it; `force`: those whose
+    inputs did not change too."""
     tag = p.tag()
     gap = p.gap_us
     files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
@@ -766,7 +764,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         key = f"5m/{_iso(h)}"
         inputs = _facts_digest(sorted(hours[h]), facts.holds_digest(hold, h, h + facts.HOUR_US), tag)
         old = w.facts.get(key)
-        if old is not None and old["inputs"] == inputs:
+        if not force and old is not None and old["inputs"] == inputs:
             continue
         q = facts.samples_query(sample_source(w.db, [str(w.root / f) for f in sorted(hours[h])]))
         samples = w.db.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": gap}).to_arrow_table()
@@ -786,7 +784,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         key = f"day/{_iso(d)[:10]}"
         inputs = _facts_digest(sorted(fs), tag)
         old = w.facts.get(key)
-        if old is not None and old["inputs"] == inputs:
+        if not force and old is not None and old["inputs"] == inputs:
             continue
         fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false)").to_arrow_table()
         hourly = facts.join_parts(fine.cast(facts.SCHEMA), facts.GRAIN_1H, p)

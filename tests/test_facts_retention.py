@@ -12,7 +12,7 @@ from test_facts import params, store
 from gpufleet.analytics.facts import FactWindow
 from gpufleet.collector import facts as cf
 from gpufleet.collector.config import RETENTION
-from gpufleet.collector.maintenance import apply_retention, build_facts
+from gpufleet.collector.maintenance import apply_retention, build_facts, rebuild_facts
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.times import epoch_us
 
@@ -53,6 +53,9 @@ def test_retention_retires_whole_days_of_each_grain_and_upkeep_leaves_them_retir
     assert retired >= 3 * 24 + 2  # the 5-minute facts of 3 days (24 hours each), 2 day files, and sample files
     # upkeep finds nothing to build: no sample file, no hour of a retired day
     assert build_facts(w, epoch_us(now), fp) == {"hours": 0, "days": 0}
+    assert kept(w) == {"5m": set(days[3:]), "day": set(days[2:])}
+    # nor a rebuild of the whole store: a day with neither samples nor 5-minute facts left keeps its day facts
+    assert rebuild_facts(w, now, fp)["days"] == 1  # (the last day's, from its 5-minute facts)
     assert kept(w) == {"5m": set(days[3:]), "day": set(days[2:])}
     # a day's hour facts are its day file's: the day file kept stands for its hours without its 5-minute facts
     w.publish()
