@@ -771,7 +771,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         parts = facts.build_parts(samples, hold, h, h + facts.HOUR_US, p)
         rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{inputs}.parquet"
         _write_facts(w, rel, parts, tag)
-        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "tag": tag})
+        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "tag": tag, "format": facts.FORMAT_VERSION})
         built["hours"] += 1
     days: dict[int, list[str]] = {}
     for key, e in w.facts.items():
@@ -791,6 +791,6 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
         rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
         _write_facts(w, rel, pa.concat_tables([hourly, daily]), tag)
-        w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag})
+        w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag, "format": facts.FORMAT_VERSION})
         built["days"] += 1
     return built

@@ -1383,15 +1383,16 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
     none yet (each shard's facts are its own GPUs'), so their windows are cut from raw samples."""
     from gpufleet.collector import facts
 
-    entries = [(d, e) for d, m in parts for e in m.get("facts", [])] if len(parts) == 1 else []
+    # (files of an older format - fewer columns - stay listed until upkeep writes them again: their
+    # buckets are read raw meanwhile, as the parts of other parameters are)
+    entries = [(d, e) for d, m in parts for e in m.get("facts", []) if e.get("format") == facts.FORMAT_VERSION] if len(parts) == 1 else []
     _table_of_lists(con, "fact_files", {
         "grain_s": ("INTEGER", [facts.GRAIN_5M if e["grain"] == "5m" else facts.GRAIN_1D for _, e in entries]),
         "bucket": ("TIMESTAMP", [datetime.fromisoformat(e["bucket"]) for _, e in entries]),
         "tag": ("VARCHAR", [e["tag"] for _, e in entries])})
     if entries:
-        # (by name: files of an older format, with fewer columns, stay listed until upkeep rebuilds them)
         con.execute(f"CREATE VIEW fact_parts AS SELECT * FROM read_parquet({_sql_list([str(d / e['file']) for d, e in entries])}, "
-                    "hive_partitioning = false, union_by_name = true)")
+                    "hive_partitioning = false)")
     else:
         _empty_table(con, "fact_parts", facts.FILE_SCHEMA)
 
