@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--rebuild-summaries", action="store_true",
                       help="build every per-GPU summary that is missing or stale (after a change of [analytics] idle_threshold_percent, "
                            "max_gap_seconds or idle_min_duration_seconds, or a backfill), on [analytics] dask_scheduler if set, and exit")
+    mode.add_argument("--rebuild-facts", nargs="*", metavar="TIME",
+                      help="build again from the raw samples the facts (the derived tier) of the hours and days overlapping START END "
+                           "(two TIMEs, ISO 8601, UTC unless an offset is given; none: the whole store), and exit")
 
 
 def build(opts: dict[str, Any]):
@@ -133,6 +136,34 @@ def _rebuild_summaries(collector, out) -> int:
     return 0
 
 
+def _span(flag: str, texts: list[str] | None) -> list | None:
+    """A START END pair of a flag as times (None: not given or empty); START must be before END."""
+    if not texts:
+        return None
+    span = [parse_time(t) for t in texts]
+    if span[0] >= span[1]:
+        raise ConfigError(f"{flag} {texts[0]} {texts[1]}: START must be before END")
+    return span
+
+
+def _rebuild_facts(collector, span, out) -> int:
+    """--rebuild-facts; 1 when it fails (what failed is logged)."""
+    from gpufleet.collector.store import StoreError
+
+    where = "the whole store" if span is None else f"{span[0].isoformat()} to {span[1].isoformat()}"
+    out.write(f"rebuilding the facts of {where} in {collector.writer.root}\n")
+    out.flush()
+    try:
+        built = collector.rebuild_facts(None if span is None else tuple(span))
+    except (StoreError, OSError) as e:
+        log.error("rebuilding the facts of %s failed: %s (run it again: the hours written are kept)", collector.writer.root, e)
+        return 1
+    finally:
+        collector.writer.close()
+    out.write(f"facts: {built['hours']} hours of 5-minute facts and {built['days']} days of hour and day facts built\n")
+    return 0
+
+
 def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJob] = ()) -> int:
     """`scheduled_jobs`: each is given the config document and path at start (so it can reject a bad
     section then) and returns a callable that adds its job to the service's scheduler, or None.
@@ -142,10 +173,12 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
 
     try:
         doc = load_config(args.config)
-        window = [parse_time(t) for t in args.backfill] if args.backfill else None
-        if window and window[0] >= window[1]:
-            raise ConfigError(f"--backfill {args.backfill[0]} {args.backfill[1]}: START must be before END")
-        service = not (args.once or window or args.rebuild_summaries)
+        window = _span("--backfill", args.backfill)
+        rebuild_facts = args.rebuild_facts
+        if rebuild_facts is not None and len(rebuild_facts) not in (0, 2):
+            raise ConfigError(f"--rebuild-facts {' '.join(rebuild_facts)}: expected START END, or nothing (the whole store)")
+        facts_span = _span("--rebuild-facts", rebuild_facts)
+        service = not (args.once or window or args.rebuild_summaries or rebuild_facts is not None)
         opts, extra_jobs = gather(lambda: config.load(doc, args.config, shard=args.shard),
                                   lambda: [add for make in scheduled_jobs if (add := make(doc, args.config))] if service else [])
         collector = build(opts)
@@ -160,6 +193,8 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
         return 1
     if args.rebuild_summaries:
         return _rebuild_summaries(collector, out or sys.stderr)
+    if rebuild_facts is not None:
+        return _rebuild_facts(collector, facts_span, out or sys.stderr)
     if args.once or window:
         # an empty result reporting success is a defect: fail when nothing at all was recognized
         collector.reset_recognized()
@@ -187,5 +222,5 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
             out.flush()
     ret = opts["retention"]
     collector.serve(stop, maintenance_interval=ret["compact_interval"], raw_days=ret["raw_days"], rollup_days=ret["rollup_days"],
-                    summary_days=ret["summary_days"], extra_jobs=extra_jobs)
+                    summary_days=ret["summary_days"], facts_5m_days=ret["facts_5m_days"], facts_days=ret["facts_days"], extra_jobs=extra_jobs)
     return 0

@@ -34,6 +34,8 @@
     [collector.retention]
     raw_days = 35
     summary_days = 90                   # per-GPU summaries kept after the raw samples go (exact figures of whole buckets)
+    facts_5m_days = 35                  # the facts' 5-minute grain
+    facts_days = 400                    # the facts' hour and day grains
 
     [analytics]                         # read here too: the summaries' parameters, and where rebuilds and backfills run
     idle_threshold_percent = 5.0
@@ -132,6 +134,11 @@ RETENTION = (
     # the per-GPU summaries of hours older than raw_days, kept until summary_days (0 or <= raw_days:
     # they go with their samples); at 100,000 GPUs a day's take ~1.2 GB against ~3 GB of samples
     Option("summary_days", 90, "an integer >= 0 (days the per-GPU summaries outlive the raw samples to; 0: they go with them)", integer(0)),
+    # facts (gpufleet.collector.facts): a day's 5-minute facts go whole once the day is older than
+    # facts_5m_days (but not before its raw samples), its hour and day facts after facts_days (but
+    # not before its 5-minute facts): maintenance.retire_facts
+    Option("facts_5m_days", 35, "an integer >= 1 (days the 5-minute facts are kept)", integer(1)),
+    Option("facts_days", 400, "an integer >= 1 (days the hour and day facts are kept)", integer(1)),
     Option("compact_interval", 600.0, "a number of seconds > 0 (compaction, rollups and retention)", number(0)),
 )
 

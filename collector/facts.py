@@ -15,6 +15,23 @@ seconds, not yet times the MIG share, which readers take from model and mig_prof
   idle_whole                         the whole part is one idle run (head = tail = p1 - p0)
   idle_inner_us                      idle runs touching neither edge, each at least idle_min long
   nop_head_us, nop_tail_us, nop_whole, nop_inner_us: the same for "held with no compute process"
+  <field>_known_s, <field>_s         per profiling field (PROFILING: tensor, SM, DRAM, FP64/32/16
+                                      activity): the seconds it is known, and activity x seconds
+                                      over them (NULL: never known), so a mean composes exactly
+  clocked_s, tensor_clock_s, tensor_clocked_s: MFU's estimate inputs (analytics.mfu): the seconds
+                                      with tensor activity and an SM clock known, tensor x clock
+                                      (MHz) x seconds and tensor x seconds over them
+  samples_n                          the samples whose time lies in the part (each counted once)
+  xid_n, xid_codes                   of them, those showing an XID (NULL: the field never reported),
+                                      and per code its first sample time and count (NULL: none)
+  ecc_sbe_first/_last, ecc_dbe_first/_last: the first and last value of the volatile ECC counters
+                                      in the part (NULL: none reported); a window's new errors are
+                                      its latest part's last minus its earliest part's first, as
+                                      gpufleet.analytics.health has them (a sum of per-part rises
+                                      would lose the rises between parts)
+  reasons_known_s, reasons_known_n   seconds and samples with clock-event reasons known; per reason
+  <reason>_s, <reason>_n             (THROTTLE_REASONS) the seconds and samples with its bits set
+                                      (NULL: no reasons known)
 
 Sample intervals follow contract 4 (gpufleet.analytics.gputime is the oracle): a sample holds until
 the next sample of its GPU, at most max_gap. A part's facts depend on its own samples and the last
@@ -41,10 +58,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, LINE_COLUMNS
+from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
 from gpufleet.collector.summaries import intervals, segments, split
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -82,8 +99,18 @@ class FactParams:
 
 _GPU = ("cluster", "host", "gpu_uuid", "gi")
 _HOLDER = ("scheduler", "job_key")
-_SUMS = ("covered_s", "data_s", "busy_s", "nop_s", "energy_j")
+# Profiling fields (gpu_samples columns, ratios 0-1) whose known seconds and activity x seconds parts carry
+PROFILING = ("tensor_active", "sm_active", "dram_active", "fp64_active", "fp32_active", "fp16_active")
+# Clock-event reason columns and their DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits (schema's, as the health summaries)
+THROTTLE_REASONS = {"thermal_throttle": THERMAL_BITS, "power_throttle": POWER_BITS, "hw_slowdown": HW_SLOWDOWN_BITS}
+ECC_COUNTERS = ("ecc_sbe", "ecc_dbe")  # the volatile counters (gpu_samples' ecc_sbe_vol, ecc_dbe_vol)
+_SUMS = ("covered_s", "data_s", "busy_s", "nop_s", "energy_j", "samples_n", "clocked_s", "reasons_known_s", "reasons_known_n",
+         *(f"{f}_known_s" for f in PROFILING))
+# sums that are NULL where nothing in the part was known (a NULL part adds nothing; all NULL stays NULL)
+_KNOWN_SUMS = ("tensor_clock_s", "tensor_clocked_s", "xid_n", *(f"{f}_s" for f in PROFILING),
+               *(f"{r}_{u}" for r in THROTTLE_REASONS for u in ("s", "n")))
 _MAXES = ("fb_max_mib", "temp_max_c")
+XID_CODES = pa.list_(pa.struct([("code", pa.int64()), ("first_ts", pa.int64()), ("n", pa.int64())]))
 SCHEMA = pa.schema([
     ("cluster", pa.string()), ("host", pa.string()), ("gpu_uuid", pa.string()), ("gi", pa.int16()),
     ("gpu", pa.int16()), ("model", pa.string()), ("mig_profile", pa.string()),
@@ -94,15 +121,26 @@ SCHEMA = pa.schema([
     ("first_ts", pa.int64()), ("last_ts", pa.int64()),
     ("idle_head_us", pa.int64()), ("idle_tail_us", pa.int64()), ("idle_whole", pa.bool_()), ("idle_inner_us", pa.int64()),
     ("nop_head_us", pa.int64()), ("nop_tail_us", pa.int64()), ("nop_whole", pa.bool_()), ("nop_inner_us", pa.int64()),
+    *((c, pa.float64()) for f in PROFILING for c in (f"{f}_known_s", f"{f}_s")),
+    ("clocked_s", pa.float64()), ("tensor_clock_s", pa.float64()), ("tensor_clocked_s", pa.float64()),
+    ("samples_n", pa.int64()), ("xid_n", pa.int64()), ("xid_codes", XID_CODES),
+    *((f"{e}_{end}", pa.int64()) for e in ECC_COUNTERS for end in ("first", "last")),
+    ("reasons_known_s", pa.float64()), ("reasons_known_n", pa.int64()),
+    *((f"{r}_{u}", pa.float64() if u == "s" else pa.int64()) for r in THROTTLE_REASONS for u in ("s", "n")),
 ])
 
 # The samples parts are built from: every GPU's in time order, over [$lo - max_gap, $hi) (epoch us).
-# {source}: gpu_samples (a reader's view) or read_parquet of an hour's files (upkeep).
+# {source}: gpu_samples (a reader's view) or read_parquet of an hour's files (upkeep). Unknown is
+# NaN for measures, -1 for codes and counters (never negative).
 SAMPLES = f"""
 SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile, epoch_us(ts) AS ts,
        {LINE_COLUMNS.format(s="")},
        coalesce(power_w::DOUBLE, 'NaN'::DOUBLE) AS power, coalesce(fb_used_mib::DOUBLE, 'NaN'::DOUBLE) AS fb,
-       coalesce(gpu_temp_c::DOUBLE, 'NaN'::DOUBLE) AS temp
+       coalesce(gpu_temp_c::DOUBLE, 'NaN'::DOUBLE) AS temp,
+       {", ".join(f"coalesce({f}::DOUBLE, 'NaN'::DOUBLE) AS {f}" for f in PROFILING)},
+       coalesce(sm_clock_mhz::DOUBLE, 'NaN'::DOUBLE) AS clock,
+       coalesce(xid_last, -1) AS xid, coalesce(ecc_sbe_vol, -1) AS ecc_sbe, coalesce(ecc_dbe_vol, -1) AS ecc_dbe,
+       coalesce(clocks_event_reasons, -1) AS reasons
 FROM {{source}}
 WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi) {{where}}
 ORDER BY cluster, host, gpu_uuid, gi, ts
@@ -197,8 +235,65 @@ def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: Fa
         fb_max_mib=pa.array(fb_max, mask=np.isnan(fb_max)), temp_max_c=pa.array(temp_max, mask=np.isnan(temp_max)),
         first_ts=pa.array(np.minimum.reduceat(p0, starts)), last_ts=pa.array(np.maximum.reduceat(p0, starts)),
         **{f"idle_{c}": v for c, v in idle.items()}, **{f"nop_{c}": v for c, v in nops.items()},
+        **_profiling_and_health(samples, i, ts[i] == p0, sec, grp, starts),
     )
     return _with_holders(pa.table(stretch), gk[i[starts]], hg, ha0, ha1, hold)
+
+
+def _profiling_and_health(samples: pa.Table, i: np.ndarray, own: np.ndarray, sec: np.ndarray, grp: np.ndarray,
+                          starts: np.ndarray) -> dict[str, pa.Array]:
+    """The profiling, MFU-clock, XID, ECC and throttle columns of the stretches (pieces of samples
+    i, `sec` long, grouped by grp from `starts`). Time-weighted columns add every piece; sample
+    counts and counter values only a sample's own piece (`own`: the one starting at its time)."""
+    col = lambda c: samples[c].to_numpy(zero_copy_only=False)[i]  # noqa: E731
+    total = lambda x: np.add.reduceat(x, starts)  # noqa: E731 - one sum per stretch
+    anyof = lambda x: np.logical_or.reduceat(x, starts)  # noqa: E731
+
+    def known_sum(x: np.ndarray, known: np.ndarray) -> pa.Array:
+        return pa.array(total(np.where(known, x, 0)), mask=~anyof(known))
+
+    out: dict[str, pa.Array] = {}
+    for f in PROFILING:
+        x = col(f).astype(np.float64)
+        k = ~np.isnan(x)
+        out[f"{f}_known_s"], out[f"{f}_s"] = pa.array(total(np.where(k, sec, 0.0))), known_sum(x * sec, k)
+    tensor, clock = col("tensor_active").astype(np.float64), col("clock").astype(np.float64)
+    clocked = ~np.isnan(tensor) & ~np.isnan(clock)
+    out["clocked_s"] = pa.array(total(np.where(clocked, sec, 0.0)))
+    out["tensor_clock_s"], out["tensor_clocked_s"] = known_sum(tensor * clock * sec, clocked), known_sum(tensor * sec, clocked)
+    out["samples_n"] = pa.array(total(own.astype(np.int64)))
+    xid = col("xid").astype(np.int64)
+    out["xid_n"] = known_sum((xid > 0).astype(np.int64), own & (xid >= 0))
+    out["xid_codes"] = _xid_codes(grp, own & (xid > 0), xid, col("ts").astype(np.int64), len(starts))
+    at = np.arange(len(i))
+    for e in ECC_COUNTERS:
+        v = col(e).astype(np.int64)
+        k = own & (v >= 0)
+        first, last = np.minimum.reduceat(np.where(k, at, len(at)), starts), np.maximum.reduceat(np.where(k, at, -1), starts)
+        has = last >= 0
+        out[f"{e}_first"] = pa.array(v[np.where(has, first, 0)], mask=~has)
+        out[f"{e}_last"] = pa.array(v[np.where(has, last, 0)], mask=~has)
+    reasons = col("reasons").astype(np.int64)
+    rk = reasons >= 0
+    out["reasons_known_s"], out["reasons_known_n"] = pa.array(total(np.where(rk, sec, 0.0))), pa.array(total((own & rk).astype(np.int64)))
+    for r, bits in THROTTLE_REASONS.items():
+        hit = rk & ((reasons & bits) != 0)
+        out[f"{r}_s"], out[f"{r}_n"] = known_sum(np.where(hit, sec, 0.0), rk), known_sum(hit.astype(np.int64), own & rk)
+    return out
+
+
+def _xid_codes(grp: np.ndarray, hit: np.ndarray, code: np.ndarray, ts: np.ndarray, n: int) -> pa.Array:
+    """Per group (n of them): each XID code its `hit` rows show, with the first time and count (NULL: none)."""
+    by: dict[int, dict[int, list[int]]] = {}
+    for g, c, t in zip(grp[hit].tolist(), code[hit].tolist(), ts[hit].tolist()):
+        e = by.setdefault(g, {}).setdefault(c, [t, 0])
+        e[0], e[1] = min(e[0], t), e[1] + 1
+    return _codes_array(by, n)
+
+
+def _codes_array(by: dict[int, dict[int, list[int]]], n: int) -> pa.Array:
+    return pa.array([[{"code": c, "first_ts": t, "n": k} for c, (t, k) in sorted(by[g].items())] if g in by else None
+                     for g in range(n)], XID_CODES)
 
 
 def _gpu_numbers(key: pa.Table) -> np.ndarray:
@@ -296,6 +391,17 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
         x = np.fmax.reduceat(parts[c].to_numpy(zero_copy_only=False).astype(np.float64), at)
         out[c] = pa.array(x, mask=np.isnan(x))
     out["first_ts"], out["last_ts"] = pa.array(np.minimum.reduceat(col("first_ts"), at)), pa.array(np.maximum.reduceat(col("last_ts"), at))
+    for c in _KNOWN_SUMS:
+        known = parts[c].is_valid().to_numpy(zero_copy_only=False)
+        out[c] = pa.array(np.add.reduceat(parts[c].fill_null(0).to_numpy(), at), mask=~np.logical_or.reduceat(known, at))
+    rows = np.arange(n)
+    for c in (f"{e}_{end}" for e in ECC_COUNTERS for end in ("first", "last")):  # the earliest / latest part's that has one
+        known = parts[c].is_valid().to_numpy(zero_copy_only=False)
+        pick = (np.minimum.reduceat(np.where(known, rows, n), at) if c.endswith("_first")
+                else np.maximum.reduceat(np.where(known, rows, -1), at))
+        has = (pick >= 0) & (pick < n)
+        out[c] = pa.array(parts[c].fill_null(0).to_numpy()[np.where(has, pick, 0)], mask=~has)
+    out["xid_codes"] = _joined_codes(grp, parts["xid_codes"], len(at))
     for kind in ("idle", "nop"):
         head, tail, inner = chain_runs(grp, p0, p1, col(f"{kind}_head_us"), col(f"{kind}_tail_us"), p.idle_min_us)
         g0, g1 = p0[at], p1[last]
@@ -303,6 +409,16 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
         out[f"{kind}_whole"] = pa.array(head == g1 - g0)
         out[f"{kind}_inner_us"] = pa.array(np.add.reduceat(col(f"{kind}_inner_us"), at) + inner)
     return _ordered(pa.table(out))
+
+
+def _joined_codes(grp: np.ndarray, codes: pa.ChunkedArray, n: int) -> pa.Array:
+    """xid_codes of parts joined into n groups (grp): per code the earliest first time, the counts added."""
+    by: dict[int, dict[int, list[int]]] = {}
+    for r in np.flatnonzero(codes.is_valid().to_numpy(zero_copy_only=False)).tolist():
+        for x in codes[r].as_py():
+            e = by.setdefault(int(grp[r]), {}).setdefault(x["code"], [x["first_ts"], 0])
+            e[0], e[1] = min(e[0], x["first_ts"]), e[1] + x["n"]
+    return _codes_array(by, n)
 
 
 def chain_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, head: np.ndarray, tail: np.ndarray,

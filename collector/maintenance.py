@@ -15,6 +15,10 @@
   a long-term tier, as Prometheus-compatible stores keep downsampled data longer than raw. Such an
   hour's figures come from its summary alone - the same for every window whose edges fall on its
   buckets' edges; a bucket that would be read raw (a window edge inside it) has no data.
+  Facts: a day's 5-minute facts go, all its hours at once, when the day is older than
+  `facts_5m_days`; its hour and day facts when older than `facts_days` (retire_facts). Whole days
+  only, and no grain before what upkeep builds it from (raw samples, 5-minute facts): upkeep never
+  builds a day's facts again from part of its hours, nor an hour's that retention just retired.
 """
 
 from __future__ import annotations
@@ -627,13 +631,19 @@ def settle(w: StoreWriter, now: datetime) -> int:
     return rows
 
 
-def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int, summary_days: int = 0) -> int:
+def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int, summary_days: int = 0,
+                    facts_5m_days: int | None = None, facts_days: int | None = None) -> int:
     """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`, and
     delete job throughput rows older than `rollup_days`; returns files retired + rows deleted +
-    summaries retired. The summary of a closed hour whose sample files go is kept (raw_retired)
+    summaries retired (+ facts files retired). The summary of a closed hour whose sample files go is kept (raw_retired)
     while the hour is younger than `summary_days`, when that is longer than raw_days (0: the
     summaries go with their samples); it goes then. A summary that cannot stand alone (of an older
-    format: nothing could rebuild it) goes with its samples."""
+    format: nothing could rebuild it) goes with its samples. Facts: retire_facts (None: kept)."""
+    if facts_5m_days is not None and facts_days is not None:
+        facts_gone = retire_facts(w, now, raw_days, facts_5m_days, facts_days)
+        if facts_gone:
+            w.publish()
+        return facts_gone + apply_retention(w, now, raw_days, rollup_days, summary_days)
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
@@ -675,6 +685,25 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     return len(old) + len(old_rollups) + old_reports + expired
 
 
+def retire_facts(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days: int, facts_days: int) -> int:
+    """Unlist the facts of the days that ended more than `facts_5m_days` (a day's 5-minute facts,
+    all at once) or `facts_days` (its hour and day facts) before `now`; returns how many files.
+    Upkeep builds a settled hour's facts from its samples and a day's from its hours, so a grain
+    outlives what it is built from: 5-minute facts go no sooner than the raw samples (raw_days),
+    hour and day facts no sooner than the 5-minute ones. The caller publishes."""
+    keep_5m = max(facts_5m_days, raw_days)
+    keep = {"5m": keep_5m, "day": max(facts_days, keep_5m)}
+    gone = 0
+    for key, e in list(w.facts.items()):
+        day_end = datetime.fromisoformat(e["bucket"][:10]) + timedelta(days=1)
+        if day_end <= now - timedelta(days=keep[e["grain"]]):
+            w.retire_facts(key)
+            gone += 1
+    if gone:
+        log.info("retention: retired %d facts files", gone)
+    return gone
+
+
 # --- facts (gpufleet.collector.facts): each settled hour's 5-minute parts, each closed day's hour and day parts ---
 
 _SETTLE_US = round(SETTLE.total_seconds() * 1_000_000)
@@ -682,6 +711,20 @@ _SETTLE_US = round(SETTLE.total_seconds() * 1_000_000)
 
 def _facts_digest(*parts: object) -> str:
     return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+
+
+def _overlaps(b: int, length: int, span: tuple[int, int] | None) -> bool:
+    return span is None or (b < span[1] and b + length > span[0])
+
+
+def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+    """`gpufleet collect --rebuild-facts`: build the facts of the settled hours and closed days that
+    overlap `span` (None: all) again, whether or not their inputs changed (a file lost or damaged),
+    then publish. An hour without samples left (retention) keeps its facts, and so does a day
+    without 5-minute facts left. Returns how many hour and day files were written."""
+    built = build_facts(w, epoch_us(now), p, None if span is None else (epoch_us(span[0]), epoch_us(span[1])), force=True)
+    w.publish()
+    return built
 
 
 def _write_facts(w: StoreWriter, rel: str, parts: pa.Table, tag: str) -> None:
@@ -694,11 +737,14 @@ def _iso(us: int) -> str:
     return from_epoch_us(us).isoformat()
 
 
-def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, int]:
+def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[int, int] | None = None,
+                force: bool = False) -> dict[str, int]:
     """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
     in it, the parameters) changed since its file was written, and of every closed day whose
     hours' files changed: exactly the touched buckets and their coarser parents. Returns how
-    many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing."""
+    many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing.
+    `span` (epoch us, [from, to)): only the hours and days that overlap it; `force`: those whose
+    inputs did not change too."""
     tag = p.tag()
     gap = p.gap_us
     files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
@@ -711,21 +757,21 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, i
                 hours.setdefault(h, []).append(f)
             h += facts.HOUR_US
     built = {"hours": 0, "days": 0}
-    settled = sorted(h for h in hours if h + facts.HOUR_US + _SETTLE_US + gap <= now_us)
+    settled = sorted(h for h in hours if h + facts.HOUR_US + _SETTLE_US + gap <= now_us and _overlaps(h, facts.HOUR_US, span))
     if settled:
         hold = facts.holds(w.db, settled[0], settled[-1] + facts.HOUR_US, p)
     for h in settled:
         key = f"5m/{_iso(h)}"
         inputs = _facts_digest(sorted(hours[h]), facts.holds_digest(hold, h, h + facts.HOUR_US), tag)
         old = w.facts.get(key)
-        if old is not None and old["inputs"] == inputs:
+        if not force and old is not None and old["inputs"] == inputs:
             continue
         q = facts.samples_query(sample_source(w.db, [str(w.root / f) for f in sorted(hours[h])]))
         samples = w.db.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": gap}).to_arrow_table()
         parts = facts.build_parts(samples, hold, h, h + facts.HOUR_US, p)
         rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{inputs}.parquet"
         _write_facts(w, rel, parts, tag)
-        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "tag": tag})
+        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "tag": tag, "format": facts.FORMAT_VERSION})
         built["hours"] += 1
     days: dict[int, list[str]] = {}
     for key, e in w.facts.items():
@@ -733,18 +779,18 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams) -> dict[str, i
             h = epoch_us(datetime.fromisoformat(e["bucket"]))
             days.setdefault(h - h % facts.DAY_US, []).append(e["file"])
     for d, fs in sorted(days.items()):
-        if d + facts.DAY_US + _SETTLE_US + gap > now_us:
+        if d + facts.DAY_US + _SETTLE_US + gap > now_us or not _overlaps(d, facts.DAY_US, span):
             continue
         key = f"day/{_iso(d)[:10]}"
         inputs = _facts_digest(sorted(fs), tag)
         old = w.facts.get(key)
-        if old is not None and old["inputs"] == inputs:
+        if not force and old is not None and old["inputs"] == inputs:
             continue
         fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false)").to_arrow_table()
         hourly = facts.join_parts(fine.cast(facts.SCHEMA), facts.GRAIN_1H, p)
         daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
         rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
         _write_facts(w, rel, pa.concat_tables([hourly, daily]), tag)
-        w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag})
+        w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag, "format": facts.FORMAT_VERSION})
         built["days"] += 1
     return built

@@ -298,7 +298,8 @@ class Collector:
             self.writer.publish()
         return n
 
-    def maintain(self, raw_days: int, rollup_days: int, summary_days: int = 0) -> None:
+    def maintain(self, raw_days: int, rollup_days: int, summary_days: int = 0, facts_5m_days: int | None = None,
+                 facts_days: int | None = None) -> None:
         """Compaction, rollups, settling and retention; holds the commit lock (one writer). Never raises."""
         from gpufleet.collector.maintenance import apply_retention, compact, settle
 
@@ -308,7 +309,7 @@ class Collector:
                 now = self.clock()
                 compact(self.writer, now, self.summary_params, self.tasks, self.rebuild_gpu_shards)
                 settle(self.writer, now)
-                apply_retention(self.writer, now, raw_days, rollup_days, summary_days)
+                apply_retention(self.writer, now, raw_days, rollup_days, summary_days, facts_5m_days, facts_days)
             ok = True
         except Exception:  # noqa: BLE001 - upkeep failing must not stop collection
             log.exception("store maintenance failed")
@@ -347,8 +348,23 @@ class Collector:
             now = {h: e["file"] for h, e in self.writer.summaries.items()}
         return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
 
+    def rebuild_facts(self, span: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+        """Compact what is due, then build the facts of the hours and days overlapping `span`
+        (None: all) again from the samples, with the summaries' parameters: `gpufleet collect
+        --rebuild-facts`. Returns how many hour and day files were written."""
+        from gpufleet.collector.facts import FactParams
+        from gpufleet.collector.maintenance import compact_hours, rebuild_facts
+
+        sp = self.summary_params
+        with self._commit_lock:
+            now = self.clock()
+            compact_hours(self.writer, now)
+            return rebuild_facts(self.writer, now, FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold,
+                                                              idle_min_s=sp.keep_s), span)
+
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
-              raw_days: int = 35, rollup_days: int = 400, summary_days: int = 0, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
+              raw_days: int = 35, rollup_days: int = 400, summary_days: int = 0, facts_5m_days: int | None = None,
+              facts_days: int | None = None, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
         """Run every source on its schedule, store upkeep every `maintenance_interval` seconds, and
         each of `extra_jobs` (a callable add(scheduler, collector) that adds its own job, e.g. the
         weekly report, the idle-GPU policy), until `stop`."""
@@ -372,7 +388,7 @@ class Collector:
                 next_run_time=datetime.now(timezone.utc),
             )
         if maintenance_interval:
-            scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days, summary_days], seconds=maintenance_interval,
+            scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days, summary_days, facts_5m_days, facts_days], seconds=maintenance_interval,
                               id="maintenance", max_instances=1, coalesce=True, misfire_grace_time=int(maintenance_interval))
         for add in extra_jobs:
             add(scheduler, self)

@@ -485,6 +485,12 @@ class StoreWriter:
             self._retired_snapshots.append((old["file"], self.clock()))
         self.facts[key] = entry
 
+    def retire_facts(self, key: str) -> None:
+        """Unlist the facts file under `key` (retention); deleted after the grace period."""
+        e = self.facts.pop(key, None)
+        if e is not None:
+            self._retired_snapshots.append((e["file"], self.clock()))
+
     def retire_summary(self, hour: str) -> None:
         e = self.summaries.pop(hour, None)
         if e is not None:
@@ -1384,7 +1390,9 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
     none yet (each shard's facts are its own GPUs'), so their windows are cut from raw samples."""
     from gpufleet.collector import facts
 
-    entries = [(d, e) for d, m in parts for e in m.get("facts", [])] if len(parts) == 1 else []
+    # (files of an older format - fewer columns - stay listed until upkeep writes them again: their
+    # buckets are read raw meanwhile, as the parts of other parameters are)
+    entries = [(d, e) for d, m in parts for e in m.get("facts", []) if e.get("format") == facts.FORMAT_VERSION] if len(parts) == 1 else []
     _table_of_lists(con, "fact_files", {
         "grain_s": ("INTEGER", [facts.GRAIN_5M if e["grain"] == "5m" else facts.GRAIN_1D for _, e in entries]),
         "bucket": ("TIMESTAMP", [datetime.fromisoformat(e["bucket"]) for _, e in entries]),

@@ -6,8 +6,6 @@ worker is SIGKILLed mid-rebuild; a rebuild that failed half-way resumes from the
 
 from __future__ import annotations
 
-import argparse
-import io
 import json
 import shutil
 import signal
@@ -19,7 +17,6 @@ from test_analytics_summaries import compare
 
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.summaries import SummaryTime
-from gpufleet.collector import cli as collector_cli
 from gpufleet.collector import maintenance
 from gpufleet.collector.maintenance import compact, summarize, summarize_health
 from gpufleet.collector.store import StoreWriter, open_reader
@@ -27,6 +24,7 @@ from gpufleet.collector.summaries import PARTS_DIR, SummaryParams
 from gpufleet.collector.tasks import TaskError, TaskRunner
 from tests.realstack.dask import start_dask
 from tests.realstack.process import free_port
+from tests.support.collect import run_collect
 from tests.support.fleet import Fleet
 
 T0 = datetime(2026, 3, 1, 17)  # 17:00 to 09:00 the next day: two days, 16 hours
@@ -211,14 +209,9 @@ def test_a_failed_rebuild_resumes_from_the_parts_it_wrote(store, in_process, tmp
 def test_cli_rebuilds_from_the_config_on_dask_with_a_progress_bar(store, in_process, dask_cluster, tmp_path):
     root = tmp_path / "s"
     shutil.copytree(store, root)
-    cfg = tmp_path / "g.toml"
-    cfg.write_text(f'[collector]\nstore = "{root}"\nlisten = ""\n[collector.scrape]\ntargets = ["127.0.0.1:9"]\n'
-                   f'[analytics]\nidle_threshold_percent = 50.0\ndask_scheduler = "{dask_cluster.address}"\nrebuild_gpu_shards = 2\n')
-    p = argparse.ArgumentParser()
-    collector_cli.add_arguments(p)
-    out = io.StringIO()
-    assert collector_cli.run(p.parse_args(["--config", str(cfg), "--rebuild-summaries"]), out=out) == 0
-    text = out.getvalue()
+    rc, text = run_collect(tmp_path, root, f'idle_threshold_percent = 50.0\ndask_scheduler = "{dask_cluster.address}"\nrebuild_gpu_shards = 2\n',
+                           "--rebuild-summaries")
+    assert rc == 0
     assert "rebuilding summaries [" in text and "] 4/4 tasks" in text
     assert f"summaries: {HOURS} hours built ({dask_cluster.address}), {HOURS} hours summarised" in text
     assert summary_bytes(root) == summary_bytes(in_process)
