@@ -336,53 +336,53 @@ LEFT JOIN (
 # read ran until the next started (a requeue ends the record), or with no later start until
 # $as_of, as a job not known to have ended. Only attempts that started before the job's record
 # are runs of their own: a pod's restarted containers (same pod, later) are inside its record's run.
-# {a}: a job_attempts row of the job {j} (a row of jobs or of a relation with its columns).
-_EARLIER_ATTEMPT = ("{a}.cluster = {j}.cluster AND {a}.scheduler = {j}.scheduler AND {a}.job_key = {j}.job_key "
-                    "AND ({j}.start IS NULL OR {a}.start < {j}.start)")
-
-
-def earlier_runs(jobs: str) -> str:
-    """The runs (r0, r1) of the earlier attempts of the jobs of `jobs` (a relation with jobs' key,
-    start, gpus and gpu_share: jobs_shared's), each with the GPUs it held (rate: GPU count, the
-    attempt's else the job's, x MIG share; NULL when unknown), by the job's key."""
-    return f"""(
-    SELECT cluster, scheduler, job_key, r0, coalesce(least(r1, nxt), $as_of) AS r1, rate FROM (
-        SELECT p.cluster, p.scheduler, p.job_key, p.start AS r0, p."end" AS r1, coalesce(p.gpus, j.gpus) * j.gpu_share AS rate,
+# Each run: the job's key, r0, r1 and the GPUs it held (the attempt's count, else the job's; x the
+# job's gpu_share, as jobs_shared gives it, for GPU equivalents). Only of the attempts that started
+# before $end: a later one is past the window, and where it cuts a run the window has ended.
+EARLIER_RUNS = """(
+    SELECT cluster, scheduler, job_key, r0, coalesce(least(r1, nxt), $as_of) AS r1, gpus FROM (
+        SELECT p.cluster, p.scheduler, p.job_key, p.start AS r0, p."end" AS r1, coalesce(p.gpus, j.gpus) AS gpus,
                coalesce(lead(p.start) OVER (PARTITION BY p.cluster, p.scheduler, p.job_key ORDER BY p.start), j.start) AS nxt
-        FROM job_attempts p JOIN {jobs} j ON {_EARLIER_ATTEMPT.format(a="p", j="j")}))"""
+        FROM job_attempts p JOIN jobs j
+          ON p.cluster = j.cluster AND p.scheduler = j.scheduler AND p.job_key = j.job_key AND (j.start IS NULL OR p.start < j.start)
+        WHERE p.start < $end))"""
+# (each earlier run: the job's key, r0 and r1, and the GPUs it held - the attempt's count, else
+# the job's; x the job's gpu_share, as jobs_shared gives it, for GPU equivalents)
 
 
-# a job that had an earlier attempt before $end (of the jobs table's row `jobs`)
-_EARLIER_RUN_BEFORE_END = (f"EXISTS (SELECT 1 FROM job_attempts p WHERE {_EARLIER_ATTEMPT.format(a='p', j='jobs')} "
-                           "AND p.start < $end{also})")
+# a job with an attempt in job_attempts that started before $end ({also}: and ...): a semi join
+# on the few jobs that have attempts (a correlated EXISTS doubled the job table's time)
+_ATTEMPTED = ("(cluster, scheduler, job_key) IN (SELECT cluster, scheduler, job_key FROM job_attempts "
+              "WHERE start < $end{also})")
 # Allocated GPU-seconds from scheduler accounting: GPUs x their MIG share x the job's run time
 # inside the window (a running job counts until $as_of: the window end, or now if the window
 # reaches the future), of every run of the job: its record's, and its earlier attempts' (a
-# requeued job held GPUs in each; earlier_runs). A job whose GPU count is unknown (jobs.gpus
+# requeued job held GPUs in each; EARLIER_RUNS). A job whose GPU count is unknown (jobs.gpus
 # NULL: accounting without gres/gpu, and neither slurmctld nor the job mapping said it) has
 # unknown allocated GPU-seconds, never 0: sums leave it out, and UNKNOWN_GPU_JOBS says so beside
-# them. A job with earlier runs has them all in `runs` (r0, r1, rate: its record's run last),
+# them. A job with earlier runs has them all in `runs` (r0, r1, gpus: its record's run last),
 # which the timeline spreads over its buckets; NULL for the rest (most jobs ran once).
 _RECORD_RUN_END = 'coalesce(j."end", $as_of)'
 _RUN = f"CASE WHEN j.start IS NOT NULL THEN {clip_seconds('j.start', _RECORD_RUN_END)} ELSE 0 END"
-_RAN_IN_WINDOW = 'start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start'
-_EARLIER_RUN_IN_WINDOW = _EARLIER_RUN_BEFORE_END.format(also=' AND coalesce(p."end", jobs.start, $as_of) > $start')
-_JOBS_IN_WINDOW = f"(({_RAN_IN_WINDOW}) OR {_EARLIER_RUN_IN_WINDOW}) AND {JOB_FILTERS}"
+# the job {t}'s record ran in the window
+_RAN_IN_WINDOW = '{t}.start IS NOT NULL AND {t}.start < $end AND coalesce({t}."end", $as_of) > $start'
+_JOBS_IN_WINDOW = f"""(({_RAN_IN_WINDOW.format(t="jobs")}) OR {_ATTEMPTED.format(also=' AND coalesce("end", $as_of) > $start')}) AND {JOB_FILTERS}"""
 JOB_ALLOCATED = f"""
 WITH j AS {jobs_shared(_JOBS_IN_WINDOW)},
 e AS (
-    SELECT cluster, scheduler, job_key, sum({clip_seconds("r0", "r1")}) AS run_s, sum(rate * {clip_seconds("r0", "r1")}) AS alloc_s,
-           list(struct_pack(r0 := r0, r1 := r1, rate := rate) ORDER BY r0) AS runs
-    FROM {earlier_runs("j")} GROUP BY ALL
+    SELECT cluster, scheduler, job_key, sum({clip_seconds("r0", "r1")}) AS run_s, sum(gpus * {clip_seconds("r0", "r1")}) AS gpu_s,
+           list(struct_pack(r0 := r0, r1 := r1, gpus := gpus) ORDER BY r0) AS runs
+    FROM {EARLIER_RUNS} WHERE r1 > $start GROUP BY ALL
 )
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.gpus, j.gpu_type, j.gpu_share,
        j.gpus_source, j.submit, j.start, j."end",
        {_RUN} + coalesce(e.run_s, 0) AS run_s,
-       j.gpus * j.gpu_share * {_RUN} + coalesce(e.alloc_s, 0) AS alloc_gpu_s,
+       j.gpu_share * (j.gpus * {_RUN} + coalesce(e.gpu_s, 0)) AS alloc_gpu_s,
        CASE WHEN e.runs IS NOT NULL AND j.start IS NOT NULL
-            THEN list_append(e.runs, struct_pack(r0 := j.start, r1 := coalesce(j."end", $as_of), rate := j.gpus * j.gpu_share))
+            THEN list_append(e.runs, struct_pack(r0 := j.start, r1 := {_RECORD_RUN_END}, gpus := j.gpus))
             ELSE e.runs END AS runs
 FROM j LEFT JOIN e ON e.cluster = j.cluster AND e.scheduler = j.scheduler AND e.job_key = j.job_key
+WHERE ({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0
 """
 # ... computed once per analysis (the temp table ja): the job queries below - totals, utilization
 # by job dimension, the top jobs, the job list, the timelines, MFU, fairness - all read it
@@ -491,7 +491,7 @@ TIMELINE_HELD = "SELECT cluster, host, gpu_uuid, gi, partition, account, user_na
 _JOB_RUNS = f"""(
     SELECT {_TIMELINE_JOB_COLS} start, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ja WHERE runs IS NULL
     UNION ALL
-    SELECT {_TIMELINE_JOB_COLS} r.r0, r.r1, r.rate FROM (SELECT *, unnest(runs) AS r FROM ja WHERE runs IS NOT NULL))"""
+    SELECT {_TIMELINE_JOB_COLS} r.r0, r.r1, r.gpus * gpu_share FROM (SELECT *, unnest(runs) AS r FROM ja WHERE runs IS NOT NULL))"""
 TIMELINE_ALLOCATED = f"""
 SELECT {_TIMELINE_JOB_COLS} k, sum(s * coalesce(rate, 0)) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
@@ -780,15 +780,15 @@ FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
 
 # GPU-seconds weighted 2^(-age/h), age from the window end, integrated exactly over each run:
 # the integral of 2^(-(W-t)/h) dt from t0 to t1 is h/ln2 * (2^(-(W-t1)/h) - 2^(-(W-t0)/h)).
-# Every run of a job counts (its record's and its earlier attempts', earlier_runs).
-_DECAY_JOBS = f"{_GPU_JOBS} AND ((start IS NOT NULL AND start < $end) OR {_EARLIER_RUN_BEFORE_END.format(also='')})"
+# Every run of a job counts (its record's and its earlier attempts', EARLIER_RUNS).
+_DECAY_JOBS = f"{_GPU_JOBS} AND ((start IS NOT NULL AND start < $end) OR {_ATTEMPTED.format(also='')})"
 _DECAY_RUN_END = "greatest(r0, least(r1, $end))"
 FAIRNESS_DECAYED = f"""
 WITH j AS {jobs_shared(_DECAY_JOBS)},
 runs AS (
     SELECT account, start AS r0, coalesce("end", $as_of) AS r1, gpus * gpu_share AS rate FROM j WHERE start IS NOT NULL AND start < $end
     UNION ALL
-    SELECT j.account, e.r0, e.r1, e.rate FROM {earlier_runs("j")} e JOIN j USING (cluster, scheduler, job_key) WHERE e.r0 < $end
+    SELECT j.account, e.r0, e.r1, e.gpus * j.gpu_share FROM {EARLIER_RUNS} e JOIN j USING (cluster, scheduler, job_key)
 )
 SELECT coalesce(account, '') AS account,
        sum(rate * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
