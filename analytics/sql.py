@@ -330,18 +330,59 @@ LEFT JOIN (
 )"""
 
 
+# The earlier attempts of a requeued job (job_attempts: the records a later start superseded)
+# held its GPUs too, each a run of the job: from its start to its end, cut at the next run's start
+# (runs never overlap: the job's latest record, in jobs, is its last run); one whose end was never
+# read ran until the next started (a requeue ends the record), or with no later start until
+# $as_of, as a job not known to have ended. Only attempts that started before the job's record
+# are runs of their own: a pod's restarted containers (same pod, later) are inside its record's run.
+# Each run: the job's key, r0, r1 and the GPUs it held (the attempt's count, else the job's; x the
+# job's gpu_share, as jobs_shared gives it, for GPU equivalents). Only of the attempts that started
+# before $end: a later one is past the window, and where it cuts a run the window has ended.
+EARLIER_RUNS = """(
+    SELECT cluster, scheduler, job_key, r0, coalesce(least(r1, nxt), $as_of) AS r1, gpus FROM (
+        SELECT p.cluster, p.scheduler, p.job_key, p.start AS r0, p."end" AS r1, coalesce(p.gpus, j.gpus) AS gpus,
+               coalesce(lead(p.start) OVER (PARTITION BY p.cluster, p.scheduler, p.job_key ORDER BY p.start), j.start) AS nxt
+        FROM job_attempts p JOIN jobs j
+          ON p.cluster = j.cluster AND p.scheduler = j.scheduler AND p.job_key = j.job_key AND (j.start IS NULL OR p.start < j.start)
+        WHERE p.start < $end))"""
+# (each earlier run: the job's key, r0 and r1, and the GPUs it held - the attempt's count, else
+# the job's; x the job's gpu_share, as jobs_shared gives it, for GPU equivalents)
+
+
+# a job with an attempt in job_attempts that started before $end ({also}: and ...): a semi join
+# on the few jobs that have attempts (a correlated EXISTS doubled the job table's time)
+_ATTEMPTED = ("(cluster, scheduler, job_key) IN (SELECT cluster, scheduler, job_key FROM job_attempts "
+              "WHERE start < $end{also})")
 # Allocated GPU-seconds from scheduler accounting: GPUs x their MIG share x the job's run time
 # inside the window (a running job counts until $as_of: the window end, or now if the window
-# reaches the future). A job whose GPU count is unknown (jobs.gpus NULL: accounting without
-# gres/gpu, and neither slurmctld nor the job mapping said it) has unknown allocated GPU-seconds,
-# never 0: sums leave it out, and UNKNOWN_GPU_JOBS says so beside them.
-_RUN = clip_seconds("start", 'coalesce("end", $as_of)')
+# reaches the future), of every run of the job: its record's, and its earlier attempts' (a
+# requeued job held GPUs in each; EARLIER_RUNS). A job whose GPU count is unknown (jobs.gpus
+# NULL: accounting without gres/gpu, and neither slurmctld nor the job mapping said it) has
+# unknown allocated GPU-seconds, never 0: sums leave it out, and UNKNOWN_GPU_JOBS says so beside
+# them. A job with earlier runs has them all in `runs` (r0, r1, gpus: its record's run last),
+# which the timeline spreads over its buckets; NULL for the rest (most jobs ran once).
+_RECORD_RUN_END = 'coalesce(j."end", $as_of)'
+_RUN = f"CASE WHEN j.start IS NOT NULL THEN {clip_seconds('j.start', _RECORD_RUN_END)} ELSE 0 END"
+# the job {t}'s record ran in the window
+_RAN_IN_WINDOW = '{t}.start IS NOT NULL AND {t}.start < $end AND coalesce({t}."end", $as_of) > $start'
+_JOBS_IN_WINDOW = f"""(({_RAN_IN_WINDOW.format(t="jobs")}) OR {_ATTEMPTED.format(also=' AND coalesce("end", $as_of) > $start')}) AND {JOB_FILTERS}"""
 JOB_ALLOCATED = f"""
-SELECT cluster, scheduler, job_key, job_id, name, user_name, account, partition, state, gpus, gpu_type, gpu_share,
-       gpus_source, submit, start, "end",
-       {_RUN} AS run_s,
-       gpus * gpu_share * {_RUN} AS alloc_gpu_s
-FROM {jobs_shared(f'start IS NOT NULL AND start < $end AND coalesce("end", $as_of) > $start AND {JOB_FILTERS}')}
+WITH j AS {jobs_shared(_JOBS_IN_WINDOW)},
+e AS (
+    SELECT cluster, scheduler, job_key, sum({clip_seconds("r0", "r1")}) AS run_s, sum(gpus * {clip_seconds("r0", "r1")}) AS gpu_s,
+           list(struct_pack(r0 := r0, r1 := r1, gpus := gpus) ORDER BY r0) AS runs
+    FROM {EARLIER_RUNS} WHERE r1 > $start GROUP BY ALL
+)
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.gpus, j.gpu_type, j.gpu_share,
+       j.gpus_source, j.submit, j.start, j."end",
+       {_RUN} + coalesce(e.run_s, 0) AS run_s,
+       j.gpu_share * (j.gpus * {_RUN} + coalesce(e.gpu_s, 0)) AS alloc_gpu_s,
+       CASE WHEN e.runs IS NOT NULL AND j.start IS NOT NULL
+            THEN list_append(e.runs, struct_pack(r0 := j.start, r1 := {_RECORD_RUN_END}, gpus := j.gpus))
+            ELSE e.runs END AS runs
+FROM j LEFT JOIN e ON e.cluster = j.cluster AND e.scheduler = j.scheduler AND e.job_key = j.job_key
+WHERE ({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0
 """
 # ... computed once per analysis (the temp table ja): the job queries below - totals, utilization
 # by job dimension, the top jobs, the job list, the timelines, MFU, fairness - all read it
@@ -413,9 +454,9 @@ UNKNOWN_GPU_JOBS = "SELECT count(*) AS n, list(job_id ORDER BY job_id)[:5] AS fi
 
 # --- the job list (analytics/jobs.py) ---
 
-JOB_ROWS = "SELECT * FROM ja"
+JOB_ROWS = "SELECT * EXCLUDE (runs) FROM ja"
 # ... with each job's hash (jh), as the hour facts name a job
-JOB_ROWS_HASHED = f"SELECT *, {_JOB_HASH} AS jh FROM ja"
+JOB_ROWS_HASHED = f"SELECT * EXCLUDE (runs), {_JOB_HASH} AS jh FROM ja"
 
 # --- utilization over time (analytics/timeline.py) ---
 
@@ -448,10 +489,13 @@ TIMELINE_CAPACITY = (f"SELECT {_TIMELINE_GPU_COLS} k, sum(s * equiv) / 3600 AS c
 # the allocations (alv) the held-data time is read for
 TIMELINE_HELD = "SELECT cluster, host, gpu_uuid, gi, partition, account, user_name, a0, a1 FROM alv"
 
-# a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs; NULL (its
-# GPU count unknown) is left out of a bucket's sum, which is NULL - unknown, never 0 - where every
-# job of the bucket's group has an unknown count
-_JOB_RUNS = '(SELECT *, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ja)'
+# a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs; one with
+# earlier attempts, each run's (ja.runs). NULL (its GPU count unknown) is left out of a bucket's
+# sum, which is NULL - unknown, never 0 - where every job of the bucket's group has an unknown count
+_JOB_RUNS = f"""(
+    SELECT {_TIMELINE_JOB_COLS} start, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ja WHERE runs IS NULL
+    UNION ALL
+    SELECT {_TIMELINE_JOB_COLS} r.r0, r.r1, r.gpus * gpu_share FROM (SELECT *, unnest(runs) AS r FROM ja WHERE runs IS NOT NULL))"""
 TIMELINE_ALLOCATED = f"""
 SELECT {_TIMELINE_JOB_COLS} k, sum(s * rate) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
@@ -744,12 +788,20 @@ FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
 
 # GPU-seconds weighted 2^(-age/h), age from the window end, integrated exactly over each run:
 # the integral of 2^(-(W-t)/h) dt from t0 to t1 is h/ln2 * (2^(-(W-t1)/h) - 2^(-(W-t0)/h)).
-_DECAY_RUN_END = 'greatest(start, least(coalesce("end", $as_of), $end))'
+# Every run of a job counts (its record's and its earlier attempts', EARLIER_RUNS).
+_DECAY_JOBS = f"{_GPU_JOBS} AND ((start IS NOT NULL AND start < $end) OR {_ATTEMPTED.format(also='')})"
+_DECAY_RUN_END = "greatest(r0, least(r1, $end))"
 FAIRNESS_DECAYED = f"""
+WITH j AS {jobs_shared(_DECAY_JOBS)},
+runs AS (
+    SELECT account, start AS r0, coalesce("end", $as_of) AS r1, gpus * gpu_share AS rate FROM j WHERE start IS NOT NULL AND start < $end
+    UNION ALL
+    SELECT j.account, e.r0, e.r1, e.gpus * j.gpu_share FROM {EARLIER_RUNS} e JOIN j USING (cluster, scheduler, job_key)
+)
 SELECT coalesce(account, '') AS account,
-       sum(gpus * gpu_share * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
-                                                    - pow(2, -(epoch($end) - epoch(start)) / $half_life))) / 3600 AS decayed_gpu_h
-FROM {jobs_shared(f'{_GPU_JOBS} AND start IS NOT NULL AND start < $end')}
+       sum(rate * $half_life / ln(2) * (pow(2, -(epoch($end) - epoch({_DECAY_RUN_END})) / $half_life)
+                                        - pow(2, -(epoch($end) - epoch(r0)) / $half_life))) / 3600 AS decayed_gpu_h
+FROM runs
 GROUP BY ALL"""
 
 FAIRNESS_STARTED = f"""

@@ -21,6 +21,7 @@ import pytest
 
 from gpufleet.collector.sources.slurmrestd import SlurmrestdSource
 from tests.realstack.debian import ensure_packages
+from tests.realstack.process import wait_for
 from tests.test_sacct_real import TZ, reference, utcnow
 
 pytestmark = pytest.mark.realstack
@@ -109,3 +110,41 @@ def test_real_slurmctld_jobs_running_and_pending(slurm_cluster, restd):
         assert {(j["gpus"] is not None, j["gpus_source"]) for j in batch.jobs} == {(True, "slurmctld")}
     finally:
         c.run("scancel", str(run), str(held), check=False)
+
+
+def test_real_slurmrestd_reads_every_attempt_and_every_instant_job(slurm_cluster, restd):
+    """A job requeued with `scontrol requeue` is two slurmdbd records under one job id: the window
+    read lists both, the earlier an attempt of the job (job_attempts), the later the job. And short
+    jobs submitted one after another on the idle node - some start the instant they are submitted,
+    and sacct shows their Eligible as Unknown - are all in the window: the read names every state
+    (slurmrestd.WINDOW_STATES), so slurmdbd selects them by start and end, not eligible time."""
+    c = slurm_cluster
+    requeued = c.sbatch("sleep 3\n", extra_args=["--requeue", "--job-name=rq"])
+    try:
+        c.wait_running(requeued)
+        c.run("scontrol", "requeue", str(requeued))
+
+        def rerun() -> bool:  # the first attempt REQUEUED, the second ran to the end
+            # a requeued job is eligible again ~2 min on (BeginTime), maybe held: start it now
+            c.run("scontrol", "release", str(requeued), check=False)
+            c.run("scontrol", "update", f"JobId={requeued}", "StartTime=now", check=False)
+            return c.sacct("-X", "-n", "-P", "--duplicates", "-j", str(requeued), "-o", "State").split() == ["REQUEUED", "COMPLETED"]
+
+        wait_for(f"job {requeued} requeued, then completed", rerun, timeout=180, daemons=c.daemons, interval=1.0)
+        short = [c.sbatch("true\n", gpus=None) for _ in range(8)]
+        for j in short:
+            c.wait_job(j)
+        eligible = {j: c.sacct("-X", "-n", "-P", "-j", str(j), "-o", "Eligible").strip() for j in short}
+        src = SlurmrestdSource(url="http://slurmrestd", transport=httpx.HTTPTransport(uds=str(restd)), cluster="gpufleet",
+                               tz=TZ, initial_lookback=timedelta(hours=2), current_jobs=False)
+        [batch] = list(src.run(utcnow()))
+        assert (batch.rejected, batch.problems) == (0, [])
+        jobs = {j["job_key"]: j for j in batch.jobs}
+        [first] = [a for a in batch.attempts if a["job_key"] == str(requeued)]
+        assert (first["state"], first["source"]) == ("REQUEUED", "slurmrestd")
+        latest = jobs[str(requeued)]
+        assert latest["state"] == "COMPLETED" and latest["start"] >= first["end"] >= first["start"], (latest, first)
+        # every short job, whatever sacct says of its eligible time (`eligible` names it on failure)
+        assert {str(j) for j in short} <= set(jobs), eligible
+    finally:
+        c.run("scancel", str(requeued), check=False)

@@ -140,10 +140,14 @@ def test_each_version_discovered_and_read_like_the_parser(version, token):
         for q in reads:  # the JWT and the user name on every request
             assert q["headers"]["X-SLURM-USER-TOKEN"] == TOKEN and q["headers"]["X-SLURM-USER-NAME"] == "gpufleet"
         start = int((NOW - timedelta(hours=3)).replace(tzinfo=timezone.utc).timestamp())  # watermark - 1 h overlap
+        # every base state named (slurmdbd then selects by each state's times, not eligible time
+        # alone); from v0.0.40 every record of a requeued job asked for by name, times uncut
+        states = "&state=PENDING%2CRUNNING%2CSUSPENDED%2CCOMPLETED%2CCANCELLED%2CFAILED%2CTIMEOUT%2CNODE_FAIL%2CPREEMPTED%2CBOOT_FAIL%2CDEADLINE%2COUT_OF_MEMORY"
+        duplicates = "&show_duplicates=true&disable_truncate_usage_time=true" if version >= "v0.0.40" else ""
         if version >= "v0.0.39":  # Unix times
-            assert reads[0]["query"] == f"start_time={start}&end_time={int(NOW.replace(tzinfo=timezone.utc).timestamp())}"
+            assert reads[0]["query"] == f"start_time={start}&end_time={int(NOW.replace(tzinfo=timezone.utc).timestamp())}{states}{duplicates}"
         else:  # v0.0.37/38 parse only local times (slurmrestd's zone, `timezone`, UTC by default)
-            assert reads[0]["query"] == "start_time=2026-11-20T09%3A00%3A00&end_time=2026-11-20T12%3A00%3A00"
+            assert reads[0]["query"] == f"start_time=2026-11-20T09%3A00%3A00&end_time=2026-11-20T12%3A00%3A00{states}{duplicates}"
 
 
 def test_without_an_openapi_document_versions_are_tried_newest_first(token):

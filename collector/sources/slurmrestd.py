@@ -17,6 +17,16 @@ run `sacct` (it runs far from the controller, or shelling out is not allowed).
   asked of `/slurmdb/vX/tres` once). Windows, overlap and
   watermark as the sacct source (gpufleet.collector.sources.slurm.JobWindows); each window is a
   batch of its own, so the windows read before a failure are kept.
+- Every record of a window's jobs: a requeued job's earlier attempts are records of their own
+  (slurm_parse.split_attempts keeps the latest as the job, the rest as its attempts). slurmdbd
+  lists them when the query sets no flag (v0.0.37-v0.0.39 have no parameter for it; v0.0.40+
+  default to show_duplicates and disable_truncate_usage_time only while no flag is given), so
+  from v0.0.40 both are asked for by name (DUPLICATES_QUERY): with one flag set and not the other,
+  slurmdbd would cut the records' times to the window.
+- `state=<every base state>` (WINDOW_STATES), as the sacct source asks: without a state slurmdbd
+  selects only the jobs with an eligible time in the window, and a job that starts the instant it
+  is submitted can have none (Eligible=Unknown). With the states named it selects each by its own
+  times (a job that ran in the window by start and end, one that ended in it by end).
 - Failures (refused, 401/403, 5xx, timeout, not JSON, no `jobs` list) are SourceErrors that name
   the URL and what came back.
 """
@@ -43,6 +53,15 @@ from gpufleet.times import utcnow
 # data_parser versions this reads, newest first (slurm_json handles each one's shapes)
 VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38", "v0.0.37")
 OPENAPI_PATHS = ("/openapi/v3", "/openapi")
+# The base job states (Slurm's enum job_states, PENDING to OUT_OF_MEMORY), asked for by name so
+# that slurmdbd selects a window's jobs by each state's times, not by eligible time alone. Base
+# states only: 22.05's dbv0.0.38 reads REQUEUED, RESIZING and REVOKED as PENDING, and a name it
+# already has, last in the list, fails the whole query ("Unable to parse CSV list"), seen on the
+# real slurmrestd; REQUEUED records are listed with these (tests/test_slurmrestd_real.py).
+WINDOW_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                 "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
+# v0.0.40+: every record of a requeued job, with its own start and end (see the module docstring)
+DUPLICATES_QUERY = {"show_duplicates": "true", "disable_truncate_usage_time": "true"}
 _JOBS_PATH = re.compile(r"^/(slurm|slurmdb)/(v0\.0\.\d+)/jobs/?$")
 
 
@@ -101,7 +120,7 @@ class SlurmrestdSource(JobWindows):
         now = now or utcnow()
         version = self.version()
         path = f"/slurmdb/{version}/jobs"
-        text = self._get(path, {"start_time": self._time(version, start), "end_time": self._time(version, end)})
+        text = self._get(path, self.window_query(version, start, end))
         def read(tracks: bool | None) -> Batch:
             return jobs_batch(text, key=f"slurmrestd:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
                               input=self.url.rstrip("/") + path, cluster=self.cluster, now=now, tracks_gpus=tracks)
@@ -113,6 +132,12 @@ class SlurmrestdSource(JobWindows):
                 batch = read(True)
         self.tracks_gpus = note_gpu_tracking(batch, self.url.rstrip("/") + path, self.tracks_gpus)
         return batch
+
+    def window_query(self, version: str, start: datetime, end: datetime) -> dict[str, str]:
+        """The query of slurmdbd's jobs of [start, end]: every record of each job that ran, ended
+        or was pending in it (see the module docstring)."""
+        query = {"start_time": self._time(version, start), "end_time": self._time(version, end), "state": ",".join(WINDOW_STATES)}
+        return {**query, **DUPLICATES_QUERY} if version >= "v0.0.40" else query
 
     def ask_tracks_gpus(self) -> bool | None:
         """Whether slurmdbd accounts gres/gpu, from /slurmdb/vX/tres; None when it does not say
