@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 import httpx
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_summaries
@@ -398,6 +400,18 @@ def test_planned_hardware_failures_are_requeued_attempts_the_reliability_report_
 def _lemon_jobs(fleet) -> dict[str, object]:
     """The lemon node's planned failures (fleet._plan_lemon): job id -> job."""
     return {j.job_id: j for j in fleet.jobs if j.requeue is not None and {s.node.host for s in j.slots} == {fleet_mod.LEMON_NODE}}
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), now=st.datetimes(datetime(2025, 1, 1), datetime(2028, 1, 1)))
+def test_every_plan_has_its_lemon(seed, now):
+    """Whatever the seed and the moment (`gpufleet demo --seed N` starts now), the lemon node's jobs
+    lose len(LEMON_XIDS) attempts over the week, each in its own job, on the lemon node's GPUs."""
+    f = fleet_mod.build(now, seed)
+    lemon = _lemon_jobs(f)
+    # (a failure of the last day's plan, _plan_failures, may add one)
+    assert not Counter(fleet_mod.LEMON_XIDS) - Counter(j.requeue.xid for j in lemon.values()), lemon
+    assert all(f.start <= j.requeue.failed_at < f.now for j in lemon.values())
 
 
 def test_the_lemon_node_is_the_only_node_the_reliability_report_flags(fleet, store):
