@@ -210,6 +210,7 @@ _FORMATS = (
     (("_gpu_h", "gpu_h"), f"%,.{words.DECIMALS['gpu_h']}f"),
     (("_pct", "_share", "mfu"), f"%.{words.DECIMALS['pct']}f %%"),
     (("_mib",), "%,.0f"),
+    (("p_value",), "scientific"),  # a lemon's p-value is 1e-5, not "0.00"
 )
 _FRACTIONS = ("_share", "mfu")  # 0..1 in the analytics, shown as percentages
 # (column, what its null means) where a missing value is not unknown but "none" or a state

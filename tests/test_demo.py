@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 import httpx
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_summaries
@@ -376,7 +378,9 @@ def test_planned_hardware_failures_are_requeued_attempts_the_reliability_report_
 
     root, _, _ = store
     planned = {j.job_id: j for j in fleet.jobs if j.requeue is not None}
-    assert sorted(j.requeue.xid for j in planned.values()) == [48, 79, 79, 94]
+    on_lemon = [j for j in planned.values() if j.slots[0].node.host == fleet_mod.LEMON_NODE]
+    assert sorted(j.requeue.xid for j in planned.values() if j not in on_lemon) == [48, 79, 79, 94]
+    assert [j.requeue.xid for j in on_lemon] == list(fleet_mod.LEMON_XIDS)
     rel = reliability_store.report(open_reader(root), Params(fleet.start, fleet.now), as_of=fleet.now, top=1000)
     first = {a["job_id"]: a for a in rel["interrupted_attempts"] if a["job_id"] in planned}
     assert sorted(first) == sorted(planned)
@@ -391,3 +395,85 @@ def test_planned_hardware_failures_are_requeued_attempts_the_reliability_report_
         assert 0 <= ch["ettr"] < 1 and (ch["ettr"] > 0) == (ch["causes"][1] == "completed"), ch  # a second attempt that failed too lost all
     assert sorted(chains) == sorted(planned)
     assert 0 < rel["goodput"]["ettr"] < 1 and rel["figures"]["lost_gpu_hours_by_cause"]["hardware"] > 0
+
+
+def _lemon_jobs(fleet) -> dict[str, object]:
+    """The lemon node's planned failures (fleet._plan_lemon): job id -> job."""
+    return {j.job_id: j for j in fleet.jobs if j.requeue is not None and {s.node.host for s in j.slots} == {fleet_mod.LEMON_NODE}}
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), now=st.datetimes(datetime(2025, 1, 1), datetime(2028, 1, 1)))
+def test_every_plan_has_its_lemon(seed, now):
+    """Whatever the seed and the moment (`gpufleet demo --seed N` starts now), the lemon node's jobs
+    lose len(LEMON_XIDS) attempts over the week, each in its own job, on the lemon node's GPUs."""
+    f = fleet_mod.build(now, seed)
+    lemon = _lemon_jobs(f)
+    # (a failure of the last day's plan, _plan_failures, may add one)
+    assert not Counter(fleet_mod.LEMON_XIDS) - Counter(j.requeue.xid for j in lemon.values()), lemon
+    assert all(f.start <= j.requeue.failed_at < f.now for j in lemon.values())
+
+
+def test_the_lemon_node_is_the_only_node_the_reliability_report_flags(fleet, store):
+    """The planned lemon (fleet.LEMON_NODE: an XID ends an attempt of its jobs all week) is named by
+    the lemon test with the default settings, with each of its failures as evidence; no other node
+    is, although four other nodes lost an attempt to an XID and one a GPU."""
+    from gpufleet.analytics import reliability_store
+    from gpufleet.analytics.reliability import Settings
+
+    root, _, _ = store
+    lemon = _lemon_jobs(fleet)
+    assert len(lemon) == len(fleet_mod.LEMON_XIDS)
+    # spread over the week, none in the day the job checks above read
+    assert max(j.start for j in lemon.values()) - min(j.start for j in lemon.values()) > timedelta(days=5)
+    rel = reliability_store.report(open_reader(root), Params(fleet.start, fleet.now), as_of=fleet.now, top=1000)
+    assert [x["node"] for x in rel["lemons"]] == [fleet_mod.LEMON_NODE], rel["lemons"]
+    x = rel["lemons"][0]
+    assert (x["cluster"], x["scheduler"], x["failures"]) == ("hpc", "slurm", len(lemon))
+    assert x["failures"] > 5 * x["expected_failures"] and x["p_value"] < Settings().lemon_fp_rate / 24  # 24 nodes held GPUs
+    assert sorted(e.split(":")[0] for e in x["evidence"]) == sorted(f"job {i}" for i in lemon)
+    for j in lemon.values():
+        assert any(e.startswith(f"job {j.job_id}: REQUEUED; XID {j.requeue.xid} ") and f" on {fleet_mod.LEMON_NODE} GPU " in e
+                   for e in x["evidence"]), (j.job_id, x["evidence"])
+    # the other nodes' failures: the four planned requeues and the lost GPU's NODE_FAIL, one a node
+    hardware = [a for a in rel["interrupted_attempts"] if a["cause"] in ("hardware", "node_failure")]
+    others = Counter(a["evidence"][0]["host"] for a in hardware if a["job_id"] not in lemon)
+    assert len(others) == 5 and set(others.values()) == {1}, others
+
+
+def test_reliability_page_and_weekly_report_show_the_demos_lemon(fleet, store, monkeypatch):
+    """The Reliability page on the demo's store lists the lemon node with each failure's evidence;
+    the weekly report's reliability section names it with its reason."""
+    pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from gpufleet.report import render
+    from gpufleet.report.model import gather
+    from gpufleet.report.window import span_window
+
+    root, _, _ = store
+    lemon = _lemon_jobs(fleet)
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(root))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "dashboards" / "app.py"), default_timeout=180)
+    at.query_params.update({"from": f"{fleet.start:%Y-%m-%dT%H:%M}", "to": f"{fleet.now:%Y-%m-%dT%H:%M}"})
+    at.run()
+    at = at.switch_page("views/reliability.py").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    shown = at.container("reliability_lemons").dataframe[0].value
+    assert list(shown["node"]) == [fleet_mod.LEMON_NODE] and list(shown["failures"]) == [len(lemon)]
+    assert shown["reason"].iloc[0].startswith(f"lemon: {len(lemon)} hardware/node failures in ")
+    proto = json.loads(at.container("reliability_lemons").dataframe[0].proto.columns)
+    assert proto["p_value"]["type_config"]["format"] == "scientific"  # (~1e-5: not "0.00")
+    evidence = at.container("reliability_lemon_evidence").dataframe[0].value
+    assert set(evidence["node"]) == {fleet_mod.LEMON_NODE}
+    assert sorted(e.split(":")[0] for e in evidence["evidence"]) == sorted(f"job {i}" for i in lemon)
+
+    w = span_window(fleet.start, fleet.now)
+    report = gather(open_reader(root), Params(w.start, w.end), w, now=fleet.now)
+    text = render.text(report)
+    named = [line.strip() for line in text.splitlines() if line.strip().startswith("Lemon node ")]
+    assert named == [f"Lemon node {fleet_mod.LEMON_NODE}: {report.reliability['lemons'][0]['reason']}"], named
+    assert f'<ul id="lemons">\n<li>{fleet_mod.LEMON_NODE}: ' in render.html(report)

@@ -80,8 +80,12 @@ def body(ctx: ui.Context) -> None:
     st.caption(f"Improbably many failures for their GPU-hours (Poisson test against the fleet's rate, "
                f"{rel['settings']['lemon_false_positive_rate']:g} false-positive rate over the fleet, at least "
                f"{rel['settings']['lemon_min_failures']} failures). `gpufleet policy` proposes draining them.")
-    ui.table(_rows(rel["lemons"], ["node", "failures", "gpu_hours", "expected_failures", "p_value", "reason"]), key="reliability_lemons",
-             empty="No lemon node in this window.")
+    ui.table(_rows(rel["lemons"], ["node", "cluster", "failures", "gpu_hours", "expected_failures", "p_value", "reason"]),
+             key="reliability_lemons", empty="No lemon node in this window.")
+    if rel["lemons"]:
+        st.caption("The evidence: each failure counted against a lemon node, with the event that ended its job's attempt.")
+        ui.table(_rows([{"node": x["node"], "evidence": e} for x in rel["lemons"] for e in x["evidence"]], ["node", "evidence"]),
+                 key="reliability_lemon_evidence", empty="No evidence reported.")
 
     st.subheader("Interruptions that cost most")
     ui.table(_rows(rel["interrupted_attempts"], ["job_id", "user_name", "account", "gpus", "end", "cause", "reason"]),

@@ -13,7 +13,8 @@ The plan is a list of jobs laid out lane by lane (a lane = the GPUs one job take
 load profile (analytics never sees the profile: it sees only what exporters would publish).
 One GPU throws XIDs and falls off the bus three hours before "now"; a few training jobs of the
 last day lose their first attempt to an XID (79, 48, 94) on one GPU and are requeued
-(_plan_failures); one k8s node's exporter is down for two hours. Everything is deterministic for a given `now` and seed.
+(_plan_failures); one batch node is a lemon whose jobs lose attempts that way all week
+(_plan_lemon); one k8s node's exporter is down for two hours. Everything is deterministic for a given `now` and seed.
 """
 
 from __future__ import annotations
@@ -326,7 +327,7 @@ class _Planner:
                     params = (1800.0, 90 / 1800, params[2], 0.0) if profile == "checkpoint" else params
             jobs.append(Job("hpc", "slurm", job_id, job_id, name, user, account, partition, profile, slots,
                             submit, start, end, state, params, seed))
-        return tuple(sorted(_plan_failures(jobs, self.now), key=lambda j: (j.start, j.job_key)))
+        return tuple(sorted(_plan_lemon(_plan_failures(jobs, self.now), self.now), key=lambda j: (j.start, j.job_key)))
 
 
 # Planned hardware failures: the plain multi-GPU Slurm training jobs that start in the last
@@ -342,16 +343,49 @@ REQUEUE_WAIT = timedelta(minutes=15)
 def _plan_failures(jobs: list[Job], now: datetime) -> list[Job]:
     out, candidates = [], 0
     for j in sorted(jobs, key=lambda j: (j.start, j.job_key)):
-        failed_at = _whole(j.start + (j.end - j.start) * FAILURE_AT)
-        restarted_at = failed_at + REQUEUE_WAIT
-        if (j.scheduler == "slurm" and j.profile == "train" and len(j.slots) > 1 and j.start >= now - FAILURES_SINCE
-                and restarted_at + timedelta(hours=1) < min(j.end, now)):
+        if _can_fail(j, now) and j.start >= now - FAILURES_SINCE:
             candidates += 1
             n = candidates // FAILURE_EVERY
             if candidates % FAILURE_EVERY == 0 and n <= len(FAILURE_XIDS):
-                j = replace(j, requeue=Requeue(failed_at, restarted_at, FAILURE_XIDS[n - 1], (j.seed % len(j.slots))))
+                j = _failed(j, FAILURE_XIDS[n - 1])
         out.append(j)
     return out
+
+
+# The lemon node: a batch node whose GPUs keep failing. len(LEMON_XIDS) of the plain multi-GPU
+# training jobs on it, spread evenly over the week, lose their first attempt to an XID on one of
+# its GPUs as above - improbably many for its GPU-hours against the rest of the fleet's (about 1 in
+# 5,000 GPU-hours), so gpufleet.analytics.reliability's lemon test (default settings) names it and
+# no other node (none of them has the 3 failures it asks for at least)
+LEMON_NODE = "hpc-gpu-07"
+LEMON_XIDS = (79, 48, 94, 63, 74, 79)
+LEMON_QUIET = (timedelta(days=2), timedelta(days=1))  # (before now) the day the demo tests' job checks read
+
+
+def _plan_lemon(jobs: list[Job], now: datetime) -> list[Job]:
+    quiet_from, quiet_to = now - LEMON_QUIET[0], now - LEMON_QUIET[1]
+    candidates = [j for j in sorted(jobs, key=lambda j: (j.start, j.job_key))
+                  if _can_fail(j, now) and j.requeue is None and j.start >= now - HISTORY and {s.node.host for s in j.slots} == {LEMON_NODE}]
+    outside = [j for j in candidates if j.end <= quiet_from or j.start >= quiet_to]
+    if len(outside) >= len(LEMON_XIDS):  # (another seed's plan may have too few: then the quiet day too, or fewer failures)
+        candidates = outside
+    n = min(len(LEMON_XIDS), len(candidates))
+    failing = {candidates[i * len(candidates) // n].job_key: LEMON_XIDS[i] for i in range(n)}
+    return [_failed(j, failing[j.job_key]) if j.job_key in failing else j for j in jobs]
+
+
+def _can_fail(j: Job, now: datetime) -> bool:
+    """A plain multi-GPU Slurm training job whose failure, requeue wait and an hour of its second
+    attempt fall before both its end and `now`."""
+    restarted_at = _whole(j.start + (j.end - j.start) * FAILURE_AT) + REQUEUE_WAIT
+    return (j.scheduler == "slurm" and j.profile == "train" and len(j.slots) > 1
+            and restarted_at + timedelta(hours=1) < min(j.end, now))
+
+
+def _failed(j: Job, xid: int) -> Job:
+    """The job with its first attempt ended by `xid` on one of its GPUs FAILURE_AT of the way through, requeued."""
+    failed_at = _whole(j.start + (j.end - j.start) * FAILURE_AT)
+    return replace(j, requeue=Requeue(failed_at, failed_at + REQUEUE_WAIT, xid, j.seed % len(j.slots)))
 
 
 def _whole(t: datetime) -> datetime:
