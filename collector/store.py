@@ -750,7 +750,8 @@ class StoreWriter:
     def _upsert_shares(self, obs: list[dict[str, Any]]) -> None:
         """Fold shared GPUs' split into hourly rows per GPU and job (schema.GPU_JOB_SHARES_DDL): every
         row of a GPU-hour counts the GPU's shared scrapes, the job's own rows its reports, SM sum
-        and memory high-water (NULL stays NULL until a value is known)."""
+        and memory high-water (NULL stays NULL until a value is known). A batch holds whole scrapes
+        (a scrape round, a TSDB window): a GPU's scrape split across two batches would count twice."""
         if not obs:
             return
         gpu_hour = "cluster, host, gpu_uuid, gpu_instance, date_trunc('hour', ts)"
