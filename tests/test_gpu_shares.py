@@ -195,19 +195,27 @@ def test_the_shares_of_one_gpu_never_exceed_1_and_unknown_stays_unknown(tmp_path
 # --- the job page ---
 
 
-def test_the_job_page_says_who_shared_the_gpu_and_how(tmp_path, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
+@pytest.fixture(scope="module")
+def shared_fleet(tmp_path_factory) -> Path:
+    """The dashboards' fleet (tests.test_dashboard_analytics.build), with job 102's processes beside
+    job 101's on GPU-A for two scrapes: 101 60 % of the SM time, 102 30 % (memory unknown)."""
     from tests.test_dashboard_analytics import T, build
-    from tests.test_dashboard_pages import APP, WINDOW, clean
 
-    root = Path(build(tmp_path).root)
+    root = Path(build(tmp_path_factory.mktemp("shared")).root)
     w = StoreWriter(root)
-    w.commit(Batch(key="shares", shares=[obs(T(10, 20), "101", 0.6, 3 * 2**30, uuid="GPU-A"), obs(T(10, 20), "102", 0.3, None, uuid="GPU-A"),
-                                         obs(T(10, 21), "101", 0.6, 2 * 2**30, uuid="GPU-A"), obs(T(10, 21), "102", 0.3, None, uuid="GPU-A")]))
+    for n, (ts, mem) in enumerate([(T(10, 20), 3 * 2**30), (T(10, 21), 2 * 2**30)]):
+        w.commit(Batch(key=f"shares{n}", shares=[obs(ts, "101", 0.6, mem, uuid="GPU-A"), obs(ts, "102", 0.3, None, uuid="GPU-A")]))
     w.publish()
     w.close()
-    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(root))
+    return root
+
+
+def test_the_job_page_says_who_shared_the_gpu_and_how(shared_fleet, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_dashboard_pages import APP, WINDOW, clean
+
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(shared_fleet))
     monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.query_params.update(WINDOW)
@@ -221,3 +229,21 @@ def test_the_job_page_says_who_shared_the_gpu_and_how(tmp_path, monkeypatch):
     at.text_input(key="job").set_value("103").run()  # a job that shared no GPU: no such section
     assert not [t for t in clean(at).text if t.value.startswith("GPU GPU-")]
     assert "Shared GPUs" not in [s.value for s in at.subheader]
+
+
+def test_analyze_job_json_and_table_include_the_shared_gpus(shared_fleet):
+    import json
+
+    from tests.test_analytics_jobs_cli import analyze
+
+    window = ("--store", str(shared_fleet), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z")
+    r = analyze(*window, "--format", "json", "--job", "102")
+    assert r.returncode == 0, r.stderr
+    [g] = json.loads(r.stdout)["job"]["shared_gpus"]
+    assert (g["host"], g["gpu_uuid"], g["gi"], g["shared_scrapes"], g["memory_max_bytes"]) == ("n1", "GPU-A", -1, 2, None)
+    assert g["sm_share"] == pytest.approx(0.3) and g["first_hour"] == "2026-11-16T10:00:00"
+    assert [(o["job_id"], o["user_name"], o["memory_max_bytes"]) for o in g["others"]] == [("101", "alice", 3 * 2**30)]
+    assert g["others"][0]["sm_share"] == pytest.approx(0.6)
+    r = analyze(*window, "--job", "102")
+    assert "GPU GPU-A on n1: shared with job 101 (alice): this job 30.0 % of the SM time, job 101 60.0 %" in r.stdout
+    assert json.loads(analyze(*window, "--format", "json", "--job", "103").stdout)["job"]["shared_gpus"] == []
