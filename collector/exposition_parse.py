@@ -358,6 +358,15 @@ def _remember(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
     return value
 
 
+def _job_of(labels: Mapping[str, str]) -> tuple[str, str]:
+    """(scheduler, job key) a per-job series names by its scheduler, job_id or namespace/pod labels;
+    the key is "" when none is usable."""
+    scheduler = labels.get("scheduler") or "slurm"
+    workload = _workload(labels) if scheduler == "kubernetes" else None
+    job_key = "/".join(workload) if workload else ("" if scheduler == "kubernetes" else labels.get("job_id") or "")
+    return scheduler, job_key if _utf8(job_key) else ""
+
+
 class _Builder:
     """The state of one parse: rows, their columns, allocations, problems."""
 
@@ -529,10 +538,8 @@ class _Builder:
     def job_share(self, lineno: int, name: str, label_key: object, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_gpu_job_sm_utilization_ratio / _memory_used_bytes{gpu,UUID,Hostname,job_id}: one job's
         part of a GPU, paired by GPU row and job (shared_gpus keeps the GPUs two or more jobs shared)."""
-        scheduler = labels.get("scheduler") or "slurm"
-        workload = _workload(labels) if scheduler == "kubernetes" else None
-        job_key = "/".join(workload) if workload else ("" if scheduler == "kubernetes" else labels.get("job_id") or "")
-        if not job_key or not _utf8(job_key):
+        scheduler, job_key = _job_of(labels)
+        if not job_key:
             self.reject(lineno, f"{name} without a usable job_id or namespace/pod")
             return
         sm = name == JOB_SM_RATIO
@@ -602,10 +609,8 @@ class _Builder:
     def job_report(self, lineno: int, name: str, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_job_reported_flops{Hostname,scheduler,job_id|namespace,pod,basis} FLOP/s and
         gpufleet_job_reported_gpus{...} (the GPUs that figure covers), paired by job and host."""
-        scheduler = labels.get("scheduler") or "slurm"
-        workload = _workload(labels) if scheduler == "kubernetes" else None
-        job_key = "/".join(workload) if workload else ("" if scheduler == "kubernetes" else labels.get("job_id") or "")
-        if not job_key or not _utf8(job_key):
+        scheduler, job_key = _job_of(labels)
+        if not job_key:
             self.reject(lineno, f"{name} without a usable job_id or namespace/pod")
             return
         if not (value >= 0 and value != math.inf) or (name == JOB_REPORTED_GPUS and (value < 1 or value != int(value))):
