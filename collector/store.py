@@ -761,7 +761,8 @@ class StoreWriter:
                 SELECT s.*, coalesce(prior.n, 0) AS prior
                 FROM (SELECT {gpu_hour} AS hour, count(DISTINCT ts)::INTEGER AS n FROM share_rows GROUP BY ALL) s
                 LEFT JOIN (SELECT cluster, host, gpu_uuid, gpu_instance, ts AS hour, max(shared_scrapes) AS n
-                           FROM gpu_job_shares GROUP BY ALL) prior USING (cluster, host, gpu_uuid, gpu_instance, hour)""")
+                           FROM gpu_job_shares WHERE ts IN (SELECT date_trunc('hour', ts) FROM share_rows)  -- the batch's hours only
+                           GROUP BY ALL) prior USING (cluster, host, gpu_uuid, gpu_instance, hour)""")
             self.db.execute("""UPDATE gpu_job_shares g SET shared_scrapes = g.shared_scrapes + s.n FROM share_scrapes s
                 WHERE (g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.ts) = (s.cluster, s.host, s.gpu_uuid, s.gpu_instance, s.hour)""")
             self.db.execute(f"""INSERT INTO gpu_job_shares
