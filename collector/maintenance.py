@@ -629,7 +629,7 @@ def settle(w: StoreWriter, now: datetime) -> int:
 
 def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int, summary_days: int = 0) -> int:
     """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`, and
-    delete job throughput and shared-GPU split rows older than `rollup_days`; returns files retired + rows deleted +
+    delete job throughput rows older than `rollup_days`; returns files retired + rows deleted +
     summaries retired. The summary of a closed hour whose sample files go is kept (raw_retired)
     while the hour is younger than `summary_days`, when that is longer than raw_days (0: the
     summaries go with their samples); it goes then. A summary that cannot stand alone (of an older
@@ -652,7 +652,7 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     old_rollups = [r[0] for r in w.db.execute(  # a day's merged file goes with its last hour
         "SELECT file FROM rollups GROUP BY file HAVING max(hour) < ?", [now - timedelta(days=rollup_days)]).fetchall()]
     reports_cutoff = now - timedelta(days=rollup_days)  # job-reported throughput is hourly: kept like rollups
-    hourly = ("job_throughput", "gpu_job_shares")  # hourly tables: kept like rollups
+    hourly = ("job_throughput", "gpu_job_shares")  # hourly tables (job reports, shared GPUs' split): kept like rollups
     old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE ts < ?", [reports_cutoff]).fetchone()[0] for t in hourly}
     old_reports = sum(old_hourly.values())
     if not old and not old_rollups and not old_reports:
