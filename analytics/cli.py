@@ -70,6 +70,11 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
     return [{k: _plain(v) for k, v in r.items()} for r in df.to_dicts()]
 
 
+def _plain_share(gpu: dict[str, Any]) -> dict[str, Any]:
+    """A shared GPU of analytics.jobs.gpu_shares as JSON: times ISO, the other jobs' too."""
+    return {k: [{x: _plain(y) for x, y in o.items()} for o in v] if k == "others" else _plain(v) for k, v in gpu.items()}
+
+
 def utilization_rows(a, by: str) -> pl.DataFrame:
     """Utilization by `by`; by a job dimension (partition, account, user, job) with the rows' idle
     allocated and no-process GPU-hours and cost (Analysis.waste_by: the report's team figures),
@@ -143,6 +148,9 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
 
             breakdown = job_breakdown(con, params, r.job["job_key"], state_thresholds or Thresholds.of(params, {}))
             report["job"]["where_time_goes"] = None if breakdown is None else breakdown.to_json()
+            from gpufleet.analytics.jobs import gpu_shares
+
+            report["job"]["shared_gpus"] = [_plain_share(g) for g in gpu_shares(con, params, r.job["cluster"], r.job["scheduler"], r.job["job_key"])]
     return report
 
 
@@ -237,6 +245,10 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
             out.write(f"\nJob {j['job']['job_id']}: {words.verdict(j['verdict'])} - {j['rule']}\n")
             table("  per GPU", j["per_gpu"], out)
             print_states(j.get("where_time_goes"), out)
+            from gpufleet.analytics.jobs import share_sentence
+
+            for g in j.get("shared_gpus") or ():
+                out.write(f"  GPU {g['gpu_uuid']} on {g['host']}: {share_sentence(g)}\n")
     p = report["parameters"]
     out.write(f"\nmethod: samples hold {p['max_gap_s']:g} s at most; idle = utilization < {p['idle_threshold_pct']:g}% "
               f"for >= {p['idle_min_duration_s'] / 60:g} min; no-data time is neither idle nor busy\n")

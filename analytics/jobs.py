@@ -16,7 +16,9 @@ gives the verdict, and its text says which rule and which numbers:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
+import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql
@@ -137,3 +139,36 @@ def job_report(a: Analysis, job: str) -> JobReport | None:
         no_process_gpu_h=j["no_process_gpu_h"], idle_gpu_h=j["idle_gpu_h"],
         verdict=j["verdict"], rule=rule(j["verdict"], j, a),
     )
+
+
+def gpu_shares(con: duckdb.DuckDBPyConnection, params: Params, cluster: str, scheduler: str, job_key: str) -> list[dict[str, Any]]:
+    """The GPUs this job shared with other jobs in the window (sql.JOB_GPU_SHARES), one entry each:
+    the job's mean SM share of the GPU while shared and its memory high-water, and the other jobs'
+    over the same hours (`others`). None where unknown, never 0. Empty: it shared none (or the
+    exporters publish no per-job split)."""
+    cur = con.cursor()  # the reader connection is shared between sessions
+    try:
+        binds = {"cluster": cluster, "scheduler": scheduler, "job_key": job_key, "start": params.start, "end": params.end}
+        rows = cur.sql(sql.JOB_GPU_SHARES, params=sql.bound(sql.JOB_GPU_SHARES, binds)).to_arrow_table().to_pylist()
+    finally:
+        cur.close()
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        if r["is_job"]:
+            out.append({k: r[k] for k in ("host", "gpu_uuid", "gi", "first_hour", "last_hour", "shared_scrapes", "sm_share",
+                                           "memory_max_bytes")} | {"others": []})
+        elif out and (out[-1]["host"], out[-1]["gpu_uuid"], out[-1]["gi"]) == (r["host"], r["gpu_uuid"], r["gi"]):
+            out[-1]["others"].append({k: r[k] for k in ("scheduler", "job_key", "job_id", "user_name", "sm_share", "memory_max_bytes")})
+    return out
+
+
+def share_sentence(gpu: Mapping[str, Any]) -> str:
+    """One shared GPU of gpu_shares, said: "shared with job 7 (bob): this job 60.0 % of the SM time, job 7 30.0 %"."""
+    others = gpu["others"]
+    names = ", ".join(f"job {o['job_id'] or o['job_key']}" + (f" ({o['user_name']})" if o["user_name"] else "") for o in others)
+    parts = [f"this job {_share(gpu['sm_share'])} of the SM time"] + [f"job {o['job_id'] or o['job_key']} {_share(o['sm_share'])}" for o in others]
+    return f"shared with {names or 'other jobs'}: " + ", ".join(parts)
+
+
+def _share(x: float | None) -> str:
+    return words.pct(None if x is None else 100 * x)

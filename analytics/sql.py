@@ -1364,3 +1364,34 @@ WHERE foreign_processes > 0 AND ts >= $start AND ts < $end AND {_FILTERS}
 GROUP BY cluster, host, gpu, gpu_uuid, gi
 ORDER BY last_seen DESC, cluster, host, gpu
 """
+
+# One job's part of each GPU it shared in [$start, $end) (gpu_job_shares, hourly: the hours that
+# overlap the window), beside the other jobs on that GPU over the same hours. A share is the
+# job's SM ratio summed over the GPU's shared scrapes of those hours, divided by their count (a
+# scrape without the job is 0: its processes were not on the GPU), so the shares of one GPU add
+# up to at most 1. NULL: a report of the job lacked its SM ratio. Memory: the high-water seen.
+JOB_GPU_SHARES = """
+WITH mine AS (
+    SELECT cluster, host, gpu_uuid, gpu_instance, ts FROM gpu_job_shares
+    WHERE cluster = $cluster AND scheduler = $scheduler AND job_key = $job_key
+      AND ts >= date_trunc('hour', $start::TIMESTAMP) AND ts < $end
+), gpu_hours AS (
+    SELECT g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.ts, max(g.shared_scrapes) AS scrapes
+    FROM gpu_job_shares g JOIN mine USING (cluster, host, gpu_uuid, gpu_instance, ts) GROUP BY ALL
+), per_gpu AS (
+    SELECT cluster, host, gpu_uuid, gpu_instance, sum(scrapes) AS shared_scrapes, min(ts) AS first_hour,
+           max(ts) + INTERVAL 1 HOUR AS last_hour
+    FROM gpu_hours GROUP BY ALL
+)
+SELECT g.cluster, g.host, g.gpu_uuid, g.gpu_instance AS gi, g.scheduler, g.job_key, any_value(j.job_id) AS job_id,
+       any_value(j.user_name) AS user_name, g.scheduler = $scheduler AND g.job_key = $job_key AS is_job,
+       any_value(d.shared_scrapes)::BIGINT AS shared_scrapes, sum(g.reports)::BIGINT AS reports,
+       CASE WHEN sum(g.sm_reports) = sum(g.reports) THEN sum(g.sm_sum) / any_value(d.shared_scrapes) END AS sm_share,
+       max(g.memory_max_bytes) AS memory_max_bytes, any_value(d.first_hour) AS first_hour, any_value(d.last_hour) AS last_hour
+FROM gpu_job_shares g
+JOIN gpu_hours h USING (cluster, host, gpu_uuid, gpu_instance, ts)
+JOIN per_gpu d USING (cluster, host, gpu_uuid, gpu_instance)
+LEFT JOIN jobs j ON j.cluster = g.cluster AND j.scheduler = g.scheduler AND j.job_key = g.job_key
+GROUP BY g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.scheduler, g.job_key
+ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAST, g.job_key
+"""

@@ -57,6 +57,13 @@ JOB_REPORTED_GPUS = "gpufleet_job_reported_gpus"
 JOB_REPORT_METRICS = (JOB_REPORTED_FLOPS, JOB_REPORTED_GPUS)
 # one series per GPU and intruding job (job_id label): the GPU's column is their sum
 FOREIGN_PROCESSES = "gpufleet_gpu_foreign_processes"
+# The split of a shared GPU among the jobs whose processes run on it, one series per GPU and job
+# (job_id label): kept as share observations (ScrapeRows.shares) of GPUs two or more jobs shared.
+JOB_SM_RATIO = "gpufleet_gpu_job_sm_utilization_ratio"
+JOB_MEMORY_BYTES = "gpufleet_gpu_job_memory_used_bytes"
+JOB_SHARE_METRICS = (JOB_SM_RATIO, JOB_MEMORY_BYTES)
+# the jobs' SM ratios of one GPU in one scrape may exceed 1 in sum by this much (NVML rounding)
+SHARE_SUM_TOLERANCE = 1e-6
 # Series of these entities are not per-GPU values even when they carry a `gpu` label.
 ENTITY_LABELS = ("nvlink", "nvswitch", "cpu", "cpucore")
 # Workload label spellings, most specific first: after a Prometheus scrape with honorLabels
@@ -93,6 +100,7 @@ class ParsedScrape:
     gpus: list[dict[str, Any]] = field(default_factory=list)  # inventory observations
     allocations: list[dict[str, Any]] = field(default_factory=list)  # job <-> GPU observations
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s observations
+    shares: list[dict[str, Any]] = field(default_factory=list)  # per (GPU, job) split of a shared GPU
     rejected: int = 0
     problems: list[str] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, text), see ScrapeRows
@@ -112,6 +120,7 @@ class ScrapeRows:
     throughput: list[dict[str, Any]]
     rejected: int
     problems: list[str]
+    shares: list[dict[str, Any]] = field(default_factory=list)  # per (GPU, job) split of a shared GPU
     # accepted but doubtful input (see the module doc): (kind, text), kind pod_hostname or no_final_newline
     warnings: list[tuple[str, str]] = field(default_factory=list)
     unknown_names: list[str] = field(default_factory=list)  # metric families not read, the first few
@@ -139,7 +148,7 @@ def parse_exposition(
     """
     r = parse_rows(text, ts=ts, cluster=cluster, target=target, target_labels=target_labels, source=source)
     return ParsedScrape(samples=samples_table([r]), gpus=r.gpus, allocations=r.allocations,
-                        throughput=r.throughput, rejected=r.rejected, problems=r.problems, warnings=r.warnings,
+                        throughput=r.throughput, shares=r.shares, rejected=r.rejected, problems=r.problems, warnings=r.warnings,
                         unknown_names=r.unknown_names)
 
 
@@ -170,8 +179,11 @@ def parse_rows(
             b.job_report(lineno, name, labels, value)
         elif name == FOREIGN_PROCESSES:
             b.foreign_processes(lineno, key, labels, value)
+        elif name in JOB_SHARE_METRICS:
+            b.job_share(lineno, name, key, labels, value)
         else:
             b.reject(lineno, b.reasons[key])
+    shares = b.shared_gpus()
     b.problems.sort(key=lambda p: int(p.split(":", 1)[0].removeprefix("line ")))
     order = b.merge_parent_rows()
     return ScrapeRows(
@@ -181,6 +193,7 @@ def parse_rows(
         gpus=b.inventory(order),
         allocations=list(b.allocations.values()),
         throughput=[r for r in b.reports.values() if r["flops"] is not None],
+        shares=shares,
         rejected=b.rejected,
         problems=b.problems,
         warnings=b.warnings,
@@ -345,6 +358,15 @@ def _remember(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
     return value
 
 
+def _job_of(labels: Mapping[str, str]) -> tuple[str, str]:
+    """(scheduler, job key) a per-job series names by its scheduler, job_id or namespace/pod labels;
+    the key is "" when none is usable."""
+    scheduler = labels.get("scheduler") or "slurm"
+    workload = _workload(labels) if scheduler == "kubernetes" else None
+    job_key = "/".join(workload) if workload else ("" if scheduler == "kubernetes" else labels.get("job_id") or "")
+    return scheduler, job_key if _utf8(job_key) else ""
+
+
 class _Builder:
     """The state of one parse: rows, their columns, allocations, problems."""
 
@@ -357,6 +379,8 @@ class _Builder:
         self.values: dict[str, dict[int, Any]] = {}  # column -> row index -> value as parsed
         self.allocations: dict[tuple, dict[str, Any]] = {}
         self.reports: dict[tuple[str, str, str], dict[str, Any]] = {}  # (scheduler, job_key, host) -> observation
+        # (row, scheduler, job_key) -> [SM ratio, memory bytes, line numbers], None where not published
+        self.shares: dict[tuple[int, str, str], list[Any]] = {}
         self.reasons: dict[object, str] = {}  # label-set key -> why its series are rejected
         self.exporter = DCGM_EXPORTER  # until a gpufleet_build_info line says otherwise
         self.rejected = 0
@@ -412,7 +436,7 @@ class _Builder:
     # --- the pivot's questions ---
 
     def column_of(self, name: str) -> tuple[dict[int, Any] | None, float] | None:
-        if name == JOB_INFO or name in JOB_REPORT_METRICS or name == FOREIGN_PROCESSES:
+        if name == JOB_INFO or name in JOB_REPORT_METRICS or name == FOREIGN_PROCESSES or name in JOB_SHARE_METRICS:
             return KEEP
         mapped = METRIC_TO_COLUMN.get(name)
         if mapped is None:
@@ -511,6 +535,47 @@ class _Builder:
             column = self.values.setdefault(METRIC_TO_COLUMN[FOREIGN_PROCESSES][0], {})
             column[row] = column.get(row, 0.0) + value
 
+    def job_share(self, lineno: int, name: str, label_key: object, labels: Mapping[str, str], value: float) -> None:
+        """gpufleet_gpu_job_sm_utilization_ratio / _memory_used_bytes{gpu,UUID,Hostname,job_id}: one job's
+        part of a GPU, paired by GPU row and job (shared_gpus keeps the GPUs two or more jobs shared)."""
+        scheduler, job_key = _job_of(labels)
+        if not job_key:
+            self.reject(lineno, f"{name} without a usable job_id or namespace/pod")
+            return
+        sm = name == JOB_SM_RATIO
+        if not (value >= 0 and value != math.inf) or (sm and value > 1):
+            self.reject(lineno, f"{name} value {value!r} is not {'a ratio in 0-1' if sm else 'a byte count'}")
+            return
+        row = self.row_of(label_key, labels)
+        if row == KEEP_ROW:
+            self.reject(lineno, self.reasons[label_key])
+        elif row >= 0:
+            entry = self.shares.setdefault((row, scheduler, job_key), [None, None, []])
+            entry[0 if sm else 1] = float(value)
+            entry[2].append(lineno)
+
+    def shared_gpus(self) -> list[dict[str, Any]]:
+        """The share observations of the GPUs two or more jobs shared in this scrape (a GPU one job
+        holds alone is its samples' business: the table grows with shared GPUs, not with all).
+        A GPU whose jobs' SM ratios sum past 1 is rejected whole: the split is not a split."""
+        by_row: dict[int, list[tuple[str, str, list[Any]]]] = {}
+        for (row, scheduler, job_key), entry in self.shares.items():
+            by_row.setdefault(row, []).append((scheduler, job_key, entry))
+        out = []
+        for row, jobs in by_row.items():
+            if len(jobs) < 2:
+                continue
+            info = self.row_info[row]
+            total = sum(e[0] for _, _, e in jobs if e[0] is not None)
+            if total > 1 + SHARE_SUM_TOLERANCE:
+                for lineno in sorted(n for _, _, e in jobs for n in e[2]):
+                    self.reject(lineno, f"{JOB_SM_RATIO} of the {len(jobs)} jobs on GPU {info.uuid} sum to {total:.3f}, more than 1")
+                continue
+            out += [{"ts": self.ts, "cluster": self.cluster, "host": info.host, "gpu_uuid": info.uuid,
+                     "gpu_instance": -1 if info.instance is None else info.instance, "scheduler": scheduler,
+                     "job_key": job_key, "sm_ratio": e[0], "memory_bytes": e[1]} for scheduler, job_key, e in jobs]
+        return out
+
     def job_info(self, lineno: int, label_key: object, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_gpu_job_info{gpu,UUID,[GPU_I_ID],Hostname,scheduler,job_id|namespace,pod} 1."""
         if not value > 0:  # 0 or NaN: not a holder
@@ -544,10 +609,8 @@ class _Builder:
     def job_report(self, lineno: int, name: str, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_job_reported_flops{Hostname,scheduler,job_id|namespace,pod,basis} FLOP/s and
         gpufleet_job_reported_gpus{...} (the GPUs that figure covers), paired by job and host."""
-        scheduler = labels.get("scheduler") or "slurm"
-        workload = _workload(labels) if scheduler == "kubernetes" else None
-        job_key = "/".join(workload) if workload else ("" if scheduler == "kubernetes" else labels.get("job_id") or "")
-        if not job_key or not _utf8(job_key):
+        scheduler, job_key = _job_of(labels)
+        if not job_key:
             self.reject(lineno, f"{name} without a usable job_id or namespace/pod")
             return
         if not (value >= 0 and value != math.inf) or (name == JOB_REPORTED_GPUS and (value < 1 or value != int(value))):

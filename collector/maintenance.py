@@ -662,15 +662,18 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     old_rollups = [r[0] for r in w.db.execute(  # a day's merged file goes with its last hour
         "SELECT file FROM rollups GROUP BY file HAVING max(hour) < ?", [now - timedelta(days=rollup_days)]).fetchall()]
     reports_cutoff = now - timedelta(days=rollup_days)  # job-reported throughput is hourly: kept like rollups
-    old_reports = w.db.execute("SELECT count(*) FROM job_throughput WHERE ts < ?", [reports_cutoff]).fetchone()[0]
+    hourly = ("job_throughput", "gpu_job_shares")  # hourly tables (job reports, shared GPUs' split): kept like rollups
+    old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE ts < ?", [reports_cutoff]).fetchone()[0] for t in hourly}
+    old_reports = sum(old_hourly.values())
     if not old and not old_rollups and not old_reports:
         if expired:
             w.publish()
         return expired
     w.db.execute("BEGIN")
-    if old_reports:
-        w.db.execute("DELETE FROM job_throughput WHERE ts < ?", [reports_cutoff])
-        w._dirty_tables.add("job_throughput")
+    for t in hourly:
+        if old_hourly[t]:
+            w.db.execute(f"DELETE FROM {t} WHERE ts < ?", [reports_cutoff])
+            w._dirty_tables.add(t)
     for f in old:
         w.db.execute("UPDATE batches SET file = '' WHERE file = ?", [f])
         w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
@@ -680,7 +683,7 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     w.db.execute("COMMIT")
     w.invalidate()
     w.publish()
-    log.info("retention: retired %d sample files, %d rollup files and %d summaries, deleted %d job throughput rows",
+    log.info("retention: retired %d sample files, %d rollup files and %d summaries, deleted %d job throughput and GPU share rows",
              len(old), len(old_rollups), expired, old_reports)
     return len(old) + len(old_rollups) + old_reports + expired
 

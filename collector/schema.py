@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 @dataclass(frozen=True)
@@ -288,8 +288,32 @@ CREATE TABLE IF NOT EXISTS job_attempts (
 ATTEMPT_COLUMNS = ("cluster", "scheduler", "job_key", "start", "job_id", "submit", "end", "state", "state_raw", "exit_code", "gpus",
                    "node_count", "nodes", "source", "updated_at")
 
+# The split of a shared GPU among the jobs on it (the gpufleet exporter's per-process NVML
+# figures, gpufleet_gpu_job_sm_utilization_ratio / _memory_used_bytes; exposition_parse keeps the
+# scrapes where two or more jobs shared a GPU). One row per GPU, job and hour, like job_throughput,
+# so the table grows with shared GPUs x hours, not with scrapes or with all GPUs. A job's mean SM
+# share of the GPU over hours = sum(sm_sum) / sum(shared_scrapes): shared_scrapes counts every
+# scrape of the hour that published the GPU's split, also those the job was absent from (its
+# processes were not on the GPU: 0 SM), so the jobs' shares of a GPU-hour add up to at most 1.
+GPU_JOB_SHARES_DDL = """
+CREATE TABLE IF NOT EXISTS gpu_job_shares (
+    ts TIMESTAMP NOT NULL,               -- the hour (UTC)
+    cluster VARCHAR NOT NULL,
+    host VARCHAR NOT NULL,
+    gpu_uuid VARCHAR NOT NULL,
+    gpu_instance SMALLINT NOT NULL DEFAULT -1,
+    scheduler VARCHAR NOT NULL,
+    job_key VARCHAR NOT NULL,
+    shared_scrapes INTEGER NOT NULL,     -- scrapes of this hour that published the GPU's split (any job)
+    reports INTEGER NOT NULL,            -- of them, those that named this job
+    sm_reports INTEGER NOT NULL,         -- of those, the ones with the job's SM ratio
+    sm_sum DOUBLE,                       -- sum of the job's SM ratios (0-1) over sm_reports; NULL: none known
+    memory_max_bytes DOUBLE,             -- the job's memory high-water on the GPU; NULL: unknown
+    PRIMARY KEY (cluster, host, gpu_uuid, gpu_instance, scheduler, job_key, ts)
+)"""
+
 TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL, "policy_audit": POLICY_AUDIT_DDL,
-          "job_attempts": JOB_ATTEMPTS_DDL}
+          "job_attempts": JOB_ATTEMPTS_DDL, "gpu_job_shares": GPU_JOB_SHARES_DDL}
 
 # Writer-only bookkeeping.
 STATE_DDL = (
@@ -350,6 +374,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # 7: every earlier attempt of a requeued or restarted job (JOB_ATTEMPTS_DDL); a store migrated
     # from 6 kept only each job's latest record, so its earlier attempts are not known
     7: (JOB_ATTEMPTS_DDL,),
+    # 8: the per-job split of shared GPUs (GPU_JOB_SHARES_DDL); a store migrated from 7 never kept
+    # it, so shares before the upgrade are unknown (no rows), not 0
+    8: (GPU_JOB_SHARES_DDL,),
 }
 
 # Where a job's GPU count came from, by authority: a known count is never replaced by an
@@ -442,6 +469,7 @@ class Batch:
     allocations: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + ALLOCATIONS key
     gpus: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + GPUS columns
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s: ts + job_throughput columns
+    shares: list[dict[str, Any]] = field(default_factory=list)  # shared GPUs' split: exposition_parse share observations
     attempts: list[dict[str, Any]] = field(default_factory=list)  # earlier attempts of requeued/restarted jobs: ATTEMPT_COLUMNS
     rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)
     problems: list[str] = field(default_factory=list)  # what was rejected, for the log (first few)

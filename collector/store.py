@@ -353,7 +353,7 @@ class StoreWriter:
             else:
                 files = self._write_sample_files(batch.key, samples, checksum)
                 result.samples_written = samples.num_rows
-        reports_only = not files and not result.duplicate and not result.conflict and bool(batch.throughput)
+        reports_only = not files and not result.duplicate and not result.conflict and bool(batch.throughput or batch.shares)
         if reports_only and self.has_batch(batch.key):
             result.duplicate, reports_only = True, False  # job reports of a batch already stored: count them once
         try:
@@ -375,6 +375,7 @@ class StoreWriter:
             self._observe("gpus", batch.gpus)
             if not (result.duplicate or result.conflict):  # a batch stored before: its reports are counted
                 self._upsert_throughput(batch.throughput)
+                self._upsert_shares(batch.shares)
             if batch.watermark:
                 self.db.execute(
                     # watermarks only move forward: a backfill of an old window must not rewind them
@@ -752,6 +753,41 @@ class StoreWriter:
         )
         self._dirty_tables.add("job_throughput")
 
+    def _upsert_shares(self, obs: list[dict[str, Any]]) -> None:
+        """Fold shared GPUs' split into hourly rows per GPU and job (schema.GPU_JOB_SHARES_DDL): every
+        row of a GPU-hour counts the GPU's shared scrapes, the job's own rows its reports, SM sum
+        and memory high-water (NULL stays NULL until a value is known). A batch holds whole scrapes
+        (a scrape round, a TSDB window): a GPU's scrape split across two batches would count twice."""
+        if not obs:
+            return
+        gpu_hour = "cluster, host, gpu_uuid, gpu_instance, date_trunc('hour', ts)"
+        self.db.register("share_rows", pa.Table.from_pylist(obs, schema=_SHARE_OBS))
+        try:
+            self.db.execute(f"""CREATE OR REPLACE TEMP TABLE share_scrapes AS
+                SELECT s.*, coalesce(prior.n, 0) AS prior
+                FROM (SELECT {gpu_hour} AS hour, count(DISTINCT ts)::INTEGER AS n FROM share_rows GROUP BY ALL) s
+                LEFT JOIN (SELECT cluster, host, gpu_uuid, gpu_instance, ts AS hour, max(shared_scrapes) AS n
+                           FROM gpu_job_shares WHERE ts IN (SELECT date_trunc('hour', ts) FROM share_rows)  -- the batch's hours only
+                           GROUP BY ALL) prior USING (cluster, host, gpu_uuid, gpu_instance, hour)""")
+            self.db.execute("""UPDATE gpu_job_shares g SET shared_scrapes = g.shared_scrapes + s.n FROM share_scrapes s
+                WHERE (g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.ts) = (s.cluster, s.host, s.gpu_uuid, s.gpu_instance, s.hour)""")
+            self.db.execute(f"""INSERT INTO gpu_job_shares
+                SELECT date_trunc('hour', r.ts) AS hour, r.cluster, r.host, r.gpu_uuid, r.gpu_instance, scheduler, job_key,
+                       any_value(s.prior + s.n), count(*), count(sm_ratio), sum(sm_ratio), max(memory_bytes)
+                FROM share_rows r JOIN share_scrapes s ON (r.cluster, r.host, r.gpu_uuid, r.gpu_instance, date_trunc('hour', r.ts))
+                                                          = (s.cluster, s.host, s.gpu_uuid, s.gpu_instance, s.hour)
+                GROUP BY ALL
+                ON CONFLICT (cluster, host, gpu_uuid, gpu_instance, scheduler, job_key, ts) DO UPDATE SET
+                  reports = gpu_job_shares.reports + excluded.reports,
+                  sm_reports = gpu_job_shares.sm_reports + excluded.sm_reports,
+                  sm_sum = CASE WHEN excluded.sm_sum IS NULL THEN gpu_job_shares.sm_sum
+                                ELSE coalesce(gpu_job_shares.sm_sum, 0) + excluded.sm_sum END,
+                  memory_max_bytes = greatest(gpu_job_shares.memory_max_bytes, excluded.memory_max_bytes)""")
+        finally:
+            self.db.unregister("share_rows")
+            self.db.execute("DROP TABLE IF EXISTS share_scrapes")
+        self._dirty_tables.add("gpu_job_shares")
+
     def _upsert_allocations(self, obs: list[dict[str, Any]]) -> None:
         if not obs:
             return
@@ -1052,6 +1088,13 @@ class StoreWriter:
 _THROUGHPUT_OBS = pa.schema([
     ("ts", pa.timestamp("ms")), ("cluster", pa.string()), ("scheduler", pa.string()), ("job_key", pa.string()),
     ("host", pa.string()), ("flops", pa.float64()), ("gpus", pa.int32()), ("basis", pa.string()),
+])
+
+# One share observation of a shared GPU (gpufleet.collector.exposition_parse emits them).
+_SHARE_OBS = pa.schema([
+    ("ts", pa.timestamp("ms")), ("cluster", pa.string()), ("host", pa.string()), ("gpu_uuid", pa.string()),
+    ("gpu_instance", pa.int16()), ("scheduler", pa.string()), ("job_key", pa.string()), ("sm_ratio", pa.float64()),
+    ("memory_bytes", pa.float64()),
 ])
 
 # Interval tables widened by observations: (key columns, attribute columns). An observation's

@@ -603,7 +603,8 @@ def job_report(key: tuple, job: dict) -> dict | None:
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
             return None
         tl = timeline.job_gpu_timeline(a, job["cluster"], job["scheduler"], job["job_key"])
-        return {"report": r, "timeline": tl, **_job_mfu(a, job, w), **_job_states(s, w, narrowed, job)}
+        shared = ajobs.gpu_shares(reader(w.root), narrowed, job["cluster"], job["scheduler"], job["job_key"])
+        return {"report": r, "timeline": tl, "shared_gpus": shared, **_job_mfu(a, job, w), **_job_states(s, w, narrowed, job)}
     finally:
         _close(a)
 

@@ -542,10 +542,10 @@ def test_a_store_of_schema_6_gains_job_attempts(tmp_path):
     w = StoreWriter(tmp_path)
     w.commit(Batch(key="1", jobs=[_job_row(start=T0, state="RUNNING")]))
     w.db.execute("DROP TABLE job_attempts")
-    w.db.execute("DELETE FROM schema_version WHERE version = 7")
+    w.db.execute("DELETE FROM schema_version WHERE version >= 7")
     w.close()
     w = StoreWriter(tmp_path)
-    assert w.schema_version() == schema.SCHEMA_VERSION == 7
+    assert w.schema_version() == schema.SCHEMA_VERSION >= 7  # (later migrations ran too)
     w.commit(Batch(key="2", jobs=[_job_row(start=T0 + H, state="RUNNING")]))  # a requeue: the stored record is an earlier attempt
     assert w.db.sql("SELECT start, state FROM job_attempts").fetchall() == [(T0, "RUNNING")]
     w.close()

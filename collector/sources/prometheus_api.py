@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Iterator
 import httpx
 
 from gpufleet.collector.exposition_parse import (
-    GPUFLEET_BUILD_INFO, JOB_REPORT_METRICS, PRECEDENCE_WITHIN_S, merge_exporters, parse_rows, samples_table,
+    GPUFLEET_BUILD_INFO, JOB_REPORT_METRICS, JOB_SHARE_METRICS, PRECEDENCE_WITHIN_S, merge_exporters, parse_rows, samples_table,
 )
 from gpufleet.collector.schema import METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_SCHEMA
 from gpufleet.collector.config import GPU_SHARDS, GPU_SHARDS_MAX, PARALLEL_REQUESTS
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 # that name its GPUs), plus the job mapping, job reports and the gpufleet exporter's build info
 # (which tells its samples from dcgm-exporter's: PRECEDENCE).
 DEFAULT_METRICS = tuple(sorted({m for m in METRIC_TO_COLUMN if m.startswith(("DCGM_", "gpufleet_", NVIDIA_SMI_PREFIX))}
-                               | {"gpufleet_gpu_job_info", GPUFLEET_BUILD_INFO, *JOB_REPORT_METRICS, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO}))
+                               | {"gpufleet_gpu_job_info", GPUFLEET_BUILD_INFO, *JOB_REPORT_METRICS, *JOB_SHARE_METRICS, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO}))
 
 
 # The GPU shards of a window: a target's shard is decided by the last character of its host, the
@@ -324,7 +324,7 @@ class PrometheusApiSource:
                 if fam is None:
                     fam = fams[name] = Family(name, "gauge", "")
                 fam.samples.append((key, float(v)))
-        parts, times, gpus, allocations, throughput, rejected, problems = [], [], [], [], [], 0, []
+        parts, times, gpus, allocations, throughput, shares, rejected, problems = [], [], [], [], [], [], 0, []
         unrecognized: dict[tuple[str, str], Unrecognized] = {}  # one per instance and kind in a chunk
         for (instance, t), fams in sorted(scrapes.items()):
             body = render(fams.values()).decode()
@@ -338,6 +338,7 @@ class PrometheusApiSource:
             gpus += parsed.gpus
             allocations += parsed.allocations
             throughput += parsed.throughput
+            shares += parsed.shares
             rejected += parsed.rejected
             problems += parsed.problems[:3]
         # a GPU both dcgm-exporter and the gpufleet exporter report: one value per field (PRECEDENCE)
@@ -348,6 +349,7 @@ class PrometheusApiSource:
             gpus=gpus,
             allocations=allocations,
             throughput=throughput,
+            shares=shares,
             rejected=rejected,
             problems=problems,
             watermark=(self.watermark_name, end.isoformat()),

@@ -8,6 +8,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
+from gpufleet.analytics import jobs as ajobs
 from gpufleet.analytics import vocabulary as words
 from gpufleet.dashboards import data, figures, ui
 
@@ -86,6 +87,7 @@ def report(window, job: dict) -> None:
         st.text(f"MFU: {res['mfu_error'] or 'unknown for this job (not in the MFU figures of this window)'}")
 
     states_section(res)
+    shared_section(res.get("shared_gpus") or [])
 
     tl = res["timeline"]
     st.subheader("Per GPU")
@@ -131,6 +133,20 @@ def states_section(res: dict) -> None:
     foreign = [(g.gpu, g.foreign_max) for g in js.gpus if g.foreign_max]
     st.text("Other jobs' processes on this job's GPUs: "
             + (", ".join(f"{gpu} (up to {n:.0f})" for gpu, n in foreign) if foreign else "none reported"))
+
+
+def shared_section(shared: list[dict]) -> None:
+    """The GPUs this job shared with other jobs (gpufleet.analytics.jobs.gpu_shares): its part of
+    each while shared, and the others'. Nothing is shown for a job that shared none."""
+    if not shared:
+        return
+    st.subheader("Shared GPUs")
+    st.caption("GPUs whose processes of several jobs ran at once (the gpufleet exporter's per-process NVML split): "
+               "each job's mean part of the GPU's SM time while shared, and its memory high-water there.")
+    for g in shared:
+        mem = "unknown" if g["memory_max_bytes"] is None else f"{g['memory_max_bytes'] / 2**20:,.0f} MiB"
+        st.text(f"GPU {g['gpu_uuid']} on {g['host']}, {ui.when(g['first_hour'])} to {ui.when(g['last_hour'])}: "
+                f"{ajobs.share_sentence(g)}; this job's memory high-water {mem}")
 
 
 def body(ctx: ui.Context) -> None:
