@@ -1,8 +1,8 @@
 """Job states: one job's breakdown of its GPU time (`gpufleet analyze --job`), at two fleet sizes.
 
 1. A synthetic day written into a real store through StoreWriter: GPUFLEET_BENCH_STATES_GPUS H100s
-   (hosts of 8) sampled every 15 s with the profiling fields, and jobs of 16 and 64 GPUs holding
-   whole hosts all day (a startup, checkpoint dips every 30 min, one slow GPU) beside single-GPU jobs.
+   (hosts of 8) sampled every 15 s with the profiling fields, and jobs of 16, 64 and 256 GPUs (those
+   that fit the fleet) holding whole hosts all day (a startup, checkpoint dips every 30 min, one slow GPU) beside single-GPU jobs.
 2. gpufleet.analytics.states.job_breakdown of each big job in a process of its own: wall time and
    peak RSS (VmHWM) are the breakdown's own, imports excluded.
 
@@ -29,7 +29,7 @@ from bench._common import ROOT, Table, progress
 START = datetime(2026, 3, 2)
 DAY = timedelta(days=1)
 STEP_S = 15
-JOBS = {"big16": 16, "big64": 64}  # job key -> GPUs (whole hosts from host 0 on)
+JOBS = {"big16": 16, "big64": 64, "big256": 256}  # job key -> GPUs (whole hosts from host 0 on)
 MEASURE = r"""
 import json, sys, time
 from datetime import datetime
@@ -75,13 +75,13 @@ def generate(root: Path, gpus: int) -> None:
     n = int(DAY.total_seconds()) // STEP_S
     ts = np.array([START + timedelta(seconds=STEP_S * i) for i in range(n)], dtype="datetime64[ms]")
     owner, first = {}, 0
-    for key, size in JOBS.items():
+    for key, size in _jobs(gpus).items():
         owner.update({g: key for g in range(first, first + size)})
         first += size
     w = StoreWriter(root)
     try:
         jobs, allocs = [], []
-        for key, size in JOBS.items():
+        for key, size in _jobs(gpus).items():
             jobs.append(_job(schema, key, size))
         for g in range(first, gpus):
             jobs.append(_job(schema, f"small{g}", 1))
@@ -114,6 +114,16 @@ def generate(root: Path, gpus: int) -> None:
         w.close()
 
 
+def _jobs(gpus: int) -> dict[str, int]:
+    """The big jobs a fleet of `gpus` holds: JOBS in order, while they fit."""
+    fit, used = {}, 0
+    for key, size in JOBS.items():
+        if used + size <= gpus:
+            fit[key] = size
+            used += size
+    return fit
+
+
 def _job(schema, key: str, size: int) -> dict:
     row = {c: None for c in schema.JOB_COLUMNS}
     row.update(cluster="c1", scheduler="slurm", job_key=key, job_id=key, name=key, user_name="u1", account="a1", partition="gpu",
@@ -127,13 +137,13 @@ def run() -> list[Table]:
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "states")
     t = Table("job states: one job's breakdown of its GPU time (a day of 15 s samples), by fleet size")
     for gpus in sizes:
-        root = cache / f"store-{gpus}"
+        root = cache / f"store-{gpus}-{len(_jobs(gpus))}"  # (a store written before a job was added lacks it)
         if not (root / "manifest.json").exists():
             progress(f"generating a day of {gpus} GPUs under {root}")
             started = time.monotonic()
             generate(root, gpus)
             progress(f"generated in {time.monotonic() - started:.0f} s")
-        out = subprocess.run([sys.executable, "-c", MEASURE, str(root), START.isoformat(), (START + DAY).isoformat(), *JOBS],
+        out = subprocess.run([sys.executable, "-c", MEASURE, str(root), START.isoformat(), (START + DAY).isoformat(), *_jobs(gpus)],
                              capture_output=True, text=True, check=True, cwd=ROOT)
         got = json.loads(out.stdout.strip().splitlines()[-1])
         for job, m in got["jobs"].items():
