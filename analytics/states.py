@@ -468,15 +468,13 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
         k = k.astype(np.int16)  # numpy sorts 16-bit keys stably by radix: linear in the rows
     order = np.argsort(k, kind="stable")
     edges = np.searchsorted(k[order], np.arange(len(allocations) + 1))
-    columns = {c: np.asarray(rows.column(c).to_numpy(), dtype=float) for c in _SAMPLE_FIELDS}
     # a column every row of which says the default (a whole GPU's share, no foreign process) is
-    # not taken: gpu_states reads None as that default, and the rows are not gathered for it
-    for c, default in _DEFAULTS.items():
-        if (np.isnan(columns[c]) if default is None else columns[c] == default).all():
-            del columns[c]
+    # not taken into numpy: gpu_states reads None as that default
+    columns = {c: np.asarray(rows.column(c).to_numpy(), dtype=float) for c in _SAMPLE_FIELDS if not _all_default(rows.column(c), c)}
     names = []
     for i, r in enumerate(allocations):
-        index = r["gpu"] if r["gpu"] is not None else _sampled_index(_taken(rows, "gpu", order[edges[i]:edges[i + 1]]))  # the mapping may not say it; the samples do
+        # the mapping may not say the GPU's index; the samples do
+        index = r["gpu"] if r["gpu"] is not None else _sampled_index(_taken(rows, "gpu", order[edges[i]:edges[i + 1]]))
         names.append(f"{r['host']}:{index if index is not None else r['gpu_uuid']}" + (f"/{r['gi']}" if r["gi"] is not None and r["gi"] >= 0 else ""))
     return job_states(_AllocationSamples(allocations, names, columns, order, edges), t)
 
@@ -486,6 +484,17 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
 _SAMPLE_FIELDS = ("ts", "util", "procs", "sm_active", "tensor_active", "pcie_rx", "nvlink", "equiv", "foreign_processes")
 # ... and the value GpuSamples takes a column's None for (None: NaN, not reported)
 _DEFAULTS = {"equiv": 1.0, "foreign_processes": None}
+
+
+def _all_default(column: Any, name: str) -> bool:
+    """Whether every row of an Arrow column is its _DEFAULTS value (False: it has none)."""
+    import pyarrow.compute as pc
+
+    if name not in _DEFAULTS:
+        return False
+    if _DEFAULTS[name] is None:
+        return column.null_count == len(column)
+    return column.null_count == 0 and pc.all(pc.equal(column, _DEFAULTS[name])).as_py() is True
 
 
 class _AllocationSamples(Sequence[GpuSamples]):
