@@ -178,7 +178,7 @@ def test_every_job_accounting_knows_is_in_a_window_whatever_its_eligible_time(sl
     """Slurm 22.05 records no eligible time for some jobs that start the instant they are
     submitted (Eligible=Unknown), and sacct -S/-E without a state selects by eligible time: such
     a job was in no window, its GPU-hours lost without a word (seen in CI: test_job_gpus_real's
-    sacct-only job, in 3 of 10 runs). The window read names every state, so slurmdbd selects by
+    sacct-only job, in 6 of 11-20 runs here). The window read names every state, so slurmdbd selects by
     each state's own times: short jobs submitted back to back and after an idle pause, and a long
     one started before the window, are all read by a window that starts after the long one did.
     (Whether a job here gets Eligible=Unknown is up to slurmctld's timing; the assertion holds
