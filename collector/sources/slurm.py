@@ -66,12 +66,14 @@ DEFAULT_FIELDS = (
     "JobIDRaw", "JobID", "Cluster", "User", "Account", "Partition", "QOS", "Submit", "Eligible", "Start",
     "End", "State", "ExitCode", "NNodes", "NodeList", "AllocTRES", "ReqTRES", "JobName",
 )
-# Every job state sacct -s takes (Slurm 17.11+), so that slurmdbd selects a window's jobs by each
+# The base job states (Slurm's enum job_states, PENDING to OUT_OF_MEMORY), and every job state
+# sacct -s takes (Slurm 17.11+): asked for by name so that slurmdbd selects a window's jobs by each
 # state's own times and not by eligible time alone (see the module docstring)
-WINDOW_STATES = (
+BASE_JOB_STATES = (
     "PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-    "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REQUEUED", "RESIZING", "REVOKED",
+    "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
 )
+WINDOW_STATES = (*BASE_JOB_STATES, "REQUEUED", "RESIZING", "REVOKED")
 MAX_PROBLEMS_PER_BATCH = 20
 _STORED = object()  # run()/window() without a watermark argument: use watermark_of or memory
 

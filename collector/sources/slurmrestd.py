@@ -45,7 +45,7 @@ import httpx
 
 from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
-from gpufleet.collector.sources.slurm import JobWindows
+from gpufleet.collector.sources.slurm import BASE_JOB_STATES, JobWindows
 from gpufleet.collector.sources.slurm_json import error_text, jobs_batch, note_gpu_tracking, tres_tracks_gpus
 from gpufleet.collector.sources.slurm_parse import as_tz
 from gpufleet.times import utcnow
@@ -53,13 +53,11 @@ from gpufleet.times import utcnow
 # data_parser versions this reads, newest first (slurm_json handles each one's shapes)
 VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38", "v0.0.37")
 OPENAPI_PATHS = ("/openapi/v3", "/openapi")
-# The base job states (Slurm's enum job_states, PENDING to OUT_OF_MEMORY), asked for by name so
-# that slurmdbd selects a window's jobs by each state's times, not by eligible time alone. Base
-# states only: 22.05's dbv0.0.38 reads REQUEUED, RESIZING and REVOKED as PENDING, and a name it
-# already has, last in the list, fails the whole query ("Unable to parse CSV list"), seen on the
-# real slurmrestd; REQUEUED records are listed with these (tests/test_slurmrestd_real.py).
-WINDOW_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                 "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
+# The states a window asks for by name, as sacct's (slurm.WINDOW_STATES) but the base states only:
+# 22.05's dbv0.0.38 reads REQUEUED, RESIZING and REVOKED as PENDING, and a name it already has,
+# last in the list, fails the whole query ("Unable to parse CSV list"), seen on the real
+# slurmrestd; REQUEUED records are listed with these (tests/test_slurmrestd_real.py).
+WINDOW_STATES = BASE_JOB_STATES
 # v0.0.40+: every record of a requeued job, with its own start and end (see the module docstring)
 DUPLICATES_QUERY = {"show_duplicates": "true", "disable_truncate_usage_time": "true"}
 _JOBS_PATH = re.compile(r"^/(slurm|slurmdb)/(v0\.0\.\d+)/jobs/?$")
