@@ -181,7 +181,6 @@ SLOW = (
     "tests/test_reliability.py::test_cli_reliability_json_and_table",
     "tests/test_store_segments.py::test_readers_see_the_full_snapshot_after_any_history",
     "tests/test_store_segments.py::test_segment_count_stays_logarithmic",
-    "tests/test_fact_window.py::test_a_window_from_its_facts_has_the_raw_figures",
     "tests/test_facts.py::test_facts_give_the_raw_figures_at_every_grain_and_filter",
     "tests/test_facts.py::test_upkeep_run_twice_writes_no_new_byte",
     "tests/test_facts.py::test_late_data_rebuilds_exactly_its_hour_and_day",
