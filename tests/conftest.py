@@ -3,7 +3,6 @@ when one is unavailable a test skips with the reason, or fails under CI=true (re
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -103,19 +102,6 @@ def slurm_cluster(request, tmp_path_factory) -> SlurmCluster:
     cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
     request.addfinalizer(cluster.stop)
     return cluster
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _private_cache_home(tmp_path_factory):
-    """What the product caches under $XDG_CACHE_HOME (the dashboards' hour facts) goes to the
-    session's temporary directory, never to the home directory of whoever runs the tests."""
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
-    yield
-    if old is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
 
 
 def _scheduling_scopes() -> dict[str, str]:
