@@ -8,7 +8,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import vocabulary as words
-from gpufleet.dashboards import data, figures, ui
+from gpufleet.dashboards import data, ui
 
 TOP = 15
 
@@ -29,9 +29,8 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.LayerChart:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.waste_for(w)
+    b = data.window_bundle(w.key)
     ui.window_caption(b.window)
-    ui.facts_note(b.facts_hours)
     t = b.totals
     if ui.empty_totals(t):
         ui.empty_window("GPU or job")
