@@ -815,6 +815,51 @@ SELECT cluster, scheduler, job_key, job_id, coalesce(account, '') AS account, co
 FROM jobs WHERE {_WAITING_JOBS} AND submit < $as_of AND coalesce(start, "end", $as_of) >= $as_of
 ORDER BY wait_s DESC, cluster, job_key"""
 
+# --- queue gaps (analytics/queue_gaps.py) ---
+
+# A pool is a partition's whole GPUs of one model: those its jobs held in the window or in the
+# $retire_after before it, each counting from its first sighting to CAPACITY_END (epoch us,
+# clipped to [$start, $as_of)). MIG instances are left out of pools (their jobs take slices).
+_POOL_FILTERS = "($cluster IS NULL OR a.cluster = $cluster) AND ($partition IS NULL OR j.partition = $partition)"
+QUEUE_POOL_GPUS = f"""
+WITH used AS (
+    SELECT DISTINCT a.cluster, j.partition, a.host, a.gpu_uuid
+    FROM allocations a JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    WHERE a.gpu_instance = -1 AND j.partition IS NOT NULL AND {_POOL_FILTERS}
+      AND {ALLOCATION_END} > $start - to_seconds($retire_after) AND {ALLOCATION_START} < $as_of
+)
+SELECT u.cluster, u.partition, g.model, g.host, g.gpu_uuid,
+       epoch_us(greatest(g.first_seen, $start)) AS c0, epoch_us(least({CAPACITY_END}, $as_of)) AS c1
+FROM used u JOIN gpus g ON g.cluster = u.cluster AND g.host = u.host AND g.gpu_uuid = u.gpu_uuid AND g.gpu_instance = -1
+WHERE g.model IS NOT NULL AND g.first_seen < $as_of AND {CAPACITY_END} > $start
+ORDER BY u.cluster, u.partition, g.model, g.host, g.gpu_uuid"""
+
+# Who held each GPU when (any job, any partition; a MIG instance held holds its GPU), clipped to [$start, $as_of)
+QUEUE_HOLDS = f"""
+SELECT a.cluster, a.host, a.gpu_uuid, epoch_us(greatest({ALLOCATION_START}, $start)) AS h0, epoch_us(least({ALLOCATION_END}, $as_of)) AS h1
+FROM allocations a LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+WHERE ($cluster IS NULL OR a.cluster = $cluster) AND {ALLOCATION_END} > $start AND {ALLOCATION_START} < $as_of
+  AND {ALLOCATION_END} > {ALLOCATION_START}"""
+
+# The jobs that waited in [$start, $as_of): from eligible (else submit) to their start (else their
+# end: cancelled while pending; else $as_of: still pending), with the model of the GPUs they got
+# (the one most of their GPUs are) and whether they ran on MIG instances
+QUEUE_WAITS = f"""
+WITH got AS (
+    SELECT a.cluster, a.scheduler, a.job_key, g.model, count(*) AS n, bool_or(a.gpu_instance <> -1) AS on_mig
+    FROM allocations a JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    GROUP BY ALL
+), jm AS (
+    SELECT cluster, scheduler, job_key, arg_max(model, n) AS model, bool_or(on_mig) AS on_mig FROM got GROUP BY ALL
+)
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.account, j.user_name, j.partition, j.gpus, jm.model, coalesce(jm.on_mig, false) AS on_mig,
+       epoch_us(greatest(coalesce(j.eligible, j.submit), $start)) AS w0, epoch_us(least(coalesce(j.start, j."end", $as_of), $as_of)) AS w1
+FROM jobs j LEFT JOIN jm ON jm.cluster = j.cluster AND jm.scheduler = j.scheduler AND jm.job_key = j.job_key
+WHERE (j.gpus > 0 OR j.gpus IS NULL) AND j.partition IS NOT NULL AND coalesce(j.eligible, j.submit) < $as_of
+  AND coalesce(j.start, j."end", $as_of) > $start AND coalesce(j.start, j."end", $as_of) > coalesce(j.eligible, j.submit)
+  AND ($cluster IS NULL OR j.cluster = $cluster) AND ($partition IS NULL OR j.partition = $partition)
+ORDER BY j.cluster, j.partition, w0, j.job_key"""
+
 # --- the fleet at one moment (analytics/fleet_now.py) ---
 
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
