@@ -29,10 +29,11 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
+from gpufleet.times import utcnow
 
 POOL = ("cluster", "partition", "model")
 POOL_SCHEMA = {"cluster": pl.String, "partition": pl.String, "model": pl.String, "gpus": pl.Int64, "free_gpu_h": pl.Float64,
-               "gap_gpu_h": pl.Float64, "gap_usd": pl.Float64, "jobs_waited": pl.Int64, "jobs_fit": pl.Int64}
+               "gap_gpu_h": pl.Float64, "gap_cost": pl.Float64, "jobs_waited": pl.Int64, "jobs_fit": pl.Int64}
 JOB_SCHEMA = {"cluster": pl.String, "partition": pl.String, "model": pl.String, "job_id": pl.String, "job_key": pl.String,
               "account": pl.String, "user_name": pl.String, "gpus": pl.Int64, "waited_h": pl.Float64, "fit_h": pl.Float64,
               "fit_gpu_h": pl.Float64}
@@ -46,8 +47,8 @@ class QueueGaps:
 
 
 def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
-    """The queue gaps of params' window (up to `now`) per pool, with the jobs that waited."""
-    as_of = min(params.end, now) if now is not None else params.end
+    """The queue gaps of params' window (up to `now`, default the clock) per pool, with the jobs that waited."""
+    as_of = min(params.end, now or utcnow())
     f = params.filters
     bind = {"start": params.start, "as_of": as_of, "cluster": f.cluster, "partition": f.partition}
     window = {"max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds()}
@@ -76,7 +77,7 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
         gap_h, fit_s = (0.0, np.zeros(0)) if w is None else _gap(t, free, w["w0"].to_numpy(), w["w1"].to_numpy(), w["gpus"].to_numpy())
         price = prices.get(key[2])
         pool_rows.append({**dict(zip(POOL, key)), "gpus": pool.height, "free_gpu_h": float(np.sum(free[:-1] * np.diff(t))) / 3.6e9,
-                          "gap_gpu_h": gap_h, "gap_usd": None if price is None else gap_h * price,
+                          "gap_gpu_h": gap_h, "gap_cost": None if price is None else gap_h * price,
                           "jobs_waited": 0 if w is None else w.height, "jobs_fit": int(np.count_nonzero(fit_s))})
         if w is not None:
             job_rows.append(w.with_columns(pl.col("pool_model").alias("model"), ((pl.col("w1") - pl.col("w0")) / 3.6e9).alias("waited_h"),

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.prices import price_table
 from gpufleet.analytics.queue_gaps import queue_gaps
 from gpufleet.collector.schema import ALLOCATIONS_DDL, GPUS_DDL, JOBS_DDL
 
@@ -62,7 +63,7 @@ def test_a_job_that_fits_on_free_gpus_counts_from_eligible_to_its_start():
     con = tables(FOUR, [("A", "p", 2, 0, 0, 10, FOUR[:2]), ("B", "p", 2, 2, 5, 10, FOUR[2:])])
     g = queue_gaps(con, params())
     p = pool(g)
-    assert (p["model"], p["gpus"], p["free_gpu_h"], p["gap_gpu_h"], p["gap_usd"], p["jobs_waited"], p["jobs_fit"]) == (
+    assert (p["model"], p["gpus"], p["free_gpu_h"], p["gap_gpu_h"], p["gap_cost"], p["jobs_waited"], p["jobs_fit"]) == (
         "H100", 4, pytest.approx(10), pytest.approx(6), pytest.approx(12), 1, 1)
     [j] = g.jobs.to_dicts()
     assert (j["job_id"], j["waited_h"], j["fit_h"], j["fit_gpu_h"]) == ("B", pytest.approx(3), pytest.approx(3), pytest.approx(6))
@@ -101,7 +102,7 @@ def test_unknown_sizes_and_pools_are_counted_apart_and_an_unpriced_model_has_unk
     assert g.not_counted["GPUs requested unknown"] == 1
     assert g.not_counted["pool unknown (no GPU of the partition seen, or several models and the job never ran)"] == 2  # D, E
     x9 = [r for r in g.pools.iter_rows(named=True) if r["model"] == "X9"][0]
-    assert x9["gap_usd"] is None and x9["gap_gpu_h"] == pytest.approx(1)  # B waited 0-1 h with X0 free
+    assert x9["gap_cost"] is None and x9["gap_gpu_h"] == pytest.approx(1)  # B waited 0-1 h with X0 free
 
 
 def test_a_still_pending_job_waits_until_now_and_a_filter_gives_its_row_unfiltered():
@@ -151,3 +152,38 @@ def test_the_gap_never_exceeds_the_free_capacity_nor_the_demand_and_oversized_jo
     for part in ("p", "q"):
         one = queue_gaps(con, params(0, hi, partition=part))
         assert one.pools.to_dicts() == g.pools.filter(g.pools["partition"] == part).to_dicts()
+
+
+def test_analyze_json_and_table_carry_the_queue_gaps(tmp_path):
+    """Through the store and `gpufleet analyze`: partition gpu's GPUs A, B, C (H100); job 1 holds A
+    all along, job 2 C until 10:30; job 3 (2 GPUs) waits 10:15-11:00, fitting from 10:30 (B and C
+    free): 1 GPU-h of gap of 1.5 free; job 4 (3 GPUs, still pending) never fits."""
+    import json
+
+    from tests.support.fleet import Fleet
+    from tests.test_analytics_jobs_cli import analyze
+
+    def at(h, m=0):
+        return datetime(2026, 11, 16, h, m)
+
+    f = Fleet(tmp_path)
+    for uuid in ("GPU-A", "GPU-B", "GPU-C"):
+        f.gpu_series("n1", uuid, at(10), at(12))
+    f.job("1", account="physics", user="alice", start=at(10), end=at(12), gpus=1, placements=[("n1", "GPU-A")])
+    f.job("2", account="physics", user="alice", start=at(10), end=at(10, 30), gpus=1, placements=[("n1", "GPU-C")])
+    f.job("3", account="biology", user="bob", submit=at(10, 15), start=at(11), end=at(12), gpus=2, placements=[("n1", "GPU-B"), ("n1", "GPU-C")])
+    f.job("4", account="biology", user="bob", submit=at(10), start=None, end=None, gpus=3, placements=[])
+    f.write()
+    window = ("--store", str(tmp_path), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z")
+    r = analyze(*window, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    q = json.loads(r.stdout)["queue_gaps"]
+    [p] = q["pools"]
+    price = price_table({})["NVIDIA H100 80GB HBM3"]
+    assert (p["partition"], p["gpus"], p["free_gpu_h"], p["gap_gpu_h"], p["gap_cost"], p["jobs_waited"], p["jobs_fit"]) == (
+        "gpu", 3, pytest.approx(1.5), pytest.approx(1.0), pytest.approx(price), 2, 1)
+    assert [(j["job_id"], j["account"], j["fit_h"], j["fit_gpu_h"]) for j in q["jobs"]] == [("3", "biology", 0.5, 1.0)]
+    assert set(q["not_counted"].values()) == {0}
+    table = analyze(*window).stdout
+    assert "Queue gaps" in table and "jobs that waited while they would have fit" in table
+    assert [line for line in table.splitlines() if line.strip().startswith("3 ")], table
