@@ -154,19 +154,18 @@ def test_the_gap_never_exceeds_the_free_capacity_nor_the_demand_and_oversized_jo
         assert one.pools.to_dicts() == g.pools.filter(g.pools["partition"] == part).to_dicts()
 
 
-def test_analyze_json_and_table_carry_the_queue_gaps(tmp_path):
-    """Through the store and `gpufleet analyze`: partition gpu's GPUs A, B, C (H100); job 1 holds A
-    all along, job 2 C until 10:30; job 3 (2 GPUs) waits 10:15-11:00, fitting from 10:30 (B and C
-    free): 1 GPU-h of gap of 1.5 free; job 4 (3 GPUs, still pending) never fits."""
-    import json
+def at(h: int, m: int = 0) -> datetime:
+    return datetime(2026, 11, 16, h, m)
 
+
+@pytest.fixture(scope="module")
+def queued(tmp_path_factory):
+    """Partition gpu's GPUs A, B, C (H100) 10:00-12:00: job 1 holds A all along, job 2 C until
+    10:30; job 3 (2 GPUs) waits 10:15-11:00, fitting from 10:30 (B and C free): 1 GPU-h of gap of
+    1.5 free; job 4 (3 GPUs, still pending) never fits."""
     from tests.support.fleet import Fleet
-    from tests.test_analytics_jobs_cli import analyze
 
-    def at(h, m=0):
-        return datetime(2026, 11, 16, h, m)
-
-    f = Fleet(tmp_path)
+    f = Fleet(tmp_path_factory.mktemp("queued"))
     for uuid in ("GPU-A", "GPU-B", "GPU-C"):
         f.gpu_series("n1", uuid, at(10), at(12))
     f.job("1", account="physics", user="alice", start=at(10), end=at(12), gpus=1, placements=[("n1", "GPU-A")])
@@ -174,7 +173,15 @@ def test_analyze_json_and_table_carry_the_queue_gaps(tmp_path):
     f.job("3", account="biology", user="bob", submit=at(10, 15), start=at(11), end=at(12), gpus=2, placements=[("n1", "GPU-B"), ("n1", "GPU-C")])
     f.job("4", account="biology", user="bob", submit=at(10), start=None, end=None, gpus=3, placements=[])
     f.write()
-    window = ("--store", str(tmp_path), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z")
+    return f.root
+
+
+def test_analyze_json_and_table_carry_the_queue_gaps(queued):
+    import json
+
+    from tests.test_analytics_jobs_cli import analyze
+
+    window = ("--store", str(queued), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z")
     r = analyze(*window, "--format", "json")
     assert r.returncode == 0, r.stderr
     q = json.loads(r.stdout)["queue_gaps"]
@@ -187,3 +194,20 @@ def test_analyze_json_and_table_carry_the_queue_gaps(tmp_path):
     table = analyze(*window).stdout
     assert "Queue gaps" in table and "jobs that waited while they would have fit" in table
     assert [line for line in table.splitlines() if line.strip().startswith("3 ")], table
+
+
+def test_the_waste_page_shows_the_queue_gaps_and_the_jobs_that_waited(queued, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_dashboard_pages import APP, WINDOW, clean
+
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(queued))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    app = AppTest.from_file(str(APP), default_timeout=120)
+    app.query_params.update(WINDOW)
+    app = clean(clean(app.run()).switch_page("views/waste.py").run())
+    assert "Queue gaps" in [s.value for s in app.subheader]
+    [pools] = [d.value for d in app.dataframe if "gap_gpu_h" in d.value.columns]
+    assert pools["partition"].tolist() == ["gpu"] and pools["gap_gpu_h"].tolist() == [pytest.approx(1.0)], pools
+    [jobs] = [d.value for d in app.dataframe if "fit_gpu_h" in d.value.columns]
+    assert jobs["job_id"].tolist() == ["3"], jobs
