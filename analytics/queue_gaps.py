@@ -50,11 +50,9 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     """The queue gaps of params' window (up to `now`, default the clock) per pool, with the jobs that waited."""
     as_of = min(params.end, now or utcnow())
     f = params.filters
-    bind = {"start": params.start, "as_of": as_of, "cluster": f.cluster, "partition": f.partition}
-    window = {"max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds()}
-    gpus = con.sql(sql.QUEUE_POOL_GPUS, params={**bind, **window}).pl()
-    holds = con.sql(sql.QUEUE_HOLDS, params={k: bind[k] for k in ("start", "as_of", "cluster")} | {"max_gap": window["max_gap"]}).pl()
-    waits = con.sql(sql.QUEUE_WAITS, params=bind).pl()
+    values = {"start": params.start, "as_of": as_of, "cluster": f.cluster, "partition": f.partition,
+              "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds()}
+    gpus, holds, waits = (con.sql(q, params=sql.bound(q, values)).pl() for q in (sql.QUEUE_POOL_GPUS, sql.QUEUE_HOLDS, sql.QUEUE_WAITS))
     prices = price_table(params.prices)
     models = gpus.group_by("cluster", "partition").agg(pl.col("model").unique().alias("models"))
     waits = waits.join(models, on=["cluster", "partition"], how="left").with_columns(

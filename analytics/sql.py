@@ -1411,6 +1411,37 @@ GROUP BY cluster, host, gpu, gpu_uuid, gi
 ORDER BY last_seen DESC, cluster, host, gpu
 """
 
+# Each team's GPUs shared with other jobs in [$start, $end) (gpu_job_shares, hourly): per account,
+# the GPU-hours in which one of its jobs shared a GPU (an hour with a shared scrape counts whole),
+# the GPUs and jobs, its SM share of those GPUs over their shared scrapes (its jobs' SM ratios
+# summed, a scrape without them 0; NULL where a report lacked the SM ratio) and the other
+# accounts on them. A filter on the account picks its row of the fleet's.
+TEAM_GPU_SHARES = """
+WITH r AS (
+    SELECT g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.ts, g.scheduler, g.job_key, coalesce(j.account, '') AS account,
+           g.shared_scrapes, g.reports, g.sm_reports, g.sm_sum
+    FROM gpu_job_shares g LEFT JOIN jobs j ON j.cluster = g.cluster AND j.scheduler = g.scheduler AND j.job_key = g.job_key
+    WHERE g.ts >= date_trunc('hour', $start::TIMESTAMP) AND g.ts < $end AND ($cluster IS NULL OR g.cluster = $cluster)
+), t AS (
+    SELECT cluster, account, host, gpu_uuid, gpu_instance, ts, sum(sm_sum) AS sm_sum, sum(sm_reports) = sum(reports) AS sm_known,
+           count(*) AS jobs_n
+    FROM r GROUP BY ALL
+), h AS (
+    SELECT cluster, host, gpu_uuid, gpu_instance, ts, max(shared_scrapes) AS scrapes, list(DISTINCT account) AS accounts
+    FROM r GROUP BY ALL
+), per AS (
+    SELECT t.cluster, t.account, count(*) AS shared_gpu_h, count(DISTINCT (t.host, t.gpu_uuid, t.gpu_instance)) AS gpus,
+           CASE WHEN bool_and(t.sm_known) THEN sum(t.sm_sum) / sum(h.scrapes) END AS sm_share,
+           list_sort(list_distinct(flatten(list(list_filter(h.accounts, lambda x: x <> t.account))))) AS shared_with
+    FROM t JOIN h USING (cluster, host, gpu_uuid, gpu_instance, ts) GROUP BY ALL
+), jobs AS (SELECT cluster, account, count(DISTINCT (scheduler, job_key)) AS jobs FROM r GROUP BY ALL)
+SELECT per.cluster, per.account, per.gpus, jobs.jobs, per.shared_gpu_h::DOUBLE AS shared_gpu_h, per.sm_share,
+       array_to_string(per.shared_with, ', ') AS shared_with
+FROM per JOIN jobs USING (cluster, account)
+WHERE $account IS NULL OR per.account = $account
+ORDER BY shared_gpu_h DESC, per.cluster, per.account
+"""
+
 # One job's part of each GPU it shared in [$start, $end) (gpu_job_shares, hourly: the hours that
 # overlap the window), beside the other jobs on that GPU over the same hours. A share is the
 # job's SM ratio summed over the GPU's shared scrapes of those hours, divided by their count (a

@@ -646,6 +646,15 @@ def health(key: tuple, bucket_s: float) -> dict:
             "window": w}
 
 
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Reading the window's shared GPUs (analytics)...")
+def team_shares(key: tuple) -> pl.DataFrame:
+    """Each team's shared GPUs in the window (gpufleet.analytics.shares; `key`: a Window.key)."""
+    from gpufleet.analytics.shares import team_shares as shares
+
+    s, w, p = _request(key)
+    return shares(reader(w.root), p)
+
+
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Finding the window's queue gaps (analytics)...")
 def queue_gaps(key: tuple) -> Any:
     """The window's queue gaps (gpufleet.analytics.queue_gaps; `key`: a Window.key), up to its as_of."""
