@@ -268,6 +268,20 @@ def test_the_teams_page_shows_each_teams_shared_gpus(shared_fleet, monkeypatch):
     assert shared["account"].tolist() == ["biology", "physics"] and shared["shared_with"].tolist() == ["physics", "biology"], shared
 
 
+def test_the_weekly_report_and_a_teams_own_say_who_shared_gpus(shared_fleet):
+    from gpufleet.report import pipeline
+    from gpufleet.report.window import week_window
+    from tests.test_report import NOW, Figures, settings_for
+
+    fleet, team = pipeline.make(settings_for(shared_fleet), week_window(2026, 47, "UTC"), now=NOW, pdf=False, teams=["physics"])
+    figs = Figures(fleet.html)
+    assert figs.one("shared.c1/physics.sm_share") == "60.0 %" and figs.one("shared.c1/biology.sm_share") == "30.0 %"
+    assert figs.one("shared.c1/physics.shared_gpu_h") == "1.0" and figs.one("shared.c1/physics.gpus") == "1"
+    assert "SHARED GPUS" in fleet.text and "physics" in fleet.text.split("SHARED GPUS")[1]
+    assert [g["account"] for g in team.report.shared_gpus] == ["physics"]
+    assert "shared.c1/biology.sm_share" not in Figures(team.html).figs
+
+
 def test_analyze_job_json_and_table_include_the_shared_gpus(shared_fleet):
     import json
 
