@@ -841,11 +841,14 @@ FROM allocations a LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a
 WHERE ($cluster IS NULL OR a.cluster = $cluster) AND {ALLOCATION_END} > $start AND {ALLOCATION_START} < $as_of
   AND {ALLOCATION_END} > {ALLOCATION_START}"""
 
-# The jobs that waited in [$start, $as_of): from eligible (else submit) to their start (else their
-# end: cancelled while pending; else $as_of: still pending), with the model of the GPUs they got
-# (the one most of their GPUs are) and whether they ran on MIG instances
+# The jobs that waited in [$start, $as_of): from eligible (else submit; a requeued job from its
+# last earlier attempt's end, job_attempts) to their start (else their end: cancelled while
+# pending; else $as_of: still pending), with the model of the GPUs they got (the one most of
+# their GPUs are) and whether they ran on MIG instances
+_QUEUED_FROM = "greatest(coalesce(j.eligible, j.submit), r.requeued)"
 QUEUE_WAITS = f"""
-WITH got AS (
+WITH r AS (SELECT cluster, scheduler, job_key, max("end") AS requeued FROM job_attempts GROUP BY ALL),
+got AS (
     SELECT a.cluster, a.scheduler, a.job_key, g.model, count(*) AS n, bool_or(a.gpu_instance <> -1) AS on_mig
     FROM allocations a JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
     GROUP BY ALL
@@ -853,10 +856,11 @@ WITH got AS (
     SELECT cluster, scheduler, job_key, arg_max(model, n) AS model, bool_or(on_mig) AS on_mig FROM got GROUP BY ALL
 )
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.account, j.user_name, j.partition, j.gpus, jm.model, coalesce(jm.on_mig, false) AS on_mig,
-       epoch_us(greatest(coalesce(j.eligible, j.submit), $start)) AS w0, epoch_us(least(coalesce(j.start, j."end", $as_of), $as_of)) AS w1
+       epoch_us(greatest({_QUEUED_FROM}, $start)) AS w0, epoch_us(least(coalesce(j.start, j."end", $as_of), $as_of)) AS w1
 FROM jobs j LEFT JOIN jm ON jm.cluster = j.cluster AND jm.scheduler = j.scheduler AND jm.job_key = j.job_key
-WHERE (j.gpus > 0 OR j.gpus IS NULL) AND j.partition IS NOT NULL AND coalesce(j.eligible, j.submit) < $as_of
-  AND coalesce(j.start, j."end", $as_of) > $start AND coalesce(j.start, j."end", $as_of) > coalesce(j.eligible, j.submit)
+LEFT JOIN r ON r.cluster = j.cluster AND r.scheduler = j.scheduler AND r.job_key = j.job_key
+WHERE (j.gpus > 0 OR j.gpus IS NULL) AND j.partition IS NOT NULL AND {_QUEUED_FROM} < $as_of
+  AND coalesce(j.start, j."end", $as_of) > $start AND coalesce(j.start, j."end", $as_of) > {_QUEUED_FROM}
   AND ($cluster IS NULL OR j.cluster = $cluster) AND ($partition IS NULL OR j.partition = $partition)
 ORDER BY j.cluster, j.partition, w0, j.job_key"""
 

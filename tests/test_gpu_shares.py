@@ -254,17 +254,11 @@ def test_each_team_has_the_share_of_the_gpus_it_shared_and_who_with(shared_fleet
 
 
 def test_the_teams_page_shows_each_teams_shared_gpus(shared_fleet, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
-    from tests.test_dashboard_pages import APP, WINDOW, clean
+    from tests.test_dashboard_pages import frame, goto, open_app
 
     monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(shared_fleet))
     monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
-    at = AppTest.from_file(str(APP), default_timeout=120)
-    at.query_params.update(WINDOW)
-    at = clean(clean(at.run()).switch_page("views/teams.py").run())
-    assert "Shared GPUs" in [s.value for s in at.subheader]
-    [shared] = [d.value for d in at.dataframe if "shared_with" in d.value.columns]
+    shared = frame(goto(open_app(), "teams"), "fair_shared_gpus")
     assert shared["account"].tolist() == ["biology", "physics"] and shared["shared_with"].tolist() == ["physics", "biology"], shared
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.prices import price_table
 from gpufleet.analytics.queue_gaps import queue_gaps
-from gpufleet.collector.schema import ALLOCATIONS_DDL, GPUS_DDL, JOBS_DDL
+from gpufleet.collector.schema import ALLOCATIONS_DDL, GPUS_DDL, JOB_ATTEMPTS_DDL, JOBS_DDL
 
 T0 = datetime(2026, 11, 16)
 H = timedelta(hours=1)
@@ -30,7 +30,7 @@ def tables(gpus, jobs) -> duckdb.DuckDBPyConnection:
     seen from T(-24) to T(24); jobs: (job_key, partition, gpus, eligible h, start h or None, end h
     or None, [gpus rows] held from start to end)."""
     con = duckdb.connect()
-    for ddl in (JOBS_DDL, ALLOCATIONS_DDL, GPUS_DDL):
+    for ddl in (JOBS_DDL, ALLOCATIONS_DDL, GPUS_DDL, JOB_ATTEMPTS_DDL):
         con.execute(ddl)
     for host, uuid, model in gpus:
         con.execute("INSERT INTO gpus (cluster, host, gpu_uuid, gpu, model, first_seen, last_seen) VALUES ('c', ?, ?, 0, ?, ?, ?)",
@@ -115,6 +115,16 @@ def test_a_still_pending_job_waits_until_now_and_a_filter_gives_its_row_unfilter
     assert queue_gaps(con, params(model="A100")).pools.height == 0
 
 
+def test_a_requeued_job_waits_from_its_earlier_attempts_end_not_through_its_own_run():
+    """R (1 GPU) ran on G1 0-3 h, failed and was requeued, and ran again 5-10 h: the jobs table has
+    its latest record (start 5 h), job_attempts the first; it waited 3-5 h, with G1 and G2 free."""
+    con = tables(FOUR, [("A", "p", 1, 0, 0, 10, FOUR[:1]), ("X", "p", 1, -20, -20, -18, FOUR[2:3]), ("R", "p", 1, 0, 5, 10, FOUR[1:2])])
+    con.execute("INSERT INTO job_attempts (cluster, scheduler, job_key, start, \"end\", state, source, updated_at) "
+                "VALUES ('c', 'slurm', 'R', ?, ?, 'REQUEUED', 'sacct', ?)", [T(0), T(3), T(3)])
+    [j] = queue_gaps(con, params()).jobs.to_dicts()
+    assert (j["job_id"], j["waited_h"], j["fit_h"]) == ("R", pytest.approx(2), pytest.approx(2))
+
+
 @st.composite
 def queues(draw):
     n = draw(st.integers(1, 6))
@@ -197,17 +207,11 @@ def test_analyze_json_and_table_carry_the_queue_gaps(queued):
 
 
 def test_the_waste_page_shows_the_queue_gaps_and_the_jobs_that_waited(queued, monkeypatch):
-    from streamlit.testing.v1 import AppTest
-
-    from tests.test_dashboard_pages import APP, WINDOW, clean
+    from tests.test_dashboard_pages import frame, goto, open_app
 
     monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(queued))
     monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
-    app = AppTest.from_file(str(APP), default_timeout=120)
-    app.query_params.update(WINDOW)
-    app = clean(clean(app.run()).switch_page("views/waste.py").run())
-    assert "Queue gaps" in [s.value for s in app.subheader]
-    [pools] = [d.value for d in app.dataframe if "gap_gpu_h" in d.value.columns]
+    app = goto(open_app(), "waste")
+    pools, jobs = frame(app, "waste_queue_gaps"), frame(app, "waste_queue_jobs")
     assert pools["partition"].tolist() == ["gpu"] and pools["gap_gpu_h"].tolist() == [pytest.approx(1.0)], pools
-    [jobs] = [d.value for d in app.dataframe if "fit_gpu_h" in d.value.columns]
     assert jobs["job_id"].tolist() == ["3"], jobs
