@@ -9,12 +9,12 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
 
-SCHEMA = {"cluster": pl.String, "account": pl.String, "gpus": pl.Int64, "jobs": pl.Int64, "shared_gpu_h": pl.Float64,
+SCHEMA = {"cluster": pl.String, "account": pl.String, "gpus": pl.Int64, "jobs": pl.Int64, "shared_hours": pl.Int64,
           "sm_share": pl.Float64, "shared_with": pl.String}
 
 
 def team_shares(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
-    """Per team (account), sql.TEAM_GPU_SHARES: its shared GPU-hours (whole hours), GPUs, jobs, SM
+    """Per team (account), sql.TEAM_GPU_SHARES: its GPU clock-hours with a shared scrape (each whole), GPUs, jobs, SM
     share of those GPUs while shared (None: unknown) and the teams it shared them with. Empty:
     no team shared a GPU (or no exporter publishes the per-job split)."""
     cur = con.cursor()  # the reader connection is shared between sessions

@@ -1416,7 +1416,8 @@ ORDER BY last_seen DESC, cluster, host, gpu
 """
 
 # Each team's GPUs shared with other jobs in [$start, $end) (gpu_job_shares, hourly): per account,
-# the GPU-hours in which one of its jobs shared a GPU (an hour with a shared scrape counts whole),
+# the GPU clock-hours in which one of its jobs shared a GPU (shared_hours: each counts whole - the
+# table keeps scrape counts per clock hour, not the length of the sharing),
 # the GPUs and jobs, its SM share of those GPUs over their shared scrapes (its jobs' SM ratios
 # summed, a scrape without them 0; NULL where a report lacked the SM ratio) and the other
 # accounts on them. A filter on the account picks its row of the fleet's.
@@ -1434,16 +1435,16 @@ WITH r AS (
     SELECT cluster, host, gpu_uuid, gpu_instance, ts, max(shared_scrapes) AS scrapes, list(DISTINCT account) AS accounts
     FROM r GROUP BY ALL
 ), per AS (
-    SELECT t.cluster, t.account, count(*) AS shared_gpu_h, count(DISTINCT (t.host, t.gpu_uuid, t.gpu_instance)) AS gpus,
+    SELECT t.cluster, t.account, count(*) AS shared_hours, count(DISTINCT (t.host, t.gpu_uuid, t.gpu_instance)) AS gpus,
            CASE WHEN bool_and(t.sm_known) THEN sum(t.sm_sum) / sum(h.scrapes) END AS sm_share,
            list_sort(list_distinct(flatten(list(list_filter(h.accounts, lambda x: x <> t.account))))) AS shared_with
     FROM t JOIN h USING (cluster, host, gpu_uuid, gpu_instance, ts) GROUP BY ALL
 ), jobs AS (SELECT cluster, account, count(DISTINCT (scheduler, job_key)) AS jobs FROM r GROUP BY ALL)
-SELECT per.cluster, per.account, per.gpus, jobs.jobs, per.shared_gpu_h::DOUBLE AS shared_gpu_h, per.sm_share,
+SELECT per.cluster, per.account, per.gpus, jobs.jobs, per.shared_hours, per.sm_share,
        array_to_string(per.shared_with, ', ') AS shared_with
 FROM per JOIN jobs USING (cluster, account)
 WHERE $account IS NULL OR per.account = $account
-ORDER BY shared_gpu_h DESC, per.cluster, per.account
+ORDER BY shared_hours DESC, per.cluster, per.account
 """
 
 # One job's part of each GPU it shared in [$start, $end) (gpu_job_shares, hourly: the hours that

@@ -195,7 +195,7 @@ def test_the_shares_of_one_gpu_never_exceed_1_and_unknown_stays_unknown(tmp_path
     # scrape of the GPU's shared hours, at most 1; unknown where any report lacked its SM ratio
     [team] = team_shares(con, p).to_dicts()
     assert (team["account"], team["gpus"], team["jobs"], team["shared_with"]) == ("", 1, len({r["job_key"] for r in rows}), "")
-    assert team["shared_gpu_h"] == len({t.replace(minute=0, second=0) for t in moments})
+    assert team["shared_hours"] == len({t.replace(minute=0, second=0) for t in moments})
     ratios = [r["sm_ratio"] for r in rows]
     assert team["sm_share"] is None if None in ratios else team["sm_share"] == pytest.approx(sum(ratios) / len(moments))
     assert team["sm_share"] is None or team["sm_share"] <= 1 + 1e-9
@@ -247,7 +247,7 @@ def test_each_team_has_the_share_of_the_gpus_it_shared_and_who_with(shared_fleet
     p = Params(datetime(2026, 11, 16, 10), datetime(2026, 11, 16, 12))
     teams = {r["account"]: r for r in team_shares(con, p).to_dicts()}
     assert set(teams) == {"physics", "biology"}
-    assert (teams["physics"]["gpus"], teams["physics"]["jobs"], teams["physics"]["shared_gpu_h"], teams["physics"]["shared_with"]) == (1, 1, 1.0, "biology")
+    assert (teams["physics"]["gpus"], teams["physics"]["jobs"], teams["physics"]["shared_hours"], teams["physics"]["shared_with"]) == (1, 1, 1.0, "biology")
     assert teams["physics"]["sm_share"] == pytest.approx(0.6) and teams["biology"]["sm_share"] == pytest.approx(0.3)
     assert team_shares(con, Params(p.start, p.end, filters=Filters(account="biology"))).to_dicts() == [teams["biology"]]
     assert team_shares(con, Params(datetime(2026, 11, 16, 11), p.end)).is_empty()
@@ -270,7 +270,7 @@ def test_the_weekly_report_and_a_teams_own_say_who_shared_gpus(shared_fleet):
     fleet, team = pipeline.make(settings_for(shared_fleet), week_window(2026, 47, "UTC"), now=NOW, pdf=False, teams=["physics"])
     figs = Figures(fleet.html)
     assert figs.one("shared.c1/physics.sm_share") == "60.0 %" and figs.one("shared.c1/biology.sm_share") == "30.0 %"
-    assert figs.one("shared.c1/physics.shared_gpu_h") == "1.0" and figs.one("shared.c1/physics.gpus") == "1"
+    assert figs.one("shared.c1/physics.shared_hours") == "1" and figs.one("shared.c1/physics.gpus") == "1"
     assert "SHARED GPUS" in fleet.text and "physics" in fleet.text.split("SHARED GPUS")[1]
     assert [g["account"] for g in team.report.shared_gpus] == ["physics"]
     assert "shared.c1/biology.sm_share" not in Figures(team.html).figs

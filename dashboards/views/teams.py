@@ -75,10 +75,10 @@ def body(ctx: ui.Context) -> None:
 def shared_gpus(ctx: ui.Context) -> None:
     """Each team's GPUs shared with other jobs and the share of them it had (gpufleet.analytics.shares)."""
     st.subheader("Shared GPUs")
-    st.caption("GPUs a team's jobs shared with other jobs (the gpufleet exporter's per-job split): the GPU-hours "
-               "(an hour with a shared scrape counts whole) and the team's share of the GPUs' SM time while shared.")
+    st.caption("GPUs a team's jobs shared with other jobs (the gpufleet exporter's per-job split, kept per GPU and clock hour): "
+               "the GPU clock-hours with a shared scrape (each counts whole) and the team's share of the GPUs' SM time while shared.")
     ui.table(data.team_shares(ctx.window.key), key="fair_shared_gpus", empty="No GPU was shared by two jobs in this window "
-             "(or no exporter publishes the per-job split: dcgm-exporter does not).", labels={"shared_gpu_h": "shared GPU-h",
+             "(or no exporter publishes the per-job split: dcgm-exporter does not).", labels={"shared_hours": "GPU clock-hours shared",
              "sm_share": "its SM share", "shared_with": "shared with teams"}, sort="most shared GPU-hours first")
 
 
