@@ -127,6 +127,8 @@ def test_a_requeued_job_waits_from_its_earlier_attempts_end_not_through_its_own_
 
 @st.composite
 def queues(draw):
+    """GPUs of two models; jobs of partitions p and q, on whole hours, that ran on GPUs of one model
+    (so each one's pool is plain) or never started (waiting to the end, or cancelled)."""
     n = draw(st.integers(1, 6))
     gpus = [("n1", f"G{i}", draw(st.sampled_from(["H100", "A100"]))) for i in range(n)]
     jobs, k = [], 0
@@ -134,27 +136,61 @@ def queues(draw):
         part = draw(st.sampled_from(["p", "q"]))
         need = draw(st.integers(1, n + 1))
         elig = draw(st.integers(-2, 11))
-        ran = draw(st.booleans()) and need <= n
+        model = draw(st.sampled_from(["H100", "A100"]))
+        same = [g for g in gpus if g[2] == model]
+        ran = draw(st.booleans()) and need <= len(same)
         start = elig + draw(st.integers(0, 6)) if ran else None
         end = start + draw(st.integers(1, 8)) if ran else draw(st.sampled_from([None, elig + 3]))
-        held = draw(st.permutations(gpus))[:need] if ran else []
+        held = draw(st.permutations(same))[:need] if ran else []
         jobs.append((f"j{k}", part, need, elig, start, end, held))
         k += 1
     return gpus, jobs
 
 
+def hour_by_hour(gpus, jobs, hi: int) -> tuple[dict, dict]:
+    """The oracle: every event is on a whole hour, so the rule evaluated hour by hour over [0, hi)
+    is exact - per pool (partition, model) its free and gap GPU-hours, per job its hours fit."""
+    pool = {}  # (partition, model) -> the GPUs its jobs held before the window's end
+    for _, part, _, _, start, _, held in jobs:
+        for g in held if start is not None and start < hi else ():
+            pool.setdefault((part, g[2]), set()).add(g[1])
+    models = {part: {m for (p, m) in pool if p == part} for part in ("p", "q")}
+    holds = [(g[1], start, end if end is not None else 24) for *_, start, end, held in jobs for g in held]
+    figures, fit = {k: [0, 0] for k in pool}, {}
+    for h in range(hi):
+        held_now = {g for g, a, b in holds if a <= h < b}
+        waiting = {}
+        for key, part, need, elig, start, end, held in jobs:
+            w1 = start if start is not None else end if end is not None else hi
+            model = held[0][2] if held else (next(iter(models[part])) if len(models[part]) == 1 else None)
+            if elig <= h < w1 and model is not None:
+                waiting.setdefault((part, model), []).append((key, need))
+        for k, gs in pool.items():
+            free = len(gs - held_now)
+            fitting = [(key, need) for key, need in waiting.get(k, []) if need <= free]
+            figures[k][0] += free
+            figures[k][1] += min(free, sum(need for _, need in fitting))
+            for key, _ in fitting:
+                fit[key] = fit.get(key, 0) + 1
+    return figures, fit
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(queues(), st.integers(1, 10))
-def test_the_gap_never_exceeds_the_free_capacity_nor_the_demand_and_oversized_jobs_never_count(q, hi):
+def test_the_gap_is_the_rule_hour_by_hour_never_above_the_free_capacity_and_oversized_jobs_never_count(q, hi):
     gpus, jobs = q
     con = tables(gpus, jobs)
     g = queue_gaps(con, params(0, hi))
+    figures, fit = hour_by_hour(gpus, jobs, hi)
+    assert {(p["partition"], p["model"]): [pytest.approx(p["free_gpu_h"]), pytest.approx(p["gap_gpu_h"])]
+            for p in g.pools.iter_rows(named=True)} == figures
+    assert {j["job_id"]: pytest.approx(j["fit_h"]) for j in g.jobs.iter_rows(named=True)} == fit
     for p in g.pools.iter_rows(named=True):
         assert -1e-9 <= p["gap_gpu_h"] <= p["free_gpu_h"] + 1e-9
         assert p["free_gpu_h"] <= p["gpus"] * hi + 1e-9
-        fit = g.jobs.filter((g.jobs["partition"] == p["partition"]) & (g.jobs["model"] == p["model"]))
-        assert p["gap_gpu_h"] <= fit["fit_gpu_h"].sum() + 1e-9
-        assert (p["gap_gpu_h"] > 0) == (fit.height > 0)
+        fits = g.jobs.filter((g.jobs["partition"] == p["partition"]) & (g.jobs["model"] == p["model"]))
+        assert p["gap_gpu_h"] <= fits["fit_gpu_h"].sum() + 1e-9
+        assert (p["gap_gpu_h"] > 0) == (fits.height > 0)
     for j in g.jobs.iter_rows(named=True):
         assert 0 < j["fit_h"] <= j["waited_h"] + 1e-9
         [p] = g.pools.filter((g.pools["partition"] == j["partition"]) & (g.pools["model"] == j["model"])).to_dicts()
