@@ -136,6 +136,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
         "without_share": list(fair.without_share), "unknown_demand": list(fair.unknown_demand), "compared_across": fair.compared_across, "shown": fair.shown,
     }
+    report["queue_gaps"] = queue_gap_report(con, params, now)
     if job:
         r = job_report(a, job)
         report["job"] = None if r is None else {
@@ -152,6 +153,30 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
 
             report["job"]["shared_gpus"] = [_plain_share(g) for g in gpu_shares(con, params, r.job["cluster"], r.job["scheduler"], r.job["job_key"])]
     return report
+
+
+QUEUE_JOBS_SHOWN = 10  # the table's jobs that waited while they fit (the JSON has all)
+
+
+def queue_gap_report(con, params, now: datetime | None) -> dict[str, Any]:
+    """gpufleet.analytics.queue_gaps as JSON: the pools, the jobs that waited while they fit, the
+    waiting jobs left out by why."""
+    from gpufleet.analytics.queue_gaps import queue_gaps
+
+    g = queue_gaps(con, params, now=now)
+    return {"pools": rows(g.pools), "jobs": rows(g.jobs), "not_counted": g.not_counted}
+
+
+def print_queue_gaps(q: dict[str, Any], top: int, out: TextIO) -> None:
+    """The pools with a gap and the jobs that waited longest while they fit (gpufleet.analytics.queue_gaps)."""
+    table("Queue gaps (free GPUs while pending jobs that would have fit waited, by partition and model)",
+          [r for r in q["pools"] if r["gap_gpu_h"] > 0], out, ["cluster", "partition", "model", "gpus", "free_gpu_h", "gap_gpu_h", "gap_cost", "jobs_fit"])
+    if q["jobs"]:
+        table(f"  jobs that waited while they would have fit (top {top})", q["jobs"][:top], out,
+              ["job_id", "account", "user_name", "partition", "model", "gpus", "waited_h", "fit_h", "fit_gpu_h"])
+    for why, n in q["not_counted"].items():
+        if n:
+            out.write(f"  not counted: {n} waiting jobs, {why}\n")
 
 
 def fmt(v: Any, key: str = "") -> str:
@@ -234,6 +259,8 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         out.write(f"  {f['shown']}'s row of the fairness of the {f['compared_across']} (Jain's index and Gini: "
                   f"the {f['compared_across']}'s; fairness compares teams, a filter only picks the rows shown)\n")
     out.write(f"  entitled shares: {f['shares_description']}\n")
+    if "queue_gaps" in report:
+        print_queue_gaps(report["queue_gaps"], QUEUE_JOBS_SHOWN, out)
     t = report["totals"]
     if t["unpriced_models"]:
         out.write(f"\nno price for: {', '.join(t['unpriced_models'])} (set [analytics.prices]); their money is unknown\n")

@@ -628,6 +628,55 @@ SELECT cluster, scheduler, job_key, job_id, coalesce(account, '') AS account, co
 FROM jobs WHERE {_WAITING_JOBS} AND submit < $as_of AND coalesce(start, "end", $as_of) >= $as_of
 ORDER BY wait_s DESC, cluster, job_key"""
 
+# --- queue gaps (analytics/queue_gaps.py) ---
+
+# A pool is a partition's whole GPUs of one model: those its jobs held in the window or in the
+# $retire_after before it, each counting from its first sighting to CAPACITY_END (epoch us,
+# clipped to [$start, $as_of)). MIG instances are left out of pools (their jobs take slices).
+_POOL_FILTERS = "($cluster IS NULL OR a.cluster = $cluster) AND ($partition IS NULL OR j.partition = $partition)"
+QUEUE_POOL_GPUS = f"""
+WITH used AS (
+    SELECT DISTINCT a.cluster, j.partition, a.host, a.gpu_uuid
+    FROM allocations a JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    WHERE a.gpu_instance = -1 AND j.partition IS NOT NULL AND {_POOL_FILTERS}
+      AND {ALLOCATION_END} > $start - to_seconds($retire_after) AND {ALLOCATION_START} < $as_of
+)
+SELECT u.cluster, u.partition, g.model, g.host, g.gpu_uuid,
+       epoch_us(greatest(g.first_seen, $start)) AS c0, epoch_us(least({CAPACITY_END}, $as_of)) AS c1
+FROM used u JOIN gpus g ON g.cluster = u.cluster AND g.host = u.host AND g.gpu_uuid = u.gpu_uuid AND g.gpu_instance = -1
+WHERE g.model IS NOT NULL AND g.first_seen < $as_of AND {CAPACITY_END} > $start
+ORDER BY u.cluster, u.partition, g.model, g.host, g.gpu_uuid"""
+
+# Who held each GPU when (any job, any partition; a MIG instance held holds its GPU), clipped to [$start, $as_of)
+QUEUE_HOLDS = f"""
+SELECT a.cluster, a.host, a.gpu_uuid, epoch_us(greatest({ALLOCATION_START}, $start)) AS h0, epoch_us(least({ALLOCATION_END}, $as_of)) AS h1
+FROM allocations a LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+WHERE ($cluster IS NULL OR a.cluster = $cluster) AND {ALLOCATION_END} > $start AND {ALLOCATION_START} < $as_of
+  AND {ALLOCATION_END} > {ALLOCATION_START}"""
+
+# The jobs that waited in [$start, $as_of): from eligible (else submit; a requeued job from its
+# last earlier attempt's end, job_attempts) to their start (else their end: cancelled while
+# pending; else $as_of: still pending), with the model of the GPUs they got (the one most of
+# their GPUs are) and whether they ran on MIG instances
+_QUEUED_FROM = "greatest(coalesce(j.eligible, j.submit), r.requeued)"
+QUEUE_WAITS = f"""
+WITH r AS (SELECT cluster, scheduler, job_key, max("end") AS requeued FROM job_attempts GROUP BY ALL),
+got AS (
+    SELECT a.cluster, a.scheduler, a.job_key, g.model, count(*) AS n, bool_or(a.gpu_instance <> -1) AS on_mig
+    FROM allocations a JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    GROUP BY ALL
+), jm AS (
+    SELECT cluster, scheduler, job_key, arg_max(model, n) AS model, bool_or(on_mig) AS on_mig FROM got GROUP BY ALL
+)
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.account, j.user_name, j.partition, j.gpus, jm.model, coalesce(jm.on_mig, false) AS on_mig,
+       epoch_us(greatest({_QUEUED_FROM}, $start)) AS w0, epoch_us(least(coalesce(j.start, j."end", $as_of), $as_of)) AS w1
+FROM jobs j LEFT JOIN jm ON jm.cluster = j.cluster AND jm.scheduler = j.scheduler AND jm.job_key = j.job_key
+LEFT JOIN r ON r.cluster = j.cluster AND r.scheduler = j.scheduler AND r.job_key = j.job_key
+WHERE (j.gpus > 0 OR j.gpus IS NULL) AND j.partition IS NOT NULL AND {_QUEUED_FROM} < $as_of
+  AND coalesce(j.start, j."end", $as_of) > $start AND coalesce(j.start, j."end", $as_of) > {_QUEUED_FROM}
+  AND ($cluster IS NULL OR j.cluster = $cluster) AND ($partition IS NULL OR j.partition = $partition)
+ORDER BY j.cluster, j.partition, w0, j.job_key"""
+
 # --- the fleet at one moment (analytics/fleet_now.py) ---
 
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
@@ -1177,6 +1226,38 @@ FROM gpu_samples
 WHERE foreign_processes > 0 AND ts >= $start AND ts < $end AND {_FILTERS}
 GROUP BY cluster, host, gpu, gpu_uuid, gi
 ORDER BY last_seen DESC, cluster, host, gpu
+"""
+
+# Each team's GPUs shared with other jobs in [$start, $end) (gpu_job_shares, hourly): per account,
+# the GPU clock-hours in which one of its jobs shared a GPU (shared_hours: each counts whole - the
+# table keeps scrape counts per clock hour, not the length of the sharing),
+# the GPUs and jobs, its SM share of those GPUs over their shared scrapes (its jobs' SM ratios
+# summed, a scrape without them 0; NULL where a report lacked the SM ratio) and the other
+# accounts on them. A filter on the account picks its row of the fleet's.
+TEAM_GPU_SHARES = """
+WITH r AS (
+    SELECT g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.ts, g.scheduler, g.job_key, coalesce(j.account, '') AS account,
+           g.shared_scrapes, g.reports, g.sm_reports, g.sm_sum
+    FROM gpu_job_shares g LEFT JOIN jobs j ON j.cluster = g.cluster AND j.scheduler = g.scheduler AND j.job_key = g.job_key
+    WHERE g.ts >= date_trunc('hour', $start::TIMESTAMP) AND g.ts < $end AND ($cluster IS NULL OR g.cluster = $cluster)
+), t AS (
+    SELECT cluster, account, host, gpu_uuid, gpu_instance, ts, sum(sm_sum) AS sm_sum, sum(sm_reports) = sum(reports) AS sm_known,
+           count(*) AS jobs_n
+    FROM r GROUP BY ALL
+), h AS (
+    SELECT cluster, host, gpu_uuid, gpu_instance, ts, max(shared_scrapes) AS scrapes, list(DISTINCT account) AS accounts
+    FROM r GROUP BY ALL
+), per AS (
+    SELECT t.cluster, t.account, count(*) AS shared_hours, count(DISTINCT (t.host, t.gpu_uuid, t.gpu_instance)) AS gpus,
+           CASE WHEN bool_and(t.sm_known) THEN sum(t.sm_sum) / sum(h.scrapes) END AS sm_share,
+           list_sort(list_distinct(flatten(list(list_filter(h.accounts, lambda x: x <> t.account))))) AS shared_with
+    FROM t JOIN h USING (cluster, host, gpu_uuid, gpu_instance, ts) GROUP BY ALL
+), jobs AS (SELECT cluster, account, count(DISTINCT (scheduler, job_key)) AS jobs FROM r GROUP BY ALL)
+SELECT per.cluster, per.account, per.gpus, jobs.jobs, per.shared_hours, per.sm_share,
+       array_to_string(per.shared_with, ', ') AS shared_with
+FROM per JOIN jobs USING (cluster, account)
+WHERE $account IS NULL OR per.account = $account
+ORDER BY shared_hours DESC, per.cluster, per.account
 """
 
 # One job's part of each GPU it shared in [$start, $end) (gpu_job_shares, hourly: the hours that

@@ -16,8 +16,9 @@ seconds, not yet times the MIG share, which readers take from model and mig_prof
   idle_inner_us                      idle runs touching neither edge, each at least idle_min long
   nop_head_us, nop_tail_us, nop_whole, nop_inner_us: the same for "held with no compute process"
   <field>_known_s, <field>_s         per profiling field (PROFILING: tensor, SM, DRAM, FP64/32/16
-                                      activity): the seconds it is known, and activity x seconds
-                                      over them (NULL: never known), so a mean composes exactly
+                                      activity and SM occupancy, ratios; PCIe and NVLink RX/TX,
+                                      bytes/s): the seconds it is known, and value x seconds over
+                                      them (NULL: never known), so a mean composes exactly
   clocked_s, tensor_clock_s, tensor_clocked_s: MFU's estimate inputs (analytics.mfu): the seconds
                                       with tensor activity and an SM clock known, tensor x clock
                                       (MHz) x seconds and tensor x seconds over them
@@ -61,7 +62,7 @@ import pyarrow as pa
 from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
 from gpufleet.collector.summaries import intervals, segments, split
 
-FORMAT_VERSION = 2  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons
+FORMAT_VERSION = 3  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -99,8 +100,9 @@ class FactParams:
 
 _GPU = ("cluster", "host", "gpu_uuid", "gi")
 _HOLDER = ("scheduler", "job_key")
-# Profiling fields (gpu_samples columns, ratios 0-1) whose known seconds and activity x seconds parts carry
-PROFILING = ("tensor_active", "sm_active", "dram_active", "fp64_active", "fp32_active", "fp16_active")
+# Profiling fields (gpu_samples columns: ratios 0-1, then bytes/s) whose known seconds and value x seconds parts carry
+PROFILING = ("tensor_active", "sm_active", "dram_active", "fp64_active", "fp32_active", "fp16_active", "sm_occupancy",
+             "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s")
 # Clock-event reason columns and their DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits (schema's, as the health summaries)
 THROTTLE_REASONS = {"thermal_throttle": THERMAL_BITS, "power_throttle": POWER_BITS, "hw_slowdown": HW_SLOWDOWN_BITS}
 ECC_COUNTERS = ("ecc_sbe", "ecc_dbe")  # the volatile counters (gpu_samples' ecc_sbe_vol, ecc_dbe_vol)

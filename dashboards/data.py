@@ -384,6 +384,24 @@ def health(key: tuple, bucket_s: float) -> dict:
             "window": w}
 
 
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Reading the window's shared GPUs (analytics)...")
+def team_shares(key: tuple) -> pl.DataFrame:
+    """Each team's shared GPUs in the window (gpufleet.analytics.shares; `key`: a Window.key)."""
+    from gpufleet.analytics.shares import team_shares as shares
+
+    s, w, p = _request(key)
+    return shares(reader(w.root), p)
+
+
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Finding the window's queue gaps (analytics)...")
+def queue_gaps(key: tuple) -> Any:
+    """The window's queue gaps (gpufleet.analytics.queue_gaps; `key`: a Window.key), up to its as_of."""
+    from gpufleet.analytics.queue_gaps import queue_gaps as gaps
+
+    s, w, p = _request(key)
+    return gaps(reader(w.root), p, now=w.as_of)
+
+
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Classifying the window's job attempts (analytics)...")
 def reliability(key: tuple) -> dict:
     """The window's reliability (gpufleet.analytics.reliability_store.report: gpufleet.reliability/v1)

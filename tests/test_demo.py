@@ -169,6 +169,27 @@ def test_each_pattern_job_shows_where_its_time_went(fleet, store):
     assert seen == set(fleet_mod.PATTERNS)
 
 
+def test_the_week_has_a_shared_gpu_the_job_and_teams_figures_show(fleet, store):
+    """Another team's job attached to a running dev job's GPU for two hours (gpufleet.demo.shared):
+    both jobs held the GPU, and each one's split of it reads back per job and per team."""
+    from gpufleet.analytics.jobs import gpu_shares
+    from gpufleet.analytics.shares import team_shares
+    from gpufleet.demo import shared
+
+    root, _, _ = store
+    con = open_reader(root)
+    host, guest = shared.guest_job(fleet)
+    p = Params(start=fleet.start, end=fleet.now)
+    [g] = gpu_shares(con, p, "hpc", "slurm", guest.job_key)
+    assert (g["host"], g["gpu_uuid"], g["shared_scrapes"]) == (host.slots[0].node.host, host.slots[0].gpu_uuid, 2 * 3600 // STEP_S)
+    assert g["sm_share"] == pytest.approx(shared.SM_RATIO["guest"]) and g["memory_max_bytes"] == shared.MEMORY_BYTES["guest"]
+    assert [(o["job_key"], o["sm_share"]) for o in g["others"]] == [(host.job_key, pytest.approx(shared.SM_RATIO["host"]))]
+    teams = {r["account"]: r for r in team_shares(con, p).to_dicts()}
+    assert set(teams) == {host.account, guest.account}
+    assert teams[guest.account]["shared_with"] == host.account and teams[guest.account]["jobs"] == 1
+    assert con.execute("SELECT state, account FROM jobs WHERE job_key = ?", [guest.job_key]).fetchone() == ("COMPLETED", guest.account)
+
+
 def test_mig_slices_count_as_their_share(fleet, store):
     root, _, _ = store
     con = open_reader(root)

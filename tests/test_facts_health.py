@@ -2,7 +2,7 @@
 throttle columns), and their figures over a window equal the current paths' over the same window.
 
 On test_facts' random fleets (MIG slices, gaps, samples over several files, allocations starting
-and ending mid-bucket), with samples that also report SM and DRAM activity, XID codes, the
+and ending mid-bucket), with samples that also report SM and DRAM activity, SM occupancy, PCIe and NVLink RX/TX bytes/s, XID codes, the
 volatile ECC counters and clock-event reasons (each with gaps, some GPUs none of them), a store
 whose upkeep wrote facts at a random time gives, for windows on and off the grid:
 - per GPU, gpufleet.analytics.health.gpu_health's samples, XID codes, first XID, new ECC errors
@@ -41,8 +41,9 @@ REASONS = [0, 0, 0, 0x1, 0x04, 0x08, 0x20, 0x40, 0x80, 0x24, 0x48]
 
 
 def health_fields(seed: int):
-    """detail_fields plus SM and DRAM activity, XID codes, volatile ECC counters and clock-event
-    reasons, each missing on some samples; one GPU in three (by seed) reports none of them."""
+    """detail_fields plus SM and DRAM activity, SM occupancy, PCIe and NVLink RX/TX bytes/s, XID
+    codes, volatile ECC counters and clock-event reasons, each missing on some samples; one GPU in
+    three (by seed) reports none of them (the NVLink fields: only one in three reports them)."""
     def fields(g, t) -> dict:
         d = detail_fields(g, t)
         kind = (seed + g["gpu"]) % 3
@@ -52,7 +53,10 @@ def health_fields(seed: int):
         d.update(sm_active=None if r.random() < 0.2 else r.random(), dram_active=r.random() if kind == 2 else None,
                  xid_last=None if r.random() < 0.1 else r.choice(CODES) if r.random() < 0.05 else 0,
                  ecc_sbe_vol=None if r.random() < 0.1 else t // 97 + seed % 5, ecc_dbe_vol=t // 1000 if kind == 2 else None,
-                 clocks_event_reasons=None if r.random() < 0.15 else r.choice(REASONS))
+                 clocks_event_reasons=None if r.random() < 0.15 else r.choice(REASONS),
+                 sm_occupancy=None if r.random() < 0.2 else r.random(),
+                 pcie_rx_bytes_per_s=None if r.random() < 0.1 else r.random() * 2e10, pcie_tx_bytes_per_s=r.random() * 1e9,
+                 **({f"nvlink_{d}_bytes_per_s": None if r.random() < 0.1 else r.random() * 3e11 for d in ("rx", "tx")} if kind == 2 else {}))
         return d
     return fields
 

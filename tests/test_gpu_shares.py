@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 os.environ.setdefault("STREAMLIT_GLOBAL_DEVELOPMENT_MODE", "false")
 
 from gpufleet.analytics.jobs import gpu_shares, share_sentence  # noqa: E402
-from gpufleet.analytics.params import Params  # noqa: E402
+from gpufleet.analytics.params import Filters, Params  # noqa: E402
+from gpufleet.analytics.shares import team_shares  # noqa: E402
 from gpufleet.collector import schema, store  # noqa: E402
 from gpufleet.collector.exposition_parse import parse_exposition  # noqa: E402
 from gpufleet.collector.schema import Batch  # noqa: E402
@@ -190,6 +191,14 @@ def test_the_shares_of_one_gpu_never_exceed_1_and_unknown_stays_unknown(tmp_path
                 assert share is None  # unknown stays unknown, never a guess or 0
             else:
                 assert share == pytest.approx(sum(mine) / len(in_hours))
+    # the team's (every job here is of no known account: one team): all its jobs' SM over every
+    # scrape of the GPU's shared hours, at most 1; unknown where any report lacked its SM ratio
+    [team] = team_shares(con, p).to_dicts()
+    assert (team["account"], team["gpus"], team["jobs"], team["shared_with"]) == ("", 1, len({r["job_key"] for r in rows}), "")
+    assert team["shared_hours"] == len({t.replace(minute=0, second=0) for t in moments})
+    ratios = [r["sm_ratio"] for r in rows]
+    assert team["sm_share"] is None if None in ratios else team["sm_share"] == pytest.approx(sum(ratios) / len(moments))
+    assert team["sm_share"] is None or team["sm_share"] <= 1 + 1e-9
 
 
 # --- the job page ---
@@ -229,6 +238,42 @@ def test_the_job_page_says_who_shared_the_gpu_and_how(shared_fleet, monkeypatch)
     at.text_input(key="job").set_value("103").run()  # a job that shared no GPU: no such section
     assert not [t for t in clean(at).text if t.value.startswith("GPU GPU-")]
     assert "Shared GPUs" not in [s.value for s in at.subheader]
+
+
+def test_each_team_has_the_share_of_the_gpus_it_shared_and_who_with(shared_fleet):
+    """Job 101 (physics) and 102 (biology) on GPU-A for two scrapes of the 10:00 hour: physics had
+    60 % of its SM time, biology 30 %; a team filter gives its row of the fleet's."""
+    con = open_reader(shared_fleet)
+    p = Params(datetime(2026, 11, 16, 10), datetime(2026, 11, 16, 12))
+    teams = {r["account"]: r for r in team_shares(con, p).to_dicts()}
+    assert set(teams) == {"physics", "biology"}
+    assert (teams["physics"]["gpus"], teams["physics"]["jobs"], teams["physics"]["shared_hours"], teams["physics"]["shared_with"]) == (1, 1, 1.0, "biology")
+    assert teams["physics"]["sm_share"] == pytest.approx(0.6) and teams["biology"]["sm_share"] == pytest.approx(0.3)
+    assert team_shares(con, Params(p.start, p.end, filters=Filters(account="biology"))).to_dicts() == [teams["biology"]]
+    assert team_shares(con, Params(datetime(2026, 11, 16, 11), p.end)).is_empty()
+
+
+def test_the_teams_page_shows_each_teams_shared_gpus(shared_fleet, monkeypatch):
+    from tests.test_dashboard_pages import frame, goto, open_app
+
+    monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(shared_fleet))
+    monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
+    shared = frame(goto(open_app(), "teams"), "fair_shared_gpus")
+    assert shared["account"].tolist() == ["biology", "physics"] and shared["shared_with"].tolist() == ["physics", "biology"], shared
+
+
+def test_the_weekly_report_and_a_teams_own_say_who_shared_gpus(shared_fleet):
+    from gpufleet.report import pipeline
+    from gpufleet.report.window import week_window
+    from tests.test_report import NOW, Figures, settings_for
+
+    fleet, team = pipeline.make(settings_for(shared_fleet), week_window(2026, 47, "UTC"), now=NOW, pdf=False, teams=["physics"])
+    figs = Figures(fleet.html)
+    assert figs.one("shared.c1/physics.sm_share") == "60.0 %" and figs.one("shared.c1/biology.sm_share") == "30.0 %"
+    assert figs.one("shared.c1/physics.shared_hours") == "1" and figs.one("shared.c1/physics.gpus") == "1"
+    assert "SHARED GPUS" in fleet.text and "physics" in fleet.text.split("SHARED GPUS")[1]
+    assert [g["account"] for g in team.report.shared_gpus] == ["physics"]
+    assert "shared.c1/biology.sm_share" not in Figures(team.html).figs
 
 
 def test_analyze_job_json_and_table_include_the_shared_gpus(shared_fleet):

@@ -23,6 +23,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.core import Analysis, Totals
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.shares import team_shares
 from gpufleet.report.window import Window
 from gpufleet.analytics.trends import NO_DATA, PARTIAL, UNKNOWN, baseline, compare, previous_totals
 from gpufleet.times import utcnow
@@ -164,6 +165,8 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)
     # the fleet's reliability (gpufleet.analytics.reliability_store.report: gpufleet.reliability/v1); None without data
     reliability: dict[str, Any] | None = None
+    # each team's GPUs shared with other jobs (gpufleet.analytics.shares.team_shares rows)
+    shared_gpus: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def has_data(self) -> bool:
@@ -429,6 +432,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         top_n=top_n,
         extra={"analysis": a, "processes": processes},
         reliability=rel,
+        shared_gpus=team_shares(con, params).to_dicts() if status == "ok" else [],
     )
 
 
@@ -457,6 +461,7 @@ def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report
     return replace(
         fleet, team=team, notices=notices, teams=rows, wasteful_jobs=wasteful, no_process_jobs=nop[:NO_PROCESS_LIST],
         no_process_more=max(0, len(nop) - NO_PROCESS_LIST), mfu=mfu, mfu_note=mfu_note,
+        shared_gpus=[g for g in fleet.shared_gpus if g["account"] == team],
     )
 
 

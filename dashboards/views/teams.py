@@ -69,6 +69,17 @@ def body(ctx: ui.Context) -> None:
     ui.table(f.wait_by_size, key="fair_wait", labels={"gpus_bucket": "GPUs", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"})
     st.subheader("Pending now")
     ui.table(f.pending, key="fair_pending", empty="No GPU job is waiting.", labels={"wait_s": "waiting for"})
+    shared_gpus(ctx)
+
+
+def shared_gpus(ctx: ui.Context) -> None:
+    """Each team's GPUs shared with other jobs and the share of them it had (gpufleet.analytics.shares)."""
+    st.subheader("Shared GPUs")
+    st.caption("GPUs a team's jobs shared with other jobs (the gpufleet exporter's per-job split, kept per GPU and clock hour): "
+               "the GPU clock-hours with a shared scrape (each counts whole) and the team's share of the GPUs' SM time while shared.")
+    ui.table(data.team_shares(ctx.window.key), key="fair_shared_gpus", empty="No GPU was shared by two jobs in this window "
+             "(or no exporter publishes the per-job split: dcgm-exporter does not).", labels={"shared_hours": "GPU clock-hours shared",
+             "sm_share": "its SM share", "shared_with": "shared with teams"}, sort="most shared GPU-hours first")
 
 
 ui.run_page("Teams and fairness", body)

@@ -83,6 +83,7 @@ def body(ctx: ui.Context) -> None:
     ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.",
              sort="most idle GPU-hours first")
 
+    queue_gaps(ctx)
     st.subheader("Stranded capacity")
     if t.not_attributable_reason:
         st.text(f"Not shown: {t.not_attributable_reason}.")
@@ -92,6 +93,23 @@ def body(ctx: ui.Context) -> None:
     ui.table(by_model, key="waste_stranded_model", sort="most stranded GPU-hours first")
     by_host = b.utilization["host"].select("cluster", "host", "capacity_gpu_h", "stranded_gpu_h").sort("stranded_gpu_h", descending=True)
     ui.table(by_host, key="waste_stranded_host", sort="most stranded GPU-hours first")
+
+
+def queue_gaps(ctx: ui.Context) -> None:
+    """Free GPUs while pending jobs that would have fit waited (gpufleet.analytics.queue_gaps)."""
+    st.subheader("Queue gaps")
+    g = data.queue_gaps(ctx.window.key)
+    st.caption("GPU-hours a partition's GPUs of one model stood free while a pending job that would have fit on them waited "
+               "(GPUs counted, not node shapes: an upper bound of what the scheduler could have placed). "
+               "A GPU serving two partitions is in both: pools do not add up to the fleet.")
+    ui.table(g.pools.filter(pl.col("gap_gpu_h") > 0), key="waste_queue_gaps", empty="No pending job waited while it would have fit.",
+             sort="largest gap first")
+    if not g.jobs.is_empty():
+        with st.expander(f"The {g.jobs.height} jobs that waited while they would have fit"):
+            ui.table(g.jobs.drop("job_key"), key="waste_queue_jobs", sort="most GPU-hours waited while they fit first")
+    left = [f"{n} {why}" for why, n in g.not_counted.items() if n]
+    if left:
+        st.caption("Waiting jobs not counted: " + "; ".join(left) + ".")
 
 
 ui.run_page("Waste and cost", body)

@@ -21,7 +21,7 @@ from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter
 from gpufleet.exporter.backends.sim_models import MODELS
-from gpufleet.demo import load
+from gpufleet.demo import load, shared
 from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job, Slot
 
 EPOCH = datetime(1970, 1, 1)
@@ -252,6 +252,9 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
         jobs = job_rows(fleet, fleet.now)
         w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=jobs, attempts=attempt_rows(fleet, fleet.now),
                        allocations=allocs, gpus=inventory))
+        guests, guest_allocs, split = shared.records(fleet)  # a shared GPU (gpufleet.demo.shared)
+        w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:shared", jobs=[job_row(j, j.state_at(fleet.now), fleet.now) for j in guests],
+                       allocations=guest_allocs, shares=split))
         compact(w, fleet.now)
         progress(total, total)
     finally:

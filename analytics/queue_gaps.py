@@ -1,0 +1,136 @@
+"""Queue gaps: GPU capacity left free while pending jobs that would have fit on it waited.
+
+"Utilization 43 %" counts a free GPU as waste whether or not anyone wanted it; a queue gap is the
+part of it somebody did want. The rule (README, figures):
+- A pool is a partition's whole GPUs of one model: the GPUs its jobs held in the window or in the
+  retire_after before it (sql.QUEUE_POOL_GPUS), each counting as capacity as the utilization's
+  capacity does. A GPU is free while it is capacity and no allocation (any job, any partition)
+  holds it; `free_gpu_h` is a pool's free GPU-hours.
+- A job waits from eligible (else submit) to its start (else its end, else now); it belongs to
+  its partition's pool of the model most of its GPUs were (else the partition's one model).
+- At each moment, a waiting job fits when its GPUs requested are at most the pool's free GPUs;
+  the gap is min(free GPUs, the fitting jobs' GPUs): `gap_gpu_h` <= `free_gpu_h`, and a job that
+  never fits never counts. GPUs are counted, not node shapes: a job needing 8 GPUs on one node
+  fits on 8 free GPUs on 8 nodes here, so the gap is an upper bound of what a scheduler could have
+  placed. Jobs of unknown GPU count or pool, and jobs on MIG instances, are counted apart.
+A GPU serving two partitions is in both pools, so pools are not summed into a fleet figure.
+Account and user filters do not narrow a pool (its capacity is everyone's); cluster, partition
+and model do. Cost grows with the pools' GPUs, allocations and waiting jobs, never samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import polars as pl
+
+from gpufleet.analytics import sql
+from gpufleet.analytics.params import Params
+from gpufleet.analytics.prices import price_table
+from gpufleet.times import utcnow
+
+POOL = ("cluster", "partition", "model")
+POOL_SCHEMA = {"cluster": pl.String, "partition": pl.String, "model": pl.String, "gpus": pl.Int64, "free_gpu_h": pl.Float64,
+               "gap_gpu_h": pl.Float64, "gap_cost": pl.Float64, "jobs_waited": pl.Int64, "jobs_fit": pl.Int64}
+JOB_SCHEMA = {"cluster": pl.String, "partition": pl.String, "model": pl.String, "job_id": pl.String, "job_key": pl.String,
+              "account": pl.String, "user_name": pl.String, "gpus": pl.Int64, "waited_h": pl.Float64, "fit_h": pl.Float64,
+              "fit_gpu_h": pl.Float64}
+
+
+@dataclass(frozen=True)
+class QueueGaps:
+    pools: pl.DataFrame  # POOL_SCHEMA: one row per pool, largest gap first
+    jobs: pl.DataFrame  # JOB_SCHEMA: the jobs that waited while they would have fit, longest first
+    not_counted: dict[str, int]  # why waiting jobs were left out -> how many
+
+
+def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
+    """The queue gaps of params' window (up to `now`, default the clock) per pool, with the jobs that waited."""
+    as_of = min(params.end, now or utcnow())
+    f = params.filters
+    values = {"start": params.start, "as_of": as_of, "cluster": f.cluster, "partition": f.partition,
+              "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds()}
+    gpus, holds, waits = (con.sql(q, params=sql.bound(q, values)).pl() for q in (sql.QUEUE_POOL_GPUS, sql.QUEUE_HOLDS, sql.QUEUE_WAITS))
+    prices = price_table(params.prices)
+    models = gpus.group_by("cluster", "partition").agg(pl.col("model").unique().alias("models"))
+    waits = waits.join(models, on=["cluster", "partition"], how="left").with_columns(
+        pl.coalesce("model", pl.when(pl.col("models").list.len() == 1).then(pl.col("models").list.first())).alias("pool_model"))
+    not_counted = {
+        "GPUs requested unknown": waits.filter(pl.col("gpus").is_null()).height,
+        "on MIG instances": waits.filter(pl.col("gpus").is_not_null() & pl.col("on_mig")).height,
+        "pool unknown (no GPU of the partition seen, or several models and the job never ran)":
+            waits.filter(pl.col("gpus").is_not_null() & ~pl.col("on_mig") & pl.col("pool_model").is_null()).height,
+    }
+    waits = waits.filter(pl.col("gpus").is_not_null() & ~pl.col("on_mig") & pl.col("pool_model").is_not_null())
+    if f.model is not None:  # (after the pools' models: a job's pool is the same filtered or not)
+        gpus, waits = gpus.filter(pl.col("model") == f.model), waits.filter(pl.col("pool_model") == f.model)
+    pool_rows, job_rows = [], []
+    held = {k: (g["h0"].to_numpy(), g["h1"].to_numpy()) for k, g in holds.group_by("cluster", "host", "gpu_uuid")}
+    waiting = {k: g for k, g in waits.group_by("cluster", "partition", "pool_model")}
+    for key, pool in gpus.group_by(*POOL, maintain_order=True):
+        t, free = _free_gpus(pool, held)
+        w = waiting.get(key)
+        gap_h, fit_s = (0.0, np.zeros(0)) if w is None else _gap(t, free, w["w0"].to_numpy(), w["w1"].to_numpy(), w["gpus"].to_numpy())
+        price = prices.get(key[2])
+        pool_rows.append({**dict(zip(POOL, key)), "gpus": pool.height, "free_gpu_h": float(np.sum(free[:-1] * np.diff(t))) / 3.6e9,
+                          "gap_gpu_h": gap_h, "gap_cost": None if price is None else gap_h * price,
+                          "jobs_waited": 0 if w is None else w.height, "jobs_fit": int(np.count_nonzero(fit_s))})
+        if w is not None:
+            job_rows.append(w.with_columns(pl.col("pool_model").alias("model"), ((pl.col("w1") - pl.col("w0")) / 3.6e9).alias("waited_h"),
+                                           pl.Series("fit_h", fit_s / 3.6e9)).filter(pl.col("fit_h") > 0))
+    pools = pl.DataFrame(pool_rows, schema=POOL_SCHEMA).sort(["gap_gpu_h", *POOL], descending=[True, False, False, False])
+    jobs = (pl.concat(job_rows) if job_rows else pl.DataFrame(schema={**JOB_SCHEMA, "fit_h": pl.Float64}))
+    jobs = jobs.with_columns(fit_gpu_h=pl.col("fit_h") * pl.col("gpus").cast(pl.Float64)).select(list(JOB_SCHEMA)).cast(JOB_SCHEMA)
+    return QueueGaps(pools, jobs.sort(["fit_gpu_h", "job_key"], descending=[True, False]), not_counted)
+
+
+def _free_gpus(pool: pl.DataFrame, held: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The pool's free GPUs as a step function: times t (epoch us, ascending) and free[k] over
+    [t[k], t[k + 1]) (the last 0). A GPU is free while capacity and held by no allocation."""
+    times, deltas = [], []
+    for host, uuid, c0, c1, cluster in pool.select("host", "gpu_uuid", "c0", "c1", "cluster").iter_rows():
+        h0, h1 = held.get((cluster, host, uuid), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        for a, b in _minus(c0, c1, h0, h1):
+            times += [a, b]
+            deltas += [1, -1]
+    if not times:
+        return np.zeros(1, np.int64), np.zeros(1, np.int64)
+    t = np.asarray(times, np.int64)
+    o = np.argsort(t, kind="stable")
+    t, d = t[o], np.asarray(deltas, np.int64)[o]
+    edge = np.append(t[1:] != t[:-1], True)  # the level after all of a time's steps
+    return t[edge], np.cumsum(d)[edge]
+
+
+def _minus(c0: int, c1: int, h0: np.ndarray, h1: np.ndarray) -> list[tuple[int, int]]:
+    """[c0, c1) less the union of the holds [h0, h1)."""
+    out, at = [], c0
+    for a, b in sorted(zip(h0.tolist(), h1.tolist())):
+        if b <= at or a >= c1:
+            continue
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < c1:
+        out.append((at, c1))
+    return out
+
+
+def _gap(t: np.ndarray, free: np.ndarray, w0: np.ndarray, w1: np.ndarray, need: np.ndarray) -> tuple[float, np.ndarray]:
+    """The gap's GPU-hours (per stretch of constant free GPUs and waiting jobs: min(free, the
+    fitting jobs' GPUs) x its length) and each job's microseconds waiting while it fit."""
+    edges = np.unique(np.concatenate([t, w0, w1]))
+    if len(edges) < 2:
+        return 0.0, np.zeros(len(w0))
+    level = np.where(edges >= t[0], free[np.clip(np.searchsorted(t, edges, side="right") - 1, 0, None)], 0)[:-1]
+    dt = np.diff(edges).astype(np.float64)
+    first, stop = np.searchsorted(edges, w0), np.searchsorted(edges, w1)
+    n = np.maximum(stop - first, 0)
+    job = np.repeat(np.arange(len(w0)), n)
+    seg = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n) + np.repeat(first, n)
+    fits = need[job] <= level[seg]
+    demand = np.bincount(seg[fits], weights=need[job][fits].astype(np.float64), minlength=len(dt))
+    gap = float(np.sum(np.minimum(level, demand) * dt)) / 3.6e9
+    return gap, np.bincount(job[fits], weights=dt[seg[fits]], minlength=len(w0))
