@@ -843,7 +843,7 @@ def _stretch_run_start(what: str) -> str:
             f"min(now_first_{what}) FILTER (WHERE now_first > data_from))")
 
 
-# The look-back's hours with a health summary for the request's idle threshold and max_gap, whole
+# The look-back's hours with a run facts file for the request's idle threshold and max_gap, whole
 # inside [$look_from, $as_of] (gpufleet.analytics.fleet_now takes the newest unbroken run of them)
 NOW_HOURS_IN = """
 SELECT hour FROM health_hours
@@ -863,7 +863,7 @@ WITH inv AS (
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
       AND {_FILTERS}
 ), summarised AS (
-    -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a health summary for
+    -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a run facts file for
     -- this idle threshold and max_gap, or with an open hour's run facts up to $sum_to. A GPU that
     -- changed model (name) within an hour has a row per model, each with the GPU-hour's facts: not
     -- de-duplicated (0.9-1.6 s at 100,000 GPUs), as every figure below is a min, max, any_value or

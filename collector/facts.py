@@ -114,7 +114,7 @@ _GPU = ("cluster", "host", "gpu_uuid", "gi")
 _HOLDER = ("scheduler", "job_key")
 # Profiling fields (gpu_samples columns, ratios 0-1) whose known seconds and activity x seconds parts carry
 PROFILING = ("tensor_active", "sm_active", "dram_active", "fp64_active", "fp32_active", "fp16_active")
-# Clock-event reason columns and their DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits (schema's, as the health summaries)
+# Clock-event reason columns and their DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits (schema's)
 THROTTLE_REASONS = {"thermal_throttle": THERMAL_BITS, "power_throttle": POWER_BITS, "hw_slowdown": HW_SLOWDOWN_BITS}
 ECC_COUNTERS = ("ecc_sbe", "ecc_dbe")  # the volatile counters (gpu_samples' ecc_sbe_vol, ecc_dbe_vol)
 # Counters whose first and last value a window's figures take (SAMPLES' names), and of them those
