@@ -268,9 +268,11 @@ def test_a_store_written_before_has_its_health_files_rebuilt_and_its_day_files_r
     day_rel = f"summaries/date={hours[0]['hour'][:10]}/healthday2-000000000000.parquet"
     (tmp_path / day_rel).write_bytes((tmp_path / hours[0]["health"]).read_bytes())
     old = []
-    for e in hours:
-        e["health_format"] = 2
-        old.append(e["health"])
+    for e in hours:  # as the version before named them
+        rel = e["health"].replace("/health3-", "/health2-")
+        (tmp_path / e["health"]).rename(tmp_path / rel)
+        e["health"], e["health_format"] = rel, 2
+        old.append(rel)
     m["health_days"] = [{"day": hours[0]["hour"][:10], "file": day_rel, "format": 2, "hours": {e["hour"]: e["health"] for e in hours}}]
     manifest.write_text(json.dumps(m))
     p = Params(at(0), at(3 * 3600))
@@ -310,7 +312,7 @@ def test_an_upkeep_pass_builds_the_newest_run_facts_first_and_a_bounded_number(t
         assert not compare_now(con, p, 5 * 3600, 10**6)
         con.close()
     w.close()
-    assert [len(s) for s in seen] == [2, 4, 5, 5]
+    assert [len(s) for s in seen] == [2, 4, 6, 6]
     assert seen[0] == seen[2][-2:] and seen[1] == seen[2][-4:]  # the newest first
 
 
