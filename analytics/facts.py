@@ -131,9 +131,11 @@ JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "accou
 class FactWindow:
     """One window's parts on a cursor of its own, and the figures over them."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None):
+    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
+                 max_grain: int = cf.GRAIN_1D):
         self.con = con.cursor()
         self.p = params
+        self.max_grain = max_grain  # the coarsest grain read (seconds): a chart's buckets must not cut parts
         self.fp = cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
                                 idle_min_s=params.idle_min_duration.total_seconds())
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
@@ -170,10 +172,10 @@ class FactWindow:
 
         while t < hi:
             day, hour = t - t % cf.DAY_US, t - t % cf.HOUR_US
-            if t == day and t + cf.DAY_US <= hi and day in stored[cf.GRAIN_1D]:
+            if t == day and t + cf.DAY_US <= hi and day in stored[cf.GRAIN_1D] and self.max_grain >= cf.GRAIN_1D:
                 add(cf.GRAIN_1D, t, t + cf.DAY_US)
                 t += cf.DAY_US
-            elif t == hour and t + cf.HOUR_US <= hi and day in stored[cf.GRAIN_1D]:
+            elif t == hour and t + cf.HOUR_US <= hi and day in stored[cf.GRAIN_1D] and self.max_grain >= cf.GRAIN_1H:
                 add(cf.GRAIN_1H, t, t + cf.HOUR_US)
                 t += cf.HOUR_US
             elif t % FIVE_US == 0 and t + FIVE_US <= hi and hour in stored[cf.GRAIN_5M]:

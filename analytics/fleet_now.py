@@ -7,9 +7,9 @@ the same way. Definitions, and why:
 - Latest sample: the newest sample of each GPU (or MIG instance) at or before as_of, looked for
   within the look-back: from the start of the hour that as_of - `lookback` (default 6 h) falls in
   (look_from), so 6 to 7 hours. Bounded so the query reads hours, not the whole store; whole
-  hours, so the health summaries answer all of it but the open hour.
-- Cost: the look-back's whole hours that have a health summary come from its per-GPU run facts
-  (gpufleet.collector.schema.NOW_HOURS: the hour's first, last and newest sample, last busy
+  hours, so the hours' run facts files answer all of it but the open hour.
+- Cost: the look-back's whole hours that have a run facts file come from its per-GPU run facts
+  (gpufleet.collector.schema.NOW_HOURS, the hour's "health" file: the hour's first, last and newest sample, last busy
   sample and first idle one after it, last gap, ...), composed hour by hour with the same facts
   computed from the raw samples of the rest (the open hour, hours not summarised): the same
   answers as reading every sample (summaries=False, the tests' oracle).
@@ -81,7 +81,7 @@ def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.
 
 
 def _summarised_span(con: duckdb.DuckDBPyConnection, binds: dict[str, Any]) -> tuple[datetime, datetime]:
-    """[from, to): the newest unbroken run of the look-back's hours whose health summaries carry
+    """[from, to): the newest unbroken run of the look-back's hours whose run facts files carry
     run facts for these parameters, ending where the open hour's run facts end when they follow
     it (from = to: none), so that the rest of the look-back is two time ranges of raw samples."""
     cur = con.cursor()
@@ -128,7 +128,7 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     schedulers, idle_allocated, no_process, usd_per_gpu_hour.
     Filters: cluster and model narrow the GPUs; account, user, partition and job keep only the
     GPUs held now by a matching job.
-    summaries: the look-back's whole hours from their health summaries' run facts where the
+    summaries: the look-back's whole hours from their run facts files where the
     store has them for this idle threshold and max_gap (not under a model filter: an hour's facts
     are the GPU's, whatever model its samples say); False: every sample read (the tests' oracle);
     None: as params.summaries ([analytics] summaries).

@@ -19,19 +19,19 @@ filters; health is about GPUs, so account/user/partition filters do not apply). 
   its first sample (an exporter upgraded mid-window may spell the same GPU's model another way).
 Shares are of samples (every scrape counts once), not time-weighted: fine at a steady interval.
 
-Cost: a week of a large fleet is hundreds of millions of samples, so the window's whole hours
-come from the store's hourly health summaries (gpufleet.collector.schema.HEALTH_HOURS, one row
-per GPU and hour, written with each hour's utilization summary; for the open hour, up to where
-upkeep has summarised it) and only the rest - the hours a window edge cuts, hours not summarised
-yet, the open hour's newest minutes - from raw samples, turned into the same rows by the same
-query; every figure composes exactly from them (tests/test_health_summaries.py holds them
-to the raw queries). A counter event needs the samples of the one hour in which the counter
-passes the window's first value: that hour (or that part of it a row stands for) is read raw.
+Cost: a week of a large fleet is hundreds of millions of samples, so every figure is SQL over the
+window's facts (gpufleet.analytics.facts.FactWindow: the store's parts at the coarsest grain that
+fits, the minutes a window edge cuts read raw by the same rule), whose health columns count the
+samples whose time lies in each part and compose exactly (tests/test_facts_health.py holds them to
+the raw queries, `facts=False`, the tests' oracle). A counter event needs the samples of the one
+part in which the counter passes the window's first value: that part of that GPU is read raw, so
+the raw read grows with the events, not the window. The temperature map reads parts no coarser
+than its bucket (hour facts for buckets of whole hours; 5-minute facts else).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import duckdb
@@ -40,12 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpufleet.analytics import sql
+from gpufleet.analytics.facts import FactWindow
 from gpufleet.analytics.params import Params
-from gpufleet.times import HOUR
-
-# Raw stretches read one query each up to this many (each query looks at every sample file's
-# statistics: ~0.4 s at 16,384 GPUs a week); more (hours not summarised here and there) in one scan
-MAX_STRETCHES = 4
+from gpufleet.collector.facts import GRAIN_1D, GRAIN_1H, GRAIN_5M
 
 
 def _binds(params: Params, **extra: Any) -> dict[str, Any]:
@@ -53,74 +50,39 @@ def _binds(params: Params, **extra: Any) -> dict[str, Any]:
     return {"start": params.start, "end": params.end, "cluster": f.cluster, "model": f.model, **extra}
 
 
-def _arrow(cur: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pa.Table:
-    return cur.sql(query, params=sql.bound(query, binds)).to_arrow_table()
-
-
 def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:
     cur = con.cursor()
     try:
-        return pl.from_arrow(_arrow(cur, query, binds))
+        return pl.from_arrow(cur.sql(query, params=sql.bound(query, binds)).to_arrow_table())
     finally:
         cur.close()
 
 
-def _summarised_hours(cur: duckdb.DuckDBPyConnection, params: Params) -> list[tuple[datetime, datetime, bool]]:
-    """The window's hours whose health summaries the store has, each with where its summary ends
-    and whether it is an open hour's (upkeep keeps one current; its rows are in gpu_now_hours):
-    the hour's end, or where the open hour's summary ends now."""
-    return [tuple(r) for r in cur.execute(sql.HEALTH_HOURS_IN, {"start": params.start, "end": params.end}).fetchall()]
+def _grain(bucket: timedelta | None) -> int:
+    """The coarsest fact grain whose buckets lie inside a chart's `bucket`s (on the clock)."""
+    s = bucket.total_seconds() if bucket else None
+    return next(g for g in (GRAIN_1D, GRAIN_1H, GRAIN_5M) if s is None or s % g == 0)
 
 
-def _raw_stretches(start: datetime, end: datetime, hours: list[tuple[datetime, datetime, bool]]) -> list[tuple[datetime, datetime]]:
-    """The parts of [start, end) the summarised `hours` ((hour, ends, open), sorted, inside it) leave."""
-    out, at = [], start
-    for h, ends, _ in hours:
-        if h > at:
-            out.append((at, h))
-        at = ends
-    if at < end:
-        out.append((at, end))
-    return out
-
-
-def _from_hours(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...],
-                bucket: timedelta | None = None) -> dict[str, pl.DataFrame] | None:
-    """`what` ("gpus", "events", "temperature" in `bucket`s of whole hours) over the window's
-    health rows (sql.HEALTH_PARTS: summaries of its summarised hours, the same rows from the raw
-    samples of the rest, read once for all); None when no hour of it is summarised (the raw
-    queries are then the shorter way)."""
-    cur = con.cursor()
+def _events(w: FactWindow) -> pl.DataFrame:
+    """GPU_EVENTS' answer from the window's parts (sql.EVENTS_FROM_FACTS), the parts where a counter
+    passes the window's first value read raw, one query per stretch they cover."""
+    cur = w.con
+    mixed = cur.sql(sql.MIXED_PARTS, params=sql.bound(sql.MIXED_PARTS, w.bind)).to_arrow_table()
+    found = []
+    for lo, hi in sorted(set(zip(mixed["p0"].to_pylist(), mixed["p1"].to_pylist()))):
+        cur.register("_health_mixed", mixed.filter(pc.and_(pc.equal(mixed["p0"], lo), pc.equal(mixed["p1"], hi))))
+        found.append(cur.sql(sql.EVENTS_OF_MIXED_PARTS, params={"lo": lo, "hi": hi}).to_arrow_table())
+        cur.unregister("_health_mixed")
+    if not found:  # (the query answers its empty table)
+        cur.register("_health_mixed", mixed)
+        found.append(cur.sql(sql.EVENTS_OF_MIXED_PARTS, params={"lo": 0, "hi": 0}).to_arrow_table())
+        cur.unregister("_health_mixed")
+    cur.register("_health_mixed_events", pa.concat_tables(found))
     try:
-        hours = _summarised_hours(cur, params)
-        if not hours:
-            return None
-        b = _binds(params, hours=[h for h, _, is_open in hours if not is_open], open_hours=[h for h, _, is_open in hours if is_open])
-        stretches = _raw_stretches(params.start, params.end, hours) or [(params.start, params.start)]
-        if len(stretches) > MAX_STRETCHES:  # (an open hour's minutes after its summary: a stretch of its own)
-            after_open = [(ends, min(h + HOUR, params.end)) for h, ends, _ in hours if ends < min(h + HOUR, params.end)]
-            raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS_OUTSIDE, {**b, "hours": [h for h, _, _ in hours]}),
-                                    *(_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in after_open)])
-        else:
-            raw = pa.concat_tables([_arrow(cur, sql.RAW_HEALTH_HOURS, {**b, "lo": lo, "hi": hi}) for lo, hi in stretches])
-        cur.register("_health_raw", raw)
-        answers = {"gpus": lambda: _arrow(cur, sql.HEALTH_FROM_HOURS.format(parts=sql.HEALTH_PARTS), b),
-                   "events": lambda: _events_from_hours(cur, b),
-                   "temperature": lambda: _arrow(cur, sql.TEMPERATURE_FROM_HOURS.format(parts=sql.HEALTH_PARTS),
-                                                 {**b, "bucket": bucket.total_seconds() if bucket else None})}
-        return {k: pl.from_arrow(answers[k]()) for k in what}
+        return w.q(sql.EVENTS_FROM_FACTS)
     finally:
-        cur.close()
-
-
-def _events_from_hours(cur: duckdb.DuckDBPyConnection, b: dict[str, Any]) -> pa.Table:
-    mixed = _arrow(cur, sql.MIXED_HOURS.format(parts=sql.HEALTH_PARTS), b)
-    cur.register("_health_mixed", mixed)
-    lo = hi = b["start"]  # none: the query below answers its empty table
-    if mixed.num_rows:
-        lo, hi = pc.min(mixed["part_lo"]).as_py(), pc.max(mixed["part_hi"]).as_py()
-    cur.register("_health_mixed_events", _arrow(cur, sql.EVENTS_OF_MIXED_HOURS, {**b, "lo": lo, "hi": hi}))
-    return _arrow(cur, sql.EVENTS_FROM_HOURS.format(parts=sql.HEALTH_PARTS), b)
+        cur.unregister("_health_mixed_events")
 
 
 # The raw queries each answer has (the oracle), and how its rows are ordered
@@ -128,46 +90,47 @@ _RAW = {"gpus": sql.GPU_HEALTH, "events": sql.GPU_EVENTS, "temperature": sql.TEM
 _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first), temperature its
 
 
-def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], summaries: bool,
+def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], facts: bool,
              bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
-    """`what` of the window: from the health summaries (summaries True and an hour of the window
-    summarised; temperature buckets of whole hours), else from the raw queries; GPU rows in GPU
-    order."""
-    composed = tuple(k for k in what if k != "temperature" or bucket % HOUR == timedelta(0))
-    got = (_from_hours(con, params, composed, bucket) if summaries and composed else None) or {}
+    """`what` of the window: from its facts (one FactWindow for all), else (`facts` False) from
+    the raw queries; GPU rows in GPU order."""
     extra = {"bucket": bucket.total_seconds()} if bucket else {}
-    got.update({k: _q(con, _RAW[k], _binds(params, **extra)) for k in what if k not in got})
+    if facts:
+        w = FactWindow(con, params, max_grain=_grain(bucket))
+        try:
+            answers = {"gpus": lambda: w.q(sql.HEALTH_FROM_FACTS), "events": lambda: _events(w),
+                       "temperature": lambda: w.q(sql.TEMPERATURE_FROM_FACTS, **extra)}
+            got = {k: answers[k]() for k in what}
+        finally:
+            w.close()
+    else:
+        got = {k: _q(con, _RAW[k], _binds(params, **extra)) for k in what}
     return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in got.items()}
 
 
-def window_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True,
+def window_health(con: duckdb.DuckDBPyConnection, params: Params, facts: bool = True,
                   temperature: timedelta | None = None) -> dict[str, pl.DataFrame]:
     """{"gpus": gpu_health, "events": events} of the window, and with a `temperature` bucket
-    also "temperature" (as temperature()), from the store's hourly health summaries where it has
-    them (`summaries` False: every raw sample, the oracle the tests hold them to); the raw
-    samples the summaries leave are read once for all."""
-    return _answers(con, params, ("gpus", "events") + (("temperature",) if temperature else ()), summaries, temperature)
+    also "temperature" (as temperature()), from the window's facts (`facts` False: every raw
+    sample, the oracle the tests hold them to), read once for all."""
+    return _answers(con, params, ("gpus", "events") + (("temperature",) if temperature else ()), facts, temperature)
 
 
-def gpu_health(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:
-    """One row per GPU (or MIG instance) with samples in the window; see the module docstring.
-    From the hourly health summaries where the store has them, as window_health."""
-    return _answers(con, params, ("gpus",), summaries)["gpus"]
+def gpu_health(con: duckdb.DuckDBPyConnection, params: Params, facts: bool = True) -> pl.DataFrame:
+    """One row per GPU (or MIG instance) with samples in the window; see the module docstring."""
+    return _answers(con, params, ("gpus",), facts)["gpus"]
 
 
-def events(con: duckdb.DuckDBPyConnection, params: Params, summaries: bool = True) -> pl.DataFrame:
+def events(con: duckdb.DuckDBPyConnection, params: Params, facts: bool = True) -> pl.DataFrame:
     """ts, cluster, host, gpu, gpu_uuid, gi, model, kind, code, samples, detail; newest first.
-    kind: xid, ecc_dbe, ecc_sbe, row_remap, row_remap_failure, gpu_lost. From the hourly health
-    summaries where the store has them, as window_health."""
-    return _answers(con, params, ("events",), summaries)["events"]
+    kind: xid, ecc_dbe, ecc_sbe, row_remap, row_remap_failure, gpu_lost."""
+    return _answers(con, params, ("events",), facts)["events"]
 
 
-def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta, summaries: bool = True) -> pl.DataFrame:
+def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta, facts: bool = True) -> pl.DataFrame:
     """Per host and time bucket (on the clock: bucket x n since the epoch, so the window's first
-    and last are partial): the hottest GPU's temperature, the mean, the hottest memory. Buckets
-    of whole hours come from the hourly health summaries where the store has them, as
-    window_health."""
-    return _answers(con, params, ("temperature",), summaries, bucket)["temperature"]
+    and last are partial): the hottest GPU's temperature, the mean, the hottest memory."""
+    return _answers(con, params, ("temperature",), facts, bucket)["temperature"]
 
 
 def job_gpu_sources(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:

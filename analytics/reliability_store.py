@@ -1,6 +1,6 @@
 """Reliability from the store: the window's attempts (accounting, with the GPUs the job mapping saw
-them hold), their GPUs' health events (gpufleet.analytics.health.events: the hourly health
-summaries where the store has them), and the policy audit's cancels, classified and summed by
+them hold), their GPUs' health events (gpufleet.analytics.health.events: from the store's facts, the
+parts where a counter passes its first value read raw), and the policy audit's cancels, classified and summed by
 gpufleet.analytics.reliability's pure functions. Read by `gpufleet analyze --reliability`, the
 policy's lemon drains and its metrics.
 """
@@ -29,7 +29,7 @@ def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]
 def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
                ) -> tuple[list[Classified], list[dict[str, Any]]]:
     """The window's attempts classified (accounting, their GPUs' health events from the store's
-    health summaries, the policy audit) and each host's GPU-hours held (cluster, host, scheduler,
+    facts, the policy audit) and each host's GPU-hours held (cluster, host, scheduler,
     gpu_hours). `as_of`: where a running job's time ends (default: the window's end)."""
     as_of = min(as_of or params.end, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
@@ -53,7 +53,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         # cluster and model filters, and the attempts are not filtered by model)
         around = replace(params, start=params.start - s.hardware_window, end=params.end + s.grace,
                          filters=replace(params.filters, model=None))
-        ev = health.events(con, around, summaries=params.summaries)
+        ev = health.events(con, around)
         events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                   for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
     return classify_all(attempts, events, cancels, s), host_rows

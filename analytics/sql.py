@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HEALTH_EVENT_COUNTERS, HEALTH_HOURS, HW_SLOWDOWN_BITS,
+from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS,
                                       LINE_COLUMNS, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -705,7 +705,7 @@ def _stretch_run_start(what: str) -> str:
             f"min(now_first_{what}) FILTER (WHERE now_first > data_from))")
 
 
-# The look-back's hours with a health summary for the request's idle threshold and max_gap, whole
+# The look-back's hours with a run facts file for the request's idle threshold and max_gap, whole
 # inside [$look_from, $as_of] (gpufleet.analytics.fleet_now takes the newest unbroken run of them)
 NOW_HOURS_IN = """
 SELECT hour FROM health_hours
@@ -725,7 +725,7 @@ WITH inv AS (
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
       AND {_FILTERS}
 ), summarised AS (
-    -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a health summary for
+    -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a run facts file for
     -- this idle threshold and max_gap, or with an open hour's run facts up to $sum_to. A GPU that
     -- changed model (name) within an hour has a row per model, each with the GPU-hour's facts: not
     -- de-duplicated (0.9-1.6 s at 100,000 GPUs), as every figure below is a min, max, any_value or
@@ -972,7 +972,7 @@ ORDER BY ts DESC, cluster, host, gpu, kind
 """
 
 # Temperature buckets are on the clock ($bucket seconds since the epoch: 00:00, 03:00, ... for
-# 3 hours), so a bucket of whole hours is whole hours of health summaries (TEMPERATURE_FROM_HOURS)
+# 3 hours), so a bucket of whole hours reads hour facts (TEMPERATURE_FROM_FACTS)
 _TEMP_BUCKET = "to_timestamp(floor(epoch({t}) / $bucket) * $bucket)::TIMESTAMP"
 TEMPERATURE_BY_HOST = f"""
 SELECT {_TEMP_BUCKET.format(t="ts")} AS bucket,
@@ -983,132 +983,104 @@ WHERE {_HEALTH_WINDOW} AND (gpu_temp_c IS NOT NULL OR mem_temp_c IS NOT NULL)
 GROUP BY ALL ORDER BY cluster, host, bucket
 """
 
-# --- GPU health from hourly health summaries (gpufleet.collector.schema.HEALTH_HOURS) ---
-# The window's health rows: the summaries of its whole summarised hours ($hours), those of its open
-# hours' summaries ($open_hours: of their samples before the summary `ends`) and, in _health_raw,
-# the same rows computed from the raw samples of the rest (RAW_HEALTH_HOURS, over each stretch
-# $lo..$hi of the window no summary covers). Each row says which part of its hour it stands for
-# ([part_lo, part_hi): an hour may have two, its open summary's and the raw minutes after). Each
-# figure below composes them exactly into GPU_HEALTH's or GPU_EVENTS' answer.
-_RAW_PART = "SELECT *, greatest(hour, {lo}) AS part_lo, least(hour + INTERVAL 1 HOUR, {hi}) AS part_hi FROM ({rows})"
-RAW_HEALTH_HOURS = _RAW_PART.format(lo="$lo", hi="$hi", rows=HEALTH_HOURS.format(
-    source="gpu_samples", where=f"ts >= $lo AND ts < $hi AND {_FILTERS}"))
-# the same over the whole window but its summarised hours ($hours: whole and open): one scan, for
-# when they leave many stretches (the minutes after an open hour's summary: RAW_HEALTH_HOURS)
-RAW_HEALTH_HOURS_OUTSIDE = _RAW_PART.format(lo="$start", hi="$end", rows=HEALTH_HOURS.format(
-    source="gpu_samples", where=f"ts >= $start AND ts < $end AND NOT list_contains($hours, date_trunc('hour', ts)) AND {_FILTERS}"))
-HEALTH_PARTS = f"""(
-    SELECT *, hour AS part_lo, hour + INTERVAL 1 HOUR AS part_hi
-    FROM gpu_health_hours WHERE hour >= $start AND hour < $end AND list_contains($hours, hour) AND {_FILTERS}
-    UNION ALL BY NAME
-    SELECT g.*, g.hour AS part_lo, n.ends AS part_hi
-    FROM gpu_now_hours g JOIN now_hours n USING (hour) WHERE list_contains($open_hours, hour) AND {_FILTERS}
-    UNION ALL BY NAME
-    SELECT * FROM _health_raw
-)"""
+# --- GPU health from a window's facts (gpufleet.analytics.health over a FactWindow's parts, wpe) ---
+# The parts that stand for the window's samples: inside it, one row per stretch (lead), with a
+# sample of their own; every health column counts only the samples whose time lies in the part
+_HEALTH_PARTS = "SELECT * FROM wpe WHERE inside AND lead AND samples_n > 0"
 
 
 def _first_to_last(col: str) -> str:
-    return f"(arg_max({col}_last, {col}_last_ts) - arg_min({col}_first, {col}_first_ts))"
+    """A counter's rise over the window: its latest part's last value minus its earliest part's first."""
+    return (f"(arg_max({col}_last, p0) FILTER (WHERE {col}_last IS NOT NULL) "
+            f"- arg_min({col}_first, p0) FILTER (WHERE {col}_first IS NOT NULL))")
 
 
-def _throttled_share(n: str) -> str:
-    return f"CASE WHEN sum(reasons_n) > 0 THEN 100.0 * sum({n}) / sum(reasons_n) END"
+def _throttled_share(reason: str) -> str:
+    return f"CASE WHEN sum(reasons_known_n) > 0 THEN 100.0 * sum({reason}_n) / sum(reasons_known_n) END"
 
 
-HEALTH_FROM_HOURS = f"""
-SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample) AS model,
-       sum(samples)::BIGINT AS samples, min(first_sample) AS first_sample, max(last_sample) AS last_sample,
-       max(gpu_temp_max_c) AS gpu_temp_max_c, sum(gpu_temp_sum) / nullif(sum(gpu_temp_n), 0) AS gpu_temp_avg_c,
+# GPU_HEALTH's answer from the window's parts
+HEALTH_FROM_FACTS = f"""
+SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample_ts) AS model,
+       sum(samples_n)::BIGINT AS samples, make_timestamp(min(first_sample_ts)) AS first_sample,
+       make_timestamp(max(last_sample_ts)) AS last_sample,
+       max(sample_temp_max_c) AS gpu_temp_max_c, sum(temp_sum) / nullif(sum(temp_n), 0) AS gpu_temp_avg_c,
        max(mem_temp_max_c) AS mem_temp_max_c, max(power_max_w) AS power_max_w,
-       sum(lost_samples)::BIGINT AS lost_samples, min(first_lost) AS first_lost,
+       sum(lost_n)::BIGINT AS lost_samples, make_timestamp(min(lost_ts)) AS first_lost,
        list_sort(list_distinct(flatten(list(list_transform(xid_codes, lambda c: c.code)) FILTER (WHERE xid_codes IS NOT NULL)))) AS xids,
-       min(first_xid) AS first_xid,
-       {_first_to_last("ecc_dbe_vol")} AS ecc_dbe_new, {_first_to_last("ecc_sbe_vol")} AS ecc_sbe_new,
-       max(ecc_dbe_agg_max) AS ecc_dbe_total,
-       max(remap_correctable_max) AS remap_correctable, max(remap_uncorrectable_max) AS remap_uncorrectable,
-       max(remap_failure_max) AS remap_failure,
+       make_timestamp(min(list_min(list_transform(xid_codes, lambda c: c.first_ts)))) AS first_xid,
+       {_first_to_last("ecc_dbe")} AS ecc_dbe_new, {_first_to_last("ecc_sbe")} AS ecc_sbe_new,
+       max(ecc_dbe_agg_max) AS ecc_dbe_total, max(remap_correctable_max) AS remap_correctable,
+       max(remap_uncorrectable_max) AS remap_uncorrectable, max(remap_failure_max) AS remap_failure,
        {_first_to_last("pcie_replay")} AS pcie_replays,
-       {_throttled_share("thermal_n")} AS thermal_throttle_pct,
-       {_throttled_share("power_n")} AS power_throttle_pct,
-       {_throttled_share("hw_slowdown_n")} AS hw_slowdown_pct,
-       {_first_to_last("thermal_violation_ns")} / 1e9 AS thermal_violation_s,
-       {_first_to_last("power_violation_ns")} / 1e9 AS power_violation_s
-FROM {{parts}}
-GROUP BY {_KEY}
+       {_throttled_share("thermal_throttle")} AS thermal_throttle_pct, {_throttled_share("power_throttle")} AS power_throttle_pct,
+       {_throttled_share("hw_slowdown")} AS hw_slowdown_pct,
+       {_first_to_last("thermal_viol")} / 1e9 AS thermal_violation_s, {_first_to_last("power_viol")} / 1e9 AS power_violation_s
+FROM ({_HEALTH_PARTS}) GROUP BY {_KEY}
 """
 
-# TEMPERATURE_BY_HOST's answer from the window's health rows ({parts}: HEALTH_PARTS), for buckets
-# of whole hours (each row's hour lies in one bucket)
-TEMPERATURE_FROM_HOURS = f"""
-SELECT {_TEMP_BUCKET.format(t="hour")} AS bucket, cluster, host,
-       max(gpu_temp_max_c) AS gpu_temp_max_c, sum(gpu_temp_sum) / nullif(sum(gpu_temp_n), 0) AS gpu_temp_avg_c,
+# TEMPERATURE_BY_HOST's answer from the window's parts (none crosses a $bucket edge: the window is
+# read at grains that divide the bucket)
+TEMPERATURE_FROM_FACTS = f"""
+SELECT {_TEMP_BUCKET.format(t="make_timestamp(p0)")} AS bucket, cluster, host,
+       max(sample_temp_max_c) AS gpu_temp_max_c, sum(temp_sum) / nullif(sum(temp_n), 0) AS gpu_temp_avg_c,
        max(mem_temp_max_c) AS mem_temp_max_c
-FROM {{parts}}
-WHERE gpu_temp_n > 0 OR mem_temp_n > 0
+FROM ({_HEALTH_PARTS}) WHERE temp_n > 0 OR mem_temp_max_c IS NOT NULL
 GROUP BY ALL ORDER BY cluster, host, bucket
 """
 
-# GPU_EVENTS' counters, by the kind it gives them: (kind, column, label)
-_EVENT_COUNTERS = tuple((kind, col, label) for kind, col, _, label in _COUNTERS)
-assert tuple(c for _, c, _ in _EVENT_COUNTERS) == HEALTH_EVENT_COUNTERS
-_BASES = ", ".join(f"arg_min({col}_first, {col}_first_ts) AS {col}_0" for _, col, _ in _EVENT_COUNTERS)
+# GPU_EVENTS' counters in the facts' names: (kind, fact counter, label)
+_EVENT_COUNTERS = (("ecc_dbe", "ecc_dbe", "double-bit ECC errors"), ("ecc_sbe", "ecc_sbe", "single-bit ECC errors"),
+                   ("row_remap", "remap_unc", "uncorrectable remapped rows"))
+_BASES = ", ".join(f"coalesce(arg_min({c}_first, p0) FILTER (WHERE {c}_first IS NOT NULL), 0) AS {c}_0" for _, c, _ in _EVENT_COUNTERS)
+_EVENT_PARTS = f"WITH p AS ({_HEALTH_PARTS}), base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)"
 
-# Hours where a counter passes the window's first value (GPU_EVENTS' base) inside the hour: only
-# their samples say when and how often it was above; read raw (EVENTS_OF_MIXED_HOURS)
-MIXED_HOURS = f"""
-WITH p AS {{parts}}, base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)
-""" + "UNION ALL\n".join(
-    f"""SELECT '{kind}' AS kind, p.cluster, p.host, p.gpu_uuid, p.gi, p.model, p.part_lo, p.part_hi, coalesce(b.{col}_0, 0) AS base
-FROM p JOIN base b USING ({_KEY})
-WHERE p.{col}_n > 0 AND p.{col}_min <= coalesce(b.{col}_0, 0) AND p.{col}_max > coalesce(b.{col}_0, 0)
-""" for kind, col, _ in _EVENT_COUNTERS)
-_KIND_VALUE = "CASE m.kind " + " ".join(f"WHEN '{kind}' THEN s.{col}" for kind, col, _ in _EVENT_COUNTERS) + " END"
-EVENTS_OF_MIXED_HOURS = f"""
-SELECT m.kind, s.cluster, s.host, s.gpu_uuid, m.gi, any_value(s.gpu) AS gpu, arg_min(s.model, s.ts) AS model,
+# Parts in which a counter passes the window's first value (GPU_EVENTS' base): only their samples
+# say when and how often it was above, so they are read raw (EVENTS_OF_MIXED_PARTS), narrowed to
+# their GPUs and times - as many as there are such events
+MIXED_PARTS = _EVENT_PARTS + "\n" + "UNION ALL\n".join(
+    f"""SELECT '{kind}' AS kind, {", ".join("p." + k for k in _KEY.split(", "))}, p.p0, p.p1, b.{c}_0 AS base
+FROM p JOIN base b USING ({_KEY}) WHERE p.{c}_n > 0 AND p.{c}_min <= b.{c}_0 AND p.{c}_max > b.{c}_0
+""" for kind, c, _ in _EVENT_COUNTERS)
+_KIND_VALUE = "CASE m.kind " + " ".join(f"WHEN '{kind}' THEN s.{col}" for kind, col, _, _ in _COUNTERS) + " END"
+# the mixed parts of one stretch [$lo, $hi) (_health_mixed), from the raw samples of their GPUs
+EVENTS_OF_MIXED_PARTS = f"""
+SELECT m.kind, m.cluster, m.host, m.gpu_uuid, m.gi, any_value(s.gpu) AS gpu, arg_min(s.model, s.ts) AS model,
        min(s.ts) AS ts, count(*) AS n, max({_KIND_VALUE}) AS top
 FROM gpu_samples s JOIN _health_mixed m
-  ON s.cluster = m.cluster AND s.host = m.host AND s.gpu_uuid = m.gpu_uuid AND coalesce(s.gpu_instance, -1) = m.gi
- AND s.model IS NOT DISTINCT FROM m.model AND s.ts >= m.part_lo AND s.ts < m.part_hi
-WHERE s.ts >= $lo AND s.ts < $hi AND s.ts >= $start AND s.ts < $end AND {_KIND_VALUE} > m.base
-GROUP BY m.kind, s.cluster, s.host, s.gpu_uuid, m.gi
+  ON s.cluster IS NOT DISTINCT FROM m.cluster AND s.host IS NOT DISTINCT FROM m.host AND s.gpu_uuid IS NOT DISTINCT FROM m.gpu_uuid
+ AND coalesce(s.gpu_instance, -1) = m.gi
+WHERE s.ts >= make_timestamp($lo) AND s.ts < make_timestamp($hi) AND {_KIND_VALUE} > m.base
+GROUP BY m.kind, m.cluster, m.host, m.gpu_uuid, m.gi
 """
-# GPU_EVENTS from health rows (p) and the mixed hours' events (_health_mixed_events)
-EVENTS_FROM_HOURS = f"""
-WITH p AS {{parts}}, base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL), x AS (
-    SELECT cluster, host, gpu, gpu_uuid, gi, model, unnest(xid_codes) AS c FROM p WHERE xid_codes IS NOT NULL
+# GPU_EVENTS' answer from the window's parts and the mixed parts' events (_health_mixed_events)
+EVENTS_FROM_FACTS = _EVENT_PARTS + f""", x AS (
+    SELECT {_KEY}, gpu, model, unnest(xid_codes) AS c FROM p WHERE xid_codes IS NOT NULL
 )
-SELECT min(c.first_ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, arg_min(model, c.first_ts) AS model,
-       'xid' AS kind, c.code AS code, sum(c.samples)::BIGINT AS samples, 'XID ' || c.code AS detail
+SELECT make_timestamp(min(c.first_ts)) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, arg_min(model, c.first_ts) AS model,
+       'xid' AS kind, c.code AS code, sum(c.n)::BIGINT AS samples, 'XID ' || c.code AS detail
 FROM x GROUP BY cluster, host, gpu_uuid, gi, c.code
 """ + "".join(
     f"""UNION ALL
 SELECT min(e.ts), e.cluster, e.host, any_value(e.gpu), e.gpu_uuid, e.gi, arg_min(e.model, e.ts),
-       '{kind}', NULL, sum(e.n)::BIGINT, '{label}: +' || (max(e.top) - any_value(b.base))::BIGINT
-FROM (SELECT p.{col}_first_ts AS ts, {", ".join("p." + k for k in _KEY.split(", "))}, p.gpu, p.model, p.{col}_n AS n, p.{col}_max AS top
-      FROM p JOIN base b USING ({_KEY}) WHERE p.{col}_n > 0 AND p.{col}_min > coalesce(b.{col}_0, 0)
+       '{kind}', NULL, sum(e.n)::BIGINT, '{label}: +' || (max(e.top) - any_value(b.{c}_0))::BIGINT
+FROM (SELECT make_timestamp(p.{c}_first_ts) AS ts, {", ".join("p." + k for k in _KEY.split(", "))}, p.gpu, p.model, p.{c}_n AS n,
+             p.{c}_max AS top
+      FROM p JOIN base b USING ({_KEY}) WHERE p.{c}_n > 0 AND p.{c}_min > b.{c}_0
       UNION ALL BY NAME
       SELECT ts, {_KEY}, gpu, model, n, top FROM _health_mixed_events WHERE kind = '{kind}') e
-JOIN (SELECT {_KEY}, coalesce({col}_0, 0) AS base FROM base) b USING ({_KEY})
+JOIN base b USING ({_KEY})
 GROUP BY e.cluster, e.host, e.gpu_uuid, e.gi
-""" for kind, col, label in _EVENT_COUNTERS) + f"""UNION ALL
-SELECT min(remap_failure_ts), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, remap_failure_ts),
+""" for kind, c, label in _EVENT_COUNTERS) + f"""UNION ALL
+SELECT make_timestamp(min(remap_failure_ts)), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, remap_failure_ts),
        'row_remap_failure', NULL, sum(remap_failure_n)::BIGINT, 'row remapping failed'
 FROM p WHERE remap_failure_n > 0 GROUP BY {_KEY}
 UNION ALL
-SELECT min(first_lost), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, first_lost),
-       'gpu_lost', NULL, sum(lost_samples)::BIGINT, 'GPU not usable (gpufleet_gpu_up = 0)'
-FROM p WHERE lost_samples > 0 GROUP BY {_KEY}
+SELECT make_timestamp(min(lost_ts)), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, lost_ts),
+       'gpu_lost', NULL, sum(lost_n)::BIGINT, 'GPU not usable (gpufleet_gpu_up = 0)'
+FROM p WHERE lost_n > 0 GROUP BY {_KEY}
 ORDER BY ts DESC, cluster, host, gpu, kind
 """
-# Hours of [$start, $end) whose health summaries stand for the store's samples: whole ones, and open
-# ones (without a whole hour's) up to where their summary ends, inside the window too
-HEALTH_HOURS_IN = """
-SELECT hour, hour + INTERVAL 1 HOUR AS ends, false AS open FROM health_hours WHERE hour >= $start AND hour + INTERVAL 1 HOUR <= $end
-UNION ALL
-SELECT hour, ends, true FROM now_hours
-WHERE hour >= $start AND ends <= $end AND ends > hour AND hour NOT IN (SELECT hour FROM health_hours)
-ORDER BY hour"""
 
 # The store's first GPU sighting within the cluster/model filters: where its history starts
 # (gpufleet.analytics.trends: a previous window starting before it is only partly in the store).

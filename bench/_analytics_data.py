@@ -395,19 +395,18 @@ def ensure_store(scale: Scale, cache: Path, progress=lambda msg: None) -> tuple[
 def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:
     """The product's per-GPU summaries of every closed hour of the cached store
     (gpufleet.collector.maintenance.summarize, default parameters: those of the analysis), their
-    health summaries (their closed days' merged) and their hours' joined segments, built once;
+    run facts files (Fleet now's) and their hours' joined segments, built once;
     (seconds it took, built now)."""
-    from gpufleet.collector.maintenance import add_coarse, merge_health_days, summarize, summarize_health
+    from gpufleet.collector.maintenance import add_coarse, summarize, summarize_health
     from gpufleet.collector.schema import HEALTH_FORMAT_VERSION
     from gpufleet.collector.summaries import SummaryParams
 
     p = SummaryParams()
     mark = store / f".summaries-{p.tag()}"
-    health_mark = store / f".health-{HEALTH_FORMAT_VERSION}"  # a store cached before them gets its health summaries once
+    health_mark = store / f".health-{HEALTH_FORMAT_VERSION}"  # a store cached before them gets its run facts files once
     coarse_mark = store / ".coarse"  # ... and its hours' joined segments (written from the summaries' rows)
-    days_mark = store / f".health-days-{HEALTH_FORMAT_VERSION}"  # ... and its closed days' health files merged
     cached = mark.exists()
-    if cached and health_mark.exists() and coarse_mark.exists() and days_mark.exists():
+    if cached and health_mark.exists() and coarse_mark.exists():
         return float(mark.read_text().split()[0]), False
     t0 = time.monotonic()
     w = StoreWriter(store, clock=lambda: scale.now)
@@ -415,19 +414,17 @@ def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tu
         n = 0 if cached else summarize(w, scale.now, p)
         h = 0 if health_mark.exists() else summarize_health(w)
         c = add_coarse(w)
-        d = merge_health_days(w, scale.now, None)
         w.publish()
     finally:
         w.close()
     took = time.monotonic() - t0
     coarse_mark.write_text(f"{took:.1f} s for {c} hours{'' if cached else ' (with the summaries)'}\n")
-    days_mark.write_text(f"{took:.1f} s for {d} days{'' if cached else ' (with the summaries)'}\n")
     if not health_mark.exists():
         health_mark.write_text(f"{took:.1f} s for {h} hours{'' if cached else ' (with the summaries)'}\n")
     if cached:
-        progress(f"  health summaries of {h} hours, {d} days of them merged and joined segments of {c} hours built in {took:.0f} s")
+        progress(f"  run facts of {h} hours and joined segments of {c} hours built in {took:.0f} s")
         return float(mark.read_text().split()[0]), False
-    progress(f"  summaries of {n} hours and their health summaries built in {took:.0f} s")
+    progress(f"  summaries of {n} hours and their run facts built in {took:.0f} s")
     mark.write_text(f"{took:.1f} s for {n} hours\n")
     return took, True
 

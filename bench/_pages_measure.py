@@ -3,7 +3,7 @@
     python -m bench._pages_measure STORE START END WHAT OUT
 
 WHAT: health (gpufleet.analytics.health.window_health, with the temperature map in the Health
-page's buckets, from the hourly health summaries where the store has them), health-raw (the same
+page's buckets, from the store's facts), health-raw (the same
 from every raw sample: the oracle), fleet-now (gpufleet.analytics.fleet_now.gpu_states at END,
 the look-back's summarised hours from their run facts), fleet-now-raw (the same from every raw
 sample). The answers go to OUT (Parquet, one file per frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
@@ -39,7 +39,7 @@ def main() -> None:
     if what.startswith("fleet-now"):
         frames = {"states": fleet_now.gpu_states(con, p, end_t, summaries=what == "fleet-now")}
     else:
-        frames = health.window_health(con, p, summaries=what == "health", temperature=default_bucket(end_t - start_t))
+        frames = health.window_health(con, p, facts=what == "health", temperature=default_bucket(end_t - start_t))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     for name, df in frames.items():
         df.write_parquet(Path(out) / f"{name}.parquet")

@@ -14,7 +14,7 @@
    Then a user's week with per-job detail, as the dashboards' window computes it (the heaviest
    user and a typical one): every GPU's line, and only the GPUs the user's jobs held (held_only),
    side by side.
-3. The Health page's GPU table and events (from the hourly health summaries, and from raw samples
+3. The Health page's GPU table and events (from the store's facts, and from raw samples
    as the oracle, compared) and Fleet now's states at the window end, each in its own process
    (bench/_pages_measure.py).
 4. The per-GPU weekly mean of GPU utilization from Prometheus - the same samples loaded with
@@ -279,8 +279,8 @@ def user_window_table(store: Path) -> Table:
 
 # --- 3: the Health and Fleet now pages' queries ---
 
-# a week on the dashboards' 5-minute grain: both edges inside an hour, so the hours they cut are
-# read raw and the rest from the hourly health summaries
+# a week on the dashboards' 5-minute grain: both edges inside a 5-minute bucket, so the minutes
+# they cut are read raw and the rest from the facts (buckets without facts are cut raw too)
 HEALTH_EDGES = (timedelta(minutes=35), timedelta(minutes=20))
 
 
@@ -309,17 +309,17 @@ def largest_difference(a: pl.DataFrame, b: pl.DataFrame) -> float:
 
 
 def pages_table(store: Path) -> Table:
-    """The Health page's GPU table and events (from health summaries vs raw) and Fleet now's states."""
+    """The Health page's GPU table and events (from the facts vs raw) and Fleet now's states."""
     start, end = SCALE.start + HEALTH_EDGES[0], SCALE.end - HEALTH_EDGES[1]
     t = Table(f"analytics: the Health and Fleet now pages' queries, {SCALE.describe()}")
     gib = lambda m: m["vmhwm_kib"] / 1024 / 1024  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-pages-") as tmp:
-        progress("the Health page's GPU table and events: from health summaries, then from raw samples (the oracle)")
+        progress("the Health page's GPU table and events: from the facts, then from raw samples (the oracle)")
         summ = measure_page_query(store, start, end, "health", Path(tmp) / "health")
         raw = measure_page_query(store, start, end, "health-raw", Path(tmp) / "raw")
-        t.add(f"Health: GPU table + events + temperature map (window_health), {start:%m-%d %H:%M} - {end:%m-%d %H:%M}: raw / summaries",
+        t.add(f"Health: GPU table + events + temperature map (window_health), {start:%m-%d %H:%M} - {end:%m-%d %H:%M}: raw / facts",
               f"{raw['wall_s']:.2f} s / {summ['wall_s']:.2f} s ({raw['wall_s'] / summ['wall_s']:.1f}x)")
-        t.add("    CPU time / peak RSS (VmHWM): raw; summaries",
+        t.add("    CPU time / peak RSS (VmHWM): raw; facts",
               f"{raw['cpu_s']:.1f} s, {gib(raw):.2f} GiB; {summ['cpu_s']:.1f} s, {gib(summ):.2f} GiB")
         worst = max(largest_difference(pl.read_parquet(Path(tmp) / "raw" / f.name), pl.read_parquet(f))
                     for f in sorted((Path(tmp) / "health").glob("*.parquet")))
@@ -338,8 +338,9 @@ def pages_table(store: Path) -> Table:
     t.notes += [
         "each query in its own process (python -m bench._pages_measure), open_reader included; the health window's edges fall "
         f"inside an hour ({HEALTH_EDGES[0].seconds // 60} and {HEALTH_EDGES[1].seconds // 60} min), as the dashboards' 5-minute "
-        "grain leaves them: the hours they cut are read raw, the rest from the hourly health summaries",
-        "Fleet now takes the look-back's whole summarised hours from their run facts (written with the health summaries) and reads "
+        "grain leaves them: the minutes they cut are read raw, the rest from the store's facts (a store without facts: every bucket "
+        "cut raw by the facts' own rule)",
+        "Fleet now takes the look-back's whole summarised hours from their run facts files and reads "
         "raw samples for the last, open hour only (the look-back starts on the hour); the dashboards ask it again every 10 s. The bench store's "
         "sample files are one per hour, as compaction leaves them: a raw read of a few minutes opens that hour's file"
         + ("; the live store's open hour is in the files its rounds wrote, summarised up to 23:50 (its health rows and run facts: "

@@ -33,6 +33,19 @@ seconds, not yet times the MIG share, which readers take from model and mig_prof
   reasons_known_s, reasons_known_n   seconds and samples with clock-event reasons known; per reason
   <reason>_s, <reason>_n             (THROTTLE_REASONS) the seconds and samples with its bits set
                                       (NULL: no reasons known)
+  Health (of the samples whose time lies in the part, as gpufleet.analytics.health has them):
+  first_sample_ts, last_sample_ts    the first and last such sample's time (NULL: none)
+  temp_n, temp_sum                   samples with a GPU temperature, and their sum (a mean composes)
+  sample_temp_max_c, mem_temp_max_c, power_max_w: their high-waters (NULL: none known)
+  lost_n, lost_ts                    samples with gpufleet_gpu_up = 0, and the first one's time
+  remap_failure_n, remap_failure_ts  samples with a row-remap failure, and the first one's time
+  ecc_dbe_agg_max, remap_correctable_max, remap_uncorrectable_max, remap_failure_max: lifetime
+                                      counters' largest value (NULL: none reported)
+  <counter>_first/_last              (COUNTERS: ECC volatile, uncorrectable remapped rows, PCIe
+                                      replays, violation ns) the first and last value (NULL: none)
+  <counter>_min/_max/_n/_first_ts    (EVENT_COUNTERS) least and largest value, samples reporting
+                                      it, the first one's time: where a window's first value is
+                                      passed, an event (gpufleet.analytics.health.events)
 
 Sample intervals follow contract 4 (gpufleet.analytics.gputime is the oracle): a sample holds until
 the next sample of its GPU, at most max_gap. A part's facts depend on its own samples and the last
@@ -62,7 +75,7 @@ import pyarrow as pa
 from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
 from gpufleet.collector.summaries import intervals, segments, split
 
-FORMAT_VERSION = 3  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink
+FORMAT_VERSION = 3  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -103,15 +116,25 @@ _HOLDER = ("scheduler", "job_key")
 # Profiling fields (gpu_samples columns: ratios 0-1, then bytes/s) whose known seconds and value x seconds parts carry
 PROFILING = ("tensor_active", "sm_active", "dram_active", "fp64_active", "fp32_active", "fp16_active", "sm_occupancy",
              "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s")
-# Clock-event reason columns and their DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits (schema's, as the health summaries)
+# Clock-event reason columns and their DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits (schema's)
 THROTTLE_REASONS = {"thermal_throttle": THERMAL_BITS, "power_throttle": POWER_BITS, "hw_slowdown": HW_SLOWDOWN_BITS}
 ECC_COUNTERS = ("ecc_sbe", "ecc_dbe")  # the volatile counters (gpu_samples' ecc_sbe_vol, ecc_dbe_vol)
+# Counters whose first and last value a window's figures take (SAMPLES' names), and of them those
+# whose rise above a window's first value is a health event
+COUNTERS = (*ECC_COUNTERS, "remap_unc", "pcie_replay", "thermal_viol", "power_viol")
+EVENT_COUNTERS = (*ECC_COUNTERS, "remap_unc")
+# Lifetime counters whose largest value a window reports: fact column -> SAMPLES' name
+LIFETIME_MAXES = {"ecc_dbe_agg_max": "ecc_dbe_agg", "remap_correctable_max": "remap_corr", "remap_uncorrectable_max": "remap_unc",
+                  "remap_failure_max": "remap_fail"}
 _SUMS = ("covered_s", "data_s", "busy_s", "nop_s", "energy_j", "samples_n", "clocked_s", "reasons_known_s", "reasons_known_n",
-         *(f"{f}_known_s" for f in PROFILING))
+         *(f"{f}_known_s" for f in PROFILING), "temp_n", "temp_sum", "lost_n", "remap_failure_n", *(f"{c}_n" for c in EVENT_COUNTERS))
 # sums that are NULL where nothing in the part was known (a NULL part adds nothing; all NULL stays NULL)
 _KNOWN_SUMS = ("tensor_clock_s", "tensor_clocked_s", "xid_n", *(f"{f}_s" for f in PROFILING),
                *(f"{r}_{u}" for r in THROTTLE_REASONS for u in ("s", "n")))
-_MAXES = ("fb_max_mib", "temp_max_c")
+_MAXES = ("fb_max_mib", "temp_max_c", "sample_temp_max_c", "mem_temp_max_c", "power_max_w")
+# integer columns joined by their least / largest value (NULL: none in any part)
+_INT_MINS = ("first_sample_ts", "lost_ts", "remap_failure_ts", *(f"{c}_min" for c in EVENT_COUNTERS), *(f"{c}_first_ts" for c in EVENT_COUNTERS))
+_INT_MAXES = ("last_sample_ts", *LIFETIME_MAXES, *(f"{c}_max" for c in EVENT_COUNTERS))
 XID_CODES = pa.list_(pa.struct([("code", pa.int64()), ("first_ts", pa.int64()), ("n", pa.int64())]))
 SCHEMA = pa.schema([
     ("cluster", pa.string()), ("host", pa.string()), ("gpu_uuid", pa.string()), ("gi", pa.int16()),
@@ -129,6 +152,12 @@ SCHEMA = pa.schema([
     *((f"{e}_{end}", pa.int64()) for e in ECC_COUNTERS for end in ("first", "last")),
     ("reasons_known_s", pa.float64()), ("reasons_known_n", pa.int64()),
     *((f"{r}_{u}", pa.float64() if u == "s" else pa.int64()) for r in THROTTLE_REASONS for u in ("s", "n")),
+    ("first_sample_ts", pa.int64()), ("last_sample_ts", pa.int64()), ("temp_n", pa.int64()), ("temp_sum", pa.float64()),
+    ("sample_temp_max_c", pa.float64()), ("mem_temp_max_c", pa.float64()), ("power_max_w", pa.float64()),
+    ("lost_n", pa.int64()), ("lost_ts", pa.int64()), ("remap_failure_n", pa.int64()), ("remap_failure_ts", pa.int64()),
+    *((c, pa.int64()) for c in LIFETIME_MAXES),
+    *((f"{c}_{end}", pa.int64()) for c in COUNTERS if c not in ECC_COUNTERS for end in ("first", "last")),
+    *((f"{c}_{x}", pa.int64()) for c in EVENT_COUNTERS for x in ("min", "max", "n", "first_ts")),
 ])
 
 # The samples parts are built from: every GPU's in time order, over [$lo - max_gap, $hi) (epoch us).
@@ -142,7 +171,11 @@ SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu,
        {", ".join(f"coalesce({f}::DOUBLE, 'NaN'::DOUBLE) AS {f}" for f in PROFILING)},
        coalesce(sm_clock_mhz::DOUBLE, 'NaN'::DOUBLE) AS clock,
        coalesce(xid_last, -1) AS xid, coalesce(ecc_sbe_vol, -1) AS ecc_sbe, coalesce(ecc_dbe_vol, -1) AS ecc_dbe,
-       coalesce(clocks_event_reasons, -1) AS reasons
+       coalesce(clocks_event_reasons, -1) AS reasons,
+       coalesce(mem_temp_c::DOUBLE, 'NaN'::DOUBLE) AS mem_temp, coalesce(gpu_up::DOUBLE, 'NaN'::DOUBLE) AS up,
+       coalesce(remap_uncorrectable, -1) AS remap_unc, coalesce(pcie_replay, -1) AS pcie_replay,
+       coalesce(thermal_violation_ns, -1) AS thermal_viol, coalesce(power_violation_ns, -1) AS power_viol,
+       coalesce(ecc_dbe_agg, -1) AS ecc_dbe_agg, coalesce(remap_correctable, -1) AS remap_corr, coalesce(remap_failure, -1) AS remap_fail
 FROM {{source}}
 WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi) {{where}}
 ORDER BY cluster, host, gpu_uuid, gi, ts
@@ -268,13 +301,30 @@ def _profiling_and_health(samples: pa.Table, i: np.ndarray, own: np.ndarray, sec
     out["xid_n"] = known_sum((xid > 0).astype(np.int64), own & (xid >= 0))
     out["xid_codes"] = _xid_codes(grp, own & (xid > 0), xid, col("ts").astype(np.int64), len(starts))
     at = np.arange(len(i))
-    for e in ECC_COUNTERS:
+    ts = col("ts").astype(np.int64)
+    for e in COUNTERS:
         v = col(e).astype(np.int64)
         k = own & (v >= 0)
         first, last = np.minimum.reduceat(np.where(k, at, len(at)), starts), np.maximum.reduceat(np.where(k, at, -1), starts)
         has = last >= 0
         out[f"{e}_first"] = pa.array(v[np.where(has, first, 0)], mask=~has)
         out[f"{e}_last"] = pa.array(v[np.where(has, last, 0)], mask=~has)
+        if e in EVENT_COUNTERS:
+            out[f"{e}_min"], out[f"{e}_max"] = _int_extreme(np.minimum, v, k, starts), _int_extreme(np.maximum, v, k, starts)
+            out[f"{e}_n"] = pa.array(total(k.astype(np.int64)))
+            out[f"{e}_first_ts"] = pa.array(ts[np.where(has, first, 0)], mask=~has)
+    for c, name in LIFETIME_MAXES.items():
+        v = col(name).astype(np.int64)
+        out[c] = _int_extreme(np.maximum, v, own & (v >= 0), starts)
+    out["first_sample_ts"], out["last_sample_ts"] = _int_extreme(np.minimum, ts, own, starts), _int_extreme(np.maximum, ts, own, starts)
+    temp, mem_temp, power, up = (col(c).astype(np.float64) for c in ("temp", "mem_temp", "power", "up"))
+    tk = own & ~np.isnan(temp)
+    out["temp_n"], out["temp_sum"] = pa.array(total(tk.astype(np.int64))), pa.array(total(np.where(tk, temp, 0.0)))
+    for c, x in (("sample_temp_max_c", temp), ("mem_temp_max_c", mem_temp), ("power_max_w", power)):
+        m = np.fmax.reduceat(np.where(own, x, np.nan), starts)
+        out[c] = pa.array(m, mask=np.isnan(m))
+    for c, hit in (("lost", own & (up == 0)), ("remap_failure", own & (col("remap_fail").astype(np.int64) > 0))):
+        out[f"{c}_n"], out[f"{c}_ts"] = pa.array(total(hit.astype(np.int64))), _int_extreme(np.minimum, ts, hit, starts)
     reasons = col("reasons").astype(np.int64)
     rk = reasons >= 0
     out["reasons_known_s"], out["reasons_known_n"] = pa.array(total(np.where(rk, sec, 0.0))), pa.array(total((own & rk).astype(np.int64)))
@@ -282,6 +332,13 @@ def _profiling_and_health(samples: pa.Table, i: np.ndarray, own: np.ndarray, sec
         hit = rk & ((reasons & bits) != 0)
         out[f"{r}_s"], out[f"{r}_n"] = known_sum(np.where(hit, sec, 0.0), rk), known_sum(hit.astype(np.int64), own & rk)
     return out
+
+
+def _int_extreme(f: np.ufunc, v: np.ndarray, known: np.ndarray, starts: np.ndarray) -> pa.Array:
+    """Per stretch (from `starts`), the least (f np.minimum) or largest (np.maximum) of v where known (NULL: none)."""
+    big = np.iinfo(np.int64).max if f is np.minimum else np.iinfo(np.int64).min
+    x = f.reduceat(np.where(known, v, big), starts)
+    return pa.array(x, mask=x == big)
 
 
 def _xid_codes(grp: np.ndarray, hit: np.ndarray, code: np.ndarray, ts: np.ndarray, n: int) -> pa.Array:
@@ -397,7 +454,10 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
         known = parts[c].is_valid().to_numpy(zero_copy_only=False)
         out[c] = pa.array(np.add.reduceat(parts[c].fill_null(0).to_numpy(), at), mask=~np.logical_or.reduceat(known, at))
     rows = np.arange(n)
-    for c in (f"{e}_{end}" for e in ECC_COUNTERS for end in ("first", "last")):  # the earliest / latest part's that has one
+    for c in _INT_MINS + _INT_MAXES:
+        f = np.minimum if c in _INT_MINS else np.maximum
+        out[c] = _int_extreme(f, parts[c].fill_null(0).to_numpy(), parts[c].is_valid().to_numpy(zero_copy_only=False), at)
+    for c in (f"{e}_{end}" for e in COUNTERS for end in ("first", "last")):  # the earliest / latest part's that has one
         known = parts[c].is_valid().to_numpy(zero_copy_only=False)
         pick = (np.minimum.reduceat(np.where(known, rows, n), at) if c.endswith("_first")
                 else np.maximum.reduceat(np.where(known, rows, -1), at))

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpufleet.collector import facts, summaries
-from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_DAY_SQL, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
+from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
                                       ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, raw_retired, sample_source, write_parquet
@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 
 SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
 
-# Health summaries an upkeep pass builds at most: it holds the writer's commit lock, and a store
-# summarised by an earlier version has a health summary to build for every hour it keeps (35
+# Hours' run facts files (Fleet now's) an upkeep pass builds at most: it holds the writer's commit lock, and a store
+# summarised by an earlier version has a run facts file to build for every hour it keeps (35
 # days: 840 hours, tens of minutes at 16,384 GPUs). The newest come first; the rest follow at the
 # next passes (read raw until then), or all at once with `gpufleet collect --rebuild-summaries`.
 HEALTH_HOURS_PER_PASS = 24
@@ -56,15 +56,6 @@ HEALTH_HOURS_PER_PASS = 24
 # before them has every hour to do (~0.5 s an hour at 16,384 GPUs, under the writer's lock); the
 # rest follow at the next passes (read from the 5-minute rows until then)
 COARSE_HOURS_PER_PASS = 48
-# Closed days whose health summaries an upkeep pass merges at most, newest first (a store
-# summarised before day files has a day for each it keeps; a day takes ~2 s at 16,384 GPUs, ~15 s
-# at 100,000)
-HEALTH_DAYS_PER_PASS = 7
-# Hours of a closed day read from their own health files (rebuilt since its file was merged: late
-# data; retention rebuilds the first hour it leaves) before upkeep merges the day again: a few
-# files more cost a reader little, and retention would otherwise rewrite the oldest day every hour
-HEALTH_DAY_LOOSE_HOURS = 3
-
 
 def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None, tasks: TaskRunner | None = None,
             gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None,
@@ -73,10 +64,10 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     """Merge each closed hour's files into one and roll it up (compact_hours), then bring the
     per-GPU summaries up to date (summarize, with `params`: the defaults if None; `tasks`,
     `gpu_shards` and `progress` as there), their hours' joined segments (add_coarse, at most
-    `coarse_hours` of them, None: all), their hourly health summaries (summarize_health,
-    at most `health_hours` of them, None: all; `tasks` and `progress` as there) and each closed
-    day's health summaries merged into one file (merge_health_days: HEALTH_DAYS_PER_PASS days,
-    all when `health_hours` is None); returns hours compacted. `with_facts`: also the derived
+    `coarse_hours` of them, None: all), their hourly run facts files (summarize_health,
+    at most `health_hours` of them, None: all; `tasks` and `progress` as there: Fleet now's run
+    facts) and a store's merged health day files of before retired (retire_health_days); returns
+    hours compacted. `with_facts`: also the derived
     facts tier (build_facts, issue #52) - off in the product until its surfaces read the facts
     (no upkeep cost for files nothing reads), on in the facts' own tests and bench."""
     listed = {k: e["file"] for k, e in w.summaries.items()}
@@ -88,7 +79,7 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
                                                                        idle_min_s=sp.keep_s)).values())
     built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
-    built += merge_health_days(w, now, None if health_hours is None else HEALTH_DAYS_PER_PASS)
+    built += retire_health_days(w)
     if done or merged or built or listed != {k: e["file"] for k, e in w.summaries.items()}:  # (or summaries retired)
         w.publish()
     return done
@@ -318,8 +309,8 @@ def summarize(w: StoreWriter, now: datetime, p: summaries.SummaryParams, tasks: 
 
 @dataclass(frozen=True)
 class HealthTask:
-    """One hour's health summary, from the sample files its summary was built from, with the run
-    facts for the parameters that summary was built with; for an open hour's summary (`to`), the
+    """One hour's run facts (Fleet now's), from the sample files its summary was built from, for
+    the parameters that summary was built with; for an open hour's summary (`to`), the
     same of its samples before `to`. Runs anywhere that sees the store's directory (a Dask
     worker)."""
 
@@ -350,7 +341,7 @@ class HealthTask:
 
 
 def build_health_file(task: HealthTask) -> str:
-    """The hour's health summary file (schema.HEALTH_FILE; for an open hour, of its samples before
+    """The hour's run facts file (schema.HEALTH_FILE; for an open hour, of its samples before
     task.to), written atomically to task.rel. One DuckDB thread, as the writer's own
     connection runs it: the same bytes wherever it runs (a sum's order follows the threads).
     Module-level: Dask sends it by name."""
@@ -369,12 +360,12 @@ def build_health_file(task: HealthTask) -> str:
 
 def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner | None = None,
                      progress: Callable[[int, int], None] | None = None) -> int:
-    """The health summary (HealthTask: HEALTH_HOURS with the NOW_HOURS run facts for the
-    summary's idle threshold and max_gap) of every summarised hour that has none or one of another
+    """The run facts file (HealthTask: schema.HEALTH_FILE, the NOW_HOURS run facts for the
+    summary's idle threshold and max_gap; the hour's "health" entry) of every summarised hour that has none or one of another
     format - the newest `limit` of them, None: all - one file per hour beside the summary, listed
     in the summary's manifest entry, so it stands and falls with it; and an open hour's summary
-    (`to`) the same of its samples before `to`, kept as its "now" (Fleet now and the Health window
-    then read raw only the minutes after: gpufleet.analytics.fleet_now, .health). A task an hour, run by `tasks` (a Dask
+    (`to`) the same of its samples before `to`, kept as its "now" (Fleet now then reads raw only
+    the minutes after: gpufleet.analytics.fleet_now). A task an hour, run by `tasks` (a Dask
     scheduler) when there are at least DASK_MIN_HOURS, else here, as summarize's. Returns the
     hours built; the caller publishes."""
     todo = [k for k, e in sorted(w.summaries.items(), reverse=True)  # (none without its samples: they are what it reads)
@@ -382,7 +373,7 @@ def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner
     todo += [k for k, e in sorted(w.summaries.items()) if e.get("to") and e.get("now_format") != NOW_FORMAT_VERSION]
     work = [HealthTask(str(w.root), key, tuple(e["sources"]), e["file"], e["params"]["idle_threshold"], e["params"]["max_gap_s"],
                        e.get("to", "")) for key, e in ((k, w.summaries[k]) for k in todo)]
-    runner = replace(summary_runner(tasks, len(work)), name="health summaries")
+    runner = replace(summary_runner(tasks, len(work)), name="run facts")
     if progress is not None:
         runner = replace(runner, progress=progress)
     for task, rel in zip(work, runner.map(build_health_file, work, label=HealthTask.label)):
@@ -390,39 +381,15 @@ def summarize_health(w: StoreWriter, limit: int | None = None, tasks: TaskRunner
     return len(work)
 
 
-def merge_health_days(w: StoreWriter, now: datetime, limit: int | None = HEALTH_DAYS_PER_PASS) -> int:
-    """Merge each closed day's hourly health summaries into one file sorted by GPU (schema.HEALTH_DAY_SQL),
-    once every summarised hour of the day has its health summary: readers take it for the hours
-    still summarised with the files it holds (a week's Health page groups 7 files' rows, not 168).
-    A day with more than HEALTH_DAY_LOOSE_HOURS hours it does not hold (rebuilt after late data;
-    or more than half its hours) is merged again - the newest `limit` days a pass, None: all -
-    those hours read from their own files until then; an hour retired by retention just stops
-    being read from it. Returns days merged; the caller publishes."""
-    days: dict[str, dict[str, dict]] = {}
-    for hour, e in w.summaries.items():
-        if not e.get("to"):
-            days.setdefault(hour[:10], {})[hour] = e
-    for day in set(w.health_days) - set(days):  # retention retired its every hour
+def retire_health_days(w: StoreWriter) -> int:
+    """Retire the closed days' merged health files a store written before lists (the manifest's
+    "health_days"): they held the hours' health figures, which the facts carry now, and nothing
+    reads them (the retired files are deleted after the grace period). Returns days retired; the
+    caller publishes."""
+    days = sorted(w.health_days)
+    for day in days:
         w.retire_health_day(day)
-    todo = []
-    for day, entries in sorted(days.items(), reverse=True):
-        hours = {h: e.get("health") for h, e in sorted(entries.items())}
-        kept = w.health_days.get(day)
-        if kept and kept.get("format") == HEALTH_FORMAT_VERSION and (
-                sum(kept["hours"].get(h) != f for h, f in hours.items()) <= min(HEALTH_DAY_LOOSE_HOURS, len(hours) // 2)):
-            continue  # it holds every hour but a few (retention may have taken some)
-        if (datetime.fromisoformat(day) + timedelta(days=1) + SETTLE < now and len(hours) > 1
-                and all(e.get("health_format") == HEALTH_FORMAT_VERSION and e.get("health") for e in entries.values())):
-            todo.append((day, hours))
-    todo = todo[:limit]
-    for day, hours in todo:
-        what = "\n".join(f"{h} {f}" for h, f in hours.items())
-        rel = f"summaries/date={day}/healthday{HEALTH_FORMAT_VERSION}-{hashlib.blake2b(what.encode(), digest_size=6).hexdigest()}.parquet"
-        table = w.db.sql(HEALTH_DAY_SQL.format(files=_sql_list([str(w.root / f) for f in hours.values()]))).to_arrow_table()
-        write_parquet(table, w.root / rel)
-        w.attach_health_day(day, rel, hours)
-        log.info("merged the health summaries of %s (%d hours) into %s", day, len(hours), rel)
-    return len(todo)
+    return len(days)
 
 
 def _samples_in(hour: datetime, spans: list[tuple[datetime, datetime, int]]) -> int:

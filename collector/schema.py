@@ -568,34 +568,18 @@ FROM (
 ORDER BY g, ts
 """
 
-# --- Hourly health summaries (gpufleet.collector.maintenance.summarize_health) ---
+# --- Clock-event reasons, and each hour's run facts (gpufleet.collector.maintenance.summarize_health) ---
 
 # DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits: thermal slowdown (SW, HW), power cap and brake, HW slowdown
 THERMAL_BITS = 0x20 | 0x40
 POWER_BITS = 0x04 | 0x80
 HW_SLOWDOWN_BITS = 0x08
-# Counters whose first and last value in a window make a figure (new ECC errors, PCIe replays,
-# time throttled), and of those the ones whose rise above the window's first value is an event
-# (gpufleet.analytics.health.events): per hour also their least and largest value and count.
-HEALTH_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable", "pcie_replay", "thermal_violation_ns", "power_violation_ns")
-HEALTH_EVENT_COUNTERS = ("ecc_dbe_vol", "ecc_sbe_vol", "remap_uncorrectable")
-HEALTH_FORMAT_VERSION = 2  # 2: with each GPU-hour's run facts (NOW_HOURS)
-# A closed day's hourly health files merged into one (gpufleet.collector.maintenance.merge_health_days),
-# sorted by GPU: a week's Health page groups 7 files' rows by GPU, not 168 files' (a third less
-# of its time at 16,384 GPUs). The rows are the hours' own; the hour files stay (their summaries
-# own them), so a closed day's health rows are on disk twice (~48 MB a day at 100,000 GPUs).
-HEALTH_DAY_SQL = "SELECT * FROM read_parquet({files}) ORDER BY cluster, host, gpu_uuid, gi, model, hour"
+# An hour's run facts file (HEALTH_FILE): 2 also held the hour's health figures, which now come from
+# the facts (gpufleet.collector.facts); 3 holds the run facts only
+HEALTH_FORMAT_VERSION = 3
 # An open hour's file (the "now" of its summary's entry), of its samples before the summary's end:
-# 2 held its run facts (NOW_HOURS) only; 3 is HEALTH_FILE's rows, so the Health window reads them too
-NOW_FORMAT_VERSION = 3
-
-
-def _health_counter(c: str) -> str:
-    cols = (f"arg_min({c}, ts) AS {c}_first, min(CASE WHEN {c} IS NOT NULL THEN ts END) AS {c}_first_ts, "
-            f"arg_max({c}, ts) AS {c}_last, max(CASE WHEN {c} IS NOT NULL THEN ts END) AS {c}_last_ts")
-    if c in HEALTH_EVENT_COUNTERS:
-        cols += f", min({c}) AS {c}_min, max({c}) AS {c}_max, count({c}) AS {c}_n"
-    return cols
+# 3 also held the health figures; 4 is HEALTH_FILE's rows (run facts only)
+NOW_FORMAT_VERSION = 4
 
 
 def same_gpu_hour(a: str, b: str, *cols: str) -> str:
@@ -604,43 +588,6 @@ def same_gpu_hour(a: str, b: str, *cols: str) -> str:
     return " AND ".join([*(f"{a}.{c} IS NOT DISTINCT FROM {b}.{c}" for c in ("cluster", "host", "gpu_uuid")), f"{a}.gi = {b}.gi",
                          *(f"{a}.{c} = {b}.{c}" for c in cols)])
 
-
-# One row per GPU (or MIG instance, gi -1: whole GPU), model and hour of the samples of {source}
-# that pass {where}: the sums, extremes, counts and first/last values every health figure of a
-# window composes from exactly (gpufleet.analytics.sql HEALTH_FROM_HOURS, EVENTS_FROM_HOURS).
-# The writer runs it over an hour's sample files; the readers over the raw samples of hours it
-# has not summarised, so both sides apply one rule. xid_codes: each XID code the hour shows,
-# with its first sample and its sample count. (CASE rather than FILTER: a third of the time in
-# DuckDB 2.0 with this many aggregates.)
-HEALTH_HOURS = f"""
-WITH s AS (
-    SELECT *, coalesce(gpu_instance, -1)::SMALLINT AS gi, date_trunc('hour', ts) AS hour FROM {{source}} WHERE {{where}}
-), x AS (
-    SELECT cluster, host, gpu_uuid, gi, model, hour,
-           list(struct_pack(code := xid_last, first_ts := first_ts, samples := n) ORDER BY xid_last) AS xid_codes
-    FROM (SELECT cluster, host, gpu_uuid, gi, model, hour, xid_last, min(ts) AS first_ts, count(*) AS n
-          FROM s WHERE xid_last > 0 GROUP BY ALL)
-    GROUP BY ALL
-), h AS (
-    SELECT cluster, host, gpu_uuid, gi, model, hour, any_value(gpu) AS gpu,
-           count(*) AS samples, min(ts) AS first_sample, max(ts) AS last_sample,
-           max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, sum(gpu_temp_c::DOUBLE) AS gpu_temp_sum, count(gpu_temp_c) AS gpu_temp_n,
-           max(mem_temp_c)::DOUBLE AS mem_temp_max_c, count(mem_temp_c) AS mem_temp_n, max(power_w)::DOUBLE AS power_max_w,
-           count(CASE WHEN gpu_up = 0 THEN 1 END) AS lost_samples, min(CASE WHEN gpu_up = 0 THEN ts END) AS first_lost,
-           min(CASE WHEN xid_last > 0 THEN ts END) AS first_xid,
-           {", ".join(_health_counter(c) for c in HEALTH_COUNTERS)},
-           max(ecc_dbe_agg) AS ecc_dbe_agg_max, max(remap_correctable) AS remap_correctable_max,
-           max(remap_failure) AS remap_failure_max,
-           count(CASE WHEN remap_failure > 0 THEN 1 END) AS remap_failure_n, min(CASE WHEN remap_failure > 0 THEN ts END) AS remap_failure_ts,
-           count(clocks_event_reasons) AS reasons_n,
-           count(CASE WHEN (clocks_event_reasons & {THERMAL_BITS}) <> 0 THEN 1 END) AS thermal_n,
-           count(CASE WHEN (clocks_event_reasons & {POWER_BITS}) <> 0 THEN 1 END) AS power_n,
-           count(CASE WHEN (clocks_event_reasons & {HW_SLOWDOWN_BITS}) <> 0 THEN 1 END) AS hw_slowdown_n
-    FROM s GROUP BY cluster, host, gpu_uuid, gi, model, hour
-)
-SELECT h.*, x.xid_codes FROM h LEFT JOIN x ON {same_gpu_hour("h", "x", "hour")} AND h.model IS NOT DISTINCT FROM x.model
-ORDER BY h.cluster, h.host, h.gpu_uuid, h.gi, h.hour
-"""
 
 # A sample as the fleet at a moment sees it (gpufleet.analytics.sql GPU_STATES): utilization from
 # GPU_UTIL, or for a MIG instance its graphics-engine activity; processes as an integer.
@@ -664,7 +611,7 @@ NOW_NEWEST = ("s_gpu", "s_model", "s_mig", "ts", "util", "fb_used_mib", "gpu_tem
 #   now_last_proc, now_noproc_after_proc, now_first_noproc, now_noproc_in_stretch: the same for
 #                              "some compute process" / "no compute process"
 #   now_newest                 the hour's newest sample (NOW_NEWEST; one of them where two share a time)
-# The writer runs it over an hour's sample files (beside HEALTH_HOURS: HEALTH_FILE); the reader
+# The writer runs it over an hour's sample files (HEALTH_FILE); the reader
 # over the raw samples of the hours it has no summary of. Each GPU's samples are one integer (k)
 # for the windows (on the four text columns they cost ~3x as much).
 NOW_HOURS = f"""
@@ -704,11 +651,8 @@ SELECT k.cluster, k.host, k.gpu_uuid, k.gi, k.hour, r.* EXCLUDE (k), newest.now_
 FROM k JOIN r USING (k) JOIN newest ON {same_gpu_hour("k", "newest", "hour")}
 """
 
-# An hour's health summary file: HEALTH_HOURS' rows with their GPU-hour's NOW_HOURS facts (the
-# same on each model's row of a GPU that changed model within the hour)
+# An hour's run facts file (the hour's "health" file in its summary's entry; an open hour's "now"):
+# NOW_HOURS' rows, for Fleet now
 HEALTH_FILE = f"""
-SELECT h.*, n.* EXCLUDE (cluster, host, gpu_uuid, gi, hour)
-FROM ({HEALTH_HOURS}) h
-LEFT JOIN ({NOW_HOURS}) n ON {same_gpu_hour("h", "n", "hour")}
-ORDER BY h.cluster, h.host, h.gpu_uuid, h.gi, h.hour
+SELECT * FROM ({NOW_HOURS}) ORDER BY cluster, host, gpu_uuid, gi, hour
 """

@@ -225,9 +225,9 @@ class StoreWriter:
         # Each is current: a batch landing in its range drops it (commit), upkeep rebuilds it.
         self.summaries: dict[str, dict[str, Any]] = {
             e["hour"]: e for e in previous.get("summaries", []) if isinstance(e, dict) and {"hour", "file", "sources"} <= set(e)}
-        # Closed days' hourly health files merged into one each (maintenance.merge_health_days): day
-        # -> {day, file, format, hours: {hour: the health file of the hour it holds}}. Readers take
-        # it for those hours while each is still their hour's file (_health_day_files).
+        # Closed days' hourly health files merged into one each, as a store written before listed
+        # them (day -> {day, file, format, hours}): nothing reads them any more, and upkeep retires
+        # them (maintenance.retire_health_days).
         self.health_days: dict[str, dict[str, Any]] = {
             e["day"]: e for e in previous.get("health_days", []) if isinstance(e, dict) and {"day", "file", "hours"} <= set(e)}
         # Facts (gpufleet.collector.facts), as published: "5m/<hour>" or "day/<day>" -> {grain,
@@ -466,16 +466,10 @@ class StoreWriter:
             self._retired_snapshots.append((e["coarse"], self.clock()))
         e.update(coarse=rel, aligned=aligned)
 
-    def attach_health_day(self, day: str, rel: str, hours: dict[str, str]) -> None:
-        """A closed day's merged health file (gpufleet.collector.maintenance.merge_health_days) of
-        `hours` (hour -> the hour's health file it holds the rows of). An older one is retired."""
-        self.retire_health_day(day, keep=rel)
-        self.health_days[day] = {"day": day, "file": rel, "format": schema.HEALTH_FORMAT_VERSION, "hours": hours}
-
-    def retire_health_day(self, day: str, keep: str = "") -> None:
-        """Drop a day's merged health file (its hours changed or went), retiring it unless it is `keep`."""
+    def retire_health_day(self, day: str) -> None:
+        """Drop a day's merged health file, retiring it (deleted after the grace period)."""
         e = self.health_days.pop(day, None)
-        if e is not None and e["file"] != keep:
+        if e is not None:
             self._retired_snapshots.append((e["file"], self.clock()))
 
     def put_facts(self, key: str, entry: dict[str, Any]) -> None:
@@ -1423,7 +1417,7 @@ def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[
             con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(paths)})")
         else:
             _empty_table(con, view, summaries.FILE_SCHEMA)
-    _health_views(con, by_key, parts)
+    _health_views(con, by_key)
 
 
 def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
@@ -1447,16 +1441,13 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
         _empty_table(con, "fact_parts", facts.FILE_SCHEMA)
 
 
-def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]],
-                  parts: list[tuple[Path, dict[str, Any]]]) -> None:
-    """health_hours (the hours whose health summaries stand for every shard's samples: those of a
+def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]]) -> None:
+    """health_hours (the hours whose run facts files stand for every shard's samples: those of a
     summarised hour whose every summary has one of this format, with the max_gap and idle
     threshold their run facts were built for) and gpu_health_hours (their rows,
     schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once. Also
     now_hours and gpu_now_hours: the same for open hours' summaries (an hour, where its summary
-    `ends`, schema.HEALTH_FILE's rows of the samples before: Fleet now takes their run facts, the
-    Health window the rest). A closed day's hours are read from its merged file, each while the
-    file it holds for the hour is still the hour's (_health_day_files)."""
+    `ends`, schema.HEALTH_FILE's rows of the samples before). Fleet now reads them."""
     chosen: dict[str, tuple[tuple, list[str]]] = {}
     opened: dict[str, tuple[tuple, list[str]]] = {}
     for key in sorted(by_key):
@@ -1466,52 +1457,24 @@ def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple
                 opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
         elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
             chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
-    _hour_views(con, "health_hours", "gpu_health_hours", *_health_day_files(chosen, parts))
+    _hour_views(con, "health_hours", "gpu_health_hours", chosen)
     _hour_views(con, "now_hours", "gpu_now_hours", opened, ends=True)
 
 
-def _health_day_files(chosen: dict[str, tuple[tuple, list[str]]], parts: list[tuple[Path, dict[str, Any]]]
-                      ) -> tuple[dict[str, tuple[tuple, list[str]]], dict[str, list[str]]]:
-    """The picked hours (hour -> (summary key, files)) with their files replaced by their day's
-    merged file (a manifest's "health_days") where the hour is picked with the very file it was
-    merged from; and for each day file the hours it holds that must not be read from it (rebuilt
-    since, after late data, or retired), read from their own files or not at all."""
-    picked = {h: set(files) for h, (_, files) in chosen.items()}
-    day_file: dict[str, str] = {}  # an hour's file -> the day file holding its rows
-    skip: dict[str, list[str]] = {}
-    for d, m in parts:
-        for e in m.get("health_days", []):
-            if e.get("format") != schema.HEALTH_FORMAT_VERSION:
-                continue
-            held = {h: str(d / f) for h, f in e["hours"].items()}
-            valid = {h for h, f in held.items() if f in picked.get(h, ())}
-            if valid:
-                day_file.update(dict.fromkeys((held[h] for h in valid), str(d / e["file"])))
-                if len(valid) < len(held):
-                    skip[str(d / e["file"])] = sorted(set(held) - valid)
-    return {h: (key, [day_file.get(f, f) for f in files]) for h, (key, files) in chosen.items()}, skip
-
-
 def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]],
-                skip: dict[str, list[str]] | None = None, ends: bool = False) -> None:
+                ends: bool = False) -> None:
     """`table` (hour - with `ends`, where an open hour's summary ends - max_gap and idle
     threshold) and `view` (the rows of their files, schema.HEALTH_FILE's; none: an empty table of
-    its columns) of the hours _health_views picked (hour -> (summary key, files)), but none of
-    `skip`'s hours from its files (a day's merged file -> hours it holds that are read elsewhere)."""
+    its columns) of the hours _health_views picked (hour -> (summary key, files))."""
     hours = sorted(picked)
     columns = {"hour": ("TIMESTAMP", hours)}
     if ends:
         columns["ends"] = ("TIMESTAMP", [datetime.fromisoformat(picked[h][0][7]) for h in hours])
     columns.update(max_gap_s=("DOUBLE", [picked[h][0][2] for h in hours]), idle_threshold=("DOUBLE", [picked[h][0][3] for h in hours]))
     _table_of_lists(con, table, columns)
-    files = list(dict.fromkeys(f for h in hours for f in picked[h][1]))  # a day's merged file once
-    skip = {f: skip[f] for f in files if f in (skip or {})}
-    plain = [f for f in files if f not in skip]
-    selects = [f"SELECT * FROM read_parquet({_sql_list(plain)})"] if plain else []
-    selects += [f"SELECT * FROM read_parquet({_sql_list([f])}) WHERE hour NOT IN (SELECT unnest({_sql_list(hs)}::TIMESTAMP[]))"
-                for f, hs in skip.items()]
-    if selects:
-        con.execute(f"CREATE VIEW {view} AS " + " UNION ALL BY NAME ".join(selects))
+    files = [f for h in hours for f in picked[h][1]]
+    if files:
+        con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
     else:
         columns = ", ".join(f'"{c}" {t}' for c, t in _health_file_columns())
         con.execute(f"CREATE TABLE {view} ({columns})")

@@ -375,7 +375,8 @@ def _job_mfu(a: Analysis, job: dict, w: Resolved) -> dict:
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Reading GPU health (analytics)...")
 def health(key: tuple, bucket_s: float) -> dict:
-    """GPU health of the window (`key`: a Window.key), with the times it was computed for."""
+    """GPU health of the window (`key`: a Window.key; gpufleet.analytics.health: from its facts), with
+    the times it was computed for."""
     from gpufleet.analytics import health as ahealth
 
     s, w, p = _request(key)

@@ -345,7 +345,7 @@ def test_health_says_how_many_hours_wait_for_their_summaries(tmp_path, store, us
     m["summaries"][2].pop("coarse")  # (a current summary without its hour's joined segments)
     manifest.write_text(json.dumps(m))
     at = goto(open_app(), "health")
-    assert said + "2 (utilization, an older format), 2 (health), 1 (joined segments)" in [t.value for t in at.text]
+    assert said + "2 (utilization, an older format), 2 (Fleet now's run facts), 1 (joined segments)" in [t.value for t in at.text]
     assert [c for c in at.caption if "Until upkeep rebuilds them" in c.value]
     assert not [t for t in at.text if t.value.startswith("Summaries only")]
     m["summaries"][3]["raw_retired"] = "2026-12-20T00:00:00"  # retention retired its samples, kept the summary (summary_days)

@@ -6,7 +6,8 @@ and ending mid-bucket), with samples that also report SM and DRAM activity, SM o
 volatile ECC counters and clock-event reasons (each with gaps, some GPUs none of them), a store
 whose upkeep wrote facts at a random time gives, for windows on and off the grid:
 - per GPU, gpufleet.analytics.health.gpu_health's samples, XID codes, first XID, new ECC errors
-  and shares of samples throttled per reason, from its raw path and from its hourly summaries;
+  and shares of samples throttled per reason, from its raw path and from the facts (its own
+  query over the same parts: tests/test_health_from_facts.py holds all its figures to the raw);
 - per job, the sums analytics.mfu builds the MFU estimate from (Analysis.allocation_detail);
 - per GPU, the seconds throttled per reason and the profiling fields' known seconds and mean
   activity, as a row-by-row SQL oracle over the raw samples (contract 4's interval rule) has them.
@@ -122,8 +123,8 @@ HEALTH_COLS = ("samples", "xids", "first_xid", "ecc_sbe_new", "ecc_dbe_new", "th
 def health_mismatches(con, p, fw: FactWindow) -> list[str]:
     facts = by_gpu(fw.health().filter(fw.health()["samples"] > 0), HEALTH_COLS)
     bad = []
-    for summaries in (False, True):
-        bad += compare(by_gpu(gpu_health(con, p, summaries=summaries), HEALTH_COLS), facts, f"health (summaries {summaries})")
+    for from_facts in (False, True):
+        bad += compare(by_gpu(gpu_health(con, p, facts=from_facts), HEALTH_COLS), facts, f"health (facts {from_facts})")
     cols = ("reasons_known_s", *(f"{r}_s" for r in cf.THROTTLE_REASONS), *(c for f in cf.PROFILING for c in (f"{f}_known_s", f"{f}_mean")))
     raw = con.sql(RAW_TIME_WEIGHTED, params={"start": p.start, "end": p.end, "gap_us": round(MAX_GAP * 1e6)}).pl()
     want = by_gpu(raw, cols)

@@ -106,12 +106,12 @@ def body(ctx: ui.Context) -> None:
     if sm.get("summaries_only"):
         st.text(f"Summaries only: {sm['summaries_only']} hours whose raw samples retention retired ([collector.retention] raw_days), "
                 "kept as per-GPU summaries (summary_days)")
-        st.caption("Their figures come from the summaries: exact for whole 5-minute buckets; the part of a bucket a window "
-                   "edge cuts inside them has no data, and their health figures come only from a health summary built before.")
+        st.caption("Their figures come from the summaries and facts: exact for whole 5-minute buckets; the part of a bucket a "
+                   "window edge cuts inside them has no data.")
     if sm["awaiting_rebuild"] or sm["health_awaiting_rebuild"] or sm["joined_awaiting_rebuild"]:
         with st.expander("Store upkeep pending (the figures are complete meanwhile)"):
             st.text(f"Hours whose summaries the collector's upkeep has still to rebuild: {sm['awaiting_rebuild']} (utilization, an "
-                    f"older format), {sm['health_awaiting_rebuild']} (health), {sm['joined_awaiting_rebuild']} (joined segments)")
+                    f"older format), {sm['health_awaiting_rebuild']} (Fleet now's run facts), {sm['joined_awaiting_rebuild']} (joined segments)")
             st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples (joined segments: from "
                        "their 5-minute rows): the same figures, slower (gpufleet_collect_summary_hours; "
                        "`gpufleet collect --rebuild-summaries` does them all at once).")

@@ -1,14 +1,19 @@
-"""GPU health from the store's hourly health summaries gives the raw samples' figures.
+"""GPU health from the store's facts gives the raw samples' figures.
 
-gpufleet.analytics.health reads a window's health from per-GPU hourly rows
-(gpufleet.collector.schema.HEALTH_HOURS, written with each hour's summary) where the store has
-them and from raw samples elsewhere (window edges, hours not summarised yet). On the random
-fleets of test_analytics_properties, with MIG instances, each GPU's samples over several files,
-and temperatures, XID codes, ECC and row-remap counters that rise and reset, throttle reasons
-and lost GPUs, every row of gpu_health and events equals the raw path's (summaries=False, the
-SQL the dashboards used before) to 1e-9 relative, for windows cut anywhere and under the
-cluster and model filters - also with an open hour's rows (upkeep keeps its summary current)
-and the minutes after them raw. A health summary off by one hour fails the comparison.
+gpufleet.analytics.health reads a window's health from its facts (gpufleet.analytics.facts.FactWindow:
+stored parts at the coarsest grain that fits, the minutes a window edge cuts and buckets without
+facts cut raw by the same rule), and a counter event's time and samples raw from the one part of
+its GPU where the counter passes the window's first value. On the random fleets of
+test_analytics_properties, with MIG instances, each GPU's samples over several files, and
+temperatures, XID codes, ECC and row-remap counters that rise and reset, throttle reasons and lost
+GPUs, every row of gpu_health, events and the temperature map (buckets of 5 minutes, whole hours
+and a day: the grains that divide them) equals the raw path's (facts=False, the SQL oracle) to
+1e-9 relative, for windows cut anywhere and under the cluster and model filters, with upkeep run
+at any time (facts for the hours settled by then) and on collector shards. Facts an hour off fail
+the comparison.
+
+Fleet now's run facts are still written with the hourly health files (gpufleet.collector.schema
+NOW_HOURS): compare_now holds Fleet now's states from them to every sample read.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -98,30 +102,19 @@ def same(raw: pl.DataFrame, got: pl.DataFrame, keys: list[str]) -> list[str]:
 GPU_KEYS = ["cluster", "host", "gpu_uuid", "gi"]
 EVENT_KEYS = ["cluster", "host", "gpu_uuid", "gi", "kind", "code"]
 TEMP_KEYS = ["cluster", "host", "bucket"]
-HOUR = timedelta(hours=1)
 DAY = 24 * 3600
 
 
-def reads_day_file(con) -> bool:
-    """Does the reader take some hours' health rows from a day's merged file?"""
-    views = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'gpu_health_hours'").fetchall()
-    return any("/healthday" in sql for sql, in views)
-
-
 def compare(con, p: Params) -> list[str]:
-    """window_health's answers against the raw path's, and gpu_health's and events' on their own
-    with the samples outside the summarised hours read in one scan (as when they leave many
-    stretches) rather than a query a stretch."""
-    two_h = timedelta(hours=2)  # temperature buckets of whole hours: composed from the same rows
-    raw, got = health.window_health(con, p, summaries=False, temperature=two_h), health.window_health(con, p, temperature=two_h)
+    """window_health's answers (temperature in buckets of 2 hours: hour facts) against the raw
+    path's, and the temperature map's in buckets of 5 minutes and a day (5-minute and day facts)."""
+    two_h = timedelta(hours=2)
+    raw, got = health.window_health(con, p, facts=False, temperature=two_h), health.window_health(con, p, temperature=two_h)
     bad = same(raw["gpus"], got["gpus"], GPU_KEYS) + same(raw["events"], got["events"], EVENT_KEYS)
     bad += same(raw["temperature"], got["temperature"], TEMP_KEYS)
-    bad += same(health.temperature(con, p, HOUR, summaries=False), health.temperature(con, p, HOUR), TEMP_KEYS)
-    stretches, health.MAX_STRETCHES = health.MAX_STRETCHES, 0
-    try:
-        return bad + same(raw["gpus"], health.gpu_health(con, p), GPU_KEYS) + same(raw["events"], health.events(con, p), EVENT_KEYS)
-    finally:
-        health.MAX_STRETCHES = stretches
+    for bucket in (timedelta(minutes=5), timedelta(days=1)):
+        bad += same(health.temperature(con, p, bucket, facts=False), health.temperature(con, p, bucket), TEMP_KEYS)
+    return bad
 
 
 def compare_now(con, p: Params, as_of: int, lookback: int) -> list[str]:
@@ -142,24 +135,28 @@ def store(tmp, fleet, seed: int, how, compact_at: int):
     w = StoreWriter(tmp)
     for batch in split(fleet, *how, fields=health_fields(seed)):
         w.commit(batch)
-    compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP))
+    compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP), with_facts=True)
     w.close()
     return open_reader(tmp)
 
 
+def fact_days(con) -> int:
+    """Days the reader has hour and day facts of."""
+    return con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 86400").fetchone()[0]
+
+
 @SETTINGS
 @given(fleets(), st.integers(0, 2**16), st.sampled_from([(1, False), (3, False), (2, True)]), st.data())
-def test_health_from_summaries_gives_the_raw_figures(fleet, seed, how, data):
+def test_health_from_facts_gives_the_raw_figures(fleet, seed, how, data):
     every_hour = fleet["now"] + 2 * 3600
-    # a day later: the closed day's health summaries read from its merged file
+    # a day later: the closed day's hour and day facts
     compact_at = data.draw(st.sampled_from([every_hour, every_hour + DAY]) | st.integers(3600, every_hour), label="compact_at")
     a, m, b = fleet["cuts"]
     with scratch() as tmp:
         con = store(tmp, fleet, seed, how, compact_at)
         summarised = con.execute("SELECT count(*) FROM health_hours").fetchone()[0]
         event(f"hours with health summaries: {min(summarised, 3)}")
-        event(f"a day's merged health file read: {reads_day_file(con)}")
-        event(f"an open hour's health rows: {con.execute('SELECT count(*) FROM now_hours').fetchone()[0] > 0}")
+        event(f"days with hour and day facts: {min(fact_days(con), 2)}")
         whole = (at(0).replace(minute=0, second=0), at(fleet["now"] + 3600).replace(minute=0, second=0))
         for lo, hi in ((at(a), at(b)), (at(a), at(m)), (at(m), at(b)), whole):
             bad = compare(con, Params(lo, hi))
@@ -181,9 +178,9 @@ def test_health_from_summaries_gives_the_raw_figures(fleet, seed, how, data):
 
 @SETTINGS
 @given(fleets(), st.integers(0, 2**16), st.integers(2, 3), st.data())
-def test_shards_health_summaries_give_the_raw_figures(fleet, seed, n, data):
-    """Collector shards summarise their own GPUs' health at their own pace (one may never have,
-    one may have merged a closed day's): the union reads the raw figures."""
+def test_shards_health_gives_the_raw_figures(fleet, seed, n, data):
+    """Collector shards build their own GPUs' facts (and run facts) at their own pace (one may
+    never have, one may have closed a day): the union reads the raw figures."""
     every_hour = fleet["now"] + 2 * 3600
     with scratch() as tmp:
         root = Path(tmp)
@@ -195,7 +192,7 @@ def test_shards_health_summaries_give_the_raw_figures(fleet, seed, n, data):
         for k, w in writers.items():
             when = data.draw(st.sampled_from([every_hour, every_hour + DAY, None]) | st.integers(3600, every_hour), label=f"shard {k} compacts at")
             if when is not None:
-                compact(w, at(when), SummaryParams(max_gap_s=MAX_GAP))
+                compact(w, at(when), SummaryParams(max_gap_s=MAX_GAP), with_facts=True)
             w.close()
         con = open_reader(root)
         a, m, b = fleet["cuts"]
@@ -208,78 +205,101 @@ def test_shards_health_summaries_give_the_raw_figures(fleet, seed, n, data):
 
 
 def health_rows(con) -> pl.DataFrame:
-    return pl.from_arrow(con.sql("SELECT * FROM gpu_health_hours ORDER BY cluster, host, gpu_uuid, gi, model, hour").to_arrow_table())
+    return pl.from_arrow(con.sql("SELECT * FROM gpu_health_hours ORDER BY cluster, host, gpu_uuid, gi, hour").to_arrow_table())
 
 
 @SETTINGS
 @given(fleets(), st.integers(0, 2**16), st.randoms(use_true_random=False), st.integers(0, 3), st.sampled_from([0, DAY]))
-def test_health_summaries_rebuilt_after_late_data_are_a_fresh_build(fleet, seed, rnd, late_n, later):
-    """Late batches (some for long-closed hours) and a re-ingest leave the health summaries a
-    fresh store of all the batches builds; also once their day is closed, its merged file made
-    again with the rebuilt hours."""
+def test_run_facts_rebuilt_after_late_data_are_a_fresh_build(fleet, seed, rnd, late_n, later):
+    """Late batches (some for long-closed hours) and a re-ingest leave the hours' run facts files
+    a fresh store of all the batches builds; also once their day is closed."""
     every = split(fleet, 3, False, fields=health_fields(seed))
     with late_and_fresh(every, rnd, late_n, SummaryParams(max_gap_s=MAX_GAP), at(fleet["now"] + 7200 + later)) as (tmp, fresh):
         got, want = open_reader(tmp), open_reader(fresh)
-        assert reads_day_file(got) == reads_day_file(want)
-        event(f"a day's merged health file read: {reads_day_file(got)}")
         assert health_rows(got).equals(health_rows(want))
         assert got.sql("SELECT * FROM health_hours ORDER BY hour").fetchall() == want.sql("SELECT * FROM health_hours ORDER BY hour").fetchall()
 
 
-def test_a_health_summary_one_hour_off_fails_the_comparison(tmp_path):
-    """The comparison can see a summary that puts its rows in the wrong hour."""
-    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, 4 * 3600, 60)]}
-                      for g in range(2)], "jobs": [], "cuts": [0, 3600, 4 * 3600], "now": 4 * 3600}
+def steady(n: int, end: int, step: int = 60) -> dict:
+    return {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, end, step)]}
+                     for g in range(n)], "jobs": [], "cuts": [0, 3600, end], "now": end}
+
+
+def shift_hour(files: list[Path], cols: list[str], us: bool) -> None:
+    """Every row of the files an hour late in `cols` (epoch microseconds when `us`, else timestamps)."""
+    for f in files:
+        t = pl.read_parquet(f)
+        t = t.with_columns(*((pl.col(c) + 3_600_000_000) if us else pl.col(c).dt.offset_by("1h") for c in cols))
+        t.write_parquet(f)
+
+
+def test_facts_or_run_facts_one_hour_off_fail_the_comparison(tmp_path):
+    """The comparisons can see facts, or run facts, that put their rows in the wrong hour."""
+    fleet = steady(2, 4 * 3600)
     con = store(tmp_path, fleet, 7, (1, False), 6 * 3600)
     whole = Params(at(0), at(4 * 3600))
     assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] >= 3
+    assert con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 300").fetchone()[0] >= 3
     assert not compare(con, whole) and not compare_now(con, whole, 4 * 3600, 3 * 3600)
     assert now_hours_used(con, whole, 4 * 3600, 3 * 3600) == 3  # the look-back [01:00, 04:00]: whole hours, all summarised
     con.close()
+    facts = sorted(Path(tmp_path).rglob("facts/5m/**/*.parquet"))
+    assert facts
+    shift_hour(facts, ["p0", "p1"], us=True)
+    shift_hour(facts, ["bucket"], us=False)
+    assert compare(open_reader(tmp_path), Params(at(3600), at(3 * 3600)))  # seen
     files = sorted(Path(tmp_path).rglob("health*.parquet"))
     assert files
-    for f in files:  # every health row an hour late
-        t = pq.read_table(f)
-        t = t.set_column(t.schema.get_field_index("hour"), "hour", pl.from_arrow(t["hour"]).dt.offset_by("1h").to_arrow())
-        pq.write_table(t, f)
-    con = open_reader(tmp_path)
-    assert compare(con, Params(at(3600), at(3 * 3600)))  # seen
-    assert compare_now(con, whole, 4 * 3600, 3 * 3600)  # and in Fleet now's run facts
+    shift_hour(files, ["hour"], us=False)
+    assert compare_now(open_reader(tmp_path), whole, 4 * 3600, 3 * 3600)  # and in Fleet now's run facts
 
 
-def test_hours_summarised_before_health_summaries_read_raw_until_upkeep_adds_them(tmp_path):
-    """A store whose summaries predate the health summaries (no health file in their entries)
-    gives the raw figures, and the next upkeep pass adds the health summaries to them."""
-    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, 3 * 3600, 60)]}
-                      for g in range(2)], "jobs": [], "cuts": [0, 3600, 3 * 3600], "now": 3 * 3600}
+def test_a_store_written_before_has_its_health_files_rebuilt_and_its_day_files_retired(tmp_path):
+    """A store whose hours' health files are of the format before (the health figures with the
+    run facts, format 2) and that lists merged health day files: readers ignore both (the run facts
+    read raw until rebuilt: the same states; health from the facts), collector_status says how
+    many hours wait, and the next upkeep pass rebuilds the run facts files and retires the day
+    files, deleted after the grace period."""
+    fleet = steady(2, 3 * 3600)
     store(tmp_path, fleet, 3, (1, False), 5 * 3600).close()
     manifest = tmp_path / "manifest.json"
     m = json.loads(manifest.read_text())
-    for e in m["summaries"]:
-        e.pop("health"), e.pop("health_format")
+    hours = [e for e in m["summaries"] if not e.get("to")]
+    day_rel = f"summaries/date={hours[0]['hour'][:10]}/healthday2-000000000000.parquet"
+    (tmp_path / day_rel).write_bytes((tmp_path / hours[0]["health"]).read_bytes())
+    old = []
+    for e in hours:  # as the version before named them
+        rel = e["health"].replace("/health3-", "/health2-")
+        (tmp_path / e["health"]).rename(tmp_path / rel)
+        e["health"], e["health_format"] = rel, 2
+        old.append(rel)
+    m["health_days"] = [{"day": hours[0]["hour"][:10], "file": day_rel, "format": 2, "hours": {e["hour"]: e["health"] for e in hours}}]
     manifest.write_text(json.dumps(m))
     p = Params(at(0), at(3 * 3600))
     con = open_reader(tmp_path)
-    assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == 0
-    assert not compare(con, p)
+    assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == 0  # ignored
+    assert not compare(con, p) and not compare_now(con, p, 3 * 3600, 3 * 3600)
     con.close()
-    hours = len(m["summaries"])
-    assert collector_status(tmp_path)["summaries"] == {"summarised": hours, "awaiting_rebuild": 0, "health_awaiting_rebuild": hours,
-                                                          "joined_awaiting_rebuild": 0, "summaries_only": 0}  # said
-    w = StoreWriter(tmp_path)
-    compact(w, at(5 * 3600), SummaryParams(max_gap_s=MAX_GAP))
+    assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == len(hours)  # said
+    clock = [at(5 * 3600)]
+    w = StoreWriter(tmp_path, clock=lambda: clock[0])
+    compact(w, at(5 * 3600), SummaryParams(max_gap_s=MAX_GAP), with_facts=True)
+    m = json.loads(manifest.read_text())
+    assert m["health_days"] == [] and collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
+    assert all(e["health_format"] == 3 and e["health"] not in old for e in m["summaries"] if not e.get("to"))
+    clock[0] += timedelta(hours=1)  # past the grace period: the retired files go at the next publish
+    w.publish()
     w.close()
-    assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
+    assert not (tmp_path / day_rel).exists() and not any((tmp_path / f).exists() for f in old)
     con = open_reader(tmp_path)
-    assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == con.execute("SELECT count(*) FROM summary_hours").fetchone()[0] >= 3
-    assert not compare(con, p)
+    assert con.execute("SELECT count(*) FROM health_hours").fetchone()[0] == len(hours)
+    assert not compare(con, p) and not compare_now(con, p, 3 * 3600, 3 * 3600)
 
 
-def test_an_upkeep_pass_builds_the_newest_health_summaries_first_and_a_bounded_number(tmp_path):
-    """Upkeep holds the writer's lock: a store with many hours to give health summaries gets the
-    newest `health_hours` a pass, the rest at the next passes, and reads raw where none is yet."""
-    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, 5 * 3600, 60)]}
-                      for g in range(2)], "jobs": [], "cuts": [0, 3600, 5 * 3600], "now": 5 * 3600}
+def test_an_upkeep_pass_builds_the_newest_run_facts_first_and_a_bounded_number(tmp_path):
+    """Upkeep holds the writer's lock: a store with many hours to give run facts files gets the
+    newest `health_hours` a pass, the rest at the next passes, and Fleet now reads raw where none is yet."""
+    fleet = steady(2, 5 * 3600)
     w = StoreWriter(tmp_path)
     for batch in split(fleet, 1, False, fields=health_fields(5)):
         w.commit(batch)
@@ -289,44 +309,36 @@ def test_an_upkeep_pass_builds_the_newest_health_summaries_first_and_a_bounded_n
         compact(w, at(7 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=2)
         con = open_reader(tmp_path)
         seen.append([r[0] for r in con.execute("SELECT hour FROM health_hours ORDER BY hour").fetchall()])
-        assert not compare(con, p)
+        assert not compare_now(con, p, 5 * 3600, 10**6)
         con.close()
     w.close()
     assert [len(s) for s in seen] == [2, 4, 6, 6]
     assert seen[0] == seen[2][-2:] and seen[1] == seen[2][-4:]  # the newest first
 
 
-def test_an_open_hours_health_comes_from_its_summary_then_the_minutes_after(tmp_path):
-    """Upkeep keeps the open hour's summary current with its health rows (the entry's "now"
-    file): a window ending in the open hour reads raw only the minutes after that summary ends,
-    with the raw figures (counters that pass the window's first value and XID codes on both
-    sides of its end: one hour, two parts). The reader taking it to end a bucket later or
-    earlier than it does fails the comparison. An open hour's file of the format before (run
-    facts only) is read raw, and rebuilt by the next upkeep pass."""
+def test_an_open_hours_run_facts_come_from_its_summary_then_the_minutes_after(tmp_path):
+    """Upkeep keeps the open hour's summary current with its run facts (the entry's "now" file):
+    Fleet now reads raw only the minutes after that summary ends, and the Health window (facts)
+    gives the raw figures around it. An open hour's file of the format before is read raw, and
+    rebuilt by the next upkeep pass."""
     end = 3 * 3600 + 50 * 60
-    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, end, 30)]}
-                      for g in range(4)], "jobs": [], "cuts": [0, 3600, end], "now": end}
+    fleet = steady(4, end, 30)
     con = store(tmp_path, fleet, 11, (2, True), end)
     (hour, ends), = con.execute("SELECT hour, ends FROM now_hours").fetchall()
     assert hour == at(3 * 3600) and at(3 * 3600) < ends < at(end)  # the open hour, summarised up to its settled buckets
     windows = [Params(at(0), at(end)), Params(at(3 * 3600), at(end)), Params(at(2 * 3600 + 17), at(end - 7))]
     for p in windows:
-        assert (hour, ends, True) in health._summarised_hours(con.cursor(), p)
         bad = compare(con, p)
         assert not bad, (p, "\n".join(bad))
     assert not compare_now(con, windows[0], end, 3 * 3600)
-    for off in ("+", "-"):
-        planted = open_reader(tmp_path)
-        planted.execute(f"UPDATE now_hours SET ends = ends {off} INTERVAL 5 MINUTE")
-        assert compare(planted, windows[0]), off
     manifest = tmp_path / "manifest.json"
     m = json.loads(manifest.read_text())
     opened, = [e for e in m["summaries"] if e.get("to")]
-    opened["now_format"] = 2
+    opened["now_format"] = 3
     manifest.write_text(json.dumps(m))
     con = open_reader(tmp_path)
     assert con.execute("SELECT count(*) FROM now_hours").fetchone()[0] == 0
-    assert not compare(con, windows[0]) and not compare_now(con, windows[0], end, 3 * 3600)
+    assert not compare_now(con, windows[0], end, 3 * 3600)
     assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 1  # the open hour's, read raw: said
     w = StoreWriter(tmp_path)
     compact(w, at(end), SummaryParams(max_gap_s=MAX_GAP))
@@ -335,74 +347,9 @@ def test_an_open_hours_health_comes_from_its_summary_then_the_minutes_after(tmp_
     assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
 
 
-def test_a_closed_days_health_is_read_from_its_merged_file_for_the_hours_it_holds(tmp_path):
-    """Once a day is closed, upkeep merges its hourly health summaries into one file sorted by
-    GPU, and readers take it for its hours (the same figures). A late batch for one of its hours:
-    that hour is read from its samples, the others still from the day's file, then from its rebuilt
-    summary's file; late batches for more hours make upkeep merge the day again. Retention retiring
-    the day's first hours makes the reader skip them in the day's file, which is not written again
-    for it. A merged file with one hour's rows wrong fails the comparison: it is what is read."""
-    end = DAY + 6 * 3600
-    fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}", "samples": [(t, 50.0, 1.0) for t in range(0, end, 120)]}
-                      for g in range(3)], "jobs": [], "cuts": [0, DAY, end], "now": end}
-    hourly = []  # as a collector's rounds: each hour's samples in files of their own
-    for b in split(fleet, 1, False, fields=health_fields(17)):
-        hours = pc.floor_temporal(b.samples["ts"], unit="hour") if b.samples is not None else None
-        for h in (sorted(set(hours.to_pylist())) if hours is not None else [None]):
-            hourly.append(b if h is None else type(b)(key=f"{b.key}/{h}", samples=b.samples.filter(pc.equal(hours, h)), gpus=b.gpus))
-    late = [hourly.pop(h) for h in (17, 13, 9, 5)]  # the first GPU's hours 05:00, 09:00, 13:00 and 17:00 come late
-    w = StoreWriter(tmp_path)
-    for batch in hourly:
-        w.commit(batch)
-    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=None)  # 30 hours: more than a pass's
-    manifest = lambda: json.loads((tmp_path / "manifest.json").read_text())  # noqa: E731
-    (day,) = manifest()["health_days"]  # the first day; the second is open
-    assert day["day"] == f"{at(0):%Y-%m-%d}" and len(day["hours"]) == 24
-    windows = [Params(at(0), at(end)), Params(at(3 * 3600 + 17), at(DAY + 3600 - 7)), Params(at(5 * 3600), at(9 * 3600))]
-
-    def check(skips: bool) -> None:
-        con = open_reader(tmp_path)
-        assert reads_day_file(con)
-        view, = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'gpu_health_hours'").fetchall()
-        assert ("unnest" in view[0]) == skips  # the hours it holds that are read elsewhere (DuckDB rewrites NOT IN)
-        for p in windows:
-            bad = compare(con, p)
-            assert not bad, (p, "\n".join(bad))
-        con.close()
-
-    check(skips=False)
-    w.commit(late[-1])  # late samples for 05:00: its summary goes; read raw until upkeep
-    w.publish()
-    check(skips=True)
-    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
-    assert manifest()["health_days"] == [day]  # rebuilt, the hour is read from its own file: a few such hours are
-    check(skips=True)
-    for batch in late[:-1]:  # ... but more than a few (HEALTH_DAY_LOOSE_HOURS) make upkeep merge the day again
-        w.commit(batch)
-    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
-    (again,) = manifest()["health_days"]
-    assert again["file"] != day["file"] and len(again["hours"]) == 24
-    check(skips=False)
-    from gpufleet.collector.maintenance import apply_retention
-    apply_retention(w, at(DAY + 4 * 3600 + 30), raw_days=1, rollup_days=400)  # the day's first hours' samples retired
-    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
-    assert 0 < sum(h < f"{at(DAY):%Y-%m-%dT%H}" for h in w.summaries) < 24  # some of the day's hours left
-    assert manifest()["health_days"] == [again]  # not written again
-    windows = [Params(at(6 * 3600), at(end)), Params(at(7 * 3600 + 17), at(DAY + 3600 - 7))]
-    check(skips=True)
-    w.close()
-    merged = tmp_path / again["file"]
-    t = pl.read_parquet(merged)
-    hour = t["hour"].sort()[t.height - 1]  # the day's last hour, still summarised
-    pl.concat([t.filter(pl.col("hour") != hour), t.filter(pl.col("hour") == hour).with_columns(pl.col("samples") + 1)]).write_parquet(merged)
-    assert compare(open_reader(tmp_path), windows[0])
-
-
 def test_a_gpu_whose_model_name_changes_within_an_hour_gives_the_raw_figures(tmp_path):
     """An exporter upgraded mid-hour may name the same GPU's model another way ("NVIDIA H100 80GB
-    HBM3" -> "H100"): its health summary then has a row per model for that hour, each carrying the
-    GPU-hour's run facts. The Health window and Fleet now give the raw figures (the run facts
-    counted once per GPU-hour, whatever rows carry them)."""
+    HBM3" -> "H100"). The Health window (facts) and Fleet now (run facts) give the raw figures."""
     end = 4 * 3600
     fleet = {"gpus": [{"gpu": g, "host": f"h{g % 2}", "uuid": f"GPU-prop-{g}",
                        "samples": [(t, 50.0 if (t // 600) % 3 else 0.0, float((t // 900) % 2)) for t in range(0, end, 60)]}
@@ -413,15 +360,13 @@ def test_a_gpu_whose_model_name_changes_within_an_hour_gives_the_raw_figures(tmp
             renamed = pc.if_else(pc.greater_equal(b.samples["ts"], pa.scalar(at(3600 + 1800), pa.timestamp("us"))), "H100", b.samples["model"])
             b = type(b)(key=b.key, samples=b.samples.set_column(b.samples.schema.get_field_index("model"), "model", renamed), gpus=b.gpus)
         w.commit(b)
-    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=None)
+    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=None, with_facts=True)
     w.close()
     con = open_reader(tmp_path)
-    (rows,) = con.execute("SELECT count(*) FROM gpu_health_hours WHERE gpu_uuid = 'GPU-prop-0' AND hour = ?", [at(3600)]).fetchone()
-    assert rows == 2  # one per model name
     for p in (Params(at(0), at(end)), Params(at(1800 + 17), at(end - 7))):
         bad = compare(con, p)
         assert not bad, (p, "\n".join(bad))
     for as_of, lookback in ((end, 3 * 3600), (end - 60, 10**6), (2 * 3600 + 5, 3600)):
         bad = compare_now(con, Params(at(0), at(end)), as_of, lookback)
         assert not bad, (as_of, lookback, "\n".join(bad))
-    assert now_hours_used(con, Params(at(0), at(end)), end, 3 * 3600) == 3  # the hour of two rows among them
+    assert now_hours_used(con, Params(at(0), at(end)), end, 3 * 3600) == 3
