@@ -31,7 +31,7 @@ THRESHOLD = 7.5  # not the default 5 %: every hour is rebuilt
 def _copy(store: Path, dst: Path) -> Path:
     """A copy to rebuild: immutable files hard-linked, the ledger and manifest copied."""
     dst.mkdir(parents=True)
-    for top in ("samples", "rollup_5m", "tables", "summaries"):
+    for top in ("samples", "tables", "summaries", "facts"):
         if (store / top).exists():
             shutil.copytree(store / top, dst / top, copy_function=os.link)
     for f in ("state.duckdb", "manifest.json"):

@@ -384,7 +384,7 @@ def test_a_closed_days_health_is_read_from_its_merged_file_for_the_hours_it_hold
     assert again["file"] != day["file"] and len(again["hours"]) == 24
     check(skips=False)
     from gpufleet.collector.maintenance import apply_retention
-    apply_retention(w, at(DAY + 4 * 3600 + 30), raw_days=1, rollup_days=400)  # the day's first hours' samples retired
+    apply_retention(w, at(DAY + 4 * 3600 + 30), raw_days=1)  # the day's first hours' samples retired
     compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP))
     assert 0 < sum(h < f"{at(DAY):%Y-%m-%dT%H}" for h in w.summaries) < 24  # some of the day's hours left
     assert manifest()["health_days"] == [again]  # not written again
