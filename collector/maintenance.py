@@ -35,6 +35,7 @@ from typing import Callable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpufleet.collector import facts, summaries
@@ -89,7 +90,7 @@ def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | Non
     done = compact_hours(w, now)
     sp = params or summaries.SummaryParams()
     built = summarize(w, now, sp, tasks, gpu_shards, progress)
-    made = build_facts(w, epoch_us(now), fact_params(sp), limit=facts_hours)
+    made = build_facts(w, epoch_us(now), fact_params(sp), limit=facts_hours, tasks=tasks)
     built += made["hours"] + made["days"]
     built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
@@ -631,29 +632,69 @@ def _overlaps(b: int, length: int, span: tuple[int, int] | None) -> bool:
     return span is None or (b < span[1] and b + length > span[0])
 
 
-def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None,
+                  tasks: TaskRunner | None = None) -> dict[str, int]:
     """`gpufleet collect --rebuild-facts`: build the facts of the settled hours and closed days that
     overlap `span` (None: all) again, whether or not their inputs changed (a file lost or damaged),
     then publish. An hour without samples left (retention) keeps its facts, and so does one whose
     sample holding into it went (build_facts) and a day without 5-minute facts left. Returns
-    build_facts' counts."""
-    built = build_facts(w, epoch_us(now), p, None if span is None else (epoch_us(span[0]), epoch_us(span[1])), force=True)
+    build_facts' counts. `tasks`: where the hours are built, as there."""
+    built = build_facts(w, epoch_us(now), p, None if span is None else (epoch_us(span[0]), epoch_us(span[1])), force=True, tasks=tasks)
     w.publish()
     return built
 
 
-def _write_facts(w: StoreWriter, rel: str, parts: pa.Table, tag: str) -> None:
+def _write_facts(root: Path, rel: str, parts: pa.Table, tag: str) -> None:
     table = parts.append_column("tag", pa.array([tag] * parts.num_rows, pa.string()))
-    (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(table.cast(facts.FILE_SCHEMA), w.root / rel)
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table.cast(facts.FILE_SCHEMA), root / rel)
 
 
 def _iso(us: int) -> str:
     return from_epoch_us(us).isoformat()
 
 
+@dataclass
+class FactsTask:
+    """One settled hour's 5-minute facts (build_facts): from its sample files (`sources`, those of
+    its head among them) and the allocations holding its GPUs in it (`hold`, set when its day's
+    turn comes), to `rel`. Runs anywhere that sees the store's directory (a Dask worker)."""
+
+    root: str
+    hour_us: int
+    sources: tuple[str, ...]
+    head: tuple[str, ...]
+    params: facts.FactParams
+    tag: str
+    inputs: str
+    rel: str
+    hold: pa.Table | None = None
+
+    def label(self) -> str:
+        return f"facts {_iso(self.hour_us)}"
+
+
+def build_fact_hour(task: FactsTask) -> str:
+    """The hour's facts file, written atomically to task.rel; one DuckDB thread, as the writer's
+    own connection: the same bytes wherever it runs. Module-level: Dask sends it by name."""
+    h = task.hour_us
+    con = duckdb.connect(":memory:", config={"threads": 1})
+    try:
+        q = facts.samples_query(sample_source(con, [str(Path(task.root) / f) for f in task.sources]))
+        samples = con.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": task.params.gap_us}).to_arrow_table()
+    finally:
+        con.close()
+    _write_facts(Path(task.root), task.rel, facts.build_parts(samples, task.hold, h, h + facts.HOUR_US, task.params), task.tag)
+    return task.rel
+
+
+def _holds_in(hold: pa.Table, h: int) -> pa.Table:
+    """The holds (facts.HOLDS' rows) overlapping the hour starting at h (epoch us)."""
+    return hold.filter(pc.and_(pc.greater(hold["a1"], h), pc.less(hold["a0"], h + facts.HOUR_US)))
+
+
 def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[int, int] | None = None,
-                force: bool = False, limit: int | None = None) -> dict[str, int]:
+                force: bool = False, limit: int | None = None, tasks: TaskRunner | None = None) -> dict[str, int]:
     """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
     in it, the parameters, the format) changed since its file was written, and of every closed
     day whose hours' files changed: exactly the touched buckets and their coarser parents. Returns
@@ -662,7 +703,8 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
     Run twice, it writes nothing. `span` (epoch us, [from, to)): only the hours and days that
     overlap it; `force`: those whose inputs did not change too; `limit`: at most that many hours,
     newest first (a store without facts has every hour it keeps to build, under the writer's
-    lock), and no day until all its hours are current.
+    lock), and no day until all its hours are current. The hours are FactsTasks, run by `tasks` (a
+    Dask scheduler) when there are at least DASK_MIN_HOURS of them, else here: the same bytes.
 
     An hour is keyed on the files holding its own samples; the files whose samples end within
     max_gap before it (the sample holding into it: its "head") are read too, and a new one there
@@ -687,6 +729,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
     if settled:
         hold = facts.holds(w.db, settled[-1], settled[0] + facts.HOUR_US, p)
     pending: set[int] = set()  # hours due and not built by this pass (limit)
+    todo: dict[int, list[FactsTask]] = {}  # day -> its hours' tasks
     for h in settled:
         key = f"5m/{_iso(h)}"
         inputs = _facts_digest(sorted(own.get(h, [])), facts.holds_digest(hold, h, h + facts.HOUR_US), tag)
@@ -699,14 +742,17 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
             pending.add(h - h % facts.DAY_US)
             built["hours_left"] += 1
             continue
-        q = facts.samples_query(sample_source(w.db, [str(w.root / f) for f in sorted({*own.get(h, []), *before})]))
-        samples = w.db.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": gap}).to_arrow_table()
-        parts = facts.build_parts(samples, hold, h, h + facts.HOUR_US, p)
-        rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{inputs}.parquet"
-        _write_facts(w, rel, parts, tag)
-        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "head": before, "tag": tag,
-                          "format": facts.FORMAT_VERSION})
+        rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{_facts_digest(inputs, before)}.parquet"
+        todo.setdefault(h - h % facts.DAY_US, []).append(
+            FactsTask(str(w.root), h, tuple(sorted({*own.get(h, []), *before})), tuple(before), p, tag, inputs, rel))
         built["hours"] += 1
+    runner = replace(summary_runner(tasks, built["hours"]), name="facts")
+    for day, work in todo.items():  # a day's tasks at a time: each carries its hour's holds
+        for task in work:
+            task.hold = _holds_in(hold, task.hour_us)
+        for task, rel in zip(work, runner.map(build_fact_hour, work, label=FactsTask.label)):
+            w.put_facts(f"5m/{_iso(task.hour_us)}", {"grain": "5m", "bucket": _iso(task.hour_us), "file": rel, "inputs": task.inputs,
+                                                     "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
     days: dict[int, list[str]] = {}
     for key, e in w.facts.items():
         if e["grain"] == "5m" and e["tag"] == tag:
@@ -727,7 +773,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         hourly = facts.join_parts(fine.cast(facts.SCHEMA), facts.GRAIN_1H, p)
         daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
         rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
-        _write_facts(w, rel, pa.concat_tables([hourly, daily]), tag)
+        _write_facts(w.root, rel, pa.concat_tables([hourly, daily]), tag)
         w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag, "format": facts.FORMAT_VERSION})
         built["days"] += 1
     w.facts_backlog = {"hours": built["hours_left"], "days": built["days_left"]}

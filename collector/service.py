@@ -375,7 +375,7 @@ class Collector:
         with self._commit_lock:
             now = self.clock()
             compact_hours(self.writer, now)
-            return rebuild_facts(self.writer, now, fact_params(self.summary_params), span)
+            return rebuild_facts(self.writer, now, fact_params(self.summary_params), span, self.tasks)
 
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
               raw_days: int = 35, summary_days: int = 0, facts_5m_days: int = 35, facts_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
