@@ -753,6 +753,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         for task, rel in zip(work, runner.map(build_fact_hour, work, label=FactsTask.label)):
             w.put_facts(f"5m/{_iso(task.hour_us)}", {"grain": "5m", "bucket": _iso(task.hour_us), "file": rel, "inputs": task.inputs,
                                                      "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
+            task.hold = None  # (a rebuild of the whole store holds a day's at a time)
     days: dict[int, list[str]] = {}
     for key, e in w.facts.items():
         if e["grain"] == "5m" and e["tag"] == tag:
