@@ -362,7 +362,7 @@ def generate(scale: Scale, root: Path, progress=lambda msg: None) -> dict:
             # (live: the last day's compaction runs at the window's end, as the collector's would, so
             # its last hour stays in the files its rounds wrote)
             last = scale.live and day == scale.days - 1
-            hours, _ = compact_hours(w, scale.now if last else date + timedelta(days=1) + SETTLE + timedelta(seconds=1))
+            hours = compact_hours(w, scale.now if last else date + timedelta(days=1) + SETTLE + timedelta(seconds=1))
             progress(f"  day {day + 1}/{scale.days}: {rows / 1e6:.1f}M samples so far, {hours} hours compacted "
                      f"({time.monotonic() - t0:.0f} s)")
         w.commit(Batch(key="bench/jobs", jobs=jobs, allocations=allocs, gpus=inventory))

@@ -2,7 +2,7 @@
 
 1. A synthetic fleet (bench/_analytics_data.py) written into a real store through StoreWriter:
    1,024 H100s (128 hosts x 8) sampled every 15 s for 7 days (~41M GPU-samples), 50,000 Slurm
-   jobs with their GPU allocations, and the 5-minute rollups compaction would write. Generated
+   jobs with their GPU allocations, compacted as the collector's upkeep would. Generated
    once per scale and kept under GPUFLEET_BENCH_CACHE.
 2. The full weekly analysis in a process of its own (bench/_analytics_measure.py), so its wall
    time, CPU time and peak RSS (VmHWM) are the analysis' own: open_reader, Analysis for the week,
@@ -19,8 +19,7 @@
    (bench/_pages_measure.py).
 4. The per-GPU weekly mean of GPU utilization from Prometheus - the same samples loaded with
    `promtool tsdb create-blocks-from openmetrics`, `avg_over_time(DCGM_FI_DEV_GPU_UTIL[7d])` as an
-   instant query at the window end - against ours on the same GPUs: over the raw samples and over
-   the 5-minute rollups. Both sides are warm; the median of GPUFLEET_BENCH_QUERY_RUNS runs counts.
+   instant query at the window end - against ours on the same GPUs, over the raw samples. Both sides are warm; the median of GPUFLEET_BENCH_QUERY_RUNS runs counts.
 
 Knobs (environment):
   GPUFLEET_BENCH_GPUS=1024         GPUs in the fleet (a multiple of 8: hosts of 8 GPUs)
@@ -86,7 +85,6 @@ WALL_GOAL_S, RSS_GOAL_GIB = next(((w, r) for g, w, r in ISSUE_GOALS if SCALE.gpu
 # what the tables call the analysed window: the issue's figures are a week's
 WINDOW = "week" if WINDOW_DAYS == 7 else f"{WINDOW_DAYS}-day window"
 SCALE_IDLE_MIN = "30 min"  # gpufleet.analytics.params default idle_min_duration
-SPEEDUP_GOAL = 30.0  # the rollups' per-GPU weekly mean against PromQL's avg_over_time (issue #16)
 METRIC = "DCGM_FI_DEV_GPU_UTIL"
 EPOCH = datetime(1970, 1, 1)  # the store's times are naive UTC
 
@@ -491,26 +489,6 @@ FROM gpu_samples
 WHERE ts >= $start AND ts < $end {hosts}
 GROUP BY gpu_uuid, gpu_instance
 """
-# the rollup keeps avg and count of gpu_util per 5 minutes: their count-weighted mean is the mean of
-# the samples, exactly (rollups written before gpu_util_samples existed count rows: exact only while
-# no sample lacks gpu_util - the bench checks it against the raw answer every run)
-ROLLUP_MEAN = """
-SELECT any_value(cluster) AS cluster, any_value(host) AS host, gpu_uuid, gpu_instance,
-       sum(gpu_util_avg * coalesce(gpu_util_samples, samples)) / sum(coalesce(gpu_util_samples, samples)) AS mean_util
-FROM gpu_rollup_5m
-WHERE bucket >= $start AND bucket < $end {hosts}
-GROUP BY gpu_uuid, gpu_instance
-"""
-
-
-def diff_frames(a: pl.DataFrame, b: pl.DataFrame) -> float:
-    """Largest difference in mean_util between two per-GPU answers (inf if the GPUs differ)."""
-    j = a.join(b, on=["gpu_uuid", "gpu_instance"], how="full", coalesce=True, nulls_equal=True)
-    if j.height != a.height or j.height != b.height:
-        return float("inf")
-    return float((j["mean_util"] - j["mean_util_right"]).abs().max() or 0.0)
-
-
 def compare_prometheus(store: Path) -> Table:
     from gpufleet.collector.store import open_reader
 
@@ -522,10 +500,10 @@ def compare_prometheus(store: Path) -> Table:
         t.notes.append("skipped: GPUFLEET_BENCH_PROM_GPUS=0")
         return t
     if SCALE.live:
-        t.notes.append("skipped: a live store (GPUFLEET_BENCH_LIVE=1) has no rollups of its open hour yet; compared on the closed store")
+        t.notes.append("skipped: a live store (GPUFLEET_BENCH_LIVE=1); compared on the closed store")
         return t
     if not (shutil.which("prometheus") and shutil.which("promtool")):
-        t.add("Prometheus comparison", "not run: prometheus/promtool not installed (apt-get install prometheus)", f">= {SPEEDUP_GOAL:g}x", False)
+        t.add("Prometheus comparison", "not run: prometheus/promtool not installed (apt-get install prometheus)")
         return t
     root = CACHE / f"prom-{SCALE.key}-{len(hosts)}hosts"
     built = 0.0
@@ -552,19 +530,16 @@ def compare_prometheus(store: Path) -> Table:
 
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-prom-") as work, Prometheus(root / "data", Path(work)) as prom:
         blocks = prom.blocks()
-        progress(f"per-GPU mean: PromQL vs DuckDB raw samples vs 5-minute rollups, {RUNS} runs each (after a warm-up)")
+        progress(f"per-GPU mean: PromQL vs DuckDB raw samples, {RUNS} runs each (after a warm-up)")
         _, doc = prom.query(promql, at)  # warm-up: pages the blocks in, as they would be on a Prometheus in use
         ours(RAW_MEAN)
-        ours(ROLLUP_MEAN)
-        times: dict[str, list[float]] = {"prom": [], "prom_exec": [], "raw": [], "rollup": []}
-        for _ in range(RUNS):  # interleaved, so machine noise hits all three alike
+        times: dict[str, list[float]] = {"prom": [], "prom_exec": [], "raw": []}
+        for _ in range(RUNS):  # interleaved, so machine noise hits both alike
             dt, doc = prom.query(promql, at)
             times["prom"].append(dt)
             times["prom_exec"].append(doc["data"].get("stats", {}).get("timings", {}).get("execTotalTime", float("nan")))
             dt, raw = ours(RAW_MEAN)
             times["raw"].append(dt)
-            dt, rollup = ours(ROLLUP_MEAN)
-            times["rollup"].append(dt)
         loaded = doc["data"].get("stats", {}).get("samples", {}).get("totalQueryableSamples")
 
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -574,16 +549,9 @@ def compare_prometheus(store: Path) -> Table:
     spread = lambda k: f"{ms(min(times[k]))} .. {ms(max(times[k]))}"  # noqa: E731
     t.add(f"Prometheus: {promql} @ window end", f"{ms(med['prom'])} (runs {spread('prom')}; server execTotalTime {ms(med['prom_exec'])})")
     t.add("gpufleet: raw samples, avg(gpu_util) per GPU (DuckDB)", f"{ms(med['raw'])} (runs {spread('raw')})")
-    # the goal is the product's fastest exact path to a per-GPU mean: the rollups, when they give the
-    # raw samples' answer (they hold per-5-minute count and mean; exact while every sample has gpu_util)
-    exact = diff_frames(raw, rollup) <= 1e-9
     t.add("    speed-up over PromQL, raw samples (every sample read, as PromQL does)", f"{med['prom'] / med['raw']:.1f}x")
-    t.add("gpufleet: 5-minute rollups, count-weighted mean per GPU", f"{ms(med['rollup'])} (runs {spread('rollup')})")
-    t.add("    speed-up over PromQL, rollups (the product's path; same answer as raw: "
-          f"{'yes' if exact else 'NO'})", f"{med['prom'] / med['rollup']:.1f}x", f">= {SPEEDUP_GOAL:g}x, exact",
-          med["prom"] / med["rollup"] >= SPEEDUP_GOAL and exact)
     t.add("same answer? GPUs answered; largest difference from PromQL",
-          f"{len(prom_means)} PromQL, {raw.height} raw, {rollup.height} rollup; raw {diff(raw):.1g}, rollup {diff(rollup):.1g} percentage points")
+          f"{len(prom_means)} PromQL, {raw.height} raw; {diff(raw):.1g} percentage points")
     t.notes += [
         f"Prometheus {_version('prometheus')}: TSDB from `promtool tsdb create-blocks-from openmetrics` (one file per 2 h block), "
         f"then compacted by Prometheus itself ({blocks} blocks{'; built in this run in %.0f s' % built if built else '; reused'}); "
@@ -591,9 +559,9 @@ def compare_prometheus(store: Path) -> Table:
         f"times are client-side: HTTP request to parsed JSON for Prometheus, execute to Arrow to polars for DuckDB (a fresh open_reader "
         f"over the whole {SCALE.gpus}-GPU store{f', filtered to the same {len(hosts)} hosts' if subset else ''}); "
         f"median of {RUNS} interleaved warm runs",
-        "the rollups are what compaction writes for every closed hour (gpufleet.collector.schema.ROLLUP_SQL: per GPU and 5 minutes, "
-        "avg and count) and merges into one file per closed day (maintenance.merge_rollup_days: the week is 7 files), the store's own "
-        "pre-aggregate; the raw row reads every sample like PromQL does",
+        "the raw row reads every sample like PromQL does; the 5-minute rollups this table also timed (the goal of issue #16) were "
+        "retired with issue #52: the store's one derived tier is the facts, whose per-GPU utilization is time-weighted (contract 4), "
+        "not PromQL's mean of samples - bench/facts.py times the facts' figures against the raw path's",
     ]
     return t
 

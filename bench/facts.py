@@ -12,6 +12,7 @@ figures agree to 1e-9. Wall and CPU time of this process; peak memory per path a
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from dataclasses import asdict
@@ -55,11 +56,13 @@ def run() -> list[Table]:
         t.add("facts upkeep: wall / CPU", f"{wall:.1f} s / {cpu:.1f} s ({built['hours']} hours, {built['days']} days written)")
         t.add("    per settled hour (with its day's share)", f"{wall / hours:.2f} s wall, {cpu / hours:.2f} s CPU")
         t.add("    second pass (nothing changed)", f"{wall2:.2f} s, {again['hours']} hours / {again['days']} days written",
-              "0 written", again == {"hours": 0, "days": 0})
+              "0 written", again["hours"] == again["days"] == 0)
         bytes_5m = sum(f.stat().st_size for f in (root / "facts" / "5m").rglob("*.parquet"))
         bytes_day = sum(f.stat().st_size for f in (root / "facts" / "day").rglob("*.parquet"))
+        bytes_raw = sum((root / f).stat().st_size for f in json.loads((root / "manifest.json").read_text())["samples"])
         gpu_days = SCALE.gpus * SCALE.days
-        t.add("bytes per GPU-day: 5-minute / hour+day facts", f"{bytes_5m / gpu_days:,.0f} / {bytes_day / gpu_days:,.0f}")
+        t.add("bytes per GPU-day: raw samples / 5-minute / hour+day facts",
+              f"{bytes_raw / gpu_days:,.0f} / {bytes_5m / gpu_days:,.0f} / {bytes_day / gpu_days:,.0f}")
         con = open_reader(root)
         p = Params(SCALE.start, SCALE.end)
         progress("the week's totals from facts")

@@ -221,6 +221,6 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
             out.write(f"gpufleet collect: metrics at http://{host or '0.0.0.0'}:{server.server_port}/metrics, store {opts['store']}\n")
             out.flush()
     ret = opts["retention"]
-    collector.serve(stop, maintenance_interval=ret["compact_interval"], raw_days=ret["raw_days"], rollup_days=ret["rollup_days"],
+    collector.serve(stop, maintenance_interval=ret["compact_interval"], raw_days=ret["raw_days"],
                     summary_days=ret["summary_days"], facts_5m_days=ret["facts_5m_days"], facts_days=ret["facts_days"], extra_jobs=extra_jobs)
     return 0

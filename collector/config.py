@@ -130,7 +130,6 @@ KUBERNETES = (
 
 RETENTION = (
     Option("raw_days", 35, "an integer >= 1", integer(1)),
-    Option("rollup_days", 400, "an integer >= 1", integer(1)),
     # the per-GPU summaries of hours older than raw_days, kept until summary_days (0 or <= raw_days:
     # they go with their samples); at 100,000 GPUs a day's take ~1.2 GB against ~3 GB of samples
     Option("summary_days", 90, "an integer >= 0 (days the per-GPU summaries outlive the raw samples to; 0: they go with them)", integer(0)),
@@ -139,7 +138,7 @@ RETENTION = (
     # not before its 5-minute facts): maintenance.retire_facts
     Option("facts_5m_days", 35, "an integer >= 1 (days the 5-minute facts are kept)", integer(1)),
     Option("facts_days", 400, "an integer >= 1 (days the hour and day facts are kept)", integer(1)),
-    Option("compact_interval", 600.0, "a number of seconds > 0 (compaction, rollups and retention)", number(0)),
+    Option("compact_interval", 600.0, "a number of seconds > 0 (compaction, summaries, facts and retention)", number(0)),
 )
 
 
@@ -182,6 +181,10 @@ def load(doc: Mapping[str, Any], path: Any, *, shard: str | None = None) -> dict
     raw = raw if isinstance(raw, dict) else {}  # section() below says what is wrong with it
     tables = (("scrape", SCRAPE), ("prometheus", PROMETHEUS), ("sacct", SACCT), ("slurmrestd", SLURMRESTD),
               ("slurm_json", SLURM_JSON), ("kubernetes", KUBERNETES), ("retention", RETENTION))
+    retention = raw.get("retention")
+    if isinstance(retention, dict) and "rollup_days" in retention:
+        raise ConfigError(f"config {path} [collector.retention]: rollup_days was retired with the 5-minute rollups (issue #52: the "
+                          "facts' 5-minute grain replaced them): remove it; job-reported throughput is kept for facts_days")
     top, *validated = gather(lambda: section(doc, "collector", TOP, path),
                              *(lambda name=name, options=options: section(raw, name, options, path, parent="collector") for name, options in tables))
     top.update({name: opts for (name, _), opts in zip(tables, validated)})

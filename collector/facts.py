@@ -235,7 +235,11 @@ def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: Fa
     bucket_us = grain_s * 1_000_000
     i, k, p0, p1 = split(ts, t1, lo_us, hi_us, bucket_us)
     # the GPUs' allocation edges inside the range: where stretches end inside a bucket
-    names = {tuple(r): n for n, r in zip(gk.tolist(), zip(*(key[c].to_pylist() for c in _GPU)))} if hold.num_rows else {}
+    if hold.num_rows:  # (from each GPU's first row: a dict over every sample was a quarter of an upkeep hour's CPU)
+        first = pa.array(np.flatnonzero(np.diff(gk, prepend=-1)))
+        names = {tuple(r): n for n, r in zip(gk[first.to_numpy()].tolist(), zip(*(key[c].take(first).to_pylist() for c in _GPU)))}
+    else:
+        names = {}
     hg = np.array([names.get(r, -1) for r in zip(*(hold[c].to_pylist() for c in _GPU))], dtype=np.int64) if hold.num_rows else np.zeros(0, np.int64)
     ha0, ha1 = (hold[c].to_numpy().astype(np.int64) for c in ("a0", "a1")) if hold.num_rows else (np.zeros(0, np.int64),) * 2
     cut_g = np.concatenate([hg[hg >= 0]] * 2)

@@ -1,16 +1,18 @@
-"""Store upkeep run by the collector: compaction, 5-minute rollups, retention.
+"""Store upkeep run by the collector: compaction, summaries, facts, retention.
 
 - Compaction: once an hour is closed, its many small per-round files are merged into one file
-  sorted by GPU and time (which is what makes a field-sample cost a few bytes), and the hour's
-  5-minute rollup is (re)computed from it. Late data for a compacted hour is merged on the next
-  pass. Once a day is closed, its hourly rollups are merged into one file (merge_rollup_days).
-  Superseded files are retired, not deleted, so readers holding an older manifest still read
-  them for the grace period.
+  sorted by GPU and time (which is what makes a field-sample cost a few bytes). Late data for a
+  compacted hour is merged on the next pass. Superseded files are retired, not deleted, so
+  readers holding an older manifest still read them for the grace period.
+- Facts (gpufleet.collector.facts, the store's one derived tier): every pass writes the 5-minute
+  facts of each settled hour whose inputs changed and the hour and day facts of each closed day
+  whose hours changed (build_facts); a store without them gets them over its next passes
+  (FACTS_HOURS_PER_PASS, newest first) or at once with `gpufleet collect --rebuild-facts`.
 - Settling: jobs and allocations settled SETTLE_AFTER ago are written once into immutable
   segments, which are merged so they stay few (StoreWriter.settle); each publish then writes
   only the open rest of those tables.
-- Retention: sample files older than `raw_days` are retired; rollups (a day's file with its last
-  hour) and job-reported throughput rows older than `rollup_days` too. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
+- Retention: sample files older than `raw_days` are retired; job-reported throughput rows older
+  than `facts_days`. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
   The per-GPU summaries of hours whose samples go are kept until `summary_days` (when longer):
   a long-term tier, as Prometheus-compatible stores keep downsampled data longer than raw. Such an
   hour's figures come from its summary alone - the same for every window whose edges fall on its
@@ -33,11 +35,12 @@ from typing import Callable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpufleet.collector import facts, summaries
 from gpufleet.collector.schema import (ALIGNED_DIGESTS, ALIGNED_EDGES, ALLOCATION_EDGES, CUT_DIGESTS, CUTS_BY_GPU, HEALTH_FILE, HEALTH_FORMAT_VERSION, NOW_FORMAT_VERSION,
-                                      ROLLUP_DAY_PARTS, ROLLUP_DAY_PREFIX, ROLLUP_DAY_SQL, ROLLUP_SQL, SUMMARY_HASHES, SUMMARY_SAMPLES)
+                                      SUMMARY_HASHES, SUMMARY_SAMPLES)
 from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.collector.store import StoreWriter, _sql_list, raw_retired, sample_source, write_parquet
 from gpufleet.collector.tasks import TaskRunner
@@ -56,58 +59,60 @@ HEALTH_HOURS_PER_PASS = 24
 # before them has every hour to do (~0.5 s an hour at 16,384 GPUs, under the writer's lock); the
 # rest follow at the next passes (read from the 5-minute rows until then)
 COARSE_HOURS_PER_PASS = 48
+# Hours of 5-minute facts an upkeep pass builds at most (build_facts), newest first: a store from
+# before the facts has every hour it keeps to build (~1.2 s of CPU an hour at 1,024 GPUs, under the
+# writer's lock); the rest follow at the next passes (read raw until then), or all at once with
+# `gpufleet collect --rebuild-facts`. A day's hour and day facts wait for all its hours.
+FACTS_HOURS_PER_PASS = 24
+
 
 def compact(w: StoreWriter, now: datetime, params: summaries.SummaryParams | None = None, tasks: TaskRunner | None = None,
             gpu_shards: int = 1, progress: Callable[[int, int], None] | None = None,
             health_hours: int | None = HEALTH_HOURS_PER_PASS, coarse_hours: int | None = COARSE_HOURS_PER_PASS,
-            with_facts: bool = False) -> int:
-    """Merge each closed hour's files into one and roll it up (compact_hours), then bring the
-    per-GPU summaries up to date (summarize, with `params`: the defaults if None; `tasks`,
-    `gpu_shards` and `progress` as there), their hours' joined segments (add_coarse, at most
-    `coarse_hours` of them, None: all), their hourly run facts files (summarize_health,
-    at most `health_hours` of them, None: all; `tasks` and `progress` as there: Fleet now's run
-    facts) and a store's merged health day files of before retired (retire_health_days); returns
-    hours compacted. `with_facts`: also the derived
-    facts tier (build_facts, issue #52) - off in the product until its surfaces read the facts
-    (no upkeep cost for files nothing reads), on in the facts' own tests and bench."""
+            facts_hours: int | None = FACTS_HOURS_PER_PASS) -> int:
+    """Merge each closed hour's files into one (compact_hours), then bring the per-GPU summaries
+    up to date (summarize, with `params`: the defaults if None; `tasks`, `gpu_shards` and
+    `progress` as there), the facts (build_facts, with the same parameters: at most
+    `facts_hours` hours, None: all), their hours' joined segments (add_coarse, at most
+    `coarse_hours` of them, None: all), their hourly run facts files (summarize_health, at most
+    `health_hours` of them, None: all; `tasks` and `progress` as there: Fleet now's run facts)
+    and a store's merged health day files of before retired (retire_health_days); returns hours
+    compacted."""
     listed = {k: e["file"] for k, e in w.summaries.items()}
-    done, merged = compact_hours(w, now)
-    built = summarize(w, now, params or summaries.SummaryParams(), tasks, gpu_shards, progress)
-    if with_facts:
-        sp = params or summaries.SummaryParams()
-        built += sum(build_facts(w, epoch_us(now), facts.FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold,
-                                                                       idle_min_s=sp.keep_s)).values())
+    done = compact_hours(w, now)
+    sp = params or summaries.SummaryParams()
+    built = summarize(w, now, sp, tasks, gpu_shards, progress)
+    made = build_facts(w, epoch_us(now), fact_params(sp), limit=facts_hours, tasks=tasks)
+    built += made["hours"] + made["days"]
     built += add_coarse(w, coarse_hours)
     built += summarize_health(w, health_hours, tasks, progress)
     built += retire_health_days(w)
-    if done or merged or built or listed != {k: e["file"] for k, e in w.summaries.items()}:  # (or summaries retired)
+    if done or built or listed != {k: e["file"] for k, e in w.summaries.items()}:  # (or summaries retired)
         w.publish()
     return done
 
 
-def compact_hours(w: StoreWriter, now: datetime) -> tuple[int, int]:
+def fact_params(sp: summaries.SummaryParams) -> facts.FactParams:
+    """The facts' parameters from the summaries' ([analytics] max_gap, idle threshold, idle_min_duration)."""
+    return facts.FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold, idle_min_s=sp.keep_s)
+
+
+def compact_hours(w: StoreWriter, now: datetime) -> int:
     """compact's first step alone: each closed hour's files merged into one sorted by host, GPU
-    and time and rolled up, each closed day's rollups merged into one file (the summaries are left
-    to summarize; nothing is published). Returns (hours compacted, days of rollups merged)."""
-    rolled = {r[0] for r in w.db.execute("SELECT hour FROM rollups").fetchall()}
+    and time (the summaries and facts are left to their steps; nothing is published). Returns
+    hours compacted."""
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
            FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY 1 ORDER BY 1"""
     ).fetchall()
-    groups = [
-        (hour, files) for hour, files in groups
-        if hour + timedelta(hours=1) + SETTLE < now
-        and (len(files) > 1 or "/compact-" not in files[0] or hour not in rolled)
-    ]
-    done = 0
+    groups = [(hour, files) for hour, files in groups
+              if hour + timedelta(hours=1) + SETTLE < now and (len(files) > 1 or "/compact-" not in files[0])]
     with w.parallel():
         for hour, files in groups:
             _compact_hour(w, hour, files, now)
-            done += 1
-        merged = merge_rollup_days(w, now)
-    if done or merged:
+    if groups:
         w.invalidate()
-    return done, merged
+    return len(groups)
 
 
 # Fewer hours to build than this (the hour or two each upkeep pass closes) stay in the collector
@@ -487,105 +492,21 @@ def add_coarse(w: StoreWriter, limit: int | None = None) -> int:
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:
     paths = [str(w.root / f) for f in files]
-    date = hour.strftime("%Y-%m-%d")
     tag = hashlib.blake2b("\n".join(files).encode(), digest_size=6).hexdigest()
-    target = f"samples/date={date}/compact-{hour:%H}-{tag}.parquet"
-    rollup = f"rollup_5m/date={date}/hour-{hour:%H}-{tag}.parquet"
-    if len(files) > 1 or "/compact-" not in files[0]:
-        table = w.db.sql(f"SELECT * FROM {sample_source(w.db, paths)} ORDER BY host, gpu_uuid, gpu_instance, ts").to_arrow_table()
-        (w.root / target).parent.mkdir(parents=True, exist_ok=True)
-        write_parquet(table, w.root / target)
-    else:
-        target = files[0]
-    rows = w.db.sql(ROLLUP_SQL.format(files=_sql_list([str(w.root / target)]))).to_arrow_table()
-    old = w.db.execute("SELECT file FROM rollups WHERE hour = ?", [hour]).fetchone()
-    # late data for an hour of a day already merged into one file: the day is written again with
-    # the hour's new rows, in the same commit (a file never holds rows of an hour mapped elsewhere)
-    day = _rollup_day(w, hour) if old else {}
-    day.pop(hour, None)
-    if old and old[0] in day.values():
-        rows = rows.append_column("rolled_hour", pa.array([hour] * rows.num_rows, pa.timestamp("us")))
-        rollup = _write_rollup_day(w, hour, day, (target, rows))
-    else:
-        day = {}  # the hour's own file: the day's other hours stay where they are
-        (w.root / rollup).parent.mkdir(parents=True, exist_ok=True)
-        write_parquet(rows, w.root / rollup)
+    target = f"samples/date={hour:%Y-%m-%d}/compact-{hour:%H}-{tag}.parquet"
+    table = w.db.sql(f"SELECT * FROM {sample_source(w.db, paths)} ORDER BY host, gpu_uuid, gpu_instance, ts").to_arrow_table()
+    (w.root / target).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table, w.root / target)
     w.db.execute("BEGIN")
     try:
         for f in files:
-            if f != target:
-                w.db.execute("UPDATE batches SET file = ? WHERE file = ?", [target, f])
-                w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
-        _point_rollups(w, [*day, hour], rollup, [*([old[0]] if old else []), *day.values()], now)
+            w.db.execute("UPDATE batches SET file = ? WHERE file = ?", [target, f])
+            w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
         w.db.execute("COMMIT")
     except Exception:
         w.db.execute("ROLLBACK")
         raise
     log.info("compacted %d files of %s into %s", len(files), hour.isoformat(), target)
-
-
-def _point_rollups(w: StoreWriter, hours: list[datetime], rel: str, replaced: list[str], now: datetime) -> None:
-    """In the caller's transaction: the rollup ledger maps `hours` to the file `rel`, and the
-    files it mapped them to before (`replaced`) are retired."""
-    for f in sorted(set(replaced) - {rel}):
-        w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
-    for h in hours:
-        w.db.execute("INSERT OR REPLACE INTO rollups VALUES (?, ?)", [h, rel])
-
-
-def _rollup_day(w: StoreWriter, hour: datetime) -> dict[datetime, str]:
-    """The rollup ledger's hours of the day `hour` falls in, each with its file."""
-    day = hour.replace(hour=0, minute=0, second=0, microsecond=0)
-    return dict(w.db.execute("SELECT hour, file FROM rollups WHERE hour >= ? AND hour < ? ORDER BY hour",
-                             [day, day + timedelta(days=1)]).fetchall())
-
-
-def _write_rollup_day(w: StoreWriter, day: datetime, hours: dict[datetime, str], fresh: tuple[str, pa.Table] | None = None) -> str:
-    """One file of a day's 5-minute rollups (schema.ROLLUP_DAY_SQL): the rows of each of `hours`
-    from its file, and `fresh`'s (an hour rolled up again from the sample file named, with its
-    rolled_hour, in no rollup file yet); its path in the store, named by what it is made of."""
-    by_kind: dict[str, set[str]] = {"hourly": set(), "days": set()}
-    for f in hours.values():
-        by_kind["days" if Path(f).name.startswith(ROLLUP_DAY_PREFIX) else "hourly"].add(str(w.root / f))
-    parts = [ROLLUP_DAY_PARTS[k].format(files=_sql_list(sorted(files))) for k, files in by_kind.items() if files]
-    what = "\n".join(f"{h.isoformat()} {f}" for h, f in sorted(hours.items()))
-    if fresh is not None:
-        parts.append(ROLLUP_DAY_PARTS["fresh"])
-        what += f"\nfresh {fresh[0]}"
-    rel = f"rollup_5m/date={day:%Y-%m-%d}/{ROLLUP_DAY_PREFIX}{hashlib.blake2b(what.encode(), digest_size=6).hexdigest()}.parquet"
-    w.db.register("_rollup_hours", pa.table({"path": [str(w.root / f) for f in hours.values()],
-                                             "hour": pa.array(list(hours), pa.timestamp("us"))}))
-    if fresh is not None:
-        w.db.register("_rollup_fresh", fresh[1])
-    try:
-        table = w.db.sql(ROLLUP_DAY_SQL.format(parts="\nUNION ALL BY NAME\n".join(parts))).to_arrow_table()
-    finally:
-        w.db.unregister("_rollup_hours")
-        if fresh is not None:
-            w.db.unregister("_rollup_fresh")
-    (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(table, w.root / rel)
-    return rel
-
-
-def merge_rollup_days(w: StoreWriter, now: datetime) -> int:
-    """Merge each closed day's hourly rollup files into one (a week's per-GPU mean opens 7 files,
-    not 168); returns days merged. A day is closed once its last hour is (SETTLE after it)."""
-    days = [d for (d,) in w.db.execute(
-        "SELECT date_trunc('day', hour) AS day FROM rollups GROUP BY 1 HAVING count(DISTINCT file) > 1 ORDER BY 1").fetchall()
-        if d + timedelta(days=1) + SETTLE < now]
-    for day in days:
-        hours = _rollup_day(w, day)
-        rel = _write_rollup_day(w, day, hours)
-        w.db.execute("BEGIN")
-        try:
-            _point_rollups(w, list(hours), rel, list(hours.values()), now)
-            w.db.execute("COMMIT")
-        except Exception:
-            w.db.execute("ROLLBACK")
-            raise
-        log.info("merged the 5-minute rollups of %s (%d hours) into %s", f"{day:%Y-%m-%d}", len(hours), rel)
-    return len(days)
 
 
 def settle(w: StoreWriter, now: datetime) -> int:
@@ -598,19 +519,16 @@ def settle(w: StoreWriter, now: datetime) -> int:
     return rows
 
 
-def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: int, summary_days: int = 0,
-                    facts_5m_days: int | None = None, facts_days: int | None = None) -> int:
-    """Retire sample files wholly older than `raw_days` and rollups older than `rollup_days`, and
-    delete job throughput rows older than `rollup_days`; returns files retired + rows deleted +
-    summaries retired (+ facts files retired). The summary of a closed hour whose sample files go is kept (raw_retired)
-    while the hour is younger than `summary_days`, when that is longer than raw_days (0: the
-    summaries go with their samples); it goes then. A summary that cannot stand alone (of an older
-    format: nothing could rebuild it) goes with its samples. Facts: retire_facts (None: kept)."""
-    if facts_5m_days is not None and facts_days is not None:
-        facts_gone = retire_facts(w, now, raw_days, facts_5m_days, facts_days)
-        if facts_gone:
-            w.publish()
-        return facts_gone + apply_retention(w, now, raw_days, rollup_days, summary_days)
+def apply_retention(w: StoreWriter, now: datetime, raw_days: int, summary_days: int = 0, facts_5m_days: int = 35,
+                    facts_days: int = 400) -> int:
+    """Retire sample files wholly older than `raw_days`, the facts as retire_facts has them, and
+    delete job throughput and GPU share rows older than `facts_days` (hourly, kept like the hour
+    facts); returns files retired + rows deleted + summaries retired. The summary of a closed hour
+    whose sample files go is kept (raw_retired) while the hour is younger than `summary_days`,
+    when that is longer than raw_days (0: the summaries go with their samples); it goes then. A
+    summary that cannot stand alone (of an older format: nothing could rebuild it) goes with its
+    samples."""
+    facts_gone = retire_facts(w, now, raw_days, facts_5m_days, facts_days)
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
@@ -626,16 +544,14 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
         elif (not raw_retired(e) and ends >= keep_to and summary_days > raw_days and not e.get("to")
               and e.get("format") == summaries.FORMAT_VERSION and gone.intersection(e["sources"])):
             e["raw_retired"] = now.isoformat()
-    old_rollups = [r[0] for r in w.db.execute(  # a day's merged file goes with its last hour
-        "SELECT file FROM rollups GROUP BY file HAVING max(hour) < ?", [now - timedelta(days=rollup_days)]).fetchall()]
-    reports_cutoff = now - timedelta(days=rollup_days)  # job-reported throughput is hourly: kept like rollups
-    hourly = ("job_throughput", "gpu_job_shares")  # hourly tables (job reports, shared GPUs' split): kept like rollups
+    reports_cutoff = now - timedelta(days=facts_days)
+    hourly = ("job_throughput", "gpu_job_shares")  # hourly tables (job reports, shared GPUs' split): kept like hour facts
     old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE ts < ?", [reports_cutoff]).fetchone()[0] for t in hourly}
     old_reports = sum(old_hourly.values())
-    if not old and not old_rollups and not old_reports:
-        if expired:
+    if not old and not old_reports:
+        if expired or facts_gone:
             w.publish()
-        return expired
+        return expired + facts_gone
     w.db.execute("BEGIN")
     for t in hourly:
         if old_hourly[t]:
@@ -644,15 +560,12 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, rollup_days: i
     for f in old:
         w.db.execute("UPDATE batches SET file = '' WHERE file = ?", [f])
         w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
-    for f in old_rollups:
-        w.db.execute("DELETE FROM rollups WHERE file = ?", [f])
-        w.db.execute("INSERT OR IGNORE INTO retired_files VALUES (?, ?)", [f, now])
     w.db.execute("COMMIT")
     w.invalidate()
     w.publish()
-    log.info("retention: retired %d sample files, %d rollup files and %d summaries, deleted %d job throughput and GPU share rows",
-             len(old), len(old_rollups), expired, old_reports)
-    return len(old) + len(old_rollups) + old_reports + expired
+    log.info("retention: retired %d sample files, %d facts files and %d summaries, deleted %d job throughput and GPU share rows",
+             len(old), facts_gone, expired, old_reports)
+    return len(old) + facts_gone + old_reports + expired
 
 
 def retire_facts(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days: int, facts_days: int) -> int:
@@ -687,62 +600,128 @@ def _overlaps(b: int, length: int, span: tuple[int, int] | None) -> bool:
     return span is None or (b < span[1] and b + length > span[0])
 
 
-def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None,
+                  tasks: TaskRunner | None = None) -> dict[str, int]:
     """`gpufleet collect --rebuild-facts`: build the facts of the settled hours and closed days that
     overlap `span` (None: all) again, whether or not their inputs changed (a file lost or damaged),
-    then publish. An hour without samples left (retention) keeps its facts, and so does a day
-    without 5-minute facts left. Returns how many hour and day files were written."""
-    built = build_facts(w, epoch_us(now), p, None if span is None else (epoch_us(span[0]), epoch_us(span[1])), force=True)
+    then publish. An hour without samples left (retention) keeps its facts, and so does one whose
+    sample holding into it went (build_facts) and a day without 5-minute facts left. Returns
+    build_facts' counts. `tasks`: where the hours are built, as there."""
+    built = build_facts(w, epoch_us(now), p, None if span is None else (epoch_us(span[0]), epoch_us(span[1])), force=True, tasks=tasks)
     w.publish()
     return built
 
 
-def _write_facts(w: StoreWriter, rel: str, parts: pa.Table, tag: str) -> None:
+def _write_facts(root: Path, rel: str, parts: pa.Table, tag: str) -> None:
     table = parts.append_column("tag", pa.array([tag] * parts.num_rows, pa.string()))
-    (w.root / rel).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(table.cast(facts.FILE_SCHEMA), w.root / rel)
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(table.cast(facts.FILE_SCHEMA), root / rel)
 
 
 def _iso(us: int) -> str:
     return from_epoch_us(us).isoformat()
 
 
+@dataclass
+class FactsTask:
+    """One settled hour's 5-minute facts (build_facts): from its sample files (`sources`, those of
+    its head among them) and the allocations holding its GPUs in it (`hold`, set when its day's
+    turn comes), to `rel`. Runs anywhere that sees the store's directory (a Dask worker)."""
+
+    root: str
+    hour_us: int
+    sources: tuple[str, ...]
+    head: tuple[str, ...]
+    params: facts.FactParams
+    tag: str
+    inputs: str
+    rel: str
+    hold: pa.Table | None = None
+
+    def label(self) -> str:
+        return f"facts {_iso(self.hour_us)}"
+
+
+def build_fact_hour(task: FactsTask) -> str:
+    """The hour's facts file, written atomically to task.rel; one DuckDB thread, as the writer's
+    own connection: the same bytes wherever it runs. Module-level: Dask sends it by name."""
+    h = task.hour_us
+    con = duckdb.connect(":memory:", config={"threads": 1})
+    try:
+        q = facts.samples_query(sample_source(con, [str(Path(task.root) / f) for f in task.sources]))
+        samples = con.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": task.params.gap_us}).to_arrow_table()
+    finally:
+        con.close()
+    _write_facts(Path(task.root), task.rel, facts.build_parts(samples, task.hold, h, h + facts.HOUR_US, task.params), task.tag)
+    return task.rel
+
+
+def _holds_in(hold: pa.Table, h: int) -> pa.Table:
+    """The holds (facts.HOLDS' rows) overlapping the hour starting at h (epoch us)."""
+    return hold.filter(pc.and_(pc.greater(hold["a1"], h), pc.less(hold["a0"], h + facts.HOUR_US)))
+
+
 def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[int, int] | None = None,
-                force: bool = False) -> dict[str, int]:
+                force: bool = False, limit: int | None = None, tasks: TaskRunner | None = None) -> dict[str, int]:
     """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
-    in it, the parameters) changed since its file was written, and of every closed day whose
-    hours' files changed: exactly the touched buckets and their coarser parents. Returns how
-    many hour and day files were (re)written; the caller publishes. Run twice, it writes nothing.
-    `span` (epoch us, [from, to)): only the hours and days that overlap it; `force`: those whose
-    inputs did not change too."""
+    in it, the parameters, the format) changed since its file was written, and of every closed
+    day whose hours' files changed: exactly the touched buckets and their coarser parents. Returns
+    how many hour and day files were (re)written ("hours", "days") and how many are left for the
+    next passes ("hours_left", "days_left"; also kept as w.facts_backlog); the caller publishes.
+    Run twice, it writes nothing. `span` (epoch us, [from, to)): only the hours and days that
+    overlap it; `force`: those whose inputs did not change too; `limit`: at most that many hours,
+    newest first (a store without facts has every hour it keeps to build, under the writer's
+    lock), and no day until all its hours are current. The hours are FactsTasks, run by `tasks` (a
+    Dask scheduler) when there are at least DASK_MIN_HOURS of them, else here: the same bytes.
+
+    An hour is keyed on the files holding its own samples; the files whose samples end within
+    max_gap before it (the sample holding into it: its "head") are read too, and a new one there
+    (late data, compaction) rebuilds it, but one that only went (raw retention) does not - not
+    even with `force`: built again without the sample that held into it, the hour would lose up
+    to max_gap seconds at its start."""
     tag = p.tag()
     gap = p.gap_us
     files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
                          "WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file").fetchall()
-    hours: dict[int, list[str]] = {}
+    own: dict[int, list[str]] = {}
+    head: dict[int, list[str]] = {}
     for f, lo, hi in files:
         h = (lo - (lo % facts.HOUR_US))
         while h <= hi + gap:
             if lo < h + facts.HOUR_US and hi >= h - gap:  # its samples in [h - max_gap, h + 1 h)
-                hours.setdefault(h, []).append(f)
+                (own if hi >= h else head).setdefault(h, []).append(f)
             h += facts.HOUR_US
-    built = {"hours": 0, "days": 0}
-    settled = sorted(h for h in hours if h + facts.HOUR_US + _SETTLE_US + gap <= now_us and _overlaps(h, facts.HOUR_US, span))
+    built = {"hours": 0, "days": 0, "hours_left": 0, "days_left": 0}
+    settled = sorted((h for h in own.keys() | head.keys() if h + facts.HOUR_US + _SETTLE_US + gap <= now_us
+                      and _overlaps(h, facts.HOUR_US, span)), reverse=True)
     if settled:
-        hold = facts.holds(w.db, settled[0], settled[-1] + facts.HOUR_US, p)
+        hold = facts.holds(w.db, settled[-1], settled[0] + facts.HOUR_US, p)
+    pending: set[int] = set()  # hours due and not built by this pass (limit)
+    todo: dict[int, list[FactsTask]] = {}  # day -> its hours' tasks
     for h in settled:
         key = f"5m/{_iso(h)}"
-        inputs = _facts_digest(sorted(hours[h]), facts.holds_digest(hold, h, h + facts.HOUR_US), tag)
+        inputs = _facts_digest(sorted(own.get(h, [])), facts.holds_digest(hold, h, h + facts.HOUR_US), tag)
+        before = sorted(head.get(h, []))
         old = w.facts.get(key)
-        if not force and old is not None and old["inputs"] == inputs:
+        current = old is not None and old["inputs"] == inputs and old.get("format") == facts.FORMAT_VERSION
+        if current and (not force or set(before) < set(old.get("head", []))) and set(before) <= set(old.get("head", [])):
             continue
-        q = facts.samples_query(sample_source(w.db, [str(w.root / f) for f in sorted(hours[h])]))
-        samples = w.db.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": gap}).to_arrow_table()
-        parts = facts.build_parts(samples, hold, h, h + facts.HOUR_US, p)
-        rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{inputs}.parquet"
-        _write_facts(w, rel, parts, tag)
-        w.put_facts(key, {"grain": "5m", "bucket": _iso(h), "file": rel, "inputs": inputs, "tag": tag, "format": facts.FORMAT_VERSION})
+        if limit is not None and built["hours"] >= limit:
+            pending.add(h - h % facts.DAY_US)
+            built["hours_left"] += 1
+            continue
+        rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-{_facts_digest(inputs, before)}.parquet"
+        todo.setdefault(h - h % facts.DAY_US, []).append(
+            FactsTask(str(w.root), h, tuple(sorted({*own.get(h, []), *before})), tuple(before), p, tag, inputs, rel))
         built["hours"] += 1
+    runner = replace(summary_runner(tasks, built["hours"]), name="facts")
+    for day, work in todo.items():  # a day's tasks at a time: each carries its hour's holds
+        for task in work:
+            task.hold = _holds_in(hold, task.hour_us)
+        for task, rel in zip(work, runner.map(build_fact_hour, work, label=FactsTask.label)):
+            w.put_facts(f"5m/{_iso(task.hour_us)}", {"grain": "5m", "bucket": _iso(task.hour_us), "file": rel, "inputs": task.inputs,
+                                                     "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
+            task.hold = None  # (a rebuild of the whole store holds a day's at a time)
     days: dict[int, list[str]] = {}
     for key, e in w.facts.items():
         if e["grain"] == "5m" and e["tag"] == tag:
@@ -754,13 +733,20 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         key = f"day/{_iso(d)[:10]}"
         inputs = _facts_digest(sorted(fs), tag)
         old = w.facts.get(key)
-        if not force and old is not None and old["inputs"] == inputs:
+        if not force and old is not None and old["inputs"] == inputs and old.get("format") == facts.FORMAT_VERSION:
+            continue
+        if d in pending:  # built from all its hours, once they are current
+            built["days_left"] += 1
             continue
         fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false)").to_arrow_table()
         hourly = facts.join_parts(fine.cast(facts.SCHEMA), facts.GRAIN_1H, p)
         daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
         rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
-        _write_facts(w, rel, pa.concat_tables([hourly, daily]), tag)
+        _write_facts(w.root, rel, pa.concat_tables([hourly, daily]), tag)
         w.put_facts(key, {"grain": "day", "bucket": _iso(d), "file": rel, "inputs": inputs, "tag": tag, "format": facts.FORMAT_VERSION})
         built["days"] += 1
+    w.facts_backlog = {"hours": built["hours_left"], "days": built["days_left"]}
+    if built["hours"] or built["days"] or built["hours_left"]:
+        log.info("facts: built %d hours of 5-minute facts and %d days of hour and day facts; %d hours and %d days left for the next passes",
+                 built["hours"], built["days"], built["hours_left"], built["days_left"])
     return built

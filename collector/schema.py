@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 @dataclass(frozen=True)
@@ -377,6 +377,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # 8: the per-job split of shared GPUs (GPU_JOB_SHARES_DDL); a store migrated from 7 never kept
     # it, so shares before the upgrade are unknown (no rows), not 0
     8: (GPU_JOB_SHARES_DDL,),
+    # 9: the 5-minute rollups retired (issue #52: the facts' 5-minute grain replaces them): their
+    # files retired ($now: the writer's clock; deleted after the grace period, as a reader may hold
+    # an older manifest), their ledger dropped
+    9: ("INSERT OR IGNORE INTO retired_files SELECT DISTINCT file, $now FROM rollups", "DROP TABLE rollups"),
 }
 
 # Where a job's GPU count came from, by authority: a known count is never replaced by an
@@ -402,43 +406,6 @@ JOB_COLUMNS = (
     "start", "end", "state", "state_raw", "exit_code", "gpus", "gpu_type", "node_count", "nodes",
     "alloc_tres", "source", "updated_at", "gpus_source",
 )
-
-# The 5-minute rollup, one definition for compaction (which writes it) and readers (which describe it).
-# {source}: a table expression of samples (read_parquet([...]) at compaction, gpu_samples in a reader)
-ROLLUP_SELECT = """
-SELECT time_bucket(INTERVAL 5 MINUTE, ts) AS bucket, cluster, host, gpu, gpu_uuid, gpu_instance,
-       any_value(mig_profile) AS mig_profile, any_value(model) AS model, source,
-       count(*) AS samples, count(gpu_util) AS gpu_util_samples,  -- MIG rows and blanks have no gpu_util
-       avg(gpu_util) AS gpu_util_avg, max(gpu_util) AS gpu_util_max,
-       max(fb_used_mib) AS fb_used_mib_max, avg(power_w) AS power_w_avg,
-       max(gpu_temp_c) AS gpu_temp_c_max, max(mem_temp_c) AS mem_temp_c_max,
-       avg(tensor_active) AS tensor_active_avg, avg(gr_engine_active) AS gr_engine_active_avg,
-       max(compute_processes) AS compute_processes_max, min(gpu_up) AS gpu_up_min,
-       max(xid_last) AS xid_last_max
-FROM {source}
-GROUP BY ALL
-ORDER BY host, gpu_uuid, gpu_instance, bucket
-"""
-ROLLUP_SQL = ROLLUP_SELECT.replace("{source}", "read_parquet({files})")
-
-# A day's 5-minute rollups in one file: compaction merges a closed day's rollup files, so a week is
-# 7 files to open, not 168 (opening them was most of a weekly per-GPU mean). A rollup file is of
-# one compacted hour of the ledger (the hour of its batches' first samples: a batch spanning hours
-# has rows of later buckets too), so a day file keeps each row's ledger hour (rolled_hour, not in
-# the view) and a row is kept while the ledger (_rollup_hours: path, hour) maps its hour to its
-# file: an hour rolled up again (late data) leaves its old rows behind. The parts, UNION ALL BY
-# NAME'd: hourly files (the ledger's hour by file name), day files, an hour's fresh rows
-# (_rollup_fresh). union_by_name: files from before a column was added read it as NULL.
-ROLLUP_DAY_PARTS = {
-    "hourly": """SELECT r.* EXCLUDE (filename), m.hour AS rolled_hour
-                 FROM read_parquet({files}, union_by_name = true, filename = true) r JOIN _rollup_hours m ON r.filename = m.path""",
-    "days": """SELECT r.* EXCLUDE (filename) FROM read_parquet({files}, union_by_name = true, filename = true) r
-               SEMI JOIN _rollup_hours m ON r.filename = m.path AND r.rolled_hour = m.hour""",
-    "fresh": "SELECT * FROM _rollup_fresh",
-}
-ROLLUP_DAY_SQL = "SELECT * FROM ({parts}) ORDER BY host, gpu_uuid, gpu_instance, bucket"
-ROLLUP_DAY_PREFIX = "day-"  # a day file's name; the hourly ones start with hour-
-
 
 @dataclass(frozen=True)
 class Unrecognized:

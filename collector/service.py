@@ -58,6 +58,14 @@ class CollectorMetrics:
             "summaries_only: hours whose raw samples retention retired, kept as summaries ([collector.retention] "
             "summary_days): a bucket of them a window edge cuts has no data.",
             ["state"], registry=r)
+        self.facts = Gauge(
+            "gpufleet_collect_facts",
+            "The store's facts (its one derived tier): files listed (state=listed; grain=hour: an hour's 5-minute facts, "
+            "grain=day: a day's hour and day facts) and those upkeep's last pass left to build (state=awaiting_build: a "
+            "store from before the facts, or after a parameter change, gets them over its next passes, newest hours "
+            "first, a day once all its hours are; `gpufleet collect --rebuild-facts` builds them all at once). Their "
+            "windows are read from the raw samples meanwhile: the same figures, slower.",
+            ["grain", "state"], registry=r)
         self.job_gpus_fallback = Gauge(
             "gpufleet_collect_jobs_gpus_fallback",
             "Slurm jobs whose GPU count did not come from accounting: gpus_source=slurmctld or job_map (ended jobs: "
@@ -298,9 +306,8 @@ class Collector:
             self.writer.publish()
         return n
 
-    def maintain(self, raw_days: int, rollup_days: int, summary_days: int = 0, facts_5m_days: int | None = None,
-                 facts_days: int | None = None) -> None:
-        """Compaction, rollups, settling and retention; holds the commit lock (one writer). Never raises."""
+    def maintain(self, raw_days: int, summary_days: int = 0, facts_5m_days: int = 35, facts_days: int = 400) -> None:
+        """Compaction, summaries, facts, settling and retention; holds the commit lock (one writer). Never raises."""
         from gpufleet.collector.maintenance import apply_retention, compact, settle
 
         t0 = time.monotonic()
@@ -309,7 +316,7 @@ class Collector:
                 now = self.clock()
                 compact(self.writer, now, self.summary_params, self.tasks, self.rebuild_gpu_shards)
                 settle(self.writer, now)
-                apply_retention(self.writer, now, raw_days, rollup_days, summary_days, facts_5m_days, facts_days)
+                apply_retention(self.writer, now, raw_days, summary_days, facts_5m_days, facts_days)
             ok = True
         except Exception:  # noqa: BLE001 - upkeep failing must not stop collection
             log.exception("store maintenance failed")
@@ -317,6 +324,7 @@ class Collector:
         self.metrics.duration.labels("maintenance").set(time.monotonic() - t0)
         self.metrics.success.labels("maintenance").set(1 if ok else 0)
         self.count_summaries()
+        self.count_facts()
         self.count_job_gpu_sources()  # the job mapping fills GPU counts between job reads
 
     def count_job_gpu_sources(self) -> None:
@@ -335,6 +343,16 @@ class Collector:
         for state, hours in backlog.items():
             self.metrics.summary_hours.labels(state).set(hours)
 
+    def count_facts(self) -> None:
+        """gpufleet_collect_facts from the writer's facts and what upkeep left of them."""
+        with self._commit_lock:
+            listed = {"hour": sum(e["grain"] == "5m" for e in self.writer.facts.values()),
+                      "day": sum(e["grain"] == "day" for e in self.writer.facts.values())}
+            left = {"hour": self.writer.facts_backlog.get("hours", 0), "day": self.writer.facts_backlog.get("days", 0)}
+        for grain in ("hour", "day"):
+            self.metrics.facts.labels(grain, "listed").set(listed[grain])
+            self.metrics.facts.labels(grain, "awaiting_build").set(left[grain])
+
     def rebuild_summaries(self, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
         """Compact what is due and (re)build every summary that is missing or stale (other
         parameters, samples changed), and every health summary: `gpufleet collect --rebuild-summaries`. Returns (hours
@@ -344,7 +362,7 @@ class Collector:
         with self._commit_lock:
             before = {h: e["file"] for h, e in self.writer.summaries.items()}
             compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress,
-                    health_hours=None, coarse_hours=None)  # publishes; every health summary and hour's joined segments too
+                    health_hours=None, coarse_hours=None, facts_hours=None)  # publishes; every health summary, hour's joined segments and facts too
             now = {h: e["file"] for h, e in self.writer.summaries.items()}
         return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
 
@@ -352,19 +370,15 @@ class Collector:
         """Compact what is due, then build the facts of the hours and days overlapping `span`
         (None: all) again from the samples, with the summaries' parameters: `gpufleet collect
         --rebuild-facts`. Returns how many hour and day files were written."""
-        from gpufleet.collector.facts import FactParams
-        from gpufleet.collector.maintenance import compact_hours, rebuild_facts
+        from gpufleet.collector.maintenance import compact_hours, fact_params, rebuild_facts
 
-        sp = self.summary_params
         with self._commit_lock:
             now = self.clock()
             compact_hours(self.writer, now)
-            return rebuild_facts(self.writer, now, FactParams(max_gap_s=sp.max_gap_s, idle_threshold=sp.idle_threshold,
-                                                              idle_min_s=sp.keep_s), span)
+            return rebuild_facts(self.writer, now, fact_params(self.summary_params), span, self.tasks)
 
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
-              raw_days: int = 35, rollup_days: int = 400, summary_days: int = 0, facts_5m_days: int | None = None,
-              facts_days: int | None = None, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
+              raw_days: int = 35, summary_days: int = 0, facts_5m_days: int = 35, facts_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
         """Run every source on its schedule, store upkeep every `maintenance_interval` seconds, and
         each of `extra_jobs` (a callable add(scheduler, collector) that adds its own job, e.g. the
         weekly report, the idle-GPU policy), until `stop`."""
@@ -388,7 +402,7 @@ class Collector:
                 next_run_time=datetime.now(timezone.utc),
             )
         if maintenance_interval:
-            scheduler.add_job(self.maintain, "interval", args=[raw_days, rollup_days, summary_days, facts_5m_days, facts_days], seconds=maintenance_interval,
+            scheduler.add_job(self.maintain, "interval", args=[raw_days, summary_days, facts_5m_days, facts_days], seconds=maintenance_interval,
                               id="maintenance", max_instances=1, coalesce=True, misfire_grace_time=int(maintenance_interval))
         for add in extra_jobs:
             add(scheduler, self)

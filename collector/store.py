@@ -211,7 +211,6 @@ class StoreWriter:
         # What publish() lists, kept in memory so a publish costs the same on day 1 and day 300
         # (None: read from the ledger at the next publish; see invalidate()).
         self._sample_files: set[str] | None = None
-        self._rollup_files: list[str] | None = None
         self._cleanup_due: datetime | None = None  # when a retired file next passes its grace period
         # Table snapshots replaced by a publish, with when: deleted after the grace period. Kept in
         # memory (not in retired_files) because a publish replaces them every round; after a crash
@@ -236,6 +235,9 @@ class StoreWriter:
         self.facts: dict[str, dict[str, Any]] = {
             f"{e['grain']}/{e['bucket'] if e['grain'] == '5m' else e['bucket'][:10]}": e for e in previous.get("facts", [])
             if isinstance(e, dict) and {"grain", "bucket", "file", "inputs", "tag"} <= set(e)}
+        # What the last upkeep pass left of the facts to build (maintenance.build_facts: "hours",
+        # "days"), for gpufleet_collect_facts_awaiting_build; empty before the first pass
+        self.facts_backlog: dict[str, int] = {}
         self._remove_uncommitted_files()
         self._check_summaries()
         self._sweep_snapshots(previous)
@@ -253,7 +255,7 @@ class StoreWriter:
         for version in sorted(v for v in schema.MIGRATIONS if v > current):
             self.db.execute("BEGIN")
             for stmt in schema.MIGRATIONS[version]:
-                self.db.execute(stmt)
+                self.db.execute(stmt, {"now": self.clock()} if "$now" in stmt else None)
             self.db.execute("INSERT INTO schema_version VALUES (?, ?)", [version, self.clock()])
             self.db.execute("COMMIT")
             log.info("store %s migrated to schema version %d", self.root, version)
@@ -265,8 +267,8 @@ class StoreWriter:
 
     def _remove_uncommitted_files(self) -> None:
         known = {r[0] for r in self.db.execute(
-            "SELECT file FROM batches UNION SELECT file FROM retired_files UNION SELECT file FROM rollups").fetchall()}
-        for top in ("samples", "rollup_5m"):
+            "SELECT file FROM batches UNION SELECT file FROM retired_files").fetchall()}
+        for top in ("samples", "rollup_5m"):  # (rollup_5m: a retired tier, schema.MIGRATIONS[9]: only leftovers there now)
             for path in (self.root / top).rglob("*"):
                 if path.is_file() and str(path.relative_to(self.root)) not in known:
                     log.warning("removing %s: left by work that was not committed", path.relative_to(self.root))
@@ -891,10 +893,9 @@ class StoreWriter:
             self.db.execute("SET threads = 1")
 
     def invalidate(self) -> None:
-        """Forget what the writer caches of the ledger, rollups and retired files: call after
+        """Forget what the writer caches of the ledger and retired files: call after
         changing those tables directly (compaction and retention do), before publish()."""
         self._sample_files = None
-        self._rollup_files = None
         self._segments = None
         self._cleanup_due = None
         self._mirrors.clear()
@@ -927,14 +928,11 @@ class StoreWriter:
         self._dirty_tables.clear()
         if self._sample_files is None:
             self._sample_files = {r[0] for r in self.db.execute("SELECT DISTINCT file FROM batches WHERE file <> ''").fetchall()}
-        if self._rollup_files is None:
-            self._rollup_files = [r[0] for r in self.db.execute("SELECT file FROM rollups GROUP BY file ORDER BY min(hour)").fetchall()]
         manifest = {
             "version": seq,
             "schema_version": self._schema_version,
             "published_at": self.clock().isoformat(),
             "samples": sorted(self._sample_files),
-            "rollup_5m": self._rollup_files,
             "tables": self._tables,
             "summaries": sorted(self.summaries.values(), key=itemgetter("hour")),
             "health_days": sorted(self.health_days.values(), key=itemgetter("day")),
@@ -1255,7 +1253,8 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with views over the store's current manifest (the union of its shards'
     when sharded): never locks a writer.
 
-    Views: gpu_samples, gpu_rollup_5m, jobs, allocations, gpus. An empty store, or one whose
+    Views: gpu_samples, jobs, allocations, gpus, the facts' (fact_parts, fact_files) and the
+    summaries'. An empty store, or one whose
     first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
     parts = read_manifests(root)
@@ -1265,18 +1264,6 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files)}")
     else:
         _empty_table(con, "gpu_samples", schema.SAMPLE_SCHEMA)
-    rollups = [str(d / f) for d, m in parts for f in m.get("rollup_5m", [])]
-    want = con.execute(f"DESCRIBE {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0").fetchall()
-    if rollups:
-        # files written before a column was added read it as NULL (union_by_name, or added here
-        # when no file has it yet)
-        source = f"read_parquet({_sql_list(rollups)}, union_by_name = true)"
-        # (and a day file's rolled_hour, the compaction's bookkeeping, is left out)
-        have = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        columns = ", ".join(f'"{r[0]}"' if r[0] in have else f'NULL::{r[1]} AS "{r[0]}"' for r in want)
-        con.execute(f"CREATE VIEW gpu_rollup_5m AS SELECT {columns} FROM {source}")
-    else:
-        con.execute(f"CREATE TABLE gpu_rollup_5m AS {schema.ROLLUP_SELECT.format(source='gpu_samples')} LIMIT 0")
     _summary_views(con, parts)
     _fact_views(con, parts)
     for name, ddl in schema.TABLES.items():

@@ -176,7 +176,7 @@ SLOW = (
     "tests/test_shard.py::test_the_shards_read_as_one_store_holding_every_batch",
     "tests/test_policy_actions.py::test_store_plan_acts_only_on_all_idle_jobs_with_the_samples_idle_time",
     "tests/test_dashboard_read.py", "tests/test_dashboard_browser.py",  # real components: listed to start first
-    "tests/test_rollup_days.py::test_rollups_equal_the_rollup_of_the_samples_whatever_the_order",
+    "tests/test_facts_upkeep.py::test_facts_are_a_fresh_builds_whatever_the_order_samples_land_and_upkeep_runs_in",
     "tests/test_health_summaries.py::test_health_summaries_rebuilt_after_late_data_are_a_fresh_build",
     "tests/test_summaries_outlive_samples.py::test_figures_of_hours_kept_as_summaries_add_up_and_keep_their_whole_buckets",
 )

@@ -90,7 +90,10 @@ def test_backfill_stores_every_scrape_of_the_week(fleet, store):
     assert rows == (7_094_400, fleet.start, fleet.now - timedelta(seconds=STEP_S))
     lost = con.execute("SELECT min(ts) FROM gpu_samples WHERE gpu_up = 0").fetchone()[0]
     assert lost == fleet.lost_at
-    assert con.execute("SELECT count(*) FROM gpu_rollup_5m").fetchone()[0] > 0  # compaction ran
+    # upkeep ran: the facts of every settled hour (and of each closed day) are there, none left to build
+    settled = (fleet.now - timedelta(minutes=5, seconds=30)).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    hours = con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 300").fetchone()[0]
+    assert hours == (settled - fleet.start.replace(minute=0, second=0, microsecond=0)) // timedelta(hours=1) + 1
 
 
 def test_backfill_twice_stores_nothing_new(fleet, store, tmp_path):

@@ -38,6 +38,7 @@ from gpufleet.times import epoch_us
 
 A100 = "NVIDIA A100-SXM4-80GB"
 DAY = 86400
+NOTHING = {"hours": 0, "days": 0, "hours_left": 0, "days_left": 0}  # build_facts' counts when it writes nothing
 FACT_SETTINGS = settings(SETTINGS, max_examples=30, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])  # (no shrinking: minutes per failure)
 
 
@@ -56,7 +57,7 @@ def store(root, fleet, how=(2, True), upkeep_at: int | None = None):
     for batch in split(fleet, *how):
         w.commit(batch)
     if upkeep_at is not None:
-        compact(w, at(upkeep_at), summary_params(fleet), with_facts=True)
+        compact(w, at(upkeep_at), summary_params(fleet), facts_hours=None)
     w.publish()
     w.close()
 
@@ -208,7 +209,7 @@ def test_upkeep_run_twice_writes_no_new_byte(fleet):
         before = _snapshot(tmp)
         listed = json.loads((Path(tmp) / "manifest.json").read_text())["facts"]
         w = StoreWriter(tmp)
-        assert build_facts(w, epoch_us(at(2 * DAY)), cf.FactParams(max_gap_s=MAX_GAP, idle_min_s=fleet["idle_min"])) == {"hours": 0, "days": 0}
+        assert build_facts(w, epoch_us(at(2 * DAY)), cf.FactParams(max_gap_s=MAX_GAP, idle_min_s=fleet["idle_min"])) == NOTHING
         w.publish()
         w.close()
         assert _snapshot(tmp) == before
@@ -235,7 +236,7 @@ def test_late_data_rebuilds_exactly_its_hour_and_day(tmp_path):
     # readers no longer see the facts it touches (unlisted at the next publish) ...
     assert set(before) - set(w.facts) == {"5m/" + at(3600).isoformat(), "day/" + at(0).isoformat()[:10]}
     # ... until upkeep writes them again
-    assert build_facts(w, epoch_us(at(2 * DAY)), fp) == {"hours": 1, "days": 1}
+    assert build_facts(w, epoch_us(at(2 * DAY)), fp) == {**NOTHING, "hours": 1, "days": 1}
     changed = {k for k in w.facts if w.facts[k] != before[k]}
     assert changed == {"5m/" + at(3600).isoformat(), "day/" + at(0).isoformat()[:10]}
     # an allocation learnt late, ending in the third hour: that hour (the others' edges are unchanged) and the day
@@ -243,7 +244,7 @@ def test_late_data_rebuilds_exactly_its_hour_and_day(tmp_path):
                                           "gpus": 1, "held": [1]}]})[-1]
     w.commit(type(jobs)(key="late-jobs", jobs=jobs.jobs, allocations=jobs.allocations))
     before = dict(w.facts)
-    assert build_facts(w, epoch_us(at(2 * DAY)), fp) == {"hours": 1, "days": 1}
+    assert build_facts(w, epoch_us(at(2 * DAY)), fp) == {**NOTHING, "hours": 1, "days": 1}
     assert {k for k in w.facts if w.facts[k] != before[k]} == {"5m/" + at(7200).isoformat(), "day/" + at(0).isoformat()[:10]}
     w.publish()
     w.close()

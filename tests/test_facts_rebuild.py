@@ -11,7 +11,7 @@ from test_analytics_summaries import split
 from test_facts import from_facts as figures_from_facts
 from test_facts import mismatches, oracle, params, summary_params
 
-from gpufleet.collector.maintenance import compact
+from gpufleet.collector.maintenance import compact, compact_hours
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.collect import run_collect
 
@@ -23,10 +23,15 @@ FLEET = {"gpus": [{"gpu": g, "host": "h0", "uuid": f"GPU-prop-{g}", "samples": [
 
 
 def store(root: Path, with_facts: bool) -> None:
+    """The fleet's store after an upkeep pass at FLEET["now"]; without facts: compacted only, as
+    a store from before the facts was."""
     w = StoreWriter(root)
     for b in split(FLEET, 1, False):
         w.commit(b)
-    compact(w, at(FLEET["now"]), summary_params(FLEET), with_facts=with_facts)
+    if with_facts:
+        compact(w, at(FLEET["now"]), summary_params(FLEET), facts_hours=None)
+    else:
+        compact_hours(w, at(FLEET["now"]))
     w.publish()
     w.close()
 

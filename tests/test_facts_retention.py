@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from test_analytics_properties import MAX_GAP, at
-from test_facts import params, store
+from test_facts import NOTHING, params, store
 
 from gpufleet.analytics.facts import FactWindow
 from gpufleet.collector import facts as cf
@@ -45,14 +45,14 @@ def test_retention_retires_whole_days_of_each_grain_and_upkeep_leaves_them_retir
     assert kept(w) == {"5m": set(days), "day": set(days)}
     now = at(4 * DAY + 12 * 3600)
     # raw samples kept longer than the 5-minute facts would be: those stay (upkeep would build them again)
-    assert apply_retention(w, now, raw_days=400, rollup_days=400, facts_5m_days=1, facts_days=2) == 0
+    assert apply_retention(w, now, raw_days=400, facts_5m_days=1, facts_days=2) == 0
     assert kept(w) == {"5m": set(days), "day": set(days)}
     # raw samples 1 day: days that ended 1 day before now lose their 5-minute facts, 2 days before their day facts too
-    retired = apply_retention(w, now, raw_days=1, rollup_days=400, facts_5m_days=1, facts_days=2)
+    retired = apply_retention(w, now, raw_days=1, facts_5m_days=1, facts_days=2)
     assert kept(w) == {"5m": set(days[3:]), "day": set(days[2:])}
     assert retired >= 3 * 24 + 2  # the 5-minute facts of 3 days (24 hours each), 2 day files, and sample files
     # upkeep finds nothing to build: no sample file, no hour of a retired day
-    assert build_facts(w, epoch_us(now), fp) == {"hours": 0, "days": 0}
+    assert build_facts(w, epoch_us(now), fp) == NOTHING
     assert kept(w) == {"5m": set(days[3:]), "day": set(days[2:])}
     # nor a rebuild of the whole store: a day with neither samples nor 5-minute facts left keeps its day facts
     assert rebuild_facts(w, now, fp)["days"] == 1  # (the last day's, from its 5-minute facts)
@@ -73,6 +73,6 @@ def test_hour_and_day_facts_outlive_the_five_minute_ones_they_are_built_from(tmp
     store(tmp_path, fleet(2), (1, False), 3 * DAY)
     w = StoreWriter(tmp_path)
     now = at(2 * DAY + 3600) + timedelta(days=3)
-    assert apply_retention(w, now, raw_days=400, rollup_days=400, facts_5m_days=400, facts_days=1) == 0
+    assert apply_retention(w, now, raw_days=400, facts_5m_days=400, facts_days=1) == 0
     assert len(kept(w)["day"]) == 2
     w.close()

@@ -171,41 +171,34 @@ def test_samples_are_plain_parquet_another_engine_reads(tmp_path):
     assert table.to_pydict() == {"date": ["2026-11-16", "2026-11-17"], "gpu_util": [5.0, 6.0]}
 
 
-def test_rollup_view_exists_before_the_first_compaction(tmp_path):
-    """Dashboards and reports may query gpu_rollup_5m on a store whose first hour is still open:
-    empty, with the columns compaction will give it, not "table does not exist"."""
+def test_fact_views_exist_before_the_first_upkeep(tmp_path):
+    """Readers may query the facts on a store whose first hour is still open: empty, with the
+    columns upkeep will give them, not "table does not exist"."""
     w = StoreWriter(tmp_path)
     w.commit(Batch(key="x", samples=samples([T0], [5])))
     w.publish()
     con = open_reader(tmp_path)
-    assert con.execute("SELECT count(*) FROM gpu_rollup_5m").fetchone() == (0,)
-    cols = [r[0] for r in con.execute("DESCRIBE gpu_rollup_5m").fetchall()]
-    assert cols[:3] == ["bucket", "cluster", "host"] and "gpu_util_avg" in cols and "xid_last_max" in cols
+    assert con.execute("SELECT count(*) FROM fact_parts").fetchone() == (0,) == con.execute("SELECT count(*) FROM fact_files").fetchone()
+    cols = [r[0] for r in con.execute("DESCRIBE fact_parts").fetchall()]
+    assert "data_s" in cols and "busy_s" in cols and "samples_n" in cols
 
 
-def test_rollup_counts_the_samples_that_have_utilization(tmp_path):
-    """A blank gpu_util (dcgm-exporter's sentinel, a MIG row) is no sample of utilization: the
-    rollup's count-weighted mean must equal the mean of the samples that have one."""
+def test_facts_count_the_time_that_has_utilization(tmp_path):
+    """A blank gpu_util (dcgm-exporter's sentinel, a MIG row) is no utilization: the facts' busy
+    over data seconds is the time-weighted mean of the samples that have one."""
     from gpufleet.collector.maintenance import compact
 
     t = datetime(2026, 11, 16, 10, 0, 0)
     w = StoreWriter(tmp_path, clock=lambda: t)
-    # one 5-minute bucket: utils 10, blank, 40, blank -> samples 4, with utilization 2, mean (10 + 40) / 2 = 25
+    # one 5-minute bucket: utils 10, blank, 40, blank 15 s apart (the last holds max_gap, 30 s)
     w.commit(Batch(key="r", samples=samples([t + timedelta(seconds=15 * i) for i in range(4)], [10.0, None, 40.0, None])))
     compact(w, now=t + timedelta(hours=1, minutes=6))
-    row = open_reader(tmp_path).execute("SELECT samples, gpu_util_samples, gpu_util_avg FROM gpu_rollup_5m").fetchall()
-    assert row == [(4, 2, 25.0)]
-    # so sum(avg x gpu_util_samples) / sum(gpu_util_samples) = (25 x 2) / 2 = 25, the samples' mean; with
-    # `samples` as the weight it would be the same here only by luck of a single bucket
-    # a rollup file written before gpu_util_samples existed reads it as NULL, not as an error
-    import pyarrow.parquet as pq
-
-    (rel,) = json.loads((tmp_path / "manifest.json").read_text())["rollup_5m"]
-    pq.write_table(pq.read_table(tmp_path / rel).drop(["gpu_util_samples"]), tmp_path / rel)
-    assert open_reader(tmp_path).execute("SELECT samples, gpu_util_samples FROM gpu_rollup_5m").fetchall() == [(4, None)]
+    row = open_reader(tmp_path).execute(
+        "SELECT sum(samples_n), sum(covered_s), sum(data_s), sum(busy_s) FROM fact_parts WHERE lead AND samples_n > 0").fetchall()
+    assert row == [(4, 75.0, 30.0, 7.5)]  # utilization 7.5 / 30 = 25 %: (10 + 40) / 2, each held 15 s
 
 
-def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
+def test_compaction_merges_closed_hours_and_writes_their_facts(tmp_path):
     from gpufleet.collector.maintenance import compact
 
     t = datetime(2026, 11, 16, 10, 0, 0)
@@ -224,9 +217,9 @@ def test_compaction_merges_closed_hours_and_rolls_them_up(tmp_path):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len([f for f in manifest["samples"] if "compact-10" in f]) == 1
     assert len(manifest["samples"]) == 2  # the compacted 10:00 hour and the open 11:00 round
-    # 10:00 bucket: rounds 0-3 (utils 0, 10, 20, 30) -> mean 15; 10:05 bucket: 40..70 -> mean 55
-    rows = after.execute("SELECT bucket, samples, gpu_util_avg, gpu_util_max FROM gpu_rollup_5m ORDER BY bucket").fetchall()
-    assert rows == [(t, 4, 15.0, 30.0), (t + timedelta(minutes=5), 4, 55.0, 70.0)]
+    # the settled 10:00 hour's facts: 4 samples in each of its buckets 10:00 and 10:05 (the open 11:00 has none yet)
+    rows = after.execute("SELECT bucket, sum(samples_n) FROM fact_parts WHERE lead AND samples_n > 0 GROUP BY 1 ORDER BY 1").fetchall()
+    assert rows == [(t, 4), (t + timedelta(minutes=5), 4)]
     # re-ingesting a compacted window is still a no-op
     r = w.commit(Batch(key="scrape:3", samples=samples([t + timedelta(seconds=45)], [30.0])))
     assert r.duplicate
@@ -245,7 +238,7 @@ def test_retention_retires_old_files_but_remembers_their_keys(tmp_path):
     w.publish()
     now = t + timedelta(days=31)
     w.clock = lambda: now
-    assert apply_retention(w, now, raw_days=7, rollup_days=400) == 1
+    assert apply_retention(w, now, raw_days=7) == 1
     assert [r[3] for r in dump(tmp_path)["samples"]] == [2.0]
     assert w.commit(Batch(key="old", samples=samples([t], [1]))).duplicate
     w.clock = lambda: now + timedelta(hours=1)  # past the grace period: the file is deleted
@@ -263,7 +256,7 @@ def test_retention_deletes_old_job_throughput_rows(tmp_path):
     w.commit(Batch(key="r2", throughput=[dict(row, ts=t + timedelta(days=10))]))
     w.publish()
     now = t + timedelta(days=12)
-    assert apply_retention(w, now, raw_days=35, rollup_days=11) == 1  # 12 days old > 11: gone; 2 days old stays
+    assert apply_retention(w, now, raw_days=35, facts_days=11) == 1  # 12 days old > 11: gone; 2 days old stays
     w.publish()
     assert open_reader(tmp_path).execute("SELECT ts FROM job_throughput").fetchall() == [(t + timedelta(days=10),)]
 

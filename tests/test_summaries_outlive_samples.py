@@ -43,7 +43,7 @@ def _inside(fig: dict) -> dict:
 def _retire_raw(root, now, summary_days: int, p: SummaryParams | None = None) -> StoreWriter:
     """Retention at `now` with raw_days = 1, then an upkeep pass, as the collector runs them."""
     w = StoreWriter(root, clock=lambda: now)
-    apply_retention(w, now, raw_days=1, rollup_days=400, summary_days=summary_days)
+    apply_retention(w, now, raw_days=1, summary_days=summary_days)
     compact(w, now, p)
     return w
 

@@ -220,3 +220,22 @@ def test_cli_rebuilds_from_the_config_on_dask_with_a_progress_bar(store, in_proc
     assert len(summary_bytes(root, "coarse")) == HOURS
     bad, an = compare(open_reader(root), Params(T0, END, idle_threshold=50.0), NOW)
     assert not bad and isinstance(an.gt, SummaryTime) and an.gt.coarse_hours, bad
+
+
+def test_facts_rebuilt_on_dask_are_the_bytes_upkeep_wrote_here(store, dask_cluster, tmp_path):
+    """`gpufleet collect --rebuild-facts` with a Dask scheduler: the hours' facts built on the
+    cluster (maintenance.FactsTask), byte for byte those the upkeep of the store wrote in-process."""
+    from gpufleet.collector.maintenance import fact_params, rebuild_facts
+
+    listed = {e["file"]: (store / e["file"]).read_bytes() for e in json.loads((store / "manifest.json").read_text())["facts"]}
+    assert len([f for f in listed if "/5m/" in f]) == 16  # 17:00 to 08:00: the hours with samples (a sample a minute holds 30 s)
+    root = tmp_path / "s"
+    shutil.copytree(store, root)
+    for f in listed:
+        (root / f).unlink()  # lost: built again from the samples
+    seen = []
+    w = StoreWriter(root)
+    built = rebuild_facts(w, NOW, fact_params(SummaryParams()), tasks=TaskRunner(scheduler=dask_cluster.address, progress=lambda d, t: seen.append(t)))
+    w.close()
+    assert built["hours"] == 16 and sorted(set(seen)) == [7, 9]  # a map a day (7 hours, then 9), on the cluster
+    assert {f: (root / f).read_bytes() for f in listed} == listed

@@ -4,8 +4,8 @@ Scraping cannot reach into the past, so the backfill computes what the exporters
 published at every 15 s scrape (load.py, vectorised a day at a time) and commits it through the
 store's own writer: one batch per hour (its key makes a re-run a no-op), the scheduler's jobs
 as sacct/Kubernetes would report them at "now", the job-to-GPU observations the exporters'
-mapping would have given, the GPU inventory, then the collector's own compaction and 5-minute
-rollups. What the demo shows afterwards is the product's analytics over these rows.
+mapping would have given, the GPU inventory, then the collector's own upkeep (compaction,
+summaries, the facts of every settled hour). What the demo shows afterwards is the product's analytics over these rows.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
         guests, guest_allocs, split = shared.records(fleet)  # a shared GPU (gpufleet.demo.shared)
         w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:shared", jobs=[job_row(j, j.state_at(fleet.now), fleet.now) for j in guests],
                        allocations=guest_allocs, shares=split))
-        compact(w, fleet.now)
+        compact(w, fleet.now, facts_hours=None)  # (the week's facts at once, as a rebuild writes them)
         progress(total, total)
     finally:
         w.close()
