@@ -254,3 +254,23 @@ def test_lost_work_with_checkpoints_is_at_most_the_upper_bound(h):
         assert c.productive_s >= ch.productive_s - 1e-6 and c.wall_s == ch.wall_s
         n, cost, used = r.checkpoint_habits(c, {k: [(t, 1.0) for t in v] for k, v in ckpts.items()})
         assert (cost is None) == (n == 0) and (used is None or used >= 0)
+
+
+def test_a_store_of_schema_8_gains_job_checkpoints(tmp_path):
+    """Schema 8 kept no checkpoints: the upgrade adds the table; interruptions before it stay upper bounds."""
+    import duckdb
+
+    from gpufleet.collector import schema, store as store_mod
+
+    db = duckdb.connect(str(tmp_path / store_mod.STATE_DB))
+    db.execute(schema.STATE_DDL[0])
+    for version in range(1, 9):
+        for stmt in schema.MIGRATIONS[version]:
+            db.execute(stmt)
+        db.execute("INSERT INTO schema_version VALUES (?, ?)", [version, T(0)])
+    db.close()
+    w = StoreWriter(tmp_path)
+    assert w.schema_version() == schema.SCHEMA_VERSION >= 9
+    w.publish()
+    w.close()
+    assert store_mod.open_reader(tmp_path).execute("SELECT count(*) FROM job_checkpoints").fetchone() == (0,)
