@@ -786,6 +786,10 @@ def _median(xs: list[float]) -> float | None:
     return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
+# The used interval is "about right" within this factor of Young/Daly's: the waste near the optimum
+# is flat (a factor 1.25 either way costs ~2.5 % more than the optimum's overhead)
+ADVICE_TOLERANCE = 1.25
+
 # why there is no advice, in the order checkpoint_advice asks
 NO_ADVICE = {
     "no_checkpoints": "no checkpoint reports: the job's checkpoint cost is unknown",
@@ -806,6 +810,10 @@ def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkp
     if advised is None:
         why = (("no_cost" if checkpoints else "no_checkpoints") if checkpoint_cost_s is None
                else "no_size" if not chain.gpus else "no_rate")
+    verdict = None
+    if advised is not None and used_interval_s is not None:
+        verdict = ("about right" if 1 / ADVICE_TOLERANCE <= used_interval_s / advised <= ADVICE_TOLERANCE
+                   else "checkpoint more often" if used_interval_s > advised else "checkpoint less often")
     return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoints": checkpoints, "checkpoint_cost_s": checkpoint_cost_s,
-            "advised_interval_s": advised, "used_interval_s": used_interval_s,
+            "advised_interval_s": advised, "used_interval_s": used_interval_s, "verdict": verdict,
             "no_advice": NO_ADVICE[why] if why else None}

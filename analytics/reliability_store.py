@@ -185,3 +185,13 @@ def _attempt_row(c: Classified, times: dict) -> dict[str, Any]:
             "lost_gpu_h": a.gpus * (a.end - since).total_seconds() / 3600 if since is not None and a.gpus is not None else None,
             "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
                          for e in c.evidence]}
+
+
+def advice_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """gpufleet.reliability/v1's checkpoint_advice for a table: the job ids joined, and in words
+    what the advice says (or why there is none)."""
+    out = []
+    for x in rows:
+        advice = f"no advice: {x['no_advice']}" if x["advised_interval_s"] is None else x["verdict"] or "interval used unknown"
+        out.append({**x, "job_ids": ", ".join(x["job_ids"]), "advice": advice})
+    return out

@@ -396,6 +396,11 @@ def test_reliability(tmp_path, use_store):
     assert list(fall["part"]) == ["allocated", "lost: hardware", "lost: node failure", "not lost"]
     assert list(fall["gpu_hours"]) == pytest.approx([10, -4, -1, 5])
     assert [c.split(", ") for c in frame(at, "reliability_chains")["job_ids"]] == [ch["job_ids"] for ch in rel["chains"]]
+    assert set(frame(at, "reliability_chains")["lost_basis"]) == {"upper bound"}  # no job reported a checkpoint
+    # checkpoint advice for the largest chains: none without a reported checkpoint cost, and the page says why
+    advice = frame(at, "reliability_advice")
+    assert [c.split(", ") for c in advice["job_ids"]] == [x["job_ids"] for x in rel["checkpoint_advice"]] and len(advice)
+    assert set(advice["advice"]) == {"no advice: no checkpoint reports: the job's checkpoint cost is unknown"}
 
 
 def test_long_tables_show_their_first_rows_and_say_so(store, a, use_store, monkeypatch):

@@ -191,9 +191,24 @@ def test_a_checkpoint_travels_from_the_job_to_the_lost_work(store):
     advice = ch["checkpoint_advice"]
     assert advice["mttf_h"] == pytest.approx(5.5) and advice["checkpoint_cost_s"] == 90.0 and advice["checkpoints"] == 3
     assert advice["advised_interval_s"] == pytest.approx(math.sqrt(2 * 90 * 5.5 * 3600)) and advice["used_interval_s"] == 3600.0
-    assert advice["no_advice"] is None
+    assert advice["no_advice"] is None and advice["verdict"] == "checkpoint more often"  # 3600 s > 1.25 x 1888 s
     [largest] = got["checkpoint_advice"]  # the largest chains: here the only one
     assert largest["job_ids"] == ["42", "43"] and largest["advised_interval_s"] == advice["advised_interval_s"]
+
+
+def test_cli_shows_the_measured_loss_and_the_advice(store):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(store.root),  # noqa: E731
+                                     "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T16:00:00Z", "--reliability", *a],
+                                    capture_output=True, text=True, timeout=120)
+    j = run("--format", "json")
+    assert j.returncode == 0, j.stderr
+    doc = json.loads(j.stdout)
+    assert doc["checkpoint_advice"][0]["advised_interval_s"] == pytest.approx(math.sqrt(2 * 90 * 5.5 * 3600))
+    assert doc["interrupted_attempts"][0]["lost_basis"] == "measured"
+    t = run()
+    assert t.returncode == 0, t.stderr
+    assert "measured from the jobs' last checkpoints" in t.stdout and "Checkpoint advice for the largest chains" in t.stdout
+    assert "checkpoint more often" in t.stdout and "31 min 28 s" in t.stdout  # sqrt(2 x 90 x 19800) = 1888 s
 
 
 def test_without_checkpoint_reports_the_loss_is_the_upper_bound_and_no_advice_is_given(tmp_path):

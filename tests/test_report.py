@@ -289,6 +289,10 @@ def test_reliability_section_equals_the_reliability_report(store, w47, outputs):
     # goodput: every chain completed at its first try, so the fleet's ETTR is 100 %, no chain listed
     assert rel["goodput"]["ettr"] == 1 and figs.one("reliability.ettr") == fmt.pct(100.0) and not rel["chains"]
     assert "Goodput: ETTR 100" in outputs[0].text
+    # checkpoint advice for the week's largest jobs: none reported a checkpoint, so there is none, and it says why
+    assert rel["checkpoint_advice"] and outputs[0].report.reliability["checkpoint_advice"] == rel["checkpoint_advice"]
+    assert 'id="checkpoint-advice"' in outputs[0].html
+    assert "no advice: no checkpoint reports: the job's checkpoint cost is unknown" in outputs[0].text
 
 
 def test_team_report_has_only_its_team(store, w47, outputs):
