@@ -384,6 +384,13 @@ def lost_since(a: Attempt, checkpoints: Checkpoints, until: datetime) -> tuple[d
     return (max(saved), True) if saved else (a.start, False)
 
 
+def interruption_loss(a: Attempt, checkpoints: Checkpoints, start: datetime) -> tuple[float, bool]:
+    """(GPU-seconds, measured) an interrupted attempt of known GPU count and start lost inside a
+    window starting at `start`: its GPUs x the time from lost_since to its end."""
+    since, measured = lost_since(a, checkpoints, a.end)
+    return a.gpus * max(0.0, (a.end - max(since, start)).total_seconds()), measured
+
+
 def _per_1000_gpu_days(n: int, gpu_h: float) -> float | None:
     return n / (gpu_h / 24) * 1000 if gpu_h > 0 else None
 
@@ -451,8 +458,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
             continue
         if a.start is None:
             continue
-        since, measured = lost_since(a, checkpoints, a.end)
-        lost = a.gpus * max(0.0, (a.end - max(since, start)).total_seconds())
+        lost, measured = interruption_loss(a, checkpoints, start)
         lost_by_cause[c.cause] = lost_by_cause.get(c.cause, 0.0) + lost
         lost_measured += lost if measured else 0.0
         measured_n += measured

@@ -15,8 +15,8 @@ from typing import Any, Mapping
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
     FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
-    chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, lemon_reason, lemons, link_chains,
-    lost_since, node_failures,
+    chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
+    link_chains, lost_since, node_failures,
 )
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -124,6 +124,29 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
         "checkpoint_advice": [{**_chain_head(ch), **_advice(ch, f["gpu_failure_rate_per_gpu_hour"], saved)}
                               for ch in largest_chains(classified, linked, chains, times, s, until, top)],
     }
+
+
+def lost_by_team(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
+                 ) -> dict[tuple[str, str | None], tuple[float | None, bool]]:
+    """Per (cluster, account): the GPU-hours the window's interruptions lost, as figures() counts
+    them for the fleet (None: the team had an interruption of unknown GPU count, so its loss is
+    unknown), and whether every one was measured from a reported checkpoint (else an upper bound).
+    Teams with no interruption are absent."""
+    classified, _ = read_store(con, params, s, as_of)
+    times = {k: [t for t, _ in v] for k, v in read_checkpoints(con, params, as_of).items()}
+    out: dict[tuple[str, str | None], tuple[float | None, bool]] = {}
+    for c in classified:
+        a = c.attempt
+        if not (c.interrupted and ends_in(a, params.start, params.end)) or a.start is None:
+            continue
+        team = (a.cluster, a.account)
+        h, measured_all = out.get(team, (0.0, True))
+        if a.gpus is None or h is None:
+            out[team] = (None, measured_all)
+            continue
+        gpu_s, measured = interruption_loss(a, times, params.start)
+        out[team] = (h + gpu_s / 3600, measured_all and measured)
+    return out
 
 
 def checkpoints_note(f: dict[str, Any]) -> str:
