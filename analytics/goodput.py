@@ -56,12 +56,13 @@ def waterfall(capacity: float | None, teams: Mapping[Team, Mapping[str, float | 
     def priced(h: float | None) -> float | None:
         return None if h is None or price is None else h * price
 
-    fleet: list[dict[str, Any]] = [{"step": "capacity", "gpu_h": capacity, "cost": priced(capacity), "unknown_teams": 0}]
+    fleet: list[dict[str, Any]] = [{"step": "capacity", "label": STEP_LABELS["capacity"], "gpu_h": capacity, "cost": priced(capacity),
+                                    "unknown_teams": 0}]
     for step in STEPS[1:]:
         known = [t[step] for t in teams.values() if t[step] is not None]
         unknown = len(teams) - len(known)
         h = sum(known) if known or not teams else None
-        fleet.append({"step": step, "gpu_h": h, "cost": priced(h), "unknown_teams": unknown})
+        fleet.append({"step": step, "label": STEP_LABELS[step], "gpu_h": h, "cost": priced(h), "unknown_teams": unknown})
     rows = [{"cluster": c, "account": acct, **{f"{k}_gpu_h": v for k, v in t.items()},
              **{f"{k}_cost": priced(v) for k, v in t.items()}} for (c, acct), t in sorted(teams.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
     return {"schema": SCHEMA, "fleet": fleet, "teams": rows, "usd_per_gpu_hour": price, "prices_differ": prices_differ}
@@ -123,7 +124,7 @@ def chart_rows(fleet: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     and the one before (None where either is unknown)."""
     out, prev = [], None
     for r in fleet:
-        out.append({"step": STEP_LABELS[r["step"]], "gpu_h": r["gpu_h"], "cost": r["cost"],
+        out.append({"step": r["label"], "gpu_h": r["gpu_h"], "cost": r["cost"],
                     "dropped_gpu_h": None if prev is None or r["gpu_h"] is None else prev - r["gpu_h"]})
         prev = r["gpu_h"]
     return out

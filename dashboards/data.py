@@ -646,6 +646,23 @@ def health(key: tuple, bucket_s: float) -> dict:
             "window": w}
 
 
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the goodput waterfall (analytics)...")
+def goodput_waterfall(key: tuple) -> dict:
+    """The window's goodput waterfall (gpufleet.analytics.goodput.compute: gpufleet.goodput/v1), fleet
+    and per team, with the window it was computed for."""
+    from gpufleet.analytics import goodput, reliability as arel
+    from gpufleet.analytics.params import analytics_options
+
+    s, w, p = _request(key)
+    con = reader(w.root)
+    a = Analysis(con, p, now=w.as_of)
+    try:
+        out = goodput.compute(a, con, p, arel.settings(analytics_options(s.doc, s.config_path)), as_of=w.as_of)
+    finally:
+        _close(a)
+    return {**out, "resolved": w}
+
+
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Classifying the window's job attempts (analytics)...")
 def reliability(key: tuple) -> dict:
     """The window's reliability (gpufleet.analytics.reliability_store.report: gpufleet.reliability/v1)

@@ -164,6 +164,8 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)
     # the fleet's reliability (gpufleet.analytics.reliability_store.report: gpufleet.reliability/v1); None without data
     reliability: dict[str, Any] | None = None
+    # the fleet's goodput waterfall (gpufleet.analytics.goodput.compute: gpufleet.goodput/v1); None without data
+    goodput: dict[str, Any] | None = None
 
     @property
     def has_data(self) -> bool:
@@ -414,6 +416,11 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         from gpufleet.analytics.reliability import Settings as ReliabilitySettings
 
         rel = reliability_store.report(con, params, reliability or ReliabilitySettings(), as_of=as_of, top=RELIABILITY_LIST)
+    fall = None
+    if status == "ok":
+        from gpufleet.analytics import goodput
+
+        fall = goodput.compute(a, con, params, reliability, as_of=as_of)
     return Report(
         window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
         previous=None if _empty(prev) else prev,
@@ -429,6 +436,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         top_n=top_n,
         extra={"analysis": a, "processes": processes},
         reliability=rel,
+        goodput=fall,
     )
 
 
