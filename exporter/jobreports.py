@@ -36,11 +36,17 @@ CHECKPOINT_MAX_AGE = 86400.0  # seconds a checkpoint report is published after i
 
 
 @dataclass(frozen=True)
-class JobReport:
+class _Job:
+    """Which job a report is about."""
+
     scheduler: str  # "slurm" | "kubernetes"
     job_id: str = ""
     namespace: str = ""
     pod: str = ""
+
+
+@dataclass(frozen=True)
+class JobReport(_Job):
     flops: float = 0.0  # achieved model FLOP/s
     basis: str = "flops"  # "flops" (reported) | "6N_tokens" (6 x parameters x tokens/s)
     gpus: int | None = None  # GPUs the figure covers; None: the job's allocation
@@ -48,13 +54,9 @@ class JobReport:
 
 
 @dataclass(frozen=True)
-class JobCheckpoint:
+class JobCheckpoint(_Job):
     """The job's last saved checkpoint, as it reported it (jobreport.checkpoint_saved)."""
 
-    scheduler: str  # "slurm" | "kubernetes"
-    job_id: str = ""
-    namespace: str = ""
-    pod: str = ""
     saved_at: float = 0.0  # Unix time the checkpoint was saved
     duration_seconds: float | None = None  # how long saving it took; None: not reported
     age_seconds: float = 0.0

@@ -197,9 +197,9 @@ def test_a_checkpoint_travels_from_the_job_to_the_lost_work(store):
 
 
 def test_cli_shows_the_measured_loss_and_the_advice(store):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(store.root),  # noqa: E731
-                                     "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T16:00:00Z", "--reliability", *a],
-                                    capture_output=True, text=True, timeout=120)
+    from tests.test_reliability import analyze_reliability
+
+    run = lambda *a: analyze_reliability(store.root, "2026-11-16T10:00:00Z", "2026-11-16T16:00:00Z", *a)  # noqa: E731
     j = run("--format", "json")
     assert j.returncode == 0, j.stderr
     doc = json.loads(j.stdout)

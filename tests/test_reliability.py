@@ -385,14 +385,19 @@ def test_store_attempts_classified_with_evidence(store):
     assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
 
 
-def test_cli_reliability_json_and_table(store):
-    import json
+def analyze_reliability(root, start: str, end: str, *args: str):
+    """`gpufleet analyze --reliability` on the store at `root` over [start, end), as a person runs it."""
     import subprocess
     import sys
 
-    run = lambda *a: subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(store.root),  # noqa: E731
-                                     "--from", "2026-11-16T00:00:00Z", "--to", "2026-11-16T09:00:00Z", "--reliability", *a],
-                                    capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(root), "--from", start, "--to", end,
+                           "--reliability", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_reliability_json_and_table(store):
+    import json
+
+    run = lambda *a: analyze_reliability(store.root, "2026-11-16T00:00:00Z", "2026-11-16T09:00:00Z", *a)  # noqa: E731
     j = run("--format", "json")
     assert j.returncode == 0, j.stderr
     doc = json.loads(j.stdout)
