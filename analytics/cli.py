@@ -302,7 +302,7 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
           ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "lost_basis", "requeue_wait_h", "ettr"])
     table("Checkpoint advice for the largest chains (Young/Daly: sqrt(2 x checkpoint cost x MTTF for the chain's size))",
           reliability_store.advice_rows(rel["checkpoint_advice"]), out,
-          ["job_ids", "user_name", "gpus", "checkpoints", "checkpoint_cost_s", "used_interval_s", "mttf_h", "advised_interval_s", "advice"])
+          ["job_ids", "user_name", "gpus", "checkpoints", "checkpoint_save_s", "used_interval_s", "mttf_h", "advised_interval_s", "advice"])
     s = rel["settings"]
     out.write(f"\nmethod: hardware = a hardware XID/ECC/remap/lost-GPU event on the attempt's GPUs within {s['hardware_window_s']:g} s "
               f"before its end; lemons at a {s['lemon_false_positive_rate']:g} false-positive rate, >= {s['lemon_min_failures']} failures\n")

@@ -760,10 +760,10 @@ def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
             or (c.attempt.cluster, c.attempt.user_name, c.attempt.account, c.attempt.name) in names]
 
 
-def young_daly_interval_s(checkpoint_cost_s: float, mttf_s: float) -> float:
+def young_daly_interval_s(checkpoint_save_s: float, mttf_s: float) -> float:
     """Young/Daly's first-order optimal checkpoint interval sqrt(2 C M) for a checkpoint that takes
     C seconds on a job whose mean time to failure is M seconds."""
-    return math.sqrt(2 * checkpoint_cost_s * mttf_s)
+    return math.sqrt(2 * checkpoint_save_s * mttf_s)
 
 
 def checkpoint_habits(chain: Chain, saved: Mapping[tuple[str, str, str], Sequence[tuple[datetime, float | None]]]
@@ -805,21 +805,21 @@ NO_ADVICE = {
 }
 
 
-def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_cost_s: float | None,
+def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_save_s: float | None,
                       used_interval_s: float | None, checkpoints: int | None = None) -> dict[str, Any]:
     """Young/Daly's interval sqrt(2 C MTTF_N) for the chain's size from the fleet's per-GPU rate
     (MTTF_N = 1 / (N r)) and the job's measured checkpoint cost C, beside the interval the job used;
     unknown where the cost, the rate or the size is, with the reason (NO_ADVICE)."""
     mttf_h = 1 / (chain.gpus * gpu_failure_rate_per_h) if gpu_failure_rate_per_h and chain.gpus else None
-    advised = young_daly_interval_s(checkpoint_cost_s, mttf_h * 3600) if mttf_h and checkpoint_cost_s is not None else None
+    advised = young_daly_interval_s(checkpoint_save_s, mttf_h * 3600) if mttf_h and checkpoint_save_s is not None else None
     why = None
     if advised is None:
-        why = (("no_cost" if checkpoints else "no_checkpoints") if checkpoint_cost_s is None
+        why = (("no_cost" if checkpoints else "no_checkpoints") if checkpoint_save_s is None
                else "no_size" if not chain.gpus else "no_rate")
     verdict = None
     if advised is not None and used_interval_s is not None:
         verdict = ("about right" if 1 / ADVICE_TOLERANCE <= used_interval_s / advised <= ADVICE_TOLERANCE
                    else "checkpoint more often" if used_interval_s > advised else "checkpoint less often")
-    return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoints": checkpoints, "checkpoint_cost_s": checkpoint_cost_s,
+    return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoints": checkpoints, "checkpoint_save_s": checkpoint_save_s,
             "advised_interval_s": advised, "used_interval_s": used_interval_s, "verdict": verdict,
             "no_advice": NO_ADVICE[why] if why else None}

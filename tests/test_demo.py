@@ -431,7 +431,7 @@ def test_demo_jobs_report_checkpoints_so_lost_work_is_measured_and_advice_given(
     f = rel["figures"]
     assert 0 < f["lost_measured_interruptions"] < f["interruptions"] and f["lost_is_upper_bound"]
     advised = [x for x in rel["checkpoint_advice"] if x["advised_interval_s"] is not None]
-    assert advised and all(x["checkpoint_cost_s"] > 0 and x["mttf_h"] > 0 for x in advised)
+    assert advised and all(x["checkpoint_save_s"] > 0 and x["mttf_h"] > 0 for x in advised)
     assert any(x["no_advice"] for x in rel["checkpoint_advice"])  # jobs that report nothing: no advice, said
     # the waterfall over the demo's week: monotone, the teams adding up to the fleet
     fall = goodput.compute(Analysis(con, Params(fleet.start, fleet.now), now=fleet.now), con, Params(fleet.start, fleet.now), as_of=fleet.now)

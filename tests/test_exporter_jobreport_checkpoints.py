@@ -189,7 +189,7 @@ def test_a_checkpoint_travels_from_the_job_to_the_lost_work(store):
     # Young/Daly: r = 1 failure / (8 x 4 + 8 x 1.5) GPU-h; MTTF_8 = 44 / 8 = 5.5 h; C = median(60, 90, 120) = 90 s;
     # advised sqrt(2 x 90 x 5.5 x 3600) s; the job used a checkpoint every 3600 s
     advice = ch["checkpoint_advice"]
-    assert advice["mttf_h"] == pytest.approx(5.5) and advice["checkpoint_cost_s"] == 90.0 and advice["checkpoints"] == 3
+    assert advice["mttf_h"] == pytest.approx(5.5) and advice["checkpoint_save_s"] == 90.0 and advice["checkpoints"] == 3
     assert advice["advised_interval_s"] == pytest.approx(math.sqrt(2 * 90 * 5.5 * 3600)) and advice["used_interval_s"] == 3600.0
     assert advice["no_advice"] is None and advice["verdict"] == "checkpoint more often"  # 3600 s > 1.25 x 1888 s
     [largest] = got["checkpoint_advice"]  # the largest chains: here the only one
@@ -221,7 +221,7 @@ def test_without_checkpoint_reports_the_loss_is_the_upper_bound_and_no_advice_is
     assert fig["lost_gpu_hours"] == pytest.approx(32.0) and fig["lost_is_upper_bound"] and fig["lost_measured_interruptions"] == 0
     assert got["interrupted_attempts"][0]["lost_basis"] == "upper bound" and "upper bound" in got["goodput"]["checkpoints"]
     advice = got["chains"][0]["checkpoint_advice"]
-    assert advice["advised_interval_s"] is None and advice["checkpoint_cost_s"] is None
+    assert advice["advised_interval_s"] is None and advice["checkpoint_save_s"] is None
     assert advice["no_advice"] == r.NO_ADVICE["no_checkpoints"]
 
 

@@ -119,7 +119,7 @@ def body(ctx: ui.Context) -> None:
     st.caption("For the largest chains: Young/Daly's interval sqrt(2 x C x MTTF_N), from the checkpoint cost C the job reported "
                "(gpufleet.exporter.jobreport.checkpoint_saved; the median save) and the fleet's MTTF for its size "
                "(1 / (N x the per-GPU rate)), beside the interval it used (the median time between its checkpoints).")
-    ui.table(_rows(advice_rows(rel["checkpoint_advice"]), ["job_ids", "user_name", "gpus", "checkpoints", "checkpoint_cost_s",
+    ui.table(_rows(advice_rows(rel["checkpoint_advice"]), ["job_ids", "user_name", "gpus", "checkpoints", "checkpoint_save_s",
                                                            "used_interval_s", "mttf_h", "advised_interval_s", "advice"]),
              key="reliability_advice", empty="No job chain in this window.")
 

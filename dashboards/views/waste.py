@@ -50,7 +50,9 @@ def waterfall_section(ctx: ui.Context) -> None:
     for note in g["notes"] + (["lost GPU-hours are an upper bound where a job reported no checkpoint: not lost is then at least "
                                "what is shown"] if g["lost_is_upper_bound"] else []):
         st.caption(note[0].upper() + note[1:] + ".")
-    ui.table(pl.DataFrame(g["teams"], infer_schema_length=None) if g["teams"] else pl.DataFrame(), key="waste_waterfall_teams",
+    teams = pl.DataFrame(g["teams"], schema={"cluster": pl.Utf8, "account": pl.Utf8,
+                                             **{f"{s}_{u}": pl.Float64 for u in ("gpu_h", "cost") for s in goodput.STEPS[1:]}})
+    ui.table(teams.select("cluster", "account", *(f"{s}_{u}" for s in goodput.STEPS[1:] for u in ("gpu_h", "cost"))), key="waste_waterfall_teams",
              empty="No team held GPUs in this window.", sort="by cluster and account")
 
 
