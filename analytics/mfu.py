@@ -28,24 +28,13 @@ import csv
 from datetime import datetime
 from functools import cache
 from importlib import resources
-from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.core import JOB_KEY, Analysis
-from gpufleet.analytics.params import Params
 
-
-class FromFacts(Protocol):
-    """A window whose hour facts gave its jobs' held GPUs and tensor use, on its cursor
-    (gpufleet.analytics.fact_window.MfuWindow)."""
-
-    p: Params
-    con: Any
-
-    def q(self, query: str, **extra) -> pl.DataFrame: ...
 
 DTYPES = ("bf16", "fp16", "tf32", "fp8", "fp64")
 NO_TENSOR = "no tensor activity data (dcgm-exporter without DCP metrics, or the gpufleet exporter on a GPU without GPM)"
@@ -85,24 +74,19 @@ def peaks_for(dtype: str) -> pl.DataFrame:
     )
 
 
-def job_mfu(a: Analysis | FromFacts, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
+def job_mfu(a: Analysis, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
     """One row per job that held GPUs in the window: COLUMNS, then scheduler, gpu_h (allocated
     GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
     `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown".
     `reports_in`: the window whose throughput reports (and held time) count, where `a` is a job's
     analysis narrowed to its run inside it (dashboards/data.py job_report): the job's row is then
     the window's - a report written at the job's exit, after its accounted end, still counts.
-    `a`: an analysis, whose allocations (al) and their detail give each job's held GPUs and tensor
-    use, or a window whose hour facts gave them (gpufleet.analytics.fact_window.mfu_window)."""
+    `a`: an analysis, whose allocations (al) and their detail give each job's held GPUs and tensor use."""
     dtype = a.p.mfu_dtype
-    if isinstance(a, Analysis):
-        peaks = peaks_for(dtype)
-        a.con.register("mfu_peaks", peaks.to_arrow())
-        a.con.register("mfu_use", tensor_use(a.allocation_detail(), peaks, JOB_KEY).to_arrow())
-        query = sql.MFU_JOBS
-    else:  # (its cursor holds them: mfu_held, mfu_use)
-        query = sql.MFU_JOBS_FACTS
-    raw = a.q(query, **({"start": reports_in[0], "end": reports_in[1]} if reports_in else {}))
+    peaks = peaks_for(dtype)
+    a.con.register("mfu_peaks", peaks.to_arrow())
+    a.con.register("mfu_use", tensor_use(a.allocation_detail(), peaks, JOB_KEY).to_arrow())
+    raw = a.q(sql.MFU_JOBS, **({"start": reports_in[0], "end": reports_in[1]} if reports_in else {}))
     f = a.p.filters
     for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
         if want is not None:
@@ -265,7 +249,7 @@ def _peak_problems(r: dict, dtype: str) -> list[str]:
     return out
 
 
-def account_mfu(a: Analysis | FromFacts, jobs: pl.DataFrame | None = None) -> pl.DataFrame:
+def account_mfu(a: Analysis, jobs: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per cluster and account: MFU weighted by the jobs' GPU-hours, over jobs with a known MFU.
 
     method: the jobs' method when they all share one, "mixed" when they differ, "unknown" when

@@ -408,14 +408,6 @@ def allocation_text(columns: Sequence[str]) -> str:
 # the row numbers of one job's allocations in al
 JOB_ALLOCATION_ROWS = """SELECT rowid AS i FROM al
 WHERE cluster = $of_cluster AND scheduler = $of_scheduler AND job_key = $of_job_key ORDER BY rowid"""
-# an allocation's key (one row per job and GPU: the allocations table's primary key) as one
-# number, which hour facts name allocations by (analytics/hour_facts.py)
-_ALLOCATION_HASH = "hash(cluster, scheduler, job_key, host, gpu_uuid, gi::INTEGER)"
-ALLOCATION_KEY_ROWS = f"SELECT *, {_ALLOCATION_HASH} AS ah, {_GPU_HASH} AS gh FROM al"
-# ... and its job's (jh), by which the job list of a window is summed from its facts (fact_window.window_jobs)
-_JOB_HASH = "hash(cluster, scheduler, job_key)"
-ALLOCATION_KEY_HASHES = (f"SELECT cluster, scheduler, job_key, host, gpu_uuid, gi, {_ALLOCATION_HASH} AS ah, {_JOB_HASH} AS jh, "
-                         f"{_GPU_HASH} AS gh FROM al")
 LINE_ID_HASHES = f"SELECT {_GPU_HASH} AS gh, gid FROM _line_ids"
 # alv: each allocation of al (its rows in al's order, as ALLOCATION_ROWS read them) with what the
 # analysis looked up for it (_alv_use: its GPU's id in the line, data and busy seconds, has_piece)
@@ -455,8 +447,6 @@ UNKNOWN_GPU_JOBS = "SELECT count(*) AS n, list(job_id ORDER BY job_id)[:5] AS fi
 # --- the job list (analytics/jobs.py) ---
 
 JOB_ROWS = "SELECT * EXCLUDE (runs) FROM ja"
-# ... with each job's hash (jh), as the hour facts name a job
-JOB_ROWS_HASHED = f"SELECT * EXCLUDE (runs), {_JOB_HASH} AS jh FROM ja"
 
 # --- utilization over time (analytics/timeline.py) ---
 
@@ -500,133 +490,6 @@ TIMELINE_ALLOCATED = f"""
 SELECT {_TIMELINE_JOB_COLS} k, sum(s * rate) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""
 
-# --- hour facts (analytics/hour_facts.py): a closed hour's figures, summed by windows ---
-
-# What an hour's facts were computed from, besides the parameters: the files of the hour's closed
-# summaries (any parameters: late samples rebuild them all, with new names), and a digest of the
-# allocations that meet the hour (as sql.ALLOCATIONS gives them, with no filter), each clipped to
-# it, with the job attributes the facts group by - an allocation learnt of later, a job's end or
-# account changing, changes it.
-FACT_SUMMARY_FILES = """
-SELECT hour, list_sort(flatten(list(files))) AS files FROM summary_hours
-WHERE ends = hour + INTERVAL 1 HOUR AND hour >= $start AND hour < $end
-GROUP BY hour
-"""
-FACT_ALLOCATION_DIGESTS = f"""
-WITH a AS (
-    SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS gi, j.partition, j.account, j.user_name,
-           epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
-    FROM allocations a
-    LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-    WHERE {ALLOCATION_END} > $start AND {ALLOCATION_START} < $end
-)
-SELECT h, count(*) AS n, sum(hash(cluster, scheduler, job_key, host, gpu_uuid, gi, partition, account, user_name,
-                                  greatest(a0, h * 3600000000), least(a1, (h + 1) * 3600000000)))::VARCHAR AS d
-FROM (SELECT *, unnest(range(greatest(a0, epoch_us($start)) // 3600000000, (least(a1, epoch_us($end)) - 1) // 3600000000 + 1)) AS h
-      FROM a WHERE a1 > a0)
-GROUP BY h
-"""
-
-# The facts of a span of hours ($files: each hour's) rolled up into one file's rows (hour_facts.rollup):
-# per GPU, job group and allocation one row (with what each row is grouped by: a GPU's model, an
-# allocation's variant, so the checks over them see the same), sums, maxima for the maxima and
-# the "had one" flags; the timeline's rows ("iv", "held") as they are, hour by hour. Its gpu,
-# job and alloc rows carry the span's first hour (read by no query).
-FACT_ROLLUP = """
-SELECT * FROM read_parquet($files) WHERE kind IN ('iv', 'held')
-UNION ALL BY NAME
-SELECT min(hour) AS hour, kind, gh, cluster, model, sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(alloc_data_s) AS alloc_data_s
-FROM read_parquet($files) WHERE kind = 'gpu' GROUP BY kind, gh, cluster, model
-UNION ALL BY NAME
-SELECT min(hour) AS hour, kind, cluster, partition, account, user_name, sum(data_s) AS data_s, sum(busy_s) AS busy_s,
-       sum(pieces)::BIGINT AS pieces
-FROM read_parquet($files) WHERE kind = 'job' GROUP BY kind, cluster, partition, account, user_name
-UNION ALL BY NAME
-SELECT min(hour) AS hour, kind, ah, jh, gh, cluster, model, gpu, equiv, variants, sum(data_s) AS data_s, sum(busy_s) AS busy_s,
-       max(pieces) AS pieces, max(util_n) AS util_n, max(fb_max) AS fb_max, sum(any_s) AS any_s, sum(tensor_s) AS tensor_s,
-       sum(clocked_s) AS clocked_s, sum(tclock) AS tclock, sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock,
-       sum(idle_s) AS idle_s, sum(nop_s) AS nop_s, sum(held_s) AS held_s
-FROM read_parquet($files) WHERE kind = 'alloc' GROUP BY kind, ah, jh, gh, cluster, model, gpu, equiv, variants
-"""
-
-# How many GPUs (and MIG instances) the inventory has ever seen: what one build of hour facts is sized by
-INVENTORY_GPUS = "SELECT count(*) FROM gpus"
-
-# A window's facts ($files: one file per hour, of hour_facts.FACT_SCHEMA; of $cluster, if one). Per GPU (its hash) over
-# the window, with the model(s) the facts grouped it under (checked against the inventory's):
-FACT_GPUS = """
-SELECT gh, min(model) AS model, min(model) IS DISTINCT FROM max(model) OR count(*) > count(model) AS unsure,
-       sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(alloc_data_s) AS alloc_data_s
-FROM read_parquet($files) WHERE kind = 'gpu' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY gh
-"""
-# ... the window's GPUs (cap) with their facts: the gpu_use PER_GPU reads, and the model to check
-FACT_GPU_USE = """
-SELECT cap.cluster, cap.host, cap.gpu_uuid, cap.gi, cap.model, f.model AS fact_model, f.unsure,
-       f.data_s, f.busy_s, f.alloc_data_s
-FROM _fact_gpus f LEFT JOIN cap ON hash(cap.cluster, cap.host, cap.gpu_uuid, cap.gi::INTEGER) = f.gh
-"""  # (the GPU's hash as _GPU_HASH gives it)
-# ... per timeline bucket k ($bucket seconds from $start): data and busy GPU-hours by cluster and
-# model ("iv") and the allocations' by cluster, model, partition, account and user ("held")
-FACT_BUCKETS = """
-SELECT kind, cluster, model, partition, account, user_name, (epoch(hour) - epoch($start)) // $bucket AS k,
-       sum(data_gpu_h) AS data_gpu_h, sum(busy_gpu_h) AS busy_gpu_h
-FROM read_parquet($files) WHERE kind IN ('iv', 'held') AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ALL
-"""
-
-# ... the allocations' data and busy GPU-hours by cluster, partition, account and user over the
-# window, and how many had a piece in it (utilization by job dimension: sql.job_use's rows are
-# the groups with one)
-FACT_JOB_USE = """
-SELECT cluster, partition, account, user_name, sum(data_s) AS data_s, sum(busy_s) AS busy_s, sum(pieces) AS pieces
-FROM read_parquet($files) WHERE kind = 'job' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ALL
-"""
-
-# ... each allocation's (its hash, ah) look-ups summed over the window: data and busy seconds,
-# whether it had a piece and one with a utilization, its memory high-water, its idle and
-# no-process stretches' GPU-seconds; with MFU's detail (Analysis.allocation_detail's sums: null
-# where no piece had it) only where MFU is asked - as few aggregates as will do: a 16,384-GPU
-# week has a million allocations
-_FACT_ALLOCATIONS = """
-SELECT {named}, sum(data_s) AS data_s, sum(busy_s) AS busy_s, max(pieces) > 0 AS has_piece, max(util_n) > 0 AS has_util,
-       max(fb_max) AS fb_max, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s{detail}
-FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY {by}
-"""
-FACT_ALLOCATIONS = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail="")
-_FACT_DETAIL_SUMS = """sum(any_s) AS any_s, sum(tensor_s) AS tensor_s, sum(clocked_s) AS clocked_s, sum(tclock) AS tclock,
-       sum(tw_clocked) AS tw_clocked, sum(tnoclock) AS tnoclock"""
-FACT_ALLOCATION_DETAIL = _FACT_ALLOCATIONS.format(named="ah", by="ah", detail=",\n       " + _FACT_DETAIL_SUMS)
-# ... and only what the job list reads of them, with each allocation's job (its hash, jh: one per
-# allocation hash), not its hash: the job list of a window (fact_window.window_jobs) groups them by job
-FACT_JOB_ALLOCATIONS = _FACT_ALLOCATIONS.format(named="jh", by="ah, jh", detail="")
-# ... and the variant (gpu index, model, MIG share) the allocations' facts name for each held GPU
-# (its hash, gh); unsure: not one over the window (more than one seen, or two hours disagree) -
-# of the parts with a piece or a stretch (the others saw no variant)
-FACT_VARIANTS = """
-SELECT gh, min(gpu) AS gpu, min(model) AS model, min(equiv) AS equiv,
-       max(variants) > 1 OR min(gpu) IS DISTINCT FROM max(gpu) OR min(model) IS DISTINCT FROM max(model)
-       OR min(equiv) IS DISTINCT FROM max(equiv) OR count(model) NOT IN (0, count(*)) OR count(gpu) NOT IN (0, count(*))
-       OR count(*) > count(equiv) AS unsure
-FROM read_parquet($files)
-WHERE kind = 'alloc' AND (pieces > 0 OR idle_s > 0 OR nop_s > 0) AND ($cluster IS NULL OR cluster = $cluster) GROUP BY gh
-"""
-# ... each allocation with idle or no-process stretches in the window (its hash, its job's and its
-# GPU's): their GPU-seconds - the Waste page's rows (fact_window.window_waste), a few of a week's
-# million allocations
-FACT_STRETCHES = """
-SELECT ah, jh, gh, sum(idle_s) AS idle_s, sum(nop_s) AS nop_s
-FROM read_parquet($files) WHERE kind = 'alloc' AND (idle_s > 0 OR nop_s > 0) AND ($cluster IS NULL OR cluster = $cluster)
-GROUP BY ah, jh, gh
-"""
-# ... and what MFU reads of each allocation (fact_window.mfu_window): its job's and its GPU's
-# hash, the model its GPU's variant has (as FACT_VARIANTS takes it, where that is one over the
-# window), its seconds held in the window, whether it had a piece, and MFU's detail sums
-FACT_MFU_ALLOCATIONS = f"""
-SELECT jh, gh, min(model) AS model, sum(held_s) AS held_s, max(pieces) > 0 AS has_piece, {_FACT_DETAIL_SUMS}
-FROM read_parquet($files) WHERE kind = 'alloc' AND ($cluster IS NULL OR cluster = $cluster) GROUP BY ah, jh, gh
-"""
-# ... the window's GPUs (cap) by the hash the facts name them by
-CAPACITY_GPU_HASHES = f"SELECT {_GPU_HASH} AS gh, cluster, host, gpu_uuid, gi FROM cap"
-
 # --- MFU (analytics/mfu.py) ---
 
 # Per job: the GPUs it held in the window, each with its inventory's model and MIG share and its
@@ -665,14 +528,6 @@ _MFU_HELD_ALLOCATIONS = _MFU_HELD.format(h=f"""
     FROM al LEFT JOIN gpus g
       ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi""",
     key="cluster, scheduler, job_key", named=", any_value(job_id) AS job_id, any_value(account) AS account, any_value(user_name) AS user_name")
-# ... of a window's hour facts (_mfu_alloc: per allocation its job's hash jh, its GPU's gh and its
-# seconds held, fact_window.mfu_window), joined with the inventory by the GPU's hash (its key, as
-# the join above matches it), per job hash: fact_window.mfu_window names the jobs
-MFU_HELD_FACTS = "WITH " + _MFU_HELD.format(h=f"""
-    SELECT a.jh, g.model, {gpu_equiv("g")} AS equiv, a.held_s
-    FROM _mfu_alloc a LEFT JOIN (SELECT {_GPU_HASH} AS gh, model, mig_profile FROM (SELECT *, gpu_instance AS gi FROM gpus)) g
-      USING (gh)""", key="jh", named="") + "\nSELECT * FROM held"
-
 # Per job: its throughput reports in the window (r; {r_cols}: their job's key), summed (rep; {key}:
 # what held and acct, the job's held GPUs and accounting, are joined on)
 _MFU_REPORTS = """r AS (
@@ -721,48 +576,6 @@ LEFT JOIN mfu_use t USING (cluster, scheduler, job_key)
 LEFT JOIN rep USING (cluster, scheduler, job_key)
 ORDER BY k.cluster, k.scheduler, k.job_key
 """
-# ... of a window's hour facts (fact_window.mfu_window), all by the job's hash (jh): the jobs'
-# held GPUs (mfu_held: MFU_HELD_FACTS' rows) and tensor use (mfu_use), and the job's key and what
-# its allocations carry of it (as ALLOCATIONS has them) from the job table, else (mfu_unnamed:
-# held jobs the table lacks) from the job's allocations (ALLOCATION_JOB_NAMES): the same rows
-# without a join on a job's key
-MFU_JOBS_FACTS = f"""
-WITH jobs AS (
-    SELECT {_JOB_HASH} AS jh, cluster, scheduler, job_key, coalesce(job_id, job_key) AS job_id, account, user_name, gpus, alloc_gpu_s
-    FROM ja
-), acct AS (
-    SELECT jh, gpus, alloc_gpu_s FROM jobs WHERE gpus > 0
-), held AS (
-    SELECT * FROM mfu_held
-), {_MFU_REPORTS.format(r_cols=f"{_JOB_HASH} AS jh, {_JOB_COLUMNS}", rep_cols="r.jh, r.cluster, r.scheduler, r.job_key", key="jh")}, named AS (
-    SELECT jh, cluster, scheduler, job_key, job_id, account, user_name FROM jobs
-    WHERE gpus > 0 OR jh IN (SELECT jh FROM held)
-    UNION ALL SELECT jh, cluster, scheduler, job_key, job_id, account, user_name FROM mfu_unnamed
-), keys AS (  -- (a job that only reports: named by its reports)
-    SELECT * FROM named
-    UNION ALL SELECT jh, cluster, scheduler, job_key, job_key, NULL, NULL FROM rep ANTI JOIN named USING (jh)
-)
-SELECT k.cluster, k.scheduler, k.job_key, k.job_id, k.account, k.user_name,
-       {_MFU_FIGURES}
-FROM keys k
-LEFT JOIN acct USING (jh)
-LEFT JOIN held USING (jh)
-LEFT JOIN mfu_use t USING (jh)
-LEFT JOIN rep USING (jh)
-ORDER BY k.cluster, k.scheduler, k.job_key
-"""
-# a job's hash in the window's job table more than once (fact_window.mfu_window then reads no MFU from facts)
-JOB_HASH_CLASHES = f"SELECT count(*) - count(DISTINCT {_JOB_HASH}) AS n FROM ja"
-# the held jobs (mfu_held) the window's job table lacks: their hashes
-HELD_JOBS_UNACCOUNTED = f"SELECT jh FROM mfu_held ANTI JOIN (SELECT {_JOB_HASH} AS jh FROM ja) USING (jh)"
-# ... named by their allocations (as ALLOCATIONS has them; `accounted`: the accounting has the job)
-ALLOCATION_JOB_NAMES = f"""
-SELECT DISTINCT a.jh, a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_id, j.account, j.user_name, j.partition,
-       j.job_key IS NOT NULL AS accounted
-FROM (SELECT * FROM (SELECT cluster, scheduler, job_key, {_JOB_HASH} AS jh FROM allocations) SEMI JOIN _unnamed USING (jh)) a
-LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-"""
-
 # --- fairness (analytics/fairness.py) ---
 
 # demand and usage: the jobs known to hold GPUs (one of unknown GPU count - NULL - is counted apart:

@@ -127,8 +127,7 @@ def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n
     bucket: they are summed): "iv" data and busy by cluster and model, "cap" capacity by cluster
     and model (GPU dimensions, unless job_filtered), "pc" the allocations' data and busy by
     cluster, model, partition, account and user, "alloc" allocated time by cluster, partition,
-    account and user (unless the only dimension is model). Also what gpufleet.analytics.hour_facts
-    gives a window of whole hours from its hours' facts."""
+    account and user (unless the only dimension is model)."""
     def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.DataFrame:
         df = base[name].with_columns(pl.col("k").cast(pl.Int64))
         # (a sum of nothing known - allocated time of jobs of unknown GPU count only - stays unknown)

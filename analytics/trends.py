@@ -16,10 +16,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.core import Analysis, Totals
-from gpufleet.analytics.fact_window import window_analysis
-from gpufleet.analytics.hour_facts import FactFiles
 from gpufleet.analytics.params import Params
-from gpufleet.times import utcnow
 
 HEADLINES = (
     ("allocated_gpu_h", "GPU-hours allocated"),
@@ -174,21 +171,11 @@ def baseline(con: duckdb.DuckDBPyConnection, params: Params, previous: Params, t
     return Baseline(previous.start, previous.end, totals, first, no_comparison_reason(totals, previous.start, first))
 
 
-def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None, facts: FactFiles | None = None) -> Totals:
-    """The totals of the window of the same length before `params`: summed from its hours' facts
-    where `facts` answer it (analytics/fact_window.py: the same figures), else its analysis."""
-    previous = params.previous()
-    if facts is not None:
-        got = window_analysis(con, previous, now or utcnow(), facts, mfu=False)
-        if got is not None:
-            a, _ = got
-            try:
-                return a.totals()
-            finally:
-                a.con.close()
-    return Analysis(con, previous, now=now, held_only=True).totals()  # held_only: under a job filter, its jobs' GPUs
+def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Totals:
+    """The totals of the window of the same length before `params`: its analysis'."""
+    return Analysis(con, params.previous(), now=now, held_only=True).totals()  # held_only: under a job filter, its jobs' GPUs
 
 
-def previous_baseline(con: duckdb.DuckDBPyConnection, params: Params, now=None, facts: FactFiles | None = None) -> Baseline:
+def previous_baseline(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Baseline:
     """The window of the same length just before `params`, with the verdict of no_comparison_reason()."""
-    return baseline(con, params, params.previous(), previous_totals(con, params, now=now, facts=facts))
+    return baseline(con, params, params.previous(), previous_totals(con, params, now=now))

@@ -9,22 +9,12 @@ with the window set to the whole week in the URL's query parameters, as a user w
 - server start: what a dashboard process pays once, at its first script runs, whatever the store
   (imports, Streamlit's and Altair's own set-up): every page visited once over a 16-GPU day,
   timed and shown on its own row, so that a first load below counts what grows with the data.
-- hour facts: the store's closed hours' facts built as the served dashboard's warmer builds them
-  (dashboards/facts.py: once, timed; then a pass that finds them current, timed), before the
-  first loads - a window typed in finds them, as on a served dashboard.
 - first load: the pages visited once each in menu order, back to back, caches empty at the
-  start. The first page (Fleet now), once drawn, starts in the background, at the lowest CPU
-  priority, the reading of every page's figures from the hour facts (dashboards/figures.py compute_ahead:
-  data.window_use for Utilization and Teams, window_jobs, window_waste, window_mfu, in that
-  order; gpufleet.analytics.fact_window), which a page waits for when it gets there first; Waste
-  adds the previous week's totals, Health its own queries, Jobs one job's report (the most
-  wasteful job, by the job-id box: computed on the job's own run).
+  start. The first page that needs the window's figures computes its analysis (dashboards/data.py
+  window_bundle: core.Analysis, as `gpufleet analyze`), which the others then share; Waste adds
+  the previous week's totals, Health its own queries, Jobs one job's report (the most wasteful
+  job, by the job-id box: computed on the job's own run).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
-- the warmed preset: the week as "the last 7 days" with now 20 minutes before its end (inside an hour,
-  as a served dashboard's clock mostly is; PRESET_NOW_BEFORE_END: the window starts on the hour
-  before, dashboards/data.py start_grain, so its timeline's edges are hours), its figures computed
-  ahead as the served dashboard's warmer does (dashboards/figures.py; timed on its own row), then
-  the pages that read them, first loads.
 Twice, side by side: with the store's per-GPU summaries (built once by the product's upkeep, as
 bench/analytics.py builds them; [analytics] summaries = true, the default) and with every sample
 read (summaries = false).
@@ -63,15 +53,6 @@ RUNS = max(1, int(env_number("GPUFLEET_BENCH_DASH_RUNS", 5)))
 DASH_DAYS = int(env_number("GPUFLEET_BENCH_DASH_DAYS", 0))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
 THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
-PRESET = "7d"  # the warmed preset the week is also opened as (dashboards/figures.py)
-# ... at this "now": inside an hour, as a served dashboard's clock mostly is, so the preset's window
-# ends inside an hour (its start goes back to the hour: dashboards/data.py start_grain)
-PRESET_NOW_BEFORE_END = timedelta(minutes=20)
-# the hour facts are built as by a served dashboard this long after the data's end (its last hour closed)
-FACTS_NOW_AFTER_END = timedelta(minutes=10)
-# the pages that read the warmed figures (Health: its GPU health; its "now" figures are Fleet now's
-# states, which follow now: computed when the preset's Fleet now page, the default, opens first)
-PRESET_PAGES = ("utilization", "jobs", "teams", "waste", "mfu", "health")
 PAGES = (("fleet_now", "Fleet now"), ("utilization", "Utilization"), ("jobs", "Jobs"), ("teams", "Teams and fairness"),
          ("waste", "Waste and cost"), ("health", "Health"), ("mfu", "MFU"))
 
@@ -111,7 +92,6 @@ def measure(store: str, start: str, end: str, config: str, start_store: str, sta
     out["start_s"] = time.perf_counter() - t0
     progress(f"  server start (every page once over {start_store}): {out['start_s']:.1f} s")
     at = _app_test(store, start, end, config)
-    out["facts"] = _facts(end)
 
     def visit(page: str) -> float:
         if page != "fleet_now" or out["first"]:
@@ -134,31 +114,8 @@ def measure(store: str, start: str, end: str, config: str, start_store: str, sta
         runs = [visit(page) for _ in range(RUNS)]
         out["warm"][page] = runs
         progress(f"  warm: {page} median {statistics.median(runs):.3f} s")
-    out["preset"] = _preset_pages(store, end, config)
     out["vmhwm_mib"] = _vmhwm_mib()
     return out
-
-
-def _facts(end: str) -> dict:
-    """The hour facts of the store's closed hours, as the served dashboard's warmer builds them
-    (dashboards/facts.py) before a window is typed in: built once (timed), then a pass that finds
-    them current (timed: what every warmer pass costs)."""
-    from datetime import datetime
-
-    from gpufleet.dashboards import data, figures
-
-    now = datetime.fromisoformat(end) + FACTS_NOW_AFTER_END
-    warmer = figures.Warmer([], clock=lambda: now)
-    s = data.current_settings()
-    t = time.perf_counter()
-    built = warmer.refresh_facts(s)
-    res = {"build_s": time.perf_counter() - t, "hours": built.hours_built if built else 0, "error": warmer.errors.get(figures.FACTS)}
-    t = time.perf_counter()
-    warmer.refresh_facts(s)
-    res["check_s"] = time.perf_counter() - t
-    progress(f"  hour facts built by the warmer: {res['hours']} hours in {res['build_s']:.1f} s; a pass finding them current "
-             f"{res['check_s']:.2f} s, peak RSS so far {_vmhwm_mib():,.0f} MiB")
-    return res
 
 
 def _timed_run(at, page: str, problems: list[str]) -> float:
@@ -173,40 +130,10 @@ def _timed_run(at, page: str, problems: list[str]) -> float:
     return dt
 
 
-def _preset_pages(store: str, end: str, config: str) -> dict:
-    """The week as the "7d" preset on a served dashboard: its figures computed ahead by the warmer
-    (dashboards/figures.py) with now PRESET_NOW_BEFORE_END before the data's end, then the pages
-    that read them, first loads."""
-    from datetime import datetime
-
-    from gpufleet.dashboards import config as dconfig
-    from gpufleet.dashboards import data, figures
-
-    now = datetime.fromisoformat(end) - PRESET_NOW_BEFORE_END
-    data.utcnow = lambda: now  # the synthetic week ends at `end`: "the last 7 days" are its days
-    warmer = figures.Warmer([PRESET], clock=lambda: now)
-    dconfig.warm_asked = lambda argv=None: True
-    figures._warmer = lambda presets: warmer
-    at = _app_test(store, "", "", config)
-    at.query_params.clear()
-    at.query_params["window"] = PRESET
-    at.run()  # Fleet now, the default page (its own figures, timed above)
-    t = time.perf_counter()
-    computed = warmer.warm(data.current_settings())
-    res: dict = {"warm_s": time.perf_counter() - t, "first": {}, "problems": [f"warmer: {e}" for e in warmer.errors.values()]}
-    progress(f"  the {PRESET} preset's figures computed ahead ({computed}): {res['warm_s']:.1f} s, peak RSS so far {_vmhwm_mib():,.0f} MiB")
-    for page in PRESET_PAGES:
-        at.switch_page(f"views/{page}.py")
-        res["first"][page] = _timed_run(at, page, res["problems"])
-        progress(f"  first load of the warmed {PRESET} preset: {page} {res['first'][page]:.2f} s")
-    return res
-
-
 def _child(store: Path, start, end, tmp: str, summaries: bool, start_store: Path, start_scale) -> dict:
     """measure() in a process of its own (its peak RSS is its own), with [analytics] summaries set."""
     cfg = Path(tmp) / f"gpufleet-{summaries}.toml"
     cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n'
-                   f'facts_dir = "{Path(tmp) / f"facts-{summaries}"}"\n'
                    f'[analytics]\nsummaries = {"true" if summaries else "false"}\n')
     progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}, {'summaries' if summaries else 'raw samples'}, "
              f"in a child process (first load, then {RUNS} warm runs each)")
@@ -250,11 +177,6 @@ def run() -> list[Table]:
         warm = statistics.median(m["warm"][page])
         label = f"{title} (list + job {m['job']}'s report)" if page == "jobs" and m.get("job") else title
         t.add(f"{label}: warm cache (median of {RUNS})", f"{warm:.3f} s", f"< {GOAL_S:g} s", warm < GOAL_S)
-    fm, fr = m["facts"], (r["facts"] if r else None)
-    t.add("hour facts of the window's closed hours built by the served dashboard's warmer, once (dashboards/facts.py), "
-          "summaries / raw samples", f"{fm['hours']} hours in {fm['build_s']:.1f} s / "
-          + (f"{fr['hours']} hours (the raw path keeps none)" if fr else "not run"))
-    t.add("    a warmer pass finding them current (every period)", f"{fm['check_s']:.2f} s")
     t.add("server start: every page once over a 16-GPU day (imports, Streamlit's and Altair's set-up; once per process), "
           "summaries / raw samples", f"{m['start_s']:.1f} s / " + (f"{r['start_s']:.1f} s" if r else "not run"))
     raw_s = lambda k: f" / {r['first'][k]:.1f} s" if r and k in r["first"] else (" / not run" if not r else "")  # noqa: E731
@@ -264,30 +186,18 @@ def run() -> list[Table]:
         if page == "jobs" and "jobs+report" in m["first"]:
             report = m["first"]["jobs+report"]
             t.add(f"    + job {m['job']}'s report, first load", f"{report:.1f} s{raw_s('jobs+report')}", f"< {GOAL_S:g} s", report < GOAL_S)
-    p = m["preset"]
-    t.add(f"the {PRESET} preset's figures computed ahead by the served dashboard's warmer, once per 30 min (summaries / raw samples)",
-          f"{p['warm_s']:.1f} s / " + (f"{r['preset']['warm_s']:.1f} s" if r else "not run"))
-    titles = dict(PAGES)
-    for page in PRESET_PAGES:
-        first = p["first"][page]
-        raw_first = f" / {r['preset']['first'][page]:.2f} s" if r else " / not run"
-        t.add(f"{titles[page]}: first load of the warmed {PRESET} preset, summaries / raw samples", f"{first:.2f} s{raw_first}",
-              f"< {GOAL_S:g} s", first < GOAL_S)
     t.add("peak RSS of the dashboard process (VmHWM), summaries / raw samples",
           f"{m['vmhwm_mib']:,.0f} MiB / " + (f"{r['vmhwm_mib']:,.0f} MiB" if r else "not run"))
-    problems = ([f"summaries: {p}" for p in m["problems"] + m["preset"]["problems"]] + [f"hour facts: {m['facts']['error']}"] * bool(m["facts"]["error"])
-                + [f"raw: {p}" for p in (r["problems"] + r["preset"]["problems"] if r else [])])
+    problems = [f"summaries: {p}" for p in m["problems"]] + [f"raw: {p}" for p in (r["problems"] if r else [])]
     if problems:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
-        "first load in menu order from empty caches (the hour facts built before, as a served dashboard has them), after the "
-        "server's start, back to back: from the first page on the background reads every page's figures from the window's "
-        "hour facts at the lowest CPU priority (Utilization's and Teams', the job list, waste, MFU: in menu order; a page "
-        "waits for its own when it gets there first); a job's report computes the job on its own run, its MFU too; "
-        "Waste adds the previous window's totals; Fleet now computes the GPU states at the window's end, which Health reuses "
-        "beside its own queries",
+        "first load in menu order from empty caches, after the server's start, back to back: the first page that needs the "
+        "window's figures computes its analysis (dashboards/data.py window_bundle: core.Analysis, as `gpufleet analyze`), "
+        "which the later pages share; a job's report computes the job on its own run, its MFU too; Waste adds the previous "
+        "window's totals; Fleet now computes the GPU states at the window's end, which Health reuses beside its own queries",
         "the synthetic store holds no data before its first day, so Waste's previous-window totals are cheap here; on a real "
-        "store they are summed from the previous week's hour facts (kept 15 days), else one more window analysis",
+        "store they are one more window analysis",
         f"a relative window is recomputed once per period (dashboards/data.py step_for: 30 min for 7 days), warm in between; "
         f"DuckDB memory_limit {MEMORY_LIMIT or 'default'}, threads {THREADS or 'all cores'}; "
         f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s); summaries {'built now' if built else 'cached'} "
@@ -295,10 +205,6 @@ def run() -> list[Table]:
         "a job's report reads its run's samples raw either way (its GPU timeline needs them: GpuTime.bucket_detail), of the "
         "job's own GPUs only (a job filter with Analysis held_only)",
         *([] if r else [f"raw-sample side not run: {why}"]),
-        f"the warmed preset: the served dashboard (`gpufleet dashboard`) computes the [dashboard] warm_windows presets' "
-        f"figures at each reuse period's start, before anyone asks (dashboards/figures.py); here the {PRESET} preset with now "
-        f"{PRESET_NOW_BEFORE_END.seconds // 60} min before the data's end (off the hour, as now mostly is; the window starts on the hour before), computed once and timed on its own row, then each page that reads it opened "
-        f"once (Health after Fleet now, whose states it shares); a window typed in (the first loads above) cannot be foreseen and is computed when asked",
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]
     return [t]

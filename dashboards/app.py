@@ -7,10 +7,9 @@ auto-refresh. The pages (dashboards/views/*.py; not "pages/", which Streamlit wo
 multipage folder) are UI only: they call analytics through the
 cached loaders of dashboards/data.py.
 
-    streamlit run dashboards/app.py -- [--config gpufleet.toml] [--store DIR] [--warm]
+    streamlit run dashboards/app.py -- [--config gpufleet.toml] [--store DIR] [--served]
 
---warm (which `gpufleet dashboard` passes) computes the warm_windows presets' figures ahead
-(dashboards/figures.py).
+--served (which `gpufleet dashboard` passes) writes gpufleet's log lines to stderr.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 import streamlit as st
 
 from gpufleet.dashboards import config as dconfig
-from gpufleet.dashboards import data, figures, ui
+from gpufleet.dashboards import data, ui
 from gpufleet.config import ConfigError
 
 HERE = Path(__file__).resolve().parent
@@ -45,9 +44,8 @@ except ConfigError as e:
     st.code(str(e), language=None)
     st.stop()
 
-if dconfig.warm_asked():  # served by `gpufleet dashboard`: the presets' figures computed ahead
+if dconfig.served():  # served by `gpufleet dashboard`: its log on stderr
     ui.log_to_stderr()
-    figures.warmer(settings)
 
 if not ui.sign_in_gate(settings):
     st.stop()

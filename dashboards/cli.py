@@ -79,7 +79,7 @@ def command(host: str, port: int, config: str | None, store: str | None, secrets
         argv += ["--secrets.files", str(secrets)]
     if base_url_path.strip("/"):
         argv += ["--server.baseUrlPath", base_url_path.strip("/")]
-    argv += ["--", "--warm"]
+    argv += ["--", "--served"]
     if config:
         argv += ["--config", str(Path(config).resolve())]
     if store:

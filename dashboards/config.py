@@ -6,12 +6,9 @@
     store = ""                       # default: [analytics] store, else [collector] store
     refresh_seconds = 60             # auto-refresh when the store has news; 0 turns it off
     default_window = "24h"           # 1h, 6h, 24h, 7d or 30d
-    warm_windows = ["24h", "7d"]     # presets whose figures are computed before anyone asks ([]: none)
     stale_after_seconds = 300        # a GPU's latest sample older than this is "no data"
-    memory_limit = ""                # DuckDB memory limit of each of the dashboard's two readers (the pages', the work ahead's), e.g. "4GB" ("": DuckDB's 80 % of RAM)
+    memory_limit = ""                # DuckDB memory limit of the dashboard's reader, e.g. "4GB" ("": DuckDB's 80 % of RAM)
     threads = 0                      # DuckDB threads (0: one per core)
-    facts_days = 15                  # days of closed hours the warmer keeps hour facts of (0: none; 15: a week and the one before)
-    facts_dir = ""                   # where ("": $XDG_CACHE_HOME/gpufleet/hour-facts, else ~/.cache/...)
     allowed_emails = []              # with [dashboard.auth]: who may see it ([] = anyone who signs in)
     allowed_domains = []             #   ... or whose e-mail is in one of these domains
 
@@ -50,17 +47,10 @@ OPTIONS = (
     Option("store", "", "a store directory path, or \"\" for [analytics] store, else [collector] store", lambda v: isinstance(v, str)),
     Option("refresh_seconds", 60, "an integer number of seconds >= 0 (0: no auto-refresh)", integer(0)),
     Option("default_window", "24h", f"one of {', '.join(WINDOWS)}", one_of(*WINDOWS)),
-    Option("warm_windows", ["24h", "7d"], f"a list of windows among {', '.join(WINDOWS)}",
-           lambda v: isinstance(v, list) and all(isinstance(w, str) and w in WINDOWS for w in v)),
     Option("stale_after_seconds", 300, "an integer number of seconds >= 1", integer(1)),
     Option("memory_limit", "", 'a DuckDB size like "4GB", or "" for DuckDB\'s default',
            lambda v: isinstance(v, str) and (v == "" or re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", v) is not None)),
     Option("threads", 0, "an integer >= 0 (0: one per core)", integer(0)),
-    # hour facts (gpufleet.analytics.hour_facts, dashboards/facts.py): the pages of a window of
-    # whole hours typed in, and its previous window's totals, are summed from them, not computed
-    Option("facts_days", 15, "an integer number of days >= 0 (0: no hour facts)", integer(0)),
-    Option("facts_dir", "", 'a directory path, or "" for $XDG_CACHE_HOME/gpufleet/hour-facts (else ~/.cache/gpufleet/hour-facts)',
-           lambda v: isinstance(v, str)),
     Option("allowed_emails", [], "a list of e-mail addresses", strings),
     Option("allowed_domains", [], "a list of e-mail domains, e.g. [\"example.org\"]", strings),
     Option("auth", {}, "a table of Streamlit [auth] settings (redirect_uri, cookie_secret, client_id, ...)", lambda v: isinstance(v, dict)),
@@ -149,7 +139,7 @@ def app_arguments(argv: Sequence[str] | None = None) -> tuple[str | None, str | 
     return args.config or os.environ.get(ENV_CONFIG) or None, args.store or os.environ.get(ENV_STORE) or None
 
 
-def warm_asked(argv: Sequence[str] | None = None) -> bool:
-    """Whether the app was started to serve (`gpufleet dashboard` passes --warm): only then does
-    it compute the warm_windows' figures in the background (dashboards/figures.py)."""
-    return "--warm" in (sys.argv[1:] if argv is None else argv)
+def served(argv: Sequence[str] | None = None) -> bool:
+    """Whether the app was started to serve (`gpufleet dashboard` passes --served): only then
+    does it write gpufleet's log lines to stderr (ui.log_to_stderr)."""
+    return "--served" in (sys.argv[1:] if argv is None else argv)

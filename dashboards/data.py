@@ -4,13 +4,12 @@
   never the writer's file) is a st.cache_resource keyed by store path and manifest version, so
   a new publish by the collector is picked up and a reader never sees a half-written batch.
 - One gpufleet.analytics.core.Analysis per window and filters computes everything the Utilization, Jobs,
-  Teams, Waste and MFU pages show (`window_bundle`); the Analysis itself (large temporary
-  tables) is dropped as soon as the bundle is made. The Bundle, the job list and MFU figures are
-  kept with st.cache_resource: one object for every session, not a copy each (st.cache_data
-  pickles: a 16,384-GPU week's job list is 212 MiB pickled, ~0.9 s to store and read back), so
-  the pages never change what they are given - as they never did the warmer's Bundles.
-  The pages get it through dashboards/figures.py, whose warmer computes the configured presets'
-  bundles ahead in the served app.
+  Teams, Waste and MFU pages show (`window_bundle`): the same functions `gpufleet analyze` and
+  the report call, nothing computed ahead and no figure of the dashboard's own. The Analysis
+  itself (large temporary tables) is dropped as soon as the bundle is made. The Bundle is kept
+  with st.cache_resource: one object for every session, not a copy each (st.cache_data pickles:
+  a 16,384-GPU week's job list is 212 MiB pickled, ~0.9 s to store and read back), so the pages
+  never change what they are given.
 - Cache keys are plain tuples holding every input of a figure: store, window, filters and a
   fingerprint of the configuration. A relative window ("the last 24 h", `Window`) also carries
   the number of its reuse period (step_for: longer for longer windows): its figures are computed
@@ -31,9 +30,6 @@ Nothing here computes a figure: it calls analytics and caches what comes back.
 from __future__ import annotations
 
 import logging
-import os
-import sys
-import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -52,9 +48,6 @@ from gpufleet.dashboards import config as dconfig
 from gpufleet.times import HOUR, floor_time, utcnow
 
 log = logging.getLogger(__name__)
-# the CPU priority (a Linux thread's nice value) of work computed ahead of any page (work_ahead)
-AHEAD_NICE = 19
-_AHEAD = threading.local()
 
 TOP_JOBS = 25  # the Waste page's most wasteful jobs
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
@@ -84,9 +77,8 @@ def manifest_version(root: str | Path) -> int | None:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def _reader(root: str, version: int, memory_limit: str, threads: int, ahead: bool) -> duckdb.DuckDBPyConnection:
-    """The pages' reader, or (`ahead`) the one of the threads that work ahead (work_ahead): a
-    DuckDB of its own, created in such a thread, so its worker threads take that thread's priority."""
+def _reader(root: str, version: int, memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
+    """The pages' reader of the store's manifest `version`."""
     from gpufleet.collector.store import open_reader
 
     con = open_reader(root)
@@ -107,27 +99,7 @@ def reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     if version is None:
         raise StoreError(f"no store at {root}: expected a directory written by `gpufleet collect` (manifest.json missing)")
     d = current_settings().dashboard
-    return _reader(str(root), version, d["memory_limit"], d["threads"], working_ahead())
-
-
-def work_ahead() -> None:
-    """Mark the calling thread - one the dashboard starts to compute figures before a page asks
-    for them (the warmer's, a window's prefetch) - as working ahead, for the rest of its life: the
-    lowest CPU priority (Linux: the thread's nice value, AHEAD_NICE; it cannot be raised again
-    unprivileged), and its store reads on a reader of their own (`reader`), whose DuckDB worker
-    threads inherit that priority. So a page opened meanwhile has the cores first, and the work
-    ahead takes what the pages leave (a page waiting for that work leaves it all)."""
-    if sys.platform.startswith("linux"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), AHEAD_NICE)
-        except OSError as e:  # (a container may forbid it: the work goes on at the pages' priority)
-            log.warning("the dashboard's work ahead keeps the pages' CPU priority: %s", e)
-    _AHEAD.on = True
-
-
-def working_ahead() -> bool:
-    """Whether the calling thread works ahead (work_ahead)."""
-    return getattr(_AHEAD, "on", False)
+    return _reader(str(root), version, d["memory_limit"], d["threads"])
 
 
 # --- the window ---
@@ -278,15 +250,14 @@ class Bundle:
     prices: dict[str, float]
     computed_s: float
     window: Resolved  # the times these figures are for
-    facts_hours: int = 0  # the hours summed from their facts (gpufleet.analytics.fact_window; 0: computed from the store)
-    mfu_apart: bool = False  # MFU left out, to be asked of window_mfu (a Bundle from facts: see window_bundle)
+    goodput: dict | None = None  # gpufleet.analytics.goodput.compute; None when it failed (goodput_error says why)
+    goodput_error: str | None = None
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
 def window_bundle(key: tuple) -> Bundle:
-    """Everything the Utilization, Jobs, Teams, Waste and MFU pages show (`key`: a Window.key):
-    summed from the window's hour facts where they answer it - then without MFU (window_mfu:
-    the job list the Jobs page waits for comes first) -, else computed."""
+    """Everything the Utilization, Jobs, Teams, Waste and MFU pages show (`key`: a Window.key),
+    from the window's analysis (gpufleet.analytics.core.Analysis, as `gpufleet analyze` computes it)."""
     import time
 
     from gpufleet.analytics import jobs as ajobs
@@ -294,258 +265,43 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    a, tl, hours = _from_facts(s, w, p)
-    if a is None:
-        # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
-        a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
+    # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
+    con = reader(w.root)
+    a = Analysis(con, p, now=w.as_of, detail=True, held_only=True)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
-        tl = tl if tl is not None else timeline.utilization_timelines(a, TIMELINE_BY)
+        tl = timeline.utilization_timelines(a, TIMELINE_BY)
         waste = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
         top = a.top_wasteful_jobs(TOP_JOBS)
-        listed = window_jobs(key) if hours else None  # (from facts: the Jobs page's list, computed first)
-        summaries = listed.jobs if listed is not None else ajobs.job_summaries(a)
+        summaries = ajobs.job_summaries(a)
         fair, fair_err = None, None
-        if hours:  # (the Teams page's own, from the accounting alone: the same figures, computed once)
-            fair, fair_err = window_fairness(key)
-        else:
-            try:
-                fair = fairness.fairness(a, s.shares, s.half_life)
-            except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
-                log.exception("fairness failed")
-                fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
-        # from facts, MFU (a third of the rest at 16,384 GPUs) is read apart (window_mfu), without the rest
-        mfu_figures, mfu_err = (None, None) if hours else _mfu(a)
+        try:
+            fair = fairness.fairness(a, s.shares, s.half_life)
+        except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+            log.exception("fairness failed")
+            fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
+        mfu_figures, mfu_err = _mfu(a)
+        fall, fall_err = _goodput(s, con, a, p, w, mfu_figures)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                      computed_s=time.monotonic() - t0, window=w, facts_hours=hours, mfu_apart=bool(hours))
+                      computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err)
     finally:
         _close(a)
 
 
-@dataclass
-class JobList:
-    """What the Jobs page lists of a window: its Bundle's job list, or the same read from its
-    hours' facts alone (gpufleet.analytics.fact_window.window_jobs)."""
+def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p: Params, w: Resolved,
+             mfu_figures: dict[str, pl.DataFrame] | None) -> tuple[dict | None, str | None]:
+    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis."""
+    from gpufleet.analytics import goodput, reliability as arel
+    from gpufleet.analytics.params import analytics_options
 
-    jobs: pl.DataFrame  # gpufleet.analytics.jobs.job_summaries
-    window: Resolved  # the times it is for
-    facts_hours: int = 0  # the hours summed from their facts (0: the Bundle's list)
-
-    @classmethod
-    def of(cls, b: Bundle) -> "JobList":
-        return cls(b.jobs, b.window, b.facts_hours)
-
-
-@st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Listing the window's jobs (analytics)...")
-def window_jobs(key: tuple) -> JobList | None:
-    """The Jobs page's job list (`key`: a Window.key) read from the window's hour facts alone (a
-    third of its whole analysis' time: the job list a Bundle from facts takes too) - under an
-    account, user or partition filter and over a window of 12 h or less too, which the rest of a
-    window's figures are not summed from facts for; None where they do not answer it (then the
-    Bundle's)."""
-    from gpufleet.analytics import fact_window, hour_facts
-
-    s, w, p = _request(key)
-    facts = _answering(s, p, job_list=True)
-    if facts is None:
-        return None
-    jobs = fact_window.window_jobs(reader(w.root), p, w.as_of, facts, names=fact_names(w))
-    return None if jobs is None else JobList(jobs, w, len(hour_facts.whole_hours(p)))
-
-
-def facts_answer(key: tuple) -> bool:
-    """Whether hour facts are kept, can answer the window (`key`: a Window.key;
-    gpufleet.analytics.hour_facts.why_not) and are there for every hour of it (whether they are
-    current is known when they are read)."""
-    from gpufleet.analytics import hour_facts
-
-    s, _, p = _request(key)
-    facts = _answering(s, p)
-    return facts is not None and hour_facts.facts_present(p, facts)
-
-
-def _answering(s: dconfig.Settings, p: Params, job_list: bool = False):
-    """The hour facts (facts_dir) where they are kept and can answer the window `p` (`job_list`:
-    its job list alone; gpufleet.analytics.hour_facts.why_not), else None."""
-    from gpufleet.analytics import hour_facts
-
-    facts = facts_dir(s)
-    return facts if facts is not None and hour_facts.answerable(p, job_list) else None
-
-
-@dataclass
-class WasteView:
-    """What the Waste page shows of a window: its Bundle's figures, or the same read from its
-    hours' facts alone (window_waste) with the Utilization page's (window_use: by model and host)."""
-
-    totals: Any  # core.Totals
-    waste: dict[tuple[str, str], pl.DataFrame]  # (by, kind) -> waste_by
-    top_jobs: pl.DataFrame
-    utilization: dict[str, pl.DataFrame]
-    window: Resolved
-    facts_hours: int = 0  # the hours summed from their facts (0: the Bundle's figures)
-
-    @classmethod
-    def of(cls, b: Bundle) -> "WasteView":
-        return cls(b.totals, b.waste, b.top_jobs, b.utilization, b.window, b.facts_hours)
-
-
-@st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Summing the window's waste (analytics)...")
-def window_waste(key: tuple) -> Any:
-    """The Waste page's totals, waste by account and user and top jobs (`key`: a Window.key; a
-    gpufleet.analytics.fact_window.WindowWaste) read from the window's hour facts alone - the
-    allocations with idle or no-process stretches, not the whole analysis the Bundle takes; None
-    where they do not answer it (then the Bundle's)."""
-    from gpufleet.analytics import fact_window
-
-    s, w, p = _request(key)
-    facts = _answering(s, p)
-    if facts is None:
-        return None
-    return fact_window.window_waste(reader(w.root), p, w.as_of, facts, TOP_JOBS, names=fact_names(w))
-
-
-@dataclass
-class MfuView:
-    """What the MFU page shows of a window: the MFU figures (per job and per account: "jobs",
-    "accounts"), or why they could not be computed; the window they are for."""
-
-    figures: dict[str, pl.DataFrame] | None
-    error: str | None
-    window: Resolved
-    facts_hours: int = 0  # the hours read from their facts (0: computed)
-
-    @classmethod
-    def of(cls, b: Bundle) -> "MfuView":
-        return cls(b.mfu, b.mfu_error, b.window, b.facts_hours)
-
-
-@st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's MFU figures (analytics)...")
-def window_mfu(key: tuple) -> MfuView:
-    """The MFU page's figures (`key`: a Window.key): read from the window's hour facts where they
-    answer it (gpufleet.analytics.fact_window.mfu_window: not the whole analysis), else its
-    Bundle's (computed: with MFU), else - a Bundle from facts that no longer answer - computed."""
-    from gpufleet.analytics import fact_window, hour_facts
-
-    s, w, p = _request(key)
-    facts = _answering(s, p)
-    if facts is not None:
-        a = fact_window.mfu_window(reader(w.root), p, w.as_of, facts, names=fact_names(w))
-        if a is not None:
-            try:
-                return MfuView(*_mfu(a), w, len(hour_facts.whole_hours(p)))
-            finally:
-                _close(a)
-    b = window_bundle(key)
-    if not b.mfu_apart:
-        return MfuView.of(b)
-    a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
     try:
-        return MfuView(*_mfu(a), b.window)
-    finally:
-        _close(a)
-
-
-def _from_facts(s: dconfig.Settings, w: Resolved, p: Params) -> tuple[Analysis | None, dict[str, pl.DataFrame] | None, int]:
-    """The window's analysis (without what only MFU reads) and timelines from its hours' facts
-    (gpufleet.analytics.fact_window) and how many hours; (None, None, 0) where they do not answer
-    it (then it is computed)."""
-    from gpufleet.analytics import fact_window, hour_facts
-
-    facts = _answering(s, p)
-    if facts is None:
-        return None, None, 0
-    got = fact_window.window_analysis(reader(w.root), p, w.as_of, facts, mfu=False, names=fact_names(w))
-    if got is None:
-        return None, None, 0
-    a, tl = got
-    return a, {by: tl[by] for by in TIMELINE_BY}, len(hour_facts.whole_hours(p))
-
-
-@dataclass
-class UseView:
-    """What the Utilization and Teams pages show of a window: its Bundle's figures, or the same
-    summed from its hours' facts (gpufleet.analytics.hour_facts) - then without the figures
-    those pages do not show (the idle time in `totals`)."""
-
-    totals: Any  # core.Totals, or hour_facts.UseTotals
-    utilization: dict[str, pl.DataFrame]
-    timeline: dict[str, pl.DataFrame]
-    window: Resolved
-    facts_hours: int = 0  # the hours summed from their facts (0: the Bundle's figures)
-    facts_missed: str | None = None  # why facts (kept) did not answer the window
-
-    @classmethod
-    def of(cls, b: Bundle) -> "UseView":
-        return cls(b.totals, b.utilization, b.timeline, b.window)
-
-
-def fact_names(w: Resolved) -> dict:
-    """The hour facts' names computed on the store as it stands now (its manifest version), for
-    the configuration's parameters: hour_facts.read_window's memo, so the pages of one window
-    check them once."""
-    return _fact_names(w.root, manifest_version(w.root), w.fingerprint)
-
-
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _fact_names(root: str, version: int | None, fingerprint: str) -> dict:
-    return {}
-
-
-def facts_dir(s: dconfig.Settings):
-    """The store's hour facts (dashboards/facts.py), None when `[dashboard] facts_days` is 0."""
-    from gpufleet.dashboards.facts import FactsDir, default_dir
-
-    if not s.dashboard["facts_days"]:
-        return None
-    base = Path(s.dashboard["facts_dir"]).expanduser() if s.dashboard["facts_dir"] else default_dir()
-    if not base.is_absolute() and s.config_path:
-        base = Path(s.config_path).resolve().parent / base
-    return FactsDir.of(base, s.store)
-
-
-@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
-def window_use(key: tuple) -> UseView:
-    """The Utilization and Teams pages' utilization figures (`key`: a Window.key): summed from the hours' facts
-    where they answer the window, else the window's Bundle (window_bundle, which the other pages
-    share)."""
-    from gpufleet.analytics import hour_facts
-
-    s, w, p = _request(key)
-    facts = facts_dir(s)
-    missed = None
-    if facts is not None:
-        missed = hour_facts.why_not(p)
-        if missed is None:
-            use = hour_facts.window_use(reader(w.root), p, w.as_of, facts, names=fact_names(w))
-            if use is not None:
-                return UseView(use.totals, use.utilization, use.timeline, w, use.hours)
-            missed = ("not every hour of it has current facts yet (the served dashboard builds those of the last "
-                      f"{s.dashboard['facts_days']} days' closed hours in the background)")
-    view = UseView.of(window_bundle(key))
-    view.facts_missed = missed
-    return view
-
-
-@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's fairness figures (analytics)...")
-def window_fairness(key: tuple) -> tuple[Any | None, str | None]:
-    """The Teams page's fairness figures (`key`: a Window.key) from the accounting alone
-    (gpufleet.analytics.fairness over the window's job table, core.JobWindow): the report, or
-    None and why it failed."""
-    from gpufleet.analytics.core import JobWindow
-
-    s, w, p = _request(key)
-    try:
-        jobs = JobWindow(reader(w.root), p, w.as_of)  # it reads no sample: the job table alone
-        try:
-            return fairness.fairness(jobs, s.shares, s.half_life), None
-        finally:
-            jobs.close()
-    except Exception as e:  # noqa: BLE001 - the page shows the utilization by account without it
-        log.exception("fairness failed")
-        return None, f"fairness could not be computed: {type(e).__name__}: {e}"
+        return goodput.compute(a, con, p, arel.settings(analytics_options(s.doc, s.config_path)), as_of=w.as_of,
+                               mfu_jobs=mfu_figures["jobs"] if mfu_figures else None), None
+    except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+        log.exception("goodput waterfall failed")
+        return None, f"the goodput waterfall could not be computed: {type(e).__name__}: {e}"
 
 
 def _close(a: Analysis) -> None:
@@ -573,7 +329,7 @@ def previous_baseline(key: tuple):
     from gpufleet.analytics.trends import previous_baseline as prev
 
     s, w, p = _resolved(key)
-    return prev(reader(w.root), p, now=w.as_of, facts=facts_dir(s))
+    return prev(reader(w.root), p, now=w.as_of)
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")
@@ -644,23 +400,6 @@ def health(key: tuple, bucket_s: float) -> dict:
     con = reader(w.root)
     return {**ahealth.window_health(con, p, temperature=timedelta(seconds=bucket_s)), "foreign": ahealth.foreign_processes(con, p),
             "window": w}
-
-
-@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the goodput waterfall (analytics)...")
-def goodput_waterfall(key: tuple) -> dict:
-    """The window's goodput waterfall (gpufleet.analytics.goodput.compute: gpufleet.goodput/v1), fleet
-    and per team, with the window it was computed for."""
-    from gpufleet.analytics import goodput, reliability as arel
-    from gpufleet.analytics.params import analytics_options
-
-    s, w, p = _request(key)
-    con = reader(w.root)
-    a = Analysis(con, p, now=w.as_of)
-    try:
-        out = goodput.compute(a, con, p, arel.settings(analytics_options(s.doc, s.config_path)), as_of=w.as_of)
-    finally:
-        _close(a)
-    return {**out, "resolved": w}
 
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Classifying the window's job attempts (analytics)...")

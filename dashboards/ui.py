@@ -21,7 +21,7 @@ from gpufleet.analytics import trends
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Filters
 from gpufleet.dashboards import config as dconfig
-from gpufleet.dashboards import data, figures
+from gpufleet.dashboards import data
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +394,6 @@ def run_page(title: str, body: Callable[[Context], None], caption: str | None = 
             no_store_message(ctx.settings.store)
             return
         body(ctx)
-        figures.compute_ahead(ctx.window)  # (once the page is drawn: it comes first)
     except StoreError as e:
         st.info("The store cannot be read right now:")
         st.code(str(e), language=None)
@@ -413,14 +412,6 @@ def window_caption(w: data.Resolved) -> None:
     parts = [f"{k}={v}" for k, v in (("cluster", f.cluster), ("account", f.account), ("user", f.user_name), ("model", f.model), ("partition", f.partition)) if v]
     st.text(f"Window {when(w.start)} to {when(w.end)}" + (" (the last " + duration(w.length.total_seconds()) + ", moving with now)" if w.relative else "")
             + (f"; filters: {', '.join(parts)}" if parts else ""))
-
-
-def facts_note(hours: int) -> None:
-    """Say that the page's figures were summed from hour facts (gpufleet.analytics.hour_facts;
-    0 hours: they were not)."""
-    if hours:
-        st.caption(f"Summed from the hour facts of the window's {hours:,} hours, computed ahead by the dashboard "
-                   "(the figures of the window's analysis).")
 
 
 def scope_note(t: Any) -> None:
@@ -458,7 +449,7 @@ def _parse_time(text: str) -> datetime | None:
 
 @st.cache_resource(show_spinner=False)
 def log_to_stderr() -> None:
-    """gpufleet's own log lines (the warmer's, a failing figure's) on the served dashboard's
+    """gpufleet's own log lines (a failing figure's) on the served dashboard's
     stderr, once per process, in the format of `gpufleet`'s other commands."""
     logger = logging.getLogger("gpufleet")
     if not logger.handlers:

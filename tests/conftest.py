@@ -3,7 +3,6 @@ when one is unavailable a test skips with the reason, or fails under CI=true (re
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -105,19 +104,6 @@ def slurm_cluster(request, tmp_path_factory) -> SlurmCluster:
     return cluster
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _private_cache_home(tmp_path_factory):
-    """What the product caches under $XDG_CACHE_HOME (the dashboards' hour facts) goes to the
-    session's temporary directory, never to the home directory of whoever runs the tests."""
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
-    yield
-    if old is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
 def _scheduling_scopes() -> dict[str, str]:
     """Test file -> the scope its tests are scheduled in: "slurm" for every file that uses the one real
     Slurm cluster (it starts once, on one worker), the file itself where it builds module fixtures
@@ -181,7 +167,6 @@ SLOW = (
     "tests/test_reliability.py::test_cli_reliability_json_and_table",
     "tests/test_store_segments.py::test_readers_see_the_full_snapshot_after_any_history",
     "tests/test_store_segments.py::test_segment_count_stays_logarithmic",
-    "tests/test_fact_window.py::test_a_window_from_its_facts_has_the_raw_figures",
     "tests/test_facts.py::test_facts_give_the_raw_figures_at_every_grain_and_filter",
     "tests/test_facts.py::test_upkeep_run_twice_writes_no_new_byte",
     "tests/test_facts.py::test_late_data_rebuilds_exactly_its_hour_and_day",

@@ -87,7 +87,7 @@ def test_command_line_of_streamlit(tmp_path):
     for flag, value in (("--server.address", "127.0.0.1"), ("--server.port", "8600"), ("--server.headless", "true"),
                         ("--browser.gatherUsageStats", "false")):
         assert argv[argv.index(flag) + 1] == value
-    assert argv[argv.index("--") + 1:] == ["--warm", "--config", str(Path("cfg.toml").resolve()), "--store", str(tmp_path.resolve())]
+    assert argv[argv.index("--") + 1:] == ["--served", "--config", str(Path("cfg.toml").resolve()), "--store", str(tmp_path.resolve())]
     assert "--secrets.files" in cli.command("0.0.0.0", 1, None, None, tmp_path / "s.toml")
     proxied = cli.command("127.0.0.1", 1, None, None, None, "/gpufleet/")
     assert proxied[proxied.index("--server.baseUrlPath") + 1] == "gpufleet"

@@ -384,6 +384,34 @@ def test_mfu(store, a, use_store):
 
 
 
+def test_a_job_s_report_gives_its_row_of_the_window_s_mfu(store, use_store):
+    """The Jobs page's report computes a job's figures on the job's own run (data.job_report), its
+    MFU too - not waiting for the window's: each job's MFU there is its row of the MFU page's."""
+    from gpufleet.dashboards import data
+
+    use_store(store)
+    data.settings.clear()
+    w = data.make_window(data.current_settings(), preset=None, start=T(10), end=T(12), filters=Filters())
+    b = data.window_bundle(w.key)
+    per_job = b.mfu["jobs"]
+    fields = ("cluster", "scheduler", "job_key", "job_id", "account", "user_name", "partition", "start", "end")
+    seen = 0
+    for job in b.jobs.iter_rows(named=True):
+        res = data.job_report(b.window.key, {k: job.get(k) for k in fields})
+        want = per_job.filter((pl.col("cluster") == job["cluster"]) & (pl.col("scheduler") == job["scheduler"])
+                              & (pl.col("job_key") == job["job_key"]))
+        if res is None:  # (no GPU inside the window)
+            continue
+        assert res["mfu_error"] is None
+        assert (res["mfu"] is None) == want.is_empty(), job["job_id"]
+        if res["mfu"] is not None:
+            seen += 1
+            for k, v in want.row(0, named=True).items():
+                got = res["mfu"][k]
+                assert same(got, v), (job["job_id"], k, v, got)
+    assert seen >= 2
+
+
 def test_reliability(tmp_path, use_store):
     from gpufleet.analytics import reliability_store
     from tests.test_reliability import _t, build_store

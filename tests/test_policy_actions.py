@@ -342,6 +342,25 @@ def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
     assert r.notes(store, AS_OF + timedelta(minutes=5)) == []  # sent once
 
 
+def test_efficiency_note_for_a_job_whose_gpu_count_accounting_does_not_know(tmp_path, channels):
+    """Accounting that does not track GPUs (gpus unknown): a job the job mapping placed on a GPU is a
+    GPU job (the store fills its count from the mapping) and gets its note; a job with no GPU in
+    accounting or the mapping (a CPU job) does not."""
+    inbox, port, hook, api = channels
+    f = Fleet(tmp_path / "store", cluster="hpc")
+    start, end = AS_OF - 3 * H, AS_OF - timedelta(minutes=20)
+    f.gpu_series("m1", "GPU-m1-0", start, end, util=lambda t: 90.0 if t < start + H else 0.0, procs=1.0)
+    f.job("301", account="nlp", user="alice", start=start, end=end, gpus=None, placements=[("m1", "GPU-m1-0")], state="COMPLETED")
+    f.job("302", account="nlp", user="alice", start=start, end=end, gpus=None, placements=[], state="COMPLETED")
+    f.write()
+    store = tmp_path / "store"
+    cfg = config(tmp_path, store, enforce=True, smtp_port=port, extra="")
+    cfg.write_text(cfg.read_text().replace("retries = 1", 'retries = 1\nefficiency_note_accounts = ["nlp"]'))
+    notes = runner_for(cfg, lambda: AS_OF).notes(store, AS_OF)
+    assert [n["job_key"] for n in notes] == ["301"]
+    assert notes[0]["verdict"] == "idle_stretches" and abs(notes[0]["idle_gpu_h"] - 5 / 3) < 0.02
+
+
 def test_cancel_is_refused_for_a_job_of_another_cluster(tmp_path, store, channels):
     inbox, port, hook, api = channels
     api.pods_present.add("research/nb-1")

@@ -10,14 +10,11 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from gpufleet.dashboards import config as dconfig
-from gpufleet.dashboards import data, figures, ui
+from gpufleet.dashboards import data, ui
 
 
 UNRECOGNIZED_SCHEMA = {"last_seen": pl.Datetime("us"), "source": pl.Utf8, "input": pl.Utf8, "kind": pl.Utf8, "detail": pl.Utf8,
                        "count": pl.Int64, "first_seen": pl.Datetime("us")}
-WARM_SCHEMA = {"preset": pl.Utf8, "computed_at": pl.Datetime("us"), "took_s": pl.Float64, "start": pl.Datetime("us"), "end": pl.Datetime("us"),
-               "error": pl.Utf8}
 
 
 def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
@@ -35,7 +32,7 @@ def body(ctx: ui.Context) -> None:
     w = ctx.window
     st.caption("Health is about GPUs: the cluster and GPU model filters apply, the account, user and partition filters do not.")
     bucket = data.health_bucket(w)
-    h = figures.health_for(w)
+    h = data.health_for(w)
     ui.window_caption(h["window"])
     now = data.fleet_now_for(w, ctx.now, ctx.version)
     as_of = now["as_of"]
@@ -118,12 +115,6 @@ def body(ctx: ui.Context) -> None:
             st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples (joined segments: from "
                        "their 5-minute rows): the same figures, slower (gpufleet_collect_summary_hours; "
                        "`gpufleet collect --rebuild-summaries` does them all at once).")
-    if dconfig.warm_asked():
-        st.text("Figures computed ahead for the presets ([dashboard] warm_windows), each at its reuse period's start, and the "
-                "hour facts of the last [dashboard] facts_days days (a typed-in window of whole hours: its pages and the previous window):")
-        ui.table(pl.DataFrame(figures.warmer(ctx.settings).status(), schema=WARM_SCHEMA), key="health_warm",
-                 empty="No preset is computed ahead ([dashboard] warm_windows = []).",
-                 labels={"computed_at": "last computed", "took_s": "took", "start": "window from", "end": "to", "error": "last failure"})
     ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
 
     st.subheader("Job GPU counts")

@@ -10,7 +10,7 @@ import streamlit as st
 
 from gpufleet.analytics import jobs as ajobs
 from gpufleet.analytics import vocabulary as words
-from gpufleet.dashboards import data, figures, ui
+from gpufleet.dashboards import data, ui
 
 VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
 # the key columns first (what idled and why), so they are on screen at 1,600 px; then who and when
@@ -151,9 +151,8 @@ def shared_section(shared: list[dict]) -> None:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.jobs_for(w)
+    b = data.window_bundle(w.key)
     ui.window_caption(b.window)
-    ui.facts_note(b.facts_hours)
     jobs = b.jobs
     if jobs.is_empty():
         ui.empty_window("job")

@@ -6,18 +6,17 @@ from __future__ import annotations
 import polars as pl
 import streamlit as st
 
-from gpufleet.dashboards import figures, ui
+from gpufleet.dashboards import data, ui
 
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    view = figures.mfu_for(w)
-    ui.window_caption(view.window)
-    ui.facts_note(view.facts_hours)
-    figures_mfu = view.figures
+    b = data.window_bundle(w.key)
+    ui.window_caption(b.window)
+    figures_mfu = b.mfu
     if figures_mfu is None:
         st.error("The MFU figures could not be computed for this window. The dashboard's log has the details.")
-        st.text(view.error or "")
+        st.text(b.mfu_error or "")
         return
     if all(df.is_empty() for df in figures_mfu.values()):
         ui.empty_window("GPU job")

@@ -8,7 +8,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import fairness
-from gpufleet.dashboards import figures, ui
+from gpufleet.dashboards import data, ui
 
 SHARE_LABELS = {"active_share": "entitled share (among accounts with demand)", "used_share": "allocated share"}
 
@@ -26,9 +26,9 @@ def share_chart(acc: pl.DataFrame) -> alt.Chart:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.use_for(w)
+    b = data.window_bundle(w.key)
     ui.window_caption(b.window)
-    f, fairness_error = figures.fairness_for(w)
+    f, fairness_error = b.fairness, b.fairness_error
     if f is None:
         st.error("The fairness figures could not be computed for this window. The dashboard's log has the details.")
         st.text(fairness_error or "")

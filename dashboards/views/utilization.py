@@ -9,7 +9,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import vocabulary as words
-from gpufleet.dashboards import figures, ui
+from gpufleet.dashboards import data, ui
 
 BY = {"fleet": "whole fleet", "cluster": "cluster", "partition": "partition / namespace", "account": "account / team",
       "user_name": "user", "model": "GPU model"}
@@ -78,13 +78,9 @@ def body(ctx: ui.Context) -> None:
     choice = st.segmented_control("Group by (partition = namespace on Kubernetes, account = team)", list(CHOICES), default="fleet",
                                   key="by", bind="query-params")
     by = CHOICES.get(choice or "fleet", "fleet")
-    b = figures.use_for(w)
+    b = data.window_bundle(w.key)
     t = b.totals
     ui.window_caption(b.window)
-    ui.facts_note(b.facts_hours)
-    if not b.facts_hours and b.facts_missed and not w.relative:
-        st.caption("Computed for this window: hour facts, which answer a window typed in within seconds, could not - "
-                   + b.facts_missed + ".")
     if ui.empty_totals(t):
         ui.empty_window("GPU or job")
         return

@@ -8,7 +8,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import goodput, vocabulary as words
-from gpufleet.dashboards import data, figures, ui
+from gpufleet.dashboards import data, ui
 
 TOP = 15
 
@@ -27,10 +27,13 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.LayerChart:
     return alt.layer(base.mark_bar(), figures).properties(height=max(120, 26 * top.height + 30))
 
 
-def waterfall_section(ctx: ui.Context) -> None:
+def waterfall_section(b: data.Bundle) -> None:
     """The goodput waterfall (gpufleet.analytics.goodput): where the window's capacity went, step by step."""
     st.subheader("Goodput waterfall")
-    g = data.goodput_waterfall(ctx.window.key)
+    g = b.goodput
+    if g is None:
+        st.text(f"Not shown: {b.goodput_error}.")
+        return
     st.caption("Capacity, then what jobs were allocated, of it the time with data, busy, not lost to interruptions (the "
                "lost GPU-hours at the team's utilization) and useful (x MFU, where known). A step unknown for some team is "
                "the sum of the others (at least).")
@@ -58,9 +61,8 @@ def waterfall_section(ctx: ui.Context) -> None:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = figures.waste_for(w)
+    b = data.window_bundle(w.key)
     ui.window_caption(b.window)
-    ui.facts_note(b.facts_hours)
     t = b.totals
     if ui.empty_totals(t):
         ui.empty_window("GPU or job")
@@ -113,7 +115,7 @@ def body(ctx: ui.Context) -> None:
     ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.",
              sort="most idle GPU-hours first")
 
-    waterfall_section(ctx)
+    waterfall_section(b)
 
     st.subheader("Stranded capacity")
     if t.not_attributable_reason:
