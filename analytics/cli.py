@@ -287,12 +287,14 @@ def _rate(v: float | None) -> str:
 
 def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     """gpufleet.reliability/v1 for people: the headline, MTTF by job size beside the projection, lemons, costly interruptions."""
+    from gpufleet.analytics import reliability_store
     from gpufleet.analytics.reliability import CAUSE_LABELS
 
     w, f = rel["window"], rel["figures"]
     share = f["lost_share_of_allocated"]
     share_text = "unknown" if share is None else f"{100 * share:.1f}%"
-    bound = "; an upper bound: no checkpoint reports" if f["lost_is_upper_bound"] else ""
+    bound = ("; an upper bound where no checkpoint was reported" if f["lost_is_upper_bound"]
+             else "; measured from the jobs' last checkpoints" if f["lost_measured_interruptions"] else "")
     out.write(f"gpufleet reliability {w['from']} .. {w['to']}\n")
     if rel["filters"]:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in rel["filters"].items()) + "\n")
@@ -320,12 +322,14 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
               f"chains, {g['interrupted_chains']} of them interrupted, and the jobs that ran once): wall {fmt(g['wall_gpu_hours'])} GPU-h, productive "
               f"{fmt(g['productive_gpu_hours'])}, work lost in attempts that did not complete {fmt(g['lost_gpu_hours'])}, "
               f"waiting for a requeue {fmt(g['requeue_wait_gpu_hours'])}\n")
-    if g["lost_is_upper_bound"]:
-        out.write(f"  {g['checkpoints']}\n")
+    out.write(f"  lost work: {g['checkpoints']}\n")
     if f["lost_gpu_hours_by_cause"]:
         out.write("  lost GPU-hours by cause: " + ", ".join(f"{CAUSE_LABELS[k]} {fmt(v)}" for k, v in f["lost_gpu_hours_by_cause"].items()) + "\n")
     table("Job chains that lost most (ETTR = productive / wall time)", rel["chains"], out,
-          ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "requeue_wait_h", "ettr"])
+          ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "lost_basis", "requeue_wait_h", "ettr"])
+    table("Checkpoint advice for the largest chains (Young/Daly: sqrt(2 x checkpoint cost x MTTF for the chain's size))",
+          reliability_store.advice_rows(rel["checkpoint_advice"]), out,
+          ["job_ids", "user_name", "gpus", "checkpoints", "checkpoint_save_s", "used_interval_s", "mttf_h", "advised_interval_s", "advice"])
     s = rel["settings"]
     out.write(f"\nmethod: hardware = a hardware XID/ECC/remap/lost-GPU event on the attempt's GPUs within {s['hardware_window_s']:g} s "
               f"before its end; lemons at a {s['lemon_false_positive_rate']:g} false-positive rate, >= {s['lemon_min_failures']} failures\n")

@@ -373,6 +373,24 @@ def ends_in(a: Attempt, start: datetime, end: datetime) -> bool:
     return a.end is not None and start <= a.end < end
 
 
+Checkpoints = Mapping[tuple[str, str, str], Sequence[datetime]]  # (cluster, scheduler, job_key) -> times saved
+
+
+def lost_since(a: Attempt, checkpoints: Checkpoints, until: datetime) -> tuple[datetime, bool]:
+    """Where an attempt that did not complete starts losing work, and whether that is measured: its
+    last checkpoint the job reported saving while it ran (measured), else its start (an upper
+    bound: the job may have saved one it did not report)."""
+    saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start <= t <= until]
+    return (max(saved), True) if saved else (a.start, False)
+
+
+def interruption_loss(a: Attempt, checkpoints: Checkpoints, start: datetime) -> tuple[float, bool]:
+    """(GPU-seconds, measured) an interrupted attempt of known GPU count and start lost inside a
+    window starting at `start`: its GPUs x the time from lost_since to its end."""
+    since, measured = lost_since(a, checkpoints, a.end)
+    return a.gpus * max(0.0, (a.end - max(since, start)).total_seconds()), measured
+
+
 def _per_1000_gpu_days(n: int, gpu_h: float) -> float | None:
     return n / (gpu_h / 24) * 1000 if gpu_h > 0 else None
 
@@ -392,7 +410,7 @@ def _mttf_row(label: str, jobs: int, failures: int, job_h: float, gpu_h: float) 
 
 
 def figures(classified: Sequence[Classified], start: datetime, end: datetime,
-            checkpoints: Mapping[tuple[str, str, str], Sequence[datetime]] | None = None,
+            checkpoints: Checkpoints | None = None,
             bucket: timedelta = timedelta(days=1), as_of: datetime | None = None) -> dict[str, Any]:
     """The window's reliability figures (module docstring) from its classified attempts.
     `checkpoints`: per job (cluster, scheduler, job_key) the times it reported a saved checkpoint;
@@ -430,18 +448,20 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     known = [c for c in in_window if c.attempt.gpus is not None]
 
     lost_by_cause: dict[str, float] = {}  # GPU-seconds
-    upper_bound = False
+    lost_measured = 0.0  # of them, GPU-seconds counted from a reported checkpoint
+    measured_n = 0
     lost_unknown = 0  # interruptions of unknown GPU count: their lost GPU-hours are unknown, never 0
     for c in interruptions:
         a = c.attempt
         if a.gpus is None:
             lost_unknown += 1
             continue
-        saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start and a.start <= t <= a.end]
-        since = max(saved) if saved else a.start
-        upper_bound |= not saved
-        if since is not None:
-            lost_by_cause[c.cause] = lost_by_cause.get(c.cause, 0.0) + a.gpus * max(0.0, (a.end - max(since, start)).total_seconds())
+        if a.start is None:
+            continue
+        lost, measured = interruption_loss(a, checkpoints, start)
+        lost_by_cause[c.cause] = lost_by_cause.get(c.cause, 0.0) + lost
+        lost_measured += lost if measured else 0.0
+        measured_n += measured
     lost_gpu_h = sum(lost_by_cause.values()) / 3600 if len(interruptions) > lost_unknown or not lost_unknown else None
     allocated_gpu_h = gpu_h if known_attempts or not unknown_attempts else None
 
@@ -493,7 +513,11 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         # (the interruptions of unknown GPU count left out: lost_unknown_interruptions; None: all of them)
         "lost_gpu_hours": lost_gpu_h, "lost_unknown_interruptions": lost_unknown,
         "lost_share_of_allocated": lost_gpu_h / gpu_h if gpu_h > 0 and lost_gpu_h is not None else None,
-        "lost_is_upper_bound": upper_bound,
+        "lost_is_upper_bound": measured_n < len(interruptions) - lost_unknown,
+        # the interruptions whose job reported a checkpoint before it (their lost work measured from
+        # it) and their lost GPU-hours; the rest are counted from the attempt's start, an upper bound
+        "lost_measured_interruptions": measured_n,
+        "lost_measured_gpu_hours": lost_measured / 3600 if lost_gpu_h is not None else None,
         # where the lost GPU-hours went, by cause (INTERRUPTION_CAUSES' order; they sum to lost_gpu_hours)
         "lost_gpu_hours_by_cause": {cause: lost_by_cause[cause] / 3600 for cause in INTERRUPTION_CAUSES if cause in lost_by_cause},
         "cause_mix": [{"bucket": t, "cause": cause, "attempts": n} for (t, cause), n in sorted(mix.items())],
@@ -655,7 +679,7 @@ def _continues(prev: Classified, nxt: Classified, s: Settings) -> bool:
     return a.cluster == b.cluster and a.end <= resubmitted <= a.end + s.resubmit_window
 
 
-def link_chains(classified: Iterable[Classified], checkpoints: Mapping[tuple[str, str, str], Sequence[datetime]] | None = None,
+def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | None = None,
                 s: Settings = Settings(), as_of: datetime | None = None) -> list[Chain]:
     """The attempts linked into chains (each attempt in exactly one), longest wall time first."""
     checkpoints = checkpoints or {}
@@ -693,9 +717,9 @@ def link_chains(classified: Iterable[Classified], checkpoints: Mapping[tuple[str
             if i:
                 gaps += (a.start - chain[i - 1].attempt.end).total_seconds()
             if c.cause not in ("completed", "not_ended"):
-                saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start <= t <= a_end]
-                upper |= not saved
-                lost += (a_end - (max(saved) if saved else a.start)).total_seconds()
+                since, measured = lost_since(a, checkpoints, a_end)
+                upper |= not measured
+                lost += (a_end - since).total_seconds()
         first, last = chain[0].attempt, chain[-1].attempt
         wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
         out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper))
@@ -736,17 +760,66 @@ def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
             or (c.attempt.cluster, c.attempt.user_name, c.attempt.account, c.attempt.name) in names]
 
 
-def young_daly_interval_s(checkpoint_cost_s: float, mttf_s: float) -> float:
+def young_daly_interval_s(checkpoint_save_s: float, mttf_s: float) -> float:
     """Young/Daly's first-order optimal checkpoint interval sqrt(2 C M) for a checkpoint that takes
     C seconds on a job whose mean time to failure is M seconds."""
-    return math.sqrt(2 * checkpoint_cost_s * mttf_s)
+    return math.sqrt(2 * checkpoint_save_s * mttf_s)
 
 
-def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_cost_s: float | None,
-                      used_interval_s: float | None) -> dict[str, Any]:
-    """Young/Daly's interval for the chain's size from the fleet's per-GPU rate (MTTF_N = 1 / (N r)),
-    beside the interval the job used; unknown where the cost or the rate is."""
+def checkpoint_habits(chain: Chain, saved: Mapping[tuple[str, str, str], Sequence[tuple[datetime, float | None]]]
+                      ) -> tuple[int, float | None, float | None]:
+    """(checkpoints, cost C, interval used) of a chain from what its jobs reported while its attempts
+    ran: C the median seconds a save took (None: no save reported its duration); the interval the
+    median time from one checkpoint to the next within one attempt (None: fewer than two in any)."""
+    costs: list[float] = []
+    gaps: list[float] = []
+    n = 0
+    for c in chain.attempts:
+        a = c.attempt
+        until = a.end or datetime.max
+        times = sorted((t, d) for t, d in saved.get((a.cluster, a.scheduler, a.job_key), ()) if a.start <= t <= until)
+        n += len(times)
+        costs += [d for _, d in times if d is not None]
+        gaps += [(t2 - t1).total_seconds() for (t1, _), (t2, _) in zip(times, times[1:])]
+    return n, _median(costs), _median(gaps)
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+# The used interval is "about right" within this factor of Young/Daly's: the waste near the optimum
+# is flat (a factor 1.25 either way costs ~2.5 % more than the optimum's overhead)
+ADVICE_TOLERANCE = 1.25
+
+# why there is no advice, in the order checkpoint_advice asks
+NO_ADVICE = {
+    "no_checkpoints": "no checkpoint reports: the job's checkpoint cost is unknown",
+    "no_cost": "its checkpoint reports gave no duration: the checkpoint cost is unknown",
+    "no_rate": "no hardware or node failure in the window: the fleet's failure rate, and so the MTTF for its size, is unknown",
+    "no_size": "its GPU count is unknown",
+}
+
+
+def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_save_s: float | None,
+                      used_interval_s: float | None, checkpoints: int | None = None) -> dict[str, Any]:
+    """Young/Daly's interval sqrt(2 C MTTF_N) for the chain's size from the fleet's per-GPU rate
+    (MTTF_N = 1 / (N r)) and the job's measured checkpoint cost C, beside the interval the job used;
+    unknown where the cost, the rate or the size is, with the reason (NO_ADVICE)."""
     mttf_h = 1 / (chain.gpus * gpu_failure_rate_per_h) if gpu_failure_rate_per_h and chain.gpus else None
-    advised = young_daly_interval_s(checkpoint_cost_s, mttf_h * 3600) if mttf_h and checkpoint_cost_s else None
-    return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoint_cost_s": checkpoint_cost_s,
-            "advised_interval_s": advised, "used_interval_s": used_interval_s}
+    advised = young_daly_interval_s(checkpoint_save_s, mttf_h * 3600) if mttf_h and checkpoint_save_s is not None else None
+    why = None
+    if advised is None:
+        why = (("no_cost" if checkpoints else "no_checkpoints") if checkpoint_save_s is None
+               else "no_size" if not chain.gpus else "no_rate")
+    verdict = None
+    if advised is not None and used_interval_s is not None:
+        verdict = ("about right" if 1 / ADVICE_TOLERANCE <= used_interval_s / advised <= ADVICE_TOLERANCE
+                   else "checkpoint more often" if used_interval_s > advised else "checkpoint less often")
+    return {"gpus": chain.gpus, "mttf_h": mttf_h, "checkpoints": checkpoints, "checkpoint_save_s": checkpoint_save_s,
+            "advised_interval_s": advised, "used_interval_s": used_interval_s, "verdict": verdict,
+            "no_advice": NO_ADVICE[why] if why else None}

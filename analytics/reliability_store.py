@@ -1,12 +1,14 @@
 """Reliability from the store: the window's attempts (accounting, with the GPUs the job mapping saw
 them hold), their GPUs' health events (gpufleet.analytics.health.events: from the store's facts, the
-parts where a counter passes its first value read raw), and the policy audit's cancels, classified and summed by
+parts where a counter passes its first value read raw), and the policy audit's cancels and the checkpoints jobs reported
+(job_checkpoints), classified and summed by
 gpufleet.analytics.reliability's pure functions. Read by `gpufleet analyze --reliability`, the
 policy's lemon drains and its metrics.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Mapping
@@ -14,7 +16,8 @@ from typing import Any, Mapping
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
     FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
-    chain_candidates, checkpoint_advice, classify_all, figures, goodput, lemon_reason, lemons, link_chains, node_failures,
+    chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
+    link_chains, lost_since, node_failures,
 )
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -59,19 +62,40 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     return classify_all(attempts, events, cancels, s), host_rows
 
 
+Saved = dict[tuple[str, str, str], list[tuple[datetime, float | None]]]
+
+
+def read_checkpoints(con: Any, params: Any, as_of: datetime | None = None) -> Saved:
+    """The checkpoints the window's filtered jobs reported saving, per job (cluster, scheduler,
+    job_key): (when, seconds the save took or None), in time order."""
+    binds = {"start": params.start, "end": params.end, "as_of": min(as_of or params.end, params.end), **params.filters.bind()}
+    cur = con.cursor()
+    try:
+        rows = _rows(cur, sql.RELIABILITY_CHECKPOINTS, binds)
+    finally:
+        cur.close()
+    saved: Saved = {}
+    for r in rows:
+        saved.setdefault((r["cluster"], r["scheduler"], r["job_key"]), []).append((r["saved_at"], r["duration_s"]))
+    return saved
+
+
 def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> dict[str, Any]:
     """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
-    their evidence, and the interrupted attempts that cost most, each with its cause's evidence."""
+    their evidence, the interrupted attempts that cost most, each with its cause's evidence, the
+    chains that lost most, and Young/Daly's checkpoint advice for the largest chains."""
     classified, host_rows = read_store(con, params, s, as_of)
+    saved = read_checkpoints(con, params, as_of)
+    times = {k: [t for t, _ in v] for k, v in saved.items()}
     host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
     where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
-    f = figures(classified, params.start, params.end, as_of=as_of)
+    f = figures(classified, params.start, params.end, times, as_of=as_of)
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
     until = min(as_of or params.end, params.end)
     linked = chain_candidates(classified)
-    chains = link_chains(linked, None, s, until)
+    chains = link_chains(linked, times, s, until)
     in_chains = {id(c) for c in linked}
     others_gpu_s = sum(c.attempt.gpus * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
                        for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains)
@@ -92,35 +116,106 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
         "lemons": [{"node": x.node, "cluster": where.get(x.node, (None, None))[0], "scheduler": where.get(x.node, (None, None))[1],
                     "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
                     "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found],
-        "interrupted_attempts": [_attempt_row(c) for c in interrupted[:top]],
+        "interrupted_attempts": [_attempt_row(c, times) for c in interrupted[:top]],
         # the chains with an attempt in the window, whole (from their first start to their last end)
-        "goodput": {**goodput(chains, others_gpu_s), "checkpoints": CHECKPOINTS_UNKNOWN},
+        "goodput": {**goodput(chains, others_gpu_s), "checkpoints": checkpoints_note(f)},
         # the interrupted chains that lost most (GPUs x (wall - productive)) first
-        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"]) for ch in interrupted_chains[:top]],
+        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"], saved) for ch in interrupted_chains[:top]],
+        # Young/Daly's interval for the largest chains (GPUs, then wall time), beside the one they used
+        "checkpoint_advice": [{**_chain_head(ch), **_advice(ch, f["gpu_failure_rate_per_gpu_hour"], saved)}
+                              for ch in largest_chains(classified, linked, chains, times, s, until, top)],
     }
 
 
-# No job API reports checkpoints yet (gpufleet.exporter.jobreport states throughput only): what an
-# interrupted attempt lost is counted from its start, an upper bound
-CHECKPOINTS_UNKNOWN = ("no checkpoint reports (the job API has none yet): an interrupted attempt's work is counted "
-                       "lost from its start, an upper bound")
+def lost_by_team(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
+                 ) -> dict[tuple[str, str | None], tuple[float | None, bool]]:
+    """Per (cluster, account): the GPU-hours the window's interruptions lost, as figures() counts
+    them for the fleet (None: the team had an interruption of unknown GPU count, so its loss is
+    unknown), and whether every one was measured from a reported checkpoint (else an upper bound).
+    Teams with no interruption are absent."""
+    classified, _ = read_store(con, params, s, as_of)
+    times = {k: [t for t, _ in v] for k, v in read_checkpoints(con, params, as_of).items()}
+    out: dict[tuple[str, str | None], tuple[float | None, bool]] = {}
+    for c in classified:
+        a = c.attempt
+        if not (c.interrupted and ends_in(a, params.start, params.end)) or a.start is None:
+            continue
+        team = (a.cluster, a.account)
+        h, measured_all = out.get(team, (0.0, True))
+        if a.gpus is None or h is None:
+            out[team] = (None, measured_all)
+            continue
+        gpu_s, measured = interruption_loss(a, times, params.start)
+        out[team] = (h + gpu_s / 3600, measured_all and measured)
+    return out
 
 
-def _chain_row(ch: Chain, rate: float | None) -> dict[str, Any]:
-    """A chain that was interrupted, for the JSON: its attempts, goodput and Young/Daly's advice
-    (no checkpoint reports reach the store yet: the cost, the interval used and the advice are unknown)."""
+def checkpoints_note(f: dict[str, Any]) -> str:
+    """How the lost work of the window's interruptions was counted, in words."""
+    n, measured = f["interruptions"] - f["lost_unknown_interruptions"], f["lost_measured_interruptions"]
+    if not n:
+        return "no interruption of known GPU count in this window"
+    if measured == n:
+        return "every interrupted attempt's job reported checkpoints: its lost work is measured from the last one"
+    if not measured:
+        return ("no interrupted attempt's job reported a checkpoint (gpufleet.exporter.jobreport.checkpoint_saved): "
+                "their work is counted lost from each attempt's start, an upper bound")
+    return (f"{measured:,} of {n:,} interrupted attempts' jobs reported checkpoints (lost work measured from the last one); "
+            "the others' is counted from the attempt's start, an upper bound")
+
+
+def largest_chains(classified: list[Classified], linked: list[Classified], chains: list[Chain], times: dict,
+                   s: Settings, until: datetime, top: int) -> list[Chain]:
+    """The `top` largest chains (GPUs, then wall time): the linked ones, and the jobs that ran once
+    among the largest attempts and those that reported checkpoints (a chain of one attempt each)."""
+    in_chains = {id(c) for c in linked}
+    reported = {(c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) for c in classified} & times.keys()
+    alone = [c for c in classified if id(c) not in in_chains and c.attempt.start is not None]
+    single = {id(c): c for c in heapq.nlargest(top, alone, key=lambda c: c.attempt.gpus or 0)}
+    single.update((id(c), c) for c in alone if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in reported)
+    ones = [link_chains([c], times, s, until)[0] for c in single.values()]
+    return sorted(chains + ones, key=lambda ch: (-(ch.gpus or 0), -ch.wall_s, ch.attempts[0].attempt.job_key))[:top]
+
+
+def _chain_head(ch: Chain) -> dict[str, Any]:
     first = ch.attempts[0].attempt
     return {"job_ids": list(dict.fromkeys(c.attempt.job_id for c in ch.attempts)), "user_name": first.user_name,
             "account": first.account, "name": first.name, "gpus": ch.gpus, "attempts": len(ch.attempts),
-            "interruptions": ch.interruptions, "causes": [c.cause for c in ch.attempts],
+            "interruptions": ch.interruptions}
+
+
+def _advice(ch: Chain, rate: float | None, saved: Saved) -> dict[str, Any]:
+    n, cost, used = checkpoint_habits(ch, saved)
+    return checkpoint_advice(ch, rate, cost, used, n)
+
+
+def _chain_row(ch: Chain, rate: float | None, saved: Saved) -> dict[str, Any]:
+    """A chain that was interrupted, for the JSON: its attempts, goodput (lost work measured from
+    the last reported checkpoint, else an upper bound) and Young/Daly's advice."""
+    return {**_chain_head(ch), "causes": [c.cause for c in ch.attempts],
             "wall_h": ch.wall_s / 3600, "run_h": ch.run_s / 3600, "requeue_wait_h": ch.gap_s / 3600,
             "lost_h": ch.lost_s / 3600, "productive_h": ch.productive_s / 3600, "ettr": ch.ettr,
-            "lost_is_upper_bound": ch.lost_upper_bound, "checkpoint_advice": checkpoint_advice(ch, rate, None, None)}
+            "lost_is_upper_bound": ch.lost_upper_bound, "lost_basis": "upper bound" if ch.lost_upper_bound else "measured",
+            "checkpoint_advice": _advice(ch, rate, saved)}
 
 
-def _attempt_row(c: Classified) -> dict[str, Any]:
+def _attempt_row(c: Classified, times: dict) -> dict[str, Any]:
     a = c.attempt
+    since, measured = lost_since(a, times, a.end) if a.start is not None and a.end is not None else (None, False)
     return {"cluster": a.cluster, "job_id": a.job_id, "attempt": a.attempt, "user_name": a.user_name, "account": a.account, "gpus": a.gpus,
             "start": a.start, "end": a.end, "state": a.state_raw or a.state, "cause": c.cause, "reason": c.reason,
+            # the work it lost: from its last reported checkpoint (measured), else from its start (an upper bound)
+            "lost_since": since, "lost_basis": "measured" if measured else "upper bound",
+            "lost_gpu_h": a.gpus * (a.end - since).total_seconds() / 3600 if since is not None and a.gpus is not None else None,
             "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
                          for e in c.evidence]}
+
+
+def advice_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """gpufleet.reliability/v1's checkpoint_advice for a table: the job ids joined, and in words
+    what the advice says (or why there is none)."""
+    out = []
+    for x in rows:
+        advice = f"no advice: {x['no_advice']}" if x["advised_interval_s"] is None else x["verdict"] or "interval used unknown"
+        out.append({**x, "job_ids": ", ".join(x["job_ids"]), "advice": advice})
+    return out

@@ -1134,6 +1134,18 @@ WHERE coalesce(j.gpus, h.mapped_gpus) > 0
 ORDER BY j.cluster, j.scheduler, j.job_key, j.start
 """
 
+# The checkpoints the filtered jobs that ran in the window reported saving (job_checkpoints), up to
+# $as_of: where an interrupted attempt's lost work starts, and the job's checkpoint cost and interval
+RELIABILITY_CHECKPOINTS = f"""
+SELECT c.cluster, c.scheduler, c.job_key, c.saved_at, c.duration_s
+FROM job_checkpoints c
+JOIN (SELECT cluster, scheduler, job_key FROM jobs
+      WHERE {JOB_FILTERS} AND coalesce("end", $as_of) > $start) j
+  ON j.cluster = c.cluster AND j.scheduler = c.scheduler AND j.job_key = c.job_key
+WHERE c.saved_at <= $as_of
+ORDER BY c.cluster, c.scheduler, c.job_key, c.saved_at
+"""
+
 # The jobs gpufleet's policy cancelled (enforced, done): their CANCELLED is "cancelled by policy"
 RELIABILITY_POLICY_CANCELS = """
 SELECT DISTINCT cluster, scheduler, job_key FROM policy_audit

@@ -54,7 +54,11 @@ PRECEDENCE_WITHIN_S = 30.0
 # Throughput a job reported about itself (exporter/jobreports.py), per job and exporter host.
 JOB_REPORTED_FLOPS = "gpufleet_job_reported_flops"
 JOB_REPORTED_GPUS = "gpufleet_job_reported_gpus"
-JOB_REPORT_METRICS = (JOB_REPORTED_FLOPS, JOB_REPORTED_GPUS)
+# The last checkpoint a job reported saving (exporter/jobreport.checkpoint_saved): when, how long it took
+JOB_CHECKPOINT_TIME = "gpufleet_job_checkpoint_timestamp_seconds"
+JOB_CHECKPOINT_DURATION = "gpufleet_job_checkpoint_duration_seconds"
+JOB_CHECKPOINT_METRICS = (JOB_CHECKPOINT_TIME, JOB_CHECKPOINT_DURATION)
+JOB_REPORT_METRICS = (JOB_REPORTED_FLOPS, JOB_REPORTED_GPUS) + JOB_CHECKPOINT_METRICS
 # one series per GPU and intruding job (job_id label): the GPU's column is their sum
 FOREIGN_PROCESSES = "gpufleet_gpu_foreign_processes"
 # The split of a shared GPU among the jobs whose processes run on it, one series per GPU and job
@@ -89,6 +93,8 @@ MIG_NO_UTILIZATION = "MIG mode: utilization per instance needs dcgm-exporter or 
 _SMI_IDENTITY_RE = re.compile(f"^({NVIDIA_SMI_INDEX}|{NVIDIA_SMI_INFO})\\{{(.*)\\}} (\\S+)", re.M)
 
 _INT_MIN = -(2**63)
+_Y2000 = 946684800.0
+CHECKPOINT_CLOCK_SKEW_S = 300.0  # a checkpoint time this far past the scrape is the node's clock, not the future
 _FLOAT_COLUMNS = tuple(f.column for f in SAMPLE_FIELDS if not pa.types.is_integer(f.type))
 _INT_COLUMNS = tuple(f.column for f in SAMPLE_FIELDS if pa.types.is_integer(f.type))
 _I16_MAX = 2**15 - 1
@@ -100,6 +106,7 @@ class ParsedScrape:
     gpus: list[dict[str, Any]] = field(default_factory=list)  # inventory observations
     allocations: list[dict[str, Any]] = field(default_factory=list)  # job <-> GPU observations
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s observations
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # job-reported checkpoints (schema.JOB_CHECKPOINTS_DDL)
     shares: list[dict[str, Any]] = field(default_factory=list)  # per (GPU, job) split of a shared GPU
     rejected: int = 0
     problems: list[str] = field(default_factory=list)
@@ -121,6 +128,7 @@ class ScrapeRows:
     rejected: int
     problems: list[str]
     shares: list[dict[str, Any]] = field(default_factory=list)  # per (GPU, job) split of a shared GPU
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # job-reported checkpoints (schema.JOB_CHECKPOINTS_DDL)
     # accepted but doubtful input (see the module doc): (kind, text), kind pod_hostname or no_final_newline
     warnings: list[tuple[str, str]] = field(default_factory=list)
     unknown_names: list[str] = field(default_factory=list)  # metric families not read, the first few
@@ -148,7 +156,7 @@ def parse_exposition(
     """
     r = parse_rows(text, ts=ts, cluster=cluster, target=target, target_labels=target_labels, source=source)
     return ParsedScrape(samples=samples_table([r]), gpus=r.gpus, allocations=r.allocations,
-                        throughput=r.throughput, shares=r.shares, rejected=r.rejected, problems=r.problems, warnings=r.warnings,
+                        throughput=r.throughput, checkpoints=r.checkpoints, shares=r.shares, rejected=r.rejected, problems=r.problems, warnings=r.warnings,
                         unknown_names=r.unknown_names)
 
 
@@ -193,6 +201,7 @@ def parse_rows(
         gpus=b.inventory(order),
         allocations=list(b.allocations.values()),
         throughput=[r for r in b.reports.values() if r["flops"] is not None],
+        checkpoints=[r for r in b.checkpoints.values() if r["saved_at"] is not None],
         shares=shares,
         rejected=b.rejected,
         problems=b.problems,
@@ -379,6 +388,7 @@ class _Builder:
         self.values: dict[str, dict[int, Any]] = {}  # column -> row index -> value as parsed
         self.allocations: dict[tuple, dict[str, Any]] = {}
         self.reports: dict[tuple[str, str, str], dict[str, Any]] = {}  # (scheduler, job_key, host) -> observation
+        self.checkpoints: dict[tuple[str, str], dict[str, Any]] = {}  # (scheduler, job_key) -> last checkpoint reported
         # (row, scheduler, job_key) -> [SM ratio, memory bytes, line numbers], None where not published
         self.shares: dict[tuple[int, str, str], list[Any]] = {}
         self.reasons: dict[object, str] = {}  # label-set key -> why its series are rejected
@@ -613,6 +623,9 @@ class _Builder:
         if not job_key:
             self.reject(lineno, f"{name} without a usable job_id or namespace/pod")
             return
+        if name in JOB_CHECKPOINT_METRICS:
+            self.job_checkpoint(lineno, name, scheduler, job_key, value)
+            return
         if not (value >= 0 and value != math.inf) or (name == JOB_REPORTED_GPUS and (value < 1 or value != int(value))):
             self.reject(lineno, f"{name} value {value!r} is not a {'FLOP/s figure' if name == JOB_REPORTED_FLOPS else 'GPU count'}")
             return
@@ -625,6 +638,23 @@ class _Builder:
             obs["flops"], obs["basis"] = float(value), labels.get("basis") or None
         else:
             obs["gpus"] = int(value)
+
+    def job_checkpoint(self, lineno: int, name: str, scheduler: str, job_key: str, value: float) -> None:
+        """gpufleet_job_checkpoint_timestamp_seconds (Unix time the job's last checkpoint was saved)
+        and gpufleet_job_checkpoint_duration_seconds (how long saving it took), paired by job. A
+        checkpoint saved after the scrape, or before 2000, is not a time this scrape can know."""
+        if not (value >= 0 and value != math.inf) or (name == JOB_CHECKPOINT_TIME and not (
+                _Y2000 <= value <= self.ts.replace(tzinfo=timezone.utc).timestamp() + CHECKPOINT_CLOCK_SKEW_S)):
+            self.reject(lineno, f"{name} value {value!r} is not a {'time before the scrape' if name == JOB_CHECKPOINT_TIME else 'duration'}")
+            return
+        obs = self.checkpoints.setdefault((scheduler, job_key), {
+            "cluster": self.cluster, "scheduler": scheduler, "job_key": job_key, "saved_at": None, "duration_s": None,
+            "seen": self.ts,
+        })
+        if name == JOB_CHECKPOINT_TIME:
+            obs["saved_at"] = datetime.fromtimestamp(round(value, 3), timezone.utc).replace(tzinfo=None)
+        else:
+            obs["duration_s"] = float(value)
 
     def allocate(self, scheduler: str, job_key: str, host: str, uuid: str, instance: int | None, gpu: int) -> None:
         if not _utf8(job_key):

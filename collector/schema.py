@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 @dataclass(frozen=True)
@@ -312,8 +312,24 @@ CREATE TABLE IF NOT EXISTS gpu_job_shares (
     PRIMARY KEY (cluster, host, gpu_uuid, gpu_instance, scheduler, job_key, ts)
 )"""
 
+# The checkpoints jobs report saving (exporter/jobreport.checkpoint_saved ->
+# gpufleet_job_checkpoint_timestamp_seconds), the start of the work an interruption loses. One row
+# per job and checkpoint: the exporter publishes the last one until the next replaces it, so a
+# job that saves more often than it is scraped leaves some out (its lost work is then counted
+# from an earlier one: more, never less, than it lost).
+JOB_CHECKPOINTS_DDL = """
+CREATE TABLE IF NOT EXISTS job_checkpoints (
+    cluster VARCHAR NOT NULL,
+    scheduler VARCHAR NOT NULL,
+    job_key VARCHAR NOT NULL,
+    saved_at TIMESTAMP NOT NULL,         -- when the job saved it (UTC, the job's clock)
+    duration_s DOUBLE,                   -- how long saving it took; NULL: not reported
+    first_seen TIMESTAMP NOT NULL,       -- the scrape that first published it
+    PRIMARY KEY (cluster, scheduler, job_key, saved_at)
+)"""
+
 TABLES = {"jobs": JOBS_DDL, "allocations": ALLOCATIONS_DDL, "gpus": GPUS_DDL, "job_throughput": JOB_THROUGHPUT_DDL, "policy_audit": POLICY_AUDIT_DDL,
-          "job_attempts": JOB_ATTEMPTS_DDL, "gpu_job_shares": GPU_JOB_SHARES_DDL}
+          "job_attempts": JOB_ATTEMPTS_DDL, "gpu_job_shares": GPU_JOB_SHARES_DDL, "job_checkpoints": JOB_CHECKPOINTS_DDL}
 
 # Writer-only bookkeeping.
 STATE_DDL = (
@@ -381,6 +397,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # files retired ($now: the writer's clock; deleted after the grace period, as a reader may hold
     # an older manifest), their ledger dropped
     9: ("INSERT OR IGNORE INTO retired_files SELECT DISTINCT file, $now FROM rollups", "DROP TABLE rollups"),
+    # 10: the checkpoints jobs report (JOB_CHECKPOINTS_DDL); before the upgrade none were kept, so
+    # those interruptions' lost work stays counted from the attempt's start (an upper bound)
+    10: (JOB_CHECKPOINTS_DDL,),
 }
 
 # Where a job's GPU count came from, by authority: a known count is never replaced by an
@@ -436,6 +455,7 @@ class Batch:
     allocations: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + ALLOCATIONS key
     gpus: list[dict[str, Any]] = field(default_factory=list)  # one observation each: ts + GPUS columns
     throughput: list[dict[str, Any]] = field(default_factory=list)  # job-reported FLOP/s: ts + job_throughput columns
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # job-reported checkpoints: seen + job_checkpoints columns
     shares: list[dict[str, Any]] = field(default_factory=list)  # shared GPUs' split: exposition_parse share observations
     attempts: list[dict[str, Any]] = field(default_factory=list)  # earlier attempts of requeued/restarted jobs: ATTEMPT_COLUMNS
     rejected: int = 0  # malformed lines/records skipped (the good ones around them are kept)

@@ -355,7 +355,7 @@ class StoreWriter:
             else:
                 files = self._write_sample_files(batch.key, samples, checksum)
                 result.samples_written = samples.num_rows
-        reports_only = not files and not result.duplicate and not result.conflict and bool(batch.throughput or batch.shares)
+        reports_only = not files and not result.duplicate and not result.conflict and bool(batch.throughput or batch.shares or batch.checkpoints)
         if reports_only and self.has_batch(batch.key):
             result.duplicate, reports_only = True, False  # job reports of a batch already stored: count them once
         try:
@@ -378,6 +378,7 @@ class StoreWriter:
             if not (result.duplicate or result.conflict):  # a batch stored before: its reports are counted
                 self._upsert_throughput(batch.throughput)
                 self._upsert_shares(batch.shares)
+            self._upsert_checkpoints(batch.checkpoints)  # idempotent: one row per checkpoint, however often seen
             if batch.watermark:
                 self.db.execute(
                     # watermarks only move forward: a backfill of an old window must not rewind them
@@ -749,6 +750,22 @@ class StoreWriter:
         )
         self._dirty_tables.add("job_throughput")
 
+    def _upsert_checkpoints(self, obs: list[dict[str, Any]]) -> None:
+        """Keep each checkpoint a job reported once (schema.JOB_CHECKPOINTS_DDL): its first sighting,
+        and its duration as soon as one is known (a known one is never replaced by NULL)."""
+        if not obs:
+            return
+        self._run_staged(
+            pa.Table.from_pylist(obs, schema=_CHECKPOINT_OBS),
+            """INSERT INTO job_checkpoints
+               SELECT cluster, scheduler, job_key, saved_at, arg_max(duration_s, seen) FILTER (WHERE duration_s IS NOT NULL), min(seen)
+               FROM rows GROUP BY cluster, scheduler, job_key, saved_at
+               ON CONFLICT (cluster, scheduler, job_key, saved_at) DO UPDATE SET
+                 duration_s = coalesce(excluded.duration_s, job_checkpoints.duration_s),
+                 first_seen = least(excluded.first_seen, job_checkpoints.first_seen)"""
+        )
+        self._dirty_tables.add("job_checkpoints")
+
     def _upsert_shares(self, obs: list[dict[str, Any]]) -> None:
         """Fold shared GPUs' split into hourly rows per GPU and job (schema.GPU_JOB_SHARES_DDL): every
         row of a GPU-hour counts the GPU's shared scrapes, the job's own rows its reports, SM sum
@@ -1080,6 +1097,12 @@ class StoreWriter:
 _THROUGHPUT_OBS = pa.schema([
     ("ts", pa.timestamp("ms")), ("cluster", pa.string()), ("scheduler", pa.string()), ("job_key", pa.string()),
     ("host", pa.string()), ("flops", pa.float64()), ("gpus", pa.int32()), ("basis", pa.string()),
+])
+
+# One checkpoint observation (gpufleet.collector.exposition_parse emits them).
+_CHECKPOINT_OBS = pa.schema([
+    ("seen", pa.timestamp("ms")), ("cluster", pa.string()), ("scheduler", pa.string()), ("job_key", pa.string()),
+    ("saved_at", pa.timestamp("ms")), ("duration_s", pa.float64()),
 ])
 
 # One share observation of a shared GPU (gpufleet.collector.exposition_parse emits them).

@@ -250,6 +250,8 @@ class Bundle:
     prices: dict[str, float]
     computed_s: float
     window: Resolved  # the times these figures are for
+    goodput: dict | None = None  # gpufleet.analytics.goodput.compute; None when it failed (goodput_error says why)
+    goodput_error: str | None = None
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
@@ -264,7 +266,8 @@ def window_bundle(key: tuple) -> Bundle:
     t0 = time.monotonic()
     s, w, p = _request(key)
     # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
-    a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
+    con = reader(w.root)
+    a = Analysis(con, p, now=w.as_of, detail=True, held_only=True)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
@@ -279,11 +282,26 @@ def window_bundle(key: tuple) -> Bundle:
             log.exception("fairness failed")
             fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
         mfu_figures, mfu_err = _mfu(a)
+        fall, fall_err = _goodput(s, con, a, p, w, mfu_figures)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                      computed_s=time.monotonic() - t0, window=w)
+                      computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err)
     finally:
         _close(a)
+
+
+def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p: Params, w: Resolved,
+             mfu_figures: dict[str, pl.DataFrame] | None) -> tuple[dict | None, str | None]:
+    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis."""
+    from gpufleet.analytics import goodput, reliability as arel
+    from gpufleet.analytics.params import analytics_options
+
+    try:
+        return goodput.compute(a, con, p, arel.settings(analytics_options(s.doc, s.config_path)), as_of=w.as_of,
+                               mfu_jobs=mfu_figures["jobs"] if mfu_figures else None), None
+    except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+        log.exception("goodput waterfall failed")
+        return None, f"the goodput waterfall could not be computed: {type(e).__name__}: {e}"
 
 
 def _close(a: Analysis) -> None:

@@ -9,9 +9,17 @@ the figure as `gpufleet_job_reported_flops` and analytics/mfu.py divides it by t
     report(tokens_per_second=3000, parameters=7e9)      # a dense transformer: FLOP/s = 6 x N x tokens/s
     report(flops_per_second=1.9e15)                      # or the job's own model FLOP/s count
 
+A job that saves checkpoints says so once each is written (and how long saving it took), so an
+interruption's lost work is measured from its last checkpoint instead of its start, and
+`gpufleet analyze --reliability` can show the interval it used beside Young/Daly's advice:
+
+    from gpufleet.exporter.jobreport import checkpoint_saved
+    checkpoint_saved(duration_seconds=95.0)              # after the checkpoint is durable
+
 From any other language or a shell:
 
     python -m gpufleet.exporter.jobreport --tokens-per-second 3000 --parameters 7e9
+    python -m gpufleet.exporter.jobreport --checkpoint-saved --checkpoint-seconds 95
 
 What to report:
 - The whole job's throughput, from one process (rank 0: the figure training loops log). The GPU
@@ -24,11 +32,11 @@ What to report:
   Activation recomputation is not model FLOPs and must not be counted. For a mixture of experts,
   N is the parameters active per token.
 
-Mechanics: one small JSON file per job in $GPUFLEET_JOB_REPORT_DIR (default
-/run/gpufleet/job-reports), replaced atomically (temp file + rename) so the exporter never reads
-half a file. The job is $SLURM_JOB_ID, else the Kubernetes pod ($POD_NAME/$POD_NAMESPACE from the
+Mechanics: one small JSON file per job (and `<job>.checkpoint.json`, its last checkpoint) in
+$GPUFLEET_JOB_REPORT_DIR (default /run/gpufleet/job-reports), replaced atomically (temp file +
+rename) so the exporter never reads half a file. The job is $SLURM_JOB_ID, else the Kubernetes pod ($POD_NAME/$POD_NAMESPACE from the
 downward API, or the pod's host name and service-account namespace). Calls closer together than
-`min_interval` seconds are skipped, so calling it every step costs nothing. Failing to write
+`min_interval` seconds are skipped, so calling report() every step costs nothing. Failing to write
 (no such directory) is logged, never raised: monitoring must not stop a training run.
 Standard library only, so any job can import this file (or copy it).
 """
@@ -49,6 +57,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+CHECKPOINT_KIND = "checkpoint"  # the "kind" of a checkpoint document (a throughput report has none)
+CHECKPOINT_SUFFIX = ".checkpoint.json"
 DEFAULT_DIR = "/run/gpufleet/job-reports"
 DIR_ENV = "GPUFLEET_JOB_REPORT_DIR"
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -88,6 +98,44 @@ def report(
         return None
     _last_write[str(path)] = now
     return path
+
+
+def checkpoint_saved(
+    duration_seconds: float | None = None,
+    *,
+    saved_at: float | None = None,
+    job_id: str | None = None,
+    directory: str | os.PathLike | None = None,
+) -> Path | None:
+    """Say that the job just saved a checkpoint (call it once the checkpoint is durable: work after
+    it survives an interruption). `duration_seconds`: how long saving it took (the job stood still
+    that long), None when not measured. `saved_at`: Unix time it was saved (default: now).
+
+    Returns the file written, or None when the directory could not be written (logged). Never
+    throttled: a job checkpoints every few minutes at most. Bad arguments raise ValueError."""
+    doc = build_checkpoint(duration_seconds, saved_at=saved_at, job_id=job_id)
+    path = Path(directory or os.environ.get(DIR_ENV) or DEFAULT_DIR) / file_name(doc)
+    try:
+        _write_atomically(path, json.dumps(doc, separators=(",", ":")))
+    except OSError as e:
+        log.warning("cannot write the job's checkpoint report %s: %s", path, e)
+        return None
+    return path
+
+
+def build_checkpoint(duration_seconds: float | None = None, *, saved_at: float | None = None,
+                     job_id: str | None = None) -> dict:
+    """The checkpoint document (validated), without writing it."""
+    if duration_seconds is not None:
+        _check_number("duration_seconds", duration_seconds)
+    if saved_at is not None:
+        _check_number("saved_at", saved_at, positive=True)
+    scheduler, jid, namespace, pod = job_identity(job_id)
+    return {
+        "version": FORMAT_VERSION, "kind": CHECKPOINT_KIND, "scheduler": scheduler, "job_id": jid, "namespace": namespace,
+        "pod": pod, "saved_at": float(saved_at) if saved_at is not None else time.time(),
+        "duration_seconds": _num(duration_seconds), "host": socket.gethostname(), "pid": os.getpid(),
+    }
 
 
 def build_report(
@@ -141,10 +189,12 @@ def job_identity(job_id: str | None = None) -> tuple[str, str, str, str]:
 
 
 def file_name(doc: dict) -> str:
-    """`<job id>.json` (Slurm) or `<namespace>_<pod>.json` (Kubernetes names have no `_`)."""
+    """`<job id>.json` (Slurm) or `<namespace>_<pod>.json` (Kubernetes names have no `_`);
+    `.checkpoint.json` for a checkpoint document."""
+    suffix = CHECKPOINT_SUFFIX if doc.get("kind") == CHECKPOINT_KIND else ".json"
     if doc["scheduler"] == "kubernetes":
-        return f"{doc['namespace']}_{doc['pod']}.json"
-    return f"{doc['job_id']}.json"
+        return f"{doc['namespace']}_{doc['pod']}{suffix}"
+    return f"{doc['job_id']}{suffix}"
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -184,10 +234,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(
         prog="python -m gpufleet.exporter.jobreport",
-        description="Report a job's achieved throughput to the gpufleet exporter (for MFU). "
-        "Give --flops-per-second, or --tokens-per-second with --parameters (FLOP/s = 6 x parameters x tokens/s, "
-        "attention FLOPs excluded).",
+        description="Report a job's achieved throughput to the gpufleet exporter (for MFU), or that it saved a "
+        "checkpoint (for the work an interruption loses). Give --flops-per-second, or --tokens-per-second with "
+        "--parameters (FLOP/s = 6 x parameters x tokens/s, attention FLOPs excluded), or --checkpoint-saved.",
     )
+    p.add_argument("--checkpoint-saved", action="store_true", help="the job has just saved a checkpoint")
+    p.add_argument("--checkpoint-seconds", type=float, help="how long saving the checkpoint took (with --checkpoint-saved)")
     p.add_argument("--flops-per-second", type=float, help="achieved model FLOP/s of the whole job (or of --gpus GPUs)")
     p.add_argument("--tokens-per-second", type=float, help="training tokens per second")
     p.add_argument("--parameters", type=float, help="model parameters N (active per token for MoE), e.g. 7e9")
@@ -196,7 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", help=f"report directory (default: ${DIR_ENV} or {DEFAULT_DIR})")
     args = p.parse_args(argv)
     try:
-        doc = build_report(args.flops_per_second, args.tokens_per_second, args.parameters, job_id=args.job_id, gpus=args.gpus)
+        if args.checkpoint_saved:
+            if args.flops_per_second is not None or args.tokens_per_second is not None or args.parameters is not None:
+                raise ValueError("--checkpoint-saved reports a checkpoint: give the throughput in a call of its own")
+            doc = build_checkpoint(args.checkpoint_seconds, job_id=args.job_id)
+        elif args.checkpoint_seconds is not None:
+            raise ValueError("--checkpoint-seconds needs --checkpoint-saved")
+        else:
+            doc = build_report(args.flops_per_second, args.tokens_per_second, args.parameters, job_id=args.job_id, gpus=args.gpus)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

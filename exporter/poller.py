@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from gpufleet.exporter.backends.base import Backend
 from gpufleet.exposition import render
 from gpufleet.exporter.jobmap.base import JobBinding, MappingSource
-from gpufleet.exporter.jobreports import JobReport, JobReportSource
+from gpufleet.exporter.jobreports import JobCheckpoint, JobReport, JobReportSource
 from gpufleet.exporter.model import BackendUnavailable, GpuError, GpuIdentity
 from gpufleet.exporter.snapshot import GpuState, Snapshot, SourceStatus, families
 
@@ -44,7 +44,7 @@ class Poller:
     ):
         self.backend = backend
         self.sources = list(sources)
-        self.job_reports = job_reports  # throughput jobs report about themselves (MFU)
+        self.job_reports = job_reports  # throughput (MFU) and checkpoints jobs report about themselves
         self.poll_interval = poll_interval
         self.process_interval = process_interval
         self.device_map_file = Path(device_map_file) if device_map_file else None
@@ -164,7 +164,7 @@ class Poller:
             self.snapshot.job_reports = reports
         self._publish()
 
-    def _read_job_reports(self) -> list[JobReport]:
+    def _read_job_reports(self) -> list[JobReport | JobCheckpoint]:
         if self.job_reports is None:
             return []
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ from typing import Sequence
 from gpufleet.exposition import Family, Labels
 from gpufleet.exporter.fields import DRIVER_LABEL, FIELDS, is_blank
 from gpufleet.exporter.jobmap.base import JobBinding
-from gpufleet.exporter.jobreports import JobReport
+from gpufleet.exporter.jobreports import JobCheckpoint, JobReport
 from gpufleet.exporter.model import GpuIdentity, GpuProcess, GpuReading
 from gpufleet.version import version
 
@@ -48,7 +48,7 @@ class Snapshot:
     process_jobs: list[tuple[GpuIdentity, JobBinding]] = field(default_factory=list)
     allocation_sources_enabled: bool = False
     sources: dict[str, SourceStatus] = field(default_factory=dict)
-    job_reports: list[JobReport] = field(default_factory=list)
+    job_reports: list[JobReport | JobCheckpoint] = field(default_factory=list)
 
 
 def _gpu_labels(s: Snapshot, g: GpuIdentity, gi: int | None = None) -> Labels:
@@ -182,13 +182,22 @@ def _job_report_families(s: Snapshot) -> list[Family]:
         "basis: flops (reported) or 6N_tokens (6 x parameters x tokens/s, attention excluded).",
     )
     gpus = Family("gpufleet_job_reported_gpus", "gauge", "GPUs the job's reported FLOP/s covers (absent: the job's allocation).")
+    saved = Family("gpufleet_job_checkpoint_timestamp_seconds", "gauge",
+                   "Unix time the job's last checkpoint was saved, as the job reported it (work before it survives an interruption).")
+    took = Family("gpufleet_job_checkpoint_duration_seconds", "gauge",
+                  "How long saving the job's last checkpoint took, as the job reported it (absent: not reported).")
     for r in s.job_reports:
         labels: Labels = (("Hostname", s.hostname), ("scheduler", r.scheduler))
         labels += (("job_id", r.job_id),) if r.scheduler == "slurm" else (("namespace", r.namespace), ("pod", r.pod))
+        if isinstance(r, JobCheckpoint):
+            saved.add(labels, r.saved_at)
+            if r.duration_seconds is not None:
+                took.add(labels, r.duration_seconds)
+            continue
         flops.add(labels + (("basis", r.basis),), r.flops)
         if r.gpus is not None:
             gpus.add(labels, r.gpus)
-    return [flops, gpus]
+    return [flops, gpus, saved, took]
 
 
 def _health_families(s: Snapshot) -> list[Family]:

@@ -263,6 +263,15 @@ def test_waste_and_cost(store, con, a, use_store):
     assert_table(frame(at, "waste_np_account"), a.waste_by("account", "no_process"))
     assert_table(frame(at, "waste_top_jobs"), a.top_wasteful_jobs(25).drop(["scheduler"], strict=False))
     assert frame(at, "waste_top_jobs")["job_id"].tolist()[0] == "102"  # 2 h idle with no process
+    # the goodput waterfall: analytics.goodput's steps, the fleet's capacity and allocated the totals'
+    from gpufleet.analytics import goodput
+
+    g = goodput.compute(a, con, W, as_of=T(12))
+    fall = frame(at, "waste_waterfall")
+    assert list(fall["step"]) == [goodput.STEP_LABELS[s] for s in goodput.STEPS]
+    assert_table(fall, pl.DataFrame(goodput.chart_rows(g["fleet"])), ["step", "gpu_h", "cost"])
+    assert [r["gpu_h"] for r in g["fleet"][:2]] == [t.capacity_gpu_h, pytest.approx(t.allocated_gpu_h)]
+    assert len(frame(at, "waste_waterfall_teams")) == len(g["teams"])
 
 
 def test_health(store, con, use_store):
@@ -424,6 +433,11 @@ def test_reliability(tmp_path, use_store):
     assert list(fall["part"]) == ["allocated", "lost: hardware", "lost: node failure", "not lost"]
     assert list(fall["gpu_hours"]) == pytest.approx([10, -4, -1, 5])
     assert [c.split(", ") for c in frame(at, "reliability_chains")["job_ids"]] == [ch["job_ids"] for ch in rel["chains"]]
+    assert set(frame(at, "reliability_chains")["lost_basis"]) == {"upper bound"}  # no job reported a checkpoint
+    # checkpoint advice for the largest chains: none without a reported checkpoint cost, and the page says why
+    advice = frame(at, "reliability_advice")
+    assert [c.split(", ") for c in advice["job_ids"]] == [x["job_ids"] for x in rel["checkpoint_advice"]] and len(advice)
+    assert set(advice["advice"]) == {"no advice: no checkpoint reports: the job's checkpoint cost is unknown"}
 
 
 def test_long_tables_show_their_first_rows_and_say_so(store, a, use_store, monkeypatch):

@@ -130,7 +130,7 @@ def test_a_store_of_schema_7_is_migrated_and_keeps_shares_from_then_on(tmp_path)
     assert "gpu_job_shares" not in {r[0] for r in db.execute("SHOW TABLES").fetchall()}
     db.close()
     w = StoreWriter(tmp_path)
-    assert w.schema_version() == schema.SCHEMA_VERSION == 8
+    assert w.schema_version() == schema.SCHEMA_VERSION >= 8  # (later migrations ran too)
     w.publish()
     con = open_reader(tmp_path)
     assert con.execute("SELECT job_key FROM jobs").fetchall() == [("1",)]

@@ -385,14 +385,19 @@ def test_store_attempts_classified_with_evidence(store):
     assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
 
 
-def test_cli_reliability_json_and_table(store):
-    import json
+def analyze_reliability(root, start: str, end: str, *args: str):
+    """`gpufleet analyze --reliability` on the store at `root` over [start, end), as a person runs it."""
     import subprocess
     import sys
 
-    run = lambda *a: subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(store.root),  # noqa: E731
-                                     "--from", "2026-11-16T00:00:00Z", "--to", "2026-11-16T09:00:00Z", "--reliability", *a],
-                                    capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "gpufleet.cli", "analyze", "--store", str(root), "--from", start, "--to", end,
+                           "--reliability", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_reliability_json_and_table(store):
+    import json
+
+    run = lambda *a: analyze_reliability(store.root, "2026-11-16T00:00:00Z", "2026-11-16T09:00:00Z", *a)  # noqa: E731
     j = run("--format", "json")
     assert j.returncode == 0, j.stderr
     doc = json.loads(j.stdout)
@@ -431,7 +436,7 @@ def test_chain_by_hand():
     # lost: attempt 1 since its 1.5 h checkpoint (0.5 h); attempt 2 reported none: all 2.5 h (an upper bound)
     assert ch.lost_s == 3 * 3600 and ch.lost_upper_bound and ch.productive_s == 5.5 * 3600
     assert ch.ettr == pytest.approx(0.55) and ch.interruptions == 2
-    advice = r.checkpoint_advice(ch, gpu_failure_rate_per_h=1 / (8 * 8), checkpoint_cost_s=60, used_interval_s=3600)
+    advice = r.checkpoint_advice(ch, gpu_failure_rate_per_h=1 / (8 * 8), checkpoint_save_s=60, used_interval_s=3600)
     assert advice["mttf_h"] == pytest.approx(8) and advice["advised_interval_s"] == pytest.approx(math.sqrt(2 * 60 * 8 * 3600))
     assert r.young_daly_interval_s(60, 28800) == pytest.approx(1859.0319, rel=1e-6)
     assert r.checkpoint_advice(ch, None, 60, None)["advised_interval_s"] is None  # no rate: unknown, not 0

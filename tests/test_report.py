@@ -289,6 +289,28 @@ def test_reliability_section_equals_the_reliability_report(store, w47, outputs):
     # goodput: every chain completed at its first try, so the fleet's ETTR is 100 %, no chain listed
     assert rel["goodput"]["ettr"] == 1 and figs.one("reliability.ettr") == fmt.pct(100.0) and not rel["chains"]
     assert "Goodput: ETTR 100" in outputs[0].text
+    # checkpoint advice for the week's largest jobs: none reported a checkpoint, so there is none, and it says why
+    assert rel["checkpoint_advice"] and outputs[0].report.reliability["checkpoint_advice"] == rel["checkpoint_advice"]
+    assert 'id="checkpoint-advice"' in outputs[0].html
+    assert "no advice: no checkpoint reports: the job's checkpoint cost is unknown" in outputs[0].text
+
+
+def test_goodput_waterfall_is_the_analytics_one(store, w47, outputs):
+    """The weekly report's waterfall (chart and text) is gpufleet.analytics.goodput's, computed on the
+    report's own analysis: capacity and allocated are the week's totals."""
+    from gpufleet.analytics import goodput
+
+    o = outputs[0]
+    a = o.report.extra["analysis"]
+    want = goodput.compute(a, store.reader(), a.p, as_of=o.report.as_of)
+    assert o.report.goodput["fleet"] == want["fleet"] and o.report.goodput["teams"] == want["teams"]
+    t = o.report.totals
+    assert [r["gpu_h"] for r in want["fleet"][:2]] == [t.capacity_gpu_h, pytest.approx(t.allocated_gpu_h)]
+    assert 'id="chart-goodput"' in o.html and "Goodput waterfall" in o.html
+    assert "GOODPUT WATERFALL" in o.text and f"capacity                   {fmt.hours(t.capacity_gpu_h)} GPU-h" in o.text
+    useful = want["fleet"][-1]
+    assert useful["step"] == "useful" and (useful["gpu_h"] is None or useful["unknown_teams"] >= 0)
+    assert "not lost to interruptions" in o.text
 
 
 def test_team_report_has_only_its_team(store, w47, outputs):
@@ -328,7 +350,7 @@ def test_html_escapes_hostile_job_user_and_account_names(outputs):
     assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in outputs[0].html
     # the SVG charts name teams too, escaped the same way
     svg = re.findall(r"<svg.*?</svg>", outputs[0].html, re.S)
-    assert len(svg) == 3 and any("&lt;b&gt;bio&lt;/b&gt; &amp; co" in s for s in svg)
+    assert len(svg) == 4 and any("&lt;b&gt;bio&lt;/b&gt; &amp; co" in s for s in svg)
 
 
 def test_text_and_subject_carry_no_control_characters(outputs):

@@ -324,7 +324,7 @@ class PrometheusApiSource:
                 if fam is None:
                     fam = fams[name] = Family(name, "gauge", "")
                 fam.samples.append((key, float(v)))
-        parts, times, gpus, allocations, throughput, shares, rejected, problems = [], [], [], [], [], [], 0, []
+        parts, times, gpus, allocations, throughput, checkpoints, shares, rejected, problems = [], [], [], [], [], [], [], 0, []
         unrecognized: dict[tuple[str, str], Unrecognized] = {}  # one per instance and kind in a chunk
         for (instance, t), fams in sorted(scrapes.items()):
             body = render(fams.values()).decode()
@@ -338,6 +338,7 @@ class PrometheusApiSource:
             gpus += parsed.gpus
             allocations += parsed.allocations
             throughput += parsed.throughput
+            checkpoints += parsed.checkpoints
             shares += parsed.shares
             rejected += parsed.rejected
             problems += parsed.problems[:3]
@@ -349,6 +350,7 @@ class PrometheusApiSource:
             gpus=gpus,
             allocations=allocations,
             throughput=throughput,
+            checkpoints=checkpoints,
             shares=shares,
             rejected=rejected,
             problems=problems,

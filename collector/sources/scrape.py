@@ -95,7 +95,7 @@ class ScrapeSource:
         """One round's answers (target, its status, the body or None) -> the round's batch (one
         samples table for all targets: cheaper to build, and to commit, than one per target)."""
         problems = list(problems or [])
-        parts, gpus, allocations, throughput, shares, rejected, unrecognized = [], [], [], [], [], 0, []
+        parts, gpus, allocations, throughput, checkpoints, shares, rejected, unrecognized = [], [], [], [], [], [], 0, []
         self.status = {target.address: status for target, status, _ in answers}  # targets dropped from file_sd go
         for target, status, body in answers:
             if body is None:
@@ -109,6 +109,7 @@ class ScrapeSource:
             gpus += parsed.gpus
             allocations += parsed.allocations
             throughput += parsed.throughput
+            checkpoints += parsed.checkpoints
             shares += parsed.shares
             rejected += parsed.rejected
             problems += [f"{target.address}: {p}" for p in parsed.problems[:5]]
@@ -125,6 +126,7 @@ class ScrapeSource:
             gpus=gpus,
             allocations=allocations,
             throughput=throughput,
+            checkpoints=checkpoints,
             shares=shares,
             rejected=rejected,
             problems=problems,

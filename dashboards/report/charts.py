@@ -95,6 +95,30 @@ def waste_by_team(rows: Sequence[TeamRow], limit: int = 10) -> str:
     return _svg(w, h, title, out)
 
 
+def goodput_waterfall(fleet: Sequence[dict]) -> str:
+    """Horizontal bars, one per step of the goodput waterfall (gpufleet.analytics.goodput), each
+    with its GPU-hours and cost; an unknown step says so instead of a bar."""
+    title = "Goodput waterfall: where the capacity went"
+    known = [r["gpu_h"] for r in fleet if r["gpu_h"] is not None]
+    if not known or max(known) <= 0:
+        return _svg(680, 60, title, [f'<text x="340" y="34" text-anchor="middle" fill="{MUTED}">No GPU capacity in this window.</text>'])
+    w, left, right, bar, gap, top = 680, 190, 150, 18, 8, 6
+    h = 12 + len(fleet) * (bar + gap)
+    peak = max(known)
+    out = []
+    for i, r in enumerate(fleet):
+        y = top + i * (bar + gap)
+        out.append(f'<text x="{left - 8}" y="{y + bar - 5}" text-anchor="end" fill="{INK}">{_t(r["label"])}</text>')
+        if r["gpu_h"] is None:
+            out.append(f'<text x="{left}" y="{y + bar - 5}" fill="{MUTED}" font-style="italic">unknown</text>')
+            continue
+        bw = (w - left - right) * r["gpu_h"] / peak
+        text = f"{'at least ' if r['unknown_teams'] else ''}{r['gpu_h']:,.1f} GPU-h" + (f", {usd(r['cost'])}" if r["cost"] is not None else "")
+        out.append(f'<rect x="{left}" y="{y}" width="{max(bw, 1):.1f}" height="{bar}" fill="{BLUE if i < 4 else ORANGE}" rx="2"/>')
+        out.append(f'<text x="{left + bw + 6:.1f}" y="{y + bar - 5}" fill="{INK}">{_t(text)}</text>')
+    return _svg(w, h, title, out)
+
+
 def share_vs_entitlement(rows: Sequence[TeamRow], limit: int = 12) -> str:
     """Per team: entitled share (gray) against allocated share (blue) of the fleet's allocated GPU-hours."""
     rows = [r for r in rows if r.entitled_share is not None or r.used_share is not None]

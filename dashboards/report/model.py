@@ -167,6 +167,8 @@ class Report:
     reliability: dict[str, Any] | None = None
     # each team's GPUs shared with other jobs (gpufleet.analytics.shares.team_shares rows)
     shared_gpus: list[dict[str, Any]] = field(default_factory=list)
+    # the fleet's goodput waterfall (gpufleet.analytics.goodput.compute: gpufleet.goodput/v1); None without data
+    goodput: dict[str, Any] | None = None
 
     @property
     def has_data(self) -> bool:
@@ -417,6 +419,11 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         from gpufleet.analytics.reliability import Settings as ReliabilitySettings
 
         rel = reliability_store.report(con, params, reliability or ReliabilitySettings(), as_of=as_of, top=RELIABILITY_LIST)
+    fall = None
+    if status == "ok":
+        from gpufleet.analytics import goodput
+
+        fall = goodput.compute(a, con, params, reliability, as_of=as_of)
     return Report(
         window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
         previous=None if _empty(prev) else prev,
@@ -433,6 +440,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         extra={"analysis": a, "processes": processes},
         reliability=rel,
         shared_gpus=team_shares(con, params).to_dicts() if status == "ok" else [],
+        goodput=fall,
     )
 
 

@@ -53,8 +53,8 @@ def text_table(header: list[str], rows: list[list[object]], indent: str = "  ") 
 
 
 def chart_svgs(report: Report) -> dict[str, str]:
-    """SVG per chart: daily, waste (fleet report only), shares; "" where there is none."""
-    out = {"daily": "", "waste": "", "shares": ""}
+    """SVG per chart: daily, waste (fleet report only), shares, goodput (the fleet's); "" where there is none."""
+    out = {"daily": "", "waste": "", "shares": "", "goodput": ""}
     if not report.has_data:
         return out
     if report.daily:
@@ -62,6 +62,8 @@ def chart_svgs(report: Report) -> dict[str, str]:
     if report.team is None:
         out["waste"] = charts.waste_by_team(report.teams)
     out["shares"] = charts.share_vs_entitlement(report.teams)
+    if report.goodput is not None:
+        out["goodput"] = charts.goodput_waterfall(report.goodput["fleet"])
     return out
 
 

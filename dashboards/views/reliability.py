@@ -9,6 +9,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import vocabulary as words
+from gpufleet.analytics.reliability_store import advice_rows
 from gpufleet.analytics.reliability import CAUSE_LABELS, INTERRUPTION_CAUSES
 from gpufleet.dashboards import data, ui
 
@@ -38,11 +39,11 @@ def body(ctx: ui.Context) -> None:
                 help="An XID of the hardware class, a double-bit ECC rise, a row-remap failure or a lost GPU on the attempt's GPUs "
                      "shortly before its end.")
     c[3].metric("GPU-hours lost", words.known_gpu_h(f["lost_gpu_hours"], f["lost_unknown_interruptions"]),
-                help="From each interrupted attempt's last reported checkpoint (else its start: an upper bound) to its end.")
+                help="From each interrupted attempt's last reported checkpoint (measured; else its start: an upper bound) to its end.")
     share = f["lost_share_of_allocated"]
     st.caption(f"Lost: {ui.pct(None if share is None else 100 * share)} of "
                f"{words.known_gpu_h(f['allocated_gpu_hours'], f['allocated_unknown_attempts'])} allocated"
-               + (" (an upper bound: no checkpoint reports)" if f["lost_is_upper_bound"] and f["interruptions"] else ""))
+               + (f" - {rel['goodput']['checkpoints']}" if f["interruptions"] else ""))
     if f["allocated_unknown_attempts"]:
         st.caption(f"{f['allocated_unknown_attempts']:,} attempts of this window ({f['lost_unknown_interruptions']:,} of them interrupted) "
                    "have an unknown GPU count: their GPU-hours are unknown, never 0, and left out of allocated and lost (at least "
@@ -98,8 +99,6 @@ def body(ctx: ui.Context) -> None:
                      "time runs from its first attempt's start to its last attempt's end, the waits for a requeue included).")
     c[1].metric("Wall GPU-hours", ui.gpu_h(g["wall_gpu_hours"]))
     c[2].metric("Lost + waiting", ui.gpu_h(g["lost_gpu_hours"] + g["requeue_wait_gpu_hours"]))
-    if g["lost_is_upper_bound"]:
-        st.caption(g["checkpoints"].capitalize() + ".")
     lost = f["lost_gpu_hours_by_cause"]
     if lost and f["allocated_gpu_hours"] is not None and not f["allocated_unknown_attempts"]:  # (parts that add up)
         fall = pl.DataFrame({"part": ["allocated", *(f"lost: {CAUSE_LABELS[k]}" for k in lost), "not lost"],
@@ -112,8 +111,17 @@ def body(ctx: ui.Context) -> None:
     st.caption("Attempts linked: requeues of one job, resubmissions of the same user, account and name soon after a failure. "
                "ETTR = productive time / wall time.")
     chains = [{**ch, "job_ids": ", ".join(ch["job_ids"])} for ch in rel["chains"]]
-    ui.table(_rows(chains, ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "requeue_wait_h", "ettr"]),
+    ui.table(_rows(chains, ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "lost_basis",
+                            "requeue_wait_h", "ettr"]),
              key="reliability_chains", empty="No interrupted chain in this window.")
+
+    st.subheader("Checkpoint advice")
+    st.caption("For the largest chains: Young/Daly's interval sqrt(2 x C x MTTF_N), from the checkpoint cost C the job reported "
+               "(gpufleet.exporter.jobreport.checkpoint_saved; the median save) and the fleet's MTTF for its size "
+               "(1 / (N x the per-GPU rate)), beside the interval it used (the median time between its checkpoints).")
+    ui.table(_rows(advice_rows(rel["checkpoint_advice"]), ["job_ids", "user_name", "gpus", "checkpoints", "checkpoint_save_s",
+                                                           "used_interval_s", "mttf_h", "advised_interval_s", "advice"]),
+             key="reliability_advice", empty="No job chain in this window.")
 
 
 ui.run_page("Reliability", body)

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from gpufleet.analytics import vocabulary as words
+from gpufleet.analytics import goodput, vocabulary as words
 from gpufleet.dashboards import data, ui
 
 TOP = 15
@@ -25,6 +25,38 @@ def bars(df: pl.DataFrame, key: str, value: str, title: str) -> alt.LayerChart:
     )
     figures = base.mark_text(align="left", dx=4).encode(text=alt.Text(f"{value}:Q", format=",.1f"))
     return alt.layer(base.mark_bar(), figures).properties(height=max(120, 26 * top.height + 30))
+
+
+def waterfall_section(b: data.Bundle) -> None:
+    """The goodput waterfall (gpufleet.analytics.goodput): where the window's capacity went, step by step."""
+    st.subheader("Goodput waterfall")
+    g = b.goodput
+    if g is None:
+        st.text(f"Not shown: {b.goodput_error}.")
+        return
+    st.caption("Capacity, then what jobs were allocated, of it the time with data, busy, not lost to interruptions (the "
+               "lost GPU-hours at the team's utilization) and useful (x MFU, where known). A step unknown for some team is "
+               "the sum of the others (at least).")
+    rows = pl.DataFrame(goodput.chart_rows(g["fleet"]), schema={"step": pl.Utf8, "gpu_h": pl.Float64, "cost": pl.Float64,
+                                                                 "dropped_gpu_h": pl.Float64})
+    rows = rows.with_columns(pl.Series("unknown_teams", [r["unknown_teams"] for r in g["fleet"]]))
+    known = rows.filter(pl.col("gpu_h").is_not_null())
+    if not known.is_empty():
+        order = list(rows["step"])
+        st.altair_chart(alt.Chart(known).mark_bar().encode(
+            x=alt.X("step:N", sort=order, title=None, axis=alt.Axis(labelAngle=0, labelLimit=0)),
+            y=alt.Y("gpu_h:Q", title="GPU-hours"),
+            tooltip=["step:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.1f"),
+                     alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3)]), width="stretch")
+    ui.table(rows, key="waste_waterfall", labels={"gpu_h": "GPU-h", "dropped_gpu_h": "gone since the step before GPU-h"},
+             sort="the waterfall's order")
+    for note in g["notes"] + (["lost GPU-hours are an upper bound where a job reported no checkpoint: not lost is then at least "
+                               "what is shown"] if g["lost_is_upper_bound"] else []):
+        st.caption(note[0].upper() + note[1:] + ".")
+    teams = pl.DataFrame(g["teams"], schema={"cluster": pl.Utf8, "account": pl.Utf8,
+                                             **{f"{s}_{u}": pl.Float64 for u in ("gpu_h", "cost") for s in goodput.STEPS[1:]}})
+    ui.table(teams.select("cluster", "account", *(f"{s}_{u}" for s in goodput.STEPS[1:] for u in ("gpu_h", "cost"))), key="waste_waterfall_teams",
+             empty="No team held GPUs in this window.", sort="by cluster and account")
 
 
 def body(ctx: ui.Context) -> None:
@@ -82,6 +114,8 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Most wasteful jobs")
     ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.",
              sort="most idle GPU-hours first")
+
+    waterfall_section(b)
 
     queue_gaps(ctx)
     st.subheader("Stranded capacity")

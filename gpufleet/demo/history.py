@@ -21,7 +21,7 @@ from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter
 from gpufleet.exporter.backends.sim_models import MODELS
-from gpufleet.demo import load, shared
+from gpufleet.demo import checkpoints, load, shared
 from gpufleet.demo.fleet import PROFILE_CODE, STEP_S, Fleet, Job, Slot
 
 EPOCH = datetime(1970, 1, 1)
@@ -251,7 +251,7 @@ def backfill(fleet: Fleet, store: str, progress: Callable[[int, int], None] = la
         allocs, inventory = observations(fleet, fleet.start, fleet.now)
         jobs = job_rows(fleet, fleet.now)
         w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:scheduler", jobs=jobs, attempts=attempt_rows(fleet, fleet.now),
-                       allocations=allocs, gpus=inventory))
+                       allocations=allocs, gpus=inventory, checkpoints=checkpoints.observations(fleet, fleet.start, fleet.now)))
         guests, guest_allocs, split = shared.records(fleet)  # a shared GPU (gpufleet.demo.shared)
         w.commit(Batch(key=f"demo-history:{fleet.start.isoformat()}:shared", jobs=[job_row(j, j.state_at(fleet.now), fleet.now) for j in guests],
                        allocations=guest_allocs, shares=split))
@@ -278,7 +278,8 @@ def catch_up(fleet: Fleet, store: str, since: datetime, until: datetime) -> int:
         written = _write_samples(w, fleet, slots, segments(fleet, slots), lo, hi, f"demo-catch-up:{since.isoformat()}",
                                  lambda done, total: None, 0)
         allocs, inventory = observations(fleet, since, until)
-        w.commit(Batch(key=f"demo-catch-up:{since.isoformat()}:mapping", allocations=allocs, gpus=inventory))
+        w.commit(Batch(key=f"demo-catch-up:{since.isoformat()}:mapping", allocations=allocs, gpus=inventory,
+                       checkpoints=checkpoints.observations(fleet, since, until)))
         w.publish()  # (the readers see it now: the collector's upkeep compacts it later)
     finally:
         w.close()
