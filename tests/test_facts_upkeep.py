@@ -23,6 +23,7 @@ from test_store import samples
 
 from gpufleet.collector import facts as cf
 from gpufleet.collector.maintenance import apply_retention, build_facts, compact, fact_params, rebuild_facts
+from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import RETIRE_GRACE, StoreWriter, open_reader
 from gpufleet.collector.summaries import SummaryParams
