@@ -45,13 +45,16 @@ def keyed(df: pl.DataFrame, keys: list[str], cols) -> dict:
             v = float(v) if isinstance(v, (bool, int, float)) else v
             prev = out.get((*k, c))
             out[(*k, c)] = v if prev is None else (prev if v is None else prev + v)
-    return {k: v for k, v in out.items() if v not in (0.0, None)}
+    return {k: v for k, v in out.items() if v is not None and not (isinstance(v, float) and abs(v) < 1e-12)}
 
 
 def figures(a: Analysis) -> dict:
     out = {"totals": {k: v for k, v in asdict(a.totals()).items()}}
-    out["per_gpu"] = keyed(a.per_gpu(), GPU_KEY, ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h",
-                                                   "allocated_data_gpu_h", "stranded_gpu_h"))
+    # (under a job filter the raw path's per-GPU held time is the selected jobs' only, so its
+    # "stranded" there is the time those jobs did not hold; the facts' is the time nobody held -
+    # the word's meaning - and neither is a figure of the filter: compared without one)
+    held = () if a.job_filtered else ("allocated_data_gpu_h", "stranded_gpu_h")
+    out["per_gpu"] = keyed(a.per_gpu(), GPU_KEY, ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", *held))
     for by, keys in {**GPU_DIMS, **JOB_DIMS}.items():
         u = a.utilization(by)
         cols = [c for c in ("capacity_gpu_h", "allocated_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "stranded_gpu_h") if c in u.columns]
@@ -59,7 +62,8 @@ def figures(a: Analysis) -> dict:
     for kind in ("idle", "no_process"):
         for by in ("account", "job"):
             out[f"waste.{kind}.{by}"] = keyed(a.waste_by(by, kind), list(JOB_DIMS[by]), ("gpu_h", "cost", "gpus"))
-    out["top"] = keyed(a.top_wasteful_jobs(50), ["cluster", "scheduler", "job_key"], ("idle_gpu_h", "idle_gpus", "idle_cost", "runtime_h"))
+    top = a.top_wasteful_jobs(50)
+    out["top"] = keyed(top, ["cluster", "scheduler", "job_key"], [c for c in ("idle_gpu_h", "idle_gpus", "idle_cost", "runtime_h") if c in top.columns])
     out["detail"] = keyed(a.allocation_detail(), ALLOCATION_KEY, DETAIL_SUMS)
     for by, t in utilization_timelines(a, TIMELINE_DIMS).items():
         keys = ["bucket", *[k for k in t.columns if k in ("cluster", "model", "partition", "account", "user_name")]]
