@@ -186,7 +186,7 @@ def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None, fa
                 return a.totals()
             finally:
                 a.con.close()
-    return Analysis(con, previous, now=now, held_only=True).totals()  # held_only: under a job filter, its jobs' GPUs
+    return Analysis(con, previous, now=now).totals()
 
 
 def previous_baseline(con: duckdb.DuckDBPyConnection, params: Params, now=None, facts: FactFiles | None = None) -> Baseline:

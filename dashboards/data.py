@@ -297,7 +297,7 @@ def window_bundle(key: tuple) -> Bundle:
     a, tl, hours = _from_facts(s, w, p)
     if a is None:
         # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
-        a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
+        a = Analysis(reader(w.root), p, now=w.as_of, detail=True)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
@@ -441,7 +441,7 @@ def window_mfu(key: tuple) -> MfuView:
     b = window_bundle(key)
     if not b.mfu_apart:
         return MfuView.of(b)
-    a = Analysis(reader(w.root), p, now=w.as_of, detail=True, held_only=True)
+    a = Analysis(reader(w.root), p, now=w.as_of, detail=True)
     try:
         return MfuView(*_mfu(a), b.window)
     finally:
@@ -597,7 +597,7 @@ def job_report(key: tuple, job: dict) -> dict | None:
     # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
     # so the whole report reads them once, raw, rather than summaries and then samples - of the
     # GPUs the job held only, not the fleet's
-    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, summaries=False, held_only=True)
+    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True)
     try:
         r = ajobs.job_report(a, job["job_key"])
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:

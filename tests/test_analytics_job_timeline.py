@@ -189,7 +189,7 @@ def test_job_timeline_matches_the_sql_definition(case):
         lo, hi = {"whole": (a, b), "left": (a, m), "right": (m, b)}[case["window"]]
         bucket = None if case["bucket"] is None else timedelta(seconds=case["bucket"])
         base = Params(at(lo), at(hi), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
-        shared = Analysis(con, base, now=at(fleet["now"]))
+        shared = Analysis(con, base, now=at(fleet["now"]), raw=True)  # (its al is edited below: the raw arrays look it up again)
         if case["twice"]:
             # a job holding one GPU twice (two allocation rows): both implementations read al, so
             # a second row, shifted, must add its pieces to the same rows
@@ -205,14 +205,13 @@ def test_job_timeline_matches_the_sql_definition(case):
             assert_same(got, reference_job_gpu_timeline(an, CLUSTER, "slurm", j["key"], bucket))
             if case["narrowed"]:
                 # ... and as it reads it: the samples of the GPUs the selected jobs held only
-                held = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), detail=True, summaries=False, held_only=True)
+                held = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), detail=True, raw=True)
                 assert_same(timeline.job_gpu_timeline(held, CLUSTER, "slurm", j["key"], bucket), got)
                 assert_same_report(ajobs.job_report(held, j["key"]), ajobs.job_report(an, j["key"]))
                 for k, v in vars(an.totals()).items():
                     assert getattr(held.totals(), k) == (pytest.approx(v, **TOL) if isinstance(v, float) else v), k
                 # ... and narrowed to the job itself (the dashboard's job report): its GPUs only
-                own = Analysis(con, replace(base, filters=replace(f, job_key=j["key"])), now=at(fleet["now"]), detail=True, summaries=False,
-                               held_only=True)
+                own = Analysis(con, replace(base, filters=replace(f, job_key=j["key"])), now=at(fleet["now"]), detail=True, raw=True)
                 assert_same(timeline.job_gpu_timeline(own, CLUSTER, "slurm", j["key"], bucket), got)
                 assert_same_report(ajobs.job_report(own, j["key"]), ajobs.job_report(an, j["key"]))
                 assert own.gt.ids.height <= own.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height

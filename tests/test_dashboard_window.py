@@ -68,7 +68,7 @@ def test_the_last_24h_and_its_timeline_answer_from_summaries(tmp_path):
     # the window starts on the hour and its timeline's edges are hours: its closed hours with
     # joined segments (those of the golden day, but the window's last) are read from them
     assert r.start.minute == 0 and a.gt.coarse_hours > 0, (r.start, a.gt.coarse_hours)
-    raw = Analysis(con, p, now=r.as_of, summaries=False)
+    raw = Analysis(con, p, now=r.as_of, raw=True)
     assert all(frames_equal(lines[by], t) for by, t in utilization_timelines(raw).items())
     to_the_second = Analysis(con, Params(r.end - timedelta(hours=24), r.end), now=NOW, detail=True)
     utilization_timelines(to_the_second)

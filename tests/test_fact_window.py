@@ -56,7 +56,7 @@ def figures(a: Analysis) -> dict:
 
 
 def oracle(con, p: Params, now: datetime) -> tuple[dict, dict]:
-    an = Analysis(con, p, now=now, summaries=False, detail=True)
+    an = Analysis(con, p, now=now, raw=True, detail=True)
     try:
         return figures(an), utilization_timelines(an, TIMELINE_DIMS, HOUR)
     finally:
@@ -126,7 +126,7 @@ def test_a_window_from_its_facts_has_the_raw_figures(fleet, how, built, offset_s
         # the job list alone under a filter on the jobs (a team's, a user's: its rows of the fleet's list)
         for f in team_filters(con):
             q = replace(p, filters=f)
-            an = Analysis(con, q, now=now, summaries=False, detail=True)
+            an = Analysis(con, q, now=now, raw=True, detail=True)
             try:
                 bad = mismatches({"jobs": job_summaries(an)}, {"jobs": fact_window.window_jobs(con, q, now, finder(facts))})
             finally:

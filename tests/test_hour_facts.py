@@ -83,7 +83,7 @@ class finder:
 
 
 def oracle(con, p: Params, now: datetime) -> dict:
-    an = Analysis(con, p, now=now, summaries=False)
+    an = Analysis(con, p, now=now, raw=True)
     return use_figures(asdict(an.totals()), {by: an.utilization(by) for by in hour_facts.USE_DIMS}, utilization_timelines(an, TIMELINE_DIMS, HOUR))
 
 
