@@ -162,7 +162,7 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 # and inner runs: a chain's start and end are exact (its pieces are measured from part edges); a
 # run wholly inside a part has no times of its own in the facts, so its row carries the part's
 # bounds (a 5-minute part's inside the window's 5-minute buckets, an hour's or a day's where those
-# were read). island: the row's number among its GPU and holder's, in time order. {kind}: idle or nop.
+# were read); a chain's are clipped to the read window (the raw path's reach). island: the row's number among its GPU and holder's, in time order. {kind}: idle or nop.
 STRETCH_ROWS = """
 WITH held AS ({held}), pieces AS (
     SELECT cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
@@ -191,7 +191,8 @@ WITH held AS ({held}), pieces AS (
 )
 SELECT r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
        row_number() OVER (PARTITION BY r.cluster, r.host, r.gpu_uuid, r.gi, r.scheduler, r.job_key ORDER BY r.s0) AS island,
-       r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(r.s0) AS s0, make_timestamp(r.s1) AS s1,
+       r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(greatest(r.s0, epoch_us($xstart))) AS s0,
+       make_timestamp(least(r.s1, epoch_us($xend))) AS s1,
        r.in_window_s, r.gpu_h, pr.usd_per_gpu_hour, r.gpu_h * pr.usd_per_gpu_hour AS cost
 FROM rows r LEFT JOIN prices pr ON pr.model = r.model
 WHERE r.in_window_s > 0
