@@ -183,21 +183,6 @@ def unknown_gpu_jobs(a: "Analysis") -> list[str]:
             "slurmctld nor the exporters' job mapping said it; their allocated GPU-hours are unknown and not in the allocated figures"]
 
 
-def summary_only_edges(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
-    """A warning for each window edge inside a bucket of an hour kept as summaries alone (its raw
-    samples retired: [collector.retention] summary_days): the part of that bucket inside the
-    window has no data, which the figures count as such - said, so it is not taken for an outage."""
-    cur = con.cursor()
-    try:
-        found = cur.execute(sql.SUMMARY_ONLY_EDGES, {"t": [epoch_us(start), epoch_us(end)]}).fetchall()
-    finally:
-        cur.close()
-    return [f"{from_epoch_us(t):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a {b // 60}-minute bucket of an hour whose raw "
-            "samples retention has retired (kept as per-GPU summaries): the bucket's part inside the window has no data where "
-            f"its samples are gone; an edge on the {b // 60}-minute grid gets every figure"
-            for t, b in found if t % (b * 1_000_000)]
-
-
 # Filters field -> its sql.FILTER_VALUES query
 FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", "model": "model", "partition": "partition",
                "job_key": "job"}
@@ -337,6 +322,17 @@ class Analysis:
         if self.gt is not None:
             return self.gt.ids
         return self.q("SELECT cluster, host, gpu_uuid, gi, gid FROM wgpu")
+
+    def edge_warnings(self) -> list[str]:
+        """A warning for each cut of the window (an edge, or its timeline's bucket edge, inside a
+        5-minute bucket) whose raw samples retention has retired while the bucket's facts stay:
+        its minutes inside the window have no data, which the figures count as such - said, so
+        it is not taken for an outage. (The raw path has none: it reads samples only.)"""
+        if self.fw is None:
+            return []
+        return [f"{from_epoch_us(t):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a 5-minute bucket whose raw samples "
+                "retention has retired (its facts are kept): the bucket's part inside the window has no data; an edge on the "
+                "5-minute grid gets every figure" for t in sorted(set(self.fw.retired))]
 
     def _allocation_parts(self) -> None:
         """alv from the parts (facts.ALLOCATION_PARTS): each allocation's data and busy seconds

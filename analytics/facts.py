@@ -48,6 +48,8 @@ WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.mode
 
 # the parts of one grain's buckets in [$lo, $hi) from the store's facts
 STORED_PARTS = "SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi)"
+# whether the 5-minute facts of [$lo, $hi) have any data
+FACT_DATA = "SELECT coalesce(sum(covered_s), 0) > 0 FROM fact_parts WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi"
 # which buckets the store has facts of, for these parameters
 STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b FROM fact_files WHERE tag = $tag"
 
@@ -247,6 +249,7 @@ class FactWindow:
         register_prices(self.con, params)
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
+        self.retired: list[int] = []  # starts (epoch us) of cuts read raw where retention has retired the samples the facts had
         self._parts()
         for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
             self.con.execute(stmt, sql.bound(stmt, self.bind))
@@ -301,7 +304,7 @@ class FactWindow:
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
             for grain, a, b in self.tile(lo, hi, stored):
                 if grain is None:
-                    tables += self._raw(a, b)
+                    tables += self._raw(a, b, stored[cf.GRAIN_5M])
                 else:
                     q = STORED_PARTS
                     tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
@@ -318,8 +321,10 @@ class FactWindow:
         edges = [*range(s, e, self.grid_us), e]
         return list(zip(edges[:-1], edges[1:]))
 
-    def _raw(self, lo: int, hi: int) -> list[pa.Table]:
-        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys)."""
+    def _raw(self, lo: int, hi: int, hours_5m: set[int]) -> list[pa.Table]:
+        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys). A
+        cut of an hour with 5-minute facts (`hours_5m`) that finds no sample where those facts
+        have data was retired by retention: noted in `retired` (Analysis.edge_warnings)."""
         out = []
         where = "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
         q = cf.samples_query("gpu_samples", where)
@@ -331,6 +336,9 @@ class FactWindow:
             if samples.num_rows:
                 out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
                 self.raw_us += u - t
+            elif t - t % cf.HOUR_US in hours_5m and self.con.execute(
+                    FACT_DATA, {"tag": self.fp.tag(), "lo": t - t % FIVE_US, "hi": u}).fetchone()[0]:
+                self.retired.append(t)
             t = u
         return out
 

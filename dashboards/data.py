@@ -734,13 +734,6 @@ def filter_options(root: str, version: int | None) -> dict[str, list[str]]:
     return filter_values(reader(root))
 
 
-@st.cache_data(ttl=timedelta(minutes=5), max_entries=32, show_spinner=False)
-def summary_only_edges(root: str, version: int | None, start: datetime, end: datetime) -> list[str]:
-    """A warning for each window edge inside a bucket of an hour kept as summaries alone
-    (gpufleet.analytics.core.summary_only_edges)."""
-    from gpufleet.analytics.core import summary_only_edges
-
-    return summary_only_edges(reader(root), start, end)
 
 
 @st.cache_data(ttl=timedelta(minutes=5), max_entries=32, show_spinner=False)

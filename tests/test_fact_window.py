@@ -25,7 +25,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from test_analytics_properties import SETTINGS, fleets
 from test_analytics_golden import T
-from test_analytics_summaries import mismatches
+from tests.support.random_stores import mismatches
 from test_hour_facts import BUILT, ONE_HOUR_BUCKETS, checked_windows, finder, golden, late_samples, random_fleet_facts, write_facts
 from test_hour_facts import mismatches as use_mismatches
 from test_hour_facts import use_figures

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, fleets, scratch
-from test_analytics_summaries import split
+from tests.support.random_stores import split
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.facts import FactWindow

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, TOL, at, fleets, scratch
-from test_analytics_summaries import detail_fields, split
+from tests.support.random_stores import detail_fields, split
 from test_facts import FACT_SETTINGS, five_minute_parts, params, rows, summary_params, windows
 
 from gpufleet.analytics.core import Analysis

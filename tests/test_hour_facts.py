@@ -23,7 +23,7 @@ import pytest
 import test_analytics_properties
 from test_analytics_properties import MAX_GAP, TOL, at, frames_equal, scratch
 from test_analytics_golden import A100, T, between, build_golden
-from test_analytics_summaries import split
+from tests.support.random_stores import split
 
 from gpufleet.analytics import hour_facts
 from gpufleet.analytics.core import Analysis
@@ -230,7 +230,7 @@ def test_facts_whose_inputs_changed_are_not_read(tmp_path):
     the hours they touch and their neighbours (test_fact_window: idle stretches are judged through
     them): the window is not answered from facts until they are built again, then with the new
     figures."""
-    from test_analytics_summaries import learn_late
+    from tests.support.random_stores import learn_late
 
     golden(tmp_path / "store")
     facts = tmp_path / "facts"
