@@ -734,8 +734,6 @@ def filter_options(root: str, version: int | None) -> dict[str, list[str]]:
     return filter_values(reader(root))
 
 
-
-
 @st.cache_data(ttl=timedelta(minutes=5), max_entries=32, show_spinner=False)
 def unknown_filters(root: str, version: int | None, filters: Filters) -> list[str]:
     """A warning for each filter value the store does not know (gpufleet.analytics.core.unknown_filter_values)."""
