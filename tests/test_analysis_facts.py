@@ -12,6 +12,7 @@ equal the raw path's to 1e-9. A fact moved one bucket later fails the comparison
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 
 import polars as pl
@@ -22,12 +23,14 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import TOL, at, fleets, scratch
+from test_analytics_golden import T, build_golden
 from test_facts import A100, DAY, FACT_SETTINGS, params, store
 
 from gpufleet.analytics.core import GPU_DIMS, JOB_DIMS, Analysis
-from gpufleet.analytics.params import Filters
-from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timelines
-from gpufleet.collector.store import open_reader
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timeline, utilization_timelines
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.store import StoreWriter, open_reader
 
 GPU_KEY = ["cluster", "host", "gpu_uuid", "gi"]
 ALLOCATION_KEY = ["cluster", "scheduler", "job_key", *GPU_KEY[1:]]
@@ -142,3 +145,28 @@ def test_a_fact_one_bucket_off_fails_the_comparison(tmp_path):
         pq.write_table(t, f)
     bad, _ = compare(open_reader(tmp_path), p, at(fleet["now"]))
     assert bad
+
+
+def test_the_golden_scenario_from_its_facts(tmp_path):
+    """The golden store with its facts (upkeep at 20:00): windows on the hour, cut to the second and
+    over the day so far, under a filter, give the raw path's figures, whole buckets read from facts."""
+    build_golden(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20), with_facts=True)
+    w.close()
+    con = open_reader(tmp_path)
+    for p in (Params(T(10), T(12)), Params(T(9, 17, 3), T(11, 59, 59)), Params(T(10), T(12), filters=Filters(account="biology")),
+              Params(T(0), T(20))):
+        bad, fa = compare(con, p, T(20))
+        assert not bad, (p.start, p.end, "\n".join(bad[:20]))
+    assert fa.fw.tiles.get(300, 0) > 0, fa.fw.tiles  # (the day is open at 20:00: no hour or day facts yet)
+
+
+def test_a_timeline_bucket_that_cuts_the_parts_is_refused(tmp_path):
+    """An analysis' parts are cut at its own timeline's bucket edges: a bucket that is no multiple
+    of those would cut parts the facts cannot cut, so it is refused with the bucket to ask for."""
+    build_golden(tmp_path)
+    a = Analysis(open_reader(tmp_path), Params(T(10), T(12)), now=T(20))  # (its timeline's bucket: 15 min)
+    assert not utilization_timeline(a, "account", timedelta(minutes=30)).is_empty()
+    with pytest.raises(ValueError, match="ask for a multiple of that bucket"):
+        utilization_timeline(a, "account", timedelta(minutes=7))
