@@ -226,7 +226,7 @@ def build_hours(con: duckdb.DuckDBPyConnection) -> int:
 def build(con: duckdb.DuckDBPyConnection, p: Params, now: datetime) -> dict[datetime, tuple[str, pl.DataFrame]]:
     """The facts of each hour of [p.start, p.end) (whole hours) that has a closed summary: hour ->
     (its name, its rows), from one analysis of those hours (no filter)."""
-    a = Analysis(con, replace(p, filters=Filters()), now=now, detail=True)
+    a = Analysis(con, replace(p, filters=Filters()), now=now, detail=True, raw=True)  # (its arrays: hour_facts reads a.gt)
     try:
         keys = hour_keys(a.con, a.bind, p.start, p.end)
         hours = [h for h, k in keys.items() if k is not None]
