@@ -10,14 +10,15 @@ one query over the parts:
 
   data, busy, allocated data (held), stranded   sums over the lead parts inside the window
   a job's data and busy                         sums over its parts inside the window
-  idle allocated, no process                    RUN_CHAINS: the parts' edge runs chained per GPU
+  idle allocated, no process                    STRETCH_ROWS: the parts' edge runs chained per GPU
                                                 and allocation in one window-function pass, a
                                                 chain counted when it reaches idle_min_duration,
                                                 plus the runs wholly inside parts that did
   capacity, allocated (accounting)              the inventory and the job table, as the raw path
 
 A filter is a WHERE clause on the parts (cluster, model) or on their holders' jobs (account, user,
-partition, job). The raw path (core.Analysis with summaries off) is the tests' oracle.
+partition, job). core.Analysis computes every figure from these parts (on its own cursor); the
+raw path, core.Analysis(raw=True), is the tests' oracle.
 """
 
 from __future__ import annotations
@@ -66,35 +67,6 @@ SELECT cluster, host, gpu_uuid, gi,
        sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s,
        sum(CASE WHEN job_key IS NOT NULL THEN data_s * equiv ELSE 0 END) AS alloc_data_s
 FROM wpe WHERE inside AND lead GROUP BY ALL
-"""
-
-# Runs resolved across the parts of a window: every part's edge pieces (head, tail; one when the
-# whole part is a run) of one GPU and holder chained where one ends as the next starts - one
-# window-function pass over the pieces in order - and each chain's seconds inside the window
-# counted when the whole chain reaches $idle_min_us; beside them, the runs wholly inside parts
-# that did. {kind}: idle or nop.
-RUN_CHAINS = """
-WITH held AS ({held}), pieces AS (
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
-           p0 AS r0, p0 + {kind}_head_us AS r1
-    FROM held WHERE {kind}_head_us > 0
-    UNION ALL
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
-           p1 - {kind}_tail_us, p1
-    FROM held WHERE {kind}_tail_us > 0 AND NOT {kind}_whole
-), linked AS (
-    SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
-                  PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
-    FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
-)
-SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
-       any_value(account) AS account, any_value(partition) AS partition, any_value(model) AS model,
-       sum(CASE WHEN inside THEN (r1 - r0) * equiv ELSE 0 END) / 1e6 AS gpu_s
-FROM linked GROUP BY cluster, host, gpu_uuid, gi, scheduler, job_key, chain
-HAVING sum(r1 - r0) >= $idle_min_us
-UNION ALL
-SELECT cluster, scheduler, job_key, job_id, user_name, account, partition, model, {kind}_inner_us * equiv / 1e6
-FROM held WHERE inside AND {kind}_inner_us > 0
 """
 
 # Per GPU (or MIG instance), its lead parts inside the window: the health figures as
@@ -160,11 +132,16 @@ LEFT JOIN wpe p ON p.inside AND p.cluster = al.cluster AND p.host = al.host AND 
 GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 """
 
-# The idle (or no-process) stretches' rows (analytics/stretches.py SCHEMA), from RUN_CHAINS' chains
-# and inner runs: a chain's start and end are exact (its pieces are measured from part edges); a
-# run wholly inside a part has no times of its own in the facts, so its row carries the part's
-# bounds (a 5-minute part's inside the window's 5-minute buckets, an hour's or a day's where those
-# were read); a chain's are clipped to the read window (the raw path's reach). island: the row's number among its GPU and holder's, in time order. {kind}: idle or nop.
+# The idle (or no-process) stretches' rows (analytics/stretches.py SCHEMA): runs resolved across
+# the parts of a window - every part's edge pieces (head, tail; one when the whole part is a run)
+# of one GPU and holder chained where one ends as the next starts, one window-function pass over
+# the pieces in order - each chain counted when it reaches $idle_min_us as a whole, with its
+# seconds inside the window; beside them the runs wholly inside parts that did. A chain's start
+# and end are exact (its pieces are measured from part edges), clipped to the read window (the
+# raw path's reach); a run wholly inside a part has no times of its own in the facts, so its row
+# carries the part's bounds (a 5-minute part's where 5-minute facts or samples were read, an
+# hour's or a day's where those were). island: the row's number among its GPU and holder's, in
+# time order. {kind}: idle or nop.
 STRETCH_ROWS = """
 WITH held AS ({held}), pieces AS (
     SELECT cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
@@ -358,9 +335,8 @@ class FactWindow:
         return self.q(sql.PER_GPU)
 
     def runs(self, kind: str) -> pl.DataFrame:
-        """Idle (kind "idle") or no-process ("nop") stretches' in-window GPU-seconds, a row per chain or part."""
-        query = RUN_CHAINS.format(held=_HELD, kind=kind)
-        return self.q(query)
+        """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds."""
+        return self.q(stretch_rows(kind)).with_columns(gpu_s=pl.col("gpu_h") * 3600)
 
     def totals(self) -> dict[str, float | None]:
         """The window's headline GPU-hours (core.Totals' hours; capacity, no data and stranded only without a job filter)."""
