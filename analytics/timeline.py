@@ -125,16 +125,24 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
 def _parts_use(a, held: bool, bsec: float) -> pl.DataFrame:
     """Data and busy GPU-hours per bucket k from the analysis' parts inside the window
     (facts.timeline_parts: the GPUs' by cluster and model, or with `held` their holders' by
-    partition, account and user too). The parts are cut at the edges of the analysis' own
-    timeline buckets (timeline_bucket): a bucket that is no multiple of those would cut parts,
-    which the facts cannot do - said, not guessed."""
-    from gpufleet.analytics.facts import timeline_parts
+    partition, account and user too). The analysis' parts are cut at the edges of its own
+    timeline's buckets (timeline_bucket); other buckets that would cut them read the window's
+    parts again, cut at their edges."""
+    from gpufleet.analytics.facts import FactWindow, timeline_parts
 
-    query = timeline_parts(held)
-    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, "bucket_us": round(bsec * 1_000_000)})).to_arrow_table())
-    if not out.is_empty() and not out["fits"].all():
-        raise ValueError(f"a timeline bucket of {bsec:g} s cuts this analysis' parts, which are cut at its timeline buckets of "
-                         f"{timeline_bucket(a.p).total_seconds():g} s: ask for a multiple of that bucket")
+    query, b_us = timeline_parts(held), round(bsec * 1_000_000)
+    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, "bucket_us": b_us})).to_arrow_table())
+    if out.is_empty() or out["fits"].all():
+        return out.drop("fits")
+    # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
+    # (on a cursor of their own; what was read raw for the analysis' edges is read again)
+    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us)
+    try:
+        out = fw.q(query, bucket_us=b_us)
+    finally:
+        fw.close()
+    if not out["fits"].all():
+        raise RuntimeError(f"the window's parts cut at {bsec:g} s buckets still cross a bucket edge; expected none to")
     return out.drop("fits")
 
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_analytics_properties import TOL, at, fleets, scratch
+from test_analytics_properties import TOL, at, fleets, frames_equal, scratch
 from test_analytics_golden import T, build_golden
 from test_facts import A100, DAY, FACT_SETTINGS, params, store
 
@@ -162,11 +162,13 @@ def test_the_golden_scenario_from_its_facts(tmp_path):
     assert fa.fw.tiles.get(300, 0) > 0, fa.fw.tiles  # (the day is open at 20:00: no hour or day facts yet)
 
 
-def test_a_timeline_bucket_that_cuts_the_parts_is_refused(tmp_path):
-    """An analysis' parts are cut at its own timeline's bucket edges: a bucket that is no multiple
-    of those would cut parts the facts cannot cut, so it is refused with the bucket to ask for."""
+def test_a_timeline_bucket_that_cuts_the_parts_reads_them_again_cut_at_its_edges(tmp_path):
+    """An analysis' parts are cut at its own timeline's bucket edges (15 min here); a bucket that
+    would cut them (7 min) gets the window's parts again, cut at its edges: the raw figures."""
     build_golden(tmp_path)
-    a = Analysis(open_reader(tmp_path), Params(T(10), T(12)), now=T(20))  # (its timeline's bucket: 15 min)
-    assert not utilization_timeline(a, "account", timedelta(minutes=30)).is_empty()
-    with pytest.raises(ValueError, match="ask for a multiple of that bucket"):
-        utilization_timeline(a, "account", timedelta(minutes=7))
+    con = open_reader(tmp_path)
+    p = Params(T(10, 1), T(12))
+    a, raw = Analysis(con, p, now=T(20)), Analysis(con, p, now=T(20), raw=True)
+    for bucket in (timedelta(minutes=30), timedelta(minutes=7), timedelta(minutes=5)):
+        want = utilization_timeline(raw, "account", bucket)
+        assert frames_equal(want, utilization_timeline(a, "account", bucket)), bucket
