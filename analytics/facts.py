@@ -314,7 +314,7 @@ class FactWindow:
                 out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
                 self.raw_us += u - t
             elif t - t % cf.HOUR_US in hours_5m and self.con.execute(
-                    FACT_DATA, {"tag": self.fp.tag(), "lo": t - t % FIVE_US, "hi": u}).fetchone()[0]:
+                    FACT_DATA, {"tag": self.fp.tag(), "lo": t - t % FIVE_US, "hi": u}).fetchall()[0][0]:
                 self.retired.append(t)
             t = u
         return out
