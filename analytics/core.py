@@ -443,7 +443,8 @@ class Analysis:
         hand out the same arrays."""
         if self.gt is None or self.gt.fb is None:
             self.gt = None  # the plain arrays go first: the detail ones are a superset
-            self.gt = GpuTime(self.con, self.bind, detail=True, held_only=self.job_filtered)
+            # (the raw path's figures stand on its arrays' GPU ids: it reads every GPU again)
+            self.gt = GpuTime(self.con, self.bind, detail=True, held_only=self.job_filtered and not self.raw)
         return self.gt
 
     def job_allocations(self, cluster: str, scheduler: str, job_key: str) -> pl.DataFrame:
