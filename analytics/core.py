@@ -238,9 +238,10 @@ def with_utilization(out: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 
 def line_variants(gt: Any) -> pl.DataFrame:
-    """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime) named by its first variant (by vid) - its gpu index, its first known
-    model, its MIG share - and how many variants it has: what its allocations' detail is named by
-    (Analysis.allocation_detail, hour facts)."""
+    """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime)
+    named by its first variant (by vid) - its gpu index, its first known model, its MIG share -
+    and how many variants it has: what its allocations' detail is named by (the raw path's
+    Analysis.allocation_detail, hour facts)."""
     return gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
         pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
 
