@@ -103,7 +103,7 @@ def utilization_rows(a, by: str) -> pl.DataFrame:
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
                  shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7),
                  state_thresholds: Any = None) -> dict[str, Any]:
-    from gpufleet.analytics.core import Analysis, summary_only_edges, unknown_filter_values, unknown_gpu_jobs
+    from gpufleet.analytics.core import Analysis, unknown_filter_values, unknown_gpu_jobs
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
     from gpufleet.analytics.trends import previous_baseline
@@ -120,7 +120,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
             "gpu_retire_after_s": params.retire_after.total_seconds(),
         },
         "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
-        "warnings": unknown_filter_values(con, params.filters) + summary_only_edges(con, params.start, params.end) + unknown_gpu_jobs(a),
+        "warnings": unknown_filter_values(con, params.filters) + a.edge_warnings() + unknown_gpu_jobs(a),
         "totals": {k: _plain(v) for k, v in asdict(totals).items()},
         "trend": rows(base.compare(totals)),
         "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,

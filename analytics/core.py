@@ -11,7 +11,6 @@ unknown, not 0.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Sequence
@@ -27,7 +26,7 @@ from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.stretches import NAMED_BY_ALLOCATION, stretches
-from gpufleet.analytics.summaries import summary_time
+from gpufleet.analytics.stretches import SCHEMA as STRETCH_SCHEMA
 from gpufleet.analytics.timeline import timeline_bucket
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
@@ -184,21 +183,6 @@ def unknown_gpu_jobs(a: "Analysis") -> list[str]:
             "slurmctld nor the exporters' job mapping said it; their allocated GPU-hours are unknown and not in the allocated figures"]
 
 
-def summary_only_edges(con: duckdb.DuckDBPyConnection, start: datetime, end: datetime) -> list[str]:
-    """A warning for each window edge inside a bucket of an hour kept as summaries alone (its raw
-    samples retired: [collector.retention] summary_days): the part of that bucket inside the
-    window has no data, which the figures count as such - said, so it is not taken for an outage."""
-    cur = con.cursor()
-    try:
-        found = cur.execute(sql.SUMMARY_ONLY_EDGES, {"t": [epoch_us(start), epoch_us(end)]}).fetchall()
-    finally:
-        cur.close()
-    return [f"{from_epoch_us(t):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a {b // 60}-minute bucket of an hour whose raw "
-            "samples retention has retired (kept as per-GPU summaries): the bucket's part inside the window has no data where "
-            f"its samples are gone; an edge on the {b // 60}-minute grid gets every figure"
-            for t, b in found if t % (b * 1_000_000)]
-
-
 # Filters field -> its sql.FILTER_VALUES query
 FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", "model": "model", "partition": "partition",
                "job_key": "job"}
@@ -254,10 +238,10 @@ def with_utilization(out: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
 
 
 def line_variants(gt: Any) -> pl.DataFrame:
-    """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime or
-    summaries.SummaryTime) named by its first variant (by vid) - its gpu index, its first known
-    model, its MIG share - and how many variants it has: what its allocations' detail is named by
-    (Analysis.allocation_detail, hour facts)."""
+    """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime)
+    named by its first variant (by vid) - its gpu index, its first known model, its MIG share -
+    and how many variants it has: what its allocations' detail is named by (the raw path's
+    Analysis.allocation_detail, hour facts)."""
     return gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
         pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
 
@@ -291,47 +275,35 @@ class Analysis:
     job_window = _job_window
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
-                 summaries: bool | None = None, held_only: bool = False):
-        """`detail`: read the detail columns (memory, tensor activity, clock; of the summaries and
-        of the samples read raw) at once, for an analysis that will ask for per-job detail anyway
-        (one read of the window, not two).
-        `summaries`: take whole buckets from the store's per-GPU summaries where they exist for
-        these parameters (analytics/summaries.py; the same figures); False: every sample (the
-        raw path, the tests' oracle); None: as params.summaries ([analytics] summaries).
-        `held_only`: under a job filter (account, user, partition), read the samples (or the
-        summaries) of the GPUs the selected jobs held only - the jobs' figures are the same (each
-        depends on its own GPUs' samples), and no GPU figure is attributable under a job filter
-        anyway (per_gpu() then lists the held GPUs' figures only) - for a job's report or a team's
-        window, where the rest of a large fleet would be read for nothing. Ignored without a job
-        filter."""
+                 raw: bool = False):
+        """Every figure from the window's fact parts (analytics/facts.py FactWindow: the store's
+        facts where it has them, the rest cut from raw samples by the same rule), on this
+        analysis' own cursor; a filter is a WHERE clause on the parts. The parts are cut at the
+        default timeline's bucket edges (timeline.timeline_bucket), so its timeline is their sums.
+        `raw`: every sample read into arrays instead (analytics/gputime.py) - the tests' oracle.
+        `detail` (raw only): read the detail columns (memory, tensor activity, clock) at once, for
+        an analysis that will ask for per-job detail anyway (one read of the window, not two)."""
         # a cursor of its own: the temp tables below are private to this analysis, so two
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
         self.p = params
+        self.raw = raw
         self.bind = window_bind(params, now or utcnow())
         self.prices = register_prices(self.con, params)
-        for stmt in (sql.CAPACITY, sql.ALLOCATIONS):
+        for stmt in (sql.CAPACITY, sql.ALLOCATIONS, sql.JOB_TABLE):
             self._exec(stmt)
-        summaries = params.summaries if summaries is None else summaries
-        self._held_only = held_only and self.job_filtered
-        st = None
-        if summaries:
-            cuts = self.q(sql.ALLOCATION_CUTS)  # al: under a job filter, the selected jobs' allocations
-            # the job table is built (on this cursor, in a thread: DuckDB lets go of the GIL) while
-            # the line is read from the summaries on a cursor of its own (it needs no temp table)
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                jobs = pool.submit(self._exec, sql.JOB_TABLE)
-                try:
-                    st = summary_time(self.con.cursor(), self.bind, cuts, detail=detail,
-                                      grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000),
-                                      held=np.unique(cuts["gh"].to_numpy()) if self._held_only else None)
-                finally:
-                    jobs.result()
+        self.gt: GpuTime | None = None
+        self.fw = None
+        if raw:
+            self.gt = GpuTime(self.con, self.bind, detail=detail)
+            self.con.register("variants", self.gt.gpus.to_arrow())
+            self._allocation_use()
         else:
-            self._exec(sql.JOB_TABLE)
-        self.gt = st if st is not None else GpuTime(self.con, self.bind, detail=detail, held_only=self._held_only)
-        self.con.register("variants", self.gt.gpus.to_arrow())
-        self._allocation_use()
+            from gpufleet.analytics.facts import FactWindow  # (facts.py builds on this module's helpers)
+
+            self.fw = FactWindow(con, params, now=now, cursor=self.con, grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000))
+            self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
+            self._allocation_parts()
         # per_gpu() and idle_stretches() read only the data above, which never changes after
         # this point: computed once each, then handed out as copies (totals, utilization by GPU
         # dimensions, waste and the top jobs all start from them)
@@ -342,6 +314,40 @@ class Analysis:
         """Is the analysis narrowed to some jobs (account, user, partition)? Then figures are
         those jobs' share and capacity and stranded time are not attributable."""
         return not_attributable_reason(self.p.filters) is not None
+
+    @property
+    def ids(self) -> pl.DataFrame:
+        """cluster, host, gpu_uuid, gi -> gid: the GPUs the analysis has data of (the raw arrays'
+        ids, or the window's parts' numbering)."""
+        if self.gt is not None:
+            return self.gt.ids
+        return self.q("SELECT cluster, host, gpu_uuid, gi, gid FROM wgpu")
+
+    def edge_warnings(self) -> list[str]:
+        """A warning for each cut of the window (an edge, or its timeline's bucket edge, inside a
+        5-minute bucket) whose raw samples retention has retired while the bucket's facts stay:
+        its minutes inside the window have no data, which the figures count as such - said, so
+        it is not taken for an outage. (The raw path has none: it reads samples only.)"""
+        if self.fw is None:
+            return []
+        return [f"{from_epoch_us(t):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a 5-minute bucket whose raw samples "
+                "retention has retired (its facts are kept): the bucket's part inside the window has no data; an edge on the "
+                "5-minute grid gets every figure" for t in sorted(set(self.fw.retired))]
+
+    def _allocation_parts(self) -> None:
+        """alv from the parts (facts.ALLOCATION_PARTS): each allocation's data and busy seconds
+        and whether it has a piece in the window, as _allocation_use looks them up in the raw
+        arrays; the detail sums kept for allocation_detail."""
+        from gpufleet.analytics import facts
+
+        self._exec(facts.GPU_IDS)
+        use = self.q(facts.ALLOCATION_PARTS)
+        self._detail = use.select("fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock", "has_util")
+        self._alv = use.select("a0", "a1", "gid", "data_s", "busy_s", "has_piece")
+        g = self._alv["gid"].fill_null(-1).to_numpy()
+        self._alv_order = np.lexsort((self._alv["a0"].dt.epoch("us").to_numpy(), g))
+        self.con.register("_alv_use", self._alv.select("gid", "data_s", "busy_s", "has_piece").to_arrow())
+        self.con.execute(sql.ALLOCATION_USE)
 
     def _allocation_use(self) -> None:
         """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
@@ -432,11 +438,13 @@ class Analysis:
 
     def detail_time(self) -> GpuTime:
         """The window's raw arrays with the detail columns (memory, tensor activity, SM clock), for
-        a job's GPU timeline (GpuTime.bucket_detail): the first call re-reads the window with them
-        (same intervals, ids), later ones hand out the same arrays."""
-        if self.gt.fb is None:
+        a job's GPU timeline (GpuTime.bucket_detail): the first call reads the window's samples
+        with them (under a job filter, of the GPUs its jobs held only: answer-sized), later ones
+        hand out the same arrays."""
+        if self.gt is None or self.gt.fb is None:
             self.gt = None  # the plain arrays go first: the detail ones are a superset
-            self.gt = GpuTime(self.con, self.bind, detail=True, held_only=self._held_only)
+            # (the raw path's figures stand on its arrays' GPU ids: it reads every GPU again)
+            self.gt = GpuTime(self.con, self.bind, detail=True, held_only=self.job_filtered and not self.raw)
         return self.gt
 
     def job_allocations(self, cluster: str, scheduler: str, job_key: str) -> pl.DataFrame:
@@ -447,7 +455,7 @@ class Analysis:
 
     def _current_ids(self, alv: pl.DataFrame) -> pl.DataFrame:
         """Rows of alv with the gid of the arrays now held (detail_time may have re-read them)."""
-        return alv.drop("gid").join(self.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
+        return alv.drop("gid").join(self.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
 
     def allocation_detail(self) -> pl.DataFrame:
         """alv with what each allocation's pieces inside the window add up to
@@ -455,6 +463,9 @@ class Analysis:
         tw_clocked, tnoclock) and its GPU's gpu index and model (line_variants). Unless the analysis
         read the detail columns up front (detail=True), the first call re-reads the window's
         samples with them (same intervals, ids)."""
+        if ("detail",) not in self._memo and not self.raw:
+            named = self.q("SELECT gid, gpu, model, equiv FROM wgpu")
+            self._memo[("detail",)] = self._allocations().hstack(self._detail).join(named, on="gid", how="left")
         if ("detail",) not in self._memo:
             if not self.gt.has_detail:
                 self.detail_time()
@@ -494,6 +505,8 @@ class Analysis:
         return self._memo[("per_gpu",)].clone()
 
     def _per_gpu(self) -> pl.DataFrame:
+        if not self.raw:
+            return self.fw.per_gpu()
         s, e = epoch_us(self.p.start), epoch_us(self.p.end)
         use = self.gt.per_gpu(s, e).join(self.held_data(s, e), on="gid", how="left")
         return self.q(sql.PER_GPU, tables={"gpu_use": use})
@@ -552,6 +565,11 @@ class Analysis:
         return self._memo[("idle_stretches", kind)].clone()
 
     def _islands(self, kind: str) -> pl.DataFrame:
+        if not self.raw:
+            from gpufleet.analytics.facts import stretch_rows
+
+            rows = self.q(stretch_rows("nop" if kind == "no_process" else kind))
+            return rows.select([pl.col(c).cast(t) for c, t in STRETCH_SCHEMA.items()])
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
                          self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order,

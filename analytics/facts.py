@@ -10,14 +10,15 @@ one query over the parts:
 
   data, busy, allocated data (held), stranded   sums over the lead parts inside the window
   a job's data and busy                         sums over its parts inside the window
-  idle allocated, no process                    RUN_CHAINS: the parts' edge runs chained per GPU
+  idle allocated, no process                    STRETCH_ROWS: the parts' edge runs chained per GPU
                                                 and allocation in one window-function pass, a
                                                 chain counted when it reaches idle_min_duration,
                                                 plus the runs wholly inside parts that did
   capacity, allocated (accounting)              the inventory and the job table, as the raw path
 
 A filter is a WHERE clause on the parts (cluster, model) or on their holders' jobs (account, user,
-partition, job). The raw path (core.Analysis with summaries off) is the tests' oracle.
+partition, job). core.Analysis computes every figure from these parts (on its own cursor); the
+raw path, core.Analysis(raw=True), is the tests' oracle.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.mode
 
 # the parts of one grain's buckets in [$lo, $hi) from the store's facts
 STORED_PARTS = "SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi)"
+# whether the 5-minute facts of [$lo, $hi) have any data
+FACT_DATA = "SELECT coalesce(sum(covered_s), 0) > 0 FROM fact_parts WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi"
 # which buckets the store has facts of, for these parameters
 STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b FROM fact_files WHERE tag = $tag"
 
@@ -64,35 +67,6 @@ SELECT cluster, host, gpu_uuid, gi,
        sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s,
        sum(CASE WHEN job_key IS NOT NULL THEN data_s * equiv ELSE 0 END) AS alloc_data_s
 FROM wpe WHERE inside AND lead GROUP BY ALL
-"""
-
-# Runs resolved across the parts of a window: every part's edge pieces (head, tail; one when the
-# whole part is a run) of one GPU and holder chained where one ends as the next starts - one
-# window-function pass over the pieces in order - and each chain's seconds inside the window
-# counted when the whole chain reaches $idle_min_us; beside them, the runs wholly inside parts
-# that did. {kind}: idle or nop.
-RUN_CHAINS = """
-WITH held AS ({held}), pieces AS (
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
-           p0 AS r0, p0 + {kind}_head_us AS r1
-    FROM held WHERE {kind}_head_us > 0
-    UNION ALL
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
-           p1 - {kind}_tail_us, p1
-    FROM held WHERE {kind}_tail_us > 0 AND NOT {kind}_whole
-), linked AS (
-    SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
-                  PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
-    FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
-)
-SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
-       any_value(account) AS account, any_value(partition) AS partition, any_value(model) AS model,
-       sum(CASE WHEN inside THEN (r1 - r0) * equiv ELSE 0 END) / 1e6 AS gpu_s
-FROM linked GROUP BY cluster, host, gpu_uuid, gi, scheduler, job_key, chain
-HAVING sum(r1 - r0) >= $idle_min_us
-UNION ALL
-SELECT cluster, scheduler, job_key, job_id, user_name, account, partition, model, {kind}_inner_us * equiv / 1e6
-FROM held WHERE inside AND {kind}_inner_us > 0
 """
 
 # Per GPU (or MIG instance), its lead parts inside the window: the health figures as
@@ -124,6 +98,111 @@ SELECT cluster, scheduler, job_key, sum(covered_s * equiv) AS any_s, sum(tensor_
 FROM ({_HELD}) WHERE inside GROUP BY ALL
 """
 
+# Each GPU (or MIG instance) with parts in the read window, numbered (gid: what core.Analysis
+# names a GPU by, as the raw path's line does) and named by its earliest part's gpu index and
+# model (the first known), MIG share: the analysis' allocations' detail is named by them
+GPU_IDS = """
+CREATE OR REPLACE TEMP TABLE wgpu AS
+SELECT row_number() OVER (ORDER BY cluster, host, gpu_uuid, gi) - 1 AS gid, *
+FROM (SELECT cluster, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu, arg_min(model, p0) FILTER (WHERE model IS NOT NULL) AS model,
+             arg_min(equiv, p0) AS equiv
+      FROM wpe GROUP BY ALL)
+"""
+
+# Each allocation of the analysis (al, in its row order) with the sums of the parts it holds inside
+# the window - its parts are cut at its edges, so each lies wholly inside or outside it: data and
+# busy seconds (x MIG share), whether a sample interval covers any of it (has_piece) and has a
+# utilization (has_util), and the detail core.Analysis.allocation_detail gives (memory high-water,
+# MFU's sampled time, tensor sums; NULL where no part knew tensor activity)
+ALLOCATION_PARTS = """
+SELECT al.rowid AS i, g.gid, al.a0, al.a1,
+       coalesce(sum(p.data_s * p.equiv), 0) AS data_s, coalesce(sum(p.busy_s * p.equiv), 0) AS busy_s,
+       coalesce(sum(p.covered_s), 0) > 0 AS has_piece, coalesce(sum(p.data_s), 0) > 0 AS has_util,
+       max(p.fb_max_mib) FILTER (WHERE p.covered_s > 0) AS fb_max, coalesce(sum(p.covered_s * p.equiv), 0) AS any_s,
+       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN sum(p.tensor_active_known_s * p.equiv) END AS tensor_s,
+       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN sum(p.clocked_s * p.equiv) END AS clocked_s,
+       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN coalesce(sum(p.tensor_clock_s * p.equiv), 0) END AS tclock,
+       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN coalesce(sum(p.tensor_clocked_s * p.equiv), 0) END AS tw_clocked,
+       CASE WHEN sum(p.tensor_active_known_s) > 0
+            THEN coalesce(sum((coalesce(p.tensor_active_s, 0) - coalesce(p.tensor_clocked_s, 0)) * p.equiv), 0) END AS tnoclock
+FROM al
+LEFT JOIN wgpu g ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gi = al.gi
+LEFT JOIN wpe p ON p.inside AND p.cluster = al.cluster AND p.host = al.host AND p.gpu_uuid = al.gpu_uuid AND p.gi = al.gi
+     AND p.scheduler = al.scheduler AND p.job_key = al.job_key AND p.p0 >= epoch_us(al.a0) AND p.p1 <= epoch_us(al.a1)
+GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
+"""
+
+# The idle (or no-process) stretches' rows (analytics/stretches.py SCHEMA): runs resolved across
+# the parts of a window - every part's edge pieces (head, tail; one when the whole part is a run)
+# of one GPU and holder chained where one ends as the next starts, one window-function pass over
+# the pieces in order - each chain counted when it reaches $idle_min_us as a whole, with its
+# seconds inside the window; beside them the runs wholly inside parts that did. A chain's start
+# and end are exact (its pieces are measured from part edges), clipped to the read window (the
+# raw path's reach); a run wholly inside a part has no times of its own in the facts, so its row
+# carries the part's bounds (a 5-minute part's where 5-minute facts or samples were read, an
+# hour's or a day's where those were). island: the row's number among its GPU and holder's, in
+# time order. {kind}: idle or nop.
+STRETCH_ROWS = """
+WITH held AS ({held}), pieces AS (
+    SELECT cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
+           p0 AS r0, p0 + {kind}_head_us AS r1
+    FROM held WHERE {kind}_head_us > 0
+    UNION ALL
+    SELECT cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
+           p1 - {kind}_tail_us, p1
+    FROM held WHERE {kind}_tail_us > 0 AND NOT {kind}_whole
+), linked AS (
+    SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
+                  PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
+    FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
+), rows AS (
+    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
+           any_value(account) AS account, any_value(partition) AS partition, arg_min(gpu, r0) AS gpu, arg_min(model, r0) AS model,
+           arg_min(equiv, r0) AS equiv, min(r0) AS s0, max(r1) AS s1,
+           sum(CASE WHEN inside THEN r1 - r0 ELSE 0 END) / 1e6 AS in_window_s,
+           sum(CASE WHEN inside THEN (r1 - r0) * equiv ELSE 0 END) / 1e6 / 3600 AS gpu_h
+    FROM linked GROUP BY cluster, host, gpu_uuid, gi, scheduler, job_key, chain
+    HAVING sum(r1 - r0) >= $idle_min_us
+    UNION ALL
+    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, gpu, model, equiv, p0, p1,
+           {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
+    FROM held WHERE inside AND {kind}_inner_us > 0
+)
+SELECT r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
+       row_number() OVER (PARTITION BY r.cluster, r.host, r.gpu_uuid, r.gi, r.scheduler, r.job_key ORDER BY r.s0) AS island,
+       r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(greatest(r.s0, epoch_us($xstart))) AS s0,
+       make_timestamp(least(r.s1, epoch_us($xend))) AS s1,
+       r.in_window_s, r.gpu_h, pr.usd_per_gpu_hour, r.gpu_h * pr.usd_per_gpu_hour AS cost
+FROM rows r LEFT JOIN prices pr ON pr.model = r.model
+WHERE r.in_window_s > 0
+ORDER BY r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, r.s0
+"""
+
+# A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from the window
+# start, from the parts inside the window (cut at the buckets' edges: FactWindow's grid_us), by
+# the inventory's cluster and model (as per_gpu groups GPUs): all of a GPU's time (lead parts;
+# "iv") and its holders' (the job filters applied; "pc", by partition, account and user too)
+TIMELINE_PARTS = """
+SELECT c.cluster, c.model{keys}, (p.p0 - $start_us) // $bucket_us AS k,
+       bool_and((p.p1 - 1 - $start_us) // $bucket_us = (p.p0 - $start_us) // $bucket_us) AS fits,
+       sum(p.data_s * p.equiv) / 3600 AS data_gpu_h, sum(p.busy_s * p.equiv) / 3600 AS busy_gpu_h
+FROM ({parts}) p JOIN cap c ON c.cluster = p.cluster AND c.host = p.host AND c.gpu_uuid = p.gpu_uuid AND c.gi = p.gi
+WHERE p.inside GROUP BY ALL
+"""
+
+
+def timeline_parts(held: bool) -> str:
+    """TIMELINE_PARTS of the GPUs' lead parts ("iv") or of the holders' parts (`held`: "pc")."""
+    if held:
+        return TIMELINE_PARTS.format(keys=", p.partition, p.account, p.user_name", parts=_HELD)
+    return TIMELINE_PARTS.format(keys="", parts="SELECT * FROM wpe WHERE lead")
+
+
+def stretch_rows(kind: str) -> str:
+    """STRETCH_ROWS of kind "idle" or "nop"."""
+    return STRETCH_ROWS.format(held=_HELD, kind=kind)
+
+
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
@@ -132,10 +211,16 @@ class FactWindow:
     """One window's parts on a cursor of its own, and the figures over them."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
-                 max_grain: int = cf.GRAIN_1D):
-        self.con = con.cursor()
+                 max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None):
+        """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
+        `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
+        already) rather than on a cursor of its own. `grid_us`: every edge start + k x grid_us
+        inside the window is a part edge too (a timeline's buckets: its figures are then sums of
+        the parts of each bucket)."""
+        self.con = cursor if cursor is not None else con.cursor()
         self.p = params
-        self.max_grain = max_grain  # the coarsest grain read (seconds): a chart's buckets must not cut parts
+        self.max_grain = max_grain
+        self.grid_us = grid_us
         self.fp = cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
                                 idle_min_s=params.idle_min_duration.total_seconds())
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
@@ -143,8 +228,9 @@ class FactWindow:
         register_prices(self.con, params)
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
+        self.retired: list[int] = []  # starts (epoch us) of cuts read raw where retention has retired the samples the facts had
         self._parts()
-        for stmt in (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW):
+        for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
             self.con.execute(stmt, sql.bound(stmt, self.bind))
 
     # --- tiling ---
@@ -194,10 +280,10 @@ class FactWindow:
         r1 = -((-(e + reach)) // FIVE_US) * FIVE_US
         stored = self._stored()
         tables = []
-        for lo, hi in ((r0, s), (s, e), (e, r1)):
+        for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
             for grain, a, b in self.tile(lo, hi, stored):
                 if grain is None:
-                    tables += self._raw(a, b)
+                    tables += self._raw(a, b, stored[cf.GRAIN_5M])
                 else:
                     q = STORED_PARTS
                     tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
@@ -207,8 +293,17 @@ class FactWindow:
         self.con.execute("CREATE OR REPLACE TEMP TABLE wp AS SELECT * FROM _wp")
         self.con.unregister("_wp")
 
-    def _raw(self, lo: int, hi: int) -> list[pa.Table]:
-        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys)."""
+    def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
+        """The window [s, e) cut at its grid's edges (grid_us; none: whole)."""
+        if not self.grid_us:
+            return [(s, e)]
+        edges = [*range(s, e, self.grid_us), e]
+        return list(zip(edges[:-1], edges[1:]))
+
+    def _raw(self, lo: int, hi: int, hours_5m: set[int]) -> list[pa.Table]:
+        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys). A
+        cut of an hour with 5-minute facts (`hours_5m`) that finds no sample where those facts
+        have data was retired by retention: noted in `retired` (Analysis.edge_warnings)."""
         out = []
         where = "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
         q = cf.samples_query("gpu_samples", where)
@@ -220,6 +315,9 @@ class FactWindow:
             if samples.num_rows:
                 out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
                 self.raw_us += u - t
+            elif t - t % cf.HOUR_US in hours_5m and self.con.execute(
+                    FACT_DATA, {"tag": self.fp.tag(), "lo": t - t % FIVE_US, "hi": u}).fetchall()[0][0]:
+                self.retired.append(t)
             t = u
         return out
 
@@ -239,9 +337,8 @@ class FactWindow:
         return self.q(sql.PER_GPU)
 
     def runs(self, kind: str) -> pl.DataFrame:
-        """Idle (kind "idle") or no-process ("nop") stretches' in-window GPU-seconds, a row per chain or part."""
-        query = RUN_CHAINS.format(held=_HELD, kind=kind)
-        return self.q(query)
+        """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds."""
+        return self.q(stretch_rows(kind)).with_columns(gpu_s=pl.col("gpu_h") * 3600)
 
     def totals(self) -> dict[str, float | None]:
         """The window's headline GPU-hours (core.Totals' hours; capacity, no data and stranded only without a job filter)."""

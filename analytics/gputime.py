@@ -201,7 +201,7 @@ class GpuTime:
     def _allocation_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, equiv: np.ndarray,
                            start: int, end: int, out: dict[str, np.ndarray]) -> None:
         """allocation_detail's sums into `out`, for the allocations with a slice of the line
-        (_detail_chunk: this class's intervals, or SummaryTime's entries)."""
+        (_detail_chunk: this class's intervals)."""
         n = len(gid)
         ka, kb = self.key(gid, a0), self.key(gid, a1)
         ws, we = self.key(gid, np.full(n, start)), self.key(gid, np.full(n, end))

@@ -57,9 +57,8 @@ class Params:
     retire_after: timedelta = timedelta(days=7)
     prices: Mapping[str, float] = field(default_factory=dict)  # model -> $/GPU-hour (overrides)
     mfu_dtype: str = "bf16"
-    # whole segments from the store's per-GPU summaries where they exist (analytics/summaries.py;
-    # the same figures, 1.8-2.5x faster and half the memory on the bench weeks, see README);
-    # false: every sample (the raw path). An analysis with per-job detail reads raw either way.
+    # ([analytics] summaries) core.Analysis no longer reads it (it computes from the facts); still
+    # read by the health summaries and the dashboards' hour facts until they are retired (#52)
     summaries: bool = True
 
     def __post_init__(self) -> None:

@@ -107,19 +107,57 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
         return pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
 
     base: dict[str, pl.DataFrame] = {}
-    # which model each GPU id is, as per_gpu() (and so utilization()) groups it
-    models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
     job_filtered = a.job_filtered  # GPU dimensions then show the selected jobs' time; capacity is no job's
-    if any(d in _GPU_KEYS for d in dims) and not job_filtered:
-        whole = models.select("cluster", "model", "gid", a0=pl.lit(p.start), a1=pl.lit(p.end))
-        base["iv"] = bucket_use(a, whole, ["cluster", "model"], bsec)
+    gpu_dims = any(d in _GPU_KEYS for d in dims) and not job_filtered
+    if a.raw:
+        base.update(_raw_use(a, bsec, gpu_dims))
+    else:
+        if gpu_dims:
+            base["iv"] = _parts_use(a, False, bsec)
+        base["pc"] = _parts_use(a, True, bsec)
+    if gpu_dims:
         base["cap"] = q(sql.TIMELINE_CAPACITY)
-    held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table())
-    held = held.join(models, on=["cluster", "host", "gpu_uuid", "gi"])  # allocations of GPUs without samples hold no data
-    base["pc"] = bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
     if any(d != "model" for d in dims):
         base["alloc"] = q(sql.TIMELINE_ALLOCATED)  # a job's GPUs x MIG share for each second it runs
     return compose_timelines(base, dims, job_filtered, n_buckets, bsec, p.start)
+
+
+def _parts_use(a, held: bool, bsec: float) -> pl.DataFrame:
+    """Data and busy GPU-hours per bucket k from the analysis' parts inside the window
+    (facts.timeline_parts: the GPUs' by cluster and model, or with `held` their holders' by
+    partition, account and user too). The analysis' parts are cut at the edges of its own
+    timeline's buckets (timeline_bucket); other buckets that would cut them read the window's
+    parts again, cut at their edges."""
+    from gpufleet.analytics.facts import FactWindow, timeline_parts
+
+    query, b_us = timeline_parts(held), round(bsec * 1_000_000)
+    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, "bucket_us": b_us})).to_arrow_table())
+    if out.is_empty() or out["fits"].all():
+        return out.drop("fits")
+    # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
+    # (on a cursor of their own; what was read raw for the analysis' edges is read again)
+    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us)
+    try:
+        out = fw.q(query, bucket_us=b_us)
+    finally:
+        fw.close()
+    if not out["fits"].all():
+        raise RuntimeError(f"the window's parts cut at {bsec:g} s buckets still cross a bucket edge; expected none to")
+    return out.drop("fits")
+
+
+def _raw_use(a, bsec: float, gpu_dims: bool) -> dict[str, pl.DataFrame]:
+    """_parts_use's figures from the raw arrays (Analysis(raw=True), the tests' oracle)."""
+    out = {}
+    # which model each GPU id is, as per_gpu() (and so utilization()) groups it
+    models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
+    if gpu_dims:
+        whole = models.select("cluster", "model", "gid", a0=pl.lit(a.p.start), a1=pl.lit(a.p.end))
+        out["iv"] = bucket_use(a, whole, ["cluster", "model"], bsec)
+    held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table())
+    held = held.join(models, on=["cluster", "host", "gpu_uuid", "gi"])  # allocations of GPUs without samples hold no data
+    out["pc"] = bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
+    return out
 
 
 def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n_buckets: int, bsec: float, start) -> dict[str, pl.DataFrame]:

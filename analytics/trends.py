@@ -173,7 +173,7 @@ def baseline(con: duckdb.DuckDBPyConnection, params: Params, previous: Params, t
 
 def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Totals:
     """The totals of the window of the same length before `params`: its analysis'."""
-    return Analysis(con, params.previous(), now=now, held_only=True).totals()  # held_only: under a job filter, its jobs' GPUs
+    return Analysis(con, params.previous(), now=now).totals()
 
 
 def previous_baseline(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Baseline:

@@ -2,10 +2,10 @@
 
     python -m bench._analytics_measure STORE START END [--raw] [--user NAME [--held-only]] [--threads N] [--memory-limit X] [--profile DIR]
 
---raw: every sample read (Analysis(..., summaries=False), the oracle); else whole buckets from the
-store's per-GPU summaries (analytics/summaries.py) where it has them.
+--raw: every sample read (Analysis(..., raw=True), the oracle); else from the store's facts
+(analytics/facts.py), raw samples only where a window edge cuts a bucket or a bucket has none.
 --user NAME: one user's window as the dashboards compute it (a user filter, with per-job detail);
---held-only: of the GPUs that user's jobs held only, as the dashboards ask (Analysis held_only).
+--held-only: (no longer an Analysis argument: a job filter is a WHERE clause on the facts' parts; kept for the bench's rows).
 
 Prints one line, RESULT and a JSON document: per-step wall seconds, total wall and CPU seconds, VmHWM, and a few
 figures of the analysis (a sanity check that it computed something real).
@@ -75,7 +75,7 @@ def main() -> None:
         con.execute(f"SET profiling_output = '{Path(a.profile) / 'last.json'}'")
     params = Params(start, end, filters=Filters(user_name=a.user))
     an = step("Analysis() (samples read into GPU intervals; cap, al)",
-              lambda: Analysis(con, params, now=end, summaries=not a.raw, detail=a.user is not None, held_only=a.held_only))
+              lambda: Analysis(con, params, now=end, raw=a.raw, detail=a.user is not None))
     totals = step("totals()", an.totals)
     util = {}
     for by in ("fleet", "host", "account", "user_name"):

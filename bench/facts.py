@@ -71,7 +71,7 @@ def run() -> list[Table]:
         progress("the week's totals by the current path (summaries)")
         cur, c_wall, c_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now).totals()))
         progress("the week's totals by the raw oracle")
-        raw, r_wall, r_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now, summaries=False).totals()))
+        raw, r_wall, r_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now, raw=True).totals()))
         t.add("week's totals: facts / current path / raw oracle, wall",
               f"{f_wall + t_wall:.2f} s / {c_wall:.2f} s / {r_wall:.2f} s")
         t.add("    CPU", f"{f_cpu + t_cpu:.2f} s / {c_cpu:.2f} s / {r_cpu:.2f} s")

@@ -73,7 +73,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
-from gpufleet.collector.summaries import intervals, segments, split
+from gpufleet.collector.intervals import intervals, segments, split
 
 FORMAT_VERSION = 3  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400

@@ -265,9 +265,9 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    # the job list and MFU read the detail; under an account, user or partition filter, the GPUs its jobs held only
+    # the job list and MFU read the detail
     con = reader(w.root)
-    a = Analysis(con, p, now=w.as_of, detail=True, held_only=True)
+    a = Analysis(con, p, now=w.as_of, detail=True)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
@@ -353,7 +353,7 @@ def job_report(key: tuple, job: dict) -> dict | None:
     # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
     # so the whole report reads them once, raw, rather than summaries and then samples - of the
     # GPUs the job held only, not the fleet's
-    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, summaries=False, held_only=True)
+    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True)
     try:
         r = ajobs.job_report(a, job["job_key"])
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
@@ -507,15 +507,6 @@ def filter_options(root: str, version: int | None) -> dict[str, list[str]]:
     from gpufleet.analytics.fleet_now import filter_values
 
     return filter_values(reader(root))
-
-
-@st.cache_data(ttl=timedelta(minutes=5), max_entries=32, show_spinner=False)
-def summary_only_edges(root: str, version: int | None, start: datetime, end: datetime) -> list[str]:
-    """A warning for each window edge inside a bucket of an hour kept as summaries alone
-    (gpufleet.analytics.core.summary_only_edges)."""
-    from gpufleet.analytics.core import summary_only_edges
-
-    return summary_only_edges(reader(root), start, end)
 
 
 @st.cache_data(ttl=timedelta(minutes=5), max_entries=32, show_spinner=False)

@@ -514,12 +514,6 @@ def sidebar() -> Context:
         except Exception:  # noqa: BLE001 - the check must not take the page down
             log.exception("checking the filter values failed")
     window = data.make_window(s, preset=None if preset == CUSTOM else preset, start=start, end=end, filters=filters, now=now)
-    if version is not None and start is not None:  # a typed window's edges may fall inside hours kept as summaries alone
-        try:
-            for w in data.summary_only_edges(root, version, start, end):
-                st.warning(w)
-        except Exception:  # noqa: BLE001 - the check must not take the page down
-            log.exception("checking the window's edges against the summary-only hours failed")
     sb.caption(f"Store: {root}")
     ctx = Context(settings=s, window=window, version=version, now=now)
     set_context(ctx)

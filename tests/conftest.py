@@ -151,7 +151,7 @@ SLOW = (
     # whole files: a demo week, stores checked against the raw oracle under hypothesis, CLI and
     # collector subprocesses, wheels built and installed, Dask clusters
     "tests/test_demo.py", "tests/test_demo_command.py", "tests/test_e2e_pipeline.py", "tests/test_packaging.py",
-    "tests/test_analytics_ledger.py", "tests/test_analytics_summaries.py", "tests/test_analytics_properties.py",
+    "tests/test_analytics_ledger.py", "tests/test_analysis_facts.py", "tests/test_analytics_properties.py",
     "tests/test_analytics_jobs_cli.py", "tests/test_summaries_rebuild.py", "tests/test_tasks.py",
     "tests/test_collector_real.py", "tests/test_collector_shards_real.py", "tests/test_collector_crash_real.py",
     # single tests of several seconds
@@ -178,7 +178,6 @@ SLOW = (
     "tests/test_dashboard_read.py", "tests/test_dashboard_browser.py",  # real components: listed to start first
     "tests/test_facts_upkeep.py::test_facts_are_a_fresh_builds_whatever_the_order_samples_land_and_upkeep_runs_in",
     "tests/test_health_summaries.py::test_health_summaries_rebuilt_after_late_data_are_a_fresh_build",
-    "tests/test_summaries_outlive_samples.py::test_figures_of_hours_kept_as_summaries_add_up_and_keep_their_whole_buckets",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
                            "alertmanager_bin", "amtool"}

@@ -189,7 +189,7 @@ def test_job_timeline_matches_the_sql_definition(case):
         lo, hi = {"whole": (a, b), "left": (a, m), "right": (m, b)}[case["window"]]
         bucket = None if case["bucket"] is None else timedelta(seconds=case["bucket"])
         base = Params(at(lo), at(hi), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
-        shared = Analysis(con, base, now=at(fleet["now"]))
+        shared = Analysis(con, base, now=at(fleet["now"]), raw=True)  # (its al is edited below: the raw arrays look it up again)
         if case["twice"]:
             # a job holding one GPU twice (two allocation rows): both implementations read al, so
             # a second row, shifted, must add its pieces to the same rows
@@ -198,35 +198,34 @@ def test_job_timeline_matches_the_sql_definition(case):
         for j in [*fleet["jobs"], {"key": "nope", "account": "alpha", "user": "u"}]:
             if case["narrowed"]:  # as the dashboard asks: the job's cluster, account and user
                 f = Filters(cluster=CLUSTER, account=j["account"], user_name=j["user"], partition="gpu")
-                an = Analysis(con, replace(base, filters=f), now=at(fleet["now"]))
+                an = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), raw=True)
             else:
                 an = shared
             got = timeline.job_gpu_timeline(an, CLUSTER, "slurm", j["key"], bucket)
             assert_same(got, reference_job_gpu_timeline(an, CLUSTER, "slurm", j["key"], bucket))
             if case["narrowed"]:
-                # ... and as it reads it: the samples of the GPUs the selected jobs held only
-                held = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), detail=True, summaries=False, held_only=True)
+                # ... and as it reads it: from the facts, the timeline from the samples of the GPUs the selected jobs held only
+                held = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), detail=True)
                 assert_same(timeline.job_gpu_timeline(held, CLUSTER, "slurm", j["key"], bucket), got)
                 assert_same_report(ajobs.job_report(held, j["key"]), ajobs.job_report(an, j["key"]))
                 for k, v in vars(an.totals()).items():
                     assert getattr(held.totals(), k) == (pytest.approx(v, **TOL) if isinstance(v, float) else v), k
                 # ... and narrowed to the job itself (the dashboard's job report): its GPUs only
-                own = Analysis(con, replace(base, filters=replace(f, job_key=j["key"])), now=at(fleet["now"]), detail=True, summaries=False,
-                               held_only=True)
+                own = Analysis(con, replace(base, filters=replace(f, job_key=j["key"])), now=at(fleet["now"]), detail=True)
                 assert_same(timeline.job_gpu_timeline(own, CLUSTER, "slurm", j["key"], bucket), got)
                 assert_same_report(ajobs.job_report(own, j["key"]), ajobs.job_report(an, j["key"]))
-                assert own.gt.ids.height <= own.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height
+                assert own.gt is None or own.gt.ids.height <= own.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height
         assert timeline.job_gpu_timeline(shared, CLUSTER, "kubernetes", fleet["jobs"][0]["key"] if fleet["jobs"] else "x", bucket).is_empty()
 
 
 def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
-    """job_report reads the detail arrays; the timeline then walks the same ones (no second read
-    of the window, no pc table). Alone, it reads them itself."""
+    """(The raw path) job_report reads the detail arrays; the timeline then walks the same ones (no
+    second read of the window, no pc table). Alone, it reads them itself."""
     fleet = EDGES["fleet"]
     with scratch() as tmp:
         con = build_store(tmp, fleet)
         p = Params(at(50), at(1450), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=60))
-        a = Analysis(con, p, now=at(5000))
+        a = Analysis(con, p, now=at(5000), raw=True)
         assert ajobs.job_report(a, "100") is not None
         gt = a.gt
         assert gt.fb is not None
@@ -237,7 +236,7 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         assert set(tl["gpu_uuid"]) == {uuid(0), "GPU-prop-mig"}
         assert tl.filter(pl.col("gpu_uuid") == "GPU-prop-mig")["gi"].unique().to_list() == [2]
 
-        alone = Analysis(con, p, now=at(5000))
+        alone = Analysis(con, p, now=at(5000), raw=True)
         assert alone.gt.fb is None
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "nope").is_empty() and alone.gt.fb is None  # nothing to read
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
@@ -245,7 +244,7 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
 
         # the dashboard's job page reads the detail columns at once (detail=True): the arrays it
         # walks are the same intervals, so every figure is the same, and it never reads twice
-        upfront = Analysis(con, p, now=at(5000), detail=True)
+        upfront = Analysis(con, p, now=at(5000), detail=True, raw=True)
         gt = upfront.gt
         assert gt.fb is not None
         r1, r2 = ajobs.job_report(upfront, "100"), ajobs.job_report(alone, "100")
@@ -255,6 +254,8 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         assert timeline.job_gpu_timeline(upfront, CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
         assert upfront.totals() == alone.totals() and upfront.per_gpu().equals(alone.per_gpu())
         assert upfront.gt is gt
+        # from the facts: the same timeline (the job's GPUs' samples read for it)
+        assert timeline.job_gpu_timeline(Analysis(con, p, now=at(5000)), CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
 
 
 def test_allocation_detail_is_the_same_in_chunks_of_any_size(monkeypatch):
@@ -271,9 +272,9 @@ def test_allocation_detail_is_the_same_in_chunks_of_any_size(monkeypatch):
     with scratch() as tmp:
         con = build(tmp, fleet, placement=placement, fields=fields)
         p = Params(at(50), at(1450), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=60))
-        whole = Analysis(con, p, now=at(5000), detail=True).allocation_detail()
+        whole = Analysis(con, p, now=at(5000), detail=True, raw=True).allocation_detail()
         monkeypatch.setattr(gputime, "_PIECES_CHUNK", 3)
-        chunked = Analysis(con, p, now=at(5000), detail=True).allocation_detail()
+        chunked = Analysis(con, p, now=at(5000), detail=True, raw=True).allocation_detail()
     assert whole["pieces"].sum() > 3 and whole["fb_max"].is_not_null().any()
     assert whole["tclock"].is_not_null().any() and whole["tnoclock"].fill_null(0).gt(0).any()  # both tensor paths taken
     assert chunked.equals(whole)

@@ -263,7 +263,7 @@ def test_a_job_s_mfu_on_its_own_run_is_its_row_of_the_window_s(tmp_path):
     rows = {r["job_id"]: r for r in job_mfu(window).to_dicts()}
     assert rows["1"]["method"].startswith("reported")
     narrowed = Analysis(f.reader(), Params(T(10), T(11), filters=Filters(cluster="c1", account="physics", user_name="ann", job_key="1")),
-                        now=T(20), detail=True, summaries=False, held_only=True)
+                        now=T(20), detail=True, raw=True)
     got = job_mfu(narrowed, reports_in=(T(10), T(12))).filter(pl.col("job_key") == "1").to_dicts()
     assert got == [pytest.approx(rows["1"])]
     alone = job_mfu(narrowed).filter(pl.col("job_key") == "1").row(0, named=True)

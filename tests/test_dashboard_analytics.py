@@ -33,7 +33,7 @@ from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.fleet import Fleet
 from tests.test_analytics_properties import MAX_GAP, SETTINGS, at, fleets, scratch
 from tests.test_analytics_properties import build as build_store
-from tests.test_analytics_summaries import mig_some
+from tests.support.random_stores import mig_some
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 MIG = 3 / 7

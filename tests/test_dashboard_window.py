@@ -15,11 +15,9 @@ from datetime import datetime, timedelta
 
 from test_analytics_golden import build_golden
 from test_analytics_properties import frames_equal
-from test_analytics_summaries import compare
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params
-from gpufleet.analytics.summaries import SummaryTime
 from gpufleet.analytics.timeline import default_bucket, utilization_timelines
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
@@ -49,27 +47,18 @@ def test_a_relative_window_starts_on_the_summary_grain_and_ends_now():
     assert (r.start, r.end) == (fixed.start, fixed.end)  # a window someone typed is taken as typed
 
 
-def test_the_last_24h_and_its_timeline_answer_from_summaries(tmp_path):
-    """The golden store compacted: the 24 h window as the dashboard resolves it needs no bucket
-    read raw for its timeline; the same window starting to the second (as it was resolved before)
-    looks up inside summarised buckets and builds the line again with those read raw. Same figures."""
+def test_the_last_24h_and_its_timeline_answer_from_facts(tmp_path):
+    """The golden store with its facts: the 24 h window as the dashboard resolves it reads its
+    settled buckets from facts, and its timelines equal the raw path's; so does the same window
+    starting to the second (its parts cut at its own timeline's bucket edges)."""
     build_golden(tmp_path)
     w = StoreWriter(tmp_path)
-    compact(w, NOW)
+    compact(w, NOW, with_facts=True)
     w.close()
     con = open_reader(tmp_path)
     r = window("24h").resolve(NOW)
-    p = Params(r.start, r.end)
-    bad, _ = compare(con, p, r.as_of, detail=True)
-    assert not bad, bad
-    a = Analysis(con, p, now=r.as_of, detail=True)
-    lines = utilization_timelines(a)
-    assert isinstance(a.gt, SummaryTime) and a.gt.summary_buckets > 0 and a.gt._refined is None
-    # the window starts on the hour and its timeline's edges are hours: its closed hours with
-    # joined segments (those of the golden day, but the window's last) are read from them
-    assert r.start.minute == 0 and a.gt.coarse_hours > 0, (r.start, a.gt.coarse_hours)
-    raw = Analysis(con, p, now=r.as_of, summaries=False)
-    assert all(frames_equal(lines[by], t) for by, t in utilization_timelines(raw).items())
-    to_the_second = Analysis(con, Params(r.end - timedelta(hours=24), r.end), now=NOW, detail=True)
-    utilization_timelines(to_the_second)
-    assert to_the_second.gt._refined is not None
+    for p in (Params(r.start, r.end), Params(r.end - timedelta(hours=24), r.end)):
+        a = Analysis(con, p, now=r.as_of)
+        want = utilization_timelines(Analysis(con, p, now=r.as_of, raw=True))
+        assert all(frames_equal(want[by], t) for by, t in utilization_timelines(a).items()), p
+        assert a.fw.tiles.get(300, 0) > 0, a.fw.tiles  # (the golden day is open at 20:07: its 5-minute facts)

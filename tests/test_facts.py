@@ -5,7 +5,7 @@ several files, allocations starting and ending mid-bucket, running jobs), a stor
 wrote facts at a random time (some hours and days have them, the rest are cut from raw samples)
 gives, for windows on the 5-minute, hour and day grid and off it, under each filter, the raw
 path's totals, utilization by job dimension and idle / no-process hours by account
-(Analysis(..., summaries=False), itself held to the row-by-row SQL) to 1e-9. Also: joining parts
+(Analysis(..., raw=True), itself held to the row-by-row SQL) to 1e-9. Also: joining parts
 in any grouping gives the same parts (associativity); a fact one bucket off fails the comparison;
 upkeep run twice writes nothing; a late sample or a late-learnt allocation rebuilds exactly its
 hour and that hour's day.
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import Phase, event, given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, fleets, scratch
-from test_analytics_summaries import split
+from tests.support.random_stores import split
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.facts import FactWindow
@@ -63,7 +63,7 @@ def store(root, fleet, how=(2, True), upkeep_at: int | None = None):
 
 
 def oracle(con, p: Params, now) -> dict:
-    an = Analysis(con, p, now=now, summaries=False)
+    an = Analysis(con, p, now=now, raw=True)
     t = asdict(an.totals())
     out = {f"totals.{k}": t[k] for k in ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "utilization_pct",
                                          "allocated_gpu_h", "idle_allocated_gpu_h", "no_process_gpu_h", "stranded_gpu_h")}

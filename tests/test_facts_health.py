@@ -25,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, TOL, at, fleets, scratch
-from test_analytics_summaries import detail_fields, split
+from tests.support.random_stores import detail_fields, split
 from test_facts import FACT_SETTINGS, five_minute_parts, params, rows, summary_params, windows
 
 from gpufleet.analytics.core import Analysis
@@ -142,7 +142,7 @@ JOB = ("cluster", "scheduler", "job_key")
 def tensor_mismatches(con, p, now, fw: FactWindow) -> list[str]:
     """Per job, JOB_TENSOR's sums against Analysis.allocation_detail's (NULL there: none; a sum is 0
     on both sides then), and whether any tensor activity was known."""
-    d = Analysis(con, p, now=now, summaries=False).allocation_detail().filter(pl.col("has_piece"))
+    d = Analysis(con, p, now=now, raw=True).allocation_detail().filter(pl.col("has_piece"))
     z = lambda c: pl.col(c).fill_null(0.0)  # noqa: E731
     want = d.group_by(list(JOB)).agg(
         z("any_s").sum().alias("any_s"), z("tensor_s").sum().alias("tensor_known_s"), z("clocked_s").sum().alias("clocked_s"),

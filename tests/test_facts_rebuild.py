@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from test_analytics_properties import at
-from test_analytics_summaries import split
+from tests.support.random_stores import split
 from test_facts import from_facts as figures_from_facts
 from test_facts import mismatches, oracle, params, summary_params
 

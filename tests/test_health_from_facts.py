@@ -31,7 +31,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from test_analytics_golden import A100
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, scratch
-from test_analytics_summaries import by_shard, host_of_shard, late_and_fresh, mig_some, split
+from tests.support.random_stores import by_shard, host_of_shard, late_and_fresh, mig_some, split
 
 from gpufleet.analytics import fleet_now, health
 from gpufleet.analytics.fleet_now import collector_status

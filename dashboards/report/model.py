@@ -459,7 +459,7 @@ def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report
     mfu_note = fleet.mfu_note
     if fleet.has_data:
         # the team's jobs' GPUs only (their figures need no other GPU's summaries)
-        a = Analysis(con, replace(a_fleet.p, filters=replace(a_fleet.p.filters, account=team)), now=fleet.generated_at, held_only=True)
+        a = Analysis(con, replace(a_fleet.p, filters=replace(a_fleet.p.filters, account=team)), now=fleet.generated_at)
         info = _job_info(a)
         wasteful = wasteful_jobs(a, fleet.top_n, info)
         nop = no_process_jobs(a, info) if fleet.extra.get("processes") else []
