@@ -170,14 +170,13 @@ SLOW = (
     "tests/test_facts.py::test_facts_give_the_raw_figures_at_every_grain_and_filter",
     "tests/test_facts.py::test_upkeep_run_twice_writes_no_new_byte",
     "tests/test_facts.py::test_late_data_rebuilds_exactly_its_hour_and_day",
-    "tests/test_health_summaries.py::test_health_from_summaries_gives_the_raw_figures",
-    "tests/test_health_summaries.py::test_shards_health_summaries_give_the_raw_figures",
-    "tests/test_health_summaries.py::test_a_closed_days_health_is_read_from_its_merged_file_for_the_hours_it_holds",
+    "tests/test_health_from_facts.py::test_health_from_facts_gives_the_raw_figures",
+    "tests/test_health_from_facts.py::test_shards_health_gives_the_raw_figures",
     "tests/test_shard.py::test_the_shards_read_as_one_store_holding_every_batch",
     "tests/test_policy_actions.py::test_store_plan_acts_only_on_all_idle_jobs_with_the_samples_idle_time",
     "tests/test_dashboard_read.py", "tests/test_dashboard_browser.py",  # real components: listed to start first
     "tests/test_facts_upkeep.py::test_facts_are_a_fresh_builds_whatever_the_order_samples_land_and_upkeep_runs_in",
-    "tests/test_health_summaries.py::test_health_summaries_rebuilt_after_late_data_are_a_fresh_build",
+    "tests/test_health_from_facts.py::test_run_facts_rebuilt_after_late_data_are_a_fresh_build",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
                            "alertmanager_bin", "amtool"}

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, at, scratch
-from test_analytics_summaries import split
+from tests.support.random_stores import split
 from test_facts import NOTHING, mismatches, oracle, params, summary_params
 from test_facts import from_facts as figures_from_facts
 from test_store import samples
