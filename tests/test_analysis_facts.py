@@ -152,7 +152,7 @@ def test_the_golden_scenario_from_its_facts(tmp_path):
     over the day so far, under a filter, give the raw path's figures, whole buckets read from facts."""
     build_golden(tmp_path)
     w = StoreWriter(tmp_path)
-    compact(w, T(20), with_facts=True)
+    compact(w, T(20), facts_hours=None)
     w.close()
     con = open_reader(tmp_path)
     for p in (Params(T(10), T(12)), Params(T(9, 17, 3), T(11, 59, 59)), Params(T(10), T(12), filters=Filters(account="biology")),

@@ -53,7 +53,7 @@ def test_the_last_24h_and_its_timeline_answer_from_facts(tmp_path):
     starting to the second (its parts cut at its own timeline's bucket edges)."""
     build_golden(tmp_path)
     w = StoreWriter(tmp_path)
-    compact(w, NOW, with_facts=True)
+    compact(w, NOW, facts_hours=None)
     w.close()
     con = open_reader(tmp_path)
     r = window("24h").resolve(NOW)

@@ -135,7 +135,7 @@ def store(tmp, fleet, seed: int, how, compact_at: int):
     w = StoreWriter(tmp)
     for batch in split(fleet, *how, fields=health_fields(seed)):
         w.commit(batch)
-    compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP), with_facts=True)
+    compact(w, at(compact_at), SummaryParams(max_gap_s=MAX_GAP), facts_hours=None)
     w.close()
     return open_reader(tmp)
 
@@ -192,7 +192,7 @@ def test_shards_health_gives_the_raw_figures(fleet, seed, n, data):
         for k, w in writers.items():
             when = data.draw(st.sampled_from([every_hour, every_hour + DAY, None]) | st.integers(3600, every_hour), label=f"shard {k} compacts at")
             if when is not None:
-                compact(w, at(when), SummaryParams(max_gap_s=MAX_GAP), with_facts=True)
+                compact(w, at(when), SummaryParams(max_gap_s=MAX_GAP), facts_hours=None)
             w.close()
         con = open_reader(root)
         a, m, b = fleet["cuts"]
@@ -283,7 +283,7 @@ def test_a_store_written_before_has_its_health_files_rebuilt_and_its_day_files_r
     assert collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == len(hours)  # said
     clock = [at(5 * 3600)]
     w = StoreWriter(tmp_path, clock=lambda: clock[0])
-    compact(w, at(5 * 3600), SummaryParams(max_gap_s=MAX_GAP), with_facts=True)
+    compact(w, at(5 * 3600), SummaryParams(max_gap_s=MAX_GAP), facts_hours=None)
     m = json.loads(manifest.read_text())
     assert m["health_days"] == [] and collector_status(tmp_path)["summaries"]["health_awaiting_rebuild"] == 0
     assert all(e["health_format"] == 3 and e["health"] not in old for e in m["summaries"] if not e.get("to"))
@@ -360,7 +360,7 @@ def test_a_gpu_whose_model_name_changes_within_an_hour_gives_the_raw_figures(tmp
             renamed = pc.if_else(pc.greater_equal(b.samples["ts"], pa.scalar(at(3600 + 1800), pa.timestamp("us"))), "H100", b.samples["model"])
             b = type(b)(key=b.key, samples=b.samples.set_column(b.samples.schema.get_field_index("model"), "model", renamed), gpus=b.gpus)
         w.commit(b)
-    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=None, with_facts=True)
+    compact(w, at(end + 2 * 3600), SummaryParams(max_gap_s=MAX_GAP), health_hours=None, facts_hours=None)
     w.close()
     con = open_reader(tmp_path)
     for p in (Params(at(0), at(end)), Params(at(1800 + 17), at(end - 7))):
