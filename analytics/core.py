@@ -22,8 +22,9 @@ import pyarrow as pa
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.gputime import GpuTime
+# the window's helpers facts.py shares (a module of their own: facts.py and this one import each other's parts otherwise)
+from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.analytics.params import Params
-from gpufleet.analytics.prices import price_table
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.stretches import NAMED_BY_ALLOCATION, stretches
 from gpufleet.analytics.stretches import SCHEMA as STRETCH_SCHEMA
@@ -36,9 +37,8 @@ JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "accou
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
 
-# the utilization dimension (JOB_DIMS) whose rows a job filter selects, finest first: a filtered
-# analysis' no-data time is the sum of its rows there
-JOB_FILTER_DIMS = {"job_key": "job", "user_name": "user_name", "account": "account", "partition": "partition"}
+# (JOB_FILTER_DIMS, in analytics/window.py: the utilization dimension whose rows a job filter
+# selects, finest first: a filtered analysis' no-data time is the sum of its rows there)
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,6 @@ class Totals:
     scope: str = "fleet"
     not_attributable_reason: str | None = None
     allocated_unknown_jobs: int = 0  # jobs of unknown GPU count, left out of allocated_gpu_h
-
-
-def allocated_total(row: pl.DataFrame) -> dict[str, Any]:
-    """Totals' allocated_gpu_h and allocated_unknown_jobs from sql.ALLOCATED_GPU_H_TOTAL's row."""
-    h, unknown = row.row(0)
-    return {"allocated_gpu_h": None if h is None else float(h), "allocated_unknown_jobs": int(unknown)}
 
 
 def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> float | None:
@@ -188,28 +182,6 @@ FILTER_KEYS = {"cluster": "cluster", "account": "account", "user_name": "user", 
                "job_key": "job"}
 
 
-def window_bind(params: Params, now: datetime) -> dict[str, Any]:
-    """The bound parameters of a window's queries (sql.py): its edges, the read window's (reach:
-    idle_min_duration + max_gap either side, where an idle stretch crossing an edge is followed),
-    the thresholds and the filters."""
-    reach = params.idle_min_duration + params.max_gap
-    return {
-        "start": params.start, "end": params.end, "as_of": min(params.end, now),
-        "xstart": params.start - reach, "xend": params.end + reach,
-        "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds(),
-        "thr": params.idle_threshold,
-        "min_idle": params.idle_min_duration.total_seconds(),
-        **params.filters.bind(),
-    }
-
-
-def register_prices(con: duckdb.DuckDBPyConnection, params: Params) -> dict[str, float]:
-    """The price table (model -> $/GPU-hour) registered on the cursor as `prices` (sql.PER_GPU)."""
-    prices = price_table(params.prices)
-    con.register("prices", pl.DataFrame({"model": list(prices), "usd_per_gpu_hour": list(prices.values())}).to_arrow())
-    return prices
-
-
 _GPU_USE_COLS = ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_data_gpu_h", "stranded_gpu_h")
 
 
@@ -217,17 +189,6 @@ def by_gpu_dimension(g: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Per-GPU figures (Analysis.per_gpu) summed by GPU dimension keys (none: the fleet's row)."""
     cols = [pl.sum(c) for c in _GPU_USE_COLS]
     return g.group_by(keys).agg(cols) if keys else g.select(cols)
-
-
-def by_job_dimension(alloc: pl.DataFrame, used: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Allocated GPU-hours (sql.job_allocated_by) and the allocations' data and busy GPU-hours
-    (sql.job_use) by job dimension keys, with the allocated time without data. Allocated is the
-    sum over the row's jobs whose GPU count is known (gpus_unknown_jobs says how many are not);
-    null - unknown, never 0 - where no job of the row has a known count (or the accounting has no
-    job of a row the job mapping saw), and so is its no-data time."""
-    return alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
-        pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0), pl.col("gpus_unknown_jobs").fill_null(0)
-    ).with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"))
 
 
 def with_utilization(out: pl.DataFrame, keys: list[str]) -> pl.DataFrame:

@@ -133,8 +133,8 @@ def test_a_worker_killed_mid_rebuild_costs_nothing_but_time(store, in_process, d
     dask_cluster.add_worker()
 
 
-def test_health_summaries_are_built_on_dask_with_the_bytes_built_here(in_process, dask_cluster, tmp_path):
-    """The rebuild left every hour without its health summary (they go with the summary): an hour
+def test_run_facts_are_built_on_dask_with_the_bytes_built_here(in_process, dask_cluster, tmp_path):
+    """The rebuild left every hour without its run facts file (they go with the summary): an hour
     a task, on the cluster, each the file this process writes, and every one attached."""
     from distributed import Client
 
@@ -152,7 +152,7 @@ def test_health_summaries_are_built_on_dask_with_the_bytes_built_here(in_process
     assert len(built["here"]) == HOURS and built["dask"] == built["here"]
     with Client(dask_cluster.address, timeout=10, set_as_default=False) as c:
         ran = c.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
-    assert any(name.startswith("health summaries") for name in ran), ran
+    assert any(name.startswith("run facts") for name in ran), ran  # (the hour's health file holds Fleet now's run facts only)
     con = open_reader(tmp_path / "dask")
     assert con.execute("SELECT count(*) FROM health_hours WHERE idle_threshold = 50.0").fetchone()[0] == HOURS
 
