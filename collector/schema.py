@@ -396,7 +396,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # 9: the 5-minute rollups retired (issue #52: the facts' 5-minute grain replaces them): their
     # files retired ($now: the writer's clock; deleted after the grace period, as a reader may hold
     # an older manifest), their ledger dropped
-    9: ("INSERT OR IGNORE INTO retired_files SELECT DISTINCT file, $now FROM rollups", "DROP TABLE rollups"),
+    9: ("CREATE TABLE IF NOT EXISTS rollups (hour TIMESTAMP PRIMARY KEY, file VARCHAR NOT NULL)",  # (a store migrated again: gone)
+        "INSERT OR IGNORE INTO retired_files SELECT DISTINCT file, $now FROM rollups", "DROP TABLE rollups"),
     # 10: the checkpoints jobs report (JOB_CHECKPOINTS_DDL); before the upgrade none were kept, so
     # those interruptions' lost work stays counted from the attempt's start (an upper bound)
     10: (JOB_CHECKPOINTS_DDL,),
