@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -363,12 +362,6 @@ def test_health_says_how_many_hours_wait_for_their_summaries(tmp_path, store, us
     at = goto(open_app(), "health")
     assert [t for t in at.text if t.value.startswith("Summaries only: 1 hours whose raw samples retention retired")]
     assert [c for c in at.caption if "a window edge cuts inside them has no data" in c.value]
-    # a window typed with an edge inside a bucket of that hour: said on every page
-    hour = datetime.fromisoformat(m["summaries"][3]["hour"])
-    inside = {"from": f"{hour + timedelta(minutes=2):%Y-%m-%dT%H:%M}", "to": f"{hour + timedelta(hours=1):%Y-%m-%dT%H:%M}"}
-    warned = [w.value for w in open_app(**inside).warning if "falls inside a 5-minute bucket" in w.value]
-    assert len(warned) == 1 and warned[0].startswith(f"{hour + timedelta(minutes=2):%Y-%m-%dT%H:%M:%S}")
-    assert not [w for w in open_app(**{"from": f"{hour:%Y-%m-%dT%H:%M}", "to": inside["to"]}).warning if "falls inside" in w.value]
 
 
 def test_mfu(store, a, use_store):
