@@ -20,15 +20,15 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from gpufleet.analytics import sql
+from gpufleet.analytics import facts, sql
 from gpufleet.analytics.gputime import GpuTime
-# the window's helpers facts.py shares (a module of their own: facts.py and this one import each other's parts otherwise)
-from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.stretches import NAMED_BY_ALLOCATION, stretches
 from gpufleet.analytics.stretches import SCHEMA as STRETCH_SCHEMA
 from gpufleet.analytics.timeline import timeline_bucket
+# (the window's helpers facts.py shares live in window.py; core's names too)
+from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
@@ -202,7 +202,7 @@ def line_variants(gt: Any) -> pl.DataFrame:
     """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime)
     named by its first variant (by vid) - its gpu index, its first known model, its MIG share -
     and how many variants it has: what its allocations' detail is named by (the raw path's
-    Analysis.allocation_detail, hour facts)."""
+    Analysis.allocation_detail)."""
     return gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
         pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
 
@@ -260,9 +260,7 @@ class Analysis:
             self.con.register("variants", self.gt.gpus.to_arrow())
             self._allocation_use()
         else:
-            from gpufleet.analytics.facts import FactWindow  # (facts.py builds on this module's helpers)
-
-            self.fw = FactWindow(con, params, now=now, cursor=self.con, grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000))
+            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000))
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
             self._allocation_parts()
         # per_gpu() and idle_stretches() read only the data above, which never changes after
@@ -299,8 +297,6 @@ class Analysis:
         """alv from the parts (facts.ALLOCATION_PARTS): each allocation's data and busy seconds
         and whether it has a piece in the window, as _allocation_use looks them up in the raw
         arrays; the detail sums kept for allocation_detail."""
-        from gpufleet.analytics import facts
-
         self._exec(facts.GPU_IDS)
         use = self.q(facts.ALLOCATION_PARTS)
         self._detail = use.select("fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock", "has_util")
@@ -527,9 +523,7 @@ class Analysis:
 
     def _islands(self, kind: str) -> pl.DataFrame:
         if not self.raw:
-            from gpufleet.analytics.facts import stretch_rows
-
-            rows = self.q(stretch_rows("nop" if kind == "no_process" else kind))
+            rows = self.q(facts.stretch_rows("nop" if kind == "no_process" else kind))
             return rows.select([pl.col(c).cast(t) for c, t in STRETCH_SCHEMA.items()])
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),

@@ -31,8 +31,8 @@ import polars as pl
 import pyarrow as pa
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.analytics.params import Params
+from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.collector import facts as cf
 from gpufleet.times import epoch_us, utcnow
 
