@@ -1,0 +1,153 @@
+"""A window's states from its facts (gpufleet.analytics.window_states): a hand-computed window
+(startup, idle, no process, input- and communication-bound, compute, fields absent), equal from
+stored facts and from parts cut raw, beside the per-job breakdown; and the invariants on random
+fleets: states sum to each job's time with data, teams sum to the fleet, a filtered row equals its
+row unfiltered, a state whose fields are absent is None."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Filters, Params
+from gpufleet.analytics.states import Thresholds, job_breakdown
+from gpufleet.analytics.window_states import STATES, window_states
+from gpufleet.collector import schema
+from gpufleet.collector.maintenance import compact
+from gpufleet.collector.schema import Batch
+from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.collector.summaries import SummaryParams
+
+T0 = datetime(2026, 3, 2)
+STEP = 15
+H100 = "NVIDIA H100 80GB HBM3"
+HOURS = 4
+N = HOURS * 3600 // STEP
+MIN = 60 // STEP  # samples a minute
+
+
+def job_row(key: str, account: str, gpus: int, hours: float = HOURS) -> dict:
+    row = {c: None for c in schema.JOB_COLUMNS}
+    row.update(cluster="c1", scheduler="slurm", job_key=key, job_id=key, name=key, user_name=f"u-{account}", account=account, partition="gpu",
+               submit=T0, start=T0, end=T0 + timedelta(hours=hours), state="COMPLETED", state_raw="COMPLETED", exit_code="0:0", gpus=gpus,
+               source="test", updated_at=T0 + timedelta(hours=hours))
+    return row
+
+
+def gpu_table(host: str, index: int, util, *, procs=1.0, sm=0.8, tensor=0.5, rx=1e8, nvl=0.0, n: int = N) -> pa.Table:
+    """One GPU's samples every STEP s from T0 (a column None: the GPU does not publish it)."""
+    def col(v):
+        if v is None:
+            return pa.nulls(n, pa.float64())
+        return pa.array(np.broadcast_to(np.asarray(v, dtype=float), n).copy())
+
+    ts = np.array([T0 + timedelta(seconds=STEP * i) for i in range(n)], dtype="datetime64[ms]")
+    return pa.table({
+        "ts": pa.array(ts), "cluster": pa.array(["c1"] * n), "host": pa.array([host] * n), "gpu": pa.array(np.full(n, index, dtype=np.int16)),
+        "gpu_uuid": pa.array([f"GPU-{host}-{index}"] * n), "model": pa.array([H100] * n), "source": pa.array(["scrape"] * n),
+        "gpu_util": col(util), "compute_processes": col(procs), "gpu_up": col(1.0), "sm_active": col(sm), "tensor_active": col(tensor),
+        "pcie_rx_bytes_per_s": col(rx), "nvlink_tx_bytes_per_s": col(None if nvl is None else nvl / 2),
+        "nvlink_rx_bytes_per_s": col(None if nvl is None else nvl / 2)})
+
+
+def write(root, jobs: list[dict], gpus: list[tuple[str, str, int, pa.Table]], upkeep: bool) -> None:
+    """A store of these jobs and GPU samples (job key, host, index, samples), each GPU held by its
+    job from T0 for the job's run; facts built when `upkeep`."""
+    w = StoreWriter(root)
+    allocs = []
+    for key, host, index, _ in gpus:
+        for t in (T0, T0 + timedelta(hours=HOURS) - timedelta(seconds=STEP)):
+            allocs.append({"ts": t, "cluster": "c1", "scheduler": "slurm", "job_key": key, "host": host, "gpu_uuid": f"GPU-{host}-{index}",
+                           "gpu_instance": -1, "gpu": index, "source": "exporter"})
+    w.commit(Batch(key="jobs", jobs=jobs, allocations=allocs))
+    w.commit(Batch(key="samples", samples=schema.conform_samples(pa.concat_tables([g for *_, g in gpus]))))
+    if upkeep:
+        compact(w, T0 + timedelta(days=2), SummaryParams(max_gap_s=30.0, keep_s=1800.0), facts_hours=None)
+    w.publish()
+    w.close()
+
+
+def hand_store(root, upkeep: bool) -> None:
+    """Job a (team t1, 1 GPU): 20 min of loading at 0 %, busy, idle 02:00-03:00, busy (compute).
+    Job b (team t2, 2 GPUs): GPU 0 starved (SM 20 % with PCIe RX 5 GB/s), GPU 1 all-reducing
+    (NVLink 20 GB/s, tensor 10 %, SM 30 %) and idle with no process the last hour.
+    Job c (team t2, 1 GPU): busy 50 %, publishes no profiling field (dcgm without DCP).
+    Job d (team t1, 1 GPU): 20 % with no compute process (a non-compute use)."""
+    t = np.arange(N) * STEP
+    ua = np.where(t < 1200, 0.0, 95.0)
+    ua[(t >= 7200) & (t < 10800)] = 0.0
+    ub1 = np.where(t >= 3 * 3600, 0.0, 60.0)
+    gpus = [("a", "h1", 0, gpu_table("h1", 0, ua)),
+            ("b", "h2", 0, gpu_table("h2", 0, 60.0, sm=0.2, rx=5e9, nvl=1e9)),
+            ("b", "h2", 1, gpu_table("h2", 1, ub1, procs=np.where(t >= 3 * 3600, 0.0, 1.0), sm=0.3, tensor=0.1, nvl=2e10)),
+            ("c", "h3", 0, gpu_table("h3", 0, 50.0, procs=None, sm=None, tensor=None, rx=None, nvl=None)),
+            ("d", "h4", 0, gpu_table("h4", 0, 20.0, procs=0.0))]
+    write(root, [job_row("a", "t1", 1), job_row("b", "t2", 2), job_row("c", "t2", 1), job_row("d", "t1", 1)], gpus, upkeep)
+
+
+HAND = {  # GPU-hours per job and state, by hand (the module's rules)
+    "a": {"startup": 1 / 3, "idle": 1.0, "no_process": 0.0, "input_bound": 0.0, "communication_bound": 0.0, "compute": HOURS - 4 / 3,
+          "busy_unresolved": 0.0},
+    "b": {"startup": 0.0, "idle": 1.0, "no_process": 0.0, "input_bound": 4.0, "communication_bound": 3.0, "compute": 0.0, "busy_unresolved": 0.0},
+    "c": {"startup": 0.0, "idle": 0.0, "no_process": 0.0, "input_bound": None, "communication_bound": 0.0, "compute": 0.0, "busy_unresolved": 4.0},
+    "d": {"startup": 0.0, "idle": 0.0, "no_process": 4.0, "input_bound": 0.0, "communication_bound": 0.0, "compute": 0.0, "busy_unresolved": 0.0},
+}
+
+
+def params(**kw) -> Params:
+    return Params(T0, T0 + timedelta(hours=HOURS), **kw)
+
+
+@pytest.mark.parametrize("upkeep", [True, False], ids=["facts", "raw-cut parts"])
+def test_a_hand_computed_window(tmp_path, upkeep):
+    hand_store(tmp_path, upkeep)
+    con = open_reader(tmp_path)
+    p = params()
+    a = Analysis(con, p, now=T0 + timedelta(days=3))
+    if upkeep:
+        assert a.fw.tiles and a.fw.raw_us == 0  # every part from stored facts
+    ws = window_states(a, Thresholds.of(p, {}))
+    got = {r["job_key"]: r for r in ws.jobs.iter_rows(named=True)}
+    for job, states in HAND.items():
+        for s, v in states.items():
+            if v is None:
+                assert got[job][f"{s}_gpu_h"] is None, (job, s)
+            else:
+                assert got[job][f"{s}_gpu_h"] == pytest.approx(v, abs=1e-9), (job, s)
+    assert got["a"]["largest_loss"] == "idle" and got["a"]["largest_loss_share_pct"] == pytest.approx(25.0)
+    assert got["b"]["largest_loss"] == "input_bound"
+    assert got["c"]["largest_loss"] is None and "DCGM_FI_PROF_SM_ACTIVE" in got["c"]["unknown_fields"]
+    assert got["d"]["largest_loss"] == "no_process"
+    # the teams and the fleet, priced (H100's $/GPU-hour)
+    t2 = ws.teams.filter(pl.col("account") == "t2").row(0, named=True)
+    assert t2["input_bound_gpu_h"] == pytest.approx(4.0) and t2["busy_unresolved_gpu_h"] == pytest.approx(4.0)
+    assert t2["input_bound_cost"] == pytest.approx(4.0 * a.prices[H100])
+    assert ws.fleet["idle_gpu_h"] == pytest.approx(2.0) and ws.fleet["data_gpu_h"] == pytest.approx(5 * HOURS)
+    causes = ws.team_causes()
+    assert causes.filter(pl.col("account") == "t1")["state"].to_list() == ["no_process", "idle", "startup"]
+    # job a beside its per-job breakdown (the same rules for a startup without blips, a long idle run)
+    js = job_breakdown(con, p, "a", Thresholds.of(p, {}))
+    for s in ("startup", "idle", "compute"):
+        assert js.seconds[s] / 3600 == pytest.approx(HAND["a"][s], abs=1e-9)
+
+
+def test_no_process_is_unknown_without_process_counts(tmp_path):
+    write(tmp_path, [job_row("c", "t2", 1)], [("c", "h3", 0, gpu_table("h3", 0, 50.0, procs=None))], upkeep=False)
+    p = params()
+    ws = window_states(Analysis(open_reader(tmp_path), p, now=T0 + timedelta(days=3)), Thresholds.of(p, {}))
+    assert ws.jobs["no_process_gpu_h"].to_list() == [None] and ws.fleet["no_process_gpu_h"] is None
+    assert ws.jobs["compute_gpu_h"][0] == pytest.approx(HOURS)
+
+
+def test_the_raw_paths_analysis_is_refused(tmp_path):
+    hand_store(tmp_path, upkeep=False)
+    p = params()
+    with pytest.raises(ValueError, match="facts"):
+        window_states(Analysis(open_reader(tmp_path), p, now=T0 + timedelta(days=3), raw=True), Thresholds.of(p, {}))
