@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.analytics.core import Analysis
@@ -151,3 +151,84 @@ def test_the_raw_paths_analysis_is_refused(tmp_path):
     p = params()
     with pytest.raises(ValueError, match="facts"):
         window_states(Analysis(open_reader(tmp_path), p, now=T0 + timedelta(days=3), raw=True), Thresholds.of(p, {}))
+
+
+@st.composite
+def fleets(draw):
+    """2-4 GPUs (one per host) held by jobs of one or two GPUs of two teams, each GPU's utilization
+    piecewise constant (low, dips, busy), some with no compute process, gaps (no data) and
+    profiling fields published or not; a window inside or across the jobs' run."""
+    n = draw(st.integers(2, 4), label="gpus")
+    sizes = draw(st.lists(st.sampled_from([1, 2]), min_size=n, max_size=n), label="sizes")
+    owner, jobs, g = [], [], 0
+    while g < n:
+        size = min(sizes[g], n - g)
+        key = f"j{len(jobs)}"
+        jobs.append(job_row(key, draw(st.sampled_from(["t1", "t2"])), size))
+        owner += [key] * size
+        g += size
+    gpus = []
+    for g in range(n):
+        util, procs, keep = np.zeros(N), np.ones(N), np.ones(N, dtype=bool)
+        at = 0
+        while at < N:
+            length = draw(st.sampled_from([4, 40, 130, 250]))  # 1 min, 10 min, 32 min, an hour
+            util[at:at + length] = draw(st.sampled_from([0.0, 2.0, 30.0, 95.0]))
+            procs[at:at + length] = draw(st.sampled_from([0.0, 1.0, 1.0]))
+            keep[at:at + length] = draw(st.booleans()) or draw(st.booleans())
+            at += length
+        fields = draw(st.booleans(), label=f"gpu {g} profiling fields")
+        rx = draw(st.sampled_from([1e8, 5e9]))
+        t = gpu_table(f"h{g}", 0, util, procs=procs if draw(st.booleans()) or g else None,
+                      sm=draw(st.sampled_from([0.1, 0.8])) if fields else None, tensor=0.1 if fields else None,
+                      rx=rx if fields else None, nvl=2e10 if fields else None)
+        gpus.append((owner[g], f"h{g}", 0, t.filter(pa.array(keep))))
+    lo = draw(st.integers(-3600, 3 * 3600), label="lo")
+    hi = draw(st.integers(lo + 300, 5 * 3600), label="hi")
+    return {"jobs": jobs, "gpus": gpus, "lo": lo, "hi": hi, "upkeep": draw(st.booleans(), label="upkeep")}
+
+
+def _close(x, y) -> bool:
+    return (x is None) == (y is None) and (x is None or abs(x - y) <= 1e-9 * max(1.0, abs(y)))
+
+
+@settings(max_examples=15, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])  # (no shrinking: minutes)
+@given(fleets())
+def test_states_partition_each_jobs_time_and_teams_sum_to_the_fleet(tmp_path_factory, fleet):
+    root = tmp_path_factory.mktemp("ws")
+    write(root, fleet["jobs"], fleet["gpus"], fleet["upkeep"])
+    con = open_reader(root)
+    p = Params(T0 + timedelta(seconds=fleet["lo"]), T0 + timedelta(seconds=fleet["hi"]))
+    a = Analysis(con, p, now=T0 + timedelta(days=3))
+    ws = window_states(a, Thresholds.of(p, {}))
+    # each job's known states sum to its time with data, which is the job's row of utilization by job
+    use = {r["job_key"]: r["data_gpu_h"] for r in a.utilization("job").iter_rows(named=True)}
+    for r in ws.jobs.iter_rows(named=True):
+        assert sum(r[f"{s}_gpu_h"] or 0.0 for s in STATES) == pytest.approx(r["data_gpu_h"], abs=1e-9)
+        assert r["data_gpu_h"] == pytest.approx(use[r["job_key"]], abs=1e-9)
+        assert all((r[f"{s}_gpu_h"] or 0.0) >= -1e-12 for s in STATES)
+        # a state whose fields none of the job's busy time has is unknown, and its time is unresolved
+        if r["input_bound_gpu_h"] is None:
+            assert r["busy_unresolved_gpu_h"] > 0 and "DCGM_FI_PROF_SM_ACTIVE" in r["unknown_fields"]
+    gpus_with_fields = {key for key, _, _, t in fleet["gpus"] if t["sm_active"].null_count == 0}
+    for r in ws.jobs.iter_rows(named=True):
+        if r["job_key"] not in gpus_with_fields and r["busy_unresolved_gpu_h"] > 0:
+            assert r["input_bound_gpu_h"] is None
+    # the teams sum to the fleet, state by state (an unknown state: left out, None where all are)
+    for s in STATES:
+        for u in ("gpu_h", "cost"):
+            col = ws.teams[f"{s}_{u}"]
+            want = None if col.null_count() == len(col) or (u == "cost" and col.null_count()) else float(col.sum())
+            if u == "gpu_h" or not col.null_count():
+                assert _close(ws.fleet[f"{s}_{u}"], want), (s, u, ws.fleet, ws.teams.to_dicts())
+    assert ws.fleet["data_gpu_h"] == pytest.approx(float(ws.teams["data_gpu_h"].sum()) if ws.teams.height else 0.0, abs=1e-9)
+    # a filtered row equals its row unfiltered (by team and by job)
+    for r in ws.teams.iter_rows(named=True):
+        f = window_states(Analysis(con, Params(p.start, p.end, filters=Filters(account=r["account"])), now=T0 + timedelta(days=3)),
+                          Thresholds.of(p, {}))
+        assert f.teams.height == 1 and all(_close(f.teams.row(0, named=True)[c], r[c]) for c in ws.teams.columns if c not in ("cluster", "account"))
+    for r in ws.jobs.head(1).iter_rows(named=True):
+        f = window_states(Analysis(con, Params(p.start, p.end, filters=Filters(job_key=r["job_key"])), now=T0 + timedelta(days=3)),
+                          Thresholds.of(p, {}))
+        assert f.jobs.height == 1 and all(_close(f.jobs.row(0, named=True)[c], r[c]) if isinstance(r[c], float) or r[c] is None
+                                          else f.jobs.row(0, named=True)[c] == r[c] for c in ws.jobs.columns)
