@@ -232,3 +232,22 @@ def test_states_partition_each_jobs_time_and_teams_sum_to_the_fleet(tmp_path_fac
                           Thresholds.of(p, {}))
         assert f.jobs.height == 1 and all(_close(f.jobs.row(0, named=True)[c], r[c]) if isinstance(r[c], float) or r[c] is None
                                           else f.jobs.row(0, named=True)[c] == r[c] for c in ws.jobs.columns)
+
+
+def test_analyze_by_account_carries_each_rows_states(tmp_path):
+    import io
+    import json
+
+    from gpufleet.analytics import cli
+
+    hand_store(tmp_path, upkeep=False)
+    p = params()
+    r = cli.build_report(open_reader(tmp_path), p, "account", 5, None, now=T0 + timedelta(days=3))
+    rows = {row["account"]: {s["state"]: s for s in row["states"]} for row in json.loads(json.dumps(r, default=str))["utilization"]["rows"]}
+    assert rows["t2"]["input_bound"]["gpu_h"] == pytest.approx(4.0) and rows["t2"]["input_bound"]["share"] == pytest.approx(4 / 12)
+    assert rows["t1"]["no_process"]["gpu_h"] == pytest.approx(4.0)
+    assert rows["t1"]["checkpoint"]["gpu_h"] is None and "open the job" in rows["t1"]["checkpoint"]["unknown"]
+    out = io.StringIO()
+    cli.print_table(r, out)
+    assert "Where the GPU time went by account" in out.getvalue()
+    assert "states" not in cli.build_report(open_reader(tmp_path), p, "user_name", 5, None, now=T0 + timedelta(days=3))["utilization"]["rows"][0]
