@@ -61,6 +61,7 @@ from typing import Any
 import polars as pl
 
 from gpufleet.analytics import facts, sql
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.states import FIXES, LOSSES, Thresholds
 
 # the states the facts tell (in rule order) and those they do not at their grain
@@ -97,6 +98,22 @@ class WindowStates:
                              "share_pct": 100 * h / r["data_gpu_h"] if r["data_gpu_h"] else None, "cost": r[f"{s}_cost"], "fix": FIXES[s]})
         return pl.DataFrame(rows, schema={"cluster": pl.String, "account": pl.String, "rank": pl.Int64, "state": pl.String, "gpu_h": pl.Float64,
                                           "share_pct": pl.Float64, "cost": pl.Float64, "fix": pl.String})
+
+    def with_largest_loss(self, jobs: pl.DataFrame) -> pl.DataFrame:
+        """`jobs` (rows keyed by cluster, scheduler, job_key: the job list) with `largest_loss`, its
+        state and share in words ("idle 25.0 %"; None: no loss with time, or no time with data)."""
+        named = self.jobs.filter(pl.col("largest_loss").is_not_null())
+        label = named.select(*JOB_KEYS, pl.Series("largest_loss", [f"{words.state(s)} {words.pct(x)}" for s, x in
+                                                                  zip(named["largest_loss"], named["largest_loss_share_pct"])], pl.String))
+        return jobs.drop("largest_loss", strict=False).join(label, on=JOB_KEYS, how="left", nulls_equal=True, maintain_order="left")
+
+    def team_shares(self) -> pl.DataFrame:
+        """Each team's states with time, long: cluster, account, state (in words), gpu_h and
+        share_pct of its time with data (the Teams page's stacked bar)."""
+        rows = [{"cluster": r["cluster"], "account": r["account"], "state": words.state(s), "gpu_h": r[f"{s}_gpu_h"],
+                 "share_pct": 100 * r[f"{s}_gpu_h"] / r["data_gpu_h"]}
+                for r in self.teams.iter_rows(named=True) for s in STATES if r[f"{s}_gpu_h"] and r["data_gpu_h"]]
+        return pl.DataFrame(rows, schema={"cluster": pl.String, "account": pl.String, "state": pl.String, "gpu_h": pl.Float64, "share_pct": pl.Float64})
 
     def team_rows(self) -> list[dict[str, Any]]:
         """`teams` as JSON-ready rows, each with its states: [{state, gpu_h, share, cost}] (`gpufleet analyze --by account`)."""

@@ -252,6 +252,8 @@ class Bundle:
     window: Resolved  # the times these figures are for
     goodput: dict | None = None  # gpufleet.analytics.goodput.compute; None when it failed (goodput_error says why)
     goodput_error: str | None = None
+    states: Any | None = None  # gpufleet.analytics.window_states.WindowStates; None when it failed (states_error says why)
+    states_error: str | None = None
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
@@ -283,9 +285,10 @@ def window_bundle(key: tuple) -> Bundle:
             fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
         mfu_figures, mfu_err = _mfu(a)
         fall, fall_err = _goodput(s, con, a, p, w, mfu_figures)
+        states, states_err = _window_states(s, a, p)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                      computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err)
+                      computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err, states=states, states_error=states_err)
     finally:
         _close(a)
 
@@ -302,6 +305,18 @@ def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p
     except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
         log.exception("goodput waterfall failed")
         return None, f"the goodput waterfall could not be computed: {type(e).__name__}: {e}"
+
+
+def _window_states(s: dconfig.Settings, a: Analysis, p: Params) -> tuple[Any, str | None]:
+    """Where the window's GPU time went, per job and team (gpufleet.analytics.window_states) on the bundle's analysis."""
+    from gpufleet.analytics.states import thresholds
+    from gpufleet.analytics.window_states import window_states
+
+    try:
+        return window_states(a, thresholds(s.doc, s.config_path, p)), None
+    except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+        log.exception("the window's states failed")
+        return None, f"where the GPU time went could not be computed: {type(e).__name__}: {e}"
 
 
 def _close(a: Analysis) -> None:
