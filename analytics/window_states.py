@@ -45,9 +45,11 @@ communication-bound are judged on a part's means, low time included, so a job th
 within a part is whichever its mean says (all or nothing per part: a day part for whole days of a
 week's window, so a job whose pattern changes within a day differs most); no process is the
 part's no-process time outside its low runs where the per-job rule takes it first. Idle is the
-same runs in both. On the bench's day (a 10-minute startup, 90 s checkpoints every 30 min, one GPU
-20 % behind) the job's breakdown has startup 0.7 %, checkpoint 5 %, straggler 2.5 %, compute 92 %;
-the window's startup 0.7 %, compute 99.3 %.
+same runs in both. On bench/states.py's day (jobs of 16 and 64 GPUs: a 10-minute startup, 90 s
+checkpoints every 30 min, one GPU of 8 at 76 % against 95 %) each job's own breakdown has startup
+0.7 %, checkpoint 4.9 %, straggler 2.4 %, compute 92.0 %; the window's startup 0.7 % (the same),
+compute 99.3 % (its checkpoint dips and straggler shortfall inside). The hand-computed window of
+tests/test_window_states.py (a model load, a long idle stretch, compute) is the same by both.
 
 Cost: one query over the window's held parts (the idle pieces chained in one window-function
 pass), then polars over a row per job and GPU model: GPUs x buckets, not samples.
