@@ -112,7 +112,7 @@ def test_few_hours_stay_in_the_collector_even_with_a_scheduler():
 def test_cli_rebuilds_the_facts_on_dask(store, dask_cluster, tmp_path):
     written = lost_copy(store, tmp_path / "s")
     rc, text = run_collect(tmp_path, tmp_path / "s", f'dask_scheduler = "{dask_cluster.address}"\n', "--rebuild-facts")
-    assert rc == 0 and f"facts: {HOURS} hours of 5-minute facts and 1 days of hour and day facts built" in text
+    assert rc == 0 and f"facts: {HOURS} hours of 5-minute facts and 2 days of hour and day facts built" in text
     assert {f: (tmp_path / "s" / f).read_bytes() for f in written} == written
 
 
