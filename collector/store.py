@@ -242,7 +242,7 @@ class StoreWriter:
         for version in sorted(v for v in schema.MIGRATIONS if v > current):
             self.db.execute("BEGIN")
             for stmt in schema.MIGRATIONS[version]:
-                binds = {k: v for k, v in (("now", self.clock()), ("retired", _retired_tier_files(self.root))) if f"${k}" in stmt}
+                binds = {k: f() for k, f in (("now", self.clock), ("retired", lambda: _retired_tier_files(self.root))) if f"${k}" in stmt}
                 self.db.execute(stmt, binds or None)
             self.db.execute("INSERT INTO schema_version VALUES (?, ?)", [version, self.clock()])
             self.db.execute("COMMIT")
