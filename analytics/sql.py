@@ -591,16 +591,13 @@ ORDER BY j.cluster, j.partition, w0, j.job_key"""
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
 GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
 
-# the look-back's samples outside its summarised hours [$sum_from, $sum_to) (two time ranges: the
-# sample files' statistics skip the hours between). $raw_from: the first range's start, or the
-# second's when the first is empty (summaries from the look-back's start on, the usual case): a
-# bound the reader pushes into the scan, so only the open hour's rows are read
-_NOW_RAW = f"ts >= $raw_from AND ts <= $as_of AND (ts < $sum_from OR ts >= $sum_to) AND {_FILTERS}"
+# the look-back's samples
+_NOW_RAW = f"ts >= $look_from AND ts <= $as_of AND {_FILTERS}"
 
 
 def _run_start(what: str, last: str, after: str) -> str:
     """The first `what` sample (idle, noproc) after the GPU's `last` busy (or process) sample,
-    composed from its hours' facts (gpufleet.collector.schema.NOW_HOURS): in that sample's hour,
+    composed from its hours' runs (gpufleet.collector.schema.NOW_HOURS): in that sample's hour,
     else the first of a later hour; none such: the first `what` sample looked at."""
     first = f"now_first_{what}"
     return (f"CASE WHEN any_value({last}) IS NULL THEN min({first}) "
@@ -614,41 +611,14 @@ def _stretch_run_start(what: str) -> str:
             f"min(now_first_{what}) FILTER (WHERE now_first > data_from))")
 
 
-# The look-back's hours with a run facts file for the request's idle threshold and max_gap, whole
-# inside [$look_from, $as_of] (gpufleet.analytics.fleet_now takes the newest unbroken run of them)
-NOW_HOURS_IN = """
-SELECT hour FROM health_hours
-WHERE hour >= $look_from AND hour + INTERVAL 1 HOUR <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
-ORDER BY hour"""
-# ... and the newest open hour whose summary has run facts for them, of its samples before `ends`
-# (none after $as_of: then they are all the look-back's)
-NOW_OPEN_HOUR = """
-SELECT hour, ends FROM now_hours
-WHERE hour >= $look_from AND ends <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
-ORDER BY hour DESC LIMIT 1"""
-
 GPU_STATES = f"""
 WITH inv AS (
     SELECT cluster, host, gpu_uuid, gpu_instance AS gi, gpu AS inv_gpu, model AS inv_model, mig_profile AS inv_mig, fb_total_mib
     FROM gpus
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
       AND {_FILTERS}
-), summarised AS (
-    -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a run facts file for
-    -- this idle threshold and max_gap, or with an open hour's run facts up to $sum_to. A GPU that
-    -- changed model (name) within an hour has a row per model, each with the GPU-hour's facts: not
-    -- de-duplicated (0.9-1.6 s at 100,000 GPUs), as every figure below is a min, max, any_value or
-    -- arg_max over them and a twin row's lag is its twin (no gap: the stretch is its twin's)
-    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
-    FROM gpu_health_hours WHERE hour >= $sum_from AND hour + INTERVAL 1 HOUR <= $sum_to AND ($cluster IS NULL OR cluster = $cluster)
-    UNION ALL BY NAME
-    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
-    FROM gpu_now_hours WHERE hour >= $sum_from AND hour < $sum_to AND $sum_to < hour + INTERVAL 1 HOUR
-      AND ($cluster IS NULL OR cluster = $cluster)
 ), c AS (
-    -- ... and the same facts from the raw samples of the rest of the look-back: an hour at a time
-    SELECT * FROM summarised
-    UNION ALL BY NAME
+    -- each GPU's runs over the look-back's samples, an hour at a time (composed below)
     SELECT * FROM ({NOW_HOURS.format(source="gpu_samples", where=_NOW_RAW)})
 ), c1 AS (
     -- an hour whose first sample follows a gap longer than max_gap (or is the first looked at)
