@@ -3,6 +3,7 @@ when one is unavailable a test skips with the reason, or fails under CI=true (re
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -104,39 +105,99 @@ def slurm_cluster(request, tmp_path_factory) -> SlurmCluster:
     return cluster
 
 
-def _scheduling_scopes() -> dict[str, str]:
-    """Test file -> the scope its tests are scheduled in: "slurm" for every file that uses the one real
-    Slurm cluster (it starts once, on one worker), the file itself where it builds module fixtures
-    (stores, demo histories: built once), nothing (each test on its own) for the rest. Read from the
-    files' text because xdist's controller schedules node ids before any worker has collected."""
-    scopes = {}
-    for path in Path(__file__).parent.glob("test_*.py"):
-        text = path.read_text()
-        name = f"tests/{path.name}"
-        if "slurm_cluster" in text:
-            scopes[name] = "slurm"
-        elif 'scope="module"' in text or 'scope="class"' in text:
-            scopes[name] = name
-    return scopes
+SHARED_SCOPES = {"module", "class", "package"}
+
+
+def _fixture_decorator(node: ast.FunctionDef) -> dict | None:
+    """{"scope": ..., "autouse": ...} when the function is a pytest fixture, else None."""
+    for d in node.decorator_list:
+        call = d if isinstance(d, ast.Call) else None
+        target = call.func if call else d
+        if isinstance(target, ast.Attribute) and target.attr == "fixture" or isinstance(target, ast.Name) and target.id == "fixture":
+            kw = {k.arg: k.value.value for k in (call.keywords if call else []) if isinstance(k.value, ast.Constant)}
+            return {"scope": kw.get("scope", "function"), "autouse": bool(kw.get("autouse"))}
+    return None
+
+
+def _arguments(node: ast.FunctionDef) -> list[str]:
+    """The names a test or fixture asks for: its parameters and @pytest.mark.usefixtures' names."""
+    names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+    for d in node.decorator_list:
+        attr = d.func.attr if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) else getattr(getattr(d, "func", None), "id", None)
+        if attr == "usefixtures":
+            names += [a.value for a in d.args if isinstance(a, ast.Constant)]
+        elif attr == "given":  # (hypothesis' arguments: the last ones, or named)
+            names = [n for n in names[:len(names) - len(d.args)] if n not in {k.arg for k in d.keywords}]
+    return names
+
+
+def scheduling_groups(tests_dir: Path = Path(__file__).parent) -> dict[tuple[str, str], str]:
+    """(test file, test function) -> the group its tests are scheduled in: "slurm" for a test that
+    uses the one real Slurm cluster (it starts once, on one worker), the file for a test that uses
+    a fixture the file builds once (module or class scope, also one imported from another test
+    file: a store, the demo's week, a golden scenario); absent: on its own, whichever worker is
+    free - also a test of such a file that uses none of them. Read from the files' source because
+    xdist's controller schedules node ids before any worker has collected a fixture."""
+    modules = {}
+    for path in tests_dir.glob("test_*.py"):
+        try:
+            tree = ast.parse(path.read_text())
+        except SyntaxError:  # (its collection says so, on the workers)
+            continue
+        fixtures, imported, tests = {}, {}, {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1].startswith("test_"):
+                imported.update({a.asname or a.name: (node.module.split(".")[-1], a.name) for a in node.names})
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                fixture = _fixture_decorator(node)
+                if fixture:
+                    fixtures[node.name] = dict(fixture, args=_arguments(node))
+                elif node.name.startswith("test"):
+                    tests[node.name] = _arguments(node)
+        modules[path.stem] = (fixtures, imported, tests)
+
+    def kind(module: str, name: str, seen: frozenset = frozenset()) -> str | None:
+        """"slurm", "shared" (a module-scoped fixture on the way) or None for a fixture name as `module` sees it."""
+        if name == "slurm_cluster":
+            return "slurm"
+        fixtures, imported, _ = modules.get(module, ({}, {}, {}))
+        if name not in fixtures and name in imported and (module, name) not in seen:
+            return kind(*imported[name], seen | {(module, name)})
+        f = fixtures.get(name)
+        if f is None or (module, name) in seen:
+            return None
+        found = {kind(module, a, seen | {(module, name)}) for a in f["args"]}
+        return "slurm" if "slurm" in found else "shared" if f["scope"] in SHARED_SCOPES or "shared" in found else None
+
+    groups = {}
+    for module, (fixtures, _, tests) in modules.items():
+        autouse = [n for n, f in fixtures.items() if f["autouse"]]
+        for test, args in tests.items():
+            found = {kind(module, a) for a in [*args, *autouse]}
+            if found - {None}:
+                groups[(f"tests/{module}.py", test)] = "slurm" if "slurm" in found else f"tests/{module}.py"
+    return groups
 
 
 def pytest_xdist_make_scheduler(config, log):
     """Parallel workers (pytest-xdist): tests go one by one to whichever worker is free, except those
-    sharing a costly fixture, which go together (see _scheduling_scopes)."""
+    sharing a costly fixture, which go together (scheduling_groups)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    scopes = _scheduling_scopes()
+    groups = scheduling_groups()
 
     class SharedFixtureScheduling(LoadScopeScheduling):
         started = False
 
         def _split_scope(self, nodeid: str) -> str:
-            return scopes.get(nodeid.split("::", 1)[0], nodeid)
+            file, _, test = nodeid.partition("::")
+            return groups.get((file, test.split("[", 1)[0].rsplit("::", 1)[-1]), nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if not self.started:  # the long ones first (the Slurm group, SLOW), so they do not trail the run
+            if not self.started:  # the long ones first (the Slurm group, SLOW: most slow tests first), so they do not trail the run
                 self.started = True
-                for scope in [s for s, ids in self.workqueue.items() if s == "slurm" or any(i.startswith(SLOW) for i in ids)]:
+                slow = {s: sum(i.startswith(SLOW) for i in ids) + (10**6 if s == "slurm" else 0) for s, ids in self.workqueue.items()}
+                for scope in sorted((s for s, n in slow.items() if n), key=slow.get):
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
