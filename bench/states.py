@@ -179,14 +179,13 @@ print(json.dumps({"analysis_s": runs[1][0], "states_s": runs[1][1], "idle_s": ru
 
 
 def with_facts(root: Path) -> None:
-    """The store's facts (and summaries), as the collector's upkeep builds them, for every closed hour."""
+    """The store's facts, as the collector's upkeep builds them, for every closed hour."""
     from gpufleet.collector.maintenance import compact
     from gpufleet.collector.store import StoreWriter
-    from gpufleet.collector.summaries import SummaryParams
 
     w = StoreWriter(root)
     try:
-        compact(w, START + 2 * DAY, SummaryParams(), facts_hours=None)
+        compact(w, START + 2 * DAY, facts_hours=None)
         w.publish()
     finally:
         w.close()

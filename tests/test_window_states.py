@@ -20,10 +20,10 @@ from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.states import Thresholds, job_breakdown
 from gpufleet.analytics.window_states import STATES, window_states
 from gpufleet.collector import schema
+from gpufleet.collector.facts import FactParams
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
-from gpufleet.collector.summaries import SummaryParams
 
 T0 = datetime(2026, 3, 2)
 STEP = 15
@@ -69,7 +69,7 @@ def write(root, jobs: list[dict], gpus: list[tuple[str, str, int, pa.Table]], up
     w.commit(Batch(key="jobs", jobs=jobs, allocations=allocs))
     w.commit(Batch(key="samples", samples=schema.conform_samples(pa.concat_tables([g for *_, g in gpus]))))
     if upkeep:
-        compact(w, T0 + timedelta(days=2), SummaryParams(max_gap_s=30.0, keep_s=1800.0), facts_hours=None)
+        compact(w, T0 + timedelta(days=2), FactParams(max_gap_s=30.0, idle_min_s=1800.0), facts_hours=None)
     w.publish()
     w.close()
 
