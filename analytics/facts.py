@@ -30,7 +30,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from gpufleet.analytics import sql
+from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.collector import facts as cf
@@ -190,6 +190,18 @@ FROM ({parts}) p JOIN cap c ON c.cluster = p.cluster AND c.host = p.host AND c.g
 WHERE p.inside GROUP BY ALL
 """
 
+# One job's GPUs per bucket k of $bucket_us from the window start (timeline.job_gpu_timeline): the
+# job's parts inside the window with sample time (covered_s), summed per GPU (or MIG instance)
+# and bucket - data and busy seconds x MIG share, the memory high-water - named by the GPU's
+# earliest part's index; fits: no part crosses a bucket edge (as TIMELINE_PARTS)
+JOB_GPU_PARTS = f"""
+SELECT (p0 - $start_us) // $bucket_us AS k, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu,
+       bool_and((p1 - 1 - $start_us) // $bucket_us = (p0 - $start_us) // $bucket_us) AS fits,
+       sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s, max(fb_max_mib) AS fb_max
+FROM ({_HELD}) WHERE inside AND covered_s > 0 AND cluster = $of_cluster AND scheduler = $of_scheduler AND job_key = $of_job_key
+GROUP BY k, host, gpu_uuid, gi
+"""
+
 
 def timeline_parts(held: bool) -> str:
     """TIMELINE_PARTS of the GPUs' lead parts ("iv") or of the holders' parts (`held`: "pc")."""
@@ -310,8 +322,8 @@ class FactWindow:
         t = lo
         while t < hi:
             u = min(hi, t - t % cf.HOUR_US + cf.HOUR_US)
-            samples = self.con.sql(q, params={"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
-                                           "model": self.p.filters.model}).to_arrow_table()
+            samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
+                                                           "model": self.p.filters.model}, t, u)
             if samples.num_rows:
                 out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
                 self.raw_us += u - t
