@@ -75,24 +75,6 @@ SELECT cluster, host, gpu_uuid, gi,
 FROM wpe WHERE inside AND lead GROUP BY ALL
 """
 
-# Per GPU (or MIG instance), its lead parts inside the window: the health figures as
-# gpufleet.analytics.health.gpu_health has them (samples, XID codes and first XID, new volatile
-# ECC errors, the share of samples throttled per reason), and beside them the time-weighted ones
-# the samples allow (seconds throttled per reason, seconds with reasons known) and each
-# profiling field's known seconds and mean activity over them (NULL: never known).
-HEALTH = f"""
-SELECT cluster, host, gpu_uuid, gi, sum(samples_n)::BIGINT AS samples, sum(xid_n)::BIGINT AS xid_samples,
-       list_sort(list_distinct(flatten(list(list_transform(xid_codes, lambda c: c.code)) FILTER (WHERE xid_codes IS NOT NULL)))) AS xids,
-       make_timestamp(min(list_min(list_transform(xid_codes, lambda c: c.first_ts)))) AS first_xid,
-       {", ".join(f"arg_max({e}_last, p0) FILTER (WHERE {e}_last IS NOT NULL) - arg_min({e}_first, p0) FILTER (WHERE {e}_first IS NOT NULL) "
-                  f"AS {e}_new" for e in cf.ECC_COUNTERS)},
-       sum(reasons_known_s) AS reasons_known_s,
-       {", ".join(f"CASE WHEN sum(reasons_known_n) > 0 THEN 100.0 * sum({r}_n) / sum(reasons_known_n) END AS {r}_pct, "
-                  f"sum({r}_s) AS {r}_s" for r in cf.THROTTLE_REASONS)},
-       {", ".join(f"sum({f}_known_s) AS {f}_known_s, sum({f}_s) / nullif(sum({f}_known_s), 0) AS {f}_mean" for f in cf.PROFILING)}
-FROM wpe WHERE inside AND lead GROUP BY ALL
-"""
-
 # Per job (its held parts inside the window, seconds x MIG share): MFU's estimate inputs, as
 # Analysis.allocation_detail adds them up (analytics.mfu.tensor_use): all sampled time (any_s),
 # time with tensor activity known, tensor x seconds, and over the time with an SM clock too its
@@ -388,8 +370,8 @@ class FactWindow:
         return r.group_by(keys).agg((pl.sum("gpu_s") / 3600).alias("gpu_h")).filter(pl.col("gpu_h") > 0).sort(keys)
 
     def health(self) -> pl.DataFrame:
-        """Per GPU: HEALTH's figures (health is about GPUs: the job filters do not apply)."""
-        return self.q(HEALTH)
+        """Per GPU: sql.HEALTH_FROM_FACTS' figures (health is about GPUs: the job filters do not apply)."""
+        return self.q(sql.HEALTH_FROM_FACTS)
 
     def job_tensor_use(self) -> pl.DataFrame:
         """Per job: JOB_TENSOR's sums, MFU's estimate inputs."""

@@ -101,7 +101,7 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
     if facts:
         w = FactWindow(con, params, max_grain=_grain(bucket))
         try:
-            answers = {"gpus": lambda: w.q(sql.HEALTH_FROM_FACTS), "events": lambda: _events(w),
+            answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w),
                        "temperature": lambda: w.q(sql.TEMPERATURE_FROM_FACTS, **extra)}
             got = {k: answers[k]() for k in what}
         finally:
