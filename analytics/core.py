@@ -29,7 +29,7 @@ from gpufleet.analytics.stretches import SCHEMA as STRETCH_SCHEMA
 from gpufleet.analytics.timeline import timeline_bucket
 # (the window's helpers facts.py shares live in window.py; core's names too)
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
-from gpufleet.times import epoch_us, from_epoch_us, utcnow
+from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
@@ -198,6 +198,15 @@ def with_utilization(out: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     ).sort(keys or [pl.lit(0)])
 
 
+def on_the_grid(p: Params) -> int | None:
+    """The analysis' parts are cut at its default timeline's bucket edges (microseconds apart) where
+    those fall on the 5-minute grid of the facts; else (a window typed to the minute) not: cut
+    there, every bucket of the window would be read raw, for a timeline asked or not (a timeline
+    then reads the window's parts again, cut at its buckets' edges: timeline.bucketed_parts)."""
+    b_us = round(timeline_bucket(p).total_seconds() * 1_000_000)
+    return b_us if epoch_us(p.start) % facts.FIVE_US == 0 and b_us % facts.FIVE_US == 0 else None
+
+
 def line_variants(gt: Any) -> pl.DataFrame:
     """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime)
     named by its first variant (by vid) - its gpu index, its first known model, its MIG share -
@@ -240,7 +249,7 @@ class Analysis:
         """Every figure from the window's fact parts (analytics/facts.py FactWindow: the store's
         facts where it has them, the rest cut from raw samples by the same rule), on this
         analysis' own cursor; a filter is a WHERE clause on the parts. The parts are cut at the
-        default timeline's bucket edges (timeline.timeline_bucket), so its timeline is their sums.
+        default timeline's bucket edges where they lie on the facts' grid (on_the_grid), so its timeline is their sums.
         `raw`: every sample read into arrays instead (analytics/gputime.py) - the tests' oracle.
         `detail` (raw only): read the detail columns (memory, tensor activity, clock) at once, for
         an analysis that will ask for per-job detail anyway (one read of the window, not two)."""
@@ -260,7 +269,7 @@ class Analysis:
             self.con.register("variants", self.gt.gpus.to_arrow())
             self._allocation_use()
         else:
-            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=round(timeline_bucket(params).total_seconds() * 1_000_000))
+            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=on_the_grid(params))
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
             self._allocation_parts()
         # per_gpu() and idle_stretches() read only the data above, which never changes after
@@ -283,15 +292,10 @@ class Analysis:
         return self.q("SELECT cluster, host, gpu_uuid, gi, gid FROM wgpu")
 
     def edge_warnings(self) -> list[str]:
-        """A warning for each cut of the window (an edge, or its timeline's bucket edge, inside a
-        5-minute bucket) whose raw samples retention has retired while the bucket's facts stay:
-        its minutes inside the window have no data, which the figures count as such - said, so
-        it is not taken for an outage. (The raw path has none: it reads samples only.)"""
-        if self.fw is None:
-            return []
-        return [f"{from_epoch_us(t):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a 5-minute bucket whose raw samples "
-                "retention has retired (its facts are kept): the bucket's part inside the window has no data; an edge on the "
-                "5-minute grid gets every figure" for t in sorted(set(self.fw.retired))]
+        """facts.edge_warnings of this window (a window edge in a bucket whose raw samples
+        retention retired: its minutes there have no data). The raw path has none: it reads
+        samples only."""
+        return [] if self.raw else facts.edge_warnings(self.con, self.p)
 
     def _allocation_parts(self) -> None:
         """alv from the parts (facts.ALLOCATION_PARTS): each allocation's data and busy seconds

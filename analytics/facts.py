@@ -30,11 +30,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from gpufleet.analytics import sql
+from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.collector import facts as cf
-from gpufleet.times import epoch_us, utcnow
+from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 FIVE_US = cf.GRAIN_5M * 1_000_000
 
@@ -51,6 +51,12 @@ WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.mode
 STORED_PARTS = "SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi)"
 # whether the 5-minute facts of [$lo, $hi) have any data
 FACT_DATA = "SELECT coalesce(sum(covered_s), 0) > 0 FROM fact_parts WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi"
+# whether any raw sample (within the filters) holds into [$lo, $hi): a cut's, for edge_warnings
+CUT_SAMPLE = """SELECT 1 FROM gpu_samples WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi)
+  AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) LIMIT 1"""
+# whether the reader has the facts' views (a store of before them has not)
+HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views() UNION ALL SELECT table_name FROM duckdb_tables()) "
+             "WHERE n IN ('fact_files', 'fact_parts')")
 # which buckets the store has facts of, for these parameters
 STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b FROM fact_files WHERE tag = $tag"
 
@@ -66,24 +72,6 @@ PER_GPU_USE = """
 SELECT cluster, host, gpu_uuid, gi,
        sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s,
        sum(CASE WHEN job_key IS NOT NULL THEN data_s * equiv ELSE 0 END) AS alloc_data_s
-FROM wpe WHERE inside AND lead GROUP BY ALL
-"""
-
-# Per GPU (or MIG instance), its lead parts inside the window: the health figures as
-# gpufleet.analytics.health.gpu_health has them (samples, XID codes and first XID, new volatile
-# ECC errors, the share of samples throttled per reason), and beside them the time-weighted ones
-# the samples allow (seconds throttled per reason, seconds with reasons known) and each
-# profiling field's known seconds and mean activity over them (NULL: never known).
-HEALTH = f"""
-SELECT cluster, host, gpu_uuid, gi, sum(samples_n)::BIGINT AS samples, sum(xid_n)::BIGINT AS xid_samples,
-       list_sort(list_distinct(flatten(list(list_transform(xid_codes, lambda c: c.code)) FILTER (WHERE xid_codes IS NOT NULL)))) AS xids,
-       make_timestamp(min(list_min(list_transform(xid_codes, lambda c: c.first_ts)))) AS first_xid,
-       {", ".join(f"arg_max({e}_last, p0) FILTER (WHERE {e}_last IS NOT NULL) - arg_min({e}_first, p0) FILTER (WHERE {e}_first IS NOT NULL) "
-                  f"AS {e}_new" for e in cf.ECC_COUNTERS)},
-       sum(reasons_known_s) AS reasons_known_s,
-       {", ".join(f"CASE WHEN sum(reasons_known_n) > 0 THEN 100.0 * sum({r}_n) / sum(reasons_known_n) END AS {r}_pct, "
-                  f"sum({r}_s) AS {r}_s" for r in cf.THROTTLE_REASONS)},
-       {", ".join(f"sum({f}_known_s) AS {f}_known_s, sum({f}_s) / nullif(sum({f}_known_s), 0) AS {f}_mean" for f in cf.PROFILING)}
 FROM wpe WHERE inside AND lead GROUP BY ALL
 """
 
@@ -190,6 +178,18 @@ FROM ({parts}) p JOIN cap c ON c.cluster = p.cluster AND c.host = p.host AND c.g
 WHERE p.inside GROUP BY ALL
 """
 
+# One job's GPUs per bucket k of $bucket_us from the window start (timeline.job_gpu_timeline): the
+# job's parts inside the window with sample time (covered_s), summed per GPU (or MIG instance)
+# and bucket - data and busy seconds x MIG share, the memory high-water - named by the GPU's
+# earliest part's index; fits: no part crosses a bucket edge (as TIMELINE_PARTS)
+JOB_GPU_PARTS = f"""
+SELECT (p0 - $start_us) // $bucket_us AS k, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu,
+       bool_and((p1 - 1 - $start_us) // $bucket_us = (p0 - $start_us) // $bucket_us) AS fits,
+       sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s, max(fb_max_mib) AS fb_max
+FROM ({_HELD}) WHERE inside AND covered_s > 0 AND cluster = $of_cluster AND scheduler = $of_scheduler AND job_key = $of_job_key
+GROUP BY k, host, gpu_uuid, gi
+"""
+
 
 def timeline_parts(held: bool) -> str:
     """TIMELINE_PARTS of the GPUs' lead parts ("iv") or of the holders' parts (`held`: "pc")."""
@@ -234,7 +234,6 @@ class FactWindow:
         register_prices(self.con, params)
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
-        self.retired: list[int] = []  # starts (epoch us) of cuts read raw where retention has retired the samples the facts had
         self._parts()
         for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
             self.con.execute(stmt, sql.bound(stmt, self.bind))
@@ -242,9 +241,8 @@ class FactWindow:
     # --- tiling ---
 
     def _stored(self) -> dict[int, set[int]]:
-        have = {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()").fetchall()}
         out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
-        if "fact_files" in have:
+        if self.con.execute(HAS_FACTS).fetchall()[0][0]:
             for g, b in self.con.execute(STORED_BUCKETS, {"tag": self.fp.tag()}).fetchall():
                 out[g].add(b)
         return out
@@ -289,7 +287,7 @@ class FactWindow:
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
             for grain, a, b in self.tile(lo, hi, stored):
                 if grain is None:
-                    tables += self._raw(a, b, stored[cf.GRAIN_5M])
+                    tables += self._raw(a, b)
                 else:
                     q = STORED_PARTS
                     tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
@@ -306,24 +304,19 @@ class FactWindow:
         edges = [*range(s, e, self.grid_us), e]
         return list(zip(edges[:-1], edges[1:]))
 
-    def _raw(self, lo: int, hi: int, hours_5m: set[int]) -> list[pa.Table]:
-        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys). A
-        cut of an hour with 5-minute facts (`hours_5m`) that finds no sample where those facts
-        have data was retired by retention: noted in `retired` (Analysis.edge_warnings)."""
+    def _raw(self, lo: int, hi: int) -> list[pa.Table]:
+        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys)."""
         out = []
         where = "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
         q = cf.samples_query("gpu_samples", where)
         t = lo
         while t < hi:
             u = min(hi, t - t % cf.HOUR_US + cf.HOUR_US)
-            samples = self.con.sql(q, params={"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
-                                           "model": self.p.filters.model}).to_arrow_table()
+            samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
+                                                           "model": self.p.filters.model}, t, u)
             if samples.num_rows:
                 out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
                 self.raw_us += u - t
-            elif t - t % cf.HOUR_US in hours_5m and self.con.execute(
-                    FACT_DATA, {"tag": self.fp.tag(), "lo": t - t % FIVE_US, "hi": u}).fetchall()[0][0]:
-                self.retired.append(t)
             t = u
         return out
 
@@ -383,8 +376,8 @@ class FactWindow:
         return r.group_by(keys).agg((pl.sum("gpu_s") / 3600).alias("gpu_h")).filter(pl.col("gpu_h") > 0).sort(keys)
 
     def health(self) -> pl.DataFrame:
-        """Per GPU: HEALTH's figures (health is about GPUs: the job filters do not apply)."""
-        return self.q(HEALTH)
+        """Per GPU: sql.HEALTH_FROM_FACTS' figures (health is about GPUs: the job filters do not apply)."""
+        return self.q(sql.HEALTH_FROM_FACTS)
 
     def job_tensor_use(self) -> pl.DataFrame:
         """Per job: JOB_TENSOR's sums, MFU's estimate inputs."""
@@ -392,6 +385,35 @@ class FactWindow:
 
     def close(self) -> None:
         self.con.close()
+
+
+def edge_warnings(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
+    """A warning for each window edge inside a 5-minute bucket whose raw samples retention has
+    retired while the bucket's facts stay: the window's minutes of that bucket are read raw and
+    find no sample, so its figures count them as no data - said, so it is not taken for an outage.
+    Two small reads an edge off the 5-minute grid (the cut's first sample, the bucket's facts);
+    none for an edge on it. Every surface says them (analyze's JSON, each window page)."""
+    fp = cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
+                       idle_min_s=params.idle_min_duration.total_seconds())
+    s, e = epoch_us(params.start), epoch_us(params.end)
+    cur = con.cursor()
+    try:
+        if not cur.execute(HAS_FACTS).fetchall()[0][0]:
+            return []
+        out = []
+        for lo, hi in ((s, s - s % FIVE_US + FIVE_US), (e - e % FIVE_US, e)):
+            if lo % FIVE_US == hi % FIVE_US == 0:
+                continue
+            bind = {"lo": lo, "hi": hi, "gap_us": fp.gap_us, "cluster": params.filters.cluster, "model": params.filters.model}
+            if raw_reads.read(cur, "edge", CUT_SAMPLE, bind, lo, hi).num_rows:
+                continue
+            if cur.execute(FACT_DATA, {"tag": fp.tag(), "lo": lo - lo % FIVE_US, "hi": hi}).fetchall()[0][0]:
+                out.append(f"{from_epoch_us(s if lo == s else e):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a 5-minute "
+                           "bucket whose raw samples retention has retired (its facts are kept): the bucket's part inside the "
+                           "window has no data; an edge on the 5-minute grid gets every figure")
+        return out
+    finally:
+        cur.close()
 
 
 def window_totals(con: duckdb.DuckDBPyConnection, params: Params, now: datetime | None = None) -> dict[str, float | None]:

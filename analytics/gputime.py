@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from gpufleet.analytics import sql
+from gpufleet.analytics import raw_reads, sql
 from gpufleet.times import epoch_us
 
 
@@ -52,8 +52,8 @@ class GpuTime:
     def _build(self, con: Any, bind: dict[str, Any], detail: bool, held_only: bool) -> None:
         q = {(False, False): sql.SAMPLE_ARRAYS, (True, False): sql.SAMPLE_ARRAYS_DETAIL,
              (False, True): sql.SAMPLE_ARRAYS_HELD, (True, True): sql.SAMPLE_ARRAYS_HELD_DETAIL}[(detail, held_only)]
-        tab = con.sql(q, params=sql.bound(q, bind)).to_arrow_table()
         xstart, xend = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
+        tab = raw_reads.read(con, "raw path", q, sql.bound(q, bind), xstart, xend)
         gap = round(bind["max_gap"] * 1_000_000)
         self.base = xstart - gap - 1
         self.span = (xend - self.base) + 2 * gap + 1  # the last interval of a GPU ends before the next GPU's keys
@@ -425,7 +425,7 @@ def _variants(con: Any, bind: dict[str, Any], hashes: np.ndarray) -> pl.DataFram
         if missing.height:
             q = sql.SAMPLE_VARIANTS
             con.register("_want_h", missing.to_arrow())
-            more = pl.from_arrow(con.sql(q, params=sql.bound(q, bind)).to_arrow_table())
+            more = pl.from_arrow(raw_reads.read(con, "raw path", q, sql.bound(q, bind), epoch_us(bind["xstart"]), epoch_us(bind["xend"])))
             found = pl.concat([found, more], how="vertical_relaxed")
     finally:
         con.unregister("_want_h")

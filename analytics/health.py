@@ -39,10 +39,11 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpufleet.analytics import sql
+from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.facts import FactWindow
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import GRAIN_1D, GRAIN_1H, GRAIN_5M
+from gpufleet.times import epoch_us
 
 
 def _binds(params: Params, **extra: Any) -> dict[str, Any]:
@@ -50,10 +51,12 @@ def _binds(params: Params, **extra: Any) -> dict[str, Any]:
     return {"start": params.start, "end": params.end, "cluster": f.cluster, "model": f.model, **extra}
 
 
-def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:
+def _raw(con: duckdb.DuckDBPyConnection, kind: str, query: str, params: Params, **extra: Any) -> pl.DataFrame:
+    """A raw query over the window's samples on a cursor of its own, counted (raw_reads) as `kind`."""
     cur = con.cursor()
     try:
-        return pl.from_arrow(cur.sql(query, params=sql.bound(query, binds)).to_arrow_table())
+        t = raw_reads.read(cur, kind, query, sql.bound(query, _binds(params, **extra)), epoch_us(params.start), epoch_us(params.end))
+        return pl.from_arrow(t)
     finally:
         cur.close()
 
@@ -72,11 +75,11 @@ def _events(w: FactWindow) -> pl.DataFrame:
     found = []
     for lo, hi in sorted(set(zip(mixed["p0"].to_pylist(), mixed["p1"].to_pylist()))):
         cur.register("_health_mixed", mixed.filter(pc.and_(pc.equal(mixed["p0"], lo), pc.equal(mixed["p1"], hi))))
-        found.append(cur.sql(sql.EVENTS_OF_MIXED_PARTS, params={"lo": lo, "hi": hi}).to_arrow_table())
+        found.append(raw_reads.read(cur, "health events", sql.EVENTS_OF_MIXED_PARTS, {"lo": lo, "hi": hi}, lo, hi))
         cur.unregister("_health_mixed")
     if not found:  # (the query answers its empty table)
         cur.register("_health_mixed", mixed)
-        found.append(cur.sql(sql.EVENTS_OF_MIXED_PARTS, params={"lo": 0, "hi": 0}).to_arrow_table())
+        found.append(raw_reads.read(cur, "health events", sql.EVENTS_OF_MIXED_PARTS, {"lo": 0, "hi": 0}, 0, 0))
         cur.unregister("_health_mixed")
     cur.register("_health_mixed_events", pa.concat_tables(found))
     try:
@@ -98,13 +101,13 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
     if facts:
         w = FactWindow(con, params, max_grain=_grain(bucket))
         try:
-            answers = {"gpus": lambda: w.q(sql.HEALTH_FROM_FACTS), "events": lambda: _events(w),
+            answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w),
                        "temperature": lambda: w.q(sql.TEMPERATURE_FROM_FACTS, **extra)}
             got = {k: answers[k]() for k in what}
         finally:
             w.close()
     else:
-        got = {k: _q(con, _RAW[k], _binds(params, **extra)) for k in what}
+        got = {k: _raw(con, "raw path", _RAW[k], params, **extra) for k in what}
     return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in got.items()}
 
 
@@ -146,4 +149,4 @@ def job_gpu_sources(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 
 def foreign_processes(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
     """The GPUs on which jobs not allocated them ran processes in the window (sql.FOREIGN_PROCESS_GPUS)."""
-    return _q(con, sql.FOREIGN_PROCESS_GPUS, _binds(params))
+    return _raw(con, "foreign processes", sql.FOREIGN_PROCESS_GPUS, params)

@@ -34,6 +34,7 @@ from typing import Any
 
 from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS,
                                       LINE_COLUMNS, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
+from gpufleet.collector.facts import PROFILING, THROTTLE_REASONS
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -878,7 +879,12 @@ def _throttled_share(reason: str) -> str:
     return f"CASE WHEN sum(reasons_known_n) > 0 THEN 100.0 * sum({reason}_n) / sum(reasons_known_n) END"
 
 
-# GPU_HEALTH's answer from the window's parts
+# Per GPU (or MIG instance), its lead parts inside the window (health is about GPUs: the job filters
+# do not apply): GPU_HEALTH's answer, and beside it (HEALTH_TIME_WEIGHTED) the time-weighted figures
+# the samples allow - XID samples, seconds throttled per reason and with reasons known, each
+# profiling field's known seconds and mean activity over them (NULL: never known). A GPU whose parts
+# inside the window hold no sample of their own (a sample before it holding in) has samples 0 and
+# only those: gpufleet.analytics.health.gpu_health leaves it out, as the raw query has no row of it.
 HEALTH_FROM_FACTS = f"""
 SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample_ts) AS model,
        sum(samples_n)::BIGINT AS samples, make_timestamp(min(first_sample_ts)) AS first_sample,
@@ -894,9 +900,14 @@ SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample_ts) AS model,
        {_first_to_last("pcie_replay")} AS pcie_replays,
        {_throttled_share("thermal_throttle")} AS thermal_throttle_pct, {_throttled_share("power_throttle")} AS power_throttle_pct,
        {_throttled_share("hw_slowdown")} AS hw_slowdown_pct,
-       {_first_to_last("thermal_viol")} / 1e9 AS thermal_violation_s, {_first_to_last("power_viol")} / 1e9 AS power_violation_s
-FROM ({_HEALTH_PARTS}) GROUP BY {_KEY}
+       {_first_to_last("thermal_viol")} / 1e9 AS thermal_violation_s, {_first_to_last("power_viol")} / 1e9 AS power_violation_s,
+       sum(xid_n)::BIGINT AS xid_samples, sum(reasons_known_s) AS reasons_known_s,
+       {", ".join(f"sum({r}_s) AS {r}_s" for r in THROTTLE_REASONS)},
+       {", ".join(f"sum({f}_known_s) AS {f}_known_s, sum({f}_s) / nullif(sum({f}_known_s), 0) AS {f}_mean" for f in PROFILING)}
+FROM wpe WHERE inside AND lead GROUP BY {_KEY}
 """
+HEALTH_TIME_WEIGHTED = ("xid_samples", "reasons_known_s", *(f"{r}_s" for r in THROTTLE_REASONS),
+                        *(f"{f}_{x}" for f in PROFILING for x in ("known_s", "mean")))
 
 # TEMPERATURE_BY_HOST's answer from the window's parts (none crosses a $bucket edge: the window is
 # read at grains that divide the bucket)

@@ -440,7 +440,8 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
     rows in SQL: gpu_states orders a GPU's samples by time itself)."""
     import pyarrow as pa
 
-    from gpufleet.analytics import sql
+    from gpufleet.analytics import raw_reads, sql
+    from gpufleet.times import epoch_us
 
     cur = con.cursor()
     try:
@@ -459,7 +460,8 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
         bind.update(lo=epoch0 + timedelta(seconds=min(r["a0"] for r in allocations)) - p.max_gap,
                     hi=epoch0 + timedelta(seconds=max(r["a1"] for r in allocations)),
                     host_lo=min(r["host"] for r in allocations), host_hi=max(r["host"] for r in allocations))
-        rows = cur.sql(sql.JOB_STATE_SAMPLES, params=sql.bound(sql.JOB_STATE_SAMPLES, bind)).to_arrow_table()
+        rows = raw_reads.read(cur, "job states", sql.JOB_STATE_SAMPLES, sql.bound(sql.JOB_STATE_SAMPLES, bind),
+                              epoch_us(bind["lo"]), epoch_us(bind["hi"]))
     finally:
         cur.close()
     # each allocation's rows: a slice of the row numbers ordered by k (stable: a GPU's rows keep their order)

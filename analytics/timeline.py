@@ -27,6 +27,7 @@ from datetime import timedelta
 import polars as pl
 
 from gpufleet.analytics import sql
+from gpufleet.analytics.facts import JOB_GPU_PARTS, FactWindow, timeline_parts
 from gpufleet.times import epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
@@ -125,20 +126,24 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
 def _parts_use(a, held: bool, bsec: float) -> pl.DataFrame:
     """Data and busy GPU-hours per bucket k from the analysis' parts inside the window
     (facts.timeline_parts: the GPUs' by cluster and model, or with `held` their holders' by
-    partition, account and user too). The analysis' parts are cut at the edges of its own
-    timeline's buckets (timeline_bucket); other buckets that would cut them read the window's
-    parts again, cut at their edges."""
-    from gpufleet.analytics.facts import FactWindow, timeline_parts
+    partition, account and user too)."""
+    return bucketed_parts(a, timeline_parts(held), bsec)
 
-    query, b_us = timeline_parts(held), round(bsec * 1_000_000)
-    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, "bucket_us": b_us})).to_arrow_table())
+
+def bucketed_parts(a, query: str, bsec: float, **extra) -> pl.DataFrame:
+    """`query` (one of per-bucket sums over the window's parts with a `fits` column: no part
+    crosses a bucket edge) for buckets of `bsec` seconds, without `fits`. The analysis' parts are
+    cut at the edges of its own timeline's buckets (timeline_bucket); other buckets that would cut
+    them read the window's parts again, cut at their edges."""
+    b_us = round(bsec * 1_000_000)
+    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, **extra, "bucket_us": b_us})).to_arrow_table())
     if out.is_empty() or out["fits"].all():
         return out.drop("fits")
     # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
     # (on a cursor of their own; what was read raw for the analysis' edges is read again)
     fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us)
     try:
-        out = fw.q(query, bucket_us=b_us)
+        out = fw.q(query, bucket_us=b_us, **extra)
     finally:
         fw.close()
     if not out["fits"].all():
@@ -228,11 +233,14 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
 
     What the job's oracle_sql.PIECES rows (tests/support) add up to, each clipped to the window
     and cut at bucket edges (w = seconds x MIG share): utilization sum(util x w) / sum(w) and
-    data_h sum(w) / 3600 over the parts with a utilization, memory the max over all parts. From the detail arrays
-    (GpuTime.bucket_detail: one slice per allocation), which the job's report has read already."""
+    data_h sum(w) / 3600 over the parts with a utilization, memory the max over all parts. From the
+    job's parts in the window's facts (facts.JOB_GPU_PARTS); the raw path (Analysis(raw=True), the
+    tests' oracle) from its detail arrays (GpuTime.bucket_detail: one slice per allocation)."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
     bsec = bucket.total_seconds()
+    if not a.raw:
+        return _job_gpu_parts(a, cluster, scheduler, job_key, bsec)
     if a.job_allocations(cluster, scheduler, job_key)["gid"].is_not_null().sum() == 0:
         return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)  # no such job, or no sample of its GPUs: no need of the detail arrays
     gt = a.detail_time()
@@ -253,4 +261,18 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
         pl.when((pl.col("util_n") > 0) & (pl.col("data_s") > 0)).then(pl.col("busy") / pl.col("data_s")).alias("utilization_pct"),
         pl.col("fb").alias("fb_used_max_mib"),
         pl.when(pl.col("util_n") > 0).then(pl.col("data_s") / 3600).alias("data_h"),
+    ).cast(JOB_TIMELINE_SCHEMA).sort("host", "gpu", "gi", "bucket", "gpu_uuid")
+
+
+def _job_gpu_parts(a, cluster: str, scheduler: str, job_key: str, bsec: float) -> pl.DataFrame:
+    """job_gpu_timeline from the window's parts: the job's, summed per GPU and bucket."""
+    out = bucketed_parts(a, JOB_GPU_PARTS, bsec, of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)
+    if out.is_empty():
+        return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)
+    known = pl.col("data_s") > 0
+    return out.select(
+        (pl.lit(a.p.start) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"), "host", "gpu", "gpu_uuid", "gi",
+        pl.when(known).then(pl.col("busy_s") / pl.col("data_s") * 100).alias("utilization_pct"),
+        pl.col("fb_max").fill_nan(None).alias("fb_used_max_mib"),
+        pl.when(known).then(pl.col("data_s") / 3600).alias("data_h"),
     ).cast(JOB_TIMELINE_SCHEMA).sort("host", "gpu", "gi", "bucket", "gpu_uuid")

@@ -538,12 +538,18 @@ class _Builder:
         if not (value >= 0 and value != math.inf):
             self.reject(lineno, f"{FOREIGN_PROCESSES} value {value!r} is not a process count")
             return
+        row = self._gpu_row(lineno, label_key, labels)
+        if row is not None:
+            column = self.values.setdefault(METRIC_TO_COLUMN[FOREIGN_PROCESSES][0], {})
+            column[row] = column.get(row, 0.0) + value
+
+    def _gpu_row(self, lineno: int, label_key: object, labels: Mapping[str, str]) -> int | None:
+        """The GPU row a per-GPU job series adds to (row_of); None where it has none, the line
+        rejected with its reason when its labels name no GPU row that could be kept."""
         row = self.row_of(label_key, labels)
         if row == KEEP_ROW:
             self.reject(lineno, self.reasons[label_key])
-        elif row >= 0:
-            column = self.values.setdefault(METRIC_TO_COLUMN[FOREIGN_PROCESSES][0], {})
-            column[row] = column.get(row, 0.0) + value
+        return row if row >= 0 else None
 
     def job_share(self, lineno: int, name: str, label_key: object, labels: Mapping[str, str], value: float) -> None:
         """gpufleet_gpu_job_sm_utilization_ratio / _memory_used_bytes{gpu,UUID,Hostname,job_id}: one job's
@@ -556,10 +562,8 @@ class _Builder:
         if not (value >= 0 and value != math.inf) or (sm and value > 1):
             self.reject(lineno, f"{name} value {value!r} is not {'a ratio in 0-1' if sm else 'a byte count'}")
             return
-        row = self.row_of(label_key, labels)
-        if row == KEEP_ROW:
-            self.reject(lineno, self.reasons[label_key])
-        elif row >= 0:
+        row = self._gpu_row(lineno, label_key, labels)
+        if row is not None:
             entry = self.shares.setdefault((row, scheduler, job_key), [None, None, []])
             entry[0 if sm else 1] = float(value)
             entry[2].append(lineno)

@@ -336,6 +336,16 @@ def _mfu(a: Analysis) -> tuple[dict[str, pl.DataFrame] | None, str | None]:
         return None, f"MFU could not be computed: {type(e).__name__}: {e}"
 
 
+@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner=False)
+def edge_warnings(key: tuple) -> list[str]:
+    """The window's edge warnings (`key`: a Resolved.key; gpufleet.analytics.facts.edge_warnings, as
+    `gpufleet analyze` gives them): every window page says them (ui.window_caption)."""
+    from gpufleet.analytics.facts import edge_warnings as warnings
+
+    s, w, p = _resolved(key)
+    return warnings(reader(w.root), p)
+
+
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the previous window (analytics)...")
 def previous_baseline(key: tuple):
     """The window of the same length just before (`key`: a Resolved.key) as a comparison base (gpufleet.analytics.trends.Baseline): its totals and
