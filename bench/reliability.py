@@ -3,7 +3,10 @@
 1. A synthetic week written into a real store through StoreWriter: GPUFLEET_BENCH_REL_GPUS H100s
    (hosts of 8) and GPUFLEET_BENCH_REL_JOBS Slurm jobs (sizes 1-64 GPUs, 1 in 50 ending FAILED or
    NODE_FAIL, a third of the failures with an XID 79 on one of their GPUs a minute before the end:
-   those GPUs' samples around it are the only samples), with every job's allocations.
+   those GPUs' samples around it are the only samples), with every job's allocations; then
+   compacted with every hour's facts built (collector.maintenance.compact), as the collector's
+   upkeep leaves a store: the report reads health events from the facts (a store without them is
+   read raw, an hour at a time: 57 s rather than 2 s at 1,024 GPUs).
 2. gpufleet.analytics.reliability_store.report over the week in a process of its own: wall time
    and peak RSS (VmHWM) are the report's own.
 
@@ -48,6 +51,7 @@ def generate(root: Path, gpus: int, jobs: int, seed: int = 54) -> None:
     import pyarrow as pa
 
     from gpufleet.collector import schema
+    from gpufleet.collector.maintenance import compact
     from gpufleet.collector.schema import Batch
     from gpufleet.collector.store import StoreWriter
 
@@ -87,6 +91,7 @@ def generate(root: Path, gpus: int, jobs: int, seed: int = 54) -> None:
             w.commit(Batch(key=f"bench-rel-{k}", jobs=rows[k:k + step], allocations=[a for a in allocs if a["job_key"] in mine],
                            samples=pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA) if k == 0 and samples else None))
         w.publish()
+        compact(w, START + WEEK + timedelta(days=1), facts_hours=None)  # every hour closed, its facts built
     finally:
         w.close()
 
@@ -95,7 +100,7 @@ def run() -> list[Table]:
     gpus = int(os.environ.get("GPUFLEET_BENCH_REL_GPUS", "1024"))
     jobs = int(os.environ.get("GPUFLEET_BENCH_REL_JOBS", "50000"))
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "reliability")
-    root = cache / f"store-{gpus}-{jobs}"
+    root = cache / f"store-{gpus}-{jobs}-facts"  # (-facts: stores cached before compaction built none)
     if not (root / "manifest.json").exists() and not any(root.glob("*manifest*")):
         progress(f"generating {gpus} GPUs, {jobs} jobs under {root}")
         t = time.monotonic()
