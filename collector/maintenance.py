@@ -522,8 +522,8 @@ def settle(w: StoreWriter, now: datetime) -> int:
 def apply_retention(w: StoreWriter, now: datetime, raw_days: int, summary_days: int = 0, facts_5m_days: int = 35,
                     facts_days: int = 400) -> int:
     """Retire sample files wholly older than `raw_days`, the facts as retire_facts has them, and
-    delete job throughput and GPU share rows older than `facts_days` (hourly, kept like the hour
-    facts); returns files retired + rows deleted + summaries retired. The summary of a closed hour
+    delete job throughput, job checkpoint and GPU share rows older than `facts_days` (kept like the
+    hour facts); returns files retired + rows deleted + summaries retired. The summary of a closed hour
     whose sample files go is kept (raw_retired) while the hour is younger than `summary_days`,
     when that is longer than raw_days (0: the summaries go with their samples); it goes then. A
     summary that cannot stand alone (of an older format: nothing could rebuild it) goes with its
@@ -545,17 +545,18 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, summary_days: 
               and e.get("format") == summaries.FORMAT_VERSION and gone.intersection(e["sources"])):
             e["raw_retired"] = now.isoformat()
     reports_cutoff = now - timedelta(days=facts_days)
-    hourly = ("job_throughput", "gpu_job_shares")  # hourly tables (job reports, shared GPUs' split): kept like hour facts
-    old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE ts < ?", [reports_cutoff]).fetchone()[0] for t in hourly}
+    # job reports (hourly throughput, checkpoints saved) and shared GPUs' hourly split, by their time column: kept like hour facts
+    hourly = {"job_throughput": "ts", "gpu_job_shares": "ts", "job_checkpoints": "saved_at"}
+    old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE {c} < ?", [reports_cutoff]).fetchone()[0] for t, c in hourly.items()}
     old_reports = sum(old_hourly.values())
     if not old and not old_reports:
         if expired or facts_gone:
             w.publish()
         return expired + facts_gone
     w.db.execute("BEGIN")
-    for t in hourly:
+    for t, c in hourly.items():
         if old_hourly[t]:
-            w.db.execute(f"DELETE FROM {t} WHERE ts < ?", [reports_cutoff])
+            w.db.execute(f"DELETE FROM {t} WHERE {c} < ?", [reports_cutoff])
             w._dirty_tables.add(t)
     for f in old:
         w.db.execute("UPDATE batches SET file = '' WHERE file = ?", [f])
@@ -563,7 +564,7 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, summary_days: 
     w.db.execute("COMMIT")
     w.invalidate()
     w.publish()
-    log.info("retention: retired %d sample files, %d facts files and %d summaries, deleted %d job throughput and GPU share rows",
+    log.info("retention: retired %d sample files, %d facts files and %d summaries, deleted %d job throughput, checkpoint and GPU share rows",
              len(old), facts_gone, expired, old_reports)
     return len(old) + facts_gone + old_reports + expired
 

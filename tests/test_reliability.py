@@ -602,3 +602,19 @@ def test_summed_attempts_count_as_listed_ones(store):
     want = r.figures(every, p.start, p.end, as_of=_t(9))
     assert got == want
 
+
+def test_retention_deletes_checkpoints_older_than_facts_days(tmp_path):
+    """Checkpoints are job reports: kept facts_days, like job throughput and the hour facts."""
+    from gpufleet.collector.maintenance import apply_retention
+    from gpufleet.collector.schema import Batch
+    from gpufleet.collector.store import StoreWriter, open_reader
+
+    t = datetime(2026, 11, 1)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    saved = lambda at: {"seen": at, "cluster": "c1", "scheduler": "slurm", "job_key": "42", "saved_at": at, "duration_s": 30.0}  # noqa: E731
+    w.commit(Batch(key="a", checkpoints=[saved(t), saved(t + timedelta(days=10))]))
+    w.publish()
+    assert apply_retention(w, t + timedelta(days=12), raw_days=35, facts_days=11) == 1  # 12 days old > 11: gone
+    w.publish()
+    w.close()
+    assert open_reader(tmp_path).execute("SELECT saved_at FROM job_checkpoints").fetchall() == [(t + timedelta(days=10),)]
