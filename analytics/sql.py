@@ -1006,12 +1006,12 @@ WHERE {_FILTERS}
 # are its evidence - only for the attempts whose cause evidence can decide (a state not in
 # $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
 # completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
-# Kept on the cursor as _rel_attempts with each attempt's number (1, 2, ... per job in start
-# order), `broken` (its state is an end other than COMPLETED: $ended_states, ENDED_STATES) and
-# `listed`: whether the report needs it as a row - an attempt of a job, or of a user/account/name,
-# with a broken attempt (the chains' candidates), one of a job that reported checkpoints, or one of
-# the $top largest of the rest (the largest chains'); the rest, completed or still running work
-# most of a fleet's attempts are, is summed in SQL (RELIABILITY_SUMMED), never read as rows.
+# Kept on the cursor as _rel_attempts with `broken` (its state is an end other than COMPLETED:
+# $ended_states, ENDED_STATES) and `listed`: whether the report needs it as a row - an attempt of
+# a job, or of a user/account/name, with a broken attempt (the chains' candidates), of a job that
+# reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
+# the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
+# (RELIABILITY_SUMMED), never read as rows.
 RELIABILITY_ATTEMPTS = f"""
 CREATE OR REPLACE TEMP TABLE _rel_attempts AS
 WITH f AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {JOB_FILTERS}),
@@ -1060,16 +1060,19 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
            EXISTS (SELECT 1 FROM job_checkpoints c WHERE c.cluster = a.cluster AND c.scheduler = a.scheduler
                    AND c.job_key = a.job_key AND c.saved_at <= $as_of) AS reported
     FROM a
+), top AS (  -- the $top largest of the rest, in the report's order (GPUs, then job and start)
+    SELECT cluster, scheduler, job_key FROM l WHERE NOT linked AND start IS NOT NULL
+    ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start LIMIT $top
 )
-SELECT *, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt,
-       linked OR reported OR (start IS NOT NULL AND row_number() OVER (
-           PARTITION BY linked OR start IS NULL ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start) <= $top) AS listed
+SELECT *, linked OR reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
+                                        AND t.job_key = l.job_key) AS listed
 FROM l
 """
-# ... the attempts the report reads as rows, in job and start order
+# ... the attempts the report reads as rows (a listed job's attempts are all listed), in job and
+# start order, numbered 1, 2, ... per job
 RELIABILITY_LISTED = """
 SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw, exit_code, user_name, account, name, nodes,
-       submit, attempt, held
+       submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt, held
 FROM _rel_attempts WHERE listed ORDER BY cluster, scheduler, job_key, start
 """
 # ... and the rest summed (gpufleet.analytics.reliability.Summed) as figures() and goodput count them:
