@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -101,10 +102,13 @@ def run() -> list[Table]:
     jobs = int(os.environ.get("GPUFLEET_BENCH_REL_JOBS", "50000"))
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "reliability")
     root = cache / f"store-{gpus}-{jobs}-facts"  # (-facts: stores cached before compaction built none)
-    if not (root / "manifest.json").exists() and not any(root.glob("*manifest*")):
+    done = root / ".generated"  # (written last: a store whose generation or compaction was cut short is made again)
+    if not done.exists():
         progress(f"generating {gpus} GPUs, {jobs} jobs under {root}")
         t = time.monotonic()
+        shutil.rmtree(root, ignore_errors=True)
         generate(root, gpus, jobs)
+        done.touch()
         progress(f"generated in {time.monotonic() - t:.0f} s")
     out = subprocess.run([sys.executable, "-c", MEASURE, str(root), START.isoformat(), (START + WEEK).isoformat()],
                          capture_output=True, text=True, check=True, cwd=ROOT)
