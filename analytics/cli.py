@@ -1,7 +1,8 @@
 """`gpufleet analyze`: the window's figures as a table for people or stable JSON for programs.
 
 JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
-filters, warnings, totals, trend, previous_window, utilization {by, rows}, top_wasteful_jobs, fairness, and
+filters, warnings, totals, trend, previous_window, utilization {by, rows; by account each row's states:
+where its GPU time went, gpufleet.analytics.window_states}, top_wasteful_jobs, fairness, and
 job (with --job; its where_time_goes: gpufleet.analytics.states.JobStates.to_json).
 Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
 money is US dollars or null when a GPU model has no price. Keys follow the vocabulary
@@ -100,12 +101,27 @@ def utilization_rows(a, by: str) -> pl.DataFrame:
     return out
 
 
+def with_states(a, by: str, out: list[dict[str, Any]], t: Any) -> list[dict[str, Any]]:
+    """By account, each row with where its GPU time went (gpufleet.analytics.window_states: its
+    states' GPU-hours, shares and cost from the window's facts; None: unknown); other dimensions as they are."""
+    if by != "account":
+        return out
+    from gpufleet.analytics.window_states import window_states
+
+    teams = {(r["cluster"], r["account"]): r for r in window_states(a, t).team_rows()}
+    for r in out:
+        team = teams.get((r.get("cluster"), r.get("account")))
+        r["states"] = None if team is None else [{k: _plain(v) for k, v in s.items()} for s in team["states"]]
+    return out
+
+
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
                  shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7),
                  state_thresholds: Any = None) -> dict[str, Any]:
     from gpufleet.analytics.core import Analysis, unknown_filter_values, unknown_gpu_jobs
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
+    from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.trends import previous_baseline
 
     a = Analysis(con, params, now=now)
@@ -125,7 +141,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "trend": rows(base.compare(totals)),
         "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,
                             "no_comparison": base.no_comparison},
-        "utilization": {"by": by, "rows": rows(utilization_rows(a, by))},
+        "utilization": {"by": by, "rows": with_states(a, by, rows(utilization_rows(a, by)), state_thresholds or Thresholds.of(params, {}))},
         "top_wasteful_jobs": rows(a.top_wasteful_jobs(top).drop(["scheduler"], strict=False)),
     }
     fair = fairness(a, shares, half_life)
@@ -145,7 +161,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
             "verdict": r.verdict, "rule": r.rule, "per_gpu": rows(r.per_gpu), "idle_stretches": rows(r.idle_stretches),
         }
         if report["job"] is not None:
-            from gpufleet.analytics.states import Thresholds, job_breakdown
+            from gpufleet.analytics.states import job_breakdown
 
             breakdown = job_breakdown(con, params, r.job["job_key"], state_thresholds or Thresholds.of(params, {}))
             report["job"]["where_time_goes"] = None if breakdown is None else breakdown.to_json()
@@ -247,9 +263,12 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     if no_comparison:
         out.write(f"  no data to compare against: {no_comparison}\n")
     u = report["utilization"]
-    hidden = ("scheduler", "gpu_uuid") if u["by"] == "cluster" else ("cluster", "scheduler", "gpu_uuid")  # the key of --by stays
+    hidden = ("scheduler", "gpu_uuid", "states") if u["by"] == "cluster" else ("cluster", "scheduler", "gpu_uuid", "states")  # the key of --by stays
     cols = [c for c in (u["rows"][0] if u["rows"] else {}) if c not in hidden]
     table(f"Utilization by {u['by']}", u["rows"], out, cols or None)
+    if u["rows"] and "states" in u["rows"][0]:
+        table("Where the GPU time went by account (GPU-hours; unknown: the facts cannot tell it)", [
+            {"account": r["account"], **{f"{s['state']}_gpu_h": s["gpu_h"] for s in r["states"] or []}} for r in u["rows"]], out)
     table("Most wasteful jobs (idle allocated GPU-hours)", report["top_wasteful_jobs"], out,
           ["job_id", "user_name", "account", "gpus", "runtime_h", "idle_gpu_h", "idle_cost"])
     f = report["fairness"]

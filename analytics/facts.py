@@ -198,6 +198,12 @@ def timeline_parts(held: bool) -> str:
     return TIMELINE_PARTS.format(keys="", parts="SELECT * FROM wpe WHERE lead")
 
 
+def held_parts() -> str:
+    """The window's held parts (wpe) with their holders' jobs, the job filters applied: what a
+    figure by job reads (analytics/window_states.py)."""
+    return _HELD
+
+
 def stretch_rows(kind: str) -> str:
     """STRETCH_ROWS of kind "idle" or "nop"."""
     return STRETCH_ROWS.format(held=_HELD, kind=kind)

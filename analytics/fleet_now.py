@@ -6,13 +6,10 @@ the same way. Definitions, and why:
 
 - Latest sample: the newest sample of each GPU (or MIG instance) at or before as_of, looked for
   within the look-back: from the start of the hour that as_of - `lookback` (default 6 h) falls in
-  (look_from), so 6 to 7 hours. Bounded so the query reads hours, not the whole store; whole
-  hours, so the hours' run facts files answer all of it but the open hour.
-- Cost: the look-back's whole hours that have a run facts file come from its per-GPU run facts
-  (gpufleet.collector.schema.NOW_HOURS, the hour's "health" file: the hour's first, last and newest sample, last busy
-  sample and first idle one after it, last gap, ...), composed hour by hour with the same facts
-  computed from the raw samples of the rest (the open hour, hours not summarised): the same
-  answers as reading every sample (summaries=False, the tests' oracle).
+  (look_from), so 6 to 7 hours. Bounded so the query reads hours, not the whole store.
+- Cost: the look-back's raw samples, summed per GPU and hour (gpufleet.collector.schema.NOW_HOURS:
+  the hour's first, last and newest sample, last busy sample and first idle one after it, last
+  gap, ...) and composed hour by hour.
 - Stale: a latest sample older than `stale_after` (default 5 min) is not the GPU's state now.
   5 min covers the Prometheus-API source (120 s lag + a 60 s interval) with room; a scrape every
   15 s is far inside it. A stale GPU shows as "no data", never as idle or busy (contract 4).
@@ -80,29 +77,6 @@ def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.
         cur.close()
 
 
-def _summarised_span(con: duckdb.DuckDBPyConnection, binds: dict[str, Any]) -> tuple[datetime, datetime]:
-    """[from, to): the newest unbroken run of the look-back's hours whose run facts files carry
-    run facts for these parameters, ending where the open hour's run facts end when they follow
-    it (from = to: none), so that the rest of the look-back is two time ranges of raw samples."""
-    cur = con.cursor()
-    try:
-        b = {k: binds[k] for k in ("as_of", "look_from", "max_gap", "thr")}
-        hours = [r[0] for r in cur.execute(sql.NOW_HOURS_IN, b).fetchall()]
-        open_hour = cur.execute(sql.NOW_OPEN_HOUR, b).fetchone()
-    finally:
-        cur.close()
-    if open_hour is not None and (not hours or open_hour[0] > hours[-1]):
-        hours.append(open_hour[0])  # the newest hour: the run ends at its facts' end
-    else:
-        open_hour = None
-    if not hours:
-        return binds["as_of"], binds["as_of"]
-    first = len(hours) - 1
-    while first > 0 and hours[first - 1] + HOUR == hours[first]:
-        first -= 1
-    return hours[first], open_hour[1] if open_hour else hours[-1] + HOUR
-
-
 def look_from(as_of: datetime, lookback: timedelta) -> datetime:
     """Where the look-back starts: the start of the hour as_of - lookback falls in."""
     return floor_time(as_of - lookback, HOUR)
@@ -118,7 +92,7 @@ def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: ti
 
 
 def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, *, stale_after: timedelta = STALE_AFTER,
-               lookback: timedelta = LOOKBACK, forget_after: timedelta = FORGET_AFTER, summaries: bool | None = None) -> pl.DataFrame:
+               lookback: timedelta = LOOKBACK, forget_after: timedelta = FORGET_AFTER) -> pl.DataFrame:
     """One row per known GPU (or MIG instance) at `as_of`: its latest sample, status and holders.
 
     Columns: cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts (latest sample),
@@ -128,16 +102,8 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     schedulers, idle_allocated, no_process, usd_per_gpu_hour.
     Filters: cluster and model narrow the GPUs; account, user, partition and job keep only the
     GPUs held now by a matching job.
-    summaries: the look-back's whole hours from their run facts files where the
-    store has them for this idle threshold and max_gap (not under a model filter: an hour's facts
-    are the GPU's, whatever model its samples say); False: every sample read (the tests' oracle);
-    None: as params.summaries ([analytics] summaries).
     """
-    b = _binds(params, as_of, stale_after, lookback, forget_after)
-    use = params.summaries if summaries is None else summaries
-    b["sum_from"], b["sum_to"] = _summarised_span(con, b) if use and params.filters.model is None else (as_of, as_of)
-    b["raw_from"] = b["look_from"] if b["look_from"] < b["sum_from"] else b["sum_to"]
-    df = _q(con, sql.GPU_STATES, b)
+    df = _q(con, sql.GPU_STATES, _binds(params, as_of, stale_after, lookback, forget_after))
     df = df.with_columns(usd_per_gpu_hour(price_table(params.prices)).alias("usd_per_gpu_hour"))
     if not_attributable_reason(params.filters) is not None:  # a job filter: the GPUs its jobs hold now
         df = df.filter(pl.col("held"))
@@ -239,22 +205,20 @@ def host_freshness(states: pl.DataFrame) -> pl.DataFrame:
 def collector_status(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
     """What the store's manifest says about the collector: last publish, its age, version, and
     the inputs it did not recognize (newest first: source, input, kind, detail, count,
-    first_seen, last_seen; see StoreWriter.note_unrecognized), and how many summarised hours wait
-    for upkeep to rebuild their summaries (`summaries`: gpufleet.collector.store.summary_backlog).
+    first_seen, last_seen; see StoreWriter.note_unrecognized).
 
     The collector publishes after every commit, so the age of the last publish is how long ago
     the collector last wrote anything. A sharded store (gpufleet.collector.shard) has one per
     shard, listed in `shards`; the top-level figures are the stalest shard's, so a dead shard
     shows. Returns {"published_at": None, ...} for a missing store.
     """
-    from gpufleet.collector.store import StoreError, read_manifests, summary_backlog
+    from gpufleet.collector.store import StoreError, read_manifests
 
     now = now or utcnow()
     try:
         parts = read_manifests(root)
     except StoreError:
-        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": [], "shards": [],
-                "summaries": summary_backlog([])}
+        return {"published_at": None, "age_s": None, "version": None, "sample_files": 0, "unrecognized": [], "shards": []}
     shards = []
     for directory, m in parts:
         try:
@@ -273,7 +237,6 @@ def collector_status(root: str | Path, now: datetime | None = None) -> dict[str,
         "age_s": stalest["age_s"],
         "version": sum(x["version"] or 0 for x in shards),
         "sample_files": sum(len(m.get("samples", [])) for _, m in parts),
-        "summaries": summary_backlog(e for _, m in parts for e in m.get("summaries", []) if isinstance(e, dict) and "hour" in e),
         "unrecognized": unrecognized,
         "shards": shards if len(parts) > 1 or shards[0]["shard"] is not None else [],
     }

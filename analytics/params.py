@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Mapping
 
-from gpufleet.collector.config import ANALYTICS_SHARED
-from gpufleet.config import ConfigError, Option, boolean, number, section, string, table
+from gpufleet.collector.config import ANALYTICS_SHARED, refuse_retired_analytics
+from gpufleet.config import ConfigError, Option, number, section, string, table
 
 DIMENSIONS = ("gpu", "host", "model", "cluster", "partition", "account", "user_name", "job", "fleet")
 
@@ -57,9 +57,6 @@ class Params:
     retire_after: timedelta = timedelta(days=7)
     prices: Mapping[str, float] = field(default_factory=dict)  # model -> $/GPU-hour (overrides)
     mfu_dtype: str = "bf16"
-    # ([analytics] summaries) core.Analysis no longer reads it (it computes from the facts); still
-    # read by the health summaries and the dashboards' hour facts until they are retired (#52)
-    summaries: bool = True
 
     def __post_init__(self) -> None:
         if self.end <= self.start:
@@ -75,13 +72,12 @@ class Params:
         return replace(self, start=self.start - length, end=self.start)
 
 
-OPTIONS = ANALYTICS_SHARED + (  # the summaries' parameters and the rebuilds' scheduler: the collector's too
+OPTIONS = ANALYTICS_SHARED + (  # the facts' parameters and the rebuilds' scheduler: the collector's too
     Option("gpu_retire_after_hours", 168.0, "a number of hours > 0 (a GPU unseen this long is no longer capacity)", number(0)),
     Option("mfu_dtype", "bf16", "one of bf16, fp16, tf32, fp8, fp64", lambda v: v in ("bf16", "fp16", "tf32", "fp8", "fp64")),
     Option("prices", {}, "a table of GPU model -> $ per GPU-hour", lambda v: isinstance(v, dict) and all(number(0, inclusive=True)(x) for x in v.values())),
     Option("store", "", "the store directory (default: [collector] store)", string),
     Option("states", {}, "a table ([analytics.states]: the thresholds of where a job's time goes)", table),
-    Option("summaries", True, "true or false (take whole 5-minute buckets from the per-GPU summaries)", boolean),
 )
 
 
@@ -94,7 +90,9 @@ def section_options() -> tuple[Any, ...]:
 
 
 def analytics_options(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
-    """The validated [analytics] section."""
+    """The validated [analytics] section (a retired key refused with what replaced it)."""
+    if isinstance(doc.get("analytics"), dict):
+        refuse_retired_analytics(doc["analytics"], path)
     return section(doc, "analytics", section_options(), path)
 
 
@@ -120,7 +118,6 @@ def from_config(doc: Mapping[str, Any], path: Any, start: datetime, end: datetim
             retire_after=timedelta(hours=opts["gpu_retire_after_hours"]),
             prices={str(k): float(v) for k, v in opts["prices"].items()},
             mfu_dtype=opts["mfu_dtype"],
-            summaries=bool(opts["summaries"]),
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None

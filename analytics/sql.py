@@ -591,16 +591,13 @@ ORDER BY j.cluster, j.partition, w0, j.job_key"""
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
 GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
 
-# the look-back's samples outside its summarised hours [$sum_from, $sum_to) (two time ranges: the
-# sample files' statistics skip the hours between). $raw_from: the first range's start, or the
-# second's when the first is empty (summaries from the look-back's start on, the usual case): a
-# bound the reader pushes into the scan, so only the open hour's rows are read
-_NOW_RAW = f"ts >= $raw_from AND ts <= $as_of AND (ts < $sum_from OR ts >= $sum_to) AND {_FILTERS}"
+# the look-back's samples
+_NOW_RAW = f"ts >= $look_from AND ts <= $as_of AND {_FILTERS}"
 
 
 def _run_start(what: str, last: str, after: str) -> str:
     """The first `what` sample (idle, noproc) after the GPU's `last` busy (or process) sample,
-    composed from its hours' facts (gpufleet.collector.schema.NOW_HOURS): in that sample's hour,
+    composed from its hours' runs (gpufleet.collector.schema.NOW_HOURS): in that sample's hour,
     else the first of a later hour; none such: the first `what` sample looked at."""
     first = f"now_first_{what}"
     return (f"CASE WHEN any_value({last}) IS NULL THEN min({first}) "
@@ -614,41 +611,14 @@ def _stretch_run_start(what: str) -> str:
             f"min(now_first_{what}) FILTER (WHERE now_first > data_from))")
 
 
-# The look-back's hours with a run facts file for the request's idle threshold and max_gap, whole
-# inside [$look_from, $as_of] (gpufleet.analytics.fleet_now takes the newest unbroken run of them)
-NOW_HOURS_IN = """
-SELECT hour FROM health_hours
-WHERE hour >= $look_from AND hour + INTERVAL 1 HOUR <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
-ORDER BY hour"""
-# ... and the newest open hour whose summary has run facts for them, of its samples before `ends`
-# (none after $as_of: then they are all the look-back's)
-NOW_OPEN_HOUR = """
-SELECT hour, ends FROM now_hours
-WHERE hour >= $look_from AND ends <= $as_of AND max_gap_s = $max_gap AND idle_threshold = $thr
-ORDER BY hour DESC LIMIT 1"""
-
 GPU_STATES = f"""
 WITH inv AS (
     SELECT cluster, host, gpu_uuid, gpu_instance AS gi, gpu AS inv_gpu, model AS inv_model, mig_profile AS inv_mig, fb_total_mib
     FROM gpus
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
       AND {_FILTERS}
-), summarised AS (
-    -- the run facts of the look-back's hours [$sum_from, $sum_to), each with a run facts file for
-    -- this idle threshold and max_gap, or with an open hour's run facts up to $sum_to. A GPU that
-    -- changed model (name) within an hour has a row per model, each with the GPU-hour's facts: not
-    -- de-duplicated (0.9-1.6 s at 100,000 GPUs), as every figure below is a min, max, any_value or
-    -- arg_max over them and a twin row's lag is its twin (no gap: the stretch is its twin's)
-    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
-    FROM gpu_health_hours WHERE hour >= $sum_from AND hour + INTERVAL 1 HOUR <= $sum_to AND ($cluster IS NULL OR cluster = $cluster)
-    UNION ALL BY NAME
-    SELECT cluster, host, gpu_uuid, gi, hour, COLUMNS('^now_')
-    FROM gpu_now_hours WHERE hour >= $sum_from AND hour < $sum_to AND $sum_to < hour + INTERVAL 1 HOUR
-      AND ($cluster IS NULL OR cluster = $cluster)
 ), c AS (
-    -- ... and the same facts from the raw samples of the rest of the look-back: an hour at a time
-    SELECT * FROM summarised
-    UNION ALL BY NAME
+    -- each GPU's runs over the look-back's samples, an hour at a time (composed below)
     SELECT * FROM ({NOW_HOURS.format(source="gpu_samples", where=_NOW_RAW)})
 ), c1 AS (
     -- an hour whose first sample follows a gap longer than max_gap (or is the first looked at)
@@ -1241,4 +1211,79 @@ JOIN per_gpu d USING (cluster, host, gpu_uuid, gpu_instance)
 LEFT JOIN jobs j ON j.cluster = g.cluster AND j.scheduler = g.scheduler AND j.job_key = g.job_key
 GROUP BY g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.scheduler, g.job_key
 ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAST, g.job_key
+"""
+
+# --- where a window's GPU time goes, from its facts (analytics/window_states.py) ---
+
+# Per job and GPU model, its held parts inside the window split into the window-grain states
+# (the module's doc has the rules), GPU-seconds (x MIG share). {held}: facts.held_parts() (the job
+# filters applied). The idle runs are chained per GPU and holder across parts as facts.STRETCH_ROWS
+# chains them (every part of the read, its reach included); a chain that starts at the holder's
+# first part, after the read's start, and ends before its last part's end is the GPU's startup,
+# another at least $idle_min_us long is idle; runs wholly inside a part are idle (the facts keep
+# those that reach idle_min only). No process: a part's time with no compute process less its
+# startup and idle time (0 at least). The rest (busy) is input-bound, communication-bound (jobs of
+# several GPUs), compute, or busy_unresolved by the part's time-weighted means of the profiling
+# fields, under [analytics.states]' thresholds. *_told_s: the busy time whose part knew the fields
+# of input-bound / communication-bound; *_missing: a busy part lacked that field.
+WINDOW_STATE_JOBS = """
+WITH held AS (
+    SELECT row_number() OVER () AS pid, h.* FROM ({held}) h
+), holder AS (
+    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, min(p0) AS f0, max(p1) AS l1 FROM held GROUP BY ALL
+), pieces AS (
+    SELECT pid, cluster, host, gpu_uuid, gi, scheduler, job_key, p0 AS r0, p0 + idle_head_us AS r1 FROM held WHERE idle_head_us > 0
+    UNION ALL
+    SELECT pid, cluster, host, gpu_uuid, gi, scheduler, job_key, p1 - idle_tail_us, p1 FROM held WHERE idle_tail_us > 0 AND NOT idle_whole
+), linked AS (
+    SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
+                  PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
+    FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
+), chains AS (
+    SELECT l.cluster, l.host, l.gpu_uuid, l.gi, l.scheduler, l.job_key, l.chain,
+           min(l.r0) = any_value(h.f0) AND any_value(h.f0) > epoch_us($xstart) AND max(l.r1) < any_value(h.l1) AS startup,
+           sum(l.r1 - l.r0) >= $idle_min_us AS idle
+    FROM linked l JOIN holder h USING (cluster, host, gpu_uuid, gi, scheduler, job_key) GROUP BY ALL
+), low AS (
+    SELECT l.pid, sum(CASE WHEN c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS startup_s,
+           sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s
+    FROM linked l JOIN chains c USING (cluster, host, gpu_uuid, gi, scheduler, job_key, chain) GROUP BY l.pid
+), gpus AS (
+    SELECT cluster, scheduler, job_key, count(DISTINCT (host, gpu_uuid, gi)) AS n FROM held GROUP BY ALL
+), part AS (
+    SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, g.n > 1 AS multi,
+           h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
+           least(coalesce(w.idle_s, 0) + h.idle_inner_us / 1e6, h.data_s - least(coalesce(w.startup_s, 0), h.data_s)) AS idle_s, h.nop_s,
+           h.sm_active_s / nullif(h.sm_active_known_s, 0) AS sm, h.tensor_active_s / nullif(h.tensor_active_known_s, 0) AS tensor,
+           h.pcie_rx_bytes_per_s_s / nullif(h.pcie_rx_bytes_per_s_known_s, 0) AS rx,
+           CASE WHEN h.nvlink_rx_bytes_per_s_known_s > 0 OR h.nvlink_tx_bytes_per_s_known_s > 0
+                THEN coalesce(h.nvlink_rx_bytes_per_s_s / nullif(h.nvlink_rx_bytes_per_s_known_s, 0), 0)
+                   + coalesce(h.nvlink_tx_bytes_per_s_s / nullif(h.nvlink_tx_bytes_per_s_known_s, 0), 0) END AS nvl
+    FROM held h LEFT JOIN low w USING (pid) JOIN gpus g USING (cluster, scheduler, job_key)
+    WHERE h.inside
+), split AS (
+    SELECT *, greatest(least(nop_s, data_s) - startup_s - idle_s, 0) AS no_process_s,
+           sm IS NOT NULL AND rx IS NOT NULL AS input_known, nvl IS NOT NULL AND tensor IS NOT NULL AND sm IS NOT NULL AS comm_known
+    FROM part
+), judged AS (
+    SELECT *, data_s - startup_s - idle_s - no_process_s AS rest_s,
+           coalesce(input_known AND sm < $input_sm_active_max AND rx >= $input_pcie_rx_min, false) AS is_input,
+           coalesce(multi AND comm_known AND nvl >= $comm_nvlink_min AND tensor < $comm_tensor_max AND sm < $comm_sm_active_max, false) AS is_comm,
+           input_known AND (NOT multi OR comm_known) AS resolved
+    FROM split
+)
+SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name, any_value(account) AS account,
+       any_value(partition) AS partition, model, bool_or(multi) AS multi, sum(data_s * equiv) AS data_s,
+       sum(startup_s * equiv) AS startup_s, sum(no_process_s * equiv) AS no_process_s, sum(idle_s * equiv) AS idle_s,
+       sum(CASE WHEN is_input THEN rest_s * equiv ELSE 0 END) AS input_bound_s,
+       sum(CASE WHEN is_comm AND NOT is_input THEN rest_s * equiv ELSE 0 END) AS communication_bound_s,
+       sum(CASE WHEN resolved AND NOT is_input AND NOT is_comm THEN rest_s * equiv ELSE 0 END) AS compute_s,
+       sum(CASE WHEN NOT resolved AND NOT is_input AND NOT is_comm THEN rest_s * equiv ELSE 0 END) AS busy_unresolved_s,
+       sum(CASE WHEN input_known THEN rest_s * equiv ELSE 0 END) AS input_told_s,
+       sum(CASE WHEN comm_known THEN rest_s * equiv ELSE 0 END) AS comm_told_s,
+       sum(rest_s * equiv) AS busy_s,
+       coalesce(bool_or(rest_s > 0 AND sm IS NULL), false) AS sm_missing, coalesce(bool_or(rest_s > 0 AND rx IS NULL), false) AS rx_missing,
+       coalesce(bool_or(rest_s > 0 AND nvl IS NULL), false) AS nvl_missing,
+       coalesce(bool_or(rest_s > 0 AND tensor IS NULL), false) AS tensor_missing
+FROM judged GROUP BY cluster, scheduler, job_key, model
 """

@@ -76,7 +76,7 @@ class Scale:
     gpus: int = 1024
     days: int = 7
     jobs: int = 50_000
-    live: bool = False  # "now" is the window's end: its last hour not compacted, summarised up to its settled buckets
+    live: bool = False  # "now" is the window's end: its last hour not compacted, its facts up to the last settled hour
 
     def __post_init__(self) -> None:
         if self.gpus < 8 or self.gpus % 8:
@@ -116,7 +116,7 @@ class Scale:
     def describe(self) -> str:
         return (f"{self.gpus:,} GPUs ({self.hosts} hosts x 8 H100), {self.days} d at {STEP} s "
                 f"= {self.samples / 1e6:.1f}M GPU-samples, {self.jobs:,} jobs"
-                + (", live (the last hour open: not compacted, summarised up to its settled buckets)" if self.live else ""))
+                + (", live (the last hour open: not compacted, facts up to the last settled hour)" if self.live else ""))
 
 
 def scale_from_env() -> Scale:
@@ -392,126 +392,24 @@ def ensure_store(scale: Scale, cache: Path, progress=lambda msg: None) -> tuple[
     return root, True
 
 
-def ensure_summaries(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:
-    """The product's per-GPU summaries of every closed hour of the cached store
-    (gpufleet.collector.maintenance.summarize, default parameters: those of the analysis), their
-    run facts files (Fleet now's) and their hours' joined segments, built once;
-    (seconds it took, built now)."""
-    from gpufleet.collector.maintenance import add_coarse, summarize, summarize_health
-    from gpufleet.collector.schema import HEALTH_FORMAT_VERSION
-    from gpufleet.collector.summaries import SummaryParams
+def ensure_facts(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[float, bool]:
+    """The product's facts of every settled hour and closed day of the cached store
+    (gpufleet.collector.maintenance.compact, default parameters: those of the analysis), built
+    once; (seconds it took, built now)."""
+    from gpufleet.collector.facts import FactParams
+    from gpufleet.collector.maintenance import compact
 
-    p = SummaryParams()
-    mark = store / f".summaries-{p.tag()}"
-    health_mark = store / f".health-{HEALTH_FORMAT_VERSION}"  # a store cached before them gets its run facts files once
-    coarse_mark = store / ".coarse"  # ... and its hours' joined segments (written from the summaries' rows)
-    cached = mark.exists()
-    if cached and health_mark.exists() and coarse_mark.exists():
+    p = FactParams()
+    mark = store / f".facts-{p.tag()}"
+    if mark.exists():
         return float(mark.read_text().split()[0]), False
     t0 = time.monotonic()
     w = StoreWriter(store, clock=lambda: scale.now)
     try:
-        n = 0 if cached else summarize(w, scale.now, p)
-        h = 0 if health_mark.exists() else summarize_health(w)
-        c = add_coarse(w)
-        w.publish()
+        compact(w, scale.now, p, facts_hours=None)
     finally:
         w.close()
     took = time.monotonic() - t0
-    coarse_mark.write_text(f"{took:.1f} s for {c} hours{'' if cached else ' (with the summaries)'}\n")
-    if not health_mark.exists():
-        health_mark.write_text(f"{took:.1f} s for {h} hours{'' if cached else ' (with the summaries)'}\n")
-    if cached:
-        progress(f"  run facts of {h} hours and joined segments of {c} hours built in {took:.0f} s")
-        return float(mark.read_text().split()[0]), False
-    progress(f"  summaries of {n} hours and their run facts built in {took:.0f} s")
-    mark.write_text(f"{took:.1f} s for {n} hours\n")
+    progress(f"  facts built in {took:.0f} s")
+    mark.write_text(f"{took:.1f} s\n")
     return took, True
-
-
-def summary_only_dir(store: Path, days: int) -> Path:
-    """Where `store` with `days` summary-only days before it is cached (ensure_summary_only_days)."""
-    return store.parent / f"{store.name}-plus{days}d-summaries-only"
-
-
-def _shifted_days(rows: list[dict], delta: timedelta, suffix: str, keys: tuple[str, ...]) -> list[dict]:
-    """Row dicts with their times (`keys`) `delta` earlier and their job key and id suffixed."""
-    out = []
-    for r in rows:
-        r = dict(r, job_key=r["job_key"] + suffix, **({"job_id": r["job_id"] + suffix} if "job_id" in r else {}))
-        for k in keys:
-            if r.get(k) is not None:
-                r[k] = r[k] - delta
-        out.append(r)
-    return out
-
-
-def ensure_summary_only_days(scale: Scale, store: Path, days: int, progress=lambda msg: None) -> tuple[Path, float, bool]:
-    """The one-day store `store` (100,000 GPUs: a week of raw samples would take ~6 h to generate
-    here) with `days` more days before it whose raw samples retention has retired, keeping their
-    per-GPU summaries ([collector.retention] summary_days; gpufleet.collector.maintenance
-    .apply_retention): each is the generated day's hours - the summaries and joined segments the
-    product's summary writer wrote for them, and its jobs and allocations, committed through
-    StoreWriter - shifted back a day at a time (the bench fleet repeats its day; a job still
-    running at a copy's end ends there). Cached beside `store` (its files hard-linked). Returns
-    (path, seconds it took, built now). Their hours have no health summary (the Health page would
-    read them raw: no samples)."""
-    root = summary_only_dir(store, days)
-    if (root / ".complete").exists():
-        return root, float((root / ".complete").read_text().split()[0]), False
-    import os
-
-    import pyarrow.parquet as pq
-
-    from gpufleet.collector.store import write_parquet
-    from gpufleet.collector.summaries import FILE_SCHEMA
-
-    t0 = time.monotonic()
-    tmp = root.parent / f".{root.name}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(store, tmp, copy_function=os.link)  # immutable files linked; what the writer changes copied
-    for name in ("state.duckdb", "manifest.json"):
-        (tmp / name).unlink()
-        shutil.copy2(store / name, tmp / name)
-    jobs, allocs, _ = plan_jobs(scale)  # the very jobs of `store` (deterministic for its scale)
-    day_end = scale.start + timedelta(days=1)
-    w = StoreWriter(tmp, clock=lambda: scale.now)
-    try:
-        hours = {k: e for k, e in w.summaries.items() if scale.start <= datetime.fromisoformat(k) < day_end and not e.get("to")}
-        for k in range(1, days + 1):
-            delta = timedelta(days=k)
-            for key, e in sorted(hours.items()):
-                hour = datetime.fromisoformat(key) - delta
-                entry = {f: v for f, v in e.items() if f not in ("health", "health_format", "now", "now_format")}
-                for f in ("file", "coarse"):
-                    if e.get(f):
-                        src = pq.ParquetFile(store / e[f]).read()  # (one file: no partition column)
-                        t = src.set_column(src.schema.get_field_index("bucket"), "bucket", pc.subtract(src["bucket"], pa.scalar(delta)))
-                        rel = e[f].replace(f"date={scale.start:%Y-%m-%d}", f"date={hour:%Y-%m-%d}").replace(".parquet", f"-shifted{k}d.parquet")
-                        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                        write_parquet(t.cast(FILE_SCHEMA), tmp / rel)
-                        entry[f] = rel
-                entry.update(hour=hour.isoformat(), lo=(datetime.fromisoformat(e["lo"]) - delta).isoformat(),
-                             hi=(datetime.fromisoformat(e["hi"]) - delta).isoformat(),
-                             sources=[f"bench: {key}'s samples, {k} d earlier"], raw_retired=scale.now.isoformat())
-                w.summaries[hour.isoformat()] = entry
-            copy_end = day_end - delta
-            day_jobs = []
-            for r in _shifted_days([j for j in jobs if j["state"] != "PENDING"], delta, f"-{k}d",
-                                   ("submit", "eligible", "start", "end", "updated_at")):
-                if r["state"] == "RUNNING":  # still going at the copy's end: ends there
-                    r.update(state="COMPLETED", state_raw="COMPLETED", end=copy_end, updated_at=copy_end)
-                day_jobs.append(r)
-            day_allocs = _shifted_days(allocs, delta, f"-{k}d", ("ts",))
-            w.commit(Batch(key=f"bench/summary-only/{k}", jobs=day_jobs, allocations=day_allocs))
-            progress(f"  summary-only day {k}/{days} ({scale.start - delta:%Y-%m-%d}): {len(hours)} hours, {len(day_jobs):,} jobs "
-                     f"({time.monotonic() - t0:.0f} s)")
-        first = scale.start - timedelta(days=days)  # the inventory from the first day on
-        w.commit(Batch(key="bench/summary-only/inventory", gpus=[inventory_obs(r, first) for r in gpu_frame(scale).iter_rows(named=True)]))
-        w.publish()
-    finally:
-        w.close()
-    took = time.monotonic() - t0
-    (tmp / ".complete").write_text(f"{took:.1f} s for {days} days of summaries only\n")
-    tmp.rename(root)
-    return root, took, True

@@ -5,8 +5,7 @@
 WHAT: health (gpufleet.analytics.health.window_health, with the temperature map in the Health
 page's buckets, from the store's facts), health-raw (the same
 from every raw sample: the oracle), fleet-now (gpufleet.analytics.fleet_now.gpu_states at END,
-the look-back's summarised hours from their run facts), fleet-now-raw (the same from every raw
-sample). The answers go to OUT (Parquet, one file per frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
+from the look-back's raw samples). The answers go to OUT (Parquet, one file per frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
 seconds, VmHWM and the answers' rows.
 """
 
@@ -25,7 +24,7 @@ from gpufleet.analytics.params import Params
 from gpufleet.analytics.timeline import default_bucket
 from gpufleet.collector.store import open_reader
 
-WHATS = ("health", "health-raw", "fleet-now", "fleet-now-raw")
+WHATS = ("health", "health-raw", "fleet-now")
 
 
 def main() -> None:
@@ -36,8 +35,8 @@ def main() -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     con = open_reader(store)
     p = Params(start_t, end_t)
-    if what.startswith("fleet-now"):
-        frames = {"states": fleet_now.gpu_states(con, p, end_t, summaries=what == "fleet-now")}
+    if what == "fleet-now":
+        frames = {"states": fleet_now.gpu_states(con, p, end_t)}
     else:
         frames = health.window_health(con, p, facts=what == "health", temperature=default_bucket(end_t - start_t))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

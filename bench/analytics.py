@@ -27,7 +27,7 @@ Knobs (environment):
   GPUFLEET_BENCH_JOBS=50000        jobs over the window
   GPUFLEET_BENCH_LIVE=0            1: a live store (a store of its own): "now" is the window's end, so its last hour is
                                    open as the collector leaves it - its samples in the files the rounds wrote, its
-                                   summary and health file up to the last settled bucket (23:50), raw after that
+                                   facts up to the last settled hour, raw after that
   GPUFLEET_BENCH_PROM_GPUS=all     GPUs loaded into Prometheus: the whole fleet, or fewer (whole hosts
                                    spread over the fleet, the whole window) for a quicker first run;
                                    0 skips the comparison
@@ -37,12 +37,7 @@ Knobs (environment):
   GPUFLEET_BENCH_THREADS=0         DuckDB threads in the analysis process (0 = DuckDB's default: all cores)
   GPUFLEET_BENCH_USERS=user-000,user-100   users whose week is measured as the dashboards' window
   GPUFLEET_BENCH_CACHE=bench/results/analytics   generated stores and Prometheus TSDBs, reused
-  GPUFLEET_BENCH_SUMMARY_DAYS=0    days before the generated ones whose raw samples retention retired, kept as
-                                   summaries ([collector.retention] summary_days): the generated first day's summaries
-                                   and jobs shifted back a day at a time (_analytics_data.ensure_summary_only_days); the
-                                   analysed window then starts that much earlier and only its analysis is measured
-                                   (100,000 GPUs: GPUFLEET_BENCH_DAYS=1 GPUFLEET_BENCH_SUMMARY_DAYS=6 is the week)
-  GPUFLEET_BENCH_RAW=auto          run the raw-sample oracle beside the summaries path: 1, 0, or auto
+  GPUFLEET_BENCH_RAW=auto          run the raw-sample oracle beside the facts path: 1, 0, or auto
                                    (only when its peak RSS, estimated at RAW_BYTES_PER_SAMPLE, fits in
                                    80 % of MemAvailable: at 16,384 GPUs it does not fit 24 GiB)
 """
@@ -63,13 +58,11 @@ from pathlib import Path
 
 import polars as pl
 
-from bench._analytics_data import (HOSTS_PER_GROUP, STEP, ensure_store, ensure_summaries, ensure_summary_only_days, host_name,
-                                   scale_from_env)
+from bench._analytics_data import HOSTS_PER_GROUP, STEP, ensure_facts, ensure_store, host_name, scale_from_env
 from bench._common import ROOT, Table, _children, _stop, env_number, free_port, measure_child, progress, raw_side_fits
 
 SCALE = scale_from_env()
-SUMMARY_ONLY_DAYS = int(env_number("GPUFLEET_BENCH_SUMMARY_DAYS", 0))
-WINDOW_DAYS = SCALE.days + SUMMARY_ONLY_DAYS
+WINDOW_DAYS = SCALE.days
 PROM_GPUS = int(env_number("GPUFLEET_BENCH_PROM_GPUS", SCALE.gpus))
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_QUERY_RUNS", 5)))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
@@ -96,7 +89,7 @@ def measure_analysis(store: Path, raw: bool = False, user: str | None = None, he
                      edges: tuple[timedelta, timedelta] = (timedelta(0), timedelta(0))) -> dict:
     """One analysis in a process of its own (bench._analytics_measure); `edges`: the window's start
     that much after the data's, its end that much before."""
-    argv = [str(store), (SCALE.start - timedelta(days=SUMMARY_ONLY_DAYS) + edges[0]).isoformat(), (SCALE.end - edges[1]).isoformat()]
+    argv = [str(store), (SCALE.start + edges[0]).isoformat(), (SCALE.end - edges[1]).isoformat()]
     if raw:
         argv.append("--raw")
     if user:
@@ -115,27 +108,19 @@ def measure_analysis(store: Path, raw: bool = False, user: str | None = None, he
 
 
 def paths_table(raw: dict, summ: dict, build_s: float, built: bool) -> Table:
-    """The raw oracle and the summaries path side by side, and whether their figures agree."""
-    t = Table(f"analytics: the {WINDOW}'s analysis, raw samples (oracle) vs per-GPU summaries, {SCALE.describe()}")
+    """The raw oracle and the facts path side by side, and whether their figures agree."""
+    t = Table(f"analytics: the {WINDOW}'s analysis, raw samples (oracle) vs facts, {SCALE.describe()}")
     gib = lambda m: m["vmhwm_kib"] / 1024 / 1024  # noqa: E731
-    t.add("wall time, open_reader .. per_gpu: raw / summaries", f"{raw['wall_s']:.2f} s / {summ['wall_s']:.2f} s "
+    t.add("wall time, open_reader .. per_gpu: raw / facts", f"{raw['wall_s']:.2f} s / {summ['wall_s']:.2f} s "
           f"({raw['wall_s'] / summ['wall_s']:.1f}x)")
-    t.add("CPU time of the process: raw / summaries", f"{raw['cpu_s']:.2f} s / {summ['cpu_s']:.2f} s")
-    t.add("peak RSS (VmHWM): raw / summaries", f"{gib(raw):.2f} GiB / {gib(summ):.2f} GiB")
+    t.add("CPU time of the process: raw / facts", f"{raw['cpu_s']:.2f} s / {summ['cpu_s']:.2f} s")
+    t.add("peak RSS (VmHWM): raw / facts", f"{gib(raw):.2f} GiB / {gib(summ):.2f} GiB")
     for name in raw["steps"]:
         if name in summ["steps"]:
             t.add(f"    {name}", f"{raw['steps'][name][0]:.2f} s / {summ['steps'][name][0]:.2f} s")
     _same_figures(t, raw, summ)
-    r = summ["rows"]
-    t.notes += [
-        f"summaries path: {r['path']}, {r['summary_buckets']:,} entries from summaries ({r.get('coarse_hours', 0)} hours from their "
-        "joined segments - written with the hour's summary, broken where a job starts or ends - the others from their 5-minute buckets, "
-        f"cut there; consecutive ones joined between the times the analysis looks a GPU up) and {r['raw_pieces']:,} raw sample pieces (buckets cut by the window's edges, or by a job the summary "
-        "predates: read raw, with their neighbours; none when the store holds no samples before the window)",
-        f"summaries built by the product's upkeep (gpufleet.collector.maintenance.summarize) over the cached store: {build_s:.0f} s "
-        f"({'in this run' if built else 'cached'}), each hour from its compacted file (and its neighbours' for the intervals "
-        "that cross the hour's edges)",
-    ]
+    t.notes.append(f"facts built by the product's upkeep (gpufleet.collector.maintenance.compact) over the cached store: {build_s:.0f} s "
+                   f"({'in this run' if built else 'cached'})")
     return t
 
 
@@ -156,29 +141,28 @@ def _same_figures(t: Table, raw: dict, summ: dict) -> None:
 
 def off_hour_table(store: Path, aligned: dict, run_raw: bool) -> Table:
     """The week as a window typed to the minute meets it: its edges inside an hour (HEALTH_EDGES,
-    the 5-minute grain), so its timeline's bucket edges fall inside hours too and the reader mixes
-    joined and 5-minute hours - beside the week on the hour (the run above), and the raw oracle of
-    the same window when it runs."""
+    the 5-minute grain), so its timeline's bucket edges fall inside hours too and the reader tiles
+    them with 5-minute facts and cuts the edge minutes raw - beside the week on the hour (the run
+    above), and the raw oracle of the same window when it runs."""
     t = Table(f"analytics: the {WINDOW} off the hour (from {HEALTH_EDGES[0].seconds // 60} min after its start to "
               f"{HEALTH_EDGES[1].seconds // 60} min before its end, as a window typed to the minute), {SCALE.describe()}")
-    progress(f"the {WINDOW} off the hour: " + ("the raw oracle, then " if run_raw else "") + "the summaries path")
+    progress(f"the {WINDOW} off the hour: " + ("the raw oracle, then " if run_raw else "") + "the facts path")
     raw = measure_analysis(store, raw=True, edges=HEALTH_EDGES) if run_raw else None
     m = measure_analysis(store, edges=HEALTH_EDGES)
     t.add("wall time, open_reader .. per_gpu: off the hour / on the hour", f"{m['wall_s']:.2f} s / {aligned['wall_s']:.2f} s")
     t.add("    CPU time / peak RSS (VmHWM), off the hour", f"{m['cpu_s']:.2f} s, {m['vmhwm_kib'] / 1024 / 1024:.2f} GiB")
-    t.add("    hours from joined segments: off the hour / on the hour", f"{m['rows']['coarse_hours']} / {aligned['rows']['coarse_hours']}")
     if raw:
         t.add("raw oracle of the window off the hour", f"{raw['wall_s']:.2f} s, {raw['vmhwm_kib'] / 1024 / 1024:.2f} GiB")
         _same_figures(t, raw, m)
     else:
         t.notes.append("raw oracle not run (GPUFLEET_BENCH_RAW)")
-    t.notes.append("an hour holding a timeline bucket edge or a window edge is read from its 5-minute rows, the others from their "
-                   "joined segments: one query per kind over exactly those hours' files")
+    t.notes.append("a window is tiled with the coarsest facts that fit (day, hour, 5 minutes); the minutes a window edge cuts out of "
+                   "a 5-minute bucket are read raw")
     return t
 
 
 def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table:
-    t = Table(f"analytics: full analysis of the {WINDOW} ({'summaries' if m['rows'].get('path') == 'SummaryTime' else 'raw samples'}), {SCALE.describe()}")
+    t = Table(f"analytics: full analysis of the {WINDOW} (facts), {SCALE.describe()}")
     wall, cpu, hwm = m["wall_s"], m["cpu_s"], m["vmhwm_kib"] / 1024 / 1024
     t.add("wall time: open_reader .. per_gpu (imports excluded)", f"{wall:.1f} s", *((f"<= {WALL_GOAL_S:g} s", wall <= WALL_GOAL_S)
                                                                                       if WALL_GOAL_S else ()))
@@ -210,29 +194,6 @@ def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table
         "(each hour's samples in one file, as the collector's compaction leaves them"
         f"{f'; the open last hour in the files its rounds wrote, one per {HOSTS_PER_GROUP} hosts' if SCALE.live else ''}); "
         "set GPUFLEET_BENCH_GPUS / _DAYS / _JOBS for another scale",
-    ]
-    return t
-
-
-def summary_only_table(store: Path, generated: bool, gen_s: float) -> Table:
-    """The analysis of a window whose first SUMMARY_ONLY_DAYS days are hours kept as summaries
-    after their raw samples went (GPUFLEET_BENCH_SUMMARY_DAYS), the generated days raw and summarised."""
-    t0 = time.monotonic()
-    ext, took, built = ensure_summary_only_days(SCALE, store, SUMMARY_ONLY_DAYS, progress)
-    progress(f"store with {SUMMARY_ONLY_DAYS} summary-only days {'built' if built else 'reused'}: {ext} ({time.monotonic() - t0:.0f} s)")
-    m = measure_analysis(ext)
-    t = analysis_table(m, ext, generated, gen_s)
-    t.title += f"; and {SUMMARY_ONLY_DAYS} days before it kept as summaries (their raw samples retired)"
-    first = SCALE.start - timedelta(days=SUMMARY_ONLY_DAYS)
-    t.notes += [
-        f"the {WINDOW} {first:%Y-%m-%d} .. {SCALE.end:%Y-%m-%d}: {SCALE.days} generated day(s) of raw samples through the product's "
-        f"compaction and summary writer, and before them {SUMMARY_ONLY_DAYS} days whose raw samples retention has retired, kept as "
-        "summaries ([collector.retention] summary_days): each the generated first day's hours - the per-GPU summaries and joined "
-        "segments the product's summary writer wrote for them, and its jobs and allocations - shifted back a day at a time "
-        f"(the fleet repeats its day; a job still running at a copy's end ends there); built {'in this run' if built else 'earlier'} "
-        f"in {took:.0f} s. Raw generation of the whole week would take ~6 h here",
-        "an analysis reads whole hours from their summaries whether or not their samples are kept (the window's edges are on the "
-        "hour): the summary-only days cost what summarised days cost",
     ]
     return t
 
@@ -323,26 +284,18 @@ def pages_table(store: Path) -> Table:
                     for f in sorted((Path(tmp) / "health").glob("*.parquet")))
         t.add(f"    same answers? largest relative difference ({summ['rows']['gpus']:,} GPU rows, {summ['rows']['events']:,} events)",
               f"{worst:.1g}", "<= 1e-9", worst <= 1e-9)
-        progress("Fleet now's states 10 s before the store's end: from hourly run facts, then from raw samples (the oracle)")
+        progress("Fleet now's states 10 s before the store's end, from the look-back's raw samples")
         as_of = SCALE.end - timedelta(seconds=10)
         now = measure_page_query(store, start, as_of, "fleet-now", Path(tmp) / "now")
-        now_raw = measure_page_query(store, start, as_of, "fleet-now-raw", Path(tmp) / "now-raw")
-        same_now = largest_difference(pl.read_parquet(Path(tmp) / "now-raw" / "states.parquet"), pl.read_parquet(Path(tmp) / "now" / "states.parquet"))
-    t.add(f"Fleet now: every GPU's state at {as_of:%m-%d %H:%M:%S} (gpu_states, a look-back from the hour 6 h before): raw / run facts",
-          f"{now_raw['wall_s']:.2f} s / {now['wall_s']:.2f} s ({now_raw['wall_s'] / now['wall_s']:.1f}x)")
-    t.add("    CPU time / peak RSS (VmHWM): raw; run facts",
-          f"{now_raw['cpu_s']:.1f} s, {gib(now_raw):.2f} GiB; {now['cpu_s']:.1f} s, {gib(now):.2f} GiB")
-    t.add(f"    same answers? largest relative difference ({now['rows']['states']:,} GPUs)", f"{same_now:.1g}", "<= 1e-9", same_now <= 1e-9)
+    t.add(f"Fleet now: every GPU's state at {as_of:%m-%d %H:%M:%S} (gpu_states, a look-back from the hour 6 h before)",
+          f"{now['wall_s']:.2f} s, CPU {now['cpu_s']:.1f} s, peak RSS {gib(now):.2f} GiB ({now['rows']['states']:,} GPUs)")
     t.notes += [
         "each query in its own process (python -m bench._pages_measure), open_reader included; the health window's edges fall "
         f"inside an hour ({HEALTH_EDGES[0].seconds // 60} and {HEALTH_EDGES[1].seconds // 60} min), as the dashboards' 5-minute "
         "grain leaves them: the minutes they cut are read raw, the rest from the store's facts (a store without facts: every bucket "
         "cut raw by the facts' own rule)",
-        "Fleet now takes the look-back's whole summarised hours from their run facts files and reads "
-        "raw samples for the last, open hour only (the look-back starts on the hour); the dashboards ask it again every 10 s. The bench store's "
-        "sample files are one per hour, as compaction leaves them: a raw read of a few minutes opens that hour's file"
-        + ("; the live store's open hour is in the files its rounds wrote, summarised up to 23:50 (its health rows and run facts: "
-           "the \"now\" file), so both pages read raw its last 10 minutes only" if SCALE.live else ""),
+        "Fleet now reads the look-back's raw samples (6 to 7 hours: it starts on the hour; the run facts files it read "
+        "before were retired with the per-GPU summaries, issue #52); the dashboards ask it again every 10 s",
         "the bench fleet reports no temperatures, XIDs or ECC errors (hence no events): real data also pays for reading those columns",
     ]
     return t
@@ -580,17 +533,15 @@ def run() -> list[Table]:
     store, generated = ensure_store(SCALE, CACHE, progress)
     gen_s = time.monotonic() - t0
     progress(f"store {'generated' if generated else 'reused'}: {store} ({gen_s:.0f} s)")
-    build_s, built = ensure_summaries(SCALE, store, progress)
-    if SUMMARY_ONLY_DAYS:
-        return [summary_only_table(store, generated, gen_s)]
+    build_s, built = ensure_facts(SCALE, store, progress)
     run_raw, why = raw_side_fits("GPUFLEET_BENCH_RAW", SCALE.samples, RAW_BYTES_PER_SAMPLE)
-    progress(f"full analysis of the {WINDOW} in its own process: {'the raw oracle, then ' if run_raw else ''}the summaries path")
+    progress(f"full analysis of the {WINDOW} in its own process: {'the raw oracle, then ' if run_raw else ''}the facts path")
     m_raw = measure_analysis(store, raw=True) if run_raw else None
     m = measure_analysis(store)
     tables = [paths_table(m_raw, m, build_s, built)] if m_raw else []
     tables.append(analysis_table(m, store, generated, gen_s))
     if not run_raw:
-        tables[-1].notes.append(f"raw oracle not run: {why}; summaries built {'in this run' if built else 'earlier'} in {build_s:.0f} s "
+        tables[-1].notes.append(f"raw oracle not run: {why}; facts built {'in this run' if built else 'earlier'} in {build_s:.0f} s "
                                 "(the product's upkeep)")
     tables.append(off_hour_table(store, m, run_raw))
     tables.append(user_window_table(store))

@@ -15,9 +15,7 @@ with the window set to the whole week in the URL's query parameters, as a user w
   the previous week's totals, Health its own queries, Jobs one job's report (the most wasteful
   job, by the job-id box: computed on the job's own run).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
-Twice, side by side: with the store's per-GPU summaries (built once by the product's upkeep, as
-bench/analytics.py builds them; [analytics] summaries = true, the default) and with every sample
-read (summaries = false).
+Over the store's facts, built once by the product's upkeep (as bench/analytics.py builds them).
 What is timed is the page's script run on the server (what grows with the data); the browser's
 drawing of the elements is not (tests/test_dashboard_browser.py loads every page in Chromium).
 
@@ -28,8 +26,6 @@ Knobs (environment):
   GPUFLEET_BENCH_DASH_RUNS=5       warm runs per page
   GPUFLEET_BENCH_MEMORY_LIMIT=3GB  the dashboard's DuckDB memory_limit ([dashboard] memory_limit)
   GPUFLEET_BENCH_THREADS=0         the dashboard's DuckDB threads ([dashboard] threads; 0: all cores)
-  GPUFLEET_BENCH_DASH_RAW=auto     the raw-sample side too: 1, 0, or auto (only when its peak RSS,
-                                   estimated at RAW_BYTES_PER_SAMPLE, fits in 80 % of MemAvailable)
 """
 
 from __future__ import annotations
@@ -45,10 +41,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from bench._common import ROOT, Table, env_number, progress, raw_side_fits
+from bench._common import ROOT, Table, env_number, progress
 
 GOAL_S = 2.0
-RAW_BYTES_PER_SAMPLE = 88  # the raw side's peak RSS per sample: 13.5 GiB at 165.2M samples (4,096 GPUs, 7 d)
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_DASH_RUNS", 5)))
 DASH_DAYS = int(env_number("GPUFLEET_BENCH_DASH_DAYS", 0))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
@@ -130,12 +125,11 @@ def _timed_run(at, page: str, problems: list[str]) -> float:
     return dt
 
 
-def _child(store: Path, start, end, tmp: str, summaries: bool, start_store: Path, start_scale) -> dict:
-    """measure() in a process of its own (its peak RSS is its own), with [analytics] summaries set."""
-    cfg = Path(tmp) / f"gpufleet-{summaries}.toml"
-    cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n'
-                   f'[analytics]\nsummaries = {"true" if summaries else "false"}\n')
-    progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}, {'summaries' if summaries else 'raw samples'}, "
+def _child(store: Path, start, end, tmp: str, start_store: Path, start_scale) -> dict:
+    """measure() in a process of its own (its peak RSS is its own)."""
+    cfg = Path(tmp) / "gpufleet.toml"
+    cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n')
+    progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}, "
              f"in a child process (first load, then {RUNS} warm runs each)")
     argv = [sys.executable, "-m", "bench.dashboards", "--measure", str(store), start.isoformat(), end.isoformat(), str(cfg),
             str(start_store), start_scale.start.isoformat(), start_scale.end.isoformat()]
@@ -154,22 +148,20 @@ def _child(store: Path, start, end, tmp: str, summaries: bool, start_store: Path
 
 
 def run() -> list[Table]:
-    from bench._analytics_data import Scale, ensure_store, ensure_summaries
+    from bench._analytics_data import Scale, ensure_facts, ensure_store
     from bench.analytics import CACHE as cache, SCALE as scale
     progress(f"store: {scale.describe()} (generated once under {cache})")
     t0 = time.monotonic()
     store, generated = ensure_store(scale, cache, progress)
     gen_s = time.monotonic() - t0
-    build_s, built = ensure_summaries(scale, store, progress)
+    build_s, built = ensure_facts(scale, store, progress)
     start_scale = Scale(16, 1, 200)  # the server's start (see the module's docstring)
     start_store, _ = ensure_store(start_scale, cache, progress)
-    ensure_summaries(start_scale, start_store, progress)
+    ensure_facts(start_scale, start_store, progress)
     start = scale.start if not DASH_DAYS else scale.end - timedelta(days=DASH_DAYS)
     end = scale.end
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-dash-") as tmp:
-        m = _child(store, start, end, tmp, summaries=True, start_store=start_store, start_scale=start_scale)
-        run_raw, why = raw_side_fits("GPUFLEET_BENCH_DASH_RAW", scale.samples, RAW_BYTES_PER_SAMPLE)
-        r = _child(store, start, end, tmp, summaries=False, start_store=start_store, start_scale=start_scale) if run_raw else None
+        m = _child(store, start, end, tmp, start_store=start_store, start_scale=start_scale)
 
     days = (end - start).days
     t = Table(f"dashboards: page render, {scale.gpus:,} GPUs x {days} d window ({scale.describe()})")
@@ -178,17 +170,15 @@ def run() -> list[Table]:
         label = f"{title} (list + job {m['job']}'s report)" if page == "jobs" and m.get("job") else title
         t.add(f"{label}: warm cache (median of {RUNS})", f"{warm:.3f} s", f"< {GOAL_S:g} s", warm < GOAL_S)
     t.add("server start: every page once over a 16-GPU day (imports, Streamlit's and Altair's set-up; once per process), "
-          "summaries / raw samples", f"{m['start_s']:.1f} s / " + (f"{r['start_s']:.1f} s" if r else "not run"))
-    raw_s = lambda k: f" / {r['first'][k]:.1f} s" if r and k in r["first"] else (" / not run" if not r else "")  # noqa: E731
+          f"{m['start_s']:.1f} s")
     for page, title in PAGES:  # the goal (issue #16): every first load under 2 s too, at 16,384 GPUs
         first = m["first"][page]
-        t.add(f"{title}: first load, summaries / raw samples", f"{first:.1f} s{raw_s(page)}", f"< {GOAL_S:g} s", first < GOAL_S)
+        t.add(f"{title}: first load", f"{first:.1f} s", f"< {GOAL_S:g} s", first < GOAL_S)
         if page == "jobs" and "jobs+report" in m["first"]:
             report = m["first"]["jobs+report"]
-            t.add(f"    + job {m['job']}'s report, first load", f"{report:.1f} s{raw_s('jobs+report')}", f"< {GOAL_S:g} s", report < GOAL_S)
-    t.add("peak RSS of the dashboard process (VmHWM), summaries / raw samples",
-          f"{m['vmhwm_mib']:,.0f} MiB / " + (f"{r['vmhwm_mib']:,.0f} MiB" if r else "not run"))
-    problems = [f"summaries: {p}" for p in m["problems"]] + [f"raw: {p}" for p in (r["problems"] if r else [])]
+            t.add(f"    + job {m['job']}'s report, first load", f"{report:.1f} s", f"< {GOAL_S:g} s", report < GOAL_S)
+    t.add("peak RSS of the dashboard process (VmHWM)", f"{m['vmhwm_mib']:,.0f} MiB")
+    problems = list(m["problems"])
     if problems:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
@@ -200,11 +190,10 @@ def run() -> list[Table]:
         "store they are one more window analysis",
         f"a relative window is recomputed once per period (dashboards/data.py step_for: 30 min for 7 days), warm in between; "
         f"DuckDB memory_limit {MEMORY_LIMIT or 'default'}, threads {THREADS or 'all cores'}; "
-        f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s); summaries {'built now' if built else 'cached'} "
+        f"store {'generated now' if generated else 'reused'} ({gen_s:.0f} s); facts {'built now' if built else 'cached'} "
         f"({build_s:.0f} s, the product's upkeep)",
         "a job's report reads its run's samples raw either way (its GPU timeline needs them: GpuTime.bucket_detail), of the "
         "job's own GPUs only (a job filter with Analysis held_only)",
-        *([] if r else [f"raw-sample side not run: {why}"]),
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]
     return [t]

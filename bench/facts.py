@@ -4,8 +4,8 @@ The cached synthetic week of bench/analytics.py (GPUFLEET_BENCH_GPUS, _DAYS, _JO
 cache, default 1,024 GPUs) is copied (sample files hard-linked) and its facts written by the
 product's upkeep (gpufleet.collector.maintenance.build_facts: every settled hour's 5-minute facts, every
 closed day's hour and day facts). Then the week's totals are computed three ways in this
-process: from the facts (analytics.facts.FactWindow), by the current path (core.Analysis with
-the store's summaries) and by the raw oracle (core.Analysis, summaries off), with whether their
+process: from the facts (analytics.facts.FactWindow), by the current path (core.Analysis over
+the facts) and by the raw oracle (core.Analysis, raw=True), with whether their
 figures agree to 1e-9. Wall and CPU time of this process; peak memory per path and the 16,384 and
 100,000-GPU figures are for later (a process per path, as bench/analytics.py measures).
 """
@@ -68,7 +68,7 @@ def run() -> list[Table]:
         progress("the week's totals from facts")
         fw, f_wall, f_cpu = _timed(lambda: FactWindow(con, p, now=SCALE.now))
         facts_totals, t_wall, t_cpu = _timed(fw.totals)
-        progress("the week's totals by the current path (summaries)")
+        progress("the week's totals by the current path (core.Analysis)")
         cur, c_wall, c_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now).totals()))
         progress("the week's totals by the raw oracle")
         raw, r_wall, r_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now, raw=True).totals()))

@@ -11,7 +11,14 @@ Goal (issue #55): a job's breakdown <= 0.5 s at any fleet size - it reads only i
 samples, so the two fleet sizes are measured side by side (the larger must not be slower in
 proportion to its size).
 
+3. The window's breakdown from facts (gpufleet.analytics.window_states) of the same day with its
+   facts built as the upkeep builds them, at GPUFLEET_BENCH_STATES_WINDOW_GPUS: the Analysis and
+   window_states on it, timed apart (median of 3), and the bench's jobs beside their own
+   breakdown. Goal (#55): the 16,384-GPU week <= 2 s, 100,000 GPUs <= 5 s; its cost is GPUs x
+   buckets, so two sizes give its growth.
+
 Knobs (environment): GPUFLEET_BENCH_STATES_GPUS="256,1024" (the fleet sizes),
+GPUFLEET_BENCH_STATES_WINDOW_GPUS="256,1024" (the window breakdown's; "" skips it; a day of 1,024 GPUs with its facts takes ~10 min to generate on a loaded 2-core machine),
 GPUFLEET_BENCH_CACHE=bench/results/states (generated stores, reused).
 """
 
@@ -133,6 +140,81 @@ def _job(schema, key: str, size: int) -> dict:
     return row
 
 
+# The window's breakdown from facts (gpufleet.analytics.window_states) of the same day, its facts
+# built as the collector's upkeep builds them: the Analysis (the pages' and the report's, which
+# reads the window's parts) and then window_states on it, each timed, with the idle figure's stretches
+# (the same chaining pass over the parts) as a yardstick on a loaded machine; the bench's jobs beside their
+# own breakdown (states.job_breakdown) for the docstring's comparison.
+MEASURE_WINDOW = r"""
+import json, sys, time
+from datetime import datetime
+from gpufleet.analytics import states
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
+from gpufleet.analytics.window_states import STATES, window_states
+from gpufleet.collector.store import open_reader
+p = Params(datetime.fromisoformat(sys.argv[2]), datetime.fromisoformat(sys.argv[3]))
+con = open_reader(sys.argv[1])
+t = states.Thresholds.of(p, {})
+runs = []
+for _ in range(3):
+    t0 = time.perf_counter()
+    a = Analysis(con, p, now=p.end)
+    t1 = time.perf_counter()
+    ws = window_states(a, t)
+    t2 = time.perf_counter()
+    a.idle_stretches("idle")
+    runs.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    a.con.close()
+runs.sort(key=lambda r: r[1])
+jobs = {}
+for job in sys.argv[4:]:
+    js = states.job_breakdown(con, p, job, t)
+    row = ws.jobs.filter(ws.jobs["job_key"] == job).row(0, named=True)
+    jobs[job] = {"job": {k: v / js.data_s for k, v in js.seconds.items() if v > 0},
+                 "window": {s: row[f"{s}_gpu_h"] / row["data_gpu_h"] for s in STATES if row[f"{s}_gpu_h"]}}
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+print(json.dumps({"analysis_s": runs[1][0], "states_s": runs[1][1], "idle_s": runs[1][2], "jobs_n": ws.jobs.height, "tiles": a.fw.tiles, "rss_mib": hwm, "jobs": jobs}))
+"""
+
+
+def with_facts(root: Path) -> None:
+    """The store's facts (and summaries), as the collector's upkeep builds them, for every closed hour."""
+    from gpufleet.collector.maintenance import compact
+    from gpufleet.collector.store import StoreWriter
+    from gpufleet.collector.summaries import SummaryParams
+
+    w = StoreWriter(root)
+    try:
+        compact(w, START + 2 * DAY, SummaryParams(), facts_hours=None)
+        w.publish()
+    finally:
+        w.close()
+
+
+def window_table(sizes: list[int], cache: Path) -> Table:
+    t = Table("job states: the window's breakdown per job and team from facts (window_states; a day of 15 s samples), by fleet size")
+    for gpus in sizes:
+        root = cache / f"facts-{gpus}-{len(_jobs(gpus))}"
+        if not (root / "manifest.json").exists():
+            progress(f"generating a day of {gpus} GPUs with facts under {root}")
+            started = time.monotonic()
+            generate(root, gpus)
+            with_facts(root)
+            progress(f"generated in {time.monotonic() - started:.0f} s")
+        out = subprocess.run([sys.executable, "-c", MEASURE_WINDOW, str(root), START.isoformat(), (START + DAY).isoformat(), *_jobs(gpus)],
+                             capture_output=True, text=True, check=True, cwd=ROOT)
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        t.add(f"{gpus:,} GPUs, {got['jobs_n']:,} jobs: Analysis of the day (its parts: {got['tiles']})", f"{got['analysis_s']:.2f} s")
+        t.add(f"{gpus:,} GPUs: window_states on it (median of 3; beside it the idle figure's stretches, the same chaining pass)",
+              f"{got['states_s']:.2f} s (idle stretches {got['idle_s']:.2f} s)")
+        t.add(f"{gpus:,} GPUs: peak RSS", f"{got['rss_mib']:.0f} MiB")
+        for job, m in got["jobs"].items():
+            share = lambda d: ", ".join(f"{k} {v:.1%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
+            t.add(f"{gpus:,} GPUs: {job} per job / from facts", f"{share(m['job'])} / {share(m['window'])}")
+    return t
+
+
 def run() -> list[Table]:
     sizes = [int(s) for s in os.environ.get("GPUFLEET_BENCH_STATES_GPUS", "256,1024").split(",") if s.strip()]
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "states")
@@ -151,4 +233,5 @@ def run() -> list[Table]:
             t.add(f"{gpus:,}-GPU fleet: {m['gpus']}-GPU job ({m['data_h']:.0f} GPU-h with data)", f"{m['wall_s']:.2f} s (CPU {m['cpu_s']:.2f} s)", "<= 0.5 s",
                   m["wall_s"] <= 0.5)
         t.add(f"{gpus:,}-GPU fleet: peak RSS", f"{got['rss_mib']:.0f} MiB")
-    return [t]
+    window = [int(s) for s in os.environ.get("GPUFLEET_BENCH_STATES_WINDOW_GPUS", "256,1024").split(",") if s.strip()]
+    return [t, window_table(window, cache)] if window else [t]

@@ -26,9 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--once", action="store_true", help="run every source once and exit")
     mode.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="fill a past window (ISO 8601 times, UTC unless an offset is given); a Prometheus "
                            "API source's chunks are read on [analytics] dask_scheduler if set")
-    mode.add_argument("--rebuild-summaries", action="store_true",
-                      help="build every per-GPU summary that is missing or stale (after a change of [analytics] idle_threshold_percent, "
-                           "max_gap_seconds or idle_min_duration_seconds, or a backfill), on [analytics] dask_scheduler if set, and exit")
+    mode.add_argument("--rebuild-summaries", action="store_true", help=argparse.SUPPRESS)  # retired: refused with the replacement
     mode.add_argument("--rebuild-facts", nargs="*", metavar="TIME",
                       help="build again from the raw samples the facts (the derived tier) of the hours and days overlapping START END "
                            "(two TIMEs, ISO 8601, UTC unless an offset is given; none: the whole store), and exit")
@@ -92,13 +90,16 @@ def build(opts: dict[str, Any]):
     if not sources:
         raise ConfigError("[collector]: no source configured: set scrape targets, prometheus.url, sacct.enabled, slurmrestd.url, "
                           "slurm_json.files or kubernetes.enabled")
-    from gpufleet.collector.summaries import SummaryParams
+    from gpufleet.collector.facts import FactParams
     from gpufleet.collector.tasks import TaskRunner
 
     an = opts["analytics"]
-    upkeep = dict(summary_params=SummaryParams(max_gap_s=float(an["max_gap_seconds"]), idle_threshold=float(an["idle_threshold_percent"]),
-                                               keep_s=float(an["idle_min_duration_seconds"])),
-                  tasks=TaskRunner(scheduler=an["dask_scheduler"], name="summaries"), rebuild_gpu_shards=an["rebuild_gpu_shards"])
+    try:
+        params = FactParams(max_gap_s=float(an["max_gap_seconds"]), idle_threshold=float(an["idle_threshold_percent"]),
+                            idle_min_s=float(an["idle_min_duration_seconds"]))
+    except ValueError as e:
+        raise ConfigError(f"[analytics]: {e}") from None
+    upkeep = dict(fact_params=params, tasks=TaskRunner(scheduler=an["dask_scheduler"], name="facts"))
     root = opts["store"]
     if shard is not None:
         if accounting:
@@ -108,32 +109,6 @@ def build(opts: dict[str, Any]):
                 raise ConfigError(str(e)) from None
         root = shard.root(root)
     return Collector(StoreWriter(root), sources, shard=shard, accounting=accounting, **upkeep)
-
-
-def _rebuild_summaries(collector, out) -> int:
-    """--rebuild-summaries, with a progress bar on `out`; 1 when it fails (what failed is logged)."""
-    from gpufleet.collector.store import StoreError
-    from gpufleet.collector.tasks import TaskError
-
-    def bar(done: int, total: int) -> None:
-        filled = round(30 * done / total)
-        out.write(f"\rrebuilding summaries [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} tasks")
-        out.write("\n" if done == total else "")
-        out.flush()
-
-    from gpufleet.collector.maintenance import summary_runner
-
-    try:
-        hours, built = collector.rebuild_summaries(progress=bar)
-    except (TaskError, StoreError, OSError) as e:
-        log.error("rebuilding the summaries of %s failed: %s (parts already written are kept: run it again to resume)",
-                  collector.writer.root, e)
-        return 1
-    finally:
-        collector.writer.close()
-    where = summary_runner(collector.tasks, built).scheduler or "this process"
-    out.write(f"summaries: {built} hours built ({where}), {hours} hours summarised in {collector.writer.root}\n")
-    return 0
 
 
 def _span(flag: str, texts: list[str] | None) -> list | None:
@@ -172,13 +147,16 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
     from gpufleet.collector.store import StoreError
 
     try:
+        if args.rebuild_summaries:
+            raise ConfigError("--rebuild-summaries was retired with the per-GPU summaries (issue #52: the facts are the store's one "
+                              "derived tier): use --rebuild-facts [START END], which builds the facts again from the raw samples")
         doc = load_config(args.config)
         window = _span("--backfill", args.backfill)
         rebuild_facts = args.rebuild_facts
         if rebuild_facts is not None and len(rebuild_facts) not in (0, 2):
             raise ConfigError(f"--rebuild-facts {' '.join(rebuild_facts)}: expected START END, or nothing (the whole store)")
         facts_span = _span("--rebuild-facts", rebuild_facts)
-        service = not (args.once or window or args.rebuild_summaries or rebuild_facts is not None)
+        service = not (args.once or window or rebuild_facts is not None)
         opts, extra_jobs = gather(lambda: config.load(doc, args.config, shard=args.shard),
                                   lambda: [add for make in scheduled_jobs if (add := make(doc, args.config))] if service else [])
         collector = build(opts)
@@ -191,8 +169,6 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
     except StoreError as e:
         log.error("%s", e)
         return 1
-    if args.rebuild_summaries:
-        return _rebuild_summaries(collector, out or sys.stderr)
     if rebuild_facts is not None:
         return _rebuild_facts(collector, facts_span, out or sys.stderr)
     if args.once or window:
@@ -222,5 +198,5 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
             out.flush()
     ret = opts["retention"]
     collector.serve(stop, maintenance_interval=ret["compact_interval"], raw_days=ret["raw_days"],
-                    summary_days=ret["summary_days"], facts_5m_days=ret["facts_5m_days"], facts_days=ret["facts_days"], extra_jobs=extra_jobs)
+                    facts_5m_days=ret["facts_5m_days"], facts_days=ret["facts_days"], extra_jobs=extra_jobs)
     return 0

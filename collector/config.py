@@ -33,14 +33,12 @@
 
     [collector.retention]
     raw_days = 35
-    summary_days = 90                   # per-GPU summaries kept after the raw samples go (exact figures of whole buckets)
     facts_5m_days = 35                  # the facts' 5-minute grain
     facts_days = 400                    # the facts' hour and day grains
 
-    [analytics]                         # read here too: the summaries' parameters, and where rebuilds and backfills run
+    [analytics]                         # read here too: the facts' parameters, and where rebuilds and backfills run
     idle_threshold_percent = 5.0
     dask_scheduler = "tcp://dask-scheduler:8786"   # "" (default): in the collector
-    rebuild_gpu_shards = 4              # a rebuild's tasks per day
 """
 
 from __future__ import annotations
@@ -130,20 +128,17 @@ KUBERNETES = (
 
 RETENTION = (
     Option("raw_days", 35, "an integer >= 1", integer(1)),
-    # the per-GPU summaries of hours older than raw_days, kept until summary_days (0 or <= raw_days:
-    # they go with their samples); at 100,000 GPUs a day's take ~1.2 GB against ~3 GB of samples
-    Option("summary_days", 90, "an integer >= 0 (days the per-GPU summaries outlive the raw samples to; 0: they go with them)", integer(0)),
     # facts (gpufleet.collector.facts): a day's 5-minute facts go whole once the day is older than
     # facts_5m_days (but not before its raw samples), its hour and day facts after facts_days (but
     # not before its 5-minute facts): maintenance.retire_facts
     Option("facts_5m_days", 35, "an integer >= 1 (days the 5-minute facts are kept)", integer(1)),
     Option("facts_days", 400, "an integer >= 1 (days the hour and day facts are kept)", integer(1)),
-    Option("compact_interval", 600.0, "a number of seconds > 0 (compaction, summaries, facts and retention)", number(0)),
+    Option("compact_interval", 600.0, "a number of seconds > 0 (compaction, facts and retention)", number(0)),
 )
 
 
-# [analytics] options the collector needs too: the summaries its upkeep writes bake the first three
-# in (gpufleet.collector.summaries), and a rebuild of them runs on the Dask scheduler named here.
+# [analytics] options the collector needs too: the facts its upkeep writes bake the first three in
+# (gpufleet.collector.facts), and a rebuild of them runs on the Dask scheduler named here.
 # Named here, below the analytics, which list them among their own (gpufleet.analytics.params).
 ANALYTICS_SHARED = (
     Option("max_gap_seconds", 30.0, "a number of seconds > 0", number(0)),
@@ -151,9 +146,23 @@ ANALYTICS_SHARED = (
     Option("idle_min_duration_seconds", 1800.0, "a number of seconds >= 0", number(0, inclusive=True)),
     Option("dask_scheduler", "", 'a Dask scheduler address such as "tcp://host:8786", or "" (rebuilds and backfills run in the collector)',
            lambda v: v == "" or (isinstance(v, str) and re.fullmatch(r"(tcp|tls|ucx|inproc)://\S+", v) is not None)),
-    Option("rebuild_gpu_shards", 1, "an integer from 1 to 256 (a rebuild's tasks per day: one per shard of the GPUs)",
-           lambda v: integer(1)(v) and v <= 256),
 )
+
+
+# [analytics] keys retired with the per-GPU summaries (issue #52), refused with what replaced them
+RETIRED_ANALYTICS = {
+    "summaries": "was retired with the per-GPU summaries (issue #52): every figure comes from the store's facts, "
+                 "with the raw samples as the tests' oracle; remove it",
+    "rebuild_gpu_shards": "was retired with the per-GPU summaries (issue #52): a facts rebuild runs a task per hour "
+                          "(on dask_scheduler when set); remove it",
+}
+
+
+def refuse_retired_analytics(raw: Mapping[str, Any], path: Any) -> None:
+    """A ConfigError naming the replacement of a retired [analytics] key `raw` (the section) holds."""
+    for key, why in RETIRED_ANALYTICS.items():
+        if key in raw:
+            raise ConfigError(f"config {path} [analytics]: {key} {why}")
 
 
 def analytics_shared(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
@@ -161,6 +170,7 @@ def analytics_shared(doc: Mapping[str, Any], path: Any) -> dict[str, Any]:
     raw = doc.get("analytics", {})
     if not isinstance(raw, dict):
         return section(doc, "analytics", ANALYTICS_SHARED, path)  # says what is wrong with it
+    refuse_retired_analytics(raw, path)
     names = {o.key for o in ANALYTICS_SHARED}
     return section({"analytics": {k: v for k, v in raw.items() if k in names}}, "analytics", ANALYTICS_SHARED, path)
 
@@ -185,6 +195,10 @@ def load(doc: Mapping[str, Any], path: Any, *, shard: str | None = None) -> dict
     if isinstance(retention, dict) and "rollup_days" in retention:
         raise ConfigError(f"config {path} [collector.retention]: rollup_days was retired with the 5-minute rollups (issue #52: the "
                           "facts' 5-minute grain replaced them): remove it; job-reported throughput is kept for facts_days")
+    if isinstance(retention, dict) and "summary_days" in retention:
+        raise ConfigError(f"config {path} [collector.retention]: summary_days was retired with the per-GPU summaries (issue #52: the "
+                          "facts replaced them): remove it; the 5-minute facts are kept for facts_5m_days, the hour and day facts "
+                          "for facts_days")
     top, *validated = gather(lambda: section(doc, "collector", TOP, path),
                              *(lambda name=name, options=options: section(raw, name, options, path, parent="collector") for name, options in tables))
     top.update({name: opts for (name, _), opts in zip(tables, validated)})

@@ -1,6 +1,5 @@
 """A GPU's sample intervals cut into bucket pieces, and the pieces cut again at allocation edges:
-what the store's facts (gpufleet.collector.facts) are built from. (Moved out of the per-GPU
-summaries' module, which is being retired, issue #52.)"""
+what the store's facts (gpufleet.collector.facts) are built from."""
 
 from __future__ import annotations
 

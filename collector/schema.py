@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 @dataclass(frozen=True)
@@ -401,6 +401,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # 10: the checkpoints jobs report (JOB_CHECKPOINTS_DDL); before the upgrade none were kept, so
     # those interruptions' lost work stays counted from the attempt's start (an upper bound)
     10: (JOB_CHECKPOINTS_DDL,),
+    # 11: the per-GPU summaries retired (issue #52: the facts are the store's one derived tier):
+    # their files under summaries/ - 5-minute rows, joined segments, run facts, health day files,
+    # a rebuild's parts ($retired, listed by the writer) - retired ($now: deleted after the grace
+    # period, as a reader may hold an older manifest); the next publish lists none of them
+    11: ("INSERT OR IGNORE INTO retired_files SELECT unnest($retired::VARCHAR[]), $now",),
 }
 
 # Where a job's GPU count came from, by authority: a known count is never replaced by an
@@ -471,65 +476,13 @@ class Batch:
 # When an allocation holds its GPU (before an analysis clips it to its window): from its job's
 # start, else the mapping's first sighting, to the job's end, else the last sighting plus
 # $max_gap. Named once: the analytics' allocations (gpufleet.analytics.sql.ALLOCATIONS) and the
-# summaries' cuts (ALLOCATION_EDGES) use the one rule, so a summary's segments end where an
-# analysis looks up. Aliases: a = allocations, j = jobs.
+# facts' holds (gpufleet.collector.facts.HOLDS) use the one rule, so a part ends where an analysis
+# looks up. Aliases: a = allocations, j = jobs.
 ALLOCATION_START = "coalesce(j.start, a.first_seen)"
 ALLOCATION_END = 'coalesce(j."end", a.last_seen + to_seconds($max_gap))'
 
-# Every allocation's start and end in [$lo, $hi) (epoch us), with its GPU as SUMMARY_SAMPLES
-# names it: where one hour's summaries cut their buckets (gpufleet.collector.summaries).
-ALLOCATION_EDGES = f"""
-SELECT cluster, host, gpu_uuid, gi, t FROM (
-    SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi,
-           epoch_us({ALLOCATION_START}) AS t0, epoch_us({ALLOCATION_END}) AS t1
-    FROM allocations a
-    LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key)
-UNPIVOT (t FOR edge IN (t0, t1))
-WHERE t >= $lo AND t < $hi
-ORDER BY cluster, host, gpu_uuid, gi, t
-"""
-
-# Per hour (epoch us // 1 h), what of ALLOCATION_EDGES cuts its buckets (the distinct edges
-# strictly inside a bucket of $bucket_us): how many and an order-free digest. An hour whose
-# summary was cut at other edges (an allocation learnt of later) is rebuilt.
-_EDGE_DIGESTS = f"""
-SELECT t // 3600000000 AS hour, count(*)::VARCHAR || '-' || sum(hash(cluster, host, gpu_uuid, gi, t))::VARCHAR AS digest
-FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi, t FROM ({ALLOCATION_EDGES}) WHERE t % $bucket_us {{on}} 0)
-GROUP BY 1
-"""
-CUT_DIGESTS = _EDGE_DIGESTS.format(on="<>")
-# ... and of those on a bucket's start (ALIGNED_EDGES): an hour's joined segments broken at others
-# are written again (from its rows: summaries.coarsen)
-ALIGNED_DIGESTS = _EDGE_DIGESTS.format(on="=")
-
-# The allocation edges of [$lo, $hi) on a bucket's start (multiples of $bucket_us), by the GPU's
-# hash as SUMMARY_HASHES gives it (gh): where an hour's joined segments (summaries.coarsen) break
-# though no segment of the hour was cut there
-ALIGNED_EDGES = f"""
-SELECT DISTINCT hash(cluster, host, gpu_uuid, gi::INTEGER) AS gh, t
-FROM ({ALLOCATION_EDGES}) WHERE t % $bucket_us = 0
-"""
-
-# An hour's summary rows (_hour, gpufleet.collector.summaries.SCHEMA) with their hashes
-# (summaries.FILE_SCHEMA: the values GPU_HASH and the GPU's hash give in the analytics)
-SUMMARY_HASHES = """
-SELECT *, hash(cluster, host, gpu_uuid, gi::INTEGER, gpu::INTEGER, model, mig_profile) AS h,
-       hash(cluster, host, gpu_uuid, gi::INTEGER) AS gh
-FROM _hour
-"""
-
-# The cuts of one task's hours numbered as its samples' GPUs (g): _cuts (ALLOCATION_EDGES' rows)
-# joined to _rows (SUMMARY_SAMPLES' rows)
-CUTS_BY_GPU = """
-SELECT r.g, c.t FROM _cuts c
-JOIN (SELECT DISTINCT cluster, host, gpu_uuid, gi, g FROM _rows) r
-  ON r.cluster IS NOT DISTINCT FROM c.cluster AND r.host IS NOT DISTINCT FROM c.host
- AND r.gpu_uuid IS NOT DISTINCT FROM c.gpu_uuid AND r.gi = c.gi
-WHERE c.t >= $lo AND c.t < $hi
-"""
-
-# A sample's figures as the per-GPU line reads them, said once for the summary writer
-# (SUMMARY_SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,
+# A sample's figures as the per-GPU line reads them, said once for the facts
+# (gpufleet.collector.facts.SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,
 # RAW_BUCKETS_*), so both apply one rule: NaN for a figure not reported (the columns reach numpy
 # without a copy), a MIG instance's utilization its graphics-engine activity, nop = held with no
 # compute process. {s}: the samples' table alias and a dot, or "".
@@ -539,35 +492,12 @@ LINE_COLUMNS = """coalesce(coalesce({s}gpu_util, {s}gr_engine_active * 100)::FLO
 LINE_DETAIL_COLUMNS = """coalesce({s}fb_used_mib::FLOAT, 'NaN'::FLOAT) AS fb, coalesce({s}tensor_active::FLOAT, 'NaN'::FLOAT) AS tensor,
        coalesce({s}sm_clock_mhz::FLOAT, 'NaN'::FLOAT) AS clock"""
 
-# The samples one hour's summaries read (gpufleet.collector.summaries): LINE_COLUMNS and
-# LINE_DETAIL_COLUMNS (and the power draw), with the GPU (g) and its variant (v) numbered,
-# ordered by GPU and time.
-# {source}: the hour's sample files (store.sample_source); $lo, $hi: the range read (an hour and max_gap either side);
-# $host_lo, $host_hi: only the hosts in [$host_lo, $host_hi) (a rebuild task's share; NULL: open).
-SUMMARY_SAMPLES = f"""
-SELECT dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi) AS g,
-       dense_rank() OVER (ORDER BY cluster, host, gpu_uuid, gi, gpu, model, mig_profile) AS v, *
-FROM (
-    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu::INTEGER AS gpu, model, mig_profile,
-           epoch_us(ts) AS ts, {LINE_COLUMNS.format(s="")},
-           {LINE_DETAIL_COLUMNS.format(s="")}, coalesce(power_w::FLOAT, 'NaN'::FLOAT) AS power
-    FROM {{source}} WHERE ts >= $lo AND ts < $hi
-      AND ($host_lo IS NULL OR host >= $host_lo) AND ($host_hi IS NULL OR host < $host_hi))
-ORDER BY g, ts
-"""
-
-# --- Clock-event reasons, and each hour's run facts (gpufleet.collector.maintenance.summarize_health) ---
+# --- Clock-event reasons, and the runs of the fleet at a moment (gpufleet.analytics.fleet_now) ---
 
 # DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits: thermal slowdown (SW, HW), power cap and brake, HW slowdown
 THERMAL_BITS = 0x20 | 0x40
 POWER_BITS = 0x04 | 0x80
 HW_SLOWDOWN_BITS = 0x08
-# An hour's run facts file (HEALTH_FILE): 2 also held the hour's health figures, which now come from
-# the facts (gpufleet.collector.facts); 3 holds the run facts only
-HEALTH_FORMAT_VERSION = 3
-# An open hour's file (the "now" of its summary's entry), of its samples before the summary's end:
-# 3 also held the health figures; 4 is HEALTH_FILE's rows (run facts only)
-NOW_FORMAT_VERSION = 4
 
 
 def same_gpu_hour(a: str, b: str, *cols: str) -> str:
@@ -599,8 +529,7 @@ NOW_NEWEST = ("s_gpu", "s_model", "s_mig", "ts", "util", "fb_used_mib", "gpu_tem
 #   now_last_proc, now_noproc_after_proc, now_first_noproc, now_noproc_in_stretch: the same for
 #                              "some compute process" / "no compute process"
 #   now_newest                 the hour's newest sample (NOW_NEWEST; one of them where two share a time)
-# The writer runs it over an hour's sample files (HEALTH_FILE); the reader
-# over the raw samples of the hours it has no summary of. Each GPU's samples are one integer (k)
+# Fleet now runs it over the look-back's raw samples. Each GPU's samples are one integer (k)
 # for the windows (on the four text columns they cost ~3x as much).
 NOW_HOURS = f"""
 WITH s AS NOT MATERIALIZED (
@@ -637,10 +566,4 @@ WITH s AS NOT MATERIALIZED (
 )
 SELECT k.cluster, k.host, k.gpu_uuid, k.gi, k.hour, r.* EXCLUDE (k), newest.now_newest
 FROM k JOIN r USING (k) JOIN newest ON {same_gpu_hour("k", "newest", "hour")}
-"""
-
-# An hour's run facts file (the hour's "health" file in its summary's entry; an open hour's "now"):
-# NOW_HOURS' rows, for Fleet now
-HEALTH_FILE = f"""
-SELECT * FROM ({NOW_HOURS}) ORDER BY cluster, host, gpu_uuid, gi, hour
 """

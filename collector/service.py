@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpufleet.collector.schema import Batch, Unrecognized
 
 from gpufleet.collector.sources.base import Source, SourceError
-from gpufleet.collector.store import StoreWriter, summary_backlog
+from gpufleet.collector.store import StoreWriter
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,6 @@ class CollectorMetrics:
             "Inputs the collector did not recognize (a target with no GPU series, an answer of an unknown shape, a pod "
             "name as Hostname, ...): also listed in the store's manifest and on the dashboard's Health page.",
             ["source", "input", "kind"], registry=r)
-        self.summary_hours = Gauge(
-            "gpufleet_collect_summary_hours",
-            "Hours the store holds per-GPU summaries of (state=summarised), and of those the ones upkeep has still to "
-            "rebuild (awaiting_rebuild: an older format; health_awaiting_rebuild: no health summary of this format) or "
-            "to write the joined segments of (joined_awaiting_rebuild: a closed hour without them; read from its 5-minute "
-            "rows meanwhile). The analytics read the others from the raw samples meanwhile: the same figures, slower. "
-            "summaries_only: hours whose raw samples retention retired, kept as summaries ([collector.retention] "
-            "summary_days): a bucket of them a window edge cuts has no data.",
-            ["state"], registry=r)
         self.facts = Gauge(
             "gpufleet_collect_facts",
             "The store's facts (its one derived tier): files listed (state=listed; grain=hour: an hour's 5-minute facts, "
@@ -98,11 +89,11 @@ class Collector:
 
     def __init__(self, writer: StoreWriter, sources: list[ScheduledSource], *, clock: Callable[[], datetime] = utcnow,
                  max_future_skew: timedelta = timedelta(minutes=5), shard: Any = None, accounting: bool = True,
-                 summary_params: Any = None, tasks: Any = None, rebuild_gpu_shards: int = 1):
+                 fact_params: Any = None, tasks: Any = None):
         self.writer = writer
-        # what upkeep's summaries bake in (SummaryParams; None: the defaults), and where a
-        # rebuild of them runs (a TaskRunner on a Dask scheduler; None: here), in how many tasks a day
-        self.summary_params, self.tasks, self.rebuild_gpu_shards = summary_params, tasks, rebuild_gpu_shards
+        # what upkeep's facts bake in (facts.FactParams; None: the defaults), and where a rebuild
+        # of them runs (a TaskRunner on a Dask scheduler; None: here)
+        self.fact_params, self.tasks = fact_params, tasks
         self.shard = shard  # gpufleet.collector.shard.Shard, or None: the store's only collector
         self.accounting = accounting  # this collector reads scheduler accounting (and runs the report and the policy)
         self.sources = sources
@@ -119,7 +110,6 @@ class Collector:
         self._unrecognized_logged: dict[tuple[str, str, str], tuple[float, str]] = {}  # -> (when logged, detail)
         self.unrecognized_seen: list[Unrecognized] = []  # since reset_recognized(), for that message
         self._job_gpus_counted = False  # gpufleet_collect_jobs_gpus_fallback set since start (count_job_gpu_sources)
-        self.count_summaries()  # what the store holds from before this start, until the first upkeep
 
     def reset_recognized(self) -> None:
         self.recognized = self.rejected_seen = 0
@@ -306,24 +296,23 @@ class Collector:
             self.writer.publish()
         return n
 
-    def maintain(self, raw_days: int, summary_days: int = 0, facts_5m_days: int = 35, facts_days: int = 400) -> None:
-        """Compaction, summaries, facts, settling and retention; holds the commit lock (one writer). Never raises."""
+    def maintain(self, raw_days: int, facts_5m_days: int = 35, facts_days: int = 400) -> None:
+        """Compaction, facts, settling and retention; holds the commit lock (one writer). Never raises."""
         from gpufleet.collector.maintenance import apply_retention, compact, settle
 
         t0 = time.monotonic()
         try:
             with self._commit_lock:
                 now = self.clock()
-                compact(self.writer, now, self.summary_params, self.tasks, self.rebuild_gpu_shards)
+                compact(self.writer, now, self.fact_params, self.tasks)
                 settle(self.writer, now)
-                apply_retention(self.writer, now, raw_days, summary_days, facts_5m_days, facts_days)
+                apply_retention(self.writer, now, raw_days, facts_5m_days, facts_days)
             ok = True
         except Exception:  # noqa: BLE001 - upkeep failing must not stop collection
             log.exception("store maintenance failed")
             ok = False
         self.metrics.duration.labels("maintenance").set(time.monotonic() - t0)
         self.metrics.success.labels("maintenance").set(1 if ok else 0)
-        self.count_summaries()
         self.count_facts()
         self.count_job_gpu_sources()  # the job mapping fills GPU counts between job reads
 
@@ -336,13 +325,6 @@ class Collector:
         for (cluster, source), n in counts.items():
             self.metrics.job_gpus_fallback.labels(cluster, source).set(n)
 
-    def count_summaries(self) -> None:
-        """gpufleet_collect_summary_hours from the writer's summaries as they stand."""
-        with self._commit_lock:
-            backlog = summary_backlog(list(self.writer.summaries.values()))
-        for state, hours in backlog.items():
-            self.metrics.summary_hours.labels(state).set(hours)
-
     def count_facts(self) -> None:
         """gpufleet_collect_facts from the writer's facts and what upkeep left of them."""
         with self._commit_lock:
@@ -353,32 +335,20 @@ class Collector:
             self.metrics.facts.labels(grain, "listed").set(listed[grain])
             self.metrics.facts.labels(grain, "awaiting_build").set(left[grain])
 
-    def rebuild_summaries(self, progress: Callable[[int, int], None] | None = None) -> tuple[int, int]:
-        """Compact what is due and (re)build every summary that is missing or stale (other
-        parameters, samples changed), and every health summary: `gpufleet collect --rebuild-summaries`. Returns (hours
-        summarised, of which built now); raises what fails (TaskError, StoreError)."""
-        from gpufleet.collector.maintenance import compact
-
-        with self._commit_lock:
-            before = {h: e["file"] for h, e in self.writer.summaries.items()}
-            compact(self.writer, self.clock(), self.summary_params, self.tasks, self.rebuild_gpu_shards, progress,
-                    health_hours=None, coarse_hours=None, facts_hours=None)  # publishes; every health summary, hour's joined segments and facts too
-            now = {h: e["file"] for h, e in self.writer.summaries.items()}
-        return len(now), sum(1 for h, f in now.items() if before.get(h) != f)
-
     def rebuild_facts(self, span: tuple[datetime, datetime] | None = None) -> dict[str, int]:
         """Compact what is due, then build the facts of the hours and days overlapping `span`
-        (None: all) again from the samples, with the summaries' parameters: `gpufleet collect
+        (None: all) again from the samples, with upkeep's parameters: `gpufleet collect
         --rebuild-facts`. Returns how many hour and day files were written."""
-        from gpufleet.collector.maintenance import compact_hours, fact_params, rebuild_facts
+        from gpufleet.collector import facts
+        from gpufleet.collector.maintenance import compact_hours, rebuild_facts
 
         with self._commit_lock:
             now = self.clock()
             compact_hours(self.writer, now)
-            return rebuild_facts(self.writer, now, fact_params(self.summary_params), span, self.tasks)
+            return rebuild_facts(self.writer, now, self.fact_params or facts.FactParams(), span, self.tasks)
 
     def serve(self, stop: threading.Event, *, jitter_fraction: float = 0.1, maintenance_interval: float | None = 600.0,
-              raw_days: int = 35, summary_days: int = 0, facts_5m_days: int = 35, facts_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
+              raw_days: int = 35, facts_5m_days: int = 35, facts_days: int = 400, extra_jobs: Iterable[Callable[[Any, Any], None]] = ()) -> None:
         """Run every source on its schedule, store upkeep every `maintenance_interval` seconds, and
         each of `extra_jobs` (a callable add(scheduler, collector) that adds its own job, e.g. the
         weekly report, the idle-GPU policy), until `stop`."""
@@ -402,7 +372,7 @@ class Collector:
                 next_run_time=datetime.now(timezone.utc),
             )
         if maintenance_interval:
-            scheduler.add_job(self.maintain, "interval", args=[raw_days, summary_days, facts_5m_days, facts_days], seconds=maintenance_interval,
+            scheduler.add_job(self.maintain, "interval", args=[raw_days, facts_5m_days, facts_days], seconds=maintenance_interval,
                               id="maintenance", max_instances=1, coalesce=True, misfire_grace_time=int(maintenance_interval))
         for add in extra_jobs:
             add(scheduler, self)

@@ -37,10 +37,9 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import duckdb
 import pyarrow as pa
@@ -50,7 +49,6 @@ import pyarrow.parquet as pq
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.shard import SHARDS_DIR
-from gpufleet.collector.summaries import PARTS_DIR
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -146,7 +144,7 @@ def parquet_encodings(schema_: pa.Schema) -> tuple[list[str], dict[str, str]]:
 
 
 # Rows per Parquet row group (4 x DuckDB's own 122,880). Files are sorted by host (then GPU and
-# time), so a reader that wants a few hosts (a job's report, a shard's summary task) skips the
+# time), so a reader that wants a few hosts (a job's report) skips the
 # other row groups by their statistics; pyarrow's default (1M rows) made a compacted hour of
 # 16,384 GPUs 4 row groups of ~500 hosts each, and a 16-GPU job's report read ~1M rows an hour
 # (its first load 2.4-2.5 s, now 1.6-1.8 s). Smaller groups (122,880) made it 1.4-1.6 s but cost
@@ -219,16 +217,6 @@ class StoreWriter:
         # Mirrors of the interval tables' recent rows: the scrape path's fast lane, see _observe()
         self._mirrors: dict[str, _Mirror] = {}
         self._gpu_disagreements: set[tuple] = set()  # job GPU counts two sources disagree on, logged once each
-        # Per-GPU summaries of closed hours (gpufleet.collector.summaries), as published: hour
-        # (ISO) -> {file, lo, hi, params, tag, sources, cuts, hash_by}; kept across restarts through the manifest.
-        # Each is current: a batch landing in its range drops it (commit), upkeep rebuilds it.
-        self.summaries: dict[str, dict[str, Any]] = {
-            e["hour"]: e for e in previous.get("summaries", []) if isinstance(e, dict) and {"hour", "file", "sources"} <= set(e)}
-        # Closed days' hourly health files merged into one each, as a store written before listed
-        # them (day -> {day, file, format, hours}): nothing reads them any more, and upkeep retires
-        # them (maintenance.retire_health_days).
-        self.health_days: dict[str, dict[str, Any]] = {
-            e["day"]: e for e in previous.get("health_days", []) if isinstance(e, dict) and {"day", "file", "hours"} <= set(e)}
         # Facts (gpufleet.collector.facts), as published: "5m/<hour>" or "day/<day>" -> {grain,
         # bucket, file, inputs, tag}; kept across restarts through the manifest, rebuilt by upkeep
         # when their inputs change.
@@ -239,7 +227,6 @@ class StoreWriter:
         # "days"), for gpufleet_collect_facts_awaiting_build; empty before the first pass
         self.facts_backlog: dict[str, int] = {}
         self._remove_uncommitted_files()
-        self._check_summaries()
         self._sweep_snapshots(previous)
         self.publish()
 
@@ -255,7 +242,8 @@ class StoreWriter:
         for version in sorted(v for v in schema.MIGRATIONS if v > current):
             self.db.execute("BEGIN")
             for stmt in schema.MIGRATIONS[version]:
-                self.db.execute(stmt, {"now": self.clock()} if "$now" in stmt else None)
+                binds = {k: f() for k, f in (("now", self.clock), ("retired", lambda: _retired_tier_files(self.root))) if f"${k}" in stmt}
+                self.db.execute(stmt, binds or None)
             self.db.execute("INSERT INTO schema_version VALUES (?, ?)", [version, self.clock()])
             self.db.execute("COMMIT")
             log.info("store %s migrated to schema version %d", self.root, version)
@@ -275,26 +263,23 @@ class StoreWriter:
                     path.unlink()
 
     def _sweep_snapshots(self, manifest: dict[str, Any]) -> None:
-        """Table snapshots, segments and summaries neither the manifest nor the ledger names
+        """Table snapshots, segments and facts files neither the manifest nor the ledger names
         (replaced shortly before a crash, or written and never committed) go after the grace
         period: a reader may hold an older manifest. A segment committed but not yet published
         stays (the ledger has it)."""
         current = self._live_files() | {f for files in manifest.get("segments", {}).values() for f in files}
         now = self.clock()
-        (self.root / "summaries").mkdir(exist_ok=True)
-        for path in sorted([*(self.root / "tables").iterdir(), *(self.root / "summaries").rglob("*.parquet*"),
-                            *(self.root / "facts").rglob("*.parquet*")]):
+        for path in sorted([*(self.root / "tables").iterdir(), *(self.root / "facts").rglob("*.parquet*")]):
             rel = str(path.relative_to(self.root))
             if path.name.endswith(".tmp"):
                 path.unlink(missing_ok=True)
-            elif path.is_file() and rel not in current and not rel.startswith(PARTS_DIR + "/"):  # parts: a rebuild's, to resume
+            elif path.is_file() and rel not in current:
                 self._retired_snapshots.append((rel, now))
 
     def _live_files(self) -> set[str]:
         """The table files the store is made of now: never deleted, whatever the retired lists say
         (a crash may have left a file of the same name there before it was written again)."""
         return (set(self._tables.values()) | {f for files in self._live_segments().values() for f in files}
-                | {f for e in self.summaries.values() for f in _summary_files(e)} | {e["file"] for e in self.health_days.values()}
                 | {e["file"] for e in self.facts.values()})
 
     def _reset_stale_segments(self) -> None:
@@ -396,7 +381,6 @@ class StoreWriter:
         if self._sample_files is not None:
             self._sample_files.update(rel for rel, *_ in files)
         if files:
-            self._drop_summaries(min(f[2] for f in files), max(f[3] for f in files))
             self._drop_facts(min(f[2] for f in files), max(f[3] for f in files))
         return result
 
@@ -411,70 +395,6 @@ class StoreWriter:
                 self._retired_snapshots.append((e["file"], self.clock()))
                 del self.facts[key]
 
-    def _drop_summaries(self, lo: datetime, hi: datetime) -> None:
-        """Samples landed in [lo, hi]: the summaries whose range they touch no longer stand for
-        their samples. Unlisted at the next publish, their files deleted after the grace period;
-        upkeep (maintenance.summarize) builds them again."""
-        if hi - lo < timedelta(days=2):  # a scrape round: only the summaries of hours around it
-            h = lo.replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
-            hours = []
-            while h <= hi + timedelta(hours=1):
-                hours.append(h.isoformat())
-                h += timedelta(hours=1)
-        else:
-            hours = list(self.summaries)
-        for hour in hours:
-            e = self.summaries.get(hour)
-            # (an hour whose raw samples retention retired keeps its summary: samples that old land
-            # to be retired by the next retention pass, and nothing could rebuild the summary)
-            if e is not None and not raw_retired(e) and datetime.fromisoformat(e["lo"]) <= hi and datetime.fromisoformat(e["hi"]) > lo:
-                self.retire_summary(hour)
-
-    def _check_summaries(self) -> None:
-        """At start: a summary whose range holds sample files it was not built from (a batch
-        committed just before a crash, whose publish would have dropped it) is dropped."""
-        if not self.summaries:
-            return
-        entries = pa.table({"hour": list(self.summaries), "lo": [datetime.fromisoformat(e["lo"]) for e in self.summaries.values()],
-                            "hi": [datetime.fromisoformat(e["hi"]) for e in self.summaries.values()]})
-        self.db.register("_summary_entries", entries)
-        try:
-            found = dict(self.db.execute(
-                """SELECT e.hour, list(DISTINCT b.file ORDER BY b.file) FROM _summary_entries e
-                   JOIN (SELECT file, min(min_ts) AS min_ts, max(max_ts) AS max_ts FROM batches
-                         WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file) b
-                     ON b.min_ts < e.hi AND b.max_ts >= e.lo GROUP BY e.hour""").fetchall())
-        finally:
-            self.db.unregister("_summary_entries")
-        for hour, e in list(self.summaries.items()):
-            if not raw_retired(e) and sorted(found.get(hour, [])) != e["sources"]:
-                log.warning("summary of %s is stale (its samples changed before a crash): dropped, upkeep rebuilds it", hour)
-                self.retire_summary(hour)
-
-    def attach_health(self, hour: str, rel: str, fmt: int, kind: str = "health") -> None:
-        """The hour's health summary file (gpufleet.collector.maintenance.summarize_health), or
-        with kind "now" an open hour's (of its samples before the summary's end), in its summary's
-        entry: it goes when the summary goes. An older one is retired."""
-        e = self.summaries[hour]
-        if e.get(kind) and e[kind] != rel:
-            self._retired_snapshots.append((e[kind], self.clock()))
-        e.update({kind: rel, f"{kind}_format": fmt})
-
-    def attach_coarse(self, hour: str, rel: str, aligned: str) -> None:
-        """The hour's joined segments (gpufleet.collector.maintenance.add_coarse), broken at the
-        allocation edges of digest `aligned`, in its summary's entry: they go when the summary
-        goes. An older file is retired."""
-        e = self.summaries[hour]
-        if e.get("coarse") and e["coarse"] != rel:
-            self._retired_snapshots.append((e["coarse"], self.clock()))
-        e.update(coarse=rel, aligned=aligned)
-
-    def retire_health_day(self, day: str) -> None:
-        """Drop a day's merged health file, retiring it (deleted after the grace period)."""
-        e = self.health_days.pop(day, None)
-        if e is not None:
-            self._retired_snapshots.append((e["file"], self.clock()))
-
     def put_facts(self, key: str, entry: dict[str, Any]) -> None:
         """List a facts file (gpufleet.collector.facts.upkeep) under `key`; the one it replaces is
         deleted after the grace period (a reader may hold an older manifest)."""
@@ -488,11 +408,6 @@ class StoreWriter:
         e = self.facts.pop(key, None)
         if e is not None:
             self._retired_snapshots.append((e["file"], self.clock()))
-
-    def retire_summary(self, hour: str) -> None:
-        e = self.summaries.pop(hour, None)
-        if e is not None:
-            self._retired_snapshots += [(f, self.clock()) for f in _summary_files(e)]
 
     def _write_sample_files(self, key: str, samples: pa.Table, checksum: str) -> list[tuple[str, int, datetime, datetime]]:
         lo, hi = (v.as_py() for v in pc.min_max(samples["ts"]).values())
@@ -951,8 +866,6 @@ class StoreWriter:
             "published_at": self.clock().isoformat(),
             "samples": sorted(self._sample_files),
             "tables": self._tables,
-            "summaries": sorted(self.summaries.values(), key=itemgetter("hour")),
-            "health_days": sorted(self.health_days.values(), key=itemgetter("day")),
             "facts": sorted(self.facts.values(), key=itemgetter("grain", "bucket")),
             # segmented tables: their immutable segments, and those the open part overrides rows of
             "segments": segments,
@@ -1276,8 +1189,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with views over the store's current manifest (the union of its shards'
     when sharded): never locks a writer.
 
-    Views: gpu_samples, jobs, allocations, gpus, the facts' (fact_parts, fact_files) and the
-    summaries'. An empty store, or one whose
+    Views: gpu_samples, jobs, allocations, gpus and the facts' (fact_parts, fact_files). An empty store, or one whose
     first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
     parts = read_manifests(root)
@@ -1287,7 +1199,6 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files)}")
     else:
         _empty_table(con, "gpu_samples", schema.SAMPLE_SCHEMA)
-    _summary_views(con, parts)
     _fact_views(con, parts)
     for name, ddl in schema.TABLES.items():
         views = [_table_view(d, m, name, m["tables"][name]) for d, m in parts if m.get("tables", {}).get(name)]
@@ -1305,64 +1216,11 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def raw_retired(entry: dict[str, Any]) -> bool:
-    """Has retention retired the raw samples a summary's manifest entry was built from, keeping the
-    summary (maintenance.apply_retention's summary_days): it then stands for the hour alone."""
-    return bool(entry.get("raw_retired"))
-
-
-def _summary_current(entry: dict[str, Any]) -> bool:
-    """Is a summary's manifest entry of this version's format (the last version wrote none: 2)?"""
-    from gpufleet.collector import summaries
-
-    return entry.get("format", 2) == (summaries.OPEN_FORMAT if entry.get("to") else summaries.FORMAT_VERSION)
-
-
-def _health_current(entry: dict[str, Any]) -> bool:
-    """Has a summary's manifest entry a health summary of this version's format?"""
-    return bool(entry.get("health")) and entry.get("health_format") == schema.HEALTH_FORMAT_VERSION
-
-
-def _now_current(entry: dict[str, Any]) -> bool:
-    """Has an open hour's summary entry its "now" file (schema.HEALTH_FILE's rows to its end) of this version's format?"""
-    return bool(entry.get("now")) and entry.get("now_format") == schema.NOW_FORMAT_VERSION
-
-
-def summary_backlog(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Of the hours that summary entries (a writer's, or the manifests') stand for: how many
-    (`summarised`), and how many wait for upkeep to rebuild their summary (`awaiting_rebuild`:
-    written in an older format) or to build their health rows (`health_awaiting_rebuild`: a
-    whole hour's health summary, an open hour's "now" file - missing, or of an older format; an
-    open hour's summary, up to its "to", counts as summarised) or to write their joined segments
-    (`joined_awaiting_rebuild`: a closed hour of the current format without them).
-    Readers take those hours from the raw samples (the joined segments' from the 5-minute rows)
-    meanwhile: the same figures, slower - which the Health page and
-    gpufleet_collect_summary_hours (a state per key) say, so it is never silent. `summaries_only`:
-    the hours whose raw samples retention retired, kept as summaries ([collector.retention]
-    summary_days): a bucket of them that would be read raw (a window edge inside it) has no data."""
-    hours: set[str] = set()
-    old: set[str] = set()
-    health_old: set[str] = set()
-    joined_old: set[str] = set()
-    alone: set[str] = set()
-    for e in entries:
-        hours.add(e["hour"])
-        if raw_retired(e):
-            alone.add(e["hour"])
-        if not _summary_current(e):
-            old.add(e["hour"])
-        elif not e.get("to") and not e.get("coarse"):
-            joined_old.add(e["hour"])
-        if not (_now_current(e) if e.get("to") else _health_current(e)):
-            health_old.add(e["hour"])
-    return {"summarised": len(hours), "awaiting_rebuild": len(old), "health_awaiting_rebuild": len(health_old),
-            "joined_awaiting_rebuild": len(joined_old), "summaries_only": len(alone)}
-
-
-def _summary_files(entry: dict[str, Any]) -> list[str]:
-    """The files a summary's manifest entry owns: its rows, a closed hour's joined segments
-    ("coarse") and, once built, its health summary (an open hour's: its "now")."""
-    return [f for f in (entry["file"], entry.get("coarse"), entry.get("health"), entry.get("now")) if f]
+def _retired_tier_files(root: Path) -> list[str]:
+    """The files of the derived tiers the facts replaced (schema.MIGRATIONS[11]): everything under
+    summaries/ - per-GPU summaries, their joined segments, run facts and health day files, a
+    rebuild's parts - relative to the store's root, for retired_files."""
+    return sorted(str(p.relative_to(root)) for p in (root / "summaries").rglob("*") if p.is_file())
 
 
 def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str, tuple[str, list[Any]]]) -> None:
@@ -1373,61 +1231,6 @@ def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str
     if any(values for _, values in columns.values()):
         picks = ", ".join(f"unnest(${i}::{t}[])" for i, (t, _) in enumerate(columns.values(), 1))
         con.execute(f"INSERT INTO {name} SELECT {picks}", [values for _, values in columns.values()])
-
-
-def _summary_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
-    """gpu_summaries (the per-GPU bucket summaries the manifests list, gpufleet.collector.summaries),
-    gpu_summaries_coarse (their hours' joined segments, where written: summaries.coarsen)
-    and summary_hours (one row per summarised hour: its range, where its summary `ends` - the
-    hour's end, or for an open hour the end of its last summarised bucket, its entry's "to" -, the
-    parameters baked in, its files and whether its samples are retired, `raw_retired`; shards' open hours count where they all end at the same bucket). A
-    summary whose sample files are no longer all listed, or written in another format
-    (FORMAT_VERSION: upkeep rebuilds it), is left out - unless retention retired those files and
-    kept the summary (raw_retired: it then stands for its hour alone). Collector shards
-    summarise their own GPUs: an hour counts as summarised only when every shard holding samples
-    of its day (or the days beside it) summarised it with the same parameters - a shard that died
-    before its upkeep leaves the hour to the raw samples, never a hole in the fleet."""
-    from gpufleet.collector import summaries
-
-    by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]] = {}
-    for d, m in parts:
-        listed = set(m.get("samples", []))
-        for e in m.get("summaries", []):
-            # an hour summarised in another format (an older version) waits for upkeep to rebuild it
-            if e.get("sources") and (raw_retired(e) or set(e["sources"]) <= listed) and _summary_current(e):
-                key = (e["hour"], e.get("tag"), *(e["params"][k] for k in ("max_gap_s", "idle_threshold", "keep_s", "bucket_s")),
-                       e.get("hash_by"), e.get("to") or "")
-                by_key.setdefault(key, []).append((d, e))
-    if len(parts) > 1:
-        days = [(d, {f.split("/")[1] for f in m.get("samples", []) if f.count("/") >= 2}) for d, m in parts]
-
-        def complete(key: tuple) -> bool:
-            h = datetime.fromisoformat(key[0])
-            near = {f"date={t:%Y-%m-%d}" for t in (h - timedelta(hours=1), h, h + timedelta(hours=1))}
-            have = {d for d, _ in by_key[key]}
-            return all(d in have for d, dd in days if dd & near)
-
-        by_key = {k: v for k, v in by_key.items() if complete(k)}
-    keys = sorted(by_key)
-    # each hour's files (a shard's each), which the analyses' summary reader reads directly; its
-    # joined segments' where every shard wrote them (summaries.coarsen), else None
-    files = [[str(d / e["file"]) for d, e in by_key[k]] for k in keys]
-    coarse = [[str(d / e["coarse"]) for d, e in by_key[k]] if all(e.get("coarse") for _, e in by_key[k]) else None for k in keys]
-    alone = [all(raw_retired(e) for _, e in by_key[k]) for k in keys]  # its samples retired: the summary stands for the hour alone
-    _table_of_lists(con, "summary_hours", {
-        "hour": ("TIMESTAMP", [k[0] for k in keys]), "tag": ("VARCHAR", [k[1] for k in keys]),
-        "max_gap_s": ("DOUBLE", [k[2] for k in keys]), "idle_threshold": ("DOUBLE", [k[3] for k in keys]),
-        "keep_s": ("DOUBLE", [k[4] for k in keys]), "bucket_s": ("BIGINT", [k[5] for k in keys]),
-        "hash_by": ("VARCHAR", [k[6] for k in keys]),
-        "ends": ("TIMESTAMP", [datetime.fromisoformat(k[7]) if k[7] else datetime.fromisoformat(k[0]) + timedelta(hours=1) for k in keys]),
-        "coarse": ("BOOLEAN", [c is not None for c in coarse]), "files": ("VARCHAR[]", files), "coarse_files": ("VARCHAR[]", coarse),
-        "raw_retired": ("BOOLEAN", alone)})
-    for view, paths in (("gpu_summaries", [f for fs in files for f in fs]), ("gpu_summaries_coarse", [f for fs in coarse if fs for f in fs])):
-        if paths:
-            con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(paths)})")
-        else:
-            _empty_table(con, view, summaries.FILE_SCHEMA)
-    _health_views(con, by_key)
 
 
 def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
@@ -1449,59 +1252,6 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
                     "hive_partitioning = false)")
     else:
         _empty_table(con, "fact_parts", facts.FILE_SCHEMA)
-
-
-def _health_views(con: duckdb.DuckDBPyConnection, by_key: dict[tuple, list[tuple[Path, dict[str, Any]]]]) -> None:
-    """health_hours (the hours whose run facts files stand for every shard's samples: those of a
-    summarised hour whose every summary has one of this format, with the max_gap and idle
-    threshold their run facts were built for) and gpu_health_hours (their rows,
-    schema.HEALTH_FILE). An hour summarised under two sets of parameters counts once. Also
-    now_hours and gpu_now_hours: the same for open hours' summaries (an hour, where its summary
-    `ends`, schema.HEALTH_FILE's rows of the samples before). Fleet now reads them."""
-    chosen: dict[str, tuple[tuple, list[str]]] = {}
-    opened: dict[str, tuple[tuple, list[str]]] = {}
-    for key in sorted(by_key):
-        entries = by_key[key]
-        if key[7]:  # an open hour's summary
-            if key[0] not in opened and all(_now_current(e) for _, e in entries):
-                opened[key[0]] = (key, [str(d / e["now"]) for d, e in entries])
-        elif key[0] not in chosen and all(_health_current(e) for _, e in entries):
-            chosen[key[0]] = (key, [str(d / e["health"]) for d, e in entries])
-    _hour_views(con, "health_hours", "gpu_health_hours", chosen)
-    _hour_views(con, "now_hours", "gpu_now_hours", opened, ends=True)
-
-
-def _hour_views(con: duckdb.DuckDBPyConnection, table: str, view: str, picked: dict[str, tuple[tuple, list[str]]],
-                ends: bool = False) -> None:
-    """`table` (hour - with `ends`, where an open hour's summary ends - max_gap and idle
-    threshold) and `view` (the rows of their files, schema.HEALTH_FILE's; none: an empty table of
-    its columns) of the hours _health_views picked (hour -> (summary key, files))."""
-    hours = sorted(picked)
-    columns = {"hour": ("TIMESTAMP", hours)}
-    if ends:
-        columns["ends"] = ("TIMESTAMP", [datetime.fromisoformat(picked[h][0][7]) for h in hours])
-    columns.update(max_gap_s=("DOUBLE", [picked[h][0][2] for h in hours]), idle_threshold=("DOUBLE", [picked[h][0][3] for h in hours]))
-    _table_of_lists(con, table, columns)
-    files = [f for h in hours for f in picked[h][1]]
-    if files:
-        con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_sql_list(files)})")
-    else:
-        columns = ", ".join(f'"{c}" {t}' for c, t in _health_file_columns())
-        con.execute(f"CREATE TABLE {view} ({columns})")
-
-
-@cache
-def _health_file_columns() -> tuple[tuple[str, str], ...]:
-    """schema.HEALTH_FILE's columns and their DuckDB types (over SAMPLE_SCHEMA's samples), for an
-    empty view of its rows: planned once a process - planning the query for each reader's two
-    empty views was half the cost of opening a store without health summaries."""
-    con = duckdb.connect(":memory:")
-    try:
-        con.register("_empty_samples", schema.SAMPLE_SCHEMA.empty_table())
-        rows = con.execute(f"DESCRIBE {schema.HEALTH_FILE.format(source='_empty_samples', where='false')}", {"thr": 0.0, "max_gap": 0.0}).fetchall()
-    finally:
-        con.close()
-    return tuple((r[0], r[1]) for r in rows)
 
 
 def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> str:
@@ -1535,7 +1285,7 @@ def _empty_table(con: duckdb.DuckDBPyConnection, name: str, columns: pa.Schema) 
 
 def sample_source(con: duckdb.DuckDBPyConnection, files: list[str]) -> str:
     """A table expression of these sample files with exactly SAMPLE_SCHEMA's columns, in its order:
-    every reader of sample files (the view, compaction, summaries, health summaries) goes through
+    every reader of sample files (the view, compaction, facts) goes through
     it. Files written before a sample column was added (the NVLink rates, foreign processes) read
     it as NULL - union_by_name, or added here when no file has it yet: read plainly, DuckDB takes
     the first file's columns, so a mixed hour would lose the newer files' columns (or fail)."""

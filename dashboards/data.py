@@ -14,13 +14,12 @@
   fingerprint of the configuration. A relative window ("the last 24 h", `Window`) also carries
   the number of its reuse period (step_for: longer for longer windows): its figures are computed
   with the window ending at the moment they are first asked for, and reused until the period
-  ends. Its start is put back onto the store's 5-minute summary grain (the last 6 h are then 6 h
+  ends. Its start is put back onto the store's 5-minute facts grain (the last 6 h are then 6 h
   and at most 5 minutes), or onto the hour where its timeline's buckets are whole hours (the
   last 24 h, 7 d, 30 d: 24 h and at most an hour, like Grafana's "now-24h/h"), so its timeline's
-  bucket edges fall on summary edges - on hour edges for the longer windows, whose hours are
-  then read from their joined segments - and the analysis answers them from the per-GPU
-  summaries instead of reading those buckets raw; its end lies in the open hour, whose newest
-  minutes (after its summary ends) are read raw anyway. What they were computed for travels with them
+  bucket edges fall on the facts' bucket edges and the analysis answers them from the facts
+  instead of reading those minutes raw; its end lies in the open hour, whose newest minutes
+  (after the settled facts end) are read raw anyway. What they were computed for travels with them
   (`Resolved`), so the job report and the previous window's totals are asked for exactly the same
   window.
 
@@ -43,7 +42,7 @@ from gpufleet.analytics import fairness, mfu
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params, from_config
 from gpufleet.analytics.timeline import default_bucket
-from gpufleet.collector.summaries import BUCKET_S
+from gpufleet.collector.facts import GRAIN_5M
 from gpufleet.dashboards import config as dconfig
 from gpufleet.times import HOUR, floor_time, utcnow
 
@@ -52,7 +51,7 @@ log = logging.getLogger(__name__)
 TOP_JOBS = 25  # the Waste page's most wasteful jobs
 TIMELINE_BY = ("fleet", "cluster", "model", "partition", "account", "user_name")
 UTILIZATION_BY = ("fleet", "cluster", "model", "host", "partition", "account", "user_name")
-SUMMARY_GRAIN = timedelta(seconds=BUCKET_S)  # where a relative window starts (see the module's docstring and start_grain)
+FACT_GRAIN = timedelta(seconds=GRAIN_5M)  # where a relative window starts (see the module's docstring and start_grain)
 
 
 # --- settings and the store ---
@@ -120,11 +119,11 @@ def step_for(length: timedelta) -> timedelta:
 def start_grain(length: timedelta) -> timedelta:
     """Where a relative window of this length starts (see the module's docstring): on the hour
     when its timeline's buckets are whole hours (24 h and longer), so every bucket edge falls on
-    an hour's and each hour inside the window is read from its joined segments; else on the
-    5-minute summary grain. The window's timeline keeps its bucket: a window at most one grain
+    an hour's and each hour inside the window is read from its hour facts; else on the 5-minute
+    facts grain. The window's timeline keeps its bucket: a window at most one grain
     longer than `length` gets the same one (gpufleet.analytics.timeline.default_bucket)."""
     bucket = default_bucket(length)
-    return HOUR if bucket % HOUR == timedelta(0) else SUMMARY_GRAIN
+    return HOUR if bucket % HOUR == timedelta(0) else FACT_GRAIN
 
 
 def _epoch_s(t: datetime) -> float:
@@ -252,6 +251,8 @@ class Bundle:
     window: Resolved  # the times these figures are for
     goodput: dict | None = None  # gpufleet.analytics.goodput.compute; None when it failed (goodput_error says why)
     goodput_error: str | None = None
+    states: Any | None = None  # gpufleet.analytics.window_states.WindowStates; None when it failed (states_error says why)
+    states_error: str | None = None
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
@@ -283,9 +284,10 @@ def window_bundle(key: tuple) -> Bundle:
             fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
         mfu_figures, mfu_err = _mfu(a)
         fall, fall_err = _goodput(s, con, a, p, w, mfu_figures)
+        states, states_err = _window_states(s, a, p)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                      computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err)
+                      computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err, states=states, states_error=states_err)
     finally:
         _close(a)
 
@@ -302,6 +304,18 @@ def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p
     except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
         log.exception("goodput waterfall failed")
         return None, f"the goodput waterfall could not be computed: {type(e).__name__}: {e}"
+
+
+def _window_states(s: dconfig.Settings, a: Analysis, p: Params) -> tuple[Any, str | None]:
+    """Where the window's GPU time went, per job and team (gpufleet.analytics.window_states) on the bundle's analysis."""
+    from gpufleet.analytics.states import thresholds
+    from gpufleet.analytics.window_states import window_states
+
+    try:
+        return window_states(a, thresholds(s.doc, s.config_path, p)), None
+    except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+        log.exception("the window's states failed")
+        return None, f"where the GPU time went could not be computed: {type(e).__name__}: {e}"
 
 
 def _close(a: Analysis) -> None:

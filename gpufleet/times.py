@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 from gpufleet.config import ConfigError
 
-HOUR = timedelta(hours=1)  # the grain of the store's summaries and of its sample files
+HOUR = timedelta(hours=1)  # the grain of the store's sample files and of its hour facts
 
 
 def epoch_us(t: datetime) -> int:

@@ -152,7 +152,7 @@ SLOW = (
     # collector subprocesses, wheels built and installed, Dask clusters
     "tests/test_demo.py", "tests/test_demo_command.py", "tests/test_e2e_pipeline.py", "tests/test_packaging.py",
     "tests/test_analytics_ledger.py", "tests/test_analysis_facts.py", "tests/test_analytics_properties.py",
-    "tests/test_analytics_jobs_cli.py", "tests/test_summaries_rebuild.py", "tests/test_tasks.py",
+    "tests/test_analytics_jobs_cli.py", "tests/test_facts_dask.py", "tests/test_tasks.py",
     "tests/test_collector_real.py", "tests/test_collector_shards_real.py", "tests/test_collector_crash_real.py",
     # single tests of several seconds
     "tests/test_analytics_mfu.py::test_every_filtered_mfu_row_is_its_row_of_the_unfiltered_table",

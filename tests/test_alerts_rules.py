@@ -31,7 +31,7 @@ NOT_PER_GPU = {
     "GpuExporterDown", "GpuExporterTargetsAbsent", "GpufleetCollectorDown", "GpufleetCollectorTargetDown",
     "GpufleetUtilizationLow", "GpuExporterSourceFailing", "GpufleetCollectorSourceFailing",
     "GpufleetCollectorDataStale", "GpuAllocationsWithoutUtilization", "GpufleetPolicyEnforcementFailing",
-    "GpufleetSummaryBacklogStuck", "GpufleetLemonNode", "GpufleetHardwareInterruptionRateHigh",
+    "GpufleetFactsBacklogStuck", "GpufleetLemonNode", "GpufleetHardwareInterruptionRateHigh",
 }
 # Level conditions held for a `for:`: each needs a unit test where the condition comes and goes
 # faster than `for:` ("flapping") and no alert fires. Exempt: event windows (XID, ECC, remapped rows:
@@ -41,7 +41,7 @@ NEEDS_FLAPPING_CASE = {
     "GpuExporterDown", "GpufleetCollectorDown", "GpufleetCollectorTargetDown", "GpuDisappeared", "GpuLost",
     "GpuTemperatureHigh", "GpuMemoryTemperatureHigh", "GpuThermalThrottling", "GpuHardwareSlowdown",
     "GpuAllocatedIdle", "GpuAllocatedNoProcess", "GpufleetUtilizationLow", "GpuExporterSourceFailing",
-    "GpufleetCollectorSourceFailing", "GpufleetSummaryBacklogStuck", "GpuForeignProcesses",
+    "GpufleetCollectorSourceFailing", "GpufleetFactsBacklogStuck", "GpuForeignProcesses",
 }
 # Alerts on a numeric threshold: each needs a unit test with a value just below it.
 NEEDS_JUST_BELOW_CASE = {

@@ -155,7 +155,6 @@ def test_service_upkeep_compacts_closed_hours_and_reports_itself(tmp_path):
     c = Collector(StoreWriter(tmp_path), [ScheduledSource(FakeSource("src", rounds), 1)], clock=lambda: T0 + timedelta(hours=2))
     c.run_once()
     assert len(json.loads((tmp_path / "manifest.json").read_text())["samples"]) == 4
-    assert metric(c, "gpufleet_collect_summary_hours", state="summarised") == 0
     c.maintain(raw_days=35)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert len(manifest["samples"]) == 1 and "compact-12" in manifest["samples"][0]
@@ -164,12 +163,5 @@ def test_service_upkeep_compacts_closed_hours_and_reports_itself(tmp_path):
     assert open_reader(tmp_path).execute("SELECT sum(samples_n) FROM fact_parts WHERE lead").fetchall() == [(4,)]
     assert [metric(c, "gpufleet_collect_facts", grain=g, state=s) for g in ("hour", "day") for s in ("listed", "awaiting_build")] == [1, 0, 0, 0]
     assert metric(c, "gpufleet_collect_source_success", source="maintenance") == 1
-    # the hour is summarised, utilization and health alike: nothing waits for a rebuild
-    states = ("summarised", "awaiting_rebuild", "health_awaiting_rebuild", "joined_awaiting_rebuild", "summaries_only")
-    assert [metric(c, "gpufleet_collect_summary_hours", state=s) for s in states] == [len(manifest["summaries"]), 0, 0, 0, 0] and manifest["summaries"]
-    # three days on, with raw_days = 1 and summary_days = 90: the samples go, their hours' summaries stay, and it says so
-    c.clock = lambda: T0 + timedelta(days=3)
-    c.maintain(raw_days=1, summary_days=90)
-    after = json.loads((tmp_path / "manifest.json").read_text())
-    assert after["samples"] == [] and [e["file"] for e in after["summaries"]] == [e["file"] for e in manifest["summaries"]]
-    assert metric(c, "gpufleet_collect_summary_hours", state="summaries_only") == len(manifest["summaries"])
+    # no per-GPU summaries (retired, issue #52): the manifest lists none, the metric is gone
+    assert "summaries" not in manifest and metric(c, "gpufleet_collect_summary_hours", state="summarised") is None

@@ -327,43 +327,6 @@ def test_health_lists_the_inputs_the_collector_did_not_recognize(tmp_path, use_s
     assert "Inputs the collector did not recognize" in [h.value for h in at.subheader]
 
 
-def test_health_says_how_many_hours_wait_for_their_summaries(tmp_path, store, use_store):
-    """Hours whose summaries upkeep has still to rebuild are read raw (same figures, slower): the
-    Health page says how many, never silently - and nothing when none waits."""
-    import shutil
-
-    from gpufleet.collector.maintenance import compact
-
-    shutil.copytree(store, tmp_path / "s")
-    w = StoreWriter(tmp_path / "s")
-    compact(w, T(20))
-    w.close()
-    manifest = tmp_path / "s" / "manifest.json"
-    m = json.loads(manifest.read_text())
-    hours = len(m["summaries"])
-    assert hours, "upkeep summarised the pages' store"
-    use_store(tmp_path / "s")
-    at = goto(open_app(), "health")
-    said = "Hours whose summaries the collector's upkeep has still to rebuild: "
-    assert not [t for t in at.text if t.value.startswith(said)]
-    assert not [c for c in at.caption if "Until upkeep rebuilds them" in c.value]
-    for e in m["summaries"][:2]:
-        e.pop("health", None)
-        e["format"] = 2
-    m["summaries"][2].pop("coarse")  # (a current summary without its hour's joined segments)
-    manifest.write_text(json.dumps(m))
-    at = goto(open_app(), "health")
-    assert said + "2 (utilization, an older format), 2 (Fleet now's run facts), 1 (joined segments)" in [t.value for t in at.text]
-    assert [c for c in at.caption if "Until upkeep rebuilds them" in c.value]
-    assert not [t for t in at.text if t.value.startswith("Summaries only")]
-    m["summaries"][3]["raw_retired"] = "2026-12-20T00:00:00"  # retention retired its samples, kept the summary (summary_days)
-    m["version"] += 1  # (a new store version: the dashboard's readers open it afresh)
-    manifest.write_text(json.dumps(m))
-    at = goto(open_app(), "health")
-    assert [t for t in at.text if t.value.startswith("Summaries only: 1 hours whose raw samples retention retired")]
-    assert [c for c in at.caption if "a window edge cuts inside them has no data" in c.value]
-
-
 def test_mfu(store, a, use_store):
     use_store(store)
     at = goto(open_app(), "mfu")

@@ -1,12 +1,11 @@
-"""A relative dashboard window ("the last 24 h") starts on the store's 5-minute summary grain,
+"""A relative dashboard window ("the last 24 h") starts on the store's 5-minute facts grain,
 or on the hour when its timeline's buckets are whole hours.
 
 Its figures are computed at the first ask in a reuse period (gpufleet.dashboards.data.step_for)
 and reused until the period ends; the window ends at that moment (the open hour: read raw
-anyway) and starts at the summary bucket edge (or hour) at or before "length ago", so its
-timeline's bucket edges fall on summary edges and the dashboards' analysis answers them from the
-per-GPU summaries, reading no bucket raw for the timeline's sake - and, where they fall on hour
-edges, each closed hour inside from its joined segments.
+anyway) and starts at the facts' bucket edge (or hour) at or before "length ago", so its
+timeline's bucket edges fall on the facts' and the dashboards' analysis answers them from the
+facts, reading no minute raw for the timeline's sake.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ def window(preset: str) -> Window:
     return Window("/store", preset, None, None, Filters(), "fp", 0)
 
 
-def test_a_relative_window_starts_on_the_summary_grain_and_ends_now():
+def test_a_relative_window_starts_on_the_facts_grain_and_ends_now():
     for preset, length in dconfig.WINDOWS.items():
         r = window(preset).resolve(NOW)
         now = NOW.replace(microsecond=0)

@@ -33,7 +33,6 @@ from gpufleet.analytics.params import Filters, Params
 from gpufleet.collector import facts as cf
 from gpufleet.collector.maintenance import build_facts, compact
 from gpufleet.collector.store import StoreWriter, open_reader
-from gpufleet.collector.summaries import SummaryParams
 from gpufleet.times import epoch_us
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -46,8 +45,8 @@ def params(fleet, a: int, b: int, **kw) -> Params:
     return Params(at(a), at(b), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]), **kw)
 
 
-def summary_params(fleet) -> SummaryParams:
-    return SummaryParams(max_gap_s=MAX_GAP, keep_s=fleet["idle_min"])
+def upkeep_params(fleet) -> cf.FactParams:
+    return cf.FactParams(max_gap_s=MAX_GAP, idle_min_s=fleet["idle_min"])
 
 
 def store(root, fleet, how=(2, True), upkeep_at: int | None = None):
@@ -57,7 +56,7 @@ def store(root, fleet, how=(2, True), upkeep_at: int | None = None):
     for batch in split(fleet, *how):
         w.commit(batch)
     if upkeep_at is not None:
-        compact(w, at(upkeep_at), summary_params(fleet), facts_hours=None)
+        compact(w, at(upkeep_at), upkeep_params(fleet), facts_hours=None)
     w.publish()
     w.close()
 

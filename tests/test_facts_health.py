@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, TOL, at, fleets, scratch
 from tests.support.random_stores import detail_fields, split
-from test_facts import FACT_SETTINGS, five_minute_parts, params, rows, summary_params, windows
+from test_facts import FACT_SETTINGS, five_minute_parts, params, rows, upkeep_params, windows
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.facts import FactWindow
@@ -67,7 +67,7 @@ def store(root, fleet, seed: int, upkeep_at: int | None) -> None:
     for batch in split(fleet, 2, True, fields=health_fields(seed)):
         w.commit(batch)
     if upkeep_at is not None:
-        compact(w, at(upkeep_at), summary_params(fleet), facts_hours=None)
+        compact(w, at(upkeep_at), upkeep_params(fleet), facts_hours=None)
     w.publish()
     w.close()
 
@@ -198,7 +198,7 @@ def test_unknown_stays_null_and_known_zero_stays_zero(tmp_path):
     w = StoreWriter(tmp_path)
     for b in split(fleet, 1, False, fields=fields):
         w.commit(b)
-    compact(w, at(2 * 86400), summary_params(fleet), facts_hours=None)
+    compact(w, at(2 * 86400), upkeep_params(fleet), facts_hours=None)
     w.publish()
     w.close()
     parts = pa.Table.to_pylist(five_minute_parts(tmp_path))

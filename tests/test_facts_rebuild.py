@@ -9,7 +9,7 @@ from pathlib import Path
 from test_analytics_properties import at
 from tests.support.random_stores import split
 from test_facts import from_facts as figures_from_facts
-from test_facts import mismatches, oracle, params, summary_params
+from test_facts import mismatches, oracle, params, upkeep_params
 
 from gpufleet.collector.maintenance import compact, compact_hours
 from gpufleet.collector.store import StoreWriter, open_reader
@@ -29,7 +29,7 @@ def store(root: Path, with_facts: bool) -> None:
     for b in split(FLEET, 1, False):
         w.commit(b)
     if with_facts:
-        compact(w, at(FLEET["now"]), summary_params(FLEET), facts_hours=None)
+        compact(w, at(FLEET["now"]), upkeep_params(FLEET), facts_hours=None)
     else:
         compact_hours(w, at(FLEET["now"]))
     w.publish()

@@ -17,16 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_analytics_properties import MAX_GAP, at, scratch
 from tests.support.random_stores import split
-from test_facts import NOTHING, mismatches, oracle, params, summary_params
+from test_facts import NOTHING, mismatches, oracle, params, upkeep_params
 from test_facts import from_facts as figures_from_facts
 from test_store import samples
 
 from gpufleet.collector import facts as cf
-from gpufleet.collector.maintenance import apply_retention, build_facts, compact, fact_params, rebuild_facts
+from gpufleet.collector.maintenance import apply_retention, build_facts, compact, rebuild_facts
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import RETIRE_GRACE, StoreWriter, open_reader
-from gpufleet.collector.summaries import SummaryParams
 from gpufleet.times import epoch_us
 
 DAY = 86400
@@ -60,7 +59,7 @@ def written(root: Path, fleet: dict, hours: int) -> StoreWriter:
 def test_a_pass_killed_between_writing_and_publishing_loses_nothing_and_the_next_completes(tmp_path, monkeypatch):
     fleet = hourly(6)
     whole = written(tmp_path / "whole", fleet, 6)
-    compact(whole, at(DAY), summary_params(fleet))
+    compact(whole, at(DAY), upkeep_params(fleet))
     whole.close()
     w = written(tmp_path / "s", fleet, 6)
     before = json.loads((tmp_path / "s" / "manifest.json").read_text())
@@ -74,14 +73,14 @@ def test_a_pass_killed_between_writing_and_publishing_loses_nothing_and_the_next
 
     monkeypatch.setattr(w, "put_facts", killed)
     with pytest.raises(KeyboardInterrupt):
-        compact(w, at(DAY), summary_params(fleet))
+        compact(w, at(DAY), upkeep_params(fleet))
     # nothing published: readers go on with the manifest they had, every file it names still there
     assert json.loads((tmp_path / "s" / "manifest.json").read_text()) == before
     assert all((tmp_path / "s" / f).exists() for f in before["samples"])
     w.db.close()  # (the process is gone: no close(), no publish)
     w = StoreWriter(tmp_path / "s")
     assert not w.facts
-    compact(w, at(DAY), summary_params(fleet))
+    compact(w, at(DAY), upkeep_params(fleet))
     assert facts_bytes(tmp_path / "s") == facts_bytes(tmp_path / "whole")
     assert build_facts(w, epoch_us(at(DAY)), cf.FactParams(max_gap_s=MAX_GAP, idle_min_s=300)) == NOTHING
     # the file written before the kill and never listed: deleted after the grace period, unless listed since
@@ -96,14 +95,14 @@ def test_a_store_without_facts_gets_them_newest_first_over_its_next_passes(tmp_p
     fleet = hourly(30)  # 30 hours of samples (and the hour after, its last sample holding into it): 31 hours, 2 days
     w = written(tmp_path, fleet, 30)
     caplog.set_level("INFO", logger="gpufleet.collector.maintenance")
-    compact(w, at(3 * DAY), summary_params(fleet), facts_hours=20)  # (FACTS_HOURS_PER_PASS a pass in the product)
+    compact(w, at(3 * DAY), upkeep_params(fleet), facts_hours=20)  # (FACTS_HOURS_PER_PASS a pass in the product)
     hours = sorted(k for k in w.facts if k.startswith("5m/"))
     assert hours == [f"5m/{at(h * 3600).isoformat()}" for h in range(11, 31)]  # the newest 20
     # a day waits for all its hours: the second (its 7 hours built) is written, the first is left
     assert [k for k in w.facts if k.startswith("day/")] == [f"day/{at(DAY).isoformat()[:10]}"]
     assert w.facts_backlog == {"hours": 11, "days": 1}
     assert "facts: built 20 hours of 5-minute facts and 1 days of hour and day facts; 11 hours and 1 days left for the next passes" in caplog.text
-    compact(w, at(3 * DAY), summary_params(fleet), facts_hours=20)
+    compact(w, at(3 * DAY), upkeep_params(fleet), facts_hours=20)
     assert len([k for k in w.facts if k.startswith("5m/")]) == 31 and len([k for k in w.facts if k.startswith("day/")]) == 2
     assert w.facts_backlog == {"hours": 0, "days": 0}
     w.close()
@@ -120,7 +119,7 @@ def test_raw_retention_does_not_rebuild_a_settled_hour_without_the_sample_held_i
     fleet = hourly(3)
     w = written(tmp_path, fleet, 3)
     now = at(DAY + 5000)  # raw_days = 1: the cutoff at 5000 s retires the first hour's file (its last sample 3595 s), not the second's
-    compact(w, now, summary_params(fleet))
+    compact(w, now, upkeep_params(fleet))
     before = facts_bytes(tmp_path)
     con = open_reader(tmp_path)
     p = params(fleet, 3600, 3 * 3600)
@@ -167,17 +166,17 @@ def test_facts_are_a_fresh_builds_whatever_the_order_samples_land_and_upkeep_run
                 else:
                     now = T0 + timedelta(hours=op[1], minutes=6)
                     w.clock = lambda now=now: now
-                    compact(w, now, health_hours=0)  # (no health summaries: test_health_summaries has them)
+                    compact(w, now)
             now = T0 + timedelta(days=4)
             w.clock = lambda: now
-            compact(w, now, health_hours=0, facts_hours=None)
+            compact(w, now, facts_hours=None)
             upkept = facts_bytes(root)
             # every sample of the store in exactly one 5-minute part
             con = open_reader(root)
             assert con.execute("SELECT coalesce(sum(samples_n), 0) FROM fact_parts WHERE lead AND grain_s = 300").fetchone() == \
                 con.execute("SELECT count(*) FROM gpu_samples").fetchone()
             con.close()
-            assert rebuild_facts(w, now, fact_params(SummaryParams()))["hours"] == len([f for f in upkept if "/5m/" in f])
+            assert rebuild_facts(w, now, cf.FactParams())["hours"] == len([f for f in upkept if "/5m/" in f])
             assert facts_bytes(root) == upkept
         finally:
             w.close()
@@ -213,3 +212,57 @@ def test_a_stores_rollups_are_retired_by_its_first_writer(tmp_path):
     w.publish()
     assert not (tmp_path / rollup).exists()
     w.close()
+
+
+def test_a_stores_summaries_are_retired_by_its_first_writer(tmp_path):
+    """A store written before the summaries were retired (#52) lists per-GPU summaries with their
+    joined segments and run facts, and merged health day files, under summaries/ (a rebuild's parts
+    too): the writer's start (schema migration 11) retires every file there - out of the manifest,
+    deleted after the grace period - and its upkeep writes facts instead."""
+    t = datetime(2026, 11, 16, 10)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    w.commit(Batch(key="r", samples=samples([t + timedelta(seconds=15 * i) for i in range(8)], [10.0] * 8)))
+    old = ["summaries/date=2026-11-16/sum-10-abc-def.parquet", "summaries/date=2026-11-16/hsum-e-10-abc-def.parquet",
+           "summaries/date=2026-11-16/health3-10-abc-def.parquet", "summaries/date=2026-11-16/healthday2-000000000000.parquet",
+           "summaries/parts/2026-11-16-0-of-1-abc.parquet"]
+    for f in old:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_bytes(b"PAR1")
+    w.db.execute("DELETE FROM schema_version WHERE version >= 11")  # (a store of schema 10)
+    w.publish()
+    w.close()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    entry = {"hour": t.isoformat(), "file": old[0], "coarse": old[1], "health": old[2], "lo": t.isoformat(), "hi": t.isoformat(), "sources": []}
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "summaries": [entry],
+                                                        "health_days": [{"day": "2026-11-16", "file": old[3], "hours": {}}]}))
+    now = t + timedelta(hours=1, minutes=6)
+    w = StoreWriter(tmp_path, clock=lambda: now)
+    assert w.schema_version() == schema.SCHEMA_VERSION == 11
+    compact(w, now)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert "summaries" not in manifest and "health_days" not in manifest and [e["grain"] for e in manifest["facts"]] == ["5m"]
+    assert all((tmp_path / f).exists() for f in old)  # a reader may still hold the manifest that listed them
+    w.clock = lambda: now + RETIRE_GRACE * 2
+    w.publish()
+    assert not any((tmp_path / f).exists() for f in old)
+    w.close()
+    w = StoreWriter(tmp_path, clock=lambda: now + RETIRE_GRACE * 3)  # started again: nothing left to retire
+    assert w.db.execute("SELECT count(*) FROM retired_files WHERE file LIKE 'summaries/%'").fetchone() == (0,)
+    w.close()
+
+
+@pytest.mark.parametrize("doc, said", [
+    ({"collector": {"retention": {"summary_days": 90}}}, "summary_days was retired with the per-GPU summaries"),
+    ({"analytics": {"summaries": True}}, "[analytics]: summaries was retired"),
+    ({"analytics": {"rebuild_gpu_shards": 4}}, "[analytics]: rebuild_gpu_shards was retired"),
+])
+def test_a_retired_summary_key_is_refused_with_what_replaced_it(doc, said):
+    from gpufleet.analytics.params import analytics_options
+    from gpufleet.collector import config
+    from gpufleet.config import ConfigError
+
+    loads = [config.load] + ([analytics_options] if "analytics" in doc else [])  # (the collector reads [analytics] too)
+    for load in loads:
+        with pytest.raises(ConfigError) as e:
+            load(doc, "g.toml")
+        assert said in str(e.value) and "g.toml" in str(e.value)

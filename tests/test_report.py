@@ -272,7 +272,7 @@ def test_mfu_daily_and_method_equal_analytics(store, w47, outputs):
 def test_every_tagged_figure_was_checked_somewhere(outputs):
     """The HTML has no figure kinds the tests above do not know about."""
     kinds = {re.sub(r"^(\w+)\..*$", r"\1", k) for k in Figures(outputs[0].html).figs}
-    assert kinds == {"card", "headline", "team", "fairness", "job", "noproc", "mfu", "method", "price", "gap", "reliability"}
+    assert kinds == {"card", "headline", "team", "fairness", "job", "noproc", "mfu", "method", "price", "gap", "reliability", "held_back"}
 
 
 def test_reliability_section_equals_the_reliability_report(store, w47, outputs):

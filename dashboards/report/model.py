@@ -169,6 +169,8 @@ class Report:
     shared_gpus: list[dict[str, Any]] = field(default_factory=list)
     # the fleet's goodput waterfall (gpufleet.analytics.goodput.compute: gpufleet.goodput/v1); None without data
     goodput: dict[str, Any] | None = None
+    # what held each team's GPUs back: its three largest losses (gpufleet.analytics.window_states.WindowStates.team_causes rows)
+    held_back: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def has_data(self) -> bool:
@@ -353,8 +355,9 @@ def _method(a: Analysis, t: Totals, processes: bool, shares_source: str, half_li
 
 def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, shares: Mapping[str, float] | None = None,
            half_life: timedelta = timedelta(days=7), top_n: int = 10, now: datetime | None = None,
-           reliability: Any = None) -> Report:
-    """The whole fleet's report for `window` (params.start/end must be the window's)."""
+           reliability: Any = None, state_thresholds: Any = None) -> Report:
+    """The whole fleet's report for `window` (params.start/end must be the window's);
+    `state_thresholds`: [analytics.states]' (gpufleet.analytics.states.thresholds; None: the defaults)."""
     if (params.start, params.end) != (window.start, window.end):
         raise ValueError("params and window disagree on the window")
     now_utc = now or utcnow()
@@ -424,6 +427,12 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         from gpufleet.analytics import goodput
 
         fall = goodput.compute(a, con, params, reliability, as_of=as_of)
+    held_back: list[dict[str, Any]] = []
+    if status == "ok":
+        from gpufleet.analytics.states import Thresholds
+        from gpufleet.analytics.window_states import window_states
+
+        held_back = window_states(a, state_thresholds or Thresholds.of(params, {})).team_causes(3).to_dicts()
     return Report(
         window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
         previous=None if _empty(prev) else prev,
@@ -441,6 +450,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         reliability=rel,
         shared_gpus=team_shares(con, params).to_dicts() if status == "ok" else [],
         goodput=fall,
+        held_back=held_back,
     )
 
 
@@ -470,6 +480,7 @@ def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report
         fleet, team=team, notices=notices, teams=rows, wasteful_jobs=wasteful, no_process_jobs=nop[:NO_PROCESS_LIST],
         no_process_more=max(0, len(nop) - NO_PROCESS_LIST), mfu=mfu, mfu_note=mfu_note,
         shared_gpus=[g for g in fleet.shared_gpus if g["account"] == team],
+        held_back=[c for c in fleet.held_back if c["account"] == team],
     )
 
 

@@ -108,8 +108,10 @@ def make(settings: Settings, window: Window, *, now: datetime | None = None, pdf
         con = open_reader(settings.store)
     pdf = settings.report.pdf if pdf is None else pdf
     params = settings.params(window.start, window.end)
+    from gpufleet.analytics.states import thresholds
+
     fleet = gather(con, params, window, shares=settings.shares, half_life=settings.half_life, top_n=settings.report.top_jobs, now=now,
-                   reliability=settings.reliability)
+                   reliability=settings.reliability, state_thresholds=thresholds(settings.doc, settings.path, params))
     fleet = replace(fleet, config_path=None if settings.path is None else str(Path(settings.path).resolve()),
                     store=str(Path(settings.store).resolve()))  # for the report's "recompute with" command
     outputs = [render_output(fleet, pdf=pdf, chromium=settings.report.chromium)]

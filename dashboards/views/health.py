@@ -102,19 +102,6 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Freshness")
     wrote = ui.when(cs["published_at"]) + (f" ({ui.duration(cs['age_s'])} ago)" if cs["age_s"] is not None else "") if cs["published_at"] else "never"
     st.text(f"Collector: last wrote the store at {wrote}")
-    sm = cs["summaries"]
-    if sm.get("summaries_only"):
-        st.text(f"Summaries only: {sm['summaries_only']} hours whose raw samples retention retired ([collector.retention] raw_days), "
-                "kept as per-GPU summaries (summary_days)")
-        st.caption("Their figures come from the summaries and facts: exact for whole 5-minute buckets; the part of a bucket a "
-                   "window edge cuts inside them has no data.")
-    if sm["awaiting_rebuild"] or sm["health_awaiting_rebuild"] or sm["joined_awaiting_rebuild"]:
-        with st.expander("Store upkeep pending (the figures are complete meanwhile)"):
-            st.text(f"Hours whose summaries the collector's upkeep has still to rebuild: {sm['awaiting_rebuild']} (utilization, an "
-                    f"older format), {sm['health_awaiting_rebuild']} (Fleet now's run facts), {sm['joined_awaiting_rebuild']} (joined segments)")
-            st.caption("Until upkeep rebuilds them, the figures of those hours come from their raw samples (joined segments: from "
-                       "their 5-minute rows): the same figures, slower (gpufleet_collect_summary_hours; "
-                       "`gpufleet collect --rebuild-summaries` does them all at once).")
     ui.table(now["hosts"], key="health_hosts", labels={"age_s": "age of newest sample", "last_sample": "newest sample"})
 
     st.subheader("Job GPU counts")

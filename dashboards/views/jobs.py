@@ -1,4 +1,4 @@
-"""Jobs: search by job id, name, user or account; the per-job efficiency report (per-GPU
+"""Jobs: search by job id, name, user or account, each with its largest loss; the per-job efficiency report (per-GPU
 utilization and memory over time, idle periods, MFU if known, the verdict and its rule, and where
 the job's GPU time went)."""
 
@@ -14,12 +14,12 @@ from gpufleet.dashboards import data, ui
 
 VERDICTS = ("no_data", "no_process", "idle", "idle_stretches", "unused_gpus", "low", "ok")
 # the key columns first (what idled and why), so they are on screen at 1,600 px; then who and when
-LIST_COLUMNS = ("job_id", "idle_gpu_h", "verdict", "no_process_gpu_h", "allocated_gpu_h", "mean_utilization_pct", "gpus", "user_name",
+LIST_COLUMNS = ("job_id", "idle_gpu_h", "verdict", "largest_loss", "no_process_gpu_h", "allocated_gpu_h", "mean_utilization_pct", "gpus", "user_name",
                 "account", "name", "state", "runtime_h", "start", "end", "partition")
 # the figures of the part of a job inside the window, said so (a job may start before it or end after it)
 LIST_LABELS = {"idle_gpu_h": "idle GPU-h in window", "no_process_gpu_h": "no process GPU-h in window",
                "allocated_gpu_h": "allocated GPU-h in window", "mean_utilization_pct": "mean utilization % in window",
-               "runtime_h": "run time in window"}
+               "runtime_h": "run time in window", "largest_loss": "largest loss in window (share of time with data)"}
 # sort choices: label -> (column, descending)
 SORTS = {"most idle GPU-hours first": ("idle_gpu_h", True), "most no-process GPU-hours first": ("no_process_gpu_h", True),
          "most allocated GPU-hours first": ("allocated_gpu_h", True), "lowest mean utilization first": ("mean_utilization_pct", False),
@@ -157,6 +157,10 @@ def body(ctx: ui.Context) -> None:
     if jobs.is_empty():
         ui.empty_window("job")
         return
+    # the largest loss of each job (gpufleet.analytics.window_states, from the window's facts)
+    jobs = b.states.with_largest_loss(jobs) if b.states is not None else jobs.with_columns(pl.lit(None, pl.String).alias("largest_loss"))
+    if b.states is None:
+        st.caption(f"Largest loss: unknown ({b.states_error}).")
     c = st.columns([3, 2, 2, 2])
     q = c[0].text_input("Search (job id, name, user, account)", key="q", bind="query-params")
     verdicts = c[1].multiselect("Verdict", VERDICTS, key="verdict", bind="query-params", format_func=words.verdict)

@@ -1,5 +1,5 @@
 """Teams and fairness: entitled vs allocated share per account, Jain's index, the fair-share factor,
-the Gini of GPU-hours over users, and queue wait."""
+the Gini of GPU-hours over users, queue wait, and where each team's GPU time went."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import fairness
+from gpufleet.analytics import vocabulary as words
 from gpufleet.dashboards import data, ui
 
 SHARE_LABELS = {"active_share": "entitled share (among accounts with demand)", "used_share": "allocated share"}
@@ -69,7 +70,33 @@ def body(ctx: ui.Context) -> None:
     ui.table(f.wait_by_size, key="fair_wait", labels={"gpus_bucket": "GPUs", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"})
     st.subheader("Pending now")
     ui.table(f.pending, key="fair_pending", empty="No GPU job is waiting.", labels={"wait_s": "waiting for"})
+    states_section(b)
     shared_gpus(ctx)
+
+
+def states_chart(df: pl.DataFrame) -> alt.Chart:
+    """One bar per team: its time with data stacked by state (share %)."""
+    return alt.Chart(df).mark_bar().encode(
+        y=alt.Y("account:N", title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
+        x=alt.X("share_pct:Q", title="share of the time with data, %", stack="zero", scale=alt.Scale(domain=[0, 100])),
+        color=alt.Color("state:N", title="state", legend=alt.Legend(orient="top", labelLimit=0)),
+        tooltip=["account:N", "state:N", alt.Tooltip("share_pct:Q", format=".1f"), alt.Tooltip("gpu_h:Q", format=",.1f")],
+    ).properties(height=max(120, 28 * df["account"].n_unique() + 40))
+
+
+def states_section(b: data.Bundle) -> None:
+    """Where each team's GPU time went (gpufleet.analytics.window_states, from the window's facts)."""
+    st.subheader("Where the GPU time went")
+    ws = b.states
+    if ws is None:
+        st.caption(b.states_error or "Unknown for this window.")
+        return
+    st.caption("Each team's time with data by state, from the window's facts; unknown (not 0) where a GPU lacks the fields "
+               "a state needs. " + ", ".join(f"{words.state(s)}: {why}" for s, why in ws.not_at_grain.items()) + ".")
+    shares = ws.team_shares()
+    if not shares.is_empty():
+        st.altair_chart(states_chart(shares), width="stretch")
+    ui.table(ws.teams, key="team_states", empty="No team's GPU time with data in this window.", sort="account")
 
 
 def shared_gpus(ctx: ui.Context) -> None:

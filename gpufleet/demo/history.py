@@ -5,7 +5,7 @@ published at every 15 s scrape (load.py, vectorised a day at a time) and commits
 store's own writer: one batch per hour (its key makes a re-run a no-op), the scheduler's jobs
 as sacct/Kubernetes would report them at "now", the job-to-GPU observations the exporters'
 mapping would have given, the GPU inventory, then the collector's own upkeep (compaction,
-summaries, the facts of every settled hour). What the demo shows afterwards is the product's analytics over these rows.
+the facts of every settled hour). What the demo shows afterwards is the product's analytics over these rows.
 """
 
 from __future__ import annotations

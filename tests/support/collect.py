@@ -1,5 +1,5 @@
 """`gpufleet collect` run in-process on a store, with a config of one scrape target that is never
-scraped (the maintenance modes: --rebuild-summaries, --rebuild-facts)."""
+scraped (the maintenance mode --rebuild-facts)."""
 
 from __future__ import annotations
 

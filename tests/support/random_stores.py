@@ -1,28 +1,21 @@
 """Random fleets' stores as the store's tests build them (on test_analytics_properties' fleets):
 MIG placement, the detail fields, each GPU's samples over several files, collector shards, late
-data, a job learnt late; and a window's figures compared frame by frame.
-(Moved here from the per-GPU summaries' tests when the summaries' analytics path was retired.)"""
+data; and a window's figures compared frame by frame."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import datetime
 
 import pyarrow as pa
 import pytest
 from test_analytics_golden import A100, H100
-from test_analytics_properties import TOL, batches, frames_equal, scratch
+from test_analytics_properties import TOL, batches, frames_equal
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_summaries, per_job_gpu
 from gpufleet.analytics.mfu import job_mfu
-from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.shard import shard_of
-from gpufleet.collector.store import StoreWriter
-from gpufleet.collector.summaries import SummaryParams
-from tests.support.fleet import Fleet
 
 
 def mig_some(g) -> dict:
@@ -113,37 +106,3 @@ def by_shard(batch: Batch, n: int) -> dict[int, Batch]:
 
 
 
-@contextmanager
-def late_and_fresh(every: list[Batch], rnd, late_n: int, p: SummaryParams, end: datetime, health_hours: int | None = None):
-    """Two stores of the batches `every` (shuffled): one that got `late_n` of them after its
-    upkeep (late data, some for long-closed hours: clock skew, a backfill) and two of the others
-    again (a re-ingest, a no-op), then upkeep twice (the second with nothing left to do); and a
-    fresh one of all of them (every hour's health summary built at once; `health_hours`=0: none,
-    for a test of the other summaries). Yields their roots."""
-    every = list(every)
-    rnd.shuffle(every)
-    late, first = every[:late_n], every[late_n:]
-    with scratch() as tmp, scratch() as fresh:
-        w = StoreWriter(tmp)
-        for batch in first:
-            w.commit(batch)
-        compact(w, end, p, health_hours=health_hours)
-        for batch in late + first[:2]:
-            w.commit(batch)
-        compact(w, end, p, health_hours=health_hours)
-        compact(w, end, p, health_hours=health_hours)
-        w.close()
-        f = StoreWriter(fresh)
-        for batch in every:
-            f.commit(batch)
-        compact(f, end, p, health_hours=health_hours)
-        f.close()
-        yield tmp, fresh
-
-
-def learn_late(w: StoreWriter, root, job: str, start: datetime, end: datetime) -> None:
-    """The store learns of job `job` on n1's GPU-A after its hours were summarised (sacct lagging)."""
-    late = Fleet(root)
-    late.job(job, account="y", user="v", start=start, end=end, gpus=1, placements=[("n1", "GPU-A")])
-    w.commit(late.batch("late-job"))
-    w.publish()

@@ -1,0 +1,193 @@
+"""Where a whole window's GPU time went, per job, per team and for the fleet, from the store's facts.
+
+`states.job_breakdown` splits one job's time from its raw samples; a week of 16,384 GPUs cannot be
+read that way, so this module splits every job's time with data from the window's fact parts
+(core.Analysis' FactWindow: no second reader, no raw sample beyond the window's cut edges) by
+rules the facts decide exactly at their grain. The parts are the coarsest the window tiles with
+(a day, an hour, 5 minutes; 5-minute cuts at the window's edges), so "at their grain" means: a
+part's time-weighted sums, and the idle runs the facts keep (the runs touching a part's edges,
+chained across parts as the idle figure chains them, and the runs inside a part that reach
+idle_min_duration). Each GPU's time with data in a job's allocation goes to exactly one state, in
+this order (thresholds: the analysis' and `[analytics.states]`, as states.py has them):
+
+  startup             the GPU's low run (utilization below idle_threshold) that starts at its
+                      first part held by the job, when that part begins after the read's start
+                      (the allocation's start is seen), and ends before its last held part's end:
+                      from the allocation's start to its first busy sample. A GPU never busy has
+                      no startup (its time is idle, as in states.py).
+  idle                the other low runs of at least idle_min_duration (the waste figure's rule,
+                      contract 4b; chained across parts, judged by their whole length).
+  no_process          a part's time with no compute process less its startup and idle time
+                      (0 at least): exact where a part's no-process time lies in its low runs
+                      (the usual: a GPU without a process is at 0 %) or where a part has no low run.
+  input_bound         the rest of a part (busy time) whose mean SM active is below
+                      `input_sm_active_max` while its mean PCIe RX is at least `input_pcie_rx_min_bytes_per_s`
+  communication_bound (jobs of several GPUs) the rest of a part whose mean NVLink RX + TX is at least
+                      `communication_nvlink_min_bytes_per_s` while its tensor and SM active means
+                      are below `communication_tensor_max` and `communication_sm_active_max`
+  compute             the rest of a part whose fields tell neither
+  busy_unresolved     the rest of a part that lacks a field the two rules above read
+
+They sum to the job's time with data exactly. A state whose fields none of a job's busy parts has
+is None (unknown, never 0); where some have them, the figure is what those tell and `unknown` names
+the fields the others lack. No process is None for the whole window when no sample of it carries a
+compute-process count (dcgm-exporter publishes none). What the facts cannot tell at their grain is
+None with the reason (NOT_AT_GRAIN: "unknown at this grain: open the job"): checkpoint stalls and
+pauses (low dips shorter than idle_min_duration inside a part leave no trace in its sums: they
+stay in the busy states), and stragglers (they need each GPU's utilization over its busy time,
+which a part's utilization, dips included, does not give).
+
+Against the per-job breakdown (states.job_breakdown on the same job and window; tests and the
+bench's jobs): startup ends at the first busy sample, not the first `startup_busy_seconds` busy
+stretch (a model load with a busy blip ends sooner here); checkpoint dips, pauses and the
+straggler's share are in compute (or input-/communication-bound); input- and
+communication-bound are judged on a part's means, low time included, so a job that alternates
+within a part is whichever its mean says (all or nothing per part: a day part for whole days of a
+week's window, so a job whose pattern changes within a day differs most); no process is the
+part's no-process time outside its low runs where the per-job rule takes it first. Idle is the
+same runs in both. On bench/states.py's day (jobs of 16 and 64 GPUs: a 10-minute startup, 90 s
+checkpoints every 30 min, one GPU of 8 at 76 % against 95 %) each job's own breakdown has startup
+0.7 %, checkpoint 4.9 %, straggler 2.4 %, compute 92.0 %; the window's startup 0.7 % (the same),
+compute 99.3 % (its checkpoint dips and straggler shortfall inside). The hand-computed window of
+tests/test_window_states.py (a model load, a long idle stretch, compute) is the same by both.
+
+Cost: one query over the window's held parts (the idle pieces chained in one window-function
+pass), then polars over a row per job and GPU model: GPUs x buckets, not samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from gpufleet.analytics import facts, sql
+from gpufleet.analytics import vocabulary as words
+from gpufleet.analytics.states import FIXES, LOSSES, Thresholds
+
+# the states the facts tell (in rule order) and those they do not at their grain
+STATES = ("startup", "idle", "no_process", "input_bound", "communication_bound", "compute", "busy_unresolved")
+NOT_AT_GRAIN = {"checkpoint": "unknown at this grain: open the job", "pause": "unknown at this grain: open the job",
+                "straggler": "unknown at this grain: open the job"}
+WINDOW_LOSSES = tuple(s for s in LOSSES if s in STATES)
+JOB_KEYS = ["cluster", "scheduler", "job_key"]
+TEAM_KEYS = ["cluster", "account"]
+# the exporters' fields a missing column stands for (states.FIELDS' names)
+_MISSING = {"sm_missing": "DCGM_FI_PROF_SM_ACTIVE", "rx_missing": "DCGM_FI_PROF_PCIE_RX_BYTES",
+            "nvl_missing": "DCGM_FI_PROF_NVLINK_RX_BYTES, DCGM_FI_PROF_NVLINK_TX_BYTES", "tensor_missing": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"}
+
+
+@dataclass
+class WindowStates:
+    """A window's states in GPU-hours: per job (`jobs`: its states, the largest loss and its
+    share, the fields that would tell what is unresolved), per team (`teams`: cluster and account,
+    each state's GPU-hours and cost) and the fleet (`fleet`: one row of the same). None: unknown."""
+
+    jobs: pl.DataFrame
+    teams: pl.DataFrame
+    fleet: dict[str, Any]
+    not_at_grain: dict[str, str] = field(default_factory=lambda: dict(NOT_AT_GRAIN))
+
+    def team_causes(self, n: int = 3) -> pl.DataFrame:
+        """Each team's `n` largest losses (WINDOW_LOSSES with time): cluster, account, rank, state,
+        gpu_h, share_pct (of its time with data), cost (None: a model without a price) and the fix."""
+        rows = []
+        for r in self.teams.iter_rows(named=True):
+            losses = sorted(((r[f"{s}_gpu_h"], s) for s in WINDOW_LOSSES if r[f"{s}_gpu_h"]), reverse=True)[:n]
+            for rank, (h, s) in enumerate(losses, 1):
+                rows.append({"cluster": r["cluster"], "account": r["account"], "rank": rank, "state": s, "gpu_h": h,
+                             "share_pct": 100 * h / r["data_gpu_h"] if r["data_gpu_h"] else None, "cost": r[f"{s}_cost"], "fix": FIXES[s]})
+        return pl.DataFrame(rows, schema={"cluster": pl.String, "account": pl.String, "rank": pl.Int64, "state": pl.String, "gpu_h": pl.Float64,
+                                          "share_pct": pl.Float64, "cost": pl.Float64, "fix": pl.String})
+
+    def with_largest_loss(self, jobs: pl.DataFrame) -> pl.DataFrame:
+        """`jobs` (rows keyed by cluster, scheduler, job_key: the job list) with `largest_loss`, its
+        state and share in words ("idle 25.0 %"; None: no loss with time, or no time with data)."""
+        named = self.jobs.filter(pl.col("largest_loss").is_not_null())
+        label = named.select(*JOB_KEYS, pl.Series("largest_loss", [f"{words.state(s)} {words.pct(x)}" for s, x in
+                                                                  zip(named["largest_loss"], named["largest_loss_share_pct"])], pl.String))
+        return jobs.drop("largest_loss", strict=False).join(label, on=JOB_KEYS, how="left", nulls_equal=True, maintain_order="left")
+
+    def team_shares(self) -> pl.DataFrame:
+        """Each team's states with time, long: cluster, account, state (in words), gpu_h and
+        share_pct of its time with data (the Teams page's stacked bar)."""
+        rows = [{"cluster": r["cluster"], "account": r["account"], "state": words.state(s), "gpu_h": r[f"{s}_gpu_h"],
+                 "share_pct": 100 * r[f"{s}_gpu_h"] / r["data_gpu_h"]}
+                for r in self.teams.iter_rows(named=True) for s in STATES if r[f"{s}_gpu_h"] and r["data_gpu_h"]]
+        return pl.DataFrame(rows, schema={"cluster": pl.String, "account": pl.String, "state": pl.String, "gpu_h": pl.Float64, "share_pct": pl.Float64})
+
+    def team_rows(self) -> list[dict[str, Any]]:
+        """`teams` as JSON-ready rows, each with its states: [{state, gpu_h, share, cost}] (`gpufleet analyze --by account`)."""
+        out = []
+        for r in self.teams.iter_rows(named=True):
+            out.append({"cluster": r["cluster"], "account": r["account"], "data_gpu_h": r["data_gpu_h"], "states": [
+                {"state": s, "gpu_h": r[f"{s}_gpu_h"], "share": r[f"{s}_gpu_h"] / r["data_gpu_h"] if r[f"{s}_gpu_h"] is not None and r["data_gpu_h"] else None,
+                 "cost": r[f"{s}_cost"]} for s in STATES] + [{"state": s, "gpu_h": None, "share": None, "cost": None, "unknown": why}
+                                                             for s, why in NOT_AT_GRAIN.items()]})
+        return out
+
+
+def window_states(a: Any, t: Thresholds) -> WindowStates:
+    """The window's states of the analysis `a` (core.Analysis from facts; its filters apply) under
+    thresholds `t` (states.thresholds)."""
+    if getattr(a, "fw", None) is None:
+        raise ValueError("the window's states are read from its facts: expected core.Analysis(raw=False), got the raw path's analysis")
+    query = sql.WINDOW_STATE_JOBS.format(held=facts.held_parts())
+    rows = a.q(query, input_sm_active_max=t.input_sm_active_max, input_pcie_rx_min=t.input_pcie_rx_min_bytes_per_s,
+               comm_nvlink_min=t.communication_nvlink_min_bytes_per_s, comm_tensor_max=t.communication_tensor_max,
+               comm_sm_active_max=t.communication_sm_active_max)
+    procs_known = bool(a.q(sql.HAS_PROCESS_COUNTS)["n"][0])
+    prices = pl.DataFrame({"model": list(a.prices), "usd_per_gpu_hour": list(a.prices.values())}, schema={"model": pl.String, "usd_per_gpu_hour": pl.Float64})
+    return _assemble(rows, prices, procs_known)
+
+
+def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> WindowStates:
+    """WINDOW_STATE_JOBS' rows (per job and model, seconds) as jobs, teams and the fleet."""
+    rows = rows.join(prices, on="model", how="left")
+    hours = [(pl.col(f"{s}_s") / 3600).alias(f"{s}_gpu_h") for s in STATES]
+    told = (pl.col("busy_s") <= 0) | (pl.col("input_told_s") > 0)
+    comm_told = ~pl.col("multi") | (pl.col("busy_s") <= 0) | (pl.col("comm_told_s") > 0)
+    names = [pl.col(c).drop_nulls().first().alias(c) for c in ("job_id", "user_name", "account", "partition")]
+    jobs = rows.group_by(JOB_KEYS).agg(
+        *names, (pl.sum("data_s") / 3600).alias("data_gpu_h"), *[pl.sum(f"{s}_s") for s in STATES], pl.sum("busy_s"),
+        pl.sum("input_told_s"), pl.sum("comm_told_s"), pl.col("multi").any(), *[pl.col(c).any() for c in _MISSING])
+    jobs = jobs.with_columns(hours).with_columns(
+        pl.when(told).then(pl.col("input_bound_gpu_h")).otherwise(None).alias("input_bound_gpu_h"),
+        pl.when(comm_told).then(pl.col("communication_bound_gpu_h")).otherwise(None).alias("communication_bound_gpu_h"),
+        pl.col("no_process_gpu_h") if procs_known else pl.lit(None, pl.Float64).alias("no_process_gpu_h"),
+        pl.when(pl.col("busy_unresolved_s") > 0).then(pl.concat_str(
+            [pl.when(pl.col(c)).then(pl.lit(f)) for c, f in _MISSING.items()], separator=", ", ignore_nulls=True)).alias("unknown_fields"))
+    jobs = _with_largest_loss(jobs).select(*JOB_KEYS, "job_id", "user_name", "account", "partition", "data_gpu_h",
+                                           *[f"{s}_gpu_h" for s in STATES], "largest_loss", "largest_loss_share_pct", "unknown_fields")
+    jobs = jobs.sort(JOB_KEYS)
+    # the teams and fleet: a job's unknown state is left out of the sums (None where every job's is)
+    by_model = rows.join(jobs.select(*JOB_KEYS, *[pl.col(f"{s}_gpu_h").is_null().alias(f"{s}_unknown") for s in STATES]), on=JOB_KEYS)
+    teams = _sums(by_model, TEAM_KEYS)
+    fleet = _sums(by_model.with_columns(pl.lit("fleet").alias("_all")), ["_all"]).drop("_all")
+    return WindowStates(jobs=jobs, teams=teams.sort(TEAM_KEYS),
+                        fleet=fleet.row(0, named=True) if fleet.height else {"data_gpu_h": 0.0, **{f"{s}_{u}": None for s in STATES for u in ("gpu_h", "cost")}})
+
+
+def _sums(by_model: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Each state's GPU-hours (None where all of the group's jobs have it unknown) and cost (None:
+    a model with time in it has no price) over `keys`."""
+    aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h")]
+    for s in STATES:
+        h = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600)
+        priced = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600 * pl.col("usd_per_gpu_hour"))
+        unpriced = (~pl.col(f"{s}_unknown") & (pl.col(f"{s}_s") > 0) & pl.col("usd_per_gpu_hour").is_null()).any()
+        aggs += [pl.when(h.is_null().all()).then(None).otherwise(h.sum()).alias(f"{s}_gpu_h"),
+                 pl.when(h.is_null().all() | unpriced).then(None).otherwise(priced.sum()).alias(f"{s}_cost")]
+    return by_model.group_by(keys).agg(aggs)
+
+
+def _with_largest_loss(jobs: pl.DataFrame) -> pl.DataFrame:
+    """Each job's largest loss (the loss state with the most time; None: none) and its share (%) of its time with data."""
+    cols = [f"{s}_gpu_h" for s in WINDOW_LOSSES]
+    if jobs.is_empty():
+        return jobs.with_columns(pl.lit(None, pl.String).alias("largest_loss"), pl.lit(None, pl.Float64).alias("largest_loss_share_pct"))
+    most = pl.max_horizontal([pl.col(c).fill_null(0.0) for c in cols])
+    pick = pl.coalesce([pl.when((pl.col(c).fill_null(0.0) == most) & (most > 0)).then(pl.lit(s)) for s, c in zip(WINDOW_LOSSES, cols)])
+    return jobs.with_columns(pick.alias("largest_loss"),
+                             pl.when((most > 0) & (pl.col("data_gpu_h") > 0)).then(100 * most / pl.col("data_gpu_h")).alias("largest_loss_share_pct"))

@@ -1,0 +1,32 @@
+"""The window's states on the pages (AppTest, the scenario of tests/test_dashboard_pages.py): the
+Jobs page's largest-loss column and the Teams page's per-team breakdown are
+gpufleet.analytics.window_states' figures for the same window."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
+
+from gpufleet.analytics.jobs import job_summaries  # noqa: E402
+from gpufleet.analytics.states import Thresholds  # noqa: E402
+from gpufleet.analytics.window_states import window_states  # noqa: E402
+from tests.test_dashboard_pages import W, a, assert_table, con, frame, goto, open_app, store, use_store  # noqa: E402,F401
+
+
+def test_jobs_list_shows_each_jobs_largest_loss(store, a, use_store):
+    use_store(store)
+    at = goto(open_app(), "jobs")
+    ws = window_states(a, Thresholds.of(W, {}))
+    want = ws.with_largest_loss(job_summaries(a))
+    assert want["largest_loss"].is_not_null().any()  # (the scenario has jobs that lose time)
+    assert_table(frame(at, "jobs_list"), want, ["job_id", "largest_loss"])
+
+
+def test_teams_page_shows_each_teams_breakdown(store, a, use_store):
+    use_store(store)
+    at = goto(open_app(), "teams")
+    ws = window_states(a, Thresholds.of(W, {}))
+    assert not ws.teams.is_empty()
+    assert_table(frame(at, "team_states"), ws.teams)
+    assert any("unknown at this grain: open the job" in c.value for c in at.caption)
