@@ -17,9 +17,12 @@ own over samples. The steps, each a choice that could be made differently:
 
 A team is a (cluster, account). The fleet's steps after capacity are its teams' sums, so the teams
 add up to the fleet; a team's unknown step stays unknown and makes the fleet's a lower bound
-(`unknown_teams`). Money: GPU-hours x the fleet's price per GPU-hour, capacity-weighted over its
-GPU models (exact where one price applies; `prices_differ` says when it is an average); unknown
-when a GPU model has no price.
+(`unknown_teams`). Money: a team's GPU-hours at its own GPUs' prices (the $/GPU-hour of each GPU
+it held, weighted by the GPU-hours it held it: team_prices), so a team on H100s costs H100
+prices on a fleet that also has cheaper GPUs; the fleet's steps after capacity are its teams'
+money summed, capacity at the fleet's price capacity-weighted over its GPU models (`prices_differ`
+says when that is an average). Unknown when a GPU it counts has no price (a team no mapped GPU
+of which was seen: the fleet's price where all its GPUs have one price, else unknown).
 """
 
 from __future__ import annotations
@@ -49,23 +52,47 @@ def team_steps(allocated: float | None, data: float, busy: float, lost: float | 
     return {"allocated": allocated, "with_data": with_data, "busy": busy_step, "not_lost": not_lost, "useful": useful}
 
 
-def waterfall(capacity: float | None, teams: Mapping[Team, Mapping[str, float | None]], price: float | None,
-              prices_differ: bool = False) -> dict[str, Any]:
-    """The fleet's waterfall from its capacity and its teams' steps (team_steps), with money at
-    `price` $/GPU-hour (None: unknown)."""
-    def priced(h: float | None) -> float | None:
-        return None if h is None or price is None else h * price
+def _priced(h: float | None, price: float | None) -> float | None:
+    return None if h is None or price is None else h * price
 
-    fleet: list[dict[str, Any]] = [{"step": "capacity", "label": STEP_LABELS["capacity"], "gpu_h": capacity, "cost": priced(capacity),
-                                    "unknown_teams": 0}]
+
+def waterfall(capacity: float | None, teams: Mapping[Team, Mapping[str, float | None]], price: float | None,
+              prices_differ: bool = False, team_price: Mapping[Team, float | None] | None = None) -> dict[str, Any]:
+    """The fleet's waterfall from its capacity and its teams' steps (team_steps): capacity's money
+    at the fleet's `price` $/GPU-hour, each team's at its own (`team_price`; default: `price`), the
+    fleet's steps after capacity the teams' money summed (None: unknown, where a team's is)."""
+    prices = {t: (price if team_price is None else team_price.get(t)) for t in teams}
+    fleet: list[dict[str, Any]] = [{"step": "capacity", "label": STEP_LABELS["capacity"], "gpu_h": capacity,
+                                    "cost": _priced(capacity, price), "unknown_teams": 0}]
     for step in STEPS[1:]:
-        known = [t[step] for t in teams.values() if t[step] is not None]
+        known = {t: v[step] for t, v in teams.items() if v[step] is not None}
         unknown = len(teams) - len(known)
-        h = sum(known) if known or not teams else None
-        fleet.append({"step": step, "label": STEP_LABELS[step], "gpu_h": h, "cost": priced(h), "unknown_teams": unknown})
+        h = sum(known.values()) if known or not teams else None
+        costs = [_priced(v, prices[t]) for t, v in known.items()]
+        cost = None if h is None or any(c is None for c in costs) or (not teams and price is None) else sum(costs)
+        fleet.append({"step": step, "label": STEP_LABELS[step], "gpu_h": h, "cost": cost, "unknown_teams": unknown})
     rows = [{"cluster": c, "account": acct, **{f"{k}_gpu_h": v for k, v in t.items()},
-             **{f"{k}_cost": priced(v) for k, v in t.items()}} for (c, acct), t in sorted(teams.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
+             **{f"{k}_cost": _priced(v, prices[(c, acct)]) for k, v in t.items()}, "usd_per_gpu_hour": prices[(c, acct)]}
+            for (c, acct), t in sorted(teams.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
     return {"schema": SCHEMA, "fleet": fleet, "teams": rows, "usd_per_gpu_hour": price, "prices_differ": prices_differ}
+
+
+def team_prices(per_gpu: pl.DataFrame, held: pl.DataFrame, teams: Sequence[Team], fleet: float | None,
+                prices_differ: bool) -> dict[Team, float | None]:
+    """Each team's $/GPU-hour: the prices of the GPUs it held (per_gpu's usd_per_gpu_hour) weighted
+    by the GPU-hours it held each (`held`: sql.TEAM_GPU_HOURS' rows); None where one of them has no
+    price. A team with no GPU held in `held` pays `fleet` where every GPU has that one price."""
+    out: dict[Team, float | None] = {t: (fleet if not prices_differ else None) for t in teams}
+    if held.is_empty():
+        return out
+    gpu_price = per_gpu.select("cluster", "host", "gpu_uuid", pl.col("gi").cast(pl.Int64), "usd_per_gpu_hour")
+    rows = held.with_columns(pl.col("gi").cast(pl.Int64)).join(gpu_price, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
+    by_team = rows.group_by("cluster", "account").agg(
+        (pl.col("gpu_h") * pl.col("usd_per_gpu_hour")).sum().alias("usd"), pl.sum("gpu_h"),
+        pl.col("usd_per_gpu_hour").null_count().alias("unpriced"))
+    for r in by_team.iter_rows(named=True):
+        out[(r["cluster"], r["account"])] = None if r["unpriced"] or r["gpu_h"] <= 0 else r["usd"] / r["gpu_h"]
+    return out
 
 
 def fleet_price(per_gpu: pl.DataFrame) -> tuple[float | None, bool]:
@@ -104,8 +131,9 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
             share = max(0.0, (m["gpu_h"] - (m["unknown_gpu_h"] or 0.0)) / m["gpu_h"])
         teams[team] = team_steps(r["allocated_gpu_h"], r["data_gpu_h"] or 0.0, r["busy_gpu_h"] or 0.0,
                                  lost.get(team, (0.0, True))[0], None if m is None else m["mfu"], share)
-    price, differ = fleet_price(a.per_gpu())
-    out = waterfall(totals.capacity_gpu_h, teams, price, differ)
+    per_gpu = a.per_gpu()
+    price, differ = fleet_price(per_gpu)
+    out = waterfall(totals.capacity_gpu_h, teams, price, differ, team_prices(per_gpu, team_gpu_hours(con, params), list(teams), price, differ))
     # the lost GPU-hours counted from an attempt's start where its job reported no checkpoint: then
     # "not lost" is a lower bound
     out["lost_is_upper_bound"] = any(not measured for _, measured in lost.values())
@@ -115,8 +143,21 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
         out["notes"].append(f"allocated ({allocated:,.1f} GPU-h, accounting) exceeds capacity ({totals.capacity_gpu_h:,.1f} GPU-h, "
                             "the inventory): jobs held GPUs no exporter reports")
     if differ:
-        out["notes"].append("money at the fleet's mean price per GPU-hour (capacity-weighted): its GPU models' prices differ")
+        out["notes"].append("capacity's money at the fleet's mean price per GPU-hour (capacity-weighted: its GPU models' prices "
+                            "differ); each team's at the prices of the GPUs it held")
     return out
+
+
+def team_gpu_hours(con: Any, params: Any) -> pl.DataFrame:
+    """GPU-hours each team held each GPU in the window (sql.TEAM_GPU_HOURS), within its filters."""
+    from gpufleet.analytics import sql
+
+    binds = {"start": params.start, "end": params.end, "max_gap": params.max_gap.total_seconds(), **params.filters.bind()}
+    cur = con.cursor()
+    try:
+        return pl.from_arrow(cur.sql(sql.TEAM_GPU_HOURS, params=sql.bound(sql.TEAM_GPU_HOURS, binds)).to_arrow_table())
+    finally:
+        cur.close()
 
 
 def chart_rows(fleet: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -409,13 +409,35 @@ def _mttf_row(label: str, jobs: int, failures: int, job_h: float, gpu_h: float) 
             "mttf_ci_high_h": job_h / lo if lo > 0 else None}
 
 
+MIX_BUCKET = timedelta(days=1)  # the cause mix's bucket
+
+
+@dataclass(frozen=True)
+class Summed:
+    """Attempts that completed or have not ended, summed rather than listed (the store sums those
+    the report needs no row of: most of a fleet's). Per GPU count (None: unknown), cause
+    ("completed" or "not_ended") and the cause mix's bucket their end falls in (None: no end in
+    the window): how many, how many ran in the window, their run seconds in it (run_seconds_in),
+    GPUs x those, and GPUs x from start to end (or as_of): what goodput's others_gpu_s counts."""
+
+    gpus: int | None
+    cause: str
+    bucket: datetime | None
+    attempts: int
+    ran: int
+    run_s: float
+    gpu_run_s: float
+    wall_gpu_s: float
+
+
 def figures(classified: Sequence[Classified], start: datetime, end: datetime,
             checkpoints: Checkpoints | None = None,
-            bucket: timedelta = timedelta(days=1), as_of: datetime | None = None) -> dict[str, Any]:
-    """The window's reliability figures (module docstring) from its classified attempts.
-    `checkpoints`: per job (cluster, scheduler, job_key) the times it reported a saved checkpoint;
-    an interrupted attempt loses the work since its last one, else since its start (an upper bound).
-    An attempt still running counts its GPU-hours up to `as_of` (default: the window's end)."""
+            bucket: timedelta = MIX_BUCKET, as_of: datetime | None = None, summed: Iterable[Summed] = ()) -> dict[str, Any]:
+    """The window's reliability figures (module docstring) from its classified attempts and those
+    `summed` (their mix buckets of `bucket`). `checkpoints`: per job (cluster, scheduler, job_key)
+    the times it reported a saved checkpoint; an interrupted attempt loses the work since its last
+    one, else since its start (an upper bound). An attempt still running counts its GPU-hours up to
+    `as_of` (default: the window's end)."""
     checkpoints = checkpoints or {}
     end_of = min(as_of or end, end)
     # one pass: each attempt's run time in the window, added to its size bucket (a bucket of its
@@ -424,6 +446,24 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     in_window: list[Classified] = []
     gpu_s = 0.0
     unknown_attempts = known_attempts = 0  # (that ran in the window) of unknown GPU count: their GPU-hours are unknown, never 0
+    counts = dict.fromkeys(CAUSES, 0)
+    mix: dict[tuple[datetime, str], int] = {}
+    summed_n = summed_ended = 0
+    for x in summed:  # (completed or not ended: no failure, interruption or loss among them)
+        row = per_size.setdefault(size_bucket(x.gpus) or "unknown", [0, 0, 0.0, 0.0])
+        row[0] += x.attempts
+        row[2] += x.run_s
+        row[3] += x.gpu_run_s
+        if x.gpus is None:
+            unknown_attempts += x.ran
+        else:
+            gpu_s += x.gpu_run_s
+            known_attempts += x.ran
+        counts[x.cause] += x.attempts
+        summed_n += x.attempts
+        if x.bucket is not None:
+            summed_ended += x.attempts
+            mix[(x.bucket, x.cause)] = mix.get((x.bucket, x.cause), 0) + x.attempts
     for c in classified:
         a = c.attempt
         run = run_seconds_in(a, start, end, end_of)
@@ -493,13 +533,13 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
                                  f"(95% {row['mttf_ci_low_h']:.3g}-{_num(row['mttf_ci_high_h'])} h), the per-GPU rate "
                                  f"predicts {predicted:.3g} h at their mean {mean_gpus:.3g} GPUs")
 
-    mix: dict[tuple[datetime, str], int] = {}
     for c in in_window:
         t0 = start + bucket * int((c.attempt.end - start) / bucket)
         mix[(t0, c.cause)] = mix.get((t0, c.cause), 0) + 1
-    counts = {cause: sum(1 for c in classified if c.cause == cause) for cause in CAUSES}
+    for c in classified:
+        counts[c.cause] += 1
     return {
-        "attempts": len(classified), "ended_in_window": len(in_window), "causes": counts,
+        "attempts": len(classified) + summed_n, "ended_in_window": len(in_window) + summed_ended, "causes": counts,
         # the known attempts' sum (None: none of them is known), a lower bound when some are not
         "allocated_gpu_hours": allocated_gpu_h, "allocated_unknown_attempts": unknown_attempts,
         "interruptions": len(interruptions), "hardware_interruptions": len(hardware), "failures": len(failures),

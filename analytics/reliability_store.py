@@ -15,7 +15,8 @@ from typing import Any, Mapping
 
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
-    FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event, Settings, run_seconds_in, ends_in,
+    ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, MIX_BUCKET, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
+    Settings, Summed, run_seconds_in, ends_in,
     chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
     link_chains, lost_since, node_failures,
 )
@@ -29,29 +30,34 @@ def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]
     return [dict(zip(cols, row)) for row in rel.fetchall()]
 
 
-def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
-               ) -> tuple[list[Classified], list[dict[str, Any]]]:
-    """The window's attempts classified (accounting, their GPUs' health events from the store's
-    facts, the policy audit) and each host's GPU-hours held (cluster, host, scheduler,
-    gpu_hours). `as_of`: where a running job's time ends (default: the window's end)."""
+def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20
+               ) -> tuple[list[Classified], list[Summed], list[dict[str, Any]]]:
+    """The window's attempts the report needs as rows, classified (accounting, their GPUs' health
+    events from the store's facts, the policy audit; sql.RELIABILITY_ATTEMPTS says which: those of
+    a chain with an attempt that did not complete, of a job that reported checkpoints, the `top`
+    largest), the rest summed (figures' `summed`: completed or not ended, per GPU count and mix
+    bucket), and each host's GPU-hours held (cluster, host, scheduler, gpu_hours). `as_of`: where
+    a running job's time ends (default: the window's end)."""
     as_of = min(as_of or params.end, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
-             "no_evidence_states": list(NO_EVIDENCE_STATES), **params.filters.bind()}
+             "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top,
+             "bucket_us": round(MIX_BUCKET.total_seconds() * 1_000_000), **params.filters.bind()}
     cur = con.cursor()
     try:
-        jobs = _rows(cur, sql.RELIABILITY_ATTEMPTS, binds)
+        cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
+        listed = cur.sql(sql.RELIABILITY_LISTED).fetchall()
+        summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
+                         None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],
+                         r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
+                  for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
         cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
         host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
     finally:
         cur.close()
-    attempts, prev, n = [], None, 0
-    for j in jobs:  # in job and start order: number each job's attempts in the window 1, 2, ...
-        key = (j["cluster"], j["scheduler"], j["job_key"])
-        n = n + 1 if key == prev else 1
-        prev = key
-        attempts.append(Attempt.from_job(j, ((h["host"], h["gpu_uuid"]) for h in j["held"] or ()), attempt=n))
+    # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last)
+    attempts = [Attempt(*r[:-1], gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in r[-1] or ()}))) for r in listed]
     events: list[Event] = []
-    if attempts:
+    if any(a.gpus_held for a in attempts):
         # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the
         # cluster and model filters, and the attempts are not filtered by model)
         around = replace(params, start=params.start - s.hardware_window, end=params.end + s.grace,
@@ -59,7 +65,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         ev = health.events(con, around)
         events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                   for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
-    return classify_all(attempts, events, cancels, s), host_rows
+    return classify_all(attempts, events, cancels, s), summed, host_rows
 
 
 Saved = dict[tuple[str, str, str], list[tuple[datetime, float | None]]]
@@ -84,12 +90,12 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
     their evidence, the interrupted attempts that cost most, each with its cause's evidence, the
     chains that lost most, and Young/Daly's checkpoint advice for the largest chains."""
-    classified, host_rows = read_store(con, params, s, as_of)
+    classified, summed, host_rows = read_store(con, params, s, as_of, top)
     saved = read_checkpoints(con, params, as_of)
     times = {k: [t for t, _ in v] for k, v in saved.items()}
     host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
     where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
-    f = figures(classified, params.start, params.end, times, as_of=as_of)
+    f = figures(classified, params.start, params.end, times, as_of=as_of, summed=summed)
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
@@ -98,7 +104,8 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     chains = link_chains(linked, times, s, until)
     in_chains = {id(c) for c in linked}
     others_gpu_s = sum(c.attempt.gpus * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
-                       for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains)
+                       for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains
+                       ) + sum(x.wall_gpu_s for x in summed)
     interrupted_chains = sorted((ch for ch in chains if ch.interruptions),
                                 key=lambda ch: (-(ch.gpus or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
     interrupted = sorted((c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
@@ -133,7 +140,7 @@ def lost_by_team(con: Any, params: Any, s: Settings = Settings(), as_of: datetim
     them for the fleet (None: the team had an interruption of unknown GPU count, so its loss is
     unknown), and whether every one was measured from a reported checkpoint (else an upper bound).
     Teams with no interruption are absent."""
-    classified, _ = read_store(con, params, s, as_of)
+    classified, _, _ = read_store(con, params, s, as_of)
     times = {k: [t for t, _ in v] for k, v in read_checkpoints(con, params, as_of).items()}
     out: dict[tuple[str, str | None], tuple[float | None, bool]] = {}
     for c in classified:

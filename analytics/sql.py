@@ -987,7 +987,14 @@ WHERE {_FILTERS}
 # are its evidence - only for the attempts whose cause evidence can decide (a state not in
 # $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
 # completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
+# Kept on the cursor as _rel_attempts with `broken` (its state is an end other than COMPLETED:
+# $ended_states, ENDED_STATES) and `listed`: whether the report needs it as a row - an attempt of
+# a job, or of a user/account/name, with a broken attempt (the chains' candidates), of a job that
+# reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
+# the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
+# (RELIABILITY_SUMMED), never read as rows.
 RELIABILITY_ATTEMPTS = f"""
+CREATE OR REPLACE TEMP TABLE _rel_attempts AS
 WITH f AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {JOB_FILTERS}),
 p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the window
     SELECT p.*, f.user_name, f.account, f.name, f.gpus AS job_gpus, f.start AS job_start
@@ -1009,19 +1016,59 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
            coalesce("end", CASE WHEN start < job_start THEN job_start END), coalesce(gpus, job_gpus),
            user_name, account, name, nodes, submit
     FROM p
-), held AS (  -- each attempt's GPUs: its job's allocations seen while it ran
+), held AS (  -- each attempt's GPUs: its job's allocations seen while it ran (read only for the attempts
+    -- that need them: evidence can decide their cause, or accounting lacks their GPU count)
     SELECT j.cluster, j.scheduler, j.job_key, j.start, count(DISTINCT a.gpu_uuid)::INTEGER AS mapped_gpus,
-           list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid))
-             FILTER (WHERE NOT list_contains($no_evidence_states, coalesce(j.state, 'UNKNOWN'))) AS held
-    FROM allocations a JOIN (SELECT *, coalesce("end", $as_of) AS ran_to, start - to_seconds($max_gap) AS seen_from FROM j) j
+           list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid)) FILTER (WHERE j.evidence) AS held
+    FROM allocations a JOIN (SELECT *, coalesce("end", $as_of) AS ran_to, start - to_seconds($max_gap) AS seen_from,
+                                    NOT list_contains($no_evidence_states, coalesce(state, 'UNKNOWN')) AS evidence
+                             FROM j) j
       ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key AND a.first_seen <= j.ran_to AND a.last_seen >= j.seen_from
+    WHERE j.evidence OR j.gpus IS NULL
     GROUP BY j.cluster, j.scheduler, j.job_key, j.start
+), a AS (
+    SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
+           coalesce(j.gpus, h.mapped_gpus) AS gpus, j.user_name, j.account, j.name, j.nodes, j.submit, h.held,
+           upper(coalesce(nullif(j.state, ''), 'UNKNOWN')) AS ustate,
+           list_contains($ended_states, ustate) AND ustate <> 'COMPLETED' AS broken
+    FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key AND h.start = j.start
+    WHERE coalesce(j.gpus, h.mapped_gpus) > 0
+), b AS (SELECT DISTINCT cluster, scheduler, job_key, user_name, account, name FROM a WHERE broken
+), l AS (
+    SELECT a.*, EXISTS (SELECT 1 FROM b WHERE b.cluster = a.cluster AND b.scheduler = a.scheduler AND b.job_key = a.job_key)
+                OR EXISTS (SELECT 1 FROM b WHERE b.cluster = a.cluster AND b.user_name IS NOT DISTINCT FROM a.user_name
+                           AND b.account IS NOT DISTINCT FROM a.account AND b.name IS NOT DISTINCT FROM a.name) AS linked,
+           EXISTS (SELECT 1 FROM job_checkpoints c WHERE c.cluster = a.cluster AND c.scheduler = a.scheduler
+                   AND c.job_key = a.job_key AND c.saved_at <= $as_of) AS reported
+    FROM a
+), top AS (  -- the $top largest of the rest, in the report's order (GPUs, then job and start)
+    SELECT cluster, scheduler, job_key FROM l WHERE NOT linked AND start IS NOT NULL
+    ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start LIMIT $top
 )
-SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
-       coalesce(j.gpus, h.mapped_gpus) AS gpus, j.user_name, j.account, j.name, j.nodes, j.submit, h.held
-FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key AND h.start = j.start
-WHERE coalesce(j.gpus, h.mapped_gpus) > 0
-ORDER BY j.cluster, j.scheduler, j.job_key, j.start
+SELECT *, linked OR reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
+                                        AND t.job_key = l.job_key) AS listed
+FROM l
+"""
+# ... the attempts the report reads as rows (a listed job's attempts are all listed), in job and
+# start order, numbered 1, 2, ... per job
+RELIABILITY_LISTED = """
+SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw, exit_code, user_name, account, name, nodes,
+       submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt, held
+FROM _rel_attempts WHERE listed ORDER BY cluster, scheduler, job_key, start
+"""
+# ... and the rest summed (gpufleet.analytics.reliability.Summed) as figures() and goodput count them:
+# per GPU count, completed or not ended, and the cause mix's bucket ($bucket_us from $start) its end
+# falls in (NULL: no end in the window, or not ended); microseconds run in [$start, $end) (one not
+# ended runs to $as_of), GPUs x those, and GPUs x from start to end (or $as_of), the goodput's wall
+RELIABILITY_SUMMED = """
+SELECT gpus, ustate = 'COMPLETED' AS completed,
+       CASE WHEN ustate = 'COMPLETED' AND "end" >= $start AND "end" < $end THEN (epoch_us("end") - epoch_us($start)) // $bucket_us END AS k,
+       count(*) AS attempts, count(*) FILTER (WHERE run_us > 0) AS ran, sum(run_us) AS run_us, sum(gpus * run_us) AS gpu_run_us,
+       sum(gpus * greatest(0, epoch_us(coalesce("end", $as_of)) - epoch_us(start))) FILTER (WHERE start IS NOT NULL) AS wall_gpu_us
+FROM (SELECT *, CASE WHEN start IS NULL THEN 0
+                     ELSE greatest(0, epoch_us(least(coalesce("end", $as_of), $end)) - epoch_us(greatest(start, $start))) END AS run_us
+      FROM _rel_attempts WHERE NOT listed)
+GROUP BY ALL
 """
 
 # The checkpoints the filtered jobs that ran in the window reported saving (job_checkpoints), up to
@@ -1051,6 +1098,18 @@ LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.jo
 WHERE {ALLOCATION_FILTERS}
 GROUP BY a.cluster, a.host HAVING gpu_hours > 0
 ORDER BY a.cluster, a.host
+"""
+
+# GPU-hours each team (cluster, account) held each GPU (or MIG instance) in [$start, $end) (the
+# mapping's allocations, clipped as RELIABILITY_HOST_GPU_HOURS clips them): the weights of its GPUs'
+# prices in the goodput waterfall's money (gpufleet.analytics.goodput.team_prices)
+TEAM_GPU_HOURS = f"""
+SELECT a.cluster, j.account, a.host, a.gpu_uuid, coalesce(a.gpu_instance, -1) AS gi,
+       sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_h
+FROM allocations a
+LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+WHERE {ALLOCATION_FILTERS}
+GROUP BY ALL HAVING gpu_h > 0
 """
 
 # --- where a job's GPU time goes (analytics/states.py) ---

@@ -3,7 +3,10 @@
 1. A synthetic week written into a real store through StoreWriter: GPUFLEET_BENCH_REL_GPUS H100s
    (hosts of 8) and GPUFLEET_BENCH_REL_JOBS Slurm jobs (sizes 1-64 GPUs, 1 in 50 ending FAILED or
    NODE_FAIL, a third of the failures with an XID 79 on one of their GPUs a minute before the end:
-   those GPUs' samples around it are the only samples), with every job's allocations.
+   those GPUs' samples around it are the only samples), with every job's allocations; then
+   compacted with every hour's facts built (collector.maintenance.compact), as the collector's
+   upkeep leaves a store: the report reads health events from the facts (a store without them is
+   read raw, an hour at a time: 57 s rather than 2 s at 1,024 GPUs).
 2. gpufleet.analytics.reliability_store.report over the week in a process of its own: wall time
    and peak RSS (VmHWM) are the report's own.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +52,7 @@ def generate(root: Path, gpus: int, jobs: int, seed: int = 54) -> None:
     import pyarrow as pa
 
     from gpufleet.collector import schema
+    from gpufleet.collector.maintenance import compact
     from gpufleet.collector.schema import Batch
     from gpufleet.collector.store import StoreWriter
 
@@ -87,6 +92,7 @@ def generate(root: Path, gpus: int, jobs: int, seed: int = 54) -> None:
             w.commit(Batch(key=f"bench-rel-{k}", jobs=rows[k:k + step], allocations=[a for a in allocs if a["job_key"] in mine],
                            samples=pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA) if k == 0 and samples else None))
         w.publish()
+        compact(w, START + WEEK + timedelta(days=1), facts_hours=None)  # every hour closed, its facts built
     finally:
         w.close()
 
@@ -95,11 +101,14 @@ def run() -> list[Table]:
     gpus = int(os.environ.get("GPUFLEET_BENCH_REL_GPUS", "1024"))
     jobs = int(os.environ.get("GPUFLEET_BENCH_REL_JOBS", "50000"))
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "reliability")
-    root = cache / f"store-{gpus}-{jobs}"
-    if not (root / "manifest.json").exists() and not any(root.glob("*manifest*")):
+    root = cache / f"store-{gpus}-{jobs}-facts"  # (-facts: stores cached before compaction built none)
+    done = root / ".generated"  # (written last: a store whose generation or compaction was cut short is made again)
+    if not done.exists():
         progress(f"generating {gpus} GPUs, {jobs} jobs under {root}")
         t = time.monotonic()
+        shutil.rmtree(root, ignore_errors=True)
         generate(root, gpus, jobs)
+        done.touch()
         progress(f"generated in {time.monotonic() - t:.0f} s")
     out = subprocess.run([sys.executable, "-c", MEASURE, str(root), START.isoformat(), (START + WEEK).isoformat()],
                          capture_output=True, text=True, check=True, cwd=ROOT)

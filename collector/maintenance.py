@@ -121,24 +121,25 @@ def settle(w: StoreWriter, now: datetime) -> int:
 
 def apply_retention(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days: int = 35, facts_days: int = 400) -> int:
     """Retire sample files wholly older than `raw_days`, the facts as retire_facts has them, and
-    delete job throughput and GPU share rows older than `facts_days` (hourly, kept like the hour
-    facts); returns files retired + rows deleted."""
+    delete job throughput, job checkpoint and GPU share rows older than `facts_days` (kept like the
+    hour facts); returns files retired + rows deleted."""
     facts_gone = retire_facts(w, now, raw_days, facts_5m_days, facts_days)
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
     reports_cutoff = now - timedelta(days=facts_days)
-    hourly = ("job_throughput", "gpu_job_shares")  # hourly tables (job reports, shared GPUs' split): kept like hour facts
-    old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE ts < ?", [reports_cutoff]).fetchone()[0] for t in hourly}
+    # job reports (hourly throughput, checkpoints saved) and shared GPUs' hourly split, by their time column: kept like hour facts
+    hourly = {"job_throughput": "ts", "gpu_job_shares": "ts", "job_checkpoints": "saved_at"}
+    old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE {c} < ?", [reports_cutoff]).fetchone()[0] for t, c in hourly.items()}
     old_reports = sum(old_hourly.values())
     if not old and not old_reports:
         if facts_gone:
             w.publish()
         return facts_gone
     w.db.execute("BEGIN")
-    for t in hourly:
+    for t, c in hourly.items():
         if old_hourly[t]:
-            w.db.execute(f"DELETE FROM {t} WHERE ts < ?", [reports_cutoff])
+            w.db.execute(f"DELETE FROM {t} WHERE {c} < ?", [reports_cutoff])
             w._dirty_tables.add(t)
     for f in old:
         w.db.execute("UPDATE batches SET file = '' WHERE file = ?", [f])
@@ -146,7 +147,7 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days:
     w.db.execute("COMMIT")
     w.invalidate()
     w.publish()
-    log.info("retention: retired %d sample files and %d facts files, deleted %d job throughput and GPU share rows",
+    log.info("retention: retired %d sample files and %d facts files, deleted %d job throughput, checkpoint and GPU share rows",
              len(old), facts_gone, old_reports)
     return len(old) + facts_gone + old_reports
 

@@ -129,3 +129,41 @@ def test_waterfall_invariants(fleet, data):
             assert fleet_row["gpu_h"] is None
     assert all(t["useful_gpu_h"] is None for t in out["teams"])  # no job reported throughput or tensor activity
     assert not math.isnan(cap)
+
+
+def test_teams_money_at_their_own_gpus_prices(tmp_path):
+    """Two models at $4 (H100) and $1.5 (A100) a GPU-hour, 10:00-14:00: team ml's job holds the H100
+    10:00-12:00 at 100 %, team bio's the A100 10:00-13:00 at 50 %. Each team's GPU-hours cost its
+    own GPUs' price (not the fleet's mean, $2.75); the fleet's steps are the teams' money summed."""
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", T(10), T(14), util=100.0, procs=1, model=h100)
+    f.gpu_series("n2", "GPU-B", T(10), T(14), util=50.0, procs=1, model=a100)
+    f.job("1", account="ml", user="ann", start=T(10), end=T(12), gpus=1, placements=[("n1", "GPU-A")], state="COMPLETED", exit_code="0:0")
+    f.job("2", account="bio", user="bo", start=T(10), end=T(13), gpus=1, placements=[("n2", "GPU-B")], state="COMPLETED", exit_code="0:0")
+    f.write()
+    con = f.reader()
+    p = Params(T(10), T(14), prices={h100: 4.0, a100: 1.5})
+    out = goodput.compute(Analysis(con, p, now=T(15)), con, p, as_of=T(15))
+    teams = {r["account"]: r for r in out["teams"]}
+    assert teams["ml"]["usd_per_gpu_hour"] == pytest.approx(4.0) and teams["bio"]["usd_per_gpu_hour"] == pytest.approx(1.5)
+    assert teams["ml"]["allocated_cost"] == pytest.approx(2 * 4.0, abs=1e-3) and teams["bio"]["allocated_cost"] == pytest.approx(3 * 1.5, abs=1e-3)
+    assert teams["ml"]["busy_cost"] == pytest.approx(2 * 4.0, abs=1e-3) and teams["bio"]["busy_cost"] == pytest.approx(1.5 * 1.5, abs=1e-3)
+    fleet = {r["step"]: r["cost"] for r in out["fleet"]}
+    assert fleet["capacity"] == pytest.approx(4 * 4.0 + 4 * 1.5)  # capacity at the fleet's capacity-weighted price ($2.75)
+    assert fleet["allocated"] == pytest.approx(8.0 + 4.5, abs=1e-3)  # not 5 GPU-h x $2.75 = 13.75
+    assert fleet["busy"] == pytest.approx(8.0 + 2.25, abs=1e-3)
+    assert out["prices_differ"] and out["usd_per_gpu_hour"] == pytest.approx(2.75)
+
+
+def test_team_price_unknown_where_a_gpu_it_held_has_none():
+    import polars as pl
+
+    per_gpu = pl.DataFrame({"cluster": ["c", "c"], "host": ["n1", "n2"], "gpu_uuid": ["A", "B"], "gi": [-1, -1],
+                            "usd_per_gpu_hour": [4.0, None]})
+    held = pl.DataFrame({"cluster": ["c", "c", "c"], "account": ["ml", "bio", "bio"], "host": ["n1", "n1", "n2"],
+                         "gpu_uuid": ["A", "A", "B"], "gi": [-1, -1, -1], "gpu_h": [2.0, 1.0, 1.0]})
+    got = goodput.team_prices(per_gpu, held, [("c", "ml"), ("c", "bio"), ("c", "ops")], None, True)
+    assert got == {("c", "ml"): 4.0, ("c", "bio"): None, ("c", "ops"): None}
+    # one price fleet-wide: a team whose GPUs the mapping never saw pays it
+    assert goodput.team_prices(per_gpu.head(1), held.head(1), [("c", "ml"), ("c", "ops")], 4.0, False) == {("c", "ml"): 4.0, ("c", "ops"): 4.0}

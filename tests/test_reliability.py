@@ -586,3 +586,35 @@ def test_states_whose_gpus_the_store_does_not_read_need_no_evidence(state):
     # the store reads an attempt's GPUs only when evidence can decide its cause
     a = attempt(state, exit_code="1:0")
     assert r.classify(a, [xid(79, END - timedelta(minutes=1))]).cause == r.classify(a).cause
+
+
+def test_summed_attempts_count_as_listed_ones(store):
+    """The store sums the attempts the report needs no row of (completed or running, in no chain
+    with a broken attempt, not among the largest): the figures are those of every attempt listed."""
+    from gpufleet.analytics.params import Params
+
+    p = Params(_t(0), _t(12))
+    few, summed, _ = reliability_store.read_store(store.reader(), p, as_of=_t(9), top=0)
+    every, none, _ = reliability_store.read_store(store.reader(), p, as_of=_t(9), top=10**6)
+    assert summed and not none and len(few) < len(every)
+    assert sum(x.attempts for x in summed) + len(few) == len(every)
+    got = r.figures(few, p.start, p.end, as_of=_t(9), summed=summed)
+    want = r.figures(every, p.start, p.end, as_of=_t(9))
+    assert got == want
+
+
+def test_retention_deletes_checkpoints_older_than_facts_days(tmp_path):
+    """Checkpoints are job reports: kept facts_days, like job throughput and the hour facts."""
+    from gpufleet.collector.maintenance import apply_retention
+    from gpufleet.collector.schema import Batch
+    from gpufleet.collector.store import StoreWriter, open_reader
+
+    t = datetime(2026, 11, 1)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    saved = lambda at: {"seen": at, "cluster": "c1", "scheduler": "slurm", "job_key": "42", "saved_at": at, "duration_s": 30.0}  # noqa: E731
+    w.commit(Batch(key="a", checkpoints=[saved(t), saved(t + timedelta(days=10))]))
+    w.publish()
+    assert apply_retention(w, t + timedelta(days=12), raw_days=35, facts_days=11) == 1  # 12 days old > 11: gone
+    w.publish()
+    w.close()
+    assert open_reader(tmp_path).execute("SELECT saved_at FROM job_checkpoints").fetchall() == [(t + timedelta(days=10),)]

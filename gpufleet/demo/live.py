@@ -4,8 +4,11 @@ Each node runs the product's exporter (simulated backend, poller, HTTP server) i
 A driver thread plays the workload and the schedulers: every few seconds it evaluates load.py
 for every device at the current time and writes what it finds where real nodes would have it -
 the simulator's control files (utilization, processes, tensor activity), the Slurm prolog's job
-mapping files for `hpc` nodes, and the kubelet pod-resources answer for `k8s` nodes. The GPU
-that fell off the bus during the backfilled week stays lost.
+mapping files for `hpc` nodes, and the kubelet pod-resources answer for `k8s` nodes. The Slurm
+training jobs that report checkpoints (demo/checkpoints.py) say so through the real job API
+(gpufleet.exporter.jobreport.checkpoint_saved), from their first GPU's node, into the job-report
+directory that node's exporter reads. The GPU that fell off the bus during the backfilled week
+stays lost.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import polars as pl
 from gpufleet.exporter.backends import sim, sim_scenario
 from gpufleet.exporter.jobmap.kubelet import KubeletPodResourcesSource
 from gpufleet.exporter.jobmap.slurm_dir import SlurmMappingDirSource
+from gpufleet.exporter.jobreport import checkpoint_saved
+from gpufleet.exporter.jobreports import JobReportSource
 from gpufleet.exporter.poller import Poller
 from gpufleet.exporter.web import make_server
-from gpufleet.demo import load
+from gpufleet.demo import checkpoints, load
 from gpufleet.demo.fleet import PROFILE_CODE, Fleet, Job, Node, Slot, node_slots
 from gpufleet.demo.history import EPOCH, epoch
 
@@ -40,8 +45,9 @@ class NodeRuntime:
         self.node = node
         self.control = root / "control"
         self.jobmap = root / "jobmap"
-        self.control.mkdir(parents=True, exist_ok=True)
-        self.jobmap.mkdir(parents=True, exist_ok=True)
+        self.job_reports = root / "job-reports"  # what the node's jobs report (exporter/jobreport.py writes it)
+        for d in (self.control, self.jobmap, self.job_reports):
+            d.mkdir(parents=True, exist_ok=True)
         self.kubelet = None
         sources = []
         if node.cluster == "hpc":
@@ -66,7 +72,7 @@ class NodeRuntime:
         scenario = sim_scenario.parse({"hostname": node.host, "model": node.model, "gpus": node.gpus,
                                        "control_dir": str(self.control), "gpu": gpus, **profiling}, f"demo node {node.host}")
         self.poller = Poller(sim.SimBackend(scenario), sources, hostname=node.host, poll_interval=5.0,
-                             process_interval=5.0, device_map_file=None)
+                             process_interval=5.0, device_map_file=None, job_reports=JobReportSource(self.job_reports))
         self.server = make_server("127.0.0.1:0", self.poller.exposition, None)
         self._written: dict[Path, str] = {}
 
@@ -117,6 +123,7 @@ class LiveFleet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._holders = _holders(fleet)
+        self._checkpointed: dict[str, datetime] = {}  # job key -> the last checkpoint it reported
 
     def urls(self, cluster: str) -> list[str]:
         return [rt.url for rt in self.nodes.values() if rt.node.cluster == cluster]
@@ -182,12 +189,29 @@ class LiveFleet:
                         device = s.mig_uuid or s.gpu_uuid
                         resource = f"nvidia.com/mig-{s.mig_profile}" if s.mig_profile else "nvidia.com/gpu"
                         pods.setdefault(host, []).append((j.partition, j.job_id, j.name, resource, device))
+        self.report_checkpoints(jobs, now)
         for host, rt in self.nodes.items():
             if rt.kubelet:
                 grouped: dict[tuple, list[str]] = {}
                 for ns, pod, container, resource, device in pods.get(host, []):
                     grouped.setdefault((ns, pod, container, resource), []).append(device)
                 rt.kubelet.set_pods([(*k, tuple(v)) for k, v in grouped.items()])
+
+
+    def report_checkpoints(self, jobs: list[Job | None], now: datetime) -> None:
+        """Each running job that reports checkpoints (checkpoints.reports) says it saved its last
+        one up to `now`, as a training script would: checkpoint_saved from its first GPU's node."""
+        for j in {id(j): j for j in jobs if j is not None}.values():
+            rt = self.nodes.get(j.slots[0].node.host)
+            if rt is None or not checkpoints.reports(j):
+                continue
+            done = self._checkpointed.get(j.job_key)
+            saved = checkpoints.saved(j, done or j.start, now + timedelta(microseconds=1))
+            if not saved or saved[-1][0] == done:
+                continue
+            at, took = saved[-1]
+            checkpoint_saved(took, saved_at=(at - EPOCH).total_seconds(), job_id=j.job_id, directory=rt.job_reports)
+            self._checkpointed[j.job_key] = at
 
 
 def _holders(fleet: Fleet) -> dict[tuple, list[Job]]:
