@@ -51,6 +51,8 @@ WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.mode
 STORED_PARTS = "SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi)"
 # whether the 5-minute facts of [$lo, $hi) have any data
 FACT_DATA = "SELECT coalesce(sum(covered_s), 0) > 0 FROM fact_parts WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi"
+# the samples' first and last times (epoch us; NULL: none): a raw cut outside them reads nothing
+SAMPLE_EXTENT = "SELECT epoch_us(min(ts)), epoch_us(max(ts)) FROM gpu_samples"
 # which buckets the store has facts of, for these parameters
 STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b FROM fact_files WHERE tag = $tag"
 
@@ -229,6 +231,7 @@ class FactWindow:
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
         self.retired: list[int] = []  # starts (epoch us) of cuts read raw where retention has retired the samples the facts had
+        self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
         self._parts()
         for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
             self.con.execute(stmt, sql.bound(stmt, self.bind))
@@ -279,15 +282,20 @@ class FactWindow:
         r0 = (s - reach) - (s - reach) % FIVE_US
         r1 = -((-(e + reach)) // FIVE_US) * FIVE_US
         stored = self._stored()
-        tables = []
+        tables, spans = [], []
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
             for grain, a, b in self.tile(lo, hi, stored):
-                if grain is None:
-                    tables += self._raw(a, b, stored[cf.GRAIN_5M])
+                if grain is not None and spans and spans[-1][0] == grain and spans[-1][2] == a:
+                    spans[-1] = (grain, spans[-1][1], b)  # whole buckets on both sides of a grid edge: one read
                 else:
-                    q = STORED_PARTS
-                    tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
-                    self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
+                    spans.append((grain, a, b))
+        for grain, a, b in spans:
+            if grain is None:
+                tables += self._raw(a, b, stored[cf.GRAIN_5M])
+            else:
+                q = STORED_PARTS
+                tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
+                self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
         parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
         self.con.register("_wp", parts)
         self.con.execute("CREATE OR REPLACE TEMP TABLE wp AS SELECT * FROM _wp")
@@ -310,6 +318,13 @@ class FactWindow:
         t = lo
         while t < hi:
             u = min(hi, t - t % cf.HOUR_US + cf.HOUR_US)
+            if t - t % cf.HOUR_US not in hours_5m:  # (an hour with facts: its samples' absence is news, below)
+                if self._extent is None:
+                    self._extent = tuple(self.con.execute(SAMPLE_EXTENT).fetchall()[0])
+                first, last = self._extent
+                if first is None or u <= first or last < t - self.fp.gap_us:  # no sample in reach: one query, not one an hour
+                    t = u
+                    continue
             samples = self.con.sql(q, params={"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
                                            "model": self.p.filters.model}).to_arrow_table()
             if samples.num_rows:
