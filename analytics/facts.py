@@ -57,6 +57,9 @@ CUT_SAMPLE = """SELECT 1 FROM gpu_samples WHERE ts >= make_timestamp($lo - $gap_
 # whether the reader has the facts' views (a store of before them has not)
 HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views() UNION ALL SELECT table_name FROM duckdb_tables()) "
              "WHERE n IN ('fact_files', 'fact_parts')")
+# the start of the samples' first day and the end of their last (epoch us; NULL: none), from the
+# store's date partitions (the reader's sample_days): a raw cut outside them reads nothing
+SAMPLE_EXTENT = "SELECT epoch_us(min(day)::TIMESTAMP), epoch_us(max(day)::TIMESTAMP + INTERVAL 1 DAY) FROM sample_days"
 # which buckets the store has facts of, for these parameters
 STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b FROM fact_files WHERE tag = $tag"
 
@@ -234,6 +237,7 @@ class FactWindow:
         register_prices(self.con, params)
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
+        self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
         self._parts()
         for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
             self.con.execute(stmt, sql.bound(stmt, self.bind))
@@ -283,15 +287,20 @@ class FactWindow:
         r0 = (s - reach) - (s - reach) % FIVE_US
         r1 = -((-(e + reach)) // FIVE_US) * FIVE_US
         stored = self._stored()
-        tables = []
+        tables, spans = [], []
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
             for grain, a, b in self.tile(lo, hi, stored):
-                if grain is None:
-                    tables += self._raw(a, b)
+                if grain is not None and spans and spans[-1][0] == grain and spans[-1][2] == a:
+                    spans[-1] = (grain, spans[-1][1], b)  # whole buckets on both sides of a grid edge: one read
                 else:
-                    q = STORED_PARTS
-                    tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
-                    self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
+                    spans.append((grain, a, b))
+        for grain, a, b in spans:
+            if grain is None:
+                tables += self._raw(a, b)
+            else:
+                q = STORED_PARTS
+                tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
+                self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
         parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
         self.con.register("_wp", parts)
         self.con.execute("CREATE OR REPLACE TEMP TABLE wp AS SELECT * FROM _wp")
@@ -312,6 +321,12 @@ class FactWindow:
         t = lo
         while t < hi:
             u = min(hi, t - t % cf.HOUR_US + cf.HOUR_US)
+            if self._extent is None:
+                self._extent = tuple(self.con.execute(SAMPLE_EXTENT).fetchall()[0])
+            first, last = self._extent
+            if first is None or u <= first or last < t - self.fp.gap_us:  # no sample day in reach: one query, not one an hour
+                t = u
+                continue
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
                                                            "model": self.p.filters.model}, t, u)
             if samples.num_rows:

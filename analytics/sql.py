@@ -1125,27 +1125,29 @@ WHERE (a.job_key = $job OR j.job_id = $job) AND ($cluster IS NULL OR a.cluster =
   AND least({ALLOCATION_END}, $end) > greatest({ALLOCATION_START}, $start)
 ORDER BY a.cluster, a.job_key, a.host, a.gpu, a.gpu_instance
 """
-# ... and the samples of those GPUs (_job_al: JOB_STATE_ALLOCATIONS' rows numbered k) from
-# max_gap before each allocation to its end, with the fields the states read: utilization as
-# LINE_COLUMNS has it (NaN: not reported), NVLink RX + TX (NULL when neither is published), the
-# share of a GPU its time counts as (gpu_equiv: 1 without a MIG profile, as the rule gives, without
-# its regular expression on every whole GPU's row); and other jobs' processes on the GPU (read by no state).
+# ... and the samples of those GPUs (_job_al: JOB_STATE_ALLOCATIONS' rows of one job numbered k, all
+# of cluster $job_cluster) from max_gap before each allocation to its end, with the fields the states
+# read: utilization as LINE_COLUMNS has it (NaN: not reported), the profiling fields as stored
+# (FLOAT: half the bytes of DOUBLE to hand over, widened exactly in numpy), NVLink RX + TX (NULL when
+# neither is published), the share of a GPU its time counts as (gpu_equiv: 1 without a MIG profile,
+# as the rule gives, without its regular expression on every whole GPU's row); and other jobs'
+# processes on the GPU (read by no state).
 # $lo, $hi: from max_gap before the first allocation's start to the last one's end; $host_lo,
 # $host_hi: the job's hosts' range. Constants, so DuckDB skips the files and row groups outside
-# them (compaction sorts files by host); the join then keeps each allocation's own stretch.
+# them (compaction sorts files by host); the join then keeps each allocation's own stretch (its
+# key without the cluster, a constant filter instead: one string fewer to hash per row).
 # Unordered: sorting every sample's row in SQL cost more than the rest of the breakdown; the
 # reader groups the rows by k and orders each GPU's by time in numpy (states.job_breakdown).
 JOB_STATE_SAMPLES = f"""
 SELECT al.k, s.gpu, epoch(s.ts) AS ts, {LINE_COLUMNS.format(s="s.")},
-       s.compute_processes::DOUBLE AS procs, s.sm_active::DOUBLE AS sm_active, s.tensor_active::DOUBLE AS tensor_active,
-       s.pcie_rx_bytes_per_s::DOUBLE AS pcie_rx,
+       s.compute_processes AS procs, s.sm_active, s.tensor_active, s.pcie_rx_bytes_per_s AS pcie_rx,
        CASE WHEN s.nvlink_tx_bytes_per_s IS NOT NULL OR s.nvlink_rx_bytes_per_s IS NOT NULL
             THEN coalesce(s.nvlink_tx_bytes_per_s, 0)::DOUBLE + coalesce(s.nvlink_rx_bytes_per_s, 0) END AS nvlink,
-       CASE WHEN s.mig_profile IS NULL THEN 1.0 ELSE {gpu_equiv('s')} END AS equiv, s.foreign_processes::DOUBLE AS foreign_processes
+       CASE WHEN s.mig_profile IS NULL THEN 1.0 ELSE {gpu_equiv('s')} END AS equiv, s.foreign_processes
 FROM gpu_samples s
-JOIN _job_al al ON al.cluster IS NOT DISTINCT FROM s.cluster AND al.host = s.host AND al.gpu_uuid = s.gpu_uuid AND al.gi = coalesce(s.gpu_instance, -1)
+JOIN _job_al al ON al.host = s.host AND al.gpu_uuid = s.gpu_uuid AND al.gi = coalesce(s.gpu_instance, -1)
  AND epoch(s.ts) >= al.a0 - $max_gap AND epoch(s.ts) < al.a1
-WHERE s.host >= $host_lo AND s.host <= $host_hi AND s.ts >= $lo AND s.ts < $hi
+WHERE s.cluster = $job_cluster AND s.host >= $host_lo AND s.host <= $host_hi AND s.ts >= $lo AND s.ts < $hi
 """
 
 # GPUs on which processes of a job not allocated them ran in [$start, $end)

@@ -453,26 +453,25 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
         # one job: the first cluster's, where an id repeats across clusters
         mine = [i for i, r in enumerate(listed) if (r["cluster"], r["job_key"]) == (listed[0]["cluster"], listed[0]["job_key"])]
         al = found.take(mine)
-        al = al.append_column("k", pa.array(np.arange(len(mine), dtype=np.int64)))
+        al = al.append_column("k", pa.array(np.arange(len(mine), dtype=np.int16 if len(mine) <= np.iinfo(np.int16).max else np.int32)))
         allocations = [listed[i] for i in mine]
         cur.register("_job_al", al)
         epoch0 = datetime(1970, 1, 1)
         bind.update(lo=epoch0 + timedelta(seconds=min(r["a0"] for r in allocations)) - p.max_gap,
                     hi=epoch0 + timedelta(seconds=max(r["a1"] for r in allocations)),
-                    host_lo=min(r["host"] for r in allocations), host_hi=max(r["host"] for r in allocations))
+                    host_lo=min(r["host"] for r in allocations), host_hi=max(r["host"] for r in allocations), job_cluster=allocations[0]["cluster"])
         rows = raw_reads.read(cur, "job states", sql.JOB_STATE_SAMPLES, sql.bound(sql.JOB_STATE_SAMPLES, bind),
                               epoch_us(bind["lo"]), epoch_us(bind["hi"]))
     finally:
         cur.close()
     # each allocation's rows: a slice of the row numbers ordered by k (stable: a GPU's rows keep their order)
-    k = rows.column("k").to_numpy()
-    if len(allocations) <= np.iinfo(np.int16).max:
-        k = k.astype(np.int16)  # numpy sorts 16-bit keys stably by radix: linear in the rows
+    k = rows.column("k").to_numpy()  # (16 bits where they do: numpy sorts those stably by radix, linear in the rows)
     order = np.argsort(k, kind="stable")
     edges = np.searchsorted(k[order], np.arange(len(allocations) + 1))
     # a column every row of which says the default (a whole GPU's share, no foreign process) is
-    # not taken into numpy: gpu_states reads None as that default
-    columns = {c: np.asarray(rows.column(c).to_numpy(), dtype=float) for c in _SAMPLE_FIELDS if not _all_default(rows.column(c), c)}
+    # not taken into numpy: gpu_states reads None as that default. As the query gives them (FLOAT
+    # or DOUBLE, NaN for NULL): a GPU's slice is widened to float as its turn comes (GpuSamples.column)
+    columns = {c: rows.column(c).to_numpy() for c in _SAMPLE_FIELDS if not _all_default(rows.column(c), c)}
     names = []
     for i, r in enumerate(allocations):
         # the mapping may not say the GPU's index; the samples do

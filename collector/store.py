@@ -1189,7 +1189,8 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with views over the store's current manifest (the union of its shards'
     when sharded): never locks a writer.
 
-    Views: gpu_samples, jobs, allocations, gpus and the facts' (fact_parts, fact_files). An empty store, or one whose
+    Views: gpu_samples, jobs, allocations, gpus and the facts' (fact_parts, fact_files); sample_days (the
+    samples' date partitions). An empty store, or one whose
     first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
     parts = read_manifests(root)
@@ -1199,6 +1200,8 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files)}")
     else:
         _empty_table(con, "gpu_samples", schema.SAMPLE_SCHEMA)
+    # the days the sample files are partitioned by: where raw samples can be, without reading them
+    _table_of_lists(con, "sample_days", {"day": ("DATE", sorted({Path(f).parent.name.removeprefix("date=") for f in files}))})
     _fact_views(con, parts)
     for name, ddl in schema.TABLES.items():
         views = [_table_view(d, m, name, m["tables"][name]) for d, m in parts if m.get("tables", {}).get(name)]
