@@ -216,6 +216,12 @@ JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "accou
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
 
+def fact_params(params: Params) -> cf.FactParams:
+    """The facts' parameters an analysis of `params` reads (their tag names the facts built so)."""
+    return cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
+                         idle_min_s=params.idle_min_duration.total_seconds())
+
+
 class FactWindow:
     """One window's parts on a cursor of its own, and the figures over them."""
 
@@ -230,8 +236,7 @@ class FactWindow:
         self.p = params
         self.max_grain = max_grain
         self.grid_us = grid_us
-        self.fp = cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
-                                idle_min_s=params.idle_min_duration.total_seconds())
+        self.fp = fact_params(params)
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
                      "idle_min_us": self.fp.idle_min_us}
         register_prices(self.con, params)
@@ -408,8 +413,7 @@ def edge_warnings(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
     find no sample, so its figures count them as no data - said, so it is not taken for an outage.
     Two small reads an edge off the 5-minute grid (the cut's first sample, the bucket's facts);
     none for an edge on it. Every surface says them (analyze's JSON, each window page)."""
-    fp = cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
-                       idle_min_s=params.idle_min_duration.total_seconds())
+    fp = fact_params(params)
     s, e = epoch_us(params.start), epoch_us(params.end)
     cur = con.cursor()
     try:

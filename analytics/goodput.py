@@ -151,8 +151,9 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
 def team_gpu_hours(con: Any, params: Any) -> pl.DataFrame:
     """GPU-hours each team held each GPU in the window (sql.TEAM_GPU_HOURS), within its filters."""
     from gpufleet.analytics import sql
+    from gpufleet.analytics.window import window_bind
 
-    binds = {"start": params.start, "end": params.end, "max_gap": params.max_gap.total_seconds(), **params.filters.bind()}
+    binds = window_bind(params, params.end)  # (TEAM_GPU_HOURS reads no as_of)
     cur = con.cursor()
     try:
         return pl.from_arrow(cur.sql(sql.TEAM_GPU_HOURS, params=sql.bound(sql.TEAM_GPU_HOURS, binds)).to_arrow_table())
