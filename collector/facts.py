@@ -75,7 +75,7 @@ import pyarrow as pa
 from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
 from gpufleet.collector.intervals import intervals, segments, split
 
-FORMAT_VERSION = 3  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns
+FORMAT_VERSION = 4  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now)
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -135,6 +135,16 @@ _MAXES = ("fb_max_mib", "temp_max_c", "sample_temp_max_c", "mem_temp_max_c", "po
 # integer columns joined by their least / largest value (NULL: none in any part)
 _INT_MINS = ("first_sample_ts", "lost_ts", "remap_failure_ts", *(f"{c}_min" for c in EVENT_COUNTERS), *(f"{c}_first_ts" for c in EVENT_COUNTERS))
 _INT_MAXES = ("last_sample_ts", *LIFETIME_MAXES, *(f"{c}_max" for c in EVENT_COUNTERS))
+# Fleet now's run marks (sample times, epoch us; NULL: none), of the samples whose time lies in the
+# part (gpufleet.analytics.fleet_now composes them as it does the raw samples' hours): per kind,
+# "idle" (busy: utilization >= the idle threshold, idle: below it) and "noproc" (busy: some compute
+# process, idle: none; processes rounded to a count), the last busy sample, the first idle one after
+# it (NULL: none after it, or no busy one), the first idle one, and the first idle one from the last
+# sample that follows a gap longer than max_gap on (no such sample: the first idle one); and that
+# last sample after a gap (a GPU's first sample, or one more than max_gap after the one before it)
+RUN_KINDS = {"idle": ("last_busy_ts", "idle_after_busy_ts", "first_idle_ts", "idle_in_stretch_ts"),
+             "noproc": ("last_proc_ts", "noproc_after_proc_ts", "first_noproc_ts", "noproc_in_stretch_ts")}
+RUN_MARKS = (*(c for cs in RUN_KINDS.values() for c in cs), "last_gap_ts")
 XID_CODES = pa.list_(pa.struct([("code", pa.int64()), ("first_ts", pa.int64()), ("n", pa.int64())]))
 SCHEMA = pa.schema([
     ("cluster", pa.string()), ("host", pa.string()), ("gpu_uuid", pa.string()), ("gi", pa.int16()),
@@ -158,6 +168,7 @@ SCHEMA = pa.schema([
     *((c, pa.int64()) for c in LIFETIME_MAXES),
     *((f"{c}_{end}", pa.int64()) for c in COUNTERS if c not in ECC_COUNTERS for end in ("first", "last")),
     *((f"{c}_{x}", pa.int64()) for c in EVENT_COUNTERS for x in ("min", "max", "n", "first_ts")),
+    *((c, pa.int64()) for c in RUN_MARKS),
 ])
 
 # The samples parts are built from: every GPU's in time order, over [$lo - max_gap, $hi) (epoch us).
@@ -165,7 +176,7 @@ SCHEMA = pa.schema([
 # NaN for measures, -1 for codes and counters (never negative).
 SAMPLES = f"""
 SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile, epoch_us(ts) AS ts,
-       {LINE_COLUMNS.format(s="")},
+       {LINE_COLUMNS.format(s="")}, coalesce(round(compute_processes)::DOUBLE, 'NaN'::DOUBLE) AS procs,
        coalesce(power_w::DOUBLE, 'NaN'::DOUBLE) AS power, coalesce(fb_used_mib::DOUBLE, 'NaN'::DOUBLE) AS fb,
        coalesce(gpu_temp_c::DOUBLE, 'NaN'::DOUBLE) AS temp,
        {", ".join(f"coalesce({f}::DOUBLE, 'NaN'::DOUBLE) AS {f}" for f in PROFILING)},
@@ -275,6 +286,7 @@ def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: Fa
         first_ts=pa.array(np.minimum.reduceat(p0, starts)), last_ts=pa.array(np.maximum.reduceat(p0, starts)),
         **{f"idle_{c}": v for c, v in idle.items()}, **{f"nop_{c}": v for c, v in nops.items()},
         **_profiling_and_health(samples, i, ts[i] == p0, sec, grp, starts),
+        **_run_marks(gk, ts, util, samples["procs"].to_numpy(zero_copy_only=False).astype(np.float64), i, ts[i] == p0, grp, starts, p),
     )
     return _with_holders(pa.table(stretch), gk[i[starts]], hg, ha0, ha1, hold)
 
@@ -338,11 +350,44 @@ def _profiling_and_health(samples: pa.Table, i: np.ndarray, own: np.ndarray, sec
     return out
 
 
+def _run_marks(gk: np.ndarray, ts: np.ndarray, util: np.ndarray, procs: np.ndarray, i: np.ndarray, own: np.ndarray,
+               grp: np.ndarray, starts: np.ndarray, p: FactParams) -> dict[str, pa.Array]:
+    """RUN_MARKS of the stretches (pieces of samples i grouped by grp from `starts`; `own`: the
+    piece a sample's time starts, so each sample counts once). gk, ts: every sample read (those
+    before the range too, so a sample's gap is to the one before it)."""
+    gap = np.ones(len(ts), dtype=bool)
+    gap[1:] = (gk[1:] != gk[:-1]) | (ts[1:] - ts[:-1] > p.gap_us)
+    t = ts[i]
+    last_gap = _extreme(np.maximum, t, own & gap[i], starts)
+    out = {"last_gap_ts": _masked(last_gap, _LEAST)}
+    u, n = util[i], procs[i]
+    for (last_c, after_c, first_c, stretch_c), busy, idle in ((RUN_KINDS["idle"], u >= p.idle_threshold, u < p.idle_threshold),
+                                                              (RUN_KINDS["noproc"], n > 0, n == 0)):
+        last = _extreme(np.maximum, t, own & busy, starts)
+        idle = own & idle
+        after = _extreme(np.minimum, t, idle & (t > last[grp]), starts)
+        out[last_c], out[first_c] = _masked(last, _LEAST), _int_extreme(np.minimum, t, idle, starts)
+        out[after_c] = pa.array(after, mask=(after == _MOST) | (last == _LEAST))  # no busy sample: none after it
+        out[stretch_c] = _int_extreme(np.minimum, t, idle & ((last_gap[grp] == _LEAST) | (t >= last_gap[grp])), starts)
+    return out
+
+
+_LEAST, _MOST = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+
+def _extreme(f: np.ufunc, v: np.ndarray, known: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per stretch (from `starts`), the least (f np.minimum) or largest (np.maximum) of v where
+    known; none: the largest / least int64."""
+    return f.reduceat(np.where(known, v, _MOST if f is np.minimum else _LEAST), starts)
+
+
+def _masked(x: np.ndarray, none: int) -> pa.Array:
+    return pa.array(x, mask=x == none)
+
+
 def _int_extreme(f: np.ufunc, v: np.ndarray, known: np.ndarray, starts: np.ndarray) -> pa.Array:
     """Per stretch (from `starts`), the least (f np.minimum) or largest (np.maximum) of v where known (NULL: none)."""
-    big = np.iinfo(np.int64).max if f is np.minimum else np.iinfo(np.int64).min
-    x = f.reduceat(np.where(known, v, big), starts)
-    return pa.array(x, mask=x == big)
+    return _masked(_extreme(f, v, known, starts), _MOST if f is np.minimum else _LEAST)
 
 
 def _xid_codes(grp: np.ndarray, hit: np.ndarray, code: np.ndarray, ts: np.ndarray, n: int) -> pa.Array:
@@ -468,6 +513,12 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
         has = (pick >= 0) & (pick < n)
         out[c] = pa.array(parts[c].fill_null(0).to_numpy()[np.where(has, pick, 0)], mask=~has)
     out["xid_codes"] = _joined_codes(grp, parts["xid_codes"], len(at))
+    for c in ("last_gap_ts", *(cs[0] for cs in RUN_KINDS.values())):
+        out[c] = _int_extreme(np.maximum, parts[c].fill_null(0).to_numpy(), parts[c].is_valid().to_numpy(zero_copy_only=False), at)
+    for last_c, after_c, first_c, stretch_c in RUN_KINDS.values():
+        out[first_c] = _int_extreme(np.minimum, parts[first_c].fill_null(0).to_numpy(), parts[first_c].is_valid().to_numpy(zero_copy_only=False), at)
+        out[after_c] = _after_last(parts, grp, at, last_c, after_c, first_c, unmarked_none=True)
+        out[stretch_c] = _after_last(parts, grp, at, "last_gap_ts", stretch_c, first_c, unmarked_none=False)
     for kind in ("idle", "nop"):
         head, tail, inner = chain_runs(grp, p0, p1, col(f"{kind}_head_us"), col(f"{kind}_tail_us"), p.idle_min_us)
         g0, g1 = p0[at], p1[last]
@@ -475,6 +526,22 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
         out[f"{kind}_whole"] = pa.array(head == g1 - g0)
         out[f"{kind}_inner_us"] = pa.array(np.add.reduceat(col(f"{kind}_inner_us"), at) + inner)
     return _ordered(pa.table(out))
+
+
+def _after_last(parts: pa.Table, grp: np.ndarray, at: np.ndarray, mark: str, val: str, first: str, unmarked_none: bool) -> pa.Array:
+    """A run mark of joined parts (grp, from `at`; in time order): the `val` of the last part
+    with a `mark`, else (none in it) the least `first` of the parts after it; no part with a
+    mark: NULL (`unmarked_none`) or the least `first` of them all (the runs' monoid)."""
+    n = parts.num_rows
+    rows = np.arange(n)
+    pick = np.maximum.reduceat(np.where(parts[mark].is_valid().to_numpy(zero_copy_only=False), rows, -1), at)
+    f, fk = parts[first].fill_null(0).to_numpy(), parts[first].is_valid().to_numpy(zero_copy_only=False)
+    later = np.minimum.reduceat(np.where(fk & (rows > pick[grp]), f, _MOST), at)
+    v, vk = parts[val].fill_null(0).to_numpy(), parts[val].is_valid().to_numpy(zero_copy_only=False)
+    has = pick >= 0
+    at_pick = np.where(has, pick, 0)
+    x = np.where(has & vk[at_pick], v[at_pick], later)
+    return pa.array(x, mask=(x == _MOST) | (~has if unmarked_none else False))
 
 
 def _joined_codes(grp: np.ndarray, codes: pa.ChunkedArray, n: int) -> pa.Array:
