@@ -222,6 +222,46 @@ def fact_params(params: Params) -> cf.FactParams:
                          idle_min_s=params.idle_min_duration.total_seconds())
 
 
+def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
+    """Per grain (s), the buckets (epoch us) the store has facts of for `fp`: 5-minute facts by the
+    hour, hour and day facts by the day (none: a store of before facts)."""
+    out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
+    if con.execute(HAS_FACTS).fetchall()[0][0]:
+        for g, b in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
+            out[g].add(b)
+    return out
+
+
+def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAIN_1D) -> list[tuple[int | None, int, int]]:
+    """[lo, hi) (epoch us) as (grain, from, to) runs of stored buckets (stored_buckets), coarsest
+    first where they fit (at most max_grain), and (None, from, to) for what is read raw."""
+    out: list[tuple[int | None, int, int]] = []
+    t = lo
+
+    def add(g: int | None, a: int, b: int) -> None:
+        if out and out[-1][0] == g and out[-1][2] == a:
+            out[-1] = (g, out[-1][1], b)
+        else:
+            out.append((g, a, b))
+
+    while t < hi:
+        day, hour = t - t % cf.DAY_US, t - t % cf.HOUR_US
+        if t == day and t + cf.DAY_US <= hi and day in stored[cf.GRAIN_1D] and max_grain >= cf.GRAIN_1D:
+            add(cf.GRAIN_1D, t, t + cf.DAY_US)
+            t += cf.DAY_US
+        elif t == hour and t + cf.HOUR_US <= hi and day in stored[cf.GRAIN_1D] and max_grain >= cf.GRAIN_1H:
+            add(cf.GRAIN_1H, t, t + cf.HOUR_US)
+            t += cf.HOUR_US
+        elif t % FIVE_US == 0 and t + FIVE_US <= hi and hour in stored[cf.GRAIN_5M]:
+            add(cf.GRAIN_5M, t, t + FIVE_US)
+            t += FIVE_US
+        else:  # raw up to the next 5-minute edge (or hi)
+            nxt = min(hi, t - t % FIVE_US + FIVE_US)
+            add(None, t, nxt)
+            t = nxt
+    return out
+
+
 class FactWindow:
     """One window's parts on a cursor of its own, and the figures over them."""
 
@@ -249,52 +289,15 @@ class FactWindow:
 
     # --- tiling ---
 
-    def _stored(self) -> dict[int, set[int]]:
-        out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
-        if self.con.execute(HAS_FACTS).fetchall()[0][0]:
-            for g, b in self.con.execute(STORED_BUCKETS, {"tag": self.fp.tag()}).fetchall():
-                out[g].add(b)
-        return out
-
-    def tile(self, lo: int, hi: int, stored: dict[int, set[int]]) -> list[tuple[int | None, int, int]]:
-        """[lo, hi) (epoch us) as (grain, from, to) runs of stored buckets, coarsest first where they
-        fit, and (None, from, to) for what is read raw. 5-minute facts are stored by the hour,
-        hour and day facts by the day (stored[grain]: the hours / days that have them)."""
-        out: list[tuple[int | None, int, int]] = []
-        t = lo
-
-        def add(g: int | None, a: int, b: int) -> None:
-            if out and out[-1][0] == g and out[-1][2] == a:
-                out[-1] = (g, out[-1][1], b)
-            else:
-                out.append((g, a, b))
-
-        while t < hi:
-            day, hour = t - t % cf.DAY_US, t - t % cf.HOUR_US
-            if t == day and t + cf.DAY_US <= hi and day in stored[cf.GRAIN_1D] and self.max_grain >= cf.GRAIN_1D:
-                add(cf.GRAIN_1D, t, t + cf.DAY_US)
-                t += cf.DAY_US
-            elif t == hour and t + cf.HOUR_US <= hi and day in stored[cf.GRAIN_1D] and self.max_grain >= cf.GRAIN_1H:
-                add(cf.GRAIN_1H, t, t + cf.HOUR_US)
-                t += cf.HOUR_US
-            elif t % FIVE_US == 0 and t + FIVE_US <= hi and hour in stored[cf.GRAIN_5M]:
-                add(cf.GRAIN_5M, t, t + FIVE_US)
-                t += FIVE_US
-            else:  # raw up to the next 5-minute edge (or hi)
-                nxt = min(hi, t - t % FIVE_US + FIVE_US)
-                add(None, t, nxt)
-                t = nxt
-        return out
-
     def _parts(self) -> None:
         s, e = self.bind["start_us"], self.bind["end_us"]
         reach = round((self.p.idle_min_duration + self.p.max_gap).total_seconds() * 1_000_000)
         r0 = (s - reach) - (s - reach) % FIVE_US
         r1 = -((-(e + reach)) // FIVE_US) * FIVE_US
-        stored = self._stored()
+        stored = stored_buckets(self.con, self.fp)
         tables, spans = [], []
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
-            for grain, a, b in self.tile(lo, hi, stored):
+            for grain, a, b in tile(lo, hi, stored, self.max_grain):
                 if grain is not None and spans and spans[-1][0] == grain and spans[-1][2] == a:
                     spans[-1] = (grain, spans[-1][1], b)  # whole buckets on both sides of a grid edge: one read
                 else:

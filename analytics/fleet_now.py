@@ -7,9 +7,13 @@ the same way. Definitions, and why:
 - Latest sample: the newest sample of each GPU (or MIG instance) at or before as_of, looked for
   within the look-back: from the start of the hour that as_of - `lookback` (default 6 h) falls in
   (look_from), so 6 to 7 hours. Bounded so the query reads hours, not the whole store.
-- Cost: the look-back's raw samples, summed per GPU and hour (gpufleet.collector.schema.NOW_HOURS:
-  the hour's first, last and newest sample, last busy sample and first idle one after it, last
-  gap, ...) and composed hour by hour.
+- Cost: the look-back's runs come from the store's facts (the coarsest buckets that fit, as a
+  window's figures: their parts' run marks, gpufleet.collector.facts.RUN_MARKS: first and last
+  sample, last busy sample and first idle one after it, last gap, ...) and from the raw samples
+  after the newest facts (summed per GPU and hour the same way, gpufleet.collector.schema.NOW_HOURS),
+  composed in time order. The newest sample is the raw rows'; for a GPU whose newest sample lies
+  in the facts (one that went quiet) it is read alone. Raw reads are counted (analytics/raw_reads.py:
+  "fleet now", "fleet now newest").
 - Stale: a latest sample older than `stale_after` (default 5 min) is not the GPU's state now.
   5 min covers the Prometheus-API source (120 s lag + a 60 s interval) with room; a scrape every
   15 s is far inside it. A stale GPU shows as "no data", never as idle or busy (contract 4).
@@ -54,27 +58,20 @@ from typing import Any
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
-from gpufleet.analytics import sql
+from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.core import not_attributable_reason
+from gpufleet.analytics.facts import FIVE_US, fact_params, stored_buckets, tile
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 from gpufleet.analytics.params import Params
-from gpufleet.times import HOUR, floor_time, utcnow
+from gpufleet.times import HOUR, epoch_us, floor_time, utcnow
 
 STALE_AFTER = timedelta(minutes=5)
 LOOKBACK = timedelta(hours=6)
 FORGET_AFTER = timedelta(hours=24)
 
 STATUSES = ("ok", "error", "lost", "no data")
-
-
-def _q(con: duckdb.DuckDBPyConnection, query: str, binds: dict[str, Any]) -> pl.DataFrame:
-    cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions
-    try:
-        names = sql.bound(query, binds)
-        return pl.from_arrow(cur.sql(query, params=names).to_arrow_table())
-    finally:
-        cur.close()
 
 
 def look_from(as_of: datetime, lookback: timedelta) -> datetime:
@@ -87,6 +84,7 @@ def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: ti
     return {
         "as_of": as_of, "stale_after": stale_after.total_seconds(), "look_from": look_from(as_of, lookback),
         "forget_after": forget_after.total_seconds(), "max_gap": params.max_gap.total_seconds(), "thr": params.idle_threshold,
+        "max_gap_us": fact_params(params).gap_us,
         **f.bind(),
     }
 
@@ -103,11 +101,63 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     Filters: cluster and model narrow the GPUs; account, user, partition and job keep only the
     GPUs held now by a matching job.
     """
-    df = _q(con, sql.GPU_STATES, _binds(params, as_of, stale_after, lookback, forget_after))
+    binds = _binds(params, as_of, stale_after, lookback, forget_after)
+    cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions (its temp tables too)
+    try:
+        now_rows(cur, params, binds)
+        df = pl.from_arrow(cur.sql(sql.GPU_STATES, params=sql.bound(sql.GPU_STATES, binds)).to_arrow_table())
+    finally:
+        cur.close()
     df = df.with_columns(usd_per_gpu_hour(price_table(params.prices)).alias("usd_per_gpu_hour"))
     if not_attributable_reason(params.filters) is not None:  # a job filter: the GPUs its jobs hold now
         df = df.filter(pl.col("held"))
     return df.sort(["cluster", "host", "gpu", "gi"], nulls_last=True)
+
+
+def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any]) -> None:
+    """The temp tables GPU_STATES composes (sql.FACT_NOW_ROWS): now_rows, the look-back's runs per
+    GPU from the facts of the coarsest buckets that fit and from the raw samples after them (and
+    in any bucket without facts), and now_latest, each GPU's newest sample."""
+    fp = fact_params(params)
+    lo, hi = epoch_us(binds["look_from"]), epoch_us(binds["as_of"]) + 1
+    # the newest minutes are read raw whatever facts there are: a reporting GPU's newest sample (at
+    # most stale_after old) is among them, so only GPUs gone quiet need theirs read alone
+    cut = max(lo, (hi - round(binds["stale_after"] * 1_000_000)) // FIVE_US * FIVE_US)
+    spans = tile(lo, cut, stored_buckets(cur, fp))
+    if spans and spans[-1][0] is None:
+        cut = spans.pop()[1]
+    spans.append((None, cut, hi))
+    facts, raw = [], []
+    for grain, a, b in spans:
+        bind = {**binds, "tag": fp.tag(), "grain": grain, "lo": a, "hi": b}
+        if grain is None:
+            raw.append(raw_reads.read(cur, "fleet now", sql.NOW_RAW_ROWS, sql.bound(sql.NOW_RAW_ROWS, bind), a, b))
+        else:
+            facts.append(cur.sql(sql.FACT_NOW_ROWS, params=sql.bound(sql.FACT_NOW_ROWS, bind)).to_arrow_table())
+    marks = ["cluster", "host", "gpu_uuid", "gi", *sql.NOW_MARK_COLUMNS]
+    _table(cur, "now_rows", [t.select(marks).append_column("from_raw", pa.array([True] * t.num_rows, pa.bool_())) for t in raw]
+           + [t.select(marks).append_column("from_raw", pa.array([False] * t.num_rows, pa.bool_())) for t in facts])
+    latest = ["cluster", "host", "gpu_uuid", "gi", "now_last", "now_newest"]
+    _table(cur, "now_latest", [t.select(latest) for t in raw])
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE now_want AS {sql.NOW_WANT}")
+    first, last = cur.execute("SELECT min(ts), max(ts) FROM now_want").fetchall()[0]
+    if first is not None:
+        bind = {**binds, "lo": first, "hi": last}
+        _table(cur, "now_latest", [raw_reads.read(cur, "fleet now newest", sql.NOW_NEWEST_AT, sql.bound(sql.NOW_NEWEST_AT, bind),
+                                                  epoch_us(first), epoch_us(last) + 1).select(latest)], append=True)
+
+
+def _table(cur: duckdb.DuckDBPyConnection, name: str, tables: list[pa.Table], append: bool = False) -> None:
+    """Temp table `name` of `tables`' rows (by column name; the first gives the types), or (append) more rows for it."""
+    for i, t in enumerate(tables):
+        cur.register("_now", t)
+        try:
+            if i == 0 and not append:
+                cur.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _now")
+            else:
+                cur.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _now")
+        finally:
+            cur.unregister("_now")
 
 
 @dataclass(frozen=True)

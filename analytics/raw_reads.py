@@ -3,7 +3,8 @@
 Figures come from the store's facts (analytics/facts.py); raw samples are read only where the facts
 cannot answer: the minutes a window edge cuts out of a 5-minute bucket (FactWindow, "edge"), a
 job's per-sample states (states.job_breakdown, "job states"), the events inside a part where a
-health counter rises (health, "health events"), foreign processes (health, "foreign processes"),
+health counter rises (health, "health events"), foreign processes (health, "foreign processes"), Fleet now's samples after the
+newest facts ("fleet now") and the newest sample of a GPU gone quiet within the facts ("fleet now newest"),
 and the raw path that is the tests' oracle (gputime, "raw path"). Each goes through `read`, which
 notes it in READS: a small counter that is always on (totals per kind, the latest reads kept), so
 a test can assert, deterministically, that no surface falls back to reading a window's samples
@@ -20,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-KINDS = ("edge", "raw path", "job states", "health events", "foreign processes")
+KINDS = ("edge", "raw path", "job states", "health events", "foreign processes", "fleet now", "fleet now newest")
 
 
 @dataclass(frozen=True)

@@ -592,8 +592,34 @@ ORDER BY j.cluster, j.partition, w0, j.job_key"""
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
 GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
 
-# the look-back's samples
-_NOW_RAW = f"ts >= $look_from AND ts <= $as_of AND {_FILTERS}"
+# The look-back's runs, one row per GPU (or MIG instance) and stretch of samples (gpufleet.collector.
+# schema.NOW_HOURS' now_* columns; GPU_STATES composes them in time order): fleet_now.now_rows
+# writes them to the temp table now_rows from the store's facts (FACT_NOW_ROWS: their lead parts'
+# run marks, gpufleet.collector.facts.RUN_MARKS) and from raw samples after them (NOW_RAW_ROWS: per
+# hour), and the newest samples to now_latest: those of the raw rows, and (NOW_NEWEST_AT) those of
+# the GPUs whose newest sample lies in the facts (GPUs that went quiet; none on a reporting fleet).
+_NOW_MARKS = ("first_sample_ts", "last_sample_ts", "last_busy_ts", "idle_after_busy_ts", "first_idle_ts", "last_gap_ts", "idle_in_stretch_ts",
+              "last_proc_ts", "noproc_after_proc_ts", "first_noproc_ts", "noproc_in_stretch_ts")
+NOW_MARK_COLUMNS = ("now_first", "now_last", "now_last_busy", "now_idle_after_busy", "now_first_idle", "now_last_gap", "now_idle_in_stretch",
+                    "now_last_proc", "now_noproc_after_proc", "now_first_noproc", "now_noproc_in_stretch")
+FACT_NOW_ROWS = f"""
+SELECT cluster, host, gpu_uuid, gi, {", ".join(f"make_timestamp({f}) AS {n}" for f, n in zip(_NOW_MARKS, NOW_MARK_COLUMNS))}
+FROM fact_parts
+WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) AND lead
+  AND first_sample_ts IS NOT NULL AND {_FILTERS}
+"""
+NOW_RAW_ROWS = NOW_HOURS.format(source="gpu_samples", where=f"ts >= make_timestamp($lo) AND ts < make_timestamp($hi) AND {_FILTERS}")
+# the GPUs whose newest sample in now_rows is not among now_latest's, with its time
+NOW_WANT = f"""
+SELECT {_KEY}, max(now_last) AS ts FROM now_rows GROUP BY {_KEY}
+HAVING max(now_last) > coalesce(max(now_last) FILTER (WHERE from_raw), '-infinity'::TIMESTAMP)
+"""
+# their newest samples (NOW_RAW_ROWS' rows of just those samples), $lo and $hi the least and largest time wanted
+NOW_NEWEST_AT = NOW_HOURS.format(
+    source="gpu_samples g",
+    where=f"ts >= $lo AND ts <= $hi AND {_FILTERS} AND EXISTS (SELECT 1 FROM now_want w WHERE w.ts = g.ts AND "
+          "w.cluster IS NOT DISTINCT FROM g.cluster AND w.host IS NOT DISTINCT FROM g.host AND "
+          "w.gpu_uuid IS NOT DISTINCT FROM g.gpu_uuid AND w.gi = coalesce(g.gpu_instance, -1))")
 
 
 def _run_start(what: str, last: str, after: str) -> str:
@@ -619,13 +645,13 @@ WITH inv AS (
     WHERE first_seen <= $as_of AND last_seen >= $as_of - to_seconds($forget_after)
       AND {_FILTERS}
 ), c AS (
-    -- each GPU's runs over the look-back's samples, an hour at a time (composed below)
-    SELECT * FROM ({NOW_HOURS.format(source="gpu_samples", where=_NOW_RAW)})
+    -- each GPU's runs over the look-back's samples, a row (a part, an hour) at a time (composed below)
+    SELECT * FROM now_rows
 ), c1 AS (
-    -- an hour whose first sample follows a gap longer than max_gap (or is the first looked at)
+    -- a row whose first sample follows a gap longer than max_gap (or is the first looked at)
     -- starts a stretch of continuous data there, unless a gap within it starts a later one
-    SELECT *, coalesce(now_last_gap, CASE WHEN coalesce(epoch(now_first) - epoch(lag(now_last) OVER (PARTITION BY {_KEY} ORDER BY now_first))
-                                                        > $max_gap, true) THEN now_first END) AS stretch_from
+    SELECT *, coalesce(now_last_gap, CASE WHEN coalesce(epoch_us(now_first) - epoch_us(lag(now_last) OVER (PARTITION BY {_KEY} ORDER BY now_first))
+                                                        > $max_gap_us, true) THEN now_first END) AS stretch_from
     FROM c
 ), c2 AS (
     SELECT *, max(now_last_busy) OVER g AS last_busy, max(now_last_proc) OVER g AS last_proc, max(stretch_from) OVER g AS data_from
@@ -657,7 +683,7 @@ WITH inv AS (
     GROUP BY ALL
 ), latest AS (
     -- each GPU's newest sample (one of them where two share its time)
-    SELECT {_KEY}, unnest(newest) FROM (SELECT {_KEY}, arg_max(now_newest, now_last) AS newest FROM c GROUP BY {_KEY})
+    SELECT {_KEY}, unnest(newest) FROM (SELECT {_KEY}, arg_max(now_newest, now_last) AS newest FROM now_latest GROUP BY {_KEY})
 ), h AS (
     SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, coalesce(j.job_id, a.job_key) AS job_id,
            j.name, j.user_name, j.account, j.partition

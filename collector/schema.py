@@ -519,7 +519,7 @@ NOW_NEWEST = ("s_gpu", "s_model", "s_mig", "ts", "util", "fb_used_mib", "gpu_tem
 
 # One row per GPU (or MIG instance) and hour of the samples of {source} that pass {where}: what
 # the fleet's idle and no-process runs at a moment compose from exactly, hour after hour
-# (gpufleet.analytics.sql GPU_STATES), for the idle threshold $thr and gap $max_gap:
+# (gpufleet.analytics.sql GPU_STATES), for the idle threshold $thr and gap $max_gap_us (microseconds):
 #   now_first, now_last        the hour's first and last sample
 #   now_last_busy              its last busy sample (utilization >= $thr); now_idle_after_busy the
 #                              first idle one (utilization < $thr) after it; now_first_idle its first idle one
@@ -529,7 +529,8 @@ NOW_NEWEST = ("s_gpu", "s_model", "s_mig", "ts", "util", "fb_used_mib", "gpu_tem
 #   now_last_proc, now_noproc_after_proc, now_first_noproc, now_noproc_in_stretch: the same for
 #                              "some compute process" / "no compute process"
 #   now_newest                 the hour's newest sample (NOW_NEWEST; one of them where two share a time)
-# Fleet now runs it over the look-back's raw samples. Each GPU's samples are one integer (k)
+# Fleet now runs it over the raw samples after the store's newest facts (whose parts carry the same
+# marks: gpufleet.collector.facts.RUN_MARKS). Each GPU's samples are one integer (k)
 # for the windows (on the four text columns they cost ~3x as much).
 NOW_HOURS = f"""
 WITH s AS NOT MATERIALIZED (
@@ -539,7 +540,7 @@ WITH s AS NOT MATERIALIZED (
     SELECT cluster, host, gpu_uuid, gi, hour, row_number() OVER () AS k FROM (SELECT DISTINCT cluster, host, gpu_uuid, gi, hour FROM s)
 ), n AS (
     SELECT k, ts, util, compute_processes,
-           epoch(ts) - epoch(lag(ts) OVER w) > $max_gap AS after_gap,
+           epoch_us(ts) - epoch_us(lag(ts) OVER w) > $max_gap_us AS after_gap,
            min(CASE WHEN util < $thr THEN ts END) OVER (w ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_idle,
            min(CASE WHEN compute_processes = 0 THEN ts END) OVER (w ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS next_noproc
     FROM s JOIN k ON {same_gpu_hour("s", "k", "hour")}

@@ -29,6 +29,8 @@ from gpufleet.analytics import fleet_now as fn
 from gpufleet.analytics import health, timeline
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params
+from gpufleet.collector.facts import FactParams
+from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.fleet import Fleet
 from tests.test_analytics_properties import MAX_GAP, SETTINGS, at, fleets, scratch
@@ -333,15 +335,18 @@ def _runs_oracle(samples: list, as_of: int, lookback: int, stale: int, max_gap: 
 
 
 @SETTINGS
-@given(fleets(), st.integers(0, 3599), st.integers(-400, 400), st.sampled_from([60, 600, 1800, 4000, 10**6]))
-def test_fleet_now_runs_follow_the_rules_sample_by_sample(fleet, shift, after, lookback):
+@given(fleets(), st.integers(0, 3599), st.integers(-400, 400), st.sampled_from([60, 600, 1800, 4000, 10**6]),
+       st.sampled_from([None, 2 * 86400]) | st.integers(3600, 5 * 3600))
+def test_fleet_now_runs_follow_the_rules_sample_by_sample(fleet, shift, after, lookback, upkeep_at):
     """Random GPUs (some MIG slices; gaps longer and shorter than max_gap; utilization and
     processes unknown now and then; the samples shifted so that an hour's end falls anywhere
     among them: the runs are composed hour by hour) at a moment around the last sample and a
-    random look-back: each GPU's newest sample, idle and no-process run starts, with and without
-    the current stretch of data, equal the rules applied one sample at a time."""
+    random look-back, the store's upkeep run at a random time (the facts' parts give the runs up
+    to their newest bucket, raw samples after it): each GPU's newest sample, idle and no-process
+    run starts, with and without the current stretch of data, equal the rules applied one
+    sample at a time."""
     fleet = {**fleet, "gpus": [{**g, "samples": [(t + shift, u, p) for t, u, p in g["samples"]]} for g in fleet["gpus"]]}
-    check_runs(fleet, max(g["samples"][-1][0] for g in fleet["gpus"]) + after, lookback)
+    check_runs(fleet, max(g["samples"][-1][0] for g in fleet["gpus"]) + after, lookback, upkeep_at)
 
 
 def _series(*runs) -> list:
@@ -358,12 +363,33 @@ def test_fleet_now_runs_whose_last_busy_sample_ends_an_hour_without_an_idle_one(
     gap_then_none = _series((0, 600, 15, 0.0, 0), (700, 1200, 15, 0.0, 0), (1300, 3600, 15, None, None), (3600, 4800, 15, 0.0, 0))
     fleet = {"gpus": [{"gpu": g, "host": "h0", "uuid": f"GPU-prop-{g}", "samples": s} for g, s in enumerate([busy_idle_busy, gap_then_none])],
              "jobs": []}
-    check_runs(fleet, 4800, 10**6)
+    for upkeep_at in (None, 2 * 86400):  # from raw samples; from the facts (the newest minutes raw)
+        check_runs(fleet, 4800, 10**6, upkeep_at)
 
 
-def check_runs(fleet: dict, as_of: int, lookback: int) -> None:
+@pytest.mark.parametrize("as_of", [T(10, 35), T(11, 30), T(12), T(13)])
+def test_fleet_now_from_facts_equals_fleet_now_from_raw_samples(fleet, con, tmp_path, as_of):
+    """The scenario's store again with its facts (upkeep after every hour settled): every GPU's
+    state, latest sample (a GPU silent for an hour too: its newest sample lies in the facts) and
+    runs, the same as from the raw samples alone."""
+    f = build(tmp_path)
+    w = StoreWriter(f.root)
+    compact(w, T(15), FactParams(), facts_hours=None)
+    w.close()
+    with_facts = open_reader(f.root)
+    assert with_facts.execute("SELECT count(*) FROM fact_files").fetchall()[0][0] > 0
+    want, got = fn.gpu_states(con, W, as_of), fn.gpu_states(with_facts, W, as_of)
+    assert got.equals(want), (got, want)
+
+
+def check_runs(fleet: dict, as_of: int, lookback: int, upkeep_at: int | None = None) -> None:
     with scratch() as root:
         con = build_store(root, fleet, placement=mig_some)
+        if upkeep_at is not None:  # facts of the hours settled by then (the rest is read raw)
+            w = StoreWriter(root)
+            compact(w, at(upkeep_at), FactParams(max_gap_s=MAX_GAP), facts_hours=None)
+            w.close()
+            con = open_reader(root)
         p = Params(at(0), at(1), max_gap=timedelta(seconds=MAX_GAP))
         got = {(r["host"], r["gpu_uuid"], r["gi"]): r
                for r in fn.gpu_states(con, p, at(as_of), lookback=timedelta(seconds=lookback)).to_dicts()}

@@ -11,9 +11,10 @@ times live in the bench).
 Allowed beyond the edges, explicitly (ALLOWED): a job's per-sample states on its page (the job's
 own GPUs over its allocations), a health counter's rise inside one part (the read grows with the
 events, not the window), and the foreign processes list (Health and a job's page: the samples that
-have one, skipped by the files' column statistics otherwise). Fleet now's newest minutes (and so
-the policy's idle runs, which read Fleet now) are read by analytics/fleet_now.py, not yet through
-raw_reads: not counted here.
+have one, skipped by the files' column statistics otherwise), and the newest sample of each GPU
+that went quiet within Fleet now's facts ("fleet now newest"). Fleet now (and so the policy's idle
+runs, which read it) may read raw its newest minutes ("fleet now": at most stale_after and the
+5-minute bucket it starts in) and what lies after the store's newest facts, never its look-back.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
 
+from gpufleet.analytics import fleet_now as fn  # noqa: E402
 from gpufleet.analytics import raw_reads  # noqa: E402
 from gpufleet.analytics.core import Analysis  # noqa: E402
 from gpufleet.analytics.params import Params  # noqa: E402
@@ -49,7 +51,9 @@ ALLOWED = {
     "job states": "a job's page: the per-sample states of the job's own GPUs over its allocations",
     "health events": "a health counter's rise inside one part: the read grows with the events, not the window",
     "foreign processes": "the GPUs with other jobs' processes: samples that have one (column statistics skip the rest)",
+    "fleet now newest": "Fleet now: the newest sample of each GPU gone quiet within the facts, alone",
 }
+NEWEST_MINUTES_US = round(fn.STALE_AFTER.total_seconds() * 1_000_000) + FIVE_MIN_US + 1  # Fleet now's newest minutes read raw
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +72,23 @@ def sampled(store) -> tuple[int, int]:
     return epoch_us(lo), epoch_us(hi) + round(W.max_gap.total_seconds() * 1_000_000)
 
 
-def beyond_edges(reads: list[raw_reads.Read], sampled: tuple[int, int], windows: list[tuple]) -> list[raw_reads.Read]:
+def beyond_edges(reads: list[raw_reads.Read], sampled: tuple[int, int], windows: list[tuple],
+                 facts_end: int | None = None) -> list[raw_reads.Read]:
     """The reads that read raw samples where facts answer: the raw path; an edge read of sampled
     time that is not the cut of a 5-minute bucket at an edge of one of the `windows` ((start, end)
     the surface asks: its window, the previous one) - one covering a whole bucket of it, or with
-    neither end at such an edge (a bucket cut at a timeline's bucket edges, read in pieces); any
-    other kind not ALLOWED."""
+    neither end at such an edge (a bucket cut at a timeline's bucket edges, read in pieces); a
+    Fleet now read of sampled time longer than its newest minutes that starts before `facts_end`
+    (the end of the store's newest facts, epoch us); any other kind not ALLOWED."""
     edges = {epoch_us(t) for w in windows for t in w}
     bad = []
     for r in reads:
+        over = min(r.hi_us or 0, sampled[1]) - max(r.lo_us or 0, sampled[0])
         if r.kind == "edge":
-            over = min(r.hi_us, sampled[1]) - max(r.lo_us, sampled[0])
             if over > 0 and (over >= FIVE_MIN_US or not {r.lo_us, r.hi_us} & edges):
+                bad.append(r)
+        elif r.kind == "fleet now":
+            if over > 0 and r.span_us > NEWEST_MINUTES_US and (facts_end is None or r.lo_us < facts_end):
                 bad.append(r)
         elif r.kind not in ALLOWED:
             bad.append(r)
@@ -110,7 +119,7 @@ def test_every_page_reads_no_raw_sample_beyond_the_edges(dashboard, sampled):
 
     reads = counted(pages)
     assert not beyond_edges(reads, sampled, PAGE_WINDOWS), beyond_edges(reads, sampled, PAGE_WINDOWS)
-    assert {r.kind for r in reads} <= {"edge", *ALLOWED}
+    assert {r.kind for r in reads} <= {"edge", "fleet now", *ALLOWED}
     assert "job states" in {r.kind for r in reads}  # (the counter sees the pages' reads)
 
 
@@ -143,6 +152,32 @@ def test_the_report_and_the_policy_round(store, sampled):
     con = open_reader(store)
     reads = counted(lambda: plan_from_store(con, Rules(), Params(T(11), T(12)), T(12)))
     assert not beyond_edges(reads, sampled, [(T(11), T(12))]), beyond_edges(reads, sampled, [(T(11), T(12))])
+
+
+def test_fleet_now_reads_raw_only_its_newest_minutes_and_after_the_newest_facts(store, sampled, tmp_path):
+    """Fleet now at the samples' end on a store with facts of every hour: its newest minutes raw,
+    and the newest sample of GPU C (silent since 11:00) alone; on a store whose facts end at 11:00
+    (upkeep at 11:30), what lies after them - never the look-back before the facts' end. The
+    same states as from the raw samples (test_dashboard_analytics)."""
+    con = open_reader(store)
+    reads = counted(lambda: fn.gpu_states(con, W, T(12)))
+    assert not beyond_edges(reads, sampled, [], facts_end=epoch_us(T(12))), reads
+    newest = [r for r in reads if r.kind == "fleet now newest"]
+    assert [(r.lo_us, r.hi_us, r.rows) for r in newest] == [(epoch_us(T(10, 59, 45)), epoch_us(T(10, 59, 45)) + 1, 1)]
+    tail = [r for r in reads if r.kind == "fleet now" and r.rows]
+    assert [(r.lo_us, r.hi_us) for r in tail] == [(epoch_us(T(11, 55)), epoch_us(T(12)) + 1)]
+    f = build(tmp_path)
+    w = StoreWriter(f.root)
+    compact(w, T(11, 30), facts_hours=None)  # 10:00's hour settled
+    w.close()
+    early = open_reader(f.root)
+    assert early.execute("SELECT max(bucket) FROM fact_files").fetchall()[0][0] == T(10)
+    reads = counted(lambda: fn.gpu_states(early, W, T(12)))
+    assert not beyond_edges(reads, sampled, [], facts_end=epoch_us(T(11))), reads
+    assert [(r.lo_us, r.hi_us) for r in reads if r.kind == "fleet now" and r.rows] == [(epoch_us(T(11)), epoch_us(T(12)) + 1)]
+    # the check catches a fall back to the look-back: parameters the facts were not built for
+    other = replace(W, idle_threshold=W.idle_threshold + 1)
+    assert beyond_edges(counted(lambda: fn.gpu_states(con, other, T(12))), sampled, [], facts_end=epoch_us(T(12)))
 
 
 def test_a_fall_back_to_raw_samples_is_caught(store, sampled):
