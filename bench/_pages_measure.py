@@ -5,7 +5,7 @@
 WHAT: health (gpufleet.analytics.health.window_health, with the temperature map in the Health
 page's buckets, from the store's facts), health-raw (the same
 from every raw sample: the oracle), fleet-now (gpufleet.analytics.fleet_now.gpu_states at END,
-from the look-back's raw samples). The answers go to OUT (Parquet, one file per frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
+from the store's facts and the newest minutes' raw samples). The answers go to OUT (Parquet, one file per frame) for the caller to compare; stdout gets one line, RESULT and a JSON document: wall and CPU
 seconds, VmHWM and the answers' rows.
 """
 

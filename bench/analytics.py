@@ -284,18 +284,18 @@ def pages_table(store: Path) -> Table:
                     for f in sorted((Path(tmp) / "health").glob("*.parquet")))
         t.add(f"    same answers? largest relative difference ({summ['rows']['gpus']:,} GPU rows, {summ['rows']['events']:,} events)",
               f"{worst:.1g}", "<= 1e-9", worst <= 1e-9)
-        progress("Fleet now's states 10 s before the store's end, from the look-back's raw samples")
+        progress("Fleet now's states 10 s before the store's end, from the facts and the newest minutes' raw samples")
         as_of = SCALE.end - timedelta(seconds=10)
         now = measure_page_query(store, start, as_of, "fleet-now", Path(tmp) / "now")
-    t.add(f"Fleet now: every GPU's state at {as_of:%m-%d %H:%M:%S} (gpu_states, a look-back from the hour 6 h before)",
+    t.add(f"Fleet now: every GPU's state at {as_of:%m-%d %H:%M:%S} (gpu_states, a look-back from the hour 6 h before, from facts)",
           f"{now['wall_s']:.2f} s, CPU {now['cpu_s']:.1f} s, peak RSS {gib(now):.2f} GiB ({now['rows']['states']:,} GPUs)")
     t.notes += [
         "each query in its own process (python -m bench._pages_measure), open_reader included; the health window's edges fall "
         f"inside an hour ({HEALTH_EDGES[0].seconds // 60} and {HEALTH_EDGES[1].seconds // 60} min), as the dashboards' 5-minute "
         "grain leaves them: the minutes they cut are read raw, the rest from the store's facts (a store without facts: every bucket "
         "cut raw by the facts' own rule)",
-        "Fleet now reads the look-back's raw samples (6 to 7 hours: it starts on the hour; the run facts files it read "
-        "before were retired with the per-GPU summaries, issue #52); the dashboards ask it again every 10 s",
+        "Fleet now reads its look-back (6 to 7 hours: it starts on the hour) from the store's facts (their parts' run marks) "
+        "and only its newest minutes raw (at least stale_after, from a 5-minute edge); the dashboards ask it again every 10 s",
         "the bench fleet reports no temperatures, XIDs or ECC errors (hence no events): real data also pays for reading those columns",
     ]
     return t

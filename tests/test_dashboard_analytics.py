@@ -367,17 +367,22 @@ def test_fleet_now_runs_whose_last_busy_sample_ends_an_hour_without_an_idle_one(
         check_runs(fleet, 4800, 10**6, upkeep_at)
 
 
-@pytest.mark.parametrize("as_of", [T(10, 35), T(11, 30), T(12), T(13)])
-def test_fleet_now_from_facts_equals_fleet_now_from_raw_samples(fleet, con, tmp_path, as_of):
-    """The scenario's store again with its facts (upkeep after every hour settled): every GPU's
-    state, latest sample (a GPU silent for an hour too: its newest sample lies in the facts) and
-    runs, the same as from the raw samples alone."""
-    f = build(tmp_path)
+@pytest.fixture(scope="module")
+def with_facts(tmp_path_factory):
+    """The scenario's store again, its upkeep run after every hour settled: its facts."""
+    f = build(tmp_path_factory.mktemp("dash-fleet-facts"))
     w = StoreWriter(f.root)
     compact(w, T(15), FactParams(), facts_hours=None)
     w.close()
-    with_facts = open_reader(f.root)
-    assert with_facts.execute("SELECT count(*) FROM fact_files").fetchall()[0][0] > 0
+    con = open_reader(f.root)
+    assert con.execute("SELECT count(*) FROM fact_files").fetchall()[0][0] > 0
+    return con
+
+
+@pytest.mark.parametrize("as_of", [T(10, 35), T(11, 30), T(12), T(13)])
+def test_fleet_now_from_facts_equals_fleet_now_from_raw_samples(con, with_facts, as_of):
+    """Every GPU's state, latest sample (a GPU silent for an hour too: its newest sample lies in
+    the facts) and runs from the facts, the same as from the raw samples alone."""
     want, got = fn.gpu_states(con, W, as_of), fn.gpu_states(with_facts, W, as_of)
     assert got.equals(want), (got, want)
 
