@@ -1100,18 +1100,6 @@ GROUP BY a.cluster, a.host HAVING gpu_hours > 0
 ORDER BY a.cluster, a.host
 """
 
-# GPU-hours each team (cluster, account) held each GPU (or MIG instance) in [$start, $end) (the
-# mapping's allocations, clipped as RELIABILITY_HOST_GPU_HOURS clips them): the weights of its GPUs'
-# prices in the goodput waterfall's money (gpufleet.analytics.goodput.team_prices)
-TEAM_GPU_HOURS = f"""
-SELECT a.cluster, j.account, a.host, a.gpu_uuid, coalesce(a.gpu_instance, -1) AS gi,
-       sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_h
-FROM allocations a
-LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-WHERE {ALLOCATION_FILTERS}
-GROUP BY ALL HAVING gpu_h > 0
-"""
-
 # --- where a job's GPU time goes (analytics/states.py) ---
 
 # One job's allocations (by job id as people write it, or its key) clipped to [$start, $end):

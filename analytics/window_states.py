@@ -82,7 +82,8 @@ _MISSING = {"sm_missing": "DCGM_FI_PROF_SM_ACTIVE", "rx_missing": "DCGM_FI_PROF_
 class WindowStates:
     """A window's states in GPU-hours: per job (`jobs`: its states, the largest loss and its
     share, the fields that would tell what is unresolved), per team (`teams`: cluster and account,
-    each state's GPU-hours and cost) and the fleet (`fleet`: one row of the same). None: unknown."""
+    its time with data and that time's cost, each state's GPU-hours and cost) and the fleet
+    (`fleet`: one row of the same). None: unknown."""
 
     jobs: pl.DataFrame
     teams: pl.DataFrame
@@ -166,13 +167,16 @@ def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> Wi
     teams = _sums(by_model, TEAM_KEYS)
     fleet = _sums(by_model.with_columns(pl.lit("fleet").alias("_all")), ["_all"]).drop("_all")
     return WindowStates(jobs=jobs, teams=teams.sort(TEAM_KEYS),
-                        fleet=fleet.row(0, named=True) if fleet.height else {"data_gpu_h": 0.0, **{f"{s}_{u}": None for s in STATES for u in ("gpu_h", "cost")}})
+                        fleet=fleet.row(0, named=True) if fleet.height else {"data_gpu_h": 0.0, "data_cost": 0.0, **{f"{s}_{u}": None for s in STATES for u in ("gpu_h", "cost")}})
 
 
 def _sums(by_model: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Each state's GPU-hours (None where all of the group's jobs have it unknown) and cost (None:
-    a model with time in it has no price) over `keys`."""
-    aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h")]
+    a model with time in it has no price) over `keys`; data_cost: the time with data at its GPUs'
+    prices (None: a model with data has no price) - the goodput waterfall's team prices."""
+    unpriced_data = ((pl.col("data_s") > 0) & pl.col("usd_per_gpu_hour").is_null()).any()
+    aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h"),
+            pl.when(unpriced_data).then(None).otherwise((pl.col("data_s") / 3600 * pl.col("usd_per_gpu_hour")).sum()).alias("data_cost")]
     for s in STATES:
         h = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600)
         priced = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600 * pl.col("usd_per_gpu_hour"))
