@@ -10,11 +10,14 @@ chained across parts as the idle figure chains them, and the runs inside a part 
 idle_min_duration). Each GPU's time with data in a job's allocation goes to exactly one state, in
 this order (thresholds: the analysis' and `[analytics.states]`, as states.py has them):
 
-  startup             the GPU's low run (utilization below idle_threshold) that starts at its
-                      first part held by the job, when that part begins after the read's start
-                      (the allocation's start is seen), and ends before its last held part's end:
-                      from the allocation's start to its first busy sample. A GPU never busy has
-                      no startup (its time is idle, as in states.py).
+  startup             the GPU's low run (utilization below idle_threshold) that starts at the
+                      first part of a hold (an allocation of the analysis: each run of a requeued
+                      job on the GPU is one), when that part begins after the read's start (the
+                      hold's start is seen), and ends before that hold's last part's end: from
+                      the run's start to its first busy sample. A GPU never busy has no startup
+                      (its time is idle, as in states.py). Where one run ends as the next begins
+                      on the same GPU, a low run across the two is one chain (as the idle figure
+                      chains it): the second run has no startup of its own then.
   idle                the other low runs of at least idle_min_duration (the waste figure's rule,
                       contract 4b; chained across parts, judged by their whole length).
   no_process          a part's time with no compute process less its startup and idle time
