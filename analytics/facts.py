@@ -38,7 +38,7 @@ from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 FIVE_US = cf.GRAIN_5M * 1_000_000
 
-# The window's parts (the temp table wp) with each one's MIG share and whether it is inside the
+# The window's parts (wp: _parts' Arrow table) with each one's MIG share and whether it is inside the
 # window; the filters on GPUs (cluster, model) and on holders' jobs (job_filter) apply here
 PARTS_VIEW = f"""
 CREATE OR REPLACE TEMP TABLE wpe AS
@@ -286,6 +286,7 @@ class FactWindow:
         self._parts()
         for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
             self.con.execute(stmt, sql.bound(stmt, self.bind))
+        self.con.unregister("wp")  # (wpe holds the parts now)
 
     # --- tiling ---
 
@@ -310,9 +311,10 @@ class FactWindow:
                 tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
                 self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
         parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
-        self.con.register("_wp", parts)
-        self.con.execute("CREATE OR REPLACE TEMP TABLE wp AS SELECT * FROM _wp")
-        self.con.unregister("_wp")
+        # wp: the Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered): a temp
+        # table of it first was a second copy of every part's ~200 columns (a fifth of a 4,096-GPU
+        # day's Analysis CPU)
+        self.con.register("wp", parts)
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
         """The window [s, e) cut at its grid's edges (grid_us; none: whole)."""

@@ -21,8 +21,11 @@ add up to the fleet; a team's unknown step stays unknown and makes the fleet's a
 it held, weighted by the GPU-hours it held it: team_prices), so a team on H100s costs H100
 prices on a fleet that also has cheaper GPUs; the fleet's steps after capacity are its teams'
 money summed, capacity at the fleet's price capacity-weighted over its GPU models (`prices_differ`
-says when that is an average). Unknown when a GPU it counts has no price (a team no mapped GPU
-of which was seen: the fleet's price where all its GPUs have one price, else unknown).
+says when that is an average). A team's GPU-hours by GPU are its time with data in the window's
+facts as the Teams page has it (window_states' teams: each part at its GPU's MIG share), so the
+weights and the page are one figure, not a second sum over the allocations.
+Unknown when a GPU it counts has no price (a team no mapped GPU of which was seen: the fleet's
+price where all its GPUs have one price, else unknown).
 """
 
 from __future__ import annotations
@@ -77,21 +80,14 @@ def waterfall(capacity: float | None, teams: Mapping[Team, Mapping[str, float | 
     return {"schema": SCHEMA, "fleet": fleet, "teams": rows, "usd_per_gpu_hour": price, "prices_differ": prices_differ}
 
 
-def team_prices(per_gpu: pl.DataFrame, held: pl.DataFrame, teams: Sequence[Team], fleet: float | None,
-                prices_differ: bool) -> dict[Team, float | None]:
-    """Each team's $/GPU-hour: the prices of the GPUs it held (per_gpu's usd_per_gpu_hour) weighted
-    by the GPU-hours it held each (`held`: sql.TEAM_GPU_HOURS' rows); None where one of them has no
-    price. A team with no GPU held in `held` pays `fleet` where every GPU has that one price."""
+def team_prices(held: pl.DataFrame, teams: Sequence[Team], fleet: float | None, prices_differ: bool) -> dict[Team, float | None]:
+    """Each team's $/GPU-hour: its time with data priced at its GPUs' prices over that time (`held`:
+    window_states' teams, data_gpu_h and data_cost); None where a GPU it held has no price. A team
+    with no time with data pays `fleet` where every GPU has that one price."""
     out: dict[Team, float | None] = {t: (fleet if not prices_differ else None) for t in teams}
-    if held.is_empty():
-        return out
-    gpu_price = per_gpu.select("cluster", "host", "gpu_uuid", pl.col("gi").cast(pl.Int64), "usd_per_gpu_hour")
-    rows = held.with_columns(pl.col("gi").cast(pl.Int64)).join(gpu_price, on=["cluster", "host", "gpu_uuid", "gi"], how="left")
-    by_team = rows.group_by("cluster", "account").agg(
-        (pl.col("gpu_h") * pl.col("usd_per_gpu_hour")).sum().alias("usd"), pl.sum("gpu_h"),
-        pl.col("usd_per_gpu_hour").null_count().alias("unpriced"))
-    for r in by_team.iter_rows(named=True):
-        out[(r["cluster"], r["account"])] = None if r["unpriced"] or r["gpu_h"] <= 0 else r["usd"] / r["gpu_h"]
+    for r in held.iter_rows(named=True):
+        if r["data_gpu_h"] > 0:
+            out[(r["cluster"], r["account"])] = None if r["data_cost"] is None else r["data_cost"] / r["data_gpu_h"]
     return out
 
 
@@ -108,12 +104,15 @@ def fleet_price(per_gpu: pl.DataFrame) -> tuple[float | None, bool]:
 
 
 def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_of: datetime | None = None,
-            mfu_jobs: pl.DataFrame | None = None) -> dict[str, Any]:
+            mfu_jobs: pl.DataFrame | None = None, states: Any = None) -> dict[str, Any]:
     """The window's goodput waterfall (schema SCHEMA) from an unfiltered core.Analysis `a` over
     `con` and `params`: its totals, utilization by account, per-GPU prices, the reliability
-    figures' lost GPU-hours per team and mfu.account_mfu (`mfu_jobs`: mfu.job_mfu's rows, when
-    the caller has them)."""
+    figures' lost GPU-hours per team, mfu.account_mfu (`mfu_jobs`: mfu.job_mfu's rows, when
+    the caller has them) and the teams' time with data by GPU price (`states`:
+    window_states.window_states of `a`, when the caller has it)."""
     from gpufleet.analytics import mfu, reliability, reliability_store
+    from gpufleet.analytics.states import Thresholds
+    from gpufleet.analytics.window_states import window_states
 
     s = reliability_settings or reliability.Settings()
     totals = a.totals()
@@ -133,7 +132,8 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
                                  lost.get(team, (0.0, True))[0], None if m is None else m["mfu"], share)
     per_gpu = a.per_gpu()
     price, differ = fleet_price(per_gpu)
-    out = waterfall(totals.capacity_gpu_h, teams, price, differ, team_prices(per_gpu, team_gpu_hours(con, params), list(teams), price, differ))
+    held = (states if states is not None else window_states(a, Thresholds.of(params, {}))).teams  # (thresholds split states, not data)
+    out = waterfall(totals.capacity_gpu_h, teams, price, differ, team_prices(held, list(teams), price, differ))
     # the lost GPU-hours counted from an attempt's start where its job reported no checkpoint: then
     # "not lost" is a lower bound
     out["lost_is_upper_bound"] = any(not measured for _, measured in lost.values())
@@ -146,19 +146,6 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
         out["notes"].append("capacity's money at the fleet's mean price per GPU-hour (capacity-weighted: its GPU models' prices "
                             "differ); each team's at the prices of the GPUs it held")
     return out
-
-
-def team_gpu_hours(con: Any, params: Any) -> pl.DataFrame:
-    """GPU-hours each team held each GPU in the window (sql.TEAM_GPU_HOURS), within its filters."""
-    from gpufleet.analytics import sql
-    from gpufleet.analytics.window import window_bind
-
-    binds = window_bind(params, params.end)  # (TEAM_GPU_HOURS reads no as_of)
-    cur = con.cursor()
-    try:
-        return pl.from_arrow(cur.sql(sql.TEAM_GPU_HOURS, params=sql.bound(sql.TEAM_GPU_HOURS, binds)).to_arrow_table())
-    finally:
-        cur.close()
 
 
 def chart_rows(fleet: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS,
+from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS,
                                       LINE_COLUMNS, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
 from gpufleet.collector.facts import PROFILING, THROTTLE_REASONS
 
@@ -116,6 +116,7 @@ SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS 
        coalesce(j.job_id, a.job_key) AS job_id, j.name, j.user_name, j.account, j.partition, j.state
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+{ALLOCATION_RUNS}
 WHERE {ALLOCATION_FILTERS}
   AND least({ALLOCATION_END}, $xend) > greatest({ALLOCATION_START}, $xstart)
 """
@@ -548,6 +549,7 @@ QUEUE_POOL_GPUS = f"""
 WITH used AS (
     SELECT DISTINCT a.cluster, j.partition, a.host, a.gpu_uuid
     FROM allocations a JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    {ALLOCATION_RUNS}
     WHERE a.gpu_instance = -1 AND j.partition IS NOT NULL AND {_POOL_FILTERS}
       AND {ALLOCATION_END} > $start - to_seconds($retire_after) AND {ALLOCATION_START} < $as_of
 )
@@ -561,6 +563,7 @@ ORDER BY u.cluster, u.partition, g.model, g.host, g.gpu_uuid"""
 QUEUE_HOLDS = f"""
 SELECT a.cluster, a.host, a.gpu_uuid, epoch_us(greatest({ALLOCATION_START}, $start)) AS h0, epoch_us(least({ALLOCATION_END}, $as_of)) AS h1
 FROM allocations a LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+{ALLOCATION_RUNS}
 WHERE ($cluster IS NULL OR a.cluster = $cluster) AND {ALLOCATION_END} > $start AND {ALLOCATION_START} < $as_of
   AND {ALLOCATION_END} > {ALLOCATION_START}"""
 
@@ -1121,21 +1124,10 @@ RELIABILITY_HOST_GPU_HOURS = f"""
 SELECT a.cluster, a.host, mode(a.scheduler) AS scheduler, sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+{ALLOCATION_RUNS}
 WHERE {ALLOCATION_FILTERS}
 GROUP BY a.cluster, a.host HAVING gpu_hours > 0
 ORDER BY a.cluster, a.host
-"""
-
-# GPU-hours each team (cluster, account) held each GPU (or MIG instance) in [$start, $end) (the
-# mapping's allocations, clipped as RELIABILITY_HOST_GPU_HOURS clips them): the weights of its GPUs'
-# prices in the goodput waterfall's money (gpufleet.analytics.goodput.team_prices)
-TEAM_GPU_HOURS = f"""
-SELECT a.cluster, j.account, a.host, a.gpu_uuid, coalesce(a.gpu_instance, -1) AS gi,
-       sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_h
-FROM allocations a
-LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-WHERE {ALLOCATION_FILTERS}
-GROUP BY ALL HAVING gpu_h > 0
 """
 
 # --- where a job's GPU time goes (analytics/states.py) ---
@@ -1147,6 +1139,7 @@ SELECT a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_i
        a.gpu_instance AS gi, a.gpu, epoch(greatest({ALLOCATION_START}, $start)) AS a0, epoch(least({ALLOCATION_END}, $end)) AS a1
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+{ALLOCATION_RUNS}
 WHERE (a.job_key = $job OR j.job_id = $job) AND ($cluster IS NULL OR a.cluster = $cluster)
   AND least({ALLOCATION_END}, $end) > greatest({ALLOCATION_START}, $start)
 ORDER BY a.cluster, a.job_key, a.host, a.gpu, a.gpu_instance
@@ -1257,9 +1250,10 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # Per job and GPU model, its held parts inside the window split into the window-grain states
 # (the module's doc has the rules), GPU-seconds (x MIG share). {held}: facts.held_parts() (the job
 # filters applied). The idle runs are chained per GPU and holder across parts as facts.STRETCH_ROWS
-# chains them (every part of the read, its reach included); a chain that starts at the holder's
-# first part, after the read's start, and ends before its last part's end is the GPU's startup,
-# another at least $idle_min_us long is idle; runs wholly inside a part are idle (the facts keep
+# chains them (every part of the read, its reach included); a chain that starts at a hold's first
+# part (each allocation of the analysis, al: a requeued job's every run on the GPU its own), after
+# the read's start, and ends before that hold's last part's end is that run's startup, another at
+# least $idle_min_us long is idle; runs wholly inside a part are idle (the facts keep
 # those that reach idle_min only). No process: a part's time with no compute process less its
 # startup and idle time (0 at least). The rest (busy) is input-bound, communication-bound (jobs of
 # several GPUs), compute, or busy_unresolved by the part's time-weighted means of the profiling
@@ -1269,7 +1263,10 @@ WINDOW_STATE_JOBS = """
 WITH held AS (
     SELECT row_number() OVER () AS pid, h.* FROM ({held}) h
 ), holder AS (
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, min(p0) AS f0, max(p1) AS l1 FROM held GROUP BY ALL
+    SELECT h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, min(h.p0) AS f0, max(h.p1) AS l1
+    FROM held h JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
+     AND al.scheduler = h.scheduler AND al.job_key = h.job_key AND h.p1 > epoch_us(al.a0) AND h.p0 < epoch_us(al.a1)
+    GROUP BY al.rowid, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key
 ), pieces AS (
     SELECT pid, cluster, host, gpu_uuid, gi, scheduler, job_key, p0 AS r0, p0 + idle_head_us AS r1 FROM held WHERE idle_head_us > 0
     UNION ALL
@@ -1278,11 +1275,14 @@ WITH held AS (
     SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
                   PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
     FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
+), chained AS (
+    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, chain, min(r0) AS c0, max(r1) AS c1, sum(r1 - r0) >= $idle_min_us AS idle
+    FROM linked GROUP BY ALL
 ), chains AS (
-    SELECT l.cluster, l.host, l.gpu_uuid, l.gi, l.scheduler, l.job_key, l.chain,
-           min(l.r0) = any_value(h.f0) AND any_value(h.f0) > epoch_us($xstart) AND max(l.r1) < any_value(h.l1) AS startup,
-           sum(l.r1 - l.r0) >= $idle_min_us AS idle
-    FROM linked l JOIN holder h USING (cluster, host, gpu_uuid, gi, scheduler, job_key) GROUP BY ALL
+    SELECT c.cluster, c.host, c.gpu_uuid, c.gi, c.scheduler, c.job_key, c.chain, c.idle,
+           coalesce(h.f0 > epoch_us($xstart) AND c.c1 < h.l1, false) AS startup
+    FROM chained c LEFT JOIN holder h ON h.cluster = c.cluster AND h.host = c.host AND h.gpu_uuid = c.gpu_uuid AND h.gi = c.gi
+     AND h.scheduler = c.scheduler AND h.job_key = c.job_key AND h.f0 = c.c0
 ), low AS (
     SELECT l.pid, sum(CASE WHEN c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS startup_s,
            sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s

@@ -7,7 +7,9 @@ idle_threshold, "busy" is not low):
 
   startup             from the allocation's start to its first sustained busy stretch (busy for
                       at least `startup_busy_seconds`): model loading, image pull, cold start. A
-                      GPU that is never busy that long has no startup: its time is idle.
+                      GPU that is never busy that long has no startup: its time is idle. A
+                      requeued job's every run on a GPU is a hold of its own (schema.ALLOCATION_START),
+                      each with its startup; the runs of one GPU are summed before GPUs are compared.
   no_process          the GPU held with no compute process (as every other figure counts it)
   idle                low stretches of at least idle_min_duration (the waste figure's rule)
   checkpoint          short low dips between busy samples (`checkpoint_min_seconds` up to
@@ -342,11 +344,41 @@ def _checkpoint_rhythm(starts: Sequence[float], lengths: Sequence[float], t: Thr
     return Checkpoints(count=len(starts), period_s=float(median(gaps[regular].tolist())), cost_s=float(np.mean(lengths)))
 
 
+def _one_gpu(runs: Sequence[GpuStates]) -> GpuStates:
+    """One GPU's states over its holds (a requeued job's runs on it: each with its own startup),
+    summed: a mean (busy utilization, a state's column means) weighted by the time it is over."""
+    if len(runs) == 1:
+        return runs[0]
+    seconds = {k: sum(r.seconds[k] for r in runs) for k in STATES}
+    unknown: dict[str, tuple[str, ...]] = {}
+    for r in runs:
+        for k, fields in r.unknown.items():
+            unknown[k] = tuple(dict.fromkeys(unknown.get(k, ()) + fields))
+    residue = [(r.busy_util, r.seconds["compute"] + r.seconds["busy_unresolved"]) for r in runs if r.busy_util is not None]
+    w = sum(x for _, x in residue)
+    means: dict[str, dict[str, float]] = {}
+    for k in {k for r in runs for k in r.means}:
+        took = [r for r in runs if r.seconds[k] > 0]
+        cols = set.intersection(*(set(r.means.get(k, {})) for r in took)) if took else set()
+        means[k] = {c: sum(r.means[k][c] * r.seconds[k] for r in took) / seconds[k] for c in cols}
+    rhythms = [r.checkpoints for r in runs if r.checkpoints is not None]
+    foreign = [r.foreign_max for r in runs if r.foreign_max is not None]
+    return GpuStates(gpu=runs[0].gpu, data_s=sum(r.data_s for r in runs), seconds=seconds, unknown=unknown,
+                     checkpoints=max(rhythms, key=lambda c: c.count) if rhythms else None,
+                     busy_util=sum(u * x for u, x in residue) / w if w > 0 else (residue[0][0] if residue else None),
+                     foreign_max=max(foreign) if foreign else None, means=means)
+
+
 def job_states(gpus: Sequence[GpuSamples], t: Thresholds) -> JobStates:
     """A job's breakdown: its GPUs' states summed, the straggler share cut from the busy residue
-    of the GPUs short of the best one, with the evidence and the largest loss."""
-    multi = len(gpus) > 1
-    per = [gpu_states(g, t, multi) for g in gpus]
+    of the GPUs short of the best one, with the evidence and the largest loss. A GPU may come
+    once per hold (a requeued job's runs on it, each its own startup): its holds' states are
+    summed into one GPU before GPUs are compared."""
+    multi = len({g.gpu for g in gpus}) > 1
+    runs: dict[str, list[GpuStates]] = {}
+    for g in gpus:
+        runs.setdefault(g.gpu, []).append(gpu_states(g, t, multi))
+    per = [_one_gpu(r) for r in runs.values()]
     straggler = None
     utils = [(g, g.busy_util) for g in per if g.busy_util is not None]
     if multi and len(utils) > 1:

@@ -10,11 +10,14 @@ chained across parts as the idle figure chains them, and the runs inside a part 
 idle_min_duration). Each GPU's time with data in a job's allocation goes to exactly one state, in
 this order (thresholds: the analysis' and `[analytics.states]`, as states.py has them):
 
-  startup             the GPU's low run (utilization below idle_threshold) that starts at its
-                      first part held by the job, when that part begins after the read's start
-                      (the allocation's start is seen), and ends before its last held part's end:
-                      from the allocation's start to its first busy sample. A GPU never busy has
-                      no startup (its time is idle, as in states.py).
+  startup             the GPU's low run (utilization below idle_threshold) that starts at the
+                      first part of a hold (an allocation of the analysis: each run of a requeued
+                      job on the GPU is one), when that part begins after the read's start (the
+                      hold's start is seen), and ends before that hold's last part's end: from
+                      the run's start to its first busy sample. A GPU never busy has no startup
+                      (its time is idle, as in states.py). Where one run ends as the next begins
+                      on the same GPU, a low run across the two is one chain (as the idle figure
+                      chains it): the second run has no startup of its own then.
   idle                the other low runs of at least idle_min_duration (the waste figure's rule,
                       contract 4b; chained across parts, judged by their whole length).
   no_process          a part's time with no compute process less its startup and idle time
@@ -82,7 +85,8 @@ _MISSING = {"sm_missing": "DCGM_FI_PROF_SM_ACTIVE", "rx_missing": "DCGM_FI_PROF_
 class WindowStates:
     """A window's states in GPU-hours: per job (`jobs`: its states, the largest loss and its
     share, the fields that would tell what is unresolved), per team (`teams`: cluster and account,
-    each state's GPU-hours and cost) and the fleet (`fleet`: one row of the same). None: unknown."""
+    its time with data and that time's cost, each state's GPU-hours and cost) and the fleet
+    (`fleet`: one row of the same). None: unknown."""
 
     jobs: pl.DataFrame
     teams: pl.DataFrame
@@ -166,13 +170,16 @@ def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> Wi
     teams = _sums(by_model, TEAM_KEYS)
     fleet = _sums(by_model.with_columns(pl.lit("fleet").alias("_all")), ["_all"]).drop("_all")
     return WindowStates(jobs=jobs, teams=teams.sort(TEAM_KEYS),
-                        fleet=fleet.row(0, named=True) if fleet.height else {"data_gpu_h": 0.0, **{f"{s}_{u}": None for s in STATES for u in ("gpu_h", "cost")}})
+                        fleet=fleet.row(0, named=True) if fleet.height else {"data_gpu_h": 0.0, "data_cost": 0.0, **{f"{s}_{u}": None for s in STATES for u in ("gpu_h", "cost")}})
 
 
 def _sums(by_model: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Each state's GPU-hours (None where all of the group's jobs have it unknown) and cost (None:
-    a model with time in it has no price) over `keys`."""
-    aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h")]
+    a model with time in it has no price) over `keys`; data_cost: the time with data at its GPUs'
+    prices (None: a model with data has no price) - the goodput waterfall's team prices."""
+    unpriced_data = ((pl.col("data_s") > 0) & pl.col("usd_per_gpu_hour").is_null()).any()
+    aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h"),
+            pl.when(unpriced_data).then(None).otherwise((pl.col("data_s") / 3600 * pl.col("usd_per_gpu_hour")).sum()).alias("data_cost")]
     for s in STATES:
         h = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600)
         priced = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600 * pl.col("usd_per_gpu_hour"))

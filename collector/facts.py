@@ -72,7 +72,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
+from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
 from gpufleet.collector.intervals import intervals, segments, split
 
 FORMAT_VERSION = 4  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now)
@@ -199,6 +199,7 @@ SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, a.job_k
        epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+{ALLOCATION_RUNS}
 WHERE {ALLOCATION_END} > make_timestamp($lo) AND {ALLOCATION_START} < make_timestamp($hi)
   AND {ALLOCATION_END} > {ALLOCATION_START}
 ORDER BY a.cluster, a.host, a.gpu_uuid, a.gpu_instance, a0, a.scheduler, a.job_key

@@ -475,11 +475,31 @@ class Batch:
 
 # When an allocation holds its GPU (before an analysis clips it to its window): from its job's
 # start, else the mapping's first sighting, to the job's end, else the last sighting plus
-# $max_gap. Named once: the analytics' allocations (gpufleet.analytics.sql.ALLOCATIONS) and the
-# facts' holds (gpufleet.collector.facts.HOLDS) use the one rule, so a part ends where an analysis
-# looks up. Aliases: a = allocations, j = jobs.
-ALLOCATION_START = "coalesce(j.start, a.first_seen)"
-ALLOCATION_END = 'coalesce(j."end", a.last_seen + to_seconds($max_gap))'
+# $max_gap. A requeued (restarted) job ran in runs - each earlier attempt (job_attempts; one that
+# started before the job's record: a pod's restarted containers are inside its record's run) until
+# its end, else the next run's start - and its record's run: the allocation holds its GPU once per
+# run the mapping saw it in (first sighting before the run's end, last one plus $max_gap after its
+# start), each run from its own start, so a requeue on the same GPUs is held twice (each attempt's
+# startup its own) and a GPU only the first attempt had is not held through the second. An
+# allocation of such a job in none of its runs keeps the job's record's bounds. Named once: the
+# analytics' allocations (gpufleet.analytics.sql.ALLOCATIONS), the facts' holds
+# (gpufleet.collector.facts.HOLDS) and every other reader use the one rule, so a part ends where an
+# analysis looks up. Aliases: a = allocations, j = jobs (LEFT JOIN), r = ALLOCATION_RUNS (joined
+# after j: `FROM allocations a LEFT JOIN jobs j ON ... {ALLOCATION_RUNS}`).
+_RUNS = """(
+    SELECT cluster, scheduler, job_key, false AS record, start AS r0, "end" AS r1,
+           lead(start) OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS nxt
+    FROM job_attempts
+    UNION ALL
+    SELECT DISTINCT cluster, scheduler, job_key, true, NULL, NULL, NULL FROM job_attempts)"""
+_RUN_START = "CASE WHEN r.record THEN j.start ELSE r.r0 END"
+_RUN_END = 'CASE WHEN r.record THEN j."end" ELSE least(r.r1, r.nxt, j.start) END'
+_LAST_HELD = "a.last_seen + to_seconds($max_gap)"
+ALLOCATION_RUNS = f"""LEFT JOIN {_RUNS} r ON r.cluster = a.cluster AND r.scheduler = a.scheduler AND r.job_key = a.job_key
+  AND CASE WHEN r.record THEN j.start IS NOT NULL ELSE j.start IS NULL OR r.r0 < j.start END
+  AND a.first_seen < coalesce({_RUN_END}, {_LAST_HELD}) AND {_LAST_HELD} > {_RUN_START}"""
+ALLOCATION_START = f"coalesce({_RUN_START}, j.start, a.first_seen)"
+ALLOCATION_END = f'CASE WHEN r.record IS NULL OR r.record THEN coalesce(j."end", {_LAST_HELD}) ELSE coalesce({_RUN_END}, {_LAST_HELD}) END'
 
 # A sample's figures as the per-GPU line reads them, said once for the facts
 # (gpufleet.collector.facts.SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,

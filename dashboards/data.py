@@ -283,8 +283,8 @@ def window_bundle(key: tuple) -> Bundle:
             log.exception("fairness failed")
             fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
         mfu_figures, mfu_err = _mfu(a)
-        fall, fall_err = _goodput(s, con, a, p, w, mfu_figures)
         states, states_err = _window_states(s, a, p)
+        fall, fall_err = _goodput(s, con, a, p, w, mfu_figures, states)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
                       computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err, states=states, states_error=states_err)
@@ -293,14 +293,15 @@ def window_bundle(key: tuple) -> Bundle:
 
 
 def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p: Params, w: Resolved,
-             mfu_figures: dict[str, pl.DataFrame] | None) -> tuple[dict | None, str | None]:
-    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis."""
+             mfu_figures: dict[str, pl.DataFrame] | None, states: Any = None) -> tuple[dict | None, str | None]:
+    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis
+    and its window states (the teams' prices; None: it failed, computed again for the error)."""
     from gpufleet.analytics import goodput, reliability as arel
     from gpufleet.analytics.params import analytics_options
 
     try:
         return goodput.compute(a, con, p, arel.settings(analytics_options(s.doc, s.config_path)), as_of=w.as_of,
-                               mfu_jobs=mfu_figures["jobs"] if mfu_figures else None), None
+                               mfu_jobs=mfu_figures["jobs"] if mfu_figures else None, states=states), None
     except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
         log.exception("goodput waterfall failed")
         return None, f"the goodput waterfall could not be computed: {type(e).__name__}: {e}"

@@ -159,11 +159,40 @@ def test_teams_money_at_their_own_gpus_prices(tmp_path):
 def test_team_price_unknown_where_a_gpu_it_held_has_none():
     import polars as pl
 
-    per_gpu = pl.DataFrame({"cluster": ["c", "c"], "host": ["n1", "n2"], "gpu_uuid": ["A", "B"], "gi": [-1, -1],
-                            "usd_per_gpu_hour": [4.0, None]})
-    held = pl.DataFrame({"cluster": ["c", "c", "c"], "account": ["ml", "bio", "bio"], "host": ["n1", "n1", "n2"],
-                         "gpu_uuid": ["A", "A", "B"], "gi": [-1, -1, -1], "gpu_h": [2.0, 1.0, 1.0]})
-    got = goodput.team_prices(per_gpu, held, [("c", "ml"), ("c", "bio"), ("c", "ops")], None, True)
+    # window_states' teams: ml's 2 GPU-h with data at $4; bio's 2, one of them on a GPU with no price
+    held = pl.DataFrame({"cluster": ["c", "c"], "account": ["ml", "bio"], "data_gpu_h": [2.0, 2.0], "data_cost": [8.0, None]})
+    got = goodput.team_prices(held, [("c", "ml"), ("c", "bio"), ("c", "ops")], None, True)
     assert got == {("c", "ml"): 4.0, ("c", "bio"): None, ("c", "ops"): None}
-    # one price fleet-wide: a team whose GPUs the mapping never saw pays it
-    assert goodput.team_prices(per_gpu.head(1), held.head(1), [("c", "ml"), ("c", "ops")], 4.0, False) == {("c", "ml"): 4.0, ("c", "ops"): 4.0}
+    # one price fleet-wide: a team with no time with data pays it
+    assert goodput.team_prices(held.head(1), [("c", "ml"), ("c", "ops")], 4.0, False) == {("c", "ml"): 4.0, ("c", "ops"): 4.0}
+
+
+def test_a_teams_price_weights_are_the_teams_pages_hours(tmp_path):
+    """Team ml holds an H100 ($4) 10:00-12:00 and an A100 ($1.5) 10:00-11:00 with data, and an A100
+    12:00-13:00 with none (the exporter down): its price is its time with data by GPU price, (2 x 4
+    + 1 x 1.5) / 3, the same hours as the Teams page's (window_states' teams), not the mapping's 4
+    held hours ((2 x 4 + 2 x 1.5) / 4)."""
+    from gpufleet.analytics.states import Thresholds
+    from gpufleet.analytics.window_states import window_states
+
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-A", T(10), T(12), util=100.0, procs=1, model=h100)
+    f.gpu_series("n2", "GPU-B", T(10), T(11), util=50.0, procs=1, model=a100)
+    f.gpu_series("n3", "GPU-C", T(10), T(11), util=50.0, procs=1, model=a100)
+    f.job("1", account="ml", user="ann", start=T(10), end=T(12), gpus=2, placements=[("n1", "GPU-A"), ("n2", "GPU-B")],
+          state="COMPLETED", exit_code="0:0")
+    f.job("2", account="ml", user="ann", start=T(12), end=T(13), gpus=1, placements=[("n3", "GPU-C")], state="COMPLETED", exit_code="0:0")
+    f.write()
+    con = f.reader()
+    p = Params(T(10), T(14), prices={h100: 4.0, a100: 1.5})
+    a = Analysis(con, p, now=T(15))
+    ws = window_states(a, Thresholds.of(p, {}))
+    ml = ws.teams.row(0, named=True)
+    assert ml["data_gpu_h"] == pytest.approx(3.0, abs=0.01) and ml["data_cost"] == pytest.approx(9.5, abs=0.05)  # (a sample's 15 s)
+    out = goodput.compute(a, con, p, as_of=T(15), states=ws)
+    assert out["teams"][0]["usd_per_gpu_hour"] == pytest.approx(ml["data_cost"] / ml["data_gpu_h"], rel=1e-12)
+    assert out["teams"][0]["usd_per_gpu_hour"] == pytest.approx(9.5 / 3, abs=0.01)
+    # without the states handed in, compute reads the same ones
+    again = goodput.compute(Analysis(con, p, now=T(15)), con, p, as_of=T(15))
+    assert again["teams"][0]["usd_per_gpu_hour"] == pytest.approx(out["teams"][0]["usd_per_gpu_hour"], rel=1e-12)

@@ -138,6 +138,55 @@ def test_a_hand_computed_window(tmp_path, upkeep):
         assert js.seconds[s] / 3600 == pytest.approx(HAND["a"][s], abs=1e-9)
 
 
+def requeued_store(root, upkeep: bool) -> None:
+    """Job r was requeued: its first attempt ran 00:00-01:00 on h1 and h2 (busy after 10 min), its
+    second from 01:05 to 02:00 on h1 alone (busy after 15 min). The mapping saw h1 from 00:00 to
+    02:00 and h2 until 01:00; both GPUs report all along."""
+    t = np.arange(N) * STEP
+    u1 = np.full(N, 95.0)
+    u1[(t < 600) | ((t >= 3600) & (t < 3900 + 900)) | (t >= 2 * 3600)] = 0.0
+    u2 = np.where(t < 600, 0.0, 95.0)
+    job = job_row("r", "t1", 1)
+    job.update(start=T0 + timedelta(minutes=65), end=T0 + timedelta(hours=2))
+    first = {**{c: None for c in schema.ATTEMPT_COLUMNS}, "cluster": "c1", "scheduler": "slurm", "job_key": "r", "job_id": "r", "start": T0,
+             "end": T0 + timedelta(hours=1), "state": "REQUEUED", "gpus": 2, "source": "test", "updated_at": T0 + timedelta(hours=1)}
+    allocs = [{"ts": T0 + timedelta(seconds=s), "cluster": "c1", "scheduler": "slurm", "job_key": "r", "host": h, "gpu_uuid": f"GPU-{h}-0",
+               "gpu_instance": -1, "gpu": 0, "source": "exporter"} for h, last in (("h1", 2 * 3600 - STEP), ("h2", 3600 - STEP)) for s in (0, last)]
+    w = StoreWriter(root)
+    w.commit(Batch(key="jobs", jobs=[job], allocations=allocs))
+    w.commit(Batch(key="attempts", attempts=[first]))
+    w.commit(Batch(key="samples", samples=schema.conform_samples(pa.concat_tables([gpu_table("h1", 0, u1), gpu_table("h2", 0, u2)]))))
+    if upkeep:
+        compact(w, T0 + timedelta(days=2), FactParams(max_gap_s=30.0, idle_min_s=1800.0), facts_hours=None)
+    w.publish()
+    w.close()
+
+
+@pytest.mark.parametrize("upkeep", [True, False], ids=["facts", "raw-cut parts"])
+def test_a_requeue_on_the_same_gpu_starts_up_again(tmp_path, upkeep):
+    """Each run of a requeued job holds its GPUs from its own start: h1's two startups, 10 + 15
+    min, and h2's 10 min of the first attempt; h2 is not the job's after 01:00. Time with data:
+    h1 60 + 55 min, h2 60 min, the job's allocated time (accounting: 2 GPUs x 1 h + 1 GPU x 55
+    min); compute the rest (h1 50 + 40 min, h2 50 min). The per-job breakdown says the same, h1
+    one GPU of two (no straggler between its own runs)."""
+    requeued_store(tmp_path, upkeep)
+    con = open_reader(tmp_path)
+    p = params()
+    a = Analysis(con, p, now=T0 + timedelta(days=3))
+    ws = window_states(a, Thresholds.of(p, {}))
+    r = ws.jobs.row(0, named=True)
+    want = {"startup": 35 / 60, "idle": 0.0, "no_process": 0.0, "input_bound": 0.0, "communication_bound": 0.0, "compute": 140 / 60,
+            "busy_unresolved": 0.0}
+    assert {s: r[f"{s}_gpu_h"] for s in STATES} == pytest.approx(want, abs=1e-9)
+    assert r["data_gpu_h"] == pytest.approx(175 / 60, abs=1e-9)
+    use = a.utilization("job").row(0, named=True)
+    assert use["allocated_gpu_h"] == pytest.approx(175 / 60, abs=1e-9) and use["data_gpu_h"] == pytest.approx(175 / 60, abs=1e-9)
+    js = job_breakdown(con, p, "r", Thresholds.of(p, {}))
+    assert js.seconds["startup"] == pytest.approx(35 * 60) and js.seconds["compute"] == pytest.approx(140 * 60)
+    assert js.data_s == pytest.approx(175 * 60) and js.straggler is None
+    assert {g.gpu: g.seconds["startup"] for g in js.gpus} == pytest.approx({"h1:0": 25 * 60, "h2:0": 10 * 60})
+
+
 def test_no_process_is_unknown_without_process_counts(tmp_path):
     write(tmp_path, [job_row("c", "t2", 1)], [("c", "h3", 0, gpu_table("h3", 0, 50.0, procs=None))], upkeep=False)
     p = params()

@@ -423,16 +423,15 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
 
         rel = reliability_store.report(con, params, reliability or ReliabilitySettings(), as_of=as_of, top=RELIABILITY_LIST)
     fall = None
-    if status == "ok":
-        from gpufleet.analytics import goodput
-
-        fall = goodput.compute(a, con, params, reliability, as_of=as_of)
     held_back: list[dict[str, Any]] = []
     if status == "ok":
+        from gpufleet.analytics import goodput
         from gpufleet.analytics.states import Thresholds
         from gpufleet.analytics.window_states import window_states
 
-        held_back = window_states(a, state_thresholds or Thresholds.of(params, {})).team_causes(3).to_dicts()
+        states = window_states(a, state_thresholds or Thresholds.of(params, {}))
+        fall = goodput.compute(a, con, params, reliability, as_of=as_of, states=states)
+        held_back = states.team_causes(3).to_dicts()
     return Report(
         window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
         previous=None if _empty(prev) else prev,
