@@ -47,8 +47,11 @@ FROM wp
 WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)
 """
 
+# only the GPUs $gpus names (by uuid; NULL: all), and those without a uuid (FactWindow's `gpus`)
+ONLY_GPUS = "($gpus IS NULL OR gpu_uuid IS NULL OR list_contains($gpus, gpu_uuid))"
 # the parts of one grain's buckets in [$lo, $hi) from the store's facts
-STORED_PARTS = "SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi)"
+STORED_PARTS = ("SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) "
+                f"AND bucket < make_timestamp($hi) AND {ONLY_GPUS}")
 # whether the 5-minute facts of [$lo, $hi) have any data
 FACT_DATA = "SELECT coalesce(sum(covered_s), 0) > 0 FROM fact_parts WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi"
 # whether any raw sample (within the filters) holds into [$lo, $hi): a cut's, for edge_warnings
@@ -212,6 +215,16 @@ def stretch_rows(kind: str) -> str:
     return STRETCH_ROWS.format(held=_HELD, kind=kind)
 
 
+def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
+    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute facts
+    (GRAIN_5M), days of hour and day facts (GRAIN_1D); none on a store of before the facts."""
+    out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
+    if con.execute(HAS_FACTS).fetchall()[0][0]:
+        for g, b in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
+            out[g].add(b)
+    return out
+
+
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
@@ -226,16 +239,19 @@ class FactWindow:
     """One window's parts on a cursor of its own, and the figures over them."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
-                 max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None):
+                 max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
+                 gpus: list[str] | None = None):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
         `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
         already) rather than on a cursor of its own. `grid_us`: every edge start + k x grid_us
         inside the window is a part edge too (a timeline's buckets: its figures are then sums of
-        the parts of each bucket)."""
+        the parts of each bucket). `gpus`: only these GPUs' parts (by uuid, and those without one),
+        stored and raw: a read that knows which GPUs it needs (health.events) skips the rest."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
         self.grid_us = grid_us
+        self.gpus = gpus
         self.fp = fact_params(params)
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
                      "idle_min_us": self.fp.idle_min_us}
@@ -250,11 +266,7 @@ class FactWindow:
     # --- tiling ---
 
     def _stored(self) -> dict[int, set[int]]:
-        out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
-        if self.con.execute(HAS_FACTS).fetchall()[0][0]:
-            for g, b in self.con.execute(STORED_BUCKETS, {"tag": self.fp.tag()}).fetchall():
-                out[g].add(b)
-        return out
+        return stored_buckets(self.con, self.fp)
 
     def tile(self, lo: int, hi: int, stored: dict[int, set[int]]) -> list[tuple[int | None, int, int]]:
         """[lo, hi) (epoch us) as (grain, from, to) runs of stored buckets, coarsest first where they
@@ -304,7 +316,7 @@ class FactWindow:
                 tables += self._raw(a, b)
             else:
                 q = STORED_PARTS
-                tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
+                tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b, "gpus": self.gpus}).to_arrow_table())
                 self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
         parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
         self.con.register("_wp", parts)
@@ -321,7 +333,7 @@ class FactWindow:
     def _raw(self, lo: int, hi: int) -> list[pa.Table]:
         """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys)."""
         out = []
-        where = "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
+        where = f"AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) AND {ONLY_GPUS}"
         q = cf.samples_query("gpu_samples", where)
         t = lo
         while t < hi:
@@ -333,7 +345,7 @@ class FactWindow:
                 t = u
                 continue
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
-                                                           "model": self.p.filters.model}, t, u)
+                                                           "model": self.p.filters.model, "gpus": self.gpus}, t, u)
             if samples.num_rows:
                 out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
                 self.raw_us += u - t

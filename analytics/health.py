@@ -40,9 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpufleet.analytics import raw_reads, sql
-from gpufleet.analytics.facts import FactWindow
+from gpufleet.analytics.facts import FactWindow, fact_params, stored_buckets
 from gpufleet.analytics.params import Params
-from gpufleet.collector.facts import GRAIN_1D, GRAIN_1H, GRAIN_5M
+from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
 from gpufleet.times import epoch_us
 
 
@@ -88,6 +88,26 @@ def _events(w: FactWindow) -> pl.DataFrame:
         cur.unregister("_health_mixed_events")
 
 
+def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
+    """The GPUs whose health moved in the window (sql.HEALTH_MOVED_GPUS): the only ones with events.
+    Facts from the window's first day up to its first hour with none (its day has no day facts,
+    itself no 5-minute facts), raw samples from there: the tail a store's upkeep has not reached."""
+    cur = con.cursor()
+    try:
+        fp = fact_params(params)
+        stored = stored_buckets(cur, fp)
+        s, e = epoch_us(params.start), epoch_us(params.end)
+        t = s - s % HOUR_US
+        while t < e and (t - t % DAY_US in stored[GRAIN_1D] or t in stored[GRAIN_5M]):
+            t += HOUR_US
+        q = sql.HEALTH_MOVED_GPUS
+        bind = {"tag": fp.tag(), "day_us": s - s % DAY_US, "raw_us": min(max(t, s), e), "start_us": s, "end_us": e,
+                "days": sorted(stored[GRAIN_1D]), "cluster": params.filters.cluster, "model": params.filters.model}
+        return [r[0] for r in cur.execute(q, sql.bound(q, bind)).fetchall()]
+    finally:
+        cur.close()
+
+
 # The raw queries each answer has (the oracle), and how its rows are ordered
 _RAW = {"gpus": sql.GPU_HEALTH, "events": sql.GPU_EVENTS, "temperature": sql.TEMPERATURE_BY_HOST}
 _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first), temperature its
@@ -96,10 +116,10 @@ _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries
 def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], facts: bool,
              bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
     """`what` of the window: from its facts (one FactWindow for all), else (`facts` False) from
-    the raw queries; GPU rows in GPU order."""
+    the raw queries; GPU rows in GPU order. Events alone read only the GPUs whose health moved."""
     extra = {"bucket": bucket.total_seconds()} if bucket else {}
     if facts:
-        w = FactWindow(con, params, max_grain=_grain(bucket))
+        w = FactWindow(con, params, max_grain=_grain(bucket), gpus=_moved_gpus(con, params) if what == ("events",) else None)
         try:
             answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w),
                        "temperature": lambda: w.q(sql.TEMPERATURE_FROM_FACTS, **extra)}
