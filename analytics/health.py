@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpufleet.analytics import raw_reads, sql
-from gpufleet.analytics.facts import FactWindow, fact_params, stored_buckets
+from gpufleet.analytics.facts import SAMPLE_EXTENT, FactWindow, fact_files_of, fact_params, stored_buckets
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
 from gpufleet.times import epoch_us
@@ -88,21 +88,29 @@ def _events(w: FactWindow) -> pl.DataFrame:
         cur.unregister("_health_mixed_events")
 
 
-def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
+def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | None:
     """The GPUs whose health moved in the window (sql.HEALTH_MOVED_GPUS): the only ones with events.
-    Facts from the window's first day up to its first hour with none (its day has no day facts,
-    itself no 5-minute facts), raw samples from there: the tail a store's upkeep has not reached."""
+    Facts from the window's first hour up to its first hour with none (its day has no day facts,
+    itself no 5-minute facts) but with samples (a day of the samples' days), raw samples from
+    there: the tail a store's upkeep has not reached. None (every GPU) when no hour before it has
+    facts: nothing to narrow the read by."""
     cur = con.cursor()
     try:
-        fp = fact_params(params)
+        fp, tag = fact_params(params), fact_params(params).tag()
         stored = stored_buckets(cur, fp)
         s, e = epoch_us(params.start), epoch_us(params.end)
+        first, last = cur.execute(SAMPLE_EXTENT).fetchall()[0]
         t = s - s % HOUR_US
-        while t < e and (t - t % DAY_US in stored[GRAIN_1D] or t in stored[GRAIN_5M]):
+        while t < e and (t - t % DAY_US in stored[GRAIN_1D] or t in stored[GRAIN_5M] or first is None or t + HOUR_US <= first or t >= last):
             t += HOUR_US
+        raw_us, files = min(max(t, s), e), []
+        for day in range(s - s % DAY_US, raw_us, DAY_US):  # (each day's file, else its hours')
+            whole = day in stored[GRAIN_1D]
+            files += fact_files_of(cur, tag, GRAIN_1D if whole else GRAIN_5M, day if whole else max(day, s), min(day + DAY_US, raw_us))
+        if not files:
+            return None
         q = sql.HEALTH_MOVED_GPUS
-        bind = {"tag": fp.tag(), "day_us": s - s % DAY_US, "raw_us": min(max(t, s), e), "start_us": s, "end_us": e,
-                "days": sorted(stored[GRAIN_1D]), "cluster": params.filters.cluster, "model": params.filters.model}
+        bind = {"files": files, "tag": tag, "raw_us": raw_us, "end_us": e, "cluster": params.filters.cluster, "model": params.filters.model}
         return [r[0] for r in cur.execute(q, sql.bound(q, bind)).fetchall()]
     finally:
         cur.close()
@@ -119,7 +127,7 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
     the raw queries; GPU rows in GPU order. Events alone read only the GPUs whose health moved."""
     extra = {"bucket": bucket.total_seconds()} if bucket else {}
     if facts:
-        w = FactWindow(con, params, max_grain=_grain(bucket), gpus=_moved_gpus(con, params) if what == ("events",) else None)
+        w = FactWindow(con, params, max_grain=_grain(bucket), gpus=_moved_gpus(con, params) if what == ("events",) else None, health_only=True)
         try:
             answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w),
                        "temperature": lambda: w.q(sql.TEMPERATURE_FROM_FACTS, **extra)}

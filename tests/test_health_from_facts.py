@@ -221,7 +221,7 @@ def test_a_gpu_whose_model_name_changes_within_an_hour_gives_the_raw_figures(tmp
         assert not bad, (p, "\n".join(bad))
 
 
-@pytest.mark.parametrize("compact_at", [6 * 3600, 2 * 3600], ids=["all facts", "a raw tail"])
+@pytest.mark.parametrize("compact_at", [6 * 3600, 3 * 3600], ids=["all facts", "a raw tail"])
 def test_events_read_only_the_gpus_whose_health_moved(tmp_path, compact_at):
     """health.events reads only the GPUs whose health moved in the window, found from the facts
     rounded out to their buckets and the raw tail upkeep has not reached: a GPU whose ECC counter
@@ -244,5 +244,6 @@ def test_events_read_only_the_gpus_whose_health_moved(tmp_path, compact_at):
     p = Params(at(s), at(e))
     raw, got = health.events(con, p, facts=False), health.events(con, p)
     assert sorted(raw["kind"]) == ["ecc_dbe", "xid"] and raw["gpu_uuid"].n_unique() == 2
+    assert con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 300 AND bucket < ?", [at(compact_at - 3600)]).fetchone()[0] >= 2
     assert sorted(health._moved_gpus(con, p)) == sorted(raw["gpu_uuid"])
     assert not same(raw, got, EVENT_KEYS)
