@@ -363,7 +363,7 @@ class FactWindow:
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
                                                            "model": self.p.filters.model, "gpus": self.gpus}, t, u)
             if samples.num_rows:
-                out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
+                out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp, self.gpus), t, u, self.fp))
                 self.raw_us += u - t
             t = u
         return out
