@@ -26,7 +26,10 @@ samples whose time lies in each part and compose exactly (tests/test_facts_healt
 the raw queries, `facts=False`, the tests' oracle). A counter event needs the samples of the one
 part in which the counter passes the window's first value: that part of that GPU is read raw, so
 the raw read grows with the events, not the window. The temperature map reads parts no coarser
-than its bucket (hour facts for buckets of whole hours; 5-minute facts else).
+than its bucket (hour facts for buckets of whole hours; 5-minute facts else). Events alone read
+only the GPUs whose health moved in the window (one query over the window's facts files and the
+raw tail without facts: an XID, a lost GPU, a counter that rose), and every health read only the
+parts inside the window, from the files of its buckets.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | N
     facts: nothing to narrow the read by."""
     cur = con.cursor()
     try:
-        fp, tag = fact_params(params), fact_params(params).tag()
+        fp = fact_params(params)
+        tag = fp.tag()
         stored = stored_buckets(cur, fp)
         s, e = epoch_us(params.start), epoch_us(params.end)
         first, last = cur.execute(SAMPLE_EXTENT).fetchall()[0]
