@@ -47,8 +47,16 @@ FROM wp
 WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)
 """
 
-# the parts of one grain's buckets in [$lo, $hi) from the store's facts
-STORED_PARTS = "SELECT * EXCLUDE (tag) FROM fact_parts WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi)"
+# only the GPUs $gpus names (by uuid; NULL: all), and those without a uuid (FactWindow's `gpus`)
+ONLY_GPUS = "($gpus IS NULL OR gpu_uuid IS NULL OR list_contains($gpus, gpu_uuid))"
+# the parts of one grain's buckets in [$lo, $hi) from the store's facts: from their files alone
+# ($files: fact_files_of), not the fact_parts view, which opens every facts file of the store
+STORED_PARTS = ("SELECT * EXCLUDE (tag) FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
+                f"AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) AND {ONLY_GPUS}")
+# the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
+# facts; 86400: a day's hour and day facts), in time order
+FACT_FILES = ("SELECT file FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
+              "AND bucket < make_timestamp($hi) ORDER BY bucket")
 # whether the 5-minute facts of [$lo, $hi) have any data
 FACT_DATA = "SELECT coalesce(sum(covered_s), 0) > 0 FROM fact_parts WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi"
 # whether any raw sample (within the filters) holds into [$lo, $hi): a cut's, for edge_warnings
@@ -212,6 +220,23 @@ def stretch_rows(kind: str) -> str:
     return STRETCH_ROWS.format(held=_HELD, kind=kind)
 
 
+def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
+    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute facts
+    (GRAIN_5M), days of hour and day facts (GRAIN_1D); none on a store of before the facts."""
+    out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
+    if con.execute(HAS_FACTS).fetchall()[0][0]:
+        for g, b in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
+            out[g].add(b)
+    return out
+
+
+def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, lo: int, hi: int) -> list[str]:
+    """The files holding the `grain` parts of [lo, hi) (epoch us; stored buckets, FactWindow.tile's):
+    5-minute parts in their hours' files, hour and day parts in their days'."""
+    file_grain, span = (cf.GRAIN_5M, cf.HOUR_US) if grain == cf.GRAIN_5M else (cf.GRAIN_1D, cf.DAY_US)
+    return [r[0] for r in con.execute(FACT_FILES, {"tag": tag, "file_grain": file_grain, "lo": lo - lo % span, "hi": hi}).fetchall()]
+
+
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
@@ -266,16 +291,22 @@ class FactWindow:
     """One window's parts on a cursor of its own, and the figures over them."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
-                 max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None):
+                 max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
+                 gpus: list[str] | None = None, health_only: bool = False):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
         `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
         already) rather than on a cursor of its own. `grid_us`: every edge start + k x grid_us
         inside the window is a part edge too (a timeline's buckets: its figures are then sums of
-        the parts of each bucket)."""
+        the parts of each bucket). `gpus`: only these GPUs' parts (by uuid, and those without one),
+        stored and raw: a read that knows which GPUs it needs (health.events) skips the rest.
+        `health_only`: the parts inside the window alone, and no job tables (cap, ja): health's figures
+        read nothing else (no idle stretch crosses into the reach, no job is counted)."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
         self.grid_us = grid_us
+        self.gpus = gpus
+        self.health_only = health_only
         self.fp = fact_params(params)
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
                      "idle_min_us": self.fp.idle_min_us}
@@ -284,7 +315,7 @@ class FactWindow:
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
         self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
         self._parts()
-        for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
+        for stmt in ((PARTS_VIEW,) if cursor is not None or health_only else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
             self.con.execute(stmt, sql.bound(stmt, self.bind))
         self.con.unregister("wp")  # (wpe holds the parts now)
 
@@ -293,8 +324,8 @@ class FactWindow:
     def _parts(self) -> None:
         s, e = self.bind["start_us"], self.bind["end_us"]
         reach = round((self.p.idle_min_duration + self.p.max_gap).total_seconds() * 1_000_000)
-        r0 = (s - reach) - (s - reach) % FIVE_US
-        r1 = -((-(e + reach)) // FIVE_US) * FIVE_US
+        r0 = s if self.health_only else (s - reach) - (s - reach) % FIVE_US
+        r1 = e if self.health_only else -((-(e + reach)) // FIVE_US) * FIVE_US
         stored = stored_buckets(self.con, self.fp)
         tables, spans = [], []
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
@@ -307,8 +338,9 @@ class FactWindow:
             if grain is None:
                 tables += self._raw(a, b)
             else:
-                q = STORED_PARTS
-                tables.append(self.con.sql(q, params={"tag": self.fp.tag(), "grain": grain, "lo": a, "hi": b}).to_arrow_table())
+                q, tag = STORED_PARTS, self.fp.tag()
+                files = fact_files_of(self.con, tag, grain, a, b)
+                tables.append(self.con.sql(q, params={"files": files, "tag": tag, "grain": grain, "lo": a, "hi": b, "gpus": self.gpus}).to_arrow_table())
                 self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
         parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
         # wp: the Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered): a temp
@@ -326,7 +358,7 @@ class FactWindow:
     def _raw(self, lo: int, hi: int) -> list[pa.Table]:
         """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys)."""
         out = []
-        where = "AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model)"
+        where = f"AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) AND {ONLY_GPUS}"
         q = cf.samples_query("gpu_samples", where)
         t = lo
         while t < hi:
@@ -338,9 +370,9 @@ class FactWindow:
                 t = u
                 continue
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
-                                                           "model": self.p.filters.model}, t, u)
+                                                           "model": self.p.filters.model, "gpus": self.gpus}, t, u)
             if samples.num_rows:
-                out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp), t, u, self.fp))
+                out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp, self.gpus), t, u, self.fp))
                 self.raw_us += u - t
             t = u
         return out

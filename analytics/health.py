@@ -26,7 +26,10 @@ samples whose time lies in each part and compose exactly (tests/test_facts_healt
 the raw queries, `facts=False`, the tests' oracle). A counter event needs the samples of the one
 part in which the counter passes the window's first value: that part of that GPU is read raw, so
 the raw read grows with the events, not the window. The temperature map reads parts no coarser
-than its bucket (hour facts for buckets of whole hours; 5-minute facts else).
+than its bucket (hour facts for buckets of whole hours; 5-minute facts else). Events alone read
+only the GPUs whose health moved in the window (one query over the window's facts files and the
+raw tail without facts: an XID, a lost GPU, a counter that rose), and every health read only the
+parts inside the window, from the files of its buckets.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpufleet.analytics import raw_reads, sql
-from gpufleet.analytics.facts import FactWindow
+from gpufleet.analytics.facts import SAMPLE_EXTENT, FactWindow, fact_files_of, fact_params, stored_buckets
 from gpufleet.analytics.params import Params
-from gpufleet.collector.facts import GRAIN_1D, GRAIN_1H, GRAIN_5M
+from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
 from gpufleet.times import epoch_us
 
 
@@ -88,6 +91,35 @@ def _events(w: FactWindow) -> pl.DataFrame:
         cur.unregister("_health_mixed_events")
 
 
+def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | None:
+    """The GPUs whose health moved in the window (sql.HEALTH_MOVED_GPUS): the only ones with events.
+    Facts from the window's first hour up to its first hour with none (its day has no day facts,
+    itself no 5-minute facts) but with samples (a day of the samples' days), raw samples from
+    there: the tail a store's upkeep has not reached. None (every GPU) when no hour before it has
+    facts: nothing to narrow the read by."""
+    cur = con.cursor()
+    try:
+        fp = fact_params(params)
+        tag = fp.tag()
+        stored = stored_buckets(cur, fp)
+        s, e = epoch_us(params.start), epoch_us(params.end)
+        first, last = cur.execute(SAMPLE_EXTENT).fetchall()[0]
+        t = s - s % HOUR_US
+        while t < e and (t - t % DAY_US in stored[GRAIN_1D] or t in stored[GRAIN_5M] or first is None or t + HOUR_US <= first or t >= last):
+            t += HOUR_US
+        raw_us, files = min(max(t, s), e), []
+        for day in range(s - s % DAY_US, raw_us, DAY_US):  # (each day's file, else its hours')
+            whole = day in stored[GRAIN_1D]
+            files += fact_files_of(cur, tag, GRAIN_1D if whole else GRAIN_5M, day if whole else max(day, s), min(day + DAY_US, raw_us))
+        if not files:
+            return None
+        q = sql.HEALTH_MOVED_GPUS
+        bind = {"files": files, "tag": tag, "raw_us": raw_us, "end_us": e, "cluster": params.filters.cluster, "model": params.filters.model}
+        return [r[0] for r in cur.execute(q, sql.bound(q, bind)).fetchall()]
+    finally:
+        cur.close()
+
+
 # The raw queries each answer has (the oracle), and how its rows are ordered
 _RAW = {"gpus": sql.GPU_HEALTH, "events": sql.GPU_EVENTS, "temperature": sql.TEMPERATURE_BY_HOST}
 _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first), temperature its
@@ -96,10 +128,10 @@ _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries
 def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], facts: bool,
              bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
     """`what` of the window: from its facts (one FactWindow for all), else (`facts` False) from
-    the raw queries; GPU rows in GPU order."""
+    the raw queries; GPU rows in GPU order. Events alone read only the GPUs whose health moved."""
     extra = {"bucket": bucket.total_seconds()} if bucket else {}
     if facts:
-        w = FactWindow(con, params, max_grain=_grain(bucket))
+        w = FactWindow(con, params, max_grain=_grain(bucket), gpus=_moved_gpus(con, params) if what == ("events",) else None, health_only=True)
         try:
             answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w),
                        "temperature": lambda: w.q(sql.TEMPERATURE_FROM_FACTS, **extra)}

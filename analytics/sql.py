@@ -972,6 +972,31 @@ FROM gpu_samples s JOIN _health_mixed m
 WHERE s.ts >= make_timestamp($lo) AND s.ts < make_timestamp($hi) AND {_KIND_VALUE} > m.base
 GROUP BY m.kind, m.cluster, m.host, m.gpu_uuid, m.gi
 """
+# The GPUs (gpu_uuid) whose health moved in [$start_us, $end_us): an XID, a lost sample, a row-remap
+# failure, or an event counter whose largest value passes its least - every GPU with an event
+# there (GPU_EVENTS: a counter's event is a value above the window's first), so health.events
+# reads only their parts. From the facts of the window up to $raw_us rounded out to their buckets
+# ($files: a day's file of hour and day facts where it has one, else its hours' 5-minute facts;
+# their day and 5-minute parts) and the raw samples of [$raw_us, $end_us), the stretch without
+# facts: more samples than the window's, never fewer, so the same GPUs or more
+# (tests/test_health_from_facts.py holds it).
+HEALTH_MOVED_GPUS = f"""
+SELECT DISTINCT gpu_uuid FROM (
+    SELECT {_KEY}, xid_codes IS NOT NULL AS xid, lost_n > 0 OR remap_failure_n > 0 AS lost,
+           {", ".join(f"{c}_min AS {c}_lo, {c}_max AS {c}_hi" for _, c, _ in _EVENT_COUNTERS)}
+    FROM read_parquet($files, hive_partitioning = false)
+    WHERE tag = $tag AND grain_s IN (300, 86400) AND {_FILTERS}
+    UNION ALL BY NAME
+    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, bool_or(xid_last > 0) AS xid,
+           bool_or(gpu_up = 0 OR remap_failure > 0) AS lost,
+           {", ".join(f"min({col}) AS {c}_lo, max({col}) AS {c}_hi" for (_, col, _, _), (_, c, _) in zip(_COUNTERS, _EVENT_COUNTERS))}
+    FROM gpu_samples WHERE ts >= make_timestamp($raw_us) AND ts < make_timestamp($end_us) AND {_FILTERS}
+    GROUP BY ALL
+)
+GROUP BY {_KEY}
+HAVING bool_or(xid) OR bool_or(lost) OR {" OR ".join(f"max({c}_hi) > min({c}_lo)" for _, c, _ in _EVENT_COUNTERS)}
+"""
+
 # GPU_EVENTS' answer from the window's parts and the mixed parts' events (_health_mixed_events)
 EVENTS_FROM_FACTS = _EVENT_PARTS + f""", x AS (
     SELECT {_KEY}, gpu, model, unnest(xid_codes) AS c FROM p WHERE xid_codes IS NOT NULL

@@ -193,7 +193,8 @@ ORDER BY cluster, host, gpu_uuid, gi, ts
 """
 
 # Who held each GPU when: every allocation overlapping [$lo, $hi) with its whole extent (epoch us),
-# by the accounting's start and end where known (the analytics' al, unclipped).
+# by the accounting's start and end where known (the analytics' al, unclipped); only those of the
+# GPUs $gpus names (by uuid; NULL: all), and of none.
 HOLDS = f"""
 SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, a.job_key,
        epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
@@ -201,14 +202,15 @@ FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE {ALLOCATION_END} > make_timestamp($lo) AND {ALLOCATION_START} < make_timestamp($hi)
-  AND {ALLOCATION_END} > {ALLOCATION_START}
+  AND {ALLOCATION_END} > {ALLOCATION_START} AND ($gpus IS NULL OR a.gpu_uuid IS NULL OR list_contains($gpus, a.gpu_uuid))
 ORDER BY a.cluster, a.host, a.gpu_uuid, a.gpu_instance, a0, a.scheduler, a.job_key
 """
 
 
-def holds(con: duckdb.DuckDBPyConnection, lo_us: int, hi_us: int, p: FactParams) -> pa.Table:
-    """HOLDS over [lo_us, hi_us) on a connection with allocations and jobs (the writer's, a reader's)."""
-    return con.sql(HOLDS, params={"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s}).to_arrow_table()
+def holds(con: duckdb.DuckDBPyConnection, lo_us: int, hi_us: int, p: FactParams, gpus: list[str] | None = None) -> pa.Table:
+    """HOLDS over [lo_us, hi_us) on a connection with allocations and jobs (the writer's, a reader's);
+    `gpus`: only these GPUs' (a read of their parts alone, analytics.facts.FactWindow's)."""
+    return con.sql(HOLDS, params={"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s, "gpus": gpus}).to_arrow_table()
 
 
 def holds_digest(h: pa.Table, lo_us: int, hi_us: int) -> str:

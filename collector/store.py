@@ -1239,7 +1239,8 @@ def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str
 def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
     """fact_parts (the facts files the manifest lists, gpufleet.collector.facts) and fact_files (a
     row per hour of 5-minute facts, grain_s 300, and per day of hour and day facts, grain_s
-    86400, with the parameters' tag): what analytics.facts tiles a window with. Sharded stores:
+    86400, with the parameters' tag and its file's path): what analytics.facts tiles a window
+    with, and the files a read of some buckets opens (every file's footer costs). Sharded stores:
     none yet (each shard's facts are its own GPUs'), so their windows are cut from raw samples."""
     from gpufleet.collector import facts
 
@@ -1249,7 +1250,7 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
     _table_of_lists(con, "fact_files", {
         "grain_s": ("INTEGER", [facts.GRAIN_5M if e["grain"] == "5m" else facts.GRAIN_1D for _, e in entries]),
         "bucket": ("TIMESTAMP", [datetime.fromisoformat(e["bucket"]) for _, e in entries]),
-        "tag": ("VARCHAR", [e["tag"] for _, e in entries])})
+        "tag": ("VARCHAR", [e["tag"] for _, e in entries]), "file": ("VARCHAR", [str(d / e["file"]) for d, e in entries])})
     if entries:
         con.execute(f"CREATE VIEW fact_parts AS SELECT * FROM read_parquet({_sql_list([str(d / e['file']) for d, e in entries])}, "
                     "hive_partitioning = false)")

@@ -102,10 +102,12 @@ DAY = 24 * 3600
 
 def compare(con, p: Params) -> list[str]:
     """window_health's answers (temperature in buckets of 2 hours: hour facts) against the raw
-    path's, and the temperature map's in buckets of 5 minutes and a day (5-minute and day facts)."""
+    path's, events alone (only the GPUs whose health moved read) too, and the temperature map's in
+    buckets of 5 minutes and a day (5-minute and day facts)."""
     two_h = timedelta(hours=2)
     raw, got = health.window_health(con, p, facts=False, temperature=two_h), health.window_health(con, p, temperature=two_h)
     bad = same(raw["gpus"], got["gpus"], GPU_KEYS) + same(raw["events"], got["events"], EVENT_KEYS)
+    bad += same(raw["events"], health.events(con, p), EVENT_KEYS)
     bad += same(raw["temperature"], got["temperature"], TEMP_KEYS)
     for bucket in (timedelta(minutes=5), timedelta(days=1)):
         bad += same(health.temperature(con, p, bucket, facts=False), health.temperature(con, p, bucket), TEMP_KEYS)
@@ -217,3 +219,31 @@ def test_a_gpu_whose_model_name_changes_within_an_hour_gives_the_raw_figures(tmp
     for p in (Params(at(0), at(end)), Params(at(1800 + 17), at(end - 7))):
         bad = compare(con, p)
         assert not bad, (p, "\n".join(bad))
+
+
+@pytest.mark.parametrize("compact_at", [6 * 3600, 3 * 3600], ids=["all facts", "a raw tail"])
+def test_events_read_only_the_gpus_whose_health_moved(tmp_path, compact_at):
+    """health.events reads only the GPUs whose health moved in the window, found from the facts
+    rounded out to their buckets and the raw tail upkeep has not reached: a GPU whose ECC counter
+    is 0 in the window's first (raw-cut) minutes and 5 from the next bucket on, and one whose XID
+    shows only in the last (raw-cut) minutes, are found; one whose counter stands still and one
+    with nothing are not. The events equal the raw path's."""
+    s, e = 3600 + 37, 3 * 3600 + 150  # edges inside 5-minute buckets
+
+    def fields(g, t) -> dict:
+        return {"ecc_dbe_vol": (0 if t < 3600 + 300 else 5) if g["gpu"] == 0 else None,
+                "ecc_sbe_vol": 3 if g["gpu"] == 1 else None,
+                "xid_last": 79 if g["gpu"] == 2 and 3 * 3600 + 60 <= t < 3 * 3600 + 150 else 0, "gpu_up": 1.0}
+
+    w = StoreWriter(tmp_path)
+    for b in split(steady(4, 4 * 3600), 1, False, fields=fields):
+        w.commit(b)
+    compact(w, at(compact_at), FactParams(max_gap_s=MAX_GAP), facts_hours=None)
+    w.close()
+    con = open_reader(tmp_path)
+    p = Params(at(s), at(e))
+    raw, got = health.events(con, p, facts=False), health.events(con, p)
+    assert sorted(raw["kind"]) == ["ecc_dbe", "xid"] and raw["gpu_uuid"].n_unique() == 2
+    assert con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 300 AND bucket < ?", [at(compact_at - 3600)]).fetchone()[0] >= 2
+    assert sorted(health._moved_gpus(con, p)) == sorted(raw["gpu_uuid"])
+    assert not same(raw, got, EVENT_KEYS)
