@@ -23,6 +23,8 @@ raw path, core.Analysis(raw=True), is the tests' oracle.
 
 from __future__ import annotations
 
+import re
+
 from datetime import datetime
 from typing import Any
 
@@ -212,6 +214,10 @@ def stretch_rows(kind: str) -> str:
     return STRETCH_ROWS.format(held=_HELD, kind=kind)
 
 
+# The window's tables a figure's query may read, by name, and the statement that builds each
+WINDOW_TABLES = {"cap": sql.CAPACITY, "ja": sql.JOB_TABLE}
+_WINDOW_TABLE_NAMES = re.compile(r"\b(cap|ja)\b")
+
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
 
@@ -243,9 +249,12 @@ class FactWindow:
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
         self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
+        self._runs: dict[str, pl.DataFrame] = {}  # kind -> runs(kind): totals and waste_by both resolve them
+        # the window's capacity (cap) and job (ja) tables, built when a query first reads them (a
+        # health or temperature window reads neither); core.Analysis' cursor has them already
+        self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
         self._parts()
-        for stmt in ((PARTS_VIEW,) if cursor is not None else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
-            self.con.execute(stmt, sql.bound(stmt, self.bind))
+        self.con.execute(PARTS_VIEW, sql.bound(PARTS_VIEW, self.bind))
 
     # --- tiling ---
 
@@ -343,6 +352,9 @@ class FactWindow:
     # --- figures ---
 
     def q(self, query: str, **extra: Any) -> pl.DataFrame:
+        for name in self._unbuilt & set(_WINDOW_TABLE_NAMES.findall(query)):
+            self.con.execute(WINDOW_TABLES[name], sql.bound(WINDOW_TABLES[name], self.bind))
+            self._unbuilt.discard(name)
         return pl.from_arrow(self.con.sql(query, params=sql.bound(query, {**self.bind, **extra})).to_arrow_table())
 
     @property
@@ -356,8 +368,11 @@ class FactWindow:
         return self.q(sql.PER_GPU)
 
     def runs(self, kind: str) -> pl.DataFrame:
-        """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds."""
-        return self.q(stretch_rows(kind)).with_columns(gpu_s=pl.col("gpu_h") * 3600)
+        """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds,
+        resolved once a window (the window's parts do not change after it is built)."""
+        if kind not in self._runs:
+            self._runs[kind] = self.q(stretch_rows(kind)).with_columns(gpu_s=pl.col("gpu_h") * 3600)
+        return self._runs[kind].clone()
 
     def totals(self) -> dict[str, float | None]:
         """The window's headline GPU-hours (core.Totals' hours; capacity, no data and stranded only without a job filter)."""
