@@ -23,6 +23,8 @@ raw path, core.Analysis(raw=True), is the tests' oracle.
 
 from __future__ import annotations
 
+import re
+
 from datetime import datetime
 from typing import Any
 
@@ -231,11 +233,14 @@ def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[in
 
 
 def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, lo: int, hi: int) -> list[str]:
-    """The files holding the `grain` parts of [lo, hi) (epoch us; stored buckets, FactWindow.tile's):
+    """The files holding the `grain` parts of [lo, hi) (epoch us; stored buckets, as tile gives them):
     5-minute parts in their hours' files, hour and day parts in their days'."""
     file_grain, span = (cf.GRAIN_5M, cf.HOUR_US) if grain == cf.GRAIN_5M else (cf.GRAIN_1D, cf.DAY_US)
     return [r[0] for r in con.execute(FACT_FILES, {"tag": tag, "file_grain": file_grain, "lo": lo - lo % span, "hi": hi}).fetchall()]
 
+# The window's tables a figure's query may read, by name, and the statement that builds each
+WINDOW_TABLES = {"cap": sql.CAPACITY, "ja": sql.JOB_TABLE}
+_WINDOW_TABLE_NAMES = re.compile(r"\b(cap|ja)\b")
 
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
@@ -245,16 +250,6 @@ def fact_params(params: Params) -> cf.FactParams:
     """The facts' parameters an analysis of `params` reads (their tag names the facts built so)."""
     return cf.FactParams(max_gap_s=params.max_gap.total_seconds(), idle_threshold=params.idle_threshold,
                          idle_min_s=params.idle_min_duration.total_seconds())
-
-
-def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
-    """Per grain (s), the buckets (epoch us) the store has facts of for `fp`: 5-minute facts by the
-    hour, hour and day facts by the day (none: a store of before facts)."""
-    out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
-    if con.execute(HAS_FACTS).fetchall()[0][0]:
-        for g, b in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
-            out[g].add(b)
-    return out
 
 
 def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAIN_1D) -> list[tuple[int | None, int, int]]:
@@ -299,7 +294,7 @@ class FactWindow:
         inside the window is a part edge too (a timeline's buckets: its figures are then sums of
         the parts of each bucket). `gpus`: only these GPUs' parts (by uuid, and those without one),
         stored and raw: a read that knows which GPUs it needs (health.events) skips the rest.
-        `health_only`: the parts inside the window alone, and no job tables (cap, ja): health's figures
+        `health_only`: the parts inside the window alone: health's figures
         read nothing else (no idle stretch crosses into the reach, no job is counted)."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
@@ -314,9 +309,12 @@ class FactWindow:
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
         self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
+        self._runs: dict[str, pl.DataFrame] = {}  # kind -> runs(kind): totals and waste_by both resolve them
+        # the window's capacity (cap) and job (ja) tables, built when a query first reads them (a
+        # health or temperature window reads neither); core.Analysis' cursor has them already
+        self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
         self._parts()
-        for stmt in ((PARTS_VIEW,) if cursor is not None or health_only else (sql.CAPACITY, sql.JOB_TABLE, PARTS_VIEW)):
-            self.con.execute(stmt, sql.bound(stmt, self.bind))
+        self.con.execute(PARTS_VIEW, sql.bound(PARTS_VIEW, self.bind))
         self.con.unregister("wp")  # (wpe holds the parts now)
 
     # --- tiling ---
@@ -380,6 +378,9 @@ class FactWindow:
     # --- figures ---
 
     def q(self, query: str, **extra: Any) -> pl.DataFrame:
+        for name in self._unbuilt & set(_WINDOW_TABLE_NAMES.findall(query)):
+            self.con.execute(WINDOW_TABLES[name], sql.bound(WINDOW_TABLES[name], self.bind))
+            self._unbuilt.discard(name)
         return pl.from_arrow(self.con.sql(query, params=sql.bound(query, {**self.bind, **extra})).to_arrow_table())
 
     @property
@@ -393,8 +394,11 @@ class FactWindow:
         return self.q(sql.PER_GPU)
 
     def runs(self, kind: str) -> pl.DataFrame:
-        """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds."""
-        return self.q(stretch_rows(kind)).with_columns(gpu_s=pl.col("gpu_h") * 3600)
+        """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds,
+        resolved once a window (the window's parts do not change after it is built)."""
+        if kind not in self._runs:
+            self._runs[kind] = self.q(stretch_rows(kind)).with_columns(gpu_s=pl.col("gpu_h") * 3600)
+        return self._runs[kind].clone()
 
     def totals(self) -> dict[str, float | None]:
         """The window's headline GPU-hours (core.Totals' hours; capacity, no data and stranded only without a job filter)."""

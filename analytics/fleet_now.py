@@ -62,7 +62,7 @@ import pyarrow as pa
 
 from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.core import not_attributable_reason
-from gpufleet.analytics.facts import FIVE_US, fact_params, stored_buckets, tile
+from gpufleet.analytics.facts import FIVE_US, fact_files_of, fact_params, stored_buckets, tile
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 from gpufleet.analytics.params import Params
 from gpufleet.times import HOUR, epoch_us, floor_time, utcnow
@@ -133,6 +133,8 @@ def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, An
         if grain is None:
             raw.append(raw_reads.read(cur, "fleet now", sql.NOW_RAW_ROWS, sql.bound(sql.NOW_RAW_ROWS, bind), a, b))
         else:
+            # (the files of its buckets alone: the fact_parts view opens every facts file of the store)
+            bind["files"] = fact_files_of(cur, fp.tag(), grain, a, b)
             facts.append(cur.sql(sql.FACT_NOW_ROWS, params=sql.bound(sql.FACT_NOW_ROWS, bind)).to_arrow_table())
     marks = ["cluster", "host", "gpu_uuid", "gi", *sql.NOW_MARK_COLUMNS]
     _table(cur, "now_rows", [t.select(marks).append_column("from_raw", pa.array([True] * t.num_rows, pa.bool_())) for t in raw]

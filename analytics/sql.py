@@ -607,7 +607,7 @@ NOW_MARK_COLUMNS = ("now_first", "now_last", "now_last_busy", "now_idle_after_bu
                     "now_last_proc", "now_noproc_after_proc", "now_first_noproc", "now_noproc_in_stretch")
 FACT_NOW_ROWS = f"""
 SELECT cluster, host, gpu_uuid, gi, {", ".join(f"make_timestamp({f}) AS {n}" for f, n in zip(_NOW_MARKS, NOW_MARK_COLUMNS))}
-FROM fact_parts
+FROM read_parquet($files, hive_partitioning = false)
 WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) AND lead
   AND first_sample_ts IS NOT NULL AND {_FILTERS}
 """

@@ -237,6 +237,13 @@ SLOW = (
     "tests/test_policy_actions.py::test_store_plan_acts_only_on_all_idle_jobs_with_the_samples_idle_time",
     "tests/test_dashboard_read.py", "tests/test_dashboard_browser.py",  # real components: listed to start first
     "tests/test_facts_upkeep.py::test_facts_are_a_fresh_builds_whatever_the_order_samples_land_and_upkeep_runs_in",
+    # hypothesis over stores, 20-160 s each (the quick tier's long poles at stop 61)
+    "tests/test_job_gpus.py::test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up",
+    "tests/test_analytics_attempts.py::test_allocated_is_the_sum_over_attempts_and_teams_sum_to_the_fleet",
+    "tests/test_facts_health.py::test_facts_give_the_health_and_mfu_paths_figures",
+    "tests/test_facts_health.py::test_joining_parts_with_health_columns_in_any_grouping_gives_the_same_parts",
+    "tests/test_facts.py::test_joining_parts_in_any_grouping_gives_the_same_parts",
+    "tests/test_goodput.py::test_waterfall_invariants",
     "tests/test_health_from_facts.py::test_run_facts_rebuilt_after_late_data_are_a_fresh_build",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
