@@ -31,6 +31,7 @@ from typing import Any
 import duckdb
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
@@ -332,14 +333,23 @@ class FactWindow:
                     spans[-1] = (grain, spans[-1][1], b)  # whole buckets on both sides of a grid edge: one read
                 else:
                     spans.append((grain, a, b))
+        cells: list[tuple[int, int]] = []  # contiguous raw spans (a timeline's cells): read together, cut apart
         for grain, a, b in spans:
             if grain is None:
-                tables += self._raw(a, b)
+                if cells and cells[-1][1] != a:
+                    tables += self._raw(cells)
+                    cells = []
+                cells.append((a, b))
             else:
+                if cells:
+                    tables += self._raw(cells)
+                    cells = []
                 q, tag = STORED_PARTS, self.fp.tag()
                 files = fact_files_of(self.con, tag, grain, a, b)
                 tables.append(self.con.sql(q, params={"files": files, "tag": tag, "grain": grain, "lo": a, "hi": b, "gpus": self.gpus}).to_arrow_table())
                 self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
+        if cells:
+            tables += self._raw(cells)
         parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
         # wp: the Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered): a temp
         # table of it first was a second copy of every part's ~200 columns (a fifth of a 4,096-GPU
@@ -353,12 +363,15 @@ class FactWindow:
         edges = [*range(s, e, self.grid_us), e]
         return list(zip(edges[:-1], edges[1:]))
 
-    def _raw(self, lo: int, hi: int) -> list[pa.Table]:
-        """Parts of [lo, hi) cut from raw samples, an hour at a time (build_parts' cut keys)."""
+    def _raw(self, cells: list[tuple[int, int]]) -> list[pa.Table]:
+        """Parts of contiguous spans [a, b) cut from raw samples, each span's parts its own (a
+        timeline's cells must not share a part): the samples and holds read an hour at a time for
+        all the spans in it (one read, not one per 5-minute cell), each span's parts built from its
+        own samples, an hour at a time (build_parts' cut keys)."""
         out = []
         where = f"AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) AND {ONLY_GPUS}"
         q = cf.samples_query("gpu_samples", where)
-        t = lo
+        t, hi = cells[0][0], cells[-1][1]
         while t < hi:
             u = min(hi, t - t % cf.HOUR_US + cf.HOUR_US)
             if self._extent is None:
@@ -370,8 +383,14 @@ class FactWindow:
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
                                                            "model": self.p.filters.model, "gpus": self.gpus}, t, u)
             if samples.num_rows:
-                out.append(cf.build_parts(samples, cf.holds(self.con, t, u, self.fp, self.gpus), t, u, self.fp))
-                self.raw_us += u - t
+                hold = cf.holds(self.con, t, u, self.fp, self.gpus)
+                ts = samples["ts"]
+                for a, b in ((max(a, t), min(b, u)) for a, b in cells if a < u and b > t):
+                    # (SAMPLES' rows of [a, b): those from max_gap before it on, as its own read gives them)
+                    own = samples if (a, b) == (t, u) else samples.filter(pc.and_(pc.greater_equal(ts, a - self.fp.gap_us), pc.less(ts, b)))
+                    if own.num_rows:
+                        out.append(cf.build_parts(own, hold, a, b, self.fp))
+                        self.raw_us += b - a
             t = u
         return out
 

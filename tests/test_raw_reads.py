@@ -75,9 +75,9 @@ def sampled(store) -> tuple[int, int]:
 def beyond_edges(reads: list[raw_reads.Read], sampled: tuple[int, int], windows: list[tuple],
                  facts_end: int | None = None) -> list[raw_reads.Read]:
     """The reads that read raw samples where facts answer: the raw path; an edge read of sampled
-    time that is not the cut of a 5-minute bucket at an edge of one of the `windows` ((start, end)
-    the surface asks: its window, the previous one) - one covering a whole bucket of it, or with
-    neither end at such an edge (a bucket cut at a timeline's bucket edges, read in pieces); a
+    time outside the one 5-minute bucket that an edge of one of the `windows` ((start, end) the
+    surface asks: its window, the previous one) cuts - one over more than a bucket, or in a bucket
+    no such edge cuts (a bucket cut at a timeline's bucket edges only); a
     Fleet now read of sampled time longer than its newest minutes that starts before `facts_end`
     (the end of the store's newest facts, epoch us); any other kind not ALLOWED."""
     edges = {epoch_us(t) for w in windows for t in w}
@@ -85,7 +85,9 @@ def beyond_edges(reads: list[raw_reads.Read], sampled: tuple[int, int], windows:
     for r in reads:
         over = min(r.hi_us or 0, sampled[1]) - max(r.lo_us or 0, sampled[0])
         if r.kind == "edge":
-            if over > 0 and (over >= FIVE_MIN_US or not {r.lo_us, r.hi_us} & edges):
+            lo, hi = max(r.lo_us or 0, sampled[0]), min(r.hi_us or 0, sampled[1])
+            b0 = lo - lo % FIVE_MIN_US  # (the reach before a window's start and its edge minutes: one read of the cut bucket)
+            if over > 0 and (hi > b0 + FIVE_MIN_US or not any(b0 < e < b0 + FIVE_MIN_US for e in edges)):
                 bad.append(r)
         elif r.kind == "fleet now":
             if over > 0 and r.span_us > NEWEST_MINUTES_US and (facts_end is None or r.lo_us < facts_end):
