@@ -24,7 +24,6 @@ raw path, core.Analysis(raw=True), is the tests' oracle.
 from __future__ import annotations
 
 import re
-
 from datetime import datetime
 from typing import Any
 
@@ -238,6 +237,7 @@ def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, lo: int,
     5-minute parts in their hours' files, hour and day parts in their days'."""
     file_grain, span = (cf.GRAIN_5M, cf.HOUR_US) if grain == cf.GRAIN_5M else (cf.GRAIN_1D, cf.DAY_US)
     return [r[0] for r in con.execute(FACT_FILES, {"tag": tag, "file_grain": file_grain, "lo": lo - lo % span, "hi": hi}).fetchall()]
+
 
 # The window's tables a figure's query may read, by name, and the statement that builds each
 WINDOW_TABLES = {"cap": sql.CAPACITY, "ja": sql.JOB_TABLE}
