@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.realstack.process import free_port, wait_for
 from tests.realstack.prometheus import promtool_path, start_prometheus
 from tests.test_exporter_output import make_poller
@@ -23,6 +25,7 @@ def complaint_kind(line: str) -> str:
     return line.split(" ", 1)[1]
 
 
+@pytest.mark.realstack
 def test_promtool_check_metrics_finds_nothing_beyond_dcgm_exporters_own_vocabulary():
     promtool = promtool_path()
     p, clock = make_poller({"model": "a100", "gpus": 3, "gpu": [{"index": 0, "mig": ["3g.40gb", "2g.20gb"]}, {"index": 1, "lost_at_s": 5, "xid": [{"at_s": 5, "code": 79}]}, {"index": 2, "processes": [{"pid": 1}]}]})
@@ -56,6 +59,7 @@ def _families(text: bytes) -> list[bytes]:
     return blocks + [b"".join(cur)] if cur else blocks
 
 
+@pytest.mark.realstack
 def test_real_prometheus_joins_gpu_util_with_job_info(tmp_path):
     scenario = tmp_path / "node.toml"
     scenario.write_text(

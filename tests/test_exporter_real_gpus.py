@@ -79,6 +79,7 @@ def test_every_published_value_is_stored_as_published(path):
     assert jobs == set(re.findall(r'gpufleet_gpu_job_info\{[^}]*scheduler="(\w+)",job_id="(\d+)"', text))
 
 
+@pytest.mark.realstack
 @pytest.mark.parametrize("path", CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_promtool_lints_only_dcgm_exporters_own_names(path):
     r = subprocess.run([promtool_path(), "check", "metrics"], input=path.read_bytes(), capture_output=True, timeout=30)

@@ -253,6 +253,7 @@ def test_samples_are_freed_at_close_and_reason_words():
 # --- what the exporter publishes ---------------------------------------------------------------
 
 
+@pytest.mark.realstack
 def test_promtool_check_metrics_is_clean_on_the_gpufleet_families():
     nv = two_h100s()
     p = poller(nv)

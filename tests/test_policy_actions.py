@@ -210,6 +210,7 @@ def recorder(store):
     return record
 
 
+@pytest.mark.realstack
 def test_enforced_actions_reach_real_channels_and_are_audited(tmp_path, store, channels):
     inbox, port, hook, api = channels
     api.pods_present.add("research/nb-1")
@@ -252,6 +253,7 @@ def test_enforced_actions_reach_real_channels_and_are_audited(tmp_path, store, c
     assert len(inbox.received) == 2  # no second mail
 
 
+@pytest.mark.realstack
 def test_pod_deleted_only_with_enforce(tmp_path, store, channels):
     inbox, port, hook, api = channels
     api.pods_present.add("research/nb-1")
@@ -275,6 +277,7 @@ def test_pod_deleted_only_with_enforce(tmp_path, store, channels):
             assert any(rq.get("method") == "DELETE" for rq in api.requests)
 
 
+@pytest.mark.realstack
 def test_pod_opting_out_by_annotation_is_left_alone(tmp_path, store, channels):
     inbox, port, hook, api = channels
     api.pods_present.add("research/nb-1")
@@ -290,6 +293,7 @@ def test_pod_opting_out_by_annotation_is_left_alone(tmp_path, store, channels):
     assert r.execute(plan, recorder(store)) == [] and api.deleted == []
 
 
+@pytest.mark.realstack
 def test_service_job_records_through_the_collectors_writer(tmp_path, store, channels):
     inbox, port, hook, api = channels
     from gpufleet.collector.service import Collector
@@ -315,6 +319,7 @@ def test_service_job_records_through_the_collectors_writer(tmp_path, store, chan
     assert ("102", "notify", "ok") in audit and ("101", "cancel", "failed") in audit
 
 
+@pytest.mark.realstack
 def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
     inbox, port, hook, api = channels
     f = Fleet(tmp_path / "store", cluster="hpc")
@@ -342,6 +347,7 @@ def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
     assert r.notes(store, AS_OF + timedelta(minutes=5)) == []  # sent once
 
 
+@pytest.mark.realstack
 def test_efficiency_note_for_a_job_whose_gpu_count_accounting_does_not_know(tmp_path, channels):
     """Accounting that does not track GPUs (gpus unknown): a job the job mapping placed on a GPU is a
     GPU job (the store fills its count from the mapping) and gets its note; a job with no GPU in
@@ -361,6 +367,7 @@ def test_efficiency_note_for_a_job_whose_gpu_count_accounting_does_not_know(tmp_
     assert notes[0]["verdict"] == "idle_stretches" and abs(notes[0]["idle_gpu_h"] - 5 / 3) < 0.02
 
 
+@pytest.mark.realstack
 def test_cancel_is_refused_for_a_job_of_another_cluster(tmp_path, store, channels):
     inbox, port, hook, api = channels
     api.pods_present.add("research/nb-1")

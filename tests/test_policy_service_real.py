@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import aiosmtpd.controller as aiosmtpd_controller
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.collector.store import open_reader
@@ -37,6 +38,7 @@ def metrics(port: int) -> dict[tuple, float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+@pytest.mark.realstack
 def test_policy_job_in_the_service_does_not_renotify_across_a_restart(tmp_path, monkeypatch):
     monkeypatch.setattr(tpa, "AS_OF", utcnow().replace(microsecond=0))
     store = tmp_path / "store"

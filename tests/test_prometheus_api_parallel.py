@@ -81,6 +81,7 @@ def _probe_body(instances: list[str]) -> str:
     return "".join(f'shard_probe{{instance="{esc(i)}",n="{n}"}} 1\n' for n, i in enumerate(instances)) + 'shard_probe{n="none"} 1\n'
 
 
+@pytest.mark.realstack
 def test_victoriametrics_answers_each_shard_matcher_with_exactly_its_instances(tmp_path):
     vm = start_victoriametrics(tmp_path / "vm")
     try:
@@ -95,6 +96,7 @@ def test_victoriametrics_answers_each_shard_matcher_with_exactly_its_instances(t
         vm.stop()
 
 
+@pytest.mark.realstack
 def test_prometheus_answers_each_shard_matcher_with_exactly_its_instances(tmp_path):
     server = Loopback()
     server.routes["/metrics"] = (200, "text/plain; version=0.0.4", _probe_body(INSTANCES).encode())
@@ -148,6 +150,7 @@ def _same(a, b) -> None:
     assert [(u.input, u.kind, u.detail) for u in a.unrecognized] == [(u.input, u.kind, u.detail) for u in b.unrecognized]
 
 
+@pytest.mark.realstack
 def test_sharded_parallel_read_of_victoriametrics_is_the_sequential_read_and_rereading_is_a_no_op(tmp_path):
     vm = start_victoriametrics(tmp_path / "vm")
     try:
@@ -185,6 +188,7 @@ def test_sharded_parallel_read_of_victoriametrics_is_the_sequential_read_and_rer
     assert con.execute("SELECT count(*) FROM gpu_samples").fetchone()[0] == rows
 
 
+@pytest.mark.realstack
 def test_collector_shards_read_victoriametrics_as_one_collector_does(tmp_path):
     """[collector] shard = "K/N" with a Prometheus API: each shard reads its share of the targets
     (the same rule as the GPU shards, as a second instance matcher), and the shards' union holds
@@ -268,6 +272,7 @@ def _direct(root) -> None:
     c.writer.close()
 
 
+@pytest.mark.realstack
 @pytest.mark.parametrize("store", ["victoriametrics", "prometheus"])
 def test_sharded_parallel_read_stores_what_scraping_the_fleet_stores(tmp_path, store):
     """A fleet of 25 exporters (real outputs, renamed) in a real VictoriaMetrics (imported) or a
@@ -310,6 +315,7 @@ def test_sharded_parallel_read_stores_what_scraping_the_fleet_stores(tmp_path, s
     assert open_reader(tmp_path / "via").execute(alloc).fetchall() == open_reader(tmp_path / "direct").execute(alloc).fetchall()
 
 
+@pytest.mark.realstack
 def test_a_failing_shard_query_fails_its_window_naming_the_shard(tmp_path):
     """VictoriaMetrics refusing a query that selects too many samples (-search.maxSamplesPerQuery):
     the shard over the limit fails its window; the windows before it are read, none after."""

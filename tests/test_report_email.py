@@ -208,6 +208,7 @@ def test_scheduled_job_mails_fleet_and_team_reports_over_starttls(tls_server, ch
         f"gpufleet-report-2026-W47{s}.{x}" for s in ("", "-team-physics") for x in ("html", "pdf", "txt"))
 
 
+@pytest.mark.realstack
 def test_unreachable_store_mails_a_not_available_notice(plain_server, store, tmp_path):  # noqa: F811
     inbox, port = plain_server
     cfg = write_config(tmp_path, tmp_path / "no-store-here", port)
@@ -223,6 +224,7 @@ def test_unreachable_store_mails_a_not_available_notice(plain_server, store, tmp
     assert not msg.is_multipart()
 
 
+@pytest.mark.realstack
 def test_wrong_password_and_missing_starttls_are_clear_errors(tls_server):
     inbox, port, cert = tls_server
     msg = EmailMessage()

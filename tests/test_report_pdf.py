@@ -76,6 +76,7 @@ def pdf_report(tools, store, tmp_path_factory):  # noqa: F811
     return outputs, out
 
 
+@pytest.mark.realstack
 def test_pdf_first_page_is_not_blank(tools, pdf_report):
     outputs, out = pdf_report
     pdf = out / "gpufleet-report-2026-W47.pdf"
@@ -90,6 +91,7 @@ def test_pdf_first_page_is_not_blank(tools, pdf_report):
     assert mean > 180  # a white page with text and charts, not a black one
 
 
+@pytest.mark.realstack
 def test_pdf_text_carries_the_figures_and_the_hostile_name_as_text(tools, store, pdf_report):  # noqa: F811
     outputs, out = pdf_report
     text = subprocess.run([tools["pdftotext"], "-layout", str(out / "gpufleet-report-2026-W47.pdf"), "-"],
