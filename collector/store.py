@@ -83,6 +83,10 @@ class NoStoreError(StoreError):
 
 # how a command that found no store is pointed at one
 STORE_FIX = "pass --config gpufleet.toml (its [collector] or [analytics] store) or --store DIR"
+# The threads of each reader's DuckDB: DuckDB's own default (one per core) unless this environment
+# variable gives a number. Where several readers run side by side on one host's cores (the test
+# suite's parallel workers, dashboard replicas), 1 each spares their threads contending for them.
+READER_THREADS_ENV = "GPUFLEET_DUCKDB_THREADS"
 
 
 @dataclass
@@ -1185,6 +1189,15 @@ def store_version(root: str | Path) -> int | None:
         return None
 
 
+def _reader_config() -> dict[str, int]:
+    threads = os.environ.get(READER_THREADS_ENV, "").strip()
+    if not threads:
+        return {}
+    if not threads.isdigit() or int(threads) < 1:
+        raise ValueError(f"{READER_THREADS_ENV}={threads!r}: expected a whole number of threads, 1 or more (unset: one per core)")
+    return {"threads": int(threads)}
+
+
 def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with views over the store's current manifest (the union of its shards'
     when sharded): never locks a writer.
@@ -1194,7 +1207,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
     parts = read_manifests(root)
-    con = duckdb.connect(":memory:")
+    con = duckdb.connect(":memory:", config=_reader_config())
     files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
     if files:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files)}")

@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
-from gpufleet.collector.store import StoreError, StoreWriter, open_reader
+from gpufleet.collector.store import READER_THREADS_ENV, StoreError, StoreWriter, open_reader
 
 T0 = datetime(2026, 11, 16, 23, 59, 30)
 
@@ -52,6 +52,21 @@ def test_commit_publish_and_read(tmp_path):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert sorted(f.split("/")[1] for f in manifest["samples"]) == ["date=2026-11-16", "date=2026-11-17"]
     w.close()
+
+
+def test_reader_threads_are_duckdbs_default_unless_the_environment_names_a_number(tmp_path, monkeypatch):
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="scrape:n1:1", samples=samples([T0], [10])))
+    w.publish()
+    w.close()
+    monkeypatch.delenv(READER_THREADS_ENV, raising=False)
+    default = open_reader(tmp_path).execute("SELECT current_setting('threads')").fetchone()[0]
+    monkeypatch.setenv(READER_THREADS_ENV, "1")
+    assert open_reader(tmp_path).execute("SELECT current_setting('threads')").fetchone()[0] == 1 <= default
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(READER_THREADS_ENV, bad)
+        with pytest.raises(ValueError, match=f"{READER_THREADS_ENV}=.*whole number of threads"):
+            open_reader(tmp_path)
 
 
 def test_reingesting_the_same_window_changes_nothing(tmp_path):
