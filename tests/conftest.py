@@ -194,10 +194,12 @@ def pytest_xdist_make_scheduler(config, log):
             return groups.get((file, test.split("[", 1)[0].rsplit("::", 1)[-1]), nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if not self.started:  # the long ones first (the Slurm group, SLOW: most slow tests first), so they do not trail the run
+            if not self.started:  # the long ones first, so they do not trail the run: the Slurm group, then
+                # SLOW (most slow tests first), then the groups of several tests (the largest first)
                 self.started = True
-                slow = {s: sum(i.startswith(SLOW) for i in ids) + (10**6 if s == "slurm" else 0) for s, ids in self.workqueue.items()}
-                for scope in sorted((s for s, n in slow.items() if n), key=slow.get):
+                weight = {s: (10**6 if s == "slurm" else 0) + 10**3 * sum(i.startswith(SLOW) for i in ids) + (len(ids) if len(ids) > 1 else 0)
+                          for s, ids in self.workqueue.items()}
+                for scope in sorted((s for s, n in weight.items() if n), key=weight.get):
                     self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
