@@ -318,7 +318,7 @@ def test_hanging_server_times_out(kubelet, sock):
             src.collect([], {})
     finally:
         src.close()
-    assert time.monotonic() - start < 0.9
+    assert time.monotonic() - start < 5  # (unanswered the call would hang; a loaded machine adds seconds to 0.3, not more)
 
 
 def test_hanging_socket_times_out(sock):
@@ -334,7 +334,7 @@ def test_hanging_socket_times_out(sock):
     finally:
         src.close()
         s.close()
-    assert time.monotonic() - start < 0.9
+    assert time.monotonic() - start < 5  # (unanswered the call would hang; a loaded machine adds seconds to 0.3, not more)
 
 
 def test_garbage_response(kubelet, source):
