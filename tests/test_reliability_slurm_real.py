@@ -71,8 +71,10 @@ def test_requeued_job_is_two_attempts_and_a_node_failure_is_one(slurm_cluster, t
     c.wait_running(requeued)
     c.run("scontrol", "requeue", str(requeued))
     c.run("scontrol", "release", str(requeued), check=False)  # some versions hold a requeued job
-    # and make it eligible again only after a delay (BeginTime ~2 min on): start it now instead
-    c.run("scontrol", "update", f"JobId={requeued}", "StartTime=now", check=False)
+    # and make it eligible again only after a delay (BeginTime ~2 min on): start it sooner, but
+    # not in the second of the requeue - slurmd refuses a credential made in the second its job's
+    # was revoked ("Job credential revoked": the second attempt failed, stop 62's run 2)
+    c.run("scontrol", "update", f"JobId={requeued}", "StartTime=now+3", check=False)
     settled(c, requeued, ["REQUEUED", "COMPLETED"], timeout=240)
     # node DOWN: the job (not requeueable) ends NODE_FAIL; the node is resumed for the other tests
     failed = c.sbatch("sleep 300\n", extra_args=["--no-requeue", "--job-name=nf"])
