@@ -39,7 +39,9 @@ the same way. Definitions, and why:
   if any of those GPUs has no price.
 - Last XID: `last_xid` is the newest non-zero XID code the GPU reported within `forget_after`
   (`last_xid_at` when), not only the latest sample's: a GPU that fell off the bus reports nothing
-  any more, but the XID it threw before is what an operator needs to see.
+  any more, but the XID it threw before is what an operator needs to see. Read from the facts
+  (each XID code's last sample time in a part) where the store has them, raw samples elsewhere
+  (counted: "fleet now xids").
 - Counting (summarize): the fleet's GPUs are PHYSICAL GPUs - the MIG instances of a GPU (rows
   sharing its UUID) are parts of one GPU, not GPUs. A GPU is reporting when it has a fresh sample
   and is not lost; lost (any of its instances lost), no data (no fresh sample from any instance)
@@ -105,6 +107,7 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions (its temp tables too)
     try:
         now_rows(cur, params, binds)
+        xid_rows(cur, params, binds)
         df = pl.from_arrow(cur.sql(sql.GPU_STATES, params=sql.bound(sql.GPU_STATES, binds)).to_arrow_table())
     finally:
         cur.close()
@@ -147,6 +150,24 @@ def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, An
         bind = {**binds, "lo": first, "hi": last}
         _table(cur, "now_latest", [raw_reads.read(cur, "fleet now newest", sql.NOW_NEWEST_AT, sql.bound(sql.NOW_NEWEST_AT, bind),
                                                   epoch_us(first), epoch_us(last) + 1).select(latest)], append=True)
+
+
+def xid_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any]) -> None:
+    """The temp table xid_rows GPU_STATES takes each GPU's last XID from (sql.FACT_XID_ROWS): per
+    GPU and span of (as_of - forget_after, as_of], its last XID code and time, from the facts of the
+    coarsest buckets that fit and from raw samples elsewhere."""
+    fp = fact_params(params)
+    hi = epoch_us(binds["as_of"]) + 1
+    lo = hi - round(binds["forget_after"] * 1_000_000)  # (ts > as_of - forget_after: from the microsecond after)
+    cur.execute(sql.XID_ROWS_TABLE)
+    for grain, a, b in tile(lo, hi, stored_buckets(cur, fp)):
+        bind = {**binds, "tag": fp.tag(), "grain": grain, "lo": a, "hi": b}
+        if grain is None:
+            rows = raw_reads.read(cur, "fleet now xids", sql.RAW_XID_ROWS, sql.bound(sql.RAW_XID_ROWS, bind), a, b)
+        else:
+            bind["files"] = fact_files_of(cur, fp.tag(), grain, a, b)
+            rows = cur.sql(sql.FACT_XID_ROWS, params=sql.bound(sql.FACT_XID_ROWS, bind)).to_arrow_table()
+        _table(cur, "xid_rows", [rows], append=True)
 
 
 def _table(cur: duckdb.DuckDBPyConnection, name: str, tables: list[pa.Table], append: bool = False) -> None:

@@ -4,7 +4,8 @@ Figures come from the store's facts (analytics/facts.py); raw samples are read o
 cannot answer: the minutes a window edge cuts out of a 5-minute bucket (FactWindow, "edge"), a
 job's per-sample states (states.job_breakdown, "job states"), the events inside a part where a
 health counter rises (health, "health events"), foreign processes (health, "foreign processes"), Fleet now's samples after the
-newest facts ("fleet now") and the newest sample of a GPU gone quiet within the facts ("fleet now newest"),
+newest facts ("fleet now"), the newest sample of a GPU gone quiet within the facts ("fleet now newest")
+and the last XIDs of the minutes of Fleet now's forget window without facts ("fleet now xids"),
 and the raw path that is the tests' oracle (gputime, "raw path"). Each goes through `read`, which
 notes it in READS: a small counter that is always on (totals per kind, the latest reads kept), so
 a test can assert, deterministically, that no surface falls back to reading a window's samples
@@ -21,7 +22,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-KINDS = ("edge", "raw path", "job states", "health events", "foreign processes", "fleet now", "fleet now newest")
+KINDS = ("edge", "raw path", "job states", "health events", "foreign processes", "fleet now", "fleet now newest", "fleet now xids")
 
 
 @dataclass(frozen=True)

@@ -612,6 +612,24 @@ WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND buck
   AND first_sample_ts IS NOT NULL AND {_FILTERS}
 """
 NOW_RAW_ROWS = NOW_HOURS.format(source="gpu_samples", where=f"ts >= make_timestamp($lo) AND ts < make_timestamp($hi) AND {_FILTERS}")
+# The last XID code per GPU and span of (as_of - forget_after, as_of] and its time (fleet_now.
+# xid_rows writes them to the temp table xid_rows; GPU_STATES takes each GPU's latest): from the
+# facts' lead parts (each code's last sample time, gpufleet.collector.facts xid_codes) and from raw
+# samples where there are none
+FACT_XID_ROWS = f"""
+SELECT cluster, host, gpu_uuid, gi, arg_max(c.code, c.last_ts) AS xid, make_timestamp(max(c.last_ts)) AS xid_at
+FROM (SELECT cluster, host, gpu_uuid, gi, unnest(xid_codes) AS c FROM read_parquet($files, hive_partitioning = false)
+      WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) AND lead
+        AND xid_codes IS NOT NULL AND {_FILTERS})
+GROUP BY ALL
+"""
+RAW_XID_ROWS = f"""
+SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, arg_max(xid_last, ts) AS xid, max(ts) AS xid_at
+FROM gpu_samples
+WHERE ts >= make_timestamp($lo) AND ts < make_timestamp($hi) AND xid_last > 0 AND {_FILTERS}
+GROUP BY ALL
+"""
+XID_ROWS_TABLE = "CREATE OR REPLACE TEMP TABLE xid_rows (cluster VARCHAR, host VARCHAR, gpu_uuid VARCHAR, gi SMALLINT, xid BIGINT, xid_at TIMESTAMP)"
 # the GPUs whose newest sample in now_rows is not among now_latest's, with its time
 NOW_WANT = f"""
 SELECT {_KEY}, max(now_last) AS ts FROM now_rows GROUP BY {_KEY}
@@ -678,12 +696,9 @@ WITH inv AS (
     FROM r
 ), x AS (
     -- the last XID code each GPU reported while it was known (the samples of a GPU that fell
-    -- off the bus carry none: its XID is in the samples before)
-    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, arg_max(xid_last, ts) AS last_xid, max(ts) AS last_xid_at
-    FROM gpu_samples
-    WHERE ts > $as_of - to_seconds($forget_after) AND ts <= $as_of AND xid_last > 0
-      AND {_FILTERS}
-    GROUP BY ALL
+    -- off the bus carry none: its XID is in the samples before), composed from xid_rows
+    SELECT cluster, host, gpu_uuid, gi, arg_max(xid, xid_at) AS last_xid, max(xid_at) AS last_xid_at
+    FROM xid_rows GROUP BY ALL
 ), latest AS (
     -- each GPU's newest sample (one of them where two share its time)
     SELECT {_KEY}, unnest(newest) FROM (SELECT {_KEY}, arg_max(now_newest, now_last) AS newest FROM now_latest GROUP BY {_KEY})

@@ -24,7 +24,8 @@ seconds, not yet times the MIG share, which readers take from model and mig_prof
                                       (MHz) x seconds and tensor x seconds over them
   samples_n                          the samples whose time lies in the part (each counted once)
   xid_n, xid_codes                   of them, those showing an XID (NULL: the field never reported),
-                                      and per code its first sample time and count (NULL: none)
+                                      and per code its first and last sample time and count (NULL:
+                                      none): a window's last XID is the code of the latest last time
   ecc_sbe_first/_last, ecc_dbe_first/_last: the first and last value of the volatile ECC counters
                                       in the part (NULL: none reported); a window's new errors are
                                       its latest part's last minus its earliest part's first, as
@@ -75,7 +76,7 @@ import pyarrow as pa
 from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
 from gpufleet.collector.intervals import intervals, segments, split
 
-FORMAT_VERSION = 4  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now)
+FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US
@@ -145,7 +146,7 @@ _INT_MAXES = ("last_sample_ts", *LIFETIME_MAXES, *(f"{c}_max" for c in EVENT_COU
 RUN_KINDS = {"idle": ("last_busy_ts", "idle_after_busy_ts", "first_idle_ts", "idle_in_stretch_ts"),
              "noproc": ("last_proc_ts", "noproc_after_proc_ts", "first_noproc_ts", "noproc_in_stretch_ts")}
 RUN_MARKS = (*(c for cs in RUN_KINDS.values() for c in cs), "last_gap_ts")
-XID_CODES = pa.list_(pa.struct([("code", pa.int64()), ("first_ts", pa.int64()), ("n", pa.int64())]))
+XID_CODES = pa.list_(pa.struct([("code", pa.int64()), ("first_ts", pa.int64()), ("last_ts", pa.int64()), ("n", pa.int64())]))
 SCHEMA = pa.schema([
     ("cluster", pa.string()), ("host", pa.string()), ("gpu_uuid", pa.string()), ("gi", pa.int16()),
     ("gpu", pa.int16()), ("model", pa.string()), ("mig_profile", pa.string()),
@@ -394,16 +395,16 @@ def _int_extreme(f: np.ufunc, v: np.ndarray, known: np.ndarray, starts: np.ndarr
 
 
 def _xid_codes(grp: np.ndarray, hit: np.ndarray, code: np.ndarray, ts: np.ndarray, n: int) -> pa.Array:
-    """Per group (n of them): each XID code its `hit` rows show, with the first time and count (NULL: none)."""
+    """Per group (n of them): each XID code its `hit` rows show, with the first and last time and count (NULL: none)."""
     by: dict[int, dict[int, list[int]]] = {}
     for g, c, t in zip(grp[hit].tolist(), code[hit].tolist(), ts[hit].tolist()):
-        e = by.setdefault(g, {}).setdefault(c, [t, 0])
-        e[0], e[1] = min(e[0], t), e[1] + 1
+        e = by.setdefault(g, {}).setdefault(c, [t, t, 0])
+        e[0], e[1], e[2] = min(e[0], t), max(e[1], t), e[2] + 1
     return _codes_array(by, n)
 
 
 def _codes_array(by: dict[int, dict[int, list[int]]], n: int) -> pa.Array:
-    return pa.array([[{"code": c, "first_ts": t, "n": k} for c, (t, k) in sorted(by[g].items())] if g in by else None
+    return pa.array([[{"code": c, "first_ts": t0, "last_ts": t1, "n": k} for c, (t0, t1, k) in sorted(by[g].items())] if g in by else None
                      for g in range(n)], XID_CODES)
 
 
@@ -548,12 +549,13 @@ def _after_last(parts: pa.Table, grp: np.ndarray, at: np.ndarray, mark: str, val
 
 
 def _joined_codes(grp: np.ndarray, codes: pa.ChunkedArray, n: int) -> pa.Array:
-    """xid_codes of parts joined into n groups (grp): per code the earliest first time, the counts added."""
+    """xid_codes of parts joined into n groups (grp): per code the earliest first time, the latest
+    last time, the counts added."""
     by: dict[int, dict[int, list[int]]] = {}
     for r in np.flatnonzero(codes.is_valid().to_numpy(zero_copy_only=False)).tolist():
         for x in codes[r].as_py():
-            e = by.setdefault(int(grp[r]), {}).setdefault(x["code"], [x["first_ts"], 0])
-            e[0], e[1] = min(e[0], x["first_ts"]), e[1] + x["n"]
+            e = by.setdefault(int(grp[r]), {}).setdefault(x["code"], [x["first_ts"], x["last_ts"], 0])
+            e[0], e[1], e[2] = min(e[0], x["first_ts"]), max(e[1], x["last_ts"]), e[2] + x["n"]
     return _codes_array(by, n)
 
 

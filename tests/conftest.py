@@ -250,6 +250,7 @@ SLOW = (
     # the quick tier's longest at stop 63 (12 and 9 s of CPU)
     "tests/test_window_states.py::test_states_partition_each_jobs_time_and_teams_sum_to_the_fleet",
     "tests/test_gpu_shares.py::test_the_shares_of_one_gpu_never_exceed_1_and_unknown_stays_unknown",
+    "tests/test_dashboard_analytics.py::test_last_xid_is_the_newest_code_of_the_forget_window_from_facts_or_samples",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
                            "alertmanager_bin", "amtool"}

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.analytics import fleet_now as fn
@@ -365,6 +365,42 @@ def test_fleet_now_runs_whose_last_busy_sample_ends_an_hour_without_an_idle_one(
              "jobs": []}
     for upkeep_at in (None, 2 * 86400):  # from raw samples; from the facts (the newest minutes raw)
         check_runs(fleet, 4800, 10**6, upkeep_at)
+
+
+XID_CODES = st.sampled_from([0, 13, 31, 48, 79, 94, None])  # (0: none; None: the field not reported)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30 * 60 - 1), st.integers(1, 240), XID_CODES), min_size=1, max_size=12),
+       st.integers(0, 8 * 3600).map(lambda s: 32 * 3600 - s),  # (mostly late: the forget window over the day's facts)
+       st.sampled_from([None, 40 * 3600]) | st.integers(3600, 31 * 3600))
+@example([(600, 100, 79), (1500, 3, 13)], 29 * 3600 + 7, 40 * 3600)  # a code held for 100 minutes, in one day's facts
+def test_last_xid_is_the_newest_code_of_the_forget_window_from_facts_or_samples(events, as_of, upkeep_at):
+    """A GPU sampled every minute for 30 hours, XID codes over random runs of minutes (a code
+    repeated sample after sample, as DCGM's field holds it; codes replacing each other; not
+    reported), the store's upkeep at a random time (facts
+    of the hours settled by then, raw samples after them and where there are none): at a random
+    moment its last XID and when are the newest non-zero code of the samples in
+    (as_of - forget_after, as_of], one sample at a time; a GPU without any has none."""
+    day = datetime(2026, 11, 16)
+    codes = {m: c for start, n, c in events for m in range(start, start + n)}  # minute -> code (a later run wins)
+    with scratch() as root:
+        f = Fleet(root, cluster="c1")
+        code_at = lambda t: {"xid_last": codes.get(int((t - day).total_seconds()) // 60, 0)}  # noqa: E731
+        f.gpu_series("h0", "GPU-X", day, day + timedelta(hours=30), step=60, util=50.0, procs=1, health=code_at)
+        f.gpu_series("h0", "GPU-Q", day, day + timedelta(hours=30), step=60, util=50.0, procs=1, gpu=1)
+        f.write()
+        if upkeep_at is not None:
+            w = StoreWriter(root)
+            compact(w, day + timedelta(seconds=upkeep_at), FactParams(), facts_hours=None)
+            w.close()
+        got = {r["gpu_uuid"]: r for r in fn.gpu_states(open_reader(root), Params(day, day + timedelta(hours=1)),
+                                                        day + timedelta(seconds=as_of)).to_dicts()}
+    forget = int(fn.FORGET_AFTER.total_seconds())
+    seen = [(m * 60, c) for m, c in sorted(codes.items()) if c and as_of - forget < m * 60 <= as_of and m * 60 < 30 * 3600]
+    want = (seen[-1][1], day + timedelta(seconds=seen[-1][0])) if seen else (None, None)
+    assert (got["GPU-X"]["last_xid"], got["GPU-X"]["last_xid_at"]) == want
+    assert got["GPU-Q"]["last_xid"] is None and got["GPU-Q"]["last_xid_at"] is None
 
 
 @pytest.fixture(scope="module")

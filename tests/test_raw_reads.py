@@ -14,7 +14,9 @@ events, not the window), and the foreign processes list (Health and a job's page
 have one, skipped by the files' column statistics otherwise), and the newest sample of each GPU
 that went quiet within Fleet now's facts ("fleet now newest"). Fleet now (and so the policy's idle
 runs, which read it) may read raw its newest minutes ("fleet now": at most stale_after and the
-5-minute bucket it starts in) and what lies after the store's newest facts, never its look-back.
+5-minute bucket it starts in) and what lies after the store's newest facts, never its look-back;
+its last XIDs ("fleet now xids") the 5-minute buckets its forget window's ends cut, and what lies
+after the newest facts, never the day before.
 """
 
 from __future__ import annotations
@@ -89,8 +91,9 @@ def beyond_edges(reads: list[raw_reads.Read], sampled: tuple[int, int], windows:
             b0 = lo - lo % FIVE_MIN_US  # (the reach before a window's start and its edge minutes: one read of the cut bucket)
             if over > 0 and (hi > b0 + FIVE_MIN_US or not any(b0 < e < b0 + FIVE_MIN_US for e in edges)):
                 bad.append(r)
-        elif r.kind == "fleet now":
-            if over > 0 and r.span_us > NEWEST_MINUTES_US and (facts_end is None or r.lo_us < facts_end):
+        elif r.kind in ("fleet now", "fleet now xids"):
+            newest = NEWEST_MINUTES_US if r.kind == "fleet now" else FIVE_MIN_US + 1
+            if over > 0 and r.span_us > newest and (facts_end is None or r.lo_us < facts_end):
                 bad.append(r)
         elif r.kind not in ALLOWED:
             bad.append(r)
@@ -121,7 +124,7 @@ def test_every_page_reads_no_raw_sample_beyond_the_edges(dashboard, sampled):
 
     reads = counted(pages)
     assert not beyond_edges(reads, sampled, PAGE_WINDOWS), beyond_edges(reads, sampled, PAGE_WINDOWS)
-    assert {r.kind for r in reads} <= {"edge", "fleet now", *ALLOWED}
+    assert {r.kind for r in reads} <= {"edge", "fleet now", "fleet now xids", *ALLOWED}
     assert "job states" in {r.kind for r in reads}  # (the counter sees the pages' reads)
 
 
