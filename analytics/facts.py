@@ -60,7 +60,8 @@ STORED_PARTS = ("SELECT * EXCLUDE (tag) FROM read_parquet($files, hive_partition
 FACT_FILES = ("SELECT file FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
               "AND bucket < make_timestamp($hi) ORDER BY bucket")
 # whether the 5-minute facts of [$lo, $hi) have any data
-FACT_DATA = "SELECT coalesce(sum(covered_s), 0) > 0 FROM fact_parts WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi"
+FACT_DATA = ("SELECT coalesce(sum(covered_s), 0) > 0 FROM read_parquet($files, hive_partitioning = false) "
+             "WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi")
 # whether any raw sample (within the filters) holds into [$lo, $hi): a cut's, for edge_warnings
 CUT_SAMPLE = """SELECT 1 FROM gpu_samples WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi)
   AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) LIMIT 1"""
@@ -486,7 +487,9 @@ def edge_warnings(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
             bind = {"lo": lo, "hi": hi, "gap_us": fp.gap_us, "cluster": params.filters.cluster, "model": params.filters.model}
             if raw_reads.read(cur, "edge", CUT_SAMPLE, bind, lo, hi).num_rows:
                 continue
-            if cur.execute(FACT_DATA, {"tag": fp.tag(), "lo": lo - lo % FIVE_US, "hi": hi}).fetchall()[0][0]:
+            b0 = lo - lo % FIVE_US
+            files = fact_files_of(cur, fp.tag(), cf.GRAIN_5M, b0, hi)  # (its hour's file alone, not every facts file)
+            if files and cur.execute(FACT_DATA, {"files": files, "tag": fp.tag(), "lo": b0, "hi": hi}).fetchall()[0][0]:
                 out.append(f"{from_epoch_us(s if lo == s else e):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a 5-minute "
                            "bucket whose raw samples retention has retired (its facts are kept): the bucket's part inside the "
                            "window has no data; an edge on the 5-minute grid gets every figure")
