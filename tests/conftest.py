@@ -247,9 +247,12 @@ SLOW = (
     "tests/test_facts.py::test_joining_parts_in_any_grouping_gives_the_same_parts",
     "tests/test_goodput.py::test_waterfall_invariants",
     "tests/test_health_from_facts.py::test_run_facts_rebuilt_after_late_data_are_a_fresh_build",
-    # the quick tier's longest at stop 63 (12 and 9 s of CPU)
+    # the quick tier's longest at stop 63 (12, 9, 6, 5.5 and 5 s of CPU)
     "tests/test_window_states.py::test_states_partition_each_jobs_time_and_teams_sum_to_the_fleet",
     "tests/test_gpu_shares.py::test_the_shares_of_one_gpu_never_exceed_1_and_unknown_stays_unknown",
+    "tests/test_analytics_states.py::test_a_stored_job_breaks_down_as_its_samples_do",
+    "tests/test_facts_retention.py::test_retention_retires_whole_days_of_each_grain_and_upkeep_leaves_them_retired",
+    "tests/test_job_gpus.py::test_the_stored_gpu_count_is_the_most_authoritative_seen_in_any_order",
     "tests/test_dashboard_analytics.py::test_last_xid_is_the_newest_code_of_the_forget_window_from_facts_or_samples",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
