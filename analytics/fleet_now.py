@@ -106,8 +106,9 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     binds = _binds(params, as_of, stale_after, lookback, forget_after)
     cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions (its temp tables too)
     try:
-        now_rows(cur, params, binds)
-        xid_rows(cur, params, binds)
+        stored = stored_buckets(cur, fact_params(params))  # (read once: both tile their spans with it)
+        now_rows(cur, params, binds, stored)
+        xid_rows(cur, params, binds, stored)
         df = pl.from_arrow(cur.sql(sql.GPU_STATES, params=sql.bound(sql.GPU_STATES, binds)).to_arrow_table())
     finally:
         cur.close()
@@ -117,16 +118,16 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
     return df.sort(["cluster", "host", "gpu", "gi"], nulls_last=True)
 
 
-def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any]) -> None:
+def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any], stored: dict[int, set[int]]) -> None:
     """The temp tables GPU_STATES composes (sql.FACT_NOW_ROWS): now_rows, the look-back's runs per
-    GPU from the facts of the coarsest buckets that fit and from the raw samples after them (and
-    in any bucket without facts), and now_latest, each GPU's newest sample."""
+    GPU from the facts of the coarsest buckets that fit (`stored`: facts.stored_buckets) and from
+    the raw samples after them (and in any bucket without facts), and now_latest, each GPU's newest sample."""
     fp = fact_params(params)
     lo, hi = epoch_us(binds["look_from"]), epoch_us(binds["as_of"]) + 1
     # the newest minutes are read raw whatever facts there are: a reporting GPU's newest sample (at
     # most stale_after old) is among them, so only GPUs gone quiet need theirs read alone
     cut = max(lo, (hi - round(binds["stale_after"] * 1_000_000)) // FIVE_US * FIVE_US)
-    spans = tile(lo, cut, stored_buckets(cur, fp))
+    spans = tile(lo, cut, stored)
     if spans and spans[-1][0] is None:
         cut = spans.pop()[1]
     spans.append((None, cut, hi))
@@ -152,22 +153,23 @@ def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, An
                                                   epoch_us(first), epoch_us(last) + 1).select(latest)], append=True)
 
 
-def xid_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any]) -> None:
+def xid_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any], stored: dict[int, set[int]]) -> None:
     """The temp table xid_rows GPU_STATES takes each GPU's last XID from (sql.FACT_XID_ROWS): per
     GPU and span of (as_of - forget_after, as_of], its last XID code and time, from the facts of the
     coarsest buckets that fit and from raw samples elsewhere."""
     fp = fact_params(params)
     hi = epoch_us(binds["as_of"]) + 1
     lo = hi - round(binds["forget_after"] * 1_000_000)  # (ts > as_of - forget_after: from the microsecond after)
-    cur.execute(sql.XID_ROWS_TABLE)
-    for grain, a, b in tile(lo, hi, stored_buckets(cur, fp)):
+    rows = []
+    for grain, a, b in tile(lo, hi, stored):
         bind = {**binds, "tag": fp.tag(), "grain": grain, "lo": a, "hi": b}
         if grain is None:
-            rows = raw_reads.read(cur, "fleet now xids", sql.RAW_XID_ROWS, sql.bound(sql.RAW_XID_ROWS, bind), a, b)
+            rows.append(raw_reads.read(cur, "fleet now xids", sql.RAW_XID_ROWS, sql.bound(sql.RAW_XID_ROWS, bind), a, b))
         else:
             bind["files"] = fact_files_of(cur, fp.tag(), grain, a, b)
-            rows = cur.sql(sql.FACT_XID_ROWS, params=sql.bound(sql.FACT_XID_ROWS, bind)).to_arrow_table()
-        _table(cur, "xid_rows", [rows], append=True)
+            rows.append(cur.sql(sql.FACT_XID_ROWS, params=sql.bound(sql.FACT_XID_ROWS, bind)).to_arrow_table())
+    cur.execute(sql.XID_ROWS_TABLE)
+    _table(cur, "xid_rows", rows, append=True)
 
 
 def _table(cur: duckdb.DuckDBPyConnection, name: str, tables: list[pa.Table], append: bool = False) -> None:
