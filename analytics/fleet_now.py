@@ -67,6 +67,7 @@ from gpufleet.analytics.core import not_attributable_reason
 from gpufleet.analytics.facts import FIVE_US, fact_files_of, fact_params, stored_buckets, tile
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 from gpufleet.analytics.params import Params
+from gpufleet.collector.facts import FactParams
 from gpufleet.times import HOUR, epoch_us, floor_time, utcnow
 
 STALE_AFTER = timedelta(minutes=5)
@@ -131,15 +132,8 @@ def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, An
     if spans and spans[-1][0] is None:
         cut = spans.pop()[1]
     spans.append((None, cut, hi))
-    facts, raw = [], []
-    for grain, a, b in spans:
-        bind = {**binds, "tag": fp.tag(), "grain": grain, "lo": a, "hi": b}
-        if grain is None:
-            raw.append(raw_reads.read(cur, "fleet now", sql.NOW_RAW_ROWS, sql.bound(sql.NOW_RAW_ROWS, bind), a, b))
-        else:
-            # (the files of its buckets alone: the fact_parts view opens every facts file of the store)
-            bind["files"] = fact_files_of(cur, fp.tag(), grain, a, b)
-            facts.append(cur.sql(sql.FACT_NOW_ROWS, params=sql.bound(sql.FACT_NOW_ROWS, bind)).to_arrow_table())
+    read = _span_rows(cur, fp, binds, spans, "fleet now", sql.NOW_RAW_ROWS, sql.FACT_NOW_ROWS)
+    raw, facts = [t for from_raw, t in read if from_raw], [t for from_raw, t in read if not from_raw]
     marks = ["cluster", "host", "gpu_uuid", "gi", *sql.NOW_MARK_COLUMNS]
     _table(cur, "now_rows", [t.select(marks).append_column("from_raw", pa.array([True] * t.num_rows, pa.bool_())) for t in raw]
            + [t.select(marks).append_column("from_raw", pa.array([False] * t.num_rows, pa.bool_())) for t in facts])
@@ -160,16 +154,25 @@ def xid_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, An
     fp = fact_params(params)
     hi = epoch_us(binds["as_of"]) + 1
     lo = hi - round(binds["forget_after"] * 1_000_000)  # (ts > as_of - forget_after: from the microsecond after)
-    rows = []
-    for grain, a, b in tile(lo, hi, stored):
+    read = _span_rows(cur, fp, binds, tile(lo, hi, stored), "fleet now xids", sql.RAW_XID_ROWS, sql.FACT_XID_ROWS)
+    cur.execute(sql.XID_ROWS_TABLE)
+    _table(cur, "xid_rows", [t for _, t in read], append=True)
+
+
+def _span_rows(cur: duckdb.DuckDBPyConnection, fp: FactParams, binds: dict[str, Any], spans: list[tuple[int | None, int, int]],
+               kind: str, raw_query: str, fact_query: str) -> list[tuple[bool, pa.Table]]:
+    """Each span's rows, (from raw, table) in order: `raw_query` over its samples where it has no
+    facts (grain None; counted as a raw read of `kind`), else `fact_query` over the files of its
+    buckets alone (the fact_parts view opens every facts file of the store)."""
+    out = []
+    for grain, a, b in spans:
         bind = {**binds, "tag": fp.tag(), "grain": grain, "lo": a, "hi": b}
         if grain is None:
-            rows.append(raw_reads.read(cur, "fleet now xids", sql.RAW_XID_ROWS, sql.bound(sql.RAW_XID_ROWS, bind), a, b))
+            out.append((True, raw_reads.read(cur, kind, raw_query, sql.bound(raw_query, bind), a, b)))
         else:
             bind["files"] = fact_files_of(cur, fp.tag(), grain, a, b)
-            rows.append(cur.sql(sql.FACT_XID_ROWS, params=sql.bound(sql.FACT_XID_ROWS, bind)).to_arrow_table())
-    cur.execute(sql.XID_ROWS_TABLE)
-    _table(cur, "xid_rows", rows, append=True)
+            out.append((False, cur.sql(fact_query, params=sql.bound(fact_query, bind)).to_arrow_table()))
+    return out
 
 
 def _table(cur: duckdb.DuckDBPyConnection, name: str, tables: list[pa.Table], append: bool = False) -> None:
