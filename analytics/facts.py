@@ -39,6 +39,10 @@ from gpufleet.collector import facts as cf
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 FIVE_US = cf.GRAIN_5M * 1_000_000
+# FactWindow's reads of raw samples (hours without facts): as many whole hours in one statement as
+# give about this many rows (~50 columns each: ~100 MB), at most a day; never less than an hour
+RAW_READ_ROWS = 250_000
+RAW_READ_HOURS = 24
 
 # The window's parts (wp: _parts' Arrow table) with each one's MIG share and whether it is inside the
 # window; the filters on GPUs (cluster, model) and on holders' jobs (job_filter) apply here
@@ -366,32 +370,42 @@ class FactWindow:
 
     def _raw(self, cells: list[tuple[int, int]]) -> list[pa.Table]:
         """Parts of contiguous spans [a, b) cut from raw samples, each span's parts its own (a
-        timeline's cells must not share a part): the samples and holds read an hour at a time for
-        all the spans in it (one read, not one per 5-minute cell), each span's parts built from its
-        own samples, an hour at a time (build_parts' cut keys)."""
+        timeline's cells must not share a part), built an hour at a time (build_parts' cut keys).
+        The samples and holds are read in one statement for as many whole hours as RAW_READ_ROWS
+        allows (one hour first; then as many as the rows an hour gave fit): a small fleet's hours
+        without facts are one read, not one per hour (each is ~10 ms of planning), and a large
+        fleet's stay an hour at a time."""
         out = []
         where = f"AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) AND {ONLY_GPUS}"
         q = cf.samples_query("gpu_samples", where)
         t, hi = cells[0][0], cells[-1][1]
+        hours = 1
         while t < hi:
-            u = min(hi, t - t % cf.HOUR_US + cf.HOUR_US)
             if self._extent is None:
                 self._extent = tuple(self.con.execute(SAMPLE_EXTENT).fetchall()[0])
             first, last = self._extent
-            if first is None or u <= first or last < t - self.fp.gap_us:  # no sample day in reach: one query, not one an hour
-                t = u
+            if first is None or last < t - self.fp.gap_us:  # no sample from here on: no read
+                break
+            if t < first - first % cf.HOUR_US:  # no sample before the hour of the first: no read of those hours
+                t = min(hi, first - first % cf.HOUR_US)
                 continue
+            u = min(hi, t - t % cf.HOUR_US + hours * cf.HOUR_US)
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
                                                            "model": self.p.filters.model, "gpus": self.gpus}, t, u)
+            hours = max(1, min(RAW_READ_HOURS, RAW_READ_ROWS * (u - t) // (max(samples.num_rows, 1) * cf.HOUR_US)))
             if samples.num_rows:
                 hold = cf.holds(self.con, t, u, self.fp, self.gpus)
                 ts = samples["ts"]
-                for a, b in ((max(a, t), min(b, u)) for a, b in cells if a < u and b > t):
-                    # (SAMPLES' rows of [a, b): those from max_gap before it on, as its own read gives them)
-                    own = samples if (a, b) == (t, u) else samples.filter(pc.and_(pc.greater_equal(ts, a - self.fp.gap_us), pc.less(ts, b)))
-                    if own.num_rows:
-                        out.append(cf.build_parts(own, hold, a, b, self.fp))
-                        self.raw_us += b - a
+                h = t
+                while h < u:  # each hour's spans built apart
+                    h1 = min(u, h - h % cf.HOUR_US + cf.HOUR_US)
+                    for a, b in ((max(a, h), min(b, h1)) for a, b in cells if a < h1 and b > h):
+                        # (SAMPLES' rows of [a, b): those from max_gap before it on, as its own read gives them)
+                        own = samples if (a, b) == (t, u) else samples.filter(pc.and_(pc.greater_equal(ts, a - self.fp.gap_us), pc.less(ts, b)))
+                        if own.num_rows:
+                            out.append(cf.build_parts(own, hold, a, b, self.fp))
+                            self.raw_us += b - a
+                    h = h1
             t = u
         return out
 
