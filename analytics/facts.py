@@ -355,7 +355,7 @@ class FactWindow:
                 self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
         if cells:
             tables += self._raw(cells)
-        parts = pa.concat_tables([t.select(cf.SCHEMA.names).cast(cf.SCHEMA) for t in tables]) if tables else cf.SCHEMA.empty_table()
+        parts = pa.concat_tables([cf.conform(t) for t in tables]) if tables else cf.SCHEMA.empty_table()
         # wp: the Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered): a temp
         # table of it first was a second copy of every part's ~200 columns (a fifth of a 4,096-GPU
         # day's Analysis CPU)
