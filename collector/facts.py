@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import duckdb
@@ -233,11 +234,15 @@ def samples_query(source: str, where: str = "") -> str:
     return SAMPLES.format(source=source, where=where)
 
 
-def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: FactParams, grain_s: int = GRAIN_5M) -> pa.Table:
+def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: FactParams, grain_s: int = GRAIN_5M,
+                cuts_us: Sequence[int] = ()) -> pa.Table:
     """The 5-minute parts of [lo_us, hi_us) (at most a few hours; edges need not be on the grid: a
     window edge's minutes) from `samples` (SAMPLES' rows over [lo_us - max_gap, hi_us)) and `hold`
     (HOLDS' rows): each sample interval clipped to the range, cut at the bucket edges and at every
-    allocation edge, summed per stretch, then one row per holder of the stretch."""
+    allocation edge, summed per stretch, then one row per holder of the stretch. `cuts_us`: more
+    times where every GPU's stretches are cut (a timeline's bucket edges off the grid): the parts
+    of each stretch between them are those a call for that stretch alone gives (a sample's piece
+    is counted where its time lies, its gap measured to the sample before it, read either way)."""
     if not samples.num_rows:
         return SCHEMA.empty_table()
     key = pa.table({c: samples[c] for c in _GPU})
@@ -261,7 +266,11 @@ def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: Fa
     cut_t = np.concatenate([ha0[hg >= 0], ha1[hg >= 0]])
     inside = (cut_t > lo_us) & (cut_t < hi_us)
     cut_g, cut_t = cut_g[inside], cut_t[inside]
-    cut_g, cut_t = np.append(cut_g, np.unique(gk[i])), np.append(cut_t, np.full(len(np.unique(gk[i])), lo_us))  # (a range start off the grid)
+    read = np.unique(gk[i])
+    extra = np.array([c for c in cuts_us if lo_us < c < hi_us], dtype=np.int64)
+    # (a range start off the grid, and the extra cuts: every GPU read is cut there)
+    cut_g = np.concatenate([cut_g, read, np.repeat(read, len(extra))])
+    cut_t = np.concatenate([cut_t, np.full(len(read), lo_us), np.tile(extra, len(read))])
     j, p0, p1, s0, s1 = segments(gk[i], k, p0, p1, cut_g, cut_t, lo_us - p.gap_us, bucket_us)
     i, k = i[j], k[j]
     s0, s1 = np.maximum(s0, lo_us), np.minimum(s1, hi_us)

@@ -245,6 +245,7 @@ SLOW = (
     "tests/test_facts_health.py::test_facts_give_the_health_and_mfu_paths_figures",
     "tests/test_facts_health.py::test_joining_parts_with_health_columns_in_any_grouping_gives_the_same_parts",
     "tests/test_facts.py::test_joining_parts_in_any_grouping_gives_the_same_parts",
+    "tests/test_facts.py::test_parts_cut_at_extra_edges_are_the_parts_of_each_span_alone",
     "tests/test_goodput.py::test_waterfall_invariants",
     "tests/test_health_from_facts.py::test_run_facts_rebuilt_after_late_data_are_a_fresh_build",
     # the quick tier's longest at stop 63 (12, 9, 6, 5.5 and 5 s of CPU)

@@ -183,6 +183,32 @@ def test_joining_parts_in_any_grouping_gives_the_same_parts(fleet, mid):
             assert pc.sum(day[c]).as_py() == pytest.approx(pc.sum(fine[c]).as_py(), **TOL) if fine.num_rows else True
 
 
+@FACT_SETTINGS
+@given(fleets(), st.lists(st.integers(1, 3600 * 1_000_000 - 1), max_size=6, unique=True))
+def test_parts_cut_at_extra_edges_are_the_parts_of_each_span_alone(fleet, offsets):
+    """build_parts over an hour cut at extra times (a timeline's bucket edges off the grid, what
+    FactWindow._raw asks for) gives, row for row, the parts of each span between the cuts built
+    alone from its own samples (those from max_gap before it on)."""
+    with scratch() as tmp:
+        con = fact_store(tmp, fleet)
+        fp = upkeep_params(fleet)
+        lo = epoch_us(at(0))
+        lo, hi = lo - lo % cf.HOUR_US, lo - lo % cf.HOUR_US + cf.HOUR_US
+        samples = con.sql(cf.samples_query("gpu_samples"), params={"lo": lo, "hi": hi, "gap_us": fp.gap_us}).to_arrow_table()
+        hold = cf.holds(con, lo, hi, fp)
+        cuts = sorted(lo + o for o in offsets)
+        edges = [lo, *cuts, hi]
+        alone = []
+        for a, b in zip(edges[:-1], edges[1:]):
+            own = samples.filter(pc.and_(pc.greater_equal(samples["ts"], a - fp.gap_us), pc.less(samples["ts"], b)))
+            if own.num_rows:
+                alone.append(cf.build_parts(own, hold, a, b, fp))
+        together = cf.build_parts(samples, hold, lo, hi, fp, cuts_us=cuts)
+        assert rows(together) == rows(pa.concat_tables(alone) if alone else cf.SCHEMA.empty_table())
+        event(f"cuts: {len(cuts)}, parts: {together.num_rows}")
+        con.close()
+
+
 def test_a_fact_one_bucket_off_fails_the_comparison(tmp_path):
     fleet = {"gpus": [{"gpu": 0, "host": "h0", "uuid": "GPU-prop-0", "samples": [(t, 50.0 if t < 1800 else 0.0, 1.0) for t in range(0, 3600, 15)]}],
              "jobs": [{"key": "1", "account": "alpha", "user": "u", "start": 600, "end": 3000, "seen_until": 3000, "gpus": 1, "held": [0]}],
