@@ -170,14 +170,15 @@ def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n
     bucket: they are summed): "iv" data and busy by cluster and model, "cap" capacity by cluster
     and model (GPU dimensions, unless job_filtered), "pc" the allocations' data and busy by
     cluster, model, partition, account and user, "alloc" allocated time by cluster, partition,
-    account and user (unless the only dimension is model)."""
-    def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.DataFrame:
-        df = base[name].with_columns(pl.col("k").cast(pl.Int64))
+    account and user (unless the only dimension is model). One lazy query per dimension, all
+    collected at once: frames this small cost polars' per-operation overhead, not their rows."""
+    def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.LazyFrame:
+        df = base[name].lazy().with_columns(pl.col("k").cast(pl.Int64))
         # (a sum of nothing known - allocated time of jobs of unknown GPU count only - stays unknown)
         out = df.group_by([*keys, "k"]).agg([pl.when(pl.col(c).is_null().all()).then(None).otherwise(pl.col(c).sum()).alias(c) for c in cols])
         return out.rename(rename) if rename else out
 
-    result: dict[str, pl.DataFrame] = {}
+    plans: dict[str, pl.LazyFrame] = {}
     for by in dims:
         gpu_dim = by in _GPU_KEYS
         keys = list(_GPU_KEYS[by] if gpu_dim else _JOB_KEYS[by])
@@ -192,23 +193,25 @@ def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n
             frames = [used, used.select(*keys, "k", pl.col("data_gpu_h").alias("held_data_gpu_h"))]
         if by != "model":
             frames.append(total("alloc", keys, ["allocated_gpu_h"]).with_columns(pl.lit(True).alias("_allocated")))
-        result[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, start)
-    return result
+        plans[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, start)
+    return dict(zip(plans, pl.collect_all(list(plans.values()))))
 
 
-def _assemble(frames: list[pl.DataFrame], keys: list[str], gpu_dim: bool, n_buckets: int, bsec: float, start) -> pl.DataFrame:
+def _assemble(frames: list[pl.LazyFrame], keys: list[str], gpu_dim: bool, n_buckets: int, bsec: float, start) -> pl.LazyFrame:
     # every bucket of every group present, so gaps read as zero (or no data), not as missing points
-    groups = pl.concat([f.select(keys) for f in frames], how="vertical").unique() if keys else pl.DataFrame({"_": [0]})
-    grid = groups.join(pl.DataFrame({"k": pl.int_range(0, n_buckets, eager=True).cast(pl.Int64)}), how="cross")
+    groups = pl.concat([f.select(keys) for f in frames], how="vertical").unique() if keys else pl.LazyFrame({"_": [0]})
+    grid = groups.join(pl.LazyFrame({"k": pl.int_range(0, n_buckets, eager=True).cast(pl.Int64)}), how="cross")
     if not keys:
         grid = grid.drop("_")
     out = grid
+    names: set[str] = set()
     for f in frames:
         out = out.join(f, on=[*keys, "k"], how="left", nulls_equal=True)
+        names.update(f.collect_schema().names())
     for col in ("capacity_gpu_h", "data_gpu_h", "busy_gpu_h", "allocated_gpu_h", "held_data_gpu_h"):
-        if col == "allocated_gpu_h" and col in out.columns:  # 0 where no job ran; unknown (null) where only jobs of unknown GPU count did
+        if col == "allocated_gpu_h" and col in names:  # 0 where no job ran; unknown (null) where only jobs of unknown GPU count did
             out = out.with_columns(pl.when(pl.col("_allocated").is_null()).then(0.0).otherwise(pl.col(col)).alias(col)).drop("_allocated")
-        elif col in out.columns:
+        elif col in names:
             out = out.with_columns(pl.col(col).fill_null(0.0))
         else:
             out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(col))
