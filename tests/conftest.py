@@ -211,6 +211,15 @@ def pytest_xdist_make_scheduler(config, log):
 # installed, Dask clusters, subprocess pipelines). Measured with --durations; the full run has them
 # all, and starts them first.
 SLOW = (
+    # (stop 64: the quick tier's eight costliest, 5-9 s of CPU each; the full run keeps them)
+    "tests/test_store.py::test_fast_lane_and_full_upsert_agree_on_random_observations",
+    "tests/test_raw_reads.py::test_analyze_under_every_filter",
+    "tests/test_queue_gaps.py::test_the_gap_is_the_rule_hour_by_hour_never_above_the_free_capacity_and_oversized_jobs_never_count",
+    "tests/test_facts_rebuild.py::test_a_store_without_facts_gets_upkeeps_facts_byte_for_byte",
+    "tests/test_raw_reads.py::test_a_window_edge_whose_samples_retention_retired_is_said_on_every_window_page",
+    "tests/test_raw_reads.py::test_every_page_reads_no_raw_sample_beyond_the_edges",
+    "tests/test_policy_rules.py::test_invariants",
+    "tests/test_job_gpus.py::test_slurmrestd_without_gpu_tres_is_said_and_filled_from_slurmctld",
     # whole files: a demo week, stores checked against the raw oracle under hypothesis, CLI and
     # collector subprocesses, wheels built and installed, Dask clusters
     "tests/test_demo.py", "tests/test_demo_command.py", "tests/test_e2e_pipeline.py", "tests/test_packaging.py",
