@@ -24,6 +24,7 @@ raw path, core.Analysis(raw=True), is the tests' oracle.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from datetime import datetime
 from typing import Any
 
@@ -381,6 +382,7 @@ class FactWindow:
         where = f"AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) AND {ONLY_GPUS}"
         q = cf.samples_query("gpu_samples", where)
         t, hi = cells[0][0], cells[-1][1]
+        starts = [a for a, _ in cells]  # (contiguous and in order: an hour's spans are found by bisection)
         hours = 1
         while t < hi:
             if self._extent is None:
@@ -402,7 +404,7 @@ class FactWindow:
                 h = t
                 while h < u:  # each hour's spans built apart, in one call cut at their edges
                     h1 = min(u, h - h % cf.HOUR_US + cf.HOUR_US)
-                    spans = [(max(a, h), min(b, h1)) for a, b in cells if a < h1 and b > h]
+                    spans = [(max(a, h), min(b, h1)) for a, b in cells[bisect_right(starts, h) - 1:bisect_left(starts, h1)]]
                     lo, hi_ = spans[0][0], spans[-1][1]
                     # (SAMPLES' rows of [lo, hi_): those from max_gap before it on, as its own read gives them)
                     own = samples if (lo, hi_) == (t, u) else samples.filter(pc.and_(pc.greater_equal(ts, lo - self.fp.gap_us), pc.less(ts, hi_)))

@@ -323,7 +323,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
             built["days_left"] += 1
             continue
         fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false)").to_arrow_table()
-        hourly = facts.join_parts(fine.cast(facts.SCHEMA), facts.GRAIN_1H, p)
+        hourly = facts.join_parts(fine, facts.GRAIN_1H, p)  # (join_parts conforms its input to SCHEMA)
         daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
         rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
         _write_facts(w.root, rel, pa.concat_tables([hourly, daily]), tag)
