@@ -211,15 +211,6 @@ def pytest_xdist_make_scheduler(config, log):
 # installed, Dask clusters, subprocess pipelines). Measured with --durations; the full run has them
 # all, and starts them first.
 SLOW = (
-    # (stop 64: the quick tier's eight costliest, 5-9 s of CPU each; the full run keeps them)
-    "tests/test_store.py::test_fast_lane_and_full_upsert_agree_on_random_observations",
-    "tests/test_raw_reads.py::test_analyze_under_every_filter",
-    "tests/test_queue_gaps.py::test_the_gap_is_the_rule_hour_by_hour_never_above_the_free_capacity_and_oversized_jobs_never_count",
-    "tests/test_facts_rebuild.py::test_a_store_without_facts_gets_upkeeps_facts_byte_for_byte",
-    "tests/test_raw_reads.py::test_a_window_edge_whose_samples_retention_retired_is_said_on_every_window_page",
-    "tests/test_raw_reads.py::test_every_page_reads_no_raw_sample_beyond_the_edges",
-    "tests/test_policy_rules.py::test_invariants",
-    "tests/test_job_gpus.py::test_slurmrestd_without_gpu_tres_is_said_and_filled_from_slurmctld",
     # whole files: a demo week, stores checked against the raw oracle under hypothesis, CLI and
     # collector subprocesses, wheels built and installed, Dask clusters
     "tests/test_demo.py", "tests/test_demo_command.py", "tests/test_e2e_pipeline.py", "tests/test_packaging.py",
@@ -264,6 +255,15 @@ SLOW = (
     "tests/test_facts_retention.py::test_retention_retires_whole_days_of_each_grain_and_upkeep_leaves_them_retired",
     "tests/test_job_gpus.py::test_the_stored_gpu_count_is_the_most_authoritative_seen_in_any_order",
     "tests/test_dashboard_analytics.py::test_last_xid_is_the_newest_code_of_the_forget_window_from_facts_or_samples",
+    # ... and at stop 64 (5-9 s of CPU each)
+    "tests/test_store.py::test_fast_lane_and_full_upsert_agree_on_random_observations",
+    "tests/test_raw_reads.py::test_analyze_under_every_filter",
+    "tests/test_queue_gaps.py::test_the_gap_is_the_rule_hour_by_hour_never_above_the_free_capacity_and_oversized_jobs_never_count",
+    "tests/test_facts_rebuild.py::test_a_store_without_facts_gets_upkeeps_facts_byte_for_byte",
+    "tests/test_raw_reads.py::test_a_window_edge_whose_samples_retention_retired_is_said_on_every_window_page",
+    "tests/test_raw_reads.py::test_every_page_reads_no_raw_sample_beyond_the_edges",
+    "tests/test_policy_rules.py::test_invariants",
+    "tests/test_job_gpus.py::test_slurmrestd_without_gpu_tres_is_said_and_filled_from_slurmctld",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
                            "alertmanager_bin", "amtool"}
