@@ -385,6 +385,30 @@ def test_store_attempts_classified_with_evidence(store):
     assert {k: v for k, v in bio["figures"]["causes"].items() if v} == {"cancelled_policy": 1, "user_error": 1, "not_ended": 1}
 
 
+def test_evidence_is_read_from_the_facts_of_whole_hours(tmp_path):
+    """On a store whose upkeep built every hour's facts, the attempts' health events are read over
+    the whole hours around their evidence windows (10 minutes before the window, 2 after): from the
+    facts alone, no raw edge minutes (a cut 5-minute bucket's samples, holds and parts: most of the
+    report's time at 1,024 GPUs); the same causes and evidence."""
+    from gpufleet.analytics import raw_reads
+    from gpufleet.analytics.params import Params
+    from gpufleet.collector.maintenance import compact
+    from gpufleet.collector.store import StoreWriter
+
+    f = build_store(tmp_path)
+    w = StoreWriter(f.root)
+    compact(w, _t(12), facts_hours=None)
+    w.close()
+    mark = raw_reads.READS.mark()
+    got = reliability_store.report(f.reader(), Params(_t(1), _t(9)), as_of=_t(9))
+    hour_us = 3600 * 1_000_000
+    edges = [r for r in raw_reads.READS.since(mark) if r.kind == "edge"]  # (an hour without samples has no facts: read, empty)
+    assert all(r.lo_us % hour_us == 0 == r.hi_us % hour_us and not r.rows for r in edges), edges
+    causes = {a["job_id"]: (a["cause"], [(e["host"], e["gpu_uuid"], e["code"], e["ts"]) for e in a["evidence"]])
+              for a in got["interrupted_attempts"]}
+    assert causes["1"] == ("hardware", [("n1", "GPU-B", 79, _t(2, 58))]) and causes["2"] == ("node_failure", [])
+
+
 def analyze_reliability(root, start: str, end: str, *args: str):
     """`gpufleet analyze --reliability` on the store at `root` over [start, end), as a person runs it."""
     import subprocess
