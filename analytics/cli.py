@@ -337,8 +337,8 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
           ["node", "failures", "gpu_hours", "expected_failures", "p_value"])
     table("Costliest interruptions", rel["interrupted_attempts"], out, ["job_id", "user_name", "gpus", "end", "cause", "reason"])
     g = rel["goodput"]
-    out.write(f"\nGoodput: fleet ETTR {fmt(g['ettr'])} (productive / wall GPU-hours of the window's work: {g['chains']} linked job "
-              f"chains, {g['interrupted_chains']} of them interrupted, and the jobs that ran once): wall {fmt(g['wall_gpu_hours'])} GPU-h, productive "
+    out.write(f"\nGoodput: fleet ETTR {fmt(g['ettr'])} (productive / wall GPU-hours of the window's work: {g['chains']} job "
+              f"chains with an attempt that did not complete, {g['interrupted_chains']} of them interrupted, and the rest): wall {fmt(g['wall_gpu_hours'])} GPU-h, productive "
               f"{fmt(g['productive_gpu_hours'])}, work lost in attempts that did not complete {fmt(g['lost_gpu_hours'])}, "
               f"waiting for a requeue {fmt(g['requeue_wait_gpu_hours'])}\n")
     out.write(f"  lost work: {g['checkpoints']}\n")

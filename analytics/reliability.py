@@ -778,26 +778,43 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     wall = sum(n * ch.wall_s for n, ch in sized) + others_gpu_s
     productive = sum(n * ch.productive_s for n, ch in sized) + others_gpu_s
     lost = sum(n * ch.lost_s for n, ch in sized)
-    # chains: linked ones (the jobs that ran once are in others_gpu_s)
-    return {"chains": len(chains), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
-            "unknown_gpu_chains": len(chains) - len(sized),
+    # chains: those with an attempt that did not complete (which other attempts were linked, the
+    # chain_candidates near them, is how they are found, not a figure); the rest is in others_gpu_s
+    broken = [ch for ch in chains if any(c.cause not in ("completed", "not_ended") for c in ch.attempts)]
+    return {"chains": len(broken), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
+            "unknown_gpu_chains": sum(1 for ch in broken if ch.gpus is None),
             "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,
             "requeue_wait_gpu_hours": sum(n * ch.gap_s for n, ch in sized) / 3600,
             "ettr": productive / wall if wall > 0 else None,
             "lost_is_upper_bound": any(ch.lost_upper_bound for ch in chains)}
 
 
-def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
-    """The attempts of every chain that holds an attempt that did not complete: those sharing a job,
-    or a user, account and name, with such an attempt. A chain links through a job key, or through
-    a user/account/name after an attempt that did not complete, so none of its attempts is left
-    out; the chains of completed work alone (most of a fleet's) are not linked at all."""
+def chain_candidates(classified: Iterable[Classified], s: Settings = Settings()) -> list[Classified]:
+    """The attempts link_chains needs to link every chain that holds an attempt that did not
+    complete exactly as linking all would: every attempt of a job with such an attempt; and for
+    each such attempt B with a name (user, account, name), its name's attempts that start from B's
+    start up to the first one that can continue it (submitted within resubmit_window after its
+    end) - any of them that starts before that one is B's name's last attempt instead, and after
+    it none can continue B - with every other attempt of their jobs. The chains of completed work
+    alone (most of a fleet's) and a name's attempts away from its failures are not linked
+    (sql.RELIABILITY_ATTEMPTS lists the same ones)."""
     classified = list(classified)
+    key = lambda a: (a.cluster, a.user_name, a.account, a.name)  # noqa: E731
     broken = [c.attempt for c in classified if c.cause not in ("completed", "not_ended")]
+    by_name: dict[tuple, list[Attempt]] = {}
+    for c in classified:
+        if c.attempt.start is not None:
+            by_name.setdefault(key(c.attempt), []).append(c.attempt)
     jobs = {(a.cluster, a.scheduler, a.job_key) for a in broken}
-    names = {(a.cluster, a.user_name, a.account, a.name) for a in broken}
-    return [c for c in classified if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in jobs
-            or (c.attempt.cluster, c.attempt.user_name, c.attempt.account, c.attempt.name) in names]
+    for b in broken:
+        if not b.name or b.start is None or b.end is None:
+            continue  # (continued by its job alone)
+        named = by_name.get(key(b), [])
+        can_continue = [x.start for x in named if x.start >= b.end and b.end <= (x.submit or x.start) <= b.end + s.resubmit_window]
+        if can_continue:
+            first = min(can_continue)
+            jobs |= {(x.cluster, x.scheduler, x.job_key) for x in named if b.start <= x.start <= first}
+    return [c for c in classified if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in jobs]
 
 
 def young_daly_interval_s(checkpoint_save_s: float, mttf_s: float) -> float:

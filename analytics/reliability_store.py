@@ -43,7 +43,8 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     as_of = min(as_of or params.end, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
              "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top,
-             "bucket_us": round(MIX_BUCKET.total_seconds() * 1_000_000), **params.filters.bind()}
+             "bucket_us": round(MIX_BUCKET.total_seconds() * 1_000_000), "resubmit_s": s.resubmit_window.total_seconds(),
+             **params.filters.bind()}
     cur = con.cursor()
     try:
         cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
@@ -107,7 +108,7 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
     until = min(as_of or params.end, params.end)
-    linked = chain_candidates(classified)
+    linked = chain_candidates(classified, s)
     chains = link_chains(linked, times, s, until)
     in_chains = {id(c) for c in linked}
     others_gpu_s = sum(c.attempt.gpus * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)

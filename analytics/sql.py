@@ -1058,7 +1058,8 @@ WHERE {_FILTERS}
 # completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
 # Kept on the cursor as _rel_attempts with `broken` (its state is an end other than COMPLETED:
 # $ended_states, ENDED_STATES) and `listed`: whether the report needs it as a row - an attempt of
-# a job, or of a user/account/name, with a broken attempt (the chains' candidates), of a job that
+# a job with a broken attempt or of a name's attempt near one (the chains' candidates: those of
+# gpufleet.analytics.reliability.chain_candidates; $resubmit_s its resubmit window), of a job that
 # reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
 # the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
 # (RELIABILITY_SUMMED), never read as rows.
@@ -1102,11 +1103,22 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
            list_contains($ended_states, ustate) AND ustate <> 'COMPLETED' AS broken
     FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key AND h.start = j.start
     WHERE coalesce(j.gpus, h.mapped_gpus) > 0
-), b AS (SELECT DISTINCT cluster, scheduler, job_key, user_name, account, name FROM a WHERE broken
+), reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
+    -- that can continue it (submitted within $resubmit_s after its end)
+    SELECT b.cluster, b.user_name, b.account, b.name, b.start AS r0, min(x.start) AS r1
+    FROM a b JOIN a x ON x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
+      AND x.account IS NOT DISTINCT FROM b.account AND x.name = b.name AND x.start >= b."end"
+      AND coalesce(x.submit, x.start) BETWEEN b."end" AND b."end" + to_seconds($resubmit_s)
+    WHERE b.broken AND nullif(b.name, '') IS NOT NULL AND b.start IS NOT NULL
+    GROUP BY b.cluster, b.scheduler, b.job_key, b.start, b.user_name, b.account, b.name
+), k AS (  -- the jobs of the chains' candidates
+    SELECT cluster, scheduler, job_key FROM a WHERE broken
+    UNION
+    SELECT x.cluster, x.scheduler, x.job_key FROM reach r JOIN a x ON x.cluster = r.cluster
+      AND x.user_name IS NOT DISTINCT FROM r.user_name AND x.account IS NOT DISTINCT FROM r.account AND x.name = r.name
+      AND x.start BETWEEN r.r0 AND r.r1
 ), l AS (
-    SELECT a.*, EXISTS (SELECT 1 FROM b WHERE b.cluster = a.cluster AND b.scheduler = a.scheduler AND b.job_key = a.job_key)
-                OR EXISTS (SELECT 1 FROM b WHERE b.cluster = a.cluster AND b.user_name IS NOT DISTINCT FROM a.user_name
-                           AND b.account IS NOT DISTINCT FROM a.account AND b.name IS NOT DISTINCT FROM a.name) AS linked,
+    SELECT a.*, EXISTS (SELECT 1 FROM k WHERE k.cluster = a.cluster AND k.scheduler = a.scheduler AND k.job_key = a.job_key) AS linked,
            EXISTS (SELECT 1 FROM job_checkpoints c WHERE c.cluster = a.cluster AND c.scheduler = a.scheduler
                    AND c.job_key = a.job_key AND c.saved_at <= $as_of) AS reported
     FROM a

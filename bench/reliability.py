@@ -1,7 +1,8 @@
 """Reliability: `gpufleet analyze --reliability`'s report for a synthetic week (attempts classified, figures, lemons, chains).
 
 1. A synthetic week written into a real store through StoreWriter: GPUFLEET_BENCH_REL_GPUS H100s
-   (hosts of 8) and GPUFLEET_BENCH_REL_JOBS Slurm jobs (sizes 1-64 GPUs, 1 in 50 ending FAILED or
+   (hosts of 8) and GPUFLEET_BENCH_REL_JOBS Slurm jobs (MIXES: sizes 1-64 GPUs, at 100,000 GPUs
+   mostly single-GPU jobs - 4.8M jobs on ~6.7M allocations; 1 in 50 ending FAILED or
    NODE_FAIL, a third of the failures with an XID 79 on one of their GPUs a minute before the end:
    those GPUs' samples around it are the only samples), with every job's allocations; then
    compacted with every hour's facts built (collector.maintenance.compact), as the collector's
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -48,7 +48,26 @@ print(json.dumps({"wall_s": wall, "rss_mib": hwm, "attempts": rel["figures"]["at
 """
 
 
+# Job sizes (GPUs) and how often each is drawn, and the longest job: the 1,024-GPU week's mix
+# (large jobs, many overlapping), and the 100,000-GPU week's (issue #54: 4.8M jobs on 6.3M
+# allocations, ~1.3 GPUs a job, most of them single-GPU jobs of minutes to a few hours)
+MIXES = {
+    "1024": ((1, 2, 4, 8, 16, 64), (2, 1, 1, 2, 1, 1), 12 * 3600),
+    "100000": ((1, 2, 4, 8, 64), (88, 7, 3, 1.8, 0.2), 4 * 3600),
+}
+FAIL_RATE = 0.02  # jobs ending FAILED or NODE_FAIL
+XID_SHARE = 0.33  # of those, the ones with an XID 79 on their first GPU a minute before the end
+COMMITS = 5  # the jobs are committed in this many batches (each commit merges into every job stored before it)
+
+
+def mix_of(gpus: int) -> str:
+    return "1024" if gpus <= 1024 else "100000"
+
+
 def generate(root: Path, gpus: int, jobs: int, seed: int = 54) -> None:
+    """The synthetic week, drawn with numpy (one array per column), committed in COMMITS batches
+    through the store's writer as a source's would be, then compacted."""
+    import numpy as np
     import pyarrow as pa
 
     from gpufleet.collector import schema
@@ -56,41 +75,47 @@ def generate(root: Path, gpus: int, jobs: int, seed: int = 54) -> None:
     from gpufleet.collector.schema import Batch
     from gpufleet.collector.store import StoreWriter
 
-    rng = random.Random(seed)
+    rng = np.random.default_rng(seed)
     hosts = gpus // 8
-    rows, allocs, samples = [], [], []
-    for i in range(jobs):
-        size = rng.choice((1, 1, 2, 4, 8, 8, 16, 64))
-        start = START + timedelta(seconds=rng.randrange(int(WEEK.total_seconds())))
-        end = min(start + timedelta(seconds=rng.randrange(300, 12 * 3600)), START + WEEK)
-        h0 = rng.randrange(hosts)
-        held = [(f"h{(h0 + k // 8) % hosts:05d}", f"GPU-{(h0 + k // 8) % hosts:05d}-{k % 8}") for k in range(size)]
-        state = "COMPLETED"
-        if rng.random() < 0.02:
-            state = rng.choice(("FAILED", "NODE_FAIL"))
-            if rng.random() < 0.33:  # an XID 79 on one of its GPUs a minute before its end
-                host, uuid = held[0]
-                for s in range(-3, 3):
-                    t = end + timedelta(seconds=60 * s)
-                    samples.append({"ts": t, "cluster": "c1", "host": host, "gpu": int(uuid[-1]), "gpu_uuid": uuid, "model": "NVIDIA H100 80GB HBM3",
-                                    "source": "scrape", "xid_last": 79 if s >= -1 else 0, "gpu_up": 1.0})
-        row = {c: None for c in schema.JOB_COLUMNS}
-        row.update(cluster="c1", scheduler="slurm", job_key=str(i), job_id=str(i), name=f"job-{i % 997}", user_name=f"u{i % 300}",
-                   account=f"a{i % 12}", partition="gpu", submit=start, start=start, end=end, state=state, state_raw=state,
-                   exit_code="0:0" if state == "COMPLETED" else "1:0", gpus=size, source="bench", updated_at=end)
-        rows.append(row)
-        for host, uuid in held:
-            for t in (start, end):
-                allocs.append({"ts": t, "cluster": "c1", "scheduler": "slurm", "job_key": str(i), "host": host, "gpu_uuid": uuid,
-                               "gpu_instance": -1, "gpu": None, "source": "exporter"})
+    sizes, weights, longest = MIXES[mix_of(gpus)]
+    size = rng.choice(np.array(sizes), jobs, p=np.array(weights) / sum(weights))
+    week_s = int(WEEK.total_seconds())
+    start_s = rng.integers(0, week_s, jobs)
+    end_s = np.minimum(start_s + rng.integers(300, longest, jobs), week_s)
+    first_gpu = rng.integers(0, hosts * 8, jobs)  # (a job's GPUs: consecutive from here, host after host)
+    failed = rng.random(jobs) < FAIL_RATE
+    state = np.where(failed, np.where(rng.random(jobs) < 0.5, "FAILED", "NODE_FAIL"), "COMPLETED")
+    xid = failed & (rng.random(jobs) < XID_SHARE)
+    at = lambda s: START + timedelta(seconds=int(s))  # noqa: E731
+    host_of = lambda g: f"h{(g // 8) % hosts:05d}"  # noqa: E731
+    uuid_of = lambda g: f"GPU-{(g // 8) % hosts:05d}-{g % 8}"  # noqa: E731
+    samples = []
+    for i in np.flatnonzero(xid).tolist():  # an XID 79 on its first GPU a minute before its end: those samples alone
+        g = int(first_gpu[i])
+        for k in range(-3, 3):
+            samples.append({"ts": at(end_s[i] + 60 * k), "cluster": "c1", "host": host_of(g), "gpu": g % 8, "gpu_uuid": uuid_of(g),
+                            "model": "NVIDIA H100 80GB HBM3", "source": "scrape", "xid_last": 79 if k >= -1 else 0, "gpu_up": 1.0})
     cols = {f.name: [r.get(f.name) for r in samples] for f in schema.SAMPLE_SCHEMA}
     w = StoreWriter(root)
     try:
-        step = 20000
-        for k in range(0, jobs, step):
-            mine = {str(i) for i in range(k, min(k + step, jobs))}
-            w.commit(Batch(key=f"bench-rel-{k}", jobs=rows[k:k + step], allocations=[a for a in allocs if a["job_key"] in mine],
-                           samples=pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA) if k == 0 and samples else None))
+        chunk = -(-jobs // COMMITS)
+        for lo in range(0, jobs, chunk):
+            rows, allocs = [], []
+            for i in range(lo, min(lo + chunk, jobs)):
+                start, end, st = at(start_s[i]), at(end_s[i]), str(state[i])
+                row = dict.fromkeys(schema.JOB_COLUMNS)
+                row.update(cluster="c1", scheduler="slurm", job_key=str(i), job_id=str(i), name=f"job-{i % 997}", user_name=f"u{i % 300}",
+                           account=f"a{i % 12}", partition="gpu", submit=start, start=start, end=end, state=st, state_raw=st,
+                           exit_code="0:0" if st == "COMPLETED" else "1:0", gpus=int(size[i]), source="bench", updated_at=end)
+                rows.append(row)
+                for g in range(int(first_gpu[i]), int(first_gpu[i]) + int(size[i])):
+                    host, uuid = host_of(g), uuid_of(g)
+                    for t in (start, end):
+                        allocs.append({"ts": t, "cluster": "c1", "scheduler": "slurm", "job_key": str(i), "host": host, "gpu_uuid": uuid,
+                                       "gpu_instance": -1, "gpu": None, "source": "exporter"})
+            w.commit(Batch(key=f"bench-rel-{lo}", jobs=rows, allocations=allocs,
+                           samples=pa.Table.from_pydict(cols, schema=schema.SAMPLE_SCHEMA) if lo == 0 and samples else None))
+            progress(f"  {min(lo + chunk, jobs):,} of {jobs:,} jobs committed")
         w.publish()
         compact(w, START + WEEK + timedelta(days=1), facts_hours=None)  # every hour closed, its facts built
     finally:
@@ -101,7 +126,7 @@ def run() -> list[Table]:
     gpus = int(os.environ.get("GPUFLEET_BENCH_REL_GPUS", "1024"))
     jobs = int(os.environ.get("GPUFLEET_BENCH_REL_JOBS", "50000"))
     cache = Path(os.environ.get("GPUFLEET_BENCH_CACHE") or ROOT / "bench" / "results" / "reliability")
-    root = cache / f"store-{gpus}-{jobs}-facts"  # (-facts: stores cached before compaction built none)
+    root = cache / f"store-{gpus}-{jobs}-v2"  # (v2: drawn with numpy, the mix by fleet size; stores before it are not read)
     done = root / ".generated"  # (written last: a store whose generation or compaction was cut short is made again)
     if not done.exists():
         progress(f"generating {gpus} GPUs, {jobs} jobs under {root}")

@@ -375,10 +375,10 @@ def test_store_attempts_classified_with_evidence(store):
     assert got["chains"][0]["lost_is_upper_bound"] and got["chains"][0]["checkpoint_advice"]["advised_interval_s"] is None
     assert fig["lost_gpu_hours_by_cause"] == {"hardware": pytest.approx(4), "node_failure": pytest.approx(1)}
     # goodput over every chain: 1, 2 and 4 then 5 (cy's "job" resubmitted an hour after the cancel: one chain, 1 h
-    # waiting) did not complete (7 GPU-h of work lost); 3 completed (2 GPU-h) and 6 runs (1 GPU-h; cy's "job" again,
-    # but 2 h after 5 failed: a chain of its own) at their first try
+    # waiting) did not complete (7 GPU-h of work lost): the 3 chains with an attempt that did not; 3 completed
+    # (2 GPU-h) and 6 runs (1 GPU-h; cy's "job" again, but 2 h after 5 failed: a chain of its own) at their first try
     g = got["goodput"]
-    assert (g["chains"], g["interrupted_chains"]) == (4, 2)
+    assert (g["chains"], g["interrupted_chains"]) == (3, 2)
     assert [g[k] for k in ("wall_gpu_hours", "productive_gpu_hours", "lost_gpu_hours", "requeue_wait_gpu_hours")] == pytest.approx([11, 3, 7, 1])
     assert g["ettr"] == pytest.approx(3 / 11) and g["lost_is_upper_bound"] and "upper bound" in g["checkpoints"]
     bio = reliability_store.report(f.reader(), Params(_t(0), _t(12), filters=Filters(account="bio")), as_of=_t(9))
@@ -467,10 +467,10 @@ def test_chain_by_hand():
 
 
 @st.composite
-def attempt_histories(draw):
+def attempt_histories(draw, hours: float = 48):
     out = []
     for i in range(draw(st.integers(1, 25))):
-        start = draw(st.floats(0, 48))
+        start = draw(st.floats(0, hours))
         job = str(draw(st.integers(0, 8)))
         out.append(_run(job + f".{i}" if draw(st.booleans()) else job, draw(st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])),
                         start, None if draw(st.integers(0, 9)) == 0 else start + draw(st.floats(0, 6)),
@@ -494,6 +494,50 @@ def test_chain_wall_is_attempts_plus_gaps(attempts):
         assert ch.wall_s == pytest.approx(ch.run_s + ch.gap_s, abs=1e-6)
         assert 0 <= ch.lost_s <= ch.run_s + 1e-6 and ch.gap_s >= 0
         assert ch.ettr is None or 0 <= ch.ettr <= 1 + 1e-9
+
+
+@given(st.sampled_from([6, 12, 48]).flatmap(attempt_histories), st.sampled_from([0.5, 1, 3]))
+@hsettings(max_examples=300, deadline=None)
+def test_the_candidates_link_the_broken_chains_as_linking_all_does(attempts, window_h):
+    """chain_candidates (and sql.RELIABILITY_ATTEMPTS' listing, its mirror) leaves out a name's
+    attempts far from its failures: the chains with an attempt that did not complete are those of
+    linking every attempt, whatever the resubmit window and however dense the history (queue waits
+    of up to 3 h: an attempt submitted in the window may start after others of its name)."""
+    s = Settings(resubmit_window=window_h * H)
+    as_of = T0 + 60 * H
+    classified = r.classify_all(attempts, s=s)
+    broken = lambda chs: sorted(tuple(id(c) for c in ch.attempts) for ch in chs if any(c.cause not in ("completed", "not_ended") for c in ch.attempts))  # noqa: E731
+    assert broken(r.link_chains(r.chain_candidates(classified, s), s=s, as_of=as_of)) == broken(r.link_chains(classified, s=s, as_of=as_of))
+
+
+@given(st.sampled_from([6, 12, 48]).flatmap(attempt_histories), st.sampled_from([0.5, 1, 3]))
+@hsettings(max_examples=25, deadline=None)
+def test_the_store_lists_the_attempts_chain_candidates_names(attempts, window_h):
+    """sql.RELIABILITY_ATTEMPTS' listing mirrors chain_candidates: stored (each attempt a job of
+    its own), the attempts the store lists (no largest ones) are the candidates among every
+    attempt listed, and link the same chains with an attempt that did not complete."""
+    import tempfile
+
+    from gpufleet.analytics.params import Params
+    from gpufleet.collector.schema import Batch
+    from gpufleet.collector.store import StoreWriter, open_reader
+
+    s, as_of = Settings(resubmit_window=window_h * H), T0 + 60 * H
+    rows = [_job_row(job_key=f"{a.job_key}-{i}", job_id=f"{a.job_key}-{i}", state=a.state, state_raw=a.state_raw, start=a.start, end=a.end,
+                     submit=a.submit, gpus=a.gpus, user_name=a.user_name, account=a.account, name=a.name) for i, a in enumerate(attempts)]
+    with tempfile.TemporaryDirectory() as tmp:
+        w = StoreWriter(tmp)
+        w.commit(Batch(key="attempts", jobs=rows))
+        w.publish()
+        w.close()
+        con = open_reader(tmp)
+        p = Params(T0 - 10 * H, as_of)
+        few, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=0)
+        every, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=10**6)
+    assert len(every) == len(attempts)
+    assert sorted(c.attempt.job_key for c in few) == sorted(c.attempt.job_key for c in r.chain_candidates(every, s))
+    broken = lambda chs: sorted(tuple(c.attempt.job_key for c in ch.attempts) for ch in chs if any(c.cause not in ("completed", "not_ended") for c in ch.attempts))  # noqa: E731
+    assert broken(r.link_chains(r.chain_candidates(few, s), s=s, as_of=as_of)) == broken(r.link_chains(every, s=s, as_of=as_of))
 
 
 @given(attempt_histories())
