@@ -204,7 +204,7 @@ FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE {ALLOCATION_END} > make_timestamp($lo) AND {ALLOCATION_START} < make_timestamp($hi)
-  AND {ALLOCATION_END} > {ALLOCATION_START} AND ($gpus IS NULL OR a.gpu_uuid IS NULL OR list_contains($gpus, a.gpu_uuid))
+  AND {ALLOCATION_END} > {ALLOCATION_START} AND ($gpus IS NULL OR a.gpu_uuid IS NULL OR a.gpu_uuid IN (SELECT unnest($gpus)))
 ORDER BY a.cluster, a.host, a.gpu_uuid, a.gpu_instance, a0, a.scheduler, a.job_key
 """
 
