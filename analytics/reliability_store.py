@@ -48,7 +48,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     cur = con.cursor()
     try:
         cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
-        listed = cur.sql(sql.RELIABILITY_LISTED).fetchall()
+        listed = cur.sql(sql.RELIABILITY_LISTED, params=sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
         summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
                          None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],
                          r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)

@@ -1050,22 +1050,11 @@ WHERE {_FILTERS}
 
 # --- Reliability (gpufleet.analytics.reliability) ---
 
-# Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters
-# (a job's latest record in jobs, the earlier ones of a requeued or restarted job in job_attempts),
-# with the GPUs the job mapping saw it hold while it ran; a job's attempts in start order (held: a list of {host, gpu_uuid}), whose health events
-# are its evidence - only for the attempts whose cause evidence can decide (a state not in
-# $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
-# completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
-# Kept on the cursor as _rel_attempts with `broken` (its state is an end other than COMPLETED:
-# $ended_states, ENDED_STATES) and `listed`: whether the report needs it as a row - an attempt of
-# a job with a broken attempt or of a name's attempt near one (the chains' candidates: those of
-# gpufleet.analytics.reliability.chain_candidates; $resubmit_s its resubmit window), of a job that
-# reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
-# the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
-# (RELIABILITY_SUMMED), never read as rows.
-RELIABILITY_ATTEMPTS = f"""
-CREATE OR REPLACE TEMP TABLE _rel_attempts AS
-WITH f AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {JOB_FILTERS}),
+def _attempt_rows(only: str = "") -> str:
+    """The WITH clause whose last table, a, is every job attempt RELIABILITY_ATTEMPTS describes;
+    `only`: more conditions on the jobs read ("AND ...")."""
+    return f"""
+WITH f AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {JOB_FILTERS}{only}),
 p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the window
     SELECT p.*, f.user_name, f.account, f.name, f.gpus AS job_gpus, f.start AS job_start
     FROM job_attempts p JOIN f ON f.cluster = p.cluster AND f.scheduler = p.scheduler AND f.job_key = p.job_key
@@ -1103,7 +1092,24 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
            list_contains($ended_states, ustate) AND ustate <> 'COMPLETED' AS broken
     FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key AND h.start = j.start
     WHERE coalesce(j.gpus, h.mapped_gpus) > 0
-), reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
+)"""
+
+
+# Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters
+# (a job's latest record in jobs, the earlier ones of a requeued or restarted job in job_attempts),
+# with the GPUs the job mapping saw it hold while it ran; a job's attempts in start order (held: a list of {host, gpu_uuid}), whose health events
+# are its evidence - only for the attempts whose cause evidence can decide (a state not in
+# $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
+# completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
+# Kept on the cursor as _rel_attempts, narrow (keys, times, GPUs, state: the 4.8M attempts of a
+# 100,000-GPU week with their text were 4.5 GiB of DuckDB's buffers, narrow 2.1), with `listed`:
+# whether the report needs it as a row (RELIABILITY_LISTED reads those in full) - an attempt of
+# a job with a broken attempt or of a name's attempt near one (the chains' candidates: those of
+# gpufleet.analytics.reliability.chain_candidates; $resubmit_s its resubmit window), of a job that
+# reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
+# the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
+# (RELIABILITY_SUMMED), never read as rows.
+RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows() + """, reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
     -- that can continue it (submitted within $resubmit_s after its end)
     SELECT b.cluster, b.user_name, b.account, b.name, b.start AS r0, min(x.start) AS r1
     FROM a b JOIN a x ON x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
@@ -1126,16 +1132,18 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
     SELECT cluster, scheduler, job_key FROM l WHERE NOT linked AND start IS NOT NULL
     ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start LIMIT $top
 )
-SELECT *, linked OR reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
-                                        AND t.job_key = l.job_key) AS listed
+SELECT cluster, scheduler, job_key, start, "end", gpus, ustate,
+       linked OR reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
+                                     AND t.job_key = l.job_key) AS listed
 FROM l
 """
-# ... the attempts the report reads as rows (a listed job's attempts are all listed), in job and
-# start order, numbered 1, 2, ... per job
-RELIABILITY_LISTED = """
+# ... the attempts the report reads as rows, in full (a listed job's attempts are all listed), in
+# job and start order, numbered 1, 2, ... per job
+RELIABILITY_LISTED = _attempt_rows(" AND EXISTS (SELECT 1 FROM _rel_attempts r WHERE r.listed AND r.cluster = jobs.cluster "
+                                   "AND r.scheduler = jobs.scheduler AND r.job_key = jobs.job_key)") + """
 SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw, exit_code, user_name, account, name, nodes,
        submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt, held
-FROM _rel_attempts WHERE listed ORDER BY cluster, scheduler, job_key, start
+FROM a ORDER BY cluster, scheduler, job_key, start
 """
 # ... and the rest summed (gpufleet.analytics.reliability.Summed) as figures() and goodput count them:
 # per GPU count, completed or not ended, and the cause mix's bucket ($bucket_us from $start) its end
