@@ -812,7 +812,10 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
         if not b.name or b.start is None or b.end is None:
             continue  # (continued by its job alone)
         named = by_name.get(key(b), [])
-        can_continue = [x.start for x in named if x.start >= b.end and b.end <= (x.submit or x.start) <= b.end + s.resubmit_window]
+        # (linked after B: link_chains takes attempts by start, then cluster and job; an exact tie is
+        # left out here, which can only widen the window)
+        can_continue = [x.start for x in named if (x.start > b.start or (x.start == b.start and x.job_key > b.job_key))
+                        and x.start >= b.end and b.end <= (x.submit or x.start) <= b.end + s.resubmit_window]
         if can_continue:
             first = min(can_continue)
             jobs |= {(x.cluster, x.scheduler, x.job_key) for x in named if b.start <= x.start <= first}

@@ -1064,7 +1064,8 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
     WHERE p."end" IS NOT NULL AND EXISTS (SELECT 1 FROM f WHERE f.cluster = p.cluster AND f.scheduler = p.scheduler
                                           AND f.job_key = p.job_key AND p.start >= f.start)
     GROUP BY ALL
-), j AS (
+), j AS NOT MATERIALIZED (  -- (j, and RELIABILITY_ATTEMPTS' l, computed for each reader, not held:
+    -- 1 GiB less at 4.8M attempts, no slower)
     SELECT f.cluster, f.scheduler, f.job_key, f.job_id, f.state, f.state_raw, f.exit_code, greatest(f.start, r.after) AS start, f."end",
            f.gpus, f.user_name, f.account, f.name, f.nodes, f.submit
     FROM f LEFT JOIN restarted r ON r.cluster = f.cluster AND r.scheduler = f.scheduler AND r.job_key = f.job_key
@@ -1115,6 +1116,7 @@ RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attemp
     FROM a b JOIN a x ON x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
       AND x.account IS NOT DISTINCT FROM b.account AND x.name = b.name AND x.start >= b."end"
       AND coalesce(x.submit, x.start) BETWEEN b."end" AND b."end" + to_seconds($resubmit_s)
+      AND (x.start > b.start OR (x.start = b.start AND x.job_key > b.job_key))  -- (linked after b)
     WHERE b.broken AND nullif(b.name, '') IS NOT NULL AND b.start IS NOT NULL
     GROUP BY b.cluster, b.scheduler, b.job_key, b.start, b.user_name, b.account, b.name
 ), k AS (  -- the jobs of the chains' candidates
@@ -1123,7 +1125,7 @@ RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attemp
     SELECT x.cluster, x.scheduler, x.job_key FROM reach r JOIN a x ON x.cluster = r.cluster
       AND x.user_name IS NOT DISTINCT FROM r.user_name AND x.account IS NOT DISTINCT FROM r.account AND x.name = r.name
       AND x.start BETWEEN r.r0 AND r.r1
-), l AS (
+), l AS NOT MATERIALIZED (
     SELECT a.*, EXISTS (SELECT 1 FROM k WHERE k.cluster = a.cluster AND k.scheduler = a.scheduler AND k.job_key = a.job_key) AS linked,
            EXISTS (SELECT 1 FROM job_checkpoints c WHERE c.cluster = a.cluster AND c.scheduler = a.scheduler
                    AND c.job_key = a.job_key AND c.saved_at <= $as_of) AS reported

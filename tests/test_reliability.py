@@ -470,10 +470,10 @@ def test_chain_by_hand():
 def attempt_histories(draw, hours: float = 48):
     out = []
     for i in range(draw(st.integers(1, 25))):
-        start = draw(st.floats(0, hours))
+        start = draw(st.floats(0, hours) | st.sampled_from([0.0, 1.0, 1.5]))  # (ties: attempts starting together, or as one ends)
         job = str(draw(st.integers(0, 8)))
         out.append(_run(job + f".{i}" if draw(st.booleans()) else job, draw(st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])),
-                        start, None if draw(st.integers(0, 9)) == 0 else start + draw(st.floats(0, 6)),
+                        start, None if draw(st.integers(0, 9)) == 0 else start + draw(st.floats(0, 6) | st.sampled_from([0.0, 0.5, 1.0])),
                         name=draw(st.sampled_from(["a", "b", None])), user=draw(st.sampled_from(["u", "v"])),
                         submit_h=start - draw(st.floats(0, 3))))
     return out
@@ -496,6 +496,17 @@ def test_chain_wall_is_attempts_plus_gaps(attempts):
         assert ch.ettr is None or 0 <= ch.ettr <= 1 + 1e-9
 
 
+def test_a_failure_of_no_length_is_continued_by_the_next_attempt_not_by_itself():
+    """(Hypothesis' find) An attempt that failed as it started ends where it starts: it is no
+    attempt that can continue it, so the window of its name's attempts reaches the resubmission."""
+    s = Settings(resubmit_window=H / 2)
+    runs = r.classify_all([_run("0", "FAILED", 3.5, 3.5, name="a", submit_h=3.5), _run("2", "COMPLETED", 4, None, name="a", submit_h=4)], s=s)
+    assert [c.attempt.job_key for c in r.chain_candidates(runs, s)] == ["0", "2"]
+    assert [[c.attempt.job_key for c in ch.attempts] for ch in r.link_chains(runs, s=s)] == [["0", "2"]]
+    few, _ = _listed_and_every([c.attempt for c in runs], s, T0 + 10 * H)  # (the store's listing too)
+    assert sorted(c.attempt.job_key for c in few) == ["0-0", "2-1"]
+
+
 @given(st.sampled_from([6, 12, 48]).flatmap(attempt_histories), st.sampled_from([0.5, 1, 3]))
 @hsettings(max_examples=300, deadline=None)
 def test_the_candidates_link_the_broken_chains_as_linking_all_does(attempts, window_h):
@@ -510,19 +521,14 @@ def test_the_candidates_link_the_broken_chains_as_linking_all_does(attempts, win
     assert broken(r.link_chains(r.chain_candidates(classified, s), s=s, as_of=as_of)) == broken(r.link_chains(classified, s=s, as_of=as_of))
 
 
-@given(st.sampled_from([6, 12, 48]).flatmap(attempt_histories), st.sampled_from([0.5, 1, 3]))
-@hsettings(max_examples=25, deadline=None)
-def test_the_store_lists_the_attempts_chain_candidates_names(attempts, window_h):
-    """sql.RELIABILITY_ATTEMPTS' listing mirrors chain_candidates: stored (each attempt a job of
-    its own), the attempts the store lists (no largest ones) are the candidates among every
-    attempt listed, and link the same chains with an attempt that did not complete."""
+def _listed_and_every(attempts: list[Attempt], s: Settings, as_of: datetime) -> tuple[list, list]:
+    """The attempts stored (each a job of its own), read_store's listed ones (no largest) and every one."""
     import tempfile
 
     from gpufleet.analytics.params import Params
     from gpufleet.collector.schema import Batch
     from gpufleet.collector.store import StoreWriter, open_reader
 
-    s, as_of = Settings(resubmit_window=window_h * H), T0 + 60 * H
     rows = [_job_row(job_key=f"{a.job_key}-{i}", job_id=f"{a.job_key}-{i}", state=a.state, state_raw=a.state_raw, start=a.start, end=a.end,
                      submit=a.submit, gpus=a.gpus, user_name=a.user_name, account=a.account, name=a.name) for i, a in enumerate(attempts)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -534,6 +540,17 @@ def test_the_store_lists_the_attempts_chain_candidates_names(attempts, window_h)
         p = Params(T0 - 10 * H, as_of)
         few, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=0)
         every, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=10**6)
+    return few, every
+
+
+@given(st.sampled_from([6, 12, 48]).flatmap(attempt_histories), st.sampled_from([0.5, 1, 3]))
+@hsettings(max_examples=25, deadline=None)
+def test_the_store_lists_the_attempts_chain_candidates_names(attempts, window_h):
+    """sql.RELIABILITY_ATTEMPTS' listing mirrors chain_candidates: stored (each attempt a job of
+    its own), the attempts the store lists (no largest ones) are the candidates among every
+    attempt listed, and link the same chains with an attempt that did not complete."""
+    s, as_of = Settings(resubmit_window=window_h * H), T0 + 60 * H
+    few, every = _listed_and_every(attempts, s, as_of)
     assert len(every) == len(attempts)
     assert sorted(c.attempt.job_key for c in few) == sorted(c.attempt.job_key for c in r.chain_candidates(every, s))
     broken = lambda chs: sorted(tuple(c.attempt.job_key for c in ch.attempts) for ch in chs if any(c.cause not in ("completed", "not_ended") for c in ch.attempts))  # noqa: E731
