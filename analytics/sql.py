@@ -1050,9 +1050,10 @@ WHERE {_FILTERS}
 
 # --- Reliability (gpufleet.analytics.reliability) ---
 
-def _attempt_rows(only: str = "") -> str:
+def _attempt_rows(only: str = "", held: bool = True) -> str:
     """The WITH clause whose last table, a, is every job attempt RELIABILITY_ATTEMPTS describes;
-    `only`: more conditions on the jobs read ("AND ...")."""
+    `only`: more conditions on the jobs read ("AND ..."); `held`: with the GPUs each attempt whose
+    evidence can decide its cause held (False: the GPU counts of those accounting lacks alone)."""
     return f"""
 WITH f AS NOT MATERIALIZED (SELECT * FROM jobs WHERE {JOB_FILTERS}{only}),
 p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the window
@@ -1084,7 +1085,7 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
                                     NOT list_contains($no_evidence_states, coalesce(state, 'UNKNOWN')) AS evidence
                              FROM j) j
       ON a.cluster = j.cluster AND a.scheduler = j.scheduler AND a.job_key = j.job_key AND a.first_seen <= j.ran_to AND a.last_seen >= j.seen_from
-    WHERE j.evidence OR j.gpus IS NULL
+    WHERE {'j.evidence OR ' if held else ''}j.gpus IS NULL
     GROUP BY j.cluster, j.scheduler, j.job_key, j.start
 ), a AS (
     SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
@@ -1110,7 +1111,7 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 # reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
 # the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
 # (RELIABILITY_SUMMED), never read as rows.
-RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows() + """, reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
+RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
     -- that can continue it (submitted within $resubmit_s after its end)
     SELECT b.cluster, b.user_name, b.account, b.name, b.start AS r0, min(x.start) AS r1
     FROM a b JOIN a x ON x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
