@@ -799,7 +799,8 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
     end) - any of them that starts before that one is B's name's last attempt instead, and after
     it none can continue B - with every other attempt of their jobs. The chains of completed work
     alone (most of a fleet's) and a name's attempts away from its failures are not linked
-    (sql.RELIABILITY_ATTEMPTS lists the same ones)."""
+    (sql.RELIABILITY_ATTEMPTS lists the same ones). A job's attempts share its user, account and
+    name (the store's do: its earlier attempts take them from its record)."""
     classified = list(classified)
     key = lambda a: (a.cluster, a.user_name, a.account, a.name)  # noqa: E731
     broken = [c.attempt for c in classified if c.cause not in ("completed", "not_ended")]

@@ -468,14 +468,17 @@ def test_chain_by_hand():
 
 @st.composite
 def attempt_histories(draw, hours: float = 48):
-    out = []
+    """Attempts of jobs; a job's attempts share its user and name, as the store's do (its
+    earlier attempts take them from the job's record: sql.RELIABILITY_ATTEMPTS)."""
+    out, whose = [], {}
     for i in range(draw(st.integers(1, 25))):
         start = draw(st.floats(0, hours) | st.sampled_from([0.0, 1.0, 1.5]))  # (ties: attempts starting together, or as one ends)
         job = str(draw(st.integers(0, 8)))
-        out.append(_run(job + f".{i}" if draw(st.booleans()) else job, draw(st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])),
+        job = job + f".{i}" if draw(st.booleans()) else job
+        user, name = whose.setdefault(job, (draw(st.sampled_from(["u", "v"])), draw(st.sampled_from(["a", "b", None]))))
+        out.append(_run(job, draw(st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])),
                         start, None if draw(st.integers(0, 9)) == 0 else start + draw(st.floats(0, 6) | st.sampled_from([0.0, 0.5, 1.0])),
-                        name=draw(st.sampled_from(["a", "b", None])), user=draw(st.sampled_from(["u", "v"])),
-                        submit_h=start - draw(st.floats(0, 3))))
+                        name=name, user=user, submit_h=start - draw(st.floats(0, 3))))
     return out
 
 
