@@ -264,8 +264,10 @@ SLOW = (
     "tests/test_raw_reads.py::test_every_page_reads_no_raw_sample_beyond_the_edges",
     "tests/test_policy_rules.py::test_invariants",
     "tests/test_job_gpus.py::test_slurmrestd_without_gpu_tres_is_said_and_filled_from_slurmctld",
-    # ... and at stop 65: a store written and read twice for each of 25 histories (~10 s of CPU)
+    # ... and at stop 65: a store written and read twice for each of 25 histories (~10 s of CPU), and
+    # 300 histories linked twice (~8 s)
     "tests/test_reliability.py::test_the_store_lists_the_attempts_chain_candidates_names",
+    "tests/test_reliability.py::test_the_candidates_link_the_broken_chains_as_linking_all_does",
 )
 REAL_COMPONENT_FIXTURES = {"slurm_cluster", "prometheus_factory", "alertmanager_factory", "prometheus_bin", "promtool",
                            "alertmanager_bin", "amtool"}
