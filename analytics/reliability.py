@@ -189,6 +189,11 @@ class Classified:
     def failed(self) -> bool:
         return self.cause in FAILURE_CAUSES
 
+    @property
+    def broken(self) -> bool:
+        """Ended otherwise than completed: an attempt whose chain is linked (SQL's `broken`)."""
+        return self.cause not in ("completed", "not_ended")
+
 
 # States whose cause no hardware evidence changes (classify's rules 1-3 but the cancels): the store
 # does not read these attempts' GPUs
@@ -715,10 +720,14 @@ def _continues(prev: Classified, nxt: Classified, s: Settings) -> bool:
         return False
     if (a.cluster, a.scheduler, a.job_key) == (b.cluster, b.scheduler, b.job_key):
         return True  # a requeue or a restart of the same job
-    if prev.cause in ("completed", "not_ended") or not a.name or (a.user_name, a.account, a.name) != (b.user_name, b.account, b.name):
+    if not prev.broken or not a.name or (a.user_name, a.account, a.name) != (b.user_name, b.account, b.name):
         return False
-    resubmitted = b.submit or b.start
-    return a.cluster == b.cluster and a.end <= resubmitted <= a.end + s.resubmit_window
+    return a.cluster == b.cluster and _resubmits(a, b, s)
+
+
+def _resubmits(a: Attempt, b: Attempt, s: Settings) -> bool:
+    """Was b submitted (else started) within resubmit_window after a ended?"""
+    return a.end <= (b.submit or b.start) <= a.end + s.resubmit_window
 
 
 def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | None = None,
@@ -758,7 +767,7 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
             run += max(0.0, (a_end - a.start).total_seconds())
             if i:
                 gaps += (a.start - chain[i - 1].attempt.end).total_seconds()
-            if c.cause not in ("completed", "not_ended"):
+            if c.broken:
                 since, measured = lost_since(a, checkpoints, a_end)
                 upper |= not measured
                 lost += (a_end - since).total_seconds()
@@ -782,7 +791,7 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     lost = sum(n * ch.lost_s for n, ch in sized)
     # chains: those with an attempt that did not complete (which other attempts were linked, the
     # chain_candidates near them, is how they are found, not a figure); the rest is in others_gpu_s
-    broken = [ch for ch in chains if any(c.cause not in ("completed", "not_ended") for c in ch.attempts)]
+    broken = [ch for ch in chains if any(c.broken for c in ch.attempts)]
     return {"chains": len(broken), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
             "unknown_gpu_chains": sum(1 for ch in broken if ch.gpus is None),
             "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,
@@ -803,7 +812,7 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
     name (the store's do: its earlier attempts take them from its record)."""
     classified = list(classified)
     key = lambda a: (a.cluster, a.user_name, a.account, a.name)  # noqa: E731
-    broken = [c.attempt for c in classified if c.cause not in ("completed", "not_ended")]
+    broken = [c.attempt for c in classified if c.broken]
     by_name: dict[tuple, list[Attempt]] = {}
     for c in classified:
         if c.attempt.start is not None:
@@ -816,7 +825,7 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
         # (linked after B: link_chains takes attempts by start, then cluster and job; an exact tie is
         # left out here, which can only widen the window)
         can_continue = [x.start for x in named if (x.start > b.start or (x.start == b.start and x.job_key > b.job_key))
-                        and x.start >= b.end and b.end <= (x.submit or x.start) <= b.end + s.resubmit_window]
+                        and x.start >= b.end and _resubmits(b, x, s)]
         if can_continue:
             first = min(can_continue)
             jobs |= {(x.cluster, x.scheduler, x.job_key) for x in named if b.start <= x.start <= first}
