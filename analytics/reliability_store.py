@@ -20,7 +20,7 @@ from gpufleet.analytics.reliability import (
     chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
     link_chains, lost_since, node_failures,
 )
-from gpufleet.times import floor_time
+from gpufleet.times import ceil_time, floor_time
 
 SCHEMA = "gpufleet.reliability/v1"
 EVENT_READ_STEP = timedelta(hours=1)  # the attempts' health events are read over whole hours (read_store)
@@ -66,9 +66,8 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         # hours around the attempts' evidence windows: those are read from the facts alone, where
         # an edge cut out of a 5-minute bucket is read raw (samples, holds and parts: ~0.15 s at
         # 1,024 GPUs); an event outside an attempt's own window is not its evidence
-        hi = params.end + s.grace
-        hi = floor_time(hi, EVENT_READ_STEP) if floor_time(hi, EVENT_READ_STEP) == hi else floor_time(hi, EVENT_READ_STEP) + EVENT_READ_STEP
-        around = replace(params, start=floor_time(params.start - s.hardware_window, EVENT_READ_STEP), end=hi,
+        around = replace(params, start=floor_time(params.start - s.hardware_window, EVENT_READ_STEP),
+                         end=ceil_time(params.end + s.grace, EVENT_READ_STEP),
                          filters=replace(params.filters, model=None))
         ev = health.events(con, around)
         events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])

@@ -28,6 +28,12 @@ def floor_time(t: datetime, step: timedelta) -> datetime:
     return datetime(1970, 1, 1) + (t - datetime(1970, 1, 1)) // step * step
 
 
+def ceil_time(t: datetime, step: timedelta) -> datetime:
+    """t rounded up to a whole number of steps since the epoch (floor_time's other side)."""
+    down = floor_time(t, step)
+    return down if down == t else down + step
+
+
 def utcnow() -> datetime:
     """Now, as the store and the analytics hold times: naive UTC."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
