@@ -55,10 +55,7 @@ FROM wp
 WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)
 """
 
-# only the GPUs $gpus names (by uuid; NULL: all), and those without a uuid (FactWindow's `gpus`)
-# (a semi-join on the list: list_contains scans it for every row - 3.2 s rather than 0.15 s for the
-# 27,000 GPUs whose health moved in a 100,000-GPU week)
-ONLY_GPUS = "($gpus IS NULL OR gpu_uuid IS NULL OR gpu_uuid IN (SELECT unnest($gpus)))"
+ONLY_GPUS = cf.only_gpus()  # (FactWindow's `gpus`)
 # the parts of one grain's buckets in [$lo, $hi) from the store's facts: from their files alone
 # ($files: fact_files_of), not the fact_parts view, which opens every facts file of the store
 STORED_PARTS = ("SELECT * EXCLUDE (tag) FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "

@@ -194,6 +194,14 @@ WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi) {{where}}
 ORDER BY cluster, host, gpu_uuid, gi, ts
 """
 
+def only_gpus(uuid: str = "gpu_uuid") -> str:
+    """Only the GPUs $gpus names (by uuid; NULL: all), and those without a uuid: the reads of
+    some GPUs' samples, holds and parts (analytics.facts.FactWindow's `gpus`). A semi-join on the
+    list: list_contains scans it for every row (3.2 s rather than 0.15 s for the 27,000 GPUs whose
+    health moved in a 100,000-GPU week)."""
+    return f"($gpus IS NULL OR {uuid} IS NULL OR {uuid} IN (SELECT unnest($gpus)))"
+
+
 # Who held each GPU when: every allocation overlapping [$lo, $hi) with its whole extent (epoch us),
 # by the accounting's start and end where known (the analytics' al, unclipped); only those of the
 # GPUs $gpus names (by uuid; NULL: all), and of none.
@@ -204,7 +212,7 @@ FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE {ALLOCATION_END} > make_timestamp($lo) AND {ALLOCATION_START} < make_timestamp($hi)
-  AND {ALLOCATION_END} > {ALLOCATION_START} AND ($gpus IS NULL OR a.gpu_uuid IS NULL OR a.gpu_uuid IN (SELECT unnest($gpus)))
+  AND {ALLOCATION_END} > {ALLOCATION_START} AND {only_gpus('a.gpu_uuid')}
 ORDER BY a.cluster, a.host, a.gpu_uuid, a.gpu_instance, a0, a.scheduler, a.job_key
 """
 
