@@ -58,17 +58,20 @@ WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.mode
 ONLY_GPUS = cf.only_gpus()  # (FactWindow's `gpus`)
 # the parts of one grain's buckets in [$lo, $hi) from the store's facts: from their files alone
 # ($files: fact_files_of), not the fact_parts view, which opens every facts file of the store
+# ($buckets: the bucket starts wanted in [$lo, $hi), epoch us; NULL: all of them - a window cut
+# at a grid off the hours reads its grain's buckets of every grid cell in one statement, not one a cell)
 STORED_PARTS = ("SELECT * EXCLUDE (tag) FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
-                f"AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) AND {ONLY_GPUS}")
+                "AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) "
+                f"AND ($buckets IS NULL OR epoch_us(bucket) IN (SELECT unnest($buckets))) AND {ONLY_GPUS}")
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
-# facts; 86400: a day's hour and day facts), in time order
-FACT_FILES = ("SELECT file FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
+# facts; 86400: a day's hour and day facts), with their buckets, in time order
+FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
               "AND bucket < make_timestamp($hi) ORDER BY bucket")
 # whether the 5-minute facts of [$lo, $hi) have any data
 FACT_DATA = ("SELECT coalesce(sum(covered_s), 0) > 0 FROM read_parquet($files, hive_partitioning = false) "
              "WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi")
 # whether any raw sample (within the filters) holds into [$lo, $hi): a cut's, for edge_warnings
-CUT_SAMPLE = """SELECT 1 FROM gpu_samples WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi)
+CUT_SAMPLE = f"""SELECT 1 FROM {raw_reads.SAMPLES} WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi)
   AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) LIMIT 1"""
 # whether the reader has the facts' views (a store of before them has not)
 HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views() UNION ALL SELECT table_name FROM duckdb_tables()) "
@@ -238,11 +241,15 @@ def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[in
     return out
 
 
-def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, lo: int, hi: int) -> list[str]:
-    """The files holding the `grain` parts of [lo, hi) (epoch us; stored buckets, as tile gives them):
-    5-minute parts in their hours' files, hour and day parts in their days'."""
+def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, runs: list[tuple[int, int]]) -> list[str]:
+    """The files holding the `grain` parts of the runs [lo, hi) (epoch us, in order; stored buckets,
+    as tile gives them), in one statement: 5-minute parts in their hours' files, hour and day parts
+    in their days'."""
     file_grain, span = (cf.GRAIN_5M, cf.HOUR_US) if grain == cf.GRAIN_5M else (cf.GRAIN_1D, cf.DAY_US)
-    return [r[0] for r in con.execute(FACT_FILES, {"tag": tag, "file_grain": file_grain, "lo": lo - lo % span, "hi": hi}).fetchall()]
+    spans = [(lo - lo % span, hi) for lo, hi in runs]
+    rows = con.execute(FACT_FILES, {"tag": tag, "file_grain": file_grain, "lo": spans[0][0], "hi": spans[-1][1]}).fetchall()
+    starts = [lo for lo, _ in spans]
+    return list(dict.fromkeys(f for f, b in rows if (i := bisect_right(starts, b) - 1) >= 0 and b < spans[i][1]))
 
 
 # The window's tables a figure's query may read, by name, and the statement that builds each
@@ -346,21 +353,24 @@ class FactWindow:
                     tables += self._raw(cells)
                     cells = []
                 cells.append((a, b))
-            else:
-                if cells:
-                    tables += self._raw(cells)
-                    cells = []
-                q, tag = STORED_PARTS, self.fp.tag()
-                files = fact_files_of(self.con, tag, grain, a, b)
-                tables.append(self.con.sql(q, params={"files": files, "tag": tag, "grain": grain, "lo": a, "hi": b, "gpus": self.gpus}).to_arrow_table())
-                self.tiles[grain] = self.tiles.get(grain, 0) + (b - a) // (grain * 1_000_000)
         if cells:
             tables += self._raw(cells)
+        for grain in sorted({g for g, _, _ in spans if g is not None}):
+            tables.append(self._stored(grain, [(a, b) for g, a, b in spans if g == grain]))
         parts = pa.concat_tables([cf.conform(t) for t in tables]) if tables else cf.SCHEMA.empty_table()
         # wp: the Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered): a temp
         # table of it first was a second copy of every part's ~200 columns (a fifth of a 4,096-GPU
         # day's Analysis CPU)
         self.con.register("wp", parts)
+
+    def _stored(self, grain: int, runs: list[tuple[int, int]]) -> pa.Table:
+        """The stored parts of one grain's runs of buckets [a, b), in one statement over their files."""
+        tag, step = self.fp.tag(), grain * 1_000_000
+        files = fact_files_of(self.con, tag, grain, runs)
+        buckets = None if len(runs) == 1 else [t for a, b in runs for t in range(a, b, step)]
+        self.tiles[grain] = self.tiles.get(grain, 0) + sum((b - a) // step for a, b in runs)
+        return self.con.sql(STORED_PARTS, params={"files": files, "tag": tag, "grain": grain, "lo": runs[0][0],
+                                                  "hi": runs[-1][1], "buckets": buckets, "gpus": self.gpus}).to_arrow_table()
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
         """The window [s, e) cut at its grid's edges (grid_us; none: whole)."""
@@ -379,7 +389,7 @@ class FactWindow:
         fleet's stay an hour at a time."""
         out = []
         where = f"AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) AND {ONLY_GPUS}"
-        q = cf.samples_query("gpu_samples", where)
+        q = cf.samples_query(raw_reads.SAMPLES, where)
         t, hi = cells[0][0], cells[-1][1]
         starts = [a for a, _ in cells]  # (contiguous and in order: an hour's spans are found by bisection)
         hours = 1
@@ -394,7 +404,7 @@ class FactWindow:
                 continue
             u = min(hi, t - t % cf.HOUR_US + hours * cf.HOUR_US)
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
-                                                           "model": self.p.filters.model, "gpus": self.gpus}, t, u)
+                                                           "model": self.p.filters.model, "gpus": self.gpus}, t, u, self.fp.gap_us)
             hours = max(1, min(RAW_READ_HOURS, RAW_READ_ROWS * (u - t) // (max(samples.num_rows, 1) * cf.HOUR_US)))
             if samples.num_rows:
                 hold = cf.holds(self.con, t, u, self.fp, self.gpus)
@@ -506,10 +516,10 @@ def edge_warnings(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
             if lo % FIVE_US == hi % FIVE_US == 0:
                 continue
             bind = {"lo": lo, "hi": hi, "gap_us": fp.gap_us, "cluster": params.filters.cluster, "model": params.filters.model}
-            if raw_reads.read(cur, "edge", CUT_SAMPLE, bind, lo, hi).num_rows:
+            if raw_reads.read(cur, "edge", CUT_SAMPLE, bind, lo, hi, fp.gap_us).num_rows:
                 continue
             b0 = lo - lo % FIVE_US
-            files = fact_files_of(cur, fp.tag(), cf.GRAIN_5M, b0, hi)  # (its hour's file alone, not every facts file)
+            files = fact_files_of(cur, fp.tag(), cf.GRAIN_5M, [(b0, hi)])  # (its hour's file alone, not every facts file)
             if files and cur.execute(FACT_DATA, {"files": files, "tag": fp.tag(), "lo": b0, "hi": hi}).fetchall()[0][0]:
                 out.append(f"{from_epoch_us(s if lo == s else e):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a 5-minute "
                            "bucket whose raw samples retention has retired (its facts are kept): the bucket's part inside the "

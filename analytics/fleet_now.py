@@ -170,7 +170,7 @@ def _span_rows(cur: duckdb.DuckDBPyConnection, fp: FactParams, binds: dict[str, 
         if grain is None:
             out.append((True, raw_reads.read(cur, kind, raw_query, sql.bound(raw_query, bind), a, b)))
         else:
-            bind["files"] = fact_files_of(cur, fp.tag(), grain, a, b)
+            bind["files"] = fact_files_of(cur, fp.tag(), grain, [(a, b)])
             out.append((False, cur.sql(fact_query, params=sql.bound(fact_query, bind)).to_arrow_table()))
     return out
 

@@ -110,7 +110,7 @@ def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | N
         raw_us, files = min(max(t, s), e), []
         for day in range(s - s % DAY_US, raw_us, DAY_US):  # (each day's file, else its hours')
             whole = day in stored[GRAIN_1D]
-            files += fact_files_of(cur, tag, GRAIN_1D if whole else GRAIN_5M, day if whole else max(day, s), min(day + DAY_US, raw_us))
+            files += fact_files_of(cur, tag, GRAIN_1D if whole else GRAIN_5M, [(day if whole else max(day, s), min(day + DAY_US, raw_us))])
         if not files:
             return None
         q = sql.HEALTH_MOVED_GPUS

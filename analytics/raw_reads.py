@@ -22,6 +22,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from gpufleet.collector.store import samples_between
+
 KINDS = ("edge", "raw path", "job states", "health events", "foreign processes", "fleet now", "fleet now newest", "fleet now xids")
 
 
@@ -77,10 +79,20 @@ class RawReads:
 READS = RawReads()
 
 
+# In a query read here: the samples of the read's days (collector.store.samples_between), not the
+# gpu_samples view, over which DuckDB opens the footer of every sample file of the store
+SAMPLES = "{samples}"
+
+
 def read(con: duckdb.DuckDBPyConnection, kind: str, query: str, params: dict[str, Any] | None,
-         lo_us: int | None, hi_us: int | None) -> pa.Table:
-    """`query` (one that reads gpu_samples) on `con`, its answer counted in READS as a read of
-    `kind` over [lo_us, hi_us)."""
+         lo_us: int | None, hi_us: int | None, reach_us: int = 0) -> pa.Table:
+    """`query` (one that reads gpu_samples, or SAMPLES: the files of the days of [lo_us - reach_us,
+    hi_us), the rows its WHERE reads) on `con`, its answer counted in READS as a read of `kind`
+    over [lo_us, hi_us)."""
+    if SAMPLES in query:
+        if lo_us is None or hi_us is None:
+            raise ValueError(f"a read of {kind} over {SAMPLES} needs its time range: got [{lo_us}, {hi_us})")
+        query = query.replace(SAMPLES, samples_between(con, lo_us - reach_us, hi_us))
     t = con.sql(query, params=params).to_arrow_table()
     READS.note(kind, lo_us, hi_us, t.num_rows)
     return t

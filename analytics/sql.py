@@ -34,6 +34,7 @@ from typing import Any
 
 from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS,
                                       LINE_COLUMNS, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
+from gpufleet.analytics.raw_reads import SAMPLES
 from gpufleet.collector.facts import PROFILING, THROTTLE_REASONS
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -611,7 +612,7 @@ FROM read_parquet($files, hive_partitioning = false)
 WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) AND lead
   AND first_sample_ts IS NOT NULL AND {_FILTERS}
 """
-NOW_RAW_ROWS = NOW_HOURS.format(source="gpu_samples", where=f"ts >= make_timestamp($lo) AND ts < make_timestamp($hi) AND {_FILTERS}")
+NOW_RAW_ROWS = NOW_HOURS.format(source=SAMPLES, where=f"ts >= make_timestamp($lo) AND ts < make_timestamp($hi) AND {_FILTERS}")
 # The last XID code per GPU and span of (as_of - forget_after, as_of] and its time (fleet_now.
 # xid_rows writes them to the temp table xid_rows; GPU_STATES takes each GPU's latest): from the
 # facts' lead parts (each code's last sample time, gpufleet.collector.facts xid_codes) and from raw
@@ -625,7 +626,7 @@ GROUP BY ALL
 """
 RAW_XID_ROWS = f"""
 SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, arg_max(xid_last, ts) AS xid, max(ts) AS xid_at
-FROM gpu_samples
+FROM {SAMPLES}
 WHERE ts >= make_timestamp($lo) AND ts < make_timestamp($hi) AND xid_last > 0 AND {_FILTERS}
 GROUP BY ALL
 """
@@ -637,7 +638,7 @@ HAVING max(now_last) > coalesce(max(now_last) FILTER (WHERE from_raw), '-infinit
 """
 # their newest samples (NOW_RAW_ROWS' rows of just those samples), $lo and $hi the least and largest time wanted
 NOW_NEWEST_AT = NOW_HOURS.format(
-    source="gpu_samples g",
+    source=f"{SAMPLES} g",
     where=f"ts >= $lo AND ts <= $hi AND {_FILTERS} AND EXISTS (SELECT 1 FROM now_want w WHERE w.ts = g.ts AND "
           "w.cluster IS NOT DISTINCT FROM g.cluster AND w.host IS NOT DISTINCT FROM g.host AND "
           "w.gpu_uuid IS NOT DISTINCT FROM g.gpu_uuid AND w.gi = coalesce(g.gpu_instance, -1))")
@@ -844,7 +845,7 @@ SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, any_value(gpu)
        {_throttled_pct(HW_SLOWDOWN_BITS)} AS hw_slowdown_pct,
        (arg_max(thermal_violation_ns, ts) - arg_min(thermal_violation_ns, ts)) / 1e9 AS thermal_violation_s,
        (arg_max(power_violation_ns, ts) - arg_min(power_violation_ns, ts)) / 1e9 AS power_violation_s
-FROM gpu_samples
+FROM {SAMPLES}
 WHERE {_HEALTH_WINDOW}
 GROUP BY cluster, host, gpu_uuid, coalesce(gpu_instance, -1)
 """
@@ -871,13 +872,13 @@ GPU_EVENTS = f"""
 WITH s AS (
     SELECT ts, cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu, model,
            xid_last, ecc_dbe_vol, ecc_sbe_vol, remap_failure, remap_uncorrectable, gpu_up
-    FROM gpu_samples WHERE {_HEALTH_WINDOW}
+    FROM {SAMPLES} WHERE {_HEALTH_WINDOW}
       AND (xid_last > 0 OR ecc_dbe_vol > 0 OR ecc_sbe_vol > 0 OR remap_failure > 0 OR remap_uncorrectable > 0 OR gpu_up = 0)
 ), base AS (
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi,
            arg_min(ecc_dbe_vol, ts) AS dbe0, arg_min(ecc_sbe_vol, ts) AS sbe0,
            arg_min(remap_uncorrectable, ts) AS unc0
-    FROM gpu_samples WHERE {_HEALTH_WINDOW}
+    FROM {SAMPLES} WHERE {_HEALTH_WINDOW}
     GROUP BY ALL
 )
 SELECT min(ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, arg_min(model, ts) AS model,
@@ -902,7 +903,7 @@ TEMPERATURE_BY_HOST = f"""
 SELECT {_TEMP_BUCKET.format(t="ts")} AS bucket,
        cluster, host, max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, avg(gpu_temp_c)::DOUBLE AS gpu_temp_avg_c,
        max(mem_temp_c)::DOUBLE AS mem_temp_max_c
-FROM gpu_samples
+FROM {SAMPLES}
 WHERE {_HEALTH_WINDOW} AND (gpu_temp_c IS NOT NULL OR mem_temp_c IS NOT NULL)
 GROUP BY ALL ORDER BY cluster, host, bucket
 """
@@ -981,7 +982,7 @@ _KIND_VALUE = "CASE m.kind " + " ".join(f"WHEN '{kind}' THEN s.{col}" for kind, 
 EVENTS_OF_MIXED_PARTS = f"""
 SELECT m.kind, m.cluster, m.host, m.gpu_uuid, m.gi, any_value(s.gpu) AS gpu, arg_min(s.model, s.ts) AS model,
        min(s.ts) AS ts, count(*) AS n, max({_KIND_VALUE}) AS top
-FROM gpu_samples s JOIN _health_mixed m
+FROM {SAMPLES} s JOIN _health_mixed m
   ON s.cluster IS NOT DISTINCT FROM m.cluster AND s.host IS NOT DISTINCT FROM m.host AND s.gpu_uuid IS NOT DISTINCT FROM m.gpu_uuid
  AND coalesce(s.gpu_instance, -1) = m.gi
 WHERE s.ts >= make_timestamp($lo) AND s.ts < make_timestamp($hi) AND {_KIND_VALUE} > m.base
@@ -1226,7 +1227,7 @@ SELECT al.k, s.gpu, epoch(s.ts) AS ts, {LINE_COLUMNS.format(s="s.")},
        CASE WHEN s.nvlink_tx_bytes_per_s IS NOT NULL OR s.nvlink_rx_bytes_per_s IS NOT NULL
             THEN coalesce(s.nvlink_tx_bytes_per_s, 0)::DOUBLE + coalesce(s.nvlink_rx_bytes_per_s, 0) END AS nvlink,
        CASE WHEN s.mig_profile IS NULL THEN 1.0 ELSE {gpu_equiv('s')} END AS equiv, s.foreign_processes
-FROM gpu_samples s
+FROM {SAMPLES} s
 JOIN _job_al al ON al.host = s.host AND al.gpu_uuid = s.gpu_uuid AND al.gi = coalesce(s.gpu_instance, -1)
  AND epoch(s.ts) >= al.a0 - $max_gap AND epoch(s.ts) < al.a1
 WHERE s.cluster = $job_cluster AND s.host >= $host_lo AND s.host <= $host_hi AND s.ts >= $lo AND s.ts < $hi
@@ -1239,7 +1240,7 @@ WHERE s.cluster = $job_cluster AND s.host >= $host_lo AND s.host <= $host_hi AND
 FOREIGN_PROCESS_GPUS = f"""
 SELECT cluster, host, gpu, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, arg_max(model, ts) AS model,
        max(foreign_processes)::DOUBLE AS foreign_processes_max, count(*) AS samples, min(ts) AS first_seen, max(ts) AS last_seen
-FROM gpu_samples
+FROM {SAMPLES}
 WHERE foreign_processes > 0 AND ts >= $start AND ts < $end AND {_FILTERS}
 GROUP BY cluster, host, gpu, gpu_uuid, gi
 ORDER BY last_seen DESC, cluster, host, gpu

@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
-from gpufleet.collector.store import READER_THREADS_ENV, StoreError, StoreWriter, open_reader
+from gpufleet.collector.store import READER_THREADS_ENV, StoreError, StoreWriter, open_reader, samples_between
 
 T0 = datetime(2026, 11, 16, 23, 59, 30)
 
@@ -52,6 +52,29 @@ def test_commit_publish_and_read(tmp_path):
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert sorted(f.split("/")[1] for f in manifest["samples"]) == ["date=2026-11-16", "date=2026-11-17"]
     w.close()
+
+
+def test_a_read_of_some_minutes_opens_only_their_days_files(tmp_path):
+    """samples_between: the files of the days a range touches (a sample file holds its date
+    partition's samples alone), the same rows as the whole view; none where no day has files."""
+    from gpufleet.times import epoch_us
+
+    w = StoreWriter(tmp_path)
+    days = [T0 + timedelta(days=d, minutes=1) for d in range(4)]  # 00:00:30 of four days
+    for i, t in enumerate(days):
+        w.commit(Batch(key=f"scrape:n1:{i}", samples=samples([t, t + timedelta(hours=12)], [i, i + 0.5])))
+    w.publish()
+    w.close()
+    con = open_reader(tmp_path)
+    lo, hi = epoch_us(days[1] - timedelta(seconds=10)), epoch_us(days[2] + timedelta(hours=1))
+    source = samples_between(con, lo, hi)
+    assert "date=2026-11-17" not in source and "date=2026-11-20" not in source, source
+    assert "date=2026-11-18" in source and "date=2026-11-19" in source, source
+    q = "SELECT ts, gpu_util FROM {} WHERE ts >= make_timestamp($lo) AND ts < make_timestamp($hi) ORDER BY ts"
+    got = con.execute(q.format(source), {"lo": lo, "hi": hi}).fetchall()
+    assert got == con.execute(q.format("gpu_samples"), {"lo": lo, "hi": hi}).fetchall() == [(days[1], 1.0), (days[1] + timedelta(hours=12), 1.5), (days[2], 2.0)]
+    before = epoch_us(T0 - timedelta(days=3))
+    assert con.execute(q.format(samples_between(con, before, before + 3_600_000_000)), {"lo": before, "hi": before + 1}).fetchall() == []
 
 
 def test_reader_threads_are_duckdbs_default_unless_the_environment_names_a_number(tmp_path, monkeypatch):
