@@ -5,6 +5,7 @@ when a field it does not read changes, a planted checkpoint period and straggler
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from datetime import datetime, timedelta
 
@@ -127,20 +128,31 @@ def test_time_with_data_follows_max_gap_and_the_allocation():
 _COLUMNS = ("util", "procs", "sm_active", "tensor_active", "pcie_rx", "nvlink")
 
 
+@functools.cache
+def _n_of(values: tuple, n: int, optional: bool = False) -> st.SearchStrategy:
+    """n draws of `values` (an array; or None, `optional`), built once per (values, n): a strategy
+    built inside a draw is validated and labelled again at every draw."""
+    many = st.lists(st.sampled_from(values), min_size=n, max_size=n).map(np.array)
+    return st.one_of(st.none(), many) if optional else many
+
+
+_STEPS, _STARTS = st.sampled_from([10.0, 15.0, 45.0]), st.sampled_from([0.0, 7.0])
+
+
 @st.composite
 def jobs(draw):
     n_gpus = draw(st.integers(1, 3))
     n = draw(st.integers(1, 60))
     out = []
     for k in range(n_gpus):
-        step = draw(st.sampled_from([10.0, 15.0, 45.0]))
-        util = draw(st.lists(st.sampled_from([0.0, 3.0, 20.0, 95.0, float("nan")]), min_size=n, max_size=n))
+        step = draw(_STEPS)
+        util = draw(_n_of((0.0, 3.0, 20.0, 95.0, float("nan")), n))
 
         def col(values):
-            return draw(st.one_of(st.none(), st.lists(st.sampled_from(values), min_size=n, max_size=n).map(np.array)))
+            return draw(_n_of(tuple(values), n, optional=True))
 
-        out.append(GpuSamples(gpu=f"h:{k}", a0=draw(st.sampled_from([0.0, 7.0])), a1=draw(st.sampled_from([n * step, n * step / 2])),
-                              ts=np.arange(n) * step, util=np.array(util), procs=col([0.0, 1.0, float("nan")]),
+        out.append(GpuSamples(gpu=f"h:{k}", a0=draw(_STARTS), a1=draw(st.sampled_from([n * step, n * step / 2])),
+                              ts=np.arange(n) * step, util=util, procs=col([0.0, 1.0, float("nan")]),
                               sm_active=col([0.1, 0.9, float("nan")]), tensor_active=col([0.05, 0.7]),
                               pcie_rx=col([1e6, 5e9]), nvlink=col([0.0, 5e10])))
     return out
@@ -243,15 +255,19 @@ def _walk_low_states(s: GpuSamples, t: Thresholds) -> tuple[dict[str, float], S.
     return {name: float(sum(d for d, x in zip(dur, state) if x == name)) for name in names}, rhythm
 
 
+_RHYTHM_KINDS = {"busy": 90.0, "low": 0.0, "low3": 3.0, "nan": float("nan")}
+_RHYTHM_PARTS = st.lists(st.tuples(st.sampled_from([*_RHYTHM_KINDS, "gap"]), st.integers(1, 50)), max_size=12)
+_DIPS = st.sampled_from([1, 2, 4, 6, 19, 20])
+
+
 @st.composite
 def rhythmic_gpus(draw):
     """A GPU of stretches (busy, low, unreported, unsampled) with a recurring dip pattern planted
     among them half the time; whole seconds, so every sum is exact whatever its order."""
-    kinds = {"busy": 90.0, "low": 0.0, "low3": 3.0, "nan": float("nan")}
-    stretch = st.tuples(st.sampled_from([*kinds, "gap"]), st.integers(1, 50))
-    parts = draw(st.lists(stretch, max_size=12))
+    kinds = _RHYTHM_KINDS
+    parts = draw(_RHYTHM_PARTS)
     if draw(st.booleans()):
-        busy, dip = draw(st.integers(2, 30)), draw(st.sampled_from([1, 2, 4, 6, 19, 20]))  # 20 x 15 s: idle_min_s
+        busy, dip = draw(st.integers(2, 30)), draw(_DIPS)  # 20 x 15 s: idle_min_s
         at = draw(st.integers(0, len(parts)))
         parts[at:at] = [("busy", busy), ("low", dip)] * draw(st.integers(2, 8))
     ts, util, t = [], [], 0
@@ -262,7 +278,7 @@ def rhythmic_gpus(draw):
                 util.append(kinds[kind])
             t += 15
     n = len(ts)
-    procs = np.array(draw(st.lists(st.sampled_from([1.0, 1.0, 1.0, 0.0, float("nan")]), min_size=n, max_size=n)))
+    procs = draw(_n_of((1.0, 1.0, 1.0, 0.0, float("nan")), n))
     return GpuSamples(gpu="n1:0", a0=float(draw(st.integers(0, 40))), a1=float(t - draw(st.integers(0, 40))), ts=np.array(ts, dtype=float),
                       util=np.array(util), procs=procs, sm_active=np.full(n, 0.9), tensor_active=np.full(n, 0.6),
                       pcie_rx=np.full(n, 1e8), nvlink=np.full(n, 1e9))

@@ -604,27 +604,42 @@ _VALUE = st.one_of(st.sampled_from(["0", "1", "-1", "1.5", "1e3", "NaN", "+Inf",
                    st.lists(_FRAGMENTS, max_size=4).map("".join))
 
 
+# _line's and _gpu_line's draws, built once: a strategy built inside a draw is validated and
+# labelled again at every draw
+_KINDS = st.sampled_from(["junk", "bare", "comment", "sample", "valid", "valid"])
+_JUNK = st.lists(_FRAGMENTS, max_size=12).map("".join)
+_VALID_KEYS = st.lists(st.sampled_from(["a", "gpu", "UUID", "Hostname", "GPU_I_ID", "pod", "namespace", "hpc_job"]), max_size=5, unique=True)
+_COMMA = st.sampled_from([",", ", "])
+_INDEX = st.sampled_from(["0", "1", "x"])
+_VALID_VALUE = st.sampled_from(["0", "1", "-1", "1.5", "68.244000", "1e3", "NaN", "+Inf", "9223372036854775794", "5 1700000000000"])
+_VALID_NAME = st.sampled_from(["m", "a:b", "DCGM_FI_DEV_GPU_UTIL", "dcgm_power_violation", "gpufleet_gpu_job_info"])
+_ANY_NAME = st.sampled_from(["m", "DCGM_FI_DEV_GPU_UTIL", "a:b", "_x", "0bad", "", "m m"])
+_COMMENT = st.sampled_from(['HELP', 'TYPE', 'other'])
+_LABELS = st.lists(st.tuples(st.sampled_from(["a", "b", "gpu", "UUID", "__x", "1", "a:b", ""]), _LABEL_VALUE), max_size=4)
+_SEP = st.sampled_from([",", ", ", ",\t", ""])
+_SPACE = st.sampled_from([' ', '  ', ''])
+
+
 @st.composite
 def _line(draw) -> str:
-    kind = draw(st.sampled_from(["junk", "bare", "comment", "sample", "valid", "valid"]))
+    kind = draw(_KINDS)
     if kind == "junk":
-        return draw(st.lists(_FRAGMENTS, max_size=12).map("".join))
+        return draw(_JUNK)
     if kind == "valid":  # well-formed, with arbitrary (escaped) label values: what the fast path takes
-        keys = draw(st.lists(st.sampled_from(["a", "gpu", "UUID", "Hostname", "GPU_I_ID", "pod", "namespace", "hpc_job"]), max_size=5, unique=True))
-        body = draw(st.sampled_from([",", ", "])).join(
-            f'{k}="{draw(st.sampled_from(["0", "1", "x"]) if k in ("gpu", "GPU_I_ID") else _ESCAPED_TEXT)}"' for k in keys)
-        value = draw(st.sampled_from(["0", "1", "-1", "1.5", "68.244000", "1e3", "NaN", "+Inf", "9223372036854775794", "5 1700000000000"]))
-        name = draw(st.sampled_from(["m", "a:b", "DCGM_FI_DEV_GPU_UTIL", "dcgm_power_violation", "gpufleet_gpu_job_info"]))
+        keys = draw(_VALID_KEYS)
+        body = draw(_COMMA).join(f'{k}="{draw(_INDEX if k in ("gpu", "GPU_I_ID") else _ESCAPED_TEXT)}"' for k in keys)
+        value = draw(_VALID_VALUE)
+        name = draw(_VALID_NAME)
         return f"{name}{{{body}}} {value}"
-    name = draw(st.sampled_from(["m", "DCGM_FI_DEV_GPU_UTIL", "a:b", "_x", "0bad", "", "m m"]))
+    name = draw(_ANY_NAME)
     if kind == "bare":
         return f"{name} {draw(_VALUE)}"
     if kind == "comment":
-        return f"# {draw(st.sampled_from(['HELP', 'TYPE', 'other']))} {name} {draw(_LABEL_VALUE)}"
-    labels = draw(st.lists(st.tuples(st.sampled_from(["a", "b", "gpu", "UUID", "__x", "1", "a:b", ""]), _LABEL_VALUE), max_size=4))
-    sep = draw(st.sampled_from([",", ", ", ",\t", ""]))
+        return f"# {draw(_COMMENT)} {name} {draw(_LABEL_VALUE)}"
+    labels = draw(_LABELS)
+    sep = draw(_SEP)
     body = sep.join(f'{k}="{v}"' for k, v in labels)
-    return f"{name}{{{body}}}{draw(st.sampled_from([' ', '  ', '']))}{draw(_VALUE)}"
+    return f"{name}{{{body}}}{draw(_SPACE)}{draw(_VALUE)}"
 
 
 @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -633,20 +648,27 @@ def test_fast_path_equals_prometheus_client_on_generated_input(lines, final_newl
     assert_same_as_reference("\n".join(lines) + ("\n" if final_newline else ""))
 
 
+_GPU_LABELS = (("GPU_I_ID", ["1", "2"]), ("Hostname", ["n1", "n2", ""]), ("hostname", ["n3"]),
+               ("pod", ["p", "dcgm-exporter-x", ""]), ("namespace", ["ns", "gpu-operator"]),
+               ("exported_pod", ["q"]), ("exported_namespace", ["ns2"]), ("hpc_job", ["0", "7", "8"]),
+               ("scheduler", ["slurm", "kubernetes"]), ("job_id", ["9"]), ("modelName", ["A \\\"B\\\"", "H100"]))
+_GPU_LABEL_VALUES = {key: st.sampled_from(values) for key, values in _GPU_LABELS}
+_UUIDS = st.sampled_from(["GPU-a", "GPU-b", ""])
+_GPU_NAMES = st.sampled_from(["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                              "dcgm_power_violation", "gpufleet_gpu_up", "gpufleet_gpu_job_info", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"])
+_GPU_VALUES = st.sampled_from(["0", "1", "55.5", "9223372036854775794", "NaN", "-Inf", "1e3", "x"])
+
+
 @st.composite
 def _gpu_line(draw) -> str:
     """A GPU series as exporters write it, with the labels parse_exposition reads, in any order."""
-    labels = {"gpu": draw(st.sampled_from(["0", "1", "x"])), "UUID": draw(st.sampled_from(["GPU-a", "GPU-b", ""]))}
-    for key, values in (("GPU_I_ID", ["1", "2"]), ("Hostname", ["n1", "n2", ""]), ("hostname", ["n3"]),
-                        ("pod", ["p", "dcgm-exporter-x", ""]), ("namespace", ["ns", "gpu-operator"]),
-                        ("exported_pod", ["q"]), ("exported_namespace", ["ns2"]), ("hpc_job", ["0", "7", "8"]),
-                        ("scheduler", ["slurm", "kubernetes"]), ("job_id", ["9"]), ("modelName", ["A \\\"B\\\"", "H100"])):
+    labels = {"gpu": draw(_INDEX), "UUID": draw(_UUIDS)}
+    for key, _ in _GPU_LABELS:
         if draw(st.booleans()):
-            labels[key] = draw(st.sampled_from(values))
+            labels[key] = draw(_GPU_LABEL_VALUES[key])
     items = draw(st.permutations(list(labels.items())))
-    name = draw(st.sampled_from(["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-                                 "dcgm_power_violation", "gpufleet_gpu_up", "gpufleet_gpu_job_info", "DCGM_FI_DEV_VGPU_LICENSE_STATUS"]))
-    value = draw(st.sampled_from(["0", "1", "55.5", "9223372036854775794", "NaN", "-Inf", "1e3", "x"]))
+    name = draw(_GPU_NAMES)
+    value = draw(_GPU_VALUES)
     return f"{name}{{{','.join(f'{k}={chr(34)}{v}{chr(34)}' for k, v in items)}}} {value}"
 
 

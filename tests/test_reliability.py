@@ -102,20 +102,27 @@ def test_requeues_are_attempts_of_one_job():
 states = st.sampled_from(sorted(KNOWN_STATES | {"UNKNOWN", "garbage"}))
 
 
+# attempts_and_events' draws, built once: a strategy built inside a draw is validated and labelled
+# again at every draw
+_BY = st.sampled_from(["", " by 0", " by 1000"])
+_HOLDS = st.lists(st.sampled_from([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-c")]), max_size=3, unique=True)
+_EXITS = st.sampled_from([None, "0:0", "1:0", "0:9"])
+_EVENT_GPUS = st.sampled_from([("n1", "GPU-a"), ("n2", "GPU-c")])
+_EVENT_KINDS, _EVENT_CODES = st.sampled_from(["xid", "ecc_dbe", "ecc_sbe", "gpu_lost"]), st.sampled_from([13, 48, 79, 31])
+
+
 @st.composite
 def attempts_and_events(draw):
     n = draw(st.integers(1, 30))
     out = []
     for i in range(n):
         state = draw(states)
-        by = draw(st.sampled_from(["", " by 0", " by 1000"]))
+        by = draw(_BY)
         start = T0 + timedelta(minutes=draw(st.integers(0, 600)))
-        hold = draw(st.lists(st.sampled_from([("n1", "GPU-a"), ("n1", "GPU-b"), ("n2", "GPU-c")]), max_size=3, unique=True))
+        hold = draw(_HOLDS)
         out.append(Attempt("c", "slurm", str(i), str(i), state, start, start + timedelta(minutes=draw(st.integers(0, 300))),
-                           gpus=len(hold), state_raw=state + by, exit_code=draw(st.sampled_from([None, "0:0", "1:0", "0:9"])),
-                           gpus_held=tuple(hold)))
-    events = [Event(T0 + timedelta(minutes=draw(st.integers(0, 900))), *draw(st.sampled_from([("n1", "GPU-a"), ("n2", "GPU-c")])),
-                    draw(st.sampled_from(["xid", "ecc_dbe", "ecc_sbe", "gpu_lost"])), draw(st.sampled_from([13, 48, 79, 31])))
+                           gpus=len(hold), state_raw=state + by, exit_code=draw(_EXITS), gpus_held=tuple(hold)))
+    events = [Event(T0 + timedelta(minutes=draw(st.integers(0, 900))), *draw(_EVENT_GPUS), draw(_EVENT_KINDS), draw(_EVENT_CODES))
               for _ in range(draw(st.integers(0, 10)))]
     cancels = draw(st.sets(st.sampled_from([("c", "slurm", str(i)) for i in range(n)])))
     return out, events, cancels
@@ -466,18 +473,25 @@ def test_chain_by_hand():
     assert r.checkpoint_advice(ch, None, 60, None)["advised_interval_s"] is None  # no rate: unknown, not 0
 
 
+# attempt_histories' draws, built once: a strategy built inside a draw is validated and labelled
+# again at every draw (two thirds of these properties' time was hypothesis building strategies)
+_STARTS = {h: st.floats(0, h) | st.sampled_from([0.0, 1.0, 1.5]) for h in (6, 12, 48)}  # hours (ties: attempts starting together, or as one ends)
+_LENGTHS = st.floats(0, 6) | st.sampled_from([0.0, 0.5, 1.0])
+_STATES = st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])
+_USERS, _NAMES = st.sampled_from(["u", "v"]), st.sampled_from(["a", "b", None])
+
+
 @st.composite
 def attempt_histories(draw, hours: float = 48):
     """Attempts of jobs; a job's attempts share its user and name, as the store's do (its
     earlier attempts take them from the job's record: sql.RELIABILITY_ATTEMPTS)."""
     out, whose = [], {}
     for i in range(draw(st.integers(1, 25))):
-        start = draw(st.floats(0, hours) | st.sampled_from([0.0, 1.0, 1.5]))  # (ties: attempts starting together, or as one ends)
+        start = draw(_STARTS[hours])
         job = str(draw(st.integers(0, 8)))
         job = job + f".{i}" if draw(st.booleans()) else job
-        user, name = whose.setdefault(job, (draw(st.sampled_from(["u", "v"])), draw(st.sampled_from(["a", "b", None]))))
-        out.append(_run(job, draw(st.sampled_from(["COMPLETED", "FAILED", "NODE_FAIL", "REQUEUED", "RUNNING"])),
-                        start, None if draw(st.integers(0, 9)) == 0 else start + draw(st.floats(0, 6) | st.sampled_from([0.0, 0.5, 1.0])),
+        user, name = whose.setdefault(job, (draw(_USERS), draw(_NAMES)))
+        out.append(_run(job, draw(_STATES), start, None if draw(st.integers(0, 9)) == 0 else start + draw(_LENGTHS),
                         name=name, user=user, submit_h=start - draw(st.floats(0, 3))))
     return out
 
