@@ -194,8 +194,11 @@ def test_backfill_of_a_window_not_complete_yet_says_what_and_when(server, tmp_pa
     """The issue's VictoriaMetrics case: a backfill of the last two minutes read nothing, said nothing."""
     server.routes["/api/v1/query"] = answer("matrix", [])
     cfg = config(tmp_path, f'[collector.prometheus]\nurl = "{server.url}"\nchunk_seconds = 900\nlag_seconds = 120\n')
+    # the last 30 s: a chunk they touch is complete lag_seconds (120 s) after its end, so none is
+    # by the time the command reads, even when the window starts just before a chunk edge (the
+    # last two minutes raced it: a command started 2 s late found the earlier chunk complete)
     now = datetime.now(timezone.utc).replace(tzinfo=None)
-    r = run_cli("--config", str(cfg), "--backfill", (now - timedelta(minutes=2)).isoformat(), now.isoformat())
+    r = run_cli("--config", str(cfg), "--backfill", (now - timedelta(seconds=30)).isoformat(), now.isoformat())
     assert r.returncode == 1, r.stderr
     assert "chunk(s) not read" in r.stderr and "can be read from" in r.stderr and "nothing of" in r.stderr
     assert not [q for q in server.requests if q["path"] == "/api/v1/query"]  # an incomplete chunk is never read (nor stored half)
