@@ -249,7 +249,7 @@ def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, runs: li
     spans = [(lo - lo % span, hi) for lo, hi in runs]
     rows = con.execute(FACT_FILES, {"tag": tag, "file_grain": file_grain, "lo": spans[0][0], "hi": spans[-1][1]}).fetchall()
     starts = [lo for lo, _ in spans]
-    return list(dict.fromkeys(f for f, b in rows if (i := bisect_right(starts, b) - 1) >= 0 and b < spans[i][1]))
+    return [f for f, b in rows if (i := bisect_right(starts, b) - 1) >= 0 and b < spans[i][1]]
 
 
 # The window's tables a figure's query may read, by name, and the statement that builds each

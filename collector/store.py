@@ -1318,9 +1318,8 @@ def samples_between(con: duckdb.DuckDBPyConnection, lo_us: int, hi_us: int) -> s
     rows = con.execute(SAMPLE_FILES_BETWEEN, {"lo": lo_us, "hi": hi_us}).fetchall()
     if not rows:
         return "(SELECT * FROM gpu_samples LIMIT 0)"
-    if not rows[0][1]:
-        return "gpu_samples"  # (files written across an upgrade that added a column: the view reconciles them)
-    return f"read_parquet({_sql_list([f for f, _ in rows])}, hive_partitioning = false)"
+    # (the store's files all have every column, or these are reconciled as the view's are)
+    return sample_source(con, [f for f, _ in rows], plain=rows[0][1])
 
 
 def sample_source(con: duckdb.DuckDBPyConnection, files: list[str], plain: bool | None = None) -> str:

@@ -464,6 +464,8 @@ def test_sample_files_from_before_a_column_was_added_read_it_as_null(tmp_path):
     rates) reads as NULL (unknown) for their rows, whichever file comes first, never as an error."""
     import pyarrow.parquet as pq
 
+    from gpufleet.times import epoch_us
+
     added = ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
     w = StoreWriter(tmp_path)
     w.commit(Batch(key="old", samples=samples([T0], [5])))
@@ -478,6 +480,9 @@ def test_sample_files_from_before_a_column_was_added_read_it_as_null(tmp_path):
     w.publish()
     con = open_reader(tmp_path)
     assert con.execute(f"SELECT gpu_util, {added[1]} FROM gpu_samples ORDER BY ts").fetchall() == [(5.0, None), (6.0, 7e9)]
+    # a read of some minutes over the days' files alone reconciles them as the view does
+    source = samples_between(con, epoch_us(T0 - timedelta(minutes=1)), epoch_us(T0 + timedelta(minutes=2)))
+    assert con.execute(f"SELECT gpu_util, {added[1]} FROM {source} ORDER BY ts").fetchall() == [(5.0, None), (6.0, 7e9)]
     w.close()
 
 
