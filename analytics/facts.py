@@ -151,42 +151,45 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 # raw path's reach); a run wholly inside a part has no times of its own in the facts, so its row
 # carries the part's bounds (a 5-minute part's where 5-minute facts or samples were read, an
 # hour's or a day's where those were). island: the row's number among its GPU and holder's, in
-# time order. {kind}: idle or nop.
+# time order. Both kinds at once, each row with its `kind` (idle or nop).
 STRETCH_ROWS = """
-WITH held AS ({held}), pieces AS (
-    SELECT cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
-           p0 AS r0, p0 + {kind}_head_us AS r1
-    FROM held WHERE {kind}_head_us > 0
-    UNION ALL
-    SELECT cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model, inside,
-           p1 - {kind}_tail_us, p1
-    FROM held WHERE {kind}_tail_us > 0 AND NOT {kind}_whole
+WITH held AS ({held}), pieces AS ({pieces}
 ), linked AS (
     SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
-                  PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
-    FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
+                  PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
+    FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
 ), rows AS (
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
+    SELECT kind, cluster, host, gpu_uuid, gi, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
            any_value(account) AS account, any_value(partition) AS partition, arg_min(gpu, r0) AS gpu, arg_min(model, r0) AS model,
            arg_min(equiv, r0) AS equiv, min(r0) AS s0, max(r1) AS s1,
            sum(CASE WHEN inside THEN r1 - r0 ELSE 0 END) / 1e6 AS in_window_s,
            sum(CASE WHEN inside THEN (r1 - r0) * equiv ELSE 0 END) / 1e6 / 3600 AS gpu_h
-    FROM linked GROUP BY cluster, host, gpu_uuid, gi, scheduler, job_key, chain
-    HAVING sum(r1 - r0) >= $idle_min_us
-    UNION ALL
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, gpu, model, equiv, p0, p1,
-           {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
-    FROM held WHERE inside AND {kind}_inner_us > 0
+    FROM linked GROUP BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key, chain
+    HAVING sum(r1 - r0) >= $idle_min_us{inner}
 )
-SELECT r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
-       row_number() OVER (PARTITION BY r.cluster, r.host, r.gpu_uuid, r.gi, r.scheduler, r.job_key ORDER BY r.s0) AS island,
+SELECT r.kind, r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
+       row_number() OVER (PARTITION BY r.kind, r.cluster, r.host, r.gpu_uuid, r.gi, r.scheduler, r.job_key ORDER BY r.s0) AS island,
        r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(greatest(r.s0, epoch_us($xstart))) AS s0,
        make_timestamp(least(r.s1, epoch_us($xend))) AS s1,
        r.in_window_s, r.gpu_h, pr.usd_per_gpu_hour, r.gpu_h * pr.usd_per_gpu_hour AS cost
 FROM rows r LEFT JOIN prices pr ON pr.model = r.model
 WHERE r.in_window_s > 0
-ORDER BY r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, r.s0
+ORDER BY r.kind, r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, r.s0
 """
+# ... each kind's edge pieces (head; tail, unless the whole part is one run) and its runs wholly inside parts
+_STRETCH_PIECES = """
+    SELECT '{kind}' AS kind, cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
+           inside, p0 AS r0, p0 + {kind}_head_us AS r1
+    FROM held WHERE {kind}_head_us > 0
+    UNION ALL
+    SELECT '{kind}', cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
+           inside, p1 - {kind}_tail_us, p1
+    FROM held WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
+_STRETCH_INNER = """
+    UNION ALL
+    SELECT '{kind}', cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, gpu, model, equiv, p0, p1,
+           {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
+    FROM held WHERE inside AND {kind}_inner_us > 0"""
 
 # A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from the window
 # start, from the parts inside the window (cut at the buckets' edges: FactWindow's grid_us), by
@@ -226,9 +229,14 @@ def held_parts() -> str:
     return _HELD
 
 
-def stretch_rows(kind: str) -> str:
-    """STRETCH_ROWS of kind "idle" or "nop"."""
-    return STRETCH_ROWS.format(held=_HELD, kind=kind)
+STRETCH_KINDS = ("idle", "nop")  # the facts' run columns: idle (utilization below the threshold), no process
+
+
+def stretch_rows() -> str:
+    """STRETCH_ROWS of both kinds in one statement (`kind`: idle or nop): the two share the held
+    parts and the query's planning, which is most of its cost on a small window."""
+    return STRETCH_ROWS.format(held=_HELD, pieces="\n    UNION ALL".join(_STRETCH_PIECES.format(kind=k) for k in STRETCH_KINDS),
+                               inner="".join(_STRETCH_INNER.format(kind=k) for k in STRETCH_KINDS))
 
 
 def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
@@ -447,8 +455,9 @@ class FactWindow:
     def runs(self, kind: str) -> pl.DataFrame:
         """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds,
         resolved once a window (the window's parts do not change after it is built)."""
-        if kind not in self._runs:
-            self._runs[kind] = self.q(stretch_rows(kind)).with_columns(gpu_s=pl.col("gpu_h") * 3600)
+        if not self._runs:
+            both = self.q(stretch_rows()).with_columns(gpu_s=pl.col("gpu_h") * 3600)
+            self._runs = {k: both.filter(pl.col("kind") == k).drop("kind") for k in STRETCH_KINDS}
         return self._runs[kind].clone()
 
     def totals(self) -> dict[str, float | None]:
