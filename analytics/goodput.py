@@ -104,12 +104,13 @@ def fleet_price(per_gpu: pl.DataFrame) -> tuple[float | None, bool]:
 
 
 def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_of: datetime | None = None,
-            mfu_jobs: pl.DataFrame | None = None, states: Any = None) -> dict[str, Any]:
+            mfu_jobs: pl.DataFrame | None = None, states: Any = None, reliability_read: Any = None) -> dict[str, Any]:
     """The window's goodput waterfall (schema SCHEMA) from an unfiltered core.Analysis `a` over
     `con` and `params`: its totals, utilization by account, per-GPU prices, the reliability
-    figures' lost GPU-hours per team, mfu.account_mfu (`mfu_jobs`: mfu.job_mfu's rows, when
-    the caller has them) and the teams' time with data by GPU price (`states`:
-    window_states.window_states of `a`, when the caller has it)."""
+    figures' lost GPU-hours per team (from `reliability_read`: reliability_store.read's, when the
+    caller has it), mfu.account_mfu (`mfu_jobs`: mfu.job_mfu's rows, when the caller has them)
+    and the teams' time with data by GPU price (`states`: window_states.window_states of `a`,
+    when the caller has it)."""
     from gpufleet.analytics import mfu, reliability, reliability_store
     from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.window_states import window_states
@@ -117,7 +118,7 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
     s = reliability_settings or reliability.Settings()
     totals = a.totals()
     util = a.utilization("account")
-    lost = reliability_store.lost_by_team(con, params, s, as_of)
+    lost = reliability_store.lost_by_team(con, params, s, as_of, done=reliability_read)
     acct_mfu = mfu.account_mfu(a, mfu_jobs)
     mfus = {(r["cluster"], r["account"]): r for r in acct_mfu.iter_rows(named=True)}
     rows = {(r["cluster"], r["account"]): r for r in util.iter_rows(named=True)}

@@ -9,7 +9,7 @@ policy's lemon drains and its metrics.
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
@@ -93,12 +93,31 @@ def read_checkpoints(con: Any, params: Any, as_of: datetime | None = None) -> Sa
     return saved
 
 
-def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Read:
+    """What report() and lost_by_team() compute from: read_store's attempts (classified), the rest
+    summed and the hosts' GPU-hours, and read_checkpoints' saves - read once where a caller wants
+    both (the weekly report's reliability section and goodput waterfall)."""
+
+    classified: list[Classified]
+    summed: list[Summed]
+    host_rows: list[dict[str, Any]]
+    saved: Saved
+
+
+def read(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> Read:
+    """The window's attempts and checkpoints (read_store, read_checkpoints): `top` as read_store's."""
+    return Read(*read_store(con, params, s, as_of, top), read_checkpoints(con, params, as_of))
+
+
+def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
+           done: Read | None = None) -> dict[str, Any]:
     """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
     their evidence, the interrupted attempts that cost most, each with its cause's evidence, the
-    chains that lost most, and Young/Daly's checkpoint advice for the largest chains."""
-    classified, summed, host_rows = read_store(con, params, s, as_of, top)
-    saved = read_checkpoints(con, params, as_of)
+    chains that lost most, and Young/Daly's checkpoint advice for the largest chains. `done`: the
+    window's read (read(), with the same `top`), when the caller has it."""
+    done = done or read(con, params, s, as_of, top)
+    classified, summed, host_rows, saved = done.classified, done.summed, done.host_rows, done.saved
     times = {k: [t for t, _ in v] for k, v in saved.items()}
     host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
     where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
@@ -141,14 +160,16 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     }
 
 
-def lost_by_team(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None
+def lost_by_team(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, done: Read | None = None
                  ) -> dict[tuple[str, str | None], tuple[float | None, bool]]:
     """Per (cluster, account): the GPU-hours the window's interruptions lost, as figures() counts
     them for the fleet (None: the team had an interruption of unknown GPU count, so its loss is
     unknown), and whether every one was measured from a reported checkpoint (else an upper bound).
-    Teams with no interruption are absent."""
-    classified, _, _ = read_store(con, params, s, as_of)
-    times = {k: [t for t, _ in v] for k, v in read_checkpoints(con, params, as_of).items()}
+    Teams with no interruption are absent. `done`: the window's read(), when the caller has it
+    (whatever its `top`: every interrupted attempt is read as a row)."""
+    done = done or read(con, params, s, as_of)
+    classified = done.classified
+    times = {k: [t for t, _ in v] for k, v in done.saved.items()}
     out: dict[tuple[str, str | None], tuple[float | None, bool]] = {}
     for c in classified:
         a = c.attempt

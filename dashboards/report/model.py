@@ -316,16 +316,12 @@ def daily_points(a: Analysis, window: Window, now: datetime | None) -> list[Dail
     return out
 
 
-MFU_UNAVAILABLE = "MFU is not available in this version of gpufleet (analytics/mfu.py is missing)."
+def mfu_rows(a: Analysis, jobs: pl.DataFrame, team: str | None = None) -> tuple[list[MfuRow], str]:
+    """MFU by team with its method (gpufleet.analytics.mfu.account_mfu over `jobs`, mfu.job_mfu's
+    rows of `a`: the report reads them once, for this and the goodput waterfall), and a note when
+    there is none."""
+    from gpufleet.analytics.mfu import account_mfu
 
-
-def mfu_rows(a: Analysis, team: str | None = None) -> tuple[list[MfuRow], str]:
-    """MFU by team with its method (gpufleet.analytics.mfu.account_mfu), and a note when there is none."""
-    try:
-        from gpufleet.analytics.mfu import account_mfu, job_mfu
-    except ImportError:
-        return [], MFU_UNAVAILABLE
-    jobs = job_mfu(a)
     if team is not None and not jobs.is_empty():
         jobs = jobs.filter(pl.col("account").fill_null("") == team)
     acct = account_mfu(a, jobs)
@@ -422,13 +418,20 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
             shares_source = fair.shares_source
     info = _job_info(a) if status == "ok" else {}
     nop = no_process_jobs(a, info) if status == "ok" and processes else []
-    mfu, mfu_note = mfu_rows(a) if status == "ok" else ([], "")
-    rel = None
+    mfu_jobs = None
+    if status == "ok":
+        from gpufleet.analytics.mfu import job_mfu
+
+        mfu_jobs = job_mfu(a)
+    mfu, mfu_note = mfu_rows(a, mfu_jobs) if status == "ok" else ([], "")
+    rel = rel_read = None
     if status == "ok":
         from gpufleet.analytics import reliability_store
         from gpufleet.analytics.reliability import Settings as ReliabilitySettings
 
-        rel = reliability_store.report(con, params, reliability or ReliabilitySettings(), as_of=as_of, top=RELIABILITY_LIST)
+        # the window's attempts read once: for the reliability section and the goodput waterfall's losses
+        rel_read = reliability_store.read(con, params, reliability or ReliabilitySettings(), as_of, top=RELIABILITY_LIST)
+        rel = reliability_store.report(con, params, reliability or ReliabilitySettings(), as_of=as_of, top=RELIABILITY_LIST, done=rel_read)
     fall = None
     held_back: list[dict[str, Any]] = []
     if status == "ok":
@@ -437,7 +440,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         from gpufleet.analytics.window_states import window_states
 
         states = window_states(a, state_thresholds or Thresholds.of(params, {}))
-        fall = goodput.compute(a, con, params, reliability, as_of=as_of, states=states)
+        fall = goodput.compute(a, con, params, reliability, as_of=as_of, mfu_jobs=mfu_jobs, states=states, reliability_read=rel_read)
         held_back = states.team_causes(3).to_dicts()
     return Report(
         window=window, generated_at=now_utc, as_of=as_of, status=status, notices=notices, totals=cur,
@@ -452,7 +455,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         jain_index=fair.jain_index if fair is not None else None, gini_users=fair.gini_users if fair is not None else None,
         method=_method(a, cur, processes, shares_source, half_life if fair is not None else None),
         top_n=top_n,
-        extra={"analysis": a, "processes": processes},
+        extra={"analysis": a, "processes": processes, "mfu_jobs": mfu_jobs},
         reliability=rel,
         shared_gpus=team_shares(con, params).to_dicts() if status == "ok" else [],
         goodput=fall,
@@ -479,7 +482,7 @@ def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report
         info = _job_info(a)
         wasteful = wasteful_jobs(a, fleet.top_n, info)
         nop = no_process_jobs(a, info) if fleet.extra.get("processes") else []
-        mfu, mfu_note = mfu_rows(a_fleet, team)
+        mfu, mfu_note = mfu_rows(a_fleet, fleet.extra["mfu_jobs"], team)
         if not rows:
             notices.append(f"Team {team} ran no GPU jobs in this window and has no share configured.")
     return replace(
