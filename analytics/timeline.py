@@ -96,7 +96,9 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
         if by not in TIMELINE_DIMS:
             raise ValueError(f"unknown dimension {by!r} for a timeline: expected one of {', '.join(TIMELINE_DIMS)}")
     p = a.p
-    bucket = bucket or timeline_bucket(p)  # (any bucket is exact: the parts are cut at its edges)
+    bucket = bucket or timeline_bucket(p)
+    if bucket < p.max_gap:
+        bucket = p.max_gap
     bsec = bucket.total_seconds()
     n_buckets = int(-(-p.seconds // bsec))
     extra = {"bucket": bsec}
