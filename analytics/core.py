@@ -527,9 +527,7 @@ class Analysis:
 
     def _islands(self, kind: str) -> pl.DataFrame:
         if not self.raw:
-            if ("stretch_rows",) not in self._memo:  # both kinds in one statement (facts.stretch_rows)
-                self._memo[("stretch_rows",)] = self.q(facts.stretch_rows())
-            rows = self._memo[("stretch_rows",)].filter(pl.col("kind") == ("nop" if kind == "no_process" else kind))
+            rows = self.fw.runs("nop" if kind == "no_process" else kind)  # (both kinds in one statement, once)
             return rows.select([pl.col(c).cast(t) for c, t in STRETCH_SCHEMA.items()])
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),

@@ -411,20 +411,19 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
             shares_source = fair.shares_source
     info = _job_info(a) if status == "ok" else {}
     nop = no_process_jobs(a, info) if status == "ok" and processes else []
-    mfu_jobs = None
-    if status == "ok":
-        from gpufleet.analytics.mfu import job_mfu
-
-        mfu_jobs = job_mfu(a)
-    mfu, mfu_note = mfu_rows(a, mfu_jobs) if status == "ok" else ([], "")
-    rel = rel_read = None
+    mfu_jobs = rel = rel_read = None
+    mfu, mfu_note = [], ""
     if status == "ok":
         from gpufleet.analytics import reliability_store
+        from gpufleet.analytics.mfu import job_mfu
         from gpufleet.analytics.reliability import Settings as ReliabilitySettings
 
+        mfu_jobs = job_mfu(a)  # (read once: the MFU table, the goodput waterfall and each team's report)
+        mfu, mfu_note = mfu_rows(a, mfu_jobs)
         # the window's attempts read once: for the reliability section and the goodput waterfall's losses
-        rel_read = reliability_store.read(con, params, reliability or ReliabilitySettings(), as_of, top=RELIABILITY_LIST)
-        rel = reliability_store.report(con, params, reliability or ReliabilitySettings(), as_of=as_of, top=RELIABILITY_LIST, done=rel_read)
+        rs = reliability or ReliabilitySettings()
+        rel_read = reliability_store.read(con, params, rs, as_of, top=RELIABILITY_LIST)
+        rel = reliability_store.report(con, params, rs, as_of=as_of, top=RELIABILITY_LIST, done=rel_read)
     fall = None
     held_back: list[dict[str, Any]] = []
     if status == "ok":
