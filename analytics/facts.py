@@ -191,25 +191,25 @@ _STRETCH_INNER = """
            {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
     FROM held WHERE inside AND {kind}_inner_us > 0"""
 
-# A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from the window
-# start, from the parts inside the window (cut at the buckets' edges: FactWindow's grid_us), by
+# A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from $origin_us (the
+# window's start, or a time before it: the report's first local midnight), from the parts inside the window (cut at the buckets' edges: FactWindow's grid_us), by
 # the inventory's cluster and model (as per_gpu groups GPUs): all of a GPU's time (lead parts;
 # "iv") and its holders' (the job filters applied; "pc", by partition, account and user too)
 TIMELINE_PARTS = """
-SELECT c.cluster, c.model{keys}, (p.p0 - $start_us) // $bucket_us AS k,
-       bool_and((p.p1 - 1 - $start_us) // $bucket_us = (p.p0 - $start_us) // $bucket_us) AS fits,
+SELECT c.cluster, c.model{keys}, (p.p0 - $origin_us) // $bucket_us AS k,
+       bool_and((p.p1 - 1 - $origin_us) // $bucket_us = (p.p0 - $origin_us) // $bucket_us) AS fits,
        sum(p.data_s * p.equiv) / 3600 AS data_gpu_h, sum(p.busy_s * p.equiv) / 3600 AS busy_gpu_h
 FROM ({parts}) p JOIN cap c ON c.cluster = p.cluster AND c.host = p.host AND c.gpu_uuid = p.gpu_uuid AND c.gi = p.gi
 WHERE p.inside GROUP BY ALL
 """
 
-# One job's GPUs per bucket k of $bucket_us from the window start (timeline.job_gpu_timeline): the
+# One job's GPUs per bucket k of $bucket_us from $origin_us (timeline.job_gpu_timeline): the
 # job's parts inside the window with sample time (covered_s), summed per GPU (or MIG instance)
 # and bucket - data and busy seconds x MIG share, the memory high-water - named by the GPU's
 # earliest part's index; fits: no part crosses a bucket edge (as TIMELINE_PARTS)
 JOB_GPU_PARTS = f"""
-SELECT (p0 - $start_us) // $bucket_us AS k, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu,
-       bool_and((p1 - 1 - $start_us) // $bucket_us = (p0 - $start_us) // $bucket_us) AS fits,
+SELECT (p0 - $origin_us) // $bucket_us AS k, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu,
+       bool_and((p1 - 1 - $origin_us) // $bucket_us = (p0 - $origin_us) // $bucket_us) AS fits,
        sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s, max(fb_max_mib) AS fb_max
 FROM ({_HELD}) WHERE inside AND covered_s > 0 AND cluster = $of_cluster AND scheduler = $of_scheduler AND job_key = $of_job_key
 GROUP BY k, host, gpu_uuid, gi
@@ -309,12 +309,12 @@ class FactWindow:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
-                 gpus: list[str] | None = None, health_only: bool = False):
+                 grid_origin_us: int | None = None, gpus: list[str] | None = None, health_only: bool = False):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
         `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
-        already) rather than on a cursor of its own. `grid_us`: every edge start + k x grid_us
+        already) rather than on a cursor of its own. `grid_us`: every edge origin + k x grid_us
         inside the window is a part edge too (a timeline's buckets: its figures are then sums of
-        the parts of each bucket). `gpus`: only these GPUs' parts (by uuid, and those without one),
+        the parts of each bucket); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by uuid, and those without one),
         stored and raw: a read that knows which GPUs it needs (health.events) skips the rest.
         `health_only`: the parts inside the window alone: health's figures
         read nothing else (no idle stretch crosses into the reach, no job is counted)."""
@@ -322,6 +322,7 @@ class FactWindow:
         self.p = params
         self.max_grain = max_grain
         self.grid_us = grid_us
+        self.grid_origin_us = epoch_us(params.start) if grid_origin_us is None else grid_origin_us
         self.gpus = gpus
         self.health_only = health_only
         self.fp = fact_params(params)
@@ -381,10 +382,11 @@ class FactWindow:
                                                   "hi": runs[-1][1], "buckets": buckets, "gpus": self.gpus}).to_arrow_table()
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
-        """The window [s, e) cut at its grid's edges (grid_us; none: whole)."""
+        """The window [s, e) cut at its grid's edges (grid_us from grid_origin_us; none: whole)."""
         if not self.grid_us:
             return [(s, e)]
-        edges = [*range(s, e, self.grid_us), e]
+        first = s + (self.grid_origin_us - s) % self.grid_us  # the first edge at or after s
+        edges = [s, *range(first if first > s else first + self.grid_us, e, self.grid_us), e]
         return list(zip(edges[:-1], edges[1:]))
 
     def _raw(self, cells: list[tuple[int, int]]) -> list[pa.Table]:

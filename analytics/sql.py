@@ -362,7 +362,7 @@ JOB_ROWS = "SELECT * EXCLUDE (runs) FROM ja"
 
 # --- utilization over time (analytics/timeline.py) ---
 
-BUCKET_ORIGIN = "epoch($start)"  # bucket k is [$start + k x $bucket, $start + (k + 1) x $bucket)
+BUCKET_ORIGIN = "epoch($origin)"  # bucket k is [$origin + k x $bucket, $origin + (k + 1) x $bucket); $origin <= $start
 
 
 def split_at_buckets(src: str, a: str, b: str, cols: str) -> str:

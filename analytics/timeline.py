@@ -22,7 +22,7 @@ runs, are split over every bucket they cross).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import polars as pl
 
@@ -57,41 +57,45 @@ def timeline_bucket(p) -> timedelta:
     return max(default_bucket(p.end - p.start), p.max_gap)
 
 
-def split_at_buckets(a, spans: pl.DataFrame, bsec: float) -> pl.DataFrame:
+def split_at_buckets(a, spans: pl.DataFrame, bsec: float, origin_us: int) -> pl.DataFrame:
     """Each span (a0, a1 and any other columns) clipped to the analysis' window and cut at its
-    buckets' edges (bsec seconds from its start): a row per bucket k it crosses, with the part's
-    edges _a and _b in epoch microseconds."""
+    buckets' edges (bsec seconds apart from origin_us): a row per bucket k it crosses, with the
+    part's edges _a and _b in epoch microseconds."""
     start, end = epoch_us(a.p.start), epoch_us(a.p.end)
     b_us = round(bsec * 1_000_000)
     df = spans.with_columns(
         pl.max_horizontal(pl.col("a0").dt.epoch("us"), pl.lit(start)).alias("_a"),
         pl.min_horizontal(pl.col("a1").dt.epoch("us"), pl.lit(end)).alias("_b"),
     ).filter(pl.col("_b") > pl.col("_a"))
-    df = df.with_columns(pl.int_ranges((pl.col("_a") - start) // b_us, (pl.col("_b") - start - 1) // b_us + 1).alias("k")).explode("k")
+    df = df.with_columns(pl.int_ranges((pl.col("_a") - origin_us) // b_us, (pl.col("_b") - origin_us - 1) // b_us + 1).alias("k")).explode("k")
     return df.with_columns(
-        pl.max_horizontal("_a", pl.col("k") * b_us + start).alias("_a"),
-        pl.min_horizontal("_b", (pl.col("k") + 1) * b_us + start).alias("_b"),
+        pl.max_horizontal("_a", pl.col("k") * b_us + origin_us).alias("_a"),
+        pl.min_horizontal("_b", (pl.col("k") + 1) * b_us + origin_us).alias("_b"),
     )
 
 
-def bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float) -> pl.DataFrame:
+def bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float, origin_us: int) -> pl.DataFrame:
     """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
     the span is cut at bucket edges (split_at_buckets) and each part is two look-ups in the
     analysis' cumulative sums (gpufleet.analytics.gputime), so no sample is joined with anything."""
-    df = split_at_buckets(a, spans, bsec)
+    df = split_at_buckets(a, spans, bsec, origin_us)
     data, busy = a.gt.integrals(df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy())
     return df.select(*keys, "k", data_gpu_h=pl.Series(data) / 3600, busy_gpu_h=pl.Series(busy) / 3600)
 
 
-def utilization_timeline(a, by: str = "fleet", bucket: timedelta | None = None) -> pl.DataFrame:
+def utilization_timeline(a, by: str = "fleet", bucket: timedelta | None = None, origin: datetime | None = None) -> pl.DataFrame:
     """Per bucket (its start time) and group of `by`; see the module docstring."""
-    return utilization_timelines(a, (by,), bucket)[by]
+    return utilization_timelines(a, (by,), bucket, origin)[by]
 
 
-def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
+def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None,
+                          origin: datetime | None = None) -> dict[str, pl.DataFrame]:
     """utilization_timeline() for several dimensions at once: the samples are split into buckets
     once, at the finest grouping any of them needs, and each dimension sums those (exactly the
-    same figures: sums of sums)."""
+    same figures: sums of sums). `origin` (naive UTC, at or before the window's start; default
+    the start): the buckets' edges are origin + k x bucket, so a window that starts anywhere
+    still has its buckets on edges of the caller's choosing (the report's days: local
+    midnights); the first bucket is then labelled by its edge before the window's start."""
     for by in dims:
         if by not in TIMELINE_DIMS:
             raise ValueError(f"unknown dimension {by!r} for a timeline: expected one of {', '.join(TIMELINE_DIMS)}")
@@ -99,9 +103,13 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     bucket = bucket or timeline_bucket(p)
     if bucket < p.max_gap:
         bucket = p.max_gap
+    origin = p.start if origin is None else origin
+    if origin > p.start:
+        raise ValueError(f"a timeline's origin {origin.isoformat()} is after its window's start {p.start.isoformat()}: expected it at or before")
     bsec = bucket.total_seconds()
-    n_buckets = int(-(-p.seconds // bsec))
-    extra = {"bucket": bsec}
+    n_buckets = int(-(-(p.end - origin).total_seconds() // bsec))
+    origin_us = epoch_us(origin)
+    extra = {"bucket": bsec, "origin": origin}
 
     def q(query: str) -> pl.DataFrame:
         names = sql.bound(query, {**a.bind, **extra})
@@ -111,39 +119,40 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     job_filtered = a.job_filtered  # GPU dimensions then show the selected jobs' time; capacity is no job's
     gpu_dims = any(d in _GPU_KEYS for d in dims) and not job_filtered
     if a.raw:
-        base.update(_raw_use(a, bsec, gpu_dims))
+        base.update(_raw_use(a, bsec, origin_us, gpu_dims))
     else:
         if gpu_dims:
-            base["iv"] = _parts_use(a, False, bsec)
-        base["pc"] = _parts_use(a, True, bsec)
+            base["iv"] = _parts_use(a, False, bsec, origin_us)
+        base["pc"] = _parts_use(a, True, bsec, origin_us)
     if gpu_dims:
         base["cap"] = q(sql.TIMELINE_CAPACITY)
     if any(d != "model" for d in dims):
         base["alloc"] = q(sql.TIMELINE_ALLOCATED)  # a job's GPUs x MIG share for each second it runs
-    return compose_timelines(base, dims, job_filtered, n_buckets, bsec, p.start)
+    return compose_timelines(base, dims, job_filtered, n_buckets, bsec, origin)
 
 
-def _parts_use(a, held: bool, bsec: float) -> pl.DataFrame:
+def _parts_use(a, held: bool, bsec: float, origin_us: int) -> pl.DataFrame:
     """Data and busy GPU-hours per bucket k from the analysis' parts inside the window
     (facts.timeline_parts: the GPUs' by cluster and model, or with `held` their holders' by
     partition, account and user too)."""
-    return bucketed_parts(a, timeline_parts(held), bsec)
+    return bucketed_parts(a, timeline_parts(held), bsec, origin_us)
 
 
-def bucketed_parts(a, query: str, bsec: float, **extra) -> pl.DataFrame:
+def bucketed_parts(a, query: str, bsec: float, origin_us: int, **extra) -> pl.DataFrame:
     """`query` (one of per-bucket sums over the window's parts with a `fits` column: no part
-    crosses a bucket edge) for buckets of `bsec` seconds, without `fits`. The analysis' parts are
-    cut at the edges of its own timeline's buckets (timeline_bucket); other buckets that would cut
-    them read the window's parts again, cut at their edges."""
+    crosses a bucket edge) for buckets of `bsec` seconds from origin_us, without `fits`. The
+    analysis' parts are cut at the edges of its own timeline's buckets (timeline_bucket); other
+    buckets that would cut them read the window's parts again, cut at their edges."""
     b_us = round(bsec * 1_000_000)
-    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, **extra, "bucket_us": b_us})).to_arrow_table())
+    extra = {**extra, "bucket_us": b_us, "origin_us": origin_us}
+    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, **extra})).to_arrow_table())
     if out.is_empty() or out["fits"].all():
         return out.drop("fits")
     # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
     # (on a cursor of their own; what was read raw for the analysis' edges is read again)
-    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us)
+    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us)
     try:
-        out = fw.q(query, bucket_us=b_us, **extra)
+        out = fw.q(query, **extra)
     finally:
         fw.close()
     if not out["fits"].all():
@@ -151,21 +160,21 @@ def bucketed_parts(a, query: str, bsec: float, **extra) -> pl.DataFrame:
     return out.drop("fits")
 
 
-def _raw_use(a, bsec: float, gpu_dims: bool) -> dict[str, pl.DataFrame]:
+def _raw_use(a, bsec: float, origin_us: int, gpu_dims: bool) -> dict[str, pl.DataFrame]:
     """_parts_use's figures from the raw arrays (Analysis(raw=True), the tests' oracle)."""
     out = {}
     # which model each GPU id is, as per_gpu() (and so utilization()) groups it
     models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
     if gpu_dims:
         whole = models.select("cluster", "model", "gid", a0=pl.lit(a.p.start), a1=pl.lit(a.p.end))
-        out["iv"] = bucket_use(a, whole, ["cluster", "model"], bsec)
+        out["iv"] = bucket_use(a, whole, ["cluster", "model"], bsec, origin_us)
     held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table())
     held = held.join(models, on=["cluster", "host", "gpu_uuid", "gi"])  # allocations of GPUs without samples hold no data
-    out["pc"] = bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec)
+    out["pc"] = bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec, origin_us)
     return out
 
 
-def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n_buckets: int, bsec: float, start) -> dict[str, pl.DataFrame]:
+def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n_buckets: int, bsec: float, origin) -> dict[str, pl.DataFrame]:
     """The timelines of `dims` from their parts per bucket k (GPU-hours; rows may repeat a key and
     bucket: they are summed): "iv" data and busy by cluster and model, "cap" capacity by cluster
     and model (GPU dimensions, unless job_filtered), "pc" the allocations' data and busy by
@@ -193,11 +202,11 @@ def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n
             frames = [used, used.select(*keys, "k", pl.col("data_gpu_h").alias("held_data_gpu_h"))]
         if by != "model":
             frames.append(total("alloc", keys, ["allocated_gpu_h"]).with_columns(pl.lit(True).alias("_allocated")))
-        plans[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, start)
+        plans[by] = _assemble(frames, keys, gpu_dim and not job_filtered, n_buckets, bsec, origin)
     return dict(zip(plans, pl.collect_all(list(plans.values()))))
 
 
-def _assemble(frames: list[pl.LazyFrame], keys: list[str], gpu_dim: bool, n_buckets: int, bsec: float, start) -> pl.LazyFrame:
+def _assemble(frames: list[pl.LazyFrame], keys: list[str], gpu_dim: bool, n_buckets: int, bsec: float, origin) -> pl.LazyFrame:
     # every bucket of every group present, so gaps read as zero (or no data), not as missing points
     groups = pl.concat([f.select(keys) for f in frames], how="vertical").unique() if keys else pl.LazyFrame({"_": [0]})
     grid = groups.join(pl.LazyFrame({"k": pl.int_range(0, n_buckets, eager=True).cast(pl.Int64)}), how="cross")
@@ -219,7 +228,7 @@ def _assemble(frames: list[pl.LazyFrame], keys: list[str], gpu_dim: bool, n_buck
     out = out.with_columns(
         (pl.col(basis) - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"),
         pl.when(pl.col("data_gpu_h") > 0).then(pl.col("busy_gpu_h") / pl.col("data_gpu_h") * 100).otherwise(None).alias("utilization_pct"),
-        (pl.lit(start) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"),
+        (pl.lit(origin) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"),
     )
     cols = ["bucket", *keys, "capacity_gpu_h", "allocated_gpu_h", "held_data_gpu_h", "data_gpu_h", "busy_gpu_h", "no_data_gpu_h", "utilization_pct"]
     return out.select(cols).sort([*keys, "bucket"], nulls_last=True)
@@ -269,7 +278,7 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
 
 def _job_gpu_parts(a, cluster: str, scheduler: str, job_key: str, bsec: float) -> pl.DataFrame:
     """job_gpu_timeline from the window's parts: the job's, summed per GPU and bucket."""
-    out = bucketed_parts(a, JOB_GPU_PARTS, bsec, of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)
+    out = bucketed_parts(a, JOB_GPU_PARTS, bsec, epoch_us(a.p.start), of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)
     if out.is_empty():
         return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)
     known = pl.col("data_s") > 0

@@ -69,7 +69,7 @@ def reference_job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bu
     """The reference: job_gpu_timeline as SQL over the piece table pc (oracle_sql.PIECES), row by row."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
-    extra = {"bucket": bucket.total_seconds(), "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
+    extra = {"bucket": bucket.total_seconds(), "origin": p.start, "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
     oracle_sql.build(a, "pc")
     src = "(SELECT * FROM pc WHERE cluster = $job_cluster AND scheduler = $job_scheduler AND job_key = $job_key)"
     split = _short_split if p.max_gap <= bucket else split_at_buckets

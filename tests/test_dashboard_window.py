@@ -61,3 +61,11 @@ def test_the_last_24h_and_its_timeline_answer_from_facts(tmp_path):
         want = utilization_timelines(Analysis(con, p, now=r.as_of, raw=True))
         assert all(frames_equal(want[by], t) for by, t in utilization_timelines(a).items()), p
         assert a.fw.tiles.get(300, 0) > 0, a.fw.tiles  # (the golden day is open at 20:07: its 5-minute facts)
+        # buckets from an origin before the window's start (the report's days from a local midnight)
+        origin = p.start - timedelta(hours=5, minutes=30, seconds=7)
+        raw = Analysis(con, p, now=r.as_of, raw=True)
+        for bucket in (timedelta(hours=1), timedelta(hours=7)):
+            want = utilization_timelines(raw, bucket=bucket, origin=origin)
+            got = utilization_timelines(a, bucket=bucket, origin=origin)
+            assert all(frames_equal(want[by], t) for by, t in got.items()), (p, bucket)
+            assert got["fleet"]["bucket"][0] == origin and got["fleet"]["bucket"][-1] < p.end, (p, bucket)

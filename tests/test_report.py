@@ -31,10 +31,10 @@ from hypothesis import strategies as st
 
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_summaries
-from gpufleet.analytics.params import Params
+from gpufleet.analytics.params import Filters, Params
 from gpufleet.report import fmt, pipeline, render
 from gpufleet.report.config import load as load_report_config
-from gpufleet.report.model import gather
+from gpufleet.report.model import daily_points, gather
 from gpufleet.report.window import last_complete_week, parse_week, span_window, week_window
 from gpufleet.analytics.trends import NO_DATA, previous_baseline
 from gpufleet.config import ConfigError
@@ -267,6 +267,44 @@ def test_mfu_daily_and_method_equal_analytics(store, w47, outputs):
     gaps = {r["host"]: r["no_data_gpu_h"] for r in a.utilization("host").to_dicts() if r["no_data_gpu_h"] > 0}
     for host, h in gaps.items():
         assert figs.one(f"gap.{host}") == fmt.hours(h)
+
+
+def _same(x, y) -> bool:
+    return x is None if y is None else x == pytest.approx(y)
+
+
+def test_daily_points_are_each_days_analysis(store, tmp_path):
+    """The trend chart's days (the window analysis' timeline from the first local midnight, summed
+    per day) equal an analysis of each day: a week in a zone whose days start on the half hour, a
+    UTC week with an account filter and a day not over yet, a week whose clocks go back (a 25-hour
+    Sunday: hour buckets), and windows that start and end off the local midnights (`--last 7d`:
+    its first and last days clipped, to the second and in a half-hour zone)."""
+    back = Fleet(tmp_path)  # 2026-10-25 01:00 UTC: Berlin's clocks go back; its local days start at 22:00 and 23:00 UTC
+    back.gpu_series("d1", "GPU-D", datetime(2026, 10, 24, 20), datetime(2026, 10, 25, 4), procs=1,
+                    util=between(datetime(2026, 10, 24, 21, 30), datetime(2026, 10, 25, 1, 30), 0.0, 70.0))
+    back.job("500", account="physics", user="bob", start=datetime(2026, 10, 24, 21), end=datetime(2026, 10, 25, 3), gpus=1,
+             placements=[("d1", "GPU-D")])
+    back.write()
+    berlin = week_window(2026, 43, "Europe/Berlin")
+    assert timedelta(hours=25) in [e - s for _, s, e in berlin.days()]
+    odd = T(10, 47, day=13) + timedelta(seconds=13, microseconds=5)  # a Friday 10:47:13, as `--last 7d` gives
+    cases = [(store, week_window(2026, 47, "Asia/Kolkata"), NOW, None), (store, week_window(2026, 47, "UTC"), T(11, 20), "physics"),
+             (back, berlin, NOW, None), (store, span_window(odd, odd + timedelta(days=7), "UTC"), NOW, None),
+             (store, span_window(odd, odd + timedelta(days=7), "Asia/Kolkata"), T(11, 5), "physics"),
+             (back, span_window(datetime(2026, 10, 24, 21, 40), datetime(2026, 10, 25, 2, 10), "Europe/Berlin"), NOW, None)]
+    for fleet, w, now, account in cases:
+        con, f = fleet.reader(), Filters(account=account)
+        points = daily_points(Analysis(con, Params(w.start, w.end, filters=f), now=now), w, now)
+        assert [p.day for p in points] == [d for d, _, _ in w.days()]
+        assert sum(p.data_gpu_h for p in points) > 0, (w.label, account)
+        for p, (day, s, e) in zip(points, w.days()):
+            if s >= now:
+                assert p.future
+                continue
+            t = Analysis(con, Params(s, e, filters=f), now=now).totals()
+            for got, want in ((p.utilization_pct, t.utilization_pct), (p.busy_gpu_h, t.busy_gpu_h), (p.data_gpu_h, t.data_gpu_h),
+                              (p.allocated_gpu_h, t.allocated_gpu_h)):
+                assert _same(got, want), (w.label, w.tz, account, day, got, want)
 
 
 def test_every_tagged_figure_was_checked_somewhere(outputs):

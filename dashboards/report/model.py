@@ -1,8 +1,8 @@
 """Gather the report's figures from the analytics: the figure model the templates render.
 
 Nothing here computes a figure of its own. Every number is taken from gpufleet.analytics.core.Analysis,
-gpufleet.analytics.trends, gpufleet.analytics.jobs and gpufleet.analytics.fairness for the report's window (or, for the
-daily trend, for each day of it); the per-team table adds up the analytics' per-(cluster, account)
+gpufleet.analytics.trends, gpufleet.analytics.jobs and gpufleet.analytics.fairness for the report's window (the
+daily trend is that analysis' own timeline, gpufleet.analytics.timeline, summed per day); the per-team table adds up the analytics' per-(cluster, account)
 rows by account, so a team spread over two clusters is one row. What this module adds is
 judgement about what is *known*: a figure that needs GPU samples is "no data" when the window
 has none, a figure that needs process counts is "not measured" when no exporter reports them,
@@ -12,6 +12,7 @@ and a window with neither samples nor jobs is a "no data" report, never a page o
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass, field, replace
 from datetime import date, datetime, timedelta
 from typing import Any, Mapping
@@ -19,14 +20,14 @@ from typing import Any, Mapping
 import duckdb
 import polars as pl
 
-from gpufleet.analytics import sql
+from gpufleet.analytics import sql, timeline
 from gpufleet.analytics.core import Analysis, Totals
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.shares import team_shares
 from gpufleet.report.window import Window
 from gpufleet.analytics.trends import NO_DATA, PARTIAL, UNKNOWN, baseline, compare
-from gpufleet.times import utcnow
+from gpufleet.times import local_midnight, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,6 @@ class DailyPoint:
     utilization_pct: float | None
     busy_gpu_h: float
     data_gpu_h: float
-    idle_allocated_gpu_h: float
     allocated_gpu_h: float | None  # None: no job's GPU count is known
     future: bool = False  # the day had not begun when the report was made
 
@@ -293,19 +293,29 @@ def no_process_jobs(a: Analysis, info: dict[tuple, dict[str, Any]]) -> list[JobR
     return out
 
 
-def daily_points(con: duckdb.DuckDBPyConnection, params: Params, window: Window, now: datetime | None) -> list[DailyPoint]:
-    """The trend chart's days: an analysis of each (a window that does not start at a local
-    midnight has a first day cut anywhere, so no timeline's buckets of the window's analysis fall
-    on its days' edges)."""
+def daily_points(a: Analysis, window: Window, now: datetime | None) -> list[DailyPoint]:
+    """The trend chart's days: the fleet timeline of the window's own analysis
+    (gpufleet.analytics.timeline) in buckets from the first day's local midnight that divide every
+    local day - a day, or an hour in a week whose clocks change - summed per day. The window may
+    start and end anywhere (`--last 7d`): its first and last days are clipped to it, and their
+    sums are still the figures an analysis of each day gives (tests/test_report.py), from one
+    analysis instead of one a day."""
+    days = window.days()
+    if not days:
+        return []
+    midnights = [local_midnight(d, window.zone) for d, _, _ in days] + [local_midnight(days[-1][0] + timedelta(days=1), window.zone)]
+    step = math.gcd(*(round((b - m).total_seconds()) for m, b in zip(midnights, midnights[1:])))
+    tl = timeline.utilization_timeline(a, "fleet", timedelta(seconds=step), origin=midnights[0])
     out = []
-    for day, s, e in window.days():
+    for (day, s, _), m0, m1 in zip(days, midnights, midnights[1:]):
         if now is not None and s >= now:
-            out.append(DailyPoint(day=day, utilization_pct=None, busy_gpu_h=0.0, data_gpu_h=0.0, idle_allocated_gpu_h=0.0,
-                                  allocated_gpu_h=0.0, future=True))
+            out.append(DailyPoint(day=day, utilization_pct=None, busy_gpu_h=0.0, data_gpu_h=0.0, allocated_gpu_h=0.0, future=True))
             continue
-        t = Analysis(con, replace(params, start=s, end=e), now=now).totals()
-        out.append(DailyPoint(day=day, utilization_pct=t.utilization_pct, busy_gpu_h=t.busy_gpu_h, data_gpu_h=t.data_gpu_h,
-                              idle_allocated_gpu_h=t.idle_allocated_gpu_h, allocated_gpu_h=t.allocated_gpu_h))
+        rows = tl.filter((pl.col("bucket") >= m0) & (pl.col("bucket") < m1))
+        busy, data = float(rows["busy_gpu_h"].sum()), float(rows["data_gpu_h"].sum())
+        allocated = rows["allocated_gpu_h"].drop_nulls()  # (null: only jobs of unknown GPU count ran in a bucket)
+        out.append(DailyPoint(day=day, utilization_pct=busy / data * 100 if data > 0 else None, busy_gpu_h=busy, data_gpu_h=data,
+                              allocated_gpu_h=float(allocated.sum()) if allocated.len() else None))
     return out
 
 
@@ -442,7 +452,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         teams=team_rows(a, fair) if status == "ok" else [],
         wasteful_jobs=wasteful_jobs(a, top_n, info) if status == "ok" else [],
         no_process_jobs=nop[:NO_PROCESS_LIST], no_process_more=max(0, len(nop) - NO_PROCESS_LIST),
-        daily=daily_points(con, params, window, now_utc) if status == "ok" else [],
+        daily=daily_points(a, window, now_utc) if status == "ok" else [],
         mfu=mfu, mfu_note=mfu_note,
         jain_index=fair.jain_index if fair is not None else None, gini_users=fair.gini_users if fair is not None else None,
         method=_method(a, cur, processes, shares_source, half_life if fair is not None else None),

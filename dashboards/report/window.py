@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 from gpufleet.config import ConfigError
 from gpufleet.times import local_midnight, parse_week, week_span  # noqa: F401 - parse_week: the report's name too
 
-MAX_DAYS = 92  # a longer window gets no daily chart (one analysis per day)
+MAX_DAYS = 92  # a longer window gets no daily chart (its bars would be too thin to read)
 
 
 @dataclass(frozen=True)
