@@ -346,13 +346,18 @@ def mfu_rows(a: Analysis, jobs: pl.DataFrame, team: str | None = None) -> tuple[
     return rows, ""
 
 
+# a host's gap is listed from one GPU-second: capacity less data of a host without a gap is a float
+# residue of two sums in different orders (~1e-12 h), shown as "0.0" in some runs and not others
+GAP_LISTED_GPU_H = 1 / 3600
+
+
 def _method(a: Analysis, t: Totals, processes: bool, shares_source: str, half_life: timedelta | None) -> Method:
     g = a.per_gpu()
     models = sorted({m for m in g["model"].to_list() if m}) if not g.is_empty() else []
     prices = [(m, a.prices.get(m), m in a.p.prices) for m in models]
     hosts = a.utilization("host")
     gaps = [] if hosts.is_empty() else [(r["host"], r["no_data_gpu_h"]) for r in
-                                         hosts.filter(pl.col("no_data_gpu_h") > 0).sort(["no_data_gpu_h", "host"], descending=[True, False]).head(10).to_dicts()]
+                                         hosts.filter(pl.col("no_data_gpu_h") >= GAP_LISTED_GPU_H).sort(["no_data_gpu_h", "host"], descending=[True, False]).head(10).to_dicts()]
     return Method(
         max_gap_s=a.p.max_gap.total_seconds(), idle_threshold_pct=a.p.idle_threshold, idle_min_duration_s=a.p.idle_min_duration.total_seconds(),
         prices=prices, unpriced_models=t.unpriced_models, capacity_gpu_h=t.capacity_gpu_h, data_gpu_h=t.data_gpu_h,
