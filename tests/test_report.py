@@ -236,6 +236,21 @@ def test_wasteful_and_no_process_jobs_equal_analytics(store, w47, outputs):
         assert fmt.hours(r["idle_gpu_h"]) in line and fmt.usd(r["idle_cost"]) in line
 
 
+def test_the_no_process_list_is_cut_with_a_count_of_the_rest(store, w47, monkeypatch):
+    """Only the first NO_PROCESS_LIST jobs are listed (and looked up in the job list); the rest
+    are counted in "and N more jobs", so the listed and the more add up to every such job."""
+    from gpufleet.report import model
+
+    a = Analysis(store.reader(), Params(w47.start, w47.end), now=NOW)
+    every = a.waste_by("job", "no_process").height
+    for limit in (0, 1):
+        monkeypatch.setattr(model, "NO_PROCESS_LIST", limit)
+        listed, jobs = model.no_process_jobs(a, job_summaries(a))
+        assert (len(listed), jobs) == (min(limit, every), every) == (limit, 1)
+        report = gather(store.reader(), Params(w47.start, w47.end), w47, now=NOW)
+        assert (len(report.no_process_jobs), report.no_process_more) == (limit, every - limit)
+
+
 def test_mfu_daily_and_method_equal_analytics(store, w47, outputs):
     from gpufleet.analytics.mfu import account_mfu
 

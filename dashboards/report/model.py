@@ -21,7 +21,7 @@ import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql, timeline
-from gpufleet.analytics.core import Analysis, Totals
+from gpufleet.analytics.core import JOB_KEY, Analysis, Totals
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.shares import team_shares
@@ -264,14 +264,20 @@ def team_rows(a: Analysis, fair) -> list[TeamRow]:
     return rows
 
 
-def _job_info(a: Analysis) -> dict[tuple, dict[str, Any]]:
-    s = job_summaries(a)
-    return {} if s.is_empty() else {(r["cluster"], r["scheduler"], r["job_key"]): r for r in s.to_dicts()}
+def _job_info(summaries: pl.DataFrame, listed: pl.DataFrame) -> dict[tuple, dict[str, Any]]:
+    """The job list's rows (analytics.jobs.job_summaries) of the `listed` jobs, by key: only the
+    few a table shows become Python rows (a week at 100,000 GPUs has millions of jobs)."""
+    if summaries.is_empty() or listed.is_empty():
+        return {}
+    s = summaries.join(listed.select(JOB_KEY).unique(), on=JOB_KEY, how="semi")
+    return {(r["cluster"], r["scheduler"], r["job_key"]): r for r in s.to_dicts()}
 
 
-def wasteful_jobs(a: Analysis, n: int, info: dict[tuple, dict[str, Any]]) -> list[JobRow]:
+def wasteful_jobs(a: Analysis, n: int, summaries: pl.DataFrame) -> list[JobRow]:
     out = []
-    for r in a.top_wasteful_jobs(n).to_dicts():
+    top = a.top_wasteful_jobs(n)
+    info = _job_info(summaries, top)
+    for r in top.to_dicts():
         j = info.get((r["cluster"], r["scheduler"], r["job_key"]), {})
         out.append(JobRow(cluster=r["cluster"], job_id=r["job_id"], name=j.get("name"), user_name=r["user_name"], account=r["account"],
                           gpus=r.get("gpus"), runtime_h=r.get("runtime_h"), allocated_gpu_h=r.get("allocated_gpu_h"),
@@ -279,18 +285,22 @@ def wasteful_jobs(a: Analysis, n: int, info: dict[tuple, dict[str, Any]]) -> lis
     return out
 
 
-def no_process_jobs(a: Analysis, info: dict[tuple, dict[str, Any]]) -> list[JobRow]:
+def no_process_jobs(a: Analysis, summaries: pl.DataFrame) -> tuple[list[JobRow], int]:
+    """The first NO_PROCESS_LIST jobs that held GPUs with no process, most GPU-hours first, and how
+    many such jobs there were."""
     w = a.waste_by("job", "no_process")
     if w.is_empty():
-        return []
+        return [], 0
     w = w.sort(["gpu_h", "job_key"], descending=[True, False])
+    listed = w.head(NO_PROCESS_LIST)
+    info = _job_info(summaries, listed)
     out = []
-    for r in w.to_dicts():
+    for r in listed.to_dicts():
         j = info.get((r["cluster"], r["scheduler"], r["job_key"]), {})
         out.append(JobRow(cluster=r["cluster"], job_id=r["job_id"], name=j.get("name"), user_name=r["user_name"], account=r["account"],
                           gpus=j.get("gpus"), runtime_h=j.get("runtime_h"), allocated_gpu_h=j.get("allocated_gpu_h"),
                           gpu_h=r["gpu_h"], cost=r["cost"], verdict=j.get("verdict")))
-    return out
+    return out, w.height
 
 
 def daily_points(a: Analysis, window: Window, now: datetime | None) -> list[DailyPoint]:
@@ -424,8 +434,8 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         fair = _fairness(a, shares, half_life)
         if fair is not None:
             shares_source = fair.shares_source
-    info = _job_info(a) if status == "ok" else {}
-    nop = no_process_jobs(a, info) if status == "ok" and processes else []
+    summaries = job_summaries(a) if status == "ok" else pl.DataFrame()
+    nop, nop_jobs = no_process_jobs(a, summaries) if status == "ok" and processes else ([], 0)
     mfu_jobs = rel = rel_read = None
     mfu, mfu_note = [], ""
     if status == "ok":
@@ -455,8 +465,8 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
         headline=headline_rows(cur, None if _empty(prev) else prev, processes=processes, prev_processes=prev_processes,
                                no_comparison=base.no_comparison),
         teams=team_rows(a, fair) if status == "ok" else [],
-        wasteful_jobs=wasteful_jobs(a, top_n, info) if status == "ok" else [],
-        no_process_jobs=nop[:NO_PROCESS_LIST], no_process_more=max(0, len(nop) - NO_PROCESS_LIST),
+        wasteful_jobs=wasteful_jobs(a, top_n, summaries) if status == "ok" else [],
+        no_process_jobs=nop, no_process_more=nop_jobs - len(nop),
         daily=daily_points(a, window, now_utc) if status == "ok" else [],
         mfu=mfu, mfu_note=mfu_note,
         jain_index=fair.jain_index if fair is not None else None, gini_users=fair.gini_users if fair is not None else None,
@@ -481,20 +491,21 @@ def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report
     notices = list(fleet.notices)
     wasteful: list[JobRow] = []
     nop: list[JobRow] = []
+    nop_jobs = 0
     mfu: list[MfuRow] = []
     mfu_note = fleet.mfu_note
     if fleet.has_data:
         # the team's jobs' GPUs only (their figures need no other GPU's summaries)
         a = Analysis(con, replace(a_fleet.p, filters=replace(a_fleet.p.filters, account=team)), now=fleet.generated_at)
-        info = _job_info(a)
-        wasteful = wasteful_jobs(a, fleet.top_n, info)
-        nop = no_process_jobs(a, info) if fleet.extra.get("processes") else []
+        summaries = job_summaries(a)
+        wasteful = wasteful_jobs(a, fleet.top_n, summaries)
+        nop, nop_jobs = no_process_jobs(a, summaries) if fleet.extra.get("processes") else ([], 0)
         mfu, mfu_note = mfu_rows(a_fleet, fleet.extra["mfu_jobs"], team)
         if not rows:
             notices.append(f"Team {team} ran no GPU jobs in this window and has no share configured.")
     return replace(
-        fleet, team=team, notices=notices, teams=rows, wasteful_jobs=wasteful, no_process_jobs=nop[:NO_PROCESS_LIST],
-        no_process_more=max(0, len(nop) - NO_PROCESS_LIST), mfu=mfu, mfu_note=mfu_note,
+        fleet, team=team, notices=notices, teams=rows, wasteful_jobs=wasteful, no_process_jobs=nop,
+        no_process_more=nop_jobs - len(nop), mfu=mfu, mfu_note=mfu_note,
         shared_gpus=[g for g in fleet.shared_gpus if g["account"] == team],
         held_back=[c for c in fleet.held_back if c["account"] == team],
     )
