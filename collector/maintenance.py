@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -31,6 +32,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from gpufleet.collector import facts
 from gpufleet.collector.store import StoreWriter, _sql_list, sample_source, write_parquet
@@ -90,13 +92,54 @@ def task_runner(tasks: TaskRunner | None, hours: int) -> TaskRunner:
     return tasks if tasks is not None and tasks.scheduler and hours >= DASK_MIN_HOURS else TaskRunner(name="facts")
 
 
+COMPACT_ORDER = ("host", "gpu_uuid", "gpu_instance", "ts")  # a compacted hour's rows (NULLs last, as DuckDB's ORDER BY)
+
+
+def _in_compact_order(path: Path) -> bool:
+    """Whether the file's rows are already in COMPACT_ORDER, as the compaction's ORDER BY puts them
+    (a backfill's hour written as one sorted batch): each row's key not below the row's before it,
+    compared column by column (NULL instances last; a NULL host or UUID: not adopted)."""
+    t = pq.read_table(path, columns=list(COMPACT_ORDER))
+    if t.num_rows < 2:
+        return True
+    if t["host"].null_count or t["gpu_uuid"].null_count or t["ts"].null_count:
+        return False
+    cols = [t["host"], t["gpu_uuid"], pc.fill_null(pc.cast(t["gpu_instance"], pa.int32()), 2**31 - 1), t["ts"]]  # (NULL: above every instance)
+    prev = [c.slice(0, t.num_rows - 1) for c in cols]
+    this = [c.slice(1) for c in cols]
+    ok = pc.less_equal(prev[-1], this[-1])  # from the last key up: earlier keys decide where they differ
+    for a, b in zip(reversed(prev[:-1]), reversed(this[:-1])):
+        ok = pc.or_(pc.less(a, b), pc.and_(pc.equal(a, b), ok))
+    return bool(pc.all(ok).as_py())
+
+
+def _adopt(src: Path, target: Path) -> bool:
+    """The compacted file as a second name of `src` (a hard link; the batch's own name is retired
+    like any compacted file's, so a reader of the snapshot before still finds it); False where the
+    file system has no hard links."""
+    try:
+        os.link(src, target)
+    except OSError:
+        return False
+    dfd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return True
+
+
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:
+    """The hour's files merged into one in COMPACT_ORDER. An hour of one file already in that
+    order (a backfill's or a bench's hour-long batch) is adopted as it is, not written again: the
+    same rows in the same order, in the same Parquet layout (store.write_parquet wrote both)."""
     paths = [str(w.root / f) for f in files]
     tag = hashlib.blake2b("\n".join(files).encode(), digest_size=6).hexdigest()
     target = f"samples/date={hour:%Y-%m-%d}/compact-{hour:%H}-{tag}.parquet"
-    table = w.db.sql(f"SELECT * FROM {sample_source(w.db, paths)} ORDER BY host, gpu_uuid, gpu_instance, ts").to_arrow_table()
     (w.root / target).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(table, w.root / target)
+    if not (len(paths) == 1 and _in_compact_order(Path(paths[0])) and _adopt(Path(paths[0]), w.root / target)):
+        table = w.db.sql(f"SELECT * FROM {sample_source(w.db, paths)} ORDER BY {', '.join(COMPACT_ORDER)}").to_arrow_table()
+        write_parquet(table, w.root / target)
     w.db.execute("BEGIN")
     try:
         for f in files:

@@ -266,6 +266,41 @@ def test_compaction_merges_closed_hours_and_writes_their_facts(tmp_path):
     assert all((tmp_path / f).exists() for f in old_files)
 
 
+def test_an_hour_of_one_batch_in_compact_order_is_adopted_not_written_again(tmp_path):
+    """A backfill's hour-long batch already in compact order (host, GPU, instance, time) becomes
+    the compacted file as it is (a second name of the same file); an hour of one batch out of
+    that order, or of two batches, is written again, sorted. The rows read the same either way,
+    and the batch's own name stays readable to a snapshot from before."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from gpufleet.collector.maintenance import compact
+
+    t = datetime(2026, 11, 16, 10)
+    w = StoreWriter(tmp_path, clock=lambda: t)
+    def both(first: str, second: str, hour: int) -> pa.Table:
+        ts = [t + timedelta(hours=hour, seconds=15 * i) for i in range(4)]
+        return pa.concat_tables([samples(ts, [1.0] * 4, host=first), samples(ts, [2.0] * 4, host=second)])
+
+    w.commit(Batch(key="sorted", samples=both("a", "b", 0)))  # 10:00: in order
+    w.commit(Batch(key="unsorted", samples=both("b", "a", 1)))  # 11:00: host b first
+    for i in range(2):  # 12:00: two batches
+        w.commit(Batch(key=f"round:{i}", samples=samples([t + timedelta(hours=2, seconds=15 * i)], [3.0], host="a")))
+    w.publish()
+    batch = {k: tmp_path / f for k, f in w.db.execute("SELECT batch_key, file FROM batches").fetchall()}
+    before = dump(tmp_path)["samples"]
+    assert compact(w, now=t + timedelta(hours=4)) == 3
+    files = dict(w.db.execute("SELECT batch_key, file FROM batches").fetchall())
+    compacted = {k: tmp_path / f for k, f in files.items()}
+    assert os.path.samefile(compacted["sorted"], batch["sorted"])  # adopted: one file, two names
+    assert not os.path.samefile(compacted["unsorted"], batch["unsorted"]) and compacted["round:0"] == compacted["round:1"]
+    assert dump(tmp_path)["samples"] == before
+    hosts = lambda f: pq.read_table(f, columns=["host"])["host"].to_pylist()  # noqa: E731
+    assert hosts(compacted["unsorted"]) == ["a"] * 4 + ["b"] * 4  # written again, in compact order
+    assert hosts(batch["sorted"]) == hosts(compacted["sorted"]) and batch["unsorted"].exists()  # (retired, not yet deleted)
+
+
 def test_retention_retires_old_files_but_remembers_their_keys(tmp_path):
     from gpufleet.collector.maintenance import apply_retention
 
