@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from gpufleet.config import ConfigError, gather, load_config
+from gpufleet.procs import stop_on_signals
 from gpufleet.times import parse_time
 
 log = logging.getLogger(__name__)
@@ -185,9 +184,7 @@ def run(args: argparse.Namespace, out=None, scheduled_jobs: Sequence[ScheduledJo
         if why:
             log.error("%s", why)
         return 0 if ok and not why else 1
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     if opts["listen"]:
         from prometheus_client import start_http_server
 

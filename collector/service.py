@@ -23,6 +23,7 @@ from gpufleet.collector.schema import Batch, Unrecognized
 
 from gpufleet.collector.sources.base import Source, SourceError
 from gpufleet.collector.store import StoreWriter
+from gpufleet.procs import wait_until_stopped
 from gpufleet.times import utcnow
 
 log = logging.getLogger(__name__)
@@ -379,7 +380,7 @@ class Collector:
         scheduler.start()
         log.info("collector running %d sources: %s", len(self.sources), ", ".join(f"{s.source.name} every {s.interval:g}s" for s in self.sources))
         try:
-            stop.wait()
+            wait_until_stopped(stop)
         finally:
             scheduler.shutdown(wait=True)
             with self._commit_lock:

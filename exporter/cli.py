@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 import threading
 from pathlib import Path
 from typing import Any
 
 from gpufleet.config import ConfigError, Option, boolean, host_port, integer, load_config, number, one_of, section, string
+from gpufleet.procs import stop_on_signals, wait_until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +128,14 @@ def run(args: argparse.Namespace, out=None) -> int:
     poller.poll_telemetry()
     poller.poll_processes_and_jobs()
     poller.start()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
     thread.start()
     log.info("gpufleet exporter (%s backend, %d GPUs) serving %s://%s:%s/metrics", poller.backend.name, len(poller.snapshot.gpus), scheme, shown, port)
     if out is not None:
         out.write(f"gpufleet exporter: metrics at {scheme}://{shown}:{port}/metrics\n")
         out.flush()
-    stop.wait()
+    wait_until_stopped(stop)
     log.info("stopping")
     server.shutdown()
     poller.stop()

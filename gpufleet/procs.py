@@ -1,4 +1,5 @@
-"""Child processes: stop one politely, then firmly; and let one die with its parent."""
+"""Child processes: stop one politely, then firmly; and let one die with its parent. A service's
+own stop: on SIGINT or SIGTERM, whichever thread the signal lands on."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 
 def terminate(proc: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -43,3 +45,24 @@ def exit_with_parent() -> bool:
     if str(os.getppid()) != wanted:  # the parent died before the request: nobody will signal us
         os.kill(os.getpid(), signal.SIGTERM)
     return True
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNAL_POLL_S = 0.5  # how soon a signal delivered to another thread is acted on
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (call from the main thread: Python runs handlers there)."""
+    stop = threading.Event()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def wait_until_stopped(stop: threading.Event) -> None:
+    """Block the main thread until `stop` is set, waking every SIGNAL_POLL_S. The kernel may deliver
+    a process' SIGTERM to any of its threads (a scheduler's, a library's); Python then runs the
+    handler only when the main thread next runs Python code, which an untimed wait never does: a
+    `gpufleet collect` under load ignored a SIGTERM until a second one came."""
+    while not stop.wait(SIGNAL_POLL_S):
+        pass

@@ -61,3 +61,34 @@ def test_a_child_whose_parent_is_already_gone_stops_at_once(tmp_path):
     code = "from gpufleet.procs import exit_with_parent; import time; exit_with_parent(); time.sleep(30)"
     proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=20)
     assert proc.returncode == -signal.SIGTERM
+
+
+# A service's main thread waits for SIGTERM while other threads work; the signal lands on one of
+# those (here aimed there with pthread_kill, as the kernel may deliver a process' signal to any
+# thread). STOPS prints when the main thread has seen it.
+SERVICE = """
+import signal, sys, threading, time
+from gpufleet.procs import stop_on_signals, wait_until_stopped
+stop = stop_on_signals()
+def worker():
+    print("READY", flush=True)
+    sys.stdin.readline()
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    time.sleep(60)
+threading.Thread(target=worker, daemon=True).start()
+wait_until_stopped(stop)
+print("STOPS", flush=True)
+"""
+
+
+def test_a_service_stops_on_a_sigterm_another_thread_received():
+    """The stop is acted on within the wait's poll period, not at the next signal (`gpufleet
+    collect` under load ignored a SIGTERM until its test's second one came)."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVICE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        out, _ = proc.communicate("go\n", timeout=30)  # (an untimed wait: never, the worker sleeps on)
+        assert (out.strip(), proc.returncode) == ("STOPS", 0)
+    finally:
+        proc.kill()
+        proc.wait()
