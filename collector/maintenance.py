@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpufleet.collector import facts
-from gpufleet.collector.store import StoreWriter, _sql_list, sample_source, write_parquet
+from gpufleet.collector.store import StoreWriter, _sql_list, fsync_dir, sample_source, write_parquet
 from gpufleet.collector.tasks import TaskRunner
 from gpufleet.times import epoch_us, from_epoch_us
 
@@ -121,11 +121,7 @@ def _adopt(src: Path, target: Path) -> bool:
         os.link(src, target)
     except OSError:
         return False
-    dfd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(target.parent)
     return True
 
 
