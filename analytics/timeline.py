@@ -174,6 +174,12 @@ def _raw_use(a, bsec: float, origin_us: int, gpu_dims: bool) -> dict[str, pl.Dat
     return out
 
 
+def known_sum(col: str) -> pl.Expr:
+    """The sum of `col` in an aggregation, null where every value is: a sum of nothing known (the
+    allocated time of jobs of unknown GPU count only) stays unknown, never 0."""
+    return pl.when(pl.col(col).is_null().all()).then(None).otherwise(pl.col(col).sum()).alias(col)
+
+
 def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n_buckets: int, bsec: float, origin) -> dict[str, pl.DataFrame]:
     """The timelines of `dims` from their parts per bucket k (GPU-hours; rows may repeat a key and
     bucket: they are summed): "iv" data and busy by cluster and model, "cap" capacity by cluster
@@ -183,8 +189,7 @@ def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n
     collected at once: frames this small cost polars' per-operation overhead, not their rows."""
     def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.LazyFrame:
         df = base[name].lazy().with_columns(pl.col("k").cast(pl.Int64))
-        # (a sum of nothing known - allocated time of jobs of unknown GPU count only - stays unknown)
-        out = df.group_by([*keys, "k"]).agg([pl.when(pl.col(c).is_null().all()).then(None).otherwise(pl.col(c).sum()).alias(c) for c in cols])
+        out = df.group_by([*keys, "k"]).agg([known_sum(c) for c in cols])
         return out.rename(rename) if rename else out
 
     plans: dict[str, pl.LazyFrame] = {}

@@ -21,7 +21,7 @@ import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql, timeline
-from gpufleet.analytics.core import JOB_KEY, Analysis, Totals
+from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, with_utilization
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.shares import team_shares
@@ -316,16 +316,19 @@ def daily_points(a: Analysis, window: Window, now: datetime | None) -> list[Dail
     midnights = [local_midnight(d, window.zone) for d, _, _ in days] + [local_midnight(days[-1][0] + timedelta(days=1), window.zone)]
     step = math.gcd(*(round((b - m).total_seconds()) for m, b in zip(midnights, midnights[1:])))
     tl = timeline.utilization_timeline(a, "fleet", timedelta(seconds=step), origin=midnights[0])
+    # each bucket's day: the last midnight at or before it (the buckets divide the days)
+    starts = pl.DataFrame({"bucket": midnights[:-1], "day": list(range(len(days)))}).cast({"bucket": tl.schema["bucket"]})
+    per_day = with_utilization(tl.join_asof(starts, on="bucket").group_by("day").agg(
+        pl.sum("busy_gpu_h"), pl.sum("data_gpu_h"), timeline.known_sum("allocated_gpu_h")), ["day"])
+    sums = {r["day"]: r for r in per_day.to_dicts()}
     out = []
-    for (day, s, _), m0, m1 in zip(days, midnights, midnights[1:]):
+    for i, (day, s, _) in enumerate(days):
         if now is not None and s >= now:
             out.append(DailyPoint(day=day, utilization_pct=None, busy_gpu_h=0.0, data_gpu_h=0.0, allocated_gpu_h=0.0, future=True))
             continue
-        rows = tl.filter((pl.col("bucket") >= m0) & (pl.col("bucket") < m1))
-        busy, data = float(rows["busy_gpu_h"].sum()), float(rows["data_gpu_h"].sum())
-        allocated = rows["allocated_gpu_h"].drop_nulls()  # (null: only jobs of unknown GPU count ran in a bucket)
-        out.append(DailyPoint(day=day, utilization_pct=busy / data * 100 if data > 0 else None, busy_gpu_h=busy, data_gpu_h=data,
-                              allocated_gpu_h=float(allocated.sum()) if allocated.len() else None))
+        r = sums[i]
+        out.append(DailyPoint(day=day, utilization_pct=r["utilization_pct"], busy_gpu_h=r["busy_gpu_h"], data_gpu_h=r["data_gpu_h"],
+                              allocated_gpu_h=r["allocated_gpu_h"]))
     return out
 
 
