@@ -3,7 +3,7 @@
 The cached synthetic fleet of bench/analytics.py (GPUFLEET_BENCH_GPUS, _DAYS, _JOBS; the same
 cache, default 1,024 GPUs, a week) with its facts built by the product's upkeep, as the collector
 leaves a store. `gpufleet report --from --to --no-pdf` of its last 7 days runs in a process of its
-own, twice: the week from midnight to midnight, and the same week moved 10 h 47 min 13 s later
+own, twice: the week from midnight to midnight, and the same week moved 10 h 47 min 13 s earlier
 (as `--last 7d` gives: the window and its days start off the local midnights, the first and last
 day clipped). Wall time with the process' start-up, CPU time and peak RSS are the command's own.
 The report reads the week and the week before it (empty unless GPUFLEET_BENCH_DAYS >= 14).
