@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -192,7 +191,10 @@ class Classified:
     @property
     def broken(self) -> bool:
         """Ended otherwise than completed: an attempt whose chain is linked (SQL's `broken`)."""
-        return self.cause not in ("completed", "not_ended")
+        return self.cause not in _NOT_BROKEN
+
+
+_NOT_BROKEN = ("completed", "not_ended")
 
 
 # States whose cause no hardware evidence changes (classify's rules 1-3 but the cancels): the store
@@ -698,20 +700,12 @@ class Chain:
     lost_s: float
     productive_s: float
     lost_upper_bound: bool
+    interruptions: int  # attempts interrupted (INTERRUPTION_CAUSES)
+    gpus: int | None  # the most GPUs an attempt held; None (unknown, never 0) when no attempt's count is known
 
     @property
     def ettr(self) -> float | None:
         return self.productive_s / self.wall_s if self.wall_s > 0 else None
-
-    # (computed once: the report sorts and sums ~100,000 chains by them at 100,000 GPUs)
-    @cached_property
-    def interruptions(self) -> int:
-        return sum(1 for c in self.attempts if c.interrupted)
-
-    @cached_property
-    def gpus(self) -> int | None:
-        """The most GPUs an attempt held; None (unknown, never 0) when no attempt's count is known."""
-        return max((c.attempt.gpus for c in self.attempts if c.attempt.gpus is not None), default=None)
 
 
 def _continues(prev: Classified, nxt: Classified, s: Settings) -> bool:
@@ -758,22 +752,29 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
         tails[(a.cluster, a.scheduler, a.job_key)] = chain
         tails[(a.cluster, a.user_name, a.account, a.name)] = chain
     out = []
-    for chain in open_chains:
+    for chain in open_chains:  # (one pass each: ~100,000 chains at 100,000 GPUs)
         run = gaps = lost = 0.0
         upper = False
-        for i, c in enumerate(chain):
+        interruptions = 0
+        gpus = None
+        prev_end = None
+        for c in chain:
             a = c.attempt
             a_end = a.end if a.end is not None else (as_of or a.start)
             run += max(0.0, (a_end - a.start).total_seconds())
-            if i:
-                gaps += (a.start - chain[i - 1].attempt.end).total_seconds()
-            if c.broken:
+            if prev_end is not None:
+                gaps += (a.start - prev_end).total_seconds()
+            prev_end = a.end
+            if c.cause not in _NOT_BROKEN:
                 since, measured = lost_since(a, checkpoints, a_end)
                 upper |= not measured
                 lost += (a_end - since).total_seconds()
+            interruptions += c.cause in INTERRUPTION_CAUSES
+            if a.gpus is not None and (gpus is None or a.gpus > gpus):
+                gpus = a.gpus
         first, last = chain[0].attempt, chain[-1].attempt
         wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
-        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper))
+        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus))
     return sorted(out, key=lambda ch: (-ch.wall_s * (ch.gpus or 0), ch.attempts[0].attempt.job_key))
 
 
