@@ -9,6 +9,7 @@ policy's lemon drains and its metrics.
 from __future__ import annotations
 
 import heapq
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Mapping
@@ -45,33 +46,37 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
              "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top,
              "bucket_us": round(MIX_BUCKET.total_seconds() * 1_000_000), "resubmit_s": s.resubmit_window.total_seconds(),
              **params.filters.bind()}
-    cur = con.cursor()
+    # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the
+    # cluster and model filters, and the attempts are not filtered by model), over the whole hours
+    # around the attempts' evidence windows: those are read from the facts alone, where an edge cut
+    # out of a 5-minute bucket is read raw (samples, holds and parts: ~0.15 s at 1,024 GPUs); an
+    # event outside an attempt's own window is not its evidence
+    around = replace(params, start=floor_time(params.start - s.hardware_window, EVENT_READ_STEP),
+                     end=ceil_time(params.end + s.grace, EVENT_READ_STEP), filters=replace(params.filters, model=None))
+    cur, hosts_cur, events_cur = con.cursor(), con.cursor(), con.cursor()
     try:
-        cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
-        listed = cur.sql(sql.RELIABILITY_LISTED, params=sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
-        summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
-                         None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],
-                         r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
-                  for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
-        cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
-        host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
+        # the health events need nothing from the attempts: read beside them, on a cursor of their
+        # own (DuckDB runs both at once: many small statements over the facts, which leave a core
+        # idle, beside the attempts' few large ones)
+        with ThreadPoolExecutor(1, thread_name_prefix="reliability-events") as pool:
+            found = pool.submit(health.events, events_cur, around)
+            cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
+            listed = cur.sql(sql.RELIABILITY_LISTED, params=sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
+            summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
+                             None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],
+                             r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
+                      for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
+            cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
+            # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last)
+            attempts = [Attempt(*r[:-1], gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in r[-1] or ()}))) for r in listed]
+            host_rows = _rows(hosts_cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
+            ev = found.result()
     finally:
-        cur.close()
-    # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last)
-    attempts = [Attempt(*r[:-1], gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in r[-1] or ()}))) for r in listed]
-    events: list[Event] = []
-    if any(a.gpus_held for a in attempts):
-        # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the
-        # cluster and model filters, and the attempts are not filtered by model), over the whole
-        # hours around the attempts' evidence windows: those are read from the facts alone, where
-        # an edge cut out of a 5-minute bucket is read raw (samples, holds and parts: ~0.15 s at
-        # 1,024 GPUs); an event outside an attempt's own window is not its evidence
-        around = replace(params, start=floor_time(params.start - s.hardware_window, EVENT_READ_STEP),
-                         end=ceil_time(params.end + s.grace, EVENT_READ_STEP),
-                         filters=replace(params.filters, model=None))
-        ev = health.events(con, around)
-        events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
-                  for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
+        for c in (cur, hosts_cur, events_cur):
+            c.close()
+    # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
+    events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
+              for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
     return classify_all(attempts, events, cancels, s), summed, host_rows
 
 
