@@ -38,6 +38,7 @@ from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.collector import facts as cf
+from gpufleet.collector.schema import empty_table
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 FIVE_US = cf.GRAIN_5M * 1_000_000
@@ -366,7 +367,7 @@ class FactWindow:
             tables += self._raw(cells)
         for grain in sorted({g for g, _, _ in spans if g is not None}):
             tables.append(self._stored(grain, [(a, b) for g, a, b in spans if g == grain]))
-        parts = pa.concat_tables([cf.conform(t) for t in tables]) if tables else cf.SCHEMA.empty_table()
+        parts = pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA)
         # wp: the Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered): a temp
         # table of it first was a second copy of every part's ~200 columns (a fifth of a 4,096-GPU
         # day's Analysis CPU)

@@ -74,7 +74,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS
+from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS, empty_table
 from gpufleet.collector.intervals import intervals, segments, split
 
 FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
@@ -252,7 +252,7 @@ def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: Fa
     of each stretch between them are those a call for that stretch alone gives (a sample's piece
     is counted where its time lies, its gap measured to the sample before it, read either way)."""
     if not samples.num_rows:
-        return SCHEMA.empty_table()
+        return empty_table(SCHEMA)
     key = pa.table({c: samples[c] for c in _GPU})
     gk = _gpu_numbers(key)
     ts = samples["ts"].to_numpy().astype(np.int64)
@@ -506,7 +506,7 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
     monoid: sums add, high-waters take the max, runs at the junctions chain, and a chain touching
     neither end of the joined part that reaches idle_min joins its inner runs)."""
     if not parts.num_rows:
-        return SCHEMA.empty_table()
+        return empty_table(SCHEMA)
     parts = _ordered(parts)
     n = parts.num_rows
     col = lambda c: parts[c].to_numpy(zero_copy_only=False)  # noqa: E731

@@ -147,6 +147,13 @@ SAMPLE_SCHEMA = pa.schema(
 )
 
 
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table of `schema` with no rows. (pyarrow's Schema.empty_table() builds its columns from
+    Python lists, and the first such build imports pandas where it is installed: ~0.2 s and ~15 MiB
+    for a `gpufleet analyze` or a collector that never uses it.)"""
+    return pa.Table.from_batches([], schema=schema)
+
+
 def conform_samples(table: pa.Table) -> pa.Table:
     """`table` as SAMPLE_SCHEMA: its columns cast, the ones it lacks all null (unknown, not 0)."""
     n = table.num_rows

@@ -1302,7 +1302,7 @@ def _table_view(root: Path, manifest: dict[str, Any], name: str, rel: str) -> st
 def _empty_table(con: duckdb.DuckDBPyConnection, name: str, columns: pa.Schema) -> None:
     """An empty table `name` of these columns, for a reader whose store has no such files yet (same
     columns as the view it stands for, never a missing view); a table, so its cursors see it."""
-    con.register("_empty", columns.empty_table())
+    con.register("_empty", schema.empty_table(columns))
     try:
         con.execute(f"CREATE TABLE {name} AS SELECT * FROM _empty")
     finally:

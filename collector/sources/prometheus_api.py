@@ -38,7 +38,7 @@ import httpx
 from gpufleet.collector.exposition_parse import (
     GPUFLEET_BUILD_INFO, JOB_REPORT_METRICS, JOB_SHARE_METRICS, PRECEDENCE_WITHIN_S, merge_exporters, parse_rows, samples_table,
 )
-from gpufleet.collector.schema import METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_SCHEMA
+from gpufleet.collector.schema import METRIC_TO_COLUMN, NVIDIA_SMI_INDEX, NVIDIA_SMI_INFO, NVIDIA_SMI_PREFIX, SAMPLE_SCHEMA, empty_table
 from gpufleet.collector.config import GPU_SHARDS, GPU_SHARDS_MAX, PARALLEL_REQUESTS
 from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
@@ -346,7 +346,7 @@ class PrometheusApiSource:
         parts = merge_exporters(parts, times, PRECEDENCE_WITHIN_S)
         return Batch(
             key=f"prometheus:{self.cluster}:{start.isoformat()}:{end.isoformat()}",
-            samples=samples_table(parts) if parts else SAMPLE_SCHEMA.empty_table(),  # one table for the window, as scrape.py
+            samples=samples_table(parts) if parts else empty_table(SAMPLE_SCHEMA),  # one table for the window, as scrape.py
             gpus=gpus,
             allocations=allocations,
             throughput=throughput,

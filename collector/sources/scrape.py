@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import httpx
 
 from gpufleet.collector.exposition_parse import ScrapeRows, merge_exporters, parse_rows, samples_table
-from gpufleet.collector.schema import SAMPLE_SCHEMA
+from gpufleet.collector.schema import SAMPLE_SCHEMA, empty_table
 from gpufleet.collector.schema import Batch, Unrecognized
 from gpufleet.collector.sources.base import SourceError
 
@@ -119,7 +119,7 @@ class ScrapeSource:
         if not any(status.up for _, status, _ in answers):
             raise SourceError(f"all {len(answers)} scrape targets failed; first: {problems[0] if problems else '?'}")
         # a GPU both dcgm-exporter and the gpufleet exporter report: one row (PRECEDENCE)
-        samples = samples_table(merge_exporters(parts)) if parts else SAMPLE_SCHEMA.empty_table()
+        samples = samples_table(merge_exporters(parts)) if parts else empty_table(SAMPLE_SCHEMA)
         return Batch(
             key=f"scrape:{self.cluster}:{now.isoformat()}",
             samples=samples,
