@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from gpufleet.analytics import health, sql
+from gpufleet.procs import gc_paused
 from gpufleet.analytics.reliability import (
     ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, MIX_BUCKET, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
     Settings, Summed, run_seconds_in, ends_in,
@@ -112,7 +113,8 @@ class Read:
 
 def read(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> Read:
     """The window's attempts and checkpoints (read_store, read_checkpoints): `top` as read_store's."""
-    return Read(*read_store(con, params, s, as_of, top), read_checkpoints(con, params, as_of))
+    with gc_paused():
+        return Read(*read_store(con, params, s, as_of, top), read_checkpoints(con, params, as_of))
 
 
 def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
@@ -121,7 +123,11 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     their evidence, the interrupted attempts that cost most, each with its cause's evidence, the
     chains that lost most, and Young/Daly's checkpoint advice for the largest chains. `done`: the
     window's read (read(), with the same `top`), when the caller has it."""
-    done = done or read(con, params, s, as_of, top)
+    with gc_paused():  # (~100,000 attempts and chains at 100,000 GPUs: procs.gc_paused)
+        return _report(params, s, as_of, top, done or read(con, params, s, as_of, top))
+
+
+def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Read) -> dict[str, Any]:
     classified, summed, host_rows, saved = done.classified, done.summed, done.host_rows, done.saved
     times = {k: [t for t, _ in v] for k, v in saved.items()}
     host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}

@@ -1,5 +1,6 @@
 """gpufleet.procs: a child started with child_env() stops when its parent dies, even by SIGKILL,
-which no signal handler of the parent can forward (the demo's dashboard and report children)."""
+which no signal handler of the parent can forward (the demo's dashboard and report children); a
+service stops on a SIGTERM whichever thread it lands on; gc_paused leaves the collector as it was."""
 
 from __future__ import annotations
 
@@ -92,3 +93,30 @@ def test_a_service_stops_on_a_sigterm_another_thread_received():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_cycle_collector_is_paused_in_the_block_and_back_as_it_was_after():
+    import gc
+
+    from gpufleet.procs import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():  # (nested: the inner block found it off, and leaves it off)
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    try:
+        with gc_paused():
+            raise RuntimeError("in the block")
+    except RuntimeError:
+        pass
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # (off before: left off)
+    finally:
+        gc.enable()
