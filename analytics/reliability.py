@@ -702,6 +702,7 @@ class Chain:
     lost_upper_bound: bool
     interruptions: int  # attempts interrupted (INTERRUPTION_CAUSES)
     gpus: int | None  # the most GPUs an attempt held; None (unknown, never 0) when no attempt's count is known
+    broken: bool  # an attempt did not complete (Classified.broken)
 
     @property
     def ettr(self) -> float | None:
@@ -758,6 +759,7 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
         interruptions = 0
         gpus = None
         prev_end = None
+        broken = False
         for c in chain:
             a = c.attempt
             a_end = a.end if a.end is not None else (as_of or a.start)
@@ -766,6 +768,7 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
                 gaps += (a.start - prev_end).total_seconds()
             prev_end = a.end
             if c.cause not in _NOT_BROKEN:
+                broken = True
                 since, measured = lost_since(a, checkpoints, a_end)
                 upper |= not measured
                 lost += (a_end - since).total_seconds()
@@ -774,7 +777,7 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
                 gpus = a.gpus
         first, last = chain[0].attempt, chain[-1].attempt
         wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
-        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus))
+        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus, broken))
     return sorted(out, key=lambda ch: (-ch.wall_s * (ch.gpus or 0), ch.attempts[0].attempt.job_key))
 
 
@@ -792,7 +795,7 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     lost = sum(n * ch.lost_s for n, ch in sized)
     # chains: those with an attempt that did not complete (which other attempts were linked, the
     # chain_candidates near them, is how they are found, not a figure); the rest is in others_gpu_s
-    broken = [ch for ch in chains if any(c.broken for c in ch.attempts)]
+    broken = [ch for ch in chains if ch.broken]
     return {"chains": len(broken), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
             "unknown_gpu_chains": sum(1 for ch in broken if ch.gpus is None),
             "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,

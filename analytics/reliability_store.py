@@ -143,10 +143,11 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
     others_gpu_s = sum(c.attempt.gpus * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
                        for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains
                        ) + sum(x.wall_gpu_s for x in summed)
-    interrupted_chains = sorted((ch for ch in chains if ch.interruptions),
-                                key=lambda ch: (-(ch.gpus or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
-    interrupted = sorted((c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
-                         key=lambda c: -(c.attempt.gpus or 0) * run_seconds_in(c.attempt, params.start, params.end))
+    # (the first `top` of each order: heapq.nsmallest is sorted()[:top], without sorting the ~100,000 chains)
+    interrupted_chains = heapq.nsmallest(top, (ch for ch in chains if ch.interruptions),
+                                         key=lambda ch: (-(ch.gpus or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
+    interrupted = heapq.nsmallest(top, (c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
+                                  key=lambda c: -(c.attempt.gpus or 0) * run_seconds_in(c.attempt, params.start, params.end))
     return {
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat()},
@@ -160,11 +161,11 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
         "lemons": [{"node": x.node, "cluster": where.get(x.node, (None, None))[0], "scheduler": where.get(x.node, (None, None))[1],
                     "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
                     "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found],
-        "interrupted_attempts": [_attempt_row(c, times) for c in interrupted[:top]],
+        "interrupted_attempts": [_attempt_row(c, times) for c in interrupted],
         # the chains with an attempt in the window, whole (from their first start to their last end)
         "goodput": {**goodput(chains, others_gpu_s), "checkpoints": checkpoints_note(f)},
         # the interrupted chains that lost most (GPUs x (wall - productive)) first
-        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"], saved) for ch in interrupted_chains[:top]],
+        "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"], saved) for ch in interrupted_chains],
         # Young/Daly's interval for the largest chains (GPUs, then wall time), beside the one they used
         "checkpoint_advice": [{**_chain_head(ch), **_advice(ch, f["gpu_failure_rate_per_gpu_hour"], saved)}
                               for ch in largest_chains(classified, linked, chains, times, s, until, top)],
@@ -220,7 +221,7 @@ def largest_chains(classified: list[Classified], linked: list[Classified], chain
     single = {id(c): c for c in heapq.nlargest(top, alone, key=lambda c: c.attempt.gpus or 0)}
     single.update((id(c), c) for c in alone if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in reported)
     ones = [link_chains([c], times, s, until)[0] for c in single.values()]
-    return sorted(chains + ones, key=lambda ch: (-(ch.gpus or 0), -ch.wall_s, ch.attempts[0].attempt.job_key))[:top]
+    return heapq.nsmallest(top, chains + ones, key=lambda ch: (-(ch.gpus or 0), -ch.wall_s, ch.attempts[0].attempt.job_key))
 
 
 def _chain_head(ch: Chain) -> dict[str, Any]:
