@@ -15,13 +15,13 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from gpufleet.analytics import health, sql
-from gpufleet.procs import gc_paused
 from gpufleet.analytics.reliability import (
     ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, MIX_BUCKET, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
     Settings, Summed, run_seconds_in, ends_in,
     chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
     link_chains, lost_since, node_failures,
 )
+from gpufleet.procs import gc_paused
 from gpufleet.times import ceil_time, floor_time
 
 SCHEMA = "gpufleet.reliability/v1"
@@ -54,7 +54,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     # event outside an attempt's own window is not its evidence
     around = replace(params, start=floor_time(params.start - s.hardware_window, EVENT_READ_STEP),
                      end=ceil_time(params.end + s.grace, EVENT_READ_STEP), filters=replace(params.filters, model=None))
-    cur, hosts_cur, events_cur = con.cursor(), con.cursor(), con.cursor()
+    cur, events_cur = con.cursor(), con.cursor()
     try:
         # the health events need nothing from the attempts: read beside them, on a cursor of their
         # own (DuckDB runs both at once: many small statements over the facts, which leave a core
@@ -70,10 +70,10 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
             cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
             # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last)
             attempts = [Attempt(*r[:-1], gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in r[-1] or ()}))) for r in listed]
-            host_rows = _rows(hosts_cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
+            host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
             ev = found.result()
     finally:
-        for c in (cur, hosts_cur, events_cur):
+        for c in (cur, events_cur):
             c.close()
     # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
     events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
