@@ -54,15 +54,18 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     # event outside an attempt's own window is not its evidence
     around = replace(params, start=floor_time(params.start - s.hardware_window, EVENT_READ_STEP),
                      end=ceil_time(params.end + s.grace, EVENT_READ_STEP), filters=replace(params.filters, model=None))
-    cur, events_cur = con.cursor(), con.cursor()
+    cur, events_cur, hosts_cur = con.cursor(), con.cursor(), con.cursor()
     try:
-        # the health events need nothing from the attempts: read beside them, on a cursor of their
-        # own (DuckDB runs both at once: many small statements over the facts, which leave a core
-        # idle, beside the attempts' few large ones)
-        with ThreadPoolExecutor(1, thread_name_prefix="reliability-events") as pool:
+        # two reads need nothing from the attempts, each on a cursor of its own in a worker thread
+        # (DuckDB runs a statement while Python runs): the health events beside the attempts'
+        # statements (many small statements over the facts, which leave a core idle, beside a few
+        # large ones), and the hosts' GPU-hours once those are done (a scan of every allocation:
+        # beside them it slowed both; beside the Python over the attempts it takes the idle core)
+        with ThreadPoolExecutor(2, thread_name_prefix="reliability-read") as pool:
             found = pool.submit(health.events, events_cur, around)
             cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
             listed = cur.sql(sql.RELIABILITY_LISTED, params=sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
+            hosts = pool.submit(_rows, hosts_cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
             summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
                              None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],
                              r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
@@ -70,15 +73,15 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
             cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
             # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last)
             attempts = [Attempt(*r[:-1], gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in r[-1] or ()}))) for r in listed]
-            host_rows = _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
-            ev = found.result()
+            # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
+            events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
+                      for e in found.result().iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
+            classified = classify_all(attempts, events, cancels, s)
+            host_rows = hosts.result()
     finally:
-        for c in (cur, events_cur):
+        for c in (cur, events_cur, hosts_cur):
             c.close()
-    # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
-    events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
-              for e in ev.iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
-    return classify_all(attempts, events, cancels, s), summed, host_rows
+    return classified, summed, host_rows
 
 
 Saved = dict[tuple[str, str, str], list[tuple[datetime, float | None]]]
