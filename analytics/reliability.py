@@ -191,10 +191,7 @@ class Classified:
     @property
     def broken(self) -> bool:
         """Ended otherwise than completed: an attempt whose chain is linked (SQL's `broken`)."""
-        return self.cause not in _NOT_BROKEN
-
-
-_NOT_BROKEN = ("completed", "not_ended")
+        return self.cause not in ("completed", "not_ended")
 
 
 # States whose cause no hardware evidence changes (classify's rules 1-3 but the cancels): the store
@@ -767,12 +764,12 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
             if prev_end is not None:
                 gaps += (a.start - prev_end).total_seconds()
             prev_end = a.end
-            if c.cause not in _NOT_BROKEN:
+            if c.broken:
                 broken = True
                 since, measured = lost_since(a, checkpoints, a_end)
                 upper |= not measured
                 lost += (a_end - since).total_seconds()
-            interruptions += c.cause in INTERRUPTION_CAUSES
+            interruptions += c.interrupted
             if a.gpus is not None and (gpus is None or a.gpus > gpus):
                 gpus = a.gpus
         first, last = chain[0].attempt, chain[-1].attempt
