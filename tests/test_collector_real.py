@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.collector import schema
 from gpufleet.collector.service import Collector, ScheduledSource
-from gpufleet.times import utcnow
+from gpufleet.times import epoch_us, utcnow
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.sources.prometheus_api import PrometheusApiSource
 from gpufleet.collector.sources.scrape import ScrapeSource
@@ -96,8 +96,9 @@ def test_prometheus_api_source_stores_the_same_samples_as_direct_scraping(tmp_pa
         a.writer.close()
         first, last = stamps[0] - timedelta(milliseconds=500), stamps[-1] + timedelta(milliseconds=500)
 
-        # store B: what Prometheus scraped over the same window, read back through its HTTP API
-        time.sleep(3)  # let Prometheus scrape (and make queryable) past the window's end
+        # store B: what Prometheus scraped over the same window, read back through its HTTP API,
+        # once Prometheus has scraped (and made queryable) past the window's end
+        prom.wait_scraped_past("gpufleet", epoch_us(last) / 1e6)
         api = PrometheusApiSource(url=prom.url, cluster="cmp", chunk_seconds=60, lag_seconds=2)
         b = Collector(StoreWriter(tmp_path / "b"), [ScheduledSource(api, 60)])
         batch = api.read_window(first, last)
@@ -192,8 +193,9 @@ def test_through_prometheus_dcgm_exporter_wins_for_a_gpu_both_exporters_report(t
         )
         prom.wait_query("DCGM_FI_DEV_GPU_UTIL", timeout=60, min_results=8)
         prom.wait_query("gpufleet_build_info", timeout=30)
-        time.sleep(6)
-        end = utcnow() - timedelta(seconds=1)
+        # a window of 5 s ending 6 s from now, read once both targets were scraped past its end
+        end = utcnow() + timedelta(seconds=6)
+        prom.wait_scraped_past("gpus", epoch_us(end) / 1e6, targets=2)
         api = PrometheusApiSource(url=prom.url, cluster="cmp", chunk_seconds=60, lag_seconds=2)
         c = Collector(StoreWriter(tmp_path / "store"), [ScheduledSource(api, 60)])
         c.commit(api.name, [api.read_window(end - timedelta(seconds=5), end)])

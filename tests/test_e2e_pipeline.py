@@ -333,6 +333,7 @@ def run(tmp_path_factory):
         time.sleep(max(0.0, RUN_S - (time.monotonic() - started)))
         release.touch()
         seen["states"] = {name: cluster.wait_job(j, timeout=60) for name, j in ids.items()}
+        ended = time.time()
         # everything A ever did in Prometheus: not one ALERTS sample (pending or firing) in the run
         seen["alerts_for_a"] = prom.query(f'count_over_time(ALERTS{{job_id="{ids["A"]}"}}[10m])')
         seen["outputs"] = {name: cluster.job_output(j) for name, j in ids.items()}
@@ -341,7 +342,12 @@ def run(tmp_path_factory):
         seen["control_left"] = sorted(p.name for p in control.iterdir())
 
         # ---- ingest: stop the service (one writer), then one pass for the final sacct records
-        time.sleep(2)  # a couple of scrapes after the end
+        def scraped_after_the_end() -> bool:  # a couple of the collector's scrapes (1 s apart) after the jobs ended
+            m = http_text(f"http://127.0.0.1:{collector_port}/metrics")
+            done = re.search(r'^gpufleet_collect_source_last_success_timestamp_seconds\{source="scrape"\} (\S+)$', m, re.M)
+            return done is not None and float(done.group(1)) >= ended + 2
+
+        wait_for("the collector to scrape twice after the jobs ended", scraped_after_the_end, timeout=60, interval=0.25)
         terminate(collector)
         assert collector.returncode == 0, (tmp / "collector.log").read_text()[-3000:]
         gpufleet("collect", "--once", "--config", str(config))

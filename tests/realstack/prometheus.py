@@ -180,6 +180,17 @@ class Prometheus(_Server):
         wait_for(f"{promql!r} to return {min_results}+ series", enough, timeout=timeout, daemons=[self.daemon], interval=0.25)
         return result
 
+    def wait_scraped_past(self, job: str, when: float, *, targets: int = 1, timeout: float = 60) -> None:
+        """Poll until each of `targets` targets of scrape job `job` has a scrape stamped after `when`
+        (Unix seconds): a scrape's samples are appended with its `up`, so what the targets published
+        up to `when` is then queryable. A loaded machine's late scrape is waited for, not missed."""
+
+        def past() -> bool:
+            stamps = [float(x["value"][1]) for x in self.query(f'timestamp(up{{job="{job}"}})')]
+            return len(stamps) >= targets and min(stamps) > when
+
+        wait_for(f"{targets} target(s) of {job!r} scraped after {when:.3f}", past, timeout=timeout, daemons=[self.daemon], interval=0.25)
+
     def reload(self) -> None:
         """POST /-/reload (enabled by --web.enable-lifecycle) after rewriting the config or rules."""
         status, body = _http("POST", f"{self.url}/-/reload", data=b"")
