@@ -14,8 +14,11 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
     # setuptools warns on every editable install that a folder named like the package (gpufleet/)
     # may take precedence: here that folder IS the package's root, so the notice is only noise.
+    # --no-compile: the scripts keep bytecode under PYTHONPYCACHEPREFIX (below), where Python looks
+    # instead of __pycache__, so pip's byte-compiling of every installed module was never read
+    # (7 s of a fresh set-up's 39 s here, 11 s of CPU); modules are compiled there when first imported.
     PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
-        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[$EXTRAS]"
+        "$VENV/bin/python" -m pip install --quiet --no-compile --disable-pip-version-check -e "$ROOT[$EXTRAS]"
     touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
