@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.abc
 import logging
 import re
 import sys
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from gpufleet.procs import exit_with_parent
 from gpufleet.version import DISTRIBUTION, version
@@ -38,12 +40,14 @@ class Subcommand:
     help: str
     extra: str | None  # the pip extra it needs beyond the exporter's two dependencies
     hooks: Callable[[], dict[str, Any]] | None = None
+    pandas: bool = True  # False: it runs with pandas refused (_without_pandas)
 
 
 SUBCOMMANDS = {
     "exporter": Subcommand("gpufleet.exporter.cli", "serve GPU metrics (NVML or simulated) and the job-to-GPU mapping", None),
     "collect": Subcommand("gpufleet.collector.cli", "collect metrics and scheduler accounting into the store", "collector", _collect_hooks),
-    "analyze": Subcommand("gpufleet.analytics.cli", "print a window's utilization, waste and cost (table or JSON)", "collector"),
+    "analyze": Subcommand("gpufleet.analytics.cli", "print a window's utilization, waste and cost (table or JSON)", "collector",
+                          pandas=False),
     "dashboard": Subcommand("gpufleet.dashboards.cli", "serve the operators' Streamlit dashboards over the store", "dashboards"),
     "report": Subcommand("gpufleet.report.cli", "write the weekly waste report (HTML, PDF, text) and mail it", "report"),
     "policy": Subcommand("gpufleet.policy.cli", "warn owners of idle GPUs, escalate and cancel by [policy] (dry run first)", "report"),
@@ -77,6 +81,36 @@ def missing_for_extra(extra: str) -> list[str]:
     return missing
 
 
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """Refuses `import pandas`, as where it is not installed."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r}: gpufleet {self.command} runs without pandas "
+                                      f"(gpufleet.cli SUBCOMMANDS: pandas=False)", name=name)
+        return None
+
+
+@contextmanager
+def _without_pandas(command: str) -> Iterator[None]:
+    """`command` run with pandas refused: pyarrow (26) imports pandas, where installed, at its first
+    conversion to or from numpy only to learn whether values might be pandas objects (~0.2 s and
+    ~50 MiB of a `gpufleet analyze`, whose code has none). Refused, pyarrow converts without it.
+    Nothing is refused where pandas was imported already (a caller in the same process)."""
+    if "pandas" in sys.modules:
+        yield
+        return
+    refuse = _NoPandas(command)
+    sys.meta_path.insert(0, refuse)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(refuse)
+
+
 def _chosen(argv: list[str]) -> str | None:
     """The subcommand named on the command line (options before it take no subcommand names)."""
     return next((a for a in argv if a in SUBCOMMANDS), None)
@@ -105,6 +139,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = _chosen(argv)
+    with _without_pandas(command) if command and not SUBCOMMANDS[command].pandas else nullcontext():
+        return _main(argv, command)
+
+
+def _main(argv: list[str], command: str | None) -> int:
     if command and SUBCOMMANDS[command].extra:
         missing = missing_for_extra(SUBCOMMANDS[command].extra)
         if missing:
