@@ -54,6 +54,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.realstack.process import free_port, wait_for
 from tests.realstack.prometheus import start_prometheus
@@ -343,9 +344,9 @@ def run(tmp_path_factory):
 
         # ---- ingest: stop the service (one writer), then one pass for the final sacct records
         def scraped_after_the_end() -> bool:  # a couple of the collector's scrapes (1 s apart) after the jobs ended
-            m = http_text(f"http://127.0.0.1:{collector_port}/metrics")
-            done = re.search(r'^gpufleet_collect_source_last_success_timestamp_seconds\{source="scrape"\} (\S+)$', m, re.M)
-            return done is not None and float(done.group(1)) >= ended + 2
+            done = [s.value for f in text_string_to_metric_families(http_text(f"http://127.0.0.1:{collector_port}/metrics"))
+                    for s in f.samples if s.name == "gpufleet_collect_source_last_success_timestamp_seconds" and s.labels == {"source": "scrape"}]
+            return bool(done) and done[0] >= ended + 2
 
         wait_for("the collector to scrape twice after the jobs ended", scraped_after_the_end, timeout=60, interval=0.25)
         terminate(collector)
