@@ -272,8 +272,8 @@ _HOUR_DB_LOCK = threading.Lock()
 
 def _hour_cursor() -> duckdb.DuckDBPyConnection:
     """A cursor of this process' in-memory DuckDB of one thread, for reading an hour's samples:
-    starting and closing a database for each hour took ~20 ms (its threads), a tenth of a small
-    fleet's hour of facts. A cursor is the hour's own connection to it; the database holds
+    starting and closing a database for each hour took ~20-70 ms here (its threads), about a sixth
+    of a small fleet's upkeep (the demo's week: 38-40 -> 31-33 s of CPU). A cursor is the hour's own connection to it; the database holds
     nothing between hours."""
     global _HOUR_DB
     with _HOUR_DB_LOCK:
