@@ -1,9 +1,9 @@
 """One analysis of one window: utilization, allocation, idle-time waste and its cost.
 
-`Analysis(con, params)` reads the window's samples once into arrays (analytics/gputime.py) and
+`Analysis(con, params)` reads the window's fact parts once (analytics/facts.py FactWindow) and
 materializes the small tables of analytics/sql.py (capacity, allocations); each figure is then a
-look-up or a small query. (The row-by-row interval and piece tables the arrays are held to live
-with the tests: tests/support/oracle_sql.py.) Pure in the sense that matters: the same store and
+query over them. `Analysis(raw=True)` reads every sample into arrays instead
+(analytics/gputime.py): the tests' oracle. Pure in the sense that matters: the same store and
 parameters give the same figures. Results are polars DataFrames (GPU-hours, percentages,
 dollars) so the CLI, dashboards and report share them. Money is null when a model has no price:
 unknown, not 0.
@@ -245,11 +245,15 @@ class Analysis:
     job_window = _job_window
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
-                 raw: bool = False):
+                 raw: bool = False, timeline: bool = True):
         """Every figure from the window's fact parts (analytics/facts.py FactWindow: the store's
         facts where it has them, the rest cut from raw samples by the same rule), on this
-        analysis' own cursor; a filter is a WHERE clause on the parts. The parts are cut at the
-        default timeline's bucket edges where they lie on the facts' grid (on_the_grid), so its timeline is their sums.
+        analysis' own cursor; a filter is a WHERE clause on the parts. `timeline`: the parts are
+        cut at the default timeline's bucket edges where they lie on the facts' grid
+        (on_the_grid), so the timeline a page draws is their sums; a surface that draws none
+        (`gpufleet analyze`, the previous window's totals) reads the coarsest tiling instead - a
+        week's day facts, not its hours (a timeline asked of it all the same reads the parts
+        again, cut at its buckets: timeline.bucketed_parts).
         `raw`: every sample read into arrays instead (analytics/gputime.py) - the tests' oracle.
         `detail` (raw only): read the detail columns (memory, tensor activity, clock) at once, for
         an analysis that will ask for per-job detail anyway (one read of the window, not two)."""
@@ -269,7 +273,7 @@ class Analysis:
             self.con.register("variants", self.gt.gpus.to_arrow())
             self._allocation_use()
         else:
-            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=on_the_grid(params))
+            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=on_the_grid(params) if timeline else None)
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
             self._allocation_parts()
         # per_gpu() and idle_stretches() read only the data above, which never changes after

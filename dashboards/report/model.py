@@ -393,7 +393,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     # the previous window (the previous calendar week: across a daylight-saving change not the
     # same length): one analysis for its totals and its process counts
     prev_params = replace(params, start=window.prev_start, end=window.prev_end)
-    prev_a = Analysis(con, prev_params, now=now_utc)
+    prev_a = Analysis(con, prev_params, now=now_utc, timeline=False)  # (no timeline of it is drawn)
     prev = prev_a.totals()
     base = baseline(con, params, prev_params, prev)
     processes = _process_counts(a)
