@@ -47,23 +47,25 @@ FIVE_US = cf.GRAIN_5M * 1_000_000
 RAW_READ_ROWS = 250_000
 RAW_READ_HOURS = 24
 
-# The window's parts (wp: _parts' Arrow table) with each one's MIG share and whether it is inside the
-# window; the filters on GPUs (cluster, model) and on holders' jobs (job_filter) apply here
-PARTS_VIEW = f"""
-CREATE OR REPLACE TEMP TABLE wpe AS
-SELECT wp.*, {sql.gpu_equiv("wp")} AS equiv, wp.p0 >= $start_us AND wp.p1 <= $end_us AS inside
-FROM wp
-WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)
-"""
+# The window's parts (wpe): those cut from raw samples (wp: _parts' Arrow table) first, then the
+# stored ones (STORED_PARTS) inserted straight from their files, each with its MIG share and whether
+# it is inside the window; the filters on GPUs (cluster, model) and on holders' jobs (job_filter) apply here
+_PART_COLUMNS = f"""{sql.gpu_equiv("wp")} AS equiv, wp.p0 >= $start_us AND wp.p1 <= $end_us AS inside
+FROM {{parts}} wp
+WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)"""
+PARTS_VIEW = "CREATE OR REPLACE TEMP TABLE wpe AS SELECT wp.*, " + _PART_COLUMNS.format(parts="wp")
 
 ONLY_GPUS = cf.only_gpus()  # (FactWindow's `gpus`)
 # the parts of one grain's buckets in [$lo, $hi) from the store's facts: from their files alone
 # ($files: fact_files_of), not the fact_parts view, which opens every facts file of the store
 # ($buckets: the bucket starts wanted in [$lo, $hi), epoch us; NULL: all of them - a window cut
 # at a grid off the hours reads its grain's buckets of every grid cell in one statement, not one a cell)
-STORED_PARTS = ("SELECT * EXCLUDE (tag) FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
+STORED_PARTS = (f"SELECT {', '.join(cf.SCHEMA.names)} FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
                 "AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) "
                 f"AND ($buckets IS NULL OR epoch_us(bucket) IN (SELECT unnest($buckets))) AND {ONLY_GPUS}")
+# ... added to wpe from the files in one statement: no Arrow copy of every part's ~115 columns
+# beside DuckDB's (a 1,024-GPU week's day parts: 123 MB)
+INSERT_STORED_PARTS = "INSERT INTO wpe BY NAME SELECT wp.*, " + _PART_COLUMNS.format(parts=f"({STORED_PARTS})")
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
 # facts; 86400: a day's hour and day facts), with their buckets, in time order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
@@ -338,8 +340,6 @@ class FactWindow:
         # health or temperature window reads neither); core.Analysis' cursor has them already
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
         self._parts()
-        self.con.execute(PARTS_VIEW, sql.bound(PARTS_VIEW, self.bind))
-        self.con.unregister("wp")  # (wpe holds the parts now)
 
     # --- tiling ---
 
@@ -365,22 +365,23 @@ class FactWindow:
                 cells.append((a, b))
         if cells:
             tables += self._raw(cells)
+        # wp: the raw cuts' Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered):
+        # a temp table of it first was a second copy of every part's columns
+        self.con.register("wp", pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA))
+        self.con.execute(PARTS_VIEW, sql.bound(PARTS_VIEW, self.bind))
+        self.con.unregister("wp")
         for grain in sorted({g for g, _, _ in spans if g is not None}):
-            tables.append(self._stored(grain, [(a, b) for g, a, b in spans if g == grain]))
-        parts = pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA)
-        # wp: the Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered): a temp
-        # table of it first was a second copy of every part's ~200 columns (a fifth of a 4,096-GPU
-        # day's Analysis CPU)
-        self.con.register("wp", parts)
+            self._stored(grain, [(a, b) for g, a, b in spans if g == grain])
 
-    def _stored(self, grain: int, runs: list[tuple[int, int]]) -> pa.Table:
-        """The stored parts of one grain's runs of buckets [a, b), in one statement over their files."""
+    def _stored(self, grain: int, runs: list[tuple[int, int]]) -> None:
+        """The stored parts of one grain's runs of buckets [a, b) into wpe, in one statement over their files."""
         tag, step = self.fp.tag(), grain * 1_000_000
         files = fact_files_of(self.con, tag, grain, runs)
         buckets = None if len(runs) == 1 else [t for a, b in runs for t in range(a, b, step)]
         self.tiles[grain] = self.tiles.get(grain, 0) + sum((b - a) // step for a, b in runs)
-        return self.con.sql(STORED_PARTS, params={"files": files, "tag": tag, "grain": grain, "lo": runs[0][0],
-                                                  "hi": runs[-1][1], "buckets": buckets, "gpus": self.gpus}).to_arrow_table()
+        values = {**self.bind, "files": files, "tag": tag, "grain": grain, "lo": runs[0][0], "hi": runs[-1][1], "buckets": buckets,
+                  "gpus": self.gpus}
+        self.con.execute(INSERT_STORED_PARTS, sql.bound(INSERT_STORED_PARTS, values))
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
         """The window [s, e) cut at its grid's edges (grid_us from grid_origin_us; none: whole)."""
