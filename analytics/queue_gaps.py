@@ -120,17 +120,25 @@ def _minus(c0: int, c1: int, h0: np.ndarray, h1: np.ndarray) -> list[tuple[int, 
 
 def _gap(t: np.ndarray, free: np.ndarray, w0: np.ndarray, w1: np.ndarray, need: np.ndarray) -> tuple[float, np.ndarray]:
     """The gap's GPU-hours (per stretch of constant free GPUs and waiting jobs: min(free, the
-    fitting jobs' GPUs) x its length) and each job's microseconds waiting while it fit."""
+    fitting jobs' GPUs) x its length) and each job's microseconds waiting while it fit. One pass
+    per distinct GPU count requested (a handful: 1, 2, 4, 8, ...): where the free GPUs reach it,
+    its waiting jobs all fit, so a job's time fitting is a difference of one running sum and the
+    stretches' demand a running count of its jobs - jobs + stretches per count, never jobs x
+    stretches (a week's waiting job spans thousands of stretches)."""
     edges = np.unique(np.concatenate([t, w0, w1]))
     if len(edges) < 2:
         return 0.0, np.zeros(len(w0))
     level = np.where(edges >= t[0], free[np.clip(np.searchsorted(t, edges, side="right") - 1, 0, None)], 0)[:-1]
     dt = np.diff(edges).astype(np.float64)
     first, stop = np.searchsorted(edges, w0), np.searchsorted(edges, w1)
-    n = np.maximum(stop - first, 0)
-    job = np.repeat(np.arange(len(w0)), n)
-    seg = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n) + np.repeat(first, n)
-    fits = need[job] <= level[seg]
-    demand = np.bincount(seg[fits], weights=need[job][fits].astype(np.float64), minlength=len(dt))
+    fit_us, demand = np.zeros(len(w0)), np.zeros(len(dt))
+    for v in np.unique(need):
+        mine = np.flatnonzero(need == v)
+        fits = level >= v
+        run = np.concatenate([[0.0], np.cumsum(np.where(fits, dt, 0.0))])  # (whole microseconds: exact sums)
+        a, b = first[mine], np.maximum(stop[mine], first[mine])
+        fit_us[mine] = run[b] - run[a]
+        waiting = np.cumsum(np.bincount(a, minlength=len(dt) + 1) - np.bincount(b, minlength=len(dt) + 1))[:-1]
+        demand += np.where(fits, waiting * float(v), 0.0)
     gap = float(np.sum(np.minimum(level, demand) * dt)) / 3.6e9
-    return gap, np.bincount(job[fits], weights=dt[seg[fits]], minlength=len(w0))
+    return gap, fit_us
