@@ -68,7 +68,16 @@ def _plain(v: Any) -> Any:
 
 
 def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    return [{k: _plain(v) for k, v in r.items()} for r in df.to_dicts()]
+    """The frame's rows as JSON-ready dicts (_plain's rule: NaN and infinities None, dates ISO),
+    converting only the columns of a type that needs it (a week's queue gaps list ~50,000 jobs)."""
+    floats = [c for c, t in df.schema.items() if t.is_float()]
+    dates = [c for c, t in df.schema.items() if isinstance(t, pl.Datetime) or t == pl.Date]
+    out = df.with_columns(pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats).to_dicts()
+    for r in out if dates else ():
+        for c in dates:
+            if r[c] is not None:
+                r[c] = r[c].isoformat()
+    return out
 
 
 def _plain_share(gpu: dict[str, Any]) -> dict[str, Any]:
@@ -408,8 +417,9 @@ def run(args: argparse.Namespace, out=None) -> int:
     if args.format == "json":
         for warning in report.get("warnings", []):  # (the table prints them itself)
             sys.stderr.write(f"gpufleet analyze: warning: {warning}\n")
-        json.dump(report, out, indent=2, default=_plain)
-        out.write("\n")
+        # one write: json.dump writes each token apart, and under PYTHONUNBUFFERED (containers set
+        # it) every write is a system call: 2.5 million for a 1,024-GPU week, 2.3 s of the kernel's time
+        out.write(json.dumps(report, indent=2, default=_plain) + "\n")
     else:
         printer(report, out)
     return 0
