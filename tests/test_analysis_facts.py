@@ -90,8 +90,8 @@ def mismatches(want: dict, got: dict) -> list[str]:
     return bad
 
 
-def compare(con, p, now) -> tuple[list[str], Analysis]:
-    fa = Analysis(con, p, now=now)
+def compare(con, p, now, timeline: bool = True) -> tuple[list[str], Analysis]:
+    fa = Analysis(con, p, now=now, timeline=timeline)
     return mismatches(figures(Analysis(con, p, now=now, raw=True, detail=True)), figures(fa)), fa
 
 
@@ -119,7 +119,8 @@ def test_analysis_from_facts_equals_the_raw_oracle(fleet, how, data):
         con = open_reader(tmp)
         for i, (lo, hi) in enumerate(windows(fleet, data)):
             for f in every_filter(fleet) if i == 0 else [Filters(), data.draw(st.sampled_from(every_filter(fleet)), label="filter")]:
-                bad, fa = compare(con, params(fleet, lo, hi, filters=f), now)
+                # (timeline=False: the coarsest tiling, as gpufleet analyze reads; its timelines then read the parts again)
+                bad, fa = compare(con, params(fleet, lo, hi, filters=f), now, timeline=data.draw(st.booleans(), label="timeline"))
                 assert not bad, (lo, hi, f, fa.fw.tiles, "\n".join(bad[:20]))
                 for g in fa.fw.tiles:
                     event(f"buckets of {g} s read from facts")
@@ -145,6 +146,21 @@ def test_a_fact_one_bucket_off_fails_the_comparison(tmp_path):
         pq.write_table(t, f)
     bad, _ = compare(open_reader(tmp_path), p, at(fleet["now"]))
     assert bad
+
+
+def test_an_analysis_that_draws_no_timeline_reads_day_facts_where_a_page_reads_hours(tmp_path):
+    """A page's analysis cuts its parts at its timeline's buckets (hour facts for a day's window);
+    gpufleet analyze draws none (timeline=False): the day's one fact, the same figures."""
+    fleet = {"gpus": [{"gpu": 0, "host": "h0", "uuid": "GPU-prop-0", "samples": [(t, 50.0 if t < 1800 else 0.0, 1.0) for t in range(0, 3600, 15)]}],
+             "jobs": [{"key": "1", "account": "alpha", "user": "u", "start": 600, "end": 3000, "seen_until": 3000, "gpus": 1, "held": [0]}],
+             "cuts": [0, 1800, 3600], "now": 2 * DAY, "idle_min": 300}
+    store(tmp_path, fleet, (2, True), 2 * DAY)
+    con = open_reader(tmp_path)
+    p = params(fleet, 0, DAY)
+    page, cli = Analysis(con, p, now=at(fleet["now"])), Analysis(con, p, now=at(fleet["now"]), timeline=False)
+    assert page.fw.tiles.get(3600) == 24 and 86400 not in page.fw.tiles, page.fw.tiles
+    assert cli.fw.tiles.get(86400) == 1 and 3600 not in cli.fw.tiles, cli.fw.tiles
+    assert not mismatches(figures(page), figures(cli))
 
 
 def test_the_golden_scenario_from_its_facts(tmp_path):
