@@ -266,6 +266,9 @@ class Analysis:
         self.prices = register_prices(self.con, params)
         for stmt in (sql.CAPACITY, sql.ALLOCATIONS, sql.JOB_TABLE):
             self._exec(stmt)
+        # under a job filter its figures are its allocations': only the GPUs they hold are read
+        # (a filtered window costs what it selects: one job's page reads its GPUs, not the fleet's)
+        self.held_gpus = [u for (u,) in self.con.execute(sql.HELD_GPU_UUIDS).fetchall()] if self.job_filtered else None
         self.gt: GpuTime | None = None
         self.fw = None
         if raw:
@@ -273,7 +276,8 @@ class Analysis:
             self.con.register("variants", self.gt.gpus.to_arrow())
             self._allocation_use()
         else:
-            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=on_the_grid(params) if timeline else None)
+            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=on_the_grid(params) if timeline else None,
+                                       gpus=self.held_gpus)
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
             self._allocation_parts()
         # per_gpu() and idle_stretches() read only the data above, which never changes after
@@ -464,9 +468,13 @@ class Analysis:
     # --- per GPU ---
 
     def per_gpu(self) -> pl.DataFrame:
-        """Capacity, data, busy, allocated and stranded GPU-hours per GPU (or MIG instance)."""
+        """Capacity, data, busy, allocated and stranded GPU-hours per GPU (or MIG instance); under a
+        job filter of the GPUs the selected jobs hold (held_gpus: those read), every hour of theirs."""
         if ("per_gpu",) not in self._memo:
-            self._memo[("per_gpu",)] = self._per_gpu()
+            g = self._per_gpu()
+            if self.held_gpus is not None:
+                g = g.filter(pl.col("gpu_uuid").is_in(self.held_gpus) | pl.col("gpu_uuid").is_null())
+            self._memo[("per_gpu",)] = g
         return self._memo[("per_gpu",)].clone()
 
     def _per_gpu(self) -> pl.DataFrame:

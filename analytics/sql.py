@@ -122,6 +122,10 @@ WHERE {ALLOCATION_FILTERS}
   AND least({ALLOCATION_END}, $xend) > greatest({ALLOCATION_START}, $xstart)
 """
 
+# The GPUs (uuids) the window's allocations (al: the job filters applied) hold: under a job filter
+# an analysis reads these GPUs' parts alone (core.Analysis)
+HELD_GPU_UUIDS = "SELECT DISTINCT gpu_uuid FROM al WHERE gpu_uuid IS NOT NULL ORDER BY gpu_uuid"
+
 # Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
 # one, dcgm-exporter does not)? A sample holds at most max_gap, so earlier ones cannot reach in.
 # The weekly report (dashboards/report/model.py) asks, to say whether "no process" can be known.
