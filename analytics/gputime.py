@@ -241,10 +241,11 @@ class GpuTime:
         for k, x in sums.items():
             out[k][rows[with_t]] = total(x)[with_t]
 
-    def bucket_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, start: int, end: int, bucket: int) -> dict[str, np.ndarray]:
+    def bucket_detail(self, gid: np.ndarray, a0: np.ndarray, a1: np.ndarray, start: int, end: int, bucket: int,
+                      origin: int | None = None) -> dict[str, np.ndarray]:
         """What oracle_sql.PIECES rows of each allocation (GPU gid held over [a0, a1), epoch us) add up to
-        per time bucket, once clipped to [start, end) and cut at the bucket edges start + k x bucket
-        (us): one row per allocation and bucket it has a piece in, with w = the part's seconds x
+        per time bucket, once clipped to [start, end) and cut at the bucket edges origin + k x bucket
+        (us; origin: default start, at or before it): one row per allocation and bucket it has a piece in, with w = the part's seconds x
         its sample's MIG share (equiv of the interval's variant, as oracle_sql.INTERVALS has it):
 
           row     the allocation (an index into gid)
@@ -259,6 +260,7 @@ class GpuTime:
         names = ("row", "k", "vid", "data_s", "busy", "util_n", "fb_max")
         parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
         n = len(gid)
+        origin_t = start if origin is None else origin
         if n and len(self.t0):
             gid = np.asarray(gid, dtype=np.int64)
             lo_t, hi_t = np.maximum(np.asarray(a0, dtype=np.int64), start), np.minimum(np.asarray(a1, dtype=np.int64), end)
@@ -274,7 +276,7 @@ class GpuTime:
                 lo, hi, idx = lo[idx], hi[idx], idx + j0[i]
                 # bucket edges on this GPU's keys; each piece is cut into the cnt buckets it crosses
                 # (one or two: a piece is at most max_gap long, a bucket at least that)
-                origin = int(gid[i]) * self.span + (start - self.base)
+                origin = int(gid[i]) * self.span + (origin_t - self.base)
                 k0, k1 = (lo - origin) // bucket, (hi - 1 - origin) // bucket
                 cnt = k1 - k0 + 1
                 rep = np.repeat(np.arange(len(lo)), cnt)

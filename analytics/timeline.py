@@ -28,7 +28,7 @@ import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.facts import JOB_GPU_PARTS, FactWindow, timeline_parts
-from gpufleet.times import epoch_us
+from gpufleet.times import epoch_us, from_epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
 _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}
@@ -49,6 +49,19 @@ def default_bucket(length: timedelta) -> timedelta:
         if length <= upto:
             return bucket
     return timedelta(days=1)
+
+
+def clock_origin(start: datetime, bucket: timedelta) -> datetime:
+    """The first bucket edge of a job's timeline: the window's start floored to the bucket on the
+    UTC clock where the bucket divides a day (a job started 00:59:19 gets hour buckets from 00:00,
+    as Grafana and Prometheus align their steps), so every later edge falls on the facts' buckets
+    and the timeline is read from facts, not from raw minutes at each edge; its first bucket then
+    holds only the window's part of it. A bucket that does not divide a day starts at `start`."""
+    b_us = round(bucket.total_seconds() * 1_000_000)
+    if b_us <= 0 or 86_400_000_000 % b_us:
+        return start
+    t = epoch_us(start)
+    return from_epoch_us(t - t % b_us)
 
 
 def timeline_bucket(p) -> timedelta:
@@ -246,7 +259,8 @@ JOB_TIMELINE_SCHEMA = {"bucket": pl.Datetime("us"), "host": pl.Utf8, "gpu": pl.I
 def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: timedelta | None = None) -> pl.DataFrame:
     """One job's GPUs over time: per GPU and bucket, time-weighted utilization (null: no data),
     the memory high-water mark and the hours with data (null: no data). bucket, host, gpu,
-    gpu_uuid, gi, utilization_pct, fb_used_max_mib, data_h; by host, gpu, gi, bucket.
+    gpu_uuid, gi, utilization_pct, fb_used_max_mib, data_h; by host, gpu, gi, bucket. Buckets on
+    the clock (clock_origin), the window's time only in each.
 
     What the job's oracle_sql.PIECES rows (tests/support) add up to, each clipped to the window
     and cut at bucket edges (w = seconds x MIG share): utilization sum(util x w) / sum(w) and
@@ -256,14 +270,15 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
     bsec = bucket.total_seconds()
+    origin = clock_origin(p.start, bucket)
     if not a.raw:
-        return _job_gpu_parts(a, cluster, scheduler, job_key, bsec)
+        return _job_gpu_parts(a, cluster, scheduler, job_key, bsec, origin)
     if a.job_allocations(cluster, scheduler, job_key)["gid"].is_not_null().sum() == 0:
         return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)  # no such job, or no sample of its GPUs: no need of the detail arrays
     gt = a.detail_time()
     al = a.job_allocations(cluster, scheduler, job_key)  # the ids of the arrays now read
     d = gt.bucket_detail(al["gid"].fill_null(-1).to_numpy(), al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy(),
-                         epoch_us(p.start), epoch_us(p.end), round(bsec * 1_000_000))
+                         epoch_us(p.start), epoch_us(p.end), round(bsec * 1_000_000), epoch_us(origin))
     if not len(d["row"]):
         return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)
     rows = al.select("host", "gpu_uuid", pl.col("gi").cast(pl.Int16))[d["row"]].with_columns(
@@ -274,21 +289,21 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
     out = rows.group_by("k", "host", "gpu_uuid", "gi", maintain_order=True).agg(
         pl.first("gpu"), pl.sum("data_s"), pl.sum("busy"), pl.sum("util_n"), pl.max("fb"))
     return out.select(
-        (pl.lit(p.start) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"), "host", "gpu", "gpu_uuid", "gi",
+        (pl.lit(origin) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"), "host", "gpu", "gpu_uuid", "gi",
         pl.when((pl.col("util_n") > 0) & (pl.col("data_s") > 0)).then(pl.col("busy") / pl.col("data_s")).alias("utilization_pct"),
         pl.col("fb").alias("fb_used_max_mib"),
         pl.when(pl.col("util_n") > 0).then(pl.col("data_s") / 3600).alias("data_h"),
     ).cast(JOB_TIMELINE_SCHEMA).sort("host", "gpu", "gi", "bucket", "gpu_uuid")
 
 
-def _job_gpu_parts(a, cluster: str, scheduler: str, job_key: str, bsec: float) -> pl.DataFrame:
+def _job_gpu_parts(a, cluster: str, scheduler: str, job_key: str, bsec: float, origin: datetime) -> pl.DataFrame:
     """job_gpu_timeline from the window's parts: the job's, summed per GPU and bucket."""
-    out = bucketed_parts(a, JOB_GPU_PARTS, bsec, epoch_us(a.p.start), of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)
+    out = bucketed_parts(a, JOB_GPU_PARTS, bsec, epoch_us(origin), of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)
     if out.is_empty():
         return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)
     known = pl.col("data_s") > 0
     return out.select(
-        (pl.lit(a.p.start) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"), "host", "gpu", "gpu_uuid", "gi",
+        (pl.lit(origin) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"), "host", "gpu", "gpu_uuid", "gi",
         pl.when(known).then(pl.col("busy_s") / pl.col("data_s") * 100).alias("utilization_pct"),
         pl.col("fb_max").fill_nan(None).alias("fb_used_max_mib"),
         pl.when(known).then(pl.col("data_s") / 3600).alias("data_h"),

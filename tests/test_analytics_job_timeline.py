@@ -69,7 +69,8 @@ def reference_job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bu
     """The reference: job_gpu_timeline as SQL over the piece table pc (oracle_sql.PIECES), row by row."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
-    extra = {"bucket": bucket.total_seconds(), "origin": p.start, "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
+    origin = timeline.clock_origin(p.start, bucket)  # (buckets on the clock: the rule under test keeps only its origin)
+    extra = {"bucket": bucket.total_seconds(), "origin": origin, "job_cluster": cluster, "job_scheduler": scheduler, "job_key": job_key}
     oracle_sql.build(a, "pc")
     src = "(SELECT * FROM pc WHERE cluster = $job_cluster AND scheduler = $job_scheduler AND job_key = $job_key)"
     split = _short_split if p.max_gap <= bucket else split_at_buckets
@@ -85,7 +86,7 @@ def reference_job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bu
     if df.is_empty():
         return pl.DataFrame(schema={"bucket": pl.Datetime("us"), "host": pl.Utf8, "gpu": pl.Int16, "gpu_uuid": pl.Utf8, "gi": pl.Int16,
                                     "utilization_pct": pl.Float64, "fb_used_max_mib": pl.Float64, "data_h": pl.Float64})
-    return df.with_columns((pl.lit(p.start) + pl.duration(seconds=pl.col("k") * bucket.total_seconds())).alias("bucket")).select(
+    return df.with_columns((pl.lit(origin) + pl.duration(seconds=pl.col("k") * bucket.total_seconds())).alias("bucket")).select(
         "bucket", "host", "gpu", "gpu_uuid", "gi", "utilization_pct", "fb_used_max_mib", "data_h").sort("host", "gpu", "gi", "bucket")
 
 

@@ -260,6 +260,19 @@ def test_job_gpu_timeline(con):
     assert timeline.job_gpu_timeline(a, "c1", "slurm", "nope").is_empty()
 
 
+def test_a_job_timeline_of_a_window_typed_to_the_second_has_its_buckets_on_the_clock(con):
+    """Buckets from 10:00 for a window from 10:07:13 (the job page narrows its window to the job's
+    run): the first bucket holds the window's 22 min 47 s of it, the rest whole, on both paths."""
+    from dataclasses import replace
+
+    for raw in (False, True):
+        a = Analysis(con, replace(W, start=T(10, 7, 13)), now=T(20), raw=raw, detail=raw)
+        tl = timeline.job_gpu_timeline(a, "c1", "slurm", "101", timedelta(minutes=30))
+        assert tl["bucket"].to_list() == [T(10), T(10, 30), T(11), T(11, 30)], raw
+        assert tl["data_h"].to_list() == pytest.approx([(30 * 60 - 433) / 3600, 0.5, 0.5, 0.5]), raw
+        assert tl["utilization_pct"].to_list() == pytest.approx([80.0] * 4), raw
+
+
 def test_empty_store(tmp_path):
     StoreWriter(tmp_path).close()
     con = open_reader(tmp_path)
