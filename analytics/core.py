@@ -26,7 +26,7 @@ from gpufleet.analytics.params import Params
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.stretches import NAMED_BY_ALLOCATION, stretches
 from gpufleet.analytics.stretches import SCHEMA as STRETCH_SCHEMA
-from gpufleet.analytics.timeline import timeline_bucket
+from gpufleet.analytics.timeline import clock_origin, timeline_bucket
 # (the window's helpers facts.py shares live in window.py; core's names too)
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.times import epoch_us, utcnow
@@ -198,13 +198,15 @@ def with_utilization(out: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     ).sort(keys or [pl.lit(0)])
 
 
-def on_the_grid(p: Params) -> int | None:
-    """The analysis' parts are cut at its default timeline's bucket edges (microseconds apart) where
-    those fall on the 5-minute grid of the facts; else (a window typed to the minute) not: cut
-    there, every bucket of the window would be read raw, for a timeline asked or not (a timeline
-    then reads the window's parts again, cut at its buckets' edges: timeline.bucketed_parts)."""
-    b_us = round(timeline_bucket(p).total_seconds() * 1_000_000)
-    return b_us if epoch_us(p.start) % facts.FIVE_US == 0 and b_us % facts.FIVE_US == 0 else None
+def on_the_grid(p: Params) -> tuple[int, int] | None:
+    """(bucket, origin), microseconds: the analysis' parts are cut at its default timeline's bucket
+    edges (from timeline.clock_origin, the start floored on the clock) where those fall on the
+    5-minute grid of the facts; else not: cut there, every bucket of the window would be read
+    raw, for a timeline asked or not (a timeline then reads the window's parts again, cut at its
+    buckets' edges: timeline.bucketed_parts)."""
+    bucket = timeline_bucket(p)
+    b_us, origin_us = round(bucket.total_seconds() * 1_000_000), epoch_us(clock_origin(p.start, bucket))
+    return (b_us, origin_us) if origin_us % facts.FIVE_US == 0 and b_us % facts.FIVE_US == 0 else None
 
 
 def line_variants(gt: Any) -> pl.DataFrame:
@@ -276,7 +278,8 @@ class Analysis:
             self.con.register("variants", self.gt.gpus.to_arrow())
             self._allocation_use()
         else:
-            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=on_the_grid(params) if timeline else None,
+            grid = on_the_grid(params) if timeline else None
+            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
                                        gpus=self.held_gpus)
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
             self._allocation_parts()

@@ -52,7 +52,7 @@ def default_bucket(length: timedelta) -> timedelta:
 
 
 def clock_origin(start: datetime, bucket: timedelta) -> datetime:
-    """The first bucket edge of a job's timeline: the window's start floored to the bucket on the
+    """The first bucket edge of a timeline: the window's start floored to the bucket on the
     UTC clock where the bucket divides a day (a job started 00:59:19 gets hour buckets from 00:00,
     as Grafana and Prometheus align their steps), so every later edge falls on the facts' buckets
     and the timeline is read from facts, not from raw minutes at each edge; its first bucket then
@@ -106,9 +106,11 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     """utilization_timeline() for several dimensions at once: the samples are split into buckets
     once, at the finest grouping any of them needs, and each dimension sums those (exactly the
     same figures: sums of sums). `origin` (naive UTC, at or before the window's start; default
-    the start): the buckets' edges are origin + k x bucket, so a window that starts anywhere
-    still has its buckets on edges of the caller's choosing (the report's days: local
-    midnights); the first bucket is then labelled by its edge before the window's start."""
+    clock_origin: the start floored to the bucket on the clock): the buckets' edges are origin +
+    k x bucket, so a window that starts anywhere still has its buckets on edges of the caller's
+    choosing (the report's days: local midnights; the pages': the clock's, so a window typed to
+    the minute is read from facts, not from raw minutes at every edge); the first bucket is then
+    labelled by its edge before the window's start and holds only the window's part of it."""
     for by in dims:
         if by not in TIMELINE_DIMS:
             raise ValueError(f"unknown dimension {by!r} for a timeline: expected one of {', '.join(TIMELINE_DIMS)}")
@@ -116,7 +118,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     bucket = bucket or timeline_bucket(p)
     if bucket < p.max_gap:
         bucket = p.max_gap
-    origin = p.start if origin is None else origin
+    origin = clock_origin(p.start, bucket) if origin is None else origin
     if origin > p.start:
         raise ValueError(f"a timeline's origin {origin.isoformat()} is after its window's start {p.start.isoformat()}: expected it at or before")
     bsec = bucket.total_seconds()

@@ -187,16 +187,20 @@ def test_fleet_now_reads_raw_only_its_newest_minutes_and_after_the_newest_facts(
 
 def test_a_fall_back_to_raw_samples_is_caught(store, sampled):
     """The check fails on what it must catch: the raw path, a window whose parameters have no
-    facts (another idle threshold: every bucket read raw), and a window typed to the minute whose
-    timeline's buckets (anchored at its start) cut every 5-minute bucket, so it is read in pieces."""
+    facts (another idle threshold: every bucket read raw), and a timeline whose buckets are
+    anchored at a window's start typed to the minute, so they cut every 5-minute bucket and it is
+    read in pieces. The default timeline of that window has its buckets on the clock
+    (timeline.clock_origin): it reads only the edges' minutes."""
     con = open_reader(store)
     assert beyond_edges(counted(lambda: Analysis(con, W, now=T(20), raw=True).totals()), sampled, [(W.start, W.end)])
     assert not beyond_edges(counted(lambda: Analysis(con, W, now=T(20)).totals()), sampled, [(W.start, W.end)])
     other = replace(W, idle_threshold=W.idle_threshold + 1)
     assert beyond_edges(counted(lambda: Analysis(con, other, now=T(20)).totals()), sampled, [(W.start, W.end)])
     cut = Params(T(10, 2), T(11, 58))
-    reads = counted(lambda: utilization_timeline(Analysis(con, cut, now=T(20)), "fleet"))
+    reads = counted(lambda: utilization_timeline(Analysis(con, cut, now=T(20)), "fleet", origin=cut.start))
     assert beyond_edges(reads, sampled, [(cut.start, cut.end)])
+    reads = counted(lambda: utilization_timeline(Analysis(con, cut, now=T(20)), "fleet"))
+    assert not beyond_edges(reads, sampled, [(cut.start, cut.end)]), reads
 
 
 RETIRED = "raw samples retention has retired"
