@@ -243,8 +243,9 @@ def stretch_rows() -> str:
 
 
 def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
-    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute facts
-    (GRAIN_5M), days of hour and day facts (GRAIN_1D); none on a store of before the facts."""
+    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute and hour
+    facts (GRAIN_5M: an hour's file), days of hour and day facts (GRAIN_1D); none on a store of
+    before the facts."""
     out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
     if con.execute(HAS_FACTS).fetchall()[0][0]:
         for g, b in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
@@ -254,13 +255,22 @@ def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[in
 
 def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, runs: list[tuple[int, int]]) -> list[str]:
     """The files holding the `grain` parts of the runs [lo, hi) (epoch us, in order; stored buckets,
-    as tile gives them), in one statement: 5-minute parts in their hours' files, hour and day parts
-    in their days'."""
-    file_grain, span = (cf.GRAIN_5M, cf.HOUR_US) if grain == cf.GRAIN_5M else (cf.GRAIN_1D, cf.DAY_US)
-    spans = [(lo - lo % span, hi) for lo, hi in runs]
+    as tile gives them): 5-minute parts in their hours' files, day parts in their days', hour parts
+    in their days' where the day is closed, else in their hours' files (each hour from one file)."""
+    if grain == cf.GRAIN_1H:
+        days = _files_in(con, tag, cf.GRAIN_1D, [(lo - lo % cf.DAY_US, hi) for lo, hi in runs])
+        closed = {b for _, b in days}
+        hours = [(f, b) for f, b in _files_in(con, tag, cf.GRAIN_5M, runs) if b - b % cf.DAY_US not in closed]
+        return [f for f, _ in sorted(days + hours, key=lambda r: r[1])]
+    span = cf.HOUR_US if grain == cf.GRAIN_5M else cf.DAY_US
+    return [f for f, _ in _files_in(con, tag, cf.GRAIN_5M if grain == cf.GRAIN_5M else cf.GRAIN_1D, [(lo - lo % span, hi) for lo, hi in runs])]
+
+
+def _files_in(con: duckdb.DuckDBPyConnection, tag: str, file_grain: int, spans: list[tuple[int, int]]) -> list[tuple[str, int]]:
+    """(file, bucket) of the files of `file_grain` whose bucket lies in one of `spans` (in order), in one statement."""
     rows = con.execute(FACT_FILES, {"tag": tag, "file_grain": file_grain, "lo": spans[0][0], "hi": spans[-1][1]}).fetchall()
     starts = [lo for lo, _ in spans]
-    return [f for f, b in rows if (i := bisect_right(starts, b) - 1) >= 0 and b < spans[i][1]]
+    return [(f, b) for f, b in rows if (i := bisect_right(starts, b) - 1) >= 0 and b < spans[i][1]]
 
 
 # The window's tables a figure's query may read, by name, and the statement that builds each
@@ -279,7 +289,8 @@ def fact_params(params: Params) -> cf.FactParams:
 
 def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAIN_1D) -> list[tuple[int | None, int, int]]:
     """[lo, hi) (epoch us) as (grain, from, to) runs of stored buckets (stored_buckets), coarsest
-    first where they fit (at most max_grain), and (None, from, to) for what is read raw."""
+    first where they fit (at most max_grain; an hour from its day's file or its own), and (None,
+    from, to) for what is read raw."""
     out: list[tuple[int | None, int, int]] = []
     t = lo
 
@@ -294,7 +305,7 @@ def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAI
         if t == day and t + cf.DAY_US <= hi and day in stored[cf.GRAIN_1D] and max_grain >= cf.GRAIN_1D:
             add(cf.GRAIN_1D, t, t + cf.DAY_US)
             t += cf.DAY_US
-        elif t == hour and t + cf.HOUR_US <= hi and day in stored[cf.GRAIN_1D] and max_grain >= cf.GRAIN_1H:
+        elif t == hour and t + cf.HOUR_US <= hi and (day in stored[cf.GRAIN_1D] or hour in stored[cf.GRAIN_5M]) and max_grain >= cf.GRAIN_1H:
             add(cf.GRAIN_1H, t, t + cf.HOUR_US)
             t += cf.HOUR_US
         elif t % FIVE_US == 0 and t + FIVE_US <= hi and hour in stored[cf.GRAIN_5M]:

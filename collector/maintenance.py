@@ -292,7 +292,10 @@ def build_fact_hour(task: FactsTask) -> str:
         samples = con.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": task.params.gap_us}).to_arrow_table()
     finally:
         con.close()
-    _write_facts(Path(task.root), task.rel, facts.build_parts(samples, task.hold, h, h + facts.HOUR_US, task.params), task.tag)
+    fine = facts.conform(facts.build_parts(samples, task.hold, h, h + facts.HOUR_US, task.params))
+    # ... and its hour parts beside them: a window over a day not yet closed (no day file) reads
+    # its hours as one part each, not twelve (the day file's hour parts are joined the same way)
+    _write_facts(Path(task.root), task.rel, pa.concat_tables([fine, facts.join_parts(fine, facts.GRAIN_1H, task.params)]), task.tag)
     return task.rel
 
 
@@ -378,7 +381,8 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         if d in pending:  # built from all its hours, once they are current
             built["days_left"] += 1
             continue
-        fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false)").to_arrow_table()
+        fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false) "
+                        f"WHERE grain_s = {facts.GRAIN_5M}").to_arrow_table()  # (the hours' files hold their hour parts too)
         hourly = facts.join_parts(fine, facts.GRAIN_1H, p)  # (join_parts conforms its input to SCHEMA)
         daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
         rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"

@@ -160,7 +160,7 @@ def test_service_upkeep_compacts_closed_hours_and_reports_itself(tmp_path):
     assert len(manifest["samples"]) == 1 and "compact-12" in manifest["samples"][0]
     # the settled hour's 5-minute facts (no day is closed yet): nothing left to build
     assert [e["grain"] for e in manifest["facts"]] == ["5m"]
-    assert open_reader(tmp_path).execute("SELECT sum(samples_n) FROM fact_parts WHERE lead").fetchall() == [(4,)]
+    assert open_reader(tmp_path).execute("SELECT sum(samples_n) FROM fact_parts WHERE lead AND grain_s = 300").fetchall() == [(4,)]
     assert [metric(c, "gpufleet_collect_facts", grain=g, state=s) for g in ("hour", "day") for s in ("listed", "awaiting_build")] == [1, 0, 0, 0]
     assert metric(c, "gpufleet_collect_source_success", source="maintenance") == 1
     # no per-GPU summaries (retired, issue #52): the manifest lists none, the metric is gone

@@ -60,7 +60,7 @@ def test_the_last_24h_and_its_timeline_answer_from_facts(tmp_path):
         a = Analysis(con, p, now=r.as_of)
         want = utilization_timelines(Analysis(con, p, now=r.as_of, raw=True))
         assert all(frames_equal(want[by], t) for by, t in utilization_timelines(a).items()), p
-        assert a.fw.tiles.get(300, 0) > 0, a.fw.tiles  # (the golden day is open at 20:07: its 5-minute facts)
+        assert a.fw.tiles.get(3600, 0) > 0, a.fw.tiles  # (the golden day is open at 20:07: its hours from their own files)
         # buckets from an origin before the window's start (the report's days from a local midnight)
         origin = p.start - timedelta(hours=5, minutes=30, seconds=7)
         raw = Analysis(con, p, now=r.as_of, raw=True)

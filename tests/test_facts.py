@@ -155,8 +155,12 @@ def fact_store(tmp, fleet):
 
 
 def five_minute_parts(root) -> pa.Table:
+    """The 5-minute parts of the store's hours' files (which hold their hour parts too)."""
     files = sorted(Path(root).rglob("facts/5m/**/*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files]).drop(["tag"]).cast(cf.SCHEMA) if files else cf.SCHEMA.empty_table()
+    if not files:
+        return cf.SCHEMA.empty_table()
+    t = pa.concat_tables([pq.read_table(f) for f in files]).drop(["tag"]).cast(cf.SCHEMA)
+    return t.filter(pc.equal(t["grain_s"], cf.GRAIN_5M))
 
 
 def rows(t: pa.Table) -> list[tuple]:

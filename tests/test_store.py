@@ -232,7 +232,7 @@ def test_facts_count_the_time_that_has_utilization(tmp_path):
     w.commit(Batch(key="r", samples=samples([t + timedelta(seconds=15 * i) for i in range(4)], [10.0, None, 40.0, None])))
     compact(w, now=t + timedelta(hours=1, minutes=6))
     row = open_reader(tmp_path).execute(
-        "SELECT sum(samples_n), sum(covered_s), sum(data_s), sum(busy_s) FROM fact_parts WHERE lead AND samples_n > 0").fetchall()
+        "SELECT sum(samples_n), sum(covered_s), sum(data_s), sum(busy_s) FROM fact_parts WHERE lead AND samples_n > 0 AND grain_s = 300").fetchall()
     assert row == [(4, 75.0, 30.0, 7.5)]  # utilization 7.5 / 30 = 25 %: (10 + 40) / 2, each held 15 s
 
 
@@ -256,7 +256,7 @@ def test_compaction_merges_closed_hours_and_writes_their_facts(tmp_path):
     assert len([f for f in manifest["samples"] if "compact-10" in f]) == 1
     assert len(manifest["samples"]) == 2  # the compacted 10:00 hour and the open 11:00 round
     # the settled 10:00 hour's facts: 4 samples in each of its buckets 10:00 and 10:05 (the open 11:00 has none yet)
-    rows = after.execute("SELECT bucket, sum(samples_n) FROM fact_parts WHERE lead AND samples_n > 0 GROUP BY 1 ORDER BY 1").fetchall()
+    rows = after.execute("SELECT bucket, sum(samples_n) FROM fact_parts WHERE lead AND samples_n > 0 AND grain_s = 300 GROUP BY 1 ORDER BY 1").fetchall()
     assert rows == [(t, 4), (t + timedelta(minutes=5), 4)]
     # re-ingesting a compacted window is still a no-op
     r = w.commit(Batch(key="scrape:3", samples=samples([t + timedelta(seconds=45)], [30.0])))
