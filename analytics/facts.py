@@ -83,7 +83,7 @@ HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views(
 # store's date partitions (the reader's sample_days): a raw cut outside them reads nothing
 SAMPLE_EXTENT = "SELECT epoch_us(min(day)::TIMESTAMP), epoch_us(max(day)::TIMESTAMP + INTERVAL 1 DAY) FROM sample_days"
 # which buckets the store has facts of, for these parameters
-STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b FROM fact_files WHERE tag = $tag"
+STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b, hour_parts FROM fact_files WHERE tag = $tag"
 
 # The holders' jobs, for a job filter and the job dimensions (a mapped job the accounting lacks
 # keeps its allocation's key, as sql.ALLOCATIONS names it)
@@ -243,20 +243,23 @@ def stretch_rows() -> str:
 
 
 def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
-    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute and hour
-    facts (GRAIN_5M: an hour's file), days of hour and day facts (GRAIN_1D); none on a store of
-    before the facts."""
+    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute facts
+    (GRAIN_5M: an hour's file), hours whose own file holds their hour parts too (GRAIN_1H: those
+    written since it does), days of hour and day facts (GRAIN_1D); none on a store of before the facts."""
     out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
     if con.execute(HAS_FACTS).fetchall()[0][0]:
-        for g, b in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
+        for g, b, hour_parts in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
             out[g].add(b)
+            if g == cf.GRAIN_5M and hour_parts:
+                out[cf.GRAIN_1H].add(b)
     return out
 
 
 def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, runs: list[tuple[int, int]]) -> list[str]:
     """The files holding the `grain` parts of the runs [lo, hi) (epoch us, in order; stored buckets,
     as tile gives them): 5-minute parts in their hours' files, day parts in their days', hour parts
-    in their days' where the day is closed, else in their hours' files (each hour from one file)."""
+    in their days' where the day is closed, else in their hours' files (each hour from one file;
+    tile asks hour parts of an open day only of hours whose file holds them)."""
     if grain == cf.GRAIN_1H:
         days = _files_in(con, tag, cf.GRAIN_1D, [(lo - lo % cf.DAY_US, hi) for lo, hi in runs])
         closed = {b for _, b in days}
@@ -305,7 +308,7 @@ def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAI
         if t == day and t + cf.DAY_US <= hi and day in stored[cf.GRAIN_1D] and max_grain >= cf.GRAIN_1D:
             add(cf.GRAIN_1D, t, t + cf.DAY_US)
             t += cf.DAY_US
-        elif t == hour and t + cf.HOUR_US <= hi and (day in stored[cf.GRAIN_1D] or hour in stored[cf.GRAIN_5M]) and max_grain >= cf.GRAIN_1H:
+        elif t == hour and t + cf.HOUR_US <= hi and (day in stored[cf.GRAIN_1D] or hour in stored[cf.GRAIN_1H]) and max_grain >= cf.GRAIN_1H:
             add(cf.GRAIN_1H, t, t + cf.HOUR_US)
             t += cf.HOUR_US
         elif t % FIVE_US == 0 and t + FIVE_US <= hi and hour in stored[cf.GRAIN_5M]:

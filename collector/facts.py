@@ -77,7 +77,7 @@ import pyarrow as pa
 from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS, empty_table
 from gpufleet.collector.intervals import intervals, segments, split
 
-FORMAT_VERSION = 6  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID); 6: an hour's file holds its hour parts too (a day not yet closed is read by the hour)
+FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US

@@ -362,7 +362,9 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         for task in work:
             task.hold = _holds_in(hold, task.hour_us)
         for task, rel in zip(work, runner.map(build_fact_hour, work, label=FactsTask.label)):
-            w.put_facts(f"5m/{_iso(task.hour_us)}", {"grain": "5m", "bucket": _iso(task.hour_us), "file": rel, "inputs": task.inputs,
+            # hour_parts: its file holds its hour parts too (build_fact_hour; a file of before them
+            # has none and is read as 5-minute parts, so a store needs no rebuild for them)
+            w.put_facts(f"5m/{_iso(task.hour_us)}", {"grain": "5m", "bucket": _iso(task.hour_us), "file": rel, "inputs": task.inputs, "hour_parts": True,
                                                      "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
             task.hold = None  # (a rebuild of the whole store holds a day's at a time)
     days: dict[int, list[str]] = {}

@@ -1260,8 +1260,9 @@ def _table_of_lists(con: duckdb.DuckDBPyConnection, name: str, columns: dict[str
 
 def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str, Any]]]) -> None:
     """fact_parts (the facts files the manifest lists, gpufleet.collector.facts) and fact_files (a
-    row per hour of 5-minute facts, grain_s 300, and per day of hour and day facts, grain_s
-    86400, with the parameters' tag and its file's path): what analytics.facts tiles a window
+    row per hour of 5-minute facts, grain_s 300, hour_parts where its file holds the hour's hour
+    parts too, and per day of hour and day facts, grain_s 86400, with the parameters' tag and its
+    file's path): what analytics.facts tiles a window
     with, and the files a read of some buckets opens (every file's footer costs). Sharded stores:
     none yet (each shard's facts are its own GPUs'), so their windows are cut from raw samples."""
     from gpufleet.collector import facts
@@ -1271,6 +1272,8 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
     entries = [(d, e) for d, m in parts for e in m.get("facts", []) if e.get("format") == facts.FORMAT_VERSION] if len(parts) == 1 else []
     _table_of_lists(con, "fact_files", {
         "grain_s": ("INTEGER", [facts.GRAIN_5M if e["grain"] == "5m" else facts.GRAIN_1D for _, e in entries]),
+        # (an hour's file that holds its hour parts too: written since they are; hour and day files hold them all)
+        "hour_parts": ("BOOLEAN", [e["grain"] != "5m" or bool(e.get("hour_parts")) for _, e in entries]),
         "bucket": ("TIMESTAMP", [datetime.fromisoformat(e["bucket"]) for _, e in entries]),
         "tag": ("VARCHAR", [e["tag"] for _, e in entries]), "file": ("VARCHAR", [str(d / e["file"]) for d, e in entries])})
     if entries:

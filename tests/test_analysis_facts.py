@@ -179,6 +179,25 @@ def test_the_golden_scenario_from_its_facts(tmp_path):
     assert fa.fw.tiles.get(3600, 0) > 0 and 86400 not in fa.fw.tiles, fa.fw.tiles
 
 
+def test_hours_written_before_their_files_held_hour_parts_are_read_as_5_minute_parts(tmp_path):
+    """A store whose hours' files predate their hour parts (no hour_parts in their manifest
+    entries) needs no rebuild: its open day is read as 5-minute parts, the same figures."""
+    import json
+
+    build_golden(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20), facts_hours=None)
+    w.close()
+    manifest = Path(tmp_path) / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    assert all(e.pop("hour_parts") for e in doc["facts"] if e["grain"] == "5m")
+    manifest.write_text(json.dumps(doc))
+    con = open_reader(tmp_path)
+    bad, fa = compare(con, Params(T(0), T(20)), T(20))
+    assert not bad, "\n".join(bad[:20])
+    assert fa.fw.tiles.get(300, 0) > 0 and 3600 not in fa.fw.tiles, fa.fw.tiles
+
+
 def test_a_timeline_bucket_that_cuts_the_parts_reads_them_again_cut_at_its_edges(tmp_path):
     """An analysis' parts are cut at its own timeline's bucket edges (15 min here); a bucket that
     would cut them (7 min) gets the window's parts again, cut at its edges: the raw figures."""
