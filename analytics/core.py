@@ -280,7 +280,7 @@ class Analysis:
         else:
             grid = on_the_grid(params) if timeline else None
             self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
-                                       gpus=self.held_gpus)
+                                       gpus=self.held_gpus, columns=facts.ANALYSIS_COLUMNS)
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
             self._allocation_parts()
         # per_gpu() and idle_stretches() read only the data above, which never changes after

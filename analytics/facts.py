@@ -60,12 +60,24 @@ ONLY_GPUS = cf.only_gpus()  # (FactWindow's `gpus`)
 # ($files: fact_files_of), not the fact_parts view, which opens every facts file of the store
 # ($buckets: the bucket starts wanted in [$lo, $hi), epoch us; NULL: all of them - a window cut
 # at a grid off the hours reads its grain's buckets of every grid cell in one statement, not one a cell)
-STORED_PARTS = (f"SELECT {', '.join(cf.SCHEMA.names)} FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
+STORED_PARTS = ("SELECT {columns} FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
                 "AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) "
                 f"AND ($buckets IS NULL OR epoch_us(bucket) IN (SELECT unnest($buckets))) AND {ONLY_GPUS}")
-# ... added to wpe from the files in one statement: no Arrow copy of every part's ~115 columns
-# beside DuckDB's (a 1,024-GPU week's day parts: 123 MB)
+# ... added to wpe from the files in one statement: no Arrow copy of every part beside DuckDB's (a
+# 1,024-GPU week's day parts: 123 MB); {columns}: the FactWindow's (its `columns`)
 INSERT_STORED_PARTS = "INSERT INTO wpe BY NAME SELECT wp.*, " + _PART_COLUMNS.format(parts=f"({STORED_PARTS})")
+
+# The parts' columns an analysis' figures read (core.Analysis: the queries of this module and
+# sql.WINDOW_STATE_JOBS): a third of the ~115, so its window's table is a third as wide (the
+# health columns are the Health page's, read by its own FactWindow). A query naming another
+# column fails when bound, naming it; the tests run every figure.
+ANALYSIS_COLUMNS = (
+    "cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler", "job_key", "lead",
+    "covered_s", "data_s", "busy_s", "nop_s", "fb_max_mib",
+    "idle_head_us", "idle_tail_us", "idle_whole", "idle_inner_us", "nop_head_us", "nop_tail_us", "nop_whole", "nop_inner_us",
+    "tensor_active_known_s", "tensor_active_s", "sm_active_known_s", "sm_active_s", "pcie_rx_bytes_per_s_known_s", "pcie_rx_bytes_per_s_s",
+    "nvlink_rx_bytes_per_s_known_s", "nvlink_rx_bytes_per_s_s", "nvlink_tx_bytes_per_s_known_s", "nvlink_tx_bytes_per_s_s",
+    "clocked_s", "tensor_clock_s", "tensor_clocked_s")
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
 # facts; 86400: a day's hour and day facts), with their buckets, in time order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
@@ -326,7 +338,8 @@ class FactWindow:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
-                 grid_origin_us: int | None = None, gpus: list[str] | None = None, health_only: bool = False):
+                 grid_origin_us: int | None = None, gpus: list[str] | None = None, health_only: bool = False,
+                 columns: tuple[str, ...] = tuple(cf.SCHEMA.names)):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
         `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
         already) rather than on a cursor of its own. `grid_us`: every edge origin + k x grid_us
@@ -334,7 +347,8 @@ class FactWindow:
         the parts of each bucket); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by uuid, and those without one),
         stored and raw: a read that knows which GPUs it needs (health.events) skips the rest.
         `health_only`: the parts inside the window alone: health's figures
-        read nothing else (no idle stretch crosses into the reach, no job is counted)."""
+        read nothing else (no idle stretch crosses into the reach, no job is counted). `columns`:
+        the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS)."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
@@ -342,6 +356,7 @@ class FactWindow:
         self.grid_origin_us = epoch_us(params.start) if grid_origin_us is None else grid_origin_us
         self.gpus = gpus
         self.health_only = health_only
+        self.columns = columns
         self.fp = fact_params(params)
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
                      "idle_min_us": self.fp.idle_min_us}
@@ -381,7 +396,8 @@ class FactWindow:
             tables += self._raw(cells)
         # wp: the raw cuts' Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered):
         # a temp table of it first was a second copy of every part's columns
-        self.con.register("wp", pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA))
+        raw = pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA)
+        self.con.register("wp", raw.select(list(self.columns)))
         self.con.execute(PARTS_VIEW, sql.bound(PARTS_VIEW, self.bind))
         self.con.unregister("wp")
         for grain in sorted({g for g, _, _ in spans if g is not None}):
@@ -395,7 +411,8 @@ class FactWindow:
         self.tiles[grain] = self.tiles.get(grain, 0) + sum((b - a) // step for a, b in runs)
         values = {**self.bind, "files": files, "tag": tag, "grain": grain, "lo": runs[0][0], "hi": runs[-1][1], "buckets": buckets,
                   "gpus": self.gpus}
-        self.con.execute(INSERT_STORED_PARTS, sql.bound(INSERT_STORED_PARTS, values))
+        query = INSERT_STORED_PARTS.format(columns=", ".join(self.columns))
+        self.con.execute(query, sql.bound(query, values))
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
         """The window [s, e) cut at its grid's edges (grid_us from grid_origin_us; none: whole)."""

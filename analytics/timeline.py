@@ -165,7 +165,7 @@ def bucketed_parts(a, query: str, bsec: float, origin_us: int, **extra) -> pl.Da
         return out.drop("fits")
     # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
     # (on a cursor of their own; what was read raw for the analysis' edges is read again)
-    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus)
+    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, columns=a.fw.columns)
     try:
         out = fw.q(query, **extra)
     finally:
