@@ -481,7 +481,7 @@ def _with_holders(stretch: pa.Table, g: np.ndarray, hg: np.ndarray, ha0: np.ndar
         held = h[c].combine_chunks() if h is not None else pa.array([], pa.string())
         out = out.append_column(c, pa.concat_arrays([held.cast(pa.string()), pa.nulls(len(unheld), pa.string())]))
     out = out.append_column("lead", pa.array(lead))
-    return _ordered(out)
+    return ordered_parts(out)
 
 
 def conform(t: pa.Table) -> pa.Table:
@@ -494,7 +494,7 @@ def conform(t: pa.Table) -> pa.Table:
     return pa.Table.from_arrays([c if c.type == f.type else c.cast(f.type) for c, f in zip(t.columns, SCHEMA)], schema=SCHEMA)
 
 
-def _ordered(t: pa.Table) -> pa.Table:
+def ordered_parts(t: pa.Table) -> pa.Table:
     """SCHEMA's columns, rows by GPU, holder and start: the order join_parts and readers chain in."""
     t = conform(t)
     return t.sort_by([(c, "ascending") for c in (*_GPU, *_HOLDER)] + [("lead", "descending"), ("p0", "ascending")])
@@ -507,7 +507,7 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
     neither end of the joined part that reaches idle_min joins its inner runs)."""
     if not parts.num_rows:
         return empty_table(SCHEMA)
-    parts = _ordered(parts)
+    parts = ordered_parts(parts)
     n = parts.num_rows
     col = lambda c: parts[c].to_numpy(zero_copy_only=False)  # noqa: E731
     p0, p1 = col("p0"), col("p1")
@@ -556,7 +556,7 @@ def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
         out[f"{kind}_head_us"], out[f"{kind}_tail_us"] = pa.array(head), pa.array(tail)
         out[f"{kind}_whole"] = pa.array(head == g1 - g0)
         out[f"{kind}_inner_us"] = pa.array(np.add.reduceat(col(f"{kind}_inner_us"), at) + inner)
-    return _ordered(pa.table(out))
+    return ordered_parts(pa.table(out))
 
 
 def _after_last(parts: pa.Table, grp: np.ndarray, at: np.ndarray, mark: str, val: str, first: str, unmarked_none: bool) -> pa.Array:

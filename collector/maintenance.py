@@ -368,10 +368,12 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
                                                      "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
             task.hold = None  # (a rebuild of the whole store holds a day's at a time)
     days: dict[int, list[str]] = {}
+    whole_hours: dict[int, bool] = {}  # day -> do all its hours' files hold their hour parts?
     for key, e in w.facts.items():
         if e["grain"] == "5m" and e["tag"] == tag:
             h = epoch_us(datetime.fromisoformat(e["bucket"]))
             days.setdefault(h - h % facts.DAY_US, []).append(e["file"])
+            whole_hours[h - h % facts.DAY_US] = whole_hours.get(h - h % facts.DAY_US, True) and bool(e.get("hour_parts"))
     for d, fs in sorted(days.items()):
         if d + facts.DAY_US + _SETTLE_US + gap > now_us or not _overlaps(d, facts.DAY_US, span):
             continue
@@ -383,9 +385,14 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         if d in pending:  # built from all its hours, once they are current
             built["days_left"] += 1
             continue
-        fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({_sql_list([str(w.root / f) for f in sorted(fs)])}, hive_partitioning = false) "
-                        f"WHERE grain_s = {facts.GRAIN_5M}").to_arrow_table()  # (the hours' files hold their hour parts too)
-        hourly = facts.join_parts(fine, facts.GRAIN_1H, p)  # (join_parts conforms its input to SCHEMA)
+        files = _sql_list([str(w.root / f) for f in sorted(fs)])
+        if whole_hours[d]:  # the hours' own hour parts, in join order: what joining their 5-minute parts gives
+            hourly = facts.ordered_parts(w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({files}, hive_partitioning = false) "
+                                                  f"WHERE grain_s = {facts.GRAIN_1H}").to_arrow_table())
+        else:  # (hours written before their files held them)
+            fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({files}, hive_partitioning = false) "
+                            f"WHERE grain_s = {facts.GRAIN_5M}").to_arrow_table()
+            hourly = facts.join_parts(fine, facts.GRAIN_1H, p)  # (join_parts conforms its input to SCHEMA)
         daily = facts.join_parts(hourly, facts.GRAIN_1D, p)
         rel = f"{facts.FACTS_DIR}/day/date={_iso(d)[:10]}-{inputs}.parquet"
         _write_facts(w.root, rel, pa.concat_tables([hourly, daily]), tag)
