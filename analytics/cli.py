@@ -73,10 +73,11 @@ def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
     floats = [c for c, t in df.schema.items() if t.is_float()]
     dates = [c for c, t in df.schema.items() if isinstance(t, pl.Datetime) or t == pl.Date]
     out = df.with_columns(pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats).to_dicts()
-    for r in out if dates else ():
-        for c in dates:
-            if r[c] is not None:
-                r[c] = r[c].isoformat()
+    if dates:
+        for r in out:
+            for c in dates:
+                if r[c] is not None:
+                    r[c] = r[c].isoformat()
     return out
 
 

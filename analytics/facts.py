@@ -277,8 +277,8 @@ def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, runs: li
         closed = {b for _, b in days}
         hours = [(f, b) for f, b in _files_in(con, tag, cf.GRAIN_5M, runs) if b - b % cf.DAY_US not in closed]
         return [f for f, _ in sorted(days + hours, key=lambda r: r[1])]
-    span = cf.HOUR_US if grain == cf.GRAIN_5M else cf.DAY_US
-    return [f for f, _ in _files_in(con, tag, cf.GRAIN_5M if grain == cf.GRAIN_5M else cf.GRAIN_1D, [(lo - lo % span, hi) for lo, hi in runs])]
+    file_grain, span = (cf.GRAIN_5M, cf.HOUR_US) if grain == cf.GRAIN_5M else (cf.GRAIN_1D, cf.DAY_US)
+    return [f for f, _ in _files_in(con, tag, file_grain, [(lo - lo % span, hi) for lo, hi in runs])]
 
 
 def _files_in(con: duckdb.DuckDBPyConnection, tag: str, file_grain: int, spans: list[tuple[int, int]]) -> list[tuple[str, int]]:

@@ -260,7 +260,7 @@ class GpuTime:
         names = ("row", "k", "vid", "data_s", "busy", "util_n", "fb_max")
         parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
         n = len(gid)
-        origin_t = start if origin is None else origin
+        origin = start if origin is None else origin
         if n and len(self.t0):
             gid = np.asarray(gid, dtype=np.int64)
             lo_t, hi_t = np.maximum(np.asarray(a0, dtype=np.int64), start), np.minimum(np.asarray(a1, dtype=np.int64), end)
@@ -276,13 +276,13 @@ class GpuTime:
                 lo, hi, idx = lo[idx], hi[idx], idx + j0[i]
                 # bucket edges on this GPU's keys; each piece is cut into the cnt buckets it crosses
                 # (one or two: a piece is at most max_gap long, a bucket at least that)
-                origin = int(gid[i]) * self.span + (origin_t - self.base)
-                k0, k1 = (lo - origin) // bucket, (hi - 1 - origin) // bucket
+                edge0 = int(gid[i]) * self.span + (origin - self.base)  # (the origin on this GPU's keys)
+                k0, k1 = (lo - edge0) // bucket, (hi - 1 - edge0) // bucket
                 cnt = k1 - k0 + 1
                 rep = np.repeat(np.arange(len(lo)), cnt)
                 k = np.repeat(k0, cnt) + (np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
                 vid = self._vid_of(idx)[rep]
-                w = (np.minimum(hi[rep], origin + (k + 1) * bucket) - np.maximum(lo[rep], origin + k * bucket)) / 1e6 * equiv[vid]
+                w = (np.minimum(hi[rep], edge0 + (k + 1) * bucket) - np.maximum(lo[rep], edge0 + k * bucket)) / 1e6 * equiv[vid]
                 util = self.util[idx][rep].astype(np.float64)
                 has = ~np.isnan(util)
                 first = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))

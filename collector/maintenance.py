@@ -372,8 +372,9 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
     for key, e in w.facts.items():
         if e["grain"] == "5m" and e["tag"] == tag:
             h = epoch_us(datetime.fromisoformat(e["bucket"]))
-            days.setdefault(h - h % facts.DAY_US, []).append(e["file"])
-            whole_hours[h - h % facts.DAY_US] = whole_hours.get(h - h % facts.DAY_US, True) and bool(e.get("hour_parts"))
+            day = h - h % facts.DAY_US
+            days.setdefault(day, []).append(e["file"])
+            whole_hours[day] = whole_hours.get(day, True) and bool(e.get("hour_parts"))
     for d, fs in sorted(days.items()):
         if d + facts.DAY_US + _SETTLE_US + gap > now_us or not _overlaps(d, facts.DAY_US, span):
             continue
