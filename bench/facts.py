@@ -60,10 +60,11 @@ def run() -> list[Table]:
               "0 written", again["hours"] == again["days"] == 0)
         # the files the manifest lists for these parameters: the copied cache also holds files of
         # other parameters and formats, which the store no longer reads
-        listed = [e for e in json.loads((root / "manifest.json").read_text())["facts"] if e["tag"] == cf.FactParams().tag()]
+        manifest = json.loads((root / "manifest.json").read_text())
+        listed = [e for e in manifest["facts"] if e["tag"] == cf.FactParams().tag()]
         bytes_5m = sum((root / e["file"]).stat().st_size for e in listed if e["grain"] == "5m")
         bytes_day = sum((root / e["file"]).stat().st_size for e in listed if e["grain"] == "day")
-        bytes_raw = sum((root / f).stat().st_size for f in json.loads((root / "manifest.json").read_text())["samples"])
+        bytes_raw = sum((root / f).stat().st_size for f in manifest["samples"])
         gpu_days = SCALE.gpus * SCALE.days
         t.add("bytes per GPU-day: raw samples / 5-minute / hour+day facts",
               f"{bytes_raw / gpu_days:,.0f} / {bytes_5m / gpu_days:,.0f} / {bytes_day / gpu_days:,.0f}")
