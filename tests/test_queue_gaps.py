@@ -236,7 +236,10 @@ def test_analyze_json_and_table_carry_the_queue_gaps(queued):
     assert (p["partition"], p["gpus"], p["free_gpu_h"], p["gap_gpu_h"], p["gap_cost"], p["jobs_waited"], p["jobs_fit"]) == (
         "gpu", 3, pytest.approx(1.5), pytest.approx(1.0), pytest.approx(price), 2, 1)
     assert [(j["job_id"], j["account"], j["fit_h"], j["fit_gpu_h"]) for j in q["jobs"]] == [("3", "biology", 0.5, 1.0)]
-    assert set(q["not_counted"].values()) == {0}
+    assert q["jobs_fit"] == 1 and set(q["not_counted"].values()) == {0}
+    # --top lists that many jobs; the count stays the whole (the answer does not grow with the queue)
+    r = analyze(*window, "--format", "json", "--top", "0")
+    assert json.loads(r.stdout)["queue_gaps"] | {"jobs": None} == q | {"jobs": None} and json.loads(r.stdout)["queue_gaps"]["jobs"] == []
     table = analyze(*window).stdout
     assert "Queue gaps" in table and "jobs that waited while they would have fit" in table
     assert [line for line in table.splitlines() if line.strip().startswith("3 ")], table
