@@ -1,0 +1,166 @@
+"""Browser: the demo's pages in a real headless Chromium while the demo's collector runs.
+
+Issue #52's first row, as a user meets it: `gpufleet demo` itself in a process of its own (a week
+of 160 GPUs backfilled, 24 exporters on loopback, the collector scraping every 15 s and running its
+upkeep, the dashboard served, the weekly report being written), and Debian's Chromium driven over
+the DevTools protocol (tests/support/browser.py). Each page is opened by its URL with the
+window of the last 7 days, ending now (`?window=7d`), from about:blank, and timed until
+Streamlit is connected, has run the page's script, shows its title and has drawn every chart of
+it (its Vega SVG) - what the user waits for. First loads: each page once, in menu order, on the
+freshly started dashboard (its caches empty; the first page computes the window's analysis, which
+the others share); then GPUFLEET_BENCH_BROWSER_RUNS more rounds (default 3), the median shown.
+The job's page is the Jobs page opened on the week's most wasteful job (`?job=ID`, from `gpufleet
+analyze`). The floor: a Streamlit app that shows only a title, served and opened the same way
+beside the demo - what Streamlit and the browser cost whatever a page computes. The load average
+beside the table: this machine is shared. Goal: 1.5 s a page.
+
+Needs Chromium (Debian `chromium`); without it the bench says so and measures nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench._common import ROOT, Table, env_number, free_port, progress
+
+GOAL_S = 1.5
+RUNS = max(1, int(env_number("GPUFLEET_BENCH_BROWSER_RUNS", 3)))
+WINDOW = "window=7d"  # the week, ending now (the demo's default window is 24h)
+PAGES = (("Fleet now", f"/?{WINDOW}"), ("Utilization", f"/utilization?{WINDOW}"), ("Jobs", f"/jobs?{WINDOW}"),
+         ("Teams and fairness", f"/teams?{WINDOW}"), ("Waste and cost", f"/waste?{WINDOW}"), ("Health", f"/health?{WINDOW}"),
+         ("MFU", f"/mfu?{WINDOW}"), ("Reliability", f"/reliability?{WINDOW}"))
+# Streamlit is done with the page: connected, its script not running, no loading skeleton, a title,
+# every chart drawn; no error shown (the page is then named in the table, not timed as a success)
+DRAWN_JS = """(() => { const a = document.querySelector('[data-testid="stApp"]');
+    if (!a || a.getAttribute('data-test-connection-state') !== 'CONNECTED' || a.getAttribute('data-test-script-state') !== 'notRunning'
+        || document.querySelector('[data-testid="stAppSkeleton"]') || !document.querySelector('h1')) return null;
+    if (document.querySelector('[data-testid="stException"], [data-testid="stAlertContentError"]')) return 'error';
+    const charts = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'));
+    return charts.every(b => b.querySelector('svg .role-axis, svg .role-mark, canvas')) ? 'drawn' : null; })()"""
+
+
+def _demo(workdir: Path, port: int) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("gpufleet")
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpufleet.cli"]
+    return subprocess.Popen([*argv, "demo", "--workdir", str(workdir / "demo"), "--listen", f"127.0.0.1:{port}", "--no-browser"],
+                            stdout=open(workdir / "demo.out", "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            cwd=ROOT, start_new_session=True)
+
+
+def _wait_served(demo: subprocess.Popen, workdir: Path, port: int, timeout: float = 900) -> None:
+    from tests.support.dashboard import dashboard_healthy
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if demo.poll() is not None:
+            raise RuntimeError(f"gpufleet demo exited {demo.returncode}: {(workdir / 'demo.out').read_text()[-2000:]}")
+        if "Ctrl-C stops the demo" in (workdir / "demo.out").read_text(errors="replace") and dashboard_healthy(port):
+            return
+        time.sleep(1.0)
+    raise RuntimeError(f"gpufleet demo did not serve its dashboard within {timeout:.0f} s")
+
+
+FLOOR = "floor: a Streamlit page with a title alone"
+FLOOR_APP = 'import streamlit as st\nst.title("floor")\n'
+
+
+def _floor(workdir: Path, port: int) -> subprocess.Popen:
+    """A Streamlit app with a title alone, served as `gpufleet dashboard` serves ours (headless)."""
+    app = workdir / "floor.py"
+    app.write_text(FLOOR_APP)
+    return subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", "127.0.0.1",
+                             "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                            stdout=open(workdir / "floor.out", "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _worst_job(workdir: Path) -> str | None:
+    """The week's most wasteful job's id (gpufleet analyze on the demo's store and configuration)."""
+    exe = Path(sys.executable).with_name("gpufleet")
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpufleet.cli"]
+    out = subprocess.run([*argv, "analyze", "--config", str(workdir / "demo" / "gpufleet.toml"), "--last", "7d", "--format", "json", "--top", "1"],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    jobs = json.loads(out)["top_wasteful_jobs"]
+    return jobs[0]["job_id"] if jobs else None
+
+
+def _open(browser, url: str, timeout: float = 300) -> tuple[float, str]:
+    """Seconds from navigating to `url` (from about:blank) until DRAWN_JS says so; and what it said."""
+    browser.call("Page.navigate", url="about:blank")
+    t_blank = time.monotonic() + 30
+    while browser.js("document.URL") != "about:blank" and time.monotonic() < t_blank:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    browser.call("Page.navigate", url=url)
+    while time.monotonic() - t0 < timeout:
+        state = browser.js(DRAWN_JS)
+        if state:
+            return time.monotonic() - t0, state
+        time.sleep(0.02)
+    return time.monotonic() - t0, "timeout"
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f} / {five:.1f}"
+
+
+def run() -> list[Table]:
+    from tests.support.browser import Browser
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    t = Table("browser: the demo's pages in headless Chromium, the demo's collector running (160 GPUs, the last 7 days)")
+    if not binary:
+        t.add("Chromium", "not installed (Debian package chromium): nothing measured", "installed", False)
+        return [t]
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-browser-") as tmp:
+        work = Path(tmp)
+        port = free_port()
+        progress("gpufleet demo: backfilling its week and starting its collector and dashboard (1-3 minutes)")
+        t0 = time.monotonic()
+        demo = _demo(work, port)
+        floor_port = free_port()
+        floor = _floor(work, floor_port)
+        try:
+            _wait_served(demo, work, port)
+            progress(f"  served after {time.monotonic() - t0:.0f} s")
+            job = _worst_job(work)
+            pages = [(name, f"http://127.0.0.1:{port}{path}") for name, path in
+                     [*PAGES, *([("a job's page (the week's most wasteful job)", f"/jobs?job={job}&{WINDOW}")] if job else [])]]
+            pages.append((FLOOR, f"http://127.0.0.1:{floor_port}/"))
+            rounds: dict[str, list[float]] = {name: [] for name, _ in pages}
+            problems: dict[str, str] = {}
+            with Browser(binary, work) as b:
+                for r in range(1 + RUNS):
+                    progress(f"  round {r + 1}/{1 + RUNS} ({'first loads' if r == 0 else 'again'}), load {_load()}")
+                    for name, url in pages:
+                        s, state = _open(b, url)
+                        rounds[name].append(s)
+                        if state != "drawn":
+                            problems[name] = state
+            load = _load()
+        finally:
+            for p in (demo, floor):
+                p.terminate()
+                try:
+                    p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    t.add("load average (1 min / 5 min) at the end", load)
+    for name, times in rounds.items():
+        first, again = times[0], statistics.median(times[1:])
+        shown = f"first {first:.2f} s, again {again:.2f} s (median of {len(times) - 1})"
+        if name in problems:
+            shown += f"; the page showed {problems[name]!r}"
+        if name == FLOOR:  # (a reference: what any page costs)
+            t.add(f"{name}: navigation until drawn", shown)
+        else:
+            t.add(f"{name}: navigation until drawn", shown, f"<= {GOAL_S} s", name not in problems and first <= GOAL_S and again <= GOAL_S)
+    return [t]
