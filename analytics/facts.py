@@ -95,7 +95,9 @@ HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views(
 # store's date partitions (the reader's sample_days): a raw cut outside them reads nothing
 SAMPLE_EXTENT = "SELECT epoch_us(min(day)::TIMESTAMP), epoch_us(max(day)::TIMESTAMP + INTERVAL 1 DAY) FROM sample_days"
 # which buckets the store has facts of, for these parameters
-STORED_BUCKETS = "SELECT grain_s, epoch_us(bucket) AS b, hour_parts FROM fact_files WHERE tag = $tag"
+STORED_BUCKETS = ("SELECT grain_s, epoch_us(bucket) AS b, hour_parts, epoch_us(open_from) AS open_from, epoch_us(open_upto) AS open_upto "
+                  "FROM fact_files WHERE tag = $tag")
+OPEN_5M = 0  # stored_buckets' key of the 5-minute buckets an open hour's files hold (the hour's own file not written yet)
 
 # The holders' jobs, for a job filter and the job dimensions (a mapped job the accounting lacks
 # keeps its allocation's key, as sql.ALLOCATIONS names it)
@@ -257,10 +259,14 @@ def stretch_rows() -> str:
 def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
     """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute facts
     (GRAIN_5M: an hour's file), hours whose own file holds their hour parts too (GRAIN_1H: those
-    written since it does), days of hour and day facts (GRAIN_1D); none on a store of before the facts."""
-    out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set()}
+    written since it does), days of hour and day facts (GRAIN_1D), and the settled 5-minute
+    buckets of hours still open (OPEN_5M); none on a store of before the facts."""
+    out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set(), OPEN_5M: set()}
     if con.execute(HAS_FACTS).fetchall()[0][0]:
-        for g, b, hour_parts in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
+        for g, b, hour_parts, open_from, open_upto in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
+            if open_upto is not None:
+                out[OPEN_5M].update(range(open_from, open_upto, FIVE_US))
+                continue
             out[g].add(b)
             if g == cf.GRAIN_5M and hour_parts:
                 out[cf.GRAIN_1H].add(b)
@@ -323,7 +329,7 @@ def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAI
         elif t == hour and t + cf.HOUR_US <= hi and (day in stored[cf.GRAIN_1D] or hour in stored[cf.GRAIN_1H]) and max_grain >= cf.GRAIN_1H:
             add(cf.GRAIN_1H, t, t + cf.HOUR_US)
             t += cf.HOUR_US
-        elif t % FIVE_US == 0 and t + FIVE_US <= hi and hour in stored[cf.GRAIN_5M]:
+        elif t % FIVE_US == 0 and t + FIVE_US <= hi and (hour in stored[cf.GRAIN_5M] or t in stored.get(OPEN_5M, ())):
             add(cf.GRAIN_5M, t, t + FIVE_US)
             t += FIVE_US
         else:  # raw up to the next 5-minute edge (or hi)

@@ -78,6 +78,10 @@ from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATIO
 from gpufleet.collector.intervals import intervals, segments, split
 
 FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
+# an open hour's file of its settled 5-minute buckets (maintenance._open_hour_tasks): FORMAT_VERSION's
+# parts, marked apart so that a reader of before them (which would take the file for its whole hour)
+# does not list it
+OPEN_FORMAT = f"{FORMAT_VERSION}+open"
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
 DAY_US = 24 * HOUR_US

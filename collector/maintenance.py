@@ -261,9 +261,11 @@ class FactsTask:
     inputs: str
     rel: str
     hold: pa.Table | None = None
+    upto_us: int | None = None  # an open hour's: its 5-minute parts of [from_us, upto_us) alone, no hour parts
+    from_us: int | None = None
 
     def label(self) -> str:
-        return f"facts {_iso(self.hour_us)}"
+        return f"facts {_iso(self.hour_us)}" + ("" if self.upto_us is None else f" to {_iso(self.upto_us)[11:16]}")
 
 
 _HOUR_DB: duckdb.DuckDBPyConnection | None = None  # (_hour_cursor's, made at its first call)
@@ -286,13 +288,17 @@ def build_fact_hour(task: FactsTask) -> str:
     """The hour's facts file, written atomically to task.rel; one DuckDB thread, as the writer's
     own connection: the same bytes wherever it runs. Module-level: Dask sends it by name."""
     h = task.hour_us
+    lo, hi = (h, h + facts.HOUR_US) if task.upto_us is None else (task.from_us, task.upto_us)
     con = _hour_cursor()
     try:
         q = facts.samples_query(sample_source(con, [str(Path(task.root) / f) for f in task.sources]))
-        samples = con.sql(q, params={"lo": h, "hi": h + facts.HOUR_US, "gap_us": task.params.gap_us}).to_arrow_table()
+        samples = con.sql(q, params={"lo": lo, "hi": hi, "gap_us": task.params.gap_us}).to_arrow_table()
     finally:
         con.close()
-    fine = facts.conform(facts.build_parts(samples, task.hold, h, h + facts.HOUR_US, task.params))
+    fine = facts.conform(facts.build_parts(samples, task.hold, lo, hi, task.params))
+    if task.upto_us is not None:  # (an open hour's settled buckets: no hour part until the hour is whole)
+        _write_facts(Path(task.root), task.rel, fine, task.tag)
+        return task.rel
     # ... and its hour parts beside them: a window over a day not yet closed (no day file) reads
     # its hours as one part each, not twelve (the day file's hour parts are joined the same way)
     _write_facts(Path(task.root), task.rel, pa.concat_tables([fine, facts.join_parts(fine, facts.GRAIN_1H, task.params)]), task.tag)
@@ -357,6 +363,8 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         todo.setdefault(h - h % facts.DAY_US, []).append(
             FactsTask(str(w.root), h, tuple(sorted({*own.get(h, []), *before})), tuple(before), p, tag, inputs, rel))
         built["hours"] += 1
+    opening = _open_hour_tasks(w, files, own, now_us, p, span, force, limit is not None and built["hours"] >= limit)
+    built["open_hours"] = len(opening)
     runner = task_runner(tasks, built["hours"])
     for day, work in todo.items():  # a day's tasks at a time: each carries its hour's holds
         for task in work:
@@ -367,10 +375,17 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
             w.put_facts(f"5m/{_iso(task.hour_us)}", {"grain": "5m", "bucket": _iso(task.hour_us), "file": rel, "inputs": task.inputs, "hour_parts": True,
                                                      "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
             task.hold = None  # (a rebuild of the whole store holds a day's at a time)
+    for task, rel in zip(opening, task_runner(tasks, 0).map(build_fact_hour, opening, label=FactsTask.label)):
+        w.put_facts(f"5m/{_iso(task.hour_us)}+{_iso(task.from_us)}", {
+            "grain": "5m", "bucket": _iso(task.hour_us), "from": _iso(task.from_us), "upto": _iso(task.upto_us), "file": rel,
+            "inputs": task.inputs, "head": [], "tag": tag, "format": facts.OPEN_FORMAT})
+    whole = {(e["bucket"], e["tag"]) for e in w.facts.values() if e["grain"] == "5m" and "upto" not in e}
+    for key in [k for k, e in w.facts.items() if "upto" in e and (e["bucket"], e["tag"]) in whole]:
+        w.retire_facts(key)  # (an open hour's buckets, now in the settled hour's own file)
     days: dict[int, list[str]] = {}
     whole_hours: dict[int, bool] = {}  # day -> do all its hours' files hold their hour parts?
     for key, e in w.facts.items():
-        if e["grain"] == "5m" and e["tag"] == tag:
+        if e["grain"] == "5m" and e["tag"] == tag and "upto" not in e:
             h = epoch_us(datetime.fromisoformat(e["bucket"]))
             day = h - h % facts.DAY_US
             days.setdefault(day, []).append(e["file"])
@@ -404,3 +419,50 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         log.info("facts: built %d hours of 5-minute facts and %d days of hour and day facts; %d hours and %d days left for the next passes",
                  built["hours"], built["days"], built["hours_left"], built["days_left"])
     return built
+
+
+_FIVE_US = facts.GRAIN_5M * 1_000_000
+
+
+def _open_hour_tasks(w: StoreWriter, files: list[tuple[str, int, int]], own: dict[int, list[str]], now_us: int, p: facts.FactParams,
+                     span: tuple[int, int] | None, force: bool, skip: bool) -> list[FactsTask]:
+    """The 5-minute facts of the open hours' settled buckets (a bucket settles SETTLE + max_gap
+    after it ends, as an hour does), so that a window ending now reads up to ~10 minutes raw, not
+    up to the whole open hour: each pass adds a file of the buckets settled since the last one
+    (listed "5m/<hour>+<from>", with "from" and "upto"); late samples or a late-learnt allocation
+    edge in what those cover (their inputs: the sample files holding into them, their holds) build
+    them again from the hour's start; the settled hour's own file replaces them (build_facts).
+    `skip`: none this pass (build_facts' limit reached)."""
+    tag, gap = p.tag(), p.gap_us
+    hours = sorted(h for h in own if h + facts.HOUR_US + _SETTLE_US + gap > now_us and _overlaps(h, facts.HOUR_US, span))
+    if skip or not hours:
+        return []
+    hold = facts.holds(w.db, hours[0], hours[-1] + facts.HOUR_US, p)
+
+    def sources(lo: int, hi: int) -> list[str]:
+        return sorted(f for f, a, b in files if a < hi and b >= lo - gap)
+
+    def inputs(lo: int, hi: int) -> str:
+        return _facts_digest(sources(lo, hi), facts.holds_digest(hold, lo, hi), tag, "open")
+
+    out = []
+    for h in hours:
+        upto = min(h + facts.HOUR_US, (now_us - _SETTLE_US - gap) // _FIVE_US * _FIVE_US)
+        if upto <= h:
+            continue
+        mine = {k: e for k, e in w.facts.items() if "upto" in e and e["bucket"] == _iso(h) and e["tag"] == tag}
+        spans = sorted((epoch_us(datetime.fromisoformat(e["from"])), epoch_us(datetime.fromisoformat(e["upto"])), e) for e in mine.values())
+        covered = h
+        for lo, hi, _ in spans:  # (they chain from the hour's start; one unlisted by late samples breaks the chain)
+            covered = hi if lo == covered else -1
+        if force or covered < 0 or any(e.get("format") != facts.OPEN_FORMAT or e["inputs"] != inputs(lo, hi) for lo, hi, e in spans):
+            for k in mine:
+                w.retire_facts(k)
+            covered = h
+        if covered >= upto or not sources(covered, upto):  # (no sample yet: nothing to build, read raw meanwhile)
+            continue
+        digest = inputs(covered, upto)
+        rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-from-{_iso(covered)[14:16]}-{_facts_digest(digest, upto)}.parquet"
+        out.append(FactsTask(str(w.root), h, tuple(sources(covered, upto)), (), p, tag, digest, rel, hold=_holds_in(hold, h),
+                             upto_us=upto, from_us=covered))
+    return out

@@ -329,7 +329,7 @@ class Collector:
     def count_facts(self) -> None:
         """gpufleet_collect_facts from the writer's facts and what upkeep left of them."""
         with self._commit_lock:
-            listed = {"hour": sum(e["grain"] == "5m" for e in self.writer.facts.values()),
+            listed = {"hour": sum(e["grain"] == "5m" and "upto" not in e for e in self.writer.facts.values()),  # (whole hours)
                       "day": sum(e["grain"] == "day" for e in self.writer.facts.values())}
             left = {"hour": self.writer.facts_backlog.get("hours", 0), "day": self.writer.facts_backlog.get("days", 0)}
         for grain in ("hour", "day"):

@@ -230,8 +230,8 @@ class StoreWriter:
         # bucket, file, inputs, tag}; kept across restarts through the manifest, rebuilt by upkeep
         # when their inputs change.
         self.facts: dict[str, dict[str, Any]] = {
-            f"{e['grain']}/{e['bucket'] if e['grain'] == '5m' else e['bucket'][:10]}": e for e in previous.get("facts", [])
-            if isinstance(e, dict) and {"grain", "bucket", "file", "inputs", "tag"} <= set(e)}
+            f"{e['grain']}/{e['bucket'] if e['grain'] == '5m' else e['bucket'][:10]}" + (f"+{e['from']}" if "upto" in e else ""): e
+            for e in previous.get("facts", []) if isinstance(e, dict) and {"grain", "bucket", "file", "inputs", "tag"} <= set(e)}
         # What the last upkeep pass left of the facts to build (maintenance.build_facts: "hours",
         # "days"), for gpufleet_collect_facts_awaiting_build; empty before the first pass
         self.facts_backlog: dict[str, int] = {}
@@ -399,8 +399,10 @@ class StoreWriter:
         Unlisted at the next publish, so no reader sums stale facts; upkeep writes them again."""
         reach = timedelta(minutes=5)
         for key, e in list(self.facts.items()):
-            b = datetime.fromisoformat(e["bucket"])
-            if b - reach <= hi and b + (timedelta(hours=1) if e["grain"] == "5m" else timedelta(days=1)) > lo:
+            b = datetime.fromisoformat(e["from"] if "upto" in e else e["bucket"])
+            # (an open hour's file holds [from, upto) alone: the collector's newest samples, after it, leave it be)
+            end = datetime.fromisoformat(e["upto"]) if "upto" in e else b + (timedelta(hours=1) if e["grain"] == "5m" else timedelta(days=1))
+            if b - reach <= hi and end > lo:
                 self._retired_snapshots.append((e["file"], self.clock()))
                 del self.facts[key]
 
@@ -1269,13 +1271,20 @@ def _fact_views(con: duckdb.DuckDBPyConnection, parts: list[tuple[Path, dict[str
 
     # (files of an older format - fewer columns - stay listed until upkeep writes them again: their
     # buckets are read raw meanwhile, as the parts of other parameters are)
-    entries = [(d, e) for d, m in parts for e in m.get("facts", []) if e.get("format") == facts.FORMAT_VERSION] if len(parts) == 1 else []
+    entries = [(d, e) for d, m in parts for e in m.get("facts", [])
+               if e.get("format") == (facts.OPEN_FORMAT if "upto" in e else facts.FORMAT_VERSION)] if len(parts) == 1 else []
+    # (an open hour's files of its settled buckets - "upto" - never beside the hour's own file)
+    whole = {(e["bucket"], e["tag"]) for _, e in entries if e["grain"] == "5m" and "upto" not in e}
+    entries = [(d, e) for d, e in entries if "upto" not in e or (e["bucket"], e["tag"]) not in whole]
     _table_of_lists(con, "fact_files", {
         "grain_s": ("INTEGER", [facts.GRAIN_5M if e["grain"] == "5m" else facts.GRAIN_1D for _, e in entries]),
         # (an hour's file that holds its hour parts too: written since they are; hour and day files hold them all)
         "hour_parts": ("BOOLEAN", [e["grain"] != "5m" or bool(e.get("hour_parts")) for _, e in entries]),
         "bucket": ("TIMESTAMP", [datetime.fromisoformat(e["bucket"]) for _, e in entries]),
-        "tag": ("VARCHAR", [e["tag"] for _, e in entries]), "file": ("VARCHAR", [str(d / e["file"]) for d, e in entries])})
+        "tag": ("VARCHAR", [e["tag"] for _, e in entries]), "file": ("VARCHAR", [str(d / e["file"]) for d, e in entries]),
+        # an open hour's file: the 5-minute buckets [open_from, open_upto) of it alone (null: the whole hour or day)
+        "open_from": ("TIMESTAMP", [datetime.fromisoformat(e["from"]) if "upto" in e else None for _, e in entries]),
+        "open_upto": ("TIMESTAMP", [datetime.fromisoformat(e["upto"]) if "upto" in e else None for _, e in entries])})
     if entries:
         con.execute(f"CREATE VIEW fact_parts AS SELECT * FROM read_parquet({_sql_list([str(d / e['file']) for d, e in entries])}, "
                     "hive_partitioning = false)")

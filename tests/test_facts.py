@@ -39,7 +39,7 @@ from gpufleet.times import epoch_us
 
 A100 = "NVIDIA A100-SXM4-80GB"
 DAY = 86400
-NOTHING = {"hours": 0, "days": 0, "hours_left": 0, "days_left": 0}  # build_facts' counts when it writes nothing
+NOTHING = {"hours": 0, "days": 0, "hours_left": 0, "days_left": 0, "open_hours": 0}  # build_facts' counts when it writes nothing
 FACT_SETTINGS = settings(SETTINGS, max_examples=30, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])  # (no shrinking: minutes per failure)
 
 

@@ -144,6 +144,9 @@ steps = st.one_of(
     st.tuples(st.just("upkeep"), st.integers(1, 80)),
 )
 T0 = datetime(2026, 11, 16)
+COVERED_SAMPLES = ("SELECT count(*) FROM gpu_samples s JOIN fact_files f ON f.grain_s = 300 AND s.ts >= coalesce(f.open_from, f.bucket) "
+                   "AND s.ts < coalesce(f.open_upto, f.bucket + INTERVAL 1 HOUR)")
+LISTED_SAMPLES = "SELECT coalesce(sum(samples_n), 0) FROM fact_parts WHERE lead AND grain_s = 300"
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,9 +167,15 @@ def test_facts_are_a_fresh_builds_whatever_the_order_samples_land_and_upkeep_run
                         w.commit(Batch(key=f"b{i}/{g}", samples=samples(ts, [float(util)] * len(ts), uuid=uuid)))
                     w.publish()
                 else:
-                    now = T0 + timedelta(hours=op[1], minutes=6)
+                    now = T0 + timedelta(hours=op[1], minutes=op[1] % 7 * 7 + 6)  # (open hours' buckets too)
                     w.clock = lambda now=now: now
                     compact(w, now)
+                    w.publish()
+                    # between passes too: every sample of what the listed 5-minute facts cover (whole
+                    # hours; an open hour's settled buckets) in exactly one of their parts
+                    con = open_reader(root)
+                    assert con.execute(COVERED_SAMPLES).fetchone() == con.execute(LISTED_SAMPLES).fetchone()
+                    con.close()
             now = T0 + timedelta(days=4)
             w.clock = lambda: now
             compact(w, now, facts_hours=None)
@@ -266,3 +275,59 @@ def test_a_retired_summary_key_is_refused_with_what_replaced_it(doc, said):
         with pytest.raises(ConfigError) as e:
             load(doc, "g.toml")
         assert said in str(e.value) and "g.toml" in str(e.value)
+
+
+def test_an_open_hours_settled_buckets_are_facts_each_pass_adding_those_settled_since(tmp_path):
+    """A 5-minute bucket settles SETTLE + max_gap after it ends, as an hour does: upkeep writes the
+    open hour's settled buckets (a file of those settled since its last pass), so a window ending
+    now reads them from facts, with the raw oracle's figures; a pass with nothing new writes
+    nothing; late samples in them build them again from the hour's start; the settled hour's own
+    file replaces them."""
+    fleet = hourly(3)
+    fp = upkeep_params(fleet)
+    w = written(tmp_path, fleet, 3)
+
+    def opened() -> list[tuple[str, str]]:
+        return sorted((e["from"][11:16], e["upto"][11:16]) for e in w.facts.values() if "upto" in e)
+
+    def same_as_raw(a: int, b: int, now: datetime) -> dict[int, int]:
+        w.publish()
+        con = open_reader(tmp_path)
+        try:
+            p = params(fleet, a, b)
+            got, fw = figures_from_facts(con, p, now)
+            assert not mismatches(oracle(con, p, now), got)
+            return fw.tiles
+        finally:
+            con.close()
+
+    try:
+        now = at(2 * 3600 + 30 * 60)  # 02:30: 02:00's buckets to 02:20 settled (02:24:30 = 02:30 - 5 min - max_gap 30 s)
+        assert compact(w, now, fp, facts_hours=None) >= 0
+        assert opened() == [("02:00", "02:20")]
+        assert all(e["format"] == cf.OPEN_FORMAT for e in w.facts.values() if "upto" in e)  # (a reader of before them skips them)
+        tiles = same_as_raw(3600, 2 * 3600 + 20 * 60, now)
+        # 02:00-02:20 from the open hour's file, not raw (and 00:50-01:00: the reach before the window)
+        assert tiles.get(cf.GRAIN_5M) == 4 + 2 and tiles.get(cf.GRAIN_1H) == 1
+        assert build_facts(w, epoch_us(now), fp) == NOTHING  # nothing new: nothing written
+        now = at(2 * 3600 + 40 * 60)
+        assert build_facts(w, epoch_us(now), fp) == {**NOTHING, "open_hours": 1}
+        assert opened() == [("02:00", "02:20"), ("02:20", "02:30")]
+        same_as_raw(3600, 2 * 3600 + 30 * 60, now)
+        # the collector's newest samples, after what they cover, leave them listed ...
+        w.commit(Batch(key="newest", samples=samples([at(2 * 3600 + 31 * 60)], [55.0], host="h9", uuid="GPU-late")))
+        assert opened() == [("02:00", "02:20"), ("02:20", "02:30")]
+        # ... a late sample inside what they cover unlists those it reaches (a reader sums no stale
+        # facts), and upkeep builds them again, in one file from the hour's start
+        w.commit(Batch(key="late", samples=samples([at(2 * 3600 + 7 * 60)], [55.0], host="h9", uuid="GPU-late")))
+        assert opened() == [("02:20", "02:30")]
+        assert build_facts(w, epoch_us(now), fp)["open_hours"] == 1
+        assert opened() == [("02:00", "02:30")]
+        same_as_raw(3600, 2 * 3600 + 30 * 60, now)
+        # the hour settled: its own file, the open hour's files retired
+        now = at(3 * 3600 + 10 * 60)
+        assert build_facts(w, epoch_us(now), fp)["hours"] == 1
+        assert opened() == [] and f"5m/{at(2 * 3600).isoformat()}" in w.facts
+        assert same_as_raw(3600, 3 * 3600, now).get(cf.GRAIN_1H) == 2
+    finally:
+        w.close()

@@ -162,8 +162,9 @@ def test_the_report_and_the_policy_round(store, sampled):
 def test_fleet_now_reads_raw_only_its_newest_minutes_and_after_the_newest_facts(store, sampled, tmp_path):
     """Fleet now at the samples' end on a store with facts of every hour: its newest minutes raw,
     and the newest sample of GPU C (silent since 11:00) alone; on a store whose facts end at 11:00
-    (upkeep at 11:30), what lies after them - never the look-back before the facts' end. The
-    same states as from the raw samples (test_dashboard_analytics)."""
+    (upkeep at 11:30: 10:00's hour whole, 11:00's settled buckets to 11:20), what lies after them -
+    never the look-back before the facts' end. The same states as from the raw samples
+    (test_dashboard_analytics)."""
     con = open_reader(store)
     reads = counted(lambda: fn.gpu_states(con, W, T(12)))
     assert not beyond_edges(reads, sampled, [], facts_end=epoch_us(T(12))), reads
@@ -173,13 +174,14 @@ def test_fleet_now_reads_raw_only_its_newest_minutes_and_after_the_newest_facts(
     assert [(r.lo_us, r.hi_us) for r in tail] == [(epoch_us(T(11, 55)), epoch_us(T(12)) + 1)]
     f = build(tmp_path)
     w = StoreWriter(f.root)
-    compact(w, T(11, 30), facts_hours=None)  # 10:00's hour settled
+    compact(w, T(11, 30), facts_hours=None)  # 10:00's hour settled; 11:00's buckets that ended 5 min + max_gap before
     w.close()
     early = open_reader(f.root)
-    assert early.execute("SELECT max(bucket) FROM fact_files").fetchall()[0][0] == T(10)
+    assert early.execute("SELECT max(bucket) FROM fact_files WHERE open_upto IS NULL").fetchall()[0][0] == T(10)
+    assert early.execute("SELECT bucket, open_from, open_upto FROM fact_files WHERE open_upto IS NOT NULL").fetchall() == [(T(11), T(11), T(11, 20))]
     reads = counted(lambda: fn.gpu_states(early, W, T(12)))
-    assert not beyond_edges(reads, sampled, [], facts_end=epoch_us(T(11))), reads
-    assert [(r.lo_us, r.hi_us) for r in reads if r.kind == "fleet now" and r.rows] == [(epoch_us(T(11)), epoch_us(T(12)) + 1)]
+    assert not beyond_edges(reads, sampled, [], facts_end=epoch_us(T(11, 20))), reads
+    assert [(r.lo_us, r.hi_us) for r in reads if r.kind == "fleet now" and r.rows] == [(epoch_us(T(11, 20)), epoch_us(T(12)) + 1)]
     # the check catches a fall back to the look-back: parameters the facts were not built for
     other = replace(W, idle_threshold=W.idle_threshold + 1)
     assert beyond_edges(counted(lambda: fn.gpu_states(con, other, T(12))), sampled, [], facts_end=epoch_us(T(12)))
