@@ -512,6 +512,15 @@ def policy(key: tuple, version: int | None, tick: int | None = None) -> dict:
             "as_of": now}
 
 
+@st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)
+def policy_failing(root: str, version: int | None) -> pl.DataFrame:
+    """The idle-GPU policy's actions whose latest attempt failed (the Health page's: one query,
+    not the plan that policy() computes from every GPU's state)."""
+    from gpufleet.analytics import policy as apolicy
+
+    return apolicy.failing(reader(root))
+
+
 def collector_status(root: str) -> dict:
     from gpufleet.analytics.fleet_now import collector_status as cs
 

@@ -94,7 +94,7 @@ def body(ctx: ui.Context) -> None:
              labels={"foreign_processes_max": "most processes at once", "first_seen": "first seen", "last_seen": "last seen"})
 
     st.subheader("Policy actions failing")
-    failing = data.policy(ctx.window.key, ctx.version)["failing"]
+    failing = data.policy_failing(w.root, ctx.version)
     st.caption("Idle-GPU policy actions (mail, webhook, scancel, pod deletion) whose latest attempt failed; those of running jobs "
                "are retried at each evaluation (gpufleet_policy_failing_actions).")
     ui.table(failing, key="health_policy_failing", empty="No failing policy action.", labels={"attempt": "attempts", "detail": "error"})
