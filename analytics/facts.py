@@ -159,29 +159,44 @@ LEFT JOIN wpe p ON p.inside AND p.cluster = al.cluster AND p.host = al.host AND 
 GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 """
 
+# The window's held parts, numbered (pid), and their idle and no-process edge pieces chained:
+# every part's edge pieces (head, tail; one when the whole part is a run) of one GPU and holder
+# chained where one ends as the next starts, one window-function pass over the pieces in order
+# (`chain`: the piece's chain's number among its GPU and holder's). Temp tables `wheld`
+# (HELD_TABLE) and `wlinked`, built once a window (FactWindow.linked): the stretches (STRETCH_ROWS) and the
+# window's states (sql.WINDOW_STATE_JOBS) both read them, rather than each chaining them again.
+HELD_TABLE = "CREATE OR REPLACE TEMP TABLE wheld AS SELECT row_number() OVER () AS pid, h.* FROM ({held}) h"
+LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
+                 "SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (\n"
+                 "           PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain\n"
+                 "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end\n"
+                 "      FROM ({pieces}))")
+# ... each kind's edge pieces (head; tail, unless the whole part is one run)
+_STRETCH_PIECES = """
+    SELECT '{kind}' AS kind, pid, cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
+           inside, p0 AS r0, p0 + {kind}_head_us AS r1
+    FROM wheld WHERE {kind}_head_us > 0
+    UNION ALL
+    SELECT '{kind}', pid, cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
+           inside, p1 - {kind}_tail_us, p1
+    FROM wheld WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
+
 # The idle (or no-process) stretches' rows (analytics/stretches.py SCHEMA): runs resolved across
-# the parts of a window - every part's edge pieces (head, tail; one when the whole part is a run)
-# of one GPU and holder chained where one ends as the next starts, one window-function pass over
-# the pieces in order - each chain counted when it reaches $idle_min_us as a whole, with its
-# seconds inside the window; beside them the runs wholly inside parts that did. A chain's start
-# and end are exact (its pieces are measured from part edges), clipped to the read window (the
-# raw path's reach); a run wholly inside a part has no times of its own in the facts, so its row
-# carries the part's bounds (a 5-minute part's where 5-minute facts or samples were read, an
-# hour's or a day's where those were). island: the row's number among its GPU and holder's, in
-# time order. Both kinds at once, each row with its `kind` (idle or nop).
+# the parts of a window (wlinked's chains), each chain counted when it reaches $idle_min_us as a
+# whole, with its seconds inside the window; beside them the runs wholly inside parts that did. A
+# chain's start and end are exact (its pieces are measured from part edges), clipped to the read
+# window (the raw path's reach); a run wholly inside a part has no times of its own in the facts,
+# so its row carries the part's bounds (a 5-minute part's where 5-minute facts or samples were
+# read, an hour's or a day's where those were). island: the row's number among its GPU and
+# holder's, in time order. Both kinds at once, each row with its `kind` (idle or nop).
 STRETCH_ROWS = """
-WITH held AS ({held}), pieces AS ({pieces}
-), linked AS (
-    SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
-                  PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
-    FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
-), rows AS (
+WITH rows AS (
     SELECT kind, cluster, host, gpu_uuid, gi, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
            any_value(account) AS account, any_value(partition) AS partition, arg_min(gpu, r0) AS gpu, arg_min(model, r0) AS model,
            arg_min(equiv, r0) AS equiv, min(r0) AS s0, max(r1) AS s1,
            sum(CASE WHEN inside THEN r1 - r0 ELSE 0 END) / 1e6 AS in_window_s,
            sum(CASE WHEN inside THEN (r1 - r0) * equiv ELSE 0 END) / 1e6 / 3600 AS gpu_h
-    FROM linked GROUP BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key, chain
+    FROM wlinked GROUP BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key, chain
     HAVING sum(r1 - r0) >= $idle_min_us{inner}
 )
 SELECT r.kind, r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
@@ -193,20 +208,12 @@ FROM rows r LEFT JOIN prices pr ON pr.model = r.model
 WHERE r.in_window_s > 0
 ORDER BY r.kind, r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, r.s0
 """
-# ... each kind's edge pieces (head; tail, unless the whole part is one run) and its runs wholly inside parts
-_STRETCH_PIECES = """
-    SELECT '{kind}' AS kind, cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
-           inside, p0 AS r0, p0 + {kind}_head_us AS r1
-    FROM held WHERE {kind}_head_us > 0
-    UNION ALL
-    SELECT '{kind}', cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
-           inside, p1 - {kind}_tail_us, p1
-    FROM held WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
+# ... and its runs wholly inside parts that reached it
 _STRETCH_INNER = """
     UNION ALL
     SELECT '{kind}', cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, gpu, model, equiv, p0, p1,
            {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
-    FROM held WHERE inside AND {kind}_inner_us > 0"""
+    FROM wheld WHERE inside AND {kind}_inner_us > 0"""
 
 # A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from $origin_us (the
 # window's start, or a time before it: the report's first local midnight), from the parts inside the window (cut at the buckets' edges: FactWindow's grid_us), by
@@ -240,20 +247,13 @@ def timeline_parts(held: bool) -> str:
     return TIMELINE_PARTS.format(keys="", parts="SELECT * FROM wpe WHERE lead")
 
 
-def held_parts() -> str:
-    """The window's held parts (wpe) with their holders' jobs, the job filters applied: what a
-    figure by job reads (analytics/window_states.py)."""
-    return _HELD
-
-
 STRETCH_KINDS = ("idle", "nop")  # the facts' run columns: idle (utilization below the threshold), no process
+LINKED = (HELD_TABLE.format(held=_HELD), LINKED_PIECES.format(pieces="\n    UNION ALL".join(_STRETCH_PIECES.format(kind=k) for k in STRETCH_KINDS)))
 
 
 def stretch_rows() -> str:
-    """STRETCH_ROWS of both kinds in one statement (`kind`: idle or nop): the two share the held
-    parts and the query's planning, which is most of its cost on a small window."""
-    return STRETCH_ROWS.format(held=_HELD, pieces="\n    UNION ALL".join(_STRETCH_PIECES.format(kind=k) for k in STRETCH_KINDS),
-                               inner="".join(_STRETCH_INNER.format(kind=k) for k in STRETCH_KINDS))
+    """STRETCH_ROWS of both kinds in one statement (`kind`: idle or nop), over wlinked (FactWindow.linked)."""
+    return STRETCH_ROWS.format(inner="".join(_STRETCH_INNER.format(kind=k) for k in STRETCH_KINDS))
 
 
 def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
@@ -371,6 +371,7 @@ class FactWindow:
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
         self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
         self._runs: dict[str, pl.DataFrame] = {}  # kind -> runs(kind): totals and waste_by both resolve them
+        self._linked = False  # wheld and wlinked built (linked)
         # the window's capacity (cap) and job (ja) tables, built when a query first reads them (a
         # health or temperature window reads neither); core.Analysis' cursor has them already
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
@@ -497,9 +498,17 @@ class FactWindow:
         """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds,
         resolved once a window (the window's parts do not change after it is built)."""
         if not self._runs:
+            self.linked()
             both = self.q(stretch_rows()).with_columns(gpu_s=pl.col("gpu_h") * 3600)
             self._runs = {k: both.filter(pl.col("kind") == k).drop("kind") for k in STRETCH_KINDS}
         return self._runs[kind].clone()
+
+    def linked(self) -> None:
+        """The window's wheld and wlinked (LINKED_PIECES), built at the first figure that reads them."""
+        if not self._linked:
+            for statement in LINKED:
+                self.con.execute(statement, sql.bound(statement, self.bind))
+            self._linked = True
 
     def totals(self) -> dict[str, float | None]:
         """The window's headline GPU-hours (core.Totals' hours; capacity, no data and stranded only without a job filter)."""

@@ -1318,9 +1318,10 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # --- where a window's GPU time goes, from its facts (analytics/window_states.py) ---
 
 # Per job and GPU model, its held parts inside the window split into the window-grain states
-# (the module's doc has the rules), GPU-seconds (x MIG share). {held}: facts.held_parts() (the job
-# filters applied). The idle runs are chained per GPU and holder across parts as facts.STRETCH_ROWS
-# chains them (every part of the read, its reach included); a chain that starts at a hold's first
+# (the module's doc has the rules), GPU-seconds (x MIG share), over the window's wheld (its held
+# parts, the job filters applied) and wlinked (their idle pieces chained per GPU and holder across
+# parts, every part of the read, its reach included: facts.LINKED_PIECES, which the stretches
+# read too; FactWindow.linked builds both); a chain that starts at a hold's first
 # part (each allocation of the analysis, al: a requeued job's every run on the GPU its own), after
 # the read's start, and ends before that hold's last part's end is that run's startup, another at
 # least $idle_min_us long is idle; runs wholly inside a part are idle (the facts keep
@@ -1330,21 +1331,13 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # fields, under [analytics.states]' thresholds. *_told_s: the busy time whose part knew the fields
 # of input-bound / communication-bound; *_missing: a busy part lacked that field.
 WINDOW_STATE_JOBS = """
-WITH held AS (
-    SELECT row_number() OVER () AS pid, h.* FROM ({held}) h
-), holder AS (
+WITH held AS (SELECT * FROM wheld), holder AS (
     SELECT h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, min(h.p0) AS f0, max(h.p1) AS l1
     FROM held h JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
      AND al.scheduler = h.scheduler AND al.job_key = h.job_key AND h.p1 > epoch_us(al.a0) AND h.p0 < epoch_us(al.a1)
     GROUP BY al.rowid, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key
-), pieces AS (
-    SELECT pid, cluster, host, gpu_uuid, gi, scheduler, job_key, p0 AS r0, p0 + idle_head_us AS r1 FROM held WHERE idle_head_us > 0
-    UNION ALL
-    SELECT pid, cluster, host, gpu_uuid, gi, scheduler, job_key, p1 - idle_tail_us, p1 FROM held WHERE idle_tail_us > 0 AND NOT idle_whole
 ), linked AS (
-    SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (
-                  PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain
-    FROM (SELECT *, lag(r1) OVER (PARTITION BY cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end FROM pieces)
+    SELECT pid, cluster, host, gpu_uuid, gi, scheduler, job_key, r0, r1, chain FROM wlinked WHERE kind = 'idle'
 ), chained AS (
     SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, chain, min(r0) AS c0, max(r1) AS c1, sum(r1 - r0) >= $idle_min_us AS idle
     FROM linked GROUP BY ALL

@@ -65,7 +65,7 @@ from typing import Any
 
 import polars as pl
 
-from gpufleet.analytics import facts, sql
+from gpufleet.analytics import sql
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.states import FIXES, LOSSES, Thresholds
 
@@ -137,7 +137,8 @@ def window_states(a: Any, t: Thresholds) -> WindowStates:
     thresholds `t` (states.thresholds)."""
     if getattr(a, "fw", None) is None:
         raise ValueError("the window's states are read from its facts: expected core.Analysis(raw=False), got the raw path's analysis")
-    query = sql.WINDOW_STATE_JOBS.format(held=facts.held_parts())
+    a.fw.linked()  # (wheld and wlinked: the window's held parts and their idle pieces chained, as the stretches read them)
+    query = sql.WINDOW_STATE_JOBS
     rows = a.q(query, input_sm_active_max=t.input_sm_active_max, input_pcie_rx_min=t.input_pcie_rx_min_bytes_per_s,
                comm_nvlink_min=t.communication_nvlink_min_bytes_per_s, comm_tensor_max=t.communication_tensor_max,
                comm_sm_active_max=t.communication_sm_active_max)
