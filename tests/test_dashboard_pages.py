@@ -638,6 +638,26 @@ def test_durations_sort_by_value_and_read_in_words():
     assert cfg["idle_gpu_h"]["format"] == "%,.1f" and data.column("idle_gpu_h").to_pylist() == [1.25, None, 3.0]
 
 
+def _long_duration_table_app():
+    import polars as pl
+
+    from gpufleet.dashboards import ui
+
+    n = 16_384  # a 16,384-GPU fleet's per-GPU table, 21 columns, one a duration: over the Styler's 262,144 cells
+    ui.table(pl.DataFrame({"host": [f"h{i}" for i in range(n)], "idle_for_s": [float(i) for i in range(n)],
+                           **{f"c{k}": list(range(n)) for k in range(19)}}), key="t", sort="most idle first")
+
+
+def test_a_table_longer_than_its_rows_shows_the_first_and_says_so():
+    """A table a page did not cut (Fleet now's and Health's per-GPU tables) shows its first
+    MAX_ROWS rows and says how many there are: 16,384 GPUs' rows broke both pages (the pandas
+    Styler that writes durations out refuses more than 262,144 cells)."""
+    at = AppTest.from_function(_long_duration_table_app).run()
+    assert not at.exception, at.exception
+    assert at.container("t").dataframe[0].value.shape[0] == ui.MAX_ROWS
+    assert any(f"The first {ui.MAX_ROWS:,} of 16,384 rows (most idle first)" in c.value for c in at.container("t").caption)
+
+
 def test_last_xid_is_none_when_reported_and_unknown_when_not():
     states = pl.DataFrame({"last_xid": [79, None, None], "xid_last": [0, 0, None]}, schema={"last_xid": pl.Int64, "xid_last": pl.Int64})
     assert ui.with_last_xid(states)["last_xid"].to_list() == ["79", "none", words.UNKNOWN]
