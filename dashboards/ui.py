@@ -338,9 +338,8 @@ def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, e
         if df is None or df.is_empty():
             st.caption(empty)
             return None
-        if df.height > MAX_ROWS:  # (a caller that did not cut it, first_rows: a 16,384-GPU table broke the page's Styler)
-            st.caption(f"The first {MAX_ROWS:,} of {df.height:,} rows" + (f" ({sort})" if sort else "") + "; narrow the filters to see the others.")
-            df = df.head(MAX_ROWS)
+        # (a table its page did not cut: a 16,384-GPU table broke the pandas Styler, 262,144 cells at most)
+        df = first_rows(df, sort or "in the order shown", "narrow the filters to see the others")
         # list columns (e.g. XID codes) as text
         df = df.with_columns([pl.col(c).cast(pl.List(pl.Utf8)).list.join(", ") for c, t in df.schema.items() if isinstance(t, pl.List)])
         if sort:

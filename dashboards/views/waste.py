@@ -140,9 +140,7 @@ def queue_gaps(ctx: ui.Context) -> None:
              sort="largest gap first")
     if not g.jobs.is_empty():
         with st.expander(f"The {g.jobs.height:,} jobs that waited while they would have fit"):
-            order = "most GPU-hours waited while they fit first"
-            ui.table(ui.first_rows(g.jobs, order, "narrow the window or the filters to see others").drop("job_key"),
-                     key="waste_queue_jobs", sort=order)
+            ui.table(g.jobs.drop("job_key"), key="waste_queue_jobs", sort="most GPU-hours waited while they fit first")
     left = [f"{n} {why}" for why, n in g.not_counted.items() if n]
     if left:
         st.caption("Waiting jobs not counted: " + "; ".join(left) + ".")
