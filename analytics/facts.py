@@ -329,7 +329,7 @@ def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAI
         elif t == hour and t + cf.HOUR_US <= hi and (day in stored[cf.GRAIN_1D] or hour in stored[cf.GRAIN_1H]) and max_grain >= cf.GRAIN_1H:
             add(cf.GRAIN_1H, t, t + cf.HOUR_US)
             t += cf.HOUR_US
-        elif t % FIVE_US == 0 and t + FIVE_US <= hi and (hour in stored[cf.GRAIN_5M] or t in stored.get(OPEN_5M, ())):
+        elif t % FIVE_US == 0 and t + FIVE_US <= hi and (hour in stored[cf.GRAIN_5M] or t in stored[OPEN_5M]):
             add(cf.GRAIN_5M, t, t + FIVE_US)
             t += FIVE_US
         else:  # raw up to the next 5-minute edge (or hi)

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpufleet.collector import facts
-from gpufleet.collector.store import StoreWriter, _sql_list, fsync_dir, sample_source, write_parquet
+from gpufleet.collector.store import StoreWriter, _sql_list, facts_key, fsync_dir, sample_source, write_parquet
 from gpufleet.collector.tasks import TaskRunner
 from gpufleet.times import epoch_us, from_epoch_us
 
@@ -376,9 +376,9 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
                                                      "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
             task.hold = None  # (a rebuild of the whole store holds a day's at a time)
     for task, rel in zip(opening, task_runner(tasks, 0).map(build_fact_hour, opening, label=FactsTask.label)):
-        w.put_facts(f"5m/{_iso(task.hour_us)}+{_iso(task.from_us)}", {
-            "grain": "5m", "bucket": _iso(task.hour_us), "from": _iso(task.from_us), "upto": _iso(task.upto_us), "file": rel,
-            "inputs": task.inputs, "head": [], "tag": tag, "format": facts.OPEN_FORMAT})
+        entry = {"grain": "5m", "bucket": _iso(task.hour_us), "from": _iso(task.from_us), "upto": _iso(task.upto_us), "file": rel,
+                 "inputs": task.inputs, "head": [], "tag": tag, "format": facts.OPEN_FORMAT}
+        w.put_facts(facts_key(entry), entry)
     whole = {(e["bucket"], e["tag"]) for e in w.facts.values() if e["grain"] == "5m" and "upto" not in e}
     for key in [k for k, e in w.facts.items() if "upto" in e and (e["bucket"], e["tag"]) in whole]:
         w.retire_facts(key)  # (an open hour's buckets, now in the settled hour's own file)
@@ -451,7 +451,8 @@ def _open_hour_tasks(w: StoreWriter, files: list[tuple[str, int, int]], own: dic
         if upto <= h:
             continue
         mine = {k: e for k, e in w.facts.items() if "upto" in e and e["bucket"] == _iso(h) and e["tag"] == tag}
-        spans = sorted((epoch_us(datetime.fromisoformat(e["from"])), epoch_us(datetime.fromisoformat(e["upto"])), e) for e in mine.values())
+        spans = sorted(((epoch_us(datetime.fromisoformat(e["from"])), epoch_us(datetime.fromisoformat(e["upto"])), e) for e in mine.values()),
+                       key=lambda s: s[0])
         covered = h
         for lo, hi, _ in spans:  # (they chain from the hour's start; one unlisted by late samples breaks the chain)
             covered = hi if lo == covered else -1
@@ -459,10 +460,11 @@ def _open_hour_tasks(w: StoreWriter, files: list[tuple[str, int, int]], own: dic
             for k in mine:
                 w.retire_facts(k)
             covered = h
-        if covered >= upto or not sources(covered, upto):  # (no sample yet: nothing to build, read raw meanwhile)
+        read = sources(covered, upto)
+        if covered >= upto or not read:  # (no sample yet: nothing to build, read raw meanwhile)
             continue
         digest = inputs(covered, upto)
         rel = f"{facts.FACTS_DIR}/5m/date={_iso(h)[:10]}/hour-{_iso(h)[11:13]}-from-{_iso(covered)[14:16]}-{_facts_digest(digest, upto)}.parquet"
-        out.append(FactsTask(str(w.root), h, tuple(sources(covered, upto)), (), p, tag, digest, rel, hold=_holds_in(hold, h),
+        out.append(FactsTask(str(w.root), h, tuple(read), (), p, tag, digest, rel, hold=_holds_in(hold, h),
                              upto_us=upto, from_us=covered))
     return out

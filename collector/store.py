@@ -97,6 +97,12 @@ class CommitResult:
     jobs_written: int = 0
 
 
+def facts_key(e: dict[str, Any]) -> str:
+    """A facts manifest entry's key in StoreWriter.facts: "5m/<hour>", "day/<day>", and an open
+    hour's file of its settled buckets "5m/<hour>+<from>" (maintenance._open_hour_tasks)."""
+    return f"{e['grain']}/{e['bucket'] if e['grain'] == '5m' else e['bucket'][:10]}" + (f"+{e['from']}" if "upto" in e else "")
+
+
 def _fsync_write(path: Path, write) -> None:
     """Write via a temporary name in the same directory, fsync, then rename: all or nothing."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -230,8 +236,7 @@ class StoreWriter:
         # bucket, file, inputs, tag}; kept across restarts through the manifest, rebuilt by upkeep
         # when their inputs change.
         self.facts: dict[str, dict[str, Any]] = {
-            f"{e['grain']}/{e['bucket'] if e['grain'] == '5m' else e['bucket'][:10]}" + (f"+{e['from']}" if "upto" in e else ""): e
-            for e in previous.get("facts", []) if isinstance(e, dict) and {"grain", "bucket", "file", "inputs", "tag"} <= set(e)}
+            facts_key(e): e for e in previous.get("facts", []) if isinstance(e, dict) and {"grain", "bucket", "file", "inputs", "tag"} <= set(e)}
         # What the last upkeep pass left of the facts to build (maintenance.build_facts: "hours",
         # "days"), for gpufleet_collect_facts_awaiting_build; empty before the first pass
         self.facts_backlog: dict[str, int] = {}
