@@ -67,10 +67,10 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     if f.model is not None:  # (after the pools' models: a job's pool is the same filtered or not)
         gpus, waits = gpus.filter(pl.col("model") == f.model), waits.filter(pl.col("pool_model") == f.model)
     pool_rows, job_rows = [], []
-    held = {k: (g["h0"].to_numpy(), g["h1"].to_numpy()) for k, g in holds.group_by("cluster", "host", "gpu_uuid")}
+    steps = _free_gpus(gpus, holds)
     waiting = {k: g for k, g in waits.group_by("cluster", "partition", "pool_model")}
     for key, pool in gpus.group_by(*POOL, maintain_order=True):
-        t, free = _free_gpus(pool, held)
+        t, free = steps.get(key, (np.zeros(1, np.int64), np.zeros(1, np.int64)))
         w = waiting.get(key)
         gap_h, fit_s = (0.0, np.zeros(0)) if w is None else _gap(t, free, w["w0"].to_numpy(), w["w1"].to_numpy(), w["gpus"].to_numpy())
         price = prices.get(key[2])
@@ -86,36 +86,39 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     return QueueGaps(pools, jobs.sort(["fit_gpu_h", "job_key"], descending=[True, False]), not_counted)
 
 
-def _free_gpus(pool: pl.DataFrame, held: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The pool's free GPUs as a step function: times t (epoch us, ascending) and free[k] over
-    [t[k], t[k + 1]) (the last 0). A GPU is free while capacity and held by no allocation."""
-    times, deltas = [], []
-    for host, uuid, c0, c1, cluster in pool.select("host", "gpu_uuid", "c0", "c1", "cluster").iter_rows():
-        h0, h1 = held.get((cluster, host, uuid), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
-        for a, b in _minus(c0, c1, h0, h1):
-            times += [a, b]
-            deltas += [1, -1]
-    if not times:
-        return np.zeros(1, np.int64), np.zeros(1, np.int64)
-    t = np.asarray(times, np.int64)
-    o = np.argsort(t, kind="stable")
-    t, d = t[o], np.asarray(deltas, np.int64)[o]
-    edge = np.append(t[1:] != t[:-1], True)  # the level after all of a time's steps
-    return t[edge], np.cumsum(d)[edge]
-
-
-def _minus(c0: int, c1: int, h0: np.ndarray, h1: np.ndarray) -> list[tuple[int, int]]:
-    """[c0, c1) less the union of the holds [h0, h1)."""
-    out, at = [], c0
-    for a, b in sorted(zip(h0.tolist(), h1.tolist())):
-        if b <= at or a >= c1:
-            continue
-        if a > at:
-            out.append((at, a))
-        at = max(at, b)
-    if at < c1:
-        out.append((at, c1))
-    return out
+def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
+    """Each pool's free GPUs as a step function, by pool key: times t (epoch us, ascending) and
+    free[k] over [t[k], t[k + 1]) (the last 0). A GPU is free while capacity [c0, c1) and held by
+    no allocation: its holds, clipped to its capacity, are merged into disjoint holdings (starts
+    in order, a running maximum of the ends per GPU), and the level is +1 from c0 to c1 less 1
+    over each holding - every pool at once, in arrays keyed by numbers (a Python loop over every
+    GPU's holds, or polars grouping on the pools' names, took 4 s of a 16,384-GPU week)."""
+    cap = (gpus.select(*POOL, "gh", "c0", "c1").filter(pl.col("c1") > pl.col("c0"))
+           .with_row_index("r").with_columns(pool=pl.struct(POOL).rank("dense").cast(pl.Int64) - 1))
+    if cap.is_empty():
+        return {}
+    held = (cap.join(holds, on="gh")
+            .select("r", pl.max_horizontal("h0", "c0").alias("a"), pl.min_horizontal("h1", "c1").alias("b"))
+            .filter(pl.col("b") > pl.col("a")).sort("r", "a").with_columns(reach=pl.col("b").cum_max().over("r")))
+    r, a, b, reach = (held[c].to_numpy() for c in ("r", "a", "b", "reach"))
+    first = np.ones(len(r), dtype=bool)  # starts a holding: a GPU's first hold, or one past every earlier end
+    first[1:] = (r[1:] != r[:-1]) | (a[1:] > reach[:-1])
+    at = np.flatnonzero(first)
+    pool_of = cap["pool"].to_numpy()
+    c0, c1 = cap["c0"].to_numpy(), cap["c1"].to_numpy()
+    # capacity: +1 from c0, -1 at c1; a holding: -1 from its start, +1 at its end
+    pool = np.concatenate([pool_of, pool_of, pool_of[r[at]], pool_of[r[at]]])
+    t = np.concatenate([c0, c1, a[at], np.maximum.reduceat(b, at) if len(at) else b[:0]])
+    d = np.concatenate([np.ones(len(c0), np.int64), -np.ones(len(c0), np.int64), -np.ones(len(at), np.int64), np.ones(len(at), np.int64)])
+    t0 = int(t.min())
+    o = np.argsort(pool * (int(t.max()) - t0 + 1) + (t - t0), kind="stable")  # by pool, then time: one key
+    pool, t = pool[o], t[o]
+    level = np.cumsum(d[o])  # (each pool's steps sum to 0: one running sum serves them all)
+    last = np.append((pool[1:] != pool[:-1]) | (t[1:] != t[:-1]), True)  # the level after all of a time's steps
+    pool, t, level = pool[last], t[last], level[last]
+    keys = cap.unique("pool").sort("pool").select(POOL).rows()
+    cut = np.searchsorted(pool, np.arange(len(keys) + 1))
+    return {key: (t[cut[i]:cut[i + 1]], level[cut[i]:cut[i + 1]]) for i, key in enumerate(keys)}
 
 
 def _gap(t: np.ndarray, free: np.ndarray, w0: np.ndarray, w1: np.ndarray, need: np.ndarray) -> tuple[float, np.ndarray]:

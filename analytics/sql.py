@@ -550,6 +550,8 @@ ORDER BY wait_s DESC, cluster, job_key"""
 # $retire_after before it, each counting from its first sighting to CAPACITY_END (epoch us,
 # clipped to [$start, $as_of)). MIG instances are left out of pools (their jobs take slices).
 _POOL_FILTERS = "($cluster IS NULL OR a.cluster = $cluster) AND ($partition IS NULL OR j.partition = $partition)"
+# a GPU named by one number (its key's hash), as the pools' GPUs and the holds are matched
+_QUEUE_GPU = "hash({t}.cluster, {t}.host, {t}.gpu_uuid) AS gh"
 QUEUE_POOL_GPUS = f"""
 WITH used AS (
     SELECT DISTINCT a.cluster, j.partition, a.host, a.gpu_uuid
@@ -558,7 +560,7 @@ WITH used AS (
     WHERE a.gpu_instance = -1 AND j.partition IS NOT NULL AND {_POOL_FILTERS}
       AND {ALLOCATION_END} > $start - to_seconds($retire_after) AND {ALLOCATION_START} < $as_of
 )
-SELECT u.cluster, u.partition, g.model, g.host, g.gpu_uuid,
+SELECT u.cluster, u.partition, g.model, g.host, g.gpu_uuid, {_QUEUE_GPU.format(t="g")},
        epoch_us(greatest(g.first_seen, $start)) AS c0, epoch_us(least({CAPACITY_END}, $as_of)) AS c1
 FROM used u JOIN gpus g ON g.cluster = u.cluster AND g.host = u.host AND g.gpu_uuid = u.gpu_uuid AND g.gpu_instance = -1
 WHERE g.model IS NOT NULL AND g.first_seen < $as_of AND {CAPACITY_END} > $start
@@ -566,7 +568,7 @@ ORDER BY u.cluster, u.partition, g.model, g.host, g.gpu_uuid"""
 
 # Who held each GPU when (any job, any partition; a MIG instance held holds its GPU), clipped to [$start, $as_of)
 QUEUE_HOLDS = f"""
-SELECT a.cluster, a.host, a.gpu_uuid, epoch_us(greatest({ALLOCATION_START}, $start)) AS h0, epoch_us(least({ALLOCATION_END}, $as_of)) AS h1
+SELECT {_QUEUE_GPU.format(t="a")}, epoch_us(greatest({ALLOCATION_START}, $start)) AS h0, epoch_us(least({ALLOCATION_END}, $as_of)) AS h1
 FROM allocations a LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE ($cluster IS NULL OR a.cluster = $cluster) AND {ALLOCATION_END} > $start AND {ALLOCATION_START} < $as_of
