@@ -1339,9 +1339,9 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # fields, under [analytics.states]' thresholds. *_told_s: the busy time whose part knew the fields
 # of input-bound / communication-bound; *_missing: a busy part lacked that field.
 WINDOW_STATE_JOBS = """
-WITH held AS (SELECT * FROM wheld), holder AS (
+WITH holder AS (
     SELECT h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, min(h.p0) AS f0, max(h.p1) AS l1
-    FROM held h JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
+    FROM wheld h JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
      AND al.scheduler = h.scheduler AND al.job_key = h.job_key AND h.p1 > epoch_us(al.a0) AND h.p0 < epoch_us(al.a1)
     GROUP BY al.rowid, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key
 ), linked AS (
@@ -1359,7 +1359,7 @@ WITH held AS (SELECT * FROM wheld), holder AS (
            sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s
     FROM linked l JOIN chains c USING (cluster, host, gpu_uuid, gi, scheduler, job_key, chain) GROUP BY l.pid
 ), gpus AS (
-    SELECT cluster, scheduler, job_key, count(DISTINCT (host, gpu_uuid, gi)) AS n FROM held GROUP BY ALL
+    SELECT cluster, scheduler, job_key, count(DISTINCT (host, gpu_uuid, gi)) AS n FROM wheld GROUP BY ALL
 ), part AS (
     SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, g.n > 1 AS multi,
            h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
@@ -1369,7 +1369,7 @@ WITH held AS (SELECT * FROM wheld), holder AS (
            CASE WHEN h.nvlink_rx_bytes_per_s_known_s > 0 OR h.nvlink_tx_bytes_per_s_known_s > 0
                 THEN coalesce(h.nvlink_rx_bytes_per_s_s / nullif(h.nvlink_rx_bytes_per_s_known_s, 0), 0)
                    + coalesce(h.nvlink_tx_bytes_per_s_s / nullif(h.nvlink_tx_bytes_per_s_known_s, 0), 0) END AS nvl
-    FROM held h LEFT JOIN low w USING (pid) JOIN gpus g USING (cluster, scheduler, job_key)
+    FROM wheld h LEFT JOIN low w USING (pid) JOIN gpus g USING (cluster, scheduler, job_key)
     WHERE h.inside
 ), split AS (
     SELECT *, greatest(least(nop_s, data_s) - startup_s - idle_s, 0) AS no_process_s,
@@ -1396,4 +1396,5 @@ SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_
        coalesce(bool_or(rest_s > 0 AND nvl IS NULL), false) AS nvl_missing,
        coalesce(bool_or(rest_s > 0 AND tensor IS NULL), false) AS tensor_missing
 FROM judged GROUP BY cluster, scheduler, job_key, model
+ORDER BY cluster, scheduler, job_key, model
 """

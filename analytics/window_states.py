@@ -148,14 +148,18 @@ def window_states(a: Any, t: Thresholds) -> WindowStates:
 
 
 def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> WindowStates:
-    """WINDOW_STATE_JOBS' rows (per job and model, seconds) as jobs, teams and the fleet."""
-    rows = rows.join(prices, on="model", how="left")
+    """WINDOW_STATE_JOBS' rows (per job and model, seconds, in the jobs' order) as jobs, teams and the fleet."""
+    # a job's rows are consecutive: numbered by job (_job) where its key changes, so the jobs are
+    # grouped and looked up by one number, already in order (grouping and sorting on the three key
+    # strings took 2 s of a 16,384-GPU week)
+    starts = pl.any_horizontal([pl.col(c) != pl.col(c).shift(1) for c in JOB_KEYS]).fill_null(True)
+    rows = rows.join(prices, on="model", how="left", maintain_order="left").with_columns(_job=starts.cum_sum())
     hours = [(pl.col(f"{s}_s") / 3600).alias(f"{s}_gpu_h") for s in STATES]
     told = (pl.col("busy_s") <= 0) | (pl.col("input_told_s") > 0)
     comm_told = ~pl.col("multi") | (pl.col("busy_s") <= 0) | (pl.col("comm_told_s") > 0)
     names = [pl.col(c).drop_nulls().first().alias(c) for c in ("job_id", "user_name", "account", "partition")]
-    jobs = rows.group_by(JOB_KEYS).agg(
-        *names, (pl.sum("data_s") / 3600).alias("data_gpu_h"), *[pl.sum(f"{s}_s") for s in STATES], pl.sum("busy_s"),
+    jobs = rows.group_by("_job", maintain_order=True).agg(
+        *[pl.first(c) for c in JOB_KEYS], *names, (pl.sum("data_s") / 3600).alias("data_gpu_h"), *[pl.sum(f"{s}_s") for s in STATES], pl.sum("busy_s"),
         pl.sum("input_told_s"), pl.sum("comm_told_s"), pl.col("multi").any(), *[pl.col(c).any() for c in _MISSING])
     jobs = jobs.with_columns(hours).with_columns(
         pl.when(told).then(pl.col("input_bound_gpu_h")).otherwise(None).alias("input_bound_gpu_h"),
@@ -163,11 +167,11 @@ def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> Wi
         pl.col("no_process_gpu_h") if procs_known else pl.lit(None, pl.Float64).alias("no_process_gpu_h"),
         pl.when(pl.col("busy_unresolved_s") > 0).then(pl.concat_str(
             [pl.when(pl.col(c)).then(pl.lit(f)) for c, f in _MISSING.items()], separator=", ", ignore_nulls=True)).alias("unknown_fields"))
-    jobs = _with_largest_loss(jobs).select(*JOB_KEYS, "job_id", "user_name", "account", "partition", "data_gpu_h",
+    jobs = _with_largest_loss(jobs).select("_job", *JOB_KEYS, "job_id", "user_name", "account", "partition", "data_gpu_h",
                                            *[f"{s}_gpu_h" for s in STATES], "largest_loss", "largest_loss_share_pct", "unknown_fields")
-    jobs = jobs.sort(JOB_KEYS)
     # the teams and fleet: a job's unknown state is left out of the sums (None where every job's is)
-    by_model = rows.join(jobs.select(*JOB_KEYS, *[pl.col(f"{s}_gpu_h").is_null().alias(f"{s}_unknown") for s in STATES]), on=JOB_KEYS)
+    by_model = rows.join(jobs.select("_job", *[pl.col(f"{s}_gpu_h").is_null().alias(f"{s}_unknown") for s in STATES]), on="_job")
+    jobs = jobs.drop("_job")
     teams = _sums(by_model, TEAM_KEYS)
     fleet = _sums(by_model.with_columns(pl.lit("fleet").alias("_all")), ["_all"]).drop("_all")
     return WindowStates(jobs=jobs, teams=teams.sort(TEAM_KEYS),
