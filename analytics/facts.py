@@ -165,21 +165,23 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 # (`chain`: the piece's chain's number among its GPU and holder's). Temp tables `wheld`
 # (HELD_TABLE) and `wlinked`, built once a window (FactWindow.linked): the stretches (STRETCH_ROWS) and the
 # window's states (sql.WINDOW_STATE_JOBS) both read them, rather than each chaining them again.
-HELD_TABLE = "CREATE OR REPLACE TEMP TABLE wheld AS SELECT row_number() OVER () AS pid, h.* FROM ({held}) h"
+# Each GPU and holder is numbered first (hk, the table `wholder`), and a piece carries its part's
+# number, its holder's, its times, MIG share and whether inside the window - nothing else: a piece
+# with its part's names and six key strings made the window pass 4x slower on a 16,384-GPU week;
+# a figure that names a chain reads the names from its first piece's part (pid) in wheld.
+HOLDER_TABLE = ("CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM "
+                "(SELECT DISTINCT cluster, host, gpu_uuid, gi, scheduler, job_key FROM wpe WHERE job_key IS NOT NULL)")
+HELD_TABLE = ("CREATE OR REPLACE TEMP TABLE wheld AS SELECT row_number() OVER () AS pid, o.hk, h.* FROM ({held}) h\n"
+              "JOIN wholder o ON o.cluster = h.cluster AND o.host = h.host AND o.gpu_uuid = h.gpu_uuid AND o.gi = h.gi\n"
+              "  AND o.scheduler = h.scheduler AND o.job_key = h.job_key")
 LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
-                 "SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (\n"
-                 "           PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain\n"
-                 "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key ORDER BY r0) AS prev_end\n"
-                 "      FROM ({pieces}))")
+                 "SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (PARTITION BY kind, hk ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain\n"
+                 "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, hk ORDER BY r0) AS prev_end FROM ({pieces}))")
 # ... each kind's edge pieces (head; tail, unless the whole part is one run)
 _STRETCH_PIECES = """
-    SELECT '{kind}' AS kind, pid, cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
-           inside, p0 AS r0, p0 + {kind}_head_us AS r1
-    FROM wheld WHERE {kind}_head_us > 0
+    SELECT '{kind}' AS kind, pid, hk, equiv, inside, p0 AS r0, p0 + {kind}_head_us AS r1 FROM wheld WHERE {kind}_head_us > 0
     UNION ALL
-    SELECT '{kind}', pid, cluster, host, gpu_uuid, gi, gpu, scheduler, job_key, job_id, user_name, account, partition, equiv, model,
-           inside, p1 - {kind}_tail_us, p1
-    FROM wheld WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
+    SELECT '{kind}', pid, hk, equiv, inside, p1 - {kind}_tail_us, p1 FROM wheld WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
 
 # The idle (or no-process) stretches' rows (analytics/stretches.py SCHEMA): runs resolved across
 # the parts of a window (wlinked's chains), each chain counted when it reaches $idle_min_us as a
@@ -188,30 +190,32 @@ _STRETCH_PIECES = """
 # window (the raw path's reach); a run wholly inside a part has no times of its own in the facts,
 # so its row carries the part's bounds (a 5-minute part's where 5-minute facts or samples were
 # read, an hour's or a day's where those were). island: the row's number among its GPU and
-# holder's, in time order. Both kinds at once, each row with its `kind` (idle or nop).
+# holder's, in time order (a tie - a run inside a part that starts as a chain does - by end, then length). Both kinds at once, each row with its `kind` (idle or nop).
 STRETCH_ROWS = """
-WITH rows AS (
-    SELECT kind, cluster, host, gpu_uuid, gi, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name,
-           any_value(account) AS account, any_value(partition) AS partition, arg_min(gpu, r0) AS gpu, arg_min(model, r0) AS model,
-           arg_min(equiv, r0) AS equiv, min(r0) AS s0, max(r1) AS s1,
+WITH chains AS (
+    SELECT kind, hk, min(r0) AS s0, max(r1) AS s1, arg_min(pid, r0) AS first_pid,
            sum(CASE WHEN inside THEN r1 - r0 ELSE 0 END) / 1e6 AS in_window_s,
            sum(CASE WHEN inside THEN (r1 - r0) * equiv ELSE 0 END) / 1e6 / 3600 AS gpu_h
-    FROM wlinked GROUP BY kind, cluster, host, gpu_uuid, gi, scheduler, job_key, chain
-    HAVING sum(r1 - r0) >= $idle_min_us{inner}
+    FROM wlinked GROUP BY kind, hk, chain
+    HAVING sum(r1 - r0) >= $idle_min_us
+), rows AS (
+    SELECT c.kind, c.hk, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition,
+           h.gpu, h.model, h.equiv, c.s0, c.s1, c.in_window_s, c.gpu_h
+    FROM chains c JOIN wheld h ON h.pid = c.first_pid{inner}
 )
 SELECT r.kind, r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
-       row_number() OVER (PARTITION BY r.kind, r.cluster, r.host, r.gpu_uuid, r.gi, r.scheduler, r.job_key ORDER BY r.s0) AS island,
+       row_number() OVER (PARTITION BY r.kind, r.hk ORDER BY r.s0, r.s1, r.in_window_s) AS island,
        r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(greatest(r.s0, epoch_us($xstart))) AS s0,
        make_timestamp(least(r.s1, epoch_us($xend))) AS s1,
        r.in_window_s, r.gpu_h, pr.usd_per_gpu_hour, r.gpu_h * pr.usd_per_gpu_hour AS cost
 FROM rows r LEFT JOIN prices pr ON pr.model = r.model
 WHERE r.in_window_s > 0
-ORDER BY r.kind, r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, r.s0
+ORDER BY r.kind, r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, island
 """
 # ... and its runs wholly inside parts that reached it
 _STRETCH_INNER = """
     UNION ALL
-    SELECT '{kind}', cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, gpu, model, equiv, p0, p1,
+    SELECT '{kind}', hk, cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, gpu, model, equiv, p0, p1,
            {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
     FROM wheld WHERE inside AND {kind}_inner_us > 0"""
 
@@ -248,7 +252,7 @@ def timeline_parts(held: bool) -> str:
 
 
 STRETCH_KINDS = ("idle", "nop")  # the facts' run columns: idle (utilization below the threshold), no process
-LINKED = (HELD_TABLE.format(held=_HELD), LINKED_PIECES.format(pieces="\n    UNION ALL".join(_STRETCH_PIECES.format(kind=k) for k in STRETCH_KINDS)))
+LINKED = (HOLDER_TABLE, HELD_TABLE.format(held=_HELD), LINKED_PIECES.format(pieces="\n    UNION ALL".join(_STRETCH_PIECES.format(kind=k) for k in STRETCH_KINDS)))
 
 
 def stretch_rows() -> str:

@@ -1327,7 +1327,7 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 
 # Per job and GPU model, its held parts inside the window split into the window-grain states
 # (the module's doc has the rules), GPU-seconds (x MIG share), over the window's wheld (its held
-# parts, the job filters applied) and wlinked (their idle pieces chained per GPU and holder across
+# parts, the job filters applied) and wlinked (their idle pieces chained per GPU and holder - hk - across
 # parts, every part of the read, its reach included: facts.LINKED_PIECES, which the stretches
 # read too; FactWindow.linked builds both); a chain that starts at a hold's first
 # part (each allocation of the analysis, al: a requeued job's every run on the GPU its own), after
@@ -1340,24 +1340,21 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # of input-bound / communication-bound; *_missing: a busy part lacked that field.
 WINDOW_STATE_JOBS = """
 WITH holder AS (
-    SELECT h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, min(h.p0) AS f0, max(h.p1) AS l1
+    SELECT h.hk, min(h.p0) AS f0, max(h.p1) AS l1
     FROM wheld h JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
      AND al.scheduler = h.scheduler AND al.job_key = h.job_key AND h.p1 > epoch_us(al.a0) AND h.p0 < epoch_us(al.a1)
-    GROUP BY al.rowid, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key
+    GROUP BY al.rowid, h.hk
 ), linked AS (
-    SELECT pid, cluster, host, gpu_uuid, gi, scheduler, job_key, r0, r1, chain FROM wlinked WHERE kind = 'idle'
+    SELECT pid, hk, r0, r1, chain FROM wlinked WHERE kind = 'idle'
 ), chained AS (
-    SELECT cluster, host, gpu_uuid, gi, scheduler, job_key, chain, min(r0) AS c0, max(r1) AS c1, sum(r1 - r0) >= $idle_min_us AS idle
-    FROM linked GROUP BY ALL
+    SELECT hk, chain, min(r0) AS c0, max(r1) AS c1, sum(r1 - r0) >= $idle_min_us AS idle FROM linked GROUP BY ALL
 ), chains AS (
-    SELECT c.cluster, c.host, c.gpu_uuid, c.gi, c.scheduler, c.job_key, c.chain, c.idle,
-           coalesce(h.f0 > epoch_us($xstart) AND c.c1 < h.l1, false) AS startup
-    FROM chained c LEFT JOIN holder h ON h.cluster = c.cluster AND h.host = c.host AND h.gpu_uuid = c.gpu_uuid AND h.gi = c.gi
-     AND h.scheduler = c.scheduler AND h.job_key = c.job_key AND h.f0 = c.c0
+    SELECT c.hk, c.chain, c.idle, coalesce(h.f0 > epoch_us($xstart) AND c.c1 < h.l1, false) AS startup
+    FROM chained c LEFT JOIN holder h ON h.hk = c.hk AND h.f0 = c.c0
 ), low AS (
     SELECT l.pid, sum(CASE WHEN c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS startup_s,
            sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s
-    FROM linked l JOIN chains c USING (cluster, host, gpu_uuid, gi, scheduler, job_key, chain) GROUP BY l.pid
+    FROM linked l JOIN chains c USING (hk, chain) GROUP BY l.pid
 ), gpus AS (
     SELECT cluster, scheduler, job_key, count(DISTINCT (host, gpu_uuid, gi)) AS n FROM wheld GROUP BY ALL
 ), part AS (
