@@ -115,7 +115,7 @@ FROM wpe WHERE inside AND lead GROUP BY ALL
 """
 
 # Per job (its held parts inside the window, seconds x MIG share): MFU's estimate inputs, as
-# Analysis.allocation_detail adds them up (analytics.mfu.tensor_use): all sampled time (any_s),
+# sql.MFU_JOBS adds up the allocations' (analytics.mfu.tensor_detail): all sampled time (any_s),
 # time with tensor activity known, tensor x seconds, and over the time with an SM clock too its
 # seconds, tensor x clock x seconds and tensor x seconds
 JOB_TENSOR = f"""

@@ -85,7 +85,9 @@ def job_mfu(a: Analysis, reports_in: tuple[datetime, datetime] | None = None) ->
     dtype = a.p.mfu_dtype
     peaks = peaks_for(dtype)
     a.con.register("mfu_peaks", peaks.to_arrow())
-    a.con.register("mfu_use", tensor_use(a.allocation_detail(), peaks, JOB_KEY).to_arrow())
+    detail = tensor_detail(a.detail_numbers(), peaks)
+    a.con.register("mfu_detail", detail.drop("model").to_arrow())
+    a.con.register("mfu_no_boost", _no_boost(a, detail).to_arrow())
     raw = a.q(sql.MFU_JOBS, **({"start": reports_in[0], "end": reports_in[1]} if reports_in else {}))
     f = a.p.filters
     for col, want in (("account", f.account), ("user_name", f.user_name), ("model", f.model)):
@@ -164,30 +166,32 @@ def _decide_columns(r: pl.DataFrame, dtype: str) -> pl.DataFrame:
         *[k for k in SCHEMA if k not in ("tflops_per_gpu",)], (c("mfu") * c("peak_tflops")).alias("tflops_per_gpu"), "_i")
 
 
-def tensor_use(detail: pl.DataFrame, peaks: pl.DataFrame, key: list[str]) -> pl.DataFrame:
-    """Per job (`key`: its columns in `detail`), over its pieces inside the window (w = seconds x
-    MIG share): tensor_s (time with tensor activity), est_s (sum of tensor activity x SM clock /
-    boost clock x w, or x 1 where either clock is unknown), scaled_s (time with both clocks),
-    no_boost (models without a boost clock), data_s (all its sampled time; null for a job with
-    no piece). From each allocation's detail (Analysis.allocation_detail's has_piece, model and
-    sums; `peaks`: peaks_for's)."""
+def tensor_detail(numbers: pl.DataFrame, peaks: pl.DataFrame) -> pl.DataFrame:
+    """Each allocation's tensor use (a row per row of `numbers`: Analysis.detail_numbers, al's
+    order), which sql.MFU_JOBS adds up per job over its pieces inside the window (w = seconds x
+    MIG share): piece (it has one), t (with tensor activity known), tk (and its GPU model's boost
+    clock known), tensor_s (time with tensor activity), est_s (tensor activity x SM clock / boost
+    clock x w, or x 1 where either clock is unknown), scaled_s (time with both clocks), any_s (all
+    its sampled time), and its GPU's model; `peaks`: peaks_for's."""
     boost = peaks.select("model", pl.col("boost_clock_mhz").cast(pl.Float64).alias("boost"))
-    d = detail.filter(pl.col("has_piece")).join(boost, on="model", how="left")
-    has_t, known = pl.col("tensor_s").is_not_null(), pl.col("boost").is_not_null()
-    d = d.with_columns(
+    d = numbers.join(boost, on="model", how="left", maintain_order="left")
+    piece = pl.col("has_piece").fill_null(False)
+    t, known = piece & pl.col("tensor_s").is_not_null(), pl.col("boost").is_not_null()
+    return d.select(
+        piece.alias("piece"), t.alias("t"), (t & known).alias("tk"), "tensor_s",
         pl.when(known).then(pl.col("tclock") / pl.col("boost")).otherwise(pl.col("tw_clocked")).add(pl.col("tnoclock")).alias("est_s"),
-        pl.when(known).then(pl.col("clocked_s")).alias("scaled_s"),
-    )
-    # (the models without a boost clock, as a list, of the few jobs that have them: a list per job costs a fleet's week 0.25 s)
-    no_boost = d.filter(has_t & ~known & pl.col("model").is_not_null()).group_by(key).agg(pl.col("model").unique().sort().alias("no_boost"))
-    return d.group_by(key).agg(
-        pl.col("tensor_s").sum(), pl.col("est_s").filter(has_t).sum(),
-        pl.col("scaled_s").filter(has_t).sum(),
-        pl.col("any_s").sum().alias("data_s"), has_t.any().alias("_t"), (has_t & known).any().alias("_scaled"),
-    ).with_columns(
-        *[pl.when(pl.col("_t")).then(pl.col(c)).alias(c) for c in ("tensor_s", "est_s")],
-        pl.when(pl.col("_scaled")).then(pl.col("scaled_s")).alias("scaled_s"),
-    ).drop("_t", "_scaled").join(no_boost, on=key, how="left", nulls_equal=True)
+        pl.when(known).then(pl.col("clocked_s")).alias("scaled_s"), "any_s", "model")
+
+
+def _no_boost(a: Analysis, detail: pl.DataFrame) -> pl.DataFrame:
+    """Per job, the models without a boost clock among its GPUs with tensor activity (no_boost,
+    a sorted list): of the few allocations that have them, their keys read for those alone."""
+    rows = np.flatnonzero((detail["t"] & ~detail["tk"] & detail["model"].is_not_null()).to_numpy())
+    schema = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "no_boost": pl.List(pl.String)}
+    if not len(rows):
+        return pl.DataFrame(schema=schema)
+    keyed = a._allocation_text(rows, JOB_KEY).hstack([detail["model"][rows]])
+    return keyed.group_by(JOB_KEY).agg(pl.col("model").unique().sort().alias("no_boost")).cast(schema)
 
 
 def _decide(r: dict, dtype: str) -> tuple:

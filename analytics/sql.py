@@ -425,7 +425,7 @@ _MFU_HELD = """h AS ({h}
            min(model) AS model, min(model) IS DISTINCT FROM max(model) AS several_models,
            bool_or(model IS NULL) AS model_missing,
            bool_or(model IS NOT NULL AND peak_tflops IS NULL) AS odd,
-           sum(peak_tflops * w) / nullif(sum(w), 0) AS peak_tflops
+           sum(peak_tflops * w) / nullif(sum(w), 0) AS peak_tflops,{tensor}
     FROM hp
     GROUP BY {key}
 ), odd AS (
@@ -440,12 +440,23 @@ _MFU_HELD = """h AS ({h}
     FROM held1 h LEFT JOIN odd o USING ({key})
 )"""
 # ... of a window's allocations (al), joined with the inventory
+# ... of a window's allocations (al), joined with the inventory, each beside its tensor use
+# (mfu_detail: mfu.tensor_detail's, a row per row of al in its order), added up per job over its
+# allocations with a piece inside the window (as mfu.tensor_detail says): tensor_s, est_s and
+# scaled_s where any piece knew tensor activity (scaled_s: and a boost clock), data_s where the job
+# has a piece; NULL otherwise
+_MFU_TENSOR = """
+           CASE WHEN bool_or(t) THEN sum(tensor_s) FILTER (WHERE piece) END AS tensor_s,
+           CASE WHEN bool_or(t) THEN coalesce(sum(est_s) FILTER (WHERE t), 0) END AS est_s,
+           CASE WHEN bool_or(tk) THEN coalesce(sum(scaled_s) FILTER (WHERE t), 0) END AS scaled_s,
+           CASE WHEN bool_or(piece) THEN coalesce(sum(any_s) FILTER (WHERE piece), 0) END AS data_s"""
 _MFU_HELD_ALLOCATIONS = _MFU_HELD.format(h=f"""
     SELECT al.cluster, al.scheduler, al.job_key, al.job_id, al.account, al.user_name, g.model,
-           {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s
-    FROM al LEFT JOIN gpus g
+           {gpu_equiv("g")} AS equiv, {clip_seconds("al.a0", "al.a1")} AS held_s, al.piece, al.t, al.tk, al.tensor_s, al.est_s, al.scaled_s, al.any_s
+    FROM (SELECT * FROM al POSITIONAL JOIN mfu_detail) al LEFT JOIN gpus g
       ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gpu_instance = al.gi""",
-    key="cluster, scheduler, job_key", named=", any_value(job_id) AS job_id, any_value(account) AS account, any_value(user_name) AS user_name")
+    key="cluster, scheduler, job_key", named=", any_value(job_id) AS job_id, any_value(account) AS account, any_value(user_name) AS user_name",
+    tensor=_MFU_TENSOR)
 # Per job: its throughput reports in the window (r; {r_cols}: their job's key), summed (rep; {key}:
 # what held and acct, the job's held GPUs and accounting, are joined on)
 _MFU_REPORTS = """r AS (
@@ -460,17 +471,17 @@ _MFU_REPORTS = """r AS (
     FROM r LEFT JOIN held USING ({key}) LEFT JOIN acct USING ({key})
     GROUP BY ALL
 )"""
-# ... and a job's figures from its held GPUs (held), accounting (acct, of jobs with GPUs), tensor
-# activity over its pieces (t: mfu.tensor_use's) and reports (rep)
+# ... and a job's figures from its held GPUs (held, with their tensor activity), accounting (acct, of jobs with GPUs),
+# the models of its GPUs without a boost clock (nb: mfu._no_boost's) and reports (rep)
 _MFU_FIGURES = """held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
        coalesce(acct.alloc_gpu_s, held.held_gpu_s) / 3600 AS gpu_h,  -- NULL: unknown (a job that reports, of unknown GPU count), never 0
        held.mapped_gpus IS NOT NULL AS mapped, held.model_missing, held.no_peak, held.not_listed, held.peak_tflops,
-       t.tensor_s, t.est_s, t.scaled_s, t.no_boost, t.data_s,
+       held.tensor_s, held.est_s, held.scaled_s, nb.no_boost, held.data_s,
        rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis"""
 
 # Per job (held GPUs in the window, accounted with GPUs, or reporting): what mfu.decide_all
-# reads, in the jobs' order. Of an analysis, the jobs' held GPUs from its allocations (al), and
-# mfu_use by the job's key:
+# reads, in the jobs' order. Of an analysis, the jobs' held GPUs and their tensor use from its
+# allocations (al, mfu_detail), by the job's key:
 _JOB_COLUMNS = "cluster, scheduler, job_key"
 MFU_JOBS = f"""
 WITH acct AS (
@@ -490,7 +501,7 @@ SELECT k.cluster, k.scheduler, k.job_key,
 FROM keys k
 LEFT JOIN acct USING (cluster, scheduler, job_key)
 LEFT JOIN held USING (cluster, scheduler, job_key)
-LEFT JOIN mfu_use t USING (cluster, scheduler, job_key)
+LEFT JOIN mfu_no_boost nb USING (cluster, scheduler, job_key)
 LEFT JOIN rep USING (cluster, scheduler, job_key)
 ORDER BY k.cluster, k.scheduler, k.job_key
 """

@@ -486,7 +486,7 @@ def test_every_job_is_decided_as_the_row_by_row_rule_decides_it():
     @given(st.lists(mfu_rows(), max_size=12), st.sampled_from(DTYPES),
            st.sampled_from([0.0, 0.005, 0.125, 0.5, 0.995, 0.9989, 0.999, 1.0]))
     def check(rows, dtype, share):
-        for r in rows:  # est_s is summed with tensor_s (mfu.tensor_use): known together
+        for r in rows:  # est_s is summed with tensor_s (sql.MFU_JOBS): known together
             r["est_s"] = None if r["tensor_s"] is None else r["est_s"] or 0.0
         for r in rows[:2]:  # a few at the rounding edges of "clock scaling on x %"
             if r["tensor_s"]:
