@@ -415,8 +415,10 @@ FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rat
 # held in the window), grouped by job in one pass: ordered aggregates, and a job's models as
 # distinct rows for the few that need them (odd: several models, or a model without a peak; a
 # model not listed has no peak either). {named}: the job's own columns the allocations carry.
+# hp and held are read where they are used, not materialized: DuckDB's copies of them (a row per
+# allocation, then per job, with their names) were half of a 16,384-GPU week's MFU_JOBS.
 _MFU_HELD = """h AS ({h}
-), hp AS (  -- each held GPU with its model's peak
+), hp AS NOT MATERIALIZED (  -- each held GPU with its model's peak
     SELECT h.*, pk.peak_tflops, pk.model IS NOT NULL AS listed, h.held_s * h.equiv AS w
     FROM h LEFT JOIN mfu_peaks pk ON pk.model = h.model
     WHERE h.held_s > 0
@@ -435,7 +437,7 @@ _MFU_HELD = """h AS ({h}
     FROM (SELECT DISTINCT {key}, model, peak_tflops, listed
           FROM hp SEMI JOIN (SELECT {key} FROM held1 WHERE several_models OR odd) o USING ({key}))
     GROUP BY {key}
-), held AS (
+), held AS NOT MATERIALIZED (
     SELECT h.* EXCLUDE (model, several_models, odd), coalesce(o.model, h.model) AS model, o.no_peak, o.not_listed
     FROM held1 h LEFT JOIN odd o USING ({key})
 )"""
