@@ -78,6 +78,10 @@ ANALYSIS_COLUMNS = (
     "tensor_active_known_s", "tensor_active_s", "sm_active_known_s", "sm_active_s", "pcie_rx_bytes_per_s_known_s", "pcie_rx_bytes_per_s_s",
     "nvlink_rx_bytes_per_s_known_s", "nvlink_rx_bytes_per_s_s", "nvlink_tx_bytes_per_s_known_s", "nvlink_tx_bytes_per_s_s",
     "clocked_s", "tensor_clock_s", "tensor_clocked_s")
+# ... and those a timeline's read of the parts again, cut at its buckets, reads (timeline.bucketed_parts:
+# TIMELINE_PARTS, JOB_GPU_PARTS and the holders' jobs, _HELD)
+TIMELINE_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
+                    "job_key", "lead", "covered_s", "data_s", "busy_s", "fb_max_mib")
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
 # facts; 86400: a day's hour and day facts), with their buckets, in time order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.facts import JOB_GPU_PARTS, FactWindow, timeline_parts
+from gpufleet.analytics.facts import JOB_GPU_PARTS, TIMELINE_COLUMNS, FactWindow, timeline_parts
 from gpufleet.times import epoch_us, from_epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
@@ -136,9 +136,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     if a.raw:
         base.update(_raw_use(a, bsec, origin_us, gpu_dims))
     else:
-        if gpu_dims:
-            base["iv"] = _parts_use(a, False, bsec, origin_us)
-        base["pc"] = _parts_use(a, True, bsec, origin_us)
+        base.update(bucketed_parts(a, {**({"iv": timeline_parts(False)} if gpu_dims else {}), "pc": timeline_parts(True)}, bsec, origin_us))
     if gpu_dims:
         base["cap"] = q(sql.TIMELINE_CAPACITY)
     if any(d != "model" for d in dims):
@@ -146,37 +144,32 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
     return compose_timelines(base, dims, job_filtered, n_buckets, bsec, origin)
 
 
-def _parts_use(a, held: bool, bsec: float, origin_us: int) -> pl.DataFrame:
-    """Data and busy GPU-hours per bucket k from the analysis' parts inside the window
-    (facts.timeline_parts: the GPUs' by cluster and model, or with `held` their holders' by
-    partition, account and user too)."""
-    return bucketed_parts(a, timeline_parts(held), bsec, origin_us)
-
-
-def bucketed_parts(a, query: str, bsec: float, origin_us: int, **extra) -> pl.DataFrame:
-    """`query` (one of per-bucket sums over the window's parts with a `fits` column: no part
-    crosses a bucket edge) for buckets of `bsec` seconds from origin_us, without `fits`. The
-    analysis' parts are cut at the edges of its own timeline's buckets (timeline_bucket); other
-    buckets that would cut them read the window's parts again, cut at their edges."""
+def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **extra) -> dict[str, pl.DataFrame]:
+    """Each of `queries` (by name; per-bucket sums over the window's parts with a `fits` column:
+    no part crosses a bucket edge) for buckets of `bsec` seconds from origin_us, without `fits`.
+    The analysis' parts are cut at the edges of its own timeline's buckets (timeline_bucket);
+    buckets that would cut them read the window's parts again, cut at their edges, once for all
+    the queries and only the columns a timeline reads (facts.TIMELINE_COLUMNS)."""
     b_us = round(bsec * 1_000_000)
     extra = {**extra, "bucket_us": b_us, "origin_us": origin_us}
-    out = pl.from_arrow(a.con.sql(query, params=sql.bound(query, {**a.bind, **extra})).to_arrow_table())
-    if out.is_empty() or out["fits"].all():
-        return out.drop("fits")
+    out = {name: pl.from_arrow(a.con.sql(q, params=sql.bound(q, {**a.bind, **extra})).to_arrow_table()) for name, q in queries.items()}
+    if all(o.is_empty() or o["fits"].all() for o in out.values()):
+        return {name: o.drop("fits") for name, o in out.items()}
     # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
     # (on a cursor of their own; what was read raw for the analysis' edges is read again)
-    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, columns=a.fw.columns)
+    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, columns=TIMELINE_COLUMNS)
     try:
-        out = fw.q(query, **extra)
+        out = {name: fw.q(q, **extra) for name, q in queries.items()}
     finally:
         fw.close()
-    if not out["fits"].all():
+    if not all(o["fits"].all() for o in out.values()):
         raise RuntimeError(f"the window's parts cut at {bsec:g} s buckets still cross a bucket edge; expected none to")
-    return out.drop("fits")
+    return {name: o.drop("fits") for name, o in out.items()}
 
 
 def _raw_use(a, bsec: float, origin_us: int, gpu_dims: bool) -> dict[str, pl.DataFrame]:
-    """_parts_use's figures from the raw arrays (Analysis(raw=True), the tests' oracle)."""
+    """The timelines' per-bucket parts (bucketed_parts of facts.timeline_parts) from the raw arrays
+    (Analysis(raw=True), the tests' oracle)."""
     out = {}
     # which model each GPU id is, as per_gpu() (and so utilization()) groups it
     models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
@@ -300,7 +293,8 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
 
 def _job_gpu_parts(a, cluster: str, scheduler: str, job_key: str, bsec: float, origin: datetime) -> pl.DataFrame:
     """job_gpu_timeline from the window's parts: the job's, summed per GPU and bucket."""
-    out = bucketed_parts(a, JOB_GPU_PARTS, bsec, epoch_us(origin), of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)
+    out = bucketed_parts(a, {"job": JOB_GPU_PARTS}, bsec, epoch_us(origin), of_cluster=cluster, of_scheduler=scheduler,
+                         of_job_key=job_key)["job"]
     if out.is_empty():
         return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)
     known = pl.col("data_s") > 0

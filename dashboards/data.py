@@ -266,9 +266,12 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    # the job list and MFU read the detail
+    # the job list and MFU read the detail; the figures from the window's coarsest tiling (a week's
+    # day facts), as `gpufleet analyze` reads it, and the timeline its own parts cut at its buckets
+    # (timeline.bucketed_parts): the whole analysis cut at the timeline's 3-hour buckets read 8x the
+    # parts (a 16,384-GPU week's bundle: 61.6 -> 43.3 s, 6.6 -> 4.9 GiB; 1,024 GPUs 2.2 -> 2.0 s)
     con = reader(w.root)
-    a = Analysis(con, p, now=w.as_of, detail=True)
+    a = Analysis(con, p, now=w.as_of, detail=True, timeline=False)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
