@@ -58,11 +58,15 @@ def gpu_use() -> list[pl.Expr]:
 
 def per_job_gpu(a: Analysis) -> pl.DataFrame:
     """Per job and GPU: data hours, utilization and memory high-water inside the window (what
-    oracle_sql.PIECES rows of each allocation add up to; Analysis.allocation_detail)."""
-    d = a.allocation_detail().filter(pl.col("has_piece"))
-    return d.select(
+    oracle_sql.PIECES rows of each allocation add up to; Analysis.allocation_detail), in job and GPU order."""
+    return _job_gpus(a).sort("cluster", "job_key", "host", "gpu", "gi")
+
+
+def _job_gpus(a: Analysis) -> pl.DataFrame:
+    """per_job_gpu's rows in no order: the job list adds them up per job."""
+    return a.allocation_detail().lazy().filter(pl.col("has_piece")).select(  # (lazy: the frame's other columns are never copied)
         "cluster", "scheduler", "job_key", "host", pl.col("gpu").cast(pl.Int16), "gpu_uuid", pl.col("gi").cast(pl.Int16), "model",
-        *gpu_use()).sort("cluster", "job_key", "host", "gpu", "gi")
+        *gpu_use()).collect()
 
 
 def rule(verdict: str, row: dict, a: Analysis) -> str:
@@ -90,7 +94,7 @@ def job_summaries(a: Analysis) -> pl.DataFrame:
         return jobs
     idle = a.waste_by("job", "idle").select(*JOB_KEY, pl.col("gpu_h").alias("idle_gpu_h"))
     nop = a.waste_by("job", "no_process").select(*JOB_KEY, pl.col("gpu_h").alias("no_process_gpu_h"))
-    return job_list(jobs, per_job_gpu(a), idle, nop, JOB_KEY, a.p)
+    return job_list(jobs, _job_gpus(a), idle, nop, JOB_KEY, a.p)
 
 
 def job_list(jobs: pl.DataFrame, gpus: pl.DataFrame, idle: pl.DataFrame, nop: pl.DataFrame, key: list[str], p: Params) -> pl.DataFrame:
