@@ -82,6 +82,9 @@ ANALYSIS_COLUMNS = (
 # TIMELINE_PARTS, JOB_GPU_PARTS and the holders' jobs, _HELD)
 TIMELINE_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
                     "job_key", "lead", "covered_s", "data_s", "busy_s", "fb_max_mib")
+# ... and those the Health page's temperature chart reads (sql.TEMPERATURE_FROM_FACTS, at its buckets' grain)
+TEMPERATURE_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
+                       "job_key", "lead", "samples_n", "temp_n", "temp_sum", "sample_temp_max_c", "mem_temp_max_c")
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
 # facts; 86400: a day's hour and day facts), with their buckets, in time order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
