@@ -166,7 +166,8 @@ LEFT JOIN wpe p ON p.inside AND p.cluster = al.cluster AND p.host = al.host AND 
 GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 """
 
-# The window's held parts, numbered (pid), and their idle and no-process edge pieces chained:
+# The window's held parts, numbered (pid: the row's rowid in wheld, not a window function over
+# them: 1 s of a 16,384-GPU week), and their idle and no-process edge pieces chained:
 # every part's edge pieces (head, tail; one when the whole part is a run) of one GPU and holder
 # chained where one ends as the next starts, one window-function pass over the pieces in order
 # (`chain`: the piece's chain's number among its GPU and holder's). Temp tables `wheld`
@@ -178,7 +179,7 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 # a figure that names a chain reads the names from its first piece's part (pid) in wheld.
 HOLDER_TABLE = ("CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM "
                 "(SELECT DISTINCT cluster, host, gpu_uuid, gi, scheduler, job_key FROM wpe WHERE job_key IS NOT NULL)")
-HELD_TABLE = ("CREATE OR REPLACE TEMP TABLE wheld AS SELECT row_number() OVER () AS pid, o.hk, h.* FROM ({held}) h\n"
+HELD_TABLE = ("CREATE OR REPLACE TEMP TABLE wheld AS SELECT o.hk, h.* FROM ({held}) h\n"
               "JOIN wholder o ON o.cluster = h.cluster AND o.host = h.host AND o.gpu_uuid = h.gpu_uuid AND o.gi = h.gi\n"
               "  AND o.scheduler = h.scheduler AND o.job_key = h.job_key")
 LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
@@ -186,9 +187,9 @@ LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
                  "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, hk ORDER BY r0) AS prev_end FROM ({pieces}))")
 # ... each kind's edge pieces (head; tail, unless the whole part is one run)
 _STRETCH_PIECES = """
-    SELECT '{kind}' AS kind, pid, hk, equiv, inside, p0 AS r0, p0 + {kind}_head_us AS r1 FROM wheld WHERE {kind}_head_us > 0
+    SELECT '{kind}' AS kind, rowid AS pid, hk, equiv, inside, p0 AS r0, p0 + {kind}_head_us AS r1 FROM wheld WHERE {kind}_head_us > 0
     UNION ALL
-    SELECT '{kind}', pid, hk, equiv, inside, p1 - {kind}_tail_us, p1 FROM wheld WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
+    SELECT '{kind}', rowid, hk, equiv, inside, p1 - {kind}_tail_us, p1 FROM wheld WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
 
 # The idle (or no-process) stretches' rows (analytics/stretches.py SCHEMA): runs resolved across
 # the parts of a window (wlinked's chains), each chain counted when it reaches $idle_min_us as a
@@ -208,7 +209,7 @@ WITH chains AS (
 ), rows AS (
     SELECT c.kind, c.hk, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition,
            h.gpu, h.model, h.equiv, c.s0, c.s1, c.in_window_s, c.gpu_h
-    FROM chains c JOIN wheld h ON h.pid = c.first_pid{inner}
+    FROM chains c JOIN wheld h ON h.rowid = c.first_pid{inner}
 )
 SELECT r.kind, r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
        row_number() OVER (PARTITION BY r.kind, r.hk ORDER BY r.s0, r.s1, r.in_window_s) AS island,

@@ -1384,7 +1384,7 @@ WITH holder AS (
            CASE WHEN h.nvlink_rx_bytes_per_s_known_s > 0 OR h.nvlink_tx_bytes_per_s_known_s > 0
                 THEN coalesce(h.nvlink_rx_bytes_per_s_s / nullif(h.nvlink_rx_bytes_per_s_known_s, 0), 0)
                    + coalesce(h.nvlink_tx_bytes_per_s_s / nullif(h.nvlink_tx_bytes_per_s_known_s, 0), 0) END AS nvl
-    FROM wheld h LEFT JOIN low w USING (pid) JOIN gpus g USING (cluster, scheduler, job_key)
+    FROM wheld h LEFT JOIN low w ON w.pid = h.rowid JOIN gpus g USING (cluster, scheduler, job_key)
     WHERE h.inside
 ), split AS (
     SELECT *, greatest(least(nop_s, data_s) - startup_s - idle_s, 0) AS no_process_s,
