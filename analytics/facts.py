@@ -67,24 +67,25 @@ STORED_PARTS = ("SELECT {columns} FROM read_parquet($files, hive_partitioning = 
 # 1,024-GPU week's day parts: 123 MB); {columns}: the FactWindow's (its `columns`)
 INSERT_STORED_PARTS = "INSERT INTO wpe BY NAME SELECT wp.*, " + _PART_COLUMNS.format(parts=f"({STORED_PARTS})")
 
+# What every read of parts needs whatever it sums: a part's GPU, its MIG share's inputs, its
+# bucket and times, its holder and whether it leads its stretch
+PART_KEY_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
+                    "job_key", "lead")
 # The parts' columns an analysis' figures read (core.Analysis: the queries of this module and
 # sql.WINDOW_STATE_JOBS): a third of the ~115, so its window's table is a third as wide (the
 # health columns are the Health page's, read by its own FactWindow). A query naming another
 # column fails when bound, naming it; the tests run every figure.
 ANALYSIS_COLUMNS = (
-    "cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler", "job_key", "lead",
-    "covered_s", "data_s", "busy_s", "nop_s", "fb_max_mib",
+    *PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "nop_s", "fb_max_mib",
     "idle_head_us", "idle_tail_us", "idle_whole", "idle_inner_us", "nop_head_us", "nop_tail_us", "nop_whole", "nop_inner_us",
     "tensor_active_known_s", "tensor_active_s", "sm_active_known_s", "sm_active_s", "pcie_rx_bytes_per_s_known_s", "pcie_rx_bytes_per_s_s",
     "nvlink_rx_bytes_per_s_known_s", "nvlink_rx_bytes_per_s_s", "nvlink_tx_bytes_per_s_known_s", "nvlink_tx_bytes_per_s_s",
     "clocked_s", "tensor_clock_s", "tensor_clocked_s")
 # ... and those a timeline's read of the parts again, cut at its buckets, reads (timeline.bucketed_parts:
 # TIMELINE_PARTS, JOB_GPU_PARTS and the holders' jobs, _HELD)
-TIMELINE_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
-                    "job_key", "lead", "covered_s", "data_s", "busy_s", "fb_max_mib")
+TIMELINE_COLUMNS = (*PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "fb_max_mib")
 # ... and those the Health page's temperature chart reads (sql.TEMPERATURE_FROM_FACTS, at its buckets' grain)
-TEMPERATURE_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
-                       "job_key", "lead", "samples_n", "temp_n", "temp_sum", "sample_temp_max_c", "mem_temp_max_c")
+TEMPERATURE_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", "temp_n", "temp_sum", "sample_temp_max_c", "mem_temp_max_c")
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
 # facts; 86400: a day's hour and day facts), with their buckets, in time order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "

@@ -441,7 +441,6 @@ _MFU_HELD = """h AS ({h}
     SELECT h.* EXCLUDE (model, several_models, odd), coalesce(o.model, h.model) AS model, o.no_peak, o.not_listed
     FROM held1 h LEFT JOIN odd o USING ({key})
 )"""
-# ... of a window's allocations (al), joined with the inventory
 # ... of a window's allocations (al), joined with the inventory, each beside its tensor use
 # (mfu_detail: mfu.tensor_detail's, a row per row of al in its order), added up per job over its
 # allocations with a piece inside the window (as mfu.tensor_detail says): tensor_s, est_s and
