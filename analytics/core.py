@@ -358,9 +358,10 @@ class Analysis:
         self.con.register("_alv_use", pa.table({"gid": gid.to_arrow(), "data_s": data, "busy_s": busy, "has_piece": has}))
         self.con.execute(sql.ALLOCATION_USE)
 
-    def _allocation_text(self, rows: np.ndarray, columns: Sequence[str] = ("*",)) -> pl.DataFrame:
+    def allocation_text(self, rows: np.ndarray, columns: Sequence[str] = ("*",)) -> pl.DataFrame:
         """al's `columns` of the allocations at positions `rows` (in that order; repeats allowed),
-        read for those alone."""
+        read for those alone: how a figure kept as numbers in al's order (detail_numbers) names
+        the few rows it shows."""
         text = self.q(sql.allocation_text(columns), tables={"_rows": pl.DataFrame({"i": np.unique(rows)}, schema={"i": pl.Int64})})
         if not text["i"].is_sorted():
             text = text.sort("i")
@@ -371,7 +372,7 @@ class Analysis:
         positions `rows` (in that order; repeats allowed), al's text read for those alone."""
         use = self._alv.select("gid", "data_s", "busy_s", "has_piece")
         if rows is not None:
-            return self._allocation_text(rows).hstack(use[rows])
+            return self.allocation_text(rows).hstack(use[rows])
         text = self.q(sql.ALLOCATION_ALL)
         return (text if text["i"].is_sorted() else text.sort("i")).drop("i").hstack(use)
 
@@ -560,7 +561,7 @@ class Analysis:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
         return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
                          self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order,
-                         rows_of=lambda rows: self._allocation_text(rows, NAMED_BY_ALLOCATION))
+                         rows_of=lambda rows: self.allocation_text(rows, NAMED_BY_ALLOCATION))
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
         return waste_by(self.idle_stretches(kind), by)

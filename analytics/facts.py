@@ -122,17 +122,6 @@ SELECT cluster, host, gpu_uuid, gi,
 FROM wpe WHERE inside AND lead GROUP BY ALL
 """
 
-# Per job (its held parts inside the window, seconds x MIG share): MFU's estimate inputs, as
-# sql.MFU_JOBS adds up the allocations' (analytics.mfu.tensor_detail): all sampled time (any_s),
-# time with tensor activity known, tensor x seconds, and over the time with an SM clock too its
-# seconds, tensor x clock x seconds and tensor x seconds
-JOB_TENSOR = f"""
-SELECT cluster, scheduler, job_key, sum(covered_s * equiv) AS any_s, sum(tensor_active_known_s * equiv) AS tensor_known_s,
-       sum(tensor_active_s * equiv) AS tensor_s, sum(clocked_s * equiv) AS clocked_s,
-       sum(tensor_clock_s * equiv) AS tensor_clock_s, sum(tensor_clocked_s * equiv) AS tensor_clocked_s
-FROM ({_HELD}) WHERE inside GROUP BY ALL
-"""
-
 # Each GPU (or MIG instance) with parts in the read window, numbered (gid: what core.Analysis
 # names a GPU by, as the raw path's line does) and named by its earliest part's gpu index and
 # model (the first known), MIG share: the analysis' allocations' detail is named by them
@@ -562,10 +551,6 @@ class FactWindow:
     def health(self) -> pl.DataFrame:
         """Per GPU: sql.HEALTH_FROM_FACTS' figures (health is about GPUs: the job filters do not apply)."""
         return self.q(sql.HEALTH_FROM_FACTS)
-
-    def job_tensor_use(self) -> pl.DataFrame:
-        """Per job: JOB_TENSOR's sums, MFU's estimate inputs."""
-        return self.q(JOB_TENSOR)
 
     def close(self) -> None:
         self.con.close()

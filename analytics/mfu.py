@@ -190,7 +190,7 @@ def _no_boost(a: Analysis, detail: pl.DataFrame) -> pl.DataFrame:
     schema = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "no_boost": pl.List(pl.String)}
     if not len(rows):
         return pl.DataFrame(schema=schema)
-    keyed = a._allocation_text(rows, JOB_KEY).hstack([detail["model"][rows]])
+    keyed = a.allocation_text(rows, JOB_KEY).hstack([detail["model"][rows]])
     return keyed.group_by(JOB_KEY).agg(pl.col("model").unique().sort().alias("no_boost")).cast(schema)
 
 

@@ -36,6 +36,7 @@ def _timed(f):
 def run() -> list[Table]:
     from gpufleet.analytics.core import Analysis
     from gpufleet.analytics.facts import FactWindow
+    from gpufleet.analytics.mfu import job_mfu
     from gpufleet.analytics.params import Params
     from gpufleet.collector import facts as cf
     from gpufleet.collector.maintenance import build_facts
@@ -82,8 +83,8 @@ def run() -> list[Table]:
         t.add("    CPU", f"{f_cpu + t_cpu:.2f} s / {c_cpu:.2f} s / {r_cpu:.2f} s")
         t.add("    facts: parts read / raw-cut GPU time", f"tiles {fw.tiles}, raw {fw.raw_us / 3.6e9:.2f} h of window")
         health, h_wall, h_cpu = _timed(fw.health)
-        tensor, m_wall, m_cpu = _timed(fw.job_tensor_use)
-        t.add("week's health per GPU / MFU inputs per job from facts, wall (CPU)",
+        tensor, m_wall, m_cpu = _timed(lambda: job_mfu(Analysis(con, p, now=SCALE.now, timeline=False)))
+        t.add("week's health per GPU / MFU per job (an analysis and mfu.job_mfu) from facts, wall (CPU)",
               f"{h_wall:.2f} s ({h_cpu:.2f} s), {health.height:,} GPUs / {m_wall:.2f} s ({m_cpu:.2f} s), {tensor.height:,} jobs")
         off = [k for k in FIGURES if abs((facts_totals[k] or 0) - (raw[k] or 0)) > 1e-9 * max(1.0, abs(raw[k] or 0))]
         t.add("facts' totals equal the raw oracle's (1e-9)", "yes" if not off else f"no: {', '.join(off)}", "yes", not off)

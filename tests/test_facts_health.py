@@ -8,7 +8,8 @@ whose upkeep wrote facts at a random time gives, for windows on and off the grid
 - per GPU, gpufleet.analytics.health.gpu_health's samples, XID codes, first XID, new ECC errors
   and shares of samples throttled per reason, from its raw path and from the facts (its own
   query over the same parts: tests/test_health_from_facts.py holds all its figures to the raw);
-- per job, the sums analytics.mfu builds the MFU estimate from (Analysis.allocation_detail);
+- per job, analytics.mfu.job_mfu's figures, methods and reasons (its tensor sums from the facts'
+  parts) as the raw path gives them;
 - per GPU, the seconds throttled per reason and the profiling fields' known seconds and mean
   activity, as a row-by-row SQL oracle over the raw samples (contract 4's interval rule) has them.
 Joining parts with these columns in any grouping gives the same parts; unknown stays NULL.
@@ -31,6 +32,7 @@ from test_facts import FACT_SETTINGS, five_minute_parts, params, rows, upkeep_pa
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.facts import FactWindow
 from gpufleet.analytics.health import gpu_health
+from gpufleet.analytics.mfu import job_mfu
 from gpufleet.analytics.params import Filters
 from gpufleet.collector import facts as cf
 from gpufleet.collector.maintenance import compact
@@ -137,22 +139,23 @@ def health_mismatches(con, p, fw: FactWindow) -> list[str]:
 
 
 JOB = ("cluster", "scheduler", "job_key")
+MFU_NUMBERS = ("gpus", "gpu_h", "mfu", "peak_tflops", "tflops_per_gpu")
+MFU_TEXT = ("job_id", "account", "user_name", "model", "method", "reason")
 
 
-def tensor_mismatches(con, p, now, fw: FactWindow) -> list[str]:
-    """Per job, JOB_TENSOR's sums against Analysis.allocation_detail's (NULL there: none; a sum is 0
-    on both sides then), and whether any tensor activity was known."""
-    d = Analysis(con, p, now=now, raw=True).allocation_detail().filter(pl.col("has_piece"))
-    z = lambda c: pl.col(c).fill_null(0.0)  # noqa: E731
-    want = d.group_by(list(JOB)).agg(
-        z("any_s").sum().alias("any_s"), z("tensor_s").sum().alias("tensor_known_s"), z("clocked_s").sum().alias("clocked_s"),
-        z("tclock").sum().alias("tensor_clock_s"), z("tw_clocked").sum().alias("tensor_clocked_s"),
-        (z("tw_clocked") + z("tnoclock")).sum().alias("tensor_s"), pl.col("tensor_s").is_not_null().any().alias("tensor_known"))
-    got = fw.job_tensor_use().with_columns(pl.col("tensor_s").is_not_null().alias("tensor_known"),
-                                           *[z(c) for c in ("tensor_s", "tensor_clock_s", "tensor_clocked_s")])
-    cols = ("any_s", "tensor_known_s", "clocked_s", "tensor_clock_s", "tensor_clocked_s", "tensor_s", "tensor_known")
-    key = lambda df: {tuple(r[c] for c in JOB): {c: r[c] for c in cols} for r in df.iter_rows(named=True)}  # noqa: E731
-    return compare(key(want), key(got), "job")
+def mfu_mismatches(con, p, now) -> list[str]:
+    """Per job, analytics.mfu.job_mfu of the analysis from facts (its tensor sums added up in
+    sql.MFU_JOBS from Analysis.detail_numbers) against the raw oracle's: the same jobs, methods,
+    reasons and figures."""
+    want, got = (job_mfu(Analysis(con, p, now=now, raw=raw, detail=raw)) for raw in (True, False))
+    key = lambda df: {tuple(r[c] for c in JOB): {c: r[c] for c in MFU_NUMBERS + MFU_TEXT} for r in df.iter_rows(named=True)}  # noqa: E731
+    w, g = key(want), key(got)
+    bad = [f"job {k}: raw {w.get(k)} facts {g.get(k)}" for k in set(w) ^ set(g)]
+    for k in set(w) & set(g):
+        bad += [f"job {k} {c}: raw {w[k][c]} facts {g[k][c]}" for c in MFU_TEXT if w[k][c] != g[k][c]]
+        bad += [f"job {k} {c}: raw {w[k][c]} facts {g[k][c]}" for c in MFU_NUMBERS
+                if (w[k][c] is None) != (g[k][c] is None) or (w[k][c] is not None and g[k][c] != pytest.approx(w[k][c], **TOL))]
+    return bad
 
 
 @settings(FACT_SETTINGS, max_examples=12)
@@ -167,7 +170,7 @@ def test_facts_give_the_health_and_mfu_paths_figures(fleet, seed, data):
             for f in (Filters(), Filters(account="alpha")) if (lo, hi) == tuple(fleet["cuts"][::2]) else (Filters(),):
                 p = params(fleet, lo, hi, filters=f)
                 fw = FactWindow(con, p, now=now)
-                bad = tensor_mismatches(con, p, now, fw)
+                bad = mfu_mismatches(con, p, now)
                 if f == Filters():
                     bad += health_mismatches(con, p, fw)
                 fw.close()
