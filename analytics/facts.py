@@ -187,8 +187,9 @@ _STRETCH_PIECES = """
 # chain's start and end are exact (its pieces are measured from part edges), clipped to the read
 # window (the raw path's reach); a run wholly inside a part has no times of its own in the facts,
 # so its row carries the part's bounds (a 5-minute part's where 5-minute facts or samples were
-# read, an hour's or a day's where those were). island: the row's number among its GPU and
-# holder's, in time order (a tie - a run inside a part that starts as a chain does - by end, then length). Both kinds at once, each row with its `kind` (idle or nop).
+# read, an hour's or a day's where those were). Both kinds at once, each row with its `kind`
+# (idle or nop), in stretches.py's order (a tie of start - a run inside a part that starts as a
+# chain does - by end, then length).
 STRETCH_ROWS = """
 WITH chains AS (
     SELECT kind, hk, min(r0) AS s0, max(r1) AS s1, arg_min(pid, r0) AS first_pid,
@@ -201,14 +202,12 @@ WITH chains AS (
            h.gpu, h.model, h.equiv, c.s0, c.s1, c.in_window_s, c.gpu_h
     FROM chains c JOIN wheld h ON h.rowid = c.first_pid{inner}
 )
-SELECT r.kind, r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi,
-       row_number() OVER (PARTITION BY r.kind, r.hk ORDER BY r.s0, r.s1, r.in_window_s) AS island,
-       r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(greatest(r.s0, epoch_us($xstart))) AS s0,
+SELECT r.kind, r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi, r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(greatest(r.s0, epoch_us($xstart))) AS s0,
        make_timestamp(least(r.s1, epoch_us($xend))) AS s1,
        r.in_window_s, r.gpu_h, pr.usd_per_gpu_hour, r.gpu_h * pr.usd_per_gpu_hour AS cost
 FROM rows r LEFT JOIN prices pr ON pr.model = r.model
 WHERE r.in_window_s > 0
-ORDER BY r.kind, r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, island
+ORDER BY r.kind, r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, r.s0, r.s1, r.in_window_s
 """
 # ... and its runs wholly inside parts that reached it
 _STRETCH_INNER = """

@@ -25,7 +25,7 @@ NAMED_BY_ALLOCATION = ("scheduler", "job_key", "job_id", "user_name", "account",
 _VARIANT = ("cluster", "host", "gpu_uuid", "gi", "model", "gpu", "equiv")
 _ORDER = ["cluster", "job_key", "host", "gpu_uuid", "gi", "scheduler", "s0"]  # the stretches' order: by job, GPU, start
 SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "host": pl.String, "gpu_uuid": pl.String,
-          "gi": pl.Int16, "island": pl.Int64, "job_id": pl.String, "user_name": pl.String, "account": pl.String,
+          "gi": pl.Int16, "job_id": pl.String, "user_name": pl.String, "account": pl.String,
           "partition": pl.String, "model": pl.String, "gpu": pl.Int16, "equiv": pl.Float64,
           "s0": pl.Datetime("us"), "s1": pl.Datetime("us"), "in_window_s": pl.Float64, "gpu_h": pl.Float64,
           "usd_per_gpu_hour": pl.Float64, "cost": pl.Float64}
@@ -61,15 +61,10 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     s0, s1 = np.maximum(r0[ri], a0[ai]), np.minimum(r1[ri], a1[ai])
     long = (s1 - s0) >= min_idle_s * 1_000_000
     ai, ri, s0, s1 = ai[long], ri[long], s0[long], s1[long]
-    # island: the stretch's number among its allocation's (an allocation is one row of alv: its
-    # pairs are consecutive here, its runs in time order), counted before the window cut - in
-    # integers, so the text columns are gathered for the stretches kept only
-    first = np.flatnonzero(np.append(True, ai[1:] != ai[:-1]))
-    island = np.arange(1, len(ai) + 1) - np.repeat(first, np.diff(np.append(first, len(ai))))
     # seconds inside the window as sql.CLIP counts them (epoch seconds as doubles)
     in_window = np.maximum(0.0, np.minimum(s1, end_us) / 1e6 - np.maximum(s0, start_us) / 1e6)
     inside = in_window > 0
-    ai, ri, s0, s1, island, in_window = ai[inside], ri[inside], s0[inside], s1[inside], island[inside], in_window[inside]
+    ai, ri, s0, s1, in_window = ai[inside], ri[inside], s0[inside], s1[inside], in_window[inside]
     named = alv[rows[ai]].select(NAMED_BY_ALLOCATION) if rows_of is None else rows_of(rows[ai])
     vid = runs["vid"].to_numpy()[ri]
     vids = variants["vid"].to_numpy()
@@ -77,7 +72,7 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     row_of[vids] = np.arange(len(vids))  # (every run's variant is among them)
     out = named.hstack(variants.select(*_VARIANT)[row_of[vid]]).with_columns(
         s0=pl.Series(s0, dtype=pl.Int64), s1=pl.Series(s1, dtype=pl.Int64), in_window_s=pl.Series(in_window, dtype=pl.Float64),
-        island=pl.Series(island, dtype=pl.Int64), usd_per_gpu_hour=usd_per_gpu_hour(prices)).sort(_ORDER)
+        usd_per_gpu_hour=usd_per_gpu_hour(prices)).sort(_ORDER)
     gpu_h = out["in_window_s"].to_numpy() * out["equiv"].to_numpy() / 3600  # (numpy divides; polars would multiply by 1/3600)
     out = out.with_columns(pl.from_epoch("s0", "us"), pl.from_epoch("s1", "us"), gpu_h=pl.Series(gpu_h, dtype=pl.Float64))
     out = out.with_columns(cost=pl.col("gpu_h") * pl.col("usd_per_gpu_hour"))
