@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
@@ -818,19 +819,40 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
     for c in classified:
         if c.attempt.start is not None:
             by_name.setdefault(key(c.attempt), []).append(c.attempt)
+    names: dict[tuple, _NameIndex] = {}
     jobs = {(a.cluster, a.scheduler, a.job_key) for a in broken}
     for b in broken:
-        if not b.name or b.start is None or b.end is None:
+        if not b.name or b.start is None or b.end is None or key(b) not in by_name:
             continue  # (continued by its job alone)
-        named = by_name.get(key(b), [])
+        named = names.get(key(b)) or names.setdefault(key(b), _NameIndex(by_name[key(b)]))
         # (linked after B: link_chains takes attempts by start, then cluster and job; an exact tie is
         # left out here, which can only widen the window)
-        can_continue = [x.start for x in named if (x.start > b.start or (x.start == b.start and x.job_key > b.job_key))
-                        and x.start >= b.end and _resubmits(b, x, s)]
+        can_continue = [x.start for x in named.submitted(b.end, b.end + s.resubmit_window)
+                        if (x.start > b.start or (x.start == b.start and x.job_key > b.job_key)) and x.start >= b.end]
         if can_continue:
-            first = min(can_continue)
-            jobs |= {(x.cluster, x.scheduler, x.job_key) for x in named if b.start <= x.start <= first}
+            jobs |= {(x.cluster, x.scheduler, x.job_key) for x in named.started(b.start, min(can_continue))}
     return [c for c in classified if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in jobs]
+
+
+class _NameIndex:
+    """A name's attempts by start and by submission (else start, as _resubmits reads it), so
+    chain_candidates finds a broken attempt's continuations and the attempts up to them by
+    binary search: every attempt of a name against each of its broken ones was a minute at
+    16,384 GPUs (93,000 broken attempts, 47M pairs)."""
+
+    def __init__(self, attempts: list[Attempt]):
+        self.by_start = sorted(attempts, key=lambda x: x.start)
+        self.starts = [x.start for x in self.by_start]
+        self.by_submit = sorted(attempts, key=lambda x: x.submit or x.start)
+        self.submits = [x.submit or x.start for x in self.by_submit]
+
+    def submitted(self, lo: datetime, hi: datetime) -> list[Attempt]:
+        """Those submitted in [lo, hi]."""
+        return self.by_submit[bisect_left(self.submits, lo):bisect_right(self.submits, hi)]
+
+    def started(self, lo: datetime, hi: datetime) -> list[Attempt]:
+        """Those started in [lo, hi]."""
+        return self.by_start[bisect_left(self.starts, lo):bisect_right(self.starts, hi)]
 
 
 def young_daly_interval_s(checkpoint_save_s: float, mttf_s: float) -> float:
