@@ -71,8 +71,8 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
                              r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
                       for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
             cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
-            # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last)
-            attempts = [Attempt(*r[:-1], gpus_held=tuple(sorted({(h["host"], h["gpu_uuid"]) for h in r[-1] or ()}))) for r in listed]
+            # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last: hosts, uuids)
+            attempts = [Attempt(*r[:-2], gpus_held=tuple(zip(r[-2], r[-1])) if r[-2] else ()) for r in listed]
             # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
             events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                       for e in found.result().iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]

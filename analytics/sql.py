@@ -1112,7 +1112,7 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 ), held AS (  -- each attempt's GPUs: its job's allocations seen while it ran (read only for the attempts
     -- that need them: evidence can decide their cause, or accounting lacks their GPU count)
     SELECT j.cluster, j.scheduler, j.job_key, j.start, count(DISTINCT a.gpu_uuid)::INTEGER AS mapped_gpus,
-           list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid)) FILTER (WHERE j.evidence) AS held
+           list_sort(list(DISTINCT struct_pack(host := a.host, gpu_uuid := a.gpu_uuid)) FILTER (WHERE j.evidence)) AS held
     FROM allocations a JOIN (SELECT *, coalesce("end", $as_of) AS ran_to, start - to_seconds($max_gap) AS seen_from,
                                     NOT list_contains($no_evidence_states, coalesce(state, 'UNKNOWN')) AS evidence
                              FROM j) j
@@ -1143,14 +1143,21 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 # reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
 # the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
 # (RELIABILITY_SUMMED), never read as rows.
+# the resubmit window in whole microseconds, at least its interval's: a submission within it of an
+# end falls in the end's step or the next
+_RESUBMIT_STEP = "greatest(1, ceil($resubmit_s * 1e6))::BIGINT"
 RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
-    -- that can continue it (submitted within $resubmit_s after its end)
+    -- that can continue it (submitted within $resubmit_s after its end), met on their names and
+    -- the resubmit window's step their submission falls in (_RESUBMIT_STEP: the end's or the
+    -- next; a name's every attempt against each broken one was most of the statement's time)
     SELECT b.cluster, b.user_name, b.account, b.name, b.start AS r0, min(x.start) AS r1
-    FROM a b JOIN a x ON x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
+    FROM (SELECT *, unnest([0, 1]) + epoch_us("end") // """ + _RESUBMIT_STEP + """ AS step FROM a
+          WHERE broken AND nullif(name, '') IS NOT NULL AND start IS NOT NULL) b
+    JOIN (SELECT *, epoch_us(coalesce(submit, start)) // """ + _RESUBMIT_STEP + """ AS step FROM a) x
+      ON x.step = b.step AND x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
       AND x.account IS NOT DISTINCT FROM b.account AND x.name = b.name AND x.start >= b."end"
       AND coalesce(x.submit, x.start) BETWEEN b."end" AND b."end" + to_seconds($resubmit_s)
       AND (x.start > b.start OR (x.start = b.start AND x.job_key > b.job_key))  -- (linked after b)
-    WHERE b.broken AND nullif(b.name, '') IS NOT NULL AND b.start IS NOT NULL
     GROUP BY b.cluster, b.scheduler, b.job_key, b.start, b.user_name, b.account, b.name
 ), k AS (  -- the jobs of the chains' candidates
     SELECT cluster, scheduler, job_key FROM a WHERE broken
@@ -1173,11 +1180,13 @@ SELECT cluster, scheduler, job_key, start, "end", gpus, ustate,
 FROM l
 """
 # ... the attempts the report reads as rows, in full (a listed job's attempts are all listed), in
-# job and start order, numbered 1, 2, ... per job
+# job and start order, numbered 1, 2, ... per job, the GPUs each held as two lists (hosts, uuids),
+# sorted by host then uuid: plain strings to hand over, not a dict per GPU
 RELIABILITY_LISTED = _attempt_rows(" AND EXISTS (SELECT 1 FROM _rel_attempts r WHERE r.listed AND r.cluster = jobs.cluster "
                                    "AND r.scheduler = jobs.scheduler AND r.job_key = jobs.job_key)") + """
 SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw, exit_code, user_name, account, name, nodes,
-       submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt, held
+       submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt,
+       list_transform(held, lambda g: g.host) AS held_hosts, list_transform(held, lambda g: g.gpu_uuid) AS held_uuids
 FROM a ORDER BY cluster, scheduler, job_key, start
 """
 # ... and the rest summed (gpufleet.analytics.reliability.Summed) as figures() and goodput count them:

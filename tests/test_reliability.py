@@ -577,6 +577,26 @@ def test_the_store_lists_the_attempts_chain_candidates_names(attempts, window_h)
     assert broken_chains(r.link_chains(r.chain_candidates(few, s), s=s, as_of=as_of), key) == broken_chains(r.link_chains(every, s=s, as_of=as_of), key)
 
 
+@pytest.mark.parametrize("window_s", [3600.0, 1234.567891, 0.5])
+@pytest.mark.parametrize("after_us, listed", [(0, True), ("window", True), ("window+1", False)])
+def test_the_store_meets_a_resubmission_at_the_window_s_edges(window_s, after_us, listed):
+    """A resubmission exactly at a failed attempt's end, exactly its resubmit window after, and a
+    microsecond past that, whatever the window (whole seconds or not): the store lists the first
+    two as chain candidates, as chain_candidates does, and not the third (RELIABILITY_ATTEMPTS
+    meets them on the window's steps)."""
+    window = timedelta(seconds=window_s)
+    end = T0 + 10 * H
+    offset = {0: timedelta(0), "window": window, "window+1": window + timedelta(microseconds=1)}[after_us]
+    failed = Attempt("c", "slurm", "f", "f", "FAILED", T0 + 9 * H, end, gpus=8, state_raw="FAILED", user_name="ann", account="ml",
+                     name="train", submit=T0 + 8 * H)
+    again = Attempt("c", "slurm", "g", "g", "COMPLETED", end + offset, end + offset + H, gpus=8, state_raw="COMPLETED", user_name="ann",
+                    account="ml", name="train", submit=end + offset)
+    s, as_of = Settings(resubmit_window=window), T0 + 60 * H
+    few, every = _listed_and_every([failed, again], s, as_of)
+    assert sorted(c.attempt.job_key for c in few) == sorted(c.attempt.job_key for c in r.chain_candidates(every, s))
+    assert sorted(c.attempt.job_key for c in few) == (["f-0", "g-1"] if listed else ["f-0"])
+
+
 @given(attempt_histories())
 @hsettings(max_examples=200, deadline=None)
 def test_goodput_and_lost_hours_add_up(attempts):
