@@ -507,7 +507,7 @@ def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: date
     notes = []
     for j in ended:
         p = replace(params, start=j["start"], end=j["end"], filters=Filters(cluster=j["cluster"], account=j["account"]))
-        a = Analysis(con, p, now=as_of)
+        a = Analysis(con, p, now=as_of, timeline=False)  # (no timeline drawn: the run's coarsest tiling)
         try:
             rep = job_report(a, j["job_key"])
         finally:
