@@ -49,7 +49,7 @@ DASH_DAYS = int(env_number("GPUFLEET_BENCH_DASH_DAYS", 0))
 MEMORY_LIMIT = os.environ.get("GPUFLEET_BENCH_MEMORY_LIMIT", "3GB")
 THREADS = int(env_number("GPUFLEET_BENCH_THREADS", 0))
 PAGES = (("fleet_now", "Fleet now"), ("utilization", "Utilization"), ("jobs", "Jobs"), ("teams", "Teams and fairness"),
-         ("waste", "Waste and cost"), ("health", "Health"), ("mfu", "MFU"))
+         ("waste", "Waste and cost"), ("health", "Health"), ("mfu", "MFU"), ("reliability", "Reliability"))
 
 
 def _vmhwm_mib() -> float:
