@@ -273,6 +273,7 @@ class Analysis:
         # under a job filter its figures are its allocations': only the GPUs they hold are read
         # (a filtered window costs what it selects: one job's page reads its GPUs, not the fleet's)
         self.held_gpus = [u for (u,) in self.con.execute(sql.HELD_GPU_UUIDS).fetchall()] if self.job_filtered else None
+        held_hosts = [h for (h,) in self.con.execute(sql.HELD_HOSTS).fetchall()] if self.job_filtered else None
         self.gt: GpuTime | None = None
         self.fw = None
         if raw:
@@ -282,7 +283,7 @@ class Analysis:
         else:
             grid = on_the_grid(params) if timeline else None
             self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
-                                       gpus=self.held_gpus, columns=facts.ANALYSIS_COLUMNS)
+                                       gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS)
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
             self._allocation_parts()
         # per_gpu() and idle_stretches() read only the data above, which never changes after

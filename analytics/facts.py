@@ -345,14 +345,17 @@ class FactWindow:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
-                 grid_origin_us: int | None = None, gpus: list[str] | None = None, health_only: bool = False,
+                 grid_origin_us: int | None = None, gpus: list[str] | None = None, hosts: list[str] | None = None,
+                 health_only: bool = False,
                  columns: tuple[str, ...] = tuple(cf.SCHEMA.names)):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
         `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
         already) rather than on a cursor of its own. `grid_us`: every edge origin + k x grid_us
         inside the window is a part edge too (a timeline's buckets: its figures are then sums of
         the parts of each bucket); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by uuid, and those without one),
-        stored and raw: a read that knows which GPUs it needs (health.events) skips the rest.
+        stored and raw: a read that knows which GPUs it needs (health.events) skips the rest;
+        `hosts` (sorted): only those on these hosts (a job filter's: the reads skip the files and
+        row groups of other hosts).
         `health_only`: the parts inside the window alone: health's figures
         read nothing else (no idle stretch crosses into the reach, no job is counted). `columns`:
         the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS)."""
@@ -362,6 +365,7 @@ class FactWindow:
         self.grid_us = grid_us
         self.grid_origin_us = epoch_us(params.start) if grid_origin_us is None else grid_origin_us
         self.gpus = gpus
+        self.hosts = hosts
         self.health_only = health_only
         self.columns = columns
         self.fp = fact_params(params)
@@ -418,7 +422,7 @@ class FactWindow:
         buckets = None if len(runs) == 1 else [t for a, b in runs for t in range(a, b, step)]
         self.tiles[grain] = self.tiles.get(grain, 0) + sum((b - a) // step for a, b in runs)
         values = {**self.bind, "files": files, "tag": tag, "grain": grain, "lo": runs[0][0], "hi": runs[-1][1], "buckets": buckets,
-                  "gpus": self.gpus}
+                  **cf.gpu_binds(self.gpus, self.hosts)}
         query = INSERT_STORED_PARTS.format(columns=", ".join(self.columns))
         self.con.execute(query, sql.bound(query, values))
 
@@ -455,10 +459,11 @@ class FactWindow:
                 continue
             u = min(hi, t - t % cf.HOUR_US + hours * cf.HOUR_US)
             samples = raw_reads.read(self.con, "edge", q, {"lo": t, "hi": u, "gap_us": self.fp.gap_us, "cluster": self.p.filters.cluster,
-                                                           "model": self.p.filters.model, "gpus": self.gpus}, t, u, self.fp.gap_us)
+                                                           "model": self.p.filters.model, **cf.gpu_binds(self.gpus, self.hosts)},
+                                     t, u, self.fp.gap_us)
             hours = max(1, min(RAW_READ_HOURS, RAW_READ_ROWS * (u - t) // (max(samples.num_rows, 1) * cf.HOUR_US)))
             if samples.num_rows:
-                hold = cf.holds(self.con, t, u, self.fp, self.gpus)
+                hold = cf.holds(self.con, t, u, self.fp, self.gpus, self.hosts)
                 ts = samples["ts"]
                 at = np.sort(ts.to_numpy())
                 h = t

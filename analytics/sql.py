@@ -127,6 +127,8 @@ WHERE {ALLOCATION_FILTERS}
 # The GPUs (uuids) the window's allocations (al: the job filters applied) hold: under a job filter
 # an analysis reads these GPUs' parts alone (core.Analysis)
 HELD_GPU_UUIDS = "SELECT DISTINCT gpu_uuid FROM al WHERE gpu_uuid IS NOT NULL ORDER BY gpu_uuid"
+# ... and their hosts (sorted: the reads skip other hosts' files and row groups by their range)
+HELD_HOSTS = "SELECT DISTINCT host FROM al WHERE host IS NOT NULL ORDER BY host"
 
 # Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
 # one, dcgm-exporter does not)? A sample holds at most max_gap, so earlier ones cannot reach in.
