@@ -138,6 +138,22 @@ def test_a_hand_computed_window(tmp_path, upkeep):
         assert js.seconds[s] / 3600 == pytest.approx(HAND["a"][s], abs=1e-9)
 
 
+@pytest.mark.parametrize("upkeep", [True, False], ids=["facts", "raw-cut parts"])
+def test_jobs_held_only_in_the_reach_are_not_the_window_s(tmp_path, upkeep):
+    """A window starting 10 minutes after every job ended reads their last parts (its reach: an idle
+    run may cross its start) but holds none of their time: no job, team or fleet time in it, and a
+    window over their last hour holds exactly theirs."""
+    hand_store(tmp_path, upkeep)
+    con = open_reader(tmp_path)
+    end = T0 + timedelta(hours=HOURS)
+    after = Params(end + timedelta(minutes=10), end + timedelta(hours=1))
+    ws = window_states(Analysis(con, after, now=T0 + timedelta(days=3)), Thresholds.of(after, {}))
+    assert ws.jobs.is_empty() and ws.teams.is_empty() and ws.fleet["data_gpu_h"] == 0.0
+    last = Params(end - timedelta(hours=1), end + timedelta(hours=1))
+    ws = window_states(Analysis(con, last, now=T0 + timedelta(days=3)), Thresholds.of(last, {}))
+    assert sorted(ws.jobs["job_key"]) == sorted(HAND) and ws.fleet["data_gpu_h"] == pytest.approx(5.0, abs=1e-9)
+
+
 def requeued_store(root, upkeep: bool) -> None:
     """Job r was requeued: its first attempt ran 00:00-01:00 on h1 and h2 (busy after 10 min), its
     second from 01:05 to 02:00 on h1 alone (busy after 15 min). The mapping saw h1 from 00:00 to
