@@ -108,12 +108,14 @@ STORED_BUCKETS = ("SELECT grain_s, epoch_us(bucket) AS b, hour_parts, epoch_us(o
 OPEN_5M = 0  # stored_buckets' key of the 5-minute buckets an open hour's files hold (the hour's own file not written yet)
 
 # The holders' jobs, for a job filter and the job dimensions (a mapped job the accounting lacks
-# keeps its allocation's key, as sql.ALLOCATIONS names it)
-_HELD = f"""
-SELECT p.*, coalesce(j.job_id, p.job_key) AS job_id, j.user_name, j.account, j.partition
-FROM wpe p LEFT JOIN jobs j ON j.cluster = p.cluster AND j.scheduler = p.scheduler AND j.job_key = p.job_key
-WHERE p.job_key IS NOT NULL AND {sql.ALLOCATION_FILTERS.replace('a.', 'p.')}
+# keeps its allocation's key, as sql.ALLOCATIONS names it); {table}: the parts (wpe, _HELD) or
+# their holders (wholder, HELD_TABLE), {t} its alias
+_HOLDER_JOB = """
+SELECT {t}.*, coalesce(j.job_id, {t}.job_key) AS job_id, j.user_name, j.account, j.partition
+FROM {table} {t} LEFT JOIN jobs j ON j.cluster = {t}.cluster AND j.scheduler = {t}.scheduler AND j.job_key = {t}.job_key
+WHERE {t}.job_key IS NOT NULL AND {filters}
 """
+_HELD = _HOLDER_JOB.format(t="p", table="wpe", filters=sql.ALLOCATION_FILTERS.replace("a.", "p."))
 
 PER_GPU_USE = """
 SELECT cluster, host, gpu_uuid, gi,
@@ -169,9 +171,15 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 # a figure that names a chain reads the names from its first piece's part (pid) in wheld.
 HOLDER_TABLE = ("CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM "
                 "(SELECT DISTINCT cluster, host, gpu_uuid, gi, scheduler, job_key FROM wpe WHERE job_key IS NOT NULL)")
-HELD_TABLE = ("CREATE OR REPLACE TEMP TABLE wheld AS SELECT o.hk, h.* FROM ({held}) h\n"
-              "JOIN wholder o ON o.cluster = h.cluster AND o.host = h.host AND o.gpu_uuid = h.gpu_uuid AND o.gi = h.gi\n"
-              "  AND o.scheduler = h.scheduler AND o.job_key = h.job_key")
+# wheld: _HELD's rows (the parts with a holder, its job's names, the job filters applied) with their
+# holder's number - the names joined to the holders (_HOLDER_JOB of wholder: a row per GPU and job),
+# then the holders to the parts: the jobs joined to the parts themselves made DuckDB hash the wide
+# parts (it guesses `job_key IS NOT NULL` keeps a fifth of them; a week's keep half), 1 s more of a
+# 16,384-GPU week.
+HELD_TABLE = f"""CREATE OR REPLACE TEMP TABLE wheld AS
+SELECT o.hk, p.*, o.job_id, o.user_name, o.account, o.partition
+FROM wpe p JOIN ({_HOLDER_JOB.format(t="o", table="wholder", filters=sql.ALLOCATION_FILTERS.replace("a.", "o."))}) o
+  ON o.cluster = p.cluster AND o.host = p.host AND o.gpu_uuid = p.gpu_uuid AND o.gi = p.gi AND o.scheduler = p.scheduler AND o.job_key = p.job_key"""
 LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
                  "SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (PARTITION BY kind, hk ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain\n"
                  "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, hk ORDER BY r0) AS prev_end FROM ({pieces}))")
@@ -249,7 +257,7 @@ def timeline_parts(held: bool) -> str:
 
 
 STRETCH_KINDS = ("idle", "nop")  # the facts' run columns: idle (utilization below the threshold), no process
-LINKED = (HOLDER_TABLE, HELD_TABLE.format(held=_HELD), LINKED_PIECES.format(pieces="\n    UNION ALL".join(_STRETCH_PIECES.format(kind=k) for k in STRETCH_KINDS)))
+LINKED = (HOLDER_TABLE, HELD_TABLE, LINKED_PIECES.format(pieces="\n    UNION ALL".join(_STRETCH_PIECES.format(kind=k) for k in STRETCH_KINDS)))
 
 
 def stretch_rows() -> str:
