@@ -134,7 +134,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
     from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.trends import previous_baseline
 
-    a = Analysis(con, params, now=now, timeline=False)  # (the command draws no timeline)
+    a = Analysis(con, params, now=now)
     totals = a.totals()
     base = previous_baseline(con, params, now=now)
     report: dict[str, Any] = {

@@ -249,15 +249,15 @@ class Analysis:
     job_window = _job_window
 
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
-                 raw: bool = False, timeline: bool = True):
+                 raw: bool = False, timeline: bool = False):
         """Every figure from the window's fact parts (analytics/facts.py FactWindow: the store's
         facts where it has them, the rest cut from raw samples by the same rule), on this
-        analysis' own cursor; a filter is a WHERE clause on the parts. `timeline`: the parts are
-        cut at the default timeline's bucket edges where they lie on the facts' grid
-        (on_the_grid), so the timeline a page draws is their sums; a surface that draws none
-        (`gpufleet analyze`, the previous window's totals) reads the coarsest tiling instead - a
-        week's day facts, not its hours (a timeline asked of it all the same reads the parts
-        again, cut at its buckets: timeline.bucketed_parts).
+        analysis' own cursor; a filter is a WHERE clause on the parts. The window is read on its
+        coarsest tiling - a week's day facts, not its hours - and a timeline asked of it reads the
+        parts again, cut at its buckets (timeline.bucketed_parts). `timeline`: the parts are cut at
+        the default timeline's bucket edges instead where they lie on the facts' grid
+        (on_the_grid), so that timeline is their sums: for a surface that draws it from this
+        analysis' own parts (a job's page); every other figure then reads up to 8x the parts.
         `raw`: every sample read into arrays instead (analytics/gputime.py) - the tests' oracle.
         `detail` (raw only): read the detail columns (memory, tensor activity, clock) at once, for
         an analysis that will ask for per-job detail anyway (one read of the window, not two)."""

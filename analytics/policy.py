@@ -506,10 +506,10 @@ def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: date
         cur.close()
     notes = []
     for j in ended:
-        # the job's own figures, as the job page reads them: its GPUs only (a job filter), on the
-        # run's coarsest tiling (no timeline drawn), not every job of its account over its run
+        # the job's own figures, as the job page reads them: its GPUs only (a job filter), not every
+        # job of its account over its run
         p = replace(params, start=j["start"], end=j["end"], filters=Filters(cluster=j["cluster"], account=j["account"], job_key=j["job_key"]))
-        a = Analysis(con, p, now=as_of, timeline=False)
+        a = Analysis(con, p, now=as_of)
         try:
             rep = job_report(a, j["job_key"])
         finally:

@@ -172,8 +172,8 @@ def baseline(con: duckdb.DuckDBPyConnection, params: Params, previous: Params, t
 
 
 def previous_totals(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Totals:
-    """The totals of the window of the same length before `params`: its analysis' (no timeline drawn of it)."""
-    return Analysis(con, params.previous(), now=now, timeline=False).totals()
+    """The totals of the window of the same length before `params`: its analysis'."""
+    return Analysis(con, params.previous(), now=now).totals()
 
 
 def previous_baseline(con: duckdb.DuckDBPyConnection, params: Params, now=None) -> Baseline:

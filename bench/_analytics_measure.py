@@ -75,7 +75,7 @@ def main() -> None:
         con.execute(f"SET profiling_output = '{Path(a.profile) / 'last.json'}'")
     params = Params(start, end, filters=Filters(user_name=a.user))
     an = step("Analysis() (samples read into GPU intervals; cap, al)",
-              lambda: Analysis(con, params, now=end, raw=a.raw, detail=a.user is not None))
+              lambda: Analysis(con, params, now=end, raw=a.raw, detail=a.user is not None, timeline=True))
     totals = step("totals()", an.totals)
     util = {}
     for by in ("fleet", "host", "account", "user_name"):

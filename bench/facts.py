@@ -75,7 +75,7 @@ def run() -> list[Table]:
         fw, f_wall, f_cpu = _timed(lambda: FactWindow(con, p, now=SCALE.now))
         facts_totals, t_wall, t_cpu = _timed(fw.totals)
         progress("the week's totals by the current path (core.Analysis)")
-        cur, c_wall, c_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now).totals()))
+        cur, c_wall, c_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now, timeline=True).totals()))
         progress("the week's totals by the raw oracle")
         raw, r_wall, r_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now, raw=True).totals()))
         t.add("week's totals: facts / current path / raw oracle, wall",
@@ -83,7 +83,7 @@ def run() -> list[Table]:
         t.add("    CPU", f"{f_cpu + t_cpu:.2f} s / {c_cpu:.2f} s / {r_cpu:.2f} s")
         t.add("    facts: parts read / raw-cut GPU time", f"tiles {fw.tiles}, raw {fw.raw_us / 3.6e9:.2f} h of window")
         health, h_wall, h_cpu = _timed(fw.health)
-        tensor, m_wall, m_cpu = _timed(lambda: job_mfu(Analysis(con, p, now=SCALE.now, timeline=False)))
+        tensor, m_wall, m_cpu = _timed(lambda: job_mfu(Analysis(con, p, now=SCALE.now)))
         t.add("week's health per GPU / MFU per job (an analysis and mfu.job_mfu) from facts, wall (CPU)",
               f"{h_wall:.2f} s ({h_cpu:.2f} s), {health.height:,} GPUs / {m_wall:.2f} s ({m_cpu:.2f} s), {tensor.height:,} jobs")
         off = [k for k in FIGURES if abs((facts_totals[k] or 0) - (raw[k] or 0)) > 1e-9 * max(1.0, abs(raw[k] or 0))]

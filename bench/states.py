@@ -159,7 +159,7 @@ t = states.Thresholds.of(p, {})
 runs = []
 for _ in range(3):
     t0 = time.perf_counter()
-    a = Analysis(con, p, now=p.end)
+    a = Analysis(con, p, now=p.end, timeline=True)
     t1 = time.perf_counter()
     ws = window_states(a, t)
     t2 = time.perf_counter()

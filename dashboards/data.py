@@ -266,12 +266,9 @@ def window_bundle(key: tuple) -> Bundle:
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    # the job list and MFU read the detail; the figures from the window's coarsest tiling (a week's
-    # day facts), as `gpufleet analyze` reads it, and the timeline its own parts cut at its buckets
-    # (timeline.bucketed_parts): the whole analysis cut at the timeline's 3-hour buckets read 8x the
-    # parts (a 16,384-GPU week's bundle: 61.6 -> 43.3 s, 6.6 -> 4.9 GiB; 1,024 GPUs 2.2 -> 2.0 s)
+    # the job list and MFU read the detail; the timeline reads its own parts, cut at its buckets
     con = reader(w.root)
-    a = Analysis(con, p, now=w.as_of, detail=True, timeline=False)
+    a = Analysis(con, p, now=w.as_of, detail=True)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
@@ -381,7 +378,7 @@ def job_report(key: tuple, job: dict) -> dict | None:
     # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
     # so the whole report reads them once, raw, rather than summaries and then samples - of the
     # GPUs the job held only, not the fleet's
-    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True)
+    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, timeline=True)  # (its GPU timeline: the parts' sums)
     try:
         r = ajobs.job_report(a, job["job_key"])
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:

@@ -388,15 +388,12 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     if (params.start, params.end) != (window.start, window.end):
         raise ValueError("params and window disagree on the window")
     now_utc = now or utcnow()
-    # the job list and MFU read the detail; the window read on its coarsest tiling, as `gpufleet
-    # analyze` reads it: the daily points read their own parts, cut at their days (the default
-    # timeline's 3-hour cuts made every other figure read and link 8x a week's day parts)
-    a = Analysis(con, params, now=now_utc, detail=True, timeline=False)
+    a = Analysis(con, params, now=now_utc, detail=True)  # the job list and MFU read the detail
     cur = a.totals()
     # the previous window (the previous calendar week: across a daylight-saving change not the
     # same length): one analysis for its totals and its process counts
     prev_params = replace(params, start=window.prev_start, end=window.prev_end)
-    prev_a = Analysis(con, prev_params, now=now_utc, timeline=False)  # (no timeline of it is drawn)
+    prev_a = Analysis(con, prev_params, now=now_utc)
     prev = prev_a.totals()
     base = baseline(con, params, prev_params, prev)
     processes = _process_counts(a)
@@ -502,7 +499,7 @@ def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report
     mfu_note = fleet.mfu_note
     if fleet.has_data:
         # the team's jobs' GPUs only (their figures need no other GPU's summaries)
-        a = Analysis(con, replace(a_fleet.p, filters=replace(a_fleet.p.filters, account=team)), now=fleet.generated_at, timeline=False)
+        a = Analysis(con, replace(a_fleet.p, filters=replace(a_fleet.p.filters, account=team)), now=fleet.generated_at)
         summaries = job_summaries(a)
         wasteful = wasteful_jobs(a, fleet.top_n, summaries)
         nop, nop_jobs = no_process_jobs(a, summaries) if fleet.extra.get("processes") else ([], 0)
