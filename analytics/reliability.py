@@ -718,9 +718,14 @@ def _continues(prev: Classified, nxt: Classified, s: Settings) -> bool:
     return a.cluster == b.cluster and _resubmits(a, b, s)
 
 
+def _submitted(a: Attempt) -> datetime | None:
+    """When a resubmission counts from: its submission, else its start."""
+    return a.submit or a.start
+
+
 def _resubmits(a: Attempt, b: Attempt, s: Settings) -> bool:
     """Was b submitted (else started) within resubmit_window after a ended?"""
-    return a.end <= (b.submit or b.start) <= a.end + s.resubmit_window
+    return a.end <= _submitted(b) <= a.end + s.resubmit_window
 
 
 def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | None = None,
@@ -822,9 +827,10 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
     names: dict[tuple, _NameIndex] = {}
     jobs = {(a.cluster, a.scheduler, a.job_key) for a in broken}
     for b in broken:
-        if not b.name or b.start is None or b.end is None or key(b) not in by_name:
+        name = key(b)
+        if not b.name or b.start is None or b.end is None or name not in by_name:
             continue  # (continued by its job alone)
-        named = names.get(key(b)) or names.setdefault(key(b), _NameIndex(by_name[key(b)]))
+        named = names.get(name) or names.setdefault(name, _NameIndex(by_name[name]))
         # (linked after B: link_chains takes attempts by start, then cluster and job; an exact tie is
         # left out here, which can only widen the window)
         can_continue = [x.start for x in named.submitted(b.end, b.end + s.resubmit_window)
@@ -835,7 +841,7 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
 
 
 class _NameIndex:
-    """A name's attempts by start and by submission (else start, as _resubmits reads it), so
+    """A name's attempts by start and by submission (_submitted, as _resubmits reads it), so
     chain_candidates finds a broken attempt's continuations and the attempts up to them by
     binary search: every attempt of a name against each of its broken ones was a minute at
     16,384 GPUs (93,000 broken attempts, 47M pairs)."""
@@ -843,8 +849,8 @@ class _NameIndex:
     def __init__(self, attempts: list[Attempt]):
         self.by_start = sorted(attempts, key=lambda x: x.start)
         self.starts = [x.start for x in self.by_start]
-        self.by_submit = sorted(attempts, key=lambda x: x.submit or x.start)
-        self.submits = [x.submit or x.start for x in self.by_submit]
+        self.by_submit = sorted(attempts, key=_submitted)
+        self.submits = [_submitted(x) for x in self.by_submit]
 
     def submitted(self, lo: datetime, hi: datetime) -> list[Attempt]:
         """Those submitted in [lo, hi]."""
