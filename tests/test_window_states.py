@@ -151,7 +151,8 @@ def test_jobs_held_only_in_the_reach_are_not_the_window_s(tmp_path, upkeep):
     assert ws.jobs.is_empty() and ws.teams.is_empty() and ws.fleet["data_gpu_h"] == 0.0
     last = Params(end - timedelta(hours=1), end + timedelta(hours=1))
     ws = window_states(Analysis(con, last, now=T0 + timedelta(days=3)), Thresholds.of(last, {}))
-    assert sorted(ws.jobs["job_key"]) == sorted(HAND) and ws.fleet["data_gpu_h"] == pytest.approx(5.0, abs=1e-9)
+    # every GPU (a, b's two, c, d) sampled through the last hour of its job
+    assert sorted(ws.jobs["job_key"]) == sorted(HAND) and ws.fleet["data_gpu_h"] == pytest.approx(5 * 1.0, abs=1e-9)
 
 
 def requeued_store(root, upkeep: bool) -> None:
