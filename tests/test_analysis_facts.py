@@ -149,15 +149,16 @@ def test_a_fact_one_bucket_off_fails_the_comparison(tmp_path):
 
 
 def test_an_analysis_that_draws_no_timeline_reads_day_facts_where_a_page_reads_hours(tmp_path):
-    """A page's analysis cuts its parts at its timeline's buckets (hour facts for a day's window);
-    gpufleet analyze draws none (timeline=False): the day's one fact, the same figures."""
+    """An analysis asked for its timeline's cuts (timeline=True: a job's page) cuts its parts at
+    that timeline's buckets (hour facts for a day's window); by default (gpufleet analyze, the
+    pages' window figures) it reads the coarsest tiling: the day's one fact, the same figures."""
     fleet = {"gpus": [{"gpu": 0, "host": "h0", "uuid": "GPU-prop-0", "samples": [(t, 50.0 if t < 1800 else 0.0, 1.0) for t in range(0, 3600, 15)]}],
              "jobs": [{"key": "1", "account": "alpha", "user": "u", "start": 600, "end": 3000, "seen_until": 3000, "gpus": 1, "held": [0]}],
              "cuts": [0, 1800, 3600], "now": 2 * DAY, "idle_min": 300}
     store(tmp_path, fleet, (2, True), 2 * DAY)
     con = open_reader(tmp_path)
     p = params(fleet, 0, DAY)
-    page, cli = Analysis(con, p, now=at(fleet["now"])), Analysis(con, p, now=at(fleet["now"]), timeline=False)
+    page, cli = Analysis(con, p, now=at(fleet["now"]), timeline=True), Analysis(con, p, now=at(fleet["now"]))
     assert page.fw.tiles.get(3600) == 24 and 86400 not in page.fw.tiles, page.fw.tiles
     assert cli.fw.tiles.get(86400) == 1 and 3600 not in cli.fw.tiles, cli.fw.tiles
     assert not mismatches(figures(page), figures(cli))
