@@ -29,6 +29,7 @@ from gpufleet.analytics.stretches import SCHEMA as STRETCH_SCHEMA
 from gpufleet.analytics.timeline import clock_origin, timeline_bucket
 # (the window's helpers facts.py shares live in window.py; core's names too)
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
+from gpufleet.collector.intervals import distinct
 from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
@@ -363,7 +364,7 @@ class Analysis:
         """al's `columns` of the allocations at positions `rows` (in that order; repeats allowed),
         read for those alone: how a figure kept as numbers in al's order (detail_numbers) names
         the few rows it shows."""
-        text = self.q(sql.allocation_text(columns), tables={"_rows": pl.DataFrame({"i": np.unique(rows)}, schema={"i": pl.Int64})})
+        text = self.q(sql.allocation_text(columns), tables={"_rows": pl.DataFrame({"i": distinct(rows)}, schema={"i": pl.Int64})})
         if not text["i"].is_sorted():
             text = text.sort("i")
         return text.drop("i")[np.searchsorted(text["i"].to_numpy(), rows)]
@@ -409,7 +410,8 @@ class Analysis:
         m0, m1 = k0[at], np.maximum.reduceat(k1, at)
         g = m0 // width
         data, _ = self.gt.integrals(g, m0 - g * width + s, m1 - g * width + s)
-        gids, where = np.unique(g, return_index=True)
+        where = np.flatnonzero(np.diff(g, prepend=-1))  # (g ascends: each GPU's first holding)
+        gids = g[where]
         return pl.DataFrame({"gid": gids, "alloc_data_s": np.add.reduceat(data, where)}, schema={"gid": pl.Int64, "alloc_data_s": pl.Float64})
 
     def detail_time(self) -> GpuTime:

@@ -29,6 +29,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
+from gpufleet.collector.intervals import distinct
 from gpufleet.times import utcnow
 
 POOL = ("cluster", "partition", "model")
@@ -99,8 +100,8 @@ def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.
         return {}
     held = (cap.join(holds, on="gh")
             .select("r", pl.max_horizontal("h0", "c0").alias("a"), pl.min_horizontal("h1", "c1").alias("b"))
-            .filter(pl.col("b") > pl.col("a")).sort("r", "a").with_columns(reach=pl.col("b").cum_max().over("r")))
-    r, a, b, reach = (held[c].to_numpy() for c in ("r", "a", "b", "reach"))
+            .filter(pl.col("b") > pl.col("a")))
+    r, a, b, reach = _ordered_reach(*(held[c].to_numpy().astype(np.int64) for c in ("r", "a", "b")))
     first = np.ones(len(r), dtype=bool)  # starts a holding: a GPU's first hold, or one past every earlier end
     first[1:] = (r[1:] != r[:-1]) | (a[1:] > reach[:-1])
     at = np.flatnonzero(first)
@@ -111,7 +112,8 @@ def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.
     t = np.concatenate([c0, c1, a[at], np.maximum.reduceat(b, at) if len(at) else b[:0]])
     d = np.concatenate([np.ones(len(c0), np.int64), -np.ones(len(c0), np.int64), -np.ones(len(at), np.int64), np.ones(len(at), np.int64)])
     t0 = int(t.min())
-    o = np.argsort(pool * (int(t.max()) - t0 + 1) + (t - t0), kind="stable")  # by pool, then time: one key
+    # by pool, then time: one key (ties in any order: only the level after all of a time's steps is kept)
+    o = np.argsort(pool * (int(t.max()) - t0 + 1) + (t - t0))
     pool, t = pool[o], t[o]
     level = np.cumsum(d[o])  # (each pool's steps sum to 0: one running sum serves them all)
     last = np.append((pool[1:] != pool[:-1]) | (t[1:] != t[:-1]), True)  # the level after all of a time's steps
@@ -121,6 +123,26 @@ def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.
     return {key: (t[cut[i]:cut[i + 1]], level[cut[i]:cut[i + 1]]) for i, key in enumerate(keys)}
 
 
+def _ordered_reach(r: np.ndarray, a: np.ndarray, b: np.ndarray, key_limit: int = 2 ** 62) -> tuple[np.ndarray, ...]:
+    """Holds [a, b) of GPU rows r ordered by GPU, then start (ties in any order: the merge needs
+    none), with each one's reach: the latest end of its GPU's holds so far. One int64 key, GPU x
+    width + time, sorts them and makes the running maximum per GPU one running maximum (a GPU's
+    keys all exceed those of the GPU before); where GPUs x width would pass 2^62 (~200,000 GPU
+    rows over a year and a half) the times are replaced by their ranks, which keep every order and
+    comparison the merge makes. (A sort by two columns in polars: 0.4 s of a 16,384-GPU week.)"""
+    if not len(r):
+        return r, a, b, b
+    t = None
+    if (int(r.max()) + 1) * (int(b.max()) - int(a.min()) + 1) >= key_limit:
+        t = distinct(np.concatenate([a, b]))
+        a, b = np.searchsorted(t, a), np.searchsorted(t, b)
+    t0, width = int(a.min()), int(b.max()) - int(a.min()) + 1
+    o = np.argsort(r * width + (a - t0))
+    r, a, b = r[o], a[o], b[o]
+    reach = np.maximum.accumulate(r * width + (b - t0)) - r * width + t0
+    return (r, a, b, reach) if t is None else (r, t[a], t[b], t[reach])
+
+
 def _gap(t: np.ndarray, free: np.ndarray, w0: np.ndarray, w1: np.ndarray, need: np.ndarray) -> tuple[float, np.ndarray]:
     """The gap's GPU-hours (per stretch of constant free GPUs and waiting jobs: min(free, the
     fitting jobs' GPUs) x its length) and each job's microseconds waiting while it fit. One pass
@@ -128,14 +150,14 @@ def _gap(t: np.ndarray, free: np.ndarray, w0: np.ndarray, w1: np.ndarray, need: 
     its waiting jobs all fit, so a job's time fitting is a difference of one running sum and the
     stretches' demand a running count of its jobs - jobs + stretches per count, never jobs x
     stretches (a week's waiting job spans thousands of stretches)."""
-    edges = np.unique(np.concatenate([t, w0, w1]))
+    edges = distinct(np.concatenate([t, w0, w1]))
     if len(edges) < 2:
         return 0.0, np.zeros(len(w0))
     level = np.where(edges >= t[0], free[np.clip(np.searchsorted(t, edges, side="right") - 1, 0, None)], 0)[:-1]
     dt = np.diff(edges).astype(np.float64)
     first, stop = np.searchsorted(edges, w0), np.searchsorted(edges, w1)
     fit_us, demand = np.zeros(len(w0)), np.zeros(len(dt))
-    for v in np.unique(need):
+    for v in distinct(need):
         mine = np.flatnonzero(need == v)
         fits = level >= v
         run = np.concatenate([[0.0], np.cumsum(np.where(fits, dt, 0.0))])  # (whole microseconds: exact sums)

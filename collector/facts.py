@@ -76,7 +76,7 @@ import numpy as np
 import pyarrow as pa
 
 from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS, empty_table
-from gpufleet.collector.intervals import intervals, segments, split
+from gpufleet.collector.intervals import distinct, intervals, segments, split
 
 FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
 # an open hour's file of its settled 5-minute buckets (maintenance._open_hour_tasks): FORMAT_VERSION's
@@ -289,7 +289,7 @@ def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: Fa
     cut_t = np.concatenate([ha0[hg >= 0], ha1[hg >= 0]])
     inside = (cut_t > lo_us) & (cut_t < hi_us)
     cut_g, cut_t = cut_g[inside], cut_t[inside]
-    read = np.unique(gk[i])
+    read = distinct(gk[i])
     extra = np.array([c for c in cuts_us if lo_us < c < hi_us], dtype=np.int64)
     # (a range start off the grid, and the extra cuts: every GPU read is cut there)
     cut_g = np.concatenate([cut_g, read, np.repeat(read, len(extra))])

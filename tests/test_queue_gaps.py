@@ -254,3 +254,22 @@ def test_the_waste_page_shows_the_queue_gaps_and_the_jobs_that_waited(queued, mo
     pools, jobs = frame(app, "waste_queue_gaps"), frame(app, "waste_queue_jobs")
     assert pools["partition"].tolist() == ["gpu"] and pools["gap_gpu_h"].tolist() == [pytest.approx(1.0)], pools
     assert jobs["job_id"].tolist() == ["3"], jobs
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-50, 50), st.integers(1, 30)), max_size=40), st.booleans())
+def test_holds_are_ordered_by_gpu_then_start_with_each_gpu_s_running_reach_also_by_time_ranks(holds, ranks):
+    """_ordered_reach's one-key sort and running maximum equal a per-GPU sort and maximum, also where
+    the key would pass its limit and the times are replaced by their ranks (forced here by a tiny limit)."""
+    import numpy as np
+
+    from gpufleet.analytics.queue_gaps import _ordered_reach
+
+    r, a, b = (np.array(c, dtype=np.int64) for c in zip(*holds)) if holds else (np.zeros(0, np.int64),) * 3
+    b = a + b if holds else b
+    got = _ordered_reach(r, a, b, key_limit=1 if ranks else 2 ** 62)
+    rows = list(zip(*(x.tolist() for x in got[:3])))
+    assert sorted(rows) == sorted(zip(r.tolist(), a.tolist(), b.tolist()))  # the same holds,
+    assert [(g, s) for g, s, _ in rows] == sorted((g, s) for g, s, _ in rows)  # by GPU, then start,
+    reach = [max(e for g2, _, e in rows[:i + 1] if g2 == g) for i, (g, _, _) in enumerate(rows)]
+    assert got[3].tolist() == reach  # each with its GPU's latest end so far

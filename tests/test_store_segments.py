@@ -371,3 +371,14 @@ def test_segments_of_an_older_schema_go_back_to_the_open_part(tmp_path, monkeypa
     assert {r[0] for r in open_reader(tmp_path).execute("SELECT account FROM jobs").fetchall()} == {"PHYSICS"}
     settle(w, now)
     assert manifest(tmp_path)["segments"]["jobs"] != old_segments["jobs"] and read(tmp_path) == full_snapshot(w)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(-2 ** 40, 2 ** 40), max_size=60))
+def test_distinct_is_numpy_s_unique(values):
+    import numpy as np
+
+    from gpufleet.collector.intervals import distinct
+
+    x = np.array(values, dtype=np.int64)
+    assert distinct(x).tolist() == np.unique(x).tolist()
