@@ -35,7 +35,7 @@ from typing import Any
 from gpufleet.analytics.raw_reads import SAMPLES
 from gpufleet.collector.facts import PROFILING, THROTTLE_REASONS
 from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS,
-                                      LINE_COLUMNS, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
+                                      LINE_COLUMNS, allocations_ending_after, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -117,7 +117,7 @@ SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS 
        greatest({ALLOCATION_START}, $xstart) AS a0,
        least({ALLOCATION_END}, $xend) AS a1,
        coalesce(j.job_id, a.job_key) AS job_id, j.name, j.user_name, j.account, j.partition, j.state
-FROM allocations a
+FROM {allocations_ending_after("$xstart")} a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE {ALLOCATION_FILTERS}
@@ -571,7 +571,8 @@ _QUEUE_GPU = "hash({t}.cluster, {t}.host, {t}.gpu_uuid) AS gh"
 QUEUE_POOL_GPUS = f"""
 WITH used AS (
     SELECT DISTINCT a.cluster, j.partition, a.host, a.gpu_uuid
-    FROM allocations a JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    FROM {allocations_ending_after("$start - to_seconds($retire_after)")} a
+    JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
     {ALLOCATION_RUNS}
     WHERE a.gpu_instance = -1 AND j.partition IS NOT NULL AND {_POOL_FILTERS}
       AND {ALLOCATION_END} > $start - to_seconds($retire_after) AND {ALLOCATION_START} < $as_of
@@ -585,7 +586,7 @@ ORDER BY u.cluster, u.partition, g.model, g.host, g.gpu_uuid"""
 # Who held each GPU when (any job, any partition; a MIG instance held holds its GPU), clipped to [$start, $as_of)
 QUEUE_HOLDS = f"""
 SELECT {_QUEUE_GPU.format(t="a")}, epoch_us(greatest({ALLOCATION_START}, $start)) AS h0, epoch_us(least({ALLOCATION_END}, $as_of)) AS h1
-FROM allocations a LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+FROM {allocations_ending_after("$start")} a LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE ($cluster IS NULL OR a.cluster = $cluster) AND {ALLOCATION_END} > $start AND {ALLOCATION_START} < $as_of
   AND {ALLOCATION_END} > {ALLOCATION_START}"""

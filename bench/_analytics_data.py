@@ -413,3 +413,45 @@ def ensure_facts(scale: Scale, store: Path, progress=lambda msg: None) -> tuple[
     progress(f"  facts built in {took:.0f} s")
     mark.write_text(f"{took:.1f} s\n")
     return took, True
+
+
+def ensure_history(store: Path, weeks: int, progress=lambda msg: None) -> Path:
+    """The cached store with `weeks` earlier weeks of accounting beside its own: its jobs and
+    allocations copied a week, two weeks, ... back (keys renamed), published as settled segments
+    the way a long-running store keeps them (one per week, in end and last-sighting order). The
+    samples and facts are the store's own (linked, not copied): an analysis of its window reads the
+    same figures with a longer history to skip. Built once, beside the store."""
+    import json
+
+    import duckdb
+
+    root = store.parent / f"{store.name}-history{weeks}w"
+    if (root / ".complete").exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "tables").mkdir(parents=True)
+    for name in ("samples", "facts"):
+        (root / name).symlink_to(store / name)
+    manifest = json.loads((store / "manifest.json").read_text())
+    for rel in manifest["tables"].values():
+        shutil.copy2(store / rel, root / rel)
+    progress(f"  {weeks} earlier weeks of jobs and allocations")
+    con = duckdb.connect()
+    segments: dict[str, list[str]] = {"jobs": [], "allocations": []}
+    for k in range(1, weeks + 1):
+        back = f"INTERVAL {7 * k} DAY"
+        jobs, allocations = f"tables/jobs-history-{k:03d}.parquet", f"tables/allocations-history-{k:03d}.parquet"
+        con.execute(f"""COPY (SELECT * REPLACE (job_key || '-w{k}' AS job_key, job_id || '-w{k}' AS job_id, submit - {back} AS submit,
+                                              eligible - {back} AS eligible, start - {back} AS start, "end" - {back} AS "end",
+                                              updated_at - {back} AS updated_at)
+                              FROM read_parquet('{store / manifest["tables"]["jobs"]}') WHERE "end" IS NOT NULL ORDER BY "end")
+                        TO '{root / jobs}' (FORMAT parquet)""")
+        con.execute(f"""COPY (SELECT * REPLACE (job_key || '-w{k}' AS job_key, first_seen - {back} AS first_seen, last_seen - {back} AS last_seen)
+                              FROM read_parquet('{store / manifest["tables"]["allocations"]}') ORDER BY last_seen)
+                        TO '{root / allocations}' (FORMAT parquet)""")
+        segments["jobs"].append(jobs)
+        segments["allocations"].append(allocations)
+    manifest["segments"] = {name: [*manifest.get("segments", {}).get(name, []), *files] for name, files in segments.items()}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    (root / ".complete").write_text(f"{weeks} weeks\n")
+    return root

@@ -4,8 +4,10 @@ The cached synthetic week of bench/analytics.py (GPUFLEET_BENCH_GPUS, _DAYS, _JO
 GPUs, 50,000 jobs) with its facts built by the product's upkeep (bench._analytics_data.ensure_facts)
 is analysed by the command itself, in a process of its own per run (start-up, imports and the
 JSON's writing included), as a user runs it: the whole week, the week typed off the hour (its
-edges inside hours), and the week under a team filter. GPUFLEET_BENCH_ANALYZE_RUNS runs each
-(default 3), the median shown. Issue #52's goal at 1,024 GPUs: 0.5 s + start-up, 0.3 GiB.
+edges inside hours), the week under a team filter, and the week in a store that also holds
+GPUFLEET_BENCH_HISTORY_WEEKS earlier weeks of jobs and allocations (default 12; 0: not run): an
+analysis' cost should grow with its window, not the store's history. GPUFLEET_BENCH_ANALYZE_RUNS
+runs each (default 3), the median shown. Issue #52's goal at 1,024 GPUs: 0.5 s + start-up, 0.3 GiB.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from datetime import timedelta
 from bench._common import ROOT, Table, env_number, progress
 
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_ANALYZE_RUNS", 3)))
+HISTORY_WEEKS = int(env_number("GPUFLEET_BENCH_HISTORY_WEEKS", 12))
 COMMAND = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
 # the command's start-up: the interpreter and the modules an analysis imports, before it reads anything
 START_UP = "import gpufleet.cli, gpufleet.analytics.cli, gpufleet.analytics.core, gpufleet.collector.store"
@@ -39,7 +42,7 @@ def _run(args: list[str], code: str = COMMAND) -> tuple[float, float, float, int
 
 
 def run() -> list[Table]:
-    from bench._analytics_data import ensure_facts, ensure_store
+    from bench._analytics_data import ensure_facts, ensure_history, ensure_store
     from bench.analytics import CACHE, SCALE
 
     store, _ = ensure_store(SCALE, CACHE, progress)
@@ -49,6 +52,9 @@ def run() -> list[Table]:
     typed = ["--store", str(store), "--from", (SCALE.start + timedelta(minutes=35)).strftime(fmt),
              "--to", (SCALE.end - timedelta(minutes=20)).strftime(fmt)]
     cases = [("the whole window", week), ("typed off the hour (+35 min, -20 min)", typed), ("the window, --team acct-02", [*week, "--team", "acct-02"])]
+    if HISTORY_WEEKS > 0:  # the same window in a store that also holds earlier weeks' accounting: what history costs
+        cases.append((f"the whole window, {HISTORY_WEEKS} earlier weeks of jobs in the store",
+                      ["--store", str(ensure_history(store, HISTORY_WEEKS, progress)), *week[2:]]))
     t = Table(f"analyze: `gpufleet analyze --format json`, {SCALE.describe()}")
     start_up = statistics.median(_run([], START_UP)[0] for _ in range(RUNS))
     t.add(f"start-up: the interpreter and the command's imports (median of {RUNS})", f"{start_up:.2f} s")

@@ -75,7 +75,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS, empty_table
+from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS,
+                                      allocations_ending_after, empty_table)
 from gpufleet.collector.intervals import distinct, intervals, segments, split
 
 FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
@@ -222,7 +223,7 @@ def gpu_binds(gpus: list[str] | None, hosts: list[str] | None) -> dict[str, Any]
 HOLDS = f"""
 SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, a.job_key,
        epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
-FROM allocations a
+FROM {allocations_ending_after("make_timestamp($lo)")} a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE {ALLOCATION_END} > make_timestamp($lo) AND {ALLOCATION_START} < make_timestamp($hi)

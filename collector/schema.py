@@ -508,6 +508,24 @@ ALLOCATION_RUNS = f"""LEFT JOIN {_RUNS} r ON r.cluster = a.cluster AND r.schedul
 ALLOCATION_START = f"coalesce({_RUN_START}, j.start, a.first_seen)"
 ALLOCATION_END = f'CASE WHEN r.record IS NULL OR r.record THEN coalesce(j."end", {_LAST_HELD}) ELSE coalesce({_RUN_END}, {_LAST_HELD}) END'
 
+
+def allocations_ending_after(since: str) -> str:
+    """SQL (a FROM item, for alias a): the allocations that may hold their GPU after `since` (SQL
+    time) - every allocation whose ALLOCATION_END, in any of its runs, passes it, and a few that do
+    not - read without joining the store's whole history. A reader that keeps only allocations
+    ending after `since` gets the same rows from it as from `allocations`, and its cost grows with
+    the allocations near its window, not with the store's years of them: those last seen within
+    $max_gap of `since` or later (the tables' Parquet skips older row groups by their last_seen),
+    and those of a job whose record or attempts start or end after it. Why these
+    are all: a run's end is the job's end (else the last sighting plus $max_gap), or for an earlier
+    attempt the least known of its end, the next attempt's start and the job's start (else the last
+    sighting plus $max_gap) - each one of those times."""
+    reach = f"""(SELECT cluster, scheduler, job_key FROM jobs WHERE "end" > {since} OR start > {since}
+        UNION SELECT cluster, scheduler, job_key FROM job_attempts WHERE "end" > {since} OR start > {since})"""
+    return f"""(SELECT * FROM allocations WHERE last_seen > {since} - to_seconds($max_gap)
+    UNION ALL
+    SELECT * FROM allocations SEMI JOIN {reach} USING (cluster, scheduler, job_key) WHERE (last_seen > {since} - to_seconds($max_gap)) IS NOT TRUE)"""
+
 # A sample's figures as the per-GPU line reads them, said once for the facts
 # (gpufleet.collector.facts.SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,
 # RAW_BUCKETS_*), so both apply one rule: NaN for a figure not reported (the columns reach numpy
