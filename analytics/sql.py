@@ -228,10 +228,14 @@ JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL 
 # and of those, only the jobs the mapping saw on a GPU whose share is not 1 (a MIG instance): the
 # mean share of a job seen on whole GPUs only is 1, which the default gives - the look-up of every
 # job's allocations was 0.7 s of every 16,384-GPU week's analysis, on a fleet without MIG.
-def jobs_shared(where: str) -> str:
-    """The jobs `where` keeps (a condition on the jobs table's columns), each with gpu_share."""
+def jobs_shared(where: str, *, ran: str, attempted: str) -> str:
+    """The jobs `where` keeps whose record `ran` (a condition on the jobs table's columns, never
+    NULL) or that `attempted` (a semi join on job_attempts: _ATTEMPTED), each with gpu_share. Two
+    reads, so the record's condition is filtered inside the Parquet scan (a condition OR a
+    subquery decoded every column of every job in the store: its cost grew with the history)."""
     return f"""(
-WITH j AS (SELECT * FROM jobs WHERE {where}),
+WITH j AS (SELECT * FROM jobs WHERE ({ran}) AND {where}
+           UNION ALL SELECT * FROM jobs WHERE {attempted} AND NOT ({ran}) AND {where}),
 g AS (SELECT cluster, host, gpu_uuid, gpu_instance, {gpu_equiv("gpus")} AS equiv FROM gpus),
 part AS (SELECT DISTINCT a.cluster, a.scheduler, a.job_key FROM allocations a
          JOIN (SELECT * FROM g WHERE equiv IS DISTINCT FROM 1.0) f
@@ -286,9 +290,8 @@ _RECORD_RUN_END = 'coalesce(j."end", $as_of)'
 _RUN = f"CASE WHEN j.start IS NOT NULL THEN {clip_seconds('j.start', _RECORD_RUN_END)} ELSE 0 END"
 # the job {t}'s record ran in the window
 _RAN_IN_WINDOW = '{t}.start IS NOT NULL AND {t}.start < $end AND coalesce({t}."end", $as_of) > $start'
-_JOBS_IN_WINDOW = f"""(({_RAN_IN_WINDOW.format(t="jobs")}) OR {_ATTEMPTED.format(also=' AND coalesce("end", $as_of) > $start')}) AND {JOB_FILTERS}"""
 JOB_ALLOCATED = f"""
-WITH j AS {jobs_shared(_JOBS_IN_WINDOW)},
+WITH j AS {jobs_shared(JOB_FILTERS, ran=_RAN_IN_WINDOW.format(t="jobs"), attempted=_ATTEMPTED.format(also=' AND coalesce("end", $as_of) > $start'))},
 e AS (
     SELECT cluster, scheduler, job_key, sum({clip_seconds("r0", "r1")}) AS run_s, sum(gpus * {clip_seconds("r0", "r1")}) AS gpu_s,
            list(struct_pack(r0 := r0, r1 := r1, gpus := gpus) ORDER BY r0) AS runs
@@ -534,10 +537,9 @@ FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
 # GPU-seconds weighted 2^(-age/h), age from the window end, integrated exactly over each run:
 # the integral of 2^(-(W-t)/h) dt from t0 to t1 is h/ln2 * (2^(-(W-t1)/h) - 2^(-(W-t0)/h)).
 # Every run of a job counts (its record's and its earlier attempts', EARLIER_RUNS).
-_DECAY_JOBS = f"{_GPU_JOBS} AND ((start IS NOT NULL AND start < $end) OR {_ATTEMPTED.format(also='')})"
 _DECAY_RUN_END = "greatest(r0, least(r1, $end))"
 FAIRNESS_DECAYED = f"""
-WITH j AS {jobs_shared(_DECAY_JOBS)},
+WITH j AS {jobs_shared(_GPU_JOBS, ran="start IS NOT NULL AND start < $end", attempted=_ATTEMPTED.format(also=''))},
 runs AS (
     SELECT account, start AS r0, coalesce("end", $as_of) AS r1, gpus * gpu_share AS rate FROM j WHERE start IS NOT NULL AND start < $end
     UNION ALL
