@@ -108,14 +108,24 @@ STORED_BUCKETS = ("SELECT grain_s, epoch_us(bucket) AS b, hour_parts, epoch_us(o
 OPEN_5M = 0  # stored_buckets' key of the 5-minute buckets an open hour's files hold (the hour's own file not written yet)
 
 # The holders' jobs, for a job filter and the job dimensions (a mapped job the accounting lacks
-# keeps its allocation's key, as sql.ALLOCATIONS names it); {table}: the parts (wpe, _HELD) or
-# their holders (wholder, HELD_TABLE), {t} its alias
-_HOLDER_JOB = """
-SELECT {t}.*, coalesce(j.job_id, {t}.job_key) AS job_id, j.user_name, j.account, j.partition
-FROM {table} {t} LEFT JOIN jobs j ON j.cluster = {t}.cluster AND j.scheduler = {t}.scheduler AND j.job_key = {t}.job_key
-WHERE {t}.job_key IS NOT NULL AND {filters}
+# keeps its allocation's key, as sql.ALLOCATIONS names it): {holders} a row per GPU and job
+# (wholder, or the distinct holders of wpe), the job filters applied ...
+_HOLDER_JOB = f"""
+SELECT o.*, coalesce(j.job_id, o.job_key) AS job_id, j.user_name, j.account, j.partition
+FROM {{holders}} o LEFT JOIN jobs j ON j.cluster = o.cluster AND j.scheduler = o.scheduler AND j.job_key = o.job_key
+WHERE o.job_key IS NOT NULL AND {sql.ALLOCATION_FILTERS.replace("a.", "o.")}
 """
-_HELD = _HOLDER_JOB.format(t="p", table="wpe", filters=sql.ALLOCATION_FILTERS.replace("a.", "p."))
+# ... and joined to the parts they hold: the names joined to the holders, then the holders to the
+# parts. The jobs joined to the parts themselves made DuckDB hash the wide parts (it guesses
+# `job_key IS NOT NULL` keeps a fifth of them; a week's keep half): 1 s more of a 16,384-GPU week's
+# held parts (wheld), 3 s more of its timeline's hour parts.
+_HOLDERS_ON = ("o.cluster = p.cluster AND o.host = p.host AND o.gpu_uuid = p.gpu_uuid AND o.gi = p.gi AND o.scheduler = p.scheduler "
+               "AND o.job_key = p.job_key")
+_WPE_HOLDERS = "(SELECT DISTINCT cluster, host, gpu_uuid, gi, scheduler, job_key FROM wpe WHERE job_key IS NOT NULL)"
+# The window's held parts (a holder, the job filters applied), each with its job's names
+_HELD = f"""
+SELECT p.*, o.job_id, o.user_name, o.account, o.partition
+FROM wpe p JOIN ({_HOLDER_JOB.format(holders=_WPE_HOLDERS)}) o ON {_HOLDERS_ON}"""
 
 PER_GPU_USE = """
 SELECT cluster, host, gpu_uuid, gi,
@@ -169,17 +179,11 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 # number, its holder's, its times, MIG share and whether inside the window - nothing else: a piece
 # with its part's names and six key strings made the window pass 4x slower on a 16,384-GPU week;
 # a figure that names a chain reads the names from its first piece's part (pid) in wheld.
-HOLDER_TABLE = ("CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM "
-                "(SELECT DISTINCT cluster, host, gpu_uuid, gi, scheduler, job_key FROM wpe WHERE job_key IS NOT NULL)")
-# wheld: _HELD's rows (the parts with a holder, its job's names, the job filters applied) with their
-# holder's number - the names joined to the holders (_HOLDER_JOB of wholder: a row per GPU and job),
-# then the holders to the parts: the jobs joined to the parts themselves made DuckDB hash the wide
-# parts (it guesses `job_key IS NOT NULL` keeps a fifth of them; a week's keep half), 1 s more of a
-# 16,384-GPU week.
+HOLDER_TABLE = f"CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM {_WPE_HOLDERS}"
+# wheld: _HELD's rows with their holder's number (the names joined to wholder's holders)
 HELD_TABLE = f"""CREATE OR REPLACE TEMP TABLE wheld AS
 SELECT o.hk, p.*, o.job_id, o.user_name, o.account, o.partition
-FROM wpe p JOIN ({_HOLDER_JOB.format(t="o", table="wholder", filters=sql.ALLOCATION_FILTERS.replace("a.", "o."))}) o
-  ON o.cluster = p.cluster AND o.host = p.host AND o.gpu_uuid = p.gpu_uuid AND o.gi = p.gi AND o.scheduler = p.scheduler AND o.job_key = p.job_key"""
+FROM wpe p JOIN ({_HOLDER_JOB.format(holders="wholder")}) o ON {_HOLDERS_ON}"""
 LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
                  "SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (PARTITION BY kind, hk ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain\n"
                  "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, hk ORDER BY r0) AS prev_end FROM ({pieces}))")
@@ -229,12 +233,18 @@ _STRETCH_INNER = """
 # the inventory's cluster and model (as per_gpu groups GPUs): all of a GPU's time (lead parts;
 # "iv") and its holders' (the job filters applied; "pc", by partition, account and user too)
 TIMELINE_PARTS = """
-SELECT c.cluster, c.model{keys}, (p.p0 - $origin_us) // $bucket_us AS k,
-       bool_and((p.p1 - 1 - $origin_us) // $bucket_us = (p.p0 - $origin_us) // $bucket_us) AS fits,
-       sum(p.data_s * p.equiv) / 3600 AS data_gpu_h, sum(p.busy_s * p.equiv) / 3600 AS busy_gpu_h
-FROM ({parts}) p JOIN cap c ON c.cluster = p.cluster AND c.host = p.host AND c.gpu_uuid = p.gpu_uuid AND c.gi = p.gi
-WHERE p.inside GROUP BY ALL
+WITH p AS (
+    SELECT cluster, host, gpu_uuid, gi{holder}, (p0 - $origin_us) // $bucket_us AS k,
+           bool_and((p1 - 1 - $origin_us) // $bucket_us = (p0 - $origin_us) // $bucket_us) AS fits,
+           sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s
+    FROM wpe WHERE inside AND {which} GROUP BY ALL
+)
+SELECT c.cluster, c.model{keys}, p.k, bool_and(p.fits) AS fits, sum(p.data_s) / 3600 AS data_gpu_h, sum(p.busy_s) / 3600 AS busy_gpu_h
+FROM {parts} p JOIN cap c ON c.cluster = p.cluster AND c.host = p.host AND c.gpu_uuid = p.gpu_uuid AND c.gi = p.gi
+GROUP BY ALL
 """
+# (summed per GPU, holder and bucket before the holders' jobs are joined: the jobs joined to a
+# 16,384-GPU week's hour parts took 3 s, DuckDB hashing the wide parts)
 
 # One job's GPUs per bucket k of $bucket_us from $origin_us (timeline.job_gpu_timeline): the
 # job's parts inside the window with sample time (covered_s), summed per GPU (or MIG instance)
@@ -252,8 +262,9 @@ GROUP BY k, host, gpu_uuid, gi
 def timeline_parts(held: bool) -> str:
     """TIMELINE_PARTS of the GPUs' lead parts ("iv") or of the holders' parts (`held`: "pc")."""
     if held:
-        return TIMELINE_PARTS.format(keys=", p.partition, p.account, p.user_name", parts=_HELD)
-    return TIMELINE_PARTS.format(keys="", parts="SELECT * FROM wpe WHERE lead")
+        return TIMELINE_PARTS.format(holder=", scheduler, job_key", which="job_key IS NOT NULL", keys=", p.partition, p.account, p.user_name",
+                                     parts=f"({_HOLDER_JOB.format(holders='p')})")
+    return TIMELINE_PARTS.format(holder="", which="lead", keys="", parts="p")
 
 
 STRETCH_KINDS = ("idle", "nop")  # the facts' run columns: idle (utilization below the threshold), no process
