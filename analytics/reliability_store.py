@@ -130,15 +130,34 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
         return _report(params, s, as_of, top, done or read(con, params, s, as_of, top))
 
 
-def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Read) -> dict[str, Any]:
-    classified, summed, host_rows, saved = done.classified, done.summed, done.host_rows, done.saved
-    times = {k: [t for t, _ in v] for k, v in saved.items()}
+def figures_and_lemons(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None) -> dict[str, Any]:
+    """The window's figures and lemons alone, as report() gives them (its "figures" and "lemons"):
+    what the policy's drains and its interruption-rate metrics read each round, without the
+    chains, goodput and advice the report adds (two thirds of a 16,384-GPU week's report)."""
+    with gc_paused():
+        return _figures_and_lemons(params, s, as_of, read(con, params, s, as_of))
+
+
+def _figures_and_lemons(params: Any, s: Settings, as_of: datetime | None, done: Read) -> dict[str, Any]:
+    classified, host_rows = done.classified, done.host_rows
+    times = {k: [t for t, _ in v] for k, v in done.saved.items()}
     host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
     where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
-    f = figures(classified, params.start, params.end, times, as_of=as_of, summed=summed)
+    f = figures(classified, params.start, params.end, times, as_of=as_of, summed=done.summed)
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
+    return {"figures": f,
+            "lemons": [{"node": x.node, "cluster": where.get(x.node, (None, None))[0], "scheduler": where.get(x.node, (None, None))[1],
+                        "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
+                        "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found]}
+
+
+def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Read) -> dict[str, Any]:
+    classified, summed, saved = done.classified, done.summed, done.saved
+    times = {k: [t for t, _ in v] for k, v in saved.items()}
+    fl = _figures_and_lemons(params, s, as_of, done)
+    f = fl["figures"]
     until = min(as_of or params.end, params.end)
     linked = chain_candidates(classified, s)
     chains = link_chains(linked, times, s, until)
@@ -160,10 +179,7 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
                      "lemon_false_positive_rate": s.lemon_fp_rate, "lemon_min_failures": s.lemon_min_failures,
                      "hardware_xids": {str(k): v for k, v in HARDWARE_XIDS.items()},
                      "interruption_causes": list(INTERRUPTION_CAUSES), "failure_causes": list(FAILURE_CAUSES)},
-        "figures": f,
-        "lemons": [{"node": x.node, "cluster": where.get(x.node, (None, None))[0], "scheduler": where.get(x.node, (None, None))[1],
-                    "failures": x.failures, "gpu_hours": x.gpu_hours, "expected_failures": x.expected,
-                    "p_value": x.p_value, "reason": lemon_reason(x), "evidence": list(x.evidence)} for x in found],
+        **fl,
         "interrupted_attempts": [_attempt_row(c, times) for c in interrupted],
         # the chains with an attempt in the window, whole (from their first start to their last end)
         "goodput": {**goodput(chains, others_gpu_s), "checkpoints": checkpoints_note(f)},

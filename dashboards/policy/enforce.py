@@ -320,7 +320,8 @@ class Runner:
         window = parse_duration(o.get("lemon_window", "7d"))
         con = open_reader(store_root)
         try:
-            rel = reliability_store.report(con, replace(self.params_for(as_of), start=as_of - window, end=as_of), self.reliability, as_of=as_of)
+            rel = reliability_store.figures_and_lemons(con, replace(self.params_for(as_of), start=as_of - window, end=as_of), self.reliability,
+                                                       as_of=as_of)
             done = audit(con, as_of - self.rules.renotify_after, as_of).to_dicts()
         finally:
             con.close()
@@ -353,7 +354,8 @@ class Runner:
         recent = parse_duration((self.rules.options or {}).get("interruption_rate_window", "1d"))
         con = open_reader(store_root)
         try:
-            rel = reliability_store.report(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of), self.reliability, as_of=as_of)
+            rel = reliability_store.figures_and_lemons(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of), self.reliability,
+                                                       as_of=as_of)
         finally:
             con.close()
         m.hw_rate.clear()
