@@ -223,11 +223,11 @@ def gpu_binds(gpus: list[str] | None, hosts: list[str] | None) -> dict[str, Any]
 HOLDS = f"""
 SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, a.job_key,
        epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
-FROM {allocations_ending_after("make_timestamp($lo)")} a
+FROM {allocations_ending_after("make_timestamp($lo)", only_gpus())} a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE {ALLOCATION_END} > make_timestamp($lo) AND {ALLOCATION_START} < make_timestamp($hi)
-  AND {ALLOCATION_END} > {ALLOCATION_START} AND {only_gpus('a.gpu_uuid', 'a.host')}
+  AND {ALLOCATION_END} > {ALLOCATION_START}
 ORDER BY a.cluster, a.host, a.gpu_uuid, a.gpu_instance, a0, a.scheduler, a.job_key
 """
 
