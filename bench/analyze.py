@@ -28,8 +28,9 @@ COMMAND = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]
 START_UP = "import gpufleet.cli, gpufleet.analytics.cli, gpufleet.analytics.core, gpufleet.collector.store"
 
 
-def _run(args: list[str], code: str = COMMAND) -> tuple[float, float, float, int]:
-    """One `gpufleet analyze` run (or `code` alone): wall s, CPU s, peak RSS GiB, bytes out."""
+def _run(args: list[str], code: str = COMMAND, keep_output: bool = False) -> tuple:
+    """One `gpufleet` command's run (or `code` alone): wall s, CPU s, peak RSS GiB, bytes out
+    (and, with keep_output, the output itself)."""
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -38,7 +39,8 @@ def _run(args: list[str], code: str = COMMAND) -> tuple[float, float, float, int
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
         raise RuntimeError(f"python -c {code!r} {' '.join(args)} exited {p.returncode}")
-    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20, len(out)
+    took = (time.perf_counter() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20, len(out))
+    return (*took, out) if keep_output else took
 
 
 def run() -> list[Table]:
