@@ -148,13 +148,17 @@ def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **ex
     """Each of `queries` (by name; per-bucket sums over the window's parts with a `fits` column:
     no part crosses a bucket edge) for buckets of `bsec` seconds from origin_us, without `fits`.
     The analysis' parts are cut at the edges of its own timeline's buckets (timeline_bucket);
-    buckets that would cut them read the window's parts again, cut at their edges, once for all
-    the queries and only the columns a timeline reads (facts.TIMELINE_COLUMNS)."""
+    buckets that would cut them (or finer than its coarsest grain) read the window's parts again,
+    cut at their edges, once for all the queries and only the columns a timeline reads
+    (facts.TIMELINE_COLUMNS)."""
     b_us = round(bsec * 1_000_000)
     extra = {**extra, "bucket_us": b_us, "origin_us": origin_us}
-    out = {name: pl.from_arrow(a.con.sql(q, params=sql.bound(q, {**a.bind, **extra})).to_arrow_table()) for name, q in queries.items()}
-    if all(o.is_empty() or o["fits"].all() for o in out.values()):
-        return {name: o.drop("fits") for name, o in out.items()}
+    # (parts of a grain coarser than the buckets - a week's days, 3-hour buckets - cross their edges
+    # but on a rare day of short parts: those are read cut at once, not summed first to find out)
+    if max(a.fw.tiles, default=0) * 1_000_000 <= b_us:
+        out = {name: pl.from_arrow(a.con.sql(q, params=sql.bound(q, {**a.bind, **extra})).to_arrow_table()) for name, q in queries.items()}
+        if all(o.is_empty() or o["fits"].all() for o in out.values()):
+            return {name: o.drop("fits") for name, o in out.items()}
     # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
     # (on a cursor of their own; what was read raw for the analysis' edges is read again)
     fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, columns=TIMELINE_COLUMNS)
