@@ -238,22 +238,21 @@ class Runner:
         """The plan at as_of. The opt-out tag is read from the scheduler for the jobs the plan
         would act on (their Slurm comment, their pod's annotation), now, so a tag added a minute
         ago counts; a job whose tag cannot be read is left alone this round (logged, counted)."""
-        from gpufleet.analytics.policy import plan_from_store
+        from gpufleet.analytics.policy import plan_of, read_plan_inputs
         from gpufleet.collector.store import open_reader
 
         as_of = as_of or self.clock()
         con = open_reader(store_root)
         try:
-            params = self.params_for(as_of)
-            plan = plan_from_store(con, self.rules, params, as_of)
-            if plan.actions:
-                comments, unknown = self.opt_out_tags(plan.actions)
-                if comments or unknown:
-                    plan = plan_from_store(con, self.rules, params, as_of, comments=comments)
-                    kept = [a for a in plan.actions if (a.job.cluster, a.job.scheduler, a.job.job_key) not in unknown]
-                    plan.actions = kept
+            inputs = read_plan_inputs(con, self.rules, self.params_for(as_of), as_of)
         finally:
             con.close()
+        plan = plan_of(inputs, self.rules, as_of)
+        if plan.actions:
+            comments, unknown = self.opt_out_tags(plan.actions)
+            if comments or unknown:
+                plan = plan_of(inputs, self.rules, as_of, comments)
+                plan.actions = [a for a in plan.actions if (a.job.cluster, a.job.scheduler, a.job.job_key) not in unknown]
         for e in plan.exempt:
             log.info("policy: job %s (%s) exempt: %s: %s", inert(e.job.job_key), e.job.cluster, e.rule, inert(e.reason, 400))
         for a in ("notify", "escalate", "cancel"):
