@@ -86,3 +86,31 @@ def test_pandas_is_refused_only_inside_the_command_with_a_message_naming_it():
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["No module named 'pandas': gpufleet analyze runs without pandas (gpufleet.cli SUBCOMMANDS: pandas=False)",
                                      "DataFrame double"], r.stdout
+
+
+# `gpufleet policy` (a dry run at a time) in a fresh process, pandas refused or allowed as above
+POLICY_RUN = """
+import dataclasses, sys
+from gpufleet import cli
+cli.SUBCOMMANDS["policy"] = dataclasses.replace(cli.SUBCOMMANDS["policy"], pandas=PANDAS)
+rc = cli.main(["policy", "--store", sys.argv[1], "--as-of", sys.argv[2], "--format", "json"])
+sys.stderr.write(f"pandas={'pandas' in sys.modules} rc={rc}")
+"""
+
+
+def test_a_policy_round_runs_without_pandas_and_plans_the_same(tmp_path):
+    """The policy's round (its plan over every GPU's states, the efficiency notes, the drains over
+    the window's attempts: pyarrow's conversions among them) runs with pandas refused, as
+    `gpufleet policy` does, and gives what it gives with pandas."""
+    build_golden(tmp_path)
+    w = StoreWriter(tmp_path)
+    compact(w, T(20), facts_hours=None)
+    w.close()
+    out = {}
+    for pandas in (False, True):
+        r = subprocess.run([sys.executable, "-c", POLICY_RUN.replace("PANDAS", str(pandas)), str(tmp_path), T(11, 30).isoformat() + "Z"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stderr.endswith("rc=0"), r.stderr[-3000:]
+        out[pandas] = (json.loads(r.stdout), r.stderr.rsplit("pandas=", 1)[1])
+    assert out[False][1] == "False rc=0", out[False][1]
+    assert out[False][0] == out[True][0] and {"actions", "efficiency_notes", "drains"} <= out[False][0].keys()
