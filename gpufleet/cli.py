@@ -49,7 +49,7 @@ SUBCOMMANDS = {
     "analyze": Subcommand("gpufleet.analytics.cli", "print a window's utilization, waste and cost (table or JSON)", "collector",
                           pandas=False),
     "dashboard": Subcommand("gpufleet.dashboards.cli", "serve the operators' Streamlit dashboards over the store", "dashboards"),
-    "report": Subcommand("gpufleet.report.cli", "write the weekly waste report (HTML, PDF, text) and mail it", "report"),
+    "report": Subcommand("gpufleet.report.cli", "write the weekly waste report (HTML, PDF, text) and mail it", "report", pandas=False),
     "policy": Subcommand("gpufleet.policy.cli", "warn owners of idle GPUs, escalate and cancel by [policy] (dry run first)", "report",
                          pandas=False),
     "demo": Subcommand("gpufleet.demo", "run the product on a simulated fleet, no GPU or root needed", "all"),

@@ -88,29 +88,44 @@ def test_pandas_is_refused_only_inside_the_command_with_a_message_naming_it():
                                      "DataFrame double"], r.stdout
 
 
-# `gpufleet policy` (a dry run at a time) in a fresh process, pandas refused or allowed as above
-POLICY_RUN = """
+# a subcommand in a fresh process, pandas refused or allowed as above: its output, and on stderr
+# whether pandas was imported
+COMMAND_RUN = """
 import dataclasses, sys
 from gpufleet import cli
-cli.SUBCOMMANDS["policy"] = dataclasses.replace(cli.SUBCOMMANDS["policy"], pandas=PANDAS)
-rc = cli.main(["policy", "--store", sys.argv[1], "--as-of", sys.argv[2], "--format", "json"])
+cli.SUBCOMMANDS[sys.argv[1]] = dataclasses.replace(cli.SUBCOMMANDS[sys.argv[1]], pandas=PANDAS)
+rc = cli.main(sys.argv[1:])
 sys.stderr.write(f"pandas={'pandas' in sys.modules} rc={rc}")
 """
 
 
-def test_a_policy_round_runs_without_pandas_and_plans_the_same(tmp_path):
-    """The policy's round (its plan over every GPU's states, the efficiency notes, the drains over
-    the window's attempts: pyarrow's conversions among them) runs with pandas refused, as
-    `gpufleet policy` does, and gives what it gives with pandas."""
-    build_golden(tmp_path)
-    w = StoreWriter(tmp_path)
-    compact(w, T(20), facts_hours=None)
-    w.close()
+def run_both(args) -> dict[bool, str]:
+    """`gpufleet ARGS`' output with pandas refused (False) and allowed (True) - `args(pandas)` the
+    arguments of each run; refused, pandas must not have been imported."""
     out = {}
     for pandas in (False, True):
-        r = subprocess.run([sys.executable, "-c", POLICY_RUN.replace("PANDAS", str(pandas)), str(tmp_path), T(11, 30).isoformat() + "Z"],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-c", COMMAND_RUN.replace("PANDAS", str(pandas)), *args(pandas)],
+                           capture_output=True, text=True, timeout=300)
         assert r.returncode == 0 and r.stderr.endswith("rc=0"), r.stderr[-3000:]
-        out[pandas] = (json.loads(r.stdout), r.stderr.rsplit("pandas=", 1)[1])
-    assert out[False][1] == "False rc=0", out[False][1]
-    assert out[False][0] == out[True][0] and {"actions", "efficiency_notes", "drains"} <= out[False][0].keys()
+        assert pandas or r.stderr.rsplit("pandas=", 1)[1] == "False rc=0", r.stderr[-300:]
+        out[pandas] = r.stdout
+    return out
+
+
+def test_a_policy_round_and_the_weekly_report_run_without_pandas_and_give_the_same(tmp_path):
+    """The policy's round (its plan over every GPU's states, the efficiency notes, the drains over
+    the window's attempts) and the weekly report (fleet and a team, text and HTML) - pyarrow's
+    conversions among them - run with pandas refused, as their subcommands do, and give what they
+    give with pandas."""
+    store = tmp_path / "store"
+    build_golden(store)
+    w = StoreWriter(store)
+    compact(w, T(20), facts_hours=None)
+    w.close()
+    plans = run_both(lambda pandas: ["policy", "--store", str(store), "--as-of", T(11, 30).isoformat() + "Z", "--format", "json"])
+    assert json.loads(plans[False]) == json.loads(plans[True]) and {"actions", "efficiency_notes", "drains"} <= json.loads(plans[False]).keys()
+    run_both(lambda pandas: ["report", "--store", str(store), "--from", T(0).isoformat() + "Z", "--to", T(20).isoformat() + "Z",
+                             "--out", str(tmp_path / f"report-{pandas}"), "--no-pdf", "--quiet", "--team", "physics"])
+    texts = {pandas: sorted((f.name, [line for line in f.read_text().splitlines() if "generated" not in line.lower()])
+                            for f in (tmp_path / f"report-{pandas}").iterdir() if f.suffix == ".txt") for pandas in (False, True)}
+    assert texts[False] == texts[True] and len(texts[False]) == 2
