@@ -108,8 +108,9 @@ STORED_BUCKETS = ("SELECT grain_s, epoch_us(bucket) AS b, hour_parts, epoch_us(o
 OPEN_5M = 0  # stored_buckets' key of the 5-minute buckets an open hour's files hold (the hour's own file not written yet)
 
 # The holders' jobs, for a job filter and the job dimensions (a mapped job the accounting lacks
-# keeps its allocation's key, as sql.ALLOCATIONS names it): {holders} a row per GPU and job
-# (wholder, or the distinct holders of wpe), the job filters applied ...
+# keeps its allocation's key, as sql.ALLOCATIONS names it), the job filters applied: {holders}
+# rows naming a GPU and job (wholder, wpe's distinct holders, a timeline's sums per holder and
+# bucket) ...
 _HOLDER_JOB = f"""
 SELECT o.*, coalesce(j.job_id, o.job_key) AS job_id, j.user_name, j.account, j.partition
 FROM {{holders}} o LEFT JOIN jobs j ON j.cluster = o.cluster AND j.scheduler = o.scheduler AND j.job_key = o.job_key
