@@ -521,9 +521,10 @@ def allocations_ending_after(since: str, where: str = "true") -> str:
     attempt the least known of its end, the next attempt's start and the job's start (else the last
     sighting plus $max_gap) - each one of those times. `where`: a condition on the allocations'
     own columns (no alias) applied to both, which the reader would apply anyway (some GPUs)."""
-    # (each time compared alone: a disjunction of two columns is not filtered inside the scan)
-    reach = " UNION ".join(f'SELECT cluster, scheduler, job_key FROM {t} WHERE {c} > {since}'
-                           for t in ("jobs", "job_attempts") for c in ('"end"', "start"))
+    # (each time compared alone: a disjunction of two columns is not filtered inside the scan; a
+    # job twice in it is met once by the semi join)
+    reach = " UNION ALL ".join(f'SELECT cluster, scheduler, job_key FROM {t} WHERE {c} > {since}'
+                               for t in ("jobs", "job_attempts") for c in ('"end"', "start"))
     return f"""(SELECT * FROM allocations WHERE last_seen > {since} - to_seconds($max_gap) AND {where}
     UNION ALL
     SELECT * FROM allocations SEMI JOIN ({reach}) USING (cluster, scheduler, job_key)
