@@ -110,6 +110,9 @@ WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model 
 ALLOCATION_FILTERS = """($cluster IS NULL OR a.cluster = $cluster)
   AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
   AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)"""
+# ... those on a job's key alone, applied to the reads of the allocations and their jobs too (one
+# job's window reads its key's rows, not every job's: allocations_ending_after's `keys`)
+_JOB_KEY_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($job_key IS NULL OR job_key = $job_key)"
 
 ALLOCATIONS = f"""
 CREATE OR REPLACE TEMP TABLE al AS
@@ -117,8 +120,8 @@ SELECT a.cluster, a.scheduler, a.job_key, a.host, a.gpu_uuid, a.gpu_instance AS 
        greatest({ALLOCATION_START}, $xstart) AS a0,
        least({ALLOCATION_END}, $xend) AS a1,
        coalesce(j.job_id, a.job_key) AS job_id, j.name, j.user_name, j.account, j.partition, j.state
-FROM {allocations_ending_after("$xstart")} a
-LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+FROM {allocations_ending_after("$xstart", keys=_JOB_KEY_FILTERS)} a
+LEFT JOIN (SELECT * FROM jobs WHERE {_JOB_KEY_FILTERS}) j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
 WHERE {ALLOCATION_FILTERS}
   AND least({ALLOCATION_END}, $xend) > greatest({ALLOCATION_START}, $xstart)

@@ -509,7 +509,7 @@ ALLOCATION_START = f"coalesce({_RUN_START}, j.start, a.first_seen)"
 ALLOCATION_END = f'CASE WHEN r.record IS NULL OR r.record THEN coalesce(j."end", {_LAST_HELD}) ELSE coalesce({_RUN_END}, {_LAST_HELD}) END'
 
 
-def allocations_ending_after(since: str, where: str = "true") -> str:
+def allocations_ending_after(since: str, where: str = "true", keys: str = "true") -> str:
     """SQL (a FROM item, for alias a): the allocations that may hold their GPU after `since` (SQL
     time) - every allocation whose ALLOCATION_END, in any of its runs, passes it, and a few that do
     not - read without joining the store's whole history. A reader that keeps only allocations
@@ -520,15 +520,17 @@ def allocations_ending_after(since: str, where: str = "true") -> str:
     are all: a run's end is the job's end (else the last sighting plus $max_gap), or for an earlier
     attempt the least known of its end, the next attempt's start and the job's start (else the last
     sighting plus $max_gap) - each one of those times. `where`: a condition on the allocations'
-    own columns (no alias) applied to both, which the reader would apply anyway (some GPUs)."""
+    own columns (no alias) applied to both, which the reader would apply anyway (some GPUs);
+    `keys`: one on the columns of a job's key alone (cluster, scheduler, job_key), applied to the
+    jobs and attempts read too (one job's allocations: its key's rows alone)."""
     # (each time compared alone: a disjunction of two columns is not filtered inside the scan; a
     # job twice in it is met once by the semi join)
-    reach = " UNION ALL ".join(f'SELECT cluster, scheduler, job_key FROM {t} WHERE {c} > {since}'
+    reach = " UNION ALL ".join(f'SELECT cluster, scheduler, job_key FROM {t} WHERE {c} > {since} AND {keys}'
                                for t in ("jobs", "job_attempts") for c in ('"end"', "start"))
-    return f"""(SELECT * FROM allocations WHERE last_seen > {since} - to_seconds($max_gap) AND {where}
+    return f"""(SELECT * FROM allocations WHERE last_seen > {since} - to_seconds($max_gap) AND {where} AND {keys}
     UNION ALL
     SELECT * FROM allocations SEMI JOIN ({reach}) USING (cluster, scheduler, job_key)
-    WHERE (last_seen > {since} - to_seconds($max_gap)) IS NOT TRUE AND {where})"""
+    WHERE (last_seen > {since} - to_seconds($max_gap)) IS NOT TRUE AND {where} AND {keys})"""
 
 # A sample's figures as the per-GPU line reads them, said once for the facts
 # (gpufleet.collector.facts.SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,
