@@ -397,6 +397,9 @@ class FactWindow:
         self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
         self._runs: dict[str, pl.DataFrame] = {}  # kind -> runs(kind): totals and waste_by both resolve them
         self._linked = False  # wheld and wlinked built (linked)
+        # a GPU-filtered window's holds, read once for all its raw spans ([lo, hi), table; _holds)
+        self._hold_span: tuple[int, int] | None = None
+        self._hold: pa.Table | None = None
         # the window's capacity (cap) and job (ja) tables, built when a query first reads them (a
         # health or temperature window reads neither); core.Analysis' cursor has them already
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
@@ -417,6 +420,9 @@ class FactWindow:
                     spans[-1] = (grain, spans[-1][1], b)  # whole buckets on both sides of a grid edge: one read
                 else:
                     spans.append((grain, a, b))
+        raw = [(a, b) for grain, a, b in spans if grain is None]
+        if self.gpus is not None and raw:  # (a few GPUs: their holds from the first raw span to the last are few)
+            self._hold_span = (raw[0][0], raw[-1][1])
         cells: list[tuple[int, int]] = []  # contiguous raw spans (a timeline's cells): read together, cut apart
         for grain, a, b in spans:
             if grain is None:
@@ -445,6 +451,17 @@ class FactWindow:
                   **cf.gpu_binds(self.gpus, self.hosts)}
         query = INSERT_STORED_PARTS.format(columns=", ".join(self.columns))
         self.con.execute(query, sql.bound(query, values))
+
+    def _holds(self, t: int, u: int) -> pa.Table:
+        """The holds of the window's GPUs overlapping [t, u) (collector.facts.holds) - for a
+        GPU-filtered window (a job's: its start's and its end's edge minutes), those of all its raw
+        spans, read once: build_parts takes holds beyond its own range (a hold it does not meet
+        cuts nothing), and each HOLDS read scans every allocation's GPU (~90 ms at 16,384 GPUs)."""
+        if self._hold_span is None:
+            return cf.holds(self.con, t, u, self.fp, self.gpus, self.hosts)
+        if self._hold is None:
+            self._hold = cf.holds(self.con, *self._hold_span, self.fp, self.gpus, self.hosts)
+        return self._hold
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
         """The window [s, e) cut at its grid's edges (grid_us from grid_origin_us; none: whole)."""
@@ -483,7 +500,7 @@ class FactWindow:
                                      t, u, self.fp.gap_us)
             hours = max(1, min(RAW_READ_HOURS, RAW_READ_ROWS * (u - t) // (max(samples.num_rows, 1) * cf.HOUR_US)))
             if samples.num_rows:
-                hold = cf.holds(self.con, t, u, self.fp, self.gpus, self.hosts)
+                hold = self._holds(t, u)
                 ts = samples["ts"]
                 at = np.sort(ts.to_numpy())
                 h = t
