@@ -1231,9 +1231,12 @@ WHERE action = 'cancel' AND enforce AND result = 'ok' AND ts < $end + INTERVAL 1
 """
 
 # GPU-hours each host's GPUs were held in [$start, $end) (the mapping's allocations, clipped): a
-# node's exposure in the lemon test
+# node's exposure in the lemon test; and the scheduler most of those holds are of (a drain goes
+# through it: a node moved from Slurm to Kubernetes is drained as Kubernetes' once it holds its
+# window; the store's history of the node's allocations said Slurm)
 RELIABILITY_HOST_GPU_HOURS = f"""
-SELECT a.cluster, a.host, mode(a.scheduler) AS scheduler, sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
+SELECT a.cluster, a.host, mode(a.scheduler) FILTER (WHERE {clip_seconds(ALLOCATION_START, ALLOCATION_END)} > 0) AS scheduler,
+       sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
 FROM allocations a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}

@@ -101,3 +101,27 @@ def test_reliability_metrics_for_the_alert_rules(tmp_path, store):
     # node failures are no hardware evidence: the hardware rate is a known 0 over both windows (GPU-hours were held)
     assert 'gpufleet_reliability_hardware_interruptions_per_1000_gpu_days{window="recent"} 0.0' in text
     assert 'gpufleet_reliability_hardware_interruptions_per_1000_gpu_days{window="baseline"} 0.0' in text
+
+
+def test_a_node_s_exposure_and_scheduler_are_its_window_s_holds():
+    """The lemon test's exposure per node (sql.RELIABILITY_HOST_GPU_HOURS): the GPU-hours held in
+    the window, and the scheduler most of those holds are of - a node that Slurm held for weeks
+    and Kubernetes holds now is drained as Kubernetes' (it was the history's majority before)."""
+    import duckdb
+
+    from gpufleet.analytics import sql
+    from gpufleet.collector.schema import ALLOCATIONS_DDL, JOB_ATTEMPTS_DDL, JOBS_DDL
+
+    T0 = datetime(2026, 11, 2)
+    con = duckdb.connect()
+    for ddl in (JOBS_DDL, ALLOCATIONS_DDL, JOB_ATTEMPTS_DDL):
+        con.execute(ddl)
+    rows = [("slurm", f"s{k}", T0 - timedelta(days=k + 1), T0 - timedelta(days=k + 1) + timedelta(hours=2)) for k in range(3)]
+    rows += [("kubernetes", "ns/p0", T0 + timedelta(hours=1), T0 + timedelta(hours=3))]
+    for scheduler, key, first, last in rows:
+        con.execute("INSERT INTO allocations VALUES ('c', ?, ?, 'n1', 'GPU-0', -1, 0, ?, ?, 'exporter')", [scheduler, key, first, last])
+    values = {"start": T0, "end": T0 + timedelta(days=1), "max_gap": 1800.0, "cluster": None, "account": None, "user_name": None,
+              "partition": None, "job_key": None}
+    q = sql.RELIABILITY_HOST_GPU_HOURS
+    [(cluster, host, scheduler, gpu_hours)] = con.execute(q, sql.bound(q, values)).fetchall()
+    assert (cluster, host, scheduler) == ("c", "n1", "kubernetes") and abs(gpu_hours - 2.5) < 1e-9  # (last sighting + max_gap)
