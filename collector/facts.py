@@ -474,19 +474,21 @@ def _with_holders(stretch: pa.Table, g: np.ndarray, hg: np.ndarray, ha0: np.ndar
     """Each stretch once per allocation holding all of it (they are cut at every edge), the first
     holder (by start) its lead; a stretch nobody holds once, unheld, as its lead."""
     s0, s1 = stretch["p0"].to_numpy(), stretch["p1"].to_numpy()
-    rows, who = [], []
+    rows_a, who_a = np.zeros(0, np.int64), np.zeros(0, np.int64)
     if len(hg):
         order = np.lexsort((ha0, hg))
         hg_s, ha0_s, ha1_s = hg[order], ha0[order], ha1[order]
         lo = np.searchsorted(hg_s, g, side="left")
-        hi = np.searchsorted(hg_s, g, side="right")
-        for r in np.flatnonzero(hi > lo).tolist():
-            for q in range(lo[r], hi[r]):
-                if ha0_s[q] < s1[r] and ha1_s[q] > s0[r]:
-                    rows.append(r)
-                    who.append(order[q])
-    rows_a, who_a = np.array(rows, dtype=np.int64), np.array(who, dtype=np.int64)
-    unheld = np.setdiff1d(np.arange(stretch.num_rows), rows_a)
+        n = np.searchsorted(hg_s, g, side="right") - lo
+        # every (stretch, hold of its GPU) pair, stretches in order and each one's holds by start
+        # (a Python loop over the pairs was ~70 ms an hour of 1,024 GPUs' upkeep)
+        r = np.repeat(np.arange(len(g)), n)
+        q = lo[r] + (np.arange(len(r)) - np.repeat(np.cumsum(n) - n, n))
+        meets = (ha0_s[q] < s1[r]) & (ha1_s[q] > s0[r])
+        rows_a, who_a = r[meets].astype(np.int64), order[q[meets]].astype(np.int64)
+    unheld_mask = np.ones(stretch.num_rows, dtype=bool)  # (np.setdiff1d: np.unique's hashing, ~10 ms an hour of 1,024 GPUs)
+    unheld_mask[rows_a] = False
+    unheld = np.flatnonzero(unheld_mask)
     take = np.concatenate([rows_a, unheld])
     lead = np.ones(len(take), dtype=bool)
     if len(rows_a) > 1:
