@@ -77,7 +77,7 @@ import pyarrow as pa
 
 from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS,
                                       allocations_ending_after, empty_table)
-from gpufleet.collector.intervals import distinct, intervals, segments, split
+from gpufleet.collector.intervals import distinct, intervals, positions_within, segments, split
 
 FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
 # an open hour's file of its settled 5-minute buckets (maintenance._open_hour_tasks): FORMAT_VERSION's
@@ -483,9 +483,9 @@ def _with_holders(stretch: pa.Table, g: np.ndarray, hg: np.ndarray, ha0: np.ndar
         # every (stretch, hold of its GPU) pair, stretches in order and each one's holds by start
         # (a Python loop over the pairs was ~70 ms an hour of 1,024 GPUs' upkeep)
         r = np.repeat(np.arange(len(g)), n)
-        q = lo[r] + (np.arange(len(r)) - np.repeat(np.cumsum(n) - n, n))
+        q = lo[r] + positions_within(n)
         meets = (ha0_s[q] < s1[r]) & (ha1_s[q] > s0[r])
-        rows_a, who_a = r[meets].astype(np.int64), order[q[meets]].astype(np.int64)
+        rows_a, who_a = r[meets], order[q[meets]]
     unheld_mask = np.ones(stretch.num_rows, dtype=bool)  # (np.setdiff1d: np.unique's hashing, ~10 ms an hour of 1,024 GPUs)
     unheld_mask[rows_a] = False
     unheld = np.flatnonzero(unheld_mask)

@@ -17,6 +17,12 @@ def distinct(x: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+def positions_within(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., counts[i] - 1 for each i in turn: each element's place in its run, where
+    np.repeat(x, counts) made the runs (a piece per bucket, per cut, per hold of a GPU)."""
+    return np.arange(int(np.sum(counts))) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def intervals(g: np.ndarray, ts: np.ndarray, gap_us: int) -> np.ndarray:
     """End of each sample's interval (samples ordered by GPU g, then time ts in us): the next
     sample of the same GPU, at most gap_us later. Duplicate times give zero-length intervals."""
@@ -39,7 +45,7 @@ def split(t0: np.ndarray, t1: np.ndarray, lo: np.ndarray | int, hi: np.ndarray |
     cnt = k1 - k0 + 1
     if len(cnt) and cnt.max() > 1:
         rep = np.repeat(np.arange(len(a)), cnt)
-        k = np.repeat(k0, cnt) + (np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        k = np.repeat(k0, cnt) + positions_within(cnt)
         p0 = np.maximum(a[rep], k * bucket_us)
         p1 = np.minimum(b[rep], (k + 1) * bucket_us)
         return idx[rep], k, p0, p1
@@ -65,7 +71,7 @@ def segments(g: np.ndarray, k: np.ndarray, p0: np.ndarray, p1: np.ndarray, cut_g
     n = np.searchsorted(cuts, own | (p1 - base), side="left") - lo  # cuts strictly inside a piece
     if n.max(initial=0) > 0:
         idx = np.repeat(idx, n + 1)
-        j = np.arange(len(idx)) - np.repeat(np.cumsum(n + 1) - (n + 1), n + 1)  # 0 .. n within a piece
+        j = positions_within(n + 1)  # 0 .. n within a piece
         at = lo[idx] + j
         inner = (cuts[np.minimum(at, len(cuts) - 1)] & ((1 << KEY_SHIFT) - 1)) + base
         prev = (cuts[np.maximum(at - 1, 0)] & ((1 << KEY_SHIFT) - 1)) + base
