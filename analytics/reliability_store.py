@@ -135,12 +135,17 @@ def figures_and_lemons(con: Any, params: Any, s: Settings = Settings(), as_of: d
     what the policy's drains and its interruption-rate metrics read each round, without the
     chains, goodput and advice the report adds (two thirds of a 16,384-GPU week's report)."""
     with gc_paused():
-        return _figures_and_lemons(params, s, as_of, read(con, params, s, as_of))
+        done = read(con, params, s, as_of)
+        return _figures_and_lemons(params, s, as_of, done, _saved_times(done))
 
 
-def _figures_and_lemons(params: Any, s: Settings, as_of: datetime | None, done: Read) -> dict[str, Any]:
+def _saved_times(done: Read) -> dict[tuple, list[datetime]]:
+    """Each job's reported checkpoint times (done.saved's, without their costs)."""
+    return {k: [t for t, _ in v] for k, v in done.saved.items()}
+
+
+def _figures_and_lemons(params: Any, s: Settings, as_of: datetime | None, done: Read, times: dict[tuple, list[datetime]]) -> dict[str, Any]:
     classified, host_rows = done.classified, done.host_rows
-    times = {k: [t for t, _ in v] for k, v in done.saved.items()}
     host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
     where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
     f = figures(classified, params.start, params.end, times, as_of=as_of, summed=done.summed)
@@ -155,8 +160,8 @@ def _figures_and_lemons(params: Any, s: Settings, as_of: datetime | None, done: 
 
 def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Read) -> dict[str, Any]:
     classified, summed, saved = done.classified, done.summed, done.saved
-    times = {k: [t for t, _ in v] for k, v in saved.items()}
-    fl = _figures_and_lemons(params, s, as_of, done)
+    times = _saved_times(done)
+    fl = _figures_and_lemons(params, s, as_of, done, times)
     f = fl["figures"]
     until = min(as_of or params.end, params.end)
     linked = chain_candidates(classified, s)
@@ -200,7 +205,7 @@ def lost_by_team(con: Any, params: Any, s: Settings = Settings(), as_of: datetim
     (whatever its `top`: every interrupted attempt is read as a row)."""
     done = done or read(con, params, s, as_of)
     classified = done.classified
-    times = {k: [t for t, _ in v] for k, v in done.saved.items()}
+    times = _saved_times(done)
     out: dict[tuple[str, str | None], tuple[float | None, bool]] = {}
     for c in classified:
         a = c.attempt
