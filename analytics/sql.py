@@ -216,9 +216,8 @@ FROM alv WHERE has_piece GROUP BY ALL
 """
 
 # The job filters every job query applies (bound parameters; NULL means no filter).
-JOB_FILTERS = """($cluster IS NULL OR cluster = $cluster) AND ($account IS NULL OR account = $account)
-  AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)
-  AND ($job_key IS NULL OR job_key = $job_key)"""
+JOB_FILTERS = f"""{_JOB_KEY_FILTERS} AND ($account IS NULL OR account = $account)
+  AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
 
 
 # Each job with gpu_share: the share of a whole GPU each of its `gpus` is (mig_share), so a job
