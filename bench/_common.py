@@ -111,6 +111,23 @@ def proc_kib(pid: int, key: str) -> int:
 # --- child processes ---
 
 
+# `gpufleet ARGS` as the console script runs it, for run_python
+GPUFLEET_COMMAND = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_python(code: str, args: list[str]) -> tuple[float, float, float, bytes]:
+    """`python -c code args` in a process of its own (GPUFLEET_COMMAND: a `gpufleet` command): wall
+    s, CPU s (user + system), peak RSS GiB and its output; a failure raises, naming the command."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    out = p.stdout.read() if p.stdout else b""
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"python -c {code!r} {' '.join(args)} exited {p.returncode}")
+    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20, out
+
+
 def measure_child(module: str, args: list[str], timeout: float) -> dict:
     """Run a measuring child, `python -m <module> <args>`, in a process of its own (its peak RSS is
     its own) and return the JSON document it printed on its line marked RESULT (DuckDB may draw a

@@ -12,35 +12,15 @@ runs each (default 3), the median shown. Issue #52's goal at 1,024 GPUs: 0.5 s +
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
-import sys
-import time
 from datetime import timedelta
 
-from bench._common import ROOT, Table, env_number, progress
+from bench._common import GPUFLEET_COMMAND, Table, env_number, progress, run_python
 
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_ANALYZE_RUNS", 3)))
 HISTORY_WEEKS = int(env_number("GPUFLEET_BENCH_HISTORY_WEEKS", 12))
-COMMAND = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
 # the command's start-up: the interpreter and the modules an analysis imports, before it reads anything
 START_UP = "import gpufleet.cli, gpufleet.analytics.cli, gpufleet.analytics.core, gpufleet.collector.store"
-
-
-def _run(args: list[str], code: str = COMMAND, keep_output: bool = False) -> tuple:
-    """One `gpufleet` command's run (or `code` alone): wall s, CPU s, peak RSS GiB, bytes out
-    (and, with keep_output, the output itself)."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    out = p.stdout.read() if p.stdout else b""
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError(f"python -c {code!r} {' '.join(args)} exited {p.returncode}")
-    took = (time.perf_counter() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20, len(out))
-    return (*took, out) if keep_output else took
 
 
 def run() -> list[Table]:
@@ -58,14 +38,14 @@ def run() -> list[Table]:
         cases.append((f"the whole window, {HISTORY_WEEKS} earlier weeks of jobs in the store",
                       ["--store", str(ensure_history(store, HISTORY_WEEKS, progress)), *week[2:]]))
     t = Table(f"analyze: `gpufleet analyze --format json`, {SCALE.describe()}")
-    start_up = statistics.median(_run([], START_UP)[0] for _ in range(RUNS))
+    start_up = statistics.median(run_python(START_UP, [])[0] for _ in range(RUNS))
     t.add(f"start-up: the interpreter and the command's imports (median of {RUNS})", f"{start_up:.2f} s")
     goal = SCALE.gpus == 1024  # (issue #52's goal for this fleet size)
     for label, args in cases:
         progress(f"gpufleet analyze, {label}: {RUNS} runs")
-        runs = [_run(["analyze", *args, "--format", "json"]) for _ in range(RUNS)]
+        runs = [run_python(GPUFLEET_COMMAND, ["analyze", *args, "--format", "json"]) for _ in range(RUNS)]
         wall, cpu, rss = (statistics.median(r[i] for r in runs) for i in range(3))
-        t.add(f"{label}: wall / CPU / peak RSS (median of {RUNS})", f"{wall:.2f} s / {cpu:.2f} s / {rss:.2f} GiB, {runs[0][3] / 1e6:.1f} MB of JSON",
+        t.add(f"{label}: wall / CPU / peak RSS (median of {RUNS})", f"{wall:.2f} s / {cpu:.2f} s / {rss:.2f} GiB, {len(runs[0][3]) / 1e6:.1f} MB of JSON",
               "0.5 s + start-up, 0.3 GiB (issue #52)" if goal else "", (wall - start_up <= 0.5 and rss <= 0.3) if goal else None)
     t.notes += ["each run a process of its own (python -c gpufleet.cli main, as the console script), start-up, imports and the "
                 "JSON's writing included; DuckDB and polars threads as the environment sets them (GPUFLEET_DUCKDB_THREADS)"]

@@ -19,8 +19,8 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from bench._common import Table, env_number, progress
-from bench.analyze import COMMAND, RUNS, START_UP, _run
+from bench._common import GPUFLEET_COMMAND, Table, env_number, progress, run_python
+from bench.analyze import RUNS, START_UP
 
 AT_HOURS = env_number("GPUFLEET_BENCH_POLICY_AT", 12)
 ROUND_MIN = env_number("GPUFLEET_BENCH_POLICY_ROUND", 5)
@@ -40,11 +40,11 @@ def run() -> list[Table]:
         config.write_text(f"[policy]\nefficiency_note_accounts = {json.dumps(ACCOUNTS)}\n"
                           f'efficiency_note_lookback = "{ROUND_MIN:g}m"\n')
         args = ["policy", "--config", str(config), "--store", str(store), "--as-of", at.strftime("%Y-%m-%dT%H:%M:%SZ"), "--format", "json"]
-        start_up = statistics.median(_run([], START_UP)[0] for _ in range(RUNS))
+        start_up = statistics.median(run_python(START_UP, [])[0] for _ in range(RUNS))
         progress(f"gpufleet policy at {at:%Y-%m-%d %H:%M}: {RUNS} runs")
-        runs = [_run(args, COMMAND, keep_output=True) for _ in range(RUNS)]
+        runs = [run_python(GPUFLEET_COMMAND, args) for _ in range(RUNS)]
     wall, cpu, rss = (statistics.median(r[i] for r in runs) for i in range(3))
-    doc = json.loads(runs[0][4])
+    doc = json.loads(runs[0][3])
     goal = SCALE.gpus >= 100_000
     t.add(f"start-up: the interpreter and the command's imports (median of {RUNS})", f"{start_up:.2f} s")
     t.add(f"a round at {at:%a %H:%M}: wall / CPU / peak RSS (median of {RUNS})", f"{wall:.2f} s / {cpu:.2f} s / {rss:.2f} GiB",
