@@ -71,7 +71,8 @@ def secrets_toml(auth: dict[str, Any]) -> str:
 
 
 def command(host: str, port: int, config: str | None, store: str | None, secrets: Path | None, base_url_path: str = "") -> list[str]:
-    argv = [sys.executable, "-m", "streamlit", "run", str(APP),
+    # Streamlit's command line in a process that imports the pages' code before it listens (serve.py)
+    argv = [sys.executable, "-m", "gpufleet.dashboards.serve", "run", str(APP),
             "--server.address", host, "--server.port", str(port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", "--server.runOnSave", "false",
             "--client.toolbarMode", "viewer", "--global.showWarningOnDirectExecution", "false"]

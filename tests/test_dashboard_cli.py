@@ -83,7 +83,7 @@ def test_secrets_file_is_streamlits_auth_section():
 
 def test_command_line_of_streamlit(tmp_path):
     argv = cli.command("127.0.0.1", 8600, "cfg.toml", str(tmp_path), None)
-    assert argv[:4] == [sys.executable, "-m", "streamlit", "run"] and argv[4].endswith("dashboards/app.py")
+    assert argv[:4] == [sys.executable, "-m", "gpufleet.dashboards.serve", "run"] and argv[4].endswith("dashboards/app.py")
     for flag, value in (("--server.address", "127.0.0.1"), ("--server.port", "8600"), ("--server.headless", "true"),
                         ("--browser.gatherUsageStats", "false")):
         assert argv[argv.index(flag) + 1] == value
@@ -108,3 +108,27 @@ def test_serves_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_server_imports_what_the_pages_import_before_it_listens(tmp_path):
+    """serve.py's preload: every module a page's source imports, read from the sources (a page's
+    new import is found without a list), names that are not modules skipped, a module that fails
+    on an import of its own not hidden."""
+    from gpufleet.dashboards import serve
+
+    names = serve.page_imports()
+    assert {"polars", "altair", "duckdb", "gpufleet.analytics.core", "gpufleet.analytics.fleet_now", "gpufleet.dashboards.data"} <= set(names)
+    assert "gpufleet.analytics.core.Analysis" in names  # (a `from X import name`: tried, then skipped)
+    loaded = serve.preload(["json", "gpufleet.analytics.core.Analysis", "gpufleet.times"])
+    assert loaded == ["json", "gpufleet.times"]
+    (tmp_path / "views").mkdir()
+    (tmp_path / "app.py").write_text("import json\nfrom gpufleet.times import utcnow\n")
+    (tmp_path / "views" / "p.py").write_text("def f():\n    from email import message\n")
+    assert serve.page_imports(tmp_path) == ["email", "email.message", "gpufleet.times", "gpufleet.times.utcnow", "json"]
+    (tmp_path / "broken.py").write_text("import no_such_module_anywhere\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ModuleNotFoundError, match="no_such_module_anywhere"):
+            serve.preload(["broken"])
+    finally:
+        sys.path.remove(str(tmp_path))
