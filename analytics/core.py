@@ -11,6 +11,7 @@ unknown, not 0.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Sequence
@@ -35,6 +36,9 @@ from gpufleet.times import epoch_us, utcnow
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
 # an allocation's detail sums over its pieces inside the window (allocation_detail's numbers)
+# what Analysis._allocation_parts makes (attributes, and the tables a query may read)
+_ALLOCATION_USE = ("_alv", "_alv_order", "_detail")
+_ALLOCATION_TABLES = re.compile(r"\b(alv|wgpu)\b")
 DETAIL_NUMBERS = ("has_piece", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
@@ -286,11 +290,21 @@ class Analysis:
             self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
                                        gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS)
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
-            self._allocation_parts()
+            # (the allocations' sums over the parts - _alv, _detail, alv, wgpu - are built by the
+            # first figure that reads them: __getattr__, q)
         # per_gpu() and idle_stretches() read only the data above, which never changes after
         # this point: computed once each, then handed out as copies (totals, utilization by GPU
         # dimensions, waste and the top jobs all start from them)
         self._memo: dict[tuple[str, ...], pl.DataFrame] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        """The allocations' use from the parts (_allocation_parts: _alv, _alv_order, _detail), built
+        when a figure first reads it: a window asked only for its totals (the previous window's,
+        for the trend) never sums its parts per allocation (facts.ALLOCATION_PARTS)."""
+        if name in _ALLOCATION_USE and self.__dict__.get("fw") is not None:
+            self._allocation_parts()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def job_filtered(self) -> bool:
@@ -317,7 +331,8 @@ class Analysis:
         and whether it has a piece in the window, as _allocation_use looks them up in the raw
         arrays; the detail sums kept for allocation_detail."""
         self._exec(facts.GPU_IDS)
-        use = self.q(facts.ALLOCATION_PARTS)
+        # (not self.q: a query naming wgpu there would build this again)
+        use = pl.from_arrow(self.con.sql(facts.ALLOCATION_PARTS, params=sql.bound(facts.ALLOCATION_PARTS, self.bind)).to_arrow_table())
         self._detail = use.select("fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock", "has_util")
         self._alv = use.select("a0", "a1", "gid", "data_s", "busy_s", "has_piece")
         g = self._alv["gid"].fill_null(-1).to_numpy()
@@ -476,6 +491,8 @@ class Analysis:
     def q(self, query: str, tables: dict[str, pl.DataFrame] | None = None, **extra: Any) -> pl.DataFrame:
         """Run a query with this analysis' bound parameters (plus `extra` ones), with `tables`
         (name -> frame) registered for it alone."""
+        if self.fw is not None and "_alv" not in self.__dict__ and _ALLOCATION_TABLES.search(query):
+            self._allocation_parts()
         names = sql.bound(query, {**self.bind, **extra})
         for name, frame in (tables or {}).items():
             self.con.register(name, frame.to_arrow())
