@@ -67,6 +67,7 @@ STORED_PARTS = ("SELECT {columns} FROM read_parquet($files, hive_partitioning = 
 # 1,024-GPU week's day parts: 123 MB); {columns}: the FactWindow's (its `columns`)
 INSERT_STORED_PARTS = "INSERT INTO wpe BY NAME SELECT wp.*, " + _PART_COLUMNS.format(parts=f"({STORED_PARTS})")
 
+ALL_COLUMNS = tuple(cf.SCHEMA.names)  # a FactWindow's parts' columns unless it names fewer
 # What every read of parts needs whatever it sums: a part's GPU, its MIG share's inputs, its
 # bucket and times, its holder and whether it leads its stretch
 PART_KEY_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
@@ -86,6 +87,10 @@ ANALYSIS_COLUMNS = (
 TIMELINE_COLUMNS = (*PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "fb_max_mib")
 # ... and those the Health page's temperature chart reads (sql.TEMPERATURE_FROM_FACTS, at its buckets' grain)
 TEMPERATURE_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", "temp_n", "temp_sum", "sample_temp_max_c", "mem_temp_max_c")
+# ... and those health's events read (sql.EVENTS_FROM_FACTS, MIXED_PARTS: health.events, which
+# the reliability report and the goodput waterfall ask for): all ~115 were read for them, for the
+# few GPUs whose health moved - at the demo's 160 GPUs, a third of the Utilization page's first load
+EVENT_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", *sql.EVENT_FACT_COLUMNS)
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
 # facts; 86400: a day's hour and day facts), with their buckets, in time order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
@@ -371,7 +376,7 @@ class FactWindow:
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
                  grid_origin_us: int | None = None, gpus: list[str] | None = None, hosts: list[str] | None = None,
                  health_only: bool = False,
-                 columns: tuple[str, ...] = tuple(cf.SCHEMA.names)):
+                 columns: tuple[str, ...] = ALL_COLUMNS):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
         `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
         already) rather than on a cursor of its own. `grid_us`: every edge origin + k x grid_us

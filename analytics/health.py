@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpufleet.analytics import raw_reads, sql
-from gpufleet.analytics.facts import SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow, fact_files_of, fact_params, stored_buckets
+from gpufleet.analytics.facts import ALL_COLUMNS, EVENT_COLUMNS, SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow, fact_files_of, fact_params, stored_buckets
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
 from gpufleet.times import epoch_us
@@ -139,7 +139,9 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
         got = {}
         others = [k for k in what if k != "temperature"]
         if others:
-            w = FactWindow(con, params, gpus=_moved_gpus(con, params) if what == ("events",) else None, health_only=True)
+            events_only = what == ("events",)
+            w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, health_only=True,
+                           columns=EVENT_COLUMNS if events_only else ALL_COLUMNS)
             try:
                 answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w)}
                 got.update({k: answers[k]() for k in others})

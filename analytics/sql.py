@@ -1002,8 +1002,11 @@ _EVENT_COUNTERS = (("ecc_dbe", "ecc_dbe", "double-bit ECC errors"), ("ecc_sbe", 
 _BASES = ", ".join(f"coalesce(arg_min({c}_first, p0) FILTER (WHERE {c}_first IS NOT NULL), 0) AS {c}_0" for _, c, _ in _EVENT_COUNTERS)
 # (p: the columns the events read alone - DuckDB materializes p, read several times, and its copy
 # of every lead part with all ~115 columns was 4.8 s of a 16,384-GPU week's events, which found none)
-_EVENT_COLUMNS = f"{_KEY}, gpu, model, p0, p1, xid_codes, lost_n, lost_ts, remap_failure_n, remap_failure_ts, " + ", ".join(
-    f"{c}_first, {c}_first_ts, {c}_n, {c}_min, {c}_max" for _, c, _ in _EVENT_COUNTERS)
+# (EVENT_FACT_COLUMNS: the facts' columns of the events beyond a part's key and times; a FactWindow
+# that answers events alone reads those: facts.EVENT_COLUMNS)
+EVENT_FACT_COLUMNS = ("xid_codes", "lost_n", "lost_ts", "remap_failure_n", "remap_failure_ts",
+                      *(f"{c}_{x}" for _, c, _ in _EVENT_COUNTERS for x in ("first", "first_ts", "n", "min", "max")))
+_EVENT_COLUMNS = f"{_KEY}, gpu, model, p0, p1, " + ", ".join(EVENT_FACT_COLUMNS)
 _EVENT_PARTS = f"WITH p AS (SELECT {_EVENT_COLUMNS} FROM wpe WHERE {_HEALTH_WHERE}), base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)"
 
 # Parts in which a counter passes the window's first value (GPU_EVENTS' base): only their samples
