@@ -36,9 +36,10 @@ from gpufleet.times import epoch_us, utcnow
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
 # an allocation's detail sums over its pieces inside the window (allocation_detail's numbers)
-# what Analysis._allocation_parts makes (attributes, and the tables a query may read)
+# what Analysis._allocation_parts makes (attributes), and the tables a query may read that an
+# Analysis makes when a figure first needs them (al: _allocations_table; alv, wgpu: _allocation_parts)
 _ALLOCATION_USE = ("_alv", "_alv_order", "_detail")
-_ALLOCATION_TABLES = re.compile(r"\b(alv|wgpu)\b")
+_LAZY_TABLES = re.compile(r"\b(al|alv|wgpu)\b")
 DETAIL_NUMBERS = ("has_piece", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
@@ -273,8 +274,13 @@ class Analysis:
         self.raw = raw
         self.bind = window_bind(params, now or utcnow())
         self.prices = register_prices(self.con, params)
-        for stmt in (sql.CAPACITY, sql.ALLOCATIONS, sql.JOB_TABLE):
+        for stmt in (sql.CAPACITY, sql.JOB_TABLE):
             self._exec(stmt)
+        # the window's allocations (al): read now where the raw arrays or a job filter's GPUs need
+        # them, else by the first figure that reads them (a window's totals never do: _allocations_table)
+        self._al_read = False
+        if raw or self.job_filtered:
+            self._allocations_table()
         # under a job filter its figures are its allocations': only the GPUs they hold are read
         # (a filtered window costs what it selects: one job's page reads its GPUs, not the fleet's)
         self.held_gpus = [u for (u,) in self.con.execute(sql.HELD_GPU_UUIDS).fetchall()] if self.job_filtered else None
@@ -326,10 +332,17 @@ class Analysis:
         samples only."""
         return [] if self.raw else facts.edge_warnings(self.con, self.p)
 
+    def _allocations_table(self) -> None:
+        """al (sql.ALLOCATIONS), once."""
+        if not self._al_read:
+            self._exec(sql.ALLOCATIONS)
+            self._al_read = True
+
     def _allocation_parts(self) -> None:
         """alv from the parts (facts.ALLOCATION_PARTS): each allocation's data and busy seconds
         and whether it has a piece in the window, as _allocation_use looks them up in the raw
         arrays; the detail sums kept for allocation_detail."""
+        self._allocations_table()
         self._exec(facts.GPU_IDS)
         # (not self.q: a query naming wgpu there would build this again)
         use = pl.from_arrow(self.con.sql(facts.ALLOCATION_PARTS, params=sql.bound(facts.ALLOCATION_PARTS, self.bind)).to_arrow_table())
@@ -491,8 +504,12 @@ class Analysis:
     def q(self, query: str, tables: dict[str, pl.DataFrame] | None = None, **extra: Any) -> pl.DataFrame:
         """Run a query with this analysis' bound parameters (plus `extra` ones), with `tables`
         (name -> frame) registered for it alone."""
-        if self.fw is not None and "_alv" not in self.__dict__ and _ALLOCATION_TABLES.search(query):
-            self._allocation_parts()
+        if self.fw is not None:
+            read = set(_LAZY_TABLES.findall(query))
+            if read & {"alv", "wgpu"} and "_alv" not in self.__dict__:
+                self._allocation_parts()
+            elif "al" in read:
+                self._allocations_table()
         names = sql.bound(query, {**self.bind, **extra})
         for name, frame in (tables or {}).items():
             self.con.register(name, frame.to_arrow())
