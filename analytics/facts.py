@@ -127,8 +127,7 @@ WHERE o.job_key IS NOT NULL AND {sql.ALLOCATION_FILTERS.replace("a.", "o.")}
 # held parts (wheld), 3 s more of its timeline's hour parts.
 _HOLDERS_ON = ("o.cluster = p.cluster AND o.host = p.host AND o.gpu_uuid = p.gpu_uuid AND o.gi = p.gi AND o.scheduler = p.scheduler "
                "AND o.job_key = p.job_key")
-_HOLDER_KEYS = "cluster, host, gpu_uuid, gi, scheduler, job_key"  # (a holder: a GPU and a job)
-_WPE_HOLDERS = f"(SELECT DISTINCT {_HOLDER_KEYS} FROM wpe WHERE job_key IS NOT NULL)"
+_WPE_HOLDERS = "(SELECT DISTINCT cluster, host, gpu_uuid, gi, scheduler, job_key FROM wpe WHERE job_key IS NOT NULL)"
 # The window's held parts (a holder, the job filters applied), each with its job's names
 _HELD = f"""
 SELECT p.*, o.job_id, o.user_name, o.account, o.partition
@@ -185,15 +184,12 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 # Each GPU and holder is numbered first (hk, the table `wholder`), and a piece carries its part's
 # number, its holder's, its times, MIG share and whether inside the window - nothing else: a piece
 # with its part's names and six key strings made the window pass 4x slower on a 16,384-GPU week;
-# a figure that names a chain reads the names from its first piece's part (pid) in wheld and its holder.
-# wholder: the window's holders (GPU and job) the job filters keep, numbered, with their jobs' names
-HOLDER_TABLE = f"CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM ({_HOLDER_JOB.format(holders=_WPE_HOLDERS)})"
-# wheld: the parts those hold, each with its holder's number and without the key strings and names
-# the holder has (a figure that names a part joins wholder on hk): the copy of every held part was
-# the window's widest write, its eleven strings most of it
+# a figure that names a chain reads the names from its first piece's part (pid) in wheld.
+HOLDER_TABLE = f"CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM {_WPE_HOLDERS}"
+# wheld: _HELD's rows with their holder's number (the names joined to wholder's holders)
 HELD_TABLE = f"""CREATE OR REPLACE TEMP TABLE wheld AS
-SELECT o.hk, p.* EXCLUDE ({_HOLDER_KEYS})
-FROM wpe p JOIN wholder o ON {_HOLDERS_ON}"""
+SELECT o.hk, p.*, o.job_id, o.user_name, o.account, o.partition
+FROM wpe p JOIN ({_HOLDER_JOB.format(holders="wholder")}) o ON {_HOLDERS_ON}"""
 LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
                  "SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (PARTITION BY kind, hk ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain\n"
                  "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, hk ORDER BY r0) AS prev_end FROM ({pieces}))")
@@ -221,8 +217,8 @@ WITH chains AS (
     HAVING sum(r1 - r0) >= $idle_min_us
 ), rows AS (
     SELECT c.kind, c.hk, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition,
-           p.gpu, p.model, p.equiv, c.s0, c.s1, c.in_window_s, c.gpu_h
-    FROM chains c JOIN wheld p ON p.rowid = c.first_pid JOIN wholder h ON h.hk = p.hk{inner}
+           h.gpu, h.model, h.equiv, c.s0, c.s1, c.in_window_s, c.gpu_h
+    FROM chains c JOIN wheld h ON h.rowid = c.first_pid{inner}
 )
 SELECT r.kind, r.cluster, r.scheduler, r.job_key, r.host, r.gpu_uuid, r.gi, r.job_id, r.user_name, r.account, r.partition, r.model, r.gpu, r.equiv, make_timestamp(greatest(r.s0, epoch_us($xstart))) AS s0,
        make_timestamp(least(r.s1, epoch_us($xend))) AS s1,
@@ -234,9 +230,9 @@ ORDER BY r.kind, r.cluster, r.job_key, r.host, r.gpu_uuid, r.gi, r.scheduler, r.
 # ... and its runs wholly inside parts that reached it
 _STRETCH_INNER = """
     UNION ALL
-    SELECT '{kind}', p.hk, h.cluster, h.host, h.gpu_uuid, h.gi, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition,
-           p.gpu, p.model, p.equiv, p.p0, p.p1, p.{kind}_inner_us / 1e6, p.{kind}_inner_us * p.equiv / 1e6 / 3600
-    FROM wheld p JOIN wholder h ON h.hk = p.hk WHERE p.inside AND p.{kind}_inner_us > 0"""
+    SELECT '{kind}', hk, cluster, host, gpu_uuid, gi, scheduler, job_key, job_id, user_name, account, partition, gpu, model, equiv, p0, p1,
+           {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
+    FROM wheld WHERE inside AND {kind}_inner_us > 0"""
 
 # A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from $origin_us (the
 # window's start, or a time before it: the report's first local midnight), from the parts inside the window (cut at the buckets' edges: FactWindow's grid_us), by

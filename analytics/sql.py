@@ -1383,9 +1383,9 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # table on the wide parts, not the narrow per-part sums (2-3 s of 5 on a 16,384-GPU week).
 WINDOW_STATE_JOBS = """
 WITH holder AS (
-    SELECT h.hk, min(p.p0) AS f0, max(p.p1) AS l1
-    FROM wheld p JOIN wholder h ON h.hk = p.hk JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
-     AND al.scheduler = h.scheduler AND al.job_key = h.job_key AND p.p1 > epoch_us(al.a0) AND p.p0 < epoch_us(al.a1)
+    SELECT h.hk, min(h.p0) AS f0, max(h.p1) AS l1
+    FROM wheld h JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
+     AND al.scheduler = h.scheduler AND al.job_key = h.job_key AND h.p1 > epoch_us(al.a0) AND h.p0 < epoch_us(al.a1)
     GROUP BY al.rowid, h.hk
 ), linked AS (
     SELECT pid, hk, r0, r1, chain FROM wlinked WHERE kind = 'idle'
@@ -1399,7 +1399,7 @@ WITH holder AS (
            sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s
     FROM linked l JOIN chains c USING (hk, chain) GROUP BY l.pid
 ), gpus AS (
-    SELECT cluster, scheduler, job_key, count(DISTINCT (host, gpu_uuid, gi)) AS n FROM wholder GROUP BY ALL
+    SELECT cluster, scheduler, job_key, count(DISTINCT (host, gpu_uuid, gi)) AS n FROM wheld GROUP BY ALL
 ), part AS (
     SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, g.n > 1 AS multi,
            h.inside, h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
@@ -1409,9 +1409,7 @@ WITH holder AS (
            CASE WHEN h.nvlink_rx_bytes_per_s_known_s > 0 OR h.nvlink_tx_bytes_per_s_known_s > 0
                 THEN coalesce(h.nvlink_rx_bytes_per_s_s / nullif(h.nvlink_rx_bytes_per_s_known_s, 0), 0)
                    + coalesce(h.nvlink_tx_bytes_per_s_s / nullif(h.nvlink_tx_bytes_per_s_known_s, 0), 0) END AS nvl
-    FROM (SELECT p.* REPLACE (CASE WHEN p.inside THEN p.data_s ELSE 0 END AS data_s), p.rowid AS pid, o.cluster, o.scheduler, o.job_key, o.job_id,
-                 o.user_name, o.account, o.partition
-          FROM wheld p JOIN wholder o ON o.hk = p.hk) h
+    FROM (SELECT * REPLACE (CASE WHEN inside THEN data_s ELSE 0 END AS data_s), rowid AS pid FROM wheld) h
     LEFT JOIN low w ON w.pid = h.pid JOIN gpus g USING (cluster, scheduler, job_key)
 ), split AS (
     SELECT *, greatest(least(nop_s, data_s) - startup_s - idle_s, 0) AS no_process_s,
