@@ -35,11 +35,11 @@ from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
-# an allocation's detail sums over its pieces inside the window (allocation_detail's numbers)
 # what Analysis._allocation_parts makes (attributes), and the tables a query may read that an
 # Analysis makes when a figure first needs them (al: _allocations_table; alv, wgpu: _allocation_parts)
 _ALLOCATION_USE = ("_alv", "_alv_order", "_detail")
 _LAZY_TABLES = re.compile(r"\b(al|alv|wgpu)\b")
+# an allocation's detail sums over its pieces inside the window (allocation_detail's numbers)
 DETAIL_NUMBERS = ("has_piece", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}

@@ -89,7 +89,7 @@ TIMELINE_COLUMNS = (*PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "fb_max_
 TEMPERATURE_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", "temp_n", "temp_sum", "sample_temp_max_c", "mem_temp_max_c")
 # ... and those health's events read (sql.EVENTS_FROM_FACTS, MIXED_PARTS: health.events, which
 # the reliability report and the goodput waterfall ask for): all ~115 were read for them, for the
-# few GPUs whose health moved - at the demo's 160 GPUs, a third of the Utilization page's first load
+# few GPUs whose health moved (a read's cost at a small fleet is its files x columns, not its rows)
 EVENT_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", *sql.EVENT_FACT_COLUMNS)
 # the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
 # facts; 86400: a day's hour and day facts), with their buckets, in time order
