@@ -128,6 +128,9 @@ def temp_tables(a: Analysis) -> set[str]:
 def build(a: Analysis, *names: str) -> None:
     """Create the temp tables iv and/or pc (pc needs iv) on the analysis' cursor, unless there."""
     need = {"iv", "pc"} & set(names) | ({"iv"} if "pc" in names else set())
+    # the definitions read the analysis' allocations (al), which an analysis from facts reads when a
+    # figure first needs them: asked for through its own query method, which makes them
+    a.q("SELECT count(*) FROM al")
     have = temp_tables(a)
     for name, stmt in (("iv", INTERVALS), ("pc", PIECES)):  # pc is built from iv
         if name in need and name not in have:
