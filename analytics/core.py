@@ -35,10 +35,12 @@ from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
-# what Analysis._allocation_parts makes (attributes), and the tables a query may read that an
-# Analysis makes when a figure first needs them (al: _allocations_table; alv, wgpu: _allocation_parts)
+# What an Analysis makes when a figure first reads it (Analysis._make): the window's allocations
+# ("al") and their sums over the parts ("use"), by the tables a query names (as FactWindow makes
+# cap and ja) and by the attributes _allocation_parts sets
+_MADE_BY_TABLE = {"al": "al", "alv": "use", "wgpu": "use"}
+_LAZY_TABLES = re.compile(rf"\b({'|'.join(_MADE_BY_TABLE)})\b")
 _ALLOCATION_USE = ("_alv", "_alv_order", "_detail")
-_LAZY_TABLES = re.compile(r"\b(al|alv|wgpu)\b")
 # an allocation's detail sums over its pieces inside the window (allocation_detail's numbers)
 DETAIL_NUMBERS = ("has_piece", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
@@ -276,11 +278,12 @@ class Analysis:
         self.prices = register_prices(self.con, params)
         for stmt in (sql.CAPACITY, sql.JOB_TABLE):
             self._exec(stmt)
-        # the window's allocations (al): read now where the raw arrays or a job filter's GPUs need
-        # them, else by the first figure that reads them (a window's totals never do: _allocations_table)
-        self._al_read = False
+        # the window's allocations (al) and their sums over the parts: made by the first figure that
+        # reads them (a window's totals never do), al at once where the raw arrays or a job filter's
+        # GPUs need it (the raw path's look-ups are made below, from its arrays)
+        self._unbuilt = {"al"} if raw else {"al", "use"}
         if raw or self.job_filtered:
-            self._allocations_table()
+            self._make("al")
         # under a job filter its figures are its allocations': only the GPUs they hold are read
         # (a filtered window costs what it selects: one job's page reads its GPUs, not the fleet's)
         self.held_gpus = [u for (u,) in self.con.execute(sql.HELD_GPU_UUIDS).fetchall()] if self.job_filtered else None
@@ -296,8 +299,6 @@ class Analysis:
             self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
                                        gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS)
             self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
-            # (the allocations' sums over the parts - _alv, _detail, alv, wgpu - are built by the
-            # first figure that reads them: __getattr__, q)
         # per_gpu() and idle_stretches() read only the data above, which never changes after
         # this point: computed once each, then handed out as copies (totals, utilization by GPU
         # dimensions, waste and the top jobs all start from them)
@@ -307,8 +308,8 @@ class Analysis:
         """The allocations' use from the parts (_allocation_parts: _alv, _alv_order, _detail), built
         when a figure first reads it: a window asked only for its totals (the previous window's,
         for the trend) never sums its parts per allocation (facts.ALLOCATION_PARTS)."""
-        if name in _ALLOCATION_USE and self.__dict__.get("fw") is not None:
-            self._allocation_parts()
+        if name in _ALLOCATION_USE and "use" in self.__dict__.get("_unbuilt", ()):
+            self._make("use")
             return self.__dict__[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -332,20 +333,22 @@ class Analysis:
         samples only."""
         return [] if self.raw else facts.edge_warnings(self.con, self.p)
 
-    def _allocations_table(self) -> None:
-        """al (sql.ALLOCATIONS), once."""
-        if not self._al_read:
-            self._exec(sql.ALLOCATIONS)
-            self._al_read = True
+    def _make(self, what: str) -> None:
+        """Make "al" (sql.ALLOCATIONS) or "use" (_allocation_parts, after al) unless made already."""
+        if what in self._unbuilt:
+            self._unbuilt.discard(what)
+            if what == "use":
+                self._make("al")
+                self._allocation_parts()
+            else:
+                self._exec(sql.ALLOCATIONS)
 
     def _allocation_parts(self) -> None:
         """alv from the parts (facts.ALLOCATION_PARTS): each allocation's data and busy seconds
         and whether it has a piece in the window, as _allocation_use looks them up in the raw
         arrays; the detail sums kept for allocation_detail."""
-        self._allocations_table()
         self._exec(facts.GPU_IDS)
-        # (not self.q: a query naming wgpu there would build this again)
-        use = pl.from_arrow(self.con.sql(facts.ALLOCATION_PARTS, params=sql.bound(facts.ALLOCATION_PARTS, self.bind)).to_arrow_table())
+        use = self.q(facts.ALLOCATION_PARTS)
         self._detail = use.select("fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock", "has_util")
         self._alv = use.select("a0", "a1", "gid", "data_s", "busy_s", "has_piece")
         g = self._alv["gid"].fill_null(-1).to_numpy()
@@ -504,12 +507,8 @@ class Analysis:
     def q(self, query: str, tables: dict[str, pl.DataFrame] | None = None, **extra: Any) -> pl.DataFrame:
         """Run a query with this analysis' bound parameters (plus `extra` ones), with `tables`
         (name -> frame) registered for it alone."""
-        if self.fw is not None:
-            read = set(_LAZY_TABLES.findall(query))
-            if read & {"alv", "wgpu"} and "_alv" not in self.__dict__:
-                self._allocation_parts()
-            elif "al" in read:
-                self._allocations_table()
+        for table in set(_LAZY_TABLES.findall(query)):
+            self._make(_MADE_BY_TABLE[table])
         names = sql.bound(query, {**self.bind, **extra})
         for name, frame in (tables or {}).items():
             self.con.register(name, frame.to_arrow())
