@@ -2,8 +2,8 @@
 
 `Analysis(con, params)` reads the window's fact parts once (analytics/facts.py FactWindow) and
 materializes the small tables of analytics/sql.py (capacity, allocations); each figure is then a
-query over them. `Analysis(raw=True)` reads every sample into arrays instead
-(analytics/gputime.py): the tests' oracle. Pure in the sense that matters: the same store and
+query over them: the one path of every surface. The tests' oracle, every sample read into arrays,
+is tests/support/raw_analysis.py's RawAnalysis. Pure in the sense that matters: the same store and
 parameters give the same figures. Results are polars DataFrames (GPU-hours, percentages,
 dollars) so the CLI, dashboards and report share them. Money is null when a model has no price:
 unknown, not 0.
@@ -19,15 +19,11 @@ from typing import Any, Callable, Sequence
 import duckdb
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from gpufleet.analytics import facts, sql
-from gpufleet.analytics.gputime import GpuTime
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
-from gpufleet.analytics.stretches import NAMED_BY_ALLOCATION, stretches
-from gpufleet.analytics.stretches import SCHEMA as STRETCH_SCHEMA
-from gpufleet.analytics.timeline import clock_origin, timeline_bucket
+from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_parts, timeline_bucket
 # (the window's helpers facts.py shares live in window.py; core's names too)
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.collector.intervals import distinct
@@ -40,7 +36,14 @@ JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
 # cap and ja) and by the attributes _allocation_parts sets
 _MADE_BY_TABLE = {"al": "al", "alv": "use", "wgpu": "use"}
 _LAZY_TABLES = re.compile(rf"\b({'|'.join(_MADE_BY_TABLE)})\b")
-_ALLOCATION_USE = ("_alv", "_alv_order", "_detail")
+_ALLOCATION_USE = ("_alv", "_detail")
+# an idle (or no-process) stretch's row: the part of one run of idle pieces (facts.STRETCH_ROWS)
+# inside one allocation lasting at least idle_min_duration, with its GPU-hours and cost
+STRETCH_SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "host": pl.String, "gpu_uuid": pl.String,
+                  "gi": pl.Int16, "job_id": pl.String, "user_name": pl.String, "account": pl.String,
+                  "partition": pl.String, "model": pl.String, "gpu": pl.Int16, "equiv": pl.Float64,
+                  "s0": pl.Datetime("us"), "s1": pl.Datetime("us"), "in_window_s": pl.Float64, "gpu_h": pl.Float64,
+                  "usd_per_gpu_hour": pl.Float64, "cost": pl.Float64}
 # an allocation's detail sums over its pieces inside the window (allocation_detail's numbers)
 DETAIL_NUMBERS = ("has_piece", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock")
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
@@ -219,15 +222,6 @@ def on_the_grid(p: Params) -> tuple[int, int] | None:
     return (b_us, origin_us) if origin_us % facts.FIVE_US == 0 and b_us % facts.FIVE_US == 0 else None
 
 
-def line_variants(gt: Any) -> pl.DataFrame:
-    """gid, gpu, model, equiv, variants: each GPU id of an analysis' line (gt: gputime.GpuTime)
-    named by its first variant (by vid) - its gpu index, its first known model, its MIG share -
-    and how many variants it has: what its allocations' detail is named by (the raw path's
-    Analysis.allocation_detail)."""
-    return gt.gpus.sort("vid").group_by("gid", maintain_order=True).agg(
-        pl.first("gpu"), pl.col("model").drop_nulls().first(), pl.first("equiv"), pl.len().alias("variants"))
-
-
 def _job_window(self: Any, filters: Any) -> "JobWindow":
     """The job table of this window (Analysis or JobWindow) under other `filters`, on a cursor of
     its own: fairness compares every team of the fleet, whatever a job filter selects."""
@@ -256,8 +250,7 @@ class JobWindow:
 class Analysis:
     job_window = _job_window
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, detail: bool = False,
-                 raw: bool = False, timeline: bool = False):
+    def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None, timeline: bool = False):
         """Every figure from the window's fact parts (analytics/facts.py FactWindow: the store's
         facts where it has them, the rest cut from raw samples by the same rule), on this
         analysis' own cursor; a filter is a WHERE clause on the parts. The window is read on its
@@ -265,47 +258,41 @@ class Analysis:
         parts again, cut at its buckets (timeline.bucketed_parts). `timeline`: the parts are cut at
         the default timeline's bucket edges instead where they lie on the facts' grid
         (on_the_grid), so that timeline is their sums: for a surface that draws it from this
-        analysis' own parts (a job's page); every other figure then reads up to 8x the parts.
-        `raw`: every sample read into arrays instead (analytics/gputime.py) - the tests' oracle.
-        `detail` (raw only): read the detail columns (memory, tensor activity, clock) at once, for
-        an analysis that will ask for per-job detail anyway (one read of the window, not two)."""
+        analysis' own parts (a job's page); every other figure then reads up to 8x the parts."""
         # a cursor of its own: the temp tables below are private to this analysis, so two
         # analyses (this window and the previous one) can share one reader connection
         self.con = con.cursor()
         self.p = params
-        self.raw = raw
         self.bind = window_bind(params, now or utcnow())
         self.prices = register_prices(self.con, params)
         for stmt in (sql.CAPACITY, sql.JOB_TABLE):
             self._exec(stmt)
         # the window's allocations (al) and their sums over the parts: made by the first figure that
-        # reads them (a window's totals never do), al at once where the raw arrays or a job filter's
-        # GPUs need it (the raw path's look-ups are made below, from its arrays)
-        self._unbuilt = {"al"} if raw else {"al", "use"}
-        if raw or self.job_filtered:
+        # reads them (a window's totals never do), al at once where a job filter's GPUs need it
+        self._unbuilt = {"al", "use"}
+        if self.job_filtered:
             self._make("al")
         # under a job filter its figures are its allocations': only the GPUs they hold are read
         # (a filtered window costs what it selects: one job's page reads its GPUs, not the fleet's)
         self.held_gpus = [u for (u,) in self.con.execute(sql.HELD_GPU_UUIDS).fetchall()] if self.job_filtered else None
         held_hosts = [h for (h,) in self.con.execute(sql.HELD_HOSTS).fetchall()] if self.job_filtered else None
-        self.gt: GpuTime | None = None
-        self.fw = None
-        if raw:
-            self.gt = GpuTime(self.con, self.bind, detail=detail)
-            self.con.register("variants", self.gt.gpus.to_arrow())
-            self._allocation_use()
-        else:
-            grid = on_the_grid(params) if timeline else None
-            self.fw = facts.FactWindow(con, params, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
-                                       gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS)
-            self.bind = {**self.bind, **{k: self.fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
+        self.fw = self._read(now, timeline, held_hosts)
         # per_gpu() and idle_stretches() read only the data above, which never changes after
         # this point: computed once each, then handed out as copies (totals, utilization by GPU
         # dimensions, waste and the top jobs all start from them)
         self._memo: dict[tuple[str, ...], pl.DataFrame] = {}
 
+    def _read(self, now: datetime | None, timeline: bool, held_hosts: list[str] | None) -> facts.FactWindow | None:
+        """Read the window: its parts (FactWindow) on this analysis' cursor. (The tests' oracle,
+        tests/support/raw_analysis.py, reads every sample here instead.)"""
+        grid = on_the_grid(self.p) if timeline else None
+        fw = facts.FactWindow(self.con, self.p, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
+                              gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS)
+        self.bind = {**self.bind, **{k: fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
+        return fw
+
     def __getattr__(self, name: str) -> Any:
-        """The allocations' use from the parts (_allocation_parts: _alv, _alv_order, _detail), built
+        """The allocations' use from the parts (_allocation_parts: _alv, _detail), built
         when a figure first reads it: a window asked only for its totals (the previous window's,
         for the trend) never sums its parts per allocation (facts.ALLOCATION_PARTS)."""
         if name in _ALLOCATION_USE and "use" in self.__dict__.get("_unbuilt", ()):
@@ -321,17 +308,13 @@ class Analysis:
 
     @property
     def ids(self) -> pl.DataFrame:
-        """cluster, host, gpu_uuid, gi -> gid: the GPUs the analysis has data of (the raw arrays'
-        ids, or the window's parts' numbering)."""
-        if self.gt is not None:
-            return self.gt.ids
+        """cluster, host, gpu_uuid, gi -> gid: the GPUs the analysis has data of (the window's parts' numbering)."""
         return self.q("SELECT cluster, host, gpu_uuid, gi, gid FROM wgpu")
 
     def edge_warnings(self) -> list[str]:
         """facts.edge_warnings of this window (a window edge in a bucket whose raw samples
-        retention retired: its minutes there have no data). The raw path has none: it reads
-        samples only."""
-        return [] if self.raw else facts.edge_warnings(self.con, self.p)
+        retention retired: its minutes there have no data)."""
+        return facts.edge_warnings(self.con, self.p)
 
     def _make(self, what: str) -> None:
         """Make "al" (sql.ALLOCATIONS) or "use" (_allocation_parts, after al) unless made already."""
@@ -345,50 +328,12 @@ class Analysis:
 
     def _allocation_parts(self) -> None:
         """alv from the parts (facts.ALLOCATION_PARTS): each allocation's data and busy seconds
-        and whether it has a piece in the window, as _allocation_use looks them up in the raw
-        arrays; the detail sums kept for allocation_detail."""
+        and whether it has a piece in the window; the detail sums kept for allocation_detail."""
         self._exec(facts.GPU_IDS)
         use = self.q(facts.ALLOCATION_PARTS)
         self._detail = use.select("fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock", "has_util")
         self._alv = use.select("a0", "a1", "gid", "data_s", "busy_s", "has_piece")
-        g = self._alv["gid"].fill_null(-1).to_numpy()
-        self._alv_order = np.lexsort((self._alv["a0"].dt.epoch("us").to_numpy(), g))
         self.con.register("_alv_use", self._alv.select("gid", "data_s", "busy_s", "has_piece").to_arrow())
-        self.con.execute(sql.ALLOCATION_USE)
-
-    def _allocation_use(self) -> None:
-        """alv: each allocation with its GPU id, data and busy seconds in the window, and whether
-        any sample interval overlaps its part inside the window (then it has pieces there, as
-        oracle_sql.PIECES would give). Held here as numbers (_alv: a0, a1 and the look-ups, a row
-        per row of al, in its order); al's text columns stay in DuckDB, read for the rows a figure
-        names (_allocations)."""
-        al = self.q(sql.ALLOCATION_ROWS)
-        if not np.array_equal(al["i"].to_numpy(), np.arange(al.height)):
-            # alv (SQL) sets the look-ups beside al's rows by position: a scan must give them in order
-            raise RuntimeError("the window's allocations (al) were not read in their row order; expected a scan of a "
-                               "DuckDB table to keep its insertion order (preserve_insertion_order)")
-        ids = self.q(sql.LINE_ID_HASHES, tables={"_line_ids": self.gt.ids})
-        gid = al["gh"].replace_strict(ids["gh"], ids["gid"], default=None, return_dtype=pl.Int64)
-        al = al.select("a0", "a1", gid=gid)
-        g = gid.fill_null(-1).to_numpy()
-        a0, a1 = al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy()
-        # looked up in the line's order (by GPU, then start; the ends mostly follow): the searches
-        # need no sort of their keys then (gputime.search); the answers go back to the rows' order
-        order = np.lexsort((a0, g))
-        g, a0, a1 = g[order], a0[order], a1[order]
-        s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-        c0, c1 = np.maximum(a0, s), np.minimum(a1, e)
-        data, busy, has = np.empty(len(order)), np.empty(len(order)), np.empty(len(order), dtype=bool)
-        data[order], busy[order] = self.gt.integrals(g, c0, c1)
-        # a piece inside the window: an allocation of the reach only (a job that ended in the half
-        # hour before the window) is no row of the window's utilization by job dimension
-        has[order] = self.gt.overlaps(g, c0, c1) & (g >= 0) & (c1 > c0)
-        self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
-        self._alv_order = order  # (the idle stretches search in that order too)
-        # alv for SQL: al's rows beside what was looked up for them, row for row (al's rows came in
-        # its order) - not the frame exported whole: its strings copied to Arrow took 1.5 GiB of
-        # the 100,000-GPU week's 9.4 GiB
-        self.con.register("_alv_use", pa.table({"gid": gid.to_arrow(), "data_s": data, "busy_s": busy, "has_piece": has}))
         self.con.execute(sql.ALLOCATION_USE)
 
     def allocation_text(self, rows: np.ndarray, columns: Sequence[str] = ("*",)) -> pl.DataFrame:
@@ -418,85 +363,19 @@ class Analysis:
         the window and whether it has a piece there."""
         return self._allocations()
 
-    def held_data(self, s: int, e: int) -> pl.DataFrame:
-        """gid, alloc_data_s: each GPU's data seconds in [s, e) (epoch us) while any job held it -
-        its allocations' union, overlapping or touching ones (a shared GPU, a mapping that outlives
-        its job by max_gap) as one, so a second holder is not counted twice (the rule of
-        tests/support/oracle_sql.HELD), merged in arrays, no SQL window: in the order the
-        allocations were looked up in (_alv_order: by GPU, then start - the order of their starts
-        is all the merge needs; the running maximum of the ends makes ties' order irrelevant)."""
-        order = self._alv_order
-        gid = self._alv["gid"].fill_null(-1).to_numpy().astype(np.int64)[order]  # (-1: a GPU with no sample holds no data)
-        a0 = np.maximum(self._alv["a0"].dt.epoch("us").to_numpy()[order], s)
-        a1 = np.minimum(self._alv["a1"].dt.epoch("us").to_numpy()[order], e)
-        some = (gid >= 0) & (a1 > a0)  # the union of the clipped allocations is the clipped union
-        width = e - s + 1  # keys gid x width + (t - s): one ascending line over every GPU
-        k0, k1 = gid[some] * width + (a0[some] - s), gid[some] * width + (a1[some] - s)
-        if not len(k0):
-            return pl.DataFrame(schema={"gid": pl.Int64, "alloc_data_s": pl.Float64})
-        reach = np.maximum.accumulate(k1)  # the furthest end so far (of this GPU: keys ascend by GPU)
-        first = np.ones(len(k0), dtype=bool)
-        first[1:] = k0[1:] > reach[:-1]  # starts a holding unless it meets one already open
-        at = np.flatnonzero(first)
-        m0, m1 = k0[at], np.maximum.reduceat(k1, at)
-        g = m0 // width
-        data, _ = self.gt.integrals(g, m0 - g * width + s, m1 - g * width + s)
-        where = np.flatnonzero(np.diff(g, prepend=-1))  # (g ascends: each GPU's first holding)
-        gids = g[where]
-        return pl.DataFrame({"gid": gids, "alloc_data_s": np.add.reduceat(data, where)}, schema={"gid": pl.Int64, "alloc_data_s": pl.Float64})
-
-    def detail_time(self) -> GpuTime:
-        """The window's raw arrays with the detail columns (memory, tensor activity, SM clock), for
-        a job's GPU timeline (GpuTime.bucket_detail): the first call reads the window's samples
-        with them (under a job filter, of the GPUs its jobs held only: answer-sized), later ones
-        hand out the same arrays."""
-        if self.gt is None or self.gt.fb is None:
-            self.gt = None  # the plain arrays go first: the detail ones are a superset
-            # (the raw path's figures stand on its arrays' GPU ids: it reads every GPU again)
-            self.gt = GpuTime(self.con, self.bind, detail=True, held_only=self.job_filtered and not self.raw)
-        return self.gt
-
-    def job_allocations(self, cluster: str, scheduler: str, job_key: str) -> pl.DataFrame:
-        """One job's allocations in the window (alv's rows) with the GPU ids of the current arrays
-        (gid null: a GPU with no sample in the window)."""
-        rows = self.q(sql.JOB_ALLOCATION_ROWS, of_cluster=cluster, of_scheduler=scheduler, of_job_key=job_key)["i"].to_numpy()
-        return self._current_ids(self._allocations(rows))
-
-    def _current_ids(self, alv: pl.DataFrame) -> pl.DataFrame:
-        """Rows of alv with the gid of the arrays now held (detail_time may have re-read them)."""
-        return alv.drop("gid").join(self.ids, on=["cluster", "host", "gpu_uuid", "gi"], how="left", maintain_order="left")
-
     def allocation_detail(self) -> pl.DataFrame:
-        """alv with what each allocation's pieces inside the window add up to
-        (GpuTime.allocation_detail: has_piece, has_util, fb_max, any_s, tensor_s, clocked_s, tclock,
-        tw_clocked, tnoclock) and its GPU's gpu index and model (line_variants). Unless the analysis
-        read the detail columns up front (detail=True), the first call re-reads the window's
-        samples with them (same intervals, ids)."""
-        if ("detail",) not in self._memo and not self.raw:
+        """alv with what each allocation's parts inside the window add up to (facts.ALLOCATION_PARTS:
+        has_piece, has_util, fb_max, any_s, tensor_s, clocked_s, tclock, tw_clocked, tnoclock) and
+        its GPU's gpu index and model."""
+        if ("detail",) not in self._memo:
             named = self.q("SELECT gid, gpu, model, equiv FROM wgpu")
             self._memo[("detail",)] = self._allocations().hstack(self._detail).join(named, on="gid", how="left", maintain_order="left")
-        if ("detail",) not in self._memo:
-            if not self.gt.has_detail:
-                self.detail_time()
-            al = self._current_ids(self._allocations()).join(line_variants(self.gt).drop("variants"), on="gid", how="left",
-                                                             maintain_order="left")
-            # each allocation's part inside the window (the one its pieces are counted in, as
-            # has_piece in alv: an allocation of the reach only has none)
-            s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-            c0 = np.maximum(al["a0"].dt.epoch("us").to_numpy(), s)
-            c1 = np.minimum(al["a1"].dt.epoch("us").to_numpy(), e)
-            gid = np.where(c1 > c0, al["gid"].fill_null(-1).to_numpy(), -1)
-            d = self.gt.allocation_detail(gid, c0, np.maximum(c1, c0), al["equiv"].fill_null(1.0).to_numpy(), s, e)
-            self._memo[("detail",)] = al.with_columns([pl.Series(k, v) for k, v in d.items()]).with_columns(
-                pl.col("fb_max", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock").fill_nan(None))
         return self._memo[("detail",)].clone()
 
     def detail_numbers(self) -> pl.DataFrame:
         """allocation_detail's sums (DETAIL_NUMBERS) and its GPU's model, a row per allocation in
         al's row order and nothing of al's text: what MFU adds up per job in SQL beside al (a
         16,384-GPU week's allocation_detail, text and all, was 1.3 s and a GiB of it)."""
-        if self.raw:
-            return self.allocation_detail().select(*DETAIL_NUMBERS, "model")
         named = self.q("SELECT gid, model FROM wgpu")
         return (self._alv.select("gid", "has_piece").hstack(self._detail.select(*DETAIL_NUMBERS[1:]))
                 .join(named, on="gid", how="left", maintain_order="left").select(*DETAIL_NUMBERS, "model"))
@@ -531,11 +410,7 @@ class Analysis:
         return self._memo[("per_gpu",)].clone()
 
     def _per_gpu(self) -> pl.DataFrame:
-        if not self.raw:
-            return self.fw.per_gpu()
-        s, e = epoch_us(self.p.start), epoch_us(self.p.end)
-        use = self.gt.per_gpu(s, e).join(self.held_data(s, e), on="gid", how="left")
-        return self.q(sql.PER_GPU, tables={"gpu_use": use})
+        return self.fw.per_gpu()
 
     # --- utilization by a dimension ---
 
@@ -578,6 +453,18 @@ class Analysis:
                                 pl.col("data_gpu_h").alias("allocated_data_gpu_h"), pl.lit(None, dtype=pl.Float64).alias("stranded_gpu_h")).select(
             *keys, "capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_data_gpu_h", "stranded_gpu_h")
 
+    # --- over time ---
+
+    def timeline_use(self, gpu_dims: bool, bsec: float, origin_us: int) -> dict[str, pl.DataFrame]:
+        """The per-bucket sums a timeline composes (timeline.compose_timelines): "pc", the held
+        parts' by job dimensions and model; "iv", every part's by model, where GPU dimensions are drawn."""
+        queries = {**({"iv": facts.timeline_parts(False)} if gpu_dims else {}), "pc": facts.timeline_parts(True)}
+        return bucketed_parts(self, queries, bsec, origin_us)
+
+    def job_gpu_use(self, cluster: str, scheduler: str, job_key: str, bsec: float, origin: datetime) -> pl.DataFrame:
+        """timeline.job_gpu_timeline's rows: the job's parts summed per GPU and bucket."""
+        return job_gpu_parts(self, cluster, scheduler, job_key, bsec, origin)
+
     # --- waste ---
 
     def idle_stretches(self, kind: str = "idle") -> pl.DataFrame:
@@ -591,13 +478,8 @@ class Analysis:
         return self._memo[("idle_stretches", kind)].clone()
 
     def _islands(self, kind: str) -> pl.DataFrame:
-        if not self.raw:
-            rows = self.fw.runs("nop" if kind == "no_process" else kind)  # (both kinds in one statement, once)
-            return rows.select([pl.col(c).cast(t) for c, t in STRETCH_SCHEMA.items()])
-        runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
-        return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
-                         self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order,
-                         rows_of=lambda rows: self.allocation_text(rows, NAMED_BY_ALLOCATION))
+        rows = self.fw.runs("nop" if kind == "no_process" else kind)  # (both kinds in one statement, once)
+        return rows.select([pl.col(c).cast(t) for c, t in STRETCH_SCHEMA.items()])
 
     def waste_by(self, by: str = "account", kind: str = "idle") -> pl.DataFrame:
         return waste_by(self.idle_stretches(kind), by)

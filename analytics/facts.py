@@ -18,7 +18,7 @@ one query over the parts:
 
 A filter is a WHERE clause on the parts (cluster, model) or on their holders' jobs (account, user,
 partition, job). core.Analysis computes every figure from these parts (on its own cursor); the
-raw path, core.Analysis(raw=True), is the tests' oracle.
+raw path, tests/support/raw_analysis.py RawAnalysis, is the tests' oracle.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ _STRETCH_PIECES = """
     UNION ALL
     SELECT '{kind}', rowid, hk, equiv, inside, p1 - {kind}_tail_us, p1 FROM wheld WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
 
-# The idle (or no-process) stretches' rows (analytics/stretches.py SCHEMA): runs resolved across
+# The idle (or no-process) stretches' rows (core.STRETCH_SCHEMA): runs resolved across
 # the parts of a window (wlinked's chains), each chain counted when it reaches $idle_min_us as a
 # whole, with its seconds inside the window; beside them the runs wholly inside parts that did. A
 # chain's start and end are exact (its pieces are measured from part edges), clipped to the read

@@ -23,7 +23,7 @@ Cost: a week of a large fleet is hundreds of millions of samples, so every figur
 window's facts (gpufleet.analytics.facts.FactWindow: the store's parts at the coarsest grain that
 fits, the minutes a window edge cuts read raw by the same rule), whose health columns count the
 samples whose time lies in each part and compose exactly (tests/test_facts_health.py holds them to
-the raw queries, `facts=False`, the tests' oracle). A counter event needs the samples of the one
+the raw queries, tests/support/raw_health.py, the tests' oracle). A counter event needs the samples of the one
 part in which the counter passes the window's first value: that part of that GPU is read raw, so
 the raw read grows with the events, not the window. The temperature map reads parts no coarser
 than its bucket (hour facts for buckets of whole hours; 5-minute facts else). Events alone read
@@ -120,67 +120,59 @@ def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | N
         cur.close()
 
 
-# The raw queries each answer has (the oracle), and how its rows are ordered
-_RAW = {"gpus": sql.GPU_HEALTH, "events": sql.GPU_EVENTS, "temperature": sql.TEMPERATURE_BY_HOST}
 _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first), temperature its
 
 
-def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...], facts: bool,
+def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...],
              bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
-    """`what` of the window: from its facts (a FactWindow for the GPUs' figures and events,
-    another for the temperature), else (`facts` False) from the raw queries; GPU rows in GPU
-    order. Events alone read only the GPUs whose health moved."""
-    extra = {"bucket": bucket.total_seconds()} if bucket else {}
-    if facts:
-        # the GPUs' figures and events from the window's coarsest tiling (a week's day facts), the
-        # temperature chart from a read of its own at the grain its buckets need (a 3-hour chart:
-        # hour facts), of its columns alone: one read of every column at the chart's grain for all
-        # three was 12.7 s of a 16,384-GPU week's Health page
-        got = {}
-        others = [k for k in what if k != "temperature"]
-        if others:
-            events_only = what == ("events",)
-            w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, health_only=True,
-                           columns=EVENT_COLUMNS if events_only else ALL_COLUMNS)
-            try:
-                answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w)}
-                got.update({k: answers[k]() for k in others})
-            finally:
-                w.close()
-        if "temperature" in what:
-            w = FactWindow(con, params, max_grain=_grain(bucket), health_only=True, columns=TEMPERATURE_COLUMNS)
-            try:
-                got["temperature"] = w.q(sql.TEMPERATURE_FROM_FACTS, **extra)
-            finally:
-                w.close()
-    else:
-        got = {k: _raw(con, "raw path", _RAW[k], params, **extra) for k in what}
+    """`what` of the window from its facts (a FactWindow for the GPUs' figures and events, another
+    for the temperature); GPU rows in GPU order. Events alone read only the GPUs whose health
+    moved. (The raw samples' answers, the tests' oracle: tests/support/raw_health.py.)"""
+    # the GPUs' figures and events from the window's coarsest tiling (a week's day facts), the
+    # temperature chart from a read of its own at the grain its buckets need (a 3-hour chart:
+    # hour facts), of its columns alone: one read of every column at the chart's grain for all
+    # three was 12.7 s of a 16,384-GPU week's Health page
+    got = {}
+    others = [k for k in what if k != "temperature"]
+    if others:
+        events_only = what == ("events",)
+        w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, health_only=True,
+                       columns=EVENT_COLUMNS if events_only else ALL_COLUMNS)
+        try:
+            answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w)}
+            got.update({k: answers[k]() for k in others})
+        finally:
+            w.close()
+    if "temperature" in what:
+        w = FactWindow(con, params, max_grain=_grain(bucket), health_only=True, columns=TEMPERATURE_COLUMNS)
+        try:
+            got["temperature"] = w.q(sql.TEMPERATURE_FROM_FACTS, bucket=bucket.total_seconds())
+        finally:
+            w.close()
     return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in got.items()}
 
 
-def window_health(con: duckdb.DuckDBPyConnection, params: Params, facts: bool = True,
-                  temperature: timedelta | None = None) -> dict[str, pl.DataFrame]:
+def window_health(con: duckdb.DuckDBPyConnection, params: Params, temperature: timedelta | None = None) -> dict[str, pl.DataFrame]:
     """{"gpus": gpu_health, "events": events} of the window, and with a `temperature` bucket
-    also "temperature" (as temperature()), from the window's facts (`facts` False: every raw
-    sample, the oracle the tests hold them to)."""
-    return _answers(con, params, ("gpus", "events") + (("temperature",) if temperature else ()), facts, temperature)
+    also "temperature" (as temperature()), from the window's facts."""
+    return _answers(con, params, ("gpus", "events") + (("temperature",) if temperature else ()), temperature)
 
 
-def gpu_health(con: duckdb.DuckDBPyConnection, params: Params, facts: bool = True) -> pl.DataFrame:
+def gpu_health(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
     """One row per GPU (or MIG instance) with samples in the window; see the module docstring."""
-    return _answers(con, params, ("gpus",), facts)["gpus"]
+    return _answers(con, params, ("gpus",))["gpus"]
 
 
-def events(con: duckdb.DuckDBPyConnection, params: Params, facts: bool = True) -> pl.DataFrame:
+def events(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
     """ts, cluster, host, gpu, gpu_uuid, gi, model, kind, code, samples, detail; newest first.
     kind: xid, ecc_dbe, ecc_sbe, row_remap, row_remap_failure, gpu_lost."""
-    return _answers(con, params, ("events",), facts)["events"]
+    return _answers(con, params, ("events",))["events"]
 
 
-def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta, facts: bool = True) -> pl.DataFrame:
+def temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta) -> pl.DataFrame:
     """Per host and time bucket (on the clock: bucket x n since the epoch, so the window's first
     and last are partial): the hottest GPU's temperature, the mean, the hottest memory."""
-    return _answers(con, params, ("temperature",), facts, bucket)["temperature"]
+    return _answers(con, params, ("temperature",), bucket)["temperature"]
 
 
 def job_gpu_sources(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:

@@ -6,7 +6,7 @@ job's per-sample states (states.job_breakdown, "job states"), the events inside 
 health counter rises (health, "health events"), foreign processes (health, "foreign processes"), Fleet now's samples after the
 newest facts ("fleet now"), the newest sample of a GPU gone quiet within the facts ("fleet now newest")
 and the last XIDs of the minutes of Fleet now's forget window without facts ("fleet now xids"),
-and the raw path that is the tests' oracle (gputime, "raw path"). Each goes through `read`, which
+and the raw path that is the tests' oracle (tests/support/gputime.py, "raw path"). Each goes through `read`, which
 notes it in READS: a small counter that is always on (totals per kind, the latest reads kept), so
 a test can assert, deterministically, that no surface falls back to reading a window's samples
 (tests/test_raw_reads.py). Nothing happens at import beyond making the empty counter.

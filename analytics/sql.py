@@ -1,7 +1,6 @@
 """Every SQL text the analytics run, each named once. Parameters are bound ($name), never formatted in.
 
-Grouped below by the module that runs them: the tables of one window and the sample read of the
-array path, the figures of core.Analysis, then jobs, timeline, MFU, fairness, the fleet at one
+Grouped below by the module that runs them: the tables of one window, the figures of core.Analysis, then jobs, timeline, MFU, fairness, the fleet at one
 moment and GPU health. A few small functions assemble a query from this module's own fragments
 or from column names the callers hold as constants (clip_seconds, gpu_equiv, job_use,
 job_allocated_by, split_at_buckets) - never from a user's value.
@@ -14,14 +13,12 @@ One window (analytics/core.py: Analysis), over the store's reader views
         (allocations) and the scheduler's start/end (jobs) (ALLOCATIONS).
   ja    each job that ran in the window, with its run and allocated GPU-seconds (JOB_TABLE):
         every job query reads it, so scheduler accounting is joined once per window.
-  the samples, read once as arrays (SAMPLE_ARRAYS): analytics/gputime.py makes them each GPU's
-        intervals (a sample holds until the next, at most max_gap) and answers data and busy
-        time and idle runs by look-up. Analysis registers what it gets (alv, variants,
-        gpu_use) and the figure queries (PER_GPU, job_use, ...) read those; the idle stretches
-        are met with the allocations in arrays (analytics/stretches.py).
+  the window's parts (analytics/facts.py FactWindow: wpe, wgpu) and each allocation's sums over
+        them (alv); the figure queries (PER_GPU, job_use, ...) read those.
 
-The same rules stated row by row (iv, pc, islands) are not here: no figure reads them; they are
-the tests' reference, in tests/support/oracle_sql.py.
+The same rules stated row by row (iv, pc, islands) and the samples read as arrays are not here:
+no surface reads them; they are the tests' reference, in tests/support/oracle_sql.py and
+tests/support/raw_analysis.py.
 
 Figures clip everything to [$start, $end) with clip_seconds().
 """
@@ -34,8 +31,7 @@ from typing import Any
 
 from gpufleet.analytics.raw_reads import SAMPLES
 from gpufleet.collector.facts import PROFILING, THROTTLE_REASONS
-from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS,
-                                      LINE_COLUMNS, allocations_ending_after, LINE_DETAIL_COLUMNS, NOW_HOURS, POWER_BITS, THERMAL_BITS)
+from gpufleet.collector.schema import ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, LINE_COLUMNS, NOW_HOURS, allocations_ending_after
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -144,55 +140,9 @@ SELECT count(*) AS n FROM (
     LIMIT 1)
 """
 
-# --- the array path (analytics/gputime.py) ---
+# --- the figures of one window (analytics/core.py: Analysis, over cap, al and the parts) ---
 
-# A GPU variant - the GPU (cluster, host, gpu_uuid, MIG instance) with its gpu index, model and
-# MIG profile - named by one 64-bit hash, so 40M samples leave DuckDB without a string each.
-GPU_HASH = "hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER, gpu::INTEGER, model, mig_profile)"
-_VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile"
-# ... and the GPU itself (its key) hashed the same way from a table with a gi column (al, the
-# line's ids): what the summaries name gh
-_GPU_HASH = "hash(cluster, host, gpu_uuid, gi::INTEGER)"
-
-# the rows oracle_sql.INTERVALS (tests/support) reads, in the store's file order (which keeps each
-# GPU's samples in time order), as narrow as they go: NaN stands for a NULL utilization (so the
-# columns reach numpy without a copy), nop is "held with no compute process"
-# (oracle_sql.NO_PROCESS_PRED)
-_SAMPLE_ARRAYS = f"""
-SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
-       {LINE_COLUMNS.format(s="")}{{detail}}
-FROM gpu_samples
-WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
-  AND {_FILTERS}{{held}}
-"""
-# ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
-_DETAIL_COLUMNS = ",\n       " + LINE_DETAIL_COLUMNS
-# ... of the GPUs the analysis' allocations (al) hold only: under a job filter (a job's report)
-# the selected jobs' figures need no other GPU's samples. The host condition, implied by the
-# hash's, is what lets DuckDB skip row groups: it pushes the join's host range into the scan, and
-# compaction sorts files by host (a job's report at 16,384 GPUs: 7.4 -> 0.2 s for this read)
-_HELD = f"""
-  AND hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER) IN (SELECT {_GPU_HASH} FROM al)
-  AND host IN (SELECT host FROM al)"""
-SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="", held="")
-SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""), held="")
-SAMPLE_ARRAYS_HELD = _SAMPLE_ARRAYS.format(detail="", held=_HELD)
-SAMPLE_ARRAYS_HELD_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""), held=_HELD)
-
-# the variants behind the hashes in _want_h: from the inventory, and (rarely) from the samples
-INVENTORY_VARIANTS = f"""
-SELECT DISTINCT {GPU_HASH} AS h, {_VARIANT_COLS}, {gpu_equiv()} AS equiv
-FROM gpus WHERE {GPU_HASH} IN (SELECT h FROM _want_h)
-"""
-SAMPLE_VARIANTS = f"""
-SELECT DISTINCT {GPU_HASH} AS h, {_VARIANT_COLS}, {gpu_equiv()} AS equiv
-FROM gpu_samples
-WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SELECT h FROM _want_h)
-"""
-
-# --- the figures of one window (analytics/core.py: Analysis, over cap, al and the arrays) ---
-
-# Per GPU: capacity from the inventory, data / busy / held-data seconds from gpu_use (gputime).
+# Per GPU: capacity from the inventory, data / busy / held-data seconds from gpu_use (the parts' sums).
 PER_GPU = """
 SELECT cap.cluster, cap.host, cap.gpu, cap.gpu_uuid, cap.gi, cap.model, cap.mig_profile,
        cap.capacity_s * cap.equiv / 3600 AS capacity_gpu_h,
@@ -313,14 +263,6 @@ WHERE ({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0
 # by job dimension, the top jobs, the job list, the timelines, MFU, fairness - all read it
 JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 
-# (the rows of al, to which Analysis adds each allocation's look-ups: the table alv), with their
-# GPU's hash, and the GPUs of the line (_line_ids: cluster, host, gpu_uuid, gi, gid) hashed alike:
-# Analysis finds each allocation's gid by the hash, not a join of four text columns (which held
-# a second copy of the allocations: the peak of a 16,384-GPU week). Numbers only: al's row number
-# (rowid: its insertion order, the order a scan gives), GPU hash and times; its text stays in al,
-# read for the rows a figure names (allocation_text) - a second copy of it in Python was ~1 GiB of
-# the 100,000-GPU week
-ALLOCATION_ROWS = f"SELECT rowid AS i, {_GPU_HASH} AS gh, a0, a1 FROM al"
 ALLOCATION_ALL = "SELECT rowid AS i, * FROM al"
 
 
@@ -330,12 +272,8 @@ def allocation_text(columns: Sequence[str]) -> str:
     return f"SELECT rowid AS i, {', '.join(columns)} FROM al WHERE rowid IN (SELECT i FROM _rows)"
 
 
-# the row numbers of one job's allocations in al
-JOB_ALLOCATION_ROWS = """SELECT rowid AS i FROM al
-WHERE cluster = $of_cluster AND scheduler = $of_scheduler AND job_key = $of_job_key ORDER BY rowid"""
-LINE_ID_HASHES = f"SELECT {_GPU_HASH} AS gh, gid FROM _line_ids"
-# alv: each allocation of al (its rows in al's order, as ALLOCATION_ROWS read them) with what the
-# analysis looked up for it (_alv_use: its GPU's id in the line, data and busy seconds, has_piece)
+# alv: each allocation of al (its rows in al's order) with what the analysis summed for it over the
+# parts (_alv_use: its GPU's id in the window's parts, data and busy seconds, has_piece)
 ALLOCATION_USE = "CREATE OR REPLACE TEMP VIEW alv AS SELECT al.*, u.* FROM al POSITIONAL JOIN _alv_use u"
 
 
@@ -400,9 +338,6 @@ _CAPACITY_SPANS = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, {CAPACITY_
                        FROM gpus g WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model = $model))"""
 TIMELINE_CAPACITY = (f"SELECT {_TIMELINE_GPU_COLS} k, sum(s * equiv) / 3600 AS capacity_gpu_h "
                      f"FROM ({split_at_buckets(_CAPACITY_SPANS, 'c0', 'c1', _TIMELINE_GPU_COLS + 'equiv')}) GROUP BY ALL")
-
-# the allocations (alv) the held-data time is read for
-TIMELINE_HELD = "SELECT cluster, host, gpu_uuid, gi, partition, account, user_name, a0, a1 FROM alv"
 
 # a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs; one with
 # earlier attempts, each run's (ja.runs). NULL (its GPU count unknown) is left out of a bucket's
@@ -847,39 +782,7 @@ FILTER_VALUES = {
     "partition": "SELECT DISTINCT partition FROM jobs WHERE partition IS NOT NULL ORDER BY 1",
 }
 
-# --- GPU health (analytics/health.py) ---
-
-_HEALTH_WINDOW = f"""ts >= $start AND ts < $end
-      AND {_FILTERS}"""
-
-
-def _throttled_pct(bits: int) -> str:
-    return f"avg(CASE WHEN (clocks_event_reasons & {bits}) <> 0 THEN 100.0 ELSE 0.0 END) FILTER (WHERE clocks_event_reasons IS NOT NULL)"
-
-
-GPU_HEALTH = f"""
-SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, any_value(gpu) AS gpu, arg_max(model, ts) AS model,
-       count(*) AS samples, min(ts) AS first_sample, max(ts) AS last_sample,
-       max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, avg(gpu_temp_c)::DOUBLE AS gpu_temp_avg_c, max(mem_temp_c)::DOUBLE AS mem_temp_max_c,
-       max(power_w)::DOUBLE AS power_max_w,
-       count(*) FILTER (WHERE gpu_up = 0) AS lost_samples, min(ts) FILTER (WHERE gpu_up = 0) AS first_lost,
-       list(DISTINCT xid_last ORDER BY xid_last) FILTER (WHERE xid_last > 0) AS xids,
-       min(ts) FILTER (WHERE xid_last > 0) AS first_xid,
-       arg_max(ecc_dbe_vol, ts) - arg_min(ecc_dbe_vol, ts) AS ecc_dbe_new,
-       arg_max(ecc_sbe_vol, ts) - arg_min(ecc_sbe_vol, ts) AS ecc_sbe_new,
-       max(ecc_dbe_agg) AS ecc_dbe_total,
-       max(remap_correctable) AS remap_correctable, max(remap_uncorrectable) AS remap_uncorrectable,
-       max(remap_failure) AS remap_failure,
-       arg_max(pcie_replay, ts) - arg_min(pcie_replay, ts) AS pcie_replays,
-       {_throttled_pct(THERMAL_BITS)} AS thermal_throttle_pct,
-       {_throttled_pct(POWER_BITS)} AS power_throttle_pct,
-       {_throttled_pct(HW_SLOWDOWN_BITS)} AS hw_slowdown_pct,
-       (arg_max(thermal_violation_ns, ts) - arg_min(thermal_violation_ns, ts)) / 1e9 AS thermal_violation_s,
-       (arg_max(power_violation_ns, ts) - arg_min(power_violation_ns, ts)) / 1e9 AS power_violation_s
-FROM {SAMPLES}
-WHERE {_HEALTH_WINDOW}
-GROUP BY cluster, host, gpu_uuid, coalesce(gpu_instance, -1)
-"""
+# --- GPU health (analytics/health.py, from a window's facts below) ---
 
 # Counters whose rise in the window is an event: (kind, column, its first value in base, label).
 _COUNTERS = (
@@ -887,59 +790,12 @@ _COUNTERS = (
     ("ecc_sbe", "ecc_sbe_vol", "sbe0", "single-bit ECC errors"),
     ("row_remap", "remap_uncorrectable", "unc0", "uncorrectable remapped rows"),
 )
-_COUNTER_EVENTS = "".join(
-    f"""UNION ALL
-SELECT min(s.ts), s.cluster, s.host, any_value(s.gpu), s.gpu_uuid, s.gi, arg_min(s.model, s.ts),
-       '{kind}', NULL, count(*), '{label}: +' || (max(s.{col}) - coalesce(any_value(b.{base}), 0))::BIGINT
-FROM s JOIN base b USING (cluster, host, gpu_uuid, gi)
-WHERE s.{col} > coalesce(b.{base}, 0) GROUP BY s.cluster, s.host, s.gpu_uuid, s.gi
-"""
-    for kind, col, base, label in _COUNTERS
-)
-
-# One row per event: XID codes (first sample showing each), new volatile ECC errors (first
-# sample above the window's first value), row-remap failures, lost GPUs (first gpu_up = 0).
-GPU_EVENTS = f"""
-WITH s AS (
-    SELECT ts, cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, gpu, model,
-           xid_last, ecc_dbe_vol, ecc_sbe_vol, remap_failure, remap_uncorrectable, gpu_up
-    FROM {SAMPLES} WHERE {_HEALTH_WINDOW}
-      AND (xid_last > 0 OR ecc_dbe_vol > 0 OR ecc_sbe_vol > 0 OR remap_failure > 0 OR remap_uncorrectable > 0 OR gpu_up = 0)
-), base AS (
-    SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi,
-           arg_min(ecc_dbe_vol, ts) AS dbe0, arg_min(ecc_sbe_vol, ts) AS sbe0,
-           arg_min(remap_uncorrectable, ts) AS unc0
-    FROM {SAMPLES} WHERE {_HEALTH_WINDOW}
-    GROUP BY ALL
-)
-SELECT min(ts) AS ts, cluster, host, any_value(gpu) AS gpu, gpu_uuid, gi, arg_min(model, ts) AS model,
-       'xid' AS kind, xid_last AS code, count(*) AS samples, 'XID ' || xid_last AS detail
-FROM s WHERE xid_last > 0 GROUP BY cluster, host, gpu_uuid, gi, xid_last
-{_COUNTER_EVENTS}
-UNION ALL
-SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, ts),
-       'row_remap_failure', NULL, count(*), 'row remapping failed'
-FROM s WHERE remap_failure > 0 GROUP BY cluster, host, gpu_uuid, gi
-UNION ALL
-SELECT min(ts), cluster, host, any_value(gpu), gpu_uuid, gi, arg_min(model, ts),
-       'gpu_lost', NULL, count(*), 'GPU not usable (gpufleet_gpu_up = 0)'
-FROM s WHERE gpu_up = 0 GROUP BY cluster, host, gpu_uuid, gi
-ORDER BY ts DESC, cluster, host, gpu, kind
-"""
-
 # Temperature buckets are on the clock ($bucket seconds since the epoch: 00:00, 03:00, ... for
 # 3 hours), so a bucket of whole hours reads hour facts (TEMPERATURE_FROM_FACTS)
 _TEMP_BUCKET = "to_timestamp(floor(epoch({t}) / $bucket) * $bucket)::TIMESTAMP"
-TEMPERATURE_BY_HOST = f"""
-SELECT {_TEMP_BUCKET.format(t="ts")} AS bucket,
-       cluster, host, max(gpu_temp_c)::DOUBLE AS gpu_temp_max_c, avg(gpu_temp_c)::DOUBLE AS gpu_temp_avg_c,
-       max(mem_temp_c)::DOUBLE AS mem_temp_max_c
-FROM {SAMPLES}
-WHERE {_HEALTH_WINDOW} AND (gpu_temp_c IS NOT NULL OR mem_temp_c IS NOT NULL)
-GROUP BY ALL ORDER BY cluster, host, bucket
-"""
-
 # --- GPU health from a window's facts (gpufleet.analytics.health over a FactWindow's parts, wpe) ---
+# (GPU_HEALTH, GPU_EVENTS and TEMPERATURE_BY_HOST below: the same answers from the raw samples,
+# the tests' oracle, in tests/support/raw_health.py)
 # The parts that stand for the window's samples: inside it, one row per stretch (lead), with a
 # sample of their own; every health column counts only the samples whose time lies in the part
 _HEALTH_WHERE = "inside AND lead AND samples_n > 0"

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.facts import JOB_GPU_PARTS, TIMELINE_COLUMNS, FactWindow, timeline_parts
+from gpufleet.analytics.facts import JOB_GPU_PARTS, TIMELINE_COLUMNS, FactWindow
 from gpufleet.times import epoch_us, from_epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
@@ -70,32 +70,6 @@ def timeline_bucket(p) -> timedelta:
     return max(default_bucket(p.end - p.start), p.max_gap)
 
 
-def split_at_buckets(a, spans: pl.DataFrame, bsec: float, origin_us: int) -> pl.DataFrame:
-    """Each span (a0, a1 and any other columns) clipped to the analysis' window and cut at its
-    buckets' edges (bsec seconds apart from origin_us): a row per bucket k it crosses, with the
-    part's edges _a and _b in epoch microseconds."""
-    start, end = epoch_us(a.p.start), epoch_us(a.p.end)
-    b_us = round(bsec * 1_000_000)
-    df = spans.with_columns(
-        pl.max_horizontal(pl.col("a0").dt.epoch("us"), pl.lit(start)).alias("_a"),
-        pl.min_horizontal(pl.col("a1").dt.epoch("us"), pl.lit(end)).alias("_b"),
-    ).filter(pl.col("_b") > pl.col("_a"))
-    df = df.with_columns(pl.int_ranges((pl.col("_a") - origin_us) // b_us, (pl.col("_b") - origin_us - 1) // b_us + 1).alias("k")).explode("k")
-    return df.with_columns(
-        pl.max_horizontal("_a", pl.col("k") * b_us + origin_us).alias("_a"),
-        pl.min_horizontal("_b", (pl.col("k") + 1) * b_us + origin_us).alias("_b"),
-    )
-
-
-def bucket_use(a, spans: pl.DataFrame, keys: list[str], bsec: float, origin_us: int) -> pl.DataFrame:
-    """Data and busy GPU-hours of each span (gid, a0, a1 plus `keys`) per bucket k it crosses:
-    the span is cut at bucket edges (split_at_buckets) and each part is two look-ups in the
-    analysis' cumulative sums (gpufleet.analytics.gputime), so no sample is joined with anything."""
-    df = split_at_buckets(a, spans, bsec, origin_us)
-    data, busy = a.gt.integrals(df["gid"].to_numpy(), df["_a"].to_numpy(), df["_b"].to_numpy())
-    return df.select(*keys, "k", data_gpu_h=pl.Series(data) / 3600, busy_gpu_h=pl.Series(busy) / 3600)
-
-
 def utilization_timeline(a, by: str = "fleet", bucket: timedelta | None = None, origin: datetime | None = None) -> pl.DataFrame:
     """Per bucket (its start time) and group of `by`; see the module docstring."""
     return utilization_timelines(a, (by,), bucket, origin)[by]
@@ -130,13 +104,9 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
         names = sql.bound(query, {**a.bind, **extra})
         return pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
 
-    base: dict[str, pl.DataFrame] = {}
     job_filtered = a.job_filtered  # GPU dimensions then show the selected jobs' time; capacity is no job's
     gpu_dims = any(d in _GPU_KEYS for d in dims) and not job_filtered
-    if a.raw:
-        base.update(_raw_use(a, bsec, origin_us, gpu_dims))
-    else:
-        base.update(bucketed_parts(a, {**({"iv": timeline_parts(False)} if gpu_dims else {}), "pc": timeline_parts(True)}, bsec, origin_us))
+    base = a.timeline_use(gpu_dims, bsec, origin_us)
     if gpu_dims:
         base["cap"] = q(sql.TIMELINE_CAPACITY)
     if any(d != "model" for d in dims):
@@ -169,21 +139,6 @@ def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **ex
     if not all(o["fits"].all() for o in out.values()):
         raise RuntimeError(f"the window's parts cut at {bsec:g} s buckets still cross a bucket edge; expected none to")
     return {name: o.drop("fits") for name, o in out.items()}
-
-
-def _raw_use(a, bsec: float, origin_us: int, gpu_dims: bool) -> dict[str, pl.DataFrame]:
-    """The timelines' per-bucket parts (bucketed_parts of facts.timeline_parts) from the raw arrays
-    (Analysis(raw=True), the tests' oracle)."""
-    out = {}
-    # which model each GPU id is, as per_gpu() (and so utilization()) groups it
-    models = a.per_gpu().select("cluster", "host", "gpu_uuid", "gi", "model").join(a.gt.ids, on=["cluster", "host", "gpu_uuid", "gi"])
-    if gpu_dims:
-        whole = models.select("cluster", "model", "gid", a0=pl.lit(a.p.start), a1=pl.lit(a.p.end))
-        out["iv"] = bucket_use(a, whole, ["cluster", "model"], bsec, origin_us)
-    held = pl.from_arrow(a.con.sql(sql.TIMELINE_HELD).to_arrow_table())
-    held = held.join(models, on=["cluster", "host", "gpu_uuid", "gi"])  # allocations of GPUs without samples hold no data
-    out["pc"] = bucket_use(a, held, ["cluster", "model", "partition", "account", "user_name"], bsec, origin_us)
-    return out
 
 
 def known_sum(col: str) -> pl.Expr:
@@ -263,39 +218,16 @@ def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: time
 
     What the job's oracle_sql.PIECES rows (tests/support) add up to, each clipped to the window
     and cut at bucket edges (w = seconds x MIG share): utilization sum(util x w) / sum(w) and
-    data_h sum(w) / 3600 over the parts with a utilization, memory the max over all parts. From the
-    job's parts in the window's facts (facts.JOB_GPU_PARTS); the raw path (Analysis(raw=True), the
-    tests' oracle) from its detail arrays (GpuTime.bucket_detail: one slice per allocation)."""
+    data_h sum(w) / 3600 over the parts with a utilization, memory the max over all parts: the
+    analysis' job_gpu_use (job_gpu_parts, from the job's parts in the window's facts)."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
     bsec = bucket.total_seconds()
     origin = clock_origin(p.start, bucket)
-    if not a.raw:
-        return _job_gpu_parts(a, cluster, scheduler, job_key, bsec, origin)
-    if a.job_allocations(cluster, scheduler, job_key)["gid"].is_not_null().sum() == 0:
-        return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)  # no such job, or no sample of its GPUs: no need of the detail arrays
-    gt = a.detail_time()
-    al = a.job_allocations(cluster, scheduler, job_key)  # the ids of the arrays now read
-    d = gt.bucket_detail(al["gid"].fill_null(-1).to_numpy(), al["a0"].dt.epoch("us").to_numpy(), al["a1"].dt.epoch("us").to_numpy(),
-                         epoch_us(p.start), epoch_us(p.end), round(bsec * 1_000_000), epoch_us(origin))
-    if not len(d["row"]):
-        return pl.DataFrame(schema=JOB_TIMELINE_SCHEMA)
-    rows = al.select("host", "gpu_uuid", pl.col("gi").cast(pl.Int16))[d["row"]].with_columns(
-        k=pl.Series(d["k"]), gpu=gt.gpus["gpu"].cast(pl.Int16).gather(d["vid"]),  # gpus: one row per vid, in order
-        data_s=pl.Series(d["data_s"]), busy=pl.Series(d["busy"]), util_n=pl.Series(d["util_n"]),
-        fb=pl.Series(d["fb_max"]).fill_nan(None))
-    # a job holding a GPU twice (two allocations): its parts add up in the same rows, as in SQL
-    out = rows.group_by("k", "host", "gpu_uuid", "gi", maintain_order=True).agg(
-        pl.first("gpu"), pl.sum("data_s"), pl.sum("busy"), pl.sum("util_n"), pl.max("fb"))
-    return out.select(
-        (pl.lit(origin) + pl.duration(seconds=pl.col("k") * bsec)).alias("bucket"), "host", "gpu", "gpu_uuid", "gi",
-        pl.when((pl.col("util_n") > 0) & (pl.col("data_s") > 0)).then(pl.col("busy") / pl.col("data_s")).alias("utilization_pct"),
-        pl.col("fb").alias("fb_used_max_mib"),
-        pl.when(pl.col("util_n") > 0).then(pl.col("data_s") / 3600).alias("data_h"),
-    ).cast(JOB_TIMELINE_SCHEMA).sort("host", "gpu", "gi", "bucket", "gpu_uuid")
+    return a.job_gpu_use(cluster, scheduler, job_key, bsec, origin)
 
 
-def _job_gpu_parts(a, cluster: str, scheduler: str, job_key: str, bsec: float, origin: datetime) -> pl.DataFrame:
+def job_gpu_parts(a, cluster: str, scheduler: str, job_key: str, bsec: float, origin: datetime) -> pl.DataFrame:
     """job_gpu_timeline from the window's parts: the job's, summed per GPU and bucket."""
     out = bucketed_parts(a, {"job": JOB_GPU_PARTS}, bsec, epoch_us(origin), of_cluster=cluster, of_scheduler=scheduler,
                          of_job_key=job_key)["job"]

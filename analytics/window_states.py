@@ -136,7 +136,7 @@ def window_states(a: Any, t: Thresholds) -> WindowStates:
     """The window's states of the analysis `a` (core.Analysis from facts; its filters apply) under
     thresholds `t` (states.thresholds)."""
     if getattr(a, "fw", None) is None:
-        raise ValueError("the window's states are read from its facts: expected core.Analysis(raw=False), got the raw path's analysis")
+        raise ValueError("the window's states are read from its facts: expected a core.Analysis of the window's parts, got one without (the tests' raw path)")
     a.fw.linked()  # (wheld and wlinked: the window's held parts and their idle pieces chained, as the stretches read them)
     query = sql.WINDOW_STATE_JOBS
     rows = a.q(query, input_sm_active_max=t.input_sm_active_max, input_pcie_rx_min=t.input_pcie_rx_min_bytes_per_s,

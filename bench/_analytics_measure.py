@@ -2,7 +2,7 @@
 
     python -m bench._analytics_measure STORE START END [--raw] [--user NAME [--held-only]] [--threads N] [--memory-limit X] [--profile DIR]
 
---raw: every sample read (Analysis(..., raw=True), the oracle); else from the store's facts
+--raw: every sample read (tests/support/raw_analysis.py RawAnalysis, the oracle); else from the store's facts
 (analytics/facts.py), raw samples only where a window edge cuts a bucket or a bucket has none.
 --user NAME: one user's window as the dashboards compute it (a user filter, with per-job detail);
 --held-only: (no longer an Analysis argument: a job filter is a WHERE clause on the facts' parts; kept for the bench's rows).
@@ -25,6 +25,7 @@ t_start = time.perf_counter()
 c_start = time.process_time()
 
 from gpufleet.analytics.core import Analysis  # noqa: E402 - import time is part of the measured run
+from tests.support.raw_analysis import RawAnalysis  # noqa: E402
 from gpufleet.analytics.params import Filters, Params  # noqa: E402
 from gpufleet.collector.store import open_reader  # noqa: E402
 
@@ -74,8 +75,8 @@ def main() -> None:
         con.execute("SET enable_profiling = 'json'")
         con.execute(f"SET profiling_output = '{Path(a.profile) / 'last.json'}'")
     params = Params(start, end, filters=Filters(user_name=a.user))
-    an = step("Analysis() (samples read into GPU intervals; cap, al)",
-              lambda: Analysis(con, params, now=end, raw=a.raw, detail=a.user is not None, timeline=True))
+    an = step("Analysis() (the window's parts, or every sample into GPU intervals; cap, ja)",
+              lambda: RawAnalysis(con, params, now=end, detail=a.user is not None) if a.raw else Analysis(con, params, now=end, timeline=True))
     totals = step("totals()", an.totals)
     util = {}
     for by in ("fleet", "host", "account", "user_name"):
@@ -85,9 +86,12 @@ def main() -> None:
     wall = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_SELF)
     # after the clock stops
-    rows = {"intervals": len(an.gt.t0), "al": an.con.execute("SELECT count(*) FROM al").fetchone()[0],
-            "runs_idle": an.gt.runs("idle", an.p.idle_threshold, 0).height, "path": type(an.gt).__name__,
-            "summary_buckets": getattr(an.gt, "summary_buckets", 0), "coarse_hours": getattr(an.gt, "coarse_hours", 0), "line_gpus": an.gt.gpus.height, "raw_pieces": getattr(an.gt, "raw_pieces", len(an.gt.t0))}
+    rows = {"al": an.q("SELECT count(*) AS n FROM al")["n"][0], "path": "raw" if a.raw else "facts"}
+    if a.raw:  # (the oracle's arrays)
+        rows.update(intervals=len(an.gt.t0), runs_idle=an.gt.runs("idle", an.p.idle_threshold, 0).height, line_gpus=an.gt.gpus.height)
+    else:  # (the window's parts: how many, from which grains, how much of the window cut from raw samples)
+        rows.update(parts=an.q("SELECT count(*) AS n FROM wpe")["n"][0], tiles={str(g): n for g, n in an.fw.tiles.items()},
+                    raw_h=an.fw.raw_us / 3.6e9, line_gpus=an.q("SELECT count(*) AS n FROM wgpu")["n"][0])
     if util["fleet"].is_empty():  # a user filter matching no job of the window (GPUFLEET_BENCH_USERS at a small scale)
         raise SystemExit(f"{a.start} .. {a.end} of user {a.user!r} has no fleet row: nothing to measure; expected a user "
                          f"with jobs in the bench store {a.store} (set GPUFLEET_BENCH_USERS)")

@@ -23,6 +23,7 @@ from gpufleet.analytics import fleet_now, health
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.timeline import default_bucket
 from gpufleet.collector.store import open_reader
+from tests.support.raw_health import raw_health
 
 WHATS = ("health", "health-raw", "fleet-now")
 
@@ -38,7 +39,9 @@ def main() -> None:
     if what == "fleet-now":
         frames = {"states": fleet_now.gpu_states(con, p, end_t)}
     else:
-        frames = health.window_health(con, p, facts=what == "health", temperature=default_bucket(end_t - start_t))
+        bucket = default_bucket(end_t - start_t)
+        frames = (health.window_health(con, p, temperature=bucket) if what == "health"
+                  else raw_health(con, p, ("gpus", "events", "temperature"), bucket))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     for name, df in frames.items():
         df.write_parquet(Path(out) / f"{name}.parquet")

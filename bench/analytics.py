@@ -183,9 +183,8 @@ def analysis_table(m: dict, store: Path, generated: bool, gen_s: float) -> Table
              else "no job left an idle stretch"))
     r = m["rows"]
     t.notes += [
-        f"the analysis reads {r['intervals'] / 1e6:.1f}M sample intervals once into arrays (analytics/gputime.py: GPU-time order from the "
-        f"files' own order, no sort of the rows), {r['al']:,} job-GPU allocations are two look-ups each in cumulative data/busy sums, and "
-        f"idle stretches are idle runs ({r['runs_idle'] / 1e6:.2f}M before the {SCALE_IDLE_MIN} minimum) intersected with allocations; "
+        f"the analysis reads the window's facts once: {r['parts']:,} parts of {r['line_gpus']:,} GPUs (buckets by grain in seconds: "
+        f"{r['tiles']}; {r['raw_h']:.2f} h of the window cut from raw samples) and {r['al']:,} job-GPU allocations; "
         "totals() computes per_gpu() and both kinds of idle stretches, which the later calls reuse",
         f"one process (python -m bench._analytics_measure), DuckDB threads = {m['threads']}, memory_limit = {m['memory_limit']} "
         f"(spills to a temp directory beyond it); machine: {os.cpu_count()} cores, load average {m['load'][0]:.1f} before / {m['load'][1]:.1f} after",

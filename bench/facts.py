@@ -5,7 +5,7 @@ cache, default 1,024 GPUs) is copied (sample files hard-linked) and its facts wr
 product's upkeep (gpufleet.collector.maintenance.build_facts: every settled hour's 5-minute facts, every
 closed day's hour and day facts). Then the week's totals are computed three ways in this
 process: from the facts (analytics.facts.FactWindow), by the current path (core.Analysis over
-the facts) and by the raw oracle (core.Analysis, raw=True), with whether their
+the facts) and by the raw oracle (tests/support/raw_analysis.py RawAnalysis), with whether their
 figures agree to 1e-9. Wall and CPU time of this process; peak memory per path and the 16,384 and
 100,000-GPU figures are for later (a process per path, as bench/analytics.py measures).
 """
@@ -42,6 +42,7 @@ def run() -> list[Table]:
     from gpufleet.collector.maintenance import build_facts
     from gpufleet.collector.store import StoreWriter, open_reader
     from gpufleet.times import epoch_us
+    from tests.support.raw_analysis import RawAnalysis
 
     store, _ = ensure_store(SCALE, CACHE, progress)
     t = Table(f"facts: build per settled hour, and the week's totals from facts vs the current path, {SCALE.describe()}")
@@ -77,7 +78,7 @@ def run() -> list[Table]:
         progress("the week's totals by the current path (core.Analysis)")
         cur, c_wall, c_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now, timeline=True).totals()))
         progress("the week's totals by the raw oracle")
-        raw, r_wall, r_cpu = _timed(lambda: asdict(Analysis(con, p, now=SCALE.now, raw=True).totals()))
+        raw, r_wall, r_cpu = _timed(lambda: asdict(RawAnalysis(con, p, now=SCALE.now).totals()))
         t.add("week's totals: facts / current path / raw oracle, wall",
               f"{f_wall + t_wall:.2f} s / {c_wall:.2f} s / {r_wall:.2f} s")
         t.add("    CPU", f"{f_cpu + t_cpu:.2f} s / {c_cpu:.2f} s / {r_cpu:.2f} s")

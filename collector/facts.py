@@ -48,7 +48,7 @@ seconds, not yet times the MIG share, which readers take from model and mig_prof
                                       it, the first one's time: where a window's first value is
                                       passed, an event (gpufleet.analytics.health.events)
 
-Sample intervals follow contract 4 (gpufleet.analytics.gputime is the oracle): a sample holds until
+Sample intervals follow contract 4 (tests/support/gputime.py is the oracle): a sample holds until
 the next sample of its GPU, at most max_gap. A part's facts depend on its own samples and the last
 one before it, never on a neighbour's facts: joining adjacent parts is associative (`join_parts`),
 and runs that cross parts are resolved when a window is summed (one window-function

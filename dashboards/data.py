@@ -268,7 +268,7 @@ def window_bundle(key: tuple) -> Bundle:
     s, w, p = _request(key)
     # the job list and MFU read the detail; the timeline reads its own parts, cut at its buckets
     con = reader(w.root)
-    a = Analysis(con, p, now=w.as_of, detail=True)
+    a = Analysis(con, p, now=w.as_of)
     try:
         totals = a.totals()
         util = {by: a.utilization(by) for by in UTILIZATION_BY}
@@ -378,7 +378,7 @@ def job_report(key: tuple, job: dict) -> dict | None:
     # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
     # so the whole report reads them once, raw, rather than summaries and then samples - of the
     # GPUs the job held only, not the fleet's
-    a = Analysis(reader(w.root), narrowed, now=w.as_of, detail=True, timeline=True)  # (its GPU timeline: the parts' sums)
+    a = Analysis(reader(w.root), narrowed, now=w.as_of, timeline=True)  # (its GPU timeline: the parts' sums)
     try:
         r = ajobs.job_report(a, job["job_key"])
         if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:

@@ -1,4 +1,4 @@
-"""core.Analysis from the facts equals Analysis(raw=True), the raw oracle, figure for figure.
+"""core.Analysis from the facts equals RawAnalysis (tests/support/raw_analysis.py), the raw oracle, figure for figure.
 
 On test_analytics_properties' random fleets (MIG slices, gaps, each GPU's samples over several
 files, allocations starting and ending mid-bucket, running jobs), over stores whose upkeep wrote
@@ -31,6 +31,7 @@ from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.timeline import TIMELINE_DIMS, utilization_timeline, utilization_timelines
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
+from tests.support.raw_analysis import RawAnalysis
 
 GPU_KEY = ["cluster", "host", "gpu_uuid", "gi"]
 ALLOCATION_KEY = ["cluster", "scheduler", "job_key", *GPU_KEY[1:]]
@@ -92,7 +93,7 @@ def mismatches(want: dict, got: dict) -> list[str]:
 
 def compare(con, p, now, timeline: bool = True) -> tuple[list[str], Analysis]:
     fa = Analysis(con, p, now=now, timeline=timeline)
-    return mismatches(figures(Analysis(con, p, now=now, raw=True, detail=True)), figures(fa)), fa
+    return mismatches(figures(RawAnalysis(con, p, now=now, detail=True)), figures(fa)), fa
 
 
 def windows(fleet, data) -> list[tuple[int, int]]:
@@ -205,7 +206,7 @@ def test_a_timeline_bucket_that_cuts_the_parts_reads_them_again_cut_at_its_edges
     build_golden(tmp_path)
     con = open_reader(tmp_path)
     p = Params(T(10, 1), T(12))
-    a, raw = Analysis(con, p, now=T(20)), Analysis(con, p, now=T(20), raw=True)
+    a, raw = Analysis(con, p, now=T(20)), RawAnalysis(con, p, now=T(20))
     for bucket in (timedelta(minutes=30), timedelta(minutes=7), timedelta(minutes=5)):
         want = utilization_timeline(raw, "account", bucket)
         assert frames_equal(want, utilization_timeline(a, "account", bucket)), bucket

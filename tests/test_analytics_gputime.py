@@ -1,4 +1,4 @@
-"""The array path (analytics/gputime.py) gives what the SQL definitions give, on random fleets.
+"""The array path (tests/support/gputime.py, the raw oracle) gives what the SQL definitions give, on random fleets.
 
 Analysis computes per-GPU figures, per-job data/busy time and idle stretches from sample arrays
 and look-ups; the per-sample SQL (tests/support/oracle_sql.py: INTERVALS, PIECES, ISLANDS)
@@ -113,7 +113,7 @@ def test_look_ups_round_at_the_gpus_scale_not_the_fleets(big, small, where, data
     """A nearly idle GPU's seconds among GPUs of a week's seconds: a look-up on it is exact to the
     GPU's own scale (the sums start again with each GPU; one sum over the fleet rounded them at the
     fleet's total, ~1e-7 s a week at 4,096 GPUs)."""
-    from gpufleet.analytics.gputime import GpuTime, per_gpu_cumsum
+    from tests.support.gputime import GpuTime, per_gpu_cumsum
 
     where = min(where, len(big))
     gt = GpuTime.__new__(GpuTime)

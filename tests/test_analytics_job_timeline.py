@@ -42,6 +42,7 @@ from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.sql import BUCKET_ORIGIN, bound, split_at_buckets
 from gpufleet.analytics.timeline import default_bucket
 from tests.support import oracle_sql
+from tests.support.raw_analysis import RawAnalysis
 
 A100 = "NVIDIA A100-SXM4-80GB"
 TOL = dict(rel=1e-9, abs=1e-12)
@@ -190,7 +191,7 @@ def test_job_timeline_matches_the_sql_definition(case):
         lo, hi = {"whole": (a, b), "left": (a, m), "right": (m, b)}[case["window"]]
         bucket = None if case["bucket"] is None else timedelta(seconds=case["bucket"])
         base = Params(at(lo), at(hi), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]))
-        shared = Analysis(con, base, now=at(fleet["now"]), raw=True)  # (its al is edited below: the raw arrays look it up again)
+        shared = RawAnalysis(con, base, now=at(fleet["now"]))  # (its al is edited below: the raw arrays look it up again)
         if case["twice"]:
             # a job holding one GPU twice (two allocation rows): both implementations read al, so
             # a second row, shifted, must add its pieces to the same rows
@@ -199,23 +200,23 @@ def test_job_timeline_matches_the_sql_definition(case):
         for j in [*fleet["jobs"], {"key": "nope", "account": "alpha", "user": "u"}]:
             if case["narrowed"]:  # as the dashboard asks: the job's cluster, account and user
                 f = Filters(cluster=CLUSTER, account=j["account"], user_name=j["user"], partition="gpu")
-                an = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), raw=True)
+                an = RawAnalysis(con, replace(base, filters=f), now=at(fleet["now"]))
             else:
                 an = shared
             got = timeline.job_gpu_timeline(an, CLUSTER, "slurm", j["key"], bucket)
             assert_same(got, reference_job_gpu_timeline(an, CLUSTER, "slurm", j["key"], bucket))
             if case["narrowed"]:
                 # ... and as it reads it: from the facts, the timeline from the samples of the GPUs the selected jobs held only
-                held = Analysis(con, replace(base, filters=f), now=at(fleet["now"]), detail=True)
+                held = Analysis(con, replace(base, filters=f), now=at(fleet["now"]))
                 assert_same(timeline.job_gpu_timeline(held, CLUSTER, "slurm", j["key"], bucket), got)
                 assert_same_report(ajobs.job_report(held, j["key"]), ajobs.job_report(an, j["key"]))
                 for k, v in vars(an.totals()).items():
                     assert getattr(held.totals(), k) == (pytest.approx(v, **TOL) if isinstance(v, float) else v), k
                 # ... and narrowed to the job itself (the dashboard's job report): its GPUs only
-                own = Analysis(con, replace(base, filters=replace(f, job_key=j["key"])), now=at(fleet["now"]), detail=True)
+                own = Analysis(con, replace(base, filters=replace(f, job_key=j["key"])), now=at(fleet["now"]))
                 assert_same(timeline.job_gpu_timeline(own, CLUSTER, "slurm", j["key"], bucket), got)
                 assert_same_report(ajobs.job_report(own, j["key"]), ajobs.job_report(an, j["key"]))
-                assert own.gt is None or own.gt.ids.height <= own.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height
+                assert own.ids.height <= own.q("SELECT DISTINCT cluster, host, gpu_uuid, gi FROM al").height
         assert timeline.job_gpu_timeline(shared, CLUSTER, "kubernetes", fleet["jobs"][0]["key"] if fleet["jobs"] else "x", bucket).is_empty()
 
 
@@ -226,7 +227,7 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
     with scratch() as tmp:
         con = build_store(tmp, fleet)
         p = Params(at(50), at(1450), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=60))
-        a = Analysis(con, p, now=at(5000), raw=True)
+        a = RawAnalysis(con, p, now=at(5000))
         assert ajobs.job_report(a, "100") is not None
         gt = a.gt
         assert gt.fb is not None
@@ -237,7 +238,7 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         assert set(tl["gpu_uuid"]) == {uuid(0), "GPU-prop-mig"}
         assert tl.filter(pl.col("gpu_uuid") == "GPU-prop-mig")["gi"].unique().to_list() == [2]
 
-        alone = Analysis(con, p, now=at(5000), raw=True)
+        alone = RawAnalysis(con, p, now=at(5000))
         assert alone.gt.fb is None
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "nope").is_empty() and alone.gt.fb is None  # nothing to read
         assert timeline.job_gpu_timeline(alone, CLUSTER, "slurm", "100", timedelta(minutes=5)).equals(tl)
@@ -245,7 +246,7 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
 
         # the dashboard's job page reads the detail columns at once (detail=True): the arrays it
         # walks are the same intervals, so every figure is the same, and it never reads twice
-        upfront = Analysis(con, p, now=at(5000), detail=True, raw=True)
+        upfront = RawAnalysis(con, p, now=at(5000), detail=True)
         gt = upfront.gt
         assert gt.fb is not None
         r1, r2 = ajobs.job_report(upfront, "100"), ajobs.job_report(alone, "100")
@@ -258,14 +259,14 @@ def test_the_job_page_reads_the_report_arrays_once_and_no_piece_table():
         # from the facts: the same timeline (the job's parts summed, to rounding), and no raw arrays read for it
         fa = Analysis(con, p, now=at(5000))
         assert_same(timeline.job_gpu_timeline(fa, CLUSTER, "slurm", "100", timedelta(minutes=5)), tl)
-        assert fa.gt is None
+        assert not hasattr(fa, "gt")
 
 
 def test_allocation_detail_is_the_same_in_chunks_of_any_size(monkeypatch):
     """GpuTime.allocation_detail sums the allocations' slices a chunk at a time: a chunk of 3
     intervals (allocations split across many steps, one slice longer than a chunk) gives the
     same figures as one step."""
-    import gpufleet.analytics.gputime as gputime
+    import tests.support.gputime as gputime
 
     def fields(g, t):  # memory as elsewhere here; tensor activity with gaps, SM clock on some GPUs only
         return {"fb_used_mib": fb_of(g["fb"], t), "tensor_active": None if (t // 40) % 4 == 0 else ((t // 20) % 9) / 10,
@@ -275,9 +276,9 @@ def test_allocation_detail_is_the_same_in_chunks_of_any_size(monkeypatch):
     with scratch() as tmp:
         con = build(tmp, fleet, placement=placement, fields=fields)
         p = Params(at(50), at(1450), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=60))
-        whole = Analysis(con, p, now=at(5000), detail=True, raw=True).allocation_detail()
+        whole = RawAnalysis(con, p, now=at(5000), detail=True).allocation_detail()
         monkeypatch.setattr(gputime, "_PIECES_CHUNK", 3)
-        chunked = Analysis(con, p, now=at(5000), detail=True, raw=True).allocation_detail()
+        chunked = RawAnalysis(con, p, now=at(5000), detail=True).allocation_detail()
     assert whole["pieces"].sum() > 3 and whole["fb_max"].is_not_null().any()
     assert whole["tclock"].is_not_null().any() and whole["tnoclock"].fill_null(0).gt(0).any()  # both tensor paths taken
     assert chunked.equals(whole)

@@ -49,6 +49,7 @@ from gpufleet.exporter.backends.sim import SimBackend
 from gpufleet.exporter.jobreports import JobReportSource
 from gpufleet.exporter.poller import Poller
 from tests.support.fleet import Fleet
+from tests.support.raw_analysis import RawAnalysis
 
 H100, H100_PCIE, V100 = "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "Tesla V100-SXM2-16GB"
 MYSTERY = "NVIDIA Imaginary X1"
@@ -262,8 +263,8 @@ def test_a_job_s_mfu_on_its_own_run_is_its_row_of_the_window_s(tmp_path):
     window = analysis(f)
     rows = {r["job_id"]: r for r in job_mfu(window).to_dicts()}
     assert rows["1"]["method"].startswith("reported")
-    narrowed = Analysis(f.reader(), Params(T(10), T(11), filters=Filters(cluster="c1", account="physics", user_name="ann", job_key="1")),
-                        now=T(20), detail=True, raw=True)
+    narrowed = RawAnalysis(f.reader(), Params(T(10), T(11), filters=Filters(cluster="c1", account="physics", user_name="ann", job_key="1")),
+                           now=T(20), detail=True)
     got = job_mfu(narrowed, reports_in=(T(10), T(12))).filter(pl.col("job_key") == "1").to_dicts()
     assert got == [pytest.approx(rows["1"])]
     alone = job_mfu(narrowed).filter(pl.col("job_key") == "1").row(0, named=True)
@@ -532,7 +533,7 @@ def test_a_filtered_window_lists_its_jobs_rows_of_the_unfiltered_table(tmp_path)
     con = open_reader(tmp_path)
 
     def rows(filters: Filters) -> dict[str, dict]:
-        a = Analysis(con, Params(T(10), T(12), filters=filters), now=T(13), detail=True)
+        a = Analysis(con, Params(T(10), T(12), filters=filters), now=T(13))
         try:
             return {r["job_key"]: r for r in job_mfu(a).iter_rows(named=True)}
         finally:
@@ -572,7 +573,7 @@ def test_every_filtered_mfu_row_is_its_row_of_the_unfiltered_table(fleet, report
         def rows(filters: Filters) -> dict[str, dict]:
             p = Params(at(lo), at(hi), max_gap=timedelta(seconds=MAX_GAP), idle_min_duration=timedelta(seconds=fleet["idle_min"]),
                        filters=filters)
-            a = Analysis(con, p, now=at(fleet["now"]), detail=True)
+            a = Analysis(con, p, now=at(fleet["now"]))
             try:
                 return {r["job_key"]: r for r in job_mfu(a).iter_rows(named=True)}
             finally:

@@ -36,6 +36,7 @@ from tests.support.fleet import Fleet
 from tests.test_analytics_properties import MAX_GAP, SETTINGS, at, fleets, scratch
 from tests.test_analytics_properties import build as build_store
 from tests.support.random_stores import mig_some
+from tests.support.raw_analysis import RawAnalysis
 
 H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 MIG = 3 / 7
@@ -266,7 +267,8 @@ def test_a_job_timeline_of_a_window_typed_to_the_second_has_its_buckets_on_the_c
     from dataclasses import replace
 
     for raw in (False, True):
-        a = Analysis(con, replace(W, start=T(10, 7, 13)), now=T(20), raw=raw, detail=raw)
+        p = replace(W, start=T(10, 7, 13))
+        a = RawAnalysis(con, p, now=T(20), detail=True) if raw else Analysis(con, p, now=T(20))
         tl = timeline.job_gpu_timeline(a, "c1", "slurm", "101", timedelta(minutes=30))
         assert tl["bucket"].to_list() == [T(10), T(10, 30), T(11), T(11, 30)], raw
         assert tl["data_h"].to_list() == pytest.approx([(30 * 60 - 433) / 3600, 0.5, 0.5, 0.5]), raw

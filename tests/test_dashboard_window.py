@@ -22,6 +22,7 @@ from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.dashboards import config as dconfig
 from gpufleet.dashboards.data import Window
+from tests.support.raw_analysis import RawAnalysis
 
 NOW = datetime(2026, 11, 16, 20, 7, 13, 250_000)
 
@@ -58,12 +59,12 @@ def test_the_last_24h_and_its_timeline_answer_from_facts(tmp_path):
     r = window("24h").resolve(NOW)
     for p in (Params(r.start, r.end), Params(r.end - timedelta(hours=24), r.end)):
         a = Analysis(con, p, now=r.as_of)
-        want = utilization_timelines(Analysis(con, p, now=r.as_of, raw=True))
+        want = utilization_timelines(RawAnalysis(con, p, now=r.as_of))
         assert all(frames_equal(want[by], t) for by, t in utilization_timelines(a).items()), p
         assert a.fw.tiles.get(3600, 0) > 0, a.fw.tiles  # (the golden day is open at 20:07: its hours from their own files)
         # buckets from an origin before the window's start (the report's days from a local midnight)
         origin = p.start - timedelta(hours=5, minutes=30, seconds=7)
-        raw = Analysis(con, p, now=r.as_of, raw=True)
+        raw = RawAnalysis(con, p, now=r.as_of)
         for bucket in (timedelta(hours=1), timedelta(hours=7)):
             want = utilization_timelines(raw, bucket=bucket, origin=origin)
             got = utilization_timelines(a, bucket=bucket, origin=origin)

@@ -5,7 +5,7 @@ several files, allocations starting and ending mid-bucket, running jobs), a stor
 wrote facts at a random time (some hours and days have them, the rest are cut from raw samples)
 gives, for windows on the 5-minute, hour and day grid and off it, under each filter, the raw
 path's totals, utilization by job dimension and idle / no-process hours by account
-(Analysis(..., raw=True), itself held to the row-by-row SQL) to 1e-9, and Fleet now's states
+(RawAnalysis(...), itself held to the row-by-row SQL) to 1e-9, and Fleet now's states
 (its runs from the parts' run marks) equal to those from raw samples alone. Also: joining parts
 in any grouping gives the same parts (associativity); a fact one bucket off fails the comparison;
 upkeep run twice writes nothing; a late sample or a late-learnt allocation rebuilds exactly its
@@ -36,6 +36,7 @@ from gpufleet.collector import facts as cf
 from gpufleet.collector.maintenance import build_facts, compact
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.times import epoch_us
+from tests.support.raw_analysis import RawAnalysis
 
 A100 = "NVIDIA A100-SXM4-80GB"
 DAY = 86400
@@ -64,7 +65,7 @@ def store(root, fleet, how=(2, True), upkeep_at: int | None = None):
 
 
 def oracle(con, p: Params, now) -> dict:
-    an = Analysis(con, p, now=now, raw=True)
+    an = RawAnalysis(con, p, now=now)
     t = asdict(an.totals())
     out = {f"totals.{k}": t[k] for k in ("capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "utilization_pct",
                                          "allocated_gpu_h", "idle_allocated_gpu_h", "no_process_gpu_h", "stranded_gpu_h")}

@@ -37,6 +37,8 @@ from gpufleet.analytics.params import Filters
 from gpufleet.collector import facts as cf
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.store import StoreWriter, open_reader
+from tests.support.raw_analysis import RawAnalysis
+from tests.support.raw_health import raw_health
 
 GPU = ("cluster", "host", "gpu_uuid", "gi")
 CODES = [13, 31, 43, 48, 79, 94]
@@ -125,8 +127,8 @@ HEALTH_COLS = ("samples", "xids", "first_xid", "ecc_sbe_new", "ecc_dbe_new", "th
 def health_mismatches(con, p, fw: FactWindow) -> list[str]:
     facts = by_gpu(fw.health().filter(fw.health()["samples"] > 0), HEALTH_COLS)
     bad = []
-    for from_facts in (False, True):
-        bad += compare(by_gpu(gpu_health(con, p, facts=from_facts), HEALTH_COLS), facts, f"health (facts {from_facts})")
+    for name, rows_ in (("raw", raw_health(con, p, ("gpus",))["gpus"]), ("facts", gpu_health(con, p))):
+        bad += compare(by_gpu(rows_, HEALTH_COLS), facts, f"health ({name})")
     cols = ("reasons_known_s", *(f"{r}_s" for r in cf.THROTTLE_REASONS), *(c for f in cf.PROFILING for c in (f"{f}_known_s", f"{f}_mean")))
     raw = con.sql(RAW_TIME_WEIGHTED, params={"start": p.start, "end": p.end, "gap_us": round(MAX_GAP * 1e6)}).pl()
     want = by_gpu(raw, cols)
@@ -147,7 +149,7 @@ def mfu_mismatches(con, p, now) -> list[str]:
     """Per job, analytics.mfu.job_mfu of the analysis from facts (its tensor sums added up in
     sql.MFU_JOBS from Analysis.detail_numbers) against the raw oracle's: the same jobs, methods,
     reasons and figures."""
-    want, got = (job_mfu(Analysis(con, p, now=now, raw=raw, detail=raw)) for raw in (True, False))
+    want, got = job_mfu(RawAnalysis(con, p, now=now, detail=True)), job_mfu(Analysis(con, p, now=now))
     key = lambda df: {tuple(r[c] for c in JOB): {c: r[c] for c in MFU_NUMBERS + MFU_TEXT} for r in df.iter_rows(named=True)}  # noqa: E731
     w, g = key(want), key(got)
     bad = [f"job {k}: raw {w.get(k)} facts {g.get(k)}" for k in set(w) ^ set(g)]

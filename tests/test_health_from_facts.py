@@ -7,7 +7,7 @@ its GPU where the counter passes the window's first value. On the random fleets 
 test_analytics_properties, with MIG instances, each GPU's samples over several files, and
 temperatures, XID codes, ECC and row-remap counters that rise and reset, throttle reasons and lost
 GPUs, every row of gpu_health, events and the temperature map (buckets of 5 minutes, whole hours
-and a day: the grains that divide them) equals the raw path's (facts=False, the SQL oracle) to
+and a day: the grains that divide them) equals the raw path's (tests/support/raw_health.py, the SQL oracle) to
 1e-9 relative, for windows cut anywhere and under the cluster and model filters, with upkeep run
 at any time (facts for the hours settled by then) and on collector shards. Facts an hour off fail
 the comparison.
@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from test_analytics_golden import A100
 from test_analytics_properties import MAX_GAP, SETTINGS, TOL, at, batches, fleets, scratch
 from tests.support.random_stores import by_shard, host_of_shard, mig_some, split
+from tests.support.raw_health import raw_health
 
 from gpufleet.analytics import health
 from gpufleet.analytics.params import Filters, Params
@@ -105,12 +106,12 @@ def compare(con, p: Params) -> list[str]:
     path's, events alone (only the GPUs whose health moved read) too, and the temperature map's in
     buckets of 5 minutes and a day (5-minute and day facts)."""
     two_h = timedelta(hours=2)
-    raw, got = health.window_health(con, p, facts=False, temperature=two_h), health.window_health(con, p, temperature=two_h)
+    raw, got = raw_health(con, p, ("gpus", "events", "temperature"), two_h), health.window_health(con, p, temperature=two_h)
     bad = same(raw["gpus"], got["gpus"], GPU_KEYS) + same(raw["events"], got["events"], EVENT_KEYS)
     bad += same(raw["events"], health.events(con, p), EVENT_KEYS)
     bad += same(raw["temperature"], got["temperature"], TEMP_KEYS)
     for bucket in (timedelta(minutes=5), timedelta(days=1)):
-        bad += same(health.temperature(con, p, bucket, facts=False), health.temperature(con, p, bucket), TEMP_KEYS)
+        bad += same(raw_health(con, p, ("temperature",), bucket)["temperature"], health.temperature(con, p, bucket), TEMP_KEYS)
     return bad
 
 
@@ -242,7 +243,7 @@ def test_events_read_only_the_gpus_whose_health_moved(tmp_path, compact_at):
     w.close()
     con = open_reader(tmp_path)
     p = Params(at(s), at(e))
-    raw, got = health.events(con, p, facts=False), health.events(con, p)
+    raw, got = raw_health(con, p, ("events",))["events"], health.events(con, p)
     assert sorted(raw["kind"]) == ["ecc_dbe", "xid"] and raw["gpu_uuid"].n_unique() == 2
     assert con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 300 AND bucket < ?", [at(compact_at - 3600)]).fetchone()[0] >= 2
     assert sorted(health._moved_gpus(con, p)) == sorted(raw["gpu_uuid"])

@@ -44,6 +44,7 @@ from gpufleet.times import epoch_us  # noqa: E402
 from tests.test_analytics_jobs_cli import analyze  # noqa: E402
 from tests.test_dashboard_analytics import A100, T, W, build  # noqa: E402
 from tests.test_dashboard_pages import PAGES, clean, goto, open_app  # noqa: E402
+from tests.support.raw_analysis import RawAnalysis
 
 FIVE_MIN_US = 300 * 1_000_000
 WINDOW_PAGES = [p for p in PAGES if p != "fleet_now"]  # the pages that show a window's figures
@@ -194,7 +195,7 @@ def test_a_fall_back_to_raw_samples_is_caught(store, sampled):
     read in pieces. The default timeline of that window has its buckets on the clock
     (timeline.clock_origin): it reads only the edges' minutes."""
     con = open_reader(store)
-    assert beyond_edges(counted(lambda: Analysis(con, W, now=T(20), raw=True).totals()), sampled, [(W.start, W.end)])
+    assert beyond_edges(counted(lambda: RawAnalysis(con, W, now=T(20)).totals()), sampled, [(W.start, W.end)])
     assert not beyond_edges(counted(lambda: Analysis(con, W, now=T(20)).totals()), sampled, [(W.start, W.end)])
     other = replace(W, idle_threshold=W.idle_threshold + 1)
     assert beyond_edges(counted(lambda: Analysis(con, other, now=T(20)).totals()), sampled, [(W.start, W.end)])

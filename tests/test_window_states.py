@@ -24,6 +24,7 @@ from gpufleet.collector.facts import FactParams
 from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
+from tests.support.raw_analysis import RawAnalysis
 
 T0 = datetime(2026, 3, 2)
 STEP = 15
@@ -216,7 +217,7 @@ def test_the_raw_paths_analysis_is_refused(tmp_path):
     hand_store(tmp_path, upkeep=False)
     p = params()
     with pytest.raises(ValueError, match="facts"):
-        window_states(Analysis(open_reader(tmp_path), p, now=T0 + timedelta(days=3), raw=True), Thresholds.of(p, {}))
+        window_states(RawAnalysis(open_reader(tmp_path), p, now=T0 + timedelta(days=3)), Thresholds.of(p, {}))
 
 
 @st.composite

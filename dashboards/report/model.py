@@ -388,7 +388,7 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     if (params.start, params.end) != (window.start, window.end):
         raise ValueError("params and window disagree on the window")
     now_utc = now or utcnow()
-    a = Analysis(con, params, now=now_utc, detail=True)  # the job list and MFU read the detail
+    a = Analysis(con, params, now=now_utc)
     cur = a.totals()
     # the previous window (the previous calendar week: across a daylight-saving change not the
     # same length): one analysis for its totals and its process counts

@@ -1,8 +1,8 @@
 """The row-by-row definitions the interval arrays are held to: only tests read them.
 
-The analytics compute every figure from sample arrays (gpufleet.analytics.gputime); these
-queries state the same rules one sample interval at a time, in SQL, so the property tests can
-compare the two on random fleets:
+The raw path (tests/support/raw_analysis.py) computes every figure from sample arrays
+(tests/support/gputime.py); these queries state the same rules one sample interval at a time, in
+SQL, so the property tests can compare the two on random fleets:
 
   iv   GPU intervals: each sample holds from its time until the next sample of the same GPU (or
        MIG instance), for at most max_gap; beyond that the time is "no data". Read over the
@@ -11,9 +11,9 @@ compare the two on random fleets:
   pc   pieces: iv intersected with al (the analysis' allocation table, sql.ALLOCATIONS) - the
        time a job held a GPU, with that time's samples.
   islands(pred)  maximal stretches of one job's back-to-back pieces where `pred` holds: what
-       analytics/stretches.py finds from the arrays' runs.
+       tests/support/stretches.py finds from the arrays' runs.
   HELD  when any job held a GPU (al's overlapping or touching allocations merged): what
-       Analysis.held_data merges in arrays for per_gpu's allocated data.
+       RawAnalysis.held_data merges in arrays for per_gpu's allocated data.
 
 build(analysis, "iv", "pc") creates the temp tables on the analysis' own cursor; the tests then
 query them with Analysis.q.
@@ -76,7 +76,7 @@ FROM iv JOIN ah al
 
 # Stretches ("islands") of consecutive pieces of one job on one GPU where `pred` holds, with no
 # gap between them; a stretch counts only if its whole length reaches $min_idle seconds. The
-# row-by-row definition of what analytics/stretches.py computes from runs: tests/test_analytics_gputime.py
+# row-by-row definition of what tests/support/stretches.py computes from runs: tests/test_analytics_gputime.py
 # holds the two to the same answers.
 ISLANDS = """
 WITH p AS (

@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import polars as pl
 
-from gpufleet.analytics.gputime import _side_by_side, search
+from gpufleet.analytics.core import STRETCH_SCHEMA as SCHEMA
 from gpufleet.analytics.prices import usd_per_gpu_hour
+from tests.support.gputime import _side_by_side, search
 
 # what a stretch names of its allocation (Analysis' alv: the job's part of its key, the job's
 # attributes) and of its GPU variant (GpuTime.gpus: the GPU's part of the key, by which the
@@ -24,11 +25,7 @@ from gpufleet.analytics.prices import usd_per_gpu_hour
 NAMED_BY_ALLOCATION = ("scheduler", "job_key", "job_id", "user_name", "account", "partition")
 _VARIANT = ("cluster", "host", "gpu_uuid", "gi", "model", "gpu", "equiv")
 _ORDER = ["cluster", "job_key", "host", "gpu_uuid", "gi", "scheduler", "s0"]  # the stretches' order: by job, GPU, start
-SCHEMA = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "host": pl.String, "gpu_uuid": pl.String,
-          "gi": pl.Int16, "job_id": pl.String, "user_name": pl.String, "account": pl.String,
-          "partition": pl.String, "model": pl.String, "gpu": pl.Int16, "equiv": pl.Float64,
-          "s0": pl.Datetime("us"), "s1": pl.Datetime("us"), "in_window_s": pl.Float64, "gpu_h": pl.Float64,
-          "usd_per_gpu_hour": pl.Float64, "cost": pl.Float64}
+
 
 
 def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, prices: Mapping[str, float],

@@ -1,4 +1,5 @@
-"""Every GPU's sample intervals as arrays: read once, put in order once, then linear passes.
+"""Every GPU's sample intervals as arrays: read once, put in order once, then linear passes - the
+raw path the tests hold the facts' figures to (tests/support/raw_analysis.py RawAnalysis).
 
 Why: the weekly figures need each sample once (per-GPU data and busy time), each allocation once
 (its data and busy time) and the idle runs once. Sorting and window-scanning tens of millions of
@@ -27,7 +28,43 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import raw_reads, sql
+from gpufleet.collector.schema import LINE_COLUMNS, LINE_DETAIL_COLUMNS
 from gpufleet.times import epoch_us
+
+# A GPU variant - the GPU (cluster, host, gpu_uuid, MIG instance) with its gpu index, model and
+# MIG profile - named by one 64-bit hash, so 40M samples leave DuckDB without a string each.
+GPU_HASH = "hash(cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::INTEGER, gpu::INTEGER, model, mig_profile)"
+_VARIANT_COLS = "cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile"
+# ... and the GPU itself (its key) hashed the same way from a table with a gi column (al, the
+# line's ids)
+GPU_KEY_HASH = "hash(cluster, host, gpu_uuid, gi::INTEGER)"
+
+# the rows oracle_sql.INTERVALS reads, in the store's file order (which keeps each
+# GPU's samples in time order), as narrow as they go: NaN stands for a NULL utilization (so the
+# columns reach numpy without a copy), nop is "held with no compute process"
+# (oracle_sql.NO_PROCESS_PRED)
+_SAMPLE_ARRAYS = f"""
+SELECT {GPU_HASH} AS h, epoch_us(ts) AS ts,
+       {LINE_COLUMNS.format(s="")}{{detail}}
+FROM gpu_samples
+WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend
+  AND {sql._FILTERS}
+"""
+# ... and with what the per-job detail needs (memory high-water, MFU's tensor activity and clock)
+_DETAIL_COLUMNS = ",\n       " + LINE_DETAIL_COLUMNS
+SAMPLE_ARRAYS = _SAMPLE_ARRAYS.format(detail="")
+SAMPLE_ARRAYS_DETAIL = _SAMPLE_ARRAYS.format(detail=_DETAIL_COLUMNS.format(s=""))
+
+# the variants behind the hashes in _want_h: from the inventory, and (rarely) from the samples
+INVENTORY_VARIANTS = f"""
+SELECT DISTINCT {GPU_HASH} AS h, {_VARIANT_COLS}, {sql.gpu_equiv()} AS equiv
+FROM gpus WHERE {GPU_HASH} IN (SELECT h FROM _want_h)
+"""
+SAMPLE_VARIANTS = f"""
+SELECT DISTINCT {GPU_HASH} AS h, {_VARIANT_COLS}, {sql.gpu_equiv()} AS equiv
+FROM gpu_samples
+WHERE ts >= $xstart - to_seconds($max_gap) AND ts < $xend AND {GPU_HASH} IN (SELECT h FROM _want_h)
+"""
 
 
 class GpuTime:
@@ -40,18 +77,16 @@ class GpuTime:
     stays here with zero length, which adds nothing to any sum.
     """
 
-    def __init__(self, con: Any, bind: dict[str, Any], detail: bool = False, held_only: bool = False):
+    def __init__(self, con: Any, bind: dict[str, Any], detail: bool = False):
         """`detail`: also keep memory, tensor activity and SM clock per interval (for
-        allocation_detail: the per-job report and MFU), which costs three more arrays.
-        `held_only`: only the GPUs the allocations of the connection's `al` hold (sql._HELD)."""
+        allocation_detail: the per-job report and MFU), which costs three more arrays."""
         self.fb = self.tensor = self.clock = None
         self.has_detail = detail  # allocation_detail can answer
         with _no_hugepages():
-            self._build(con, bind, detail, held_only)
+            self._build(con, bind, detail)
 
-    def _build(self, con: Any, bind: dict[str, Any], detail: bool, held_only: bool) -> None:
-        q = {(False, False): sql.SAMPLE_ARRAYS, (True, False): sql.SAMPLE_ARRAYS_DETAIL,
-             (False, True): sql.SAMPLE_ARRAYS_HELD, (True, True): sql.SAMPLE_ARRAYS_HELD_DETAIL}[(detail, held_only)]
+    def _build(self, con: Any, bind: dict[str, Any], detail: bool) -> None:
+        q = SAMPLE_ARRAYS_DETAIL if detail else SAMPLE_ARRAYS
         xstart, xend = epoch_us(bind["xstart"]), epoch_us(bind["xend"])
         tab = raw_reads.read(con, "raw path", q, sql.bound(q, bind), xstart, xend)
         gap = round(bind["max_gap"] * 1_000_000)
@@ -422,10 +457,10 @@ def _variants(con: Any, bind: dict[str, Any], hashes: np.ndarray) -> pl.DataFram
     want = pl.DataFrame({"h": pl.Series(hashes, dtype=pl.UInt64)}).with_row_index("vid")
     con.register("_want_h", want.to_arrow())
     try:
-        found = pl.from_arrow(con.sql(sql.INVENTORY_VARIANTS).to_arrow_table())
+        found = pl.from_arrow(con.sql(INVENTORY_VARIANTS).to_arrow_table())
         missing = want.join(found.select("h"), on="h", how="anti")
         if missing.height:
-            q = sql.SAMPLE_VARIANTS
+            q = SAMPLE_VARIANTS
             con.register("_want_h", missing.to_arrow())
             more = pl.from_arrow(raw_reads.read(con, "raw path", q, sql.bound(q, bind), epoch_us(bind["xstart"]), epoch_us(bind["xend"])))
             found = pl.concat([found, more], how="vertical_relaxed")
