@@ -28,6 +28,7 @@ from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_pa
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.collector.intervals import distinct
 from gpufleet.times import epoch_us, utcnow
+from gpufleet.collector.reading import query_rows
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
@@ -241,7 +242,7 @@ class JobWindow:
         self.con.execute(sql.JOB_TABLE, sql.bound(sql.JOB_TABLE, self.bind))
 
     def q(self, query: str, **extra: Any) -> pl.DataFrame:
-        return pl.from_arrow(self.con.sql(query, params=sql.bound(query, {**self.bind, **extra})).to_arrow_table())
+        return pl.from_arrow(query_rows(self.con, query, sql.bound(query, {**self.bind, **extra})))
 
     def close(self) -> None:
         self.con.close()
@@ -392,7 +393,7 @@ class Analysis:
         for name, frame in (tables or {}).items():
             self.con.register(name, frame.to_arrow())
         try:
-            return pl.from_arrow(self.con.sql(query, params=names).to_arrow_table())
+            return pl.from_arrow(query_rows(self.con, query, names))
         finally:
             for name in tables or {}:
                 self.con.unregister(name)

@@ -40,6 +40,7 @@ from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_d
 from gpufleet.collector import facts as cf
 from gpufleet.collector.schema import empty_table
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
+from gpufleet.collector.reading import query_rows
 
 FIVE_US = cf.GRAIN_5M * 1_000_000
 # FactWindow's reads of raw samples (hours without facts): as many whole hours in one statement as
@@ -530,7 +531,7 @@ class FactWindow:
         for name in self._unbuilt & set(_WINDOW_TABLE_NAMES.findall(query)):
             self.con.execute(WINDOW_TABLES[name], sql.bound(WINDOW_TABLES[name], self.bind))
             self._unbuilt.discard(name)
-        return pl.from_arrow(self.con.sql(query, params=sql.bound(query, {**self.bind, **extra})).to_arrow_table())
+        return pl.from_arrow(query_rows(self.con, query, sql.bound(query, {**self.bind, **extra})))
 
     @property
     def job_filtered(self) -> bool:

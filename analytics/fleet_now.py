@@ -69,6 +69,7 @@ from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import FactParams
 from gpufleet.times import HOUR, epoch_us, floor_time, utcnow
+from gpufleet.collector.reading import query_rows
 
 STALE_AFTER = timedelta(minutes=5)
 LOOKBACK = timedelta(hours=6)
@@ -110,7 +111,7 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
         stored = stored_buckets(cur, fact_params(params))  # (read once: both tile their spans with it)
         now_rows(cur, params, binds, stored)
         xid_rows(cur, params, binds, stored)
-        df = pl.from_arrow(cur.sql(sql.GPU_STATES, params=sql.bound(sql.GPU_STATES, binds)).to_arrow_table())
+        df = pl.from_arrow(query_rows(cur, sql.GPU_STATES, sql.bound(sql.GPU_STATES, binds)))
     finally:
         cur.close()
     df = df.with_columns(usd_per_gpu_hour(price_table(params.prices)).alias("usd_per_gpu_hour"))
@@ -171,7 +172,7 @@ def _span_rows(cur: duckdb.DuckDBPyConnection, fp: FactParams, binds: dict[str, 
             out.append((True, raw_reads.read(cur, kind, raw_query, sql.bound(raw_query, bind), a, b)))
         else:
             bind["files"] = fact_files_of(cur, fp.tag(), grain, [(a, b)])
-            out.append((False, cur.sql(fact_query, params=sql.bound(fact_query, bind)).to_arrow_table()))
+            out.append((False, query_rows(cur, fact_query, sql.bound(fact_query, bind))))
     return out
 
 

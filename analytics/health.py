@@ -47,6 +47,7 @@ from gpufleet.analytics.facts import ALL_COLUMNS, EVENT_COLUMNS, SAMPLE_EXTENT, 
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
 from gpufleet.times import epoch_us
+from gpufleet.collector.reading import query_rows
 
 
 def _binds(params: Params, **extra: Any) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def _events(w: FactWindow) -> pl.DataFrame:
     """GPU_EVENTS' answer from the window's parts (sql.EVENTS_FROM_FACTS), the parts where a counter
     passes the window's first value read raw, one query per stretch they cover."""
     cur = w.con
-    mixed = cur.sql(sql.MIXED_PARTS, params=sql.bound(sql.MIXED_PARTS, w.bind)).to_arrow_table()
+    mixed = query_rows(cur, sql.MIXED_PARTS, sql.bound(sql.MIXED_PARTS, w.bind))
     found = []
     for lo, hi in sorted(set(zip(mixed["p0"].to_pylist(), mixed["p1"].to_pylist()))):
         cur.register("_health_mixed", mixed.filter(pc.and_(pc.equal(mixed["p0"], lo), pc.equal(mixed["p1"], hi))))
@@ -181,7 +182,7 @@ def job_gpu_sources(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     mapping on ended jobs, and unknown ones, mean the accounting does not track GPUs."""
     cur = con.cursor()
     try:
-        return pl.from_arrow(cur.sql(sql.JOB_GPU_SOURCES).to_arrow_table())
+        return pl.from_arrow(query_rows(cur, sql.JOB_GPU_SOURCES))
     finally:
         cur.close()
 

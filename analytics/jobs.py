@@ -25,6 +25,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.core import JOB_KEY, Analysis
 from gpufleet.analytics.params import Params
+from gpufleet.collector.reading import query_rows
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
 # A verdict compares a utilization with a threshold rounded to 1e-9 percentage points: the
@@ -153,7 +154,7 @@ def gpu_shares(con: duckdb.DuckDBPyConnection, params: Params, cluster: str, sch
     cur = con.cursor()  # the reader connection is shared between sessions
     try:
         binds = {"cluster": cluster, "scheduler": scheduler, "job_key": job_key, "start": params.start, "end": params.end}
-        rows = cur.sql(sql.JOB_GPU_SHARES, params=sql.bound(sql.JOB_GPU_SHARES, binds)).to_arrow_table().to_pylist()
+        rows = query_rows(cur, sql.JOB_GPU_SHARES, sql.bound(sql.JOB_GPU_SHARES, binds)).to_pylist()
     finally:
         cur.close()
     out: list[dict[str, Any]] = []

@@ -66,6 +66,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gpufleet.config import ConfigError, Option, boolean, section, string, strings
 from gpufleet.times import parse_duration
+from gpufleet.collector.reading import query_rows
 
 ACTIONS = ("notify", "escalate", "cancel")  # in escalation order
 LEVEL = {a: i for i, a in enumerate(ACTIONS, 1)}
@@ -442,8 +443,8 @@ def read_plan_inputs(con: Any, rules: Rules, params: Any, as_of: datetime) -> Pl
     states = gpu_states(con, params, as_of, lookback=lookback).to_dicts()
     cur = con.cursor()
     try:
-        running = cur.sql(sql.POLICY_RUNNING_GPUS, params={"as_of": as_of}).to_arrow_table().to_pylist()
-        history = cur.sql(sql.POLICY_AUDIT, params={"as_of": as_of, "since": as_of - rules.renotify_after}).to_arrow_table().to_pylist()
+        running = query_rows(cur, sql.POLICY_RUNNING_GPUS, {"as_of": as_of}).to_pylist()
+        history = query_rows(cur, sql.POLICY_AUDIT, {"as_of": as_of, "since": as_of - rules.renotify_after}).to_pylist()
     finally:
         cur.close()
     return PlanInputs(running, states, [Done(h["ts"], h["cluster"], h["scheduler"], h["job_key"], h["action"], h["result"]) for h in history])
@@ -471,7 +472,7 @@ def audit(con: Any, since: datetime, as_of: datetime) -> Any:
 
     cur = con.cursor()
     try:
-        return pl.from_arrow(cur.sql(sql.POLICY_AUDIT, params={"since": since, "as_of": as_of}).to_arrow_table())
+        return pl.from_arrow(query_rows(cur, sql.POLICY_AUDIT, {"since": since, "as_of": as_of}))
     finally:
         cur.close()
 
@@ -485,7 +486,7 @@ def failing(con: Any) -> Any:
 
     cur = con.cursor()
     try:
-        return pl.from_arrow(cur.sql(sql.POLICY_FAILING).to_arrow_table())
+        return pl.from_arrow(query_rows(cur, sql.POLICY_FAILING))
     finally:
         cur.close()
 
@@ -520,7 +521,7 @@ def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: date
         return []
     cur = con.cursor()
     try:
-        ended = cur.sql(sql.POLICY_ENDED_JOBS, params={"since": since, "as_of": as_of, "accounts": list(accounts)}).to_arrow_table().to_pylist()
+        ended = query_rows(cur, sql.POLICY_ENDED_JOBS, {"since": since, "as_of": as_of, "accounts": list(accounts)}).to_pylist()
     finally:
         cur.close()
     notes = []

@@ -31,6 +31,7 @@ from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
 from gpufleet.collector.intervals import distinct
 from gpufleet.times import utcnow
+from gpufleet.collector.reading import query_rows
 
 POOL = ("cluster", "partition", "model")
 POOL_SCHEMA = {"cluster": pl.String, "partition": pl.String, "model": pl.String, "gpus": pl.Int64, "free_gpu_h": pl.Float64,
@@ -53,7 +54,7 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     f = params.filters
     values = {"start": params.start, "as_of": as_of, "cluster": f.cluster, "partition": f.partition,
               "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds()}
-    gpus, holds, waits = (con.sql(q, params=sql.bound(q, values)).pl() for q in (sql.QUEUE_POOL_GPUS, sql.QUEUE_HOLDS, sql.QUEUE_WAITS))
+    gpus, holds, waits = (pl.from_arrow(query_rows(con, q, sql.bound(q, values))) for q in (sql.QUEUE_POOL_GPUS, sql.QUEUE_HOLDS, sql.QUEUE_WAITS))
     prices = price_table(params.prices)
     models = gpus.group_by("cluster", "partition").agg(pl.col("model").unique().alias("models"))
     waits = waits.join(models, on=["cluster", "partition"], how="left").with_columns(

@@ -23,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from gpufleet.collector.store import samples_between
+from gpufleet.collector.reading import query_rows
 
 KINDS = ("edge", "raw path", "job states", "health events", "foreign processes", "fleet now", "fleet now newest", "fleet now xids")
 
@@ -93,6 +94,6 @@ def read(con: duckdb.DuckDBPyConnection, kind: str, query: str, params: dict[str
         if lo_us is None or hi_us is None:
             raise ValueError(f"a read of {kind} over {SAMPLES} needs its time range: got [{lo_us}, {hi_us})")
         query = query.replace(SAMPLES, samples_between(con, lo_us - reach_us, hi_us))
-    t = con.sql(query, params=params).to_arrow_table()
+    t = query_rows(con, query, params)
     READS.note(kind, lo_us, hi_us, t.num_rows)
     return t

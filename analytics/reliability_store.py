@@ -23,15 +23,16 @@ from gpufleet.analytics.reliability import (
 )
 from gpufleet.procs import gc_paused
 from gpufleet.times import ceil_time, floor_time
+from gpufleet.collector.reading import query_records
 
 SCHEMA = "gpufleet.reliability/v1"
 EVENT_READ_STEP = timedelta(hours=1)  # the attempts' health events are read over whole hours (read_store)
 
 
 def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]]:
-    rel = cur.sql(query, params=sql.bound(query, binds))
-    cols = rel.columns
-    return [dict(zip(cols, row)) for row in rel.fetchall()]
+    found = cur.execute(query, sql.bound(query, binds))  # (Python's numbers: a sum of integers an int, not Arrow's decimal)
+    cols = [d[0] for d in found.description]
+    return [dict(zip(cols, row)) for row in found.fetchall()]
 
 
 def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20
@@ -64,7 +65,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         with ThreadPoolExecutor(2, thread_name_prefix="reliability-read") as pool:
             found = pool.submit(health.events, events_cur, around)
             cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
-            listed = cur.sql(sql.RELIABILITY_LISTED, params=sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
+            listed = query_records(cur, sql.RELIABILITY_LISTED, sql.bound(sql.RELIABILITY_LISTED, binds))
             hosts = pool.submit(_rows, hosts_cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
             summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
                              None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],

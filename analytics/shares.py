@@ -8,6 +8,7 @@ import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
+from gpufleet.collector.reading import query_rows
 
 SCHEMA = {"cluster": pl.String, "account": pl.String, "gpus": pl.Int64, "jobs": pl.Int64, "shared_hours": pl.Int64,
           "sm_share": pl.Float64, "shared_with": pl.String}
@@ -20,6 +21,6 @@ def team_shares(con: duckdb.DuckDBPyConnection, params: Params) -> pl.DataFrame:
     cur = con.cursor()  # the reader connection is shared between sessions
     try:
         values = {"start": params.start, "end": params.end, "cluster": params.filters.cluster, "account": params.filters.account}
-        return cur.sql(sql.TEAM_GPU_SHARES, params=sql.bound(sql.TEAM_GPU_SHARES, values)).pl().cast(SCHEMA).select(list(SCHEMA))
+        return pl.from_arrow(query_rows(cur, sql.TEAM_GPU_SHARES, sql.bound(sql.TEAM_GPU_SHARES, values))).cast(SCHEMA).select(list(SCHEMA))
     finally:
         cur.close()

@@ -46,6 +46,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gpufleet.config import Option, integer, number
+from gpufleet.collector.reading import query_rows
 
 STATES = ("startup", "no_process", "idle", "checkpoint", "pause", "input_bound", "communication_bound",
           "straggler", "compute", "busy_unresolved")
@@ -478,7 +479,7 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
     cur = con.cursor()
     try:
         bind = {"start": p.start, "end": p.end, "job": job, "cluster": p.filters.cluster, "max_gap": p.max_gap.total_seconds()}
-        found = cur.sql(sql.JOB_STATE_ALLOCATIONS, params=sql.bound(sql.JOB_STATE_ALLOCATIONS, bind)).to_arrow_table()
+        found = query_rows(cur, sql.JOB_STATE_ALLOCATIONS, sql.bound(sql.JOB_STATE_ALLOCATIONS, bind))
         if found.num_rows == 0:
             return None
         listed = found.to_pylist()

@@ -29,6 +29,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.facts import JOB_GPU_PARTS, TIMELINE_COLUMNS, FactWindow
 from gpufleet.times import epoch_us, from_epoch_us
+from gpufleet.collector.reading import query_rows
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
 _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}
@@ -102,7 +103,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
 
     def q(query: str) -> pl.DataFrame:
         names = sql.bound(query, {**a.bind, **extra})
-        return pl.from_arrow(a.con.sql(query, params=names).to_arrow_table())
+        return pl.from_arrow(query_rows(a.con, query, names))
 
     job_filtered = a.job_filtered  # GPU dimensions then show the selected jobs' time; capacity is no job's
     gpu_dims = any(d in _GPU_KEYS for d in dims) and not job_filtered
@@ -126,7 +127,7 @@ def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **ex
     # (parts of a grain coarser than the buckets - a week's days, 3-hour buckets - cross their edges
     # but on a rare day of short parts: those are read cut at once, not summed first to find out)
     if max(a.fw.tiles, default=0) * 1_000_000 <= b_us:
-        out = {name: pl.from_arrow(a.con.sql(q, params=sql.bound(q, {**a.bind, **extra})).to_arrow_table()) for name, q in queries.items()}
+        out = {name: pl.from_arrow(query_rows(a.con, q, sql.bound(q, {**a.bind, **extra}))) for name, q in queries.items()}
         if all(o.is_empty() or o["fits"].all() for o in out.values()):
             return {name: o.drop("fits") for name, o in out.items()}
     # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges

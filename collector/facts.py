@@ -78,6 +78,7 @@ import pyarrow as pa
 from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS,
                                       allocations_ending_after, empty_table)
 from gpufleet.collector.intervals import distinct, intervals, positions_within, segments, split
+from gpufleet.collector.reading import query_rows
 
 FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
 # an open hour's file of its settled 5-minute buckets (maintenance._open_hour_tasks): FORMAT_VERSION's
@@ -236,7 +237,7 @@ def holds(con: duckdb.DuckDBPyConnection, lo_us: int, hi_us: int, p: FactParams,
           hosts: list[str] | None = None) -> pa.Table:
     """HOLDS over [lo_us, hi_us) on a connection with allocations and jobs (the writer's, a reader's);
     `gpus`, `hosts`: only these GPUs' on these hosts (a read of their parts alone, analytics.facts.FactWindow's)."""
-    return con.sql(HOLDS, params={"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s, **gpu_binds(gpus, hosts)}).to_arrow_table()
+    return query_rows(con, HOLDS, {"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s, **gpu_binds(gpus, hosts)})
 
 
 def holds_digest(h: pa.Table, lo_us: int, hi_us: int) -> str:
