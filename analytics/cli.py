@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import date, datetime, timedelta
 from typing import Any, TextIO
@@ -134,9 +135,13 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
     from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.trends import previous_baseline
 
-    a = Analysis(con, params, now=now)
-    totals = a.totals()
-    base = previous_baseline(con, params, now=now)
+    # the previous window's totals (the trend) read beside this window's analysis, on a cursor of
+    # its own: DuckDB runs a statement while Python runs (as reliability_store reads its events)
+    with ThreadPoolExecutor(1, thread_name_prefix="previous-window") as pool:
+        previous = pool.submit(previous_baseline, con.cursor(), params, now=now)
+        a = Analysis(con, params, now=now)
+        totals = a.totals()
+        base = previous.result()
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat(), "hours": params.seconds / 3600},
