@@ -137,11 +137,15 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
 
     # the previous window's totals (the trend) read beside this window's analysis, on a cursor of
     # its own: DuckDB runs a statement while Python runs (as reliability_store reads its events)
-    with ThreadPoolExecutor(1, thread_name_prefix="previous-window") as pool:
-        previous = pool.submit(previous_baseline, con.cursor(), params, now=now)
-        a = Analysis(con, params, now=now)
-        totals = a.totals()
-        base = previous.result()
+    previous_cur = con.cursor()
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="previous-window") as pool:
+            previous = pool.submit(previous_baseline, previous_cur, params, now=now)
+            a = Analysis(con, params, now=now)
+            totals = a.totals()
+            base = previous.result()
+    finally:
+        previous_cur.close()
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat(), "hours": params.seconds / 3600},

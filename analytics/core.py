@@ -27,8 +27,8 @@ from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_pa
 # (the window's helpers facts.py shares live in window.py; core's names too)
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.collector.intervals import distinct
-from gpufleet.times import epoch_us, utcnow
 from gpufleet.collector.reading import query_rows
+from gpufleet.times import epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
@@ -306,11 +306,6 @@ class Analysis:
         """Is the analysis narrowed to some jobs (account, user, partition)? Then figures are
         those jobs' share and capacity and stranded time are not attributable."""
         return not_attributable_reason(self.p.filters) is not None
-
-    @property
-    def ids(self) -> pl.DataFrame:
-        """cluster, host, gpu_uuid, gi -> gid: the GPUs the analysis has data of (the window's parts' numbering)."""
-        return self.q("SELECT cluster, host, gpu_uuid, gi, gid FROM wgpu")
 
     def edge_warnings(self) -> list[str]:
         """facts.edge_warnings of this window (a window edge in a bucket whose raw samples

@@ -38,9 +38,9 @@ from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.collector import facts as cf
+from gpufleet.collector.reading import query_rows
 from gpufleet.collector.schema import empty_table
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
-from gpufleet.collector.reading import query_rows
 
 FIVE_US = cf.GRAIN_5M * 1_000_000
 # FactWindow's reads of raw samples (hours without facts): as many whole hours in one statement as

@@ -68,8 +68,8 @@ from gpufleet.analytics.facts import FIVE_US, fact_files_of, fact_params, stored
 from gpufleet.analytics.prices import price_table, usd_per_gpu_hour
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import FactParams
-from gpufleet.times import HOUR, epoch_us, floor_time, utcnow
 from gpufleet.collector.reading import query_rows
+from gpufleet.times import HOUR, epoch_us, floor_time, utcnow
 
 STALE_AFTER = timedelta(minutes=5)
 LOOKBACK = timedelta(hours=6)

@@ -46,20 +46,20 @@ from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.facts import ALL_COLUMNS, EVENT_COLUMNS, SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow, fact_files_of, fact_params, stored_buckets
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
-from gpufleet.times import epoch_us
 from gpufleet.collector.reading import query_rows
+from gpufleet.times import epoch_us
 
 
-def _binds(params: Params, **extra: Any) -> dict[str, Any]:
+def _binds(params: Params) -> dict[str, Any]:
     f = params.filters
-    return {"start": params.start, "end": params.end, "cluster": f.cluster, "model": f.model, **extra}
+    return {"start": params.start, "end": params.end, "cluster": f.cluster, "model": f.model}
 
 
-def _raw(con: duckdb.DuckDBPyConnection, kind: str, query: str, params: Params, **extra: Any) -> pl.DataFrame:
+def _raw(con: duckdb.DuckDBPyConnection, kind: str, query: str, params: Params) -> pl.DataFrame:
     """A raw query over the window's samples on a cursor of its own, counted (raw_reads) as `kind`."""
     cur = con.cursor()
     try:
-        t = raw_reads.read(cur, kind, query, sql.bound(query, _binds(params, **extra)), epoch_us(params.start), epoch_us(params.end))
+        t = raw_reads.read(cur, kind, query, sql.bound(query, _binds(params)), epoch_us(params.start), epoch_us(params.end))
         return pl.from_arrow(t)
     finally:
         cur.close()

@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpufleet.collector.reading import query_rows
 from gpufleet.config import ConfigError, Option, boolean, section, string, strings
 from gpufleet.times import parse_duration
-from gpufleet.collector.reading import query_rows
 
 ACTIONS = ("notify", "escalate", "cancel")  # in escalation order
 LEVEL = {a: i for i, a in enumerate(ACTIONS, 1)}

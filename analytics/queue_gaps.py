@@ -30,8 +30,8 @@ from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
 from gpufleet.collector.intervals import distinct
-from gpufleet.times import utcnow
 from gpufleet.collector.reading import query_rows
+from gpufleet.times import utcnow
 
 POOL = ("cluster", "partition", "model")
 POOL_SCHEMA = {"cluster": pl.String, "partition": pl.String, "model": pl.String, "gpus": pl.Int64, "free_gpu_h": pl.Float64,

@@ -22,8 +22,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from gpufleet.collector.store import samples_between
 from gpufleet.collector.reading import query_rows
+from gpufleet.collector.store import samples_between
 
 KINDS = ("edge", "raw path", "job states", "health events", "foreign processes", "fleet now", "fleet now newest", "fleet now xids")
 

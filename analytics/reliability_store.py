@@ -23,7 +23,6 @@ from gpufleet.analytics.reliability import (
 )
 from gpufleet.procs import gc_paused
 from gpufleet.times import ceil_time, floor_time
-from gpufleet.collector.reading import query_records
 
 SCHEMA = "gpufleet.reliability/v1"
 EVENT_READ_STEP = timedelta(hours=1)  # the attempts' health events are read over whole hours (read_store)
@@ -65,7 +64,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         with ThreadPoolExecutor(2, thread_name_prefix="reliability-read") as pool:
             found = pool.submit(health.events, events_cur, around)
             cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
-            listed = query_records(cur, sql.RELIABILITY_LISTED, sql.bound(sql.RELIABILITY_LISTED, binds))
+            listed = cur.execute(sql.RELIABILITY_LISTED, sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
             hosts = pool.submit(_rows, hosts_cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
             summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
                              None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],

@@ -45,8 +45,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from gpufleet.config import Option, integer, number
 from gpufleet.collector.reading import query_rows
+from gpufleet.config import Option, integer, number
 
 STATES = ("startup", "no_process", "idle", "checkpoint", "pause", "input_bound", "communication_bound",
           "straggler", "compute", "busy_unresolved")

@@ -28,8 +28,8 @@ import polars as pl
 
 from gpufleet.analytics import sql
 from gpufleet.analytics.facts import JOB_GPU_PARTS, TIMELINE_COLUMNS, FactWindow
-from gpufleet.times import epoch_us, from_epoch_us
 from gpufleet.collector.reading import query_rows
+from gpufleet.times import epoch_us, from_epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
 _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}

@@ -32,7 +32,3 @@ def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, 
         warnings.filterwarnings(*_IGNORED[:1], message=_IGNORED[1].pattern, category=UserWarning, module=_IGNORED[3].pattern)
     return (con.execute(query, dict(params)) if params else con.execute(query)).to_arrow_table()
 
-
-def query_records(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-    """The rows of `query` as tuples (few rows; no Arrow, no advice)."""
-    return (con.execute(query, dict(params)) if params else con.execute(query)).fetchall()
