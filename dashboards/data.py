@@ -29,6 +29,7 @@ Nothing here computes a figure: it calls analytics and caches what comes back.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -262,12 +263,15 @@ def window_bundle(key: tuple) -> Bundle:
     import time
 
     from gpufleet.analytics import jobs as ajobs
-    from gpufleet.analytics import timeline
+    from gpufleet.analytics import reliability_store, timeline
 
     t0 = time.monotonic()
     s, w, p = _request(key)
-    # the job list and MFU read the detail; the timeline reads its own parts, cut at its buckets
     con = reader(w.root)
+    # the goodput waterfall's interrupted attempts (reliability_store.read: cursors of their own)
+    # are read in a worker thread beside the analysis: DuckDB runs a statement while Python runs
+    pool = ThreadPoolExecutor(1, thread_name_prefix="window-bundle")
+    attempts = pool.submit(lambda: reliability_store.read(con, p, _reliability_settings(s), w.as_of))
     a = Analysis(con, p, now=w.as_of)
     try:
         totals = a.totals()
@@ -284,24 +288,33 @@ def window_bundle(key: tuple) -> Bundle:
             fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
         mfu_figures, mfu_err = _mfu(a)
         states, states_err = _window_states(s, a, p)
-        fall, fall_err = _goodput(s, con, a, p, w, mfu_figures, states)
+        fall, fall_err = _goodput(s, con, a, p, w, mfu_figures, states, attempts)
         return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
                       fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
                       computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err, states=states, states_error=states_err)
     finally:
+        pool.shutdown(wait=True)
         _close(a)
 
 
-def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p: Params, w: Resolved,
-             mfu_figures: dict[str, pl.DataFrame] | None, states: Any = None) -> tuple[dict | None, str | None]:
-    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis
-    and its window states (the teams' prices; None: it failed, computed again for the error)."""
-    from gpufleet.analytics import goodput, reliability as arel
+def _reliability_settings(s: dconfig.Settings) -> Any:
+    """[analytics.reliability]'s settings (gpufleet.analytics.reliability.settings)."""
+    from gpufleet.analytics import reliability as arel
     from gpufleet.analytics.params import analytics_options
 
+    return arel.settings(analytics_options(s.doc, s.config_path))
+
+
+def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p: Params, w: Resolved,
+             mfu_figures: dict[str, pl.DataFrame] | None, states: Any, attempts: Future) -> tuple[dict | None, str | None]:
+    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis,
+    its window states (the teams' prices) and its attempts (`attempts`: reliability_store.read's,
+    read beside the analysis); None: it failed, with the error."""
+    from gpufleet.analytics import goodput
+
     try:
-        return goodput.compute(a, con, p, arel.settings(analytics_options(s.doc, s.config_path)), as_of=w.as_of,
-                               mfu_jobs=mfu_figures["jobs"] if mfu_figures else None, states=states), None
+        return goodput.compute(a, con, p, _reliability_settings(s), as_of=w.as_of, mfu_jobs=mfu_figures["jobs"] if mfu_figures else None,
+                               states=states, reliability_read=attempts.result()), None
     except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
         log.exception("goodput waterfall failed")
         return None, f"the goodput waterfall could not be computed: {type(e).__name__}: {e}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import date, datetime, timedelta
 from typing import Any, Mapping
@@ -387,19 +388,39 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     `state_thresholds`: [analytics.states]' (gpufleet.analytics.states.thresholds; None: the defaults)."""
     if (params.start, params.end) != (window.start, window.end):
         raise ValueError("params and window disagree on the window")
+    with ThreadPoolExecutor(2, thread_name_prefix="report-read") as pool:
+        return _gather(con, params, window, pool, shares=shares, half_life=half_life, top_n=top_n, now=now, reliability=reliability,
+                       state_thresholds=state_thresholds)
+
+
+def _previous(con: duckdb.DuckDBPyConnection, params: Params, now: datetime) -> tuple[Analysis, Totals, bool]:
+    """The previous window's analysis, totals and whether it has process counts."""
+    a = Analysis(con, params, now=now)
+    totals = a.totals()
+    return a, totals, _process_counts(a) if not _empty(totals) else False
+
+
+def _gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, pool: ThreadPoolExecutor, *, shares: Mapping[str, float] | None,
+            half_life: timedelta, top_n: int, now: datetime | None, reliability: Any, state_thresholds: Any) -> Report:
+    from gpufleet.analytics import reliability_store
+    from gpufleet.analytics.reliability import Settings as ReliabilitySettings
+
     now_utc = now or utcnow()
+    as_of = min(params.end, now_utc)
+    rs = reliability or ReliabilitySettings()
+    # read in worker threads beside the window's analysis (DuckDB runs a statement while Python
+    # runs), each on cursors of its own: the previous window (the previous calendar week: across a
+    # daylight-saving change not the same length), one analysis for its totals and process counts;
+    # and the window's attempts, for the reliability section and the goodput waterfall's losses
+    prev_params = replace(params, start=window.prev_start, end=window.prev_end)
+    previous = pool.submit(_previous, con, prev_params, now_utc)
+    attempts = pool.submit(reliability_store.read, con, params, rs, as_of, top=RELIABILITY_LIST)
     a = Analysis(con, params, now=now_utc)
     cur = a.totals()
-    # the previous window (the previous calendar week: across a daylight-saving change not the
-    # same length): one analysis for its totals and its process counts
-    prev_params = replace(params, start=window.prev_start, end=window.prev_end)
-    prev_a = Analysis(con, prev_params, now=now_utc)
-    prev = prev_a.totals()
-    base = baseline(con, params, prev_params, prev)
     processes = _process_counts(a)
-    prev_processes = _process_counts(prev_a) if not _empty(prev) else False
+    prev_a, prev, prev_processes = previous.result()
+    base = baseline(con, params, prev_params, prev)
     notices: list[str] = []
-    as_of = min(params.end, now_utc)
 
     if _empty(cur):
         status = "no_data"
@@ -442,15 +463,11 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
     mfu_jobs = rel = rel_read = None
     mfu, mfu_note = [], ""
     if status == "ok":
-        from gpufleet.analytics import reliability_store
         from gpufleet.analytics.mfu import job_mfu
-        from gpufleet.analytics.reliability import Settings as ReliabilitySettings
 
         mfu_jobs = job_mfu(a)  # (read once: the MFU table, the goodput waterfall and each team's report)
         mfu, mfu_note = mfu_rows(a, mfu_jobs)
-        # the window's attempts read once: for the reliability section and the goodput waterfall's losses
-        rs = reliability or ReliabilitySettings()
-        rel_read = reliability_store.read(con, params, rs, as_of, top=RELIABILITY_LIST)
+        rel_read = attempts.result()
         rel = reliability_store.report(con, params, rs, as_of=as_of, top=RELIABILITY_LIST, done=rel_read)
     fall = None
     held_back: list[dict[str, Any]] = []
