@@ -1,13 +1,9 @@
 """`gpufleet analyze`: the window's figures as a table for people or stable JSON for programs.
 
-JSON schema "gpufleet.analyze/v1" (documented in README.md): keys schema, window, parameters,
-filters, warnings, totals, trend, previous_window, utilization {by, rows; by account each row's states:
-where its GPU time went, gpufleet.analytics.window_states}, top_wasteful_jobs, fairness, and
-job (with --job; its where_time_goes: gpufleet.analytics.states.JobStates.to_json).
-Times are ISO 8601 UTC; GPU-hours are hours x GPUs (a MIG instance counts as its slice share);
-money is US dollars or null when a GPU model has no price. Keys follow the vocabulary
-(gpufleet.analytics.vocabulary); fairness.per_account's used_gpu_h and used_share are deprecated
-aliases of allocated_gpu_h and allocated_share, kept for one release.
+JSON schema "gpufleet.analyze/v1" is documented in README.md. Times are ISO 8601 UTC; GPU-hours are
+hours x GPUs (a MIG instance counts as its share); money is US dollars, null where a model has no
+price. Keys follow analytics.vocabulary; fairness.per_account's used_gpu_h and used_share are
+deprecated aliases of allocated_gpu_h and allocated_share, kept for one release.
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", *aliases, dest=name, help=f"only this {name}" + (" (or --team)" if aliases else ""))
 
 
-# --by: the words people use for a dimension (the filters' names) -> its name in the analytics
+# --by: the filters' word for a dimension -> its analytics name
 BY_ALIASES = {"user": "user_name", "team": "account"}
 BY_CHOICES = ("gpu", "host", "model", "cluster", "partition", "account", "user", "job", "fleet")
 
@@ -69,8 +65,7 @@ def _plain(v: Any) -> Any:
 
 
 def rows(df: pl.DataFrame) -> list[dict[str, Any]]:
-    """The frame's rows as JSON-ready dicts (_plain's rule: NaN and infinities None, dates ISO),
-    converting only the columns of a type that needs it (a week's queue gaps list ~50,000 jobs)."""
+    """The frame's rows as JSON-ready dicts by _plain's rule, converting only the columns whose type needs it."""
     floats = [c for c, t in df.schema.items() if t.is_float()]
     dates = [c for c, t in df.schema.items() if isinstance(t, pl.Datetime) or t == pl.Date]
     out = df.with_columns(pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c) for c in floats).to_dicts()
@@ -88,10 +83,8 @@ def _plain_share(gpu: dict[str, Any]) -> dict[str, Any]:
 
 
 def utilization_rows(a, by: str) -> pl.DataFrame:
-    """Utilization by `by`; by a job dimension (partition, account, user, job) with the rows' idle
-    allocated and no-process GPU-hours and cost (Analysis.waste_by: the report's team figures),
-    and by account with the team's MFU (analytics/mfu.py account_mfu), so each figure of the
-    report's team table can be recomputed here. A row without such stretches has 0 of them."""
+    """Utilization by `by`; by a job dimension with idle allocated and no-process GPU-hours and cost (0 without
+    stretches), by account with the MFU too: every figure of the report's team table."""
     from gpufleet.analytics.core import JOB_DIMS
 
     out = a.utilization(by)
@@ -113,8 +106,7 @@ def utilization_rows(a, by: str) -> pl.DataFrame:
 
 
 def with_states(a, by: str, out: list[dict[str, Any]], t: Any) -> list[dict[str, Any]]:
-    """By account, each row with where its GPU time went (gpufleet.analytics.window_states: its
-    states' GPU-hours, shares and cost from the window's facts; None: unknown); other dimensions as they are."""
+    """By account, each row with where its GPU time went (window_states; None: unknown); other dimensions as they are."""
     if by != "account":
         return out
     from gpufleet.analytics.window_states import window_states
@@ -135,8 +127,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
     from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.trends import previous_baseline
 
-    # the previous window's totals (the trend) read beside this window's analysis, on a cursor of
-    # its own: DuckDB runs a statement while Python runs (as reliability_store reads its events)
+    # the previous window's totals on a cursor and thread of their own: DuckDB runs a statement while Python runs
     previous_cur = con.cursor()
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="previous-window") as pool:
@@ -167,7 +158,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
     report["fairness"] = {
         "shares": fair.shares_source, "shares_description": SHARES_SOURCES[fair.shares_source],
         "half_life_days": half_life.total_seconds() / 86400, "jain_index": fair.jain_index, "gini_users": fair.gini_users,
-        "per_account": [words.with_new_keys(r) for r in rows(fair.per_account)],  # (used_* kept one release: deprecated)
+        "per_account": [words.with_new_keys(r) for r in rows(fair.per_account)],  # used_* deprecated, kept one release
         "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
         "without_share": list(fair.without_share), "unknown_demand": list(fair.unknown_demand), "compared_across": fair.compared_across, "shown": fair.shown,
     }
@@ -191,9 +182,8 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
 
 
 def queue_gap_report(con, params, now: datetime | None, top: int) -> dict[str, Any]:
-    """gpufleet.analytics.queue_gaps as JSON: the pools, the `top` jobs that waited while they fit
-    (most GPU-hours fitting first) and how many did, the waiting jobs left out by why. Listing
-    them all made the answer grow with the queue (49,901 jobs, 14 of the 19 MB of a 1,024-GPU week)."""
+    """queue_gaps as JSON: the pools, the `top` jobs that waited while they fit and how many did (not all: the
+    answer would grow with the queue), the waiting jobs left out by why."""
     from gpufleet.analytics.queue_gaps import queue_gaps
 
     g = queue_gaps(con, params, now=now)
@@ -213,9 +203,7 @@ def print_queue_gaps(q: dict[str, Any], out: TextIO) -> None:
 
 
 def fmt(v: Any, key: str = "") -> str:
-    """A cell as the pages write it (gpufleet.analytics.vocabulary): GPU-hours one decimal, money in
-    cents, percentages one decimal (shares as percentages), durations in two units, verdicts in
-    words; a missing figure "unknown", missing text a dash."""
+    """A cell as the pages write it (analytics.vocabulary); a missing figure "unknown", missing text a dash."""
     if key == "verdict":
         return words.verdict(v)
     if key == "state" and isinstance(v, str):
@@ -242,8 +230,7 @@ def fmt(v: Any, key: str = "") -> str:
 
 
 def table(title: str, data: list[dict[str, Any]], out: TextIO, columns: list[str] | None = None) -> None:
-    """Rows as a plain-text table, headed in the vocabulary's words (the pages' headers); the JSON
-    keys are the columns' names."""
+    """Rows as a plain-text table headed in the vocabulary's words (the pages' headers)."""
     out.write(f"\n{title}\n")
     if not data:
         out.write("  (none in this window)\n")
@@ -269,7 +256,6 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         out.write(f"figures for {scope['scope']} only\n")
     if scope.get("not_attributable_reason"):
         out.write(f"  not shown: {scope['not_attributable_reason']}\n")
-    # (as the pages write it: "no data", "unknown", "zero base" in place of a missing change)
     from gpufleet.analytics.trends import people_rows
 
     table("Headline (vs the previous window)", people_rows(report["trend"]), out)
@@ -423,10 +409,9 @@ def run(args: argparse.Namespace, out=None) -> int:
                               state_thresholds=state_thresholds)
         printer = print_table
     if args.format == "json":
-        for warning in report.get("warnings", []):  # (the table prints them itself)
+        for warning in report.get("warnings", []):  # the table prints them itself
             sys.stderr.write(f"gpufleet analyze: warning: {warning}\n")
-        # one write: json.dump writes each token apart, and under PYTHONUNBUFFERED (containers set
-        # it) every write is a system call: 2.5 million for a 1,024-GPU week, 2.3 s of the kernel's time
+        # one write: json.dump writes each token apart, a system call each under PYTHONUNBUFFERED
         out.write(json.dumps(report, indent=2, default=_plain) + "\n")
     else:
         printer(report, out)

@@ -1,30 +1,20 @@
 """Fairness of one window: who was entitled to the GPUs, who got them, and who waited for them.
 
-Contract 4. The definitions, each a choice that could be made differently, so written down:
-- GPU jobs only (gpus > 0): CPU-only jobs neither demand nor wait for GPUs. A job of unknown GPU
-  count (accounting without gres/gpu, nothing else said it) is neither: it is counted apart
-  (per_account's gpus_unknown_jobs; an account with only those has unknown usage and is named in
-  `unknown_demand`, out of Jain's index), and its queue wait counts under the size "unknown".
-- Demand: a GPU job whose life - submit to end, or to as_of while pending or running - overlaps
-  the window. Only accounts with demand get a ratio: an account that asked for nothing cannot
-  have been treated unfairly, so it is left out of Jain's index.
+Contract 4. The definitions, each a choice that could be made differently:
+- GPU jobs only (gpus > 0). Jobs of unknown GPU count are counted apart (gpus_unknown_jobs,
+  `unknown_demand`, the wait size "unknown").
+- Demand: a GPU job whose life (submit to end, or to as_of) overlaps the window. Only accounts with
+  demand get a ratio: one that asked for nothing cannot have been treated unfairly.
 - Used: allocated GPU-hours in the window from scheduler accounting (sql.JOB_ALLOCATED).
-- Entitled share: the account's share weight over all weights (what sshare calls NormShares).
-  The ratio compares the used share with the entitled share renormalised over the accounts with
-  demand (`active_share`): 1.0 = got exactly its share of the contended GPUs, and an idle
-  account's share goes to the others, as Slurm's fair share does. Jain's index is scale-free, so
-  this choice does not change it. Without shares (None) every account with demand is entitled
-  equally; an account with demand but no share gets no ratio and is named in `without_share`.
-- Queue wait: start - submit of the jobs that STARTED in the window. Percentiles interpolate
-  linearly between closest ranks (Hyndman-Fan type 7: position (n-1)p), the same as DuckDB's
-  quantile_cont on doubles and numpy's default. Jobs still pending at as_of (the window end, or
-  now) are listed in `pending` with their wait so far: leaving them out would flatter a stuck queue.
-- Accounts and users are compared across the cluster (and model) the Filters select; filter by
-  cluster for a per-cluster view. Fairness is a relation between teams, so a job filter (account,
-  user, partition, job) does not narrow whom a team is compared with: the figures are the whole
-  (cluster's) fleet's, and the filter picks the rows shown - the accounts of the jobs it
-  selects - and the pending jobs and waits by size of those jobs. A filtered figure is then its
-  row of the unfiltered table; Jain's index and the Gini stay the fleet's (`compared_across`).
+- Entitled share: the account's weight over all weights (sshare's NormShares). The ratio compares the
+  used share with the entitled share renormalised over the accounts with demand (`active_share`), so
+  an idle account's share goes to the others, as in Slurm (Jain's index is scale-free). Without shares
+  every account with demand is entitled equally; one with demand but no share is in `without_share`.
+- Queue wait: start - submit of the jobs that STARTED in the window (percentiles: Hyndman-Fan type 7).
+  Jobs pending at as_of are in `pending`, with their wait so far: leaving them out flatters a stuck queue.
+- Teams are compared across the cluster (and model) filters select. A job filter does not narrow whom a
+  team is compared with: it picks the rows shown (its jobs' accounts, pending jobs and waits by size),
+  each its row of the unfiltered table; Jain's index and the Gini stay the whole's (`compared_across`).
   A job without an account or user is grouped under "".
 """
 
@@ -74,16 +64,11 @@ def gini(xs: Iterable[float]) -> float | None:
 
 
 def fairshare_factor(usage: float, share: float | None) -> float | None:
-    """Slurm's classic fair-share factor F = 2^(-U/S).
+    """Slurm's classic fair-share factor F = 2^(-U/S) (PriorityFlags=NO_FAIR_TREE, FairShareDampeningFactor=1).
 
-    U: the account's share of all accounts' decayed usage; S: its normalised share. 1 = no recent
-    usage, 0.5 = used exactly its share, towards 0 = far over it; no share at all gives 0, as in
-    Slurm (priority_p_calc_fs_factor, FairShareDampeningFactor=1). This is the formula of
-    priority/multifactor before Fair Tree became the default (19.05; PriorityFlags=NO_FAIR_TREE
-    today). On a flat account tree under NO_FAIR_TREE, sshare's FairShare of an account row is
-    this F with Slurm's RawUsage (billing-weighted TRES-seconds over all history) where we use
-    GPU-seconds from the store. Under Fair Tree the FairShare column is a rank within the tree and
-    not comparable in value - compare orderings only.
+    U: the account's share of all decayed usage (GPU-seconds here, not Slurm's billing TRES); S: its
+    normalised share. 1 = no recent usage, 0.5 = exactly its share, no share gives 0. Under Fair Tree
+    sshare's FairShare is a rank: compare orderings only.
     """
     if share is None:
         return None
@@ -115,9 +100,7 @@ def _num(v: str) -> float | None:
 def parse_sshare(text: str) -> list[SshareRow]:
     """`sshare -P -a -o Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare` (or -p).
 
-    Columns are found by the header (so keep it: no -n), so another -o order works; lines without
-    '|' (e.g. -M's "CLUSTER: name") are skipped.
-    """
+    Columns are found by the header (no -n); lines without '|' (-M's "CLUSTER: name") are skipped."""
     rows: list[SshareRow] = []
     cols: list[str] | None = None
     for line in text.splitlines():
@@ -136,9 +119,8 @@ def parse_sshare(text: str) -> list[SshareRow]:
 
 
 def sshare_shares(rows: list[SshareRow]) -> dict[str, float]:
-    """Entitled share of each leaf account (User empty): the product of NormShares down its path,
-    since NormShares is relative to siblings. Jobs are charged to leaf accounts, and a parent's
-    share is the sum of its children's, so parents are left out. fairness() renormalises."""
+    """Entitled share of each leaf account: the product of NormShares (relative to siblings) down its path.
+    Parents are left out: jobs are charged to leaves. fairness() renormalises."""
     accounts = [r for r in rows if not r.user and r.depth > 0]  # depth 0: root
     path: list[float] = []
     out: dict[str, float] = {}
@@ -153,7 +135,7 @@ def sshare_shares(rows: list[SshareRow]) -> dict[str, float]:
 # --- one window (the queries: analytics/sql.py, FAIRNESS_*) ---
 
 BUCKETS = ("1", "2-4", "5-8", "9+")  # job sizes in GPUs, as the queries label them
-UNKNOWN_SIZE = "unknown"  # ... a job of unknown GPU count (a row of wait_by_size only where there is one)
+UNKNOWN_SIZE = "unknown"  # a job of unknown GPU count (a wait_by_size row only where there is one)
 
 
 def _waits(df: pl.DataFrame, key: str) -> pl.DataFrame:
@@ -172,18 +154,15 @@ class FairnessReport:
     wait_by_size: pl.DataFrame  # gpus_bucket, started_jobs, wait_p50_s, wait_p95_s, pending_jobs
     pending: pl.DataFrame  # one row per job still pending at as_of, with its wait so far
     without_share: tuple[str, ...]  # accounts with demand that no share entitles
-    shares_source: str  # a key of SHARES_SOURCES: every output says which entitlement its figures assume
-    # whom the figures compare: "fleet" (or "cluster=hpc"); under a job filter the rows shown are
-    # the filter's (`shown`: "account=nlp") of that comparison, Jain's index and the Gini its whole
+    shares_source: str  # a key of SHARES_SOURCES
+    # whom the figures compare ("fleet", "cluster=hpc"); `shown`: the job filter picking the rows ("account=nlp")
     compared_across: str = "fleet"
     shown: str | None = None
-    # accounts whose jobs of the window all have an unknown GPU count: their demand is unknown (not
-    # none), so they have no ratio and are not in Jain's index - said, never dropped silently
+    # accounts whose jobs all have an unknown GPU count: demand unknown, so no ratio - said, never dropped silently
     unknown_demand: tuple[str, ...] = ()
 
 
-# Where the entitled shares came from, worded once for every output (CLI, dashboard, report): the
-# default changes Jain's index and every ratio, so it is never silent.
+# where the entitled shares came from, worded once for every output: it changes every ratio, so it is never silent
 SHARES_SOURCES = {
     "config": "share weights from [analytics] shares in the configuration",
     "equal": "equal for every account with demand (no [analytics] shares configured)",
@@ -199,25 +178,23 @@ ACCOUNT_SCHEMA = {
 
 
 def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timedelta = timedelta(days=7)) -> FairnessReport:
-    """Fairness figures of the analysis' window (see the module docstring for definitions): under
-    a job filter, the selected jobs' accounts' rows of the unfiltered (cluster's) figures."""
+    """Fairness figures of the analysis' window, as the module docstring defines them."""
     if half_life <= timedelta(0):
         raise ValueError(f"half_life {half_life} must be positive")
     f = analysis.p.filters
     unselected = {k: None for k in JOB_FILTER_NAMES}
-    across = filter_scope(replace(f, model=None, **unselected))  # (the queries select jobs by cluster, not by GPU model)
-    if not_attributable_reason(f) is None:  # no job filter: the comparison is this window's own
+    across = filter_scope(replace(f, model=None, **unselected))  # the queries select jobs by cluster, not model
+    if not_attributable_reason(f) is None:
         return _fairness(analysis, shares, half_life, across)
-    whole = analysis.job_window(replace(f, **unselected))  # (core.Analysis, core.JobWindow)
+    whole = analysis.job_window(replace(f, **unselected))
     try:
         fleet = _fairness(whole, shares, half_life, across)
     finally:
         whole.close()
-    # the rows the filter selects: the accounts of its jobs (with demand, usage or decayed usage),
-    # and the filtered account itself where it has a row
+    # the rows shown: its jobs' accounts (with demand, usage, decayed usage or unknown demand), and the filtered account
     mine = set(analysis.q(sql.FAIRNESS_USERS)["account"].to_list())
     mine |= set(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds())["account"].to_list())
-    mine |= {a or "" for a, _, n in analysis.q(sql.job_allocated_by(["account"])).iter_rows() if n}  # (of unknown demand)
+    mine |= {a or "" for a, _, n in analysis.q(sql.job_allocated_by(["account"])).iter_rows() if n}
     if f.account is not None:
         mine.add(f.account)
     started, pending = analysis.q(sql.FAIRNESS_STARTED), analysis.q(sql.FAIRNESS_PENDING)
@@ -233,8 +210,7 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
 
 
 def _wait_by_size(started: pl.DataFrame, pending: pl.DataFrame) -> pl.DataFrame:
-    """gpus_bucket, started_jobs, wait_p50_s, wait_p95_s, pending_jobs: a row per BUCKETS (and
-    UNKNOWN_SIZE where a job of unknown GPU count started or waits)."""
+    """started_jobs, wait_p50_s, wait_p95_s, pending_jobs per BUCKETS (and UNKNOWN_SIZE where there is one)."""
     sizes = BUCKETS + ((UNKNOWN_SIZE,) if UNKNOWN_SIZE in set(started["gpus_bucket"]) | set(pending["gpus_bucket"]) else ())
     by_size = pl.DataFrame({"gpus_bucket": sizes}).join(_waits(started, "gpus_bucket"), on="gpus_bucket", how="left").join(
         pending.group_by("gpus_bucket").agg(pl.len().cast(pl.Int64).alias("pending_jobs")), on="gpus_bucket", how="left",
@@ -248,8 +224,7 @@ def _fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: time
     decayed = dict(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds()).iter_rows())
     started, pending = analysis.q(sql.FAIRNESS_STARTED), analysis.q(sql.FAIRNESS_PENDING)
 
-    # jobs of the window whose GPU count is unknown: not GPU jobs as far as anyone said, so no demand
-    # and no usage of theirs is counted; an account with only those has unknown usage, never 0
+    # jobs of unknown GPU count add no demand or usage; an account with only those has unknown usage, never 0
     unknown = {a or "": n for a, _, n in analysis.q(sql.job_allocated_by(["account"])).iter_rows()}
     acct = users.group_by("account").agg(pl.sum("jobs"), pl.sum("used_gpu_h"))
     jobs, used = dict(acct.select("account", "jobs").iter_rows()), dict(acct.select("account", "used_gpu_h").iter_rows())

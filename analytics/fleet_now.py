@@ -1,52 +1,25 @@
 """The fleet at one moment: each GPU's latest sample, who holds it, and how fresh the data is.
 
-Pure functions over a reader connection (gpufleet.collector.store.open_reader) and an "as of" time: the
-dashboards' "Fleet now" and "Health" pages ask them with as_of = now, and any past moment works
-the same way. Definitions, and why:
+Pure functions over a reader connection and an "as of" time (the pages ask as_of = now). Definitions:
 
-- Latest sample: the newest sample of each GPU (or MIG instance) at or before as_of, looked for
-  within the look-back: from the start of the hour that as_of - `lookback` (default 6 h) falls in
-  (look_from), so 6 to 7 hours. Bounded so the query reads hours, not the whole store.
-- Cost: the look-back's runs come from the store's facts (the coarsest buckets that fit, as a
-  window's figures: their parts' run marks, gpufleet.collector.facts.RUN_MARKS: first and last
-  sample, last busy sample and first idle one after it, last gap, ...) and from the raw samples
-  after the newest facts (summed per GPU and hour the same way, gpufleet.collector.schema.NOW_HOURS),
-  composed in time order. The newest sample is the raw rows'; for a GPU whose newest sample lies
-  in the facts (one that went quiet) it is read alone. Raw reads are counted (analytics/raw_reads.py:
-  "fleet now", "fleet now newest").
-- Stale: a latest sample older than `stale_after` (default 5 min) is not the GPU's state now.
-  5 min covers the Prometheus-API source (120 s lag + a 60 s interval) with room; a scrape every
-  15 s is far inside it. A stale GPU shows as "no data", never as idle or busy (contract 4).
-- Known GPUs: the inventory (`gpus`) rows seen within `forget_after` (default 24 h) of as_of, so
-  a GPU whose exporter went quiet an hour ago still shows, as "no data", and a GPU retired
-  yesterday drops off.
-- Status, first match wins: "lost" (gpufleet_gpu_up = 0 in a fresh sample), "no data" (stale or
-  never sampled), "error" (a fresh sample with an XID code, a volatile double-bit ECC error or a
-  row-remap failure), "ok".
-- Holder: a job whose allocation covers as_of: from its scheduler start (else the first time
-  the exporter saw it on the GPU) to its scheduler end; a job the scheduler started and has not
-  ended (RUNNING, a running pod) holds until it does; a job the scheduler does not know (yet)
-  holds until the exporter last saw it + stale_after.
-- Idle allocated now: held, fresh, utilization below the idle threshold. `idle_since` is the first
-  sample after the GPU's last busy sample (utilization at or above the threshold) in the store
-  - the history and the live collector's samples alike - within the look-back; a gap without
-  data does not end the idle run, since nothing busy was seen in it (so a collector restart or
-  the demo's switch from history to live scrapes does not reset it). When no busy sample is known
-  in the look-back, `idle_since_capped` is true and `idle_since` is the first idle sample looked
-  at: the GPU has been idle since before then ("idle since before <time>"); when it became idle
-  is unknown, and is never taken to be the collector's start.
-  Its cost per hour is the GPUs' $/GPU-hour (MIG instances their slice share); unknown (None)
-  if any of those GPUs has no price.
-- Last XID: `last_xid` is the newest non-zero XID code the GPU reported within `forget_after`
-  (`last_xid_at` when), not only the latest sample's: a GPU that fell off the bus reports nothing
-  any more, but the XID it threw before is what an operator needs to see. Read from the facts
-  (each XID code's last sample time in a part) where the store has them, raw samples elsewhere
-  (counted: "fleet now xids").
-- Counting (summarize): the fleet's GPUs are PHYSICAL GPUs - the MIG instances of a GPU (rows
-  sharing its UUID) are parts of one GPU, not GPUs. A GPU is reporting when it has a fresh sample
-  and is not lost; lost (any of its instances lost), no data (no fresh sample from any instance)
-  and reporting add up to the GPUs known. Held, free and held-with-no-process are GPU
-  equivalents: a MIG instance counts as its share of its GPU (3g.40gb = 3/7).
+- Latest sample: each GPU's (or MIG instance's) newest at or before as_of, within the look-back from
+  the hour as_of - `lookback` falls in (look_from): facts' run marks (collector.facts.RUN_MARKS), then
+  raw samples (counted, raw_reads.py).
+- Stale: older than `stale_after` (5 min: the Prometheus-API source's 120 s lag + 60 s interval, with
+  room): shown as "no data", never idle or busy (contract 4).
+- Known GPUs: inventory rows seen within `forget_after` (24 h) of as_of: a quiet GPU shows as "no data".
+- Status, first match wins: "lost" (gpufleet_gpu_up = 0 in a fresh sample), "no data", "error" (a fresh
+  sample with an XID, a volatile double-bit ECC error or a row-remap failure), "ok".
+- Holder: a job whose allocation covers as_of, from its scheduler start (else first seen) to its end;
+  a job not yet ended holds until it ends, one the scheduler does not know until last seen + stale_after.
+- Idle allocated now: held, fresh, below the idle threshold. `idle_since`: the first sample after the
+  last busy one in the look-back; a gap without data does not end the run (a collector restart must
+  not reset it). With no busy sample, `idle_since_capped` and the first idle sample seen, never the
+  collector's start. Cost per hour: $/GPU-hour x MIG share; None if any is unpriced.
+- Last XID: the newest non-zero XID within `forget_after`, not only the latest sample's: a GPU that fell
+  off the bus reports nothing more, but its XID is what an operator needs.
+- Counting (summarize): GPUs are PHYSICAL GPUs (MIG instances sharing a UUID are one); lost, no data
+  and reporting add up to the GPUs known. Held, free and no-process are GPU equivalents (3g.40gb = 3/7).
 
 Every user-supplied value (filters, times) is a bound parameter.
 """
@@ -95,20 +68,13 @@ def _binds(params: Params, as_of: datetime, stale_after: timedelta, lookback: ti
 
 def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, *, stale_after: timedelta = STALE_AFTER,
                lookback: timedelta = LOOKBACK, forget_after: timedelta = FORGET_AFTER) -> pl.DataFrame:
-    """One row per known GPU (or MIG instance) at `as_of`: its latest sample, status and holders.
-
-    Columns: cluster, host, gpu, gpu_uuid, gi, model, mig_profile, equiv, ts (latest sample),
-    age_s, fresh, util, fb_used_mib, fb_total_mib, gpu_temp_c, mem_temp_c, power_w, xid_last (latest
-    sample), last_xid, last_xid_at, gpu_up, compute_processes (an integer), clocks_event_reasons, ecc_dbe_vol, remap_failure, status,
-    idle_since, idle_since_capped, held, jobs (count), job_ids, job_names, user_names, accounts,
-    schedulers, idle_allocated, no_process, usd_per_gpu_hour.
-    Filters: cluster and model narrow the GPUs; account, user, partition and job keep only the
-    GPUs held now by a matching job.
-    """
+    """One row per known GPU (or MIG instance) at `as_of`: its latest sample (ts, xid_last), status,
+    holders (held, jobs count, job_ids, ...), idle_since, last_xid and usd_per_gpu_hour (sql.GPU_STATES).
+    Cluster and model filters narrow the GPUs; job filters keep the GPUs a matching job holds now."""
     binds = _binds(params, as_of, stale_after, lookback, forget_after)
-    cur = con.cursor()  # a cursor of its own: the reader connection is shared between sessions (its temp tables too)
+    cur = con.cursor()  # own cursor: the reader connection (and its temp tables) is shared between sessions
     try:
-        stored = stored_buckets(cur, fact_params(params))  # (read once: both tile their spans with it)
+        stored = stored_buckets(cur, fact_params(params))  # both tile their spans with it
         now_rows(cur, params, binds, stored)
         xid_rows(cur, params, binds, stored)
         df = pl.from_arrow(query_rows(cur, sql.GPU_STATES, sql.bound(sql.GPU_STATES, binds)))
@@ -121,13 +87,11 @@ def gpu_states(con: duckdb.DuckDBPyConnection, params: Params, as_of: datetime, 
 
 
 def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any], stored: dict[int, set[int]]) -> None:
-    """The temp tables GPU_STATES composes (sql.FACT_NOW_ROWS): now_rows, the look-back's runs per
-    GPU from the facts of the coarsest buckets that fit (`stored`: facts.stored_buckets) and from
-    the raw samples after them (and in any bucket without facts), and now_latest, each GPU's newest sample."""
+    """GPU_STATES' temp tables: now_rows, the look-back's runs per GPU from the coarsest facts that fit
+    (`stored`) and raw samples elsewhere; now_latest, each GPU's newest sample."""
     fp = fact_params(params)
     lo, hi = epoch_us(binds["look_from"]), epoch_us(binds["as_of"]) + 1
-    # the newest minutes are read raw whatever facts there are: a reporting GPU's newest sample (at
-    # most stale_after old) is among them, so only GPUs gone quiet need theirs read alone
+    # the last stale_after is read raw: it holds every reporting GPU's newest sample, so only quiet GPUs need theirs read alone
     cut = max(lo, (hi - round(binds["stale_after"] * 1_000_000)) // FIVE_US * FIVE_US)
     spans = tile(lo, cut, stored)
     if spans and spans[-1][0] is None:
@@ -149,12 +113,11 @@ def now_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, An
 
 
 def xid_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, Any], stored: dict[int, set[int]]) -> None:
-    """The temp table xid_rows GPU_STATES takes each GPU's last XID from (sql.FACT_XID_ROWS): per
-    GPU and span of (as_of - forget_after, as_of], its last XID code and time, from the facts of the
-    coarsest buckets that fit and from raw samples elsewhere."""
+    """Temp table xid_rows: per GPU and span of (as_of - forget_after, as_of], its last XID code and time,
+    from the coarsest facts that fit and raw samples elsewhere."""
     fp = fact_params(params)
     hi = epoch_us(binds["as_of"]) + 1
-    lo = hi - round(binds["forget_after"] * 1_000_000)  # (ts > as_of - forget_after: from the microsecond after)
+    lo = hi - round(binds["forget_after"] * 1_000_000)  # ts > as_of - forget_after
     read = _span_rows(cur, fp, binds, tile(lo, hi, stored), "fleet now xids", sql.RAW_XID_ROWS, sql.FACT_XID_ROWS)
     cur.execute(sql.XID_ROWS_TABLE)
     _table(cur, "xid_rows", [t for _, t in read], append=True)
@@ -162,9 +125,8 @@ def xid_rows(cur: duckdb.DuckDBPyConnection, params: Params, binds: dict[str, An
 
 def _span_rows(cur: duckdb.DuckDBPyConnection, fp: FactParams, binds: dict[str, Any], spans: list[tuple[int | None, int, int]],
                kind: str, raw_query: str, fact_query: str) -> list[tuple[bool, pa.Table]]:
-    """Each span's rows, (from raw, table) in order: `raw_query` over its samples where it has no
-    facts (grain None; counted as a raw read of `kind`), else `fact_query` over the files of its
-    buckets alone (the fact_parts view opens every facts file of the store)."""
+    """Each span's (from raw, table), in order: `raw_query` where it has no facts (grain None; a raw read of
+    `kind`), else `fact_query` over its buckets' files alone (the fact_parts view opens every facts file)."""
     out = []
     for grain, a, b in spans:
         bind = {**binds, "tag": fp.tag(), "grain": grain, "lo": a, "hi": b}
@@ -191,23 +153,22 @@ def _table(cur: duckdb.DuckDBPyConnection, name: str, tables: list[pa.Table], ap
 
 @dataclass(frozen=True)
 class FleetNow:
-    """Headline counts of gpu_states(): GPUs are physical GPUs (a GPU's MIG instances are one GPU);
-    held, free and no-process are GPU equivalents (a MIG instance counts as its share)."""
+    """Headline counts of gpu_states(): GPUs are physical GPUs; held, free and no-process are GPU equivalents."""
 
     as_of: datetime
     gpus: int  # physical GPUs known
     reporting: int  # physical GPUs with fresh data that are not lost
     no_data: int  # physical GPUs with no fresh sample from any instance
-    lost: int  # physical GPUs lost (gpu_up = 0 in a fresh sample of the GPU or of an instance)
+    lost: int  # gpu_up = 0 in a fresh sample of the GPU or of an instance
     error: int  # physical GPUs reporting an error (not lost)
     held: float  # GPU equivalents held by jobs
     free: float  # GPU equivalents reporting and not held, on GPUs that are not lost
-    unsliced: float  # GPU equivalents of reporting MIG GPUs that no instance covers (neither held nor free)
+    unsliced: float  # GPU equivalents of reporting MIG GPUs that no instance covers
     held_no_process: float  # GPU equivalents held, fresh, with zero compute processes
-    idle_allocated: int  # devices (GPUs or MIG instances) held, fresh, utilization below the idle threshold
+    idle_allocated: int  # devices (GPUs or MIG instances)
     idle_allocated_long: int  # ... for at least idle_min_duration
     idle_allocated_usd_per_h: float | None  # None: a GPU among them has no price
-    idle_allocated_gpus: float  # GPU equivalents (MIG instances count as their share)
+    idle_allocated_gpus: float  # GPU equivalents
     mean_utilization_pct: float | None  # over reporting GPUs, weighted by GPU equivalents
     unpriced_models: tuple[str, ...]
 
@@ -217,9 +178,8 @@ _GPU_KEY = [pl.col("cluster"), pl.col("host"), pl.coalesce(pl.col("gpu_uuid"), p
 
 
 def physical_gpus(states: pl.DataFrame) -> pl.DataFrame:
-    """One row per physical GPU of gpu_states(): its MIG instances (rows sharing the GPU's UUID)
-    folded into it. Columns: cluster, host, gpu_uuid, devices, equiv, fresh (any instance),
-    lost (any instance), error (any instance), reporting (fresh and not lost)."""
+    """One row per physical GPU of gpu_states(), its MIG instances folded in: devices, equiv, and fresh,
+    lost, error of any instance; reporting = fresh and not lost."""
     return (
         states.group_by(_GPU_KEY)
         .agg(pl.len().alias("devices"), pl.col("equiv").sum().alias("equiv"), pl.col("fresh").any().alias("fresh"),
@@ -266,9 +226,8 @@ def summarize(states: pl.DataFrame, params: Params, as_of: datetime) -> FleetNow
 
 
 def host_freshness(states: pl.DataFrame) -> pl.DataFrame:
-    """Per host (one exporter each) from gpu_states(): physical GPUs known, physical GPUs with a fresh
-    sample (a lost GPU's exporter still sends samples: it counts here), the newest sample and its
-    age; `fresh` when any GPU of the host has a fresh sample. Stalest first."""
+    """Per host (one exporter each): physical GPUs known and with a fresh sample (a lost GPU's counts: its
+    exporter still sends), the newest sample and its age, `fresh` if any GPU is. Stalest first."""
     if states.is_empty():
         return pl.DataFrame(schema={"cluster": pl.Utf8, "host": pl.Utf8, "gpus": pl.UInt32, "reporting": pl.UInt32,
                                     "last_sample": pl.Datetime("us"), "age_s": pl.Float64, "fresh": pl.Boolean})
@@ -282,15 +241,10 @@ def host_freshness(states: pl.DataFrame) -> pl.DataFrame:
 
 
 def collector_status(root: str | Path, now: datetime | None = None) -> dict[str, Any]:
-    """What the store's manifest says about the collector: last publish, its age, version, and
-    the inputs it did not recognize (newest first: source, input, kind, detail, count,
-    first_seen, last_seen; see StoreWriter.note_unrecognized).
-
-    The collector publishes after every commit, so the age of the last publish is how long ago
-    the collector last wrote anything. A sharded store (gpufleet.collector.shard) has one per
-    shard, listed in `shards`; the top-level figures are the stalest shard's, so a dead shard
-    shows. Returns {"published_at": None, ...} for a missing store.
-    """
+    """The store's manifest on the collector: last publish (after every commit: its age is how long since
+    the collector wrote), version, and unrecognized inputs, newest first (StoreWriter.note_unrecognized).
+    A sharded store lists each in `shards`; the top-level figures are the stalest shard's, so a dead one
+    shows. {"published_at": None, ...} for a missing store."""
     from gpufleet.collector.store import StoreError, read_manifests
 
     now = now or utcnow()

@@ -1,8 +1,7 @@
 """Per-job efficiency report: what jobstats tells a user, plus the rule behind the verdict.
 
-For each job in the window: GPUs, runtime, mean and per-GPU utilization, memory high-water,
-idle stretches, no-process time, and a verdict. The rules run in order; the first that matches
-gives the verdict, and its text says which rule and which numbers:
+Per job in the window: GPUs, runtime, mean and per-GPU utilization, memory high-water, idle
+stretches, no-process time, and a verdict: the first rule that matches, its text saying which and the numbers:
 
   no_data        the job held GPUs but no sample covers them
   no_process     a GPU was held with no compute process for >= idle_min_duration
@@ -28,9 +27,8 @@ from gpufleet.analytics.params import Params
 from gpufleet.collector.reading import query_rows
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
-# A verdict compares a utilization with a threshold rounded to 1e-9 percentage points: the
-# summaries and the raw samples add a job's time up in different orders, and a mean exactly at
-# the threshold (5 %) must not fall on either side of it by the last bit of a float
+# verdicts compare utilization rounded to 1e-9 points: facts and raw samples sum in different orders, and a mean
+# exactly at the threshold must not fall either side by a float's last bit
 VERDICT_DECIMALS = 9
 
 
@@ -50,22 +48,20 @@ class JobReport:
 
 
 def gpu_use() -> list[pl.Expr]:
-    """An allocation's data hours, utilization and memory high-water inside the window, from its
-    rows' data_s, busy_s, has_util and fb_max (Analysis.allocation_detail's, or its hours' facts)."""
+    """An allocation's data hours, utilization and memory high-water in the window, from data_s, busy_s, has_util, fb_max."""
     return [pl.when(pl.col("has_util")).then(pl.col("data_s") / 3600).alias("data_h"),
             pl.when(pl.col("data_s") > 0).then(pl.col("busy_s") / pl.col("data_s") * 100).alias("utilization_pct"),
             pl.col("fb_max").cast(pl.Float64).alias("fb_used_max_mib")]
 
 
 def per_job_gpu(a: Analysis) -> pl.DataFrame:
-    """Per job and GPU: data hours, utilization and memory high-water inside the window (what
-    oracle_sql.PIECES rows of each allocation add up to; Analysis.allocation_detail), in job and GPU order."""
+    """Per job and GPU: gpu_use's figures (as oracle_sql.PIECES adds up), in job and GPU order."""
     return _job_gpus(a).sort("cluster", "job_key", "host", "gpu", "gi")
 
 
 def _job_gpus(a: Analysis) -> pl.DataFrame:
     """per_job_gpu's rows in no order: the job list adds them up per job."""
-    return a.allocation_detail().lazy().filter(pl.col("has_piece")).select(  # (lazy: the frame's other columns are never copied)
+    return a.allocation_detail().lazy().filter(pl.col("has_piece")).select(  # lazy: the other columns are never copied
         "cluster", "scheduler", "job_key", "host", pl.col("gpu").cast(pl.Int16), "gpu_uuid", pl.col("gi").cast(pl.Int16), "model",
         *gpu_use()).collect()
 
@@ -99,9 +95,8 @@ def job_summaries(a: Analysis) -> pl.DataFrame:
 
 
 def job_list(jobs: pl.DataFrame, gpus: pl.DataFrame, idle: pl.DataFrame, nop: pl.DataFrame, key: list[str], p: Params) -> pl.DataFrame:
-    """job_summaries' rows from the window's job table (sql.JOB_ROWS), its jobs' GPUs with a
-    piece in it (gpu_use's columns) and each job's idle and no-process GPU-hours (idle_gpu_h,
-    no_process_gpu_h), all named by `key`; `p` the window's Params (the idle threshold)."""
+    """job_summaries' rows from sql.JOB_ROWS, the jobs' GPUs (gpu_use's columns) and their idle and no-process
+    GPU-hours, joined on `key`."""
     mean = gpus.group_by(key).agg(
         (pl.col("utilization_pct") * pl.col("data_h")).sum().alias("_busy"), pl.sum("data_h"),
         pl.min("utilization_pct").alias("min_gpu_utilization_pct"), pl.max("fb_used_max_mib"),
@@ -147,10 +142,8 @@ def job_report(a: Analysis, job: str) -> JobReport | None:
 
 
 def gpu_shares(con: duckdb.DuckDBPyConnection, params: Params, cluster: str, scheduler: str, job_key: str) -> list[dict[str, Any]]:
-    """The GPUs this job shared with other jobs in the window (sql.JOB_GPU_SHARES), one entry each:
-    the job's mean SM share of the GPU while shared and its memory high-water, and the other jobs'
-    over the same hours (`others`). None where unknown, never 0. Empty: it shared none (or the
-    exporters publish no per-job split)."""
+    """The GPUs this job shared in the window (sql.JOB_GPU_SHARES): its mean SM share and memory high-water while
+    shared, and the other jobs' (`others`); None where unknown, never 0. Empty: none (or no per-job split)."""
     cur = con.cursor()  # the reader connection is shared between sessions
     try:
         binds = {"cluster": cluster, "scheduler": scheduler, "job_key": job_key, "start": params.start, "end": params.end}

@@ -1,21 +1,16 @@
 """MFU (model FLOPs utilization) per job and per account, always with the method that gave it.
 
-MFU = achieved model FLOP/s / (GPUs x dense peak FLOP/s of the GPU model for a dtype). A figure
-is only as good as its method, so every row says which one it came from, tried in this order:
+MFU = achieved model FLOP/s / (GPUs x dense peak FLOP/s of the GPU model for a dtype). Every row
+names its method, tried in this order:
 
-1. reported: the job published its throughput (exporter/jobreport.py -> job_throughput).
-   MFU = sum(FLOP/s x reports) / sum(GPUs x reports) / peak, over the job's reports in the
-   window (hourly rows; a row counts if its hour overlaps the window). GPUs are what the report
-   says it covers, else the job's GPU-equivalents (MIG slices count as their share). tokens/s
-   reports became FLOP/s as 6 x N x tokens/s: attention FLOPs excluded, so MFU is understated
-   for long sequences.
-2. estimate: from DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, the fraction of cycles the tensor pipe is
-   busy, as dcgm-exporter (DCP) or the gpufleet exporter (NVML GPM, Hopper and later) publish it;
-   where both report one GPU the collector keeps dcgm-exporter's (exposition_parse.PRECEDENCE). Achieved FLOP/s ~ tensor_active x (SM clock / spec boost clock) x dense peak, so the MFU
-   estimate is the time-weighted mean of tensor_active x SM clock / boost clock over the job's
-   GPU time. The clock factor is used only where both clocks are known (else 1, and the method
-   says so). The counter does not know the dtype: the estimate is against the configured one
-   (`[analytics] mfu_dtype`, default bf16), and a job running FP8 reads as up to 2x its MFU.
+1. reported: the job's published throughput (exporter/jobreport.py -> job_throughput):
+   sum(FLOP/s x reports) / sum(GPUs x reports) / peak over its hourly reports overlapping the window.
+   GPUs: what the report covers, else the job's GPU equivalents (MIG share). tokens/s counts as
+   6 x N x tokens/s: attention FLOPs excluded, so long sequences are understated.
+2. estimate: the time-weighted mean of DCGM_FI_PROF_PIPE_TENSOR_ACTIVE x SM clock / boost clock over
+   the job's GPU time (clock factor 1 where either clock is unknown, and the method says so); where
+   dcgm-exporter and the gpufleet exporter both report a GPU, dcgm-exporter's (exposition_parse.PRECEDENCE).
+   The counter knows no dtype: it is against `[analytics] mfu_dtype` (bf16), so FP8 reads up to 2x.
 3. unknown, with the reason (no tensor activity data, a GPU model without a peak, no mapping).
 
 Never from GPU_UTIL: a one-thread kernel reads 100 % utilization and 0 % MFU.
@@ -75,13 +70,10 @@ def peaks_for(dtype: str) -> pl.DataFrame:
 
 
 def job_mfu(a: Analysis, reports_in: tuple[datetime, datetime] | None = None) -> pl.DataFrame:
-    """One row per job that held GPUs in the window: COLUMNS, then scheduler, gpu_h (allocated
-    GPU-hours in the window), peak_tflops (per GPU, for the dtype) and tflops_per_gpu (achieved).
-    `mfu` is a fraction of the dense peak (0.45 = 45 %), null when the method is "unknown".
-    `reports_in`: the window whose throughput reports (and held time) count, where `a` is a job's
-    analysis narrowed to its run inside it (dashboards/data.py job_report): the job's row is then
-    the window's - a report written at the job's exit, after its accounted end, still counts.
-    `a`: an analysis, whose allocations (al) and their detail give each job's held GPUs and tensor use."""
+    """One row per job that held GPUs in the window: COLUMNS, scheduler, gpu_h (allocated GPU-hours in
+    the window), peak_tflops (per GPU) and tflops_per_gpu. `mfu` is a fraction of the dense peak
+    (0.45 = 45 %), null when the method is "unknown". `reports_in`: the window whose reports count when
+    `a` is narrowed to a job's run (dashboards/data.py job_report): a report written at exit still counts."""
     dtype = a.p.mfu_dtype
     peaks = peaks_for(dtype)
     a.con.register("mfu_peaks", peaks.to_arrow())
@@ -106,10 +98,8 @@ MODEL_MISSING = "a GPU of the job has no model in the inventory"
 
 
 def decide_all(raw: pl.DataFrame, dtype: str) -> pl.DataFrame:
-    """_decide for every job of sql.MFU_JOBS' rows, in their order: as column expressions (a
-    fleet's 800,000 jobs in a fraction of a second), except the few rows whose reasons name GPU
-    models (models without a peak or a boost clock) or whose peak is unknown, which _decide
-    itself words."""
+    """_decide for every row of sql.MFU_JOBS, in order, as column expressions; the few rows whose reasons
+    name GPU models or whose peak is unknown go through _decide itself."""
     n_models = sum(pl.col(c).list.len().fill_null(0) for c in ("not_listed", "no_peak", "no_boost"))
     odd = (n_models > 0) | (pl.col("mapped") & pl.col("peak_tflops").is_null())
     raw = raw.with_row_index("_i")
@@ -123,7 +113,7 @@ def decide_all(raw: pl.DataFrame, dtype: str) -> pl.DataFrame:
 def _pct(x: pl.Expr) -> pl.Expr:
     """format(x, ".0%"): x x 100 rounded half to even, as Python's formatting does."""
     rounded = x.mul(100.0).map_batches(lambda v: pl.Series(np.rint(v.to_numpy()), dtype=pl.Float64), return_dtype=pl.Float64)
-    return rounded.cast(pl.Int64, strict=False).cast(pl.Utf8) + "%"  # (the rows this is not shown for: inf, NaN -> null)
+    return rounded.cast(pl.Int64, strict=False).cast(pl.Utf8) + "%"  # inf, NaN -> null (never shown)
 
 
 def _decide_columns(r: pl.DataFrame, dtype: str) -> pl.DataFrame:
@@ -167,12 +157,10 @@ def _decide_columns(r: pl.DataFrame, dtype: str) -> pl.DataFrame:
 
 
 def tensor_detail(numbers: pl.DataFrame, peaks: pl.DataFrame) -> pl.DataFrame:
-    """Each allocation's tensor use (a row per row of `numbers`: Analysis.detail_numbers, al's
-    order), which sql.MFU_JOBS adds up per job over its pieces inside the window (w = seconds x
-    MIG share): piece (it has one), t (with tensor activity known), tk (and its GPU model's boost
-    clock known), tensor_s (time with tensor activity), est_s (tensor activity x SM clock / boost
-    clock x w, or x 1 where either clock is unknown), scaled_s (time with both clocks), any_s (all
-    its sampled time), and its GPU's model; `peaks`: peaks_for's."""
+    """Each allocation's tensor use, a row per row of Analysis.detail_numbers, for sql.MFU_JOBS to sum per
+    job (w = seconds x MIG share): piece, t (tensor activity known), tk (and boost clock known),
+    tensor_s, est_s (tensor activity x SM clock / boost clock x w; x 1 where a clock is unknown),
+    scaled_s (time with both clocks), any_s, model."""
     boost = peaks.select("model", pl.col("boost_clock_mhz").cast(pl.Float64).alias("boost"))
     d = numbers.join(boost, on="model", how="left", maintain_order="left")
     piece = pl.col("has_piece").fill_null(False)
@@ -184,8 +172,7 @@ def tensor_detail(numbers: pl.DataFrame, peaks: pl.DataFrame) -> pl.DataFrame:
 
 
 def _no_boost(a: Analysis, detail: pl.DataFrame) -> pl.DataFrame:
-    """Per job, the models without a boost clock among its GPUs with tensor activity (no_boost,
-    a sorted list): of the few allocations that have them, their keys read for those alone."""
+    """Per job, the sorted models without a boost clock among its GPUs with tensor activity (no_boost)."""
     rows = np.flatnonzero((detail["t"] & ~detail["tk"] & detail["model"].is_not_null()).to_numpy())
     schema = {"cluster": pl.String, "scheduler": pl.String, "job_key": pl.String, "no_boost": pl.List(pl.String)}
     if not len(rows):
@@ -254,14 +241,9 @@ def _peak_problems(r: dict, dtype: str) -> list[str]:
 
 
 def account_mfu(a: Analysis, jobs: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per cluster and account: MFU weighted by the jobs' GPU-hours, over jobs with a known MFU.
-
-    method: the jobs' method when they all share one, "mixed" when they differ, "unknown" when
-    no job has an MFU; unknown_jobs / unknown_gpu_h say how much the figure leaves out, and
-    gpus_unknown_jobs the jobs whose GPU-hours are unknown (a job that reports, of unknown GPU
-    count): no weight of theirs is known, so the mean and the GPU-hours leave them out - never
-    weighted as 0 GPU-hours without a word.
-    """
+    """Per cluster and account: MFU weighted by GPU-hours over jobs with a known MFU; method: the shared
+    one, "mixed" or "unknown". unknown_jobs / unknown_gpu_h say what it leaves out; gpus_unknown_jobs,
+    the jobs of unknown GPU-hours, left out rather than weighted as 0."""
     jobs = job_mfu(a) if jobs is None else jobs
     schema = {"cluster": pl.Utf8, "account": pl.Utf8, "jobs": pl.UInt32, "unknown_jobs": pl.UInt32, "gpu_h": pl.Float64,
               "unknown_gpu_h": pl.Float64, "mfu": pl.Float64, "method": pl.Utf8, "gpus_unknown_jobs": pl.UInt32}

@@ -1,59 +1,21 @@
 """The idle-GPU policy: which running jobs to warn, escalate or cancel, and why (pure functions).
 When nothing is due, the plan names the running job nearest to an action and why it is not due
-yet (`Plan.closest`), so "0 actions" is never a bare zero.
+yet (`Plan.closest`), so "0 actions" is never a bare zero. Options: OPTIONS ([policy] in docs/configuration.md).
 
-    [policy]
-    enforce = false              # false: plan and log only (dry run); true: mail, post and cancel
-    notify_after = "1h"          # every GPU of a running job idle this long: mail the owner
-    escalate_after = "2h"        # ... this long: mail the owner and the account's contact
-    cancel_after = "4h"          # ... this long: cancel the job (scancel / pod deletion)
-    no_process_after = "30m"     # every GPU with no compute process at all this long: notify sooner
-    renotify_after = "12h"       # a job notified (or escalated) is not notified again before this
-    min_job_age = "30m"          # never act on a job younger than this
-    interval = "5m"              # how often the collector service evaluates the policy
-    exempt_accounts = []         # never act on these accounts' jobs ...
-    exempt_partitions = []       # ... Slurm partitions
-    exempt_namespaces = []       # ... Kubernetes namespaces
-    exempt_users = []            # ... users
-    exempt_job_names = []        # ... job names matching these shell patterns, e.g. "jupyter-*"
-    # where the actions go (gpufleet.policy.enforce; mail through [report.smtp], from [report] from_address)
-    email_domain = ""            # owner's address: {user}@domain (email_template), unless ...
-    directory_file = ""          # ... a file of "user address" lines names it
-    email_template = "{user}@{domain}"
-    webhook_url = ""             # a Slack-compatible incoming webhook
-    retries = 2                  # per channel, within one evaluation (failures are retried next round too)
-    scancel = "scancel"          # how Slurm jobs are cancelled (pods: DELETE via [collector.kubernetes] or kube_api)
-    squeue = "squeue"            # reads a candidate's comment for the opt-out tag ("" = do not read)
-    kube_api = ""
-    drain_lemons = true          # propose draining lemon nodes (gpufleet.analytics.reliability): scontrol
-    lemon_window = "7d"          #   update State=DRAIN / Kubernetes cordon, acted on only with enforce;
-    exempt_nodes = []            #   nodes matching these shell patterns are never drained; resuming a
-    scontrol = "scontrol"        #   drained node stays a person's decision
-    interruption_rate_window = "1d"  # hardware interruptions per 1,000 GPU-days over this and over
-                                 #   lemon_window (the baseline) as metrics, for the alert rules
-    [policy.account_contacts]    # escalations (and cancels) also go to these
-    nlp = ["nlp-lead@example.org"]
+Idle is the product's one definition (gpufleet.analytics.fleet_now.gpu_states). A GPU's idle time counts
+from `idle_with_data_since`, the start of its current run of below-threshold samples in continuous data:
+a gap longer than max_gap ends the run (no data is never idle, so an outage never lengthens idle time;
+the dashboard's `idle_since` may reach across a gap). A job is idle when every GPU it holds is; its idle
+time is the shortest run among them. A job with any GPU not reporting is neither idle nor busy: no action.
 
-Idle is the product's one definition (gpufleet.analytics.fleet_now.gpu_states): a GPU is idle
-when its fresh latest sample is below the idle threshold; the policy counts its idle time from
-`idle_with_data_since`, the start of its current run of below-threshold samples within the current
-stretch of continuous data (a gap longer than max_gap ends a run: no data is never idle, so a
-collector outage never makes a job look idle for longer; the dashboard's `idle_since`, the last busy
-sample seen, may reach across such a gap). A job is
-idle when every GPU it holds is idle; its idle time is the shortest run among them. A job with
-any GPU not reporting (stale, never sampled) is neither idle nor busy: no action.
+A job opts out with a reason: `gpufleet:exempt=<reason>` in its Slurm comment, or the pod annotation
+`gpufleet.io/exempt: <reason>`; a tag without a reason does not exempt (a reason is the price of opting
+out). The store keeps no comments: the runner (gpufleet.policy.enforce) reads the tags of the jobs a plan
+would act on and passes them in (`comments`); a job whose tag cannot be read is left alone that round.
 
-A job opts out with a reason: its Slurm comment (`--comment`, `scontrol update job=ID comment=`)
-holding `gpufleet:exempt=<reason>`, or its pod's annotation `gpufleet.io/exempt: <reason>`; the
-reason is logged with the exemption. A tag without a reason does not exempt the job (a reason is
-the price of opting out). The store does not keep comments or annotations: the runner
-(gpufleet.policy.enforce) reads them from the scheduler for the jobs a plan would act on, at plan
-time, and passes them in (`comments`); a job whose tag cannot be read is left alone that round.
-
-Rules, highest first: `cancel_after` (action "cancel"), `escalate_after` ("escalate"),
-`notify_after` ("notify"), `no_process_after` ("notify" sooner when no process at all). A job
-notified at a level within `renotify_after` is not notified again at that level or below; a
-failed action is not "done" and is planned again on the next evaluation (retried, never dropped).
+Rules, highest first: cancel_after, escalate_after, notify_after, no_process_after (notify sooner when no
+process at all). A job acted on at a level within renotify_after is not acted on again at that level or
+below; a failed action is not done and is planned again at the next evaluation.
 """
 
 from __future__ import annotations
@@ -71,11 +33,10 @@ from gpufleet.times import parse_duration
 ACTIONS = ("notify", "escalate", "cancel")  # in escalation order
 LEVEL = {a: i for i, a in enumerate(ACTIONS, 1)}
 
-# `gpufleet:exempt=<reason>` in a Slurm comment or a pod annotation; the reason runs to the end
-# of the text or to a ';'
+# the reason runs to the end of the text or to a ';'
 OPT_OUT_TAG = "gpufleet:exempt"
 _OPT_OUT = re.compile(r"gpufleet:exempt\s*=\s*([^;]*)")
-POD_ANNOTATION = "gpufleet.io/exempt"  # the annotation a pod opts out with (value: the reason)
+POD_ANNOTATION = "gpufleet.io/exempt"  # value: the reason
 
 
 def _duration(v: Any) -> bool:
@@ -121,7 +82,7 @@ OPTIONS = (
     Option("lemon_window", "7d", DURATION, _duration),
     Option("exempt_nodes", [], "a list of shell patterns for node names never drained, e.g. [\"login*\"]", strings),
     Option("scontrol", "scontrol", "the scontrol command that drains a Slurm node", lambda v: isinstance(v, str) and bool(v)),
-    # the recent hardware interruption rate published beside the lemon_window's (its baseline) for alerts
+    # the recent hardware interruption rate, published for alerts beside the lemon_window's (the baseline)
     Option("interruption_rate_window", "1d", DURATION, _duration),
 )
 
@@ -251,7 +212,7 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     exempt: list[Exemption] = field(default_factory=list)
     suppressed: list[Action] = field(default_factory=list)  # due, but done within renotify_after
-    # no action planned: the running job nearest to one and why it is not due (None: no running GPU job)
+    # set when no action is planned (None: no running GPU job)
     closest: NotYet | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -322,9 +283,8 @@ def due(job: JobFacts, rules: Rules) -> tuple[str, str, str] | None:
 
 
 def not_yet(job: JobFacts, rules: Rules, as_of: datetime) -> NotYet | None:
-    """Why a running GPU job that due() gives nothing for is not due yet: the rule it waits for
-    and when that rule comes due if nothing changes, or what keeps every rule from counting.
-    None for a job not running or holding no GPU."""
+    """Why a running GPU job with nothing due is not due yet: the rule it waits for and when that comes
+    due if nothing changes, or what keeps every rule from counting. None unless running with GPUs."""
     if job.state != "RUNNING" or job.gpus <= 0:
         return None
     n = f"{job.gpus} GPU{'s' if job.gpus != 1 else ''}"
@@ -368,9 +328,8 @@ def _recent(history: Iterable[Done], as_of: datetime, window: timedelta) -> dict
 
 
 def evaluate(jobs: Iterable[JobFacts], rules: Rules, history: Iterable[Done], as_of: datetime) -> Plan:
-    """The plan at `as_of`: one action at most per job (the highest rule due), exemptions with
-    their reasons, and actions due but already done within renotify_after (suppressed). A cancel
-    is suppressed only by a successful cancel; failures never suppress (they are retried)."""
+    """The plan at `as_of`: per job at most the highest rule due, exemptions with their reasons, and actions
+    done (result ok) at that level or above within renotify_after, suppressed; failures never suppress."""
     plan = Plan(as_of=as_of, enforce=rules.enforce)
     recent = _recent(history, as_of, rules.renotify_after)
     jobs = sorted(jobs, key=lambda j: (j.cluster, j.scheduler, j.job_key))
@@ -428,7 +387,7 @@ def job_facts(running: list[Mapping[str, Any]], states: list[Mapping[str, Any]],
 @dataclass(frozen=True)
 class PlanInputs:
     """What a plan is evaluated from, read once (read_plan_inputs): the running jobs' GPUs, their
-    GPUs' states by gpu_states() and the audit trail within renotify_after."""
+    gpu_states() rows and the audit trail within renotify_after."""
     running: list[dict[str, Any]]
     states: list[dict[str, Any]]
     done: list[Done]
@@ -451,16 +410,14 @@ def read_plan_inputs(con: Any, rules: Rules, params: Any, as_of: datetime) -> Pl
 
 
 def plan_of(inputs: PlanInputs, rules: Rules, as_of: datetime, comments: Mapping[tuple[str, str, str], str] | None = None) -> Plan:
-    """The plan from its inputs, with the jobs' opt-out `comments` where read: evaluated again
-    with them (the policy's runner reads the tags of the jobs a first plan would act on) without
-    reading the store again (gpu_states: 2 s of a 16,384-GPU fleet's round)."""
+    """The plan from its inputs and the jobs' opt-out `comments` where read, so the runner can plan again
+    with the tags of the jobs a first plan would act on without reading the store again."""
     return evaluate(job_facts(inputs.running, inputs.states, as_of, comments), rules, inputs.done, as_of)
 
 
 def plan_from_store(con: Any, rules: Rules, params: Any, as_of: datetime, *,
                     comments: Mapping[tuple[str, str, str], str] | None = None) -> Plan:
-    """The plan over a reader connection (gpufleet.collector.store.open_reader): running jobs,
-    their GPUs' idle runs by gpu_states(), and the audit trail within renotify_after."""
+    """The plan over a reader connection (gpufleet.collector.store.open_reader)."""
     return plan_of(read_plan_inputs(con, rules, params, as_of), rules, as_of, comments)
 
 
@@ -507,9 +464,8 @@ NOTE = "efficiency_note"
 
 
 def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: datetime, as_of: datetime) -> list[dict[str, Any]]:
-    """For each GPU job of `accounts` that ended in (since, as_of] and has no note sent yet: its
-    jobstats-style figures from gpufleet.analytics.jobs.job_report over the job's own span
-    (mean utilization, idle and no-process GPU-hours, memory high-water, verdict and its rule)."""
+    """For each GPU job of `accounts` that ended in (since, as_of] with no note sent yet: its figures from
+    gpufleet.analytics.jobs.job_report over the job's own span."""
     from dataclasses import replace
 
     from gpufleet.analytics import sql
@@ -526,8 +482,7 @@ def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: date
         cur.close()
     notes = []
     for j in ended:
-        # the job's own figures, as the job page reads them: its GPUs only (a job filter), not every
-        # job of its account over its run
+        # a job filter: the job's own GPUs, as the job page reads them, not its account's
         p = replace(params, start=j["start"], end=j["end"], filters=Filters(cluster=j["cluster"], account=j["account"], job_key=j["job_key"]))
         a = Analysis(con, p, now=as_of)
         try:

@@ -1,21 +1,19 @@
 """Queue gaps: GPU capacity left free while pending jobs that would have fit on it waited.
 
-"Utilization 43 %" counts a free GPU as waste whether or not anyone wanted it; a queue gap is the
-part of it somebody did want. The rule (README, figures):
-- A pool is a partition's whole GPUs of one model: the GPUs its jobs held in the window or in the
-  retire_after before it (sql.QUEUE_POOL_GPUS), each counting as capacity as the utilization's
-  capacity does. A GPU is free while it is capacity and no allocation (any job, any partition)
-  holds it; `free_gpu_h` is a pool's free GPU-hours.
-- A job waits from eligible (else submit) to its start (else its end, else now); it belongs to
-  its partition's pool of the model most of its GPUs were (else the partition's one model).
-- At each moment, a waiting job fits when its GPUs requested are at most the pool's free GPUs;
-  the gap is min(free GPUs, the fitting jobs' GPUs): `gap_gpu_h` <= `free_gpu_h`, and a job that
-  never fits never counts. GPUs are counted, not node shapes: a job needing 8 GPUs on one node
-  fits on 8 free GPUs on 8 nodes here, so the gap is an upper bound of what a scheduler could have
-  placed. Jobs of unknown GPU count or pool, and jobs on MIG instances, are counted apart.
+Utilization counts a free GPU as waste whether or not anyone wanted it; a queue gap is the part
+somebody did want. The rule (README, figures):
+- A pool is a partition's whole GPUs of one model: those its jobs held in the window or the
+  retire_after before it (sql.QUEUE_POOL_GPUS), as capacity counts them. A GPU is free while it is
+  capacity and no allocation (any partition) holds it; `free_gpu_h` is a pool's free GPU-hours.
+- A job waits from eligible (else submit) to its start (else its end, else now), in its partition's
+  pool of the model most of its GPUs were (else the partition's one model).
+- At each moment a waiting job fits when it requests at most the pool's free GPUs; the gap is
+  min(free GPUs, the fitting jobs' GPUs), so `gap_gpu_h` <= `free_gpu_h`. GPUs are counted, not node
+  shapes: the gap is an upper bound of what a scheduler could have placed. Jobs of unknown GPU
+  count or pool, and jobs on MIG instances, are counted apart (not_counted).
 A GPU serving two partitions is in both pools, so pools are not summed into a fleet figure.
 Account and user filters do not narrow a pool (its capacity is everyone's); cluster, partition
-and model do. Cost grows with the pools' GPUs, allocations and waiting jobs, never samples.
+and model do. No sample is read.
 """
 
 from __future__ import annotations
@@ -66,7 +64,7 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
             waits.filter(pl.col("gpus").is_not_null() & ~pl.col("on_mig") & pl.col("pool_model").is_null()).height,
     }
     waits = waits.filter(pl.col("gpus").is_not_null() & ~pl.col("on_mig") & pl.col("pool_model").is_not_null())
-    if f.model is not None:  # (after the pools' models: a job's pool is the same filtered or not)
+    if f.model is not None:  # after the pools' models: a job's pool is the same filtered or not
         gpus, waits = gpus.filter(pl.col("model") == f.model), waits.filter(pl.col("pool_model") == f.model)
     pool_rows, job_rows = [], []
     steps = _free_gpus(gpus, holds)
@@ -89,12 +87,9 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
 
 
 def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
-    """Each pool's free GPUs as a step function, by pool key: times t (epoch us, ascending) and
-    free[k] over [t[k], t[k + 1]) (the last 0). A GPU is free while capacity [c0, c1) and held by
-    no allocation: its holds, clipped to its capacity, are merged into disjoint holdings (starts
-    in order, a running maximum of the ends per GPU), and the level is +1 from c0 to c1 less 1
-    over each holding - every pool at once, in arrays keyed by numbers (a Python loop over every
-    GPU's holds, or polars grouping on the pools' names, took 4 s of a 16,384-GPU week)."""
+    """Each pool's free GPUs as a step function, by pool key: times t (epoch us, ascending) and free[k] over
+    [t[k], t[k + 1]) (the last 0): +1 over capacity [c0, c1), -1 over each holding (a GPU's holds clipped
+    to its capacity and merged). Every pool at once, in arrays keyed by numbers."""
     cap = (gpus.select(*POOL, "gh", "c0", "c1").filter(pl.col("c1") > pl.col("c0"))
            .with_row_index("r").with_columns(pool=pl.struct(POOL).rank("dense").cast(pl.Int64) - 1))
     if cap.is_empty():
@@ -116,7 +111,7 @@ def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.
     # by pool, then time: one key (ties in any order: only the level after all of a time's steps is kept)
     o = np.argsort(pool * (int(t.max()) - t0 + 1) + (t - t0))
     pool, t = pool[o], t[o]
-    level = np.cumsum(d[o])  # (each pool's steps sum to 0: one running sum serves them all)
+    level = np.cumsum(d[o])  # each pool's steps sum to 0: one running sum serves all
     last = np.append((pool[1:] != pool[:-1]) | (t[1:] != t[:-1]), True)  # the level after all of a time's steps
     pool, t, level = pool[last], t[last], level[last]
     keys = cap.unique("pool").sort("pool").select(POOL).rows()
@@ -125,12 +120,9 @@ def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.
 
 
 def _ordered_reach(r: np.ndarray, a: np.ndarray, b: np.ndarray, key_limit: int = 2 ** 62) -> tuple[np.ndarray, ...]:
-    """Holds [a, b) of GPU rows r ordered by GPU, then start (ties in any order: the merge needs
-    none), with each one's reach: the latest end of its GPU's holds so far. One int64 key, GPU x
-    width + time, sorts them and makes the running maximum per GPU one running maximum (a GPU's
-    keys all exceed those of the GPU before); where GPUs x width would pass 2^62 (~200,000 GPU
-    rows over a year and a half) the times are replaced by their ranks, which keep every order and
-    comparison the merge makes. (A sort by two columns in polars: 0.4 s of a 16,384-GPU week.)"""
+    """Holds [a, b) of GPU rows r ordered by GPU, then start, with each one's reach: the latest end of its GPU's
+    holds so far. One int64 key, GPU x width + time, sorts them and makes the per-GPU running maximum one
+    running maximum; where it would pass `key_limit`, times are replaced by their ranks (same orders)."""
     if not len(r):
         return r, a, b, b
     t = None
@@ -145,12 +137,9 @@ def _ordered_reach(r: np.ndarray, a: np.ndarray, b: np.ndarray, key_limit: int =
 
 
 def _gap(t: np.ndarray, free: np.ndarray, w0: np.ndarray, w1: np.ndarray, need: np.ndarray) -> tuple[float, np.ndarray]:
-    """The gap's GPU-hours (per stretch of constant free GPUs and waiting jobs: min(free, the
-    fitting jobs' GPUs) x its length) and each job's microseconds waiting while it fit. One pass
-    per distinct GPU count requested (a handful: 1, 2, 4, 8, ...): where the free GPUs reach it,
-    its waiting jobs all fit, so a job's time fitting is a difference of one running sum and the
-    stretches' demand a running count of its jobs - jobs + stretches per count, never jobs x
-    stretches (a week's waiting job spans thousands of stretches)."""
+    """The gap's GPU-hours (per stretch: min(free, the fitting jobs' GPUs) x its length) and each job's
+    microseconds waiting while it fit. One pass per distinct GPU count requested (a handful), with running
+    sums: jobs + stretches per count, never jobs x stretches."""
     edges = distinct(np.concatenate([t, w0, w1]))
     if len(edges) < 2:
         return 0.0, np.zeros(len(w0))
@@ -161,7 +150,7 @@ def _gap(t: np.ndarray, free: np.ndarray, w0: np.ndarray, w1: np.ndarray, need: 
     for v in distinct(need):
         mine = np.flatnonzero(need == v)
         fits = level >= v
-        run = np.concatenate([[0.0], np.cumsum(np.where(fits, dt, 0.0))])  # (whole microseconds: exact sums)
+        run = np.concatenate([[0.0], np.cumsum(np.where(fits, dt, 0.0))])  # whole microseconds: exact sums
         a, b = first[mine], np.maximum(stop[mine], first[mine])
         fit_us[mine] = run[b] - run[a]
         waiting = np.cumsum(np.bincount(a, minlength=len(dt) + 1) - np.bincount(b, minlength=len(dt) + 1))[:-1]

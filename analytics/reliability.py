@@ -2,35 +2,29 @@
 how long a job of N GPUs survives, which nodes are lemons.
 
 Pure functions over attempts (one ended run of a job: a Slurm requeue starts a new attempt of the
-same job) and the health events of the attempts' GPUs; gpufleet.analytics.reliability_store reads
-them from the store. The definitions, each a choice that could be made differently:
+same job) and the health events of their GPUs, read by gpufleet.analytics.reliability_store. Definitions:
 
-- Cause, one per attempt, first rule that applies (CAUSES):
+- Cause, one per attempt, the first rule that applies (CAUSES):
   1. not ended (RUNNING, PENDING, ...): "not_ended", in no figure;
   2. COMPLETED: "completed" (a hardware event near its end does not undo a success);
-  3. the scheduler's own verdict that names who stopped it wins next: TIMEOUT/DEADLINE "timeout",
-     PREEMPTED "preempted", a cancel that gpufleet's policy audit records (result ok) "cancelled_policy",
-     "CANCELLED by <uid>" with uid in admin_uids "cancelled_admin";
-  4. hardware evidence: an event of HARDWARE_EVENTS (an XID of HARDWARE_XIDS, a double-bit ECC rise,
-     a row-remapping failure or uncorrectable remap, the GPU lost) on one of the attempt's GPUs in
-     [end - hardware_window, end + grace]: "hardware", the events kept as its evidence. It outranks
-     FAILED, NODE_FAIL, REQUEUED, a user's cancel and UNKNOWN: a job that crashed on XID 79 reports
-     FAILED, and a person who scancels a job hung on a dead GPU did not cause its end;
+  3. the scheduler's verdict naming who stopped it: TIMEOUT/DEADLINE "timeout", PREEMPTED "preempted",
+     a cancel in the policy audit (result ok) "cancelled_policy", "CANCELLED by <uid>" of admin_uids "cancelled_admin";
+  4. a HARDWARE_EVENTS event on one of its GPUs in [end - hardware_window, end + grace]: "hardware", the
+     events its evidence. It outranks FAILED, NODE_FAIL, REQUEUED, a user's cancel and UNKNOWN: a job that
+     crashed on XID 79 reports FAILED, and a person who scancels a job hung on a dead GPU did not end it;
   5. NODE_FAIL, BOOT_FAIL, LAUNCH_FAILED: "node_failure";
-  6. REQUEUED with no evidence: "requeued" (the scheduler or an operator put it back; why unknown);
-  7. CANCELLED by another uid: "cancelled_user"; CANCELLED with no uid: "cancelled_unknown";
+  6. REQUEUED with no evidence: "requeued" (why unknown);
+  7. CANCELLED by another uid: "cancelled_user"; with no uid: "cancelled_unknown";
   8. FAILED, OUT_OF_MEMORY, SPECIAL_EXIT, or a non-zero exit code: "user_error";
   9. anything else: "unknown".
-- Interruption: an attempt that ended for a reason outside the job (INTERRUPTION_CAUSES); failure:
-  the infrastructure's fault (FAILURE_CAUSES: hardware, node failure) - what MTTF and lemons count.
-- Exposure: an attempt's GPU-hours (GPUs x run time) clipped to the window; an attempt counts as
-  an interruption in the window its end falls in.
-- MTTF of a size bucket: the bucket's job-hours (run time, not GPU-hours) / its failures, with an
-  exact (Garwood) Poisson interval on the count. The per-GPU failure rate r = failures / GPU-hours,
-  projected to N GPUs as MTTF_N = 1 / (N r) (failures independent across GPUs).
+- Interruption: ended for a reason outside the job (INTERRUPTION_CAUSES); failure: the infrastructure's
+  fault (FAILURE_CAUSES) - what MTTF and lemons count.
+- Exposure: GPU-hours clipped to the window; an interruption counts in the window its end falls in.
+- MTTF of a size bucket: its job-hours (not GPU-hours) / its failures, with an exact (Garwood) Poisson
+  interval. Per-GPU rate r = failures / GPU-hours; MTTF_N = 1 / (N r) (failures independent across GPUs).
 - Lemon: a node whose failures k are improbably many for its GPU-hours e: P(Poisson(r e) >= k) <
-  false_positive_rate / nodes (Bonferroni: on a fleet with no lemon the chance that any node is
-  named is at most the stated rate) and k >= min_count.
+  false_positive_rate / nodes (Bonferroni: on a fleet with no lemon, any node is named with at most that
+  chance) and k >= min_count.
 """
 
 from __future__ import annotations
@@ -56,16 +50,14 @@ CAUSE_LABELS = {
 FAILURE_CAUSES = ("hardware", "node_failure")
 INTERRUPTION_CAUSES = FAILURE_CAUSES + ("preempted", "requeued", "cancelled_admin")
 
-# XIDs that are the hardware's (or its firmware's) fault, by class. Application faults (13, 31, 43,
-# 45: a kernel's exception, an MMU fault, a killed context) are not hardware evidence.
+# XIDs of the hardware's (or firmware's) fault; application faults (13, 31, 43, 45) are not evidence
 HARDWARE_XIDS: dict[int, str] = {
     48: "ECC double-bit error", 61: "GPU microcontroller breakpoint", 62: "GPU microcontroller halt",
     63: "row remapping (pending)", 64: "row remapping failed", 74: "NVLink error", 79: "GPU fell off the bus",
     92: "high single-bit ECC rate", 94: "contained ECC error", 95: "uncontained ECC error",
     119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error",
-}  # the alert rules' xid_hardware (alerts/thresholds.yml) is the same list: tests/test_reliability.py holds them together
-# Health event kinds (gpufleet.analytics.health.events) that are hardware evidence; "xid" only
-# with a code of HARDWARE_XIDS
+}  # = xid_hardware in alerts/thresholds.yml (tests/test_reliability.py holds them together)
+# health event kinds (gpufleet.analytics.health.events) that are hardware evidence; "xid" only with a HARDWARE_XIDS code
 HARDWARE_EVENTS = ("xid", "ecc_dbe", "row_remap", "row_remap_failure", "gpu_lost")
 
 # Job size buckets (GPUs), the published anchors' grid
@@ -86,13 +78,11 @@ OPTIONS = (
 
 @dataclass(frozen=True)
 class Settings:
-    """What the classification and the figures depend on; defaults and why:
-    - hardware_window 10 min: an XID 79 kills a job within seconds to minutes (NCCL timeouts are
-      10 min by default), while an event an hour before the end of a job that ran on is not its cause;
-    - grace 2 min: the scheduler may record the end before the exporter's next scrape shows the event;
-    - resubmit_window 1 h: a person or a retry wrapper resubmits within minutes;
-    - admin uids: root; add the Slurm user and the operators';
-    - lemons: 1 % family-wise false-positive rate, at least 3 failures (one or two are luck)."""
+    """What the classification and the figures depend on; the defaults' reasons:
+    hardware_window: an XID 79 kills a job within minutes (NCCL's default timeout is 10 min), an event an
+    hour before the end of a job that ran on is not its cause; grace: the scheduler may record the end
+    before the next scrape shows the event; resubmit_window: people and retry wrappers resubmit within
+    minutes; admin_uids: root (add the Slurm user's and operators'); lemons: one or two failures are luck."""
 
     hardware_window: timedelta = timedelta(minutes=10)
     grace: timedelta = timedelta(minutes=2)
@@ -195,8 +185,7 @@ class Classified:
         return self.cause not in ("completed", "not_ended")
 
 
-# States whose cause no hardware evidence changes (classify's rules 1-3 but the cancels): the store
-# does not read these attempts' GPUs
+# states no hardware evidence changes (classify's rules 1-3 but the cancels): the store reads no GPUs for them
 NO_EVIDENCE_STATES = ("COMPLETED", "TIMEOUT", "DEADLINE", "PREEMPTED", "PENDING", "RUNNING", "SUSPENDED", "REQUEUE_HOLD",
                       "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
 ENDED_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
@@ -222,8 +211,7 @@ def hardware_evidence(attempt: Attempt, events: Iterable[Event], s: Settings) ->
 
 def classify(attempt: Attempt, events: Iterable[Event] = (), policy_cancelled: bool = False,
              s: Settings = Settings()) -> Classified:
-    """The attempt's one cause with its rule and evidence (module docstring). `events`: health
-    events of (at least) its GPUs; `policy_cancelled`: gpufleet's policy audit records a cancel of it."""
+    """The attempt's one cause with its rule and evidence (module docstring); `events`: those of at least its GPUs."""
     state = (attempt.state or "UNKNOWN").upper()
     if state not in ENDED_STATES:
         return Classified(attempt, "not_ended", f"state {state}: not ended")
@@ -255,9 +243,8 @@ def classify(attempt: Attempt, events: Iterable[Event] = (), policy_cancelled: b
 
 def classify_all(attempts: Iterable[Attempt], events: Iterable[Event] = (),
                  policy_cancels: Iterable[tuple[str, str, str]] = (), s: Settings = Settings()) -> list[Classified]:
-    """Each attempt classified once. `policy_cancels`: (cluster, scheduler, job_key) of the jobs
-    gpufleet's policy cancelled. Events are looked up per GPU, so the cost grows with the attempts'
-    GPUs and the events, not their product."""
+    """Each attempt classified once (events looked up per GPU, never attempts x events).
+    `policy_cancels`: (cluster, scheduler, job_key) of the jobs gpufleet's policy cancelled."""
     by_gpu: dict[tuple[str, str], list[Event]] = {}
     for e in events:
         by_gpu.setdefault((e.host, e.gpu_uuid), []).append(e)
@@ -270,8 +257,7 @@ def classify_all(attempts: Iterable[Attempt], events: Iterable[Event] = (),
 
 
 def number_requeues(attempts: Iterable[Attempt]) -> list[Attempt]:
-    """Attempts numbered 1, 2, ... per job (cluster, scheduler, job_key) in start order: a Slurm
-    requeue is a new attempt of the same job."""
+    """Attempts numbered 1, 2, ... per job (cluster, scheduler, job_key) in start order."""
     groups: dict[tuple[str, str, str], list[Attempt]] = {}
     for a in attempts:
         groups.setdefault((a.cluster, a.scheduler, a.job_key), []).append(a)
@@ -383,9 +369,8 @@ Checkpoints = Mapping[tuple[str, str, str], Sequence[datetime]]  # (cluster, sch
 
 
 def lost_since(a: Attempt, checkpoints: Checkpoints, until: datetime) -> tuple[datetime, bool]:
-    """Where an attempt that did not complete starts losing work, and whether that is measured: its
-    last checkpoint the job reported saving while it ran (measured), else its start (an upper
-    bound: the job may have saved one it did not report)."""
+    """Where an attempt that did not complete starts losing work, and whether that is measured: its last
+    checkpoint reported while it ran, else its start (an upper bound: a save may go unreported)."""
     saved = [t for t in checkpoints.get((a.cluster, a.scheduler, a.job_key), ()) if a.start <= t <= until]
     return (max(saved), True) if saved else (a.start, False)
 
@@ -420,11 +405,10 @@ MIX_BUCKET = timedelta(days=1)  # the cause mix's bucket
 
 @dataclass(frozen=True)
 class Summed:
-    """Attempts that completed or have not ended, summed rather than listed (the store sums those
-    the report needs no row of: most of a fleet's). Per GPU count (None: unknown), cause
-    ("completed" or "not_ended") and the cause mix's bucket their end falls in (None: no end in
-    the window): how many, how many ran in the window, their run seconds in it (run_seconds_in),
-    GPUs x those, and GPUs x from start to end (or as_of): what goodput's others_gpu_s counts."""
+    """Attempts that completed or have not ended, summed by the store rather than listed (the report needs
+    no row of them: most of a fleet's), per GPU count (None: unknown), cause and the mix bucket their end
+    falls in (None: no end in the window). `ran`: how many ran in the window; `run_s`: their run_seconds_in;
+    `gpu_run_s`: GPUs x run_s; `wall_gpu_s`: GPUs x start to end (or as_of), goodput's others_gpu_s."""
 
     gpus: int | None
     cause: str
@@ -439,19 +423,15 @@ class Summed:
 def figures(classified: Sequence[Classified], start: datetime, end: datetime,
             checkpoints: Checkpoints | None = None,
             bucket: timedelta = MIX_BUCKET, as_of: datetime | None = None, summed: Iterable[Summed] = ()) -> dict[str, Any]:
-    """The window's reliability figures (module docstring) from its classified attempts and those
-    `summed` (their mix buckets of `bucket`). `checkpoints`: per job (cluster, scheduler, job_key)
-    the times it reported a saved checkpoint; an interrupted attempt loses the work since its last
-    one, else since its start (an upper bound). An attempt still running counts its GPU-hours up to
-    `as_of` (default: the window's end)."""
+    """The window's reliability figures (module docstring) from its classified attempts and those `summed`
+    (mixed in buckets of `bucket`); lost work by interruption_loss. A running attempt counts up to `as_of` (default: end)."""
     checkpoints = checkpoints or {}
     end_of = min(as_of or end, end)
-    # one pass: each attempt's run time in the window, added to its size bucket (a bucket of its
-    # own, "unknown", when its GPU count is not known)
+    # each attempt's run time in the window, added to its size bucket ("unknown" when its GPU count is unknown)
     per_size: dict[str, list[float]] = {}  # label -> [attempts, failures, job seconds, GPU seconds]
     in_window: list[Classified] = []
     gpu_s = 0.0
-    unknown_attempts = known_attempts = 0  # (that ran in the window) of unknown GPU count: their GPU-hours are unknown, never 0
+    unknown_attempts = known_attempts = 0  # that ran in the window; of unknown GPU count: GPU-hours unknown, never 0
     counts = dict.fromkeys(CAUSES, 0)
     mix: dict[tuple[datetime, str], int] = {}
     summed_n = summed_ended = 0
@@ -490,7 +470,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     interruptions = [c for c in in_window if c.interrupted]
     failures = [c for c in in_window if c.failed]
     hardware = [c for c in in_window if c.cause == "hardware"]
-    # the rates per GPU-hour count the attempts whose GPU count is known over their GPU-hours
+    # the rates: attempts of known GPU count over their GPU-hours
     known = [c for c in in_window if c.attempt.gpus is not None]
 
     lost_by_cause: dict[str, float] = {}  # GPU-seconds
@@ -515,7 +495,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     sizes = [_mttf_row(label, *_size_totals(per_size.get(label))) for label in labels]
     for row in sizes:
         if row["size"] == "unknown":
-            row["gpu_hours"] = None  # (their GPU count is unknown)
+            row["gpu_hours"] = None
 
     k = sum(1 for c in known if c.failed)
     r = k / gpu_h if gpu_h > 0 else None
@@ -560,8 +540,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         "lost_gpu_hours": lost_gpu_h, "lost_unknown_interruptions": lost_unknown,
         "lost_share_of_allocated": lost_gpu_h / gpu_h if gpu_h > 0 and lost_gpu_h is not None else None,
         "lost_is_upper_bound": measured_n < len(interruptions) - lost_unknown,
-        # the interruptions whose job reported a checkpoint before it (their lost work measured from
-        # it) and their lost GPU-hours; the rest are counted from the attempt's start, an upper bound
+        # interruptions whose loss counts from a reported checkpoint, and that loss; the rest count from start
         "lost_measured_interruptions": measured_n,
         "lost_measured_gpu_hours": lost_measured / 3600 if lost_gpu_h is not None else None,
         # where the lost GPU-hours went, by cause (INTERRUPTION_CAUSES' order; they sum to lost_gpu_hours)
@@ -628,8 +607,7 @@ DRAIN_KEY_PREFIX = "node:"  # a drain's audit row names its node as job_key "nod
 
 @dataclass(frozen=True)
 class Drain:
-    """A proposal to take a lemon node out of service: Slurm `scontrol update NodeName=... State=DRAIN
-    Reason="gpufleet: ..."`, Kubernetes cordon. Resuming it stays a person's decision."""
+    """A proposal to take a lemon node out of service (Slurm drain, Kubernetes cordon); resuming it stays a person's."""
 
     cluster: str
     scheduler: str  # slurm | kubernetes
@@ -683,13 +661,11 @@ def drain_plan(found: Sequence[Lemon], where: Mapping[str, tuple[str, str]], exe
 
 @dataclass(frozen=True)
 class Chain:
-    """Attempts of one piece of work, in order: requeues of one job, resubmissions (same cluster,
-    user, account and name, submitted within resubmit_window after an attempt that did not
-    complete), a pod's restarts (one owner: the same job key). Times in seconds:
-    wall = first start to last end (a running last attempt: to as_of) = run + gaps;
-    lost = per attempt that did not complete, its work since its last reported checkpoint (else
-    since its start: an upper bound, `lost_upper_bound`); productive = run - lost;
-    restart overhead = the gaps (failure to the next attempt's start); ETTR = productive / wall."""
+    """Attempts of one piece of work, in order: a job's requeues, a pod's restarts (the same job key), and
+    resubmissions (same cluster, user, account and name, submitted within resubmit_window after an attempt
+    that did not complete). Seconds: wall = first start to last end (or as_of) = run + gaps (restart overhead);
+    lost = per attempt that did not complete, its work since lost_since (`lost_upper_bound`: from a start);
+    productive = run - lost; ETTR = productive / wall."""
 
     attempts: tuple[Classified, ...]
     wall_s: float
@@ -756,7 +732,7 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
         tails[(a.cluster, a.scheduler, a.job_key)] = chain
         tails[(a.cluster, a.user_name, a.account, a.name)] = chain
     out = []
-    for chain in open_chains:  # (one pass each: ~100,000 chains at 100,000 GPUs)
+    for chain in open_chains:
         run = gaps = lost = 0.0
         upper = False
         interruptions = 0
@@ -785,19 +761,15 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
 
 
 def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any]:
-    """The fleet's effective training time ratio over `chains` (whole, as link_chains made them):
-    GPU-weighted, ETTR = sum(GPUs x productive) / sum(GPUs x wall), so a 1,024-GPU chain weighs
-    what its GPUs do. `others_gpu_s`: GPU-seconds of the attempts in no interrupted chain (work
-    that completed, or still runs, at its first try: productive = wall), added to both sides.
-    Lost: the work of every attempt that did not complete (Chain.lost_s: user errors too, not
-    only interruptions), an upper bound where one reported no checkpoint. A chain of unknown GPU
-    count weighs nothing it does not know: left out, counted in unknown_gpu_chains."""
+    """The fleet's effective training time ratio over `chains` (whole, as link_chains made them), GPU-weighted:
+    sum(GPUs x productive) / sum(GPUs x wall). `others_gpu_s`: GPU-seconds of work that completed, or still
+    runs, at its first try (productive = wall), added to both sides. Lost: Chain.lost_s (user errors too, not only interruptions).
+    A chain of unknown GPU count is left out, counted in unknown_gpu_chains."""
     sized = [(ch.gpus, ch) for ch in chains if ch.gpus is not None]
     wall = sum(n * ch.wall_s for n, ch in sized) + others_gpu_s
     productive = sum(n * ch.productive_s for n, ch in sized) + others_gpu_s
     lost = sum(n * ch.lost_s for n, ch in sized)
-    # chains: those with an attempt that did not complete (which other attempts were linked, the
-    # chain_candidates near them, is how they are found, not a figure); the rest is in others_gpu_s
+    # "chains": those with an attempt that did not complete (the rest is in others_gpu_s)
     broken = [ch for ch in chains if ch.broken]
     return {"chains": len(broken), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
             "unknown_gpu_chains": sum(1 for ch in broken if ch.gpus is None),
@@ -808,15 +780,12 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
 
 
 def chain_candidates(classified: Iterable[Classified], s: Settings = Settings()) -> list[Classified]:
-    """The attempts link_chains needs to link every chain that holds an attempt that did not
-    complete exactly as linking all would: every attempt of a job with such an attempt; and for
-    each such attempt B with a name (user, account, name), its name's attempts that start from B's
-    start up to the first one that can continue it (submitted within resubmit_window after its
-    end) - any of them that starts before that one is B's name's last attempt instead, and after
-    it none can continue B - with every other attempt of their jobs. The chains of completed work
-    alone (most of a fleet's) and a name's attempts away from its failures are not linked
-    (sql.RELIABILITY_ATTEMPTS lists the same ones). A job's attempts share its user, account and
-    name (the store's do: its earlier attempts take them from its record)."""
+    """The attempts link_chains needs to link every chain holding an attempt B that did not complete exactly
+    as linking all would (completed work alone, most of a fleet's, stays unlinked): every attempt of B's job;
+    for a named B (user, account, name), its name's attempts from B's start up to the first that can continue
+    it (any earlier one is the name's last attempt instead; none after it can continue B), with every attempt
+    of their jobs. The same as sql.RELIABILITY_ATTEMPTS. A job's attempts share its user, account and name (the
+    store's take them from its record)."""
     classified = list(classified)
     key = lambda a: (a.cluster, a.user_name, a.account, a.name)  # noqa: E731
     broken = [c.attempt for c in classified if c.broken]
@@ -831,8 +800,7 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
         if not b.name or b.start is None or b.end is None or name not in by_name:
             continue  # (continued by its job alone)
         named = names.get(name) or names.setdefault(name, _NameIndex(by_name[name]))
-        # (linked after B: link_chains takes attempts by start, then cluster and job; an exact tie is
-        # left out here, which can only widen the window)
+        # after B in link_chains' order (an exact start tie is left out: that only widens the window)
         can_continue = [x.start for x in named.submitted(b.end, b.end + s.resubmit_window)
                         if (x.start > b.start or (x.start == b.start and x.job_key > b.job_key)) and x.start >= b.end]
         if can_continue:
@@ -841,10 +809,7 @@ def chain_candidates(classified: Iterable[Classified], s: Settings = Settings())
 
 
 class _NameIndex:
-    """A name's attempts by start and by submission (_submitted, as _resubmits reads it), so
-    chain_candidates finds a broken attempt's continuations and the attempts up to them by
-    binary search: every attempt of a name against each of its broken ones was a minute at
-    16,384 GPUs (93,000 broken attempts, 47M pairs)."""
+    """A name's attempts by start and by submission (_submitted), for chain_candidates' binary searches."""
 
     def __init__(self, attempts: list[Attempt]):
         self.by_start = sorted(attempts, key=lambda x: x.start)
@@ -862,16 +827,14 @@ class _NameIndex:
 
 
 def young_daly_interval_s(checkpoint_save_s: float, mttf_s: float) -> float:
-    """Young/Daly's first-order optimal checkpoint interval sqrt(2 C M) for a checkpoint that takes
-    C seconds on a job whose mean time to failure is M seconds."""
+    """Young/Daly's first-order optimal checkpoint interval sqrt(2 C M): C a save's seconds, M the job's MTTF in seconds."""
     return math.sqrt(2 * checkpoint_save_s * mttf_s)
 
 
 def checkpoint_habits(chain: Chain, saved: Mapping[tuple[str, str, str], Sequence[tuple[datetime, float | None]]]
                       ) -> tuple[int, float | None, float | None]:
-    """(checkpoints, cost C, interval used) of a chain from what its jobs reported while its attempts
-    ran: C the median seconds a save took (None: no save reported its duration); the interval the
-    median time from one checkpoint to the next within one attempt (None: fewer than two in any)."""
+    """(checkpoints, cost C, interval used) of a chain from its jobs' reports while its attempts ran: C the median
+    seconds a save took (None: no duration reported); the interval the median gap within one attempt (None: no attempt has two)."""
     costs: list[float] = []
     gaps: list[float] = []
     n = 0
@@ -893,8 +856,7 @@ def _median(xs: list[float]) -> float | None:
     return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
-# The used interval is "about right" within this factor of Young/Daly's: the waste near the optimum
-# is flat (a factor 1.25 either way costs ~2.5 % more than the optimum's overhead)
+# "about right" within this factor of Young/Daly's interval: the waste is flat near the optimum
 ADVICE_TOLERANCE = 1.25
 
 # why there is no advice, in the order checkpoint_advice asks
@@ -908,9 +870,8 @@ NO_ADVICE = {
 
 def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_save_s: float | None,
                       used_interval_s: float | None, checkpoints: int | None = None) -> dict[str, Any]:
-    """Young/Daly's interval sqrt(2 C MTTF_N) for the chain's size from the fleet's per-GPU rate
-    (MTTF_N = 1 / (N r)) and the job's measured checkpoint cost C, beside the interval the job used;
-    unknown where the cost, the rate or the size is, with the reason (NO_ADVICE)."""
+    """Young/Daly's interval for the chain's size (MTTF_N = 1 / (N r), r the fleet's per-GPU rate) and the job's
+    measured checkpoint cost, beside the interval it used; unknown with the reason (NO_ADVICE) where an input is."""
     mttf_h = 1 / (chain.gpus * gpu_failure_rate_per_h) if gpu_failure_rate_per_h and chain.gpus else None
     advised = young_daly_interval_s(checkpoint_save_s, mttf_h * 3600) if mttf_h and checkpoint_save_s is not None else None
     why = None

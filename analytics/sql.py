@@ -1,26 +1,17 @@
 """Every SQL text the analytics run, each named once. Parameters are bound ($name), never formatted in.
 
-Grouped below by the module that runs them: the tables of one window, the figures of core.Analysis, then jobs, timeline, MFU, fairness, the fleet at one
-moment and GPU health. A few small functions assemble a query from this module's own fragments
-or from column names the callers hold as constants (clip_seconds, gpu_equiv, job_use,
-job_allocated_by, split_at_buckets) - never from a user's value.
+Grouped by the module that runs them. A few functions assemble a query from this module's fragments or from
+column names the callers hold as constants - never from a user's value.
 
-One window (analytics/core.py: Analysis), over the store's reader views
-(gpufleet.collector.store.open_reader):
+One window (analytics/core.py: Analysis), over the store's reader views (gpufleet.collector.store.open_reader):
 
   cap   capacity: each inventory GPU's seconds in the window (CAPACITY).
-  al    allocation intervals: which job held which GPU, from the exporters' job mapping
-        (allocations) and the scheduler's start/end (jobs) (ALLOCATIONS).
-  ja    each job that ran in the window, with its run and allocated GPU-seconds (JOB_TABLE):
-        every job query reads it, so scheduler accounting is joined once per window.
-  the window's parts (analytics/facts.py FactWindow: wpe, wgpu) and each allocation's sums over
-        them (alv); the figure queries (PER_GPU, job_use, ...) read those.
+  al    allocation intervals: the exporters' job mapping with the scheduler's start/end (ALLOCATIONS).
+  ja    each job that ran in the window, with its run and allocated GPU-seconds (JOB_TABLE), joined once per window.
+  the window's parts (analytics/facts.py FactWindow: wpe, wgpu) and each allocation's sums over them (alv).
 
-The same rules stated row by row (iv, pc, islands) and the samples read as arrays are not here:
-no surface reads them; they are the tests' reference, in tests/support/oracle_sql.py and
-tests/support/raw_analysis.py.
-
-Figures clip everything to [$start, $end) with clip_seconds().
+The row-by-row statements of the same rules are the tests' reference: tests/support/oracle_sql.py and
+tests/support/raw_analysis.py. Figures clip everything to [$start, $end) with clip_seconds().
 """
 
 from __future__ import annotations
@@ -37,8 +28,7 @@ _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def bound(query: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The values that `query` names ($name), to bind: DuckDB refuses a named parameter the query
-    does not use. Whole names: "$bucket" is not a use of $bucket_us."""
+    """The values that `query` names ($name): DuckDB refuses an unused named parameter. Whole names: $bucket is not $bucket_us."""
     used = set(_PARAM.findall(query))
     return {k: v for k, v in values.items() if k in used}
 
@@ -57,27 +47,23 @@ def clip_seconds(a: str, b: str) -> str:
     return CLIP.format(a=a, b=b)
 
 
-# The one MIG share rule: a MIG instance counts as its share of the GPU's compute slices. A100,
-# H100 and H200 have 7 (1g = 1/7, 2g = 2/7, 3g = 3/7, 4g = 4/7, 7g = 1), A30 has 4 (1g.6gb = 1/4,
-# 2g.12gb = 2/4, 4g.24gb = 1). `profile` may be an exporter's profile (GPU_I_PROFILE "1g.10gb"),
-# a Slurm gres type ("1g.10gb", "nvidia_a100_1g.10gb", "nvidia_a30_2g.12gb") or a Kubernetes
-# resource name ("nvidia.com/mig-3g.40gb", "mig-3g.40gb"); anything else (NULL, "h100", "a100")
-# is a whole GPU: 1.0. Capacity, data, busy, allocated, idle and cost all take it from here.
+# The one MIG share rule (capacity, data, busy, allocated, idle and cost take it from here): a MIG instance counts as its
+# share of the GPU's compute slices, of 7 (A100, H100, H200) or 4 (A30). `profile`: an exporter's profile ("1g.10gb"), a
+# Slurm gres type ("nvidia_a100_1g.10gb") or a Kubernetes resource ("mig-3g.40gb"); anything else is a whole GPU: 1.0.
 _MIG_SLICES = "(?:^|[^0-9a-z])([1-7])g[.][0-9]+gb"  # "<slices>g.<memory>gb" after a separator
 _A30_PROFILES = "(?:^|[^0-9a-z])(?:1g[.]6gb|2g[.]12gb|4g[.]24gb)"  # profiles only an A30 has
 
 
 def mig_share(profile: str, model: str = "NULL") -> str:
-    """SQL: the share of a whole GPU that MIG `profile` (SQL text: a column) holds on a GPU of
-    `model` (SQL text; NULL when unknown: the profile's name then decides A30 or not)."""
+    """SQL: the share of a whole GPU that MIG `profile` (SQL text) holds on a GPU of `model` (SQL text;
+    NULL when unknown: the profile's name then decides A30 or not)."""
     p = f"lower({profile})"
-    # (no profile - a whole GPU, nearly every row - decided before any pattern is matched: the
-    # patterns cost a second of a 16,384-GPU week's parts and allocations)
+    # no profile (a whole GPU, nearly every row) is decided before the costly patterns
     return f"""CASE WHEN {profile} IS NULL THEN 1.0 ELSE coalesce(try_cast(nullif(regexp_extract({p}, '{_MIG_SLICES}', 1), '') AS DOUBLE)
           / CASE WHEN coalesce({model}, '') LIKE '%A30%' OR regexp_matches({p}, '{_A30_PROFILES}') THEN 4.0 ELSE 7.0 END, 1.0) END"""
 
 
-# MIG instances count as their share of the GPU's compute slices (mig_share).
+# MIG instances count as their share of the GPU (mig_share).
 def gpu_equiv(alias: str = "") -> str:
     a = f"{alias}." if alias else ""
     return mig_share(f"{a}mig_profile", f"{a}model")
@@ -85,10 +71,8 @@ def gpu_equiv(alias: str = "") -> str:
 
 # --- the tables of one window (analytics/core.py: Analysis) ---
 
-# Capacity: a GPU counts from its first sighting in the inventory until it has not been seen for
-# $retire_after (then it is taken as removed), but never past $as_of (now, or the window end): so a
-# GPU that is lost, or whose exporter is down - also until the end of the window - still counts,
-# as "no data", and a decommissioned one stops counting a while after it went.
+# Capacity: a GPU counts from its first sighting until unseen for $retire_after (removed), never past $as_of:
+# a lost GPU or one whose exporter is down still counts, as "no data"; a decommissioned one stops.
 CAPACITY_END = "greatest(g.last_seen + to_seconds($max_gap), least(g.last_seen + to_seconds($retire_after), $as_of))"
 
 CAPACITY = f"""
@@ -101,13 +85,11 @@ WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model 
   AND g.first_seen < $end AND {CAPACITY_END} > $start
 """
 
-# The filters on an allocation (a) joined with its job (j): the job filters as JOB_FILTERS, with
-# the cluster and job key taken from the allocation (a mapped job the accounting lacks keeps them)
+# JOB_FILTERS on an allocation (a) and its job (j), cluster and job key from a (a mapped job accounting lacks keeps them)
 ALLOCATION_FILTERS = """($cluster IS NULL OR a.cluster = $cluster)
   AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
   AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)"""
-# ... those on a job's key alone, applied to the reads of the allocations and their jobs too (one
-# job's window reads its key's rows, not every job's: allocations_ending_after's `keys`)
+# ... those on a job's key alone, also pushed into the reads of allocations and jobs (allocations_ending_after's `keys`)
 _JOB_KEY_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($job_key IS NULL OR job_key = $job_key)"
 
 ALLOCATIONS = f"""
@@ -123,14 +105,12 @@ WHERE {ALLOCATION_FILTERS}
   AND least({ALLOCATION_END}, $xend) > greatest({ALLOCATION_START}, $xstart)
 """
 
-# The GPUs (uuids) the window's allocations (al: the job filters applied) hold: under a job filter
-# an analysis reads these GPUs' parts alone (core.Analysis)
+# The GPUs (uuids) al holds: under a job filter an analysis reads these GPUs' parts alone (core.Analysis)
 HELD_GPU_UUIDS = "SELECT DISTINCT gpu_uuid FROM al WHERE gpu_uuid IS NOT NULL ORDER BY gpu_uuid"
-# ... and their hosts (sorted: the reads skip other hosts' files and row groups by their range)
+# ... and their hosts (sorted: the reads skip other hosts' files and row groups by range)
 HELD_HOSTS = "SELECT DISTINCT host FROM al WHERE host IS NOT NULL ORDER BY host"
 
-# Does any sample near the window carry a compute-process count (the gpufleet exporter publishes
-# one, dcgm-exporter does not)? A sample holds at most max_gap, so earlier ones cannot reach in.
+# Does any sample near the window (a sample holds at most max_gap) carry a compute-process count (dcgm-exporter has none)?
 # The weekly report (dashboards/report/model.py) asks, to say whether "no process" can be known.
 HAS_PROCESS_COUNTS = f"""
 SELECT count(*) AS n FROM (
@@ -142,7 +122,7 @@ SELECT count(*) AS n FROM (
 
 # --- the figures of one window (analytics/core.py: Analysis, over cap, al and the parts) ---
 
-# Per GPU: capacity from the inventory, data / busy / held-data seconds from gpu_use (the parts' sums).
+# Per GPU: capacity from the inventory, data / busy / held-data seconds from gpu_use (the parts' sums)
 PER_GPU = """
 SELECT cap.cluster, cap.host, cap.gpu, cap.gpu_uuid, cap.gi, cap.model, cap.mig_profile,
        cap.capacity_s * cap.equiv / 3600 AS capacity_gpu_h,
@@ -158,33 +138,24 @@ LEFT JOIN prices p ON p.model = cap.model
 ORDER BY cap.cluster, cap.host, cap.gpu, cap.gi
 """
 
-# Time-weighted data and busy GPU-hours per job dimension, from each allocation's look-ups
-# (alv: al with data_s, busy_s and whether any sample interval overlaps it, as a piece would).
+# Data and busy GPU-hours per job dimension, from alv (has_piece: a sample interval overlaps the allocation)
 _JOB_USE = """
 SELECT {keys}, sum(data_s) / 3600 AS data_gpu_h, sum(busy_s) / 3600 AS busy_gpu_h
 FROM alv WHERE has_piece GROUP BY ALL
 """
 
-# The job filters every job query applies (bound parameters; NULL means no filter).
+# The job filters every job query applies (NULL: no filter)
 JOB_FILTERS = f"""{_JOB_KEY_FILTERS} AND ($account IS NULL OR account = $account)
   AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
 
 
-# Each job with gpu_share: the share of a whole GPU each of its `gpus` is (mig_share), so a job
-# on one 1g.10gb slice is allocated 1/7 GPU, exactly what its samples count as data. From the
-# scheduler's GPU type when it names one MIG profile (Slurm gres "1g.10gb" or
-# "nvidia_a100_1g.10gb", a pod's "mig-1g.10gb"); else from the GPUs the exporters' job mapping
-# saw it hold (the mean share of those instances in the inventory: a job mapped to MIG instances
-# holds those, whatever its GPU type says); else 1 (whole GPUs). Only the jobs `where` keeps are
-# looked up in the mapping, so a window's cost grows with its jobs, not with the store's history;
-# and of those, only the jobs the mapping saw on a GPU whose share is not 1 (a MIG instance): the
-# mean share of a job seen on whole GPUs only is 1, which the default gives - the look-up of every
-# job's allocations was 0.7 s of every 16,384-GPU week's analysis, on a fleet without MIG.
+# Each job with gpu_share, the MIG share of each of its `gpus` (mig_share): from the scheduler's GPU type when it names one
+# MIG profile; else the mean share of the GPUs the job mapping saw it hold (a job mapped to MIG instances holds those);
+# else 1. Only jobs `where` keeps and the mapping saw on a MIG instance are looked up: the cost follows the window.
 def jobs_shared(where: str, *, ran: str, attempted: str) -> str:
-    """The jobs `where` keeps whose record `ran` (a condition on the jobs table's columns, never
-    NULL) or that `attempted` (a semi join on job_attempts: _ATTEMPTED), each with gpu_share. Two
-    reads, so the record's condition is filtered inside the Parquet scan (a condition OR a
-    subquery decoded every column of every job in the store: its cost grew with the history)."""
+    """The jobs `where` keeps whose record `ran` (a condition on jobs' columns, never NULL) or that `attempted`
+    (_ATTEMPTED), each with gpu_share. Two reads, so `ran` filters inside the Parquet scan (an OR with a
+    subquery would decode every job in the store)."""
     return f"""(
 WITH j AS (SELECT * FROM jobs WHERE ({ran}) AND {where}
            UNION ALL SELECT * FROM jobs WHERE {attempted} AND NOT ({ran}) AND {where}),
@@ -206,15 +177,10 @@ LEFT JOIN (
 )"""
 
 
-# The earlier attempts of a requeued job (job_attempts: the records a later start superseded)
-# held its GPUs too, each a run of the job: from its start to its end, cut at the next run's start
-# (runs never overlap: the job's latest record, in jobs, is its last run); one whose end was never
-# read ran until the next started (a requeue ends the record), or with no later start until
-# $as_of, as a job not known to have ended. Only attempts that started before the job's record
-# are runs of their own: a pod's restarted containers (same pod, later) are inside its record's run.
-# Each run: the job's key, r0, r1 and the GPUs it held (the attempt's count, else the job's; x the
-# job's gpu_share, as jobs_shared gives it, for GPU equivalents). Only of the attempts that started
-# before $end: a later one is past the window, and where it cuts a run the window has ended.
+# The earlier attempts of a requeued job (job_attempts), each a run that held its GPUs: from its start to its end, cut at
+# the next run's start (the record in jobs is the last run); an end never read runs to the next start, else $as_of. Only
+# attempts that started before $end and before the job's record (a pod's restarted containers are inside its record's
+# run). Each run: the job's key, r0, r1, gpus (the attempt's count, else the job's; x gpu_share for GPU equivalents).
 EARLIER_RUNS = """(
     SELECT cluster, scheduler, job_key, r0, coalesce(least(r1, nxt), $as_of) AS r1, gpus FROM (
         SELECT p.cluster, p.scheduler, p.job_key, p.start AS r0, p."end" AS r1, coalesce(p.gpus, j.gpus) AS gpus,
@@ -222,22 +188,15 @@ EARLIER_RUNS = """(
         FROM job_attempts p JOIN jobs j
           ON p.cluster = j.cluster AND p.scheduler = j.scheduler AND p.job_key = j.job_key AND (j.start IS NULL OR p.start < j.start)
         WHERE p.start < $end))"""
-# (each earlier run: the job's key, r0 and r1, and the GPUs it held - the attempt's count, else
-# the job's; x the job's gpu_share, as jobs_shared gives it, for GPU equivalents)
 
 
-# a job with an attempt in job_attempts that started before $end ({also}: and ...): a semi join
-# on the few jobs that have attempts (a correlated EXISTS doubled the job table's time)
+# a job with an attempt that started before $end ({also}: and ...): a semi join on the few jobs with attempts (EXISTS is slower)
 _ATTEMPTED = ("(cluster, scheduler, job_key) IN (SELECT cluster, scheduler, job_key FROM job_attempts "
               "WHERE start < $end{also})")
-# Allocated GPU-seconds from scheduler accounting: GPUs x their MIG share x the job's run time
-# inside the window (a running job counts until $as_of: the window end, or now if the window
-# reaches the future), of every run of the job: its record's, and its earlier attempts' (a
-# requeued job held GPUs in each; EARLIER_RUNS). A job whose GPU count is unknown (jobs.gpus
-# NULL: accounting without gres/gpu, and neither slurmctld nor the job mapping said it) has
-# unknown allocated GPU-seconds, never 0: sums leave it out, and UNKNOWN_GPU_JOBS says so beside
-# them. A job with earlier runs has them all in `runs` (r0, r1, gpus: its record's run last),
-# which the timeline spreads over its buckets; NULL for the rest (most jobs ran once).
+# Allocated GPU-seconds from scheduler accounting: GPUs x MIG share x run time inside the window (a running job
+# until $as_of) over every run: its record's and its EARLIER_RUNS. An unknown GPU count (jobs.gpus NULL) gives
+# unknown allocated GPU-seconds, never 0: sums leave it out, UNKNOWN_GPU_JOBS says so. `runs` (r0, r1, gpus; the
+# record's run last, for the timeline): only of a job with earlier runs, else NULL.
 _RECORD_RUN_END = 'coalesce(j."end", $as_of)'
 _RUN = f"CASE WHEN j.start IS NOT NULL THEN {clip_seconds('j.start', _RECORD_RUN_END)} ELSE 0 END"
 # the job {t}'s record ran in the window
@@ -259,21 +218,18 @@ SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.accou
 FROM j LEFT JOIN e ON e.cluster = j.cluster AND e.scheduler = j.scheduler AND e.job_key = j.job_key
 WHERE ({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0
 """
-# ... computed once per analysis (the temp table ja): the job queries below - totals, utilization
-# by job dimension, the top jobs, the job list, the timelines, MFU, fairness - all read it
+# ... computed once per analysis as the temp table ja, which every job query below reads
 JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 
 ALLOCATION_ALL = "SELECT rowid AS i, * FROM al"
 
 
 def allocation_text(columns: Sequence[str]) -> str:
-    """al's rows whose row numbers are in _rows (i), with their row number: `columns` (names from
-    the analytics, never user input; "*": all)."""
+    """al's rows whose row numbers are in _rows, with that number (i): `columns` (never user input; "*": all)."""
     return f"SELECT rowid AS i, {', '.join(columns)} FROM al WHERE rowid IN (SELECT i FROM _rows)"
 
 
-# alv: each allocation of al (its rows in al's order) with what the analysis summed for it over the
-# parts (_alv_use: its GPU's id in the window's parts, data and busy seconds, has_piece)
+# alv: al's rows, in order, beside their sums over the parts (_alv_use: GPU id in the parts, data_s, busy_s, has_piece)
 ALLOCATION_USE = "CREATE OR REPLACE TEMP VIEW alv AS SELECT al.*, u.* FROM al POSITIONAL JOIN _alv_use u"
 
 
@@ -284,20 +240,18 @@ def job_use(keys: Sequence[str]) -> str:
 
 
 def job_allocated_by(keys: Sequence[str]) -> str:
-    """Allocated GPU-hours (JOB_ALLOCATED) grouped by `keys`: column names from core.JOB_DIMS,
-    never user input. The sum of the known (NULL when no job of the group has a known GPU
-    count), with how many jobs of the group have an unknown GPU count."""
+    """Allocated GPU-hours (JOB_ALLOCATED) grouped by `keys` (core.JOB_DIMS, never user input): the known jobs'
+    sum (NULL when none is known), with how many jobs of the group have an unknown GPU count."""
     return (f"SELECT {', '.join(keys)}, sum(alloc_gpu_s) / 3600 AS allocated_gpu_h, "
             f"count(*) FILTER (WHERE gpus IS NULL) AS gpus_unknown_jobs FROM ja GROUP BY ALL")
 
 
-# each job's GPUs, run time and allocated GPU-hours, for the ranking of wasteful jobs
-# ... of the jobs in _jobs (cluster, scheduler, job_key)
+# the GPUs, run time and allocated GPU-hours of each job in _jobs (its key), for the ranking of wasteful jobs
 JOB_RUNTIMES = """SELECT cluster, scheduler, job_key, gpus, run_s / 3600 AS runtime_h, alloc_gpu_s / 3600 AS allocated_gpu_h
 FROM ja SEMI JOIN _jobs USING (cluster, scheduler, job_key)"""
 
-# the window's allocated GPU-hours: 0 with no job, the known jobs' sum (a lower bound when some
-# count is unknown: unknown_jobs says how many), NULL (unknown, never 0) when no job's count is known
+# the window's allocated GPU-hours: 0 with no job, else the known jobs' sum (a lower bound: unknown_jobs counts
+# the rest), NULL (never 0) when no job's count is known
 ALLOCATED_GPU_H_TOTAL = """SELECT CASE WHEN count(*) = 0 THEN 0.0 ELSE sum(alloc_gpu_s) / 3600 END AS h,
        count(*) FILTER (WHERE gpus IS NULL) AS unknown_jobs FROM ja"""
 # Slurm jobs by where their GPU count came from (analytics.health.job_gpu_sources, the Health page)
@@ -317,9 +271,8 @@ BUCKET_ORIGIN = "epoch($origin)"  # bucket k is [$origin + k x $bucket, $origin 
 
 
 def split_at_buckets(src: str, a: str, b: str, cols: str) -> str:
-    """Rows of `src` with [a, b) clipped to the window and split at bucket edges, one row per bucket
-    crossed. Yields cols, k (bucket index), s (seconds in the bucket). All arguments are SQL text
-    of this module's own (a subquery, column names), never user input."""
+    """Rows of `src` with [a, b) clipped to the window and split at bucket edges: cols, k (bucket index), s
+    (seconds in the bucket). Arguments are this module's SQL text, never user input."""
     return f"""
     WITH x AS (
         SELECT {cols}, epoch(greatest({a}, $start)) AS ea, epoch(least({b}, $end)) AS eb
@@ -339,9 +292,8 @@ _CAPACITY_SPANS = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, {CAPACITY_
 TIMELINE_CAPACITY = (f"SELECT {_TIMELINE_GPU_COLS} k, sum(s * equiv) / 3600 AS capacity_gpu_h "
                      f"FROM ({split_at_buckets(_CAPACITY_SPANS, 'c0', 'c1', _TIMELINE_GPU_COLS + 'equiv')}) GROUP BY ALL")
 
-# a job holds alloc_gpu_s / run_s GPUs (GPU count x MIG share) for each second it runs; one with
-# earlier attempts, each run's (ja.runs). NULL (its GPU count unknown) is left out of a bucket's
-# sum, which is NULL - unknown, never 0 - where every job of the bucket's group has an unknown count
+# a job holds alloc_gpu_s / run_s GPUs (count x MIG share) each second it runs; one with earlier attempts, each
+# run's (ja.runs). An unknown count is left out of a bucket's sum: NULL, never 0, where every job's is unknown
 _JOB_RUNS = f"""(
     SELECT {_TIMELINE_JOB_COLS} start, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ja WHERE runs IS NULL
     UNION ALL
@@ -352,13 +304,9 @@ FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rat
 
 # --- MFU (analytics/mfu.py) ---
 
-# Per job: the GPUs it held in the window, each with its inventory's model and MIG share and its
-# model's peak ({h}: one row per allocation - its job's key {key}, model, equiv, held_s: seconds
-# held in the window), grouped by job in one pass: ordered aggregates, and a job's models as
-# distinct rows for the few that need them (odd: several models, or a model without a peak; a
-# model not listed has no peak either). {named}: the job's own columns the allocations carry.
-# hp and held are read where they are used, not materialized: DuckDB's copies of them (a row per
-# allocation, then per job, with their names) were half of a 16,384-GPU week's MFU_JOBS.
+# Per job: the GPUs it held, each with its model, MIG share and the model's peak ({h}: a row per allocation - job key {key},
+# model, equiv, held_s: seconds held in the window; {named}: the job's own columns), in one pass; a job's models as rows
+# only where odd (several models, or one without a peak, unlisted included). hp and held are not materialized (cheaper).
 _MFU_HELD = """h AS ({h}
 ), hp AS NOT MATERIALIZED (  -- each held GPU with its model's peak
     SELECT h.*, pk.peak_tflops, pk.model IS NOT NULL AS listed, h.held_s * h.equiv AS w
@@ -383,11 +331,9 @@ _MFU_HELD = """h AS ({h}
     SELECT h.* EXCLUDE (model, several_models, odd), coalesce(o.model, h.model) AS model, o.no_peak, o.not_listed
     FROM held1 h LEFT JOIN odd o USING ({key})
 )"""
-# ... of a window's allocations (al), joined with the inventory, each beside its tensor use
-# (mfu_detail: mfu.tensor_detail's, a row per row of al in its order), added up per job over its
-# allocations with a piece inside the window (as mfu.tensor_detail says): tensor_s, est_s and
-# scaled_s where any piece knew tensor activity (scaled_s: and a boost clock), data_s where the job
-# has a piece; NULL otherwise
+# ... of al's allocations with the inventory, beside their tensor use (mfu_detail: mfu.tensor_detail's, a row per
+# al row), summed per job over allocations with a piece inside the window: tensor_s, est_s and scaled_s where any
+# piece knew tensor activity (scaled_s: and a boost clock), data_s where the job has a piece; NULL otherwise
 _MFU_TENSOR = """
            CASE WHEN bool_or(t) THEN sum(tensor_s) FILTER (WHERE piece) END AS tensor_s,
            CASE WHEN bool_or(t) THEN coalesce(sum(est_s) FILTER (WHERE t), 0) END AS est_s,
@@ -422,9 +368,8 @@ _MFU_FIGURES = """held.model, coalesce(acct.gpus, held.mapped_gpus) AS gpus,
        held.tensor_s, held.est_s, held.scaled_s, nb.no_boost, held.data_s,
        rep.reports, rep.flops_per_gpu, rep.gpus_known, rep.basis"""
 
-# Per job (held GPUs in the window, accounted with GPUs, or reporting): what mfu.decide_all
-# reads, in the jobs' order. Of an analysis, the jobs' held GPUs and their tensor use from its
-# allocations (al, mfu_detail), by the job's key:
+# Per job (held GPUs in the window, accounted with GPUs, or reporting): what mfu.decide_all reads, in the jobs'
+# order; held GPUs and tensor use from the analysis' allocations (al, mfu_detail), by the job's key
 _JOB_COLUMNS = "cluster, scheduler, job_key"
 MFU_JOBS = f"""
 WITH acct AS (
@@ -450,8 +395,7 @@ ORDER BY k.cluster, k.scheduler, k.job_key
 """
 # --- fairness (analytics/fairness.py) ---
 
-# demand and usage: the jobs known to hold GPUs (one of unknown GPU count - NULL - is counted apart:
-# fairness.per_account's gpus_unknown_jobs, unknown_demand)
+# demand and usage: the jobs known to hold GPUs (unknown counts apart: fairness.per_account's gpus_unknown_jobs, unknown_demand)
 _GPU_JOBS = f"gpus > 0 AND {JOB_FILTERS}"
 # queue waits: those and the jobs of unknown GPU count (their wait is known; their size is not)
 _WAITING_JOBS = f"(gpus > 0 OR gpus IS NULL) AND {JOB_FILTERS}"
@@ -471,9 +415,8 @@ WITH d AS (
 SELECT account, user_name, coalesce(d.jobs, 0) AS jobs, coalesce(u.used_gpu_h, 0.0) AS used_gpu_h
 FROM d FULL JOIN u USING (account, user_name) ORDER BY account, user_name"""
 
-# GPU-seconds weighted 2^(-age/h), age from the window end, integrated exactly over each run:
+# GPU-seconds of every run (EARLIER_RUNS too) weighted 2^(-age/h), age from the window end, integrated exactly:
 # the integral of 2^(-(W-t)/h) dt from t0 to t1 is h/ln2 * (2^(-(W-t1)/h) - 2^(-(W-t0)/h)).
-# Every run of a job counts (its record's and its earlier attempts', EARLIER_RUNS).
 _DECAY_RUN_END = "greatest(r0, least(r1, $end))"
 FAIRNESS_DECAYED = f"""
 WITH j AS {jobs_shared(_GPU_JOBS, ran="start IS NOT NULL AND start < $end", attempted=_ATTEMPTED.format(also=''))},
@@ -501,9 +444,8 @@ ORDER BY wait_s DESC, cluster, job_key"""
 
 # --- queue gaps (analytics/queue_gaps.py) ---
 
-# A pool is a partition's whole GPUs of one model: those its jobs held in the window or in the
-# $retire_after before it, each counting from its first sighting to CAPACITY_END (epoch us,
-# clipped to [$start, $as_of)). MIG instances are left out of pools (their jobs take slices).
+# A pool is a partition's whole GPUs (no MIG instances) of one model that its jobs held in the window or the $retire_after
+# before it, each from its first sighting to CAPACITY_END (epoch us, clipped to [$start, $as_of))
 _POOL_FILTERS = "($cluster IS NULL OR a.cluster = $cluster) AND ($partition IS NULL OR j.partition = $partition)"
 # a GPU named by one number (its key's hash), as the pools' GPUs and the holds are matched
 _QUEUE_GPU = "hash({t}.cluster, {t}.host, {t}.gpu_uuid) AS gh"
@@ -530,10 +472,8 @@ FROM {allocations_ending_after("$start")} a LEFT JOIN jobs j ON j.cluster = a.cl
 WHERE ($cluster IS NULL OR a.cluster = $cluster) AND {ALLOCATION_END} > $start AND {ALLOCATION_START} < $as_of
   AND {ALLOCATION_END} > {ALLOCATION_START}"""
 
-# The jobs that waited in [$start, $as_of): from eligible (else submit; a requeued job from its
-# last earlier attempt's end, job_attempts) to their start (else their end: cancelled while
-# pending; else $as_of: still pending), with the model of the GPUs they got (the one most of
-# their GPUs are) and whether they ran on MIG instances
+# The jobs that waited in [$start, $as_of): from eligible (else submit; a requeued job from its last attempt's end)
+# to their start (else end: cancelled pending; else $as_of), with their GPUs' main model and whether on MIG
 _QUEUED_FROM = "greatest(coalesce(j.eligible, j.submit), r.requeued)"
 QUEUE_WAITS = f"""
 WITH r AS (SELECT cluster, scheduler, job_key, max("end") AS requeued FROM job_attempts GROUP BY ALL),
@@ -562,12 +502,9 @@ ORDER BY w.cluster, w.partition, w.w0, w.job_key"""
 # XID code, volatile double-bit ECC errors or a row-remap failure in a fresh sample
 GPU_ERROR_PRED = "coalesce(xid_last, 0) > 0 OR coalesce(ecc_dbe_vol, 0) > 0 OR coalesce(remap_failure, 0) > 0"
 
-# The look-back's runs, one row per GPU (or MIG instance) and stretch of samples (gpufleet.collector.
-# schema.NOW_HOURS' now_* columns; GPU_STATES composes them in time order): fleet_now.now_rows
-# writes them to the temp table now_rows from the store's facts (FACT_NOW_ROWS: their lead parts'
-# run marks, gpufleet.collector.facts.RUN_MARKS) and from raw samples after them (NOW_RAW_ROWS: per
-# hour), and the newest samples to now_latest: those of the raw rows, and (NOW_NEWEST_AT) those of
-# the GPUs whose newest sample lies in the facts (GPUs that went quiet; none on a reporting fleet).
+# The look-back's runs, a row per GPU (or MIG instance) and stretch of samples (NOW_HOURS' now_* columns, composed by
+# GPU_STATES), written by fleet_now.now_rows from the facts' lead parts (FACT_NOW_ROWS: facts.RUN_MARKS) and later raw
+# samples (NOW_RAW_ROWS, per hour); the newest go to now_latest (NOW_NEWEST_AT: of GPUs whose newest lies in the facts).
 _NOW_MARKS = ("first_sample_ts", "last_sample_ts", "last_busy_ts", "idle_after_busy_ts", "first_idle_ts", "last_gap_ts", "idle_in_stretch_ts",
               "last_proc_ts", "noproc_after_proc_ts", "first_noproc_ts", "noproc_in_stretch_ts")
 NOW_MARK_COLUMNS = ("now_first", "now_last", "now_last_busy", "now_idle_after_busy", "now_first_idle", "now_last_gap", "now_idle_in_stretch",
@@ -579,10 +516,8 @@ WHERE tag = $tag AND grain_s = $grain AND bucket >= make_timestamp($lo) AND buck
   AND first_sample_ts IS NOT NULL AND {_FILTERS}
 """
 NOW_RAW_ROWS = NOW_HOURS.format(source=SAMPLES, where=f"ts >= make_timestamp($lo) AND ts < make_timestamp($hi) AND {_FILTERS}")
-# The last XID code per GPU and span of (as_of - forget_after, as_of] and its time (fleet_now.
-# xid_rows writes them to the temp table xid_rows; GPU_STATES takes each GPU's latest): from the
-# facts' lead parts (each code's last sample time, gpufleet.collector.facts xid_codes) and from raw
-# samples where there are none
+# The last XID code and its time per GPU and span of (as_of - forget_after, as_of], for fleet_now.xid_rows' temp
+# table xid_rows (GPU_STATES takes each GPU's latest): from the facts' lead parts (xid_codes), else raw samples
 FACT_XID_ROWS = f"""
 SELECT cluster, host, gpu_uuid, gi, arg_max(c.code, c.last_ts) AS xid, make_timestamp(max(c.last_ts)) AS xid_at
 FROM (SELECT cluster, host, gpu_uuid, gi, unnest(xid_codes) AS c FROM read_parquet($files, hive_partitioning = false)
@@ -602,7 +537,7 @@ NOW_WANT = f"""
 SELECT {_KEY}, max(now_last) AS ts FROM now_rows GROUP BY {_KEY}
 HAVING max(now_last) > coalesce(max(now_last) FILTER (WHERE from_raw), '-infinity'::TIMESTAMP)
 """
-# their newest samples (NOW_RAW_ROWS' rows of just those samples), $lo and $hi the least and largest time wanted
+# their newest samples, as NOW_RAW_ROWS' rows; $lo and $hi the least and largest time wanted
 NOW_NEWEST_AT = NOW_HOURS.format(
     source=f"{SAMPLES} g",
     where=f"ts >= $lo AND ts <= $hi AND {_FILTERS} AND EXISTS (SELECT 1 FROM now_want w WHERE w.ts = g.ts AND "
@@ -611,9 +546,8 @@ NOW_NEWEST_AT = NOW_HOURS.format(
 
 
 def _run_start(what: str, last: str, after: str) -> str:
-    """The first `what` sample (idle, noproc) after the GPU's `last` busy (or process) sample,
-    composed from its hours' runs (gpufleet.collector.schema.NOW_HOURS): in that sample's hour,
-    else the first of a later hour; none such: the first `what` sample looked at."""
+    """The first `what` sample (idle, noproc) after the GPU's `last` busy (or process) sample, from its hours'
+    runs (NOW_HOURS): in that sample's hour, else a later hour's first; no `last`: the first looked at."""
     first = f"now_first_{what}"
     return (f"CASE WHEN any_value({last}) IS NULL THEN min({first}) "
             f"ELSE coalesce(max({after}) FILTER (WHERE now_{last} = {last}), min({first}) FILTER (WHERE now_first > {last})) END")
@@ -721,9 +655,8 @@ FROM f
 
 # --- the idle-GPU policy (analytics/policy.py) ---
 
-# Jobs the scheduler has started and not ended at $as_of, with the GPUs their allocations name
-# (one row per job and GPU; a job without an allocation row has gpu_uuid NULL). The idle figures
-# come from GPU_STATES (one idle definition), joined on (cluster, host, gpu_uuid, gi).
+# Jobs started and not ended at $as_of, a row per job and GPU its allocations name (none: gpu_uuid NULL); the
+# idle figures come from GPU_STATES (one idle definition), joined on (cluster, host, gpu_uuid, gi)
 POLICY_RUNNING_GPUS = """
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start,
        a.host, a.gpu_uuid, a.gpu_instance AS gi
@@ -742,8 +675,7 @@ WHERE ts > $since AND ts <= $as_of
 ORDER BY ts DESC, cluster, job_key, action
 """
 
-# Jobs with GPUs that ended in ($since, $as_of] in the accounts that asked for an efficiency note
-# (the ones named in $accounts), minus those already sent one (result ok in the audit trail)
+# Jobs with GPUs that ended in ($since, $as_of] in $accounts (those that asked for an efficiency note), not yet sent one
 POLICY_ENDED_JOBS = """
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start, j."end"
 FROM jobs j
@@ -754,8 +686,7 @@ WHERE j."end" > $since AND j."end" <= $as_of AND j.start IS NOT NULL AND j.start
 ORDER BY j."end", j.cluster, j.job_key
 """
 
-# Actions whose latest attempt failed (each is planned again at the next evaluation while its job
-# runs), with the job's state now; the policy's "failing" metric and the Health page read it
+# Actions whose latest attempt failed (planned again while their job runs), with the job's state (the "failing" metric, Health page)
 POLICY_FAILING = """
 WITH latest AS (
     SELECT *, row_number() OVER (PARTITION BY cluster, scheduler, job_key, action ORDER BY ts DESC, attempt DESC) AS rn
@@ -790,14 +721,10 @@ _COUNTERS = (
     ("ecc_sbe", "ecc_sbe_vol", "sbe0", "single-bit ECC errors"),
     ("row_remap", "remap_uncorrectable", "unc0", "uncorrectable remapped rows"),
 )
-# Temperature buckets are on the clock ($bucket seconds since the epoch: 00:00, 03:00, ... for
-# 3 hours), so a bucket of whole hours reads hour facts (TEMPERATURE_FROM_FACTS)
+# Temperature buckets are on the clock ($bucket seconds since the epoch), so whole hours read hour facts
 _TEMP_BUCKET = "to_timestamp(floor(epoch({t}) / $bucket) * $bucket)::TIMESTAMP"
-# --- GPU health from a window's facts (gpufleet.analytics.health over a FactWindow's parts, wpe) ---
-# (GPU_HEALTH, GPU_EVENTS and TEMPERATURE_BY_HOST below: the same answers from the raw samples,
-# the tests' oracle, in tests/support/raw_health.py)
-# The parts that stand for the window's samples: inside it, one row per stretch (lead), with a
-# sample of their own; every health column counts only the samples whose time lies in the part
+# (GPU_HEALTH, GPU_EVENTS and TEMPERATURE_BY_HOST: the same answers from raw samples, tests/support/raw_health.py)
+# The parts that stand for the window's samples: inside it, one per stretch (lead), with a sample of their own
 _HEALTH_WHERE = "inside AND lead AND samples_n > 0"
 _HEALTH_PARTS = f"SELECT * FROM wpe WHERE {_HEALTH_WHERE}"
 
@@ -812,12 +739,9 @@ def _throttled_share(reason: str) -> str:
     return f"CASE WHEN sum(reasons_known_n) > 0 THEN 100.0 * sum({reason}_n) / sum(reasons_known_n) END"
 
 
-# Per GPU (or MIG instance), its lead parts inside the window (health is about GPUs: the job filters
-# do not apply): GPU_HEALTH's answer, and beside it (HEALTH_TIME_WEIGHTED) the time-weighted figures
-# the samples allow - XID samples, seconds throttled per reason and with reasons known, each
-# profiling field's known seconds and mean activity over them (NULL: never known). A GPU whose parts
-# inside the window hold no sample of their own (a sample before it holding in) has samples 0 and
-# only those: gpufleet.analytics.health.gpu_health leaves it out, as the raw query has no row of it.
+# Per GPU (or MIG instance), over its lead parts inside the window (no job filters): GPU_HEALTH's answer and the
+# time-weighted figures (HEALTH_TIME_WEIGHTED; a profiling field's mean is over its known seconds, NULL: never known). A GPU
+# with no sample of its own inside has samples 0: health.gpu_health leaves it out, as the raw query does.
 HEALTH_FROM_FACTS = f"""
 SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample_ts) AS model,
        sum(samples_n)::BIGINT AS samples, make_timestamp(min(first_sample_ts)) AS first_sample,
@@ -842,8 +766,7 @@ FROM wpe WHERE inside AND lead GROUP BY {_KEY}
 HEALTH_TIME_WEIGHTED = ("xid_samples", "reasons_known_s", *(f"{r}_s" for r in THROTTLE_REASONS),
                         *(f"{f}_{x}" for f in PROFILING for x in ("known_s", "mean")))
 
-# TEMPERATURE_BY_HOST's answer from the window's parts (none crosses a $bucket edge: the window is
-# read at grains that divide the bucket)
+# TEMPERATURE_BY_HOST's answer from the window's parts (read at grains that divide $bucket: none crosses an edge)
 TEMPERATURE_FROM_FACTS = f"""
 SELECT {_TEMP_BUCKET.format(t="make_timestamp(p0)")} AS bucket, cluster, host,
        max(sample_temp_max_c) AS gpu_temp_max_c, sum(temp_sum) / nullif(sum(temp_n), 0) AS gpu_temp_avg_c,
@@ -856,18 +779,14 @@ GROUP BY ALL ORDER BY cluster, host, bucket
 _EVENT_COUNTERS = (("ecc_dbe", "ecc_dbe", "double-bit ECC errors"), ("ecc_sbe", "ecc_sbe", "single-bit ECC errors"),
                    ("row_remap", "remap_unc", "uncorrectable remapped rows"))
 _BASES = ", ".join(f"coalesce(arg_min({c}_first, p0) FILTER (WHERE {c}_first IS NOT NULL), 0) AS {c}_0" for _, c, _ in _EVENT_COUNTERS)
-# (p: the columns the events read alone - DuckDB materializes p, read several times, and its copy
-# of every lead part with all ~115 columns was 4.8 s of a 16,384-GPU week's events, which found none)
-# (EVENT_FACT_COLUMNS: the facts' columns of the events beyond a part's key and times; a FactWindow
-# that answers events alone reads those: facts.EVENT_COLUMNS)
+# the facts' columns the events read beyond a part's key and times (facts.EVENT_COLUMNS); p holds those alone
 EVENT_FACT_COLUMNS = ("xid_codes", "lost_n", "lost_ts", "remap_failure_n", "remap_failure_ts",
                       *(f"{c}_{x}" for _, c, _ in _EVENT_COUNTERS for x in ("first", "first_ts", "n", "min", "max")))
 _EVENT_COLUMNS = f"{_KEY}, gpu, model, p0, p1, " + ", ".join(EVENT_FACT_COLUMNS)
 _EVENT_PARTS = f"WITH p AS (SELECT {_EVENT_COLUMNS} FROM wpe WHERE {_HEALTH_WHERE}), base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)"
 
-# Parts in which a counter passes the window's first value (GPU_EVENTS' base): only their samples
-# say when and how often it was above, so they are read raw (EVENTS_OF_MIXED_PARTS), narrowed to
-# their GPUs and times - as many as there are such events
+# Parts in which a counter passes the window's first value (GPU_EVENTS' base): only their samples say when and
+# how often, so they are read raw (EVENTS_OF_MIXED_PARTS), narrowed to their GPUs and times
 MIXED_PARTS = _EVENT_PARTS + "\n" + "UNION ALL\n".join(
     f"""SELECT '{kind}' AS kind, {", ".join("p." + k for k in _KEY.split(", "))}, p.p0, p.p1, b.{c}_0 AS base
 FROM p JOIN base b USING ({_KEY}) WHERE p.{c}_n > 0 AND p.{c}_min <= b.{c}_0 AND p.{c}_max > b.{c}_0
@@ -883,14 +802,9 @@ FROM {SAMPLES} s JOIN _health_mixed m
 WHERE s.ts >= make_timestamp($lo) AND s.ts < make_timestamp($hi) AND {_KIND_VALUE} > m.base
 GROUP BY m.kind, m.cluster, m.host, m.gpu_uuid, m.gi
 """
-# The GPUs (gpu_uuid) whose health moved in [$start_us, $end_us): an XID, a lost sample, a row-remap
-# failure, or an event counter whose largest value passes its least - every GPU with an event
-# there (GPU_EVENTS: a counter's event is a value above the window's first), so health.events
-# reads only their parts. From the facts of the window up to $raw_us rounded out to their buckets
-# ($files: a day's file of hour and day facts where it has one, else its hours' 5-minute facts;
-# their day and 5-minute parts) and the raw samples of [$raw_us, $end_us), the stretch without
-# facts: more samples than the window's, never fewer, so the same GPUs or more
-# (tests/test_health_from_facts.py holds it).
+# The GPUs whose health moved in [$start_us, $end_us) (an XID, a lost sample, a row-remap failure, a counter whose max
+# passes its min), so health.events reads only their parts: from the facts up to $raw_us rounded out to buckets ($files)
+# and the raw samples after - more samples than the window's, never fewer (tests/test_health_from_facts.py).
 HEALTH_MOVED_GPUS = f"""
 SELECT DISTINCT gpu_uuid FROM (
     SELECT {_KEY}, xid_codes IS NOT NULL AS xid, lost_n > 0 OR remap_failure_n > 0 AS lost,
@@ -937,8 +851,7 @@ FROM p WHERE lost_n > 0 GROUP BY {_KEY}
 ORDER BY ts DESC, cluster, host, gpu, kind
 """
 
-# The store's first GPU sighting within the cluster/model filters: where its history starts
-# (gpufleet.analytics.trends: a previous window starting before it is only partly in the store).
+# The store's first GPU sighting within the filters (trends: a previous window before it is partly missing)
 HISTORY_START = f"""
 SELECT min(first_seen) FROM gpus
 WHERE {_FILTERS}
@@ -947,11 +860,9 @@ WHERE {_FILTERS}
 # --- Reliability (gpufleet.analytics.reliability) ---
 
 def _attempt_rows(only: str = "", held: bool = True) -> str:
-    """The WITH clause whose last table, a, is every job attempt RELIABILITY_ATTEMPTS describes;
-    `only`: more conditions on the jobs read ("AND ..."), which then read the jobs once and keep
-    the few they select (every job of a 100,000-GPU week, 4.8M, is read where it is used instead);
-    `held`: with the GPUs each attempt whose evidence can decide its cause held (False: the GPU
-    counts of those accounting lacks alone)."""
+    """The WITH clause whose last table, a, is every job attempt RELIABILITY_ATTEMPTS describes. `only`: more
+    conditions on the jobs ("AND ..."), whose few jobs are then kept (else the jobs are read where used);
+    `held`: with the GPUs of the attempts whose evidence can decide their cause (False: GPU counts accounting lacks)."""
     return f"""
 WITH f AS {"MATERIALIZED" if only else "NOT MATERIALIZED"} (SELECT * FROM jobs WHERE {JOB_FILTERS}{only}),
 p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the window
@@ -995,22 +906,13 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 )"""
 
 
-# Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters
-# (a job's latest record in jobs, the earlier ones of a requeued or restarted job in job_attempts),
-# with the GPUs the job mapping saw it hold while it ran; a job's attempts in start order (held: a list of {host, gpu_uuid}), whose health events
-# are its evidence - only for the attempts whose cause evidence can decide (a state not in
-# $no_evidence_states: gpufleet.analytics.reliability.NO_EVIDENCE_STATES; most of a week's jobs
-# completed, and their GPUs are not read). GPU jobs only: accounting's GPUs, else the GPUs it was seen on.
-# Kept on the cursor as _rel_attempts, narrow (keys, times, GPUs, state: the 4.8M attempts of a
-# 100,000-GPU week with their text were 4.5 GiB of DuckDB's buffers, narrow 2.1), with `listed`:
-# whether the report needs it as a row (RELIABILITY_LISTED reads those in full) - an attempt of
-# a job with a broken attempt or of a name's attempt near one (the chains' candidates: those of
-# gpufleet.analytics.reliability.chain_candidates; $resubmit_s its resubmit window), of a job that
-# reported checkpoints, or of a job with one of the $top largest of the rest (the largest chains');
-# the rest, the completed or still running work most of a fleet's attempts are, is summed in SQL
-# (RELIABILITY_SUMMED), never read as rows.
-# the resubmit window in whole microseconds, at least its interval's: a submission within it of an
-# end falls in the end's step or the next
+# Every job attempt that ran in [$start, $end) (a running one up to $as_of) within the job filters: a job's record in jobs,
+# its earlier ones in job_attempts; GPU jobs only (accounting's GPUs, else those seen). held ({host, gpu_uuid}: its health
+# evidence) only where evidence can decide the cause (a state not in $no_evidence_states: reliability.NO_EVIDENCE_STATES).
+# Kept on the cursor as _rel_attempts, narrow, with `listed`: the report reads it as a row (RELIABILITY_LISTED) - of a
+# chain candidate's job (reliability.chain_candidates), a job that reported checkpoints, or the $top largest of the rest;
+# the rest, most attempts, is summed in SQL (RELIABILITY_SUMMED).
+# the resubmit window in whole microseconds (at least 1): a submission within it of an end falls in its step or the next
 _RESUBMIT_STEP = "greatest(1, ceil($resubmit_s * 1e6))::BIGINT"
 RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
     -- that can continue it (submitted within $resubmit_s after its end), met on their names and
@@ -1045,9 +947,8 @@ SELECT cluster, scheduler, job_key, start, "end", gpus, ustate,
                                      AND t.job_key = l.job_key) AS listed
 FROM l
 """
-# ... the attempts the report reads as rows, in full (a listed job's attempts are all listed), in
-# job and start order, numbered 1, 2, ... per job, the GPUs each held as two lists (hosts, uuids),
-# sorted by host then uuid: plain strings to hand over, not a dict per GPU
+# ... the listed attempts in full (a listed job's every one), in job and start order, numbered 1, 2, ... per job,
+# each one's GPUs as two lists (hosts, uuids) sorted by host then uuid: plain strings to hand over
 RELIABILITY_LISTED = _attempt_rows(" AND EXISTS (SELECT 1 FROM _rel_attempts r WHERE r.listed AND r.cluster = jobs.cluster "
                                    "AND r.scheduler = jobs.scheduler AND r.job_key = jobs.job_key)") + """
 SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw, exit_code, user_name, account, name, nodes,
@@ -1055,10 +956,9 @@ SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw
        list_transform(held, lambda g: g.host) AS held_hosts, list_transform(held, lambda g: g.gpu_uuid) AS held_uuids
 FROM a ORDER BY cluster, scheduler, job_key, start
 """
-# ... and the rest summed (gpufleet.analytics.reliability.Summed) as figures() and goodput count them:
-# per GPU count, completed or not ended, and the cause mix's bucket ($bucket_us from $start) its end
-# falls in (NULL: no end in the window, or not ended); microseconds run in [$start, $end) (one not
-# ended runs to $as_of), GPUs x those, and GPUs x from start to end (or $as_of), the goodput's wall
+# ... and the rest summed (reliability.Summed) as figures() and goodput count them: per GPU count, completed or
+# not, and the cause mix's bucket ($bucket_us from $start) of its end (NULL: none in the window); microseconds run
+# in [$start, $end) (unended: to $as_of), GPUs x those, and GPUs x start to end (or $as_of), the goodput's wall
 RELIABILITY_SUMMED = """
 SELECT gpus, ustate = 'COMPLETED' AS completed,
        CASE WHEN ustate = 'COMPLETED' AND "end" >= $start AND "end" < $end THEN (epoch_us("end") - epoch_us($start)) // $bucket_us END AS k,
@@ -1070,8 +970,8 @@ FROM (SELECT *, CASE WHEN start IS NULL THEN 0
 GROUP BY ALL
 """
 
-# The checkpoints the filtered jobs that ran in the window reported saving (job_checkpoints), up to
-# $as_of: where an interrupted attempt's lost work starts, and the job's checkpoint cost and interval
+# The checkpoints the filtered jobs that ran in the window saved, up to $as_of: where an interrupted attempt's
+# lost work starts, and the job's checkpoint cost and interval
 RELIABILITY_CHECKPOINTS = f"""
 SELECT c.cluster, c.scheduler, c.job_key, c.saved_at, c.duration_s
 FROM job_checkpoints c
@@ -1088,10 +988,8 @@ SELECT DISTINCT cluster, scheduler, job_key FROM policy_audit
 WHERE action = 'cancel' AND enforce AND result = 'ok' AND ts < $end + INTERVAL 1 DAY
 """
 
-# GPU-hours each host's GPUs were held in [$start, $end) (the mapping's allocations, clipped): a
-# node's exposure in the lemon test; and the scheduler most of those holds are of (a drain goes
-# through it: a node moved from Slurm to Kubernetes is drained as Kubernetes' once it holds its
-# window; the store's history of the node's allocations said Slurm)
+# GPU-hours each host's GPUs were held in [$start, $end) (the mapping's allocations, clipped): a node's exposure
+# in the lemon test; and the scheduler most of those holds in the window are of (a drain goes through it)
 RELIABILITY_HOST_GPU_HOURS = f"""
 SELECT a.cluster, a.host, mode(a.scheduler) FILTER (WHERE {clip_seconds(ALLOCATION_START, ALLOCATION_END)} > 0) AS scheduler,
        sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
@@ -1117,19 +1015,12 @@ WHERE (a.job_key = $job OR j.job_id = $job) AND ($cluster IS NULL OR a.cluster =
   AND least({ALLOCATION_END}, $end) > greatest({ALLOCATION_START}, $start)
 ORDER BY a.cluster, a.job_key, a.host, a.gpu, a.gpu_instance
 """
-# ... and the samples of those GPUs (_job_al: JOB_STATE_ALLOCATIONS' rows of one job numbered k, all
-# of cluster $job_cluster) from max_gap before each allocation to its end, with the fields the states
-# read: utilization as LINE_COLUMNS has it (NaN: not reported), the profiling fields as stored
-# (FLOAT: half the bytes of DOUBLE to hand over, widened exactly in numpy), NVLink RX + TX (NULL when
-# neither is published), the share of a GPU its time counts as (gpu_equiv: 1 without a MIG profile,
-# as the rule gives, without its regular expression on every whole GPU's row); and other jobs'
-# processes on the GPU (read by no state).
-# $lo, $hi: from max_gap before the first allocation's start to the last one's end; $host_lo,
-# $host_hi: the job's hosts' range. Constants, so DuckDB skips the files and row groups outside
-# them (compaction sorts files by host); the join then keeps each allocation's own stretch (its
-# key without the cluster, a constant filter instead: one string fewer to hash per row).
-# Unordered: sorting every sample's row in SQL cost more than the rest of the breakdown; the
-# reader groups the rows by k and orders each GPU's by time in numpy (states.job_breakdown).
+# ... and the samples of those GPUs (_job_al: JOB_STATE_ALLOCATIONS' rows of one job, numbered k, of cluster $job_cluster)
+# from max_gap before each allocation to its end: utilization as LINE_COLUMNS (NaN: not reported), profiling fields as
+# stored (FLOAT: fewer bytes, widened exactly in numpy), NVLink RX + TX (NULL: neither published), MIG share, other jobs'
+# processes. $lo/$hi (the allocations' span) and $host_lo/$host_hi (the job's hosts) are constants so DuckDB skips files and
+# row groups outside them; the cluster is a filter, not a join key (one string fewer to hash). Unordered: states.job_breakdown
+# groups by k and orders by time in numpy, cheaper than SQL.
 JOB_STATE_SAMPLES = f"""
 SELECT al.k, s.gpu, epoch(s.ts) AS ts, {LINE_COLUMNS.format(s="s.")},
        s.compute_processes AS procs, s.sm_active, s.tensor_active, s.pcie_rx_bytes_per_s AS pcie_rx,
@@ -1142,10 +1033,8 @@ JOIN _job_al al ON al.host = s.host AND al.gpu_uuid = s.gpu_uuid AND al.gi = coa
 WHERE s.cluster = $job_cluster AND s.host >= $host_lo AND s.host <= $host_hi AND s.ts >= $lo AND s.ts < $hi
 """
 
-# GPUs on which processes of a job not allocated them ran in [$start, $end)
-# (gpufleet_gpu_foreign_processes, the exporter's process -> cgroup -> job mapping): the Health
-# page's list. Nearly every sample has none (NULL): the files' column statistics skip their row
-# groups, so this costs the row groups that hold some.
+# GPUs on which processes of a job not allocated them ran in [$start, $end) (gpufleet_gpu_foreign_processes): the
+# Health page's list. Nearly every sample has NULL, so column statistics skip most row groups.
 FOREIGN_PROCESS_GPUS = f"""
 SELECT cluster, host, gpu, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, arg_max(model, ts) AS model,
        max(foreign_processes)::DOUBLE AS foreign_processes_max, count(*) AS samples, min(ts) AS first_seen, max(ts) AS last_seen
@@ -1155,12 +1044,9 @@ GROUP BY cluster, host, gpu, gpu_uuid, gi
 ORDER BY last_seen DESC, cluster, host, gpu
 """
 
-# Each team's GPUs shared with other jobs in [$start, $end) (gpu_job_shares, hourly): per account,
-# the GPU clock-hours in which one of its jobs shared a GPU (shared_hours: each counts whole - the
-# table keeps scrape counts per clock hour, not the length of the sharing),
-# the GPUs and jobs, its SM share of those GPUs over their shared scrapes (its jobs' SM ratios
-# summed, a scrape without them 0; NULL where a report lacked the SM ratio) and the other
-# accounts on them. A filter on the account picks its row of the fleet's.
+# Per account, its GPUs shared with other jobs in [$start, $end) (gpu_job_shares, hourly): shared_hours (clock
+# hours, each whole: the table keeps scrape counts per hour), the GPUs and jobs, sm_share (its jobs' SM ratios over
+# the shared scrapes, a scrape without them 0; NULL: a report lacked it), the other accounts. A filter picks its row.
 TEAM_GPU_SHARES = """
 WITH r AS (
     SELECT g.cluster, g.host, g.gpu_uuid, g.gpu_instance, g.ts, g.scheduler, g.job_key, coalesce(j.account, '') AS account,
@@ -1187,11 +1073,9 @@ WHERE $account IS NULL OR per.account = $account
 ORDER BY shared_hours DESC, per.cluster, per.account
 """
 
-# One job's part of each GPU it shared in [$start, $end) (gpu_job_shares, hourly: the hours that
-# overlap the window), beside the other jobs on that GPU over the same hours. A share is the
-# job's SM ratio summed over the GPU's shared scrapes of those hours, divided by their count (a
-# scrape without the job is 0: its processes were not on the GPU), so the shares of one GPU add
-# up to at most 1. NULL: a report of the job lacked its SM ratio. Memory: the high-water seen.
+# One job's part of each GPU it shared in [$start, $end) (gpu_job_shares' hours overlapping it), beside the other
+# jobs on that GPU in those hours. A share: the job's SM ratio summed over the GPU's shared scrapes over their count
+# (a scrape without the job is 0), so a GPU's shares add up to at most 1; NULL: a report lacked it. Memory: the high-water.
 JOB_GPU_SHARES = """
 WITH mine AS (
     SELECT cluster, host, gpu_uuid, gpu_instance, ts FROM gpu_job_shares
@@ -1220,23 +1104,12 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 
 # --- where a window's GPU time goes, from its facts (analytics/window_states.py) ---
 
-# Per job and GPU model, its held parts inside the window split into the window-grain states
-# (the module's doc has the rules), GPU-seconds (x MIG share), over the window's wheld (its held
-# parts, the job filters applied) and wlinked (their idle pieces chained per GPU and holder - hk - across
-# parts, every part of the read, its reach included: facts.LINKED_PIECES, which the stretches
-# read too; FactWindow.linked builds both); a chain that starts at a hold's first
-# part (each allocation of the analysis, al: a requeued job's every run on the GPU its own), after
-# the read's start, and ends before that hold's last part's end is that run's startup, another at
-# least $idle_min_us long is idle; runs wholly inside a part are idle (the facts keep
-# those that reach idle_min only). No process: a part's time with no compute process less its
-# startup and idle time (0 at least). The rest (busy) is input-bound, communication-bound (jobs of
-# several GPUs), compute, or busy_unresolved by the part's time-weighted means of the profiling
-# fields, under [analytics.states]' thresholds. *_told_s: the busy time whose part knew the fields
-# of input-bound / communication-bound; *_missing: a busy part lacked that field.
-# A part outside the window counts nothing (its data_s 0: every state 0) and a job or model with
-# none inside is no row (HAVING), rather than WHERE inside before the pieces' join: DuckDB guesses
-# a boolean filter keeps a fifth of the rows (a week keeps 99 %) and then built that join's hash
-# table on the wide parts, not the narrow per-part sums (2-3 s of 5 on a 16,384-GPU week).
+# Per job and GPU model, GPU-seconds (x MIG share) of its held parts inside the window split into the window-grain
+# states by the rules in window_states' docstring, over wheld (the held parts, job filters applied) and wlinked (their
+# idle pieces chained per GPU and holder hk across every part of the read: facts.LINKED_PIECES; FactWindow.linked);
+# holder: each hold's (allocation of al) first and last part. *_told_s: busy time whose part knew the fields of
+# input- / communication-bound; *_missing: a busy part lacked that field. A part outside the window counts 0 and a
+# job or model with none inside is no row (HAVING, not WHERE inside: DuckDB would hash the wide parts in the join).
 WINDOW_STATE_JOBS = """
 WITH holder AS (
     SELECT h.hk, min(h.p0) AS f0, max(h.p1) AS l1

@@ -1,39 +1,27 @@
 """Where a job's GPU time goes: its time with data split into states that add up to it exactly.
 
-"Utilization 43 %" says time is lost, not where. `gpu_states` walks one GPU's samples inside its
-allocation and gives every second with data exactly one state, by these rules, first match wins
-(thresholds in `[analytics.states]`, STATE_OPTIONS; "low" is utilization below the analysis'
-idle_threshold, "busy" is not low):
+`gpu_states` gives every second with data of one GPU's allocation exactly one state, the first matching rule's
+(thresholds: `[analytics.states]`, STATE_OPTIONS; "low": utilization below the analysis' idle_threshold; "busy": not low):
 
-  startup             from the allocation's start to its first sustained busy stretch (busy for
-                      at least `startup_busy_seconds`): model loading, image pull, cold start. A
-                      GPU that is never busy that long has no startup: its time is idle. A
-                      requeued job's every run on a GPU is a hold of its own (schema.ALLOCATION_START),
-                      each with its startup; the runs of one GPU are summed before GPUs are compared.
-  no_process          the GPU held with no compute process (as every other figure counts it)
+  startup             up to the first busy stretch of `startup_busy_seconds` (model loading, image pull, cold start;
+                      never that busy: no startup); a requeued job's every run on a GPU is a hold with its own
+                      (schema.ALLOCATION_START), the runs summed per GPU before GPUs are compared
+  no_process          held with no compute process (as every other figure counts it)
   idle                low stretches of at least idle_min_duration (the waste figure's rule)
-  checkpoint          short low dips between busy samples (`checkpoint_min_seconds` up to
-                      idle_min_duration) that recur at a regular period (at least
-                      `checkpoint_min_count` of them, at least half of their start-to-start
-                      intervals within `checkpoint_period_tolerance` of the median): the period
-                      and the cost per checkpoint are reported
-  pause               the other short low dips (irregular: not a checkpoint rhythm)
-  input_bound         busy but starved: SM active below `input_sm_active_max` while the host
-                      sends PCIe RX at least `input_pcie_rx_min_bytes_per_s`
-  communication_bound (jobs of several GPUs) NVLink RX + TX at least
-                      `communication_nvlink_min_bytes_per_s` while tensor active is below
-                      `communication_tensor_max` and SM active below `communication_sm_active_max`
-  straggler           (jobs of several GPUs) where the busy utilization of the job's GPUs spreads
-                      more than `straggler_spread` (relative to the best GPU), each GPU's busy
-                      time short of the best GPU's utilization: residue x (best - own) / best.
-                      The slowest GPU (least busy utilization) is named, against the job's mean.
+  checkpoint          low dips between busy samples (`checkpoint_min_seconds` up to idle_min_duration) at a regular
+                      period: at least `checkpoint_min_count`, half of their start-to-start intervals within
+                      `checkpoint_period_tolerance` of the median (period and cost per checkpoint reported)
+  pause               the other short low dips
+  input_bound         busy, SM active below `input_sm_active_max` with PCIe RX at least `input_pcie_rx_min_bytes_per_s`
+  communication_bound (several GPUs) NVLink RX + TX at least `communication_nvlink_min_bytes_per_s`, tensor active
+                      below `communication_tensor_max`, SM active below `communication_sm_active_max`
+  straggler           (several GPUs) where busy utilization spreads more than `straggler_spread` of the best GPU's:
+                      each GPU's busy residue x (best - own) / best; the least busy GPU is named
   compute             the rest, with its tensor activity (MFU's estimate input) where known
-  busy_unresolved     busy time a missing profiling field leaves unsplit: never a guess shown
-                      as compute. `unknown` says which fields would tell it.
+  busy_unresolved     busy time a missing profiling field leaves unsplit, never guessed as compute (`unknown`: which)
 
-What each state reads is in READS (a state's rule and the rules before it): no state moves when a
-field outside its READS changes (tests/test_analytics_states.py). Pure: numpy over one job's
-samples, so a job's breakdown costs its GPUs x samples, whatever the fleet's size.
+No state moves when a field outside its READS changes (tests/test_analytics_states.py). Pure numpy over one job's
+samples: a breakdown costs its GPUs x samples, whatever the fleet's size.
 """
 
 from __future__ import annotations
@@ -52,8 +40,7 @@ STATES = ("startup", "no_process", "idle", "checkpoint", "pause", "input_bound",
           "straggler", "compute", "busy_unresolved")
 LOSSES = tuple(s for s in STATES if s not in ("compute", "busy_unresolved"))
 
-# the sample columns a state's rule reads, with the rules before it (a state takes what no
-# earlier one took)
+# the sample columns a state's rule reads, with the rules before it (a state takes what no earlier one took)
 _UTIL, _PROCS, _SM, _RX, _NVL, _TENSOR = "util", "procs", "sm_active", "pcie_rx", "nvlink", "tensor_active"
 READS: dict[str, frozenset[str]] = {
     "startup": frozenset({_UTIL}),
@@ -120,8 +107,7 @@ class Thresholds:
 
     @classmethod
     def of(cls, p: Any, opts: Mapping[str, Any]) -> "Thresholds":
-        """The analysis' thresholds (Params) with the validated [analytics.states] options (a key
-        not given: its default, as a configuration without the section has)."""
+        """The analysis' thresholds (Params) with the validated [analytics.states] options (a key not given: its default)."""
         return cls(idle_threshold=p.idle_threshold, idle_min_s=p.idle_min_duration.total_seconds(),
                    max_gap_s=p.max_gap.total_seconds(), **{o.key: opts.get(o.key, o.default) for o in STATE_OPTIONS})
 
@@ -216,7 +202,7 @@ def _intervals(s: GpuSamples, max_gap_s: float) -> tuple[np.ndarray, np.ndarray,
     max_gap; (index of its sample, start, end) of those with a utilization and a length."""
     ts = np.asarray(s.ts, dtype=float)
     util = s.column("util")
-    if (ts[1:] >= ts[:-1]).all():  # in time order already (as a GPU's rows mostly come): the stable sort's own order
+    if (ts[1:] >= ts[:-1]).all():  # already in time order (as a GPU's rows mostly come): no sort
         order = np.arange(len(ts))
     else:
         order = np.argsort(ts, kind="stable")
@@ -231,10 +217,8 @@ def _intervals(s: GpuSamples, max_gap_s: float) -> tuple[np.ndarray, np.ndarray,
 
 
 def _runs(flag: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The runs of consecutive intervals with `flag`, broken where time is not contiguous, as two
-    arrays: each run's first interval and the one after its last ([first, last) ranges, in order;
-    together they cover every flagged interval once). Vectorised: a week of a GPU is 40,000
-    intervals, and a job's GPUs are walked one by one."""
+    """The runs of consecutive flagged intervals, broken where time is not contiguous: each run's first interval and
+    the one after its last ([first, last) ranges in order, covering every flagged interval once)."""
     n = len(flag)
     joined = np.zeros(n, dtype=bool)  # interval i continues interval i - 1's run
     joined[1:] = flag[1:] & flag[:-1] & (start[1:] == end[:-1])
@@ -308,7 +292,7 @@ def gpu_states(s: GpuSamples, t: Thresholds, multi_gpu: bool) -> GpuStates:
 
     # GPU-seconds: a MIG slice's time counts as its share (rules above ran on wall time)
     wdur = dur if s.equiv is None else dur * (s.column("equiv") if whole else s.column("equiv")[idx])
-    # each state's intervals in time order: one stable sort by state, not a mask per state
+    # each state's intervals in time order (one stable sort by state)
     by_state = np.argsort(state.astype(np.int8), kind="stable")
     edges = np.searchsorted(state[by_state], np.arange(len(STATES) + 1))
     where = {name: by_state[edges[k]:edges[k + 1]] for k, name in enumerate(STATES)}
@@ -338,7 +322,7 @@ def _checkpoint_rhythm(starts: Sequence[float], lengths: Sequence[float], t: Thr
     if len(starts) < t.checkpoint_min_count:
         return None
     gaps = np.diff(np.asarray(starts))
-    period = float(median(gaps.tolist()))  # (numpy's median, for a few dozen values, costs ten times more)
+    period = float(median(gaps.tolist()))  # (statistics.median: numpy's is slower on a few dozen values)
     regular = np.abs(gaps - period) <= t.checkpoint_period_tolerance * period
     if period <= 0 or regular.sum() * 2 < len(gaps):
         return None
@@ -346,8 +330,7 @@ def _checkpoint_rhythm(starts: Sequence[float], lengths: Sequence[float], t: Thr
 
 
 def _one_gpu(runs: Sequence[GpuStates]) -> GpuStates:
-    """One GPU's states over its holds (a requeued job's runs on it: each with its own startup),
-    summed: a mean (busy utilization, a state's column means) weighted by the time it is over."""
+    """One GPU's states over its holds (a requeued job's runs) summed, means weighted by the time they are over."""
     if len(runs) == 1:
         return runs[0]
     seconds = {k: sum(r.seconds[k] for r in runs) for k in STATES}
@@ -371,10 +354,8 @@ def _one_gpu(runs: Sequence[GpuStates]) -> GpuStates:
 
 
 def job_states(gpus: Sequence[GpuSamples], t: Thresholds) -> JobStates:
-    """A job's breakdown: its GPUs' states summed, the straggler share cut from the busy residue
-    of the GPUs short of the best one, with the evidence and the largest loss. A GPU may come
-    once per hold (a requeued job's runs on it, each its own startup): its holds' states are
-    summed into one GPU before GPUs are compared."""
+    """A job's breakdown: its GPUs' states summed (a GPU's holds first: _one_gpu), the straggler share cut from the busy
+    residue of the GPUs short of the best one, with the evidence and the largest loss."""
     multi = len({g.gpu for g in gpus}) > 1
     runs: dict[str, list[GpuStates]] = {}
     for g in gpus:
@@ -464,13 +445,9 @@ def thresholds(doc: Mapping[str, Any], path: Any, p: Any) -> Thresholds:
 
 
 def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None:
-    """The breakdown of one job (its id as people write it, or its key) in the window of `p`
-    (Params): only that job's GPUs and their allocation stretches are read. None: no allocation
-    of the job in the window (the exporters never mapped it).
-
-    Cost is the job's samples: one query, its Arrow columns taken into numpy once and each GPU's
-    rows taken from them as its turn comes (_AllocationSamples; no per-GPU frame, no sort of the
-    rows in SQL: gpu_states orders a GPU's samples by time itself)."""
+    """The breakdown of one job (its id as people write it, or its key) in the window of `p` (Params), reading only its
+    GPUs' allocation stretches; None: no allocation of the job in the window (the exporters never mapped it). One query,
+    its columns taken into numpy once, each GPU's rows as its turn comes (_AllocationSamples; gpu_states sorts by time)."""
     import pyarrow as pa
 
     from gpufleet.analytics import raw_reads, sql
@@ -498,12 +475,11 @@ def job_breakdown(con: Any, p: Any, job: str, t: Thresholds) -> JobStates | None
     finally:
         cur.close()
     # each allocation's rows: a slice of the row numbers ordered by k (stable: a GPU's rows keep their order)
-    k = rows.column("k").to_numpy()  # (16 bits where they do: numpy sorts those stably by radix, linear in the rows)
+    k = rows.column("k").to_numpy()  # (16 bits where they fit: numpy's stable sort of those is a radix sort)
     order = np.argsort(k, kind="stable")
     edges = np.searchsorted(k[order], np.arange(len(allocations) + 1))
-    # a column every row of which says the default (a whole GPU's share, no foreign process) is
-    # not taken into numpy: gpu_states reads None as that default. As the query gives them (FLOAT
-    # or DOUBLE, NaN for NULL): a GPU's slice is widened to float as its turn comes (GpuSamples.column)
+    # a column all at its _DEFAULTS value stays None (gpu_states reads None as it); the rest as the query types them
+    # (FLOAT or DOUBLE, NaN for NULL), a GPU's slice widened to float in its turn (GpuSamples.column)
     columns = {c: rows.column(c).to_numpy() for c in _SAMPLE_FIELDS if not _all_default(rows.column(c), c)}
     names = []
     for i, r in enumerate(allocations):
@@ -532,10 +508,8 @@ def _all_default(column: Any, name: str) -> bool:
 
 
 class _AllocationSamples(Sequence[GpuSamples]):
-    """A job's GPUs' samples, one allocation's taken from the unordered columns only when
-    job_states reaches it: a GPU's arrays live while its states are worked out, so memory holds
-    the columns once, not a second, reordered copy of them (at 256 GPUs a day, 80 MB first
-    touched on every call)."""
+    """A job's GPUs' samples, each allocation's taken from the unordered columns only when job_states reaches it: memory
+    holds the columns once, not a reordered copy too."""
 
     def __init__(self, allocations: list[dict[str, Any]], names: list[str], columns: dict[str, np.ndarray], order: np.ndarray,
                  edges: np.ndarray) -> None:

@@ -1,23 +1,18 @@
 """Utilization over time: the figures of gpufleet.analytics.core, per time bucket.
 
-`utilization_timeline(analysis, by, bucket)` splits the window [start, end) into buckets and gives,
-per bucket and group, the same quantities as Analysis.utilization() - so the buckets of a
-column add up to the window's figure exactly:
+`utilization_timeline(analysis, by, bucket)` gives, per bucket of [start, end) and group, the
+quantities of Analysis.utilization(), so a column's buckets add up to the window's figure exactly:
 
-  capacity_gpu_h   GPU dimensions only (fleet, cluster, model): inventory capacity; null under
-                   a job filter (account, user, partition), which then gives every GPU dimension
-                   the selected jobs' data and busy time
+  capacity_gpu_h   GPU dimensions only: inventory capacity; null under a job filter (GPU dimensions
+                   then show the selected jobs' data and busy time)
   data_gpu_h       time with samples; busy_gpu_h: utilization-weighted data time
   no_data_gpu_h    capacity (GPU dimensions) or allocated time (job dimensions) without samples
-  allocated_gpu_h  scheduler accounting (GPUs x run time), where the dimension is a job's
-                   (fleet, cluster, partition, account, user_name); null for model, and where
-                   every job of the bucket has an unknown GPU count (the known jobs' otherwise)
-  held_data_gpu_h  time jobs held GPUs with samples (from the exporters' job mapping)
-  utilization_pct  busy / data, null where there is no data
+  allocated_gpu_h  scheduler accounting (GPUs x run time); null for model, and where every job of
+                   the bucket has an unknown GPU count
+  held_data_gpu_h  time jobs held GPUs with samples (exporters' job mapping)
+  utilization_pct  busy / data, null without data
 
-Intervals are split at bucket edges (a sample interval is at most max_gap long, so it falls in
-at most two buckets when the bucket is at least max_gap; longer spans, like capacity and job
-runs, are split over every bucket they cross).
+Intervals are split at bucket edges: a sample interval (at most max_gap <= bucket) at one, capacity and job runs at each.
 """
 
 from __future__ import annotations
@@ -53,11 +48,8 @@ def default_bucket(length: timedelta) -> timedelta:
 
 
 def clock_origin(start: datetime, bucket: timedelta) -> datetime:
-    """The first bucket edge of a timeline: the window's start floored to the bucket on the
-    UTC clock where the bucket divides a day (a job started 00:59:19 gets hour buckets from 00:00,
-    as Grafana and Prometheus align their steps), so every later edge falls on the facts' buckets
-    and the timeline is read from facts, not from raw minutes at each edge; its first bucket then
-    holds only the window's part of it. A bucket that does not divide a day starts at `start`."""
+    """The first bucket edge of a timeline: `start` floored to the bucket on the UTC clock where the bucket
+    divides a day (as Grafana aligns steps), so the edges fall on the facts' buckets; else `start`."""
     b_us = round(bucket.total_seconds() * 1_000_000)
     if b_us <= 0 or 86_400_000_000 % b_us:
         return start
@@ -66,8 +58,7 @@ def clock_origin(start: datetime, bucket: timedelta) -> datetime:
 
 
 def timeline_bucket(p) -> timedelta:
-    """The bucket of a window's timeline when none is asked for (at least max_gap): an analysis
-    joins its summary segments between these edges, so the timeline's look-ups fall on them."""
+    """The bucket of a window's timeline when none is asked for (at least max_gap); core.on_the_grid cuts at it."""
     return max(default_bucket(p.end - p.start), p.max_gap)
 
 
@@ -78,14 +69,9 @@ def utilization_timeline(a, by: str = "fleet", bucket: timedelta | None = None, 
 
 def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None,
                           origin: datetime | None = None) -> dict[str, pl.DataFrame]:
-    """utilization_timeline() for several dimensions at once: the samples are split into buckets
-    once, at the finest grouping any of them needs, and each dimension sums those (exactly the
-    same figures: sums of sums). `origin` (naive UTC, at or before the window's start; default
-    clock_origin: the start floored to the bucket on the clock): the buckets' edges are origin +
-    k x bucket, so a window that starts anywhere still has its buckets on edges of the caller's
-    choosing (the report's days: local midnights; the pages': the clock's, so a window typed to
-    the minute is read from facts, not from raw minutes at every edge); the first bucket is then
-    labelled by its edge before the window's start and holds only the window's part of it."""
+    """utilization_timeline() for several dimensions, bucketed once at the finest grouping (sums of sums).
+    `origin` (naive UTC, at or before the start; default clock_origin): edges are origin + k x bucket
+    (the report's: local midnights); the first bucket is labelled by its edge and holds the window's part."""
     for by in dims:
         if by not in TIMELINE_DIMS:
             raise ValueError(f"unknown dimension {by!r} for a timeline: expected one of {', '.join(TIMELINE_DIMS)}")
@@ -105,7 +91,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
         names = sql.bound(query, {**a.bind, **extra})
         return pl.from_arrow(query_rows(a.con, query, names))
 
-    job_filtered = a.job_filtered  # GPU dimensions then show the selected jobs' time; capacity is no job's
+    job_filtered = a.job_filtered  # capacity is no job's
     gpu_dims = any(d in _GPU_KEYS for d in dims) and not job_filtered
     base = a.timeline_use(gpu_dims, bsec, origin_us)
     if gpu_dims:
@@ -116,22 +102,16 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
 
 
 def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **extra) -> dict[str, pl.DataFrame]:
-    """Each of `queries` (by name; per-bucket sums over the window's parts with a `fits` column:
-    no part crosses a bucket edge) for buckets of `bsec` seconds from origin_us, without `fits`.
-    The analysis' parts are cut at the edges of its own timeline's buckets (timeline_bucket);
-    buckets that would cut them (or finer than its coarsest grain) read the window's parts again,
-    cut at their edges, once for all the queries and only the columns a timeline reads
-    (facts.TIMELINE_COLUMNS)."""
+    """Each of `queries` (per-bucket sums over the parts, with `fits`: no part crosses an edge) for buckets
+    of `bsec` seconds from origin_us. Buckets that cut the analysis' parts read the window's parts again,
+    cut at their edges (facts.TIMELINE_COLUMNS only)."""
     b_us = round(bsec * 1_000_000)
     extra = {**extra, "bucket_us": b_us, "origin_us": origin_us}
-    # (parts of a grain coarser than the buckets - a week's days, 3-hour buckets - cross their edges
-    # but on a rare day of short parts: those are read cut at once, not summed first to find out)
+    # parts coarser than the buckets nearly always cross their edges: read them cut at once
     if max(a.fw.tiles, default=0) * 1_000_000 <= b_us:
         out = {name: pl.from_arrow(query_rows(a.con, q, sql.bound(q, {**a.bind, **extra}))) for name, q in queries.items()}
         if all(o.is_empty() or o["fits"].all() for o in out.values()):
             return {name: o.drop("fits") for name, o in out.items()}
-    # the buckets cut the analysis' parts: the window's parts again, cut at these buckets' edges
-    # (on a cursor of their own; what was read raw for the analysis' edges is read again)
     fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, columns=TIMELINE_COLUMNS)
     try:
         out = {name: fw.q(q, **extra) for name, q in queries.items()}
@@ -143,18 +123,14 @@ def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **ex
 
 
 def known_sum(col: str) -> pl.Expr:
-    """The sum of `col` in an aggregation, null where every value is: a sum of nothing known (the
-    allocated time of jobs of unknown GPU count only) stays unknown, never 0."""
+    """The sum of `col`, null where every value is: a sum of nothing known stays unknown, never 0."""
     return pl.when(pl.col(col).is_null().all()).then(None).otherwise(pl.col(col).sum()).alias(col)
 
 
 def compose_timelines(base: dict[str, pl.DataFrame], dims, job_filtered: bool, n_buckets: int, bsec: float, origin) -> dict[str, pl.DataFrame]:
-    """The timelines of `dims` from their parts per bucket k (GPU-hours; rows may repeat a key and
-    bucket: they are summed): "iv" data and busy by cluster and model, "cap" capacity by cluster
-    and model (GPU dimensions, unless job_filtered), "pc" the allocations' data and busy by
-    cluster, model, partition, account and user, "alloc" allocated time by cluster, partition,
-    account and user (unless the only dimension is model). One lazy query per dimension, all
-    collected at once: frames this small cost polars' per-operation overhead, not their rows."""
+    """The timelines of `dims` from per-bucket (k) GPU-hours, rows summed per key: "iv" data and busy,
+    "cap" capacity (GPU dimensions), "pc" allocations' data and busy, "alloc" allocated time.
+    One lazy query per dimension, collected at once (small frames: polars' overhead is per operation)."""
     def total(name: str, keys: list[str], cols: list[str], rename: dict[str, str] | None = None) -> pl.LazyFrame:
         df = base[name].lazy().with_columns(pl.col("k").cast(pl.Int64))
         out = df.group_by([*keys, "k"]).agg([known_sum(c) for c in cols])
@@ -191,7 +167,7 @@ def _assemble(frames: list[pl.LazyFrame], keys: list[str], gpu_dim: bool, n_buck
         out = out.join(f, on=[*keys, "k"], how="left", nulls_equal=True)
         names.update(f.collect_schema().names())
     for col in ("capacity_gpu_h", "data_gpu_h", "busy_gpu_h", "allocated_gpu_h", "held_data_gpu_h"):
-        if col == "allocated_gpu_h" and col in names:  # 0 where no job ran; unknown (null) where only jobs of unknown GPU count did
+        if col == "allocated_gpu_h" and col in names:  # 0 where no job ran; null where only jobs of unknown GPU count did
             out = out.with_columns(pl.when(pl.col("_allocated").is_null()).then(0.0).otherwise(pl.col(col)).alias(col)).drop("_allocated")
         elif col in names:
             out = out.with_columns(pl.col(col).fill_null(0.0))
@@ -212,15 +188,9 @@ JOB_TIMELINE_SCHEMA = {"bucket": pl.Datetime("us"), "host": pl.Utf8, "gpu": pl.I
 
 
 def job_gpu_timeline(a, cluster: str, scheduler: str, job_key: str, bucket: timedelta | None = None) -> pl.DataFrame:
-    """One job's GPUs over time: per GPU and bucket, time-weighted utilization (null: no data),
-    the memory high-water mark and the hours with data (null: no data). bucket, host, gpu,
-    gpu_uuid, gi, utilization_pct, fb_used_max_mib, data_h; by host, gpu, gi, bucket. Buckets on
-    the clock (clock_origin), the window's time only in each.
-
-    What the job's oracle_sql.PIECES rows (tests/support) add up to, each clipped to the window
-    and cut at bucket edges (w = seconds x MIG share): utilization sum(util x w) / sum(w) and
-    data_h sum(w) / 3600 over the parts with a utilization, memory the max over all parts: the
-    analysis' job_gpu_use (job_gpu_parts, from the job's parts in the window's facts)."""
+    """One job's GPUs over time (JOB_TIMELINE_SCHEMA), per GPU and bucket on the clock: utilization
+    sum(util x w) / sum(w) and data_h sum(w) / 3600 (w = seconds x MIG share; null: no data), and the
+    memory high-water mark. As tests/support oracle_sql.PIECES adds up."""
     p = a.p
     bucket = max(bucket or default_bucket(p.end - p.start), p.max_gap)
     bsec = bucket.total_seconds()

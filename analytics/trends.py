@@ -1,8 +1,7 @@
 """Each headline figure against the previous window of the same length.
 
-One rule decides whether the previous window may be compared against at all
-(no_comparison_reason); the dashboard, the report and `gpufleet analyze` all take it from here, so
-a comparison against an empty or partial window says "no data" everywhere, never a delta.
+Every surface takes no_comparison_reason from here, so an empty or partial previous window says
+"no data" everywhere, never a delta.
 """
 
 from __future__ import annotations
@@ -37,25 +36,18 @@ PRICED = {"idle_allocated_cost": "idle_allocated_gpu_h", "stranded_cost": "stran
 PARTIAL = {"allocated_gpu_h": "allocated_unknown_jobs"}
 
 NO_DATA = "no data"  # what every output shows instead of a change against an empty or partial window
-# one side of the figure is unknown (a GPU model without a price; no job's GPU count known), or a
-# lower bound (some job's GPU count unknown: the difference of two lower bounds bounds nothing)
+# a side is unknown or a lower bound (some job's GPU count unknown: a difference of lower bounds bounds nothing)
 UNKNOWN = "unknown"
 ZERO_BASE = "zero base"  # the previous value is 0: a percent change against nothing is not a number
-ZERO = 1e-6  # |previous| below this (GPU-hours, $, %) is a zero base: float dust, not a base
+ZERO = 1e-6  # |previous| below this (GPU-hours, $, %) is float dust: a zero base
 
 
 def no_comparison_reason(previous: Totals, previous_start: datetime, history_start: datetime | None) -> str | None:
-    """Why the previous window cannot be compared against, or None when it can.
+    """Why the previous window cannot be compared against, or None when it can (naive UTC times).
 
-    The rule, the same for the dashboard, the report and the CLI:
-    - empty: the previous window has no GPU-seconds with samples (previous.data_gpu_h == 0). Its
-      allocated hours alone (scheduler accounting) are not a base either: without samples nothing
-      says the collector watched that window.
-    - partial: the store's history (its first GPU sighting, within the cluster/model filters)
-      starts after the previous window's start, so part of that window predates the store and
-      every figure of it undercounts.
-    Gaps inside a window the history fully spans are not "partial": they are no_data_gpu_h,
-    shown as a figure of their own. `previous_start` and `history_start` are naive UTC.
+    - empty: no GPU samples (data_gpu_h == 0); allocated hours alone do not say the collector watched.
+    - partial: the store's first GPU sighting (within the cluster/model filters) is after the previous
+      window's start, so its figures undercount. Gaps inside the history are no_data_gpu_h, not "partial".
     """
     if previous.data_gpu_h <= 0:
         return "empty: no GPU samples in the previous window"
@@ -70,9 +62,8 @@ def _sign(x: float) -> int:
 
 
 def price_mix_reason(cost: tuple[float, float], gpu_h: tuple[float, float]) -> str | None:
-    """Why a cost moved against its GPU-hours - (current, previous) of each: the mean price per
-    GPU-hour moved, so the hours shifted between GPU models of different prices (or the prices
-    changed) - or None when they moved the same way."""
+    """Why a cost moved against its GPU-hours ((current, previous) of each): the mean price per GPU-hour
+    moved. None when they moved the same way."""
     dc, dh = cost[0] - cost[1], gpu_h[0] - gpu_h[1]
     if _sign(dc) == 0 or _sign(dc) == _sign(dh):
         return None
@@ -90,16 +81,9 @@ def unknown_jobs_reason(current: int, previous: int) -> str:
 
 
 def compare(current: Totals, previous: Totals, no_comparison: str | None = None) -> pl.DataFrame:
-    """figure, label, current, previous, change, change_pct, why a change is null, and `reason`:
-    why a money figure moved against its GPU-hours (price_mix_reason), or that allocated leaves
-    out jobs of unknown GPU count (unknown_jobs_reason); else null.
-
-    `no_comparison`: no_comparison_reason() for `previous`; when set, no figure has a change
-    (change_missing "no data"). change_missing "unknown": either side is unknown, or a lower bound
-    (current_unknown_jobs, previous_unknown_jobs: the jobs of unknown GPU count a PARTIAL figure
-    leaves out); change_pct_missing "zero base": the previous value is 0, so the percent change is
-    not a number.
-    """
+    """figure, label, current, previous, change, change_pct, why either is null (change_missing: NO_DATA
+    when `no_comparison` is set, else UNKNOWN; change_pct_missing: ZERO_BASE), the PARTIAL figures'
+    unknown jobs, and `reason` (price_mix_reason or unknown_jobs_reason)."""
     cur, prev = asdict(current), asdict(previous)
     rows = []
     for key, label in HEADLINES:
@@ -143,13 +127,12 @@ class Baseline:
 
 
 def people_rows(cmp) -> list[dict[str, str]]:
-    """The comparison (compare's rows: a frame, or its rows as dicts) as people read it, the same on
-    the pages and in the CLI: each figure in its own unit, and where there is no previous figure or
-    change, why (never a 0 beside "no data")."""
+    """compare's rows (a frame or dicts) as the pages and the CLI show them: each figure in its unit, and
+    why where a figure or change is missing (never a 0 beside "no data")."""
     out = []
     for r in (cmp.iter_rows(named=True) if isinstance(cmp, pl.DataFrame) else cmp):
         k, why = r["figure"], r["change_missing"]
-        if k in PARTIAL:  # "at least" where jobs of unknown GPU count are left out
+        if k in PARTIAL:  # "at least" where jobs are left out
             now, before = words.known_gpu_h(r["current"], r["current_unknown_jobs"]), words.known_gpu_h(r["previous"], r["previous_unknown_jobs"])
         else:
             now, before = words.figure(k, r["current"]), words.figure(k, r["previous"])

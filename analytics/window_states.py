@@ -1,61 +1,38 @@
 """Where a whole window's GPU time went, per job, per team and for the fleet, from the store's facts.
 
-`states.job_breakdown` splits one job's time from its raw samples; a week of 16,384 GPUs cannot be
-read that way, so this module splits every job's time with data from the window's fact parts
-(core.Analysis' FactWindow: no second reader, no raw sample beyond the window's cut edges) by
-rules the facts decide exactly at their grain. The parts are the coarsest the window tiles with
-(a day, an hour, 5 minutes; 5-minute cuts at the window's edges), so "at their grain" means: a
-part's time-weighted sums, and the idle runs the facts keep (the runs touching a part's edges,
-chained across parts as the idle figure chains them, and the runs inside a part that reach
+`states.job_breakdown` splits one job's time from its raw samples; this module splits every job's
+time with data from the window's fact parts (core.Analysis' FactWindow) by rules the facts decide
+exactly at their grain: a part's time-weighted sums and the idle runs the facts keep (runs touching
+a part's edges, chained across parts as the idle figure chains them, and runs inside a part reaching
 idle_min_duration). Each GPU's time with data in a job's allocation goes to exactly one state, in
 this order (thresholds: the analysis' and `[analytics.states]`, as states.py has them):
 
-  startup             the GPU's low run (utilization below idle_threshold) that starts at the
-                      first part of a hold (an allocation of the analysis: each run of a requeued
-                      job on the GPU is one), when that part begins after the read's start (the
-                      hold's start is seen), and ends before that hold's last part's end: from
-                      the run's start to its first busy sample. A GPU never busy has no startup
-                      (its time is idle, as in states.py). Where one run ends as the next begins
-                      on the same GPU, a low run across the two is one chain (as the idle figure
-                      chains it): the second run has no startup of its own then.
-  idle                the other low runs of at least idle_min_duration (the waste figure's rule,
-                      contract 4b; chained across parts, judged by their whole length).
-  no_process          a part's time with no compute process less its startup and idle time
-                      (0 at least): exact where a part's no-process time lies in its low runs
-                      (the usual: a GPU without a process is at 0 %) or where a part has no low run.
-  input_bound         the rest of a part (busy time) whose mean SM active is below
-                      `input_sm_active_max` while its mean PCIe RX is at least `input_pcie_rx_min_bytes_per_s`
+  startup             the low run (below idle_threshold) starting at the first part of a hold (an
+                      allocation: each run of a requeued job is one) when the hold's start is seen and
+                      ending before its last part's end: to the first busy sample. A GPU never busy
+                      has none (idle, as states.py); where a hold ends as the next begins, the second
+                      has none of its own (the low run across both is one chain).
+  idle                the other low runs of at least idle_min_duration (contract 4b; chained across
+                      parts, judged by their whole length).
+  no_process          a part's time with no compute process less its startup and idle time (0 at
+                      least): exact where that time lies in its low runs or the part has none.
+  input_bound         the rest of a part whose mean SM active is below `input_sm_active_max` while
+                      its mean PCIe RX is at least `input_pcie_rx_min_bytes_per_s`
   communication_bound (jobs of several GPUs) the rest of a part whose mean NVLink RX + TX is at least
                       `communication_nvlink_min_bytes_per_s` while its tensor and SM active means
                       are below `communication_tensor_max` and `communication_sm_active_max`
   compute             the rest of a part whose fields tell neither
   busy_unresolved     the rest of a part that lacks a field the two rules above read
 
-They sum to the job's time with data exactly. A state whose fields none of a job's busy parts has
-is None (unknown, never 0); where some have them, the figure is what those tell and `unknown` names
-the fields the others lack. No process is None for the whole window when no sample of it carries a
-compute-process count (dcgm-exporter publishes none). What the facts cannot tell at their grain is
-None with the reason (NOT_AT_GRAIN: "unknown at this grain: open the job"): checkpoint stalls and
-pauses (low dips shorter than idle_min_duration inside a part leave no trace in its sums: they
-stay in the busy states), and stragglers (they need each GPU's utilization over its busy time,
-which a part's utilization, dips included, does not give).
+They sum to the job's time with data exactly. A state none of a job's busy parts has the fields for is
+None (unknown, never 0); where some have them, `unknown` names the fields the others lack. No process
+is None for the window when no sample carries a compute-process count (dcgm-exporter has none).
+Checkpoint stalls, pauses and stragglers are NOT_AT_GRAIN: a part's sums hide dips shorter than
+idle_min_duration and each GPU's utilization over its busy time, so they stay in the busy states.
 
-Against the per-job breakdown (states.job_breakdown on the same job and window; tests and the
-bench's jobs): startup ends at the first busy sample, not the first `startup_busy_seconds` busy
-stretch (a model load with a busy blip ends sooner here); checkpoint dips, pauses and the
-straggler's share are in compute (or input-/communication-bound); input- and
-communication-bound are judged on a part's means, low time included, so a job that alternates
-within a part is whichever its mean says (all or nothing per part: a day part for whole days of a
-week's window, so a job whose pattern changes within a day differs most); no process is the
-part's no-process time outside its low runs where the per-job rule takes it first. Idle is the
-same runs in both. On bench/states.py's day (jobs of 16 and 64 GPUs: a 10-minute startup, 90 s
-checkpoints every 30 min, one GPU of 8 at 76 % against 95 %) each job's own breakdown has startup
-0.7 %, checkpoint 4.9 %, straggler 2.4 %, compute 92.0 %; the window's startup 0.7 % (the same),
-compute 99.3 % (its checkpoint dips and straggler shortfall inside). The hand-computed window of
-tests/test_window_states.py (a model load, a long idle stretch, compute) is the same by both.
-
-Cost: one query over the window's held parts (the idle pieces chained in one window-function
-pass), then polars over a row per job and GPU model: GPUs x buckets, not samples.
+Against states.job_breakdown (tests/test_window_states.py has a window both agree on): startup ends
+at the first busy sample, not the first `startup_busy_seconds` stretch; input- and communication-bound
+are judged on a part's means, all or nothing per part; no process is the time outside low runs (there it goes first).
 """
 
 from __future__ import annotations
@@ -69,7 +46,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.states import FIXES, LOSSES, Thresholds
 
-# the states the facts tell (in rule order) and those they do not at their grain
+# the states the facts tell (in rule order); NOT_AT_GRAIN those they do not
 STATES = ("startup", "idle", "no_process", "input_bound", "communication_bound", "compute", "busy_unresolved")
 NOT_AT_GRAIN = {"checkpoint": "unknown at this grain: open the job", "pause": "unknown at this grain: open the job",
                 "straggler": "unknown at this grain: open the job"}
@@ -83,10 +60,8 @@ _MISSING = {"sm_missing": "DCGM_FI_PROF_SM_ACTIVE", "rx_missing": "DCGM_FI_PROF_
 
 @dataclass
 class WindowStates:
-    """A window's states in GPU-hours: per job (`jobs`: its states, the largest loss and its
-    share, the fields that would tell what is unresolved), per team (`teams`: cluster and account,
-    its time with data and that time's cost, each state's GPU-hours and cost) and the fleet
-    (`fleet`: one row of the same). None: unknown."""
+    """A window's states in GPU-hours (None: unknown): per job (with its largest loss and unknown_fields),
+    per team (cluster, account; each state's GPU-hours and cost) and the fleet (one row as a team's)."""
 
     jobs: pl.DataFrame
     teams: pl.DataFrame
@@ -94,8 +69,7 @@ class WindowStates:
     not_at_grain: dict[str, str] = field(default_factory=lambda: dict(NOT_AT_GRAIN))
 
     def team_causes(self, n: int = 3) -> pl.DataFrame:
-        """Each team's `n` largest losses (WINDOW_LOSSES with time): cluster, account, rank, state,
-        gpu_h, share_pct (of its time with data), cost (None: a model without a price) and the fix."""
+        """Each team's `n` largest losses (WINDOW_LOSSES): rank, state, gpu_h, share_pct of its data time, cost, fix."""
         rows = []
         for r in self.teams.iter_rows(named=True):
             losses = sorted(((r[f"{s}_gpu_h"], s) for s in WINDOW_LOSSES if r[f"{s}_gpu_h"]), reverse=True)[:n]
@@ -106,16 +80,14 @@ class WindowStates:
                                           "share_pct": pl.Float64, "cost": pl.Float64, "fix": pl.String})
 
     def with_largest_loss(self, jobs: pl.DataFrame) -> pl.DataFrame:
-        """`jobs` (rows keyed by cluster, scheduler, job_key: the job list) with `largest_loss`, its
-        state and share in words ("idle 25.0 %"; None: no loss with time, or no time with data)."""
+        """`jobs` (keyed by JOB_KEYS) with `largest_loss` in words ("idle 25.0 %"; None: no loss or no data)."""
         named = self.jobs.filter(pl.col("largest_loss").is_not_null())
         label = named.select(*JOB_KEYS, pl.Series("largest_loss", [f"{words.state(s)} {words.pct(x)}" for s, x in
                                                                   zip(named["largest_loss"], named["largest_loss_share_pct"])], pl.String))
         return jobs.drop("largest_loss", strict=False).join(label, on=JOB_KEYS, how="left", nulls_equal=True, maintain_order="left")
 
     def team_shares(self) -> pl.DataFrame:
-        """Each team's states with time, long: cluster, account, state (in words), gpu_h and
-        share_pct of its time with data (the Teams page's stacked bar)."""
+        """Each team's states with time, long, share_pct of its data time (the Teams page's stacked bar)."""
         rows = [{"cluster": r["cluster"], "account": r["account"], "state": words.state(s), "gpu_h": r[f"{s}_gpu_h"],
                  "share_pct": 100 * r[f"{s}_gpu_h"] / r["data_gpu_h"]}
                 for r in self.teams.iter_rows(named=True) for s in STATES if r[f"{s}_gpu_h"] and r["data_gpu_h"]]
@@ -133,11 +105,10 @@ class WindowStates:
 
 
 def window_states(a: Any, t: Thresholds) -> WindowStates:
-    """The window's states of the analysis `a` (core.Analysis from facts; its filters apply) under
-    thresholds `t` (states.thresholds)."""
+    """The window's states of core.Analysis `a` (its filters apply) under thresholds `t` (states.thresholds)."""
     if getattr(a, "fw", None) is None:
         raise ValueError("the window's states are read from its facts: expected a core.Analysis of the window's parts, got one without (the tests' raw path)")
-    a.fw.linked()  # (wheld and wlinked: the window's held parts and their idle pieces chained, as the stretches read them)
+    a.fw.linked()  # wheld, wlinked: held parts and their idle pieces chained
     query = sql.WINDOW_STATE_JOBS
     rows = a.q(query, input_sm_active_max=t.input_sm_active_max, input_pcie_rx_min=t.input_pcie_rx_min_bytes_per_s,
                comm_nvlink_min=t.communication_nvlink_min_bytes_per_s, comm_tensor_max=t.communication_tensor_max,
@@ -149,9 +120,7 @@ def window_states(a: Any, t: Thresholds) -> WindowStates:
 
 def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> WindowStates:
     """WINDOW_STATE_JOBS' rows (per job and model, seconds, in the jobs' order) as jobs, teams and the fleet."""
-    # a job's rows are consecutive: numbered by job (_job) where its key changes, so the jobs are
-    # grouped and looked up by one number, already in order (grouping and sorting on the three key
-    # strings took 2 s of a 16,384-GPU week)
+    # a job's rows are consecutive: numbered (_job) where its key changes, to group on one number, not three strings
     starts = pl.any_horizontal([pl.col(c) != pl.col(c).shift(1) for c in JOB_KEYS]).fill_null(True)
     rows = rows.join(prices, on="model", how="left", maintain_order="left").with_columns(_job=starts.cum_sum())
     hours = [(pl.col(f"{s}_s") / 3600).alias(f"{s}_gpu_h") for s in STATES]
@@ -179,9 +148,8 @@ def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> Wi
 
 
 def _sums(by_model: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Each state's GPU-hours (None where all of the group's jobs have it unknown) and cost (None:
-    a model with time in it has no price) over `keys`; data_cost: the time with data at its GPUs'
-    prices (None: a model with data has no price) - the goodput waterfall's team prices."""
+    """Each state's GPU-hours (None where every job's is unknown) and cost over `keys`, and data_cost (the
+    goodput waterfall's team prices); a cost is None where a model with time in it has no price."""
     unpriced_data = ((pl.col("data_s") > 0) & pl.col("usd_per_gpu_hour").is_null()).any()
     aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h"),
             pl.when(unpriced_data).then(None).otherwise((pl.col("data_s") / 3600 * pl.col("usd_per_gpu_hour")).sum()).alias("data_cost")]

@@ -1,65 +1,46 @@
 """Facts: the store's one derived tier (DESIGN.md contract 3) - exact, composable parts of buckets.
 
-A fact row is one *part* of one GPU's (or MIG instance's) bucket: a stretch [p0, p1) of the bucket
-held by one allocation (scheduler, job_key), or by none (job_key NULL). A bucket is cut at every
-allocation edge inside it; a stretch two allocations hold at once (a shared GPU) is one row per
-holder, and exactly one row of each stretch is its `lead` (its first holder, or the unheld row),
-so GPU figures sum the lead rows and job figures every held row. Columns (seconds are plain
-seconds, not yet times the MIG share, which readers take from model and mig_profile; *_us are microseconds):
+A part is a stretch [p0, p1) of one GPU's (or MIG instance's) bucket held by one allocation (scheduler, job_key) or by
+none (job_key NULL); buckets are cut at every allocation edge. A stretch several allocations hold is one row per holder,
+exactly one of them its `lead` (the first holder, or the unheld row): GPU figures sum lead rows, job figures held rows.
+Seconds are not yet times the MIG share (readers take it from model and mig_profile); *_us are microseconds; NULL: never
+known. Columns:
 
-  covered_s, data_s, busy_s, nop_s   time covered by a sample interval; with a utilization; that
-                                      time x utilization / 100; with no compute process
-  first_ts, last_ts                  the first and last sample interval's start in the part
-  energy_j, fb_max_mib, temp_max_c   power x seconds where known; memory and temperature high-waters
-  idle_head_us, idle_tail_us         the idle run touching the part's start / end (its length in it)
-  idle_whole                         the whole part is one idle run (head = tail = p1 - p0)
-  idle_inner_us                      idle runs touching neither edge, each at least idle_min long
-  nop_head_us, nop_tail_us, nop_whole, nop_inner_us: the same for "held with no compute process"
-  <field>_known_s, <field>_s         per profiling field (PROFILING: tensor, SM, DRAM, FP64/32/16
-                                      activity and SM occupancy, ratios; PCIe and NVLink RX/TX,
-                                      bytes/s): the seconds it is known, and value x seconds over
-                                      them (NULL: never known), so a mean composes exactly
-  clocked_s, tensor_clock_s, tensor_clocked_s: MFU's estimate inputs (analytics.mfu): the seconds
-                                      with tensor activity and an SM clock known, tensor x clock
-                                      (MHz) x seconds and tensor x seconds over them
-  samples_n                          the samples whose time lies in the part (each counted once)
-  xid_n, xid_codes                   of them, those showing an XID (NULL: the field never reported),
-                                      and per code its first and last sample time and count (NULL:
-                                      none): a window's last XID is the code of the latest last time
-  ecc_sbe_first/_last, ecc_dbe_first/_last: the first and last value of the volatile ECC counters
-                                      in the part (NULL: none reported); a window's new errors are
-                                      its latest part's last minus its earliest part's first, as
-                                      gpufleet.analytics.health has them (a sum of per-part rises
-                                      would lose the rises between parts)
-  reasons_known_s, reasons_known_n   seconds and samples with clock-event reasons known; per reason
-  <reason>_s, <reason>_n             (THROTTLE_REASONS) the seconds and samples with its bits set
-                                      (NULL: no reasons known)
-  Health (of the samples whose time lies in the part, as gpufleet.analytics.health has them):
-  first_sample_ts, last_sample_ts    the first and last such sample's time (NULL: none)
-  temp_n, temp_sum                   samples with a GPU temperature, and their sum (a mean composes)
-  sample_temp_max_c, mem_temp_max_c, power_max_w: their high-waters (NULL: none known)
-  lost_n, lost_ts                    samples with gpufleet_gpu_up = 0, and the first one's time
-  remap_failure_n, remap_failure_ts  samples with a row-remap failure, and the first one's time
-  ecc_dbe_agg_max, remap_correctable_max, remap_uncorrectable_max, remap_failure_max: lifetime
-                                      counters' largest value (NULL: none reported)
-  <counter>_first/_last              (COUNTERS: ECC volatile, uncorrectable remapped rows, PCIe
-                                      replays, violation ns) the first and last value (NULL: none)
-  <counter>_min/_max/_n/_first_ts    (EVENT_COUNTERS) least and largest value, samples reporting
-                                      it, the first one's time: where a window's first value is
-                                      passed, an event (gpufleet.analytics.health.events)
+  covered_s, data_s, busy_s, nop_s  seconds covered by a sample interval; of them with a utilization; those x utilization / 100;
+                                    with no compute process
+  first_ts, last_ts                 the first and last sample interval's start in the part
+  energy_j, fb_max_mib, temp_max_c  power x seconds where known; memory and temperature high-waters
+  idle_head_us, idle_tail_us        the idle run touching the part's start / end (its length in the part)
+  idle_whole, idle_inner_us         one idle run is the whole part (head = tail = p1 - p0); runs touching neither edge, each
+                                    at least idle_min long; nop_*: the same for "held with no compute process"
+  <field>_known_s, <field>_s        per PROFILING field, the seconds it is known and value x seconds over them (a mean composes)
+  clocked_s, tensor_clock_s, tensor_clocked_s  MFU's inputs (analytics.mfu): seconds with tensor activity and SM clock known,
+                                    tensor x clock (MHz) x seconds and tensor x seconds over them
+  samples_n, xid_n                  samples whose time lies in the part (each counted once); of them, those showing an XID
+  xid_codes                         per XID code its first and last sample time and count (NULL: none): a window's last XID
+                                    is the code of the latest last time
+  reasons_known_s, reasons_known_n  seconds and samples with clock-event reasons known; <reason>_s, <reason>_n per
+                                    THROTTLE_REASONS: the seconds and samples with its bits set
+  Health, of the samples whose time lies in the part (as gpufleet.analytics.health reads them):
+  first_sample_ts, last_sample_ts   the first and last one's time
+  temp_n, temp_sum                  samples with a GPU temperature, and their sum; sample_temp_max_c, mem_temp_max_c,
+                                    power_max_w: high-waters
+  lost_n, lost_ts                   samples with gpufleet_gpu_up = 0, and the first one's time
+  remap_failure_n, remap_failure_ts samples with a row-remap failure, and the first one's time; LIFETIME_MAXES: largest values
+  <counter>_first/_last             per COUNTERS, the first and last value (a window's new ECC errors: its latest part's last
+                                    minus its earliest part's first; per-part rises would miss those between parts)
+  <counter>_min/_max/_n/_first_ts   per EVENT_COUNTERS, least and largest value, samples reporting it, the first one's time
+                                    (a rise above a window's first value is an event: gpufleet.analytics.health.events)
 
-Sample intervals follow contract 4 (tests/support/gputime.py is the oracle): a sample holds until
-the next sample of its GPU, at most max_gap. A part's facts depend on its own samples and the last
-one before it, never on a neighbour's facts: joining adjacent parts is associative (`join_parts`),
-and runs that cross parts are resolved when a window is summed (one window-function
-pass, gpufleet.analytics.facts). Three grains: 5 minutes (built from samples), 1 hour and 1 day (each built from the finer
-grain by join_parts, never from samples). The parameters baked in (max_gap, idle threshold,
-idle_min_duration) are recorded with every file (FactParams.tag).
+Sample intervals follow contract 4 (oracle: tests/support/gputime.py): a sample holds until its GPU's next, at most
+max_gap. A part depends on its own samples and the one before them, never on a neighbour's facts, so joining adjacent
+parts is associative (join_parts) and runs crossing parts are resolved when a window is summed (gpufleet.analytics.facts).
+Grains: 5 minutes from samples; 1 hour and 1 day from the finer grain by join_parts, never from samples. Every file
+records the parameters baked in (FactParams.tag).
 
-Layout: an hour's 5-minute facts in facts/5m/date=D/hour-HH-<inputs>.parquet, a closed day's hour
-and day facts in facts/day/date=D-<inputs>.parquet; the manifest lists them ("facts"), each with
-the digest of what it was built from (sample files and allocation edges; for a day, its hours'
-files), so an upkeep pass rebuilds exactly the buckets whose inputs changed and their parents
+Layout: an hour's 5-minute facts in facts/5m/date=D/hour-HH-<inputs>.parquet, a closed day's hour and day facts in
+facts/day/date=D-<inputs>.parquet; the manifest ("facts") lists each with the digest of its inputs (sample files and
+allocation edges; a day's: its hours' files), so upkeep rebuilds exactly the changed buckets and their parents
 (gpufleet.collector.maintenance.build_facts).
 """
 
@@ -80,10 +61,9 @@ from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATI
 from gpufleet.collector.intervals import distinct, intervals, positions_within, segments, split
 from gpufleet.collector.reading import query_rows
 
-FORMAT_VERSION = 5  # 2: profiling sums, MFU's clock sums, XIDs, ECC counters, throttle reasons; 3: SM occupancy, PCIe, NVLink and the health columns; 4: the run marks (Fleet now); 5: each XID code's last time (Fleet now's last XID)
-# an open hour's file of its settled 5-minute buckets (maintenance._open_hour_tasks): FORMAT_VERSION's
-# parts, marked apart so that a reader of before them (which would take the file for its whole hour)
-# does not list it
+FORMAT_VERSION = 5  # bump with any change to the parts: readers skip files of another format, upkeep rebuilds them
+# an open hour's file of its settled 5-minute buckets (maintenance._open_hour_tasks), marked apart so that a reader from
+# before such files, which would take it for the whole hour, does not list it
 OPEN_FORMAT = f"{FORMAT_VERSION}+open"
 GRAIN_5M, GRAIN_1H, GRAIN_1D = 300, 3600, 86400
 HOUR_US = 3_600_000_000
@@ -92,8 +72,7 @@ DAY_US = 24 * HOUR_US
 
 @dataclass(frozen=True)
 class FactParams:
-    """What facts bake in; defaults as gpufleet.analytics.params' (max_gap 30 s, idle threshold 5 %,
-    idle_min_duration 30 min)."""
+    """What facts bake in (recorded with every file: tag); defaults as gpufleet.analytics.params'."""
 
     max_gap_s: float = 30.0
     idle_threshold: float = 5.0
@@ -128,8 +107,7 @@ PROFILING = ("tensor_active", "sm_active", "dram_active", "fp64_active", "fp32_a
 # Clock-event reason columns and their DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits (schema's)
 THROTTLE_REASONS = {"thermal_throttle": THERMAL_BITS, "power_throttle": POWER_BITS, "hw_slowdown": HW_SLOWDOWN_BITS}
 ECC_COUNTERS = ("ecc_sbe", "ecc_dbe")  # the volatile counters (gpu_samples' ecc_sbe_vol, ecc_dbe_vol)
-# Counters whose first and last value a window's figures take (SAMPLES' names), and of them those
-# whose rise above a window's first value is a health event
+# Counters whose first and last value a window takes (SAMPLES' names); EVENT_COUNTERS: those whose rise is a health event
 COUNTERS = (*ECC_COUNTERS, "remap_unc", "pcie_replay", "thermal_viol", "power_viol")
 EVENT_COUNTERS = (*ECC_COUNTERS, "remap_unc")
 # Lifetime counters whose largest value a window reports: fact column -> SAMPLES' name
@@ -144,13 +122,11 @@ _MAXES = ("fb_max_mib", "temp_max_c", "sample_temp_max_c", "mem_temp_max_c", "po
 # integer columns joined by their least / largest value (NULL: none in any part)
 _INT_MINS = ("first_sample_ts", "lost_ts", "remap_failure_ts", *(f"{c}_min" for c in EVENT_COUNTERS), *(f"{c}_first_ts" for c in EVENT_COUNTERS))
 _INT_MAXES = ("last_sample_ts", *LIFETIME_MAXES, *(f"{c}_max" for c in EVENT_COUNTERS))
-# Fleet now's run marks (sample times, epoch us; NULL: none), of the samples whose time lies in the
-# part (gpufleet.analytics.fleet_now composes them as it does the raw samples' hours): per kind,
-# "idle" (busy: utilization >= the idle threshold, idle: below it) and "noproc" (busy: some compute
-# process, idle: none; processes rounded to a count), the last busy sample, the first idle one after
-# it (NULL: none after it, or no busy one), the first idle one, and the first idle one from the last
-# sample that follows a gap longer than max_gap on (no such sample: the first idle one); and that
-# last sample after a gap (a GPU's first sample, or one more than max_gap after the one before it)
+# Fleet now's run marks of the samples whose time lies in the part (sample times, epoch us; NULL: none;
+# gpufleet.analytics.fleet_now composes them). Per kind - "idle" (idle: utilization below the idle threshold), "noproc"
+# (idle: no compute process) - the last busy sample, the first idle one after it, the first idle one, and the first idle
+# one from the last sample after a gap on (none: the first idle one); last_gap_ts: that sample (a GPU's first, or one
+# more than max_gap after the one before it)
 RUN_KINDS = {"idle": ("last_busy_ts", "idle_after_busy_ts", "first_idle_ts", "idle_in_stretch_ts"),
              "noproc": ("last_proc_ts", "noproc_after_proc_ts", "first_noproc_ts", "noproc_in_stretch_ts")}
 RUN_MARKS = (*(c for cs in RUN_KINDS.values() for c in cs), "last_gap_ts")
@@ -180,9 +156,8 @@ SCHEMA = pa.schema([
     *((c, pa.int64()) for c in RUN_MARKS),
 ])
 
-# The samples parts are built from: every GPU's in time order, over [$lo - max_gap, $hi) (epoch us).
-# {source}: gpu_samples (a reader's view) or read_parquet of an hour's files (upkeep). Unknown is
-# NaN for measures, -1 for codes and counters (never negative).
+# The samples parts are built from, each GPU's in time order over [$lo - max_gap, $hi) (epoch us); {source}: gpu_samples
+# (a reader's view) or an hour's files (upkeep). Unknown: NaN for measures, -1 for codes and counters (never negative).
 SAMPLES = f"""
 SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1)::SMALLINT AS gi, gpu, model, mig_profile, epoch_us(ts) AS ts,
        {LINE_COLUMNS.format(s="")}, coalesce(round(compute_processes)::DOUBLE, 'NaN'::DOUBLE) AS procs,
@@ -202,13 +177,10 @@ ORDER BY cluster, host, gpu_uuid, gi, ts
 """
 
 def only_gpus(uuid: str = "gpu_uuid", host: str = "host") -> str:
-    """Only the GPUs $gpus names (by uuid; NULL: all), and those without a uuid: the reads of
-    some GPUs' samples, holds and parts (analytics.facts.FactWindow's `gpus`). A semi-join on the
-    list: list_contains scans it for every row (3.2 s rather than 0.15 s for the 27,000 GPUs whose
-    health moved in a 100,000-GPU week). And only on the hosts $hosts names (sorted; NULL: all),
-    $host_lo and $host_hi their first and last (gpu_binds): constants DuckDB skips row groups and
-    files by, as compaction sorts them by host - a uuid list alone skips nothing (a job's run
-    edges read an hour of every GPU's samples for its own: 0.3 s, with its hosts' range 0.03 s)."""
+    """SQL condition: only the GPUs $gpus names (by uuid; NULL: all) and those without a uuid, on the hosts $hosts names
+    (sorted; NULL: all): reads of some GPUs' samples, holds and parts (analytics.facts.FactWindow's `gpus`). A semi-join
+    (list_contains would scan the list per row); $host_lo, $host_hi (gpu_binds): constants DuckDB skips row groups and
+    files by, as compaction sorts by host - a uuid list alone skips nothing."""
     return (f"($gpus IS NULL OR {uuid} IS NULL OR {uuid} IN (SELECT unnest($gpus)))"
             f" AND ($hosts IS NULL OR ({host} >= $host_lo AND {host} <= $host_hi AND {host} IN (SELECT unnest($hosts))))")
 
@@ -218,9 +190,8 @@ def gpu_binds(gpus: list[str] | None, hosts: list[str] | None) -> dict[str, Any]
     return {"gpus": gpus, "hosts": hosts, "host_lo": hosts[0] if hosts else None, "host_hi": hosts[-1] if hosts else None}
 
 
-# Who held each GPU when: every allocation overlapping [$lo, $hi) with its whole extent (epoch us),
-# by the accounting's start and end where known (the analytics' al, unclipped); only those of the
-# GPUs $gpus names (by uuid; NULL: all), and of none.
+# Who held each GPU when: every allocation overlapping [$lo, $hi) with its whole extent (epoch us), by the accounting's
+# start and end where known (the analytics' al, unclipped); only those of only_gpus' GPUs.
 HOLDS = f"""
 SELECT a.cluster, a.host, a.gpu_uuid, a.gpu_instance AS gi, a.scheduler, a.job_key,
        epoch_us({ALLOCATION_START}) AS a0, epoch_us({ALLOCATION_END}) AS a1
@@ -261,13 +232,10 @@ def samples_query(source: str, where: str = "") -> str:
 
 def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: FactParams, grain_s: int = GRAIN_5M,
                 cuts_us: Sequence[int] = ()) -> pa.Table:
-    """The 5-minute parts of [lo_us, hi_us) (at most a few hours; edges need not be on the grid: a
-    window edge's minutes) from `samples` (SAMPLES' rows over [lo_us - max_gap, hi_us)) and `hold`
-    (HOLDS' rows): each sample interval clipped to the range, cut at the bucket edges and at every
-    allocation edge, summed per stretch, then one row per holder of the stretch. `cuts_us`: more
-    times where every GPU's stretches are cut (a timeline's bucket edges off the grid): the parts
-    of each stretch between them are those a call for that stretch alone gives (a sample's piece
-    is counted where its time lies, its gap measured to the sample before it, read either way)."""
+    """The 5-minute parts of [lo_us, hi_us) (a few hours at most; edges may be off the grid) from `samples` (SAMPLES' rows
+    over [lo_us - max_gap, hi_us)) and `hold` (HOLDS' rows): sample intervals clipped to the range, cut at bucket and
+    allocation edges, summed per stretch, one row per holder. `cuts_us`: more cuts for every GPU (a timeline's off-grid
+    bucket edges); the parts between them equal a call's for that stretch alone (a sample counts where its time lies)."""
     if not samples.num_rows:
         return empty_table(SCHEMA)
     key = pa.table({c: samples[c] for c in _GPU})
@@ -280,7 +248,7 @@ def build_parts(samples: pa.Table, hold: pa.Table, lo_us: int, hi_us: int, p: Fa
     bucket_us = grain_s * 1_000_000
     i, k, p0, p1 = split(ts, t1, lo_us, hi_us, bucket_us)
     # the GPUs' allocation edges inside the range: where stretches end inside a bucket
-    if hold.num_rows:  # (from each GPU's first row: a dict over every sample was a quarter of an upkeep hour's CPU)
+    if hold.num_rows:  # (each GPU's key from its first row only: a dict over every sample costs CPU)
         first = pa.array(np.flatnonzero(np.diff(gk, prepend=-1)))
         names = {tuple(r): n for n, r in zip(gk[first.to_numpy()].tolist(), zip(*(key[c].take(first).to_pylist() for c in _GPU)))}
     else:
@@ -390,9 +358,8 @@ def _profiling_and_health(samples: pa.Table, i: np.ndarray, own: np.ndarray, sec
 
 def _run_marks(gk: np.ndarray, ts: np.ndarray, util: np.ndarray, procs: np.ndarray, i: np.ndarray, own: np.ndarray,
                grp: np.ndarray, starts: np.ndarray, p: FactParams) -> dict[str, pa.Array]:
-    """RUN_MARKS of the stretches (pieces of samples i grouped by grp from `starts`; `own`: the
-    piece a sample's time starts, so each sample counts once). gk, ts: every sample read (those
-    before the range too, so a sample's gap is to the one before it)."""
+    """RUN_MARKS of the stretches (arguments as _profiling_and_health's); gk, ts: every sample read, those before the
+    range too (a sample's gap is to the one before it)."""
     gap = np.ones(len(ts), dtype=bool)
     gap[1:] = (gk[1:] != gk[:-1]) | (ts[1:] - ts[:-1] > p.gap_us)
     t = ts[i]
@@ -424,7 +391,7 @@ def _masked(x: np.ndarray, none: int) -> pa.Array:
 
 
 def _int_extreme(f: np.ufunc, v: np.ndarray, known: np.ndarray, starts: np.ndarray) -> pa.Array:
-    """Per stretch (from `starts`), the least (f np.minimum) or largest (np.maximum) of v where known (NULL: none)."""
+    """_extreme, NULL where none is known."""
     return _masked(_extreme(f, v, known, starts), _MOST if f is np.minimum else _LEAST)
 
 
@@ -456,9 +423,8 @@ def _gpu_numbers(key: pa.Table) -> np.ndarray:
 
 def _edge_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, hit: np.ndarray, s0: np.ndarray, s1: np.ndarray,
                min_us: int) -> dict[str, pa.Array]:
-    """Per stretch (grp: its pieces [p0, p1) in order; [s0, s1) its extent): the hit run touching its
-    start, the one touching its end, whether one run is all of it, and the runs touching neither
-    edge at least min_us long (their total)."""
+    """Per stretch (grp: its pieces [p0, p1) in order; [s0, s1) its extent), the `hit` runs as the idle_* columns have
+    them (module doc; inner runs of at least min_us)."""
     n = len(hit)
     linked = np.zeros(n, dtype=bool)
     if n > 1:
@@ -482,12 +448,11 @@ def _with_holders(stretch: pa.Table, g: np.ndarray, hg: np.ndarray, ha0: np.ndar
         lo = np.searchsorted(hg_s, g, side="left")
         n = np.searchsorted(hg_s, g, side="right") - lo
         # every (stretch, hold of its GPU) pair, stretches in order and each one's holds by start
-        # (a Python loop over the pairs was ~70 ms an hour of 1,024 GPUs' upkeep)
         r = np.repeat(np.arange(len(g)), n)
         q = lo[r] + positions_within(n)
         meets = (ha0_s[q] < s1[r]) & (ha1_s[q] > s0[r])
         rows_a, who_a = r[meets], order[q[meets]]
-    unheld_mask = np.ones(stretch.num_rows, dtype=bool)  # (np.setdiff1d: np.unique's hashing, ~10 ms an hour of 1,024 GPUs)
+    unheld_mask = np.ones(stretch.num_rows, dtype=bool)  # (a mask, not np.setdiff1d: its np.unique hashing costs)
     unheld_mask[rows_a] = False
     unheld = np.flatnonzero(unheld_mask)
     take = np.concatenate([rows_a, unheld])
@@ -504,9 +469,8 @@ def _with_holders(stretch: pa.Table, g: np.ndarray, hg: np.ndarray, ha0: np.ndar
 
 
 def conform(t: pa.Table) -> pa.Table:
-    """`t`'s SCHEMA columns in SCHEMA's order and types: only the columns of another type cast
-    (Table.cast casts all ~115, one compute call each: ~0.7 ms a table, and parts are built and
-    joined in many small tables)."""
+    """`t`'s SCHEMA columns in SCHEMA's order and types, casting only those of another type (Table.cast casts every
+    column, and parts come in many small tables)."""
     t = t.select(SCHEMA.names)
     if t.schema.equals(SCHEMA):
         return t
@@ -520,10 +484,9 @@ def ordered_parts(t: pa.Table) -> pa.Table:
 
 
 def join_parts(parts: pa.Table, grain_s: int, p: FactParams) -> pa.Table:
-    """Parts of a finer grain as parts of `grain_s` buckets: the back-to-back parts of one GPU, one
-    holder (and lead or not) and one MIG share inside one coarser bucket joined into one row (the
-    monoid: sums add, high-waters take the max, runs at the junctions chain, and a chain touching
-    neither end of the joined part that reaches idle_min joins its inner runs)."""
+    """Parts of a finer grain as parts of `grain_s` buckets: back-to-back parts of one GPU, holder (lead or not) and MIG
+    share in one coarser bucket joined into one row (the monoid: sums add, high-waters take the max, runs at the
+    junctions chain, and a chain touching neither end that reaches idle_min joins the inner runs)."""
     if not parts.num_rows:
         return empty_table(SCHEMA)
     parts = ordered_parts(parts)
@@ -595,8 +558,7 @@ def _after_last(parts: pa.Table, grp: np.ndarray, at: np.ndarray, mark: str, val
 
 
 def _joined_codes(grp: np.ndarray, codes: pa.ChunkedArray, n: int) -> pa.Array:
-    """xid_codes of parts joined into n groups (grp): per code the earliest first time, the latest
-    last time, the counts added."""
+    """xid_codes of parts joined into n groups (grp): per code the earliest first time, latest last time, counts added."""
     by: dict[int, dict[int, list[int]]] = {}
     for r in np.flatnonzero(codes.is_valid().to_numpy(zero_copy_only=False)).tolist():
         for x in codes[r].as_py():
@@ -607,10 +569,8 @@ def _joined_codes(grp: np.ndarray, codes: pa.ChunkedArray, n: int) -> pa.Array:
 
 def chain_runs(grp: np.ndarray, p0: np.ndarray, p1: np.ndarray, head: np.ndarray, tail: np.ndarray,
                min_us: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The edge runs of back-to-back parts (grp: the joined part each belongs to, in order) chained:
-    per joined part, the run touching its start, the one touching its end, and the total of the
-    chains touching neither that reach min_us. A part's edge pieces are its head [p0, p0 + head)
-    and its tail [p1 - tail, p1) (one piece when the whole part is one run)."""
+    """The edge runs of back-to-back parts (grp: the joined part each belongs to, in order) chained, as _by_edge gives
+    them per joined part. A part's edge pieces: head [p0, p0 + head), tail [p1 - tail, p1) (one piece if it is whole)."""
     whole = head == p1 - p0
     hi_, ti = np.flatnonzero(head > 0), np.flatnonzero((tail > 0) & ~whole)
     g = np.concatenate([grp[hi_], grp[ti]])

@@ -1,22 +1,14 @@
 """Store upkeep run by the collector: compaction, facts, settling, retention.
 
-- Compaction: once an hour is closed, its many small per-round files are merged into one file
-  sorted by GPU and time (which is what makes a field-sample cost a few bytes). Late data for a
-  compacted hour is merged on the next pass. Superseded files are retired, not deleted, so
-  readers holding an older manifest still read them for the grace period.
-- Facts (gpufleet.collector.facts, the store's one derived tier): every pass writes the 5-minute
-  facts of each settled hour whose inputs changed and the hour and day facts of each closed day
-  whose hours changed (build_facts); a store without them gets them over its next passes
-  (FACTS_HOURS_PER_PASS, newest first) or at once with `gpufleet collect --rebuild-facts`.
-- Settling: jobs and allocations settled SETTLE_AFTER ago are written once into immutable
-  segments, which are merged so they stay few (StoreWriter.settle); each publish then writes
-  only the open rest of those tables.
-- Retention: sample files older than `raw_days` are retired; job-reported throughput rows older
-  than `facts_days`. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
-  Facts: a day's 5-minute facts go, all its hours at once, when the day is older than
-  `facts_5m_days`; its hour and day facts when older than `facts_days` (retire_facts). Whole days
-  only, and no grain before what upkeep builds it from (raw samples, 5-minute facts): upkeep never
-  builds a day's facts again from part of its hours, nor an hour's that retention just retired.
+- Compaction: a closed hour's small per-round files merged into one sorted by GPU and time (what makes a field-sample
+  cost a few bytes); late data is merged on the next pass. Superseded files are retired, not deleted: readers of an
+  older manifest still read them for the grace period.
+- Facts (gpufleet.collector.facts): each pass builds those whose inputs changed (build_facts), at most
+  FACTS_HOURS_PER_PASS hours, or all at once with `gpufleet collect --rebuild-facts`.
+- Settling: jobs and allocations settled SETTLE_AFTER ago are written once into immutable segments, merged so they
+  stay few (StoreWriter.settle); a publish writes only the open rest of those tables.
+- Retention: sample files older than `raw_days`, job report rows older than `facts_days`, facts as retire_facts has
+  them. The ledger keeps the batch keys, so re-ingesting an expired window stays a no-op.
 """
 
 from __future__ import annotations
@@ -44,18 +36,15 @@ log = logging.getLogger(__name__)
 
 SETTLE = timedelta(minutes=5)  # how long after an hour ends before it is considered closed
 
-# Hours of 5-minute facts an upkeep pass builds at most (build_facts), newest first: a store from
-# before the facts has every hour it keeps to build (~1.2 s of CPU an hour at 1,024 GPUs, under the
-# writer's lock); the rest follow at the next passes (read raw until then), or all at once with
-# `gpufleet collect --rebuild-facts`. A day's hour and day facts wait for all its hours.
+# Hours of 5-minute facts an upkeep pass builds at most (build_facts), newest first, as it holds the writer's lock: the
+# rest follow at the next passes (read raw until then). A day's hour and day facts wait for all its hours.
 FACTS_HOURS_PER_PASS = 24
 
 
 def compact(w: StoreWriter, now: datetime, params: facts.FactParams | None = None, tasks: TaskRunner | None = None,
             facts_hours: int | None = FACTS_HOURS_PER_PASS) -> int:
-    """Merge each closed hour's files into one (compact_hours), then bring the facts up to date
-    (build_facts with `params`, the defaults if None: at most `facts_hours` hours, None: all; on
-    `tasks` as there) and publish what changed; returns hours compacted."""
+    """compact_hours, then build_facts (`params` None: the defaults; at most `facts_hours` hours, None: all; on `tasks`)
+    and publish what changed; returns hours compacted."""
     done = compact_hours(w, now)
     made = build_facts(w, epoch_us(now), params or facts.FactParams(), limit=facts_hours, tasks=tasks)
     if done or made["hours"] or made["days"]:
@@ -64,9 +53,8 @@ def compact(w: StoreWriter, now: datetime, params: facts.FactParams | None = Non
 
 
 def compact_hours(w: StoreWriter, now: datetime) -> int:
-    """compact's first step alone: each closed hour's files merged into one sorted by host, GPU
-    and time (the facts are left to their step; nothing is published). Returns
-    hours compacted."""
+    """compact's first step alone: each closed hour's files merged into one sorted by host, GPU and time (nothing is
+    published); returns hours compacted."""
     groups = w.db.execute(
         """SELECT date_trunc('hour', min_ts) AS hour, list(DISTINCT file ORDER BY file) AS files
            FROM batches WHERE file <> '' AND min_ts IS NOT NULL GROUP BY 1 ORDER BY 1"""
@@ -81,15 +69,13 @@ def compact_hours(w: StoreWriter, now: datetime) -> int:
     return len(groups)
 
 
-# Fewer hours to build than this (the hour or two each upkeep pass closes) stay in the collector
-# even with a Dask scheduler set: only a rebuild is worth the round trip, and upkeep must not
-# depend on a cluster being up
+# Fewer hours to build than this stay in the collector even with a Dask scheduler set: only a rebuild is worth the
+# round trip, and upkeep must not depend on a cluster being up
 DASK_MIN_HOURS = 6
 
 
 def task_runner(tasks: TaskRunner | None, hours: int) -> TaskRunner:
-    """Where a build of `hours` hours runs: on the Dask scheduler of `tasks` for DASK_MIN_HOURS or
-    more, else in this process."""
+    """Where a build of `hours` hours runs: on `tasks`' Dask scheduler from DASK_MIN_HOURS on, else in this process."""
     return tasks if tasks is not None and tasks.scheduler and hours >= DASK_MIN_HOURS else TaskRunner(name="facts")
 
 
@@ -97,9 +83,8 @@ COMPACT_ORDER = ("host", "gpu_uuid", "gpu_instance", "ts")  # a compacted hour's
 
 
 def _in_compact_order(path: Path) -> bool:
-    """Whether the file's rows are already in COMPACT_ORDER, as the compaction's ORDER BY puts them
-    (a backfill's hour written as one sorted batch): each row's key not below the row's before it,
-    compared column by column (NULL instances last; a NULL host or UUID: not adopted)."""
+    """Whether the file's rows are already in COMPACT_ORDER as the compaction's ORDER BY puts them (a backfill's hour
+    written as one sorted batch); a NULL host, UUID or time: no."""
     t = pq.read_table(path, columns=list(COMPACT_ORDER))
     if t.num_rows < 2:
         return True
@@ -115,9 +100,8 @@ def _in_compact_order(path: Path) -> bool:
 
 
 def _adopt(src: Path, target: Path) -> bool:
-    """The compacted file as a second name of `src` (a hard link; the batch's own name is retired
-    like any compacted file's, so a reader of the snapshot before still finds it); False where the
-    file system has no hard links."""
+    """The compacted file as a hard link to `src`, whose own name is retired like any compacted file's (an older
+    snapshot's reader still finds it); False where the file system has no hard links."""
     try:
         os.link(src, target)
     except OSError:
@@ -127,9 +111,8 @@ def _adopt(src: Path, target: Path) -> bool:
 
 
 def _compact_hour(w: StoreWriter, hour: datetime, files: list[str], now: datetime) -> None:
-    """The hour's files merged into one in COMPACT_ORDER. An hour of one file already in that
-    order (a backfill's or a bench's hour-long batch) is adopted as it is, not written again: the
-    same rows in the same order, in the same Parquet layout (store.write_parquet wrote both)."""
+    """The hour's files merged into one in COMPACT_ORDER; a single file already in that order (a backfill's or bench's
+    hour-long batch) is adopted, not written again (store.write_parquet wrote it: the same rows, order and layout)."""
     paths = [str(w.root / f) for f in files]
     tag = hashlib.blake2b("\n".join(files).encode(), digest_size=6).hexdigest()
     target = f"samples/date={hour:%Y-%m-%d}/compact-{hour:%H}-{tag}.parquet"
@@ -160,15 +143,13 @@ def settle(w: StoreWriter, now: datetime) -> int:
 
 
 def apply_retention(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days: int = 35, facts_days: int = 400) -> int:
-    """Retire sample files wholly older than `raw_days`, the facts as retire_facts has them, and
-    delete job throughput, job checkpoint and GPU share rows older than `facts_days` (kept like the
-    hour facts); returns files retired + rows deleted."""
+    """Retire sample files wholly older than `raw_days` and facts as retire_facts has them; delete job throughput,
+    checkpoint and GPU share rows older than `facts_days` (kept like hour facts). Returns files retired + rows deleted."""
     facts_gone = retire_facts(w, now, raw_days, facts_5m_days, facts_days)
     cutoff = now - timedelta(days=raw_days)
     old = [r[0] for r in w.db.execute(
         "SELECT file FROM batches WHERE file <> '' GROUP BY file HAVING max(max_ts) < ?", [cutoff]).fetchall()]
     reports_cutoff = now - timedelta(days=facts_days)
-    # job reports (hourly throughput, checkpoints saved) and shared GPUs' hourly split, by their time column: kept like hour facts
     hourly = {"job_throughput": "ts", "gpu_job_shares": "ts", "job_checkpoints": "saved_at"}
     old_hourly = {t: w.db.execute(f"SELECT count(*) FROM {t} WHERE {c} < ?", [reports_cutoff]).fetchone()[0] for t, c in hourly.items()}
     old_reports = sum(old_hourly.values())
@@ -193,11 +174,9 @@ def apply_retention(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days:
 
 
 def retire_facts(w: StoreWriter, now: datetime, raw_days: int, facts_5m_days: int, facts_days: int) -> int:
-    """Unlist the facts of the days that ended more than `facts_5m_days` (a day's 5-minute facts,
-    all at once) or `facts_days` (its hour and day facts) before `now`; returns how many files.
-    Upkeep builds a settled hour's facts from its samples and a day's from its hours, so a grain
-    outlives what it is built from: 5-minute facts go no sooner than the raw samples (raw_days),
-    hour and day facts no sooner than the 5-minute ones. The caller publishes."""
+    """Unlist the facts of days that ended more than `facts_5m_days` (a day's 5-minute facts) or `facts_days` (its hour
+    and day facts) before `now`; returns how many files; the caller publishes. A grain outlives what upkeep builds it
+    from (5-minute facts the raw samples, hour and day facts the 5-minute ones), so upkeep never rebuilds it from part."""
     keep_5m = max(facts_5m_days, raw_days)
     keep = {"5m": keep_5m, "day": max(facts_days, keep_5m)}
     gone = 0
@@ -226,11 +205,9 @@ def _overlaps(b: int, length: int, span: tuple[int, int] | None) -> bool:
 
 def rebuild_facts(w: StoreWriter, now: datetime, p: facts.FactParams, span: tuple[datetime, datetime] | None = None,
                   tasks: TaskRunner | None = None) -> dict[str, int]:
-    """`gpufleet collect --rebuild-facts`: build the facts of the settled hours and closed days that
-    overlap `span` (None: all) again, whether or not their inputs changed (a file lost or damaged),
-    then publish. An hour without samples left (retention) keeps its facts, and so does one whose
-    sample holding into it went (build_facts) and a day without 5-minute facts left. Returns
-    build_facts' counts. `tasks`: where the hours are built, as there."""
+    """`gpufleet collect --rebuild-facts`: build the facts of the settled hours and closed days overlapping `span` (None:
+    all) again, inputs changed or not (a file lost or damaged), then publish; returns build_facts' counts. An hour
+    without samples left or whose head went, and a day without 5-minute facts left, keep theirs (build_facts)."""
     built = build_facts(w, epoch_us(now), p, None if span is None else (epoch_us(span[0]), epoch_us(span[1])), force=True, tasks=tasks)
     w.publish()
     return built
@@ -273,10 +250,8 @@ _HOUR_DB_LOCK = threading.Lock()
 
 
 def _hour_cursor() -> duckdb.DuckDBPyConnection:
-    """A cursor of this process' in-memory DuckDB of one thread, for reading an hour's samples:
-    starting and closing a database for each hour took ~20-70 ms here (its threads), about a sixth
-    of a small fleet's upkeep (the demo's week: 38-40 -> 31-33 s of CPU). A cursor is the hour's own connection to it; the database holds
-    nothing between hours."""
+    """A cursor (the hour's own connection) of this process' one-thread in-memory DuckDB, for reading an hour's samples:
+    a database per hour would start its threads each time; it holds nothing between hours."""
     global _HOUR_DB
     with _HOUR_DB_LOCK:
         if _HOUR_DB is None:
@@ -299,8 +274,7 @@ def build_fact_hour(task: FactsTask) -> str:
     if task.upto_us is not None:  # (an open hour's settled buckets: no hour part until the hour is whole)
         _write_facts(Path(task.root), task.rel, fine, task.tag)
         return task.rel
-    # ... and its hour parts beside them: a window over a day not yet closed (no day file) reads
-    # its hours as one part each, not twelve (the day file's hour parts are joined the same way)
+    # ... and its hour parts beside them: a window over a day not yet closed reads each hour as one part, as a day file's
     _write_facts(Path(task.root), task.rel, pa.concat_tables([fine, facts.join_parts(fine, facts.GRAIN_1H, task.params)]), task.tag)
     return task.rel
 
@@ -312,22 +286,16 @@ def _holds_in(hold: pa.Table, h: int) -> pa.Table:
 
 def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[int, int] | None = None,
                 force: bool = False, limit: int | None = None, tasks: TaskRunner | None = None) -> dict[str, int]:
-    """Write the facts of every settled hour whose inputs (its sample files, the allocation edges
-    in it, the parameters, the format) changed since its file was written, and of every closed
-    day whose hours' files changed: exactly the touched buckets and their coarser parents. Returns
-    how many hour and day files were (re)written ("hours", "days") and how many are left for the
-    next passes ("hours_left", "days_left"; also kept as w.facts_backlog); the caller publishes.
-    Run twice, it writes nothing. `span` (epoch us, [from, to)): only the hours and days that
-    overlap it; `force`: those whose inputs did not change too; `limit`: at most that many hours,
-    newest first (a store without facts has every hour it keeps to build, under the writer's
-    lock), and no day until all its hours are current. The hours are FactsTasks, run by `tasks` (a
-    Dask scheduler) when there are at least DASK_MIN_HOURS of them, else here: the same bytes.
+    """Write the facts of every settled hour whose inputs (sample files, allocation edges in it, parameters, format)
+    changed, and of every closed day whose hours' files changed; run twice, it writes nothing. Returns the hour and day
+    files (re)written ("hours", "days") and those left for the next passes ("hours_left", "days_left"; also
+    w.facts_backlog); the caller publishes. `span` (epoch us, [from, to)): only hours and days overlapping it; `force`:
+    unchanged ones too; `limit`: at most that many hours, newest first, and no day until all its hours are current.
+    The hours are FactsTasks, run where task_runner says: the same bytes.
 
-    An hour is keyed on the files holding its own samples; the files whose samples end within
-    max_gap before it (the sample holding into it: its "head") are read too, and a new one there
-    (late data, compaction) rebuilds it, but one that only went (raw retention) does not - not
-    even with `force`: built again without the sample that held into it, the hour would lose up
-    to max_gap seconds at its start."""
+    An hour is keyed on the files of its own samples; its "head" (files whose samples end within max_gap before it) is
+    read too: a new head file (late data, compaction) rebuilds it, one that went (raw retention) does not, even with
+    `force` (the hour would lose up to max_gap seconds at its start)."""
     tag = p.tag()
     gap = p.gap_us
     files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
@@ -370,8 +338,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         for task in work:
             task.hold = _holds_in(hold, task.hour_us)
         for task, rel in zip(work, runner.map(build_fact_hour, work, label=FactsTask.label)):
-            # hour_parts: its file holds its hour parts too (build_fact_hour; a file of before them
-            # has none and is read as 5-minute parts, so a store needs no rebuild for them)
+            # hour_parts: its file holds hour parts too (a file without is read as 5-minute parts: no rebuild needed)
             w.put_facts(f"5m/{_iso(task.hour_us)}", {"grain": "5m", "bucket": _iso(task.hour_us), "file": rel, "inputs": task.inputs, "hour_parts": True,
                                                      "head": list(task.head), "tag": tag, "format": facts.FORMAT_VERSION})
             task.hold = None  # (a rebuild of the whole store holds a day's at a time)
@@ -405,7 +372,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
         if whole_hours[d]:  # the hours' own hour parts, in join order: what joining their 5-minute parts gives
             hourly = facts.ordered_parts(w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({files}, hive_partitioning = false) "
                                                   f"WHERE grain_s = {facts.GRAIN_1H}").to_arrow_table())
-        else:  # (hours written before their files held them)
+        else:  # (hour files without hour parts)
             fine = w.db.sql(f"SELECT * EXCLUDE (tag) FROM read_parquet({files}, hive_partitioning = false) "
                             f"WHERE grain_s = {facts.GRAIN_5M}").to_arrow_table()
             hourly = facts.join_parts(fine, facts.GRAIN_1H, p)  # (join_parts conforms its input to SCHEMA)
@@ -426,13 +393,10 @@ _FIVE_US = facts.GRAIN_5M * 1_000_000
 
 def _open_hour_tasks(w: StoreWriter, files: list[tuple[str, int, int]], own: dict[int, list[str]], now_us: int, p: facts.FactParams,
                      span: tuple[int, int] | None, force: bool, skip: bool) -> list[FactsTask]:
-    """The 5-minute facts of the open hours' settled buckets (a bucket settles SETTLE + max_gap
-    after it ends, as an hour does), so that a window ending now reads up to ~10 minutes raw, not
-    up to the whole open hour: each pass adds a file of the buckets settled since the last one
-    (listed "5m/<hour>+<from>", with "from" and "upto"); late samples or a late-learnt allocation
-    edge in what those cover (their inputs: the sample files holding into them, their holds) build
-    them again from the hour's start; the settled hour's own file replaces them (build_facts).
-    `skip`: none this pass (build_facts' limit reached)."""
+    """The tasks for the open hours' settled 5-minute buckets (settled SETTLE + max_gap after they end, as an hour), so
+    a window ending now reads only its last minutes raw: each pass adds a file of those settled since the last (listed
+    "5m/<hour>+<from>", with "from" and "upto"); changed inputs (late samples, a late-learnt allocation edge) build them
+    again from the hour's start; the settled hour's own file replaces them (build_facts). `skip`: none this pass."""
     tag, gap = p.tag(), p.gap_us
     hours = sorted(h for h in own if h + facts.HOUR_US + _SETTLE_US + gap > now_us and _overlaps(h, facts.HOUR_US, span))
     if skip or not hours:
