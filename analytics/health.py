@@ -25,6 +25,7 @@ not the window. The temperature map reads parts no coarser than its bucket.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -112,27 +113,36 @@ def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | N
 _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries' order (newest first), temperature its
 
 
+def _temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta) -> pl.DataFrame:
+    """sql.TEMPERATURE_FROM_FACTS from a read of its own: at its buckets' grain, of its columns alone."""
+    w = FactWindow(con, params, max_grain=_grain(bucket), health_only=True, columns=TEMPERATURE_COLUMNS)
+    try:
+        return w.q(sql.TEMPERATURE_FROM_FACTS, bucket=bucket.total_seconds())
+    finally:
+        w.close()
+
+
 def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ...],
              bucket: timedelta | None = None) -> dict[str, pl.DataFrame]:
     """`what` of the window from its facts, GPU rows in GPU order; events alone read only the GPUs whose health moved."""
-    # figures and events from the coarsest tiling; the temperature from its own read, at its buckets' grain, of its columns alone
+    # figures and events from the coarsest tiling; the temperature (_temperature) in a worker thread beside them, on
+    # a cursor of its own (DuckDB runs a statement while Python runs)
     got = {}
     others = [k for k in what if k != "temperature"]
-    if others:
-        events_only = what == ("events",)
-        w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, health_only=True,
-                       columns=EVENT_COLUMNS if events_only else ALL_COLUMNS)
-        try:
-            answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED), "events": lambda: _events(w)}
-            got.update({k: answers[k]() for k in others})
-        finally:
-            w.close()
-    if "temperature" in what:
-        w = FactWindow(con, params, max_grain=_grain(bucket), health_only=True, columns=TEMPERATURE_COLUMNS)
-        try:
-            got["temperature"] = w.q(sql.TEMPERATURE_FROM_FACTS, bucket=bucket.total_seconds())
-        finally:
-            w.close()
+    with ThreadPoolExecutor(1, thread_name_prefix="health-read") as pool:
+        temperature = pool.submit(_temperature, con, params, bucket) if "temperature" in what else None
+        if others:
+            events_only = what == ("events",)
+            w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, health_only=True,
+                           columns=EVENT_COLUMNS if events_only else ALL_COLUMNS)
+            try:
+                answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED),
+                           "events": lambda: _events(w)}
+                got.update({k: answers[k]() for k in others})
+            finally:
+                w.close()
+        if temperature is not None:
+            got["temperature"] = temperature.result()
     return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in got.items()}
 
 

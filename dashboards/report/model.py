@@ -393,11 +393,11 @@ def gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, *, sh
                        state_thresholds=state_thresholds)
 
 
-def _previous(con: duckdb.DuckDBPyConnection, params: Params, now: datetime) -> tuple[Analysis, Totals, bool]:
-    """The previous window's analysis, totals and whether it has process counts."""
+def _previous(con: duckdb.DuckDBPyConnection, params: Params, now: datetime) -> tuple[Totals, bool]:
+    """The previous window's totals and whether it has process counts (one analysis)."""
     a = Analysis(con, params, now=now)
     totals = a.totals()
-    return a, totals, _process_counts(a) if not _empty(totals) else False
+    return totals, _process_counts(a) if not _empty(totals) else False
 
 
 def _gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, pool: ThreadPoolExecutor, *, shares: Mapping[str, float] | None,
@@ -418,7 +418,7 @@ def _gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, pool
     a = Analysis(con, params, now=now_utc)
     cur = a.totals()
     processes = _process_counts(a)
-    prev_a, prev, prev_processes = previous.result()
+    prev, prev_processes = previous.result()
     base = baseline(con, params, prev_params, prev)
     notices: list[str] = []
 
