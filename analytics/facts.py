@@ -1,24 +1,17 @@
 """A window's figures from the store's facts (gpufleet.collector.facts): SQL over parts.
 
-The window [start, end) and its reach (idle_min_duration + max_gap either side, where an idle
-stretch crossing an edge is judged by its whole length) are tiled with the coarsest buckets the
-store has facts of (a day, an hour, 5 minutes) for these parameters; the minutes a window edge cuts
-out of a 5-minute bucket, and any bucket without facts, are cut from raw samples by the same
-function the store's upkeep uses (collector.facts.build_parts), so both sides apply one rule.
-Every part then lies wholly inside or wholly outside the window (`inside`), and each figure is
-one query over the parts:
+The window [start, end) and its reach (idle_min_duration + max_gap either side: an idle stretch crossing an edge is judged
+by its whole length) are tiled with the coarsest buckets stored for these parameters (a day, an hour, 5 minutes); the minutes
+an edge cuts out of a 5-minute bucket, and buckets without facts, are cut from raw samples by collector.facts.build_parts, the
+store's own rule. Every part then lies wholly inside or outside the window (`inside`); each figure is one query over them:
 
   data, busy, allocated data (held), stranded   sums over the lead parts inside the window
   a job's data and busy                         sums over its parts inside the window
-  idle allocated, no process                    STRETCH_ROWS: the parts' edge runs chained per GPU
-                                                and allocation in one window-function pass, a
-                                                chain counted when it reaches idle_min_duration,
-                                                plus the runs wholly inside parts that did
+  idle allocated, no process                    STRETCH_ROWS: edge runs chained per GPU and holder, and runs inside parts
   capacity, allocated (accounting)              the inventory and the job table, as the raw path
 
-A filter is a WHERE clause on the parts (cluster, model) or on their holders' jobs (account, user,
-partition, job). core.Analysis computes every figure from these parts (on its own cursor); the
-raw path, tests/support/raw_analysis.py RawAnalysis, is the tests' oracle.
+A filter is a WHERE clause on the parts (cluster, model) or on their holders' jobs (account, user, partition, job). The raw
+path, tests/support/raw_analysis.py RawAnalysis, is the tests' oracle.
 """
 
 from __future__ import annotations
@@ -43,57 +36,44 @@ from gpufleet.collector.schema import empty_table
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 FIVE_US = cf.GRAIN_5M * 1_000_000
-# FactWindow's reads of raw samples (hours without facts): as many whole hours in one statement as
-# give about this many rows (~50 columns each: ~100 MB), at most a day; never less than an hour
+# FactWindow._raw reads raw samples in whole hours: as many a statement as give about RAW_READ_ROWS rows, 1 to RAW_READ_HOURS
 RAW_READ_ROWS = 250_000
 RAW_READ_HOURS = 24
 
-# The window's parts (wpe): those cut from raw samples (wp: _parts' Arrow table) first, then the
-# stored ones (STORED_PARTS) inserted straight from their files, each with its MIG share and whether
-# it is inside the window; the filters on GPUs (cluster, model) and on holders' jobs (job_filter) apply here
+# The window's parts (wpe): raw cuts (wp) then stored ones (INSERT_STORED_PARTS), with MIG share and `inside`; GPU filters apply here
 _PART_COLUMNS = f"""{sql.gpu_equiv("wp")} AS equiv, wp.p0 >= $start_us AND wp.p1 <= $end_us AS inside
 FROM {{parts}} wp
 WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)"""
 PARTS_VIEW = "CREATE OR REPLACE TEMP TABLE wpe AS SELECT wp.*, " + _PART_COLUMNS.format(parts="wp")
 
 ONLY_GPUS = cf.only_gpus()  # (FactWindow's `gpus`)
-# the parts of one grain's buckets in [$lo, $hi) from the store's facts: from their files alone
-# ($files: fact_files_of), not the fact_parts view, which opens every facts file of the store
-# ($buckets: the bucket starts wanted in [$lo, $hi), epoch us; NULL: all of them - a window cut
-# at a grid off the hours reads its grain's buckets of every grid cell in one statement, not one a cell)
+# One grain's stored parts in [$lo, $hi) from their files alone ($files: fact_files_of; the fact_parts view opens every facts
+# file). $buckets: the bucket starts wanted (epoch us; NULL: all), so a grid off the hours reads all its cells in one statement
 STORED_PARTS = ("SELECT {columns} FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
                 "AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) "
                 f"AND ($buckets IS NULL OR epoch_us(bucket) IN (SELECT unnest($buckets))) AND {ONLY_GPUS}")
-# ... added to wpe from the files in one statement: no Arrow copy of every part beside DuckDB's (a
-# 1,024-GPU week's day parts: 123 MB); {columns}: the FactWindow's (its `columns`)
+# ... inserted into wpe straight from the files (no Arrow copy beside DuckDB's); {columns}: the FactWindow's `columns`
 INSERT_STORED_PARTS = "INSERT INTO wpe BY NAME SELECT wp.*, " + _PART_COLUMNS.format(parts=f"({STORED_PARTS})")
 
 ALL_COLUMNS = tuple(cf.SCHEMA.names)  # a FactWindow's parts' columns unless it names fewer
-# What every read of parts needs whatever it sums: a part's GPU, its MIG share's inputs, its
-# bucket and times, its holder and whether it leads its stretch
+# What every read of parts needs: a part's GPU, its MIG share's inputs, bucket and times, holder and whether it leads its stretch
 PART_KEY_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_profile", "grain_s", "bucket", "p0", "p1", "scheduler",
                     "job_key", "lead")
-# The parts' columns an analysis' figures read (core.Analysis: the queries of this module and
-# sql.WINDOW_STATE_JOBS): a third of the ~115, so its window's table is a third as wide (the
-# health columns are the Health page's, read by its own FactWindow). A query naming another
-# column fails when bound, naming it; the tests run every figure.
+# The parts' columns core.Analysis' figures read (this module's queries, sql.WINDOW_STATE_JOBS), for a narrower window table (the
+# health columns are the Health page's own FactWindow's). A query naming another column fails when bound; the tests run every figure.
 ANALYSIS_COLUMNS = (
     *PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "nop_s", "fb_max_mib",
     "idle_head_us", "idle_tail_us", "idle_whole", "idle_inner_us", "nop_head_us", "nop_tail_us", "nop_whole", "nop_inner_us",
     "tensor_active_known_s", "tensor_active_s", "sm_active_known_s", "sm_active_s", "pcie_rx_bytes_per_s_known_s", "pcie_rx_bytes_per_s_s",
     "nvlink_rx_bytes_per_s_known_s", "nvlink_rx_bytes_per_s_s", "nvlink_tx_bytes_per_s_known_s", "nvlink_tx_bytes_per_s_s",
     "clocked_s", "tensor_clock_s", "tensor_clocked_s")
-# ... and those a timeline's read of the parts again, cut at its buckets, reads (timeline.bucketed_parts:
-# TIMELINE_PARTS, JOB_GPU_PARTS and the holders' jobs, _HELD)
+# ... those a timeline's re-read of the parts, cut at its buckets, reads (timeline.bucketed_parts: TIMELINE_PARTS, JOB_GPU_PARTS, _HELD)
 TIMELINE_COLUMNS = (*PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "fb_max_mib")
 # ... and those the Health page's temperature chart reads (sql.TEMPERATURE_FROM_FACTS, at its buckets' grain)
 TEMPERATURE_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", "temp_n", "temp_sum", "sample_temp_max_c", "mem_temp_max_c")
-# ... and those health's events read (sql.EVENTS_FROM_FACTS, MIXED_PARTS: health.events, which
-# the reliability report and the goodput waterfall ask for): all ~115 were read for them, for the
-# few GPUs whose health moved (a read's cost at a small fleet is its files x columns, not its rows)
+# ... and those health's events read (sql.EVENTS_FROM_FACTS, MIXED_PARTS): at a small fleet a read costs files x columns, not rows
 EVENT_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", *sql.EVENT_FACT_COLUMNS)
-# the facts files with buckets in [$lo, $hi) (epoch us) of a file grain (300: an hour's 5-minute
-# facts; 86400: a day's hour and day facts), with their buckets, in time order
+# the facts files of a file grain (300: an hour's 5-minute facts; 86400: a day's hour and day facts) with buckets in [$lo, $hi), in order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
               "AND bucket < make_timestamp($hi) ORDER BY bucket")
 # whether the 5-minute facts of [$lo, $hi) have any data
@@ -102,30 +82,24 @@ FACT_DATA = ("SELECT coalesce(sum(covered_s), 0) > 0 FROM read_parquet($files, h
 # whether any raw sample (within the filters) holds into [$lo, $hi): a cut's, for edge_warnings
 CUT_SAMPLE = f"""SELECT 1 FROM {raw_reads.SAMPLES} WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi)
   AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) LIMIT 1"""
-# whether the reader has the facts' views (a store of before them has not)
+# whether the reader has the facts' views (an older store has not)
 HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views() UNION ALL SELECT table_name FROM duckdb_tables()) "
              "WHERE n IN ('fact_files', 'fact_parts')")
-# the start of the samples' first day and the end of their last (epoch us; NULL: none), from the
-# store's date partitions (the reader's sample_days): a raw cut outside them reads nothing
+# the samples' first day's start and last day's end (epoch us; NULL: none) from sample_days: a raw cut outside them reads nothing
 SAMPLE_EXTENT = "SELECT epoch_us(min(day)::TIMESTAMP), epoch_us(max(day)::TIMESTAMP + INTERVAL 1 DAY) FROM sample_days"
 # which buckets the store has facts of, for these parameters
 STORED_BUCKETS = ("SELECT grain_s, epoch_us(bucket) AS b, hour_parts, epoch_us(open_from) AS open_from, epoch_us(open_upto) AS open_upto "
                   "FROM fact_files WHERE tag = $tag")
 OPEN_5M = 0  # stored_buckets' key of the 5-minute buckets an open hour's files hold (the hour's own file not written yet)
 
-# The holders' jobs, for a job filter and the job dimensions (a mapped job the accounting lacks
-# keeps its allocation's key, as sql.ALLOCATIONS names it), the job filters applied: {holders}
-# rows naming a GPU and job (wholder, wpe's distinct holders, a timeline's sums per holder and
-# bucket) ...
+# The holders' jobs with their names, the job filters applied (a mapped job the accounting lacks keeps its allocation's key, as
+# sql.ALLOCATIONS); {holders}: rows naming a GPU and job (wholder, wpe's distinct holders, a timeline's sums per holder and bucket) ...
 _HOLDER_JOB = f"""
 SELECT o.*, coalesce(j.job_id, o.job_key) AS job_id, j.user_name, j.account, j.partition
 FROM {{holders}} o LEFT JOIN jobs j ON j.cluster = o.cluster AND j.scheduler = o.scheduler AND j.job_key = o.job_key
 WHERE o.job_key IS NOT NULL AND {sql.ALLOCATION_FILTERS.replace("a.", "o.")}
 """
-# ... and joined to the parts they hold: the names joined to the holders, then the holders to the
-# parts. The jobs joined to the parts themselves made DuckDB hash the wide parts (it guesses
-# `job_key IS NOT NULL` keeps a fifth of them; a week's keep half): 1 s more of a 16,384-GPU week's
-# held parts (wheld), 3 s more of its timeline's hour parts.
+# ... joined to the parts they hold (names to holders first, then holders to parts: DuckDB would hash the wide parts)
 _HOLDERS_ON = ("o.cluster = p.cluster AND o.host = p.host AND o.gpu_uuid = p.gpu_uuid AND o.gi = p.gi AND o.scheduler = p.scheduler "
                "AND o.job_key = p.job_key")
 _WPE_HOLDERS = "(SELECT DISTINCT cluster, host, gpu_uuid, gi, scheduler, job_key FROM wpe WHERE job_key IS NOT NULL)"
@@ -141,9 +115,7 @@ SELECT cluster, host, gpu_uuid, gi,
 FROM wpe WHERE inside AND lead GROUP BY ALL
 """
 
-# Each GPU (or MIG instance) with parts in the read window, numbered (gid: what core.Analysis
-# names a GPU by, as the raw path's line does) and named by its earliest part's gpu index and
-# model (the first known), MIG share: the analysis' allocations' detail is named by them
+# Each GPU (or MIG instance) in the read window: gid (core.Analysis' GPU number), its earliest part's gpu index, model and MIG share
 GPU_IDS = """
 CREATE OR REPLACE TEMP TABLE wgpu AS
 SELECT row_number() OVER (ORDER BY cluster, host, gpu_uuid, gi) - 1 AS gid, *
@@ -152,11 +124,8 @@ FROM (SELECT cluster, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu, arg_min(model
       FROM wpe GROUP BY ALL)
 """
 
-# Each allocation of the analysis (al, in its row order) with the sums of the parts it holds inside
-# the window - its parts are cut at its edges, so each lies wholly inside or outside it: data and
-# busy seconds (x MIG share), whether a sample interval covers any of it (has_piece) and has a
-# utilization (has_util), and the detail core.Analysis.allocation_detail gives (memory high-water,
-# MFU's sampled time, tensor sums; NULL where no part knew tensor activity)
+# Each allocation (al, row order) with the sums of its parts inside the window (cut at its edges): data and busy seconds x MIG share,
+# has_piece (a sample interval covers any), has_util, and allocation_detail's memory high-water, MFU time, tensor sums (NULL: none known)
 ALLOCATION_PARTS = """
 SELECT al.rowid AS i, g.gid, al.a0, al.a1,
        coalesce(sum(p.data_s * p.equiv), 0) AS data_s, coalesce(sum(p.busy_s * p.equiv), 0) AS busy_s,
@@ -175,17 +144,10 @@ LEFT JOIN wpe p ON p.inside AND p.cluster = al.cluster AND p.host = al.host AND 
 GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 """
 
-# The window's held parts, numbered (pid: the row's rowid in wheld, not a window function over
-# them: 1 s of a 16,384-GPU week), and their idle and no-process edge pieces chained:
-# every part's edge pieces (head, tail; one when the whole part is a run) of one GPU and holder
-# chained where one ends as the next starts, one window-function pass over the pieces in order
-# (`chain`: the piece's chain's number among its GPU and holder's). Temp tables `wheld`
-# (HELD_TABLE) and `wlinked`, built once a window (FactWindow.linked): the stretches (STRETCH_ROWS) and the
-# window's states (sql.WINDOW_STATE_JOBS) both read them, rather than each chaining them again.
-# Each GPU and holder is numbered first (hk, the table `wholder`), and a piece carries its part's
-# number, its holder's, its times, MIG share and whether inside the window - nothing else: a piece
-# with its part's names and six key strings made the window pass 4x slower on a 16,384-GPU week;
-# a figure that names a chain reads the names from its first piece's part (pid) in wheld.
+# wheld (HELD_TABLE): the held parts, pid their rowid, hk their GPU and holder's number (wholder). wlinked: their idle and no-process
+# edge pieces (head, tail; one when the whole part is a run) chained where one ends as the next starts, in one window-function pass
+# (`chain`: its number within its kind and holder). Built once a window (FactWindow.linked) for STRETCH_ROWS and
+# sql.WINDOW_STATE_JOBS. A piece carries no names (they slow the pass): a chain's come from its first piece's part (pid) in wheld.
 HOLDER_TABLE = f"CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM {_WPE_HOLDERS}"
 # wheld: _HELD's rows with their holder's number (the names joined to wholder's holders)
 HELD_TABLE = f"""CREATE OR REPLACE TEMP TABLE wheld AS
@@ -200,15 +162,9 @@ _STRETCH_PIECES = """
     UNION ALL
     SELECT '{kind}', rowid, hk, equiv, inside, p1 - {kind}_tail_us, p1 FROM wheld WHERE {kind}_tail_us > 0 AND NOT {kind}_whole"""
 
-# The idle (or no-process) stretches' rows (core.STRETCH_SCHEMA): runs resolved across
-# the parts of a window (wlinked's chains), each chain counted when it reaches $idle_min_us as a
-# whole, with its seconds inside the window; beside them the runs wholly inside parts that did. A
-# chain's start and end are exact (its pieces are measured from part edges), clipped to the read
-# window (the raw path's reach); a run wholly inside a part has no times of its own in the facts,
-# so its row carries the part's bounds (a 5-minute part's where 5-minute facts or samples were
-# read, an hour's or a day's where those were). Both kinds at once, each row with its `kind`
-# (idle or nop), in stretches.py's order (a tie of start - a run inside a part that starts as a
-# chain does - by end, then length).
+# The idle and no-process stretches' rows (core.STRETCH_SCHEMA; `kind`): wlinked's chains reaching $idle_min_us as a whole, with
+# their seconds inside the window, and the runs wholly inside parts that did. A chain's times are exact, clipped to the read window;
+# a run inside a part carries the part's bounds (the facts keep no times of its own). In stretches.py's order (ties: end, length).
 STRETCH_ROWS = """
 WITH chains AS (
     SELECT kind, hk, min(r0) AS s0, max(r1) AS s1, arg_min(pid, r0) AS first_pid,
@@ -235,10 +191,9 @@ _STRETCH_INNER = """
            {kind}_inner_us / 1e6, {kind}_inner_us * equiv / 1e6 / 3600
     FROM wheld WHERE inside AND {kind}_inner_us > 0"""
 
-# A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from $origin_us (the
-# window's start, or a time before it: the report's first local midnight), from the parts inside the window (cut at the buckets' edges: FactWindow's grid_us), by
-# the inventory's cluster and model (as per_gpu groups GPUs): all of a GPU's time (lead parts;
-# "iv") and its holders' (the job filters applied; "pc", by partition, account and user too)
+# A timeline's data and busy seconds (x MIG share) per bucket k of $bucket_us from $origin_us (the window's start or earlier: the
+# report's first local midnight), from the parts inside the window (cut at the buckets: FactWindow's grid_us), by the inventory's
+# cluster and model: a GPU's time (lead parts, "iv") or its holders' (job filters applied; "pc": by partition, account, user too)
 TIMELINE_PARTS = """
 WITH p AS (
     SELECT cluster, host, gpu_uuid, gi{holder}, (p0 - $origin_us) // $bucket_us AS k,
@@ -250,13 +205,10 @@ SELECT c.cluster, c.model{keys}, p.k, bool_and(p.fits) AS fits, sum(p.data_s) / 
 FROM {parts} p JOIN cap c ON c.cluster = p.cluster AND c.host = p.host AND c.gpu_uuid = p.gpu_uuid AND c.gi = p.gi
 GROUP BY ALL
 """
-# (summed per GPU, holder and bucket before the holders' jobs are joined: the jobs joined to a
-# 16,384-GPU week's hour parts took 3 s, DuckDB hashing the wide parts)
+# (summed per GPU, holder and bucket before the holders' jobs are joined: DuckDB would hash the wide parts)
 
-# One job's GPUs per bucket k of $bucket_us from $origin_us (timeline.job_gpu_timeline): the
-# job's parts inside the window with sample time (covered_s), summed per GPU (or MIG instance)
-# and bucket - data and busy seconds x MIG share, the memory high-water - named by the GPU's
-# earliest part's index; fits: no part crosses a bucket edge (as TIMELINE_PARTS)
+# One job's GPUs per bucket k (timeline.job_gpu_timeline): its parts inside the window with sample time, summed per GPU (or MIG
+# instance) and bucket - data and busy seconds x MIG share, memory high-water - named by the earliest part's index; fits: as TIMELINE_PARTS
 JOB_GPU_PARTS = f"""
 SELECT (p0 - $origin_us) // $bucket_us AS k, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu,
        bool_and((p1 - 1 - $origin_us) // $bucket_us = (p0 - $origin_us) // $bucket_us) AS fits,
@@ -284,10 +236,9 @@ def stretch_rows() -> str:
 
 
 def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[int, set[int]]:
-    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute facts
-    (GRAIN_5M: an hour's file), hours whose own file holds their hour parts too (GRAIN_1H: those
-    written since it does), days of hour and day facts (GRAIN_1D), and the settled 5-minute
-    buckets of hours still open (OPEN_5M); none on a store of before the facts."""
+    """Per grain, the buckets (epoch us) the store has facts of for `fp`: hours of 5-minute facts (GRAIN_5M), hours whose own
+    file holds their hour parts too (GRAIN_1H), days of hour and day facts (GRAIN_1D), open hours' settled 5-minute buckets
+    (OPEN_5M); all empty on a store without facts."""
     out: dict[int, set[int]] = {cf.GRAIN_5M: set(), cf.GRAIN_1H: set(), cf.GRAIN_1D: set(), OPEN_5M: set()}
     if con.execute(HAS_FACTS).fetchall()[0][0]:
         for g, b, hour_parts, open_from, open_upto in con.execute(STORED_BUCKETS, {"tag": fp.tag()}).fetchall():
@@ -301,10 +252,9 @@ def stored_buckets(con: duckdb.DuckDBPyConnection, fp: cf.FactParams) -> dict[in
 
 
 def fact_files_of(con: duckdb.DuckDBPyConnection, tag: str, grain: int, runs: list[tuple[int, int]]) -> list[str]:
-    """The files holding the `grain` parts of the runs [lo, hi) (epoch us, in order; stored buckets,
-    as tile gives them): 5-minute parts in their hours' files, day parts in their days', hour parts
-    in their days' where the day is closed, else in their hours' files (each hour from one file;
-    tile asks hour parts of an open day only of hours whose file holds them)."""
+    """The files holding the `grain` parts of the runs [lo, hi) (epoch us, in order, as tile gives them): 5-minute parts in their
+    hours' files, day parts in their days', hour parts in their days' where the day is closed, else in their hours' (tile asks an
+    open day's hour parts only of hours whose file holds them)."""
     if grain == cf.GRAIN_1H:
         days = _files_in(con, tag, cf.GRAIN_1D, [(lo - lo % cf.DAY_US, hi) for lo, hi in runs])
         closed = {b for _, b in days}
@@ -336,9 +286,8 @@ def fact_params(params: Params) -> cf.FactParams:
 
 
 def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAIN_1D) -> list[tuple[int | None, int, int]]:
-    """[lo, hi) (epoch us) as (grain, from, to) runs of stored buckets (stored_buckets), coarsest
-    first where they fit (at most max_grain; an hour from its day's file or its own), and (None,
-    from, to) for what is read raw."""
+    """[lo, hi) (epoch us) as (grain, from, to) runs of stored buckets (stored_buckets), coarsest first where they fit (at most
+    max_grain; an hour from its day's file or its own), and (None, from, to) for what is read raw."""
     out: list[tuple[int | None, int, int]] = []
     t = lo
 
@@ -374,17 +323,12 @@ class FactWindow:
                  grid_origin_us: int | None = None, gpus: list[str] | None = None, hosts: list[str] | None = None,
                  health_only: bool = False,
                  columns: tuple[str, ...] = ALL_COLUMNS):
-        """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts.
-        `cursor`: build the parts on this cursor (core.Analysis': its cap and ja are there
-        already) rather than on a cursor of its own. `grid_us`: every edge origin + k x grid_us
-        inside the window is a part edge too (a timeline's buckets: its figures are then sums of
-        the parts of each bucket); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by uuid, and those without one),
-        stored and raw: a read that knows which GPUs it needs (health.events) skips the rest;
-        `hosts` (sorted): only those on these hosts (a job filter's: the reads skip the files and
-        row groups of other hosts).
-        `health_only`: the parts inside the window alone: health's figures
-        read nothing else (no idle stretch crosses into the reach, no job is counted). `columns`:
-        the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS)."""
+        """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts. `cursor`: build the parts on it
+        (core.Analysis': its cap and ja are there already). `grid_us`: every origin + k x grid_us inside the window is a part edge
+        too (a timeline's buckets); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by
+        uuid, and those without one), stored and raw (health.events); `hosts` (sorted): only those on these hosts (a job filter's:
+        reads skip other hosts' files and row groups). `health_only`: the parts inside the window alone (health's figures need no
+        reach and no job). `columns`: the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS)."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
@@ -401,13 +345,12 @@ class FactWindow:
         self.raw_us = 0  # microseconds of GPU time cut from raw samples (the window edges' minutes, buckets without facts)
         self.tiles: dict[int, int] = {}  # grain (s) -> buckets read from facts
         self._extent: tuple[int | None, int | None] | None = None  # SAMPLE_EXTENT, once a cut asks
-        self._runs: dict[str, pl.DataFrame] = {}  # kind -> runs(kind): totals and waste_by both resolve them
+        self._runs: dict[str, pl.DataFrame] = {}  # kind -> runs(kind), resolved once
         self._linked = False  # wheld and wlinked built (linked)
         # a GPU-filtered window's holds, read once for all its raw spans ([lo, hi), table; _holds)
         self._hold_span: tuple[int, int] | None = None
         self._hold: pa.Table | None = None
-        # the window's capacity (cap) and job (ja) tables, built when a query first reads them (a
-        # health or temperature window reads neither); core.Analysis' cursor has them already
+        # cap and ja, built when a query first reads them (a health or temperature window reads neither); core.Analysis' cursor has them
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
         self._parts()
 
@@ -438,8 +381,7 @@ class FactWindow:
                 cells.append((a, b))
         if cells:
             tables += self._raw(cells)
-        # wp: the raw cuts' Arrow table itself, read once by PARTS_VIEW into wpe (then unregistered):
-        # a temp table of it first was a second copy of every part's columns
+        # wp: the raw cuts' Arrow table, read into wpe by PARTS_VIEW (no second copy) and unregistered
         raw = pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA)
         self.con.register("wp", raw.select(list(self.columns)))
         self.con.execute(PARTS_VIEW, sql.bound(PARTS_VIEW, self.bind))
@@ -459,10 +401,8 @@ class FactWindow:
         self.con.execute(query, sql.bound(query, values))
 
     def _holds(self, t: int, u: int) -> pa.Table:
-        """The holds of the window's GPUs overlapping [t, u) (collector.facts.holds) - for a
-        GPU-filtered window (a job's: its start's and its end's edge minutes), those of all its raw
-        spans, read once: build_parts takes holds beyond its own range (a hold it does not meet
-        cuts nothing), and each HOLDS read scans every allocation's GPU (~90 ms at 16,384 GPUs)."""
+        """The holds of the window's GPUs overlapping [t, u) (collector.facts.holds); a GPU-filtered window reads those of all its
+        raw spans once (build_parts ignores holds it does not meet, and each HOLDS read scans every allocation's GPU)."""
         if self._hold_span is None:
             return cf.holds(self.con, t, u, self.fp, self.gpus, self.hosts)
         if self._hold is None:
@@ -478,13 +418,8 @@ class FactWindow:
         return list(zip(edges[:-1], edges[1:]))
 
     def _raw(self, cells: list[tuple[int, int]]) -> list[pa.Table]:
-        """Parts of contiguous spans [a, b) cut from raw samples, each span's parts its own (a
-        timeline's cells must not share a part), built an hour at a time (build_parts' cut keys):
-        one build_parts call an hour, cut at the spans' edges, not one a span (~5 ms each).
-        The samples and holds are read in one statement for as many whole hours as RAW_READ_ROWS
-        allows (one hour first; then as many as the rows an hour gave fit): a small fleet's hours
-        without facts are one read, not one per hour (each is ~10 ms of planning), and a large
-        fleet's stay an hour at a time."""
+        """Parts of contiguous spans [a, b) cut from raw samples, each span's own (a timeline's cells must not share a part): one
+        build_parts call an hour, cut at the spans' edges; samples and holds read in as many whole hours as RAW_READ_ROWS allows."""
         out = []
         where = f"AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) AND {ONLY_GPUS}"
         q = cf.samples_query(raw_reads.SAMPLES, where)
@@ -510,7 +445,7 @@ class FactWindow:
                 ts = samples["ts"]
                 at = np.sort(ts.to_numpy())
                 h = t
-                while h < u:  # each hour's spans built apart, in one call cut at their edges
+                while h < u:
                     h1 = min(u, h - h % cf.HOUR_US + cf.HOUR_US)
                     spans = [(max(a, h), min(b, h1)) for a, b in cells[bisect_right(starts, h) - 1:bisect_left(starts, h1)]]
                     lo, hi_ = spans[0][0], spans[-1][1]
@@ -544,8 +479,7 @@ class FactWindow:
         return self.q(sql.PER_GPU)
 
     def runs(self, kind: str) -> pl.DataFrame:
-        """Idle (kind "idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds,
-        resolved once a window (the window's parts do not change after it is built)."""
+        """Idle ("idle") or no-process ("nop") stretches' rows (STRETCH_ROWS) with their in-window GPU-seconds, resolved once a window."""
         if not self._runs:
             self.linked()
             both = self.q(stretch_rows()).with_columns(gpu_s=pl.col("gpu_h") * 3600)
@@ -604,11 +538,9 @@ class FactWindow:
 
 
 def edge_warnings(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
-    """A warning for each window edge inside a 5-minute bucket whose raw samples retention has
-    retired while the bucket's facts stay: the window's minutes of that bucket are read raw and
-    find no sample, so its figures count them as no data - said, so it is not taken for an outage.
-    Two small reads an edge off the 5-minute grid (the cut's first sample, the bucket's facts);
-    none for an edge on it. Every surface says them (analyze's JSON, each window page)."""
+    """A warning for each window edge inside a 5-minute bucket whose raw samples retention retired while its facts stay: the
+    window's minutes of it are read raw, find no sample and count as no data - said, so it is not taken for an outage. Every
+    surface says them (analyze's JSON, each window page)."""
     fp = fact_params(params)
     s, e = epoch_us(params.start), epoch_us(params.end)
     cur = con.cursor()

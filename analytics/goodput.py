@@ -1,31 +1,25 @@
-"""The goodput waterfall (issue #54): where a window's GPU capacity went, fleet and per team, in
-GPU-hours and money - capacity -> allocated -> with data -> busy -> not lost to interruptions ->
-useful. Each step is computed from figures other functions already give (core.Analysis totals and
-utilization by account, the reliability figures' lost GPU-hours, mfu.account_mfu): no path of its
-own over samples. The steps, each a choice that could be made differently:
+"""The goodput waterfall (issue #54): where a window's GPU capacity went, fleet and per team, in GPU-hours and money.
+
+capacity -> allocated -> with data -> busy -> not lost to interruptions -> useful, each step from figures other functions give
+(core.Analysis totals and utilization by account, the reliability figures' lost GPU-hours, mfu.account_mfu), with no path of
+its own over samples. Each step is a choice:
 
 - capacity: GPU-hours the inventory had (the fleet's only: nobody owns unallocated time);
 - allocated: the jobs' GPU-hours from scheduler accounting (the known GPU counts);
-- with data: of it, the time the job mapping saw the jobs' GPUs with samples - at most allocated
-  (time the mapping saw beyond accounting's GPU count is not allocated time);
+- with data: of it, the time the job mapping saw the jobs' GPUs with samples, at most allocated (time seen beyond
+  accounting's GPU count is not allocated time);
 - busy: utilization-weighted time with data (scaled with it where with data was capped);
-- not lost to interruptions: busy x (1 - lost / allocated), the GPU-hours the window's
-  interruptions lost (from each one's last reported checkpoint, else its start: then an upper
-  bound, and this step a lower bound) taken at the team's own utilization;
-- useful: not lost x MFU (model FLOPs over the GPUs' dense peak), over the team's jobs whose MFU is
-  known; where it is known for part of its GPU-hours only, the step counts that part (at least).
+- not lost to interruptions: busy x (1 - lost / allocated), at the team's own utilization (lost from each interruption's last
+  reported checkpoint, else its start: then an upper bound, and this step a lower bound);
+- useful: not lost x MFU (model FLOPs over the GPUs' dense peak) over the team's jobs whose MFU is known (where that is part
+  of its GPU-hours, that part: at least).
 
-A team is a (cluster, account). The fleet's steps after capacity are its teams' sums, so the teams
-add up to the fleet; a team's unknown step stays unknown and makes the fleet's a lower bound
-(`unknown_teams`). Money: a team's GPU-hours at its own GPUs' prices (the $/GPU-hour of each GPU
-it held, weighted by the GPU-hours it held it: team_prices), so a team on H100s costs H100
-prices on a fleet that also has cheaper GPUs; the fleet's steps after capacity are its teams'
-money summed, capacity at the fleet's price capacity-weighted over its GPU models (`prices_differ`
-says when that is an average). A team's GPU-hours by GPU are its time with data in the window's
-facts as the Teams page has it (window_states' teams: each part at its GPU's MIG share), so the
-weights and the page are one figure, not a second sum over the allocations.
-Unknown when a GPU it counts has no price (a team no mapped GPU of which was seen: the fleet's
-price where all its GPUs have one price, else unknown).
+A team is a (cluster, account). The fleet's steps after capacity are its teams' sums, so the teams add up to the fleet; a
+team's unknown step stays unknown and makes the fleet's a lower bound (`unknown_teams`). Money: a team's GPU-hours at its own
+GPUs' prices, weighted by its time with data on each as the Teams page has it (team_prices; window_states' teams), so a team
+on H100s costs H100 prices; the fleet's steps after capacity are its teams' money summed, capacity at the fleet's
+capacity-weighted price (`prices_differ`: an average). Unknown where a GPU it counts has no price (a team with no mapped GPU
+seen: the fleet's price where all GPUs have one, else unknown).
 """
 
 from __future__ import annotations
@@ -105,12 +99,9 @@ def fleet_price(per_gpu: pl.DataFrame) -> tuple[float | None, bool]:
 
 def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_of: datetime | None = None,
             mfu_jobs: pl.DataFrame | None = None, states: Any = None, reliability_read: Any = None) -> dict[str, Any]:
-    """The window's goodput waterfall (schema SCHEMA) from an unfiltered core.Analysis `a` over
-    `con` and `params`: its totals, utilization by account, per-GPU prices, the reliability
-    figures' lost GPU-hours per team (from `reliability_read`: reliability_store.read's, when the
-    caller has it), mfu.account_mfu (`mfu_jobs`: mfu.job_mfu's rows, when the caller has them)
-    and the teams' time with data by GPU price (`states`: window_states.window_states of `a`,
-    when the caller has it)."""
+    """The window's goodput waterfall (schema SCHEMA) from an unfiltered core.Analysis `a` over `con` and `params`. Passed
+    where the caller has them: `reliability_read` (reliability_store.read's), `mfu_jobs` (mfu.job_mfu's rows), `states`
+    (window_states.window_states of `a`)."""
     from gpufleet.analytics import mfu, reliability, reliability_store
     from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.window_states import window_states
@@ -135,8 +126,7 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
     price, differ = fleet_price(per_gpu)
     held = (states if states is not None else window_states(a, Thresholds.of(params, {}))).teams  # (thresholds split states, not data)
     out = waterfall(totals.capacity_gpu_h, teams, price, differ, team_prices(held, list(teams), price, differ))
-    # the lost GPU-hours counted from an attempt's start where its job reported no checkpoint: then
-    # "not lost" is a lower bound
+    # lost counted from an attempt's start (its job reported no checkpoint): "not lost" is then a lower bound
     out["lost_is_upper_bound"] = any(not measured for _, measured in lost.values())
     allocated = out["fleet"][1]["gpu_h"]
     out["notes"] = []

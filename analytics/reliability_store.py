@@ -1,9 +1,8 @@
-"""Reliability from the store: the window's attempts (accounting, with the GPUs the job mapping saw
-them hold), their GPUs' health events (gpufleet.analytics.health.events: from the store's facts, the
-parts where a counter passes its first value read raw), and the policy audit's cancels and the checkpoints jobs reported
-(job_checkpoints), classified and summed by
-gpufleet.analytics.reliability's pure functions. Read by `gpufleet analyze --reliability`, the
-policy's lemon drains and its metrics.
+"""Reliability from the store: the window's attempts, their GPUs' health events, the policy's cancels, jobs' checkpoints.
+
+Attempts from accounting, with the GPUs the job mapping saw them hold; events from health.events (the store's facts); cancels
+from the policy audit; checkpoints from job_checkpoints - classified and summed by gpufleet.analytics.reliability's pure
+functions. Read by `gpufleet analyze --reliability`, the policy's lemon drains and its metrics.
 """
 
 from __future__ import annotations
@@ -36,31 +35,25 @@ def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]
 
 def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20
                ) -> tuple[list[Classified], list[Summed], list[dict[str, Any]]]:
-    """The window's attempts the report needs as rows, classified (accounting, their GPUs' health
-    events from the store's facts, the policy audit; sql.RELIABILITY_ATTEMPTS says which: those of
-    a chain with an attempt that did not complete, of a job that reported checkpoints, the `top`
-    largest), the rest summed (figures' `summed`: completed or not ended, per GPU count and mix
-    bucket), and each host's GPU-hours held (cluster, host, scheduler, gpu_hours). `as_of`: where
-    a running job's time ends (default: the window's end)."""
+    """The window's attempts the report needs as rows, classified (sql.RELIABILITY_ATTEMPTS says which: a chain's with an
+    attempt that did not complete, a job's that reported checkpoints, the `top` largest), the rest summed (figures' `summed`:
+    completed or not ended, per GPU count and mix bucket), and each host's GPU-hours held (cluster, host, scheduler, gpu_hours).
+    `as_of`: where a running job's time ends (default: the window's end)."""
     as_of = min(as_of or params.end, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
              "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top,
              "bucket_us": round(MIX_BUCKET.total_seconds() * 1_000_000), "resubmit_s": s.resubmit_window.total_seconds(),
              **params.filters.bind()}
-    # every GPU of the cluster: the attempts' GPUs pick their own events (health reads only the
-    # cluster and model filters, and the attempts are not filtered by model), over the whole hours
-    # around the attempts' evidence windows: those are read from the facts alone, where an edge cut
-    # out of a 5-minute bucket is read raw (samples, holds and parts: ~0.15 s at 1,024 GPUs); an
-    # event outside an attempt's own window is not its evidence
+    # every GPU of the cluster, any model (the attempts pick their own events; they are not filtered by model), over whole hours
+    # around the attempts' evidence windows, so the facts answer alone (an edge off the grid is read raw); an event outside an
+    # attempt's own window is not its evidence
     around = replace(params, start=floor_time(params.start - s.hardware_window, EVENT_READ_STEP),
                      end=ceil_time(params.end + s.grace, EVENT_READ_STEP), filters=replace(params.filters, model=None))
     cur, events_cur, hosts_cur = con.cursor(), con.cursor(), con.cursor()
     try:
-        # two reads need nothing from the attempts, each on a cursor of its own in a worker thread
-        # (DuckDB runs a statement while Python runs): the health events beside the attempts'
-        # statements (many small statements over the facts, which leave a core idle, beside a few
-        # large ones), and the hosts' GPU-hours once those are done (a scan of every allocation:
-        # beside them it slowed both; beside the Python over the attempts it takes the idle core)
+        # two reads need nothing from the attempts, each on its own cursor in a worker thread (DuckDB runs a statement while Python
+        # runs): the health events (many small statements) beside the attempts' few large ones, and the hosts' GPU-hours (a scan of
+        # every allocation) once those are done, beside the Python over the attempts (beside the statements it slows both)
         with ThreadPoolExecutor(2, thread_name_prefix="reliability-read") as pool:
             found = pool.submit(health.events, events_cur, around)
             cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
@@ -104,9 +97,8 @@ def read_checkpoints(con: Any, params: Any, as_of: datetime | None = None) -> Sa
 
 @dataclass(frozen=True)
 class Read:
-    """What report() and lost_by_team() compute from: read_store's attempts (classified), the rest
-    summed and the hosts' GPU-hours, and read_checkpoints' saves - read once where a caller wants
-    both (the weekly report's reliability section and goodput waterfall)."""
+    """What report() and lost_by_team() compute from: read_store's and read_checkpoints' results, read once where a caller
+    wants both (the weekly report's reliability section and goodput waterfall)."""
 
     classified: list[Classified]
     summed: list[Summed]
@@ -122,18 +114,16 @@ def read(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None
 
 def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
            done: Read | None = None) -> dict[str, Any]:
-    """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with
-    their evidence, the interrupted attempts that cost most, each with its cause's evidence, the
-    chains that lost most, and Young/Daly's checkpoint advice for the largest chains. `done`: the
-    window's read (read(), with the same `top`), when the caller has it."""
-    with gc_paused():  # (~100,000 attempts and chains at 100,000 GPUs: procs.gc_paused)
+    """The window's reliability as JSON-ready data (schema SCHEMA): settings, figures, lemons with their evidence, the
+    interrupted attempts that cost most with their causes' evidence, the chains that lost most, and Young/Daly's checkpoint
+    advice for the largest chains. `done`: the window's read() with the same `top`, when the caller has it."""
+    with gc_paused():  # (it builds many objects: procs.gc_paused)
         return _report(params, s, as_of, top, done or read(con, params, s, as_of, top))
 
 
 def figures_and_lemons(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None) -> dict[str, Any]:
-    """The window's figures and lemons alone, as report() gives them (its "figures" and "lemons"):
-    what the policy's drains and its interruption-rate metrics read each round, without the
-    chains, goodput and advice the report adds (two thirds of a 16,384-GPU week's report)."""
+    """The window's figures and lemons alone, as report() gives them: what the policy's drains and its interruption-rate
+    metrics read each round, without the chains, goodput and advice the report adds."""
     with gc_paused():
         done = read(con, params, s, as_of)
         return _figures_and_lemons(params, s, as_of, done, _saved_times(done))
@@ -170,7 +160,7 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
     others_gpu_s = sum(c.attempt.gpus * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
                        for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains
                        ) + sum(x.wall_gpu_s for x in summed)
-    # (the first `top` of each order: heapq.nsmallest is sorted()[:top], without sorting the ~100,000 chains)
+    # (the first `top` of each order: heapq.nsmallest is sorted()[:top] without sorting every chain)
     interrupted_chains = heapq.nsmallest(top, (ch for ch in chains if ch.interruptions),
                                          key=lambda ch: (-(ch.gpus or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
     interrupted = heapq.nsmallest(top, (c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
@@ -198,11 +188,9 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
 
 def lost_by_team(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, done: Read | None = None
                  ) -> dict[tuple[str, str | None], tuple[float | None, bool]]:
-    """Per (cluster, account): the GPU-hours the window's interruptions lost, as figures() counts
-    them for the fleet (None: the team had an interruption of unknown GPU count, so its loss is
-    unknown), and whether every one was measured from a reported checkpoint (else an upper bound).
-    Teams with no interruption are absent. `done`: the window's read(), when the caller has it
-    (whatever its `top`: every interrupted attempt is read as a row)."""
+    """Per (cluster, account): the GPU-hours the window's interruptions lost, as figures() counts them for the fleet (None: an
+    interruption of unknown GPU count), and whether every one was measured from a reported checkpoint (else an upper bound).
+    Teams with no interruption are absent. `done`: the window's read(), any `top` (every interrupted attempt is a row)."""
     done = done or read(con, params, s, as_of)
     classified = done.classified
     times = _saved_times(done)

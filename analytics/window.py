@@ -45,11 +45,10 @@ def register_prices(con: duckdb.DuckDBPyConnection, params: Params) -> dict[str,
 
 
 def by_job_dimension(alloc: pl.DataFrame, used: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Allocated GPU-hours (sql.job_allocated_by) and the allocations' data and busy GPU-hours
-    (sql.job_use) by job dimension keys, with the allocated time without data. Allocated is the
-    sum over the row's jobs whose GPU count is known (gpus_unknown_jobs says how many are not);
-    null - unknown, never 0 - where no job of the row has a known count (or the accounting has no
-    job of a row the job mapping saw), and so is its no-data time."""
+    """Allocated GPU-hours (sql.job_allocated_by) and the allocations' data and busy GPU-hours (sql.job_use) by job dimension
+    keys, with the allocated time without data. Allocated sums the row's jobs whose GPU count is known (gpus_unknown_jobs: how
+    many are not); null - unknown, never 0 - where none is (or the accounting lacks the row's jobs the job mapping saw), and
+    so is its no-data time."""
     return alloc.join(used, on=keys, how="full", coalesce=True, nulls_equal=True).with_columns(
         pl.col("data_gpu_h").fill_null(0.0), pl.col("busy_gpu_h").fill_null(0.0), pl.col("gpus_unknown_jobs").fill_null(0)
     ).with_columns((pl.col("allocated_gpu_h") - pl.col("data_gpu_h")).clip(lower_bound=0).alias("no_data_gpu_h"))

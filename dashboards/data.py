@@ -1,27 +1,19 @@
 """Cached data access for the pages: every figure comes from analytics, computed once per window.
 
-- The reader connection (gpufleet.collector.store.open_reader: views over the store's current manifest,
-  never the writer's file) is a st.cache_resource keyed by store path and manifest version, so
-  a new publish by the collector is picked up and a reader never sees a half-written batch.
-- One gpufleet.analytics.core.Analysis per window and filters computes everything the Utilization, Jobs,
-  Teams, Waste and MFU pages show (`window_bundle`): the same functions `gpufleet analyze` and
-  the report call, nothing computed ahead and no figure of the dashboard's own. The Analysis
-  itself (large temporary tables) is dropped as soon as the bundle is made. The Bundle is kept
-  with st.cache_resource: one object for every session, not a copy each (st.cache_data pickles:
-  a 16,384-GPU week's job list is 212 MiB pickled, ~0.9 s to store and read back), so the pages
-  never change what they are given.
-- Cache keys are plain tuples holding every input of a figure: store, window, filters and a
-  fingerprint of the configuration. A relative window ("the last 24 h", `Window`) also carries
-  the number of its reuse period (step_for: longer for longer windows): its figures are computed
-  with the window ending at the moment they are first asked for, and reused until the period
-  ends. Its start is put back onto the store's 5-minute facts grain (the last 6 h are then 6 h
-  and at most 5 minutes), or onto the hour where its timeline's buckets are whole hours (the
-  last 24 h, 7 d, 30 d: 24 h and at most an hour, like Grafana's "now-24h/h"), so its timeline's
-  bucket edges fall on the facts' bucket edges and the analysis answers them from the facts
-  instead of reading those minutes raw; its end lies in the open hour, whose newest minutes
-  (after the settled facts end) are read raw anyway. What they were computed for travels with them
-  (`Resolved`), so the job report and the previous window's totals are asked for exactly the same
-  window.
+- The reader connection (gpufleet.collector.store.open_reader: views over the store's current manifest, never the writer's
+  file) is a st.cache_resource keyed by store path and manifest version, so a new publish is picked up and a reader never
+  sees a half-written batch.
+- One gpufleet.analytics.core.Analysis per window and filters computes everything the Utilization, Jobs, Teams, Waste and
+  MFU pages show (`window_bundle`): the functions `gpufleet analyze` and the report call, no figure of the dashboard's own.
+  The Analysis (large temporary tables) is dropped once the bundle is made; the Bundle is a st.cache_resource, one object for
+  every session (st.cache_data would pickle a copy each), so the pages never change what they are given.
+- Cache keys are plain tuples holding every input of a figure: store, window, filters and a configuration fingerprint. A
+  relative window ("the last 24 h", `Window`) also carries the number of its reuse period (step_for): its figures are
+  computed for the window ending when first asked for, and reused until the period ends. Its start is put back onto the
+  5-minute facts grain, or onto the hour where its timeline's buckets are whole hours (start_grain; like Grafana's
+  "now-24h/h"), so bucket edges fall on the facts' and are answered from them, not read raw (its end's newest minutes are
+  read raw anyway). What they were computed for travels with them (`Resolved`), so the job report and the previous window's
+  totals are asked for exactly the same window.
 
 Nothing here computes a figure: it calls analytics and caches what comes back.
 """
@@ -69,8 +61,7 @@ def current_settings() -> dconfig.Settings:
 
 
 def manifest_version(root: str | Path) -> int | None:
-    """The store's publish counter, summed over its shards (None: no store yet). Cheap: one
-    small file per shard."""
+    """The store's publish counter, summed over its shards (None: no store yet); cheap: one small file per shard."""
     from gpufleet.collector.store import store_version
 
     return store_version(root)
@@ -90,9 +81,8 @@ def _reader(root: str, version: int, memory_limit: str, threads: int) -> duckdb.
 
 
 def reader(root: str | Path) -> duckdb.DuckDBPyConnection:
-    """The reader connection for the store's current manifest. Raises gpufleet.collector.store.StoreError
-    when there is no store. Queries use cursors of their own (analytics does), so sessions
-    share the connection safely."""
+    """The reader connection for the store's current manifest (gpufleet.collector.store.StoreError: no store). Queries use
+    cursors of their own (analytics does), so sessions share it safely."""
     from gpufleet.collector.store import StoreError
 
     version = manifest_version(root)
@@ -118,11 +108,9 @@ def step_for(length: timedelta) -> timedelta:
 
 
 def start_grain(length: timedelta) -> timedelta:
-    """Where a relative window of this length starts (see the module's docstring): on the hour
-    when its timeline's buckets are whole hours (24 h and longer), so every bucket edge falls on
-    an hour's and each hour inside the window is read from its hour facts; else on the 5-minute
-    facts grain. The window's timeline keeps its bucket: a window at most one grain
-    longer than `length` gets the same one (gpufleet.analytics.timeline.default_bucket)."""
+    """Where a relative window of this length starts (module docstring): on the hour when its timeline's buckets are whole
+    hours (24 h and longer), so each hour inside it is read from its hour facts; else on the 5-minute facts grain. A window at
+    most one grain longer than `length` keeps its timeline's bucket (gpufleet.analytics.timeline.default_bucket)."""
     bucket = default_bucket(length)
     return HOUR if bucket % HOUR == timedelta(0) else FACT_GRAIN
 
@@ -135,9 +123,8 @@ def _epoch_s(t: datetime) -> float:
 class Window:
     """What a page asked for: the store, "the last 24 h" (preset) or a fixed window, the filters.
 
-    `epoch` numbers the reuse period of a window that follows now (see step_for): part of the
-    cache key, so figures are computed afresh - with the window ending at that moment - once per
-    period, and reused within it."""
+    `epoch` numbers the reuse period of a window that follows now (step_for): in the cache key, so figures are computed
+    afresh, for the window ending at that moment, once a period."""
 
     root: str
     preset: str | None
@@ -307,9 +294,8 @@ def _reliability_settings(s: dconfig.Settings) -> Any:
 
 def _goodput(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, a: Analysis, p: Params, w: Resolved,
              mfu_figures: dict[str, pl.DataFrame] | None, states: Any, attempts: Future) -> tuple[dict | None, str | None]:
-    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis,
-    its window states (the teams' prices) and its attempts (`attempts`: reliability_store.read's,
-    read beside the analysis); None: it failed, with the error."""
+    """The window's goodput waterfall (gpufleet.analytics.goodput.compute) on the bundle's analysis, window states (the teams'
+    prices) and attempts (`attempts`: reliability_store.read's, read beside the analysis); None: it failed, with the error."""
     from gpufleet.analytics import goodput
 
     try:
@@ -362,8 +348,8 @@ def edge_warnings(key: tuple) -> list[str]:
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the previous window (analytics)...")
 def previous_baseline(key: tuple):
-    """The window of the same length just before (`key`: a Resolved.key) as a comparison base (gpufleet.analytics.trends.Baseline): its totals and
-    whether the rule lets anything be compared against it."""
+    """The window of the same length just before (`key`: a Resolved.key) as a comparison base
+    (gpufleet.analytics.trends.Baseline): its totals and whether the rule lets anything be compared against it."""
     from gpufleet.analytics.trends import previous_baseline as prev
 
     s, w, p = _resolved(key)
@@ -372,11 +358,9 @@ def previous_baseline(key: tuple):
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")
 def job_report(key: tuple, job: dict) -> dict | None:
-    """gpufleet.analytics.jobs.job_report for one job, on the window narrowed to the job's run and to
-    the job itself (with its cluster, account and user): the same figures (a job's figures depend
-    only on its own allocation inside the window, and idle stretches are still judged by their
-    whole length through the analysis' reach), at a fraction of the cost. Also the per-GPU
-    timelines."""
+    """gpufleet.analytics.jobs.job_report for one job, on the window narrowed to the job's run and to the job itself (its
+    cluster, account and user): the same figures (a job's depend only on its own allocation inside the window, and idle
+    stretches are still judged whole through the reach) at a fraction of the cost. Also the per-GPU timelines."""
     from gpufleet.analytics import jobs as ajobs
     from gpufleet.analytics import timeline
 
@@ -388,9 +372,6 @@ def job_report(key: tuple, job: dict) -> dict | None:
     f = Filters(cluster=job["cluster"], account=job.get("account"), user_name=job.get("user_name"), model=w.filters.model,
                 partition=job.get("partition"), job_key=job["job_key"])
     narrowed = params_for(s, start, end, f)
-    # the job's GPU timeline reads its run's samples with the detail columns (GpuTime.bucket_detail),
-    # so the whole report reads them once, raw, rather than summaries and then samples - of the
-    # GPUs the job held only, not the fleet's
     a = Analysis(reader(w.root), narrowed, now=w.as_of, timeline=True)  # (its GPU timeline: the parts' sums)
     try:
         r = ajobs.job_report(a, job["job_key"])
@@ -404,9 +385,8 @@ def job_report(key: tuple, job: dict) -> dict | None:
 
 
 def _job_states(s: dconfig.Settings, w: Resolved, p: Params, job: dict) -> dict:
-    """Where the job's GPU time went (gpufleet.analytics.states.job_breakdown on the job's
-    narrowed window) as "states" (None: no GPU of it mapped), or "states_error" saying why it
-    could not be computed."""
+    """Where the job's GPU time went (gpufleet.analytics.states.job_breakdown on the job's narrowed window) as "states" (None:
+    no GPU of it mapped), or "states_error" saying why it could not be computed."""
     from gpufleet.analytics.states import job_breakdown, thresholds
 
     try:
@@ -417,9 +397,8 @@ def _job_states(s: dconfig.Settings, w: Resolved, p: Params, job: dict) -> dict:
 
 
 def _job_mfu(a: Analysis, job: dict, w: Resolved) -> dict:
-    """The job's MFU row (its row of the window's per-job MFU: gpufleet.analytics.mfu.job_mfu over
-    the job's narrowed analysis `a`, with the window's throughput reports) as "mfu" (None: the job
-    has none), or "mfu_error" saying why it could not be computed."""
+    """The job's MFU row (gpufleet.analytics.mfu.job_mfu over the job's narrowed analysis `a`, with the window's throughput
+    reports) as "mfu" (None: the job has none), or "mfu_error" saying why it could not be computed."""
     try:
         rows = mfu.job_mfu(a, reports_in=(w.start, w.end)).filter(
             (pl.col("cluster") == job["cluster"]) & (pl.col("scheduler") == job["scheduler"]) & (pl.col("job_key") == job["job_key"]))
@@ -431,8 +410,7 @@ def _job_mfu(a: Analysis, job: dict, w: Resolved) -> dict:
 
 @st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Reading GPU health (analytics)...")
 def health(key: tuple, bucket_s: float) -> dict:
-    """GPU health of the window (`key`: a Window.key; gpufleet.analytics.health: from its facts), with
-    the times it was computed for."""
+    """GPU health of the window (`key`: a Window.key; gpufleet.analytics.health: from its facts), with the times it is for."""
     from gpufleet.analytics import health as ahealth
 
     s, w, p = _request(key)
@@ -485,12 +463,10 @@ def health_for(w: Window) -> dict:
 
 @st.cache_data(ttl=timedelta(minutes=10), max_entries=8, show_spinner=False)
 def fleet_now(key: tuple, as_of: datetime | None, version: int | None, tick: int | None = None) -> dict:
-    """GPU states at as_of (gpufleet.analytics.fleet_now); as_of None: now, at the first ask within the
-    10-second `tick`. `version` (the manifest's) makes a new publish a new key, so "now" is as
-    fresh as the store. The key holds everything the states depend on (a live key moves on with
-    every tick), so an entry never goes stale: the time to live only bounds how long it is kept,
-    long enough for the Fleet now and Health pages of one fixed moment to share it (at 16,384
-    GPUs the states take ~0.8 s, a third of the Health page's first load)."""
+    """GPU states at as_of (gpufleet.analytics.fleet_now); as_of None: now, at the first ask within the 10-second `tick`.
+    `version` (the manifest's) makes a new publish a new key, so "now" is as fresh as the store. The key holds everything the
+    states depend on, so an entry never goes stale: the time to live only bounds how long it is kept, long enough for the
+    Fleet now and Health pages of one fixed moment to share it."""
     from gpufleet.analytics import fleet_now as fn
 
     s, w, p = _request(key)
@@ -508,9 +484,8 @@ def fleet_now_for(ctx_window: Window, now: datetime, version: int | None) -> dic
 
 @st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)
 def policy(key: tuple, version: int | None, tick: int | None = None) -> dict:
-    """The idle-GPU policy (gpufleet.analytics.policy): the plan now (None without a [policy]
-    section), with no action the job nearest to one and why (a policy.NotYet, or None), the audit
-    trail of the window, and the actions whose latest attempt failed."""
+    """The idle-GPU policy (gpufleet.analytics.policy): the plan now (None without a [policy] section), with no action the job
+    nearest to one and why (a policy.NotYet, or None), the window's audit trail, and the actions whose latest attempt failed."""
     from gpufleet.analytics import policy as apolicy
 
     s, w, p = _request(key)
