@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import date, datetime, timedelta
 from typing import Any, TextIO
@@ -121,22 +121,31 @@ def with_states(a, by: str, out: list[dict[str, Any]], t: Any) -> list[dict[str,
 def build_report(con, params, by: str, top: int, job: str | None, now: datetime | None = None,
                  shares: dict[str, float] | None = None, half_life: timedelta = timedelta(days=7),
                  state_thresholds: Any = None) -> dict[str, Any]:
+    from gpufleet.analytics.trends import previous_baseline
+
+    # the previous window's totals, then the queue gaps (neither reads the window's analysis), in a worker thread
+    # beside the analysis, each on a cursor of its own: DuckDB runs a statement while Python runs
+    previous_cur, gaps_cur = con.cursor(), con.cursor()
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="analyze-read") as pool:
+            previous = pool.submit(previous_baseline, previous_cur, params, now=now)
+            gaps = pool.submit(queue_gap_report, gaps_cur, params, now, top)
+            return _report(con, params, by, top, job, now, shares, half_life, state_thresholds, previous, gaps)
+    finally:
+        previous_cur.close()
+        gaps_cur.close()
+
+
+def _report(con, params, by: str, top: int, job: str | None, now: datetime | None, shares: dict[str, float] | None,
+            half_life: timedelta, state_thresholds: Any, previous: Future, gaps: Future) -> dict[str, Any]:
     from gpufleet.analytics.core import Analysis, unknown_filter_values, unknown_gpu_jobs
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
     from gpufleet.analytics.states import Thresholds
-    from gpufleet.analytics.trends import previous_baseline
 
-    # the previous window's totals on a cursor and thread of their own: DuckDB runs a statement while Python runs
-    previous_cur = con.cursor()
-    try:
-        with ThreadPoolExecutor(1, thread_name_prefix="previous-window") as pool:
-            previous = pool.submit(previous_baseline, previous_cur, params, now=now)
-            a = Analysis(con, params, now=now)
-            totals = a.totals()
-            base = previous.result()
-    finally:
-        previous_cur.close()
+    a = Analysis(con, params, now=now)
+    totals = a.totals()
+    base = previous.result()
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat(), "hours": params.seconds / 3600},
@@ -162,7 +171,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
         "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
         "without_share": list(fair.without_share), "unknown_demand": list(fair.unknown_demand), "compared_across": fair.compared_across, "shown": fair.shown,
     }
-    report["queue_gaps"] = queue_gap_report(con, params, now, top)
+    report["queue_gaps"] = gaps.result()
     if job:
         r = job_report(a, job)
         report["job"] = None if r is None else {
