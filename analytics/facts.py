@@ -321,14 +321,14 @@ class FactWindow:
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
                  grid_origin_us: int | None = None, gpus: list[str] | None = None, hosts: list[str] | None = None,
-                 health_only: bool = False,
+                 inside_only: bool = False,
                  columns: tuple[str, ...] = ALL_COLUMNS):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts. `cursor`: build the parts on it
         (core.Analysis': its cap and ja are there already). `grid_us`: every origin + k x grid_us inside the window is a part edge
         too (a timeline's buckets); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by
         uuid, and those without one), stored and raw (health.events); `hosts` (sorted): only those on these hosts (a job filter's:
-        reads skip other hosts' files and row groups). `health_only`: the parts inside the window alone (health's figures need no
-        reach and no job). `columns`: the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS)."""
+        reads skip other hosts' files and row groups). `inside_only`: the parts inside the window alone, no reach (health's
+        figures and the timelines' sums read no idle stretch). `columns`: the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS)."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
@@ -336,7 +336,7 @@ class FactWindow:
         self.grid_origin_us = epoch_us(params.start) if grid_origin_us is None else grid_origin_us
         self.gpus = gpus
         self.hosts = hosts
-        self.health_only = health_only
+        self.inside_only = inside_only
         self.columns = columns
         self.fp = fact_params(params)
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
@@ -359,8 +359,8 @@ class FactWindow:
     def _parts(self) -> None:
         s, e = self.bind["start_us"], self.bind["end_us"]
         reach = round((self.p.idle_min_duration + self.p.max_gap).total_seconds() * 1_000_000)
-        r0 = s if self.health_only else (s - reach) - (s - reach) % FIVE_US
-        r1 = e if self.health_only else -((-(e + reach)) // FIVE_US) * FIVE_US
+        r0 = s if self.inside_only else (s - reach) - (s - reach) % FIVE_US
+        r1 = e if self.inside_only else -((-(e + reach)) // FIVE_US) * FIVE_US
         stored = stored_buckets(self.con, self.fp)
         tables, spans = [], []
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):

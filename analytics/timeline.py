@@ -104,7 +104,7 @@ def utilization_timelines(a, dims=TIMELINE_DIMS, bucket: timedelta | None = None
 def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **extra) -> dict[str, pl.DataFrame]:
     """Each of `queries` (per-bucket sums over the parts, with `fits`: no part crosses an edge) for buckets
     of `bsec` seconds from origin_us. Buckets that cut the analysis' parts read the window's parts again,
-    cut at their edges (facts.TIMELINE_COLUMNS only)."""
+    cut at their edges: those inside the window alone (the sums read no reach), facts.TIMELINE_COLUMNS only."""
     b_us = round(bsec * 1_000_000)
     extra = {**extra, "bucket_us": b_us, "origin_us": origin_us}
     # parts coarser than the buckets nearly always cross their edges: read them cut at once
@@ -112,7 +112,8 @@ def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **ex
         out = {name: pl.from_arrow(query_rows(a.con, q, sql.bound(q, {**a.bind, **extra}))) for name, q in queries.items()}
         if all(o.is_empty() or o["fits"].all() for o in out.values()):
             return {name: o.drop("fits") for name, o in out.items()}
-    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, columns=TIMELINE_COLUMNS)
+    fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, inside_only=True,
+                    columns=TIMELINE_COLUMNS)
     try:
         out = {name: fw.q(q, **extra) for name, q in queries.items()}
     finally:
