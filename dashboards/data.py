@@ -257,31 +257,30 @@ def window_bundle(key: tuple) -> Bundle:
     con = reader(w.root)
     # the goodput waterfall's interrupted attempts (reliability_store.read: cursors of their own)
     # are read in a worker thread beside the analysis: DuckDB runs a statement while Python runs
-    pool = ThreadPoolExecutor(1, thread_name_prefix="window-bundle")
-    attempts = pool.submit(lambda: reliability_store.read(con, p, _reliability_settings(s), w.as_of))
-    a = Analysis(con, p, now=w.as_of)
-    try:
-        totals = a.totals()
-        util = {by: a.utilization(by) for by in UTILIZATION_BY}
-        tl = timeline.utilization_timelines(a, TIMELINE_BY)
-        waste = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
-        top = a.top_wasteful_jobs(TOP_JOBS)
-        summaries = ajobs.job_summaries(a)
-        fair, fair_err = None, None
+    with ThreadPoolExecutor(1, thread_name_prefix="window-bundle") as pool:
+        attempts = pool.submit(lambda: reliability_store.read(con, p, _reliability_settings(s), w.as_of))
+        a = Analysis(con, p, now=w.as_of)
         try:
-            fair = fairness.fairness(a, s.shares, s.half_life)
-        except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
-            log.exception("fairness failed")
-            fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
-        mfu_figures, mfu_err = _mfu(a)
-        states, states_err = _window_states(s, a, p)
-        fall, fall_err = _goodput(s, con, a, p, w, mfu_figures, states, attempts)
-        return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
-                      fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                      computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err, states=states, states_error=states_err)
-    finally:
-        pool.shutdown(wait=True)
-        _close(a)
+            totals = a.totals()
+            util = {by: a.utilization(by) for by in UTILIZATION_BY}
+            tl = timeline.utilization_timelines(a, TIMELINE_BY)
+            waste = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
+            top = a.top_wasteful_jobs(TOP_JOBS)
+            summaries = ajobs.job_summaries(a)
+            fair, fair_err = None, None
+            try:
+                fair = fairness.fairness(a, s.shares, s.half_life)
+            except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+                log.exception("fairness failed")
+                fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
+            mfu_figures, mfu_err = _mfu(a)
+            states, states_err = _window_states(s, a, p)
+            fall, fall_err = _goodput(s, con, a, p, w, mfu_figures, states, attempts)
+            return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
+                          fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
+                          computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err, states=states, states_error=states_err)
+        finally:
+            _close(a)
 
 
 def _reliability_settings(s: dconfig.Settings) -> Any:
