@@ -424,7 +424,11 @@ class Analysis:
 
     def top_wasteful_jobs(self, n: int = 10) -> pl.DataFrame:
         """The jobs with the most idle allocated GPU-hours in the window."""
-        return top_wasteful_jobs(self.idle_stretches("idle"), n, lambda jobs: self.q(sql.JOB_RUNTIMES, tables={"_jobs": jobs}))
+        return top_wasteful_jobs(self.idle_stretches("idle"), n, self.job_runtimes)
+
+    def job_runtimes(self, jobs: pl.DataFrame) -> pl.DataFrame:
+        """sql.JOB_RUNTIMES' rows of the window's `jobs` (rows of JOB_KEY)."""
+        return self.q(sql.JOB_RUNTIMES, tables={"_jobs": jobs})
 
     def totals(self) -> Totals:
         if self.job_filtered:

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
-from gpufleet.report import fmt, pipeline, render
+from gpufleet.report import fmt, model, pipeline, render
 from gpufleet.report.config import load as load_report_config
 from gpufleet.report.model import daily_points, gather
 from gpufleet.report.window import last_complete_week, parse_week, span_window, week_window
@@ -382,6 +382,22 @@ def test_team_report_has_only_its_team(store, w47, outputs):
     assert team.subject.startswith("GPU waste report 2026-W47 \u2014 team physics: $8.25 idle")
     assert team.name == "gpufleet-report-2026-W47-team-physics"
 
+
+
+def test_team_reports_equal_an_analysis_filtered_to_the_team(store, w47, outputs):
+    """A team's lists are its rows of the fleet's figures; an analysis filtered to its account,
+    what each team's report once ran, is the oracle: every team's lists equal its."""
+    fleet = outputs[0].report
+    a = fleet.extra["analysis"]
+    teams = sorted({t.account for t in fleet.teams} | {"no-such-team"})
+    assert HOSTILE_ACCOUNT in teams and fleet.wasteful_jobs and fleet.no_process_jobs
+    for team in teams:
+        mine = model.for_team(fleet, team)
+        oracle = Analysis(store.reader(), replace(a.p, filters=replace(a.p.filters, account=team)), now=fleet.generated_at)
+        summaries = job_summaries(oracle)
+        assert mine.wasteful_jobs == model.wasteful_jobs(oracle, fleet.top_n, summaries), team
+        assert (mine.no_process_jobs, mine.no_process_more + len(mine.no_process_jobs)) == model.no_process_jobs(oracle, summaries), team
+        assert all(j.account == team for j in [*mine.wasteful_jobs, *mine.no_process_jobs])
 
 # --- hostile names ---
 

@@ -22,7 +22,7 @@ import duckdb
 import polars as pl
 
 from gpufleet.analytics import sql, timeline
-from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, with_utilization
+from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, top_wasteful_jobs, waste_by, with_utilization
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.shares import team_shares
@@ -274,9 +274,17 @@ def _job_info(summaries: pl.DataFrame, listed: pl.DataFrame) -> dict[tuple, dict
     return {(r["cluster"], r["scheduler"], r["job_key"]): r for r in s.to_dicts()}
 
 
-def wasteful_jobs(a: Analysis, n: int, summaries: pl.DataFrame) -> list[JobRow]:
+def _stretches(a: Analysis, kind: str, team: str | None) -> pl.DataFrame:
+    """The window's idle (or no-process) stretches, of `team`'s jobs alone when given: a team's
+    rows of the fleet's, which an analysis filtered to its account would give (an account filter
+    narrows which jobs are seen, not how)."""
+    rows = a.idle_stretches(kind)
+    return rows if team is None else rows.filter(pl.col("account") == team)
+
+
+def wasteful_jobs(a: Analysis, n: int, summaries: pl.DataFrame, team: str | None = None) -> list[JobRow]:
     out = []
-    top = a.top_wasteful_jobs(n)
+    top = top_wasteful_jobs(_stretches(a, "idle", team), n, a.job_runtimes)
     info = _job_info(summaries, top)
     for r in top.to_dicts():
         j = info.get((r["cluster"], r["scheduler"], r["job_key"]), {})
@@ -286,10 +294,10 @@ def wasteful_jobs(a: Analysis, n: int, summaries: pl.DataFrame) -> list[JobRow]:
     return out
 
 
-def no_process_jobs(a: Analysis, summaries: pl.DataFrame) -> tuple[list[JobRow], int]:
-    """The first NO_PROCESS_LIST jobs that held GPUs with no process, most GPU-hours first, and how
-    many such jobs there were."""
-    w = a.waste_by("job", "no_process")
+def no_process_jobs(a: Analysis, summaries: pl.DataFrame, team: str | None = None) -> tuple[list[JobRow], int]:
+    """The first NO_PROCESS_LIST jobs (of `team`, when given) that held GPUs with no process, most
+    GPU-hours first, and how many such jobs there were."""
+    w = waste_by(_stretches(a, "no_process", team), "job")
     if w.is_empty():
         return [], 0
     w = w.sort(["gpu_h", "job_key"], descending=[True, False])
@@ -492,7 +500,7 @@ def _gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, pool
         jain_index=fair.jain_index if fair is not None else None, gini_users=fair.gini_users if fair is not None else None,
         method=_method(a, cur, processes, shares_source, half_life if fair is not None else None),
         top_n=top_n,
-        extra={"analysis": a, "processes": processes, "mfu_jobs": mfu_jobs},
+        extra={"analysis": a, "processes": processes, "mfu_jobs": mfu_jobs, "summaries": summaries},
         reliability=rel,
         shared_gpus=team_shares(con, params).to_dicts() if status == "ok" else [],
         goodput=fall,
@@ -500,13 +508,11 @@ def _gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, pool
     )
 
 
-def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report:
-    """A team's own report: the fleet headline for context, then only that team's row, jobs and MFU.
-
-    The team's jobs come from an analysis filtered to its account, which gives the same per-job
-    figures as the fleet's analysis (an account filter narrows which jobs are seen, not how).
-    """
-    a_fleet: Analysis = fleet.extra["analysis"]
+def for_team(fleet: Report, team: str) -> Report:
+    """A team's own report: the fleet headline for context, then only that team's row, jobs and MFU,
+    each the team's rows of the fleet's figures (no analysis of its own: a filtered figure equals
+    its row in the unfiltered table, so each team's report costs what it lists)."""
+    a: Analysis = fleet.extra["analysis"]
     rows = [r for r in fleet.teams if r.account == team]
     notices = list(fleet.notices)
     wasteful: list[JobRow] = []
@@ -515,12 +521,10 @@ def for_team(con: duckdb.DuckDBPyConnection, fleet: Report, team: str) -> Report
     mfu: list[MfuRow] = []
     mfu_note = fleet.mfu_note
     if fleet.has_data:
-        # the team's jobs' GPUs only (their figures need no other GPU's summaries)
-        a = Analysis(con, replace(a_fleet.p, filters=replace(a_fleet.p.filters, account=team)), now=fleet.generated_at)
-        summaries = job_summaries(a)
-        wasteful = wasteful_jobs(a, fleet.top_n, summaries)
-        nop, nop_jobs = no_process_jobs(a, summaries) if fleet.extra.get("processes") else ([], 0)
-        mfu, mfu_note = mfu_rows(a_fleet, fleet.extra["mfu_jobs"], team)
+        summaries = fleet.extra["summaries"]
+        wasteful = wasteful_jobs(a, fleet.top_n, summaries, team)
+        nop, nop_jobs = no_process_jobs(a, summaries, team) if fleet.extra.get("processes") else ([], 0)
+        mfu, mfu_note = mfu_rows(a, fleet.extra["mfu_jobs"], team)
         if not rows:
             notices.append(f"Team {team} ran no GPU jobs in this window and has no share configured.")
     return replace(

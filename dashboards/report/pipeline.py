@@ -116,7 +116,7 @@ def make(settings: Settings, window: Window, *, now: datetime | None = None, pdf
                     store=str(Path(settings.store).resolve()))  # for the report's "recompute with" command
     outputs = [render_output(fleet, pdf=pdf, chromium=settings.report.chromium)]
     for team in (settings.report.team_recipients if teams is None else teams):
-        outputs.append(render_output(for_team(con, fleet, team), pdf=pdf, chromium=settings.report.chromium))
+        outputs.append(render_output(for_team(fleet, team), pdf=pdf, chromium=settings.report.chromium))
     return outputs
 
 
