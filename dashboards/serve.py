@@ -58,10 +58,25 @@ def preload(names: list[str]) -> list[str]:
     return done
 
 
+def skip_direct_run_check() -> bool:
+    """Mark Streamlit's check for a script run without `streamlit run` as done; True if it was there.
+
+    Streamlit makes it once per process, on the first element a page draws: inspect.stack(),
+    which maps every frame to its module over every module loaded (~0.2 s of the first page the
+    first visitor waits for). This process is `streamlit run` itself, so the check can only pass."""
+    from streamlit import delta_generator
+
+    if not hasattr(delta_generator, "_use_warning_has_been_displayed"):
+        return False
+    delta_generator._use_warning_has_been_displayed = True
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     # the dashboards' own modules are the pages' to import: their st.cache_data loaders, made before
     # Streamlit's runtime exists, would each warn and keep a cache of their own (theirs is small code)
     preload([n for n in (*page_imports(), *ALSO) if not n.startswith(OWN)])
+    skip_direct_run_check()
     from streamlit.web.cli import main as streamlit_main
 
     sys.argv = ["streamlit", *(sys.argv[1:] if argv is None else argv)]

@@ -132,3 +132,16 @@ def test_server_imports_what_the_pages_import_before_it_listens(tmp_path):
             serve.preload(["broken"])
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_server_skips_streamlits_check_for_a_script_run_without_it():
+    """serve.py marks Streamlit's once-a-process check for `python app.py` done (its inspect.stack()
+    cost the first page ~0.2 s): if a Streamlit release renames or reshapes it, this fails rather
+    than the saving going silently."""
+    code = ("from streamlit import delta_generator, env_util\n"
+            "from gpufleet.dashboards import serve\n"
+            "def walked():\n    raise AssertionError('Streamlit still walks the stack: is_repl() called')\n"
+            "env_util.is_repl = walked\n"
+            "assert serve.skip_direct_run_check()\n"
+            "delta_generator._maybe_print_use_warning()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
