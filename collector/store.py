@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -1363,13 +1364,33 @@ def sample_source(con: duckdb.DuckDBPyConnection, files: list[str], plain: bool 
 def _full_sample_schema(files: list[str]) -> bool:
     """Whether the sample files of the store's oldest and newest days have every column of
     SAMPLE_SCHEMA: columns are only ever added, so then every file between has them too, and the
-    view reads the files plainly. A few footers, not the whole store's."""
+    view reads the files plainly. A few footers, not the whole store's, each read once (see below)."""
     by_day: dict[str, list[str]] = {}
     for f in files:
         by_day.setdefault(Path(f).parent.name, []).append(f)
     days = sorted(by_day)
-    want = set(schema.SAMPLE_SCHEMA.names)
-    return all(want <= set(pq.read_schema(f).names) for d in {days[0], days[-1]} for f in by_day[d])
+    with _SAMPLE_FILE_LOCK:
+        if len(_SAMPLE_FILE_COLUMNS) > 2 * len(files) + 1000:  # files compaction retired since
+            current = set(files)
+            for gone in [f for f in _SAMPLE_FILE_COLUMNS if f not in current]:
+                del _SAMPLE_FILE_COLUMNS[gone]
+        return all(_has_every_sample_column(f) for d in {days[0], days[-1]} for f in by_day[d])
+
+
+# file -> ((size, mtime), whether its footer names every SAMPLE_SCHEMA column): a reader is opened
+# for each new manifest (the dashboard's pages, after every publish), and a file's footer does not
+# change under its name, size and mtime, so each file's is read once per process, not per reader
+_SAMPLE_FILE_COLUMNS: dict[str, tuple[tuple[int, int], bool]] = {}
+_SAMPLE_FILE_LOCK = threading.Lock()
+
+
+def _has_every_sample_column(file: str) -> bool:
+    st = os.stat(file)
+    stamp = (st.st_size, st.st_mtime_ns)
+    known = _SAMPLE_FILE_COLUMNS.get(file)
+    if known is None or known[0] != stamp:
+        known = _SAMPLE_FILE_COLUMNS[file] = (stamp, set(schema.SAMPLE_SCHEMA.names) <= set(pq.read_schema(file).names))
+    return known[1]
 
 
 def _duck_type(t: pa.DataType) -> str:

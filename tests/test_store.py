@@ -521,6 +521,38 @@ def test_sample_files_from_before_a_column_was_added_read_it_as_null(tmp_path):
     w.close()
 
 
+def test_a_sample_files_footer_is_read_once_until_the_file_changes(tmp_path, monkeypatch):
+    """open_reader checks the sample files' columns from their footers once per file (a reader is
+    opened after every publish): a second reader reads none, and a file rewritten under its name
+    (here as an older gpufleet wrote it) is read again and reconciled."""
+    import pyarrow.parquet as pq
+
+    from gpufleet.collector import store
+
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="a", samples=samples([T0], [5])))
+    w.publish()
+    read = []
+    real = pq.read_schema
+    monkeypatch.setattr(store.pq, "read_schema", lambda f: read.append(f) or real(f))
+    assert open_reader(tmp_path).execute("SELECT gpu_util FROM gpu_samples").fetchall() == [(5.0,)]
+    first = len(read)
+    assert first >= 1
+    open_reader(tmp_path)
+    assert len(read) == first
+    added = "nvlink_rx_bytes_per_s"
+    for f in (tmp_path / "samples").rglob("*.parquet"):
+        pq.write_table(pq.read_table(f).drop_columns([added]), f)
+    assert open_reader(tmp_path).execute(f"SELECT gpu_util, {added} FROM gpu_samples").fetchall() == [(5.0, None)]
+    assert len(read) == 2 * first
+    # files compaction retired are forgotten once they outnumber the store's
+    monkeypatch.setitem(store._SAMPLE_FILE_COLUMNS, "/retired/0.parquet", ((0, 0), True))
+    store._SAMPLE_FILE_COLUMNS.update({f"/retired/{i}.parquet": ((0, 0), True) for i in range(1, 1500)})
+    open_reader(tmp_path)
+    assert not [f for f in store._SAMPLE_FILE_COLUMNS if f.startswith("/retired/")]
+    w.close()
+
+
 @pytest.mark.parametrize("old_first", [True, False])
 def test_upkeep_of_an_hour_written_across_an_upgrade_keeps_every_column(tmp_path, old_first):
     """An hour whose files were written before and after a column was added (a store upgraded
