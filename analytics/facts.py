@@ -25,7 +25,6 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
@@ -443,14 +442,15 @@ class FactWindow:
             if samples.num_rows:
                 hold = self._holds(t, u)
                 ts = samples["ts"]
-                at = np.sort(ts.to_numpy())
+                tsn = ts.to_numpy()
+                at = np.sort(tsn)
                 h = t
                 while h < u:
                     h1 = min(u, h - h % cf.HOUR_US + cf.HOUR_US)
                     spans = [(max(a, h), min(b, h1)) for a, b in cells[bisect_right(starts, h) - 1:bisect_left(starts, h1)]]
                     lo, hi_ = spans[0][0], spans[-1][1]
                     # (SAMPLES' rows of [lo, hi_): those from max_gap before it on, as its own read gives them)
-                    own = samples if (lo, hi_) == (t, u) else samples.filter(pc.and_(pc.greater_equal(ts, lo - self.fp.gap_us), pc.less(ts, hi_)))
+                    own = samples if (lo, hi_) == (t, u) else samples.filter(pa.array((tsn >= lo - self.fp.gap_us) & (tsn < hi_)))
                     if own.num_rows:
                         out.append(cf.build_parts(own, hold, lo, hi_, self.fp, cuts_us=[a for a, _ in spans[1:]]))
                         # (the spans with a sample from max_gap before them on: those cut from raw samples)

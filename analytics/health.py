@@ -32,7 +32,6 @@ from typing import Any
 import duckdb
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.facts import ALL_COLUMNS, EVENT_COLUMNS, SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow, fact_files_of, fact_params, stored_buckets
@@ -68,8 +67,9 @@ def _events(w: FactWindow) -> pl.DataFrame:
     cur = w.con
     mixed = query_rows(cur, sql.MIXED_PARTS, sql.bound(sql.MIXED_PARTS, w.bind))
     found = []
-    for lo, hi in sorted(set(zip(mixed["p0"].to_pylist(), mixed["p1"].to_pylist()))):
-        cur.register("_health_mixed", mixed.filter(pc.and_(pc.equal(mixed["p0"], lo), pc.equal(mixed["p1"], hi))))
+    p0, p1 = mixed["p0"].to_numpy(), mixed["p1"].to_numpy()
+    for lo, hi in sorted(set(zip(p0.tolist(), p1.tolist()))):
+        cur.register("_health_mixed", mixed.filter(pa.array((p0 == lo) & (p1 == hi))))
         found.append(raw_reads.read(cur, "health events", sql.EVENTS_OF_MIXED_PARTS, {"lo": lo, "hi": hi}, lo, hi))
         cur.unregister("_health_mixed")
     if not found:  # for the empty table's columns

@@ -44,7 +44,6 @@ from typing import Any, Iterator
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpufleet.collector import schema
@@ -427,6 +426,8 @@ class StoreWriter:
             self._retired_snapshots.append((e["file"], self.clock()))
 
     def _write_sample_files(self, key: str, samples: pa.Table, checksum: str) -> list[tuple[str, int, datetime, datetime]]:
+        import pyarrow.compute as pc  # (the writer's alone: a reader's start-up goes without it)
+
         lo, hi = (v.as_py() for v in pc.min_max(samples["ts"]).values())
         if lo.date() == hi.date():  # the common case (a scrape round): no per-row date strings
             parts = [(f"{lo:%Y-%m-%d}", samples, lo, hi)]
