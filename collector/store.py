@@ -44,7 +44,6 @@ from typing import Any, Iterator
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
@@ -170,6 +169,8 @@ ROW_GROUP_ROWS = 491_520
 def write_parquet(table: pa.Table, path: Path) -> None:
     """Parquet tuned for GPU samples (see parquet_encodings), zstd, with statistics, in row groups
     of ROW_GROUP_ROWS."""
+    import pyarrow.parquet as pq  # (the writer's alone: a reader's start-up goes without it)
+
     dictionary, encoding = parquet_encodings(table.schema)
     _fsync_write(
         path,
@@ -1223,7 +1224,7 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     parts = read_manifests(root)
     con = duckdb.connect(":memory:", config=_reader_config())
     files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
-    plain = bool(files) and _full_sample_schema(files)
+    plain = bool(files) and _full_sample_schema(con, files)
     if files:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files, plain)}")
     else:
@@ -1352,8 +1353,8 @@ def sample_source(con: duckdb.DuckDBPyConnection, files: list[str], plain: bool 
     it. Files written before a sample column was added (the NVLink rates, foreign processes) read
     it as NULL - union_by_name, or added here when no file has it yet: read plainly, DuckDB takes
     the first file's columns, so a mixed hour would lose the newer files' columns (or fail).
-    `plain`: _full_sample_schema(files), where the caller knows it."""
-    if _full_sample_schema(files) if plain is None else plain:
+    `plain`: _full_sample_schema(con, files), where the caller knows it."""
+    if _full_sample_schema(con, files) if plain is None else plain:
         return f"read_parquet({_sql_list(files)}, hive_partitioning = false)"
     # (slower: only for files of a day written across an upgrade that added a column)
     source = f"read_parquet({_sql_list(files)}, hive_partitioning = false, union_by_name = true)"
@@ -1362,7 +1363,7 @@ def sample_source(con: duckdb.DuckDBPyConnection, files: list[str], plain: bool 
     return f"(SELECT {columns} FROM {source})"
 
 
-def _full_sample_schema(files: list[str]) -> bool:
+def _full_sample_schema(con: duckdb.DuckDBPyConnection, files: list[str]) -> bool:
     """Whether the sample files of the store's oldest and newest days have every column of
     SAMPLE_SCHEMA: columns are only ever added, so then every file between has them too, and the
     view reads the files plainly. A few footers, not the whole store's, each read once (see below)."""
@@ -1370,12 +1371,19 @@ def _full_sample_schema(files: list[str]) -> bool:
     for f in files:
         by_day.setdefault(Path(f).parent.name, []).append(f)
     days = sorted(by_day)
+    checked = [f for d in {days[0], days[-1]} for f in by_day[d]]
     with _SAMPLE_FILE_LOCK:
         if len(_SAMPLE_FILE_COLUMNS) > 2 * len(files) + 1000:  # files compaction retired since
             current = set(files)
             for gone in [f for f in _SAMPLE_FILE_COLUMNS if f not in current]:
                 del _SAMPLE_FILE_COLUMNS[gone]
-        return all(_has_every_sample_column(f) for d in {days[0], days[-1]} for f in by_day[d])
+        stamps = {f: _stamp(f) for f in checked}
+        unread = [f for f in checked if _SAMPLE_FILE_COLUMNS.get(f, (None, False))[0] != stamps[f]]
+        if unread:
+            want = set(schema.SAMPLE_SCHEMA.names)
+            for f, names in _sample_file_columns(con, unread).items():
+                _SAMPLE_FILE_COLUMNS[f] = (stamps[f], want <= set(names))
+        return all(_SAMPLE_FILE_COLUMNS[f][1] for f in checked)
 
 
 # file -> ((size, mtime), whether its footer names every SAMPLE_SCHEMA column): a reader is opened
@@ -1385,13 +1393,19 @@ _SAMPLE_FILE_COLUMNS: dict[str, tuple[tuple[int, int], bool]] = {}
 _SAMPLE_FILE_LOCK = threading.Lock()
 
 
-def _has_every_sample_column(file: str) -> bool:
+def _stamp(file: str) -> tuple[int, int]:
     st = os.stat(file)
-    stamp = (st.st_size, st.st_mtime_ns)
-    known = _SAMPLE_FILE_COLUMNS.get(file)
-    if known is None or known[0] != stamp:
-        known = _SAMPLE_FILE_COLUMNS[file] = (stamp, set(schema.SAMPLE_SCHEMA.names) <= set(pq.read_schema(file).names))
-    return known[1]
+    return st.st_size, st.st_mtime_ns
+
+
+def _sample_file_columns(con: duckdb.DuckDBPyConnection, files: list[str]) -> dict[str, list[str]]:
+    """Each file's column names, from its footer (DuckDB's, not pyarrow.parquet's: a reader's
+    start-up goes without that import and the filesystems and TLS it brings)."""
+    got = dict(con.execute("SELECT file_name, list(name) FROM parquet_schema($files) GROUP BY file_name", {"files": files}).fetchall())
+    missing = [f for f in files if f not in got]
+    if missing:
+        raise StoreError(f"sample files {missing[:3]} have no Parquet schema DuckDB could read: expected the store's own files")
+    return got
 
 
 def _duck_type(t: pa.DataType) -> str:
