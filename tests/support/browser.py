@@ -119,7 +119,8 @@ class Browser:
         and Vega draw after Streamlit's script has run; right after a navigation the old page may
         still be there)."""
         state = """(() => { const a = document.querySelector('[data-testid="stApp"]');
-            if (!a || a.getAttribute('data-test-script-state') !== 'notRunning' || !document.querySelector('h1')) return -1;
+            if (!a || a.getAttribute('data-test-script-state') !== 'notRunning' || !document.querySelector('h1')
+                || document.querySelector('[data-testid="stSkeleton"]')) return -1;  // (a chart or table whose code is loading)
             const boxes = document.querySelectorAll('[data-testid="stVegaLiteChart"]');
             const drawn = Array.from(boxes).every(b => b.querySelector('svg .role-axis, canvas'));
             const n = document.querySelectorAll('[data-testid="stMain"] *').length;
