@@ -9,7 +9,9 @@ Streamlit is connected, has run the page's script, shows its title, has loaded e
 code (no skeleton left: a chart's and a table's are loaded after the script has run) and has drawn
 every chart of it (its Vega SVG) - what the user waits for. First loads: each page once, in menu order, on the
 freshly started dashboard (its caches empty; the first page computes the window's analysis, which
-the others share); then GPUFLEET_BENCH_BROWSER_RUNS more rounds (default 3), the median shown.
+the others share); then GPUFLEET_BENCH_BROWSER_RUNS more rounds (default 3), the median shown;
+then as many rounds through the sidebar's menu, each page opened by its link from the one before
+(the app already in the browser, as a user moves between pages: "by the menu").
 The job's page is the Jobs page opened on the week's most wasteful job (`?job=ID`, from `gpufleet
 analyze`). The floors: a Streamlit app that shows only a title, and the same with a 3-point chart
 and a 3-row table, served and opened the same way beside the demo - what Streamlit and the browser
@@ -127,6 +129,28 @@ def _open(browser, url: str, timeout: float = 300) -> tuple[float, str]:
     return time.monotonic() - t0, "timeout"
 
 
+TITLE_JS = "(() => { const h = document.querySelector('h1'); return h ? h.textContent : null; })()"
+
+
+def _by_menu(browser, names: list[str], timeout: float = 300) -> dict[str, tuple[float, str]]:
+    """Each page opened from the one before by its sidebar link, as a user moves between pages (the
+    app already loaded in the browser): seconds until its title shows and DRAWN_JS says so; and what
+    it said. The menu lists the pages in `names`' order."""
+    out = {}
+    for i in [*range(1, len(names)), 0]:
+        t0 = time.monotonic()
+        browser.js(f"document.querySelectorAll('[data-testid=\"stSidebarNavLink\"]')[{i}].click()")
+        state = "timeout"
+        while time.monotonic() - t0 < timeout:
+            if browser.js(TITLE_JS) == names[i]:
+                state = browser.js(DRAWN_JS) or state
+                if state != "timeout":
+                    break
+            time.sleep(0.02)
+        out[names[i]] = (time.monotonic() - t0, state)
+    return out
+
+
 def _analyze(workdir: Path) -> Table:
     """`gpufleet analyze --last 7d` on the running demo's store: the week and a team's, RUNS runs each."""
     t = Table("browser: `gpufleet analyze --last 7d --format json` beside the pages, the demo's collector running (160 GPUs)")
@@ -174,6 +198,7 @@ def run() -> list[Table]:
             pages += [(FLOOR, f"http://127.0.0.1:{floor_port}/"), (FLOOR_PARTS, f"http://127.0.0.1:{floor_port}/?parts=1")]
             rounds: dict[str, list[float]] = {name: [] for name, _ in pages}
             problems: dict[str, str] = {}
+            menu: dict[str, list[float]] = {}
             with Browser(binary, work) as b:
                 for r in range(1 + RUNS):
                     progress(f"  round {r + 1}/{1 + RUNS} ({'first loads' if r == 0 else 'again'}), load {_load()}")
@@ -182,6 +207,13 @@ def run() -> list[Table]:
                         rounds[name].append(s)
                         if state != "drawn":
                             problems[name] = state
+                _open(b, pages[0][1])
+                for r in range(RUNS):
+                    progress(f"  round {r + 1}/{RUNS} by the menu, load {_load()}")
+                    for name, (s, state) in _by_menu(b, [name for name, _ in PAGES]).items():
+                        menu.setdefault(name, []).append(s)
+                        if state != "drawn":
+                            problems[name] = f"{state} (by the menu)"
             load = _load()
             analyzed = _analyze(work)
         finally:
@@ -195,6 +227,8 @@ def run() -> list[Table]:
     for name, times in rounds.items():
         first, again = times[0], statistics.median(times[1:])
         shown = f"first {first:.2f} s, again {again:.2f} s (median of {len(times) - 1})"
+        if name in menu:
+            shown += f", by the menu {statistics.median(menu[name]):.2f} s"
         if name in problems:
             shown += f"; the page showed {problems[name]!r}"
         if name in (FLOOR, FLOOR_PARTS):  # (references: what any page costs)
