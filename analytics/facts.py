@@ -441,8 +441,7 @@ class FactWindow:
             hours = max(1, min(RAW_READ_HOURS, RAW_READ_ROWS * (u - t) // (max(samples.num_rows, 1) * cf.HOUR_US)))
             if samples.num_rows:
                 hold = self._holds(t, u)
-                ts = samples["ts"]
-                tsn = ts.to_numpy()
+                tsn = samples["ts"].to_numpy()
                 at = np.sort(tsn)
                 h = t
                 while h < u:

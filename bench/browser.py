@@ -88,9 +88,9 @@ FLOOR_APP = """import altair as alt
 import streamlit as st
 st.title("floor")
 if st.query_params.get("parts"):
-    data = {"x": [1, 2, 3], "y": [3, 1, 2]}
-    st.altair_chart(alt.Chart(alt.Data(values=[dict(x=x, y=y) for x, y in zip(data["x"], data["y"])])).mark_line().encode(x="x:Q", y="y:Q"))
-    st.dataframe(data)
+    rows = [{"x": 1, "y": 3}, {"x": 2, "y": 1}, {"x": 3, "y": 2}]
+    st.altair_chart(alt.Chart(alt.Data(values=rows)).mark_line().encode(x="x:Q", y="y:Q"))
+    st.dataframe(rows)
 """
 
 
@@ -142,10 +142,9 @@ def _by_menu(browser, names: list[str], timeout: float = 300) -> dict[str, tuple
         browser.js(f"document.querySelectorAll('[data-testid=\"stSidebarNavLink\"]')[{i}].click()")
         state = "timeout"
         while time.monotonic() - t0 < timeout:
-            if browser.js(TITLE_JS) == names[i]:
-                state = browser.js(DRAWN_JS) or state
-                if state != "timeout":
-                    break
+            if browser.js(TITLE_JS) == names[i] and (drawn := browser.js(DRAWN_JS)):
+                state = drawn
+                break
             time.sleep(0.02)
         out[names[i]] = (time.monotonic() - t0, state)
     return out

@@ -29,10 +29,10 @@ from bench.analytics import CACHE, SCALE
 # the week's report of 100,000 GPUs (a fleet past 16,384, up to it) in 30 s (issue #52); smaller fleets: none named
 GOAL_S = 30.0 if 16_384 < SCALE.gpus <= 100_000 else None
 OFF_MIDNIGHT = timedelta(hours=10, minutes=47, seconds=13)
-TEAMS = [f"acct-{i:02d}" for i in range(8)]  # the bench's eight busiest accounts (bench._analytics_data)
+TEAMS = tuple(f"acct-{i:02d}" for i in range(8))  # the bench's eight busiest accounts (bench._analytics_data)
 
 
-def measure(store: Path, start, end, teams: list[str] = ()) -> dict:
+def measure(store: Path, start, end, teams: tuple[str, ...] = ()) -> dict:
     """One `gpufleet report` (and `teams`' own) in a process of its own: wall, CPU (user + system) and peak RSS."""
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-report-") as out:
         argv = [sys.executable, "-m", "gpufleet.cli", "report", "--store", str(store), "--from", start.isoformat(),
@@ -55,8 +55,8 @@ def run() -> list[Table]:
     start = end - timedelta(days=7)
     goal = GOAL_S
     t = Table(f"report: `gpufleet report --no-pdf` of the last 7 days, {SCALE.describe()}")
-    for label, (a, b), teams in (("the week, midnight to midnight", (start, end), []),
-                                 ("the week off the midnights (as --last 7d)", (start - OFF_MIDNIGHT, end - OFF_MIDNIGHT), []),
+    for label, (a, b), teams in (("the week, midnight to midnight", (start, end), ()),
+                                 ("the week off the midnights (as --last 7d)", (start - OFF_MIDNIGHT, end - OFF_MIDNIGHT), ()),
                                  (f"the week and {len(TEAMS)} teams' own reports", (start, end), TEAMS)):
         progress(f"report: {label}")
         m = measure(store, a, b, teams)
