@@ -456,6 +456,19 @@ def test_week_without_data_says_so_and_shows_no_zeros(store):
     assert r.subject == "GPU waste report 2026-W49: no data"
 
 
+def test_an_empty_week_s_failed_attempts_read_is_an_error_not_dropped(store, monkeypatch):
+    """The window's attempts are read beside its analysis, before the report knows the week is empty: a read that
+    failed meanwhile fails the report (as in a week with data), never vanishes with the unused answer."""
+    from gpufleet.analytics import reliability_store
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("attempts unreadable")
+
+    monkeypatch.setattr(reliability_store, "read", broken)
+    with pytest.raises(RuntimeError, match="attempts unreadable"):
+        pipeline.make(settings_for(store.root), week_window(2026, 49), now=NOW, pdf=False)
+
+
 def test_jobs_without_samples_give_no_data_not_zero(tmp_path):
     f = Fleet(tmp_path)
     f.job("1", account="a", user="u", start=T(10), end=T(12), gpus=2, placements=[("x1", "GPU-X")])

@@ -454,6 +454,8 @@ def _gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, pool
         if cur.data_gpu_h > 0 and not processes:
             notices.append("No exporter reported compute-process counts (dcgm-exporter does not; the gpufleet exporter does): "
                            "GPUs held with no process are not measured this week.")
+    if status != "ok" and not attempts.cancel():  # (begun already: an error in the read is still this report's, never dropped)
+        attempts.result()
     if _empty(prev) and status == "ok":
         notices.append(f"No data for last week ({window.previous_label}): changes against it are not shown.")
     elif base.no_comparison and status == "ok":
