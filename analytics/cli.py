@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_window_arguments(p, week_zone="UTC")
     p.add_argument("--by", default="account", help=f"utilization by: {', '.join(BY_CHOICES)} (also user_name for user, team for account)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="a table for people, or JSON (a stable schema) for scripts")
-    p.add_argument("--top", type=int, default=10, help="how many jobs each list shows: the most wasteful, those that waited while they would have fit")
+    p.add_argument("--top", type=int, default=10, help="how many jobs each list shows: the most wasteful, those that waited while they would have fit, "
+                   "those still pending")
     p.add_argument("--job", help="also print the efficiency report of this job id")
     p.add_argument("--reliability", action="store_true",
                    help="reliability instead: how attempts ended, interruptions, MTTF by job size, lemon nodes "
@@ -168,7 +169,9 @@ def _report(con, params, by: str, top: int, job: str | None, now: datetime | Non
         "shares": fair.shares_source, "shares_description": SHARES_SOURCES[fair.shares_source],
         "half_life_days": half_life.total_seconds() / 86400, "jain_index": fair.jain_index, "gini_users": fair.gini_users,
         "per_account": [words.with_new_keys(r) for r in rows(fair.per_account)],  # used_* deprecated, kept one release
-        "wait_by_size": rows(fair.wait_by_size), "pending": rows(fair.pending),
+        "wait_by_size": rows(fair.wait_by_size),
+        # the `top` longest waits and how many wait (not all: the answer would grow with the queue)
+        "pending": rows(fair.pending.head(max(top, 0))), "pending_jobs": fair.pending.height,
         "without_share": list(fair.without_share), "unknown_demand": list(fair.unknown_demand), "compared_across": fair.compared_across, "shown": fair.shown,
     }
     report["queue_gaps"] = gaps.result()

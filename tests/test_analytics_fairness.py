@@ -189,6 +189,24 @@ def test_queue_wait_percentiles_by_account_and_size_and_pending(tmp_path):
     assert r.pending["wait_s"].to_list() == [25 * 3600, 2 * 3600, 1800]
 
 
+def test_analyze_json_lists_the_longest_waits_and_counts_every_pending_job(tmp_path):
+    """`gpufleet analyze`'s fairness.pending: the --top jobs waiting longest, and pending_jobs how many wait in all (the
+    answer does not grow with the queue; the Teams page still lists them all)."""
+    from gpufleet.analytics import cli
+
+    f = Fleet(tmp_path / "store")
+    ran(f, "1", "physics", "alice", gpus=1, start=W0 + H, hours=1)
+    for i, hours in enumerate((3, 20, 1, 7, 12)):
+        queued(f, f"q{i}", "physics", "bob", gpus=1, submit=W1 - hours * H)
+    f.write()
+    p = params.Params(W0, W1)
+    for top in (0, 2, 10):
+        doc = cli.build_report(f.reader(), p, "account", top, None, now=W1 + DAY)["fairness"]
+        assert doc["pending_jobs"] == 5
+        assert [j["job_key"] for j in doc["pending"]] == ["q1", "q4", "q3", "q0", "q2"][:top]
+        assert [j["wait_s"] for j in doc["pending"]] == [h * 3600 for h in (20, 12, 7, 3, 1)][:top]
+
+
 def test_jobs_of_unknown_gpu_count_are_unknown_demand_said_not_dropped(tmp_path):
     """Issue #51: a job whose GPU count is unknown is no known demand and no usage of 0 GPU-hours:
     an account with only those has unknown usage and no ratio, named in unknown_demand (out of
