@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from datetime import date, datetime, timedelta
@@ -241,14 +242,14 @@ def fmt(v: Any, key: str = "") -> str:
     return str(v)
 
 
-def table(title: str, data: list[dict[str, Any]], out: TextIO, columns: list[str] | None = None) -> None:
-    """Rows as a plain-text table headed in the vocabulary's words (the pages' headers)."""
+def table(title: str, data: list[dict[str, Any]], out: TextIO, columns: list[str] | None = None, labels: dict[str, str] | None = None) -> None:
+    """Rows as a plain-text table headed in the vocabulary's words (the pages' headers; `labels`: a column's own)."""
     out.write(f"\n{title}\n")
     if not data:
         out.write("  (none in this window)\n")
         return
     cols = columns or list(data[0])
-    heads = [words.header(c) for c in cols]
+    heads = [(labels or {}).get(c) or words.header(c) for c in cols]
     cells = [[fmt(r.get(c), c) for c in cols] for r in data]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
     out.write("  " + "  ".join(h.ljust(w) for h, w in zip(heads, widths)) + "\n")
@@ -282,8 +283,12 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     cols = [c for c in (u["rows"][0] if u["rows"] else {}) if c not in hidden]
     table(f"Utilization by {u['by']}", u["rows"], out, cols or None)
     if u["rows"] and "states" in u["rows"][0]:
+        from gpufleet.analytics.window_states import ORDER_NOTE, STATES, NOT_AT_GRAIN
+
         table("Where the GPU time went by account (GPU-hours; unknown: the facts cannot tell it)", [
-            {"account": r["account"], **{f"{s['state']}_gpu_h": s["gpu_h"] for s in r["states"] or []}} for r in u["rows"]], out)
+            {"account": r["account"], **{f"{s['state']}_gpu_h": s["gpu_h"] for s in r["states"] or []}} for r in u["rows"]], out,
+            labels=words.state_headers((*STATES, *NOT_AT_GRAIN)))
+        out.write(textwrap.fill(ORDER_NOTE + ".", 110, initial_indent="  ", subsequent_indent="  ") + "\n")
     table("Most wasteful jobs (idle allocated GPU-hours)", report["top_wasteful_jobs"], out,
           ["job_id", "user_name", "account", "gpus", "runtime_h", "idle_gpu_h", "idle_cost"])
     f = report["fairness"]

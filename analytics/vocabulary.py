@@ -107,6 +107,12 @@ def state(s: str) -> str:
     return STATES.get(s, s)
 
 
+def state_headers(states: Any) -> dict[str, str]:
+    """The headers of a breakdown's `<state>_gpu_h` and `<state>_cost` columns: the state's word ("idle GPU-h"), never the
+    figure a column of the same key would name ("idle allocated GPU-h"): a state holds only what the states before it left."""
+    return {**{f"{s}_gpu_h": f"{state(s)} GPU-h" for s in states}, **{f"{s}_cost": f"{state(s)} $" for s in states}}
+
+
 def gpu_h(x: float | None) -> str:
     """GPU-hours, one decimal, thousands separated: 1,234.5."""
     return UNKNOWN if bad(x) else f"{x:,.{DECIMALS['gpu_h']}f}"

@@ -316,5 +316,10 @@ def test_analyze_by_account_carries_each_rows_states(tmp_path):
     assert rows["t1"]["checkpoint"]["gpu_h"] is None and "open the job" in rows["t1"]["checkpoint"]["unknown"]
     out = io.StringIO()
     cli.print_table(r, out)
-    assert "Where the GPU time went by account" in out.getvalue()
+    text = out.getvalue()
+    assert "Where the GPU time went by account" in text
+    # headed by the states' words, not the figures' ("idle allocated"), with what sets them apart said under the table
+    states_table = text[text.index("Where the GPU time went"):text.index("Most wasteful jobs")]
+    assert "idle GPU-h" in states_table and "no process GPU-h" in states_table and "idle allocated" not in states_table.split("\n")[1]
+    assert "counts once, in the first state that matches" in states_table
     assert "states" not in cli.build_report(open_reader(tmp_path), p, "user_name", 5, None, now=T0 + timedelta(days=3))["utilization"]["rows"][0]

@@ -4,6 +4,8 @@ gpufleet.analytics.window_states' figures for the same window."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
@@ -30,3 +32,9 @@ def test_teams_page_shows_each_teams_breakdown(store, a, use_store):
     assert not ws.teams.is_empty()
     assert_table(frame(at, "team_states"), ws.teams)
     assert any("unknown at this grain: open the job" in c.value for c in at.caption)
+    # a state's column is headed by the state, never by the figure of the same key: the state's idle is not "idle allocated"
+    (table,) = at.container("team_states").dataframe
+    heads = {name: c.get("label") for name, c in json.loads(table.proto.columns).items()}
+    assert (heads["idle_gpu_h"], heads["idle_cost"], heads["no_process_gpu_h"]) == ("idle GPU-h", "idle $", "no process GPU-h")
+    assert not [h for h in heads.values() if "idle allocated" in (h or "") or "waste" in (h or "")], heads
+    assert any("counts once, in the first state that matches" in c.value for c in at.caption)

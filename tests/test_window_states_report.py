@@ -4,6 +4,7 @@ as the report's formatter writes them, in the fleet's report and only its own in
 
 from __future__ import annotations
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.states import Thresholds
 from gpufleet.analytics.window_states import window_states
 from gpufleet.report import fmt
@@ -22,6 +23,10 @@ def test_what_held_your_gpus_back_is_the_window_states_one(outputs):
         assert figs.one(f"{k}.cost") == ("unknown" if c["cost"] is None else fmt.usd(c["cost"]))
         assert figs.one(f"{k}.share") == fmt.pct(c["share_pct"])
     assert "WHAT HELD YOUR GPUS BACK" in o.text and "open the job" in o.text
+    # each cause in the vocabulary's words (as the pages write states), and what sets idle and no process apart from the figures
+    held = o.text[o.text.index("WHAT HELD YOUR GPUS BACK"):]
+    assert all(words.state(c["state"]) in held for c in want)
+    assert "first cause that matches" in held and "first of these that matches" in o.html
     # at most three causes a team, largest first
     for team in {c["account"] for c in want}:
         mine = [c["gpu_h"] for c in want if c["account"] == team]

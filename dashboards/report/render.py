@@ -32,7 +32,7 @@ def environment():
     env.filters.update(
         hours=fmt.hours, usd=fmt.usd, pct=fmt.pct, share=fmt.share, ratio=fmt.ratio, duration=fmt.duration,
         value=fmt.value, change=fmt.change, change_pct=fmt.change_pct, plain=fmt.plain, clip=fmt.clip,
-        verdict=words.verdict,
+        verdict=words.verdict, state=words.state,
         ljust=lambda s, n: str(s).ljust(n), rjust=lambda s, n: str(s).rjust(n),
     )
     env.globals["table"] = text_table

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 import streamlit as st
 
-from gpufleet.analytics import fairness
+from gpufleet.analytics import fairness, window_states
 from gpufleet.analytics import vocabulary as words
 from gpufleet.dashboards import data, ui
 
@@ -92,11 +92,13 @@ def states_section(b: data.Bundle) -> None:
         st.caption(b.states_error or "Unknown for this window.")
         return
     st.caption("Each team's time with data by state, from the window's facts; unknown (not 0) where a GPU lacks the fields "
-               "a state needs. " + ", ".join(f"{words.state(s)}: {why}" for s, why in ws.not_at_grain.items()) + ".")
+               "a state needs. " + ", ".join(f"{words.state(s)}: {why}" for s, why in ws.not_at_grain.items()) + ". "
+               + window_states.ORDER_NOTE[0].upper() + window_states.ORDER_NOTE[1:] + ".")
     shares = ws.team_shares()
     if not shares.is_empty():
         st.altair_chart(states_chart(shares), width="stretch")
-    ui.table(ws.teams, key="team_states", empty="No team's GPU time with data in this window.", sort="account")
+    ui.table(ws.teams, key="team_states", empty="No team's GPU time with data in this window.", sort="account",
+             labels=words.state_headers(window_states.STATES))
 
 
 def shared_gpus(ctx: ui.Context) -> None:
