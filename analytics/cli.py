@@ -386,6 +386,9 @@ def print_states(w: dict[str, Any] | None, out: TextIO) -> None:
     for s in w["states"]:
         if s["unknown_on"]:
             out.write(f"  {words.state(s['state'])} unknown on {'; '.join(s['unknown_on'])}\n")
+    from gpufleet.analytics.states import ORDER_NOTE
+
+    out.write(textwrap.fill(ORDER_NOTE + ".", 110, initial_indent="  ", subsequent_indent="  ") + "\n")
 
 
 def run(args: argparse.Namespace, out=None) -> int:

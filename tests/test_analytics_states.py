@@ -405,6 +405,8 @@ def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F
     shown = table.stdout.split("where the time went", 1)[1]
     assert "busy, not resolved  0.2" in shown and "input-bound unknown on" in shown  # the states in words, as the job page writes them
     assert not any(key in shown for key in ("no_process", "input_bound", "communication_bound", "busy_unresolved"))
+    # what sets the states' no process and idle apart from the job's figures, under the table
+    assert "counts once, in the first state that matches (startup, no process, idle," in " ".join(shown.split())
     cfg = tmp_path / "g.toml"
     cfg.write_text("[analytics.states]\nstartup_busy_seconds = -1\n")
     bad = analyze("--config", str(cfg), *window)

@@ -218,6 +218,7 @@ def test_jobs_list_and_reports(store, con, a, use_store):
             assert_table(frame(at, "job_states"), js.table().with_columns(pl.col("state").replace(words.STATES)))  # states in words
             assert not set(frame(at, "job_states")["state"]) & set(words.STATES) - set(words.STATES.values())
             assert sum(frame(at, "job_states")["share_pct"]) == pytest.approx(100)
+            assert any("counts once, in the first state that matches (startup, no process, idle," in c.value for c in at.caption)
         foreign = "Other jobs' processes on this job's GPUs: " + ("n1:0 (up to 2)" if job_id == "101" else "none reported")
         assert foreign in [t.value for t in at.text], job_id
 
