@@ -75,9 +75,11 @@ EVENT_COLUMNS = (*PART_KEY_COLUMNS, "samples_n", *sql.EVENT_FACT_COLUMNS)
 # the facts files of a file grain (300: an hour's 5-minute facts; 86400: a day's hour and day facts) with buckets in [$lo, $hi), in order
 FACT_FILES = ("SELECT file, epoch_us(bucket) FROM fact_files WHERE tag = $tag AND grain_s = $file_grain AND bucket >= make_timestamp($lo) "
               "AND bucket < make_timestamp($hi) ORDER BY bucket")
-# whether the 5-minute facts of [$lo, $hi) have any data
-FACT_DATA = ("SELECT coalesce(sum(covered_s), 0) > 0 FROM read_parquet($files, hive_partitioning = false) "
-             "WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $lo AND epoch_us(bucket) < $hi")
+# whether the 5-minute facts of [$b0, $hi) have data inside [$lo, $hi): a part whose samples all lie outside the cut (before
+# the store's first sample, after its last) tells of nothing retired
+FACT_DATA = ("SELECT coalesce(bool_or(covered_s > 0 AND first_ts < $hi AND last_ts + $gap_us > $lo), false) "
+             "FROM read_parquet($files, hive_partitioning = false) "
+             "WHERE tag = $tag AND grain_s = 300 AND epoch_us(bucket) >= $b0 AND epoch_us(bucket) < $hi")
 # whether any raw sample (within the filters) holds into [$lo, $hi): a cut's, for edge_warnings
 CUT_SAMPLE = f"""SELECT 1 FROM {raw_reads.SAMPLES} WHERE ts >= make_timestamp($lo - $gap_us) AND ts < make_timestamp($hi)
   AND ($cluster IS NULL OR cluster = $cluster) AND ($model IS NULL OR model = $model) LIMIT 1"""
@@ -555,7 +557,7 @@ def edge_warnings(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
                 continue
             b0 = lo - lo % FIVE_US
             files = fact_files_of(cur, fp.tag(), cf.GRAIN_5M, [(b0, hi)])  # (its hour's file alone, not every facts file)
-            if files and cur.execute(FACT_DATA, {"files": files, "tag": fp.tag(), "lo": b0, "hi": hi}).fetchall()[0][0]:
+            if files and cur.execute(FACT_DATA, {"files": files, "tag": fp.tag(), "b0": b0, "lo": lo, "hi": hi, "gap_us": fp.gap_us}).fetchall()[0][0]:
                 out.append(f"{from_epoch_us(s if lo == s else e):%Y-%m-%dT%H:%M:%S}: this window edge falls inside a 5-minute "
                            "bucket whose raw samples retention has retired (its facts are kept): the bucket's part inside the "
                            "window has no data; an edge on the 5-minute grid gets every figure")

@@ -239,6 +239,28 @@ def test_a_window_edge_whose_samples_retention_retired_is_said_on_every_window_p
         assert not [x.value for x in at.warning if RETIRED in x.value], page
 
 
+def test_an_edge_beyond_the_store_s_samples_is_no_retired_minute(tmp_path):
+    """A cut 5-minute bucket whose facts hold data only outside the cut minutes (before the store's first sample, after its
+    last) tells of no retired raw samples: no warning there, while a cut over minutes the facts have data in still gets one."""
+    from tests.support.fleet import Fleet
+
+    f = Fleet(tmp_path / "store")
+    f.gpu_series("n1", "GPU-a", T(10, 2, 30), T(10, 30), util=50.0)  # the store's first sample mid-bucket, its last at 10:29:45
+    f.write()
+    w = StoreWriter(f.root)
+    compact(w, T(20), facts_hours=None)
+    apply_retention(w, T(20) + timedelta(days=2), raw_days=1)  # the samples go, every fact stays
+    w.publish()
+    w.close()
+    con = open_reader(f.root)
+    assert con.execute("SELECT count(*) FROM gpu_samples").fetchall()[0][0] == 0
+    warned = lambda start, end: [x[:19] for x in Analysis(con, Params(start, end), now=T(20)).edge_warnings()]  # noqa: E731
+    assert warned(T(9), T(10, 1)) == []  # [10:00, 10:01): before the first sample, whose bucket has data after it
+    assert warned(T(10, 31), T(11)) == []  # [10:31, 10:35): after the last sample held (10:30:15)
+    assert warned(T(9), T(10, 4)) == ["2026-11-16T10:04:00"]  # [10:00, 10:04) had samples from 10:02:30: retired
+    assert warned(T(10, 29), T(11)) == ["2026-11-16T10:29:00"]  # [10:29, 10:30) had samples: retired
+
+
 def test_the_counter():
     c = raw_reads.RawReads(keep=2)
     m = c.mark()
