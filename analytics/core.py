@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from gpufleet.analytics import facts, sql
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_parts, timeline_bucket
@@ -164,6 +165,18 @@ def unknown_gpu_jobs(a: "Analysis") -> list[str]:
     return [f"{n} job{'s' if n != 1 else ''} of this window ({', '.join(first)}{more}) ha{'ve' if n != 1 else 's'} an unknown GPU "
             "count: the accounting names no GPU for them (add gres/gpu to AccountingStorageTRES in slurm.conf) and neither "
             "slurmctld nor the exporters' job mapping said it; their allocated GPU-hours are unknown and not in the allocated figures"]
+
+
+def capacity_warnings(t: Totals) -> list[str]:
+    """A warning when accounting's allocated GPU-hours exceed the inventory's capacity (no job filter: capacity is then the
+    fleet's): jobs held GPUs no exporter reports, so capacity, stranded and no data count only the reported GPUs' time - said
+    on every surface of the totals, never left for a reader to find in allocated > capacity."""
+    cap, alloc = t.capacity_gpu_h, t.allocated_gpu_h
+    if cap is None or alloc is None or alloc <= cap + 1e-9:
+        return []
+    return [f"allocated ({words.gpu_h(alloc)} GPU-h, from scheduler accounting) exceeds capacity ({words.gpu_h(cap)} GPU-h, the GPUs "
+            "the exporters reported): jobs held GPUs no exporter reports, so capacity, stranded and no data count only the "
+            "reported GPUs' time"]
 
 
 # Filters field -> its sql.FILTER_VALUES query

@@ -103,6 +103,7 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
     where the caller has them: `reliability_read` (reliability_store.read's), `mfu_jobs` (mfu.job_mfu's rows), `states`
     (window_states.window_states of `a`)."""
     from gpufleet.analytics import mfu, reliability, reliability_store
+    from gpufleet.analytics.core import capacity_warnings
     from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.window_states import window_states
 
@@ -128,11 +129,7 @@ def compute(a: Any, con: Any, params: Any, reliability_settings: Any = None, as_
     out = waterfall(totals.capacity_gpu_h, teams, price, differ, team_prices(held, list(teams), price, differ))
     # lost counted from an attempt's start (its job reported no checkpoint): "not lost" is then a lower bound
     out["lost_is_upper_bound"] = any(not measured for _, measured in lost.values())
-    allocated = out["fleet"][1]["gpu_h"]
-    out["notes"] = []
-    if totals.capacity_gpu_h is not None and allocated is not None and allocated > totals.capacity_gpu_h + 1e-9:
-        out["notes"].append(f"allocated ({allocated:,.1f} GPU-h, accounting) exceeds capacity ({totals.capacity_gpu_h:,.1f} GPU-h, "
-                            "the inventory): jobs held GPUs no exporter reports")
+    out["notes"] = capacity_warnings(totals)
     if differ:
         out["notes"].append("capacity's money at the fleet's mean price per GPU-hour (capacity-weighted: its GPU models' prices "
                             "differ); each team's at the prices of the GPUs it held")

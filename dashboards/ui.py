@@ -423,9 +423,14 @@ def window_caption(w: data.Resolved) -> None:
 
 def scope_note(t: Any) -> None:
     """Whose figures these are (Totals.scope) and, under a job filter, what is not attributable
-    (plain text: the scope holds filter values, which are data)."""
+    (plain text: the scope holds filter values, which are data); a warning where allocated exceeds
+    capacity (core.capacity_warnings)."""
+    from gpufleet.analytics.core import capacity_warnings
+
     if t.scope != "fleet":
         st.text(f"Figures for {t.scope}" + (f" only; {t.not_attributable_reason}." if t.not_attributable_reason else "."))
+    for warning in capacity_warnings(t):
+        st.warning(warning[0].upper() + warning[1:] + ".")
 
 
 def unknown_filter_warning(warnings: list[str]) -> None:

@@ -494,6 +494,43 @@ def test_filters_follow_the_user_across_pages(store, use_store):
 # --- empty stores and windows: messages, never tracebacks ---
 
 
+def test_allocated_beyond_capacity_is_said_wherever_the_totals_are(tmp_path, use_store):
+    """Jobs held GPUs no exporter reports: accounting's allocated exceeds the inventory's capacity, and capacity, stranded
+    and no data count only the reported GPUs. `gpufleet analyze`, the Utilization and Waste pages and the weekly report say
+    so (core.capacity_warnings); the goodput waterfall's note is the same words; a fleet whose GPUs are all reported says nothing."""
+    from gpufleet.analytics import cli
+    from gpufleet.analytics.core import capacity_warnings
+    from gpufleet.report.model import gather
+    from gpufleet.report.window import span_window
+    from tests.support.fleet import Fleet
+
+    f = Fleet(tmp_path / "store")
+    f.gpu_series("n1", "GPU-a", T(10), T(12), util=50.0)
+    f.job("1", account="physics", user="u", start=T(10), end=T(12), gpus=1, placements=[("n1", "GPU-a")])
+    f.job("2", account="physics", user="u", start=T(10), end=T(12), gpus=2, placements=[])  # on n2, which has no exporter
+    f.write()
+    con = open_reader(f.root)
+    t = Analysis(con, W, now=T(13)).totals()
+    assert (t.allocated_gpu_h, t.capacity_gpu_h) == (pytest.approx(6.0), pytest.approx(2.0))
+    (said,) = capacity_warnings(t)
+    assert "exceeds capacity" in said and "6.0 GPU-h" in said and "2.0 GPU-h" in said
+    assert said in cli.build_report(con, W, "account", 5, None, now=T(13))["warnings"]
+    assert any("exceeds capacity" in n for n in gather(con, W, span_window(W.start, W.end), now=T(13)).notices)
+    use_store(f.root)
+    at = open_app()
+    for page in ("utilization", "waste"):
+        at = goto(at, page)
+        assert [w.value for w in at.warning if "exceeds capacity" in w.value] == [said[0].upper() + said[1:] + "."], page
+    # under a job filter capacity is not attributable: nothing to compare
+    assert not capacity_warnings(Analysis(con, Params(W.start, W.end, filters=Filters(account="physics")), now=T(13)).totals())
+
+
+def test_a_fleet_whose_gpus_are_all_reported_has_no_capacity_warning(store, con):
+    from gpufleet.analytics.core import capacity_warnings
+
+    assert not capacity_warnings(Analysis(con, W, now=T(12)).totals())
+
+
 def test_empty_store_every_page(tmp_path, use_store):
     StoreWriter(tmp_path / "empty").close()
     use_store(tmp_path / "empty")
