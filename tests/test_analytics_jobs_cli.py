@@ -317,6 +317,29 @@ def test_table_by_cluster_names_each_cluster():
     assert "hpc" in text and "k8s" in text
 
 
+def test_table_of_states_writes_an_account_without_them_as_unknown():
+    """An account with no time with data has no states (None in the JSON): its row of the table says unknown in every column,
+    not an account name alone."""
+    import io
+
+    from gpufleet.analytics.cli import print_table
+
+    rows = [{"cluster": "c", "account": "seen", "allocated_gpu_h": 2.0, "states": [{"state": "idle", "gpu_h": 1.5}, {"state": "compute", "gpu_h": 0.5}]},
+            {"cluster": "c", "account": "dark", "allocated_gpu_h": 3.0, "states": None}]
+    report = {"window": {"from": "a", "to": "b", "hours": 1.0}, "filters": {}, "trend": [],
+              "utilization": {"by": "account", "rows": rows}, "top_wasteful_jobs": []}
+    out = io.StringIO()
+    try:
+        print_table(report, out)
+    except KeyError:
+        pass  # sections after the states need more of the report; not what this checks
+    lines = out.getvalue().split("Where the GPU time went", 1)[1].splitlines()
+    dark = next(ln for ln in lines if ln.strip().startswith("dark")).split()
+    seen = next(ln for ln in lines if ln.strip().startswith("seen")).split()
+    assert dark[1:] and set(dark[1:]) == {"unknown"}, dark
+    assert seen[1:3] == ["unknown", "1.5"]  # startup unknown (not in its rows), idle 1.5
+
+
 def test_table_prints_why_a_cost_moved_against_its_gpu_hours():
     import io
 
