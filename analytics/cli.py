@@ -225,6 +225,8 @@ def fmt(v: Any, key: str = "") -> str:
         return words.NONE  # a whole GPU, not a MIG instance
     if v is None:
         return words.UNKNOWN if key.endswith(("cost", "pct", "_h", "_s", "_share")) or key == "gpus" else words.NONE
+    if isinstance(v, (list, tuple)):  # (a chain's job ids: as the pages list them, not a Python list)
+        return ", ".join(fmt(x) for x in v) if v else words.NONE
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
     if key.endswith("cost") or key.startswith("usd"):

@@ -437,6 +437,9 @@ def test_cli_reliability_json_and_table(store):
     t = run()
     assert t.returncode == 0, t.stderr
     assert "hardware" in t.stdout and "XID 79 (GPU fell off the bus) on n1 GPU 1" in t.stdout and "Job MTTF by size" in t.stdout
+    # a chain's job ids as the pages list them, never a Python list
+    chains = t.stdout.split("Job chains that lost most", 1)[1]
+    assert doc["chains"] and doc["chains"][0]["job_ids"][0] in chains and "['" not in t.stdout
 
 
 # --- chains and goodput ---
