@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.collector.reading import query_rows
 from gpufleet.config import ConfigError, Option, boolean, section, string, strings
 from gpufleet.times import parse_duration
@@ -222,13 +223,6 @@ class Plan:
                 "closest": None if self.closest is None else self.closest.as_dict()}
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def opt_out_reason(comment: str | None) -> str | None:
     """The reason of a `gpufleet:exempt=<reason>` tag; None without a tag or without a reason."""
     if not comment:
@@ -268,17 +262,17 @@ def due(job: JobFacts, rules: Rules) -> tuple[str, str, str] | None:
     idle = job.idle_s
     if idle is None:
         return None
-    figures = f"all {job.gpus} GPU{'s' if job.gpus != 1 else ''} idle for {fmt_duration(idle)}"
+    figures = f"all {job.gpus} GPU{'s' if job.gpus != 1 else ''} idle for {words.duration(idle)}"
     if idle >= rules.cancel_after.total_seconds():
-        return "cancel", "cancel_after", f"{figures} (cancel_after = {fmt_duration(rules.cancel_after.total_seconds())})"
+        return "cancel", "cancel_after", f"{figures} (cancel_after = {words.duration(rules.cancel_after.total_seconds())})"
     if idle >= rules.escalate_after.total_seconds():
-        return "escalate", "escalate_after", f"{figures} (escalate_after = {fmt_duration(rules.escalate_after.total_seconds())})"
+        return "escalate", "escalate_after", f"{figures} (escalate_after = {words.duration(rules.escalate_after.total_seconds())})"
     if idle >= rules.notify_after.total_seconds():
-        return "notify", "notify_after", f"{figures} (notify_after = {fmt_duration(rules.notify_after.total_seconds())})"
+        return "notify", "notify_after", f"{figures} (notify_after = {words.duration(rules.notify_after.total_seconds())})"
     np_s = job.no_process_s
     if np_s is not None and np_s >= rules.no_process_after.total_seconds():
-        return "notify", "no_process_after", (f"{figures}, no process on any of them for {fmt_duration(np_s)} "
-                                             f"(no_process_after = {fmt_duration(rules.no_process_after.total_seconds())})")
+        return "notify", "no_process_after", (f"{figures}, no process on any of them for {words.duration(np_s)} "
+                                             f"(no_process_after = {words.duration(rules.no_process_after.total_seconds())})")
     return None
 
 
@@ -298,13 +292,13 @@ def not_yet(job: JobFacts, rules: Rules, as_of: datetime) -> NotYet | None:
     if job.no_process_s is not None:
         waits.append((as_of - timedelta(seconds=job.no_process_s) + rules.no_process_after, "no_process_after", rules.no_process_after))
     due_at, rule, after = min(waits, key=lambda w: w[0])
-    text = (f"all {n} idle since {since:%Y-%m-%d %H:%M:%S} UTC ({fmt_duration(job.idle_s)}; the count starts at the GPUs' current "
-            f"run of idle samples, and a gap in the data longer than max_gap restarts it): {rule} = {fmt_duration(after.total_seconds())}")
+    text = (f"all {n} idle since {since:%Y-%m-%d %H:%M:%S} UTC ({words.duration(job.idle_s)}; the count starts at the GPUs' current "
+            f"run of idle samples, and a gap in the data longer than max_gap restarts it): {rule} = {words.duration(after.total_seconds())}")
     if job.age_s is not None and as_of - timedelta(seconds=job.age_s) + rules.min_job_age > due_at:
         due_at = as_of - timedelta(seconds=job.age_s) + rules.min_job_age
-        text += f", and the job is younger than min_job_age = {fmt_duration(rules.min_job_age.total_seconds())}"
+        text += f", and the job is younger than min_job_age = {words.duration(rules.min_job_age.total_seconds())}"
     return NotYet(job, rule, since, due_at, f"{text}: due at {due_at:%Y-%m-%d %H:%M:%S} UTC "
-                                            f"(in {fmt_duration(max(0.0, (due_at - as_of).total_seconds()))})")
+                                            f"(in {words.duration(max(0.0, (due_at - as_of).total_seconds()))})")
 
 
 def closest(jobs: Iterable[JobFacts], rules: Rules, as_of: datetime) -> NotYet | None:

@@ -143,9 +143,9 @@ def test_cli_with_nothing_due_names_the_closest_job_and_why(tmp_path, store, cap
     assert main(["policy", "--config", str(cfg), "--as-of", AS_OF.isoformat() + "Z", "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "0 action(s)" in text
-    assert ("  nothing due; closest hpc/101 alice nlp: all 2 GPUs idle since 2026-11-20 07:00:00 UTC (5h00m; the count starts at the "
-            "GPUs' current run of idle samples, and a gap in the data longer than max_gap restarts it): notify_after = 6h00m: "
-            "due at 2026-11-20 13:00:00 UTC (in 1h00m)\n") in text
+    assert ("  nothing due; closest hpc/101 alice nlp: all 2 GPUs idle since 2026-11-20 07:00:00 UTC (5 h; the count starts at the "
+            "GPUs' current run of idle samples, and a gap in the data longer than max_gap restarts it): notify_after = 6 h: "
+            "due at 2026-11-20 13:00:00 UTC (in 1 h)\n") in text
 
 
 class Webhook:
@@ -229,7 +229,7 @@ def test_enforced_actions_reach_real_channels_and_are_audited(tmp_path, store, c
     esc = by_to[("alice@example.org", "research-lead@example.org")]
     assert "\n" not in esc["Subject"] and "Bcc" not in {k for k in esc.keys()}
     body = esc.get_body(("plain",)).get_content()
-    assert "Idle for:       2h30m (9000 s)" in body and "escalate_after" in body and "\\r\\n" in body
+    assert "Idle for:       2 h 30 min (9000 s)" in body and "escalate_after" in body and "\\r\\n" in body
     html_part = esc.get_body(("html",)).get_content()
     assert "<b>nb</b>" not in html_part and "&lt;b&gt;nb&lt;/b&gt;" in html_part
     posts = [p["json"] for p in hook.posts]

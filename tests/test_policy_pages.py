@@ -66,4 +66,4 @@ def test_jobs_page_with_nothing_due_names_the_closest_job(tmp_path, monkeypatch)
     at = goto(clean(at.run()), "jobs")
     said = [c.value for c in at.container("policy_planned").caption]
     assert any(c.startswith("No running job is due for a notification or a cancel. Closest: job 101 (hpc, nlp): all 2 GPUs idle since ")
-               and "notify_after = 6h00m: due at " in c for c in said), said
+               and "notify_after = 6 h: due at " in c for c in said), said

@@ -36,7 +36,7 @@ def test_levels_and_reasons_name_the_rule_and_figures():
     assert got == {"a": ("notify", "notify_after"), "b": ("escalate", "escalate_after"), "c": ("cancel", "cancel_after"),
                    "e": ("notify", "no_process_after")}
     c = next(a for a in plan.actions if a.job.job_key == "c")
-    assert "all 4 GPUs idle for 5h00m" in c.reason and "cancel_after" in c.reason
+    assert "all 4 GPUs idle for 5 h" in c.reason and "cancel_after" in c.reason
     d = c.as_dict()
     assert set(d) >= {"action", "job_key", "job_id", "cluster", "scheduler", "user", "account", "job_state", "idle_s",
                       "idle_gpus", "rule", "reason"}
@@ -171,9 +171,9 @@ def test_nothing_due_names_the_closest_job_and_why_it_is_not_due():
     c = plan.closest
     assert (c.job.job_key, c.rule, c.idle_since, c.due_at) == ("soon", "notify_after", AS_OF - timedelta(minutes=50),
                                                                AS_OF + timedelta(minutes=10))
-    assert c.reason == ("all 4 GPUs idle since 2026-11-20 11:10:00 UTC (50m00s; the count starts at the GPUs' current run of idle "
-                        "samples, and a gap in the data longer than max_gap restarts it): notify_after = 1h00m: "
-                        "due at 2026-11-20 12:10:00 UTC (in 10m00s)")
+    assert c.reason == ("all 4 GPUs idle since 2026-11-20 11:10:00 UTC (50 min; the count starts at the GPUs' current run of idle "
+                        "samples, and a gap in the data longer than max_gap restarts it): notify_after = 1 h: "
+                        "due at 2026-11-20 12:10:00 UTC (in 10 min)")
     d = plan.as_dict()["closest"]
     assert (d["job_key"], d["rule"], d["idle_since"], d["due_at"]) == ("soon", "notify_after", "2026-11-20T11:10:00", "2026-11-20T12:10:00")
     # no process on any GPU: no_process_after (30m) comes due sooner than notify_after
@@ -183,7 +183,7 @@ def test_nothing_due_names_the_closest_job_and_why_it_is_not_due():
     from dataclasses import replace
 
     young = closest([job(idle_s=10 * 60, no_process_s=10 * 60, age_s=10 * 60)], replace(RULES, min_job_age=timedelta(minutes=45)), AS_OF)
-    assert young.due_at == AS_OF + timedelta(minutes=35) and "younger than min_job_age = 45m00s: due at 2026-11-20 12:35:00" in young.reason
+    assert young.due_at == AS_OF + timedelta(minutes=35) and "younger than min_job_age = 45 min: due at 2026-11-20 12:35:00" in young.reason
     # none all idle: the one with the most of its GPUs idle, and what keeps every rule from counting
     part = closest([busy, job(job_key="half", idle_gpus=2, idle_s=None)], RULES, AS_OF)
     assert (part.job.job_key, part.rule, part.due_at) == ("busy", None, None)

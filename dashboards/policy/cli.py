@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _table(plan, acting: bool) -> str:
-    from gpufleet.analytics.policy import fmt_duration
+    from gpufleet.analytics import vocabulary as words
     from gpufleet.policy.enforce import inert
 
     mode = "enforcing" if acting else "dry run" + ("" if plan.enforce else " (enforce = false)")
@@ -43,7 +43,7 @@ def _table(plan, acting: bool) -> str:
     for a in plan.actions:
         j = a.job
         lines.append(f"  {a.action:<8} {j.cluster}/{inert(j.job_id, 40):<14} {inert(j.user_name, 20):<12} {inert(j.account, 20):<12} "
-                     f"{j.idle_gpus}/{j.gpus} GPUs idle {fmt_duration(j.idle_s):>7}  [{a.rule}] {inert(a.reason, 300)}  "
+                     f"{j.idle_gpus}/{j.gpus} GPUs idle {words.duration(j.idle_s):>11}  [{a.rule}] {inert(a.reason, 300)}  "
                      f"name {inert(j.name, 60)}")
     for e in plan.exempt:
         lines.append(f"  exempt   {e.job.cluster}/{inert(e.job.job_id, 40):<14} [{e.rule}] {inert(e.reason, 300)}")

@@ -37,7 +37,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gpufleet.analytics.policy import OPT_OUT_TAG, POD_ANNOTATION, Action, Plan, Rules, fmt_duration, load_rules
+from gpufleet.analytics import vocabulary as words
+from gpufleet.analytics.policy import OPT_OUT_TAG, POD_ANNOTATION, Action, Plan, Rules, load_rules
 from gpufleet.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ def describe(a: Action, enforce: bool) -> tuple[str, str]:
         "",
         f"  GPUs held:      {j.gpus}",
         f"  GPUs idle:      {j.idle_gpus}",
-        f"  Idle for:       {fmt_duration(j.idle_s)} ({j.idle_s:.0f} s)" if j.idle_s is not None else "  Idle for:       unknown",
+        f"  Idle for:       {words.duration(j.idle_s)} ({j.idle_s:.0f} s)" if j.idle_s is not None else "  Idle for:       unknown",
         f"  Job state:      {inert(j.state)}",
         f"  Rule:           {a.rule}",
         f"  Reason:         {inert(a.reason, 400)}",
@@ -669,7 +670,7 @@ class PolicyJob:
         s = self.runner.rules.interval.total_seconds()
         job = scheduler.add_job(self, "interval", seconds=s, id=JOB_ID, name="idle-GPU policy", max_instances=1,
                                 coalesce=True, misfire_grace_time=max(1, int(s)), replace_existing=True)
-        log.info("idle-GPU policy every %s (%s)", fmt_duration(s), "enforcing" if self.runner.rules.enforce else "dry run")
+        log.info("idle-GPU policy every %s (%s)", words.duration(s), "enforcing" if self.runner.rules.enforce else "dry run")
         return job
 
     def __call__(self) -> bool:
