@@ -35,6 +35,8 @@ TERMS = {
     "no_process_cost": "waste (no process)",
     "stranded_cost": "waste (stranded)",
     "held_data_gpu_h": "held (exporter data)",
+    "allocated_data_gpu_h": "allocated with data",
+    "data_cost": "with data",
 }
 
 # what each term means, one sentence (help texts, the report's method section)

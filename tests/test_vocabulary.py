@@ -61,6 +61,16 @@ def test_used_names_no_term():
     assert row["allocated_gpu_h"] == row["used_gpu_h"] == 2.0 and row["allocated_share"] == row["used_share"] == 0.5
 
 
+def test_every_gpu_hours_column_of_the_tables_is_headed_by_a_term():
+    """Each GPU-hours column the utilization tables give is headed by the vocabulary's term, not its key's words
+    ("allocated data GPU-h" said nothing of what the time is)."""
+    cols = {"capacity_gpu_h", "data_gpu_h", "no_data_gpu_h", "busy_gpu_h", "allocated_data_gpu_h", "stranded_gpu_h", "allocated_gpu_h",
+            "idle_gpu_h", "no_process_gpu_h", "held_data_gpu_h"}
+    assert cols <= set(words.TERMS)
+    assert words.header("allocated_data_gpu_h") == "allocated with data GPU-h"
+    assert words.header("data_cost") == "with data $"  # (a breakdown's money of the time with data: not "data $")
+
+
 def test_every_verdict_has_words():
     assert all("_" not in words.verdict(v) for v in words.VERDICTS)
     assert words.verdict(None) == words.NONE and words.verdict("ok") == "ok"
