@@ -53,6 +53,10 @@ PAGES = (  # (artifact name, path, the page's title)
     ("mfu", "/mfu", "MFU"),
 )
 ERROR_MARKERS = ('data-testid="stException"', 'data-testid="stAlertContentError"', 'data-testid="stErrorElementStack"')
+# each drawn chart's marks and how many have an area (an axis whose marks are all 0 px high shows nothing)
+MARKS_JS = """Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"] svg')).map(svg => {
+    const marks = Array.from(svg.querySelectorAll('.role-mark path, .role-mark rect, .role-mark line, .role-mark symbol'));
+    return [marks.length, marks.filter(m => { const b = m.getBBox(); return b.width > 0.5 && b.height > 0.5; }).length]; })"""
 
 
 def chromium_binary() -> str:
@@ -180,6 +184,9 @@ def test_every_page_renders_in_chromium_while_the_collector_writes(stack):
             for marker in ERROR_MARKERS:
                 if marker in dom:
                     problems.append(f"{name}: {marker} in the page (see {ARTIFACTS / (name + '.html')})")
+            for i, (marks, drawn) in enumerate(browser.js(MARKS_JS) or []):
+                if marks and not drawn:
+                    problems.append(f"{name}: chart {i + 1} has {marks} marks and none is drawn with an area (see {name}.png)")
             h1 = browser.js("document.querySelector('h1') && document.querySelector('h1').innerText")
             if (h1 or "").strip() != title:
                 problems.append(f"{name}: title {h1!r}, expected {title!r}")

@@ -106,12 +106,15 @@ def report(window, job: dict) -> None:
 
 
 def states_chart(df: pl.DataFrame) -> alt.Chart:
-    """One bar of the job's time with data, stacked by state (largest first)."""
-    return alt.Chart(df.with_row_index("order")).mark_bar().encode(
+    """One bar of the job's time with data, stacked by state (largest first), its legend above in a row. The bar's
+    thickness is set (size) and the chart's height has room for its frame (ui.chart_height): at 60 px the page drew an
+    axis and a legend, and the bar 0 px high."""
+    return alt.Chart(df.with_row_index("order")).mark_bar(size=30).encode(
         x=alt.X("share_pct:Q", title="share of the time with data, %", stack="zero", scale=alt.Scale(domain=[0, 100])),
-        color=alt.Color("state:N", title="state", sort=df["state"].to_list()), order=alt.Order("order:Q"),
+        color=alt.Color("state:N", title=None, sort=df["state"].to_list(), legend=alt.Legend(orient="top", labelLimit=0)),
+        order=alt.Order("order:Q"),
         tooltip=["state:N", alt.Tooltip("share_pct:Q", format=".1f"), alt.Tooltip("gpu_h:Q", format=",.2f"), "evidence:N"],
-    ).properties(height=60)
+    ).properties(height=ui.chart_height(1, 40, legend_above=True))
 
 
 def states_section(res: dict) -> None:

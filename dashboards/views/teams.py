@@ -22,7 +22,7 @@ def share_chart(acc: pl.DataFrame) -> alt.Chart:
         y=alt.Y("account:N", title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)), x=alt.X("percent:Q", title="% of the GPU-hours"), yOffset=alt.YOffset("share:N"),
         color=alt.Color("share:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),
         tooltip=["account:N", "share:N", alt.Tooltip("percent:Q", format=".1f")],
-    ).properties(height=max(120, 36 * df["account"].n_unique() + 40))
+    ).properties(height=ui.chart_height(df["account"].n_unique(), 36, legend_above=True))
 
 
 def body(ctx: ui.Context) -> None:
@@ -81,7 +81,7 @@ def states_chart(df: pl.DataFrame) -> alt.Chart:
         x=alt.X("share_pct:Q", title="share of the time with data, %", stack="zero", scale=alt.Scale(domain=[0, 100])),
         color=alt.Color("state:N", title="state", legend=alt.Legend(orient="top", labelLimit=0)),
         tooltip=["account:N", "state:N", alt.Tooltip("share_pct:Q", format=".1f"), alt.Tooltip("gpu_h:Q", format=",.1f")],
-    ).properties(height=max(120, 28 * df["account"].n_unique() + 40))
+    ).properties(height=ui.chart_height(df["account"].n_unique(), 28, legend_above=True))
 
 
 def states_section(b: data.Bundle) -> None:
