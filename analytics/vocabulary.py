@@ -109,6 +109,11 @@ def state(s: str) -> str:
     return STATES.get(s, s)
 
 
+def sentence(phrase: str) -> str:
+    """A phrase the analytics give in lower case (a warning, a note) as a sentence on a page or in a report."""
+    return phrase[:1].upper() + phrase[1:] + ("" if phrase.endswith(".") else ".")
+
+
 def state_headers(states: Any) -> dict[str, str]:
     """The headers of a breakdown's `<state>_gpu_h` and `<state>_cost` columns: the state's word ("idle GPU-h"), never the
     figure a column of the same key would name ("idle allocated GPU-h"): a state holds only what the states before it left."""

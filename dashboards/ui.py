@@ -441,7 +441,7 @@ def scope_note(t: Any) -> None:
     if t.scope != "fleet":
         st.text(f"Figures for {t.scope}" + (f" only; {t.not_attributable_reason}." if t.not_attributable_reason else "."))
     for warning in capacity_warnings(t):
-        st.warning(warning[0].upper() + warning[1:] + ".")
+        st.warning(words.sentence(warning))
 
 
 def unknown_filter_warning(warnings: list[str]) -> None:

@@ -498,7 +498,7 @@ def test_allocated_beyond_capacity_is_said_wherever_the_totals_are(tmp_path, use
     """Jobs held GPUs no exporter reports: accounting's allocated exceeds the inventory's capacity, and capacity, stranded
     and no data count only the reported GPUs. `gpufleet analyze`, the Utilization and Waste pages and the weekly report say
     so (core.capacity_warnings); the goodput waterfall's note is the same words; a fleet whose GPUs are all reported says nothing."""
-    from gpufleet.analytics import cli
+    from gpufleet.analytics import cli, goodput
     from gpufleet.analytics.core import capacity_warnings
     from gpufleet.report.model import gather
     from gpufleet.report.window import span_window
@@ -515,12 +515,13 @@ def test_allocated_beyond_capacity_is_said_wherever_the_totals_are(tmp_path, use
     (said,) = capacity_warnings(t)
     assert "exceeds capacity" in said and "6.0 GPU-h" in said and "2.0 GPU-h" in said
     assert said in cli.build_report(con, W, "account", 5, None, now=T(13))["warnings"]
-    assert any("exceeds capacity" in n for n in gather(con, W, span_window(W.start, W.end), now=T(13)).notices)
+    assert words.sentence(said) in gather(con, W, span_window(W.start, W.end), now=T(13)).notices
+    assert goodput.compute(Analysis(con, W, now=T(13)), con, W, as_of=T(13))["notes"][0] == said
     use_store(f.root)
     at = open_app()
     for page in ("utilization", "waste"):
         at = goto(at, page)
-        assert [w.value for w in at.warning if "exceeds capacity" in w.value] == [said[0].upper() + said[1:] + "."], page
+        assert [w.value for w in at.warning if "exceeds capacity" in w.value] == [words.sentence(said)], page
     # under a job filter capacity is not attributable: nothing to compare
     assert not capacity_warnings(Analysis(con, Params(W.start, W.end, filters=Filters(account="physics")), now=T(13)).totals())
 

@@ -132,7 +132,7 @@ def states_section(res: dict) -> None:
         return
     st.altair_chart(states_chart(df), width="stretch")
     ui.table(df, key="job_states", labels={"gpu_h": "GPU-hours", "share_pct": "share %", "fix": "fix to try"})
-    st.caption(states.ORDER_NOTE[0].upper() + states.ORDER_NOTE[1:] + ".")
+    st.caption(words.sentence(states.ORDER_NOTE))
     for state, where in js.unknown.items():
         st.caption(f"{words.state(state)}: unknown on {'; '.join(where)} (the GPU does not publish these fields).")
     foreign = [(g.gpu, g.foreign_max) for g in js.gpus if g.foreign_max]

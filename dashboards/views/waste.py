@@ -52,7 +52,7 @@ def waterfall_section(b: data.Bundle) -> None:
              sort="the waterfall's order")
     for note in g["notes"] + (["lost GPU-hours are an upper bound where a job reported no checkpoint: not lost is then at least "
                                "what is shown"] if g["lost_is_upper_bound"] else []):
-        st.caption(note[0].upper() + note[1:] + ".")
+        st.caption(words.sentence(note))
     teams = pl.DataFrame(g["teams"], schema={"cluster": pl.Utf8, "account": pl.Utf8,
                                              **{f"{s}_{u}": pl.Float64 for u in ("gpu_h", "cost") for s in goodput.STEPS[1:]}})
     ui.table(teams.select("cluster", "account", *(f"{s}_{u}" for s in goodput.STEPS[1:] for u in ("gpu_h", "cost"))), key="waste_waterfall_teams",
