@@ -350,6 +350,20 @@ def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, e
                             placeholder=words.UNKNOWN, **kwargs)
 
 
+# A state of GPU time has one colour on every chart: losses warm, compute green, what the fields cannot split grey
+# (Altair's default scheme gave compute red and the colours moved with the states a chart happened to have)
+STATE_COLORS = {"startup": "#9467bd", "no_process": "#d62728", "idle": "#ff7f0e", "checkpoint": "#e377c2", "pause": "#f7b6d2",
+                "input_bound": "#bcbd22", "communication_bound": "#17becf", "straggler": "#8c564b", "compute": "#2ca02c",
+                "busy_unresolved": "#c7c7c7"}
+
+
+def state_colors() -> Any:
+    """The colour scale of a chart whose `state` field holds states in words (vocabulary.STATES)."""
+    import altair as alt
+
+    return alt.Scale(domain=[words.state(s) for s in STATE_COLORS], range=list(STATE_COLORS.values()))
+
+
 # What a chart's frame takes of its height: Streamlit fits the whole chart, its x axis and title and a legend above it,
 # in the height it is given, so bands sized alone left a chart of one or two rows a plot 0 px high (axes, no bars).
 # Measured in Chromium: a two-row chart given 166 px drew ~16 px of bars

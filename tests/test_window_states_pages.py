@@ -38,3 +38,11 @@ def test_teams_page_shows_each_teams_breakdown(store, a, use_store):
     assert (heads["idle_gpu_h"], heads["idle_cost"], heads["no_process_gpu_h"]) == ("idle GPU-h", "idle $", "no process GPU-h")
     assert not [h for h in heads.values() if "idle allocated" in (h or "") or "waste" in (h or "")], heads
     assert any("counts once, in the first state that matches" in c.value for c in at.caption)
+    # each state one colour on every chart (ui.STATE_COLORS): compute green, not the default scheme's red
+    from gpufleet.analytics import vocabulary as words
+    from gpufleet.dashboards import ui
+
+    assert set(ui.STATE_COLORS) == set(words.STATES)
+    (chart,) = [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec)["encoding"]["color"]["field"] == "state"]
+    scale = json.loads(chart.proto.spec)["encoding"]["color"]["scale"]
+    assert dict(zip(scale["domain"], scale["range"]))["compute"] == ui.STATE_COLORS["compute"] == "#2ca02c"
