@@ -357,11 +357,14 @@ STATE_COLORS = {"startup": "#9467bd", "no_process": "#d62728", "idle": "#ff7f0e"
                 "busy_unresolved": "#c7c7c7"}
 
 
-def state_colors() -> Any:
-    """The colour scale of a chart whose `state` field holds states in words (vocabulary.STATES)."""
+def state_colors(shown: Any) -> Any:
+    """The colour scale of a chart whose `state` field holds states in words (vocabulary.STATES); its legend lists the
+    states `shown` (those words), each in its colour."""
     import altair as alt
 
-    return alt.Scale(domain=[words.state(s) for s in STATE_COLORS], range=list(STATE_COLORS.values()))
+    shown = set(shown)
+    pairs = [(words.state(s), c) for s, c in STATE_COLORS.items() if words.state(s) in shown]
+    return alt.Scale(domain=[w for w, _ in pairs], range=[c for _, c in pairs])
 
 
 # What a chart's frame takes of its height: Streamlit fits the whole chart, its x axis and title and a legend above it,

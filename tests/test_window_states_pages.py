@@ -38,11 +38,14 @@ def test_teams_page_shows_each_teams_breakdown(store, a, use_store):
     assert (heads["idle_gpu_h"], heads["idle_cost"], heads["no_process_gpu_h"]) == ("idle GPU-h", "idle $", "no process GPU-h")
     assert not [h for h in heads.values() if "idle allocated" in (h or "") or "waste" in (h or "")], heads
     assert any("counts once, in the first state that matches" in c.value for c in at.caption)
-    # each state one colour on every chart (ui.STATE_COLORS): compute green, not the default scheme's red
+    # each state one colour on every chart (ui.STATE_COLORS: compute green, not the default scheme's red), the legend the
+    # states the chart shows
     from gpufleet.analytics import vocabulary as words
     from gpufleet.dashboards import ui
 
-    assert set(ui.STATE_COLORS) == set(words.STATES)
+    assert set(ui.STATE_COLORS) == set(words.STATES) and ui.STATE_COLORS["compute"] == "#2ca02c"
     (chart,) = [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec)["encoding"]["color"]["field"] == "state"]
     scale = json.loads(chart.proto.spec)["encoding"]["color"]["scale"]
-    assert dict(zip(scale["domain"], scale["range"]))["compute"] == ui.STATE_COLORS["compute"] == "#2ca02c"
+    key = {words.state(s): s for s in words.STATES}
+    assert scale["domain"] and set(scale["domain"]) == set(ws.team_shares()["state"])
+    assert all(color == ui.STATE_COLORS[key[state]] for state, color in zip(scale["domain"], scale["range"]))

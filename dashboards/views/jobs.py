@@ -111,7 +111,7 @@ def states_chart(df: pl.DataFrame) -> alt.Chart:
     axis and a legend, and the bar 0 px high."""
     return alt.Chart(df.with_row_index("order")).mark_bar(size=30).encode(
         x=alt.X("share_pct:Q", title="share of the time with data, %", stack="zero", scale=alt.Scale(domain=[0, 100])),
-        color=alt.Color("state:N", title=None, scale=ui.state_colors(), legend=alt.Legend(orient="top", labelLimit=0)),
+        color=alt.Color("state:N", title=None, scale=ui.state_colors(df["state"]), legend=alt.Legend(orient="top", labelLimit=0)),
         order=alt.Order("order:Q"),
         tooltip=["state:N", alt.Tooltip("share_pct:Q", format=".1f"), alt.Tooltip("gpu_h:Q", format=",.2f"), "evidence:N"],
     ).properties(height=ui.chart_height(1, 40, legend_above=True))

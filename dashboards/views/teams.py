@@ -80,7 +80,7 @@ def states_chart(df: pl.DataFrame) -> alt.Chart:
     return alt.Chart(df).mark_bar().encode(
         y=alt.Y("account:N", title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
         x=alt.X("share_pct:Q", title="share of the time with data, %", stack="zero", scale=alt.Scale(domain=[0, 100])),
-        color=alt.Color("state:N", title="state", scale=ui.state_colors(), legend=alt.Legend(orient="top", labelLimit=0)),
+        color=alt.Color("state:N", title="state", scale=ui.state_colors(df["state"]), legend=alt.Legend(orient="top", labelLimit=0)),
         tooltip=["account:N", "state:N", alt.Tooltip("share_pct:Q", format=".1f"), alt.Tooltip("gpu_h:Q", format=",.1f")],
     ).properties(height=ui.chart_height(df["account"].n_unique(), 28, legend_above=True))
 
