@@ -288,10 +288,10 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
         from gpufleet.analytics.window_states import ORDER_NOTE, STATES, NOT_AT_GRAIN
 
         # (an account without time with data has no states: unknown, as a row of them all)
+        every = (*STATES, *NOT_AT_GRAIN)
         table("Where the GPU time went by account (GPU-hours; unknown: the facts cannot tell it)", [
-            {"account": r["account"], **{f"{s}_gpu_h": None for s in (*STATES, *NOT_AT_GRAIN)},
-             **{f"{s['state']}_gpu_h": s["gpu_h"] for s in r["states"] or []}} for r in u["rows"]], out,
-            labels=words.state_headers((*STATES, *NOT_AT_GRAIN)))
+            {"account": r["account"], **{f"{s}_gpu_h": None for s in every}, **{f"{s['state']}_gpu_h": s["gpu_h"] for s in r["states"] or []}}
+            for r in u["rows"]], out, labels=words.state_headers(every))
         out.write(textwrap.fill(ORDER_NOTE + ".", 110, initial_indent="  ", subsequent_indent="  ") + "\n")
     table("Most wasteful jobs (idle allocated GPU-hours)", report["top_wasteful_jobs"], out,
           ["job_id", "user_name", "account", "gpus", "runtime_h", "idle_gpu_h", "idle_cost"])

@@ -41,9 +41,8 @@ STATES = ("startup", "no_process", "idle", "checkpoint", "pause", "input_bound",
           "straggler", "compute", "busy_unresolved")
 LOSSES = tuple(s for s in STATES if s not in ("compute", "busy_unresolved"))
 # what a job's breakdown says beside it: its no process and idle are not the job's figures of those names
-ORDER_NOTE = ("each GPU-hour with data counts once, in the first state that matches (" + ", ".join(words.state(s) for s in STATES)
-              + "): no process is the time with no compute process outside startup, idle the low stretches of at least "
-              "idle_min_duration less what startup and no process took, so neither is the job's figure of that name")
+ORDER_NOTE = (words.first_state_matches(STATES) + ": no process is the time with no compute process outside startup, idle the low "
+              "stretches of at least idle_min_duration less what startup and no process took, so neither is the job's figure of that name")
 
 # the sample columns a state's rule reads, with the rules before it (a state takes what no earlier one took)
 _UTIL, _PROCS, _SM, _RX, _NVL, _TENSOR = "util", "procs", "sm_active", "pcie_rx", "nvlink", "tensor_active"

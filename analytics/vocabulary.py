@@ -114,6 +114,11 @@ def sentence(phrase: str) -> str:
     return phrase[:1].upper() + phrase[1:] + ("" if phrase.endswith(".") else ".")
 
 
+def first_state_matches(states: Any) -> str:
+    """What every breakdown says of its `states` (in their rule order): each GPU-hour lands in one."""
+    return f"each GPU-hour with data counts once, in the first state that matches ({', '.join(state(s) for s in states)})"
+
+
 def state_headers(states: Any) -> dict[str, str]:
     """The headers of a breakdown's `<state>_gpu_h` and `<state>_cost` columns: the state's word ("idle GPU-h"), never the
     figure a column of the same key would name ("idle allocated GPU-h"): a state holds only what the states before it left."""

@@ -52,10 +52,9 @@ NOT_AT_GRAIN = {"checkpoint": "unknown at this grain: open the job", "pause": "u
                 "straggler": "unknown at this grain: open the job"}
 WINDOW_LOSSES = tuple(s for s in LOSSES if s in STATES)
 # what a breakdown of the facts says beside it: a state's hours are not the figure of the same name
-ORDER_NOTE = ("each GPU-hour with data counts once, in the first state that matches (" + ", ".join(words.state(s) for s in STATES)
-              + "): idle is the idle allocated figure less the stretches that begin an allocation (startup), and no process is "
-              "held time with no compute process outside startup and idle, of any length (the no process figure counts its stretches "
-              "of at least idle_min_duration)")
+ORDER_NOTE = (words.first_state_matches(STATES) + ": idle is the idle allocated figure less the stretches that begin an allocation "
+              "(startup), and no process is held time with no compute process outside startup and idle, of any length (the no process "
+              "figure counts its stretches of at least idle_min_duration)")
 JOB_KEYS = ["cluster", "scheduler", "job_key"]
 TEAM_KEYS = ["cluster", "account"]
 # the exporters' fields a missing column stands for (states.FIELDS' names)

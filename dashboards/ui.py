@@ -18,6 +18,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import trends
+from gpufleet.analytics.core import capacity_warnings
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Filters
 from gpufleet.dashboards import config as dconfig
@@ -453,8 +454,6 @@ def scope_note(t: Any) -> None:
     """Whose figures these are (Totals.scope) and, under a job filter, what is not attributable
     (plain text: the scope holds filter values, which are data); a warning where allocated exceeds
     capacity (core.capacity_warnings)."""
-    from gpufleet.analytics.core import capacity_warnings
-
     if t.scope != "fleet":
         st.text(f"Figures for {t.scope}" + (f" only; {t.not_attributable_reason}." if t.not_attributable_reason else "."))
     for warning in capacity_warnings(t):
