@@ -289,6 +289,8 @@ def test_states_partition_each_jobs_time_and_teams_sum_to_the_fleet(tmp_path_fac
             if u == "gpu_h" or not col.null_count():
                 assert _close(ws.fleet[f"{s}_{u}"], want), (s, u, ws.fleet, ws.teams.to_dicts())
     assert ws.fleet["data_gpu_h"] == pytest.approx(float(ws.teams["data_gpu_h"].sum()) if ws.teams.height else 0.0, abs=1e-9)
+    # the states' idle is the idle allocated figure less the stretches startup took (ORDER_NOTE): never more than it
+    assert (ws.fleet["idle_gpu_h"] or 0.0) <= a.totals().idle_allocated_gpu_h + 1e-9
     # a filtered row equals its row unfiltered (by team and by job)
     for r in ws.teams.iter_rows(named=True):
         f = window_states(Analysis(con, Params(p.start, p.end, filters=Filters(account=r["account"])), now=T0 + timedelta(days=3)),
