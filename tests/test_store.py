@@ -521,6 +521,18 @@ def test_sample_files_from_before_a_column_was_added_read_it_as_null(tmp_path):
     w.close()
 
 
+def test_a_reader_never_checkpoints_its_window_tables(tmp_path):
+    """A reader's in-memory DuckDB does not checkpoint (READER_CHECKPOINT_THRESHOLD): its cursors'
+    window tables would be rewritten mid-analysis each time their sizes passed DuckDB's 16 MiB."""
+    w = StoreWriter(tmp_path)
+    w.commit(Batch(key="a", samples=samples([T0], [5])))
+    w.publish()
+    con = open_reader(tmp_path)
+    for c in (con, con.cursor()):
+        assert c.execute("SELECT current_setting('checkpoint_threshold')").fetchone()[0] == "1.0 TiB"
+    w.close()
+
+
 def test_a_sample_files_footer_is_read_once_until_the_file_changes(tmp_path, monkeypatch):
     """open_reader checks the sample files' columns from their footers once per file (a reader is
     opened after every publish): a second reader reads none, and a file rewritten under its name
