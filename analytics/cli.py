@@ -237,8 +237,8 @@ def fmt(v: Any, key: str = "") -> str:
         return words.pct(v * 100)
     if key.endswith("gpu_h"):
         return words.gpu_h(v)
-    if key.endswith("_s") or key.endswith("_h"):
-        return words.duration(v * (3600 if key.endswith("_h") else 1))
+    if unit := words.duration_unit_s(key):
+        return words.duration(v * unit)
     if isinstance(v, float):
         return f"{v:,.2f}"
     return str(v)

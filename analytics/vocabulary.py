@@ -77,6 +77,8 @@ HEADERS = {
     "runtime_h": "run time in window", "gpus": "GPUs", "job_id": "job", "user_name": "user", "gi": "MIG instance",
     "gpus_unknown_jobs": "jobs with GPU count unknown",
     "mfu_pct": "MFU %", "mfu_method": "MFU method", "mfu_unknown_gpu_h": "GPU-h with MFU unknown",
+    "mttf_h": "MTTF", "mttf_ci_low_h": "MTTF 95 % low", "mttf_ci_high_h": "MTTF 95 % high", "wall_h": "wall time",
+    "ettr": "ETTR",
 }
 
 # How many decimals each kind of figure gets, everywhere
@@ -88,6 +90,25 @@ def bad(x: Any) -> bool:
     return x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))
 
 
+# Columns of money, by name: a column named so, or ending so ("idle_cost", "cost_usd_per_h")
+MONEY = ("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price")
+
+
+def named(column: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether `column` ends with one of `suffixes` or is one of them."""
+    return any(column.endswith(s) or column == s.strip("_") for s in suffixes)
+
+
+def duration_unit_s(column: str) -> int | None:
+    """Seconds per unit of a duration column, which every surface writes out ("2 h 48 min"): `_s` seconds, `_h` hours
+    (not GPU-hours, not money); None for any other column."""
+    if column.endswith("_s"):
+        return 1
+    if column.endswith("_h") and not named(column, MONEY + ("gpu_h",)):
+        return 3600
+    return None
+
+
 def header(column: str) -> str:
     """A table column's header for people."""
     if column in HEADERS:
@@ -95,7 +116,7 @@ def header(column: str) -> str:
     for suffix, unit in (("_gpu_h", " GPU-h"), ("_pct", " %"), ("_mib", " MiB"), ("_cost", " $"), ("_c", " \u00b0C"), ("_w", " W")):
         if column.endswith(suffix):
             return column[: -len(suffix)].replace("_", " ") + unit
-    if column.endswith("_s"):  # durations are written out ("2 h 48 min"): no unit in the header
+    if duration_unit_s(column):  # durations are written out ("2 h 48 min"): no unit in the header
         return column[:-2].replace("_", " ")
     return column.replace("_", " ")
 

@@ -205,7 +205,7 @@ def bucket_coverage(df: pl.DataFrame, bucket_h: float, start: datetime, end: dat
 
 # --- tables ---
 
-_MONEY = ("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price")
+_MONEY = words.MONEY
 _FORMATS = (
     (_MONEY, USD_COLUMN),
     (("_gpu_h", "gpu_h"), f"%,.{words.DECIMALS['gpu_h']}f"),
@@ -218,21 +218,9 @@ _FRACTIONS = ("_share", "mfu")  # 0..1 in the analytics, shown as percentages
 _NULL_MEANS = {"end": "still running", "reason": words.NONE, "change_missing": words.NONE, "change_pct_missing": words.NONE}
 
 
-def _is(name: str, suffixes: tuple[str, ...]) -> bool:
-    return any(name.endswith(s) or name == s.strip("_") for s in suffixes)
-
-
-
 def _duration_scale(name: str, dtype: pl.DataType) -> int | None:
-    """Seconds per unit of a duration column (`_s`: seconds; `_h` but not GPU-hours or money:
-    hours), None for any other column."""
-    if not dtype.is_numeric():
-        return None
-    if name.endswith("_s"):
-        return 1
-    if name.endswith("_h") and not _is(name, _MONEY + ("gpu_h",)):
-        return 3600
-    return None
+    """Seconds per unit of a numeric duration column (vocabulary.duration_unit_s), None for any other column."""
+    return words.duration_unit_s(name) if dtype.is_numeric() else None
 
 
 def people(df: pl.DataFrame) -> pl.DataFrame:
@@ -254,7 +242,7 @@ def people(df: pl.DataFrame) -> pl.DataFrame:
             col = pl.when(col.is_null()).then(pl.lit(words.UNKNOWN)).when(col > 0).then(pl.lit("up")).otherwise(pl.lit("lost"))
         elif _duration_scale(name, dtype):
             pass  # numeric: written out by display_text
-        elif dtype.is_numeric() and _is(name, _FRACTIONS):
+        elif dtype.is_numeric() and words.named(name, _FRACTIONS):
             col = col * 100
         elif isinstance(dtype, pl.Datetime):
             col = col.dt.strftime("%Y-%m-%d %H:%M:%S").fill_null(pl.lit(_NULL_MEANS.get(name, words.NONE)))
@@ -276,7 +264,7 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
         if _duration_scale(name, dtype):
             cfg[name] = st.column_config.NumberColumn(label)  # no format: display_text's words show
         elif dtype.is_numeric():
-            fmt = next((f for suffixes, f in _FORMATS if _is(name, suffixes)), None)
+            fmt = next((f for suffixes, f in _FORMATS if words.named(name, suffixes)), None)
             if fmt is None and dtype.is_integer():
                 fmt = "localized"
             cfg[name] = st.column_config.NumberColumn(label, format=fmt or "%,.2f")

@@ -71,6 +71,21 @@ def test_every_gpu_hours_column_of_the_tables_is_headed_by_a_term():
     assert words.header("data_cost") == "with data $"  # (a breakdown's money of the time with data: not "data $")
 
 
+@pytest.mark.parametrize("column, unit", [("idle_for_s", 1), ("mttf_ci_low_h", 3600), ("wall_h", 3600), ("requeue_wait_h", 3600),
+                                          ("runtime_h", 3600), ("idle_gpu_h", None), ("cost_usd_per_h", None), ("job_hours", None)])
+def test_a_duration_column_is_written_out_and_headed_without_a_unit(column, unit):
+    """Every surface writes a duration column out ("25 s", "2 h 48 min": the CLI's fmt, the pages' display_text), so its
+    header names no unit: the Reliability page's MTTF table read "mttf ci low h" over a cell "25 s". GPU-hours and money
+    are no durations."""
+    from gpufleet.analytics.cli import fmt
+    from gpufleet.dashboards.ui import _duration_scale
+
+    assert words.duration_unit_s(column) == unit == _duration_scale(column, pl.Float64)
+    if unit:
+        assert not re.search(r" (h|s)$", words.header(column)), words.header(column)
+        assert fmt(90.0 / unit, column) == "1 min 30 s"
+
+
 def test_every_verdict_has_words():
     assert all("_" not in words.verdict(v) for v in words.VERDICTS)
     assert words.verdict(None) == words.NONE and words.verdict("ok") == "ok"
