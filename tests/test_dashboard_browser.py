@@ -51,6 +51,7 @@ PAGES = (  # (artifact name, path, the page's title)
     ("waste", "/waste", "Waste and cost"),
     ("health", "/health", "Health"),
     ("mfu", "/mfu", "MFU"),
+    ("reliability", "/reliability", "Reliability"),
 )
 ERROR_MARKERS = ('data-testid="stException"', 'data-testid="stAlertContentError"', 'data-testid="stErrorElementStack"')
 # each drawn chart's marks and how many have an area (an axis whose marks are all 0 px high shows nothing)
