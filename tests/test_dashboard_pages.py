@@ -522,6 +522,8 @@ def test_allocated_beyond_capacity_is_said_wherever_the_totals_are(tmp_path, use
     for page in ("utilization", "waste"):
         at = goto(at, page)
         assert [w.value for w in at.warning if "exceeds capacity" in w.value] == [words.sentence(said)], page
+        # said once: the goodput waterfall's caption (Waste) does not repeat it
+        assert not [c.value for c in at.caption if "exceeds capacity" in c.value], page
     # under a job filter capacity is not attributable: nothing to compare
     assert not capacity_warnings(Analysis(con, Params(W.start, W.end, filters=Filters(account="physics")), now=T(13)).totals())
 

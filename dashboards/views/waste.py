@@ -8,6 +8,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import goodput, vocabulary as words
+from gpufleet.analytics.core import capacity_warnings
 from gpufleet.dashboards import data, ui
 
 TOP = 15
@@ -50,8 +51,10 @@ def waterfall_section(b: data.Bundle) -> None:
                      alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3)]), width="stretch")
     ui.table(rows, key="waste_waterfall", labels={"gpu_h": "GPU-h", "dropped_gpu_h": "gone since the step before GPU-h"},
              sort="the waterfall's order")
-    for note in g["notes"] + (["lost GPU-hours are an upper bound where a job reported no checkpoint: not lost is then at least "
-                               "what is shown"] if g["lost_is_upper_bound"] else []):
+    said = set(capacity_warnings(b.totals))  # (the page says those under its scope: ui.scope_note)
+    for note in [n for n in g["notes"] if n not in said] + (
+            ["lost GPU-hours are an upper bound where a job reported no checkpoint: not lost is then at least what is shown"]
+            if g["lost_is_upper_bound"] else []):
         st.caption(words.sentence(note))
     teams = pl.DataFrame(g["teams"], schema={"cluster": pl.Utf8, "account": pl.Utf8,
                                              **{f"{s}_{u}": pl.Float64 for u in ("gpu_h", "cost") for s in goodput.STEPS[1:]}})
