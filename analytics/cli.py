@@ -235,8 +235,12 @@ def fmt(v: Any, key: str = "") -> str:
         return words.pct(v)
     if key.endswith("_share"):
         return words.pct(v * 100)
-    if key.endswith("gpu_h"):
+    if key.endswith(("gpu_h", "gpu_hours")):
         return words.gpu_h(v)
+    if key == "p_value":  # (a lemon's is 1e-5: not "0.00")
+        return f"{v:.2g}"
+    if key.endswith("_mib"):  # (whole MiB, as the pages write memory)
+        return f"{v:,.0f}"
     if unit := words.duration_unit_s(key):
         return words.duration(v * unit)
     if isinstance(v, float):

@@ -78,7 +78,7 @@ HEADERS = {
     "gpus_unknown_jobs": "jobs with GPU count unknown",
     "mfu_pct": "MFU %", "mfu_method": "MFU method", "mfu_unknown_gpu_h": "GPU-h with MFU unknown",
     "mttf_h": "MTTF", "mttf_ci_low_h": "MTTF 95 % low", "mttf_ci_high_h": "MTTF 95 % high", "wall_h": "wall time",
-    "ettr": "ETTR",
+    "ettr": "ETTR", "gpu_hours": "GPU-h", "p_value": "p-value",
 }
 
 # How many decimals each kind of figure gets, everywhere

@@ -86,6 +86,18 @@ def test_a_duration_column_is_written_out_and_headed_without_a_unit(column, unit
         assert fmt(90.0 / unit, column) == "1 min 30 s"
 
 
+def test_memory_gpu_hours_and_p_values_in_the_cli_as_on_the_pages():
+    """`--job`'s per-GPU table wrote "70,500.00" under "fb used max MiB"; the pages write whole MiB."""
+    from gpufleet.analytics.cli import fmt
+    from gpufleet.dashboards.ui import column_config
+
+    assert fmt(70500.0, "fb_used_max_mib") == "70,500"
+    # ... and a lemon's GPU-hours and p-value as the pages write them (not "1,088.02", "0.00")
+    assert (fmt(1088.024, "gpu_hours"), words.header("gpu_hours")) == (words.gpu_h(1088.024), "GPU-h")
+    assert fmt(1.234e-5, "p_value") == "1.2e-05"
+    assert column_config(pl.DataFrame({"fb_used_max_mib": [70500.0]}))["fb_used_max_mib"]["type_config"]["format"] == "%,.0f"
+
+
 def test_every_verdict_has_words():
     assert all("_" not in words.verdict(v) for v in words.VERDICTS)
     assert words.verdict(None) == words.NONE and words.verdict("ok") == "ok"
