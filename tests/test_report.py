@@ -348,6 +348,15 @@ def test_reliability_section_equals_the_reliability_report(store, w47, outputs):
     assert "no advice: no checkpoint reports: the job's checkpoint cost is unknown" in outputs[0].text
 
 
+def test_a_chain_of_one_attempt_on_one_gpu_reads_in_the_singular(outputs):
+    """The text report's chain lines: "1 attempt on 1 GPU", not "1 attempts on 1 GPUs"."""
+    report = outputs[0].report
+    chain = {"job_ids": ["7"], "attempts": 1, "gpus": 1, "ettr": 0.0, "lost_basis": "upper bound"}
+    many = {**chain, "job_ids": ["8"], "attempts": 2, "gpus": 8}
+    text = render.text(replace(report, reliability={**report.reliability, "chains": [chain, many]}))
+    assert "chain 7: 1 attempt on 1 GPU, ETTR" in text and "chain 8: 2 attempts on 8 GPUs, ETTR" in text
+
+
 def test_goodput_waterfall_is_the_analytics_one(store, w47, outputs):
     """The weekly report's waterfall (chart and text) is gpufleet.analytics.goodput's, computed on the
     report's own analysis: capacity and allocated are the week's totals."""
