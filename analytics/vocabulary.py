@@ -151,6 +151,11 @@ def gpu_h(x: float | None) -> str:
     return UNKNOWN if bad(x) else f"{x:,.{DECIMALS['gpu_h']}f}"
 
 
+def shows_gpu_h(x: float | None) -> bool:
+    """Whether GPU-hours `x` are more than gpu_h writes as 0.0: a loss listed as "0.0 GPU-h" says nothing."""
+    return not bad(x) and abs(x) >= 0.5 * 10 ** -DECIMALS["gpu_h"]
+
+
 def usd(x: float | None) -> str:
     """Money: US dollars with cents, $1,234.56 (\u2212$3.00 below zero; -0.0 reads $0.00)."""
     if bad(x):

@@ -73,10 +73,11 @@ class WindowStates:
     not_at_grain: dict[str, str] = field(default_factory=lambda: dict(NOT_AT_GRAIN))
 
     def team_causes(self, n: int = 3) -> pl.DataFrame:
-        """Each team's `n` largest losses (WINDOW_LOSSES): rank, state, gpu_h, share_pct of its data time, cost, fix."""
+        """Each team's `n` largest losses (WINDOW_LOSSES) of those that show (vocabulary.shows_gpu_h): rank, state, gpu_h,
+        share_pct of its data time, cost, fix."""
         rows = []
         for r in self.teams.iter_rows(named=True):
-            losses = sorted(((r[f"{s}_gpu_h"], s) for s in WINDOW_LOSSES if r[f"{s}_gpu_h"]), reverse=True)[:n]
+            losses = sorted(((r[f"{s}_gpu_h"], s) for s in WINDOW_LOSSES if words.shows_gpu_h(r[f"{s}_gpu_h"])), reverse=True)[:n]
             for rank, (h, s) in enumerate(losses, 1):
                 rows.append({"cluster": r["cluster"], "account": r["account"], "rank": rank, "state": s, "gpu_h": h,
                              "share_pct": 100 * h / r["data_gpu_h"] if r["data_gpu_h"] else None, "cost": r[f"{s}_cost"], "fix": FIXES[s]})

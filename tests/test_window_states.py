@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.states import Thresholds, job_breakdown
-from gpufleet.analytics.window_states import STATES, window_states
+from gpufleet.analytics.window_states import STATES, WindowStates, window_states
 from gpufleet.collector import schema
 from gpufleet.collector.facts import FactParams
 from gpufleet.collector.maintenance import compact
@@ -133,6 +133,9 @@ def test_a_hand_computed_window(tmp_path, upkeep):
     assert ws.fleet["idle_gpu_h"] == pytest.approx(2.0) and ws.fleet["data_gpu_h"] == pytest.approx(5 * HOURS)
     causes = ws.team_causes()
     assert causes.filter(pl.col("account") == "t1")["state"].to_list() == ["no_process", "idle", "startup"]
+    # a loss the report would write as "0.0 GPU-h" is not listed
+    tiny = ws.teams.with_columns(pl.when(pl.col("account") == "t1").then(0.04).otherwise(pl.col("startup_gpu_h")).alias("startup_gpu_h"))
+    assert WindowStates(ws.jobs, tiny, ws.fleet).team_causes().filter(pl.col("account") == "t1")["state"].to_list() == ["no_process", "idle"]
     # job a beside its per-job breakdown (the same rules for a startup without blips, a long idle run)
     js = job_breakdown(con, p, "a", Thresholds.of(p, {}))
     for s in ("startup", "idle", "compute"):
