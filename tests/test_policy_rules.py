@@ -193,3 +193,20 @@ def test_nothing_due_names_the_closest_job_and_why_it_is_not_due():
     # no running GPU job: nothing to name; and a plan with actions names none
     assert closest([job(state="COMPLETED")], RULES, AS_OF) is None and evaluate([], RULES, [], AS_OF).as_dict()["closest"] is None
     assert evaluate([job(idle_s=5 * H), soon], RULES, [], AS_OF).closest is None
+
+
+def test_the_plan_table_s_columns_are_as_wide_as_their_longest_value():
+    """A pod's name is longer than a Slurm job id: the table's columns widen to it, so every row's user starts at one column
+    (`k8s/ctr-train-f2bd5` pushed its row's columns one place right)."""
+    from types import SimpleNamespace as NS
+
+    from gpufleet.policy.cli import _table
+
+    def action(cluster, job_id, user):
+        job = NS(cluster=cluster, job_id=job_id, user_name=user, account="acct", idle_gpus=1, gpus=1, idle_s=3600.0, name="n")
+        return NS(job=job, action="notify", rule="notify_after", reason="idle")
+
+    plan = NS(as_of=datetime(2026, 12, 6, 12), enforce=False, actions=[action("hpc", "4831", "ann"), action("k8s", "ctr-train-f2bd5-long", "bo")],
+              exempt=[], suppressed=[], closest=None)
+    rows = _table(plan, acting=False).splitlines()[1:]
+    assert len({row.index(user) for row, user in zip(rows, ("ann", "bo"))}) == 1, rows

@@ -5,6 +5,7 @@ under enforce, audited, and not drained twice within renotify_after."""
 from __future__ import annotations
 
 import json
+import shlex
 import stat
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -65,7 +66,11 @@ def test_dry_run_proposes_draining_the_lemon(tmp_path, store, capsys):
     assert d["command"][:4] == ["scontrol", "update", "NodeName=bad", "State=DRAIN"]
     assert d["command"][4].startswith("Reason=gpufleet: lemon: 4 hardware/node failures in 104 GPU-h")
     assert main(["policy", "--config", str(cfg), "--as-of", AS_OF.isoformat() + "Z"]) == 0
-    assert "drain?" in capsys.readouterr().out  # --as-of: a dry run
+    table = capsys.readouterr().out
+    assert "drain?" in table  # --as-of: a dry run
+    # the command as a shell takes it: the reason (spaces, colons) one argument
+    [line] = [x.strip() for x in table.splitlines() if x.strip().startswith("scontrol ")]
+    assert shlex.split(line) == d["command"]
 
 
 def test_exempt_nodes(tmp_path, store, capsys):

@@ -40,15 +40,22 @@ def _table(plan, acting: bool) -> str:
 
     mode = "enforcing" if acting else "dry run" + ("" if plan.enforce else " (enforce = false)")
     lines = [f"idle-GPU policy at {plan.as_of.isoformat(timespec='seconds')}Z: {len(plan.actions)} action(s), {mode}"]
+    # (columns as wide as their longest value: a pod's name is longer than a Slurm job id)
+    def job(j) -> str:
+        return f"{j.cluster}/{inert(j.job_id, 40)}"
+
+    jobs = [x.job for x in (*plan.actions, *plan.exempt, *plan.suppressed)]
+    wj, wu, wa = (max([n, *(len(f(j)) for j in jobs)]) for f, n in
+                  ((job, 18), (lambda j: inert(j.user_name, 20), 12), (lambda j: inert(j.account, 20), 12)))
     for a in plan.actions:
         j = a.job
-        lines.append(f"  {a.action:<8} {j.cluster}/{inert(j.job_id, 40):<14} {inert(j.user_name, 20):<12} {inert(j.account, 20):<12} "
+        lines.append(f"  {a.action:<8} {job(j):<{wj}} {inert(j.user_name, 20):<{wu}} {inert(j.account, 20):<{wa}} "
                      f"{j.idle_gpus}/{j.gpus} GPUs idle {words.duration(j.idle_s):>11}  [{a.rule}] {inert(a.reason, 300)}  "
                      f"name {inert(j.name, 60)}")
     for e in plan.exempt:
-        lines.append(f"  exempt   {e.job.cluster}/{inert(e.job.job_id, 40):<14} [{e.rule}] {inert(e.reason, 300)}")
+        lines.append(f"  exempt   {job(e.job):<{wj}} [{e.rule}] {inert(e.reason, 300)}")
     for a in plan.suppressed:
-        lines.append(f"  (done)   {a.job.cluster}/{inert(a.job.job_id, 40):<14} {a.action} already done within renotify_after")
+        lines.append(f"  (done)   {job(a.job):<{wj}} {a.action} already done within renotify_after")
     if not plan.actions:
         c = plan.closest
         lines.append("  nothing due: no running job holds GPUs" if c is None else
@@ -58,13 +65,16 @@ def _table(plan, acting: bool) -> str:
 
 
 def _drain_table(lemons: dict, acting: bool) -> str:
-    """The lemon nodes the policy drains (or would), with the command; a person resumes them."""
+    """The lemon nodes the policy drains (or would), with the command as a shell takes it (its reason quoted: an operator
+    copies it); a person resumes them."""
+    import shlex
+
     from gpufleet.policy.enforce import inert
 
     lines = []
     for d in lemons["drains"]:
         lines.append(f"  {'drain' if acting else 'drain?':<8} {d.cluster}/{inert(d.node, 60)} ({d.scheduler}) {inert(d.reason, 300)}\n"
-                     f"           {' '.join(d.command())}")
+                     f"           {inert(shlex.join(d.command()), 600)}")
     for d, why in lemons["exempt"]:
         lines.append(f"  exempt   {d.cluster}/{inert(d.node, 60)} [{why}]")
     for d in lemons["suppressed"]:
