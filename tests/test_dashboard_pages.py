@@ -146,12 +146,15 @@ def test_fleet_now(store, con, use_store):
     assert m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
     assert m["Held with no process (GPU equivalents)"] == "1"
     assert m["Lost / error / no data (GPUs)"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
-    assert_table(frame(at, "fleet_gpus"), states, ["host", "gpu", "gi", "status", "util", "job_ids", "job_names", "user_names", "accounts", "held",
-                                                   "compute_processes"])
+    assert_table(frame(at, "fleet_gpus"), states.rename({"util": "utilization_pct"}), ["host", "gpu", "gi", "status", "utilization_pct", "job_ids",
+                                                                                      "job_names", "user_names", "accounts", "held", "compute_processes"])
     assert frame(at, "fleet_gpus")["compute_processes"].dropna().tolist() == [1, 0, 1, 1]
     for key in ("fleet_gpus", "fleet_idle"):  # process counts are integers, shown as 1, not 1.00
         cfg = json.loads(at.container(key).dataframe[0].proto.columns)["compute_processes"]["type_config"]
         assert cfg["format"] == "localized", (key, cfg)
+    for key in ("fleet_gpus", "fleet_idle", "fleet_no_process"):  # utilization headed and written as every table's: "utilization %", 0.0 %
+        column = json.loads(at.container(key).dataframe[0].proto.columns)["utilization_pct"]
+        assert (column["label"], column["type_config"]["format"]) == ("utilization %", "%.1f %%"), (key, column)
     idle = frame(at, "fleet_idle")
     assert idle["host"].tolist() == ["n1"] and idle["job_ids"].tolist() == ["102"] and idle["cost_usd_per_h"].tolist() == [3.0]
     # B was never busy in the look-back: idle since before its first sample, at least 2 h

@@ -11,6 +11,8 @@ from gpufleet.dashboards import data, ui
 
 MARKS = {"lost": "✕", "error": "!", "no data": "?"}
 EQUIV_HELP = "GPU equivalents: a MIG instance counts as its share of its GPU (3g.40gb = 3/7 of a GPU)"
+# the latest sample's utilization in the tables, as every table heads and writes a utilization (vocabulary: "utilization %", 0.0)
+UTILIZATION = pl.col("util").alias("utilization_pct")
 LEGEND = "✕ lost (gpu_up = 0)   ! XID / ECC / row-remap error   ? no recent data   ○ held with no process   · held by a job"
 
 
@@ -100,14 +102,14 @@ def body(ctx: ui.Context) -> None:
     st.caption("Held by a job and below the idle threshold in the latest sample; idle since = the first sample after the GPU's last "
                "busy sample in the store. \"before\": no busy sample in the look-back, the GPU was idle since before that time "
                "(and idle for at least that long).")
-    ui.table(idle.select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts", "util", "compute_processes",
+    ui.table(idle.select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts", UTILIZATION, "compute_processes",
                          "idle_since_text", "idle_for_s", "cost_usd_per_h"),
              key="fleet_idle", empty="No GPU is idle while allocated right now.", sort="longest idle first",
-             labels={"idle_since_text": "idle since", "idle_for_s": "idle for", "cost_usd_per_h": "$ per hour", "util": "utilization %"})
+             labels={"idle_since_text": "idle since", "idle_for_s": "idle for", "cost_usd_per_h": "$ per hour"})
 
     st.subheader("Held with no compute process")
     ui.table(states.filter(pl.col("no_process")).select("host", "gpu", "gi", "model", "job_ids", "job_names", "user_names", "accounts",
-                                                        "util", "fb_used_mib"),
+                                                        UTILIZATION, "fb_used_mib"),
              key="fleet_no_process", empty="Every held GPU has a process on it.")
 
     st.subheader("Down, erroring or silent GPUs")
@@ -117,10 +119,10 @@ def body(ctx: ui.Context) -> None:
              labels={"ts": "last sample", "age_s": "silent for", "last_xid": "last XID", "last_xid_at": "last XID at"})
 
     with st.expander("All GPUs (table)"):
-        ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", "util", "fb_used_mib", "gpu_temp_c",
+        ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", UTILIZATION, "fb_used_mib", "gpu_temp_c",
                                "power_w", "compute_processes", "held", "job_ids", "job_names", "user_names", "accounts", "schedulers",
                                "ts", "age_s"),
-                 key="fleet_gpus", labels={"ts": "last sample", "age_s": "age of last sample", "util": "utilization %"})
+                 key="fleet_gpus", labels={"ts": "last sample", "age_s": "age of last sample"})
 
     hosts = now["hosts"]
     stale = hosts.filter(~pl.col("fresh"))
