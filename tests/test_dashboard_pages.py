@@ -273,6 +273,8 @@ def test_waste_and_cost(store, con, a, use_store):
     fall = frame(at, "waste_waterfall")
     assert list(fall["step"]) == [goodput.STEP_LABELS[s] for s in goodput.STEPS]
     assert_table(fall, pl.DataFrame(goodput.chart_rows(g["fleet"])), ["step", "gpu_h", "cost"])
+    # what went between steps: none before the first (a dash, not "unknown"), then each drop in GPU-hours
+    assert list(fall["dropped_gpu_h"]) == [words.NONE, *(words.gpu_h(r["dropped_gpu_h"]) for r in goodput.chart_rows(g["fleet"])[1:])]
     assert [r["gpu_h"] for r in g["fleet"][:2]] == [t.capacity_gpu_h, pytest.approx(t.allocated_gpu_h)]
     assert len(frame(at, "waste_waterfall_teams")) == len(g["teams"])
 

@@ -41,6 +41,8 @@ def waterfall_section(b: data.Bundle) -> None:
     rows = pl.DataFrame(goodput.chart_rows(g["fleet"]), schema={"step": pl.Utf8, "gpu_h": pl.Float64, "cost": pl.Float64,
                                                                  "dropped_gpu_h": pl.Float64})
     rows = rows.with_columns(pl.Series("unknown_teams", [r["unknown_teams"] for r in g["fleet"]]))
+    # what went since the step before, as text: the first step has none (a dash), not an unknown amount
+    gone = pl.Series("dropped_gpu_h", [words.NONE if i == 0 else words.gpu_h(x) for i, x in enumerate(rows["dropped_gpu_h"])], pl.String)
     known = rows.filter(pl.col("gpu_h").is_not_null())
     if not known.is_empty():
         order = list(rows["step"])
@@ -49,7 +51,7 @@ def waterfall_section(b: data.Bundle) -> None:
             y=alt.Y("gpu_h:Q", title="GPU-hours"),
             tooltip=["step:N", alt.Tooltip("gpu_h:Q", title="GPU-hours", format=",.1f"),
                      alt.Tooltip("cost:Q", title="cost", format=ui.USD_D3)]), width="stretch")
-    ui.table(rows, key="waste_waterfall", labels={"gpu_h": "GPU-h", "dropped_gpu_h": "gone since the step before GPU-h"},
+    ui.table(rows.with_columns(gone), key="waste_waterfall", labels={"gpu_h": "GPU-h", "dropped_gpu_h": "gone since the step before GPU-h"},
              sort="the waterfall's order")
     said = set(capacity_warnings(b.totals))  # (the page says those under its scope: ui.scope_note)
     for note in [n for n in g["notes"] if n not in said] + (
@@ -59,7 +61,7 @@ def waterfall_section(b: data.Bundle) -> None:
     teams = pl.DataFrame(g["teams"], schema={"cluster": pl.Utf8, "account": pl.Utf8,
                                              **{f"{s}_{u}": pl.Float64 for u in ("gpu_h", "cost") for s in goodput.STEPS[1:]}})
     ui.table(teams.select("cluster", "account", *(f"{s}_{u}" for s in goodput.STEPS[1:] for u in ("gpu_h", "cost"))), key="waste_waterfall_teams",
-             empty="No team held GPUs in this window.", sort="by cluster and account")
+             empty="No team held GPUs in this window.", sort="cluster and account")
 
 
 def body(ctx: ui.Context) -> None:
