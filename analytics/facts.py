@@ -86,8 +86,15 @@ CUT_SAMPLE = f"""SELECT 1 FROM {raw_reads.SAMPLES} WHERE ts >= make_timestamp($l
 # whether the reader has the facts' views (an older store has not)
 HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views() UNION ALL SELECT table_name FROM duckdb_tables()) "
              "WHERE n IN ('fact_files', 'fact_parts')")
-# the samples' first day's start and last day's end (epoch us; NULL: none) from sample_days: a raw cut outside them reads nothing
-SAMPLE_EXTENT = "SELECT epoch_us(min(day)::TIMESTAMP), epoch_us(max(day)::TIMESTAMP + INTERVAL 1 DAY) FROM sample_days"
+# the store's first sample and just after its last (epoch us; NULL: none), from sample_files: its first (last) day's files'
+# times where the reader read them all (collector.store's footers), else that day's start (end). A raw cut outside reads nothing
+SAMPLE_EXTENT = """
+WITH d AS (SELECT min(day) AS d0, max(day) AS d1 FROM sample_files)
+SELECT CASE WHEN bool_and(t0 IS NOT NULL) FILTER (WHERE day = d0) THEN min(t0) FILTER (WHERE day = d0)
+            ELSE epoch_us(any_value(d0)::TIMESTAMP) END,
+       CASE WHEN bool_and(t1 IS NOT NULL) FILTER (WHERE day = d1) THEN max(t1) FILTER (WHERE day = d1) + 1
+            ELSE epoch_us(any_value(d1)::TIMESTAMP + INTERVAL 1 DAY) END
+FROM sample_files, d"""
 # which buckets the store has facts of, for these parameters
 STORED_BUCKETS = ("SELECT grain_s, epoch_us(bucket) AS b, hour_parts, epoch_us(open_from) AS open_from, epoch_us(open_upto) AS open_upto "
                   "FROM fact_files WHERE tag = $tag")

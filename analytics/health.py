@@ -105,7 +105,7 @@ def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | N
             return None
         q = sql.HEALTH_MOVED_GPUS
         bind = {"files": files, "tag": tag, "raw_us": raw_us, "end_us": e, "cluster": params.filters.cluster, "model": params.filters.model}
-        return [r[0] for r in cur.execute(q, sql.bound(q, bind)).fetchall()]
+        return raw_reads.read(cur, "health events", q, sql.bound(q, bind), raw_us, e)["gpu_uuid"].to_pylist()
     finally:
         cur.close()
 

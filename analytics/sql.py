@@ -815,7 +815,7 @@ SELECT DISTINCT gpu_uuid FROM (
     SELECT cluster, host, gpu_uuid, coalesce(gpu_instance, -1) AS gi, bool_or(xid_last > 0) AS xid,
            bool_or(gpu_up = 0 OR remap_failure > 0) AS lost,
            {", ".join(f"min({col}) AS {c}_lo, max({col}) AS {c}_hi" for (_, col, _, _), (_, c, _) in zip(_COUNTERS, _EVENT_COUNTERS))}
-    FROM gpu_samples WHERE ts >= make_timestamp($raw_us) AND ts < make_timestamp($end_us) AND {_FILTERS}
+    FROM {SAMPLES} WHERE ts >= make_timestamp($raw_us) AND ts < make_timestamp($end_us) AND {_FILTERS}
     GROUP BY ALL
 )
 GROUP BY {_KEY}

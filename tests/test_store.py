@@ -545,8 +545,8 @@ def test_a_sample_files_footer_is_read_once_until_the_file_changes(tmp_path, mon
     w.commit(Batch(key="a", samples=samples([T0], [5])))
     w.publish()
     read = []
-    real = store._sample_file_columns
-    monkeypatch.setattr(store, "_sample_file_columns", lambda con, files: read.extend(files) or real(con, files))
+    real = store._sample_file_footers
+    monkeypatch.setattr(store, "_sample_file_footers", lambda con, files: read.extend(files) or real(con, files))
     assert open_reader(tmp_path).execute("SELECT gpu_util FROM gpu_samples").fetchall() == [(5.0,)]
     first = len(read)
     assert first >= 1
@@ -558,10 +558,48 @@ def test_a_sample_files_footer_is_read_once_until_the_file_changes(tmp_path, mon
     assert open_reader(tmp_path).execute(f"SELECT gpu_util, {added} FROM gpu_samples").fetchall() == [(5.0, None)]
     assert len(read) == 2 * first
     # files compaction retired are forgotten once they outnumber the store's
-    monkeypatch.setitem(store._SAMPLE_FILE_COLUMNS, "/retired/0.parquet", ((0, 0), True))
-    store._SAMPLE_FILE_COLUMNS.update({f"/retired/{i}.parquet": ((0, 0), True) for i in range(1, 1500)})
+    retired = store._Footer((0, 0), True, None, None)
+    monkeypatch.setitem(store._SAMPLE_FILE_FOOTERS, "/retired/0.parquet", retired)
+    store._SAMPLE_FILE_FOOTERS.update({f"/retired/{i}.parquet": retired for i in range(1, 1500)})
     open_reader(tmp_path)
-    assert not [f for f in store._SAMPLE_FILE_COLUMNS if f.startswith("/retired/")]
+    assert not [f for f in store._SAMPLE_FILE_FOOTERS if f.startswith("/retired/")]
+    w.close()
+
+
+def test_a_read_of_some_minutes_opens_the_files_holding_them(tmp_path):
+    """samples_between picks, of the days a range touches, the files whose samples' first and last
+    time (from the footers the reader read: the oldest and newest days') meet the range: the
+    newest day holds a file per collector round until compaction, and a read of the last minutes
+    opens those minutes' files, not the day's. The store's extent is its first and last sample."""
+    from gpufleet.analytics.facts import SAMPLE_EXTENT
+    from gpufleet.collector.store import SAMPLE_FILES_BETWEEN
+    from gpufleet.times import epoch_us
+
+    start = datetime(2026, 11, 17, 10, 0)
+    w = StoreWriter(tmp_path)
+    for i in range(6):  # a round every 10 minutes, each a file of its own
+        w.commit(Batch(key=f"r{i}", samples=samples([start + timedelta(minutes=10 * i)], [i])))
+    w.publish()
+    con = open_reader(tmp_path)
+    t0 = epoch_us(start)
+    minute = 60_000_000
+
+    def files(lo, hi):  # (what samples_between reads)
+        return len(con.execute(SAMPLE_FILES_BETWEEN, {"lo": lo, "hi": hi}).fetchall())
+
+    assert files(t0, t0 + 60 * minute) == 6
+    assert files(t0 + 25 * minute, t0 + 45 * minute) == 2  # the rounds at 30 and 40 minutes
+    assert files(t0 + 51 * minute, t0 + 60 * minute) == 0
+    assert con.execute(f"SELECT gpu_util FROM {samples_between(con, t0 + 25 * minute, t0 + 45 * minute)} ORDER BY ts").fetchall() == [(3.0,), (4.0,)]
+    assert con.execute(SAMPLE_EXTENT).fetchone() == (t0, t0 + 50 * minute + 1)
+    # a file whose footer has no ts statistics is read whatever the range
+    import pyarrow.parquet as pq
+
+    last = max((tmp_path / "samples").rglob("*.parquet"), key=lambda f: pq.read_table(f)["ts"][0].as_py())
+    pq.write_table(pq.read_table(last), last, write_statistics=False)
+    con = open_reader(tmp_path)
+    assert files(t0, t0 + 5 * minute) == 2
+    assert con.execute(SAMPLE_EXTENT).fetchone()[1] == epoch_us(datetime(2026, 11, 18))  # (the day's end: unknown within it)
     w.close()
 
 
