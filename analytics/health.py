@@ -34,7 +34,8 @@ import polars as pl
 import pyarrow as pa
 
 from gpufleet.analytics import raw_reads, sql
-from gpufleet.analytics.facts import ALL_COLUMNS, EVENT_COLUMNS, SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow, fact_files_of, fact_params, stored_buckets
+from gpufleet.analytics.facts import (ALL_COLUMNS, EVENT_COLUMNS, FIVE_US, OPEN_5M, SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow, fact_files_of,
+                                      fact_params, stored_buckets)
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
 from gpufleet.collector.reading import query_rows
@@ -85,7 +86,8 @@ def _events(w: FactWindow) -> pl.DataFrame:
 
 def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | None:
     """The GPUs whose health moved in the window (sql.HEALTH_MOVED_GPUS): the only ones with events. Facts up
-    to the first hour with samples but no facts, raw samples from there (the tail upkeep has not reached).
+    to the first hour with samples but no facts (and through the open hour's settled 5 minutes), raw samples
+    from there (the tail upkeep has not reached).
     None (every GPU) when no hour before it has facts."""
     cur = con.cursor()
     try:
@@ -97,6 +99,8 @@ def _moved_gpus(con: duckdb.DuckDBPyConnection, params: Params) -> list[str] | N
         t = s - s % HOUR_US
         while t < e and (t - t % DAY_US in stored[GRAIN_1D] or t in stored[GRAIN_5M] or first is None or t + HOUR_US <= first or t >= last):
             t += HOUR_US
+        while t < e and t in stored[OPEN_5M]:  # the open hour's settled 5 minutes (its file holds them)
+            t += FIVE_US
         raw_us, files = min(max(t, s), e), []
         for day in range(s - s % DAY_US, raw_us, DAY_US):  # each day's file, else its hours'
             whole = day in stored[GRAIN_1D]

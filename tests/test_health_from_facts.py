@@ -248,3 +248,31 @@ def test_events_read_only_the_gpus_whose_health_moved(tmp_path, compact_at):
     assert con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 300 AND bucket < ?", [at(compact_at - 3600)]).fetchone()[0] >= 2
     assert sorted(health._moved_gpus(con, p)) == sorted(raw["gpu_uuid"])
     assert not same(raw, got, EVENT_KEYS)
+
+
+def test_moved_gpus_read_the_open_hours_settled_facts_then_raw(tmp_path):
+    """An XID inside the open hour's settled 5 minutes (their file written by upkeep) is found from those facts; the raw read
+    of the GPUs whose health moved starts where they end, not at the hour (on a running collector's store: the hour's
+    minutes before them are a file per round)."""
+    from gpufleet.analytics.raw_reads import READS
+    from gpufleet.times import epoch_us
+
+    fleet = steady(2, 2 * 3600 + 40 * 60)
+
+    def fields(g, t) -> dict:
+        return {"xid_last": 79 if g["gpu"] == 0 and 2 * 3600 + 5 * 60 <= t < 2 * 3600 + 7 * 60 else 0}
+
+    w = StoreWriter(tmp_path)
+    for batch in split(fleet, 1, False, fields=fields):
+        w.commit(batch)
+    compact(w, at(2 * 3600 + 30 * 60), FactParams(max_gap_s=MAX_GAP), facts_hours=None)  # 02:00-02:20 settled: the open hour's file
+    w.close()
+    con = open_reader(tmp_path)
+    assert con.execute("SELECT count(*) FROM fact_files WHERE open_upto IS NOT NULL").fetchone()[0] >= 1
+    p = Params(at(3600), at(2 * 3600 + 40 * 60))
+    mark = READS.mark()
+    events = health.events(con, p)
+    assert (events.filter(pl.col("kind") == "xid")["gpu_uuid"].to_list(), events.filter(pl.col("kind") == "xid")["code"].to_list()) == (["GPU-prop-0"], [79])
+    moved = [r for r in READS.since(mark) if r.kind == "health events" and r.hi_us == epoch_us(at(2 * 3600 + 40 * 60))]
+    assert moved and moved[0].lo_us == epoch_us(at(2 * 3600 + 20 * 60)), moved
+    assert not compare(con, p)
