@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gpufleet.collector import facts
-from gpufleet.collector.store import StoreWriter, _sql_list, facts_key, fsync_dir, sample_source, write_parquet
+from gpufleet.collector.store import SAMPLE_FILE_SPANS, StoreWriter, _sql_list, facts_key, fsync_dir, sample_source, write_parquet
 from gpufleet.collector.tasks import TaskRunner
 from gpufleet.times import epoch_us, from_epoch_us
 
@@ -298,8 +298,7 @@ def build_facts(w: StoreWriter, now_us: int, p: facts.FactParams, span: tuple[in
     `force` (the hour would lose up to max_gap seconds at its start)."""
     tag = p.tag()
     gap = p.gap_us
-    files = w.db.execute("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches "
-                         "WHERE file <> '' AND min_ts IS NOT NULL GROUP BY file ORDER BY file").fetchall()
+    files = w.db.execute(SAMPLE_FILE_SPANS).fetchall()
     own: dict[int, list[str]] = {}
     head: dict[int, list[str]] = {}
     for f, lo, hi in files:

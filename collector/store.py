@@ -48,7 +48,7 @@ import pyarrow as pa
 from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.shard import SHARDS_DIR
-from gpufleet.times import utcnow
+from gpufleet.times import epoch_us, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -229,8 +229,9 @@ class StoreWriter:
             (u["source"], u["input"], u["kind"]): u for u in previous.get("unrecognized", [])
             if isinstance(u, dict) and {"source", "input", "kind"} <= set(u)}
         # What publish() lists, kept in memory so a publish costs the same on day 1 and day 300
-        # (None: read from the ledger at the next publish; see invalidate()).
-        self._sample_files: set[str] | None = None
+        # (None: read from the ledger at the next publish; see invalidate()): each sample file with
+        # its samples' first and last ts (epoch us), so a reader opens only the files a range meets
+        self._sample_files: dict[str, tuple[int, int]] | None = None
         self._cleanup_due: datetime | None = None  # when a retired file next passes its grace period
         # Table snapshots replaced by a publish, with when: deleted after the grace period. Kept in
         # memory (not in retired_files) because a publish replaces them every round; after a crash
@@ -400,7 +401,7 @@ class StoreWriter:
                 (self.root / rel).unlink(missing_ok=True)
             raise
         if self._sample_files is not None:
-            self._sample_files.update(rel for rel, *_ in files)
+            self._sample_files.update((rel, (epoch_us(lo), epoch_us(hi))) for rel, _, lo, hi in files)
         if files:
             self._drop_facts(min(f[2] for f in files), max(f[3] for f in files))
         return result
@@ -884,12 +885,13 @@ class StoreWriter:
             self._tables[name] = str(path.relative_to(self.root))
         self._dirty_tables.clear()
         if self._sample_files is None:
-            self._sample_files = {r[0] for r in self.db.execute("SELECT DISTINCT file FROM batches WHERE file <> ''").fetchall()}
+            self._sample_files = {f: (t0, t1) for f, t0, t1 in self.db.execute(SAMPLE_FILE_SPANS).fetchall()}
         manifest = {
             "version": seq,
             "schema_version": self._schema_version,
             "published_at": self.clock().isoformat(),
             "samples": sorted(self._sample_files),
+            "sample_spans": {f: list(span) for f, span in sorted(self._sample_files.items())},
             "tables": self._tables,
             "facts": sorted(self.facts.values(), key=itemgetter("grain", "bucket")),
             # segmented tables: their immutable segments, and those the open part overrides rows of
@@ -1231,16 +1233,14 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     parts = read_manifests(root)
     con = duckdb.connect(":memory:", config=_reader_config())
     files = [str(d / f) for d, m in parts for f in m.get("samples", [])]
-    footers = _sample_footers(con, files) if files else {}
-    plain = bool(files) and all(f.full for f in footers.values())
+    plain = bool(files) and _full_sample_schema(con, files)
     if files:
         con.execute(f"CREATE VIEW gpu_samples AS SELECT * FROM {sample_source(con, files, plain)}")
     else:
         _empty_table(con, "gpu_samples", schema.SAMPLE_SCHEMA)
-    # each sample file by its date partition and, where its footer was read (the oldest and newest
-    # days'), its samples' first and last time (samples_between), and the days: where raw samples can
-    # be, without reading them
-    spans = [(footers[f].t0, footers[f].t1) if f in footers else (None, None) for f in files]
+    # each sample file by its date partition and its samples' first and last time (the manifest's
+    # sample_spans; None where it has none), and the days: where raw samples can be, without reading them
+    spans = [tuple(m.get("sample_spans", {}).get(f) or (None, None)) for _, m in parts for f in m.get("samples", [])]
     _table_of_lists(con, "sample_files", {"day": ("DATE", [Path(f).parent.name.removeprefix("date=") for f in files]),
                                           "file": ("VARCHAR", files), "plain": ("BOOLEAN", [plain] * len(files)),
                                           "t0": ("BIGINT", [t0 for t0, _ in spans]), "t1": ("BIGINT", [t1 for _, t1 in spans])})
@@ -1340,6 +1340,9 @@ def _empty_table(con: duckdb.DuckDBPyConnection, name: str, columns: pa.Schema) 
         con.unregister("_empty")
 
 
+# each sample file of the ledger with its samples' first and last ts (epoch us): the manifest's sample_spans, upkeep's hours
+SAMPLE_FILE_SPANS = ("SELECT file, epoch_us(min(min_ts)), epoch_us(max(max_ts)) FROM batches WHERE file <> '' AND min_ts IS NOT NULL "
+                     "GROUP BY file ORDER BY file")
 # the sample files of the days [$lo, $hi) touches (epoch us), and whether they read plainly
 SAMPLE_FILES_BETWEEN = ("SELECT file, plain FROM sample_files WHERE day >= make_timestamp($lo)::DATE "
                         "AND day <= make_timestamp($hi - 1)::DATE AND (t1 IS NULL OR (t1 >= $lo AND t0 < $hi)) ORDER BY file")
@@ -1366,8 +1369,8 @@ def sample_source(con: duckdb.DuckDBPyConnection, files: list[str], plain: bool 
     it. Files written before a sample column was added (the NVLink rates, foreign processes) read
     it as NULL - union_by_name, or added here when no file has it yet: read plainly, DuckDB takes
     the first file's columns, so a mixed hour would lose the newer files' columns (or fail).
-    `plain`: whether they have every column (_sample_footers), where the caller knows it."""
-    if all(f.full for f in _sample_footers(con, files).values()) if plain is None else plain:
+    `plain`: _full_sample_schema(con, files), where the caller knows it."""
+    if _full_sample_schema(con, files) if plain is None else plain:
         return f"read_parquet({_sql_list(files)}, hive_partitioning = false)"
     # (slower: only for files of a day written across an upgrade that added a column)
     source = f"read_parquet({_sql_list(files)}, hive_partitioning = false, union_by_name = true)"
@@ -1376,46 +1379,33 @@ def sample_source(con: duckdb.DuckDBPyConnection, files: list[str], plain: bool 
     return f"(SELECT {columns} FROM {source})"
 
 
-def _sample_footers(con: duckdb.DuckDBPyConnection, files: list[str]) -> dict[str, "_Footer"]:
-    """The footers of the sample files of the store's oldest and newest days: whether they have every
-    column of SAMPLE_SCHEMA (columns are only ever added, so then every file between has them too, and
-    the view reads the files plainly) and their samples' first and last time (the newest day holds a
-    file per collector round until compaction: a read of its last minutes opens theirs alone). A few
-    footers, not the whole store's, each read once while its file is unchanged (see below)."""
+def _full_sample_schema(con: duckdb.DuckDBPyConnection, files: list[str]) -> bool:
+    """Whether the sample files of the store's oldest and newest days have every column of
+    SAMPLE_SCHEMA: columns are only ever added, so then every file between has them too, and the
+    view reads the files plainly. A few footers, not the whole store's, each read once (see below)."""
     by_day: dict[str, list[str]] = {}
     for f in files:
         by_day.setdefault(Path(f).parent.name, []).append(f)
     days = sorted(by_day)
     checked = [f for d in {days[0], days[-1]} for f in by_day[d]]
     with _SAMPLE_FILE_LOCK:
-        if len(_SAMPLE_FILE_FOOTERS) > 2 * len(files) + 1000:  # files compaction retired since
+        if len(_SAMPLE_FILE_COLUMNS) > 2 * len(files) + 1000:  # files compaction retired since
             current = set(files)
-            for gone in [f for f in _SAMPLE_FILE_FOOTERS if f not in current]:
-                del _SAMPLE_FILE_FOOTERS[gone]
+            for gone in [f for f in _SAMPLE_FILE_COLUMNS if f not in current]:
+                del _SAMPLE_FILE_COLUMNS[gone]
         stamps = {f: _stamp(f) for f in checked}
-        unread = [f for f in checked if f not in _SAMPLE_FILE_FOOTERS or _SAMPLE_FILE_FOOTERS[f].stamp != stamps[f]]
+        unread = [f for f in checked if _SAMPLE_FILE_COLUMNS.get(f, (None, False))[0] != stamps[f]]
         if unread:
             want = set(schema.SAMPLE_SCHEMA.names)
-            for f, (names, t0, t1) in _sample_file_footers(con, unread).items():
-                _SAMPLE_FILE_FOOTERS[f] = _Footer(stamps[f], want <= set(names), t0, t1)
-        return {f: _SAMPLE_FILE_FOOTERS[f] for f in checked}
+            for f, names in _sample_file_columns(con, unread).items():
+                _SAMPLE_FILE_COLUMNS[f] = (stamps[f], want <= set(names))
+        return all(_SAMPLE_FILE_COLUMNS[f][1] for f in checked)
 
 
-@dataclass(frozen=True)
-class _Footer:
-    """What a sample file's footer told: the file's (size, mtime) then, whether it names every
-    SAMPLE_SCHEMA column, and its samples' first and last ts (epoch us; None: no statistics)."""
-
-    stamp: tuple[int, int]
-    full: bool
-    t0: int | None
-    t1: int | None
-
-
-# file -> _Footer: a reader is opened for each new manifest (the dashboard's pages, after every
-# publish), and a file's footer does not change under its name, size and mtime, so each file's is
-# read once per process, not per reader
-_SAMPLE_FILE_FOOTERS: dict[str, _Footer] = {}
+# file -> ((size, mtime), whether its footer names every SAMPLE_SCHEMA column): a reader is opened
+# for each new manifest (the dashboard's pages, after every publish), and a file's footer does not
+# change under its name, size and mtime, so each file's is read once per process, not per reader
+_SAMPLE_FILE_COLUMNS: dict[str, tuple[tuple[int, int], bool]] = {}
 _SAMPLE_FILE_LOCK = threading.Lock()
 
 
@@ -1424,25 +1414,10 @@ def _stamp(file: str) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-# Each file's column names and the first and last ts of its row groups' statistics (NULL unless every
-# row group has them: the file is then read whatever the range)
-SAMPLE_FILE_FOOTERS = """
-WITH rg AS (
-    SELECT file_name, path_in_schema, TRY_CAST(stats_min_value AS TIMESTAMP) AS lo, TRY_CAST(stats_max_value AS TIMESTAMP) AS hi
-    FROM parquet_metadata($files)
-)
-SELECT file_name, list(DISTINCT path_in_schema),
-       CASE WHEN bool_and(lo IS NOT NULL AND hi IS NOT NULL) FILTER (WHERE path_in_schema = 'ts')
-            THEN epoch_us(min(lo) FILTER (WHERE path_in_schema = 'ts')) END,
-       CASE WHEN bool_and(lo IS NOT NULL AND hi IS NOT NULL) FILTER (WHERE path_in_schema = 'ts')
-            THEN epoch_us(max(hi) FILTER (WHERE path_in_schema = 'ts')) END
-FROM rg GROUP BY file_name"""
-
-
-def _sample_file_footers(con: duckdb.DuckDBPyConnection, files: list[str]) -> dict[str, tuple[list[str], int | None, int | None]]:
-    """Each file's column names and first and last sample time, from its footer (DuckDB's, not
-    pyarrow.parquet's: a reader's start-up goes without that import and the filesystems and TLS it brings)."""
-    got = {f: (names, t0, t1) for f, names, t0, t1 in con.execute(SAMPLE_FILE_FOOTERS, {"files": files}).fetchall()}
+def _sample_file_columns(con: duckdb.DuckDBPyConnection, files: list[str]) -> dict[str, list[str]]:
+    """Each file's column names, from its footer (DuckDB's, not pyarrow.parquet's: a reader's
+    start-up goes without that import and the filesystems and TLS it brings)."""
+    got = dict(con.execute("SELECT file_name, list(name) FROM parquet_schema($files) GROUP BY file_name", {"files": files}).fetchall())
     missing = [f for f in files if f not in got]
     if missing:
         raise StoreError(f"sample files {missing[:3]} have no Parquet schema DuckDB could read: expected the store's own files")

@@ -545,8 +545,8 @@ def test_a_sample_files_footer_is_read_once_until_the_file_changes(tmp_path, mon
     w.commit(Batch(key="a", samples=samples([T0], [5])))
     w.publish()
     read = []
-    real = store._sample_file_footers
-    monkeypatch.setattr(store, "_sample_file_footers", lambda con, files: read.extend(files) or real(con, files))
+    real = store._sample_file_columns
+    monkeypatch.setattr(store, "_sample_file_columns", lambda con, files: read.extend(files) or real(con, files))
     assert open_reader(tmp_path).execute("SELECT gpu_util FROM gpu_samples").fetchall() == [(5.0,)]
     first = len(read)
     assert first >= 1
@@ -558,19 +558,19 @@ def test_a_sample_files_footer_is_read_once_until_the_file_changes(tmp_path, mon
     assert open_reader(tmp_path).execute(f"SELECT gpu_util, {added} FROM gpu_samples").fetchall() == [(5.0, None)]
     assert len(read) == 2 * first
     # files compaction retired are forgotten once they outnumber the store's
-    retired = store._Footer((0, 0), True, None, None)
-    monkeypatch.setitem(store._SAMPLE_FILE_FOOTERS, "/retired/0.parquet", retired)
-    store._SAMPLE_FILE_FOOTERS.update({f"/retired/{i}.parquet": retired for i in range(1, 1500)})
+    monkeypatch.setitem(store._SAMPLE_FILE_COLUMNS, "/retired/0.parquet", ((0, 0), True))
+    store._SAMPLE_FILE_COLUMNS.update({f"/retired/{i}.parquet": ((0, 0), True) for i in range(1, 1500)})
     open_reader(tmp_path)
-    assert not [f for f in store._SAMPLE_FILE_FOOTERS if f.startswith("/retired/")]
+    assert not [f for f in store._SAMPLE_FILE_COLUMNS if f.startswith("/retired/")]
     w.close()
 
 
 def test_a_read_of_some_minutes_opens_the_files_holding_them(tmp_path):
     """samples_between picks, of the days a range touches, the files whose samples' first and last
-    time (from the footers the reader read: the oldest and newest days') meet the range: the
-    newest day holds a file per collector round until compaction, and a read of the last minutes
-    opens those minutes' files, not the day's. The store's extent is its first and last sample."""
+    time (the manifest's sample_spans, from the writer's ledger) meet the range: the newest day
+    holds a file per collector round until compaction, and a read of the last minutes opens those
+    minutes' files, not the day's. The store's extent is its first and last sample. Compaction keeps
+    the spans; a manifest without them (an older writer's) reads whole days, as before."""
     from gpufleet.analytics.facts import SAMPLE_EXTENT
     from gpufleet.collector.store import SAMPLE_FILES_BETWEEN
     from gpufleet.times import epoch_us
@@ -592,14 +592,23 @@ def test_a_read_of_some_minutes_opens_the_files_holding_them(tmp_path):
     assert files(t0 + 51 * minute, t0 + 60 * minute) == 0
     assert con.execute(f"SELECT gpu_util FROM {samples_between(con, t0 + 25 * minute, t0 + 45 * minute)} ORDER BY ts").fetchall() == [(3.0,), (4.0,)]
     assert con.execute(SAMPLE_EXTENT).fetchone() == (t0, t0 + 50 * minute + 1)
-    # a file whose footer has no ts statistics is read whatever the range
-    import pyarrow.parquet as pq
+    # compaction merges the rounds into the hour's file: its span is theirs
+    from gpufleet.collector.maintenance import compact_hours
 
-    last = max((tmp_path / "samples").rglob("*.parquet"), key=lambda f: pq.read_table(f)["ts"][0].as_py())
-    pq.write_table(pq.read_table(last), last, write_statistics=False)
+    assert compact_hours(w, start + timedelta(hours=2)) == 1
+    w.invalidate()
+    w.publish()
     con = open_reader(tmp_path)
-    assert files(t0, t0 + 5 * minute) == 2
-    assert con.execute(SAMPLE_EXTENT).fetchone()[1] == epoch_us(datetime(2026, 11, 18))  # (the day's end: unknown within it)
+    assert len(con.execute("SELECT * FROM sample_files").fetchall()) == 1
+    assert files(t0 + 25 * minute, t0 + 45 * minute) == 1 and files(t0 + 51 * minute, t0 + 60 * minute) == 0
+    assert con.execute(SAMPLE_EXTENT).fetchone() == (t0, t0 + 50 * minute + 1)
+    # a manifest without spans (an older writer's): every file of the day, the day's edges
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest["sample_spans"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    con = open_reader(tmp_path)
+    assert files(t0 + 51 * minute, t0 + 60 * minute) == 1
+    assert con.execute(SAMPLE_EXTENT).fetchone() == (epoch_us(datetime(2026, 11, 17)), epoch_us(datetime(2026, 11, 18)))
     w.close()
 
 
