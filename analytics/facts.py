@@ -87,7 +87,7 @@ CUT_SAMPLE = f"""SELECT 1 FROM {raw_reads.SAMPLES} WHERE ts >= make_timestamp($l
 HAS_FACTS = ("SELECT count(*) = 2 FROM (SELECT view_name AS n FROM duckdb_views() UNION ALL SELECT table_name FROM duckdb_tables()) "
              "WHERE n IN ('fact_files', 'fact_parts')")
 # the store's first sample and just after its last (epoch us; NULL: none), from sample_files: its first (last) day's files'
-# times where the reader read them all (collector.store's footers), else that day's start (end). A raw cut outside reads nothing
+# times where the manifest gives them all (sample_spans), else that day's start (end). A raw cut outside them reads nothing
 SAMPLE_EXTENT = """
 WITH d AS (SELECT min(day) AS d0, max(day) AS d1 FROM sample_files)
 SELECT CASE WHEN bool_and(t0 IS NOT NULL) FILTER (WHERE day = d0) THEN min(t0) FILTER (WHERE day = d0)

@@ -5,9 +5,9 @@ the minutes a window edge cuts out of a 5-minute bucket (FactWindow, "edge"), a 
 "job states"), the events inside a part where a health counter rises and the GPUs whose health moved after the newest facts
 (health, "health events"), foreign processes (health), Fleet now's samples after the newest facts ("fleet now"), the newest
 sample of a GPU gone quiet within the facts ("fleet now newest"), the last XIDs of Fleet now's forget window without facts
-("fleet now xids"), and the tests' oracle (tests/support/gputime.py, "raw path"). Each goes through `read`, which notes it in READS, a small counter always on (totals
-per kind, the latest reads kept), so a test can assert that no surface falls back to reading a window's samples
-(tests/test_raw_reads.py). Nothing happens at import beyond making the empty counter.
+("fleet now xids"), and the tests' oracle (tests/support/gputime.py, "raw path"). Each goes through `read`, which notes it
+in READS, a small counter always on (totals per kind, the latest reads kept), so a test can assert that no surface falls back
+to reading a window's samples (tests/test_raw_reads.py). Nothing happens at import beyond making the empty counter.
 """
 
 from __future__ import annotations
