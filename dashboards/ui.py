@@ -76,6 +76,12 @@ def with_last_xid(states: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("xid_last").is_not_null()).then(pl.lit("none")).otherwise(pl.lit(words.UNKNOWN)).alias("last_xid"))
 
 
+def with_event_codes(events: pl.DataFrame) -> pl.DataFrame:
+    """Health events (analytics.health.events) with code as people read it: an XID's code; a dash for the other kinds,
+    which have none (not "unknown": nothing is missing)."""
+    return events.with_columns(pl.when(pl.col("kind") == "xid").then(pl.col("code").cast(pl.Utf8)).otherwise(pl.lit(words.NONE)).alias("code"))
+
+
 def idle_since(t: datetime | None, before: bool = False) -> str:
     """When an idle GPU became idle: the time, or "before <time>" when no busy sample is known in
     the range looked at (gpufleet.analytics.fleet_now: idle_since_capped) - unknown stays unknown."""

@@ -292,7 +292,11 @@ def test_health(store, con, use_store):
     assert m["Hottest GPU"] == "85 °C"
     assert m["GPUs throttled"] == "1"
     shown = frame(at, "health_events")
-    assert_table(shown, ev, ["ts", "host", "gpu", "kind", "code", "samples", "detail"])
+    assert_table(shown, ui.with_event_codes(ev), ["ts", "host", "gpu", "kind", "code", "samples", "detail"])
+    # an XID's code; a dash, not "unknown", for the kinds that have none (this store has XIDs and other kinds)
+    assert {"xid"} < set(shown["kind"])
+    assert {k: set(shown[shown["kind"] == k]["code"]) for k in set(shown["kind"])} == {
+        k: ({str(c) for c in ev.filter(pl.col("kind") == k)["code"]} if k == "xid" else {words.NONE}) for k in set(ev["kind"])}
     assert frame(at, "health_throttle")["host"].tolist() == ["n2"]
     foreign = ahealth.foreign_processes(con, W)
     assert foreign.select("host", "gpu_uuid", "foreign_processes_max", "samples").rows() == [("n1", "GPU-A", 2.0, 20)]

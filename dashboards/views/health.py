@@ -62,7 +62,7 @@ def body(ctx: ui.Context) -> None:
 
     st.subheader("Events")
     st.caption("XID codes, new ECC errors, row remapping and lost GPUs in the window, newest first.")
-    ui.table(events, key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.", sort="newest first")
+    ui.table(ui.with_event_codes(events), key="health_events", empty="No XID, ECC, row-remap or lost-GPU event in this window.", sort="newest first")
     st.page_link(str(Path(__file__).with_name("reliability.py")), label="Which jobs these events ended, and which nodes are lemons: Reliability",
                  icon=":material/build:")
 
