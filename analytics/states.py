@@ -413,7 +413,7 @@ def _evidence(js: JobStates, per: Sequence[GpuStates], t: Thresholds) -> dict[st
         share = js.share(s)
         if not share:
             continue
-        head = f"{s.replace('_', '-')} {share:.0%}"
+        head = f"{words.state(s)} {share:.0%}"
         if s == "input_bound":
             rx, sm = _mean_over(per, s, _RX), _mean_over(per, s, _SM)
             out[s] = f"{head}: PCIe RX {rx / 1e9:.1f} GB/s while SM active {sm:.0%}" if rx is not None and sm is not None else head
@@ -422,12 +422,13 @@ def _evidence(js: JobStates, per: Sequence[GpuStates], t: Thresholds) -> dict[st
             out[s] = f"{head}: NVLink {nvl / 1e9:.0f} GB/s while tensor active {ten:.0%}" if nvl is not None and ten is not None else head
         elif s == "checkpoint" and js.checkpoints is not None:
             c = js.checkpoints
-            out[s] = f"{head}: every {c.period_s / 60:.0f} min, {c.cost_s:.0f} s each"
+            out[s] = f"{head}: every {words.duration(c.period_s)}, {words.duration(c.cost_s)} each"
         elif s == "straggler" and js.straggler is not None:
             g = js.straggler
             out[s] = f"{head}: GPU {g['gpu']} at {g['utilization_pct']:.0f} % busy against the job's mean {g['job_mean_pct']:.0f} %"
         elif s == "startup":
-            out[s] = f"{head}: {js.seconds[s] / max(1, len(per)) / 60:.0f} min per GPU before the first {t.startup_busy_seconds:.0f} s busy"
+            out[s] = (f"{head}: {words.duration(js.seconds[s] / max(1, len(per)))} per GPU before the first "
+                      f"{words.duration(t.startup_busy_seconds)} busy")
         elif s == "compute":
             ten = _mean_over(per, s, _TENSOR)
             out[s] = f"{head}: tensor active {ten:.0%} (MFU's estimate input)" if ten is not None else f"{head}: tensor activity unknown"

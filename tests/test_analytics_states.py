@@ -52,6 +52,8 @@ def test_startup_is_the_time_before_the_first_sustained_busy_stretch():
     js = job_states([gpu(util)], T)
     assert js.seconds["startup"] == 20 * 60 and js.seconds["compute"] == 40 * 60
     assert js.largest_loss == "startup"
+    # durations in the vocabulary's words: a startup shorter than a minute read "0 min per GPU"
+    assert js.evidence["startup"].endswith(": 20 min per GPU before the first 2 min busy"), js.evidence["startup"]
 
 
 def test_a_gpu_never_busy_has_no_startup_but_idle_and_no_process():
@@ -72,7 +74,8 @@ def test_checkpoints_every_30_minutes_costing_90_s():
     assert c is not None and c.count == 6
     assert c.period_s == pytest.approx(1800, rel=0.05) and c.cost_s == pytest.approx(90, rel=0.05)
     assert js.seconds["checkpoint"] == 6 * 90 and js.seconds["pause"] == 0
-    assert "every 30 min, 90 s each" in js.evidence["checkpoint"]
+    assert "every 30 min, 1 min 30 s each" in js.evidence["checkpoint"]
+    assert js.evidence["checkpoint"].startswith("checkpoint stalls ")  # (the state in the vocabulary's words)
 
 
 def test_irregular_dips_are_pauses_not_checkpoints():

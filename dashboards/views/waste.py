@@ -113,8 +113,8 @@ def body(ctx: ui.Context) -> None:
     ui.table(b.waste[("user_name", "idle")], key="waste_by_user", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"},
              sort="most idle GPU-hours first")
     with st.expander("Held with no compute process, by account and by user"):
-        ui.table(b.waste[("account", "no_process")], key="waste_np_account", labels={"gpu_h": "no-process GPU-h"})
-        ui.table(b.waste[("user_name", "no_process")], key="waste_np_user", labels={"gpu_h": "no-process GPU-h"})
+        ui.table(b.waste[("account", "no_process")], key="waste_np_account", labels={"gpu_h": words.header("no_process_gpu_h")})
+        ui.table(b.waste[("user_name", "no_process")], key="waste_np_user", labels={"gpu_h": words.header("no_process_gpu_h")})
 
     st.subheader("Most wasteful jobs")
     ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.",
