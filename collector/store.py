@@ -1226,9 +1226,9 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with views over the store's current manifest (the union of its shards'
     when sharded): never locks a writer.
 
-    Views: gpu_samples, jobs, allocations, gpus and the facts' (fact_parts, fact_files); sample_days (the
-    samples' date partitions). An empty store, or one whose
-    first hour is not compacted yet, gives empty ones (same columns), never a missing view.
+    Views: gpu_samples, jobs, allocations, gpus and the facts' (fact_parts, fact_files); the table
+    sample_files (each sample file's date partition and first and last sample). An empty store, or one
+    whose first hour is not compacted yet, gives empty ones (same columns), never a missing view.
     """
     parts = read_manifests(root)
     con = duckdb.connect(":memory:", config=_reader_config())
@@ -1239,12 +1239,11 @@ def open_reader(root: str | Path) -> duckdb.DuckDBPyConnection:
     else:
         _empty_table(con, "gpu_samples", schema.SAMPLE_SCHEMA)
     # each sample file by its date partition and its samples' first and last time (the manifest's
-    # sample_spans; None where it has none), and the days: where raw samples can be, without reading them
+    # sample_spans; None where it has none): where raw samples can be, without reading them
     spans = [tuple(m.get("sample_spans", {}).get(f) or (None, None)) for _, m in parts for f in m.get("samples", [])]
     _table_of_lists(con, "sample_files", {"day": ("DATE", [Path(f).parent.name.removeprefix("date=") for f in files]),
                                           "file": ("VARCHAR", files), "plain": ("BOOLEAN", [plain] * len(files)),
                                           "t0": ("BIGINT", [t0 for t0, _ in spans]), "t1": ("BIGINT", [t1 for _, t1 in spans])})
-    con.execute("CREATE VIEW sample_days AS SELECT DISTINCT day FROM sample_files")
     _fact_views(con, parts)
     for name, ddl in schema.TABLES.items():
         views = [_table_view(d, m, name, m["tables"][name]) for d, m in parts if m.get("tables", {}).get(name)]
