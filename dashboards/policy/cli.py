@@ -40,13 +40,15 @@ def _table(plan, acting: bool) -> str:
 
     mode = "enforcing" if acting else "dry run" + ("" if plan.enforce else " (enforce = false)")
     lines = [f"idle-GPU policy at {plan.as_of.isoformat(timespec='seconds')}Z: {len(plan.actions)} action(s), {mode}"]
-    # (columns as wide as their longest value: a pod's name is longer than a Slurm job id)
+
     def job(j) -> str:
         return f"{j.cluster}/{inert(j.job_id, 40)}"
 
+    # columns as wide as their longest value (a pod's name is longer than a Slurm job id)
     jobs = [x.job for x in (*plan.actions, *plan.exempt, *plan.suppressed)]
-    wj, wu, wa = (max([n, *(len(f(j)) for j in jobs)]) for f, n in
-                  ((job, 18), (lambda j: inert(j.user_name, 20), 12), (lambda j: inert(j.account, 20), 12)))
+    wj = max([18, *(len(job(j)) for j in jobs)])
+    wu = max([12, *(len(inert(j.user_name, 20)) for j in jobs)])
+    wa = max([12, *(len(inert(j.account, 20)) for j in jobs)])
     for a in plan.actions:
         j = a.job
         lines.append(f"  {a.action:<8} {job(j):<{wj}} {inert(j.user_name, 20):<{wu}} {inert(j.account, 20):<{wa}} "
