@@ -235,7 +235,7 @@ def fmt(v: Any, key: str = "") -> str:
         return words.pct(v)
     if key.endswith("_share"):
         return words.pct(v * 100)
-    if key.endswith(("gpu_h", "gpu_hours")):
+    if words.named(key, words.GPU_HOURS):
         return words.gpu_h(v)
     if key == "p_value":  # (a lemon's is 1e-5: not "0.00")
         return f"{v:.2g}"

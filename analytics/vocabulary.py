@@ -92,6 +92,8 @@ def bad(x: Any) -> bool:
 
 # Columns of money, by name: a column named so, or ending so ("idle_cost", "cost_usd_per_h")
 MONEY = ("cost", "usd", "_usd_per_h", "usd_per_gpu_hour", "price")
+# ... and of GPU-hours ("idle_gpu_h"; the reliability figures' "gpu_hours")
+GPU_HOURS = ("_gpu_h", "gpu_h", "gpu_hours")
 
 
 def named(column: str, suffixes: tuple[str, ...]) -> bool:
@@ -104,7 +106,7 @@ def duration_unit_s(column: str) -> int | None:
     (not GPU-hours, not money); None for any other column."""
     if column.endswith("_s"):
         return 1
-    if column.endswith("_h") and not named(column, MONEY + ("gpu_h",)):
+    if column.endswith("_h") and not named(column, MONEY + GPU_HOURS):
         return 3600
     return None
 

@@ -211,10 +211,9 @@ def bucket_coverage(df: pl.DataFrame, bucket_h: float, start: datetime, end: dat
 
 # --- tables ---
 
-_MONEY = words.MONEY
 _FORMATS = (
-    (_MONEY, USD_COLUMN),
-    (("_gpu_h", "gpu_h", "gpu_hours"), f"%,.{words.DECIMALS['gpu_h']}f"),
+    (words.MONEY, USD_COLUMN),
+    (words.GPU_HOURS, f"%,.{words.DECIMALS['gpu_h']}f"),
     (("_pct", "_share", "mfu"), f"%.{words.DECIMALS['pct']}f %%"),
     (("_mib",), "%,.0f"),
     (("p_value",), "scientific"),  # a lemon's p-value is 1e-5, not "0.00"
