@@ -1140,10 +1140,12 @@ WITH holder AS (
                    + coalesce(h.nvlink_tx_bytes_per_s_s / nullif(h.nvlink_tx_bytes_per_s_known_s, 0), 0) END AS nvl
     FROM (SELECT * REPLACE (CASE WHEN inside THEN data_s ELSE 0 END AS data_s), rowid AS pid FROM wheld) h
     LEFT JOIN low w ON w.pid = h.pid JOIN gpus g USING (cluster, scheduler, job_key)
+), nop AS (
+    SELECT * RENAME (idle_s AS low_s), greatest(least(coalesce(nop_s, 0), data_s) - startup_s, 0) AS no_process_s FROM part
 ), split AS (
-    SELECT *, greatest(least(nop_s, data_s) - startup_s - idle_s, 0) AS no_process_s,
+    SELECT *, greatest(low_s - no_process_s, 0) AS idle_s,
            sm IS NOT NULL AND rx IS NOT NULL AS input_known, nvl IS NOT NULL AND tensor IS NOT NULL AND sm IS NOT NULL AS comm_known
-    FROM part
+    FROM nop
 ), judged AS (
     SELECT *, data_s - startup_s - idle_s - no_process_s AS rest_s,
            coalesce(input_known AND sm < $input_sm_active_max AND rx >= $input_pcie_rx_min, false) AS is_input,

@@ -12,10 +12,12 @@ this order (thresholds: the analysis' and `[analytics.states]`, as states.py has
                       ending before its last part's end: to the first busy sample. A GPU never busy
                       has none (idle, as states.py); where a hold ends as the next begins, the second
                       has none of its own (the low run across both is one chain).
-  idle                the other low runs of at least idle_min_duration (contract 4b; chained across
-                      parts, judged by their whole length).
-  no_process          a part's time with no compute process less its startup and idle time (0 at
-                      least): exact where that time lies in its low runs or the part has none.
+  no_process          a part's time with no compute process less its startup time (0 at least): exact
+                      where that time lies in its startup run or the part has none (the job page's
+                      order: a GPU held without a process is "no process" whether idle or not).
+  idle                the other time of low runs of at least idle_min_duration (contract 4b; chained
+                      across parts, judged by their whole length): a part's less its no-process time,
+                      exact where that lies in such runs or the part has none.
   input_bound         the rest of a part whose mean SM active is below `input_sm_active_max` while
                       its mean PCIe RX is at least `input_pcie_rx_min_bytes_per_s`
   communication_bound (jobs of several GPUs) the rest of a part whose mean NVLink RX + TX is at least
@@ -32,7 +34,8 @@ idle_min_duration and each GPU's utilization over its busy time, so they stay in
 
 Against states.job_breakdown (tests/test_window_states.py has a window both agree on): startup ends
 at the first busy sample, not the first `startup_busy_seconds` stretch; input- and communication-bound
-are judged on a part's means, all or nothing per part; no process is the time outside low runs (there it goes first).
+are judged on a part's means, all or nothing per part; no process and idle split a part by its sums (the same order, exact
+where its no-process time lies in its startup and idle runs, or it has none).
 """
 
 from __future__ import annotations
@@ -47,14 +50,14 @@ from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.states import FIXES, LOSSES, Thresholds
 
 # the states the facts tell (in rule order); NOT_AT_GRAIN those they do not
-STATES = ("startup", "idle", "no_process", "input_bound", "communication_bound", "compute", "busy_unresolved")
+STATES = ("startup", "no_process", "idle", "input_bound", "communication_bound", "compute", "busy_unresolved")
 NOT_AT_GRAIN = {"checkpoint": "unknown at this grain: open the job", "pause": "unknown at this grain: open the job",
                 "straggler": "unknown at this grain: open the job"}
 WINDOW_LOSSES = tuple(s for s in LOSSES if s in STATES)
 # what a breakdown of the facts says beside it: a state's hours are not the figure of the same name
-ORDER_NOTE = (words.first_state_matches(STATES) + ": idle is the idle allocated figure less the stretches that begin an allocation "
-              "(startup), and no process is held time with no compute process outside startup and idle, of any length (the no process "
-              "figure counts its stretches of at least idle_min_duration)")
+ORDER_NOTE = (words.first_state_matches(STATES) + ": no process is held time with no compute process outside startup, of any length "
+              "(the no process figure counts its stretches of at least idle_min_duration), and idle is the idle allocated figure less "
+              "the stretches that begin an allocation (startup) and its time with no process")
 JOB_KEYS = ["cluster", "scheduler", "job_key"]
 TEAM_KEYS = ["cluster", "account"]
 # the exporters' fields a missing column stands for (states.FIELDS' names)

@@ -96,7 +96,7 @@ def hand_store(root, upkeep: bool) -> None:
 HAND = {  # GPU-hours per job and state, by hand (the module's rules)
     "a": {"startup": 1 / 3, "idle": 1.0, "no_process": 0.0, "input_bound": 0.0, "communication_bound": 0.0, "compute": HOURS - 4 / 3,
           "busy_unresolved": 0.0},
-    "b": {"startup": 0.0, "idle": 1.0, "no_process": 0.0, "input_bound": 4.0, "communication_bound": 3.0, "compute": 0.0, "busy_unresolved": 0.0},
+    "b": {"startup": 0.0, "idle": 0.0, "no_process": 1.0, "input_bound": 4.0, "communication_bound": 3.0, "compute": 0.0, "busy_unresolved": 0.0},
     "c": {"startup": 0.0, "idle": 0.0, "no_process": 0.0, "input_bound": None, "communication_bound": 0.0, "compute": 0.0, "busy_unresolved": 4.0},
     "d": {"startup": 0.0, "idle": 0.0, "no_process": 4.0, "input_bound": 0.0, "communication_bound": 0.0, "compute": 0.0, "busy_unresolved": 0.0},
 }
@@ -130,7 +130,8 @@ def test_a_hand_computed_window(tmp_path, upkeep):
     t2 = ws.teams.filter(pl.col("account") == "t2").row(0, named=True)
     assert t2["input_bound_gpu_h"] == pytest.approx(4.0) and t2["busy_unresolved_gpu_h"] == pytest.approx(4.0)
     assert t2["input_bound_cost"] == pytest.approx(4.0 * a.prices[H100])
-    assert ws.fleet["idle_gpu_h"] == pytest.approx(2.0) and ws.fleet["data_gpu_h"] == pytest.approx(5 * HOURS)
+    assert ws.fleet["idle_gpu_h"] == pytest.approx(1.0) and ws.fleet["no_process_gpu_h"] == pytest.approx(5.0)
+    assert ws.fleet["data_gpu_h"] == pytest.approx(5 * HOURS)
     causes = ws.team_causes()
     assert causes.filter(pl.col("account") == "t1")["state"].to_list() == ["no_process", "idle", "startup"]
     # a loss the report would write as "0.0 GPU-h" is not listed
@@ -140,6 +141,9 @@ def test_a_hand_computed_window(tmp_path, upkeep):
     js = job_breakdown(con, p, "a", Thresholds.of(p, {}))
     for s in ("startup", "idle", "compute"):
         assert js.seconds[s] / 3600 == pytest.approx(HAND["a"][s], abs=1e-9)
+    # ... and job b's idle hour with no process is no process in both (the job page's order: no process before idle)
+    jb = job_breakdown(con, p, "b", Thresholds.of(p, {}))
+    assert jb.seconds["no_process"] / 3600 == pytest.approx(HAND["b"]["no_process"], abs=1e-9) and jb.seconds["idle"] == 0.0
 
 
 @pytest.mark.parametrize("upkeep", [True, False], ids=["facts", "raw-cut parts"])
@@ -292,7 +296,7 @@ def test_states_partition_each_jobs_time_and_teams_sum_to_the_fleet(tmp_path_fac
             if u == "gpu_h" or not col.null_count():
                 assert _close(ws.fleet[f"{s}_{u}"], want), (s, u, ws.fleet, ws.teams.to_dicts())
     assert ws.fleet["data_gpu_h"] == pytest.approx(float(ws.teams["data_gpu_h"].sum()) if ws.teams.height else 0.0, abs=1e-9)
-    # the states' idle is the idle allocated figure less the stretches startup took (ORDER_NOTE): never more than it
+    # the states' idle is the idle allocated figure less the stretches startup and no process took (ORDER_NOTE): never more than it
     assert (ws.fleet["idle_gpu_h"] or 0.0) <= a.totals().idle_allocated_gpu_h + 1e-9
     # a filtered row equals its row unfiltered (by team and by job)
     for r in ws.teams.iter_rows(named=True):
