@@ -188,6 +188,23 @@ def duration(seconds: float | None) -> str:
     return f"{s} s"
 
 
+def span(seconds: float | None) -> str:
+    """A window's length to the minute, every unit written: "1 d 45 min", "6 h", "7 d 2 h 12 min" (duration keeps two
+    units, so a day's window started back on the hour, 24 h 45 min, would read "1 d"); under a minute: seconds."""
+    if bad(seconds):
+        return UNKNOWN
+    s = max(0.0, float(seconds))
+    if s < 60:
+        return f"{int(round(s))} s"
+    rest = int(round(s / 60))
+    parts = []
+    for name, size in (("d", 1440), ("h", 60), ("min", 1)):
+        n, rest = divmod(rest, size)
+        if n:
+            parts.append(f"{n} {name}")
+    return " ".join(parts)
+
+
 def when(t: datetime | None) -> str:
     """A moment: 24-hour clock, UTC, said."""
     return UNKNOWN if t is None else t.strftime("%Y-%m-%d %H:%M UTC")

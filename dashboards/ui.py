@@ -437,7 +437,7 @@ def window_caption(w: data.Resolved) -> None:
     then each of its edge warnings (data.edge_warnings: an edge whose cut minutes retention retired)."""
     f = w.filters
     parts = [f"{k}={v}" for k, v in (("cluster", f.cluster), ("account", f.account), ("user", f.user_name), ("model", f.model), ("partition", f.partition)) if v]
-    st.text(f"Window {when(w.start)} to {when(w.end)}" + (" (the last " + duration(w.length.total_seconds()) + ", moving with now)" if w.relative else "")
+    st.text(f"Window {when(w.start)} to {when(w.end)}" + (" (the last " + words.span(w.length.total_seconds()) + ", moving with now)" if w.relative else "")
             + (f"; filters: {', '.join(parts)}" if parts else ""))
     for warning in data.edge_warnings(w.key):
         st.warning(warning)

@@ -47,6 +47,17 @@ def test_a_relative_window_starts_on_the_facts_grain_and_ends_now():
     assert (r.start, r.end) == (fixed.start, fixed.end)  # a window someone typed is taken as typed
 
 
+def test_a_relative_window_s_caption_says_its_whole_length(monkeypatch):
+    """The last 24 h at 20:07:13 starts on the hour, 20:00 the day before: the caption says 1 d 7 min, not "1 d"."""
+    from gpufleet.dashboards import ui
+
+    shown = []
+    monkeypatch.setattr(ui.st, "text", shown.append)
+    monkeypatch.setattr(ui.data, "edge_warnings", lambda key: [])
+    ui.window_caption(window("24h").resolve(NOW))
+    assert shown == ["Window 2026-11-15 20:00 UTC to 2026-11-16 20:07 UTC (the last 1 d 7 min, moving with now)"]
+
+
 def test_the_last_24h_and_its_timeline_answer_from_facts(tmp_path):
     """The golden store with its facts: the 24 h window as the dashboard resolves it reads its
     settled buckets from facts, and its timelines equal the raw path's; so does the same window

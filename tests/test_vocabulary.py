@@ -24,6 +24,19 @@ def test_waits_in_two_significant_units(seconds, text):
     assert words.duration(seconds) == text
 
 
+@pytest.mark.parametrize("seconds, text", [(24 * 3600 + 45 * 60, "1 d 45 min"), (7 * 86400 + 12 * 60, "7 d 12 min"), (6 * 3600, "6 h"),
+                                           (86400 + 2 * 3600 + 60, "1 d 2 h 1 min"), (42, "42 s"), (None, "unknown")])
+def test_a_window_s_length_keeps_every_unit_to_the_minute(seconds, text):
+    """A relative window's caption: a day's window started back on the hour is 24 h 45 min long, not "1 d" (duration's two units)."""
+    assert words.span(seconds) == text
+
+
+@given(st.integers(min_value=1, max_value=400 * 1440))
+def test_a_span_reads_back_exactly(minutes):
+    text = words.span(minutes * 60)
+    assert sum(int(n) * UNITS[u] for n, u in re.findall(r"(\d+) (d|h|min)", text)) == minutes * 60, text
+
+
 @given(st.floats(min_value=0, max_value=400 * 86400, allow_nan=False))
 def test_a_duration_reads_back_within_its_smaller_unit(seconds):
     text = words.duration(seconds)
