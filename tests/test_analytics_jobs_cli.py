@@ -337,7 +337,7 @@ def test_table_of_states_writes_an_account_without_them_as_unknown():
     dark = next(ln for ln in lines if ln.strip().startswith("dark")).split()
     seen = next(ln for ln in lines if ln.strip().startswith("seen")).split()
     assert dark[1:] and set(dark[1:]) == {"unknown"}, dark
-    assert seen[1:3] == ["unknown", "1.5"]  # startup unknown (not in its rows), idle 1.5
+    assert seen[1:4] == ["unknown", "unknown", "1.5"]  # startup and no process unknown (not in its rows), idle 1.5
 
 
 def test_table_prints_why_a_cost_moved_against_its_gpu_hours():
