@@ -216,33 +216,33 @@ def print_queue_gaps(q: dict[str, Any], out: TextIO) -> None:
 
 
 def fmt(v: Any, key: str = "") -> str:
-    """A cell as the pages write it (analytics.vocabulary); a missing figure "unknown", missing text a dash."""
+    """A cell as the pages write it (analytics.vocabulary: its kind by the column's name); a missing figure "unknown",
+    missing text a dash."""
     if key == "verdict":
         return words.verdict(v)
     if key == "state" and isinstance(v, str):
         return words.state(v)
     if key == "gi" and isinstance(v, int) and v < 0:
         return words.NONE  # a whole GPU, not a MIG instance
+    kind = words.kind(key)
     if v is None:
-        return words.UNKNOWN if key.endswith(("cost", "pct", "_h", "_s", "_share")) or key == "gpus" else words.NONE
+        return words.UNKNOWN if kind or key == "gpus" else words.NONE
     if isinstance(v, (list, tuple)):  # (a chain's job ids: as the pages list them, not a Python list)
         return ", ".join(fmt(x) for x in v) if v else words.NONE
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
-    if key.endswith("cost") or key.startswith("usd"):
+    if kind == "usd":
         return words.usd(v)
-    if key.endswith("pct"):
-        return words.pct(v)
-    if key.endswith("_share"):
-        return words.pct(v * 100)
-    if words.named(key, words.GPU_HOURS):
+    if kind in ("pct", "fraction"):
+        return words.pct(v * 100 if kind == "fraction" else v)
+    if kind == "gpu_h":
         return words.gpu_h(v)
-    if key == "p_value":  # (a lemon's is 1e-5: not "0.00")
+    if kind == "p_value":
         return f"{v:.2g}"
-    if key.endswith("_mib"):  # (whole MiB, as the pages write memory)
+    if kind == "mib":
         return f"{v:,.0f}"
-    if unit := words.duration_unit_s(key):
-        return words.duration(v * unit)
+    if kind == "duration":
+        return words.duration(v * words.duration_unit_s(key))
     if isinstance(v, float):
         return f"{v:,.2f}"
     return str(v)

@@ -111,6 +111,33 @@ def duration_unit_s(column: str) -> int | None:
     return None
 
 
+# Columns of percentages (0-100) and of fractions (0-1, shown as percentages), by name
+PERCENTS = ("_pct",)
+FRACTIONS = ("_share", "mfu")
+KINDS = ("usd", "gpu_h", "duration", "pct", "fraction", "mib", "p_value")
+
+
+def kind(column: str) -> str | None:
+    """What a numeric column holds, told by its name (one of KINDS; None: a plain number): the one rule by which the pages'
+    tables and the CLI's write a cell (money with cents, GPU-hours and percentages with one decimal, durations in words,
+    whole MiB, a p-value in two significant digits: a lemon's is 1e-5, not "0.00")."""
+    if named(column, MONEY):
+        return "usd"
+    if named(column, GPU_HOURS):
+        return "gpu_h"
+    if duration_unit_s(column):
+        return "duration"
+    if named(column, PERCENTS):
+        return "pct"
+    if named(column, FRACTIONS):
+        return "fraction"
+    if named(column, ("_mib",)):
+        return "mib"
+    if column == "p_value":
+        return "p_value"
+    return None
+
+
 def header(column: str) -> str:
     """A table column's header for people."""
     if column in HEADERS:

@@ -211,14 +211,9 @@ def bucket_coverage(df: pl.DataFrame, bucket_h: float, start: datetime, end: dat
 
 # --- tables ---
 
-_FORMATS = (
-    (words.MONEY, USD_COLUMN),
-    (words.GPU_HOURS, f"%,.{words.DECIMALS['gpu_h']}f"),
-    (("_pct", "_share", "mfu"), f"%.{words.DECIMALS['pct']}f %%"),
-    (("_mib",), "%,.0f"),
-    (("p_value",), "scientific"),  # a lemon's p-value is 1e-5, not "0.00"
-)
-_FRACTIONS = ("_share", "mfu")  # 0..1 in the analytics, shown as percentages
+# st.column_config's format of each kind of column (vocabulary.kind; a duration has none: display_text writes it out)
+_FORMATS = {"usd": USD_COLUMN, "gpu_h": f"%,.{words.DECIMALS['gpu_h']}f", "pct": f"%.{words.DECIMALS['pct']}f %%",
+            "fraction": f"%.{words.DECIMALS['pct']}f %%", "mib": "%,.0f", "p_value": "scientific"}
 # (column, what its null means) where a missing value is not unknown but "none" or a state
 _NULL_MEANS = {"end": "still running", "reason": words.NONE, "change_missing": words.NONE, "change_pct_missing": words.NONE}
 
@@ -247,8 +242,8 @@ def people(df: pl.DataFrame) -> pl.DataFrame:
             col = pl.when(col.is_null()).then(pl.lit(words.UNKNOWN)).when(col > 0).then(pl.lit("up")).otherwise(pl.lit("lost"))
         elif _duration_scale(name, dtype):
             pass  # numeric: written out by display_text
-        elif dtype.is_numeric() and words.named(name, _FRACTIONS):
-            col = col * 100
+        elif dtype.is_numeric() and words.kind(name) == "fraction":
+            col = col * 100  # shown as a percentage
         elif isinstance(dtype, pl.Datetime):
             col = col.dt.strftime("%Y-%m-%d %H:%M:%S").fill_null(pl.lit(_NULL_MEANS.get(name, words.NONE)))
         elif dtype == pl.Utf8 or dtype == pl.Categorical:
@@ -269,7 +264,7 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
         if _duration_scale(name, dtype):
             cfg[name] = st.column_config.NumberColumn(label)  # no format: display_text's words show
         elif dtype.is_numeric():
-            fmt = next((f for suffixes, f in _FORMATS if words.named(name, suffixes)), None)
+            fmt = _FORMATS.get(words.kind(name) or "")
             if fmt is None and dtype.is_integer():
                 fmt = "localized"
             cfg[name] = st.column_config.NumberColumn(label, format=fmt or "%,.2f")

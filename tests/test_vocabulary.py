@@ -144,3 +144,21 @@ def test_the_table_formatter_writes_no_raw_value(rows):
     # a number left numeric keeps its value; NaN becomes null (shown as "unknown" by the table's placeholder)
     for got, was in zip(shown["idle_gpu_h"].to_list(), df["idle_gpu_h"].to_list()):
         assert (got is None) if (was is None or math.isnan(was)) else got == was
+
+
+@pytest.mark.parametrize("column, kind", [
+    ("idle_cost", "usd"), ("usd_per_gpu_hour", "usd"), ("cost_usd_per_h", "usd"), ("idle_gpu_h", "gpu_h"), ("gpu_hours", "gpu_h"),
+    ("runtime_h", "duration"), ("wait_p50_s", "duration"), ("utilization_pct", "pct"), ("mfu_pct", "pct"), ("allocated_share", "fraction"),
+    ("mfu", "fraction"), ("fb_max_mib", "mib"), ("p_value", "p_value"), ("mfu_unknown_gpu_h", "gpu_h"), ("gpus", None), ("ratio", None)])
+def test_a_column_s_kind_is_told_by_its_name_once_for_the_pages_and_the_cli(column, kind):
+    """vocabulary.kind is the one rule: the pages' formats (ui._FORMATS) and the CLI's cells (cli.fmt) both follow it."""
+    from gpufleet.analytics.cli import fmt
+    from gpufleet.dashboards.ui import _FORMATS
+
+    assert words.kind(column) == kind
+    assert set(_FORMATS) == set(words.KINDS) - {"duration"}  # (a duration is written out, not formatted)
+    if kind is not None:
+        assert fmt(None, column) == words.UNKNOWN  # a figure of a kind missing is unknown, never a dash or 0
+    shown = {"usd": "$1,234.57", "gpu_h": "1,234.6", "duration": words.duration(1234.567 * (words.duration_unit_s(column) or 1)),
+             "pct": "1234.6 %", "fraction": "123456.7 %", "mib": "1,235", "p_value": "1.2e+03", None: "1,234.57"}[kind]
+    assert fmt(1234.567, column) == shown
