@@ -319,6 +319,14 @@ def first_rows(df: pl.DataFrame, order: str, others: str) -> pl.DataFrame:
     return df.head(MAX_ROWS)
 
 
+def without_repeated_keys(df: pl.DataFrame) -> pl.DataFrame:
+    """`df` without its job_key column where every row's equals its job_id (a Slurm job's key is its id: the same number twice);
+    kept where one differs (a pod's key is namespace/name, its id the name alone)."""
+    if {"job_key", "job_id"} <= set(df.columns) and df.select((pl.col("job_key") == pl.col("job_id")).fill_null(False).all()).item():
+        return df.drop("job_key")
+    return df
+
+
 def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, empty: str = "Nothing in this window.",
           height: int | None = None, sort: str | None = None, **kwargs: Any):
     """st.dataframe through the one formatter (people, column_config; in a container keyed `key`, so
@@ -328,7 +336,7 @@ def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, e
             st.caption(empty)
             return None
         # (a table its page did not cut: a 16,384-GPU table broke the pandas Styler, 262,144 cells at most)
-        df = first_rows(df, sort or "in the order shown", "narrow the filters to see the others")
+        df = without_repeated_keys(first_rows(df, sort or "in the order shown", "narrow the filters to see the others"))
         # list columns (e.g. XID codes) as text
         df = df.with_columns([pl.col(c).cast(pl.List(pl.Utf8)).list.join(", ") for c, t in df.schema.items() if isinstance(t, pl.List)])
         if sort:

@@ -117,8 +117,11 @@ def as_page(df: pl.DataFrame) -> pl.DataFrame:
 
 def assert_table(shown: pd.DataFrame, expected: pl.DataFrame, columns: list[str] | None = None) -> None:
     """The shown table holds the analytics frame's values, row for row, column for column, as the
-    one table formatter writes them (ui.people: durations written out, verdicts in words, ...)."""
-    columns = columns or expected.columns
+    one table formatter writes them (ui.people: durations written out, verdicts in words, ...), without a job key
+    that only repeats the job id (ui.without_repeated_keys)."""
+    expected = ui.without_repeated_keys(expected)
+    columns = [c for c in columns or expected.columns if c in expected.columns]
+    assert "job_key" not in shown.columns or "job_key" in expected.columns
     expected = ui.people(expected)
     assert len(shown) == expected.height, (len(shown), expected.height)
     for col in columns:
@@ -238,9 +241,8 @@ def test_teams_and_fairness(store, a, use_store):
     assert m["Jobs pending now"] == ui.count(f.pending.height)
     assert_table(frame(at, "fair_accounts"), as_page(f.per_account))
     assert_table(frame(at, "fair_wait"), f.wait_by_size)
-    # the job by its id, as the Waste page's queue table: the scheduler's key beside it is the same number for Slurm
     if f.pending.height:
-        assert_table(frame(at, "fair_pending"), f.pending.drop("job_key"))
+        assert_table(frame(at, "fair_pending"), ui.without_repeated_keys(f.pending))
 
 
 def test_waste_and_cost(store, con, a, use_store):
@@ -715,3 +717,14 @@ def test_a_table_longer_than_its_rows_shows_the_first_and_says_so():
 def test_last_xid_is_none_when_reported_and_unknown_when_not():
     states = pl.DataFrame({"last_xid": [79, None, None], "xid_last": [0, 0, None]}, schema={"last_xid": pl.Int64, "xid_last": pl.Int64})
     assert ui.with_last_xid(states)["last_xid"].to_list() == ["79", "none", words.UNKNOWN]
+
+
+def test_a_job_key_that_repeats_the_job_id_is_not_shown():
+    """A Slurm job's key is its id (the same number in two columns); a pod's key is namespace/name, its id the name: kept."""
+    slurm = pl.DataFrame({"job_key": ["101", "102"], "job_id": ["101", "102"], "gpus": [1, 2]})
+    mixed = pl.DataFrame({"job_key": ["101", "research/nb-1"], "job_id": ["101", "nb-1"], "gpus": [1, 2]})
+    assert ui.without_repeated_keys(slurm).columns == ["job_id", "gpus"]
+    assert ui.without_repeated_keys(mixed).equals(mixed)
+    assert ui.without_repeated_keys(slurm.drop("job_id")).columns == ["job_key", "gpus"]  # (no id: the key is the job's name)
+    no_id = slurm.with_columns(pl.Series("job_id", ["101", None]))
+    assert ui.without_repeated_keys(no_id).equals(no_id)  # a row without an id keeps its key

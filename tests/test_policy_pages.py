@@ -41,12 +41,13 @@ def test_jobs_and_health_pages_show_the_policy(tmp_path, monkeypatch):
     goto(at, "jobs")
     planned = frame(at, "policy_planned")
     # 102 was notified 10 minutes ago (the audit row above): not planned again inside renotify_after
-    assert dict(zip(planned["job_key"], planned["action"])) == {"101": "cancel", "research/nb-1": "escalate"}
+    assert dict(zip(planned["job_id"], planned["action"])) == {"101": "cancel", "research/nb-1": "escalate"}
     past = frame(at, "policy_past")
-    assert list(past["job_key"]) == ["101", "102"] and list(past["result"]) == ["failed", "ok"]
+    # (a job key that only repeats its id is not shown)
+    assert list(past["job_id"]) == ["101", "102"] and list(past["result"]) == ["failed", "ok"] and "job_key" not in past.columns
     goto(at, "health")
     failing = frame(at, "health_policy_failing")
-    assert list(failing["job_key"]) == ["101"] and list(failing["attempt"]) == [3]
+    assert list(failing["job_id"]) == ["101"] and list(failing["attempt"]) == [3]
 
 
 def test_jobs_page_with_nothing_due_names_the_closest_job(tmp_path, monkeypatch):

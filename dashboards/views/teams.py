@@ -69,7 +69,7 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Queue wait by job size (GPUs)")
     ui.table(f.wait_by_size, key="fair_wait", labels={"gpus_bucket": "GPUs", "wait_p50_s": "wait p50", "wait_p95_s": "wait p95"})
     st.subheader("Pending now")
-    ui.table(f.pending.drop("job_key"), key="fair_pending", empty="No GPU job is waiting.", labels={"wait_s": "waiting for", "gpus_bucket": "size (GPUs)"},
+    ui.table(f.pending, key="fair_pending", empty="No GPU job is waiting.", labels={"wait_s": "waiting for", "gpus_bucket": "size (GPUs)"},
              sort="longest wait first")
     states_section(b)
     shared_gpus(ctx)
