@@ -164,6 +164,12 @@ def sentence(phrase: str) -> str:
     return phrase[:1].upper() + phrase[1:] + ("" if phrase.endswith(".") else ".")
 
 
+def listing(items: Any) -> str:
+    """Items as a sentence lists them: "a", "a and b", "a, b and c"."""
+    items = list(items)
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def first_state_matches(states: Any) -> str:
     """What every breakdown says of its `states` (in their rule order): each GPU-hour lands in one."""
     return f"each GPU-hour with data counts once, in the first state that matches ({', '.join(state(s) for s in states)})"

@@ -75,6 +75,14 @@ class WindowStates:
     fleet: dict[str, Any]
     not_at_grain: dict[str, str] = field(default_factory=lambda: dict(NOT_AT_GRAIN))
 
+    def not_at_grain_note(self) -> str:
+        """The states the facts do not tell, grouped by why: "checkpoint stalls, pauses and straggler shortfall: unknown at this
+        grain: open the job"."""
+        why: dict[str, list[str]] = {}
+        for s, reason in self.not_at_grain.items():
+            why.setdefault(reason, []).append(words.state(s))
+        return "; ".join(f"{words.listing(states)}: {reason}" for reason, states in why.items())
+
     def team_causes(self, n: int = 3) -> pl.DataFrame:
         """Each team's `n` largest losses (WINDOW_LOSSES) of those that show (vocabulary.shows_gpu_h): rank, state, gpu_h,
         share_pct of its data time, cost, fix."""

@@ -162,3 +162,7 @@ def test_a_column_s_kind_is_told_by_its_name_once_for_the_pages_and_the_cli(colu
     shown = {"usd": "$1,234.57", "gpu_h": "1,234.6", "duration": words.duration(1234.567 * (words.duration_unit_s(column) or 1)),
              "pct": "1234.6 %", "fraction": "123456.7 %", "mib": "1,235", "p_value": "1.2e+03", None: "1,234.57"}[kind]
     assert fmt(1234.567, column) == shown
+
+
+def test_a_listing_reads_as_a_sentence():
+    assert [words.listing(x) for x in ([], ["a"], ["a", "b"], ["a", "b", "c"])] == ["", "a", "a and b", "a, b and c"]

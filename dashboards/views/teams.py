@@ -93,7 +93,7 @@ def states_section(b: data.Bundle) -> None:
         st.caption(b.states_error or "Unknown for this window.")
         return
     st.caption("Each team's time with data by state, from the window's facts; unknown (not 0) where a GPU lacks the fields "
-               "a state needs. " + ", ".join(f"{words.state(s)}: {why}" for s, why in ws.not_at_grain.items()) + ". "
+               "a state needs. " + words.sentence(ws.not_at_grain_note()) + " "
                + words.sentence(window_states.ORDER_NOTE))
     shares = ws.team_shares()
     if not shares.is_empty():
