@@ -74,7 +74,7 @@ HEADERS = {
     **{k: f"{v} $" for k, v in TERMS.items() if k.endswith("_cost")},
     "utilization_pct": "utilization %", "mean_utilization_pct": "mean utilization %",
     "used_gpu_h": "allocated GPU-h", "used_share": "allocated share", "gpu_h": "GPU-h", "cost": "cost $",
-    "runtime_h": "run time in window", "gpus": "GPUs", "job_id": "job", "user_name": "user", "gi": "MIG instance",
+    "runtime_h": "run time in window", "gpus": "GPUs", "idle_gpus": "GPUs idle", "job_id": "job", "user_name": "user", "gi": "MIG instance",
     "gpus_unknown_jobs": "jobs with GPU count unknown",
     "mfu_pct": "MFU %", "mfu_method": "MFU method", "mfu_unknown_gpu_h": "GPU-h with MFU unknown",
     "mttf_h": "MTTF", "mttf_ci_low_h": "MTTF 95 % low", "mttf_ci_high_h": "MTTF 95 % high", "wall_h": "wall time",

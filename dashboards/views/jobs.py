@@ -206,10 +206,9 @@ def policy_section(ctx: ui.Context) -> None:
                    "acts, so a job listed here may still be skipped as opted out; the past actions below say what happened.")
         c = pol.get("closest")  # with nothing due: the job nearest to an action, and why it is not due yet
         why = f" Closest: job {c.job.job_id} ({c.job.cluster}, {c.job.account}): {c.reason}." if c else " No running job holds GPUs."
-        ui.table(pol["planned"], key="policy_planned", empty="No running job is due for a notification or a cancel." + why,
-                 labels={"idle_s": "idle", "idle_gpus": "GPUs idle"})
+        ui.table(pol["planned"], key="policy_planned", empty="No running job is due for a notification or a cancel." + why)
     st.caption("Past notifications and actions in the window (every attempt, with its result), newest first.")
-    ui.table(pol["past"], key="policy_past", empty="The policy did nothing in this window.", labels={"idle_s": "idle", "idle_gpus": "GPUs idle"})
+    ui.table(pol["past"], key="policy_past", empty="The policy did nothing in this window.")
 
 
 ui.run_page("Jobs", body)
