@@ -68,6 +68,10 @@ STATES = {
     "compute": "compute", "busy_unresolved": "busy, not resolved",
 }
 
+# Health events (gpufleet.analytics.health.events' kinds) in words
+EVENTS = {"xid": "XID", "ecc_dbe": "ECC double-bit errors", "ecc_sbe": "ECC single-bit errors", "row_remap": "rows remapped",
+          "row_remap_failure": "row-remap failure", "gpu_lost": "GPU lost"}
+
 # Column headers: the term with its unit, so a header says what its cells hold
 HEADERS = {
     **{k: f"{v} GPU-h" for k, v in TERMS.items() if k.endswith("_gpu_h")},

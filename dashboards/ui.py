@@ -77,9 +77,10 @@ def with_last_xid(states: pl.DataFrame) -> pl.DataFrame:
 
 
 def with_event_codes(events: pl.DataFrame) -> pl.DataFrame:
-    """Health events (analytics.health.events) with code as people read it: an XID's code; a dash for the other kinds,
-    which have none (not "unknown": nothing is missing)."""
-    return events.with_columns(pl.when(pl.col("kind") == "xid").then(pl.col("code").cast(pl.Utf8)).otherwise(pl.lit(words.NONE)).alias("code"))
+    """Health events (analytics.health.events) as people read them: the kind in words (vocabulary.EVENTS), an XID's code and
+    a dash for the other kinds, which have none (not "unknown": nothing is missing)."""
+    return events.with_columns(pl.when(pl.col("kind") == "xid").then(pl.col("code").cast(pl.Utf8)).otherwise(pl.lit(words.NONE)).alias("code"),
+                               pl.col("kind").replace_strict(words.EVENTS, default=pl.col("kind")))
 
 
 def idle_since(t: datetime | None, before: bool = False) -> str:

@@ -298,9 +298,9 @@ def test_health(store, con, use_store):
     assert m["GPUs throttled"] == "1"
     shown = frame(at, "health_events")
     assert_table(shown, ui.with_event_codes(ev), ["ts", "host", "gpu", "kind", "code", "samples", "detail"])
-    # an XID's code; a dash, not "unknown", for the kinds that have none (this store has XIDs and other kinds)
-    assert {"xid"} < set(shown["kind"])
-    assert {k: set(shown[shown["kind"] == k]["code"]) for k in set(shown["kind"])} == {
+    # each kind in words; an XID's code; a dash, not "unknown", for the kinds that have none (this store has XIDs and other kinds)
+    assert {"XID"} < set(shown["kind"]) and set(shown["kind"]) == {words.EVENTS[k] for k in ev["kind"]}
+    assert {k: set(shown[shown["kind"] == words.EVENTS[k]]["code"]) for k in set(ev["kind"])} == {
         k: ({str(c) for c in ev.filter(pl.col("kind") == k)["code"]} if k == "xid" else {words.NONE}) for k in set(ev["kind"])}
     assert frame(at, "health_throttle")["host"].tolist() == ["n2"]
     foreign = ahealth.foreign_processes(con, W)
