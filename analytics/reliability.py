@@ -400,7 +400,12 @@ def _mttf_row(label: str, jobs: int, failures: int, job_h: float, gpu_h: float) 
             "mttf_ci_high_h": job_h / lo if lo > 0 else None}
 
 
-MIX_BUCKET = timedelta(days=1)  # the cause mix's bucket
+def mix_bucket(start: datetime, end: datetime) -> timedelta:
+    """The cause mix's bucket: a window's timeline bucket (gpufleet.analytics.timeline.default_bucket: 30-200 over it), so a
+    day's attempts spread over its hours rather than stand in one bar."""
+    from gpufleet.analytics.timeline import default_bucket
+
+    return default_bucket(end - start)
 
 
 @dataclass(frozen=True)
@@ -422,10 +427,12 @@ class Summed:
 
 def figures(classified: Sequence[Classified], start: datetime, end: datetime,
             checkpoints: Checkpoints | None = None,
-            bucket: timedelta = MIX_BUCKET, as_of: datetime | None = None, summed: Iterable[Summed] = ()) -> dict[str, Any]:
+            bucket: timedelta | None = None, as_of: datetime | None = None, summed: Iterable[Summed] = ()) -> dict[str, Any]:
     """The window's reliability figures (module docstring) from its classified attempts and those `summed`
-    (mixed in buckets of `bucket`); lost work by interruption_loss. A running attempt counts up to `as_of` (default: end)."""
+    (mixed in buckets of `bucket`, default mix_bucket's, from `start`); lost work by interruption_loss. A running attempt
+    counts up to `as_of` (default: end)."""
     checkpoints = checkpoints or {}
+    bucket = bucket or mix_bucket(start, end)
     end_of = min(as_of or end, end)
     # each attempt's run time in the window, added to its size bucket ("unknown" when its GPU count is unknown)
     per_size: dict[str, list[float]] = {}  # label -> [attempts, failures, job seconds, GPU seconds]
@@ -545,7 +552,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         "lost_measured_gpu_hours": lost_measured / 3600 if lost_gpu_h is not None else None,
         # where the lost GPU-hours went, by cause (INTERRUPTION_CAUSES' order; they sum to lost_gpu_hours)
         "lost_gpu_hours_by_cause": {cause: lost_by_cause[cause] / 3600 for cause in INTERRUPTION_CAUSES if cause in lost_by_cause},
-        "cause_mix": [{"bucket": t, "cause": cause, "attempts": n} for (t, cause), n in sorted(mix.items())],
+        "cause_mix": [{"bucket": t, "cause": cause, "attempts": n} for (t, cause), n in sorted(mix.items())], "mix_bucket_s": bucket.total_seconds(),
     }
 
 

@@ -15,10 +15,10 @@ from typing import Any, Mapping
 
 from gpufleet.analytics import health, sql
 from gpufleet.analytics.reliability import (
-    ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, MIX_BUCKET, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
+    ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
     Settings, Summed, run_seconds_in, ends_in,
     chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
-    link_chains, lost_since, node_failures,
+    link_chains, lost_since, mix_bucket, node_failures,
 )
 from gpufleet.procs import gc_paused
 from gpufleet.times import ceil_time, floor_time
@@ -40,9 +40,10 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
     completed or not ended, per GPU count and mix bucket), and each host's GPU-hours held (cluster, host, scheduler, gpu_hours).
     `as_of`: where a running job's time ends (default: the window's end)."""
     as_of = min(as_of or params.end, params.end)
+    bucket = mix_bucket(params.start, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
              "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top,
-             "bucket_us": round(MIX_BUCKET.total_seconds() * 1_000_000), "resubmit_s": s.resubmit_window.total_seconds(),
+             "bucket_us": round(bucket.total_seconds() * 1_000_000), "resubmit_s": s.resubmit_window.total_seconds(),
              **params.filters.bind()}
     # every GPU of the cluster, any model (the attempts pick their own events; they are not filtered by model), over whole hours
     # around the attempts' evidence windows, so the facts answer alone (an edge off the grid is read raw); an event outside an
@@ -60,7 +61,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
             listed = cur.execute(sql.RELIABILITY_LISTED, sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
             hosts = pool.submit(_rows, hosts_cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
             summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
-                             None if r["k"] is None else params.start + MIX_BUCKET * r["k"], r["attempts"], r["ran"],
+                             None if r["k"] is None else params.start + bucket * r["k"], r["attempts"], r["ran"],
                              r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
                       for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
             cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]

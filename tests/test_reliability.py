@@ -227,7 +227,12 @@ def test_figures_by_hand():
     # checkpoints: the hardware-failed job saved one 2 h before it died: it lost 2 h x 8 GPUs
     f2 = r.figures(runs, s, e, as_of=T0 + 42 * H, checkpoints={("c", "slurm", "b"): [T0 + 10 * H]})
     assert f2["lost_gpu_hours"] == pytest.approx(8 * 2 + 6 + 64 * 3)
+    # the cause mix in the window's timeline buckets (2 days: hours), or in buckets asked for
     mix = {(m["bucket"], m["cause"]): m["attempts"] for m in f["cause_mix"]}
+    assert f["mix_bucket_s"] == 3600 and mix == {(T0 + 3 * H, "preempted"): 1, (T0 + 6 * H, "node_failure"): 1, (T0 + 12 * H, "hardware"): 1,
+                                                 (T0 + 24 * H, "completed"): 1}
+    daily = r.figures(runs, s, e, as_of=T0 + 42 * H, bucket=day)
+    mix = {(m["bucket"], m["cause"]): m["attempts"] for m in daily["cause_mix"]}
     assert mix == {(T0, "hardware"): 1, (T0, "node_failure"): 1, (T0, "preempted"): 1, (T0 + day, "completed"): 1}
 
 

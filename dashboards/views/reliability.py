@@ -52,10 +52,20 @@ def body(ctx: ui.Context) -> None:
     st.subheader("How attempts ended, over time")
     mix = pl.DataFrame(f["cause_mix"], infer_schema_length=None) if f["cause_mix"] else pl.DataFrame()
     if not mix.is_empty():
-        mix = mix.with_columns(pl.col("cause").replace_strict(CAUSE_LABELS, default=pl.col("cause")).alias("how"))
+        w = rel["resolved"]
+        st.caption(f"Attempts ended in each {ui.duration(f['mix_bucket_s'])} from the window's start, times in UTC: each bar spans "
+                   "its bucket (the last one may be cut by the window's end).")
+        # (stacked by hand: a bar spanning x to x2 is not stacked by Vega-Lite)
+        mix = ui.utc_times(mix.with_columns(pl.col("cause").replace_strict(CAUSE_LABELS, default=pl.col("cause")).alias("how"),
+                                            pl.min_horizontal(pl.col("bucket") + pl.duration(seconds=f["mix_bucket_s"]),
+                                                              pl.lit(w.end)).alias("bucket_end"))
+                           .sort("bucket", "how").with_columns(pl.col("attempts").cum_sum().over("bucket").alias("top"))
+                           .with_columns((pl.col("top") - pl.col("attempts")).alias("bottom")))
         st.altair_chart(alt.Chart(mix).mark_bar().encode(
-            x=alt.X("bucket:T", title=None), y=alt.Y("attempts:Q", title="attempts ended"),
-            color=alt.Color("how:N", title=None), tooltip=["bucket:T", "how:N", "attempts:Q"]), use_container_width=True)
+            x=ui.time_x(w.start, w.end), x2="bucket_end:T", y=alt.Y("bottom:Q", title="attempts ended"), y2="top:Q",
+            color=alt.Color("how:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),
+            tooltip=[ui.time_tooltip("bucket", "from"), "how:N", "attempts:Q"]),
+            use_container_width=True)
     causes = pl.DataFrame({"cause": [CAUSE_LABELS[k] for k, v in f["causes"].items() if v],
                            "attempts": [v for v in f["causes"].values() if v],
                            "interruption": [k in INTERRUPTION_CAUSES for k, v in f["causes"].items() if v]})
@@ -72,7 +82,7 @@ def body(ctx: ui.Context) -> None:
         both = pl.concat([line.select("gpus", "mttf_h", "source"), ANCHORS], how="vertical_relaxed")
         st.altair_chart(alt.Chart(both).mark_line(point=True).encode(
             x=alt.X("gpus:Q", scale=alt.Scale(type="log"), title="GPUs per job"),
-            y=alt.Y("mttf_h:Q", scale=alt.Scale(type="log"), title="MTTF (hours)"), color=alt.Color("source:N", title=None),
+            y=alt.Y("mttf_h:Q", scale=alt.Scale(type="log"), title="MTTF (hours)"), color=alt.Color("source:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),
             tooltip=["source:N", "gpus:Q", alt.Tooltip("mttf_h:Q", format=".3g")]), use_container_width=True)
     for d in f["projection_disagreements"]:
         st.text(f"The fleet's own jobs disagree with the projection: {d}")
