@@ -292,12 +292,12 @@ def not_yet(job: JobFacts, rules: Rules, as_of: datetime) -> NotYet | None:
     if job.no_process_s is not None:
         waits.append((as_of - timedelta(seconds=job.no_process_s) + rules.no_process_after, "no_process_after", rules.no_process_after))
     due_at, rule, after = min(waits, key=lambda w: w[0])
-    text = (f"all {n} idle since {since:%Y-%m-%d %H:%M:%S} UTC ({words.duration(job.idle_s)}; the count starts at the GPUs' current "
+    text = (f"all {n} idle since {words.instant(since)} ({words.duration(job.idle_s)}; the count starts at the GPUs' current "
             f"run of idle samples, and a gap in the data longer than max_gap restarts it): {rule} = {words.duration(after.total_seconds())}")
     if job.age_s is not None and as_of - timedelta(seconds=job.age_s) + rules.min_job_age > due_at:
         due_at = as_of - timedelta(seconds=job.age_s) + rules.min_job_age
         text += f", and the job is younger than min_job_age = {words.duration(rules.min_job_age.total_seconds())}"
-    return NotYet(job, rule, since, due_at, f"{text}: due at {due_at:%Y-%m-%d %H:%M:%S} UTC "
+    return NotYet(job, rule, since, due_at, f"{text}: due at {words.instant(due_at)} "
                                             f"(in {words.duration(max(0.0, (due_at - as_of).total_seconds()))})")
 
 

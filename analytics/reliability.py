@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
+from gpufleet.analytics import vocabulary as words
 from gpufleet.config import Option, number, strings
 
 CAUSES = ("completed", "user_error", "hardware", "node_failure", "timeout", "preempted", "requeued",
@@ -121,7 +122,7 @@ class Event:
         what = f"XID {self.code} ({HARDWARE_XIDS[self.code]})" if self.kind == "xid" and self.code in HARDWARE_XIDS else (
             self.detail or self.kind)
         gpu = f"GPU {self.gpu}" if self.gpu is not None else self.gpu_uuid
-        return f"{what} on {self.host} {gpu} at {self.ts.isoformat()}"
+        return f"{what} on {self.host} {gpu} at {words.instant(self.ts)}"
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,11 @@ def when(t: datetime | None) -> str:
     return UNKNOWN if t is None else t.strftime("%Y-%m-%d %H:%M UTC")
 
 
+def instant(t: datetime | None) -> str:
+    """A moment to the second (an event, a deadline): 24-hour clock, UTC, said."""
+    return UNKNOWN if t is None else t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def figure(key: str, x: float | None) -> str:
     """A figure written by its kind, told by its name: GPU-hours, money or a percentage."""
     if key.endswith("_cost") or key.endswith("usd"):

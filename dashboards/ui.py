@@ -88,7 +88,7 @@ def idle_since(t: datetime | None, before: bool = False) -> str:
     the range looked at (gpufleet.analytics.fleet_now: idle_since_capped) - unknown stays unknown."""
     if t is None:
         return "unknown"
-    return ("before " if before else "") + t.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return ("before " if before else "") + words.instant(t)
 
 
 NOT_ATTRIBUTABLE = "not attributable"
