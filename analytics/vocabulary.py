@@ -117,7 +117,7 @@ def duration_unit_s(column: str) -> int | None:
 
 # Columns of percentages (0-100) and of fractions (0-1, shown as percentages), by name
 PERCENTS = ("_pct",)
-FRACTIONS = ("_share", "mfu")
+FRACTIONS = ("_share", "mfu", "ettr")
 KINDS = ("usd", "gpu_h", "duration", "pct", "fraction", "mib", "p_value")
 
 

@@ -149,7 +149,7 @@ def test_the_table_formatter_writes_no_raw_value(rows):
 @pytest.mark.parametrize("column, kind", [
     ("idle_cost", "usd"), ("usd_per_gpu_hour", "usd"), ("cost_usd_per_h", "usd"), ("idle_gpu_h", "gpu_h"), ("gpu_hours", "gpu_h"),
     ("runtime_h", "duration"), ("wait_p50_s", "duration"), ("utilization_pct", "pct"), ("mfu_pct", "pct"), ("allocated_share", "fraction"),
-    ("mfu", "fraction"), ("fb_max_mib", "mib"), ("p_value", "p_value"), ("mfu_unknown_gpu_h", "gpu_h"), ("gpus", None), ("ratio", None)])
+    ("mfu", "fraction"), ("ettr", "fraction"), ("fb_max_mib", "mib"), ("p_value", "p_value"), ("mfu_unknown_gpu_h", "gpu_h"), ("gpus", None), ("ratio", None)])
 def test_a_column_s_kind_is_told_by_its_name_once_for_the_pages_and_the_cli(column, kind):
     """vocabulary.kind is the one rule: the pages' formats (ui._FORMATS) and the CLI's cells (cli.fmt) both follow it."""
     from gpufleet.analytics.cli import fmt
