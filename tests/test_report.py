@@ -803,3 +803,22 @@ class HTMLText(HTMLParser):
         p = cls()
         p.feed(page)
         return " ".join(" ".join(p.parts).split())
+
+
+def test_last_week_without_samples_shows_its_allocated_hours_and_no_data_for_the_rest():
+    """A last week whose jobs the accounting has but no exporter reported (the demo's first week): its allocated GPU-hours
+    are shown; its figures from samples - no data among them, which would read "0.0" (no GPU seen, no capacity) beside
+    allocated hours no sample covered - say "no data"."""
+    from gpufleet.analytics.core import Totals
+    from gpufleet.report.model import headline_rows
+
+    cur = Totals(capacity_gpu_h=100.0, data_gpu_h=99.0, no_data_gpu_h=1.0, busy_gpu_h=50.0, utilization_pct=50.5, allocated_gpu_h=80.0,
+                 idle_allocated_gpu_h=10.0, idle_allocated_cost=20.0, no_process_gpu_h=4.0, no_process_cost=8.0, stranded_gpu_h=19.0,
+                 stranded_cost=38.0, unpriced_models=())
+    dark = replace(cur, capacity_gpu_h=0.0, data_gpu_h=0.0, no_data_gpu_h=0.0, busy_gpu_h=0.0, utilization_pct=None, allocated_gpu_h=40.0,
+                   idle_allocated_gpu_h=0.0, idle_allocated_cost=0.0, no_process_gpu_h=0.0, no_process_cost=0.0, stranded_gpu_h=0.0,
+                   stranded_cost=0.0)
+    rows = {r.figure: r for r in headline_rows(cur, dark, processes=True, prev_processes=False, no_comparison="empty: no GPU samples")}
+    assert rows["allocated_gpu_h"].previous == 40.0
+    assert rows["no_data_gpu_h"].previous is None and rows["no_data_gpu_h"].previous_missing == "no data"
+    assert rows["no_data_gpu_h"].current == 1.0

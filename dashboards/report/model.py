@@ -34,8 +34,10 @@ from gpufleet.times import local_midnight, utcnow
 log = logging.getLogger(__name__)
 
 # headline figures that need GPU samples (utilization, idle, stranded) or process counts
+# (no data too: it is capacity without samples, and a window without samples has no capacity seen either: "0.0" would say
+# every GPU reported while its allocated hours had none)
 NEEDS_SAMPLES = {"busy_gpu_h", "utilization_pct", "idle_allocated_gpu_h", "idle_allocated_cost", "no_process_gpu_h",
-                 "stranded_gpu_h", "stranded_cost"}
+                 "stranded_gpu_h", "stranded_cost", "no_data_gpu_h"}
 NEEDS_PROCESSES = {"no_process_gpu_h"}
 LABELS = {"allocated_gpu_h": "GPU-hours allocated", "busy_gpu_h": "GPU-hours busy", "utilization_pct": "Fleet utilization",
           "idle_allocated_gpu_h": "Idle allocated GPU-hours", "idle_allocated_cost": "Cost of idle allocated GPUs",
