@@ -108,7 +108,9 @@ def body(ctx: ui.Context) -> None:
                 help="Effective training time ratio: productive / wall GPU-hours over the job chains of the window (a chain's wall "
                      "time runs from its first attempt's start to its last attempt's end, the waits for a requeue included).")
     c[1].metric("Wall GPU-hours", ui.gpu_h(g["wall_gpu_hours"]))
-    c[2].metric("Lost + waiting", ui.gpu_h(g["lost_gpu_hours"] + g["requeue_wait_gpu_hours"]))
+    c[2].metric("Lost + waiting", ui.gpu_h(g["lost_gpu_hours"] + g["requeue_wait_gpu_hours"]),
+                help="Work lost in attempts that did not complete - user errors, time limits and cancels too, not only the "
+                     "interruptions above - and the GPU-hours waiting for a requeue")
     lost = f["lost_gpu_hours_by_cause"]
     if lost and f["allocated_gpu_hours"] is not None and not f["allocated_unknown_attempts"]:  # (parts that add up)
         fall = pl.DataFrame({"part": ["allocated", *(f"lost: {CAUSE_LABELS[k]}" for k in lost), "not lost"],
