@@ -365,13 +365,14 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
           ["node", "failures", "gpu_hours", "expected_failures", "p_value"])
     table("Costliest interruptions", rel["interrupted_attempts"], out, ["job_id", "user_name", "gpus", "end", "cause", "reason"])
     g = rel["goodput"]
-    out.write(f"\nGoodput: fleet ETTR {fmt(g['ettr'])} (productive / wall GPU-hours of the window's work: {g['chains']} job "
-              f"chains with an attempt that did not complete, {g['interrupted_chains']} of them interrupted, and the rest): wall {fmt(g['wall_gpu_hours'])} GPU-h, productive "
-              f"{fmt(g['productive_gpu_hours'])}, work lost in attempts that did not complete {fmt(g['lost_gpu_hours'])}, "
-              f"waiting for a requeue {fmt(g['requeue_wait_gpu_hours'])}\n")
+    h = {k: fmt(g[k], k) for k in ("wall_gpu_hours", "productive_gpu_hours", "lost_gpu_hours", "requeue_wait_gpu_hours")}
+    out.write(f"\nGoodput: fleet ETTR {fmt(g['ettr'], 'ettr')} (productive / wall GPU-hours of the window's work: {g['chains']} job "
+              f"chains with an attempt that did not complete, {g['interrupted_chains']} of them interrupted, and the rest): wall "
+              f"{h['wall_gpu_hours']} GPU-h, productive {h['productive_gpu_hours']}, work lost in attempts that did not complete "
+              f"{h['lost_gpu_hours']}, waiting for a requeue {h['requeue_wait_gpu_hours']}\n")
     out.write(f"  lost work: {g['checkpoints']}\n")
     if f["lost_gpu_hours_by_cause"]:
-        out.write("  lost GPU-hours by cause: " + ", ".join(f"{CAUSE_LABELS[k]} {fmt(v)}" for k, v in f["lost_gpu_hours_by_cause"].items()) + "\n")
+        out.write("  lost GPU-hours by cause: " + ", ".join(f"{CAUSE_LABELS[k]} {fmt(v, 'gpu_h')}" for k, v in f["lost_gpu_hours_by_cause"].items()) + "\n")
     table("Job chains that lost most (ETTR = productive / wall time)", rel["chains"], out,
           ["job_ids", "user_name", "gpus", "attempts", "interruptions", "wall_h", "lost_h", "lost_basis", "requeue_wait_h", "ettr"])
     table("Checkpoint advice for the largest chains (Young/Daly: sqrt(2 x checkpoint cost x MTTF for the chain's size))",
