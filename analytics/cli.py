@@ -391,7 +391,7 @@ def print_states(w: dict[str, Any] | None, out: TextIO) -> None:
     from gpufleet.analytics.states import state_rows
 
     shown = state_rows({s["state"]: s["seconds"] for s in w["states"]}, w["data_s"], {s["state"]: s["evidence"] for s in w["states"]})
-    table(f"  where the time went ({w['data_s'] / 3600:.2f} GPU-hours with data)", shown, out, ["state", "gpu_h", "share_pct", "evidence", "fix"])
+    table(f"  where the time went ({fmt(w['data_s'] / 3600, 'gpu_h')} GPU-hours with data)", shown, out, ["state", "gpu_h", "share_pct", "evidence", "fix"])
     for s in w["states"]:
         if s["unknown_on"]:
             out.write(f"  {words.state(s['state'])} unknown on {'; '.join(s['unknown_on'])}\n")

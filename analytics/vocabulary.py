@@ -83,6 +83,8 @@ HEADERS = {
     "mfu_pct": "MFU %", "mfu_method": "MFU method", "mfu_unknown_gpu_h": "GPU-h with MFU unknown",
     "mttf_h": "MTTF", "mttf_ci_low_h": "MTTF 95 % low", "mttf_ci_high_h": "MTTF 95 % high", "wall_h": "wall time",
     "ettr": "ETTR", "gpu_hours": "GPU-h", "p_value": "p-value",
+    "data_h": "time with data", "fb_used_mib": "memory MiB", "fb_used_max_mib": "memory high-water MiB",
+    "ecc_dbe_vol": "ECC double-bit errors (volatile)", "remap_failure": "row-remap failure",
 }
 
 # How many decimals each kind of figure gets, everywhere

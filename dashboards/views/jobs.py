@@ -92,7 +92,7 @@ def report(window, job: dict) -> None:
 
     tl = res["timeline"]
     st.subheader("Per GPU")
-    ui.table(r.per_gpu, key="job_gpus", labels={"data_h": "hours with data", "fb_used_max_mib": "memory high-water MiB"})
+    ui.table(r.per_gpu, key="job_gpus")
     if not tl.is_empty():
         st.caption("Utilization and memory per GPU over time (points: buckets with data; a missing point is no data).")
         st.altair_chart(gpu_chart(tl.drop_nulls("utilization_pct"), "utilization_pct", "utilization %", [0, 100]), width="stretch")
