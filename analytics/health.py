@@ -141,13 +141,28 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
                            columns=EVENT_COLUMNS if events_only else ALL_COLUMNS)
             try:
                 answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED),
-                           "events": lambda: _events(w)}
+                           "events": lambda: with_inventory_models(con, _events(w))}
                 got.update({k: answers[k]() for k in others})
             finally:
                 w.close()
         if temperature is not None:
             got["temperature"] = temperature.result()
     return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in got.items()}
+
+
+def with_inventory_models(con: duckdb.DuckDBPyConnection, events: pl.DataFrame) -> pl.DataFrame:
+    """`events` with the inventory's model (sql.GPU_MODELS) where their samples name none: a lost GPU reports no model, so
+    its "GPU lost" event read "-" beside its own XIDs' "NVIDIA H100 80GB HBM3"."""
+    if events.is_empty() or not events["model"].null_count():
+        return events
+    cur = con.cursor()
+    try:
+        models = pl.from_arrow(query_rows(cur, sql.GPU_MODELS))
+    finally:
+        cur.close()
+    key = ["cluster", "host", "gpu_uuid", "gi"]
+    named = events.join(models.with_columns(pl.col("gi").cast(events.schema["gi"])), on=key, how="left", maintain_order="left")
+    return named.with_columns(pl.coalesce("model", "inventory_model").alias("model")).drop("inventory_model")
 
 
 def window_health(con: duckdb.DuckDBPyConnection, params: Params, temperature: timedelta | None = None) -> dict[str, pl.DataFrame]:

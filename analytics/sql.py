@@ -851,6 +851,9 @@ FROM p WHERE lost_n > 0 GROUP BY {_KEY}
 ORDER BY ts DESC, cluster, host, gpu, kind
 """
 
+# Each GPU's (MIG instance's) model as the inventory has it: an event's model where its samples name none (a lost GPU's)
+GPU_MODELS = "SELECT cluster, host, gpu_uuid, gpu_instance AS gi, model AS inventory_model FROM gpus WHERE model IS NOT NULL"
+
 # The store's first GPU sighting within the filters (trends: a previous window before it is partly missing)
 HISTORY_START = f"""
 SELECT min(first_seen) FROM gpus

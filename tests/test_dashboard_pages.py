@@ -294,6 +294,8 @@ def test_health(store, con, use_store):
     assert m["Erroring now"] == ui.count(s.error)
     assert m["Silent now (no data)"] == ui.count(s.no_data) == "1"
     assert m["Events in window"] == ui.count(ev.height) == "3"
+    # a lost GPU's samples name no model: its event takes the inventory's, as its other events have it
+    assert ev["model"].null_count() == 0 and "gpu_lost" in ev["kind"].to_list()
     assert m["Hottest GPU"] == "85 °C"
     assert m["GPUs throttled"] == "1"
     shown = frame(at, "health_events")

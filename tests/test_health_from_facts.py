@@ -276,3 +276,24 @@ def test_moved_gpus_read_the_open_hours_settled_facts_then_raw(tmp_path):
     moved = [r for r in READS.since(mark) if r.kind == "health events" and r.hi_us == epoch_us(at(2 * 3600 + 40 * 60))]
     assert moved and moved[0].lo_us == epoch_us(at(2 * 3600 + 20 * 60)), moved
     assert not compare(con, p)
+
+
+def test_an_event_without_a_model_in_its_samples_takes_the_inventory_s():
+    """A lost GPU reports no model (its exporter cannot read it): its "GPU lost" event is named by the inventory's model,
+    where the event's own samples named one it keeps that; a GPU the inventory has no model for stays unknown."""
+    import duckdb
+    from datetime import datetime
+
+    from gpufleet.collector.schema import GPUS_DDL
+
+    con = duckdb.connect()
+    con.execute(GPUS_DDL)
+    con.execute("INSERT INTO gpus (cluster, host, gpu_uuid, gpu_instance, model, first_seen, last_seen) VALUES "
+                "('c', 'n1', 'GPU-A', -1, 'NVIDIA H100 80GB HBM3', '2026-11-01', '2026-11-02')")
+    t = datetime(2026, 11, 1, 12)
+    ev = pl.DataFrame({"ts": [t, t, t], "cluster": ["c"] * 3, "host": ["n1", "n1", "n2"], "gpu": [0, 0, 1],
+                       "gpu_uuid": ["GPU-A", "GPU-A", "GPU-B"], "gi": [-1, -1, -1], "model": [None, "NVIDIA H100 80GB HBM3 (sampled)", None],
+                       "kind": ["gpu_lost", "xid", "gpu_lost"]})
+    named = health.with_inventory_models(con, ev)
+    assert named.columns == ev.columns and named["kind"].to_list() == ev["kind"].to_list()
+    assert named["model"].to_list() == ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3 (sampled)", None]

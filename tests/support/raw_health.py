@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from gpufleet.analytics import raw_reads, sql
+from gpufleet.analytics import health, raw_reads, sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.raw_reads import SAMPLES
 from gpufleet.collector.schema import HW_SLOWDOWN_BITS, POWER_BITS, THERMAL_BITS
@@ -119,4 +119,6 @@ def raw_health(con: Any, params: Params, what: tuple[str, ...], bucket: timedelt
             out[k] = pl.from_arrow(raw_reads.read(cur, "raw path", q, sql.bound(q, binds), epoch_us(params.start), epoch_us(params.end)))
         finally:
             cur.close()
+    if "events" in out:  # (named as health names them: the inventory's model where the samples name none)
+        out["events"] = health.with_inventory_models(con, out["events"])
     return {k: v.sort(_ORDER[k], nulls_last=True) if k in _ORDER else v for k, v in out.items()}
