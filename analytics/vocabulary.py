@@ -255,10 +255,10 @@ def instant(t: datetime | None) -> str:
 
 
 def figure(key: str, x: float | None) -> str:
-    """A figure written by its kind, told by its name: GPU-hours, money or a percentage."""
-    if key.endswith("_cost") or key.endswith("usd"):
+    """A headline figure written by its kind (kind: money, a percentage), else as GPU-hours with their unit."""
+    if kind(key) == "usd":
         return usd(x)
-    if key.endswith("_pct"):
+    if kind(key) == "pct":
         return pct(x)
     return UNKNOWN if bad(x) else f"{gpu_h(x)} GPU-h"
 
@@ -281,7 +281,7 @@ def signed(key: str, x: float | None) -> str:
     if bad(x):
         return UNKNOWN
     sign = "+" if x > 0 else (MINUS if x < 0 else "\u00b1")
-    if key.endswith("_pct"):
+    if kind(key) == "pct":
         return f"{sign}{abs(x):.{DECIMALS['pct']}f} pp"
     return sign + figure(key, abs(x))
 
