@@ -200,7 +200,7 @@ def headline_rows(cur: Totals, prev: Totals | None, *, processes: bool, prev_pro
         if key in NEEDS_PROCESSES and not procs:
             return "not measured"
         if getattr(t, key) is None:
-            return "no price" if key.endswith("cost") else UNKNOWN if key in PARTIAL else "no data"
+            return "no price" if words.kind(key) == "usd" else UNKNOWN if key in PARTIAL else "no data"
         return None
 
     rows = []
