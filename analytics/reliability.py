@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gpufleet.analytics import vocabulary as words
 from gpufleet.config import Option, number, strings
+from gpufleet.times import default_bucket
 
 CAUSES = ("completed", "user_error", "hardware", "node_failure", "timeout", "preempted", "requeued",
           "cancelled_user", "cancelled_admin", "cancelled_policy", "cancelled_unknown", "unknown", "not_ended")
@@ -402,10 +403,8 @@ def _mttf_row(label: str, jobs: int, failures: int, job_h: float, gpu_h: float) 
 
 
 def mix_bucket(start: datetime, end: datetime) -> timedelta:
-    """The cause mix's bucket: a window's timeline bucket (gpufleet.analytics.timeline.default_bucket: 30-200 over it), so a
-    day's attempts spread over its hours rather than stand in one bar."""
-    from gpufleet.analytics.timeline import default_bucket
-
+    """The cause mix's bucket: a window's timeline bucket (gpufleet.times.default_bucket: 30-200 over it), so a day's
+    attempts spread over its hours rather than stand in one bar."""
     return default_bucket(end - start)
 
 

@@ -24,27 +24,12 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.facts import JOB_GPU_PARTS, TIMELINE_COLUMNS, FactWindow
 from gpufleet.collector.reading import query_rows
-from gpufleet.times import epoch_us, from_epoch_us
+from gpufleet.times import default_bucket, epoch_us, from_epoch_us
 
 TIMELINE_DIMS = ("fleet", "cluster", "model", "partition", "account", "user_name")
 _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}
 _JOB_KEYS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name")}
 
-BUCKETS = (
-    (timedelta(hours=3), timedelta(minutes=5)),
-    (timedelta(hours=12), timedelta(minutes=15)),
-    (timedelta(days=2), timedelta(hours=1)),
-    (timedelta(days=15), timedelta(hours=3)),
-    (timedelta(days=62), timedelta(hours=12)),
-)
-
-
-def default_bucket(length: timedelta) -> timedelta:
-    """A bucket giving 30-200 points over a window of this length."""
-    for upto, bucket in BUCKETS:
-        if length <= upto:
-            return bucket
-    return timedelta(days=1)
 
 
 def clock_origin(start: datetime, bucket: timedelta) -> datetime:

@@ -21,7 +21,7 @@ from pathlib import Path
 from bench._analytics_measure import kib
 from gpufleet.analytics import fleet_now, health
 from gpufleet.analytics.params import Params
-from gpufleet.analytics.timeline import default_bucket
+from gpufleet.times import default_bucket
 from gpufleet.collector.store import open_reader
 from tests.support.raw_health import raw_health
 

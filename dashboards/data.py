@@ -34,7 +34,7 @@ import streamlit as st
 from gpufleet.analytics import fairness, mfu
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params, from_config
-from gpufleet.analytics.timeline import default_bucket
+from gpufleet.times import default_bucket
 from gpufleet.collector.facts import GRAIN_5M
 from gpufleet.dashboards import config as dconfig
 from gpufleet.times import HOUR, floor_time, utcnow
@@ -110,7 +110,7 @@ def step_for(length: timedelta) -> timedelta:
 def start_grain(length: timedelta) -> timedelta:
     """Where a relative window of this length starts (module docstring): on the hour when its timeline's buckets are whole
     hours (24 h and longer), so each hour inside it is read from its hour facts; else on the 5-minute facts grain. A window at
-    most one grain longer than `length` keeps its timeline's bucket (gpufleet.analytics.timeline.default_bucket)."""
+    most one grain longer than `length` keeps its timeline's bucket (gpufleet.times.default_bucket)."""
     bucket = default_bucket(length)
     return HOUR if bucket % HOUR == timedelta(0) else FACT_GRAIN
 
@@ -450,8 +450,6 @@ def reliability(key: tuple) -> dict:
 
 def health_bucket(w: Window) -> timedelta:
     """The Health page's temperature-map bucket for `w`: the timelines' default for its length."""
-    from gpufleet.analytics.timeline import default_bucket
-
     return default_bucket(w.length)
 
 

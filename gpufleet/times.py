@@ -13,6 +13,24 @@ from gpufleet.config import ConfigError
 HOUR = timedelta(hours=1)  # the grain of the store's sample files and of its hour facts
 
 
+# A time chart's bucket by the window's length (the timelines', the reliability page's cause mix)
+TIMELINE_BUCKETS = (
+    (timedelta(hours=3), timedelta(minutes=5)),
+    (timedelta(hours=12), timedelta(minutes=15)),
+    (timedelta(days=2), timedelta(hours=1)),
+    (timedelta(days=15), timedelta(hours=3)),
+    (timedelta(days=62), timedelta(hours=12)),
+)
+
+
+def default_bucket(length: timedelta) -> timedelta:
+    """A bucket giving 30-200 points over a window of this length."""
+    for upto, bucket in TIMELINE_BUCKETS:
+        if length <= upto:
+            return bucket
+    return timedelta(days=1)
+
+
 def epoch_us(t: datetime) -> int:
     """A naive UTC datetime as epoch microseconds (DuckDB's epoch_us)."""
     return (t - datetime(1970, 1, 1)) // timedelta(microseconds=1)

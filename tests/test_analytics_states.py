@@ -404,7 +404,7 @@ def test_analyze_job_prints_and_emits_the_breakdown(fleet, tmp_path):  # noqa: F
     assert w["largest_loss"] in S.LOSSES
     table = analyze(*window)
     assert table.returncode == 0, table.stderr
-    assert "where the time went (1.00 GPU-hours with data)" in table.stdout
+    assert "where the time went (1.0 GPU-hours with data)" in table.stdout
     shown = table.stdout.split("where the time went", 1)[1]
     assert "busy, not resolved  0.2" in shown and "input-bound unknown on" in shown  # the states in words, as the job page writes them
     assert not any(key in shown for key in ("no_process", "input_bound", "communication_bound", "busy_unresolved"))
