@@ -378,6 +378,8 @@ class Analysis:
             if out.is_empty():
                 return out
             keys = list(GPU_DIMS[by])
+            if not keys:  # the selection's one row: its no data as its totals have it (allocated less data), not unknown
+                out = out.with_columns(pl.lit(self._selection_no_data(), pl.Float64).alias("no_data_gpu_h"))
         elif by in GPU_DIMS:
             keys = [k for k in GPU_DIMS[by]]
             g = self.per_gpu()
@@ -449,6 +451,12 @@ class Analysis:
         return fleet_totals(self.per_gpu(), self.q(sql.ALLOCATED_GPU_H_TOTAL), self.idle_stretches("idle"), self.idle_stretches("no_process"),
                             self.p.filters)
 
+    def _selection_no_data(self) -> float:
+        """A job filter's no data: allocated minus data, clipped at 0 per row of the filter's own dimension
+        (window.JOB_FILTER_DIMS), summed."""
+        rows = self.utilization(next(d for k, d in JOB_FILTER_DIMS.items() if getattr(self.p.filters, k) is not None))
+        return float(rows["no_data_gpu_h"].sum()) if not rows.is_empty() else 0.0
+
     def _job_totals(self) -> Totals:
         """totals() under a job filter: the sums of the selected jobs' rows of utilization."""
         used = self._allocations(self._with_piece())
@@ -458,9 +466,7 @@ class Analysis:
         g = self.per_gpu()
         held = g.join(used.select("cluster", "host", "gpu_uuid", "gi").unique(), on=["cluster", "host", "gpu_uuid", "gi"], how="semi") if not g.is_empty() else g
         unpriced = sorted({m for m in held.filter(pl.col("usd_per_gpu_hour").is_null())["model"].to_list() if m} if not held.is_empty() else set())
-        # no data: allocated minus data, clipped at 0 per row of the filter's own dimension (window.JOB_FILTER_DIMS)
-        rows = self.utilization(next(d for k, d in JOB_FILTER_DIMS.items() if getattr(self.p.filters, k) is not None))
-        no_data = float(rows["no_data_gpu_h"].sum()) if not rows.is_empty() else 0.0
+        no_data = self._selection_no_data()
         return Totals(
             capacity_gpu_h=None,
             data_gpu_h=data,
