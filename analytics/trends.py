@@ -82,8 +82,9 @@ def unknown_jobs_reason(current: int, previous: int) -> str:
 
 def compare(current: Totals, previous: Totals, no_comparison: str | None = None) -> pl.DataFrame:
     """figure, label, current, previous, change, change_pct, why either is null (change_missing: NO_DATA
-    when `no_comparison` is set, else UNKNOWN; change_pct_missing: ZERO_BASE), the PARTIAL figures'
-    unknown jobs, and `reason` (price_mix_reason or unknown_jobs_reason)."""
+    when `no_comparison` is set, else UNKNOWN; change_pct_missing: ZERO_BASE; current_missing /
+    previous_missing: "not attributable" under a job filter), the PARTIAL figures' unknown jobs, and
+    `reason` (price_mix_reason or unknown_jobs_reason)."""
     cur, prev = asdict(current), asdict(previous)
     rows = []
     for key, label in HEADLINES:
@@ -106,10 +107,13 @@ def compare(current: Totals, previous: Totals, no_comparison: str | None = None)
             reason = unknown_jobs_reason(*unknown_jobs)
         rows.append({"figure": key, "label": label, "current": c, "previous": p, "change": change, "change_pct": pct,
                      "change_missing": change_missing, "change_pct_missing": pct_missing, "reason": reason,
-                     "current_unknown_jobs": unknown_jobs[0], "previous_unknown_jobs": unknown_jobs[1]})
+                     "current_unknown_jobs": unknown_jobs[0], "previous_unknown_jobs": unknown_jobs[1],
+                     "current_missing": words.NOT_ATTRIBUTABLE if c is None and current.not_attributable_reason else None,
+                     "previous_missing": words.NOT_ATTRIBUTABLE if p is None and previous.not_attributable_reason else None})
     return pl.DataFrame(rows, schema={"figure": pl.Utf8, "label": pl.Utf8, "current": pl.Float64, "previous": pl.Float64, "change": pl.Float64, "change_pct": pl.Float64,
                                       "change_missing": pl.Utf8, "change_pct_missing": pl.Utf8, "reason": pl.Utf8,
-                                      "current_unknown_jobs": pl.Int64, "previous_unknown_jobs": pl.Int64})
+                                      "current_unknown_jobs": pl.Int64, "previous_unknown_jobs": pl.Int64, "current_missing": pl.Utf8,
+                                      "previous_missing": pl.Utf8})
 
 
 @dataclass(frozen=True)
@@ -134,8 +138,9 @@ def people_rows(cmp) -> list[dict[str, str]]:
         k, why = r["figure"], r["change_missing"]
         if k in PARTIAL:  # "at least" where jobs are left out
             now, before = words.known_gpu_h(r["current"], r["current_unknown_jobs"]), words.known_gpu_h(r["previous"], r["previous_unknown_jobs"])
-        else:
-            now, before = words.figure(k, r["current"]), words.figure(k, r["previous"])
+        else:  # (under a job filter capacity and stranded time are not attributable: said so, not "unknown")
+            now = r.get("current_missing") or words.figure(k, r["current"])
+            before = r.get("previous_missing") or words.figure(k, r["previous"])
         out.append({"figure": r["label"], "this window": now, "previous window": why if why == NO_DATA else before,
                     "change": why or words.signed(k, r["change"]),
                     "change %": r["change_pct_missing"] or f"{words.signed('_pct', r['change_pct'])[:-3]} %"})

@@ -91,6 +91,10 @@ HEADERS = {
 DECIMALS = {"gpu_h": 1, "usd": 2, "pct": 1, "ratio": 2}
 
 
+# A figure no part of which the filter's jobs own (capacity and stranded time under an account, user or partition filter)
+NOT_ATTRIBUTABLE = "not attributable"
+
+
 def bad(x: Any) -> bool:
     """No number to show: None, NaN or infinite."""
     return x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x)))

@@ -91,7 +91,7 @@ def idle_since(t: datetime | None, before: bool = False) -> str:
     return ("before " if before else "") + words.instant(t)
 
 
-NOT_ATTRIBUTABLE = "not attributable"
+NOT_ATTRIBUTABLE = words.NOT_ATTRIBUTABLE
 
 
 def attributable(x: float | None, totals: Any, fmt: Callable[[float | None], str]) -> str:

@@ -79,3 +79,18 @@ def test_a_cost_moving_against_its_gpu_hours_says_why():
     assert all(r["reason"] is None for r in same.values())
     assert by_figure(compare(cur, prev, NO_DATA))["idle_allocated_cost"]["reason"] is None
     assert by_figure(compare(totals(idle_allocated_cost=None), prev))["idle_allocated_cost"]["reason"] is None
+
+
+def test_under_a_job_filter_capacity_and_stranded_read_not_attributable_not_unknown():
+    """The Waste page filtered to a team said "Stranded: not attributable" above a comparison whose row said "unknown"."""
+    from gpufleet.analytics.trends import people_rows
+
+    why = "unallocated capacity has no account: capacity and stranded time are not attributable to account=a"
+    team = dict(capacity_gpu_h=None, stranded_gpu_h=None, stranded_cost=None, scope="account=a", not_attributable_reason=why)
+    rows = {r["figure"]: r for r in people_rows(compare(totals(**team), totals(**team)))}
+    for label in ("stranded (unallocated) GPU-hours", "cost of stranded capacity $"):
+        assert rows[label]["this window"] == rows[label]["previous window"] == "not attributable", rows[label]
+    assert rows["GPU-hours busy"]["this window"] == "50.0 GPU-h"
+    # without a filter a missing figure stays unknown
+    fleet = {r["figure"]: r for r in people_rows(compare(totals(stranded_cost=None), totals()))}
+    assert fleet["cost of stranded capacity $"]["this window"] == "unknown"
