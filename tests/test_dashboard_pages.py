@@ -284,6 +284,21 @@ def test_waste_and_cost(store, con, a, use_store):
     assert len(frame(at, "waste_waterfall_teams")) == len(g["teams"])
 
 
+def test_a_team_s_waterfall_starts_at_its_allocated_time(store, use_store):
+    """Under a team filter capacity is not attributable: the waterfall starts at allocated (it read "unknown" for capacity
+    and for what went before allocated), and the comparison says "not attributable" for stranded, as the metrics do."""
+    from gpufleet.analytics import goodput
+
+    use_store(store)
+    at = goto(open_app(account="physics"), "waste")
+    fall = frame(at, "waste_waterfall")
+    assert list(fall["step"]) == [goodput.STEP_LABELS[s] for s in goodput.STEPS[1:]]
+    assert fall["dropped_gpu_h"].tolist()[0] == words.NONE
+    assert any(c.value.startswith("It starts at allocated: unallocated capacity has no account") for c in at.caption)
+    trend = frame(at, "waste_trend").set_index("figure")
+    assert trend.loc["stranded (unallocated) GPU-hours", "this window"] == "not attributable"
+
+
 def test_health(store, con, use_store):
     use_store(store)
     at = goto(open_app(), "health")

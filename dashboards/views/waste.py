@@ -41,6 +41,9 @@ def waterfall_section(b: data.Bundle) -> None:
     rows = pl.DataFrame(goodput.chart_rows(g["fleet"]), schema={"step": pl.Utf8, "gpu_h": pl.Float64, "cost": pl.Float64,
                                                                  "dropped_gpu_h": pl.Float64})
     rows = rows.with_columns(pl.Series("unknown_teams", [r["unknown_teams"] for r in g["fleet"]]))
+    if b.totals.not_attributable_reason and rows["gpu_h"][0] is None:  # (a job filter: no capacity of its own)
+        st.caption(f"It starts at allocated: {b.totals.not_attributable_reason}.")
+        rows = rows.slice(1)
     # what went since the step before, as text: the first step has none (a dash), not an unknown amount
     gone = pl.Series("dropped_gpu_h", [words.NONE if i == 0 else words.gpu_h(x) for i, x in enumerate(rows["dropped_gpu_h"])], pl.String)
     known = rows.filter(pl.col("gpu_h").is_not_null())
