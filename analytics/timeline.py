@@ -31,7 +31,6 @@ _GPU_KEYS = {"fleet": (), "cluster": ("cluster",), "model": ("model",)}
 _JOB_KEYS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name")}
 
 
-
 def clock_origin(start: datetime, bucket: timedelta) -> datetime:
     """The first bucket edge of a timeline: `start` floored to the bucket on the UTC clock where the bucket
     divides a day (as Grafana aligns steps), so the edges fall on the facts' buckets; else `start`."""

@@ -260,9 +260,10 @@ def instant(t: datetime | None) -> str:
 
 def figure(key: str, x: float | None) -> str:
     """A headline figure written by its kind (kind: money, a percentage), else as GPU-hours with their unit."""
-    if kind(key) == "usd":
+    k = kind(key)
+    if k == "usd":
         return usd(x)
-    if kind(key) == "pct":
+    if k == "pct":
         return pct(x)
     return UNKNOWN if bad(x) else f"{gpu_h(x)} GPU-h"
 

@@ -34,10 +34,9 @@ import streamlit as st
 from gpufleet.analytics import fairness, mfu
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Filters, Params, from_config
-from gpufleet.times import default_bucket
 from gpufleet.collector.facts import GRAIN_5M
 from gpufleet.dashboards import config as dconfig
-from gpufleet.times import HOUR, floor_time, utcnow
+from gpufleet.times import HOUR, default_bucket, floor_time, utcnow
 
 log = logging.getLogger(__name__)
 

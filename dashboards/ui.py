@@ -91,14 +91,11 @@ def idle_since(t: datetime | None, before: bool = False) -> str:
     return ("before " if before else "") + words.instant(t)
 
 
-NOT_ATTRIBUTABLE = words.NOT_ATTRIBUTABLE
-
-
 def attributable(x: float | None, totals: Any, fmt: Callable[[float | None], str]) -> str:
     """A figure of Totals as text: "not attributable" where the filter's jobs own no part of it
     (capacity and stranded time under an account, user or partition filter), else fmt(x)."""
     if x is None and getattr(totals, "not_attributable_reason", None):
-        return NOT_ATTRIBUTABLE
+        return words.NOT_ATTRIBUTABLE
     return fmt(x)
 
 

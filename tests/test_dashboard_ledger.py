@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
 
+from gpufleet.analytics import vocabulary as words  # noqa: E402
 from gpufleet.analytics.core import Analysis  # noqa: E402
 from gpufleet.analytics.params import Filters, Params  # noqa: E402
 from gpufleet.dashboards import ui  # noqa: E402
@@ -48,12 +49,12 @@ def test_account_filter_narrows_every_figure(store, con, use_store):
     assert m["Busy"] == ui.gpu_h(t.busy_gpu_h) == "2.1 GPU-h"  # not the fleet's
     assert m["With data"] == ui.gpu_h(t.data_gpu_h)
     assert m["Allocated"] == ui.gpu_h(t.allocated_gpu_h)
-    assert m["Capacity"] == ui.NOT_ATTRIBUTABLE
+    assert m["Capacity"] == words.NOT_ATTRIBUTABLE
     assert any(x.startswith("Figures for account=physics only; unallocated capacity has no account") for x in texts(at))
     goto(at, "waste")
     m = metrics(at)
     assert m["Idle allocated"] == ui.gpu_h(t.idle_allocated_gpu_h)
-    assert m["Stranded (unallocated)"] == m["Stranded cost"] == ui.NOT_ATTRIBUTABLE
+    assert m["Stranded (unallocated)"] == m["Stranded cost"] == words.NOT_ATTRIBUTABLE
     assert any(x.startswith("Not shown: unallocated capacity has no account") for x in texts(at))
 
 
