@@ -33,14 +33,14 @@ def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]
     return [dict(zip(cols, row)) for row in found.fetchall()]
 
 
-def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20
-               ) -> tuple[list[Classified], list[Summed], list[dict[str, Any]]]:
+def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
+               bucket: timedelta | None = None) -> tuple[list[Classified], list[Summed], list[dict[str, Any]]]:
     """The window's attempts the report needs as rows, classified (sql.RELIABILITY_ATTEMPTS says which: a chain's with an
     attempt that did not complete, a job's that reported checkpoints, the `top` largest), the rest summed (figures' `summed`:
     completed or not ended, per GPU count and mix bucket), and each host's GPU-hours held (cluster, host, scheduler, gpu_hours).
-    `as_of`: where a running job's time ends (default: the window's end)."""
+    `as_of`: where a running job's time ends (default: the window's end); `bucket`: the mix's (default mix_bucket's)."""
     as_of = min(as_of or params.end, params.end)
-    bucket = mix_bucket(params.start, params.end)
+    bucket = bucket or mix_bucket(params.start, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
              "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top,
              "bucket_us": round(bucket.total_seconds() * 1_000_000), "resubmit_s": s.resubmit_window.total_seconds(),
@@ -105,12 +105,14 @@ class Read:
     summed: list[Summed]
     host_rows: list[dict[str, Any]]
     saved: Saved
+    bucket: timedelta  # the cause mix's, which `summed` is binned in and figures() bins the classified attempts in
 
 
 def read(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> Read:
     """The window's attempts and checkpoints (read_store, read_checkpoints): `top` as read_store's."""
+    bucket = mix_bucket(params.start, params.end)
     with gc_paused():
-        return Read(*read_store(con, params, s, as_of, top), read_checkpoints(con, params, as_of))
+        return Read(*read_store(con, params, s, as_of, top, bucket), read_checkpoints(con, params, as_of), bucket)
 
 
 def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
@@ -139,7 +141,7 @@ def _figures_and_lemons(params: Any, s: Settings, as_of: datetime | None, done: 
     classified, host_rows = done.classified, done.host_rows
     host_hours = {h["host"]: float(h["gpu_hours"]) for h in host_rows}
     where = {h["host"]: (h["cluster"], h["scheduler"]) for h in host_rows}
-    f = figures(classified, params.start, params.end, times, as_of=as_of, summed=done.summed)
+    f = figures(classified, params.start, params.end, times, bucket=done.bucket, as_of=as_of, summed=done.summed)
     by_node = node_failures(classified, params.start, params.end)
     evidence = {h: [f"job {c.attempt.job_id}: {c.reason}" for c in cs] for h, cs in by_node.items()}
     found = lemons({h: len(cs) for h, cs in by_node.items()}, host_hours, s.lemon_fp_rate, s.lemon_min_failures, evidence)
