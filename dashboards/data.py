@@ -481,19 +481,20 @@ def fleet_now_for(ctx_window: Window, now: datetime, version: int | None) -> dic
 @st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)
 def policy(key: tuple, version: int | None, tick: int | None = None) -> dict:
     """The idle-GPU policy (gpufleet.analytics.policy): the plan now (None without a [policy] section), with no action the job
-    nearest to one and why (a policy.NotYet, or None), the window's audit trail, and the actions whose latest attempt failed."""
+    nearest to one and why (a policy.NotYet, or None), whether it acts ([policy] enforce; None without the section), the
+    window's audit trail, and the actions whose latest attempt failed."""
     from gpufleet.analytics import policy as apolicy
 
     s, w, p = _request(key)
     con = reader(w.root)
     now = utcnow().replace(microsecond=0)
-    planned = closest = None
+    planned = closest = enforce = None
     if isinstance(s.doc.get("policy"), dict):
         rules = apolicy.load_rules(s.doc, s.config_path)
         plan = apolicy.plan_from_store(con, rules, p, now)
-        planned, closest = apolicy.plan_frame(plan), plan.closest
-    return {"planned": planned, "closest": closest, "past": apolicy.audit(con, w.start, w.end), "failing": apolicy.failing(con),
-            "as_of": now}
+        planned, closest, enforce = apolicy.plan_frame(plan), plan.closest, plan.enforce
+    return {"planned": planned, "closest": closest, "enforce": enforce, "past": apolicy.audit(con, w.start, w.end),
+            "failing": apolicy.failing(con), "as_of": now}
 
 
 @st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)

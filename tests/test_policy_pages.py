@@ -39,6 +39,9 @@ def test_jobs_and_health_pages_show_the_policy(tmp_path, monkeypatch):
                             "to": (now + timedelta(minutes=1)).isoformat(timespec="minutes")})
     at = clean(at.run())
     goto(at, "jobs")
+    # enforce unset: the page says that the plan is a plan and why nothing was done on its account
+    assert any(c.value.startswith("The policy only plans (enforce = false in [policy]): nothing listed here is mailed, cancelled or drained.")
+               for c in at.caption), [c.value for c in at.caption]
     planned = frame(at, "policy_planned")
     # 102 was notified 10 minutes ago (the audit row above): not planned again inside renotify_after
     assert dict(zip(planned["job_id"], planned["action"])) == {"101": "cancel", "research/nb-1": "escalate"}
@@ -57,7 +60,7 @@ def test_jobs_page_with_nothing_due_names_the_closest_job(tmp_path, monkeypatch)
     root = tmp_path / "store"
     tpa.build(root)
     cfg = tmp_path / "gpufleet.toml"
-    cfg.write_text('[policy]\nnotify_after = "6h"\nescalate_after = "7h"\ncancel_after = "8h"\nno_process_after = "6h"\n'
+    cfg.write_text('[policy]\nenforce = true\nnotify_after = "6h"\nescalate_after = "7h"\ncancel_after = "8h"\nno_process_after = "6h"\n'
                    'exempt_accounts = ["ops"]\n')
     monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(root))
     monkeypatch.setenv("GPUFLEET_CONFIG", str(cfg))
@@ -65,6 +68,9 @@ def test_jobs_page_with_nothing_due_names_the_closest_job(tmp_path, monkeypatch)
     at.query_params.update({"from": (now - timedelta(hours=2)).isoformat(timespec="minutes"),
                             "to": (now + timedelta(minutes=1)).isoformat(timespec="minutes")})
     at = goto(clean(at.run()), "jobs")
+    assert any(c.value.startswith("The policy acts (enforce = true): the collector's policy round carries out what is listed here.")
+               for c in at.caption), [c.value for c in at.caption]
+    assert "The policy did nothing in this window." in [c.value for c in at.container("policy_past").caption]
     said = [c.value for c in at.container("policy_planned").caption]
     assert any(c.startswith("No running job is due for a notification or a cancel. Closest: job 101 (hpc, nlp): all 2 GPUs idle since ")
                and "notify_after = 6 h: due at " in c for c in said), said

@@ -201,14 +201,17 @@ def policy_section(ctx: ui.Context) -> None:
     if pol["planned"] is None:
         st.caption("No [policy] section in the configuration: nothing is planned (gpufleet policy).")
     else:
-        st.caption(f"Planned as of {ui.when(pol['as_of'])}: the rule and the idle figures of each running job the policy would act on. "
+        acts = ("The policy acts (enforce = true): the collector's policy round carries out what is listed here. " if pol["enforce"] else
+                "The policy only plans (enforce = false in [policy]): nothing listed here is mailed, cancelled or drained. ")
+        st.caption(f"{acts}Planned as of {ui.when(pol['as_of'])}: the rule and the idle figures of each running job the policy would act on. "
                    "Opt-out tags (a Slurm comment or a pod annotation) are read from the scheduler only when the policy "
                    "acts, so a job listed here may still be skipped as opted out; the past actions below say what happened.")
         c = pol.get("closest")  # with nothing due: the job nearest to an action, and why it is not due yet
         why = f" Closest: job {c.job.job_id} ({c.job.cluster}, {c.job.account}): {c.reason}." if c else " No running job holds GPUs."
         ui.table(pol["planned"], key="policy_planned", empty="No running job is due for a notification or a cancel." + why)
     st.caption("Past notifications and actions in the window (every attempt, with its result), newest first.")
-    ui.table(pol["past"], key="policy_past", empty="The policy did nothing in this window.")
+    ui.table(pol["past"], key="policy_past", empty="The policy did nothing in this window" + (
+        " (it only plans: enforce = false)." if pol["planned"] is not None and not pol["enforce"] else "."))
 
 
 ui.run_page("Jobs", body)
