@@ -85,6 +85,8 @@ HEADERS = {
     "ettr": "ETTR", "gpu_hours": "GPU-h", "p_value": "p-value",
     "data_h": "time with data", "fb_used_mib": "memory MiB", "fb_used_max_mib": "memory high-water MiB",
     "ecc_dbe_vol": "ECC double-bit errors (volatile)", "remap_failure": "row-remap failure",
+    # (a GPU's last XID code and its last sample reporting it: the event tables date an XID by its first)
+    "last_xid": "last XID", "last_xid_at": "last XID last reported",
 }
 
 # How many decimals each kind of figure gets, everywhere
