@@ -148,6 +148,12 @@ class Attempt:
     submit: datetime | None = None
     attempt: int = 0
     gpus_held: tuple[tuple[str, str], ...] = ()
+    share: float = 1.0  # the GPU-equivalents each of its GPUs counts as: a MIG slice's share of its GPU (sql.mig_share), else 1
+
+    @property
+    def equiv(self) -> float | None:
+        """Its GPUs as GPU-equivalents (GPUs x share; None: the count is unknown): what its GPU-time counts in, as everywhere."""
+        return None if self.gpus is None else self.gpus * self.share
 
     @classmethod
     def from_job(cls, j: Mapping[str, Any], held: Iterable[tuple[str, str]] = (), attempt: int = 0) -> "Attempt":
@@ -379,9 +385,9 @@ def lost_since(a: Attempt, checkpoints: Checkpoints, until: datetime) -> tuple[d
 
 def interruption_loss(a: Attempt, checkpoints: Checkpoints, start: datetime) -> tuple[float, bool]:
     """(GPU-seconds, measured) an interrupted attempt of known GPU count and start lost inside a
-    window starting at `start`: its GPUs x the time from lost_since to its end."""
+    window starting at `start`: its GPU-equivalents x the time from lost_since to its end."""
     since, measured = lost_since(a, checkpoints, a.end)
-    return a.gpus * max(0.0, (a.end - max(since, start)).total_seconds()), measured
+    return a.equiv * max(0.0, (a.end - max(since, start)).total_seconds()), measured
 
 
 def _per_1000_gpu_days(n: int, gpu_h: float) -> float | None:
@@ -413,7 +419,7 @@ class Summed:
     """Attempts that completed or have not ended, summed by the store rather than listed (the report needs
     no row of them: most of a fleet's), per GPU count (None: unknown), cause and the mix bucket their end
     falls in (None: no end in the window). `ran`: how many ran in the window; `run_s`: their run_seconds_in;
-    `gpu_run_s`: GPUs x run_s; `wall_gpu_s`: GPUs x start to end (or as_of), goodput's others_gpu_s."""
+    `gpu_run_s`: GPU-equivalents (Attempt.equiv) x run_s; `wall_gpu_s`: those x start to end (or as_of), goodput's others_gpu_s."""
 
     gpus: int | None
     cause: str
@@ -463,7 +469,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         if a.gpus is None:
             unknown_attempts += run > 0
         else:
-            gpu_s += a.gpus * run
+            gpu_s += a.equiv * run
             known_attempts += run > 0
         ended = c.cause != "not_ended" and ends_in(a, start, end)
         if ended:
@@ -472,7 +478,7 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         row[0] += 1
         row[1] += ended and c.failed
         row[2] += run
-        row[3] += a.gpus * run if a.gpus is not None else 0.0  # (the "unknown" row's GPU-hours: None below)
+        row[3] += a.equiv * run if a.gpus is not None else 0.0  # (the "unknown" row's GPU-hours: None below)
     gpu_h = gpu_s / 3600
     interruptions = [c for c in in_window if c.interrupted]
     failures = [c for c in in_window if c.failed]
@@ -684,6 +690,7 @@ class Chain:
     interruptions: int  # attempts interrupted (INTERRUPTION_CAUSES)
     gpus: int | None  # the most GPUs an attempt held; None (unknown, never 0) when no attempt's count is known
     broken: bool  # an attempt did not complete (Classified.broken)
+    equiv: float | None = None  # those GPUs as GPU-equivalents (Attempt.equiv): what its GPU-time and MTTF count; None as gpus
 
     @property
     def ettr(self) -> float | None:
@@ -743,7 +750,7 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
         run = gaps = lost = 0.0
         upper = False
         interruptions = 0
-        gpus = None
+        gpus = equiv = None
         prev_end = None
         broken = False
         for c in chain:
@@ -760,19 +767,19 @@ def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | Non
                 lost += (a_end - since).total_seconds()
             interruptions += c.interrupted
             if a.gpus is not None and (gpus is None or a.gpus > gpus):
-                gpus = a.gpus
+                gpus, equiv = a.gpus, a.equiv
         first, last = chain[0].attempt, chain[-1].attempt
         wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
-        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus, broken))
+        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus, broken, equiv))
     return sorted(out, key=lambda ch: (-ch.wall_s * (ch.gpus or 0), ch.attempts[0].attempt.job_key))
 
 
 def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any]:
-    """The fleet's effective training time ratio over `chains` (whole, as link_chains made them), GPU-weighted:
+    """The fleet's effective training time ratio over `chains` (whole, as link_chains made them), weighted by GPU-equivalents:
     sum(GPUs x productive) / sum(GPUs x wall). `others_gpu_s`: GPU-seconds of work that completed, or still
     runs, at its first try (productive = wall), added to both sides. Lost: Chain.lost_s (user errors too, not only interruptions).
     A chain of unknown GPU count is left out, counted in unknown_gpu_chains."""
-    sized = [(ch.gpus, ch) for ch in chains if ch.gpus is not None]
+    sized = [(ch.equiv, ch) for ch in chains if ch.gpus is not None]
     wall = sum(n * ch.wall_s for n, ch in sized) + others_gpu_s
     productive = sum(n * ch.productive_s for n, ch in sized) + others_gpu_s
     lost = sum(n * ch.lost_s for n, ch in sized)
@@ -877,9 +884,10 @@ NO_ADVICE = {
 
 def checkpoint_advice(chain: Chain, gpu_failure_rate_per_h: float | None, checkpoint_save_s: float | None,
                       used_interval_s: float | None, checkpoints: int | None = None) -> dict[str, Any]:
-    """Young/Daly's interval for the chain's size (MTTF_N = 1 / (N r), r the fleet's per-GPU rate) and the job's
-    measured checkpoint cost, beside the interval it used; unknown with the reason (NO_ADVICE) where an input is."""
-    mttf_h = 1 / (chain.gpus * gpu_failure_rate_per_h) if gpu_failure_rate_per_h and chain.gpus else None
+    """Young/Daly's interval for the chain's size (MTTF_N = 1 / (N r), r the fleet's per-GPU rate, N its GPU-equivalents as
+    r's GPU-hours count them) and the job's measured checkpoint cost, beside the interval it used; unknown with the reason
+    (NO_ADVICE) where an input is."""
+    mttf_h = 1 / (chain.equiv * gpu_failure_rate_per_h) if gpu_failure_rate_per_h and chain.gpus else None
     advised = young_daly_interval_s(checkpoint_save_s, mttf_h * 3600) if mttf_h and checkpoint_save_s is not None else None
     why = None
     if advised is None:

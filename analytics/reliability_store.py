@@ -65,8 +65,8 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
                              r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
                       for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
             cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
-            # (RELIABILITY_LISTED's columns are Attempt's fields in order, the GPUs held last: hosts, uuids)
-            attempts = [Attempt(*r[:-2], gpus_held=tuple(zip(r[-2], r[-1])) if r[-2] else ()) for r in listed]
+            # (RELIABILITY_LISTED's columns are Attempt's fields in order, then the MIG share and the GPUs held: hosts, uuids)
+            attempts = [Attempt(*r[:-3], share=r[-3], gpus_held=tuple(zip(r[-2], r[-1])) if r[-2] else ()) for r in listed]
             # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
             events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                       for e in found.result().iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
@@ -160,14 +160,14 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
     linked = chain_candidates(classified, s)
     chains = link_chains(linked, times, s, until)
     in_chains = {id(c) for c in linked}
-    others_gpu_s = sum(c.attempt.gpus * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
+    others_gpu_s = sum(c.attempt.equiv * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
                        for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains
                        ) + sum(x.wall_gpu_s for x in summed)
     # (the first `top` of each order: heapq.nsmallest is sorted()[:top] without sorting every chain)
     interrupted_chains = heapq.nsmallest(top, (ch for ch in chains if ch.interruptions),
-                                         key=lambda ch: (-(ch.gpus or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
+                                         key=lambda ch: (-(ch.equiv or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
     interrupted = heapq.nsmallest(top, (c for c in classified if c.interrupted and ends_in(c.attempt, params.start, params.end)),
-                                  key=lambda c: -(c.attempt.gpus or 0) * run_seconds_in(c.attempt, params.start, params.end))
+                                  key=lambda c: -(c.attempt.equiv or 0) * run_seconds_in(c.attempt, params.start, params.end))
     return {
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat()},
@@ -268,7 +268,7 @@ def _attempt_row(c: Classified, times: dict) -> dict[str, Any]:
             "start": a.start, "end": a.end, "state": a.state_raw or a.state, "cause": c.cause, "reason": c.reason,
             # the work it lost: from its last reported checkpoint (measured), else from its start (an upper bound)
             "lost_since": since, "lost_basis": "measured" if measured else "upper bound",
-            "lost_gpu_h": a.gpus * (a.end - since).total_seconds() / 3600 if since is not None and a.gpus is not None else None,
+            "lost_gpu_h": a.equiv * (a.end - since).total_seconds() / 3600 if since is not None and a.gpus is not None else None,
             "evidence": [{"ts": e.ts, "host": e.host, "gpu": e.gpu, "gpu_uuid": e.gpu_uuid, "kind": e.kind, "code": e.code}
                          for e in c.evidence]}
 

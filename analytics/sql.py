@@ -201,8 +201,17 @@ _RECORD_RUN_END = 'coalesce(j."end", $as_of)'
 _RUN = f"CASE WHEN j.start IS NOT NULL THEN {clip_seconds('j.start', _RECORD_RUN_END)} ELSE 0 END"
 # the job {t}'s record ran in the window
 _RAN_IN_WINDOW = '{t}.start IS NOT NULL AND {t}.start < $end AND coalesce({t}."end", $as_of) > $start'
+
+
+def window_jobs(only: str = "") -> str:
+    """The jobs (JOB_FILTERS{only}) whose record ran in the window or that had an attempt in it, each with gpu_share
+    (jobs_shared): the allocated figures' jobs (JOB_ALLOCATED) and the reliability report's (_attempt_rows), one set."""
+    return jobs_shared(JOB_FILTERS + only, ran=_RAN_IN_WINDOW.format(t="jobs"),
+                       attempted=_ATTEMPTED.format(also=' AND coalesce("end", $as_of) > $start'))
+
+
 JOB_ALLOCATED = f"""
-WITH j AS {jobs_shared(JOB_FILTERS, ran=_RAN_IN_WINDOW.format(t="jobs"), attempted=_ATTEMPTED.format(also=' AND coalesce("end", $as_of) > $start'))},
+WITH j AS {window_jobs()},
 e AS (
     SELECT cluster, scheduler, job_key, sum({clip_seconds("r0", "r1")}) AS run_s, sum(gpus * {clip_seconds("r0", "r1")}) AS gpu_s,
            list(struct_pack(r0 := r0, r1 := r1, gpus := gpus) ORDER BY r0) AS runs
@@ -867,9 +876,9 @@ def _attempt_rows(only: str = "", held: bool = True) -> str:
     conditions on the jobs ("AND ..."), whose few jobs are then kept (else the jobs are read where used);
     `held`: with the GPUs of the attempts whose evidence can decide their cause (False: GPU counts accounting lacks)."""
     return f"""
-WITH f AS {"MATERIALIZED" if only else "NOT MATERIALIZED"} (SELECT * FROM jobs WHERE {JOB_FILTERS}{only}),
+WITH f AS {"MATERIALIZED" if only else "NOT MATERIALIZED"} {window_jobs(only)},
 p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the window
-    SELECT p.*, f.user_name, f.account, f.name, f.gpus AS job_gpus, f.start AS job_start
+    SELECT p.*, f.user_name, f.account, f.name, f.gpus AS job_gpus, f.start AS job_start, f.gpu_share
     FROM job_attempts p JOIN f ON f.cluster = p.cluster AND f.scheduler = p.scheduler AND f.job_key = p.job_key
     WHERE p.start < $end AND coalesce(p."end", $as_of) > $start AND p.start IS DISTINCT FROM f.start
 ), restarted AS (  -- a pod's current run starts after its containers' earlier runs ended (same pod, same start)
@@ -880,14 +889,14 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 ), j AS NOT MATERIALIZED (  -- (j, and RELIABILITY_ATTEMPTS' l, computed for each reader, not held:
     -- 1 GiB less at 4.8M attempts, no slower)
     SELECT f.cluster, f.scheduler, f.job_key, f.job_id, f.state, f.state_raw, f.exit_code, greatest(f.start, r.after) AS start, f."end",
-           f.gpus, f.user_name, f.account, f.name, f.nodes, f.submit
+           f.gpus, f.user_name, f.account, f.name, f.nodes, f.submit, f.gpu_share
     FROM f LEFT JOIN restarted r ON r.cluster = f.cluster AND r.scheduler = f.scheduler AND r.job_key = f.job_key
     WHERE f.start IS NOT NULL AND f.start < $end AND coalesce(f."end", $as_of) > $start
     UNION ALL
     SELECT cluster, scheduler, job_key, coalesce(job_id, job_key), state, state_raw, exit_code, start,
            -- a record a later one superseded before its end was read ran until the next started at the latest
            coalesce("end", CASE WHEN start < job_start THEN job_start END), coalesce(gpus, job_gpus),
-           user_name, account, name, nodes, submit
+           user_name, account, name, nodes, submit, gpu_share
     FROM p
 ), held AS (  -- each attempt's GPUs: its job's allocations seen while it ran (read only for the attempts
     -- that need them: evidence can decide their cause, or accounting lacks their GPU count)
@@ -901,7 +910,7 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
     GROUP BY j.cluster, j.scheduler, j.job_key, j.start
 ), a AS (
     SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.state, j.state_raw, j.exit_code, j.start, j."end",
-           coalesce(j.gpus, h.mapped_gpus) AS gpus, j.user_name, j.account, j.name, j.nodes, j.submit, h.held,
+           coalesce(j.gpus, h.mapped_gpus) AS gpus, j.user_name, j.account, j.name, j.nodes, j.submit, j.gpu_share AS share, h.held,
            upper(coalesce(nullif(j.state, ''), 'UNKNOWN')) AS ustate,
            list_contains($ended_states, ustate) AND ustate <> 'COMPLETED' AS broken
     FROM j LEFT JOIN held h ON h.cluster = j.cluster AND h.scheduler = j.scheduler AND h.job_key = j.job_key AND h.start = j.start
@@ -945,7 +954,7 @@ RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attemp
     SELECT cluster, scheduler, job_key FROM l WHERE NOT linked AND start IS NOT NULL
     ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start LIMIT $top
 )
-SELECT cluster, scheduler, job_key, start, "end", gpus, ustate,
+SELECT cluster, scheduler, job_key, start, "end", gpus, share, ustate,
        linked OR reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
                                      AND t.job_key = l.job_key) AS listed
 FROM l
@@ -955,18 +964,19 @@ FROM l
 RELIABILITY_LISTED = _attempt_rows(" AND EXISTS (SELECT 1 FROM _rel_attempts r WHERE r.listed AND r.cluster = jobs.cluster "
                                    "AND r.scheduler = jobs.scheduler AND r.job_key = jobs.job_key)") + """
 SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw, exit_code, user_name, account, name, nodes,
-       submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt,
+       submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt, share,
        list_transform(held, lambda g: g.host) AS held_hosts, list_transform(held, lambda g: g.gpu_uuid) AS held_uuids
 FROM a ORDER BY cluster, scheduler, job_key, start
 """
 # ... and the rest summed (reliability.Summed) as figures() and goodput count them: per GPU count, completed or
 # not, and the cause mix's bucket ($bucket_us from $start) of its end (NULL: none in the window); microseconds run
-# in [$start, $end) (unended: to $as_of), GPUs x those, and GPUs x start to end (or $as_of), the goodput's wall
+# in [$start, $end) (unended: to $as_of), GPU-equivalents (GPUs x MIG share) x those, and x start to end (or $as_of),
+# the goodput's wall
 RELIABILITY_SUMMED = """
 SELECT gpus, ustate = 'COMPLETED' AS completed,
        CASE WHEN ustate = 'COMPLETED' AND "end" >= $start AND "end" < $end THEN (epoch_us("end") - epoch_us($start)) // $bucket_us END AS k,
-       count(*) AS attempts, count(*) FILTER (WHERE run_us > 0) AS ran, sum(run_us) AS run_us, sum(gpus * run_us) AS gpu_run_us,
-       sum(gpus * greatest(0, epoch_us(coalesce("end", $as_of)) - epoch_us(start))) FILTER (WHERE start IS NOT NULL) AS wall_gpu_us
+       count(*) AS attempts, count(*) FILTER (WHERE run_us > 0) AS ran, sum(run_us) AS run_us, sum(gpus * share * run_us) AS gpu_run_us,
+       sum(gpus * share * greatest(0, epoch_us(coalesce("end", $as_of)) - epoch_us(start))) FILTER (WHERE start IS NOT NULL) AS wall_gpu_us
 FROM (SELECT *, CASE WHEN start IS NULL THEN 0
                      ELSE greatest(0, epoch_us(least(coalesce("end", $as_of), $end)) - epoch_us(greatest(start, $start))) END AS run_us
       FROM _rel_attempts WHERE NOT listed)
@@ -991,14 +1001,18 @@ SELECT DISTINCT cluster, scheduler, job_key FROM policy_audit
 WHERE action = 'cancel' AND enforce AND result = 'ok' AND ts < $end + INTERVAL 1 DAY
 """
 
-# GPU-hours each host's GPUs were held in [$start, $end) (the mapping's allocations, clipped): a node's exposure
-# in the lemon test; and the scheduler most of those holds in the window are of (a drain goes through it)
+# GPU-hours each host's GPUs were held in [$start, $end) (the mapping's allocations, clipped; a MIG instance at its share,
+# from the inventory's profile, 1 where the inventory lacks the instance, as mig_share takes a profile it cannot read): a
+# node's exposure in the lemon test; and the scheduler most of those holds in the window are of (a drain goes through it).
+# Only the allocations that may hold past $start are read (allocations_ending_after), not the store's whole history.
 RELIABILITY_HOST_GPU_HOURS = f"""
 SELECT a.cluster, a.host, mode(a.scheduler) FILTER (WHERE {clip_seconds(ALLOCATION_START, ALLOCATION_END)} > 0) AS scheduler,
-       sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)}) / 3600 AS gpu_hours
-FROM allocations a
+       sum({clip_seconds(ALLOCATION_START, ALLOCATION_END)} * coalesce(g.equiv, 1.0)) / 3600 AS gpu_hours
+FROM {allocations_ending_after("$start")} a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
+LEFT JOIN (SELECT cluster, host, gpu_uuid, gpu_instance, {gpu_equiv("gpus")} AS equiv FROM gpus) g
+  ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
 WHERE {ALLOCATION_FILTERS}
 GROUP BY a.cluster, a.host HAVING gpu_hours > 0
 ORDER BY a.cluster, a.host

@@ -31,6 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpufleet.analytics import reliability_store
 from gpufleet.analytics.core import JOB_FILTER_DIMS, JOB_FILTER_NAMES, Analysis, unknown_filter_values
 from gpufleet.analytics.fairness import fairness
 from gpufleet.analytics.params import Filters, Params
@@ -182,6 +183,18 @@ def test_team_figures_add_up_to_the_fleet_with_mig_shares(fleet):
         for job in fleet["jobs"]:
             got = col_sum(jobs.filter(pl.col("job_key") == job["key"]), "allocated_gpu_h")
             assert got == pytest.approx(expected_allocated(fleet, job), **TOL), job
+
+        # ... and the reliability report's GPU-hours (its rates' exposure, lost share's denominator) are the same allocated
+        # GPU-hours: a MIG slice's attempt counts at its share there too, not as a whole GPU
+        rel = reliability_store.report(con, an.p, as_of=at(fleet["now"]))["figures"]
+        assert (rel["allocated_gpu_hours"] or 0.0) == pytest.approx(t.allocated_gpu_h, **TOL)
+        assert sum(r["gpu_hours"] or 0.0 for r in rel["mttf_by_size"]) == pytest.approx(t.allocated_gpu_h, **TOL)
+        # the lemon test's exposure: the hosts' held GPU-hours, each allocation (its job's run, a running one to its last
+        # sighting + max_gap) at its slice's share
+        held = sum(share(fleet["gpus"][i]) * max(0, min(b, j["end"] if j["end"] is not None else j["seen_until"] + MAX_GAP) - max(a, j["start"]))
+                   for j in fleet["jobs"] for i in j["held"]) / 3600
+        hosts = reliability_store.read(con, an.p, as_of=at(fleet["now"])).host_rows
+        assert sum(float(h["gpu_hours"]) for h in hosts) == pytest.approx(held, **TOL)
 
         # 1. sum over accounts = the fleet's attributable figure
         assert col_sum(acct, "allocated_gpu_h") == pytest.approx(t.allocated_gpu_h, **TOL)
