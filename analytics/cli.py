@@ -212,7 +212,7 @@ def print_queue_gaps(q: dict[str, Any], out: TextIO) -> None:
               ["job_id", "account", "user_name", "partition", "model", "gpus", "waited_h", "fit_h", "fit_gpu_h"])
     for why, n in q["not_counted"].items():
         if n:
-            out.write(f"  not counted: {n} waiting jobs, {why}\n")
+            out.write(f"  not counted: {words.quantity(n, 'waiting job')}, {why}\n")
 
 
 def fmt(v: Any, key: str = "") -> str:

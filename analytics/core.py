@@ -162,7 +162,7 @@ def unknown_gpu_jobs(a: "Analysis") -> list[str]:
     if not n:
         return []
     more = f" and {n - len(first)} more" if n > len(first) else ""
-    return [f"{n} job{'s' if n != 1 else ''} of this window ({', '.join(first)}{more}) ha{'ve' if n != 1 else 's'} an unknown GPU "
+    return [f"{words.quantity(n, 'job')} of this window ({', '.join(first)}{more}) ha{'ve' if n != 1 else 's'} an unknown GPU "
             "count: the accounting names no GPU for them (add gres/gpu to AccountingStorageTRES in slurm.conf) and neither "
             "slurmctld nor the exporters' job mapping said it; their allocated GPU-hours are unknown and not in the allocated figures"]
 

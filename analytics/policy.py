@@ -262,7 +262,7 @@ def due(job: JobFacts, rules: Rules) -> tuple[str, str, str] | None:
     idle = job.idle_s
     if idle is None:
         return None
-    figures = f"all {job.gpus} GPU{'s' if job.gpus != 1 else ''} idle for {words.duration(idle)}"
+    figures = f"all {words.quantity(job.gpus, 'GPU')} idle for {words.duration(idle)}"
     if idle >= rules.cancel_after.total_seconds():
         return "cancel", "cancel_after", f"{figures} (cancel_after = {words.duration(rules.cancel_after.total_seconds())})"
     if idle >= rules.escalate_after.total_seconds():
@@ -281,7 +281,7 @@ def not_yet(job: JobFacts, rules: Rules, as_of: datetime) -> NotYet | None:
     due if nothing changes, or what keeps every rule from counting. None unless running with GPUs."""
     if job.state != "RUNNING" or job.gpus <= 0:
         return None
-    n = f"{job.gpus} GPU{'s' if job.gpus != 1 else ''}"
+    n = words.quantity(job.gpus, "GPU")
     if job.reporting < job.gpus:
         return NotYet(job, None, None, None, f"{job.gpus - job.reporting} of its {n} not reporting (a GPU without fresh data is "
                                              "neither idle nor busy): no rule counts until every GPU reports")

@@ -276,9 +276,14 @@ def known_gpu_h(x: float | None, unknown_jobs: int = 0) -> str:
     return UNKNOWN if bad(x) else ("at least " if unknown_jobs else "") + figure("allocated_gpu_h", x)
 
 
+def quantity(n: int, noun: str) -> str:
+    """`n` of a countable `noun`, its plural an s: "1 job", "2 jobs", "1,024 GPUs"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def unknown_gpu_counts(n: int) -> str:
     """What `n` (> 0) jobs of unknown GPU count do to the allocated figures, one sentence."""
-    return (f"{n:,} job{'s' if n != 1 else ''} of this window ha{'ve' if n != 1 else 's'} an unknown GPU count (the accounting "
+    return (f"{quantity(n, 'job')} of this window ha{'ve' if n != 1 else 's'} an unknown GPU count (the accounting "
             "names no GPU, and neither slurmctld nor the job mapping said it: see the Health page); allocated GPU-hours sum "
             "the jobs whose count is known - at least that much - and are unknown where none is, never 0")
 

@@ -166,3 +166,10 @@ def test_a_column_s_kind_is_told_by_its_name_once_for_the_pages_and_the_cli(colu
 
 def test_a_listing_reads_as_a_sentence():
     assert [words.listing(x) for x in ([], ["a"], ["a", "b"], ["a", "b", "c"])] == ["", "a", "a and b", "a, b and c"]
+
+
+@pytest.mark.parametrize("n, noun, text", [(0, "job", "0 jobs"), (1, "job", "1 job"), (1, "waiting job", "1 waiting job"),
+                                           (2, "GPU", "2 GPUs"), (16384, "GPU", "16,384 GPUs")])
+def test_a_quantity_is_singular_for_one_alone(n, noun, text):
+    """One plural rule for every "n things" the surfaces write ("not counted: 1 waiting jobs" was the CLI's)."""
+    assert words.quantity(n, noun) == text

@@ -147,7 +147,7 @@ def queue_gaps(ctx: ui.Context) -> None:
     ui.table(g.pools.filter(pl.col("gap_gpu_h") > 0), key="waste_queue_gaps", empty="No pending job waited while it would have fit.",
              sort="largest gap first")
     if not g.jobs.is_empty():
-        with st.expander(f"The {g.jobs.height:,} jobs that waited while they would have fit"):
+        with st.expander(f"The jobs that waited while they would have fit ({words.quantity(g.jobs.height, 'job')})"):
             ui.table(g.jobs.drop("job_key"), key="waste_queue_jobs", sort="most GPU-hours waited while they fit first")
     left = [f"{n} {why}" for why, n in g.not_counted.items() if n]
     if left:
