@@ -315,7 +315,7 @@ def test_health(store, con, use_store):
     assert m["GPUs throttled"] == "1"
     # the temperature map's colours on a fixed scale, not the window's own range (a healthy 70 C read alarm red)
     spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
-    assert spec["encoding"]["color"]["scale"] == {"scheme": "orangered", "domain": [30, 90], "clamp": True}
+    assert spec["encoding"]["color"]["scale"] == {"scheme": "redyellowblue", "reverse": True, "domain": [30, 90], "clamp": True}
     shown = frame(at, "health_events")
     assert_table(shown, ui.with_event_codes(ev), ["ts", "host", "gpu", "kind", "code", "samples", "detail"])
     # each kind in words; an XID's code; a dash, not "unknown", for the kinds that have none (this store has XIDs and other kinds)

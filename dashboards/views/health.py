@@ -17,8 +17,9 @@ UNRECOGNIZED_SCHEMA = {"last_seen": pl.Datetime("us"), "source": pl.Utf8, "input
                        "count": pl.Int64, "first_seen": pl.Datetime("us")}
 
 
-# The temperature map's colour scale, fixed (values outside it take its end colours): a colour says how hot a GPU was, not how
-# hot against this window's hottest (scaled to the data, a fleet at a healthy 70 C read all dark red)
+# The temperature map's colour scale, fixed (values outside it take its end colours), blue (cool) through yellow to red (hot):
+# a colour says how hot a GPU was, not how hot against this window's hottest (scaled to the data, in light to dark red, a fleet
+# at a healthy 70 C read all dark red)
 TEMP_SCALE_C = (30, 90)
 
 
@@ -27,7 +28,7 @@ def temp_heatmap(df: pl.DataFrame, bucket: timedelta) -> alt.Chart:
     df = ui.utc_times(df.with_columns((pl.col("bucket") + bucket).alias("bucket_end")))
     return alt.Chart(df).mark_rect().encode(  # every host's row labelled: the chart grows with the hosts
         x=ui.time_x(df["bucket"].min(), df["bucket_end"].max()), x2="bucket_end:T", y=alt.Y("host:N", sort=hosts, title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
-        color=alt.Color("gpu_temp_max_c:Q", title="hottest GPU °C", scale=alt.Scale(scheme="orangered", domain=list(TEMP_SCALE_C), clamp=True)),
+        color=alt.Color("gpu_temp_max_c:Q", title="hottest GPU °C", scale=alt.Scale(scheme="redyellowblue", reverse=True, domain=list(TEMP_SCALE_C), clamp=True)),
         tooltip=["host:N", ui.time_tooltip(), alt.Tooltip("gpu_temp_max_c:Q", title="max °C", format=".0f"),
                  alt.Tooltip("gpu_temp_avg_c:Q", title="mean °C", format=".1f"), alt.Tooltip("mem_temp_max_c:Q", title="memory max °C", format=".0f")],
     ).properties(height=max(120, 18 * len(hosts) + 40))
@@ -83,7 +84,7 @@ def body(ctx: ui.Context) -> None:
         st.caption("No temperature samples in this window.")
     else:
         st.caption(f"Hottest GPU of each host per {ui.duration(bucket.total_seconds())}, in buckets on the clock (UTC): "
-                   "the window's first and last buckets may cover only part of theirs. Colours on a fixed scale, "
+                   "the window's first and last buckets may cover only part of theirs. Colours on a fixed scale, blue to red, "
                    f"{TEMP_SCALE_C[0]} to {TEMP_SCALE_C[1]} °C (data-centre GPUs slow down in the mid to high 80s: our H100's NVML limits put it at about 85 °C); the throttling "
                    "table below says where heat slowed a GPU.")
         st.altair_chart(temp_heatmap(temp, bucket), width="stretch")
