@@ -115,11 +115,11 @@ def test_a_node_s_exposure_and_scheduler_are_its_window_s_holds():
     import duckdb
 
     from gpufleet.analytics import sql
-    from gpufleet.collector.schema import ALLOCATIONS_DDL, JOB_ATTEMPTS_DDL, JOBS_DDL
+    from gpufleet.collector.schema import ALLOCATIONS_DDL, GPUS_DDL, JOB_ATTEMPTS_DDL, JOBS_DDL
 
     T0 = datetime(2026, 11, 2)
     con = duckdb.connect()
-    for ddl in (JOBS_DDL, ALLOCATIONS_DDL, JOB_ATTEMPTS_DDL):
+    for ddl in (JOBS_DDL, ALLOCATIONS_DDL, JOB_ATTEMPTS_DDL, GPUS_DDL):  # (no inventory row: the GPU counts whole)
         con.execute(ddl)
     rows = [("slurm", f"s{k}", T0 - timedelta(days=k + 1), T0 - timedelta(days=k + 1) + timedelta(hours=2)) for k in range(3)]
     rows += [("kubernetes", "ns/p0", T0 + timedelta(hours=1), T0 + timedelta(hours=3))]
