@@ -140,7 +140,7 @@ def build_report(con, params, by: str, top: int, job: str | None, now: datetime 
 
 def _report(con, params, by: str, top: int, job: str | None, now: datetime | None, shares: dict[str, float] | None,
             half_life: timedelta, state_thresholds: Any, previous: Future, gaps: Future) -> dict[str, Any]:
-    from gpufleet.analytics.core import Analysis, capacity_warnings, unknown_filter_values, unknown_gpu_jobs
+    from gpufleet.analytics.core import Analysis, totals_warnings, unknown_filter_values, unknown_gpu_jobs
     from gpufleet.analytics.fairness import SHARES_SOURCES, fairness
     from gpufleet.analytics.jobs import job_report
     from gpufleet.analytics.states import Thresholds
@@ -157,7 +157,7 @@ def _report(con, params, by: str, top: int, job: str | None, now: datetime | Non
             "gpu_retire_after_s": params.retire_after.total_seconds(),
         },
         "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
-        "warnings": unknown_filter_values(con, params.filters) + a.edge_warnings() + unknown_gpu_jobs(a) + capacity_warnings(totals),
+        "warnings": unknown_filter_values(con, params.filters) + a.edge_warnings() + unknown_gpu_jobs(a) + totals_warnings(totals),
         "totals": {k: _plain(v) for k, v in asdict(totals).items()},
         "trend": rows(base.compare(totals)),
         "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,

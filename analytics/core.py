@@ -67,6 +67,10 @@ class Totals:
     scope: str = "fleet"
     not_attributable_reason: str | None = None
     allocated_unknown_jobs: int = 0  # jobs of unknown GPU count, left out of allocated_gpu_h
+    # under a GPU model filter: jobs no exporter mapped to a GPU of known model (so of unknown model), left out of every figure,
+    # and their allocated GPU-hours on whatever model they held (None: none of their GPU counts is known)
+    model_unknown_jobs: int = 0
+    model_unknown_gpu_h: float | None = None
 
 
 def money(df: pl.DataFrame, hours: str, price: str = "usd_per_gpu_hour") -> float | None:
@@ -165,6 +169,23 @@ def unknown_gpu_jobs(a: "Analysis") -> list[str]:
     return [f"{words.quantity(n, 'job')} of this window ({', '.join(first)}{more}) ha{'ve' if n != 1 else 's'} an unknown GPU "
             "count: the accounting names no GPU for them (add gres/gpu to AccountingStorageTRES in slurm.conf) and neither "
             "slurmctld nor the exporters' job mapping said it; their allocated GPU-hours are unknown and not in the allocated figures"]
+
+
+def model_unknown_warnings(t: Totals) -> list[str]:
+    """A warning, under a GPU model filter, for the window's jobs the filter cannot place: no exporter mapped them to a GPU
+    of known model, so their allocated GPU-hours are in no model's figures (sql.MODEL_UNKNOWN_JOBS)."""
+    if not t.model_unknown_jobs:
+        return []
+    n = t.model_unknown_jobs
+    held = f" ({words.gpu_h(t.model_unknown_gpu_h)} GPU-h allocated)" if t.model_unknown_gpu_h is not None else ""
+    return [f"{words.quantity(n, 'job')} of this window{held} ha{'ve' if n != 1 else 's'} no GPU of known model in the job mapping "
+            "(no exporter saw {0} on a GPU): a GPU model filter cannot place {0}, so {0} {1} in no model's figures".format(
+                "them" if n != 1 else "it", "are" if n != 1 else "is")]
+
+
+def totals_warnings(t: Totals) -> list[str]:
+    """What a reader of the totals must be told beside them, on every surface: capacity_warnings, model_unknown_warnings."""
+    return capacity_warnings(t) + model_unknown_warnings(t)
 
 
 def capacity_warnings(t: Totals) -> list[str]:
@@ -446,10 +467,12 @@ class Analysis:
         return self.q(sql.JOB_RUNTIMES, tables={"_jobs": jobs})
 
     def totals(self) -> Totals:
-        if self.job_filtered:
-            return self._job_totals()
-        return fleet_totals(self.per_gpu(), self.q(sql.ALLOCATED_GPU_H_TOTAL), self.idle_stretches("idle"), self.idle_stretches("no_process"),
-                            self.p.filters)
+        t = self._job_totals() if self.job_filtered else fleet_totals(
+            self.per_gpu(), self.q(sql.ALLOCATED_GPU_H_TOTAL), self.idle_stretches("idle"), self.idle_stretches("no_process"), self.p.filters)
+        if self.p.filters.model is None:
+            return t
+        n, _, gpu_h = self.q(sql.MODEL_UNKNOWN_JOBS).row(0)
+        return replace(t, model_unknown_jobs=n, model_unknown_gpu_h=gpu_h)
 
     def _selection_no_data(self) -> float:
         """A job filter's no data: allocated minus data, clipped at 0 per row of the filter's own dimension

@@ -183,14 +183,19 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
         raise ValueError(f"half_life {half_life} must be positive")
     f = analysis.p.filters
     unselected = {k: None for k in JOB_FILTER_NAMES}
-    across = filter_scope(replace(f, model=None, **unselected))  # the queries select jobs by cluster, not model
-    if not_attributable_reason(f) is None:
+    # teams are compared across the cluster, whatever model the GPUs are: a GPU model filter weighs a job's allocated
+    # GPU-hours by its GPUs on that model (sql.JOB_ALLOCATED), which would compare a team's A100 hours with its entitlement
+    # to the whole cluster and its decayed usage on every model
+    across = filter_scope(replace(f, model=None, **unselected))
+    if not_attributable_reason(f) is None and f.model is None:
         return _fairness(analysis, shares, half_life, across)
-    whole = analysis.job_window(replace(f, **unselected))
+    whole = analysis.job_window(replace(f, model=None, **unselected))
     try:
         fleet = _fairness(whole, shares, half_life, across)
     finally:
         whole.close()
+    if not_attributable_reason(f) is None:  # a model filter alone selects no team: every row
+        return fleet
     # the rows shown: its jobs' accounts (with demand, usage, decayed usage or unknown demand), and the filtered account
     mine = set(analysis.q(sql.FAIRNESS_USERS)["account"].to_list())
     mine |= set(analysis.q(sql.FAIRNESS_DECAYED, half_life=half_life.total_seconds())["account"].to_list())

@@ -210,6 +210,23 @@ def window_jobs(only: str = "") -> str:
                        attempted=_ATTEMPTED.format(also=' AND coalesce("end", $as_of) > $start'))
 
 
+# Under a GPU model filter ($model), each job's share of its mapped GPU-equivalents on that model: every allocation of the
+# jobs `j` (a job's GPUs are the job's, whenever the mapping saw them: a running job's last sighting may lie before the
+# window), each GPU at its MIG share, on the inventory's models (a GPU the inventory lacks has none). A job the mapping never
+# saw on a GPU of known model has no row: its model is unknown. Read nothing without a model filter (DuckDB folds the
+# $model IS NOT NULL away).
+_MODEL_SHARES = f"""(
+    SELECT a.cluster, a.scheduler, a.job_key, sum(CASE WHEN g.model = $model THEN g.equiv ELSE 0 END) / sum(g.equiv) AS model_share
+    FROM allocations a SEMI JOIN j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+    JOIN (SELECT cluster, host, gpu_uuid, gpu_instance, model, {gpu_equiv("gpus")} AS equiv FROM gpus WHERE model IS NOT NULL) g
+      ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    WHERE $model IS NOT NULL
+    GROUP BY ALL)"""
+# ... and a job's factor in the allocated figures: that share under a model filter (a job the filter's model holds no part
+# of, or of unknown model, is not the filter's: JOB_ALLOCATED leaves it out, MODEL_UNKNOWN_JOBS counts those of unknown
+# model), else 1
+_MODEL_FACTOR = "CASE WHEN $model IS NULL THEN 1.0 ELSE ms.model_share END"
+
 JOB_ALLOCATED = f"""
 WITH j AS {window_jobs()},
 e AS (
@@ -219,13 +236,23 @@ e AS (
 )
 SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.gpus, j.gpu_type, j.gpu_share,
        j.gpus_source, j.submit, j.start, j."end",
-       {_RUN} + coalesce(e.run_s, 0) AS run_s,
-       j.gpu_share * (j.gpus * {_RUN} + coalesce(e.gpu_s, 0)) AS alloc_gpu_s,
+       {_RUN} + coalesce(e.run_s, 0) AS run_s, {_MODEL_FACTOR} AS model_share,
+       j.gpu_share * {_MODEL_FACTOR} * (j.gpus * {_RUN} + coalesce(e.gpu_s, 0)) AS alloc_gpu_s,
        CASE WHEN e.runs IS NOT NULL AND j.start IS NOT NULL
             THEN list_append(e.runs, struct_pack(r0 := j.start, r1 := {_RECORD_RUN_END}, gpus := j.gpus))
             ELSE e.runs END AS runs
 FROM j LEFT JOIN e ON e.cluster = j.cluster AND e.scheduler = j.scheduler AND e.job_key = j.job_key
-WHERE ({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0
+LEFT JOIN {_MODEL_SHARES} ms ON ms.cluster = j.cluster AND ms.scheduler = j.scheduler AND ms.job_key = j.job_key
+WHERE (({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0) AND ($model IS NULL OR ms.model_share > 0)
+"""
+# The window's jobs a GPU model filter leaves out for want of a model: no GPU of known model mapped to them (how many, the
+# first few as people write them, and their allocated GPU-hours on any model; the known jobs' alone where a count is unknown)
+MODEL_UNKNOWN_JOBS = f"""
+WITH j AS {window_jobs()}
+SELECT count(*) AS n, list(coalesce(j.job_id, j.job_key) ORDER BY coalesce(j.job_id, j.job_key))[:5] AS first,
+       sum(j.gpu_share * j.gpus * {_RUN}) / 3600 AS gpu_h
+FROM j ANTI JOIN {_MODEL_SHARES} ms ON ms.cluster = j.cluster AND ms.scheduler = j.scheduler AND ms.job_key = j.job_key
+WHERE $model IS NOT NULL AND {_RAN_IN_WINDOW.format(t="j")}
 """
 # ... computed once per analysis as the temp table ja, which every job query below reads
 JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
@@ -301,12 +328,12 @@ _CAPACITY_SPANS = f"""(SELECT g.cluster, g.model, g.first_seen AS c0, {CAPACITY_
 TIMELINE_CAPACITY = (f"SELECT {_TIMELINE_GPU_COLS} k, sum(s * equiv) / 3600 AS capacity_gpu_h "
                      f"FROM ({split_at_buckets(_CAPACITY_SPANS, 'c0', 'c1', _TIMELINE_GPU_COLS + 'equiv')}) GROUP BY ALL")
 
-# a job holds alloc_gpu_s / run_s GPUs (count x MIG share) each second it runs; one with earlier attempts, each
+# a job holds alloc_gpu_s / run_s GPUs (count x MIG share x model share) each second it runs; one with earlier attempts, each
 # run's (ja.runs). An unknown count is left out of a bucket's sum: NULL, never 0, where every job's is unknown
 _JOB_RUNS = f"""(
     SELECT {_TIMELINE_JOB_COLS} start, coalesce("end", $as_of) AS run_end, alloc_gpu_s / nullif(run_s, 0) AS rate FROM ja WHERE runs IS NULL
     UNION ALL
-    SELECT {_TIMELINE_JOB_COLS} r.r0, r.r1, r.gpus * gpu_share FROM (SELECT *, unnest(runs) AS r FROM ja WHERE runs IS NOT NULL))"""
+    SELECT {_TIMELINE_JOB_COLS} r.r0, r.r1, r.gpus * gpu_share * model_share FROM (SELECT *, unnest(runs) AS r FROM ja WHERE runs IS NOT NULL))"""
 TIMELINE_ALLOCATED = f"""
 SELECT {_TIMELINE_JOB_COLS} k, sum(s * rate) / 3600 AS allocated_gpu_h
 FROM ({split_at_buckets(_JOB_RUNS, 'start', 'run_end', _TIMELINE_JOB_COLS + 'rate')}) GROUP BY ALL"""

@@ -18,7 +18,7 @@ import polars as pl
 import streamlit as st
 
 from gpufleet.analytics import trends
-from gpufleet.analytics.core import capacity_warnings
+from gpufleet.analytics.core import totals_warnings
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Filters
 from gpufleet.dashboards import config as dconfig
@@ -447,10 +447,10 @@ def window_caption(w: data.Resolved) -> None:
 def scope_note(t: Any) -> None:
     """Whose figures these are (Totals.scope) and, under a job filter, what is not attributable
     (plain text: the scope holds filter values, which are data); a warning where allocated exceeds
-    capacity (core.capacity_warnings)."""
+    capacity, or where a GPU model filter cannot place some jobs (core.totals_warnings)."""
     if t.scope != "fleet":
         st.text(f"Figures for {t.scope}" + (f" only; {t.not_attributable_reason}." if t.not_attributable_reason else "."))
-    for warning in capacity_warnings(t):
+    for warning in totals_warnings(t):
         st.warning(words.sentence(warning))
 
 

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufleet.analytics import reliability_store
+from gpufleet.analytics import core, reliability_store
 from gpufleet.analytics.core import JOB_FILTER_DIMS, JOB_FILTER_NAMES, Analysis, unknown_filter_values
 from gpufleet.analytics.fairness import fairness
 from gpufleet.analytics.params import Filters, Params
@@ -357,6 +357,29 @@ def test_account_filter_figures_and_what_it_cannot_attribute(tmp_path):
     assert asdict(Analysis(con, p(0, 2, cluster="c1"), now=H(3)).totals())["scope"] == "cluster=c1"
 
 
+def test_a_model_filter_names_the_jobs_it_cannot_place(tmp_path):
+    """An H100 and an A100 for 2 h; job 1 on the H100, job 2 on the A100, job 3 (4 GPUs, 1 h) mapped to no GPU. Under
+    model=A100: allocated 2 GPU-h (job 2 alone), and a warning that job 3's 4 GPU-h could not be placed; the H100 and A100
+    figures and job 3 add up to the fleet's 8 GPU-h."""
+    f = Fleet(tmp_path)
+    f.gpu_series("n1", "GPU-H", H(0), H(2), util=50.0)
+    f.gpu_series("n2", "GPU-A", H(0), H(2), util=50.0, model=A100)
+    f.job("1", account="physics", user="u", start=H(0), end=H(2), gpus=1, placements=[("n1", "GPU-H")])
+    f.job("2", account="chem", user="v", start=H(0), end=H(2), gpus=1, placements=[("n2", "GPU-A")])
+    f.job("3", account="chem", user="v", start=H(0), end=H(1), gpus=4, placements=[])
+    f.write()
+    con = f.reader()
+    assert Analysis(con, p(0, 2), now=H(3)).totals().allocated_gpu_h == pytest.approx(8.0)
+    t = Analysis(con, p(0, 2, model=A100), now=H(3)).totals()
+    assert (t.allocated_gpu_h, t.model_unknown_jobs, t.model_unknown_gpu_h) == (pytest.approx(2.0), 1, pytest.approx(4.0))
+    assert core.totals_warnings(t) == ["1 job of this window (4.0 GPU-h allocated) has no GPU of known model in the job mapping (no "
+                                       "exporter saw it on a GPU): a GPU model filter cannot place it, so it is in no model's figures"]
+    h = Analysis(con, p(0, 2, model=H100), now=H(3)).totals()
+    assert h.allocated_gpu_h == pytest.approx(2.0) and h.model_unknown_jobs == 1
+    # unfiltered, job 3 counts (its GPUs no exporter reports: capacity_warnings says that), and no model is asked
+    assert not core.model_unknown_warnings(Analysis(con, p(0, 2), now=H(3)).totals())
+
+
 def test_unknown_filter_values_are_named(tmp_path):
     f = Fleet(tmp_path)
     f.gpu_series("n1", "GPU-A", H(0), H(1), util=80.0)
@@ -491,3 +514,49 @@ def test_filtered_fairness_trends_mfu_and_job_list_are_their_rows_unfiltered(fle
             same_rows(fj, mfu_jobs.filter(pl.col("job_key").is_in(sorted(keys))), ["job_key"])
             if field == "account":
                 same_rows(account_mfu(f, fj), mfu_acct.filter(pl.col("account") == key), ["cluster", "account"])
+
+
+@FILTERS_LEDGER
+@given(ledger_fleets())
+def test_a_model_filter_allocates_each_job_its_gpus_on_that_model(fleet):
+    """Under a GPU model filter, a job's allocated GPU-hours are its GPUs on that model (each at its MIG share) x its run:
+    the models' figures add up to the fleet's, a team's row is its jobs' share on the model, and a job with no GPU of the
+    model is not in the filter's figures. (Accounting's allocated GPU-hours came through the model filter whole: the demo's
+    A100 filter showed every H100 team's hours with no data beside them, and "allocated exceeds capacity".)"""
+    a, b = fleet["window"]
+    as_of = min(b, fleet["now"])
+
+    def run_h(job) -> float:
+        end = job["end"] if job["end"] is not None else as_of
+        return max(0, min(end, b) - max(job["start"], a)) / 3600
+
+    with scratch() as tmp:
+        con = build(tmp, fleet)
+        unfiltered = analysis(con, fleet)
+        whole = unfiltered.totals()
+        fair = fairness(unfiltered, {"alpha": 2.0, "beta": 1.0})
+        models = sorted({g["model"] for g in fleet["gpus"]})
+        summed = 0.0
+        for model in models:
+            f = analysis(con, fleet, Filters(model=model))
+            t = f.totals()
+            on = {j["key"]: sum(share(fleet["gpus"][i]) for i in j["held"] if fleet["gpus"][i]["model"] == model) * run_h(j)
+                  for j in fleet["jobs"]}
+            assert t.allocated_gpu_h == pytest.approx(sum(on.values()), **TOL), model
+            assert t.model_unknown_jobs == 0 and not core.model_unknown_warnings(t)
+            summed += t.allocated_gpu_h
+            acct = f.utilization("account")
+            for account in ACCOUNTS:
+                want = sum(h for j in fleet["jobs"] if j["account"] == account for h in [on[j["key"]]])
+                assert col_sum(acct.filter(pl.col("account") == account), "allocated_gpu_h") == pytest.approx(want, **TOL), (model, account)
+            # the job list: the jobs holding a GPU of the model in the window, each with its share
+            listed = dict(f.q("SELECT job_key, alloc_gpu_s / 3600 AS h FROM ja").iter_rows())
+            ran = {j["key"] for j in fleet["jobs"] if j["start"] < b and (j["end"] if j["end"] is not None else as_of) > a}
+            assert set(listed) == {k for k in ran if any(fleet["gpus"][i]["model"] == model for j in fleet["jobs"] if j["key"] == k
+                                                         for i in j["held"])}, model
+            assert all(listed[k] == pytest.approx(on[k], **TOL) for k in listed)
+            # fairness compares teams across the cluster whatever the GPUs' model: the unfiltered comparison
+            ff = fairness(f, {"alpha": 2.0, "beta": 1.0})
+            same_rows(ff.per_account, fair.per_account, ["account"])
+            assert (ff.jain_index, ff.gini_users, ff.compared_across) == (fair.jain_index, fair.gini_users, fair.compared_across)
+        assert summed == pytest.approx(whole.allocated_gpu_h, **TOL)

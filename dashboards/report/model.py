@@ -23,7 +23,7 @@ import polars as pl
 
 from gpufleet.analytics import sql, timeline
 from gpufleet.analytics import vocabulary as words
-from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, capacity_warnings, top_wasteful_jobs, waste_by, with_utilization
+from gpufleet.analytics.core import JOB_KEY, Analysis, Totals, top_wasteful_jobs, totals_warnings, waste_by, with_utilization
 from gpufleet.analytics.jobs import job_summaries
 from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.shares import team_shares
@@ -454,7 +454,7 @@ def _gather(con: duckdb.DuckDBPyConnection, params: Params, window: Window, pool
         if cur.unpriced_models:
             notices.append(f"No price for {', '.join(cur.unpriced_models)}: money on those GPUs is unknown, not $0 "
                            "(set it under [analytics.prices]).")
-        notices += [words.sentence(w) for w in capacity_warnings(cur)]
+        notices += [words.sentence(w) for w in totals_warnings(cur)]
         if cur.data_gpu_h > 0 and not processes:
             notices.append("No exporter reported compute-process counts (dcgm-exporter does not; the gpufleet exporter does): "
                            "GPUs held with no process are not measured this week.")
