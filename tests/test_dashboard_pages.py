@@ -412,6 +412,9 @@ def test_reliability(tmp_path, use_store):
     at = goto(open_app(**{"from": "2026-11-16T00:00", "to": "2026-11-16T09:00"}), "reliability")
     rel = reliability_store.report(f.reader(), Params(_t(0), _t(9)), as_of=_t(9))
     assert metrics(at)["Interruptions"] == "2" and metrics(at)["Hardware"] == "1"
+    # which filters apply, said as the Health page says its own (a GPU model filter selects no attempt)
+    assert any(c.value.startswith("Reliability is about job attempts: the cluster, account, user and partition filters apply, "
+                                  "the GPU model filter does not") for c in at.caption)
     shown = frame(at, "reliability_interrupted")
     assert list(shown["job_id"]) == [a["job_id"] for a in rel["interrupted_attempts"]] == ["1", "2"]
     assert "XID 79 (GPU fell off the bus) on n1 GPU 1" in shown["reason"].iloc[0]
