@@ -471,7 +471,7 @@ class Analysis:
             self.per_gpu(), self.q(sql.ALLOCATED_GPU_H_TOTAL), self.idle_stretches("idle"), self.idle_stretches("no_process"), self.p.filters)
         if self.p.filters.model is None:
             return t
-        n, _, gpu_h = self.q(sql.MODEL_UNKNOWN_JOBS).row(0)
+        n, gpu_h = self.q(sql.MODEL_UNKNOWN_JOBS).row(0)
         return replace(t, model_unknown_jobs=n, model_unknown_gpu_h=gpu_h)
 
     def _selection_no_data(self) -> float:

@@ -194,7 +194,8 @@ EARLIER_RUNS = """(
 _ATTEMPTED = ("(cluster, scheduler, job_key) IN (SELECT cluster, scheduler, job_key FROM job_attempts "
               "WHERE start < $end{also})")
 # Allocated GPU-seconds from scheduler accounting: GPUs x MIG share x run time inside the window (a running job
-# until $as_of) over every run: its record's and its EARLIER_RUNS. An unknown GPU count (jobs.gpus NULL) gives
+# until $as_of) over every run: its record's and its EARLIER_RUNS; under a GPU model filter, x the job's share on that
+# model (_MODEL_SHARES). An unknown GPU count (jobs.gpus NULL) gives
 # unknown allocated GPU-seconds, never 0: sums leave it out, UNKNOWN_GPU_JOBS says so. `runs` (r0, r1, gpus; the
 # record's run last, for the timeline): only of a job with earlier runs, else NULL.
 _RECORD_RUN_END = 'coalesce(j."end", $as_of)'
@@ -227,33 +228,36 @@ _MODEL_SHARES = f"""(
 # model), else 1
 _MODEL_FACTOR = "CASE WHEN $model IS NULL THEN 1.0 ELSE ms.model_share END"
 
-JOB_ALLOCATED = f"""
+# A job's allocated GPU-seconds on every model: its runs' GPUs x MIG share x time in the window
+_JOB_GPU_S = f"j.gpu_share * (j.gpus * {_RUN} + coalesce(e.gpu_s, 0))"
+
+
+def _window_job_rows(select: str, where: str) -> str:
+    """SQL: `select` over the window's jobs (window_jobs: j, with their earlier runs e and, under a model filter, their
+    model share ms) whose record or an earlier run ran in the window, and `where`."""
+    return f"""
 WITH j AS {window_jobs()},
 e AS (
     SELECT cluster, scheduler, job_key, sum({clip_seconds("r0", "r1")}) AS run_s, sum(gpus * {clip_seconds("r0", "r1")}) AS gpu_s,
            list(struct_pack(r0 := r0, r1 := r1, gpus := gpus) ORDER BY r0) AS runs
     FROM {EARLIER_RUNS} WHERE r1 > $start GROUP BY ALL
 )
-SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.gpus, j.gpu_type, j.gpu_share,
-       j.gpus_source, j.submit, j.start, j."end",
-       {_RUN} + coalesce(e.run_s, 0) AS run_s, {_MODEL_FACTOR} AS model_share,
-       j.gpu_share * {_MODEL_FACTOR} * (j.gpus * {_RUN} + coalesce(e.gpu_s, 0)) AS alloc_gpu_s,
-       CASE WHEN e.runs IS NOT NULL AND j.start IS NOT NULL
-            THEN list_append(e.runs, struct_pack(r0 := j.start, r1 := {_RECORD_RUN_END}, gpus := j.gpus))
-            ELSE e.runs END AS runs
+SELECT {select}
 FROM j LEFT JOIN e ON e.cluster = j.cluster AND e.scheduler = j.scheduler AND e.job_key = j.job_key
 LEFT JOIN {_MODEL_SHARES} ms ON ms.cluster = j.cluster AND ms.scheduler = j.scheduler AND ms.job_key = j.job_key
-WHERE (({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0) AND ($model IS NULL OR ms.model_share > 0)
+WHERE (({_RAN_IN_WINDOW.format(t="j")}) OR e.run_s > 0) AND {where}
 """
-# The window's jobs a GPU model filter leaves out for want of a model: no GPU of known model mapped to them (how many, the
-# first few as people write them, and their allocated GPU-hours on any model; the known jobs' alone where a count is unknown)
-MODEL_UNKNOWN_JOBS = f"""
-WITH j AS {window_jobs()}
-SELECT count(*) AS n, list(coalesce(j.job_id, j.job_key) ORDER BY coalesce(j.job_id, j.job_key))[:5] AS first,
-       sum(j.gpu_share * j.gpus * {_RUN}) / 3600 AS gpu_h
-FROM j ANTI JOIN {_MODEL_SHARES} ms ON ms.cluster = j.cluster AND ms.scheduler = j.scheduler AND ms.job_key = j.job_key
-WHERE $model IS NOT NULL AND {_RAN_IN_WINDOW.format(t="j")}
-"""
+
+
+JOB_ALLOCATED = _window_job_rows(f"""j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.gpus,
+       j.gpu_type, j.gpu_share, j.gpus_source, j.submit, j.start, j."end",
+       {_RUN} + coalesce(e.run_s, 0) AS run_s, {_MODEL_FACTOR} AS model_share, {_MODEL_FACTOR} * {_JOB_GPU_S} AS alloc_gpu_s,
+       CASE WHEN e.runs IS NOT NULL AND j.start IS NOT NULL
+            THEN list_append(e.runs, struct_pack(r0 := j.start, r1 := {_RECORD_RUN_END}, gpus := j.gpus))
+            ELSE e.runs END AS runs""", "($model IS NULL OR ms.model_share > 0)")
+# The window's jobs a GPU model filter leaves out for want of a model (no GPU of known model mapped to them): how many, and
+# their allocated GPU-hours on whatever model (the known jobs' alone where a GPU count is unknown)
+MODEL_UNKNOWN_JOBS = _window_job_rows(f"count(*) AS n, sum({_JOB_GPU_S}) / 3600 AS gpu_h", "$model IS NOT NULL AND ms.model_share IS NULL")
 # ... computed once per analysis as the temp table ja, which every job query below reads
 JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 
