@@ -49,10 +49,11 @@ from gpufleet.analytics import sql
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.states import FIXES, LOSSES, Thresholds
 
-# the states the facts tell (in rule order); NOT_AT_GRAIN those they do not
+# the states the facts tell (in rule order); NOT_AT_GRAIN those they do not, and where their time went: short dips and a
+# straggler's shortfall lie inside parts the busy states take whole (a reader must not take "busy" there for busy time)
 STATES = ("startup", "no_process", "idle", "input_bound", "communication_bound", "compute", "busy_unresolved")
-NOT_AT_GRAIN = {"checkpoint": "unknown at this grain: open the job", "pause": "unknown at this grain: open the job",
-                "straggler": "unknown at this grain: open the job"}
+_IN_BUSY = "unknown at this grain, their time inside the busy states (input-bound to busy, not resolved): open the job"
+NOT_AT_GRAIN = {"checkpoint": _IN_BUSY, "pause": _IN_BUSY, "straggler": _IN_BUSY}
 WINDOW_LOSSES = tuple(s for s in LOSSES if s in STATES)
 # what a breakdown of the facts says beside it: a state's hours are not the figure of the same name
 ORDER_NOTE = (words.first_state_matches(STATES) + ": no process is held time with no compute process outside startup, of any length "

@@ -31,7 +31,8 @@ def test_teams_page_shows_each_teams_breakdown(store, a, use_store):
     ws = window_states(a, Thresholds.of(W, {}))
     assert not ws.teams.is_empty()
     assert_table(frame(at, "team_states"), ws.teams)
-    assert any("Checkpoint stalls, pauses and straggler shortfall: unknown at this grain: open the job." in c.value for c in at.caption)
+    assert any("Checkpoint stalls, pauses and straggler shortfall: unknown at this grain, their time inside the busy states "
+               "(input-bound to busy, not resolved): open the job." in c.value for c in at.caption)
     # a state's column is headed by the state, never by the figure of the same key: the state's idle is not "idle allocated"
     (table,) = at.container("team_states").dataframe
     heads = {name: c.get("label") for name, c in json.loads(table.proto.columns).items()}
