@@ -369,8 +369,11 @@ def test_mfu(store, a, use_store):
 
     jobs = mfu.job_mfu(a)
     # most GPU-hours first (the page shows the first ui.MAX_ROWS)
-    assert_table(frame(at, "mfu_jobs"), jobs.sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
+    shown = frame(at, "mfu_jobs")
+    assert_table(shown, jobs.sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
                  ["job_id", "account", "mfu", "method", "reason"])
+    # the column it is sorted by stands before the method's long text (at a page's width it was off to the right)
+    assert list(shown.columns).index("gpu_h") < list(shown.columns).index("mfu") < list(shown.columns).index("method")
     assert_table(frame(at, "mfu_accounts"), mfu.account_mfu(a, jobs), ["account", "jobs", "mfu", "method"])
 
 

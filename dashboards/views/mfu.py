@@ -37,6 +37,10 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Per job")
     jobs = ui.first_rows(figures_mfu["jobs"].sort("gpu_h", descending=True, nulls_last=True, maintain_order=True),
                          "most GPU-hours first", "filter by account or user to see others")
+    # (the column it is sorted by beside the job, before the method's long text: at a page's width it was off to the right)
+    order = ["cluster", "job_key", "job_id", "account", "user_name", "model", "gpus", "gpu_h", "mfu", "method", "tflops_per_gpu",
+             "peak_tflops", "reason"]
+    jobs = jobs.select(*order, *[c for c in jobs.columns if c not in order])
     ui.table(jobs, key="mfu_jobs", empty="No MFU figure in this window.", sort="most GPU-hours first", labels={"mfu": "MFU %"})
 
 
