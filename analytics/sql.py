@@ -149,6 +149,16 @@ JOB_FILTERS = f"""{_JOB_KEY_FILTERS} AND ($account IS NULL OR account = $account
   AND ($user_name IS NULL OR user_name = $user_name) AND ($partition IS NULL OR partition = $partition)"""
 
 
+# The inventory's GPUs (MIG instances) with their model and share of a whole GPU (gpu_equiv): what an allocation's GPU
+# counts as (jobs_shared, _MODEL_SHARES, RELIABILITY_HOST_GPU_HOURS; met on allocation_gpu)
+INVENTORY_SHARES = f"(SELECT cluster, host, gpu_uuid, gpu_instance, model, {gpu_equiv('gpus')} AS equiv FROM gpus)"
+
+
+def allocation_gpu(t: str) -> str:
+    """Join condition: the inventory row `t` is the GPU (MIG instance) of the allocation a."""
+    return " AND ".join(f"{t}.{c} = a.{c}" for c in ("cluster", "host", "gpu_uuid", "gpu_instance"))
+
+
 # Each job with gpu_share, the MIG share of each of its `gpus` (mig_share): from the scheduler's GPU type when it names one
 # MIG profile; else the mean share of the GPUs the job mapping saw it hold (a job mapped to MIG instances holds those);
 # else 1. Only jobs `where` keeps and the mapping saw on a MIG instance are looked up: the cost follows the window.
@@ -159,10 +169,9 @@ def jobs_shared(where: str, *, ran: str, attempted: str) -> str:
     return f"""(
 WITH j AS (SELECT * FROM jobs WHERE ({ran}) AND {where}
            UNION ALL SELECT * FROM jobs WHERE {attempted} AND NOT ({ran}) AND {where}),
-g AS (SELECT cluster, host, gpu_uuid, gpu_instance, {gpu_equiv("gpus")} AS equiv FROM gpus),
+g AS {INVENTORY_SHARES},
 part AS (SELECT DISTINCT a.cluster, a.scheduler, a.job_key FROM allocations a
-         JOIN (SELECT * FROM g WHERE equiv IS DISTINCT FROM 1.0) f
-           ON f.cluster = a.cluster AND f.host = a.host AND f.gpu_uuid = a.gpu_uuid AND f.gpu_instance = a.gpu_instance)
+         JOIN (SELECT * FROM g WHERE equiv IS DISTINCT FROM 1.0) f ON {allocation_gpu("f")})
 SELECT j.*, CASE WHEN {mig_share("j.gpu_type")} < 1.0 AND j.gpu_type NOT LIKE '%,%' THEN {mig_share("j.gpu_type")}
                  ELSE coalesce(m.mapped_share, 1.0) END AS gpu_share
 FROM j
@@ -171,7 +180,7 @@ LEFT JOIN (
     FROM allocations a
     SEMI JOIN part ON part.cluster = a.cluster AND part.scheduler = a.scheduler AND part.job_key = a.job_key
     SEMI JOIN j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-    JOIN g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    JOIN g ON {allocation_gpu("g")}
     GROUP BY ALL
 ) m ON m.cluster = j.cluster AND m.scheduler = j.scheduler AND m.job_key = j.job_key
 )"""
@@ -219,8 +228,7 @@ def window_jobs(only: str = "") -> str:
 _MODEL_SHARES = f"""(
     SELECT a.cluster, a.scheduler, a.job_key, sum(CASE WHEN g.model = $model THEN g.equiv ELSE 0 END) / sum(g.equiv) AS model_share
     FROM allocations a SEMI JOIN j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
-    JOIN (SELECT cluster, host, gpu_uuid, gpu_instance, model, {gpu_equiv("gpus")} AS equiv FROM gpus WHERE model IS NOT NULL) g
-      ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    JOIN {INVENTORY_SHARES} g ON {allocation_gpu("g")} AND g.model IS NOT NULL
     WHERE $model IS NOT NULL
     GROUP BY ALL)"""
 # ... and a job's factor in the allocated figures: that share under a model filter (a job the filter's model holds no part
@@ -527,7 +535,7 @@ w AS (
 ), got AS (  -- (the allocations of the jobs that waited alone: never the store's whole history)
     SELECT a.cluster, a.scheduler, a.job_key, g.model, count(*) AS n, bool_or(a.gpu_instance <> -1) AS on_mig
     FROM allocations a SEMI JOIN w ON w.cluster = a.cluster AND w.scheduler = a.scheduler AND w.job_key = a.job_key
-    JOIN gpus g ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+    JOIN gpus g ON {allocation_gpu("g")}
     GROUP BY ALL
 ), jm AS (
     SELECT cluster, scheduler, job_key, arg_max(model, n) AS model, bool_or(on_mig) AS on_mig FROM got GROUP BY ALL
@@ -1042,8 +1050,7 @@ SELECT a.cluster, a.host, mode(a.scheduler) FILTER (WHERE {clip_seconds(ALLOCATI
 FROM {allocations_ending_after("$start")} a
 LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
-LEFT JOIN (SELECT cluster, host, gpu_uuid, gpu_instance, {gpu_equiv("gpus")} AS equiv FROM gpus) g
-  ON g.cluster = a.cluster AND g.host = a.host AND g.gpu_uuid = a.gpu_uuid AND g.gpu_instance = a.gpu_instance
+LEFT JOIN {INVENTORY_SHARES} g ON {allocation_gpu("g")}
 WHERE {ALLOCATION_FILTERS}
 GROUP BY a.cluster, a.host HAVING gpu_hours > 0
 ORDER BY a.cluster, a.host
