@@ -154,16 +154,22 @@ GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
 
 # wheld (HELD_TABLE): the held parts, pid their rowid, hk their GPU and holder's number (wholder). wlinked: their idle and no-process
 # edge pieces (head, tail; one when the whole part is a run) chained where one ends as the next starts, in one window-function pass
-# (`chain`: its number within its kind and holder). Built once a window (FactWindow.linked) for STRETCH_ROWS and
+# (`chain`: a piece's start less the lengths of its kind and holder's pieces before it, the same along a chain and larger after each
+# gap; the pieces of a kind and holder never overlap). Built once a window (FactWindow.linked) for STRETCH_ROWS and
 # sql.WINDOW_STATE_JOBS. A piece carries no names (they slow the pass): a chain's come from its first piece's part (pid) in wheld.
 HOLDER_TABLE = f"CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM {_WPE_HOLDERS}"
 # wheld: _HELD's rows with their holder's number (the names joined to wholder's holders)
+# ... the columns of wpe its readers read (STRETCH_ROWS, sql.WINDOW_STATE_JOBS): a narrower table is a faster one to write
+HELD_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "equiv", "inside", "p0", "p1", "scheduler", "job_key", "data_s", "nop_s",
+                *(f"{k}_{c}" for k in ("idle", "nop") for c in ("head_us", "tail_us", "whole", "inner_us")),
+                "tensor_active_known_s", "tensor_active_s", "sm_active_known_s", "sm_active_s", "pcie_rx_bytes_per_s_known_s",
+                "pcie_rx_bytes_per_s_s", "nvlink_rx_bytes_per_s_known_s", "nvlink_rx_bytes_per_s_s", "nvlink_tx_bytes_per_s_known_s",
+                "nvlink_tx_bytes_per_s_s")
 HELD_TABLE = f"""CREATE OR REPLACE TEMP TABLE wheld AS
-SELECT o.hk, p.*, o.job_id, o.user_name, o.account, o.partition
+SELECT o.hk, {", ".join(f"p.{c}" for c in HELD_COLUMNS)}, o.job_id, o.user_name, o.account, o.partition
 FROM wpe p JOIN ({_HOLDER_JOB.format(holders="wholder")}) o ON {_HOLDERS_ON}"""
 LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
-                 "SELECT *, sum(CASE WHEN r0 = prev_end THEN 0 ELSE 1 END) OVER (PARTITION BY kind, hk ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain\n"
-                 "FROM (SELECT *, lag(r1) OVER (PARTITION BY kind, hk ORDER BY r0) AS prev_end FROM ({pieces}))")
+                 "SELECT *, r1 - sum(r1 - r0) OVER (PARTITION BY kind, hk ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain FROM ({pieces})")
 # ... each kind's edge pieces (head; tail, unless the whole part is one run)
 _STRETCH_PIECES = """
     SELECT '{kind}' AS kind, rowid AS pid, hk, equiv, inside, p0 AS r0, p0 + {kind}_head_us AS r1 FROM wheld WHERE {kind}_head_us > 0

@@ -1183,7 +1183,7 @@ WITH holder AS (
            sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s
     FROM linked l JOIN chains c USING (hk, chain) GROUP BY l.pid
 ), gpus AS (
-    SELECT cluster, scheduler, job_key, count(DISTINCT (host, gpu_uuid, gi)) AS n FROM wheld GROUP BY ALL
+    SELECT cluster, scheduler, job_key, count(DISTINCT hk) AS n FROM wheld GROUP BY ALL
 ), part AS (
     SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, g.n > 1 AS multi,
            h.inside, h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
