@@ -166,7 +166,7 @@ def unknown_gpu_jobs(a: "Analysis") -> list[str]:
     if not n:
         return []
     more = f" and {n - len(first)} more" if n > len(first) else ""
-    return [f"{words.quantity(n, 'job')} of this window ({', '.join(first)}{more}) ha{'ve' if n != 1 else 's'} an unknown GPU "
+    return [f"{words.quantity(n, 'job')} of this window ({', '.join(first)}{more}) {words.have(n)} an unknown GPU "
             "count: the accounting names no GPU for them (add gres/gpu to AccountingStorageTRES in slurm.conf) and neither "
             "slurmctld nor the exporters' job mapping said it; their allocated GPU-hours are unknown and not in the allocated figures"]
 
@@ -178,7 +178,7 @@ def model_unknown_warnings(t: Totals) -> list[str]:
         return []
     n = t.model_unknown_jobs
     held = f" ({words.gpu_h(t.model_unknown_gpu_h)} GPU-h allocated)" if t.model_unknown_gpu_h is not None else ""
-    return [f"{words.quantity(n, 'job')} of this window{held} ha{'ve' if n != 1 else 's'} no GPU of known model in the job mapping "
+    return [f"{words.quantity(n, 'job')} of this window{held} {words.have(n)} no GPU of known model in the job mapping "
             "(no exporter saw {0} on a GPU): a GPU model filter cannot place {0}, so {0} {1} in no model's figures".format(
                 "them" if n != 1 else "it", "are" if n != 1 else "is")]
 

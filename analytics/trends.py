@@ -76,7 +76,7 @@ def price_mix_reason(cost: tuple[float, float], gpu_h: tuple[float, float]) -> s
 def unknown_jobs_reason(current: int, previous: int) -> str:
     """Why allocated is unknown or a lower bound: jobs of unknown GPU count in either window."""
     said = [f"{words.quantity(n, 'job')} of {w} window" for n, w in ((current, "this"), (previous, "the previous")) if n]
-    return (f"{' and '.join(said)} ha{'ve' if current + previous != 1 else 's'} an unknown GPU count: allocated sums the jobs "
+    return (f"{' and '.join(said)} {words.have(current + previous)} an unknown GPU count: allocated sums the jobs "
             "whose count is known (at least that much; unknown where none is), so the change is unknown")
 
 

@@ -281,9 +281,14 @@ def quantity(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
+def have(n: int) -> str:
+    """The verb "have" agreeing with `n` things: "1 job has", "2 jobs have"."""
+    return "has" if n == 1 else "have"
+
+
 def unknown_gpu_counts(n: int) -> str:
     """What `n` (> 0) jobs of unknown GPU count do to the allocated figures, one sentence."""
-    return (f"{quantity(n, 'job')} of this window ha{'ve' if n != 1 else 's'} an unknown GPU count (the accounting "
+    return (f"{quantity(n, 'job')} of this window {have(n)} an unknown GPU count (the accounting "
             "names no GPU, and neither slurmctld nor the job mapping said it: see the Health page); allocated GPU-hours sum "
             "the jobs whose count is known - at least that much - and are unknown where none is, never 0")
 

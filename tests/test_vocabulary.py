@@ -173,3 +173,10 @@ def test_a_listing_reads_as_a_sentence():
 def test_a_quantity_is_singular_for_one_alone(n, noun, text):
     """One plural rule for every "n things" the surfaces write ("not counted: 1 waiting jobs" was the CLI's)."""
     assert words.quantity(n, noun) == text
+
+
+def test_the_verb_agrees_with_the_quantity():
+    """"1 job has", "2 jobs have": one rule for the warnings that count jobs (three wrote it by hand)."""
+    assert [f"{words.quantity(n, 'job')} {words.have(n)}" for n in (0, 1, 2)] == ["0 jobs have", "1 job has", "2 jobs have"]
+    assert words.unknown_gpu_counts(1).startswith("1 job of this window has an unknown GPU count")
+    assert words.unknown_gpu_counts(3).startswith("3 jobs of this window have an unknown GPU count")
