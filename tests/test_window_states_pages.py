@@ -50,3 +50,22 @@ def test_teams_page_shows_each_teams_breakdown(store, a, use_store):
     key = {words.state(s): s for s in words.STATES}
     assert scale["domain"] and set(scale["domain"]) == set(ws.team_shares()["state"])
     assert all(color == ui.STATE_COLORS[key[state]] for state, color in zip(scale["domain"], scale["range"]))
+
+
+def test_a_jobs_bar_stacks_its_states_in_the_legends_order():
+    """The job page's bar reads left to right as its legend and the Teams page's bars (the states' own order), while its
+    table lists them largest first: it stacked by the table's rows (idle | compute | checkpoint stalls | startup) beside a
+    legend of startup, idle, checkpoint stalls, compute."""
+    import polars as pl
+
+    from gpufleet.analytics import vocabulary as words
+    from gpufleet.dashboards.views.jobs import states_chart
+
+    largest_first = pl.DataFrame({"state": [words.state(s) for s in ("idle", "compute", "checkpoint", "startup")],
+                                  "share_pct": [66.2, 32.9, 0.9, 0.03], "gpu_h": [237.0, 117.7, 3.1, 0.1], "evidence": ["", "", "", ""]})
+    spec = states_chart(largest_first).to_dict()
+    legend = spec["encoding"]["color"]["scale"]["domain"]
+    assert legend == [words.state(s) for s in ("startup", "idle", "checkpoint", "compute")]
+    assert spec["encoding"]["order"]["field"] == "order"
+    rows = next(iter(spec["datasets"].values()))
+    assert [r["state"] for r in sorted(rows, key=lambda r: r["order"])] == legend

@@ -106,10 +106,13 @@ def report(window, job: dict) -> None:
 
 
 def states_chart(df: pl.DataFrame) -> alt.Chart:
-    """One bar of the job's time with data, stacked by state (largest first), its legend above in a row. The bar's
-    thickness is set (size) and the chart's height has room for its frame (ui.chart_height): at 60 px the page drew an
-    axis and a legend, and the bar 0 px high."""
-    return alt.Chart(df.with_row_index("order")).mark_bar(size=30).encode(
+    """One bar of the job's time with data, stacked by state in the legend's order (the states' own, as the Teams page's
+    bars: the table beside it lists them largest first), its legend above in a row. The bar's thickness is set (size) and
+    the chart's height has room for its frame (ui.chart_height): at 60 px the page drew an axis and a legend, and the bar
+    0 px high."""
+    legend = ui.state_colors(df["state"]).domain
+    return alt.Chart(df.with_columns(order=pl.col("state").replace_strict(legend, list(range(len(legend))), return_dtype=pl.Int32))
+                     ).mark_bar(size=30).encode(
         x=alt.X("share_pct:Q", title="share of the time with data, %", stack="zero", scale=alt.Scale(domain=[0, 100])),
         color=alt.Color("state:N", title=None, scale=ui.state_colors(df["state"]), legend=alt.Legend(orient="top", labelLimit=0)),
         order=alt.Order("order:Q"),
