@@ -413,7 +413,7 @@ def _evidence(js: JobStates, per: Sequence[GpuStates], t: Thresholds) -> dict[st
         share = js.share(s)
         if not share:
             continue
-        head = f"{words.state(s)} {share:.0%}"
+        head = f"{words.state(s)} {share:.0%}" if share >= 0.005 else f"{words.state(s)} <1%"  # (a state with time is never "0%")
         if s == "input_bound":
             rx, sm = _mean_over(per, s, _RX), _mean_over(per, s, _SM)
             out[s] = f"{head}: PCIe RX {rx / 1e9:.1f} GB/s while SM active {sm:.0%}" if rx is not None and sm is not None else head

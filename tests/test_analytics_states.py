@@ -78,6 +78,14 @@ def test_checkpoints_every_30_minutes_costing_90_s():
     assert js.evidence["checkpoint"].startswith("checkpoint stalls ")  # (the state in the vocabulary's words)
 
 
+def test_a_state_with_time_is_never_said_to_be_0_percent():
+    """A short no-process start beside a long busy run: its evidence reads "<1%", not "0%" beside its GPU-hours."""
+    n = minutes(300)
+    js = job_states([gpu([95.0] * n, procs=[0.0] * minutes(1) + [1.0] * (n - minutes(1)))], T)
+    assert js.seconds["no_process"] == 60 and js.evidence["no_process"].startswith("no process <1%")
+    assert js.evidence["compute"].startswith("compute 100%")
+
+
 def test_irregular_dips_are_pauses_not_checkpoints():
     util = []
     for busy in (minutes(3), minutes(40), minutes(7), minutes(25)):
