@@ -39,6 +39,8 @@ def test_teams_page_shows_each_teams_breakdown(store, a, use_store):
     assert (heads["idle_gpu_h"], heads["idle_cost"], heads["no_process_gpu_h"]) == ("idle GPU-h", "idle $", "no process GPU-h")
     assert not [h for h in heads.values() if "idle allocated" in (h or "") or "waste" in (h or "")], heads
     assert any("counts once, in the first state that matches" in c.value for c in at.caption)
+    # its rows by cluster, then account (the k8s teams after the hpc ones), and its caption says so (it said "by account")
+    assert any(c.value.startswith("Sorted by cluster and account;") for c in at.container("team_states").caption)
     # each state one colour on every chart (ui.STATE_COLORS: compute green, not the default scheme's red), the legend the
     # states the chart shows
     from gpufleet.analytics import vocabulary as words

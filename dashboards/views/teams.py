@@ -98,7 +98,7 @@ def states_section(b: data.Bundle) -> None:
     shares = ws.team_shares()
     if not shares.is_empty():
         st.altair_chart(states_chart(shares), width="stretch")
-    ui.table(ws.teams, key="team_states", empty="No team's GPU time with data in this window.", sort="account",
+    ui.table(ws.teams, key="team_states", empty="No team's GPU time with data in this window.", sort="cluster and account",
              labels=words.state_headers(window_states.STATES))
 
 
