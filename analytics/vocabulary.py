@@ -211,8 +211,11 @@ def usd(x: float | None) -> str:
 
 
 def pct(x: float | None) -> str:
-    """A percentage, one decimal: 12.3 %."""
-    return UNKNOWN if bad(x) else f"{x:.{DECIMALS['pct']}f} %"
+    """A percentage, one decimal: 12.3 %; a positive one too small to show one, "<0.1 %" (never 0.0 % for some time)."""
+    if bad(x):
+        return UNKNOWN
+    least = 10.0 ** -DECIMALS["pct"]
+    return f"<{least:.{DECIMALS['pct']}f} %" if 0 < x < least / 2 else f"{x:.{DECIMALS['pct']}f} %"
 
 
 def duration(seconds: float | None) -> str:

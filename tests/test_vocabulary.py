@@ -62,7 +62,7 @@ def test_one_decimal_for_gpu_hours_and_percentages_cents_for_money(x):
         assert words.gpu_h(x) == words.pct(x) == words.usd(x) == words.UNKNOWN
         return
     assert re.fullmatch(r"-?[\d,]+\.\d", words.gpu_h(x)), words.gpu_h(x)
-    assert re.fullmatch(r"-?\d+\.\d %", words.pct(x)), words.pct(x)
+    assert re.fullmatch(r"<?-?\d+\.\d %", words.pct(x)), words.pct(x)
     assert re.fullmatch("\u2212?\\$[\\d,]+\\.\\d\\d", words.usd(x)), words.usd(x)
 
 
@@ -180,3 +180,9 @@ def test_the_verb_agrees_with_the_quantity():
     assert [f"{words.quantity(n, 'job')} {words.have(n)}" for n in (0, 1, 2)] == ["0 jobs have", "1 job has", "2 jobs have"]
     assert words.unknown_gpu_counts(1).startswith("1 job of this window has an unknown GPU count")
     assert words.unknown_gpu_counts(3).startswith("3 jobs of this window have an unknown GPU count")
+
+
+def test_a_small_positive_percentage_is_never_shown_as_none():
+    """The report's "what held your GPUs back" listed a team's startup at 0.2 GPU-h as "0.0 %" of its time."""
+    assert [words.pct(x) for x in (0.0, 0.01, 0.049, 0.05, 12.345)] == ["0.0 %", "<0.1 %", "<0.1 %", "0.1 %", "12.3 %"]
+    assert words.pct(None) == words.UNKNOWN
