@@ -200,13 +200,16 @@ def queue_gap_report(con, params, now: datetime | None, top: int) -> dict[str, A
     from gpufleet.analytics.queue_gaps import queue_gaps
 
     g = queue_gaps(con, params, now=now)
-    return {"pools": rows(g.pools), "jobs": rows(g.jobs.head(max(top, 0))), "jobs_fit": g.jobs.height, "not_counted": g.not_counted}
+    return {"pools": rows(g.pools), "jobs": rows(g.jobs.head(max(top, 0))), "jobs_fit": g.jobs.height, "not_counted": g.not_counted,
+            "note": g.note}
 
 
 def print_queue_gaps(q: dict[str, Any], out: TextIO) -> None:
     """The pools with a gap and the jobs that waited longest while they fit (gpufleet.analytics.queue_gaps)."""
     table("Queue gaps (free GPUs while pending jobs that would have fit waited, by partition and model)",
           [r for r in q["pools"] if r["gap_gpu_h"] > 0], out, ["cluster", "partition", "model", "gpus", "free_gpu_h", "gap_gpu_h", "gap_cost", "jobs_fit"])
+    if q.get("note"):
+        out.write(f"  {q['note']}\n")
     if q["jobs"]:
         table(f"  jobs that waited while they would have fit (top {len(q['jobs'])} of {q['jobs_fit']})", q["jobs"], out,
               ["job_id", "account", "user_name", "partition", "model", "gpus", "waited_h", "fit_h", "fit_gpu_h"])

@@ -12,8 +12,8 @@ somebody did want. The rule (README, figures):
   shapes: the gap is an upper bound of what a scheduler could have placed. Jobs of unknown GPU
   count or pool, and jobs on MIG instances, are counted apart (not_counted).
 A GPU serving two partitions is in both pools, so pools are not summed into a fleet figure.
-Account and user filters do not narrow a pool (its capacity is everyone's); cluster, partition
-and model do. No sample is read.
+Account, user and job filters do not narrow a pool (its capacity is everyone's): they pick the jobs
+listed (QueueGaps.note says so); cluster, partition and model narrow the pools. No sample is read.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
+from gpufleet.analytics.scope import pool_filter_note
 from gpufleet.collector.intervals import distinct
 from gpufleet.collector.reading import query_rows
 from gpufleet.times import utcnow
@@ -44,6 +45,7 @@ class QueueGaps:
     pools: pl.DataFrame  # POOL_SCHEMA: one row per pool, largest gap first
     jobs: pl.DataFrame  # JOB_SCHEMA: the jobs that waited while they would have fit, longest first
     not_counted: dict[str, int]  # why waiting jobs were left out -> how many
+    note: str | None = None  # under an account, user or job filter: the pools are everyone's, the jobs the filter's (scope.pool_filter_note)
 
 
 def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
@@ -83,7 +85,10 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     pools = pl.DataFrame(pool_rows, schema=POOL_SCHEMA).sort(["gap_gpu_h", *POOL], descending=[True, False, False, False])
     jobs = (pl.concat(job_rows) if job_rows else pl.DataFrame(schema={**JOB_SCHEMA, "fit_h": pl.Float64}))
     jobs = jobs.with_columns(fit_gpu_h=pl.col("fit_h") * pl.col("gpus").cast(pl.Float64)).select(list(JOB_SCHEMA)).cast(JOB_SCHEMA)
-    return QueueGaps(pools, jobs.sort(["fit_gpu_h", "job_key"], descending=[True, False]), not_counted)
+    picked = [pl.col(c) == v for c, v in (("account", f.account), ("user_name", f.user_name), ("job_key", f.job_key)) if v is not None]
+    if picked:  # (the gaps are everyone's; the filter picks whose waiting jobs are listed)
+        jobs = jobs.filter(*picked)
+    return QueueGaps(pools, jobs.sort(["fit_gpu_h", "job_key"], descending=[True, False]), not_counted, pool_filter_note(f))
 
 
 def _free_gpus(gpus: pl.DataFrame, holds: pl.DataFrame) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:

@@ -23,3 +23,17 @@ def not_attributable_reason(filters: Any) -> str | None:
     if not named:
         return None
     return f"unallocated capacity has no {' or '.join(named)}: capacity and stranded time are not attributable to {filter_scope(filters)}"
+
+
+# The job filters that do not narrow a pool of capacity shared by everyone (queue gaps): they pick the jobs listed
+POOL_WIDE_FILTERS = ("account", "user_name", "job_key")
+
+
+def pool_filter_note(filters: Any) -> str | None:
+    """What an account, user or job filter does to the queue gaps (None: none set): the pools stay everyone's, the filter
+    picks the waiting jobs listed."""
+    named = {k: getattr(filters, k) for k in POOL_WIDE_FILTERS if getattr(filters, k) is not None}
+    if not named:
+        return None
+    return (f"the pools are everyone's free GPUs and queue ({' or '.join(JOB_FILTER_NAMES[k] for k in named)} filters do not narrow "
+            f"them); the jobs listed are {', '.join(f'{JOB_FILTER_NAMES[k]}={v}' for k, v in named.items())}'s")

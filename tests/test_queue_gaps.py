@@ -245,6 +245,25 @@ def test_analyze_json_and_table_carry_the_queue_gaps(queued):
     assert [line for line in table.splitlines() if line.strip().startswith("3 ")], table
 
 
+def test_an_account_filter_keeps_everyones_pools_and_lists_its_own_waiting_jobs(queued):
+    """`analyze --team physics` listed biology's job 3 as one that waited while it fit, with no word that the pools are
+    everyone's: now the pools are the same (the gap is everyone's), the jobs listed the filter's, and the note says so."""
+    import json
+
+    from tests.test_analytics_jobs_cli import analyze
+
+    window = ("--store", str(queued), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z", "--format", "json")
+    fleet = json.loads(analyze(*window).stdout)["queue_gaps"]
+    assert fleet["note"] is None
+    for team, listed in (("physics", []), ("biology", ["3"])):
+        q = json.loads(analyze(*window, "--team", team).stdout)["queue_gaps"]
+        assert q["pools"] == fleet["pools"] and [j["job_id"] for j in q["jobs"]] == listed and q["jobs_fit"] == len(listed)
+        assert q["note"] == (f"the pools are everyone's free GPUs and queue (account filters do not narrow them); "
+                             f"the jobs listed are account={team}'s")
+    table = analyze(*window[:-2], "--team", "physics").stdout
+    assert "the jobs listed are account=physics's" in table and "jobs that waited while they would have fit" not in table
+
+
 def test_the_waste_page_shows_the_queue_gaps_and_the_jobs_that_waited(queued, monkeypatch):
     from tests.test_dashboard_pages import frame, goto, open_app
 
@@ -254,6 +273,10 @@ def test_the_waste_page_shows_the_queue_gaps_and_the_jobs_that_waited(queued, mo
     pools, jobs = frame(app, "waste_queue_gaps"), frame(app, "waste_queue_jobs")
     assert pools["partition"].tolist() == ["gpu"] and pools["gap_gpu_h"].tolist() == [pytest.approx(1.0)], pools
     assert jobs["job_id"].tolist() == ["3"], jobs
+    # under a team filter the pools stay everyone's and the caption says whose jobs are listed
+    app.selectbox(key="account").set_value("physics").run()
+    assert frame(app, "waste_queue_gaps")["gap_gpu_h"].tolist() == [pytest.approx(1.0)]
+    assert any("the jobs listed are account=physics's" in c.value for c in app.caption)
 
 
 @settings(max_examples=60, deadline=None)

@@ -143,7 +143,7 @@ def queue_gaps(ctx: ui.Context) -> None:
     g = data.queue_gaps(ctx.window.key)
     st.caption("GPU-hours a partition's GPUs of one model stood free while a pending job that would have fit on them waited "
                "(GPUs counted, not node shapes: an upper bound of what the scheduler could have placed). "
-               "A GPU serving two partitions is in both: pools do not add up to the fleet.")
+               "A GPU serving two partitions is in both: pools do not add up to the fleet." + (f" Under this filter {g.note}." if g.note else ""))
     ui.table(g.pools.filter(pl.col("gap_gpu_h") > 0), key="waste_queue_gaps", empty="No pending job waited while it would have fit.",
              sort="largest gap first")
     if not g.jobs.is_empty():
