@@ -174,6 +174,7 @@ def _report(con, params, by: str, top: int, job: str | None, now: datetime | Non
         # the `top` longest waits and how many wait (not all: the answer would grow with the queue)
         "pending": rows(fair.pending.head(max(top, 0))), "pending_jobs": fair.pending.height,
         "without_share": list(fair.without_share), "unknown_demand": list(fair.unknown_demand), "compared_across": fair.compared_across, "shown": fair.shown,
+        "model_note": fair.model_note,
     }
     report["queue_gaps"] = gaps.result()
     if job:
@@ -308,6 +309,8 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     if f.get("shown"):
         out.write(f"  {f['shown']}'s row of the fairness of the {f['compared_across']} (Jain's index and Gini: "
                   f"the {f['compared_across']}'s; fairness compares teams, a filter only picks the rows shown)\n")
+    if f.get("model_note"):
+        out.write(f"  {f['model_note']}\n")
     out.write(f"  entitled shares: {f['shares_description']}\n")
     if "queue_gaps" in report:
         print_queue_gaps(report["queue_gaps"], out)

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 import polars as pl
 
 from gpufleet.analytics import sql
-from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason
+from gpufleet.analytics.scope import JOB_FILTER_NAMES, fairness_model_note, filter_scope, not_attributable_reason
 from gpufleet.config import Option, number
 
 OPTIONS = (
@@ -160,6 +160,7 @@ class FairnessReport:
     shown: str | None = None
     # accounts whose jobs all have an unknown GPU count: demand unknown, so no ratio - said, never dropped silently
     unknown_demand: tuple[str, ...] = ()
+    model_note: str | None = None  # under a GPU model filter: it does not apply here (scope.fairness_model_note)
 
 
 # where the entitled shares came from, worded once for every output: it changes every ratio, so it is never silent
@@ -194,6 +195,7 @@ def fairness(analysis: Any, shares: Mapping[str, float] | None, half_life: timed
         fleet = _fairness(whole, shares, half_life, across)
     finally:
         whole.close()
+    fleet = replace(fleet, model_note=fairness_model_note(f))
     if not_attributable_reason(f) is None:  # a model filter alone selects no team: every row
         return fleet
     # the rows shown: its jobs' accounts (with demand, usage, decayed usage or unknown demand), and the filtered account

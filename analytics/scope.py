@@ -37,3 +37,12 @@ def pool_filter_note(filters: Any) -> str | None:
         return None
     return (f"the pools are everyone's free GPUs and queue ({' or '.join(JOB_FILTER_NAMES[k] for k in named)} filters do not narrow "
             f"them); the jobs listed are {', '.join(f'{JOB_FILTER_NAMES[k]}={v}' for k, v in named.items())}'s")
+
+
+def fairness_model_note(filters: Any) -> str | None:
+    """Why a GPU model filter does not narrow fairness (None: none set): a team's hours on one model against its entitlement
+    to the whole cluster is no comparison."""
+    if getattr(filters, "model", None) is None:
+        return None
+    return (f"fairness compares each team's allocations on every GPU model with its entitlement: the filter model={filters.model} "
+            "does not narrow it")

@@ -378,6 +378,17 @@ def test_a_model_filter_names_the_jobs_it_cannot_place(tmp_path):
     assert h.allocated_gpu_h == pytest.approx(2.0) and h.model_unknown_jobs == 1
     # unfiltered, job 3 counts (its GPUs no exporter reports: capacity_warnings says that), and no model is asked
     assert not core.model_unknown_warnings(Analysis(con, p(0, 2), now=H(3)).totals())
+    # fairness compares the teams on every model, and says the model filter does not narrow it (the CLI and the Teams page
+    # showed every team's whole allocation under "figures for model=... only" without a word)
+    from gpufleet.analytics.fairness import fairness
+
+    whole, a100 = (fairness(Analysis(con, p(0, 2, **kw), now=H(3)), None) for kw in ({}, {"model": A100}))
+    assert whole.model_note is None and a100.per_account.equals(whole.per_account)
+    assert a100.model_note == f"fairness compares each team's allocations on every GPU model with its entitlement: the filter model={A100} does not narrow it"
+    from tests.test_analytics_jobs_cli import analyze
+
+    out = analyze("--store", str(f.root), "--from", H(0).strftime("%Y-%m-%dT%H:%M:%SZ"), "--to", H(2).strftime("%Y-%m-%dT%H:%M:%SZ"), "--model", A100)
+    assert out.returncode == 0 and f"  {a100.model_note}\n" in out.stdout, out.stdout + out.stderr
 
 
 def test_unknown_filter_values_are_named(tmp_path):

@@ -71,3 +71,16 @@ def test_a_jobs_bar_stacks_its_states_in_the_legends_order():
     assert spec["encoding"]["order"]["field"] == "order"
     rows = next(iter(spec["datasets"].values()))
     assert [r["state"] for r in sorted(rows, key=lambda r: r["order"])] == legend
+
+
+def test_teams_page_says_a_model_filter_does_not_narrow_fairness(store, a, use_store):
+    """Under a GPU model filter the Teams page showed every team's fairness over every model without a word."""
+    from gpufleet.analytics import vocabulary as words
+    from gpufleet.analytics.params import Filters
+    from gpufleet.analytics.scope import fairness_model_note
+
+    use_store(store)
+    model = a.utilization("model")["model"].drop_nulls()[0]
+    at = goto(open_app(model=model), "teams")
+    assert words.sentence(fairness_model_note(Filters(model=model))) in [c.value for c in at.caption]
+    assert not any("does not narrow it" in c.value for c in goto(open_app(), "teams").caption)

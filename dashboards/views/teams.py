@@ -51,6 +51,8 @@ def body(ctx: ui.Context) -> None:
     if f.shown:  # under a filter: its rows of the whole comparison (fairness is a relation between teams)
         st.caption(f"Showing {f.shown}'s row of the {f.compared_across}'s fairness; Jain's index and the Gini are the "
                    f"{f.compared_across}'s, the pending jobs and waits by size those of {f.shown}.")
+    if f.model_note:
+        st.caption(words.sentence(f.model_note))
     st.caption("Entitled shares: " + fairness.SHARES_SOURCES[f.shares_source]
                + f"; fair-share factor with a decay half-life of {ui.duration(s.half_life.total_seconds())}.")
     if f.without_share:
