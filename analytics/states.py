@@ -429,6 +429,11 @@ def _evidence(js: JobStates, per: Sequence[GpuStates], t: Thresholds) -> dict[st
         elif s == "startup":
             out[s] = (f"{head}: {words.duration(js.seconds[s] / max(1, len(per)))} per GPU before the first "
                       f"{words.duration(t.startup_busy_seconds)} busy")
+        elif s == "idle":
+            out[s] = (f"{head}: below {t.idle_threshold:g}% utilization in stretches of at least {words.duration(t.idle_min_s)}, "
+                      f"{words.duration(js.seconds[s] / max(1, len(per)))} per GPU")
+        elif s == "no_process":
+            out[s] = f"{head}: no compute process on its GPUs, {words.duration(js.seconds[s] / max(1, len(per)))} per GPU"
         elif s == "compute":
             ten = _mean_over(per, s, _TENSOR)
             out[s] = f"{head}: tensor active {ten:.0%} (MFU's estimate input)" if ten is not None else f"{head}: tensor activity unknown"

@@ -61,6 +61,9 @@ def test_a_gpu_never_busy_has_no_startup_but_idle_and_no_process():
     procs = [0.0] * minutes(20) + [1.0] * minutes(40)
     js = job_states([gpu(util, procs=procs)], T)
     assert (js.seconds["startup"], js.seconds["no_process"], js.seconds["idle"]) == (0, 20 * 60, 40 * 60)
+    # the evidence says the rule and how long, not the share alone ("idle 67%" was all the job page said)
+    assert js.evidence["idle"] == f"idle 67%: below {T.idle_threshold:g}% utilization in stretches of at least 30 min, 40 min per GPU"
+    assert js.evidence["no_process"] == "no process 33%: no compute process on its GPUs, 20 min per GPU"
 
 
 def test_checkpoints_every_30_minutes_costing_90_s():
@@ -82,7 +85,7 @@ def test_a_state_with_time_is_never_said_to_be_0_percent():
     """A short no-process start beside a long busy run: its evidence reads "<1%", not "0%" beside its GPU-hours."""
     n = minutes(300)
     js = job_states([gpu([95.0] * n, procs=[0.0] * minutes(1) + [1.0] * (n - minutes(1)))], T)
-    assert js.seconds["no_process"] == 60 and js.evidence["no_process"].startswith("no process <1%")
+    assert js.seconds["no_process"] == 60 and js.evidence["no_process"] == "no process <1%: no compute process on its GPUs, 1 min per GPU"
     assert js.evidence["compute"].startswith("compute 100%")
 
 
