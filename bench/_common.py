@@ -115,11 +115,50 @@ def proc_kib(pid: int, key: str) -> int:
 GPUFLEET_COMMAND = "import sys; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def run_python(code: str, args: list[str]) -> tuple[float, float, float, bytes]:
-    """`python -c code args` in a process of its own (GPUFLEET_COMMAND: a `gpufleet` command): wall
-    s, CPU s (user + system), peak RSS GiB and its output; a failure raises, naming the command."""
+# A checkout of the code before (a git worktree: `git worktree add /tmp/before HEAD~3`), run beside this one's in
+# alternating processes by the benches that take it (analyze): the same command, the same store, the ratio measured in one run
+BEFORE_ENV = "GPUFLEET_BENCH_BEFORE"
+
+
+def before_checkout() -> Path | None:
+    """The checkout GPUFLEET_BENCH_BEFORE names (None: unset); one without a pyproject.toml is refused, named."""
+    value = os.environ.get(BEFORE_ENV, "").strip()
+    if not value:
+        return None
+    root = Path(value).resolve()
+    if not (root / "pyproject.toml").is_file():
+        raise ValueError(f"{BEFORE_ENV}={value}: expected a checkout of gpufleet (a folder with pyproject.toml)")
+    return root
+
+
+def in_checkout(code: str, root: Path) -> str:
+    """`code` importing gpufleet.* from the checkout at `root`. Its folders are not a package tree (pyproject's
+    package-dir maps gpufleet.analytics to analytics/, ...), so PYTHONPATH alone finds root's gpufleet/__init__.py
+    and then this environment's editable install for the rest - this checkout's code, an A/B of the code with
+    itself. A finder first in sys.meta_path maps every package-dir entry to root's folder."""
+    import tomllib
+
+    dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    mapping = {name: str(root / folder) for name, folder in dirs.items()}
+    prelude = ("import sys, importlib.util\n"
+               f"_DIRS = {mapping!r}\n"
+               "class _Checkout:\n"
+               "    @staticmethod\n"
+               "    def find_spec(name, path=None, target=None):\n"
+               "        d = _DIRS.get(name)\n"
+               "        return None if d is None else importlib.util.spec_from_file_location(name, d + '/__init__.py', "
+               "submodule_search_locations=[d])\n"
+               "sys.meta_path.insert(0, _Checkout)\n")
+    return prelude + code
+
+
+def run_python(code: str, args: list[str], checkout: Path | None = None) -> tuple[float, float, float, bytes]:
+    """`python -c code args` in a process of its own (GPUFLEET_COMMAND: a `gpufleet` command), with gpufleet from
+    `checkout` (default this one: in_checkout): wall s, CPU s (user + system), peak RSS GiB and its output; a
+    failure raises, naming the command."""
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    argv = [sys.executable, "-c", code if checkout is None else in_checkout(code, checkout), *args]
+    p = subprocess.Popen(argv, cwd=checkout or ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     out = p.stdout.read() if p.stdout else b""
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)

@@ -8,6 +8,8 @@ edges inside hours), the week under a team filter, and the week in a store that 
 GPUFLEET_BENCH_HISTORY_WEEKS earlier weeks of jobs and allocations (default 12; 0: not run): an
 analysis' cost should grow with its window, not the store's history. GPUFLEET_BENCH_ANALYZE_RUNS
 runs each (default 3), the median shown. Issue #52's goal at 1,024 GPUs: 0.5 s + start-up, 0.3 GiB.
+With GPUFLEET_BENCH_BEFORE=<a checkout of the code before> each case runs that code too, alternating
+with this one's run by run, and the table gives both and their ratio.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import statistics
 from datetime import timedelta
 
-from bench._common import GPUFLEET_COMMAND, Table, env_number, progress, run_python
+from bench._common import BEFORE_ENV, GPUFLEET_COMMAND, Table, before_checkout, env_number, progress, run_python
 
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_ANALYZE_RUNS", 3)))
 HISTORY_WEEKS = int(env_number("GPUFLEET_BENCH_HISTORY_WEEKS", 12))
@@ -41,12 +43,24 @@ def run() -> list[Table]:
     start_up = statistics.median(run_python(START_UP, [])[0] for _ in range(RUNS))
     t.add(f"start-up: the interpreter and the command's imports (median of {RUNS})", f"{start_up:.2f} s")
     goal = SCALE.gpus == 1024  # (issue #52's goal for this fleet size)
+    before = before_checkout()
     for label, args in cases:
-        progress(f"gpufleet analyze, {label}: {RUNS} runs")
-        runs = [run_python(GPUFLEET_COMMAND, ["analyze", *args, "--format", "json"]) for _ in range(RUNS)]
+        progress(f"gpufleet analyze, {label}: {RUNS} runs" + ("" if before is None else " each, alternating with the code before"))
+        command = ["analyze", *args, "--format", "json"]
+        runs, old = [], []
+        for _ in range(RUNS):
+            if before is not None:
+                old.append(run_python(GPUFLEET_COMMAND, command, before))
+            runs.append(run_python(GPUFLEET_COMMAND, command))
         wall, cpu, rss = (statistics.median(r[i] for r in runs) for i in range(3))
         t.add(f"{label}: wall / CPU / peak RSS (median of {RUNS})", f"{wall:.2f} s / {cpu:.2f} s / {rss:.2f} GiB, {len(runs[0][3]) / 1e6:.1f} MB of JSON",
               "0.5 s + start-up, 0.3 GiB (issue #52)" if goal else "", (wall - start_up <= 0.5 and rss <= 0.3) if goal else None)
+        if old:
+            w0, c0, r0 = (statistics.median(r[i] for r in old) for i in range(3))
+            t.add(f"  the code before ({before}): wall / CPU / peak RSS; this code's wall / before's",
+                  f"{w0:.2f} s / {c0:.2f} s / {r0:.2f} GiB; x{wall / w0:.2f}")
+    if before is not None:
+        t.notes += [f"{BEFORE_ENV}: the code before, run in the same way, alternating with this code's run by run"]
     t.notes += ["each run a process of its own (python -c gpufleet.cli main, as the console script), start-up, imports and the "
                 "JSON's writing included; DuckDB and polars threads as the environment sets them (GPUFLEET_DUCKDB_THREADS)"]
     return [t]
