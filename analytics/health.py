@@ -34,8 +34,8 @@ import polars as pl
 import pyarrow as pa
 
 from gpufleet.analytics import raw_reads, sql
-from gpufleet.analytics.facts import (ALL_COLUMNS, EVENT_COLUMNS, FIVE_US, OPEN_5M, SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow, fact_files_of,
-                                      fact_params, stored_buckets)
+from gpufleet.analytics.facts import (EVENT_COLUMNS, FIVE_US, HEALTH_COLUMNS, OPEN_5M, SAMPLE_EXTENT, TEMPERATURE_COLUMNS, FactWindow,
+                                      fact_files_of, fact_params, stored_buckets)
 from gpufleet.analytics.params import Params
 from gpufleet.collector.facts import DAY_US, GRAIN_1D, GRAIN_1H, GRAIN_5M, HOUR_US
 from gpufleet.collector.reading import query_rows
@@ -138,7 +138,7 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
         if others:
             events_only = what == ("events",)
             w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, inside_only=True,
-                           columns=EVENT_COLUMNS if events_only else ALL_COLUMNS)
+                           columns=EVENT_COLUMNS if events_only else HEALTH_COLUMNS)
             try:
                 answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED),
                            "events": lambda: with_inventory_models(con, _events(w))}

@@ -811,6 +811,12 @@ SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample_ts) AS model,
        {", ".join(f"sum({f}_known_s) AS {f}_known_s, sum({f}_s) / nullif(sum({f}_known_s), 0) AS {f}_mean" for f in PROFILING)}
 FROM wpe WHERE inside AND lead GROUP BY {_KEY}
 """
+# the facts' columns HEALTH_FROM_FACTS reads beyond a part's key and times (facts.HEALTH_COLUMNS: a narrower read)
+HEALTH_FACT_COLUMNS = ("samples_n", "first_sample_ts", "last_sample_ts", "sample_temp_max_c", "temp_sum", "temp_n", "mem_temp_max_c",
+                       "power_max_w", "lost_n", "lost_ts", "xid_codes", "xid_n", "ecc_dbe_agg_max", "remap_correctable_max",
+                       "remap_uncorrectable_max", "remap_failure_max", "reasons_known_n", "reasons_known_s",
+                       *(f"{c}_{x}" for c in ("ecc_dbe", "ecc_sbe", "pcie_replay", "thermal_viol", "power_viol") for x in ("first", "last")),
+                       *(f"{r}_{x}" for r in THROTTLE_REASONS for x in ("n", "s")), *(f"{f}_{x}" for f in PROFILING for x in ("known_s", "s")))
 HEALTH_TIME_WEIGHTED = ("xid_samples", "reasons_known_s", *(f"{r}_s" for r in THROTTLE_REASONS),
                         *(f"{f}_{x}" for f in PROFILING for x in ("known_s", "mean")))
 
