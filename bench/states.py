@@ -19,7 +19,8 @@ proportion to its size).
 
 Knobs (environment): GPUFLEET_BENCH_STATES_GPUS="256,1024" (the fleet sizes),
 GPUFLEET_BENCH_STATES_WINDOW_GPUS="256,1024" (the window breakdown's; "" skips it; a day of 1,024 GPUs with its facts takes ~10 min to generate on a loaded 2-core machine),
-GPUFLEET_BENCH_CACHE=bench/results/states (generated stores, reused).
+GPUFLEET_BENCH_CACHE=bench/results/states (generated stores, reused), GPUFLEET_BENCH_BEFORE=<a checkout of the code
+before> (the window's breakdown measured with that code too, in a process before this code's, with the ratio).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from bench._common import ROOT, Table, progress
+from bench._common import ROOT, Table, before_checkout, in_checkout, progress
 
 START = datetime(2026, 3, 2)
 DAY = timedelta(days=1)
@@ -201,12 +202,22 @@ def window_table(sizes: list[int], cache: Path) -> Table:
             generate(root, gpus)
             with_facts(root)
             progress(f"generated in {time.monotonic() - started:.0f} s")
-        out = subprocess.run([sys.executable, "-c", MEASURE_WINDOW, str(root), START.isoformat(), (START + DAY).isoformat(), *_jobs(gpus)],
-                             capture_output=True, text=True, check=True, cwd=ROOT)
+        args = [str(root), START.isoformat(), (START + DAY).isoformat(), *_jobs(gpus)]
+        before = before_checkout()
+        old = None
+        if before is not None:  # the code before first, in its own checkout (bench._common.in_checkout), then this code
+            r = subprocess.run([sys.executable, "-c", in_checkout(MEASURE_WINDOW, before), *args], capture_output=True, text=True, cwd=before)
+            old = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+            if old is None:
+                t.add(f"{gpus:,} GPUs: the code before ({before})", f"did not run this measure: {(r.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        out = subprocess.run([sys.executable, "-c", MEASURE_WINDOW, *args], capture_output=True, text=True, check=True, cwd=ROOT)
         got = json.loads(out.stdout.strip().splitlines()[-1])
         t.add(f"{gpus:,} GPUs, {got['jobs_n']:,} jobs: Analysis of the day (its parts: {got['tiles']})", f"{got['analysis_s']:.2f} s")
         t.add(f"{gpus:,} GPUs: window_states on it (median of 3; beside it the idle figure's stretches, the same chaining pass)",
               f"{got['states_s']:.2f} s (idle stretches {got['idle_s']:.2f} s)")
+        if old is not None:
+            t.add(f"{gpus:,} GPUs: the code before ({before}): Analysis / window_states; this code's / before's",
+                  f"{old['analysis_s']:.2f} s / {old['states_s']:.2f} s; x{got['analysis_s'] / old['analysis_s']:.2f} / x{got['states_s'] / old['states_s']:.2f}")
         t.add(f"{gpus:,} GPUs: peak RSS", f"{got['rss_mib']:.0f} MiB")
         for job, m in got["jobs"].items():
             share = lambda d: ", ".join(f"{k} {v:.1%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))  # noqa: E731
