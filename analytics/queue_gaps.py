@@ -27,7 +27,7 @@ import polars as pl
 from gpufleet.analytics import sql
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
-from gpufleet.analytics.scope import pool_filter_note
+from gpufleet.analytics.scope import POOL_WIDE_FILTERS, pool_filter_note
 from gpufleet.collector.intervals import distinct
 from gpufleet.collector.reading import query_rows
 from gpufleet.times import utcnow
@@ -85,7 +85,7 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     pools = pl.DataFrame(pool_rows, schema=POOL_SCHEMA).sort(["gap_gpu_h", *POOL], descending=[True, False, False, False])
     jobs = (pl.concat(job_rows) if job_rows else pl.DataFrame(schema={**JOB_SCHEMA, "fit_h": pl.Float64}))
     jobs = jobs.with_columns(fit_gpu_h=pl.col("fit_h") * pl.col("gpus").cast(pl.Float64)).select(list(JOB_SCHEMA)).cast(JOB_SCHEMA)
-    picked = [pl.col(c) == v for c, v in (("account", f.account), ("user_name", f.user_name), ("job_key", f.job_key)) if v is not None]
+    picked = [pl.col(k) == getattr(f, k) for k in POOL_WIDE_FILTERS if getattr(f, k) is not None]
     if picked:  # (the gaps are everyone's; the filter picks whose waiting jobs are listed)
         jobs = jobs.filter(*picked)
     return QueueGaps(pools, jobs.sort(["fit_gpu_h", "job_key"], descending=[True, False]), not_counted, pool_filter_note(f))
