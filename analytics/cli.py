@@ -351,6 +351,8 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     out.write(f"gpufleet reliability {w['from']} .. {w['to']}\n")
     if rel["filters"]:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in rel["filters"].items()) + "\n")
+    if rel.get("model_note"):
+        out.write(f"  {rel['model_note']}\n")
     out.write(f"attempts {f['attempts']}, ended in the window {f['ended_in_window']}; "
               f"allocated {fmt(f['allocated_gpu_hours'], 'allocated_gpu_h')} GPU-h\n"
               f"interruptions {f['interruptions']} ({fmt(f['interruptions_per_1000_gpu_days'])} per 1,000 GPU-days), "

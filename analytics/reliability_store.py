@@ -20,6 +20,7 @@ from gpufleet.analytics.reliability import (
     chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
     link_chains, lost_since, mix_bucket, node_failures,
 )
+from gpufleet.analytics.scope import reliability_model_note
 from gpufleet.procs import gc_paused
 from gpufleet.times import ceil_time, floor_time
 
@@ -172,6 +173,7 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat()},
         "filters": {k: v for k, v in params.filters.bind().items() if v is not None},
+        "model_note": reliability_model_note(params.filters),  # under a GPU model filter: it does not apply here
         "settings": {"hardware_window_s": s.hardware_window.total_seconds(), "grace_s": s.grace.total_seconds(),
                      "resubmit_window_s": s.resubmit_window.total_seconds(), "admin_uids": sorted(s.admin_uids),
                      "lemon_false_positive_rate": s.lemon_fp_rate, "lemon_min_failures": s.lemon_min_failures,

@@ -46,3 +46,12 @@ def fairness_model_note(filters: Any) -> str | None:
         return None
     return (f"fairness compares each team's allocations on every GPU model with its entitlement: the filter model={filters.model} "
             "does not narrow it")
+
+
+def reliability_model_note(filters: Any) -> str | None:
+    """Why a GPU model filter does not narrow reliability (None: none set): an attempt is one job's, and its GPUs
+    are counted whatever their model (the account, user, partition, job and cluster filters do narrow it)."""
+    if getattr(filters, "model", None) is None:
+        return None
+    return (f"reliability counts job attempts with all their GPUs, whatever their model: the filter model={filters.model} "
+            "does not narrow it (the other filters do)")

@@ -407,7 +407,9 @@ def test_a_job_s_report_gives_its_row_of_the_window_s_mfu(store, use_store):
 
 
 def test_reliability(tmp_path, use_store):
-    from gpufleet.analytics import reliability_store
+    from gpufleet.analytics import reliability_store, vocabulary as words
+    from gpufleet.analytics.params import Filters
+    from gpufleet.analytics.scope import reliability_model_note
     from tests.test_reliability import _t, build_store
 
     f = build_store(tmp_path / "rel")
@@ -415,9 +417,11 @@ def test_reliability(tmp_path, use_store):
     at = goto(open_app(**{"from": "2026-11-16T00:00", "to": "2026-11-16T09:00"}), "reliability")
     rel = reliability_store.report(f.reader(), Params(_t(0), _t(9)), as_of=_t(9))
     assert metrics(at)["Interruptions"] == "2" and metrics(at)["Hardware"] == "1"
-    # which filters apply, said as the Health page says its own (a GPU model filter selects no attempt)
-    assert any(c.value.startswith("Reliability is about job attempts: the cluster, account, user and partition filters apply, "
-                                  "the GPU model filter does not") for c in at.caption)
+    # a GPU model filter selects no attempt: the page says so under one (the report's model_note), and nothing without
+    assert not any("does not narrow it" in c.value for c in at.caption)
+    by_model = goto(open_app(**{"from": "2026-11-16T00:00", "to": "2026-11-16T09:00", "model": "A100"}), "reliability")
+    assert words.sentence(reliability_model_note(Filters(model="A100"))) in [c.value for c in by_model.caption]
+    assert metrics(by_model)["Interruptions"] == "2"
     shown = frame(at, "reliability_interrupted")
     assert list(shown["job_id"]) == [a["job_id"] for a in rel["interrupted_attempts"]] == ["1", "2"]
     assert "XID 79 (GPU fell off the bus) on n1 GPU 1" in shown["reason"].iloc[0]

@@ -433,6 +433,9 @@ def analyze_reliability(root, start: str, end: str, *args: str):
 def test_cli_reliability_json_and_table(store):
     import json
 
+    from gpufleet.analytics.params import Filters
+    from gpufleet.analytics.scope import reliability_model_note
+
     run = lambda *a: analyze_reliability(store.root, "2026-11-16T00:00:00Z", "2026-11-16T09:00:00Z", *a)  # noqa: E731
     j = run("--format", "json")
     assert j.returncode == 0, j.stderr
@@ -445,6 +448,16 @@ def test_cli_reliability_json_and_table(store):
     # a chain's job ids as the pages list them, never a Python list
     chains = t.stdout.split("Job chains that lost most", 1)[1]
     assert doc["chains"] and doc["chains"][0]["job_ids"][0] in chains and "['" not in t.stdout
+    # a GPU model filter does not narrow the attempts (all of a job's GPUs count, whatever their model): the JSON and the
+    # table say so, and the figures are the fleet's
+    assert doc["model_note"] is None
+    m = run("--format", "json", "--model", "A100")
+    assert m.returncode == 0, m.stderr
+    by_model = json.loads(m.stdout)
+    assert by_model["filters"] == {"model": "A100"} and by_model["figures"] == doc["figures"]
+    assert by_model["model_note"] == reliability_model_note(Filters(model="A100"))
+    assert "the filter model=A100 does not narrow it" in by_model["model_note"]
+    assert f"  {by_model['model_note']}\n" in run("--model", "A100").stdout
 
 
 # --- chains and goodput ---

@@ -25,9 +25,9 @@ def _rows(rows: list[dict], columns: list[str]) -> pl.DataFrame:
 
 
 def body(ctx: ui.Context) -> None:
-    st.caption("Reliability is about job attempts: the cluster, account, user and partition filters apply, the GPU model filter "
-               "does not (an attempt's GPUs are counted whatever their model).")
     rel = data.reliability(ctx.window.key)
+    if rel["model_note"]:
+        st.caption(words.sentence(rel["model_note"]))
     ui.window_caption(rel["resolved"])
     f = rel["figures"]
     if not f["attempts"]:
