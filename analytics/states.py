@@ -413,13 +413,13 @@ def _evidence(js: JobStates, per: Sequence[GpuStates], t: Thresholds) -> dict[st
         share = js.share(s)
         if not share:
             continue
-        head = f"{words.state(s)} {share:.0%}" if share >= 0.005 else f"{words.state(s)} <1%"  # (a state with time is never "0%")
+        head = f"{words.state(s)} {words.pct(100 * share, 0)}"  # (a state with time is never "0 %": "<1 %")
         if s == "input_bound":
             rx, sm = _mean_over(per, s, _RX), _mean_over(per, s, _SM)
-            out[s] = f"{head}: PCIe RX {rx / 1e9:.1f} GB/s while SM active {sm:.0%}" if rx is not None and sm is not None else head
+            out[s] = f"{head}: PCIe RX {rx / 1e9:.1f} GB/s while SM active {words.pct(100 * sm, 0)}" if rx is not None and sm is not None else head
         elif s == "communication_bound":
             nvl, ten = _mean_over(per, s, _NVL), _mean_over(per, s, _TENSOR)
-            out[s] = f"{head}: NVLink {nvl / 1e9:.0f} GB/s while tensor active {ten:.0%}" if nvl is not None and ten is not None else head
+            out[s] = f"{head}: NVLink {nvl / 1e9:.0f} GB/s while tensor active {words.pct(100 * ten, 0)}" if nvl is not None and ten is not None else head
         elif s == "checkpoint" and js.checkpoints is not None:
             c = js.checkpoints
             out[s] = f"{head}: every {words.duration(c.period_s)}, {words.duration(c.cost_s)} each"
@@ -430,13 +430,13 @@ def _evidence(js: JobStates, per: Sequence[GpuStates], t: Thresholds) -> dict[st
             out[s] = (f"{head}: {words.duration(js.seconds[s] / max(1, len(per)))} per GPU before the first "
                       f"{words.duration(t.startup_busy_seconds)} busy")
         elif s == "idle":
-            out[s] = (f"{head}: below {t.idle_threshold:g}% utilization in stretches of at least {words.duration(t.idle_min_s)}, "
+            out[s] = (f"{head}: below {t.idle_threshold:g} % utilization in stretches of at least {words.duration(t.idle_min_s)}, "
                       f"{words.duration(js.seconds[s] / max(1, len(per)))} per GPU")
         elif s == "no_process":
             out[s] = f"{head}: no compute process on its GPUs, {words.duration(js.seconds[s] / max(1, len(per)))} per GPU"
         elif s == "compute":
             ten = _mean_over(per, s, _TENSOR)
-            out[s] = f"{head}: tensor active {ten:.0%} (MFU's estimate input)" if ten is not None else f"{head}: tensor activity unknown"
+            out[s] = f"{head}: tensor active {words.pct(100 * ten, 0)} (MFU's estimate input)" if ten is not None else f"{head}: tensor activity unknown"
         elif s == "busy_unresolved":
             fields = sorted({f for g in per for k in ("input_bound", "communication_bound") for f in g.unknown.get(k, ())})
             out[s] = f"{head}: busy, not split without {', '.join(fields)}"

@@ -210,12 +210,13 @@ def usd(x: float | None) -> str:
     return f"{MINUS if x < 0 else ''}${abs(x):,.{DECIMALS['usd']}f}"
 
 
-def pct(x: float | None) -> str:
-    """A percentage, one decimal: 12.3 %; a positive one too small to show one, "<0.1 %" (never 0.0 % for some time)."""
+def pct(x: float | None, decimals: int = DECIMALS["pct"]) -> str:
+    """A percentage, one decimal (or `decimals`: a headline's whole percent): 12.3 %; a positive one too small to show at
+    that precision, "<0.1 %" ("<1 %"): never 0.0 % for some time."""
     if bad(x):
         return UNKNOWN
-    least = 10.0 ** -DECIMALS["pct"]
-    return f"<{least:.{DECIMALS['pct']}f} %" if 0 < x < least / 2 else f"{x:.{DECIMALS['pct']}f} %"
+    least = 10.0 ** -decimals
+    return f"<{least:.{decimals}f} %" if 0 < x < least / 2 else f"{x:.{decimals}f} %"
 
 
 def duration(seconds: float | None) -> str:

@@ -255,11 +255,12 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
     formats by column name: GPU-hours 1 decimal, dollars with cents, percentages 1 decimal."""
     cfg: dict[str, Any] = {}
     labels = labels or {}
+    tiny = _tiny_percents(df)
     for name, dtype in df.schema.items():
         label = labels.get(name, words.header(name))
         if (isinstance(dtype, pl.Datetime) or name in times) and "UTC" not in label:
             label += " (UTC)"
-        if _duration_scale(name, dtype):
+        if _duration_scale(name, dtype) or name in tiny:
             cfg[name] = st.column_config.NumberColumn(label)  # no format: display_text's words show
         elif dtype.is_numeric():
             fmt = _FORMATS.get(words.kind(name) or "")
@@ -278,12 +279,23 @@ def display_text(df: pl.DataFrame) -> Any:
     Styler whose display text writes them out ("2 h 48 min", a null "unknown" or what it means)
     while the cells keep their numbers, so clicking the header sorts by value, not by the text."""
     scales = {c: k for c, t in df.schema.items() if (k := _duration_scale(c, t))}
-    if not scales:
+    tiny = _tiny_percents(df)
+    if not scales and not tiny:
         return df
     styler = df.to_pandas(use_pyarrow_extension_array=True).style
     for c, k in scales.items():
         styler = styler.format(lambda v, k=k: words.duration(v * k), subset=[c], na_rep=_NULL_MEANS.get(c, words.UNKNOWN))
+    for c in tiny:
+        styler = styler.format(words.pct, subset=[c], na_rep=words.UNKNOWN)
     return styler
+
+
+def _tiny_percents(df: pl.DataFrame) -> list[str]:
+    """people()'s percentage columns with a positive value too small for one decimal: written by vocabulary.pct ("<0.1 %",
+    as the CLI and the report write it), never "0.0 %" for some time (a job's 40 s of startup in a week)."""
+    least = 0.5 * 10.0 ** -words.DECIMALS["pct"]
+    return [c for c, t in df.schema.items() if t.is_numeric() and not _duration_scale(c, t) and words.kind(c) in ("pct", "fraction")
+            and df.select(((pl.col(c) > 0) & (pl.col(c) < least)).any()).item()]
 
 
 def unknown_gpu_counts_note(df: pl.DataFrame) -> pl.DataFrame:

@@ -43,7 +43,7 @@ def minutes(m: float) -> int:
 def test_a_busy_gpu_is_all_compute():
     js = job_states([gpu([90.0] * minutes(60))], T)
     assert js.data_s == 3600 and js.seconds["compute"] == 3600
-    assert js.largest_loss is None and "tensor active 60%" in js.evidence["compute"]
+    assert js.largest_loss is None and "tensor active 60 %" in js.evidence["compute"]
 
 
 def test_startup_is_the_time_before_the_first_sustained_busy_stretch():
@@ -62,8 +62,8 @@ def test_a_gpu_never_busy_has_no_startup_but_idle_and_no_process():
     js = job_states([gpu(util, procs=procs)], T)
     assert (js.seconds["startup"], js.seconds["no_process"], js.seconds["idle"]) == (0, 20 * 60, 40 * 60)
     # the evidence says the rule and how long, not the share alone ("idle 67%" was all the job page said)
-    assert js.evidence["idle"] == f"idle 67%: below {T.idle_threshold:g}% utilization in stretches of at least 30 min, 40 min per GPU"
-    assert js.evidence["no_process"] == "no process 33%: no compute process on its GPUs, 20 min per GPU"
+    assert js.evidence["idle"] == f"idle 67 %: below {T.idle_threshold:g} % utilization in stretches of at least 30 min, 40 min per GPU"
+    assert js.evidence["no_process"] == "no process 33 %: no compute process on its GPUs, 20 min per GPU"
 
 
 def test_checkpoints_every_30_minutes_costing_90_s():
@@ -82,11 +82,11 @@ def test_checkpoints_every_30_minutes_costing_90_s():
 
 
 def test_a_state_with_time_is_never_said_to_be_0_percent():
-    """A short no-process start beside a long busy run: its evidence reads "<1%", not "0%" beside its GPU-hours."""
+    """A short no-process start beside a long busy run: its evidence reads "<1 %", not "0 %" beside its GPU-hours."""
     n = minutes(300)
     js = job_states([gpu([95.0] * n, procs=[0.0] * minutes(1) + [1.0] * (n - minutes(1)))], T)
-    assert js.seconds["no_process"] == 60 and js.evidence["no_process"] == "no process <1%: no compute process on its GPUs, 1 min per GPU"
-    assert js.evidence["compute"].startswith("compute 100%")
+    assert js.seconds["no_process"] == 60 and js.evidence["no_process"] == "no process <1 %: no compute process on its GPUs, 1 min per GPU"
+    assert js.evidence["compute"].startswith("compute 100 %")
 
 
 def test_irregular_dips_are_pauses_not_checkpoints():
@@ -103,7 +103,7 @@ def test_input_bound_is_low_sm_activity_with_host_to_device_traffic():
     sm = [0.18] * (n // 2) + [0.9] * (n - n // 2)
     js = job_states([gpu([60.0] * n, sm=sm, rx=11e9)], T)
     assert js.seconds["input_bound"] == 1800 and js.seconds["compute"] == 1800
-    assert js.evidence["input_bound"] == "input-bound 50%: PCIe RX 11.0 GB/s while SM active 18%"
+    assert js.evidence["input_bound"] == "input-bound 50 %: PCIe RX 11.0 GB/s while SM active 18 %"
 
 
 def test_communication_bound_needs_several_gpus():
@@ -112,7 +112,7 @@ def test_communication_bound_needs_several_gpus():
     assert one.seconds["communication_bound"] == 0 and one.seconds["compute"] == 1800
     two = job_states([gpu([70.0] * minutes(30), name=f"n1:{i}", **kw) for i in range(2)], T)
     assert two.seconds["communication_bound"] == 3600
-    assert "NVLink 200 GB/s while tensor active 5%" in two.evidence["communication_bound"]
+    assert "NVLink 200 GB/s while tensor active 5 %" in two.evidence["communication_bound"]
 
 
 def test_a_straggler_is_named_and_costs_the_others_their_shortfall():

@@ -146,6 +146,26 @@ def test_the_table_formatter_writes_no_raw_value(rows):
         assert (got is None) if (was is None or math.isnan(was)) else got == was
 
 
+def test_a_tiny_share_reads_less_than_the_least_shown_never_zero():
+    """A job's page listed 40 s of startup in a week as "0.0 %" under "share %": a percentage with some time too small
+    for one decimal is written by vocabulary.pct on the pages as in the CLI ("<0.1 %"), and at a headline's whole
+    percent "<1 %"; its cell keeps its number (sorts by value) and zero stays "0.0 %"."""
+    pytest.importorskip("streamlit")
+    from gpufleet.dashboards import ui
+
+    assert (words.pct(0.04), words.pct(0.05), words.pct(0.0), words.pct(0.4, 0), words.pct(0.6, 0)) == ("<0.1 %", "0.1 %", "0.0 %", "<1 %", "1 %")
+    shown = ui.people(pl.DataFrame({"share_pct": [99.97, 0.03, 0.0], "idle_share": [0.5, 0.0001, None]}))
+    assert shown["share_pct"].to_list() == [99.97, 0.03, 0.0]
+    styled = ui.display_text(shown)
+    body = styled._translate(False, False)["body"]  # (as Streamlit reads a Styler)
+    written = [[c["display_value"] for c in row if c.get("type") == "td"] for row in body]
+    assert written == [["100.0 %", "50.0 %"], ["<0.1 %", "<0.1 %"], ["0.0 %", words.UNKNOWN]]
+    assert all(ui.column_config(shown)[c]["type_config"]["format"] is None for c in shown.columns)
+    # without a tiny value the table stays a frame, formatted by its columns' printf format
+    plain = ui.people(pl.DataFrame({"share_pct": [99.97, 0.0]}))
+    assert ui.display_text(plain) is plain and ui.column_config(plain)["share_pct"]["type_config"]["format"] == "%.1f %%"
+
+
 @pytest.mark.parametrize("column, kind", [
     ("idle_cost", "usd"), ("usd_per_gpu_hour", "usd"), ("cost_usd_per_h", "usd"), ("idle_gpu_h", "gpu_h"), ("gpu_hours", "gpu_h"),
     ("runtime_h", "duration"), ("wait_p50_s", "duration"), ("utilization_pct", "pct"), ("mfu_pct", "pct"), ("allocated_share", "fraction"),
