@@ -179,8 +179,7 @@ def model_unknown_warnings(t: Totals) -> list[str]:
     n = t.model_unknown_jobs
     held = f" ({words.gpu_h(t.model_unknown_gpu_h)} GPU-h allocated)" if t.model_unknown_gpu_h is not None else ""
     return [f"{words.quantity(n, 'job')} of this window{held} {words.have(n)} no GPU of known model in the job mapping "
-            "(no exporter saw {0} on a GPU): a GPU model filter cannot place {0}, so {0} {1} in no model's figures".format(
-                "them" if n != 1 else "it", "are" if n != 1 else "is")]
+            "(seen by no exporter on a GPU): a GPU model filter cannot place such a job, so its GPU-hours are in no model's figures"]
 
 
 def totals_warnings(t: Totals) -> list[str]:

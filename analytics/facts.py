@@ -60,12 +60,14 @@ PART_KEY_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "mig_pr
                     "job_key", "lead")
 # The parts' columns core.Analysis' figures read (this module's queries, sql.WINDOW_STATE_JOBS), for a narrower window table (the
 # health columns are the Health page's own FactWindow's). A query naming another column fails when bound; the tests run every figure.
+# The profiling fields a job's states read (states.py: tensor for compute and communication, SM and PCIe RX for input-bound,
+# NVLink for communication) as the parts carry them: known seconds and value x seconds; the held parts' (HELD_COLUMNS) too
+STATE_FIELDS = ("tensor_active", "sm_active", "pcie_rx_bytes_per_s", "nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s")
+STATE_FIELD_COLUMNS = tuple(f"{f}_{part}" for f in STATE_FIELDS for part in ("known_s", "s"))
 ANALYSIS_COLUMNS = (
     *PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "nop_s", "fb_max_mib",
     "idle_head_us", "idle_tail_us", "idle_whole", "idle_inner_us", "nop_head_us", "nop_tail_us", "nop_whole", "nop_inner_us",
-    "tensor_active_known_s", "tensor_active_s", "sm_active_known_s", "sm_active_s", "pcie_rx_bytes_per_s_known_s", "pcie_rx_bytes_per_s_s",
-    "nvlink_rx_bytes_per_s_known_s", "nvlink_rx_bytes_per_s_s", "nvlink_tx_bytes_per_s_known_s", "nvlink_tx_bytes_per_s_s",
-    "clocked_s", "tensor_clock_s", "tensor_clocked_s")
+    *STATE_FIELD_COLUMNS, "clocked_s", "tensor_clock_s", "tensor_clocked_s")
 # ... those a timeline's re-read of the parts, cut at its buckets, reads (timeline.bucketed_parts: TIMELINE_PARTS, JOB_GPU_PARTS, _HELD)
 TIMELINE_COLUMNS = (*PART_KEY_COLUMNS, "covered_s", "data_s", "busy_s", "fb_max_mib")
 # ... and those the Health page's temperature chart reads (sql.TEMPERATURE_FROM_FACTS, at its buckets' grain)
@@ -164,10 +166,7 @@ HOLDER_TABLE = f"CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVE
 # wheld: _HELD's rows with their holder's number (the names joined to wholder's holders)
 # ... the columns of wpe its readers read (STRETCH_ROWS, sql.WINDOW_STATE_JOBS): a narrower table is a faster one to write
 HELD_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "equiv", "inside", "p0", "p1", "scheduler", "job_key", "data_s", "nop_s",
-                *(f"{k}_{c}" for k in ("idle", "nop") for c in ("head_us", "tail_us", "whole", "inner_us")),
-                "tensor_active_known_s", "tensor_active_s", "sm_active_known_s", "sm_active_s", "pcie_rx_bytes_per_s_known_s",
-                "pcie_rx_bytes_per_s_s", "nvlink_rx_bytes_per_s_known_s", "nvlink_rx_bytes_per_s_s", "nvlink_tx_bytes_per_s_known_s",
-                "nvlink_tx_bytes_per_s_s")
+                *(f"{k}_{c}" for k in ("idle", "nop") for c in ("head_us", "tail_us", "whole", "inner_us")), *STATE_FIELD_COLUMNS)
 HELD_TABLE = f"""CREATE OR REPLACE TEMP TABLE wheld AS
 SELECT o.hk, {", ".join(f"p.{c}" for c in HELD_COLUMNS)}, o.job_id, o.user_name, o.account, o.partition
 FROM wpe p JOIN ({_HOLDER_JOB.format(holders="wholder")}) o ON {_HOLDERS_ON}"""

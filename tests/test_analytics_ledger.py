@@ -372,8 +372,8 @@ def test_a_model_filter_names_the_jobs_it_cannot_place(tmp_path):
     assert Analysis(con, p(0, 2), now=H(3)).totals().allocated_gpu_h == pytest.approx(8.0)
     t = Analysis(con, p(0, 2, model=A100), now=H(3)).totals()
     assert (t.allocated_gpu_h, t.model_unknown_jobs, t.model_unknown_gpu_h) == (pytest.approx(2.0), 1, pytest.approx(4.0))
-    assert core.totals_warnings(t) == ["1 job of this window (4.0 GPU-h allocated) has no GPU of known model in the job mapping (no "
-                                       "exporter saw it on a GPU): a GPU model filter cannot place it, so it is in no model's figures"]
+    assert core.totals_warnings(t) == ["1 job of this window (4.0 GPU-h allocated) has no GPU of known model in the job mapping (seen by no "
+                                       "exporter on a GPU): a GPU model filter cannot place such a job, so its GPU-hours are in no model's figures"]
     h = Analysis(con, p(0, 2, model=H100), now=H(3)).totals()
     assert h.allocated_gpu_h == pytest.approx(2.0) and h.model_unknown_jobs == 1
     # unfiltered, job 3 counts (its GPUs no exporter reports: capacity_warnings says that), and no model is asked
