@@ -152,19 +152,39 @@ def in_checkout(code: str, root: Path) -> str:
     return prelude + code
 
 
+# The child's own peak RSS, written at its exit to the file PEAK_ENV names: wait4's ru_maxrss is not it - Linux keeps the
+# larger of the old and the new image's high-water mark across exec, so a child spawned by a bench that had just generated
+# its store in-process reported the bench's 1.25 GiB for every run (VmHWM is the new image's alone)
+PEAK_ENV = "GPUFLEET_BENCH_PEAK_FILE"
+_PEAK_PRELUDE = ("import atexit as _atexit, os as _os\n"
+                 "def _peak():\n"
+                 "    with open('/proc/self/status') as f, open(_os.environ['" + PEAK_ENV + "'], 'w') as out:\n"
+                 "        out.write(next(l.split()[1] for l in f if l.startswith('VmHWM:')))\n"
+                 "_atexit.register(_peak)\n")
+
+
 def run_python(code: str, args: list[str], checkout: Path | None = None) -> tuple[float, float, float, bytes]:
     """`python -c code args` in a process of its own (GPUFLEET_COMMAND: a `gpufleet` command), with gpufleet from
-    `checkout` (default this one: in_checkout): wall s, CPU s (user + system), peak RSS GiB and its output; a
-    failure raises, naming the command."""
-    t0 = time.perf_counter()
-    argv = [sys.executable, "-c", code if checkout is None else in_checkout(code, checkout), *args]
-    p = subprocess.Popen(argv, cwd=checkout or ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    out = p.stdout.read() if p.stdout else b""
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError(f"python -c {code!r} {' '.join(args)} exited {p.returncode}")
-    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20, out
+    `checkout` (default this one: in_checkout): wall s, CPU s (user + system), peak RSS GiB (its VmHWM) and its output;
+    a failure raises, naming the command."""
+    import tempfile
+
+    given, code = code, _PEAK_PRELUDE + code
+    with tempfile.NamedTemporaryFile("r", prefix="gpufleet-bench-peak-") as peak:
+        t0 = time.perf_counter()
+        argv = [sys.executable, "-c", code if checkout is None else in_checkout(code, checkout), *args]
+        p = subprocess.Popen(argv, cwd=checkout or ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             env={**os.environ, PEAK_ENV: peak.name})
+        out = p.stdout.read() if p.stdout else b""
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            raise RuntimeError(f"python -c {given!r} {' '.join(args)} exited {p.returncode}")
+        kib = peak.read().strip()
+    if not kib.isdigit():
+        raise RuntimeError(f"python -c {given!r} {' '.join(args)} wrote no peak RSS to {PEAK_ENV} (read {kib!r}): expected its VmHWM in kB")
+    return wall, usage.ru_utime + usage.ru_stime, int(kib) / 2**20, out
 
 
 def measure_child(module: str, args: list[str], timeout: float) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench._common import ROOT, before_checkout, in_checkout
+from bench._common import ROOT, before_checkout, in_checkout, run_python
 
 
 def test_a_command_in_another_checkout_imports_that_checkouts_packages(tmp_path):
@@ -36,3 +36,18 @@ def test_the_before_checkout_must_be_one(tmp_path, monkeypatch):
         before_checkout()
     (tmp_path / "pyproject.toml").write_text("")
     assert before_checkout() == tmp_path.resolve()
+
+
+def test_a_child_s_peak_rss_is_its_own_not_its_big_parent_s():
+    """Linux keeps the larger of the old and the new image's high-water RSS across exec, so wait4's ru_maxrss of a
+    child spawned by a bench that had just generated its store (1.25 GiB) read 1.25 GiB for every `gpufleet
+    analyze` run: run_python reports the child's own VmHWM."""
+    ballast = bytearray(600 * 2**20)  # touched: resident in this process
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    wall, cpu, gib, out = run_python("import sys; print('ran', sys.argv[1])", ["here"])
+    assert out.strip() == b"ran here" and wall > 0 and cpu > 0
+    assert 0.001 < gib < 0.25, gib  # an interpreter's own, not the parent's 0.6 GiB
+    with pytest.raises(RuntimeError, match="exited 3"):
+        run_python("import sys; sys.exit(3)", [])
+    del ballast
