@@ -157,7 +157,8 @@ def _report(con, params, by: str, top: int, job: str | None, now: datetime | Non
             "gpu_retire_after_s": params.retire_after.total_seconds(),
         },
         "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
-        "warnings": unknown_filter_values(con, params.filters) + a.edge_warnings() + unknown_gpu_jobs(a) + totals_warnings(totals),
+        "warnings": (unknown_filter_values(con, params.filters) + a.empty_warnings(totals) + a.edge_warnings() + unknown_gpu_jobs(a)
+                     + totals_warnings(totals)),
         "totals": {k: _plain(v) for k, v in asdict(totals).items()},
         "trend": rows(base.compare(totals)),
         "previous_window": {"from": base.start.isoformat(), "to": base.end.isoformat(), "comparable": base.no_comparison is None,

@@ -25,7 +25,7 @@ from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_pa
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.collector.intervals import distinct
 from gpufleet.collector.reading import query_rows
-from gpufleet.times import epoch_us, utcnow
+from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
 JOB_KEY = ["cluster", "scheduler", "job_key"]  # what names a job
@@ -298,6 +298,21 @@ class Analysis:
     def edge_warnings(self) -> list[str]:
         """facts.edge_warnings of this window."""
         return facts.edge_warnings(self.con, self.p)
+
+    def empty_warnings(self, t: Totals) -> list[str]:
+        """A warning when the window holds no GPU sample (of its scope): its zeros measure nothing, so they are said to
+        be so, with where the store's samples lie (`analyze` of a mistyped week answered 0.0 GPU-h and exited 0)."""
+        if t.data_gpu_h > 0:
+            return []
+        cur = self.con.cursor()
+        try:
+            first, last = cur.execute(facts.SAMPLE_EXTENT).fetchall()[0]
+        finally:
+            cur.close()
+        where = ("the store holds no GPU sample yet" if first is None else
+                 f"the store's samples run from {from_epoch_us(first):%Y-%m-%d %H:%M} to {from_epoch_us(last):%Y-%m-%d %H:%M} UTC")
+        scope = "" if t.scope == "fleet" else f" of {t.scope}"
+        return [f"no GPU samples{scope} in this window: its figures measure nothing ({where})"]
 
     def _make(self, what: str) -> None:
         """Make "al" (sql.ALLOCATIONS) or "use" (_allocation_parts, after al) unless made already."""

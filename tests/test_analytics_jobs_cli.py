@@ -154,6 +154,26 @@ def test_cli_says_which_entitled_shares_it_used(fleet, tmp_path):  # noqa: F811
     assert "entitled shares: share weights from [analytics] shares in the configuration" in table.stdout
 
 
+def test_a_window_without_samples_says_so(fleet):  # noqa: F811
+    """`analyze` of a mistyped week answered 0.0 GPU-h, "(none in this window)" and exit 0, without a word: an empty
+    result that reports success. It warns, with where the store's samples lie; a window with samples does not."""
+    empty = analyze("--store", str(fleet.root), "--from", "2026-03-02T00:00:00Z", "--to", "2026-03-09T00:00:00Z", "--format", "json")
+    assert empty.returncode == 0, empty.stderr
+    doc = json.loads(empty.stdout)
+    assert doc["totals"]["data_gpu_h"] == 0
+    said = [w for w in doc["warnings"] if w.startswith("no GPU samples in this window")]
+    assert said == ["no GPU samples in this window: its figures measure nothing (the store's samples run from 2026-11-16 09:00 "
+                    f"to {said[0].rsplit(' to ', 1)[1]}"] and said[0].endswith(" UTC)") and f"warning: {said[0]}" in empty.stderr
+    table = analyze("--store", str(fleet.root), "--from", "2026-03-02T00:00:00Z", "--to", "2026-03-09T00:00:00Z")
+    assert f"WARNING: {said[0]}" in table.stdout
+    # a filter with nothing in the window says whose samples are missing
+    team = json.loads(analyze("--store", str(fleet.root), "--from", "2026-03-02T00:00:00Z", "--to", "2026-03-09T00:00:00Z",
+                              "--team", "physics", "--format", "json").stdout)
+    assert any(w.startswith("no GPU samples of account=physics in this window") for w in team["warnings"])
+    full = json.loads(analyze("--store", str(fleet.root), "--from", "2026-11-16T10:00:00Z", "--to", "2026-11-16T12:00:00Z", "--format", "json").stdout)
+    assert not any("no GPU samples" in w for w in full["warnings"])
+
+
 def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811
     r = analyze_process("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "user_name")
     assert r.returncode == 0, r.stderr
