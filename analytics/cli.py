@@ -180,6 +180,11 @@ def _report(con, params, by: str, top: int, job: str | None, now: datetime | Non
     report["queue_gaps"] = gaps.result()
     if job:
         r = job_report(a, job)
+        if r is None:
+            from gpufleet.analytics.jobs import job_not_in_window
+
+            report["job_missing"] = job_not_in_window(con, params, job)
+            report["warnings"].append(report["job_missing"])
         report["job"] = None if r is None else {
             "job": {k: _plain(v) for k, v in r.job.items()}, "runtime_h": r.runtime_h, "allocated_gpu_h": r.allocated_gpu_h,
             "mean_utilization_pct": r.mean_utilization_pct, "idle_gpu_h": r.idle_gpu_h, "no_process_gpu_h": r.no_process_gpu_h,
@@ -321,7 +326,7 @@ def print_table(report: dict[str, Any], out: TextIO) -> None:
     if "job" in report:
         j = report["job"]
         if j is None:
-            out.write("\njob not found in this window\n")
+            out.write(f"\n{report['job_missing']}\n")
         else:
             out.write(f"\nJob {j['job']['job_id']}: {words.verdict(j['verdict'])} - {j['rule']}\n")
             table("  per GPU", j["per_gpu"], out)

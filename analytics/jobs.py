@@ -14,7 +14,7 @@ stretches, no-process time, and a verdict: the first rule that matches, its text
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 import duckdb
@@ -24,6 +24,7 @@ from gpufleet.analytics import sql
 from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.core import JOB_KEY, Analysis
 from gpufleet.analytics.params import Params
+from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope
 from gpufleet.collector.reading import query_rows
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
@@ -139,6 +140,35 @@ def job_report(a: Analysis, job: str) -> JobReport | None:
         no_process_gpu_h=j["no_process_gpu_h"], idle_gpu_h=j["idle_gpu_h"],
         verdict=j["verdict"], rule=rule(j["verdict"], j, a),
     )
+
+
+def job_not_in_window(con: duckdb.DuckDBPyConnection, params: Params, job: str) -> str:
+    """Why the job asked for (by id or key) has no report in the window, naming where it is: when the store's accounting
+    has it run (sql.JOB_RUNS), or that the store has no such job - never a bare "not found"."""
+    cur = con.cursor()
+    try:
+        runs = query_rows(cur, sql.JOB_RUNS, {"job": job}).to_pylist()
+    finally:
+        cur.close()
+    if not runs:
+        return f"job {job}: the store has no job of that id or key (ids as the scheduler gives them: 123, 123_4; a pod as namespace/name)"
+    inside = [r for r in runs if r["start"] is not None and r["start"] < params.end and (r["end"] is None or r["end"] > params.start)]
+    set_filters = {k: v for k, v in asdict(params.filters).items() if v is not None and k in ("cluster", *JOB_FILTER_NAMES)}
+    left_out = {id(r): k for r in inside for k, v in set_filters.items() if k in r and r[k] != v}
+    if inside and len(left_out) == len(inside):
+        r = inside[0]
+        k = left_out[id(r)]
+        return f"job {job}: ran in this window, but the filter {filter_scope(params.filters)} leaves it out (its {JOB_FILTER_NAMES.get(k, k)} is {r[k]})"
+    if inside:
+        return (f"job {job}: ran in this window but held no GPU in it that the store knows (its accounting names no GPU and no "
+                "exporter mapped it to one)")
+    said = "; ".join(f"job {r['job_id']} of cluster {r['cluster']} " + ("has not started" if r["start"] is None else
+                     f"ran {_when(r['start'])} to " + (_when(r["end"]) if r["end"] else "now (still running)")) for r in runs)
+    return f"job {job}: not in this window ({_when(params.start)} to {_when(params.end)}): {said}"
+
+
+def _when(t: Any) -> str:
+    return f"{t:%Y-%m-%d %H:%M} UTC"
 
 
 def gpu_shares(con: duckdb.DuckDBPyConnection, params: Params, cluster: str, scheduler: str, job_key: str) -> list[dict[str, Any]]:

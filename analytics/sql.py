@@ -1134,6 +1134,11 @@ WHERE $account IS NULL OR per.account = $account
 ORDER BY shared_hours DESC, per.cluster, per.account
 """
 
+# The runs of a job asked for by id or key (a report's --job, the Jobs page's box) that is not in a window: when it ran, so
+# "not in this window" says where it is (the latest first; a job id reused across clusters gives a row each)
+JOB_RUNS = """SELECT cluster, job_id, start, "end", account, user_name, partition FROM jobs WHERE job_id = $job OR job_key = $job
+ORDER BY start DESC NULLS LAST LIMIT 3"""
+
 # One job's part of each GPU it shared in [$start, $end) (gpu_job_shares' hours overlapping it), beside the other
 # jobs on that GPU in those hours. A share: the job's SM ratio summed over the GPU's shared scrapes over their count
 # (a scrape without the job is 0), so a GPU's shares add up to at most 1; NULL: a report lacked it. Memory: the high-water.

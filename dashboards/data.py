@@ -354,6 +354,16 @@ def previous_baseline(key: tuple):
     return prev(reader(w.root), p, now=w.as_of)
 
 
+@st.cache_data(ttl=timedelta(minutes=10), max_entries=16, show_spinner=False)
+def job_not_in_window(key: tuple, job: str) -> str:
+    """Why a job typed into the Jobs page is not among the window's (gpufleet.analytics.jobs.job_not_in_window): when it
+    ran, or that the store has no such job."""
+    from gpufleet.analytics import jobs as ajobs
+
+    _, w, p = _resolved(key)
+    return ajobs.job_not_in_window(reader(w.root), p, job)
+
+
 @st.cache_data(ttl=timedelta(hours=1), max_entries=64, show_spinner="Computing the job's report (analytics)...")
 def job_report(key: tuple, job: dict) -> dict | None:
     """gpufleet.analytics.jobs.job_report for one job, on the window narrowed to the job's run and to the job itself (its

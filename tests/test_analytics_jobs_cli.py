@@ -174,6 +174,28 @@ def test_a_window_without_samples_says_so(fleet):  # noqa: F811
     assert not any("no GPU samples" in w for w in full["warnings"])
 
 
+def test_a_job_asked_for_outside_its_window_says_where_it_is(fleet):  # noqa: F811
+    """`--job` of a job not in the window answered "job not found in this window" (JSON: null, no word why): it says when
+    the job ran, that the store has no such job, or which filter leaves it out - in the JSON's warnings and job_missing,
+    the table's job section."""
+    def missing(start, end, job, *extra):
+        r = analyze("--store", str(fleet.root), "--from", start, "--to", end, "--job", job, "--format", "json", *extra)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["job"] is None and doc["job_missing"] in doc["warnings"]
+        return doc["job_missing"]
+
+    # 101 ran 10:30-11:30
+    assert missing("2026-11-16T12:00:00Z", "2026-11-16T13:00:00Z", "101") == (
+        "job 101: not in this window (2026-11-16 12:00 UTC to 2026-11-16 13:00 UTC): job 101 of cluster c1 ran 2026-11-16 10:30 UTC to "
+        "2026-11-16 11:30 UTC")
+    assert missing("2026-11-16T10:00:00Z", "2026-11-16T12:00:00Z", "nosuchjob").startswith("job nosuchjob: the store has no job of that id or key")
+    assert missing("2026-11-16T10:00:00Z", "2026-11-16T12:00:00Z", "101", "--team", "biology") == (
+        "job 101: ran in this window, but the filter account=biology leaves it out (its account is physics)")
+    table = analyze("--store", str(fleet.root), "--from", "2026-11-16T12:00:00Z", "--to", "2026-11-16T13:00:00Z", "--job", "101")
+    assert "\njob 101: not in this window (" in table.stdout and "job not found" not in table.stdout
+
+
 def test_cli_table_and_errors(fleet, tmp_path):  # noqa: F811
     r = analyze_process("--store", str(fleet.root), "--from", "2026-11-16T10:00:00", "--to", "2026-11-16T12:00:00", "--by", "user_name")
     assert r.returncode == 0, r.stderr

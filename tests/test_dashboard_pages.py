@@ -192,6 +192,8 @@ def test_utilization(store, a, use_store):
 
 
 def test_jobs_list_and_reports(store, con, a, use_store):
+    from gpufleet.analytics.jobs import job_not_in_window
+
     use_store(store)
     at = goto(open_app(), "jobs")
     jobs = job_summaries(a)
@@ -227,6 +229,10 @@ def test_jobs_list_and_reports(store, con, a, use_store):
             assert any("counts once, in the first state that matches (startup, no process, idle," in c.value for c in at.caption)
         foreign = "Other jobs' processes on this job's GPUs: " + ("n1:0 (up to 2)" if job_id == "101" else "none reported")
         assert foreign in [t.value for t in at.text], job_id
+    # a job typed that is not in the window: the page says whether the store has it (it said "No job with that id in this window")
+    at.text_input(key="job").set_value("nosuchjob").run()
+    assert [i.value for i in clean(at).info] == [words.sentence(job_not_in_window(con, W, "nosuchjob"))]
+    assert at.info[0].value.startswith("Job nosuchjob: the store has no job of that id or key")
 
 
 def test_teams_and_fairness(store, a, use_store):

@@ -189,7 +189,7 @@ def body(ctx: ui.Context) -> None:
     elif picked:
         match = jobs.filter((pl.col("job_id") == picked.strip()) | (pl.col("job_key") == picked.strip()))
         if match.is_empty():
-            st.info("No job with that id in this window.")
+            st.info(words.sentence(data.job_not_in_window(b.window.key, picked.strip())))
         else:
             job = match.row(0, named=True)
     if job is not None:
