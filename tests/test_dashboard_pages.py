@@ -141,13 +141,14 @@ def test_fleet_now(store, con, use_store):
     m = metrics(at)
     # physical GPUs: F's MIG instance is part of GPU-F; D is lost and C silent, so not reporting
     assert m["GPUs reporting"] == f"{s.reporting} of {s.gpus}" == "4 of 6"
-    # GPU equivalents: A + B + E + F's 3g.40gb slice (3/7 of a GPU)
-    assert m["Held by jobs (GPU equivalents)"] == ui.gpus(s.held) == "3.43"
-    assert m["Free (reporting, not held; GPU equivalents)"] == ui.gpus(s.free) == "0"
+    # GPU equivalents, said once above the figures (labels with the unit were cut in the browser): A + B + E + F's 3g.40gb slice (3/7)
+    assert "Held, free, unsliced, idle and no-process figures are in GPU equivalents: a MIG instance counts as its share" in at.caption[0].value
+    assert m["Held by jobs"] == ui.gpus(s.held) == "3.43"
+    assert m["Free (reporting, not held)"] == ui.gpus(s.free) == "0"
     assert m["Mean utilization"] == ui.pct(s.mean_utilization_pct)
-    assert m["Idle allocated now (GPU equivalents)"] == "1"
+    assert m["Idle allocated now"] == "1"
     assert m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
-    assert m["Held with no process (GPU equivalents)"] == "1"
+    assert m["Held with no process"] == "1"
     assert m["Lost / error / no data (GPUs)"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
     assert_table(frame(at, "fleet_gpus"), states.rename({"util": "utilization_pct"}), ["host", "gpu", "gi", "status", "utilization_pct", "job_ids",
                                                                                       "job_names", "user_names", "accounts", "held", "compute_processes"])

@@ -66,21 +66,23 @@ def body(ctx: ui.Context) -> None:
         ui.empty_window("GPU seen in the last 24 hours before this moment")
         return
 
+    # (the unit said once above the figures: a label with it was cut to "Held by jobs (GPU equivale..." at 1,500 px)
+    st.caption(f"Held, free, unsliced, idle and no-process figures are in {EQUIV_HELP}.")
     c = st.columns(5)
     c[0].metric("GPUs reporting", f"{ui.count(summary.reporting)} of {ui.count(summary.gpus)}",
                 help="Physical GPUs with a sample in the last few minutes (stale_after_seconds) that are not lost; "
                      "a MIG instance is part of its GPU, not a GPU. Reporting = held + free + unsliced (held on a silent GPU aside)")
-    c[1].metric("Held by jobs (GPU equivalents)", ui.gpus(summary.held), help=EQUIV_HELP)
-    c[2].metric("Free (reporting, not held; GPU equivalents)", ui.gpus(summary.free), help=EQUIV_HELP)
-    c[3].metric("Unsliced MIG (GPU equivalents)", ui.gpus(summary.unsliced),
+    c[1].metric("Held by jobs", ui.gpus(summary.held), help=EQUIV_HELP)
+    c[2].metric("Free (reporting, not held)", ui.gpus(summary.free), help=EQUIV_HELP)
+    c[3].metric("Unsliced MIG", ui.gpus(summary.unsliced),
                 help="The part of MIG GPUs no instance covers: neither held nor free until it is sliced. " + EQUIV_HELP)
     c[4].metric("Mean utilization", ui.pct(summary.mean_utilization_pct), help="Over the GPUs reporting now")
     c = st.columns(4)
-    c[0].metric("Idle allocated now (GPU equivalents)", ui.gpus(summary.idle_allocated_gpus),
+    c[0].metric("Idle allocated now", ui.gpus(summary.idle_allocated_gpus),
                 help="Held by a job, reporting, utilization below the idle threshold. " + EQUIV_HELP)
     c[1].metric("Idle allocated cost", f"{ui.usd(summary.idle_allocated_usd_per_h)}/h",
                 help="$/GPU-hour of the idle allocated GPUs (MIG instances at their share); unknown if a model has no price")
-    c[2].metric("Held with no process (GPU equivalents)", ui.gpus(summary.held_no_process), help=EQUIV_HELP)
+    c[2].metric("Held with no process", ui.gpus(summary.held_no_process), help=EQUIV_HELP)
     c[3].metric("Lost / error / no data (GPUs)", f"{summary.lost} / {summary.error} / {summary.no_data}",
                 help="Physical GPUs: lost (gpu_up = 0), reporting an error, or with no recent sample")
     if summary.unpriced_models:
