@@ -355,6 +355,8 @@ def print_reliability(rel: dict[str, Any], out: TextIO) -> None:
     bound = ("; an upper bound where no checkpoint was reported" if f["lost_is_upper_bound"]
              else "; measured from the jobs' last checkpoints" if f["lost_measured_interruptions"] else "")
     out.write(f"gpufleet reliability {w['from']} .. {w['to']}\n")
+    for warning in rel.get("warnings", []):
+        out.write(f"WARNING: {warning}\n")
     if rel["filters"]:
         out.write("filters: " + ", ".join(f"{k}={v}" for k, v in rel["filters"].items()) + "\n")
     if rel.get("model_note"):

@@ -122,7 +122,21 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
     interrupted attempts that cost most with their causes' evidence, the chains that lost most, and Young/Daly's checkpoint
     advice for the largest chains. `done`: the window's read() with the same `top`, when the caller has it."""
     with gc_paused():  # (it builds many objects: procs.gc_paused)
-        return _report(params, s, as_of, top, done or read(con, params, s, as_of, top))
+        rel = _report(params, s, as_of, top, done or read(con, params, s, as_of, top))
+    return {**rel, "warnings": [] if rel["figures"]["attempts"] else [empty_warning(con)]}
+
+
+def empty_warning(con: Any) -> str:
+    """What a window without a job attempt is told: its zeros measure nothing, and where the store's jobs are
+    (sql.JOB_SPAN) - a mistyped window must not read as a fleet without failures."""
+    cur = con.cursor()
+    try:
+        first, last = cur.execute(sql.JOB_SPAN).fetchall()[0]
+    finally:
+        cur.close()
+    where = ("the store's accounting has no started job yet" if first is None else
+             f"the store's accounting has jobs from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC")
+    return f"no job attempts in this window: its figures measure nothing ({where})"
 
 
 def figures_and_lemons(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None) -> dict[str, Any]:

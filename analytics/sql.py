@@ -1134,6 +1134,10 @@ WHERE $account IS NULL OR per.account = $account
 ORDER BY shared_hours DESC, per.cluster, per.account
 """
 
+# The store's accounting span (its jobs' first start and last end or start; NULL: no job started), for a report of a window
+# with no job attempt to say where the jobs are
+JOB_SPAN = """SELECT min(start), max(coalesce("end", start)) FROM jobs WHERE start IS NOT NULL"""
+
 # The runs of a job asked for by id or key (a report's --job, the Jobs page's box) that is not in a window: when it ran, so
 # "not in this window" says where it is (the latest first; a job id reused across clusters gives a row each)
 JOB_RUNS = """SELECT cluster, job_id, start, "end", account, user_name, partition FROM jobs WHERE job_id = $job OR job_key = $job

@@ -458,6 +458,15 @@ def test_cli_reliability_json_and_table(store):
     assert by_model["model_note"] == reliability_model_note(Filters(model="A100"))
     assert "the filter model=A100 does not narrow it" in by_model["model_note"]
     assert f"  {by_model['model_note']}\n" in run("--model", "A100").stdout
+    # a window without a job attempt says its zeros measure nothing, and where the store's jobs are (it read as a fleet
+    # without failures); one with attempts says nothing of the kind
+    assert doc["warnings"] == []
+    empty = analyze_reliability(store.root, "2026-03-02T00:00:00Z", "2026-03-09T00:00:00Z", "--format", "json")
+    assert empty.returncode == 0, empty.stderr
+    said = json.loads(empty.stdout)["warnings"]
+    assert len(said) == 1 and said[0].startswith("no job attempts in this window: its figures measure nothing (the store's "
+                                                 "accounting has jobs from 2026-11-16 ") and f"warning: {said[0]}" in empty.stderr
+    assert f"WARNING: {said[0]}\n" in analyze_reliability(store.root, "2026-03-02T00:00:00Z", "2026-03-09T00:00:00Z").stdout
 
 
 # --- chains and goodput ---
