@@ -449,6 +449,9 @@ def test_hostile_team_name_in_mail_headers_and_file_names(store, w47):
     assert len(msgs) == 1 and msgs[0]["To"] == "ops@example.org"
     assert "victim" not in msgs[0].get_all("To")[0] and msgs[0].get_all("Bcc") is None
     assert "ran no GPU jobs" in outs[1].text
+    # its own section says it of the team ("No team ran GPU jobs" read as if the fleet had none)
+    assert "No team ran GPU jobs" not in outs[1].text and "No team ran GPU jobs" not in outs[1].html
+    assert outs[1].text.count("ran no GPU jobs in this window") == 2  # the notice and the team's section
 
 
 # --- no data, unreachable store ---
