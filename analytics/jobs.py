@@ -159,6 +159,8 @@ def job_not_in_window(con: duckdb.DuckDBPyConnection, params: Params, job: str) 
         r = inside[0]
         k = left_out[id(r)]
         return f"job {job}: ran in this window, but the filter {filter_scope(params.filters)} leaves it out (its {JOB_FILTER_NAMES.get(k, k)} is {r[k]})"
+    if inside and params.filters.model is not None:
+        return f"job {job}: ran in this window but held no GPU of model={params.filters.model} in it that the store knows"
     if inside:
         return (f"job {job}: ran in this window but held no GPU in it that the store knows (its accounting names no GPU and no "
                 "exporter mapped it to one)")

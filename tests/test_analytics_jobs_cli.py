@@ -192,6 +192,8 @@ def test_a_job_asked_for_outside_its_window_says_where_it_is(fleet):  # noqa: F8
     assert missing("2026-11-16T10:00:00Z", "2026-11-16T12:00:00Z", "nosuchjob").startswith("job nosuchjob: the store has no job of that id or key")
     assert missing("2026-11-16T10:00:00Z", "2026-11-16T12:00:00Z", "101", "--team", "biology") == (
         "job 101: ran in this window, but the filter account=biology leaves it out (its account is physics)")
+    assert missing("2026-11-16T10:00:00Z", "2026-11-16T12:00:00Z", "101", "--model", "no-such-model") == (
+        "job 101: ran in this window but held no GPU of model=no-such-model in it that the store knows")
     table = analyze("--store", str(fleet.root), "--from", "2026-11-16T12:00:00Z", "--to", "2026-11-16T13:00:00Z", "--job", "101")
     assert "\njob 101: not in this window (" in table.stdout and "job not found" not in table.stdout
 
