@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from gpufleet.analytics import health, sql
+from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.reliability import (
     ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
     Settings, Summed, run_seconds_in, ends_in,
@@ -21,6 +22,7 @@ from gpufleet.analytics.reliability import (
     link_chains, lost_since, mix_bucket, node_failures,
 )
 from gpufleet.analytics.scope import reliability_model_note
+from gpufleet.collector.reading import first_row
 from gpufleet.procs import gc_paused
 from gpufleet.times import ceil_time, floor_time
 
@@ -129,14 +131,7 @@ def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | No
 def empty_warning(con: Any) -> str:
     """What a window without a job attempt is told: its zeros measure nothing, and where the store's jobs are
     (sql.JOB_SPAN) - a mistyped window must not read as a fleet without failures."""
-    cur = con.cursor()
-    try:
-        first, last = cur.execute(sql.JOB_SPAN).fetchall()[0]
-    finally:
-        cur.close()
-    where = ("the store's accounting has no started job yet" if first is None else
-             f"the store's accounting has jobs from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC")
-    return f"no job attempts in this window: its figures measure nothing ({where})"
+    return words.nothing_measured("job attempts", "jobs", *first_row(con, sql.JOB_SPAN))
 
 
 def figures_and_lemons(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None) -> dict[str, Any]:

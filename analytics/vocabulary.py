@@ -290,6 +290,14 @@ def have(n: int) -> str:
     return "has" if n == 1 else "have"
 
 
+def nothing_measured(what: str, held: str, first: datetime | None, last: datetime | None) -> str:
+    """What a window without any `what` is told (an empty result must not read as a measurement of zero): where the
+    store's `held` lie, from `first` to `last` (None: it holds none yet)."""
+    where = (f"the store holds no {held} yet" if first is None else
+             f"the store's {held} run from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC")
+    return f"no {what} in this window: its figures measure nothing ({where})"
+
+
 def unknown_gpu_counts(n: int) -> str:
     """What `n` (> 0) jobs of unknown GPU count do to the allocated figures, one sentence."""
     return (f"{quantity(n, 'job')} of this window {have(n)} an unknown GPU count (the accounting "

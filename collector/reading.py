@@ -30,3 +30,12 @@ def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, 
     if warnings.filters[:1] != [_IGNORED]:  # (first, again, where a caller changed the filters: pytest, catch_warnings, -W error)
         warnings.filterwarnings("ignore", message=_COPY_ADVICE, category=UserWarning, module=_MODULE)
     return (con.execute(query, dict(params)) if params else con.execute(query)).to_arrow_table()
+
+
+def first_row(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
+    """The first row of `query`, read on a cursor of its own (a reader connection is shared between threads and sessions)."""
+    cur = con.cursor()
+    try:
+        return (cur.execute(query, dict(params)) if params else cur.execute(query)).fetchall()[0]
+    finally:
+        cur.close()

@@ -162,7 +162,7 @@ def test_a_window_without_samples_says_so(fleet):  # noqa: F811
     doc = json.loads(empty.stdout)
     assert doc["totals"]["data_gpu_h"] == 0
     said = [w for w in doc["warnings"] if w.startswith("no GPU samples in this window")]
-    assert said == ["no GPU samples in this window: its figures measure nothing (the store's samples run from 2026-11-16 09:00 "
+    assert said == ["no GPU samples in this window: its figures measure nothing (the store's GPU samples run from 2026-11-16 09:00 "
                     f"to {said[0].rsplit(' to ', 1)[1]}"] and said[0].endswith(" UTC)") and f"warning: {said[0]}" in empty.stderr
     table = analyze("--store", str(fleet.root), "--from", "2026-03-02T00:00:00Z", "--to", "2026-03-09T00:00:00Z")
     assert f"WARNING: {said[0]}" in table.stdout

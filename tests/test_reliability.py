@@ -465,7 +465,7 @@ def test_cli_reliability_json_and_table(store):
     assert empty.returncode == 0, empty.stderr
     said = json.loads(empty.stdout)["warnings"]
     assert len(said) == 1 and said[0].startswith("no job attempts in this window: its figures measure nothing (the store's "
-                                                 "accounting has jobs from 2026-11-16 ") and f"warning: {said[0]}" in empty.stderr
+                                                 "jobs run from 2026-11-16 ") and f"warning: {said[0]}" in empty.stderr
     assert f"WARNING: {said[0]}\n" in analyze_reliability(store.root, "2026-03-02T00:00:00Z", "2026-03-09T00:00:00Z").stdout
 
 
