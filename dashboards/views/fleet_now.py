@@ -118,7 +118,7 @@ def body(ctx: ui.Context) -> None:
     ui.table(states.filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
                                                             "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids", "user_names"),
              key="fleet_problems", empty="All GPUs are up and reporting.",
-             labels={"ts": "last sample", "age_s": "silent for"})
+             labels={"ts": "last sample", "age_s": "age of last sample"})
 
     with st.expander("All GPUs (table)"):
         ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", UTILIZATION, "fb_used_mib", "gpu_temp_c",
