@@ -210,13 +210,17 @@ def usd(x: float | None) -> str:
     return f"{MINUS if x < 0 else ''}${abs(x):,.{DECIMALS['usd']}f}"
 
 
+def least_shown_pct(decimals: int = DECIMALS["pct"]) -> float:
+    """The smallest positive percentage `pct` writes as a number at `decimals` (0.05 at one decimal); below it, "<0.1 %"."""
+    return 0.5 * 10.0 ** -decimals
+
+
 def pct(x: float | None, decimals: int = DECIMALS["pct"]) -> str:
     """A percentage, one decimal (or `decimals`: a headline's whole percent): 12.3 %; a positive one too small to show at
     that precision, "<0.1 %" ("<1 %"): never 0.0 % for some time."""
     if bad(x):
         return UNKNOWN
-    least = 10.0 ** -decimals
-    return f"<{least:.{decimals}f} %" if 0 < x < least / 2 else f"{x:.{decimals}f} %"
+    return f"<{10.0 ** -decimals:.{decimals}f} %" if 0 < x < least_shown_pct(decimals) else f"{x:.{decimals}f} %"
 
 
 def duration(seconds: float | None) -> str:

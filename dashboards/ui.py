@@ -250,12 +250,13 @@ def people(df: pl.DataFrame) -> pl.DataFrame:
     return df.select(out) if out else df
 
 
-def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times: frozenset[str] = frozenset()) -> dict[str, Any]:
+def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times: frozenset[str] = frozenset(),
+                  tiny: list[str] | None = None) -> dict[str, Any]:
     """Headers in the vocabulary with their units (gpufleet.analytics.vocabulary.header); people's
     formats by column name: GPU-hours 1 decimal, dollars with cents, percentages 1 decimal."""
     cfg: dict[str, Any] = {}
     labels = labels or {}
-    tiny = _tiny_percents(df)
+    tiny = _tiny_percents(df) if tiny is None else tiny
     for name, dtype in df.schema.items():
         label = labels.get(name, words.header(name))
         if (isinstance(dtype, pl.Datetime) or name in times) and "UTC" not in label:
@@ -274,12 +275,12 @@ def column_config(df: pl.DataFrame, labels: dict[str, str] | None = None, times:
     return cfg
 
 
-def display_text(df: pl.DataFrame) -> Any:
+def display_text(df: pl.DataFrame, tiny: list[str] | None = None) -> Any:
     """people()'s frame for st.dataframe: as it is, or - where it has duration columns - as a pandas
     Styler whose display text writes them out ("2 h 48 min", a null "unknown" or what it means)
     while the cells keep their numbers, so clicking the header sorts by value, not by the text."""
     scales = {c: k for c, t in df.schema.items() if (k := _duration_scale(c, t))}
-    tiny = _tiny_percents(df)
+    tiny = _tiny_percents(df) if tiny is None else tiny
     if not scales and not tiny:
         return df
     styler = df.to_pandas(use_pyarrow_extension_array=True).style
@@ -292,8 +293,9 @@ def display_text(df: pl.DataFrame) -> Any:
 
 def _tiny_percents(df: pl.DataFrame) -> list[str]:
     """people()'s percentage columns with a positive value too small for one decimal: written by vocabulary.pct ("<0.1 %",
-    as the CLI and the report write it), never "0.0 %" for some time (a job's 40 s of startup in a week)."""
-    least = 0.5 * 10.0 ** -words.DECIMALS["pct"]
+    as the CLI and the report write it), never "0.0 %" for some time (a job's 40 s of startup in a week). (display_text and
+    column_config take it from their caller, table(), which finds them once.)"""
+    least = words.least_shown_pct()
     return [c for c, t in df.schema.items() if t.is_numeric() and not _duration_scale(c, t) and words.kind(c) in ("pct", "fraction")
             and df.select(((pl.col(c) > 0) & (pl.col(c) < least)).any()).item()]
 
@@ -353,8 +355,9 @@ def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, e
             st.caption(f"Sorted by {sort}; click a column's header to sort by it.")
         shown = people(df)
         times = frozenset(c for c, t in df.schema.items() if isinstance(t, pl.Datetime))
-        return st.dataframe(display_text(shown), hide_index=True, column_config=column_config(shown, labels, times), height=height or "auto",
-                            placeholder=words.UNKNOWN, **kwargs)
+        tiny = _tiny_percents(shown)
+        return st.dataframe(display_text(shown, tiny), hide_index=True, column_config=column_config(shown, labels, times, tiny),
+                            height=height or "auto", placeholder=words.UNKNOWN, **kwargs)
 
 
 # A state of GPU time has one colour on every chart: losses warm, compute green, what the fields cannot split grey
