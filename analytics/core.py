@@ -24,7 +24,7 @@ from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attribu
 from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_parts, timeline_bucket
 from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.collector.intervals import distinct
-from gpufleet.collector.reading import first_row, query_rows
+from gpufleet.collector.reading import query_rows
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
@@ -304,7 +304,7 @@ class Analysis:
         be so, with where the store's samples lie (`analyze` of a mistyped week answered 0.0 GPU-h and exited 0)."""
         if t.data_gpu_h > 0:
             return []
-        first, last = first_row(self.con, facts.SAMPLE_EXTENT)
+        first, last = self.fw.extent()
         return [words.nothing_measured("GPU samples" + ("" if t.scope == "fleet" else f" of {t.scope}"), "GPU samples",
                                        None if first is None else from_epoch_us(first), None if last is None else from_epoch_us(last))]
 

@@ -443,9 +443,7 @@ class FactWindow:
         starts = [a for a, _ in cells]  # (contiguous and in order: an hour's spans are found by bisection)
         hours = 1
         while t < hi:
-            if self._extent is None:
-                self._extent = tuple(self.con.execute(SAMPLE_EXTENT).fetchall()[0])
-            first, last = self._extent
+            first, last = self.extent()
             if first is None or last < t - self.fp.gap_us:  # no sample from here on: no read
                 break
             if t < first - first % cf.HOUR_US:  # no sample before the hour of the first: no read of those hours
@@ -501,6 +499,12 @@ class FactWindow:
             both = self.q(stretch_rows()).with_columns(gpu_s=pl.col("gpu_h") * 3600)
             self._runs = {k: both.filter(pl.col("kind") == k).drop("kind") for k in STRETCH_KINDS}
         return self._runs[kind].clone()
+
+    def extent(self) -> tuple[int | None, int | None]:
+        """The store's first sample and just after its last (SAMPLE_EXTENT, epoch us; None: none), read once."""
+        if self._extent is None:
+            self._extent = tuple(self.con.execute(SAMPLE_EXTENT).fetchall()[0])
+        return self._extent
 
     def linked(self) -> None:
         """The window's wheld and wlinked (LINKED_PIECES), built at the first figure that reads them."""
