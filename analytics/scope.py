@@ -39,19 +39,20 @@ def pool_filter_note(filters: Any) -> str | None:
             f"them); the jobs listed are {', '.join(f'{JOB_FILTER_NAMES[k]}={v}' for k, v in named.items())}'s")
 
 
+def _model_filter_note(filters: Any, why: str, after: str = "") -> str | None:
+    """"`why`: the filter model=X does not narrow it`after`" for a figure a GPU model filter does not narrow (None: none set)."""
+    if getattr(filters, "model", None) is None:
+        return None
+    return f"{why}: the filter model={filters.model} does not narrow it{after}"
+
+
 def fairness_model_note(filters: Any) -> str | None:
     """Why a GPU model filter does not narrow fairness (None: none set): a team's hours on one model against its entitlement
     to the whole cluster is no comparison."""
-    if getattr(filters, "model", None) is None:
-        return None
-    return (f"fairness compares each team's allocations on every GPU model with its entitlement: the filter model={filters.model} "
-            "does not narrow it")
+    return _model_filter_note(filters, "fairness compares each team's allocations on every GPU model with its entitlement")
 
 
 def reliability_model_note(filters: Any) -> str | None:
     """Why a GPU model filter does not narrow reliability (None: none set): an attempt is one job's, and its GPUs
     are counted whatever their model (the account, user, partition, job and cluster filters do narrow it)."""
-    if getattr(filters, "model", None) is None:
-        return None
-    return (f"reliability counts job attempts with all their GPUs, whatever their model: the filter model={filters.model} "
-            "does not narrow it (the other filters do)")
+    return _model_filter_note(filters, "reliability counts job attempts with all their GPUs, whatever their model", " (the other filters do)")
