@@ -59,6 +59,30 @@ def streamlit_scans_installed_packages_once():
     yield
 
 
+@pytest.fixture(autouse=True)
+def no_streamlit_deprecation():
+    """A page that calls Streamlit in a way it deprecated fails its test: Streamlit only logs it ("Please replace
+    `use_container_width` with `width` ... will be removed after 2025-12-31") and the next release breaks the page."""
+    import logging
+
+    class Seen(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    seen = Seen()
+    logger = logging.getLogger("streamlit.deprecation_util")
+    logger.addHandler(seen)
+    try:
+        yield
+    finally:
+        logger.removeHandler(seen)
+    assert not seen.messages, f"Streamlit deprecations: {seen.messages}"
+
+
 @pytest.fixture(scope="session")
 def prometheus_bin() -> str:
     return prom.prometheus_path()

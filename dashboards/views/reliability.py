@@ -67,7 +67,7 @@ def body(ctx: ui.Context) -> None:
             x=ui.time_x(w.start, w.end), x2="bucket_end:T", y=alt.Y("bottom:Q", title="attempts ended"), y2="top:Q",
             color=alt.Color("how:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),
             tooltip=[ui.time_tooltip("bucket", "from"), "how:N", "attempts:Q"]),
-            use_container_width=True)
+            width="stretch")
     causes = pl.DataFrame({"cause": [CAUSE_LABELS[k] for k, v in f["causes"].items() if v],
                            "attempts": [v for v in f["causes"].values() if v],
                            "interruption": [k in INTERRUPTION_CAUSES for k, v in f["causes"].items() if v]})
@@ -85,7 +85,7 @@ def body(ctx: ui.Context) -> None:
         st.altair_chart(alt.Chart(both).mark_line(point=True).encode(
             x=alt.X("gpus:Q", scale=alt.Scale(type="log"), title="GPUs per job"),
             y=alt.Y("mttf_h:Q", scale=alt.Scale(type="log"), title="MTTF (hours)"), color=alt.Color("source:N", title=None, legend=alt.Legend(orient="top", labelLimit=0)),
-            tooltip=["source:N", "gpus:Q", alt.Tooltip("mttf_h:Q", format=".3g")]), use_container_width=True)
+            tooltip=["source:N", "gpus:Q", alt.Tooltip("mttf_h:Q", format=".3g")]), width="stretch")
     for d in f["projection_disagreements"]:
         st.text(f"The fleet's own jobs disagree with the projection: {d}")
 
