@@ -583,13 +583,3 @@ def edge_warnings(con: duckdb.DuckDBPyConnection, params: Params) -> list[str]:
         return out
     finally:
         cur.close()
-
-
-def window_totals(con: duckdb.DuckDBPyConnection, params: Params, now: datetime | None = None) -> dict[str, float | None]:
-    """The window's totals from facts (FactWindow.totals)."""
-    w = FactWindow(con, params, now=now)
-    try:
-        return w.totals()
-    finally:
-        w.close()
-

@@ -48,8 +48,6 @@ STALE_AFTER = timedelta(minutes=5)
 LOOKBACK = timedelta(hours=6)
 FORGET_AFTER = timedelta(hours=24)
 
-STATUSES = ("ok", "error", "lost", "no data")
-
 
 def look_from(as_of: datetime, lookback: timedelta) -> datetime:
     """Where the look-back starts: the start of the hour as_of - lookback falls in."""

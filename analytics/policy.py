@@ -454,8 +454,6 @@ def plan_frame(plan: Plan) -> Any:
 
 # --- the efficiency note at a job's end (opt-in per account) ---
 
-NOTE = "efficiency_note"
-
 
 def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: datetime, as_of: datetime) -> list[dict[str, Any]]:
     """For each GPU job of `accounts` that ended in (since, as_of] with no note sent yet: its figures from

@@ -128,8 +128,6 @@ NVIDIA_SMI_INDEX = "nvidia_smi_index"
 NVIDIA_SMI_INFO = "nvidia_smi_gpu_info"
 NVIDIA_SMI_PREFIX = "nvidia_smi_"
 
-# The key of a sample row: at most one row per key (per source).
-SAMPLE_KEY_COLUMNS = ("ts", "cluster", "host", "gpu_uuid", "gpu_instance")
 
 SAMPLE_SCHEMA = pa.schema(
     [

@@ -75,10 +75,8 @@ _FIELDS = (
 
 FIELDS: dict[str, Field] = {f.name: f for f in _FIELDS}
 
-# dcgm-exporter's label order: fixed labels, MIG labels, Hostname, then label-type fields.
-GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName")
-MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
-HOST_LABEL = "Hostname"
+# the label of dcgm-exporter's label-type field, the driver version (snapshot._dcgm_labels writes dcgm-exporter's label
+# order: fixed labels, MIG labels, Hostname, then label-type fields)
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
 
 

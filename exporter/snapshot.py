@@ -60,7 +60,7 @@ def _gpu_labels(s: Snapshot, g: GpuIdentity, gi: int | None = None) -> Labels:
 
 
 def _dcgm_labels(s: Snapshot, g: GpuIdentity, mig_profile: str | None = None, gi: int | None = None) -> Labels:
-    """dcgm-exporter's label set, in its order (see fields.py)."""
+    """dcgm-exporter's label set, in its order: fixed labels, MIG labels, Hostname, then label-type fields."""
     labels: Labels = (("gpu", str(g.index)), ("UUID", g.uuid))
     if g.pci_bus_id:
         labels += (("pci_bus_id", g.pci_bus_id),)

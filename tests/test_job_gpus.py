@@ -525,9 +525,11 @@ def test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up(jobs,
         assert float(mine.sum()) == pytest.approx(known or 0.0), (name, mine)
         assert mine.null_count() > 0 if known is None else (mine.null_count() == 0 or unknown), (name, mine)
     # the facts' path (analytics/facts.py) says the same
-    from gpufleet.analytics.facts import window_totals
+    from gpufleet.analytics.facts import FactWindow
 
-    ftot = window_totals(con, p, now)
+    fw = FactWindow(con, p, now=now)
+    ftot = fw.totals()
+    fw.close()
     assert (ftot["allocated_gpu_h"], ftot["allocated_unknown_jobs"]) == (
         None if totals.allocated_gpu_h is None else pytest.approx(totals.allocated_gpu_h), totals.allocated_unknown_jobs)
     # the headline comparison: "at least" a lower bound, "unknown" where nothing is known, no change of either (never 0)

@@ -21,7 +21,6 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 PACKAGE = "v1"
 SERVICE = "v1.PodResourcesLister"
 LIST_METHOD = "/v1.PodResourcesLister/List"
-ALLOCATABLE_METHOD = "/v1.PodResourcesLister/GetAllocatableResources"
 
 _F = descriptor_pb2.FieldDescriptorProto
 _STRING, _INT64, _UINT64, _MESSAGE = _F.TYPE_STRING, _F.TYPE_INT64, _F.TYPE_UINT64, _F.TYPE_MESSAGE
