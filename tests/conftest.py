@@ -265,6 +265,7 @@ SLOW = (
     "tests/test_report.py::test_recompute_command_runs_as_printed_and_gives_the_same_figures",
     "tests/test_report_email.py::test_scheduled_job_mails_fleet_and_team_reports_over_starttls",
     "tests/test_analytics_states.py::test_analyze_job_prints_and_emits_the_breakdown",
+    "tests/test_states_capture.py::test_the_script_runs_end_to_end_in_its_dry_run",
     "tests/test_reliability.py::test_each_attempt_classified_exactly_once",
     "tests/test_reliability.py::test_cli_reliability_json_and_table",
     "tests/test_store_segments.py::test_readers_see_the_full_snapshot_after_any_history",
