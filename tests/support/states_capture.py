@@ -32,8 +32,8 @@ GAP_S = 6.0  # between loads: no job mapped, the GPU at rest
 SCRAPE_EVERY_S = 1.0
 CLUSTER, TARGET = "gpu-check", "vm:9400"
 # The thresholds of loads a minute or two long ([analytics] and [analytics.states] as a site would set them): an idle
-# stretch is idle from 30 s (the checkpoint pauses stay dips), a job's startup ends at its first 10 s busy, samples
-# a second apart hold 3 s
+# stretch is idle from 30 s (the checkpoint pauses stay dips), a job's startup ends at its first 10 s busy, a sample
+# holds for 3 s (max_gap; they come every second)
 THRESHOLDS = {"idle_threshold": 5.0, "idle_min_s": 30.0, "max_gap_s": 3.0, "startup_busy_seconds": 10.0,
               "checkpoint_min_seconds": 2.0, "checkpoint_min_count": 3}
 
@@ -43,7 +43,7 @@ class Load:
     name: str
     job_id: str
     seconds: float
-    expect: str  # the state (analytics.states.STATES) that must hold most of the job's time
+    expect: str  # the state (analytics.states.STATES) that holds most of the job's time; the checkpoint load's: its largest loss
 
 
 LOADS = (Load("compute", "7001", 75, "compute"), Load("input", "7002", 75, "input_bound"),
@@ -116,7 +116,9 @@ def read(folder: Path) -> tuple[dict, list[tuple[float, str]]]:
 
 
 def utc(t: float) -> datetime:
-    return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None)
+    from gpufleet.times import from_epoch_us
+
+    return from_epoch_us(round(t * 1_000_000))
 
 
 def replay(folder: Path, root: Path) -> dict:
