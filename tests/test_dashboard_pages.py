@@ -85,6 +85,13 @@ def goto(at: AppTest, page: str) -> AppTest:
     return clean(at.switch_page(f"views/{page}.py").run())
 
 
+def opened(at: AppTest, *keys: str) -> AppTest:
+    """The page with its detail expanders `keys` opened (ui.details: their tables are made only then), as a click does."""
+    for key in keys:
+        at.session_state[ui.details_key(key)] = True
+    return clean(at.run())
+
+
 def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
@@ -150,6 +157,10 @@ def test_fleet_now(store, con, use_store):
     assert m["Idle allocated cost"] == "$3.00/h" == f"{ui.usd(s.idle_allocated_usd_per_h)}/h"
     assert m["Held with no process"] == "1"
     assert m["Lost / error / no data (GPUs)"] == f"{s.lost} / {s.error} / {s.no_data}" == "1 / 0 / 1"
+    # the table of every GPU is made once its expander is opened
+    with pytest.raises(KeyError):
+        at.container("fleet_gpus")
+    opened(at, "fleet_gpus")
     assert_table(frame(at, "fleet_gpus"), states.rename({"util": "utilization_pct"}), ["host", "gpu", "gi", "status", "utilization_pct", "job_ids",
                                                                                       "job_names", "user_names", "accounts", "held", "compute_processes"])
     assert frame(at, "fleet_gpus")["compute_processes"].dropna().tolist() == [1, 0, 1, 1]
@@ -182,6 +193,7 @@ def test_utilization(store, a, use_store):
     assert m["With data"] == ui.gpu_h(t.data_gpu_h)
     assert m["No data"] == ui.gpu_h(t.no_data_gpu_h)
     assert_table(frame(at, "util_by"), a.utilization("fleet"))
+    opened(at, "util_timeline")
     assert_table(frame(at, "util_timeline"), utilization_timeline(a, "fleet"))
     for choice, by in (("account", "account"), ("user", "user_name"), ("model", "model"), ("partition", "partition")):
         at.button_group(key="by").set_value(choice).run()
@@ -275,7 +287,7 @@ def test_waste_and_cost(store, con, a, use_store):
     assert set(trend["previous window"]) == set(trend["change"]) == set(trend["change %"]) == {NO_DATA}
     assert_table(frame(at, "waste_by_account"), a.waste_by("account", "idle"))
     assert_table(frame(at, "waste_by_user"), a.waste_by("user_name", "idle"))
-    assert_table(frame(at, "waste_np_account"), a.waste_by("account", "no_process"))
+    assert_table(frame(opened(at, "waste_np"), "waste_np_account"), a.waste_by("account", "no_process"))
     assert_table(frame(at, "waste_top_jobs"), a.top_wasteful_jobs(25).drop(["scheduler"], strict=False))
     assert frame(at, "waste_top_jobs")["job_id"].tolist()[0] == "102"  # 2 h idle with no process
     # the goodput waterfall: analytics.goodput's steps, the fleet's capacity and allocated the totals'
@@ -333,7 +345,7 @@ def test_health(store, con, use_store):
     foreign = ahealth.foreign_processes(con, W)
     assert foreign.select("host", "gpu_uuid", "foreign_processes_max", "samples").rows() == [("n1", "GPU-A", 2.0, 20)]
     assert_table(frame(at, "health_foreign"), foreign)
-    assert_table(frame(at, "health_gpus"), ahealth.gpu_health(con, W).with_columns(
+    assert_table(frame(opened(at, "health_gpus"), "health_gpus"), ahealth.gpu_health(con, W).with_columns(
         pl.col("xids").cast(pl.List(pl.Utf8)).list.join(", ")))
 
 
@@ -508,7 +520,7 @@ def test_hostile_filter_values_are_bound_parameters(store, con, a, use_store):
     use_store(store)
     at = open_app(account=QUOTE_ACCOUNT)
     assert at.selectbox(key="account").value == QUOTE_ACCOUNT
-    states = frame(at, "fleet_gpus")
+    states = frame(opened(at, "fleet_gpus"), "fleet_gpus")
     assert states["gpu_uuid"].tolist() == ["GPU-E"] and states["accounts"].tolist() == [QUOTE_ACCOUNT]
     goto(at, "jobs")
     assert frame(at, "jobs_list")["job_id"].tolist() == ["105"]

@@ -374,6 +374,10 @@ def test_fleet_now_page_on_the_demo_store(fleet, store, monkeypatch):
     host, gpu = fleet.lost_gpu
     row = problems[(problems["host"] == host) & (problems["gpu"] == gpu)].iloc[0]
     assert row["status"] == "lost" and row["last_xid"] == "79"  # (the code; "none" / "unknown" where there is none)
+    from gpufleet.dashboards import ui
+
+    at.session_state[ui.details_key("fleet_gpus")] = True  # (the table of every GPU is made once its expander is opened)
+    at.run()
     gpus = at.container("fleet_gpus").dataframe[0].value
     assert len(gpus["compute_processes"].dropna()) == 175  # all but the lost GPU
     for key in ("fleet_gpus", "fleet_idle"):  # integers, shown as 1, not 1.00

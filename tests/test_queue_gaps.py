@@ -265,11 +265,11 @@ def test_an_account_filter_keeps_everyones_pools_and_lists_its_own_waiting_jobs(
 
 
 def test_the_waste_page_shows_the_queue_gaps_and_the_jobs_that_waited(queued, monkeypatch):
-    from tests.test_dashboard_pages import frame, goto, open_app
+    from tests.test_dashboard_pages import frame, goto, open_app, opened
 
     monkeypatch.setenv("GPUFLEET_DASHBOARD_STORE", str(queued))
     monkeypatch.delenv("GPUFLEET_CONFIG", raising=False)
-    app = goto(open_app(), "waste")
+    app = opened(goto(open_app(), "waste"), "waste_queue_jobs")
     pools, jobs = frame(app, "waste_queue_gaps"), frame(app, "waste_queue_jobs")
     assert pools["partition"].tolist() == ["gpu"] and pools["gap_gpu_h"].tolist() == [pytest.approx(1.0)], pools
     assert jobs["job_id"].tolist() == ["3"], jobs

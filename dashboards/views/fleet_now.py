@@ -120,11 +120,12 @@ def body(ctx: ui.Context) -> None:
              key="fleet_problems", empty="All GPUs are up and reporting.",
              labels={"ts": "last sample", "age_s": "age of last sample"})
 
-    with st.expander("All GPUs (table)"):
-        ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", UTILIZATION, "fb_used_mib", "gpu_temp_c",
-                               "power_w", "compute_processes", "held", "job_ids", "job_names", "user_names", "accounts", "schedulers",
-                               "ts", "age_s"),
-                 key="fleet_gpus", labels={"ts": "last sample", "age_s": "age of last sample"})
+    with ui.details("All GPUs (table)", "fleet_gpus") as shown:
+        if shown:
+            ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", UTILIZATION, "fb_used_mib",
+                                   "gpu_temp_c", "power_w", "compute_processes", "held", "job_ids", "job_names", "user_names", "accounts",
+                                   "schedulers", "ts", "age_s"),
+                     key="fleet_gpus", labels={"ts": "last sample", "age_s": "age of last sample"})
 
     hosts = now["hosts"]
     stale = hosts.filter(~pl.col("fresh"))

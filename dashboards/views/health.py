@@ -133,8 +133,9 @@ def body(ctx: ui.Context) -> None:
     ui.table(unrecognized, key="health_unrecognized", empty="Every input the collector read was recognized.",
              labels={"last_seen": "last seen", "first_seen": "first seen"})
 
-    with st.expander("Every GPU over the window"):
-        ui.table(gpus, key="health_gpus")
+    with ui.details("Every GPU over the window", "health_gpus") as shown:
+        if shown:
+            ui.table(gpus, key="health_gpus")
 
 
 ui.run_page("Health", body)

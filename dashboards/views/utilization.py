@@ -125,8 +125,9 @@ def body(ctx: ui.Context) -> None:
     else:
         st.subheader("The window")
         ui.table(b.utilization["fleet"], key="util_by")
-    with st.expander("Timeline (table)"):
-        ui.table(b.timeline[by], key="util_timeline")
+    with ui.details("Timeline (table)", "util_timeline") as shown:
+        if shown:
+            ui.table(b.timeline[by], key="util_timeline")
 
 
 ui.run_page("Utilization", body)

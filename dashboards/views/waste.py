@@ -115,9 +115,10 @@ def body(ctx: ui.Context) -> None:
     st.subheader("Idle allocated by user")
     ui.table(b.waste[("user_name", "idle")], key="waste_by_user", empty="No idle allocated time in this window.", labels={"gpu_h": "idle GPU-h"},
              sort="most idle GPU-hours first")
-    with st.expander("Held with no compute process, by account and by user"):
-        ui.table(b.waste[("account", "no_process")], key="waste_np_account", labels={"gpu_h": words.header("no_process_gpu_h")})
-        ui.table(b.waste[("user_name", "no_process")], key="waste_np_user", labels={"gpu_h": words.header("no_process_gpu_h")})
+    with ui.details("Held with no compute process, by account and by user", "waste_np") as shown:
+        if shown:
+            ui.table(b.waste[("account", "no_process")], key="waste_np_account", labels={"gpu_h": words.header("no_process_gpu_h")})
+            ui.table(b.waste[("user_name", "no_process")], key="waste_np_user", labels={"gpu_h": words.header("no_process_gpu_h")})
 
     st.subheader("Most wasteful jobs")
     ui.table(b.top_jobs.drop(["scheduler"], strict=False), key="waste_top_jobs", empty="No job idled in this window.",
@@ -147,8 +148,9 @@ def queue_gaps(ctx: ui.Context) -> None:
     ui.table(g.pools.filter(pl.col("gap_gpu_h") > 0), key="waste_queue_gaps", empty="No pending job waited while it would have fit.",
              sort="largest gap first")
     if not g.jobs.is_empty():
-        with st.expander(f"The jobs that waited while they would have fit ({words.quantity(g.jobs.height, 'job')})"):
-            ui.table(g.jobs.drop("job_key"), key="waste_queue_jobs", sort="most GPU-hours waited while they fit first")
+        with ui.details(f"The jobs that waited while they would have fit ({words.quantity(g.jobs.height, 'job')})", "waste_queue_jobs") as shown:
+            if shown:
+                ui.table(g.jobs.drop("job_key"), key="waste_queue_jobs", sort="most GPU-hours waited while they fit first")
     left = [f"{n} {why}" for why, n in g.not_counted.items() if n]
     if left:
         st.caption("Waiting jobs not counted: " + "; ".join(left) + ".")
