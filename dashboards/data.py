@@ -488,29 +488,38 @@ def fleet_now_for(ctx_window: Window, now: datetime, version: int | None) -> dic
     return fleet_now(ctx_window.key, ctx_window.resolve(now).as_of, version)
 
 
-@st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)
-def policy(key: tuple, version: int | None, tick: int | None = None) -> dict:
-    """The idle-GPU policy (gpufleet.analytics.policy): the plan now (None without a [policy] section), with no action the job
-    nearest to one and why (a policy.NotYet, or None), whether it acts ([policy] enforce; None without the section), the
-    window's audit trail, and the actions whose latest attempt failed."""
+def policy_enforce(s: dconfig.Settings) -> bool | None:
+    """Whether the idle-GPU policy acts ([policy] enforce); None without a [policy] section."""
+    from gpufleet.analytics import policy as apolicy
+
+    return apolicy.load_rules(s.doc, s.config_path).enforce if isinstance(s.doc.get("policy"), dict) else None
+
+
+@st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner="Evaluating the idle-GPU policy on every GPU's state...")
+def policy_plan(key: tuple, version: int | None, tick: int | None = None) -> dict:
+    """The idle-GPU policy's plan now (gpufleet.analytics.policy; a [policy] section must exist: policy_enforce), with no action the
+    job nearest to one and why (a policy.NotYet, or None). Every GPU's state over the rules' look-back: asked for, not on every visit."""
     from gpufleet.analytics import policy as apolicy
 
     s, w, p = _request(key)
-    con = reader(w.root)
     now = utcnow().replace(microsecond=0)
-    planned = closest = enforce = None
-    if isinstance(s.doc.get("policy"), dict):
-        rules = apolicy.load_rules(s.doc, s.config_path)
-        plan = apolicy.plan_from_store(con, rules, p, now)
-        planned, closest, enforce = apolicy.plan_frame(plan), plan.closest, plan.enforce
-    return {"planned": planned, "closest": closest, "enforce": enforce, "past": apolicy.audit(con, w.start, w.end),
-            "failing": apolicy.failing(con), "as_of": now}
+    plan = apolicy.plan_from_store(reader(w.root), apolicy.load_rules(s.doc, s.config_path), p, now)
+    return {"planned": apolicy.plan_frame(plan), "closest": plan.closest, "as_of": now}
+
+
+@st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)
+def policy_past(key: tuple, version: int | None) -> pl.DataFrame:
+    """The idle-GPU policy's audit trail in the window (gpufleet.analytics.policy.audit): one query."""
+    from gpufleet.analytics import policy as apolicy
+
+    _, w, _ = _request(key)
+    return apolicy.audit(reader(w.root), w.start, w.end)
 
 
 @st.cache_data(ttl=timedelta(seconds=30), max_entries=16, show_spinner=False)
 def policy_failing(root: str, version: int | None) -> pl.DataFrame:
     """The idle-GPU policy's actions whose latest attempt failed (the Health page's: one query,
-    not the plan that policy() computes from every GPU's state)."""
+    not the plan that policy_plan() computes from every GPU's state)."""
     from gpufleet.analytics import policy as apolicy
 
     return apolicy.failing(reader(root))

@@ -11,7 +11,7 @@ pytest.importorskip("streamlit")  # the [dashboards] extra, like tests/test_dash
 from gpufleet.collector.store import StoreWriter  # noqa: E402
 from gpufleet.times import utcnow  # noqa: E402
 from tests import test_policy_actions as tpa  # noqa: E402
-from tests.test_dashboard_pages import APP, AppTest, clean, frame, goto  # noqa: E402
+from tests.test_dashboard_pages import APP, AppTest, clean, frame, goto, opened  # noqa: E402
 
 
 def test_jobs_and_health_pages_show_the_policy(tmp_path, monkeypatch):
@@ -40,9 +40,12 @@ def test_jobs_and_health_pages_show_the_policy(tmp_path, monkeypatch):
     at = clean(at.run())
     goto(at, "jobs")
     # enforce unset: the page says that the plan is a plan and why nothing was done on its account
-    assert any(c.value.startswith("The policy only plans (enforce = false in [policy]): nothing listed here is mailed, cancelled or drained.")
+    assert any(c.value.startswith("The policy only plans (enforce = false in [policy]): nothing its plan lists is mailed, cancelled or drained.")
                for c in at.caption), [c.value for c in at.caption]
-    planned = frame(at, "policy_planned")
+    # the plan (every GPU's state over the rules' look-back) is evaluated once asked for
+    with pytest.raises(KeyError):
+        at.container("policy_planned")
+    planned = frame(opened(at, "policy_planned"), "policy_planned")
     # 102 was notified 10 minutes ago (the audit row above): not planned again inside renotify_after
     assert dict(zip(planned["job_id"], planned["action"])) == {"101": "cancel", "research/nb-1": "escalate"}
     past = frame(at, "policy_past")
@@ -68,9 +71,9 @@ def test_jobs_page_with_nothing_due_names_the_closest_job(tmp_path, monkeypatch)
     at.query_params.update({"from": (now - timedelta(hours=2)).isoformat(timespec="minutes"),
                             "to": (now + timedelta(minutes=1)).isoformat(timespec="minutes")})
     at = goto(clean(at.run()), "jobs")
-    assert any(c.value.startswith("The policy acts (enforce = true): the collector's policy round carries out what is listed here.")
+    assert any(c.value.startswith("The policy acts (enforce = true): the collector's policy round carries out what its plan lists.")
                for c in at.caption), [c.value for c in at.caption]
     assert "The policy did nothing in this window." in [c.value for c in at.container("policy_past").caption]
-    said = [c.value for c in at.container("policy_planned").caption]
+    said = [c.value for c in opened(at, "policy_planned").container("policy_planned").caption]
     assert any(c.startswith("No running job is due for a notification or a cancel. Closest: job 101 (hpc, nlp): all 2 GPUs idle since ")
                and "notify_after = 6 h: due at " in c for c in said), said

@@ -198,23 +198,27 @@ def body(ctx: ui.Context) -> None:
 
 
 def policy_section(ctx: ui.Context) -> None:
-    """The idle-GPU policy: what it would do now and what it did in the window (audit trail)."""
+    """The idle-GPU policy: what it would do now (its plan, evaluated from every GPU's state when asked for) and what it did in
+    the window (audit trail)."""
     st.subheader("Idle-GPU policy")
-    pol = data.policy(ctx.window.key, ctx.version)
-    if pol["planned"] is None:
+    enforce = data.policy_enforce(ctx.settings)
+    if enforce is None:
         st.caption("No [policy] section in the configuration: nothing is planned (gpufleet policy).")
     else:
-        acts = ("The policy acts (enforce = true): the collector's policy round carries out what is listed here. " if pol["enforce"] else
-                "The policy only plans (enforce = false in [policy]): nothing listed here is mailed, cancelled or drained. ")
-        st.caption(f"{acts}Planned as of {ui.when(pol['as_of'])}: the rule and the idle figures of each running job the policy would act on. "
-                   "Opt-out tags (a Slurm comment or a pod annotation) are read from the scheduler only when the policy "
-                   "acts, so a job listed here may still be skipped as opted out; the past actions below say what happened.")
-        c = pol.get("closest")  # with nothing due: the job nearest to an action, and why it is not due yet
-        why = f" Closest: job {c.job.job_id} ({c.job.cluster}, {c.job.account}): {c.reason}." if c else " No running job holds GPUs."
-        ui.table(pol["planned"], key="policy_planned", empty="No running job is due for a notification or a cancel." + why)
+        acts = ("The policy acts (enforce = true): the collector's policy round carries out what its plan lists. " if enforce else
+                "The policy only plans (enforce = false in [policy]): nothing its plan lists is mailed, cancelled or drained. ")
+        st.caption(f"{acts}Opt-out tags (a Slurm comment or a pod annotation) are read from the scheduler only when the policy acts, "
+                   "so a job its plan lists may still be skipped as opted out; the past actions below say what happened.")
+        with ui.details("What it would do now: the rule and the idle figures of each running job it would act on", "policy_planned") as shown:
+            if shown:
+                pol = data.policy_plan(ctx.window.key, ctx.version)
+                st.caption(f"Planned as of {ui.when(pol['as_of'])}.")
+                c = pol["closest"]  # with nothing due: the job nearest to an action, and why it is not due yet
+                why = f" Closest: job {c.job.job_id} ({c.job.cluster}, {c.job.account}): {c.reason}." if c else " No running job holds GPUs."
+                ui.table(pol["planned"], key="policy_planned", empty="No running job is due for a notification or a cancel." + why)
     st.caption("Past notifications and actions in the window (every attempt, with its result), newest first.")
-    ui.table(pol["past"], key="policy_past", empty="The policy did nothing in this window" + (
-        " (it only plans: enforce = false)." if pol["planned"] is not None and not pol["enforce"] else "."))
+    ui.table(data.policy_past(ctx.window.key, ctx.version), key="policy_past", empty="The policy did nothing in this window" + (
+        " (it only plans: enforce = false)." if enforce is False else "."))
 
 
 ui.run_page("Jobs", body)
