@@ -489,6 +489,23 @@ def markdown_texts(at: AppTest) -> list[str]:
     return out + [m.label for m in at.metric] + [str(m.value) for m in at.metric]
 
 
+def test_the_reliability_page_and_the_goodput_waterfall_read_the_window_s_attempts_once(tmp_path, use_store, monkeypatch):
+    """A window's job attempts are read once (data.reliability_read) for both that show them: the Utilization page's bundle
+    (the goodput waterfall) and then the Reliability page, of one resolved window (data.resolved: the seconds alike)."""
+    from gpufleet.analytics import reliability_store
+    from tests.test_reliability import build_store
+
+    f = build_store(tmp_path / "rel")
+    use_store(f.root)
+    reads = []
+    real = reliability_store.read
+    monkeypatch.setattr(reliability_store, "read", lambda con, p, *a, **k: reads.append((p.start, p.end)) or real(con, p, *a, **k))
+    at = goto(open_app(**{"from": "2026-11-16T00:00", "to": "2026-11-16T09:00"}), "utilization")
+    goto(at, "reliability")
+    assert metrics(at)["Interruptions"] == "2"
+    assert len(reads) == 1, reads
+
+
 def test_hostile_names_are_shown_verbatim_and_harmless(store, use_store):
     use_store(store)
     at = goto(open_app(), "jobs")
