@@ -340,6 +340,11 @@ def without_repeated_keys(df: pl.DataFrame) -> pl.DataFrame:
     return df
 
 
+# The headers of a GPU's newest sample and its age in the tables of GPUs now (Fleet now, Health): a lost GPU still
+# reporting is not "silent for" its age
+LAST_SAMPLE_LABELS = {"ts": "last sample", "age_s": "age of last sample"}
+
+
 def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, empty: str = "Nothing in this window.",
           height: int | None = None, sort: str | None = None, **kwargs: Any):
     """st.dataframe through the one formatter (people, column_config; in a container keyed `key`, so

@@ -118,14 +118,14 @@ def body(ctx: ui.Context) -> None:
     ui.table(states.filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
                                                             "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids", "user_names"),
              key="fleet_problems", empty="All GPUs are up and reporting.",
-             labels={"ts": "last sample", "age_s": "age of last sample"})
+             labels=ui.LAST_SAMPLE_LABELS)
 
     with ui.details("All GPUs (table)", "fleet_gpus") as shown:
         if shown:
             ui.table(states.select("cluster", "host", "gpu", "gi", "gpu_uuid", "model", "mig_profile", "status", UTILIZATION, "fb_used_mib",
                                    "gpu_temp_c", "power_w", "compute_processes", "held", "job_ids", "job_names", "user_names", "accounts",
                                    "schedulers", "ts", "age_s"),
-                     key="fleet_gpus", labels={"ts": "last sample", "age_s": "age of last sample"})
+                     key="fleet_gpus", labels=ui.LAST_SAMPLE_LABELS)
 
     hosts = now["hosts"]
     stale = hosts.filter(~pl.col("fresh"))

@@ -76,7 +76,7 @@ def body(ctx: ui.Context) -> None:
     ui.table(ui.with_last_xid(now["states"]).filter(pl.col("status") != "ok").select("host", "gpu", "gi", "model", "status", "ts", "age_s", "gpu_up", "last_xid",
                                                                    "last_xid_at", "ecc_dbe_vol", "remap_failure", "job_ids"),
              key="health_now", empty="Every GPU is up and reporting.",
-             labels={"ts": "last sample", "age_s": "age of last sample"})
+             labels=ui.LAST_SAMPLE_LABELS)
 
     st.subheader("Temperatures")
     temp = h["temperature"]
