@@ -137,9 +137,10 @@ def window_states(a: Any, t: Thresholds) -> WindowStates:
 
 def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> WindowStates:
     """WINDOW_STATE_JOBS' rows (per job and model, seconds, in the jobs' order) as jobs, teams and the fleet."""
-    # a job's rows are consecutive: numbered (_job) where its key changes, to group on one number, not three strings
+    # a job's rows are consecutive: numbered (_job: 1, 2, ... in row order, so sorted: polars groups sorted keys without
+    # hashing) where its key changes, to group on one number, not three strings
     starts = pl.any_horizontal([pl.col(c) != pl.col(c).shift(1) for c in JOB_KEYS]).fill_null(True)
-    rows = rows.join(prices, on="model", how="left", maintain_order="left").with_columns(_job=starts.cum_sum())
+    rows = rows.join(prices, on="model", how="left", maintain_order="left").with_columns(_job=starts.cum_sum().set_sorted())
     hours = [(pl.col(f"{s}_s") / 3600).alias(f"{s}_gpu_h") for s in STATES]
     told = (pl.col("busy_s") <= 0) | (pl.col("input_told_s") > 0)
     comm_told = ~pl.col("multi") | (pl.col("busy_s") <= 0) | (pl.col("comm_told_s") > 0)
@@ -155,8 +156,10 @@ def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> Wi
             [pl.when(pl.col(c)).then(pl.lit(f)) for c, f in _MISSING.items()], separator=", ", ignore_nulls=True)).alias("unknown_fields"))
     jobs = _with_largest_loss(jobs).select("_job", *JOB_KEYS, "job_id", "user_name", "account", "partition", "data_gpu_h",
                                            *[f"{s}_gpu_h" for s in STATES], "largest_loss", "largest_loss_share_pct", "unknown_fields")
-    # the teams and fleet: a job's unknown state is left out of the sums (None where every job's is)
-    by_model = rows.join(jobs.select("_job", *[pl.col(f"{s}_gpu_h").is_null().alias(f"{s}_unknown") for s in STATES]), on="_job")
+    # the teams and fleet: a job's unknown state is left out of the sums (None where every job's is); its flags taken to its
+    # rows by position (job n is row n - 1 of `jobs`), not by a join
+    unknown = jobs.select(*[pl.col(f"{s}_gpu_h").is_null().alias(f"{s}_unknown") for s in STATES])
+    by_model = rows.hstack(unknown[(rows["_job"] - 1).to_numpy()].get_columns())
     jobs = jobs.drop("_job")
     teams = _sums(by_model, TEAM_KEYS)
     fleet = _sums(by_model.with_columns(pl.lit("fleet").alias("_all")), ["_all"]).drop("_all")
