@@ -1065,15 +1065,22 @@ ORDER BY a.cluster, a.host
 # --- where a job's GPU time goes (analytics/states.py) ---
 
 # One job's allocations (by job id as people write it, or its key) clipped to [$start, $end):
-# its GPUs and the stretch each was held, by ALLOCATION_START/END as every figure reads them
+# its GPUs and the stretch each was held, by ALLOCATION_START/END as every figure reads them. The job's keys are found
+# first (its accounting's by id, its allocations' by key), each by an equality the scans filter on (`want`), and only
+# their allocations and job rows are joined: a match on "the allocation's key or its job's id" read every allocation
+# and job of the store (16,384 GPUs: 0.25-0.35 s warm, ~1 s in a page's first read, against 0.09 s)
 JOB_STATE_ALLOCATIONS = f"""
+WITH want AS MATERIALIZED (
+    SELECT cluster, scheduler, job_key FROM jobs WHERE job_id = $job AND ($cluster IS NULL OR cluster = $cluster)
+    UNION SELECT cluster, scheduler, job_key FROM allocations WHERE job_key = $job AND ($cluster IS NULL OR cluster = $cluster)
+)
 SELECT a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_id, a.host, a.gpu_uuid,
        a.gpu_instance AS gi, a.gpu, epoch(greatest({ALLOCATION_START}, $start)) AS a0, epoch(least({ALLOCATION_END}, $end)) AS a1
-FROM allocations a
-LEFT JOIN jobs j ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
+FROM (SELECT * FROM allocations SEMI JOIN want USING (cluster, scheduler, job_key)) a
+LEFT JOIN (SELECT * FROM jobs SEMI JOIN want USING (cluster, scheduler, job_key)) j
+  ON j.cluster = a.cluster AND j.scheduler = a.scheduler AND j.job_key = a.job_key
 {ALLOCATION_RUNS}
-WHERE (a.job_key = $job OR j.job_id = $job) AND ($cluster IS NULL OR a.cluster = $cluster)
-  AND least({ALLOCATION_END}, $end) > greatest({ALLOCATION_START}, $start)
+WHERE least({ALLOCATION_END}, $end) > greatest({ALLOCATION_START}, $start)
 ORDER BY a.cluster, a.job_key, a.host, a.gpu, a.gpu_instance
 """
 # ... and the samples of those GPUs (_job_al: JOB_STATE_ALLOCATIONS' rows of one job, numbered k, of cluster $job_cluster)
