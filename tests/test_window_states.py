@@ -220,6 +220,42 @@ def test_no_process_is_unknown_without_process_counts(tmp_path):
     assert ws.jobs["compute_gpu_h"][0] == pytest.approx(HOURS)
 
 
+def test_a_job_on_two_models_is_one_job_and_its_unknown_state_leaves_both_rows_out_of_its_team():
+    """_assemble on WINDOW_STATE_JOBS' rows (a job's rows consecutive, one per model): the job on two models (a) is one job row
+    summing both; its input-bound state is unknown (its busy time knew no PCIe field), so both of its rows stay out of the
+    team's input-bound sum while its data counts; b's and c's known states count, each at its model's price; a team of
+    unknown jobs alone (d) has the state unknown."""
+    from gpufleet.analytics.window_states import _assemble
+
+    zero = {f"{s}_s": 0.0 for s in STATES}
+
+    def row(job, account, model, data, **states):
+        told = {"input_told_s": states.pop("input_told_s", 0.0), "comm_told_s": 0.0}
+        return {"cluster": "c1", "scheduler": "slurm", "job_key": job, "job_id": job, "user_name": "u", "account": account, "partition": "p",
+                "model": model, "multi": False, "data_s": data, **zero, **{f"{s}_s": v for s, v in states.items()}, **told,
+                "busy_s": sum(v for s, v in states.items() if s in ("input_bound", "communication_bound", "compute", "busy_unresolved")),
+                "sm_missing": False, "rx_missing": False, "nvl_missing": False, "tensor_missing": False}
+
+    rows = pl.DataFrame([row("a", "t1", "X", 3600.0, compute=3600.0), row("a", "t1", "Y", 7200.0, compute=7200.0),
+                         row("b", "t1", "X", 3600.0, input_bound=3600.0, input_told_s=3600.0), row("c", "t2", "Y", 1800.0, idle=1800.0),
+                         row("d", "t3", "X", 3600.0, busy_unresolved=3600.0)])
+    prices = pl.DataFrame({"model": ["X", "Y"], "usd_per_gpu_hour": [2.0, 3.0]})
+    ws = _assemble(rows, prices, True)
+    jobs = {r["job_key"]: r for r in ws.jobs.iter_rows(named=True)}
+    assert list(jobs) == ["a", "b", "c", "d"]
+    assert jobs["a"]["data_gpu_h"] == pytest.approx(3.0) and jobs["a"]["compute_gpu_h"] == pytest.approx(3.0)
+    assert jobs["a"]["input_bound_gpu_h"] is None and jobs["b"]["input_bound_gpu_h"] == pytest.approx(1.0)
+    assert jobs["c"]["input_bound_gpu_h"] == 0.0  # (no busy time: nothing to tell, so known)
+    teams = {r["account"]: r for r in ws.teams.iter_rows(named=True)}
+    assert teams["t1"]["data_gpu_h"] == pytest.approx(4.0) and teams["t1"]["data_cost"] == pytest.approx(1 * 2.0 + 2 * 3.0 + 1 * 2.0)
+    assert teams["t1"]["input_bound_gpu_h"] == pytest.approx(1.0) and teams["t1"]["input_bound_cost"] == pytest.approx(2.0)
+    assert teams["t1"]["compute_gpu_h"] == pytest.approx(3.0) and teams["t1"]["compute_cost"] == pytest.approx(1 * 2.0 + 2 * 3.0)
+    assert teams["t2"]["idle_gpu_h"] == pytest.approx(0.5) and teams["t2"]["idle_cost"] == pytest.approx(1.5)
+    # a team whose every job's state is unknown has it unknown; one whose job knew it (no busy time) has 0
+    assert teams["t3"]["input_bound_gpu_h"] is None and teams["t2"]["input_bound_gpu_h"] == 0.0
+    assert ws.fleet["input_bound_gpu_h"] == pytest.approx(1.0) and ws.fleet["data_gpu_h"] == pytest.approx(5.5)
+
+
 def test_the_raw_paths_analysis_is_refused(tmp_path):
     hand_store(tmp_path, upkeep=False)
     p = params()
