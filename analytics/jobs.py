@@ -14,7 +14,8 @@ stretches, no-process time, and a verdict: the first rule that matches, its text
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from typing import Any, Mapping
 
 import duckdb
@@ -25,7 +26,9 @@ from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.core import JOB_KEY, Analysis
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope
+from gpufleet.analytics.window import window_bind
 from gpufleet.collector.reading import query_rows
+from gpufleet.times import utcnow
 
 LOW_UTILIZATION_PCT = 25.0  # below this a job uses a quarter of what it holds: worth a look
 # verdicts compare utilization rounded to 1e-9 points: facts and raw samples sum in different orders, and a mean
@@ -140,6 +143,24 @@ def job_report(a: Analysis, job: str) -> JobReport | None:
         no_process_gpu_h=j["no_process_gpu_h"], idle_gpu_h=j["idle_gpu_h"],
         verdict=j["verdict"], rule=rule(j["verdict"], j, a),
     )
+
+
+def job_row(con: duckdb.DuckDBPyConnection, params: Params, job: str, now: datetime | None = None) -> dict[str, Any] | None:
+    """The row of the window's job table (sql.JOB_ROWS' columns, its filters applied: the job list's row) of the job named
+    `job` (an id as people write it, or its key; the first by cluster, scheduler and key where the name repeats), None
+    where the table has none. Read for that job alone (its keys found first), so a job's page draws the report before the
+    window's figures are computed (at 16,384 GPUs ~0.1 s against the list's ~25 s)."""
+    cur = con.cursor()
+    try:
+        for key in query_rows(cur, sql.JOB_NAMED_KEYS, {"job": job, "cluster": params.filters.cluster}).to_pylist():
+            narrowed = replace(params, filters=replace(params.filters, cluster=key["cluster"], job_key=key["job_key"]))
+            bind = {**window_bind(narrowed, now or utcnow()), "of_scheduler": key["scheduler"]}
+            rows = query_rows(cur, sql.JOB_NAMED_ROW, sql.bound(sql.JOB_NAMED_ROW, bind)).to_pylist()
+            if rows:
+                return rows[0]
+        return None
+    finally:
+        cur.close()
 
 
 def job_not_in_window(con: duckdb.DuckDBPyConnection, params: Params, job: str) -> str:

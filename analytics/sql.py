@@ -266,6 +266,13 @@ JOB_ALLOCATED = _window_job_rows(f"""j.cluster, j.scheduler, j.job_key, j.job_id
 # The window's jobs a GPU model filter leaves out for want of a model (no GPU of known model mapped to them): how many, and
 # their allocated GPU-hours on whatever model (the known jobs' alone where a GPU count is unknown)
 MODEL_UNKNOWN_JOBS = _window_job_rows(f"count(*) AS n, sum({_JOB_GPU_S}) / 3600 AS gpu_h", "$model IS NOT NULL AND ms.model_share IS NULL")
+# The keys of the jobs named `$job` (an id as people write it, or a key), each way by an equality the scans filter on, first
+# by cluster, scheduler and key; and one key's row of the window's job table (JOB_ALLOCATED under its key as the job filter:
+# what ja holds of it), for a job's report drawn before the window's figures (jobs.job_row)
+JOB_NAMED_KEYS = """SELECT cluster, scheduler, job_key FROM jobs WHERE job_id = $job AND ($cluster IS NULL OR cluster = $cluster)
+UNION SELECT cluster, scheduler, job_key FROM jobs WHERE job_key = $job AND ($cluster IS NULL OR cluster = $cluster)
+ORDER BY cluster, scheduler, job_key"""
+JOB_NAMED_ROW = f"SELECT * EXCLUDE (runs) FROM ({JOB_ALLOCATED}) WHERE scheduler = $of_scheduler"
 # ... computed once per analysis as the temp table ja, which every job query below reads
 JOB_TABLE = f"CREATE OR REPLACE TEMP TABLE ja AS {JOB_ALLOCATED}"
 

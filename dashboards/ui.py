@@ -346,9 +346,10 @@ LAST_SAMPLE_LABELS = {"ts": "last sample", "age_s": "age of last sample"}
 
 
 def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, empty: str = "Nothing in this window.",
-          height: int | None = None, sort: str | None = None, **kwargs: Any):
+          height: int | None = None, sort: str | None = None, rows_key: str | None = None, **kwargs: Any):
     """st.dataframe through the one formatter (people, column_config; in a container keyed `key`, so
-    tests find it), its order said when `sort` names it, or a plain message when there is nothing."""
+    tests find it), its order said when `sort` names it, or a plain message when there is nothing.
+    `rows_key`: the dataframe's own key (a selectable table's selection: st.session_state[rows_key])."""
     with st.container(key=key):
         if df is None or df.is_empty():
             st.caption(empty)
@@ -363,7 +364,7 @@ def table(df: pl.DataFrame, key: str, *, labels: dict[str, str] | None = None, e
         times = frozenset(c for c, t in df.schema.items() if isinstance(t, pl.Datetime))
         tiny = _tiny_percents(shown)
         return st.dataframe(display_text(shown, tiny), hide_index=True, column_config=column_config(shown, labels, times, tiny),
-                            height=height or "auto", placeholder=words.UNKNOWN, **kwargs)
+                            height=height or "auto", placeholder=words.UNKNOWN, key=rows_key, **kwargs)
 
 
 @contextmanager

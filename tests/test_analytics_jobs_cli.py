@@ -13,8 +13,9 @@ import pytest
 
 from gpufleet import cli
 from gpufleet.analytics.core import Analysis
-from gpufleet.analytics.jobs import job_report, job_summaries
-from gpufleet.analytics.params import Params
+from gpufleet.analytics import sql
+from gpufleet.analytics.jobs import job_report, job_row, job_summaries
+from gpufleet.analytics.params import Filters, Params
 from gpufleet.analytics.trends import NO_DATA, compare, previous_baseline, previous_totals
 from gpufleet.times import utcnow
 from tests.support.fleet import Fleet
@@ -53,6 +54,22 @@ def test_job_report_numbers_and_rule(a):
     assert multi.allocated_gpu_h == pytest.approx(4.0)
     assert job_report(a, "200_2").job["job_key"] == "202"  # found by array id as people write it
     assert job_report(a, "nope") is None
+
+
+def test_a_job_s_own_row_is_its_row_of_the_window_s_job_table(fleet, a):  # noqa: F811
+    """job_row (the job's page: its report before the window's list) reads one job's row of the window's job table: the
+    list's row (JOB_ROWS), by id as people write it or by key, under the window's filters; None where the table has none."""
+    listed = {r["job_id"]: r for r in a.q(sql.JOB_ROWS).to_dicts()}
+    for job_id, row in listed.items():
+        assert job_row(fleet.reader(), a.p, job_id, now=T(20)) == row, job_id
+        assert job_row(fleet.reader(), a.p, row["job_key"], now=T(20)) == row, row["job_key"]
+    assert job_row(fleet.reader(), a.p, "200_2", now=T(20))["job_key"] == "202"  # an array task by the id people write
+    assert job_row(fleet.reader(), a.p, "nope", now=T(20)) is None
+    for account in {r["account"] for r in listed.values()}:
+        p = Params(T(10), T(12), filters=Filters(account=account))
+        mine = {r["job_id"]: r for r in Analysis(fleet.reader(), p, now=T(20)).q(sql.JOB_ROWS).to_dicts()}
+        for job_id in listed:
+            assert job_row(fleet.reader(), p, job_id, now=T(20)) == mine.get(job_id), (account, job_id)
 
 
 def test_unused_gpus_low_and_no_data_verdicts(tmp_path):
