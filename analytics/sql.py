@@ -266,10 +266,13 @@ JOB_ALLOCATED = _window_job_rows(f"""j.cluster, j.scheduler, j.job_key, j.job_id
 # The window's jobs a GPU model filter leaves out for want of a model (no GPU of known model mapped to them): how many, and
 # their allocated GPU-hours on whatever model (the known jobs' alone where a GPU count is unknown)
 MODEL_UNKNOWN_JOBS = _window_job_rows(f"count(*) AS n, sum({_JOB_GPU_S}) / 3600 AS gpu_h", "$model IS NOT NULL AND ms.model_share IS NULL")
-# The keys of the jobs named `$job` (an id as people write it, or a key), each way by an equality the scans filter on, first
-# by cluster, scheduler and key; and one key's row of the window's job table (JOB_ALLOCATED under its key as the job filter:
-# what ja holds of it), for a job's report drawn before the window's figures (jobs.job_row)
-JOB_NAMED_KEYS = """SELECT cluster, scheduler, job_key FROM jobs WHERE job_id = $job AND ($cluster IS NULL OR cluster = $cluster)
+# The keys of the jobs whose id as people write it is $job (of cluster $cluster, if set): an equality the scans filter on
+# (a job's id or key in one OR is filtered in neither scan)
+_JOBS_BY_ID = "SELECT cluster, scheduler, job_key FROM jobs WHERE job_id = $job AND ($cluster IS NULL OR cluster = $cluster)"
+# ... and of those whose key is $job, first by cluster, scheduler and key; and one key's row of the window's job table
+# (JOB_ALLOCATED under its key as the job filter: what ja holds of it), for a job's report drawn before the window's
+# figures (jobs.job_row)
+JOB_NAMED_KEYS = f"""{_JOBS_BY_ID}
 UNION SELECT cluster, scheduler, job_key FROM jobs WHERE job_key = $job AND ($cluster IS NULL OR cluster = $cluster)
 ORDER BY cluster, scheduler, job_key"""
 JOB_NAMED_ROW = f"SELECT * EXCLUDE (runs) FROM ({JOB_ALLOCATED}) WHERE scheduler = $of_scheduler"
@@ -1073,12 +1076,12 @@ ORDER BY a.cluster, a.host
 
 # One job's allocations (by job id as people write it, or its key) clipped to [$start, $end):
 # its GPUs and the stretch each was held, by ALLOCATION_START/END as every figure reads them. The job's keys are found
-# first (its accounting's by id, its allocations' by key), each by an equality the scans filter on (`want`), and only
-# their allocations and job rows are joined: a match on "the allocation's key or its job's id" read every allocation
-# and job of the store (16,384 GPUs: 0.25-0.35 s warm, ~1 s in a page's first read, against 0.09 s)
+# first (its accounting's by id, _JOBS_BY_ID; its allocations' by key), each by an equality the scans filter on (`want`),
+# and only their allocations and job rows are joined: a match on "the allocation's key or its job's id" read every
+# allocation and job of the store (16,384 GPUs: 0.25-0.35 s warm, ~1 s in a page's first read, against 0.09 s)
 JOB_STATE_ALLOCATIONS = f"""
 WITH want AS MATERIALIZED (
-    SELECT cluster, scheduler, job_key FROM jobs WHERE job_id = $job AND ($cluster IS NULL OR cluster = $cluster)
+    {_JOBS_BY_ID}
     UNION SELECT cluster, scheduler, job_key FROM allocations WHERE job_key = $job AND ($cluster IS NULL OR cluster = $cluster)
 )
 SELECT a.cluster, a.scheduler, a.job_key, coalesce(j.job_id, a.job_key) AS job_id, a.host, a.gpu_uuid,
