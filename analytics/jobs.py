@@ -145,14 +145,20 @@ def job_report(a: Analysis, job: str) -> JobReport | None:
     )
 
 
-def job_row(con: duckdb.DuckDBPyConnection, params: Params, job: str, now: datetime | None = None) -> dict[str, Any] | None:
+def job_row(con: duckdb.DuckDBPyConnection, params: Params, job: str, now: datetime | None = None,
+            exact: tuple[str, str, str] | None = None) -> dict[str, Any] | None:
     """The row of the window's job table (sql.JOB_ROWS' columns, its filters applied: the job list's row) of the job named
-    `job` (an id as people write it, or its key; the first by cluster, scheduler and key where the name repeats), None
-    where the table has none. Read for that job alone (its keys found first), so a job's page draws the report before the
-    window's figures are computed (at 16,384 GPUs ~0.1 s, the list's figures 25-40 s)."""
+    `job` (an id as people write it, or its key; the first by cluster, scheduler and key where the name repeats; `exact`:
+    that job's cluster, scheduler and key instead), None where the table has none. Read for that job alone (its keys found
+    first), so a job's page draws the report before the window's figures are computed (at 16,384 GPUs ~0.1 s, the list's
+    figures 25-40 s)."""
     cur = con.cursor()
     try:
-        for key in query_rows(cur, sql.JOB_NAMED_KEYS, {"job": job, "cluster": params.filters.cluster}).to_pylist():
+        keys = ([dict(zip(("cluster", "scheduler", "job_key"), exact))] if exact is not None else
+                query_rows(cur, sql.JOB_NAMED_KEYS, {"job": job, "cluster": params.filters.cluster}).to_pylist())
+        for key in keys:
+            if params.filters.cluster not in (None, key["cluster"]):
+                continue
             narrowed = replace(params, filters=replace(params.filters, cluster=key["cluster"], job_key=key["job_key"]))
             bind = {**window_bind(narrowed, now or utcnow()), "of_scheduler": key["scheduler"]}
             rows = query_rows(cur, sql.JOB_NAMED_ROW, sql.bound(sql.JOB_NAMED_ROW, bind)).to_pylist()

@@ -364,14 +364,15 @@ def previous_baseline(key: tuple):
 
 
 @st.cache_data(ttl=timedelta(minutes=10), max_entries=64, show_spinner=False)
-def named_job(key: tuple, job: str) -> dict | None:
+def named_job(key: tuple, job: str, exact: tuple[str, str, str] | None = None) -> dict | None:
     """The job list's row (`key`: a Resolved.key; the window's job table, its filters applied) of the job named `job` on the
     Jobs page (gpufleet.analytics.jobs.job_row: read for that job alone, so its report is drawn before the window's list is
-    computed); None: not among the window's jobs (job_not_in_window says why)."""
+    computed; `exact`: the job's cluster, scheduler and key, a row selected in the list); None: not among the window's jobs
+    (job_not_in_window says why)."""
     from gpufleet.analytics import jobs as ajobs
 
     _, w, p = _resolved(key)
-    return ajobs.job_row(reader(w.root), p, job, now=w.as_of)
+    return ajobs.job_row(reader(w.root), p, job, now=w.as_of, exact=exact)
 
 
 @st.cache_data(ttl=timedelta(minutes=10), max_entries=16, show_spinner=False)

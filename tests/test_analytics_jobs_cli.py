@@ -65,6 +65,10 @@ def test_a_job_s_own_row_is_its_row_of_the_window_s_job_table(fleet, a):  # noqa
         assert job_row(fleet.reader(), a.p, row["job_key"], now=T(20)) == row, row["job_key"]
     assert job_row(fleet.reader(), a.p, "200_2", now=T(20))["job_key"] == "202"  # an array task by the id people write
     assert job_row(fleet.reader(), a.p, "nope", now=T(20)) is None
+    # by its key exactly (a row selected in the job list): that job's row, whatever the name; none for a key not in the window
+    for row in listed.values():
+        assert job_row(fleet.reader(), a.p, "any", now=T(20), exact=(row["cluster"], row["scheduler"], row["job_key"])) == row
+    assert job_row(fleet.reader(), a.p, "101", now=T(20), exact=(listed["101"]["cluster"], "kubernetes", listed["101"]["job_key"])) is None
     for account in {r["account"] for r in listed.values()}:
         p = Params(T(10), T(12), filters=Filters(account=account))
         mine = {r["job_id"]: r for r in Analysis(fleet.reader(), p, now=T(20)).q(sql.JOB_ROWS).to_dicts()}

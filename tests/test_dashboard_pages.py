@@ -248,7 +248,7 @@ def test_jobs_list_and_reports(store, con, a, use_store):
     assert at.info[0].value.startswith("Job nosuchjob: the store has no job of that id or key")
 
 
-def test_a_job_s_report_is_drawn_above_the_window_s_list_and_a_row_selected_names_its_job(store, use_store):
+def test_a_job_s_report_is_drawn_above_the_window_s_list_and_a_row_selected_names_its_job(store, a, use_store):
     """The job asked for (typed, in the URL, or a row selected) has its report at the top, read for it alone before the
     window's list is computed (at 16,384 GPUs in a real browser: its report at 1.4-3.3 s, the list at ~39 s; it came after
     the list, at ~35 s); a row selected in the list puts its job id in the report's box (jobs.pick_row, on_select)."""
@@ -261,14 +261,26 @@ def test_a_job_s_report_is_drawn_above_the_window_s_list_and_a_row_selected_name
     heads = [h.value for h in clean(at).subheader]
     assert heads[0] == "Job report" and heads.index("Job report") < heads.index("Jobs in the window") < heads.index("Idle-GPU policy")
     assert "Job: 101" in [t.value for t in at.text]
-    # the list's on_select: the selected row's job id into the box; no selection (or a stale one past the rows) leaves it
-    state = {page.SHOWN_KEY: ["102", "101", "103"], page.ROWS_KEY: {"selection": {"rows": [2], "columns": []}}, "job": "101"}
+    # the list's on_select: the selected row's job id into the box and its key beside it (a job id two clusters share
+    # reports the row's job); no selection, or a stale one past the rows, leaves both
+    row = {"job_id": "103", "cluster": "c2", "scheduler": "slurm", "job_key": "103"}
+    shown = [{"job_id": "102", "cluster": "c1", "scheduler": "slurm", "job_key": "102"}, {**row, "cluster": "c1"}, row]
+    state = {page.SHOWN_KEY: shown, page.ROWS_KEY: {"selection": {"rows": [2], "columns": []}}, "job": "101"}
     page.pick_row(state)
-    assert state["job"] == "103"
+    assert state["job"] == "103" and state[page.PICKED_KEY] == row
     for selection in ({"selection": {"rows": [], "columns": []}}, {"selection": {"rows": [7], "columns": []}}, None):
-        state = {page.SHOWN_KEY: ["102"], page.ROWS_KEY: selection, "job": "101"}
+        state = {page.SHOWN_KEY: shown[:1], page.ROWS_KEY: selection, "job": "101"}
         page.pick_row(state)
-        assert state["job"] == "101"
+        assert state["job"] == "101" and page.PICKED_KEY not in state
+    # the page reports the picked row's job by its key while the box names it; a key no longer in the window (the window
+    # moved since) falls back to the name
+    at.session_state[page.PICKED_KEY] = {**row, "job_id": "101"}
+    at.run()
+    assert "Job: 101" in [t.value for t in clean(at).text]
+    real = job_summaries(a).filter(pl.col("job_id") == "103").select(page.JOB_IDENTITY).row(0, named=True)
+    at.session_state[page.PICKED_KEY] = real
+    at.text_input(key="job").set_value("103").run()
+    assert "Job: 103" in [t.value for t in clean(at).text]
 
 
 def test_teams_and_fairness(store, a, use_store):

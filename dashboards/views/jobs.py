@@ -160,17 +160,20 @@ def shared_section(shared: list[dict]) -> None:
                 f"{ajobs.share_sentence(g)}; this job's memory high-water {mem}")
 
 
-# The list's selection (st.session_state[ROWS_KEY]) and the job ids of its rows as shown (SHOWN_KEY): a row selected names
-# its job in the report's box before the next run (pick_row), which then draws that job's report first
-ROWS_KEY, SHOWN_KEY = "jobs_list_rows", "jobs_list_shown"
+# The list's selection (st.session_state[ROWS_KEY]) and its rows' jobs as shown (SHOWN_KEY: job id and key): a row selected
+# names its job in the report's box before the next run (pick_row), which then draws that job's report first; PICKED_KEY
+# keeps the row's key, so a job id two clusters share still reports the row's job
+ROWS_KEY, SHOWN_KEY, PICKED_KEY = "jobs_list_rows", "jobs_list_shown", "jobs_list_picked"
+JOB_IDENTITY = ("job_id", "cluster", "scheduler", "job_key")
 
 
 def pick_row(state: MutableMapping[str, Any]) -> None:
-    """The jobs list's on_select: the selected row's job id into the report's box ("job"); nothing without a selection."""
+    """The jobs list's on_select: the selected row's job id into the report's box ("job") and its key into PICKED_KEY;
+    nothing without a selection."""
     rows = ((state.get(ROWS_KEY) or {}).get("selection") or {}).get("rows") or []
     shown = state.get(SHOWN_KEY) or []
     if rows and rows[0] < len(shown):
-        state["job"] = shown[rows[0]]
+        state["job"], state[PICKED_KEY] = shown[rows[0]]["job_id"], shown[rows[0]]
 
 
 def _picked_row() -> None:
@@ -185,7 +188,10 @@ def body(ctx: ui.Context) -> None:
     # drawn before the window's list is computed (16,384 GPUs in a browser: the report at 1.4-3.3 s, the list at ~39 s)
     picked = (st.text_input("Job id for the report (or select a row of the list below)", key="job", bind="query-params") or "").strip()
     if picked:
-        job = data.named_job(window.key, picked)
+        # (the row selected, by its key, while the box still names it; else, or once it is out of the window, by the name)
+        row = st.session_state.get(PICKED_KEY) or {}
+        exact = (row["cluster"], row["scheduler"], row["job_key"]) if row.get("job_id") == picked else None
+        job = (exact and data.named_job(window.key, picked, exact)) or data.named_job(window.key, picked)
         if job is None:
             st.info(words.sentence(data.job_not_in_window(window.key, picked)))
         else:
@@ -210,7 +216,7 @@ def body(ctx: ui.Context) -> None:
     found = found.sort([column, "job_id"], descending=[descending, False], nulls_last=True)
     shown = ui.first_rows(found, order, "narrow the search to see others")
     st.caption("Figures are of the part of each job inside the window (a job may have started before it or end after it).")
-    st.session_state[SHOWN_KEY] = shown["job_id"].to_list()
+    st.session_state[SHOWN_KEY] = shown.select(JOB_IDENTITY).to_dicts()
     ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select=_picked_row, selection_mode="single-row",
              rows_key=ROWS_KEY, labels=LIST_LABELS, sort=order, height=560)
     policy_section(ctx)
