@@ -224,11 +224,25 @@ def test_a_planted_straggler_is_named(n_gpus, data):
 
 # --- the vectorised walk against a plain one ---
 
+def _plain_intervals(s: GpuSamples, max_gap_s: float) -> tuple[list[int], list[float], list[float]]:
+    """Each sample's interval with data inside [a0, a1), one at a time: it holds until the next sample in time, at
+    most max_gap; (its sample, start, end) for those with a utilization and a length."""
+    order = sorted(range(len(s.ts)), key=lambda i: s.ts[i])
+    util, kept = s.column("util"), ([], [], [])
+    for n, i in enumerate(order):
+        nxt = s.ts[order[n + 1]] if n + 1 < len(order) else float("inf")
+        start, end = max(s.ts[i], s.a0), min(nxt, s.ts[i] + max_gap_s, s.a1)
+        if end > start and not np.isnan(util[i]):
+            for out, v in zip(kept, (i, start, end)):
+                out.append(v)
+    return kept
+
+
 def _walk_low_states(s: GpuSamples, t: Thresholds) -> tuple[dict[str, float], S.Checkpoints | None]:
     """The oracle: startup, no process, idle, checkpoint and pause by the module doc's rules, as a
     walk over the intervals one at a time (gpu_states does it with whole-array operations)."""
-    idx, start, end = S._intervals(s, t.max_gap_s)
-    util, procs, dur, n = s.column("util")[idx], s.column("procs")[idx], end - start, len(idx)
+    idx, start, end = _plain_intervals(s, t.max_gap_s)
+    util, procs, dur, n = s.column("util")[idx], s.column("procs")[idx], np.array(end) - np.array(start), len(idx)
 
     def runs(flag):
         found, i = [], 0
@@ -303,9 +317,30 @@ def rhythmic_gpus(draw):
 def test_the_low_stretches_are_those_of_a_plain_walk(g, startup_s):
     t = dataclasses.replace(SMALL, startup_busy_seconds=startup_s, checkpoint_min_seconds=15.0)
     seconds, rhythm = _walk_low_states(g, t)
-    got = S.gpu_states(g, t, multi_gpu=False)
+    got = job_states([g], t).gpus[0]
     assert {k: got.seconds[k] for k in seconds} == seconds
     assert got.checkpoints == rhythm
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(rhythmic_gpus(), min_size=2, max_size=4), st.sampled_from([30.0, 300.0]), st.booleans())
+def test_each_gpu_of_a_job_has_the_low_stretches_of_its_own_walk(gpus, startup_s, end_to_end):
+    """Each of a job's GPUs is split as it would be alone: none's runs, startup or rhythm reach into the next's, even
+    where one GPU's allocation starts exactly where the previous one's ends (end_to_end)."""
+    t = dataclasses.replace(SMALL, startup_busy_seconds=startup_s, checkpoint_min_seconds=15.0)
+    if end_to_end:
+        shifted, end = [], 0.0
+        for g in gpus:  # this GPU's allocation starts where the previous one's ends
+            at = end - g.a0
+            shifted.append(dataclasses.replace(g, a0=g.a0 + at, a1=g.a1 + at, ts=g.ts + at))
+            end = g.a1 + at
+        gpus = shifted
+    gpus = [dataclasses.replace(g, gpu=f"n{i}:0") for i, g in enumerate(gpus)]
+    got = job_states(gpus, t).gpus
+    for g, mine in zip(gpus, got):
+        seconds, rhythm = _walk_low_states(g, t)
+        assert {k: mine.seconds[k] for k in seconds} == seconds, g.gpu
+        assert mine.checkpoints == rhythm, g.gpu
 
 
 # --- one job from the store ---
