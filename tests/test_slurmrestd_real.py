@@ -112,6 +112,14 @@ def test_real_slurmctld_jobs_running_and_pending(slurm_cluster, restd):
         c.run("scancel", str(run), str(held), check=False)
 
 
+def _output(c, job: int) -> str:
+    """The job's output so far ('' before its script has written any)."""
+    try:
+        return c.job_output(job)
+    except FileNotFoundError:
+        return ""
+
+
 def test_real_slurmrestd_reads_every_attempt_and_every_instant_job(slurm_cluster, restd):
     """A job requeued with `scontrol requeue` is two slurmdbd records under one job id: the window
     read lists both, the earlier an attempt of the job (job_attempts), the later the job. And short
@@ -119,10 +127,23 @@ def test_real_slurmrestd_reads_every_attempt_and_every_instant_job(slurm_cluster
     and sacct shows their Eligible as Unknown - are all in the window: the read names every state
     (slurmrestd.WINDOW_STATES), so slurmdbd selects them by start and end, not eligible time."""
     c = slurm_cluster
-    requeued = c.sbatch("sleep 3\n", extra_args=["--requeue", "--job-name=rq"])
+    # the first run sleeps until it is requeued, the second ends at once (SLURM_RESTART_COUNT: its runs before)
+    requeued = c.sbatch('echo "run ${SLURM_RESTART_COUNT:-0}"\n[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || sleep 60\n',
+                        extra_args=["--requeue", "--job-name=rq"])
     try:
         c.wait_running(requeued)
+        wait_for(f"job {requeued}'s script running", lambda: "run 0" in _output(c, requeued), timeout=60, daemons=c.daemons, interval=0.2)
         c.run("scontrol", "requeue", str(requeued))
+
+        def first_run_gone() -> bool:  # slurmd has killed the first run: the node is no longer completing it
+            first = c.sacct("-X", "-n", "-P", "--duplicates", "-j", str(requeued), "-o", "State").split()[:1] == ["REQUEUED"]
+            completing = any(state.startswith("comp") for state in c.run("sinfo", "-h", "-o", "%t").split())
+            return first and c.job_state(requeued) == "PENDING" and not completing
+
+        wait_for(f"job {requeued}'s first run requeued and killed", first_run_gone, timeout=120, daemons=c.daemons, interval=0.5)
+        # slurmd refuses a launch whose credential is not newer than the second it killed the job's first run in
+        # ("already killed, do not launch batch job"): under load that second can come after the requeue's
+        time.sleep(2)
 
         def rerun() -> bool:  # the first attempt REQUEUED, the second ran to the end
             # a requeued job is eligible again ~2 min on (BeginTime), maybe held: start it now
