@@ -7,7 +7,8 @@ JSON's writing included), as a user runs it: the whole week, the week typed off 
 edges inside hours), the week under a team filter, and the week in a store that also holds
 GPUFLEET_BENCH_HISTORY_WEEKS earlier weeks of jobs and allocations (default 12; 0: not run): an
 analysis' cost should grow with its window, not the store's history. GPUFLEET_BENCH_ANALYZE_RUNS
-runs each (default 3), the median shown. Issue #52's goal at 1,024 GPUs: 0.5 s + start-up, 0.3 GiB.
+runs each (default 3), the median shown. Issue #52's goals (GOALS): 1,024 GPUs 0.5 s + start-up and 0.3 GiB,
+16,384 GPUs 1.5 s and 1 GiB, 100,000 GPUs 5 s and 2 GiB.
 With GPUFLEET_BENCH_BEFORE=<a checkout of the code before> each case runs that code too, alternating
 with this one's run by run, and the table gives both and their ratio.
 """
@@ -15,12 +16,30 @@ with this one's run by run, and the table gives both and their ratio.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from datetime import timedelta
 
 from bench._common import BEFORE_ENV, GPUFLEET_COMMAND, Table, before_checkout, env_number, progress, run_python
 
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_ANALYZE_RUNS", 3)))
 HISTORY_WEEKS = int(env_number("GPUFLEET_BENCH_HISTORY_WEEKS", 12))
+@dataclass(frozen=True)
+class Goal:
+    """Issue #52's goal for `gpufleet analyze` of a week at one fleet size: seconds (beyond start-up, or in all) and GiB."""
+
+    seconds: float
+    gib: float
+    beyond_start_up: bool = False
+
+    @property
+    def text(self) -> str:
+        return f"{self.seconds:g} s{' + start-up' if self.beyond_start_up else ''}, {self.gib:g} GiB (issue #52)"
+
+    def met(self, wall: float, start_up: float, gib: float) -> bool:
+        return wall - (start_up if self.beyond_start_up else 0.0) <= self.seconds and gib <= self.gib
+
+
+GOALS = {1024: Goal(0.5, 0.3, beyond_start_up=True), 16384: Goal(1.5, 1.0), 100_000: Goal(5.0, 2.0)}  # GPUs -> goal
 # the command's start-up: the interpreter and the modules an analysis imports, before it reads anything
 START_UP = "import gpufleet.cli, gpufleet.analytics.cli, gpufleet.analytics.core, gpufleet.collector.store"
 
@@ -42,7 +61,7 @@ def run() -> list[Table]:
     t = Table(f"analyze: `gpufleet analyze --format json`, {SCALE.describe()}")
     start_up = statistics.median(run_python(START_UP, [])[0] for _ in range(RUNS))
     t.add(f"start-up: the interpreter and the command's imports (median of {RUNS})", f"{start_up:.2f} s")
-    goal = SCALE.gpus == 1024  # (issue #52's goal for this fleet size)
+    goal = GOALS.get(SCALE.gpus)
     before = before_checkout()
     for label, args in cases:
         progress(f"gpufleet analyze, {label}: {RUNS} runs" + ("" if before is None else " each, alternating with the code before"))
@@ -54,7 +73,7 @@ def run() -> list[Table]:
             runs.append(run_python(GPUFLEET_COMMAND, command))
         wall, cpu, rss = (statistics.median(r[i] for r in runs) for i in range(3))
         t.add(f"{label}: wall / CPU / peak RSS (median of {RUNS})", f"{wall:.2f} s / {cpu:.2f} s / {rss:.2f} GiB, {len(runs[0][3]) / 1e6:.1f} MB of JSON",
-              "0.5 s + start-up, 0.3 GiB (issue #52)" if goal else "", (wall - start_up <= 0.5 and rss <= 0.3) if goal else None)
+              goal.text if goal else "", goal.met(wall, start_up, rss) if goal else None)
         if old:
             w0, c0, r0 = (statistics.median(r[i] for r in old) for i in range(3))
             t.add(f"  the code before ({before}): wall / CPU / peak RSS; this code's wall / before's",

@@ -17,9 +17,16 @@ proportion to its size).
    breakdown. Goal (#55): the 16,384-GPU week <= 2 s, 100,000 GPUs <= 5 s; its cost is GPUs x
    buckets, so two sizes give its growth.
 
+4. The analytics bench's week (bench/analytics.py's store at GPUFLEET_BENCH_GPUS, _DAYS, _JOBS, with its facts, as
+   `./scripts/bench analyze` reads it; generated first if missing): its job with the most GPU-hours in the window
+   broken down first in a process of its own (#55: <= 0.5 s at any fleet size), then the Analysis of the week with its
+   totals and window_states after them (median of 3; #55: <= 2 s at 16,384 GPUs, <= 5 s at 100,000). The one place the bench measures
+   these goals at the fleet sizes they name: `GPUFLEET_BENCH_GPUS=16384 GPUFLEET_BENCH_JOBS=800000 ./scripts/bench states`.
+
 Knobs (environment): GPUFLEET_BENCH_STATES_GPUS="256,1024" (the fleet sizes),
 GPUFLEET_BENCH_STATES_WINDOW_GPUS="256,1024" (the window breakdown's; "" skips it; a day of 1,024 GPUs with its facts takes ~10 min to generate on a loaded 2-core machine),
-GPUFLEET_BENCH_CACHE=bench/results/states (generated stores, reused), GPUFLEET_BENCH_BEFORE=<a checkout of the code
+GPUFLEET_BENCH_STATES_WEEK=1 (0 skips the analytics bench's week), GPUFLEET_BENCH_CACHE=bench/results/states
+(generated stores, reused; the analytics week's: bench/analytics.py's own), GPUFLEET_BENCH_BEFORE=<a checkout of the code
 before> (the window's breakdown measured with that code too, in a process before this code's, with the ratio).
 """
 
@@ -179,6 +186,76 @@ print(json.dumps({"analysis_s": runs[1][0], "states_s": runs[1][1], "idle_s": ru
 """
 
 
+# The analytics bench's week: one job's breakdown first in the process (as `gpufleet analyze --job` meets it), then the
+# Analysis of the week with its totals (which every surface shows beside the breakdown: they build the held parts and
+# idle chains the breakdown reads too) and window_states on it, timed apart (median of 3). No timeline: as `gpufleet
+# analyze --by` and the weekly report read the week.
+MEASURE_WEEK = r"""
+import json, sys, time
+from datetime import datetime
+from gpufleet.analytics import states
+from gpufleet.analytics.core import Analysis
+from gpufleet.analytics.params import Params
+from gpufleet.analytics.window_states import window_states
+from gpufleet.collector.store import open_reader
+p = Params(datetime.fromisoformat(sys.argv[2]), datetime.fromisoformat(sys.argv[3]))
+con = open_reader(sys.argv[1])
+t = states.Thresholds.of(p, {})
+t0, c0 = time.perf_counter(), time.process_time()
+js = states.job_breakdown(con, p, sys.argv[4], t)
+job = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "gpus": len(js.gpus), "data_h": js.data_s / 3600}
+runs = []
+for _ in range(3):
+    t0 = time.perf_counter()
+    a = Analysis(con, p)
+    a.totals()
+    t1 = time.perf_counter()
+    ws = window_states(a, t)
+    runs.append((t1 - t0, time.perf_counter() - t1))
+    a.con.close()
+runs.sort(key=lambda r: r[1])
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
+print(json.dumps({"job": job, "analysis_s": runs[1][0], "states_s": runs[1][1], "jobs_n": ws.jobs.height, "rss_mib": hwm}))
+"""
+WEEK_GOALS = {16384: 2.0, 100_000: 5.0}  # GPUs -> #55's seconds for the window's breakdown of a week
+# the job whose breakdown is timed: the most GPU-hours inside the window (ties: the first key)
+BIGGEST_JOB = """
+SELECT job_key FROM jobs WHERE start < $end AND "end" > $start
+ORDER BY gpus * (epoch(least("end", $end)) - epoch(greatest(start, $start))) DESC, job_key LIMIT 1
+"""
+
+
+def week_table() -> Table:
+    from bench._analytics_data import ensure_facts, ensure_store
+    from bench.analytics import CACHE, SCALE
+    from gpufleet.collector.store import open_reader
+
+    store, _ = ensure_store(SCALE, CACHE, progress)
+    ensure_facts(SCALE, store, progress)
+    con = open_reader(store)
+    try:
+        [(job,)] = con.execute(BIGGEST_JOB, {"start": SCALE.start, "end": SCALE.end}).fetchall()
+    finally:
+        con.close()
+    progress(f"the analytics week ({SCALE.gpus:,} GPUs): job {job}'s breakdown, then the window's (3 runs)")
+    out = subprocess.run([sys.executable, "-c", MEASURE_WEEK, str(store), SCALE.start.isoformat(), SCALE.end.isoformat(), job],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    t = Table(f"job states on the analytics bench's week: {SCALE.describe()}")
+    m = got["job"]
+    t.add(f"job {job}, the most GPU-hours in the window ({m['gpus']} GPUs, {m['data_h']:.0f} GPU-h with data): its breakdown, "
+          "first in the process", f"{m['wall_s']:.2f} s (CPU {m['cpu_s']:.2f} s)", "<= 0.5 s", m["wall_s"] <= 0.5)
+    t.add(f"Analysis of the week and its totals ({got['jobs_n']:,} jobs with time in it)", f"{got['analysis_s']:.2f} s")
+    goal = WEEK_GOALS.get(SCALE.gpus)
+    t.add("window_states after them: every job's and team's breakdown (median of 3)", f"{got['states_s']:.2f} s",
+          f"<= {goal:g} s" if goal else "", got["states_s"] <= goal if goal else None)
+    t.add("peak RSS", f"{got['rss_mib']:.0f} MiB")
+    if goal is None:
+        t.notes.append(f"#55 names goals for the window's breakdown at {', '.join(f'{g:,}' for g in WEEK_GOALS)} GPUs; "
+                       "set GPUFLEET_BENCH_GPUS and GPUFLEET_BENCH_JOBS for those")
+    return t
+
+
 def with_facts(root: Path) -> None:
     """The store's facts, as the collector's upkeep builds them, for every closed hour."""
     from gpufleet.collector.maintenance import compact
@@ -244,4 +321,7 @@ def run() -> list[Table]:
                   m["wall_s"] <= 0.5)
         t.add(f"{gpus:,}-GPU fleet: peak RSS", f"{got['rss_mib']:.0f} MiB")
     window = [int(s) for s in os.environ.get("GPUFLEET_BENCH_STATES_WINDOW_GPUS", "256,1024").split(",") if s.strip()]
-    return [t, window_table(window, cache)] if window else [t]
+    tables = [t, window_table(window, cache)] if window else [t]
+    if os.environ.get("GPUFLEET_BENCH_STATES_WEEK", "1") != "0":
+        tables.append(week_table())
+    return tables

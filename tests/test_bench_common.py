@@ -51,3 +51,13 @@ def test_a_child_s_peak_rss_is_its_own_not_its_big_parent_s():
     with pytest.raises(RuntimeError, match="exited 3"):
         run_python("import sys; sys.exit(3)", [])
     del ballast
+
+
+def test_analyze_goals_count_start_up_only_where_the_issue_does():
+    """#52: 1,024 GPUs 0.5 s beyond start-up and 0.3 GiB; 16,384 GPUs 1.5 s in all and 1 GiB."""
+    from bench.analyze import GOALS
+
+    small, large = GOALS[1024], GOALS[16384]
+    assert small.met(wall=0.9, start_up=0.41, gib=0.29) and not small.met(wall=0.95, start_up=0.41, gib=0.29)
+    assert not small.met(wall=0.5, start_up=0.41, gib=0.31)
+    assert large.met(wall=1.5, start_up=0.4, gib=1.0) and not large.met(wall=1.6, start_up=0.4, gib=0.5)
