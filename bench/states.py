@@ -51,14 +51,16 @@ import json, sys, time
 from datetime import datetime
 from gpufleet.analytics import states
 from gpufleet.analytics.params import Params
+from gpufleet.cli import _without_pandas
 from gpufleet.collector.store import open_reader
 p = Params(datetime.fromisoformat(sys.argv[2]), datetime.fromisoformat(sys.argv[3]))
 con = open_reader(sys.argv[1])
 t = states.Thresholds.of(p, {})
 got = {}
 for job in sys.argv[4:]:
-    t0, c0 = time.perf_counter(), time.process_time()
-    js = states.job_breakdown(con, p, job, t)
+    with _without_pandas("analyze"):  # as `gpufleet analyze --job` runs it (pyarrow's conversions would import pandas)
+        t0, c0 = time.perf_counter(), time.process_time()
+        js = states.job_breakdown(con, p, job, t)
     got[job] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "gpus": len(js.gpus), "data_h": js.data_s / 3600}
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
 print(json.dumps({"jobs": got, "rss_mib": hwm}))
@@ -197,12 +199,14 @@ from gpufleet.analytics import states
 from gpufleet.analytics.core import Analysis
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.window_states import window_states
+from gpufleet.cli import _without_pandas
 from gpufleet.collector.store import open_reader
 p = Params(datetime.fromisoformat(sys.argv[2]), datetime.fromisoformat(sys.argv[3]))
 con = open_reader(sys.argv[1])
 t = states.Thresholds.of(p, {})
-t0, c0 = time.perf_counter(), time.process_time()
-js = states.job_breakdown(con, p, sys.argv[4], t)
+with _without_pandas("analyze"):  # as `gpufleet analyze --job` runs it (pyarrow's conversions would import pandas)
+    t0, c0 = time.perf_counter(), time.process_time()
+    js = states.job_breakdown(con, p, sys.argv[4], t)
 job = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "gpus": len(js.gpus), "data_h": js.data_s / 3600}
 runs = []
 for _ in range(3):
