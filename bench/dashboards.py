@@ -10,10 +10,10 @@ with the window set to the whole week in the URL's query parameters, as a user w
   (imports, Streamlit's and Altair's own set-up): every page visited once over a 16-GPU day,
   timed and shown on its own row, so that a first load below counts what grows with the data.
 - first load: the pages visited once each in menu order, back to back, caches empty at the
-  start. The first page that needs the window's figures computes its analysis (dashboards/data.py
-  window_bundle: core.Analysis, as `gpufleet analyze`), which the others then share; Waste adds
-  the previous week's totals, Health its own queries, Jobs one job's report (the most wasteful
-  job, by the job-id box: computed on the job's own run).
+  start. Each page computes the window's figures it shows (dashboards/data.py window_bundle:
+  core.Analysis, as `gpufleet analyze`; PAGE_FIGURES); Waste adds the previous week's totals,
+  Health its own queries, Jobs one job's report (the most wasteful job, by the job-id box:
+  computed on the job's own run).
 - warm: each page again, GPUFLEET_BENCH_DASH_RUNS times; the median counts. Goal: < 2 s.
 Over the store's facts, built once by the product's upkeep (as bench/analytics.py builds them).
 What is timed is the page's script run on the server (what grows with the data); the browser's
@@ -182,9 +182,9 @@ def run() -> list[Table]:
     if problems:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
-        "first load in menu order from empty caches, after the server's start, back to back: the first page that needs the "
-        "window's figures computes its analysis (dashboards/data.py window_bundle: core.Analysis, as `gpufleet analyze`), "
-        "which the later pages share; a job's report computes the job on its own run, its MFU too; Waste adds the previous "
+        "first load in menu order from empty caches, after the server's start, back to back: each page computes the "
+        "window's figures it shows (dashboards/data.py window_bundle: core.Analysis, as `gpufleet analyze`; PAGE_FIGURES), "
+        "the later pages none of the earlier ones' but the attempts' read; a job's report computes the job on its own run, its MFU too; Waste adds the previous "
         "window's totals; Fleet now computes the GPU states at the window's end, which Health reuses beside its own queries",
         "the synthetic store holds no data before its first day, so Waste's previous-window totals are cheap here; on a real "
         "store they are one more window analysis",

@@ -228,23 +228,34 @@ def _resolved(key: tuple) -> tuple[dconfig.Settings, Resolved, Params]:
     return s, r, params_for(s, r.start, r.end, r.filters)
 
 
+# What each page shows of its window's figures: window_bundle computes those alone, so a page's first load waits for
+# its own figures, not the other pages' (the Utilization page of the 16,384-GPU week: ~10 s of the ~26 s all of them took)
+PAGE_FIGURES = {
+    "utilization": frozenset({"totals", "utilization", "timeline"}),
+    "jobs": frozenset({"jobs", "states"}),
+    "teams": frozenset({"fairness", "states", "utilization"}),
+    "waste": frozenset({"totals", "utilization", "waste", "top_jobs", "goodput"}),
+    "mfu": frozenset({"mfu"}),
+}
+
+
 @dataclass
 class Bundle:
-    """The figures of one window, as analytics computed them."""
+    """The figures of one window a page shows (PAGE_FIGURES), as analytics computed them; None: not this page's."""
 
-    totals: Any
-    utilization: dict[str, pl.DataFrame]
-    timeline: dict[str, pl.DataFrame]
-    waste: dict[tuple[str, str], pl.DataFrame]  # (by, kind) -> waste_by
-    top_jobs: pl.DataFrame
-    jobs: pl.DataFrame  # gpufleet.analytics.jobs.job_summaries
-    fairness: Any | None  # gpufleet.analytics.fairness.FairnessReport; None when it failed (fairness_error says why)
-    fairness_error: str | None
-    mfu: dict[str, pl.DataFrame] | None
-    mfu_error: str | None
     prices: dict[str, float]
     computed_s: float
     window: Resolved  # the times these figures are for
+    totals: Any = None
+    utilization: dict[str, pl.DataFrame] | None = None
+    timeline: dict[str, pl.DataFrame] | None = None
+    waste: dict[tuple[str, str], pl.DataFrame] | None = None  # (by, kind) -> waste_by
+    top_jobs: pl.DataFrame | None = None
+    jobs: pl.DataFrame | None = None  # gpufleet.analytics.jobs.job_summaries
+    fairness: Any | None = None  # gpufleet.analytics.fairness.FairnessReport; None when it failed (fairness_error says why)
+    fairness_error: str | None = None
+    mfu: dict[str, pl.DataFrame] | None = None
+    mfu_error: str | None = None
     goodput: dict | None = None  # gpufleet.analytics.goodput.compute; None when it failed (goodput_error says why)
     goodput_error: str | None = None
     states: Any | None = None  # gpufleet.analytics.window_states.WindowStates; None when it failed (states_error says why)
@@ -252,41 +263,51 @@ class Bundle:
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
-def window_bundle(key: tuple) -> Bundle:
-    """Everything the Utilization, Jobs, Teams, Waste and MFU pages show (`key`: a Window.key),
-    from the window's analysis (gpufleet.analytics.core.Analysis, as `gpufleet analyze` computes it)."""
+def window_bundle(key: tuple, page: str) -> Bundle:
+    """The figures `page` shows (PAGE_FIGURES[page]; `key`: a Window.key), from the window's analysis
+    (gpufleet.analytics.core.Analysis, as `gpufleet analyze` computes it). The waterfall of goodput takes the MFU and
+    states figures in, so the Waste page computes those too."""
     import time
 
     from gpufleet.analytics import jobs as ajobs
     from gpufleet.analytics import timeline
 
+    want = PAGE_FIGURES[page]
     t0 = time.monotonic()
     s, w, p = _request(key)
     con = reader(w.root)
     # the goodput waterfall's interrupted attempts (reliability_read: cursors of their own)
     # are read in a worker thread beside the analysis: DuckDB runs a statement while Python runs
     with ThreadPoolExecutor(1, thread_name_prefix="window-bundle") as pool:
-        attempts = pool.submit(reliability_read, w.key)
+        attempts = pool.submit(reliability_read, w.key) if "goodput" in want else None
         a = Analysis(con, p, now=w.as_of)
         try:
-            totals = a.totals()
-            util = {by: a.utilization(by) for by in UTILIZATION_BY}
-            tl = timeline.utilization_timelines(a, TIMELINE_BY)
-            waste = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
-            top = a.top_wasteful_jobs(TOP_JOBS)
-            summaries = ajobs.job_summaries(a)
-            fair, fair_err = None, None
-            try:
-                fair = fairness.fairness(a, s.shares, s.half_life)
-            except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
-                log.exception("fairness failed")
-                fair_err = f"fairness could not be computed: {type(e).__name__}: {e}"
-            mfu_figures, mfu_err = _mfu(a)
-            states, states_err = _window_states(s, a, p)
-            fall, fall_err = _goodput(s, con, a, p, w, mfu_figures, states, attempts)
-            return Bundle(totals=totals, utilization=util, timeline=tl, waste=waste, top_jobs=top, jobs=summaries,
-                          fairness=fair, fairness_error=fair_err, mfu=mfu_figures, mfu_error=mfu_err, prices=dict(a.prices),
-                          computed_s=time.monotonic() - t0, window=w, goodput=fall, goodput_error=fall_err, states=states, states_error=states_err)
+            got: dict[str, Any] = {}
+            if "totals" in want:
+                got["totals"] = a.totals()
+            if "utilization" in want:
+                got["utilization"] = {by: a.utilization(by) for by in UTILIZATION_BY}
+            if "timeline" in want:
+                got["timeline"] = timeline.utilization_timelines(a, TIMELINE_BY)
+            if "waste" in want:
+                got["waste"] = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
+            if "top_jobs" in want:
+                got["top_jobs"] = a.top_wasteful_jobs(TOP_JOBS)
+            if "jobs" in want:
+                got["jobs"] = ajobs.job_summaries(a)
+            if "fairness" in want:
+                try:
+                    got["fairness"] = fairness.fairness(a, s.shares, s.half_life)
+                except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+                    log.exception("fairness failed")
+                    got["fairness_error"] = f"fairness could not be computed: {type(e).__name__}: {e}"
+            if want & {"mfu", "goodput"}:
+                got["mfu"], got["mfu_error"] = _mfu(a)
+            if want & {"states", "goodput"}:
+                got["states"], got["states_error"] = _window_states(s, a, p)
+            if "goodput" in want:
+                got["goodput"], got["goodput_error"] = _goodput(s, con, a, p, w, got["mfu"], got["states"], attempts)
+            return Bundle(prices=dict(a.prices), computed_s=time.monotonic() - t0, window=w, **got)
         finally:
             _close(a)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import polars as pl
+from polars.testing import assert_frame_equal
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -432,6 +433,42 @@ def test_mfu(store, a, use_store):
 
 
 
+def test_a_page_computes_the_window_s_figures_it_shows_alone(store, use_store, monkeypatch):
+    """Each page's bundle holds the figures it shows (data.PAGE_FIGURES) and no other page's, so a page's first load does
+    not wait for the others'; where two pages show a figure, both bundles hold the same. The window's job attempts are
+    read for the Waste page's goodput waterfall alone (counted)."""
+    from gpufleet.dashboards import data
+
+    use_store(store)
+    data.settings.clear()
+    data.window_bundle.clear()
+    data.reliability_read.clear()
+    reads = []
+    real = data.reliability_read
+    monkeypatch.setattr(data, "reliability_read", lambda key: reads.append(key) or real(key))
+    w = data.make_window(data.current_settings(), preset=None, start=T(10), end=T(12), filters=Filters())
+    figures = {"totals", "utilization", "timeline", "waste", "top_jobs", "jobs", "fairness", "mfu", "goodput", "states"}
+    needs = {"goodput": {"mfu", "states"}}  # (the waterfall takes them in)
+    bundles, attempts_read = {}, 0
+    for page, shows in data.PAGE_FIGURES.items():
+        b = bundles[page] = data.window_bundle(w.key, page)
+        made = shows | {n for f in shows for n in needs.get(f, ())}
+        assert {f for f in figures if getattr(b, f) is not None} == made, page
+        attempts_read += page == "waste"
+        assert len(reads) == attempts_read, (page, reads)
+    for f in ("totals", "utilization", "states"):
+        held = [b for b in bundles.values() if getattr(b, f) is not None]
+        assert len(held) >= 2, f
+        for x in held[1:]:
+            if f == "totals":
+                assert x.totals == held[0].totals
+            elif f == "states":
+                assert_frame_equal(x.states.jobs, held[0].states.jobs)
+            else:
+                for by, frame_ in held[0].utilization.items():
+                    assert_frame_equal(x.utilization[by], frame_)
+
+
 def test_a_job_s_report_gives_its_row_of_the_window_s_mfu(store, use_store):
     """The Jobs page's report computes a job's figures on the job's own run (data.job_report), its
     MFU too - not waiting for the window's: each job's MFU there is its row of the MFU page's."""
@@ -440,8 +477,8 @@ def test_a_job_s_report_gives_its_row_of_the_window_s_mfu(store, use_store):
     use_store(store)
     data.settings.clear()
     w = data.make_window(data.current_settings(), preset=None, start=T(10), end=T(12), filters=Filters())
-    b = data.window_bundle(w.key)
-    per_job = b.mfu["jobs"]
+    b = data.window_bundle(w.key, "jobs")
+    per_job = data.window_bundle(w.key, "mfu").mfu["jobs"]
     fields = ("cluster", "scheduler", "job_key", "job_id", "account", "user_name", "partition", "start", "end")
     seen = 0
     for job in b.jobs.iter_rows(named=True):
@@ -525,7 +562,7 @@ def markdown_texts(at: AppTest) -> list[str]:
 
 
 def test_the_reliability_page_and_the_goodput_waterfall_read_the_window_s_attempts_once(tmp_path, use_store, monkeypatch):
-    """A window's job attempts are read once (data.reliability_read) for both that show them: the Utilization page's bundle
+    """A window's job attempts are read once (data.reliability_read) for both that show them: the Waste page's bundle
     (the goodput waterfall) and then the Reliability page, of one resolved window (data.resolved: the seconds alike)."""
     from gpufleet.analytics import reliability_store
     from tests.test_reliability import build_store
@@ -535,7 +572,8 @@ def test_the_reliability_page_and_the_goodput_waterfall_read_the_window_s_attemp
     reads = []
     real = reliability_store.read
     monkeypatch.setattr(reliability_store, "read", lambda con, p, *a, **k: reads.append((p.start, p.end)) or real(con, p, *a, **k))
-    at = goto(open_app(**{"from": "2026-11-16T00:00", "to": "2026-11-16T09:00"}), "utilization")
+    at = goto(open_app(**{"from": "2026-11-16T00:00", "to": "2026-11-16T09:00"}), "waste")
+    assert len(reads) == 1, reads
     goto(at, "reliability")
     assert metrics(at)["Interruptions"] == "2"
     assert len(reads) == 1, reads

@@ -196,7 +196,7 @@ def body(ctx: ui.Context) -> None:
             st.info(words.sentence(data.job_not_in_window(window.key, picked)))
         else:
             report(window, job)
-    b = data.window_bundle(w.key)
+    b = data.window_bundle(w.key, "jobs")
     st.subheader("Jobs in the window")
     jobs = b.jobs
     if jobs.is_empty():

@@ -11,7 +11,7 @@ from gpufleet.dashboards import data, ui
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = data.window_bundle(w.key)
+    b = data.window_bundle(w.key, "mfu")
     ui.window_caption(b.window)
     figures_mfu = b.mfu
     if figures_mfu is None:

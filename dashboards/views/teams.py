@@ -27,7 +27,7 @@ def share_chart(acc: pl.DataFrame) -> alt.Chart:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = data.window_bundle(w.key)
+    b = data.window_bundle(w.key, "teams")
     ui.window_caption(b.window)
     f, fairness_error = b.fairness, b.fairness_error
     if f is None:

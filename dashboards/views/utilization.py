@@ -78,7 +78,7 @@ def body(ctx: ui.Context) -> None:
     choice = st.segmented_control("Group by (partition = namespace on Kubernetes, account = team)", list(CHOICES), default="fleet",
                                   key="by", bind="query-params")
     by = CHOICES.get(choice or "fleet", "fleet")
-    b = data.window_bundle(w.key)
+    b = data.window_bundle(w.key, "utilization")
     t = b.totals
     ui.window_caption(b.window)
     if ui.empty_totals(t):

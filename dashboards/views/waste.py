@@ -69,7 +69,7 @@ def waterfall_section(b: data.Bundle) -> None:
 
 def body(ctx: ui.Context) -> None:
     w = ctx.window
-    b = data.window_bundle(w.key)
+    b = data.window_bundle(w.key, "waste")
     ui.window_caption(b.window)
     t = b.totals
     if ui.empty_totals(t):
