@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install '.[dashboards]'")
@@ -23,6 +24,29 @@ def test_jobs_list_shows_each_jobs_largest_loss(store, a, use_store):
     want = ws.with_largest_loss(job_summaries(a))
     assert want["largest_loss"].is_not_null().any()  # (the scenario has jobs that lose time)
     assert_table(frame(at, "jobs_list"), want, ["job_id", "largest_loss"])
+
+
+def test_a_jobs_largest_loss_is_written_for_the_jobs_asked_alone(monkeypatch):
+    """The Jobs page words the largest loss of the rows it shows, not of every job in the window (744k labels at 16,384
+    GPUs took 2 s): each row's label is its row of the whole table's, and only those rows are written (counted)."""
+    from gpufleet.analytics import vocabulary as words
+    from gpufleet.analytics.window_states import WindowStates
+
+    n = 100
+    states = pl.DataFrame({"cluster": ["c"] * n, "scheduler": ["slurm"] * n, "job_key": [str(i) for i in range(n)],
+                           "largest_loss": [("idle", "startup", None)[i % 3] for i in range(n)],
+                           "largest_loss_share_pct": [i / 7 if i % 3 < 2 else None for i in range(n)]})
+    ws = WindowStates(jobs=states, teams=pl.DataFrame(), fleet={})
+    jobs = states.select("cluster", "scheduler", "job_key", pl.col("job_key").alias("job_id"))
+    whole = ws.with_largest_loss(jobs)
+    some = jobs.filter(pl.col("job_key").is_in(["3", "49", "51", "98"]))  # two with a loss, one without, one too
+    written = []
+    real = words.pct
+    monkeypatch.setattr(words, "pct", lambda *args, **kw: written.append(args) or real(*args, **kw))
+    got = ws.with_largest_loss(some)
+    assert len(written) == 3  # 3, 49, 51 have a loss; 98 none
+    assert got.to_dicts() == whole.filter(pl.col("job_key").is_in(["3", "49", "51", "98"])).to_dicts()
+    assert got.filter(pl.col("job_key") == "3")["largest_loss"].item() == f"{words.state('idle')} {real(3 / 7)}"
 
 
 def test_teams_page_shows_each_teams_breakdown(store, a, use_store):

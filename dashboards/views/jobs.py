@@ -202,8 +202,6 @@ def body(ctx: ui.Context) -> None:
     if jobs.is_empty():
         ui.empty_window("job")
         return
-    # the largest loss of each job (gpufleet.analytics.window_states, from the window's facts)
-    jobs = b.states.with_largest_loss(jobs) if b.states is not None else jobs.with_columns(pl.lit(None, pl.String).alias("largest_loss"))
     if b.states is None:
         st.caption(f"Largest loss: unknown ({b.states_error}).")
     c = st.columns([3, 2, 2, 2])
@@ -215,6 +213,8 @@ def body(ctx: ui.Context) -> None:
     column, descending = SORTS[order]
     found = found.sort([column, "job_id"], descending=[descending, False], nulls_last=True)
     shown = ui.first_rows(found, order, "narrow the search to see others")
+    # the largest loss of each job shown, in words (gpufleet.analytics.window_states, from the window's facts)
+    shown = b.states.with_largest_loss(shown) if b.states is not None else shown.with_columns(pl.lit(None, pl.String).alias("largest_loss"))
     st.caption("Figures are of the part of each job inside the window (a job may have started before it or end after it).")
     st.session_state[SHOWN_KEY] = shown.select(JOB_IDENTITY).to_dicts()
     ui.table(shown.select(LIST_COLUMNS), key="jobs_list", empty="No job matches.", on_select=_picked_row, selection_mode="single-row",
