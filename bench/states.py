@@ -23,7 +23,7 @@ proportion to its size).
    totals and window_states after them (median of 3; #55: <= 2 s at 16,384 GPUs, <= 5 s at 100,000). The one place the bench measures
    these goals at the fleet sizes they name: `GPUFLEET_BENCH_GPUS=16384 GPUFLEET_BENCH_JOBS=800000 ./scripts/bench states`.
 
-Knobs (environment): GPUFLEET_BENCH_STATES_GPUS="256,1024" (the fleet sizes),
+Knobs (environment): GPUFLEET_BENCH_STATES_GPUS="256,1024" (the fleet sizes; "" skips them),
 GPUFLEET_BENCH_STATES_WINDOW_GPUS="256,1024" (the window breakdown's; "" skips it; a day of 1,024 GPUs with its facts takes ~10 min to generate on a loaded 2-core machine),
 GPUFLEET_BENCH_STATES_WEEK=1 (0 skips the analytics bench's week), GPUFLEET_BENCH_CACHE=bench/results/states
 (generated stores, reused; the analytics week's: bench/analytics.py's own), GPUFLEET_BENCH_BEFORE=<a checkout of the code
@@ -325,7 +325,11 @@ def run() -> list[Table]:
                   m["wall_s"] <= 0.5)
         t.add(f"{gpus:,}-GPU fleet: peak RSS", f"{got['rss_mib']:.0f} MiB")
     window = [int(s) for s in os.environ.get("GPUFLEET_BENCH_STATES_WINDOW_GPUS", "256,1024").split(",") if s.strip()]
-    tables = [t, window_table(window, cache)] if window else [t]
+    tables = [t] if sizes else []  # (a table left out where its knob is empty, not printed empty)
+    if window:
+        tables.append(window_table(window, cache))
     if os.environ.get("GPUFLEET_BENCH_STATES_WEEK", "1") != "0":
         tables.append(week_table())
+    if not tables:
+        raise SystemExit("bench states: nothing to measure (GPUFLEET_BENCH_STATES_GPUS and _WINDOW_GPUS empty, _WEEK=0)")
     return tables
