@@ -97,8 +97,8 @@ class WindowStates:
                                           "share_pct": pl.Float64, "cost": pl.Float64, "fix": pl.String})
 
     def with_largest_loss(self, jobs: pl.DataFrame) -> pl.DataFrame:
-        """`jobs` (keyed by JOB_KEYS) with `largest_loss` in words ("idle 25.0 %"; None: no loss or no data): written for
-        those jobs alone (a page's rows shown, not the window's every job: 16,384 GPUs' 744k labels took 2 s)."""
+        """`jobs` (keyed by JOB_KEYS) with `largest_loss` in words ("idle 25.0 %"; None: no loss or no data), written for
+        those jobs alone: a page asks for the rows it shows, not for the window's every job (words are Python's, per row)."""
         named = self.jobs.join(jobs.select(JOB_KEYS), on=JOB_KEYS, how="semi", nulls_equal=True).filter(pl.col("largest_loss").is_not_null())
         label = named.select(*JOB_KEYS, pl.Series("largest_loss", [f"{words.state(s)} {words.pct(x)}" for s, x in
                                                                   zip(named["largest_loss"], named["largest_loss_share_pct"])], pl.String))

@@ -229,7 +229,7 @@ def _resolved(key: tuple) -> tuple[dconfig.Settings, Resolved, Params]:
 
 
 # What each page shows of its window's figures: window_bundle computes those alone, so a page's first load waits for
-# its own figures, not the other pages' (the Utilization page of the 16,384-GPU week: ~10 s of the ~26 s all of them took)
+# its own figures, not the other pages' (docs/performance.md, stop 88)
 PAGE_FIGURES = {
     "utilization": frozenset({"totals", "utilization", "timeline"}),
     "jobs": frozenset({"jobs", "states"}),
