@@ -150,8 +150,7 @@ def job_row(con: duckdb.DuckDBPyConnection, params: Params, job: str, now: datet
     """The row of the window's job table (sql.JOB_ROWS' columns, its filters applied: the job list's row) of the job named
     `job` (an id as people write it, or its key; the first by cluster, scheduler and key where the name repeats; `exact`:
     that job's cluster, scheduler and key instead), None where the table has none. Read for that job alone (its keys found
-    first), so a job's page draws the report before the window's figures are computed (at 16,384 GPUs ~0.1 s, the list's
-    figures 25-40 s)."""
+    first), so a job's page draws the report before the window's figures are computed (docs/performance.md, stop 87)."""
     cur = con.cursor()
     try:
         keys = ([dict(zip(("cluster", "scheduler", "job_key"), exact))] if exact is not None else

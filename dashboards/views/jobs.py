@@ -185,7 +185,7 @@ def body(ctx: ui.Context) -> None:
     window = data.resolved(w.key)  # (the window the bundle's figures are for)
     ui.window_caption(window)
     # the job asked for (typed, in the URL, or a row selected below): its report from its own row of the window's job table,
-    # drawn before the window's list is computed (16,384 GPUs in a browser: the report at 1.4-3.3 s, the list at ~39 s)
+    # drawn before the window's list is computed (the list waits for the window's figures: seconds at 16,384 GPUs)
     picked = (st.text_input("Job id for the report (or select a row of the list below)", key="job", bind="query-params") or "").strip()
     if picked:
         # (the row selected, by its key, while the box still names it; else, or once it is out of the window, by the name)
