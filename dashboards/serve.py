@@ -5,8 +5,9 @@ modules the pages import (polars, DuckDB, altair, pandas for the tables' Styler,
 imported by the first visitor's page: ~1.6 s of a 2-core host's CPU before that page computed
 anything. Here they are imported before the server listens, as any server loads its code before
 it serves. Which modules: every import statement of the router, its loaders and its pages (found
-by reading their source, so a page's new import is preloaded without a list to keep), and pandas.
-Nothing is computed or read from the store here: the pages' figures are theirs.
+by reading their source, so a page's new import is preloaded without a list to keep), and those
+the libraries import lazily at a page's first table or chart (ALSO; a test runs every page after
+the preload and names any module a first visit still imports). Nothing is computed or read from the store here: the pages' figures are theirs.
 
     python -m gpufleet.dashboards.serve run APP [streamlit options] -- [app arguments]
 
@@ -23,9 +24,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # the router, its cached loaders and shared UI, and the pages: what a first visit runs
 SOURCES = ("app.py", "data.py", "ui.py", "views/*.py")
-# imported by what those call rather than by an import statement of theirs (ui's tables: a polars
-# frame's to_pandas for the Styler)
-ALSO = ("pandas",)
+# imported by what those call rather than by an import statement of theirs, at a first page's first table or chart: ui's
+# tables (a polars frame's to_pandas, its pandas Styler with the Jinja templates it compiles at import, Streamlit's
+# dataframe adapters), Altair's reading of a polars frame (narwhals), Streamlit's icons and script helpers
+ALSO = ("pandas", "pandas.io.formats.style", "pyarrow.pandas_compat", "pyarrow.vendored.version", "narwhals._polars.dataframe",
+        "narwhals._polars.namespace", "narwhals._interchange.dataframe", "narwhals._interchange.series", "narwhals._namespace",
+        "narwhals.stable.v1._namespace", "streamlit.dataframe.lazy_df_adapters", "streamlit.material_icon_names",
+        "streamlit.runtime.scriptrunner.magic_funcs", "streamlit.web.skills", "polars._utils.udfs")
 OWN = "gpufleet.dashboards"
 
 

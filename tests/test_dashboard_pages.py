@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -467,6 +468,38 @@ def test_a_page_computes_the_window_s_figures_it_shows_alone(store, use_store, m
             else:
                 for by, frame_ in held[0].utilization.items():
                     assert_frame_equal(x.utilization[by], frame_)
+
+
+# imported by AppTest's run alone: Streamlit's server scans for components when its runtime starts, before it listens
+APP_TEST_ONLY = {"streamlit.components.v2.manifest_scanner"}
+FIRST_VISIT = f"""
+import os, sys
+from gpufleet.dashboards import serve
+serve.preload([n for n in (*serve.page_imports(), *serve.ALSO) if not n.startswith(serve.OWN)])
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file({str(APP)!r}, default_timeout=600)
+at.query_params.update({WINDOW!r})
+before = set(sys.modules)
+for page in {PAGES!r}:
+    at.switch_page(f"views/{{page}}.py").run()
+    assert not at.exception, (page, at.exception)
+print(" ".join(sorted(m for m in set(sys.modules) - before if not m.startswith("gpufleet."))))
+"""
+
+
+def test_the_server_has_imported_what_every_page_s_first_visit_imports(store):
+    """serve.py's preload (the pages' imports and ALSO) leaves a first visitor's pages nothing to import but gpufleet's
+    own page modules: a table's pandas Styler compiling its templates, Altair reading a polars frame, a first page paid
+    for them (~0.1 s of Fleet now's first load in Chromium). A library that moves its lazy imports fails this, naming them."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GPUFLEET_DASHBOARD_STORE": str(store)}
+    env.pop("GPUFLEET_CONFIG", None)
+    done = subprocess.run([sys.executable, "-c", FIRST_VISIT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = set(done.stdout.split()) - APP_TEST_ONLY
+    assert not imported, f"a first visit imported {sorted(imported)}: add them to dashboards/serve.py's ALSO"
 
 
 def test_a_job_s_report_gives_its_row_of_the_window_s_mfu(store, use_store):
