@@ -132,16 +132,15 @@ def window_states(a: Any, t: Thresholds) -> WindowStates:
                comm_nvlink_min=t.communication_nvlink_min_bytes_per_s, comm_tensor_max=t.communication_tensor_max,
                comm_sm_active_max=t.communication_sm_active_max)
     procs_known = bool(a.q(sql.HAS_PROCESS_COUNTS)["n"][0])
-    prices = pl.DataFrame({"model": list(a.prices), "usd_per_gpu_hour": list(a.prices.values())}, schema={"model": pl.String, "usd_per_gpu_hour": pl.Float64})
-    return _assemble(rows, prices, procs_known)
+    return _assemble(rows, dict(a.prices), procs_known)
 
 
-def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> WindowStates:
+def _assemble(rows: pl.DataFrame, prices: dict[str, float], procs_known: bool) -> WindowStates:
     """WINDOW_STATE_JOBS' rows (per job and model, seconds, in the jobs' order) as jobs, teams and the fleet."""
     # a job's rows are consecutive: numbered (_job: 1, 2, ... in row order, so sorted: polars groups sorted keys without
     # hashing) where its key changes, to group on one number, not three strings
     starts = pl.any_horizontal([pl.col(c) != pl.col(c).shift(1) for c in JOB_KEYS]).fill_null(True)
-    rows = rows.join(prices, on="model", how="left", maintain_order="left").with_columns(_job=starts.cum_sum().set_sorted())
+    rows = rows.with_columns(_job=starts.cum_sum().set_sorted())
     hours = [(pl.col(f"{s}_s") / 3600).alias(f"{s}_gpu_h") for s in STATES]
     told = (pl.col("busy_s") <= 0) | (pl.col("input_told_s") > 0)
     comm_told = ~pl.col("multi") | (pl.col("busy_s") <= 0) | (pl.col("comm_told_s") > 0)
@@ -162,25 +161,37 @@ def _assemble(rows: pl.DataFrame, prices: pl.DataFrame, procs_known: bool) -> Wi
     unknown = jobs.select(*[pl.col(f"{s}_gpu_h").is_null().alias(f"{s}_unknown") for s in STATES])
     by_model = rows.hstack(unknown[(rows["_job"] - 1).to_numpy()].get_columns())
     jobs = jobs.drop("_job")
-    teams = _sums(by_model, TEAM_KEYS)
-    fleet = _sums(by_model.with_columns(pl.lit("fleet").alias("_all")), ["_all"]).drop("_all")
+    per_model = _known_sums(by_model).with_columns(
+        pl.col("model").replace_strict(prices, default=None, return_dtype=pl.Float64).alias("usd_per_gpu_hour"))
+    teams = _sums(per_model, TEAM_KEYS)
+    fleet = _sums(per_model.with_columns(pl.lit("fleet").alias("_all")), ["_all"]).drop("_all")
     return WindowStates(jobs=jobs, teams=teams.sort(TEAM_KEYS),
                         fleet=fleet.row(0, named=True) if fleet.height else {"data_gpu_h": 0.0, "data_cost": 0.0, **{f"{s}_{u}": None for s in STATES for u in ("gpu_h", "cost")}})
 
 
-def _sums(by_model: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Each state's GPU-hours (None where every job's is unknown) and cost over `keys`, and data_cost (the
-    goodput waterfall's team prices); a cost is None where a model with time in it has no price."""
-    unpriced_data = ((pl.col("data_s") > 0) & pl.col("usd_per_gpu_hour").is_null()).any()
-    aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h"),
-            pl.when(unpriced_data).then(None).otherwise((pl.col("data_s") / 3600 * pl.col("usd_per_gpu_hour")).sum()).alias("data_cost")]
+def _known_sums(by_model: pl.DataFrame) -> pl.DataFrame:
+    """Per team and model (a price each, taken after: the rows are the window's jobs, the groups a handful): data seconds,
+    and each state's seconds over the jobs that know it, whether any does, and whether any of those has time in it."""
+    aggs = [pl.sum("data_s"), (pl.col("data_s") > 0).any().alias("data_any")]
     for s in STATES:
-        h = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600)
-        priced = pl.when(~pl.col(f"{s}_unknown")).then(pl.col(f"{s}_s") / 3600 * pl.col("usd_per_gpu_hour"))
-        unpriced = (~pl.col(f"{s}_unknown") & (pl.col(f"{s}_s") > 0) & pl.col("usd_per_gpu_hour").is_null()).any()
-        aggs += [pl.when(h.is_null().all()).then(None).otherwise(h.sum()).alias(f"{s}_gpu_h"),
-                 pl.when(h.is_null().all() | unpriced).then(None).otherwise(priced.sum()).alias(f"{s}_cost")]
-    return by_model.group_by(keys).agg(aggs)
+        known = ~pl.col(f"{s}_unknown") & pl.col(f"{s}_s").is_not_null()
+        aggs += [pl.col(f"{s}_s").filter(known).sum(), known.any().alias(f"{s}_known"), (known & (pl.col(f"{s}_s") > 0)).any().alias(f"{s}_any")]
+    return by_model.group_by([*TEAM_KEYS, "model"]).agg(aggs)
+
+
+def _sums(per_model: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Each state's GPU-hours (None where every job's is unknown) and cost over `keys`, and data_cost (the
+    goodput waterfall's team prices), from _known_sums' rows; a cost is None where a model with time in it has no price."""
+    unpriced = pl.col("usd_per_gpu_hour").is_null()
+    aggs = [(pl.sum("data_s") / 3600).alias("data_gpu_h"),
+            pl.when((pl.col("data_any") & unpriced).any()).then(None).otherwise((pl.col("data_s") / 3600 * pl.col("usd_per_gpu_hour")).sum())
+            .alias("data_cost")]
+    for s in STATES:
+        unknown = ~pl.col(f"{s}_known").any()
+        aggs += [pl.when(unknown).then(None).otherwise(pl.col(f"{s}_s").sum() / 3600).alias(f"{s}_gpu_h"),
+                 pl.when(unknown | (pl.col(f"{s}_any") & unpriced).any()).then(None)
+                 .otherwise((pl.col(f"{s}_s") / 3600 * pl.col("usd_per_gpu_hour")).sum()).alias(f"{s}_cost")]
+    return per_model.group_by(keys).agg(aggs)
 
 
 def _with_largest_loss(jobs: pl.DataFrame) -> pl.DataFrame:

@@ -239,8 +239,7 @@ def test_a_job_on_two_models_is_one_job_and_its_unknown_state_leaves_both_rows_o
     rows = pl.DataFrame([row("a", "t1", "X", 3600.0, compute=3600.0), row("a", "t1", "Y", 7200.0, compute=7200.0),
                          row("b", "t1", "X", 3600.0, input_bound=3600.0, input_told_s=3600.0), row("c", "t2", "Y", 1800.0, idle=1800.0),
                          row("d", "t3", "X", 3600.0, busy_unresolved=3600.0)])
-    prices = pl.DataFrame({"model": ["X", "Y"], "usd_per_gpu_hour": [2.0, 3.0]})
-    ws = _assemble(rows, prices, True)
+    ws = _assemble(rows, {"X": 2.0, "Y": 3.0}, True)
     jobs = {r["job_key"]: r for r in ws.jobs.iter_rows(named=True)}
     assert list(jobs) == ["a", "b", "c", "d"]
     assert jobs["a"]["data_gpu_h"] == pytest.approx(3.0) and jobs["a"]["compute_gpu_h"] == pytest.approx(3.0)
@@ -254,6 +253,15 @@ def test_a_job_on_two_models_is_one_job_and_its_unknown_state_leaves_both_rows_o
     # a team whose every job's state is unknown has it unknown; one whose job knew it (no busy time) has 0
     assert teams["t3"]["input_bound_gpu_h"] is None and teams["t2"]["input_bound_gpu_h"] == 0.0
     assert ws.fleet["input_bound_gpu_h"] == pytest.approx(1.0) and ws.fleet["data_gpu_h"] == pytest.approx(5.5)
+    assert ws.fleet["compute_cost"] == pytest.approx(1 * 2.0 + 2 * 3.0) and ws.fleet["data_cost"] == pytest.approx(3 * 2.0 + 2.5 * 3.0)
+
+    # a model with no price: a cost with time on it is unknown (None), one without time on it is not; the hours stand
+    ws = _assemble(rows.vstack(pl.DataFrame([row("e", "t4", "Z", 3600.0, compute=3600.0)], schema=rows.schema)), {"X": 2.0, "Y": 3.0}, True)
+    t4 = ws.teams.filter(pl.col("account") == "t4").row(0, named=True)
+    assert t4["compute_gpu_h"] == pytest.approx(1.0) and t4["compute_cost"] is None and t4["data_cost"] is None
+    assert t4["idle_gpu_h"] == 0.0 and t4["idle_cost"] == 0.0
+    assert ws.fleet["compute_gpu_h"] == pytest.approx(4.0) and ws.fleet["compute_cost"] is None and ws.fleet["data_cost"] is None
+    assert ws.fleet["idle_cost"] == pytest.approx(1.5)
 
 
 def test_the_raw_paths_analysis_is_refused(tmp_path):
