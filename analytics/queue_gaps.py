@@ -54,7 +54,11 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     f = params.filters
     values = {"start": params.start, "as_of": as_of, "cluster": f.cluster, "partition": f.partition,
               "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds()}
-    gpus, holds, waits = (pl.from_arrow(query_rows(con, q, sql.bound(q, values))) for q in (sql.QUEUE_POOL_GPUS, sql.QUEUE_HOLDS, sql.QUEUE_WAITS))
+    cur = con.cursor()  # (the dashboard's reader connection is shared between sessions: DuckDB refuses two calls at once on it)
+    try:
+        gpus, holds, waits = (pl.from_arrow(query_rows(cur, q, sql.bound(q, values))) for q in (sql.QUEUE_POOL_GPUS, sql.QUEUE_HOLDS, sql.QUEUE_WAITS))
+    finally:
+        cur.close()
     prices = price_table(params.prices)
     models = gpus.group_by("cluster", "partition").agg(pl.col("model").unique().alias("models"))
     waits = waits.join(models, on=["cluster", "partition"], how="left").with_columns(

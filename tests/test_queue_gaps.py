@@ -115,6 +115,19 @@ def test_a_still_pending_job_waits_until_now_and_a_filter_gives_its_row_unfilter
     assert queue_gaps(con, params(model="A100")).pools.height == 0
 
 
+def test_sessions_sharing_one_reader_connection_get_their_own_gaps_at_once():
+    """The dashboard's sessions share one reader connection; DuckDB refuses a second call on a connection while one runs (or
+    hands a call another's rows), so queue_gaps reads on a cursor of its own: four threads at once, each its window's answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    con = tables(FOUR, [("A", "p", 1, 0, 0, 10, FOUR[:1]), ("P", "p", 2, 3, None, None, [])])
+    windows = [(0, 10), (0, 5), (3, 4), (4, 10)]
+    alone = {w: pool(queue_gaps(con, params(*w), now=T(10)))["gap_gpu_h"] for w in windows}
+    with ThreadPoolExecutor(4) as threads:
+        got = list(threads.map(lambda w: (w, pool(queue_gaps(con, params(*w), now=T(10)))["gap_gpu_h"]), windows * 25))
+    assert all(gap == pytest.approx(alone[w]) for w, gap in got)
+
+
 def test_a_requeued_job_waits_from_its_earlier_attempts_end_not_through_its_own_run():
     """R (1 GPU) ran on G1 0-3 h, failed and was requeued, and ran again 5-10 h: the jobs table has
     its latest record (start 5 h), job_attempts the first; it waited 3-5 h, with G1 and G2 free."""
