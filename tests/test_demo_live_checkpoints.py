@@ -45,5 +45,5 @@ def test_live_training_jobs_report_their_checkpoints(tmp_path):
             nxt = checkpoints.saved(job, last_at, t[0] + timedelta(microseconds=1))[-1][0]
             assert nxt > last_at and live._checkpointed[job.job_key] == nxt
     finally:
-        for rt in live.nodes.values():
-            rt.server.server_close()
+        live.stop()
+    assert not live._sockets.exists()  # (a fleet never started leaves no directory behind either)

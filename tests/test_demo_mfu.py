@@ -60,8 +60,8 @@ def test_a_slurm_job_without_a_report_gets_an_estimate_from_our_exporters_tensor
                 w.commit(Batch(key=f"scrape:{host}:{k}", samples=parsed.samples, allocations=parsed.allocations, gpus=parsed.gpus))
                 stored.append(parsed.samples)
     finally:
-        for rt in live.nodes.values():
-            rt.server.server_close()
+        live.stop()
+    assert not live._sockets.exists()  # (a fleet never started leaves no directory behind either)
     w.commit(Batch(key="jobs", jobs=[history.job_row(job, "RUNNING", t[0])]))
     w.publish()
     w.close()

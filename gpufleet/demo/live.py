@@ -74,6 +74,7 @@ class NodeRuntime:
         self.poller = Poller(sim.SimBackend(scenario), sources, hostname=node.host, poll_interval=5.0,
                              process_interval=5.0, device_map_file=None, job_reports=JobReportSource(self.job_reports))
         self.server = make_server("127.0.0.1:0", self.poller.exposition, None)
+        self._serving = False  # (shutdown() waits for a serve loop: one never started would wait forever)
         self._written: dict[Path, str] = {}
 
     @property
@@ -87,11 +88,14 @@ class NodeRuntime:
         self.poller.poll_telemetry()
         self.poller.poll_processes_and_jobs()
         self.poller.start()
+        self._serving = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True,
                          name=f"exporter {self.node.host}").start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        """Stop what start() started and close the rest (a node ticked by hand, never started, too)."""
+        if self._serving:
+            self.server.shutdown()
         self.server.server_close()
         self.poller.stop()
         if self.kubelet:
@@ -136,6 +140,8 @@ class LiveFleet:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the fleet, started or only ticked by hand (tests drive its nodes' pollers themselves): its exporters and
+        kubelets, its pollers' backends, and its sockets' directory."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
