@@ -214,6 +214,9 @@ def test_every_page_renders_in_chromium_while_the_collector_writes(stack):
         except HarnessError as e:
             problems.append(f"auto-refresh: the collector's age shown stayed {shown!r}: {e}")
     collector.check_alive()  # the single writer kept running the whole time
+    # Chromium's temporary files went to the test's directory (Browser sets its TMPDIR): a browser stopped by a signal leaves
+    # its process-singleton directory, which in /tmp outlived every run
+    assert list(stack["tmp"].glob("org.chromium.Chromium.*")), "Chromium's temporary files are not in the test's directory"
     version1 = json.loads((stack["store"] / "manifest.json").read_text())["version"]
     log = (stack["tmp"] / "dashboard.log").read_text(errors="replace")
     for bad in ("Traceback", "IOException", "Could not set lock", "Conflicting lock"):

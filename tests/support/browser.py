@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import time
 import urllib.request
 from pathlib import Path
@@ -48,7 +49,9 @@ class Browser:
         self.daemon = Daemon("chromium", [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                                           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={self.profile}",
                                           "--remote-debugging-port=0", f"--window-size={width},1000", "about:blank"],
-                             workdir / "chromium.log")
+                             # its temporary files in the caller's directory: a Chromium stopped by a signal leaves its
+                             # process-singleton directory (org.chromium.Chromium.*) behind, one a browser, in TMPDIR
+                             workdir / "chromium.log", env={**os.environ, "TMPDIR": str(workdir)})
         self.ws = None
         self._stack = contextlib.ExitStack()
         self._id = 0
