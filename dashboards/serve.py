@@ -7,7 +7,8 @@ anything. Here they are imported before the server listens, as any server loads 
 it serves. Which modules: every import statement of the router, its loaders and its pages (found
 by reading their source, so a page's new import is preloaded without a list to keep), and those
 the libraries import lazily at a page's first table or chart (ALSO; a test runs every page after
-the preload and names any module a first visit still imports). Nothing is computed or read from the store here: the pages' figures are theirs.
+the preload and names any module a first visit still imports). Nothing is computed or read from
+the store here: the pages' figures are theirs.
 
     python -m gpufleet.dashboards.serve run APP [streamlit options] -- [app arguments]
 
