@@ -217,8 +217,8 @@ class FakeApiServer:
                 url = urlsplit(self.path)
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 server.requests.append({"path": url.path, "query": query, "headers": {k.lower(): v for k, v in self.headers.items()}})
-                if server.delay:
-                    server.released.wait(server.delay)
+                if server.delay and server.released.wait(server.delay):
+                    return  # (stopped: the client that waited has given up and closed; a reply would print a broken pipe)
                 token = query.get("continue")
                 parts = url.path.strip("/").split("/")  # one pod: api v1 namespaces NS pods NAME
                 if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
