@@ -39,7 +39,7 @@ def test_a_jobs_largest_loss_is_written_for_the_jobs_asked_alone(monkeypatch):
     ws = WindowStates(jobs=states, teams=pl.DataFrame(), fleet={})
     jobs = states.select("cluster", "scheduler", "job_key", pl.col("job_key").alias("job_id"))
     whole = ws.with_largest_loss(jobs)
-    some = jobs.filter(pl.col("job_key").is_in(["3", "49", "51", "98"]))  # two with a loss, one without, one too
+    some = jobs.filter(pl.col("job_key").is_in(["3", "49", "51", "98"]))  # three with a loss (idle, startup, idle), one without
     written = []
     real = words.pct
     monkeypatch.setattr(words, "pct", lambda *args, **kw: written.append(args) or real(*args, **kw))
