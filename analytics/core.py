@@ -279,7 +279,7 @@ class Analysis:
         """Read the window's parts (FactWindow); the tests' oracle (raw_analysis.py) reads every sample here instead."""
         grid = on_the_grid(self.p) if timeline else None
         fw = facts.FactWindow(self.con, self.p, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
-                              gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS)
+                              gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS, allocations=lambda: self._make("al"))
         self.bind = {**self.bind, **{k: fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
         return fw
 
@@ -319,7 +319,8 @@ class Analysis:
                 self._exec(sql.ALLOCATIONS)
 
     def _allocation_parts(self) -> None:
-        """alv from the parts (facts.ALLOCATION_PARTS); the detail sums kept for allocation_detail."""
+        """alv from the held parts (facts.ALLOCATION_PARTS, over wheld); the detail sums kept for allocation_detail."""
+        self.fw.linked()
         self._exec(facts.GPU_IDS)
         use = self.q(facts.ALLOCATION_PARTS)
         self._detail = use.select("fb_max", "any_s", "tensor_s", "clocked_s", "tclock", "tw_clocked", "tnoclock", "has_util")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 import numpy as np
@@ -137,39 +137,54 @@ FROM (SELECT cluster, host, gpu_uuid, gi, arg_min(gpu, p0) AS gpu, arg_min(model
       FROM wpe GROUP BY ALL)
 """
 
-# Each allocation (al, row order) with the sums of its parts inside the window (cut at its edges): data and busy seconds x MIG share,
-# has_piece (a sample interval covers any), has_util, and allocation_detail's memory high-water, MFU time, tensor sums (NULL: none known)
+# Each allocation (al, row order) with the sums of its held parts (wheld, met with it there) inside the window: data and busy
+# seconds x MIG share, has_piece (a sample interval covers any), has_util, and allocation_detail's memory high-water, MFU time,
+# tensor sums (NULL: none known)
 ALLOCATION_PARTS = """
-SELECT al.rowid AS i, g.gid, al.a0, al.a1,
-       coalesce(sum(p.data_s * p.equiv), 0) AS data_s, coalesce(sum(p.busy_s * p.equiv), 0) AS busy_s,
-       coalesce(sum(p.covered_s), 0) > 0 AS has_piece, coalesce(sum(p.data_s), 0) > 0 AS has_util,
-       max(p.fb_max_mib) FILTER (WHERE p.covered_s > 0) AS fb_max, coalesce(sum(p.covered_s * p.equiv), 0) AS any_s,
-       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN sum(p.tensor_active_known_s * p.equiv) END AS tensor_s,
-       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN sum(p.clocked_s * p.equiv) END AS clocked_s,
-       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN coalesce(sum(p.tensor_clock_s * p.equiv), 0) END AS tclock,
-       CASE WHEN sum(p.tensor_active_known_s) > 0 THEN coalesce(sum(p.tensor_clocked_s * p.equiv), 0) END AS tw_clocked,
-       CASE WHEN sum(p.tensor_active_known_s) > 0
-            THEN coalesce(sum((coalesce(p.tensor_active_s, 0) - coalesce(p.tensor_clocked_s, 0)) * p.equiv), 0) END AS tnoclock
+WITH s AS (
+    SELECT i, sum(data_s * equiv) AS data_s, sum(busy_s * equiv) AS busy_s, sum(covered_s) > 0 AS has_piece, sum(data_s) > 0 AS has_util,
+           max(fb_max_mib) FILTER (WHERE covered_s > 0) AS fb_max, sum(covered_s * equiv) AS any_s,
+           CASE WHEN sum(tensor_active_known_s) > 0 THEN sum(tensor_active_known_s * equiv) END AS tensor_s,
+           CASE WHEN sum(tensor_active_known_s) > 0 THEN sum(clocked_s * equiv) END AS clocked_s,
+           CASE WHEN sum(tensor_active_known_s) > 0 THEN coalesce(sum(tensor_clock_s * equiv), 0) END AS tclock,
+           CASE WHEN sum(tensor_active_known_s) > 0 THEN coalesce(sum(tensor_clocked_s * equiv), 0) END AS tw_clocked,
+           CASE WHEN sum(tensor_active_known_s) > 0
+                THEN coalesce(sum((coalesce(tensor_active_s, 0) - coalesce(tensor_clocked_s, 0)) * equiv), 0) END AS tnoclock
+    FROM wheld WHERE inside GROUP BY i
+)
+SELECT al.rowid AS i, g.gid, al.a0, al.a1, coalesce(s.data_s, 0) AS data_s, coalesce(s.busy_s, 0) AS busy_s,
+       coalesce(s.has_piece, false) AS has_piece, coalesce(s.has_util, false) AS has_util, s.fb_max, coalesce(s.any_s, 0) AS any_s,
+       s.tensor_s, s.clocked_s, s.tclock, s.tw_clocked, s.tnoclock
 FROM al
 LEFT JOIN wgpu g ON g.cluster = al.cluster AND g.host = al.host AND g.gpu_uuid = al.gpu_uuid AND g.gi = al.gi
-LEFT JOIN wpe p ON p.inside AND p.cluster = al.cluster AND p.host = al.host AND p.gpu_uuid = al.gpu_uuid AND p.gi = al.gi
-     AND p.scheduler = al.scheduler AND p.job_key = al.job_key AND p.p0 >= epoch_us(al.a0) AND p.p1 <= epoch_us(al.a1)
-GROUP BY al.rowid, g.gid, al.a0, al.a1 ORDER BY al.rowid
+LEFT JOIN s ON s.i = al.rowid
+ORDER BY al.rowid
 """
 
-# wheld (HELD_TABLE): the held parts, pid their rowid, hk their GPU and holder's number (wholder). wlinked: their idle and no-process
-# edge pieces (head, tail; one when the whole part is a run) chained where one ends as the next starts, in one window-function pass
-# (`chain`: a piece's start less the lengths of its kind and holder's pieces before it, the same along a chain and larger after each
-# gap; the pieces of a kind and holder never overlap). Built once a window (FactWindow.linked) for STRETCH_ROWS and
-# sql.WINDOW_STATE_JOBS. A piece carries no names (they slow the pass): a chain's come from its first piece's part (pid) in wheld.
-HOLDER_TABLE = f"CREATE OR REPLACE TEMP TABLE wholder AS SELECT row_number() OVER () AS hk, * FROM {_WPE_HOLDERS}"
-# wheld: _HELD's rows with their holder's number (the names joined to wholder's holders)
-# ... the columns of wpe its readers read (STRETCH_ROWS, sql.WINDOW_STATE_JOBS): a narrower table is a faster one to write
-HELD_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "equiv", "inside", "p0", "p1", "scheduler", "job_key", "data_s", "nop_s",
+# wheld (HELD_TABLE): the held parts, each met with the allocation (al's row i) that holds it, pid their rowid, hk their GPU and
+# holder's number (wholder: one for every run of a requeued job on a GPU). wlinked: their idle and no-process edge pieces
+# chained where one ends as the next starts, in one window-function pass (`chain`: a piece's start less the lengths of its kind
+# and holder's pieces before it, the same along a chain and larger after each gap; the pieces of a kind and holder never
+# overlap). Built once a window (FactWindow.linked) for STRETCH_ROWS, ALLOCATION_PARTS and sql.WINDOW_STATE_JOBS. A piece
+# carries no names (they slow the pass): a chain's come from its first piece's part (pid) in wheld. The parts are met with al's
+# rows (its filters, its names, its edges clipped to the reach), not with the jobs: the allocations' sums and a hold's first and
+# last parts need no second join on the names (a part wholly outside the reach is in no row of al: no stretch or state of the
+# window depends on it, as the reach is idle_min_duration + max_gap).
+HOLDER_TABLE = """CREATE OR REPLACE TEMP TABLE wholder AS
+SELECT unnest(rows) AS i, hk FROM (
+    SELECT list(rowid) AS rows, row_number() OVER () AS hk FROM al WHERE job_key IS NOT NULL
+    GROUP BY cluster, host, gpu_uuid, gi, scheduler, job_key)"""
+# ... the columns of wpe its readers read (STRETCH_ROWS, ALLOCATION_PARTS, sql.WINDOW_STATE_JOBS): a narrower table is a faster
+# one to write
+HELD_COLUMNS = ("cluster", "host", "gpu_uuid", "gi", "gpu", "model", "equiv", "inside", "p0", "p1", "scheduler", "job_key", "covered_s",
+                "data_s", "busy_s", "nop_s", "fb_max_mib", "clocked_s", "tensor_clock_s", "tensor_clocked_s",
                 *(f"{k}_{c}" for k in ("idle", "nop") for c in ("head_us", "tail_us", "whole", "inner_us")), *STATE_FIELD_COLUMNS)
 HELD_TABLE = f"""CREATE OR REPLACE TEMP TABLE wheld AS
-SELECT o.hk, {", ".join(f"p.{c}" for c in HELD_COLUMNS)}, o.job_id, o.user_name, o.account, o.partition
-FROM wpe p JOIN ({_HOLDER_JOB.format(holders="wholder")}) o ON {_HOLDERS_ON}"""
+SELECT o.hk, o.i, {", ".join(f"p.{c}" for c in HELD_COLUMNS)}, al.job_id, al.user_name, al.account, al.partition
+FROM wpe p
+JOIN al ON al.cluster = p.cluster AND al.host = p.host AND al.gpu_uuid = p.gpu_uuid AND al.gi = p.gi AND al.scheduler = p.scheduler
+     AND al.job_key = p.job_key AND p.p1 > epoch_us(al.a0) AND p.p0 < epoch_us(al.a1)
+JOIN wholder o ON o.i = al.rowid"""
 LINKED_PIECES = ("CREATE OR REPLACE TEMP TABLE wlinked AS\n"
                  "SELECT *, r1 - sum(r1 - r0) OVER (PARTITION BY kind, hk ORDER BY r0 ROWS UNBOUNDED PRECEDING) AS chain FROM ({pieces})")
 # ... each kind's edge pieces (head; tail, unless the whole part is one run)
@@ -287,9 +302,9 @@ def _files_in(con: duckdb.DuckDBPyConnection, tag: str, file_grain: int, spans: 
     return [(f, b) for f, b in rows if (i := bisect_right(starts, b) - 1) >= 0 and b < spans[i][1]]
 
 
-# The window's tables a figure's query may read, by name, and the statement that builds each
-WINDOW_TABLES = {"cap": sql.CAPACITY, "ja": sql.JOB_TABLE}
-_WINDOW_TABLE_NAMES = re.compile(r"\b(cap|ja)\b")
+# The window's tables a figure's query may read, by name, and the statement that builds each (al: also linked's)
+WINDOW_TABLES = {"cap": sql.CAPACITY, "ja": sql.JOB_TABLE, "al": sql.ALLOCATIONS}
+_WINDOW_TABLE_NAMES = re.compile(r"\b(cap|ja|al)\b")
 
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
@@ -337,14 +352,15 @@ class FactWindow:
     def __init__(self, con: duckdb.DuckDBPyConnection, params: Params, *, now: datetime | None = None,
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
                  grid_origin_us: int | None = None, gpus: list[str] | None = None, hosts: list[str] | None = None,
-                 inside_only: bool = False,
-                 columns: tuple[str, ...] = ALL_COLUMNS):
+                 inside_only: bool = False, columns: tuple[str, ...] = ALL_COLUMNS,
+                 allocations: Callable[[], None] | None = None):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts. `cursor`: build the parts on it
         (core.Analysis': its cap and ja are there already). `grid_us`: every origin + k x grid_us inside the window is a part edge
         too (a timeline's buckets); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by
         uuid, and those without one), stored and raw (health.events); `hosts` (sorted): only those on these hosts (a job filter's:
         reads skip other hosts' files and row groups). `inside_only`: the parts inside the window alone, no reach (health's
-        figures and the timelines' sums read no idle stretch). `columns`: the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS)."""
+        figures and the timelines' sums read no idle stretch). `columns`: the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS).
+        `allocations`: makes al on `cursor` unless made (core.Analysis', the owner of al there); without a cursor al is built here."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
@@ -366,8 +382,10 @@ class FactWindow:
         # a GPU-filtered window's holds, read once for all its raw spans ([lo, hi), table; _holds)
         self._hold_span: tuple[int, int] | None = None
         self._hold: pa.Table | None = None
-        # cap and ja, built when a query first reads them (a health or temperature window reads neither); core.Analysis' cursor has them
+        # cap, ja and al, built when a query first reads them (a health or temperature window reads none); core.Analysis' cursor has
+        # cap and ja, and makes al by `allocations`
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
+        self._make_allocations = allocations or (lambda: self._build(["al"]))
         self._parts()
 
     # --- tiling ---
@@ -476,10 +494,14 @@ class FactWindow:
 
     # --- figures ---
 
-    def q(self, query: str, **extra: Any) -> pl.DataFrame:
-        for name in self._unbuilt & set(_WINDOW_TABLE_NAMES.findall(query)):
+    def _build(self, names: list[str]) -> None:
+        """The window's tables among `names` (WINDOW_TABLES) not built yet."""
+        for name in [n for n in WINDOW_TABLES if n in names and n in self._unbuilt]:
             self.con.execute(WINDOW_TABLES[name], sql.bound(WINDOW_TABLES[name], self.bind))
             self._unbuilt.discard(name)
+
+    def q(self, query: str, **extra: Any) -> pl.DataFrame:
+        self._build(_WINDOW_TABLE_NAMES.findall(query))
         return pl.from_arrow(query_rows(self.con, query, sql.bound(query, {**self.bind, **extra})))
 
     @property
@@ -507,8 +529,9 @@ class FactWindow:
         return self._extent
 
     def linked(self) -> None:
-        """The window's wheld and wlinked (LINKED_PIECES), built at the first figure that reads them."""
+        """The window's wheld and wlinked (LINKED), built at the first figure that reads them (al first)."""
         if not self._linked:
+            self._make_allocations()
             for statement in LINKED:
                 self.con.execute(statement, sql.bound(statement, self.bind))
             self._linked = True

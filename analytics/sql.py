@@ -1194,15 +1194,12 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # Per job and GPU model, GPU-seconds (x MIG share) of its held parts inside the window split into the window-grain
 # states by the rules in window_states' docstring, over wheld (the held parts, job filters applied) and wlinked (their
 # idle pieces chained per GPU and holder hk across every part of the read: facts.LINKED_PIECES; FactWindow.linked);
-# holder: each hold's (allocation of al) first and last part. *_told_s: busy time whose part knew the fields of
+# holder: each hold's (al's row i in wheld) first and last part. *_told_s: busy time whose part knew the fields of
 # input- / communication-bound; *_missing: a busy part lacked that field. A part outside the window counts 0 and a
 # job or model with none inside is no row (HAVING, not WHERE inside: DuckDB would hash the wide parts in the join).
 WINDOW_STATE_JOBS = """
 WITH holder AS (
-    SELECT h.hk, min(h.p0) AS f0, max(h.p1) AS l1
-    FROM wheld h JOIN al ON al.cluster = h.cluster AND al.host = h.host AND al.gpu_uuid = h.gpu_uuid AND al.gi = h.gi
-     AND al.scheduler = h.scheduler AND al.job_key = h.job_key AND h.p1 > epoch_us(al.a0) AND h.p0 < epoch_us(al.a1)
-    GROUP BY al.rowid, h.hk
+    SELECT hk, min(p0) AS f0, max(p1) AS l1 FROM wheld GROUP BY i, hk
 ), linked AS (
     SELECT pid, hk, r0, r1, chain FROM wlinked WHERE kind = 'idle'
 ), chained AS (
