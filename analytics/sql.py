@@ -1195,8 +1195,11 @@ ORDER BY g.cluster, g.host, g.gpu_uuid, gi, is_job DESC, sm_share DESC NULLS LAS
 # states by the rules in window_states' docstring, over wheld (the held parts, job filters applied) and wlinked (their
 # idle pieces chained per GPU and holder hk across every part of the read: facts.LINKED_PIECES; FactWindow.linked);
 # holder: each hold's (al's row i in wheld) first and last part. *_told_s: busy time whose part knew the fields of
-# input- / communication-bound; *_missing: a busy part lacked that field. A part outside the window counts 0 and a
-# job or model with none inside is no row (HAVING, not WHERE inside: DuckDB would hash the wide parts in the join).
+# input- / communication-bound; *_missing: a busy part lacked that field. A part outside the window counts 0; any_inside:
+# whether a row has a part inside (window_states drops those without, after their holders counted: not WHERE inside, as
+# DuckDB would hash the wide parts in the join). Whether a job holds several GPUs (communication-bound's rule) is a
+# job's, not a row's: its rows' hk_min and hk_max tell (window_states), each row giving its sums both ways
+# (communication_bound_s, compute_multi_s and busy_unresolved_multi_s where it does; compute_s and busy_unresolved_s where not).
 WINDOW_STATE_JOBS = """
 WITH holder AS (
     SELECT hk, min(p0) AS f0, max(p1) AS l1 FROM wheld GROUP BY i, hk
@@ -1211,11 +1214,8 @@ WITH holder AS (
     SELECT l.pid, sum(CASE WHEN c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS startup_s,
            sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s
     FROM linked l JOIN chains c USING (hk, chain) GROUP BY l.pid
-), gpus AS (
-    SELECT cluster, scheduler, job_key, count(DISTINCT hk) AS n FROM wheld GROUP BY ALL
 ), part AS (
-    SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, g.n > 1 AS multi,
-           h.inside, h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
+    SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, h.hk, h.inside, h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
            least(coalesce(w.idle_s, 0) + h.idle_inner_us / 1e6, h.data_s - least(coalesce(w.startup_s, 0), h.data_s)) AS idle_s, h.nop_s,
            h.sm_active_s / nullif(h.sm_active_known_s, 0) AS sm, h.tensor_active_s / nullif(h.tensor_active_known_s, 0) AS tensor,
            h.pcie_rx_bytes_per_s_s / nullif(h.pcie_rx_bytes_per_s_known_s, 0) AS rx,
@@ -1223,7 +1223,7 @@ WITH holder AS (
                 THEN coalesce(h.nvlink_rx_bytes_per_s_s / nullif(h.nvlink_rx_bytes_per_s_known_s, 0), 0)
                    + coalesce(h.nvlink_tx_bytes_per_s_s / nullif(h.nvlink_tx_bytes_per_s_known_s, 0), 0) END AS nvl
     FROM (SELECT * REPLACE (CASE WHEN inside THEN data_s ELSE 0 END AS data_s), rowid AS pid FROM wheld) h
-    LEFT JOIN low w ON w.pid = h.pid JOIN gpus g USING (cluster, scheduler, job_key)
+    LEFT JOIN low w ON w.pid = h.pid
 ), nop AS (
     SELECT * RENAME (idle_s AS low_s), greatest(least(coalesce(nop_s, 0), data_s) - startup_s, 0) AS no_process_s FROM part
 ), split AS (
@@ -1233,17 +1233,20 @@ WITH holder AS (
 ), judged AS (
     SELECT *, data_s - startup_s - idle_s - no_process_s AS rest_s,
            coalesce(input_known AND sm < $input_sm_active_max AND rx >= $input_pcie_rx_min, false) AS is_input,
-           coalesce(multi AND comm_known AND nvl >= $comm_nvlink_min AND tensor < $comm_tensor_max AND sm < $comm_sm_active_max, false) AS is_comm,
-           input_known AND (NOT multi OR comm_known) AS resolved
+           coalesce(comm_known AND nvl >= $comm_nvlink_min AND tensor < $comm_tensor_max AND sm < $comm_sm_active_max, false) AS is_comm
     FROM split
 )
 SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_name) AS user_name, any_value(account) AS account,
-       any_value(partition) AS partition, model, bool_or(multi) AS multi, sum(data_s * equiv) AS data_s,
+       any_value(partition) AS partition, model, min(hk) AS hk_min, max(hk) AS hk_max, bool_or(inside) AS any_inside,
+       sum(data_s * equiv) AS data_s,
        sum(startup_s * equiv) AS startup_s, sum(no_process_s * equiv) AS no_process_s, sum(idle_s * equiv) AS idle_s,
        sum(CASE WHEN is_input THEN rest_s * equiv ELSE 0 END) AS input_bound_s,
        sum(CASE WHEN is_comm AND NOT is_input THEN rest_s * equiv ELSE 0 END) AS communication_bound_s,
-       sum(CASE WHEN resolved AND NOT is_input AND NOT is_comm THEN rest_s * equiv ELSE 0 END) AS compute_s,
-       sum(CASE WHEN NOT resolved AND NOT is_input AND NOT is_comm THEN rest_s * equiv ELSE 0 END) AS busy_unresolved_s,
+       sum(CASE WHEN input_known AND NOT is_input THEN rest_s * equiv ELSE 0 END) AS compute_s,
+       sum(CASE WHEN NOT input_known THEN rest_s * equiv ELSE 0 END) AS busy_unresolved_s,
+       sum(CASE WHEN input_known AND comm_known AND NOT is_input AND NOT is_comm THEN rest_s * equiv ELSE 0 END) AS compute_multi_s,
+       sum(CASE WHEN NOT (input_known AND comm_known) AND NOT is_input AND NOT is_comm THEN rest_s * equiv ELSE 0 END)
+           AS busy_unresolved_multi_s,
        sum(CASE WHEN input_known THEN rest_s * equiv ELSE 0 END) AS input_told_s,
        sum(CASE WHEN comm_known THEN rest_s * equiv ELSE 0 END) AS comm_told_s,
        sum(rest_s * equiv) AS busy_s,
@@ -1251,6 +1254,5 @@ SELECT cluster, scheduler, job_key, any_value(job_id) AS job_id, any_value(user_
        coalesce(bool_or(rest_s > 0 AND nvl IS NULL), false) AS nvl_missing,
        coalesce(bool_or(rest_s > 0 AND tensor IS NULL), false) AS tensor_missing
 FROM judged GROUP BY cluster, scheduler, job_key, model
-HAVING bool_or(inside)
 ORDER BY cluster, scheduler, job_key, model
 """

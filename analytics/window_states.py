@@ -141,6 +141,14 @@ def _assemble(rows: pl.DataFrame, prices: dict[str, float], procs_known: bool) -
     # hashing) where its key changes, to group on one number, not three strings
     starts = pl.any_horizontal([pl.col(c) != pl.col(c).shift(1) for c in JOB_KEYS]).fill_null(True)
     rows = rows.with_columns(_job=starts.cum_sum().set_sorted())
+    # a job of several GPUs (holders) takes its rows' sums by communication-bound's rule; then the rows with no part inside
+    # the window go (they told the job's GPUs only), and the jobs are numbered again
+    multi = pl.col("hk_max").max().over("_job") != pl.col("hk_min").min().over("_job")
+    rows = rows.with_columns(multi=multi).filter("any_inside").with_columns(
+        pl.when("multi").then(pl.col("communication_bound_s")).otherwise(0.0).alias("communication_bound_s"),
+        pl.when("multi").then(pl.col("compute_multi_s")).otherwise(pl.col("compute_s")).alias("compute_s"),
+        pl.when("multi").then(pl.col("busy_unresolved_multi_s")).otherwise(pl.col("busy_unresolved_s")).alias("busy_unresolved_s"),
+        _job=starts.cum_sum().set_sorted())
     hours = [(pl.col(f"{s}_s") / 3600).alias(f"{s}_gpu_h") for s in STATES]
     told = (pl.col("busy_s") <= 0) | (pl.col("input_told_s") > 0)
     comm_told = ~pl.col("multi") | (pl.col("busy_s") <= 0) | (pl.col("comm_told_s") > 0)

@@ -232,7 +232,8 @@ def test_a_job_on_two_models_is_one_job_and_its_unknown_state_leaves_both_rows_o
     def row(job, account, model, data, **states):
         told = {"input_told_s": states.pop("input_told_s", 0.0), "comm_told_s": 0.0}
         return {"cluster": "c1", "scheduler": "slurm", "job_key": job, "job_id": job, "user_name": "u", "account": account, "partition": "p",
-                "model": model, "multi": False, "data_s": data, **zero, **{f"{s}_s": v for s, v in states.items()}, **told,
+                "model": model, "hk_min": ord(job), "hk_max": ord(job), "any_inside": True, "data_s": data, **zero,
+                **{f"{s}_s": v for s, v in states.items()}, "compute_multi_s": 0.0, "busy_unresolved_multi_s": 0.0, **told,
                 "busy_s": sum(v for s, v in states.items() if s in ("input_bound", "communication_bound", "compute", "busy_unresolved")),
                 "sm_missing": False, "rx_missing": False, "nvl_missing": False, "tensor_missing": False}
 
@@ -262,6 +263,30 @@ def test_a_job_on_two_models_is_one_job_and_its_unknown_state_leaves_both_rows_o
     assert t4["idle_gpu_h"] == 0.0 and t4["idle_cost"] == 0.0
     assert ws.fleet["compute_gpu_h"] == pytest.approx(4.0) and ws.fleet["compute_cost"] is None and ws.fleet["data_cost"] is None
     assert ws.fleet["idle_cost"] == pytest.approx(1.5)
+
+
+def test_a_job_of_several_gpus_takes_the_communication_rule_even_from_a_gpu_held_outside_the_window_alone():
+    """_assemble: whether a job holds several GPUs is the job's (its rows' hk bounds), not a row's: m's GPU of model Y is held
+    only in the reach (no part inside), yet m is multi, so its model X row takes its several-GPU sums (communication-bound,
+    compute and busy not resolved as comm_known tells them) and the Y row is dropped; s, of one GPU, takes its one-GPU sums."""
+    from gpufleet.analytics.window_states import _assemble
+
+    def row(job, model, hk, inside, **sums):
+        base = {f"{s}_s": 0.0 for s in STATES} | {"compute_multi_s": 0.0, "busy_unresolved_multi_s": 0.0}
+        return {"cluster": "c1", "scheduler": "slurm", "job_key": job, "job_id": job, "user_name": "u", "account": "t", "partition": "p",
+                "model": model, "hk_min": hk, "hk_max": hk, "any_inside": inside, "data_s": 3600.0 if inside else 0.0, **base, **sums,
+                "input_told_s": 3600.0, "comm_told_s": 3600.0, "busy_s": 3600.0 if inside else 0.0,
+                "sm_missing": False, "rx_missing": False, "nvl_missing": False, "tensor_missing": False}
+
+    both = {"communication_bound_s": 1000.0, "compute_s": 3600.0, "compute_multi_s": 2000.0, "busy_unresolved_multi_s": 600.0}
+    rows = pl.DataFrame([row("m", "X", 1, True, **both), row("m", "Y", 2, False), row("s", "X", 3, True, **both)])
+    ws = _assemble(rows, {"X": 1.0, "Y": 1.0}, True)
+    jobs = {r["job_key"]: r for r in ws.jobs.iter_rows(named=True)}
+    assert list(jobs) == ["m", "s"]
+    assert (jobs["m"]["communication_bound_gpu_h"], jobs["m"]["compute_gpu_h"], jobs["m"]["busy_unresolved_gpu_h"]) == pytest.approx(
+        (1000 / 3600, 2000 / 3600, 600 / 3600))
+    assert (jobs["s"]["communication_bound_gpu_h"], jobs["s"]["compute_gpu_h"], jobs["s"]["busy_unresolved_gpu_h"]) == (0.0, 1.0, 0.0)
+    assert ws.fleet["data_gpu_h"] == pytest.approx(2.0) and ws.fleet["communication_bound_gpu_h"] == pytest.approx(1000 / 3600)
 
 
 def test_the_raw_paths_analysis_is_refused(tmp_path):
