@@ -170,9 +170,15 @@ ORDER BY al.rowid
 # rows (its filters, its names, its edges clipped to the reach), not with the jobs: the allocations' sums and a hold's first and
 # last parts need no second join on the names (a part wholly outside the reach is in no row of al: no stretch or state of the
 # window depends on it, as the reach is idle_min_duration + max_gap).
+# An allocation is one row of al but where its job's runs (job_attempts) split it: its holder's number is its own row's, and
+# the rows of a job with runs reaching the read window are grouped by holder first (the fewest row number of each: numbers never
+# shared by two holders)
 HOLDER_TABLE = """CREATE OR REPLACE TEMP TABLE wholder AS
-SELECT unnest(rows) AS i, hk FROM (
-    SELECT list(rowid) AS rows, row_number() OVER () AS hk FROM al WHERE job_key IS NOT NULL
+WITH runs AS (SELECT DISTINCT cluster, scheduler, job_key FROM job_attempts WHERE "end" IS NULL OR "end" > $xstart)
+SELECT rowid AS i, rowid AS hk FROM al ANTI JOIN runs USING (cluster, scheduler, job_key) WHERE job_key IS NOT NULL
+UNION ALL
+SELECT unnest(rows), list_min(rows) FROM (
+    SELECT list(rowid) AS rows FROM al SEMI JOIN runs USING (cluster, scheduler, job_key) WHERE job_key IS NOT NULL
     GROUP BY cluster, host, gpu_uuid, gi, scheduler, job_key)"""
 # ... the columns of wpe its readers read (STRETCH_ROWS, ALLOCATION_PARTS, sql.WINDOW_STATE_JOBS): a narrower table is a faster
 # one to write

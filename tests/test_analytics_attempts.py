@@ -117,6 +117,32 @@ def test_an_attempt_whose_end_was_never_read_ran_until_the_next_began(tmp_path):
     assert got["fleet"] == pytest.approx(10.0, **TOL) and got["timeline"] == pytest.approx(10.0, **TOL)
 
 
+def test_an_idle_stretch_across_a_requeued_jobs_back_to_back_runs_is_one_stretch(tmp_path):
+    """Job 7 held GPU u1 from 0 h: its first attempt ran to 1 h, was requeued and ran again at once to 2 h (two runs, two
+    rows of the window's allocations, one holder). The GPU idled from 6 min before 1 h to 6 min after: one idle stretch of
+    12 min (idle allocated is the time the job held the GPU idle for at least idle_min_duration, 10 min here), not two of
+    6 min each too short to count; and the second run has no startup of its own (its low start continues the first's)."""
+    from gpufleet.analytics.states import Thresholds
+    from gpufleet.analytics.window_states import window_states
+
+    f = Fleet(tmp_path / "s")
+    low = (H(1) - timedelta(minutes=6), H(1) + timedelta(minutes=6))
+    f.gpu_series("h1", "u1", H(0), H(2), util=lambda t: 0.0 if low[0] <= t < low[1] else 95.0, procs=1)
+    f.job("7", account="physics", user="ann", start=H(1), end=H(2), gpus=1, placements=[], submit=H(0))
+    for t in (H(0), H(2)):  # (the job map saw it hold u1 through both runs)
+        f._allocs.append(dict(ts=t, cluster="c1", scheduler="slurm", job_key="7", host="h1", gpu_uuid="u1", gpu_instance=-1, gpu=None,
+                              source="exporter"))
+    con = store(tmp_path / "s", f, [attempt("7", H(0), H(1))])
+    p = Params(H(0), H(2), idle_min_duration=timedelta(minutes=10))
+    a = Analysis(con, p, now=H(3))
+    assert a.q("SELECT count(*) AS n FROM al")["n"][0] == 2
+    assert a.totals().idle_allocated_gpu_h == pytest.approx(0.2, **TOL)
+    stretches = a.idle_stretches("idle")
+    assert stretches.height == 1 and stretches["gpu_h"][0] == pytest.approx(0.2, **TOL)
+    job = window_states(a, Thresholds.of(p, {})).jobs.row(0, named=True)
+    assert job["startup_gpu_h"] == 0.0 and job["idle_gpu_h"] == pytest.approx(0.2, **TOL)
+
+
 # --- property -----------------------------------------------------------------------------------
 
 ACCOUNTS = ["alpha", "beta"]
