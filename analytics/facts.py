@@ -171,8 +171,8 @@ ORDER BY al.rowid
 # last parts need no second join on the names (a part wholly outside the reach is in no row of al: no stretch or state of the
 # window depends on it, as the reach is idle_min_duration + max_gap).
 # An allocation is one row of al but where its job's runs (job_attempts) split it: its holder's number is its own row's, and
-# the rows of a job with runs reaching the read window are grouped by holder first (the fewest row number of each: numbers never
-# shared by two holders)
+# the rows of a job with runs reaching the read window are grouped by holder first (the least row number of each: numbers no
+# two holders share)
 HOLDER_TABLE = """CREATE OR REPLACE TEMP TABLE wholder AS
 WITH runs AS (SELECT DISTINCT cluster, scheduler, job_key FROM job_attempts WHERE "end" IS NULL OR "end" > $xstart)
 SELECT rowid AS i, rowid AS hk FROM al ANTI JOIN runs USING (cluster, scheduler, job_key) WHERE job_key IS NOT NULL

@@ -1215,7 +1215,8 @@ WITH holder AS (
            sum(CASE WHEN c.idle AND NOT c.startup THEN l.r1 - l.r0 ELSE 0 END) / 1e6 AS idle_s
     FROM linked l JOIN chains c USING (hk, chain) GROUP BY l.pid
 ), part AS (
-    SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, h.hk, h.inside, h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
+    SELECT h.cluster, h.scheduler, h.job_key, h.job_id, h.user_name, h.account, h.partition, h.model, h.equiv, h.hk, h.inside,
+           h.data_s, least(coalesce(w.startup_s, 0), h.data_s) AS startup_s,
            least(coalesce(w.idle_s, 0) + h.idle_inner_us / 1e6, h.data_s - least(coalesce(w.startup_s, 0), h.data_s)) AS idle_s, h.nop_s,
            h.sm_active_s / nullif(h.sm_active_known_s, 0) AS sm, h.tensor_active_s / nullif(h.tensor_active_known_s, 0) AS tensor,
            h.pcie_rx_bytes_per_s_s / nullif(h.pcie_rx_bytes_per_s_known_s, 0) AS rx,

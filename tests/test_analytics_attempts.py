@@ -128,10 +128,8 @@ def test_an_idle_stretch_across_a_requeued_jobs_back_to_back_runs_is_one_stretch
     f = Fleet(tmp_path / "s")
     low = (H(1) - timedelta(minutes=6), H(1) + timedelta(minutes=6))
     f.gpu_series("h1", "u1", H(0), H(2), util=lambda t: 0.0 if low[0] <= t < low[1] else 95.0, procs=1)
-    f.job("7", account="physics", user="ann", start=H(1), end=H(2), gpus=1, placements=[], submit=H(0))
-    for t in (H(0), H(2)):  # (the job map saw it hold u1 through both runs)
-        f._allocs.append(dict(ts=t, cluster="c1", scheduler="slurm", job_key="7", host="h1", gpu_uuid="u1", gpu_instance=-1, gpu=None,
-                              source="exporter"))
+    # (the job map saw it hold u1 through both runs)
+    f.job("7", account="physics", user="ann", start=H(1), end=H(2), gpus=1, placements=[("h1", "u1")], submit=H(0), held_from=H(0))
     con = store(tmp_path / "s", f, [attempt("7", H(0), H(1))])
     p = Params(H(0), H(2), idle_min_duration=timedelta(minutes=10))
     a = Analysis(con, p, now=H(3))

@@ -48,8 +48,9 @@ class Fleet:
     def job(self, job_key: str, *, account: str, user: str, start: datetime | None, end: datetime | None, gpus: int,
             placements: list[tuple[str, str]] | list[tuple[str, str, int]], job_id: str | None = None, scheduler: str = "slurm",
             partition: str = "gpu", submit: datetime | None = None, state: str | None = None, name: str = "job",
-            gpu_type: str | None = None, **accounting) -> None:
-        """A job and its allocations; `accounting`: more job columns (state_raw, exit_code, ...)."""
+            gpu_type: str | None = None, held_from: datetime | None = None, **accounting) -> None:
+        """A job and its allocations (the job map saw them from `held_from`, default `start`, to its end); `accounting`: more
+        job columns (state_raw, exit_code, ...)."""
         if start is None and placements:
             raise ValueError("a job that has not started holds no GPUs: give no placements")
         row = {c: None for c in schema.JOB_COLUMNS}
@@ -60,7 +61,7 @@ class Fleet:
         self._jobs.append(row)
         for place in placements:
             host, uuid, gi = (place + (-1,))[:3] if len(place) == 2 else place
-            self._allocs.append(dict(ts=start, cluster=self.cluster, scheduler=scheduler, job_key=job_key, host=host, gpu_uuid=uuid,
+            self._allocs.append(dict(ts=held_from or start, cluster=self.cluster, scheduler=scheduler, job_key=job_key, host=host, gpu_uuid=uuid,
                                      gpu_instance=gi, gpu=None, source="exporter"))
             self._allocs.append(dict(self._allocs[-1], ts=end or start))
 
