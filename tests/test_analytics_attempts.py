@@ -32,6 +32,7 @@ from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.fleet import Fleet
+from tests.support.raw_analysis import RawAnalysis
 
 T0 = datetime(2026, 11, 2)
 TOL = dict(rel=1e-9, abs=1e-9)
@@ -121,7 +122,8 @@ def test_an_idle_stretch_across_a_requeued_jobs_back_to_back_runs_is_one_stretch
     """Job 7 held GPU u1 from 0 h: its first attempt ran to 1 h, was requeued and ran again at once to 2 h (two runs, two
     rows of the window's allocations, one holder). The GPU idled from 6 min before 1 h to 6 min after: one idle stretch of
     12 min (idle allocated is the time the job held the GPU idle for at least idle_min_duration, 10 min here), not two of
-    6 min each too short to count; and the second run has no startup of its own (its low start continues the first's)."""
+    6 min each too short to count; and the second run has no startup of its own (its low start continues the first's). The
+    raw path gives the same stretch."""
     from gpufleet.analytics.states import Thresholds
     from gpufleet.analytics.window_states import window_states
 
@@ -139,6 +141,10 @@ def test_an_idle_stretch_across_a_requeued_jobs_back_to_back_runs_is_one_stretch
     assert stretches.height == 1 and stretches["gpu_h"][0] == pytest.approx(0.2, **TOL)
     job = window_states(a, Thresholds.of(p, {})).jobs.row(0, named=True)
     assert job["startup_gpu_h"] == 0.0 and job["idle_gpu_h"] == pytest.approx(0.2, **TOL)
+    # the raw path, the tests' oracle, agrees: its runs meet the job's holds (back-to-back runs one), not al's rows
+    raw = RawAnalysis(con, p, now=H(3))
+    assert raw.totals().idle_allocated_gpu_h == pytest.approx(0.2, **TOL)
+    assert raw.idle_stretches("idle").equals(stretches)
 
 
 # --- property -----------------------------------------------------------------------------------

@@ -181,9 +181,22 @@ class RawAnalysis(Analysis):
 
     def _islands(self, kind: str) -> pl.DataFrame:
         runs = self.gt.runs(kind, self.p.idle_threshold, round(self.p.idle_min_duration.total_seconds() * 1_000_000))
-        return stretches(runs, self._alv, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
-                         self.p.idle_min_duration.total_seconds(), alv_order=self._alv_order,
-                         rows_of=lambda rows: self.allocation_text(rows, NAMED_BY_ALLOCATION))
+        held, first = self._holds()
+        return stretches(runs, held, self.gt.gpus, self.prices, epoch_us(self.p.start), epoch_us(self.p.end),
+                         self.p.idle_min_duration.total_seconds(), rows_of=lambda rows: self.allocation_text(first[rows], NAMED_BY_ALLOCATION))
+
+    def _holds(self) -> tuple[pl.DataFrame, np.ndarray]:
+        """The allocations as the idle runs meet them (contract 4b: the time a job held a GPU idle): a requeued job's runs on
+        one GPU that follow each other with no time between (al's rows for each run) are one hold, its runs' union; and, per
+        hold, its first row of al (its names). A hold per row of al everywhere else."""
+        keys = self.allocation_text(np.arange(self._alv.height), ("cluster", "scheduler", "job_key"))
+        rows = pl.concat([self._alv.select("gid", "a0", "a1"), keys], how="horizontal").with_row_index("row")
+        rows = rows.sort("gid", "cluster", "scheduler", "job_key", "a0", nulls_last=True)
+        same = pl.all_horizontal([pl.col(c).eq_missing(pl.col(c).shift(1)) for c in ("gid", "cluster", "scheduler", "job_key")])
+        follows = same & pl.col("gid").is_not_null() & (pl.col("a0") == pl.col("a1").shift(1))
+        holds = rows.with_columns(hold=(~follows.fill_null(False)).cum_sum()).group_by("hold", maintain_order=True).agg(
+            pl.first("gid"), pl.min("a0"), pl.max("a1"), pl.first("row"))
+        return holds.select("gid", "a0", "a1"), holds["row"].cast(pl.Int64).to_numpy()
 
     # --- over time ---
 
