@@ -433,23 +433,21 @@ MFU_JOBS = f"""
 WITH acct AS (
     SELECT cluster, scheduler, job_key, job_id, user_name, account, gpus, alloc_gpu_s
     FROM ja WHERE gpus > 0
-), {_MFU_HELD_ALLOCATIONS}, {_MFU_REPORTS.format(r_cols=_JOB_COLUMNS, rep_cols="r.cluster, r.scheduler, r.job_key", key=_JOB_COLUMNS)}, keys AS (
-    SELECT cluster, scheduler, job_key FROM acct
-    UNION SELECT cluster, scheduler, job_key FROM held
+), {_MFU_HELD_ALLOCATIONS}, {_MFU_REPORTS.format(r_cols=_JOB_COLUMNS, rep_cols="r.cluster, r.scheduler, r.job_key", key=_JOB_COLUMNS)}, alone AS (
     -- a job that only reports: under a job filter, one of the filter's jobs only (the job table's)
-    UNION SELECT DISTINCT cluster, scheduler, job_key FROM r WHERE coalesce($account, $user_name, $partition, $job_key) IS NULL
-    UNION SELECT cluster, scheduler, job_key FROM r SEMI JOIN ja USING (cluster, scheduler, job_key)
+    SELECT DISTINCT cluster, scheduler, job_key, true AS listed FROM r WHERE coalesce($account, $user_name, $partition, $job_key) IS NULL
+    UNION SELECT cluster, scheduler, job_key, true FROM r SEMI JOIN ja USING (cluster, scheduler, job_key)
 )
-SELECT k.cluster, k.scheduler, k.job_key,
-       coalesce(acct.job_id, held.job_id, k.job_key) AS job_id,
+SELECT cluster, scheduler, job_key,
+       coalesce(acct.job_id, held.job_id, job_key) AS job_id,
        coalesce(acct.account, held.account) AS account, coalesce(acct.user_name, held.user_name) AS user_name,
        {_MFU_FIGURES}
-FROM keys k
-LEFT JOIN acct USING (cluster, scheduler, job_key)
-LEFT JOIN held USING (cluster, scheduler, job_key)
+FROM acct
+FULL JOIN held USING (cluster, scheduler, job_key)
+FULL JOIN (SELECT * FROM rep LEFT JOIN alone USING (cluster, scheduler, job_key)) rep USING (cluster, scheduler, job_key)
 LEFT JOIN mfu_no_boost nb USING (cluster, scheduler, job_key)
-LEFT JOIN rep USING (cluster, scheduler, job_key)
-ORDER BY k.cluster, k.scheduler, k.job_key
+WHERE acct.gpus IS NOT NULL OR held.mapped_gpus IS NOT NULL OR rep.listed
+ORDER BY cluster, scheduler, job_key
 """
 # --- fairness (analytics/fairness.py) ---
 
