@@ -100,7 +100,7 @@ class RawAnalysis(Analysis):
         # hour before the window) is no row of the window's utilization by job dimension
         has[order] = self.gt.overlaps(g, c0, c1) & (g >= 0) & (c1 > c0)
         self._alv = al.with_columns(data_s=pl.Series(data), busy_s=pl.Series(busy), has_piece=pl.Series(has))
-        self._alv_order = order  # (the idle stretches search in that order too)
+        self._alv_order = order  # (held_data merges in that order)
         self.con.register("_alv_use", pa.table({"gid": gid.to_arrow(), "data_s": data, "busy_s": busy, "has_piece": has}))
         self.con.execute(sql.ALLOCATION_USE)
 
