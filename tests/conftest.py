@@ -282,6 +282,7 @@ SLOW = (
     # hypothesis over stores, 20-160 s each (the quick tier's long poles at stop 61)
     "tests/test_job_gpus.py::test_rows_of_unknown_gpu_counts_are_unknown_and_the_known_part_adds_up",
     "tests/test_analytics_attempts.py::test_allocated_is_the_sum_over_attempts_and_teams_sum_to_the_fleet",
+    "tests/test_analytics_attempts.py::test_a_requeued_jobs_figures_from_the_facts_equal_the_raw_path",  # (~18 s, stop 90)
     "tests/test_facts_health.py::test_facts_give_the_health_and_mfu_paths_figures",
     "tests/test_facts_health.py::test_joining_parts_with_health_columns_in_any_grouping_gives_the_same_parts",
     "tests/test_facts.py::test_joining_parts_in_any_grouping_gives_the_same_parts",

@@ -9,7 +9,9 @@ StoreWriter): jobs of one to three attempts (gaps between them, an earlier attem
 never read, GPU counts that change between attempts, the latest record still pending or running)
 and any window: each job's allocated GPU-hours = the sum over its attempts of GPUs x the part of
 the attempt in the window, computed here from the attempts as written; the teams sum to the fleet,
-and so do the timeline's buckets, fairness' used GPU-hours and the job list.
+and so do the timeline's buckets, fairness' used GPU-hours and the job list. And with samples:
+requeued jobs on sampled GPUs, each run a row of the window's allocations, give from the facts
+every figure the raw path gives (idle stretches across back-to-back runs one stretch).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from gpufleet.collector import schema
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
 from tests.support.fleet import Fleet
+from tests.support.random_stores import figures as all_figures
+from tests.support.random_stores import mismatches
 from tests.support.raw_analysis import RawAnalysis
 
 T0 = datetime(2026, 11, 2)
@@ -232,3 +236,56 @@ def test_allocated_is_the_sum_over_attempts_and_teams_sum_to_the_fleet(fleet):
         for account in {j["account"] for j in fleet["jobs"]}:  # a filtered figure is its row unfiltered
             assert figures(con, a / 60, b / 60, now=fleet["now"] / 60, account=account)["fleet"] == pytest.approx(
                 got["accounts"].get(account, 0.0), rel=1e-9, abs=1e-9)
+
+
+@st.composite
+def requeued_gpu_fleets(draw):
+    """One or two GPUs sampled every 30 s for 5 h, utilization piecewise constant (idle, half, busy) and often idle for
+    some minutes either side of a run's end (a requeue, or the next job); one or two jobs holding one or both, each run 1-3
+    times (mostly back to back, sometimes 5 min apart); a window and idle_min_duration."""
+    jobs, pads, t = [], [], draw(st.integers(0, 30))
+    for k in range(draw(st.integers(1, 2))):
+        runs = []
+        for _ in range(draw(st.integers(1, 3))):
+            length = draw(st.integers(10, 90))
+            runs.append((t, t + length))
+            t += length + draw(st.sampled_from([0, 0, 0, 5]))
+            if draw(st.booleans()):
+                end = runs[-1][1]
+                pads.append((end - draw(st.sampled_from([2, 4, 6, 8])), end + draw(st.sampled_from([2, 4, 6, 8]))))
+        held = draw(st.lists(st.sampled_from([0, 1]), unique=True, min_size=1, max_size=2))
+        jobs.append({"key": f"r{k}", "account": draw(st.sampled_from(ACCOUNTS)), "runs": runs, "held": held})
+        t = draw(st.integers(0, 60))  # the next job's first run: on the same GPUs, maybe at once
+    gpus = []
+    for _ in range(max(g for j in jobs for g in j["held"]) + 1):
+        levels, t = [(a, b, 0.0) for a, b in pads], 0  # (the idle pads first: they win)
+        while t < 300:
+            length = draw(st.sampled_from([4, 8, 15, 30]))
+            levels.append((t, t + length, draw(st.sampled_from([0.0, 50.0, 95.0]))))
+            t += length
+        gpus.append(levels)
+    window = [draw(st.integers(0, 150)), draw(st.integers(151, 300))]
+    return {"gpus": gpus, "jobs": jobs, "window": window, "idle_min": draw(st.sampled_from([5, 10, 20]))}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requeued_gpu_fleets())
+def test_a_requeued_jobs_figures_from_the_facts_equal_the_raw_path(fleet):
+    """Requeued jobs holding sampled GPUs, each run a row of the window's allocations: every figure the facts give (totals,
+    per GPU, idle and no-process stretches, waste and utilization by team and job, top jobs) equals the raw path's, idle
+    stretches across back-to-back runs included."""
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Fleet(f"{tmp}/s")
+        for g, levels in enumerate(fleet["gpus"]):
+            f.gpu_series("h1", f"u{g}", M(0), M(300), step=30, procs=1, gpu=g,
+                         util=lambda t, levels=levels: next(u for a, b, u in levels if M(a) <= t < M(b)))
+        attempts = []
+        for j in fleet["jobs"]:
+            (first, _), (start, end) = j["runs"][0], j["runs"][-1]
+            attempts += [attempt(j["key"], M(a), M(b)) for a, b in j["runs"][:-1]]
+            f.job(j["key"], account=j["account"], user="u", start=M(start), end=M(end), gpus=len(j["held"]), submit=M(first),
+                  placements=[("h1", f"u{g}") for g in j["held"]], held_from=M(first))
+        con = store(f"{tmp}/s", f, attempts)
+        p = Params(M(fleet["window"][0]), M(fleet["window"][1]), idle_min_duration=timedelta(minutes=fleet["idle_min"]))
+        bad = mismatches(all_figures(RawAnalysis(con, p, now=M(400))), all_figures(Analysis(con, p, now=M(400))))
+        assert not bad, "\n".join(bad)
