@@ -106,7 +106,7 @@ STORED_BUCKETS = ("SELECT grain_s, epoch_us(bucket) AS b, hour_parts, epoch_us(o
 OPEN_5M = 0  # stored_buckets' key of the 5-minute buckets an open hour's files hold (the hour's own file not written yet)
 
 # The holders' jobs with their names, the job filters applied (a mapped job the accounting lacks keeps its allocation's key, as
-# sql.ALLOCATIONS); {holders}: rows naming a GPU and job (wholder, wpe's distinct holders, a timeline's sums per holder and bucket) ...
+# sql.ALLOCATIONS); {holders}: rows naming a GPU and job (wpe's distinct holders, a timeline's sums per holder and bucket) ...
 _HOLDER_JOB = f"""
 SELECT o.*, coalesce(j.job_id, o.job_key) AS job_id, j.user_name, j.account, j.partition
 FROM {{holders}} o LEFT JOIN jobs j ON j.cluster = o.cluster AND j.scheduler = o.scheduler AND j.job_key = o.job_key
@@ -310,7 +310,7 @@ def _files_in(con: duckdb.DuckDBPyConnection, tag: str, file_grain: int, spans: 
 
 # The window's tables a figure's query may read, by name, and the statement that builds each (al: also linked's)
 WINDOW_TABLES = {"cap": sql.CAPACITY, "ja": sql.JOB_TABLE, "al": sql.ALLOCATIONS}
-_WINDOW_TABLE_NAMES = re.compile(r"\b(cap|ja|al)\b")
+_WINDOW_TABLE_NAMES = re.compile(rf"\b({'|'.join(WINDOW_TABLES)})\b")
 
 JOB_DIMS = {"partition": ("cluster", "partition"), "account": ("cluster", "account"), "user_name": ("cluster", "user_name"),
             "job": ("cluster", "scheduler", "job_key", "job_id", "user_name", "account", "partition")}
