@@ -110,9 +110,19 @@ def decide_all(raw: pl.DataFrame, dtype: str) -> pl.DataFrame:
     return out.cast(SCHEMA)
 
 
+# A share shown as a whole percent is first rounded to this many decimals: the same seconds summed in another order (float
+# noise, ~1e-16) must not move a share that lies on a half percent (1/8: 12.5 %) to the next percent on one path only
+SHARE_DECIMALS = 12
+
+
+def _share(x: float) -> str:
+    """format(x, ".0%") of a share rounded to SHARE_DECIMALS."""
+    return f"{round(x, SHARE_DECIMALS):.0%}"
+
+
 def _pct(x: pl.Expr) -> pl.Expr:
-    """format(x, ".0%"): x x 100 rounded half to even, as Python's formatting does."""
-    rounded = x.mul(100.0).map_batches(lambda v: pl.Series(np.rint(v.to_numpy()), dtype=pl.Float64), return_dtype=pl.Float64)
+    """_share as an expression: x (rounded to SHARE_DECIMALS) x 100 rounded half to even, as Python's formatting does."""
+    rounded = x.round(SHARE_DECIMALS).mul(100.0).map_batches(lambda v: pl.Series(np.rint(v.to_numpy()), dtype=pl.Float64), return_dtype=pl.Float64)
     return rounded.cast(pl.Int64, strict=False).cast(pl.Utf8) + "%"  # inf, NaN -> null (never shown)
 
 
@@ -220,9 +230,9 @@ def _decide(r: dict, dtype: str) -> tuple:
         )
     else:
         method = f"estimate (tensor_active x clock / boost, dtype={dtype})"
-        notes.append(f"clock scaling on {scaled:.0%} of the time (SM or boost clock missing on the rest)")
+        notes.append(f"clock scaling on {_share(scaled)} of the time (SM or boost clock missing on the rest)")
     if r["data_s"] and r["tensor_s"] < 0.99 * r["data_s"]:
-        notes.append(f"tensor activity data on {r['tensor_s'] / r['data_s']:.0%} of the job's sampled GPU time")
+        notes.append(f"tensor activity data on {_share(r['tensor_s'] / r['data_s'])} of the job's sampled GPU time")
     return known(r["est_s"] / r["tensor_s"], method, "; ".join(notes) or None)
 
 
