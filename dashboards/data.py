@@ -5,7 +5,9 @@
   sees a half-written batch.
 - One gpufleet.analytics.core.Analysis per window and filters computes everything the Utilization, Jobs, Teams, Waste and
   MFU pages show (`window_bundle`): the functions `gpufleet analyze` and the report call, no figure of the dashboard's own.
-  The Analysis (large temporary tables) is dropped once the bundle is made; the Bundle is a st.cache_resource, one object for
+  Each page's bundle holds its own figures alone, computed on the window's one Analysis (`window_analysis`), which the
+  pages share for a few minutes (ANALYSIS_KEPT: its parts, allocations and held parts are read once for all of them, not
+  once a page) and which is then closed, its temporary tables with it; the Bundle is a st.cache_resource, one object for
   every session (st.cache_data would pickle a copy each), so the pages never change what they are given.
 - Cache keys are plain tuples holding every input of a figure: store, window, filters and a configuration fingerprint. A
   relative window ("the last 24 h", `Window`) also carries the number of its reuse period (step_for): its figures are
@@ -22,8 +24,9 @@ Nothing here computes a figure: it calls analytics and caches what comes back.
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -262,6 +265,35 @@ class Bundle:
     states_error: str | None = None
 
 
+# How long a window's Analysis is kept for its other pages' bundles, and how many windows' at once: a user moves between the
+# pages of one window within minutes; the Analysis' temporary tables are large (GiBs at 16,384 GPUs), so few are kept
+ANALYSIS_KEPT, ANALYSES_KEPT = timedelta(minutes=10), 2
+
+
+@dataclass
+class SharedAnalysis:
+    """A window's Analysis for every page's bundle (window_analysis); `lock`: one bundle computes on it at a time (its
+    cursor runs one statement at a time, and a figure's temporary tables are made once)."""
+
+    analysis: Analysis
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _release(shared: SharedAnalysis) -> None:
+    """Close a window's Analysis once the cache lets it go (its temporary tables go with its cursor), after any bundle on it."""
+    with shared.lock:
+        _close(shared.analysis)
+
+
+@st.cache_resource(ttl=ANALYSIS_KEPT, max_entries=ANALYSES_KEPT, show_spinner=False, on_release=_release)
+def window_analysis(key: tuple) -> SharedAnalysis:
+    """The window's Analysis (`key`: a Window.key) the pages' bundles compute their figures on: the Utilization page's
+    allocations and held parts serve the Jobs, Teams, Waste and MFU pages too (each made its own: 0.2-0.3 s a page on the
+    demo's week, seconds at 16,384 GPUs)."""
+    _, w, p = _request(key)
+    return SharedAnalysis(Analysis(reader(w.root), p, now=w.as_of))
+
+
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the window's figures (analytics)...")
 def window_bundle(key: tuple, page: str) -> Bundle:
     """The figures `page` shows (PAGE_FIGURES[page]; `key`: a Window.key), from the window's analysis
@@ -280,8 +312,9 @@ def window_bundle(key: tuple, page: str) -> Bundle:
     # are read in a worker thread beside the analysis: DuckDB runs a statement while Python runs
     with ThreadPoolExecutor(1, thread_name_prefix="window-bundle") as pool:
         attempts = pool.submit(reliability_read, w.key) if "goodput" in want else None
-        a = Analysis(con, p, now=w.as_of)
-        try:
+        shared = window_analysis(key)
+        with shared.lock:
+            a = shared.analysis
             got: dict[str, Any] = {}
             if "totals" in want:
                 got["totals"] = a.totals()
@@ -308,8 +341,6 @@ def window_bundle(key: tuple, page: str) -> Bundle:
             if "goodput" in want:
                 got["goodput"], got["goodput_error"] = _goodput(s, con, a, p, w, got["mfu"], got["states"], attempts)
             return Bundle(prices=dict(a.prices), computed_s=time.monotonic() - t0, window=w, **got)
-        finally:
-            _close(a)
 
 
 def _reliability_settings(s: dconfig.Settings) -> Any:

@@ -437,16 +437,22 @@ def test_mfu(store, a, use_store):
 def test_a_page_computes_the_window_s_figures_it_shows_alone(store, use_store, monkeypatch):
     """Each page's bundle holds the figures it shows (data.PAGE_FIGURES) and no other page's, so a page's first load does
     not wait for the others'; where two pages show a figure, both bundles hold the same. The window's job attempts are
-    read for the Waste page's goodput waterfall alone (counted)."""
+    read for the Waste page's goodput waterfall alone (counted), and the window's Analysis once for every page (counted),
+    closed when the cache lets it go."""
+    import duckdb
+
     from gpufleet.dashboards import data
 
     use_store(store)
     data.settings.clear()
     data.window_bundle.clear()
+    data.window_analysis.clear()
     data.reliability_read.clear()
-    reads = []
+    reads, analyses = [], []
     real = data.reliability_read
     monkeypatch.setattr(data, "reliability_read", lambda key: reads.append(key) or real(key))
+    analysis = data.Analysis
+    monkeypatch.setattr(data, "Analysis", lambda *a, **k: analyses.append(a[1]) or analysis(*a, **k))
     w = data.make_window(data.current_settings(), preset=None, start=T(10), end=T(12), filters=Filters())
     figures = {"totals", "utilization", "timeline", "waste", "top_jobs", "jobs", "fairness", "mfu", "goodput", "states"}
     needs = {"goodput": {"mfu", "states"}}  # (the waterfall takes them in)
@@ -457,6 +463,11 @@ def test_a_page_computes_the_window_s_figures_it_shows_alone(store, use_store, m
         assert {f for f in figures if getattr(b, f) is not None} == made, page
         attempts_read += page == "waste"
         assert len(reads) == attempts_read, (page, reads)
+    assert len(analyses) == 1, analyses
+    shared = data.window_analysis(w.key)
+    data.window_analysis.clear()
+    with pytest.raises(duckdb.ConnectionException):
+        shared.analysis.con.execute("SELECT 1")
     for f in ("totals", "utilization", "states"):
         held = [b for b in bundles.values() if getattr(b, f) is not None]
         assert len(held) >= 2, f
