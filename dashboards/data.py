@@ -7,7 +7,7 @@
   MFU pages show (`window_bundle`): the functions `gpufleet analyze` and the report call, no figure of the dashboard's own.
   Each page's bundle holds its own figures alone, computed on the window's one Analysis (`window_analysis`), which the
   pages share for a few minutes (ANALYSIS_KEPT: its parts, allocations and held parts are read once for all of them, not
-  once a page) and which is then closed, its temporary tables with it; the Bundle is a st.cache_resource, one object for
+  once a page, and a figure two pages show is computed once) and which is then closed, its temporary tables with it; the Bundle is a st.cache_resource, one object for
   every session (st.cache_data would pickle a copy each), so the pages never change what they are given.
 - Cache keys are plain tuples holding every input of a figure: store, window, filters and a configuration fingerprint. A
   relative window ("the last 24 h", `Window`) also carries the number of its reuse period (step_for): its figures are
@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 import polars as pl
@@ -273,10 +273,19 @@ ANALYSIS_KEPT, ANALYSES_KEPT = timedelta(minutes=10), 2
 @dataclass
 class SharedAnalysis:
     """A window's Analysis for every page's bundle (window_analysis); `lock`: one bundle computes on it at a time (its
-    cursor runs one statement at a time, and a figure's temporary tables are made once)."""
+    cursor runs one statement at a time, and a figure's temporary tables are made once). `figures`: each figure the
+    bundles asked of it, by name, computed once (several pages show the totals, utilization and states; the Waste page's
+    goodput takes the MFU page's figures in)."""
 
     analysis: Analysis
     lock: threading.Lock = field(default_factory=threading.Lock)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def figure(self, name: str, compute: Callable[[], Any]) -> Any:
+        """The figure `name`, computed by `compute` on its first asking (the caller holds the lock)."""
+        if name not in self.figures:
+            self.figures[name] = compute()
+        return self.figures[name]
 
 
 def _release(shared: SharedAnalysis) -> None:
@@ -314,33 +323,39 @@ def window_bundle(key: tuple, page: str) -> Bundle:
         attempts = pool.submit(reliability_read, w.key) if "goodput" in want else None
         shared = window_analysis(key)
         with shared.lock:
-            a = shared.analysis
+            a, once = shared.analysis, shared.figure
             got: dict[str, Any] = {}
             if "totals" in want:
-                got["totals"] = a.totals()
+                got["totals"] = once("totals", a.totals)
             if "utilization" in want:
-                got["utilization"] = {by: a.utilization(by) for by in UTILIZATION_BY}
+                got["utilization"] = once("utilization", lambda: {by: a.utilization(by) for by in UTILIZATION_BY})
             if "timeline" in want:
-                got["timeline"] = timeline.utilization_timelines(a, TIMELINE_BY)
+                got["timeline"] = once("timeline", lambda: timeline.utilization_timelines(a, TIMELINE_BY))
             if "waste" in want:
-                got["waste"] = {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name") for kind in ("idle", "no_process")}
+                got["waste"] = once("waste", lambda: {(by, kind): a.waste_by(by, kind) for by in ("account", "user_name")
+                                                      for kind in ("idle", "no_process")})
             if "top_jobs" in want:
-                got["top_jobs"] = a.top_wasteful_jobs(TOP_JOBS)
+                got["top_jobs"] = once("top_jobs", lambda: a.top_wasteful_jobs(TOP_JOBS))
             if "jobs" in want:
-                got["jobs"] = ajobs.job_summaries(a)
+                got["jobs"] = once("jobs", lambda: ajobs.job_summaries(a))
             if "fairness" in want:
-                try:
-                    got["fairness"] = fairness.fairness(a, s.shares, s.half_life)
-                except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
-                    log.exception("fairness failed")
-                    got["fairness_error"] = f"fairness could not be computed: {type(e).__name__}: {e}"
+                got["fairness"], got["fairness_error"] = once("fairness", lambda: _fairness(s, a))
             if want & {"mfu", "goodput"}:
-                got["mfu"], got["mfu_error"] = _mfu(a)
+                got["mfu"], got["mfu_error"] = once("mfu", lambda: _mfu(a))
             if want & {"states", "goodput"}:
-                got["states"], got["states_error"] = _window_states(s, a, p)
+                got["states"], got["states_error"] = once("states", lambda: _window_states(s, a, p))
             if "goodput" in want:
-                got["goodput"], got["goodput_error"] = _goodput(s, con, a, p, w, got["mfu"], got["states"], attempts)
+                got["goodput"], got["goodput_error"] = once("goodput", lambda: _goodput(s, con, a, p, w, got["mfu"], got["states"], attempts))
             return Bundle(prices=dict(a.prices), computed_s=time.monotonic() - t0, window=w, **got)
+
+
+def _fairness(s: dconfig.Settings, a: Analysis) -> tuple[Any, str | None]:
+    """The window's fairness (gpufleet.analytics.fairness) with the configured shares, or None and why it failed."""
+    try:
+        return fairness.fairness(a, s.shares, s.half_life), None
+    except Exception as e:  # noqa: BLE001 - one page's figure must not take the others down
+        log.exception("fairness failed")
+        return None, f"fairness could not be computed: {type(e).__name__}: {e}"
 
 
 def _reliability_settings(s: dconfig.Settings) -> Any:
