@@ -7,8 +7,9 @@
   MFU pages show (`window_bundle`): the functions `gpufleet analyze` and the report call, no figure of the dashboard's own.
   Each page's bundle holds its own figures alone, computed on the window's one Analysis (`window_analysis`), which the
   pages share for a few minutes (ANALYSIS_KEPT: its parts, allocations and held parts are read once for all of them, not
-  once a page, and a figure two pages show is computed once) and which is then closed, its temporary tables with it; the Bundle is a st.cache_resource, one object for
-  every session (st.cache_data would pickle a copy each), so the pages never change what they are given.
+  once a page, and a figure two pages show is computed once) and which is then closed, its temporary tables with it.
+  The Bundle is a st.cache_resource, one object for every session (st.cache_data would pickle a copy each), so the pages
+  never change what they are given.
 - Cache keys are plain tuples holding every input of a figure: store, window, filters and a configuration fingerprint. A
   relative window ("the last 24 h", `Window`) also carries the number of its reuse period (step_for): its figures are
   computed for the window ending when first asked for (`resolved`: one end for every loader of the period, so the pages
@@ -345,7 +346,8 @@ def window_bundle(key: tuple, page: str) -> Bundle:
             if want & {"states", "goodput"}:
                 got["states"], got["states_error"] = once("states", lambda: _window_states(s, a, p))
             if "goodput" in want:
-                got["goodput"], got["goodput_error"] = once("goodput", lambda: _goodput(s, con, a, p, w, got["mfu"], got["states"], attempts))
+                got["goodput"], got["goodput_error"] = once("goodput", lambda: _goodput(s, con, a, p, w, got["mfu"], got["states"],
+                                                                                attempts))
             return Bundle(prices=dict(a.prices), computed_s=time.monotonic() - t0, window=w, **got)
 
 
