@@ -470,25 +470,30 @@ def job_report(key: tuple, job: dict) -> dict | None:
     f = Filters(cluster=job["cluster"], account=job.get("account"), user_name=job.get("user_name"), model=w.filters.model,
                 partition=job.get("partition"), job_key=job["job_key"])
     narrowed = params_for(s, start, end, f)
-    a = Analysis(reader(w.root), narrowed, now=w.as_of, timeline=True)  # (its GPU timeline: the parts' sums)
-    try:
-        r = ajobs.job_report(a, job["job_key"])
-        if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
-            return None
-        tl = timeline.job_gpu_timeline(a, job["cluster"], job["scheduler"], job["job_key"])
-        shared = ajobs.gpu_shares(reader(w.root), narrowed, job["cluster"], job["scheduler"], job["job_key"])
-        return {"report": r, "timeline": tl, "shared_gpus": shared, **_job_mfu(a, job, w), **_job_states(s, w, narrowed, job)}
-    finally:
-        _close(a)
+    con = reader(w.root)
+    # the job's states and shared GPUs read its raw samples and shares on cursors of their own, in a worker thread beside the
+    # analysis (DuckDB runs a statement while Python runs)
+    with ThreadPoolExecutor(1, thread_name_prefix="job-report") as pool:
+        states = pool.submit(_job_states, s, con, narrowed, job)
+        shared = pool.submit(ajobs.gpu_shares, con, narrowed, job["cluster"], job["scheduler"], job["job_key"])
+        a = Analysis(con, narrowed, now=w.as_of, timeline=True)  # (its GPU timeline: the parts' sums)
+        try:
+            r = ajobs.job_report(a, job["job_key"])
+            if r is None or r.job["cluster"] != job["cluster"] or r.job["scheduler"] != job["scheduler"]:
+                return None
+            tl = timeline.job_gpu_timeline(a, job["cluster"], job["scheduler"], job["job_key"])
+            return {"report": r, "timeline": tl, "shared_gpus": shared.result(), **_job_mfu(a, job, w), **states.result()}
+        finally:
+            _close(a)
 
 
-def _job_states(s: dconfig.Settings, w: Resolved, p: Params, job: dict) -> dict:
+def _job_states(s: dconfig.Settings, con: duckdb.DuckDBPyConnection, p: Params, job: dict) -> dict:
     """Where the job's GPU time went (gpufleet.analytics.states.job_breakdown on the job's narrowed window) as "states" (None:
     no GPU of it mapped), or "states_error" saying why it could not be computed."""
     from gpufleet.analytics.states import job_breakdown, thresholds
 
     try:
-        return {"states": job_breakdown(reader(w.root), p, job["job_key"], thresholds(s.doc, s.config_path, p)), "states_error": None}
+        return {"states": job_breakdown(con, p, job["job_key"], thresholds(s.doc, s.config_path, p)), "states_error": None}
     except Exception as e:  # noqa: BLE001 - the report's other figures stand without it
         log.exception("the states of a job failed")
         return {"states": None, "states_error": f"where the time went could not be computed: {type(e).__name__}: {e}"}
