@@ -482,6 +482,24 @@ def test_a_page_computes_the_window_s_figures_it_shows_alone(store, use_store, m
                     assert_frame_equal(x.utilization[by], frame_)
 
 
+def test_two_pages_of_one_window_computed_at_once_take_turns_on_its_analysis(store, use_store):
+    """Two sessions opening the Jobs and Teams pages of one window at once compute on its one Analysis in turn (its lock:
+    one cursor, one statement at a time): both succeed, with one set of window states."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpufleet.dashboards import data
+
+    use_store(store)
+    data.settings.clear()
+    data.window_bundle.clear()
+    data.window_analysis.clear()
+    w = data.make_window(data.current_settings(), preset=None, start=T(10), end=T(12), filters=Filters())
+    with ThreadPoolExecutor(2) as pool:
+        jobs, teams = pool.map(lambda page: data.window_bundle(w.key, page), ["jobs", "teams"])
+    assert jobs.states_error is None and teams.fairness_error is None
+    assert teams.states is jobs.states and not jobs.jobs.is_empty()
+
+
 # imported by AppTest's run alone: Streamlit's server scans for components when its runtime starts, before it listens
 APP_TEST_ONLY = {"streamlit.components.v2.manifest_scanner"}
 FIRST_VISIT = f"""
