@@ -238,7 +238,7 @@ PAGE_FIGURES = {
     "utilization": frozenset({"totals", "utilization", "timeline"}),
     "jobs": frozenset({"jobs", "states"}),
     "teams": frozenset({"fairness", "states", "utilization"}),
-    "waste": frozenset({"totals", "utilization", "waste", "top_jobs", "goodput"}),
+    "waste": frozenset({"totals", "utilization", "waste", "top_jobs", "goodput", "previous", "queue_gaps"}),
     "mfu": frozenset({"mfu"}),
 }
 
@@ -264,6 +264,8 @@ class Bundle:
     goodput_error: str | None = None
     states: Any | None = None  # gpufleet.analytics.window_states.WindowStates; None when it failed (states_error says why)
     states_error: str | None = None
+    previous: Any | None = None  # gpufleet.analytics.trends.Baseline: the window of the same length just before
+    queue_gaps: Any | None = None  # gpufleet.analytics.queue_gaps.queue_gaps, up to the window's as_of
 
 
 # How long a window's Analysis is kept for its other pages' bundles, and how many windows' at once: a user moves between the
@@ -308,7 +310,8 @@ def window_analysis(key: tuple) -> SharedAnalysis:
 def window_bundle(key: tuple, page: str) -> Bundle:
     """The figures `page` shows (PAGE_FIGURES[page]; `key`: a Window.key), from the window's analysis
     (gpufleet.analytics.core.Analysis, as `gpufleet analyze` computes it). The waterfall of goodput takes the MFU and
-    states figures in, so the Waste page computes those too."""
+    states figures in, so the Waste page computes those too; its previous window and queue gaps are read beside the
+    analysis, as `gpufleet analyze` reads them."""
     import time
 
     from gpufleet.analytics import jobs as ajobs
@@ -318,10 +321,13 @@ def window_bundle(key: tuple, page: str) -> Bundle:
     t0 = time.monotonic()
     s, w, p = _request(key)
     con = reader(w.root)
-    # the goodput waterfall's interrupted attempts (reliability_read: cursors of their own)
-    # are read in a worker thread beside the analysis: DuckDB runs a statement while Python runs
-    with ThreadPoolExecutor(1, thread_name_prefix="window-bundle") as pool:
+    # what reads no figure of the window's analysis - the goodput waterfall's interrupted attempts (reliability_read), the
+    # previous window's totals and the queue gaps, each on cursors of their own - is read in worker threads beside it:
+    # DuckDB runs a statement while Python runs
+    with ThreadPoolExecutor(2, thread_name_prefix="window-bundle") as pool:
         attempts = pool.submit(reliability_read, w.key) if "goodput" in want else None
+        previous = pool.submit(_previous_baseline, con, p, w) if "previous" in want else None
+        gaps = pool.submit(_queue_gaps, con, p, w) if "queue_gaps" in want else None
         shared = window_analysis(key)
         with shared.lock:
             a, once = shared.analysis, shared.figure
@@ -348,7 +354,11 @@ def window_bundle(key: tuple, page: str) -> Bundle:
             if "goodput" in want:
                 got["goodput"], got["goodput_error"] = once("goodput", lambda: _goodput(s, con, a, p, w, got["mfu"], got["states"],
                                                                                 attempts))
-            return Bundle(prices=dict(a.prices), computed_s=time.monotonic() - t0, window=w, **got)
+        if previous is not None:
+            got["previous"] = previous.result()
+        if gaps is not None:
+            got["queue_gaps"] = gaps.result()
+        return Bundle(prices=dict(a.prices), computed_s=time.monotonic() - t0, window=w, **got)
 
 
 def _fairness(s: dconfig.Settings, a: Analysis) -> tuple[Any, str | None]:
@@ -422,14 +432,12 @@ def edge_warnings(key: tuple) -> list[str]:
     return warnings(reader(w.root), p)
 
 
-@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Computing the previous window (analytics)...")
-def previous_baseline(key: tuple):
-    """The window of the same length just before (`key`: a Resolved.key) as a comparison base
-    (gpufleet.analytics.trends.Baseline): its totals and whether the rule lets anything be compared against it."""
+def _previous_baseline(con: duckdb.DuckDBPyConnection, p: Params, w: Resolved) -> Any:
+    """The window of the same length just before `w` as a comparison base (gpufleet.analytics.trends.Baseline): its totals
+    and whether the rule lets anything be compared against it."""
     from gpufleet.analytics.trends import previous_baseline as prev
 
-    s, w, p = _resolved(key)
-    return prev(reader(w.root), p, now=w.as_of)
+    return prev(con, p, now=w.as_of)
 
 
 @st.cache_data(ttl=timedelta(minutes=10), max_entries=64, show_spinner=False)
@@ -531,13 +539,11 @@ def team_shares(key: tuple) -> pl.DataFrame:
     return shares(reader(w.root), p)
 
 
-@st.cache_data(ttl=timedelta(hours=1), max_entries=16, show_spinner="Finding the window's queue gaps (analytics)...")
-def queue_gaps(key: tuple) -> Any:
-    """The window's queue gaps (gpufleet.analytics.queue_gaps; `key`: a Window.key), up to its as_of."""
+def _queue_gaps(con: duckdb.DuckDBPyConnection, p: Params, w: Resolved) -> Any:
+    """The window's queue gaps (gpufleet.analytics.queue_gaps), up to its as_of."""
     from gpufleet.analytics.queue_gaps import queue_gaps as gaps
 
-    s, w, p = _request(key)
-    return gaps(reader(w.root), p, now=w.as_of)
+    return gaps(con, p, now=w.as_of)
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner=False)

@@ -454,7 +454,8 @@ def test_a_page_computes_the_window_s_figures_it_shows_alone(store, use_store, m
     analysis = data.Analysis
     monkeypatch.setattr(data, "Analysis", lambda *a, **k: analyses.append(a[1]) or analysis(*a, **k))
     w = data.make_window(data.current_settings(), preset=None, start=T(10), end=T(12), filters=Filters())
-    figures = {"totals", "utilization", "timeline", "waste", "top_jobs", "jobs", "fairness", "mfu", "goodput", "states"}
+    figures = {"totals", "utilization", "timeline", "waste", "top_jobs", "jobs", "fairness", "mfu", "goodput", "states", "previous",
+               "queue_gaps"}
     needs = {"goodput": {"mfu", "states"}}  # (the waterfall takes them in)
     bundles, attempts_read = {}, 0
     for page, shows in data.PAGE_FIGURES.items():

@@ -76,7 +76,7 @@ def body(ctx: ui.Context) -> None:
         ui.empty_window("GPU or job")
         return
     ui.scope_note(t)
-    base = data.previous_baseline(b.window.key)
+    base = b.previous
     prev, why = base.totals, base.no_comparison
     c = st.columns(3)
     c[0].metric("Idle allocated", ui.gpu_h(t.idle_allocated_gpu_h), **ui.delta(t.idle_allocated_gpu_h, prev.idle_allocated_gpu_h, ui.gpu_h, why),
@@ -126,7 +126,7 @@ def body(ctx: ui.Context) -> None:
 
     waterfall_section(b)
 
-    queue_gaps(ctx)
+    queue_gaps(b)
     st.subheader("Stranded capacity")
     if t.not_attributable_reason:
         st.text(f"Not shown: {t.not_attributable_reason}.")
@@ -138,10 +138,10 @@ def body(ctx: ui.Context) -> None:
     ui.table(by_host, key="waste_stranded_host", sort="most stranded GPU-hours first")
 
 
-def queue_gaps(ctx: ui.Context) -> None:
+def queue_gaps(b: data.Bundle) -> None:
     """Free GPUs while pending jobs that would have fit waited (gpufleet.analytics.queue_gaps)."""
     st.subheader("Queue gaps")
-    g = data.queue_gaps(ctx.window.key)
+    g = b.queue_gaps
     st.caption("GPU-hours a partition's GPUs of one model stood free while a pending job that would have fit on them waited "
                "(GPUs counted, not node shapes: an upper bound of what the scheduler could have placed). "
                "A GPU serving two partitions is in both: pools do not add up to the fleet." + (f" Under this filter {g.note}." if g.note else ""))
