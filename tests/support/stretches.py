@@ -29,14 +29,13 @@ _ORDER = ["cluster", "job_key", "host", "gpu_uuid", "gi", "scheduler", "s0"]  # 
 
 
 def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, prices: Mapping[str, float],
-              start_us: int, end_us: int, min_idle_s: float, alv_order: np.ndarray | None = None,
+              start_us: int, end_us: int, min_idle_s: float,
               rows_of: Callable[[np.ndarray], pl.DataFrame] | None = None) -> pl.DataFrame:
     """The stretches of `runs` (gid, vid, r0, r1: epoch us, in (gid, r0) order, disjoint per GPU)
     inside the allocations `alv` (with gid, a0, a1) lasting at least `min_idle_s`, with their
     seconds inside [start_us, end_us), GPU-hours and cost (null without a price); those with no
-    second inside the window left out. Ordered by cluster, job, host, GPU, start. `alv_order`:
-    alv's rows by gid (null first), then a0, where the caller has it (None: sorted here). One row
-    of alv per allocation (the allocations' primary key: a job on a GPU). `rows_of`: alv's rows at the given
+    second inside the window left out. Ordered by cluster, job, host, GPU, start. One row
+    of alv per hold (a job on a GPU, a requeued job's back-to-back runs one: raw_analysis._holds). `rows_of`: alv's rows at the given
     positions with the columns a stretch names of it (NAMED_BY_ALLOCATION), where alv holds numbers
     only (core.Analysis: al's text stays in DuckDB); None: alv has them."""
     if runs.is_empty() or alv.is_empty():
@@ -45,7 +44,7 @@ def stretches(runs: pl.DataFrame, alv: pl.DataFrame, variants: pl.DataFrame, pri
     g = alv["gid"].fill_null(-1).to_numpy().astype(np.int64, copy=False)
     a0, a1 = alv["a0"].dt.epoch("us").to_numpy(), alv["a1"].dt.epoch("us").to_numpy()
     # searched in the line's order (gputime.search), the pairs come in that order
-    rows = np.lexsort((a0, g)) if alv_order is None else alv_order
+    rows = np.lexsort((a0, g))
     rows = rows[np.searchsorted(g[rows], 0):]  # a GPU with no sample in the window (no gid) has no run
     g, a0, a1 = g[rows], a0[rows], a1[rows]
     # one ascending line over every GPU: keys gid x span + (t - t_lo), allocations clipped to the
