@@ -316,6 +316,8 @@ def window_bundle(key: tuple, page: str) -> Bundle:
 
     from gpufleet.analytics import jobs as ajobs
     from gpufleet.analytics import timeline
+    from gpufleet.analytics.queue_gaps import queue_gaps
+    from gpufleet.analytics.trends import previous_baseline
 
     want = PAGE_FIGURES[page]
     t0 = time.monotonic()
@@ -326,8 +328,8 @@ def window_bundle(key: tuple, page: str) -> Bundle:
     # DuckDB runs a statement while Python runs
     with ThreadPoolExecutor(2, thread_name_prefix="window-bundle") as pool:
         attempts = pool.submit(reliability_read, w.key) if "goodput" in want else None
-        previous = pool.submit(_previous_baseline, con, p, w) if "previous" in want else None
-        gaps = pool.submit(_queue_gaps, con, p, w) if "queue_gaps" in want else None
+        previous = pool.submit(previous_baseline, con, p, now=w.as_of) if "previous" in want else None
+        gaps = pool.submit(queue_gaps, con, p, now=w.as_of) if "queue_gaps" in want else None
         shared = window_analysis(key)
         with shared.lock:
             a, once = shared.analysis, shared.figure
@@ -432,14 +434,6 @@ def edge_warnings(key: tuple) -> list[str]:
     return warnings(reader(w.root), p)
 
 
-def _previous_baseline(con: duckdb.DuckDBPyConnection, p: Params, w: Resolved) -> Any:
-    """The window of the same length just before `w` as a comparison base (gpufleet.analytics.trends.Baseline): its totals
-    and whether the rule lets anything be compared against it."""
-    from gpufleet.analytics.trends import previous_baseline as prev
-
-    return prev(con, p, now=w.as_of)
-
-
 @st.cache_data(ttl=timedelta(minutes=10), max_entries=64, show_spinner=False)
 def named_job(key: tuple, job: str, exact: tuple[str, str, str] | None = None) -> dict | None:
     """The job list's row (`key`: a Resolved.key; the window's job table, its filters applied) of the job named `job` on the
@@ -537,13 +531,6 @@ def team_shares(key: tuple) -> pl.DataFrame:
 
     s, w, p = _request(key)
     return shares(reader(w.root), p)
-
-
-def _queue_gaps(con: duckdb.DuckDBPyConnection, p: Params, w: Resolved) -> Any:
-    """The window's queue gaps (gpufleet.analytics.queue_gaps), up to its as_of."""
-    from gpufleet.analytics.queue_gaps import queue_gaps as gaps
-
-    return gaps(con, p, now=w.as_of)
 
 
 @st.cache_resource(ttl=timedelta(hours=1), max_entries=16, show_spinner=False)
