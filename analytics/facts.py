@@ -43,7 +43,10 @@ RAW_READ_HOURS = 24
 _PART_COLUMNS = f"""{sql.gpu_equiv("wp")} AS equiv, wp.p0 >= $start_us AND wp.p1 <= $end_us AS inside
 FROM {{parts}} wp
 WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)"""
-PARTS_VIEW = "CREATE OR REPLACE TEMP TABLE wpe AS SELECT wp.*, " + _PART_COLUMNS.format(parts="wp")
+PARTS_VIEW = "CREATE OR REPLACE TEMP TABLE {table} AS SELECT wp.*, " + _PART_COLUMNS.format(parts="wp")
+# ... an in_place window's: its raw cuts' table and {stored}, each grain's SELECT_STORED_PARTS with its values inlined (a view
+# takes no parameters)
+IN_PLACE_PARTS = "CREATE OR REPLACE TEMP VIEW wpe AS SELECT * FROM wpr{stored}"
 
 ONLY_GPUS = cf.only_gpus()  # (FactWindow's `gpus`)
 # One grain's stored parts in [$lo, $hi) from their files alone ($files: fact_files_of; the fact_parts view opens every facts
@@ -51,8 +54,10 @@ ONLY_GPUS = cf.only_gpus()  # (FactWindow's `gpus`)
 STORED_PARTS = ("SELECT {columns} FROM read_parquet($files, hive_partitioning = false) WHERE tag = $tag AND grain_s = $grain "
                 "AND bucket >= make_timestamp($lo) AND bucket < make_timestamp($hi) "
                 f"AND ($buckets IS NULL OR epoch_us(bucket) IN (SELECT unnest($buckets))) AND {ONLY_GPUS}")
-# ... inserted into wpe straight from the files (no Arrow copy beside DuckDB's); {columns}: the FactWindow's `columns`
-INSERT_STORED_PARTS = "INSERT INTO wpe BY NAME SELECT wp.*, " + _PART_COLUMNS.format(parts=f"({STORED_PARTS})")
+# ... inserted into wpe straight from the files (no Arrow copy beside DuckDB's), or read where they lie (in_place); {columns}:
+# the FactWindow's `columns`
+SELECT_STORED_PARTS = "SELECT wp.*, " + _PART_COLUMNS.format(parts=f"({STORED_PARTS})")
+INSERT_STORED_PARTS = "INSERT INTO wpe BY NAME " + SELECT_STORED_PARTS
 
 ALL_COLUMNS = tuple(cf.SCHEMA.names)  # a FactWindow's parts' columns unless it names fewer
 # What every read of parts needs: a part's GPU, its MIG share's inputs, bucket and times, holder and whether it leads its stretch
@@ -359,14 +364,17 @@ class FactWindow:
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
                  grid_origin_us: int | None = None, gpus: list[str] | None = None, hosts: list[str] | None = None,
                  inside_only: bool = False, columns: tuple[str, ...] = ALL_COLUMNS,
-                 allocations: Callable[[], None] | None = None):
+                 allocations: Callable[[], None] | None = None, in_place: bool = False):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts. `cursor`: build the parts on it
         (core.Analysis': its cap and ja are there already). `grid_us`: every origin + k x grid_us inside the window is a part edge
         too (a timeline's buckets); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by
         uuid, and those without one), stored and raw (health.events); `hosts` (sorted): only those on these hosts (a job filter's:
         reads skip other hosts' files and row groups). `inside_only`: the parts inside the window alone, no reach (health's
         figures and the timelines' sums read no idle stretch). `columns`: the parts' columns read (default all; core.Analysis: ANALYSIS_COLUMNS).
-        `allocations`: makes al on `cursor` unless made (core.Analysis', the owner of al there); without a cursor al is built here."""
+        `allocations`: makes al on `cursor` unless made (core.Analysis', the owner of al there); without a cursor al is built here.
+        `in_place`: wpe a view over the stored parts' files (and a table of the raw cuts), so each query reads the columns it
+        names where they lie: for a window asked a few figures (health's, a timeline's); a window asked many (core.Analysis) copies
+        its parts once. Its files must outlive it: close it within the store's grace for retired files (collector.store)."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
@@ -376,6 +384,8 @@ class FactWindow:
         self.hosts = hosts
         self.inside_only = inside_only
         self.columns = columns
+        self.in_place = in_place
+        self._views: list[str] = []
         self.fp = fact_params(params)
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
                      "idle_min_us": self.fp.idle_min_us}
@@ -421,22 +431,30 @@ class FactWindow:
                 cells.append((a, b))
         if cells:
             tables += self._raw(cells)
-        # wp: the raw cuts' Arrow table, read into wpe by PARTS_VIEW (no second copy) and unregistered
+        # wp: the raw cuts' Arrow table, read into wpe (in_place: wpr) by PARTS_VIEW (no second copy) and unregistered
         raw = pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA)
         self.con.register("wp", raw.select(list(self.columns)))
-        self.con.execute(PARTS_VIEW, sql.bound(PARTS_VIEW, self.bind))
+        made = PARTS_VIEW.format(table="wpr" if self.in_place else "wpe")
+        self.con.execute(made, sql.bound(made, self.bind))
         self.con.unregister("wp")
         for grain in sorted({g for g, _, _ in spans if g is not None}):
             self._stored(grain, [(a, b) for g, a, b in spans if g == grain])
+        if self.in_place:
+            self.con.execute(IN_PLACE_PARTS.format(stored="".join(f"\nUNION ALL {v}" for v in self._views)))
 
     def _stored(self, grain: int, runs: list[tuple[int, int]]) -> None:
-        """The stored parts of one grain's runs of buckets [a, b) into wpe, in one statement over their files."""
+        """The stored parts of one grain's runs of buckets [a, b) into wpe, in one statement over their files (in_place: that
+        statement kept for the view)."""
         tag, step = self.fp.tag(), grain * 1_000_000
         files = fact_files_of(self.con, tag, grain, runs)
         buckets = None if len(runs) == 1 else [t for a, b in runs for t in range(a, b, step)]
         self.tiles[grain] = self.tiles.get(grain, 0) + sum((b - a) // step for a, b in runs)
         values = {**self.bind, "files": files, "tag": tag, "grain": grain, "lo": runs[0][0], "hi": runs[-1][1], "buckets": buckets,
                   **cf.gpu_binds(self.gpus, self.hosts)}
+        if self.in_place:
+            query = SELECT_STORED_PARTS.format(columns=", ".join(self.columns))
+            self._views.append(sql.inlined(query, values))
+            return
         query = INSERT_STORED_PARTS.format(columns=", ".join(self.columns))
         self.con.execute(query, sql.bound(query, values))
 

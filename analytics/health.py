@@ -119,7 +119,7 @@ _ORDER = {"gpus": ["cluster", "host", "gpu", "gi"]}  # events keep their queries
 
 def _temperature(con: duckdb.DuckDBPyConnection, params: Params, bucket: timedelta) -> pl.DataFrame:
     """sql.TEMPERATURE_FROM_FACTS from a read of its own: at its buckets' grain, of its columns alone."""
-    w = FactWindow(con, params, max_grain=_grain(bucket), inside_only=True, columns=TEMPERATURE_COLUMNS)
+    w = FactWindow(con, params, max_grain=_grain(bucket), inside_only=True, columns=TEMPERATURE_COLUMNS, in_place=True)
     try:
         return w.q(sql.TEMPERATURE_FROM_FACTS, bucket=bucket.total_seconds())
     finally:
@@ -138,7 +138,7 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
         if others:
             events_only = what == ("events",)
             w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, inside_only=True,
-                           columns=EVENT_COLUMNS if events_only else HEALTH_COLUMNS)
+                           columns=EVENT_COLUMNS if events_only else HEALTH_COLUMNS, in_place=True)
             try:
                 answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED),
                            "events": lambda: with_inventory_models(con, _events(w))}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from gpufleet.analytics.raw_reads import SAMPLES
@@ -31,6 +32,28 @@ def bound(query: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """The values that `query` names ($name): DuckDB refuses an unused named parameter. Whole names: $bucket is not $bucket_us."""
     used = set(_PARAM.findall(query))
     return {k: v for k, v in values.items() if k in used}
+
+
+def literal(value: Any) -> str:
+    """`value` as a SQL literal, for a statement that cannot take parameters (a view)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    if isinstance(value, datetime) and value.tzinfo is None:  # (naive UTC, as every window's time)
+        return f"TIMESTAMP '{value:%Y-%m-%d %H:%M:%S.%f}'"
+    raise TypeError(f"no SQL literal for {type(value).__name__} {value!r}: expected None, bool, a number, str, a list or a naive datetime")
+
+
+def inlined(query: str, values: Mapping[str, Any]) -> str:
+    """`query` with each $name replaced by its value's literal (literal)."""
+    return _PARAM.sub(lambda m: literal(values[m.group(1)]), query)
 
 
 # --- fragments the queries below share ---

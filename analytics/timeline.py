@@ -97,7 +97,7 @@ def bucketed_parts(a, queries: dict[str, str], bsec: float, origin_us: int, **ex
         if all(o.is_empty() or o["fits"].all() for o in out.values()):
             return {name: o.drop("fits") for name, o in out.items()}
     fw = FactWindow(a.con, a.p, now=a.bind["as_of"], grid_us=b_us, grid_origin_us=origin_us, gpus=a.fw.gpus, inside_only=True,
-                    columns=TIMELINE_COLUMNS)
+                    columns=TIMELINE_COLUMNS, in_place=True)
     try:
         out = {name: fw.q(q, **extra) for name, q in queries.items()}
     finally:
