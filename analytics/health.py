@@ -63,10 +63,12 @@ def _grain(bucket: timedelta | None) -> int:
     return next(g for g in (GRAIN_1D, GRAIN_1H, GRAIN_5M) if s is None or s % g == 0)
 
 
-def _events(w: FactWindow) -> pl.DataFrame:
-    """GPU_EVENTS' answer from the parts (sql.EVENTS_FROM_FACTS); parts where a counter passes the first value read raw."""
+def _events(w: FactWindow, moved: list[str] | None) -> pl.DataFrame:
+    """GPU_EVENTS' answer from the parts (sql.EVENTS_FROM_FACTS) of the GPUs `moved` names (the uuids of those whose health
+    moved; None: every GPU); parts where a counter passes the first value read raw."""
     cur = w.con
-    mixed = query_rows(cur, sql.MIXED_PARTS, sql.bound(sql.MIXED_PARTS, w.bind))
+    bind = {**w.bind, "moved": moved}
+    mixed = query_rows(cur, sql.MIXED_PARTS, sql.bound(sql.MIXED_PARTS, bind))
     found = []
     p0, p1 = mixed["p0"].to_numpy(), mixed["p1"].to_numpy()
     for lo, hi in sorted(set(zip(p0.tolist(), p1.tolist()))):
@@ -79,7 +81,7 @@ def _events(w: FactWindow) -> pl.DataFrame:
         cur.unregister("_health_mixed")
     cur.register("_health_mixed_events", pa.concat_tables(found))
     try:
-        return w.q(sql.EVENTS_FROM_FACTS)
+        return w.q(sql.EVENTS_FROM_FACTS, moved=moved)
     finally:
         cur.unregister("_health_mixed_events")
 
@@ -140,9 +142,14 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
             w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, inside_only=True,
                            columns=EVENT_COLUMNS if events_only else HEALTH_COLUMNS, in_place=True)
             try:
-                answers = {"gpus": lambda: w.health().filter(pl.col("samples") > 0).drop(sql.HEALTH_TIME_WEIGHTED),
-                           "events": lambda: with_inventory_models(con, _events(w))}
-                got.update({k: answers[k]() for k in others})
+                # events read only the GPUs whose health moved: those the GPUs' figures name, when asked for them too
+                gpus = w.health() if "gpus" in what else None
+                if gpus is not None:
+                    got["gpus"] = gpus.filter(pl.col("samples") > 0).drop(*sql.HEALTH_TIME_WEIGHTED, "moved")
+                if "events" in what:
+                    moving = None if gpus is None else gpus.filter("moved")["gpu_uuid"]
+                    moved = None if moving is None or moving.null_count() else moving.unique().sort().to_list()
+                    got["events"] = with_inventory_models(con, _events(w, moved))
             finally:
                 w.close()
         if temperature is not None:

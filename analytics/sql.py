@@ -839,7 +839,8 @@ SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample_ts) AS model,
        {_first_to_last("thermal_viol")} / 1e9 AS thermal_violation_s, {_first_to_last("power_viol")} / 1e9 AS power_violation_s,
        sum(xid_n)::BIGINT AS xid_samples, sum(reasons_known_s) AS reasons_known_s,
        {", ".join(f"sum({r}_s) AS {r}_s" for r in THROTTLE_REASONS)},
-       {", ".join(f"sum({f}_known_s) AS {f}_known_s, sum({f}_s) / nullif(sum({f}_known_s), 0) AS {f}_mean" for f in PROFILING)}
+       {", ".join(f"sum({f}_known_s) AS {f}_known_s, sum({f}_s) / nullif(sum({f}_known_s), 0) AS {f}_mean" for f in PROFILING)},
+       {{moved}}
 FROM wpe WHERE inside AND lead GROUP BY {_KEY}
 """
 # the facts' columns HEALTH_FROM_FACTS reads beyond a part's key and times (facts.HEALTH_COLUMNS: a narrower read)
@@ -863,12 +864,20 @@ GROUP BY ALL ORDER BY cluster, host, bucket
 # GPU_EVENTS' counters in the facts' names: (kind, fact counter, label)
 _EVENT_COUNTERS = (("ecc_dbe", "ecc_dbe", "double-bit ECC errors"), ("ecc_sbe", "ecc_sbe", "single-bit ECC errors"),
                    ("row_remap", "remap_unc", "uncorrectable remapped rows"))
+# ... and whether a GPU's health moved over its parts (`moved`, HEALTH_FROM_FACTS'): an XID, a lost sample, a row-remap
+# failure, a counter whose max passes its min - the only GPUs with events (_EVENT_PARTS' $moved), as HEALTH_MOVED_GPUS
+HEALTH_FROM_FACTS = HEALTH_FROM_FACTS.replace("{moved}", (
+    "bool_or(xid_codes IS NOT NULL) OR coalesce(sum(lost_n), 0) > 0 OR coalesce(sum(remap_failure_n), 0) > 0 OR "
+    + " OR ".join(f"coalesce(max({c}_max) > min({c}_min), false)" for _, c, _ in _EVENT_COUNTERS) + " AS moved"))
 _BASES = ", ".join(f"coalesce(arg_min({c}_first, p0) FILTER (WHERE {c}_first IS NOT NULL), 0) AS {c}_0" for _, c, _ in _EVENT_COUNTERS)
 # the facts' columns the events read beyond a part's key and times (facts.EVENT_COLUMNS); p holds those alone
 EVENT_FACT_COLUMNS = ("xid_codes", "lost_n", "lost_ts", "remap_failure_n", "remap_failure_ts",
                       *(f"{c}_{x}" for _, c, _ in _EVENT_COUNTERS for x in ("first", "first_ts", "n", "min", "max")))
 _EVENT_COLUMNS = f"{_KEY}, gpu, model, p0, p1, " + ", ".join(EVENT_FACT_COLUMNS)
-_EVENT_PARTS = f"WITH p AS (SELECT {_EVENT_COLUMNS} FROM wpe WHERE {_HEALTH_WHERE}), base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)"
+# ... of the GPUs $moved names (uuids; NULL: every GPU; an empty list: none, read in no file)
+_EVENT_PARTS = (f"WITH p AS (SELECT {_EVENT_COLUMNS} FROM wpe WHERE {_HEALTH_WHERE} "
+                "AND ($moved IS NULL OR (len($moved) > 0 AND gpu_uuid IN (SELECT unnest($moved))))), "
+                f"base AS (SELECT {_KEY}, {_BASES} FROM p GROUP BY ALL)")
 
 # Parts in which a counter passes the window's first value (GPU_EVENTS' base): only their samples say when and
 # how often, so they are read raw (EVENTS_OF_MIXED_PARTS), narrowed to their GPUs and times

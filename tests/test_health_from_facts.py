@@ -228,7 +228,7 @@ def test_events_read_only_the_gpus_whose_health_moved(tmp_path, compact_at):
     rounded out to their buckets and the raw tail upkeep has not reached: a GPU whose ECC counter
     is 0 in the window's first (raw-cut) minutes and 5 from the next bucket on, and one whose XID
     shows only in the last (raw-cut) minutes, are found; one whose counter stands still and one
-    with nothing are not. The events equal the raw path's."""
+    with nothing are not. The events equal the raw path's, alone and beside the GPUs' figures."""
     s, e = 3600 + 37, 3 * 3600 + 150  # edges inside 5-minute buckets
 
     def fields(g, t) -> dict:
@@ -248,6 +248,8 @@ def test_events_read_only_the_gpus_whose_health_moved(tmp_path, compact_at):
     assert con.execute("SELECT count(*) FROM fact_files WHERE grain_s = 300 AND bucket < ?", [at(compact_at - 3600)]).fetchone()[0] >= 2
     assert sorted(health._moved_gpus(con, p)) == sorted(raw["gpu_uuid"])
     assert not same(raw, got, EVENT_KEYS)
+    # the Health page's window finds the same GPUs from its GPUs' figures (their `moved`), and the same events
+    assert not same(raw, health.window_health(con, p)["events"], EVENT_KEYS)
 
 
 def test_moved_gpus_read_the_open_hours_settled_facts_then_raw(tmp_path):
