@@ -139,17 +139,18 @@ def _answers(con: duckdb.DuckDBPyConnection, params: Params, what: tuple[str, ..
         temperature = pool.submit(_temperature, con, params, bucket) if "temperature" in what else None
         if others:
             events_only = what == ("events",)
-            w = FactWindow(con, params, gpus=_moved_gpus(con, params) if events_only else None, inside_only=True,
+            found = _moved_gpus(con, params) if events_only else None
+            w = FactWindow(con, params, gpus=found, inside_only=True,
                            columns=EVENT_COLUMNS if events_only else HEALTH_COLUMNS, in_place=True)
             try:
-                # events read only the GPUs whose health moved: those the GPUs' figures name, when asked for them too
+                # events read only the GPUs whose health moved: those the GPUs' figures name, when asked for them too,
+                # else those _moved_gpus found (the window reads only theirs)
                 gpus = w.health() if "gpus" in what else None
                 if gpus is not None:
                     got["gpus"] = gpus.filter(pl.col("samples") > 0).drop(*sql.HEALTH_TIME_WEIGHTED, "moved")
-                if "events" in what:
-                    moving = None if gpus is None else gpus.filter("moved")["gpu_uuid"]
-                    moved = None if moving is None or moving.null_count() else moving.unique().sort().to_list()
-                    got["events"] = with_inventory_models(con, _events(w, moved))
+                if "events" in what:  # (a moved GPU without a uuid: every GPU's parts)
+                    moved = found if gpus is None else gpus.filter("moved")["gpu_uuid"].unique().sort().to_list()
+                    got["events"] = with_inventory_models(con, _events(w, None if moved is None or None in moved else moved))
             finally:
                 w.close()
         if temperature is not None:
