@@ -818,6 +818,14 @@ def _throttled_share(reason: str) -> str:
     return f"CASE WHEN sum(reasons_known_n) > 0 THEN 100.0 * sum({reason}_n) / sum(reasons_known_n) END"
 
 
+# GPU_EVENTS' counters in the facts' names: (kind, fact counter, label)
+_EVENT_COUNTERS = (("ecc_dbe", "ecc_dbe", "double-bit ECC errors"), ("ecc_sbe", "ecc_sbe", "single-bit ECC errors"),
+                   ("row_remap", "remap_unc", "uncorrectable remapped rows"))
+# ... and whether a GPU's health moved over its parts (HEALTH_FROM_FACTS' `moved`): an XID, a lost sample, a row-remap
+# failure, a counter whose max passes its min - the only GPUs with events (_EVENT_PARTS' $moved), as HEALTH_MOVED_GPUS
+_HEALTH_MOVED = ("bool_or(xid_codes IS NOT NULL) OR coalesce(sum(lost_n), 0) > 0 OR coalesce(sum(remap_failure_n), 0) > 0 OR "
+                 + " OR ".join(f"coalesce(max({c}_max) > min({c}_min), false)" for _, c, _ in _EVENT_COUNTERS))
+
 # Per GPU (or MIG instance), over its lead parts inside the window (no job filters): GPU_HEALTH's answer and the
 # time-weighted figures (HEALTH_TIME_WEIGHTED; a profiling field's mean is over its known seconds, NULL: never known). A GPU
 # with no sample of its own inside has samples 0: health.gpu_health leaves it out, as the raw query does.
@@ -840,7 +848,7 @@ SELECT {_KEY}, any_value(gpu) AS gpu, arg_max(model, last_sample_ts) AS model,
        sum(xid_n)::BIGINT AS xid_samples, sum(reasons_known_s) AS reasons_known_s,
        {", ".join(f"sum({r}_s) AS {r}_s" for r in THROTTLE_REASONS)},
        {", ".join(f"sum({f}_known_s) AS {f}_known_s, sum({f}_s) / nullif(sum({f}_known_s), 0) AS {f}_mean" for f in PROFILING)},
-       {{moved}}
+       {_HEALTH_MOVED} AS moved
 FROM wpe WHERE inside AND lead GROUP BY {_KEY}
 """
 # the facts' columns HEALTH_FROM_FACTS reads beyond a part's key and times (facts.HEALTH_COLUMNS: a narrower read)
@@ -861,14 +869,6 @@ FROM ({_HEALTH_PARTS}) WHERE temp_n > 0 OR mem_temp_max_c IS NOT NULL
 GROUP BY ALL ORDER BY cluster, host, bucket
 """
 
-# GPU_EVENTS' counters in the facts' names: (kind, fact counter, label)
-_EVENT_COUNTERS = (("ecc_dbe", "ecc_dbe", "double-bit ECC errors"), ("ecc_sbe", "ecc_sbe", "single-bit ECC errors"),
-                   ("row_remap", "remap_unc", "uncorrectable remapped rows"))
-# ... and whether a GPU's health moved over its parts (`moved`, HEALTH_FROM_FACTS'): an XID, a lost sample, a row-remap
-# failure, a counter whose max passes its min - the only GPUs with events (_EVENT_PARTS' $moved), as HEALTH_MOVED_GPUS
-HEALTH_FROM_FACTS = HEALTH_FROM_FACTS.replace("{moved}", (
-    "bool_or(xid_codes IS NOT NULL) OR coalesce(sum(lost_n), 0) > 0 OR coalesce(sum(remap_failure_n), 0) > 0 OR "
-    + " OR ".join(f"coalesce(max({c}_max) > min({c}_min), false)" for _, c, _ in _EVENT_COUNTERS) + " AS moved"))
 _BASES = ", ".join(f"coalesce(arg_min({c}_first, p0) FILTER (WHERE {c}_first IS NOT NULL), 0) AS {c}_0" for _, c, _ in _EVENT_COUNTERS)
 # the facts' columns the events read beyond a part's key and times (facts.EVENT_COLUMNS); p holds those alone
 EVENT_FACT_COLUMNS = ("xid_codes", "lost_n", "lost_ts", "remap_failure_n", "remap_failure_ts",
