@@ -26,6 +26,8 @@ Knobs (environment):
   GPUFLEET_BENCH_DASH_RUNS=5       warm runs per page
   GPUFLEET_BENCH_MEMORY_LIMIT=3GB  the dashboard's DuckDB memory_limit ([dashboard] memory_limit)
   GPUFLEET_BENCH_THREADS=0         the dashboard's DuckDB threads ([dashboard] threads; 0: all cores)
+  GPUFLEET_BENCH_BEFORE=<checkout> the code before (a git worktree): its pages measured the same way in a process of its
+                                   own, before this code's, and each first load's ratio shown beside
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from bench._common import ROOT, Table, env_number, progress
+from bench._common import BEFORE_ENV, ROOT, Table, before_checkout, env_number, in_checkout, progress
 
 GOAL_S = 2.0
 RUNS = max(1, int(env_number("GPUFLEET_BENCH_DASH_RUNS", 5)))
@@ -64,7 +66,8 @@ def _app_test(store: str, start: str, end: str, config: str):
 
     os.environ["GPUFLEET_DASHBOARD_STORE"] = store
     os.environ["GPUFLEET_CONFIG"] = config
-    at = AppTest.from_file(str(ROOT / "dashboards" / "app.py"), default_timeout=6 * 3600)
+    app = Path(importlib.import_module("gpufleet.dashboards").__file__).parent / "app.py"  # (the measured checkout's)
+    at = AppTest.from_file(str(app), default_timeout=6 * 3600)
     at.query_params.update({"from": start, "to": end})
     return at
 
@@ -125,14 +128,18 @@ def _timed_run(at, page: str, problems: list[str]) -> float:
     return dt
 
 
-def _child(store: Path, start, end, tmp: str, start_store: Path, start_scale) -> dict:
-    """measure() in a process of its own (its peak RSS is its own)."""
+# the child: measure() of this bench, over the gpufleet of the checkout measured (bench._common.in_checkout)
+MEASURE = "import json, sys; from bench.dashboards import measure; print(json.dumps(measure(*sys.argv[1:])), flush=True)"
+
+
+def _child(store: Path, start, end, tmp: str, start_store: Path, start_scale, checkout: Path | None = None) -> dict:
+    """measure() in a process of its own (its peak RSS is its own), of this checkout's code or `checkout`'s."""
     cfg = Path(tmp) / "gpufleet.toml"
     cfg.write_text(f'[dashboard]\nmemory_limit = "{MEMORY_LIMIT}"\nthreads = {THREADS}\nrefresh_seconds = 0\n')
     progress(f"pages over {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M}, "
-             f"in a child process (first load, then {RUNS} warm runs each)")
-    argv = [sys.executable, "-m", "bench.dashboards", "--measure", str(store), start.isoformat(), end.isoformat(), str(cfg),
-            str(start_store), start_scale.start.isoformat(), start_scale.end.isoformat()]
+             f"in a child process (first load, then {RUNS} warm runs each)" + ("" if checkout is None else f", the code in {checkout}"))
+    argv = [sys.executable, "-c", MEASURE if checkout is None else in_checkout(MEASURE, checkout), str(store), start.isoformat(),
+            end.isoformat(), str(cfg), str(start_store), start_scale.start.isoformat(), start_scale.end.isoformat()]
     with tempfile.TemporaryFile("w+") as out, subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True) as proc:
         tail: list[str] = []
         for line in proc.stderr or ():  # each page's timing as it comes: a child killed for memory keeps them
@@ -160,7 +167,10 @@ def run() -> list[Table]:
     ensure_facts(start_scale, start_store, progress)
     start = scale.start if not DASH_DAYS else scale.end - timedelta(days=DASH_DAYS)
     end = scale.end
+    before = before_checkout()
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-dash-") as tmp:
+        old = None if before is None else _child(store, start, end, tmp, start_store=start_store, start_scale=start_scale,
+                                                 checkout=before)
         m = _child(store, start, end, tmp, start_store=start_store, start_scale=start_scale)
 
     days = (end - start).days
@@ -173,12 +183,14 @@ def run() -> list[Table]:
           f"{m['start_s']:.1f} s")
     for page, title in PAGES:  # the goal (issue #16): every first load under 2 s too, at 16,384 GPUs
         first = m["first"][page]
-        t.add(f"{title}: first load", f"{first:.1f} s", f"< {GOAL_S:g} s", first < GOAL_S)
+        t.add(f"{title}: first load", f"{first:.1f} s" + _beside(old, "first", page, first), f"< {GOAL_S:g} s", first < GOAL_S)
         if page == "jobs" and "jobs+report" in m["first"]:
             report = m["first"]["jobs+report"]
-            t.add(f"    + job {m['job']}'s report, first load", f"{report:.1f} s", f"< {GOAL_S:g} s", report < GOAL_S)
-    t.add("peak RSS of the dashboard process (VmHWM)", f"{m['vmhwm_mib']:,.0f} MiB")
-    problems = list(m["problems"])
+            t.add(f"    + job {m['job']}'s report, first load", f"{report:.1f} s" + _beside(old, "first", "jobs+report", report),
+                  f"< {GOAL_S:g} s", report < GOAL_S)
+    t.add("peak RSS of the dashboard process (VmHWM)", f"{m['vmhwm_mib']:,.0f} MiB"
+          + ("" if old is None else f"; the code before {old['vmhwm_mib']:,.0f} MiB"))
+    problems = list(m["problems"]) + [f"the code before: {p}" for p in (old or {}).get("problems", [])]
     if problems:
         t.add("pages with an error or exception", "; ".join(problems)[:300], "none", False)
     t.notes += [
@@ -196,12 +208,18 @@ def run() -> list[Table]:
         "job's own GPUs only (a job filter with Analysis held_only)",
         "server-side script run via streamlit.testing AppTest (router + sidebar + page + cached loaders), not the browser's drawing",
     ]
+    if old is not None:
+        t.notes += [f"{BEFORE_ENV}={before}: the code before, measured the same way in a process of its own just before this "
+                    "code's; beside each first load its figure and this code's / its (\"before\"), on the same store"]
     return [t]
 
 
+def _beside(old: dict | None, kind: str, page: str, now: float) -> str:
+    """`old`'s figure of `page` (the code before's measure()) and the ratio, for a row; nothing without one."""
+    then = None if old is None else old[kind].get(page)
+    return "" if then is None else f" (before {then:.1f} s, x{now / then:.2f})" if then > 0 else f" (before {then:.1f} s)"
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 9 and sys.argv[1] == "--measure":
-        print(json.dumps(measure(*sys.argv[2:])), flush=True)
-    else:
-        for table in run():
-            print(table.render())
+    for table in run():
+        print(table.render())

@@ -61,3 +61,15 @@ def test_analyze_goals_count_start_up_only_where_the_issue_does():
     assert small.met(wall=0.9, start_up=0.41, gib=0.29) and not small.met(wall=0.95, start_up=0.41, gib=0.29)
     assert not small.met(wall=0.5, start_up=0.41, gib=0.31)
     assert large.met(wall=1.5, start_up=0.4, gib=1.0) and not large.met(wall=1.6, start_up=0.4, gib=0.5)
+
+
+def test_the_dashboards_bench_shows_the_code_before_beside_each_first_load():
+    """GPUFLEET_BENCH_BEFORE on `bench dashboards`: a page's figure of the code before and this code's ratio to it, nothing
+    without the code before or where it has no such page."""
+    from bench.dashboards import _beside
+
+    before = {"first": {"health": 0.7, "jobs+report": 0.0}}
+    assert _beside(before, "first", "health", 0.35) == " (before 0.7 s, x0.50)"
+    assert _beside(None, "first", "health", 0.35) == ""
+    assert _beside(before, "first", "mfu", 0.2) == ""
+    assert _beside(before, "first", "jobs+report", 0.2) == " (before 0.0 s)"
