@@ -580,15 +580,6 @@ def fleet_now(key: tuple, as_of: datetime | None, version: int | None, tick: int
     return {"states": states, "summary": fn.summarize(states, p, at), "hosts": fn.host_freshness(states), "as_of": at}
 
 
-def health_and_states(w: Window, now: datetime, version: int | None) -> tuple[dict, dict]:
-    """The Health page's window health (health_for) and its GPU states now or at the window's end (fleet_now_for), computed
-    at once: each is mostly DuckDB statements on cursors of their own, so they share the cores instead of taking turns (the
-    16,384-GPU bench week: 1.6 s and 2.2 s)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="health-page") as pool:
-        states = pool.submit(fleet_now_for, w, now, version)
-        return health_for(w), states.result()
-
-
 def fleet_now_for(ctx_window: Window, now: datetime, version: int | None) -> dict:
     """Fleet now for a page: live (now) for a window that follows now, else at the window's end."""
     if ctx_window.relative:

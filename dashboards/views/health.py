@@ -38,8 +38,9 @@ def body(ctx: ui.Context) -> None:
     w = ctx.window
     st.caption("Health is about GPUs: the cluster and GPU model filters apply, the account, user and partition filters do not.")
     bucket = data.health_bucket(w)
-    h, now = data.health_and_states(w, ctx.now, ctx.version)
+    h = data.health_for(w)
     ui.window_caption(h["window"])
+    now = data.fleet_now_for(w, ctx.now, ctx.version)
     as_of = now["as_of"]
     gpus, events, summary = h["gpus"], h["events"], now["summary"]
     cs = data.collector_status(w.root)
