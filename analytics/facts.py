@@ -43,7 +43,7 @@ RAW_READ_HOURS = 24
 _PART_COLUMNS = f"""{sql.gpu_equiv("wp")} AS equiv, wp.p0 >= $start_us AND wp.p1 <= $end_us AS inside
 FROM {{parts}} wp
 WHERE ($cluster IS NULL OR wp.cluster = $cluster) AND ($model IS NULL OR wp.model = $model)"""
-PARTS_VIEW = "CREATE OR REPLACE TEMP TABLE {table} AS SELECT wp.*, " + _PART_COLUMNS.format(parts="wp")
+PARTS_TABLE = "CREATE OR REPLACE TEMP TABLE {table} AS SELECT wp.*, " + _PART_COLUMNS.format(parts="wp")
 # ... an in_place window's: its raw cuts' table and {stored}, each grain's SELECT_STORED_PARTS with its values inlined (a view
 # takes no parameters)
 IN_PLACE_PARTS = "CREATE OR REPLACE TEMP VIEW wpe AS SELECT * FROM wpr{stored}"
@@ -385,7 +385,6 @@ class FactWindow:
         self.inside_only = inside_only
         self.columns = columns
         self.in_place = in_place
-        self._views: list[str] = []
         self.fp = fact_params(params)
         self.bind = {**window_bind(params, now or utcnow()), "start_us": epoch_us(params.start), "end_us": epoch_us(params.end),
                      "idle_min_us": self.fp.idle_min_us}
@@ -431,20 +430,20 @@ class FactWindow:
                 cells.append((a, b))
         if cells:
             tables += self._raw(cells)
-        # wp: the raw cuts' Arrow table, read into wpe (in_place: wpr) by PARTS_VIEW (no second copy) and unregistered
+        # wp: the raw cuts' Arrow table, read into wpe (in_place: wpr) by PARTS_TABLE (no second copy) and unregistered
         raw = pa.concat_tables([cf.conform(t) for t in tables]) if tables else empty_table(cf.SCHEMA)
         self.con.register("wp", raw.select(list(self.columns)))
-        made = PARTS_VIEW.format(table="wpr" if self.in_place else "wpe")
+        made = PARTS_TABLE.format(table="wpr" if self.in_place else "wpe")
         self.con.execute(made, sql.bound(made, self.bind))
         self.con.unregister("wp")
-        for grain in sorted({g for g, _, _ in spans if g is not None}):
-            self._stored(grain, [(a, b) for g, a, b in spans if g == grain])
+        stored = [self._stored(grain, [(a, b) for g, a, b in spans if g == grain])
+                  for grain in sorted({g for g, _, _ in spans if g is not None})]
         if self.in_place:
-            self.con.execute(IN_PLACE_PARTS.format(stored="".join(f"\nUNION ALL {v}" for v in self._views)))
+            self.con.execute(IN_PLACE_PARTS.format(stored="".join(f"\nUNION ALL {v}" for v in stored)))
 
-    def _stored(self, grain: int, runs: list[tuple[int, int]]) -> None:
+    def _stored(self, grain: int, runs: list[tuple[int, int]]) -> str | None:
         """The stored parts of one grain's runs of buckets [a, b) into wpe, in one statement over their files (in_place: that
-        statement kept for the view)."""
+        statement returned, its values written in, for the view)."""
         tag, step = self.fp.tag(), grain * 1_000_000
         files = fact_files_of(self.con, tag, grain, runs)
         buckets = None if len(runs) == 1 else [t for a, b in runs for t in range(a, b, step)]
@@ -452,11 +451,10 @@ class FactWindow:
         values = {**self.bind, "files": files, "tag": tag, "grain": grain, "lo": runs[0][0], "hi": runs[-1][1], "buckets": buckets,
                   **cf.gpu_binds(self.gpus, self.hosts)}
         if self.in_place:
-            query = SELECT_STORED_PARTS.format(columns=", ".join(self.columns))
-            self._views.append(sql.inlined(query, values))
-            return
+            return sql.inlined(SELECT_STORED_PARTS.format(columns=", ".join(self.columns)), values)
         query = INSERT_STORED_PARTS.format(columns=", ".join(self.columns))
         self.con.execute(query, sql.bound(query, values))
+        return None
 
     def _holds(self, t: int, u: int) -> pa.Table:
         """The holds of the window's GPUs overlapping [t, u) (collector.facts.holds); a GPU-filtered window reads those of all its
