@@ -18,7 +18,7 @@ from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.reliability import (
     ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
     Settings, Summed, run_seconds_in, ends_in,
-    chain_candidates, checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
+    checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
     link_chains, lost_since, mix_bucket, node_failures,
 )
 from gpufleet.analytics.scope import reliability_model_note
@@ -37,10 +37,12 @@ def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]
 
 
 def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
-               bucket: timedelta | None = None) -> tuple[list[Classified], list[Summed], list[dict[str, Any]]]:
+               bucket: timedelta | None = None) -> tuple[list[Classified], list[Classified], list[Summed], list[dict[str, Any]]]:
     """The window's attempts the report needs as rows, classified (sql.RELIABILITY_ATTEMPTS says which: a chain's with an
-    attempt that did not complete, a job's that reported checkpoints, the `top` largest), the rest summed (figures' `summed`:
-    completed or not ended, per GPU count and mix bucket), and each host's GPU-hours held (cluster, host, scheduler, gpu_hours).
+    attempt that did not complete, a job's that reported checkpoints, the `top` largest), of those the chains' candidates
+    (reliability.chain_candidates' pick, made by the store: the attempts the report links), the rest summed (figures'
+    `summed`: completed or not ended, per GPU count and mix bucket), and each host's GPU-hours held (cluster, host,
+    scheduler, gpu_hours).
     `as_of`: where a running job's time ends (default: the window's end); `bucket`: the mix's (default mix_bucket's)."""
     as_of = min(as_of or params.end, params.end)
     bucket = bucket or mix_bucket(params.start, params.end)
@@ -68,17 +70,19 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
                              r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
                       for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
             cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
-            # (RELIABILITY_LISTED's columns are Attempt's fields in order, then the MIG share and the GPUs held: hosts, uuids)
-            attempts = [Attempt(*r[:-3], share=r[-3], gpus_held=tuple(zip(r[-2], r[-1])) if r[-2] else ()) for r in listed]
+            # (RELIABILITY_LISTED's columns are Attempt's fields in order, then the MIG share, the GPUs held (hosts, uuids)
+            # and whether the attempt's job is a chain candidate)
+            attempts = [Attempt(*r[:-4], share=r[-4], gpus_held=tuple(zip(r[-3], r[-2])) if r[-3] else ()) for r in listed]
             # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
             events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                       for e in found.result().iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
             classified = classify_all(attempts, events, cancels, s)
+            linked = [c for c, r in zip(classified, listed) if r[-1]]
             host_rows = hosts.result()
     finally:
         for c in (cur, events_cur, hosts_cur):
             c.close()
-    return classified, summed, host_rows
+    return classified, linked, summed, host_rows
 
 
 Saved = dict[tuple[str, str, str], list[tuple[datetime, float | None]]]
@@ -105,6 +109,7 @@ class Read:
     wants both (the weekly report's reliability section and goodput waterfall)."""
 
     classified: list[Classified]
+    linked: list[Classified]  # of them, the chains' candidates (read_store)
     summed: list[Summed]
     host_rows: list[dict[str, Any]]
     saved: Saved
@@ -167,7 +172,7 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
     fl = _figures_and_lemons(params, s, as_of, done, times)
     f = fl["figures"]
     until = min(as_of or params.end, params.end)
-    linked = chain_candidates(classified, s)
+    linked = done.linked
     chains = link_chains(linked, times, s, until)
     in_chains = {id(c) for c in linked}
     others_gpu_s = sum(c.attempt.equiv * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)

@@ -1039,18 +1039,21 @@ RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attemp
     SELECT cluster, scheduler, job_key FROM l WHERE NOT linked AND start IS NOT NULL
     ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start LIMIT $top
 )
-SELECT cluster, scheduler, job_key, start, "end", gpus, share, ustate,
+SELECT cluster, scheduler, job_key, start, "end", gpus, share, ustate, linked,
        linked OR reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
                                      AND t.job_key = l.job_key) AS listed
 FROM l
 """
 # ... the listed attempts in full (a listed job's every one), in job and start order, numbered 1, 2, ... per job,
-# each one's GPUs as two lists (hosts, uuids) sorted by host then uuid: plain strings to hand over
+# each one's GPUs as two lists (hosts, uuids) sorted by host then uuid: plain strings to hand over; `linked`: a chain
+# candidate's job (the report links those alone, as reliability.chain_candidates would pick them)
 RELIABILITY_LISTED = _attempt_rows(" AND EXISTS (SELECT 1 FROM _rel_attempts r WHERE r.listed AND r.cluster = jobs.cluster "
                                    "AND r.scheduler = jobs.scheduler AND r.job_key = jobs.job_key)") + """
 SELECT cluster, scheduler, job_key, job_id, state, start, "end", gpus, state_raw, exit_code, user_name, account, name, nodes,
        submit, row_number() OVER (PARTITION BY cluster, scheduler, job_key ORDER BY start) AS attempt, share,
-       list_transform(held, lambda g: g.host) AS held_hosts, list_transform(held, lambda g: g.gpu_uuid) AS held_uuids
+       list_transform(held, lambda g: g.host) AS held_hosts, list_transform(held, lambda g: g.gpu_uuid) AS held_uuids,
+       EXISTS (SELECT 1 FROM _rel_attempts r WHERE r.linked AND r.cluster = a.cluster AND r.scheduler = a.scheduler
+               AND r.job_key = a.job_key) AS linked
 FROM a ORDER BY cluster, scheduler, job_key, start
 """
 # ... and the rest summed (reliability.Summed) as figures() and goodput count them: per GPU count, completed or

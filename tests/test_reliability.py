@@ -554,8 +554,8 @@ def test_a_failure_of_no_length_is_continued_by_the_next_attempt_not_by_itself()
     runs = r.classify_all([_run("0", "FAILED", 3.5, 3.5, name="a", submit_h=3.5), _run("2", "COMPLETED", 4, None, name="a", submit_h=4)], s=s)
     assert [c.attempt.job_key for c in r.chain_candidates(runs, s)] == ["0", "2"]
     assert [[c.attempt.job_key for c in ch.attempts] for ch in r.link_chains(runs, s=s)] == [["0", "2"]]
-    few, _ = _listed_and_every([c.attempt for c in runs], s, T0 + 10 * H)  # (the store's listing too)
-    assert sorted(c.attempt.job_key for c in few) == ["0-0", "2-1"]
+    few, _, linked = _listed_and_every([c.attempt for c in runs], s, T0 + 10 * H)  # (the store's listing too)
+    assert sorted(c.attempt.job_key for c in few) == sorted(c.attempt.job_key for c in linked) == ["0-0", "2-1"]
 
 
 @given(st.sampled_from([6, 12, 48]).flatmap(attempt_histories), st.sampled_from([0.5, 1, 3]))
@@ -571,8 +571,9 @@ def test_the_candidates_link_the_broken_chains_as_linking_all_does(attempts, win
     assert broken_chains(r.link_chains(r.chain_candidates(classified, s), s=s, as_of=as_of)) == broken_chains(r.link_chains(classified, s=s, as_of=as_of))
 
 
-def _listed_and_every(attempts: list[Attempt], s: Settings, as_of: datetime) -> tuple[list, list]:
-    """The attempts stored (each a job of its own), read_store's listed ones (no largest) and every one."""
+def _listed_and_every(attempts: list[Attempt], s: Settings, as_of: datetime) -> tuple[list, list, list]:
+    """The attempts stored (each a job of its own), read_store's listed ones (no largest), every one, and the
+    chains' candidates the store marks among every one."""
     import tempfile
 
     from gpufleet.analytics.params import Params
@@ -588,9 +589,9 @@ def _listed_and_every(attempts: list[Attempt], s: Settings, as_of: datetime) -> 
         w.close()
         con = open_reader(tmp)
         p = Params(T0 - 10 * H, as_of)
-        few, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=0)
-        every, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=10**6)
-    return few, every
+        few, _, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=0)
+        every, linked, _, _ = reliability_store.read_store(con, p, s, as_of=as_of, top=10**6)
+    return few, every, linked
 
 
 @given(st.sampled_from([6, 12, 48]).flatmap(attempt_histories), st.sampled_from([0.5, 1, 3]))
@@ -600,9 +601,11 @@ def test_the_store_lists_the_attempts_chain_candidates_names(attempts, window_h)
     its own), the attempts the store lists (no largest ones) are the candidates among every
     attempt listed, and link the same chains with an attempt that did not complete."""
     s, as_of = Settings(resubmit_window=window_h * H), T0 + 60 * H
-    few, every = _listed_and_every(attempts, s, as_of)
+    few, every, linked = _listed_and_every(attempts, s, as_of)
     assert len(every) == len(attempts)
-    assert sorted(c.attempt.job_key for c in few) == sorted(c.attempt.job_key for c in r.chain_candidates(every, s))
+    candidates = sorted(c.attempt.job_key for c in r.chain_candidates(every, s))
+    # (listed alone, or among every attempt listed: the store marks the candidates the report links)
+    assert sorted(c.attempt.job_key for c in few) == sorted(c.attempt.job_key for c in linked) == candidates
     key = lambda c: c.attempt.job_key  # noqa: E731 - (two reads of one store: the same attempts, other objects)
     assert broken_chains(r.link_chains(r.chain_candidates(few, s), s=s, as_of=as_of), key) == broken_chains(r.link_chains(every, s=s, as_of=as_of), key)
 
@@ -622,7 +625,7 @@ def test_the_store_meets_a_resubmission_at_the_window_s_edges(window_s, after_us
     again = Attempt("c", "slurm", "g", "g", "COMPLETED", end + offset, end + offset + H, gpus=8, state_raw="COMPLETED", user_name="ann",
                     account="ml", name="train", submit=end + offset)
     s, as_of = Settings(resubmit_window=window), T0 + 60 * H
-    few, every = _listed_and_every([failed, again], s, as_of)
+    few, every, _ = _listed_and_every([failed, again], s, as_of)
     assert sorted(c.attempt.job_key for c in few) == sorted(c.attempt.job_key for c in r.chain_candidates(every, s))
     assert sorted(c.attempt.job_key for c in few) == (["f-0", "g-1"] if listed else ["f-0"])
 
@@ -749,8 +752,8 @@ def test_summed_attempts_count_as_listed_ones(store):
     from gpufleet.analytics.params import Params
 
     p = Params(_t(0), _t(12))
-    few, summed, _ = reliability_store.read_store(store.reader(), p, as_of=_t(9), top=0)
-    every, none, _ = reliability_store.read_store(store.reader(), p, as_of=_t(9), top=10**6)
+    few, _, summed, _ = reliability_store.read_store(store.reader(), p, as_of=_t(9), top=0)
+    every, _, none, _ = reliability_store.read_store(store.reader(), p, as_of=_t(9), top=10**6)
     assert summed and not none and len(few) < len(every)
     assert sum(x.attempts for x in summed) + len(few) == len(every)
     got = r.figures(few, p.start, p.end, as_of=_t(9), summed=summed)
