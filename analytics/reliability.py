@@ -172,6 +172,9 @@ class Attempt:
         return (self.end - self.start).total_seconds() if self.start and self.end else 0.0
 
 
+_WHOLE = frozenset({"completed", "not_ended"})  # the causes of an attempt that did not break its chain (Classified.broken)
+
+
 @dataclass(frozen=True)
 class Classified:
     attempt: Attempt
@@ -190,7 +193,7 @@ class Classified:
     @property
     def broken(self) -> bool:
         """Ended otherwise than completed: an attempt whose chain is linked (SQL's `broken`)."""
-        return self.cause not in ("completed", "not_ended")
+        return self.cause not in _WHOLE
 
 
 # states no hardware evidence changes (classify's rules 1-3 but the cancels): the store reads no GPUs for them
@@ -672,7 +675,7 @@ def drain_plan(found: Sequence[Lemon], where: Mapping[str, tuple[str, str]], exe
 # --- chains and goodput ---
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: made once per attempt at a fleet's scale, where a frozen one's __init__ costs 5x)
 class Chain:
     """Attempts of one piece of work, in order: a job's requeues, a pod's restarts (the same job key), and
     resubmissions (same cluster, user, account and name, submitted within resubmit_window after an attempt
@@ -720,58 +723,70 @@ def _resubmits(a: Attempt, b: Attempt, s: Settings) -> bool:
 
 def link_chains(classified: Iterable[Classified], checkpoints: Checkpoints | None = None,
                 s: Settings = Settings(), as_of: datetime | None = None) -> list[Chain]:
-    """The attempts linked into chains (each attempt in exactly one), longest wall time first."""
+    """The attempts linked into chains (each attempt in exactly one), longest wall time first.
+    (Written for a fleet's hundreds of thousands of attempts: each one's link keys made once, a chain's tail keys kept beside it.)"""
     checkpoints = checkpoints or {}
     ordered = sorted((c for c in classified if c.attempt.start is not None),
                      key=lambda c: (c.attempt.start, c.attempt.cluster, c.attempt.job_key))
     open_chains: list[list[Classified]] = []
-    tails: dict[tuple, list[Classified]] = {}  # link key of a chain's last attempt -> the chain
+    tails: dict[tuple, list[Classified]] = {}  # link key of a chain's last attempt (its job's, its name's) -> the chain
+    tail_keys: dict[int, tuple[tuple, tuple]] = {}  # id(chain) -> its last attempt's two link keys
     for c in ordered:
         a = c.attempt
-        chain = None
-        for key in ((a.cluster, a.scheduler, a.job_key), (a.cluster, a.user_name, a.account, a.name)):
-            cand = tails.get(key)
-            if cand is not None and _continues(cand[-1], c, s):
-                chain = cand
-                break
+        job, name = (a.cluster, a.scheduler, a.job_key), (a.cluster, a.user_name, a.account, a.name)
+        chain = tails.get(job)
+        if chain is None or not _continues(chain[-1], c, s):
+            chain = tails.get(name)
+            if chain is not None and not _continues(chain[-1], c, s):
+                chain = None
         if chain is None:
-            chain = []
+            chain = [c]
             open_chains.append(chain)
         else:  # the chain's old tail keys no longer lead to it
-            last = chain[-1].attempt
-            for key in ((last.cluster, last.scheduler, last.job_key), (last.cluster, last.user_name, last.account, last.name)):
+            for key in tail_keys[id(chain)]:
                 if tails.get(key) is chain:
                     del tails[key]
-        chain.append(c)
-        tails[(a.cluster, a.scheduler, a.job_key)] = chain
-        tails[(a.cluster, a.user_name, a.account, a.name)] = chain
-    out = []
-    for chain in open_chains:
-        run = gaps = lost = 0.0
-        upper = False
-        interruptions = 0
-        gpus = equiv = None
-        prev_end = None
-        broken = False
-        for c in chain:
-            a = c.attempt
-            a_end = a.end if a.end is not None else (as_of or a.start)
-            run += max(0.0, (a_end - a.start).total_seconds())
-            if prev_end is not None:
-                gaps += (a.start - prev_end).total_seconds()
-            prev_end = a.end
-            if c.broken:
-                broken = True
-                since, measured = lost_since(a, checkpoints, a_end)
-                upper |= not measured
-                lost += (a_end - since).total_seconds()
-            interruptions += c.interrupted
-            if a.gpus is not None and (gpus is None or a.gpus > gpus):
-                gpus, equiv = a.gpus, a.equiv
-        first, last = chain[0].attempt, chain[-1].attempt
-        wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
-        out.append(Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus, broken, equiv))
-    return sorted(out, key=lambda ch: (-ch.wall_s * (ch.gpus or 0), ch.attempts[0].attempt.job_key))
+            chain.append(c)
+        tails[job] = tails[name] = chain
+        tail_keys[id(chain)] = (job, name)
+    out = [_chain(chain, checkpoints, as_of) for chain in open_chains]
+    out.sort(key=lambda ch: (-ch.wall_s * (ch.gpus or 0), ch.attempts[0].attempt.job_key))
+    return out
+
+
+def _chain(chain: list[Classified], checkpoints: Checkpoints, as_of: datetime | None) -> Chain:
+    """A Chain's figures from its attempts, in order (link_chains)."""
+    if len(chain) == 1 and chain[0].cause in _WHOLE:  # (most chains: one attempt that completed or runs)
+        c = chain[0]
+        a = c.attempt
+        wall = ((a.end if a.end is not None else (as_of or a.start)) - a.start).total_seconds()
+        run = max(0.0, wall)
+        return Chain((c,), wall, run, 0.0, 0.0, run, False, 0, a.gpus, False, None if a.gpus is None else a.equiv)
+    run = gaps = lost = 0.0
+    upper = False
+    interruptions = 0
+    gpus = equiv = None
+    prev_end = None
+    broken = False
+    for c in chain:
+        a = c.attempt
+        a_end = a.end if a.end is not None else (as_of or a.start)
+        run += max(0.0, (a_end - a.start).total_seconds())
+        if prev_end is not None:
+            gaps += (a.start - prev_end).total_seconds()
+        prev_end = a.end
+        cause = c.cause
+        if cause not in _WHOLE:  # (Classified.broken)
+            broken = True
+            since, measured = lost_since(a, checkpoints, a_end)
+            upper |= not measured
+            lost += (a_end - since).total_seconds()
+            interruptions += cause in INTERRUPTION_CAUSES
+        if a.gpus is not None and (gpus is None or a.gpus > gpus):
+            gpus, equiv = a.gpus, a.equiv
+    first, last = chain[0].attempt, chain[-1].attempt
+    wall = ((last.end if last.end is not None else (as_of or last.start)) - first.start).total_seconds()
+    return Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus, broken, equiv)
 
 
 def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any]:
@@ -779,18 +794,28 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
     sum(GPUs x productive) / sum(GPUs x wall). `others_gpu_s`: GPU-seconds of work that completed, or still
     runs, at its first try (productive = wall), added to both sides. Lost: Chain.lost_s (user errors too, not only interruptions).
     A chain of unknown GPU count is left out, counted in unknown_gpu_chains."""
-    sized = [(ch.equiv, ch) for ch in chains if ch.gpus is not None]
-    wall = sum(n * ch.wall_s for n, ch in sized) + others_gpu_s
-    productive = sum(n * ch.productive_s for n, ch in sized) + others_gpu_s
-    lost = sum(n * ch.lost_s for n, ch in sized)
-    # "chains": those with an attempt that did not complete (the rest is in others_gpu_s)
-    broken = [ch for ch in chains if ch.broken]
-    return {"chains": len(broken), "interrupted_chains": sum(1 for ch in chains if ch.interruptions),
-            "unknown_gpu_chains": sum(1 for ch in broken if ch.gpus is None),
+    wall = productive = lost = gaps = 0.0  # GPU-seconds of the chains of known GPU count
+    broken = interrupted = unknown = 0
+    upper = False
+    for ch in chains:  # (one pass: a fleet's chains are hundreds of thousands)
+        if ch.gpus is not None:
+            n = ch.equiv
+            wall += n * ch.wall_s
+            productive += n * ch.productive_s
+            lost += n * ch.lost_s
+            gaps += n * ch.gap_s
+        if ch.broken:  # "chains": those with an attempt that did not complete (the rest is in others_gpu_s)
+            broken += 1
+            unknown += ch.gpus is None
+        interrupted += ch.interruptions > 0
+        upper = upper or ch.lost_upper_bound
+    wall += others_gpu_s
+    productive += others_gpu_s
+    return {"chains": broken, "interrupted_chains": interrupted, "unknown_gpu_chains": unknown,
             "wall_gpu_hours": wall / 3600, "productive_gpu_hours": productive / 3600, "lost_gpu_hours": lost / 3600,
-            "requeue_wait_gpu_hours": sum(n * ch.gap_s for n, ch in sized) / 3600,
+            "requeue_wait_gpu_hours": gaps / 3600,
             "ettr": productive / wall if wall > 0 else None,
-            "lost_is_upper_bound": any(ch.lost_upper_bound for ch in chains)}
+            "lost_is_upper_bound": upper}
 
 
 def chain_candidates(classified: Iterable[Classified], s: Settings = Settings()) -> list[Classified]:

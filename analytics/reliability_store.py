@@ -246,13 +246,18 @@ def largest_chains(classified: list[Classified], linked: list[Classified], chain
                    s: Settings, until: datetime, top: int) -> list[Chain]:
     """The `top` largest chains (GPUs, then wall time): the linked ones, and the jobs that ran once
     among the largest attempts and those that reported checkpoints (a chain of one attempt each)."""
+    if top <= 0:
+        return []
     in_chains = {id(c) for c in linked}
-    reported = {(c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) for c in classified} & times.keys()
     alone = [c for c in classified if id(c) not in in_chains and c.attempt.start is not None]
     single = {id(c): c for c in heapq.nlargest(top, alone, key=lambda c: c.attempt.gpus or 0)}
-    single.update((id(c), c) for c in alone if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in reported)
-    ones = [link_chains([c], times, s, until)[0] for c in single.values()]
-    return heapq.nsmallest(top, chains + ones, key=lambda ch: (-(ch.gpus or 0), -ch.wall_s, ch.attempts[0].attempt.job_key))
+    if times:
+        single.update((id(c), c) for c in alone if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in times)
+    pool = chains + [link_chains([c], times, s, until)[0] for c in single.values()]
+    # (none of the first `top` holds fewer GPUs than the top-th most: only those are ordered, in pool's order, as all would be)
+    fewest = heapq.nlargest(top, (ch.gpus or 0 for ch in pool))[-1] if pool else 0
+    return heapq.nsmallest(top, (ch for ch in pool if (ch.gpus or 0) >= fewest),
+                           key=lambda ch: (-(ch.gpus or 0), -ch.wall_s, ch.attempts[0].attempt.job_key))
 
 
 def _chain_head(ch: Chain) -> dict[str, Any]:
