@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
@@ -70,9 +70,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
                              r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
                       for r in _rows(cur, sql.RELIABILITY_SUMMED, binds)]
             cancels = [(r["cluster"], r["scheduler"], r["job_key"]) for r in _rows(cur, sql.RELIABILITY_POLICY_CANCELS, binds)]
-            # (RELIABILITY_LISTED's columns are Attempt's fields in order, then the MIG share, the GPUs held (hosts, uuids)
-            # and whether the attempt's job is a chain candidate)
-            attempts = [Attempt(*r[:-4], share=r[-4], gpus_held=tuple(zip(r[-3], r[-2])) if r[-3] else ()) for r in listed]
+            attempts = [listed_attempt(r) for r in listed]
             # (an attempt holding no GPU takes no event: read all the same, beside the attempts)
             events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                       for e in found.result().iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
@@ -83,6 +81,19 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         for c in (cur, events_cur, hosts_cur):
             c.close()
     return classified, linked, summed, host_rows
+
+
+# RELIABILITY_LISTED's first columns: Attempt's fields in order, up to `attempt`; then the MIG share, the GPUs held (hosts,
+# uuids) and whether the attempt's job is a chain candidate
+_LISTED_FIELDS = tuple(f.name for f in fields(Attempt))[:16]
+
+
+def listed_attempt(row: tuple) -> Attempt:
+    """The Attempt of a RELIABILITY_LISTED row, as Attempt(*row[:16], share=..., gpus_held=...) makes it, without the frozen
+    __init__'s setattr per field: a report makes hundreds of thousands (at 16,384 GPUs that __init__ took 1.1 s of the read)."""
+    a = object.__new__(Attempt)
+    a.__dict__.update(zip(_LISTED_FIELDS, row), share=row[16], gpus_held=tuple(zip(row[17], row[18])) if row[17] else ())
+    return a
 
 
 Saved = dict[tuple[str, str, str], list[tuple[datetime, float | None]]]

@@ -761,6 +761,31 @@ def test_summed_attempts_count_as_listed_ones(store):
     assert got == want
 
 
+def test_listed_rows_make_the_attempts_attempt_makes(store):
+    """RELIABILITY_LISTED's columns are Attempt's fields in order (then share, the GPUs held, linked): the attempts
+    read_store makes from its rows without Attempt's __init__ equal, and hash as, those the __init__ makes."""
+    from dataclasses import fields
+
+    from gpufleet.analytics import sql
+    from gpufleet.analytics.params import Params
+
+    p, s = Params(_t(0), _t(12)), Settings()
+    binds = {"start": p.start, "end": p.end, "as_of": _t(9), "max_gap": p.max_gap.total_seconds(), "top": 10**6,
+             "no_evidence_states": list(r.NO_EVIDENCE_STATES), "ended_states": sorted(r.ENDED_STATES),
+             "resubmit_s": s.resubmit_window.total_seconds(), **p.filters.bind()}
+    cur = store.reader().cursor()
+    cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
+    found = cur.execute(sql.RELIABILITY_LISTED, sql.bound(sql.RELIABILITY_LISTED, binds))
+    names = [d[0] for d in found.description]
+    rows = found.fetchall()
+    assert names == [f.name for f in fields(Attempt)][:16] + ["share", "held_hosts", "held_uuids", "linked"]
+    assert rows and any(row[17] for row in rows)  # (some attempt with its GPUs held)
+    for row in rows:
+        made = Attempt(*row[:16], share=row[16], gpus_held=tuple(zip(row[17], row[18])) if row[17] else ())
+        got = reliability_store.listed_attempt(row)
+        assert got == made and hash(got) == hash(made) and repr(got) == repr(made)
+
+
 def test_retention_deletes_checkpoints_older_than_facts_days(tmp_path):
     """Checkpoints are job reports: kept facts_days, like job throughput and the hour facts."""
     from gpufleet.collector.maintenance import apply_retention
