@@ -466,22 +466,30 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
         if x.bucket is not None:
             summed_ended += x.attempts
             mix[(x.bucket, x.cause)] = mix.get((x.bucket, x.cause), 0) + x.attempts
+    rows = {}  # GPU count -> its size bucket's running sums (one size_bucket() per count, not per attempt)
     for c in classified:
         a = c.attempt
         run = run_seconds_in(a, start, end, end_of)
-        if a.gpus is None:
+        gpus = a.gpus
+        if gpus is None:
             unknown_attempts += run > 0
+            gpu_run = 0.0  # (the "unknown" row's GPU-hours: None below)
         else:
-            gpu_s += a.equiv * run
+            gpu_run = a.equiv * run
+            gpu_s += gpu_run
             known_attempts += run > 0
-        ended = c.cause != "not_ended" and ends_in(a, start, end)
+        cause = c.cause
+        counts[cause] += 1
+        ended = cause != "not_ended" and ends_in(a, start, end)
         if ended:
             in_window.append(c)
-        row = per_size.setdefault(size_bucket(a.gpus) or "unknown", [0, 0, 0.0, 0.0])
+        row = rows.get(gpus)
+        if row is None:
+            row = rows[gpus] = per_size.setdefault(size_bucket(gpus) or "unknown", [0, 0, 0.0, 0.0])
         row[0] += 1
-        row[1] += ended and c.failed
+        row[1] += ended and cause in FAILURE_CAUSES  # (Classified.failed)
         row[2] += run
-        row[3] += a.equiv * run if a.gpus is not None else 0.0  # (the "unknown" row's GPU-hours: None below)
+        row[3] += gpu_run
     gpu_h = gpu_s / 3600
     interruptions = [c for c in in_window if c.interrupted]
     failures = [c for c in in_window if c.failed]
@@ -538,8 +546,6 @@ def figures(classified: Sequence[Classified], start: datetime, end: datetime,
     for c in in_window:
         t0 = start + bucket * int((c.attempt.end - start) / bucket)
         mix[(t0, c.cause)] = mix.get((t0, c.cause), 0) + 1
-    for c in classified:
-        counts[c.cause] += 1
     return {
         "attempts": len(classified) + summed_n, "ended_in_window": len(in_window) + summed_ended, "causes": counts,
         # the known attempts' sum (None: none of them is known), a lower bound when some are not
