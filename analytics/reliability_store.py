@@ -37,17 +37,20 @@ def _rows(cur: Any, query: str, binds: Mapping[str, Any]) -> list[dict[str, Any]
 
 
 def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
-               bucket: timedelta | None = None) -> tuple[list[Classified], list[Classified], list[Summed], list[dict[str, Any]]]:
+               bucket: timedelta | None = None, chains: bool = True
+               ) -> tuple[list[Classified], list[Classified] | None, list[Summed], list[dict[str, Any]]]:
     """The window's attempts the report needs as rows, classified (sql.RELIABILITY_ATTEMPTS says which: a chain's with an
     attempt that did not complete, a job's that reported checkpoints, the `top` largest), of those the chains' candidates
     (reliability.chain_candidates' pick, made by the store: the attempts the report links), the rest summed (figures'
     `summed`: completed or not ended, per GPU count and mix bucket), and each host's GPU-hours held (cluster, host,
     scheduler, gpu_hours).
-    `as_of`: where a running job's time ends (default: the window's end); `bucket`: the mix's (default mix_bucket's)."""
+    `as_of`: where a running job's time ends (default: the window's end); `bucket`: the mix's (default mix_bucket's);
+    `chains` False: for the figures alone (figures(), lemons, lost_by_team), the jobs with an attempt that did not complete
+    are listed and no other (no chain candidate, `top` ignored), and the candidates are None."""
     as_of = min(as_of or params.end, params.end)
     bucket = bucket or mix_bucket(params.start, params.end)
     binds = {"start": params.start, "end": params.end, "as_of": as_of, "max_gap": params.max_gap.total_seconds(),
-             "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top,
+             "no_evidence_states": list(NO_EVIDENCE_STATES), "ended_states": sorted(ENDED_STATES), "top": top, "chains": chains,
              "bucket_us": round(bucket.total_seconds() * 1_000_000), "resubmit_s": s.resubmit_window.total_seconds(),
              **params.filters.bind()}
     # every GPU of the cluster, any model (the attempts pick their own events; they are not filtered by model), over whole hours
@@ -75,7 +78,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
             events = [Event(e["ts"], e["host"], e["gpu_uuid"], e["kind"], e["code"], e["gpu"], e["detail"])
                       for e in found.result().iter_rows(named=True) if e["host"] is not None and e["gpu_uuid"] is not None]
             classified = classify_all(attempts, events, cancels, s)
-            linked = [c for c, r in zip(classified, listed) if r[-1]]
+            linked = [c for c, r in zip(classified, listed) if r[-1]] if chains else None
             host_rows = hosts.result()
     finally:
         for c in (cur, events_cur, hosts_cur):
@@ -120,18 +123,18 @@ class Read:
     wants both (the weekly report's reliability section and goodput waterfall)."""
 
     classified: list[Classified]
-    linked: list[Classified]  # of them, the chains' candidates (read_store)
+    linked: list[Classified] | None  # of them, the chains' candidates (read_store; None: read for the figures alone)
     summed: list[Summed]
     host_rows: list[dict[str, Any]]
     saved: Saved
     bucket: timedelta  # the cause mix's, which `summed` is binned in and figures() bins the classified attempts in
 
 
-def read(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20) -> Read:
-    """The window's attempts and checkpoints (read_store, read_checkpoints): `top` as read_store's."""
+def read(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20, chains: bool = True) -> Read:
+    """The window's attempts and checkpoints (read_store, read_checkpoints): `top` and `chains` as read_store's."""
     bucket = mix_bucket(params.start, params.end)
     with gc_paused():
-        return Read(*read_store(con, params, s, as_of, top, bucket), read_checkpoints(con, params, as_of), bucket)
+        return Read(*read_store(con, params, s, as_of, top, bucket, chains), read_checkpoints(con, params, as_of), bucket)
 
 
 def report(con: Any, params: Any, s: Settings = Settings(), as_of: datetime | None = None, top: int = 20,
@@ -154,7 +157,7 @@ def figures_and_lemons(con: Any, params: Any, s: Settings = Settings(), as_of: d
     """The window's figures and lemons alone, as report() gives them: what the policy's drains and its interruption-rate
     metrics read each round, without the chains, goodput and advice the report adds."""
     with gc_paused():
-        done = read(con, params, s, as_of)
+        done = read(con, params, s, as_of, top=0, chains=False)
         return _figures_and_lemons(params, s, as_of, done, _saved_times(done))
 
 
@@ -179,6 +182,9 @@ def _figures_and_lemons(params: Any, s: Settings, as_of: datetime | None, done: 
 
 def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Read) -> dict[str, Any]:
     classified, summed, saved = done.classified, done.summed, done.saved
+    if done.linked is None:
+        raise ValueError("the reliability report needs a read that linked the chains (read(..., chains=True)); this one was read "
+                         "for the figures alone")
     times = _saved_times(done)
     fl = _figures_and_lemons(params, s, as_of, done, times)
     f = fl["figures"]

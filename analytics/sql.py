@@ -1008,7 +1008,8 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 # evidence) only where evidence can decide the cause (a state not in $no_evidence_states: reliability.NO_EVIDENCE_STATES).
 # Kept on the cursor as _rel_attempts, narrow, with `listed`: the report reads it as a row (RELIABILITY_LISTED) - of a
 # chain candidate's job (reliability.chain_candidates), a job that reported checkpoints, or the $top largest of the rest;
-# the rest, most attempts, is summed in SQL (RELIABILITY_SUMMED).
+# the rest, most attempts, is summed in SQL (RELIABILITY_SUMMED). Without $chains (the figures alone: no chain is linked)
+# only the jobs with an attempt that did not complete are listed (`linked` then says that alone).
 # the resubmit window in whole microseconds (at least 1): a submission within it of an end falls in its step or the next
 _RESUBMIT_STEP = "greatest(1, ceil($resubmit_s * 1e6))::BIGINT"
 RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
@@ -1017,7 +1018,7 @@ RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attemp
     -- next; a name's every attempt against each broken one was most of the statement's time)
     SELECT b.cluster, b.user_name, b.account, b.name, b.start AS r0, min(x.start) AS r1
     FROM (SELECT *, unnest([0, 1]) + epoch_us("end") // """ + _RESUBMIT_STEP + """ AS step FROM a
-          WHERE broken AND nullif(name, '') IS NOT NULL AND start IS NOT NULL) b
+          WHERE $chains AND broken AND nullif(name, '') IS NOT NULL AND start IS NOT NULL) b
     JOIN (SELECT *, epoch_us(coalesce(submit, start)) // """ + _RESUBMIT_STEP + """ AS step FROM a) x
       ON x.step = b.step AND x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
       AND x.account IS NOT DISTINCT FROM b.account AND x.name = b.name AND x.start >= b."end"
@@ -1036,12 +1037,12 @@ RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attemp
                    AND c.job_key = a.job_key AND c.saved_at <= $as_of) AS reported
     FROM a
 ), top AS (  -- the $top largest of the rest, in the report's order (GPUs, then job and start)
-    SELECT cluster, scheduler, job_key FROM l WHERE NOT linked AND start IS NOT NULL
+    SELECT cluster, scheduler, job_key FROM l WHERE $chains AND NOT linked AND start IS NOT NULL
     ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start LIMIT $top
 )
 SELECT cluster, scheduler, job_key, start, "end", gpus, share, ustate, linked,
-       linked OR reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
-                                     AND t.job_key = l.job_key) AS listed
+       linked OR ($chains AND (reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
+                                                    AND t.job_key = l.job_key))) AS listed
 FROM l
 """
 # ... the listed attempts in full (a listed job's every one), in job and start order, numbered 1, 2, ... per job,

@@ -759,6 +759,24 @@ def test_summed_attempts_count_as_listed_ones(store):
     got = r.figures(few, p.start, p.end, as_of=_t(9), summed=summed)
     want = r.figures(every, p.start, p.end, as_of=_t(9))
     assert got == want
+    # read for the figures alone (the policy's): only the jobs with a broken attempt listed, the same figures
+    broken, linked, summed_more, _ = reliability_store.read_store(store.reader(), p, as_of=_t(9), top=0, chains=False)
+    assert linked is None and len(broken) <= len(few) and sum(x.attempts for x in summed_more) + len(broken) == len(every)
+    assert any(c.broken for c in every) and {c.attempt.job_key for c in every if c.broken} <= {c.attempt.job_key for c in broken}
+    assert r.figures(broken, p.start, p.end, as_of=_t(9), summed=summed_more) == want
+
+
+def test_figures_and_lemons_are_the_report_s(store):
+    """The policy's figures_and_lemons (a read for the figures alone) gives the report's figures and lemons; the report
+    refuses such a read (it has no chains to link)."""
+    from gpufleet.analytics.params import Params
+
+    p = Params(_t(0), _t(12))
+    got = reliability_store.figures_and_lemons(store.reader(), p, as_of=_t(9))
+    want = reliability_store.report(store.reader(), p, as_of=_t(9))
+    assert want["figures"]["attempts"] and got == {"figures": want["figures"], "lemons": want["lemons"]}
+    with pytest.raises(ValueError, match="linked the chains"):
+        reliability_store.report(store.reader(), p, as_of=_t(9), done=reliability_store.read(store.reader(), p, as_of=_t(9), chains=False))
 
 
 def test_listed_rows_make_the_attempts_attempt_makes(store):
@@ -770,7 +788,7 @@ def test_listed_rows_make_the_attempts_attempt_makes(store):
     from gpufleet.analytics.params import Params
 
     p, s = Params(_t(0), _t(12)), Settings()
-    binds = {"start": p.start, "end": p.end, "as_of": _t(9), "max_gap": p.max_gap.total_seconds(), "top": 10**6,
+    binds = {"start": p.start, "end": p.end, "as_of": _t(9), "max_gap": p.max_gap.total_seconds(), "top": 10**6, "chains": True,
              "no_evidence_states": list(r.NO_EVIDENCE_STATES), "ended_states": sorted(r.ENDED_STATES),
              "resubmit_s": s.resubmit_window.total_seconds(), **p.filters.bind()}
     cur = store.reader().cursor()
