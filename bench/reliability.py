@@ -15,7 +15,8 @@ Goals (issue #54): the 1,024-GPU week (50,000 jobs) in <= 0.5 s; the 100,000-GPU
 in <= 10 s and <= 2 GiB.
 
 Knobs (environment): GPUFLEET_BENCH_REL_GPUS=1024, GPUFLEET_BENCH_REL_JOBS=50000,
-GPUFLEET_BENCH_CACHE=bench/results/reliability (generated stores, reused).
+GPUFLEET_BENCH_CACHE=bench/results/reliability (generated stores, reused), GPUFLEET_BENCH_BEFORE=<a checkout of
+the code before> (its report measured too, just before this code's, with the ratio).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from bench._common import ROOT, Table, progress
+from bench._common import BEFORE_ENV, ROOT, Table, before_checkout, in_checkout, progress
 
 START = datetime(2026, 3, 2)
 WEEK = timedelta(days=7)
@@ -135,12 +136,24 @@ def run() -> list[Table]:
         generate(root, gpus, jobs)
         done.touch()
         progress(f"generated in {time.monotonic() - t:.0f} s")
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(root), START.isoformat(), (START + WEEK).isoformat()],
-                         capture_output=True, text=True, check=True, cwd=ROOT)
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    before = before_checkout()
+    old = _measure(root, before) if before is not None else None
+    got = _measure(root)
     goal_s = 0.5 if gpus <= 1024 else 10.0
     t = Table(f"reliability: the week's report, {gpus:,} GPUs, {jobs:,} jobs ({got['attempts']:,} attempts, "
               f"{got['interruptions']:,} interruptions, {got['hardware']:,} hardware)")
     t.add("wall time", f"{got['wall_s']:.2f} s", f"<= {goal_s:g} s", got["wall_s"] <= goal_s)
     t.add("peak RSS", f"{got['rss_mib']:.0f} MiB", "<= 2048 MiB", got["rss_mib"] <= 2048)
+    if old is not None:
+        t.add(f"  the code before ({before}): wall / peak RSS; this code's wall / before's",
+              f"{old['wall_s']:.2f} s / {old['rss_mib']:.0f} MiB; x{got['wall_s'] / old['wall_s']:.2f}")
+        t.notes += [f"{BEFORE_ENV}: the code before, its report measured in the same way just before this code's"]
     return [t]
+
+
+def _measure(root: Path, checkout: Path | None = None) -> dict:
+    """The week's report in a process of its own (MEASURE), with gpufleet from `checkout` (default this one)."""
+    code = MEASURE if checkout is None else in_checkout(MEASURE, checkout)
+    out = subprocess.run([sys.executable, "-c", code, str(root), START.isoformat(), (START + WEEK).isoformat()],
+                         capture_output=True, text=True, check=True, cwd=checkout or ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
