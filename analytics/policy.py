@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
@@ -455,6 +456,9 @@ def plan_frame(plan: Plan) -> Any:
 # --- the efficiency note at a job's end (opt-in per account) ---
 
 
+NOTE_WORKERS = 2  # efficiency_notes' jobs analysed at once
+
+
 def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: datetime, as_of: datetime) -> list[dict[str, Any]]:
     """For each GPU job of `accounts` that ended in (since, as_of] with no note sent yet: its figures from
     gpufleet.analytics.jobs.job_report over the job's own span."""
@@ -472,19 +476,28 @@ def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: date
         ended = query_rows(cur, sql.POLICY_ENDED_JOBS, {"since": since, "as_of": as_of, "accounts": list(accounts)}).to_pylist()
     finally:
         cur.close()
-    notes = []
-    for j in ended:
+
+    def note(j: dict[str, Any], job_cur: Any) -> dict[str, Any] | None:
         # a job filter: the job's own GPUs, as the job page reads them, not its account's
         p = replace(params, start=j["start"], end=j["end"], filters=Filters(cluster=j["cluster"], account=j["account"], job_key=j["job_key"]))
-        a = Analysis(con, p, now=as_of)
+        a = Analysis(job_cur, p, now=as_of)
         try:
             rep = job_report(a, j["job_key"])
         finally:
             a.con.close()  # the analysis' temporary tables go with its cursor
         if rep is None:
-            continue
+            return None
         fb = rep.per_gpu["fb_used_max_mib"].max() if not rep.per_gpu.is_empty() else None
-        notes.append({**j, "gpus": rep.job.get("gpus"), "runtime_h": rep.runtime_h, "allocated_gpu_h": rep.allocated_gpu_h,
-                      "mean_utilization_pct": rep.mean_utilization_pct, "idle_gpu_h": rep.idle_gpu_h,
-                      "no_process_gpu_h": rep.no_process_gpu_h, "fb_used_max_mib": fb, "verdict": rep.verdict, "rule": rep.rule})
-    return notes
+        return {**j, "gpus": rep.job.get("gpus"), "runtime_h": rep.runtime_h, "allocated_gpu_h": rep.allocated_gpu_h,
+                "mean_utilization_pct": rep.mean_utilization_pct, "idle_gpu_h": rep.idle_gpu_h,
+                "no_process_gpu_h": rep.no_process_gpu_h, "fb_used_max_mib": fb, "verdict": rep.verdict, "rule": rep.rule}
+
+    # NOTE_WORKERS jobs at a time, each analysis on a cursor of its own (made on the caller's thread, as `gpufleet
+    # analyze` makes its previous window's); the notes in the jobs' order, as one at a time
+    curs = [con.cursor() for _ in ended]
+    try:
+        with ThreadPoolExecutor(NOTE_WORKERS, thread_name_prefix="efficiency-note") as pool:
+            return [n for n in pool.map(note, ended, curs) if n is not None]
+    finally:
+        for c in curs:
+            c.close()

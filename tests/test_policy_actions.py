@@ -347,6 +347,29 @@ def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
     assert r.notes(store, AS_OF + timedelta(minutes=5)) == []  # sent once
 
 
+def test_efficiency_notes_of_several_jobs_at_once_are_those_made_one_at_a_time(tmp_path, monkeypatch):
+    """efficiency_notes analyses NOTE_WORKERS jobs at once, each on a cursor of its own: the same notes, in the same
+    order, as one job at a time."""
+    from gpufleet.analytics import policy
+
+    f = Fleet(tmp_path / "store", cluster="hpc")
+    start = AS_OF - 4 * H
+    for i in range(7):
+        host, uuid = f"m{i}", f"GPU-m{i}-0"
+        end = AS_OF - timedelta(minutes=10 + 7 * i)
+        f.gpu_series(host, uuid, start, end, util=lambda t, i=i: 90.0 if t < start + (i + 1) * H / 4 else 5.0 * i, procs=1.0,
+                     fb_used=1000.0 * (i + 1))
+        f.job(str(400 + i), account="nlp" if i % 3 else "vision", user="alice", start=start + i * timedelta(minutes=3), end=end,
+              gpus=1, placements=[(host, uuid)], state="COMPLETED")
+    f.write()
+    con = open_reader(tmp_path / "store")
+    args = (con, Params(AS_OF - 7 * 24 * H, AS_OF), ("nlp", "vision"), AS_OF - 2 * H, AS_OF)
+    together = policy.efficiency_notes(*args)
+    monkeypatch.setattr(policy, "NOTE_WORKERS", 1)
+    assert len(together) == 7 and together == policy.efficiency_notes(*args)
+    assert len({n["fb_used_max_mib"] for n in together}) == 7  # (each its own job's)
+
+
 @pytest.mark.realstack
 def test_efficiency_note_for_a_job_whose_gpu_count_accounting_does_not_know(tmp_path, channels):
     """Accounting that does not track GPUs (gpus unknown): a job the job mapping placed on a GPU is a
