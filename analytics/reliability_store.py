@@ -94,8 +94,10 @@ _LISTED_FIELDS = tuple(f.name for f in fields(Attempt))[:16]
 def listed_attempt(row: tuple) -> Attempt:
     """The Attempt of a RELIABILITY_LISTED row, as Attempt(*row[:16], share=..., gpus_held=...) makes it, without the frozen
     __init__'s setattr per field: a report makes hundreds of thousands (at 16,384 GPUs that __init__ took 1.1 s of the read)."""
+    n = len(_LISTED_FIELDS)
+    share, hosts, uuids = row[n:n + 3]
     a = object.__new__(Attempt)
-    a.__dict__.update(zip(_LISTED_FIELDS, row), share=row[16], gpus_held=tuple(zip(row[17], row[18])) if row[17] else ())
+    a.__dict__.update(zip(_LISTED_FIELDS, row), share=share, gpus_held=tuple(zip(hosts, uuids)) if hosts else ())
     return a
 
 
