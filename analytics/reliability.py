@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import re
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Sequence
@@ -824,51 +823,29 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
             "lost_is_upper_bound": upper}
 
 
-def chain_candidates(classified: Iterable[Classified], s: Settings = Settings()) -> list[Classified]:
-    """The attempts link_chains needs to link every chain holding an attempt B that did not complete exactly
-    as linking all would (completed work alone, most of a fleet's, stays unlinked): every attempt of B's job;
-    for a named B (user, account, name), its name's attempts from B's start up to the first that can continue
-    it (any earlier one is the name's last attempt instead; none after it can continue B), with every attempt
-    of their jobs. The same as sql.RELIABILITY_ATTEMPTS. A job's attempts share its user, account and name (the
-    store's take them from its record)."""
+def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
+    """The attempts link_chains needs to link every chain holding an attempt B that did not complete exactly as linking
+    all would (completed work alone, most of a fleet's, stays unlinked): every attempt of B's job, and of the job of the
+    attempt right after a named B among its name's (user, account, name) in link_chains' order (start, then job key;
+    attempts tied on both, one job's, taken together). Why that is enough: an attempt continues by name only the chain of
+    its name's previous attempt, and only when that one did not complete; so among the candidates, an attempt whose
+    previous candidate of its name did not complete has it as its previous attempt too, and any other links as it would
+    among all. The same as sql.RELIABILITY_ATTEMPTS. A job's attempts share its user, account and name (the store's take
+    them from its record)."""
     classified = list(classified)
-    key = lambda a: (a.cluster, a.user_name, a.account, a.name)  # noqa: E731
-    broken = [c.attempt for c in classified if c.broken]
-    by_name: dict[tuple, list[Attempt]] = {}
+    job = lambda a: (a.cluster, a.scheduler, a.job_key)  # noqa: E731
+    jobs = {job(c.attempt) for c in classified if c.broken}
+    places: dict[tuple, dict[tuple, list[Classified]]] = {}  # name -> (start, job_key) -> its attempts there
     for c in classified:
-        if c.attempt.start is not None:
-            by_name.setdefault(key(c.attempt), []).append(c.attempt)
-    names: dict[tuple, _NameIndex] = {}
-    jobs = {(a.cluster, a.scheduler, a.job_key) for a in broken}
-    for b in broken:
-        name = key(b)
-        if not b.name or b.start is None or b.end is None or name not in by_name:
-            continue  # (continued by its job alone)
-        named = names.get(name) or names.setdefault(name, _NameIndex(by_name[name]))
-        # after B in link_chains' order (an exact start tie is left out: that only widens the window)
-        can_continue = [x.start for x in named.submitted(b.end, b.end + s.resubmit_window)
-                        if (x.start > b.start or (x.start == b.start and x.job_key > b.job_key)) and x.start >= b.end]
-        if can_continue:
-            jobs |= {(x.cluster, x.scheduler, x.job_key) for x in named.started(b.start, min(can_continue))}
-    return [c for c in classified if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in jobs]
-
-
-class _NameIndex:
-    """A name's attempts by start and by submission (_submitted), for chain_candidates' binary searches."""
-
-    def __init__(self, attempts: list[Attempt]):
-        self.by_start = sorted(attempts, key=lambda x: x.start)
-        self.starts = [x.start for x in self.by_start]
-        self.by_submit = sorted(attempts, key=_submitted)
-        self.submits = [_submitted(x) for x in self.by_submit]
-
-    def submitted(self, lo: datetime, hi: datetime) -> list[Attempt]:
-        """Those submitted in [lo, hi]."""
-        return self.by_submit[bisect_left(self.submits, lo):bisect_right(self.submits, hi)]
-
-    def started(self, lo: datetime, hi: datetime) -> list[Attempt]:
-        """Those started in [lo, hi]."""
-        return self.by_start[bisect_left(self.starts, lo):bisect_right(self.starts, hi)]
+        a = c.attempt
+        if a.start is not None and a.name:
+            places.setdefault((a.cluster, a.user_name, a.account, a.name), {}).setdefault((a.start, a.job_key), []).append(c)
+    for at in places.values():
+        order = sorted(at)
+        for here, after in zip(order, order[1:]):
+            if any(c.broken for c in at[here]):
+                jobs.update(job(c.attempt) for c in at[after])
+    return [c for c in classified if job(c.attempt) in jobs]
 
 
 def young_daly_interval_s(checkpoint_save_s: float, mttf_s: float) -> float:

@@ -269,7 +269,10 @@ def largest_chains(classified: list[Classified], linked: list[Classified], chain
         return []
     in_chains = {id(c) for c in linked}
     alone = [c for c in classified if id(c) not in in_chains and c.attempt.start is not None]
-    single = {id(c): c for c in heapq.nlargest(top, alone, key=lambda c: c.attempt.gpus or 0)}
+    # (the order below, as a chain of one attempt has it, as sql.RELIABILITY_ATTEMPTS' `top` lists them: which attempts
+    # are linked then changes nothing)
+    single = {id(c): c for c in heapq.nsmallest(top, alone, key=lambda c: (-(c.attempt.gpus or 0), -_wall_s(c.attempt, until),
+                                                                          c.attempt.job_key))}
     if times:
         single.update((id(c), c) for c in alone if (c.attempt.cluster, c.attempt.scheduler, c.attempt.job_key) in times)
     pool = chains + [link_chains([c], times, s, until)[0] for c in single.values()]
@@ -277,6 +280,11 @@ def largest_chains(classified: list[Classified], linked: list[Classified], chain
     fewest = heapq.nlargest(top, (ch.gpus or 0 for ch in pool))[-1] if pool else 0
     return heapq.nsmallest(top, (ch for ch in pool if (ch.gpus or 0) >= fewest),
                            key=lambda ch: (-(ch.gpus or 0), -ch.wall_s, ch.attempts[0].attempt.job_key))
+
+
+def _wall_s(a: Attempt, until: datetime) -> float:
+    """The wall time of a chain of `a` alone (link_chains' with as_of `until`)."""
+    return ((a.end if a.end is not None else until) - a.start).total_seconds()
 
 
 def _chain_head(ch: Chain) -> dict[str, Any]:

@@ -1010,35 +1010,32 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 # chain candidate's job (reliability.chain_candidates), a job that reported checkpoints, or the $top largest of the rest;
 # the rest, most attempts, is summed in SQL (RELIABILITY_SUMMED). Without $chains (the figures alone: no chain is linked)
 # only the jobs with an attempt that did not complete are listed (`linked` then says that alone).
-# the resubmit window in whole microseconds (at least 1): a submission within it of an end falls in its step or the next
-_RESUBMIT_STEP = "greatest(1, ceil($resubmit_s * 1e6))::BIGINT"
-RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, reach AS (  -- each broken attempt with a name: from its start to the first start of its name's attempts
-    -- that can continue it (submitted within $resubmit_s after its end), met on their names and
-    -- the resubmit window's step their submission falls in (_RESUBMIT_STEP: the end's or the
-    -- next; a name's every attempt against each broken one was most of the statement's time)
-    SELECT b.cluster, b.user_name, b.account, b.name, b.start AS r0, min(x.start) AS r1
-    FROM (SELECT *, unnest([0, 1]) + epoch_us("end") // """ + _RESUBMIT_STEP + """ AS step FROM a
-          WHERE $chains AND broken AND nullif(name, '') IS NOT NULL AND start IS NOT NULL) b
-    JOIN (SELECT *, epoch_us(coalesce(submit, start)) // """ + _RESUBMIT_STEP + """ AS step FROM a) x
-      ON x.step = b.step AND x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
-      AND x.account IS NOT DISTINCT FROM b.account AND x.name = b.name AND x.start >= b."end"
-      AND coalesce(x.submit, x.start) BETWEEN b."end" AND b."end" + to_seconds($resubmit_s)
-      AND (x.start > b.start OR (x.start = b.start AND x.job_key > b.job_key))  -- (linked after b)
-    GROUP BY b.cluster, b.scheduler, b.job_key, b.start, b.user_name, b.account, b.name
-), k AS (  -- the jobs of the chains' candidates
+RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, places AS (
+    -- a name's attempts in link_chains' order (start, then job key; attempts tied on both are one place), whether one
+    -- at a place did not complete, and the next place (reliability.chain_candidates: only the attempt after a broken one
+    -- among its name's can continue it by name)
+    SELECT cluster, user_name, account, name, start, job_key, bool_or(broken) AS broken,
+           lead(start) OVER w AS next_start, lead(job_key) OVER w AS next_job_key
+    FROM a WHERE $chains AND start IS NOT NULL AND nullif(name, '') IS NOT NULL
+    GROUP BY cluster, user_name, account, name, start, job_key
+    WINDOW w AS (PARTITION BY cluster, user_name, account, name ORDER BY start, job_key)
+), k AS (  -- the jobs of the chains' candidates: a broken attempt's, and those at the place after a broken named one
     SELECT cluster, scheduler, job_key FROM a WHERE broken
     UNION
-    SELECT x.cluster, x.scheduler, x.job_key FROM reach r JOIN a x ON x.cluster = r.cluster
-      AND x.user_name IS NOT DISTINCT FROM r.user_name AND x.account IS NOT DISTINCT FROM r.account AND x.name = r.name
-      AND x.start BETWEEN r.r0 AND r.r1
+    SELECT x.cluster, x.scheduler, x.job_key FROM places p JOIN a x ON x.cluster = p.cluster
+      AND x.user_name IS NOT DISTINCT FROM p.user_name AND x.account IS NOT DISTINCT FROM p.account AND x.name = p.name
+      AND x.start = p.next_start AND x.job_key = p.next_job_key
+    WHERE p.broken
 ), l AS NOT MATERIALIZED (
     SELECT a.*, EXISTS (SELECT 1 FROM k WHERE k.cluster = a.cluster AND k.scheduler = a.scheduler AND k.job_key = a.job_key) AS linked,
            EXISTS (SELECT 1 FROM job_checkpoints c WHERE c.cluster = a.cluster AND c.scheduler = a.scheduler
                    AND c.job_key = a.job_key AND c.saved_at <= $as_of) AS reported
     FROM a
-), top AS (  -- the $top largest of the rest, in the report's order (GPUs, then job and start)
+), top AS (  -- the $top largest of the rest, in the report's order (reliability_store.largest_chains: GPUs, then wall
+    -- time - to its end, else $as_of - then job)
     SELECT cluster, scheduler, job_key FROM l WHERE $chains AND NOT linked AND start IS NOT NULL
-    ORDER BY coalesce(gpus, 0) DESC, cluster, scheduler, job_key, start LIMIT $top
+    ORDER BY coalesce(gpus, 0) DESC, epoch_us(coalesce("end", $as_of)) - epoch_us(start) DESC, job_key, cluster, scheduler, start
+    LIMIT $top
 )
 SELECT cluster, scheduler, job_key, start, "end", gpus, share, ustate, linked,
        linked OR ($chains AND (reported OR EXISTS (SELECT 1 FROM top t WHERE t.cluster = l.cluster AND t.scheduler = l.scheduler
