@@ -823,15 +823,15 @@ def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any
             "lost_is_upper_bound": upper}
 
 
-def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
+def chain_candidates(classified: Iterable[Classified], s: Settings = Settings()) -> list[Classified]:
     """The attempts link_chains needs to link every chain holding an attempt B that did not complete exactly as linking
-    all would (completed work alone, most of a fleet's, stays unlinked): every attempt of B's job, and of the job of the
-    attempt right after a named B among its name's (user, account, name) in link_chains' order (start, then job key;
-    attempts tied on both, one job's, taken together). Why that is enough: an attempt continues by name only the chain of
-    its name's previous attempt, and only when that one did not complete; so among the candidates, an attempt whose
-    previous candidate of its name did not complete has it as its previous attempt too, and any other links as it would
-    among all. The same as sql.RELIABILITY_ATTEMPTS. A job's attempts share its user, account and name (the store's take
-    them from its record)."""
+    all would (completed work alone, most of a fleet's, stays unlinked): every attempt of B's job, and, where an attempt of
+    B's name (user, account, name) can continue B, of the job of the attempt right after B among its name's in
+    link_chains' order (start, then job key; attempts tied on both taken together). Why that is enough: an attempt
+    continues by name only the chain of its name's previous attempt, and only when that one did not complete; so among
+    the candidates, an attempt whose previous candidate of its name did not complete either has it as its previous
+    attempt too, or cannot continue it, and every other link falls as among all. The same as sql.RELIABILITY_ATTEMPTS. A
+    job's attempts share its user, account and name (the store's take them from its record)."""
     classified = list(classified)
     job = lambda a: (a.cluster, a.scheduler, a.job_key)  # noqa: E731
     jobs = {job(c.attempt) for c in classified if c.broken}
@@ -842,10 +842,17 @@ def chain_candidates(classified: Iterable[Classified]) -> list[Classified]:
             places.setdefault((a.cluster, a.user_name, a.account, a.name), {}).setdefault((a.start, a.job_key), []).append(c)
     for at in places.values():
         order = sorted(at)
-        for here, after in zip(order, order[1:]):
-            if any(c.broken for c in at[here]):
-                jobs.update(job(c.attempt) for c in at[after])
+        for i in range(len(order) - 1):
+            later = [x.attempt for p in order[i + 1:] for x in at[p]]
+            if any(c.broken and c.attempt.end is not None and any(_can_continue(c.attempt, x, s) for x in later) for c in at[order[i]]):
+                jobs.update(job(c.attempt) for c in at[order[i + 1]])
     return [c for c in classified if job(c.attempt) in jobs]
+
+
+def _can_continue(b: Attempt, x: Attempt, s: Settings) -> bool:
+    """Could x, after b among its name's, continue b by name (_continues' timing: started at or after b's end, submitted
+    within the resubmit window of it)?"""
+    return x.start >= b.end and _resubmits(b, x, s)
 
 
 def young_daly_interval_s(checkpoint_save_s: float, mttf_s: float) -> float:

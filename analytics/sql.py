@@ -1010,22 +1010,40 @@ p AS (  -- the earlier attempts (job_attempts) of the filtered jobs, in the wind
 # chain candidate's job (reliability.chain_candidates), a job that reported checkpoints, or the $top largest of the rest;
 # the rest, most attempts, is summed in SQL (RELIABILITY_SUMMED). Without $chains (the figures alone: no chain is linked)
 # only the jobs with an attempt that did not complete are listed (`linked` then says that alone).
-RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, places AS (
-    -- a name's attempts in link_chains' order (start, then job key; attempts tied on both are one place), whether one
-    -- at a place did not complete, and the next place (reliability.chain_candidates: only the attempt after a broken one
-    -- among its name's can continue it by name)
-    SELECT cluster, user_name, account, name, start, job_key, bool_or(broken) AS broken,
-           lead(start) OVER w AS next_start, lead(job_key) OVER w AS next_job_key
-    FROM a WHERE $chains AND start IS NOT NULL AND nullif(name, '') IS NOT NULL
+# the resubmit window in whole microseconds (at least 1): a submission within it of an end falls in its step or the next
+_RESUBMIT_STEP = "greatest(1, ceil($resubmit_s * 1e6))::BIGINT"
+RELIABILITY_ATTEMPTS = "CREATE OR REPLACE TEMP TABLE _rel_attempts AS" + _attempt_rows(held=False) + """, reach AS (
+    -- each broken attempt with a name that some attempt of its name can continue (one after it in link_chains' order,
+    -- started at or after its end, submitted within $resubmit_s of it), met on their names and the resubmit window's
+    -- step their submission falls in (_RESUBMIT_STEP: the end's or the next)
+    SELECT DISTINCT b.cluster, b.user_name, b.account, b.name, b.start, b.job_key
+    FROM (SELECT *, unnest([0, 1]) + epoch_us("end") // """ + _RESUBMIT_STEP + """ AS step FROM a
+          WHERE $chains AND broken AND nullif(name, '') IS NOT NULL AND start IS NOT NULL) b
+    JOIN (SELECT *, epoch_us(coalesce(submit, start)) // """ + _RESUBMIT_STEP + """ AS step FROM a) x
+      ON x.step = b.step AND x.cluster = b.cluster AND x.user_name IS NOT DISTINCT FROM b.user_name
+      AND x.account IS NOT DISTINCT FROM b.account AND x.name = b.name AND x.start >= b."end"
+      AND coalesce(x.submit, x.start) BETWEEN b."end" AND b."end" + to_seconds($resubmit_s)
+      AND (x.start > b.start OR (x.start = b.start AND x.job_key > b.job_key))
+), places AS (
+    -- the attempts of those names in link_chains' order (start, then job key; attempts tied on both are one place), each
+    -- place with the next (reliability.chain_candidates: an attempt continues by name only its name's previous one)
+    SELECT cluster, user_name, account, name, start, job_key, lead(start) OVER w AS next_start, lead(job_key) OVER w AS next_job_key
+    FROM a SEMI JOIN (SELECT DISTINCT cluster, user_name, account, name FROM reach) r
+      ON r.cluster = a.cluster AND r.user_name IS NOT DISTINCT FROM a.user_name AND r.account IS NOT DISTINCT FROM a.account
+      AND r.name = a.name
+    WHERE start IS NOT NULL
     GROUP BY cluster, user_name, account, name, start, job_key
     WINDOW w AS (PARTITION BY cluster, user_name, account, name ORDER BY start, job_key)
-), k AS (  -- the jobs of the chains' candidates: a broken attempt's, and those at the place after a broken named one
+), k AS (  -- the jobs of the chains' candidates: a broken attempt's, and those at the place after a broken named one that
+    -- an attempt of its name can continue
     SELECT cluster, scheduler, job_key FROM a WHERE broken
     UNION
-    SELECT x.cluster, x.scheduler, x.job_key FROM places p JOIN a x ON x.cluster = p.cluster
-      AND x.user_name IS NOT DISTINCT FROM p.user_name AND x.account IS NOT DISTINCT FROM p.account AND x.name = p.name
-      AND x.start = p.next_start AND x.job_key = p.next_job_key
-    WHERE p.broken
+    SELECT x.cluster, x.scheduler, x.job_key
+    FROM reach r
+    JOIN places p ON p.cluster = r.cluster AND p.user_name IS NOT DISTINCT FROM r.user_name
+      AND p.account IS NOT DISTINCT FROM r.account AND p.name = r.name AND p.start = r.start AND p.job_key = r.job_key
+    JOIN a x ON x.cluster = p.cluster AND x.user_name IS NOT DISTINCT FROM p.user_name AND x.account IS NOT DISTINCT FROM p.account
+      AND x.name = p.name AND x.start = p.next_start AND x.job_key = p.next_job_key
 ), l AS NOT MATERIALIZED (
     SELECT a.*, EXISTS (SELECT 1 FROM k WHERE k.cluster = a.cluster AND k.scheduler = a.scheduler AND k.job_key = a.job_key) AS linked,
            EXISTS (SELECT 1 FROM job_checkpoints c WHERE c.cluster = a.cluster AND c.scheduler = a.scheduler
