@@ -794,11 +794,29 @@ def _chain(chain: list[Classified], checkpoints: Checkpoints, as_of: datetime | 
     return Chain(tuple(chain), wall, run, gaps, lost, run - lost, upper, interruptions, gpus, broken, equiv)
 
 
+def whole_gpu_s(attempts: Iterable[Classified], as_of: datetime) -> float:
+    """GPU-equivalent seconds of attempts that count whole in goodput (productive = wall): each one's start to its end (or
+    as_of), of known GPU count. Every attempt outside a broken chain counts so - linked with others of its job or not, so
+    that goodput does not depend on which unbroken chains a report happened to link (goodput_of)."""
+    return sum(c.attempt.equiv * max(0.0, ((c.attempt.end or as_of) - c.attempt.start).total_seconds())
+               for c in attempts if c.attempt.start is not None and c.attempt.gpus is not None)
+
+
+def goodput_of(chains: Sequence[Chain], others: Iterable[Classified], as_of: datetime, summed_gpu_s: float = 0.0) -> dict[str, Any]:
+    """goodput() of the broken chains among `chains` (link_chains' of the same `as_of`), every other attempt - the unbroken
+    chains' and `others`, attempts not linked - counted whole (whole_gpu_s), with `summed_gpu_s` (Summed.wall_gpu_s) beside.
+    An unbroken chain of several attempts (a job whose every attempt completed) loses nothing: the time between its attempts
+    is no failure's cost, and counting it would make the figure depend on which such chains were linked."""
+    broken = [ch for ch in chains if ch.broken]
+    unbroken = (c for ch in chains if not ch.broken for c in ch.attempts)
+    return goodput(broken, whole_gpu_s(others, as_of) + whole_gpu_s(unbroken, as_of) + summed_gpu_s)
+
+
 def goodput(chains: Sequence[Chain], others_gpu_s: float = 0.0) -> dict[str, Any]:
     """The fleet's effective training time ratio over `chains` (whole, as link_chains made them), weighted by GPU-equivalents:
     sum(GPUs x productive) / sum(GPUs x wall). `others_gpu_s`: GPU-seconds of work that completed, or still
     runs, at its first try (productive = wall), added to both sides. Lost: Chain.lost_s (user errors too, not only interruptions).
-    A chain of unknown GPU count is left out, counted in unknown_gpu_chains."""
+    A chain of unknown GPU count is left out, counted in unknown_gpu_chains. (The report's: goodput_of.)"""
     wall = productive = lost = gaps = 0.0  # GPU-seconds of the chains of known GPU count
     broken = interrupted = unknown = 0
     upper = False

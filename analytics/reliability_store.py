@@ -18,7 +18,7 @@ from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.reliability import (
     ENDED_STATES, FAILURE_CAUSES, HARDWARE_XIDS, INTERRUPTION_CAUSES, NO_EVIDENCE_STATES, Attempt, Chain, Classified, Event,
     Settings, Summed, run_seconds_in, ends_in,
-    checkpoint_advice, checkpoint_habits, classify_all, figures, goodput, interruption_loss, lemon_reason, lemons,
+    checkpoint_advice, checkpoint_habits, classify_all, figures, goodput_of, interruption_loss, lemon_reason, lemons,
     link_chains, lost_since, mix_bucket, node_failures,
 )
 from gpufleet.analytics.scope import reliability_model_note
@@ -194,9 +194,7 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
     linked = done.linked
     chains = link_chains(linked, times, s, until)
     in_chains = {id(c) for c in linked}
-    others_gpu_s = sum(c.attempt.equiv * max(0.0, ((c.attempt.end or until) - c.attempt.start).total_seconds())  # (known counts: goodput)
-                       for c in classified if c.attempt.start is not None and c.attempt.gpus is not None and id(c) not in in_chains
-                       ) + sum(x.wall_gpu_s for x in summed)
+    others = (c for c in classified if id(c) not in in_chains)
     # (the first `top` of each order: heapq.nsmallest is sorted()[:top] without sorting every chain)
     interrupted_chains = heapq.nsmallest(top, (ch for ch in chains if ch.interruptions),
                                          key=lambda ch: (-(ch.equiv or 0) * (ch.wall_s - ch.productive_s), ch.attempts[0].attempt.job_key))
@@ -215,7 +213,7 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
         **fl,
         "interrupted_attempts": [_attempt_row(c, times) for c in interrupted],
         # the chains with an attempt in the window, whole (from their first start to their last end)
-        "goodput": {**goodput(chains, others_gpu_s), "checkpoints": checkpoints_note(f)},
+        "goodput": {**goodput_of(chains, others, until, sum(x.wall_gpu_s for x in summed)), "checkpoints": checkpoints_note(f)},
         # the interrupted chains that lost most (GPUs x (wall - productive)) first
         "chains": [_chain_row(ch, f["gpu_failure_rate_per_gpu_hour"], saved) for ch in interrupted_chains],
         # Young/Daly's interval for the largest chains (GPUs, then wall time), beside the one they used

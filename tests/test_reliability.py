@@ -568,7 +568,29 @@ def test_the_candidates_link_the_broken_chains_as_linking_all_does(attempts, win
     s = Settings(resubmit_window=window_h * H)
     as_of = T0 + 60 * H
     classified = r.classify_all(attempts, s=s)
-    assert broken_chains(r.link_chains(r.chain_candidates(classified, s), s=s, as_of=as_of)) == broken_chains(r.link_chains(classified, s=s, as_of=as_of))
+    candidates = r.chain_candidates(classified, s)
+    every = r.link_chains(classified, s=s, as_of=as_of)
+    assert broken_chains(r.link_chains(candidates, s=s, as_of=as_of)) == broken_chains(every)
+    # and goodput, the report's (candidates linked, the rest counted whole), is that of linking every attempt
+    picked = {id(c) for c in candidates}
+    got = r.goodput_of(r.link_chains(candidates, s=s, as_of=as_of), [c for c in classified if id(c) not in picked], as_of)
+    want = r.goodput_of(every, [], as_of)
+    assert got.keys() == want.keys()
+    for k, v in want.items():  # (sums in another order: equal to float dust)
+        assert got[k] == (pytest.approx(v, rel=1e-12, abs=1e-9) if isinstance(v, float) else v), k
+
+
+def test_goodput_counts_a_job_whose_every_attempt_completed_whole_linked_or_not():
+    """Two attempts of one job, both completed, 2 h apart: no failure, so no requeue wait and nothing lost - the same
+    figures whether the report linked them as a chain (the candidate after a failure, say) or left them unlinked."""
+    s, as_of = Settings(), T0 + 10 * H
+    runs = r.classify_all([_run("7", "COMPLETED", 1, 2, name="a"), _run("7", "COMPLETED", 4, 5, name="a")], s=s)
+    chains = r.link_chains(runs, s=s, as_of=as_of)
+    assert [len(ch.attempts) for ch in chains] == [2] and chains[0].gap_s == 2 * 3600  # linked by job: one chain, a 2 h gap
+    linked, alone = r.goodput_of(chains, [], as_of), r.goodput_of([], runs, as_of)
+    assert linked == alone
+    assert linked["wall_gpu_hours"] == linked["productive_gpu_hours"] == 2 * runs[0].attempt.equiv and linked["ettr"] == 1.0
+    assert linked["requeue_wait_gpu_hours"] == 0 and linked["chains"] == 0
 
 
 def _listed_and_every(attempts: list[Attempt], s: Settings, as_of: datetime) -> tuple[list, list, list]:
