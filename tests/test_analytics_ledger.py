@@ -569,5 +569,9 @@ def test_a_model_filter_allocates_each_job_its_gpus_on_that_model(fleet):
             # fairness compares teams across the cluster whatever the GPUs' model: the unfiltered comparison
             ff = fairness(f, {"alpha": 2.0, "beta": 1.0})
             same_rows(ff.per_account, fair.per_account, ["account"])
-            assert (ff.jain_index, ff.gini_users, ff.compared_across) == (fair.jain_index, fair.gini_users, fair.compared_across)
+            # (to float dust: DuckDB's parallel sums add the teams' GPU-seconds in an order that varies between two runs of
+            # one query - this assertion, exact, failed on one fleet in two of its runs, the code unchanged)
+            for got, want in ((ff.jain_index, fair.jain_index), (ff.gini_users, fair.gini_users)):
+                assert got == (want if want is None else pytest.approx(want, rel=1e-12, abs=1e-15))
+            assert ff.compared_across == fair.compared_across
         assert summed == pytest.approx(whole.allocated_gpu_h, **TOL)
