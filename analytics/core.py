@@ -22,7 +22,7 @@ from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_parts, timeline_bucket
-from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
+from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, bind_seen_floor, by_job_dimension, register_prices, window_bind  # noqa: F401
 from gpufleet.collector.intervals import distinct
 from gpufleet.collector.reading import query_rows
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
@@ -316,6 +316,7 @@ class Analysis:
                 self._make("al")
                 self._allocation_parts()
             else:
+                bind_seen_floor(self.con, self.bind)
                 self._exec(sql.ALLOCATIONS)
 
     def _allocation_parts(self) -> None:

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
-from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
+from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, bind_seen_floor, by_job_dimension, register_prices, window_bind
 from gpufleet.collector import facts as cf
 from gpufleet.collector.reading import query_rows
 from gpufleet.collector.schema import empty_table
@@ -519,6 +519,8 @@ class FactWindow:
     def _build(self, names: list[str]) -> None:
         """The window's tables among `names` (WINDOW_TABLES) not built yet."""
         for name in [n for n in WINDOW_TABLES if n in names and n in self._unbuilt]:
+            if name == "al":
+                bind_seen_floor(self.con, self.bind)
             self.con.execute(WINDOW_TABLES[name], sql.bound(WINDOW_TABLES[name], self.bind))
             self._unbuilt.discard(name)
 

@@ -29,7 +29,7 @@ from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
 from gpufleet.analytics.scope import POOL_WIDE_FILTERS, pool_filter_note
 from gpufleet.collector.intervals import distinct
-from gpufleet.collector.reading import query_rows
+from gpufleet.collector.reading import query_rows, seen_floor
 from gpufleet.times import utcnow
 
 POOL = ("cluster", "partition", "model")
@@ -56,6 +56,8 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
               "max_gap": params.max_gap.total_seconds(), "retire_after": params.retire_after.total_seconds()}
     cur = con.cursor()  # (the dashboard's reader connection is shared between sessions: DuckDB refuses two calls at once on it)
     try:
+        # (QUEUE_POOL_GPUS reads the allocations at $start - retire_after, QUEUE_HOLDS at $start: one floor, the earlier's)
+        values["seen_floor"] = seen_floor(cur, params.start - params.retire_after, values["max_gap"])
         gpus, holds, waits = (pl.from_arrow(query_rows(cur, q, sql.bound(q, values))) for q in (sql.QUEUE_POOL_GPUS, sql.QUEUE_HOLDS, sql.QUEUE_WAITS))
     finally:
         cur.close()

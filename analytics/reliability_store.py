@@ -22,7 +22,7 @@ from gpufleet.analytics.reliability import (
     link_chains, lost_since, mix_bucket, node_failures,
 )
 from gpufleet.analytics.scope import reliability_model_note
-from gpufleet.collector.reading import first_row
+from gpufleet.collector.reading import first_row, seen_floor
 from gpufleet.procs import gc_paused
 from gpufleet.times import ceil_time, floor_time
 
@@ -67,7 +67,7 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
             found = pool.submit(health.events, events_cur, around)
             cur.execute(sql.RELIABILITY_ATTEMPTS, sql.bound(sql.RELIABILITY_ATTEMPTS, binds))
             listed = cur.execute(sql.RELIABILITY_LISTED, sql.bound(sql.RELIABILITY_LISTED, binds)).fetchall()
-            hosts = pool.submit(_rows, hosts_cur, sql.RELIABILITY_HOST_GPU_HOURS, binds)
+            hosts = pool.submit(_host_rows, hosts_cur, binds)
             summed = [Summed(r["gpus"], "completed" if r["completed"] else "not_ended",
                              None if r["k"] is None else params.start + bucket * r["k"], r["attempts"], r["ran"],
                              r["run_us"] / 1e6, (r["gpu_run_us"] or 0) / 1e6, (r["wall_gpu_us"] or 0) / 1e6)
@@ -84,6 +84,11 @@ def read_store(con: Any, params: Any, s: Settings = Settings(), as_of: datetime 
         for c in (cur, events_cur, hosts_cur):
             c.close()
     return classified, linked, summed, host_rows
+
+
+def _host_rows(cur: Any, binds: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """RELIABILITY_HOST_GPU_HOURS' rows (its allocations read at $start, with their $seen_floor)."""
+    return _rows(cur, sql.RELIABILITY_HOST_GPU_HOURS, {**binds, "seen_floor": seen_floor(cur, binds["start"], binds["max_gap"])})
 
 
 # RELIABILITY_LISTED's first columns: Attempt's fields in order, up to `attempt`; then the MIG share, the GPUs held (hosts,

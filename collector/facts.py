@@ -59,7 +59,8 @@ import pyarrow as pa
 from gpufleet.collector.schema import (ALLOCATION_END, ALLOCATION_RUNS, ALLOCATION_START, HW_SLOWDOWN_BITS, LINE_COLUMNS, POWER_BITS, THERMAL_BITS,
                                       allocations_ending_after, empty_table)
 from gpufleet.collector.intervals import distinct, intervals, positions_within, segments, split
-from gpufleet.collector.reading import query_rows
+from gpufleet.collector.reading import query_rows, seen_floor
+from gpufleet.times import from_epoch_us
 
 FORMAT_VERSION = 5  # bump with any change to the parts: readers skip files of another format, upkeep rebuilds them
 # an open hour's file of its settled 5-minute buckets (maintenance._open_hour_tasks), marked apart so that a reader from
@@ -208,7 +209,8 @@ def holds(con: duckdb.DuckDBPyConnection, lo_us: int, hi_us: int, p: FactParams,
           hosts: list[str] | None = None) -> pa.Table:
     """HOLDS over [lo_us, hi_us) on a connection with allocations and jobs (the writer's, a reader's);
     `gpus`, `hosts`: only these GPUs' on these hosts (a read of their parts alone, analytics.facts.FactWindow's)."""
-    return query_rows(con, HOLDS, {"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s, **gpu_binds(gpus, hosts)})
+    return query_rows(con, HOLDS, {"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s, **gpu_binds(gpus, hosts),
+                                   "seen_floor": seen_floor(con, from_epoch_us(lo_us), p.max_gap_s)})
 
 
 def holds_digest(h: pa.Table, lo_us: int, hi_us: int) -> str:

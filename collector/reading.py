@@ -18,6 +18,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from gpufleet.collector.schema import SEEN_FLOOR
+
 # DuckDB's advice at each Arrow read of an executed statement (duckdb/_relation.py), matched by its
 # start, and the filter that ignores it when this module reads, as warnings.filterwarnings stores it
 _COPY_ADVICE = re.escape("Arrow output on a DB-API result makes an extra copy of the rows")
@@ -39,3 +41,9 @@ def first_row(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, A
         return (cur.execute(query, dict(params)) if params else cur.execute(query)).fetchall()[0]
     finally:
         cur.close()
+
+
+def seen_floor(con: duckdb.DuckDBPyConnection, since: Any, max_gap_s: float) -> Any:
+    """SEEN_FLOOR at `since` (a naive UTC datetime): the $seen_floor of a read of allocations_ending_after at `since` or
+    later (None: no floor), read on a cursor of its own."""
+    return first_row(con, SEEN_FLOOR, {"since": since, "max_gap": max_gap_s})[0]

@@ -520,15 +520,39 @@ def allocations_ending_after(since: str, where: str = "true", keys: str = "true"
     sighting plus $max_gap) - each one of those times. `where`: a condition on the allocations'
     own columns (no alias) applied to both, which the reader would apply anyway (some GPUs);
     `keys`: one on the columns of a job's key alone (cluster, scheduler, job_key), applied to the
-    jobs and attempts read too (one job's allocations: its key's rows alone)."""
-    # (each time compared alone: a disjunction of two columns is not filtered inside the scan; a
-    # job twice in it is met once by the semi join)
-    reach = " UNION ALL ".join(f'SELECT cluster, scheduler, job_key FROM {t} WHERE {c} > {since} AND {keys}'
-                               for t in ("jobs", "job_attempts") for c in ('"end"', "start"))
+    jobs and attempts read too (one job's allocations: its key's rows alone). The second read takes
+    $seen_floor (SEEN_FLOOR at `since` or earlier; NULL: none), so it skips the row groups of
+    allocations last seen before any of those jobs was submitted: its cost follows the jobs open
+    at `since`, not the store's age."""
     return f"""(SELECT * FROM allocations WHERE last_seen > {since} - to_seconds($max_gap) AND {where} AND {keys}
     UNION ALL
-    SELECT * FROM allocations SEMI JOIN ({reach}) USING (cluster, scheduler, job_key)
-    WHERE (last_seen > {since} - to_seconds($max_gap)) IS NOT TRUE AND {where} AND {keys})"""
+    SELECT * FROM allocations SEMI JOIN ({_open_after(since, "cluster, scheduler, job_key", keys)}) USING (cluster, scheduler, job_key)
+    WHERE (last_seen > {since} - to_seconds($max_gap)) IS NOT TRUE AND ($seen_floor IS NULL OR last_seen >= $seen_floor)
+      AND {where} AND {keys})"""
+
+
+def _open_after(since: str, columns: str, keys: str = "true") -> str:
+    """SQL: `columns` of the records and attempts that start or end after `since` (jobs and job_attempts). (Each time
+    compared alone: a disjunction of two columns is not filtered inside the scan; a job twice in it is met once by a semi
+    join.)"""
+    return " UNION ALL ".join(f'SELECT {columns} FROM {table} WHERE {c} > {since} AND {keys}'
+                              for table in ("jobs", "job_attempts") for c in ('"end"', "start"))
+
+
+# The earliest an allocation that allocations_ending_after's second read keeps can have been last seen, for `since`
+# = $since: $max_gap before the earliest submission among the runs it can belong to - the records and attempts that
+# start or end after $since, and every attempt of their jobs (a requeued record's submission is the requeue's; its
+# first attempt's is the job's); NULL (no floor) where one of those has no submission. Why: the job mapping sees a job
+# on a GPU only once it was submitted (its clock within $max_gap of the scheduler's: a Kubernetes pod's devices are
+# assigned after its creation, before its containers start), so no allocation of those jobs was last seen earlier;
+# allocations_ending_after's first read keeps every allocation last seen within $max_gap of `since` or later. A floor
+# at an earlier `since` is lower: bind one to every read at or after it (tests/test_allocation_reach.py).
+SEEN_FLOOR = f"""
+SELECT CASE WHEN count(*) = count(submit) THEN min(submit) - to_seconds($max_gap) END FROM (
+    {_open_after("$since", "submit")}
+    UNION ALL SELECT p.submit FROM job_attempts p
+    SEMI JOIN ({_open_after("$since", "cluster, scheduler, job_key")}) r
+      ON r.cluster = p.cluster AND r.scheduler = p.scheduler AND r.job_key = p.job_key)"""
 
 # A sample's figures as the per-GPU line reads them, said once for the facts
 # (gpufleet.collector.facts.SAMPLES) and the analytics' raw path (gpufleet.analytics.sql SAMPLE_ARRAYS,
