@@ -28,9 +28,9 @@ import pyarrow as pa
 
 from gpufleet.analytics import raw_reads, sql
 from gpufleet.analytics.params import Params
-from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, bind_seen_floor, by_job_dimension, register_prices, window_bind
+from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind
 from gpufleet.collector import facts as cf
-from gpufleet.collector.reading import query_rows
+from gpufleet.collector.reading import query_rows, seen_floor
 from gpufleet.collector.schema import empty_table
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
@@ -397,6 +397,10 @@ class FactWindow:
         # a GPU-filtered window's holds, read once for all its raw spans ([lo, hi), table; _holds)
         self._hold_span: tuple[int, int] | None = None
         self._hold: pa.Table | None = None
+        # the allocations' $seen_floor of every read of the window's (its holds' spans from the read's start, al from $xstart),
+        # found once, at the earlier of those (_seen_floor)
+        self._floor_from_us = epoch_us(self.bind["xstart"])
+        self._floor: Any = cf.FLOOR_AT_LO
         # cap, ja and al, built when a query first reads them (a health or temperature window reads none); core.Analysis' cursor has
         # cap and ja, and makes al by `allocations`
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
@@ -410,6 +414,7 @@ class FactWindow:
         reach = round((self.p.idle_min_duration + self.p.max_gap).total_seconds() * 1_000_000)
         r0 = s if self.inside_only else (s - reach) - (s - reach) % FIVE_US
         r1 = e if self.inside_only else -((-(e + reach)) // FIVE_US) * FIVE_US
+        self._floor_from_us = min(self._floor_from_us, r0)
         stored = stored_buckets(self.con, self.fp)
         tables, spans = [], []
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
@@ -460,10 +465,16 @@ class FactWindow:
         """The holds of the window's GPUs overlapping [t, u) (collector.facts.holds); a GPU-filtered window reads those of all its
         raw spans once (build_parts ignores holds it does not meet, and each HOLDS read scans every allocation's GPU)."""
         if self._hold_span is None:
-            return cf.holds(self.con, t, u, self.fp, self.gpus, self.hosts)
+            return cf.holds(self.con, t, u, self.fp, self.gpus, self.hosts, self._seen_floor())
         if self._hold is None:
-            self._hold = cf.holds(self.con, *self._hold_span, self.fp, self.gpus, self.hosts)
+            self._hold = cf.holds(self.con, *self._hold_span, self.fp, self.gpus, self.hosts, self._seen_floor())
         return self._hold
+
+    def _seen_floor(self) -> Any:
+        """The allocations' $seen_floor of the window's reads (reading.seen_floor at the earliest of them), found once."""
+        if self._floor is cf.FLOOR_AT_LO:
+            self._floor = seen_floor(self.con, from_epoch_us(self._floor_from_us), self.fp.max_gap_s)
+        return self._floor
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
         """The window [s, e) cut at its grid's edges (grid_us from grid_origin_us; none: whole)."""
@@ -520,7 +531,7 @@ class FactWindow:
         """The window's tables among `names` (WINDOW_TABLES) not built yet."""
         for name in [n for n in WINDOW_TABLES if n in names and n in self._unbuilt]:
             if name == "al":
-                bind_seen_floor(self.con, self.bind)
+                self.bind["seen_floor"] = self._seen_floor()
             self.con.execute(WINDOW_TABLES[name], sql.bound(WINDOW_TABLES[name], self.bind))
             self._unbuilt.discard(name)
 

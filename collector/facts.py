@@ -205,12 +205,17 @@ ORDER BY a.cluster, a.host, a.gpu_uuid, a.gpu_instance, a0, a.scheduler, a.job_k
 """
 
 
+FLOOR_AT_LO = object()  # holds' `floor` unless given: reading.seen_floor at lo_us
+
+
 def holds(con: duckdb.DuckDBPyConnection, lo_us: int, hi_us: int, p: FactParams, gpus: list[str] | None = None,
-          hosts: list[str] | None = None) -> pa.Table:
+          hosts: list[str] | None = None, floor: Any = FLOOR_AT_LO) -> pa.Table:
     """HOLDS over [lo_us, hi_us) on a connection with allocations and jobs (the writer's, a reader's);
-    `gpus`, `hosts`: only these GPUs' on these hosts (a read of their parts alone, analytics.facts.FactWindow's)."""
-    return query_rows(con, HOLDS, {"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s, **gpu_binds(gpus, hosts),
-                                   "seen_floor": seen_floor(con, from_epoch_us(lo_us), p.max_gap_s)})
+    `gpus`, `hosts`: only these GPUs' on these hosts (a read of their parts alone, analytics.facts.FactWindow's);
+    `floor`: the read's $seen_floor (reading.seen_floor at lo_us or earlier: a reader of many spans finds one for all)."""
+    if floor is FLOOR_AT_LO:
+        floor = seen_floor(con, from_epoch_us(lo_us), p.max_gap_s)
+    return query_rows(con, HOLDS, {"lo": lo_us, "hi": hi_us, "max_gap": p.max_gap_s, **gpu_binds(gpus, hosts), "seen_floor": floor})
 
 
 def holds_digest(h: pa.Table, lo_us: int, hi_us: int) -> str:
