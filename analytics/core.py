@@ -145,10 +145,9 @@ def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[
             if value is None:
                 continue
             key = FILTER_KEYS[field_name]
-            if key == "job":  # too many to list: is this one known?
-                if not cur.execute(sql.JOB_KEY_KNOWN, {"job_key": value}).fetchone()[0]:
-                    out.append(f"unknown job {value!r}: neither the accounting nor the job-to-GPU mapping has a job of that key, "
-                               "so no figure matches it")
+            if key == "job":  # too many to list: is each known?
+                out += [f"unknown job {k!r}: neither the accounting nor the job-to-GPU mapping has a job of that key, so no figure "
+                        "matches it" for k in filters.bind()["job_keys"] if not cur.execute(sql.JOB_KEY_KNOWN, {"job_key": k}).fetchone()[0]]
                 continue
             known = {r[0] for r in cur.execute(sql.FILTER_VALUES[key]).fetchall()}
             if value not in known:

@@ -180,7 +180,7 @@ def job_not_in_window(con: duckdb.DuckDBPyConnection, params: Params, job: str) 
         return f"job {job}: the store has no job of that id or key (ids as the scheduler gives them: 123, 123_4; a pod as namespace/name)"
     inside = [r for r in runs if r["start"] is not None and r["start"] < params.end and (r["end"] is None or r["end"] > params.start)]
     set_filters = {k: v for k, v in asdict(params.filters).items() if v is not None and k in ("cluster", *JOB_FILTER_NAMES)}
-    left_out = {id(r): k for r in inside for k, v in set_filters.items() if k in r and r[k] != v}
+    left_out = {id(r): k for r in inside for k in set_filters if k in r and not params.filters.keeps(k, r[k])}
     if inside and len(left_out) == len(inside):
         r = inside[0]
         k = left_out[id(r)]

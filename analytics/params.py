@@ -37,13 +37,24 @@ class Filters:
     model: str | None = None
     partition: str | None = None
     # one job, by its key as the store holds it (Slurm's job id, 123_4 for an array task; a pod's
-    # uid): a job's report, which then reads that job's GPUs only
-    job_key: str | None = None
+    # uid): a job's report, which then reads that job's GPUs only; or several keys (a tuple): the
+    # policy's efficiency notes of one round, read in one analysis
+    job_key: str | tuple[str, ...] | None = None
 
-    def bind(self) -> dict[str, str | None]:
-        """The filters as the analytics' SQL binds them (sql.JOB_FILTERS and the samples' filters)."""
+    def bind(self) -> dict[str, Any]:
+        """The filters as the analytics' SQL binds them (sql.JOB_FILTERS and the samples' filters); the job filter as a
+        list of keys ($job_keys)."""
         return {"cluster": self.cluster, "model": self.model, "account": self.account, "user_name": self.user_name,
-                "partition": self.partition, "job_key": self.job_key}
+                "partition": self.partition, "job_keys": None if self.job_key is None else list(_several(self.job_key))}
+
+    def keeps(self, name: str, value: Any) -> bool:
+        """Does the filter `name` (a field) keep a row whose `name` is `value`? (True where it is not set.)"""
+        want = getattr(self, name)
+        return want is None or value in _several(want)
+
+
+def _several(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 @dataclass(frozen=True)

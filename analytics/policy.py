@@ -456,18 +456,20 @@ def plan_frame(plan: Plan) -> Any:
 # --- the efficiency note at a job's end (opt-in per account) ---
 
 
-NOTE_WORKERS = 2  # efficiency_notes' jobs analysed at once
+NOTE_WORKERS = 2  # efficiency_notes' analyses run at once
+NOTE_BATCH = 500  # jobs in one of efficiency_notes' analyses at most (a first round after a day's stop notes a day's jobs)
 
 
 def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: datetime, as_of: datetime) -> list[dict[str, Any]]:
     """For each GPU job of `accounts` that ended in (since, as_of] with no note sent yet: its figures from
-    gpufleet.analytics.jobs.job_report over the job's own span."""
-    from dataclasses import replace
+    gpufleet.analytics.jobs.job_list over the job's own span, in the jobs' order.
 
+    A round's jobs of one cluster are one analysis (NOTE_BATCH at most), its window from the earliest start to the latest end, filtered to
+    their keys: a job's figures depend only on its allocations, which lie inside its own span, so a wider window gives
+    the same figures (tests/test_policy_actions.py holds them to each job's own analysis) and the round reads the store's
+    tables once, not once a job. A job requeued after an earlier attempt is analysed alone: the attempt's allocations lie
+    before its record's start, inside the others' window but not inside its own span."""
     from gpufleet.analytics import sql
-    from gpufleet.analytics.core import Analysis
-    from gpufleet.analytics.jobs import job_report
-    from gpufleet.analytics.params import Filters
 
     if not accounts:
         return []
@@ -476,28 +478,56 @@ def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: date
         ended = query_rows(cur, sql.POLICY_ENDED_JOBS, {"since": since, "as_of": as_of, "accounts": list(accounts)}).to_pylist()
     finally:
         cur.close()
-
-    def note(j: dict[str, Any], job_cur: Any) -> dict[str, Any] | None:
-        # a job filter: the job's own GPUs, as the job page reads them, not its account's
-        p = replace(params, start=j["start"], end=j["end"], filters=Filters(cluster=j["cluster"], account=j["account"], job_key=j["job_key"]))
-        a = Analysis(job_cur, p, now=as_of)
-        try:
-            rep = job_report(a, j["job_key"])
-        finally:
-            a.con.close()  # the analysis' temporary tables go with its cursor
-        if rep is None:
-            return None
-        fb = rep.per_gpu["fb_used_max_mib"].max() if not rep.per_gpu.is_empty() else None
-        return {**j, "gpus": rep.job.get("gpus"), "runtime_h": rep.runtime_h, "allocated_gpu_h": rep.allocated_gpu_h,
-                "mean_utilization_pct": rep.mean_utilization_pct, "idle_gpu_h": rep.idle_gpu_h,
-                "no_process_gpu_h": rep.no_process_gpu_h, "fb_used_max_mib": fb, "verdict": rep.verdict, "rule": rep.rule}
-
-    # NOTE_WORKERS jobs at a time, each analysis on a cursor of its own (made on the caller's thread, as `gpufleet
-    # analyze` makes its previous window's); the notes in the jobs' order, as one at a time
-    curs = [con.cursor() for _ in ended]
+    batches: list[list[dict[str, Any]]] = []
+    filling: dict[str, list[dict[str, Any]]] = {}  # cluster -> its batch being filled
+    for j in ended:  # (by end: a batch's jobs ended near each other)
+        if j["requeued"]:
+            batches.append([j])
+            continue
+        batch = filling.get(j["cluster"])
+        if batch is None or len(batch) == NOTE_BATCH:
+            batch = filling[j["cluster"]] = []
+            batches.append(batch)
+        batch.append(j)
+    # NOTE_WORKERS analyses at a time, each on a cursor of its own (made on the caller's thread, as `gpufleet analyze`
+    # makes its previous window's)
+    curs = [con.cursor() for _ in batches]
     try:
         with ThreadPoolExecutor(NOTE_WORKERS, thread_name_prefix="efficiency-note") as pool:
-            return [n for n in pool.map(note, ended, curs) if n is not None]
+            found = [n for ns in pool.map(lambda js, c: _notes_of(js, c, params, as_of), batches, curs) for n in ns]
     finally:
         for c in curs:
             c.close()
+    by_job = {(n["cluster"], n["scheduler"], n["job_key"]): n for n in found}
+    return [by_job[k] for j in ended if (k := (j["cluster"], j["scheduler"], j["job_key"])) in by_job]
+
+
+def _notes_of(jobs: list[dict[str, Any]], cur: Any, params: Any, as_of: datetime) -> list[dict[str, Any]]:
+    """The notes of `jobs` (of one cluster) from one analysis over their spans, filtered to their keys: the job's own GPUs,
+    as the job page reads them, not its account's."""
+    from dataclasses import replace
+
+    from gpufleet.analytics.core import Analysis
+    from gpufleet.analytics.jobs import job_summaries, rule
+    from gpufleet.analytics.params import Filters
+
+    keys = tuple(sorted({j["job_key"] for j in jobs}))
+    p = replace(params, start=min(j["start"] for j in jobs), end=max(j["end"] for j in jobs),
+                filters=Filters(cluster=jobs[0]["cluster"], job_key=keys[0] if len(keys) == 1 else keys))
+    a = Analysis(cur, p, now=as_of)
+    try:
+        summaries = job_summaries(a)
+        rows = {(r["cluster"], r["scheduler"], r["job_key"]): r for r in summaries.iter_rows(named=True)}
+        out = []
+        for j in jobs:
+            r = rows.get((j["cluster"], j["scheduler"], j["job_key"]))
+            if r is None:
+                continue
+            note = {k: v for k, v in j.items() if k != "requeued"}
+            out.append({**note, "gpus": r.get("gpus"), "runtime_h": r["runtime_h"], "allocated_gpu_h": r["allocated_gpu_h"],
+                        "mean_utilization_pct": r["mean_utilization_pct"], "idle_gpu_h": r["idle_gpu_h"],
+                        "no_process_gpu_h": r["no_process_gpu_h"], "fb_used_max_mib": r["fb_used_max_mib"],
+                        "verdict": r["verdict"], "rule": rule(r["verdict"], r, a)})
+        return out
+    finally:
+        a.con.close()  # the analysis' temporary tables go with its cursor

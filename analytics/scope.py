@@ -11,9 +11,14 @@ from typing import Any
 JOB_FILTER_NAMES = {"account": "account", "user_name": "user", "partition": "partition", "job_key": "job"}
 
 
+def said(value: Any) -> str:
+    """A filter's value as people write it: several job keys joined by commas."""
+    return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
 def filter_scope(filters: Any) -> str:
     """"fleet", or the filters a figure is narrowed by, as people write them: "account=datasci, cluster=k8s"."""
-    parts = [f"{JOB_FILTER_NAMES.get(k, k)}={v}" for k, v in asdict(filters).items() if v is not None]
+    parts = [f"{JOB_FILTER_NAMES.get(k, k)}={said(v)}" for k, v in asdict(filters).items() if v is not None]
     return ", ".join(parts) if parts else "fleet"
 
 
@@ -36,7 +41,7 @@ def pool_filter_note(filters: Any) -> str | None:
     if not named:
         return None
     return (f"the pools are everyone's free GPUs and queue ({' or '.join(JOB_FILTER_NAMES[k] for k in named)} filters do not narrow "
-            f"them); the jobs listed are {', '.join(f'{JOB_FILTER_NAMES[k]}={v}' for k, v in named.items())}'s")
+            f"them); the jobs listed are {', '.join(f'{JOB_FILTER_NAMES[k]}={said(v)}' for k, v in named.items())}'s")
 
 
 def _model_filter_note(filters: Any, why: str, after: str = "") -> str | None:

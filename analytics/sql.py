@@ -111,9 +111,9 @@ WHERE ($cluster IS NULL OR g.cluster = $cluster) AND ($model IS NULL OR g.model 
 # JOB_FILTERS on an allocation (a) and its job (j), cluster and job key from a (a mapped job accounting lacks keeps them)
 ALLOCATION_FILTERS = """($cluster IS NULL OR a.cluster = $cluster)
   AND ($account IS NULL OR j.account = $account) AND ($user_name IS NULL OR j.user_name = $user_name)
-  AND ($partition IS NULL OR j.partition = $partition) AND ($job_key IS NULL OR a.job_key = $job_key)"""
+  AND ($partition IS NULL OR j.partition = $partition) AND ($job_keys IS NULL OR list_contains($job_keys, a.job_key))"""
 # ... those on a job's key alone, also pushed into the reads of allocations and jobs (allocations_ending_after's `keys`)
-_JOB_KEY_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($job_key IS NULL OR job_key = $job_key)"
+_JOB_KEY_FILTERS = "($cluster IS NULL OR cluster = $cluster) AND ($job_keys IS NULL OR list_contains($job_keys, job_key))"
 
 ALLOCATIONS = f"""
 CREATE OR REPLACE TEMP TABLE al AS
@@ -461,7 +461,7 @@ WITH acct AS (
     FROM ja WHERE gpus > 0
 ), {_MFU_HELD_ALLOCATIONS}, {_MFU_REPORTS.format(r_cols=_JOB_COLUMNS, rep_cols="r.cluster, r.scheduler, r.job_key", key=_JOB_COLUMNS)}, alone AS (
     -- a job that only reports: under a job filter, one of the filter's jobs only (the job table's)
-    SELECT DISTINCT cluster, scheduler, job_key, true AS listed FROM r WHERE coalesce($account, $user_name, $partition, $job_key) IS NULL
+    SELECT DISTINCT cluster, scheduler, job_key, true AS listed FROM r WHERE $account IS NULL AND $user_name IS NULL AND $partition IS NULL AND $job_keys IS NULL
     UNION SELECT cluster, scheduler, job_key, true FROM r SEMI JOIN ja USING (cluster, scheduler, job_key)
 )
 SELECT cluster, scheduler, job_key,
@@ -759,7 +759,9 @@ ORDER BY ts DESC, cluster, job_key, action
 
 # Jobs with GPUs that ended in ($since, $as_of] in $accounts (those that asked for an efficiency note), not yet sent one
 POLICY_ENDED_JOBS = """
-SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start, j."end"
+SELECT j.cluster, j.scheduler, j.job_key, j.job_id, j.name, j.user_name, j.account, j.partition, j.state, j.start, j."end",
+       EXISTS (SELECT 1 FROM job_attempts t WHERE t.cluster = j.cluster AND t.scheduler = j.scheduler AND t.job_key = j.job_key
+               AND t.start < j.start) AS requeued
 FROM jobs j
 WHERE j."end" > $since AND j."end" <= $as_of AND j.start IS NOT NULL AND j.start < j."end"
   AND list_contains($accounts, j.account) AND coalesce(j.gpus, 0) > 0

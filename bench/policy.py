@@ -64,6 +64,6 @@ def run() -> list[Table]:
           f"{len(doc.get('actions', []))} / {len(doc.get('efficiency_notes', []))} / {len(doc.get('drains', []))}")
     notes = len(doc.get("efficiency_notes", []))
     t.notes += [f"efficiency notes: the jobs of {', '.join(ACCOUNTS)} that ended in the {ROUND_MIN:g} minutes before the round "
-                f"({notes}), each a job's report over its own run",
+                f"({notes}), their reports one analysis of the round's jobs (analytics/policy.py efficiency_notes)",
                 "each run a process of its own, start-up and imports included; DuckDB and polars threads as the environment sets them"]
     return [t]

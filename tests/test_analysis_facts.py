@@ -106,7 +106,7 @@ def windows(fleet, data) -> list[tuple[int, int]]:
 def every_filter(fleet) -> list[Filters]:
     job = fleet["jobs"][0]["key"] if fleet["jobs"] else "x"
     return [Filters(), Filters(cluster="prop"), Filters(model=A100), Filters(account="alpha"), Filters(user_name="u"),
-            Filters(partition="gpu"), Filters(job_key=job)]
+            Filters(partition="gpu"), Filters(job_key=job), Filters(job_key=tuple(j["key"] for j in fleet["jobs"][:3]) or ("x", "y"))]
 
 
 @settings(FACT_SETTINGS, max_examples=12)

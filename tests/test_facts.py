@@ -130,7 +130,8 @@ def test_facts_give_the_raw_figures_at_every_grain_and_filter(fleet, how, data):
         store(tmp, fleet, how, upkeep_at)
         con = open_reader(tmp)
         filters = [Filters(), Filters(account="alpha"), Filters(model=A100),
-                   Filters(job_key=fleet["jobs"][0]["key"] if fleet["jobs"] else "x"), Filters(cluster="prop")]
+                   Filters(job_key=fleet["jobs"][0]["key"] if fleet["jobs"] else "x"), Filters(cluster="prop"),
+                   Filters(job_key=tuple(j["key"] for j in fleet["jobs"][1:3]) or ("x", "y"))]
         for lo, hi in windows(fleet, data):
             for f in filters if (lo, hi) == tuple(fleet["cuts"][::2]) else filters[:1]:
                 p = params(fleet, lo, hi, filters=f)

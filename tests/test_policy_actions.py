@@ -16,6 +16,7 @@ import pytest
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.policy import Rules, plan_from_store
 from gpufleet.cli import main
+from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
 from gpufleet.config import load_file
 from gpufleet.policy.enforce import PolicyJob, Runner, attempts_from_audit
@@ -348,12 +349,22 @@ def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
 
 
 def test_efficiency_notes_of_several_jobs_at_once_are_those_made_one_at_a_time(tmp_path, monkeypatch):
-    """efficiency_notes analyses NOTE_WORKERS jobs at once, each on a cursor of its own: the same notes, in the same
-    order, as one job at a time."""
-    from gpufleet.analytics import policy
+    """efficiency_notes analyses a round's jobs of one cluster at once (their keys, the window from the earliest start to
+    the latest end; NOTE_BATCH jobs at most), NOTE_WORKERS analyses at a time: each note's figures are those of the job's
+    own analysis over its own span (as the job page reads it) - for two jobs one after the other on one GPU, a job of two
+    GPUs, the same key in two clusters and a job requeued after an earlier attempt inside the others' window - in the same
+    order, whatever NOTE_WORKERS and NOTE_BATCH."""
+    from dataclasses import replace
 
-    f = Fleet(tmp_path / "store", cluster="hpc")
+    from gpufleet.analytics import policy
+    from gpufleet.analytics.core import Analysis
+    from gpufleet.analytics.jobs import job_report
+    from gpufleet.analytics.params import Filters
+    from tests.test_analytics_attempts import attempt
+
+    root = tmp_path / "store"
     start = AS_OF - 4 * H
+    f = Fleet(root, cluster="hpc")
     for i in range(7):
         host, uuid = f"m{i}", f"GPU-m{i}-0"
         end = AS_OF - timedelta(minutes=10 + 7 * i)
@@ -361,13 +372,52 @@ def test_efficiency_notes_of_several_jobs_at_once_are_those_made_one_at_a_time(t
                      fb_used=1000.0 * (i + 1))
         f.job(str(400 + i), account="nlp" if i % 3 else "vision", user="alice", start=start + i * timedelta(minutes=3), end=end,
               gpus=1, placements=[(host, uuid)], state="COMPLETED")
-    f.write()
-    con = open_reader(tmp_path / "store")
-    args = (con, Params(AS_OF - 7 * 24 * H, AS_OF), ("nlp", "vision"), AS_OF - 2 * H, AS_OF)
+    # two jobs one after the other on one GPU: the first idle at its end, the next busy from its start
+    f.gpu_series("s", "GPU-s-0", start, AS_OF, util=lambda t: 0.0 if start + H < t < start + 2 * H else 80.0, procs=1.0)
+    f.job("501", account="nlp", user="bob", start=start, end=start + 2 * H, gpus=1, placements=[("s", "GPU-s-0")], state="COMPLETED")
+    f.job("502", account="nlp", user="bob", start=start + 2 * H, end=AS_OF - timedelta(minutes=5), gpus=1,
+          placements=[("s", "GPU-s-0")], state="COMPLETED")
+    # a job of two GPUs, one of them idle
+    for g in range(2):
+        f.gpu_series("d", f"GPU-d-{g}", start, AS_OF, util=60.0 if g else 0.0, procs=1.0, gpu=g)
+    f.job("503", account="nlp", user="carol", start=start + H, end=AS_OF - timedelta(minutes=1), gpus=2,
+          placements=[("d", "GPU-d-0"), ("d", "GPU-d-1")], state="COMPLETED")
+    # requeued: its earlier attempt (busy) inside the others' window, before its own record's start
+    f.gpu_series("r", "GPU-r-0", start, AS_OF, util=lambda t: 95.0 if t < start + 2 * H else 2.0, procs=1.0)
+    f.job("504", account="nlp", user="dave", start=start + 2 * H, end=AS_OF - timedelta(minutes=3), gpus=1,
+          placements=[("r", "GPU-r-0")], state="COMPLETED", held_from=start + H / 2)
+    w = StoreWriter(root)
+    w.commit(f.batch())
+    w.commit(Batch(key="attempts", attempts=[{**attempt("504", start + H / 2, start + 2 * H), "cluster": "hpc"}]))
+    k = Fleet(root, cluster="k8s")  # the same key in another cluster
+    k.gpu_series("k", "GPU-k-0", start, AS_OF, util=30.0, procs=1.0)
+    k.job("401", account="nlp", user="erin", start=start + H, end=AS_OF - timedelta(minutes=2), gpus=1, placements=[("k", "GPU-k-0")],
+          state="COMPLETED")
+    w.commit(k.batch("k8s"))
+    w.publish()
+    w.close()
+    con = open_reader(root)
+    params = Params(AS_OF - 7 * 24 * H, AS_OF)
+    args = (con, params, ("nlp", "vision"), AS_OF - 2 * H, AS_OF)
     together = policy.efficiency_notes(*args)
+    assert [(n["cluster"], n["job_key"]) for n in together] == [
+        ("hpc", "406"), ("hpc", "405"), ("hpc", "404"), ("hpc", "403"), ("hpc", "402"), ("hpc", "401"), ("hpc", "400"),
+        ("hpc", "502"), ("hpc", "504"), ("k8s", "401"), ("hpc", "503")]  # the jobs' order: by end
+    for n in together:  # each note is its job's own analysis over its own span
+        p = replace(params, start=n["start"], end=n["end"], filters=Filters(cluster=n["cluster"], account=n["account"], job_key=n["job_key"]))
+        rep = job_report(Analysis(con.cursor(), p, now=AS_OF), n["job_key"])
+        own = {"gpus": rep.job["gpus"], "runtime_h": rep.runtime_h, "allocated_gpu_h": rep.allocated_gpu_h,
+               "mean_utilization_pct": rep.mean_utilization_pct, "idle_gpu_h": rep.idle_gpu_h, "no_process_gpu_h": rep.no_process_gpu_h,
+               "fb_used_max_mib": rep.per_gpu["fb_used_max_mib"].max(), "verdict": rep.verdict, "rule": rep.rule}
+        assert {k: n[k] for k in own} == {k: v if v is None or isinstance(v, str) else pytest.approx(v, rel=1e-9, abs=1e-9)
+                                          for k, v in own.items()}, n["job_key"]
+    assert {n["job_key"]: n["verdict"] for n in together if n["job_key"] in ("501", "503", "504")} == {
+        "503": "idle_stretches", "504": "idle"}  # (501 ended before the round)
     monkeypatch.setattr(policy, "NOTE_WORKERS", 1)
-    assert len(together) == 7 and together == policy.efficiency_notes(*args)
-    assert len({n["fb_used_max_mib"] for n in together}) == 7  # (each its own job's)
+    assert together == policy.efficiency_notes(*args)
+    monkeypatch.setattr(policy, "NOTE_BATCH", 2)  # (batches of two)
+    assert together == policy.efficiency_notes(*args)
+    assert len({n["fb_used_max_mib"] for n in together[:7]}) == 7  # (each its own job's)
 
 
 @pytest.mark.realstack

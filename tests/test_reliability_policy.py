@@ -126,7 +126,7 @@ def test_a_node_s_exposure_and_scheduler_are_its_window_s_holds():
     for scheduler, key, first, last in rows:
         con.execute("INSERT INTO allocations VALUES ('c', ?, ?, 'n1', 'GPU-0', -1, 0, ?, ?, 'exporter')", [scheduler, key, first, last])
     values = {"start": T0, "end": T0 + timedelta(days=1), "max_gap": 1800.0, "cluster": None, "account": None, "user_name": None,
-              "partition": None, "job_key": None, "seen_floor": None}
+              "partition": None, "job_keys": None, "seen_floor": None}
     q = sql.RELIABILITY_HOST_GPU_HOURS
     [(cluster, host, scheduler, gpu_hours)] = con.execute(q, sql.bound(q, values)).fetchall()
     assert (cluster, host, scheduler) == ("c", "n1", "kubernetes") and abs(gpu_hours - 2.5) < 1e-9  # (last sighting + max_gap)
