@@ -22,9 +22,10 @@ from gpufleet.analytics import vocabulary as words
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.scope import JOB_FILTER_NAMES, filter_scope, not_attributable_reason  # noqa: F401 - core's names too
 from gpufleet.analytics.timeline import bucketed_parts, clock_origin, job_gpu_parts, timeline_bucket
-from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, bind_seen_floor, by_job_dimension, register_prices, window_bind  # noqa: F401
+from gpufleet.analytics.window import JOB_FILTER_DIMS, allocated_total, by_job_dimension, register_prices, window_bind  # noqa: F401
+from gpufleet.collector.facts import FLOOR_AT_LO
 from gpufleet.collector.intervals import distinct
-from gpufleet.collector.reading import query_rows
+from gpufleet.collector.reading import query_rows, seen_floor
 from gpufleet.times import epoch_us, from_epoch_us, utcnow
 
 GPU_DIMS = {"gpu": ("cluster", "host", "gpu", "gpu_uuid", "gi"), "host": ("cluster", "host"), "model": ("model",), "cluster": ("cluster",), "fleet": ()}
@@ -266,6 +267,7 @@ class Analysis:
             self._exec(stmt)
         # al and its sums: made on first read (totals never read them); al at once for a job filter's GPUs
         self._unbuilt = {"al", "use"}
+        self._floor: Any = FLOOR_AT_LO  # the allocations' $seen_floor of al and the parts' holds (_seen_floor)
         if self.job_filtered:
             self._make("al")
         self.held_gpus = [u for (u,) in self.con.execute(sql.HELD_GPU_UUIDS).fetchall()] if self.job_filtered else None
@@ -278,7 +280,8 @@ class Analysis:
         """Read the window's parts (FactWindow); the tests' oracle (raw_analysis.py) reads every sample here instead."""
         grid = on_the_grid(self.p) if timeline else None
         fw = facts.FactWindow(self.con, self.p, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
-                              gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS, allocations=lambda: self._make("al"))
+                              gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS, allocations=lambda: self._make("al"),
+                              floor=self._seen_floor)
         self.bind = {**self.bind, **{k: fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
         return fw
 
@@ -315,8 +318,15 @@ class Analysis:
                 self._make("al")
                 self._allocation_parts()
             else:
-                bind_seen_floor(self.con, self.bind)
+                self.bind["seen_floor"] = self._seen_floor()
                 self._exec(sql.ALLOCATIONS)
+
+    def _seen_floor(self) -> Any:
+        """The allocations' $seen_floor of every read of the window's (al at $xstart, its parts' holds from their reach
+        before it): reading.seen_floor at facts.read_from, found once."""
+        if self._floor is FLOOR_AT_LO:
+            self._floor = seen_floor(self.con, facts.read_from(self.p), self.p.max_gap.total_seconds())
+        return self._floor
 
     def _allocation_parts(self) -> None:
         """alv from the held parts (facts.ALLOCATION_PARTS, over wheld); the detail sums kept for allocation_detail."""

@@ -357,6 +357,18 @@ def tile(lo: int, hi: int, stored: dict[int, set[int]], max_grain: int = cf.GRAI
     return out
 
 
+def _reach_from_us(start_us: int, reach_us: int) -> int:
+    """Where a window's parts start: its reach before its start, on the 5-minute grid."""
+    return (start_us - reach_us) - (start_us - reach_us) % FIVE_US
+
+
+def read_from(params: Params) -> datetime:
+    """The earliest time any read of a window (its parts with their reach, its allocations at $xstart) looks at: one
+    $seen_floor found there serves them all."""
+    reach = params.idle_min_duration + params.max_gap
+    return from_epoch_us(_reach_from_us(epoch_us(params.start), round(reach.total_seconds() * 1_000_000)))
+
+
 class FactWindow:
     """One window's parts on a cursor of its own, and the figures over them."""
 
@@ -364,7 +376,7 @@ class FactWindow:
                  max_grain: int = cf.GRAIN_1D, cursor: duckdb.DuckDBPyConnection | None = None, grid_us: int | None = None,
                  grid_origin_us: int | None = None, gpus: list[str] | None = None, hosts: list[str] | None = None,
                  inside_only: bool = False, columns: tuple[str, ...] = ALL_COLUMNS,
-                 allocations: Callable[[], None] | None = None, in_place: bool = False):
+                 allocations: Callable[[], None] | None = None, in_place: bool = False, floor: Callable[[], Any] | None = None):
         """`max_grain`: the coarsest grain read (seconds): a chart's buckets must not cut parts. `cursor`: build the parts on it
         (core.Analysis': its cap and ja are there already). `grid_us`: every origin + k x grid_us inside the window is a part edge
         too (a timeline's buckets); `grid_origin_us`: that origin (default the window's start). `gpus`: only these GPUs' parts (by
@@ -374,7 +386,9 @@ class FactWindow:
         `allocations`: makes al on `cursor` unless made (core.Analysis', the owner of al there); without a cursor al is built here.
         `in_place`: wpe a view over the stored parts' files (and a table of the raw cuts), so each query reads the columns it
         names where they lie: for a window asked a few figures (health's, a timeline's); a window asked many (core.Analysis) copies
-        its parts once. Its files must outlive it: close it within the store's grace for retired files (collector.store)."""
+        its parts once. Its files must outlive it: close it within the store's grace for retired files (collector.store).
+        `floor`: finds the allocations' $seen_floor at read_from(params) or earlier (core.Analysis': one for its al and
+        these parts); without one it is found here, once."""
         self.con = cursor if cursor is not None else con.cursor()
         self.p = params
         self.max_grain = max_grain
@@ -401,6 +415,7 @@ class FactWindow:
         # found once, at the earlier of those (_seen_floor)
         self._floor_from_us = epoch_us(self.bind["xstart"])
         self._floor: Any = cf.FLOOR_AT_LO
+        self._find_floor = floor
         # cap, ja and al, built when a query first reads them (a health or temperature window reads none); core.Analysis' cursor has
         # cap and ja, and makes al by `allocations`
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
@@ -412,7 +427,7 @@ class FactWindow:
     def _parts(self) -> None:
         s, e = self.bind["start_us"], self.bind["end_us"]
         reach = round((self.p.idle_min_duration + self.p.max_gap).total_seconds() * 1_000_000)
-        r0 = s if self.inside_only else (s - reach) - (s - reach) % FIVE_US
+        r0 = s if self.inside_only else _reach_from_us(s, reach)
         r1 = e if self.inside_only else -((-(e + reach)) // FIVE_US) * FIVE_US
         self._floor_from_us = min(self._floor_from_us, r0)
         stored = stored_buckets(self.con, self.fp)
@@ -473,7 +488,8 @@ class FactWindow:
     def _seen_floor(self) -> Any:
         """The allocations' $seen_floor of the window's reads (reading.seen_floor at the earliest of them), found once."""
         if self._floor is cf.FLOOR_AT_LO:
-            self._floor = seen_floor(self.con, from_epoch_us(self._floor_from_us), self.fp.max_gap_s)
+            self._floor = (self._find_floor() if self._find_floor is not None else
+                           seen_floor(self.con, from_epoch_us(self._floor_from_us), self.fp.max_gap_s))
         return self._floor
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:

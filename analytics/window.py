@@ -12,7 +12,6 @@ import polars as pl
 
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.prices import price_table
-from gpufleet.collector.reading import seen_floor
 
 JOB_FILTER_DIMS = {"job_key": "job", "user_name": "user_name", "account": "account", "partition": "partition"}
 
@@ -36,13 +35,6 @@ def window_bind(params: Params, now: datetime) -> dict[str, Any]:
         "min_idle": params.idle_min_duration.total_seconds(),
         **params.filters.bind(),
     }
-
-
-def bind_seen_floor(con: duckdb.DuckDBPyConnection, bind: dict[str, Any]) -> None:
-    """Add to a window's bound parameters (window_bind) the $seen_floor of its allocations' read (sql.ALLOCATIONS reads
-    allocations_ending_after at $xstart, the earliest any of its queries does), once."""
-    if "seen_floor" not in bind:
-        bind["seen_floor"] = seen_floor(con, bind["xstart"], bind["max_gap"])
 
 
 def register_prices(con: duckdb.DuckDBPyConnection, params: Params) -> dict[str, float]:
