@@ -321,6 +321,37 @@ def test_service_job_records_through_the_collectors_writer(tmp_path, store, chan
 
 
 @pytest.mark.realstack
+def test_service_round_acts_on_its_plan_when_its_notes_read_fails(tmp_path, store, channels, monkeypatch, caplog):
+    """The round's notes and drains are read beside its plan (worker threads): a store error in the notes' read is logged
+    as the notes' and the plan's actions and the drains still happen, as when the reads ran one after the other."""
+    inbox, port, hook, api = channels
+    from gpufleet.collector.service import Collector
+    from gpufleet.collector.store import StoreError
+
+    cfg = config(tmp_path, store, enforce=True, smtp_port=port, webhook=hook.url)
+    r = runner_for(cfg, lambda: AS_OF)
+
+    def unreadable(*args, **kwargs):
+        raise StoreError("jobs file is truncated")
+
+    monkeypatch.setattr(r, "notes", unreadable)
+    drained = []
+    monkeypatch.setattr(r, "drains", lambda *a, **k: drained.append(a) or {"drains": [], "exempt": [], "suppressed": [], "lemons": [],
+                                                                             "figures": None})
+    monkeypatch.setattr(r, "publish_reliability", lambda *a, **k: None)
+    collector = Collector(StoreWriter(store), [])
+    try:
+        job = PolicyJob(r, store)
+        job.record = collector.record_policy
+        assert job.run() is False  # the Slurm cancel fails (no scancel here); the mail went
+    finally:
+        collector.writer.close()
+    assert "efficiency notes: the store is unreadable: jobs file is truncated" in caplog.text and len(drained) == 1
+    audit = open_reader(store).sql("SELECT job_key, action, result FROM policy_audit ORDER BY job_key").fetchall()
+    assert ("102", "notify", "ok") in audit and ("101", "cancel", "failed") in audit
+
+
+@pytest.mark.realstack
 def test_efficiency_note_at_job_end_for_opted_in_accounts(tmp_path, channels):
     inbox, port, hook, api = channels
     f = Fleet(tmp_path / "store", cluster="hpc")

@@ -100,9 +100,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         return command_error("policy", e)
     act = runner.rules.enforce and not args.dry_run and as_of is None
     try:
-        plan = runner.plan(store, as_of)
-        notes = runner.notes(store, plan.as_of)
-        lemons = runner.drains(store, plan.as_of)
+        plan, notes, lemons = runner.round_reads(store, as_of)
     except NoStoreError as e:  # nothing there: the command named the wrong store (usage)
         return command_error("policy", f"{e}: {STORE_FIX}")
     except StoreError as e:

@@ -32,6 +32,7 @@ import logging
 import re
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -234,6 +235,17 @@ class Runner:
                    metrics=PolicyMetrics(registry), reliability=reliability.settings(analytics_options(doc, path)), **kw)
 
     # --- planning ---
+
+    def round_reads(self, store_root: Any, as_of: datetime | None = None) -> tuple[Plan, list[dict[str, Any]], dict[str, Any]]:
+        """A round's three reads of the store at one time - its plan, its efficiency notes and its lemon drains - each on a
+        reader of its own, the notes and drains in worker threads beside the plan: none reads what another writes, and
+        DuckDB runs their statements while Python runs the others'. A read's error is raised as the reads alone raise it."""
+        as_of = as_of or self.clock()
+        with ThreadPoolExecutor(2, thread_name_prefix="policy-read") as pool:
+            notes = pool.submit(self.notes, store_root, as_of)
+            lemons = pool.submit(self.drains, store_root, as_of)
+            plan = self.plan(store_root, as_of)
+            return plan, notes.result(), lemons.result()
 
     def plan(self, store_root: Any, as_of: datetime | None = None) -> Plan:
         """The plan at as_of. The opt-out tag is read from the scheduler for the jobs the plan
@@ -686,28 +698,33 @@ class PolicyJob:
         from gpufleet.collector.store import StoreError
 
         m = self.runner.metrics
-        try:
-            now = self.runner.clock()
-            plan = self.runner.plan(self.store_root, now)
-            attempts = attempts_from_audit(self.store_root, now)
-        except StoreError as e:
-            log.error("idle-GPU policy: the store is unreadable: %s", e)
-            return False
-        m.last_run.set(time.time())
-        if self.record is None:
-            log.error("idle-GPU policy: no writer to record actions in: not acting")
-            return False
-        rows = self.runner.execute(plan, self.record, attempts=attempts)
-        try:
-            rows += self.runner.send_notes(self.runner.notes(self.store_root, now), self.record)
-        except StoreError as e:
-            log.error("idle-GPU policy: efficiency notes: the store is unreadable: %s", e)
-        try:
-            lemons = self.runner.drains(self.store_root, now)
-            rows += self.runner.execute_drains(lemons["drains"], self.record)
-            self.runner.publish_reliability(self.store_root, lemons, now)
-        except StoreError as e:
-            log.error("policy: lemon nodes: the store is unreadable: %s", e)
+        now = self.runner.clock()
+        # the notes' and drains' reads in worker threads beside the plan's (Runner.round_reads); each read's failure is
+        # met where its result is taken, so one that fails keeps the others
+        with ThreadPoolExecutor(2, thread_name_prefix="policy-read") as pool:
+            notes = pool.submit(self.runner.notes, self.store_root, now)
+            lemons = pool.submit(self.runner.drains, self.store_root, now)
+            try:
+                plan = self.runner.plan(self.store_root, now)
+                attempts = attempts_from_audit(self.store_root, now)
+            except StoreError as e:
+                log.error("idle-GPU policy: the store is unreadable: %s", e)
+                return False
+            m.last_run.set(time.time())
+            if self.record is None:
+                log.error("idle-GPU policy: no writer to record actions in: not acting")
+                return False
+            rows = self.runner.execute(plan, self.record, attempts=attempts)
+            try:
+                rows += self.runner.send_notes(notes.result(), self.record)
+            except StoreError as e:
+                log.error("idle-GPU policy: efficiency notes: the store is unreadable: %s", e)
+            try:
+                found = lemons.result()
+                rows += self.runner.execute_drains(found["drains"], self.record)
+                self.runner.publish_reliability(self.store_root, found, now)
+            except StoreError as e:
+                log.error("policy: lemon nodes: the store is unreadable: %s", e)
         self.runner.failing(self.store_root)
         return all(r["result"] != "failed" for r in rows)
 
