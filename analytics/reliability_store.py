@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
@@ -208,7 +208,7 @@ def _report(params: Any, s: Settings, as_of: datetime | None, top: int, done: Re
     return {
         "schema": SCHEMA,
         "window": {"from": params.start.isoformat(), "to": params.end.isoformat()},
-        "filters": {k: v for k, v in params.filters.bind().items() if v is not None},
+        "filters": {k: v for k, v in asdict(params.filters).items() if v is not None},
         "model_note": reliability_model_note(params.filters),  # under a GPU model filter: it does not apply here
         "settings": {"hardware_window_s": s.hardware_window.total_seconds(), "grace_s": s.grace.total_seconds(),
                      "resubmit_window_s": s.resubmit_window.total_seconds(), "admin_uids": sorted(s.admin_uids),

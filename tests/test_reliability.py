@@ -458,6 +458,12 @@ def test_cli_reliability_json_and_table(store):
     assert by_model["model_note"] == reliability_model_note(Filters(model="A100"))
     assert "the filter model=A100 does not narrow it" in by_model["model_note"]
     assert f"  {by_model['model_note']}\n" in run("--model", "A100").stdout
+    # the filters said as they were asked (a job filter's key, not the list SQL binds)
+    from gpufleet.analytics.params import Params
+    from gpufleet.collector.store import open_reader
+
+    one_job = Params(datetime(2026, 11, 16), datetime(2026, 11, 16, 9), filters=Filters(job_key="1"))
+    assert reliability_store.report(open_reader(store.root), one_job)["filters"] == {"job_key": "1"}
     # a window without a job attempt says its zeros measure nothing, and where the store's jobs are (it read as a fleet
     # without failures); one with attempts says nothing of the kind
     assert doc["warnings"] == []
