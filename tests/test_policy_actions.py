@@ -16,8 +16,11 @@ import pytest
 from gpufleet.analytics.params import Params
 from gpufleet.analytics.policy import Rules, plan_from_store
 from gpufleet.cli import main
+from gpufleet.analytics import raw_reads
+from gpufleet.collector.maintenance import compact
 from gpufleet.collector.schema import Batch
 from gpufleet.collector.store import StoreWriter, open_reader
+from gpufleet.times import epoch_us
 from gpufleet.config import load_file
 from gpufleet.policy.enforce import PolicyJob, Runner, attempts_from_audit
 from tests.support.fleet import Fleet
@@ -27,6 +30,7 @@ from tests.test_report_email import Inbox, free_port
 
 AS_OF = datetime(2026, 11, 20, 12, 0, 0)
 H = timedelta(hours=1)
+FIVE_MIN_US = 300 * 1_000_000
 HOSTILE = "<b>nb</b>\r\nBcc: evil@example.org <!channel>"
 
 
@@ -426,11 +430,21 @@ def test_efficiency_notes_of_several_jobs_at_once_are_those_made_one_at_a_time(t
           state="COMPLETED")
     w.commit(k.batch("k8s"))
     w.publish()
+    compact(w, AS_OF + 3 * H, facts_hours=None)  # every hour's facts: the notes read them, raw only where a window cuts a bucket
     w.close()
     con = open_reader(root)
     params = Params(AS_OF - 7 * 24 * H, AS_OF)
     args = (con, params, ("nlp", "vision"), AS_OF - 2 * H, AS_OF)
+    mark = raw_reads.READS.mark()
     together = policy.efficiency_notes(*args)
+    # raw samples read only in the buckets the analyses' windows cut: hpc's (its first start, its last end), k8s's, and the
+    # requeued job's own - not at each job's edges (ends at minutes off the 5-minute grid)
+    ends = {n["job_key"]: (n["start"], n["end"]) for n in together if n["cluster"] == "hpc" and n["job_key"] != "504"}
+    windows = [(min(a for a, _ in ends.values()), max(b for _, b in ends.values())),
+               *[(n["start"], n["end"]) for n in together if n["cluster"] == "k8s" or n["job_key"] == "504"]]
+    cut = {epoch_us(t) // FIVE_MIN_US for w in windows for t in w}
+    edge_buckets = {r.lo_us // FIVE_MIN_US for r in raw_reads.READS.since(mark) if r.kind == "edge" and r.rows}
+    assert edge_buckets and edge_buckets <= cut, (edge_buckets - cut, cut)
     assert [(n["cluster"], n["job_key"]) for n in together] == [
         ("hpc", "406"), ("hpc", "405"), ("hpc", "404"), ("hpc", "403"), ("hpc", "402"), ("hpc", "401"), ("hpc", "400"),
         ("hpc", "502"), ("hpc", "504"), ("k8s", "401"), ("hpc", "503")]  # the jobs' order: by end

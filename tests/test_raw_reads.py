@@ -34,7 +34,7 @@ from gpufleet.analytics import fleet_now as fn  # noqa: E402
 from gpufleet.analytics import raw_reads  # noqa: E402
 from gpufleet.analytics.core import Analysis  # noqa: E402
 from gpufleet.analytics.params import Params  # noqa: E402
-from gpufleet.analytics.policy import Rules, plan_from_store  # noqa: E402
+from gpufleet.analytics.policy import Rules, efficiency_notes, plan_from_store  # noqa: E402
 from gpufleet.analytics.timeline import utilization_timeline  # noqa: E402
 from gpufleet.collector.maintenance import apply_retention, compact  # noqa: E402
 from gpufleet.collector.store import StoreWriter, open_reader  # noqa: E402
@@ -153,11 +153,18 @@ def test_analyze_under_every_filter(store, sampled, filters):
 
 def test_the_report_and_the_policy_round(store, sampled):
     s = pipeline.load_settings({"collector": {"store": str(store)}, "report": {}}, "test.toml")
+    notes: list[dict] = []
     reads = counted(lambda: pipeline.make(s, span_window(T(10), T(12)), now=T(20), pdf=False))
     assert not beyond_edges(reads, sampled, PAGE_WINDOWS), beyond_edges(reads, sampled, PAGE_WINDOWS)
     con = open_reader(store)
     reads = counted(lambda: plan_from_store(con, Rules(), Params(T(11), T(12)), T(12)))
     assert not beyond_edges(reads, sampled, [(T(11), T(12))]), beyond_edges(reads, sampled, [(T(11), T(12))])
+    # the round's efficiency notes: one analysis of its ended jobs from their facts, raw only where its window (the first
+    # start to the last end) cuts a bucket
+    accounts = [a for (a,) in con.execute("SELECT DISTINCT account FROM jobs WHERE account IS NOT NULL").fetchall()]
+    reads = counted(lambda: notes.extend(efficiency_notes(con, Params(T(10), T(20)), accounts, T(8), T(20))))
+    span = [(min(n["start"] for n in notes), max(n["end"] for n in notes))]
+    assert len(notes) > 1 and not beyond_edges(reads, sampled, span), beyond_edges(reads, sampled, span)
 
 
 def test_fleet_now_reads_raw_only_its_newest_minutes_and_after_the_newest_facts(store, sampled, tmp_path):
