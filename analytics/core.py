@@ -147,8 +147,9 @@ def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[
                 continue
             key = FILTER_KEYS[field_name]
             if key == "job":  # too many to list: is each known?
+                unknown = [k for k in filters.bind()["job_keys"] if not cur.execute(sql.JOB_KEY_KNOWN, {"job_key": k}).fetchone()[0]]
                 out += [f"unknown job {k!r}: neither the accounting nor the job-to-GPU mapping has a job of that key, so no figure "
-                        "matches it" for k in filters.bind()["job_keys"] if not cur.execute(sql.JOB_KEY_KNOWN, {"job_key": k}).fetchone()[0]]
+                        "matches it" for k in unknown]
                 continue
             known = {r[0] for r in cur.execute(sql.FILTER_VALUES[key]).fetchall()}
             if value not in known:
@@ -280,8 +281,8 @@ class Analysis:
         """Read the window's parts (FactWindow); the tests' oracle (raw_analysis.py) reads every sample here instead."""
         grid = on_the_grid(self.p) if timeline else None
         fw = facts.FactWindow(self.con, self.p, now=now, cursor=self.con, grid_us=grid and grid[0], grid_origin_us=grid and grid[1],
-                              gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS, allocations=lambda: self._make("al"),
-                              floor=self._seen_floor)
+                              gpus=self.held_gpus, hosts=held_hosts, columns=facts.ANALYSIS_COLUMNS,
+                              allocations=lambda: self._make("al"), floor=self._seen_floor)
         self.bind = {**self.bind, **{k: fw.bind[k] for k in ("start_us", "end_us", "idle_min_us")}}
         return fw
 

@@ -464,11 +464,11 @@ def efficiency_notes(con: Any, params: Any, accounts: Sequence[str], since: date
     """For each GPU job of `accounts` that ended in (since, as_of] with no note sent yet: its figures from
     gpufleet.analytics.jobs.job_list over the job's own span, in the jobs' order.
 
-    A round's jobs of one cluster are one analysis (NOTE_BATCH at most), its window from the earliest start to the latest end, filtered to
-    their keys: a job's figures depend only on its allocations, which lie inside its own span, so a wider window gives
-    the same figures (tests/test_policy_actions.py holds them to each job's own analysis) and the round reads the store's
-    tables once, not once a job. A job requeued after an earlier attempt is analysed alone: the attempt's allocations lie
-    before its record's start, inside the others' window but not inside its own span."""
+    A round's jobs of one cluster are one analysis (NOTE_BATCH at most), its window from the earliest start to the latest
+    end, filtered to their keys: a job's figures depend only on its allocations, which lie inside its own span, so a wider
+    window gives the same figures (tests/test_policy_actions.py holds them to each job's own analysis) and the round reads
+    the store's tables once, not once a job. A job requeued after an earlier attempt is analysed alone: the attempt's
+    allocations lie before its record's start, inside the others' window but not inside its own span."""
     from gpufleet.analytics import sql
 
     if not accounts:

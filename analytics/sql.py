@@ -461,7 +461,8 @@ WITH acct AS (
     FROM ja WHERE gpus > 0
 ), {_MFU_HELD_ALLOCATIONS}, {_MFU_REPORTS.format(r_cols=_JOB_COLUMNS, rep_cols="r.cluster, r.scheduler, r.job_key", key=_JOB_COLUMNS)}, alone AS (
     -- a job that only reports: under a job filter, one of the filter's jobs only (the job table's)
-    SELECT DISTINCT cluster, scheduler, job_key, true AS listed FROM r WHERE $account IS NULL AND $user_name IS NULL AND $partition IS NULL AND $job_keys IS NULL
+    SELECT DISTINCT cluster, scheduler, job_key, true AS listed FROM r
+    WHERE $account IS NULL AND $user_name IS NULL AND $partition IS NULL AND $job_keys IS NULL
     UNION SELECT cluster, scheduler, job_key, true FROM r SEMI JOIN ja USING (cluster, scheduler, job_key)
 )
 SELECT cluster, scheduler, job_key,
