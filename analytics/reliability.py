@@ -236,7 +236,7 @@ def classify(attempt: Attempt, events: Iterable[Event] = (), policy_cancelled: b
         return Classified(attempt, "cancelled_policy", "CANCELLED; gpufleet's policy audit records the cancel")
     if state == "CANCELLED" and by and by[1] in s.admin_uids:
         return Classified(attempt, "cancelled_admin", f"CANCELLED by uid {by[1]} (an admin uid)")
-    evidence = hardware_evidence(attempt, events, s)
+    evidence = hardware_evidence(attempt, events, s) if events else ()  # (most attempts: no event on their GPUs)
     if evidence:
         return Classified(attempt, "hardware", f"{state}; {evidence[0].describe()}", evidence)
     if state in ("NODE_FAIL", "BOOT_FAIL", "LAUNCH_FAILED"):
