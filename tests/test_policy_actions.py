@@ -342,7 +342,7 @@ def test_service_round_acts_on_its_plan_when_its_notes_read_fails(tmp_path, stor
     drained = []
     monkeypatch.setattr(r, "drains", lambda *a, **k: drained.append(a) or {"drains": [], "exempt": [], "suppressed": [], "lemons": [],
                                                                              "figures": None})
-    monkeypatch.setattr(r, "publish_reliability", lambda *a, **k: None)
+    monkeypatch.setattr(r, "recent_reliability", lambda *a, **k: None)
     collector = Collector(StoreWriter(store), [])
     try:
         job = PolicyJob(r, store)

@@ -100,7 +100,7 @@ def test_reliability_metrics_for_the_alert_rules(tmp_path, store):
 
     cfg = config(tmp_path, store, enforce=False)
     r = Runner.from_config(load_file(cfg), cfg, clock=lambda: AS_OF, sleep=lambda s: None)
-    r.publish_reliability(store, r.drains(store, AS_OF), AS_OF)
+    r.publish_reliability(r.drains(store, AS_OF), r.recent_reliability(store, AS_OF))
     text = generate_latest(r.metrics.registry).decode()
     assert 'gpufleet_reliability_lemon_node{Hostname="bad",cluster="hpc",scheduler="slurm"} 1.0' in text
     # node failures are no hardware evidence: the hardware rate is a known 0 over both windows (GPU-hours were held)

@@ -347,32 +347,36 @@ class Runner:
             log.info("policy: lemon node %s (%s) exempt: %s", inert(d.node), d.cluster, why)
         return {"drains": plan, "exempt": exempt, "suppressed": suppressed, "lemons": rel["lemons"], "figures": rel["figures"]}
 
-    def publish_reliability(self, store_root: Any, lemons: Mapping[str, Any], as_of: datetime | None = None) -> None:
-        """The lemons of `lemons` (drains()' answer, exempt ones too) and the hardware interruption
-        rate over interruption_rate_window (recent) beside lemon_window's (baseline) as metrics, for
-        the alert rules GpufleetLemonNode and GpufleetHardwareInterruptionRateHigh. Unknown rates
-        (no GPU-hours) are left out, never 0."""
+    def recent_reliability(self, store_root: Any, as_of: datetime | None = None) -> dict[str, Any]:
+        """The reliability figures of the last interruption_rate_window (the "recent" rate publish_reliability sets beside
+        lemon_window's): a read of its own, so a round makes it beside its other reads."""
         from dataclasses import replace
 
         from gpufleet.analytics import reliability_store
         from gpufleet.collector.store import open_reader
         from gpufleet.times import parse_duration
 
-        m = self.metrics
-        m.lemon.clear()
-        for x in lemons.get("lemons", ()):
-            m.lemon.labels(x["cluster"] or "", x["node"], x["scheduler"] or "").set(1)
         as_of = as_of or self.clock()
         recent = parse_duration((self.rules.options or {}).get("interruption_rate_window", "1d"))
         con = open_reader(store_root)
         try:
-            rel = reliability_store.figures_and_lemons(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of), self.reliability,
-                                                       as_of=as_of)
+            return reliability_store.figures_and_lemons(con, replace(self.params_for(as_of), start=as_of - recent, end=as_of),
+                                                        self.reliability, as_of=as_of)["figures"]
         finally:
             con.close()
+
+    def publish_reliability(self, lemons: Mapping[str, Any], recent: Mapping[str, Any] | None) -> None:
+        """The lemons of `lemons` (drains()' answer, exempt ones too) and the hardware interruption
+        rate over interruption_rate_window (`recent`: recent_reliability's figures) beside lemon_window's
+        (baseline) as metrics, for the alert rules GpufleetLemonNode and GpufleetHardwareInterruptionRateHigh.
+        Unknown rates (no GPU-hours) are left out, never 0."""
+        m = self.metrics
+        m.lemon.clear()
+        for x in lemons.get("lemons", ()):
+            m.lemon.labels(x["cluster"] or "", x["node"], x["scheduler"] or "").set(1)
         m.hw_rate.clear()
         m.hw_count.clear()
-        for window, fig in (("recent", rel["figures"]), ("baseline", lemons.get("figures"))):
+        for window, fig in (("recent", recent), ("baseline", lemons.get("figures"))):
             if fig and fig["hardware_interruptions_per_1000_gpu_days"] is not None:
                 m.hw_rate.labels(window).set(fig["hardware_interruptions_per_1000_gpu_days"])
                 m.hw_count.labels(window).set(fig["hardware_interruptions"])
@@ -699,11 +703,12 @@ class PolicyJob:
 
         m = self.runner.metrics
         now = self.runner.clock()
-        # the notes' and drains' reads in worker threads beside the plan's (Runner.round_reads); each read's failure is
-        # met where its result is taken, so one that fails keeps the others
+        # the notes', drains' and recent reliability's reads in worker threads beside the plan's (Runner.round_reads); each
+        # read's failure is met where its result is taken, so one that fails keeps the others
         with ThreadPoolExecutor(2, thread_name_prefix="policy-read") as pool:
             notes = pool.submit(self.runner.notes, self.store_root, now)
             lemons = pool.submit(self.runner.drains, self.store_root, now)
+            recent = pool.submit(self.runner.recent_reliability, self.store_root, now)
             try:
                 plan = self.runner.plan(self.store_root, now)
                 attempts = attempts_from_audit(self.store_root, now)
@@ -722,7 +727,7 @@ class PolicyJob:
             try:
                 found = lemons.result()
                 rows += self.runner.execute_drains(found["drains"], self.record)
-                self.runner.publish_reliability(self.store_root, found, now)
+                self.runner.publish_reliability(found, recent.result())
             except StoreError as e:
                 log.error("policy: lemon nodes: the store is unreadable: %s", e)
         self.runner.failing(self.store_root)
