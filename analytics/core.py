@@ -147,7 +147,7 @@ def unknown_filter_values(con: duckdb.DuckDBPyConnection, filters: Any) -> list[
                 continue
             key = FILTER_KEYS[field_name]
             if key == "job":  # too many to list: is each known?
-                unknown = [k for k in filters.bind()["job_keys"] if not cur.execute(sql.JOB_KEY_KNOWN, {"job_key": k}).fetchone()[0]]
+                unknown = [k for k in filters.values("job_key") if not cur.execute(sql.JOB_KEY_KNOWN, {"job_key": k}).fetchone()[0]]
                 out += [f"unknown job {k!r}: neither the accounting nor the job-to-GPU mapping has a job of that key, so no figure "
                         "matches it" for k in unknown]
                 continue

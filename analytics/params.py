@@ -45,16 +45,16 @@ class Filters:
         """The filters as the analytics' SQL binds them (sql.JOB_FILTERS and the samples' filters); the job filter as a
         list of keys ($job_keys)."""
         return {"cluster": self.cluster, "model": self.model, "account": self.account, "user_name": self.user_name,
-                "partition": self.partition, "job_keys": None if self.job_key is None else list(_several(self.job_key))}
+                "partition": self.partition, "job_keys": None if self.job_key is None else list(self.values("job_key"))}
+
+    def values(self, name: str) -> tuple[str, ...]:
+        """The values the filter `name` (a field) keeps, as a tuple (one, or the job filter's several; empty: not set)."""
+        want = getattr(self, name)
+        return () if want is None else (want,) if isinstance(want, str) else tuple(want)
 
     def keeps(self, name: str, value: Any) -> bool:
         """Does the filter `name` (a field) keep a row whose `name` is `value`? (True where it is not set.)"""
-        want = getattr(self, name)
-        return want is None or value in _several(want)
-
-
-def _several(value: str | tuple[str, ...]) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
+        return getattr(self, name) is None or value in self.values(name)
 
 
 @dataclass(frozen=True)

@@ -511,9 +511,8 @@ def _notes_of(jobs: list[dict[str, Any]], cur: Any, params: Any, as_of: datetime
     from gpufleet.analytics.jobs import job_summaries, rule
     from gpufleet.analytics.params import Filters
 
-    keys = tuple(sorted({j["job_key"] for j in jobs}))
     p = replace(params, start=min(j["start"] for j in jobs), end=max(j["end"] for j in jobs),
-                filters=Filters(cluster=jobs[0]["cluster"], job_key=keys[0] if len(keys) == 1 else keys))
+                filters=Filters(cluster=jobs[0]["cluster"], job_key=tuple(sorted({j["job_key"] for j in jobs}))))
     a = Analysis(cur, p, now=as_of)
     try:
         summaries = job_summaries(a)

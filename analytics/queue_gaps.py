@@ -91,8 +91,7 @@ def queue_gaps(con, params: Params, now: datetime | None = None) -> QueueGaps:
     pools = pl.DataFrame(pool_rows, schema=POOL_SCHEMA).sort(["gap_gpu_h", *POOL], descending=[True, False, False, False])
     jobs = (pl.concat(job_rows) if job_rows else pl.DataFrame(schema={**JOB_SCHEMA, "fit_h": pl.Float64}))
     jobs = jobs.with_columns(fit_gpu_h=pl.col("fit_h") * pl.col("gpus").cast(pl.Float64)).select(list(JOB_SCHEMA)).cast(JOB_SCHEMA)
-    picked = [pl.col(k).is_in(f.bind()["job_keys"] if k == "job_key" else [getattr(f, k)])
-              for k in POOL_WIDE_FILTERS if getattr(f, k) is not None]
+    picked = [pl.col(k).is_in(f.values(k)) for k in POOL_WIDE_FILTERS if getattr(f, k) is not None]
     if picked:  # (the gaps are everyone's; the filter picks whose waiting jobs are listed)
         jobs = jobs.filter(*picked)
     return QueueGaps(pools, jobs.sort(["fit_gpu_h", "job_key"], descending=[True, False]), not_counted, pool_filter_note(f))
