@@ -411,11 +411,10 @@ class FactWindow:
         # a GPU-filtered window's holds, read once for all its raw spans ([lo, hi), table; _holds)
         self._hold_span: tuple[int, int] | None = None
         self._hold: pa.Table | None = None
-        # the allocations' $seen_floor of every read of the window's (its holds' spans from the read's start, al from $xstart),
-        # found once, at the earlier of those (_seen_floor)
-        self._floor_from_us = epoch_us(self.bind["xstart"])
+        # the allocations' $seen_floor of every read of the window's (its holds' spans from the parts' start, al from $xstart),
+        # found once (_seen_floor), at read_from: at or before each of those
         self._floor: Any = cf.FLOOR_AT_LO
-        self._find_floor = floor
+        self._find_floor = floor or (lambda: seen_floor(self.con, read_from(params), self.fp.max_gap_s))
         # cap, ja and al, built when a query first reads them (a health or temperature window reads none); core.Analysis' cursor has
         # cap and ja, and makes al by `allocations`
         self._unbuilt = set() if cursor is not None else set(WINDOW_TABLES)
@@ -429,7 +428,6 @@ class FactWindow:
         reach = round((self.p.idle_min_duration + self.p.max_gap).total_seconds() * 1_000_000)
         r0 = s if self.inside_only else _reach_from_us(s, reach)
         r1 = e if self.inside_only else -((-(e + reach)) // FIVE_US) * FIVE_US
-        self._floor_from_us = min(self._floor_from_us, r0)
         stored = stored_buckets(self.con, self.fp)
         tables, spans = [], []
         for lo, hi in ((r0, s), *self._grid(s, e), (e, r1)):
@@ -486,10 +484,9 @@ class FactWindow:
         return self._hold
 
     def _seen_floor(self) -> Any:
-        """The allocations' $seen_floor of the window's reads (reading.seen_floor at the earliest of them), found once."""
+        """The allocations' $seen_floor of the window's reads (`floor`, else reading.seen_floor at read_from), found once."""
         if self._floor is cf.FLOOR_AT_LO:
-            self._floor = (self._find_floor() if self._find_floor is not None else
-                           seen_floor(self.con, from_epoch_us(self._floor_from_us), self.fp.max_gap_s))
+            self._floor = self._find_floor()
         return self._floor
 
     def _grid(self, s: int, e: int) -> list[tuple[int, int]]:
